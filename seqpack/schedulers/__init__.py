@@ -1,0 +1,51 @@
+"""Schedulers: which sequence goes to which DP replica and microbatch.
+
+``get_scheduler(name, **options)`` returns a :class:`Scheduler`; ``register_scheduler``
+adds one under a new name.
+"""
+
+from __future__ import annotations
+
+from seqpack.schedulers.base import ON_OVERSIZE, Schedule, Scheduler, apply_oversize, as_lengths
+from seqpack.schedulers.empty import EmptyScheduler
+
+_REGISTRY: dict[str, type[Scheduler]] = {}
+
+
+def register_scheduler(cls: type[Scheduler]) -> type[Scheduler]:
+    """Class decorator: make ``cls`` available to :func:`get_scheduler` under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def available_schedulers() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_scheduler(name: str | Scheduler = "balanced", **options) -> Scheduler:
+    """The scheduler registered as ``name``, built with ``options``. A Scheduler instance is
+    returned as is."""
+    if isinstance(name, Scheduler):
+        if options:
+            raise ValueError("options cannot be given with a Scheduler instance")
+        return name
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown scheduler {name!r}; available: {', '.join(available_schedulers())}")
+    return _REGISTRY[name](**options)
+
+
+register_scheduler(EmptyScheduler)
+
+__all__ = [
+    "ON_OVERSIZE",
+    "Schedule",
+    "Scheduler",
+    "EmptyScheduler",
+    "apply_oversize",
+    "as_lengths",
+    "available_schedulers",
+    "get_scheduler",
+    "register_scheduler",
+]

@@ -1,0 +1,329 @@
+"""The Schedule a scheduler returns, the Scheduler base class, and oversize handling.
+
+A schedule says, for one training step, which global sample ids each DP replica packs into
+each of its microbatches. It is pure data computed from lengths alone, so every rank
+computes the same one without talking to the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from seqpack.thd import padded_lengths
+
+if TYPE_CHECKING:
+    from seqpack.cost import CostModel
+
+ON_OVERSIZE = ("error", "truncate", "drop")
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _empty() -> np.ndarray:
+    return _EMPTY.copy()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Schedule:
+    """Where every sequence of one step goes.
+
+    Attributes:
+        num_microbatches: Microbatches every DP replica runs this step.
+        assignment: ``assignment[m][d]`` is the int64 array of global ids packed, in this
+            order, into microbatch ``m`` of DP replica ``d``.
+        deferred: Ids held back for the next step (empty unless the scheduler defers).
+        dropped: Ids removed because they exceed capacity under ``on_oversize="drop"``.
+        truncated: Ids cut to capacity under ``on_oversize="truncate"`` (still assigned).
+        lengths: Token count each id is packed with (after truncation; 0 when dropped).
+        original_lengths: Lengths as given to the scheduler.
+        dp_size, cp_size, max_tokens_per_rank, pad_multiple: The limits it was made for.
+    """
+
+    num_microbatches: int
+    assignment: list[list[np.ndarray]]
+    lengths: np.ndarray
+    original_lengths: np.ndarray
+    dp_size: int
+    cp_size: int
+    max_tokens_per_rank: int
+    pad_multiple: int
+    deferred: np.ndarray = dataclasses.field(default_factory=_empty)
+    dropped: np.ndarray = dataclasses.field(default_factory=_empty)
+    truncated: np.ndarray = dataclasses.field(default_factory=_empty)
+
+    @property
+    def capacity(self) -> int:
+        """Padded tokens one microbatch may hold: ``max_tokens_per_rank * cp_size``."""
+        return self.max_tokens_per_rank * self.cp_size
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.original_lengths.shape[0])
+
+    def microbatch_tokens(self, padded: bool = True) -> np.ndarray:
+        """Tokens of every microbatch, int64 ``[num_microbatches, dp_size]``."""
+        per_seq = padded_lengths(self.lengths, self.pad_multiple) if padded else self.lengths
+        out = np.zeros((self.num_microbatches, self.dp_size), dtype=np.int64)
+        for m, row in enumerate(self.assignment):
+            for d, ids in enumerate(row):
+                out[m, d] = int(per_seq[ids].sum())
+        return out
+
+    def placement(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per global id: replica, microbatch and position in pack (-1 when not assigned)."""
+        n = self.num_sequences
+        replica = np.full(n, -1, dtype=np.int64)
+        micro = np.full(n, -1, dtype=np.int64)
+        slot = np.full(n, -1, dtype=np.int64)
+        for m, row in enumerate(self.assignment):
+            for d, ids in enumerate(row):
+                replica[ids] = d
+                micro[ids] = m
+                slot[ids] = np.arange(ids.shape[0])
+        return replica, micro, slot
+
+    def fingerprint(self) -> int:
+        """A 63-bit hash of the whole schedule, equal on ranks that computed the same one."""
+        digest = hashlib.blake2b(digest_size=8)
+        header = np.array(
+            [self.num_microbatches, self.dp_size, self.cp_size, self.max_tokens_per_rank, self.pad_multiple],
+            dtype=np.int64,
+        )
+        digest.update(header.tobytes())
+        for row in self.assignment:
+            for ids in row:
+                digest.update(np.int64(ids.shape[0]).tobytes())
+                digest.update(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
+        for extra in (self.deferred, self.dropped, self.truncated, self.lengths):
+            digest.update(np.int64(extra.shape[0]).tobytes())
+            digest.update(np.ascontiguousarray(extra, dtype=np.int64).tobytes())
+        return int.from_bytes(digest.digest(), "little") >> 1
+
+    def validate(
+        self,
+        lengths: Sequence[int] | np.ndarray | None = None,
+        *,
+        dp_size: int | None = None,
+        cp_size: int | None = None,
+        max_tokens_per_rank: int | None = None,
+        pad_multiple: int | None = None,
+    ) -> None:
+        """Raise ``ValueError`` naming the first violated invariant.
+
+        Every id appears exactly once in assignment, deferred or dropped; every replica runs
+        ``num_microbatches`` microbatches; padded tokens of every microbatch fit capacity;
+        truncated ids are packed with at most their original length; the limits match.
+        """
+        given = self.original_lengths if lengths is None else np.asarray(lengths, dtype=np.int64)
+        if given.shape != self.original_lengths.shape or not np.array_equal(given, self.original_lengths):
+            raise ValueError("schedule was computed for different lengths than the ones given")
+        for name, expected in (
+            ("dp_size", dp_size),
+            ("cp_size", cp_size),
+            ("max_tokens_per_rank", max_tokens_per_rank),
+            ("pad_multiple", pad_multiple),
+        ):
+            if expected is not None and getattr(self, name) != expected:
+                raise ValueError(f"schedule has {name}={getattr(self, name)}, expected {expected}")
+        if len(self.assignment) != self.num_microbatches:
+            raise ValueError(
+                f"assignment has {len(self.assignment)} microbatch rounds but num_microbatches={self.num_microbatches}"
+            )
+        if self.num_microbatches < 0:
+            raise ValueError(f"num_microbatches={self.num_microbatches} is negative")
+        n = self.num_sequences
+        seen = np.zeros(n, dtype=np.int64)
+        for m, row in enumerate(self.assignment):
+            if len(row) != self.dp_size:
+                raise ValueError(f"microbatch {m} has {len(row)} replicas, expected dp_size={self.dp_size}")
+            for d, ids in enumerate(row):
+                ids = np.asarray(ids)
+                if ids.dtype != np.int64 or ids.ndim != 1:
+                    raise ValueError(f"assignment[{m}][{d}] must be a 1-D int64 array, got {ids.dtype} {ids.shape}")
+                if ids.size and (ids.min() < 0 or ids.max() >= n):
+                    raise ValueError(f"assignment[{m}][{d}] holds an id outside 0..{n - 1}")
+                np.add.at(seen, ids, 1)
+        for name in ("deferred", "dropped"):
+            ids = getattr(self, name)
+            if ids.size and (ids.min() < 0 or ids.max() >= n):
+                raise ValueError(f"{name} holds an id outside 0..{n - 1}")
+            np.add.at(seen, ids, 1)
+        if n and seen.max(initial=0) > 1:
+            dup = int(np.flatnonzero(seen > 1)[0])
+            raise ValueError(f"sample {dup} appears {int(seen[dup])} times in the schedule")
+        if n and seen.min(initial=1) < 1:
+            missing = int(np.flatnonzero(seen == 0)[0])
+            raise ValueError(f"sample {missing} appears nowhere in the schedule (assignment, deferred or dropped)")
+        if self.lengths.shape != self.original_lengths.shape:
+            raise ValueError("schedule lengths and original lengths differ in shape")
+        if np.any(self.lengths > self.original_lengths) or np.any(self.lengths < 0):
+            raise ValueError("a scheduled length exceeds its original length or is negative")
+        changed = np.flatnonzero(self.lengths != self.original_lengths)
+        expected_changed = np.union1d(self.truncated, self.dropped)
+        if not np.isin(changed, expected_changed).all():
+            bad = int(changed[~np.isin(changed, expected_changed)][0])
+            raise ValueError(f"sample {bad} is packed with a changed length but is neither truncated nor dropped")
+        if self.num_microbatches:
+            tokens = self.microbatch_tokens(padded=True)
+            over = np.argwhere(tokens > self.capacity)
+            if over.size:
+                m, d = (int(v) for v in over[0])
+                raise ValueError(
+                    f"microbatch {m} of replica {d} holds {int(tokens[m, d])} padded tokens > capacity "
+                    f"{self.capacity} (max_tokens_per_rank={self.max_tokens_per_rank} x cp_size={self.cp_size})"
+                )
+
+
+def default_origin(num_samples: int, dp_size: int) -> np.ndarray:
+    """DP rank of each sample when ``num_samples`` are split into equal contiguous blocks."""
+    return (np.arange(num_samples, dtype=np.int64) * dp_size) // max(num_samples, 1)
+
+
+def _positive_int(name: str, value: object) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Validate and coerce lengths to a contiguous int64 array of positive values."""
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be 1-D, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        else:
+            raise TypeError(f"lengths must be integers, got dtype {arr.dtype}")
+    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    if arr.size and arr.min() < 1:
+        i = int(np.argmin(arr))
+        raise ValueError(f"sample {i} has length {int(arr[i])}; lengths must be >= 1 (drop empty samples first)")
+    return arr
+
+
+def apply_oversize(
+    lengths: np.ndarray, capacity: int, pad_multiple: int, on_oversize: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Apply the oversize policy. Returns (lengths to pack with, dropped ids, truncated ids)."""
+    if on_oversize not in ON_OVERSIZE:
+        raise ValueError(f"on_oversize must be one of {ON_OVERSIZE}, got {on_oversize!r}")
+    if capacity < pad_multiple:
+        raise ValueError(f"capacity {capacity} is smaller than pad_multiple {pad_multiple}: no sequence fits")
+    padded = padded_lengths(lengths, pad_multiple)
+    over = np.flatnonzero(padded > capacity)
+    effective = lengths.copy()
+    if over.size == 0:
+        return effective, _empty(), _empty()
+    if on_oversize == "error":
+        i = int(over[0])
+        raise ValueError(
+            f"sample {i} has {int(lengths[i])} tokens ({int(padded[i])} padded to a multiple of {pad_multiple}), "
+            f"more than one microbatch holds: capacity {capacity} tokens; {over.size} sample(s) are too long. "
+            "Raise max_tokens_per_rank or cp_size, or pass on_oversize='truncate' or 'drop'"
+        )
+    if on_oversize == "drop":
+        effective[over] = 0
+        return effective, over.astype(np.int64), _empty()
+    effective[over] = (capacity // pad_multiple) * pad_multiple
+    return effective, _empty(), over.astype(np.int64)
+
+
+class Scheduler(ABC):
+    """Turns one step's lengths into a :class:`Schedule`. Subclasses implement :meth:`_plan`.
+
+    ``schedule`` validates its arguments, applies the oversize policy and hands the
+    remaining ids to ``_plan``; it is pure and deterministic.
+    """
+
+    name: ClassVar[str] = ""
+
+    def schedule(
+        self,
+        lengths: Sequence[int] | np.ndarray,
+        *,
+        dp_size: int,
+        cp_size: int = 1,
+        max_tokens_per_rank: int,
+        pad_multiple: int = 1,
+        cost: CostModel | None = None,
+        on_oversize: str = "error",
+        origin: Sequence[int] | np.ndarray | None = None,
+    ) -> Schedule:
+        """Assign every sequence to a (microbatch, replica).
+
+        Args:
+            lengths: int64 ``[N]`` real lengths in global order (DP rank 0's samples first).
+            dp_size: Data-parallel replicas.
+            cp_size: Context-parallel ranks per replica; a microbatch holds up to
+                ``max_tokens_per_rank * cp_size`` padded tokens.
+            max_tokens_per_rank: Token capacity of one rank for one microbatch.
+            pad_multiple: Every sequence is padded to a multiple of this.
+            cost: Per-sequence cost model (schedulers that balance cost use it).
+            on_oversize: ``"error"`` (default), ``"truncate"`` or ``"drop"`` for sequences
+                longer than one microbatch's capacity.
+            origin: DP rank each sample currently sits on (default: ``N`` split into
+                ``dp_size`` contiguous, equal blocks). Schedulers may use it to keep samples
+                where they are; ``"empty"`` never moves them.
+
+        Raises:
+            ValueError: Bad sizes, non-positive lengths, or an oversize sequence under
+                ``on_oversize="error"``.
+        """
+        original = as_lengths(lengths)
+        dp_size = _positive_int("dp_size", dp_size)
+        cp_size = _positive_int("cp_size", cp_size)
+        max_tokens_per_rank = _positive_int("max_tokens_per_rank", max_tokens_per_rank)
+        pad_multiple = _positive_int("pad_multiple", pad_multiple)
+        capacity = max_tokens_per_rank * cp_size
+        effective, dropped, truncated = apply_oversize(original, capacity, pad_multiple, on_oversize)
+        origin_arr = default_origin(original.shape[0], dp_size) if origin is None else np.asarray(origin, np.int64)
+        if origin_arr.shape != original.shape or (origin_arr.size and (origin_arr.min() < 0 or origin_arr.max() >= dp_size)):
+            raise ValueError(f"origin must hold one DP rank in 0..{dp_size - 1} per sample, got shape {origin_arr.shape}")
+        active = np.flatnonzero(effective > 0).astype(np.int64)
+        rounds, deferred = self._plan(
+            active,
+            effective[active],
+            dp_size=dp_size,
+            capacity=capacity,
+            pad_multiple=pad_multiple,
+            cost=cost,
+            origin=origin_arr[active],
+        )
+        return Schedule(
+            num_microbatches=len(rounds),
+            assignment=[[np.ascontiguousarray(ids, dtype=np.int64) for ids in row] for row in rounds],
+            lengths=effective,
+            original_lengths=original,
+            dp_size=dp_size,
+            cp_size=cp_size,
+            max_tokens_per_rank=max_tokens_per_rank,
+            pad_multiple=pad_multiple,
+            deferred=np.ascontiguousarray(deferred, dtype=np.int64),
+            dropped=dropped,
+            truncated=truncated,
+        )
+
+    @abstractmethod
+    def _plan(
+        self,
+        ids: np.ndarray,
+        lengths: np.ndarray,
+        *,
+        dp_size: int,
+        capacity: int,
+        pad_multiple: int,
+        cost: CostModel | None,
+        origin: np.ndarray,
+    ) -> tuple[list[list[np.ndarray]], np.ndarray]:
+        """Return (``rounds[m][d]`` id arrays, deferred ids) for ``ids`` with ``lengths``
+        (``origin[i]``: DP rank holding ``ids[i]``). Every padded microbatch must fit
+        ``capacity``; every round must list ``dp_size`` arrays (empty ones allowed)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,172 @@
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from naive import dualchunk_reference, te_partition_reference
+from seqpack.cp import (
+    chunk_ids_after_attention,
+    chunk_ids_before_attention,
+    dualchunk_to_sequential,
+    gather_order,
+    partition_indices,
+    reorder_seq_chunks,
+    sequential_to_dualchunk,
+    shard_for_cp,
+    unshard_from_cp,
+)
+from seqpack.thd import pack_sequences, pad_multiple_for
+
+
+def test_reference_example():
+    cu = torch.tensor([0, 8, 12], dtype=torch.int32)
+    assert partition_indices(cu, 12, 2, 0).tolist() == [0, 1, 6, 7, 8, 11]
+    assert partition_indices(cu, 12, 2, 1).tolist() == [2, 3, 4, 5, 9, 10]
+
+
+def test_cp1_is_identity():
+    cu = torch.tensor([0, 3, 5, 12])
+    assert partition_indices(torch.tensor([0, 4, 6, 12]), 12, 1, 0).tolist() == list(range(12))
+    b = pack_sequences([{"input_ids": torch.arange(1, n + 1)} for n in (3, 2, 7)])
+    assert shard_for_cp(b, 1, 0) is b
+    del cu
+
+
+cu_strategy = st.tuples(
+    st.sampled_from([1, 2, 3, 4, 8]),
+    st.lists(st.integers(1, 6), min_size=1, max_size=8),
+)
+
+
+@given(cu_strategy)
+def test_partition_equals_te_kernel_and_definition(case):
+    cp, chunks = case
+    lengths = [2 * cp * c for c in chunks]
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    total = cu[-1]
+    covered = []
+    for r in range(cp):
+        fast = partition_indices(torch.tensor(cu, dtype=torch.int32), total, cp, r)
+        assert fast.dtype == torch.int64 and fast.numel() == total // cp
+        assert torch.equal(fast, te_partition_reference(cu, total, cp, r))
+        assert torch.equal(fast, dualchunk_reference(cu, cp, r))
+        covered.append(fast)
+    assert sorted(torch.cat(covered).tolist()) == list(range(total))
+
+
+def test_partition_errors():
+    with pytest.raises(ValueError, match=r"cu_seqlens_padded\[1\]=6 is not divisible by 2\*cp_size=4"):
+        partition_indices(torch.tensor([0, 6, 8]), 8, 2, 0)
+    with pytest.raises(ValueError, match="cp_rank=2 is out of range for cp_size=2"):
+        partition_indices(torch.tensor([0, 8]), 8, 2, 2)
+    with pytest.raises(ValueError, match="cp_rank=-1"):
+        partition_indices(torch.tensor([0, 8]), 8, 2, -1)
+    with pytest.raises(ValueError, match="total_tokens=12 differs"):
+        partition_indices(torch.tensor([0, 8]), 12, 2, 0)
+    with pytest.raises(ValueError, match="cp_size must be a positive integer"):
+        partition_indices(torch.tensor([0, 8]), 8, 0, 0)
+
+
+@given(
+    cp=st.sampled_from([2, 4, 8]),
+    lengths=st.lists(st.integers(1, 50), min_size=1, max_size=10),
+    seed=st.integers(0, 1000),
+)
+def test_shard_unshard_roundtrip(cp, lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    samples = [{"input_ids": torch.randint(1, 100, (n,), generator=g)} for n in lengths]
+    batch = pack_sequences(samples, pad_multiple=pad_multiple_for(cp))
+    shards = [shard_for_cp(batch, cp, r) for r in range(cp)]
+    for r, shard in enumerate(shards):
+        assert shard.cp_size == cp and shard.cp_rank == r
+        assert shard.num_tokens == batch.num_tokens // cp
+        assert shard.cu_seqlens is batch.cu_seqlens and shard.max_seqlen == batch.max_seqlen
+    assert sum(s.num_real_tokens for s in shards) == sum(lengths)
+    for field in ("input_ids", "labels", "loss_mask", "position_ids", "seq_idx", "padding_mask"):
+        back = unshard_from_cp([getattr(s, field) for s in shards], batch.cu_seqlens_padded, cp)
+        assert torch.equal(back, getattr(batch, field)), field
+    # Hidden states (token axis first, more dims) round-trip too.
+    hidden = torch.randn(batch.num_tokens, 3, 2, generator=g)
+    parts = [hidden[partition_indices(batch.cu_seqlens_padded, batch.num_tokens, cp, r)] for r in range(cp)]
+    assert torch.equal(unshard_from_cp(parts, batch.cu_seqlens_padded, cp), hidden)
+
+
+def test_shard_errors():
+    batch = pack_sequences([{"input_ids": torch.arange(1, 6)}], pad_multiple=2)
+    with pytest.raises(ValueError, match="not divisible by 2\\*cp_size=4"):
+        shard_for_cp(batch, 2, 0)
+    good = pack_sequences([{"input_ids": torch.arange(1, 6)}], pad_multiple=4)
+    shard = shard_for_cp(good, 2, 1)
+    with pytest.raises(ValueError, match="already sharded"):
+        shard_for_cp(shard, 2, 0)
+    with pytest.raises(ValueError, match="cp_rank=5"):
+        shard_for_cp(good, 2, 5)
+    with pytest.raises(ValueError, match="expected 2 parts"):
+        unshard_from_cp([shard.input_ids], good.cu_seqlens_padded, 2)
+
+
+def test_shard_metadata_only_batch():
+    batch = pack_sequences([{"input_ids": torch.arange(1, 6)}], pad_multiple=4)
+    batch.input_ids = batch.labels = batch.loss_mask = None
+    shard = shard_for_cp(batch, 2, 0)
+    assert shard.input_ids is None and shard.position_ids.tolist() == [0, 1, 6, 7]
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3, 4])
+def test_chunk_ids(cp):
+    before = chunk_ids_before_attention(cp)
+    after = chunk_ids_after_attention(cp)
+    for r in range(cp):
+        assert before[r] == 2 * r and before[r + cp] == 2 * cp - 2 * r - 1
+        assert after[2 * r] == r and after[2 * r + 1] == 2 * cp - r - 1
+    # They are inverse permutations.
+    assert torch.equal(after[before], torch.arange(2 * cp))
+    assert torch.equal(before[after], torch.arange(2 * cp))
+
+
+def test_chunk_ids_example_cp2():
+    assert chunk_ids_before_attention(2).tolist() == [0, 2, 3, 1]
+    assert chunk_ids_after_attention(2).tolist() == [0, 3, 1, 2]
+
+
+@given(cp=st.sampled_from([1, 2, 4]), chunks=st.lists(st.integers(1, 4), min_size=1, max_size=6))
+def test_dualchunk_sequential_and_gather_order(cp, chunks):
+    lengths = [2 * cp * c for c in chunks]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
+    total = int(cu[-1])
+    x = torch.arange(total)
+    # Rank-major concatenation of shards, per sequence re-interleaved, is DualChunkSwap
+    # order; dualchunk_to_sequential must undo it.
+    shards = [x[partition_indices(cu, total, cp, r)] for r in range(cp)]
+    rank_major = torch.cat(shards)
+    order = gather_order(cu, total, cp)
+    restored = torch.empty_like(rank_major)
+    restored[order] = rank_major
+    assert torch.equal(restored, x)
+    assert torch.equal(x[order], rank_major)
+    seq_major = torch.cat(
+        [
+            torch.cat([shards[r][int(cu[i]) // cp : int(cu[i + 1]) // cp] for r in range(cp)])
+            for i in range(len(lengths))
+        ]
+    )
+    assert torch.equal(dualchunk_to_sequential(seq_major, cu, cp), x)
+    assert torch.equal(sequential_to_dualchunk(x, cu, cp), seq_major)
+
+
+def test_reorder_seq_chunks_single_sequence_and_errors():
+    x = torch.arange(8).reshape(8, 1).float()
+    out = reorder_seq_chunks(x, torch.tensor([1, 0]))
+    assert out.flatten().tolist() == [4, 5, 6, 7, 0, 1, 2, 3]
+    with pytest.raises(ValueError, match="divisible by 3 chunks"):
+        reorder_seq_chunks(x, torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="ends at 6"):
+        reorder_seq_chunks(x, torch.tensor([1, 0]), torch.tensor([0, 6]))
+
+
+def test_partition_on_dim_other_tensors_keep_device_and_dtype():
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    idx = partition_indices(cu, 16, 4, 3)
+    assert idx.device == cu.device and idx.dtype == torch.int64
