@@ -2,6 +2,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "distributed"))
 
 from hypothesis import settings  # noqa: E402
 

@@ -1,0 +1,158 @@
+"""Persistent gloo worker pools for multi-process tests on CPU.
+
+Spawning processes and importing torch costs seconds, so a pool of ``world_size`` workers
+is started once (per world size, per test session) and runs many test functions. Each
+worker joins one gloo process group; ``pool.run(fn, *args)`` calls ``fn(*args)`` on every
+rank (``torch.distributed`` already initialised) and returns the per-rank results, or
+raises :class:`RankFailure` carrying every failing rank's traceback.
+
+``fn`` must be importable by the workers: a module-level function of a module on
+``sys.path`` (test modules are; spawn passes ``sys.path`` to the children). A rank that does
+not finish within ``timeout`` seconds (a hang in a collective, say) fails the call; the
+pool is then torn down and the next call starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import queue
+import tempfile
+import traceback
+from typing import Any, Callable
+
+import torch.multiprocessing as mp
+
+_STOP = "__stop__"
+
+
+class RankFailure(RuntimeError):
+    """One or more ranks raised (or hung). ``errors`` maps rank to (type name, message, traceback)."""
+
+    def __init__(self, errors: dict[int, tuple[str, str, str]]):
+        self.errors = errors
+        text = "\n".join(f"--- rank {r}: {name}: {msg}\n{tb}" for r, (name, msg, tb) in sorted(errors.items()))
+        super().__init__(f"{len(errors)} rank(s) failed:\n{text}")
+
+
+def _resolve(module: str, qualname: str) -> Callable[..., Any]:
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _worker(rank: int, world_size: int, store_path: str, tasks, results, threads: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    os.environ.setdefault("SEQPACK_TEST_WORKER", "1")
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    try:
+        while True:
+            task = tasks.get()
+            if task == _STOP:
+                break
+            call_id, module, qualname, args, kwargs = task
+            try:
+                fn = _resolve(module, qualname)
+                value = fn(*args, **kwargs)
+                results.put((call_id, rank, True, value))
+            except BaseException as exc:  # report everything, keep serving
+                results.put((call_id, rank, False, (type(exc).__name__, str(exc), traceback.format_exc())))
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+class WorkerPool:
+    """``world_size`` spawned gloo workers that run test functions on every rank."""
+
+    def __init__(self, world_size: int, *, timeout: float = 120.0, threads: int = 1):
+        self.world_size = world_size
+        self.timeout = timeout
+        self._ctx = mp.get_context("spawn")
+        self._dir = tempfile.TemporaryDirectory(prefix="seqpack-gloo-")
+        store_path = os.path.join(self._dir.name, "store")
+        self._tasks = [self._ctx.Queue() for _ in range(world_size)]
+        self._results = self._ctx.Queue()
+        self._procs = [
+            self._ctx.Process(
+                target=_worker,
+                args=(rank, world_size, store_path, self._tasks[rank], self._results, threads),
+                daemon=True,
+            )
+            for rank in range(world_size)
+        ]
+        for proc in self._procs:
+            proc.start()
+        self._next_id = 0
+        self.broken = False
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` on every rank; return results in rank order."""
+        if self.broken:
+            raise RuntimeError("worker pool is broken (an earlier call hung or a worker died)")
+        self._next_id += 1
+        call_id = self._next_id
+        for q in self._tasks:
+            q.put((call_id, fn.__module__, fn.__qualname__, args, kwargs))
+        values: dict[int, Any] = {}
+        errors: dict[int, tuple[str, str, str]] = {}
+        limit = self.timeout if timeout is None else timeout
+        while len(values) + len(errors) < self.world_size:
+            try:
+                got_id, rank, ok, payload = self._results.get(timeout=limit)
+            except queue.Empty:
+                missing = sorted(set(range(self.world_size)) - set(values) - set(errors))
+                for rank in missing:
+                    alive = self._procs[rank].is_alive()
+                    errors[rank] = ("Timeout", f"no answer within {limit}s (process alive: {alive})", "")
+                self.close(force=True)
+                raise RankFailure(errors)
+            if got_id != call_id:
+                continue  # a late answer to an earlier, timed-out call
+            if ok:
+                values[rank] = payload
+            else:
+                errors[rank] = payload
+        if errors:
+            raise RankFailure(errors)
+        return [values[r] for r in range(self.world_size)]
+
+    def close(self, force: bool = False) -> None:
+        if not force and not self.broken:
+            for q in self._tasks:
+                q.put(_STOP)
+            for proc in self._procs:
+                proc.join(timeout=10)
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        self.broken = True
+        self._dir.cleanup()
+
+
+class PoolRegistry:
+    """One live pool per world size, replaced when broken."""
+
+    def __init__(self) -> None:
+        self._pools: dict[int, WorkerPool] = {}
+
+    def get(self, world_size: int) -> WorkerPool:
+        pool = self._pools.get(world_size)
+        if pool is None or pool.broken:
+            pool = WorkerPool(world_size)
+            self._pools[world_size] = pool
+        return pool
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            if not pool.broken:
+                pool.close()
+        self._pools.clear()
