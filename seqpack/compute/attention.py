@@ -137,9 +137,11 @@ def thd_attention(
                 pieces.append(_causal_block(q[row : row + num_real], k_seq, v_seq, position - start, scale))
             if num_real < length:
                 pieces.append(q.new_zeros(length - num_real, num_heads, v.shape[-1]))
-    if not pieces:
-        return q.new_zeros(0, num_heads, v.shape[-1])
-    return torch.cat(pieces)  # (T_local, H, Dv)
+    out = torch.cat(pieces) if pieces else q.new_zeros(0, num_heads, v.shape[-1])  # (T_local, H, Dv)
+    # Keep q, k, v in the graph (an exact +0) even when every query is a pad: a padding-only
+    # microbatch must still give its inputs (zero) gradients, and under CP the K/V gather's
+    # backward is a collective that every rank has to enter.
+    return out + (q[:0].sum() + k[:0].sum() + v[:0].sum())
 
 
 class ThdAttention(nn.Module):
@@ -274,7 +276,7 @@ class ThdAttention(nn.Module):
         kv_all = all_gather_tokens(kv, self.cp_group)  # (T, 2, Hkv, D), rank-major
         _, to_global = cp_token_orders(batch.cu_seqlens_padded, kv_all.shape[0], self.cp_size, q.device)
         kv_global = kv_all.index_select(0, to_global)  # (T, 2, Hkv, D), sequence order
-        out = thd_attention(
+        return thd_attention(
             q,
             kv_global[:, 0],
             kv_global[:, 1],
@@ -284,9 +286,6 @@ class ThdAttention(nn.Module):
             cp_rank=self.cp_rank,
             softmax_scale=scale,
         )
-        # The gather's backward is a collective: keep it in the graph even on a rank whose
-        # queries are all pads (adds an exact 0).
-        return out + kv_all[:0].sum()
 
     def _check_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBatch) -> None:
         tokens = batch.num_tokens
