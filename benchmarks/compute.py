@@ -83,7 +83,7 @@ def _time(step, device, repeats, group):
         if group is not None:
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)  # the slowest rank sets the pace
         times.append(float(elapsed))
-    return statistics.median(times)
+    return statistics.median(times), min(times)
 
 
 def _cp_worker(rank, world, store_path, tokens, repeats, threads, results):
@@ -132,8 +132,10 @@ def main() -> None:
     print(f"pack: {T} tokens ({batch.num_real_tokens} real), {len(lengths)} sequences, "
           f"longest {max(lengths)}, sum s^2 = {sum(n * n for n in lengths):,}")  # fmt: skip
     print(f"attention: heads={ATTN['num_heads']} kv_heads={ATTN['num_kv_heads']} head_dim={ATTN['head_dim']}")
-    print("mamba2: " + " ".join(f"{k}={v}" for k, v in MAMBA.items()) + " (nheads=8, chunk 64)")
-    print(f"median of {args.repeats} forward+backward steps after one warm-up\n")
+    nheads = MAMBA["expand"] * MAMBA["d_model"] // MAMBA["headdim"]
+    print("mamba2: " + " ".join(f"{k}={v}" for k, v in MAMBA.items()) + f" (nheads={nheads}, scan chunk 64)")
+    print(f"median and best of {args.repeats} forward+backward steps after one warm-up; "
+          f"load average {os.getloadavg()[0]:.1f} at start (the CPU rows share cores with it)\n")  # fmt: skip
     rows = []
     cpu = torch.device("cpu")
     rows.append(("attention torch ref", "cpu fp32", "1", time_attention(batch, "torch", torch.float32, cpu, args.repeats)))
@@ -154,11 +156,12 @@ def main() -> None:
             cuda = torch.device("cuda")
             rows.append((name, "cuda bf16", "1", timer(batch.to(cuda), backend, torch.bfloat16, cuda, args.repeats)))
 
-    print(f"{'stage':<22}{'device':<16}{'cp':>3}{'s/step':>10}{'tokens/s':>12}")
-    for name, device, cp, seconds in rows:
-        print(f"{name:<22}{device:<16}{cp:>3}{seconds:>10.3f}{T / seconds:>12,.0f}")
+    print(f"{'stage':<22}{'device':<16}{'cp':>3}{'s/step':>9}{'tokens/s':>11}{'best tok/s':>12}")
+    for name, device, cp, (median, best) in rows:
+        print(f"{name:<22}{device:<16}{cp:>3}{median:>9.3f}{T / median:>11,.0f}{T / best:>12,.0f}")
     for name, why in skipped:
         print(f"{name:<22}{'cuda':<16}{'1':>3}  {why}")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ Two backends with the same semantics:
 - ``"te"``: Transformer Engine ``DotProductAttention`` in THD format with
   ``pad_between_seqs`` stated explicitly (TE issue #3331) and TE's own CP.
 
-``"auto"`` uses TE for CUDA inputs when TE is installed, the torch reference otherwise.
+``"auto"`` uses TE for fp16/bf16 CUDA inputs when TE is installed, the torch reference
+otherwise.
 Pad queries output exactly 0 on both backends.
 """
 
@@ -41,16 +42,20 @@ def _import_te_attention() -> Any | None:
     return DotProductAttention
 
 
-def select_backend(backend: str, *, te_ready: bool, device: torch.device | str) -> str:
+def select_backend(
+    backend: str, *, te_ready: bool, device: torch.device | str, dtype: torch.dtype = torch.bfloat16
+) -> str:
     """The backend one forward call runs: ``"te"`` or ``"torch"``.
 
     ``"auto"`` picks TE only when a TE module was built (CUDA and TE present at
-    construction) and the inputs live on a CUDA device.
+    construction) and the inputs are fp16/bf16 on a CUDA device (TE's THD kernels take no
+    fp32/fp64; those run the exact reference).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "te" if te_ready and torch.device(device).type == "cuda" else "torch"
+        te_inputs = torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+        return "te" if te_ready and te_inputs else "torch"
     return backend
 
 
@@ -257,7 +262,7 @@ class ThdAttention(nn.Module):
             TypeError: Non-floating or mismatched dtypes.
         """
         self._check_inputs(q, k, v, batch)
-        if select_backend(self.backend, te_ready=self.te_attention is not None, device=q.device) == "te":
+        if select_backend(self.backend, te_ready=self.te_attention is not None, device=q.device, dtype=q.dtype) == "te":
             return self._forward_te(q, k, v, batch)
         return self._forward_torch(q, k, v, batch)
 

@@ -195,8 +195,8 @@ class Mamba2Mixer(nn.Module):
             Parameters must be identical on all CP ranks; their gradients are partial per
             rank and sum over the CP group (as with data parallelism).
         chunk_size: Scan chunk; default 256 for the mamba_ssm kernel, 64 for the torch scan.
-        backend: ``"auto"`` (kernels for CUDA inputs when installed), ``"mamba_ssm"`` or
-            ``"torch"``.
+        backend: ``"auto"`` (kernels for CUDA fp32/fp16/bf16 inputs when installed),
+            ``"mamba_ssm"`` or ``"torch"``.
         A_init_range, dt_min, dt_max, dt_init_floor, norm_eps: ``Mamba2``'s initialisation.
         device, dtype: Parameter factory arguments.
 
@@ -367,7 +367,7 @@ class Mamba2Mixer(nn.Module):
         xBC, dt = xbcdt.split([heads * P + 2 * ngroups * N, heads], dim=-1)
         compute = torch.promote_types(xbcdt.dtype, torch.float32)
         A = -torch.exp(A_log.to(compute))  # (heads,)
-        kernels = self._kernels(xbcdt.device)
+        kernels = self._kernels(xbcdt)
         if kernels is not None:
             conv_fn, scan_fn = kernels
             # causal_conv1d takes seq_idx only in channel-last layout: [1, C, T] with stride 1 on C.
@@ -392,8 +392,10 @@ class Mamba2Mixer(nn.Module):
         y = y + x.to(compute) * D.to(compute)[:, None]  # D skip
         return y.to(xbcdt.dtype).reshape(T, heads * P)
 
-    def _kernels(self, device: torch.device) -> tuple[Any, Any] | None:
-        if self.backend == "torch" or (self.backend == "auto" and device.type != "cuda"):
+    def _kernels(self, x: torch.Tensor) -> tuple[Any, Any] | None:
+        # "auto": the kernels take CUDA fp32/fp16/bf16 (causal_conv1d has no fp64).
+        kernel_inputs = x.device.type == "cuda" and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        if self.backend == "torch" or (self.backend == "auto" and not kernel_inputs):
             return None
         return _import_mamba_kernels()
 

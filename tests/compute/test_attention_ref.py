@@ -213,6 +213,9 @@ def test_select_backend():
     assert select_backend("auto", te_ready=True, device="cuda") == "te"
     assert select_backend("auto", te_ready=True, device="cpu") == "torch"
     assert select_backend("auto", te_ready=False, device="cuda") == "torch"
+    assert select_backend("auto", te_ready=True, device="cuda", dtype=torch.float16) == "te"
+    assert select_backend("auto", te_ready=True, device="cuda", dtype=torch.float32) == "torch"
+    assert select_backend("te", te_ready=True, device="cuda", dtype=torch.float32) == "te"  # asked for
     with pytest.raises(ValueError, match="backend must be one of"):
         select_backend("fa3", te_ready=True, device="cuda")
 
