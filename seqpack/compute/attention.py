@@ -125,6 +125,11 @@ def thd_attention(
             f"cu_seqlens_padded ends at {padded[-1]} but k has {k.shape[0]} tokens and q has "
             f"{q.shape[0]} x cp_size={cp_size}; all three must be the pack's token count"
         )
+    if cp_size > 1 and any(offset % (2 * cp_size) for offset in padded):
+        raise ValueError(
+            f"every padded sequence length must be divisible by 2*cp_size={2 * cp_size} for "
+            f"DualChunkSwap, got cu_seqlens_padded={padded[:16]}"
+        )
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     group = num_heads // num_kv_heads
     pieces = []

@@ -204,6 +204,15 @@ def test_bad_inputs_raise():
         att(q[:4], k[:4], v[:4], shard_for_cp(make_pack([4, 4], 4), 2, 0))
 
 
+def test_functional_cp_layout_errors():
+    batch = make_pack([5, 3], pad_multiple=2)  # padded 6 + 4: not divisible by 2*cp = 4
+    q, k, v = (t.detach() for t in qkv(batch.num_tokens, 2, 2, 4))
+    with pytest.raises(ValueError, match=r"divisible by 2\*cp_size=4 for DualChunkSwap, got cu_seqlens_padded=\[0, 6, 10\]"):
+        thd_attention(q[:5], k, v, batch.cu_seqlens, batch.cu_seqlens_padded, cp_size=2, cp_rank=0)
+    with pytest.raises(ValueError, match=r"cu_seqlens_padded ends at 10 but k has 9 tokens"):
+        thd_attention(q, k[:9], v[:9], batch.cu_seqlens, batch.cu_seqlens_padded)
+
+
 # --- backend selection and the TE adapter (with a stand-in TE on CPU) -------------------
 
 
