@@ -1,0 +1,83 @@
+"""Autograd-aware collectives over the token axis (dim 0) of a CP group.
+
+Both work with every torch.distributed backend (gloo included, on any supported torch):
+they use only ``all_gather`` and ``all_to_all_single`` with equal splits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from seqpack.cp import gather_order
+
+
+def _all_to_all_equal(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    # Row block j of x (dim 0 cut in group-size equal blocks) goes to rank j; row block i of
+    # the result came from rank i.
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+class _AllGather(torch.autograd.Function):
+    """``[rows, ...]`` on each rank -> ``[cp * rows, ...]`` rank-major on every rank.
+
+    Backward is a reduce-scatter, written as an all-to-all (each rank gets every rank's
+    gradient for its own rows) plus a local sum in rank order: the same traffic as a
+    reduce-scatter, deterministic, and available on gloo of every torch version.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        size = dist.get_world_size(group)
+        parts = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        size = dist.get_world_size(ctx.group)
+        received = _all_to_all_equal(grad, ctx.group)  # [cp * rows, ...]: rank i's grad of my rows
+        return received.view(size, -1, *grad.shape[1:]).sum(dim=0), None
+
+
+class _AllToAll(torch.autograd.Function):
+    """Equal-split all-to-all along dim 0; with equal splits its adjoint is itself."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return _all_to_all_equal(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _all_to_all_equal(grad, ctx.group), None
+
+
+def all_gather_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along dim 0 in rank order; gradients reduce-scatter back."""
+    return _AllGather.apply(x, group)
+
+
+def all_to_all_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Send row block ``j`` of ``x`` to rank ``j``; return the blocks received, in rank order."""
+    return _AllToAll.apply(x, group)
+
+
+def cp_token_orders(
+    cu_seqlens_padded: torch.Tensor, total_tokens: int, cp_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(order, to_global)`` for the rank-major concatenation of all CP shards.
+
+    ``order[i]`` is the global token index of row ``i`` (``seqpack.cp.gather_order``), so
+    ``rank_major.index_select(0, to_global)`` is the pack in global order and
+    ``global_order.index_select(0, order)`` goes back. ``index_select`` keeps both directions
+    differentiable (its backward is a scatter-add).
+    """
+    order = gather_order(cu_seqlens_padded, total_tokens, cp_size).to(device)
+    to_global = torch.empty_like(order)
+    to_global[order] = torch.arange(order.numel(), device=device)
+    return order, to_global
