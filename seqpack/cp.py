@@ -47,7 +47,9 @@ def _as_offsets(cu_seqlens_padded: torch.Tensor | Sequence[int] | np.ndarray) ->
 
 
 def _check_layout(cu: torch.Tensor, total_tokens: int, cp_size: int) -> None:
-    multiple = 2 * cp_size
+    # At cp=1 the partition is the identity and any padded length is fine (TE asserts even
+    # lengths even there, but never partitions at cp=1).
+    multiple = 2 * cp_size if cp_size > 1 else 1
     bad = torch.nonzero(cu % multiple != 0).flatten()
     if bad.numel():
         i = int(bad[0])
@@ -78,7 +80,8 @@ def partition_indices(
     For every sequence, in order: its chunk ``cp_rank`` then its chunk ``2*cp-1-cp_rank``.
 
     Args:
-        cu_seqlens_padded: Global padded offsets ``[N+1]``, each divisible by ``2*cp_size``.
+        cu_seqlens_padded: Global padded offsets ``[N+1]``, each divisible by ``2*cp_size``
+            when ``cp_size > 1``.
         total_tokens: Tokens in the pack; must equal ``cu_seqlens_padded[-1]``.
         cp_size: Context-parallel world size.
         cp_rank: This rank's index in the CP group.
