@@ -167,6 +167,8 @@ class Topology:
         for axis, group in given.items():
             if group is None:
                 continue
+            if group is dist.GroupMember.NON_GROUP_MEMBER:
+                raise ValueError(f"the {axis} group does not contain this rank ({me}): pass the group this rank is in")
             ranks = dist.get_process_group_ranks(group)
             if me not in ranks:
                 raise ValueError(f"the {axis} group {ranks} does not contain this rank ({me})")
