@@ -474,6 +474,9 @@ def exchange_samples(
             for i, gid in enumerate(recv_order.tolist()):
                 for j, key in enumerate(keys):
                     received[gid][key] = pieces[i * width + j]
+    for gid in recv_order.tolist():  # zero-token samples never touch a buffer
+        for key, dtype in schema:
+            received[gid].setdefault(key, torch.zeros(0, dtype=dtype))
     return Exchanged(received, bytes_sent, bytes_received, bytes_kept)
 
 

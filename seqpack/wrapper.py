@@ -469,7 +469,7 @@ class PackingIterator(Iterator[Step]):
         """Pull up to ``samples_per_rank`` samples; returns (sequences, exhausted, empty count)."""
         if self._it is None:
             self._it = iter(self._source)
-        if self._skip:
+        if self._skip:  # resuming an iterator without state_dict: fast-forward past consumed samples
             for done in range(self._skip):
                 try:
                     next(self._it)
@@ -477,6 +477,7 @@ class PackingIterator(Iterator[Step]):
                     raise ValueError(
                         f"resuming needs to skip {self._skip} consumed samples but the data iterator ended after {done}"
                     ) from None
+            self._consumed += self._skip
             self._skip = 0
         fresh: list[dict[str, torch.Tensor]] = []
         exhausted, empty = False, 0

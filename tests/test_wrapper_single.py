@@ -150,7 +150,13 @@ def test_resume_reproduces_the_next_steps_with_deferred_samples(stateful):
     resumed.load_state_dict(state)
     if stateful:
         assert resumed._source.position == 12
-    _same_steps(head + _run(resumed), reference)
+    middle = next(resumed)
+    # Resume again from the resumed iterator: its own bookkeeping must be right too.
+    state = _save_load(resumed.state_dict())
+    assert state[PackingIterator.STATE_CONSUMED] == 18 and state[PackingIterator.STATE_STEPS] == 3
+    again = fresh()
+    again.load_state_dict(state)
+    _same_steps(head + [middle] + _run(again), reference)
     assert sum(s.stats.deferred_sequences for s in reference) >= 4
 
 

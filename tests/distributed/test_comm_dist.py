@@ -165,6 +165,21 @@ def test_exchange_delivers_each_sample_once_to_its_replica(dist_pools, kind, pas
         assert all(results[r][0] == {} and results[r][3] == 0 for r in (1, 2, 3))  # receive nothing
 
 
+def exchange_zero_tokens():
+    rank = dist.get_rank()
+    lengths = _lengths()
+    got = exchange_samples(_local_samples(rank), np.zeros(lengths.shape[0], dtype=np.int64), COUNTS,
+                           _dp4().group("dp"), sizes=np.zeros_like(lengths))
+    return {gid: {k: (v.numel(), str(v.dtype)) for k, v in s.items()} for gid, s in got.samples.items()}
+
+
+def test_exchange_of_zero_token_samples_skips_the_collective_but_delivers(dist_pools):
+    results = dist_pools.get(4).run(exchange_zero_tokens)
+    assert sorted(results[0]) == list(range(sum(COUNTS))) and all(r == {} for r in results[1:])
+    assert all(s == {"input_ids": (0, "torch.int64"), "labels": (0, "torch.int32"), "loss_mask": (0, "torch.float32")}
+               for s in results[0].values())
+
+
 # --- TP / PP broadcast -----------------------------------------------------------------------
 
 
