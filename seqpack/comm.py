@@ -31,12 +31,12 @@ A message is up to four buffers, broadcast in this order:
        [3] header_len: int64 words of the whole header, prefix included
 
 2. ``ints``: int64, the rest of the header followed by the int64 payload.
-   Header (``header_len - 8`` words): 15 step words ::
+   Header (``header_len - 8`` words): 16 step words ::
 
        step, flags (1 = tokens, 2 = position_ids), schedule fingerprint, empty samples,
-       sequences dropped at end of data, dp_size, cp_size, cp_rank of the shards,
-       max_tokens_per_rank, pad_multiple, N (global sequences), assigned ids A,
-       deferred D, dropped R, truncated U
+       sequences dropped at end of data, dp_size and cp_size of the schedule, cp_size and
+       cp_rank of the shards, max_tokens_per_rank, pad_multiple, N (global sequences),
+       assigned ids A, deferred D, dropped R, truncated U
 
    then 3 words per microbatch: ``total padded tokens T_m (all CP ranks), sequences n_m,
    max_seqlen_m``. Payload: the schedule (``original_lengths[N]``, ``lengths[N]``, ids per
@@ -105,7 +105,7 @@ FLAG_POSITION_IDS = 2
 
 PREFIX_WORDS = 8
 P_VERSION, P_KIND, P_STATUS, P_HEADER_LEN, P_INT_WORDS, P_FLOAT_WORDS, P_MESSAGE_BYTES, P_NUM_MICROBATCHES = range(8)
-STEP_WORDS = 15
+STEP_WORDS = 16
 (
     S_STEP,
     S_FLAGS,
@@ -113,6 +113,7 @@ STEP_WORDS = 15
     S_EMPTY,
     S_DROPPED_AT_END,
     S_DP,
+    S_SCHEDULE_CP,
     S_CP,
     S_CP_RANK,
     S_MAX_TOKENS,
@@ -636,6 +637,7 @@ def encode_step(msg: StepMessage, *, kind: int = KIND_BATCH) -> WireBuffers:
     step[S_FLAGS] = flags
     step[S_FINGERPRINT] = sched.fingerprint()
     step[S_DP] = sched.dp_size
+    step[S_SCHEDULE_CP] = sched.cp_size
     step[S_CP] = cp_size
     step[S_CP_RANK] = cp_rank
     step[S_MAX_TOKENS] = sched.max_tokens_per_rank
@@ -812,7 +814,7 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
         lengths=lengths,
         original_lengths=original,
         dp_size=dp,
-        cp_size=int(step[S_CP]),
+        cp_size=int(step[S_SCHEDULE_CP]),
         max_tokens_per_rank=int(step[S_MAX_TOKENS]),
         pad_multiple=int(step[S_PAD_MULTIPLE]),
         deferred=deferred,

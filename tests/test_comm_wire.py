@@ -95,6 +95,17 @@ def test_batch_round_trip_is_exact(positions):
         _same_batch(a, b)
 
 
+def test_schedule_and_shards_keep_their_own_cp_size():
+    msg = _message(cp=2, cp_rank=0)
+    sched = msg.schedule
+    # The same shards under a schedule made for cp=1: both sizes survive, the fingerprint too.
+    plain = get_scheduler("empty").schedule(sched.original_lengths, dp_size=2, max_tokens_per_rank=16,
+                                            pad_multiple=4, origin=np.array([0] * 3 + [1] * 5))
+    assert plain.num_microbatches == sched.num_microbatches and plain.cp_size == 1
+    got = decode_step(encode_step(dataclasses.replace(msg, schedule=plain)))
+    assert got.schedule.cp_size == 1 and got.microbatches[0].cp_size == 2
+
+
 def test_layout_round_trip_has_no_tokens():
     msg = _message(cp=4, cp_rank=2)
     wire = encode_step(msg, kind=KIND_LAYOUT)
@@ -155,7 +166,7 @@ def test_truncated_and_oversized_buffers_are_errors():
     # A prefix that lies about the header: the arithmetic is in the message.
     prefix = wire.prefix.clone()
     prefix[3] += 1
-    with pytest.raises(ValueError, match=r"header_len=\d+ but \d+ microbatches need 8 \+ 15 \+ 3\*\d+ = \d+"):
+    with pytest.raises(ValueError, match=r"header_len=\d+ but \d+ microbatches need 8 \+ 16 \+ 3\*\d+ = \d+"):
         decode_prefix(prefix)
 
 
@@ -163,7 +174,7 @@ def test_corrupted_payload_fails_the_fingerprint():
     msg = _message()
     wire = encode_step(msg)
     ints = wire.ints.clone()
-    body = 15 + 3 * int(wire.prefix[7])
+    body = 16 + 3 * int(wire.prefix[7])
     ints[body + msg.schedule.num_sequences] += 1  # first scheduled length
     with pytest.raises(ValueError, match="fingerprint"):
         decode_step(dataclasses.replace(wire, ints=ints))
