@@ -290,6 +290,9 @@ class PackingIterator(Iterator[Step]):
                 out = StepMessage(status, self._steps)
             got = broadcast_pp(out if t.is_first_stage else None, t.group("pp"), decode=t.is_middle_stage)
             if t.is_middle_stage:
+                sender = got.microbatches[0].cp_rank if got.microbatches else t.cp_rank
+                if sender != t.cp_rank:
+                    raise ValueError(f"the pp group pairs CP rank {sender} of the first stage with CP rank {t.cp_rank}")
                 return got
         if msg is None or status != msg.status:
             return StepMessage(status, self._steps)
@@ -342,7 +345,8 @@ class PackingIterator(Iterator[Step]):
         try:
             fresh, exhausted, empty = self._read()
         except Exception as exc:  # the user's iterator or data: every rank must hear of it
-            error = f"bad input on {self._who()} at step {step}: {exc}"
+            what = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            error = f"bad input on {self._who()} at step {step}: {what}"
         pool = self._pool + fresh
         key_mask = 0
         if pool and error is None:

@@ -231,3 +231,12 @@ def test_bad_arguments(kwargs, message):
 def test_missing_iterator_is_named():
     with pytest.raises(ValueError, match=r"rank 0 \(dp=0/1 cp=0/1 tp=0/1 pp=0/1\) got data_iterator=None but must read data"):
         _wrap(None)
+
+
+def test_an_exception_inside_the_data_iterator_becomes_the_agreed_error():
+    def broken():
+        yield from items(SEED, 0, 3)
+        raise RuntimeError("worker 3 died")
+
+    with pytest.raises(ValueError, match=r"bad input on DP rank 0 .* at step 0: RuntimeError: worker 3 died"):
+        next(_wrap(broken()))
