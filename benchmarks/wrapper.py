@@ -33,7 +33,7 @@ LAYOUTS = {
     "dp2xtp2": ((2, 2), ("dp", "tp")),
     "pp2xdp2": ((2, 2), ("pp", "dp")),
 }
-PHASES = ("gather", "schedule", "exchange", "pack", "broadcast")
+PHASES = ("gather", "schedule", "exchange", "pack", "broadcast", "wait")
 
 
 def _round_robin():
@@ -93,7 +93,9 @@ def _worker(rank: int, store_path: str, args, results) -> None:
             records = []
             for _ in range(args.steps + 1):
                 dist.barrier()  # untimed: each step starts together, so a phase does not absorb the last step's skew
+                cpu = time.process_time()
                 step = next(it)
+                step.timings["cpu"] = time.process_time() - cpu  # all threads of this rank, immune to time-sharing
                 records.append((step.timings, step.exchange_bytes, step.stats.num_sequences, step.num_microbatches))
             results.put((rank, name, scheduler, records[1:]))  # the first step warms up
     dist.barrier()
@@ -135,7 +137,7 @@ def main() -> None:
     print(f"# {args.samples_per_rank} samples per DP rank per step, lognormal lengths (mean {args.mean_len}, "
           f"clip 16..{args.max_len}), {args.max_tokens} tokens per microbatch, median of {args.steps} steps "
           f"of the mean over ranks, wall {elapsed:.0f} s")
-    header = ["layout", "scheduler", "samples/step", "mbs", *PHASES, "total", "slowest rank", "sent/payload"]
+    header = ["layout", "scheduler", "samples/step", "mbs", *PHASES, "total", "slowest rank", "cpu", "sent/payload"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for name in args.layouts:
@@ -149,22 +151,28 @@ def main() -> None:
                 mean = [statistics.fmean(per_rank[r][k][0].get(phase, 0.0) for r in range(WORLD)) for k in range(steps)]
                 cells.append(f"{1e3 * statistics.median(mean) * scale:.2f}")
             wrapper = [
-                statistics.fmean(per_rank[r][k][0]["total"] - per_rank[r][k][0].get("read", 0.0) for r in range(WORLD))
+                statistics.fmean(
+                    per_rank[r][k][0]["total"] - per_rank[r][k][0].get("read", 0.0) - per_rank[r][k][0].get("wait", 0.0)
+                    for r in range(WORLD)
+                )
                 for k in range(steps)
             ]
             slowest = [max(per_rank[r][k][0]["total"] for r in range(WORLD)) for k in range(steps)]
+            cpu = [statistics.fmean(per_rank[r][k][0]["cpu"] for r in range(WORLD)) for k in range(steps)]
             sent = sum(per_rank[r][k][1].get("sent", 0) for r in range(WORLD) for k in range(steps))
             payload = sum(per_rank[r][k][1].get("payload", 0) for r in range(WORLD) for k in range(steps))
             mbs = statistics.median(per_rank[0][k][3] for k in range(steps))
             print(
                 f"| {name} | {scheduler} | {samples} | {mbs:g} | " + " | ".join(cells)
                 + f" | {1e3 * statistics.median(wrapper) * scale:.2f} | {1e3 * statistics.median(slowest) * scale:.2f}"
+                + f" | {1e3 * statistics.median(cpu) * scale:.2f}"
                 + f" | {sent / payload if payload else 0:.3f} |"
             )
-    print("# times in ms per step per 1000 samples (global samples of the step); pack = pack + CP shard; "
-          "broadcast = TP + PP (agreement included); total = wrapper time without reading the data; "
-          "slowest rank = the step's longest next() including reading; collective phases include waiting "
-          "for slower ranks")
+    print("# times in ms per step per 1000 samples of the step, mean over the 4 ranks (ranks that skip a phase "
+          "count 0); pack = pack + CP shard; broadcast = TP + PP sends, receives, decoding and the PP agreement; "
+          "wait = broadcast receivers waiting for their source; total = wrapper work without reading the data "
+          "and without wait; slowest rank = the step's longest next() including both; cpu = CPU time of next() "
+          "(all threads, mean over ranks): the cost without the time-sharing of 4 ranks on this machine's cores")
     print("# sent/payload = bytes the exchange put on the wire / bytes of the samples packed this step")
 
 

@@ -58,6 +58,7 @@ yields batches whose ``input_ids``, ``labels``, ``loss_mask`` are ``None``.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -869,6 +870,7 @@ def broadcast_step(
     src: int = 0,
     verify: bool = True,
     decode: bool = True,
+    timings: dict[str, float] | None = None,
 ) -> StepMessage | None:
     """Broadcast one step from group rank ``src`` to the rest of ``group``; all ranks call it.
 
@@ -876,7 +878,9 @@ def broadcast_step(
     get the decoded message. Up to four broadcasts: the fixed prefix, the int64 buffer,
     then (only when non-empty) the float32 payload and the error text. The source's global
     rank is read from the group (``dist.get_global_rank``), never computed. A receiver
-    that only has to take part (``decode=False``) gets ``None``.
+    that only has to take part (``decode=False``) gets ``None``. ``timings``, when given,
+    accumulates ``"wait"``: seconds a receiver spent in the prefix broadcast, i.e. waiting
+    for the source to be ready.
     """
     if _group_size(group) == 1:
         if msg is None:
@@ -897,7 +901,10 @@ def broadcast_step(
             dist.broadcast(wire.message.to(device), src_global, group=group)
         return msg
     prefix = torch.empty(PREFIX_WORDS, dtype=torch.int64, device=device)
+    tick = time.perf_counter()
     dist.broadcast(prefix, src_global, group=group)
+    if timings is not None:
+        timings["wait"] = timings.get("wait", 0.0) + time.perf_counter() - tick
     p = decode_prefix(prefix)
     ints = torch.empty(p.ints_len, dtype=torch.int64, device=device)
     dist.broadcast(ints, src_global, group=group)
@@ -912,15 +919,22 @@ def broadcast_step(
     return decode_step(WireBuffers(prefix.cpu(), ints.cpu(), floats.cpu(), message.cpu()), verify=verify)
 
 
-def broadcast_tp(msg: StepMessage | None, group: Any, *, verify: bool = True) -> StepMessage:
+def broadcast_tp(
+    msg: StepMessage | None, group: Any, *, verify: bool = True, timings: dict[str, float] | None = None
+) -> StepMessage:
     """TP broadcast: TP rank 0's microbatches (tokens and layout) to the other TP ranks."""
-    return broadcast_step(msg, group, kind=KIND_BATCH, src=0, verify=verify)
+    return broadcast_step(msg, group, kind=KIND_BATCH, src=0, verify=verify, timings=timings)
 
 
 def broadcast_pp(
-    msg: StepMessage | None, group: Any, *, verify: bool = True, decode: bool = True
+    msg: StepMessage | None,
+    group: Any,
+    *,
+    verify: bool = True,
+    decode: bool = True,
+    timings: dict[str, float] | None = None,
 ) -> StepMessage | None:
     """PP broadcast: the first stage's layout to the other stages (receivers get batches
     whose ``input_ids``, ``labels`` and ``loss_mask`` are ``None``; the last stage, which
     reads its own data, passes ``decode=False``)."""
-    return broadcast_step(msg, group, kind=KIND_LAYOUT, src=0, verify=verify, decode=decode)
+    return broadcast_step(msg, group, kind=KIND_LAYOUT, src=0, verify=verify, decode=decode, timings=timings)

@@ -82,7 +82,8 @@ class Step:
         schedule: The step's schedule (identical on every rank).
         schedule_fingerprint: ``schedule.fingerprint()``.
         timings: Seconds spent in ``read``, ``gather``, ``schedule``, ``exchange``,
-            ``pack`` (pack + CP shard), ``broadcast`` (TP + PP) and ``total`` on this rank.
+            ``pack`` (pack + CP shard), ``broadcast`` (TP + PP, without ``wait``), ``wait``
+            (a broadcast receiver waiting for its source) and ``total`` on this rank.
         exchange_bytes: ``sent``, ``received``, ``kept`` (stayed local) and ``payload``
             (tokens of this replica's samples) bytes of this rank's exchange.
     """
@@ -267,15 +268,15 @@ class PackingIterator(Iterator[Step]):
         if self.data_owner == "tp0":
             tick = time.perf_counter()
             if t.tp_size > 1 and self._edge_stage:
-                msg = broadcast_tp(msg if t.tp_rank == 0 else None, t.group("tp"))
+                msg = broadcast_tp(msg if t.tp_rank == 0 else None, t.group("tp"), timings=timings)
             if t.pp_size > 1:
-                msg = self._pipeline(msg)
-            timings["broadcast"] = time.perf_counter() - tick
+                msg = self._pipeline(msg, timings)
+            timings["broadcast"] = time.perf_counter() - tick - timings.get("wait", 0.0)
         assert msg is not None
         timings["total"] = time.perf_counter() - start
         return self._finish(msg, timings, traffic)
 
-    def _pipeline(self, msg: StepMessage | None) -> StepMessage:
+    def _pipeline(self, msg: StepMessage | None, timings: dict[str, float]) -> StepMessage:
         """Agree with the other stages, then send the first stage's layout to the middle ones."""
         t = self.topology
         status = msg.status if msg is not None else STATUS_OK
@@ -288,7 +289,8 @@ class PackingIterator(Iterator[Step]):
             out = msg
             if t.is_first_stage and status != msg.status:  # the last stage ended first
                 out = StepMessage(status, self._steps)
-            got = broadcast_pp(out if t.is_first_stage else None, t.group("pp"), decode=t.is_middle_stage)
+            got = broadcast_pp(out if t.is_first_stage else None, t.group("pp"), decode=t.is_middle_stage,
+                               timings=timings)
             if t.is_middle_stage:
                 sender = got.microbatches[0].cp_rank if got.microbatches else t.cp_rank
                 if sender != t.cp_rank:
