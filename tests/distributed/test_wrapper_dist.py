@@ -26,6 +26,7 @@ from seqpack.thd import pad_multiple_for
 from seqpack.topology import Topology
 from seqpack.wrapper import wrap_data_iterator
 from wrapper_data import (
+    EMPTY_EVERY,
     TOKEN_FIELDS,
     ScatterScheduler,
     batch_arrays,
@@ -162,7 +163,8 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
     counts = {len(r["steps"]) for r in results}
     assert len(counts) == 1, f"ranks ran different numbers of steps: {counts}"
     by_coords = {tuple(r["coords"][f"{a}_rank"] for a in ("dp", "cp", "tp", "pp")): r for r in results}
-    saw = {"padding": False, "multi_seq": False, "multi_mb": False, "filler": False, "sent": 0, "deferred": 0}
+    saw = {"padding": False, "multi_seq": False, "multi_mb": False, "filler": False, "sent": 0, "deferred": 0,
+           "empty": 0}
     seen_all = []
     for k in range(counts.pop()):
         steps = {c: r["steps"][k] for c, r in by_coords.items()}
@@ -223,6 +225,11 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
         assert stats["seqlen_sum"] == sum(lengths) and stats["seqlen_sq_sum"] == sum(n * n for n in lengths)
         assert stats["num_sequences"] == len(lengths) and stats["padded_tokens"] == padded_tokens
         assert stats["num_microbatches"] == ref["M"]
+        spr, count = cfg.get("spr", 6), cfg["items"]
+        held = [count.get(r, count["default"]) if isinstance(count, dict) else count for r in range(dp)]
+        empties = sum(1 for r in range(dp) for i in range(k * spr, min((k + 1) * spr, held[r])) if i % EMPTY_EVERY == 7)
+        assert stats["empty_samples"] == empties  # zero-length samples were dropped and counted
+        saw["empty"] += empties
         saw["multi_mb"] |= ref["M"] > 1
         saw["deferred"] += len(ref["deferred"])
         saw["sent"] += sum(s["bytes"].get("sent", 0) for s in steps.values())
@@ -233,8 +240,7 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
     count = cfg["items"]
     expected = {}
     for r in range(dp):
-        n = count.get(r, count["default"]) if isinstance(count, dict) else count
-        expected.update(expected_sequences(SEED, r, n))
+        expected.update(expected_sequences(SEED, r, count.get(r, count["default"]) if isinstance(count, dict) else count))
     assert set(who) <= set(expected)
     dropped = {r["dropped_at_end"] for r in results}
     assert len(dropped) == 1
@@ -262,7 +268,7 @@ def test_every_sequence_arrives_once_and_reassembles(dist_pools, name, scheduler
     layout, cfg, results = _run(dist_pools, name, cfg)
     saw = _check_run(results, layout, cfg)
     assert len(results[0]["steps"]) == 3
-    assert saw["padding"] and saw["multi_seq"] and saw["multi_mb"]
+    assert saw["padding"] and saw["multi_seq"] and saw["multi_mb"] and saw["empty"]
     dp = _sizes(layout)["dp"]
     if scheduler == "test_scatter" and dp > 1:
         assert saw["sent"] > 0  # samples really crossed the wire
@@ -273,11 +279,11 @@ def test_every_sequence_arrives_once_and_reassembles(dist_pools, name, scheduler
 
 
 @pytest.mark.parametrize("drop_last", [True, False])
-@pytest.mark.parametrize("name", ["dp4", "dp2cp2", "dp2tp2-tp0", "pp3"])
+@pytest.mark.parametrize("name", list(LAYOUTS))
 def test_end_of_data_ends_every_rank_on_the_same_step(dist_pools, name, drop_last):
     # DP rank 1 (or the only replica) runs out in the middle of the fourth step.
     cfg = {"scheduler": "test_scatter", "items": {1: 20, "default": 24}, "drop_last": drop_last}
-    if name == "pp3":
+    if _sizes(LAYOUTS[name][0])["dp"] == 1:
         cfg["items"] = 20
     layout, cfg, results = _run(dist_pools, name, cfg)
     _check_run(results, layout, cfg)
@@ -286,7 +292,7 @@ def test_end_of_data_ends_every_rank_on_the_same_step(dist_pools, name, drop_las
     assert all((r["dropped_at_end"] > 0) == drop_last for r in results)
 
 
-@pytest.mark.parametrize("name", ["dp4", "dp2cp2", "dp2tp2-tp0", "pp3", "cp4"])
+@pytest.mark.parametrize("name", list(LAYOUTS))
 def test_resume_reproduces_the_next_steps(dist_pools, name):
     cfg = {"scheduler": "test_defer", "items": 24, "resume_at": 2}
     if _sizes(LAYOUTS[name][0])["cp"] == 1:
