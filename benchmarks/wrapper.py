@@ -37,23 +37,16 @@ PHASES = ("gather", "schedule", "exchange", "pack", "broadcast", "wait")
 
 
 def _round_robin():
-    from seqpack.schedulers import Scheduler
-    from seqpack.schedulers.empty import next_fit
-    from seqpack.thd import padded_lengths
+    from seqpack.schedulers import EmptyScheduler, Scheduler
 
     class RoundRobin(Scheduler):
         name = "round_robin"
 
         def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
-            replica = np.arange(ids.size) % dp_size
-            padded = padded_lengths(lengths, pad_multiple)
-            groups = []
-            for d in range(dp_size):
-                mine = np.flatnonzero(replica == d)
-                groups.append([ids[mine[g]] for g in next_fit(padded[mine], capacity)])
-            rounds = max((len(g) for g in groups), default=0)
-            empty = np.zeros(0, dtype=np.int64)
-            return [[g[m] if m < len(g) else empty for g in groups] for m in range(rounds)], np.zeros(0, np.int64)
+            # "empty" packs every sample where it sits: tell it sample k sits on replica k % dp.
+            replica = np.arange(ids.size, dtype=np.int64) % dp_size
+            return EmptyScheduler()._plan(ids, lengths, dp_size=dp_size, capacity=capacity,
+                                          pad_multiple=pad_multiple, cost=cost, origin=replica)
 
     return RoundRobin()
 

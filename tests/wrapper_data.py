@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from seqpack.schedulers import Scheduler
-from seqpack.schedulers.empty import next_fit
+from seqpack.schedulers import EmptyScheduler, Scheduler
 from seqpack.thd import padded_lengths
 
 EMPTY_EVERY = 13  # item i with i % 13 == 7 is a zero-length sample
@@ -113,15 +112,11 @@ class ScatterScheduler(Scheduler):
             j = int(np.argmax(lengths))
             deferred = ids[j : j + 1]
             ids, lengths = np.delete(ids, j), np.delete(lengths, j)
-        replica = (np.arange(ids.size) * 3 + 1) % dp_size
-        padded = padded_lengths(lengths, pad_multiple)
-        per_replica = []
-        for d in range(dp_size):
-            mine = np.flatnonzero(replica == d)
-            per_replica.append([ids[mine[g]] for g in next_fit(padded[mine], capacity)])
-        rounds = max((len(g) for g in per_replica), default=0)
-        empty = np.zeros(0, dtype=np.int64)
-        return [[g[m] if m < len(g) else empty for g in per_replica] for m in range(rounds)], deferred
+        # "empty" packs every sample on the replica it sits on: tell it they sit elsewhere.
+        replica = (np.arange(ids.size, dtype=np.int64) * 3 + 1) % dp_size
+        rounds, _ = EmptyScheduler()._plan(ids, lengths, dp_size=dp_size, capacity=capacity,
+                                           pad_multiple=pad_multiple, cost=cost, origin=replica)
+        return rounds, deferred
 
 
 # --- checking what arrived ------------------------------------------------------------------
