@@ -39,7 +39,7 @@ A message is up to four buffers, broadcast in this order:
        assigned ids A, deferred D, dropped R, truncated U
 
    then 3 words per microbatch: ``total padded tokens T_m (all CP ranks), sequences n_m,
-   max_seqlen_m``. Payload: the schedule (``original_lengths[N]``, ``lengths[N]``, ids per
+   max_seqlen_m``. Payload: the schedule (``original_lengths[N]``, ``lengths[N]``, id counts per
    (microbatch, replica) cell ``[M*dp]``, assigned ids ``[A]``, deferred ``[D]``, dropped
    ``[R]``, truncated ``[U]``) so every receiver rebuilds the exact ``Schedule`` and
    ``StepStats``; then per microbatch ``cu_seqlens[n_m+1]``, ``cu_seqlens_padded[n_m+1]``,
@@ -523,7 +523,8 @@ def batch_from_layout(
     cu32 = cu.to(torch.int32)
     cu_padded32 = cu32 if torch.equal(cu, cu_padded) else cu_padded.to(torch.int32)
     local = total // cp_size
-    for name, value in (("input_ids", input_ids), ("labels", labels), ("loss_mask", loss_mask), ("position_ids", position_ids)):
+    tokens = {"input_ids": input_ids, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
+    for name, value in tokens.items():
         if value is not None and value.shape[0] != local:
             raise ValueError(f"{name} has {value.shape[0]} tokens but the layout gives {local} to CP rank {cp_rank}")
     return PackedBatch(
@@ -609,7 +610,8 @@ def encode_step(msg: StepMessage, *, kind: int = KIND_BATCH) -> WireBuffers:
     message = np.frombuffer(msg.message.encode("utf-8"), dtype=np.uint8) if msg.status == STATUS_ERROR else None
     if msg.status != STATUS_OK:
         prefix = np.array(
-            [FORMAT_VERSION, kind, msg.status, PREFIX_WORDS + STEP_WORDS, 0, 0, 0 if message is None else message.size, 0],
+            [FORMAT_VERSION, kind, msg.status, PREFIX_WORDS + STEP_WORDS, 0, 0,
+             0 if message is None else message.size, 0],
             dtype=np.int64,
         )
         return WireBuffers(
@@ -730,7 +732,8 @@ def decode_prefix(prefix: torch.Tensor | np.ndarray) -> WirePrefix:
         raise ValueError(f"unknown message kind {int(p[P_KIND])} in wire prefix")
     if p[P_STATUS] not in _STATUS_NAMES:
         raise ValueError(f"unknown status {int(p[P_STATUS])} in wire prefix")
-    if p[P_HEADER_LEN] < PREFIX_WORDS + STEP_WORDS or min(p[P_INT_WORDS], p[P_FLOAT_WORDS], p[P_MESSAGE_BYTES], p[P_NUM_MICROBATCHES]) < 0:
+    sizes = (p[P_INT_WORDS], p[P_FLOAT_WORDS], p[P_MESSAGE_BYTES], p[P_NUM_MICROBATCHES])
+    if p[P_HEADER_LEN] < PREFIX_WORDS + STEP_WORDS or min(sizes) < 0:
         raise ValueError(f"corrupt wire prefix {p.tolist()}")
     expected = PREFIX_WORDS + STEP_WORDS + MB_WORDS * int(p[P_NUM_MICROBATCHES])
     if p[P_HEADER_LEN] != expected:

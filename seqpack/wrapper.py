@@ -46,7 +46,14 @@ from seqpack.comm import (
 from seqpack.cp import shard_for_cp
 from seqpack.schedulers import ON_OVERSIZE, Schedule, Scheduler, get_scheduler
 from seqpack.stats import StepStats
-from seqpack.thd import PackedBatch, pack_sequences, pad_multiple_for, padded_lengths, padding_only_batch, split_packed_sample
+from seqpack.thd import (
+    PackedBatch,
+    pack_sequences,
+    pad_multiple_for,
+    padded_lengths,
+    padding_only_batch,
+    split_packed_sample,
+)
 from seqpack.topology import AXES, Topology
 
 __all__ = ["DATA_OWNERS", "PackingIterator", "Step", "wrap_data_iterator"]
@@ -591,7 +598,9 @@ class PackingIterator(Iterator[Step]):
         if saved != here:
             raise ValueError(f"state was saved on topology {_fmt(saved)} but this iterator runs on {_fmt(here)}")
         if dict(state[self.STATE_CONFIG]) != self._config():
-            raise ValueError(f"state was saved with {dict(state[self.STATE_CONFIG])} but this iterator has {self._config()}")
+            raise ValueError(
+                f"state was saved with {dict(state[self.STATE_CONFIG])} but this iterator has {self._config()}"
+            )
         if self._it is not None or self._steps:
             raise ValueError("load_state_dict needs a fresh iterator (this one has already read data)")
         self._steps = int(state[self.STATE_STEPS])
