@@ -1,0 +1,287 @@
+"""Wire format, exchange planning and layout rebuilding: pure, no processes."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seqpack.comm import (
+    FORMAT_VERSION,
+    KIND_BATCH,
+    KIND_LAYOUT,
+    PREFIX_WORDS,
+    STATUS_END,
+    STATUS_ERROR,
+    STATUS_OK,
+    StepMessage,
+    WireBuffers,
+    agree_status,
+    batch_from_layout,
+    decode_prefix,
+    decode_step,
+    encode_step,
+    gather_lengths,
+    plan_exchange,
+)
+from seqpack.cp import shard_for_cp
+from seqpack.schedulers import get_scheduler
+from seqpack.stats import StepStats
+from seqpack.thd import pack_sequences, pad_multiple_for, padding_only_batch
+
+FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "seq_idx", "padding_mask", "cu_seqlens",
+          "cu_seqlens_padded", "sample_ids")
+
+
+def _message(cp=2, cp_rank=1, dp=2, lengths=(5, 3, 9, 1, 12, 7, 2, 13), positions=False, seed=0):
+    """A real step: schedule over dp replicas, replica 0's microbatches packed and CP-sharded."""
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for n in lengths:
+        s = {"input_ids": torch.randint(1, 1000, (n,), generator=g)}
+        if positions:
+            s["position_ids"] = torch.arange(n) + 3
+        samples.append(s)
+    pm = pad_multiple_for(cp)
+    # Replica 0 holds three samples (two microbatches), replica 1 the rest (three): replica 0
+    # gets an empty cell in the last round.
+    origin = np.array([0] * 3 + [1] * (len(lengths) - 3))
+    sched = get_scheduler("empty").schedule(
+        np.array(lengths), dp_size=dp, cp_size=cp, max_tokens_per_rank=8, pad_multiple=pm, origin=origin
+    )
+    batches = []
+    for m in range(sched.num_microbatches):
+        ids = sched.assignment[m][0]
+        b = padding_only_batch(pm) if ids.size == 0 else pack_sequences([samples[i] for i in ids], pad_multiple=pm, sample_ids=ids)
+        batches.append(shard_for_cp(b, cp, cp_rank))
+    return StepMessage(STATUS_OK, step=7, schedule=sched, microbatches=batches, empty_samples=2, position_ids=positions)
+
+
+def _same_batch(a, b, tokens=True):
+    for name in FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        if not tokens and name in ("input_ids", "labels", "loss_mask"):
+            assert y is None
+            continue
+        assert x.dtype == y.dtype, name
+        assert torch.equal(x, y), name
+    assert (a.max_seqlen, a.cp_size, a.cp_rank) == (b.max_seqlen, b.cp_size, b.cp_rank)
+    assert (a.cu_seqlens is a.cu_seqlens_padded) == (b.cu_seqlens is b.cu_seqlens_padded)
+
+
+@pytest.mark.parametrize("positions", [False, True])
+def test_batch_round_trip_is_exact(positions):
+    msg = _message(positions=positions)
+    sched = msg.schedule
+    assert sched.num_microbatches > 1  # not vacuous: several microbatches ...
+    assert any(b.sample_ids.tolist() == [-1] for b in msg.microbatches)  # ... one a padding filler ...
+    assert any(b.num_sequences > 1 for b in msg.microbatches)  # ... one with several sequences
+    assert any(bool(b.padding_mask.any()) for b in msg.microbatches if b.sample_ids[0] >= 0)
+    wire = encode_step(msg, kind=KIND_BATCH)
+    assert wire.prefix.dtype == torch.int64 and wire.ints.dtype == torch.int64
+    assert wire.prefix.shape == (PREFIX_WORDS,) and int(wire.prefix[0]) == FORMAT_VERSION
+    assert wire.floats.dtype == torch.float32  # loss_mask only
+    assert wire.floats.numel() == sum(b.num_tokens for b in msg.microbatches)
+    got = decode_step(wire)
+    assert got.status == STATUS_OK and got.step == 7 and got.empty_samples == 2 and got.position_ids == positions
+    assert got.schedule.fingerprint() == sched.fingerprint()
+    for name in ("lengths", "original_lengths", "deferred", "dropped", "truncated"):
+        assert np.array_equal(getattr(got.schedule, name), getattr(sched, name))
+    assert StepStats.from_schedule(got.schedule) == StepStats.from_schedule(sched)
+    assert len(got.microbatches) == len(msg.microbatches)
+    for a, b in zip(msg.microbatches, got.microbatches):
+        _same_batch(a, b)
+
+
+def test_schedule_and_shards_keep_their_own_cp_size():
+    msg = _message(cp=2, cp_rank=0)
+    sched = msg.schedule
+    # The same shards under a schedule made for cp=1: both sizes survive, the fingerprint too.
+    plain = get_scheduler("empty").schedule(sched.original_lengths, dp_size=2, max_tokens_per_rank=16,
+                                            pad_multiple=4, origin=np.array([0] * 3 + [1] * 5))
+    assert plain.num_microbatches == sched.num_microbatches and plain.cp_size == 1
+    got = decode_step(encode_step(dataclasses.replace(msg, schedule=plain)))
+    assert got.schedule.cp_size == 1 and got.microbatches[0].cp_size == 2
+
+
+def test_layout_round_trip_has_no_tokens():
+    msg = _message(cp=4, cp_rank=2)
+    wire = encode_step(msg, kind=KIND_LAYOUT)
+    assert wire.floats.numel() == 0
+    batch_wire = encode_step(msg, kind=KIND_BATCH)
+    assert wire.ints.numel() < batch_wire.ints.numel()
+    got = decode_step(wire)
+    for a, b in zip(msg.microbatches, got.microbatches):
+        _same_batch(a, b, tokens=False)
+
+
+def test_counts_stay_exact_beyond_float32():
+    # Sums of squares far above 2**24 (float32's exact range) survive the wire exactly.
+    lengths = np.array([40_000, 65_537, 3, 100_003], dtype=np.int64)
+    sched = get_scheduler("empty").schedule(lengths, dp_size=1, max_tokens_per_rank=200_000)
+    msg = StepMessage(STATUS_OK, schedule=sched, microbatches=[])
+    msg.microbatches = [
+        batch_from_layout(np.r_[0, np.cumsum(lengths[ids])], np.r_[0, np.cumsum(lengths[ids])],
+                          int(lengths[ids].max()), ids)
+        for ids in (row[0] for row in sched.assignment)
+    ]
+    stats = StepStats.from_schedule(decode_step(encode_step(msg, kind=KIND_LAYOUT)).schedule)
+    assert stats.seqlen_sq_sum == sum(int(v) ** 2 for v in lengths) > 2**24
+    assert stats.seqlen_sum == int(lengths.sum())
+
+
+@pytest.mark.parametrize("status", [STATUS_END, STATUS_ERROR])
+def test_status_messages_round_trip(status):
+    msg = StepMessage(status, step=3, dropped_at_end=11, message="bad input on DP rank 1: naïve" if status == STATUS_ERROR else "")
+    wire = encode_step(msg)
+    assert int(wire.prefix[2]) == status
+    got = decode_step(wire)
+    assert (got.status, got.step, got.dropped_at_end) == (status, 3, 11)
+    assert got.message == msg.message
+    assert got.schedule is None and got.microbatches == []
+
+
+def test_version_mismatch_is_an_error():
+    wire = encode_step(_message())
+    prefix = wire.prefix.clone()
+    prefix[0] = FORMAT_VERSION + 1
+    with pytest.raises(ValueError, match=rf"wire format version {FORMAT_VERSION + 1} received.*version {FORMAT_VERSION}"):
+        decode_prefix(prefix)
+    with pytest.raises(ValueError, match="version"):
+        decode_step(dataclasses.replace(wire, prefix=prefix))
+
+
+def test_truncated_and_oversized_buffers_are_errors():
+    wire = encode_step(_message())
+    with pytest.raises(ValueError, match=r"truncated int64 buffer: the wire prefix declares \d+ words, got \d+"):
+        decode_step(dataclasses.replace(wire, ints=wire.ints[:-1]))
+    with pytest.raises(ValueError, match="truncated float32 buffer"):
+        decode_step(dataclasses.replace(wire, floats=wire.floats[:-3]))
+    with pytest.raises(ValueError, match="oversized int64 buffer"):
+        decode_step(dataclasses.replace(wire, ints=torch.cat([wire.ints, torch.zeros(2, dtype=torch.int64)])))
+    with pytest.raises(ValueError, match=r"wire prefix has 5 words, expected 8"):
+        decode_prefix(wire.prefix[:5])
+    # A prefix that lies about the header: the arithmetic is in the message.
+    prefix = wire.prefix.clone()
+    prefix[3] += 1
+    with pytest.raises(ValueError, match=r"header_len=\d+ but \d+ microbatches need 8 \+ 16 \+ 3\*\d+ = \d+"):
+        decode_prefix(prefix)
+
+
+def test_corrupted_payload_fails_the_fingerprint():
+    msg = _message()
+    wire = encode_step(msg)
+    ints = wire.ints.clone()
+    body = 16 + 3 * int(wire.prefix[7])
+    ints[body + msg.schedule.num_sequences] += 1  # first scheduled length
+    with pytest.raises(ValueError, match="fingerprint"):
+        decode_step(dataclasses.replace(wire, ints=ints))
+
+
+def test_encode_rejects_bad_messages():
+    msg = _message()
+    with pytest.raises(ValueError, match="kind must be"):
+        encode_step(msg, kind=3)
+    with pytest.raises(ValueError, match="needs its schedule"):
+        encode_step(StepMessage(STATUS_OK))
+    stripped = dataclasses.replace(msg, microbatches=[dataclasses.replace(b, input_ids=None) for b in msg.microbatches])
+    with pytest.raises(ValueError, match="microbatch 0 has no tokens"):
+        encode_step(stripped, kind=KIND_BATCH)
+    encode_step(stripped, kind=KIND_LAYOUT)  # fine: layout only
+
+
+@given(
+    cp=st.sampled_from([1, 2, 4]),
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    positions=st.booleans(),
+    seed=st.integers(0, 100),
+)
+def test_layout_rebuild_equals_pack_and_shard(cp, lengths, positions, seed):
+    g = torch.Generator().manual_seed(seed)
+    samples = [{"input_ids": torch.randint(1, 50, (n,), generator=g)} for n in lengths]
+    if positions:
+        for s in samples:
+            s["position_ids"] = torch.randint(0, 99, (s["input_ids"].numel(),), generator=g)
+    full = pack_sequences(samples, pad_multiple=pad_multiple_for(cp), sample_ids=np.arange(len(lengths)) + 10)
+    for r in range(cp):
+        shard = shard_for_cp(full, cp, r)
+        rebuilt = batch_from_layout(
+            full.cu_seqlens, full.cu_seqlens_padded, full.max_seqlen, full.sample_ids, cp, r,
+            input_ids=shard.input_ids, labels=shard.labels, loss_mask=shard.loss_mask,
+            position_ids=shard.position_ids if positions else None,
+        )
+        _same_batch(shard, rebuilt)
+
+
+def test_layout_rebuild_of_filler_equals_padding_only_batch():
+    for cp in (1, 2, 4):
+        pm = pad_multiple_for(cp)
+        ref = shard_for_cp(padding_only_batch(pm), cp, cp - 1)
+        got = batch_from_layout([0, 0], [0, pm], pm, [-1], cp, cp - 1)
+        _same_batch(ref, got, tokens=False)
+
+
+def test_batch_from_layout_checks_token_counts():
+    with pytest.raises(ValueError, match="input_ids has 3 tokens but the layout gives 4 to CP rank 0"):
+        batch_from_layout([0, 5], [0, 8], 8, [0], 2, 0, input_ids=torch.zeros(3, dtype=torch.int64))
+
+
+# --- exchange planning ------------------------------------------------------------------
+
+
+@given(
+    dp=st.integers(1, 5),
+    data=st.data(),
+)
+def test_plan_exchange_is_consistent_across_ranks(dp, data):
+    counts = np.array(data.draw(st.lists(st.integers(0, 6), min_size=dp, max_size=dp)), dtype=np.int64)
+    n = int(counts.sum())
+    destination = np.array(data.draw(st.lists(st.integers(-1, dp - 1), min_size=n, max_size=n)), dtype=np.int64)
+    sizes = np.array(data.draw(st.lists(st.integers(0, 9), min_size=n, max_size=n)), dtype=np.int64)
+    plans = [plan_exchange(destination, sizes, counts, r) for r in range(dp)]
+    origin = np.repeat(np.arange(dp), counts)
+    delivered = []
+    for r, plan in enumerate(plans):
+        assert plan.send_ids[r].size == 0 and plan.recv_ids[r].size == 0  # nothing to itself
+        assert np.all(origin[plan.keep_ids] == r) and np.all(destination[plan.keep_ids] == r)
+        for s in range(dp):
+            # What s sends to r is what r expects from s, in the same order, same token count.
+            assert np.array_equal(plans[s].send_ids[r], plan.recv_ids[s])
+            assert plans[s].send_tokens[r] == plan.recv_tokens[s]
+        delivered += plan.keep_ids.tolist() + np.concatenate(plan.recv_ids).tolist()
+        assert plan.moved_tokens == plans[0].moved_tokens
+    # Every scheduled id arrives exactly once, at its destination; unscheduled ids nowhere.
+    assert sorted(delivered) == np.flatnonzero(destination >= 0).tolist()
+    assert sum(int(p.send_tokens.sum()) for p in plans) == plans[0].moved_tokens
+
+
+def test_plan_exchange_errors():
+    with pytest.raises(ValueError, match=r"destination \(2\), sizes \(2\) and sum\(counts\) \(3\)"):
+        plan_exchange(np.array([0, 1]), np.array([1, 1]), np.array([1, 2]), 0)
+    with pytest.raises(ValueError, match="rank=2 is out of range for 2 DP ranks"):
+        plan_exchange(np.array([0, 1]), np.array([1, 1]), np.array([1, 1]), 2)
+    with pytest.raises(ValueError, match=r"destination must hold replicas in -1\.\.1"):
+        plan_exchange(np.array([0, 2]), np.array([1, 1]), np.array([1, 1]), 0)
+
+
+# --- single-rank behaviour of the collectives ------------------------------------------------
+
+
+def test_single_rank_collectives_need_no_process_group():
+    got = gather_lengths([3, 1, 4], None, extras=[7, 8])
+    assert got.lengths.tolist() == [3, 1, 4] and got.counts.tolist() == [3] and got.extras.tolist() == [[7, 8]]
+    assert got.origin().tolist() == [0, 0, 0] and got.offsets.tolist() == [0, 3]
+    with pytest.raises(ValueError, match="sample 2 is bad"):
+        gather_lengths([3], None, error="sample 2 is bad")
+    assert agree_status(STATUS_END, None, None) == (STATUS_END, None)
+    assert agree_status(STATUS_ERROR, "boom", None) == (STATUS_ERROR, "boom")
+    with pytest.raises(ValueError, match="status must be one of"):
+        agree_status(5, None, None)
+
+
+def test_wire_buffers_report_their_size():
+    wire = encode_step(_message())
+    assert isinstance(wire, WireBuffers)
+    assert wire.nbytes == 8 * (wire.prefix.numel() + wire.ints.numel()) + 4 * wire.floats.numel()
