@@ -154,6 +154,8 @@ def unshard_from_cp(
     _check_cp(cp_size)
     if len(parts) != cp_size:
         raise ValueError(f"expected {cp_size} parts (one per CP rank), got {len(parts)}")
+    if cp_size == 1:  # shard_for_cp(batch, 1, 0) is the identity
+        return parts[0]
     stacked = torch.cat(list(parts), dim=0)
     order = gather_order(cu_seqlens_padded, stacked.shape[0], cp_size).to(stacked.device)
     out = torch.empty_like(stacked)

@@ -169,3 +169,8 @@ def test_partition_on_dim_other_tensors_keep_device_and_dtype():
     cu = torch.tensor([0, 8, 16], dtype=torch.int32)
     idx = partition_indices(cu, 16, 4, 3)
     assert idx.device == cu.device and idx.dtype == torch.int64
+
+
+def test_unshard_cp1_is_identity_for_odd_lengths():
+    x = torch.arange(7)
+    assert unshard_from_cp([x], torch.tensor([0, 3, 7]), 1) is x
