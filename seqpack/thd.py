@@ -341,8 +341,11 @@ def _override(
     dtype: torch.dtype,
 ) -> None:
     """Write each sample's own ``key`` (where it has one) over the defaults in ``target``."""
-    for index, sample in enumerate(samples):
-        value = sample.get(key)
+    values = [sample.get(key) for sample in samples]
+    if all(v is not None for v in values):  # the common case: one concatenation
+        target.copy_(torch.cat([torch.as_tensor(v) for v in values]).to(dtype))
+        return
+    for index, value in enumerate(values):
         if value is not None:
             target[cu_real[index] : cu_real[index + 1]] = torch.as_tensor(value).to(dtype)
 
