@@ -1,0 +1,340 @@
+"""``"balanced"``: FLOPs-aware packing that balances DP replicas and microbatch rounds.
+
+A step's cost is what its slowest rank waits for. Two waits matter:
+
+* DDP / ZeRO-1 / pipeline parallel: each replica runs its microbatches back to back and
+  syncs gradients once, so the step waits for the replica with the largest total cost.
+* FSDP: every microbatch ends with collectives over all replicas, so each round ``m`` waits
+  for its slowest replica: the step costs ``sum_m max_d cost[m, d]``.
+
+The plan, for the padded lengths ``p_i`` and costs ``c_i = cost(p_i)`` (attention's
+quadratic term included):
+
+1. **Microbatches.** Start at the token lower bound ``M = ceil(sum p / (dp * capacity))``
+   (at least ``min_microbatches``, rounded up to ``microbatch_multiple``).
+2. **Bins.** Fill ``dp * M`` bins of ``capacity`` tokens, longest sequence first, each into
+   the bin furthest below its cost target (LPT with targets; ties: fewer tokens, then lower
+   index). Bin targets are set per round: round ``m`` aims at
+   ``max(cost of the (m*dp+1)-th costliest sequence, remaining cost / remaining rounds)``, so
+   when a few sequences cost more than an average microbatch, every replica builds an
+   equally heavy microbatch for that round instead of leaving one replica overloaded.
+3. **Rounds.** Sort the bins by cost and deal them into rounds of ``dp`` (round 0 the
+   heaviest): the grouping that minimizes ``sum_m max_d``. Inside each round, the heaviest
+   bin goes to the replica with the least cost so far, which balances replica totals
+   without touching any round's maximum.
+4. **Repair.** Move single sequences off the most loaded replica to a lighter one in the
+   same round while that bin stays within capacity and within the round's maximum: the
+   replica maximum drops, no round gets slower. Then each replica's microbatches are
+   sorted heaviest first, which only lowers ``sum_m max_d``.
+5. **Order.** Rounds run heaviest first (a memory peak shows up at the first microbatch),
+   or with ``order="pipeline"`` light rounds at both ends and heavy ones in the middle,
+   which shortens pipeline warm-up and cool-down bubbles.
+
+**When M grows.** If no bin has room for a sequence at ``M`` (bins fill unevenly because
+cost-balanced bins hold different token counts), the same ``M`` is retried balancing
+tokens (worst-fit), then first-fit. A plan that needed one of these fallbacks is compared
+with the plan at the next ``M``; the scheduler keeps the one with the lower estimated step
+cost ``max_d total_d + sum_m max_d cost[m, d]`` (per-microbatch ``constant`` included;
+ties keep fewer microbatches). Larger ``M`` never helps balance otherwise: fewer, fuller
+bins leave more room to even things out.
+
+Without a cost model, ``balanced`` balances the training FLOPs of a Llama-3-8B shaped
+model (:func:`seqpack.cost.default_cost_model`). Pass the same cost model to
+:meth:`seqpack.stats.StepStats.from_schedule` to account a schedule in the units it was
+balanced in (``scheduler.resolve_cost(cost)`` returns it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from seqpack.cost import CostModel, default_cost_model
+from seqpack.schedulers import _kernels
+from seqpack.schedulers.base import Scheduler
+from seqpack.thd import padded_lengths
+
+ORDERS = ("heavy_first", "pipeline")
+
+
+@dataclasses.dataclass(frozen=True)
+class BalancedPlan:
+    """Where every sequence goes, before ids are turned into per-microbatch arrays.
+
+    Attributes:
+        num_microbatches: Rounds ``M``.
+        round_of, replica_of: Per sequence (position in the input), its round and replica.
+        load: Cost of every microbatch ``[M, dp]``, without the per-microbatch constant.
+        tokens: Padded tokens of every microbatch ``[M, dp]``.
+        mode: Bin rule that succeeded: 0 cost targets, 1 tokens (worst-fit), 2 first-fit.
+        repair_moves: Sequences moved by the repair pass.
+        objective: ``max_d total_d + sum_m max_d cost[m, d]`` with constants.
+    """
+
+    num_microbatches: int
+    round_of: np.ndarray
+    replica_of: np.ndarray
+    load: np.ndarray
+    tokens: np.ndarray
+    mode: int
+    repair_moves: int
+    objective: float
+
+
+def round_targets(sorted_costs: np.ndarray, dp_size: int, num_rounds: int) -> np.ndarray:
+    """Per-round cost target of one microbatch (see the module docstring, step 2).
+
+    Args:
+        sorted_costs: Sequence costs, costliest first.
+        dp_size, num_rounds: Grid shape.
+    """
+    targets = np.zeros(num_rounds, dtype=np.float64)
+    remaining = float(sorted_costs.sum()) / dp_size
+    n = sorted_costs.shape[0]
+    for m in range(num_rounds):
+        forced = float(sorted_costs[m * dp_size]) if m * dp_size < n else 0.0
+        target = min(max(forced, remaining / (num_rounds - m)), remaining)
+        targets[m] = max(target, 0.0)
+        remaining -= targets[m]
+    return targets
+
+
+def _arrange(load: np.ndarray, dp_size: int, num_rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """Round and replica of every bin: sorted bins dealt into rounds, heaviest bin of a round
+    to the lightest replica so far (ties: lower bin index, lower replica index)."""
+    n_bins = dp_size * num_rounds
+    by_cost = np.lexsort((np.arange(n_bins), -load))
+    round_of_bin = np.empty(n_bins, dtype=np.int64)
+    replica_of_bin = np.empty(n_bins, dtype=np.int64)
+    totals = np.zeros(dp_size, dtype=np.float64)
+    for m in range(num_rounds):
+        bins = by_cost[m * dp_size : (m + 1) * dp_size]
+        replicas = np.argsort(totals, kind="stable")
+        round_of_bin[bins] = m
+        replica_of_bin[bins] = replicas
+        totals[replicas] += load[bins]
+    return round_of_bin, replica_of_bin
+
+
+def _grid(values: np.ndarray, round_of: np.ndarray, replica_of: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Sum of ``values`` per (round, replica) cell, in ``values``' dtype."""
+    sums = np.bincount(round_of * shape[1] + replica_of, weights=values, minlength=shape[0] * shape[1])
+    # Token sums stay far below 2**53, so the float64 bincount is exact for them.
+    return sums.astype(values.dtype).reshape(shape)
+
+
+def _objective(load: np.ndarray, constant: float) -> float:
+    if load.size == 0:
+        return 0.0
+    m = load.shape[0]
+    return float(load.sum(axis=0).max() + load.max(axis=1).sum() + 2 * m * constant)
+
+
+def _plan_at(
+    padded: np.ndarray,
+    costs: np.ndarray,
+    order: np.ndarray,
+    dp_size: int,
+    capacity: int,
+    num_rounds: int,
+    constant: float,
+    max_repair_moves: int,
+) -> BalancedPlan | None:
+    """The plan with exactly ``num_rounds`` rounds, or None when no bin rule fits."""
+    targets = np.repeat(round_targets(costs[order], dp_size, num_rounds), dp_size)
+    for mode in (_kernels.MODE_COST, _kernels.MODE_TOKENS, _kernels.MODE_FIRST_FIT):
+        ok, bin_of, bin_load, _ = _kernels.grid_lpt(order, padded, costs, targets, capacity, mode)
+        if ok:
+            break
+    else:
+        return None
+    round_of_bin, replica_of_bin = _arrange(bin_load, dp_size, num_rounds)
+    round_of = round_of_bin[bin_of]
+    replica_of = replica_of_bin[bin_of]
+    shape = (num_rounds, dp_size)
+    load = _grid(costs, round_of, replica_of, shape)
+    tokens = _grid(padded, round_of, replica_of, shape)
+    moves = 0
+    if max_repair_moves > 0 and dp_size > 1:
+        moves = int(
+            _kernels.repair_replicas(
+                round_of, replica_of, costs, padded, load, tokens, capacity, max_repair_moves, 1e-9
+            )
+        )
+    # Each replica's microbatches heaviest first: the alignment that minimizes sum_m max_d.
+    rank = np.argsort(-load, axis=0, kind="stable")  # [position, replica] -> old round
+    new_round = np.empty_like(rank)
+    new_round[rank, np.arange(dp_size)[None, :]] = np.arange(num_rounds)[:, None]
+    round_of = new_round[round_of, replica_of]
+    load = np.take_along_axis(load, rank, axis=0)
+    tokens = np.take_along_axis(tokens, rank, axis=0)
+    return BalancedPlan(num_rounds, round_of, replica_of, load, tokens, mode, moves, _objective(load, constant))
+
+
+def plan_balanced(
+    padded: np.ndarray,
+    costs: np.ndarray,
+    *,
+    dp_size: int,
+    capacity: int,
+    constant: float = 0.0,
+    min_microbatches: int = 1,
+    microbatch_multiple: int = 1,
+    num_microbatches: int | None = None,
+    max_repair_moves: int | None = None,
+) -> BalancedPlan:
+    """Assign sequences to ``[rounds, replicas]`` (module docstring, steps 1-4).
+
+    Args:
+        padded: int64 padded lengths, each at most ``capacity``.
+        costs: float64 cost of each sequence (without the per-microbatch constant).
+        dp_size, capacity: Replicas and padded tokens per microbatch.
+        constant: Per-microbatch cost, used when comparing microbatch counts.
+        min_microbatches: Lower limit on ``M`` (e.g. pipeline stages).
+        microbatch_multiple: ``M`` is a multiple of this (e.g. Megatron's
+            ``microbatch_group_size_per_vp_stage`` under interleaved pipelines).
+        num_microbatches: Use exactly this ``M``.
+        max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
+
+    Raises:
+        ValueError: A sequence longer than ``capacity``, or ``num_microbatches`` too small
+            to hold the sequences.
+    """
+    padded = np.ascontiguousarray(padded, dtype=np.int64)
+    costs = np.ascontiguousarray(costs, dtype=np.float64)
+    n = padded.shape[0]
+    if costs.shape != padded.shape:
+        raise ValueError(f"costs has shape {costs.shape}, lengths {padded.shape}")
+    if n and padded.max() > capacity:
+        i = int(np.argmax(padded))
+        raise ValueError(f"sequence {i} has {int(padded[i])} padded tokens > capacity {capacity}")
+    repair = 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
+    order = np.argsort(-padded, kind="stable")  # cost grows with length: costliest first
+    if num_microbatches is not None:
+        plan = _plan_at(padded, costs, order, dp_size, capacity, num_microbatches, constant, repair)
+        if plan is None:
+            need = -(-int(padded.sum()) // (dp_size * capacity))
+            raise ValueError(
+                f"num_microbatches={num_microbatches} cannot hold {n} sequences of {int(padded.sum())} padded tokens "
+                f"in {dp_size} replicas of capacity {capacity} (the token lower bound alone is {need})"
+            )
+        return plan
+    if n == 0:
+        return _plan_at(padded, costs, order, dp_size, capacity, 0, constant, 0)  # type: ignore[return-value]
+    lower = max(-(-int(padded.sum()) // (dp_size * capacity)), min_microbatches, 1)
+    m = -(-lower // microbatch_multiple) * microbatch_multiple
+    first: BalancedPlan | None = None
+    while True:
+        plan = _plan_at(padded, costs, order, dp_size, capacity, m, constant, repair)
+        if plan is not None:
+            if first is None:
+                if plan.mode == _kernels.MODE_COST:
+                    return plan
+                first = plan  # needed a fallback: see whether one more round does better
+            else:
+                return plan if plan.objective < first.objective else first
+        m += microbatch_multiple
+
+
+class BalancedScheduler(Scheduler):
+    """FLOPs-aware scheduler balancing replica totals and per-round maxima (module docs).
+
+    Args:
+        order: ``"heavy_first"`` (default) or ``"pipeline"`` (light microbatches at both
+            ends, heavy ones in the middle).
+        min_microbatches: At least this many microbatches (e.g. pipeline stages).
+        microbatch_multiple: Microbatch count is a multiple of this.
+        num_microbatches: Force exactly this many microbatches.
+        max_repair_moves: Cap on the repair pass (default ``8 * dp + 64``; 0 disables it).
+    """
+
+    name = "balanced"
+
+    def __init__(
+        self,
+        *,
+        order: str = "heavy_first",
+        min_microbatches: int = 1,
+        microbatch_multiple: int = 1,
+        num_microbatches: int | None = None,
+        max_repair_moves: int | None = None,
+    ) -> None:
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        for name, value, low in (
+            ("min_microbatches", min_microbatches, 0),
+            ("microbatch_multiple", microbatch_multiple, 1),
+            ("num_microbatches", num_microbatches, 0),
+            ("max_repair_moves", max_repair_moves, 0),
+        ):
+            if value is None and name in ("num_microbatches", "max_repair_moves"):
+                continue
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        self.order = order
+        self.min_microbatches = int(min_microbatches)
+        self.microbatch_multiple = int(microbatch_multiple)
+        self.num_microbatches = None if num_microbatches is None else int(num_microbatches)
+        self.max_repair_moves = None if max_repair_moves is None else int(max_repair_moves)
+
+    def resolve_cost(self, cost: CostModel | None) -> CostModel:
+        """The cost model this scheduler balances: ``cost``, or the default model's FLOPs."""
+        return default_cost_model() if cost is None else cost
+
+    def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
+        model = self.resolve_cost(cost)
+        padded = padded_lengths(lengths, pad_multiple)
+        plan = plan_balanced(
+            padded,
+            model.cost(padded),
+            dp_size=dp_size,
+            capacity=capacity,
+            constant=model.constant,
+            min_microbatches=self.min_microbatches,
+            microbatch_multiple=self.microbatch_multiple,
+            num_microbatches=self.num_microbatches,
+            max_repair_moves=self.max_repair_moves,
+        )
+        m_count = plan.num_microbatches
+        position = round_position(plan.load, self.order)
+        cell = position[plan.round_of] * dp_size + plan.replica_of
+        # Pack order inside a microbatch: ascending global id (dataloader order).
+        by_cell = np.lexsort((ids, cell))
+        counts = np.bincount(cell, minlength=m_count * dp_size) if ids.size else np.zeros(m_count * dp_size, np.int64)
+        cells = np.split(ids[by_cell], np.cumsum(counts)[:-1]) if m_count else []
+        rounds = [cells[m * dp_size : (m + 1) * dp_size] for m in range(m_count)]
+        return rounds, np.zeros(0, dtype=np.int64)
+
+    def __repr__(self) -> str:
+        return f"BalancedScheduler(order={self.order!r})"
+
+
+def round_position(load: np.ndarray, order: str = "heavy_first") -> np.ndarray:
+    """Position (microbatch index) of every round given ``load[M, dp]``.
+
+    ``"heavy_first"``: by round maximum, heaviest first. ``"pipeline"``: lightest rounds at
+    both ends, alternating (lightest first, second lightest last, ...), heaviest in the
+    middle. Ties keep round order.
+    """
+    m_count = load.shape[0]
+    if m_count == 0:
+        return np.zeros(0, dtype=np.int64)
+    peak = load.max(axis=1)
+    heavy_first = np.lexsort((np.arange(m_count), -peak))
+    position = np.empty(m_count, dtype=np.int64)
+    if order == "heavy_first":
+        position[heavy_first] = np.arange(m_count)
+        return position
+    if order != "pipeline":
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    light_first = heavy_first[::-1]
+    left, right = 0, m_count - 1
+    for k, r in enumerate(light_first):
+        if k % 2 == 0:
+            position[r] = left
+            left += 1
+        else:
+            position[r] = right
+            right -= 1
+    return position
