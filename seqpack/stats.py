@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from seqpack.cost import CostModel
     from seqpack.schedulers.base import Schedule
 
-__all__ = ["StepStats", "microbatch_costs", "round_lower_bound"]
+__all__ = ["StepStats", "microbatch_costs", "round_lower_bound", "round_sum_lower_bound"]
 
 
 def microbatch_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
@@ -35,16 +35,50 @@ def microbatch_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
     return out.reshape(schedule.num_microbatches, schedule.dp_size)
 
 
+def round_sum_lower_bound(
+    padded: np.ndarray,
+    per_seq_cost: np.ndarray,
+    dp_size: int,
+    capacity: int,
+    *,
+    order: np.ndarray | None = None,
+) -> float:
+    """Lower bound on ``sum_m max_d cost[m, d]`` (per-microbatch constants left out).
+
+    The round holding the costliest sequence waits for it, while the mean of that round is
+    at most what ``dp_size`` microbatches of ``capacity`` tokens can hold: cost per token
+    grows with length, so at most the cost ``K`` of the longest sequences filling
+    ``dp_size * capacity`` tokens (fractional knapsack). The other rounds wait at least for
+    their mean. Hence ``sum_m max_d >= total/dp + max(0, largest - K/dp)``.
+
+    Args:
+        padded: Padded lengths.
+        per_seq_cost: Their costs (without the per-microbatch constant).
+        dp_size, capacity: Replicas and tokens per microbatch.
+        order: ``padded`` sorted longest first, if already at hand.
+    """
+    if padded.size == 0:
+        return 0.0
+    if order is None:
+        order = np.argsort(-padded, kind="stable")
+    tokens = np.cumsum(padded[order])
+    budget = dp_size * capacity
+    full = int(np.searchsorted(tokens, budget, side="right"))
+    knapsack = float(per_seq_cost[order[:full]].sum())
+    if full < order.shape[0]:
+        used = int(tokens[full - 1]) if full else 0
+        nxt = order[full]
+        knapsack += float(per_seq_cost[nxt]) * (budget - used) / float(padded[nxt])
+    mean = float(per_seq_cost.sum()) / dp_size
+    return mean + max(0.0, float(per_seq_cost.max()) - knapsack / dp_size)
+
+
 def round_lower_bound(
     padded: np.ndarray, per_seq_cost: np.ndarray, dp_size: int, capacity: int, total_cost: float
 ) -> float:
     """Smallest ``round_imbalance`` any schedule of these sequences can reach.
 
-    The round holding the costliest sequence waits for it, while the mean of that round is
-    at most what ``dp_size`` microbatches of ``capacity`` tokens can hold: cost per token
-    grows with length, so at most the cost of the longest sequences filling
-    ``dp_size * capacity`` tokens (fractional knapsack). Hence
-    ``sum_m max_d >= total/dp + max(0, largest - K/dp)``. It exceeds 1 when one sequence
+    :func:`round_sum_lower_bound` over the mean round sum. It exceeds 1 when one sequence
     costs more than a full microbatch of shorter ones can; no scheduler can do better.
 
     Args:
@@ -55,18 +89,9 @@ def round_lower_bound(
     """
     if padded.size == 0 or total_cost <= 0:
         return 1.0
-    order = np.argsort(-padded, kind="stable")
-    tokens = np.cumsum(padded[order])
-    budget = dp_size * capacity
-    full = int(np.searchsorted(tokens, budget, side="right"))
-    knapsack = float(per_seq_cost[order[:full]].sum())
-    if full < order.shape[0]:
-        used = int(tokens[full - 1]) if full else 0
-        nxt = order[full]
-        knapsack += float(per_seq_cost[nxt]) * (budget - used) / float(padded[nxt])
     mean = total_cost / dp_size
-    gap = float(per_seq_cost.max()) - knapsack / dp_size
-    return (mean + max(0.0, gap)) / mean
+    gap = round_sum_lower_bound(padded, per_seq_cost, dp_size, capacity) - float(per_seq_cost.sum()) / dp_size
+    return (mean + gap) / mean
 
 
 def _exact_square_sum(values: np.ndarray) -> int:

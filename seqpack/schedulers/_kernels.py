@@ -57,13 +57,56 @@ def _sift_up(heap, i, key, tok):
 
 
 @njit(cache=True)
+def _park_push(park, size, b, room):
+    """Push bin ``b`` on a max-heap of bins by free room (ties: lower index)."""
+    i = size
+    park[i] = b
+    while i > 0:
+        parent = (i - 1) // 2
+        a, q = park[i], park[parent]
+        if room[a] > room[q] or (room[a] == room[q] and a < q):
+            park[i], park[parent] = q, a
+            i = parent
+        else:
+            break
+    return size + 1
+
+
+@njit(cache=True)
+def _park_pop(park, size, room):
+    top = park[0]
+    size -= 1
+    park[0] = park[size]
+    i = 0
+    while True:
+        left = 2 * i + 1
+        if left >= size:
+            break
+        child = left
+        right = left + 1
+        if right < size and (
+            room[park[right]] > room[park[left]]
+            or (room[park[right]] == room[park[left]] and park[right] < park[left])
+        ):
+            child = right
+        a, c = park[i], park[child]
+        if room[c] > room[a] or (room[c] == room[a] and c < a):
+            park[i], park[child] = c, a
+            i = child
+        else:
+            break
+    return top, size
+
+
+@njit(cache=True)
 def grid_lpt(order, lengths, costs, targets, capacity, mode):
     """Place items, in ``order``, each into the best bin that has room.
 
     ``mode`` picks "best": MODE_COST the bin with the smallest ``load - target`` (LPT when
     all targets are equal), MODE_TOKENS the bin with the fewest tokens, MODE_FIRST_FIT the
     lowest-indexed bin. Ties: fewer tokens, then lower index. A bin's tokens never exceed
-    ``capacity``.
+    ``capacity``. Items must come longest first (``order``), so a bin too full for one item
+    is parked until the items get short enough for it.
 
     Returns:
         (ok, bin_of[n], load[bins], tokens[bins]); ``ok`` is False when some item found no
@@ -74,6 +117,7 @@ def grid_lpt(order, lengths, costs, targets, capacity, mode):
     key = np.empty(n_bins, dtype=np.float64)
     tok = np.zeros(n_bins, dtype=np.int64)
     load = np.zeros(n_bins, dtype=np.float64)
+    room = np.full(n_bins, capacity, dtype=np.int64)
     bin_of = np.full(lengths.shape[0], -1, dtype=np.int64)
     for b in range(n_bins):
         if mode == MODE_COST:
@@ -86,46 +130,46 @@ def grid_lpt(order, lengths, costs, targets, capacity, mode):
     size = n_bins
     for i in range(size // 2 - 1, -1, -1):
         _sift_down(heap, size, i, key, tok)
+    park = np.empty(n_bins, dtype=np.int64)
+    parked = 0
     min_len = capacity
     for j in range(n):
         if lengths[order[j]] < min_len:
             min_len = lengths[order[j]]
-    skipped = np.empty(n_bins, dtype=np.int64)
     for j in range(n):
         item = order[j]
         p = lengths[item]
-        n_skipped = 0
+        # Parked bins with room for this item come back.
+        while parked > 0 and room[park[0]] >= p:
+            b, parked = _park_pop(park, parked, room)
+            heap[size] = b
+            _sift_up(heap, size, key, tok)
+            size += 1
         placed = -1
         while size > 0:
             b = heap[0]
-            if tok[b] + p <= capacity:
+            if room[b] >= p:
                 placed = b
                 break
-            # No room here: set the bin aside for this item; it stays out for good once
-            # even the shortest item no longer fits.
             size -= 1
             heap[0] = heap[size]
             _sift_down(heap, size, 0, key, tok)
-            if capacity - tok[b] >= min_len:
-                skipped[n_skipped] = b
-                n_skipped += 1
+            if room[b] >= min_len:  # else no item ever fits again: retired
+                parked = _park_push(park, parked, b, room)
         if placed < 0:
             return False, bin_of, load, tok
         bin_of[item] = placed
         load[placed] += costs[item]
         tok[placed] += p
+        room[placed] -= p
         if mode == MODE_COST:
             key[placed] = load[placed] - targets[placed]
         elif mode == MODE_TOKENS:
             key[placed] = float(tok[placed])
-        if capacity - tok[placed] < min_len:
+        if room[placed] < min_len:
             size -= 1
             heap[0] = heap[size]
         _sift_down(heap, size, 0, key, tok)
-        for s in range(n_skipped):
-            heap[size] = skipped[s]
-            _sift_up(heap, size, key, tok)
-            size += 1
     return True, bin_of, load, tok
 
 
@@ -149,18 +193,99 @@ def next_fit(lengths, capacity):
 
 
 @njit(cache=True)
-def repair_replicas(round_of, replica_of, costs, lengths, load, tok, capacity, max_moves, rel_tol):
-    """Move items off the most loaded replica without raising any round's maximum.
+def _top3(load, m, top_val, top_idx):
+    """Recompute the three largest loads of round ``m`` (ties: lower replica first)."""
+    v0 = v1 = v2 = -np.inf
+    i0 = i1 = i2 = -1
+    for d in range(load.shape[1]):
+        x = load[m, d]
+        if x > v0:
+            v2, i2, v1, i1, v0, i0 = v1, i1, v0, i0, x, d
+        elif x > v1:
+            v2, i2, v1, i1 = v1, i1, x, d
+        elif x > v2:
+            v2, i2 = x, d
+    top_val[m, 0], top_val[m, 1], top_val[m, 2] = v0, v1, v2
+    top_idx[m, 0], top_idx[m, 1], top_idx[m, 2] = i0, i1, i2
 
-    One move takes an item of the most loaded replica ``d1`` from its bin in round ``m`` to
-    the bin of replica ``d2`` in the same round, when that bin stays within capacity and
-    within round ``m``'s current maximum, and the pair's larger total drops. So the
-    replica maximum never rises and no round gets slower. Picks the move that lowers the
-    pair's maximum most (ties: lower item id, then lighter replica). Updates ``replica_of``,
-    ``load`` and ``tok`` (both ``[rounds, replicas]``) in place.
+
+@njit(cache=True)
+def _max_without(top_val, top_idx, m, a, b):
+    """Largest load of round ``m`` among replicas other than ``a`` and ``b``."""
+    for k in range(3):
+        if top_idx[m, k] != a and top_idx[m, k] != b:
+            return top_val[m, k]
+    return -np.inf
+
+
+@njit(cache=True)
+def _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, delta):
+    """Change of ``sum_m max_d load`` when ``delta`` moves from cell (m, d1) to (m2, d2)."""
+    if m2 != m:
+        new_m = max(load[m, d1] - delta, _max_without(top_val, top_idx, m, d1, -1))
+        new_m2 = max(top_val[m2, 0], load[m2, d2] + delta)
+        return (new_m - top_val[m, 0]) + (new_m2 - top_val[m2, 0])
+    new = max(load[m, d1] - delta, load[m, d2] + delta, _max_without(top_val, top_idx, m, d1, d2))
+    return new - top_val[m, 0]
+
+
+@njit(cache=True)
+def _sorted_members(head, nxt, costs, buf):
+    """Items of one replica (its linked list) sorted by cost; returns how many."""
+    k = 0
+    i = head
+    while i >= 0:
+        buf[k] = i
+        k += 1
+        i = nxt[i]
+    keys = np.empty(k, dtype=np.float64)
+    for t in range(k):
+        keys[t] = costs[buf[t]]
+    order = np.argsort(keys, kind="mergesort")
+    tmp = buf[:k].copy()
+    for t in range(k):
+        buf[t] = tmp[order[t]]
+    return k
+
+
+@njit(cache=True)
+def _first_cost_above(items, k, costs, value):
+    """Index of the first of ``items[:k]`` (sorted by cost) costing more than ``value``."""
+    lo, hi = 0, k
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if costs[items[mid]] <= value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
+def repair_replicas(
+    round_of, replica_of, costs, lengths, load, tok, capacity, max_moves, rel_tol, stop_at, swap_candidates,
+    round_budget=0.0, max_work=50_000_000, move_candidates=16, scan_limit=16,
+):
+    """Even out replica totals without making the rounds (much) slower.
+
+    Each step takes the most loaded replica ``d1`` and applies the best of: moving one of
+    its sequences into any microbatch (any round) of one of the ``move_candidates``
+    lightest replicas ``d2``, or swapping one of its sequences with a cheaper one of one of
+    the ``swap_candidates`` lightest replicas. A change is allowed when both microbatches
+    stay within ``capacity``, the pair's larger total drops (``max(R_d1, R_d2)`` strictly
+    decreases), and the sum of round maxima ``S = sum_m max_d load[m, d]`` stays at most
+    ``max(S, round_budget)``: 0 never lets the rounds get slower, ``inf`` ignores them.
+    "Best" is the largest drop of the pair's maximum; candidates are scanned from the
+    ideal cost difference ``(R_d1 - R_d2) / 2`` outwards, so the first allowed one is the
+    best for its replica (ties: lighter replica, cheaper item, lower round); at most
+    ``scan_limit`` partners are checked per sequence and replica. Stops when no
+    change helps, after ``max_moves`` changes, once the busiest replica is at most
+    ``stop_at``, or after about ``max_work`` candidate checks (a deterministic time cap).
+    Updates ``round_of``, ``replica_of``, ``load`` and ``tok`` (``[rounds, replicas]``) in
+    place.
 
     Returns:
-        Number of moves made.
+        Number of changes made.
     """
     n_rounds, dp = load.shape
     n = round_of.shape[0]
@@ -168,61 +293,176 @@ def repair_replicas(round_of, replica_of, costs, lengths, load, tok, capacity, m
     for m in range(n_rounds):
         for d in range(dp):
             total[d] += load[m, d]
-    round_max = np.empty(n_rounds, dtype=np.float64)
+    top_val = np.empty((n_rounds, 3), dtype=np.float64)
+    top_idx = np.empty((n_rounds, 3), dtype=np.int64)
     for m in range(n_rounds):
-        best = load[m, 0]
-        for d in range(1, dp):
-            if load[m, d] > best:
-                best = load[m, d]
-        round_max[m] = best
+        _top3(load, m, top_val, top_idx)
+    # Items of every replica as doubly linked lists (moves are O(1)).
+    head = np.full(dp, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    prv = np.full(n, -1, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        d = replica_of[i]
+        nxt[i] = head[d]
+        if head[d] >= 0:
+            prv[head[d]] = i
+        head[d] = i
+    mine = np.empty(n, dtype=np.int64)
+    theirs = np.empty(n, dtype=np.int64)
+    eps = 1e-12
+    round_sum = 0.0
+    for m in range(n_rounds):
+        round_sum += top_val[m, 0]
     moves = 0
-    while moves < max_moves:
+    work = 0
+    while moves < max_moves and work < max_work:
         d1 = 0
         for d in range(1, dp):
             if total[d] > total[d1]:
                 d1 = d
-        ascending = np.argsort(total, kind="mergesort")
-        best_gain = rel_tol * total[d1]
-        best_item = -1
-        best_to = -1
-        for i in range(n):
-            if replica_of[i] != d1:
-                continue
-            c = costs[i]
-            if total[ascending[0]] + c >= total[d1]:
-                continue
-            m = round_of[i]
-            for k in range(dp):
-                d2 = ascending[k]
-                if total[d2] + c >= total[d1]:
-                    break
-                if d2 == d1:
-                    continue
-                if load[m, d2] + c <= round_max[m] and tok[m, d2] + lengths[i] <= capacity:
-                    # The lightest replica that can take the item gives this item's best move.
-                    new_max = max(total[d1] - c, total[d2] + c)
-                    gain = total[d1] - new_max
-                    if gain > best_gain:
-                        best_gain = gain
-                        best_item = i
-                        best_to = d2
-                    break
-        if best_item < 0:
+        if total[d1] <= stop_at:
             break
-        i = best_item
+        ascending = np.argsort(total, kind="mergesort")
+        allow = max(0.0, round_budget - round_sum) + eps * total[d1]
+        best_gain = rel_tol * total[d1]
+        best_i = -1
+        best_j = -1
+        best_d2 = -1
+        best_m2 = -1
+        k1 = _sorted_members(head[d1], nxt, costs, mine)
+        # Moves: for each light replica, items from the ideal cost outwards.
+        tried = 0
+        for kk in range(dp):
+            if tried >= move_candidates:
+                break
+            d2 = ascending[kk]
+            if d2 == d1:
+                continue
+            tried += 1
+            gap = total[d1] - total[d2]
+            if gap / 2 <= best_gain:
+                break
+            right = _first_cost_above(mine, k1, costs, gap / 2)
+            left = right - 1
+            checked = 0
+            while (left >= 0 or right < k1) and checked < scan_limit * 4:
+                gain_left = costs[mine[left]] if left >= 0 else -np.inf
+                gain_right = gap - costs[mine[right]] if right < k1 else -np.inf
+                if gain_left >= gain_right:
+                    i = mine[left]
+                    gain = gain_left
+                    left -= 1
+                else:
+                    i = mine[right]
+                    gain = gain_right
+                    right += 1
+                if gain <= best_gain:
+                    break
+                checked += 1
+                m = round_of[i]
+                found = False
+                for m2 in range(n_rounds):
+                    work += 1
+                    if tok[m2, d2] + lengths[i] > capacity:
+                        continue
+                    if _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, costs[i]) <= allow:
+                        best_gain, best_i, best_j, best_d2, best_m2 = gain, i, -1, d2, m2
+                        found = True
+                        break
+                if found:
+                    break
+        # Swaps: for each of d1's items, partners from the ideal difference outwards.
+        tried = 0
+        for kk in range(dp):
+            if tried >= swap_candidates:
+                break
+            d2 = ascending[kk]
+            if d2 == d1:
+                continue
+            tried += 1
+            gap = total[d1] - total[d2]
+            if gap / 2 <= best_gain:
+                break
+            k2 = _sorted_members(head[d2], nxt, costs, theirs)
+            for t in range(k1):
+                i = mine[t]
+                ci = costs[i]
+                m = round_of[i]
+                # delta = ci - cj; gain = min(delta, gap - delta); ideal cj = ci - gap/2.
+                right = _first_cost_above(theirs, k2, costs, ci - gap / 2)
+                left = right - 1
+                checked = 0
+                while (left >= 0 or right < k2) and checked < scan_limit:
+                    gain_left = gap - (ci - costs[theirs[left]]) if left >= 0 else -np.inf
+                    gain_right = ci - costs[theirs[right]] if right < k2 else -np.inf
+                    if gain_left >= gain_right:
+                        j = theirs[left]
+                        gain = gain_left
+                        left -= 1
+                    else:
+                        j = theirs[right]
+                        gain = gain_right
+                        right += 1
+                    if gain <= best_gain:
+                        break
+                    work += 1
+                    checked += 1
+                    m2 = round_of[j]
+                    fits = tok[m2, d2] + lengths[i] - lengths[j] <= capacity
+                    if m2 != m:
+                        fits = fits and tok[m, d1] - lengths[i] + lengths[j] <= capacity
+                    if fits and _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, ci - costs[j]) <= allow:
+                        best_gain, best_i, best_j, best_d2, best_m2 = gain, i, j, d2, m2
+                        break
+        if best_i < 0:
+            break
+        i, j, d2, m2 = best_i, best_j, best_d2, best_m2
         m = round_of[i]
-        c = costs[i]
-        load[m, d1] -= c
-        load[m, best_to] += c
+        # Take i out of d1's list and into d2's.
+        if prv[i] >= 0:
+            nxt[prv[i]] = nxt[i]
+        else:
+            head[d1] = nxt[i]
+        if nxt[i] >= 0:
+            prv[nxt[i]] = prv[i]
+        prv[i] = -1
+        nxt[i] = head[d2]
+        if head[d2] >= 0:
+            prv[head[d2]] = i
+        head[d2] = i
+        load[m, d1] -= costs[i]
         tok[m, d1] -= lengths[i]
-        tok[m, best_to] += lengths[i]
-        total[d1] -= c
-        total[best_to] += c
-        replica_of[i] = best_to
-        top = load[m, 0]
-        for d in range(1, dp):
-            if load[m, d] > top:
-                top = load[m, d]
-        round_max[m] = top
+        load[m2, d2] += costs[i]
+        tok[m2, d2] += lengths[i]
+        total[d1] -= costs[i]
+        total[d2] += costs[i]
+        replica_of[i] = d2
+        round_of[i] = m2
+        if j >= 0:
+            if prv[j] >= 0:
+                nxt[prv[j]] = nxt[j]
+            else:
+                head[d2] = nxt[j]
+            if nxt[j] >= 0:
+                prv[nxt[j]] = prv[j]
+            prv[j] = -1
+            nxt[j] = head[d1]
+            if head[d1] >= 0:
+                prv[head[d1]] = j
+            head[d1] = j
+            load[m2, d2] -= costs[j]
+            tok[m2, d2] -= lengths[j]
+            load[m, d1] += costs[j]
+            tok[m, d1] += lengths[j]
+            total[d2] -= costs[j]
+            total[d1] += costs[j]
+            replica_of[j] = d1
+            round_of[j] = m
+        _top3(load, m, top_val, top_idx)
+        if m2 != m:
+            _top3(load, m2, top_val, top_idx)
+        round_sum = 0.0
+        for r in range(n_rounds):
+            round_sum += top_val[r, 0]
         moves += 1
     return moves

@@ -22,9 +22,18 @@ quadratic term included):
    heaviest): the grouping that minimizes ``sum_m max_d``. Inside each round, the heaviest
    bin goes to the replica with the least cost so far, which balances replica totals
    without touching any round's maximum.
-4. **Repair.** Move single sequences off the most loaded replica to a lighter one in the
-   same round while that bin stays within capacity and within the round's maximum: the
-   replica maximum drops, no round gets slower. Then each replica's microbatches are
+4. **Repair.** Bins of equal target cost still add up to unequal replica totals (a replica
+   holding a round-0 bin of one long sequence may get full bins in later rounds). The
+   repair moves single sequences off the most loaded replica into any microbatch of a
+   lighter one, or swaps one with a cheaper sequence of one of the 4 lightest replicas,
+   within capacity, whenever the pair's larger total drops. What it may cost the rounds is
+   the ``objective``: ``"rounds"`` never lets ``sum_m max_d`` grow; ``"replicas"`` ignores
+   it; ``"both"`` (default) first repairs without slowing the rounds and, only if the
+   busiest replica is then further from its bound than the rounds are from theirs
+   (:func:`seqpack.stats.round_sum_lower_bound`), bisects on how much slower the rounds
+   may get, keeping the plan whose worse ratio to its bound is lowest. That happens when
+   a few sequences come close to a whole microbatch. The repair stops within 0.1% of the
+   replica bound, or after a bounded amount of work. Then each replica's microbatches are
    sorted heaviest first, which only lowers ``sum_m max_d``.
 5. **Order.** Rounds run heaviest first (a memory peak shows up at the first microbatch),
    or with ``order="pipeline"`` light rounds at both ends and heavy ones in the middle,
@@ -53,9 +62,15 @@ import numpy as np
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.base import Scheduler
+from seqpack.stats import round_sum_lower_bound
 from seqpack.thd import padded_lengths
 
 ORDERS = ("heavy_first", "pipeline")
+OBJECTIVES = ("both", "rounds", "replicas")
+_GOOD_ENOUGH = 1e-3  # the repair stops within 0.1% of the replica bound
+_SWAP_CANDIDATES = 4  # lightest replicas the repair tries swaps with
+_BISECTION_STEPS = 4  # repair budgets tried when replica and round balance conflict
+_REPAIR_WORK = 10_000_000  # candidate evaluations before the repair stops (~0.1-0.3 s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +146,49 @@ def _objective(load: np.ndarray, constant: float) -> float:
     return float(load.sum(axis=0).max() + load.max(axis=1).sum() + 2 * m * constant)
 
 
+def _sorted_round_sum(load: np.ndarray) -> float:
+    """``sum_m max_d`` once every replica's microbatches are sorted heaviest first."""
+    return float((-np.sort(-load, axis=0)).max(axis=1).sum()) if load.size else 0.0
+
+
+def _repair(round_of, replica_of, load, tokens, padded, costs, order, dp_size, capacity, max_moves, objective):
+    """Step 4 of the module docstring. Returns the repaired (round_of, replica_of, load,
+    tokens, moves)."""
+    replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
+    round_bound = round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
+
+    def run(budget):
+        state = (round_of.copy(), replica_of.copy(), load.copy(), tokens.copy())
+        moves = _kernels.repair_replicas(
+            state[0], state[1], costs, padded, state[2], state[3], capacity, max_moves, 1e-9,
+            (1 + _GOOD_ENOUGH) * replica_bound, _SWAP_CANDIDATES, budget, _REPAIR_WORK,
+        )
+        replica = float(state[2].sum(axis=0).max()) / replica_bound
+        rounds = _sorted_round_sum(state[2]) / round_bound
+        return (*state, int(moves)), replica, rounds
+
+    if objective == "replicas":
+        return run(np.inf)[0]
+    strict, replica, rounds = run(0.0)
+    if objective == "rounds" or replica <= rounds + _GOOD_ENOUGH:
+        return strict
+    # The goals conflict: find how much slower the rounds may get so that both end the same
+    # distance from their bounds (bisection on the budget of sum_m max_d, up to where the
+    # rounds would be as far from their bound as the busiest replica is now).
+    best, best_score = strict, max(replica, rounds)
+    low, high = rounds * round_bound, replica * round_bound
+    for _ in range(_BISECTION_STEPS):
+        budget = (low + high) / 2
+        candidate, c_replica, c_rounds = run(budget)
+        if max(c_replica, c_rounds) < best_score:
+            best, best_score = candidate, max(c_replica, c_rounds)
+        if c_replica > c_rounds:
+            low = budget
+        else:
+            high = budget
+    return best
+
+
 def _plan_at(
     padded: np.ndarray,
     costs: np.ndarray,
@@ -140,6 +198,7 @@ def _plan_at(
     num_rounds: int,
     constant: float,
     max_repair_moves: int,
+    objective: str = "both",
 ) -> BalancedPlan | None:
     """The plan with exactly ``num_rounds`` rounds, or None when no bin rule fits."""
     targets = np.repeat(round_targets(costs[order], dp_size, num_rounds), dp_size)
@@ -156,11 +215,9 @@ def _plan_at(
     load = _grid(costs, round_of, replica_of, shape)
     tokens = _grid(padded, round_of, replica_of, shape)
     moves = 0
-    if max_repair_moves > 0 and dp_size > 1:
-        moves = int(
-            _kernels.repair_replicas(
-                round_of, replica_of, costs, padded, load, tokens, capacity, max_repair_moves, 1e-9
-            )
+    if max_repair_moves > 0 and dp_size > 1 and costs.size:
+        round_of, replica_of, load, tokens, moves = _repair(
+            round_of, replica_of, load, tokens, padded, costs, order, dp_size, capacity, max_repair_moves, objective
         )
     # Each replica's microbatches heaviest first: the alignment that minimizes sum_m max_d.
     rank = np.argsort(-load, axis=0, kind="stable")  # [position, replica] -> old round
@@ -183,6 +240,7 @@ def plan_balanced(
     microbatch_multiple: int = 1,
     num_microbatches: int | None = None,
     max_repair_moves: int | None = None,
+    objective: str = "both",
 ) -> BalancedPlan:
     """Assign sequences to ``[rounds, replicas]`` (module docstring, steps 1-4).
 
@@ -196,6 +254,8 @@ def plan_balanced(
             ``microbatch_group_size_per_vp_stage`` under interleaved pipelines).
         num_microbatches: Use exactly this ``M``.
         max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
+        objective: What the repair trades (module docstring, step 4): ``"both"``,
+            ``"rounds"`` or ``"replicas"``.
 
     Raises:
         ValueError: A sequence longer than ``capacity``, or ``num_microbatches`` too small
@@ -209,10 +269,12 @@ def plan_balanced(
     if n and padded.max() > capacity:
         i = int(np.argmax(padded))
         raise ValueError(f"sequence {i} has {int(padded[i])} padded tokens > capacity {capacity}")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     repair = 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
     order = np.argsort(-padded, kind="stable")  # cost grows with length: costliest first
     if num_microbatches is not None:
-        plan = _plan_at(padded, costs, order, dp_size, capacity, num_microbatches, constant, repair)
+        plan = _plan_at(padded, costs, order, dp_size, capacity, num_microbatches, constant, repair, objective)
         if plan is None:
             need = -(-int(padded.sum()) // (dp_size * capacity))
             raise ValueError(
@@ -226,7 +288,7 @@ def plan_balanced(
     m = -(-lower // microbatch_multiple) * microbatch_multiple
     first: BalancedPlan | None = None
     while True:
-        plan = _plan_at(padded, costs, order, dp_size, capacity, m, constant, repair)
+        plan = _plan_at(padded, costs, order, dp_size, capacity, m, constant, repair, objective)
         if plan is not None:
             if first is None:
                 if plan.mode == _kernels.MODE_COST:
@@ -247,6 +309,10 @@ class BalancedScheduler(Scheduler):
         microbatch_multiple: Microbatch count is a multiple of this.
         num_microbatches: Force exactly this many microbatches.
         max_repair_moves: Cap on the repair pass (default ``8 * dp + 64``; 0 disables it).
+        objective: ``"both"`` (default): balance replica totals and per-round maxima;
+            where they conflict, keep both equally close to their lower bounds.
+            ``"rounds"`` (FSDP): never make the rounds slower. ``"replicas"`` (DDP,
+            ZeRO-1, pipeline parallel: rounds do not sync): balance replica totals only.
     """
 
     name = "balanced"
@@ -259,9 +325,12 @@ class BalancedScheduler(Scheduler):
         microbatch_multiple: int = 1,
         num_microbatches: int | None = None,
         max_repair_moves: int | None = None,
+        objective: str = "both",
     ) -> None:
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
         for name, value, low in (
             ("min_microbatches", min_microbatches, 0),
             ("microbatch_multiple", microbatch_multiple, 1),
@@ -277,6 +346,7 @@ class BalancedScheduler(Scheduler):
         self.microbatch_multiple = int(microbatch_multiple)
         self.num_microbatches = None if num_microbatches is None else int(num_microbatches)
         self.max_repair_moves = None if max_repair_moves is None else int(max_repair_moves)
+        self.objective = objective
 
     def resolve_cost(self, cost: CostModel | None) -> CostModel:
         """The cost model this scheduler balances: ``cost``, or the default model's FLOPs."""
@@ -295,6 +365,7 @@ class BalancedScheduler(Scheduler):
             microbatch_multiple=self.microbatch_multiple,
             num_microbatches=self.num_microbatches,
             max_repair_moves=self.max_repair_moves,
+            objective=self.objective,
         )
         m_count = plan.num_microbatches
         position = round_position(plan.load, self.order)
@@ -307,7 +378,7 @@ class BalancedScheduler(Scheduler):
         return rounds, np.zeros(0, dtype=np.int64)
 
     def __repr__(self) -> str:
-        return f"BalancedScheduler(order={self.order!r})"
+        return f"BalancedScheduler(order={self.order!r}, objective={self.objective!r})"
 
 
 def round_position(load: np.ndarray, order: str = "heavy_first") -> np.ndarray:

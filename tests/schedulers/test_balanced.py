@@ -191,3 +191,26 @@ def test_against_brute_force_on_tiny_inputs(lengths, dp, rounds, capacity):
     # LPT-style guarantees on these sizes: within 4/3 of the optimum.
     assert got_replica <= 4 / 3 * best_replica + 1e-9
     assert got_rounds <= 4 / 3 * best_rounds + 1e-9
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_objectives_trade_replicas_against_rounds(seed):
+    # A long tail up to a whole microbatch: replica and round balance conflict.
+    from seqpack.mock_data import lognormal_lengths
+
+    lengths = lognormal_lengths(512, min_seq_len=128, max_seq_len=32768, mean_seq_len=4096, seed=seed)
+    model = default_cost_model()
+    ratios = {}
+    for objective in ("rounds", "both", "replicas"):
+        s = get_scheduler("balanced", objective=objective).schedule(
+            lengths, dp_size=32, max_tokens_per_rank=32768, cost=model
+        )
+        s.validate()
+        st = StepStats.from_schedule(s, model)
+        ratios[objective] = (st.bound_ratio, st.round_imbalance / st.round_lower_bound)
+    assert ratios["rounds"][1] < 1.01 and ratios["replicas"][0] < 1.002  # each wins its own goal
+    assert ratios["rounds"][0] > 1.05 and ratios["replicas"][1] > ratios["both"][1]  # ... at a price
+    # "both" keeps its worse ratio below either extreme's worse ratio.
+    assert max(ratios["both"]) < min(max(ratios["rounds"]), max(ratios["replicas"])) + 1e-9
+    with pytest.raises(ValueError, match="objective must be one of"):
+        get_scheduler("balanced", objective="speed")
