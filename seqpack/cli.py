@@ -245,6 +245,7 @@ def simulate(
     from seqpack.cost import CostModel, model_preset
     from seqpack.progress import Progress
     from seqpack.schedulers import get_scheduler
+    from seqpack.schedulers.base import default_origin
     from seqpack.stats import StepStats
 
     spec = model_preset(model) if model else None
@@ -284,6 +285,9 @@ def simulate(
                 if keep_first and step == 0:
                     first[name] = (s, st)
                 total = sum(st.replica_cost)
+                replica, _, _ = s.placement()
+                stays = replica == default_origin(batch.shape[0], dp_size)
+                moved = 1.0 - float(s.lengths[stays].sum()) / max(float(s.lengths.sum()), 1.0)
                 per[name].append(
                     {
                         "microbatches": st.num_microbatches,
@@ -293,6 +297,7 @@ def simulate(
                         "round_imbalance": st.round_imbalance,
                         "round_lower_bound": st.round_lower_bound,
                         "pad_fraction": st.pad_fraction,
+                        "moved_fraction": moved,
                         "flops": st.flops,
                         "replica_wait": max(st.replica_cost),
                         "round_wait": st.round_imbalance * total / dp_size,
@@ -318,6 +323,7 @@ def simulate(
             "round_imbalance_max": float(col["round_imbalance"].max()),
             "round_lower_bound": float(col["round_lower_bound"].mean()),
             "pad_fraction": float(col["pad_fraction"].mean()),
+            "moved_fraction": float(col["moved_fraction"].mean()),
             "flops_per_step": float(col["flops"].mean()) if "flops" in col else None,
             "replica_wait": float(col["replica_wait"].mean()),
             "round_wait": float(col["round_wait"].mean()),
@@ -353,7 +359,7 @@ def format_table(report: dict[str, Any]) -> str:
     """The side-by-side table ``seqpack simulate`` prints."""
     head = (
         f"{'scheduler':<12} {'microbatches':>12} {'replica/LB':>11} {'max':>7} {'round imb.':>11} "
-        f"{'(bound)':>8} {'pad %':>6} {'FLOP/step':>10} {'sched ms':>9}"
+        f"{'(bound)':>8} {'pad %':>6} {'moved %':>7} {'FLOP/step':>10} {'sched ms':>9}"
     )
     lines = [head, "-" * len(head)]
     for name, r in report["results"].items():
@@ -361,7 +367,8 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(
             f"{name:<12} {r['microbatches']:>6.1f} ({r['min_microbatches']:>3.0f}) {r['bound_ratio']:>11.4f} "
             f"{r['bound_ratio_max']:>7.4f} {r['round_imbalance']:>11.4f} {r['round_lower_bound']:>8.4f} "
-            f"{100 * r['pad_fraction']:>6.2f} {flops:>10} {1e3 * r['seconds_mean']:>9.2f}"
+            f"{100 * r['pad_fraction']:>6.2f} {100 * r['moved_fraction']:>7.1f} {flops:>10} "
+            f"{1e3 * r['seconds_mean']:>9.2f}"
         )
     return "\n".join(lines)
 
@@ -481,7 +488,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         "replica/LB: busiest replica's cost / max(total/dp, largest sequence), mean and max over steps:\n"
         "  what DDP, ZeRO-1 and pipeline-parallel steps wait for.\n"
         "round imb.: sum over microbatches of the slowest replica / sum of the means: what FSDP waits for;\n"
-        "  (bound): the best any schedule can reach with this capacity."
+        "  (bound): the best any schedule can reach with this capacity.\n"
+        "moved %: tokens that change DP rank (the all-to-all's payload), with samples read in rank order."
     )
     lost = {n: (r["dropped"], r["truncated"]) for n, r in report["results"].items() if r["dropped"] or r["truncated"]}
     for name, (dropped, truncated) in lost.items():

@@ -466,3 +466,62 @@ def repair_replicas(
             round_sum += top_val[r, 0]
         moves += 1
     return moves
+
+
+@njit(cache=True)
+def greedy_matching(weights, per_row=8):
+    """Match rows to columns of a square matrix, heaviest pairs first.
+
+    Candidates are each row's ``per_row`` heaviest columns (ties: lower column), taken in
+    order of decreasing weight (ties: lower row, then lower column) while both ends are
+    free. Rows left over then take, in row order, their heaviest free column. Returns
+    ``column_of_row``.
+    """
+    n = weights.shape[0]
+    k = min(per_row, n)
+    cand_w = np.empty(n * k, dtype=np.float64)
+    cand_r = np.empty(n * k, dtype=np.int64)
+    cand_c = np.empty(n * k, dtype=np.int64)
+    for r in range(n):
+        # Insertion into a sorted list of the row's k heaviest columns.
+        best_w = np.full(k, -np.inf)
+        best_c = np.full(k, -1, dtype=np.int64)
+        for c in range(n):
+            w = weights[r, c]
+            if w <= best_w[k - 1]:
+                continue
+            pos = k - 1
+            while pos > 0 and w > best_w[pos - 1]:
+                best_w[pos] = best_w[pos - 1]
+                best_c[pos] = best_c[pos - 1]
+                pos -= 1
+            best_w[pos] = w
+            best_c[pos] = c
+        for t in range(k):
+            cand_w[r * k + t] = best_w[t]
+            cand_r[r * k + t] = r
+            cand_c[r * k + t] = best_c[t]
+    # Stable sort by weight, descending; candidates are already in (row, column) order
+    # within equal weights.
+    order = np.argsort(-cand_w, kind="mergesort")
+    column_of_row = np.full(n, -1, dtype=np.int64)
+    column_taken = np.zeros(n, dtype=np.bool_)
+    matched = 0
+    for t in range(order.shape[0]):
+        if matched == n:
+            break
+        r, c = cand_r[order[t]], cand_c[order[t]]
+        if c >= 0 and column_of_row[r] < 0 and not column_taken[c]:
+            column_of_row[r] = c
+            column_taken[c] = True
+            matched += 1
+    for r in range(n):
+        if column_of_row[r] >= 0:
+            continue
+        best = -1
+        for c in range(n):
+            if not column_taken[c] and (best < 0 or weights[r, c] > weights[r, best]):
+                best = c
+        column_of_row[r] = best
+        column_taken[best] = True
+    return column_of_row

@@ -214,3 +214,32 @@ def test_objectives_trade_replicas_against_rounds(seed):
     assert max(ratios["both"]) < min(max(ratios["rounds"]), max(ratios["replicas"])) + 1e-9
     with pytest.raises(ValueError, match="objective must be one of"):
         get_scheduler("balanced", objective="speed")
+
+
+def test_equal_lengths_stay_on_their_rank():
+    from seqpack.schedulers.base import default_origin
+
+    for n, dp in ((256, 8), (96, 8), (4096, 256)):
+        s = get_scheduler("balanced").schedule(np.full(n, 4096), dp_size=dp, max_tokens_per_rank=16384)
+        replica, _, _ = s.placement()
+        assert np.array_equal(replica, default_origin(n, dp))
+    # A custom origin is honoured too.
+    origin = np.arange(64) % 4
+    s = get_scheduler("balanced").schedule(np.full(64, 100), dp_size=4, max_tokens_per_rank=800, origin=origin)
+    assert np.array_equal(s.placement()[0], origin)
+
+
+def test_relabeling_replicas_moves_fewer_tokens_and_changes_no_figure():
+    from seqpack.schedulers.balanced import relabel_replicas
+    from seqpack.schedulers.base import default_origin
+
+    lengths = _lognormal(640, 9)
+    origin = default_origin(640, 16)
+    plan = plan_balanced(lengths, default_cost_model().cost(lengths), dp_size=16, capacity=16384, origin=origin)
+    renamed = relabel_replicas(plan.replica_of, origin, lengths, 16)
+    stay_before = lengths[plan.replica_of == origin].sum()
+    stay_after = lengths[renamed == origin].sum()
+    assert stay_after > stay_before
+    # A renaming: replicas map one to one, so every replica keeps its exact set of sequences.
+    pairs = set(zip(plan.replica_of.tolist(), renamed.tolist()))
+    assert len(pairs) == 16 and len({a for a, _ in pairs}) == len({b for _, b in pairs}) == 16

@@ -3,7 +3,12 @@
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_reference import grid_lpt_reference, megatron_groups_reference, next_fit_reference
+from sched_reference import (
+    greedy_matching_reference,
+    grid_lpt_reference,
+    megatron_groups_reference,
+    next_fit_reference,
+)
 
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.balanced import round_targets
@@ -164,3 +169,12 @@ def test_repair_moves_an_item_when_it_helps():
     moves = _kernels.repair_replicas(round_of, replica_of, costs, lengths, load, tok, 10, 10, 1e-12, 0.0, 2)
     assert moves == 1 and sorted(load.sum(0).tolist()) == [8.0, 9.0]
     assert load.max(1).sum() <= 10.0
+
+
+@given(n=st.integers(1, 12), per_row=st.integers(1, 4), seed=st.integers(0, 1000), ties=st.booleans())
+def test_greedy_matching_matches_reference(n, per_row, seed, ties):
+    rng = np.random.default_rng(seed)
+    weights = rng.integers(0, 4, (n, n)).astype(float) if ties else rng.random((n, n))
+    got = _kernels.greedy_matching(weights, per_row)
+    assert sorted(got.tolist()) == list(range(n))  # a permutation
+    assert got.tolist() == greedy_matching_reference(weights.tolist(), per_row)
