@@ -7,6 +7,12 @@ Workloads (one global batch per step, several steps with different seeds):
 * ``equal``: every sequence 4096 tokens
 * ``pretrain-pareto``: 32768 pre-training documents, Pareto (alpha 1.2) from 128 up to 32768
 * ``sft-long-tail``: lognormal SFT reaching 32768 tokens, where one sequence fills a microbatch
+* ``rl-bimodal-32k``: ``rl-bimodal`` with half the capacity (32768): the longest rollouts
+  fill a microbatch alone
+
+``rl-bimodal`` runs at 2 x 32768 tokens per microbatch (cp=2); the targets apply to the first
+three workloads. The last three have long sequences that outweigh a full microbatch of short
+ones, so no schedule reaches round imbalance 1 there: the table prints the bound.
 
 Schedulers: seqpack's ``balanced`` and ``dp_balanced`` (Megatron's next-fit), and two
 replica-only balancers written here as baselines: LPT (sorted greedy, heapq) and
@@ -73,6 +79,9 @@ WORKLOADS = [
     Workload("sft-long-tail", "lognormal",
              dict(min_seq_len=128, max_seq_len=32768, mean_seq_len=4096, sigma=1.1), 4096, 256, 16384, cp=2,
              target=False),
+    Workload("rl-bimodal-32k", "bimodal",
+             dict(min_seq_len=64, max_seq_len=32768, short_mean=1024, long_mean=16384, long_fraction=0.25),
+             4096, 256, 16384, cp=2, target=False),
 ]
 KK_MAX_SEQUENCES = 8192  # the pure-Python baseline takes seconds beyond this
 
