@@ -563,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     topo.add_argument("--dp", type=int, default=8, help="data-parallel replicas (default 8)")
     topo.add_argument("--cp", type=int, default=1, help="context-parallel ranks per replica (default 1)")
     topo.add_argument("--max-tokens-per-rank", type=int, default=16384, help="tokens per rank per microbatch")
-    topo.add_argument("--pad-multiple", type=int, help="pad every sequence to a multiple of this (default 2*cp)")
+    topo.add_argument("--pad-multiple", type=int, help="pad every sequence to a multiple of this (default 1, or 2*cp under CP)")
     topo.add_argument("--global-batch", type=int, help="sequences per step (default 16 per replica)")
     topo.add_argument("--steps", type=int, default=10, help="steps to simulate (default 10)")
     topo.add_argument("--on-oversize", choices=ON_OVERSIZE, default="error", help="sequences longer than capacity")

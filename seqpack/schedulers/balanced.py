@@ -47,11 +47,14 @@ inside a microbatch is ascending global id.
 
 **When M grows.** If no bin has room for a sequence at ``M`` (bins fill unevenly because
 cost-balanced bins hold different token counts), the same ``M`` is retried balancing
-tokens (worst-fit), then first-fit. A plan that needed one of these fallbacks is compared
-with the plan at the next ``M``; the scheduler keeps the one with the lower estimated step
-cost ``max_d total_d + sum_m max_d cost[m, d]`` (per-microbatch ``constant`` included;
-ties keep fewer microbatches). Larger ``M`` never helps balance otherwise: fewer, fuller
-bins leave more room to even things out.
+tokens (worst-fit), then first-fit; only when all three fail does ``M`` grow. The plan at
+``M`` is then compared with the plan at the next ``M`` when it needed one of these
+fallbacks, or when it ends more than 1% above its lower bounds (replica total or round
+sum; this happens when microbatches are nearly full, so cost-balanced bins have no token
+room left to even out). The estimated step cost ``max_d total_d + sum_m max_d cost[m, d]``
+(per-microbatch ``constant`` included) decides: the larger ``M`` is kept after a fallback
+if it is cheaper at all, otherwise only if it is at least 1% cheaper. So microbatches are
+added only when capacity forces it or when it demonstrably shortens the step.
 
 Without a cost model, ``balanced`` balances the training FLOPs of a Llama-3-8B shaped
 model (:func:`seqpack.cost.default_cost_model`). Pass the same cost model to
@@ -75,6 +78,8 @@ ORDERS = ("heavy_first", "pipeline")
 OBJECTIVES = ("both", "rounds", "replicas")
 _GOOD_ENOUGH = 1e-3  # the repair stops within 0.1% of the replica bound
 _SWAP_CANDIDATES = 4  # lightest replicas the repair tries swaps with
+_GAP_FOR_MORE = 0.01  # a plan this far (1%) from its bounds tries one more microbatch...
+_BETTER_BY = 0.01  # ... and keeps it when the estimated step cost drops by 1% or more
 _BISECTION_STEPS = 4  # repair budgets tried when replica and round balance conflict
 _REPAIR_WORK = 10_000_000  # candidate evaluations before the repair stops (~0.1-0.3 s)
 
@@ -91,6 +96,7 @@ class BalancedPlan:
         mode: Bin rule that succeeded: 0 cost targets, 1 tokens (worst-fit), 2 first-fit.
         repair_moves: Sequences moved by the repair pass.
         objective: ``max_d total_d + sum_m max_d cost[m, d]`` with constants.
+        gap: How far the worse of the two is from its lower bound (0.01 = 1% above).
     """
 
     num_microbatches: int
@@ -101,6 +107,7 @@ class BalancedPlan:
     mode: int
     repair_moves: int
     objective: float
+    gap: float = 0.0
 
 
 def _placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
@@ -253,7 +260,14 @@ def _plan_at(
     round_of = new_round[round_of, replica_of]
     load = np.take_along_axis(load, rank, axis=0)
     tokens = np.take_along_axis(tokens, rank, axis=0)
-    return BalancedPlan(num_rounds, round_of, replica_of, load, tokens, mode, moves, _objective(load, constant))
+    gap = 0.0
+    if costs.size and num_rounds:
+        replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
+        round_bound = round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
+        gap = max(float(load.sum(axis=0).max()) / replica_bound, float(load.max(axis=1).sum()) / round_bound) - 1.0
+    return BalancedPlan(
+        num_rounds, round_of, replica_of, load, tokens, mode, moves, _objective(load, constant), gap
+    )
 
 
 def plan_balanced(
@@ -317,17 +331,21 @@ def plan_balanced(
         return _plan_at(padded, costs, order, dp_size, capacity, 0, constant, 0)  # type: ignore[return-value]
     lower = max(-(-int(padded.sum()) // (dp_size * capacity)), min_microbatches, 1)
     m = -(-lower // microbatch_multiple) * microbatch_multiple
-    first: BalancedPlan | None = None
     while True:
         plan = _plan_at(padded, costs, order, dp_size, capacity, m, constant, repair, objective)
         if plan is not None:
-            if first is None:
-                if plan.mode == _kernels.MODE_COST:
-                    return plan
-                first = plan  # needed a fallback: see whether one more round does better
-            else:
-                return plan if plan.objective < first.objective else first
+            break
         m += microbatch_multiple
+    fallback = plan.mode != _kernels.MODE_COST
+    if not fallback and plan.gap <= _GAP_FOR_MORE:
+        return plan
+    # A fallback bin rule, or a plan more than 1% from its bounds (bins too full to balance):
+    # see whether one more round does demonstrably better.
+    more = _plan_at(padded, costs, order, dp_size, capacity, m + microbatch_multiple, constant, repair, objective)
+    if more is None:
+        return plan
+    needed = 1.0 if fallback else 1.0 - _BETTER_BY
+    return more if more.objective < plan.objective * needed else plan
 
 
 class BalancedScheduler(Scheduler):
