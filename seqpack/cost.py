@@ -281,7 +281,7 @@ def model_preset(name: str) -> ModelSpec:
 
 def default_cost_model() -> CostModel:
     """Training FLOPs of :data:`DEFAULT_MODEL` (Llama-3-8B shaped): what ``balanced`` uses
-    when ``cost=None``. Its attention share is ~13% of a 8K-token sequence's cost."""
+    when ``cost=None``. Attention is 12.5% of an 8K-token sequence's cost under it."""
     return MODEL_PRESETS[DEFAULT_MODEL].cost_model()
 
 
