@@ -90,3 +90,26 @@ def test_balanced_uses_the_token_lower_bound_when_it_is_loose(inst):
     stats = StepStats.from_schedule(s)
     if stats.padded_tokens <= 0.75 * max(stats.min_microbatches, 1) * inst["dp"] * capacity:
         assert stats.num_microbatches == stats.min_microbatches
+
+
+def test_validate_on_thousands_of_random_instances():
+    """A seeded sweep (no shrinking, cheap): 1000 instances per scheduler."""
+    rng = np.random.default_rng(2024)
+    checked = 0
+    for _ in range(1000):
+        n = int(rng.integers(0, 80))
+        dp = int(rng.integers(1, 10))
+        cp = int(rng.choice([1, 2]))
+        pm = 2 * cp if cp > 1 else 1
+        cap = int(rng.integers(16, 200))
+        lengths = rng.integers(1, 3 * cap * cp, n)
+        policy = str(rng.choice(["truncate", "drop"]))
+        cost = CostModel(1.0, float(rng.choice([0.0, 0.01])))
+        for name in SCHEDULERS:
+            s = get_scheduler(name).schedule(
+                lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=cap, pad_multiple=pm, cost=cost,
+                on_oversize=policy,
+            )
+            s.validate(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=cap, pad_multiple=pm)
+            checked += 1
+    assert checked == 3000
