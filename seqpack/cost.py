@@ -1,8 +1,15 @@
-"""Per-sequence cost: what a microbatch costs to run, from its sequence lengths.
+"""Per-sequence cost and model FLOPs: what a microbatch costs to run, from its lengths.
 
 A microbatch of sequences ``s_i`` costs ``constant + sum(linear*s_i + quadratic*s_i**2)``:
-dense layers scale with tokens, attention scores and values with the square of each
-sequence's length.
+dense layers (projections, MLP, logits, Mamba mixers) scale with tokens, attention scores
+and values with the square of each sequence's length.
+
+:class:`ModelSpec` describes a dense or hybrid (Mamba2 + attention) model and gives its
+training FLOPs (forward + backward = 3x forward, 2 FLOPs per multiply-add) from
+``seqlen_sum = sum(s_i)`` and ``seqlen_sq_sum = sum(s_i**2)``. The terms follow
+Megatron-LM's ``num_floating_point_operations``: causal attention counts half of the
+``QK^T`` and ``(QK^T)V`` products, Mamba2 layers count in/out projections and a ``7*d_inner*d_state``
+scan per token. FLOPs are exact Python ints.
 """
 
 from __future__ import annotations
@@ -12,12 +19,339 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["CostModel"]
+__all__ = [
+    "CostModel",
+    "DEFAULT_MODEL",
+    "MODEL_PRESETS",
+    "ModelSpec",
+    "default_cost_model",
+    "mamba2_flops",
+    "model_preset",
+    "transformer_flops",
+]
+
+# Training = forward + backward (backward costs two forwards); a multiply-add is 2 FLOPs.
+_TRAIN = 3
+_FMA = 2
+
+
+def _mamba2_forward_per_token(hidden: int, d_inner: int, state: int, groups: int, heads: int) -> int:
+    """Forward FLOPs per token of one Mamba2 mixer: in_proj, SSD scan, out_proj."""
+    in_proj = _FMA * hidden * (2 * d_inner + 2 * groups * state + heads)
+    scan = 7 * d_inner * state
+    out_proj = _FMA * d_inner * hidden
+    return in_proj + scan + out_proj
+
+
+def _check_int(name: str, value: object, minimum: int = 1) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a dense transformer or a Mamba2/attention hybrid, for FLOPs and cost.
+
+    Attributes:
+        hidden_size: Model width ``h``.
+        num_layers: Transformer layers (each attention + MLP), or, with
+            ``hybrid_layer_pattern``, the pattern's length.
+        num_attention_heads: Query heads.
+        ffn_hidden_size: MLP inner width (per projection; ``intermediate_size`` in HF).
+        num_query_groups: Key/value heads (GQA); ``None`` means multi-head attention.
+        vocab_size: Output vocabulary; ``None`` leaves the logits layer out.
+        kv_channels: Head dimension; default ``hidden_size // num_attention_heads``.
+        gated_linear_unit: SwiGLU-style MLP with three projections (default, as in Llama,
+            Qwen, Mistral); ``False`` for two (GELU, squared ReLU).
+        causal: Causal attention computes half of the score and value products.
+        hybrid_layer_pattern: Megatron's hybrid pattern: ``M`` Mamba2, ``*`` attention,
+            ``-`` MLP layer, one character per layer.
+        mamba_state_dim, mamba_head_dim, mamba_num_groups, mamba_num_heads, mamba_expand:
+            Mamba2 mixer shape (``d_state``, ``headdim``, ``ngroups``, ``nheads`` (default
+            ``expand*h/headdim``), ``expand``).
+        name: A label for tables.
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    num_query_groups: int | None = None
+    vocab_size: int | None = None
+    kv_channels: int | None = None
+    gated_linear_unit: bool = True
+    causal: bool = True
+    hybrid_layer_pattern: str | None = None
+    mamba_state_dim: int = 128
+    mamba_head_dim: int = 64
+    mamba_num_groups: int = 8
+    mamba_num_heads: int | None = None
+    mamba_expand: int = 2
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size"):
+            _check_int(field, getattr(self, field))
+        for field in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_expand"):
+            _check_int(field, getattr(self, field))
+        for field in ("num_query_groups", "vocab_size", "kv_channels", "mamba_num_heads"):
+            if getattr(self, field) is not None:
+                _check_int(field, getattr(self, field))
+        groups = self.query_groups
+        if self.num_attention_heads % groups:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of num_query_groups={groups}"
+            )
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}; "
+                "pass kv_channels"
+            )
+        if self.hybrid_layer_pattern is not None:
+            bad = sorted(set(self.hybrid_layer_pattern) - set("M*-"))
+            if bad:
+                raise ValueError(
+                    f"hybrid_layer_pattern {self.hybrid_layer_pattern!r} has unknown layer types {bad}; "
+                    "use M (Mamba2), * (attention), - (MLP)"
+                )
+            if len(self.hybrid_layer_pattern) != self.num_layers:
+                raise ValueError(
+                    f"hybrid_layer_pattern has {len(self.hybrid_layer_pattern)} layers but num_layers={self.num_layers}"
+                )
+            if (self.mamba_expand * self.hidden_size) % self.mamba_head_dim and self.mamba_num_heads is None:
+                raise ValueError(
+                    f"mamba_expand*hidden_size={self.mamba_expand * self.hidden_size} is not divisible by "
+                    f"mamba_head_dim={self.mamba_head_dim}; pass mamba_num_heads"
+                )
+
+    # -- shape helpers -------------------------------------------------------------------
+    @property
+    def query_groups(self) -> int:
+        return self.num_attention_heads if self.num_query_groups is None else self.num_query_groups
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def layer_counts(self) -> tuple[int, int, int]:
+        """``(attention, mlp, mamba)`` layer counts."""
+        if self.hybrid_layer_pattern is None:
+            return self.num_layers, self.num_layers, 0
+        p = self.hybrid_layer_pattern
+        return p.count("*"), p.count("-"), p.count("M")
+
+    @property
+    def mamba_inner(self) -> int:
+        return self.mamba_expand * self.hidden_size
+
+    @property
+    def mamba_heads(self) -> int:
+        if self.mamba_num_heads is not None:
+            return self.mamba_num_heads
+        return self.mamba_inner // self.mamba_head_dim
+
+    # -- forward FLOPs per token (linear) and per squared length (quadratic) ---------------
+    def _attention_linear(self) -> int:
+        """Forward FLOPs per token of one attention layer's Q, K, V and output projections."""
+        q = self.num_attention_heads * self.head_dim
+        kv = self.query_groups * self.head_dim
+        return _FMA * self.hidden_size * (q + 2 * kv) + _FMA * q * self.hidden_size
+
+    def _attention_quadratic(self) -> int:
+        """Forward FLOPs per ``s**2`` of one attention layer (``QK^T`` and ``(QK^T)V``)."""
+        q = self.num_attention_heads * self.head_dim
+        full = 2 * _FMA * q  # two s x s x (heads*head_dim) products
+        return full // 2 if self.causal else full
+
+    def _mlp_linear(self) -> int:
+        projections = 3 if self.gated_linear_unit else 2
+        return _FMA * projections * self.hidden_size * self.ffn_hidden_size
+
+    def _mamba_linear(self) -> int:
+        return _mamba2_forward_per_token(
+            self.hidden_size, self.mamba_inner, self.mamba_state_dim, self.mamba_num_groups, self.mamba_heads
+        )
+
+    def _logits_linear(self) -> int:
+        return 0 if self.vocab_size is None else _FMA * self.hidden_size * self.vocab_size
+
+    @property
+    def linear_flops(self) -> int:
+        """Training FLOPs per token (everything that scales with ``seqlen_sum``)."""
+        attention, mlp, mamba = self.layer_counts
+        forward = (
+            attention * self._attention_linear()
+            + mlp * self._mlp_linear()
+            + mamba * self._mamba_linear()
+            + self._logits_linear()
+        )
+        return _TRAIN * forward
+
+    @property
+    def quadratic_flops(self) -> int:
+        """Training FLOPs per squared sequence length (scales with ``seqlen_sq_sum``)."""
+        attention, _, _ = self.layer_counts
+        return _TRAIN * attention * self._attention_quadratic()
+
+    def flops(self, seqlen_sum: int, seqlen_sq_sum: int) -> int:
+        """Training FLOPs (forward + backward) of sequences with these length sums.
+
+        Args:
+            seqlen_sum: ``sum(s_i)`` over the sequences (real lengths for exact accounting;
+                Megatron feeds padded ones).
+            seqlen_sq_sum: ``sum(s_i**2)``.
+
+        Returns:
+            Exact FLOPs as a Python int.
+        """
+        seqlen_sum = _check_int("seqlen_sum", seqlen_sum, 0)
+        seqlen_sq_sum = _check_int("seqlen_sq_sum", seqlen_sq_sum, 0)
+        return self.linear_flops * seqlen_sum + self.quadratic_flops * seqlen_sq_sum
+
+    def cost_model(self, constant: float = 0.0) -> CostModel:
+        """A :class:`CostModel` in training FLOPs: ``linear`` per token, ``quadratic`` per s**2."""
+        return CostModel(float(self.linear_flops), float(self.quadratic_flops), constant)
+
+    def num_parameters(self) -> int:
+        """Parameter count (bias-free linears, RMSNorm weights, untied embedding and output).
+
+        A check against published model sizes; FLOPs do not depend on it.
+        """
+        h = self.hidden_size
+        q = self.num_attention_heads * self.head_dim
+        kv = self.query_groups * self.head_dim
+        attention_layer = h * (q + 2 * kv) + q * h + h
+        mlp_layer = (3 if self.gated_linear_unit else 2) * h * self.ffn_hidden_size + h
+        d_in, g, n, heads = self.mamba_inner, self.mamba_num_groups, self.mamba_state_dim, self.mamba_heads
+        conv_channels = d_in + 2 * g * n
+        mamba_layer = (
+            h * (2 * d_in + 2 * g * n + heads)  # in_proj
+            + conv_channels * 5  # depthwise conv1d (kernel 4) + bias
+            + 3 * heads  # dt_bias, A_log, D
+            + d_in  # gated RMSNorm
+            + d_in * h  # out_proj
+            + h  # pre-norm
+        )
+        attention, mlp, mamba = self.layer_counts
+        vocab = 0 if self.vocab_size is None else 2 * self.vocab_size * h
+        return attention * attention_layer + mlp * mlp_layer + mamba * mamba_layer + vocab + h
+
+
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    "llama3-8b": ModelSpec(4096, 32, 32, 14336, num_query_groups=8, vocab_size=128256, name="llama3-8b"),
+    "llama3-70b": ModelSpec(8192, 80, 64, 28672, num_query_groups=8, vocab_size=128256, name="llama3-70b"),
+    "llama3-405b": ModelSpec(16384, 126, 128, 53248, num_query_groups=8, vocab_size=128256, name="llama3-405b"),
+    "qwen2.5-7b": ModelSpec(3584, 28, 28, 18944, num_query_groups=4, vocab_size=152064, name="qwen2.5-7b"),
+    "nemotron-h-8b": ModelSpec(
+        4096,
+        52,
+        32,
+        21504,
+        num_query_groups=8,
+        vocab_size=131072,
+        kv_channels=128,
+        gated_linear_unit=False,
+        hybrid_layer_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+        mamba_state_dim=128,
+        mamba_head_dim=64,
+        mamba_num_groups=8,
+        mamba_num_heads=128,
+        name="nemotron-h-8b",
+    ),
+}
+"""Published shapes: Llama 3 (8B/70B/405B), Qwen2.5-7B and Nemotron-H-8B (hybrid)."""
+
+DEFAULT_MODEL = "llama3-8b"
+"""The model whose FLOPs ``balanced`` balances when no cost model is given."""
+
+
+def model_preset(name: str) -> ModelSpec:
+    """The :class:`ModelSpec` registered as ``name`` in :data:`MODEL_PRESETS`.
+
+    Raises:
+        ValueError: Unknown name (the message lists the known ones).
+    """
+    try:
+        return MODEL_PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model preset {name!r}; available: {', '.join(sorted(MODEL_PRESETS))}") from None
+
+
+def default_cost_model() -> CostModel:
+    """Training FLOPs of :data:`DEFAULT_MODEL` (Llama-3-8B shaped): what ``balanced`` uses
+    when ``cost=None``. Attention is 12.5% of an 8K-token sequence's cost under it."""
+    return MODEL_PRESETS[DEFAULT_MODEL].cost_model()
+
+
+def transformer_flops(
+    hidden_size: int,
+    num_layers: int,
+    num_attention_heads: int,
+    ffn_hidden_size: int,
+    num_query_groups: int | None = None,
+    vocab_size: int | None = None,
+    *,
+    seqlen_sum: int,
+    seqlen_sq_sum: int,
+    **options,
+) -> int:
+    """Training FLOPs (forward + backward) of a transformer over packed sequences.
+
+    Args:
+        hidden_size, num_layers, num_attention_heads, ffn_hidden_size, num_query_groups,
+            vocab_size: Model shape (see :class:`ModelSpec`).
+        seqlen_sum: ``sum(s_i)``.
+        seqlen_sq_sum: ``sum(s_i**2)``.
+        **options: Further :class:`ModelSpec` fields (``causal``, ``gated_linear_unit``,
+            ``kv_channels``, ``hybrid_layer_pattern`` and the ``mamba_*`` shape).
+
+    Returns:
+        Exact FLOPs (Python int).
+    """
+    spec = ModelSpec(
+        hidden_size, num_layers, num_attention_heads, ffn_hidden_size, num_query_groups, vocab_size, **options
+    )
+    return spec.flops(seqlen_sum, seqlen_sq_sum)
+
+
+def mamba2_flops(
+    seqlen_sum: int,
+    *,
+    hidden_size: int,
+    num_layers: int = 1,
+    state_dim: int = 128,
+    head_dim: int = 64,
+    num_groups: int = 8,
+    num_heads: int | None = None,
+    expand: int = 2,
+) -> int:
+    """Training FLOPs of ``num_layers`` Mamba2 mixers over ``seqlen_sum`` tokens.
+
+    Linear in tokens: in_proj ``2h(2*d_inner + 2*groups*state + heads)``, the SSD scan
+    ``7*d_inner*state`` and out_proj ``2*d_inner*h`` per token, times 3 for training.
+    """
+    seqlen_sum = _check_int("seqlen_sum", seqlen_sum, 0)
+    for name, value in (("hidden_size", hidden_size), ("num_layers", num_layers), ("state_dim", state_dim),
+                        ("head_dim", head_dim), ("num_groups", num_groups), ("expand", expand)):
+        _check_int(name, value)
+    d_inner = expand * hidden_size
+    if num_heads is None:
+        if d_inner % head_dim:
+            raise ValueError(f"expand*hidden_size={d_inner} is not divisible by head_dim={head_dim}; pass num_heads")
+        num_heads = d_inner // head_dim
+    per_token = _mamba2_forward_per_token(hidden_size, d_inner, state_dim, num_groups, _check_int("num_heads", num_heads))
+    return _TRAIN * num_layers * per_token * seqlen_sum
 
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    """``cost(s) = linear*s + quadratic*s**2``; a microbatch adds ``constant`` once."""
+    """``cost(s) = linear*s + quadratic*s**2``; a microbatch adds ``constant`` once.
+
+    Units are whatever the coefficients are in: training FLOPs for
+    :meth:`from_transformer`, tokens for ``CostModel(1, 0)``.
+    """
 
     linear: float
     quadratic: float
@@ -26,6 +360,8 @@ class CostModel:
     def __post_init__(self) -> None:
         for name in ("linear", "quadratic", "constant"):
             value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise TypeError(f"CostModel.{name} must be a number, got {value!r}")
             if not np.isfinite(value) or value < 0:
                 raise ValueError(f"CostModel.{name} must be finite and >= 0, got {value!r}")
         if self.linear == 0 and self.quadratic == 0:
@@ -39,3 +375,56 @@ class CostModel:
     def microbatch_cost(self, lengths: Sequence[int] | np.ndarray) -> float:
         """Cost of one microbatch holding sequences of ``lengths``."""
         return float(self.constant + self.cost(lengths).sum())
+
+    def quadratic_share(self, length: int) -> float:
+        """Fraction of one ``length``-token sequence's cost spent in the quadratic term."""
+        q = self.quadratic * float(length) ** 2
+        total = self.linear * float(length) + q
+        return q / total if total > 0 else 0.0
+
+    @classmethod
+    def tokens(cls) -> CostModel:
+        """Cost = tokens: balances token counts, ignoring attention's quadratic term."""
+        return cls(1.0, 0.0)
+
+    @classmethod
+    def from_transformer(
+        cls,
+        hidden_size: int,
+        num_layers: int,
+        num_attention_heads: int,
+        ffn_hidden_size: int,
+        num_query_groups: int | None = None,
+        vocab_size: int | None = None,
+        causal: bool = True,
+        **options,
+    ) -> CostModel:
+        """Coefficients from a transformer's training FLOPs (GQA aware; causal halves the
+        attention scores and values).
+
+        Args:
+            hidden_size, num_layers, num_attention_heads, ffn_hidden_size,
+                num_query_groups, vocab_size, causal: Model shape (see :class:`ModelSpec`).
+            **options: Further :class:`ModelSpec` fields, and ``constant`` (per-microbatch
+                overhead in FLOPs, default 0).
+
+        Returns:
+            ``CostModel(linear=FLOPs per token, quadratic=FLOPs per s**2, constant)``.
+        """
+        constant = options.pop("constant", 0.0)
+        spec = ModelSpec(
+            hidden_size,
+            num_layers,
+            num_attention_heads,
+            ffn_hidden_size,
+            num_query_groups,
+            vocab_size,
+            causal=causal,
+            **options,
+        )
+        return spec.cost_model(constant)
+
+    @classmethod
+    def from_preset(cls, name: str, constant: float = 0.0) -> CostModel:
+        """The cost model of a :data:`MODEL_PRESETS` entry (e.g. ``"llama3-8b"``)."""
+        return model_preset(name).cost_model(constant)

@@ -8,7 +8,6 @@ float64, evaluated on padded lengths: pads run through the dense layers like rea
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,7 +18,7 @@ if TYPE_CHECKING:
     from seqpack.cost import CostModel
     from seqpack.schedulers.base import Schedule
 
-__all__ = ["StepStats", "microbatch_costs"]
+__all__ = ["StepStats", "microbatch_costs", "round_lower_bound", "round_sum_lower_bound"]
 
 
 def microbatch_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
@@ -31,11 +30,77 @@ def microbatch_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
     padded = padded_lengths(schedule.lengths, schedule.pad_multiple)
     per_seq = padded.astype(np.float64) if cost is None else cost.cost(padded)
     constant = 0.0 if cost is None else cost.constant
-    out = np.zeros((schedule.num_microbatches, schedule.dp_size), dtype=np.float64)
-    for m, row in enumerate(schedule.assignment):
-        for d, ids in enumerate(row):
-            out[m, d] = constant + per_seq[ids].sum()
-    return out
+    ids, cell, counts = schedule._flat
+    out = np.bincount(cell, weights=per_seq[ids], minlength=counts.shape[0]) + constant
+    return out.reshape(schedule.num_microbatches, schedule.dp_size)
+
+
+def round_sum_lower_bound(
+    padded: np.ndarray,
+    per_seq_cost: np.ndarray,
+    dp_size: int,
+    capacity: int,
+    *,
+    order: np.ndarray | None = None,
+) -> float:
+    """Lower bound on ``sum_m max_d cost[m, d]`` (per-microbatch constants left out).
+
+    The round holding the costliest sequence waits for it, while the mean of that round is
+    at most what ``dp_size`` microbatches of ``capacity`` tokens can hold: cost per token
+    grows with length, so at most the cost ``K`` of the longest sequences filling
+    ``dp_size * capacity`` tokens (fractional knapsack). The other rounds wait at least for
+    their mean. Hence ``sum_m max_d >= total/dp + max(0, largest - K/dp)``.
+
+    Args:
+        padded: Padded lengths.
+        per_seq_cost: Their costs (without the per-microbatch constant).
+        dp_size, capacity: Replicas and tokens per microbatch.
+        order: ``padded`` sorted longest first, if already at hand.
+    """
+    if padded.size == 0:
+        return 0.0
+    if order is None:
+        order = np.argsort(-padded, kind="stable")
+    tokens = np.cumsum(padded[order])
+    budget = dp_size * capacity
+    full = int(np.searchsorted(tokens, budget, side="right"))
+    knapsack = float(per_seq_cost[order[:full]].sum())
+    if full < order.shape[0]:
+        used = int(tokens[full - 1]) if full else 0
+        nxt = order[full]
+        knapsack += float(per_seq_cost[nxt]) * (budget - used) / float(padded[nxt])
+    mean = float(per_seq_cost.sum()) / dp_size
+    return mean + max(0.0, float(per_seq_cost.max()) - knapsack / dp_size)
+
+
+def round_lower_bound(
+    padded: np.ndarray, per_seq_cost: np.ndarray, dp_size: int, capacity: int, total_cost: float
+) -> float:
+    """Smallest ``round_imbalance`` any schedule of these sequences can reach.
+
+    :func:`round_sum_lower_bound` over the mean round sum. It exceeds 1 when one sequence
+    costs more than a full microbatch of shorter ones can; no scheduler can do better.
+
+    Args:
+        padded: Padded lengths of the assigned sequences.
+        per_seq_cost: Their costs (without the per-microbatch constant).
+        dp_size, capacity: Replicas and tokens per microbatch.
+        total_cost: Cost of the whole step, constants included (``sum_m sum_d cost[m, d]``).
+    """
+    if padded.size == 0 or total_cost <= 0:
+        return 1.0
+    mean = total_cost / dp_size
+    gap = round_sum_lower_bound(padded, per_seq_cost, dp_size, capacity) - float(per_seq_cost.sum()) / dp_size
+    return (mean + gap) / mean
+
+
+def _exact_square_sum(values: np.ndarray) -> int:
+    if values.size == 0:
+        return 0
+    top = int(values.max())
+    if top * top * values.shape[0] < 2**62:
+        return int(np.dot(values, values))
+    return sum(v * v for v in values.tolist())
 
 
 @dataclasses.dataclass
@@ -54,6 +119,9 @@ class StepStats:
             step waits for: every microbatch round ends with its slowest replica).
         lower_bound: ``max(total_cost / dp, largest single sequence cost)``.
         bound_ratio: ``max(replica_cost) / lower_bound`` (1.0 is optimal).
+        round_lower_bound: The smallest ``round_imbalance`` any schedule can reach with this
+            capacity (:func:`round_lower_bound`); above 1 when one sequence outweighs a full
+            microbatch of shorter ones.
         pad_fraction: ``1 - real_tokens / padded_tokens``.
         dropped_sequences, dropped_tokens: Removed by ``on_oversize="drop"``.
         truncated_sequences, truncated_tokens: Tokens cut by ``on_oversize="truncate"``.
@@ -76,6 +144,7 @@ class StepStats:
     round_imbalance: float = 1.0
     lower_bound: float = 0.0
     bound_ratio: float = 1.0
+    round_lower_bound: float = 1.0
     pad_fraction: float = 0.0
     dropped_sequences: int = 0
     dropped_tokens: int = 0
@@ -97,41 +166,42 @@ class StepStats:
         """Account a schedule. Empty microbatches count a padding-only filler of
         ``pad_multiple`` tokens, as the wrapper sends one."""
         lengths = schedule.lengths
-        assigned = np.concatenate([ids for row in schedule.assignment for ids in row] or [np.zeros(0, np.int64)])
+        assigned, _, counts = schedule._flat
         real = lengths[assigned]
         padded = padded_lengths(real, schedule.pad_multiple)
-        empties = sum(1 for row in schedule.assignment for ids in row if ids.size == 0)
-        padded_tokens = int(padded.sum()) + empties * schedule.pad_multiple
+        empties = int(np.count_nonzero(counts == 0))
+        padded_sum = int(padded.sum())
+        padded_tokens = padded_sum + empties * schedule.pad_multiple
         costs = microbatch_costs(schedule, cost)
         replica = costs.sum(axis=0) if costs.size else np.zeros(schedule.dp_size)
         total = float(replica.sum())
         mean = total / schedule.dp_size if schedule.dp_size else 0.0
-        per_seq = padded.astype(np.float64) if cost is None else cost.cost(padded) + cost.constant
-        largest = float(per_seq.max()) if per_seq.size else 0.0
+        per_seq = padded.astype(np.float64) if cost is None else cost.cost(padded)
+        constant = 0.0 if cost is None else cost.constant
+        largest = float(per_seq.max()) + constant if per_seq.size else 0.0
         lower = max(mean, largest)
         round_mean = costs.mean(axis=1).sum() if costs.size else 0.0
         round_max = costs.max(axis=1).sum() if costs.size else 0.0
         orig = schedule.original_lengths
         truncated_tokens = int((orig[schedule.truncated] - lengths[schedule.truncated]).sum())
-        real_int = [int(v) for v in real.tolist()]
+        real_sum = int(real.sum())
         return cls(
             num_sequences=int(assigned.shape[0]),
             num_microbatches=schedule.num_microbatches,
-            min_microbatches=int(math.ceil(int(padded.sum()) / (schedule.dp_size * schedule.capacity)))
-            if padded.size
-            else 0,
+            min_microbatches=-(-padded_sum // (schedule.dp_size * schedule.capacity)) if padded.size else 0,
             dp_size=schedule.dp_size,
             cp_size=schedule.cp_size,
-            real_tokens=sum(real_int),
+            real_tokens=real_sum,
             padded_tokens=padded_tokens,
-            seqlen_sum=sum(real_int),
-            seqlen_sq_sum=sum(v * v for v in real_int),
+            seqlen_sum=real_sum,
+            seqlen_sq_sum=_exact_square_sum(real),
             replica_cost=[float(v) for v in replica],
             imbalance=float(replica.max() / mean) if mean > 0 else 1.0,
             round_imbalance=float(round_max / round_mean) if round_mean > 0 else 1.0,
             lower_bound=lower,
             bound_ratio=float(replica.max() / lower) if lower > 0 else 1.0,
-            pad_fraction=1.0 - sum(real_int) / padded_tokens if padded_tokens else 0.0,
+            round_lower_bound=round_lower_bound(padded, per_seq, schedule.dp_size, schedule.capacity, total),
+            pad_fraction=1.0 - real_sum / padded_tokens if padded_tokens else 0.0,
             dropped_sequences=int(schedule.dropped.shape[0]),
             dropped_tokens=int(orig[schedule.dropped].sum()),
             truncated_sequences=int(schedule.truncated.shape[0]),

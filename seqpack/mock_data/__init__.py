@@ -1,0 +1,30 @@
+"""Mock workloads: sequence-length generators, length files, and ``MockSFTDataset``."""
+
+from __future__ import annotations
+
+from seqpack.mock_data.dataset import MockSFTDataset
+from seqpack.mock_data.io import lengths_from_file, write_lengths
+from seqpack.mock_data.lengths import (
+    DISTRIBUTIONS,
+    bimodal_lengths,
+    constant_lengths,
+    generate_lengths,
+    lengths_from_config,
+    lognormal_lengths,
+    pareto_lengths,
+    uniform_lengths,
+)
+
+__all__ = [
+    "DISTRIBUTIONS",
+    "MockSFTDataset",
+    "bimodal_lengths",
+    "constant_lengths",
+    "generate_lengths",
+    "lengths_from_config",
+    "lengths_from_file",
+    "lognormal_lengths",
+    "pareto_lengths",
+    "uniform_lengths",
+    "write_lengths",
+]

@@ -7,6 +7,8 @@ adds one under a new name.
 from __future__ import annotations
 
 from seqpack.schedulers.base import ON_OVERSIZE, Schedule, Scheduler, apply_oversize, as_lengths
+from seqpack.schedulers.balanced import BalancedScheduler
+from seqpack.schedulers.dp_balanced import DpBalancedScheduler
 from seqpack.schedulers.empty import EmptyScheduler
 
 _REGISTRY: dict[str, type[Scheduler]] = {}
@@ -21,12 +23,21 @@ def register_scheduler(cls: type[Scheduler]) -> type[Scheduler]:
 
 
 def available_schedulers() -> list[str]:
+    """Names :func:`get_scheduler` accepts."""
     return sorted(_REGISTRY)
 
 
 def get_scheduler(name: str | Scheduler = "balanced", **options) -> Scheduler:
-    """The scheduler registered as ``name``, built with ``options``. A Scheduler instance is
-    returned as is."""
+    """The scheduler registered as ``name``, built with ``options``.
+
+    Args:
+        name: ``"balanced"`` (default), ``"dp_balanced"``, ``"empty"`` or another registered
+            name; a Scheduler instance is returned as is.
+        **options: Keyword arguments of the scheduler's class (e.g. ``order="pipeline"``).
+
+    Raises:
+        ValueError: Unknown name, or options given with an instance.
+    """
     if isinstance(name, Scheduler):
         if options:
             raise ValueError("options cannot be given with a Scheduler instance")
@@ -36,12 +47,16 @@ def get_scheduler(name: str | Scheduler = "balanced", **options) -> Scheduler:
     return _REGISTRY[name](**options)
 
 
+register_scheduler(BalancedScheduler)
+register_scheduler(DpBalancedScheduler)
 register_scheduler(EmptyScheduler)
 
 __all__ = [
     "ON_OVERSIZE",
     "Schedule",
     "Scheduler",
+    "BalancedScheduler",
+    "DpBalancedScheduler",
     "EmptyScheduler",
     "apply_oversize",
     "as_lengths",

@@ -8,6 +8,7 @@ computes the same one without talking to the others.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -65,14 +66,28 @@ class Schedule:
     def num_sequences(self) -> int:
         return int(self.original_lengths.shape[0])
 
+    @functools.cached_property
+    def _flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(all assigned ids in cell order, cell ``m*dp + d`` of each, ids per cell).
+
+        Computed once: the helpers below are vectorized over it, so they stay fast with
+        thousands of replicas. A Schedule is immutable; do not edit ``assignment`` in place.
+        """
+        cells = [np.asarray(ids) for row in self.assignment for ids in row]
+        counts = np.fromiter((c.shape[0] for c in cells), dtype=np.int64, count=len(cells))
+        ids = np.concatenate(cells).astype(np.int64, copy=False) if cells else _empty()
+        cell = np.repeat(np.arange(len(cells), dtype=np.int64), counts)
+        return ids, cell, counts
+
     def microbatch_tokens(self, padded: bool = True) -> np.ndarray:
         """Tokens of every microbatch, int64 ``[num_microbatches, dp_size]``."""
         per_seq = padded_lengths(self.lengths, self.pad_multiple) if padded else self.lengths
-        out = np.zeros((self.num_microbatches, self.dp_size), dtype=np.int64)
-        for m, row in enumerate(self.assignment):
-            for d, ids in enumerate(row):
-                out[m, d] = int(per_seq[ids].sum())
-        return out
+        ids, cell, counts = self._flat
+        if counts.shape[0] != self.num_microbatches * self.dp_size:
+            raise ValueError("assignment does not hold num_microbatches x dp_size microbatches")
+        sums = np.zeros(counts.shape[0], dtype=np.int64)
+        np.add.at(sums, cell, per_seq[ids])
+        return sums.reshape(self.num_microbatches, self.dp_size)
 
     def placement(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per global id: replica, microbatch and position in pack (-1 when not assigned)."""
@@ -80,11 +95,12 @@ class Schedule:
         replica = np.full(n, -1, dtype=np.int64)
         micro = np.full(n, -1, dtype=np.int64)
         slot = np.full(n, -1, dtype=np.int64)
-        for m, row in enumerate(self.assignment):
-            for d, ids in enumerate(row):
-                replica[ids] = d
-                micro[ids] = m
-                slot[ids] = np.arange(ids.shape[0])
+        ids, cell, counts = self._flat
+        if ids.size:
+            starts = np.cumsum(counts) - counts
+            replica[ids] = cell % self.dp_size
+            micro[ids] = cell // self.dp_size
+            slot[ids] = np.arange(ids.shape[0], dtype=np.int64) - starts[cell]
         return replica, micro, slot
 
     def fingerprint(self) -> int:
@@ -95,10 +111,15 @@ class Schedule:
             dtype=np.int64,
         )
         digest.update(header.tobytes())
-        for row in self.assignment:
-            for ids in row:
-                digest.update(np.int64(ids.shape[0]).tobytes())
-                digest.update(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
+        # Byte stream: for every cell its id count then its ids (built in one buffer).
+        ids, cell, counts = self._flat
+        stream = np.empty(ids.shape[0] + counts.shape[0], dtype=np.int64)
+        count_at = np.cumsum(counts + 1) - (counts + 1)
+        stream[count_at] = counts
+        is_id = np.ones(stream.shape[0], dtype=bool)
+        is_id[count_at] = False
+        stream[is_id] = ids
+        digest.update(stream.tobytes())
         for extra in (self.deferred, self.dropped, self.truncated, self.lengths):
             digest.update(np.int64(extra.shape[0]).tobytes())
             digest.update(np.ascontiguousarray(extra, dtype=np.int64).tobytes())
@@ -137,22 +158,24 @@ class Schedule:
         if self.num_microbatches < 0:
             raise ValueError(f"num_microbatches={self.num_microbatches} is negative")
         n = self.num_sequences
-        seen = np.zeros(n, dtype=np.int64)
         for m, row in enumerate(self.assignment):
             if len(row) != self.dp_size:
                 raise ValueError(f"microbatch {m} has {len(row)} replicas, expected dp_size={self.dp_size}")
             for d, ids in enumerate(row):
-                ids = np.asarray(ids)
-                if ids.dtype != np.int64 or ids.ndim != 1:
-                    raise ValueError(f"assignment[{m}][{d}] must be a 1-D int64 array, got {ids.dtype} {ids.shape}")
-                if ids.size and (ids.min() < 0 or ids.max() >= n):
-                    raise ValueError(f"assignment[{m}][{d}] holds an id outside 0..{n - 1}")
-                np.add.at(seen, ids, 1)
+                if not isinstance(ids, np.ndarray) or ids.dtype != np.int64 or ids.ndim != 1:
+                    got = f"{ids.dtype} {ids.shape}" if isinstance(ids, np.ndarray) else type(ids).__name__
+                    raise ValueError(f"assignment[{m}][{d}] must be a 1-D int64 array, got {got}")
+        ids, cell, _ = self._flat
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            bad = int(np.flatnonzero((ids < 0) | (ids >= n))[0])
+            m, d = divmod(int(cell[bad]), self.dp_size)
+            raise ValueError(f"assignment[{m}][{d}] holds an id outside 0..{n - 1}")
+        seen = np.bincount(ids, minlength=n) if n else np.zeros(0, dtype=np.int64)
         for name in ("deferred", "dropped"):
-            ids = getattr(self, name)
-            if ids.size and (ids.min() < 0 or ids.max() >= n):
+            extra = getattr(self, name)
+            if extra.size and (extra.min() < 0 or extra.max() >= n):
                 raise ValueError(f"{name} holds an id outside 0..{n - 1}")
-            np.add.at(seen, ids, 1)
+            seen = seen + np.bincount(extra, minlength=n)
         if n and seen.max(initial=0) > 1:
             dup = int(np.flatnonzero(seen > 1)[0])
             raise ValueError(f"sample {dup} appears {int(seen[dup])} times in the schedule")
@@ -163,6 +186,11 @@ class Schedule:
             raise ValueError("schedule lengths and original lengths differ in shape")
         if np.any(self.lengths > self.original_lengths) or np.any(self.lengths < 0):
             raise ValueError("a scheduled length exceeds its original length or is negative")
+        if ids.size and self.lengths[ids].min() < 1:
+            bad = int(ids[np.argmin(self.lengths[ids])])
+            raise ValueError(f"sample {bad} is assigned with length {int(self.lengths[bad])}")
+        if self.dropped.size and np.any(self.lengths[self.dropped] != 0):
+            raise ValueError("a dropped sample keeps a non-zero length")
         changed = np.flatnonzero(self.lengths != self.original_lengths)
         expected_changed = np.union1d(self.truncated, self.dropped)
         if not np.isin(changed, expected_changed).all():
@@ -308,6 +336,12 @@ class Scheduler(ABC):
             dropped=dropped,
             truncated=truncated,
         )
+
+    def resolve_cost(self, cost: CostModel | None) -> CostModel | None:
+        """The cost model this scheduler balances for ``cost``; pass it to
+        ``StepStats.from_schedule`` so stats are in the units the schedule was balanced in.
+        Schedulers that ignore cost return ``cost`` unchanged."""
+        return cost
 
     @abstractmethod
     def _plan(

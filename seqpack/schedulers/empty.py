@@ -5,22 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqpack.schedulers import _kernels
 from seqpack.schedulers.base import Scheduler
 from seqpack.thd import padded_lengths
 
 
 def next_fit(lengths: np.ndarray, capacity: int) -> list[np.ndarray]:
-    """Positions of ``lengths`` cut into consecutive groups of at most ``capacity`` tokens."""
-    groups: list[np.ndarray] = []
-    start, used = 0, 0
-    for i, length in enumerate(lengths.tolist()):
-        if used + length > capacity and i > start:
-            groups.append(np.arange(start, i, dtype=np.int64))
-            start, used = i, 0
-        used += length
-    if start < lengths.shape[0]:
-        groups.append(np.arange(start, lengths.shape[0], dtype=np.int64))
-    return groups
+    """Positions of ``lengths`` cut into consecutive groups of at most ``capacity`` tokens
+    (a group closes when the next length would overflow it)."""
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    group_of, n_groups = _kernels.next_fit(lengths, capacity)
+    return np.split(np.arange(lengths.shape[0], dtype=np.int64), np.flatnonzero(np.diff(group_of)) + 1) if n_groups else []
 
 
 class EmptyScheduler(Scheduler):
@@ -31,9 +26,12 @@ class EmptyScheduler(Scheduler):
 
     def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
         padded = padded_lengths(lengths, pad_multiple)
+        # Samples grouped by the rank holding them, in dataloader order within each rank.
+        by_rank = np.argsort(origin, kind="stable")
+        starts = np.searchsorted(origin[by_rank], np.arange(dp_size + 1))
         per_replica = []
         for d in range(dp_size):
-            mine = np.flatnonzero(origin == d)
+            mine = by_rank[starts[d] : starts[d + 1]]
             per_replica.append([ids[mine[g]] for g in next_fit(padded[mine], capacity)])
         rounds_needed = max((len(groups) for groups in per_replica), default=0)
         empty = np.zeros(0, dtype=np.int64)

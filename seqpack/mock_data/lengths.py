@@ -1,0 +1,234 @@
+"""Sequence-length generators for mock workloads, and Megatron's mock-dataset JSON config.
+
+Every generator owns its ``np.random.Generator`` (seeded from ``seed``), never touches the
+global RNG, and returns int64 lengths clipped to ``[min_seq_len, max_seq_len]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DISTRIBUTIONS",
+    "bimodal_lengths",
+    "constant_lengths",
+    "generate_lengths",
+    "lengths_from_config",
+    "lognormal_lengths",
+    "pareto_lengths",
+    "uniform_lengths",
+]
+
+
+def _count(n: object) -> int:
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"n must be a non-negative integer, got {n!r}")
+    return int(n)
+
+
+def _bounds(min_seq_len: object, max_seq_len: object) -> tuple[int, int]:
+    for name, value in (("min_seq_len", min_seq_len), ("max_seq_len", max_seq_len)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if min_seq_len > max_seq_len:  # type: ignore[operator]
+        raise ValueError(f"min_seq_len={min_seq_len} is larger than max_seq_len={max_seq_len}")
+    return int(min_seq_len), int(max_seq_len)  # type: ignore[arg-type]
+
+
+def _positive(name: str, value: object, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value!r}")
+    return value
+
+
+def _clip(values: np.ndarray, low: int, high: int) -> np.ndarray:
+    return np.clip(np.rint(values), low, high).astype(np.int64)
+
+
+def lognormal_lengths(
+    n: int,
+    *,
+    min_seq_len: int,
+    max_seq_len: int,
+    mean_seq_len: float,
+    sigma: float = 1.1,
+    seed: int = 0,
+) -> np.ndarray:
+    """Megatron's mock SFT lengths: lognormal with ``mu = ln(mean) - sigma**2 / 2`` (so the
+    unclipped mean is ``mean_seq_len``), rounded and clipped to ``[min_seq_len, max_seq_len]``.
+
+    Args:
+        n: How many lengths.
+        min_seq_len, max_seq_len: Clip range (inclusive).
+        mean_seq_len: Mean of the unclipped distribution.
+        sigma: Standard deviation of ``log(length)``.
+        seed: Seed of this call's own generator.
+
+    Returns:
+        int64 ``[n]``.
+    """
+    n = _count(n)
+    low, high = _bounds(min_seq_len, max_seq_len)
+    mean = _positive("mean_seq_len", mean_seq_len)
+    sigma = _positive("sigma", sigma, allow_zero=True)
+    rng = np.random.default_rng(seed)
+    mu = math.log(mean) - sigma**2 / 2
+    return _clip(rng.lognormal(mu, sigma, n), low, high)
+
+
+def uniform_lengths(n: int, *, min_seq_len: int, max_seq_len: int, seed: int = 0) -> np.ndarray:
+    """Lengths uniform on ``[min_seq_len, max_seq_len]`` (inclusive)."""
+    n = _count(n)
+    low, high = _bounds(min_seq_len, max_seq_len)
+    return np.random.default_rng(seed).integers(low, high, n, endpoint=True, dtype=np.int64)
+
+
+def pareto_lengths(
+    n: int, *, min_seq_len: int, max_seq_len: int, alpha: float = 1.2, seed: int = 0
+) -> np.ndarray:
+    """Pre-training documents: Pareto (type I) with scale ``min_seq_len`` and tail index
+    ``alpha``, clipped at ``max_seq_len``. Most documents are short, a few are very long
+    (``P(L > x) = (min_seq_len / x) ** alpha``; web text has ``alpha`` near 1-1.5)."""
+    n = _count(n)
+    low, high = _bounds(min_seq_len, max_seq_len)
+    alpha = _positive("alpha", alpha)
+    rng = np.random.default_rng(seed)
+    return _clip(low * (1.0 + rng.pareto(alpha, n)), low, high)
+
+
+def bimodal_lengths(
+    n: int,
+    *,
+    min_seq_len: int,
+    max_seq_len: int,
+    short_mean: float,
+    long_mean: float,
+    long_fraction: float = 0.25,
+    short_sigma: float = 0.6,
+    long_sigma: float = 0.4,
+    seed: int = 0,
+) -> np.ndarray:
+    """RL rollouts: a mix of short sequences (prompts with brief answers) and long ones
+    (reasoning traces). Each mode is lognormal with the given mean (Megatron's
+    parameterization); a sequence is long with probability ``long_fraction``."""
+    n = _count(n)
+    low, high = _bounds(min_seq_len, max_seq_len)
+    short_mean = _positive("short_mean", short_mean)
+    long_mean = _positive("long_mean", long_mean)
+    fraction = _positive("long_fraction", long_fraction, allow_zero=True)
+    if fraction > 1:
+        raise ValueError(f"long_fraction must be in [0, 1], got {long_fraction!r}")
+    short_sigma = _positive("short_sigma", short_sigma, allow_zero=True)
+    long_sigma = _positive("long_sigma", long_sigma, allow_zero=True)
+    rng = np.random.default_rng(seed)
+    is_long = rng.random(n) < fraction
+    short = rng.lognormal(math.log(short_mean) - short_sigma**2 / 2, short_sigma, n)
+    long = rng.lognormal(math.log(long_mean) - long_sigma**2 / 2, long_sigma, n)
+    return _clip(np.where(is_long, long, short), low, high)
+
+
+def constant_lengths(n: int, *, length: int) -> np.ndarray:
+    """Every sequence ``length`` tokens (fixed-length pre-training)."""
+    n = _count(n)
+    low, _ = _bounds(length, length)
+    return np.full(n, low, dtype=np.int64)
+
+
+DISTRIBUTIONS: dict[str, Callable[..., np.ndarray]] = {
+    "lognormal": lognormal_lengths,
+    "uniform": uniform_lengths,
+    "pareto": pareto_lengths,
+    "bimodal": bimodal_lengths,
+    "constant": constant_lengths,
+}
+"""Generators by name, as the JSON config's ``"type"`` and ``seqpack --dist`` name them."""
+
+
+def generate_lengths(name: str, n: int, **params: Any) -> np.ndarray:
+    """Lengths from the distribution registered as ``name`` (see :data:`DISTRIBUTIONS`).
+
+    Raises:
+        ValueError: Unknown name, or parameters the generator does not take.
+    """
+    if name not in DISTRIBUTIONS:
+        raise ValueError(f"unknown length distribution {name!r}; available: {', '.join(DISTRIBUTIONS)}")
+    fn = DISTRIBUTIONS[name]
+    try:
+        return fn(n, **params)
+    except TypeError as err:
+        raise ValueError(f"bad parameters for the {name!r} distribution: {err}") from None
+
+
+# Megatron's config key -> this module's keyword.
+_CONFIG_ALIASES = {"lognormal_sigma": "sigma"}
+_CONFIG_META = {"mode", "type", "path", "column", "num_samples", "seed"}
+
+
+def lengths_from_config(
+    config: Mapping[str, Any] | str | os.PathLike,
+    *,
+    num_samples: int | None = None,
+    seed: int | None = None,
+) -> np.ndarray:
+    """Lengths from Megatron's mock SFT dataset config.
+
+    ``{"mode": "distribution", "type": "lognormal", "min_seq_len": ..., "max_seq_len": ...,
+    "mean_seq_len": ..., "lognormal_sigma": ...}`` draws ``num_samples`` lengths;
+    ``{"mode": "file", "path": ...}`` reads them with :func:`lengths_from_file` (relative
+    paths are relative to the working directory, or to the config file's folder when the
+    config is given as a file). seqpack also accepts the other :data:`DISTRIBUTIONS` as
+    ``"type"`` with their keyword parameters, and ``"num_samples"``, ``"seed"`` and
+    ``"column"`` keys.
+
+    Args:
+        config: A dict, a JSON string, or the path of a JSON file.
+        num_samples: Lengths to draw in distribution mode (overrides the config's).
+        seed: Generator seed (overrides the config's; default 0).
+
+    Raises:
+        ValueError: Malformed JSON, an unknown mode or type, missing keys.
+    """
+    base_dir = None
+    if isinstance(config, (str, os.PathLike)):
+        text = os.fspath(config)
+        if not text.lstrip().startswith("{") and os.path.isfile(text):
+            base_dir = os.path.dirname(os.path.abspath(text))
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"config is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config must be a JSON object, got {type(config).__name__}")
+    mode = config.get("mode", "distribution" if "type" in config else None)
+    if mode == "file":
+        from seqpack.mock_data.io import lengths_from_file
+
+        if "path" not in config:
+            raise ValueError("file-mode config needs a 'path'")
+        path = os.fspath(config["path"])
+        if base_dir is not None and not os.path.isabs(path):
+            path = os.path.join(base_dir, path)
+        return lengths_from_file(path, column=config.get("column"))
+    if mode != "distribution":
+        raise ValueError(f"config 'mode' must be 'distribution' or 'file', got {mode!r}")
+    kind = config.get("type")
+    if kind not in DISTRIBUTIONS:
+        raise ValueError(f"config 'type' must be one of {', '.join(DISTRIBUTIONS)}, got {kind!r}")
+    n = num_samples if num_samples is not None else config.get("num_samples")
+    if n is None:
+        raise ValueError("distribution-mode config needs num_samples (in the config or as an argument)")
+    params = {_CONFIG_ALIASES.get(k, k): v for k, v in config.items() if k not in _CONFIG_META}
+    if kind != "constant":
+        params["seed"] = seed if seed is not None else config.get("seed", 0)
+    return generate_lengths(kind, n, **params)

@@ -1,0 +1,527 @@
+"""numba kernels behind the schedulers. Private: the public functions in ``balanced.py`` and
+``dp_balanced.py`` validate and coerce their inputs (contiguous int64 / float64 arrays) and
+call these. Every kernel has a slow, obvious twin in ``tests/schedulers/`` it is checked
+against.
+
+Ties are broken by integer keys (token counts, then indices), never by chance, so every
+rank computes the same result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# Bin-choice rules of grid_lpt.
+MODE_COST = 0  # most under its cost target (LPT with per-bin targets)
+MODE_TOKENS = 1  # fewest tokens (worst-fit decreasing on tokens)
+MODE_FIRST_FIT = 2  # lowest index with room (first-fit decreasing)
+
+
+@njit(cache=True)
+def _before(key, tok, a, b):
+    """Heap order of bins: smaller key, then fewer tokens, then lower index."""
+    if key[a] != key[b]:
+        return key[a] < key[b]
+    if tok[a] != tok[b]:
+        return tok[a] < tok[b]
+    return a < b
+
+
+@njit(cache=True)
+def _sift_down(heap, size, i, key, tok):
+    while True:
+        left = 2 * i + 1
+        if left >= size:
+            return
+        child = left
+        right = left + 1
+        if right < size and _before(key, tok, heap[right], heap[left]):
+            child = right
+        if _before(key, tok, heap[child], heap[i]):
+            heap[i], heap[child] = heap[child], heap[i]
+            i = child
+        else:
+            return
+
+
+@njit(cache=True)
+def _sift_up(heap, i, key, tok):
+    while i > 0:
+        parent = (i - 1) // 2
+        if _before(key, tok, heap[i], heap[parent]):
+            heap[i], heap[parent] = heap[parent], heap[i]
+            i = parent
+        else:
+            return
+
+
+@njit(cache=True)
+def _park_push(park, size, b, room):
+    """Push bin ``b`` on a max-heap of bins by free room (ties: lower index)."""
+    i = size
+    park[i] = b
+    while i > 0:
+        parent = (i - 1) // 2
+        a, q = park[i], park[parent]
+        if room[a] > room[q] or (room[a] == room[q] and a < q):
+            park[i], park[parent] = q, a
+            i = parent
+        else:
+            break
+    return size + 1
+
+
+@njit(cache=True)
+def _park_pop(park, size, room):
+    top = park[0]
+    size -= 1
+    park[0] = park[size]
+    i = 0
+    while True:
+        left = 2 * i + 1
+        if left >= size:
+            break
+        child = left
+        right = left + 1
+        if right < size and (
+            room[park[right]] > room[park[left]]
+            or (room[park[right]] == room[park[left]] and park[right] < park[left])
+        ):
+            child = right
+        a, c = park[i], park[child]
+        if room[c] > room[a] or (room[c] == room[a] and c < a):
+            park[i], park[child] = c, a
+            i = child
+        else:
+            break
+    return top, size
+
+
+@njit(cache=True)
+def grid_lpt(order, lengths, costs, targets, capacity, mode):
+    """Place items, in ``order``, each into the best bin that has room.
+
+    ``mode`` picks "best": MODE_COST the bin with the smallest ``load - target`` (LPT when
+    all targets are equal), MODE_TOKENS the bin with the fewest tokens, MODE_FIRST_FIT the
+    lowest-indexed bin. Ties: fewer tokens, then lower index. A bin's tokens never exceed
+    ``capacity``. Items must come longest first (``order``), so a bin too full for one item
+    is parked until the items get short enough for it.
+
+    Returns:
+        (ok, bin_of[n], load[bins], tokens[bins]); ``ok`` is False when some item found no
+        bin with room (the other outputs are then partial).
+    """
+    n_bins = targets.shape[0]
+    n = order.shape[0]
+    key = np.empty(n_bins, dtype=np.float64)
+    tok = np.zeros(n_bins, dtype=np.int64)
+    load = np.zeros(n_bins, dtype=np.float64)
+    room = np.full(n_bins, capacity, dtype=np.int64)
+    bin_of = np.full(lengths.shape[0], -1, dtype=np.int64)
+    for b in range(n_bins):
+        if mode == MODE_COST:
+            key[b] = -targets[b]
+        elif mode == MODE_TOKENS:
+            key[b] = 0.0
+        else:
+            key[b] = float(b)
+    heap = np.arange(n_bins, dtype=np.int64)
+    size = n_bins
+    for i in range(size // 2 - 1, -1, -1):
+        _sift_down(heap, size, i, key, tok)
+    park = np.empty(n_bins, dtype=np.int64)
+    parked = 0
+    min_len = capacity
+    for j in range(n):
+        if lengths[order[j]] < min_len:
+            min_len = lengths[order[j]]
+    for j in range(n):
+        item = order[j]
+        p = lengths[item]
+        # Parked bins with room for this item come back.
+        while parked > 0 and room[park[0]] >= p:
+            b, parked = _park_pop(park, parked, room)
+            heap[size] = b
+            _sift_up(heap, size, key, tok)
+            size += 1
+        placed = -1
+        while size > 0:
+            b = heap[0]
+            if room[b] >= p:
+                placed = b
+                break
+            size -= 1
+            heap[0] = heap[size]
+            _sift_down(heap, size, 0, key, tok)
+            if room[b] >= min_len:  # else no item ever fits again: retired
+                parked = _park_push(park, parked, b, room)
+        if placed < 0:
+            return False, bin_of, load, tok
+        bin_of[item] = placed
+        load[placed] += costs[item]
+        tok[placed] += p
+        room[placed] -= p
+        if mode == MODE_COST:
+            key[placed] = load[placed] - targets[placed]
+        elif mode == MODE_TOKENS:
+            key[placed] = float(tok[placed])
+        if room[placed] < min_len:
+            size -= 1
+            heap[0] = heap[size]
+        _sift_down(heap, size, 0, key, tok)
+    return True, bin_of, load, tok
+
+
+@njit(cache=True)
+def next_fit(lengths, capacity):
+    """Cut items, in order, into consecutive groups of at most ``capacity`` tokens.
+
+    A group closes when the next item would overflow it. Returns (group_of[n], groups).
+    """
+    n = lengths.shape[0]
+    group_of = np.empty(n, dtype=np.int64)
+    group = 0
+    used = 0
+    for i in range(n):
+        if used + lengths[i] > capacity and used > 0:
+            group += 1
+            used = 0
+        used += lengths[i]
+        group_of[i] = group
+    return group_of, (group + 1 if n > 0 else 0)
+
+
+@njit(cache=True)
+def _top3(load, m, top_val, top_idx):
+    """Recompute the three largest loads of round ``m`` (ties: lower replica first)."""
+    v0 = v1 = v2 = -np.inf
+    i0 = i1 = i2 = -1
+    for d in range(load.shape[1]):
+        x = load[m, d]
+        if x > v0:
+            v2, i2, v1, i1, v0, i0 = v1, i1, v0, i0, x, d
+        elif x > v1:
+            v2, i2, v1, i1 = v1, i1, x, d
+        elif x > v2:
+            v2, i2 = x, d
+    top_val[m, 0], top_val[m, 1], top_val[m, 2] = v0, v1, v2
+    top_idx[m, 0], top_idx[m, 1], top_idx[m, 2] = i0, i1, i2
+
+
+@njit(cache=True)
+def _max_without(top_val, top_idx, m, a, b):
+    """Largest load of round ``m`` among replicas other than ``a`` and ``b``."""
+    for k in range(3):
+        if top_idx[m, k] != a and top_idx[m, k] != b:
+            return top_val[m, k]
+    return -np.inf
+
+
+@njit(cache=True)
+def _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, delta):
+    """Change of ``sum_m max_d load`` when ``delta`` moves from cell (m, d1) to (m2, d2)."""
+    if m2 != m:
+        new_m = max(load[m, d1] - delta, _max_without(top_val, top_idx, m, d1, -1))
+        new_m2 = max(top_val[m2, 0], load[m2, d2] + delta)
+        return (new_m - top_val[m, 0]) + (new_m2 - top_val[m2, 0])
+    new = max(load[m, d1] - delta, load[m, d2] + delta, _max_without(top_val, top_idx, m, d1, d2))
+    return new - top_val[m, 0]
+
+
+@njit(cache=True)
+def _sorted_members(head, nxt, costs, buf):
+    """Items of one replica (its linked list) sorted by cost; returns how many."""
+    k = 0
+    i = head
+    while i >= 0:
+        buf[k] = i
+        k += 1
+        i = nxt[i]
+    keys = np.empty(k, dtype=np.float64)
+    for t in range(k):
+        keys[t] = costs[buf[t]]
+    order = np.argsort(keys, kind="mergesort")
+    tmp = buf[:k].copy()
+    for t in range(k):
+        buf[t] = tmp[order[t]]
+    return k
+
+
+@njit(cache=True)
+def _first_cost_above(items, k, costs, value):
+    """Index of the first of ``items[:k]`` (sorted by cost) costing more than ``value``."""
+    lo, hi = 0, k
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if costs[items[mid]] <= value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
+def repair_replicas(
+    round_of, replica_of, costs, lengths, load, tok, capacity, max_moves, rel_tol, stop_at, swap_candidates,
+    round_budget=0.0, max_work=50_000_000, move_candidates=16, scan_limit=16,
+):
+    """Even out replica totals without making the rounds (much) slower.
+
+    Each step takes the most loaded replica ``d1`` and applies the best of: moving one of
+    its sequences into any microbatch (any round) of one of the ``move_candidates``
+    lightest replicas ``d2``, or swapping one of its sequences with a cheaper one of one of
+    the ``swap_candidates`` lightest replicas. A change is allowed when both microbatches
+    stay within ``capacity``, the pair's larger total drops (``max(R_d1, R_d2)`` strictly
+    decreases), and the sum of round maxima ``S = sum_m max_d load[m, d]`` stays at most
+    ``max(S, round_budget)``: 0 never lets the rounds get slower, ``inf`` ignores them.
+    "Best" is the largest drop of the pair's maximum; candidates are scanned from the
+    ideal cost difference ``(R_d1 - R_d2) / 2`` outwards, so the first allowed one is the
+    best for its replica (ties: lighter replica, cheaper item, lower round); at most
+    ``scan_limit`` partners are checked per sequence and replica. Stops when no
+    change helps, after ``max_moves`` changes, once the busiest replica is at most
+    ``stop_at``, or after about ``max_work`` candidate checks (a deterministic time cap).
+    Updates ``round_of``, ``replica_of``, ``load`` and ``tok`` (``[rounds, replicas]``) in
+    place.
+
+    Returns:
+        Number of changes made.
+    """
+    n_rounds, dp = load.shape
+    n = round_of.shape[0]
+    total = np.zeros(dp, dtype=np.float64)
+    for m in range(n_rounds):
+        for d in range(dp):
+            total[d] += load[m, d]
+    top_val = np.empty((n_rounds, 3), dtype=np.float64)
+    top_idx = np.empty((n_rounds, 3), dtype=np.int64)
+    for m in range(n_rounds):
+        _top3(load, m, top_val, top_idx)
+    # Items of every replica as doubly linked lists (moves are O(1)).
+    head = np.full(dp, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    prv = np.full(n, -1, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        d = replica_of[i]
+        nxt[i] = head[d]
+        if head[d] >= 0:
+            prv[head[d]] = i
+        head[d] = i
+    mine = np.empty(n, dtype=np.int64)
+    theirs = np.empty(n, dtype=np.int64)
+    eps = 1e-12
+    round_sum = 0.0
+    for m in range(n_rounds):
+        round_sum += top_val[m, 0]
+    moves = 0
+    work = 0
+    while moves < max_moves and work < max_work:
+        d1 = 0
+        for d in range(1, dp):
+            if total[d] > total[d1]:
+                d1 = d
+        if total[d1] <= stop_at:
+            break
+        ascending = np.argsort(total, kind="mergesort")
+        allow = max(0.0, round_budget - round_sum) + eps * total[d1]
+        best_gain = rel_tol * total[d1]
+        best_i = -1
+        best_j = -1
+        best_d2 = -1
+        best_m2 = -1
+        k1 = _sorted_members(head[d1], nxt, costs, mine)
+        # Moves: for each light replica, items from the ideal cost outwards.
+        tried = 0
+        for kk in range(dp):
+            if tried >= move_candidates:
+                break
+            d2 = ascending[kk]
+            if d2 == d1:
+                continue
+            tried += 1
+            gap = total[d1] - total[d2]
+            if gap / 2 <= best_gain:
+                break
+            right = _first_cost_above(mine, k1, costs, gap / 2)
+            left = right - 1
+            checked = 0
+            while (left >= 0 or right < k1) and checked < scan_limit * 4:
+                gain_left = costs[mine[left]] if left >= 0 else -np.inf
+                gain_right = gap - costs[mine[right]] if right < k1 else -np.inf
+                if gain_left >= gain_right:
+                    i = mine[left]
+                    gain = gain_left
+                    left -= 1
+                else:
+                    i = mine[right]
+                    gain = gain_right
+                    right += 1
+                if gain <= best_gain:
+                    break
+                checked += 1
+                m = round_of[i]
+                found = False
+                for m2 in range(n_rounds):
+                    work += 1
+                    if tok[m2, d2] + lengths[i] > capacity:
+                        continue
+                    if _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, costs[i]) <= allow:
+                        best_gain, best_i, best_j, best_d2, best_m2 = gain, i, -1, d2, m2
+                        found = True
+                        break
+                if found:
+                    break
+        # Swaps: for each of d1's items, partners from the ideal difference outwards.
+        tried = 0
+        for kk in range(dp):
+            if tried >= swap_candidates:
+                break
+            d2 = ascending[kk]
+            if d2 == d1:
+                continue
+            tried += 1
+            gap = total[d1] - total[d2]
+            if gap / 2 <= best_gain:
+                break
+            k2 = _sorted_members(head[d2], nxt, costs, theirs)
+            for t in range(k1):
+                i = mine[t]
+                ci = costs[i]
+                m = round_of[i]
+                # delta = ci - cj; gain = min(delta, gap - delta); ideal cj = ci - gap/2.
+                right = _first_cost_above(theirs, k2, costs, ci - gap / 2)
+                left = right - 1
+                checked = 0
+                while (left >= 0 or right < k2) and checked < scan_limit:
+                    gain_left = gap - (ci - costs[theirs[left]]) if left >= 0 else -np.inf
+                    gain_right = ci - costs[theirs[right]] if right < k2 else -np.inf
+                    if gain_left >= gain_right:
+                        j = theirs[left]
+                        gain = gain_left
+                        left -= 1
+                    else:
+                        j = theirs[right]
+                        gain = gain_right
+                        right += 1
+                    if gain <= best_gain:
+                        break
+                    work += 1
+                    checked += 1
+                    m2 = round_of[j]
+                    fits = tok[m2, d2] + lengths[i] - lengths[j] <= capacity
+                    if m2 != m:
+                        fits = fits and tok[m, d1] - lengths[i] + lengths[j] <= capacity
+                    if fits and _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, ci - costs[j]) <= allow:
+                        best_gain, best_i, best_j, best_d2, best_m2 = gain, i, j, d2, m2
+                        break
+        if best_i < 0:
+            break
+        i, j, d2, m2 = best_i, best_j, best_d2, best_m2
+        m = round_of[i]
+        # Take i out of d1's list and into d2's.
+        if prv[i] >= 0:
+            nxt[prv[i]] = nxt[i]
+        else:
+            head[d1] = nxt[i]
+        if nxt[i] >= 0:
+            prv[nxt[i]] = prv[i]
+        prv[i] = -1
+        nxt[i] = head[d2]
+        if head[d2] >= 0:
+            prv[head[d2]] = i
+        head[d2] = i
+        load[m, d1] -= costs[i]
+        tok[m, d1] -= lengths[i]
+        load[m2, d2] += costs[i]
+        tok[m2, d2] += lengths[i]
+        total[d1] -= costs[i]
+        total[d2] += costs[i]
+        replica_of[i] = d2
+        round_of[i] = m2
+        if j >= 0:
+            if prv[j] >= 0:
+                nxt[prv[j]] = nxt[j]
+            else:
+                head[d2] = nxt[j]
+            if nxt[j] >= 0:
+                prv[nxt[j]] = prv[j]
+            prv[j] = -1
+            nxt[j] = head[d1]
+            if head[d1] >= 0:
+                prv[head[d1]] = j
+            head[d1] = j
+            load[m2, d2] -= costs[j]
+            tok[m2, d2] -= lengths[j]
+            load[m, d1] += costs[j]
+            tok[m, d1] += lengths[j]
+            total[d2] -= costs[j]
+            total[d1] += costs[j]
+            replica_of[j] = d1
+            round_of[j] = m
+        _top3(load, m, top_val, top_idx)
+        if m2 != m:
+            _top3(load, m2, top_val, top_idx)
+        round_sum = 0.0
+        for r in range(n_rounds):
+            round_sum += top_val[r, 0]
+        moves += 1
+    return moves
+
+
+@njit(cache=True)
+def greedy_matching(weights, per_row=8):
+    """Match rows to columns of a square matrix, heaviest pairs first.
+
+    Candidates are each row's ``per_row`` heaviest columns (ties: lower column), taken in
+    order of decreasing weight (ties: lower row, then lower column) while both ends are
+    free. Rows left over then take, in row order, their heaviest free column. Returns
+    ``column_of_row``.
+    """
+    n = weights.shape[0]
+    k = min(per_row, n)
+    cand_w = np.empty(n * k, dtype=np.float64)
+    cand_r = np.empty(n * k, dtype=np.int64)
+    cand_c = np.empty(n * k, dtype=np.int64)
+    for r in range(n):
+        # Insertion into a sorted list of the row's k heaviest columns.
+        best_w = np.full(k, -np.inf)
+        best_c = np.full(k, -1, dtype=np.int64)
+        for c in range(n):
+            w = weights[r, c]
+            if w <= best_w[k - 1]:
+                continue
+            pos = k - 1
+            while pos > 0 and w > best_w[pos - 1]:
+                best_w[pos] = best_w[pos - 1]
+                best_c[pos] = best_c[pos - 1]
+                pos -= 1
+            best_w[pos] = w
+            best_c[pos] = c
+        for t in range(k):
+            cand_w[r * k + t] = best_w[t]
+            cand_r[r * k + t] = r
+            cand_c[r * k + t] = best_c[t]
+    # Stable sort by weight, descending; candidates are already in (row, column) order
+    # within equal weights.
+    order = np.argsort(-cand_w, kind="mergesort")
+    column_of_row = np.full(n, -1, dtype=np.int64)
+    column_taken = np.zeros(n, dtype=np.bool_)
+    matched = 0
+    for t in range(order.shape[0]):
+        if matched == n:
+            break
+        r, c = cand_r[order[t]], cand_c[order[t]]
+        if c >= 0 and column_of_row[r] < 0 and not column_taken[c]:
+            column_of_row[r] = c
+            column_taken[c] = True
+            matched += 1
+    for r in range(n):
+        if column_of_row[r] >= 0:
+            continue
+        best = -1
+        for c in range(n):
+            if not column_taken[c] and (best < 0 or weights[r, c] > weights[r, best]):
+                best = c
+        column_of_row[r] = best
+        column_taken[best] = True
+    return column_of_row

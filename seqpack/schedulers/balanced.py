@@ -1,0 +1,481 @@
+"""``"balanced"``: FLOPs-aware packing that balances DP replicas and microbatch rounds.
+
+A step's cost is what its slowest rank waits for. Two waits matter:
+
+* DDP / ZeRO-1 / pipeline parallel: each replica runs its microbatches back to back and
+  syncs gradients once, so the step waits for the replica with the largest total cost.
+* FSDP: every microbatch ends with collectives over all replicas, so each round ``m`` waits
+  for its slowest replica: the step costs ``sum_m max_d cost[m, d]``.
+
+The plan, for the padded lengths ``p_i`` and costs ``c_i = cost(p_i)`` (attention's
+quadratic term included):
+
+1. **Microbatches.** Start at the token lower bound ``M = ceil(sum p / (dp * capacity))``
+   (at least ``min_microbatches``, rounded up to ``microbatch_multiple``).
+2. **Bins.** Fill ``dp * M`` bins of ``capacity`` tokens, longest sequence first, each into
+   the bin furthest below its cost target (LPT with targets; ties: fewer tokens, then lower
+   index). Bin targets are set per round: round ``m`` aims at
+   ``max(cost of the (m*dp+1)-th costliest sequence, remaining cost / remaining rounds)``, so
+   when a few sequences cost more than an average microbatch, every replica builds an
+   equally heavy microbatch for that round instead of leaving one replica overloaded.
+3. **Rounds.** Sort the bins by cost and deal them into rounds of ``dp`` (round 0 the
+   heaviest): the grouping that minimizes ``sum_m max_d``. Inside each round, the heaviest
+   bin goes to the replica with the least cost so far, which balances replica totals
+   without touching any round's maximum.
+4. **Repair.** Bins of equal target cost still add up to unequal replica totals (a replica
+   holding a round-0 bin of one long sequence may get full bins in later rounds). The
+   repair moves single sequences off the most loaded replica into any microbatch of a
+   lighter one, or swaps one with a cheaper sequence of one of the 4 lightest replicas,
+   within capacity, whenever the pair's larger total drops. What it may cost the rounds is
+   the ``objective``: ``"rounds"`` never lets ``sum_m max_d`` grow; ``"replicas"`` ignores
+   it; ``"both"`` (default) first repairs without slowing the rounds and, only if the
+   busiest replica is then further from its bound than the rounds are from theirs
+   (:func:`seqpack.stats.round_sum_lower_bound`), bisects on how much slower the rounds
+   may get, keeping the plan whose worse ratio to its bound is lowest. That happens when
+   a few sequences come close to a whole microbatch. The repair stops within 0.1% of the
+   replica bound, or after a bounded amount of work. Then each replica's microbatches are
+   sorted heaviest first, which only lowers ``sum_m max_d``.
+Fewer bytes moved, at no cost in balance: equally long sequences are taken in an order
+interleaved by the rank that holds them (``origin``), which keeps them on that rank (with
+equal lengths nothing moves), and the finished replicas are renamed so that each runs on
+the DP rank already holding most of its tokens (:func:`relabel_replicas`). Pack order
+inside a microbatch is ascending global id.
+
+5. **Order.** Rounds run heaviest first (a memory peak shows up at the first microbatch),
+   or with ``order="pipeline"`` light rounds at both ends and heavy ones in the middle,
+   which shortens pipeline warm-up and cool-down bubbles.
+
+**When M grows.** If no bin has room for a sequence at ``M`` (bins fill unevenly because
+cost-balanced bins hold different token counts), the same ``M`` is retried balancing
+tokens (worst-fit), then first-fit; only when all three fail does ``M`` grow. The plan at
+``M`` is then compared with the plan at the next ``M`` when it needed one of these
+fallbacks, or when it ends more than 1% above its lower bounds (replica total or round
+sum; this happens when microbatches are nearly full, so cost-balanced bins have no token
+room left to even out). The estimated step cost ``max_d total_d + sum_m max_d cost[m, d]``
+(per-microbatch ``constant`` included) decides: the larger ``M`` is kept after a fallback
+if it is cheaper at all, otherwise only if it is at least 1% cheaper. So microbatches are
+added only when capacity forces it or when it demonstrably shortens the step.
+
+Without a cost model, ``balanced`` balances the training FLOPs of a Llama-3-8B shaped
+model (:func:`seqpack.cost.default_cost_model`). Pass the same cost model to
+:meth:`seqpack.stats.StepStats.from_schedule` to account a schedule in the units it was
+balanced in (``scheduler.resolve_cost(cost)`` returns it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from seqpack.cost import CostModel, default_cost_model
+from seqpack.schedulers import _kernels
+from seqpack.schedulers.base import Scheduler
+from seqpack.stats import round_sum_lower_bound
+from seqpack.thd import padded_lengths
+
+ORDERS = ("heavy_first", "pipeline")
+OBJECTIVES = ("both", "rounds", "replicas")
+_GOOD_ENOUGH = 1e-3  # the repair stops within 0.1% of the replica bound
+_SWAP_CANDIDATES = 4  # lightest replicas the repair tries swaps with
+_GAP_FOR_MORE = 0.01  # a plan this far (1%) from its bounds tries one more microbatch...
+_BETTER_BY = 0.01  # ... and keeps it when the estimated step cost drops by 1% or more
+_BISECTION_STEPS = 4  # repair budgets tried when replica and round balance conflict
+_REPAIR_WORK = 10_000_000  # candidate evaluations before the repair stops (~0.1-0.3 s)
+
+
+@dataclasses.dataclass(frozen=True)
+class BalancedPlan:
+    """Where every sequence goes, before ids are turned into per-microbatch arrays.
+
+    Attributes:
+        num_microbatches: Rounds ``M``.
+        round_of, replica_of: Per sequence (position in the input), its round and replica.
+        load: Cost of every microbatch ``[M, dp]``, without the per-microbatch constant.
+        tokens: Padded tokens of every microbatch ``[M, dp]``.
+        mode: Bin rule that succeeded: 0 cost targets, 1 tokens (worst-fit), 2 first-fit.
+        repair_moves: Sequences moved by the repair pass.
+        objective: ``max_d total_d + sum_m max_d cost[m, d]`` with constants.
+        gap: How far the worse of the two is from its lower bound (0.01 = 1% above).
+    """
+
+    num_microbatches: int
+    round_of: np.ndarray
+    replica_of: np.ndarray
+    load: np.ndarray
+    tokens: np.ndarray
+    mode: int
+    repair_moves: int
+    objective: float
+    gap: float = 0.0
+
+
+def _placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
+    """Longest first (cost grows with length). Equal lengths are interleaved by origin:
+    the k-th sequence of every rank, rank by rank, then the (k+1)-th. Bins take equal items
+    round-robin and are dealt to replicas in the same cyclic order, so equal sequences land
+    on the replica that already holds them."""
+    if origin is None:
+        return np.argsort(-padded, kind="stable")
+    n = padded.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    ranks = int(origin.max()) + 1
+    by_origin = np.argsort(origin, kind="stable")
+    counts = np.bincount(origin, minlength=ranks)
+    slot = np.empty(n, dtype=np.int64)
+    slot[by_origin] = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    top = int(padded.max())
+    if (top + 1) * n * ranks < 2**62:  # one int64 key sorts faster than lexsort
+        return np.argsort((top - padded) * (n * ranks) + slot * ranks + origin, kind="stable")
+    return np.lexsort((origin, slot, -padded))
+
+
+def round_targets(sorted_costs: np.ndarray, dp_size: int, num_rounds: int) -> np.ndarray:
+    """Per-round cost target of one microbatch (see the module docstring, step 2).
+
+    Args:
+        sorted_costs: Sequence costs, costliest first.
+        dp_size, num_rounds: Grid shape.
+    """
+    targets = np.zeros(num_rounds, dtype=np.float64)
+    remaining = float(sorted_costs.sum()) / dp_size
+    n = sorted_costs.shape[0]
+    for m in range(num_rounds):
+        forced = float(sorted_costs[m * dp_size]) if m * dp_size < n else 0.0
+        target = min(max(forced, remaining / (num_rounds - m)), remaining)
+        targets[m] = max(target, 0.0)
+        remaining -= targets[m]
+    return targets
+
+
+def _arrange(load: np.ndarray, dp_size: int, num_rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """Round and replica of every bin: sorted bins dealt into rounds, heaviest bin of a round
+    to the lightest replica so far (ties: lower bin index, lower replica index)."""
+    n_bins = dp_size * num_rounds
+    by_cost = np.lexsort((np.arange(n_bins), -load))
+    round_of_bin = np.empty(n_bins, dtype=np.int64)
+    replica_of_bin = np.empty(n_bins, dtype=np.int64)
+    totals = np.zeros(dp_size, dtype=np.float64)
+    for m in range(num_rounds):
+        bins = by_cost[m * dp_size : (m + 1) * dp_size]
+        replicas = np.argsort(totals, kind="stable")
+        round_of_bin[bins] = m
+        replica_of_bin[bins] = replicas
+        totals[replicas] += load[bins]
+    return round_of_bin, replica_of_bin
+
+
+def _grid(values: np.ndarray, round_of: np.ndarray, replica_of: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Sum of ``values`` per (round, replica) cell, in ``values``' dtype."""
+    sums = np.bincount(round_of * shape[1] + replica_of, weights=values, minlength=shape[0] * shape[1])
+    # Token sums stay far below 2**53, so the float64 bincount is exact for them.
+    return sums.astype(values.dtype).reshape(shape)
+
+
+def _objective(load: np.ndarray, constant: float) -> float:
+    if load.size == 0:
+        return 0.0
+    m = load.shape[0]
+    return float(load.sum(axis=0).max() + load.max(axis=1).sum() + 2 * m * constant)
+
+
+def _sorted_round_sum(load: np.ndarray) -> float:
+    """``sum_m max_d`` once every replica's microbatches are sorted heaviest first."""
+    return float((-np.sort(-load, axis=0)).max(axis=1).sum()) if load.size else 0.0
+
+
+def _repair(round_of, replica_of, load, tokens, padded, costs, order, dp_size, capacity, max_moves, objective):
+    """Step 4 of the module docstring. Returns the repaired (round_of, replica_of, load,
+    tokens, moves)."""
+    replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
+    round_bound = round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
+
+    def run(budget):
+        state = (round_of.copy(), replica_of.copy(), load.copy(), tokens.copy())
+        moves = _kernels.repair_replicas(
+            state[0], state[1], costs, padded, state[2], state[3], capacity, max_moves, 1e-9,
+            (1 + _GOOD_ENOUGH) * replica_bound, _SWAP_CANDIDATES, budget, _REPAIR_WORK,
+        )
+        replica = float(state[2].sum(axis=0).max()) / replica_bound
+        rounds = _sorted_round_sum(state[2]) / round_bound
+        return (*state, int(moves)), replica, rounds
+
+    if objective == "replicas":
+        return run(np.inf)[0]
+    strict, replica, rounds = run(0.0)
+    if objective == "rounds" or replica <= rounds + _GOOD_ENOUGH:
+        return strict
+    # The goals conflict: find how much slower the rounds may get so that both end the same
+    # distance from their bounds (bisection on the budget of sum_m max_d, up to where the
+    # rounds would be as far from their bound as the busiest replica is now).
+    best, best_score = strict, max(replica, rounds)
+    low, high = rounds * round_bound, replica * round_bound
+    for _ in range(_BISECTION_STEPS):
+        budget = (low + high) / 2
+        candidate, c_replica, c_rounds = run(budget)
+        if max(c_replica, c_rounds) < best_score:
+            best, best_score = candidate, max(c_replica, c_rounds)
+        if c_replica > c_rounds:
+            low = budget
+        else:
+            high = budget
+    return best
+
+
+def _plan_at(
+    padded: np.ndarray,
+    costs: np.ndarray,
+    order: np.ndarray,
+    dp_size: int,
+    capacity: int,
+    num_rounds: int,
+    constant: float,
+    max_repair_moves: int,
+    objective: str = "both",
+) -> BalancedPlan | None:
+    """The plan with exactly ``num_rounds`` rounds, or None when no bin rule fits."""
+    targets = np.repeat(round_targets(costs[order], dp_size, num_rounds), dp_size)
+    for mode in (_kernels.MODE_COST, _kernels.MODE_TOKENS, _kernels.MODE_FIRST_FIT):
+        ok, bin_of, bin_load, _ = _kernels.grid_lpt(order, padded, costs, targets, capacity, mode)
+        if ok:
+            break
+    else:
+        return None
+    round_of_bin, replica_of_bin = _arrange(bin_load, dp_size, num_rounds)
+    round_of = round_of_bin[bin_of]
+    replica_of = replica_of_bin[bin_of]
+    shape = (num_rounds, dp_size)
+    load = _grid(costs, round_of, replica_of, shape)
+    tokens = _grid(padded, round_of, replica_of, shape)
+    moves = 0
+    if max_repair_moves > 0 and dp_size > 1 and costs.size:
+        round_of, replica_of, load, tokens, moves = _repair(
+            round_of, replica_of, load, tokens, padded, costs, order, dp_size, capacity, max_repair_moves, objective
+        )
+    # Each replica's microbatches heaviest first: the alignment that minimizes sum_m max_d.
+    rank = np.argsort(-load, axis=0, kind="stable")  # [position, replica] -> old round
+    new_round = np.empty_like(rank)
+    new_round[rank, np.arange(dp_size)[None, :]] = np.arange(num_rounds)[:, None]
+    round_of = new_round[round_of, replica_of]
+    load = np.take_along_axis(load, rank, axis=0)
+    tokens = np.take_along_axis(tokens, rank, axis=0)
+    gap = 0.0
+    if costs.size and num_rounds:
+        replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
+        round_bound = round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
+        gap = max(float(load.sum(axis=0).max()) / replica_bound, float(load.max(axis=1).sum()) / round_bound) - 1.0
+    return BalancedPlan(
+        num_rounds, round_of, replica_of, load, tokens, mode, moves, _objective(load, constant), gap
+    )
+
+
+def plan_balanced(
+    padded: np.ndarray,
+    costs: np.ndarray,
+    *,
+    dp_size: int,
+    capacity: int,
+    constant: float = 0.0,
+    min_microbatches: int = 1,
+    microbatch_multiple: int = 1,
+    num_microbatches: int | None = None,
+    max_repair_moves: int | None = None,
+    objective: str = "both",
+    origin: np.ndarray | None = None,
+) -> BalancedPlan:
+    """Assign sequences to ``[rounds, replicas]`` (module docstring, steps 1-4).
+
+    Args:
+        padded: int64 padded lengths, each at most ``capacity``.
+        costs: float64 cost of each sequence (without the per-microbatch constant).
+        dp_size, capacity: Replicas and padded tokens per microbatch.
+        constant: Per-microbatch cost, used when comparing microbatch counts.
+        min_microbatches: Lower limit on ``M`` (e.g. pipeline stages).
+        microbatch_multiple: ``M`` is a multiple of this (e.g. Megatron's
+            ``microbatch_group_size_per_vp_stage`` under interleaved pipelines).
+        num_microbatches: Use exactly this ``M``.
+        max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
+        objective: What the repair trades (module docstring, step 4): ``"both"``,
+            ``"rounds"`` or ``"replicas"``.
+        origin: DP rank holding each sequence. Only breaks ties between equally long
+            sequences, so that they stay where they are when that costs nothing: with
+            equal lengths, no sample moves.
+
+    Raises:
+        ValueError: A sequence longer than ``capacity``, or ``num_microbatches`` too small
+            to hold the sequences.
+    """
+    padded = np.ascontiguousarray(padded, dtype=np.int64)
+    costs = np.ascontiguousarray(costs, dtype=np.float64)
+    n = padded.shape[0]
+    if costs.shape != padded.shape:
+        raise ValueError(f"costs has shape {costs.shape}, lengths {padded.shape}")
+    if n and padded.max() > capacity:
+        i = int(np.argmax(padded))
+        raise ValueError(f"sequence {i} has {int(padded[i])} padded tokens > capacity {capacity}")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    repair = 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
+    order = _placement_order(padded, origin)
+    if num_microbatches is not None:
+        plan = _plan_at(padded, costs, order, dp_size, capacity, num_microbatches, constant, repair, objective)
+        if plan is None:
+            need = -(-int(padded.sum()) // (dp_size * capacity))
+            raise ValueError(
+                f"num_microbatches={num_microbatches} cannot hold {n} sequences of {int(padded.sum())} padded tokens "
+                f"in {dp_size} replicas of capacity {capacity} (the token lower bound alone is {need})"
+            )
+        return plan
+    if n == 0:
+        return _plan_at(padded, costs, order, dp_size, capacity, 0, constant, 0)  # type: ignore[return-value]
+    lower = max(-(-int(padded.sum()) // (dp_size * capacity)), min_microbatches, 1)
+    m = -(-lower // microbatch_multiple) * microbatch_multiple
+    while True:
+        plan = _plan_at(padded, costs, order, dp_size, capacity, m, constant, repair, objective)
+        if plan is not None:
+            break
+        m += microbatch_multiple
+    fallback = plan.mode != _kernels.MODE_COST
+    if not fallback and plan.gap <= _GAP_FOR_MORE:
+        return plan
+    # A fallback bin rule, or a plan more than 1% from its bounds (bins too full to balance):
+    # see whether one more round does demonstrably better.
+    more = _plan_at(padded, costs, order, dp_size, capacity, m + microbatch_multiple, constant, repair, objective)
+    if more is None:
+        return plan
+    needed = 1.0 if fallback else 1.0 - _BETTER_BY
+    return more if more.objective < plan.objective * needed else plan
+
+
+class BalancedScheduler(Scheduler):
+    """FLOPs-aware scheduler balancing replica totals and per-round maxima (module docs).
+
+    Args:
+        order: ``"heavy_first"`` (default) or ``"pipeline"`` (light microbatches at both
+            ends, heavy ones in the middle).
+        min_microbatches: At least this many microbatches (e.g. pipeline stages).
+        microbatch_multiple: Microbatch count is a multiple of this.
+        num_microbatches: Force exactly this many microbatches.
+        max_repair_moves: Cap on the repair pass (default ``8 * dp + 64``; 0 disables it).
+        objective: ``"both"`` (default): balance replica totals and per-round maxima;
+            where they conflict, keep both equally close to their lower bounds.
+            ``"rounds"`` (FSDP): never make the rounds slower. ``"replicas"`` (DDP,
+            ZeRO-1, pipeline parallel: rounds do not sync): balance replica totals only.
+    """
+
+    name = "balanced"
+
+    def __init__(
+        self,
+        *,
+        order: str = "heavy_first",
+        min_microbatches: int = 1,
+        microbatch_multiple: int = 1,
+        num_microbatches: int | None = None,
+        max_repair_moves: int | None = None,
+        objective: str = "both",
+    ) -> None:
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+        for name, value, low in (
+            ("min_microbatches", min_microbatches, 0),
+            ("microbatch_multiple", microbatch_multiple, 1),
+            ("num_microbatches", num_microbatches, 0),
+            ("max_repair_moves", max_repair_moves, 0),
+        ):
+            if value is None and name in ("num_microbatches", "max_repair_moves"):
+                continue
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        self.order = order
+        self.min_microbatches = int(min_microbatches)
+        self.microbatch_multiple = int(microbatch_multiple)
+        self.num_microbatches = None if num_microbatches is None else int(num_microbatches)
+        self.max_repair_moves = None if max_repair_moves is None else int(max_repair_moves)
+        self.objective = objective
+
+    def resolve_cost(self, cost: CostModel | None) -> CostModel:
+        """The cost model this scheduler balances: ``cost``, or the default model's FLOPs."""
+        return default_cost_model() if cost is None else cost
+
+    def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
+        model = self.resolve_cost(cost)
+        padded = padded_lengths(lengths, pad_multiple)
+        plan = plan_balanced(
+            padded,
+            model.cost(padded),
+            dp_size=dp_size,
+            capacity=capacity,
+            constant=model.constant,
+            min_microbatches=self.min_microbatches,
+            microbatch_multiple=self.microbatch_multiple,
+            num_microbatches=self.num_microbatches,
+            max_repair_moves=self.max_repair_moves,
+            objective=self.objective,
+            origin=origin,
+        )
+        m_count = plan.num_microbatches
+        position = round_position(plan.load, self.order)
+        replica = relabel_replicas(plan.replica_of, origin, padded, dp_size)
+        cell = position[plan.round_of] * dp_size + replica
+        # Pack order inside a microbatch: ascending global id (dataloader order; ids ascend).
+        by_cell = np.argsort(cell, kind="stable")
+        counts = np.bincount(cell, minlength=m_count * dp_size) if ids.size else np.zeros(m_count * dp_size, np.int64)
+        ends = np.cumsum(counts)
+        sorted_ids = ids[by_cell]
+        cells = [sorted_ids[a:b] for a, b in zip((ends - counts).tolist(), ends.tolist())]
+        rounds = [cells[m * dp_size : (m + 1) * dp_size] for m in range(m_count)]
+        return rounds, np.zeros(0, dtype=np.int64)
+
+    def __repr__(self) -> str:
+        return f"BalancedScheduler(order={self.order!r}, objective={self.objective!r})"
+
+
+def relabel_replicas(replica_of: np.ndarray, origin: np.ndarray, weight: np.ndarray, dp_size: int) -> np.ndarray:
+    """Rename replicas so that each plan replica runs on the DP rank already holding most of
+    its tokens (greedy matching, heaviest overlaps first).
+
+    Renaming replicas changes no cost, no balance figure and no microbatch: only which rank
+    runs which replica's work, so fewer tokens cross the network in the exchange.
+
+    Returns:
+        The DP rank of every sequence.
+    """
+    if replica_of.size == 0 or dp_size == 1:
+        return replica_of
+    overlap = np.bincount(replica_of * dp_size + origin, weights=weight, minlength=dp_size * dp_size)
+    rank_of_replica = _kernels.greedy_matching(overlap.reshape(dp_size, dp_size))
+    return rank_of_replica[replica_of]
+
+
+def round_position(load: np.ndarray, order: str = "heavy_first") -> np.ndarray:
+    """Position (microbatch index) of every round given ``load[M, dp]``.
+
+    ``"heavy_first"``: by round maximum, heaviest first. ``"pipeline"``: lightest rounds at
+    both ends, alternating (lightest first, second lightest last, ...), heaviest in the
+    middle. Ties keep round order.
+    """
+    m_count = load.shape[0]
+    if m_count == 0:
+        return np.zeros(0, dtype=np.int64)
+    peak = load.max(axis=1)
+    heavy_first = np.lexsort((np.arange(m_count), -peak))
+    position = np.empty(m_count, dtype=np.int64)
+    if order == "heavy_first":
+        position[heavy_first] = np.arange(m_count)
+        return position
+    if order != "pipeline":
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    light_first = heavy_first[::-1]
+    left, right = 0, m_count - 1
+    for k, r in enumerate(light_first):
+        if k % 2 == 0:
+            position[r] = left
+            left += 1
+        else:
+            position[r] = right
+            right -= 1
+    return position

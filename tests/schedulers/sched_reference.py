@@ -1,0 +1,114 @@
+"""Slow, obvious references for the scheduler kernels (pure Python, lists and loops)."""
+
+from __future__ import annotations
+
+import itertools
+
+
+def grid_lpt_reference(order, lengths, costs, targets, capacity, mode):
+    """Each item, in order, into the bin with room that has the smallest
+    (key, tokens, index); key by mode: 0 load - target, 1 tokens, 2 index."""
+    n_bins = len(targets)
+    load = [0.0] * n_bins
+    tok = [0] * n_bins
+    bin_of = [-1] * len(lengths)
+    for item in order:
+        best = None
+        for b in range(n_bins):
+            if tok[b] + lengths[item] > capacity:
+                continue
+            key = (load[b] - targets[b]) if mode == 0 else (float(tok[b]) if mode == 1 else float(b))
+            cand = (key, tok[b], b)
+            if best is None or cand < best:
+                best = cand
+        if best is None:
+            return False, bin_of, load, tok
+        b = best[2]
+        bin_of[item] = b
+        load[b] += costs[item]
+        tok[b] += lengths[item]
+    return True, bin_of, load, tok
+
+
+def next_fit_reference(lengths, capacity):
+    groups, current, used = [], [], 0
+    for i, length in enumerate(lengths):
+        if current and used + length > capacity:
+            groups.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += length
+    if current:
+        groups.append(current)
+    return groups
+
+
+def megatron_groups_reference(padded, capacity, dp_size, multiple=1):
+    """Megatron-LM's DpBalancedScheduler grouping, written from its description, with
+    seqpack's documented continuation where Megatron asserts."""
+    groups = next_fit_reference(padded, capacity)
+    total = dp_size * multiple
+    if len(groups) % total:
+        to_move = total - len(groups) % total
+        i = len(groups) - 1
+        while to_move > 0:
+            if i < 0:
+                groups.append([])  # seqpack: empty microbatch instead of Megatron's assert
+                to_move -= 1
+                continue
+            if len(groups[i]) > 1:
+                groups.append([groups[i].pop()])
+                to_move -= 1
+            else:
+                i -= 1
+    return groups
+
+
+def brute_force_optimum(costs, lengths, dp_size, num_rounds, capacity):
+    """Best replica maximum and best sum of round maxima over every assignment of items to
+    (round, replica) cells that respects capacity (tiny inputs only)."""
+    cells = [(m, d) for m in range(num_rounds) for d in range(dp_size)]
+    best_replica = best_rounds = float("inf")
+    for choice in itertools.product(range(len(cells)), repeat=len(costs)):
+        load = [[0.0] * dp_size for _ in range(num_rounds)]
+        tok = [[0] * dp_size for _ in range(num_rounds)]
+        ok = True
+        for item, c in enumerate(choice):
+            m, d = cells[c]
+            tok[m][d] += lengths[item]
+            if tok[m][d] > capacity:
+                ok = False
+                break
+            load[m][d] += costs[item]
+        if not ok:
+            continue
+        replica = max(sum(load[m][d] for m in range(num_rounds)) for d in range(dp_size))
+        rounds = sum(max(row) for row in load)
+        best_replica = min(best_replica, replica)
+        best_rounds = min(best_rounds, rounds)
+    return best_replica, best_rounds
+
+
+def greedy_matching_reference(weights, per_row=8):
+    """Each row's per_row heaviest columns as candidates, heaviest pairs first (ties: row,
+    then column); leftover rows take their heaviest free column, in row order."""
+    n = len(weights)
+    k = min(per_row, n)
+    candidates = []
+    for r in range(n):
+        cols = sorted(range(n), key=lambda c: (-weights[r][c], c))[:k]
+        candidates += [(-weights[r][c], r, c) for c in cols]
+    candidates.sort()
+    column_of_row = [-1] * n
+    taken = set()
+    for _, r, c in candidates:
+        if column_of_row[r] < 0 and c not in taken:
+            column_of_row[r] = c
+            taken.add(c)
+    for r in range(n):
+        if column_of_row[r] < 0:
+            free = [c for c in range(n) if c not in taken]
+            best = max(free, key=lambda c: (weights[r][c], -c))
+            column_of_row[r] = best
+            taken.add(best)
+    return column_of_row

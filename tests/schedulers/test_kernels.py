@@ -1,0 +1,180 @@
+"""Every scheduler kernel against its slow reference (tests/schedulers/sched_reference.py)."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sched_reference import (
+    greedy_matching_reference,
+    grid_lpt_reference,
+    megatron_groups_reference,
+    next_fit_reference,
+)
+
+from seqpack.schedulers import _kernels
+from seqpack.schedulers.balanced import round_targets
+from seqpack.schedulers.dp_balanced import megatron_groups
+from seqpack.schedulers.empty import next_fit
+
+
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=0, max_size=40),
+    n_bins=st.integers(1, 9),
+    capacity=st.integers(40, 120),
+    mode=st.sampled_from([0, 1, 2]),
+    quadratic=st.sampled_from([0.0, 0.05]),
+    equal_targets=st.booleans(),
+)
+def test_grid_lpt_matches_reference(lengths, n_bins, capacity, mode, quadratic, equal_targets):
+    lengths = np.array(lengths, dtype=np.int64)
+    costs = lengths * (1.0 + quadratic * lengths)
+    order = np.argsort(-lengths, kind="stable")
+    dp = 1 if n_bins == 1 else (2 if n_bins % 2 == 0 else 1)
+    targets = (
+        np.zeros(n_bins)
+        if equal_targets
+        else np.repeat(round_targets(costs[order], dp, n_bins // dp), dp)
+    )
+    ok, bin_of, load, tok = _kernels.grid_lpt(order, lengths, costs, targets, capacity, mode)
+    ref_ok, ref_bin, ref_load, ref_tok = grid_lpt_reference(
+        order.tolist(), lengths.tolist(), costs.tolist(), targets.tolist(), capacity, mode
+    )
+    assert ok == ref_ok
+    if ok:
+        assert bin_of.tolist() == ref_bin
+        assert tok.tolist() == ref_tok
+        assert load.tolist() == ref_load  # same additions in the same order: exact
+        assert tok.max(initial=0) <= capacity
+
+
+def test_grid_lpt_reports_infeasible():
+    lengths = np.array([6, 6, 6], dtype=np.int64)
+    ok, *_ = _kernels.grid_lpt(np.arange(3), lengths, lengths * 1.0, np.zeros(2), 10, 0)
+    assert not ok
+
+
+def test_grid_lpt_is_lpt_with_equal_targets():
+    # Classic LPT on 3 bins: 7,6,5,4,3,2 -> {7,2} {6,3} {5,4}.
+    lengths = np.array([7, 6, 5, 4, 3, 2], dtype=np.int64)
+    ok, bin_of, load, _ = _kernels.grid_lpt(np.arange(6), lengths, lengths * 1.0, np.zeros(3), 100, 0)
+    assert ok and bin_of.tolist() == [0, 1, 2, 2, 1, 0] and load.tolist() == [9.0, 9.0, 9.0]
+
+
+@given(lengths=st.lists(st.integers(1, 30), max_size=50), capacity=st.integers(30, 90))
+def test_next_fit_matches_reference(lengths, capacity):
+    arr = np.array(lengths, dtype=np.int64)
+    assert [g.tolist() for g in next_fit(arr, capacity)] == next_fit_reference(lengths, capacity)
+
+
+@given(
+    lengths=st.lists(st.integers(1, 30), max_size=50),
+    capacity=st.integers(30, 90),
+    dp=st.integers(1, 8),
+    multiple=st.integers(1, 3),
+)
+def test_megatron_groups_match_reference(lengths, capacity, dp, multiple):
+    got = megatron_groups(np.array(lengths, dtype=np.int64), capacity, dp, multiple)
+    ref = megatron_groups_reference(lengths, capacity, dp, multiple)
+    assert [g.tolist() for g in got] == ref
+    assert len(got) % (dp * multiple) == 0 or not lengths
+
+
+def _grid_of(round_of, replica_of, costs, lengths, rounds, dp):
+    load = np.zeros((rounds, dp))
+    tok = np.zeros((rounds, dp), dtype=np.int64)
+    np.add.at(load, (round_of, replica_of), costs)
+    np.add.at(tok, (round_of, replica_of), lengths)
+    return load, tok
+
+
+def _improving_changes(round_of, replica_of, costs, lengths, capacity, rounds, dp, swap_candidates):
+    """Brute force: every single move or swap the repair rule allows from the busiest replica."""
+    load, tok = _grid_of(round_of, replica_of, costs, lengths, rounds, dp)
+    total = load.sum(0)
+    d1 = int(np.argmax(total))
+    base = load.max(1).sum()
+    lightest = [d for d in np.argsort(total, kind="stable") if d != d1][:swap_candidates]
+    found = []
+    for i in np.flatnonzero(replica_of == d1):
+        for d2 in range(dp):
+            if d2 == d1:
+                continue
+            for m2 in range(rounds):
+                r, p = round_of.copy(), replica_of.copy()
+                r[i], p[i] = m2, d2
+                found.append((r, p))
+            if d2 in lightest:
+                for j in np.flatnonzero(replica_of == d2):
+                    r, p = round_of.copy(), replica_of.copy()
+                    r[i], p[i], r[j], p[j] = round_of[j], d2, round_of[i], d1
+                    found.append((r, p))
+    good = []
+    for r, p in found:
+        new_load, new_tok = _grid_of(r, p, costs, lengths, rounds, dp)
+        new_total = new_load.sum(0)
+        pair = [d for d in range(dp) if new_total[d] != total[d]]
+        if new_tok.max() > capacity or not pair:
+            continue
+        if max(new_total[pair]) < total[d1] - 1e-9 * total[d1] and new_load.max(1).sum() <= base + 1e-9 * total[d1]:
+            good.append((r, p))
+    return good
+
+
+@settings(max_examples=40)
+@given(
+    lengths=st.lists(st.integers(1, 50), min_size=1, max_size=24),
+    dp=st.integers(2, 4),
+    rounds=st.integers(1, 3),
+    seed=st.integers(0, 3),
+)
+def test_repair_is_monotone_and_stops_at_a_local_optimum(lengths, dp, rounds, seed):
+    lengths = np.array(lengths, dtype=np.int64)
+    capacity = max(int(lengths.max()), -(-int(lengths.sum()) // (dp * rounds)) + 10)
+    costs = lengths * (1.0 + 0.02 * lengths)
+    rng = np.random.default_rng(seed)
+    # A deliberately unbalanced start that respects capacity: first fit into shuffled cells.
+    cell_tokens = np.zeros(dp * rounds, dtype=np.int64)
+    cell_of = np.empty(len(lengths), dtype=np.int64)
+    cells = rng.permutation(dp * rounds)
+    for i in rng.permutation(len(lengths)):
+        for c in cells:
+            if cell_tokens[c] + lengths[i] <= capacity:
+                cell_tokens[c] += lengths[i]
+                cell_of[i] = c
+                break
+        else:
+            return  # does not fit this way; nothing to check
+    round_of, replica_of = cell_of // dp, cell_of % dp
+    load, tok = _grid_of(round_of, replica_of, costs, lengths, rounds, dp)
+    before_replica, before_rounds = load.sum(0).max(), load.max(1).sum()
+    r2, p2 = round_of.copy(), replica_of.copy()
+    # Full scans (no scan limit), so the result must be a local optimum of the rule.
+    moves = _kernels.repair_replicas(r2, p2, costs, lengths, load, tok, capacity, 1000, 1e-9, 0.0, 2, 0.0, 10**9, 16, 10**6)
+    check_load, check_tok = _grid_of(r2, p2, costs, lengths, rounds, dp)
+    assert np.allclose(check_load, load) and np.array_equal(check_tok, tok)  # bookkeeping agrees
+    assert tok.max() <= capacity
+    assert load.sum(0).max() <= before_replica + 1e-9
+    assert load.max(1).sum() <= before_rounds + 1e-9
+    assert moves < 1000 and not _improving_changes(r2, p2, costs, lengths, capacity, rounds, dp, 2)
+
+
+def test_repair_moves_an_item_when_it_helps():
+    # Round 0: replica 0 holds 5+1, replica 1 holds 6 (max 6); round 1: replica 0 holds
+    # 3+1, replica 1 holds 1 (max 4). Totals 10 vs 7: one sequence of cost 1 moves over.
+    costs = np.array([5.0, 1.0, 6.0, 3.0, 1.0, 1.0])
+    lengths = np.array([5, 1, 6, 3, 1, 1], dtype=np.int64)
+    round_of = np.array([0, 0, 0, 1, 1, 1])
+    replica_of = np.array([0, 0, 1, 0, 0, 1])
+    load = np.array([[6.0, 6.0], [4.0, 1.0]])
+    tok = np.array([[6, 6], [4, 1]], dtype=np.int64)
+    moves = _kernels.repair_replicas(round_of, replica_of, costs, lengths, load, tok, 10, 10, 1e-12, 0.0, 2)
+    assert moves == 1 and sorted(load.sum(0).tolist()) == [8.0, 9.0]
+    assert load.max(1).sum() <= 10.0
+
+
+@given(n=st.integers(1, 12), per_row=st.integers(1, 4), seed=st.integers(0, 1000), ties=st.booleans())
+def test_greedy_matching_matches_reference(n, per_row, seed, ties):
+    rng = np.random.default_rng(seed)
+    weights = rng.integers(0, 4, (n, n)).astype(float) if ties else rng.random((n, n))
+    got = _kernels.greedy_matching(weights, per_row)
+    assert sorted(got.tolist()) == list(range(n))  # a permutation
+    assert got.tolist() == greedy_matching_reference(weights.tolist(), per_row)

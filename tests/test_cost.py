@@ -1,0 +1,135 @@
+import numpy as np
+import pytest
+
+from seqpack.cost import (
+    MODEL_PRESETS,
+    CostModel,
+    ModelSpec,
+    default_cost_model,
+    mamba2_flops,
+    model_preset,
+    transformer_flops,
+)
+
+# Llama-3-8B (Meta's published config): h=4096, 32 layers, 32 heads, 8 KV heads,
+# FFN 14336 (SwiGLU), vocab 128256.
+LLAMA3_8B = dict(hidden_size=4096, num_layers=32, num_attention_heads=32, ffn_hidden_size=14336,
+                 num_query_groups=8, vocab_size=128256)
+
+
+def test_llama3_8b_parameter_count_matches_published():
+    # 8,030,261,248 parameters as published for Meta-Llama-3-8B.
+    assert model_preset("llama3-8b").num_parameters() == 8_030_261_248
+
+
+def test_nemotron_h_8b_parameter_count_matches_published():
+    # Nemotron-H-8B-Base-8K: 24 Mamba2, 4 attention and 24 MLP layers; 8,100,852,736 params.
+    spec = model_preset("nemotron-h-8b")
+    assert spec.layer_counts == (4, 24, 24)
+    assert spec.num_parameters() == 8_100_852_736
+
+
+def test_llama3_8b_flops_by_hand_one_8k_sequence():
+    s = 8192
+    # Forward, per layer and token, 2 FLOPs per multiply-add:
+    q_proj, k_proj, v_proj, o_proj = 4096 * 4096, 4096 * 1024, 4096 * 1024, 4096 * 4096
+    mlp = 3 * 4096 * 14336
+    per_token_fwd = 2 * 32 * (q_proj + k_proj + v_proj + o_proj + mlp) + 2 * 4096 * 128256
+    assert per_token_fwd == 15_009_316_864
+    # Causal attention: QK^T and AV each s*s/2 * 4096 multiply-adds per layer.
+    attention_fwd = 32 * 2 * (2 * (s * s // 2) * 4096)
+    expected = 3 * (per_token_fwd * s + attention_fwd)
+    assert expected == 421_645_529_382_912
+    got = transformer_flops(**LLAMA3_8B, seqlen_sum=s, seqlen_sq_sum=s * s)
+    assert got == expected and isinstance(got, int)
+    # Non-causal attention doubles the quadratic term only.
+    full = transformer_flops(**LLAMA3_8B, seqlen_sum=s, seqlen_sq_sum=s * s, causal=False)
+    assert full - got == 3 * attention_fwd
+
+
+def test_matches_megatron_closed_form_for_fixed_length_batches():
+    # Megatron-LM's classic formula for B sequences of length s (GQA, SwiGLU):
+    # 12*B*s*L*h^2 * ((1 + g/n + s/(2h)) + 1.5*ffn/h + V/(2*L*h)).
+    b, s, h, L, n, g, ffn, V = 16, 4096, 4096, 32, 32, 8, 14336, 128256
+    closed = 12 * b * s * L * h * h * ((1 + g / n + s / h / 2) + 1.5 * ffn / h + V / (2 * L * h))
+    ours = transformer_flops(**LLAMA3_8B, seqlen_sum=b * s, seqlen_sq_sum=b * s * s)
+    assert ours == pytest.approx(closed, rel=1e-12)
+
+
+def test_packed_flops_are_linear_in_the_two_sums():
+    spec = model_preset("llama3-70b")
+    lengths = [100, 2000, 37]
+    total = spec.flops(sum(lengths), sum(x * x for x in lengths))
+    assert total == sum(spec.flops(x, x * x) for x in lengths)
+    assert spec.flops(0, 0) == 0
+
+
+def test_mamba2_layers_by_hand():
+    # One Nemotron-H-8B Mamba2 mixer: h=4096, d_inner=8192, 8 groups, state 128, 128 heads.
+    in_proj = 2 * 4096 * (2 * 8192 + 2 * 8 * 128 + 128)
+    scan = 7 * 8192 * 128
+    out_proj = 2 * 8192 * 4096
+    per_token_train = 3 * (in_proj + scan + out_proj)
+    assert mamba2_flops(1000, hidden_size=4096, num_heads=128) == 1000 * per_token_train
+    assert mamba2_flops(10, hidden_size=4096, num_layers=24) == 24 * 10 * per_token_train
+    # In the hybrid model: Mamba and MLP layers are linear; only 4 attention layers are quadratic.
+    spec = model_preset("nemotron-h-8b")
+    mlp_train = 3 * 2 * 2 * 4096 * 21504  # squared ReLU: two projections
+    attn_linear_train = 3 * 2 * (4096 * (4096 + 2 * 1024) + 4096 * 4096)
+    logits_train = 3 * 2 * 4096 * 131072
+    assert spec.linear_flops == 24 * per_token_train + 24 * mlp_train + 4 * attn_linear_train + logits_train
+    assert spec.quadratic_flops == 3 * 4 * 2 * 4096
+    assert spec.flops(10, 100) == mamba2_flops(10, hidden_size=4096, num_layers=24) + 10 * (
+        24 * mlp_train + 4 * attn_linear_train + logits_train
+    ) + 100 * spec.quadratic_flops
+
+
+def test_cost_model_from_transformer_and_presets():
+    c = CostModel.from_transformer(**LLAMA3_8B)
+    assert c.linear == 3 * 15_009_316_864 and c.quadratic == 3 * 32 * 2 * 4096
+    assert c == CostModel.from_preset("llama3-8b") == default_cost_model()
+    # GQA: fewer KV heads -> cheaper per token; attention term unchanged.
+    mha = CostModel.from_transformer(**{**LLAMA3_8B, "num_query_groups": None})
+    assert mha.linear > c.linear and mha.quadratic == c.quadratic
+    assert CostModel.from_transformer(**LLAMA3_8B, causal=False).quadratic == 2 * c.quadratic
+    assert CostModel.from_transformer(**LLAMA3_8B, constant=5.0).constant == 5.0
+    # One 8K sequence: the quadratic term is ~12.5% of its cost.
+    assert 0.12 < c.quadratic_share(8192) < 0.13
+    lengths = np.array([1, 10, 8192])
+    assert np.allclose(c.cost(lengths), c.linear * lengths + c.quadratic * lengths**2.0)
+    assert c.microbatch_cost(lengths) == pytest.approx(c.cost(lengths).sum())
+    for spec in MODEL_PRESETS.values():
+        assert spec.cost_model().linear > 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(linear=-1.0, quadratic=0.0), "linear must be finite and >= 0"),
+        (dict(linear=0.0, quadratic=0.0), "linear > 0 or quadratic > 0"),
+        (dict(linear=1.0, quadratic=float("nan")), "quadratic must be finite"),
+    ],
+)
+def test_cost_model_rejects(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CostModel(**kwargs)
+
+
+def test_cost_model_rejects_non_numbers():
+    with pytest.raises(TypeError, match="must be a number"):
+        CostModel("1", 0.0)
+
+
+def test_model_spec_validation():
+    with pytest.raises(ValueError, match="num_attention_heads=32 is not a multiple of num_query_groups=5"):
+        ModelSpec(4096, 2, 32, 100, num_query_groups=5)
+    with pytest.raises(ValueError, match="unknown layer types"):
+        ModelSpec(64, 2, 4, 100, hybrid_layer_pattern="MX")
+    with pytest.raises(ValueError, match="has 2 layers but num_layers=3"):
+        ModelSpec(64, 3, 4, 100, hybrid_layer_pattern="M*")
+    with pytest.raises(ValueError, match="hidden_size must be an integer >= 1"):
+        ModelSpec(0, 3, 4, 100)
+    with pytest.raises(ValueError, match="unknown model preset 'gpt5'"):
+        model_preset("gpt5")
+    with pytest.raises(ValueError, match="seqlen_sum must be an integer >= 0"):
+        model_preset("llama3-8b").flops(-1, 0)

@@ -1,0 +1,81 @@
+import numpy as np
+import pytest
+
+from seqpack.cost import CostModel
+from seqpack.schedulers import Schedule, get_scheduler
+from seqpack.stats import StepStats, microbatch_costs, round_lower_bound
+
+QUAD = CostModel(1.0, 0.5, constant=2.0)
+
+
+def _schedule(assignment, lengths, dp, cap=100, pad_multiple=1):
+    lengths = np.array(lengths, dtype=np.int64)
+    return Schedule(
+        num_microbatches=len(assignment),
+        assignment=[[np.array(ids, dtype=np.int64) for ids in row] for row in assignment],
+        lengths=lengths,
+        original_lengths=lengths.copy(),
+        dp_size=dp,
+        cp_size=1,
+        max_tokens_per_rank=cap,
+        pad_multiple=pad_multiple,
+    )
+
+
+def test_hand_computed_step():
+    # Round 0: replica 0 holds lengths 4,2; replica 1 holds 6. Round 1: 2 | empty.
+    s = _schedule([[[0, 1], [2]], [[3], []]], [4, 2, 6, 2], dp=2, pad_multiple=4)
+    s.validate()
+    stats = StepStats.from_schedule(s, QUAD, flops=123.0, empty_samples=3)
+    # Padded: 4, 4, 8, 4. cost(p) = p + p^2/2 -> 12, 12, 40, 12; constant 2 per microbatch.
+    costs = microbatch_costs(s, QUAD)
+    assert costs.tolist() == [[26.0, 42.0], [14.0, 2.0]]
+    assert stats.replica_cost == [40.0, 44.0]
+    assert stats.imbalance == pytest.approx(44 / 42)
+    assert stats.round_imbalance == pytest.approx((42 + 14) / (34 + 8))
+    assert stats.lower_bound == 42.0  # max(84/2, 40 + 2)
+    assert stats.bound_ratio == pytest.approx(44 / 42)
+    assert stats.real_tokens == stats.seqlen_sum == 14
+    assert stats.seqlen_sq_sum == 16 + 4 + 36 + 4
+    assert stats.padded_tokens == 20 + 4  # the empty microbatch's filler counts pad_multiple
+    assert stats.pad_fraction == pytest.approx(1 - 14 / 24)
+    assert stats.min_microbatches == 1 and stats.num_microbatches == 2
+    assert stats.num_sequences == 4 and stats.empty_samples == 3 and stats.flops == 123.0
+    # Without a cost model: padded tokens.
+    assert StepStats.from_schedule(s).replica_cost == [12.0, 8.0]
+    assert set(stats.as_dict()) >= {"replica_cost", "round_lower_bound", "bound_ratio"}
+
+
+def test_microbatch_costs_against_a_loop():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 500, 300)
+    s = get_scheduler("balanced").schedule(lengths, dp_size=5, max_tokens_per_rank=2048, pad_multiple=8)
+    got = microbatch_costs(s, QUAD)
+    for m, row in enumerate(s.assignment):
+        for d, ids in enumerate(row):
+            padded = -(-lengths[ids] // 8) * 8
+            assert got[m, d] == pytest.approx(QUAD.constant + np.sum(padded + 0.5 * padded.astype(float) ** 2))
+
+
+def test_square_sum_is_exact_beyond_int64():
+    lengths = np.array([3_000_000_000, 3_000_000_000, 5])
+    s = _schedule([[[0, 1, 2]]], lengths, dp=1, cap=10**10)
+    assert StepStats.from_schedule(s).seqlen_sq_sum == 2 * 3_000_000_000**2 + 25
+
+
+def test_round_lower_bound():
+    # One 100-token sequence and many 10-token ones, 2 replicas of capacity 100: a full
+    # microbatch of short ones costs 10 * (10 + 50) = 600 < cost(100) = 5100.
+    padded = np.array([100] + [10] * 38)
+    per_seq = QUAD.cost(padded)
+    total = float(per_seq.sum())
+    bound = round_lower_bound(padded, per_seq, dp_size=2, capacity=100, total_cost=total)
+    knapsack = 5100 + 10 * 60  # the longest 200 tokens: the 100 and ten 10s
+    assert bound == pytest.approx((total / 2 + 5100 - knapsack / 2) / (total / 2))
+    # Equal lengths: no sequence outweighs a microbatch.
+    flat = np.full(40, 10)
+    assert round_lower_bound(flat, QUAD.cost(flat), 2, 100, float(QUAD.cost(flat).sum())) == 1.0
+    assert round_lower_bound(np.zeros(0, np.int64), np.zeros(0), 2, 100, 0.0) == 1.0
+    s = get_scheduler("balanced").schedule(padded, dp_size=2, max_tokens_per_rank=100, cost=QUAD)
+    stats = StepStats.from_schedule(s, QUAD)
+    assert stats.round_imbalance >= stats.round_lower_bound > 1.0
