@@ -43,6 +43,7 @@ from seqpack.comm import (
     exchange_samples,
     gather_lengths,
 )
+from seqpack.cost import default_cost_model
 from seqpack.cp import shard_for_cp
 from seqpack.schedulers import ON_OVERSIZE, Schedule, Scheduler, get_scheduler
 from seqpack.stats import StepStats
@@ -213,6 +214,10 @@ class PackingIterator(Iterator[Step]):
                 f"pad_multiple={self.pad_multiple}: no sequence fits a microbatch"
             )
         self.scheduler = get_scheduler(scheduler, **dict(scheduler_options or {}))
+        # Stats are measured in one cost for every scheduler: the one given, else the cost
+        # the scheduler balances, else the default FLOPs model (so that "dp_balanced" and
+        # "balanced" report imbalance in the same unit).
+        self.stats_cost = self.scheduler.resolve_cost(self.cost) or default_cost_model()
 
     def _check_ownership(self, data_iterator: Any) -> None:
         t = self.topology
@@ -323,7 +328,7 @@ class PackingIterator(Iterator[Step]):
             self.dropped_at_end = msg.dropped_at_end
             raise StopIteration
         schedule = msg.schedule
-        stats = StepStats.from_schedule(schedule, self.cost, empty_samples=msg.empty_samples)
+        stats = StepStats.from_schedule(schedule, self.stats_cost, empty_samples=msg.empty_samples)
         if self.flops_fn is not None:
             stats.flops = float(self.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
         self._steps += 1

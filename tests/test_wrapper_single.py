@@ -240,3 +240,17 @@ def test_an_exception_inside_the_data_iterator_becomes_the_agreed_error():
 
     with pytest.raises(ValueError, match=r"bad input on DP rank 0 .* at step 0: RuntimeError: worker 3 died"):
         next(_wrap(broken()))
+
+
+def test_stats_cost_is_one_unit_for_every_scheduler():
+    from seqpack.cost import default_cost_model
+    from seqpack.stats import microbatch_costs
+
+    given = CostModel(1.0, 0.5)
+    assert _wrap(items(SEED, 0, 6), cost=given).stats_cost == given
+    for name in ("empty", "dp_balanced", "balanced"):
+        it = _wrap(items(SEED, 0, 6), scheduler=name)
+        assert it.stats_cost == default_cost_model()
+        step = next(it)
+        expected = microbatch_costs(step.schedule, default_cost_model()).sum(axis=0)
+        assert np.allclose(step.stats.replica_cost, expected)

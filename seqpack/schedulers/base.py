@@ -120,7 +120,7 @@ class Schedule:
         is_id[count_at] = False
         stream[is_id] = ids
         digest.update(stream.tobytes())
-        for extra in (self.deferred, self.dropped, self.truncated, self.lengths):
+        for extra in (self.deferred, self.dropped, self.truncated, self.lengths, self.original_lengths):
             digest.update(np.int64(extra.shape[0]).tobytes())
             digest.update(np.ascontiguousarray(extra, dtype=np.int64).tobytes())
         return int.from_bytes(digest.digest(), "little") >> 1
