@@ -10,9 +10,13 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from seqpack.cost import CostModel
+from seqpack.comm import broadcast_pp, broadcast_tp, exchange_samples, gather_lengths
+from seqpack.compute.attention import ThdAttention
+from seqpack.compute.mamba import Mamba2Mixer
+from seqpack.cost import CostModel, ModelSpec, mamba2_flops, model_preset, transformer_flops
 from seqpack.cp import partition_indices, shard_for_cp, unshard_from_cp
-from seqpack.schedulers import Schedule, Scheduler, get_scheduler
+from seqpack.mock_data import MockSFTDataset, lengths_from_config, lengths_from_file, lognormal_lengths
+from seqpack.schedulers import Schedule, Scheduler, available_schedulers, get_scheduler
 from seqpack.stats import StepStats
 from seqpack.thd import (
     PackedBatch,
@@ -21,20 +25,41 @@ from seqpack.thd import (
     process_input_for_thd,
     split_batch_into_thd_chunks,
 )
+from seqpack.topology import Topology
+from seqpack.wrapper import PackingIterator, Step, wrap_data_iterator
 
 __all__ = [
     "__version__",
     "CostModel",
+    "Mamba2Mixer",
+    "MockSFTDataset",
+    "ModelSpec",
     "PackedBatch",
+    "PackingIterator",
     "Schedule",
     "Scheduler",
+    "Step",
     "StepStats",
+    "ThdAttention",
+    "Topology",
+    "available_schedulers",
+    "broadcast_pp",
+    "broadcast_tp",
+    "exchange_samples",
+    "gather_lengths",
     "get_scheduler",
+    "lengths_from_config",
+    "lengths_from_file",
+    "lognormal_lengths",
+    "mamba2_flops",
+    "model_preset",
     "pack_sequences",
     "pad_multiple_for",
     "partition_indices",
     "process_input_for_thd",
     "shard_for_cp",
     "split_batch_into_thd_chunks",
+    "transformer_flops",
     "unshard_from_cp",
+    "wrap_data_iterator",
 ]

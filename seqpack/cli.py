@@ -500,30 +500,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------
-# seqpack demo
+# seqpack demo (seqpack/demo.py)
 # ---------------------------------------------------------------------------------------
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """Pack a few mock sequences and show their THD layout and CP shards."""
-    import torch
+    from seqpack import demo
 
-    from seqpack.cp import shard_for_cp
-    from seqpack.thd import pack_sequences, pad_multiple_for
-
-    rng = np.random.default_rng(args.seed)
-    lengths = rng.integers(1, 12, args.sequences)
-    samples = [{"input_ids": torch.from_numpy(rng.integers(1, 100, n))} for n in lengths]
-    pad_multiple = pad_multiple_for(args.cp)
-    batch = pack_sequences(samples, pad_multiple=pad_multiple)
-    print(f"{args.sequences} sequences of lengths {lengths.tolist()} packed with pad_multiple={pad_multiple}")
-    print(f"  cu_seqlens        {batch.cu_seqlens.tolist()}")
-    print(f"  cu_seqlens_padded {batch.cu_seqlens_padded.tolist()}")
-    print(f"  input_ids         {batch.input_ids.tolist()}")
-    print(f"  position_ids      {batch.position_ids.tolist()}")
-    print(f"  real / total      {batch.num_real_tokens} / {batch.num_tokens} tokens")
-    for rank in range(args.cp):
-        shard = shard_for_cp(batch, args.cp, rank)
-        print(f"  cp rank {rank}: positions {shard.position_ids.tolist()}")
-    return 0
+    return demo.run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -602,10 +584,15 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_cmd_stats)
 
-    demo = sub.add_parser("demo", help="show packing and CP sharding of mock sequences")
-    demo.add_argument("--sequences", type=int, default=5)
-    demo.add_argument("--cp", type=int, default=2)
-    demo.add_argument("--seed", type=int, default=0)
+    from seqpack import demo as demo_module
+
+    demo = sub.add_parser(
+        "demo",
+        help="train a tiny hybrid LM on packed, balanced batches across CPU ranks (gloo, FSDP2)",
+        description=demo_module.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo_module.add_arguments(demo)
     demo.set_defaults(func=_cmd_demo)
     return parser
 

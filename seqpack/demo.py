@@ -82,6 +82,8 @@ class DemoSettings:
             )
         if self.cost not in ("flops", "tokens"):
             raise ValueError(f"--cost must be 'flops' or 'tokens', got {self.cost!r}")
+        if self.data not in ("mock", "stdlib") and not os.path.isfile(self.data):
+            raise ValueError(f"--data {self.data!r}: no such file (use 'mock', 'stdlib' or a Parquet path)")
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
 
@@ -119,8 +121,6 @@ def load_dataset(settings: DemoSettings) -> tuple[Any, int]:
         dataset = TokenDataset(stdlib_corpus(max_len=settings.max_seq_len))
         vocab = BYTE_VOCAB_SIZE
     else:
-        if not os.path.exists(settings.data):
-            raise ValueError(f"--data {settings.data!r}: no such file (use 'mock', 'stdlib' or a Parquet path)")
         dataset = TokenDataset(settings.data)
         vocab = max(BYTE_VOCAB_SIZE, dataset.vocab_size)
         too_long = int((dataset.lengths() > settings.max_seq_len).sum())

@@ -59,8 +59,3 @@ def test_simulate_errors(capsys):
     assert main(["simulate", "--max-tokens-per-rank", "1000", "--steps", "1", "--no-progress", "--on-oversize", "drop",
                  "--dp", "2"]) == 0
     assert "sequences dropped" in capsys.readouterr().out
-
-
-def test_demo_still_works(capsys):
-    assert main(["demo", "--sequences", "3"]) == 0
-    assert "cu_seqlens_padded" in capsys.readouterr().out

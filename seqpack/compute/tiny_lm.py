@@ -52,6 +52,27 @@ class TinyConfig:
     def num_mamba_layers(self) -> int:
         return self.pattern.count("M")
 
+    def model_spec(self):
+        """The :class:`~seqpack.cost.ModelSpec` of this model, for FLOPs and the scheduler's
+        cost model (an ``A`` block is Megatron's ``*-``: attention then MLP)."""
+        from seqpack.cost import ModelSpec
+
+        layers = "".join("*-" if kind == "A" else "M" for kind in self.pattern)
+        return ModelSpec(
+            hidden_size=self.d_model,
+            num_layers=len(layers),
+            num_attention_heads=self.num_heads,
+            ffn_hidden_size=self.ffn_mult * self.d_model,
+            num_query_groups=self.num_kv_heads,
+            vocab_size=self.vocab_size,
+            hybrid_layer_pattern=layers,
+            mamba_state_dim=self.d_state,
+            mamba_head_dim=self.mamba_headdim,
+            mamba_num_groups=1,
+            mamba_expand=2,
+            name=f"tiny-{self.pattern}-d{self.d_model}",
+        )
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
