@@ -425,6 +425,48 @@ class CostModel:
         return spec.cost_model(constant)
 
     @classmethod
+    def fit(
+        cls, microbatches: Sequence[Sequence[int] | np.ndarray], seconds: Sequence[float] | np.ndarray
+    ) -> CostModel:
+        """A measured cost model: least-squares ``seconds ~ constant + linear*S + quadratic*SS``
+        over microbatches (``S``/``SS``: sum of lengths / of squared lengths), with every
+        coefficient >= 0 (a coefficient that would go negative is dropped and the rest refit).
+
+        Useful when kernels are not equally efficient: on CPU, attention runs far below GEMM
+        speed, so its real cost is more quadratic than its FLOPs say.
+
+        Raises:
+            ValueError: Fewer than 3 microbatches, mismatched inputs, or no positive fit.
+        """
+        if len(microbatches) != len(seconds):
+            raise ValueError(f"{len(microbatches)} microbatches but {len(seconds)} timings")
+        if len(microbatches) < 3:
+            raise ValueError(f"fitting 3 coefficients needs at least 3 timed microbatches, got {len(microbatches)}")
+        y = np.asarray(seconds, dtype=np.float64)
+        if not np.all(np.isfinite(y)) or np.any(y < 0):
+            raise ValueError("timings must be finite and >= 0")
+        feats = np.array(
+            [[1.0, float(np.sum(np.asarray(mb, np.float64))), float(np.sum(np.asarray(mb, np.float64) ** 2))]
+             for mb in microbatches]
+        )
+        scale = feats.max(axis=0)
+        scale[scale == 0] = 1.0
+        x = feats / scale
+        active = [0, 1, 2]
+        coef = np.zeros(3)
+        while active:
+            sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+            if np.all(sol >= 0):
+                coef[:] = 0.0
+                coef[active] = sol
+                break
+            active.pop(int(np.argmin(sol)))  # the most negative term goes
+        constant, linear, quadratic = coef / scale
+        if linear <= 0 and quadratic <= 0:
+            raise ValueError("timings do not grow with sequence length: no cost model fits")
+        return cls(float(linear), float(quadratic), float(constant))
+
+    @classmethod
     def from_preset(cls, name: str, constant: float = 0.0) -> CostModel:
         """The cost model of a :data:`MODEL_PRESETS` entry (e.g. ``"llama3-8b"``)."""
         return model_preset(name).cost_model(constant)

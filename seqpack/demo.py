@@ -8,9 +8,11 @@ scheduler and with a padded baseline (fixed microbatches, every sequence padded 
 longest of its microbatch), and prints a summary table with real tokens/s, padding, balance
 and FLOPs / MFU.
 
-Equivalent torchrun launch (one process per rank; the demo's own launcher does this)::
+Equivalent torchrun launch (one process per rank; the demo's own launcher does this, and
+sets the glibc malloc variables below so that ranks keep their heap between steps)::
 
-    torchrun --standalone --nproc-per-node 4 -m seqpack.demo --dp 2 --cp 2
+    MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=268435456 \
+        torchrun --standalone --nproc-per-node 4 -m seqpack.demo --dp 2 --cp 2
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 
 MODES = ("balanced", "dp_balanced", "padded")
+COSTS = ("measured", "flops", "tokens")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +57,8 @@ class DemoSettings:
     lr: float = 3e-3
     seed: int = 0
     threads: int = 1
-    cost: str = "flops"  # "flops": the tiny model's FLOPs; "tokens": padded tokens
+    cost: str = "measured"  # the scheduler's cost: "measured" (fit on this CPU), "flops" or "tokens"
+    fsdp_units: str = "model"  # "model": one FSDP unit; "block": one per block as well
     port: int = 0
     timeout_s: float = 300.0
     json_out: str | None = None
@@ -80,8 +84,10 @@ class DemoSettings:
                 f"max_seq_len={self.max_seq_len} exceeds a microbatch (max_tokens_per_rank {self.max_tokens_per_rank}"
                 f" x cp {self.cp} = {self.max_tokens_per_rank * self.cp}); raise --max-tokens-per-rank"
             )
-        if self.cost not in ("flops", "tokens"):
-            raise ValueError(f"--cost must be 'flops' or 'tokens', got {self.cost!r}")
+        if self.fsdp_units not in ("model", "block"):
+            raise ValueError(f"--fsdp-units must be 'model' or 'block', got {self.fsdp_units!r}")
+        if self.cost not in COSTS:
+            raise ValueError(f"--cost must be one of {COSTS}, got {self.cost!r}")
         if self.data not in ("mock", "stdlib") and not os.path.isfile(self.data):
             raise ValueError(f"--data {self.data!r}: no such file (use 'mock', 'stdlib' or a Parquet path)")
         if not 0 <= self.port < 65536:
@@ -211,11 +217,82 @@ def measure_gemm_flops(threads: int, size: int = 384, repeats: int = 5) -> float
     return 2 * size**3 / best
 
 
+def calibrate_cost(cfg, max_len: int, tokens: int = 4096, repeats: int = 2):
+    """The tiny model's cost on this CPU: time forward+backward of packs of equal-length
+    sequences (64 tokens up to ``max_len``) and fit ``constant + linear*S + quadratic*SS``.
+
+    Attention on CPU runs far below GEMM speed, so the measured cost is more quadratic than
+    the FLOPs count says; this is what a rank actually waits for.
+    """
+    from seqpack.compute.tiny_lm import TinyHybridLM
+    from seqpack.cost import CostModel
+    from seqpack.thd import pack_sequences
+
+    model = TinyHybridLM(cfg)
+    gen = torch.Generator().manual_seed(0)
+    sizes, length = [], 64
+    while length < max_len:
+        sizes.append(length)
+        length *= 2
+    sizes.append(max_len)
+    packs = []
+    for length in sizes:
+        for total in (tokens // 2, tokens):
+            count = max(1, total // length)
+            packs.append([length] * count)
+    times = []
+    for lengths in packs:
+        batch = pack_sequences([{"input_ids": torch.randint(1, cfg.vocab_size, (n,), generator=gen)} for n in lengths])
+        best = math.inf
+        for _ in range(repeats + 1):  # the first run warms up
+            t0 = time.perf_counter()
+            loss, _ = model.loss_sum(batch)
+            loss.backward()
+            best = min(best, time.perf_counter() - t0)
+        times.append(best)
+    return CostModel.fit(packs, times)
+
+
+def warm_up(cfg, settings: DemoSettings) -> None:
+    """Run a full-capacity microbatch holding a longest-possible sequence once, so that no
+    mode pays this process's first touch of its peak memory (slow on VMs) in its timings."""
+    from seqpack.compute.tiny_lm import TinyHybridLM
+    from seqpack.thd import pack_sequences
+
+    model = TinyHybridLM(cfg)
+    capacity = settings.max_tokens_per_rank  # what one rank holds (CP shards are smaller)
+    lengths = [settings.max_seq_len]
+    while sum(lengths) + settings.mean_seq_len <= capacity:
+        lengths.append(settings.mean_seq_len)
+    batch = pack_sequences([{"input_ids": torch.ones(n, dtype=torch.int64)} for n in lengths])
+    for _ in range(2):
+        loss, _ = model.loss_sum(batch)
+        loss.backward()
+
+
+def resolve_cost(settings: DemoSettings, cfg, spec):
+    """The scheduler's cost model, identical on every rank (rank 0 measures, all receive)."""
+    import torch.distributed as dist
+
+    from seqpack.cost import CostModel
+
+    if settings.cost == "flops":
+        return spec.cost_model()
+    if settings.cost == "tokens":
+        return CostModel.tokens()
+    coef = torch.zeros(3, dtype=torch.float64)
+    if dist.get_rank() == 0:
+        model = calibrate_cost(cfg, settings.max_seq_len)
+        coef = torch.tensor([model.linear, model.quadratic, model.constant], dtype=torch.float64)
+    dist.broadcast(coef, src=0)  # coefficients are reals; everyone must schedule with the same ones
+    return CostModel(float(coef[0]), float(coef[1]), float(coef[2]))
+
+
 class _Run:
     """One mode's model, optimizer and batches; trained one step at a time so that modes
     interleave and share the machine's noise fairly."""
 
-    def __init__(self, mode, settings, mesh, topology, dataset, order, vocab_size, spec):
+    def __init__(self, mode, settings, mesh, topology, dataset, order, vocab_size, spec, cost):
         from torch.distributed.fsdp import fully_shard
 
         from seqpack.compute.tiny_lm import TinyHybridLM
@@ -227,8 +304,9 @@ class _Run:
         self.model = TinyHybridLM(_tiny_config(settings, vocab_size), cp_group=cp_group)
         if settings.world_size > 1:
             flat = mesh["dp", "cp"]._flatten("dp_cp")
-            for block in self.model.blocks:
-                fully_shard(block, mesh=flat)
+            if settings.fsdp_units == "block":
+                for block in self.model.blocks:
+                    fully_shard(block, mesh=flat)
             fully_shard(self.model, mesh=flat)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.lr)
         self.samples = (dataset[i] for i in rank_indices(settings, order, topology.dp_rank))
@@ -240,11 +318,12 @@ class _Run:
                 max_tokens_per_rank=settings.max_tokens_per_rank,
                 scheduler=mode,
                 data_owner="tp0",
-                cost=spec.cost_model() if settings.cost == "flops" else None,
+                cost=cost,
                 flops_fn=spec.flops,
             )
         self.totals = {"tokens": 0, "time": 0.0, "flops": 0.0, "pad": 0, "padded": 0, "mbs": 0, "measured": 0}
         self.imbalances: list[float] = []
+        self.round_imbalances: list[float] = []
         self.losses: list[float] = []
 
     def _batches(self):
@@ -257,6 +336,7 @@ class _Run:
         if self.mode != "padded":
             step = next(self.steps)
             st = step.stats
+            self.round_imbalances.append(st.round_imbalance)
             return step.microbatches, st.real_tokens, st.seqlen_sq_sum, st.padded_tokens, step.num_microbatches, st.imbalance
         local = [next(self.samples) for _ in range(settings.samples_per_rank)]
         batches = padded_microbatches(local, settings, list(range(len(local))))
@@ -318,6 +398,9 @@ class _Run:
             "tokens_per_s": t["tokens"] / t["time"] if t["time"] else 0.0,
             "pad_fraction": t["pad"] / t["padded"] if t["padded"] else 0.0,
             "imbalance": float(np.mean(self.imbalances)) if self.imbalances else None,
+            "round_imbalance": float(np.mean(self.round_imbalances[self.settings.warmup_steps :]))
+            if self.round_imbalances
+            else None,
             "microbatches_per_step": t["mbs"] / max(t["measured"], 1),
             "first_loss": self.losses[0],
             "last_loss": self.losses[-1],
@@ -363,10 +446,18 @@ def worker(settings: DemoSettings) -> list[dict[str, Any]] | None:
     topology = Topology.from_device_mesh(mesh)
     dataset, vocab = load_dataset(settings)
     order = sample_order(settings, len(dataset))
-    spec = _tiny_config(settings, vocab).model_spec()
+    cfg = _tiny_config(settings, vocab)
+    spec = cfg.model_spec()
+    warm_up(cfg, settings)
+    cost = resolve_cost(settings, cfg, spec)
     peak = measure_gemm_flops(settings.threads)
+    if rank == 0 and not settings.quiet:
+        share = cost.quadratic_share(settings.mean_seq_len)
+        print(f"scheduler cost ({settings.cost}): {cost.linear:.4g}*s + {cost.quadratic:.4g}*s^2 + {cost.constant:.4g} "
+              f"per microbatch; attention-like quadratic share at {settings.mean_seq_len} tokens: {share:.0%}, "
+              f"at {settings.max_seq_len}: {cost.quadratic_share(settings.max_seq_len):.0%}", flush=True)
     log = _log_step if rank == 0 and not settings.quiet else _quiet_log
-    runs = [_Run(mode, settings, mesh, topology, dataset, order, vocab, spec) for mode in settings.modes]
+    runs = [_Run(mode, settings, mesh, topology, dataset, order, vocab, spec, cost) for mode in settings.modes]
     # Modes take turns step by step, so that warm-up and the noise of a shared machine fall
     # on all of them alike.
     for index in range(settings.total_steps):
@@ -386,18 +477,24 @@ def format_summary(results: list[dict[str, Any]], settings: DemoSettings) -> str
         f"summary: dp={settings.dp} cp={settings.cp}, {settings.steps} measured steps after {settings.warmup_steps}"
         f" warm-up, {settings.samples_per_rank} samples per DP rank per step, data={settings.data}",
         f"{'mode':<12}{'real tok/s':>12}{'vs padded':>11}{'vs dp_bal':>11}{'pad %':>8}{'imbalance':>11}"
-        f"{'mbs/step':>10}{'loss':>15}{'GFLOP/s':>10}{'MFU':>8}",
+        f"{'round imb':>11}{'mbs/step':>10}{'loss':>15}{'GFLOP/s':>10}{'MFU':>8}",
     ]
     for r in results:
         rel_pad = f"{r['tokens_per_s'] / base['padded']:.2f}x" if base.get("padded") else "-"
         rel_dp = f"{r['tokens_per_s'] / base['dp_balanced']:.2f}x" if base.get("dp_balanced") else "-"
         imb = f"{r['imbalance']:.3f}" if r["imbalance"] is not None else "n/a"
+        rimb = f"{r['round_imbalance']:.3f}" if r["round_imbalance"] is not None else "n/a"
         mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] is not None else "-"
         lines.append(
             f"{r['mode']:<12}{r['tokens_per_s']:>12,.0f}{rel_pad:>11}{rel_dp:>11}{r['pad_fraction'] * 100:>7.1f}%"
-            f"{imb:>11}{r['microbatches_per_step']:>10.1f}{r['first_loss']:>7.3f}->{r['last_loss']:<6.3f}"
+            f"{imb:>11}{rimb:>11}{r['microbatches_per_step']:>10.1f}{r['first_loss']:>7.3f}->{r['last_loss']:<6.3f}"
             f"{r['model_flops_per_s'] / 1e9:>10.2f}{mfu:>8}"
         )
+    lines.append(
+        "imbalance: busiest replica's cost / mean (what DDP waits for); round imb: sum over microbatch rounds of "
+        "the slowest replica / mean (what FSDP, which syncs every microbatch, waits for); costs in the scheduler's "
+        "cost model"
+    )
     peak = results[0].get("peak_gemm_flops_per_process")
     if peak:
         lines.append(
@@ -410,6 +507,17 @@ def format_summary(results: list[dict[str, Any]], settings: DemoSettings) -> str
 # --------------------------------------------------------------------------------------
 # Launching
 # --------------------------------------------------------------------------------------
+
+
+# glibc returns freed memory to the OS past these thresholds and faults it back in on the
+# next step; on CPU VMs that doubled the time of microbatches with long sequences and made
+# timings depend on allocation history instead of on work. Ranks the demo spawns keep their
+# heap (set them yourself under torchrun: they are read when a process starts).
+MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+    "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
+    "MALLOC_TOP_PAD_": str(256 << 20),
+}
 
 
 def _free_port() -> int:
@@ -477,6 +585,8 @@ def launch(settings: DemoSettings) -> int:
             f"127.0.0.1:{port}), data={settings.data}, modes={', '.join(settings.modes)}",
             flush=True,
         )
+    for key, value in MALLOC_ENV.items():
+        os.environ.setdefault(key, value)
     try:
         mp.start_processes(_spawned, args=(settings, port), nprocs=settings.world_size, join=True, start_method="spawn")
     except mp.ProcessRaisedException as exc:
@@ -505,7 +615,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-seq-len", type=int, default=d.min_seq_len)
     parser.add_argument("--d-model", type=int, default=d.d_model)
     parser.add_argument("--pattern", default=d.pattern, help="blocks: A = attention+MLP, M = Mamba2 (default %(default)s)")
-    parser.add_argument("--cost", default=d.cost, choices=("flops", "tokens"), help="scheduler cost model")
+    parser.add_argument("--cost", default=d.cost, choices=COSTS, help="scheduler cost model: measured on this CPU "
+                        "(default), the tiny model's FLOPs, or tokens")
+    parser.add_argument("--fsdp-units", default=d.fsdp_units, choices=("model", "block"),
+                        help="fully_shard the whole model as one unit (default) or every block too")
     parser.add_argument("--threads", type=int, default=d.threads, help="torch threads per process")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--port", type=int, default=d.port, help="rendezvous port (0 = pick a free one)")
@@ -529,6 +642,7 @@ def settings_from_args(args: argparse.Namespace) -> DemoSettings:
         d_model=args.d_model,
         pattern=args.pattern,
         cost=args.cost,
+        fsdp_units=args.fsdp_units,
         threads=args.threads,
         seed=args.seed,
         port=args.port,

@@ -133,3 +133,22 @@ def test_model_spec_validation():
         model_preset("gpt5")
     with pytest.raises(ValueError, match="seqlen_sum must be an integer >= 0"):
         model_preset("llama3-8b").flops(-1, 0)
+
+
+def test_cost_model_fit_recovers_coefficients_and_stays_non_negative():
+    rng = np.random.default_rng(0)
+    truth = CostModel(2e-4, 3e-7, 0.01)
+    mbs = [rng.integers(16, 2048, rng.integers(1, 12)) for _ in range(40)]
+    times = [truth.microbatch_cost(mb) for mb in mbs]
+    fit = CostModel.fit(mbs, times)
+    assert fit.linear == pytest.approx(truth.linear, rel=1e-6)
+    assert fit.quadratic == pytest.approx(truth.quadratic, rel=1e-6)
+    assert fit.constant == pytest.approx(truth.constant, rel=1e-6)
+    # Purely linear timings with noise that would push the quadratic term negative.
+    lin = [1e-3 * float(np.sum(mb)) - 1e-12 * float(np.sum(np.asarray(mb, float) ** 2)) for mb in mbs]
+    fit = CostModel.fit(mbs, lin)
+    assert fit.quadratic >= 0 and fit.constant >= 0 and fit.linear > 0
+    with pytest.raises(ValueError, match="at least 3"):
+        CostModel.fit(mbs[:2], times[:2])
+    with pytest.raises(ValueError, match="2 timings"):
+        CostModel.fit(mbs[:3], times[:2])

@@ -71,6 +71,13 @@ def _segments(start: int, end: int, cp_size: int, cp_rank: int) -> list[tuple[in
     ]
 
 
+# Largest score block (elements) one SDPA call builds: long sequences are cut into query
+# blocks so that memory stays bounded and buffers stay below glibc's mmap threshold (32 MB),
+# where freed memory is reused instead of being returned to the OS and faulted in again on
+# every call (that alone doubled step times of long sequences on some CPU VMs).
+MAX_SCORE_BLOCK = 1 << 21
+
+
 def _causal_block(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int, scale: float
 ) -> torch.Tensor:
@@ -79,6 +86,15 @@ def _causal_block(
     q: [nq, H, D]; k, v: [offset + nq, H, D] -> [nq, H, Dv]. Query i sees keys j <= offset + i,
     so every row has at least one key (no all-masked row, no NaN).
     """
+    num_queries, heads = q.shape[0], q.shape[1]
+    rows = max(1, MAX_SCORE_BLOCK // (heads * k.shape[0]))
+    if rows < num_queries:  # query blocks; block [s, e) needs keys up to offset + e
+        return torch.cat(
+            [
+                _causal_block(q[s : s + rows], k[: offset + s + rows], v[: offset + s + rows], offset + s, scale)
+                for s in range(0, num_queries, rows)
+            ]
+        )
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (H, n, D)
     if offset == 0:
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)

@@ -329,3 +329,20 @@ def test_te_matches_torch_reference_on_cuda():
         torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
         for a, b in zip(grads(out.float(), (q, k, v)), grads(ref.float(), (q, k, v))):
             torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2)
+
+
+def test_query_blocking_of_long_sequences_is_exact(monkeypatch):
+    import seqpack.compute.attention as attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(300, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    for offset in (0, 120):
+        whole = attention._causal_block(q[offset:], k, v, offset, 0.3)
+        grads = torch.autograd.grad(whole.square().sum(), (q, k, v))
+        monkeypatch.setattr(attention, "MAX_SCORE_BLOCK", 4 * 300 * 7)  # 7-row query blocks
+        blocked = attention._causal_block(q[offset:], k, v, offset, 0.3)
+        blocked_grads = torch.autograd.grad(blocked.square().sum(), (q, k, v))
+        monkeypatch.undo()
+        assert torch.allclose(blocked, whole, atol=1e-12, rtol=0)
+        for a, b in zip(blocked_grads, grads):
+            assert torch.allclose(a, b, atol=1e-12, rtol=0)
