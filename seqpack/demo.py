@@ -544,8 +544,16 @@ def _spawned(local_rank: int, settings: DemoSettings, port: int) -> None:
         world_size=settings.world_size,
         timeout=datetime.timedelta(seconds=settings.timeout_s),
     )
+    _run_rank(settings)
+
+
+def _run_rank(settings: DemoSettings) -> None:
+    """This rank's whole demo, then a clean teardown (``torch.distributed`` initialised)."""
+    import torch.distributed as dist
+
     try:
         results = worker(settings)
+        dist.barrier()  # nobody tears gloo down while a peer still finishes its last collective
         if results is not None:
             _finish(results, settings)
     finally:
@@ -567,12 +575,7 @@ def launch(settings: DemoSettings) -> int:
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=settings.timeout_s))
-        try:
-            results = worker(settings)
-            if results is not None:
-                _finish(results, settings)
-        finally:
-            dist.destroy_process_group()
+        _run_rank(settings)
         return 0
     port = settings.port
     if port:
