@@ -450,7 +450,11 @@ def worker(settings: DemoSettings) -> list[dict[str, Any]] | None:
     spec = cfg.model_spec()
     warm_up(cfg, settings)
     cost = resolve_cost(settings, cfg, spec)
-    peak = measure_gemm_flops(settings.threads)
+    # The GEMM 'peak' is measured by rank 0 while the others wait, so that ranks sharing a
+    # core do not halve it.
+    peak_t = torch.tensor([measure_gemm_flops(settings.threads) if rank == 0 else 0.0], dtype=torch.float64)
+    dist.broadcast(peak_t, src=0)
+    peak = float(peak_t)
     if rank == 0 and not settings.quiet:
         share = cost.quadratic_share(settings.mean_seq_len)
         print(f"scheduler cost ({settings.cost}): {cost.linear:.4g}*s + {cost.quadratic:.4g}*s^2 + {cost.constant:.4g} "
@@ -489,6 +493,12 @@ def format_summary(results: list[dict[str, Any]], settings: DemoSettings) -> str
             f"{r['mode']:<12}{r['tokens_per_s']:>12,.0f}{rel_pad:>11}{rel_dp:>11}{r['pad_fraction'] * 100:>7.1f}%"
             f"{imb:>11}{rimb:>11}{r['microbatches_per_step']:>10.1f}{r['first_loss']:>7.3f}->{r['last_loss']:<6.3f}"
             f"{r['model_flops_per_s'] / 1e9:>10.2f}{mfu:>8}"
+        )
+    cores = os.cpu_count() or 1
+    if settings.world_size > cores:
+        lines.append(
+            f"note: {settings.world_size} ranks share {cores} cores, so a rank waiting on a slower peer hands its core "
+            "to the others and tokens/s understates what balance buys; benchmarks/end_to_end.py runs one rank per core"
         )
     lines.append(
         "imbalance: busiest replica's cost / mean (what DDP waits for); round imb: sum over microbatch rounds of "
