@@ -262,6 +262,31 @@ def _first_cost_above(items, k, costs, value):
 
 
 @njit(cache=True)
+def _move(i, d_from, m_from, d_to, m_to, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of):
+    """Move sequence ``i`` from microbatch ``(m_from, d_from)`` to ``(m_to, d_to)``: unlink it
+    from ``d_from``'s list, push it on ``d_to``'s, and update every load and token count."""
+    if prv[i] >= 0:
+        nxt[prv[i]] = nxt[i]
+    else:
+        head[d_from] = nxt[i]
+    if nxt[i] >= 0:
+        prv[nxt[i]] = prv[i]
+    prv[i] = -1
+    nxt[i] = head[d_to]
+    if head[d_to] >= 0:
+        prv[head[d_to]] = i
+    head[d_to] = i
+    load[m_from, d_from] -= costs[i]
+    tok[m_from, d_from] -= lengths[i]
+    load[m_to, d_to] += costs[i]
+    tok[m_to, d_to] += lengths[i]
+    total[d_from] -= costs[i]
+    total[d_to] += costs[i]
+    replica_of[i] = d_to
+    round_of[i] = m_to
+
+
+@njit(cache=True)
 def repair_replicas(
     round_of, replica_of, costs, lengths, load, tok, capacity, max_moves, rel_tol, stop_at, swap_candidates,
     round_budget=0.0, max_work=50_000_000, move_candidates=16, scan_limit=16,
@@ -418,46 +443,10 @@ def repair_replicas(
             break
         i, j, d2, m2 = best_i, best_j, best_d2, best_m2
         m = round_of[i]
-        # Take i out of d1's list and into d2's.
-        if prv[i] >= 0:
-            nxt[prv[i]] = nxt[i]
-        else:
-            head[d1] = nxt[i]
-        if nxt[i] >= 0:
-            prv[nxt[i]] = prv[i]
-        prv[i] = -1
-        nxt[i] = head[d2]
-        if head[d2] >= 0:
-            prv[head[d2]] = i
-        head[d2] = i
-        load[m, d1] -= costs[i]
-        tok[m, d1] -= lengths[i]
-        load[m2, d2] += costs[i]
-        tok[m2, d2] += lengths[i]
-        total[d1] -= costs[i]
-        total[d2] += costs[i]
-        replica_of[i] = d2
-        round_of[i] = m2
+        # i moves from (m, d1) to (m2, d2); in a swap j moves the other way.
+        _move(i, d1, m, d2, m2, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
         if j >= 0:
-            if prv[j] >= 0:
-                nxt[prv[j]] = nxt[j]
-            else:
-                head[d2] = nxt[j]
-            if nxt[j] >= 0:
-                prv[nxt[j]] = prv[j]
-            prv[j] = -1
-            nxt[j] = head[d1]
-            if head[d1] >= 0:
-                prv[head[d1]] = j
-            head[d1] = j
-            load[m2, d2] -= costs[j]
-            tok[m2, d2] -= lengths[j]
-            load[m, d1] += costs[j]
-            tok[m, d1] += lengths[j]
-            total[d2] -= costs[j]
-            total[d1] += costs[j]
-            replica_of[j] = d1
-            round_of[j] = m
+            _move(j, d2, m2, d1, m, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
         _top3(load, m, top_val, top_idx)
         if m2 != m:
             _top3(load, m2, top_val, top_idx)
