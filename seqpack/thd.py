@@ -446,11 +446,6 @@ def _padding_mask_from_ids(input_ids: torch.Tensor, padding_token_id: int) -> to
     return padding
 
 
-def _valid(values: torch.Tensor, sentinel: int) -> torch.Tensor:
-    flat = values.reshape(-1)
-    return flat[flat != sentinel]
-
-
 def _row_layout(
     seq_lens: torch.Tensor, seq_lens_padded: torch.Tensor, seq_len: int, sentinel: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -561,8 +556,12 @@ def process_input_for_thd(
         if seq_lens_padded is not None:
             reals, slots = _row_layout(seq_lens, seq_lens_padded, seq_len, seq_lens_padding_value)
         else:
-            reals = _valid(seq_lens, seq_lens_padding_value).long()
-            slots = None
+            # Sequences sit back to back inside each row. When a row other than the last ends
+            # in padding, later rows start after it: that gap becomes the row's last slot's
+            # padding (NeMo would shift every later sequence onto the wrong tokens).
+            reals, slots = _row_layout(seq_lens, seq_lens, seq_len, seq_lens_padding_value)
+            if torch.equal(reals, slots):
+                slots = None
         device = reals.device
         cu_seqlens = torch.zeros(reals.numel() + 1, dtype=torch.int64, device=device)
         torch.cumsum(reals, dim=0, out=cu_seqlens[1:])

@@ -43,7 +43,7 @@ from seqpack.comm import (
     exchange_samples,
     gather_lengths,
 )
-from seqpack.cost import default_cost_model
+from seqpack.cost import CostModel, default_cost_model
 from seqpack.cp import shard_for_cp
 from seqpack.schedulers import ON_OVERSIZE, Schedule, Scheduler, get_scheduler
 from seqpack.stats import StepStats
@@ -214,6 +214,11 @@ class PackingIterator(Iterator[Step]):
                 f"pad_multiple={self.pad_multiple}: no sequence fits a microbatch"
             )
         self.scheduler = get_scheduler(scheduler, **dict(scheduler_options or {}))
+        if self.cost is not None and not isinstance(self.cost, CostModel):
+            raise TypeError(
+                f"cost must be a seqpack.CostModel or None, got {type(self.cost).__name__}"
+                + (" (ModelSpec.cost_model() gives one)" if hasattr(self.cost, "cost_model") else "")
+            )
         # Stats are measured in one cost for every scheduler: the one given, else the cost
         # the scheduler balances, else the default FLOPs model (so that "dp_balanced" and
         # "balanced" report imbalance in the same unit).
@@ -243,7 +248,10 @@ class PackingIterator(Iterator[Step]):
                 self.on_oversize,
                 self.drop_last,
                 self.check_schedule,
-                type(self.scheduler).__qualname__,
+                # The scheduler with its options and the cost: ranks that differ in either
+                # compute different schedules from the same lengths.
+                repr(self.scheduler),
+                repr(self.cost),
                 self.topology.signature() | {f"{a}_rank": 0 for a in AXES},
             )
         )
@@ -273,7 +281,9 @@ class PackingIterator(Iterator[Step]):
         msg: StepMessage | None = None
         if self._reads:
             msg = self._reader_step(timings, traffic)
-            fp = msg.fingerprint if self.check_schedule and msg.status == STATUS_OK else None
+            # The fingerprint rides on the status all-reduce that happens anyway: CP ranks (and
+            # TP/PP copies under "all") that read different data are caught every step.
+            fp = msg.fingerprint if msg.status == STATUS_OK else None
             axes = ("cp",) if self.data_owner == "tp0" else ("cp", "tp", "pp")
             status, error = self._agree_everywhere(msg.status, msg.message or None, fp, what="schedules", axes=axes)
             msg = self._with_status(msg, status, error)
@@ -292,7 +302,7 @@ class PackingIterator(Iterator[Step]):
         """Agree with the other stages, then send the first stage's layout to the middle ones."""
         t = self.topology
         status = msg.status if msg is not None else STATUS_OK
-        fp = msg.fingerprint if msg is not None and self.check_schedule and status == STATUS_OK else None
+        fp = msg.fingerprint if msg is not None and status == STATUS_OK else None
         status, error = agree_status(status, msg.message if msg is not None else None, t.group("pp"),
                                      fingerprint=fp, axis="pp", what="schedules (first and last stage)")
         if status == STATUS_ERROR:
@@ -409,6 +419,9 @@ class PackingIterator(Iterator[Step]):
             )
         except ValueError as exc:
             return StepMessage(STATUS_ERROR, step, message=f"step {step}: {exc}{self._locate_oversize(gathered)}")
+        except Exception as exc:  # a scheduler bug must still reach every rank, not strand them
+            return StepMessage(STATUS_ERROR, step, message=f"step {step}: scheduler {self.scheduler!r} failed: "
+                                                           f"{type(exc).__name__}: {exc}")
         if self.check_schedule and t.dp_size > 1:
             status, mismatch = agree_status(STATUS_OK, None, t.group("dp"), fingerprint=schedule.fingerprint(),
                                             axis="dp")
@@ -440,7 +453,11 @@ class PackingIterator(Iterator[Step]):
         self._pool = keep_deferred
 
         tick = time.perf_counter()
-        batches = [self._microbatch(schedule, m, exchanged) for m in range(schedule.num_microbatches)]
+        try:
+            batches = [self._microbatch(schedule, m, exchanged) for m in range(schedule.num_microbatches)]
+        except Exception as exc:  # local; CP/TP/PP peers hear of it in the status agreement
+            return StepMessage(STATUS_ERROR, step, message=f"step {step}: packing failed on {self._who()}: "
+                                                           f"{type(exc).__name__}: {exc}")
         timings["pack"] = time.perf_counter() - tick
         return StepMessage(
             STATUS_OK,
@@ -665,7 +682,8 @@ def wrap_data_iterator(
             ``pad_multiple`` (default ``pad_multiple_for(cp, tp, sequence_parallel, fp8)``),
             ``sequence_parallel``, ``fp8``, ``cost`` (``CostModel`` for the scheduler and
             stats), ``flops_fn(seqlen_sum, seqlen_sq_sum) -> float``, ``check_schedule``
-            (all-reduce schedule fingerprints every step), ``scheduler_options``,
+            (also compare schedule fingerprints over DP each step; CP, TP and PP copies are
+            always compared), ``scheduler_options``,
             ``validate_ranks`` (agree on arguments and iterator ownership at construction).
 
     Returns:

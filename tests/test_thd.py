@@ -348,3 +348,20 @@ def test_packed_batch_is_dataclass_with_contract_fields():
         "cu_seqlens", "cu_seqlens_padded", "max_seqlen", "sample_ids", "cp_size", "cp_rank",
     ):
         assert field in names
+
+
+def test_process_input_for_thd_seq_lens_only_rows_ending_in_padding():
+    batch = {
+        "input_ids": torch.tensor([[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 0, 0, 0, 0]]),
+        "labels": torch.zeros(2, 8, dtype=torch.long),
+        "position_ids": torch.arange(8).repeat(2, 1),
+        "seq_lens": torch.tensor([[3], [4]]),
+    }
+    out = process_input_for_thd(batch)
+    assert out["padding_mask"].tolist() == [False] * 3 + [True] * 5 + [False] * 4 + [True] * 4
+    assert out["cu_seqlens"].tolist() == [0, 3, 7]
+    assert out["cu_seqlens_padded"].tolist() == [0, 8, 12]  # row 1 starts at token 8
+    # One row (or rows without gaps): NeMo's output, no cu_seqlens_padded.
+    single = process_input_for_thd({k: v[:1] for k, v in batch.items()})
+    assert single["cu_seqlens"].tolist() == [0, 3] and "cu_seqlens_padded" not in single
+    assert single["padding_mask"].tolist() == [False] * 3 + [True] * 5

@@ -254,3 +254,10 @@ def test_stats_cost_is_one_unit_for_every_scheduler():
         step = next(it)
         expected = microbatch_costs(step.schedule, default_cost_model()).sum(axis=0)
         assert np.allclose(step.stats.replica_cost, expected)
+
+
+def test_cost_of_the_wrong_type_is_a_clear_error_at_construction():
+    from seqpack.cost import model_preset
+
+    with pytest.raises(ValueError, match=r"cost must be a seqpack.CostModel or None, got ModelSpec \(ModelSpec.cost_model"):
+        _wrap(items(SEED, 0, 6), cost=model_preset("llama3-8b"))

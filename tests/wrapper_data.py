@@ -119,6 +119,15 @@ class ScatterScheduler(Scheduler):
         return rounds, deferred
 
 
+class BrokenScheduler(Scheduler):
+    """Test-only: a scheduler with a bug (raises something other than ValueError)."""
+
+    name = "test_broken"
+
+    def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
+        raise RuntimeError("index 7 out of bounds in a scheduler bug")
+
+
 # --- checking what arrived ------------------------------------------------------------------
 
 FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "seq_idx", "padding_mask", "cu_seqlens",

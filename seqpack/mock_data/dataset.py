@@ -108,11 +108,16 @@ class MockSFTDataset(torch.utils.data.Dataset):
             for start in range(0, max(n, 1), rows_per_group):
                 stop = min(start + rows_per_group, n)
                 chunks = [self.tokens(i) for i in range(start, stop)]
-                offsets = np.zeros(len(chunks) + 1, dtype=np.int32 if token_type == pa.int32() else np.int64)
+                offsets = np.zeros(len(chunks) + 1, dtype=np.int64)
                 np.cumsum([c.shape[0] for c in chunks], out=offsets[1:])
+                if offsets[-1] >= 2**31:  # list offsets are int32: never let them wrap
+                    raise ValueError(
+                        f"samples {start}..{stop - 1} hold {int(offsets[-1])} tokens, more than one Parquet list "
+                        f"column chunk addresses (2**31 - 1); lower rows_per_group={rows_per_group}"
+                    )
                 flat = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
                 values = pa.array(flat.astype(np.int32 if token_type == pa.int32() else np.int64))
-                ids = pa.ListArray.from_arrays(pa.array(offsets), values)
+                ids = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
                 writer.write_table(pa.table({"length": pa.array(self.lengths[start:stop]), "input_ids": ids}, schema=schema))
                 bar.update(stop - start)
 

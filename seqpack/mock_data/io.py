@@ -3,6 +3,7 @@ Feather and JSON lines, through pyarrow."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 
@@ -43,6 +44,15 @@ def _is_int(text: str) -> bool:
     return text.isdigit()
 
 
+def _is_number(text: str) -> bool:
+    """A cell that reads as a finite number (``100``, ``12.0``, ``"7"``): data, not a header."""
+    text = text.strip().lstrip("\ufeff").strip().strip('"').strip("'")
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
 def _nonempty_lines(path: str, limit: int | None = None) -> list[tuple[int, str]]:
     """(1-based line number, text) of non-empty lines (as pyarrow counts them), up to
     ``limit`` of them."""
@@ -64,14 +74,15 @@ def _read_csv(path: str, column: str | int | None) -> tuple[pa.Table, bool]:
     if not first:
         return pa.table({"0": pa.array([], pa.int64())}), False
     delimiter = "\t" if path.lower().endswith(".tsv") or "\t" in first[0][1] else ","
-    cells = [c.strip().strip('"').strip("'") for c in first[0][1].split(delimiter)]
-    # A first row whose length cell parses as an integer is data: never drop it as a header.
+    cells = [c.strip().lstrip("\ufeff").strip().strip('"').strip("'") for c in first[0][1].split(delimiter)]
+    # A first row whose length cell reads as a number is data: never drop it as a header
+    # (integral floats such as "12.0" and an Excel byte-order mark included).
     if isinstance(column, (int, np.integer)) and not isinstance(column, bool) and 0 <= column < len(cells):
-        header = not _is_int(cells[int(column)])
+        header = not _is_number(cells[int(column)])
     elif isinstance(column, str) and column in cells:
         header = True
     else:
-        header = not any(_is_int(c) for c in cells)
+        header = not any(_is_number(c) for c in cells)
     read = pacsv.ReadOptions(autogenerate_column_names=not header)
     parse = pacsv.ParseOptions(delimiter=delimiter, ignore_empty_lines=True)
     convert = pacsv.ConvertOptions(strings_can_be_null=True)

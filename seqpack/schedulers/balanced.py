@@ -431,7 +431,11 @@ class BalancedScheduler(Scheduler):
         return rounds, np.zeros(0, dtype=np.int64)
 
     def __repr__(self) -> str:
-        return f"BalancedScheduler(order={self.order!r}, objective={self.objective!r})"
+        return (
+            f"BalancedScheduler(order={self.order!r}, objective={self.objective!r}, "
+            f"min_microbatches={self.min_microbatches}, microbatch_multiple={self.microbatch_multiple}, "
+            f"num_microbatches={self.num_microbatches}, max_repair_moves={self.max_repair_moves})"
+        )
 
 
 def relabel_replicas(replica_of: np.ndarray, origin: np.ndarray, weight: np.ndarray, dp_size: int) -> np.ndarray:

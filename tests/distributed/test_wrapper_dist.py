@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from seqpack.cost import CostModel
 from seqpack.cp import unshard_from_cp
 from seqpack.schedulers import available_schedulers
 from seqpack.thd import pad_multiple_for
@@ -28,6 +29,7 @@ from seqpack.wrapper import wrap_data_iterator
 from wrapper_data import (
     EMPTY_EVERY,
     TOKEN_FIELDS,
+    BrokenScheduler,
     ScatterScheduler,
     batch_arrays,
     check_full_batch,
@@ -75,6 +77,8 @@ def _scheduler(name: str):
         return ScatterScheduler()
     if name == "test_defer":
         return ScatterScheduler(defer_longest=True)
+    if name == "test_broken":
+        return BrokenScheduler()
     return name
 
 
@@ -352,9 +356,19 @@ def test_wrong_iterator_ownership_is_named_on_every_rank(dist_pools, name, where
     assert re.search(message, errors.pop())
 
 
-def test_schedule_check_catches_cp_lanes_reading_different_data(dist_pools):
-    # CP lane 1 reads other data than lane 0: the lanes compute different schedules.
-    cfg = {"scheduler": "test_scatter", "items": 12, "lane_seed_step": 1}
+@pytest.mark.parametrize("name", ["dp2tp2-tp0", "pp3", "dp2cp2"])
+def test_a_scheduler_bug_reaches_every_rank_instead_of_stranding_receivers(dist_pools, name):
+    _, _, results = _run(dist_pools, name, {"scheduler": "test_broken", "items": 6})
+    errors = {r["error"] for r in results}
+    assert len(errors) == 1 and None not in errors, errors
+    assert "RuntimeError: index 7 out of bounds in a scheduler bug" in errors.pop()
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_schedule_check_catches_cp_lanes_reading_different_data(dist_pools, check):
+    # CP lane 1 reads other data than lane 0: the lanes compute different schedules. The
+    # comparison rides on the per-step status all-reduce, so it holds without check_schedule.
+    cfg = {"scheduler": "test_scatter", "items": 12, "lane_seed_step": 1, "check": check}
     _, _, results = _run(dist_pools, "dp2cp2", cfg)
     errors = {r["error"] for r in results}
     assert len(errors) == 1 and None not in errors
@@ -372,8 +386,30 @@ def test_mismatched_arguments_across_ranks_are_caught_at_construction(dist_pools
 def run_mismatched(layout, cfg):
     topo = _topology(layout)
     try:
-        wrap_data_iterator(items(SEED, topo.dp_rank, 6), topo, samples_per_rank=6, scheduler="empty",
-                           max_tokens_per_rank=cfg["max_tokens"].get(topo.dp_rank, 48))
+        wrap_data_iterator(
+            items(SEED, topo.dp_rank, 6),
+            topo,
+            samples_per_rank=6,
+            scheduler=cfg.get("scheduler", "empty"),
+            max_tokens_per_rank=cfg.get("max_tokens", {}).get(topo.dp_rank, 48),
+            scheduler_options=cfg.get("options", {}).get(topo.dp_rank),
+            cost=cfg.get("cost", {}).get(topo.dp_rank),
+        )
     except ValueError as exc:
         return str(exc)
     return None
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"scheduler": "balanced", "options": {2: {"order": "pipeline"}}},
+        {"scheduler": "balanced", "options": {1: {"objective": "replicas"}}},
+        {"scheduler": "balanced", "cost": {0: CostModel(1.0, 0.5)}},
+    ],
+)
+def test_ranks_with_other_scheduler_options_or_cost_are_caught_at_construction(dist_pools, cfg):
+    layout, _ = LAYOUTS["dp4"]
+    errors = set(dist_pools.get(4).run(run_mismatched, layout, cfg))
+    assert len(errors) == 1
+    assert "ranks of the dp group disagree on wrapper arguments" in errors.pop()

@@ -49,3 +49,11 @@ def test_write_parquet_round_trip(tmp_path):
     assert lengths_from_file(path).tolist() == [5, 3, 8, 2, 6]
     MockSFTDataset(np.zeros(0, dtype=np.int64)).write_parquet(tmp_path / "empty.parquet")
     assert pq.read_table(tmp_path / "empty.parquet").num_rows == 0
+
+
+def test_write_parquet_refuses_a_row_group_past_int32_list_offsets(tmp_path, monkeypatch):
+    ds = MockSFTDataset([2**30, 2**30, 5], vocab_size=100, seed=0)
+    # Zero-copy stand-ins for two 2**30-token samples: the guard must fire before any copy.
+    monkeypatch.setattr(ds, "tokens", lambda i: np.broadcast_to(np.int32(1), (int(ds.lengths[i]),)))
+    with pytest.raises(ValueError, match=r"samples 0\.\.2 hold 2147483653 tokens.*lower rows_per_group=4096"):
+        ds.write_parquet(tmp_path / "big.parquet")

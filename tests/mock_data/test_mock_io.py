@@ -23,6 +23,13 @@ def test_csv_without_header_keeps_the_first_length(tmp_path):
     assert lengths_from_file(path).tolist() == [4096, 17, 1]
     path.write_text("length\n4096\n17\n")
     assert lengths_from_file(path).tolist() == [4096, 17]
+    # Integral floats and an Excel byte-order mark are data too, never a header.
+    path.write_text("12.0\n13.0\n14.0\n")
+    assert lengths_from_file(path).tolist() == [12, 13, 14]
+    path.write_text("\ufeff100\n200\n300\n", encoding="utf-8")
+    assert lengths_from_file(path).tolist() == [100, 200, 300]
+    path.write_text("\ufefflength,x\n5,1\n6,2\n", encoding="utf-8")
+    assert lengths_from_file(path, column="length").tolist() == [5, 6]
 
 
 def test_csv_with_several_columns(tmp_path):
