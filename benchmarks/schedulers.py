@@ -47,7 +47,7 @@ from typing import Any, Callable  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
-from seqpack.cost import CostModel, model_preset  # noqa: E402
+from seqpack.cost import model_preset  # noqa: E402
 from seqpack.mock_data import generate_lengths  # noqa: E402
 from seqpack.schedulers import Schedule, get_scheduler  # noqa: E402
 from seqpack.stats import StepStats  # noqa: E402

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
 import torch.distributed as dist
 
 from seqpack import MockSFTDataset, PackedBatch, Topology, lognormal_lengths, wrap_data_iterator

@@ -290,6 +290,6 @@ def test_topology_from_groups_matches_the_mesh(dist_pools):
         assert r["cp_peers"] == r["mesh_cp_peers"] and rank in r["cp_peers"]
         overlap, missing_world, foreign = r["errors"]
         assert "share ranks" in overlap and "must meet only in this rank" in overlap
-        assert missing_world == f"dp(2) * cp(1) * tp(1) * pp(1) = 2 != world_size(4)"
+        assert missing_world == "dp(2) * cp(1) * tp(1) * pp(1) = 2 != world_size(4)"
         assert f"the dp group does not contain this rank ({rank})" in foreign
         assert "mesh dim 'dp_shard' is not one of dp, cp, tp, pp" in r["unnamed"]
