@@ -12,6 +12,15 @@ import torch.distributed as dist
 from seqpack.cp import gather_order
 
 
+def check_cp_shard(batch, cp_size: int, cp_rank: int) -> None:
+    """Raise ``ValueError`` unless ``batch`` is CP shard ``cp_rank`` of ``cp_size``."""
+    if batch.cp_size != cp_size or batch.cp_rank != cp_rank:
+        raise ValueError(
+            f"batch is CP shard {batch.cp_rank} of {batch.cp_size} but this module runs as CP rank "
+            f"{cp_rank} of {cp_size}; shard with seqpack.cp.shard_for_cp(batch, {cp_size}, {cp_rank})"
+        )
+
+
 def _all_to_all_equal(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     # Row block j of x (dim 0 cut in group-size equal blocks) goes to rank j; row block i of
     # the result came from rank i.

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from seqpack.compute._collectives import all_gather_tokens, cp_token_orders
+from seqpack.compute._collectives import all_gather_tokens, check_cp_shard, cp_token_orders
 from seqpack.thd import PackedBatch
 
 __all__ = ["ThdAttention", "thd_attention", "select_backend", "BACKENDS", "CP_COMM_TYPES"]
@@ -335,9 +335,4 @@ class ThdAttention(nn.Module):
             raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
         if k.device != q.device or v.device != q.device:
             raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-        if batch.cp_size != self.cp_size or batch.cp_rank != self.cp_rank:
-            raise ValueError(
-                f"batch is CP shard {batch.cp_rank} of {batch.cp_size} but this module runs as CP rank "
-                f"{self.cp_rank} of {self.cp_size}; shard with seqpack.cp.shard_for_cp(batch, "
-                f"{self.cp_size}, {self.cp_rank})"
-            )
+        check_cp_shard(batch, self.cp_size, self.cp_rank)

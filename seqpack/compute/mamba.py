@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from seqpack.compute._collectives import all_to_all_tokens, cp_token_orders
+from seqpack.compute._collectives import all_to_all_tokens, check_cp_shard, cp_token_orders
 from seqpack.thd import PackedBatch
 
 __all__ = ["Mamba2Mixer", "GatedRMSNorm", "causal_conv1d", "ssd_scan", "seq_idx_from_cu_seqlens", "MAMBA_BACKENDS"]
@@ -410,9 +410,4 @@ class Mamba2Mixer(nn.Module):
             )
         if hidden.dtype != self.in_proj.weight.dtype:
             raise TypeError(f"hidden has dtype {hidden.dtype} but the parameters are {self.in_proj.weight.dtype}")
-        if batch.cp_size != self.cp_size or batch.cp_rank != self.cp_rank:
-            raise ValueError(
-                f"batch is CP shard {batch.cp_rank} of {batch.cp_size} but this module runs as CP rank "
-                f"{self.cp_rank} of {self.cp_size}; shard with seqpack.cp.shard_for_cp(batch, "
-                f"{self.cp_size}, {self.cp_rank})"
-            )
+        check_cp_shard(batch, self.cp_size, self.cp_rank)
