@@ -102,5 +102,5 @@ def check_choice(name: str, value: object, choices: type[E]) -> E:
     try:
         return choices(value)
     except ValueError:
-        valid = ", ".join(repr(member.value) for member in choices)
-        raise ConfigError(f"{name} must be one of {valid}; got {value!r}") from None
+        valid = tuple(member.value for member in choices)
+        raise ConfigError(f"{name} must be one of {valid}, got {value!r}") from None
