@@ -10,7 +10,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from seqpack.comm import broadcast_pp, broadcast_tp, exchange_samples, gather_lengths
+from seqpack.config import DataOwner, OnOversize, PackingConfig, Sync
+from seqpack.dist import broadcast_pp, broadcast_tp, exchange_samples, gather_lengths
+from seqpack.errors import ConfigError, SampleError, SeqpackError, SeqpackTypeError, StepFailed
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.cost import CostModel, ModelSpec, mamba2_flops, model_preset, transformer_flops
@@ -30,6 +32,15 @@ from seqpack.wrapper import PackingIterator, Step, wrap_data_iterator
 
 __all__ = [
     "__version__",
+    "ConfigError",
+    "DataOwner",
+    "OnOversize",
+    "PackingConfig",
+    "SampleError",
+    "SeqpackError",
+    "SeqpackTypeError",
+    "StepFailed",
+    "Sync",
     "CostModel",
     "Mamba2Mixer",
     "MockSFTDataset",

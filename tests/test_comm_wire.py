@@ -16,7 +16,9 @@ from seqpack.comm import (
     STATUS_END,
     STATUS_ERROR,
     STATUS_OK,
-    StepMessage,
+    StepEnd,
+    StepError,
+    StepOk,
     WireBuffers,
     agree_status,
     batch_from_layout,
@@ -27,6 +29,7 @@ from seqpack.comm import (
     plan_exchange,
 )
 from seqpack.cp import shard_for_cp
+from seqpack.dist.wire import STEP_WORDS
 from seqpack.schedulers import get_scheduler
 from seqpack.stats import StepStats
 from seqpack.thd import pack_sequences, pad_multiple_for, padding_only_batch
@@ -56,7 +59,7 @@ def _message(cp=2, cp_rank=1, dp=2, lengths=(5, 3, 9, 1, 12, 7, 2, 13), position
         ids = sched.assignment[m][0]
         b = padding_only_batch(pm) if ids.size == 0 else pack_sequences([samples[i] for i in ids], pad_multiple=pm, sample_ids=ids)
         batches.append(shard_for_cp(b, cp, cp_rank))
-    return StepMessage(STATUS_OK, step=7, schedule=sched, microbatches=batches, empty_samples=2, position_ids=positions)
+    return StepOk(step=7, schedule=sched, microbatches=batches, empty_samples=2, position_ids=positions)
 
 
 def _same_batch(a, b, tokens=True):
@@ -121,12 +124,12 @@ def test_counts_stay_exact_beyond_float32():
     # Sums of squares far above 2**24 (float32's exact range) survive the wire exactly.
     lengths = np.array([40_000, 65_537, 3, 100_003], dtype=np.int64)
     sched = get_scheduler("empty").schedule(lengths, dp_size=1, max_tokens_per_rank=200_000)
-    msg = StepMessage(STATUS_OK, schedule=sched, microbatches=[])
-    msg.microbatches = [
+    batches = [
         batch_from_layout(np.r_[0, np.cumsum(lengths[ids])], np.r_[0, np.cumsum(lengths[ids])],
                           int(lengths[ids].max()), ids)
         for ids in (row[0] for row in sched.assignment)
     ]
+    msg = StepOk(0, schedule=sched, microbatches=batches)
     stats = StepStats.from_schedule(decode_step(encode_step(msg, kind=KIND_LAYOUT)).schedule)
     assert stats.seqlen_sq_sum == sum(int(v) ** 2 for v in lengths) > 2**24
     assert stats.seqlen_sum == int(lengths.sum())
@@ -134,13 +137,19 @@ def test_counts_stay_exact_beyond_float32():
 
 @pytest.mark.parametrize("status", [STATUS_END, STATUS_ERROR])
 def test_status_messages_round_trip(status):
-    msg = StepMessage(status, step=3, dropped_at_end=11, message="bad input on DP rank 1: naïve" if status == STATUS_ERROR else "")
+    if status == STATUS_END:
+        msg = StepEnd(3, dropped_at_end=11, empty_samples=2)
+    else:
+        msg = StepError(3, "bad input on DP rank 1: naïve", rank=5)
     wire = encode_step(msg)
     assert int(wire.prefix[2]) == status
     got = decode_step(wire)
-    assert (got.status, got.step, got.dropped_at_end) == (status, 3, 11)
-    assert got.message == msg.message
-    assert got.schedule is None and got.microbatches == []
+    assert got == msg and got.status == status
+
+
+def test_an_error_without_a_rank_round_trips():
+    msg = StepError(4, "ranks of the cp group disagree on schedules")
+    assert decode_step(encode_step(msg)) == msg
 
 
 def test_version_mismatch_is_an_error():
@@ -166,7 +175,7 @@ def test_truncated_and_oversized_buffers_are_errors():
     # A prefix that lies about the header: the arithmetic is in the message.
     prefix = wire.prefix.clone()
     prefix[3] += 1
-    with pytest.raises(ValueError, match=r"header_len=\d+ but \d+ microbatches need 8 \+ 16 \+ 3\*\d+ = \d+"):
+    with pytest.raises(ValueError, match=rf"header_len=\d+ but \d+ microbatches need 8 \+ {STEP_WORDS} \+ 3\*\d+ = \d+"):
         decode_prefix(prefix)
 
 
@@ -174,7 +183,7 @@ def test_corrupted_payload_fails_the_fingerprint():
     msg = _message()
     wire = encode_step(msg)
     ints = wire.ints.clone()
-    body = 16 + 3 * int(wire.prefix[7])
+    body = STEP_WORDS + 3 * int(wire.prefix[7])
     ints[body + msg.schedule.num_sequences] += 1  # first scheduled length
     with pytest.raises(ValueError, match="fingerprint"):
         decode_step(dataclasses.replace(wire, ints=ints))
@@ -185,7 +194,7 @@ def test_encode_rejects_bad_messages():
     with pytest.raises(ValueError, match="kind must be"):
         encode_step(msg, kind=3)
     with pytest.raises(ValueError, match="needs its schedule"):
-        encode_step(StepMessage(STATUS_OK))
+        encode_step(StepOk(0, None, []))
     stripped = dataclasses.replace(msg, microbatches=[dataclasses.replace(b, input_ids=None) for b in msg.microbatches])
     with pytest.raises(ValueError, match="microbatch 0 has no tokens"):
         encode_step(stripped, kind=KIND_BATCH)

@@ -11,11 +11,12 @@ import dataclasses
 import functools
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from seqpack.errors import ScheduleError
 from seqpack.thd import padded_lengths
 
 if TYPE_CHECKING:
@@ -102,6 +103,72 @@ class Schedule:
             micro[ids] = cell // self.dp_size
             slot[ids] = np.arange(ids.shape[0], dtype=np.int64) - starts[cell]
         return replica, micro, slot
+
+    # Arrays of :meth:`to_arrays`, in wire order after ``limits``.
+    ARRAY_FIELDS: ClassVar[tuple[str, ...]] = (
+        "original_lengths",
+        "lengths",
+        "cell_counts",
+        "assigned",
+        "deferred",
+        "dropped",
+        "truncated",
+    )
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The schedule as flat int64 arrays (what travels on the wire).
+
+        ``limits`` is ``[num_microbatches, dp_size, cp_size, max_tokens_per_rank,
+        pad_multiple]``; ``cell_counts[m*dp + d]`` is the number of ids of cell ``(m, d)``,
+        whose ids follow each other in ``assigned``. :meth:`from_arrays` inverts it.
+        """
+        ids, _, counts = self._flat
+        limits = [self.num_microbatches, self.dp_size, self.cp_size, self.max_tokens_per_rank, self.pad_multiple]
+        return {
+            "limits": np.array(limits, dtype=np.int64),
+            "original_lengths": np.ascontiguousarray(self.original_lengths, dtype=np.int64),
+            "lengths": np.ascontiguousarray(self.lengths, dtype=np.int64),
+            "cell_counts": counts,
+            "assigned": ids,
+            "deferred": np.ascontiguousarray(self.deferred, dtype=np.int64),
+            "dropped": np.ascontiguousarray(self.dropped, dtype=np.int64),
+            "truncated": np.ascontiguousarray(self.truncated, dtype=np.int64),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> Schedule:
+        """Rebuild a schedule from :meth:`to_arrays` (copies every array).
+
+        Raises:
+            ScheduleError: Missing arrays or counts that do not add up.
+        """
+        missing = [k for k in ("limits", *cls.ARRAY_FIELDS) if k not in arrays]
+        if missing:
+            raise ScheduleError(f"schedule arrays are missing {missing}")
+        limits = np.asarray(arrays["limits"], dtype=np.int64).reshape(-1)
+        if limits.shape[0] != 5:
+            raise ScheduleError(f"schedule limits must hold 5 values, got {limits.tolist()}")
+        m_count, dp = int(limits[0]), int(limits[1])
+        get = {k: np.array(arrays[k], dtype=np.int64).reshape(-1) for k in cls.ARRAY_FIELDS}
+        counts, assigned = get["cell_counts"], get["assigned"]
+        if m_count < 0 or dp < 1 or counts.shape[0] != m_count * dp:
+            raise ScheduleError(f"{counts.shape[0]} cell counts for {m_count} microbatches x {dp} replicas")
+        if int(counts.sum()) != assigned.shape[0] or (counts.size and counts.min() < 0):
+            raise ScheduleError(f"cell counts sum to {int(counts.sum())} but {assigned.shape[0]} ids are assigned")
+        cells = np.split(assigned, np.cumsum(counts)[:-1]) if counts.size else []
+        return cls(
+            num_microbatches=m_count,
+            assignment=[[np.ascontiguousarray(cells[m * dp + d]) for d in range(dp)] for m in range(m_count)],
+            lengths=get["lengths"],
+            original_lengths=get["original_lengths"],
+            dp_size=dp,
+            cp_size=int(limits[2]),
+            max_tokens_per_rank=int(limits[3]),
+            pad_multiple=int(limits[4]),
+            deferred=get["deferred"],
+            dropped=get["dropped"],
+            truncated=get["truncated"],
+        )
 
     def fingerprint(self) -> int:
         """A 63-bit hash of the whole schedule, equal on ranks that computed the same one."""

@@ -7,12 +7,14 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from wrapper_data import ScatterScheduler, batch_arrays
 
 from seqpack.comm import (
     STATUS_END,
     STATUS_ERROR,
     STATUS_OK,
-    StepMessage,
+    StepEnd,
+    StepOk,
     agree_status,
     broadcast_pp,
     broadcast_tp,
@@ -23,7 +25,6 @@ from seqpack.cp import shard_for_cp
 from seqpack.schedulers import get_scheduler
 from seqpack.thd import pack_sequences, pad_multiple_for, padding_only_batch
 from seqpack.topology import Topology
-from wrapper_data import ScatterScheduler, batch_arrays
 
 _CACHE: dict = {}
 
@@ -196,7 +197,7 @@ def _message(cp, cp_rank, tokens=True, positions=False):
                    for g, n in zip(ids, lengths[ids])]
         batch = pack_sequences(samples, pad_multiple=pm, sample_ids=ids) if ids.size else padding_only_batch(pm)
         batches.append(shard_for_cp(batch, cp, cp_rank))
-    return StepMessage(STATUS_OK, step=4, schedule=schedule, microbatches=batches, empty_samples=1, position_ids=positions)
+    return StepOk(step=4, schedule=schedule, microbatches=batches, empty_samples=1, position_ids=positions)
 
 
 def broadcast_case(positions):
@@ -207,7 +208,7 @@ def broadcast_case(positions):
     pp = _cached("pp4", lambda: Topology.from_device_mesh(init_device_mesh("cpu", (4,), mesh_dim_names=("pp",))))
     first = _message(1, 0, positions=positions) if pp.is_first_stage else None
     layout = broadcast_pp(first, pp.group("pp"), decode=pp.pp_rank != 3)
-    end = broadcast_tp(StepMessage(STATUS_END, 9, dropped_at_end=5) if topo.tp_rank == 0 else None, topo.group("tp"))
+    end = broadcast_tp(StepEnd(9, dropped_at_end=5) if topo.tp_rank == 0 else None, topo.group("tp"))
     return (
         topo.cp_rank,
         [batch_arrays(b) for b in got.microbatches],
