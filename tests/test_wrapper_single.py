@@ -261,3 +261,59 @@ def test_cost_of_the_wrong_type_is_a_clear_error_at_construction():
 
     with pytest.raises(ValueError, match=r"cost must be a seqpack.CostModel or None, got ModelSpec \(ModelSpec.cost_model"):
         _wrap(items(SEED, 0, 6), cost=model_preset("llama3-8b"))
+
+
+def test_resume_rejects_another_on_oversize_scheduler_options_or_cost():
+    it = _wrap(items(SEED, 0, 12), scheduler="balanced")
+    next(it)
+    state = it.state_dict()
+    for change, name in (
+        ({"on_oversize": "drop"}, "on_oversize"),
+        ({"scheduler_options": {"order": "pipeline"}}, "scheduler"),
+        ({"cost": CostModel(1.0, 0.5)}, "cost"),
+    ):
+        with pytest.raises(ValueError, match=rf"another configuration: {name}: .*\(saved\) vs .*\(here\)"):
+            _wrap(items(SEED, 0, 12), scheduler="balanced", **change).load_state_dict(state)
+    _wrap(items(SEED, 0, 12), scheduler="balanced").load_state_dict(state)  # the same config loads
+
+
+@pytest.mark.parametrize("key, value", [("consumed", -1), ("steps", -3), ("consumed", 1.5)])
+def test_resume_rejects_negative_or_fractional_counts(key, value):
+    it = _wrap(items(SEED, 0, 12))
+    next(it)
+    state = dict(it.state_dict(), **{key: value})
+    with pytest.raises(ValueError, match=rf"state\['{key}'\]"):
+        _wrap(items(SEED, 0, 12)).load_state_dict(state)
+
+
+def test_a_failed_step_raises_step_failed_with_its_cause_and_the_iterator_stays_failed():
+    from seqpack.errors import ResumeError, SampleError, StepFailed
+
+    it = _wrap(items(SEED, 0, 18, bad={"index": 8, "kind": "missing_input_ids"}))
+    first = next(it)
+    assert first.step == 0
+    with pytest.raises(StepFailed) as failed:
+        next(it)
+    assert failed.value.step == 1 and failed.value.rank == 0
+    assert isinstance(failed.value.__cause__, SampleError)
+    with pytest.raises(StepFailed, match="failed at step 1 and cannot continue"):
+        next(it)
+    with pytest.raises(ResumeError, match="failed at step 1"):
+        it.state_dict()
+
+
+def test_config_object_and_overrides():
+    from seqpack.config import PackingConfig
+
+    config = PackingConfig(samples_per_rank=6, max_tokens_per_rank=48, scheduler="empty", pad_multiple=4)
+    a = list(wrap_data_iterator(items(SEED, 0, 18), Topology.single(), config))
+    b = list(_wrap(items(SEED, 0, 18)))
+    assert [s.schedule_fingerprint for s in a] == [s.schedule_fingerprint for s in b]
+    c = wrap_data_iterator(items(SEED, 0, 18), Topology.single(), config, samples_per_rank=3)
+    assert c.config.samples_per_rank == 3 and c.samples_per_rank == 3
+    with pytest.raises(ValueError, match=r"unknown PackingConfig field\(s\) \['sample_per_rank'\]"):
+        wrap_data_iterator(items(SEED, 0, 18), Topology.single(), config, sample_per_rank=3)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['foo'\]"):
+        _wrap(items(SEED, 0, 18), foo=1)
+    with pytest.raises(ValueError, match="needs max_tokens_per_rank"):
+        wrap_data_iterator(items(SEED, 0, 18), Topology.single(), samples_per_rank=3)

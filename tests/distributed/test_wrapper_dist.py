@@ -413,3 +413,74 @@ def test_ranks_with_other_scheduler_options_or_cost_are_caught_at_construction(d
     errors = set(dist_pools.get(4).run(run_mismatched, layout, cfg))
     assert len(errors) == 1
     assert "ranks of the dp group disagree on wrapper arguments" in errors.pop()
+
+
+@pytest.mark.parametrize("name", ["dp4", "dp2cp2", "pp3"])
+def test_one_rank_running_dry_without_drop_last_gives_one_partial_step_then_the_end(dist_pools, name):
+    # DP rank 1 holds 20 items, the others 40: the step where rank 1 runs dry is yielded
+    # (drop_last=False) and is the last one; the others' later data is never read, and no
+    # sample that was read is lost (_check_run: each exactly once, nothing dropped).
+    cfg = {"scheduler": "test_scatter", "items": {1: 20, "default": 40}, "drop_last": False}
+    if _sizes(LAYOUTS[name][0])["dp"] == 1:
+        cfg["items"] = 20
+    layout, cfg, results = _run(dist_pools, name, cfg)
+    steps = {len(r["steps"]) for r in results}
+    assert steps == {4}
+    assert all(r["dropped_at_end"] == 0 for r in results)
+    sizes = _sizes(layout)
+    if sizes["dp"] > 1:
+        # Every rank read exactly as far as the last step: 4 steps of 6, except rank 1's 20.
+        last = results[0]["steps"][-1]["stats"]
+        assert last["num_sequences"] > 0
+        cfg_exact = dict(cfg, items={1: 20, "default": 24})  # what was read: check exactly-once on it
+        _check_run(results, layout, cfg_exact)
+
+
+def run_failure_contract(layout, where):
+    from seqpack.errors import ResumeError, StepFailed
+
+    topo = _topology(layout)
+    reads = topo.tp_rank == 0 and (topo.is_first_stage or topo.is_last_stage)
+    bad = {"index": 9, "kind": "missing_input_ids"} if _matches(topo, where) else None
+    it = wrap_data_iterator(
+        items(SEED, topo.dp_rank, 18, bad=bad) if reads else None,
+        topo,
+        samples_per_rank=6,
+        max_tokens_per_rank=96 // topo.cp_size if topo.cp_size > 1 else 48,
+        scheduler="empty",
+    )
+    next(it)
+    out = {"rank": dist.get_rank()}
+    try:
+        next(it)
+    except StepFailed as exc:
+        out.update(message=str(exc), step=exc.step, failed_rank=exc.rank, cause=type(exc.__cause__).__name__)
+    try:
+        next(it)
+    except StepFailed as exc:
+        out["again"] = (str(exc), exc.step)
+    try:
+        it.state_dict()
+    except ResumeError as exc:
+        out["state"] = str(exc)
+    return out
+
+
+@pytest.mark.parametrize("name, where", [("dp4", {"dp": 2}), ("dp2tp2-tp0", {"dp": 1, "tp": 0}), ("pp3", {"pp": 2})])
+def test_step_failed_names_step_and_rank_everywhere_and_the_iterator_refuses_to_continue(dist_pools, name, where):
+    layout, _ = LAYOUTS[name]
+    sizes = _sizes(layout)
+    results = dist_pools.get(sizes["dp"] * sizes["cp"] * sizes["tp"] * sizes["pp"]).run(
+        run_failure_contract, layout, where
+    )
+    assert len({r["message"] for r in results}) == 1
+    assert {r["step"] for r in results} == {1}
+    failed = {r["failed_rank"] for r in results}
+    assert len(failed) == 1
+    culprit = failed.pop()
+    # The original exception is the __cause__ on the failing rank only.
+    assert [r["rank"] for r in results if r["cause"] == "SampleError"] == [culprit]
+    assert all(r["cause"] == "NoneType" for r in results if r["rank"] != culprit)
+    for r in results:
+        assert "cannot continue" in r["again"][0] and r["again"][1] == 1
+        assert "failed at step 1" in r["state"]
