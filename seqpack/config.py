@@ -32,7 +32,14 @@ __all__ = [
 ]
 
 
-class Axis(StrEnum):
+class _Option(StrEnum):
+    """A StrEnum whose ``repr`` is its string's, so messages read ``'cp'``, not ``<Axis.CP: 'cp'>``."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Axis(_Option):
     """Parallelism axes, in the order seqpack walks them."""
 
     DP = "dp"  # data-parallel replicas (one CP lane)
@@ -44,14 +51,14 @@ class Axis(StrEnum):
 AXES: tuple[Axis, ...] = tuple(Axis)
 
 
-class DataOwner(StrEnum):
+class DataOwner(_Option):
     """Which ranks read data in the wrapper."""
 
     TP0 = "tp0"  # Megatron: TP rank 0 of the first and last stage reads; broadcast the rest
     ALL = "all"  # every rank reads identical data for its DP rank; nothing is broadcast
 
 
-class OnOversize(StrEnum):
+class OnOversize(_Option):
     """What happens to a sequence longer than one microbatch holds."""
 
     ERROR = "error"  # raise, naming the sample and the limits
@@ -59,14 +66,14 @@ class OnOversize(StrEnum):
     DROP = "drop"  # leave out; counted in the stats
 
 
-class Order(StrEnum):
+class Order(_Option):
     """Order in which a replica runs its microbatches."""
 
     HEAVY_FIRST = "heavy_first"  # a memory peak shows up at the first microbatch
     PIPELINE = "pipeline"  # light at both ends, heavy in the middle: shorter bubbles
 
 
-class Objective(StrEnum):
+class Objective(_Option):
     """What ``balanced``'s repair trades when replica and round balance conflict."""
 
     BOTH = "both"
@@ -74,26 +81,26 @@ class Objective(StrEnum):
     REPLICAS = "replicas"
 
 
-class Sync(StrEnum):
+class Sync(_Option):
     """How replicas synchronise within a step, hence what a step waits for."""
 
     LOCKSTEP = "lockstep"  # FSDP / pipeline: every microbatch round waits for its slowest replica
     REPLICA = "replica"  # DDP / ZeRO-1: the step waits for the slowest replica's total
 
 
-class AttentionBackend(StrEnum):
+class AttentionBackend(_Option):
     AUTO = "auto"
     TE = "te"
     TORCH = "torch"
 
 
-class MambaBackend(StrEnum):
+class MambaBackend(_Option):
     AUTO = "auto"
     MAMBA_SSM = "mamba_ssm"
     TORCH = "torch"
 
 
-class CpCommType(StrEnum):
+class CpCommType(_Option):
     """Transformer Engine's context-parallel communication types."""
 
     P2P = "p2p"
@@ -184,7 +191,7 @@ class PackingConfig:
         for names; the instance itself when one was given)."""
         from seqpack.schedulers import get_scheduler
 
-        return get_scheduler(self.scheduler, **self.scheduler_options)
+        return get_scheduler(self.scheduler, **(self.scheduler_options or {}))
 
     def resolve(self, topology: Any) -> PackingConfig:
         """This config with ``pad_multiple`` resolved for ``topology`` and checked against it.

@@ -19,6 +19,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.validation import check_int
+
 __all__ = [
     "CostModel",
     "DEFAULT_MODEL",
@@ -44,9 +47,7 @@ def _mamba2_forward_per_token(hidden: int, d_inner: int, state: int, groups: int
 
 
 def _check_int(name: str, value: object, minimum: int = 1) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+    return check_int(name, value, minimum=minimum)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,27 +101,27 @@ class ModelSpec:
                 _check_int(field, getattr(self, field))
         groups = self.query_groups
         if self.num_attention_heads % groups:
-            raise ValueError(
+            raise ConfigError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of num_query_groups={groups}"
             )
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}; "
                 "pass kv_channels"
             )
         if self.hybrid_layer_pattern is not None:
             bad = sorted(set(self.hybrid_layer_pattern) - set("M*-"))
             if bad:
-                raise ValueError(
+                raise ConfigError(
                     f"hybrid_layer_pattern {self.hybrid_layer_pattern!r} has unknown layer types {bad}; "
                     "use M (Mamba2), * (attention), - (MLP)"
                 )
             if len(self.hybrid_layer_pattern) != self.num_layers:
-                raise ValueError(
+                raise ConfigError(
                     f"hybrid_layer_pattern has {len(self.hybrid_layer_pattern)} layers but num_layers={self.num_layers}"
                 )
             if (self.mamba_expand * self.hidden_size) % self.mamba_head_dim and self.mamba_num_heads is None:
-                raise ValueError(
+                raise ConfigError(
                     f"mamba_expand*hidden_size={self.mamba_expand * self.hidden_size} is not divisible by "
                     f"mamba_head_dim={self.mamba_head_dim}; pass mamba_num_heads"
                 )
@@ -276,7 +277,7 @@ def model_preset(name: str) -> ModelSpec:
     try:
         return MODEL_PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown model preset {name!r}; available: {', '.join(sorted(MODEL_PRESETS))}") from None
+        raise ConfigError(f"unknown model preset {name!r}; available: {', '.join(sorted(MODEL_PRESETS))}") from None
 
 
 def default_cost_model() -> CostModel:
@@ -339,7 +340,7 @@ def mamba2_flops(
     d_inner = expand * hidden_size
     if num_heads is None:
         if d_inner % head_dim:
-            raise ValueError(f"expand*hidden_size={d_inner} is not divisible by head_dim={head_dim}; pass num_heads")
+            raise ConfigError(f"expand*hidden_size={d_inner} is not divisible by head_dim={head_dim}; pass num_heads")
         num_heads = d_inner // head_dim
     per_token = _mamba2_forward_per_token(hidden_size, d_inner, state_dim, num_groups, _check_int("num_heads", num_heads))
     return _TRAIN * num_layers * per_token * seqlen_sum
@@ -361,11 +362,11 @@ class CostModel:
         for name in ("linear", "quadratic", "constant"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise TypeError(f"CostModel.{name} must be a number, got {value!r}")
+                raise SeqpackTypeError(f"CostModel.{name} must be a number, got {value!r}")
             if not np.isfinite(value) or value < 0:
-                raise ValueError(f"CostModel.{name} must be finite and >= 0, got {value!r}")
+                raise ConfigError(f"CostModel.{name} must be finite and >= 0, got {value!r}")
         if self.linear == 0 and self.quadratic == 0:
-            raise ValueError("CostModel needs linear > 0 or quadratic > 0")
+            raise ConfigError("CostModel needs linear > 0 or quadratic > 0")
 
     def cost(self, lengths: Sequence[int] | np.ndarray) -> np.ndarray:
         """Cost of each sequence (float64, same shape as ``lengths``; no ``constant``)."""
@@ -439,12 +440,12 @@ class CostModel:
             ValueError: Fewer than 3 microbatches, mismatched inputs, or no positive fit.
         """
         if len(microbatches) != len(seconds):
-            raise ValueError(f"{len(microbatches)} microbatches but {len(seconds)} timings")
+            raise ConfigError(f"{len(microbatches)} microbatches but {len(seconds)} timings")
         if len(microbatches) < 3:
-            raise ValueError(f"fitting 3 coefficients needs at least 3 timed microbatches, got {len(microbatches)}")
+            raise ConfigError(f"fitting 3 coefficients needs at least 3 timed microbatches, got {len(microbatches)}")
         y = np.asarray(seconds, dtype=np.float64)
         if not np.all(np.isfinite(y)) or np.any(y < 0):
-            raise ValueError("timings must be finite and >= 0")
+            raise ConfigError("timings must be finite and >= 0")
         feats = np.array(
             [[1.0, float(np.sum(np.asarray(mb, np.float64))), float(np.sum(np.asarray(mb, np.float64) ** 2))]
              for mb in microbatches]
@@ -463,7 +464,7 @@ class CostModel:
             active.pop(int(np.argmin(sol)))  # the most negative term goes
         constant, linear, quadratic = coef / scale
         if linear <= 0 and quadratic <= 0:
-            raise ValueError("timings do not grow with sequence length: no cost model fits")
+            raise ConfigError("timings do not grow with sequence length: no cost model fits")
         return cls(float(linear), float(quadratic), float(constant))
 
     @classmethod

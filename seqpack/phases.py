@@ -122,9 +122,10 @@ def normalize_item(item: Any, index: int) -> list[Sample]:
         raise SampleError(f"{where} must be a mapping of 1-D tensors, got {type(item).__name__}")
     if "input_ids" not in item or item["input_ids"] is None:
         raise SampleError(f"{where} has no 'input_ids' (keys: {sorted(item)})")
+    parts: list[Mapping[str, Any]]
     if "cu_seqlens" in item:
         try:
-            parts = split_packed_sample(item)
+            parts = list(split_packed_sample(item))
         except (ValueError, TypeError, IndexError) as exc:
             raise SampleError(f"{where} is pre-packed with a bad layout: {exc}") from exc
     else:

@@ -20,17 +20,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch.distributed as dist
 
-AXES = ("dp", "cp", "tp", "pp")
+from seqpack.config import AXES, Axis
+from seqpack.errors import ConfigError
+from seqpack.validation import check_int, check_positive_int
 
-__all__ = ["AXES", "Topology"]
-
-
-def _check_positive(name: str, value: object) -> None:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+__all__ = ["AXES", "Axis", "Topology"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,28 +57,27 @@ class Topology:
 
     def __post_init__(self) -> None:
         for axis in AXES:
-            _check_positive(f"{axis}_size", getattr(self, f"{axis}_size"))
-            rank = getattr(self, f"{axis}_rank")
-            size = getattr(self, f"{axis}_size")
-            if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool) or not 0 <= rank < size:
-                raise ValueError(f"{axis}_rank={rank!r} is out of range for {axis}_size={size} (valid: 0..{size - 1})")
+            size = check_positive_int(f"{axis}_size", getattr(self, f"{axis}_size"))
+            rank = check_int(f"{axis}_rank", getattr(self, f"{axis}_rank"))
+            if not 0 <= rank < size:
+                raise ConfigError(f"{axis}_rank={rank!r} is out of range for {axis}_size={size} (valid: 0..{size - 1})")
         product = self.dp_size * self.cp_size * self.tp_size * self.pp_size
         if self.world_size is None:
             object.__setattr__(self, "world_size", product)
         elif product != self.world_size:
-            raise ValueError(
+            raise ConfigError(
                 f"dp({self.dp_size}) * cp({self.cp_size}) * tp({self.tp_size}) * pp({self.pp_size}) = {product} "
                 f"!= world_size({self.world_size})"
             )
         unknown = set(self.groups) - set(AXES)
         if unknown:
-            raise ValueError(f"unknown axis name(s) {sorted(unknown)} in groups; valid axes: {', '.join(AXES)}")
+            raise ConfigError(f"unknown axis name(s) {sorted(unknown)} in groups; valid axes: {', '.join(AXES)}")
         normalised = {}
         for axis in AXES:
             group = self.groups.get(axis)
             size = getattr(self, f"{axis}_size")
             if size > 1 and group is None:
-                raise ValueError(f"axis {axis!r} has size {size} but no process group")
+                raise ConfigError(f"axis {axis!r} has size {size} but no process group")
             normalised[axis] = group if size > 1 else None
         object.__setattr__(self, "groups", normalised)
 
@@ -110,23 +105,23 @@ class Topology:
         """
         names = tuple(mesh.mesh_dim_names or ())
         if len(names) != mesh.ndim:
-            raise ValueError(f"the device mesh must name its dims ({', '.join(AXES)}), got mesh_dim_names={names}")
+            raise ConfigError(f"the device mesh must name its dims ({', '.join(AXES)}), got mesh_dim_names={names}")
         mapping = {axis: axis for axis in AXES if axis in names}
         if axis_names:
             bad = set(axis_names) - set(AXES)
             if bad:
-                raise ValueError(f"axis_names keys must be in {AXES}, got {sorted(bad)}")
+                raise ConfigError(f"axis_names keys must be in {AXES}, got {sorted(bad)}")
             mapping.update(axis_names)
         by_dim = {dim: axis for axis, dim in mapping.items()}
         for dim in names:
             if dim not in by_dim:
-                raise ValueError(
+                raise ConfigError(
                     f"mesh dim {dim!r} is not one of {', '.join(AXES)}; flatten it into one of them or pass "
                     f"axis_names={{'dp': {dim!r}}} (mesh dims: {names})"
                 )
         for axis, dim in mapping.items():
             if dim not in names:
-                raise ValueError(f"axis_names maps {axis!r} to {dim!r}, which is not a mesh dim {names}")
+                raise ConfigError(f"axis_names maps {axis!r} to {dim!r}, which is not a mesh dim {names}")
         kwargs: dict[str, Any] = {}
         groups = {}
         for axis, dim in mapping.items():
@@ -168,10 +163,10 @@ class Topology:
             if group is None:
                 continue
             if group is dist.GroupMember.NON_GROUP_MEMBER:
-                raise ValueError(f"the {axis} group does not contain this rank ({me}): pass the group this rank is in")
+                raise ConfigError(f"the {axis} group does not contain this rank ({me}): pass the group this rank is in")
             ranks = dist.get_process_group_ranks(group)
             if me not in ranks:
-                raise ValueError(f"the {axis} group {ranks} does not contain this rank ({me})")
+                raise ConfigError(f"the {axis} group {ranks} does not contain this rank ({me})")
             kwargs[f"{axis}_size"] = len(ranks)
             kwargs[f"{axis}_rank"] = ranks.index(me)
             members[axis] = set(ranks)
@@ -180,7 +175,7 @@ class Topology:
             for b in axes[i + 1 :]:
                 shared = members[a] & members[b]
                 if shared != {me}:
-                    raise ValueError(
+                    raise ConfigError(
                         f"the {a} group {sorted(members[a])} and the {b} group {sorted(members[b])} share ranks "
                         f"{sorted(shared)}; axis groups must meet only in this rank ({me})"
                     )
@@ -190,10 +185,10 @@ class Topology:
 
     # -- lookups --------------------------------------------------------------------------
 
-    def _axis(self, axis: str) -> str:
+    def _axis(self, axis: str) -> Axis:
         if axis not in AXES:
-            raise ValueError(f"unknown axis {axis!r}; valid axes: {', '.join(AXES)}")
-        return axis
+            raise ConfigError(f"unknown axis {axis!r}; valid axes: {', '.join(AXES)}")
+        return Axis(axis)
 
     def size(self, axis: str) -> int:
         return int(getattr(self, f"{self._axis(axis)}_size"))

@@ -41,11 +41,11 @@ def check_int(name: str, value: object, *, minimum: int | None = None, maximum: 
         SeqpackTypeError: Not an integer (floats and bools included).
         ConfigError: Out of range.
     """
+    what = "an integer" if minimum is None else "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     if not _is_int(value):
-        raise SeqpackTypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+        raise SeqpackTypeError(f"{name} must be {what}, got {value!r} ({type(value).__name__})")
     number = int(value)  # type: ignore[call-overload]
     if minimum is not None and number < minimum:
-        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ConfigError(f"{name} must be {what}, got {number}")
     if maximum is not None and number > maximum:
         raise ConfigError(f"{name}={number} is too large (at most {maximum})")

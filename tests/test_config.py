@@ -26,8 +26,8 @@ def test_strings_become_enum_members_and_compare_equal():
     "kw, error, message",
     [
         ({"samples_per_rank": 0}, ConfigError, "samples_per_rank must be a positive integer, got 0"),
-        ({"samples_per_rank": 2.0}, SeqpackTypeError, r"samples_per_rank must be an integer, got 2.0 \(float\)"),
-        ({"max_tokens_per_rank": True}, SeqpackTypeError, "max_tokens_per_rank must be an integer, got True"),
+        ({"samples_per_rank": 2.0}, SeqpackTypeError, r"samples_per_rank must be a positive integer, got 2.0 \(float\)"),
+        ({"max_tokens_per_rank": True}, SeqpackTypeError, "max_tokens_per_rank must be a positive integer, got True"),
         ({"max_tokens_per_rank": 2**63}, ConfigError, r"max_tokens_per_rank=9223372036854775808 is too large"),
         ({"data_owner": "rank0"}, ConfigError, r"data_owner must be one of \('tp0', 'all'\), got 'rank0'"),
         ({"drop_last": 1}, SeqpackTypeError, "drop_last must be True or False, got 1"),

@@ -127,7 +127,7 @@ def test_model_spec_validation():
         ModelSpec(64, 2, 4, 100, hybrid_layer_pattern="MX")
     with pytest.raises(ValueError, match="has 2 layers but num_layers=3"):
         ModelSpec(64, 3, 4, 100, hybrid_layer_pattern="M*")
-    with pytest.raises(ValueError, match="hidden_size must be an integer >= 1"):
+    with pytest.raises(ValueError, match="hidden_size must be a positive integer"):
         ModelSpec(0, 3, 4, 100)
     with pytest.raises(ValueError, match="unknown model preset 'gpt5'"):
         model_preset("gpt5")

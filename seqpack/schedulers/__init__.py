@@ -6,8 +6,9 @@ adds one under a new name.
 
 from __future__ import annotations
 
-from seqpack.schedulers.base import ON_OVERSIZE, Schedule, Scheduler, apply_oversize, as_lengths
+from seqpack.errors import ConfigError
 from seqpack.schedulers.balanced import BalancedScheduler
+from seqpack.schedulers.base import ON_OVERSIZE, Schedule, Scheduler, apply_oversize, as_lengths
 from seqpack.schedulers.dp_balanced import DpBalancedScheduler
 from seqpack.schedulers.empty import EmptyScheduler
 
@@ -17,7 +18,7 @@ _REGISTRY: dict[str, type[Scheduler]] = {}
 def register_scheduler(cls: type[Scheduler]) -> type[Scheduler]:
     """Class decorator: make ``cls`` available to :func:`get_scheduler` under ``cls.name``."""
     if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
+        raise ConfigError(f"{cls.__name__} has no name")
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -40,10 +41,10 @@ def get_scheduler(name: str | Scheduler = "balanced", **options) -> Scheduler:
     """
     if isinstance(name, Scheduler):
         if options:
-            raise ValueError("options cannot be given with a Scheduler instance")
+            raise ConfigError("options cannot be given with a Scheduler instance")
         return name
     if name not in _REGISTRY:
-        raise ValueError(f"unknown scheduler {name!r}; available: {', '.join(available_schedulers())}")
+        raise ConfigError(f"unknown scheduler {name!r}; available: {', '.join(available_schedulers())}")
     return _REGISTRY[name](**options)
 
 

@@ -68,14 +68,17 @@ import dataclasses
 
 import numpy as np
 
+from seqpack.config import Objective, Order
 from seqpack.cost import CostModel, default_cost_model
+from seqpack.errors import ConfigError, ScheduleError
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.base import Scheduler
 from seqpack.stats import round_sum_lower_bound
 from seqpack.thd import padded_lengths
+from seqpack.validation import check_choice, check_int, check_optional_int, check_positive_int
 
-ORDERS = ("heavy_first", "pipeline")
-OBJECTIVES = ("both", "rounds", "replicas")
+ORDERS = tuple(Order)
+OBJECTIVES = tuple(Objective)
 _GOOD_ENOUGH = 1e-3  # the repair stops within 0.1% of the replica bound
 _SWAP_CANDIDATES = 4  # lightest replicas the repair tries swaps with
 _GAP_FOR_MORE = 0.01  # a plan this far (1%) from its bounds tries one more microbatch...
@@ -201,10 +204,10 @@ def _repair(round_of, replica_of, load, tokens, padded, costs, order, dp_size, c
         rounds = _sorted_round_sum(state[2]) / round_bound
         return (*state, int(moves)), replica, rounds
 
-    if objective == "replicas":
+    if objective == Objective.REPLICAS:
         return run(np.inf)[0]
     strict, replica, rounds = run(0.0)
-    if objective == "rounds" or replica <= rounds + _GOOD_ENOUGH:
+    if objective == Objective.ROUNDS or replica <= rounds + _GOOD_ENOUGH:
         return strict
     # The goals conflict: find how much slower the rounds may get so that both end the same
     # distance from their bounds (bisection on the budget of sum_m max_d, up to where the
@@ -310,19 +313,18 @@ def plan_balanced(
     costs = np.ascontiguousarray(costs, dtype=np.float64)
     n = padded.shape[0]
     if costs.shape != padded.shape:
-        raise ValueError(f"costs has shape {costs.shape}, lengths {padded.shape}")
+        raise ConfigError(f"costs has shape {costs.shape}, lengths {padded.shape}")
     if n and padded.max() > capacity:
         i = int(np.argmax(padded))
-        raise ValueError(f"sequence {i} has {int(padded[i])} padded tokens > capacity {capacity}")
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+        raise ScheduleError(f"sequence {i} has {int(padded[i])} padded tokens > capacity {capacity}")
+    objective = check_choice("objective", objective, Objective)
     repair = 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
     order = _placement_order(padded, origin)
     if num_microbatches is not None:
         plan = _plan_at(padded, costs, order, dp_size, capacity, num_microbatches, constant, repair, objective)
         if plan is None:
             need = -(-int(padded.sum()) // (dp_size * capacity))
-            raise ValueError(
+            raise ScheduleError(
                 f"num_microbatches={num_microbatches} cannot hold {n} sequences of {int(padded.sum())} padded tokens "
                 f"in {dp_size} replicas of capacity {capacity} (the token lower bound alone is {need})"
             )
@@ -376,20 +378,12 @@ class BalancedScheduler(Scheduler):
         max_repair_moves: int | None = None,
         objective: str = "both",
     ) -> None:
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-        for name, value, low in (
-            ("min_microbatches", min_microbatches, 0),
-            ("microbatch_multiple", microbatch_multiple, 1),
-            ("num_microbatches", num_microbatches, 0),
-            ("max_repair_moves", max_repair_moves, 0),
-        ):
-            if value is None and name in ("num_microbatches", "max_repair_moves"):
-                continue
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        order = check_choice("order", order, Order)
+        objective = check_choice("objective", objective, Objective)
+        check_int("min_microbatches", min_microbatches, minimum=0)
+        check_positive_int("microbatch_multiple", microbatch_multiple)
+        check_optional_int("num_microbatches", num_microbatches, minimum=0)
+        check_optional_int("max_repair_moves", max_repair_moves, minimum=0)
         self.order = order
         self.min_microbatches = int(min_microbatches)
         self.microbatch_multiple = int(microbatch_multiple)
@@ -462,17 +456,16 @@ def round_position(load: np.ndarray, order: str = "heavy_first") -> np.ndarray:
     both ends, alternating (lightest first, second lightest last, ...), heaviest in the
     middle. Ties keep round order.
     """
+    order = check_choice("order", order, Order)
     m_count = load.shape[0]
     if m_count == 0:
         return np.zeros(0, dtype=np.int64)
     peak = load.max(axis=1)
     heavy_first = np.lexsort((np.arange(m_count), -peak))
     position = np.empty(m_count, dtype=np.int64)
-    if order == "heavy_first":
+    if order == Order.HEAVY_FIRST:
         position[heavy_first] = np.arange(m_count)
         return position
-    if order != "pipeline":
-        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     light_first = heavy_first[::-1]
     left, right = 0, m_count - 1
     for k, r in enumerate(light_first):

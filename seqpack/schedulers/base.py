@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from seqpack.errors import ScheduleError
+from seqpack.config import OnOversize
+from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
 from seqpack.thd import padded_lengths
+from seqpack.validation import check_choice, check_positive_int
 
 if TYPE_CHECKING:
     from seqpack.cost import CostModel
 
-ON_OVERSIZE = ("error", "truncate", "drop")
+ON_OVERSIZE = tuple(OnOversize)
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
@@ -85,7 +87,7 @@ class Schedule:
         per_seq = padded_lengths(self.lengths, self.pad_multiple) if padded else self.lengths
         ids, cell, counts = self._flat
         if counts.shape[0] != self.num_microbatches * self.dp_size:
-            raise ValueError("assignment does not hold num_microbatches x dp_size microbatches")
+            raise ScheduleError("assignment does not hold num_microbatches x dp_size microbatches")
         sums = np.zeros(counts.shape[0], dtype=np.int64)
         np.add.at(sums, cell, per_seq[ids])
         return sums.reshape(self.num_microbatches, self.dp_size)
@@ -209,7 +211,7 @@ class Schedule:
         """
         given = self.original_lengths if lengths is None else np.asarray(lengths, dtype=np.int64)
         if given.shape != self.original_lengths.shape or not np.array_equal(given, self.original_lengths):
-            raise ValueError("schedule was computed for different lengths than the ones given")
+            raise ScheduleError("schedule was computed for different lengths than the ones given")
         for name, expected in (
             ("dp_size", dp_size),
             ("cp_size", cp_size),
@@ -217,58 +219,58 @@ class Schedule:
             ("pad_multiple", pad_multiple),
         ):
             if expected is not None and getattr(self, name) != expected:
-                raise ValueError(f"schedule has {name}={getattr(self, name)}, expected {expected}")
+                raise ScheduleError(f"schedule has {name}={getattr(self, name)}, expected {expected}")
         if len(self.assignment) != self.num_microbatches:
-            raise ValueError(
+            raise ScheduleError(
                 f"assignment has {len(self.assignment)} microbatch rounds but num_microbatches={self.num_microbatches}"
             )
         if self.num_microbatches < 0:
-            raise ValueError(f"num_microbatches={self.num_microbatches} is negative")
+            raise ScheduleError(f"num_microbatches={self.num_microbatches} is negative")
         n = self.num_sequences
         for m, row in enumerate(self.assignment):
             if len(row) != self.dp_size:
-                raise ValueError(f"microbatch {m} has {len(row)} replicas, expected dp_size={self.dp_size}")
+                raise ScheduleError(f"microbatch {m} has {len(row)} replicas, expected dp_size={self.dp_size}")
             for d, ids in enumerate(row):
                 if not isinstance(ids, np.ndarray) or ids.dtype != np.int64 or ids.ndim != 1:
                     got = f"{ids.dtype} {ids.shape}" if isinstance(ids, np.ndarray) else type(ids).__name__
-                    raise ValueError(f"assignment[{m}][{d}] must be a 1-D int64 array, got {got}")
+                    raise ScheduleError(f"assignment[{m}][{d}] must be a 1-D int64 array, got {got}")
         ids, cell, _ = self._flat
         if ids.size and (ids.min() < 0 or ids.max() >= n):
             bad = int(np.flatnonzero((ids < 0) | (ids >= n))[0])
             m, d = divmod(int(cell[bad]), self.dp_size)
-            raise ValueError(f"assignment[{m}][{d}] holds an id outside 0..{n - 1}")
+            raise ScheduleError(f"assignment[{m}][{d}] holds an id outside 0..{n - 1}")
         seen = np.bincount(ids, minlength=n) if n else np.zeros(0, dtype=np.int64)
         for name in ("deferred", "dropped"):
             extra = getattr(self, name)
             if extra.size and (extra.min() < 0 or extra.max() >= n):
-                raise ValueError(f"{name} holds an id outside 0..{n - 1}")
+                raise ScheduleError(f"{name} holds an id outside 0..{n - 1}")
             seen = seen + np.bincount(extra, minlength=n)
         if n and seen.max(initial=0) > 1:
             dup = int(np.flatnonzero(seen > 1)[0])
-            raise ValueError(f"sample {dup} appears {int(seen[dup])} times in the schedule")
+            raise ScheduleError(f"sample {dup} appears {int(seen[dup])} times in the schedule")
         if n and seen.min(initial=1) < 1:
             missing = int(np.flatnonzero(seen == 0)[0])
-            raise ValueError(f"sample {missing} appears nowhere in the schedule (assignment, deferred or dropped)")
+            raise ScheduleError(f"sample {missing} appears nowhere in the schedule (assignment, deferred or dropped)")
         if self.lengths.shape != self.original_lengths.shape:
-            raise ValueError("schedule lengths and original lengths differ in shape")
+            raise ScheduleError("schedule lengths and original lengths differ in shape")
         if np.any(self.lengths > self.original_lengths) or np.any(self.lengths < 0):
-            raise ValueError("a scheduled length exceeds its original length or is negative")
+            raise ScheduleError("a scheduled length exceeds its original length or is negative")
         if ids.size and self.lengths[ids].min() < 1:
             bad = int(ids[np.argmin(self.lengths[ids])])
-            raise ValueError(f"sample {bad} is assigned with length {int(self.lengths[bad])}")
+            raise ScheduleError(f"sample {bad} is assigned with length {int(self.lengths[bad])}")
         if self.dropped.size and np.any(self.lengths[self.dropped] != 0):
-            raise ValueError("a dropped sample keeps a non-zero length")
+            raise ScheduleError("a dropped sample keeps a non-zero length")
         changed = np.flatnonzero(self.lengths != self.original_lengths)
         expected_changed = np.union1d(self.truncated, self.dropped)
         if not np.isin(changed, expected_changed).all():
             bad = int(changed[~np.isin(changed, expected_changed)][0])
-            raise ValueError(f"sample {bad} is packed with a changed length but is neither truncated nor dropped")
+            raise ScheduleError(f"sample {bad} is packed with a changed length but is neither truncated nor dropped")
         if self.num_microbatches:
             tokens = self.microbatch_tokens(padded=True)
             over = np.argwhere(tokens > self.capacity)
             if over.size:
                 m, d = (int(v) for v in over[0])
-                raise ValueError(
+                raise ScheduleError(
                     f"microbatch {m} of replica {d} holds {int(tokens[m, d])} padded tokens > capacity "
                     f"{self.capacity} (max_tokens_per_rank={self.max_tokens_per_rank} x cp_size={self.cp_size})"
                 )
@@ -279,26 +281,20 @@ def default_origin(num_samples: int, dp_size: int) -> np.ndarray:
     return (np.arange(num_samples, dtype=np.int64) * dp_size) // max(num_samples, 1)
 
 
-def _positive_int(name: str, value: object) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     """Validate and coerce lengths to a contiguous int64 array of positive values."""
     arr = np.asarray(lengths)
     if arr.ndim != 1:
-        raise ValueError(f"lengths must be 1-D, got shape {arr.shape}")
+        raise SampleError(f"lengths must be 1-D, got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
             arr = arr.astype(np.int64)
         else:
-            raise TypeError(f"lengths must be integers, got dtype {arr.dtype}")
+            raise SeqpackTypeError(f"lengths must be integers, got dtype {arr.dtype}")
     arr = np.ascontiguousarray(arr, dtype=np.int64)
     if arr.size and arr.min() < 1:
         i = int(np.argmin(arr))
-        raise ValueError(f"sample {i} has length {int(arr[i])}; lengths must be >= 1 (drop empty samples first)")
+        raise SampleError(f"sample {i} has length {int(arr[i])}; lengths must be >= 1 (drop empty samples first)")
     return arr
 
 
@@ -306,18 +302,17 @@ def apply_oversize(
     lengths: np.ndarray, capacity: int, pad_multiple: int, on_oversize: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Apply the oversize policy. Returns (lengths to pack with, dropped ids, truncated ids)."""
-    if on_oversize not in ON_OVERSIZE:
-        raise ValueError(f"on_oversize must be one of {ON_OVERSIZE}, got {on_oversize!r}")
+    on_oversize = check_choice("on_oversize", on_oversize, OnOversize)
     if capacity < pad_multiple:
-        raise ValueError(f"capacity {capacity} is smaller than pad_multiple {pad_multiple}: no sequence fits")
+        raise ConfigError(f"capacity {capacity} is smaller than pad_multiple {pad_multiple}: no sequence fits")
     padded = padded_lengths(lengths, pad_multiple)
     over = np.flatnonzero(padded > capacity)
     effective = lengths.copy()
     if over.size == 0:
         return effective, _empty(), _empty()
-    if on_oversize == "error":
+    if on_oversize == OnOversize.ERROR:
         i = int(over[0])
-        raise ValueError(
+        raise ScheduleError(
             f"sample {i} has {int(lengths[i])} tokens ({int(padded[i])} padded to a multiple of {pad_multiple}), "
             f"more than one microbatch holds: capacity {capacity} tokens; {over.size} sample(s) are too long. "
             "Raise max_tokens_per_rank or cp_size, or pass on_oversize='truncate' or 'drop'"
@@ -371,15 +366,15 @@ class Scheduler(ABC):
                 ``on_oversize="error"``.
         """
         original = as_lengths(lengths)
-        dp_size = _positive_int("dp_size", dp_size)
-        cp_size = _positive_int("cp_size", cp_size)
-        max_tokens_per_rank = _positive_int("max_tokens_per_rank", max_tokens_per_rank)
-        pad_multiple = _positive_int("pad_multiple", pad_multiple)
+        dp_size = check_positive_int("dp_size", dp_size)
+        cp_size = check_positive_int("cp_size", cp_size)
+        max_tokens_per_rank = check_positive_int("max_tokens_per_rank", max_tokens_per_rank)
+        pad_multiple = check_positive_int("pad_multiple", pad_multiple)
         capacity = max_tokens_per_rank * cp_size
         effective, dropped, truncated = apply_oversize(original, capacity, pad_multiple, on_oversize)
         origin_arr = default_origin(original.shape[0], dp_size) if origin is None else np.asarray(origin, np.int64)
         if origin_arr.shape != original.shape or (origin_arr.size and (origin_arr.min() < 0 or origin_arr.max() >= dp_size)):
-            raise ValueError(f"origin must hold one DP rank in 0..{dp_size - 1} per sample, got shape {origin_arr.shape}")
+            raise ConfigError(f"origin must hold one DP rank in 0..{dp_size - 1} per sample, got shape {origin_arr.shape}")
         active = np.flatnonzero(effective > 0).astype(np.int64)
         rounds, deferred = self._plan(
             active,

@@ -31,6 +31,7 @@ import numpy as np
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.base import Scheduler
 from seqpack.thd import padded_lengths
+from seqpack.validation import check_positive_int
 
 
 def megatron_groups(padded: np.ndarray, capacity: int, dp_size: int, microbatch_multiple: int = 1) -> list[np.ndarray]:
@@ -77,9 +78,7 @@ class DpBalancedScheduler(Scheduler):
     name = "dp_balanced"
 
     def __init__(self, *, microbatch_multiple: int = 1) -> None:
-        if not isinstance(microbatch_multiple, (int, np.integer)) or isinstance(microbatch_multiple, bool) or microbatch_multiple < 1:
-            raise ValueError(f"microbatch_multiple must be an integer >= 1, got {microbatch_multiple!r}")
-        self.microbatch_multiple = int(microbatch_multiple)
+        self.microbatch_multiple = check_positive_int("microbatch_multiple", microbatch_multiple)
 
     def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
         groups = megatron_groups(padded_lengths(lengths, pad_multiple), capacity, dp_size, self.microbatch_multiple)

@@ -18,7 +18,7 @@ def test_registry_default_is_balanced():
     assert get_scheduler("balanced", order="pipeline").order == "pipeline"
     with pytest.raises(ValueError, match="order must be one of"):
         get_scheduler("balanced", order="random")
-    with pytest.raises(ValueError, match="microbatch_multiple must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="microbatch_multiple must be a positive integer, got 0"):
         get_scheduler("balanced", microbatch_multiple=0)
 
 

@@ -47,5 +47,5 @@ def test_vpp_multiple():
     s = get_scheduler("dp_balanced", microbatch_multiple=4).schedule(lengths, dp_size=2, max_tokens_per_rank=12)
     s.validate()
     assert s.num_microbatches == 4  # 5 groups split to 8 = 2 replicas x 4 microbatches
-    with pytest.raises(ValueError, match="microbatch_multiple must be an integer >= 1"):
+    with pytest.raises(ValueError, match="microbatch_multiple must be a positive integer"):
         get_scheduler("dp_balanced", microbatch_multiple=0)
