@@ -294,3 +294,13 @@ def test_wire_buffers_report_their_size():
     wire = encode_step(_message())
     assert isinstance(wire, WireBuffers)
     assert wire.nbytes == 8 * (wire.prefix.numel() + wire.ints.numel()) + 4 * wire.floats.numel()
+
+
+def test_docs_wire_tables_are_generated_from_the_header_declaration():
+    from pathlib import Path
+
+    from seqpack.dist import wire_format_markdown
+
+    text = (Path(__file__).parent.parent / "docs" / "wrapper.md").read_text()
+    begin, end = "<!-- wire-format:begin -->\n", "<!-- wire-format:end -->"
+    assert text[text.index(begin) + len(begin) : text.index(end)] == wire_format_markdown()
