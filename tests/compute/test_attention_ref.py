@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack.compute import attention as attn_mod
+from seqpack.compute import backends
 from seqpack.compute.attention import ThdAttention, select_backend, thd_attention
 from seqpack.cp import partition_indices, shard_for_cp
 from seqpack.thd import pack_sequences, pad_multiple_for, padding_only_batch
@@ -41,7 +42,8 @@ def dense_reference(q, k, v, batch):
 
 
 def grads(out, inputs, seed=1):
-    gy = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(seed))
+    # The generator lives on the CPU: draw there, then move to the output's device (CUDA on a GPU run).
+    gy = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(seed)).to(out.device)
     return torch.autograd.grad(out, inputs, gy)
 
 
@@ -308,14 +310,14 @@ def test_auto_with_cuda_builds_te_but_cpu_inputs_use_torch(fake_te, monkeypatch)
 
 
 def test_te_backend_without_te_raises(monkeypatch):
-    monkeypatch.setattr(attn_mod, "_import_te_attention", lambda: None)
+    monkeypatch.setitem(sys.modules, "transformer_engine", None)  # `import transformer_engine` now fails
     with pytest.raises(ImportError, match="backend='te' needs Transformer Engine"):
         ThdAttention(2, 4, backend="te")
     assert ThdAttention(2, 4, backend="auto").te_attention is None
 
 
 def _has_te():
-    return torch.cuda.is_available() and attn_mod._import_te_attention() is not None
+    return torch.cuda.is_available() and backends.import_te_attention().ok
 
 
 @pytest.mark.gpu
