@@ -289,12 +289,13 @@ class ThdAttention(nn.Module):
         te_ready = self.te_attention is not None
         if select_backend(self.backend, te_ready=te_ready, device=q.device, dtype=q.dtype) == AttentionBackend.TE:
             return self._forward_te(q, k, v, batch)
-        if self.backend == AttentionBackend.AUTO:
-            self._note_reference(q.device, q.dtype)
+        self._note_reference(q.device, q.dtype)
         return self._forward_torch(q, k, v, batch)
 
     def _note_reference(self, device: torch.device, dtype: torch.dtype) -> None:
         """Log once when ``auto`` runs the reference on CUDA inputs (see seqpack.compute.backends)."""
+        if self.backend != AttentionBackend.AUTO:
+            return
         warning = backends.reference_warning(
             "ThdAttention", "Transformer Engine", device, dtype, backends.ATTENTION_KERNEL_DTYPES, self.te_unavailable
         )

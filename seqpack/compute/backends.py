@@ -374,8 +374,14 @@ def format_environment_report(report: dict[str, Any]) -> str:
     for key, info in report["packages"].items():
         dists = ", ".join(f"{name} {version}" for name, version in info["distributions"].items())
         version = info["version"] or "not installed"
-        status = "imports" if info["imports"] else f"does not import ({info['error']})"
-        lines.append(f"  {key:<25}{version:<16}{status}" + (f"  [{dists}]" if len(info["distributions"]) > 1 else ""))
+        if info["imports"]:
+            status = "imports"
+        elif info["version"] is None and info["error"].startswith("ModuleNotFoundError"):
+            status = ""  # simply absent
+        else:
+            status = f"does not import ({info['error']})"
+        extra = f"  [{dists}]" if len(info["distributions"]) > 1 else ""
+        lines.append(f"  {key:<25}{version:<16}{status}{extra}".rstrip())
     lines.append('backend="auto" on bf16 CUDA inputs:')
     for stage, choice in report["auto"].items():
         lines.append(f"  {stage:<10}{choice['backend']:<11}{choice['reason']}")

@@ -17,7 +17,9 @@ F64 = torch.float64
 
 
 def make_pack(lengths, pad_multiple=1, pad_to=None):
-    return pack_sequences([{"input_ids": torch.arange(1, n + 1)} for n in lengths], pad_multiple=pad_multiple, pad_to=pad_to)
+    return pack_sequences(
+        [{"input_ids": torch.arange(1, n + 1)} for n in lengths], pad_multiple=pad_multiple, pad_to=pad_to
+    )
 
 
 def qkv(tokens, heads, kv_heads, dim, seed=0, dtype=F64):
@@ -63,7 +65,7 @@ def test_matches_dense_reference_forward_and_backward(lengths, pad_multiple, hea
     out = ThdAttention(H, 8, Hkv, backend="torch")(q, k, v, batch)
     ref = dense_reference(q, k, v, batch)
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
-    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
+    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
@@ -209,7 +211,9 @@ def test_bad_inputs_raise():
 def test_functional_cp_layout_errors():
     batch = make_pack([5, 3], pad_multiple=2)  # padded 6 + 4: not divisible by 2*cp = 4
     q, k, v = (t.detach() for t in qkv(batch.num_tokens, 2, 2, 4))
-    with pytest.raises(ValueError, match=r"divisible by 2\*cp_size=4 for DualChunkSwap, got cu_seqlens_padded=\[0, 6, 10\]"):
+    with pytest.raises(
+        ValueError, match=r"divisible by 2\*cp_size=4 for DualChunkSwap, got cu_seqlens_padded=\[0, 6, 10\]"
+    ):
         thd_attention(q[:5], k, v, batch.cu_seqlens, batch.cu_seqlens_padded, cp_size=2, cp_rank=0)
     with pytest.raises(ValueError, match=r"cu_seqlens_padded ends at 10 but k has 9 tokens"):
         thd_attention(q, k[:9], v[:9], batch.cu_seqlens, batch.cu_seqlens_padded)
@@ -329,7 +333,7 @@ def test_te_matches_torch_reference_on_cuda():
         out = ThdAttention(8, 64, 2, backend="te")(q, k, v, batch)
         ref = ThdAttention(8, 64, 2, backend="torch")(q, k, v, batch)
         torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
-        for a, b in zip(grads(out.float(), (q, k, v)), grads(ref.float(), (q, k, v))):
+        for a, b in zip(grads(out.float(), (q, k, v)), grads(ref.float(), (q, k, v)), strict=True):
             torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2)
 
 
@@ -346,5 +350,5 @@ def test_query_blocking_of_long_sequences_is_exact(monkeypatch):
         blocked_grads = torch.autograd.grad(blocked.square().sum(), (q, k, v))
         monkeypatch.undo()
         assert torch.allclose(blocked, whole, atol=1e-12, rtol=0)
-        for a, b in zip(blocked_grads, grads):
+        for a, b in zip(blocked_grads, grads, strict=True):
             assert torch.allclose(a, b, atol=1e-12, rtol=0)
