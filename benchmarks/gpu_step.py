@@ -152,7 +152,7 @@ class TeAttentionLayer(nn.Module):
     def forward(self, x: torch.Tensor, mb: Microbatch) -> torch.Tensor:
         if mb.bshd is not None:
             b, s = mb.bshd
-            return self.bshd(x.view(b, s, -1)).view(b * s, -1)
+            return self.bshd(x.view(b, s, -1)).reshape(b * s, -1)
         return self.thd(x, self_attn_mask_type="padding_causal", **mb.te_kwargs)
 
 
