@@ -392,8 +392,8 @@ def format_environment_report(report: dict[str, Any]) -> str:
         active = n["threading_layer"] or "not initialised (seqpack's numba kernels are serial)"
         available = ", ".join(n["available_threading_layers"]) or "none"
         lines.append(
-            f"numba {n['version']}, threading layer: {active} "
-            f"(configured {n['configured_threading_layer']!r}; available: {available})"
+            f"numba {n['version']}, threading layer {active}; configured {n['configured_threading_layer']!r}, "
+            f"available: {available}"
         )
     if report["notes"]:
         lines.append("notes:")
