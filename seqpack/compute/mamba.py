@@ -184,8 +184,6 @@ class GatedRMSNorm(nn.Module):
 
 
 class Mamba2Mixer(nn.Module):
-    head_parallel_channels: torch.Tensor  # a buffer, see _head_parallel_channels
-
     """Mamba2 mixer over a THD pack (one :class:`~seqpack.thd.PackedBatch`).
 
     Args:
@@ -211,6 +209,8 @@ class Mamba2Mixer(nn.Module):
         BackendUnavailableError: ``backend="mamba_ssm"`` and ``mamba_ssm`` / ``causal_conv1d`` do
             not import (an ``ImportError``; the import error is its ``__cause__``).
     """
+
+    head_parallel_channels: torch.Tensor  # a buffer, see _head_parallel_channels
 
     def __init__(
         self,
