@@ -22,8 +22,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from seqpack.compute.attention import ThdAttention, _import_te_attention
-from seqpack.compute.mamba import Mamba2Mixer, _import_mamba_kernels
+from seqpack.compute.attention import ThdAttention
+from seqpack.compute.backends import import_mamba_kernels, import_te_attention
+from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.cp import shard_for_cp
 from seqpack.thd import pack_sequences, pad_multiple_for
 
@@ -105,7 +106,9 @@ def run_cp(tokens, repeats, threads, world=2):
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         procs = [
-            ctx.Process(target=_cp_worker, args=(r, world, os.path.join(tmp, "store"), tokens, repeats, threads, results))
+            ctx.Process(
+                target=_cp_worker, args=(r, world, os.path.join(tmp, "store"), tokens, repeats, threads, results)
+            )
             for r in range(world)
         ]
         for p in procs:
@@ -138,20 +141,22 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f} at start (the CPU rows share cores with it)\n")  # fmt: skip
     rows = []
     cpu = torch.device("cpu")
-    rows.append(("attention torch ref", "cpu fp32", "1", time_attention(batch, "torch", torch.float32, cpu, args.repeats)))
+    rows.append(
+        ("attention torch ref", "cpu fp32", "1", time_attention(batch, "torch", torch.float32, cpu, args.repeats))
+    )
     rows.append(("mamba2 torch ref", "cpu fp32", "1", time_mamba(batch, "torch", torch.float32, cpu, args.repeats)))
     t_attn, t_mamba = run_cp(args.tokens, args.repeats, args.threads)
     rows.append(("attention torch ref", "cpu fp32 gloo", "2", t_attn))
     rows.append(("mamba2 torch ref", "cpu fp32 gloo", "2", t_mamba))
 
-    gpu_rows = [("attention TE", _import_te_attention, time_attention, "te"),
-                ("mamba2 mamba_ssm", _import_mamba_kernels, time_mamba, "mamba_ssm")]  # fmt: skip
+    gpu_rows = [("attention TE", import_te_attention, time_attention, "te"),
+                ("mamba2 mamba_ssm", import_mamba_kernels, time_mamba, "mamba_ssm")]  # fmt: skip
     skipped = []
     for name, probe, timer, backend in gpu_rows:
         if not torch.cuda.is_available():
             skipped.append((name, "skipped (no CUDA)"))
-        elif probe() is None:
-            skipped.append((name, "skipped (package not installed)"))
+        elif not (probe_result := probe()).ok:
+            skipped.append((name, f"skipped ({probe_result.error})"))
         else:
             cuda = torch.device("cuda")
             rows.append((name, "cuda bf16", "1", timer(batch.to(cuda), backend, torch.bfloat16, cuda, args.repeats)))

@@ -9,13 +9,14 @@ Two backends with the same semantics:
 - ``"te"``: Transformer Engine ``DotProductAttention`` in THD format with
   ``pad_between_seqs`` stated explicitly (TE issue #3331) and TE's own CP.
 
-``"auto"`` uses TE for fp16/bf16 CUDA inputs when TE is installed, the torch reference
-otherwise.
+``"auto"`` uses TE for fp16/bf16 CUDA inputs when TE imports, the torch reference otherwise;
+it never falls back silently (:mod:`seqpack.compute.backends` says when it warns).
 Pad queries output exactly 0 on both backends.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -24,38 +25,42 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from seqpack._logging import warn_once
+from seqpack.compute import backends
 from seqpack.compute._collectives import all_gather_tokens, check_cp_shard, cp_token_orders
+from seqpack.config import AttentionBackend, CpCommType
+from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
 from seqpack.thd import PackedBatch
+from seqpack.validation import check_choice, check_positive_int
 
 __all__ = ["ThdAttention", "thd_attention", "select_backend", "BACKENDS", "CP_COMM_TYPES"]
 
-BACKENDS = ("auto", "te", "torch")
-CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+logger = logging.getLogger(__name__)
 
-
-def _import_te_attention() -> Any | None:
-    """TE's ``DotProductAttention`` class, or None when TE cannot be imported here."""
-    try:
-        from transformer_engine.pytorch import DotProductAttention
-    except Exception:  # ImportError, or TE built for another CUDA / torch
-        return None
-    return DotProductAttention
+BACKENDS: tuple[str, ...] = tuple(member.value for member in AttentionBackend)
+CP_COMM_TYPES: tuple[str, ...] = tuple(member.value for member in CpCommType)
 
 
 def select_backend(
-    backend: str, *, te_ready: bool, device: torch.device | str, dtype: torch.dtype = torch.bfloat16
-) -> str:
+    backend: AttentionBackend | str,
+    *,
+    te_ready: bool,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+) -> AttentionBackend:
     """The backend one forward call runs: ``"te"`` or ``"torch"``.
 
     ``"auto"`` picks TE only when a TE module was built (CUDA and TE present at
     construction) and the inputs are fp16/bf16 on a CUDA device (TE's THD kernels take no
     fp32/fp64; those run the exact reference).
+
+    Raises:
+        ConfigError: ``backend`` is not one of ``"auto"``, ``"te"``, ``"torch"``.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        te_inputs = torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
-        return "te" if te_ready and te_inputs else "torch"
+    backend = check_choice("backend", backend, AttentionBackend)
+    if backend == AttentionBackend.AUTO:
+        te_inputs = backends.attention_kernel_applies(device, dtype)
+        return AttentionBackend.TE if te_ready and te_inputs else AttentionBackend.TORCH
     return backend
 
 
@@ -78,9 +83,7 @@ def _segments(start: int, end: int, cp_size: int, cp_rank: int) -> list[tuple[in
 MAX_SCORE_BLOCK = 1 << 21
 
 
-def _causal_block(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int, scale: float
-) -> torch.Tensor:
+def _causal_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int, scale: float) -> torch.Tensor:
     """Queries at positions ``offset .. offset+nq-1`` of one sequence against its keys ``0..``.
 
     q: [nq, H, D]; k, v: [offset + nq, H, D] -> [nq, H, Dv]. Query i sees keys j <= offset + i,
@@ -132,17 +135,17 @@ def thd_attention(
     """
     num_heads, num_kv_heads = q.shape[1], k.shape[1]
     if num_heads % num_kv_heads != 0:
-        raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads ({num_kv_heads})")
+        raise SeqpackError(f"query heads ({num_heads}) must be a multiple of key/value heads ({num_kv_heads})")
     # cu_seqlens are tiny ([N+1]); reading them on the host costs one sync per call on a GPU.
     real = cu_seqlens.tolist()
     padded = cu_seqlens_padded.tolist()
     if padded[-1] != k.shape[0] or padded[-1] != q.shape[0] * cp_size:
-        raise ValueError(
+        raise SeqpackError(
             f"cu_seqlens_padded ends at {padded[-1]} but k has {k.shape[0]} tokens and q has "
             f"{q.shape[0]} x cp_size={cp_size}; all three must be the pack's token count"
         )
     if cp_size > 1 and any(offset % (2 * cp_size) for offset in padded):
-        raise ValueError(
+        raise SeqpackError(
             f"every padded sequence length must be divisible by 2*cp_size={2 * cp_size} for "
             f"DualChunkSwap, got cu_seqlens_padded={padded[:16]}"
         )
@@ -178,7 +181,8 @@ class ThdAttention(nn.Module):
         head_dim: Channels per head ``D``.
         num_kv_heads: Key/value heads (GQA); defaults to ``num_heads``. Query head ``h``
             reads key/value head ``h // (num_heads // num_kv_heads)``.
-        backend: ``"auto"``, ``"te"`` or ``"torch"`` (see the module docstring).
+        backend: ``"auto"``, ``"te"`` or ``"torch"`` (a :class:`~seqpack.config.AttentionBackend`
+            or its string; see the module docstring).
         cp_group: Context-parallel group; the batch must be this rank's DualChunkSwap shard
             (``seqpack.cp.shard_for_cp``) with ``cp_size`` / ``cp_rank`` of this group.
         softmax_scale: Defaults to ``1/sqrt(head_dim)``.
@@ -190,8 +194,9 @@ class ThdAttention(nn.Module):
             (``layer_number``, ``attention_dropout``, ...).
 
     Raises:
-        ValueError: Bad head counts, backend or ``cp_comm_type``.
-        ImportError: ``backend="te"`` without Transformer Engine.
+        ConfigError: Bad head counts, backend or ``cp_comm_type`` (a ``ValueError``).
+        BackendUnavailableError: ``backend="te"`` and Transformer Engine does not import (an
+            ``ImportError``; the import error is its ``__cause__``).
     """
 
     def __init__(
@@ -199,48 +204,46 @@ class ThdAttention(nn.Module):
         num_heads: int,
         head_dim: int,
         num_kv_heads: int | None = None,
-        backend: str = "auto",
+        backend: AttentionBackend | str = AttentionBackend.AUTO,
         cp_group: dist.ProcessGroup | None = None,
         *,
         softmax_scale: float | None = None,
-        cp_comm_type: str = "p2p",
+        cp_comm_type: CpCommType | str = CpCommType.P2P,
         cp_subgroups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None,
         te_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        for name, value in (("num_heads", num_heads), ("head_dim", head_dim), ("num_kv_heads", num_kv_heads)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        num_heads = check_positive_int("num_heads", num_heads)
+        head_dim = check_positive_int("head_dim", head_dim)
+        num_kv_heads = num_heads if num_kv_heads is None else check_positive_int("num_kv_heads", num_kv_heads)
         if num_heads % num_kv_heads != 0:
-            raise ValueError(
+            raise ConfigError(
                 f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads} "
                 "(each key/value head serves a whole group of query heads)"
             )
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if cp_comm_type not in CP_COMM_TYPES:
-            raise ValueError(f"cp_comm_type must be one of {CP_COMM_TYPES}, got {cp_comm_type!r}")
+        self.backend = check_choice("backend", backend, AttentionBackend)
+        self.cp_comm_type = check_choice("cp_comm_type", cp_comm_type, CpCommType)
         self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
-        self.backend = backend
         self.softmax_scale = softmax_scale
         self.cp_group = cp_group
         self.cp_size = 1 if cp_group is None else dist.get_world_size(cp_group)
         self.cp_rank = 0 if cp_group is None else dist.get_rank(cp_group)
-        self.cp_comm_type = cp_comm_type
-        if cp_comm_type == "a2a+p2p" and self.cp_size > 1 and cp_subgroups is None:
-            raise ValueError("cp_comm_type='a2a+p2p' needs cp_subgroups=(a2a_group, p2p_group)")
+        if self.cp_comm_type == CpCommType.A2A_P2P and self.cp_size > 1 and cp_subgroups is None:
+            raise ConfigError("cp_comm_type='a2a+p2p' needs cp_subgroups=(a2a_group, p2p_group)")
 
         self.te_attention: nn.Module | None = None
-        if backend == "te" or (backend == "auto" and torch.cuda.is_available()):
-            te_cls = _import_te_attention()
-            if te_cls is None and backend == "te":
-                raise ImportError(
-                    "backend='te' needs Transformer Engine (pip install 'seqpack[te]' on a CUDA "
-                    "machine); use backend='torch' for the reference or 'auto' to fall back"
-                )
-            if te_cls is not None:
-                self.te_attention = self._build_te(te_cls, cp_subgroups, te_options or {})
+        # Why "auto" cannot use TE here (logged once when CUDA half inputs arrive), or None.
+        self.te_unavailable: str | None = None
+        if self.backend == AttentionBackend.TE or (self.backend == AttentionBackend.AUTO and torch.cuda.is_available()):
+            probe = backends.import_te_attention()
+            if not probe.ok:
+                if self.backend == AttentionBackend.TE:
+                    raise backends.BackendUnavailableError(backends.te_unavailable_message(probe)) from probe.exception
+                self.te_unavailable = f"`import {probe.what}` failed: {probe.error}"
+            else:
+                self.te_attention = self._build_te(probe.value, cp_subgroups, te_options or {})
+        elif self.backend == AttentionBackend.AUTO:
+            self.te_unavailable = "CUDA was not available when this ThdAttention was built"
 
     def _build_te(self, te_cls: Any, cp_subgroups: Any, te_options: dict[str, Any]) -> nn.Module:
         dpa = te_cls(
@@ -253,17 +256,17 @@ class ThdAttention(nn.Module):
             **te_options,
         )
         if self.cp_size > 1:
-            groups = list(cp_subgroups) if self.cp_comm_type == "a2a+p2p" else self.cp_group
+            groups = list(cp_subgroups) if self.cp_comm_type == CpCommType.A2A_P2P else self.cp_group
             stream = torch.cuda.Stream() if torch.cuda.is_available() else None
             dpa.set_context_parallel_group(
-                groups, dist.get_process_group_ranks(self.cp_group), stream, self.cp_comm_type
+                groups, dist.get_process_group_ranks(self.cp_group), stream, self.cp_comm_type.value
             )
         return dpa
 
     def extra_repr(self) -> str:
         return (
             f"num_heads={self.num_heads}, head_dim={self.head_dim}, num_kv_heads={self.num_kv_heads}, "
-            f"backend={self.backend!r}, cp_size={self.cp_size}"
+            f"backend={self.backend.value!r}, cp_size={self.cp_size}"
         )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
@@ -278,16 +281,29 @@ class ThdAttention(nn.Module):
             ``[T_local, num_heads, head_dim]``; pad rows are 0.
 
         Raises:
-            ValueError: Shapes that disagree with the module or ``batch.num_tokens``, or a
-                batch sharded for another CP layout.
-            TypeError: Non-floating or mismatched dtypes.
+            SeqpackError: Shapes that disagree with the module or ``batch.num_tokens``, or a
+                batch sharded for another CP layout (a ``ValueError``).
+            SeqpackTypeError: Non-floating or mismatched dtypes (a ``TypeError``).
         """
         self._check_inputs(q, k, v, batch)
-        if select_backend(self.backend, te_ready=self.te_attention is not None, device=q.device, dtype=q.dtype) == "te":
+        te_ready = self.te_attention is not None
+        if select_backend(self.backend, te_ready=te_ready, device=q.device, dtype=q.dtype) == AttentionBackend.TE:
             return self._forward_te(q, k, v, batch)
+        self._note_reference(q.device, q.dtype)
         return self._forward_torch(q, k, v, batch)
 
+    def _note_reference(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Log once when ``auto`` runs the reference on CUDA inputs (see seqpack.compute.backends)."""
+        if self.backend != AttentionBackend.AUTO:
+            return
+        warning = backends.reference_warning(
+            "ThdAttention", "Transformer Engine", device, dtype, backends.ATTENTION_KERNEL_DTYPES, self.te_unavailable
+        )
+        if warning is not None:
+            warn_once(logger, warning[0], "%s", warning[1])
+
     def _forward_te(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        assert self.te_attention is not None
         out = self.te_attention(q, k, v, **batch.te_kwargs())  # THD output: [T, H * D]
         out = out.view(q.shape[0], self.num_heads, -1)
         # te_kwargs may let pads attend as real tokens (exact for the real ones); zero them so
@@ -298,6 +314,7 @@ class ThdAttention(nn.Module):
         scale = self.softmax_scale
         if self.cp_size == 1:
             return thd_attention(q, k, v, batch.cu_seqlens, batch.cu_seqlens_padded, softmax_scale=scale)
+        assert self.cp_group is not None
         kv = torch.stack((k, v), dim=1)  # (T_local, 2, Hkv, D)
         kv_all = all_gather_tokens(kv, self.cp_group)  # (T, 2, Hkv, D), rank-major
         _, to_global = cp_token_orders(batch.cu_seqlens_padded, kv_all.shape[0], self.cp_size, q.device)
@@ -322,17 +339,17 @@ class ThdAttention(nn.Module):
         }
         for name, tensor in (("q", q), ("k", k), ("v", v)):
             if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"{name} must be a tensor, got {type(tensor).__name__}")
+                raise SeqpackTypeError(f"{name} must be a tensor, got {type(tensor).__name__}")
             if tuple(tensor.shape) != expected[name]:
-                raise ValueError(
+                raise SeqpackError(
                     f"{name} has shape {tuple(tensor.shape)}, expected {expected[name]} "
                     f"(batch.num_tokens={tokens}, num_heads={self.num_heads}, "
                     f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim})"
                 )
         if not q.is_floating_point():
-            raise TypeError(f"q, k, v must be floating point, got {q.dtype}")
+            raise SeqpackTypeError(f"q, k, v must be floating point, got {q.dtype}")
         if k.dtype != q.dtype or v.dtype != q.dtype:
-            raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+            raise SeqpackTypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
         if k.device != q.device or v.device != q.device:
-            raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+            raise SeqpackError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
         check_cp_shard(batch, self.cp_size, self.cp_rank)

@@ -16,11 +16,14 @@ forward, so gradients reach the full parameters), and the inverse path brings th
 
 On CUDA with ``mamba_ssm`` and ``causal_conv1d`` installed the conv and the scan use their
 kernels (with ``seq_idx``); otherwise the exact torch functions :func:`causal_conv1d` and
-:func:`ssd_scan` below.
+:func:`ssd_scan` below. ``backend="auto"`` never falls back silently on CUDA
+(:mod:`seqpack.compute.backends` says when it warns).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 from typing import Any
 
@@ -29,22 +32,19 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from seqpack._logging import warn_once
+from seqpack.compute import backends
 from seqpack.compute._collectives import all_to_all_tokens, check_cp_shard, cp_token_orders
+from seqpack.config import MambaBackend
+from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
 from seqpack.thd import PackedBatch
+from seqpack.validation import check_choice, check_optional_int, check_positive_int
 
 __all__ = ["Mamba2Mixer", "GatedRMSNorm", "causal_conv1d", "ssd_scan", "seq_idx_from_cu_seqlens", "MAMBA_BACKENDS"]
 
-MAMBA_BACKENDS = ("auto", "mamba_ssm", "torch")
+logger = logging.getLogger(__name__)
 
-
-def _import_mamba_kernels() -> tuple[Any, Any] | None:
-    """``(causal_conv1d_fn, mamba_chunk_scan_combined)``, or None when either is missing."""
-    try:
-        from causal_conv1d import causal_conv1d_fn
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-    except Exception:  # ImportError, or a build for another CUDA / torch
-        return None
-    return causal_conv1d_fn, mamba_chunk_scan_combined
+MAMBA_BACKENDS: tuple[str, ...] = tuple(member.value for member in MambaBackend)
 
 
 def seq_idx_from_cu_seqlens(cu_seqlens_padded: torch.Tensor, total_tokens: int) -> torch.Tensor:
@@ -165,7 +165,11 @@ def ssd_scan(
 
 class GatedRMSNorm(nn.Module):
     """``rmsnorm(y * silu(z)) * weight``, normalised over groups of ``group_size`` channels
-    (``mamba_ssm``'s ``RMSNormGated`` with ``norm_before_gate=False``)."""
+    (``mamba_ssm``'s ``RMSNormGated`` with ``norm_before_gate=False``).
+
+    The per-group statistics are torch's ``F.rms_norm`` (no weight: it would span one group,
+    the learned weight spans all ``dim`` channels), computed in at least fp32.
+    """
 
     def __init__(self, dim: int, group_size: int, eps: float = 1e-5, device=None, dtype=None) -> None:
         super().__init__()
@@ -175,7 +179,7 @@ class GatedRMSNorm(nn.Module):
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         compute = torch.promote_types(y.dtype, torch.float32)  # statistics in >= fp32
         g = (y.to(compute) * F.silu(z.to(compute))).unflatten(-1, (-1, self.group_size))  # (T, groups, gs)
-        g = g * torch.rsqrt(g.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        g = F.rms_norm(g, (self.group_size,), eps=self.eps)
         return (g.flatten(-2) * self.weight).to(y.dtype)
 
 
@@ -195,15 +199,18 @@ class Mamba2Mixer(nn.Module):
             Parameters must be identical on all CP ranks; their gradients are partial per
             rank and sum over the CP group (as with data parallelism).
         chunk_size: Scan chunk; default 256 for the mamba_ssm kernel, 64 for the torch scan.
-        backend: ``"auto"`` (kernels for CUDA fp32/fp16/bf16 inputs when installed),
-            ``"mamba_ssm"`` or ``"torch"``.
+        backend: ``"auto"`` (kernels for CUDA fp32/fp16/bf16 inputs when they import),
+            ``"mamba_ssm"`` or ``"torch"`` (a :class:`~seqpack.config.MambaBackend` or its string).
         A_init_range, dt_min, dt_max, dt_init_floor, norm_eps: ``Mamba2``'s initialisation.
         device, dtype: Parameter factory arguments.
 
     Raises:
-        ValueError: Sizes that do not divide (names the values).
-        ImportError: ``backend="mamba_ssm"`` without ``mamba_ssm`` / ``causal_conv1d``.
+        ConfigError: Sizes that do not divide, or a bad backend (names the values; a ``ValueError``).
+        BackendUnavailableError: ``backend="mamba_ssm"`` and ``mamba_ssm`` / ``causal_conv1d`` do
+            not import (an ``ImportError``; the import error is its ``__cause__``).
     """
+
+    head_parallel_channels: torch.Tensor  # a buffer, see _head_parallel_channels
 
     def __init__(
         self,
@@ -216,7 +223,7 @@ class Mamba2Mixer(nn.Module):
         cp_group: dist.ProcessGroup | None = None,
         *,
         chunk_size: int | None = None,
-        backend: str = "auto",
+        backend: MambaBackend | str = MambaBackend.AUTO,
         A_init_range: tuple[float, float] = (1.0, 16.0),
         dt_min: float = 0.001,
         dt_max: float = 0.1,
@@ -226,38 +233,43 @@ class Mamba2Mixer(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("d_model", d_model), ("d_state", d_state), ("d_conv", d_conv),
-            ("expand", expand), ("headdim", headdim), ("ngroups", ngroups),
-        ):  # fmt: skip
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        d_model, d_state = check_positive_int("d_model", d_model), check_positive_int("d_state", d_state)
+        d_conv, expand = check_positive_int("d_conv", d_conv), check_positive_int("expand", expand)
+        headdim, ngroups = check_positive_int("headdim", headdim), check_positive_int("ngroups", ngroups)
+        chunk_size = check_optional_int("chunk_size", chunk_size, minimum=1)
         d_inner = expand * d_model
         if d_inner % headdim != 0:
-            raise ValueError(f"d_inner = expand * d_model = {d_inner} is not divisible by headdim={headdim}")
+            raise ConfigError(f"d_inner = expand * d_model = {d_inner} is not divisible by headdim={headdim}")
         nheads = d_inner // headdim
         if nheads % ngroups != 0:
-            raise ValueError(f"nheads={nheads} (d_inner={d_inner} / headdim={headdim}) is not divisible by ngroups={ngroups}")
-        if backend not in MAMBA_BACKENDS:
-            raise ValueError(f"backend must be one of {MAMBA_BACKENDS}, got {backend!r}")
-        if backend == "mamba_ssm" and _import_mamba_kernels() is None:
-            raise ImportError("backend='mamba_ssm' needs mamba_ssm and causal_conv1d (pip install 'seqpack[mamba]')")
+            raise ConfigError(
+                f"nheads={nheads} (d_inner={d_inner} / headdim={headdim}) is not divisible by ngroups={ngroups}"
+            )
+        self.backend = check_choice("backend", backend, MambaBackend)
+        # The kernels, resolved at construction for "mamba_ssm", at the first CUDA call for "auto".
+        self._kernel_probe: backends.Probe | None = None
+        if self.backend == MambaBackend.MAMBA_SSM:
+            probe = backends.import_mamba_kernels()
+            if not probe.ok:
+                raise backends.BackendUnavailableError(backends.mamba_unavailable_message(probe)) from probe.exception
+            self._kernel_probe = dataclasses.replace(probe, exception=None)
         cp_size = 1 if cp_group is None else dist.get_world_size(cp_group)
         if nheads % cp_size != 0:
-            raise ValueError(f"nheads={nheads} is not divisible by the CP size {cp_size}: hidden-parallel CP splits heads")
+            raise ConfigError(
+                f"nheads={nheads} is not divisible by the CP size {cp_size}: hidden-parallel CP splits heads"
+            )
         if ngroups % cp_size != 0 and cp_size % ngroups != 0:
-            raise ValueError(
+            raise ConfigError(
                 f"ngroups={ngroups} and CP size {cp_size}: one must divide the other (ngroups % cp == 0 "
                 "splits groups over ranks; cp % ngroups == 0 repeats each group on cp/ngroups ranks)"
             )
         self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
         self.headdim, self.ngroups, self.d_inner, self.nheads = headdim, ngroups, d_inner, nheads
         self.conv_dim = d_inner + 2 * ngroups * d_state
-        self.backend = backend
         self.chunk_size = chunk_size
         self.cp_group, self.cp_size = cp_group, cp_size
         self.cp_rank = 0 if cp_group is None else dist.get_rank(cp_group)
-        factory = {"device": device, "dtype": dtype}
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
 
         # in_proj output order: [z, x, B, C, dt], as Mamba2.
         self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * ngroups * d_state + nheads, bias=False, **factory)
@@ -272,7 +284,7 @@ class Mamba2Mixer(nn.Module):
         self.A_log = nn.Parameter(torch.log(A).to(dtype or torch.get_default_dtype()))
         self.D = nn.Parameter(torch.ones(nheads, **factory))
         for p in (self.dt_bias, self.A_log, self.D):
-            p._no_weight_decay = True
+            setattr(p, "_no_weight_decay", True)  # noqa: B010 (mamba_ssm's optimizer marker)
         self.norm = GatedRMSNorm(d_inner, group_size=d_inner // ngroups, eps=norm_eps, **factory)
         self.out_proj = nn.Linear(d_inner, d_model, bias=False, **factory)
         self.register_buffer("head_parallel_channels", self._head_parallel_channels(device), persistent=False)
@@ -313,9 +325,9 @@ class Mamba2Mixer(nn.Module):
             ``[T_local, d_model]``.
 
         Raises:
-            ValueError: ``hidden`` not ``[batch.num_tokens, d_model]``, or a batch sharded for
-                another CP layout.
-            TypeError: ``hidden``'s dtype differs from the parameters'.
+            SeqpackError: ``hidden`` not ``[batch.num_tokens, d_model]``, or a batch sharded for
+                another CP layout (a ``ValueError``).
+            SeqpackTypeError: ``hidden``'s dtype differs from the parameters' (a ``TypeError``).
         """
         self._check_inputs(hidden, batch)
         T_local, cp = hidden.shape[0], self.cp_size
@@ -324,24 +336,26 @@ class Mamba2Mixer(nn.Module):
         z, xbcdt = zxbcdt.split([self.d_inner, self.conv_dim + self.nheads], dim=-1)
         cu_padded = batch.cu_seqlens_padded.to(hidden.device)
         seq_idx = seq_idx_from_cu_seqlens(cu_padded, T)  # (T,), global
-        weight = self.conv1d.weight[:, 0, :]  # (conv_dim, d_conv)
+        weight, bias = self.conv1d.weight[:, 0, :], self.conv1d.bias  # (conv_dim, d_conv), (conv_dim,)
+        assert bias is not None  # built with bias=True
         if cp == 1:
-            y = self._mix(xbcdt, seq_idx, weight, self.conv1d.bias, self.dt_bias, self.A_log, self.D, self.ngroups)
+            y = self._mix(xbcdt, seq_idx, weight, bias, self.dt_bias, self.A_log, self.D, self.ngroups)
             return self.out_proj(self.norm(y, z))
 
+        assert self.cp_group is not None
         channels = self.head_parallel_channels  # (cp, X_r)
         width = channels.shape[1]
         send = xbcdt.index_select(1, channels.flatten()).view(T_local, cp, width).transpose(0, 1)  # (cp, T_local, X_r)
         recv = all_to_all_tokens(send.reshape(T, width), self.cp_group)  # (T, X_r): rank-major tokens
         order, to_global = cp_token_orders(cu_padded, T, cp, hidden.device)
         mine = channels[self.cp_rank]
-        heads = mine[-(self.nheads // cp):] - self.conv_dim
+        heads = mine[-(self.nheads // cp) :] - self.conv_dim
         conv_channels = mine[: width - heads.numel()]
         y = self._mix(
             recv.index_select(0, to_global),  # (T, X_r), sequence order
             seq_idx,
             weight.index_select(0, conv_channels),
-            self.conv1d.bias.index_select(0, conv_channels),
+            bias.index_select(0, conv_channels),
             self.dt_bias.index_select(0, heads),
             self.A_log.index_select(0, heads),
             self.D.index_select(0, heads),
@@ -393,21 +407,39 @@ class Mamba2Mixer(nn.Module):
         return y.to(xbcdt.dtype).reshape(T, heads * P)
 
     def _kernels(self, x: torch.Tensor) -> tuple[Any, Any] | None:
-        # "auto": the kernels take CUDA fp32/fp16/bf16 (causal_conv1d has no fp64).
-        kernel_inputs = x.device.type == "cuda" and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-        if self.backend == "torch" or (self.backend == "auto" and not kernel_inputs):
+        """``(causal_conv1d_fn, mamba_chunk_scan_combined)`` for inputs like ``x``, or None: the reference."""
+        return self._kernels_for(x.device, x.dtype)
+
+    def _kernels_for(self, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any] | None:
+        if self.backend == MambaBackend.TORCH:
             return None
-        return _import_mamba_kernels()
+        if self.backend == MambaBackend.AUTO:
+            if self._kernel_probe is None and backends.mamba_kernel_applies(device, dtype):
+                # Keep the error text, not the exception (its traceback pins frames; modules get deep-copied).
+                self._kernel_probe = dataclasses.replace(backends.import_mamba_kernels(), exception=None)
+            probe = self._kernel_probe
+            if not backends.mamba_kernel_applies(device, dtype) or probe is None or not probe.ok:
+                unavailable = None if probe is None else f"`import {probe.what}` failed: {probe.error}"
+                warning = backends.reference_warning(
+                    "Mamba2Mixer", "mamba_ssm / causal_conv1d", device, dtype, backends.MAMBA_KERNEL_DTYPES, unavailable
+                )
+                if warning is not None:
+                    warn_once(logger, warning[0], "%s", warning[1])
+                return None
+        assert self._kernel_probe is not None and self._kernel_probe.ok  # "mamba_ssm": resolved at construction
+        return self._kernel_probe.value
 
     def _check_inputs(self, hidden: torch.Tensor, batch: PackedBatch) -> None:
         if not isinstance(hidden, torch.Tensor):
-            raise TypeError(f"hidden must be a tensor, got {type(hidden).__name__}")
+            raise SeqpackTypeError(f"hidden must be a tensor, got {type(hidden).__name__}")
         expected = (batch.num_tokens, self.d_model)
         if tuple(hidden.shape) != expected:
-            raise ValueError(
+            raise SeqpackError(
                 f"hidden has shape {tuple(hidden.shape)}, expected {expected} "
                 f"(batch.num_tokens={batch.num_tokens}, d_model={self.d_model})"
             )
         if hidden.dtype != self.in_proj.weight.dtype:
-            raise TypeError(f"hidden has dtype {hidden.dtype} but the parameters are {self.in_proj.weight.dtype}")
+            raise SeqpackTypeError(
+                f"hidden has dtype {hidden.dtype} but the parameters are {self.in_proj.weight.dtype}"
+            )
         check_cp_shard(batch, self.cp_size, self.cp_rank)

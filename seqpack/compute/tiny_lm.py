@@ -17,6 +17,8 @@ from torch import nn
 
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
+from seqpack.config import AttentionBackend
+from seqpack.errors import ConfigError, SeqpackError
 from seqpack.thd import PackedBatch
 
 __all__ = ["TinyConfig", "TinyHybridLM"]
@@ -35,10 +37,10 @@ class TinyConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self) -> None:
-        if set(self.pattern) - {"A", "M"} or not self.pattern:
-            raise ValueError(f"pattern must be a non-empty string of 'A'/'M', got {self.pattern!r}")
+        if not isinstance(self.pattern, str) or not self.pattern or set(self.pattern) - {"A", "M"}:
+            raise ConfigError(f"pattern must be a non-empty string of 'A'/'M', got {self.pattern!r}")
         if self.d_model % self.num_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+            raise ConfigError(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
 
     @property
     def head_dim(self) -> int:
@@ -74,14 +76,9 @@ class TinyConfig:
         )
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+def RMSNorm(dim: int, eps: float = 1e-6) -> nn.RMSNorm:
+    """torch's RMSNorm (``x * rsqrt(mean(x**2) + eps) * weight``; parameter ``weight``)."""
+    return nn.RMSNorm(dim, eps=eps)
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
@@ -95,13 +92,15 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
 
 
 class AttentionBlock(nn.Module):
-    def __init__(self, cfg: TinyConfig, cp_group, backend: str):
+    def __init__(self, cfg: TinyConfig, cp_group, backend: AttentionBackend | str):
         super().__init__()
         self.cfg = cfg
         kv_dim = cfg.num_kv_heads * cfg.head_dim
         self.norm1 = RMSNorm(cfg.d_model)
         self.qkv = nn.Linear(cfg.d_model, cfg.d_model + 2 * kv_dim, bias=False)
-        self.attn = ThdAttention(cfg.num_heads, cfg.head_dim, num_kv_heads=cfg.num_kv_heads, backend=backend, cp_group=cp_group)
+        self.attn = ThdAttention(
+            cfg.num_heads, cfg.head_dim, num_kv_heads=cfg.num_kv_heads, backend=backend, cp_group=cp_group
+        )
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.norm2 = RMSNorm(cfg.d_model)
         hidden = cfg.ffn_mult * cfg.d_model
@@ -135,7 +134,7 @@ class MambaBlock(nn.Module):
 class TinyHybridLM(nn.Module):
     """Embedding -> blocks (``cfg.pattern``) -> RMSNorm -> LM head, on THD batches."""
 
-    def __init__(self, cfg: TinyConfig, *, cp_group=None, backend: str = "torch"):
+    def __init__(self, cfg: TinyConfig, *, cp_group=None, backend: AttentionBackend | str = AttentionBackend.TORCH):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -154,6 +153,8 @@ class TinyHybridLM(nn.Module):
 
     def loss_sum(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(sum of token losses weighted by ``loss_mask``, number of loss tokens) on this rank."""
+        if batch.labels is None or batch.loss_mask is None:
+            raise SeqpackError("loss_sum needs a batch with labels and loss_mask (not a middle pipeline stage's)")
         logits = self(batch)
         labels = batch.labels.clamp(min=0)
         losses = F.cross_entropy(logits.float(), labels, reduction="none")

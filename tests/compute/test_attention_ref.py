@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack.compute import attention as attn_mod
+from seqpack.compute import backends
 from seqpack.compute.attention import ThdAttention, select_backend, thd_attention
 from seqpack.cp import partition_indices, shard_for_cp
 from seqpack.thd import pack_sequences, pad_multiple_for, padding_only_batch
@@ -16,7 +17,9 @@ F64 = torch.float64
 
 
 def make_pack(lengths, pad_multiple=1, pad_to=None):
-    return pack_sequences([{"input_ids": torch.arange(1, n + 1)} for n in lengths], pad_multiple=pad_multiple, pad_to=pad_to)
+    return pack_sequences(
+        [{"input_ids": torch.arange(1, n + 1)} for n in lengths], pad_multiple=pad_multiple, pad_to=pad_to
+    )
 
 
 def qkv(tokens, heads, kv_heads, dim, seed=0, dtype=F64):
@@ -41,7 +44,8 @@ def dense_reference(q, k, v, batch):
 
 
 def grads(out, inputs, seed=1):
-    gy = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(seed))
+    # The generator lives on the CPU: draw there, then move to the output's device (CUDA on a GPU run).
+    gy = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(seed)).to(out.device)
     return torch.autograd.grad(out, inputs, gy)
 
 
@@ -61,7 +65,7 @@ def test_matches_dense_reference_forward_and_backward(lengths, pad_multiple, hea
     out = ThdAttention(H, 8, Hkv, backend="torch")(q, k, v, batch)
     ref = dense_reference(q, k, v, batch)
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
-    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v))):
+    for a, b in zip(grads(out, (q, k, v)), grads(ref, (q, k, v)), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
@@ -207,7 +211,9 @@ def test_bad_inputs_raise():
 def test_functional_cp_layout_errors():
     batch = make_pack([5, 3], pad_multiple=2)  # padded 6 + 4: not divisible by 2*cp = 4
     q, k, v = (t.detach() for t in qkv(batch.num_tokens, 2, 2, 4))
-    with pytest.raises(ValueError, match=r"divisible by 2\*cp_size=4 for DualChunkSwap, got cu_seqlens_padded=\[0, 6, 10\]"):
+    with pytest.raises(
+        ValueError, match=r"divisible by 2\*cp_size=4 for DualChunkSwap, got cu_seqlens_padded=\[0, 6, 10\]"
+    ):
         thd_attention(q[:5], k, v, batch.cu_seqlens, batch.cu_seqlens_padded, cp_size=2, cp_rank=0)
     with pytest.raises(ValueError, match=r"cu_seqlens_padded ends at 10 but k has 9 tokens"):
         thd_attention(q, k[:9], v[:9], batch.cu_seqlens, batch.cu_seqlens_padded)
@@ -308,14 +314,14 @@ def test_auto_with_cuda_builds_te_but_cpu_inputs_use_torch(fake_te, monkeypatch)
 
 
 def test_te_backend_without_te_raises(monkeypatch):
-    monkeypatch.setattr(attn_mod, "_import_te_attention", lambda: None)
+    monkeypatch.setitem(sys.modules, "transformer_engine", None)  # `import transformer_engine` now fails
     with pytest.raises(ImportError, match="backend='te' needs Transformer Engine"):
         ThdAttention(2, 4, backend="te")
     assert ThdAttention(2, 4, backend="auto").te_attention is None
 
 
 def _has_te():
-    return torch.cuda.is_available() and attn_mod._import_te_attention() is not None
+    return torch.cuda.is_available() and backends.import_te_attention().ok
 
 
 @pytest.mark.gpu
@@ -327,7 +333,7 @@ def test_te_matches_torch_reference_on_cuda():
         out = ThdAttention(8, 64, 2, backend="te")(q, k, v, batch)
         ref = ThdAttention(8, 64, 2, backend="torch")(q, k, v, batch)
         torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
-        for a, b in zip(grads(out.float(), (q, k, v)), grads(ref.float(), (q, k, v))):
+        for a, b in zip(grads(out.float(), (q, k, v)), grads(ref.float(), (q, k, v)), strict=True):
             torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2)
 
 
@@ -344,5 +350,5 @@ def test_query_blocking_of_long_sequences_is_exact(monkeypatch):
         blocked_grads = torch.autograd.grad(blocked.square().sum(), (q, k, v))
         monkeypatch.undo()
         assert torch.allclose(blocked, whole, atol=1e-12, rtol=0)
-        for a, b in zip(blocked_grads, grads):
+        for a, b in zip(blocked_grads, grads, strict=True):
             assert torch.allclose(a, b, atol=1e-12, rtol=0)

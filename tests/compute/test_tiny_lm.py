@@ -7,12 +7,16 @@ from seqpack.thd import pack_sequences
 
 def _batch(lengths, seed=0, pad_multiple=4):
     g = torch.Generator().manual_seed(seed)
-    return pack_sequences([{"input_ids": torch.randint(1, 256, (n,), generator=g)} for n in lengths], pad_multiple=pad_multiple)
+    return pack_sequences(
+        [{"input_ids": torch.randint(1, 256, (n,), generator=g)} for n in lengths], pad_multiple=pad_multiple
+    )
 
 
 def test_tiny_lm_trains_and_isolates_sequences():
     torch.manual_seed(0)
-    model = TinyHybridLM(TinyConfig(d_model=32, pattern="AM", num_heads=2, num_kv_heads=1, d_state=8, mamba_headdim=8)).double()
+    model = TinyHybridLM(
+        TinyConfig(d_model=32, pattern="AM", num_heads=2, num_kv_heads=1, d_state=8, mamba_headdim=8)
+    ).double()
     batch = _batch([9, 1, 14, 5])
     logits = model(batch)
     assert logits.shape == (batch.num_tokens, 256)

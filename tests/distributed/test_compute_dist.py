@@ -11,8 +11,8 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-
 from harness import RankFailure
+
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.cp import partition_indices, shard_for_cp
@@ -68,7 +68,7 @@ def _attention_cp(cp, lengths, heads, kv_heads, dim):
     out = att(*local_in, shard_for_cp(batch, cp, rank))
     (out * w[idx]).sum().backward()
     errors = {"out": _max_err(out, full[idx])}
-    for name, a, b in zip("qkv", local_in, full_in):
+    for name, a, b in zip("qkv", local_in, full_in, strict=True):
         errors["d" + name] = _max_err(a.grad, b.grad[idx])
     return errors, int(batch.padding_mask.sum())
 
@@ -141,7 +141,7 @@ def _mamba_cp(cp, lengths, ngroups, chunk_size):
     out = m(h_local, shard_for_cp(batch, cp, rank))
     (out * w[idx]).sum().backward()
     errors = {"out": _max_err(out, full[idx]), "dhidden": _max_err(h_local.grad, h_full.grad[idx])}
-    for (name, p), (_, p_ref) in zip(m.named_parameters(), ref.named_parameters()):
+    for (name, p), (_, p_ref) in zip(m.named_parameters(), ref.named_parameters(), strict=True):
         grad = p.grad.clone()
         dist.all_reduce(grad, group=group)  # CP ranks hold partial parameter gradients
         errors["d" + name] = _max_err(grad, p_ref.grad)
@@ -203,7 +203,12 @@ def _pads_everywhere(cp, which):
     h = torch.randn(shard.num_tokens, 16, dtype=F64, requires_grad=True)
     y = _mixer(group, 1, 8)(h, shard)
     y.sum().backward()
-    return bool(shard.padding_mask.all()), float(out.abs().max()), k.grad is not None, bool(torch.isfinite(h.grad).all())
+    return (
+        bool(shard.padding_mask.all()),
+        float(out.abs().max()),
+        k.grad is not None,
+        bool(torch.isfinite(h.grad).all()),
+    )
 
 
 @pytest.mark.parametrize("which", ["padding_only", "one_token"])
@@ -232,7 +237,9 @@ def _cp_errors(cp):
             messages.append(str(exc))
     batch = _pack([5, 3], cp)
     try:  # an unsharded batch given to a CP module
-        ThdAttention(2, 4, backend="torch", cp_group=group)(*(torch.zeros(batch.num_tokens, 2, 4) for _ in range(3)), batch)
+        ThdAttention(2, 4, backend="torch", cp_group=group)(
+            *(torch.zeros(batch.num_tokens, 2, 4) for _ in range(3)), batch
+        )
     except ValueError as exc:
         messages.append(str(exc))
     try:
@@ -300,3 +307,57 @@ def _bad_shard():
     group, _ = _cp_group(2)
     batch = shard_for_cp(_pack([5, 3], 2), 2, 1 - dist.get_rank(group))  # the other rank's shard
     ThdAttention(2, 4, backend="torch", cp_group=group)(*(torch.zeros(batch.num_tokens, 2, 4) for _ in range(3)), batch)
+
+
+# --- our autograd collectives vs torch.distributed.nn.functional (kept: see _collectives.py) ---
+
+
+def _collectives_vs_torch():
+    import warnings
+
+    import torch.distributed.nn.functional as torch_dnn
+
+    from seqpack.compute._collectives import all_gather_tokens, all_to_all_tokens
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    x = torch.randn(3 * world, 4, dtype=F64, generator=torch.Generator().manual_seed(rank))
+    gy = torch.randn(3 * world * world, 4, dtype=F64, generator=torch.Generator().manual_seed(100 + rank))
+    report = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # all-gather: forward values and the reduce-scatter backward
+        ours_in, torch_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ours = all_gather_tokens(ours_in, dist.group.WORLD)
+        theirs = torch.cat(torch_dnn.all_gather(torch_in))
+        ours.backward(gy)
+        theirs.backward(gy)
+        report["gather_forward"] = torch.equal(ours, theirs)
+        report["gather_backward"] = torch.equal(ours_in.grad, torch_in.grad)
+        try:  # the backward is a sum over ranks of each rank's gradient for my rows
+            reduced = torch.empty_like(x)
+            dist.reduce_scatter_tensor(reduced, gy)
+            report["gather_backward_vs_reduce_scatter"] = float((reduced - ours_in.grad).abs().max())
+        except (RuntimeError, NotImplementedError, ValueError) as exc:  # gloo without reduce_scatter
+            report["gather_backward_vs_reduce_scatter"] = f"unavailable: {type(exc).__name__}"
+        # all-to-all (equal splits): forward values and backward
+        ours_in, torch_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ours = all_to_all_tokens(ours_in, dist.group.WORLD)
+        theirs = torch_dnn.all_to_all_single(torch.empty_like(x), torch_in)
+        g2 = gy[: x.shape[0]]
+        ours.backward(g2)
+        theirs.backward(g2)
+        report["a2a_forward"] = torch.equal(ours, theirs)
+        report["a2a_backward"] = torch.equal(ours_in.grad, torch_in.grad)
+        report["a2a_moved_rows"] = not torch.equal(ours, x)  # not vacuous: rows really travelled
+    report["deprecated"] = sorted({str(w.message).split(" is deprecated")[0] for w in caught
+                                   if issubclass(w.category, FutureWarning)})  # fmt: skip
+    return report
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_collectives_match_torch_distributed_nn(dist_pools, world):
+    for report in dist_pools.get(world).run(_collectives_vs_torch):
+        assert report["gather_forward"] and report["gather_backward"], report
+        assert report["a2a_forward"] and report["a2a_backward"] and report["a2a_moved_rows"], report
+        vs_rs = report["gather_backward_vs_reduce_scatter"]
+        assert isinstance(vs_rs, str) or vs_rs < 1e-12, report

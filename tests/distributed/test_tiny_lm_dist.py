@@ -11,7 +11,9 @@ CFG = TinyConfig(d_model=32, pattern="AMA", num_heads=4, num_kv_heads=2, d_state
 def _cp_equivalence(lengths):
     cp, rank = dist.get_world_size(), dist.get_rank()
     g = torch.Generator().manual_seed(3)
-    batch = pack_sequences([{"input_ids": torch.randint(1, 256, (n,), generator=g)} for n in lengths], pad_multiple=pad_multiple_for(cp))
+    batch = pack_sequences(
+        [{"input_ids": torch.randint(1, 256, (n,), generator=g)} for n in lengths], pad_multiple=pad_multiple_for(cp)
+    )
     torch.manual_seed(0)
     reference = TinyHybridLM(CFG).double()
     torch.manual_seed(0)
@@ -28,7 +30,7 @@ def _cp_equivalence(lengths):
     dist.all_gather(parts, logits.detach().contiguous())
     gathered = unshard_from_cp(parts, batch.cu_seqlens_padded, cp)
     worst = 0.0
-    for (name, p), (_, q) in zip(reference.named_parameters(), model.named_parameters()):
+    for (_, p), (_, q) in zip(reference.named_parameters(), model.named_parameters(), strict=True):
         grad = q.grad.clone()
         dist.all_reduce(grad)  # parameter gradients are summed over the CP group
         worst = max(worst, float((grad - p.grad).abs().max()))

@@ -1,0 +1,401 @@
+"""Which fast path each compute stage runs, why, and the environment report behind ``seqpack doctor``.
+
+The fast paths are optional packages: Transformer Engine (TE) for attention, ``mamba_ssm`` and
+``causal_conv1d`` for the Mamba2 mixer. They are imported by a probe that keeps the import
+error, so that nothing falls back silently:
+
+- ``backend="te"`` / ``"mamba_ssm"``: the module's constructor raises
+  :class:`BackendUnavailableError` (an ``ImportError`` and a seqpack ``ConfigError``) whose
+  message carries the import error, which is also its ``__cause__``.
+- ``backend="auto"``: when a forward call gets inputs the fast path would have taken (attention:
+  fp16/bf16 on CUDA; Mamba: fp32/fp16/bf16 on CUDA) and the fast path does not import, the
+  torch reference runs and a WARNING is logged once per process (``seqpack._logging.warn_once``)
+  naming the package and the import error. CUDA inputs in a dtype the fast path does not take
+  (attention fp32/fp64, Mamba fp64) log a separate one-time warning: the reference is slow
+  there too. CPU inputs log nothing: the reference is the expected path on CPU.
+- ``backend="torch"`` never imports the fast paths and never warns.
+
+:func:`environment_report` collects what decides this (torch, CUDA, GPUs, package versions,
+whether each imports, what ``auto`` picks on bf16 CUDA inputs, numba); and
+:func:`format_environment_report` renders it as text. Neither prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import logging
+import platform
+import warnings
+from typing import Any
+
+import torch
+
+from seqpack.config import AttentionBackend, MambaBackend
+from seqpack.errors import ConfigError
+
+__all__ = [
+    "ATTENTION_KERNEL_DTYPES",
+    "BackendUnavailableError",
+    "MAMBA_KERNEL_DTYPES",
+    "Probe",
+    "attention_kernel_applies",
+    "environment_report",
+    "format_environment_report",
+    "import_mamba_kernels",
+    "import_te_attention",
+    "mamba_kernel_applies",
+    "mamba_unavailable_message",
+    "reference_warning",
+    "te_unavailable_message",
+]
+
+logger = logging.getLogger(__name__)
+
+# TE's THD attention kernels take half precision only; causal_conv1d takes no fp64.
+ATTENTION_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+MAMBA_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class BackendUnavailableError(ConfigError, ImportError):
+    """An explicitly requested fast path cannot be imported; ``__cause__`` is the import error."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """The outcome of importing one optional fast path.
+
+    Attributes:
+        what: What was imported, e.g. ``"transformer_engine.pytorch"``.
+        value: The imported object(s) when the import worked, else None.
+        error: ``"ExceptionType: message"`` when it failed, else None.
+        exception: The exception itself (for ``raise ... from``); not compared.
+    """
+
+    what: str
+    value: Any = None
+    error: str | None = None
+    exception: BaseException | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _failed(what: str, exc: BaseException) -> Probe:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return Probe(what, error=f"{type(exc).__name__}: {text}" if text else type(exc).__name__, exception=exc)
+
+
+def import_te_attention() -> Probe:
+    """Import TE's ``DotProductAttention``; ``value`` is the class."""
+    what = "transformer_engine.pytorch"
+    try:
+        from transformer_engine.pytorch import DotProductAttention
+    except Exception as exc:  # ImportError, or OSError/RuntimeError of a build for another CUDA / torch
+        return _failed(what, exc)
+    return Probe(what, value=DotProductAttention)
+
+
+def import_mamba_kernels() -> Probe:
+    """Import ``(causal_conv1d_fn, mamba_chunk_scan_combined)``; both must import."""
+    try:
+        from causal_conv1d import causal_conv1d_fn
+    except Exception as exc:
+        return _failed("causal_conv1d", exc)
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except Exception as exc:
+        return _failed("mamba_ssm.ops.triton.ssd_combined", exc)
+    return Probe("mamba_ssm + causal_conv1d", value=(causal_conv1d_fn, mamba_chunk_scan_combined))
+
+
+def attention_kernel_applies(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether ``auto`` attention would run TE on inputs of this device and dtype."""
+    return torch.device(device).type == "cuda" and dtype in ATTENTION_KERNEL_DTYPES
+
+
+def mamba_kernel_applies(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether ``auto`` Mamba would run the mamba_ssm / causal_conv1d kernels on these inputs."""
+    return torch.device(device).type == "cuda" and dtype in MAMBA_KERNEL_DTYPES
+
+
+def reference_warning(
+    module: str,
+    fast_path: str,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    kernel_dtypes: tuple[torch.dtype, ...],
+    unavailable: str | None,
+) -> tuple[str, str] | None:
+    """The warning ``module(backend="auto")`` logs once when it runs the torch reference on
+    inputs of ``device`` / ``dtype``: ``(warn_once key, message)``, or None for non-CUDA inputs.
+
+    Args:
+        module: ``"ThdAttention"`` or ``"Mamba2Mixer"``.
+        fast_path: What would have run, e.g. ``"Transformer Engine"``.
+        kernel_dtypes: The dtypes the fast path takes.
+        unavailable: Why the fast path is unavailable (the import error), when it is.
+    """
+    if torch.device(device).type != "cuda":
+        return None  # the reference is the expected path off CUDA
+    if dtype in kernel_dtypes:
+        return (
+            f"{module}:unavailable",
+            f"{module}(backend='auto') runs the torch reference on CUDA {dtype} inputs because {fast_path} is "
+            f"unavailable: {unavailable}. The reference is far slower (and attention's keeps O(seqlen^2) scores). "
+            "`seqpack doctor` shows what imports (docs/gpu.md); pass backend='torch' to choose the reference.",
+        )
+    names = "/".join(str(d).removeprefix("torch.") for d in kernel_dtypes)
+    return (
+        f"{module}:dtype",
+        f"{module}(backend='auto') runs the torch reference on CUDA {dtype} inputs: {fast_path} takes {names} only. "
+        "Cast the inputs for the fast path, or pass backend='torch' to choose the reference.",
+    )
+
+
+def _torch_build() -> str:
+    return f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'})"
+
+
+def te_unavailable_message(probe: Probe) -> str:
+    """Why ``backend="te"`` cannot run, with what to install."""
+    return (
+        f"backend='te' needs Transformer Engine, but `import {probe.what}` failed: {probe.error}. "
+        "TE's import needs the `transformer-engine` meta package (pip install 'transformer-engine[pytorch]'), "
+        "its core wheel for your CUDA major version (transformer-engine-cu12 / -cu13, matching torch's), and the "
+        f"torch extension transformer_engine_torch built for this {_torch_build()}. `seqpack doctor` shows what "
+        "imports; docs/gpu.md explains the install. Use backend='torch' for the reference, or 'auto' to fall "
+        "back to it with a warning."
+    )
+
+
+def mamba_unavailable_message(probe: Probe) -> str:
+    """Why ``backend="mamba_ssm"`` cannot run, with what to install."""
+    return (
+        f"backend='mamba_ssm' needs mamba_ssm and causal_conv1d, but `import {probe.what}` failed: {probe.error}. "
+        f"Install mamba-ssm and causal-conv1d built for this {_torch_build()} (pip install --no-build-isolation "
+        "'seqpack[mamba]'). `seqpack doctor` shows what imports; docs/gpu.md explains the install. Use "
+        "backend='torch' for the reference, or 'auto' to fall back to it with a warning."
+    )
+
+
+# --- the environment report ------------------------------------------------------------------
+
+# (report key, distributions that provide it, module imported to check it)
+_PACKAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("transformer_engine", ("transformer-engine", "transformer-engine-cu13", "transformer-engine-cu12"),
+     "transformer_engine.pytorch"),
+    ("transformer_engine_torch", ("transformer-engine-torch",), "transformer_engine_torch"),
+    ("mamba_ssm", ("mamba-ssm",), "mamba_ssm.ops.triton.ssd_combined"),
+    ("causal_conv1d", ("causal-conv1d",), "causal_conv1d"),
+)  # fmt: skip
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _try_import(module: str) -> tuple[Any, str | None]:
+    try:
+        return importlib.import_module(module), None
+    except Exception as exc:
+        return None, _failed(module, exc).error
+
+
+def _package_info(key: str, distributions: tuple[str, ...], module: str) -> dict[str, Any]:
+    found = {name: v for name in distributions if (v := _distribution_version(name)) is not None}
+    imported, error = _try_import(module)
+    version = next(iter(found.values()), None)
+    if version is None and imported is not None:  # e.g. a source tree on PYTHONPATH, no dist-info
+        top = importlib.import_module(module.split(".")[0])
+        version = getattr(top, "__version__", None)
+    info: dict[str, Any] = {
+        "version": version,
+        "distributions": found,
+        "module": module,
+        "imports": error is None,
+        "error": error,
+    }
+    if key == "transformer_engine_torch" and imported is not None:
+        info["thd_get_partitioned_indices"] = hasattr(imported, "thd_get_partitioned_indices")
+    return info
+
+
+def _torch_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": False,
+        "cudnn": None,
+        "devices": [],
+    }
+    try:
+        info["cuda_available"] = bool(torch.cuda.is_available())
+        if info["cuda_available"]:
+            info["cudnn"] = torch.backends.cudnn.version()
+            for index in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(index)
+                info["devices"].append(
+                    {
+                        "index": index,
+                        "name": props.name,
+                        "capability": f"{props.major}.{props.minor}",
+                        "memory_gib": round(props.total_memory / 2**30, 1),
+                    }
+                )
+    except Exception as exc:  # a broken driver: report it, do not fail the report
+        info["error"] = _failed("torch.cuda", exc).error
+    return info
+
+
+def _auto_choice(cuda: bool, packages: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
+    if not cuda:
+        why = "no CUDA device: the torch reference is the expected path on CPU"
+        return {
+            "attention": {"backend": AttentionBackend.TORCH.value, "reason": why},
+            "mamba": {"backend": MambaBackend.TORCH.value, "reason": why},
+        }
+    te = packages["transformer_engine"]
+    attention = (
+        {"backend": AttentionBackend.TE.value, "reason": "transformer_engine.pytorch imports"}
+        if te["imports"]
+        else {"backend": AttentionBackend.TORCH.value, "reason": f"transformer_engine does not import: {te['error']}"}
+    )
+    missing = [(name, packages[name]["error"]) for name in ("causal_conv1d", "mamba_ssm")]
+    missing = [(name, error) for name, error in missing if error is not None]
+    mamba = (
+        {"backend": MambaBackend.MAMBA_SSM.value, "reason": "mamba_ssm and causal_conv1d import"}
+        if not missing
+        else {
+            "backend": MambaBackend.TORCH.value,
+            "reason": "; ".join(f"{name} does not import: {error}" for name, error in missing),
+        }
+    )
+    return {"attention": attention, "mamba": mamba}
+
+
+def _numba_info() -> dict[str, Any]:
+    try:
+        import numba
+    except Exception as exc:
+        return {"version": None, "error": _failed("numba", exc).error}
+    try:
+        active = numba.threading_layer()
+    except ValueError:  # "Threading layer is not initialized": no parallel kernel ran yet
+        active = None
+    available = []
+    for layer, module in (("tbb", "tbbpool"), ("omp", "omppool"), ("workqueue", "workqueue")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if _try_import(f"numba.np.ufunc.{module}")[1] is None:
+                available.append(layer)
+    return {
+        "version": numba.__version__,
+        "threading_layer": active,
+        "configured_threading_layer": str(getattr(numba.config, "THREADING_LAYER", "default")),
+        "available_threading_layers": available,
+    }
+
+
+def _notes(torch_info: dict[str, Any], packages: dict[str, dict[str, Any]]) -> list[str]:
+    notes = []
+    te, tex = packages["transformer_engine"], packages["transformer_engine_torch"]
+    torch_major = (torch_info["cuda"] or "").split(".")[0]
+    prefix = "transformer-engine-cu"
+    for name in te["distributions"]:
+        if name.startswith(prefix) and torch_major and name[len(prefix) :] != torch_major:
+            notes.append(
+                f"{name} is installed but torch is built for CUDA {torch_info['cuda']}: TE's CUDA major version "
+                "must match torch's"
+            )
+    if te["distributions"] and "transformer-engine" not in te["distributions"] and not te["imports"]:
+        notes.append("the `transformer-engine` meta package is missing: TE's import checks for it")
+    if te["distributions"] and not tex["imports"]:
+        notes.append(
+            "transformer_engine_torch does not import: build it for this torch from its sdist "
+            "(pip install --no-build-isolation transformer_engine_torch==<TE version>)"
+        )
+    if torch_info["cuda_available"] and not torch_info["cuda"]:
+        notes.append("torch is a CPU build on a machine with a GPU")
+    return notes
+
+
+def environment_report() -> dict[str, Any]:
+    """What decides which compute path seqpack runs here; a JSON-serialisable dict.
+
+    Keys: ``python``, ``platform``, ``seqpack``; ``torch`` (version, CUDA version, cuDNN,
+    ``devices``: name, capability, memory); ``packages`` (``transformer_engine``,
+    ``transformer_engine_torch``, ``mamba_ssm``, ``causal_conv1d``: installed version from
+    ``importlib.metadata``, whether the module seqpack needs imports, the error if not);
+    ``auto`` (the backend ``"auto"`` picks for attention and Mamba on bf16 CUDA inputs, and
+    why); ``numba`` (version, active and available threading layers); ``notes`` (likely
+    install problems). Importing the optional packages is part of the check, so the first
+    call can take seconds on a GPU machine.
+    """
+    import seqpack
+
+    torch_info = _torch_info()
+    packages: dict[str, dict[str, Any]] = {}
+    # transformer_engine.pytorch first: it loads transformer_engine_torch itself.
+    for key, distributions, module in _PACKAGES:
+        packages[key] = _package_info(key, distributions, module)
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "seqpack": seqpack.__version__,
+        "torch": torch_info,
+        "packages": packages,
+        "auto": _auto_choice(torch_info["cuda_available"], packages),
+        "numba": _numba_info(),
+        "notes": _notes(torch_info, packages),
+    }
+
+
+def format_environment_report(report: dict[str, Any]) -> str:
+    """The report of :func:`environment_report` as plain text (no trailing newline)."""
+    t = report["torch"]
+    lines = [
+        f"seqpack {report['seqpack']}, Python {report['python']}, {report['platform']}",
+        f"torch {t['version']}, CUDA {t['cuda'] or 'none (CPU build)'}"
+        + (f", cuDNN {t['cudnn']}" if t.get("cudnn") else "")
+        + ("" if t["cuda_available"] else ", no CUDA device available"),
+    ]
+    lines += [
+        f"  GPU {d['index']}: {d['name']}, capability {d['capability']}, {d['memory_gib']} GiB" for d in t["devices"]
+    ]
+    if t.get("error"):
+        lines.append(f"  CUDA error: {t['error']}")
+    lines.append("optional packages:")
+    for key, info in report["packages"].items():
+        dists = ", ".join(f"{name} {version}" for name, version in info["distributions"].items())
+        version = info["version"] or "not installed"
+        if info["imports"]:
+            status = "imports"
+        elif info["version"] is None and info["error"].startswith("ModuleNotFoundError"):
+            status = ""  # simply absent
+        else:
+            status = f"does not import ({info['error']})"
+        extra = f"  [{dists}]" if len(info["distributions"]) > 1 else ""
+        lines.append(f"  {key:<25}{version:<16}{status}{extra}".rstrip())
+    lines.append('backend="auto" on bf16 CUDA inputs:')
+    for stage, choice in report["auto"].items():
+        lines.append(f"  {stage:<10}{choice['backend']:<11}{choice['reason']}")
+    n = report["numba"]
+    if n.get("version") is None:
+        lines.append(f"numba: {n.get('error')}")
+    else:
+        active = n["threading_layer"] or "not initialised (seqpack's numba kernels are serial)"
+        available = ", ".join(n["available_threading_layers"]) or "none"
+        lines.append(
+            f"numba {n['version']}, threading layer {active}; configured {n['configured_threading_layer']!r}, "
+            f"available: {available}"
+        )
+    if report["notes"]:
+        lines.append("notes:")
+        lines += [f"  - {note}" for note in report["notes"]]
+    return "\n".join(lines)
