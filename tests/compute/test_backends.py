@@ -126,7 +126,7 @@ def test_backends_accept_enum_members_and_strings():
     assert ThdAttention(2, 4, backend=AttentionBackend.TORCH).backend == "torch"
     assert ThdAttention(2, 4, backend="torch").backend is AttentionBackend.TORCH
     assert Mamba2Mixer(16, d_state=4, headdim=8, backend="torch").backend is MambaBackend.TORCH
-    with pytest.raises(ConfigError, match=r"backend must be one of 'auto', 'mamba_ssm', 'torch'; got 'triton'"):
+    with pytest.raises(ConfigError, match=r"backend must be one of \('auto', 'mamba_ssm', 'torch'\), got 'triton'"):
         Mamba2Mixer(16, d_state=4, headdim=8, backend="triton")
 
 
