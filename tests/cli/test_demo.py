@@ -13,7 +13,7 @@ import pytest
 from seqpack.cli import main
 from seqpack.demo import DemoSettings, padded_microbatches
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _env():
