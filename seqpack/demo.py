@@ -48,8 +48,8 @@ def settings_from_args(args: argparse.Namespace) -> DemoSettings:
 
 def run(args: argparse.Namespace) -> int:
     """``seqpack demo`` on parsed flags; a mistake is one line on stderr and status 2."""
+    from seqpack.cli.app import run_command
     from seqpack.cli.commands import demo
-    from seqpack.cli.main import run_command
 
     args.command, args._run = "demo", demo.run
     return run_command(args)
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m seqpack.demo [flags]``: the same as ``seqpack demo [flags]``."""
-    from seqpack.cli.main import main as cli_main
+    from seqpack.cli.app import main as cli_main
 
     return cli_main(["demo", *(sys.argv[1:] if argv is None else argv)])
 

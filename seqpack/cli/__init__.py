@@ -1,6 +1,6 @@
 """The ``seqpack`` command line: the only part of seqpack that prints.
 
-- :mod:`~seqpack.cli.main`: the parser, the registry of subcommands, exit codes
+- :mod:`~seqpack.cli.app`: the parser, the registry of subcommands, exit codes
 - :mod:`~seqpack.cli.commands`: one module per subcommand (mock, stats, simulate, demo)
 - :mod:`~seqpack.cli.demo`: the demo's settings, data, per-rank training and launcher
 - :mod:`~seqpack.cli.options`: flags derived from a settings dataclass
@@ -12,10 +12,10 @@
 
 from __future__ import annotations
 
+from seqpack.cli.app import COMMANDS, build_parser, main
 from seqpack.cli.commands.simulate import simulate
 from seqpack.cli.commands.stats import PERCENTILES, length_summary
 from seqpack.cli.errors import CommandError, ExitCode
-from seqpack.cli.main import COMMANDS, build_parser, main
 from seqpack.cli.sources import DIST_DEFAULTS
 from seqpack.cli.tables import format_table
 

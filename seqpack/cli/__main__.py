@@ -2,6 +2,6 @@
 
 import sys
 
-from seqpack.cli.main import main
+from seqpack.cli.app import main
 
 sys.exit(main())

@@ -90,7 +90,9 @@ def _nonempty_lines(path: str, limit: int | None = None, encoding: str = "utf-8"
     return out
 
 
-def _read_csv(path: str, column: str | int | None) -> tuple[pa.Table, bool]:
+def _read_csv(path: str, column: str | int | None, as_text: str | None = None) -> tuple[pa.Table, bool]:
+    """(table, whether the first row is a header); ``as_text`` names a column to keep as
+    the text written in the file."""
     import pyarrow.csv as pacsv
 
     encoding = _encoding(path)
@@ -109,7 +111,9 @@ def _read_csv(path: str, column: str | int | None) -> tuple[pa.Table, bool]:
         header = not any(_is_number(c) for c in cells)
     read = pacsv.ReadOptions(autogenerate_column_names=not header, encoding=encoding)
     parse = pacsv.ParseOptions(delimiter=delimiter, ignore_empty_lines=True)
-    convert = pacsv.ConvertOptions(strings_can_be_null=True)
+    convert = pacsv.ConvertOptions(
+        strings_can_be_null=True, column_types={as_text: pa.string()} if as_text is not None else None
+    )
     try:
         table = pacsv.read_csv(path, read_options=read, parse_options=parse, convert_options=convert)
         _ = table.column_names  # header names are decoded lazily: fail here, naming the file
@@ -215,8 +219,17 @@ def lengths_from_file(path: str | os.PathLike, column: str | int | None = None) 
         raise SampleError(f"{what}: missing value at {_where(path, kind, row, header)}")
     values, bad_row, problem = _as_lengths(col)
     if bad_row is not None:
+        if kind == "csv" and pa.types.is_floating(col.type):
+            # Show the value as written (99999999999999999999), not as the float it parsed to (1e20).
+            text = _read_csv(path, column, as_text=name)[0].column(name)[bad_row].as_py()
+            problem = problem.replace(_shown(col[bad_row].as_py()), text.strip())
         raise SampleError(f"{what}: {problem} at {_where(path, kind, bad_row, header)}")
     return values
+
+
+def _shown(value: float) -> str:
+    """How a float length appears in a message: integral ones without a fraction."""
+    return f"{value:.0f}" if math.isfinite(value) and value == round(value) else repr(value)
 
 
 def _as_lengths(col: pa.Array) -> tuple[np.ndarray, int | None, str]:
@@ -231,10 +244,13 @@ def _as_lengths(col: pa.Array) -> tuple[np.ndarray, int | None, str]:
         raw = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
         bad = np.flatnonzero(~np.isfinite(raw) | (raw != np.round(raw)))
         if bad.size:
-            return raw, int(bad[0]), f"non-integer length {float(raw[bad[0]])!r}"
+            return raw, int(bad[0]), f"non-integer length {_shown(float(raw[bad[0]]))}"
         big = np.flatnonzero(raw >= 2.0**63)  # integers past int64 parse as floats
         if big.size:
-            return raw, int(big[0]), f"length {float(raw[big[0]]):.0f} is too large (at most 2**63 - 1)"
+            return raw, int(big[0]), f"length {_shown(float(raw[big[0]]))} is too large (at most 2**63 - 1)"
+        if raw.size and raw.min() < 0:
+            row = int(np.argmin(raw))
+            return raw, row, f"negative length {_shown(float(raw[row]))}"
         values = raw.astype(np.int64)
     else:
         texts = col.to_pylist()

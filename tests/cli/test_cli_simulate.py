@@ -16,8 +16,25 @@ def test_simulate_table(capsys):
 def test_simulate_json_from_file_and_config(tmp_path, capsys):
     path = tmp_path / "lens.csv"
     write_lengths(path, lognormal_lengths(300, min_seq_len=64, max_seq_len=4096, mean_seq_len=1024))
-    args = ["simulate", "--lengths", str(path), "--dp", "4", "--cp", "2", "--max-tokens-per-rank", "2048",
-            "--global-batch", "100", "--steps", "3", "--json", "--no-progress", "--schedulers", "balanced,dp_balanced"]
+    args = [
+        "simulate",
+        "--lengths",
+        str(path),
+        "--dp",
+        "4",
+        "--cp",
+        "2",
+        "--max-tokens-per-rank",
+        "2048",
+        "--global-batch",
+        "100",
+        "--steps",
+        "3",
+        "--json",
+        "--no-progress",
+        "--schedulers",
+        "balanced,dp_balanced",
+    ]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["config"]["pad_multiple"] == 4 and report["config"]["capacity"] == 4096
@@ -26,16 +43,52 @@ def test_simulate_json_from_file_and_config(tmp_path, capsys):
     assert bal["bound_ratio"] <= mega["bound_ratio"] and bal["flops_per_step"] == mega["flops_per_step"] > 0
     assert "steps" not in bal
     cfg = json.dumps({"mode": "file", "path": str(path)})
-    assert main(["simulate", "--config", cfg, "--dp", "2", "--steps", "1", "--json", "--per-step", "--no-progress",
-                 "--model", "tokens", "--max-tokens-per-rank", "4096"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--config",
+                cfg,
+                "--dp",
+                "2",
+                "--steps",
+                "1",
+                "--json",
+                "--per-step",
+                "--no-progress",
+                "--model",
+                "tokens",
+                "--max-tokens-per-rank",
+                "4096",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["config"]["model"] is None and len(report["results"]["balanced"]["steps"]) == 1
 
 
 def test_simulate_plot(tmp_path, capsys):
     png = tmp_path / "load.png"
-    assert main(["simulate", "--dp", "4", "--steps", "1", "--plot", str(png), "--no-progress", "--order", "pipeline",
-                 "--objective", "replicas"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--dp",
+                "4",
+                "--steps",
+                "1",
+                "--plot",
+                str(png),
+                "--no-progress",
+                "--order",
+                "pipeline",
+                "--objective",
+                "replicas",
+            ]
+        )
+        == 0
+    )
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
     assert f"plot written to {png}" in capsys.readouterr().out
 
@@ -43,8 +96,14 @@ def test_simulate_plot(tmp_path, capsys):
 def test_simulate_1024_replicas_is_fast():
     lengths = lognormal_lengths(16384, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096)
     start = time.perf_counter()
-    report = simulate(lengths, schedulers=["balanced", "dp_balanced", "empty"], dp_size=1024,
-                      max_tokens_per_rank=16384, global_batch=16384, steps=1)
+    report = simulate(
+        lengths,
+        schedulers=["balanced", "dp_balanced", "empty"],
+        dp_size=1024,
+        max_tokens_per_rank=16384,
+        global_batch=16384,
+        steps=1,
+    )
     assert time.perf_counter() - start < 20  # generous: shared CI cores
     assert report["results"]["balanced"]["bound_ratio"] < 1.05
 
@@ -56,6 +115,21 @@ def test_simulate_errors(capsys):
     assert "--dp must be >= 1" in capsys.readouterr().err
     assert main(["simulate", "--max-tokens-per-rank", "1000", "--steps", "1", "--no-progress"]) == 2
     assert "--on-oversize truncate or drop" in capsys.readouterr().err
-    assert main(["simulate", "--max-tokens-per-rank", "1000", "--steps", "1", "--no-progress", "--on-oversize", "drop",
-                 "--dp", "2"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--max-tokens-per-rank",
+                "1000",
+                "--steps",
+                "1",
+                "--no-progress",
+                "--on-oversize",
+                "drop",
+                "--dp",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert "sequences dropped" in capsys.readouterr().out

@@ -3,7 +3,7 @@
 A command module exposes ``add_parser(subparsers) -> argparse.ArgumentParser`` (its flags,
 help and description) and ``run(args) -> int`` (the exit status). It raises a
 :class:`~seqpack.errors.SeqpackError` (or ``OSError``) for a user's mistake; the dispatcher
-(:mod:`seqpack.cli.main`, where every command is registered) turns that into one line on
+(:mod:`seqpack.cli.app`, where every command is registered) turns that into one line on
 stderr and exit status 2.
 
 - :mod:`~seqpack.cli.commands.mock`: write mock lengths or a mock SFT dataset
