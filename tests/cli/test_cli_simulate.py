@@ -1,6 +1,9 @@
 import json
 import time
 
+import numpy as np
+import pytest
+
 from seqpack.cli import main, simulate
 from seqpack.mock_data import lognormal_lengths, write_lengths
 
@@ -133,3 +136,28 @@ def test_simulate_errors(capsys):
         == 0
     )
     assert "sequences dropped" in capsys.readouterr().out
+
+
+def test_simulate_applies_the_wrappers_pad_multiple_rule():
+    from seqpack.errors import ConfigError
+
+    lengths = lognormal_lengths(64, min_seq_len=16, max_seq_len=512, mean_seq_len=128)
+    kwargs = dict(schedulers=["balanced"], dp_size=2, cp_size=2, max_tokens_per_rank=1024, global_batch=32, steps=1)
+    assert simulate(lengths, **kwargs)["config"]["pad_multiple"] == 4  # pad_multiple_for(cp=2)
+    assert simulate(lengths, pad_multiple=8, **kwargs)["config"]["pad_multiple"] == 8
+    with pytest.raises(ConfigError, match="pad_multiple 6 is not a multiple of 2 \\* cp_size = 4"):
+        simulate(lengths, pad_multiple=6, **kwargs)
+    with pytest.raises(ConfigError, match="pad_multiple must be a positive integer, got 0"):
+        simulate(lengths, pad_multiple=0, **kwargs)
+
+
+def test_simulate_repeats_lengths_without_materializing_every_step():
+    lengths = lognormal_lengths(10, min_seq_len=16, max_seq_len=512, mean_seq_len=128)
+    report = simulate(lengths, schedulers=["empty"], dp_size=2, max_tokens_per_rank=1024, global_batch=7, steps=3,
+                      model=None)  # fmt: skip
+    assert report["config"]["lengths_repeated"] is True
+    steps = report["results"]["empty"]["steps"]
+    pool = np.tile(lengths, 3)  # the obvious reference: the lengths repeated, cut into steps of 7
+    for k, step in enumerate(steps):
+        assert step["sequences"] == 7
+        assert step["ideal"] * 2 == pytest.approx(pool[7 * k : 7 * (k + 1)].sum())  # token cost: total / dp

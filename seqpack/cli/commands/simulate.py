@@ -46,7 +46,7 @@ def simulate(
     dp_size: int,
     cp_size: int = 1,
     max_tokens_per_rank: int,
-    pad_multiple: int = 1,
+    pad_multiple: int | None = None,
     global_batch: int,
     steps: int,
     model: str | None = "llama3-8b",
@@ -58,7 +58,9 @@ def simulate(
     """Schedule ``steps`` global batches of ``lengths`` with each scheduler and account them.
 
     Step ``k`` takes ``lengths[k*global_batch : (k+1)*global_batch]`` (the lengths repeat
-    when there are fewer). Zero-length samples are dropped and counted, as the wrapper does.
+    when there are fewer). ``pad_multiple`` defaults to the wrapper's
+    (:func:`~seqpack.thd.pad_multiple_for`: ``2*cp`` under CP) and follows its rule.
+    Zero-length samples are dropped and counted, as the wrapper does.
     Every scheduler is fed the same cost model (the preset's training FLOPs; token counts
     when ``model`` is None) and accounted in it.
 
@@ -74,6 +76,7 @@ def simulate(
     from seqpack.schedulers import get_scheduler
     from seqpack.schedulers.base import default_origin
     from seqpack.stats import StepStats
+    from seqpack.thd import pad_multiple_for
 
     spec = model_preset(model) if model else None
     cost = spec.cost_model() if spec else CostModel.tokens()
@@ -82,7 +85,7 @@ def simulate(
         raise ConfigError("no lengths to simulate")
     global_batch = check_int("global_batch", global_batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
-    check_pad_multiple(pad_multiple, cp_size)
+    pad_multiple = pad_multiple_for(cp_size) if pad_multiple is None else check_pad_multiple(pad_multiple, cp_size)
     repeated = steps * global_batch > lengths.size
     options = scheduler_options or {}
     built = {name: get_scheduler(name, **options.get(name, {})) for name in schedulers}
@@ -237,7 +240,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from seqpack.cli import plots
     from seqpack.schedulers import available_schedulers
-    from seqpack.thd import pad_multiple_for
 
     names = [s.strip() for s in args.schedulers.split(",") if s.strip()]
     unknown = [s for s in names if s not in available_schedulers()]
@@ -247,10 +249,8 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise CommandError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
-    if args.pad_multiple is None:
-        pad_multiple = pad_multiple_for(args.cp)
-    else:
-        pad_multiple = check_pad_multiple(args.pad_multiple, args.cp, name="--pad-multiple", cp_name="--cp")
+    if args.pad_multiple is not None:  # checked here to name the flags; None: simulate() picks the wrapper's default
+        check_pad_multiple(args.pad_multiple, args.cp, name="--pad-multiple", cp_name="--cp")
     fmt = plots.plot_target("--plot", args.plot) if args.plot else plots.DEFAULT_FORMAT
     global_batch = args.global_batch or 16 * args.dp
     lengths, source = load_lengths(args, global_batch * args.steps)
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
             dp_size=args.dp,
             cp_size=args.cp,
             max_tokens_per_rank=args.max_tokens_per_rank,
-            pad_multiple=pad_multiple,
+            pad_multiple=args.pad_multiple,
             global_batch=global_batch,
             steps=args.steps,
             model=None if args.model == "tokens" else args.model,
