@@ -65,7 +65,10 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         return int(args._run(args))
     except BrokenPipeError:  # stdout closed early (`seqpack ... | head`): not an error to report
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        try:  # point stdout at /dev/null, or Python's flush at exit reports the same error again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout without a file descriptor (captured): nothing to flush
+            pass
         return ExitCode.BROKEN_PIPE
     except (SeqpackError, OSError) as err:
         print(f"seqpack {args.command}: error: {one_line(err)}", file=sys.stderr)
