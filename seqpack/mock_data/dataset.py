@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["IGNORE_INDEX", "MockSFTDataset"]
+from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
+from seqpack.validation import check_int, check_number
+
+__all__ = ["IGNORE_INDEX", "MIN_VOCAB_SIZE", "MockSFTDataset"]
+
+logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
+MIN_VOCAB_SIZE = 2  # token 0 stays free for padding: ids are drawn from [1, vocab_size)
 
 
 class MockSFTDataset(torch.utils.data.Dataset):
@@ -41,20 +48,19 @@ class MockSFTDataset(torch.utils.data.Dataset):
     ) -> None:
         arr = np.asarray(lengths)
         if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-            raise ValueError(f"lengths must be a 1-D integer array, got dtype {arr.dtype} shape {arr.shape}")
+            raise SeqpackTypeError(f"lengths must be a 1-D integer array, got dtype {arr.dtype} shape {arr.shape}")
         if arr.size and arr.min() < 1:
             i = int(np.argmin(arr))
-            raise ValueError(f"sample {i} has length {int(arr[i])}; lengths must be >= 1")
-        if not isinstance(vocab_size, (int, np.integer)) or isinstance(vocab_size, bool) or vocab_size < 2:
-            raise ValueError(f"vocab_size must be an integer >= 2, got {vocab_size!r}")
-        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        if not 0.0 <= float(prompt_fraction) < 1.0:
-            raise ValueError(f"prompt_fraction must be in [0, 1), got {prompt_fraction!r}")
+            raise SampleError(f"sample {i} has length {int(arr[i])}; lengths must be >= 1")
+        if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+            i = int(np.argmax(arr))
+            raise SampleError(f"sample {i} has length {int(arr[i])}, more than int64 holds")
+        self.vocab_size = check_int("vocab_size", vocab_size, minimum=MIN_VOCAB_SIZE)
+        self.seed = check_int("seed", seed, minimum=0)
+        self.prompt_fraction = check_number("prompt_fraction", prompt_fraction, minimum=0.0)
+        if self.prompt_fraction >= 1.0:
+            raise ConfigError(f"prompt_fraction must be in [0, 1), got {prompt_fraction!r}")
         self.lengths = np.ascontiguousarray(arr, dtype=np.int64)
-        self.vocab_size = int(vocab_size)
-        self.seed = int(seed)
-        self.prompt_fraction = float(prompt_fraction)
 
     def __len__(self) -> int:
         return int(self.lengths.shape[0])
@@ -63,7 +69,7 @@ class MockSFTDataset(torch.utils.data.Dataset):
         """Token ids of sample ``index`` (int64 numpy), from a generator seeded by (seed, index)."""
         n = len(self)
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
-            raise TypeError(f"index must be an integer, got {type(index).__name__}")
+            raise SeqpackTypeError(f"index must be an integer, got {type(index).__name__}")
         if not -n <= index < n:
             raise IndexError(f"index {index} out of range for {n} samples")
         index = int(index) % n
@@ -88,38 +94,67 @@ class MockSFTDataset(torch.utils.data.Dataset):
         for i in range(len(self)):
             yield self[i]
 
-    def write_parquet(self, path: str | os.PathLike, *, rows_per_group: int = 4096, progress: bool = False) -> None:
+    def write_parquet(
+        self,
+        path: str | os.PathLike,
+        *,
+        rows_per_group: int = 4096,
+        progress: bool | Callable[[int], object] = False,
+    ) -> None:
         """Write ``length`` (int64) and ``input_ids`` (list of int32 or int64) per sample.
 
         Streams ``rows_per_group`` samples at a time, so datasets larger than memory work.
         ``lengths_from_file(path)`` reads the lengths back.
+
+        Args:
+            path: The Parquet file.
+            rows_per_group: Samples per row group.
+            progress: A callable, called with the number of samples after each row group
+                (e.g. a progress bar's ``update``); ``True`` logs each row group at INFO.
+
+        Raises:
+            IsADirectoryError: ``path`` is a directory.
+            ConfigError: A row group holds 2**31 tokens or more (lower ``rows_per_group``).
         """
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from seqpack.progress import Progress
+        path = os.fspath(path)
+        rows_per_group = check_int("rows_per_group", rows_per_group, minimum=1)
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"{path}: is a directory; give a file name")
+        n = len(self)
+        if callable(progress):
+            report = progress
+        else:
+            written = 0
+
+            def report(rows: int) -> None:
+                nonlocal written
+                written += rows
+                if progress:
+                    logger.info("%s: wrote %d of %d samples", path, written, n)
 
         token_type = pa.int32() if self.vocab_size <= 2**31 else pa.int64()
         schema = pa.schema([("length", pa.int64()), ("input_ids", pa.list_(token_type))])
-        n = len(self)
-        with pq.ParquetWriter(os.fspath(path), schema) as writer, Progress(
-            n, "write", enabled=progress
-        ) as bar:
+        with pq.ParquetWriter(path, schema) as writer:
             for start in range(0, max(n, 1), rows_per_group):
                 stop = min(start + rows_per_group, n)
                 chunks = [self.tokens(i) for i in range(start, stop)]
                 offsets = np.zeros(len(chunks) + 1, dtype=np.int64)
                 np.cumsum([c.shape[0] for c in chunks], out=offsets[1:])
                 if offsets[-1] >= 2**31:  # list offsets are int32: never let them wrap
-                    raise ValueError(
+                    raise ConfigError(
                         f"samples {start}..{stop - 1} hold {int(offsets[-1])} tokens, more than one Parquet list "
                         f"column chunk addresses (2**31 - 1); lower rows_per_group={rows_per_group}"
                     )
                 flat = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
                 values = pa.array(flat.astype(np.int32 if token_type == pa.int32() else np.int64))
                 ids = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
-                writer.write_table(pa.table({"length": pa.array(self.lengths[start:stop]), "input_ids": ids}, schema=schema))
-                bar.update(stop - start)
+                writer.write_table(
+                    pa.table({"length": pa.array(self.lengths[start:stop]), "input_ids": ids}, schema=schema)
+                )
+                report(stop - start)
 
     def __repr__(self) -> str:
         return f"MockSFTDataset({len(self)} samples, vocab_size={self.vocab_size}, seed={self.seed})"

@@ -3,6 +3,7 @@ Feather and JSON lines, through pyarrow."""
 
 from __future__ import annotations
 
+import codecs
 import math
 import os
 from collections.abc import Sequence
@@ -10,7 +11,10 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["LENGTH_COLUMNS", "lengths_from_file", "write_lengths"]
+from seqpack.errors import ConfigError, SampleError
+from seqpack.validation import INT64_MAX
+
+__all__ = ["LENGTH_COLUMNS", "file_format", "lengths_from_file", "write_lengths"]
 
 LENGTH_COLUMNS = ("length", "lengths", "seq_len", "seqlen", "seq_length", "num_tokens", "tokens", "len")
 """Column names picked automatically when a file has several columns."""
@@ -30,11 +34,30 @@ _FORMATS = {
 }
 
 
-def _format(path: str) -> str:
+# Byte-order marks of the encodings a CSV may arrive in besides UTF-8 (Excel's "Unicode
+# text" export is UTF-16 with a BOM); pyarrow transcodes them.
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
+         (codecs.BOM_UTF16_BE, "utf-16"))  # fmt: skip
+
+
+def file_format(path: str | os.PathLike) -> str:
+    """``"csv"``, ``"parquet"``, ``"arrow"`` or ``"jsonl"``: the format of a lengths file, by
+    its extension.
+
+    Raises:
+        ConfigError: An extension seqpack does not read or write.
+    """
+    path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
     if ext not in _FORMATS:
-        raise ValueError(f"{path}: unknown file type {ext!r}; use one of {', '.join(sorted(_FORMATS))}")
+        raise ConfigError(f"{path}: unknown file type {ext!r}; use one of {', '.join(sorted(_FORMATS))}")
     return _FORMATS[ext]
+
+
+def _encoding(path: str) -> str:
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return next((name for bom, name in _BOMS if head.startswith(bom)), "utf-8")
 
 
 def _is_int(text: str) -> bool:
@@ -53,11 +76,11 @@ def _is_number(text: str) -> bool:
         return False
 
 
-def _nonempty_lines(path: str, limit: int | None = None) -> list[tuple[int, str]]:
+def _nonempty_lines(path: str, limit: int | None = None, encoding: str = "utf-8") -> list[tuple[int, str]]:
     """(1-based line number, text) of non-empty lines (as pyarrow counts them), up to
     ``limit`` of them."""
     out = []
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open(path, encoding=encoding, errors="replace") as f:
         for number, line in enumerate(f, start=1):
             text = line.rstrip("\r\n")
             if text:
@@ -67,10 +90,13 @@ def _nonempty_lines(path: str, limit: int | None = None) -> list[tuple[int, str]
     return out
 
 
-def _read_csv(path: str, column: str | int | None) -> tuple[pa.Table, bool]:
+def _read_csv(path: str, column: str | int | None, as_text: str | None = None) -> tuple[pa.Table, bool]:
+    """(table, whether the first row is a header); ``as_text`` names a column to keep as
+    the text written in the file."""
     import pyarrow.csv as pacsv
 
-    first = _nonempty_lines(path, limit=1)
+    encoding = _encoding(path)
+    first = _nonempty_lines(path, limit=1, encoding=encoding)
     if not first:
         return pa.table({"0": pa.array([], pa.int64())}), False
     delimiter = "\t" if path.lower().endswith(".tsv") or "\t" in first[0][1] else ","
@@ -83,13 +109,17 @@ def _read_csv(path: str, column: str | int | None) -> tuple[pa.Table, bool]:
         header = True
     else:
         header = not any(_is_number(c) for c in cells)
-    read = pacsv.ReadOptions(autogenerate_column_names=not header)
+    read = pacsv.ReadOptions(autogenerate_column_names=not header, encoding=encoding)
     parse = pacsv.ParseOptions(delimiter=delimiter, ignore_empty_lines=True)
-    convert = pacsv.ConvertOptions(strings_can_be_null=True)
+    convert = pacsv.ConvertOptions(
+        strings_can_be_null=True, column_types={as_text: pa.string()} if as_text is not None else None
+    )
     try:
         table = pacsv.read_csv(path, read_options=read, parse_options=parse, convert_options=convert)
-    except pa.ArrowInvalid as err:
-        raise ValueError(f"{path}: cannot parse as CSV: {err}") from None
+        _ = table.column_names  # header names are decoded lazily: fail here, naming the file
+    except (pa.ArrowInvalid, UnicodeDecodeError) as err:
+        hint = "" if encoding != "utf-8" else " (seqpack reads UTF-8, or UTF-16/32 with a byte-order mark)"
+        raise SampleError(f"{path}: cannot parse as {encoding} CSV{hint}: {_first_line(err)}") from None
     return table, header
 
 
@@ -113,8 +143,8 @@ def _read_table(path: str, kind: str, column: str | int | None) -> tuple[pa.Tabl
         import pyarrow.json as pajson
 
         return pajson.read_json(path), True
-    except pa.ArrowInvalid as err:
-        raise ValueError(f"{path}: cannot read as {kind}: {err}") from None
+    except (pa.ArrowInvalid, UnicodeDecodeError) as err:
+        raise SampleError(f"{path}: cannot read as {kind}: {_first_line(err)}") from None
 
 
 def _pick_column(path: str, table: pa.Table, column: str | int | None, header: bool) -> str:
@@ -129,22 +159,22 @@ def _pick_column(path: str, table: pa.Table, column: str | int | None, header: b
         for name in LENGTH_COLUMNS:
             if name in lowered:
                 return lowered[name]
-        raise ValueError(f"{path}: {len(names)} columns {names}; pass column= to pick the lengths")
+        raise ConfigError(f"{path}: {len(names)} columns {names}; pass column= to pick the lengths")
     if isinstance(column, (int, np.integer)) and not isinstance(column, bool):
         if not 0 <= column < len(names):
-            raise ValueError(f"{path}: column index {column} out of range; the file has {len(names)} columns {names}")
+            raise ConfigError(f"{path}: column index {column} out of range; the file has {len(names)} columns {names}")
         return names[int(column)]
-    if column in names:
+    if isinstance(column, str) and column in names:
         return column
     if not header and str(column).isdigit() and int(column) < len(names):
         return names[int(column)]
-    raise ValueError(f"{path}: no column {column!r}; columns are {names}")
+    raise ConfigError(f"{path}: no column {column!r}; columns are {names}")
 
 
 def _where(path: str, kind: str, row: int, header: bool) -> str:
     """Human position of data row ``row`` (0-based): the file line for CSV."""
     if kind == "csv":
-        lines = _nonempty_lines(path, limit=row + 1 + int(header))
+        lines = _nonempty_lines(path, limit=row + 1 + int(header), encoding=_encoding(path))
         if len(lines) > row + int(header):
             return f"line {lines[row + int(header)][0]}"
     return f"row {row + 1}"
@@ -168,11 +198,16 @@ def lengths_from_file(path: str | os.PathLike, column: str | int | None = None) 
 
     Raises:
         FileNotFoundError: No such file.
-        ValueError: Unknown file type or column, or a missing, non-integer or negative
-            value (the message names the file, the row or line, and the value).
+        IsADirectoryError: ``path`` is a directory.
+        ConfigError: Unknown file type or column.
+        SampleError: A file that does not parse, or a missing, non-integer, negative or
+            too large (> 2**63 - 1) value; the message names the file, the row or line,
+            and the value.
     """
     path = os.fspath(path)
-    kind = _format(path)
+    kind = file_format(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: is a directory, not a file of lengths")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
     table, header = _read_table(path, kind, column)
@@ -181,36 +216,78 @@ def lengths_from_file(path: str | os.PathLike, column: str | int | None = None) 
     what = f"{path}: column {name!r}"
     if col.null_count:
         row = int(np.flatnonzero(np.asarray(col.is_null()))[0])
-        raise ValueError(f"{what}: missing value at {_where(path, kind, row, header)}")
+        raise SampleError(f"{what}: missing value at {_where(path, kind, row, header)}")
+    values, bad_row, problem = _as_lengths(col)
+    if bad_row is not None:
+        if kind == "csv" and pa.types.is_floating(col.type):
+            # Show the value as written (99999999999999999999), not as the float it parsed to (1e20).
+            text = _read_csv(path, column, as_text=name)[0].column(name)[bad_row].as_py()
+            problem = problem.replace(_shown(col[bad_row].as_py()), text.strip())
+        raise SampleError(f"{what}: {problem} at {_where(path, kind, bad_row, header)}")
+    return values
+
+
+def _shown(value: float) -> str:
+    """How a float length appears in a message: integral ones without a fraction."""
+    return f"{value:.0f}" if math.isfinite(value) and value == round(value) else repr(value)
+
+
+def _as_lengths(col: pa.Array) -> tuple[np.ndarray, int | None, str]:
+    """(int64 values, first bad row or None, what is wrong with it) of a length column."""
     if pa.types.is_integer(col.type):
-        values = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64)
+        raw = np.asarray(col.to_numpy(zero_copy_only=False))
+        if raw.dtype == np.uint64 and raw.size and int(raw.max()) > INT64_MAX:  # would wrap negative
+            row = int(np.flatnonzero(raw > INT64_MAX)[0])
+            return raw, row, f"length {int(raw[row])} is too large (at most 2**63 - 1)"
+        values = raw.astype(np.int64)
     elif pa.types.is_floating(col.type):
         raw = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
         bad = np.flatnonzero(~np.isfinite(raw) | (raw != np.round(raw)))
         if bad.size:
-            row = int(bad[0])
-            raise ValueError(f"{what}: non-integer length {float(raw[row])!r} at {_where(path, kind, row, header)}")
+            return raw, int(bad[0]), f"non-integer length {_shown(float(raw[bad[0]]))}"
+        big = np.flatnonzero(raw >= 2.0**63)  # integers past int64 parse as floats
+        if big.size:
+            return raw, int(big[0]), f"length {_shown(float(raw[big[0]]))} is too large (at most 2**63 - 1)"
+        if raw.size and raw.min() < 0:
+            row = int(np.argmin(raw))
+            return raw, row, f"negative length {_shown(float(raw[row]))}"
         values = raw.astype(np.int64)
     else:
         texts = col.to_pylist()
         values = np.empty(len(texts), dtype=np.int64)
         for row, text in enumerate(texts):
             if isinstance(text, bool) or not (isinstance(text, int) or (isinstance(text, str) and _is_int(text))):
-                raise ValueError(f"{what}: non-integer length {text!r} at {_where(path, kind, row, header)}")
-            values[row] = int(text.strip().strip('"').strip("'")) if isinstance(text, str) else text
+                return values, row, f"non-integer length {text!r}"
+            number = int(text.strip().strip('"').strip("'")) if isinstance(text, str) else text
+            if number > INT64_MAX:
+                return values, row, f"length {number} is too large (at most 2**63 - 1)"
+            if number < 0:
+                return values, row, f"negative length {number}"
+            values[row] = number
     if values.size and values.min() < 0:
         row = int(np.argmin(values))
-        raise ValueError(f"{what}: negative length {int(values[row])} at {_where(path, kind, row, header)}")
-    return values
+        return values, row, f"negative length {int(values[row])}"
+    return values, None, ""
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def write_lengths(path: str | os.PathLike, lengths: Sequence[int] | np.ndarray, column: str = "length") -> None:
     """Write lengths to CSV (with a header), Parquet, Arrow IPC or JSON lines, by extension.
 
     :func:`lengths_from_file` reads every format back.
+
+    Raises:
+        ConfigError: An unknown extension.
+        IsADirectoryError: ``path`` is a directory.
+        OSError: The file cannot be written (a missing directory, no permission).
     """
     path = os.fspath(path)
-    kind = _format(path)
+    kind = file_format(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: is a directory; give a file name")
     arr = np.asarray(lengths, dtype=np.int64)
     if kind == "csv":
         sep = "\t" if path.lower().endswith(".tsv") else ","

@@ -6,13 +6,18 @@ global RNG, and returns int64 lengths clipped to ``[min_seq_len, max_seq_len]``.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
+import numbers
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.validation import INT64_MAX, check_int
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -26,28 +31,40 @@ __all__ = [
 ]
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _count(n: object) -> int:
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
-        raise ValueError(f"n must be a non-negative integer, got {n!r}")
-    return int(n)
+    if not _is_int(n):
+        raise SeqpackTypeError(f"n must be a non-negative integer, got {n!r}")
+    if n < 0:  # type: ignore[operator]
+        raise ConfigError(f"n must be a non-negative integer, got {n!r}")
+    return int(n)  # type: ignore[call-overload]
 
 
 def _bounds(min_seq_len: object, max_seq_len: object) -> tuple[int, int]:
     for name, value in (("min_seq_len", min_seq_len), ("max_seq_len", max_seq_len)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not _is_int(value):
+            raise SeqpackTypeError(f"{name} must be a positive integer, got {value!r}")
+        check_int(name, value, minimum=1, maximum=INT64_MAX)
     if min_seq_len > max_seq_len:  # type: ignore[operator]
-        raise ValueError(f"min_seq_len={min_seq_len} is larger than max_seq_len={max_seq_len}")
-    return int(min_seq_len), int(max_seq_len)  # type: ignore[arg-type]
+        raise ConfigError(f"min_seq_len={min_seq_len} is larger than max_seq_len={max_seq_len}")
+    return int(min_seq_len), int(max_seq_len)  # type: ignore[call-overload]
 
 
 def _positive(name: str, value: object, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SeqpackTypeError(f"{name} must be a number, got {value!r}")
     value = float(value)
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value!r}")
+        raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value!r}")
     return value
+
+
+def _seed(seed: object) -> int | None:
+    """A generator seed: a non-negative integer (``None``: fresh entropy, not reproducible)."""
+    return None if seed is None else check_int("seed", seed, minimum=0)
 
 
 def _clip(values: np.ndarray, low: int, high: int) -> np.ndarray:
@@ -80,7 +97,7 @@ def lognormal_lengths(
     low, high = _bounds(min_seq_len, max_seq_len)
     mean = _positive("mean_seq_len", mean_seq_len)
     sigma = _positive("sigma", sigma, allow_zero=True)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(_seed(seed))
     mu = math.log(mean) - sigma**2 / 2
     return _clip(rng.lognormal(mu, sigma, n), low, high)
 
@@ -89,19 +106,17 @@ def uniform_lengths(n: int, *, min_seq_len: int, max_seq_len: int, seed: int = 0
     """Lengths uniform on ``[min_seq_len, max_seq_len]`` (inclusive)."""
     n = _count(n)
     low, high = _bounds(min_seq_len, max_seq_len)
-    return np.random.default_rng(seed).integers(low, high, n, endpoint=True, dtype=np.int64)
+    return np.random.default_rng(_seed(seed)).integers(low, high, n, endpoint=True, dtype=np.int64)
 
 
-def pareto_lengths(
-    n: int, *, min_seq_len: int, max_seq_len: int, alpha: float = 1.2, seed: int = 0
-) -> np.ndarray:
+def pareto_lengths(n: int, *, min_seq_len: int, max_seq_len: int, alpha: float = 1.2, seed: int = 0) -> np.ndarray:
     """Pre-training documents: Pareto (type I) with scale ``min_seq_len`` and tail index
     ``alpha``, clipped at ``max_seq_len``. Most documents are short, a few are very long
     (``P(L > x) = (min_seq_len / x) ** alpha``; web text has ``alpha`` near 1-1.5)."""
     n = _count(n)
     low, high = _bounds(min_seq_len, max_seq_len)
     alpha = _positive("alpha", alpha)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(_seed(seed))
     return _clip(low * (1.0 + rng.pareto(alpha, n)), low, high)
 
 
@@ -126,10 +141,10 @@ def bimodal_lengths(
     long_mean = _positive("long_mean", long_mean)
     fraction = _positive("long_fraction", long_fraction, allow_zero=True)
     if fraction > 1:
-        raise ValueError(f"long_fraction must be in [0, 1], got {long_fraction!r}")
+        raise ConfigError(f"long_fraction must be in [0, 1], got {long_fraction!r}")
     short_sigma = _positive("short_sigma", short_sigma, allow_zero=True)
     long_sigma = _positive("long_sigma", long_sigma, allow_zero=True)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(_seed(seed))
     is_long = rng.random(n) < fraction
     short = rng.lognormal(math.log(short_mean) - short_sigma**2 / 2, short_sigma, n)
     long = rng.lognormal(math.log(long_mean) - long_sigma**2 / 2, long_sigma, n)
@@ -157,15 +172,17 @@ def generate_lengths(name: str, n: int, **params: Any) -> np.ndarray:
     """Lengths from the distribution registered as ``name`` (see :data:`DISTRIBUTIONS`).
 
     Raises:
-        ValueError: Unknown name, or parameters the generator does not take.
+        ConfigError: Unknown name, parameters the generator does not take, or out of range.
+        SeqpackTypeError: A parameter of the wrong type.
     """
     if name not in DISTRIBUTIONS:
-        raise ValueError(f"unknown length distribution {name!r}; available: {', '.join(DISTRIBUTIONS)}")
+        raise ConfigError(f"unknown length distribution {name!r}; available: {', '.join(DISTRIBUTIONS)}")
     fn = DISTRIBUTIONS[name]
     try:
-        return fn(n, **params)
+        inspect.signature(fn).bind(n, **params)
     except TypeError as err:
-        raise ValueError(f"bad parameters for the {name!r} distribution: {err}") from None
+        raise ConfigError(f"bad parameters for the {name!r} distribution: {err}") from None
+    return fn(n, **params)
 
 
 # Megatron's config key -> this module's keyword.
@@ -195,39 +212,50 @@ def lengths_from_config(
         seed: Generator seed (overrides the config's; default 0).
 
     Raises:
-        ValueError: Malformed JSON, an unknown mode or type, missing keys.
+        ConfigError: Malformed JSON, an unknown mode or type, missing keys (the message
+            names the config file when there is one).
+        IsADirectoryError: ``config`` names a directory.
     """
     base_dir = None
+    what = "config"
     if isinstance(config, (str, os.PathLike)):
         text = os.fspath(config)
-        if not text.lstrip().startswith("{") and os.path.isfile(text):
+        if not text.lstrip().startswith(("{", "[")):
+            if os.path.isdir(text):
+                raise IsADirectoryError(f"{text}: is a directory, not a JSON config")
+            if not os.path.isfile(text):
+                raise ConfigError(f"config {text!r} is neither a JSON object nor an existing file")
             base_dir = os.path.dirname(os.path.abspath(text))
-            with open(text, encoding="utf-8") as f:
-                text = f.read()
+            what = f"config file {text}"
+            try:
+                with open(text, encoding="utf-8") as f:
+                    text = f.read()
+            except UnicodeDecodeError as err:
+                raise ConfigError(f"{what} is not UTF-8 text ({err.reason} at byte {err.start})") from None
         try:
             config = json.loads(text)
         except json.JSONDecodeError as err:
-            raise ValueError(f"config is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+            raise ConfigError(f"{what} is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     if not isinstance(config, Mapping):
-        raise ValueError(f"config must be a JSON object, got {type(config).__name__}")
+        raise ConfigError(f"{what} must be a JSON object, got {type(config).__name__}")
     mode = config.get("mode", "distribution" if "type" in config else None)
     if mode == "file":
         from seqpack.mock_data.io import lengths_from_file
 
         if "path" not in config:
-            raise ValueError("file-mode config needs a 'path'")
+            raise ConfigError(f"file-mode {what} needs a 'path'")
         path = os.fspath(config["path"])
         if base_dir is not None and not os.path.isabs(path):
             path = os.path.join(base_dir, path)
         return lengths_from_file(path, column=config.get("column"))
     if mode != "distribution":
-        raise ValueError(f"config 'mode' must be 'distribution' or 'file', got {mode!r}")
+        raise ConfigError(f"{what} 'mode' must be 'distribution' or 'file', got {mode!r}")
     kind = config.get("type")
     if kind not in DISTRIBUTIONS:
-        raise ValueError(f"config 'type' must be one of {', '.join(DISTRIBUTIONS)}, got {kind!r}")
+        raise ConfigError(f"{what} 'type' must be one of {', '.join(DISTRIBUTIONS)}, got {kind!r}")
     n = num_samples if num_samples is not None else config.get("num_samples")
     if n is None:
-        raise ValueError("distribution-mode config needs num_samples (in the config or as an argument)")
+        raise ConfigError(f"distribution-mode {what} needs num_samples (in the config or as an argument)")
     params = {_CONFIG_ALIASES.get(k, k): v for k, v in config.items() if k not in _CONFIG_META}
     if kind != "constant":
         params["seed"] = seed if seed is not None else config.get("seed", 0)

@@ -21,6 +21,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import torch
 
+from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
+
 __all__ = ["BYTE_VOCAB_SIZE", "stdlib_corpus", "split_documents", "TokenDataset"]
 
 BYTE_VOCAB_SIZE = 256
@@ -51,7 +53,7 @@ def split_documents(data: bytes, max_len: int) -> list[bytes]:
     header with its attributes); pieces longer than ``max_len`` are cut into ``max_len``-byte
     parts. Whitespace-only pieces are dropped."""
     if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
+        raise ConfigError(f"max_len must be >= 1, got {max_len}")
     docs: list[bytes] = []
     for block in _blocks(data):
         if not block.strip():
@@ -95,7 +97,7 @@ def stdlib_corpus(
     if max_files is not None:
         paths = paths[:max_files]
     if not paths:
-        raise ValueError(f"no {'/'.join(suffixes)} files under {root!r}")
+        raise ConfigError(f"no {'/'.join(suffixes)} files under {root!r}")
     doc_paths: list[str] = []
     chunks: list[np.ndarray] = []
     for path in paths:
@@ -117,28 +119,52 @@ class TokenDataset(torch.utils.data.Dataset):
 
     The table needs an ``input_ids`` list column of integers, or a ``text`` string column
     (byte-tokenized). Empty rows are kept (the wrapper drops and counts them).
+
+    Raises:
+        FileNotFoundError, IsADirectoryError: ``source`` is not a file.
+        SampleError: A file that is not Parquet, a table without the columns, negative or
+            too large token ids (the message names the file).
+        SeqpackTypeError: Columns of the wrong type.
     """
 
     def __init__(self, source: pa.Table | str | os.PathLike):
-        table = pq.read_table(source) if not isinstance(source, pa.Table) else source
+        if isinstance(source, pa.Table):
+            table, where = source, "table"
+        else:
+            where = os.fspath(source)
+            if os.path.isdir(where):
+                raise IsADirectoryError(f"{where}: is a directory, not a Parquet file")
+            if not os.path.isfile(where):
+                raise FileNotFoundError(f"{where}: no such file")
+            try:
+                table = pq.read_table(where)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as err:
+                first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                raise SampleError(f"{where}: cannot read as Parquet: {first}") from None
         if "input_ids" in table.column_names:
             column = table.column("input_ids").combine_chunks()
             if not pa.types.is_list(column.type) and not pa.types.is_large_list(column.type):
-                raise TypeError(f"input_ids must be a list column, got {column.type}")
+                raise SeqpackTypeError(f"{where}: input_ids must be a list column, got {column.type}")
             if not pa.types.is_integer(column.type.value_type):
-                raise TypeError(f"input_ids must hold integers, got {column.type.value_type}")
+                raise SeqpackTypeError(f"{where}: input_ids must hold integers, got {column.type.value_type}")
+            values = np.asarray(column.values.to_numpy(zero_copy_only=False))
+            if values.dtype == np.uint64 and values.size and int(values.max()) > np.iinfo(np.int64).max:
+                raise SampleError(f"{where}: token id {int(values.max())} is larger than int64 holds")
             self._offsets = np.asarray(column.offsets, dtype=np.int64)
-            self._values = np.asarray(column.values.to_numpy(zero_copy_only=False), dtype=np.int64)
+            self._values = values.astype(np.int64)
         elif "text" in table.column_names:
-            texts = table.column("text").to_pylist()
+            column = table.column("text")
+            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+                raise SeqpackTypeError(f"{where}: text must be a string column, got {column.type}")
+            texts = column.to_pylist()
             encoded = [np.frombuffer((t or "").encode("utf-8"), dtype=np.uint8) for t in texts]
             self._offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
             np.cumsum([e.shape[0] for e in encoded], out=self._offsets[1:])
             self._values = np.concatenate(encoded).astype(np.int64) if encoded else np.zeros(0, np.int64)
         else:
-            raise ValueError(f"table needs an 'input_ids' or 'text' column, has {table.column_names}")
+            raise SampleError(f"{where}: table needs an 'input_ids' or 'text' column, has {table.column_names}")
         if self._values.size and self._values.min() < 0:
-            raise ValueError("input_ids must be non-negative token ids")
+            raise SampleError(f"{where}: input_ids must be non-negative token ids, got {int(self._values.min())}")
 
     def __len__(self) -> int:
         return int(self._offsets.shape[0] - 1)

@@ -57,3 +57,35 @@ def test_write_parquet_refuses_a_row_group_past_int32_list_offsets(tmp_path, mon
     monkeypatch.setattr(ds, "tokens", lambda i: np.broadcast_to(np.int32(1), (int(ds.lengths[i]),)))
     with pytest.raises(ValueError, match=r"samples 0\.\.2 hold 2147483653 tokens.*lower rows_per_group=4096"):
         ds.write_parquet(tmp_path / "big.parquet")
+
+
+def test_write_parquet_reports_progress_and_refuses_a_directory(tmp_path, caplog):
+    import logging
+
+    ds = MockSFTDataset([5, 3, 8, 2, 6], vocab_size=50)
+    seen = []
+    ds.write_parquet(tmp_path / "a.parquet", rows_per_group=2, progress=seen.append)
+    assert seen == [2, 2, 1]
+    with caplog.at_level(logging.INFO, logger="seqpack.mock_data.dataset"):
+        ds.write_parquet(tmp_path / "b.parquet", rows_per_group=4, progress=True)
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
+        "wrote 4 of 5 samples",
+        "wrote 5 of 5 samples",
+    ]
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        ds.write_parquet(tmp_path)
+
+
+def test_argument_errors_are_seqpack_errors():
+    from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
+
+    with pytest.raises(SampleError):
+        MockSFTDataset([3, 0])
+    with pytest.raises(ConfigError, match="vocab_size must be an integer >= 2, got 0"):
+        MockSFTDataset([3], vocab_size=0)
+    with pytest.raises(SeqpackTypeError):
+        MockSFTDataset([1.5])
+    with pytest.raises(ConfigError, match="prompt_fraction"):
+        MockSFTDataset([3], prompt_fraction=1.0)
+    with pytest.raises(SampleError, match="more than int64"):
+        MockSFTDataset(np.array([2**64 - 1], dtype=np.uint64))

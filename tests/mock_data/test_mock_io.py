@@ -4,7 +4,9 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
+from seqpack.errors import ConfigError, SampleError
 from seqpack.mock_data import lengths_from_file, write_lengths
+from seqpack.mock_data.io import file_format
 
 LENGTHS = [4096, 17, 1, 300000]
 
@@ -98,3 +100,75 @@ def test_empty_csv(tmp_path):
     path = tmp_path / "e.csv"
     path.write_text("\n")
     assert lengths_from_file(path).tolist() == []
+
+
+def test_a_directory_is_named_as_such(tmp_path):
+    folder = tmp_path / "lens.csv"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError, match="lens.csv: is a directory"):
+        lengths_from_file(folder)
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        write_lengths(folder, [1, 2])
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
+def test_csv_with_a_byte_order_mark_is_transcoded(tmp_path, encoding):
+    path = tmp_path / "excel.tsv"  # Excel's "Unicode text": UTF-16 with a BOM, tab-separated
+    bom = {"utf-16": b"", "utf-16-be": b"\xfe\xff", "utf-32": b""}[encoding]
+    path.write_bytes(bom + "id\tlength\na\t12\nb\t30\n".encode(encoding))
+    assert lengths_from_file(path).tolist() == [12, 30]
+    path.write_bytes(bom + "id\tlength\na\t12\nb\t-30\n".encode(encoding))
+    with pytest.raises(SampleError, match=r"negative length -30 at line 3"):
+        lengths_from_file(path)
+
+
+def test_undecodable_csv_names_the_file(tmp_path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("l\u00e4nge\n5\n".encode("latin-1"))
+    with pytest.raises(SampleError, match=r"latin1.csv: cannot parse as utf-8 CSV .*UTF-8"):
+        lengths_from_file(path)
+
+
+@pytest.mark.parametrize(
+    "name, write, match",
+    [
+        ("a.csv", lambda p: p.write_text("length\n1\n99999999999999999999\n"),
+         r"a.csv: column 'length': length 99999999999999999999 is too large .* at line 3"),
+        ("b.csv", lambda p: p.write_text("9223372036854775808\n"),
+         r"length 9223372036854775808 is too large .* line 1"),
+        ("c.jsonl", lambda p: p.write_text('{"length": 3}\n{"length": 1e30}\n'), r"c.jsonl: .* too large .* row 2"),
+        ("d.parquet", lambda p: pq.write_table(pa.table({"length": pa.array([1, 2**64 - 1], pa.uint64())}), p),
+         r"d.parquet: .*length 18446744073709551615 is too large .* row 2"),
+        ("e.parquet", lambda p: pq.write_table(pa.table({"n": pa.array(["4", str(2**63)])}), p),
+         rf"length {2**63} is too large .* row 2"),
+        ("f.parquet", lambda p: pq.write_table(pa.table({"n": pa.array([3.0, -2.0])}), p),
+         r"negative length -2 at row 2"),
+    ],
+)  # fmt: skip
+def test_lengths_past_int64_or_negative_are_refused_with_the_value(tmp_path, name, write, match):
+    path = tmp_path / name
+    write(path)
+    with pytest.raises(SampleError, match=match):
+        lengths_from_file(path)
+
+
+def test_int64_max_itself_is_a_length(tmp_path):
+    path = tmp_path / "max.csv"
+    path.write_text(f"{2**63 - 1}\n5\n")
+    assert lengths_from_file(path).tolist() == [2**63 - 1, 5]
+
+
+def test_error_types(tmp_path):
+    with pytest.raises(ConfigError):
+        lengths_from_file(tmp_path / "a.xlsx")
+    assert file_format("x.TSV") == "csv" and file_format("x.feather") == "arrow"
+    path = tmp_path / "multi.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(ConfigError, match="pass column="):
+        lengths_from_file(path)
+    path.write_text("length\nabc\n")
+    with pytest.raises(SampleError, match="non-integer length 'abc'"):
+        lengths_from_file(path)
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(SampleError, match="bad.parquet: cannot read as parquet"):
+        lengths_from_file(tmp_path / "bad.parquet")

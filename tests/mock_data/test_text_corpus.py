@@ -9,7 +9,12 @@ from seqpack.mock_data.text import TokenDataset, split_documents, stdlib_corpus
 def test_split_documents_at_top_level_definitions():
     src = b"import os\n\ndef a():\n    return 1\n\n@dec\nclass B:\n    def m(self):\n        pass\n"
     docs = split_documents(src, max_len=1000)
-    assert docs == [b"import os\n\n", b"def a():\n    return 1\n\n", b"@dec\nclass B:\n", b"    def m(self):\n        pass\n"]
+    assert docs == [
+        b"import os\n\n",
+        b"def a():\n    return 1\n\n",
+        b"@dec\nclass B:\n",
+        b"    def m(self):\n        pass\n",
+    ]
     assert b"".join(docs) == src
     cut = split_documents(b"def f():\n" + b"x" * 25, max_len=10)
     assert [len(d) for d in cut] == [10, 10, 10, 4]
@@ -52,3 +57,25 @@ def test_token_dataset_from_parquet_and_text(tmp_path):
         TokenDataset(pa.table({"x": [1]}))
     with pytest.raises(TypeError, match="integers"):
         TokenDataset(pa.table({"input_ids": [[1.5]]}))
+
+
+def test_token_dataset_errors_name_the_file(tmp_path):
+    from seqpack.errors import SampleError, SeqpackTypeError
+
+    path = tmp_path / "docs.parquet"
+    path.write_bytes(b"PAR1 but not really")
+    with pytest.raises(SampleError, match="docs.parquet: cannot read as Parquet"):
+        TokenDataset(path)
+    with pytest.raises(FileNotFoundError, match="nope.parquet: no such file"):
+        TokenDataset(tmp_path / "nope.parquet")
+    with pytest.raises(IsADirectoryError):
+        TokenDataset(tmp_path)
+    pq.write_table(pa.table({"input_ids": [[1, -2]]}), path)
+    with pytest.raises(SampleError, match="docs.parquet: input_ids must be non-negative token ids, got -2"):
+        TokenDataset(path)
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2**63]], pa.list_(pa.uint64()))}), path)
+    with pytest.raises(SampleError, match="larger than int64"):
+        TokenDataset(path)
+    pq.write_table(pa.table({"text": [1, 2]}), path)
+    with pytest.raises(SeqpackTypeError, match="docs.parquet: text must be a string column"):
+        TokenDataset(path)

@@ -13,7 +13,7 @@ import pytest
 from seqpack.cli import main
 from seqpack.demo import DemoSettings, padded_microbatches
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _env():
@@ -24,9 +24,31 @@ def _env():
 
 def test_demo_runs_all_modes_and_reports(tmp_path):
     out = tmp_path / "demo.json"
-    cmd = [sys.executable, "-m", "seqpack.demo", "--dp", "2", "--cp", "1", "--steps", "2", "--samples-per-rank", "6",
-           "--max-tokens-per-rank", "1024", "--max-seq-len", "256", "--mean-seq-len", "64", "--d-model", "32",
-           "--pattern", "AM", "--json-out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "seqpack.demo",
+        "--dp",
+        "2",
+        "--cp",
+        "1",
+        "--steps",
+        "2",
+        "--samples-per-rank",
+        "6",
+        "--max-tokens-per-rank",
+        "1024",
+        "--max-seq-len",
+        "256",
+        "--mean-seq-len",
+        "64",
+        "--d-model",
+        "32",
+        "--pattern",
+        "AM",
+        "--json-out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "summary: dp=2 cp=1" in proc.stdout and "[   balanced] step  3/3" in proc.stdout
@@ -69,8 +91,26 @@ def _children(pid):
 
 
 def test_demo_dead_rank_ends_the_run_with_an_error():
-    cmd = [sys.executable, "-m", "seqpack.demo", "--dp", "2", "--cp", "1", "--steps", "200", "--quiet",
-           "--d-model", "32", "--pattern", "AM", "--max-tokens-per-rank", "1024", "--max-seq-len", "1024"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "seqpack.demo",
+        "--dp",
+        "2",
+        "--cp",
+        "1",
+        "--steps",
+        "200",
+        "--quiet",
+        "--d-model",
+        "32",
+        "--pattern",
+        "AM",
+        "--max-tokens-per-rank",
+        "1024",
+        "--max-seq-len",
+        "1024",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     try:
         deadline = time.time() + 120

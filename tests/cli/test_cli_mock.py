@@ -17,7 +17,10 @@ def test_mock_writes_megatron_lognormal_by_default(tmp_path, capsys):
 
 def test_mock_distributions_config_and_formats(tmp_path):
     out = tmp_path / "p.parquet"
-    assert main(["mock", "--dist", "pareto", "--alpha", "1.5", "--max-seq-len", "9000", "-n", "100", "-o", str(out), "-q"]) == 0
+    assert (
+        main(["mock", "--dist", "pareto", "--alpha", "1.5", "--max-seq-len", "9000", "-n", "100", "-o", str(out), "-q"])
+        == 0
+    )
     lengths = lengths_from_file(out)
     assert lengths.size == 100 and lengths.min() >= 128 and lengths.max() <= 9000
     cfg = json.dumps({"mode": "distribution", "type": "uniform", "min_seq_len": 5, "max_seq_len": 9})
@@ -28,7 +31,25 @@ def test_mock_distributions_config_and_formats(tmp_path):
 
 def test_mock_dataset(tmp_path, capsys):
     out = tmp_path / "ds.parquet"
-    assert main(["mock", "--dist", "constant", "--length", "7", "-n", "3", "--dataset", "--vocab-size", "100", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "mock",
+                "--dist",
+                "constant",
+                "--length",
+                "7",
+                "-n",
+                "3",
+                "--dataset",
+                "--vocab-size",
+                "100",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     table = pq.read_table(out)
     assert table.column("length").to_pylist() == [7, 7, 7]
     assert all(len(row) == 7 and max(row) < 100 for row in table.column("input_ids").to_pylist())

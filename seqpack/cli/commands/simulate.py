@@ -1,0 +1,314 @@
+"""``seqpack simulate``: compare schedulers on a length distribution at any scale, on one CPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from seqpack.cli.commands.stats import exact_sum
+from seqpack.cli.errors import CommandError
+from seqpack.cli.progress import Progress
+from seqpack.cli.sources import add_source_args, load_lengths
+from seqpack.cli.tables import format_table
+from seqpack.errors import ConfigError
+from seqpack.validation import check_int
+
+__all__ = ["add_parser", "check_pad_multiple", "run", "simulate"]
+
+
+def check_pad_multiple(
+    pad_multiple: object, cp_size: int, *, name: str = "pad_multiple", cp_name: str = "cp_size"
+) -> int:
+    """The wrapper's rule for ``pad_multiple``: a positive int, and under CP a multiple of
+    ``2*cp`` (DualChunkSwap cuts every sequence into ``2*cp`` equal chunks).
+
+    Raises:
+        ConfigError: Naming ``name`` (e.g. ``--pad-multiple``), ``cp_name`` and the values.
+    """
+    value = check_int(name, pad_multiple, minimum=1)
+    if cp_size > 1 and value % (2 * cp_size):
+        raise ConfigError(
+            f"{name} {value} is not a multiple of 2 * {cp_name} = {2 * cp_size}: DualChunkSwap cuts every "
+            f"sequence into 2 * {cp_name} chunks of equal length (try {name} {2 * cp_size})"
+        )
+    return value
+
+
+def simulate(
+    lengths: np.ndarray,
+    *,
+    schedulers: Sequence[str],
+    dp_size: int,
+    cp_size: int = 1,
+    max_tokens_per_rank: int,
+    pad_multiple: int | None = None,
+    global_batch: int,
+    steps: int,
+    model: str | None = "llama3-8b",
+    on_oversize: str = "error",
+    scheduler_options: dict[str, dict[str, Any]] | None = None,
+    progress: bool = False,
+    keep_first: bool = False,
+) -> dict[str, Any]:
+    """Schedule ``steps`` global batches of ``lengths`` with each scheduler and account them.
+
+    Step ``k`` takes ``lengths[k*global_batch : (k+1)*global_batch]`` (the lengths repeat
+    when there are fewer). ``pad_multiple`` defaults to the wrapper's
+    (:func:`~seqpack.thd.pad_multiple_for`: ``2*cp`` under CP) and follows its rule.
+    Zero-length samples are dropped and counted, as the wrapper does.
+    Every scheduler is fed the same cost model (the preset's training FLOPs; token counts
+    when ``model`` is None) and accounted in it.
+
+    Returns:
+        ``{"config": ..., "results": {name: aggregates}}``; with ``keep_first`` each result
+        also holds ``"first"``: ``(schedule, StepStats)`` of step 0.
+
+    Raises:
+        ConfigError: No lengths, a non-positive ``global_batch`` or ``steps``, or a
+            ``pad_multiple`` the wrapper would refuse under CP.
+    """
+    from seqpack.cost import CostModel, model_preset
+    from seqpack.schedulers import get_scheduler
+    from seqpack.schedulers.base import default_origin
+    from seqpack.stats import StepStats
+    from seqpack.thd import pad_multiple_for
+
+    spec = model_preset(model) if model else None
+    cost = spec.cost_model() if spec else CostModel.tokens()
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size == 0:
+        raise ConfigError("no lengths to simulate")
+    global_batch = check_int("global_batch", global_batch, minimum=1)
+    steps = check_int("steps", steps, minimum=1)
+    pad_multiple = pad_multiple_for(cp_size) if pad_multiple is None else check_pad_multiple(pad_multiple, cp_size)
+    repeated = steps * global_batch > lengths.size
+    options = scheduler_options or {}
+    built = {name: get_scheduler(name, **options.get(name, {})) for name in schedulers}
+    for sched in built.values():  # load compiled kernels before anything is timed
+        sched.schedule([1, 1], dp_size=2, max_tokens_per_rank=2)
+    per: dict[str, list[dict[str, Any]]] = {name: [] for name in schedulers}
+    first: dict[str, Any] = {}
+    with Progress(steps * len(schedulers), "simulate", enabled=progress) as bar:
+        for step in range(steps):
+            # Positions wrap around the lengths: memory O(global_batch), whatever the steps.
+            batch = lengths[np.arange(step * global_batch, (step + 1) * global_batch, dtype=np.int64) % lengths.size]
+            empty = int(np.count_nonzero(batch == 0))
+            batch = batch[batch > 0]
+            for name, sched in built.items():
+                start = time.perf_counter()
+                s = sched.schedule(
+                    batch,
+                    dp_size=dp_size,
+                    cp_size=cp_size,
+                    max_tokens_per_rank=max_tokens_per_rank,
+                    pad_multiple=pad_multiple,
+                    cost=cost,
+                    on_oversize=on_oversize,
+                )
+                elapsed = time.perf_counter() - start
+                st = StepStats.from_schedule(s, cost, empty_samples=empty)
+                if spec is not None:
+                    st.flops = float(spec.flops(st.seqlen_sum, st.seqlen_sq_sum))
+                if keep_first and step == 0:
+                    first[name] = (s, st)
+                total = sum(st.replica_cost)
+                replica, _, _ = s.placement()
+                stays = replica == default_origin(batch.shape[0], dp_size)
+                moved = 1.0 - exact_sum(s.lengths[stays]) / max(exact_sum(s.lengths), 1)
+                per[name].append(
+                    {
+                        "microbatches": st.num_microbatches,
+                        "min_microbatches": st.min_microbatches,
+                        "bound_ratio": st.bound_ratio,
+                        "imbalance": st.imbalance,
+                        "round_imbalance": st.round_imbalance,
+                        "round_lower_bound": st.round_lower_bound,
+                        "pad_fraction": st.pad_fraction,
+                        "moved_fraction": moved,
+                        "flops": st.flops,
+                        "replica_wait": max(st.replica_cost),
+                        "round_wait": st.round_imbalance * total / dp_size,
+                        "ideal": total / dp_size,
+                        "seconds": elapsed,
+                        "dropped": st.dropped_sequences,
+                        "truncated": st.truncated_sequences,
+                        "deferred": st.deferred_sequences,
+                        "sequences": st.num_sequences,
+                        "empty": st.empty_samples,
+                    }
+                )
+                bar.update(1, step=step)
+    results = {}
+    for name, rows in per.items():
+        col = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in rows[0] if rows[0][k] is not None}
+        agg = {
+            "microbatches": float(col["microbatches"].mean()),
+            "min_microbatches": float(col["min_microbatches"].mean()),
+            "bound_ratio": float(col["bound_ratio"].mean()),
+            "bound_ratio_max": float(col["bound_ratio"].max()),
+            "round_imbalance": float(col["round_imbalance"].mean()),
+            "round_imbalance_max": float(col["round_imbalance"].max()),
+            "round_lower_bound": float(col["round_lower_bound"].mean()),
+            "pad_fraction": float(col["pad_fraction"].mean()),
+            "moved_fraction": float(col["moved_fraction"].mean()),
+            "flops_per_step": float(col["flops"].mean()) if "flops" in col else None,
+            "replica_wait": float(col["replica_wait"].mean()),
+            "round_wait": float(col["round_wait"].mean()),
+            "ideal": float(col["ideal"].mean()),
+            "seconds_mean": float(col["seconds"].mean()),
+            "seconds_max": float(col["seconds"].max()),
+            "dropped": sum(int(r["dropped"]) for r in rows),  # counts stay exact ints
+            "truncated": sum(int(r["truncated"]) for r in rows),
+            "deferred": sum(int(r["deferred"]) for r in rows),
+            "steps": [dict(r) for r in rows],
+        }
+        if keep_first:
+            agg["first"] = first[name]
+        results[name] = agg
+    config = {
+        "dp_size": dp_size,
+        "cp_size": cp_size,
+        "max_tokens_per_rank": max_tokens_per_rank,
+        "capacity": max_tokens_per_rank * cp_size,
+        "pad_multiple": pad_multiple,
+        "global_batch": global_batch,
+        "steps": steps,
+        "model": model,
+        "cost": {"linear": cost.linear, "quadratic": cost.quadratic, "constant": cost.constant},
+        "on_oversize": on_oversize,
+        "lengths_available": int(lengths.size),
+        "lengths_repeated": repeated,
+    }
+    return {"config": config, "results": results}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from seqpack.config import Objective, OnOversize, Order
+    from seqpack.cost import DEFAULT_MODEL, MODEL_PRESETS
+
+    p = subparsers.add_parser(
+        "simulate",
+        help="compare schedulers on a length distribution at any scale",
+        description="Schedule global batches of sequence lengths with one or more schedulers and compare "
+        "balance, microbatches, padding, FLOPs and scheduling time. Runs on one CPU for any number of replicas: "
+        "plan runs bigger than the machine you sit at.",
+    )
+    add_source_args(p, allow_file=True)
+    topo = p.add_argument_group("topology and limits")
+    topo.add_argument("--dp", type=int, default=8, help="data-parallel replicas (default 8)")
+    topo.add_argument("--cp", type=int, default=1, help="context-parallel ranks per replica (default 1)")
+    topo.add_argument("--max-tokens-per-rank", type=int, default=16384, help="tokens per rank per microbatch")
+    topo.add_argument(
+        "--pad-multiple", type=int, help="pad every sequence to a multiple of this (default 1, or 2*cp under CP; "
+        "under CP it must be a multiple of 2*cp)"
+    )  # fmt: skip
+    topo.add_argument("--global-batch", type=int, help="sequences per step (default 16 per replica)")
+    topo.add_argument("--steps", type=int, default=10, help="steps to simulate (default 10)")
+    topo.add_argument(
+        "--on-oversize", choices=[str(v) for v in OnOversize], default="error", help="sequences longer than capacity"
+    )
+    run_ = p.add_argument_group("schedulers and cost")
+    run_.add_argument("--schedulers", default="balanced,dp_balanced,empty", help="comma-separated names")
+    run_.add_argument("--order", choices=[str(v) for v in Order], default="heavy_first", help="balanced's order")
+    run_.add_argument(
+        "--objective",
+        choices=[str(v) for v in Objective],
+        default="both",
+        help="balanced's objective: both (default), rounds (FSDP), replicas (DDP/ZeRO-1/PP)",
+    )
+    run_.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        choices=sorted(MODEL_PRESETS) + ["tokens"],
+        help=f"cost model: a preset's training FLOPs (default {DEFAULT_MODEL}) or plain tokens",
+    )
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print a JSON report instead of the table")
+    out.add_argument("--per-step", action="store_true", help="with --json: include every step's figures")
+    out.add_argument(
+        "--plot", metavar="FILE.png", help="draw per-replica load of step 0 for each scheduler (needs matplotlib)"
+    )
+    out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from seqpack.cli import plots
+    from seqpack.schedulers import available_schedulers
+
+    names = [s.strip() for s in args.schedulers.split(",") if s.strip()]
+    unknown = [s for s in names if s not in available_schedulers()]
+    if unknown or not names:
+        raise CommandError(f"unknown scheduler(s) {unknown}; available: {', '.join(available_schedulers())}")
+    for flag in ("dp", "cp", "max_tokens_per_rank", "steps", "global_batch"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise CommandError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.pad_multiple is not None:  # checked here to name the flags; None: simulate() picks the wrapper's default
+        check_pad_multiple(args.pad_multiple, args.cp, name="--pad-multiple", cp_name="--cp")
+    fmt = plots.plot_target("--plot", args.plot) if args.plot else plots.DEFAULT_FORMAT
+    global_batch = args.global_batch or 16 * args.dp
+    lengths, source = load_lengths(args, global_batch * args.steps)
+    options: dict[str, dict[str, Any]] = {"balanced": {"order": args.order, "objective": args.objective}}
+    try:
+        report = simulate(
+            lengths,
+            schedulers=names,
+            dp_size=args.dp,
+            cp_size=args.cp,
+            max_tokens_per_rank=args.max_tokens_per_rank,
+            pad_multiple=args.pad_multiple,
+            global_batch=global_batch,
+            steps=args.steps,
+            model=None if args.model == "tokens" else args.model,
+            on_oversize=args.on_oversize,
+            scheduler_options=options,
+            progress=not args.no_progress,
+            keep_first=bool(args.plot),
+        )
+    except ValueError as err:  # the schedulers' refusals of these lengths and limits (e.g. an oversize sequence)
+        hint = " (--on-oversize truncate or drop)" if "on_oversize" in str(err) else ""
+        raise CommandError(f"{err}{hint}") from None
+    report["config"]["source"] = source
+    report["config"]["balanced"] = options["balanced"]
+    if args.plot:
+        plots.replica_loads(report, args.plot, fmt=fmt)
+    if args.json:
+        out: dict[str, Any] = {"config": report["config"], "results": {}}
+        for name, r in report["results"].items():
+            out["results"][name] = {k: v for k, v in r.items() if k != "first" and (args.per_step or k != "steps")}
+        print(json.dumps(out, indent=2))
+        return 0
+    _print_report(report, source, global_batch)
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _print_report(report: dict[str, Any], source: str, global_batch: int) -> None:
+    cfg = report["config"]
+    print(f"lengths: {source}{' (repeated to fill the steps)' if cfg['lengths_repeated'] else ''}")
+    print(
+        f"{cfg['steps']} steps x {global_batch} sequences into dp={cfg['dp_size']} x cp={cfg['cp_size']}, "
+        f"capacity {cfg['capacity']:,} tokens per microbatch (pad multiple {cfg['pad_multiple']}), "
+        f"cost: {cfg['model'] + ' training FLOPs' if cfg['model'] else 'tokens'}"
+    )
+    print()
+    print(format_table(report))
+    print()
+    print(
+        "microbatches: mean per step (token lower bound).\n"
+        "replica/LB: busiest replica's cost / max(total/dp, largest sequence), mean and max over steps:\n"
+        "  what DDP, ZeRO-1 and pipeline-parallel steps wait for.\n"
+        "round imb.: sum over microbatches of the slowest replica / sum of the means: what FSDP waits for;\n"
+        "  (bound): the best any schedule can reach with this capacity.\n"
+        "moved %: tokens that change DP rank (the all-to-all's payload), with samples read in rank order."
+    )
+    lost = {n: (r["dropped"], r["truncated"]) for n, r in report["results"].items() if r["dropped"] or r["truncated"]}
+    for name, (dropped, truncated) in lost.items():
+        print(f"{name}: {dropped} sequences dropped, {truncated} truncated (on_oversize={cfg['on_oversize']})")

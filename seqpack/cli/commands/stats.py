@@ -1,0 +1,106 @@
+"""``seqpack stats``: count, percentiles and attention's FLOPs share of a file of lengths."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import numpy as np
+
+from seqpack.cli.errors import CommandError
+from seqpack.cli.sources import column_arg
+from seqpack.validation import INT64_MAX, check_int
+
+__all__ = ["PERCENTILES", "add_parser", "exact_sum", "length_summary", "run"]
+
+PERCENTILES = (1, 10, 25, 50, 75, 90, 99)
+MAX_BINS = 100_000
+
+
+def exact_sum(values: np.ndarray, *, squares: bool = False) -> int:
+    """Sum of non-negative int64 ``values`` (or of their squares) as an exact Python int:
+    numpy's int64 sum wraps past 2**63, so large inputs are summed in Python ints."""
+    if values.size == 0:
+        return 0
+    top = int(values.max())
+    if (top * top if squares else top) * values.size <= INT64_MAX:
+        return int(np.dot(values, values)) if squares else int(values.sum())
+    return sum(v * v for v in values.tolist()) if squares else sum(values.tolist())
+
+
+def length_summary(lengths: Any, model: str | None = "llama3-8b") -> dict[str, Any]:
+    """Count, tokens, mean, std, percentiles of ``lengths`` and, for a model preset, the
+    share of training FLOPs spent in attention's quadratic term. Token counts are exact
+    Python ints."""
+    from seqpack.cost import model_preset
+
+    arr = np.asarray(lengths, dtype=np.int64)
+    tokens = exact_sum(arr)
+    out: dict[str, Any] = {"count": int(arr.size), "tokens": tokens}
+    if arr.size == 0:
+        return out
+    out.update(mean=tokens / arr.size, std=float(arr.std()), min=int(arr.min()), max=int(arr.max()))
+    for q, v in zip(PERCENTILES, np.percentile(arr, PERCENTILES), strict=True):
+        out[f"p{q}"] = float(v)
+    out["zeros"] = int(np.count_nonzero(arr == 0))
+    if model:
+        spec = model_preset(model)
+        sq = exact_sum(arr, squares=True)
+        total = spec.flops(tokens, sq)
+        out["model"] = model
+        out["train_flops"] = float(total)
+        out["attention_share"] = spec.quadratic_flops * sq / total if total else 0.0
+    return out
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from seqpack.cost import DEFAULT_MODEL, MODEL_PRESETS
+
+    p = subparsers.add_parser(
+        "stats",
+        help="summarize a file of sequence lengths",
+        description="Count, mean, percentiles and attention's FLOPs share of the lengths in FILE.",
+    )
+    p.add_argument("file", metavar="FILE", help="CSV, Parquet, Arrow or JSONL file of lengths")
+    p.add_argument("--column", help="length column (name or 0-based index)")
+    p.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODEL_PRESETS) + ["none"])
+    p.add_argument("--plot", metavar="FILE.png", help="draw a histogram (needs matplotlib: seqpack[plot])")
+    p.add_argument("--bins", type=int, default=60, help="histogram bins (default 60)")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from seqpack.cli import plots
+    from seqpack.mock_data import lengths_from_file
+
+    fmt = plots.DEFAULT_FORMAT
+    if args.plot:
+        check_int("--bins", args.bins, minimum=1, maximum=MAX_BINS)
+        fmt = plots.plot_target("--plot", args.plot)
+    lengths = lengths_from_file(args.file, column=column_arg(args.column))
+    summary = length_summary(lengths, None if args.model == "none" else args.model)
+    if args.plot:
+        if not np.count_nonzero(lengths):
+            raise CommandError(f"--plot: {args.file} holds no non-zero lengths to draw ({lengths.size} rows)")
+        plots.histogram(lengths, args.plot, f"{args.file}: {lengths.size:,} sequences", args.bins, fmt=fmt)
+    if args.json:
+        print(json.dumps({"file": args.file, **summary}, indent=2))
+        return 0
+    print(f"{args.file}: {summary['count']:,} sequences, {summary['tokens']:,} tokens")
+    if summary["count"]:
+        print(
+            f"  mean {summary['mean']:,.1f}  std {summary['std']:,.1f}  min {summary['min']:,}  max {summary['max']:,}"
+        )
+        print("  " + "  ".join(f"p{q} {summary[f'p{q}']:,.0f}" for q in PERCENTILES))
+        if summary["zeros"]:
+            print(f"  {summary['zeros']} zero-length samples")
+        if "model" in summary:
+            print(
+                f"  {summary['model']}: {summary['train_flops'] / 1e12:,.1f} TFLOP to train on once; "
+                f"attention's quadratic term is {100 * summary['attention_share']:.1f}% of it"
+            )
+    if args.plot:
+        print(f"  histogram written to {args.plot}")
+    return 0

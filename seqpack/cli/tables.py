@@ -1,0 +1,119 @@
+"""Tables the commands print, laid out by rich and returned as plain text (no colour codes,
+so the output reads the same in a terminal, a CI log or a pipe)."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from seqpack.cli.demo.settings import DemoSettings
+
+__all__ = ["format_demo_summary", "format_table", "render_table"]
+
+
+def render_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, first_left: bool = True) -> str:
+    """``rows`` of preformatted cells under ``header``: the first column left-aligned, the
+    others right-aligned, a rule under the header; no trailing blanks."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="")
+    for index, name in enumerate(header):
+        table.add_column(name, justify="left" if first_left and index == 0 else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    buffer = io.StringIO()
+    # Wide enough that rich never folds a column; lines are only as long as the table.
+    Console(file=buffer, width=1000, color_system=None, force_terminal=False, soft_wrap=False).print(table)
+    text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
+    encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+    try:
+        "─".encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        text = text.replace("─", "-")  # an ASCII terminal or log: a plain rule
+    return text
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The side-by-side table ``seqpack simulate`` prints."""
+    header = (
+        "scheduler", "microbatches", "replica/LB", "max", "round imb.", "(bound)", "pad %", "moved %", "FLOP/step",
+        "sched ms",
+    )  # fmt: skip
+    rows = []
+    for name, r in report["results"].items():
+        flops = f"{r['flops_per_step']:.3e}" if r["flops_per_step"] is not None else "-"
+        rows.append(
+            (
+                name,
+                f"{r['microbatches']:.1f} ({r['min_microbatches']:>3.0f})",
+                f"{r['bound_ratio']:.4f}",
+                f"{r['bound_ratio_max']:.4f}",
+                f"{r['round_imbalance']:.4f}",
+                f"{r['round_lower_bound']:.4f}",
+                f"{100 * r['pad_fraction']:.2f}",
+                f"{100 * r['moved_fraction']:.1f}",
+                flops,
+                f"{1e3 * r['seconds_mean']:.2f}",
+            )
+        )
+    return render_table(header, rows)
+
+
+def format_demo_summary(results: list[dict[str, Any]], settings: DemoSettings) -> str:
+    """The summary ``seqpack demo`` prints after training: one row per mode, then notes."""
+    base = {r["mode"]: r["tokens_per_s"] for r in results}
+    header = (
+        "mode", "real tok/s", "vs padded", "vs dp_bal", "pad %", "imbalance", "round imb", "mbs/step", "loss",
+        "GFLOP/s", "MFU",
+    )  # fmt: skip
+    rows = []
+    for r in results:
+        rel_pad = f"{r['tokens_per_s'] / base['padded']:.2f}x" if base.get("padded") else "-"
+        rel_dp = f"{r['tokens_per_s'] / base['dp_balanced']:.2f}x" if base.get("dp_balanced") else "-"
+        imb = f"{r['imbalance']:.3f}" if r["imbalance"] is not None else "n/a"
+        rimb = f"{r['round_imbalance']:.3f}" if r["round_imbalance"] is not None else "n/a"
+        mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] is not None else "-"
+        rows.append(
+            (
+                str(r["mode"]),
+                f"{r['tokens_per_s']:,.0f}",
+                rel_pad,
+                rel_dp,
+                f"{r['pad_fraction'] * 100:.1f}%",
+                imb,
+                rimb,
+                f"{r['microbatches_per_step']:.1f}",
+                f"{r['first_loss']:.3f}->{r['last_loss']:.3f}",
+                f"{r['model_flops_per_s'] / 1e9:.2f}",
+                mfu,
+            )
+        )
+    lines = [
+        f"summary: dp={settings.dp} cp={settings.cp}, {settings.steps} measured steps after {settings.warmup_steps}"
+        f" warm-up, {settings.samples_per_rank} samples per DP rank per step, data={settings.data}",
+        render_table(header, rows),
+    ]
+    cores = os.cpu_count() or 1
+    if settings.world_size > cores:
+        lines.append(
+            f"note: {settings.world_size} ranks share {cores} cores, so a rank waiting on a slower peer hands its core "
+            "to the others and tokens/s understates what balance buys; benchmarks/end_to_end.py runs one rank per core"
+        )
+    lines.append(
+        "imbalance: busiest replica's cost / mean (what DDP waits for); round imb: sum over microbatch rounds of "
+        "the slowest replica / mean (what FSDP, which syncs every microbatch, waits for); costs in the scheduler's "
+        "cost model"
+    )
+    peak = results[0].get("peak_gemm_flops_per_process") if results else None
+    if peak:
+        lines.append(
+            f"MFU = model training FLOPs (seqpack.cost, real lengths) / (measured fp32 GEMM rate "
+            f"{peak / 1e9:.1f} GFLOP/s per process x {min(settings.world_size, cores)} cores)"
+        )
+    return "\n".join(lines)

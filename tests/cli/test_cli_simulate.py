@@ -1,0 +1,163 @@
+import json
+import time
+
+import numpy as np
+import pytest
+
+from seqpack.cli import main, simulate
+from seqpack.mock_data import lognormal_lengths, write_lengths
+
+
+def test_simulate_table(capsys):
+    assert main(["simulate", "--dp", "8", "--steps", "2", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    for name in ("balanced", "dp_balanced", "empty"):
+        assert f"\n{name} " in out
+    assert "replica/LB" in out and "round imb." in out and "2 steps x 128 sequences into dp=8 x cp=1" in out
+
+
+def test_simulate_json_from_file_and_config(tmp_path, capsys):
+    path = tmp_path / "lens.csv"
+    write_lengths(path, lognormal_lengths(300, min_seq_len=64, max_seq_len=4096, mean_seq_len=1024))
+    args = [
+        "simulate",
+        "--lengths",
+        str(path),
+        "--dp",
+        "4",
+        "--cp",
+        "2",
+        "--max-tokens-per-rank",
+        "2048",
+        "--global-batch",
+        "100",
+        "--steps",
+        "3",
+        "--json",
+        "--no-progress",
+        "--schedulers",
+        "balanced,dp_balanced",
+    ]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["config"]["pad_multiple"] == 4 and report["config"]["capacity"] == 4096
+    assert report["config"]["lengths_repeated"] is False
+    bal, mega = report["results"]["balanced"], report["results"]["dp_balanced"]
+    assert bal["bound_ratio"] <= mega["bound_ratio"] and bal["flops_per_step"] == mega["flops_per_step"] > 0
+    assert "steps" not in bal
+    cfg = json.dumps({"mode": "file", "path": str(path)})
+    assert (
+        main(
+            [
+                "simulate",
+                "--config",
+                cfg,
+                "--dp",
+                "2",
+                "--steps",
+                "1",
+                "--json",
+                "--per-step",
+                "--no-progress",
+                "--model",
+                "tokens",
+                "--max-tokens-per-rank",
+                "4096",
+            ]
+        )
+        == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert report["config"]["model"] is None and len(report["results"]["balanced"]["steps"]) == 1
+
+
+def test_simulate_plot(tmp_path, capsys):
+    png = tmp_path / "load.png"
+    assert (
+        main(
+            [
+                "simulate",
+                "--dp",
+                "4",
+                "--steps",
+                "1",
+                "--plot",
+                str(png),
+                "--no-progress",
+                "--order",
+                "pipeline",
+                "--objective",
+                "replicas",
+            ]
+        )
+        == 0
+    )
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
+    assert f"plot written to {png}" in capsys.readouterr().out
+
+
+def test_simulate_1024_replicas_is_fast():
+    lengths = lognormal_lengths(16384, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096)
+    start = time.perf_counter()
+    report = simulate(
+        lengths,
+        schedulers=["balanced", "dp_balanced", "empty"],
+        dp_size=1024,
+        max_tokens_per_rank=16384,
+        global_batch=16384,
+        steps=1,
+    )
+    assert time.perf_counter() - start < 20  # generous: shared CI cores
+    assert report["results"]["balanced"]["bound_ratio"] < 1.05
+
+
+def test_simulate_errors(capsys):
+    assert main(["simulate", "--schedulers", "balanced,magic", "--no-progress"]) == 2
+    assert "unknown scheduler(s) ['magic']" in capsys.readouterr().err
+    assert main(["simulate", "--dp", "0", "--no-progress"]) == 2
+    assert "--dp must be >= 1" in capsys.readouterr().err
+    assert main(["simulate", "--max-tokens-per-rank", "1000", "--steps", "1", "--no-progress"]) == 2
+    assert "--on-oversize truncate or drop" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "simulate",
+                "--max-tokens-per-rank",
+                "1000",
+                "--steps",
+                "1",
+                "--no-progress",
+                "--on-oversize",
+                "drop",
+                "--dp",
+                "2",
+            ]
+        )
+        == 0
+    )
+    assert "sequences dropped" in capsys.readouterr().out
+
+
+def test_simulate_applies_the_wrappers_pad_multiple_rule():
+    from seqpack.errors import ConfigError
+
+    lengths = lognormal_lengths(64, min_seq_len=16, max_seq_len=512, mean_seq_len=128)
+    kwargs = dict(schedulers=["balanced"], dp_size=2, cp_size=2, max_tokens_per_rank=1024, global_batch=32, steps=1)
+    assert simulate(lengths, **kwargs)["config"]["pad_multiple"] == 4  # pad_multiple_for(cp=2)
+    assert simulate(lengths, pad_multiple=8, **kwargs)["config"]["pad_multiple"] == 8
+    with pytest.raises(ConfigError, match="pad_multiple 6 is not a multiple of 2 \\* cp_size = 4"):
+        simulate(lengths, pad_multiple=6, **kwargs)
+    with pytest.raises(ConfigError, match="pad_multiple must be a positive integer, got 0"):
+        simulate(lengths, pad_multiple=0, **kwargs)
+
+
+def test_simulate_repeats_lengths_without_materializing_every_step():
+    lengths = lognormal_lengths(10, min_seq_len=16, max_seq_len=512, mean_seq_len=128)
+    report = simulate(lengths, schedulers=["empty"], dp_size=2, max_tokens_per_rank=1024, global_batch=7, steps=3,
+                      model=None)  # fmt: skip
+    assert report["config"]["lengths_repeated"] is True
+    steps = report["results"]["empty"]["steps"]
+    pool = np.tile(lengths, 3)  # the obvious reference: the lengths repeated, cut into steps of 7
+    for k, step in enumerate(steps):
+        assert step["sequences"] == 7
+        assert step["ideal"] * 2 == pytest.approx(pool[7 * k : 7 * (k + 1)].sum())  # token cost: total / dp

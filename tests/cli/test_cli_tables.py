@@ -1,0 +1,34 @@
+"""Tables (rich layout, plain text out)."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+from seqpack.cli.tables import format_table, render_table
+
+
+def test_render_table_aligns_and_has_no_trailing_blanks():
+    text = render_table(("name", "value"), [("a", "1.5"), ("longer", "123.25")])
+    lines = text.splitlines()
+    assert lines[0].split() == ["name", "value"] and set(lines[1]) <= {"─", "-", " "}
+    assert lines[2].startswith("a ") and lines[3].startswith("longer ")
+    assert lines[2].endswith("1.5") and lines[3].endswith("123.25")
+    assert len(lines[2]) == len(lines[3])  # numbers right-aligned in one column
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_ascii_terminal_gets_an_ascii_rule(monkeypatch):
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO(), encoding="ascii"))
+    assert "─" not in render_table(("a", "b"), [("x", "1")])
+
+
+def test_format_table_one_row_per_scheduler():
+    row = {"microbatches": 12.0, "min_microbatches": 11.0, "bound_ratio": 1.0012, "bound_ratio_max": 1.004,
+           "round_imbalance": 1.01, "round_lower_bound": 1.0, "pad_fraction": 0.0123, "moved_fraction": 0.871,
+           "flops_per_step": None, "seconds_mean": 0.00123}  # fmt: skip
+    text = format_table({"results": {"balanced": row, "dp_balanced": {**row, "flops_per_step": 1.5e15}}})
+    lines = text.splitlines()
+    assert lines[2].startswith("balanced ") and lines[3].startswith("dp_balanced ")
+    assert "12.0 ( 11)" in lines[2] and "1.0012" in lines[2] and "1.23" in lines[2] and "1.500e+15" in lines[3]
+    assert lines[2].split()[-2] == "-"  # no FLOPs without a model
