@@ -2,8 +2,8 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-
 from naive import dualchunk_reference, te_partition_reference
+
 from seqpack.cp import (
     chunk_ids_after_attention,
     chunk_ids_before_attention,

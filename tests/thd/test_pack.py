@@ -3,8 +3,8 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-
 from naive import pack_reference
+
 from seqpack.thd import (
     IGNORE_INDEX,
     PackedBatch,
@@ -34,7 +34,9 @@ def _samples(lengths, seed=0, with_labels=False):
 
 
 def test_pack_basic_layout():
-    b = pack_sequences([{"input_ids": torch.tensor([1, 2, 3, 4, 5])}, {"input_ids": torch.tensor([7, 8, 9])}], pad_multiple=4)
+    b = pack_sequences(
+        [{"input_ids": torch.tensor([1, 2, 3, 4, 5])}, {"input_ids": torch.tensor([7, 8, 9])}], pad_multiple=4
+    )
     assert b.input_ids.tolist() == [1, 2, 3, 4, 5, 0, 0, 0, 7, 8, 9, 0]
     assert b.labels.tolist() == [2, 3, 4, 5, -100, -100, -100, -100, 8, 9, -100, -100]
     assert b.loss_mask.tolist() == [1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0]
@@ -117,14 +119,29 @@ def test_pack_sample_ids_and_lists():
     "samples, kwargs, error, match",
     [
         ([], {}, ValueError, "empty"),
-        ([{"input_ids": torch.tensor([1, 2])}, {"input_ids": torch.tensor([], dtype=torch.long)}], {}, ValueError, "sample 1 has a zero-length"),
-        ([{"input_ids": torch.tensor([1, 2]), "labels": torch.tensor([1])}], {}, ValueError, "sample 0: 'labels' has 1 tokens but input_ids has 2"),
-        ([{"input_ids": torch.tensor([1.0, 2.0])}], {}, TypeError, "sample 0: input_ids must hold integers"),
+        (
+            [{"input_ids": torch.tensor([1, 2])}, {"input_ids": torch.tensor([], dtype=torch.long)}],
+            {},
+            ValueError,
+            "sample 1 has a zero-length",
+        ),
+        (
+            [{"input_ids": torch.tensor([1, 2]), "labels": torch.tensor([1])}],
+            {},
+            ValueError,
+            "sample 0: 'labels' has 1 tokens but 'input_ids' has 2",
+        ),
+        ([{"input_ids": torch.tensor([1.0, 2.0])}], {}, TypeError, "sample 0: 'input_ids' must hold integers"),
         ([{"labels": torch.tensor([1])}], {}, ValueError, "sample 0 has no 'input_ids'"),
         ([{"input_ids": torch.ones(2, 2, dtype=torch.long)}], {}, ValueError, "must be 1-D"),
         ([{"input_ids": torch.tensor([1, 2, 3])}], {"pad_to": 2}, ValueError, "pad_to=2"),
         ([{"input_ids": torch.tensor([1, 2, 3])}], {"pad_multiple": 0}, ValueError, "pad_multiple"),
-        ([{"input_ids": torch.tensor([1, 2, 3])}], {"pad_multiple": 4, "pad_to": 6}, ValueError, "multiple of pad_multiple"),
+        (
+            [{"input_ids": torch.tensor([1, 2, 3])}],
+            {"pad_multiple": 4, "pad_to": 6},
+            ValueError,
+            "multiple of pad_multiple",
+        ),
         (["abc"], {}, TypeError, "sample 0 must be a mapping"),
     ],
 )
@@ -157,7 +174,9 @@ def test_pack_matches_reference(lengths, pad_multiple, extra, with_labels, seed)
     pl = b.seq_lens_padded().tolist()
     if pad_to is None:
         assert pl == [-(-n // pad_multiple) * pad_multiple for n in lengths]
-    assert all(p % pad_multiple == 0 and p >= n and p - n < pad_multiple for p, n in zip(pl[:-1], lengths[:-1]))
+    assert all(
+        p % pad_multiple == 0 and p >= n and p - n < pad_multiple for p, n in zip(pl[:-1], lengths[:-1], strict=True)
+    )
     assert b.max_seqlen == max(pl)
     assert b.labels[b.padding_mask].eq(IGNORE_INDEX).all() and b.loss_mask[b.padding_mask].eq(0).all()
 
@@ -202,7 +221,12 @@ def test_padding_only_batch():
 def test_split_packed_sample_roundtrip():
     b = pack_sequences(_samples([3, 6, 1], seed=4), pad_multiple=4)
     parts = split_packed_sample(
-        {"input_ids": b.input_ids, "labels": b.labels, "cu_seqlens": b.cu_seqlens, "cu_seqlens_padded": b.cu_seqlens_padded}
+        {
+            "input_ids": b.input_ids,
+            "labels": b.labels,
+            "cu_seqlens": b.cu_seqlens,
+            "cu_seqlens_padded": b.cu_seqlens_padded,
+        }
     )
     assert [p["input_ids"].numel() for p in parts] == [3, 6, 1]
     assert torch.equal(torch.cat([p["input_ids"] for p in parts]), b.input_ids[~b.padding_mask])
@@ -296,7 +320,11 @@ def test_process_input_for_thd_interior_row_tail_keeps_offsets():
 
 
 def test_process_input_for_thd_without_seq_lens():
-    batch = {"input_ids": torch.tensor([[4, 5, 6, 0, 0]]), "labels": torch.zeros(1, 5, dtype=torch.long), "position_ids": torch.arange(5)[None]}
+    batch = {
+        "input_ids": torch.tensor([[4, 5, 6, 0, 0]]),
+        "labels": torch.zeros(1, 5, dtype=torch.long),
+        "position_ids": torch.arange(5)[None],
+    }
     out = process_input_for_thd(batch)
     assert out["padding_mask"].tolist() == [False, False, False, True, True]
     with pytest.raises(ValueError, match="padding_token_id=0 also occurs"):
@@ -344,8 +372,18 @@ def test_split_batch_into_thd_chunks_ragged_and_padded():
 def test_packed_batch_is_dataclass_with_contract_fields():
     names = [f for f in PackedBatch.__dataclass_fields__]
     for field in (
-        "input_ids", "labels", "loss_mask", "position_ids", "seq_idx", "padding_mask",
-        "cu_seqlens", "cu_seqlens_padded", "max_seqlen", "sample_ids", "cp_size", "cp_rank",
+        "input_ids",
+        "labels",
+        "loss_mask",
+        "position_ids",
+        "seq_idx",
+        "padding_mask",
+        "cu_seqlens",
+        "cu_seqlens_padded",
+        "max_seqlen",
+        "sample_ids",
+        "cp_size",
+        "cp_rank",
     ):
         assert field in names
 
