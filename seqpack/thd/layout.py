@@ -66,7 +66,8 @@ def as_offsets(value: Offsets, name: str = "cu_seqlens_padded") -> torch.Tensor:
         array = np.asarray(value)
         if array.dtype.kind not in "iu":
             raise SeqpackTypeError(f"{name} must hold integers, got dtype {array.dtype}")
-        tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+        array = array.astype(np.int64, copy=False)
+        tensor = torch.from_numpy(array if array.flags.c_contiguous else array.copy())
     if tensor.dim() != 1 or tensor.numel() == 0:
         raise ConfigError(f"{name} must be 1-D with at least one entry, got shape {tuple(tensor.shape)}")
     return tensor.to(torch.int64)
@@ -100,14 +101,18 @@ def _head(cu: torch.Tensor) -> str:
 
 def _segment_lengths_numpy(cu_padded: np.ndarray, total: int) -> np.ndarray:
     """Tokens of each of the ``N+1`` segments (the ``N`` slots, then the tail) among the
-    first ``total`` (clipped: ``total < cu_padded[-1]`` describes a prefix)."""
-    ends = np.minimum(cu_padded, total)
+    first ``total`` (clipped: ``total < cu_padded[-1]`` describes a prefix). The counts always
+    sum to ``total``, even for unchecked offsets that decrease."""
+    ends = np.clip(np.maximum.accumulate(cu_padded), 0, total)
+    ends[0] = 0
     return np.append(np.diff(ends), total - ends[-1])
 
 
 def _segment_lengths_torch(cu_padded: torch.Tensor, total: int) -> torch.Tensor:
-    """:func:`_segment_lengths_numpy` on any device."""
-    ends = cu_padded.clamp(max=total)
+    """:func:`_segment_lengths_numpy` on any device. The exact sum matters here:
+    ``repeat_interleave`` trusts ``output_size`` and writes out of bounds when it is wrong."""
+    ends = torch.cummax(cu_padded, dim=0).values.clamp(0, total)
+    ends[0] = 0
     return torch.cat([ends.diff(), total - ends[-1:]])
 
 

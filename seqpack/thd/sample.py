@@ -63,7 +63,10 @@ def _as_tensor(value: Any, key: str, where: str) -> torch.Tensor:
     if isinstance(value, (list, tuple)):
         if len(value) == 0:  # np.asarray([]) would be float64
             return torch.zeros(0, dtype=SAMPLE_DTYPES[key])
-        value = np.asarray(value)
+        array = np.asarray(value)
+        if key in INTEGER_KEYS and array.dtype.kind in "fO":
+            _check_python_ints_fit(value, key, where)  # numpy made floats / objects of big ints
+        value = array
     if not isinstance(value, np.ndarray):
         raise SeqpackTypeError(
             f"{where}: {key!r} must be a 1-D tensor, numpy array or list, got {type(value).__name__}"
@@ -75,7 +78,14 @@ def _as_tensor(value: Any, key: str, where: str) -> torch.Tensor:
         # torch has uint64, but few ops for it: check the int64 range here, in numpy.
         _check_fits_int64(value, key, where)
         value = value.astype(np.int64)
-    return torch.from_numpy(np.ascontiguousarray(value))
+    # from_numpy refuses negative strides; ascontiguousarray would also make a 0-d array 1-D.
+    return torch.from_numpy(value if value.flags.c_contiguous else value.copy())
+
+
+def _check_python_ints_fit(values: list[Any] | tuple[Any, ...], key: str, where: str) -> None:
+    for index, item in enumerate(values):
+        if isinstance(item, int) and not isinstance(item, bool) and not -INT64_MAX - 1 <= item <= INT64_MAX:
+            raise SampleError(f"{where}: {key!r} holds {item} at token {index}, which does not fit int64")
 
 
 def _check_fits_int64(value: np.ndarray, key: str, where: str) -> None:

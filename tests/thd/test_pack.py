@@ -5,15 +5,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from naive import pack_reference
 
+from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
 from seqpack.thd import (
+    BATCH_TOKEN_FIELDS,
     IGNORE_INDEX,
-    PackedBatch,
+    batch_from_layout,
     pack_sequences,
     pad_multiple_for,
     padded_lengths,
     padding_only_batch,
-    process_input_for_thd,
-    split_batch_into_thd_chunks,
+    shard_for_cp,
     split_packed_sample,
 )
 
@@ -74,23 +75,6 @@ def test_pack_pad_to_absorbed_into_last_sequence():
     assert b.max_seqlen == 12
     # Only the tail differs from the real layout? No: the first sequence is padded too.
     assert b.te_kwargs()["pad_between_seqs"] is True
-
-
-def test_te_kwargs_tail_only_padding_is_absorbed():
-    b = pack_sequences(_samples([4, 5]), pad_to=12)
-    kw = b.te_kwargs()
-    assert kw["pad_between_seqs"] is False
-    assert kw["cu_seqlens_q"] is kw["cu_seqlens_q_padded"]
-    assert kw["cu_seqlens_q"].tolist() == [0, 4, 12]
-    assert kw["max_seqlen_q"] == 8 and kw["qkv_format"] == "thd"
-    assert kw["attn_mask_type"] == "padding_causal"
-
-
-def test_te_kwargs_padded_as_real():
-    b = pack_sequences(_samples([3, 5]), pad_multiple=4)
-    kw = b.te_kwargs(padded_as_real=True)
-    assert kw["cu_seqlens_q"] is kw["cu_seqlens_q_padded"] and kw["pad_between_seqs"] is False
-    assert "qkv_format" not in b.te_kwargs(include_format=False)
 
 
 def test_pack_keeps_given_labels_mask_positions():
@@ -209,15 +193,6 @@ def test_pad_multiple_for_rejects(bad):
         pad_multiple_for(bad)
 
 
-def test_padding_only_batch():
-    b = padding_only_batch(8)
-    assert b.num_tokens == 8 and b.num_real_tokens == 0
-    assert b.cu_seqlens.tolist() == [0, 0] and b.cu_seqlens_padded.tolist() == [0, 8]
-    assert b.loss_mask.sum() == 0 and b.sample_ids.tolist() == [-1]
-    with pytest.raises(ValueError, match="num_tokens"):
-        padding_only_batch(0)
-
-
 def test_split_packed_sample_roundtrip():
     b = pack_sequences(_samples([3, 6, 1], seed=4), pad_multiple=4)
     parts = split_packed_sample(
@@ -234,172 +209,118 @@ def test_split_packed_sample_roundtrip():
         split_packed_sample({"input_ids": b.input_ids})
 
 
-# --- NeMo Automodel converters ----------------------------------------------------------
+def test_pack_errors_are_seqpack_types():
+    with pytest.raises(ConfigError, match="pack_sequences needs at least one sample"):
+        pack_sequences([])
+    with pytest.raises(SeqpackTypeError, match="pad_multiple must be an integer, got 2.0"):
+        pack_sequences(_samples([3]), pad_multiple=2.0)
+    with pytest.raises(ConfigError, match="pad_to must be an integer >= 0, got -4"):
+        pack_sequences(_samples([3]), pad_to=-4)
+    with pytest.raises(ConfigError, match="sample_ids has 1 entries for 2 samples"):
+        pack_sequences(_samples([3, 2]), sample_ids=[7])
+    with pytest.raises(ConfigError, match="sample_ids must hold integers"):
+        pack_sequences(_samples([3]), sample_ids=[1.5])
+    with pytest.raises(ConfigError, match="pad_multiple must be a positive integer, got 0"):
+        padded_lengths([3, 4], 0)
 
 
-def _nemo_example():
-    return {
-        "input_ids": torch.tensor([[1, 2, 3, 99, 4, 5], [6, 7, 8, 9, 10, 11]]),
-        "labels": torch.tensor([[2, 3, 99, 4, 5, 6], [7, 8, 9, 10, 11, 12]]),
-        "position_ids": torch.tensor([[0, 1, 2, 0, 0, 1], [0, 1, 2, 3, 4, 5]]),
-        "seq_lens": torch.tensor([[3, 2], [6, -1000]]),
-        "seq_lens_padded": torch.tensor([[4, 2], [6, -1000]]),
-        "qkv_format": "thd",
-    }
+def test_pack_positions_keep_counting_through_pads_with_mixed_presence():
+    samples = [
+        {"input_ids": torch.tensor([5, 6, 7]), "position_ids": torch.tensor([10, 11, 12])},
+        {"input_ids": torch.tensor([1, 2])},
+        {"input_ids": torch.tensor([3]), "position_ids": [4]},
+    ]
+    b = pack_sequences(samples, pad_multiple=4, pad_to=16)
+    assert b.position_ids.tolist() == [10, 11, 12, 13, 0, 1, 2, 3] + [4, 5, 6, 7, 8, 9, 10, 11]
+    assert b.seq_idx.tolist() == [0] * 4 + [1] * 4 + [2] * 8
 
 
-def test_process_input_for_thd_documented_example():
-    out = process_input_for_thd(_nemo_example())
-    assert out["input_ids"].shape == (12,) and out["labels"].shape == (12,) and out["position_ids"].shape == (12,)
-    assert out["cu_seqlens"].tolist() == [0, 3, 5, 11] and out["cu_seqlens"].dtype == torch.int32
-    assert out["cu_seqlens_padded"].tolist() == [0, 4, 6, 12] and out["cu_seqlens_padded"].dtype == torch.int32
-    assert out["max_seqlen"].dtype == torch.int32 and out["max_seqlen"].dim() == 0 and int(out["max_seqlen"]) == 6
-    assert out["padding_mask"].tolist() == [False] * 3 + [True] + [False] * 8
-    assert out["qkv_format"] == "thd"
-    assert "seq_lens" not in out and "seq_lens_padded" not in out
+# --- split_packed_sample ------------------------------------------------------------------
 
 
-def test_process_input_for_thd_tail_absorbed():
-    batch = {
-        "input_ids": torch.tensor([[1, 2, 3, 4, 5, 0, 0, 0]]),
-        "labels": torch.zeros(1, 8, dtype=torch.long),
-        "position_ids": torch.arange(8).unsqueeze(0),
-        "seq_lens": torch.tensor([[3, 2]]),
-        "seq_lens_padded": torch.tensor([[3, 2]]),
-    }
-    out = process_input_for_thd(batch)
-    assert out["cu_seqlens"].tolist() == [0, 3, 8]
-    assert "cu_seqlens_padded" not in out
-    assert int(out["max_seqlen"]) == 5
-    assert out["padding_mask"].tolist() == [False] * 5 + [True] * 3
+def test_split_packed_sample_offsets_must_be_integers_and_consistent():
+    ids = torch.arange(1, 9)
+    with pytest.raises(SeqpackTypeError, match="cu_seqlens must hold integers, got dtype torch.float32"):
+        split_packed_sample({"input_ids": ids, "cu_seqlens": torch.tensor([0.0, 3.0, 5.0])})
+    with pytest.raises(SeqpackTypeError, match="cu_seqlens_padded must hold integers, got dtype float64"):
+        split_packed_sample({"input_ids": ids, "cu_seqlens": [0, 3, 5], "cu_seqlens_padded": [0.0, 4.0, 8.0]})
+    with pytest.raises(SampleError, match=r"real length 4 in slot \[3, 6\)"):
+        split_packed_sample({"input_ids": ids, "cu_seqlens": [0, 3, 7], "cu_seqlens_padded": [0, 3, 6]})
+    with pytest.raises(SampleError, match="cu_seqlens has 3 entries but cu_seqlens_padded has 2"):
+        split_packed_sample({"input_ids": ids, "cu_seqlens": [0, 3, 5], "cu_seqlens_padded": [0, 8]})
+    # A collate's [1, N+1] offsets are still read as one pack.
+    parts = split_packed_sample({"input_ids": ids, "cu_seqlens": torch.tensor([[0, 3, 8]])})
+    assert [p["input_ids"].tolist() for p in parts] == [[1, 2, 3], [4, 5, 6, 7, 8]]
 
 
-def test_process_input_for_thd_padding_mask_from_layout_not_token_values():
-    # Token id 0 (the padding id) appears as content; the mask must still be right.
-    batch = {
-        "input_ids": torch.tensor([[0, 2, 0, 9, 9, 9]]),
-        "labels": torch.zeros(1, 6, dtype=torch.long),
-        "position_ids": torch.arange(6).unsqueeze(0),
-        "seq_lens": torch.tensor([[2, 1]]),
-        "seq_lens_padded": torch.tensor([[4, 2]]),
-    }
-    out = process_input_for_thd(batch, padding_token_id=0)
-    assert out["padding_mask"].tolist() == [False, False, True, True, False, True]
-    assert out["cu_seqlens"].tolist() == [0, 2, 3]
-    assert out["cu_seqlens_padded"].tolist() == [0, 4, 6]
+# --- batch_from_layout ----------------------------------------------------------------------
 
 
-def test_process_input_for_thd_embeddings_and_custom_sentinel():
-    batch = {
-        "input_ids": torch.randn(2, 4, 8),
-        "labels": torch.zeros(2, 4, dtype=torch.long),
-        "position_ids": torch.arange(4).repeat(2, 1),
-        "seq_lens": torch.tensor([[4, -1], [2, 2]]),
-        "seq_lens_padded": torch.tensor([[4, -1], [2, 2]]),
-    }
-    out = process_input_for_thd(batch, seq_lens_padding_value=-1)
-    assert out["input_ids"].shape == (8, 8)
-    assert torch.equal(out["input_ids"], batch["input_ids"].reshape(8, 8))
-    assert out["cu_seqlens"].tolist() == [0, 4, 6, 8]
-    assert "cu_seqlens_padded" not in out
+def _same_batch(a, b, tokens=True):
+    for name in (*BATCH_TOKEN_FIELDS, "cu_seqlens", "cu_seqlens_padded", "sample_ids"):
+        x, y = getattr(a, name), getattr(b, name)
+        if not tokens and name in ("input_ids", "labels", "loss_mask"):
+            assert y is None
+            continue
+        assert x.dtype == y.dtype and torch.equal(x, y), name
+    assert (a.max_seqlen, a.cp_size, a.cp_rank) == (b.max_seqlen, b.cp_size, b.cp_rank)
+    assert (a.cu_seqlens is a.cu_seqlens_padded) == (b.cu_seqlens is b.cu_seqlens_padded)
 
 
-def test_process_input_for_thd_interior_row_tail_keeps_offsets():
-    # Row 0 lists 5 of its 6 slots; NeMo would place row 1's sequence at offset 5.
-    batch = {
-        "input_ids": torch.tensor([[1, 2, 3, 4, 5, 0], [6, 7, 8, 9, 10, 11]]),
-        "labels": torch.zeros(2, 6, dtype=torch.long),
-        "position_ids": torch.arange(6).repeat(2, 1),
-        "seq_lens": torch.tensor([[3, 2], [6, -1000]]),
-        "seq_lens_padded": torch.tensor([[3, 2], [6, -1000]]),
-    }
-    out = process_input_for_thd(batch)
-    assert out["cu_seqlens_padded"].tolist() == [0, 3, 6, 12]
-    assert out["cu_seqlens"].tolist() == [0, 3, 5, 11]
-    assert out["padding_mask"].tolist() == [False] * 5 + [True] + [False] * 6
+@given(
+    cp=st.sampled_from([1, 2, 4]),
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    positions=st.booleans(),
+    tokens=st.booleans(),
+    seed=st.integers(0, 100),
+)
+def test_batch_from_layout_equals_pack_and_shard(cp, lengths, positions, tokens, seed):
+    g = torch.Generator().manual_seed(seed)
+    samples = [{"input_ids": torch.randint(1, 50, (n,), generator=g)} for n in lengths]
+    if positions:
+        for s in samples:
+            s["position_ids"] = torch.randint(0, 99, (s["input_ids"].numel(),), generator=g)
+    full = pack_sequences(samples, pad_multiple=pad_multiple_for(cp), sample_ids=np.arange(len(lengths)) + 10)
+    for r in range(cp):
+        shard = shard_for_cp(full, cp, r)
+        given_tokens = {"input_ids": shard.input_ids, "labels": shard.labels, "loss_mask": shard.loss_mask}
+        rebuilt = batch_from_layout(
+            full.cu_seqlens.numpy(),  # numpy offsets, as the wire decoder may hand them over
+            full.cu_seqlens_padded,
+            full.max_seqlen,
+            full.sample_ids,
+            cp,
+            r,
+            **(given_tokens if tokens else {}),
+            position_ids=shard.position_ids if positions else None,
+        )
+        _same_batch(shard, rebuilt, tokens=tokens)
 
 
-def test_process_input_for_thd_without_seq_lens():
-    batch = {
-        "input_ids": torch.tensor([[4, 5, 6, 0, 0]]),
-        "labels": torch.zeros(1, 5, dtype=torch.long),
-        "position_ids": torch.arange(5)[None],
-    }
-    out = process_input_for_thd(batch)
-    assert out["padding_mask"].tolist() == [False, False, False, True, True]
-    with pytest.raises(ValueError, match="padding_token_id=0 also occurs"):
-        process_input_for_thd({**batch, "input_ids": torch.tensor([[4, 0, 6, 0, 0]])})
+def test_batch_from_layout_of_a_filler_equals_padding_only_batch():
+    for cp in (1, 2, 4):
+        pm = pad_multiple_for(cp)
+        ref = shard_for_cp(padding_only_batch(pm), cp, cp - 1)
+        got = batch_from_layout([0, 0], [0, pm], pm, [-1], cp, cp - 1)
+        _same_batch(ref, got, tokens=False)
 
 
-def test_process_input_for_thd_bad_shapes():
-    with pytest.raises(ValueError, match="input_ids must be"):
-        process_input_for_thd({"input_ids": torch.tensor([1, 2])})
-    bad = _nemo_example()
-    bad["seq_lens_padded"] = torch.tensor([[2, 2], [6, -1000]])
-    with pytest.raises(ValueError, match="seq_lens"):
-        process_input_for_thd(bad)
-
-
-def test_split_batch_into_thd_chunks_documented_example():
-    batch = {
-        "input_ids": torch.arange(1, 25).reshape(4, 6),
-        "labels": torch.arange(2, 26).reshape(4, 6),
-        "position_ids": torch.arange(6).repeat(4, 1),
-        "seq_lens": torch.tensor([[6], [6], [6], [6]]),
-        "seq_lens_padded": torch.tensor([[6], [6], [6], [6]]),
-    }
-    out = split_batch_into_thd_chunks(batch, num_chunks=2)
-    assert out["input_ids"].shape == (2, 12)
-    assert out["cu_seqlens"].tolist() == [[0, 6, 12], [0, 6, 12]]
-    assert out["max_seqlen"].tolist() == [6, 6]
-    assert out["padding_mask"].shape == (2, 12)
-    assert "cu_seqlens_padded" not in out
-
-
-def test_split_batch_into_thd_chunks_ragged_and_padded():
-    out = split_batch_into_thd_chunks(_nemo_example(), num_chunks=2)
-    assert out["cu_seqlens"].tolist() == [[0, 3, 5], [0, 6, -1000]]
-    # Chunk 0 emits padded offsets; chunk 1 absorbed, so its row is its cu_seqlens.
-    assert out["cu_seqlens_padded"].tolist() == [[0, 4, 6], [0, 6, -1000]]
-    assert out["max_seqlen"].tolist() == [3, 6]
-    assert out["qkv_format"] == "thd"
-    single = split_batch_into_thd_chunks(_nemo_example(), num_chunks=1)
-    assert single["cu_seqlens"].tolist() == [0, 3, 5, 11]
-    with pytest.raises(ValueError, match="not divisible"):
-        split_batch_into_thd_chunks(_nemo_example(), num_chunks=3)
-
-
-def test_packed_batch_is_dataclass_with_contract_fields():
-    names = [f for f in PackedBatch.__dataclass_fields__]
-    for field in (
-        "input_ids",
-        "labels",
-        "loss_mask",
-        "position_ids",
-        "seq_idx",
-        "padding_mask",
-        "cu_seqlens",
-        "cu_seqlens_padded",
-        "max_seqlen",
-        "sample_ids",
-        "cp_size",
-        "cp_rank",
-    ):
-        assert field in names
-
-
-def test_process_input_for_thd_seq_lens_only_rows_ending_in_padding():
-    batch = {
-        "input_ids": torch.tensor([[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 0, 0, 0, 0]]),
-        "labels": torch.zeros(2, 8, dtype=torch.long),
-        "position_ids": torch.arange(8).repeat(2, 1),
-        "seq_lens": torch.tensor([[3], [4]]),
-    }
-    out = process_input_for_thd(batch)
-    assert out["padding_mask"].tolist() == [False] * 3 + [True] * 5 + [False] * 4 + [True] * 4
-    assert out["cu_seqlens"].tolist() == [0, 3, 7]
-    assert out["cu_seqlens_padded"].tolist() == [0, 8, 12]  # row 1 starts at token 8
-    # One row (or rows without gaps): NeMo's output, no cu_seqlens_padded.
-    single = process_input_for_thd({k: v[:1] for k, v in batch.items()})
-    assert single["cu_seqlens"].tolist() == [0, 3] and "cu_seqlens_padded" not in single
-    assert single["padding_mask"].tolist() == [False] * 3 + [True] * 5
+@pytest.mark.parametrize(
+    "args, kwargs, error, match",
+    [
+        (
+            ([0, 5], [0, 8], 8, [0], 2, 0),
+            {"input_ids": torch.zeros(3, dtype=torch.int64)},
+            ConfigError,
+            "input_ids has 3 tokens but the layout gives 4 to CP rank 0",
+        ),
+        (([0, 5], [0, 8], 8, [0, 1]), {}, ConfigError, "sample_ids has 2 entries for 1 samples"),
+        (([0, 5.0], [0, 8], 8, [0]), {}, SeqpackTypeError, "cu_seqlens must hold integers"),
+        (([0, 9], [0, 8], 8, [0]), {}, ConfigError, r"every real length must be in \[0, padded length\]"),
+        (([0, 5], [0, 6], 6, [0], 2, 0), {}, ConfigError, "not divisible by 2\\*cp_size=4"),
+        (([0, 5], [0, 8], 8, [0], 2, 2), {}, ConfigError, "cp_rank=2 is out of range for cp_size=2"),
+    ],
+)
+def test_batch_from_layout_rejects(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        batch_from_layout(*args, **kwargs)
