@@ -16,7 +16,7 @@ import torch
 
 from seqpack.errors import ConfigError
 from seqpack.thd.batch import BATCH_TOKEN_FIELDS, PackedBatch
-from seqpack.thd.layout import Offsets, as_offsets, token_layout
+from seqpack.thd.layout import Offsets, as_offsets, seq_idx_from_cu_seqlens, token_layout
 from seqpack.validation import check_int, check_positive_int
 
 __all__ = [
@@ -97,16 +97,28 @@ def partition_indices(cu_seqlens_padded: Offsets, total_tokens: int, cp_size: in
     _check_layout(cu, total, cp_size)
     if cp_size == 1:
         return torch.arange(total, dtype=torch.int64, device=cu.device)
-    # This rank's tokens are 2N chunks, two per sequence, back to back: the token layout of
-    # those chunks gives each local token its chunk and its offset in it.
+    # torch.full, not torch.tensor([cp_rank]): no host-to-device copy.
+    return _dualchunk_indices(cu, total, cp_size, torch.full((1,), cp_rank, dtype=torch.int64, device=cu.device))
+
+
+def _dualchunk_indices(cu: torch.Tensor, total: int, cp_size: int, ranks: torch.Tensor) -> torch.Tensor:
+    """Global index of every token held by ``ranks``, rank-major (offsets already checked).
+
+    The ranks' tokens are chunks, two per sequence per rank, back to back; ``local_cu`` is the
+    layout of those chunks, and a token in chunk ``k`` sits at global index (its index in the
+    concatenation) + ``shift[k]``.
+    """
+    num_ranks, num_seqs = ranks.numel(), cu.numel() - 1
     chunk = (cu[1:] - cu[:-1]) // (2 * cp_size)  # [N], one chunk's length
-    first = cu[:-1] + cp_rank * chunk  # [N], global start of chunk cp_rank
-    second = cu[:-1] + (2 * cp_size - 1 - cp_rank) * chunk  # [N], of chunk 2cp-1-cp_rank
-    source = torch.stack([first, second], dim=1).reshape(-1)  # [2N]
-    local_cu = torch.zeros(2 * chunk.numel() + 1, dtype=torch.int64, device=cu.device)
-    torch.cumsum(chunk.repeat_interleave(2), dim=0, out=local_cu[1:])  # [2N+1]
-    layout = token_layout(local_cu, total_tokens=total // cp_size, validate=False)
-    return source[layout.seq_idx] + layout.position
+    held = torch.stack([ranks, 2 * cp_size - 1 - ranks], dim=1)  # [R, 2], chunks each rank holds
+    lengths = chunk.view(1, num_seqs, 1).expand(num_ranks, num_seqs, 2).reshape(-1)  # [R*N*2]
+    source = (cu[:-1].view(1, num_seqs, 1) + held.view(num_ranks, 1, 2) * chunk.view(1, num_seqs, 1)).reshape(-1)
+    local_cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=cu.device)
+    torch.cumsum(lengths, dim=0, out=local_cu[1:])  # [R*N*2 + 1]
+    shift = source - local_cu[:-1]
+    count = num_ranks * (total // cp_size)
+    chunk_of_token = seq_idx_from_cu_seqlens(local_cu, count)  # no tail: local_cu[-1] == count
+    return torch.arange(count, dtype=torch.int64, device=cu.device) + shift[chunk_of_token]
 
 
 def gather_order(cu_seqlens_padded: Offsets, total_tokens: int, cp_size: int) -> torch.Tensor:
@@ -114,10 +126,16 @@ def gather_order(cu_seqlens_padded: Offsets, total_tokens: int, cp_size: int) ->
 
     ``torch.cat(shards)[i]`` is global token ``gather_order(...)[i]``: scatter with it to undo
     DualChunkSwap and re-interleave sequences in one step (what Mamba's hidden-parallel CP
-    needs after its all-to-all), gather with it to redo both.
+    needs after its all-to-all), gather with it to redo both. Equals
+    ``torch.cat([partition_indices(..., r) for r in range(cp_size)])``, in one pass.
     """
     cp_size, _ = check_cp(cp_size)
-    return torch.cat([partition_indices(cu_seqlens_padded, total_tokens, cp_size, r) for r in range(cp_size)])
+    cu = _as_offsets(cu_seqlens_padded)
+    total = check_int("total_tokens", total_tokens, minimum=0)
+    _check_layout(cu, total, cp_size)
+    if cp_size == 1:
+        return torch.arange(total, dtype=torch.int64, device=cu.device)
+    return _dualchunk_indices(cu, total, cp_size, torch.arange(cp_size, dtype=torch.int64, device=cu.device))
 
 
 def shard_for_cp(batch: PackedBatch, cp_size: int, cp_rank: int) -> PackedBatch:

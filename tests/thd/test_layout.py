@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from naive import te_partition_reference
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.thd import TokenLayout, partition_indices, seq_idx_from_cu_seqlens, token_layout
+from seqpack.thd import TokenLayout, gather_order, partition_indices, seq_idx_from_cu_seqlens, token_layout
 from seqpack.thd.layout import _layout_torch
 
 
@@ -110,13 +110,14 @@ def test_token_layout_documented_example():
     cp=st.sampled_from([2, 3, 4, 8]),
     chunks=st.lists(st.integers(0, 4), min_size=1, max_size=8),
 )
-def test_partition_indices_built_on_the_layout_matches_te_with_empty_sequences(cp, chunks):
+def test_partition_and_gather_order_built_on_the_layout_match_te_with_empty_sequences(cp, chunks):
     cu = [0]
     for c in chunks:
         cu.append(cu[-1] + 2 * cp * c)
+    expected = [te_partition_reference(cu, cu[-1], cp, rank) for rank in range(cp)]
     for rank in range(cp):
-        got = partition_indices(torch.tensor(cu), cu[-1], cp, rank)
-        assert torch.equal(got, te_partition_reference(cu, cu[-1], cp, rank))
+        assert torch.equal(partition_indices(torch.tensor(cu), cu[-1], cp, rank), expected[rank])
+    assert torch.equal(gather_order(torch.tensor(cu), cu[-1], cp), torch.cat(expected))
 
 
 @pytest.mark.parametrize(
