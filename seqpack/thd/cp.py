@@ -16,7 +16,7 @@ import torch
 
 from seqpack.errors import ConfigError
 from seqpack.thd.batch import BATCH_TOKEN_FIELDS, PackedBatch
-from seqpack.thd.layout import Offsets, as_offsets, seq_idx_from_cu_seqlens, token_layout
+from seqpack.thd.layout import Offsets, as_offsets, check_offsets, seq_idx_from_cu_seqlens, token_layout
 from seqpack.validation import check_int, check_positive_int
 
 __all__ = [
@@ -61,8 +61,7 @@ def _check_layout(cu: torch.Tensor, total_tokens: int, cp_size: int) -> None:
             f"sequence length must be (padded lengths: {lengths[:16]}{' ...' if len(lengths) > 16 else ''}). "
             f"Pack with pad_multiple=pad_multiple_for(cp_size={cp_size})"
         )
-    if bool((cu[1:] < cu[:-1]).any()) or int(cu[0]) != 0:
-        raise ConfigError(f"cu_seqlens_padded must start at 0 and never decrease, got {cu.tolist()[:16]}")
+    check_offsets(cu, None)
     if int(cu[-1]) != total_tokens:
         raise ConfigError(
             f"total_tokens={total_tokens} differs from cu_seqlens_padded[-1]={int(cu[-1])}: tokens outside "

@@ -73,10 +73,10 @@ def as_offsets(value: Offsets, name: str = "cu_seqlens_padded") -> torch.Tensor:
     return tensor.to(torch.int64)
 
 
-def _check_offsets(cu_padded: torch.Tensor, cu_real: torch.Tensor | None) -> None:
+def check_offsets(cu_padded: torch.Tensor, cu_real: torch.Tensor | None) -> None:
     """Offsets start at 0 and never decrease; real lengths fit their slots.
 
-    One host sync on a GPU (the tensors are ``[N+1]``).
+    A few host syncs on a GPU (on ``[N+1]`` tensors); callers that built the offsets skip it.
     """
     padded = cu_padded[1:] - cu_padded[:-1]
     if int(cu_padded[0]) != 0 or bool((padded < 0).any()):
@@ -85,12 +85,14 @@ def _check_offsets(cu_padded: torch.Tensor, cu_real: torch.Tensor | None) -> Non
         return
     if cu_real.shape != cu_padded.shape:
         raise ConfigError(f"cu_seqlens has {cu_real.numel()} entries but cu_seqlens_padded has {cu_padded.numel()}")
+    if int(cu_real[0]) != 0:
+        raise ConfigError(f"cu_seqlens must start at 0, got {_head(cu_real)}")
     real = cu_real[1:] - cu_real[:-1]
-    if int(cu_real[0]) != 0 or bool((real < 0).any()) or bool((real > padded).any()):
-        bad = int(torch.nonzero((real < 0) | (real > padded))[0]) if real.numel() else 0
+    bad = torch.nonzero((real < 0) | (real > padded)).flatten()
+    if bad.numel():
         raise ConfigError(
-            f"cu_seqlens {_head(cu_real)} does not fit cu_seqlens_padded {_head(cu_padded)}: it must start at 0 "
-            f"and every real length must be in [0, padded length] (sequence {bad})"
+            f"cu_seqlens {_head(cu_real)} does not fit cu_seqlens_padded {_head(cu_padded)}: every real length "
+            f"must be in [0, padded length] (sequence {int(bad[0])})"
         )
 
 
@@ -163,7 +165,7 @@ def token_layout(
         cu_seqlens: Cumulative real lengths ``[N+1]``; ``None``: no pads inside slots.
         total_tokens: Tokens to describe (default ``cu_seqlens_padded[-1]``; fewer describe a
             prefix of the pack, more add a tail).
-        validate: Check the offsets (one host sync on a GPU); callers that built them pass
+        validate: Check the offsets (host syncs on a GPU); callers that built them pass
             ``False``.
 
     Returns:
@@ -179,7 +181,7 @@ def token_layout(
     cu_padded = as_offsets(cu_seqlens_padded, "cu_seqlens_padded")
     cu_real = None if cu_seqlens is None else as_offsets(cu_seqlens, "cu_seqlens").to(cu_padded.device)
     if validate:
-        _check_offsets(cu_padded, cu_real)
+        check_offsets(cu_padded, cu_real)
     # Host sync on a GPU when total_tokens is not given: the output size must be known.
     total = int(cu_padded[-1]) if total_tokens is None else check_int("total_tokens", total_tokens, minimum=0)
     real = None if cu_real is None else cu_real[1:] - cu_real[:-1]
@@ -189,7 +191,7 @@ def token_layout(
     return TokenLayout(*_layout_torch(cu_padded, real, total))
 
 
-def seq_idx_from_cu_seqlens(cu_seqlens_padded: torch.Tensor, total_tokens: int) -> torch.Tensor:
+def seq_idx_from_cu_seqlens(cu_seqlens_padded: Offsets, total_tokens: int) -> torch.Tensor:
     """Sequence index of every token of the pack (int32 ``[T]``), pads included.
 
     The token at ``cu_seqlens_padded[i]`` opens sequence ``i`` (one token late would leak

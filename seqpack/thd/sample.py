@@ -50,12 +50,6 @@ INTEGER_KEYS: frozenset[str] = frozenset(key for key, dtype in SAMPLE_DTYPES.ite
 _OPTIONAL_KEYS = TOKEN_KEYS[1:]
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        return f"dtype {value.dtype}"
-    return type(value).__name__
-
-
 def _as_tensor(value: Any, key: str, where: str) -> torch.Tensor:
     """``value`` as a tensor of its own dtype (numpy arrays and lists go through numpy)."""
     if isinstance(value, torch.Tensor):
@@ -74,6 +68,8 @@ def _as_tensor(value: Any, key: str, where: str) -> torch.Tensor:
     kind = value.dtype.kind
     if kind not in "biuf":  # object, str, complex, datetime ...: no token ids, no weights
         raise SeqpackTypeError(f"{where}: {key!r} must hold numbers, got dtype {value.dtype}")
+    if not value.dtype.isnative:  # e.g. big-endian columns from a file: torch refuses them
+        value = value.astype(value.dtype.newbyteorder("="))
     if kind == "u" and value.dtype.itemsize == 8:
         # torch has uint64, but few ops for it: check the int64 range here, in numpy.
         _check_fits_int64(value, key, where)

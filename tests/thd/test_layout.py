@@ -135,6 +135,7 @@ def test_partition_and_gather_order_built_on_the_layout_match_te_with_empty_sequ
         (([0, 4, 6], [0, 5, 6]), {}, ConfigError, r"every real length must be in \[0, padded length\] \(sequence 0\)"),
         (([0, 4, 6], [0, 3, 2]), {}, ConfigError, r"\(sequence 1\)"),
         (([0, 4, 6], [0, 3]), {}, ConfigError, "cu_seqlens has 2 entries but cu_seqlens_padded has 3"),
+        (([0, 4, 8], [1, 2, 3]), {}, ConfigError, r"cu_seqlens must start at 0, got \[1, 2, 3\]"),
         (([0, 4],), {"total_tokens": -1}, ConfigError, "total_tokens must be an integer >= 0, got -1"),
         (([0, 4],), {"total_tokens": 4.0}, SeqpackTypeError, "total_tokens must be an integer"),
     ],
