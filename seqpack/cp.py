@@ -1,21 +1,19 @@
-"""Context parallelism: the DualChunkSwap partition of a THD pack.
-
-Each sequence of padded length ``L`` (a multiple of ``2*cp``) is cut into ``2*cp`` chunks of
-``L/(2*cp)`` tokens; CP rank ``r`` holds chunks ``r`` and ``2*cp-1-r``, sequence by sequence,
-so causal attention costs the same on every rank. :func:`partition_indices` returns exactly
-the token indices of Transformer Engine's ``thd_get_partitioned_indices``. Everything here
-is index arithmetic on whole tensors: no Python loop per token or per sequence.
-"""
+"""Old import path of :mod:`seqpack.thd.cp` (the DualChunkSwap partition); kept so
+``from seqpack.cp import shard_for_cp`` keeps working."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-
-import numpy as np
-import torch
-
-from seqpack.thd import PackedBatch
+from seqpack.thd.cp import (
+    chunk_ids_after_attention,
+    chunk_ids_before_attention,
+    dualchunk_to_sequential,
+    gather_order,
+    partition_indices,
+    reorder_seq_chunks,
+    sequential_to_dualchunk,
+    shard_for_cp,
+    unshard_from_cp,
+)
 
 __all__ = [
     "partition_indices",
@@ -28,199 +26,3 @@ __all__ = [
     "dualchunk_to_sequential",
     "sequential_to_dualchunk",
 ]
-
-
-def _check_cp(cp_size: int, cp_rank: int | None = None) -> None:
-    if not isinstance(cp_size, (int, np.integer)) or isinstance(cp_size, bool) or cp_size < 1:
-        raise ValueError(f"cp_size must be a positive integer, got {cp_size!r}")
-    if cp_rank is not None and not (0 <= cp_rank < cp_size):
-        raise ValueError(f"cp_rank={cp_rank} is out of range for cp_size={cp_size} (valid: 0..{cp_size - 1})")
-
-
-def _as_offsets(cu_seqlens_padded: torch.Tensor | Sequence[int] | np.ndarray) -> torch.Tensor:
-    cu = torch.as_tensor(
-        np.asarray(cu_seqlens_padded) if not isinstance(cu_seqlens_padded, torch.Tensor) else cu_seqlens_padded
-    )
-    if cu.dim() != 1 or cu.numel() < 2:
-        raise ValueError(f"cu_seqlens_padded must be 1-D with at least 2 entries, got shape {tuple(cu.shape)}")
-    return cu.to(torch.int64)
-
-
-def _check_layout(cu: torch.Tensor, total_tokens: int, cp_size: int) -> None:
-    # At cp=1 the partition is the identity and any padded length is fine (TE asserts even
-    # lengths even there, but never partitions at cp=1).
-    multiple = 2 * cp_size if cp_size > 1 else 1
-    bad = torch.nonzero(cu % multiple != 0).flatten()
-    if bad.numel():
-        i = int(bad[0])
-        lengths = (cu[1:] - cu[:-1]).tolist()
-        raise ValueError(
-            f"cu_seqlens_padded[{i}]={int(cu[i])} is not divisible by 2*cp_size={multiple}; every padded "
-            f"sequence length must be (padded lengths: {lengths[:16]}{' ...' if len(lengths) > 16 else ''}). "
-            f"Pack with pad_multiple=pad_multiple_for(cp_size={cp_size})"
-        )
-    if bool((cu[1:] < cu[:-1]).any()) or int(cu[0]) != 0:
-        raise ValueError(f"cu_seqlens_padded must start at 0 and never decrease, got {cu.tolist()[:16]}")
-    if int(cu[-1]) != total_tokens:
-        raise ValueError(
-            f"total_tokens={total_tokens} differs from cu_seqlens_padded[-1]={int(cu[-1])}: tokens outside "
-            "every sequence would be split wrongly (TE maps them onto the last sequence); absorb the pack's "
-            "tail into the last sequence's padding"
-        )
-
-
-def partition_indices(
-    cu_seqlens_padded: torch.Tensor | Sequence[int] | np.ndarray,
-    total_tokens: int,
-    cp_size: int,
-    cp_rank: int,
-) -> torch.Tensor:
-    """Token indices CP rank ``cp_rank`` holds (TE's ``thd_get_partitioned_indices``).
-
-    For every sequence, in order: its chunk ``cp_rank`` then its chunk ``2*cp-1-cp_rank``.
-
-    Args:
-        cu_seqlens_padded: Global padded offsets ``[N+1]``, each divisible by ``2*cp_size``
-            when ``cp_size > 1``.
-        total_tokens: Tokens in the pack; must equal ``cu_seqlens_padded[-1]``.
-        cp_size: Context-parallel world size.
-        cp_rank: This rank's index in the CP group.
-
-    Returns:
-        int64 tensor of ``total_tokens // cp_size`` indices, on ``cu_seqlens_padded``'s device.
-
-    Raises:
-        ValueError: A padded length not divisible by ``2*cp_size``, ``cp_rank`` out of range,
-            or ``total_tokens`` different from the last offset.
-    """
-    _check_cp(cp_size, cp_rank)
-    cu = _as_offsets(cu_seqlens_padded)
-    _check_layout(cu, int(total_tokens), cp_size)
-    local_cu = cu // cp_size  # [N+1], offsets of each sequence's local share
-    local = torch.arange(int(total_tokens) // cp_size, device=cu.device, dtype=torch.int64)
-    seq = torch.searchsorted(local_cu[1:], local, right=True)
-    start = local_cu[seq]
-    half = (local_cu[seq + 1] - start) // 2  # one chunk
-    index = local - start
-    offset = torch.where(index < half, cp_rank, 2 * cp_size - 2 - cp_rank)
-    return index + start * cp_size + half * offset
-
-
-def gather_order(
-    cu_seqlens_padded: torch.Tensor | Sequence[int] | np.ndarray, total_tokens: int, cp_size: int
-) -> torch.Tensor:
-    """Global token index of every row of the rank-major concatenation of all CP shards.
-
-    ``torch.cat(shards)[i]`` is global token ``gather_order(...)[i]``: scatter with it to undo
-    DualChunkSwap and re-interleave sequences in one step (what Mamba's hidden-parallel CP
-    needs after its all-to-all), gather with it to redo both.
-    """
-    _check_cp(cp_size)
-    return torch.cat([partition_indices(cu_seqlens_padded, total_tokens, cp_size, r) for r in range(cp_size)])
-
-
-_TOKEN_FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "seq_idx", "padding_mask")
-
-
-def shard_for_cp(batch: PackedBatch, cp_size: int, cp_rank: int) -> PackedBatch:
-    """This CP rank's tokens of ``batch``; ``cu_seqlens*`` and ``max_seqlen`` stay global.
-
-    Raises:
-        ValueError: ``batch`` is already sharded, a padded length is not divisible by
-            ``2*cp_size``, or ``cp_rank`` is out of range.
-    """
-    _check_cp(cp_size, cp_rank)
-    if batch.cp_size != 1:
-        raise ValueError(f"batch is already sharded (cp_size={batch.cp_size}, cp_rank={batch.cp_rank})")
-    if cp_size == 1:
-        return batch
-    index = partition_indices(batch.cu_seqlens_padded, batch.num_tokens, cp_size, cp_rank)
-    index = index.to(batch.position_ids.device)
-    changes = {
-        name: getattr(batch, name).index_select(0, index)
-        for name in _TOKEN_FIELDS
-        if getattr(batch, name) is not None
-    }
-    return dataclasses.replace(batch, **changes, cp_size=cp_size, cp_rank=cp_rank)
-
-
-def unshard_from_cp(
-    parts: Sequence[torch.Tensor],
-    cu_seqlens_padded: torch.Tensor | Sequence[int] | np.ndarray,
-    cp_size: int,
-) -> torch.Tensor:
-    """Inverse of :func:`shard_for_cp` for one tensor: per-rank tensors (token axis first,
-    in CP rank order) back to global token order."""
-    _check_cp(cp_size)
-    if len(parts) != cp_size:
-        raise ValueError(f"expected {cp_size} parts (one per CP rank), got {len(parts)}")
-    if cp_size == 1:  # shard_for_cp(batch, 1, 0) is the identity
-        return parts[0]
-    stacked = torch.cat(list(parts), dim=0)
-    order = gather_order(cu_seqlens_padded, stacked.shape[0], cp_size).to(stacked.device)
-    out = torch.empty_like(stacked)
-    out[order] = stacked
-    return out
-
-
-def chunk_ids_before_attention(cp_size: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Gather order from DualChunkSwap chunk order to sequential: ``ids[r]=2r``,
-    ``ids[r+cp]=2cp-2r-1`` (TE's ``get_seq_chunk_ids_for_reordering_before_attn``)."""
-    _check_cp(cp_size)
-    r = torch.arange(cp_size, device=device)
-    ids = torch.empty(2 * cp_size, dtype=torch.int64, device=device)
-    ids[:cp_size] = 2 * r
-    ids[cp_size:] = 2 * cp_size - 2 * r - 1
-    return ids
-
-
-def chunk_ids_after_attention(cp_size: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Gather order from sequential chunk order to DualChunkSwap: ``ids[2r]=r``,
-    ``ids[2r+1]=2cp-r-1`` (TE's ``get_seq_chunk_ids_for_reordering_after_attn``)."""
-    _check_cp(cp_size)
-    r = torch.arange(cp_size, device=device)
-    ids = torch.empty(2 * cp_size, dtype=torch.int64, device=device)
-    ids[0::2] = r
-    ids[1::2] = 2 * cp_size - r - 1
-    return ids
-
-
-def reorder_seq_chunks(
-    x: torch.Tensor,
-    chunk_ids: torch.Tensor,
-    cu_seqlens_padded: torch.Tensor | Sequence[int] | np.ndarray | None = None,
-    dim: int = 0,
-) -> torch.Tensor:
-    """Reorder the equal chunks of every sequence: output chunk ``j`` is input chunk
-    ``chunk_ids[j]``.
-
-    With ``cu_seqlens_padded`` (THD), each sequence along ``dim`` is cut into
-    ``len(chunk_ids)`` chunks; without it, the whole ``dim`` is one sequence.
-    """
-    chunk_ids = chunk_ids.to(torch.int64).cpu()
-    num_chunks = chunk_ids.numel()
-    total = x.shape[dim]
-    cu = _as_offsets([0, total] if cu_seqlens_padded is None else cu_seqlens_padded).cpu()
-    if int(cu[-1]) != total:
-        raise ValueError(f"cu_seqlens_padded ends at {int(cu[-1])} but dim {dim} has {total} entries")
-    lengths = cu[1:] - cu[:-1]
-    if bool((lengths % num_chunks != 0).any()):
-        raise ValueError(f"every sequence length must be divisible by {num_chunks} chunks, got {lengths.tolist()[:16]}")
-    pos = torch.arange(total, dtype=torch.int64)
-    seq = torch.searchsorted(cu[1:], pos, right=True)
-    chunk = lengths[seq] // num_chunks
-    within = pos - cu[seq]
-    out_chunk = within // chunk
-    src = cu[seq] + chunk_ids[out_chunk] * chunk + within % chunk
-    return x.index_select(dim, src.to(x.device))
-
-
-def dualchunk_to_sequential(x: torch.Tensor, cu_seqlens_padded, cp_size: int, dim: int = 0) -> torch.Tensor:
-    """Undo DualChunkSwap on full sequences (chunk order ``0, 2cp-1, 1, 2cp-2, ...`` to
-    ``0, 1, ..., 2cp-1``)."""
-    return reorder_seq_chunks(x, chunk_ids_before_attention(cp_size), cu_seqlens_padded, dim)
-
-
-def sequential_to_dualchunk(x: torch.Tensor, cu_seqlens_padded, cp_size: int, dim: int = 0) -> torch.Tensor:
-    """Redo DualChunkSwap on full sequences (inverse of :func:`dualchunk_to_sequential`)."""
-    return reorder_seq_chunks(x, chunk_ids_after_attention(cp_size), cu_seqlens_padded, dim)

@@ -1,9 +1,10 @@
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-
 from naive import dualchunk_reference, te_partition_reference
+
 from seqpack.cp import (
     chunk_ids_after_attention,
     chunk_ids_before_attention,
@@ -15,6 +16,7 @@ from seqpack.cp import (
     shard_for_cp,
     unshard_from_cp,
 )
+from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.thd import pack_sequences, pad_multiple_for
 
 
@@ -174,3 +176,26 @@ def test_partition_on_dim_other_tensors_keep_device_and_dtype():
 def test_unshard_cp1_is_identity_for_odd_lengths():
     x = torch.arange(7)
     assert unshard_from_cp([x], torch.tensor([0, 3, 7]), 1) is x
+
+
+def test_float_offsets_and_sizes_are_errors_not_truncated():
+    cu = torch.tensor([0.0, 8.0, 12.0])
+    for call in (
+        lambda: partition_indices(cu, 12, 2, 0),
+        lambda: gather_order(cu, 12, 2),
+        lambda: unshard_from_cp([torch.zeros(6), torch.zeros(6)], cu, 2),
+        lambda: reorder_seq_chunks(torch.zeros(12), chunk_ids_before_attention(2), cu),
+    ):
+        with pytest.raises(SeqpackTypeError, match="cu_seqlens_padded must hold integers, got dtype torch.float32"):
+            call()
+    with pytest.raises(SeqpackTypeError, match="cp_size must be an integer, got 2.0"):
+        partition_indices(torch.tensor([0, 8]), 8, 2.0, 0)
+    with pytest.raises(SeqpackTypeError, match="total_tokens must be an integer"):
+        partition_indices(torch.tensor([0, 8]), 8.0, 2, 0)
+    with pytest.raises(ConfigError, match="at least 2 entries"):
+        partition_indices(torch.tensor([0]), 0, 2, 0)
+
+
+def test_shard_for_cp_accepts_numpy_integer_sizes():
+    b = pack_sequences([{"input_ids": torch.arange(1, n + 1)} for n in (3, 5)], pad_multiple=4)
+    assert torch.equal(shard_for_cp(b, np.int64(2), np.int32(1)).input_ids, shard_for_cp(b, 2, 1).input_ids)

@@ -1,0 +1,95 @@
+"""THD packing: many variable-length sequences on one token axis.
+
+A microbatch in THD format is every sequence of the pack concatenated along one token axis,
+with the boundaries in ``cu_seqlens`` (real lengths) and ``cu_seqlens_padded`` (memory
+offsets when each sequence is padded at its end). Pure functions: no process groups.
+
+Modules, in the order data flows through them:
+    sample: the sample contract (:func:`normalize_sample`): accepted keys, dtypes, checks;
+        :data:`IGNORE_INDEX`, :data:`SAMPLE_DTYPES`, :data:`TOKEN_KEYS`.
+    layout: the one derivation of the per-token layout (:func:`token_layout`: sequence,
+        offset in its padded slot, pad flag) and Mamba's :func:`seq_idx_from_cu_seqlens`.
+    batch: :class:`PackedBatch` (one THD microbatch), its ``te_kwargs()`` for Transformer
+        Engine, :func:`padding_only_batch`.
+    pack: :func:`pack_sequences` (samples to a PackedBatch), :func:`batch_from_layout`
+        (a PackedBatch from offsets alone), :func:`pad_multiple_for`, :func:`padded_lengths`,
+        :func:`split_packed_sample` / :func:`sample_sequences` (pre-packed samples).
+    cp: context parallelism, DualChunkSwap (:func:`partition_indices`, :func:`shard_for_cp`,
+        :func:`unshard_from_cp`, :func:`gather_order`, chunk reorders).
+
+NeMo Automodel's converters (:func:`process_input_for_thd`,
+:func:`split_batch_into_thd_chunks`) live in :mod:`seqpack.interop.nemo` and are importable
+from here too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from seqpack.thd.batch import BATCH_TOKEN_FIELDS, PackedBatch, padding_only_batch
+from seqpack.thd.cp import (
+    chunk_ids_after_attention,
+    chunk_ids_before_attention,
+    dualchunk_to_sequential,
+    gather_order,
+    partition_indices,
+    reorder_seq_chunks,
+    sequential_to_dualchunk,
+    shard_for_cp,
+    unshard_from_cp,
+)
+from seqpack.thd.layout import TokenLayout, seq_idx_from_cu_seqlens, token_layout
+from seqpack.thd.pack import (
+    batch_from_layout,
+    pack_sequences,
+    pad_multiple_for,
+    padded_lengths,
+    sample_sequences,
+    split_packed_sample,
+)
+from seqpack.thd.sample import IGNORE_INDEX, SAMPLE_DTYPES, TOKEN_KEYS, normalize_sample
+
+if TYPE_CHECKING:
+    from seqpack.interop.nemo import process_input_for_thd, split_batch_into_thd_chunks
+
+__all__ = [
+    "BATCH_TOKEN_FIELDS",
+    "IGNORE_INDEX",
+    "SAMPLE_DTYPES",
+    "TOKEN_KEYS",
+    "PackedBatch",
+    "TokenLayout",
+    "batch_from_layout",
+    "chunk_ids_after_attention",
+    "chunk_ids_before_attention",
+    "dualchunk_to_sequential",
+    "gather_order",
+    "normalize_sample",
+    "pack_sequences",
+    "pad_multiple_for",
+    "padded_lengths",
+    "padding_only_batch",
+    "partition_indices",
+    "process_input_for_thd",
+    "reorder_seq_chunks",
+    "sample_sequences",
+    "seq_idx_from_cu_seqlens",
+    "sequential_to_dualchunk",
+    "shard_for_cp",
+    "split_batch_into_thd_chunks",
+    "split_packed_sample",
+    "token_layout",
+    "unshard_from_cp",
+]
+
+_NEMO = ("process_input_for_thd", "split_batch_into_thd_chunks")
+
+
+def __getattr__(name: str) -> Any:
+    # The NeMo converters build on seqpack.thd.layout; importing them lazily lets
+    # seqpack.interop.nemo and seqpack.thd be imported in either order.
+    if name in _NEMO:
+        from seqpack.interop import nemo
+
+        return getattr(nemo, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,156 @@
+"""The THD microbatch: :class:`PackedBatch` and its Transformer Engine keyword arguments.
+
+A microbatch in THD format is every sequence of the pack concatenated along one token axis,
+with the boundaries in ``cu_seqlens`` (real lengths) and ``cu_seqlens_padded`` (memory
+offsets when each sequence is padded at its end).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from seqpack.thd.sample import IGNORE_INDEX, TOKEN_KEYS
+from seqpack.validation import check_positive_int
+
+__all__ = ["BATCH_TOKEN_FIELDS", "PackedBatch", "padding_only_batch"]
+
+BATCH_TOKEN_FIELDS: tuple[str, ...] = (*TOKEN_KEYS, "seq_idx", "padding_mask")
+"""The per-token fields of a :class:`PackedBatch` (what CP sharding cuts)."""
+
+
+@dataclasses.dataclass
+class PackedBatch:
+    """One THD microbatch (or this CP rank's shard of it).
+
+    Token fields (``input_ids`` ... ``padding_mask``) hold this rank's tokens; under CP they
+    are the DualChunkSwap shard (``T / cp_size`` tokens) while ``cu_seqlens*`` and
+    ``max_seqlen`` stay global, as Transformer Engine expects. Middle pipeline stages get
+    ``input_ids``, ``labels`` and ``loss_mask`` as ``None``.
+    """
+
+    input_ids: torch.Tensor | None  # int64 [T]
+    labels: torch.Tensor | None  # int64 [T], IGNORE_INDEX where no loss
+    loss_mask: torch.Tensor | None  # float32 [T]
+    position_ids: torch.Tensor  # int64 [T], restarts per sequence, counts through its pad
+    seq_idx: torch.Tensor  # int32 [T], sequence index of every token, pads included
+    padding_mask: torch.Tensor  # bool [T], True = pad
+    cu_seqlens: torch.Tensor  # int32 [N+1], real lengths (global)
+    cu_seqlens_padded: torch.Tensor  # int32 [N+1], padded offsets (global)
+    max_seqlen: int  # largest padded sequence length
+    sample_ids: torch.Tensor  # int64 [N], global ids (-1 for a padding-only filler)
+    cp_size: int = 1
+    cp_rank: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens held by this rank (padding included)."""
+        return int(self.position_ids.shape[0])
+
+    @property
+    def num_real_tokens(self) -> int:
+        """Non-pad tokens held by this rank."""
+        return int(self.num_tokens - int(self.padding_mask.sum()))
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.cu_seqlens.shape[0] - 1)
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens of the whole (unsharded) pack."""
+        return self.num_tokens * self.cp_size
+
+    def seq_lens(self) -> torch.Tensor:
+        """Real length of every sequence (int64 [N])."""
+        return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
+
+    def seq_lens_padded(self) -> torch.Tensor:
+        """Padded length of every sequence (int64 [N])."""
+        return (self.cu_seqlens_padded[1:] - self.cu_seqlens_padded[:-1]).long()
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
+        """A copy with every tensor on ``device`` (the identity of a shared cu_seqlens kept)."""
+        shared = self.cu_seqlens_padded is self.cu_seqlens
+        moved = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, torch.Tensor):
+                value = value.to(device, non_blocking=non_blocking)
+            moved[field.name] = value
+        if shared:
+            moved["cu_seqlens_padded"] = moved["cu_seqlens"]
+        return PackedBatch(**moved)
+
+    def te_kwargs(
+        self,
+        *,
+        pad_between_seqs: bool | None = None,
+        padded_as_real: bool = False,
+        include_format: bool = True,
+    ) -> dict[str, Any]:
+        """Keyword arguments for TE ``DotProductAttention.forward`` in THD.
+
+        ``pad_between_seqs`` is always stated (TE issue #3331: left to TE, real lengths that
+        are not multiples of ``2*cp`` give silently wrong attention). When the only padding is
+        the pack's tail, it is absorbed into the last sequence and the same tensor object is
+        passed as ``cu_seqlens`` and ``cu_seqlens_padded`` (TE #3487 decides the fast path
+        by identity). That is exact for causal attention: pads sit after every real token of
+        their sequence and carry no loss.
+
+        Args:
+            pad_between_seqs: Override the derived flag (rarely right to change).
+            padded_as_real: Pass padded offsets as the real lengths too (NeMo Automodel's CP
+                path): every pad token is attended as if real, exact for causal attention
+                because pads sit at the end of their sequence and carry no loss.
+            include_format: Include ``qkv_format="thd"`` and
+                ``attn_mask_type="padding_causal"``.
+        """
+        cu_real, cu_padded = self.cu_seqlens, self.cu_seqlens_padded
+        if padded_as_real or cu_padded is cu_real or _only_tail_differs(cu_real, cu_padded):
+            cu_real = cu_padded
+            derived = False
+        else:
+            derived = True
+        kwargs: dict[str, Any] = {
+            "cu_seqlens_q": cu_real,
+            "cu_seqlens_kv": cu_real,
+            "cu_seqlens_q_padded": cu_padded,
+            "cu_seqlens_kv_padded": cu_padded,
+            "max_seqlen_q": int(self.max_seqlen),
+            "max_seqlen_kv": int(self.max_seqlen),
+            "pad_between_seqs": derived if pad_between_seqs is None else bool(pad_between_seqs),
+        }
+        if include_format:
+            kwargs["qkv_format"] = "thd"
+            kwargs["attn_mask_type"] = "padding_causal"
+        return kwargs
+
+
+def _only_tail_differs(cu_real: torch.Tensor, cu_padded: torch.Tensor) -> bool:
+    # cu_seqlens are tiny ([N+1]); on a GPU this comparison is one host sync per call.
+    return bool(torch.equal(cu_real[:-1], cu_padded[:-1]))
+
+
+def padding_only_batch(num_tokens: int, *, pad_token_id: int = 0) -> PackedBatch:
+    """A microbatch with no real token: one empty sequence padded to ``num_tokens``.
+
+    Used when a replica has nothing scheduled in a microbatch round but must still run the
+    step (FSDP and pipeline schedules need every rank to take part). Its ``sample_ids`` is
+    ``[-1]``, its loss mask is all zero.
+    """
+    n = check_positive_int("num_tokens", num_tokens)
+    return PackedBatch(
+        input_ids=torch.full((n,), int(pad_token_id), dtype=torch.int64),
+        labels=torch.full((n,), IGNORE_INDEX, dtype=torch.int64),
+        loss_mask=torch.zeros(n, dtype=torch.float32),
+        position_ids=torch.arange(n, dtype=torch.int64),
+        seq_idx=torch.zeros(n, dtype=torch.int32),
+        padding_mask=torch.ones(n, dtype=torch.bool),
+        cu_seqlens=torch.tensor([0, 0], dtype=torch.int32),
+        cu_seqlens_padded=torch.tensor([0, n], dtype=torch.int32),
+        max_seqlen=n,
+        sample_ids=torch.tensor([-1], dtype=torch.int64),
+    )

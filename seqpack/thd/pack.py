@@ -1,0 +1,327 @@
+"""Building THD microbatches: from samples (:func:`pack_sequences`), from a layout alone
+(:func:`batch_from_layout`, what the wire decoder and middle pipeline stages need), and the
+padding arithmetic both follow (:func:`pad_multiple_for`, :func:`padded_lengths`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqpack.errors import ConfigError, SampleError
+from seqpack.thd.batch import PackedBatch
+from seqpack.thd.cp import check_cp, partition_indices
+from seqpack.thd.layout import Offsets, as_offsets, token_layout
+from seqpack.thd.sample import IGNORE_INDEX, TOKEN_KEYS, normalize_sample
+from seqpack.validation import check_int, check_optional_int, check_positive_int
+
+__all__ = [
+    "batch_from_layout",
+    "pack_sequences",
+    "pad_multiple_for",
+    "padded_lengths",
+    "sample_sequences",
+    "split_packed_sample",
+]
+
+
+def pad_multiple_for(cp_size: int, tp_size: int = 1, sequence_parallel: bool = False, fp8: bool = False) -> int:
+    """The multiple every sequence's padded length must have.
+
+    ``2*cp`` under context parallelism (DualChunkSwap cuts each sequence in ``2*cp`` chunks),
+    times ``tp`` under sequence parallelism (the token axis is split over TP too), and a
+    multiple of 16 under FP8 (its GEMMs need 16-aligned token counts).
+    """
+    cp = check_positive_int("cp_size", cp_size)
+    tp = check_positive_int("tp_size", tp_size)
+    multiple = 2 * cp if cp > 1 else 1
+    if sequence_parallel:
+        multiple *= tp
+    if fp8:
+        multiple = math.lcm(multiple, 16)
+    return multiple
+
+
+def padded_lengths(lengths: np.ndarray | Sequence[int], pad_multiple: int) -> np.ndarray:
+    """Smallest multiple of ``pad_multiple`` that holds each length (int64 array)."""
+    pad_multiple = check_positive_int("pad_multiple", pad_multiple)
+    arr = np.asarray(lengths, dtype=np.int64)
+    return -(-arr // pad_multiple) * pad_multiple
+
+
+def pack_sequences(
+    samples: Sequence[Mapping[str, Any]],
+    *,
+    pad_multiple: int = 1,
+    pad_to: int | None = None,
+    pad_token_id: int = 0,
+    sample_ids: Sequence[int] | np.ndarray | torch.Tensor | None = None,
+) -> PackedBatch:
+    """Pack samples into one THD microbatch.
+
+    Each sequence is padded at its end to a multiple of ``pad_multiple``; ``pad_to`` then
+    pads the pack's tail, absorbed into the last sequence's padding so every token belongs to
+    a sequence. Pads carry ``pad_token_id``, label ``-100`` and loss mask 0; ``position_ids``
+    restart at 0 for every sequence and keep counting through its padding.
+
+    Args:
+        samples: Samples of the sample contract (:func:`seqpack.thd.normalize_sample`):
+            ``input_ids`` required; ``labels`` defaults to the next-token labels of
+            ``input_ids`` (last token -100), ``loss_mask`` to ``labels != -100``,
+            ``position_ids`` to ``arange(len)``.
+        pad_multiple: Every sequence's padded length is a multiple of this.
+        pad_to: Total token count of the pack (a multiple of ``pad_multiple``).
+        pad_token_id: Token id written into pad slots.
+        sample_ids: Global id of every sample (default ``0..N-1``).
+
+    Raises:
+        SeqpackTypeError, SampleError: A sample that breaks the sample contract; a
+            zero-length sequence.
+        ConfigError: Empty ``samples``, a pack longer than ``pad_to``, bad padding arguments
+            or ``sample_ids`` of the wrong length.
+    """
+    pad_multiple = check_positive_int("pad_multiple", pad_multiple)
+    pad_to = check_optional_int("pad_to", pad_to, minimum=0)
+    pad_token_id = check_int("pad_token_id", pad_token_id)
+    if len(samples) == 0:
+        raise ConfigError("pack_sequences needs at least one sample, got an empty list")
+    if pad_to is not None and pad_to % pad_multiple != 0:
+        raise ConfigError(f"pad_to={pad_to} must be a multiple of pad_multiple={pad_multiple}")
+
+    num_seqs = len(samples)
+    sequences = [normalize_sample(sample, where=f"sample {index}") for index, sample in enumerate(samples)]
+    ids_list = [sequence["input_ids"] for sequence in sequences]
+    lengths = np.fromiter(map(torch.Tensor.numel, ids_list), dtype=np.int64, count=num_seqs)
+    if not lengths.all():
+        raise SampleError(f"sample {int(np.argmin(lengths))} has a zero-length sequence")
+    # Optional fields any sample carries (most packs carry none, or all carry the same).
+    optional = set().union(*(sequence.keys() for sequence in sequences if len(sequence) > 1))
+
+    padded = padded_lengths(lengths, pad_multiple)
+    real_total = int(lengths.sum())
+    padded_total = int(padded.sum())
+    if pad_to is not None:
+        if pad_to < padded_total:
+            raise ConfigError(
+                f"pack needs {padded_total} tokens ({num_seqs} sequences, {real_total} real, "
+                f"pad_multiple={pad_multiple}) but pad_to={pad_to}"
+            )
+        padded[-1] += pad_to - padded_total
+        padded_total = pad_to
+
+    cu_real_np = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cu_real_np[1:])
+    cu_padded_np = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(padded, out=cu_padded_np[1:])
+    no_padding = padded_total == real_total
+    # Without padding the real offsets say nothing more (and the pad test would be wasted).
+    layout = token_layout(cu_padded_np, None if no_padding else cu_real_np, total_tokens=padded_total, validate=False)
+
+    flat_ids = torch.cat(ids_list)  # [real_total]
+
+    # Labels: the sample's own where given, else next-token labels of its input_ids.
+    labels_real = torch.full((real_total,), IGNORE_INDEX, dtype=torch.int64)
+    if real_total > 1:
+        labels_real[:-1] = flat_ids[1:]
+    last_of_seq = torch.from_numpy(cu_real_np[1:] - 1)  # [N]
+    labels_real[last_of_seq] = IGNORE_INDEX
+    if "labels" in optional:
+        _override(labels_real, sequences, "labels", cu_real_np)
+    mask_real = (labels_real != IGNORE_INDEX).to(torch.float32)
+    if "loss_mask" in optional:
+        _override(mask_real, sequences, "loss_mask", cu_real_np)
+    has_positions = "position_ids" in optional
+
+    if no_padding:  # the real stream is the pack
+        input_ids, labels, loss_mask = flat_ids, labels_real, mask_real
+        position_ids = layout.position
+        if has_positions:
+            _override(position_ids, sequences, "position_ids", cu_real_np)
+    else:
+        # Destination of every real token (scatter_ is ~2x faster than index_copy_ on CPU).
+        dest = torch.from_numpy(np.flatnonzero(~layout.padding_mask.numpy()))  # [real_total]
+        input_ids = torch.full((padded_total,), pad_token_id, dtype=torch.int64).scatter_(0, dest, flat_ids)
+        labels = torch.full((padded_total,), IGNORE_INDEX, dtype=torch.int64).scatter_(0, dest, labels_real)
+        loss_mask = torch.zeros(padded_total, dtype=torch.float32).scatter_(0, dest, mask_real)
+        position_ids = layout.position
+        if has_positions:
+            pos_real = position_ids.index_select(0, dest)
+            _override(pos_real, sequences, "position_ids", cu_real_np)
+            # Pads keep counting from their sequence's last real position.
+            shift_pos = pos_real[last_of_seq] - torch.from_numpy(lengths - 1)  # [N]
+            position_ids = position_ids + shift_pos[layout.seq_idx]
+            position_ids.scatter_(0, dest, pos_real)
+
+    cu_seqlens = torch.from_numpy(cu_real_np.astype(np.int32))
+    if np.array_equal(cu_real_np, cu_padded_np):
+        cu_seqlens_padded = cu_seqlens  # same object: TE's no-padding fast path (TE #3487)
+    else:
+        cu_seqlens_padded = torch.from_numpy(cu_padded_np.astype(np.int32))
+
+    return PackedBatch(
+        input_ids=input_ids,
+        labels=labels,
+        loss_mask=loss_mask,
+        position_ids=position_ids,
+        seq_idx=layout.seq_idx,
+        padding_mask=layout.padding_mask,
+        cu_seqlens=cu_seqlens,
+        cu_seqlens_padded=cu_seqlens_padded,
+        max_seqlen=int(padded.max()),
+        sample_ids=_as_sample_ids(sample_ids, num_seqs),
+    )
+
+
+def _override(
+    target: torch.Tensor, sequences: Sequence[Mapping[str, torch.Tensor]], key: str, cu_real: np.ndarray
+) -> None:
+    """Write each sequence's own ``key`` (where it has one) over the defaults in ``target``."""
+    values = [sequence.get(key) for sequence in sequences]
+    present = [value for value in values if value is not None]
+    if len(present) == len(values):  # the common case: one concatenation
+        target.copy_(torch.cat(present))
+        return
+    for index, value in enumerate(values):
+        if value is not None:
+            target[cu_real[index] : cu_real[index + 1]] = value
+
+
+def _as_sample_ids(sample_ids: Any, num_seqs: int) -> torch.Tensor:
+    if sample_ids is None:
+        return torch.arange(num_seqs, dtype=torch.int64)
+    ids = torch.as_tensor(np.asarray(sample_ids) if not isinstance(sample_ids, torch.Tensor) else sample_ids)
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ConfigError(f"sample_ids must hold integers, got dtype {ids.dtype}")
+    ids = ids.to(torch.int64).reshape(-1)
+    if ids.shape[0] != num_seqs:
+        raise ConfigError(f"sample_ids has {ids.shape[0]} entries for {num_seqs} samples")
+    return ids
+
+
+def batch_from_layout(
+    cu_seqlens: Offsets,
+    cu_seqlens_padded: Offsets,
+    max_seqlen: int,
+    sample_ids: torch.Tensor | np.ndarray | Sequence[int],
+    cp_size: int = 1,
+    cp_rank: int = 0,
+    *,
+    input_ids: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    loss_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+) -> PackedBatch:
+    """A (CP-sharded) ``PackedBatch`` whose layout fields are rebuilt from ``cu_seqlens*``.
+
+    ``position_ids`` (unless given), ``seq_idx`` and ``padding_mask`` follow from the
+    layout (:func:`~seqpack.thd.token_layout`) exactly as :func:`pack_sequences` builds
+    them, then this CP rank's DualChunkSwap shard is taken. Token tensors, when given, must
+    already be the shard. Without them the batch is metadata-only (what middle pipeline
+    stages get).
+
+    Raises:
+        SeqpackTypeError: Offsets or sample ids that are not integers.
+        ConfigError: Inconsistent offsets, ``sample_ids`` not one per sequence, a bad CP
+            rank, or a token tensor whose length is not this rank's share.
+    """
+    cp_size, cp_rank = check_cp(cp_size, cp_rank)
+    cu = as_offsets(cu_seqlens, "cu_seqlens")
+    cu_padded = as_offsets(cu_seqlens_padded, "cu_seqlens_padded")
+    layout = token_layout(cu_padded, cu)  # checks the offsets; [T]
+    within, seq_idx, padding_mask = layout.position, layout.seq_idx, layout.padding_mask
+    total = layout.num_tokens
+    if cp_size > 1:
+        index = partition_indices(cu_padded, total, cp_size, cp_rank)  # [T / cp]
+        within, seq_idx, padding_mask = within[index], seq_idx[index], padding_mask[index]
+    cu32 = cu.to(torch.int32)
+    cu_padded32 = cu32 if torch.equal(cu, cu_padded) else cu_padded.to(torch.int32)
+    local = total // cp_size
+    tokens = {"input_ids": input_ids, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
+    for name, value in tokens.items():
+        if value is not None and value.shape[0] != local:
+            raise ConfigError(f"{name} has {value.shape[0]} tokens but the layout gives {local} to CP rank {cp_rank}")
+    return PackedBatch(
+        input_ids=input_ids,
+        labels=labels,
+        loss_mask=loss_mask,
+        position_ids=within if position_ids is None else position_ids,
+        seq_idx=seq_idx,
+        padding_mask=padding_mask,
+        cu_seqlens=cu32,
+        cu_seqlens_padded=cu_padded32,
+        max_seqlen=check_int("max_seqlen", max_seqlen, minimum=0),
+        sample_ids=_as_sample_ids(sample_ids, cu.numel() - 1),
+        cp_size=cp_size,
+        cp_rank=cp_rank,
+    )
+
+
+def _flat_offsets(value: Any, name: str) -> torch.Tensor:
+    """A pre-packed sample's offsets, flattened (a collate may give them as ``[1, N+1]``)."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return as_offsets(value.reshape(-1), name)
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple)):
+        return as_offsets(np.asarray(value).reshape(-1), name)
+    return as_offsets(value, name)
+
+
+def split_packed_sample(
+    sample: Mapping[str, Any], *, keys: Sequence[str] = TOKEN_KEYS
+) -> list[dict[str, torch.Tensor]]:
+    """Split a pre-packed sample (one carrying ``cu_seqlens``) into its sequences.
+
+    ``cu_seqlens`` gives real lengths; ``cu_seqlens_padded`` (optional) the offsets. Pad
+    tokens between sequences are dropped: seqpack re-pads after scheduling.
+
+    Raises:
+        SeqpackTypeError: Offsets that are not integers (never truncated).
+        SampleError: No ``cu_seqlens``, offsets of unequal length, a real length outside its
+            slot, or a slot past the end of ``input_ids``.
+    """
+    if "cu_seqlens" not in sample:
+        raise SampleError("split_packed_sample needs a 'cu_seqlens' field")
+    cu = _flat_offsets(sample["cu_seqlens"], "cu_seqlens").cpu()
+    padded = sample.get("cu_seqlens_padded")
+    cu_padded = cu if padded is None else _flat_offsets(padded, "cu_seqlens_padded").cpu()
+    if cu.shape != cu_padded.shape:
+        raise SampleError(f"cu_seqlens has {cu.numel()} entries but cu_seqlens_padded has {cu_padded.numel()}")
+    starts, ends = cu_padded[:-1], cu_padded[1:]
+    lens = cu[1:] - cu[:-1]
+    bad = torch.nonzero((lens < 0) | (starts + lens > ends) | (starts < 0)).flatten()
+    if bad.numel():
+        i = int(bad[0])
+        raise SampleError(
+            f"inconsistent pack layout: real length {int(lens[i])} in slot [{int(starts[i])}, {int(ends[i])})"
+        )
+    total = int(torch.as_tensor(sample["input_ids"]).shape[0])
+    if ends.numel() and int(ends[-1]) > total:
+        raise SampleError(f"cu_seqlens_padded ends at {int(ends[-1])} but input_ids has {total} tokens")
+    present = [key for key in keys if sample.get(key) is not None]
+    return [
+        {key: sample[key][start : start + length] for key in present}
+        for start, length in zip(starts.tolist(), lens.tolist(), strict=True)
+    ]
+
+
+def sample_sequences(sample: Any, *, where: str = "sample") -> list[dict[str, torch.Tensor]]:
+    """The sequences of one dataloader sample, each under the sample contract.
+
+    A sample carrying ``cu_seqlens`` (and optionally ``cu_seqlens_padded``) is pre-packed: it
+    is normalised as a whole (:func:`~seqpack.thd.normalize_sample`), then split into its
+    sequences by :func:`split_packed_sample`. Any other sample is one sequence.
+
+    Raises:
+        SeqpackTypeError, SampleError: As :func:`~seqpack.thd.normalize_sample`; a
+            pre-packed sample with a bad layout is a ``SampleError`` naming it.
+    """
+    normalized = normalize_sample(sample, where=where)
+    if "cu_seqlens" not in sample:
+        return [normalized]
+    offsets = {key: sample[key] for key in ("cu_seqlens", "cu_seqlens_padded") if sample.get(key) is not None}
+    try:
+        return split_packed_sample({**normalized, **offsets})
+    except (ValueError, TypeError, IndexError) as exc:
+        raise SampleError(f"{where} is pre-packed with a bad layout: {exc}") from None
