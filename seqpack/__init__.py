@@ -10,13 +10,13 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from seqpack.config import DataOwner, OnOversize, PackingConfig, Sync
-from seqpack.dist import broadcast_pp, broadcast_tp, exchange_samples, gather_lengths
-from seqpack.errors import ConfigError, SampleError, SeqpackError, SeqpackTypeError, StepFailed
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
+from seqpack.config import DataOwner, OnOversize, PackingConfig, Sync
 from seqpack.cost import CostModel, ModelSpec, mamba2_flops, model_preset, transformer_flops
 from seqpack.cp import partition_indices, shard_for_cp, unshard_from_cp
+from seqpack.dist import broadcast_pp, broadcast_tp, exchange_samples, gather_lengths
+from seqpack.errors import ConfigError, SampleError, SeqpackError, SeqpackTypeError, StepFailed
 from seqpack.mock_data import MockSFTDataset, lengths_from_config, lengths_from_file, lognormal_lengths
 from seqpack.schedulers import Schedule, Scheduler, available_schedulers, get_scheduler
 from seqpack.stats import StepStats

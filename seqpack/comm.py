@@ -26,8 +26,8 @@ from seqpack.dist import (
     gather_lengths,
     plan_exchange,
 )
-from seqpack.dist._layout import batch_from_layout
 from seqpack.dist.wire import PREFIX_WORDS, Kind
+from seqpack.thd import batch_from_layout
 
 KIND_BATCH = Kind.BATCH
 KIND_LAYOUT = Kind.LAYOUT

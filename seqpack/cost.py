@@ -334,15 +334,23 @@ def mamba2_flops(
     ``7*d_inner*state`` and out_proj ``2*d_inner*h`` per token, times 3 for training.
     """
     seqlen_sum = _check_int("seqlen_sum", seqlen_sum, 0)
-    for name, value in (("hidden_size", hidden_size), ("num_layers", num_layers), ("state_dim", state_dim),
-                        ("head_dim", head_dim), ("num_groups", num_groups), ("expand", expand)):
+    for name, value in (
+        ("hidden_size", hidden_size),
+        ("num_layers", num_layers),
+        ("state_dim", state_dim),
+        ("head_dim", head_dim),
+        ("num_groups", num_groups),
+        ("expand", expand),
+    ):
         _check_int(name, value)
     d_inner = expand * hidden_size
     if num_heads is None:
         if d_inner % head_dim:
             raise ConfigError(f"expand*hidden_size={d_inner} is not divisible by head_dim={head_dim}; pass num_heads")
         num_heads = d_inner // head_dim
-    per_token = _mamba2_forward_per_token(hidden_size, d_inner, state_dim, num_groups, _check_int("num_heads", num_heads))
+    per_token = _mamba2_forward_per_token(
+        hidden_size, d_inner, state_dim, num_groups, _check_int("num_heads", num_heads)
+    )
     return _TRAIN * num_layers * per_token * seqlen_sum
 
 
@@ -447,8 +455,10 @@ class CostModel:
         if not np.all(np.isfinite(y)) or np.any(y < 0):
             raise ConfigError("timings must be finite and >= 0")
         feats = np.array(
-            [[1.0, float(np.sum(np.asarray(mb, np.float64))), float(np.sum(np.asarray(mb, np.float64) ** 2))]
-             for mb in microbatches]
+            [
+                [1.0, float(np.sum(np.asarray(mb, np.float64))), float(np.sum(np.asarray(mb, np.float64) ** 2))]
+                for mb in microbatches
+            ]
         )
         scale = feats.max(axis=0)
         scale[scale == 0] = 1.0

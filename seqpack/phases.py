@@ -24,23 +24,22 @@ import torch
 from seqpack.config import PackingConfig
 from seqpack.cp import shard_for_cp
 from seqpack.dist import Exchanged, GatheredLengths, exchange_samples, gather_lengths
-from seqpack.dist._layout import batch_from_layout  # TEMPORARY: seqpack.thd.batch_from_layout
 from seqpack.errors import ResumeError, SampleError, ScheduleError
 from seqpack.schedulers import Schedule, Scheduler
-from seqpack.thd import PackedBatch, pack_sequences, padded_lengths, padding_only_batch, split_packed_sample
+from seqpack.thd import (
+    SAMPLE_DTYPES,
+    PackedBatch,
+    batch_from_layout,
+    pack_sequences,
+    padded_lengths,
+    padding_only_batch,
+    sample_sequences,
+)
 from seqpack.topology import Topology
 
 __all__ = ["Gathered", "ReadResult", "Reader", "SAMPLE_DTYPES", "exchange", "gather", "pack", "schedule"]
 
-# Keys the wrapper carries, with the dtype they are normalised to; other keys are ignored.
-SAMPLE_DTYPES: dict[str, torch.dtype] = {
-    "input_ids": torch.int64,
-    "labels": torch.int64,
-    "loss_mask": torch.float32,
-    "position_ids": torch.int64,
-}
 _KEY_BITS = {key: 1 << i for i, key in enumerate(SAMPLE_DTYPES)}
-_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 # Fields of every rank's gather header, after its lengths: [exhausted, empty samples, key mask].
 _X_EXHAUSTED, _X_EMPTY, _X_KEYS = range(3)
 
@@ -116,39 +115,9 @@ class Reader:
 
 
 def normalize_item(item: Any, index: int) -> list[Sample]:
-    """Validate one sample and normalise it (pre-packed ones split into their sequences)."""
-    where = f"sample {index} of this rank's data"
-    if not isinstance(item, Mapping):
-        raise SampleError(f"{where} must be a mapping of 1-D tensors, got {type(item).__name__}")
-    if "input_ids" not in item or item["input_ids"] is None:
-        raise SampleError(f"{where} has no 'input_ids' (keys: {sorted(item)})")
-    parts: list[Mapping[str, Any]]
-    if "cu_seqlens" in item:
-        try:
-            parts = list(split_packed_sample(item))
-        except (ValueError, TypeError, IndexError) as exc:
-            raise SampleError(f"{where} is pre-packed with a bad layout: {exc}") from exc
-    else:
-        parts = [item]
-    out = []
-    for part in parts:
-        sequence = {}
-        for key, dtype in SAMPLE_DTYPES.items():
-            value = part.get(key)
-            if value is None:
-                continue
-            tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
-            if tensor.dim() != 1:
-                raise SampleError(f"{where}: {key!r} must be 1-D, got shape {tuple(tensor.shape)}")
-            if key != "loss_mask" and tensor.dtype not in _INT_DTYPES:
-                raise SampleError(f"{where}: {key!r} must hold integers, got dtype {tensor.dtype}")
-            sequence[key] = tensor.to(dtype)
-        length = sequence["input_ids"].shape[0]
-        for key, tensor in sequence.items():
-            if tensor.shape[0] != length:
-                raise SampleError(f"{where}: {key!r} has {tensor.shape[0]} tokens but 'input_ids' has {length}")
-        out.append(sequence)
-    return out
+    """Validate one sample against the sample contract (:mod:`seqpack.thd.sample`) and
+    split a pre-packed one into its sequences."""
+    return sample_sequences(item, where=f"sample {index} of this rank's data")
 
 
 def key_mask(pool: Sequence[Sample]) -> int:

@@ -106,7 +106,7 @@ class Topology:
         names = tuple(mesh.mesh_dim_names or ())
         if len(names) != mesh.ndim:
             raise ConfigError(f"the device mesh must name its dims ({', '.join(AXES)}), got mesh_dim_names={names}")
-        mapping = {axis: axis for axis in AXES if axis in names}
+        mapping: dict[str, str] = {str(axis): str(axis) for axis in AXES if axis in names}
         if axis_names:
             bad = set(axis_names) - set(AXES)
             if bad:
@@ -123,7 +123,7 @@ class Topology:
             if dim not in names:
                 raise ConfigError(f"axis_names maps {axis!r} to {dim!r}, which is not a mesh dim {names}")
         kwargs: dict[str, Any] = {}
-        groups = {}
+        groups: dict[str, Any] = {}
         for axis, dim in mapping.items():
             index = names.index(dim)
             kwargs[f"{axis}_size"] = int(mesh.size(index))

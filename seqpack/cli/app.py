@@ -12,7 +12,7 @@ import sys
 from typing import Protocol
 
 import seqpack
-from seqpack.cli.commands import demo, mock, simulate, stats
+from seqpack.cli.commands import demo, doctor, mock, simulate, stats
 from seqpack.cli.errors import ExitCode, one_line
 from seqpack.errors import SeqpackError
 
@@ -28,7 +28,7 @@ class Command(Protocol):
 
 
 # The subcommands, in the order ``seqpack --help`` lists them.
-COMMANDS: tuple[Command, ...] = (mock, stats, simulate, demo)
+COMMANDS: tuple[Command, ...] = (mock, stats, simulate, demo, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

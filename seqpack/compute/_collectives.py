@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from seqpack.cp import gather_order
 from seqpack.errors import SeqpackError
 from seqpack.thd import PackedBatch
+from seqpack.thd.cp import gather_order
 
 
 def check_cp_shard(batch: PackedBatch, cp_size: int, cp_rank: int) -> None:

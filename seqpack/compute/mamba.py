@@ -38,6 +38,7 @@ from seqpack.compute._collectives import all_to_all_tokens, check_cp_shard, cp_t
 from seqpack.config import MambaBackend
 from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
 from seqpack.thd import PackedBatch
+from seqpack.thd.layout import seq_idx_from_cu_seqlens
 from seqpack.validation import check_choice, check_optional_int, check_positive_int
 
 __all__ = ["Mamba2Mixer", "GatedRMSNorm", "causal_conv1d", "ssd_scan", "seq_idx_from_cu_seqlens", "MAMBA_BACKENDS"]
@@ -45,18 +46,6 @@ __all__ = ["Mamba2Mixer", "GatedRMSNorm", "causal_conv1d", "ssd_scan", "seq_idx_
 logger = logging.getLogger(__name__)
 
 MAMBA_BACKENDS: tuple[str, ...] = tuple(member.value for member in MambaBackend)
-
-
-def seq_idx_from_cu_seqlens(cu_seqlens_padded: torch.Tensor, total_tokens: int) -> torch.Tensor:
-    """Sequence index of every token of the pack (int32 ``[T]``), pads included.
-
-    ``right=True``: the token at ``cu_seqlens_padded[i]`` opens sequence ``i``. With
-    ``right=False`` it would count as sequence ``i-1`` and the state would reset one token
-    late (a bug NeMo fixed).
-    """
-    cu = cu_seqlens_padded.to(torch.int64)
-    positions = torch.arange(total_tokens, device=cu.device)
-    return torch.searchsorted(cu[1:], positions, right=True).to(torch.int32)
 
 
 def causal_conv1d(

@@ -10,13 +10,13 @@ import numpy as np
 import torch
 
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
+from seqpack.thd.sample import IGNORE_INDEX
 from seqpack.validation import check_int, check_number
 
 __all__ = ["IGNORE_INDEX", "MIN_VOCAB_SIZE", "MockSFTDataset"]
 
 logger = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
 MIN_VOCAB_SIZE = 2  # token 0 stays free for padding: ids are drawn from [1, vocab_size)
 
 

@@ -85,8 +85,7 @@ def _park_pop(park, size, room):
         child = left
         right = left + 1
         if right < size and (
-            room[park[right]] > room[park[left]]
-            or (room[park[right]] == room[park[left]] and park[right] < park[left])
+            room[park[right]] > room[park[left]] or (room[park[right]] == room[park[left]] and park[right] < park[left])
         ):
             child = right
         a, c = park[i], park[child]
@@ -288,8 +287,21 @@ def _move(i, d_from, m_from, d_to, m_to, head, prv, nxt, load, tok, total, costs
 
 @njit(cache=True)
 def repair_replicas(
-    round_of, replica_of, costs, lengths, load, tok, capacity, max_moves, rel_tol, stop_at, swap_candidates,
-    round_budget=0.0, max_work=50_000_000, move_candidates=16, scan_limit=16,
+    round_of,
+    replica_of,
+    costs,
+    lengths,
+    load,
+    tok,
+    capacity,
+    max_moves,
+    rel_tol,
+    stop_at,
+    swap_candidates,
+    round_budget=0.0,
+    max_work=50_000_000,
+    move_candidates=16,
+    scan_limit=16,
 ):
     """Even out replica totals without making the rounds (much) slower.
 

@@ -197,8 +197,19 @@ def _repair(round_of, replica_of, load, tokens, padded, costs, order, dp_size, c
     def run(budget):
         state = (round_of.copy(), replica_of.copy(), load.copy(), tokens.copy())
         moves = _kernels.repair_replicas(
-            state[0], state[1], costs, padded, state[2], state[3], capacity, max_moves, 1e-9,
-            (1 + _GOOD_ENOUGH) * replica_bound, _SWAP_CANDIDATES, budget, _REPAIR_WORK,
+            state[0],
+            state[1],
+            costs,
+            padded,
+            state[2],
+            state[3],
+            capacity,
+            max_moves,
+            1e-9,
+            (1 + _GOOD_ENOUGH) * replica_bound,
+            _SWAP_CANDIDATES,
+            budget,
+            _REPAIR_WORK,
         )
         replica = float(state[2].sum(axis=0).max()) / replica_bound
         rounds = _sorted_round_sum(state[2]) / round_bound
@@ -268,9 +279,7 @@ def _plan_at(
         replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
         round_bound = round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
         gap = max(float(load.sum(axis=0).max()) / replica_bound, float(load.max(axis=1).sum()) / round_bound) - 1.0
-    return BalancedPlan(
-        num_rounds, round_of, replica_of, load, tokens, mode, moves, _objective(load, constant), gap
-    )
+    return BalancedPlan(num_rounds, round_of, replica_of, load, tokens, mode, moves, _objective(load, constant), gap)
 
 
 def plan_balanced(
@@ -420,7 +429,7 @@ class BalancedScheduler(Scheduler):
         counts = np.bincount(cell, minlength=m_count * dp_size) if ids.size else np.zeros(m_count * dp_size, np.int64)
         ends = np.cumsum(counts)
         sorted_ids = ids[by_cell]
-        cells = [sorted_ids[a:b] for a, b in zip((ends - counts).tolist(), ends.tolist())]
+        cells = [sorted_ids[a:b] for a, b in zip((ends - counts).tolist(), ends.tolist(), strict=True)]
         rounds = [cells[m * dp_size : (m + 1) * dp_size] for m in range(m_count)]
         return rounds, np.zeros(0, dtype=np.int64)
 

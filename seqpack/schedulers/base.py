@@ -373,8 +373,12 @@ class Scheduler(ABC):
         capacity = max_tokens_per_rank * cp_size
         effective, dropped, truncated = apply_oversize(original, capacity, pad_multiple, on_oversize)
         origin_arr = default_origin(original.shape[0], dp_size) if origin is None else np.asarray(origin, np.int64)
-        if origin_arr.shape != original.shape or (origin_arr.size and (origin_arr.min() < 0 or origin_arr.max() >= dp_size)):
-            raise ConfigError(f"origin must hold one DP rank in 0..{dp_size - 1} per sample, got shape {origin_arr.shape}")
+        if origin_arr.shape != original.shape or (
+            origin_arr.size and (origin_arr.min() < 0 or origin_arr.max() >= dp_size)
+        ):
+            raise ConfigError(
+                f"origin must hold one DP rank in 0..{dp_size - 1} per sample, got shape {origin_arr.shape}"
+            )
         active = np.flatnonzero(effective > 0).astype(np.int64)
         rounds, deferred = self._plan(
             active,

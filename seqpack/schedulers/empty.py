@@ -15,7 +15,9 @@ def next_fit(lengths: np.ndarray, capacity: int) -> list[np.ndarray]:
     (a group closes when the next length would overflow it)."""
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     group_of, n_groups = _kernels.next_fit(lengths, capacity)
-    return np.split(np.arange(lengths.shape[0], dtype=np.int64), np.flatnonzero(np.diff(group_of)) + 1) if n_groups else []
+    return (
+        np.split(np.arange(lengths.shape[0], dtype=np.int64), np.flatnonzero(np.diff(group_of)) + 1) if n_groups else []
+    )
 
 
 class EmptyScheduler(Scheduler):
@@ -35,7 +37,5 @@ class EmptyScheduler(Scheduler):
             per_replica.append([ids[mine[g]] for g in next_fit(padded[mine], capacity)])
         rounds_needed = max((len(groups) for groups in per_replica), default=0)
         empty = np.zeros(0, dtype=np.int64)
-        rounds = [
-            [groups[m] if m < len(groups) else empty for groups in per_replica] for m in range(rounds_needed)
-        ]
+        rounds = [[groups[m] if m < len(groups) else empty for groups in per_replica] for m in range(rounds_needed)]
         return rounds, empty

@@ -1,0 +1,20 @@
+"""seqpack doctor: the environment report as text and JSON."""
+
+import json
+
+from seqpack.cli import main
+
+
+def test_doctor_text_names_every_package_and_the_auto_choice(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    for name in ("torch", "transformer_engine", "transformer_engine_torch", "mamba_ssm", "causal_conv1d", "numba"):
+        assert name in out
+    assert 'backend="auto" on bf16 CUDA inputs' in out
+
+
+def test_doctor_json_is_the_report(capsys):
+    assert main(["doctor", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) >= {"torch", "packages", "auto", "numba"}
+    assert set(report["packages"]) == {"transformer_engine", "transformer_engine_torch", "mamba_ssm", "causal_conv1d"}
