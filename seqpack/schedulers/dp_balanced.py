@@ -49,7 +49,7 @@ def megatron_groups(padded: np.ndarray, capacity: int, dp_size: int, microbatch_
     group_of, n_groups = _kernels.next_fit(padded, capacity)
     starts = np.searchsorted(group_of, np.arange(n_groups), side="left")
     ends = np.append(starts[1:], padded.shape[0]).astype(np.int64)
-    bounds = [[int(a), int(b)] for a, b in zip(starts, ends, strict=True)]
+    bounds = [[int(a), int(b)] for a, b in zip(starts, ends, strict=False)]
     multiple = dp_size * microbatch_multiple
     remainder = len(bounds) % multiple
     if remainder:

@@ -19,7 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_every_registered_command_has_a_parser_and_runs():
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert list(sub.choices) == ["mock", "stats", "simulate", "demo"]
+    assert list(sub.choices) == ["mock", "stats", "simulate", "demo", "doctor"]
     for command in COMMANDS:
         assert callable(command.add_parser) and callable(command.run)
 

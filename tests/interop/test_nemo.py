@@ -166,9 +166,9 @@ def test_process_input_for_thd_seq_lens_only_rows_ending_in_padding():
     [
         (0, ConfigError, "num_chunks must be a positive integer, got 0"),
         (-2, ConfigError, "num_chunks must be a positive integer, got -2"),
-        (1.0, SeqpackTypeError, "num_chunks must be an integer, got 1.0"),
-        ("2", SeqpackTypeError, "num_chunks must be an integer, got '2'"),
-        (True, SeqpackTypeError, "num_chunks must be an integer, got True"),
+        (1.0, SeqpackTypeError, "num_chunks must be a positive integer, got 1.0"),
+        ("2", SeqpackTypeError, "num_chunks must be a positive integer, got '2'"),
+        (True, SeqpackTypeError, "num_chunks must be a positive integer, got True"),
         (3, ConfigError, "batch size 2 is not divisible by num_chunks=3"),
     ],
 )

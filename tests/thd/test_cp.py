@@ -188,7 +188,7 @@ def test_float_offsets_and_sizes_are_errors_not_truncated():
     ):
         with pytest.raises(SeqpackTypeError, match="cu_seqlens_padded must hold integers, got dtype torch.float32"):
             call()
-    with pytest.raises(SeqpackTypeError, match="cp_size must be an integer, got 2.0"):
+    with pytest.raises(SeqpackTypeError, match="cp_size must be a positive integer, got 2.0"):
         partition_indices(torch.tensor([0, 8]), 8, 2.0, 0)
     with pytest.raises(SeqpackTypeError, match="total_tokens must be an integer"):
         partition_indices(torch.tensor([0, 8]), 8.0, 2, 0)

@@ -212,7 +212,7 @@ def test_split_packed_sample_roundtrip():
 def test_pack_errors_are_seqpack_types():
     with pytest.raises(ConfigError, match="pack_sequences needs at least one sample"):
         pack_sequences([])
-    with pytest.raises(SeqpackTypeError, match="pad_multiple must be an integer, got 2.0"):
+    with pytest.raises(SeqpackTypeError, match="pad_multiple must be a positive integer, got 2.0"):
         pack_sequences(_samples([3]), pad_multiple=2.0)
     with pytest.raises(ConfigError, match="pad_to must be an integer >= 0, got -4"):
         pack_sequences(_samples([3]), pad_to=-4)
