@@ -18,6 +18,15 @@ parts=("$@")
 [[ ${#parts[@]} -eq 0 ]] && parts=(doctor tests transformer hybrid)
 mkdir -p "$out"
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
+# Transformer Engine built against the system cuDNN must be imported before torch initialises
+# its bundled cuDNN, else TE fails to import ("undefined symbol ... libcudnn_graph"); pointing
+# LD_LIBRARY_PATH at torch's cuDNN instead makes TE import but leaves no attention backend for
+# padded THD (measured on the lent H100, docs/gpu.md "cuDNN"). So every python3 here imports TE first.
+if python3 -c "import transformer_engine.pytorch" >/dev/null 2>&1; then
+  te_first=$(mktemp -d)
+  echo "import transformer_engine.pytorch  # noqa: F401 (see gpu_run.sh)" > "$te_first/sitecustomize.py"
+  export PYTHONPATH="$te_first:$PYTHONPATH"
+fi
 export PYTHONUNBUFFERED=1
 status=0
 for part in "${parts[@]}"; do

@@ -237,7 +237,6 @@ def _torch_info() -> dict[str, Any]:
     try:
         info["cuda_available"] = bool(torch.cuda.is_available())
         if info["cuda_available"]:
-            info["cudnn"] = torch.backends.cudnn.version()
             for index in range(torch.cuda.device_count()):
                 props = torch.cuda.get_device_properties(index)
                 info["devices"].append(
@@ -250,6 +249,13 @@ def _torch_info() -> dict[str, Any]:
                 )
     except Exception as exc:  # a broken driver: report it, do not fail the report
         info["error"] = _failed("torch.cuda", exc).error
+    if info["cuda_available"]:
+        # Its own try: another cuDNN loaded first (e.g. by Transformer Engine) makes torch's
+        # version check raise, and the devices must still be listed.
+        try:
+            info["cudnn"] = torch.backends.cudnn.version()
+        except Exception as exc:
+            info["cudnn_error"] = _failed("torch.backends.cudnn", exc).error
     return info
 
 
@@ -322,6 +328,16 @@ def _notes(torch_info: dict[str, Any], packages: dict[str, dict[str, Any]]) -> l
         )
     if torch_info["cuda_available"] and not torch_info["cuda"]:
         notes.append("torch is a CPU build on a machine with a GPU")
+    if te["error"] and "undefined symbol" in te["error"] and "libcudnn" in te["error"]:
+        notes.append(
+            "transformer_engine loads another cuDNN than the one torch already initialised: import "
+            "transformer_engine before torch uses cuDNN (docs/gpu.md, 'cuDNN')"
+        )
+    if torch_info.get("cudnn_error"):
+        notes.append(
+            "torch's cuDNN check fails (another cuDNN was loaded first, e.g. by Transformer Engine): attention "
+            "through TE works, torch's own cuDNN kernels do not (docs/gpu.md, 'cuDNN')"
+        )
     return notes
 
 
@@ -339,11 +355,13 @@ def environment_report() -> dict[str, Any]:
     """
     import seqpack
 
-    torch_info = _torch_info()
     packages: dict[str, dict[str, Any]] = {}
-    # transformer_engine.pytorch first: it loads transformer_engine_torch itself.
+    # transformer_engine.pytorch first: it loads transformer_engine_torch itself. The packages
+    # are probed before torch initialises its cuDNN (as a training script importing TE at
+    # the top does): TE built against another cuDNN fails to import after it (docs/gpu.md).
     for key, distributions, module in _PACKAGES:
         packages[key] = _package_info(key, distributions, module)
+    torch_info = _torch_info()
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -370,6 +388,8 @@ def format_environment_report(report: dict[str, Any]) -> str:
     ]
     if t.get("error"):
         lines.append(f"  CUDA error: {t['error']}")
+    if t.get("cudnn_error"):
+        lines.append(f"  cuDNN error: {t['cudnn_error']}")
     lines.append("optional packages:")
     for key, info in report["packages"].items():
         dists = ", ".join(f"{name} {version}" for name, version in info["distributions"].items())

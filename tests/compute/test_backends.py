@@ -330,3 +330,35 @@ def test_tiny_lm_rmsnorm_is_torch_rmsnorm_with_the_same_formula():
     x = torch.randn(9, 24, dtype=torch.float64, generator=g)
     expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
     torch.testing.assert_close(norm(x), expected, rtol=1e-15, atol=1e-15)
+
+
+def test_report_lists_devices_even_when_torch_cudnn_check_fails_and_names_the_conflict(monkeypatch):
+    import types
+
+    import torch
+
+    props = types.SimpleNamespace(name="Fake H100", major=9, minor=0, total_memory=80 * 2**30)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+
+    def incompatible():
+        raise RuntimeError("cuDNN version incompatibility: PyTorch was compiled against (9, 19, 0)")
+
+    monkeypatch.setattr(torch.backends.cudnn, "version", incompatible)
+    info = backends._torch_info()
+    assert info["devices"] == [{"index": 0, "name": "Fake H100", "capability": "9.0", "memory_gib": 80.0}]
+    assert "cuDNN version incompatibility" in info["cudnn_error"]
+    packages = {
+        "transformer_engine": {"distributions": ["transformer-engine"], "imports": False,
+                               "error": "OSError: /lib/libcudnn_heuristic.so.9: undefined symbol: _ZTV, version libcudnn_graph.so.9"},
+        "transformer_engine_torch": {"distributions": [], "imports": True, "error": None},
+    }
+    notes = backends._notes(dict(info, cuda="13.0"), packages)
+    assert any("import transformer_engine before torch uses cuDNN" in n for n in notes)
+    assert any("torch's cuDNN check fails" in n for n in notes)
+    text = backends.format_environment_report(
+        {"seqpack": "x", "python": "3", "platform": "p", "torch": dict(info, cuda="13.0"), "packages": {},
+         "auto": {}, "numba": {"version": None, "error": "absent"}, "notes": notes}
+    )
+    assert "GPU 0: Fake H100" in text and "cuDNN error:" in text
