@@ -460,7 +460,9 @@ def test_close_stops_the_thread_and_the_iterator_but_keeps_its_state():
 def test_an_iterator_dropped_without_close_ends_its_thread():
     it = _wrap(items(SEED, 0, 60), prefetch=2)
     next(it)
-    thread = it._bg.prefetcher._thread
+    prefetcher = it._bg.prefetcher
+    assert _wait_until(lambda: len(prefetcher._ready) == 2)  # idle: it holds only a weak reference
+    thread = prefetcher._thread
     ref = weakref.ref(it)
     del it
     gc.collect()
