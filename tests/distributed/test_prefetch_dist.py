@@ -280,7 +280,8 @@ def _peer(rank, world, store_path, scenario, results):
         )
         next(it)
         time.sleep(1.0)  # the threads of ranks 0 and 1 now wait for rank 2 in step 1's gather
-        report["alive_before"] = it._bg.prefetcher._thread.is_alive()
+        prefetcher = it._bg.prefetcher  # stuck: alive, and step 1 never became ready
+        report["stuck"] = prefetcher._thread.is_alive() and not prefetcher._ready
         if rank != 1:  # rank 1 leaves without close(): interpreter exit must not hang either
             tick = time.perf_counter()
             it.close(timeout=1.0)
@@ -348,9 +349,9 @@ def test_close_and_exit_are_bounded_when_a_peer_hangs_or_dies():
     # collective (hang: ranks 0, 1) or in user code (hang: rank 2).
     assert exited == {("hang", 0): 0, ("hang", 1): 0, ("hang", 2): 0, ("kill", 0): 0, ("kill", 1): 3}, exited
     done = [r for r in reports if "exiting" not in r]
-    hang = sorted((r for r in done if "alive_before" in r), key=lambda r: r["rank"])
+    hang = sorted((r for r in done if "stuck" in r), key=lambda r: r["rank"])
     assert [r["rank"] for r in hang] == [0, 1, 2]
-    assert all(r["alive_before"] for r in hang)  # not vacuous: the threads were stuck
+    assert all(r["stuck"] for r in hang)  # not vacuous: the threads were stuck
     assert all(r["close_seconds"] < 5 for r in hang if r["rank"] != 1)
     (kill,) = [r for r in done if "error_seconds" in r]
     assert "error" in kill and kill["error_seconds"] < 30, kill  # raised by next(), no hang
