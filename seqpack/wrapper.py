@@ -31,6 +31,7 @@ prepared ones (the reader's bookkeeping is snapshotted with every prepared step)
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import datetime
@@ -180,12 +181,14 @@ class _Prefetcher:
         self._cond = threading.Condition()
         self._ready: deque[_Ready] = deque()
         self._stopping = False
+        self._now = False  # stop without filling the slots (interpreter exit)
         self._done = False
         # CUDA's current device is per thread: prepare on the caller's, not on GPU 0.
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self._cuda_device = torch.cuda.current_device() if cuda else None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     def _run(self) -> None:
         try:
@@ -198,7 +201,7 @@ class _Prefetcher:
                     # leave them waiting in its collectives.
                     while len(self._ready) >= self._depth and not self._stopping:
                         self._cond.wait()
-                    if len(self._ready) >= self._depth:
+                    if len(self._ready) >= self._depth or self._now:
                         return
                 produce = self._produce()
                 if produce is None:  # the iterator was garbage collected
@@ -229,10 +232,12 @@ class _Prefetcher:
             self._cond.notify_all()
             return item
 
-    def stop(self, timeout: float) -> bool:
-        """Ask the thread to end and wait up to ``timeout`` seconds; True when it ended."""
+    def stop(self, timeout: float, *, now: bool = False) -> bool:
+        """Ask the thread to end (``now``: after the step in progress, else once its slots
+        are full) and wait up to ``timeout`` seconds; True when it ended."""
         with self._cond:
             self._stopping = True
+            self._now = self._now or now
             self._cond.notify_all()
         if timeout > 0 and self._thread is not threading.current_thread():
             self._thread.join(timeout)
@@ -240,6 +245,24 @@ class _Prefetcher:
         if not alive:
             self._ready.clear()  # prepared steps nobody will take: free their tensors
         return not alive
+
+
+_LIVE: weakref.WeakSet[_Prefetcher] = weakref.WeakSet()
+_EXIT_SECONDS = 5.0
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    # A daemon thread still running torch code while the interpreter and its C++ statics are
+    # torn down can abort the process ("terminate called without an active exception"):
+    # let every producer finish the step in progress first, for a bounded time (one stuck in
+    # a collective with a dead or hung peer is left behind).
+    live = list(_LIVE)
+    for prefetcher in live:
+        prefetcher.stop(0.0, now=True)
+    deadline = time.monotonic() + _EXIT_SECONDS
+    for prefetcher in live:
+        prefetcher.stop(max(0.0, deadline - time.monotonic()), now=True)
 
 
 class _Background:

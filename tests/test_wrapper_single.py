@@ -526,3 +526,35 @@ def test_a_cuda_copy_is_ready_on_the_callers_stream(k):
             assert batch.input_ids.is_cuda and batch.cu_seqlens.is_cuda
             assert torch.equal(batch.input_ids.cpu(), expected.input_ids)
             assert torch.equal(batch.loss_mask.cpu(), expected.loss_mask)
+
+
+_EXIT_WHILE_BUSY = """
+import torch
+from seqpack import Topology, wrap_data_iterator
+
+def data():  # every sample costs native torch work on the producer thread
+    while True:
+        x = torch.randn(256, 256)
+        for _ in range(10):
+            x = torch.tanh(x @ x)
+        yield {"input_ids": torch.arange(1, 50)}
+
+it = wrap_data_iterator(data(), Topology.single(), samples_per_rank=4, max_tokens_per_rank=256, prefetch=2)
+next(it)
+print("exiting with the thread busy", flush=True)
+"""
+
+
+def test_interpreter_exit_while_the_thread_runs_torch_code_is_clean():
+    # Without the wrapper's exit hook this aborts every time on torch 2.13 ("terminate called
+    # without an active exception": the thread ran torch code while C++ statics were torn down).
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", _EXIT_WHILE_BUSY], capture_output=True, text=True, env=env,
+                              timeout=120)
+        assert proc.returncode == 0 and "exiting with the thread busy" in proc.stdout, proc.stderr[-2000:]
