@@ -554,7 +554,6 @@ def test_interpreter_exit_while_the_thread_runs_torch_code_is_clean():
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", _EXIT_WHILE_BUSY], capture_output=True, text=True, env=env,
-                              timeout=120)
-        assert proc.returncode == 0 and "exiting with the thread busy" in proc.stdout, proc.stderr[-2000:]
+    proc = subprocess.run([sys.executable, "-c", _EXIT_WHILE_BUSY], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0 and "exiting with the thread busy" in proc.stdout, proc.stderr[-2000:]
