@@ -82,6 +82,7 @@ def _worker(rank: int, store_path: str, args, results) -> None:
                 samples_per_rank=args.samples_per_rank,
                 max_tokens_per_rank=args.max_tokens // topo.cp_size,
                 scheduler=_round_robin() if scheduler == "round_robin" else scheduler,
+                prefetch=0,  # the synchronous wrapper: next() does all of the step's work (see prefetch.py)
             )
             records = []
             for _ in range(args.steps + 1):

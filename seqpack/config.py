@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.validation import INT64_MAX, check_bool, check_choice, check_positive_int
+from seqpack.validation import INT64_MAX, check_bool, check_choice, check_int, check_positive_int
 
 __all__ = [
     "AttentionBackend",
@@ -151,6 +151,10 @@ class PackingConfig:
     always compared)."""
     validate_ranks: bool = True
     """Agree on arguments and iterator ownership over all ranks at construction."""
+    prefetch: int = 1
+    """Steps a background thread prepares ahead of the training loop (0: each step is
+    prepared inside ``next()``). Never changes the data, so it is not in :meth:`summary`:
+    ranks may differ in it and a state saved with one value resumes under any other."""
 
     def __post_init__(self) -> None:
         from seqpack.cost import CostModel  # late: cost imports nothing of config, but keep config light
@@ -174,6 +178,7 @@ class PackingConfig:
             raise SeqpackTypeError(f"cost must be a seqpack.CostModel or None, got {type(self.cost).__name__}{hint}")
         if self.flops_fn is not None and not callable(self.flops_fn):
             raise SeqpackTypeError(f"flops_fn must be callable, got {type(self.flops_fn).__name__}")
+        object.__setattr__(self, "prefetch", check_int("prefetch", self.prefetch, minimum=0))
 
     @classmethod
     def field_names(cls) -> list[str]:

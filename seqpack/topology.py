@@ -183,6 +183,43 @@ class Topology:
             world_size = dist.get_world_size() if dist.is_initialized() else 1
         return cls(**kwargs, world_size=world_size, groups={k: v for k, v in given.items() if v is not None})
 
+    def with_groups(self, groups: Topology | Mapping[str, Any]) -> Topology:
+        """The same grid (sizes, ranks) with other process groups over the same ranks.
+
+        The wrapper runs its collectives on such a copy when it prepares steps in the
+        background, so that they never interleave with the model's on the original groups.
+
+        Args:
+            groups: Axis name to process group (axes of size 1 may be left out), or a
+                :class:`Topology` whose groups are taken.
+
+        Raises:
+            ConfigError: A group missing for an axis of size > 1, an unknown axis, or a
+                group whose members (in group-rank order) differ from the axis group's.
+        """
+        given = dict(groups.groups) if isinstance(groups, Topology) else dict(groups)
+        unknown = set(given) - set(AXES)
+        if unknown:
+            raise ConfigError(f"unknown axis name(s) {sorted(unknown)} in groups; valid axes: {', '.join(AXES)}")
+        chosen: dict[str, Any] = {}
+        for axis in AXES:
+            if self.size(axis) == 1:
+                continue
+            group = given.get(axis)
+            if group is None:
+                raise ConfigError(f"no process group given for axis {axis!r} (size {self.size(axis)})")
+            if group is dist.GroupMember.NON_GROUP_MEMBER:
+                raise ConfigError(f"the {axis} group given does not contain this rank")
+            ranks = list(dist.get_process_group_ranks(group))
+            expected = self.global_ranks(axis)
+            if ranks != expected:
+                raise ConfigError(
+                    f"the {axis} group given has ranks {ranks} but the topology's {axis} group has {expected} "
+                    "(same ranks in the same order needed)"
+                )
+            chosen[axis] = group
+        return dataclasses.replace(self, groups=chosen)
+
     # -- lookups --------------------------------------------------------------------------
 
     def _axis(self, axis: str) -> Axis:

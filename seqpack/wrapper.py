@@ -18,19 +18,36 @@ on every rank; on the rank that failed the original exception is its ``__cause__
 iterator is then failed: every later ``next()`` raises again and ``state_dict()`` refuses,
 so no sample read in the failed step is silently lost. Resume from a state saved before the
 failure.
+
+Prefetch: with ``prefetch=k > 0`` (the default is 1) a daemon thread on every rank prepares
+up to ``k`` steps ahead (:meth:`PackingIterator._produce`, the work of one synchronous
+``next()``), on process groups created for the wrapper alone
+(:func:`seqpack.dist.groups.new_axis_groups`), so its collectives never interleave with the
+model's. ``next()`` hands over the next prepared step; an error is raised by the ``next()``
+of the step it belongs to; ``state_dict()`` describes the steps handed over, never the
+prepared ones (the reader's bookkeeping is snapshotted with every prepared step).
+``close()`` (or leaving a ``with`` block) stops the thread and frees the groups.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import datetime
+import logging
+import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import torch
 from torch.distributed.checkpoint.stateful import Stateful
 
 from seqpack import phases
+from seqpack._logging import warn_once
 from seqpack.config import AXES, Axis, DataOwner, PackingConfig, fingerprint_text
 from seqpack.cost import default_cost_model
 from seqpack.dist import (
@@ -44,7 +61,7 @@ from seqpack.dist import (
     broadcast_pp,
     broadcast_tp,
 )
-from seqpack.dist.groups import this_rank
+from seqpack.dist.groups import destroy_groups, new_axis_groups, this_rank
 from seqpack.errors import (
     ConfigError,
     ResumeError,
@@ -59,8 +76,11 @@ from seqpack.schedulers import Schedule
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch
 from seqpack.topology import Topology
+from seqpack.validation import check_bool, check_number
 
 __all__ = ["DATA_OWNERS", "PackingIterator", "Step", "wrap_data_iterator"]
+
+logger = logging.getLogger(__name__)
 
 DATA_OWNERS = tuple(DataOwner)
 
@@ -79,7 +99,10 @@ class Step:
         schedule_fingerprint: ``schedule.fingerprint()``.
         timings: Seconds spent in ``read``, ``gather``, ``schedule``, ``exchange``,
             ``pack`` (pack + CP shard), ``broadcast`` (TP + PP, without ``wait``), ``wait``
-            (a broadcast receiver waiting for its source) and ``total`` on this rank.
+            (a broadcast receiver waiting for its source) and ``total`` on this rank (in the
+            background under prefetch); ``copy`` (pinning and starting the device copy, when
+            asked for); ``blocked``: how long the ``next()`` that returned this step waited
+            for it on the calling thread (with prefetch ~0 when the step was ready).
         exchange_bytes: ``sent``, ``received``, ``kept`` (stayed local) and ``payload``
             (tokens of this replica's samples) bytes of this rank's exchange.
     """
@@ -111,6 +134,205 @@ class _Trace:
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - tick
 
 
+@dataclasses.dataclass(frozen=True)
+class _Progress:
+    """The producer's resume bookkeeping right after one step: what ``state_dict()``
+    reports once that step has been handed over (not before: later steps may be prepared
+    already)."""
+
+    steps: int
+    consumed: int
+    deferred: list[phases.Sample]
+    iterator: Any
+    scheduler: Any
+    data_ended: bool
+
+
+@dataclasses.dataclass
+class _Ready:
+    """One prepared step on its way to ``next()``: the :class:`Step`, or how the step ended
+    (``message``: end of data or the agreed error, with this rank's own ``cause``), or an
+    exception that escaped the preparation (``error``: a communication failure, a bug)."""
+
+    index: int
+    step: Step | None = None
+    message: StepMessage | None = None
+    cause: BaseException | None = None
+    error: BaseException | None = None
+    progress: _Progress | None = None
+    copied: Any = None  # CUDA event recorded after the device copy
+
+    @property
+    def last(self) -> bool:
+        return self.step is None
+
+
+class _Prefetcher:
+    """Runs ``produce`` on a daemon thread, at most ``depth`` prepared steps ahead of
+    :meth:`take`, in order.
+
+    The thread holds the iterator only while it prepares a step (a weak reference
+    otherwise), so an iterator dropped without ``close()`` is still garbage collected.
+    """
+
+    def __init__(self, produce: Callable[[], _Ready], depth: int, name: str) -> None:
+        self._produce = weakref.WeakMethod(produce)
+        self._depth = depth
+        self._cond = threading.Condition()
+        self._ready: deque[_Ready] = deque()
+        self._stopping = False
+        self._now = False  # stop without filling the slots (interpreter exit)
+        self._done = False
+        # CUDA's current device is per thread: prepare on the caller's, not on GPU 0.
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._cuda_device = torch.cuda.current_device() if cuda else None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        _LIVE.add(self)
+
+    def _run(self) -> None:
+        try:
+            if self._cuda_device is not None:
+                torch.cuda.set_device(self._cuda_device)
+            while True:
+                with self._cond:
+                    # Even after stop() the thread fills its `depth` slots before it ends: the
+                    # other ranks' threads prepare the same steps, and one a rank skipped would
+                    # leave them waiting in its collectives.
+                    while len(self._ready) >= self._depth and not self._stopping:
+                        self._cond.wait()
+                    if len(self._ready) >= self._depth or self._now:
+                        return
+                produce = self._produce()
+                if produce is None:  # the iterator was garbage collected
+                    return
+                try:
+                    item = produce()
+                except BaseException as exc:  # handed to next(), which raises it
+                    item = _Ready(-1, error=exc)
+                del produce
+                with self._cond:
+                    self._ready.append(item)
+                    self._cond.notify_all()
+                if item.last:
+                    return
+        finally:
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()
+
+    def take(self) -> _Ready:
+        """The next prepared step, waiting for it if needed."""
+        with self._cond:
+            while not self._ready:
+                if self._done:
+                    raise RuntimeError("seqpack's prefetch thread ended without handing over the step")
+                self._cond.wait()
+            item = self._ready.popleft()
+            self._cond.notify_all()
+            return item
+
+    def stop(self, timeout: float, *, now: bool = False) -> bool:
+        """Ask the thread to end (``now``: after the step in progress, else once its slots
+        are full) and wait up to ``timeout`` seconds; True when it ended."""
+        with self._cond:
+            self._stopping = True
+            self._now = self._now or now
+            self._cond.notify_all()
+        if timeout > 0 and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        alive = self._thread.is_alive()
+        if not alive:
+            self._ready.clear()  # prepared steps nobody will take: free their tensors
+        return not alive
+
+
+_LIVE: weakref.WeakSet[_Prefetcher] = weakref.WeakSet()
+_EXIT_SECONDS = 5.0
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    # A daemon thread still running torch code while the interpreter and its C++ statics are
+    # torn down can abort the process ("terminate called without an active exception"):
+    # let every producer finish the step in progress first, for a bounded time (one stuck in
+    # a collective with a dead or hung peer is left behind).
+    live = list(_LIVE)
+    for prefetcher in live:
+        prefetcher.stop(0.0, now=True)
+    deadline = time.monotonic() + _EXIT_SECONDS
+    for prefetcher in live:
+        prefetcher.stop(max(0.0, deadline - time.monotonic()), now=True)
+
+
+class _Background:
+    """What an iterator must release: its producer thread and the process groups it
+    created. Shared with a ``weakref.finalize``, so that an iterator dropped without
+    ``close()`` still releases them."""
+
+    def __init__(self, groups: list[Any]) -> None:
+        self.groups = groups
+        self.prefetcher: _Prefetcher | None = None
+
+    def release(self, timeout: float) -> bool:
+        stopped = self.prefetcher.stop(timeout) if self.prefetcher is not None else True
+        groups, self.groups = self.groups, []
+        destroy_groups(groups)
+        return stopped
+
+
+def _tensors(batch: PackedBatch) -> Iterator[torch.Tensor]:
+    for field in dataclasses.fields(batch):
+        value = getattr(batch, field.name)
+        if isinstance(value, torch.Tensor):
+            yield value
+
+
+def _pinned(batch: PackedBatch) -> PackedBatch:
+    """``batch`` with every tensor in page-locked memory (a shared ``cu_seqlens`` kept shared)."""
+    fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+    for name, value in fields.items():
+        if isinstance(value, torch.Tensor) and not value.is_pinned():
+            fields[name] = value.pin_memory()
+    if batch.cu_seqlens_padded is batch.cu_seqlens:
+        fields["cu_seqlens_padded"] = fields["cu_seqlens"]
+    return PackedBatch(**fields)
+
+
+def _check_device(device: Any, pin_memory: Any) -> tuple[torch.device | None, bool]:
+    """The device steps are copied to (``None``: stay on the CPU) and whether to pin."""
+    pin = check_bool("pin_memory", pin_memory)
+    target = None
+    if device is not None:
+        try:
+            target = torch.device(device)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise ConfigError(f"device must be a torch.device or a device string, got {device!r} ({exc})") from None
+        if target.type == "cpu":
+            target = None  # CPU runs skip the copy
+        elif target.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ConfigError(f"device={device!r} but CUDA is not available")
+            if target.index is None:
+                target = torch.device("cuda", torch.cuda.current_device())
+    if pin and not torch.cuda.is_available():
+        warn_once(logger, "pin_memory", "pin_memory=True ignored: CUDA is not available")
+        pin = False
+    return target, pin
+
+
+def _check_timeout(timeout: Any) -> datetime.timedelta | None:
+    if timeout is None or isinstance(timeout, datetime.timedelta):
+        seconds = None if timeout is None else timeout.total_seconds()
+    else:
+        seconds = check_number("group_timeout", timeout)
+    if seconds is None:
+        return None
+    if not seconds > 0:
+        raise ConfigError(f"group_timeout must be a positive number of seconds, got {timeout!r}")
+    return datetime.timedelta(seconds=seconds)
+
+
 class PackingIterator(Iterator[Step], Stateful):
     """Iterator of :class:`Step`; see :func:`wrap_data_iterator`.
 
@@ -118,6 +340,11 @@ class PackingIterator(Iterator[Step], Stateful):
     protocol of ``torch.distributed.checkpoint``; the state is a :class:`ResumeState`). The
     wrapper uses no randomness; a loader's own RNG travels in its ``state_dict`` (saved
     under ``"iterator"``).
+
+    Under prefetch, call :meth:`close` (or use the iterator as a context manager) when done
+    with it before the end of the data: it stops the background thread and frees the
+    wrapper's own process groups (an iterator that reaches its end or fails frees them
+    itself).
     """
 
     # Keys of the state dict (ResumeState.KEYS), as class constants.
@@ -134,7 +361,15 @@ class PackingIterator(Iterator[Step], Stateful):
     VERSION = ResumeState.VERSION
 
     def __init__(
-        self, data_iterator: Iterable[Mapping[str, Any]] | None, topology: Topology, config: PackingConfig
+        self,
+        data_iterator: Iterable[Mapping[str, Any]] | None,
+        topology: Topology,
+        config: PackingConfig,
+        *,
+        device: Any = None,
+        pin_memory: bool = False,
+        wrapper_groups: Topology | Mapping[str, Any] | None = None,
+        group_timeout: float | datetime.timedelta | None = None,
     ) -> None:
         if not isinstance(topology, Topology):
             raise SeqpackTypeError(f"topology must be a seqpack.Topology, got {type(topology).__name__}")
@@ -144,11 +379,17 @@ class PackingIterator(Iterator[Step], Stateful):
         self._edge_stage = t.is_first_stage or t.is_last_stage
         self._reads = config.data_owner == DataOwner.ALL or (t.tp_rank == 0 and self._edge_stage)
         self._source = data_iterator
+        self._comm = topology  # whose groups the per-step collectives run on
         error: SeqpackError | None = None
         fingerprint = None
+        comm, timeout = None, None
         try:
             self.config = config.resolve(topology)
             self._check_ownership(data_iterator)
+            self._device, self._pin_memory = _check_device(device, pin_memory)
+            timeout = _check_timeout(group_timeout)
+            if wrapper_groups is not None:
+                comm = topology.with_groups(wrapper_groups)
             sizes = {f"{a}_size": topology.size(a) for a in AXES}
             fingerprint = fingerprint_text(repr((self.config.fingerprint(), sorted(sizes.items()))))
         except SeqpackError as exc:
@@ -167,6 +408,21 @@ class PackingIterator(Iterator[Step], Stateful):
                 raise ConfigError(agreed.message or "") from error
         elif error is not None:
             raise error
+        owned: list[Any] = []
+        if comm is not None:
+            self._comm = comm
+        elif self.config.prefetch > 0:
+            # Collective (every rank, same order), like the agreement above.
+            groups = new_axis_groups(topology, backend="gloo", timeout=timeout)
+            owned = [group for group in groups.values() if group is not None]
+            if owned:
+                self._comm = topology.with_groups(groups)
+        self._bg = _Background(owned)
+        self._finalizer = weakref.finalize(self, self._bg.release, 0.0)
+        self._finalizer.atexit = False  # the thread is a daemon: nothing to wait for at exit
+        self._closed = False
+        self._delivered: _Progress | None = None  # as of the last step handed over
+        self._copy_stream: Any = None
         self.scheduler = self.config.build_scheduler()
         # Stats are measured in one cost for every scheduler: the one given, else the cost
         # the scheduler balances, else the default FLOPs model (so that "dp_balanced" and
@@ -211,7 +467,7 @@ class PackingIterator(Iterator[Step], Stateful):
         what: str,
         origin: int | None = None,
     ) -> Agreement:
-        return _agree_axes(self.topology, axes, status, message, fingerprint, what=what, origin=origin)
+        return _agree_axes(self._comm, axes, status, message, fingerprint, what=what, origin=origin)
 
     # -- iteration ------------------------------------------------------------------------
 
@@ -229,21 +485,71 @@ class PackingIterator(Iterator[Step], Stateful):
             ) from failed
         if self._finished:
             raise StopIteration
-        trace = _Trace()
-        msg: StepMessage | None = None
-        if self._reads:
-            msg = self._agree_copies(self._reader_step(trace))
-        if self.config.data_owner == DataOwner.TP0:
-            with trace.phase("broadcast"):
-                msg = self._broadcast(msg, trace)
-            trace.timings["broadcast"] -= trace.timings.get("wait", 0.0)
-        assert msg is not None
-        trace.timings["total"] = time.perf_counter() - trace.start
-        return self._deliver(msg, trace)
+        if self._closed:
+            raise SeqpackError("next() on a closed PackingIterator")
+        tick = time.perf_counter()
+        if self.config.prefetch == 0:
+            ready = self._produce()
+        else:
+            bg = self._bg
+            if bg.prefetcher is None:
+                self._delivered = self._progress()  # nothing handed over yet: the state as loaded
+                name = f"seqpack-prefetch-rank{this_rank()}"
+                bg.prefetcher = _Prefetcher(self._produce, self.config.prefetch, name)
+            ready = bg.prefetcher.take()
+        return self._deliver(ready, time.perf_counter() - tick)
+
+    def __enter__(self) -> PackingIterator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the background producer and free the wrapper's own process groups.
+
+        Returns within about ``timeout`` seconds, also when a peer has died or hangs: the
+        thread first finishes the steps it may still prepare (at most ``prefetch``; the
+        other ranks' threads take part in them), and one still stuck in a collective after
+        ``timeout`` is left behind (a daemon thread; its collective fails at the groups'
+        timeout). ``next()`` then raises; ``state_dict()`` still describes the steps handed
+        over. Idempotent.
+        """
+        self._closed = True
+        self._release(check_number("timeout", timeout, minimum=0.0))
+
+    def _release(self, timeout: float = 10.0) -> None:
+        if not self._bg.release(timeout):
+            logger.warning(
+                "seqpack's prefetch thread did not stop within %.1f s (a peer died or hangs in the wrapper's "
+                "collectives?); left behind as a daemon thread",
+                timeout,
+            )
+        self._finalizer.detach()
+
+    def _produce(self) -> _Ready:
+        """Prepare the next step: the work of one ``next()`` without the hand-over (read,
+        gather, schedule, exchange, pack, agree, broadcast, stats, device copy). Runs on the
+        background thread under prefetch, else inside ``next()``; never raises."""
+        index = self._steps
+        try:
+            trace = _Trace()
+            msg: StepMessage | None = None
+            if self._reads:
+                msg = self._agree_copies(self._reader_step(trace))
+            if self.config.data_owner == DataOwner.TP0:
+                with trace.phase("broadcast"):
+                    msg = self._broadcast(msg, trace)
+                trace.timings["broadcast"] -= trace.timings.get("wait", 0.0)
+            assert msg is not None
+            trace.timings["total"] = time.perf_counter() - trace.start
+            return self._ready(msg, trace)
+        except Exception as exc:  # raised by the next() of this step
+            return _Ready(index, error=exc)
 
     def _reader_step(self, trace: _Trace) -> StepMessage:
         """Read, gather, schedule, exchange and pack this rank's share of the step."""
-        t, step, config = self.topology, self._steps, self.config
+        t, step, config = self._comm, self._steps, self.config
         self._local_cause = None
         error = None
         read = phases.ReadResult([], exhausted=self._data_ended)
@@ -328,7 +634,7 @@ class PackingIterator(Iterator[Step], Stateful):
     def _broadcast(self, msg: StepMessage | None, trace: _Trace) -> StepMessage:
         """data_owner="tp0": TP rank 0 sends to the other TP ranks; the pipeline agrees and
         the first stage sends its layout to the middle ones."""
-        t = self.topology
+        t = self._comm
         if t.tp_size > 1 and self._edge_stage:
             msg = broadcast_tp(msg if t.tp_rank == 0 else None, t.group("tp"), timings=trace.timings)
         if t.pp_size > 1:
@@ -338,7 +644,7 @@ class PackingIterator(Iterator[Step], Stateful):
 
     def _pipeline(self, msg: StepMessage | None, trace: _Trace) -> StepMessage:
         """Agree with the other stages, then send the first stage's layout to the middle ones."""
-        t, step = self.topology, self._steps
+        t, step = self._comm, self._steps
         status = msg.status if msg is not None else Status.OK
         fingerprint = msg.fingerprint if isinstance(msg, StepOk) else None
         message = msg.message if isinstance(msg, StepError) else None
@@ -373,23 +679,23 @@ class PackingIterator(Iterator[Step], Stateful):
             return StepEnd(step) if agreed.status == Status.END else StepError(step, agreed.message or "")
         return msg
 
-    def _deliver(self, msg: StepMessage, trace: _Trace) -> Step:
+    def _ready(self, msg: StepMessage, trace: _Trace) -> _Ready:
+        """The step's agreed outcome as next() will hand it over, built on the producer's
+        side: stats, device copy, and the resume bookkeeping as of this step."""
         if isinstance(msg, StepError):
-            self._failure = StepFailed(msg.message, step=msg.step, rank=msg.rank)
             cause = self._local_cause if msg.rank is not None and msg.rank == this_rank() else None
-            raise self._failure from cause
+            return _Ready(msg.step, message=msg, cause=cause)
         if isinstance(msg, StepEnd):
-            self._finished = True
-            self.dropped_at_end = msg.dropped_at_end
-            raise StopIteration
+            return _Ready(msg.step, message=msg, progress=self._progress())
         plan = msg.schedule
         stats = StepStats.from_schedule(plan, self.stats_cost, empty_samples=msg.empty_samples)
         if self.config.flops_fn is not None:
             stats.flops = float(self.config.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
         self._steps += 1
-        return Step(
+        batches, copied = self._place(msg.microbatches, trace)
+        step = Step(
             num_microbatches=plan.num_microbatches,
-            microbatches=msg.microbatches,
+            microbatches=batches,
             stats=stats,
             step=msg.step,
             schedule=plan,
@@ -397,6 +703,73 @@ class PackingIterator(Iterator[Step], Stateful):
             timings=trace.timings,
             exchange_bytes=trace.traffic,
         )
+        return _Ready(msg.step, step=step, progress=self._progress(), copied=copied)
+
+    def _progress(self) -> _Progress:
+        reader = self._reader
+        return _Progress(
+            steps=self._steps,
+            consumed=(reader.consumed + reader.skip) if reader is not None else 0,
+            deferred=list(self._pool),
+            iterator=self._source.state_dict() if isinstance(self._source, Stateful) else None,
+            scheduler=self.scheduler.state_dict() if isinstance(self.scheduler, Stateful) else None,
+            data_ended=self._data_ended,
+        )
+
+    def _place(self, batches: list[PackedBatch], trace: _Trace) -> tuple[list[PackedBatch], Any]:
+        """Pin the step's tensors and copy them to ``device``. On CUDA under prefetch the
+        copy runs on a side stream (``non_blocking`` from pinned memory); the returned event
+        tells ``next()`` when it is done."""
+        device = self._device
+        if device is None and not self._pin_memory:
+            return batches, None
+        with trace.phase("copy"):
+            if self._pin_memory:
+                batches = [_pinned(batch) for batch in batches]
+            if device is None:
+                return batches, None
+            if device.type != "cuda" or self.config.prefetch == 0:
+                return [batch.to(device, non_blocking=self._pin_memory) for batch in batches], None
+            if self._copy_stream is None:
+                self._copy_stream = torch.cuda.Stream(device=device)
+            with torch.cuda.stream(self._copy_stream):
+                moved = [batch.to(device, non_blocking=self._pin_memory) for batch in batches]
+                event = torch.cuda.Event()
+                event.record(self._copy_stream)
+            return moved, event
+
+    def _deliver(self, ready: _Ready, blocked: float) -> Step:
+        """Hand a prepared step over on the calling thread, or raise how the step ended."""
+        if ready.error is not None:
+            exc = ready.error
+            reason = f"step {ready.index} failed on rank {this_rank()}: {type(exc).__name__}: {exc}"
+            self._failure = StepFailed(reason, step=ready.index, rank=this_rank())
+            self._release()
+            raise exc
+        msg = ready.message
+        if isinstance(msg, StepError):
+            self._failure = StepFailed(msg.message, step=msg.step, rank=msg.rank)
+            self._release()
+            raise self._failure from ready.cause
+        if isinstance(msg, StepEnd):
+            self._finished = True
+            self.dropped_at_end = msg.dropped_at_end
+            self._delivered = ready.progress
+            self._release()
+            raise StopIteration
+        step = ready.step
+        assert step is not None
+        if ready.copied is not None:
+            # The copy ran on the producer's stream: order it before the caller's work, and
+            # keep the caching allocator from reusing the memory while that work runs.
+            stream = torch.cuda.current_stream(ready.copied.device)
+            stream.wait_event(ready.copied)
+            for batch in step.microbatches:
+                for tensor in _tensors(batch):
+                    tensor.record_stream(stream)
+        step.timings["blocked"] = blocked
+        self._delivered = ready.progress
+        return step
 
     # -- resume ---------------------------------------------------------------------------
 
@@ -411,19 +784,21 @@ class PackingIterator(Iterator[Step], Stateful):
                 f"cannot save the state of an iterator that failed at step {self._failure.step}: save states before "
                 "the failure and resume from those"
             )
-        reader = self._reader
+        # Under prefetch the reader may be steps ahead: report the bookkeeping as of the
+        # last step handed over (live only before the background thread has started).
+        progress = self._delivered if self._delivered is not None else self._progress()
         return ResumeState(
             topology=self.topology.signature(),
             config=self.config.summary(),
             config_fingerprint=self.config.fingerprint(),
-            steps=self._steps,
-            consumed=(reader.consumed + reader.skip) if reader is not None else 0,
-            deferred_samples=[{k: v.clone() for k, v in s.items()} for s in self._pool],
-            iterator=self._source.state_dict() if isinstance(self._source, Stateful) else None,
-            scheduler=self.scheduler.state_dict() if isinstance(self.scheduler, Stateful) else None,
+            steps=progress.steps,
+            consumed=progress.consumed,
+            deferred_samples=[{k: v.clone() for k, v in s.items()} for s in progress.deferred],
+            iterator=progress.iterator,
+            scheduler=progress.scheduler,
             finished=self._finished,
             dropped_at_end=self.dropped_at_end,
-            data_ended=self._data_ended,
+            data_ended=progress.data_ended,
         ).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -445,7 +820,7 @@ class PackingIterator(Iterator[Step], Stateful):
                 f"state was saved on topology {_fmt(saved.topology)} but this iterator runs on {_fmt(here)}"
             )
         self._check_config(saved)
-        if (self._reader is not None and self._reader.started) or self._steps:
+        if (self._reader is not None and self._reader.started) or self._steps or self._bg.prefetcher is not None:
             raise ResumeError("load_state_dict needs a fresh iterator (this one has already read data)")
         self._steps = saved.steps
         self._pool = saved.deferred_samples
@@ -519,6 +894,11 @@ def wrap_data_iterator(
     data_iterator: Iterable[Mapping[str, Any]] | None,
     topology: Topology,
     config: PackingConfig | None = None,
+    *,
+    device: Any = None,
+    pin_memory: bool = False,
+    wrapper_groups: Topology | Mapping[str, Any] | None = None,
+    group_timeout: float | datetime.timedelta | None = None,
     **overrides: Any,
 ) -> PackingIterator:
     """Wrap a data iterator so each ``next()`` yields one packed, scheduled, CP-sharded step.
@@ -534,9 +914,22 @@ def wrap_data_iterator(
         topology: This rank's :class:`~seqpack.topology.Topology`.
         config: A :class:`~seqpack.config.PackingConfig`; ``None`` builds one from
             ``overrides``.
+        device: Copy every step's tensors to this device in the background (CUDA: on a
+            side stream, ``next()`` orders the caller's stream after it); ``None`` or a CPU
+            device: no copy.
+        pin_memory: Put the step's CPU tensors in page-locked memory (faster, asynchronous
+            host-to-device copies); ignored, with a warning, without CUDA.
+        wrapper_groups: Process groups for the wrapper's per-step collectives (axis name to
+            group, or a :class:`Topology`), over the same ranks in the same order as the
+            topology's. Default: the topology's own groups with ``prefetch=0``; new gloo
+            groups created for the wrapper alone (one per axis of size > 1) with
+            ``prefetch > 0``.
+        group_timeout: Seconds (or a ``timedelta``) a collective on the groups the wrapper
+            creates waits for its peers before failing (default: torch's, 30 minutes).
         **overrides: :class:`~seqpack.config.PackingConfig` fields (``samples_per_rank``,
             ``max_tokens_per_rank``, ``scheduler``, ``data_owner``, ``on_oversize``,
-            ``drop_last``, ``pad_multiple``, ``cost``, ...), applied on top of ``config``.
+            ``drop_last``, ``pad_multiple``, ``cost``, ``prefetch``, ...), applied on top of
+            ``config``.
 
     Returns:
         A :class:`PackingIterator`.
@@ -564,4 +957,12 @@ def wrap_data_iterator(
             agreed = _agree_axes(topology, AXES, Status.ERROR, str(exc), None, what="wrapper arguments")
             raise ConfigError(agreed.message or str(exc)) from exc
         raise
-    return PackingIterator(data_iterator, topology, config)
+    return PackingIterator(
+        data_iterator,
+        topology,
+        config,
+        device=device,
+        pin_memory=pin_memory,
+        wrapper_groups=wrapper_groups,
+        group_timeout=group_timeout,
+    )

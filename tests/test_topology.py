@@ -62,3 +62,17 @@ def test_stages_and_signature():
     assert first != middle  # frozen dataclass, compared by sizes and ranks
     with pytest.raises(AttributeError):
         middle.dp_size = 4
+
+
+def test_with_groups_keeps_the_grid_and_checks_the_axes():
+    from seqpack.dist.groups import destroy_groups, new_axis_groups
+
+    single = Topology.single()
+    assert single.with_groups({}) == single and single.with_groups(single).groups == single.groups
+    with pytest.raises(ValueError, match=r"unknown axis name\(s\) \['ep'\] in groups"):
+        single.with_groups({"ep": None})
+    with pytest.raises(ValueError, match=r"no process group given for axis 'dp' \(size 2\)"):
+        Topology(dp_size=2, dp_rank=1, groups={"dp": "G"}).with_groups({"cp": "H"})
+    # One rank needs no groups of its own, with or without torch.distributed.
+    assert new_axis_groups(single) == {"dp": None, "cp": None, "tp": None, "pp": None}
+    destroy_groups([None])  # nothing to free, no error

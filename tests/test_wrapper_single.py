@@ -317,3 +317,243 @@ def test_config_object_and_overrides():
         _wrap(items(SEED, 0, 18), foo=1)
     with pytest.raises(ValueError, match="needs max_tokens_per_rank"):
         wrap_data_iterator(items(SEED, 0, 18), Topology.single(), samples_per_rank=3)
+
+
+# --- prefetch: a background thread prepares steps ahead --------------------------------------
+
+import gc  # noqa: E402
+import logging  # noqa: E402
+import time  # noqa: E402
+import weakref  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _wait_until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _fresh_defer(k, count=30, stateful=False):
+    data = StatefulItems(count) if stateful else items(SEED, 0, count)
+    return _wrap(data, scheduler=ScatterScheduler(defer_longest=True), prefetch=k)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_prefetch_gives_the_same_steps_as_the_synchronous_wrapper(k):
+    reference = _run(_fresh_defer(0))
+    it = _fresh_defer(k)
+    steps = _run(it)
+    _same_steps(steps, reference)
+    assert len(reference) == 5 and sum(s.stats.deferred_sequences for s in reference) >= 4
+    assert all("blocked" in s.timings and "total" in s.timings for s in steps)
+    assert it._bg.prefetcher is not None and not it._bg.prefetcher._thread.is_alive()  # ended with the data
+
+
+def test_the_thread_reads_ahead_but_state_dict_describes_the_steps_handed_over():
+    source = StatefulItems(60)
+    it = _wrap(source, scheduler=ScatterScheduler(defer_longest=True), prefetch=3)
+    head = [next(it), next(it)]
+    # Not vacuous: the thread really read three more steps of 6 samples from the source.
+    assert _wait_until(lambda: source.position == 30)
+    state = _save_load(it.state_dict())
+    assert state[PackingIterator.STATE_STEPS] == 2 and state[PackingIterator.STATE_CONSUMED] == 12
+    assert state[PackingIterator.STATE_ITERATOR] == {"position": 12}  # a snapshot, not the live source
+    assert len(state[PackingIterator.STATE_DEFERRED]) == 1
+    it.close()
+    for k in (0, 2):  # resumed under another prefetch depth, it continues bit-identically
+        resumed = _wrap(StatefulItems(60), scheduler=ScatterScheduler(defer_longest=True), prefetch=k)
+        resumed.load_state_dict(state)
+        reference = _run(_wrap(StatefulItems(60), scheduler=ScatterScheduler(defer_longest=True), prefetch=0))
+        _same_steps(head + _run(resumed), reference)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    k_reference=st.integers(0, 3),
+    k_saved=st.integers(0, 3),
+    k_resumed=st.integers(0, 3),
+    count=st.integers(7, 40),
+    resume_after=st.integers(0, 5),
+    drop_last=st.booleans(),
+    stateful=st.booleans(),
+)
+def test_prefetch_never_changes_the_data_across_a_resume(k_reference, k_saved, k_resumed, count, resume_after,
+                                                          drop_last, stateful):
+    def fresh(k):
+        data = StatefulItems(count) if stateful else items(SEED, 0, count)
+        return _wrap(data, scheduler=ScatterScheduler(defer_longest=True), prefetch=k, drop_last=drop_last)
+
+    whole = fresh(k_reference)
+    reference = _run(whole)
+    first = fresh(k_saved)
+    head = []
+    for _ in range(min(resume_after, len(reference))):
+        head.append(next(first))
+    state = _save_load(first.state_dict())
+    first.close()
+    resumed = fresh(k_resumed)
+    resumed.load_state_dict(state)
+    _same_steps(head + _run(resumed), reference)
+    assert resumed.dropped_at_end == whole.dropped_at_end
+    assert reference  # not vacuous: at least one step (count >= 7 > samples_per_rank)
+
+
+def test_an_error_is_raised_by_the_next_of_its_step_after_the_steps_before_it():
+    from seqpack.errors import ResumeError, SampleError, StepFailed
+
+    it = _wrap(items(SEED, 0, 30, bad={"index": 14, "kind": "missing_input_ids"}), prefetch=3)
+    first, second = next(it), next(it)  # prepared before the bad step 2, still handed over
+    assert (first.step, second.step) == (0, 1)
+    with pytest.raises(StepFailed) as failed:
+        next(it)
+    assert failed.value.step == 2 and isinstance(failed.value.__cause__, SampleError)
+    with pytest.raises(StepFailed, match="failed at step 2 and cannot continue"):
+        next(it)
+    with pytest.raises(ResumeError, match="failed at step 2"):
+        it.state_dict()
+    assert not it._bg.prefetcher._thread.is_alive()
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_an_unexpected_exception_in_the_producer_reaches_next_and_fails_the_iterator(monkeypatch, k):
+    from seqpack.errors import StepFailed
+
+    original = PackingIterator._agree_copies
+
+    def flaky(self, msg):
+        if self._steps == 1:
+            raise RuntimeError("connection reset by a peer")
+        return original(self, msg)
+
+    monkeypatch.setattr(PackingIterator, "_agree_copies", flaky)
+    it = _wrap(items(SEED, 0, 30), prefetch=k)
+    assert next(it).step == 0
+    with pytest.raises(RuntimeError, match="connection reset by a peer"):
+        next(it)
+    with pytest.raises(StepFailed, match=r"failed at step 1 and cannot continue.*RuntimeError: connection reset"):
+        next(it)
+
+
+def test_close_stops_the_thread_and_the_iterator_but_keeps_its_state():
+    from seqpack.errors import SeqpackError
+
+    source = StatefulItems(60)
+    with _wrap(source, prefetch=2) as it:
+        next(it)
+        thread = it._bg.prefetcher._thread
+        assert _wait_until(lambda: source.position == 18)  # steps 1 and 2 prepared
+    assert not thread.is_alive()
+    assert source.position == 18  # close() did not prepare more than the two slots
+    with pytest.raises(SeqpackError, match="closed"):
+        next(it)
+    assert it.state_dict()[PackingIterator.STATE_CONSUMED] == 6
+    it.close()  # idempotent
+    it.close(timeout=0)
+
+
+def test_an_iterator_dropped_without_close_ends_its_thread():
+    it = _wrap(items(SEED, 0, 60), prefetch=2)
+    next(it)
+    prefetcher = it._bg.prefetcher
+    assert _wait_until(lambda: len(prefetcher._ready) == 2)  # idle: it holds only a weak reference
+    thread = prefetcher._thread
+    ref = weakref.ref(it)
+    del it
+    gc.collect()
+    assert ref() is None
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_prefetch_and_device_options_are_checked():
+    with pytest.raises(ValueError, match="prefetch must be an integer >= 0, got -1"):
+        _wrap(items(SEED, 0, 6), prefetch=-1)
+    with pytest.raises(ValueError, match=r"prefetch must be an integer >= 0, got 1.5 \(float\)"):
+        _wrap(items(SEED, 0, 6), prefetch=1.5)
+    with pytest.raises(ValueError, match="device must be a torch.device or a device string, got 'gpu0'"):
+        _wrap(items(SEED, 0, 6), device="gpu0")
+    with pytest.raises(ValueError, match="group_timeout must be a positive number of seconds, got 0"):
+        _wrap(items(SEED, 0, 6), group_timeout=0)
+    with pytest.raises(ValueError, match="pin_memory must be"):
+        _wrap(items(SEED, 0, 6), pin_memory="yes")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda' but CUDA is not available"):
+            _wrap(items(SEED, 0, 6), device="cuda")
+    with pytest.raises(ValueError, match="timeout must be"):
+        _wrap(items(SEED, 0, 6)).close(timeout=-1)
+    from seqpack.config import PackingConfig
+
+    a = PackingConfig(samples_per_rank=6, max_tokens_per_rank=48, prefetch=0)
+    assert a.fingerprint() == a.replace(prefetch=4).fingerprint()  # resume across prefetch depths
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_pin_memory_without_cuda_is_ignored_with_a_warning(caplog):
+    from seqpack._logging import reset_warn_once
+
+    reset_warn_once()
+    with caplog.at_level(logging.WARNING, logger="seqpack.wrapper"):
+        steps = _run(_wrap(items(SEED, 0, 12), pin_memory=True, device="cpu"))
+    assert "pin_memory=True ignored: CUDA is not available" in caplog.text
+    assert len(steps) == 2 and all("copy" not in s.timings for s in steps)
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_device_copy_happens_on_the_producer_side(k):
+    # The meta device stands in for an accelerator on a CPU-only machine: the copy path runs.
+    steps = _run(_wrap(items(SEED, 0, 12), device="meta", prefetch=k))
+    assert len(steps) == 2
+    for step in steps:
+        assert "copy" in step.timings
+        for batch in step.microbatches:
+            assert batch.input_ids.device.type == "meta" and batch.cu_seqlens.device.type == "meta"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_cuda_copy_is_ready_on_the_callers_stream(k):
+    reference = _run(_wrap(items(SEED, 0, 18), prefetch=0))
+    steps = _run(_wrap(items(SEED, 0, 18), device="cuda", pin_memory=True, prefetch=k))
+    assert len(steps) == len(reference) == 3
+    for step, ref in zip(steps, reference):
+        for batch, expected in zip(step.microbatches, ref.microbatches):
+            assert batch.input_ids.is_cuda and batch.cu_seqlens.is_cuda
+            assert torch.equal(batch.input_ids.cpu(), expected.input_ids)
+            assert torch.equal(batch.loss_mask.cpu(), expected.loss_mask)
+
+
+_EXIT_WHILE_BUSY = """
+import torch
+from seqpack import Topology, wrap_data_iterator
+
+def data():  # every sample costs native torch work on the producer thread
+    while True:
+        x = torch.randn(256, 256)
+        for _ in range(10):
+            x = torch.tanh(x @ x)
+        yield {"input_ids": torch.arange(1, 50)}
+
+it = wrap_data_iterator(data(), Topology.single(), samples_per_rank=4, max_tokens_per_rank=256, prefetch=2)
+next(it)
+print("exiting with the thread busy", flush=True)
+"""
+
+
+def test_interpreter_exit_while_the_thread_runs_torch_code_is_clean():
+    # Without the wrapper's exit hook this aborts every time on torch 2.13 ("terminate called
+    # without an active exception": the thread ran torch code while C++ statics were torn down).
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", _EXIT_WHILE_BUSY], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0 and "exiting with the thread busy" in proc.stdout, proc.stderr[-2000:]

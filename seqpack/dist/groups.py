@@ -2,16 +2,39 @@
 
 A group of ``None`` stands for a single rank: every helper answers for it without touching
 ``torch.distributed``, so the same code runs in one process and on many.
+
+:func:`new_axis_groups` creates groups for the wrapper alone (its background producer runs
+its collectives there, never on the groups the model uses); :func:`destroy_groups` frees
+them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import datetime
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather_objects", "comm_device", "global_rank", "group_rank", "group_size", "this_rank"]
+from seqpack.errors import ConfigError
+
+if TYPE_CHECKING:
+    from seqpack.topology import Topology
+
+__all__ = [
+    "all_gather_objects",
+    "comm_device",
+    "destroy_groups",
+    "global_rank",
+    "group_rank",
+    "group_size",
+    "new_axis_groups",
+    "this_rank",
+]
+
+logger = logging.getLogger(__name__)
 
 
 def group_size(group: Any) -> int:
@@ -51,3 +74,78 @@ def all_gather_objects(obj: Any, group: Any) -> list[Any]:
         return out
     dist.all_gather_object(out, obj, group=group)
     return out
+
+
+def new_axis_groups(
+    topology: Topology, *, backend: str = "gloo", timeout: datetime.timedelta | None = None
+) -> dict[str, Any]:
+    """New process groups over the same ranks, in the same group-rank order, as the axis
+    groups of ``topology`` (axes of size 1 get ``None``).
+
+    Collective over the whole default group, like ``torch.distributed.new_group``: every
+    rank calls it, in the same order relative to its other group creations. One
+    ``all_gather_object`` of two integers per axis and rank tells every rank the members of
+    every group; then every rank calls ``new_group`` for every group of every axis (the
+    world-wide counter names groups alike on every rank, which the hashed names of
+    ``use_local_synchronization`` do not guarantee) and keeps the ones it belongs to.
+
+    Args:
+        topology: The grid; it must span the whole default group.
+        backend: Backend of the new groups (``"gloo"``: CPU tensors, also when the model
+            trains on NCCL).
+        timeout: How long a collective on the new groups waits for its peers before
+            failing (``None``: torch's default for the backend).
+
+    Raises:
+        ConfigError: ``torch.distributed`` is not initialised or the topology spans fewer
+            ranks than the default group.
+    """
+    axes = [axis for axis in ("dp", "cp", "tp", "pp") if topology.size(axis) > 1]
+    if not axes:
+        return {axis: None for axis in ("dp", "cp", "tp", "pp")}
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError("new_axis_groups needs torch.distributed to be initialised")
+    world = dist.get_world_size()
+    if topology.world_size != world:
+        raise ConfigError(
+            f"the wrapper's own process groups are created over the whole default group ({world} ranks) but this "
+            f"topology spans {topology.world_size}: pass wrapper_groups=... (groups over the topology's ranks) or "
+            "prefetch=0"
+        )
+    # Per axis, the global rank of this rank's group leader (group rank 0) and this rank's
+    # group rank: every group of the axis, with its members in order, follows.
+    mine = [(topology.global_ranks(axis)[0], topology.rank(axis)) for axis in axes]
+    everyone = all_gather_objects(mine, dist.group.WORLD)
+    out: dict[str, Any] = {axis: None for axis in ("dp", "cp", "tp", "pp")}
+    me = dist.get_rank()
+    for i, axis in enumerate(axes):
+        members: dict[int, dict[int, int]] = {}
+        for rank, entries in enumerate(everyone):
+            leader, position = entries[i]
+            members.setdefault(int(leader), {})[int(position)] = rank
+        for leader in sorted(members):
+            ranks = [members[leader][p] for p in sorted(members[leader])]
+            if len(ranks) != topology.size(axis):
+                raise ConfigError(
+                    f"the {axis} groups do not form a grid: the group led by rank {leader} has ranks {ranks}, "
+                    f"not {topology.size(axis)}"
+                )
+            # new_group sorts the ranks unless told not to; keep the axis group's order
+            # (pipeline stages are ordered), and ask only when it matters (older torch).
+            order: dict[str, Any] = {} if ranks == sorted(ranks) else {"sort_ranks": False}
+            group = dist.new_group(ranks, timeout=timeout, backend=backend, **order)
+            if me in ranks:
+                out[axis] = group
+    return out
+
+
+def destroy_groups(groups: Iterable[Any]) -> None:
+    """Destroy process groups, skipping ``None`` and groups already gone (for example
+    after ``destroy_process_group()`` of the whole world); never raises."""
+    for group in groups:
+        if group is None:
+            continue
+        try:
+            dist.destroy_process_group(group)
+        except Exception as exc:  # already destroyed, or torch.distributed torn down
+            logger.debug("could not destroy a process group: %s", exc)

@@ -156,6 +156,9 @@ class _Run:
                 data_owner="tp0",
                 cost=cost,
                 flops_fn=spec.flops,
+                # The modes take turns step by step: a background thread would prepare this
+                # mode's next step inside another mode's timed step. Time the work where it is done.
+                prefetch=0,
             )
         self.totals = {"tokens": 0, "time": 0.0, "flops": 0.0, "pad": 0, "padded": 0, "mbs": 0, "measured": 0}
         self.imbalances: list[float] = []
