@@ -11,7 +11,7 @@ import torch
 
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
 from seqpack.thd.sample import IGNORE_INDEX
-from seqpack.validation import check_int, check_number
+from seqpack.validation import check_fits_memory, check_int, check_number
 
 __all__ = ["IGNORE_INDEX", "MIN_VOCAB_SIZE", "MockSFTDataset"]
 
@@ -55,6 +55,9 @@ class MockSFTDataset(torch.utils.data.Dataset):
         if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
             i = int(np.argmax(arr))
             raise SampleError(f"sample {i} has length {int(arr[i])}, more than int64 holds")
+        if arr.size:
+            i = int(np.argmax(arr))  # a sample is three arrays: int64 ids and labels, float32 loss mask
+            check_fits_memory(f"sample {i} of {int(arr[i])} tokens", 20 * int(arr[i]))
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=MIN_VOCAB_SIZE)
         self.seed = check_int("seed", seed, minimum=0)
         self.prompt_fraction = check_number("prompt_fraction", prompt_fraction, minimum=0.0)

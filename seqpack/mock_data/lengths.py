@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.validation import INT64_MAX, check_int
+from seqpack.validation import INT64_MAX, check_fits_memory, check_int
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -40,6 +40,7 @@ def _count(n: object) -> int:
         raise SeqpackTypeError(f"n must be a non-negative integer, got {n!r}")
     if n < 0:  # type: ignore[operator]
         raise ConfigError(f"n must be a non-negative integer, got {n!r}")
+    check_fits_memory(f"n={n} lengths", 16 * int(n))  # type: ignore[call-overload]  # int64 out + float64 draw
     return int(n)  # type: ignore[call-overload]
 
 
@@ -68,7 +69,10 @@ def _seed(seed: object) -> int | None:
 
 
 def _clip(values: np.ndarray, low: int, high: int) -> np.ndarray:
-    return np.clip(np.rint(values), low, high).astype(np.int64)
+    # In place: the float64 draw and the int64 result are the peak (16 bytes per length).
+    np.rint(values, out=values)
+    np.clip(values, low, high, out=values)
+    return values.astype(np.int64)
 
 
 def lognormal_lengths(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
@@ -18,8 +19,16 @@ import numpy as np
 
 from seqpack.config import OnOversize
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
+from seqpack.stats import exact_sum
 from seqpack.thd import padded_lengths
-from seqpack.validation import check_choice, check_positive_int
+from seqpack.validation import (
+    INT64_MAX,
+    MAX_TOKENS,
+    check_choice,
+    check_cost_model,
+    check_fits_memory,
+    check_positive_int,
+)
 
 if TYPE_CHECKING:
     from seqpack.cost import CostModel
@@ -282,20 +291,83 @@ def default_origin(num_samples: int, dp_size: int) -> np.ndarray:
 
 
 def as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
-    """Validate and coerce lengths to a contiguous int64 array of positive values."""
-    arr = np.asarray(lengths)
+    """Validate and coerce lengths to a contiguous int64 array of positive values.
+
+    Raises:
+        SeqpackTypeError: Not a 1-D sequence of integers (integral floats are accepted).
+        SampleError: A length below 1, or one past int64 (named, never wrapped negative).
+    """
+    try:
+        arr = np.asarray(lengths)
+    except (TypeError, ValueError, RuntimeError):  # ragged lists, device tensors
+        arr = np.asarray(None)
     if arr.ndim != 1:
+        if arr.ndim == 0:
+            raise SeqpackTypeError(f"lengths must be a 1-D sequence of integers, got {type(lengths).__name__}")
         raise SampleError(f"lengths must be 1-D, got shape {arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
-            arr = arr.astype(np.int64)
-        else:
+    if arr.size and arr.dtype == object:  # Python ints past int64, or a mix of types
+        for i, value in enumerate(arr.tolist()):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                raise SeqpackTypeError(f"lengths must be integers, got {value!r} for sample {i}")
+            if int(value) > INT64_MAX:
+                raise SampleError(f"sample {i} has length {int(value)}, too large (at most 2**63 - 1)")
+        arr = np.array([int(v) for v in arr.tolist()], dtype=np.int64)
+    elif arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if not np.issubdtype(arr.dtype, np.floating) or not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
             raise SeqpackTypeError(f"lengths must be integers, got dtype {arr.dtype}")
+        if arr.max() >= 2.0**63:
+            i = int(np.argmax(arr))
+            raise SampleError(f"sample {i} has length {float(arr[i]):.0f}, too large (at most 2**63 - 1)")
+    elif arr.size and arr.dtype == np.uint64 and int(arr.max()) > INT64_MAX:
+        i = int(np.argmax(arr))
+        raise SampleError(f"sample {i} has length {int(arr[i])}, too large (at most 2**63 - 1)")
     arr = np.ascontiguousarray(arr, dtype=np.int64)
     if arr.size and arr.min() < 1:
         i = int(np.argmin(arr))
         raise SampleError(f"sample {i} has length {int(arr[i])}; lengths must be >= 1 (drop empty samples first)")
     return arr
+
+
+def as_origin(origin: Sequence[int] | np.ndarray | None, num_samples: int, dp_size: int) -> np.ndarray:
+    """The DP rank of every sample as int64 (default :func:`default_origin`).
+
+    Raises:
+        SeqpackTypeError: Ranks that are not integers.
+        ConfigError: Not one rank in ``0..dp_size-1`` per sample.
+    """
+    if origin is None:
+        return default_origin(num_samples, dp_size)
+    arr = np.asarray(origin)
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if not np.issubdtype(arr.dtype, np.floating) or np.any(arr != np.round(arr)):
+            raise SeqpackTypeError(f"origin must hold integer DP ranks, got dtype {arr.dtype}")
+    if arr.shape != (num_samples,) or (arr.size and (arr.min() < 0 or arr.max() >= dp_size)):
+        raise ConfigError(f"origin must hold one DP rank in 0..{dp_size - 1} per sample, got shape {arr.shape}")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def check_request(num_samples: int, *, dp_size: int, cp_size: int, capacity: int, cost: object) -> None:
+    """Refuse, before planning, what no schedule can hold: a microbatch past
+    :data:`~seqpack.validation.MAX_TOKENS`, more replicas than memory holds, a cost that is
+    not a :class:`~seqpack.cost.CostModel`."""
+    if capacity > MAX_TOKENS:
+        raise ConfigError(
+            f"max_tokens_per_rank={capacity // cp_size} x cp_size={cp_size} = {capacity} tokens per microbatch is too "
+            f"large (at most 2**53 = {MAX_TOKENS})"
+        )
+    # Every round of a schedule holds one id array per replica (~112 bytes each).
+    check_fits_memory(f"dp_size={dp_size} for {num_samples} samples", 64 * num_samples + 112 * dp_size)
+    check_cost_model("cost", cost)
+
+
+def check_step_tokens(lengths: np.ndarray, pad_multiple: int) -> None:
+    """Refuse a step whose padded tokens, summed, do not fit int64 (each fits capacity)."""
+    if lengths.size and int(lengths.max()) + pad_multiple > INT64_MAX // lengths.shape[0]:
+        total = exact_sum(padded_lengths(lengths, pad_multiple))
+        if total > INT64_MAX:
+            raise ScheduleError(
+                f"the step's {lengths.shape[0]} sequences hold {total} padded tokens, too many (at most 2**63 - 1)"
+            )
 
 
 def apply_oversize(
@@ -305,22 +377,25 @@ def apply_oversize(
     on_oversize = check_choice("on_oversize", on_oversize, OnOversize)
     if capacity < pad_multiple:
         raise ConfigError(f"capacity {capacity} is smaller than pad_multiple {pad_multiple}: no sequence fits")
-    padded = padded_lengths(lengths, pad_multiple)
-    over = np.flatnonzero(padded > capacity)
+    # Longest length whose padded length fits (compared unpadded: padding a length near
+    # 2**63 would wrap int64).
+    fits = (capacity // pad_multiple) * pad_multiple
+    over = np.flatnonzero(lengths > fits)
     effective = lengths.copy()
     if over.size == 0:
         return effective, _empty(), _empty()
     if on_oversize == OnOversize.ERROR:
         i = int(over[0])
+        padded = -(-int(lengths[i]) // pad_multiple) * pad_multiple
         raise ScheduleError(
-            f"sample {i} has {int(lengths[i])} tokens ({int(padded[i])} padded to a multiple of {pad_multiple}), "
+            f"sample {i} has {int(lengths[i])} tokens ({padded} padded to a multiple of {pad_multiple}), "
             f"more than one microbatch holds: capacity {capacity} tokens; {over.size} sample(s) are too long. "
             "Raise max_tokens_per_rank or cp_size, or pass on_oversize='truncate' or 'drop'"
         )
     if on_oversize == "drop":
         effective[over] = 0
         return effective, over.astype(np.int64), _empty()
-    effective[over] = (capacity // pad_multiple) * pad_multiple
+    effective[over] = fits
     return effective, _empty(), over.astype(np.int64)
 
 
@@ -371,14 +446,10 @@ class Scheduler(ABC):
         max_tokens_per_rank = check_positive_int("max_tokens_per_rank", max_tokens_per_rank)
         pad_multiple = check_positive_int("pad_multiple", pad_multiple)
         capacity = max_tokens_per_rank * cp_size
+        check_request(original.shape[0], dp_size=dp_size, cp_size=cp_size, capacity=capacity, cost=cost)
         effective, dropped, truncated = apply_oversize(original, capacity, pad_multiple, on_oversize)
-        origin_arr = default_origin(original.shape[0], dp_size) if origin is None else np.asarray(origin, np.int64)
-        if origin_arr.shape != original.shape or (
-            origin_arr.size and (origin_arr.min() < 0 or origin_arr.max() >= dp_size)
-        ):
-            raise ConfigError(
-                f"origin must hold one DP rank in 0..{dp_size - 1} per sample, got shape {origin_arr.shape}"
-            )
+        check_step_tokens(effective, pad_multiple)
+        origin_arr = as_origin(origin, original.shape[0], dp_size)
         active = np.flatnonzero(effective > 0).astype(np.int64)
         rounds, deferred = self._plan(
             active,

@@ -5,18 +5,19 @@ padding arithmetic both follow (:func:`pad_multiple_for`, :func:`padded_lengths`
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from seqpack.errors import ConfigError, SampleError
+from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
 from seqpack.thd.batch import PackedBatch
 from seqpack.thd.cp import check_cp, partition_indices
 from seqpack.thd.layout import Offsets, as_offsets, token_layout
 from seqpack.thd.sample import IGNORE_INDEX, TOKEN_KEYS, normalize_sample
-from seqpack.validation import check_int, check_optional_int, check_positive_int
+from seqpack.validation import INT64_MAX, check_fits_memory, check_int, check_optional_int, check_positive_int
 
 __all__ = [
     "batch_from_layout",
@@ -26,6 +27,8 @@ __all__ = [
     "sample_sequences",
     "split_packed_sample",
 ]
+
+INT32_MAX = (1 << 31) - 1
 
 
 def pad_multiple_for(cp_size: int, tp_size: int = 1, sequence_parallel: bool = False, fp8: bool = False) -> int:
@@ -46,10 +49,42 @@ def pad_multiple_for(cp_size: int, tp_size: int = 1, sequence_parallel: bool = F
 
 
 def padded_lengths(lengths: np.ndarray | Sequence[int], pad_multiple: int) -> np.ndarray:
-    """Smallest multiple of ``pad_multiple`` that holds each length (int64 array)."""
+    """Smallest multiple of ``pad_multiple`` that holds each length (int64 array).
+
+    Raises:
+        SeqpackTypeError: Lengths that are not integers.
+        SampleError: A negative length, or one whose padded length does not fit int64.
+    """
     pad_multiple = check_positive_int("pad_multiple", pad_multiple)
-    arr = np.asarray(lengths, dtype=np.int64)
+    arr = lengths if isinstance(lengths, np.ndarray) and lengths.dtype == np.int64 else _int64_lengths(lengths)
+    if arr.size:
+        low, high = int(arr.min()), int(arr.max())
+        if low < 0:
+            raise SampleError(f"lengths must be >= 0, got {low}")
+        if high > INT64_MAX // pad_multiple * pad_multiple:  # its padded length would wrap negative
+            raise SampleError(f"length {high} padded to a multiple of {pad_multiple} is too large (at most 2**63 - 1)")
     return -(-arr // pad_multiple) * pad_multiple
+
+
+def _int64_lengths(lengths: np.ndarray | Sequence[int]) -> np.ndarray:
+    try:
+        arr = np.asarray(lengths)
+        if arr.dtype == object and not all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in arr.reshape(-1).tolist()
+        ):
+            raise TypeError
+    except (TypeError, ValueError, OverflowError):
+        raise SeqpackTypeError(f"lengths must be integers, got {type(lengths).__name__}") from None
+    integral = np.issubdtype(arr.dtype, np.integer) or (
+        np.issubdtype(arr.dtype, np.floating) and bool(np.all(np.isfinite(arr) & (arr == np.round(arr))))
+    )
+    if arr.size and not (integral or arr.dtype == object):
+        raise SeqpackTypeError(f"lengths must be integers, got dtype {arr.dtype}")
+    if arr.size and (arr.dtype == object or arr.dtype == np.uint64 or arr.dtype.kind == "f"):
+        top = max(arr.reshape(-1).tolist())
+        if top > INT64_MAX:
+            raise SampleError(f"length {int(top)} is too large (at most 2**63 - 1)")
+    return arr.astype(np.int64)
 
 
 def pack_sequences(
@@ -111,6 +146,12 @@ def pack_sequences(
             )
         padded[-1] += pad_to - padded_total
         padded_total = pad_to
+    if padded_total > INT32_MAX:  # cu_seqlens are int32 (Transformer Engine's contract)
+        raise ConfigError(
+            f"a pack of {padded_total} tokens is too large: cu_seqlens are int32 (at most 2**31 - 1 tokens)"
+            + (f"; pad_to={pad_to}" if pad_to is not None else "")
+        )
+    check_fits_memory(f"a pack of {padded_total} tokens", 40 * padded_total)  # ~5 tensors of 8 bytes a token
 
     cu_real_np = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(lengths, out=cu_real_np[1:])
