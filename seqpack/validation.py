@@ -9,14 +9,17 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from collections.abc import Mapping
 from enum import Enum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
+import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
 
 __all__ = [
+    "INT32_MAX",
     "INT64_MAX",
     "MAX_TOKENS",
     "check_bool",
@@ -25,11 +28,15 @@ __all__ = [
     "check_fits_memory",
     "check_int",
     "check_number",
+    "check_mapping",
     "check_optional_int",
+    "check_path",
     "check_positive_int",
+    "check_tensor",
     "memory_limit",
 ]
 
+INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 MAX_TOKENS = 1 << 53
 """Most padded tokens one microbatch may hold (``max_tokens_per_rank * cp_size``): float64
@@ -65,9 +72,11 @@ def check_positive_int(name: str, value: object, *, maximum: int | None = None) 
     return check_int(name, value, minimum=1, maximum=maximum)
 
 
-def check_optional_int(name: str, value: object, *, minimum: int | None = None) -> int | None:
+def check_optional_int(
+    name: str, value: object, *, minimum: int | None = None, maximum: int | None = None
+) -> int | None:
     """``None`` or :func:`check_int`."""
-    return None if value is None else check_int(name, value, minimum=minimum)
+    return None if value is None else check_int(name, value, minimum=minimum, maximum=maximum)
 
 
 def check_number(
@@ -112,6 +121,30 @@ def check_choice(name: str, value: object, choices: type[E]) -> E:
     except ValueError:
         valid = tuple(member.value for member in choices)
         raise ConfigError(f"{name} must be one of {valid}, got {value!r}") from None
+
+
+def check_mapping(name: str, value: object) -> Mapping[str, Any]:
+    """``value`` as a mapping (a dict of fields, a batch, a state)."""
+    if not isinstance(value, Mapping):
+        raise SeqpackTypeError(f"{name} must be a mapping (a dict), got {type(value).__name__}")
+    return value
+
+
+def check_path(name: str, value: object) -> str:
+    """``value`` as a file path string (``str`` or ``os.PathLike`` of one; bytes refused)."""
+    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise SeqpackTypeError(f"{name} must be a file path (str or os.PathLike), got {value!r}")
+    return path
+
+
+def check_tensor(name: str, value: object, *, min_dim: int = 0) -> torch.Tensor:
+    """``value`` as a ``torch.Tensor`` with at least ``min_dim`` dimensions."""
+    if not isinstance(value, torch.Tensor):
+        raise SeqpackTypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() < min_dim:
+        raise ConfigError(f"{name} must have at least {min_dim} dimension(s), got shape {tuple(value.shape)}")
+    return value
 
 
 def check_cost_model(name: str, value: object) -> None:

@@ -360,6 +360,13 @@ def check_request(num_samples: int, *, dp_size: int, cp_size: int, capacity: int
     check_cost_model("cost", cost)
 
 
+def check_microbatches(dp_size: int, **least: int | None) -> None:
+    """Refuse, before planning, a microbatch count (the largest of the scheduler options in
+    ``least``, e.g. ``min_microbatches``) whose ``count x dp_size`` cells memory cannot hold."""
+    name, count = max(((k, v) for k, v in least.items() if v is not None), key=lambda kv: kv[1])
+    check_fits_memory(f"{name}={count} microbatches x dp_size={dp_size}", 112 * count * dp_size)
+
+
 def check_step_tokens(lengths: np.ndarray, pad_multiple: int) -> None:
     """Refuse a step whose padded tokens, summed, do not fit int64 (each fits capacity)."""
     if lengths.size and int(lengths.max()) + pad_multiple > INT64_MAX // lengths.shape[0]:
