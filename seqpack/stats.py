@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from seqpack.errors import SeqpackTypeError
 from seqpack.thd import padded_lengths
-from seqpack.validation import INT64_MAX
+from seqpack.validation import INT64_MAX, check_cost_model, check_int, check_number
 
 if TYPE_CHECKING:
     from seqpack.cost import CostModel
@@ -169,6 +170,13 @@ class StepStats:
     ) -> StepStats:
         """Account a schedule. Empty microbatches count a padding-only filler of
         ``pad_multiple`` tokens, as the wrapper sends one."""
+        from seqpack.schedulers.base import Schedule  # late: schedulers import this module
+
+        if not isinstance(schedule, Schedule):
+            raise SeqpackTypeError(f"schedule must be a seqpack.Schedule, got {type(schedule).__name__}")
+        check_cost_model("cost", cost)
+        flops = None if flops is None else check_number("flops", flops)
+        empty_samples = check_int("empty_samples", empty_samples, minimum=0)
         lengths = schedule.lengths
         assigned, _, counts = schedule._flat
         real = lengths[assigned]

@@ -198,6 +198,11 @@ class PackingIterator(Iterator[Step], Stateful):
         )
         if self._reads and data_iterator is None:
             raise ConfigError(f"{who} got data_iterator=None but must read data ({rule})")
+        if data_iterator is not None:
+            kind = type(data_iterator)
+            iterable = hasattr(kind, "__iter__") or (hasattr(kind, "__getitem__") and hasattr(kind, "__len__"))
+            if not iterable or getattr(data_iterator, "ndim", 1) == 0:  # a 0-d tensor has __iter__, no items
+                raise SeqpackTypeError(f"{who}: data_iterator must be an iterable of samples, got {kind.__name__}")
         if not self._reads and data_iterator is not None:
             raise ConfigError(f"{who} got a data_iterator but must not read data ({rule}); pass data_iterator=None")
 

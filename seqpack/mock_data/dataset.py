@@ -12,7 +12,7 @@ import torch
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
 from seqpack.mock_data import io
 from seqpack.thd.sample import IGNORE_INDEX
-from seqpack.validation import check_fits_memory, check_int, check_number
+from seqpack.validation import INT64_MAX, check_fits_memory, check_int, check_number, check_path
 
 __all__ = ["IGNORE_INDEX", "MIN_VOCAB_SIZE", "MockSFTDataset"]
 
@@ -56,7 +56,7 @@ class MockSFTDataset(torch.utils.data.Dataset):
         if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
             i = int(np.argmax(arr))
             raise SampleError(f"sample {i} has length {int(arr[i])}, more than int64 holds")
-        self.vocab_size = check_int("vocab_size", vocab_size, minimum=MIN_VOCAB_SIZE)
+        self.vocab_size = check_int("vocab_size", vocab_size, minimum=MIN_VOCAB_SIZE, maximum=INT64_MAX)
         self.seed = check_int("seed", seed, minimum=0)
         self.prompt_fraction = check_number("prompt_fraction", prompt_fraction, minimum=0.0)
         if self.prompt_fraction >= 1.0:
@@ -125,8 +125,10 @@ class MockSFTDataset(torch.utils.data.Dataset):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        path = os.fspath(path)
-        rows_per_group = check_int("rows_per_group", rows_per_group, minimum=1)
+        path = check_path("path", path)
+        rows_per_group = check_int("rows_per_group", rows_per_group, minimum=1, maximum=INT64_MAX)
+        if not (callable(progress) or isinstance(progress, (bool, np.bool_))):
+            raise SeqpackTypeError(f"progress must be True, False or a callable, got {progress!r:.40}")
         if os.path.isdir(path):
             raise IsADirectoryError(f"{path}: is a directory; give a file name")
         n = len(self)

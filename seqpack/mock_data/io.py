@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from seqpack.errors import ConfigError, SampleError
-from seqpack.validation import INT64_MAX
+from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
+from seqpack.validation import INT64_MAX, check_path
 
 __all__ = ["LENGTH_COLUMNS", "LIST_MAX_VALUES", "file_format", "lengths_from_file", "write_lengths"]
 
@@ -228,7 +228,7 @@ def lengths_from_file(path: str | os.PathLike, column: str | int | None = None) 
             too large (> 2**63 - 1) value; the message names the file, the row or line,
             and the value.
     """
-    path = os.fspath(path)
+    path = check_path("path", path)
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path}: is a directory, not a file of lengths")
     kind = file_format(path)
@@ -294,6 +294,23 @@ def _as_lengths(col: pa.Array) -> tuple[np.ndarray, int | None, str]:
     return values, None, ""
 
 
+def _lengths_to_write(lengths: object) -> np.ndarray:
+    """``lengths`` as a 1-D int64 array of non-negative integers (zeros are empty samples)."""
+    try:
+        arr = np.asarray(lengths)
+    except (TypeError, ValueError):
+        arr = np.asarray(None)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise SeqpackTypeError(f"lengths must be a 1-D sequence of integers, got {lengths!r:.60}")
+    if arr.size and arr.dtype == np.uint64 and int(arr.max()) > INT64_MAX:
+        raise SampleError(f"lengths holds {int(arr.max())}, too large (at most 2**63 - 1)")
+    arr = arr.astype(np.int64)
+    if arr.size and arr.min() < 0:
+        i = int(np.argmin(arr))
+        raise SampleError(f"lengths must be >= 0: sample {i} has length {int(arr[i])}")
+    return arr
+
+
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
@@ -308,11 +325,13 @@ def write_lengths(path: str | os.PathLike, lengths: Sequence[int] | np.ndarray, 
         IsADirectoryError: ``path`` is a directory.
         OSError: The file cannot be written (a missing directory, no permission).
     """
-    path = os.fspath(path)
+    path = check_path("path", path)
+    if not isinstance(column, str) or not column or any(c in column for c in '\n\r"'):
+        raise SeqpackTypeError(f"column must be a column name (a non-empty string), got {column!r}")
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path}: is a directory; give a file name")
     kind = file_format(path)
-    arr = np.asarray(lengths, dtype=np.int64)
+    arr = _lengths_to_write(lengths)
     if kind == "csv":
         sep = "\t" if path.lower().endswith(".tsv") else ","
         with open(path, "w", encoding="utf-8") as f:

@@ -57,7 +57,7 @@ def _bounds(min_seq_len: object, max_seq_len: object) -> tuple[int, int]:
 def _positive(name: str, value: object, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise SeqpackTypeError(f"{name} must be a number, got {value!r}")
-    value = float(value)
+    value = float(value) + 0.0  # + 0.0: -0.0 is 0 (numpy refuses a sigma of -0.0)
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value!r}")
     return value
@@ -66,6 +66,14 @@ def _positive(name: str, value: object, allow_zero: bool = False) -> float:
 def _seed(seed: object) -> int | None:
     """A generator seed: a non-negative integer (``None``: fresh entropy, not reproducible)."""
     return None if seed is None else check_int("seed", seed, minimum=0)
+
+
+def _mu(mean: float, sigma: float, name: str) -> float:
+    """``ln(mean) - sigma**2 / 2``: the lognormal location whose mean is ``mean``."""
+    try:
+        return math.log(mean) - sigma**2 / 2
+    except OverflowError:
+        raise ConfigError(f"{name}={sigma!r} is too large: sigma**2 overflows") from None
 
 
 def _clip(values: np.ndarray, low: int, high: int) -> np.ndarray:
@@ -102,7 +110,7 @@ def lognormal_lengths(
     mean = _positive("mean_seq_len", mean_seq_len)
     sigma = _positive("sigma", sigma, allow_zero=True)
     rng = np.random.default_rng(_seed(seed))
-    mu = math.log(mean) - sigma**2 / 2
+    mu = _mu(mean, sigma, "sigma")
     return _clip(rng.lognormal(mu, sigma, n), low, high)
 
 
@@ -150,16 +158,16 @@ def bimodal_lengths(
     long_sigma = _positive("long_sigma", long_sigma, allow_zero=True)
     rng = np.random.default_rng(_seed(seed))
     is_long = rng.random(n) < fraction
-    short = rng.lognormal(math.log(short_mean) - short_sigma**2 / 2, short_sigma, n)
-    long = rng.lognormal(math.log(long_mean) - long_sigma**2 / 2, long_sigma, n)
+    short = rng.lognormal(_mu(short_mean, short_sigma, "short_sigma"), short_sigma, n)
+    long = rng.lognormal(_mu(long_mean, long_sigma, "long_sigma"), long_sigma, n)
     return _clip(np.where(is_long, long, short), low, high)
 
 
 def constant_lengths(n: int, *, length: int) -> np.ndarray:
     """Every sequence ``length`` tokens (fixed-length pre-training)."""
+    length = check_int("length", length, minimum=1, maximum=INT64_MAX)
     n = _count(n)
-    low, _ = _bounds(length, length)
-    return np.full(n, low, dtype=np.int64)
+    return np.full(n, length, dtype=np.int64)
 
 
 DISTRIBUTIONS: dict[str, Callable[..., np.ndarray]] = {
@@ -179,7 +187,7 @@ def generate_lengths(name: str, n: int, **params: Any) -> np.ndarray:
         ConfigError: Unknown name, parameters the generator does not take, or out of range.
         SeqpackTypeError: A parameter of the wrong type.
     """
-    if name not in DISTRIBUTIONS:
+    if not isinstance(name, str) or name not in DISTRIBUTIONS:
         raise ConfigError(f"unknown length distribution {name!r}; available: {', '.join(DISTRIBUTIONS)}")
     fn = DISTRIBUTIONS[name]
     try:
@@ -260,6 +268,8 @@ def lengths_from_config(
     n = num_samples if num_samples is not None else config.get("num_samples")
     if n is None:
         raise ConfigError(f"distribution-mode {what} needs num_samples (in the config or as an argument)")
+    n = check_int("num_samples", n, minimum=0)
+    check_fits_memory(f"num_samples={n} lengths", 16 * n)
     params = {_CONFIG_ALIASES.get(k, k): v for k, v in config.items() if k not in _CONFIG_META}
     if kind != "constant":
         params["seed"] = seed if seed is not None else config.get("seed", 0)

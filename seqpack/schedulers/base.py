@@ -153,19 +153,25 @@ class Schedule:
         Raises:
             ScheduleError: Missing arrays or counts that do not add up.
         """
+        if not isinstance(arrays, Mapping):
+            raise SeqpackTypeError(f"schedule arrays must be a mapping, got {type(arrays).__name__}")
         missing = [k for k in ("limits", *cls.ARRAY_FIELDS) if k not in arrays]
         if missing:
             raise ScheduleError(f"schedule arrays are missing {missing}")
-        limits = np.asarray(arrays["limits"], dtype=np.int64).reshape(-1)
+        limits = _int64_array("limits", arrays["limits"])
         if limits.shape[0] != 5:
             raise ScheduleError(f"schedule limits must hold 5 values, got {limits.tolist()}")
         m_count, dp = int(limits[0]), int(limits[1])
-        get = {k: np.array(arrays[k], dtype=np.int64).reshape(-1) for k in cls.ARRAY_FIELDS}
+        get = {k: _int64_array(k, arrays[k]) for k in cls.ARRAY_FIELDS}
         counts, assigned = get["cell_counts"], get["assigned"]
         if m_count < 0 or dp < 1 or counts.shape[0] != m_count * dp:
-            raise ScheduleError(f"{counts.shape[0]} cell counts for {m_count} microbatches x {dp} replicas")
+            raise ScheduleError(
+                f"schedule cell_counts holds {counts.shape[0]} counts for {m_count} microbatches x {dp} replicas"
+            )
         if int(counts.sum()) != assigned.shape[0] or (counts.size and counts.min() < 0):
-            raise ScheduleError(f"cell counts sum to {int(counts.sum())} but {assigned.shape[0]} ids are assigned")
+            raise ScheduleError(
+                f"schedule cell_counts sum to {int(counts.sum())} but {assigned.shape[0]} ids are assigned"
+            )
         cells = np.split(assigned, np.cumsum(counts)[:-1]) if counts.size else []
         return cls(
             num_microbatches=m_count,
@@ -283,6 +289,20 @@ class Schedule:
                     f"microbatch {m} of replica {d} holds {int(tokens[m, d])} padded tokens > capacity "
                     f"{self.capacity} (max_tokens_per_rank={self.max_tokens_per_rank} x cp_size={self.cp_size})"
                 )
+
+
+def _int64_array(name: str, value: object) -> np.ndarray:
+    """One array of :meth:`Schedule.from_arrays` as a flat int64 copy (never wrapped, never
+    truncated)."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):
+        array = np.asarray(None)
+    if array.dtype.kind not in "iu" and not (array.dtype.kind == "f" and array.size == 0):
+        raise ScheduleError(f"schedule array {name!r} must hold integers, got {value!r:.60}")
+    if array.dtype == np.uint64 and array.size and int(array.max()) > INT64_MAX:
+        raise ScheduleError(f"schedule array {name!r} holds {int(array.max())}, which does not fit int64")
+    return np.array(array, dtype=np.int64).reshape(-1)
 
 
 def default_origin(num_samples: int, dp_size: int) -> np.ndarray:

@@ -129,7 +129,7 @@ def test_fractional_origin_is_refused_not_truncated(name):
 
 def test_padded_lengths_refuses_what_would_wrap():
     assert padded_lengths(np.array([INT64_MAX - 7], dtype=np.int64), 8).tolist() == [INT64_MAX - 7]
-    with pytest.raises(SampleError, match=rf"length {INT64_MAX} padded to a multiple of 8 is too large"):
+    with pytest.raises(SampleError, match=rf"length {INT64_MAX} padded to pad_multiple=8 is too large"):
         padded_lengths([INT64_MAX], 8)
     with pytest.raises(SampleError, match="lengths must be >= 0, got -1"):
         padded_lengths([3, -1], 2)
