@@ -129,7 +129,8 @@ class StepStats:
             microbatch of shorter ones.
         pad_fraction: ``1 - real_tokens / padded_tokens``.
         dropped_sequences, dropped_tokens: Removed by ``on_oversize="drop"``.
-        truncated_sequences, truncated_tokens: Tokens cut by ``on_oversize="truncate"``.
+        truncated_sequences, truncated_tokens: Tokens cut by ``on_oversize="truncate"`` from
+            the sequences trained this step (a deferred one counts when it is trained).
         deferred_sequences: Held back for the next step.
         empty_samples: Zero-length samples the wrapper dropped.
         flops: Model training FLOPs of the step, when a model is known.
@@ -195,7 +196,11 @@ class StepStats:
         round_mean = costs.mean(axis=1).sum() if costs.size else 0.0
         round_max = costs.max(axis=1).sum() if costs.size else 0.0
         orig = schedule.original_lengths
-        truncated_tokens = exact_sum(orig[schedule.truncated] - lengths[schedule.truncated])
+        # Truncated ids trained this step: a deferred one is counted when it is trained.
+        trained = np.zeros(orig.shape[0], dtype=bool)
+        trained[assigned] = True
+        truncated = schedule.truncated[trained[schedule.truncated]]
+        truncated_tokens = exact_sum(orig[truncated] - lengths[truncated])
         real_sum = exact_sum(real)
         return cls(
             num_sequences=int(assigned.shape[0]),
@@ -216,7 +221,7 @@ class StepStats:
             pad_fraction=1.0 - real_sum / padded_tokens if padded_tokens else 0.0,
             dropped_sequences=int(schedule.dropped.shape[0]),
             dropped_tokens=exact_sum(orig[schedule.dropped]),
-            truncated_sequences=int(schedule.truncated.shape[0]),
+            truncated_sequences=int(truncated.shape[0]),
             truncated_tokens=truncated_tokens,
             deferred_sequences=int(schedule.deferred.shape[0]),
             empty_samples=int(empty_samples),

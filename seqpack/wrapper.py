@@ -180,6 +180,7 @@ class PackingIterator(Iterator[Step], Stateful):
         self._failure: StepFailed | None = None
         self._local_cause: BaseException | None = None
         self.dropped_at_end = 0
+        self.empty_at_end = 0  # zero-length samples read in the step that found the end of data
 
     # -- configuration --------------------------------------------------------------------
 
@@ -386,6 +387,7 @@ class PackingIterator(Iterator[Step], Stateful):
         if isinstance(msg, StepEnd):
             self._finished = True
             self.dropped_at_end = msg.dropped_at_end
+            self.empty_at_end = msg.empty_samples
             raise StopIteration
         plan = msg.schedule
         stats = StepStats.from_schedule(plan, self.stats_cost, empty_samples=msg.empty_samples)
@@ -509,10 +511,13 @@ def _agree_axes(
 
 
 def _with_status(msg: StepMessage, status: Status, error: str | None, rank: int | None) -> StepMessage:
+    if status == Status.ERROR:
+        if isinstance(msg, StepError) and (msg.message, msg.rank) == (error or "", rank):
+            return msg
+        # Also when this rank failed too: every rank raises the agreed error, not its own.
+        return StepError(msg.step, error or "", rank)
     if status == msg.status:
         return msg
-    if status == Status.ERROR:
-        return StepError(msg.step, error or "", rank)
     return StepEnd(msg.step, dropped_at_end=msg.dropped_at_end if isinstance(msg, StepEnd) else 0)
 
 
