@@ -197,7 +197,10 @@ class PackingConfig:
                 microbatch (``max_tokens_per_rank * cp``) smaller than ``pad_multiple``.
         """
         from seqpack.thd import pad_multiple_for
+        from seqpack.topology import Topology
 
+        if not isinstance(topology, Topology):
+            raise SeqpackTypeError(f"topology must be a seqpack.Topology, got {type(topology).__name__}")
         cp = topology.cp_size
         pad = self.pad_multiple
         if pad is None:

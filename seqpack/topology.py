@@ -23,7 +23,7 @@ from typing import Any
 import torch.distributed as dist
 
 from seqpack.config import AXES, Axis
-from seqpack.errors import ConfigError
+from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.validation import check_int, check_mapping, check_optional_int, check_positive_int
 
 __all__ = ["AXES", "Axis", "Topology"]
@@ -105,6 +105,8 @@ class Topology:
             ValueError: An unnamed mesh, a dim that maps to no axis, or sizes whose product
                 is not the mesh size.
         """
+        if not (hasattr(mesh, "mesh_dim_names") and hasattr(mesh, "ndim")):
+            raise SeqpackTypeError(f"mesh must be a torch DeviceMesh, got {type(mesh).__name__}")
         names = tuple(mesh.mesh_dim_names or ())
         if len(names) != mesh.ndim:
             raise ConfigError(f"the device mesh must name its dims ({', '.join(AXES)}), got mesh_dim_names={names}")

@@ -224,7 +224,7 @@ class Schedule:
         ``num_microbatches`` microbatches; padded tokens of every microbatch fit capacity;
         truncated ids are packed with at most their original length; the limits match.
         """
-        given = self.original_lengths if lengths is None else np.asarray(lengths, dtype=np.int64)
+        given = self.original_lengths if lengths is None else as_lengths(lengths)
         if given.shape != self.original_lengths.shape or not np.array_equal(given, self.original_lengths):
             raise ScheduleError("schedule was computed for different lengths than the ones given")
         for name, expected in (
@@ -233,7 +233,7 @@ class Schedule:
             ("max_tokens_per_rank", max_tokens_per_rank),
             ("pad_multiple", pad_multiple),
         ):
-            if expected is not None and getattr(self, name) != expected:
+            if expected is not None and check_positive_int(name, expected) != getattr(self, name):
                 raise ScheduleError(f"schedule has {name}={getattr(self, name)}, expected {expected}")
         if len(self.assignment) != self.num_microbatches:
             raise ScheduleError(

@@ -228,8 +228,13 @@ def reorder_seq_chunks(
     dim = check_int("dim", dim)
     if not -x.dim() <= dim < x.dim():
         raise ConfigError(f"dim={dim} is out of range for x of shape {tuple(x.shape)}")
-    chunk_ids = check_tensor("chunk_ids", chunk_ids, min_dim=1).to(torch.int64).cpu()
+    chunk_ids = check_tensor("chunk_ids", chunk_ids, min_dim=1)
+    if chunk_ids.is_floating_point() or chunk_ids.is_complex() or chunk_ids.dtype == torch.bool:
+        raise SeqpackTypeError(f"chunk_ids must hold integers, got dtype {chunk_ids.dtype}")
+    chunk_ids = chunk_ids.to(torch.int64).cpu().reshape(-1)
     num_chunks = chunk_ids.numel()
+    if num_chunks == 0 or not torch.equal(torch.sort(chunk_ids).values, torch.arange(num_chunks)):
+        raise ConfigError(f"chunk_ids must be a permutation of 0..{num_chunks - 1}, got {chunk_ids.tolist()[:16]}")
     total = x.shape[dim]
     cu = _as_offsets([0, total] if cu_seqlens_padded is None else cu_seqlens_padded).cpu()
     if int(cu[-1]) != total:

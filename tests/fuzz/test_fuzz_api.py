@@ -23,6 +23,7 @@ from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.config import PackingConfig
 from seqpack.cost import CostModel, ModelSpec
+from seqpack.dist import gather_lengths
 from seqpack.interop.nemo import process_input_for_thd, split_batch_into_thd_chunks
 from seqpack.mock_data import (
     MockSFTDataset,
@@ -41,6 +42,7 @@ from seqpack.schedulers.balanced import BalancedScheduler
 from seqpack.schedulers.dp_balanced import DpBalancedScheduler
 from seqpack.stats import StepStats
 from seqpack.thd import (
+    PackedBatch,
     batch_from_layout,
     dualchunk_to_sequential,
     gather_order,
@@ -48,7 +50,9 @@ from seqpack.thd import (
     pack_sequences,
     pad_multiple_for,
     padded_lengths,
+    padding_only_batch,
     partition_indices,
+    reorder_seq_chunks,
     sample_sequences,
     seq_idx_from_cu_seqlens,
     shard_for_cp,
@@ -98,6 +102,22 @@ def _wrap_and_run(data_iterator, **options):
 
 def _items():
     return iter(_samples() * 3)
+
+
+class _FakeMesh:
+    """What Topology.from_device_mesh reads of a one-rank DeviceMesh with a dim named dp."""
+
+    mesh_dim_names = ("dp",)
+    ndim = 1
+
+    def size(self, dim=None):
+        return 1
+
+    def get_local_rank(self, dim=None):
+        return 0
+
+    def get_group(self, dim=None):
+        return None
 
 
 def _state():
@@ -175,7 +195,87 @@ def _schedule_target(name):
     )
 
 
+def _packed_batch(**fields):
+    return PackedBatch(**fields).to("cpu")
+
+
+def _batch_fields():
+    batch = _batch()
+    return {
+        f: getattr(batch, f)
+        for f in (
+            "input_ids",
+            "labels",
+            "loss_mask",
+            "position_ids",
+            "seq_idx",
+            "padding_mask",
+            "cu_seqlens",
+            "cu_seqlens_padded",
+            "max_seqlen",
+            "sample_ids",
+        )
+    }
+
+
 TARGETS = [
+    Target(
+        "Schedule.validate",
+        lambda **kw: _schedule().validate(**kw),
+        lambda: dict(lengths=list(LENGTHS), dp_size=2, cp_size=1, max_tokens_per_rank=16, pad_multiple=1),
+        {"lengths": "any", "dp_size": "any", "cp_size": "any", "max_tokens_per_rank": "any", "pad_multiple": "any"},
+        {"lengths": (*SAMPLE_WORDS, "schedule")},
+    ),
+    Target(
+        "gather_lengths",
+        lambda **kw: gather_lengths(**kw),
+        lambda: dict(lengths=[3, 4], extras=[1]),
+        {"lengths": "any", "extras": "any"},
+    ),
+    Target(
+        "padding_only_batch",
+        lambda **kw: padding_only_batch(**kw),
+        lambda: dict(num_tokens=8, pad_token_id=0),
+        {"num_tokens": "int", "pad_token_id": "int"},
+    ),
+    Target(
+        "reorder_seq_chunks",
+        lambda **kw: reorder_seq_chunks(**kw),
+        lambda: dict(x=torch.arange(8), chunk_ids=torch.tensor([0, 3, 1, 2]), cu_seqlens_padded=[0, 4, 8], dim=0),
+        {"x": "any", "chunk_ids": "any", "cu_seqlens_padded": "any", "dim": "int"},
+    ),
+    Target(
+        "PackedBatch",
+        _packed_batch,
+        _batch_fields,
+        {
+            f: "any"
+            for f in (
+                "input_ids",
+                "labels",
+                "loss_mask",
+                "position_ids",
+                "seq_idx",
+                "padding_mask",
+                "cu_seqlens",
+                "cu_seqlens_padded",
+                "sample_ids",
+            )
+        },
+    ),
+    Target("PackedBatch.to", lambda **kw: _batch().to(**kw), lambda: dict(device="cpu"), {"device": "any"}),
+    Target(
+        "Topology.from_device_mesh",
+        lambda **kw: Topology.from_device_mesh(**kw),
+        lambda: dict(mesh=_FakeMesh()),
+        {"mesh": "any"},
+    ),
+    Target(
+        "PackingConfig.resolve",
+        lambda **kw: PackingConfig(samples_per_rank=2, max_tokens_per_rank=16).resolve(**kw),
+        lambda: dict(topology=Topology.single()),
+        {"topology": "any"},
+    ),
     *(_schedule_target(name) for name in ("balanced", "dp_balanced", "empty")),
     Target(
         "BalancedScheduler",
