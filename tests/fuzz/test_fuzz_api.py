@@ -740,6 +740,12 @@ TARGETS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_dir(tmp_path, monkeypatch):
+    """Hostile relative paths ('abc', '1') name files here, not in the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def test_every_target_is_called_validly_first():
     failed = {}
     for target in TARGETS:

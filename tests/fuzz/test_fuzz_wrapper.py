@@ -36,7 +36,7 @@ from seqpack.wrapper import wrap_data_iterator
 
 SEED = 23
 # CI-sized; SEQPACK_FUZZ_EXAMPLES=200 HYPOTHESIS_PROFILE=dev explores further.
-EXAMPLES = int(os.environ.get("SEQPACK_FUZZ_EXAMPLES", "10"))
+EXAMPLES = int(os.environ.get("SEQPACK_FUZZ_EXAMPLES", "30"))
 MAX_LEN = 40  # longest sequence in wrapper_data.items
 LAYOUTS = {
     "dp3": (("dp", 3),),
