@@ -14,7 +14,15 @@ from enum import StrEnum
 from typing import Any
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.validation import INT64_MAX, check_bool, check_choice, check_int, check_positive_int
+from seqpack.validation import (
+    INT64_MAX,
+    MAX_TOKENS,
+    check_bool,
+    check_choice,
+    check_cost_model,
+    check_int,
+    check_positive_int,
+)
 
 __all__ = [
     "AttentionBackend",
@@ -157,8 +165,6 @@ class PackingConfig:
     ranks may differ in it and a state saved with one value resumes under any other."""
 
     def __post_init__(self) -> None:
-        from seqpack.cost import CostModel  # late: cost imports nothing of config, but keep config light
-
         for name in ("samples_per_rank", "max_tokens_per_rank"):
             object.__setattr__(self, name, check_positive_int(name, getattr(self, name), maximum=INT64_MAX))
         object.__setattr__(self, "data_owner", check_choice("data_owner", self.data_owner, DataOwner))
@@ -173,9 +179,7 @@ class PackingConfig:
             raise SeqpackTypeError(f"scheduler_options must be a mapping, got {type(self.scheduler_options).__name__}")
         object.__setattr__(self, "scheduler_options", dict(self.scheduler_options))
         self.build_scheduler()  # unknown names and bad options fail here, not at the first step
-        if self.cost is not None and not isinstance(self.cost, CostModel):
-            hint = " (ModelSpec.cost_model() gives one)" if hasattr(self.cost, "cost_model") else ""
-            raise SeqpackTypeError(f"cost must be a seqpack.CostModel or None, got {type(self.cost).__name__}{hint}")
+        check_cost_model("cost", self.cost)
         if self.flops_fn is not None and not callable(self.flops_fn):
             raise SeqpackTypeError(f"flops_fn must be callable, got {type(self.flops_fn).__name__}")
         object.__setattr__(self, "prefetch", check_int("prefetch", self.prefetch, minimum=0))
@@ -206,7 +210,10 @@ class PackingConfig:
                 microbatch (``max_tokens_per_rank * cp``) smaller than ``pad_multiple``.
         """
         from seqpack.thd import pad_multiple_for
+        from seqpack.topology import Topology
 
+        if not isinstance(topology, Topology):
+            raise SeqpackTypeError(f"topology must be a seqpack.Topology, got {type(topology).__name__}")
         cp = topology.cp_size
         pad = self.pad_multiple
         if pad is None:
@@ -217,6 +224,11 @@ class PackingConfig:
                 "in 2*cp chunks"
             )
         capacity = self.max_tokens_per_rank * cp
+        if capacity > MAX_TOKENS:
+            raise ConfigError(
+                f"max_tokens_per_rank({self.max_tokens_per_rank}) * cp({cp}) = {capacity} tokens per microbatch is "
+                f"too large (at most 2**53 = {MAX_TOKENS})"
+            )
         if capacity < pad:
             raise ConfigError(
                 f"max_tokens_per_rank({self.max_tokens_per_rank}) * cp({cp}) = {capacity} is smaller than "

@@ -15,11 +15,12 @@ scan per token. FLOPs are exact Python ints.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
 from seqpack.validation import check_bool, check_int
 
 __all__ = [
@@ -95,13 +96,16 @@ class ModelSpec:
     name: str = ""
 
     def __post_init__(self) -> None:
+        # Stored as Python ints: numpy ints (np.int32(4096)) would overflow the FLOPs products.
         for field in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size"):
-            _check_int(field, getattr(self, field))
+            object.__setattr__(self, field, _check_int(field, getattr(self, field)))
         for field in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_expand"):
-            _check_int(field, getattr(self, field))
+            object.__setattr__(self, field, _check_int(field, getattr(self, field)))
         for field in ("num_query_groups", "vocab_size", "kv_channels", "mamba_num_heads"):
             if getattr(self, field) is not None:
-                _check_int(field, getattr(self, field))
+                object.__setattr__(self, field, _check_int(field, getattr(self, field)))
+        for field in ("gated_linear_unit", "causal"):
+            check_bool(field, getattr(self, field))
         groups = self.query_groups
         if self.num_attention_heads % groups:
             raise ConfigError(
@@ -279,7 +283,7 @@ def model_preset(name: str) -> ModelSpec:
     """
     try:
         return MODEL_PRESETS[name]
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: an unhashable name
         raise ConfigError(f"unknown model preset {name!r}; available: {', '.join(sorted(MODEL_PRESETS))}") from None
 
 
@@ -337,15 +341,10 @@ def mamba2_flops(
     ``7*d_inner*state`` and out_proj ``2*d_inner*h`` per token, times 3 for training.
     """
     seqlen_sum = _check_int("seqlen_sum", seqlen_sum, 0)
-    for name, value in (
-        ("hidden_size", hidden_size),
-        ("num_layers", num_layers),
-        ("state_dim", state_dim),
-        ("head_dim", head_dim),
-        ("num_groups", num_groups),
-        ("expand", expand),
-    ):
-        _check_int(name, value)
+    # Python ints: numpy ints would overflow the products below.
+    hidden_size, num_layers = _check_int("hidden_size", hidden_size), _check_int("num_layers", num_layers)
+    state_dim, head_dim = _check_int("state_dim", state_dim), _check_int("head_dim", head_dim)
+    num_groups, expand = _check_int("num_groups", num_groups), _check_int("expand", expand)
     d_inner = expand * hidden_size
     if num_heads is None:
         if d_inner % head_dim:
@@ -376,14 +375,30 @@ class CostModel:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise SeqpackTypeError(f"CostModel.{name} must be a number, got {value!r}")
-            if not np.isfinite(value) or value < 0:
+            try:
+                number = float(value)
+            except OverflowError:  # an int past float64
+                number = math.inf
+            if not math.isfinite(number) or number < 0:
                 raise ConfigError(f"CostModel.{name} must be finite and >= 0, got {value!r}")
         if self.linear == 0 and self.quadratic == 0 and self.constant == 0:
             raise ConfigError("CostModel needs linear > 0 or quadratic > 0, or constant > 0 (got all three 0)")
 
     def cost(self, lengths: Sequence[int] | np.ndarray) -> np.ndarray:
         """Cost of each sequence (float64, same shape as ``lengths``; no ``constant``)."""
-        s = np.asarray(lengths, dtype=np.float64)
+        s = np.asarray(lengths)
+        if s.dtype.kind not in "iuf":  # strings, bools, complex, objects that are no numbers
+            numbers = None
+            try:
+                numbers = np.asarray(lengths, dtype=np.float64) if s.dtype.kind == "O" else None
+            except (TypeError, ValueError, OverflowError):
+                pass
+            if numbers is None:
+                raise SeqpackTypeError(f"lengths must be numbers, got {lengths!r:.60}")
+            s = numbers
+        if s.dtype.kind == "f" and s.size and not (np.all(np.isfinite(s)) and np.abs(s).max() < 2.0**63):
+            raise ConfigError(f"lengths must be finite and within int64, got {lengths!r:.60}")
+        s = s.astype(np.float64, copy=False)
         return s * (self.linear + self.quadratic * s)
 
     def microbatch_cost(self, lengths: Sequence[int] | np.ndarray) -> float:
@@ -473,18 +488,29 @@ class CostModel:
                 NaN, infinite or <= 0 (named by index).
         """
         check_bool("robust", robust)
+        for name, value in (("microbatches", microbatches), ("seconds", seconds)):
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or getattr(value, "ndim", 1) == 0:
+                raise SeqpackTypeError(f"{name} must be a list (one entry per microbatch), got {type(value).__name__}")
         if len(microbatches) != len(seconds):
-            raise ConfigError(f"{len(microbatches)} microbatches but {len(seconds)} timings")
+            raise ConfigError(f"{len(microbatches)} microbatches but {len(seconds)} timings (seconds)")
         if len(microbatches) < 3:
             raise ConfigError(f"fitting 3 coefficients needs at least 3 timed microbatches, got {len(microbatches)}")
-        y = np.asarray(seconds, dtype=np.float64).reshape(-1)
+        try:
+            y = np.asarray(seconds, dtype=np.float64).reshape(len(seconds))
+        except (TypeError, ValueError):
+            raise SeqpackTypeError(f"seconds must hold one number per microbatch, got {seconds!r:.60}") from None
         bad = np.flatnonzero(~np.isfinite(y) | (y <= 0))
         if bad.size:
             i = int(bad[0])
             raise ConfigError(
                 f"timings must be finite and > 0: seconds[{i}]={float(y[i])!r} ({bad.size} bad timing(s))"
             )
-        features = length_features(microbatches)
+        try:
+            features = length_features(microbatches)
+        except SeqpackError:
+            raise
+        except (TypeError, ValueError):
+            raise SeqpackTypeError(f"microbatches must hold lists of lengths, got {microbatches!r:.60}") from None
         coef = robust_nnls_fit(features, y) if robust else nnls_fit(features, y)
         return cls.from_coefficients(coef)
 

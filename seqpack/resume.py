@@ -7,11 +7,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from seqpack.config import AXES
 from seqpack.errors import ResumeError
-from seqpack.validation import check_int
+from seqpack.validation import INT64_MAX, check_int
 
 __all__ = ["ResumeState"]
 
@@ -90,12 +91,12 @@ class ResumeState:
         if not isinstance(state, Mapping):
             raise ResumeError(f"state must be a PackingIterator.state_dict() mapping, got {type(state).__name__}")
         version = state.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version not in (1, cls.VERSION):
+            raise ResumeError(f"state version {version!r:.40} is not {cls.VERSION} (or 1)")
         keys = cls._V1_KEYS if version == 1 else cls.KEYS
         missing = [k for k in keys if k not in state]
         if missing:
             raise ResumeError(f"state is missing keys {missing}; expected a PackingIterator.state_dict()")
-        if version not in (1, cls.VERSION):
-            raise ResumeError(f"state version {version!r} is not {cls.VERSION} (or 1)")
         counts = {}
         for name in ("steps", "consumed", "dropped_at_end"):
             try:
@@ -105,6 +106,21 @@ class ResumeState:
         topology = state["topology"]
         if not isinstance(topology, Mapping) or set(topology) != {f"{a}_{k}" for a in AXES for k in ("size", "rank")}:
             raise ResumeError(f"state['topology'] is not a Topology.signature(): {topology!r}")
+        config = state["config"]
+        if not isinstance(config, Mapping):
+            raise ResumeError(f"state['config'] is not a PackingConfig.summary(): {config!r:.60}")
+        fingerprint = state.get("config_fingerprint", -1)
+        if version != 1:
+            try:
+                fingerprint = check_int("state['config_fingerprint']", fingerprint, minimum=0, maximum=INT64_MAX)
+            except ValueError as exc:
+                raise ResumeError(str(exc)) from None
+        flags = {}
+        for name in ("finished", "data_ended"):
+            value = state.get(name, False)
+            if not isinstance(value, (bool, np.bool_)):
+                raise ResumeError(f"state[{name!r}] must be True or False, got {value!r:.40}")
+            flags[name] = bool(value)
         deferred = state["deferred_samples"]
         if not isinstance(deferred, list) or not all(isinstance(s, Mapping) for s in deferred):
             raise ResumeError("state['deferred_samples'] must be a list of samples")
@@ -115,16 +131,16 @@ class ResumeState:
             )
         return cls(
             topology=dict(topology),
-            config=dict(state["config"]),
-            config_fingerprint=int(state.get("config_fingerprint", -1)),
+            config=dict(config),
+            config_fingerprint=int(fingerprint),
             steps=counts["steps"],
             consumed=counts["consumed"],
             deferred_samples=[dict(s) for s in deferred],
             iterator=state["iterator"],
             scheduler=state.get("scheduler"),
-            finished=bool(state["finished"]),
+            finished=flags["finished"],
             dropped_at_end=counts["dropped_at_end"],
-            data_ended=bool(state.get("data_ended", False)),
+            data_ended=flags["data_ended"],
         )
 
     @property

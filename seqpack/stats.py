@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from seqpack.errors import SeqpackTypeError
 from seqpack.thd import padded_lengths
+from seqpack.validation import INT64_MAX, check_cost_model, check_int, check_number
 
 if TYPE_CHECKING:
     from seqpack.cost import CostModel
     from seqpack.schedulers.base import Schedule
 
-__all__ = ["StepStats", "microbatch_costs", "round_lower_bound", "round_sum_lower_bound"]
+__all__ = ["StepStats", "exact_sum", "microbatch_costs", "round_lower_bound", "round_sum_lower_bound"]
 
 
 def microbatch_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
@@ -62,7 +64,7 @@ def round_sum_lower_bound(
     if order is None:
         order = np.argsort(-padded, kind="stable")
     tokens = np.cumsum(padded[order])
-    budget = dp_size * capacity
+    budget = min(dp_size * capacity, INT64_MAX)  # token sums fit int64: beyond, everything fits
     full = int(np.searchsorted(tokens, budget, side="right"))
     knapsack = float(per_seq_cost[order[:full]].sum())
     if full < order.shape[0]:
@@ -94,13 +96,16 @@ def round_lower_bound(
     return (mean + gap) / mean
 
 
-def _exact_square_sum(values: np.ndarray) -> int:
+def exact_sum(values: np.ndarray, *, squares: bool = False) -> int:
+    """Sum of non-negative integer ``values`` (or of their squares) as an exact Python int:
+    numpy's int64 sum wraps past 2**63, so large inputs are summed in Python ints."""
+    values = np.asarray(values)
     if values.size == 0:
         return 0
     top = int(values.max())
-    if top * top * values.shape[0] < 2**62:
-        return int(np.dot(values, values))
-    return sum(v * v for v in values.tolist())
+    if (top * top if squares else top) * values.size <= INT64_MAX:
+        return int(np.dot(values, values)) if squares else int(values.sum(dtype=np.int64))
+    return sum(v * v for v in values.tolist()) if squares else sum(values.tolist())
 
 
 @dataclasses.dataclass
@@ -124,7 +129,8 @@ class StepStats:
             microbatch of shorter ones.
         pad_fraction: ``1 - real_tokens / padded_tokens``.
         dropped_sequences, dropped_tokens: Removed by ``on_oversize="drop"``.
-        truncated_sequences, truncated_tokens: Tokens cut by ``on_oversize="truncate"``.
+        truncated_sequences, truncated_tokens: Tokens cut by ``on_oversize="truncate"`` from
+            the sequences trained this step (a deferred one counts when it is trained).
         deferred_sequences: Held back for the next step.
         empty_samples: Zero-length samples the wrapper dropped.
         flops: Model training FLOPs of the step, when a model is known.
@@ -165,12 +171,19 @@ class StepStats:
     ) -> StepStats:
         """Account a schedule. Empty microbatches count a padding-only filler of
         ``pad_multiple`` tokens, as the wrapper sends one."""
+        from seqpack.schedulers.base import Schedule  # late: schedulers import this module
+
+        if not isinstance(schedule, Schedule):
+            raise SeqpackTypeError(f"schedule must be a seqpack.Schedule, got {type(schedule).__name__}")
+        check_cost_model("cost", cost)
+        flops = None if flops is None else check_number("flops", flops)
+        empty_samples = check_int("empty_samples", empty_samples, minimum=0)
         lengths = schedule.lengths
         assigned, _, counts = schedule._flat
         real = lengths[assigned]
         padded = padded_lengths(real, schedule.pad_multiple)
         empties = int(np.count_nonzero(counts == 0))
-        padded_sum = int(padded.sum())
+        padded_sum = exact_sum(padded)
         padded_tokens = padded_sum + empties * schedule.pad_multiple
         costs = microbatch_costs(schedule, cost)
         replica = costs.sum(axis=0) if costs.size else np.zeros(schedule.dp_size)
@@ -183,8 +196,12 @@ class StepStats:
         round_mean = costs.mean(axis=1).sum() if costs.size else 0.0
         round_max = costs.max(axis=1).sum() if costs.size else 0.0
         orig = schedule.original_lengths
-        truncated_tokens = int((orig[schedule.truncated] - lengths[schedule.truncated]).sum())
-        real_sum = int(real.sum())
+        # Truncated ids trained this step: a deferred one is counted when it is trained.
+        trained = np.zeros(orig.shape[0], dtype=bool)
+        trained[assigned] = True
+        truncated = schedule.truncated[trained[schedule.truncated]]
+        truncated_tokens = exact_sum(orig[truncated] - lengths[truncated])
+        real_sum = exact_sum(real)
         return cls(
             num_sequences=int(assigned.shape[0]),
             num_microbatches=schedule.num_microbatches,
@@ -194,7 +211,7 @@ class StepStats:
             real_tokens=real_sum,
             padded_tokens=padded_tokens,
             seqlen_sum=real_sum,
-            seqlen_sq_sum=_exact_square_sum(real),
+            seqlen_sq_sum=exact_sum(real, squares=True),
             replica_cost=[float(v) for v in replica],
             imbalance=float(replica.max() / mean) if mean > 0 else 1.0,
             round_imbalance=float(round_max / round_mean) if round_mean > 0 else 1.0,
@@ -203,8 +220,8 @@ class StepStats:
             round_lower_bound=round_lower_bound(padded, per_seq, schedule.dp_size, schedule.capacity, total),
             pad_fraction=1.0 - real_sum / padded_tokens if padded_tokens else 0.0,
             dropped_sequences=int(schedule.dropped.shape[0]),
-            dropped_tokens=int(orig[schedule.dropped].sum()),
-            truncated_sequences=int(schedule.truncated.shape[0]),
+            dropped_tokens=exact_sum(orig[schedule.dropped]),
+            truncated_sequences=int(truncated.shape[0]),
             truncated_tokens=truncated_tokens,
             deferred_sequences=int(schedule.deferred.shape[0]),
             empty_samples=int(empty_samples),

@@ -23,8 +23,8 @@ from typing import Any
 import torch.distributed as dist
 
 from seqpack.config import AXES, Axis
-from seqpack.errors import ConfigError
-from seqpack.validation import check_int, check_positive_int
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.validation import check_int, check_mapping, check_optional_int, check_positive_int
 
 __all__ = ["AXES", "Axis", "Topology"]
 
@@ -62,6 +62,8 @@ class Topology:
             if not 0 <= rank < size:
                 raise ConfigError(f"{axis}_rank={rank!r} is out of range for {axis}_size={size} (valid: 0..{size - 1})")
         product = self.dp_size * self.cp_size * self.tp_size * self.pp_size
+        check_optional_int("world_size", self.world_size, minimum=1)
+        check_mapping("groups", self.groups)
         if self.world_size is None:
             object.__setattr__(self, "world_size", product)
         elif product != self.world_size:
@@ -77,7 +79,7 @@ class Topology:
             group = self.groups.get(axis)
             size = getattr(self, f"{axis}_size")
             if size > 1 and group is None:
-                raise ConfigError(f"axis {axis!r} has size {size} but no process group")
+                raise ConfigError(f"{axis}_size={size}: axis {axis!r} has size {size} but no process group in groups")
             normalised[axis] = group if size > 1 else None
         object.__setattr__(self, "groups", normalised)
 
@@ -103,6 +105,8 @@ class Topology:
             ValueError: An unnamed mesh, a dim that maps to no axis, or sizes whose product
                 is not the mesh size.
         """
+        if not (hasattr(mesh, "mesh_dim_names") and hasattr(mesh, "ndim")):
+            raise SeqpackTypeError(f"mesh must be a torch DeviceMesh, got {type(mesh).__name__}")
         names = tuple(mesh.mesh_dim_names or ())
         if len(names) != mesh.ndim:
             raise ConfigError(f"the device mesh must name its dims ({', '.join(AXES)}), got mesh_dim_names={names}")

@@ -8,24 +8,39 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+from collections.abc import Mapping
 from enum import Enum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
+import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
 
 __all__ = [
+    "INT32_MAX",
     "INT64_MAX",
+    "MAX_TOKENS",
     "check_bool",
     "check_choice",
+    "check_cost_model",
+    "check_fits_memory",
     "check_int",
     "check_number",
+    "check_mapping",
     "check_optional_int",
+    "check_path",
     "check_positive_int",
+    "check_tensor",
+    "memory_limit",
 ]
 
+INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
+MAX_TOKENS = 1 << 53
+"""Most padded tokens one microbatch may hold (``max_tokens_per_rank * cp_size``): float64
+holds every integer up to 2**53, so the schedulers' token sums stay exact below it."""
 E = TypeVar("E", bound=Enum)
 
 
@@ -57,9 +72,11 @@ def check_positive_int(name: str, value: object, *, maximum: int | None = None) 
     return check_int(name, value, minimum=1, maximum=maximum)
 
 
-def check_optional_int(name: str, value: object, *, minimum: int | None = None) -> int | None:
+def check_optional_int(
+    name: str, value: object, *, minimum: int | None = None, maximum: int | None = None
+) -> int | None:
     """``None`` or :func:`check_int`."""
-    return None if value is None else check_int(name, value, minimum=minimum)
+    return None if value is None else check_int(name, value, minimum=minimum, maximum=maximum)
 
 
 def check_number(
@@ -104,3 +121,90 @@ def check_choice(name: str, value: object, choices: type[E]) -> E:
     except ValueError:
         valid = tuple(member.value for member in choices)
         raise ConfigError(f"{name} must be one of {valid}, got {value!r}") from None
+
+
+def check_mapping(name: str, value: object) -> Mapping[str, Any]:
+    """``value`` as a mapping (a dict of fields, a batch, a state)."""
+    if not isinstance(value, Mapping):
+        raise SeqpackTypeError(f"{name} must be a mapping (a dict), got {type(value).__name__}")
+    return value
+
+
+def check_path(name: str, value: object) -> str:
+    """``value`` as a file path string (``str`` or ``os.PathLike`` of one; bytes refused)."""
+    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise SeqpackTypeError(f"{name} must be a file path (str or os.PathLike), got {value!r}")
+    return path
+
+
+def check_tensor(name: str, value: object, *, min_dim: int = 0) -> torch.Tensor:
+    """``value`` as a ``torch.Tensor`` with at least ``min_dim`` dimensions."""
+    if not isinstance(value, torch.Tensor):
+        raise SeqpackTypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() < min_dim:
+        raise ConfigError(f"{name} must have at least {min_dim} dimension(s), got shape {tuple(value.shape)}")
+    return value
+
+
+def check_cost_model(name: str, value: object) -> None:
+    """``value`` is ``None`` or a :class:`seqpack.cost.CostModel`.
+
+    Raises:
+        SeqpackTypeError: Anything else; a :class:`~seqpack.cost.ModelSpec` gets the hint
+            to call its ``cost_model()``.
+    """
+    from seqpack.cost import CostModel  # late: cost imports this module
+
+    if value is not None and not isinstance(value, CostModel):
+        hint = " (ModelSpec.cost_model() gives one)" if hasattr(value, "cost_model") else ""
+        raise SeqpackTypeError(f"{name} must be a seqpack.CostModel or None, got {type(value).__name__}{hint}")
+
+
+def memory_limit() -> int | None:
+    """Bytes this process can ever hold: physical memory, lowered by a cgroup (v2) limit or
+    ``RLIMIT_AS`` when one is set; ``None`` where the platform does not say."""
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):  # not POSIX
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as f:
+            limits.append(int(f.read().strip()))  # "max" (no limit) is not an int
+    except (OSError, ValueError):
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            limits.append(soft)
+    except (ImportError, OSError, ValueError):
+        pass
+    positive = [limit for limit in limits if limit > 0]
+    return min(positive) if positive else None
+
+
+def check_fits_memory(what: str, nbytes: int) -> None:
+    """Refuse, before allocating, what needs more memory than this machine has at all.
+
+    Args:
+        what: The request, with the argument that sized it (``"n=10**12 lengths"``).
+        nbytes: A lower estimate of the bytes it needs.
+
+    Raises:
+        ConfigError: ``nbytes`` exceeds :func:`memory_limit`.
+    """
+    if nbytes < 1 << 30:  # below 1 GiB nothing is absurd: skip the system calls
+        return
+    limit = memory_limit()
+    if limit is not None and nbytes > limit:
+        raise ConfigError(
+            f"{what} is too large: it needs at least {_gib(nbytes)} of memory, more than the {_gib(limit)} this "
+            "process may use"
+        )
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:,.1f} GiB"

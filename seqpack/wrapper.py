@@ -436,6 +436,7 @@ class PackingIterator(Iterator[Step], Stateful):
         self._failure: StepFailed | None = None
         self._local_cause: BaseException | None = None
         self.dropped_at_end = 0
+        self.empty_at_end = 0  # zero-length samples read in the step that found the end of data
 
     # -- configuration --------------------------------------------------------------------
 
@@ -454,6 +455,11 @@ class PackingIterator(Iterator[Step], Stateful):
         )
         if self._reads and data_iterator is None:
             raise ConfigError(f"{who} got data_iterator=None but must read data ({rule})")
+        if data_iterator is not None:
+            kind = type(data_iterator)
+            iterable = hasattr(kind, "__iter__") or (hasattr(kind, "__getitem__") and hasattr(kind, "__len__"))
+            if not iterable or getattr(data_iterator, "ndim", 1) == 0:  # a 0-d tensor has __iter__, no items
+                raise SeqpackTypeError(f"{who}: data_iterator must be an iterable of samples, got {kind.__name__}")
         if not self._reads and data_iterator is not None:
             raise ConfigError(f"{who} got a data_iterator but must not read data ({rule}); pass data_iterator=None")
 
@@ -754,6 +760,7 @@ class PackingIterator(Iterator[Step], Stateful):
         if isinstance(msg, StepEnd):
             self._finished = True
             self.dropped_at_end = msg.dropped_at_end
+            self.empty_at_end = msg.empty_samples
             self._delivered = ready.progress
             self._release()
             raise StopIteration
@@ -879,10 +886,13 @@ def _agree_axes(
 
 
 def _with_status(msg: StepMessage, status: Status, error: str | None, rank: int | None) -> StepMessage:
+    if status == Status.ERROR:
+        if isinstance(msg, StepError) and (msg.message, msg.rank) == (error or "", rank):
+            return msg
+        # Also when this rank failed too: every rank raises the agreed error, not its own.
+        return StepError(msg.step, error or "", rank)
     if status == msg.status:
         return msg
-    if status == Status.ERROR:
-        return StepError(msg.step, error or "", rank)
     return StepEnd(msg.step, dropped_at_end=msg.dropped_at_end if isinstance(msg, StepEnd) else 0)
 
 

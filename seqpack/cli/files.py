@@ -17,6 +17,8 @@ def check_output_file(flag: str, path: str) -> None:
     Raises:
         CommandError: Naming ``flag`` and ``path``.
     """
+    if not path.strip():
+        raise CommandError(f"{flag} needs a file name, got {path!r}")
     if os.path.isdir(path):
         raise CommandError(f"{flag} {path!r} is a directory; give a file name")
     parent = os.path.dirname(os.path.abspath(path))

@@ -11,7 +11,7 @@ import numpy as np
 
 from seqpack.cli.errors import CommandError
 from seqpack.errors import SeqpackError
-from seqpack.validation import check_int
+from seqpack.validation import check_fits_memory, check_int
 
 __all__ = ["DIST_DEFAULTS", "add_source_args", "column_arg", "load_lengths"]
 
@@ -73,6 +73,13 @@ def _dist_params(args: argparse.Namespace, name: str) -> tuple[dict[str, Any], l
     return params, given
 
 
+def _count_flags(args: argparse.Namespace, n: int) -> str:
+    """The flags that set how many lengths a command draws."""
+    if hasattr(args, "steps") and hasattr(args, "global_batch"):
+        return f"--steps {args.steps} x --global-batch {args.global_batch} = {n}"
+    return f"--num-samples {n}"
+
+
 def load_lengths(args: argparse.Namespace, n: int | None) -> tuple[np.ndarray, str]:
     """Lengths and a one-line description of where they came from.
 
@@ -84,13 +91,23 @@ def load_lengths(args: argparse.Namespace, n: int | None) -> tuple[np.ndarray, s
     """
     from seqpack.mock_data import generate_lengths, lengths_from_config, lengths_from_file
 
-    sources = [s for s in ("lengths", "config", "dist") if getattr(args, s, None)]
+    # ``is not None``: an empty --lengths '' is a mistake, not "no file" (the default source).
+    sources = [s for s in ("lengths", "config", "dist") if getattr(args, s, None) is not None]
     if len(sources) > 1:
         raise CommandError(f"give one source of lengths, got --{' and --'.join(sources)}")
+    for source in ("lengths", "config"):
+        value = getattr(args, source, None)
+        if value is not None and not value.strip():
+            raise CommandError(
+                f"--{source} needs a {'file name' if source == 'lengths' else 'JSON config'}, got {value!r}"
+            )
     check_int("--seed", args.seed, minimum=0)
-    if getattr(args, "lengths", None):
+    if getattr(args, "lengths", None) is not None:
         return lengths_from_file(args.lengths, column=column_arg(args.column)), f"file {args.lengths}"
-    if args.config:
+    if n:
+        # Refused here, naming the flags that asked for n lengths, before any is drawn.
+        check_fits_memory(f"{_count_flags(args, n)} lengths", 16 * n)
+    if args.config is not None:
         return lengths_from_config(args.config, num_samples=n, seed=args.seed), "config"
     name = args.dist or "lognormal"
     params, given = _dist_params(args, name)

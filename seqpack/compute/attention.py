@@ -31,7 +31,7 @@ from seqpack.compute._collectives import all_gather_tokens, check_cp_shard, cp_t
 from seqpack.config import AttentionBackend, CpCommType
 from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
 from seqpack.thd import PackedBatch
-from seqpack.validation import check_choice, check_positive_int
+from seqpack.validation import check_choice, check_number, check_positive_int
 
 __all__ = ["ThdAttention", "thd_attention", "select_backend", "BACKENDS", "CP_COMM_TYPES"]
 
@@ -224,7 +224,7 @@ class ThdAttention(nn.Module):
         self.backend = check_choice("backend", backend, AttentionBackend)
         self.cp_comm_type = check_choice("cp_comm_type", cp_comm_type, CpCommType)
         self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
-        self.softmax_scale = softmax_scale
+        self.softmax_scale = None if softmax_scale is None else check_number("softmax_scale", softmax_scale)
         self.cp_group = cp_group
         self.cp_size = 1 if cp_group is None else dist.get_world_size(cp_group)
         self.cp_rank = 0 if cp_group is None else dist.get_rank(cp_group)

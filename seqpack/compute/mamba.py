@@ -39,7 +39,7 @@ from seqpack.config import MambaBackend
 from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
 from seqpack.thd import PackedBatch
 from seqpack.thd.layout import seq_idx_from_cu_seqlens
-from seqpack.validation import check_choice, check_optional_int, check_positive_int
+from seqpack.validation import check_choice, check_fits_memory, check_optional_int, check_positive_int
 
 __all__ = ["Mamba2Mixer", "GatedRMSNorm", "causal_conv1d", "ssd_scan", "seq_idx_from_cu_seqlens", "MAMBA_BACKENDS"]
 
@@ -252,6 +252,11 @@ class Mamba2Mixer(nn.Module):
                 f"ngroups={ngroups} and CP size {cp_size}: one must divide the other (ngroups % cp == 0 "
                 "splits groups over ranks; cp % ngroups == 0 repeats each group on cp/ngroups ranks)"
             )
+        # Refuse before allocating: in_proj, conv1d and out_proj hold most of the parameters.
+        in_proj = 2 * d_inner + 2 * ngroups * d_state + nheads
+        parameters = d_model * in_proj + (d_inner + 2 * ngroups * d_state) * (d_conv + 1) + d_inner * d_model
+        size = f"d_model={d_model}, d_state={d_state}, d_conv={d_conv}, expand={expand}, ngroups={ngroups}"
+        check_fits_memory(f"Mamba2Mixer({size})", 4 * parameters)
         self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
         self.headdim, self.ngroups, self.d_inner, self.nheads = headdim, ngroups, d_inner, nheads
         self.conv_dim = d_inner + 2 * ngroups * d_state

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from seqpack.dist.agree import Status
 from seqpack.dist.groups import all_gather_objects, comm_device, global_rank, group_size, this_rank
 from seqpack.dist.wire import FORMAT_VERSION
-from seqpack.errors import StepFailed, WireError
+from seqpack.errors import SeqpackTypeError, StepFailed, WireError
 
 __all__ = ["GatheredLengths", "gather_lengths"]
 
@@ -49,6 +49,17 @@ class GatheredLengths:
         return np.repeat(np.arange(self.counts.shape[0], dtype=np.int64), self.counts)
 
 
+def _int64_vector(name: str, value: Any) -> np.ndarray:
+    """``value`` as a flat int64 array: integers only, none past int64 (never wrapped)."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):
+        array = np.asarray(None)
+    if array.size and (array.dtype.kind not in "iu" or (array.dtype == np.uint64 and int(array.max()) > 2**63 - 1)):
+        raise SeqpackTypeError(f"{name} must be int64 integers, got {value!r:.60}")
+    return np.ascontiguousarray(array.astype(np.int64).reshape(-1))
+
+
 def gather_lengths(
     lengths: Sequence[int] | np.ndarray,
     group: Any = None,
@@ -73,8 +84,8 @@ def gather_lengths(
             rank's message; ``rank`` is its global rank).
         WireError: Ranks disagree on the format version or on the number of extras.
     """
-    local = np.ascontiguousarray(np.asarray(lengths, dtype=np.int64).reshape(-1))
-    extra = np.asarray(extras, dtype=np.int64).reshape(-1)
+    local = _int64_vector("lengths", lengths)
+    extra = _int64_vector("extras", extras)
     status = Status.OK if error is None else Status.ERROR
     header = np.concatenate([np.array([FORMAT_VERSION, int(status), local.shape[0], extra.shape[0]], np.int64), extra])
     size = group_size(group)

@@ -16,7 +16,7 @@ import torch
 
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
 from seqpack.thd.layout import token_layout
-from seqpack.validation import check_positive_int
+from seqpack.validation import INT64_MAX, check_int, check_mapping, check_positive_int
 
 __all__ = ["process_input_for_thd", "split_batch_into_thd_chunks"]
 
@@ -61,6 +61,8 @@ def _row_layout(
         if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
             # Lengths are counts: a float length would be truncated silently.
             raise SeqpackTypeError(f"{name} must hold integers, got dtype {value.dtype}")
+        if value.dim() == 0 or value.shape[0] == 0:
+            raise SampleError(f"{name} must be [B, num_packs], got shape {tuple(value.shape)}")
     reals = seq_lens.reshape(seq_lens.shape[0], -1)
     slots = seq_lens_padded.reshape(seq_lens_padded.shape[0], -1)
     if reals.shape != slots.shape:
@@ -70,7 +72,9 @@ def _row_layout(
     keep_real = reals != sentinel
     keep_slot = slots != sentinel
     if not torch.equal(keep_real, keep_slot):
-        raise SampleError("seq_lens and seq_lens_padded mark different entries as padding")
+        raise SampleError(
+            f"seq_lens and seq_lens_padded mark different entries as padding (seq_lens_padding_value={sentinel})"
+        )
     real_list: list[torch.Tensor] = []
     slot_list: list[torch.Tensor] = []
     rows = reals.shape[0]
@@ -81,7 +85,8 @@ def _row_layout(
         row_slot = slots[row][keep_slot[row]].long()
         if bool((row_real < 0).any()) or bool((row_slot < row_real).any()):
             raise SampleError(
-                f"row {row}: seq_lens {row_real.tolist()} must be >= 0 and <= seq_lens_padded {row_slot.tolist()}"
+                f"row {row}: seq_lens {row_real.tolist()} must be >= 0 and <= seq_lens_padded {row_slot.tolist()} "
+                f"(entries equal to seq_lens_padding_value={sentinel} are ignored)"
             )
         used = int(row_slot.sum())
         if used > seq_len:
@@ -130,8 +135,13 @@ def process_input_for_thd(
             between ``seq_lens`` and ``seq_lens_padded``, or (without ``seq_lens``) a pad
             token inside the content.
     """
+    check_mapping("batch", batch)
+    seq_lens_padding_value = check_int(
+        "seq_lens_padding_value", seq_lens_padding_value, minimum=-INT64_MAX - 1, maximum=INT64_MAX
+    )
+    padding_token_id = check_int("padding_token_id", padding_token_id, minimum=-INT64_MAX - 1, maximum=INT64_MAX)
     if "input_ids" not in batch:
-        raise SampleError(f"batch has no 'input_ids' (keys: {sorted(batch)})")
+        raise SampleError(f"batch has no 'input_ids' (keys: {sorted(map(str, batch))})")
     input_ids = batch["input_ids"]
     if not isinstance(input_ids, torch.Tensor):
         raise SeqpackTypeError(f"input_ids must be a [B, S] or [B, S, H] tensor, got {type(input_ids).__name__}")
@@ -141,8 +151,16 @@ def process_input_for_thd(
     total_tokens = batch_size * seq_len
     for key in ("labels", "position_ids"):
         value = batch.get(key)
-        if isinstance(value, torch.Tensor) and value.dim() == 2 and tuple(value.shape) != (batch_size, seq_len):
-            raise SampleError(f"{key} has shape {tuple(value.shape)}, expected {(batch_size, seq_len)}")
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise SeqpackTypeError(f"{key} must be a tensor, got {type(value).__name__}")
+        rope = key == "position_ids" and value.dim() == 3  # mRoPE [n_rope, B, S]
+        if tuple(value.shape[1:] if rope else value.shape) != (batch_size, seq_len):
+            raise SampleError(
+                f"{key} has shape {tuple(value.shape)} but input_ids has {tuple(input_ids.shape)}: "
+                f"expected {(batch_size, seq_len)}"
+            )
 
     input_ids_thd = input_ids.reshape(total_tokens, *input_ids.shape[2:])
     labels = batch.get("labels")
@@ -227,6 +245,9 @@ def split_batch_into_thd_chunks(
         SampleError: The batch breaks :func:`process_input_for_thd`'s contract.
     """
     num_chunks = check_positive_int("num_chunks", num_chunks)
+    check_mapping("batch", batch)
+    check_int("seq_lens_padding_value", seq_lens_padding_value, minimum=-INT64_MAX - 1, maximum=INT64_MAX)
+    check_int("padding_token_id", padding_token_id, minimum=-INT64_MAX - 1, maximum=INT64_MAX)
     if num_chunks == 1:
         return process_input_for_thd(batch, seq_lens_padding_value, padding_token_id)
     if not isinstance(batch.get("input_ids"), torch.Tensor):

@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
+from seqpack.mock_data import io
 from seqpack.thd.sample import IGNORE_INDEX
-from seqpack.validation import check_int, check_number
+from seqpack.validation import INT64_MAX, check_fits_memory, check_int, check_number, check_path
 
 __all__ = ["IGNORE_INDEX", "MIN_VOCAB_SIZE", "MockSFTDataset"]
 
@@ -55,7 +56,7 @@ class MockSFTDataset(torch.utils.data.Dataset):
         if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
             i = int(np.argmax(arr))
             raise SampleError(f"sample {i} has length {int(arr[i])}, more than int64 holds")
-        self.vocab_size = check_int("vocab_size", vocab_size, minimum=MIN_VOCAB_SIZE)
+        self.vocab_size = check_int("vocab_size", vocab_size, minimum=MIN_VOCAB_SIZE, maximum=INT64_MAX)
         self.seed = check_int("seed", seed, minimum=0)
         self.prompt_fraction = check_number("prompt_fraction", prompt_fraction, minimum=0.0)
         if self.prompt_fraction >= 1.0:
@@ -73,6 +74,8 @@ class MockSFTDataset(torch.utils.data.Dataset):
         if not -n <= index < n:
             raise IndexError(f"index {index} out of range for {n} samples")
         index = int(index) % n
+        # A sample is three arrays: int64 ids and labels, a float32 loss mask.
+        check_fits_memory(f"sample {index} of {int(self.lengths[index])} tokens", 20 * int(self.lengths[index]))
         rng = np.random.default_rng([self.seed, index])
         return rng.integers(1, self.vocab_size, int(self.lengths[index]), dtype=np.int64)
 
@@ -112,15 +115,20 @@ class MockSFTDataset(torch.utils.data.Dataset):
             progress: A callable, called with the number of samples after each row group
                 (e.g. a progress bar's ``update``); ``True`` logs each row group at INFO.
 
+        ``input_ids`` is a ``large_list`` (int64 offsets) when a row group holds 2**31
+        tokens or more, which a ``list`` (int32 offsets) cannot address; readers see the
+        same values either way.
+
         Raises:
             IsADirectoryError: ``path`` is a directory.
-            ConfigError: A row group holds 2**31 tokens or more (lower ``rows_per_group``).
         """
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        path = os.fspath(path)
-        rows_per_group = check_int("rows_per_group", rows_per_group, minimum=1)
+        path = check_path("path", path)
+        rows_per_group = check_int("rows_per_group", rows_per_group, minimum=1, maximum=INT64_MAX)
+        if not (callable(progress) or isinstance(progress, (bool, np.bool_))):
+            raise SeqpackTypeError(f"progress must be True, False or a callable, got {progress!r:.40}")
         if os.path.isdir(path):
             raise IsADirectoryError(f"{path}: is a directory; give a file name")
         n = len(self)
@@ -136,21 +144,21 @@ class MockSFTDataset(torch.utils.data.Dataset):
                     logger.info("%s: wrote %d of %d samples", path, written, n)
 
         token_type = pa.int32() if self.vocab_size <= 2**31 else pa.int64()
-        schema = pa.schema([("length", pa.int64()), ("input_ids", pa.list_(token_type))])
+        starts = np.arange(0, max(n, 1), rows_per_group)
+        group_tokens = np.add.reduceat(self.lengths, starts) if n else np.zeros(1, np.int64)
+        large = int(group_tokens.max()) > io.LIST_MAX_VALUES  # int32 list offsets would wrap
+        list_type, list_array = (pa.large_list, pa.LargeListArray) if large else (pa.list_, pa.ListArray)
+        offset_type = np.int64 if large else np.int32
+        schema = pa.schema([("length", pa.int64()), ("input_ids", list_type(token_type))])
         with pq.ParquetWriter(path, schema) as writer:
-            for start in range(0, max(n, 1), rows_per_group):
+            for start in starts.tolist():
                 stop = min(start + rows_per_group, n)
                 chunks = [self.tokens(i) for i in range(start, stop)]
                 offsets = np.zeros(len(chunks) + 1, dtype=np.int64)
                 np.cumsum([c.shape[0] for c in chunks], out=offsets[1:])
-                if offsets[-1] >= 2**31:  # list offsets are int32: never let them wrap
-                    raise ConfigError(
-                        f"samples {start}..{stop - 1} hold {int(offsets[-1])} tokens, more than one Parquet list "
-                        f"column chunk addresses (2**31 - 1); lower rows_per_group={rows_per_group}"
-                    )
                 flat = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
                 values = pa.array(flat.astype(np.int32 if token_type == pa.int32() else np.int64))
-                ids = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
+                ids = list_array.from_arrays(pa.array(offsets.astype(offset_type)), values)
                 writer.write_table(
                     pa.table({"length": pa.array(self.lengths[start:stop]), "input_ids": ids}, schema=schema)
                 )

@@ -4,6 +4,7 @@ Feather and JSON lines, through pyarrow."""
 from __future__ import annotations
 
 import codecs
+import csv
 import math
 import os
 from collections.abc import Sequence
@@ -11,10 +12,14 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from seqpack.errors import ConfigError, SampleError
-from seqpack.validation import INT64_MAX
+from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
+from seqpack.validation import INT64_MAX, check_path
 
-__all__ = ["LENGTH_COLUMNS", "file_format", "lengths_from_file", "write_lengths"]
+__all__ = ["LENGTH_COLUMNS", "LIST_MAX_VALUES", "file_format", "lengths_from_file", "write_lengths"]
+
+LIST_MAX_VALUES = 2**31 - 1
+"""The most values an Arrow ``list`` column (int32 offsets) addresses in one array; past it,
+seqpack writes a ``large_list`` (int64 offsets)."""
 
 LENGTH_COLUMNS = ("length", "lengths", "seq_len", "seqlen", "seq_length", "num_tokens", "tokens", "len")
 """Column names picked automatically when a file has several columns."""
@@ -68,10 +73,9 @@ def _is_int(text: str) -> bool:
 
 
 def _is_number(text: str) -> bool:
-    """A cell that reads as a finite number (``100``, ``12.0``, ``"7"``): data, not a header."""
-    text = text.strip().lstrip("\ufeff").strip().strip('"').strip("'")
+    """A cell that reads as a finite number (``100``, ``12.0``, ``'7'``): data, not a header."""
     try:
-        return math.isfinite(float(text))
+        return math.isfinite(float(text.strip().strip("'")))
     except ValueError:
         return False
 
@@ -90,19 +94,39 @@ def _nonempty_lines(path: str, limit: int | None = None, encoding: str = "utf-8"
     return out
 
 
+_SNIFF_LINES = 20  # lines of the file's head csv.Sniffer looks at
+_DELIMITERS = ",\t;|"
+
+
+def _sniff(path: str, encoding: str) -> tuple[str, list[str]]:
+    """(delimiter, cells of the first non-empty row): the dialect as :class:`csv.Sniffer`
+    finds it in the file's head, the row as the csv module parses it (quotes removed).
+
+    A file of one column has no delimiter to find: ``","`` (``"\t"`` for ``.tsv``)."""
+    head = [text for _, text in _nonempty_lines(path, limit=_SNIFF_LINES, encoding=encoding)]
+    default = "\t" if path.lower().endswith(".tsv") else ","
+    if not head:
+        return default, []
+    head[0] = head[0].lstrip("\ufeff")  # a UTF-8 byte-order mark (pyarrow skips it too)
+    try:
+        delimiter = csv.Sniffer().sniff("\n".join(head), delimiters=_DELIMITERS).delimiter
+    except csv.Error:
+        delimiter = default
+    cells = next(csv.reader([head[0]], delimiter=delimiter, skipinitialspace=True), [])
+    return delimiter, [cell.strip() for cell in cells]
+
+
 def _read_csv(path: str, column: str | int | None, as_text: str | None = None) -> tuple[pa.Table, bool]:
     """(table, whether the first row is a header); ``as_text`` names a column to keep as
-    the text written in the file."""
+    the text written in the file. csv.Sniffer finds the delimiter, pyarrow parses."""
     import pyarrow.csv as pacsv
 
     encoding = _encoding(path)
-    first = _nonempty_lines(path, limit=1, encoding=encoding)
-    if not first:
+    delimiter, cells = _sniff(path, encoding)
+    if not cells:
         return pa.table({"0": pa.array([], pa.int64())}), False
-    delimiter = "\t" if path.lower().endswith(".tsv") or "\t" in first[0][1] else ","
-    cells = [c.strip().lstrip("\ufeff").strip().strip('"').strip("'") for c in first[0][1].split(delimiter)]
     # A first row whose length cell reads as a number is data: never drop it as a header
-    # (integral floats such as "12.0" and an Excel byte-order mark included).
+    # (integral floats such as "12.0" included).
     if isinstance(column, (int, np.integer)) and not isinstance(column, bool) and 0 <= column < len(cells):
         header = not _is_number(cells[int(column)])
     elif isinstance(column, str) and column in cells:
@@ -204,10 +228,10 @@ def lengths_from_file(path: str | os.PathLike, column: str | int | None = None) 
             too large (> 2**63 - 1) value; the message names the file, the row or line,
             and the value.
     """
-    path = os.fspath(path)
-    kind = file_format(path)
+    path = check_path("path", path)
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path}: is a directory, not a file of lengths")
+    kind = file_format(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
     table, header = _read_table(path, kind, column)
@@ -270,6 +294,23 @@ def _as_lengths(col: pa.Array) -> tuple[np.ndarray, int | None, str]:
     return values, None, ""
 
 
+def _lengths_to_write(lengths: object) -> np.ndarray:
+    """``lengths`` as a 1-D int64 array of non-negative integers (zeros are empty samples)."""
+    try:
+        arr = np.asarray(lengths)
+    except (TypeError, ValueError):
+        arr = np.asarray(None)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise SeqpackTypeError(f"lengths must be a 1-D sequence of integers, got {lengths!r:.60}")
+    if arr.size and arr.dtype == np.uint64 and int(arr.max()) > INT64_MAX:
+        raise SampleError(f"lengths holds {int(arr.max())}, too large (at most 2**63 - 1)")
+    arr = arr.astype(np.int64)
+    if arr.size and arr.min() < 0:
+        i = int(np.argmin(arr))
+        raise SampleError(f"lengths must be >= 0: sample {i} has length {int(arr[i])}")
+    return arr
+
+
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
@@ -284,11 +325,13 @@ def write_lengths(path: str | os.PathLike, lengths: Sequence[int] | np.ndarray, 
         IsADirectoryError: ``path`` is a directory.
         OSError: The file cannot be written (a missing directory, no permission).
     """
-    path = os.fspath(path)
-    kind = file_format(path)
+    path = check_path("path", path)
+    if not isinstance(column, str) or not column or any(c in column for c in '\n\r"'):
+        raise SeqpackTypeError(f"column must be a column name (a non-empty string), got {column!r}")
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path}: is a directory; give a file name")
-    arr = np.asarray(lengths, dtype=np.int64)
+    kind = file_format(path)
+    arr = _lengths_to_write(lengths)
     if kind == "csv":
         sep = "\t" if path.lower().endswith(".tsv") else ","
         with open(path, "w", encoding="utf-8") as f:

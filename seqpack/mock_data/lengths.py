@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.validation import INT64_MAX, check_int
+from seqpack.validation import INT64_MAX, check_fits_memory, check_int
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -40,6 +40,7 @@ def _count(n: object) -> int:
         raise SeqpackTypeError(f"n must be a non-negative integer, got {n!r}")
     if n < 0:  # type: ignore[operator]
         raise ConfigError(f"n must be a non-negative integer, got {n!r}")
+    check_fits_memory(f"n={n} lengths", 16 * int(n))  # type: ignore[call-overload]  # int64 out + float64 draw
     return int(n)  # type: ignore[call-overload]
 
 
@@ -56,7 +57,7 @@ def _bounds(min_seq_len: object, max_seq_len: object) -> tuple[int, int]:
 def _positive(name: str, value: object, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise SeqpackTypeError(f"{name} must be a number, got {value!r}")
-    value = float(value)
+    value = float(value) + 0.0  # + 0.0: -0.0 is 0 (numpy refuses a sigma of -0.0)
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value!r}")
     return value
@@ -67,8 +68,19 @@ def _seed(seed: object) -> int | None:
     return None if seed is None else check_int("seed", seed, minimum=0)
 
 
+def _mu(mean: float, sigma: float, name: str) -> float:
+    """``ln(mean) - sigma**2 / 2``: the lognormal location whose mean is ``mean``."""
+    try:
+        return math.log(mean) - sigma**2 / 2
+    except OverflowError:
+        raise ConfigError(f"{name}={sigma!r} is too large: sigma**2 overflows") from None
+
+
 def _clip(values: np.ndarray, low: int, high: int) -> np.ndarray:
-    return np.clip(np.rint(values), low, high).astype(np.int64)
+    # In place: the float64 draw and the int64 result are the peak (16 bytes per length).
+    np.rint(values, out=values)
+    np.clip(values, low, high, out=values)
+    return values.astype(np.int64)
 
 
 def lognormal_lengths(
@@ -98,7 +110,7 @@ def lognormal_lengths(
     mean = _positive("mean_seq_len", mean_seq_len)
     sigma = _positive("sigma", sigma, allow_zero=True)
     rng = np.random.default_rng(_seed(seed))
-    mu = math.log(mean) - sigma**2 / 2
+    mu = _mu(mean, sigma, "sigma")
     return _clip(rng.lognormal(mu, sigma, n), low, high)
 
 
@@ -146,16 +158,16 @@ def bimodal_lengths(
     long_sigma = _positive("long_sigma", long_sigma, allow_zero=True)
     rng = np.random.default_rng(_seed(seed))
     is_long = rng.random(n) < fraction
-    short = rng.lognormal(math.log(short_mean) - short_sigma**2 / 2, short_sigma, n)
-    long = rng.lognormal(math.log(long_mean) - long_sigma**2 / 2, long_sigma, n)
+    short = rng.lognormal(_mu(short_mean, short_sigma, "short_sigma"), short_sigma, n)
+    long = rng.lognormal(_mu(long_mean, long_sigma, "long_sigma"), long_sigma, n)
     return _clip(np.where(is_long, long, short), low, high)
 
 
 def constant_lengths(n: int, *, length: int) -> np.ndarray:
     """Every sequence ``length`` tokens (fixed-length pre-training)."""
+    length = check_int("length", length, minimum=1, maximum=INT64_MAX)
     n = _count(n)
-    low, _ = _bounds(length, length)
-    return np.full(n, low, dtype=np.int64)
+    return np.full(n, length, dtype=np.int64)
 
 
 DISTRIBUTIONS: dict[str, Callable[..., np.ndarray]] = {
@@ -175,7 +187,7 @@ def generate_lengths(name: str, n: int, **params: Any) -> np.ndarray:
         ConfigError: Unknown name, parameters the generator does not take, or out of range.
         SeqpackTypeError: A parameter of the wrong type.
     """
-    if name not in DISTRIBUTIONS:
+    if not isinstance(name, str) or name not in DISTRIBUTIONS:
         raise ConfigError(f"unknown length distribution {name!r}; available: {', '.join(DISTRIBUTIONS)}")
     fn = DISTRIBUTIONS[name]
     try:
@@ -256,6 +268,8 @@ def lengths_from_config(
     n = num_samples if num_samples is not None else config.get("num_samples")
     if n is None:
         raise ConfigError(f"distribution-mode {what} needs num_samples (in the config or as an argument)")
+    n = check_int("num_samples", n, minimum=0)
+    check_fits_memory(f"num_samples={n} lengths", 16 * n)
     params = {_CONFIG_ALIASES.get(k, k): v for k, v in config.items() if k not in _CONFIG_META}
     if kind != "constant":
         params["seed"] = seed if seed is not None else config.get("seed", 0)

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import torch
 
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
+from seqpack.mock_data import io
 
 __all__ = ["BYTE_VOCAB_SIZE", "stdlib_corpus", "split_documents", "TokenDataset"]
 
@@ -107,10 +108,13 @@ def stdlib_corpus(
             doc_paths.append(os.path.relpath(path, root))
             chunks.append(np.frombuffer(doc, dtype=np.uint8))
     lengths = np.fromiter((c.shape[0] for c in chunks), dtype=np.int64, count=len(chunks))
-    offsets = np.zeros(len(chunks) + 1, dtype=np.int32)
+    offsets = np.zeros(len(chunks) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     values = pa.array(np.concatenate(chunks), type=pa.uint8())
-    input_ids = pa.ListArray.from_arrays(pa.array(offsets), values)
+    if offsets[-1] > io.LIST_MAX_VALUES:  # int32 list offsets would wrap: int64 ones
+        input_ids = pa.LargeListArray.from_arrays(pa.array(offsets), values)
+    else:
+        input_ids = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
     return pa.table({"path": doc_paths, "input_ids": input_ids, "length": lengths})
 
 

@@ -6,6 +6,8 @@ adds one under a new name.
 
 from __future__ import annotations
 
+import inspect
+
 from seqpack.errors import ConfigError
 from seqpack.schedulers.balanced import BalancedScheduler
 from seqpack.schedulers.base import ON_OVERSIZE, Schedule, Scheduler, apply_oversize, as_lengths
@@ -43,9 +45,16 @@ def get_scheduler(name: str | Scheduler = "balanced", **options) -> Scheduler:
         if options:
             raise ConfigError("options cannot be given with a Scheduler instance")
         return name
-    if name not in _REGISTRY:
+    if not isinstance(name, str) or name not in _REGISTRY:
         raise ConfigError(f"unknown scheduler {name!r}; available: {', '.join(available_schedulers())}")
-    return _REGISTRY[name](**options)
+    cls = _REGISTRY[name]
+    try:
+        inspect.signature(cls).bind(**options)
+    except TypeError:
+        valid = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+        unknown = sorted(set(options) - set(valid))
+        raise ConfigError(f"unknown option(s) {unknown} of scheduler {name!r}; valid: {', '.join(valid)}") from None
+    return cls(**options)
 
 
 register_scheduler(BalancedScheduler)

@@ -72,10 +72,10 @@ from seqpack.config import Objective, Order
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError, ScheduleError
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.base import Scheduler
+from seqpack.schedulers.base import Scheduler, check_microbatches
 from seqpack.stats import round_sum_lower_bound
 from seqpack.thd import padded_lengths
-from seqpack.validation import check_choice, check_int, check_optional_int, check_positive_int
+from seqpack.validation import INT64_MAX, check_choice, check_int, check_optional_int, check_positive_int
 
 ORDERS = tuple(Order)
 OBJECTIVES = tuple(Objective)
@@ -393,7 +393,7 @@ class BalancedScheduler(Scheduler):
         check_int("min_microbatches", min_microbatches, minimum=0)
         check_positive_int("microbatch_multiple", microbatch_multiple)
         check_optional_int("num_microbatches", num_microbatches, minimum=0)
-        check_optional_int("max_repair_moves", max_repair_moves, minimum=0)
+        check_optional_int("max_repair_moves", max_repair_moves, minimum=0, maximum=INT64_MAX)
         self.order = order
         self.min_microbatches = int(min_microbatches)
         self.microbatch_multiple = int(microbatch_multiple)
@@ -407,6 +407,13 @@ class BalancedScheduler(Scheduler):
 
     def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
         model = self.resolve_cost(cost)
+        if ids.size or self.num_microbatches:
+            check_microbatches(
+                dp_size,
+                min_microbatches=self.min_microbatches,
+                microbatch_multiple=self.microbatch_multiple,
+                num_microbatches=self.num_microbatches,
+            )
         padded = padded_lengths(lengths, pad_multiple)
         plan = plan_balanced(
             padded,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
@@ -18,8 +19,16 @@ import numpy as np
 
 from seqpack.config import OnOversize
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
+from seqpack.stats import exact_sum
 from seqpack.thd import padded_lengths
-from seqpack.validation import check_choice, check_positive_int
+from seqpack.validation import (
+    INT64_MAX,
+    MAX_TOKENS,
+    check_choice,
+    check_cost_model,
+    check_fits_memory,
+    check_positive_int,
+)
 
 if TYPE_CHECKING:
     from seqpack.cost import CostModel
@@ -144,19 +153,25 @@ class Schedule:
         Raises:
             ScheduleError: Missing arrays or counts that do not add up.
         """
+        if not isinstance(arrays, Mapping):
+            raise SeqpackTypeError(f"schedule arrays must be a mapping, got {type(arrays).__name__}")
         missing = [k for k in ("limits", *cls.ARRAY_FIELDS) if k not in arrays]
         if missing:
             raise ScheduleError(f"schedule arrays are missing {missing}")
-        limits = np.asarray(arrays["limits"], dtype=np.int64).reshape(-1)
+        limits = _int64_array("limits", arrays["limits"])
         if limits.shape[0] != 5:
             raise ScheduleError(f"schedule limits must hold 5 values, got {limits.tolist()}")
         m_count, dp = int(limits[0]), int(limits[1])
-        get = {k: np.array(arrays[k], dtype=np.int64).reshape(-1) for k in cls.ARRAY_FIELDS}
+        get = {k: _int64_array(k, arrays[k]) for k in cls.ARRAY_FIELDS}
         counts, assigned = get["cell_counts"], get["assigned"]
         if m_count < 0 or dp < 1 or counts.shape[0] != m_count * dp:
-            raise ScheduleError(f"{counts.shape[0]} cell counts for {m_count} microbatches x {dp} replicas")
+            raise ScheduleError(
+                f"schedule cell_counts holds {counts.shape[0]} counts for {m_count} microbatches x {dp} replicas"
+            )
         if int(counts.sum()) != assigned.shape[0] or (counts.size and counts.min() < 0):
-            raise ScheduleError(f"cell counts sum to {int(counts.sum())} but {assigned.shape[0]} ids are assigned")
+            raise ScheduleError(
+                f"schedule cell_counts sum to {int(counts.sum())} but {assigned.shape[0]} ids are assigned"
+            )
         cells = np.split(assigned, np.cumsum(counts)[:-1]) if counts.size else []
         return cls(
             num_microbatches=m_count,
@@ -209,7 +224,7 @@ class Schedule:
         ``num_microbatches`` microbatches; padded tokens of every microbatch fit capacity;
         truncated ids are packed with at most their original length; the limits match.
         """
-        given = self.original_lengths if lengths is None else np.asarray(lengths, dtype=np.int64)
+        given = self.original_lengths if lengths is None else as_lengths(lengths)
         if given.shape != self.original_lengths.shape or not np.array_equal(given, self.original_lengths):
             raise ScheduleError("schedule was computed for different lengths than the ones given")
         for name, expected in (
@@ -218,7 +233,7 @@ class Schedule:
             ("max_tokens_per_rank", max_tokens_per_rank),
             ("pad_multiple", pad_multiple),
         ):
-            if expected is not None and getattr(self, name) != expected:
+            if expected is not None and check_positive_int(name, expected) != getattr(self, name):
                 raise ScheduleError(f"schedule has {name}={getattr(self, name)}, expected {expected}")
         if len(self.assignment) != self.num_microbatches:
             raise ScheduleError(
@@ -276,26 +291,110 @@ class Schedule:
                 )
 
 
+def _int64_array(name: str, value: object) -> np.ndarray:
+    """One array of :meth:`Schedule.from_arrays` as a flat int64 copy (never wrapped, never
+    truncated)."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):
+        array = np.asarray(None)
+    if array.dtype.kind not in "iu" and not (array.dtype.kind == "f" and array.size == 0):
+        raise ScheduleError(f"schedule array {name!r} must hold integers, got {value!r:.60}")
+    if array.dtype == np.uint64 and array.size and int(array.max()) > INT64_MAX:
+        raise ScheduleError(f"schedule array {name!r} holds {int(array.max())}, which does not fit int64")
+    return np.array(array, dtype=np.int64).reshape(-1)
+
+
 def default_origin(num_samples: int, dp_size: int) -> np.ndarray:
     """DP rank of each sample when ``num_samples`` are split into equal contiguous blocks."""
     return (np.arange(num_samples, dtype=np.int64) * dp_size) // max(num_samples, 1)
 
 
 def as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
-    """Validate and coerce lengths to a contiguous int64 array of positive values."""
-    arr = np.asarray(lengths)
+    """Validate and coerce lengths to a contiguous int64 array of positive values.
+
+    Raises:
+        SeqpackTypeError: Not a 1-D sequence of integers (integral floats are accepted).
+        SampleError: A length below 1, or one past int64 (named, never wrapped negative).
+    """
+    try:
+        arr = np.asarray(lengths)
+    except (TypeError, ValueError, RuntimeError):  # ragged lists, device tensors
+        arr = np.asarray(None)
     if arr.ndim != 1:
+        if arr.ndim == 0:
+            raise SeqpackTypeError(f"lengths must be a 1-D sequence of integers, got {type(lengths).__name__}")
         raise SampleError(f"lengths must be 1-D, got shape {arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
-            arr = arr.astype(np.int64)
-        else:
+    if arr.size and arr.dtype == object:  # Python ints past int64, or a mix of types
+        for i, value in enumerate(arr.tolist()):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                raise SeqpackTypeError(f"lengths must be integers, got {value!r} for sample {i}")
+            if int(value) > INT64_MAX:
+                raise SampleError(f"sample {i} has length {int(value)}, too large (at most 2**63 - 1)")
+        arr = np.array([int(v) for v in arr.tolist()], dtype=np.int64)
+    elif arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if not np.issubdtype(arr.dtype, np.floating) or not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
             raise SeqpackTypeError(f"lengths must be integers, got dtype {arr.dtype}")
+        if arr.max() >= 2.0**63:
+            i = int(np.argmax(arr))
+            raise SampleError(f"sample {i} has length {float(arr[i]):.0f}, too large (at most 2**63 - 1)")
+    elif arr.size and arr.dtype == np.uint64 and int(arr.max()) > INT64_MAX:
+        i = int(np.argmax(arr))
+        raise SampleError(f"sample {i} has length {int(arr[i])}, too large (at most 2**63 - 1)")
     arr = np.ascontiguousarray(arr, dtype=np.int64)
     if arr.size and arr.min() < 1:
         i = int(np.argmin(arr))
         raise SampleError(f"sample {i} has length {int(arr[i])}; lengths must be >= 1 (drop empty samples first)")
     return arr
+
+
+def as_origin(origin: Sequence[int] | np.ndarray | None, num_samples: int, dp_size: int) -> np.ndarray:
+    """The DP rank of every sample as int64 (default :func:`default_origin`).
+
+    Raises:
+        SeqpackTypeError: Ranks that are not integers.
+        ConfigError: Not one rank in ``0..dp_size-1`` per sample.
+    """
+    if origin is None:
+        return default_origin(num_samples, dp_size)
+    arr = np.asarray(origin)
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if not np.issubdtype(arr.dtype, np.floating) or np.any(arr != np.round(arr)):
+            raise SeqpackTypeError(f"origin must hold integer DP ranks, got dtype {arr.dtype}")
+    if arr.shape != (num_samples,) or (arr.size and (arr.min() < 0 or arr.max() >= dp_size)):
+        raise ConfigError(f"origin must hold one DP rank in 0..{dp_size - 1} per sample, got shape {arr.shape}")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def check_request(num_samples: int, *, dp_size: int, cp_size: int, capacity: int, cost: object) -> None:
+    """Refuse, before planning, what no schedule can hold: a microbatch past
+    :data:`~seqpack.validation.MAX_TOKENS`, more replicas than memory holds, a cost that is
+    not a :class:`~seqpack.cost.CostModel`."""
+    if capacity > MAX_TOKENS:
+        raise ConfigError(
+            f"max_tokens_per_rank={capacity // cp_size} x cp_size={cp_size} = {capacity} tokens per microbatch is too "
+            f"large (at most 2**53 = {MAX_TOKENS})"
+        )
+    # Every round of a schedule holds one id array per replica (~112 bytes each).
+    check_fits_memory(f"dp_size={dp_size} for {num_samples} samples", 64 * num_samples + 112 * dp_size)
+    check_cost_model("cost", cost)
+
+
+def check_microbatches(dp_size: int, **least: int | None) -> None:
+    """Refuse, before planning, a microbatch count (the largest of the scheduler options in
+    ``least``, e.g. ``min_microbatches``) whose ``count x dp_size`` cells memory cannot hold."""
+    name, count = max(((k, v) for k, v in least.items() if v is not None), key=lambda kv: kv[1])
+    check_fits_memory(f"{name}={count} microbatches x dp_size={dp_size}", 112 * count * dp_size)
+
+
+def check_step_tokens(lengths: np.ndarray, pad_multiple: int) -> None:
+    """Refuse a step whose padded tokens, summed, do not fit int64 (each fits capacity)."""
+    if lengths.size and int(lengths.max()) + pad_multiple > INT64_MAX // lengths.shape[0]:
+        total = exact_sum(padded_lengths(lengths, pad_multiple))
+        if total > INT64_MAX:
+            raise ScheduleError(
+                f"the step's {lengths.shape[0]} sequences hold {total} padded tokens, too many (at most 2**63 - 1)"
+            )
 
 
 def apply_oversize(
@@ -305,22 +404,25 @@ def apply_oversize(
     on_oversize = check_choice("on_oversize", on_oversize, OnOversize)
     if capacity < pad_multiple:
         raise ConfigError(f"capacity {capacity} is smaller than pad_multiple {pad_multiple}: no sequence fits")
-    padded = padded_lengths(lengths, pad_multiple)
-    over = np.flatnonzero(padded > capacity)
+    # Longest length whose padded length fits (compared unpadded: padding a length near
+    # 2**63 would wrap int64).
+    fits = (capacity // pad_multiple) * pad_multiple
+    over = np.flatnonzero(lengths > fits)
     effective = lengths.copy()
     if over.size == 0:
         return effective, _empty(), _empty()
     if on_oversize == OnOversize.ERROR:
         i = int(over[0])
+        padded = -(-int(lengths[i]) // pad_multiple) * pad_multiple
         raise ScheduleError(
-            f"sample {i} has {int(lengths[i])} tokens ({int(padded[i])} padded to a multiple of {pad_multiple}), "
+            f"sample {i} has {int(lengths[i])} tokens ({padded} padded to a multiple of {pad_multiple}), "
             f"more than one microbatch holds: capacity {capacity} tokens; {over.size} sample(s) are too long. "
             "Raise max_tokens_per_rank or cp_size, or pass on_oversize='truncate' or 'drop'"
         )
     if on_oversize == "drop":
         effective[over] = 0
         return effective, over.astype(np.int64), _empty()
-    effective[over] = (capacity // pad_multiple) * pad_multiple
+    effective[over] = fits
     return effective, _empty(), over.astype(np.int64)
 
 
@@ -371,14 +473,10 @@ class Scheduler(ABC):
         max_tokens_per_rank = check_positive_int("max_tokens_per_rank", max_tokens_per_rank)
         pad_multiple = check_positive_int("pad_multiple", pad_multiple)
         capacity = max_tokens_per_rank * cp_size
+        check_request(original.shape[0], dp_size=dp_size, cp_size=cp_size, capacity=capacity, cost=cost)
         effective, dropped, truncated = apply_oversize(original, capacity, pad_multiple, on_oversize)
-        origin_arr = default_origin(original.shape[0], dp_size) if origin is None else np.asarray(origin, np.int64)
-        if origin_arr.shape != original.shape or (
-            origin_arr.size and (origin_arr.min() < 0 or origin_arr.max() >= dp_size)
-        ):
-            raise ConfigError(
-                f"origin must hold one DP rank in 0..{dp_size - 1} per sample, got shape {origin_arr.shape}"
-            )
+        check_step_tokens(effective, pad_multiple)
+        origin_arr = as_origin(origin, original.shape[0], dp_size)
         active = np.flatnonzero(effective > 0).astype(np.int64)
         rounds, deferred = self._plan(
             active,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.base import Scheduler
+from seqpack.schedulers.base import Scheduler, check_microbatches
 from seqpack.thd import padded_lengths
 from seqpack.validation import check_positive_int
 
@@ -81,6 +81,7 @@ class DpBalancedScheduler(Scheduler):
         self.microbatch_multiple = check_positive_int("microbatch_multiple", microbatch_multiple)
 
     def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
+        check_microbatches(dp_size, microbatch_multiple=self.microbatch_multiple)
         groups = megatron_groups(padded_lengths(lengths, pad_multiple), capacity, dp_size, self.microbatch_multiple)
         if not ids.size:
             return [], np.zeros(0, dtype=np.int64)

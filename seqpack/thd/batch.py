@@ -12,13 +12,15 @@ from typing import Any
 
 import torch
 
+from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.thd.sample import IGNORE_INDEX, TOKEN_KEYS
-from seqpack.validation import check_positive_int
+from seqpack.validation import INT32_MAX, INT64_MAX, check_int, check_positive_int
 
 __all__ = ["BATCH_TOKEN_FIELDS", "PackedBatch", "padding_only_batch"]
 
 BATCH_TOKEN_FIELDS: tuple[str, ...] = (*TOKEN_KEYS, "seq_idx", "padding_mask")
 """The per-token fields of a :class:`PackedBatch` (what CP sharding cuts)."""
+_REQUIRED_TENSORS = ("position_ids", "seq_idx", "padding_mask", "cu_seqlens", "cu_seqlens_padded", "sample_ids")
 
 
 @dataclasses.dataclass
@@ -43,6 +45,16 @@ class PackedBatch:
     sample_ids: torch.Tensor  # int64 [N], global ids (-1 for a padding-only filler)
     cp_size: int = 1
     cp_rank: int = 0
+
+    def __post_init__(self) -> None:
+        # Types only (cheap: one per microbatch); the layout itself is the builders' job.
+        for name in _REQUIRED_TENSORS:
+            if not isinstance(getattr(self, name), torch.Tensor):
+                raise SeqpackTypeError(f"PackedBatch.{name} must be a tensor, got {type(getattr(self, name)).__name__}")
+        for name in ("input_ids", "labels", "loss_mask"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise SeqpackTypeError(f"PackedBatch.{name} must be a tensor or None, got {type(value).__name__}")
 
     @property
     def num_tokens(self) -> int:
@@ -73,6 +85,10 @@ class PackedBatch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
         """A copy with every tensor on ``device`` (the identity of a shared cu_seqlens kept)."""
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError, ValueError) as err:
+            raise ConfigError(f"device must be a torch device, got {device!r}: {err}") from None
         shared = self.cu_seqlens_padded is self.cu_seqlens
         moved = {}
         for field in dataclasses.fields(self):
@@ -141,9 +157,10 @@ def padding_only_batch(num_tokens: int, *, pad_token_id: int = 0) -> PackedBatch
     step (FSDP and pipeline schedules need every rank to take part). Its ``sample_ids`` is
     ``[-1]``, its loss mask is all zero.
     """
-    n = check_positive_int("num_tokens", num_tokens)
+    n = check_positive_int("num_tokens", num_tokens, maximum=INT32_MAX)  # cu_seqlens are int32
+    pad_token_id = check_int("pad_token_id", pad_token_id, minimum=-INT64_MAX - 1, maximum=INT64_MAX)
     return PackedBatch(
-        input_ids=torch.full((n,), int(pad_token_id), dtype=torch.int64),
+        input_ids=torch.full((n,), pad_token_id, dtype=torch.int64),
         labels=torch.full((n,), IGNORE_INDEX, dtype=torch.int64),
         loss_mask=torch.zeros(n, dtype=torch.float32),
         position_ids=torch.arange(n, dtype=torch.int64),

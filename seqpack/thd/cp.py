@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import torch
 
-from seqpack.errors import ConfigError
+from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.thd.batch import BATCH_TOKEN_FIELDS, PackedBatch
 from seqpack.thd.layout import Offsets, as_offsets, check_offsets, seq_idx_from_cu_seqlens, token_layout
-from seqpack.validation import check_int, check_positive_int
+from seqpack.validation import INT32_MAX, check_int, check_positive_int, check_tensor
 
 __all__ = [
     "partition_indices",
@@ -32,13 +32,23 @@ __all__ = [
 ]
 
 
+MAX_CP_SIZE = 2**30
+"""Largest CP size: every sequence holds ``2*cp`` chunks, and a pack's token count is int32."""
+
+
 def check_cp(cp_size: object, cp_rank: object = 0) -> tuple[int, int]:
     """``(cp_size, cp_rank)`` as ints: a positive size, a rank in ``[0, cp_size)``."""
-    size = check_positive_int("cp_size", cp_size)
+    size = check_positive_int("cp_size", cp_size, maximum=MAX_CP_SIZE)
     rank = check_int("cp_rank", cp_rank)
     if not 0 <= rank < size:
         raise ConfigError(f"cp_rank={rank} is out of range for cp_size={size} (valid: 0..{size - 1})")
     return size, rank
+
+
+def _kinds(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__} of {sorted({type(v).__name__ for v in value})}"
+    return type(value).__name__
 
 
 def _as_offsets(cu_seqlens_padded: Offsets) -> torch.Tensor:
@@ -92,7 +102,7 @@ def partition_indices(cu_seqlens_padded: Offsets, total_tokens: int, cp_size: in
     """
     cp_size, cp_rank = check_cp(cp_size, cp_rank)
     cu = _as_offsets(cu_seqlens_padded)
-    total = check_int("total_tokens", total_tokens, minimum=0)
+    total = check_int("total_tokens", total_tokens, minimum=0, maximum=INT32_MAX)
     _check_layout(cu, total, cp_size)
     if cp_size == 1:
         return torch.arange(total, dtype=torch.int64, device=cu.device)
@@ -130,7 +140,7 @@ def gather_order(cu_seqlens_padded: Offsets, total_tokens: int, cp_size: int) ->
     """
     cp_size, _ = check_cp(cp_size)
     cu = _as_offsets(cu_seqlens_padded)
-    total = check_int("total_tokens", total_tokens, minimum=0)
+    total = check_int("total_tokens", total_tokens, minimum=0, maximum=INT32_MAX)
     _check_layout(cu, total, cp_size)
     if cp_size == 1:
         return torch.arange(total, dtype=torch.int64, device=cu.device)
@@ -145,6 +155,8 @@ def shard_for_cp(batch: PackedBatch, cp_size: int, cp_rank: int) -> PackedBatch:
             ``2*cp_size``, or ``cp_rank`` is out of range.
     """
     cp_size, cp_rank = check_cp(cp_size, cp_rank)
+    if not isinstance(batch, PackedBatch):
+        raise SeqpackTypeError(f"batch must be a seqpack.thd.PackedBatch, got {type(batch).__name__}")
     if batch.cp_size != 1:
         raise ConfigError(f"batch is already sharded (cp_size={batch.cp_size}, cp_rank={batch.cp_rank})")
     if cp_size == 1:
@@ -163,8 +175,12 @@ def unshard_from_cp(parts: Sequence[torch.Tensor], cu_seqlens_padded: Offsets, c
     """Inverse of :func:`shard_for_cp` for one tensor: per-rank tensors (token axis first,
     in CP rank order) back to global token order."""
     cp_size, _ = check_cp(cp_size)
+    if not isinstance(parts, Sequence) or not all(isinstance(part, torch.Tensor) for part in parts):
+        raise SeqpackTypeError(f"parts must be a list of tensors (one per CP rank), got {_kinds(parts)}")
     if len(parts) != cp_size:
-        raise ConfigError(f"expected {cp_size} parts (one per CP rank), got {len(parts)}")
+        raise ConfigError(f"expected {cp_size} parts (one per CP rank, cp_size={cp_size}), got {len(parts)}")
+    if any(part.dim() == 0 for part in parts):
+        raise ConfigError(f"parts must have a token axis (at least 1-D), got shapes {[tuple(p.shape) for p in parts]}")
     if cp_size == 1:  # shard_for_cp(batch, 1, 0) is the identity
         return parts[0]
     stacked = torch.cat(list(parts), dim=0)
@@ -208,16 +224,26 @@ def reorder_seq_chunks(
     With ``cu_seqlens_padded`` (THD), each sequence along ``dim`` is cut into
     ``len(chunk_ids)`` chunks; without it, the whole ``dim`` is one sequence.
     """
-    chunk_ids = chunk_ids.to(torch.int64).cpu()
+    check_tensor("x", x, min_dim=1)
+    dim = check_int("dim", dim)
+    if not -x.dim() <= dim < x.dim():
+        raise ConfigError(f"dim={dim} is out of range for x of shape {tuple(x.shape)}")
+    chunk_ids = check_tensor("chunk_ids", chunk_ids, min_dim=1)
+    if chunk_ids.is_floating_point() or chunk_ids.is_complex() or chunk_ids.dtype == torch.bool:
+        raise SeqpackTypeError(f"chunk_ids must hold integers, got dtype {chunk_ids.dtype}")
+    chunk_ids = chunk_ids.to(torch.int64).cpu().reshape(-1)
     num_chunks = chunk_ids.numel()
+    if num_chunks == 0 or not torch.equal(torch.sort(chunk_ids).values, torch.arange(num_chunks)):
+        raise ConfigError(f"chunk_ids must be a permutation of 0..{num_chunks - 1}, got {chunk_ids.tolist()[:16]}")
     total = x.shape[dim]
     cu = _as_offsets([0, total] if cu_seqlens_padded is None else cu_seqlens_padded).cpu()
     if int(cu[-1]) != total:
-        raise ConfigError(f"cu_seqlens_padded ends at {int(cu[-1])} but dim {dim} has {total} entries")
+        raise ConfigError(f"cu_seqlens_padded ends at {int(cu[-1])} but x has {total} entries along dim {dim}")
     lengths = cu[1:] - cu[:-1]
     if bool((lengths % num_chunks != 0).any()):
         raise ConfigError(
-            f"every sequence length must be divisible by {num_chunks} chunks, got {lengths.tolist()[:16]}"
+            f"every sequence length must be divisible by {num_chunks} chunks (2*cp_size under DualChunkSwap), "
+            f"got {lengths.tolist()[:16]}"
         )
     layout = token_layout(cu, total_tokens=total)  # checks the offsets
     seq = layout.seq_idx.long()

@@ -24,11 +24,12 @@ import numpy as np
 import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.validation import check_int
+from seqpack.validation import INT32_MAX, check_fits_memory, check_int
 
 __all__ = ["TokenLayout", "as_offsets", "seq_idx_from_cu_seqlens", "token_layout"]
 
 Offsets = torch.Tensor | np.ndarray | Sequence[int]
+_LAYOUT_BYTES_PER_TOKEN = 29  # int32 seq_idx, int64 position, bool pad flag, int64 temporaries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +147,11 @@ def _seq_of_tokens(cu_padded: torch.Tensor, tokens: torch.Tensor) -> torch.Tenso
     return torch.searchsorted(cu_padded[1:], tokens, right=True)
 
 
+def _check_total(total_tokens: object) -> int:
+    # A pack's tokens are addressed by int32 cu_seqlens (Transformer Engine's contract).
+    return check_int("total_tokens", total_tokens, minimum=0, maximum=INT32_MAX)
+
+
 def token_layout(
     cu_seqlens_padded: Offsets,
     cu_seqlens: Offsets | None = None,
@@ -183,7 +189,8 @@ def token_layout(
     if validate:
         check_offsets(cu_padded, cu_real)
     # Host sync on a GPU when total_tokens is not given: the output size must be known.
-    total = int(cu_padded[-1]) if total_tokens is None else check_int("total_tokens", total_tokens, minimum=0)
+    total = int(cu_padded[-1]) if total_tokens is None else _check_total(total_tokens)
+    check_fits_memory(f"total_tokens={total}", _LAYOUT_BYTES_PER_TOKEN * total)
     real = None if cu_real is None else cu_real[1:] - cu_real[:-1]
     if cu_padded.device.type == "cpu":
         arrays = _layout_numpy(cu_padded.numpy(), None if real is None else real.numpy(), total)
@@ -200,7 +207,8 @@ def seq_idx_from_cu_seqlens(cu_seqlens_padded: Offsets, total_tokens: int) -> to
     host sync; :func:`token_layout` checks.
     """
     cu_padded = as_offsets(cu_seqlens_padded, "cu_seqlens_padded")
-    total = check_int("total_tokens", total_tokens, minimum=0)
+    total = _check_total(total_tokens)
+    check_fits_memory(f"total_tokens={total}", 4 * total)
     if cu_padded.device.type == "cpu":
         counts = _segment_lengths_numpy(cu_padded.numpy(), total)
         return torch.from_numpy(np.repeat(np.arange(cu_padded.shape[0], dtype=np.int32), counts))

@@ -5,18 +5,28 @@ padding arithmetic both follow (:func:`pad_multiple_for`, :func:`padded_lengths`
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from seqpack.errors import ConfigError, SampleError
+from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
 from seqpack.thd.batch import PackedBatch
 from seqpack.thd.cp import check_cp, partition_indices
 from seqpack.thd.layout import Offsets, as_offsets, token_layout
 from seqpack.thd.sample import IGNORE_INDEX, TOKEN_KEYS, normalize_sample
-from seqpack.validation import check_int, check_optional_int, check_positive_int
+from seqpack.validation import (
+    INT32_MAX,
+    INT64_MAX,
+    check_bool,
+    check_fits_memory,
+    check_int,
+    check_mapping,
+    check_optional_int,
+    check_positive_int,
+)
 
 __all__ = [
     "batch_from_layout",
@@ -35,8 +45,10 @@ def pad_multiple_for(cp_size: int, tp_size: int = 1, sequence_parallel: bool = F
     times ``tp`` under sequence parallelism (the token axis is split over TP too), and a
     multiple of 16 under FP8 (its GEMMs need 16-aligned token counts).
     """
-    cp = check_positive_int("cp_size", cp_size)
-    tp = check_positive_int("tp_size", tp_size)
+    cp = check_positive_int("cp_size", cp_size, maximum=INT32_MAX)
+    tp = check_positive_int("tp_size", tp_size, maximum=INT32_MAX)
+    sequence_parallel = check_bool("sequence_parallel", sequence_parallel)
+    fp8 = check_bool("fp8", fp8)
     multiple = 2 * cp if cp > 1 else 1
     if sequence_parallel:
         multiple *= tp
@@ -46,10 +58,42 @@ def pad_multiple_for(cp_size: int, tp_size: int = 1, sequence_parallel: bool = F
 
 
 def padded_lengths(lengths: np.ndarray | Sequence[int], pad_multiple: int) -> np.ndarray:
-    """Smallest multiple of ``pad_multiple`` that holds each length (int64 array)."""
+    """Smallest multiple of ``pad_multiple`` that holds each length (int64 array).
+
+    Raises:
+        SeqpackTypeError: Lengths that are not integers.
+        SampleError: A negative length, or one whose padded length does not fit int64.
+    """
     pad_multiple = check_positive_int("pad_multiple", pad_multiple)
-    arr = np.asarray(lengths, dtype=np.int64)
+    arr = lengths if isinstance(lengths, np.ndarray) and lengths.dtype == np.int64 else _int64_lengths(lengths)
+    if arr.size:
+        low, high = int(arr.min()), int(arr.max())
+        if low < 0:
+            raise SampleError(f"lengths must be >= 0, got {low}")
+        if high > INT64_MAX // pad_multiple * pad_multiple:  # its padded length would wrap negative
+            raise SampleError(f"length {high} padded to pad_multiple={pad_multiple} is too large (at most 2**63 - 1)")
     return -(-arr // pad_multiple) * pad_multiple
+
+
+def _int64_lengths(lengths: np.ndarray | Sequence[int]) -> np.ndarray:
+    try:
+        arr = np.asarray(lengths)
+        if arr.dtype == object and not all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in arr.reshape(-1).tolist()
+        ):
+            raise TypeError
+    except (TypeError, ValueError, OverflowError):
+        raise SeqpackTypeError(f"lengths must be integers, got {type(lengths).__name__}") from None
+    integral = np.issubdtype(arr.dtype, np.integer) or (
+        np.issubdtype(arr.dtype, np.floating) and bool(np.all(np.isfinite(arr) & (arr == np.round(arr))))
+    )
+    if arr.size and not (integral or arr.dtype == object):
+        raise SeqpackTypeError(f"lengths must be integers, got dtype {arr.dtype}")
+    if arr.size and (arr.dtype == object or arr.dtype == np.uint64 or arr.dtype.kind == "f"):
+        top = max(arr.reshape(-1).tolist())
+        if top > INT64_MAX:
+            raise SampleError(f"length {int(top)} is too large (at most 2**63 - 1)")
+    return arr.astype(np.int64)
 
 
 def pack_sequences(
@@ -83,9 +127,12 @@ def pack_sequences(
         ConfigError: Empty ``samples``, a pack longer than ``pad_to``, bad padding arguments
             or ``sample_ids`` of the wrong length.
     """
-    pad_multiple = check_positive_int("pad_multiple", pad_multiple)
-    pad_to = check_optional_int("pad_to", pad_to, minimum=0)
-    pad_token_id = check_int("pad_token_id", pad_token_id)
+    # A pack's token count is int32 (cu_seqlens): so is one sequence's padding multiple.
+    pad_multiple = check_positive_int("pad_multiple", pad_multiple, maximum=INT32_MAX)
+    pad_to = check_optional_int("pad_to", pad_to, minimum=0, maximum=INT64_MAX)
+    pad_token_id = check_int("pad_token_id", pad_token_id, minimum=-INT64_MAX - 1, maximum=INT64_MAX)
+    if not isinstance(samples, Sequence) or isinstance(samples, (str, bytes)):
+        raise SeqpackTypeError(f"samples must be a list of sample mappings, got {type(samples).__name__}")
     if len(samples) == 0:
         raise ConfigError("pack_sequences needs at least one sample, got an empty list")
     if pad_to is not None and pad_to % pad_multiple != 0:
@@ -111,6 +158,12 @@ def pack_sequences(
             )
         padded[-1] += pad_to - padded_total
         padded_total = pad_to
+    if padded_total > INT32_MAX:  # cu_seqlens are int32 (Transformer Engine's contract)
+        raise ConfigError(
+            f"a pack of {padded_total} tokens is too large: cu_seqlens are int32 (at most 2**31 - 1 tokens); "
+            f"pad_multiple={pad_multiple}" + (f", pad_to={pad_to}" if pad_to is not None else "")
+        )
+    check_fits_memory(f"a pack of {padded_total} tokens", 40 * padded_total)  # ~5 tensors of 8 bytes a token
 
     cu_real_np = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(lengths, out=cu_real_np[1:])
@@ -192,9 +245,22 @@ def _override(
 def _as_sample_ids(sample_ids: Any, num_seqs: int) -> torch.Tensor:
     if sample_ids is None:
         return torch.arange(num_seqs, dtype=torch.int64)
-    ids = torch.as_tensor(np.asarray(sample_ids) if not isinstance(sample_ids, torch.Tensor) else sample_ids)
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise ConfigError(f"sample_ids must hold integers, got dtype {ids.dtype}")
+    if isinstance(sample_ids, torch.Tensor):
+        ids = sample_ids
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise ConfigError(f"sample_ids must hold integers, got dtype {ids.dtype}")
+    else:
+        try:
+            array = np.asarray(sample_ids)
+        except (TypeError, ValueError):
+            array = np.asarray(None)
+        if array.dtype.kind in "fcb":
+            raise ConfigError(f"sample_ids must hold integers, got dtype {array.dtype}")
+        if array.dtype.kind not in "iu":
+            raise SeqpackTypeError(f"sample_ids must hold integers (int64), got {sample_ids!r:.60}")
+        if array.dtype == np.uint64 and array.size and int(array.max()) > INT64_MAX:
+            raise ConfigError(f"sample_ids holds {int(array.max())}, which does not fit int64")
+        ids = torch.from_numpy(array.astype(np.int64))
     ids = ids.to(torch.int64).reshape(-1)
     if ids.shape[0] != num_seqs:
         raise ConfigError(f"sample_ids has {ids.shape[0]} entries for {num_seqs} samples")
@@ -281,6 +347,7 @@ def split_packed_sample(
         SampleError: No ``cu_seqlens``, offsets of unequal length, a real length outside its
             slot, or a slot past the end of ``input_ids``.
     """
+    check_mapping("sample", sample)
     if "cu_seqlens" not in sample:
         raise SampleError("split_packed_sample needs a 'cu_seqlens' field")
     cu = _flat_offsets(sample["cu_seqlens"], "cu_seqlens").cpu()
@@ -296,7 +363,9 @@ def split_packed_sample(
         raise SampleError(
             f"inconsistent pack layout: real length {int(lens[i])} in slot [{int(starts[i])}, {int(ends[i])})"
         )
-    total = int(torch.as_tensor(sample["input_ids"]).shape[0])
+    if not isinstance(sample.get("input_ids"), torch.Tensor) or sample["input_ids"].dim() != 1:
+        raise SampleError("a pre-packed sample needs 'input_ids' as a 1-D tensor (normalize_sample it first)")
+    total = int(sample["input_ids"].shape[0])
     if ends.numel() and int(ends[-1]) > total:
         raise SampleError(f"cu_seqlens_padded ends at {int(ends[-1])} but input_ids has {total} tokens")
     present = [key for key in keys if sample.get(key) is not None]

@@ -1,11 +1,1 @@
-import pytest
-
-from harness import PoolRegistry
-
-
-@pytest.fixture(scope="session")
-def dist_pools():
-    """``dist_pools.get(world_size).run(fn, *args)`` runs ``fn`` on every rank of a gloo group."""
-    registry = PoolRegistry()
-    yield registry
-    registry.close()
+"""The ``dist_pools`` fixture lives in tests/conftest.py, shared with tests/fuzz."""

@@ -279,7 +279,7 @@ def _peer(rank, world, store_path, scenario, results):
             data(), topo, samples_per_rank=6, max_tokens_per_rank=48, scheduler="empty", prefetch=1, group_timeout=60
         )
         next(it)
-        time.sleep(1.0)  # the threads of ranks 0 and 1 now wait for rank 2 in step 1's gather
+        time.sleep(3.0)  # the threads of ranks 0 and 1 now wait for rank 2 in step 1's gather (slack for a loaded CI)
         prefetcher = it._bg.prefetcher  # stuck: alive, and step 1 never became ready
         report["stuck"] = prefetcher._thread.is_alive() and not prefetcher._ready
         if rank != 1:  # rank 1 leaves without close(): interpreter exit must not hang either
@@ -355,4 +355,4 @@ def test_close_and_exit_are_bounded_when_a_peer_hangs_or_dies():
     assert all(r["close_seconds"] < 5 for r in hang if r["rank"] != 1)
     (kill,) = [r for r in done if "error_seconds" in r]
     assert "error" in kill and kill["error_seconds"] < 30, kill  # raised by next(), no hang
-    assert kill["close_seconds"] < 5
+    assert kill["close_seconds"] < 10  # close(timeout=5.0) plus slack for a loaded machine

@@ -51,12 +51,31 @@ def test_write_parquet_round_trip(tmp_path):
     assert pq.read_table(tmp_path / "empty.parquet").num_rows == 0
 
 
-def test_write_parquet_refuses_a_row_group_past_int32_list_offsets(tmp_path, monkeypatch):
-    ds = MockSFTDataset([2**30, 2**30, 5], vocab_size=100, seed=0)
-    # Zero-copy stand-ins for two 2**30-token samples: the guard must fire before any copy.
-    monkeypatch.setattr(ds, "tokens", lambda i: np.broadcast_to(np.int32(1), (int(ds.lengths[i]),)))
-    with pytest.raises(ValueError, match=r"samples 0\.\.2 hold 2147483653 tokens.*lower rows_per_group=4096"):
-        ds.write_parquet(tmp_path / "big.parquet")
+@pytest.mark.parametrize("limit, large", [(10, True), (11, False)])
+def test_write_parquet_uses_int64_list_offsets_where_a_row_group_passes_int32(tmp_path, monkeypatch, limit, large):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from seqpack.mock_data import io
+
+    # Row groups of 2 samples hold 5+6=11 and 7 tokens: past a limit of 10, int32 offsets
+    # would not address the first group (the real limit, 2**31 - 1, is too big for a test).
+    monkeypatch.setattr(io, "LIST_MAX_VALUES", limit)
+    ds = MockSFTDataset([5, 6, 7], vocab_size=100, seed=1)
+    ds.write_parquet(tmp_path / "big.parquet", rows_per_group=2)
+    table = pq.read_table(tmp_path / "big.parquet")
+    assert pa.types.is_large_list(table.schema.field("input_ids").type) == large
+    assert table.column("input_ids").to_pylist() == [ds[i]["input_ids"].tolist() for i in range(3)]
+    assert lengths_from_file(tmp_path / "big.parquet").tolist() == [5, 6, 7]
+
+
+def test_a_sample_larger_than_memory_is_refused_before_drawing_it():
+    from seqpack.errors import ConfigError
+
+    ds = MockSFTDataset([3, 2**60], vocab_size=100)
+    assert ds[0]["input_ids"].shape == (3,)
+    with pytest.raises(ConfigError, match=r"sample 1 of 1152921504606846976 tokens is too large: it needs at least"):
+        ds[1]
 
 
 def test_write_parquet_reports_progress_and_refuses_a_directory(tmp_path, caplog):

@@ -172,3 +172,29 @@ def test_error_types(tmp_path):
     (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(SampleError, match="bad.parquet: cannot read as parquet"):
         lengths_from_file(tmp_path / "bad.parquet")
+
+
+@pytest.mark.parametrize(
+    "text, column, expected",
+    [
+        ("a;length\nx;5\ny;6\n", None, [5, 6]),  # semicolons (European Excel)
+        ("a|length\nx|5\ny|6\n", None, [5, 6]),
+        ('name,length\n"Smith, J",5\n"Doe, A",6\n', None, [5, 6]),  # a delimiter inside quotes
+        ('"length"\n"5"\n"6"\n', None, [5, 6]),
+        (" length \n 5 \n 6\n", None, [5, 6]),
+        ("a;b\n1;5\n2;6\n", "b", [5, 6]),
+        ("1;5\n2;6\n", 1, [5, 6]),  # no header: the first row is data
+        ("5\n6\n7\n", None, [5, 6, 7]),  # one column: nothing to sniff
+    ],
+)
+def test_csv_dialect_is_sniffed(tmp_path, text, column, expected):
+    path = tmp_path / "d.csv"
+    path.write_text(text)
+    assert lengths_from_file(path, column=column).tolist() == expected
+
+
+def test_a_directory_without_an_extension_is_named_as_a_directory(tmp_path):
+    with pytest.raises(IsADirectoryError, match="is a directory, not a file of lengths"):
+        lengths_from_file(tmp_path)
+    with pytest.raises(IsADirectoryError, match="is a directory; give a file name"):
+        write_lengths(tmp_path, [1])

@@ -79,3 +79,19 @@ def test_token_dataset_errors_name_the_file(tmp_path):
     pq.write_table(pa.table({"text": [1, 2]}), path)
     with pytest.raises(SeqpackTypeError, match="docs.parquet: text must be a string column"):
         TokenDataset(path)
+
+
+def test_stdlib_corpus_past_int32_offsets_is_a_large_list(tmp_path, monkeypatch):
+    from seqpack.mock_data import io
+
+    root = tmp_path / "lib"
+    root.mkdir()
+    (root / "a.py").write_bytes(b"def f():\n    pass\n\nclass C:\n    x = 1\n")
+    small = stdlib_corpus(str(root))
+    monkeypatch.setattr(io, "LIST_MAX_VALUES", 10)  # the real 2**31 - 1 is too big for a test
+    large = stdlib_corpus(str(root))
+    assert pa.types.is_list(small.schema.field("input_ids").type)
+    assert pa.types.is_large_list(large.schema.field("input_ids").type)
+    assert large.column("input_ids").to_pylist() == small.column("input_ids").to_pylist()
+    ds = TokenDataset(large)
+    assert [ds[i]["input_ids"].tolist() for i in range(len(ds))] == small.column("input_ids").to_pylist()

@@ -244,7 +244,10 @@ def run(args: argparse.Namespace) -> int:
     names = [s.strip() for s in args.schedulers.split(",") if s.strip()]
     unknown = [s for s in names if s not in available_schedulers()]
     if unknown or not names:
-        raise CommandError(f"unknown scheduler(s) {unknown}; available: {', '.join(available_schedulers())}")
+        raise CommandError(
+            f"--schedulers {args.schedulers!r}: unknown scheduler(s) {unknown}; "
+            f"available: {', '.join(available_schedulers())}"
+        )
     for flag in ("dp", "cp", "max_tokens_per_rank", "steps", "global_batch"):
         value = getattr(args, flag)
         if value is not None and value < 1:

@@ -10,23 +10,13 @@ import numpy as np
 
 from seqpack.cli.errors import CommandError
 from seqpack.cli.sources import column_arg
-from seqpack.validation import INT64_MAX, check_int
+from seqpack.stats import exact_sum  # re-exported: its home was here
+from seqpack.validation import check_int
 
 __all__ = ["PERCENTILES", "add_parser", "exact_sum", "length_summary", "run"]
 
 PERCENTILES = (1, 10, 25, 50, 75, 90, 99)
 MAX_BINS = 100_000
-
-
-def exact_sum(values: np.ndarray, *, squares: bool = False) -> int:
-    """Sum of non-negative int64 ``values`` (or of their squares) as an exact Python int:
-    numpy's int64 sum wraps past 2**63, so large inputs are summed in Python ints."""
-    if values.size == 0:
-        return 0
-    top = int(values.max())
-    if (top * top if squares else top) * values.size <= INT64_MAX:
-        return int(np.dot(values, values)) if squares else int(values.sum())
-    return sum(v * v for v in values.tolist()) if squares else sum(values.tolist())
 
 
 def length_summary(lengths: Any, model: str | None = "llama3-8b") -> dict[str, Any]:
