@@ -117,20 +117,26 @@ def _placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarra
     """Longest first (cost grows with length). Equal lengths are interleaved by origin:
     the k-th sequence of every rank, rank by rank, then the (k+1)-th. Bins take equal items
     round-robin and are dealt to replicas in the same cyclic order, so equal sequences land
-    on the replica that already holds them."""
-    if origin is None:
-        return np.argsort(-padded, kind="stable")
+    on the replica that already holds them. Without origin, equal lengths keep input order."""
     n = padded.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.int64)
+    top = int(padded.max())
+    index = np.arange(n, dtype=np.int64)
+    if origin is None:
+        if (top + 1) * n < 2**62:  # unique int64 keys: the fast (unstable) sort gives the stable order
+            return np.argsort((top - padded) * n + index)
+        return np.argsort(-padded, kind="stable")
     ranks = int(origin.max()) + 1
-    by_origin = np.argsort(origin, kind="stable")
+    if ranks * n >= 2**62 or (top + 1) * n * ranks >= 2**62:
+        by_origin = np.argsort(origin, kind="stable")
+    else:
+        by_origin = np.argsort(origin * n + index)
     counts = np.bincount(origin, minlength=ranks)
     slot = np.empty(n, dtype=np.int64)
-    slot[by_origin] = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    top = int(padded.max())
-    if (top + 1) * n * ranks < 2**62:  # one int64 key sorts faster than lexsort
-        return np.argsort((top - padded) * (n * ranks) + slot * ranks + origin, kind="stable")
+    slot[by_origin] = index - np.repeat(np.cumsum(counts) - counts, counts)
+    if (top + 1) * n * ranks < 2**62:  # one unique int64 key sorts faster than lexsort
+        return np.argsort((top - padded) * (n * ranks) + slot * ranks + origin)
     return np.lexsort((origin, slot, -padded))
 
 
@@ -423,15 +429,7 @@ class BalancedScheduler(Scheduler):
         m_count = plan.num_microbatches
         position = round_position(plan.load, self.order)
         replica = relabel_replicas(plan.replica_of, origin, padded, dp_size)
-        cell = position[plan.round_of] * dp_size + replica
-        # Pack order inside a microbatch: ascending global id (dataloader order; ids ascend).
-        by_cell = np.argsort(cell, kind="stable")
-        counts = np.bincount(cell, minlength=m_count * dp_size) if ids.size else np.zeros(m_count * dp_size, np.int64)
-        ends = np.cumsum(counts)
-        sorted_ids = ids[by_cell]
-        cells = [sorted_ids[a:b] for a, b in zip((ends - counts).tolist(), ends.tolist(), strict=True)]
-        rounds = [cells[m * dp_size : (m + 1) * dp_size] for m in range(m_count)]
-        return rounds, np.zeros(0, dtype=np.int64)
+        return _rounds(ids, position[plan.round_of] * dp_size + replica, m_count, dp_size), np.zeros(0, dtype=np.int64)
 
     def __repr__(self) -> str:
         return (
@@ -441,20 +439,48 @@ class BalancedScheduler(Scheduler):
         )
 
 
+def _rounds(ids: np.ndarray, cell: np.ndarray, m_count: int, dp_size: int) -> list[list[np.ndarray]]:
+    """``rounds[m][d]``: the ids whose ``cell`` is ``m * dp_size + d``, ascending (pack order
+    inside a microbatch is dataloader order; ``ids`` ascend). Views of one sorted array."""
+    n = ids.shape[0]
+    cells = m_count * dp_size
+    # Unique int64 keys (cell, position): the fast sort gives the stable order.
+    by_cell = np.argsort(cell * n + np.arange(n, dtype=np.int64)) if cells * n < 2**62 else np.argsort(cell, kind="stable")
+    ends = np.cumsum(np.bincount(cell, minlength=cells) if n else np.zeros(cells, np.int64))
+    sorted_ids = ids[by_cell]
+    pieces = np.split(sorted_ids, ends[:-1]) if cells else []
+    return [pieces[m * dp_size : (m + 1) * dp_size] for m in range(m_count)]
+
+
 def relabel_replicas(replica_of: np.ndarray, origin: np.ndarray, weight: np.ndarray, dp_size: int) -> np.ndarray:
     """Rename replicas so that each plan replica runs on the DP rank already holding most of
-    its tokens (greedy matching, heaviest overlaps first).
+    its tokens (greedy matching over the (replica, rank) pairs that share tokens, heaviest
+    overlap first; ties: lower replica, then lower rank).
 
     Renaming replicas changes no cost, no balance figure and no microbatch: only which rank
-    runs which replica's work, so fewer tokens cross the network in the exchange.
+    runs which replica's work, so fewer tokens cross the network in the exchange. Only
+    pairs that share a sequence are candidates (at most one per sequence): time and memory
+    are ``O(N log N + dp)``, never ``dp * dp``.
 
     Returns:
         The DP rank of every sequence.
     """
     if replica_of.size == 0 or dp_size == 1:
         return replica_of
-    overlap = np.bincount(replica_of * dp_size + origin, weights=weight, minlength=dp_size * dp_size)
-    rank_of_replica = _kernels.greedy_matching(overlap.reshape(dp_size, dp_size))
+    replica_of = np.asarray(replica_of, dtype=np.int64)
+    pair = replica_of * dp_size + np.asarray(origin, dtype=np.int64)  # < dp**2: exact in int64 for dp < 3e9
+    by_pair = np.argsort(pair)  # groups equal pairs; order within a group does not matter
+    sorted_pair = pair[by_pair]
+    starts = np.flatnonzero(np.r_[True, sorted_pair[1:] != sorted_pair[:-1]])
+    overlap = np.add.reduceat(np.asarray(weight, dtype=np.int64)[by_pair], starts)
+    keys = sorted_pair[starts]  # ascending: (replica, rank) order
+    rows, cols = keys // dp_size, keys % dp_size
+    top = int(overlap.max())
+    if (top + 1) * keys.shape[0] < 2**62:  # heaviest first, ties in (replica, rank) order
+        best_first = np.argsort((top - overlap) * keys.shape[0] + np.arange(keys.shape[0]))
+    else:
+        best_first = np.lexsort((cols, rows, -overlap))
+    rank_of_replica = _kernels.greedy_matching(rows[best_first], cols[best_first], dp_size)
     return rank_of_replica[replica_of]
 
 

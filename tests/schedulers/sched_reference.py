@@ -89,16 +89,12 @@ def brute_force_optimum(costs, lengths, dp_size, num_rounds, capacity):
     return best_replica, best_rounds
 
 
-def greedy_matching_reference(weights, per_row=8):
-    """Each row's per_row heaviest columns as candidates, heaviest pairs first (ties: row,
-    then column); leftover rows take their heaviest free column, in row order."""
+def greedy_matching_reference(weights):
+    """Every (row, column) pair with positive weight is a candidate, heaviest first (ties:
+    row, then column), taken while both ends are free; leftover rows take the lowest free
+    column, in row order."""
     n = len(weights)
-    k = min(per_row, n)
-    candidates = []
-    for r in range(n):
-        cols = sorted(range(n), key=lambda c: (-weights[r][c], c))[:k]
-        candidates += [(-weights[r][c], r, c) for c in cols]
-    candidates.sort()
+    candidates = sorted((-weights[r][c], r, c) for r in range(n) for c in range(n) if weights[r][c] > 0)
     column_of_row = [-1] * n
     taken = set()
     for _, r, c in candidates:
@@ -107,8 +103,7 @@ def greedy_matching_reference(weights, per_row=8):
             taken.add(c)
     for r in range(n):
         if column_of_row[r] < 0:
-            free = [c for c in range(n) if c not in taken]
-            best = max(free, key=lambda c: (weights[r][c], -c))
+            best = min(c for c in range(n) if c not in taken)
             column_of_row[r] = best
             taken.add(best)
     return column_of_row

@@ -171,10 +171,23 @@ def test_repair_moves_an_item_when_it_helps():
     assert load.max(1).sum() <= 10.0
 
 
-@given(n=st.integers(1, 12), per_row=st.integers(1, 4), seed=st.integers(0, 1000), ties=st.booleans())
-def test_greedy_matching_matches_reference(n, per_row, seed, ties):
+@given(n=st.integers(1, 12), items=st.integers(0, 60), seed=st.integers(0, 1000), ties=st.booleans())
+def test_relabel_replicas_is_the_reference_greedy_matching(n, items, seed, ties):
+    from seqpack.schedulers.balanced import relabel_replicas
+
     rng = np.random.default_rng(seed)
-    weights = rng.integers(0, 4, (n, n)).astype(float) if ties else rng.random((n, n))
-    got = _kernels.greedy_matching(weights, per_row)
-    assert sorted(got.tolist()) == list(range(n))  # a permutation
-    assert got.tolist() == greedy_matching_reference(weights.tolist(), per_row)
+    replica_of = rng.integers(0, n, items)
+    origin = rng.integers(0, n, items)
+    weight = rng.integers(1, 4, items) if ties else rng.integers(1, 10**6, items)
+    weights = np.zeros((n, n), dtype=np.int64)
+    np.add.at(weights, (replica_of, origin), weight)
+    rank_of_replica = greedy_matching_reference(weights.tolist())
+    assert sorted(rank_of_replica) == list(range(n))  # a renaming
+    got = relabel_replicas(replica_of, origin, weight, n)
+    assert got.tolist() == [rank_of_replica[r] for r in replica_of.tolist()]
+
+
+def test_greedy_matching_takes_pairs_in_the_given_order():
+    rows = np.array([0, 1, 1, 2], dtype=np.int64)
+    cols = np.array([1, 1, 0, 1], dtype=np.int64)
+    assert _kernels.greedy_matching(rows, cols, 4).tolist() == [1, 0, 2, 3]  # rows 2, 3: lowest free columns
