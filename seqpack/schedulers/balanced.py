@@ -445,7 +445,9 @@ def _rounds(ids: np.ndarray, cell: np.ndarray, m_count: int, dp_size: int) -> li
     n = ids.shape[0]
     cells = m_count * dp_size
     # Unique int64 keys (cell, position): the fast sort gives the stable order.
-    by_cell = np.argsort(cell * n + np.arange(n, dtype=np.int64)) if cells * n < 2**62 else np.argsort(cell, kind="stable")
+    by_cell = (
+        np.argsort(cell * n + np.arange(n, dtype=np.int64)) if cells * n < 2**62 else np.argsort(cell, kind="stable")
+    )
     ends = np.cumsum(np.bincount(cell, minlength=cells) if n else np.zeros(cells, np.int64))
     sorted_ids = ids[by_cell]
     pieces = np.split(sorted_ids, ends[:-1]) if cells else []
