@@ -182,6 +182,235 @@ def _grid_lpt_sorted(lengths, costs, targets, capacity, mode):
     return True, bin_of, load, tok
 
 
+def grid_local(order, lengths, values, targets, home_fill, token_share, capacity, origin, dp_size):
+    """:func:`grid_lpt` that keeps items on the rank holding them when that costs nothing.
+
+    Bin ``b`` belongs to replica ``b % dp_size`` (round ``b // dp_size``); ``key = load -
+    target`` with ``load`` the sum of the bin's ``values`` (costs, or tokens). Each item, in
+    ``order`` (longest first), goes to its home replica's best bin (smallest (key, tokens,
+    index)) when that bin stays within its target and within ``token_share`` tokens;
+    otherwise to the best bin anywhere that has room, as :func:`grid_lpt` in ``MODE_COST``
+    does. Home placements never push a bin over its target, so the bins end about as even
+    as LPT leaves them, while each rank keeps what fits into its own share. The token share
+    keeps a rank of short (cheap per token) sequences from filling its microbatches with
+    tokens before their cost target, which would leave no room for the cost they lack.
+
+    Returns:
+        (ok, bin_of[n], home[n]): ``home`` marks items placed by the home rule; ``ok`` is
+        False when some item found no bin with room.
+    """
+    ok, placed, home = _grid_local_sorted(
+        lengths[order],
+        values[order],
+        origin[order],
+        targets,
+        float(home_fill),
+        min(int(token_share), int(capacity)),
+        capacity,
+        dp_size,
+        targets.shape[0] // max(dp_size, 1),
+    )
+    bin_of = np.full(lengths.shape[0], -1, dtype=np.int64)
+    bin_of[order] = placed
+    at_home = np.zeros(lengths.shape[0], dtype=np.bool_)
+    at_home[order] = home
+    return ok, bin_of, at_home
+
+
+@njit(cache=True)
+def _idx_down(heap, pos, base, size, i, key, tok):
+    """Sift ``heap[base + i]`` down a heap of ``size`` bins stored at ``heap[base:]``;
+    ``pos[b]`` follows every bin's index within its heap."""
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            return
+        right = child + 1
+        if right < size and _before(key, tok, heap[base + right], heap[base + child]):
+            child = right
+        a, c = heap[base + i], heap[base + child]
+        if _before(key, tok, c, a):
+            heap[base + i], heap[base + child] = c, a
+            pos[c], pos[a] = i, child
+            i = child
+        else:
+            return
+
+
+@njit(cache=True)
+def _entry_before(ka, ta, ba, kb, tb, bb):
+    """Heap order of (key, tokens, bin) entries: smaller key, then fewer tokens, then index."""
+    if ka != kb:
+        return ka < kb
+    if ta != tb:
+        return ta < tb
+    return ba < bb
+
+
+@njit(cache=True)
+def _entry_down(hk, ht, hb, size, i):
+    """Sift entry ``i`` down a heap whose keys are stored in it (``hk``, ``ht``, ``hb``)."""
+    k, t, b = hk[i], ht[i], hb[i]
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        right = child + 1
+        if right < size and _entry_before(hk[right], ht[right], hb[right], hk[child], ht[child], hb[child]):
+            child = right
+        if _entry_before(hk[child], ht[child], hb[child], k, t, b):
+            hk[i], ht[i], hb[i] = hk[child], ht[child], hb[child]
+            i = child
+        else:
+            break
+    hk[i], ht[i], hb[i] = k, t, b
+
+
+@njit(cache=True)
+def _entry_up(hk, ht, hb, i):
+    k, t, b = hk[i], ht[i], hb[i]
+    while i > 0:
+        parent = (i - 1) // 2
+        if _entry_before(k, t, b, hk[parent], ht[parent], hb[parent]):
+            hk[i], ht[i], hb[i] = hk[parent], ht[parent], hb[parent]
+            i = parent
+        else:
+            break
+    hk[i], ht[i], hb[i] = k, t, b
+
+
+@njit(cache=True)
+def _grid_local_sorted(lengths, values, origin, targets, fill, share, capacity, dp, rounds):
+    """:func:`grid_local` on items already in placement order (outputs in that order)."""
+    n_bins = targets.shape[0]
+    n = lengths.shape[0]
+    key = np.empty(n_bins, dtype=np.float64)
+    load = np.zeros(n_bins, dtype=np.float64)
+    tok = np.zeros(n_bins, dtype=np.int64)
+    room = np.full(n_bins, capacity, dtype=np.int64)
+    bin_of = np.full(n, -1, dtype=np.int64)
+    home = np.zeros(n, dtype=np.bool_)
+    for b in range(n_bins):
+        key[b] = -targets[b]
+    # One heap over all bins (the global choice) and one per replica over its own rounds
+    # (the home choice). The global heap stores each bin's (key, tokens) as they were when
+    # it was pushed and is updated lazily: home placements only raise a bin's key, so a
+    # stale entry surfaces early, is refreshed and sinks; the root is then the true best.
+    hk = key.copy()
+    ht = np.zeros(n_bins, dtype=np.int64)
+    hb = np.arange(n_bins, dtype=np.int64)
+    size = n_bins
+    for i in range(size // 2 - 1, -1, -1):
+        _entry_down(hk, ht, hb, size, i)
+    own = np.empty(n_bins, dtype=np.int64)
+    own_pos = np.empty(n_bins, dtype=np.int64)
+    for d in range(dp):
+        for m in range(rounds):
+            own[d * rounds + m] = m * dp + d
+            own_pos[m * dp + d] = m
+        for i in range(rounds // 2 - 1, -1, -1):
+            _idx_down(own, own_pos, d * rounds, rounds, i, key, tok)
+    park = np.empty(n_bins, dtype=np.int64)
+    parked = 0
+    min_len = capacity
+    for j in range(n):
+        if lengths[j] < min_len:
+            min_len = lengths[j]
+    for j in range(n):
+        p = lengths[j]
+        # Parked bins with room for this item come back first, so a parked bin never has
+        # room for the item: home placements never change a bin while it is parked.
+        while parked > 0 and room[park[0]] >= p:
+            b, parked = _park_pop(park, parked, room)
+            hk[size], ht[size], hb[size] = key[b], tok[b], b
+            _entry_up(hk, ht, hb, size)
+            size += 1
+        placed = -1
+        mine = own[origin[j] * rounds]
+        if tok[mine] + p <= share and load[mine] + values[j] <= fill * targets[mine]:
+            placed = mine
+            home[j] = True
+        else:
+            while size > 0:
+                b = hb[0]
+                if ht[0] != tok[b]:  # stale (tokens grow with every placement): refresh
+                    hk[0], ht[0] = key[b], tok[b]
+                    _entry_down(hk, ht, hb, size, 0)
+                    continue
+                if room[b] >= p:
+                    placed = b
+                    break
+                size -= 1
+                hk[0], ht[0], hb[0] = hk[size], ht[size], hb[size]
+                _entry_down(hk, ht, hb, size, 0)
+                if room[b] >= min_len:  # else no item ever fits again: retired
+                    parked = _park_push(park, parked, b, room)
+            if placed < 0:
+                return False, bin_of, home
+        bin_of[j] = placed
+        load[placed] += values[j]
+        tok[placed] += p
+        room[placed] -= p
+        key[placed] = load[placed] - targets[placed]
+        if not home[j]:  # the root: update it now
+            if room[placed] < min_len:
+                size -= 1
+                hk[0], ht[0], hb[0] = hk[size], ht[size], hb[size]
+            else:
+                hk[0], ht[0] = key[placed], tok[placed]
+            _entry_down(hk, ht, hb, size, 0)
+        _idx_down(own, own_pos, (placed % dp) * rounds, rounds, own_pos[placed], key, tok)
+    return True, bin_of, home
+
+
+@njit(cache=True)
+def deal_local(by_cost, load, dp):
+    """Deal bins into rounds of ``dp`` and each round's bins to replicas, keeping bins home.
+
+    ``by_cost`` lists the bins heaviest first; round ``m`` takes the ``m``-th run of ``dp``
+    (the grouping that minimises ``sum_m max_d``). Bin ``b`` belongs to replica
+    ``b % dp``: in each round, bins go to their own replica, heaviest first, while it is
+    free; the bins left over (a replica already holds one of its own in that round) go to
+    the replicas left over, heaviest bin to the least loaded replica so far (ties: lower
+    bin index, lower replica index).
+
+    Returns:
+        (round_of_bin, replica_of_bin).
+    """
+    n_bins = by_cost.shape[0]
+    rounds = n_bins // dp
+    round_of = np.empty(n_bins, dtype=np.int64)
+    replica_of = np.empty(n_bins, dtype=np.int64)
+    totals = np.zeros(dp, dtype=np.float64)
+    taken = np.zeros(dp, dtype=np.bool_)
+    left = np.empty(dp, dtype=np.int64)
+    free = np.empty(dp, dtype=np.int64)
+    for m in range(rounds):
+        taken[:] = False
+        n_left = 0
+        for k in range(m * dp, (m + 1) * dp):
+            b = by_cost[k]
+            round_of[b] = m
+            if not taken[b % dp]:
+                taken[b % dp] = True
+                replica_of[b] = b % dp
+            else:
+                left[n_left] = b
+                n_left += 1
+        n_free = 0
+        for d in range(dp):
+            if not taken[d]:
+                free[n_free] = d
+                n_free += 1
+        lightest = free[np.argsort(totals[free[:n_free]], kind="mergesort")]
+        for k in range(n_left):
+            replica_of[left[k]] = lightest[k]
+        for k in range(m * dp, (m + 1) * dp):
+            b = by_cost[k]
+            totals[replica_of[b]] += load[b]
+    return round_of, replica_of
+
+
 @njit(cache=True)
 def next_fit(lengths, capacity):
     """Cut items, in order, into consecutive groups of at most ``capacity`` tokens.
@@ -296,6 +525,69 @@ def _move(i, d_from, m_from, d_to, m_to, head, prv, nxt, load, tok, total, costs
 
 
 @njit(cache=True)
+def _total_before(total, a, b, sign):
+    """Heap order of replicas: smaller ``sign * total``, then lower index."""
+    x, y = sign * total[a], sign * total[b]
+    if x != y:
+        return x < y
+    return a < b
+
+
+@njit(cache=True)
+def _total_down(heap, pos, size, i, total, sign):
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            return
+        right = child + 1
+        if right < size and _total_before(total, heap[right], heap[child], sign):
+            child = right
+        a, c = heap[i], heap[child]
+        if _total_before(total, c, a, sign):
+            heap[i], heap[child] = c, a
+            pos[c], pos[a] = i, child
+            i = child
+        else:
+            return
+
+
+@njit(cache=True)
+def _total_up(heap, pos, i, total, sign):
+    while i > 0:
+        parent = (i - 1) // 2
+        a, q = heap[i], heap[parent]
+        if _total_before(total, a, q, sign):
+            heap[i], heap[parent] = q, a
+            pos[q], pos[a] = i, parent
+            i = parent
+        else:
+            return
+
+
+@njit(cache=True)
+def _lightest(heap, size, total, out):
+    """The ``len(out)`` smallest totals of a min-heap, in order (ties: lower index), by a
+    best-first walk from the root: ``O(k**2)`` for ``k`` of them, whatever the heap size."""
+    k = out.shape[0]
+    frontier = np.empty(2 * k + 1, dtype=np.int64)  # heap positions still to visit
+    frontier[0] = 0
+    count = 1
+    for t in range(k):
+        best = 0
+        for f in range(1, count):
+            if _total_before(total, heap[frontier[f]], heap[frontier[best]], 1.0):
+                best = f
+        p = frontier[best]
+        out[t] = heap[p]
+        count -= 1
+        frontier[best] = frontier[count]
+        for child in (2 * p + 1, 2 * p + 2):
+            if child < size:
+                frontier[count] = child
+                count += 1
+
+
+@njit(cache=True)
 def repair_replicas(
     round_of,
     replica_of,
@@ -360,16 +652,24 @@ def repair_replicas(
     round_sum = 0.0
     for m in range(n_rounds):
         round_sum += top_val[m, 0]
+    # Replicas in a min-heap and a max-heap of totals (ties: lower index): the busiest one
+    # and the few lightest are read in O(log dp) per change, not a sort of all dp totals.
+    lo = np.arange(dp, dtype=np.int64)
+    lo_pos = np.arange(dp, dtype=np.int64)
+    hi = np.arange(dp, dtype=np.int64)
+    hi_pos = np.arange(dp, dtype=np.int64)
+    for i in range(dp // 2 - 1, -1, -1):
+        _total_down(lo, lo_pos, dp, i, total, 1.0)
+        _total_down(hi, hi_pos, dp, i, total, -1.0)
+    n_light = min(dp, max(move_candidates, swap_candidates) + 1)
+    ascending = np.empty(n_light, dtype=np.int64)
     moves = 0
     work = 0
     while moves < max_moves and work < max_work:
-        d1 = 0
-        for d in range(1, dp):
-            if total[d] > total[d1]:
-                d1 = d
+        d1 = hi[0]
         if total[d1] <= stop_at:
             break
-        ascending = np.argsort(total, kind="mergesort")
+        _lightest(lo, dp, total, ascending)
         allow = max(0.0, round_budget - round_sum) + eps * total[d1]
         best_gain = rel_tol * total[d1]
         best_i = -1
@@ -379,7 +679,7 @@ def repair_replicas(
         k1 = _sorted_members(head[d1], nxt, costs, mine)
         # Moves: for each light replica, items from the ideal cost outwards.
         tried = 0
-        for kk in range(dp):
+        for kk in range(n_light):
             if tried >= move_candidates:
                 break
             d2 = ascending[kk]
@@ -420,7 +720,7 @@ def repair_replicas(
                     break
         # Swaps: for each of d1's items, partners from the ideal difference outwards.
         tried = 0
-        for kk in range(dp):
+        for kk in range(n_light):
             if tried >= swap_candidates:
                 break
             d2 = ascending[kk]
@@ -469,6 +769,11 @@ def repair_replicas(
         _move(i, d1, m, d2, m2, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
         if j >= 0:
             _move(j, d2, m2, d1, m, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
+        for d in (d1, d2):
+            _total_up(lo, lo_pos, lo_pos[d], total, 1.0)
+            _total_down(lo, lo_pos, dp, lo_pos[d], total, 1.0)
+            _total_up(hi, hi_pos, hi_pos[d], total, -1.0)
+            _total_down(hi, hi_pos, dp, hi_pos[d], total, -1.0)
         _top3(load, m, top_val, top_idx)
         if m2 != m:
             _top3(load, m2, top_val, top_idx)

@@ -73,9 +73,17 @@ from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError, ScheduleError
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.base import Scheduler
+from seqpack.schedulers.locality import TOLERANCE, plan_local
 from seqpack.stats import round_sum_lower_bound
 from seqpack.thd import padded_lengths
-from seqpack.validation import check_choice, check_int, check_optional_int, check_positive_int
+from seqpack.validation import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    check_optional_int,
+    check_positive_int,
+)
 
 ORDERS = tuple(Order)
 OBJECTIVES = tuple(Objective)
@@ -194,11 +202,16 @@ def _sorted_round_sum(load: np.ndarray) -> float:
     return float((-np.sort(-load, axis=0)).max(axis=1).sum()) if load.size else 0.0
 
 
-def _repair(round_of, replica_of, load, tokens, padded, costs, order, dp_size, capacity, max_moves, objective):
+def _repair(
+    round_of, replica_of, load, tokens, padded, costs, order, dp_size, capacity, max_moves, objective, stop_at=None
+):
     """Step 4 of the module docstring. Returns the repaired (round_of, replica_of, load,
-    tokens, moves)."""
+    tokens, moves). ``stop_at``: busiest replica's cost at which to stop (default 0.1%
+    above the bound)."""
     replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
     round_bound = round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
+    if stop_at is None:
+        stop_at = (1 + _GOOD_ENOUGH) * replica_bound
 
     def run(budget):
         state = (round_of.copy(), replica_of.copy(), load.copy(), tokens.copy())
@@ -212,7 +225,7 @@ def _repair(round_of, replica_of, load, tokens, padded, costs, order, dp_size, c
             capacity,
             max_moves,
             1e-9,
-            (1 + _GOOD_ENOUGH) * replica_bound,
+            stop_at,
             _SWAP_CANDIDATES,
             budget,
             _REPAIR_WORK,
@@ -379,6 +392,12 @@ class BalancedScheduler(Scheduler):
             where they conflict, keep both equally close to their lower bounds.
             ``"rounds"`` (FSDP): never make the rounds slower. ``"replicas"`` (DDP,
             ZeRO-1, pipeline parallel: rounds do not sync): balance replica totals only.
+        locality: Keep sequences on the DP rank that read them where that predicts at
+            most ``locality_tolerance`` more step time, at the same microbatch count
+            (:mod:`seqpack.schedulers.locality`; default on). ``False``: plan for balance
+            alone, then only rename replicas.
+        locality_tolerance: Relative step-time increase a local plan may cost (default
+            0.001, i.e. 0.1%).
     """
 
     name = "balanced"
@@ -392,6 +411,8 @@ class BalancedScheduler(Scheduler):
         num_microbatches: int | None = None,
         max_repair_moves: int | None = None,
         objective: str = "both",
+        locality: bool = True,
+        locality_tolerance: float = TOLERANCE,
     ) -> None:
         order = check_choice("order", order, Order)
         objective = check_choice("objective", objective, Objective)
@@ -405,6 +426,8 @@ class BalancedScheduler(Scheduler):
         self.num_microbatches = None if num_microbatches is None else int(num_microbatches)
         self.max_repair_moves = None if max_repair_moves is None else int(max_repair_moves)
         self.objective = objective
+        self.locality = check_bool("locality", locality)
+        self.locality_tolerance = check_number("locality_tolerance", locality_tolerance, minimum=0.0)
 
     def resolve_cost(self, cost: CostModel | None) -> CostModel:
         """The cost model this scheduler balances: ``cost``, or the default model's FLOPs."""
@@ -413,9 +436,10 @@ class BalancedScheduler(Scheduler):
     def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
         model = self.resolve_cost(cost)
         padded = padded_lengths(lengths, pad_multiple)
+        costs = model.cost(padded)
         plan = plan_balanced(
             padded,
-            model.cost(padded),
+            costs,
             dp_size=dp_size,
             capacity=capacity,
             constant=model.constant,
@@ -426,6 +450,20 @@ class BalancedScheduler(Scheduler):
             objective=self.objective,
             origin=origin,
         )
+        if self.locality and dp_size > 1:
+            local = plan_local(
+                padded,
+                costs,
+                origin,
+                plan,
+                dp_size=dp_size,
+                capacity=capacity,
+                constant=model.constant,
+                objective=self.objective,
+                max_repair_moves=self.max_repair_moves,
+                tolerance=self.locality_tolerance,
+            )
+            plan = plan if local is None else local
         m_count = plan.num_microbatches
         position = round_position(plan.load, self.order)
         replica = relabel_replicas(plan.replica_of, origin, padded, dp_size)
@@ -435,7 +473,8 @@ class BalancedScheduler(Scheduler):
         return (
             f"BalancedScheduler(order={self.order!r}, objective={self.objective!r}, "
             f"min_microbatches={self.min_microbatches}, microbatch_multiple={self.microbatch_multiple}, "
-            f"num_microbatches={self.num_microbatches}, max_repair_moves={self.max_repair_moves})"
+            f"num_microbatches={self.num_microbatches}, max_repair_moves={self.max_repair_moves}, "
+            f"locality={self.locality}, locality_tolerance={self.locality_tolerance})"
         )
 
 

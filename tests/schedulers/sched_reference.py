@@ -107,3 +107,33 @@ def greedy_matching_reference(weights):
             column_of_row[r] = best
             taken.add(best)
     return column_of_row
+
+
+def grid_local_reference(order, lengths, values, targets, home_fill, token_share, capacity, origin, dp_size):
+    """Bin b belongs to replica b % dp_size. Each item, in order: its home replica's bin with
+    the smallest (load - target, tokens, index), if the item keeps that bin within
+    home_fill * target and within min(token_share, capacity) tokens; else the bin with room that has the smallest (load - target, tokens,
+    index) anywhere."""
+    n_bins = len(targets)
+    load = [0.0] * n_bins
+    tok = [0] * n_bins
+    bin_of = [-1] * len(lengths)
+    home = [False] * len(lengths)
+
+    def rank(b):
+        return (load[b] - targets[b], tok[b], b)
+
+    for item in order:
+        mine = min((b for b in range(n_bins) if b % dp_size == origin[item]), key=rank)
+        if tok[mine] + lengths[item] <= min(token_share, capacity) and load[mine] + values[item] <= home_fill * targets[mine]:
+            b = mine
+            home[item] = True
+        else:
+            fits = [b for b in range(n_bins) if tok[b] + lengths[item] <= capacity]
+            if not fits:
+                return False, bin_of, home
+            b = min(fits, key=rank)
+        bin_of[item] = b
+        load[b] += values[item]
+        tok[b] += lengths[item]
+    return True, bin_of, home

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sched_reference import (
     greedy_matching_reference,
+    grid_local_reference,
     grid_lpt_reference,
     megatron_groups_reference,
     next_fit_reference,
@@ -43,6 +44,34 @@ def test_grid_lpt_matches_reference(lengths, n_bins, capacity, mode, quadratic, 
         assert bin_of.tolist() == ref_bin
         assert tok.tolist() == ref_tok
         assert load.tolist() == ref_load  # same additions in the same order: exact
+        assert tok.max(initial=0) <= capacity
+
+
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=0, max_size=40),
+    dp=st.integers(1, 4),
+    rounds=st.integers(1, 3),
+    capacity=st.integers(40, 120),
+    quadratic=st.sampled_from([0.0, 0.05]),
+    seed=st.integers(0, 100),
+    share=st.integers(20, 130),
+    fill=st.sampled_from([1.0, 0.8, 0.5]),
+)
+def test_grid_local_matches_reference(lengths, dp, rounds, capacity, quadratic, seed, share, fill):
+    lengths = np.array(lengths, dtype=np.int64)
+    costs = lengths * (1.0 + quadratic * lengths)
+    origin = np.random.default_rng(seed).integers(0, dp, lengths.shape[0])
+    order = np.argsort(-lengths, kind="stable")
+    targets = np.repeat(round_targets(costs[order], dp, rounds), dp)
+    ok, bin_of, home = _kernels.grid_local(order, lengths, costs, targets, fill, share, capacity, origin, dp)
+    ref_ok, ref_bin, ref_home = grid_local_reference(
+        order.tolist(), lengths.tolist(), costs.tolist(), targets.tolist(), fill, share, capacity, origin.tolist(), dp
+    )
+    assert ok == ref_ok
+    if ok:
+        assert bin_of.tolist() == ref_bin and home.tolist() == ref_home
+        assert np.array_equal(bin_of[home] % dp, origin[home])  # home placements stay home
+        tok = np.bincount(bin_of, weights=lengths, minlength=dp * rounds)
         assert tok.max(initial=0) <= capacity
 
 
