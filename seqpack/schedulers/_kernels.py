@@ -16,6 +16,7 @@ from numba import njit
 MODE_COST = 0  # most under its cost target (LPT with per-bin targets)
 MODE_TOKENS = 1  # fewest tokens (worst-fit decreasing on tokens)
 MODE_FIRST_FIT = 2  # lowest index with room (first-fit decreasing)
+GRID_LOCAL_SLICES = 8  # grid_local alternates home and LPT passes over 8 length classes
 
 
 @njit(cache=True)
@@ -113,27 +114,30 @@ def grid_lpt(order, lengths, costs, targets, capacity, mode):
         (ok, bin_of[n], load[bins], tokens[bins]); ``ok`` is False when some item found no
         bin with room (the other outputs are then partial).
     """
-    ok, bin_of_placed, load, tok = _grid_lpt_sorted(lengths[order], costs[order], targets, capacity, mode)
+    n_bins = targets.shape[0]
+    ok, bin_of_placed, load, tok = _grid_lpt_sorted(
+        lengths[order], costs[order], targets, capacity, mode, np.zeros(n_bins), np.zeros(n_bins, dtype=np.int64)
+    )
     bin_of = np.full(lengths.shape[0], -1, dtype=np.int64)
     bin_of[order] = bin_of_placed
     return ok, bin_of, load, tok
 
 
 @njit(cache=True)
-def _grid_lpt_sorted(lengths, costs, targets, capacity, mode):
-    """:func:`grid_lpt` on items already in placement order; ``bin_of`` in that order."""
+def _grid_lpt_sorted(lengths, costs, targets, capacity, mode, load, tok):
+    """:func:`grid_lpt` on items already in placement order; ``bin_of`` in that order.
+    Bins start with ``load`` and ``tok`` (updated in place)."""
     n_bins = targets.shape[0]
     n = lengths.shape[0]
     key = np.empty(n_bins, dtype=np.float64)
-    tok = np.zeros(n_bins, dtype=np.int64)
-    load = np.zeros(n_bins, dtype=np.float64)
-    room = np.full(n_bins, capacity, dtype=np.int64)
+    room = np.empty(n_bins, dtype=np.int64)
     bin_of = np.full(n, -1, dtype=np.int64)
     for b in range(n_bins):
+        room[b] = capacity - tok[b]
         if mode == MODE_COST:
-            key[b] = -targets[b]
+            key[b] = load[b] - targets[b]
         elif mode == MODE_TOKENS:
-            key[b] = 0.0
+            key[b] = float(tok[b])
         else:
             key[b] = float(b)
     heap = np.arange(n_bins, dtype=np.int64)
@@ -183,33 +187,73 @@ def _grid_lpt_sorted(lengths, costs, targets, capacity, mode):
 
 
 def grid_local(order, lengths, values, targets, home_fill, token_share, capacity, origin, dp_size):
-    """:func:`grid_lpt` that keeps items on the rank holding them when that costs nothing.
+    """:func:`grid_lpt` that first lets every rank keep what fits into its own share.
 
     Bin ``b`` belongs to replica ``b % dp_size`` (round ``b // dp_size``); ``key = load -
-    target`` with ``load`` the sum of the bin's ``values`` (costs, or tokens). Each item, in
-    ``order`` (longest first), goes to its home replica's best bin (smallest (key, tokens,
-    index)) when that bin stays within its target and within ``token_share`` tokens;
-    otherwise to the best bin anywhere that has room, as :func:`grid_lpt` in ``MODE_COST``
-    does. Home placements never push a bin over its target, so the bins end about as even
-    as LPT leaves them, while each rank keeps what fits into its own share. The token share
-    keeps a rank of short (cheap per token) sequences from filling its microbatches with
-    tokens before their cost target, which would leave no room for the cost they lack.
+    target`` with ``load`` the sum of the bin's ``values`` (costs, or tokens).
+
+    ``order`` (longest first) is cut into :data:`GRID_LOCAL_SLICES` consecutive slices of
+    equal count; for each slice in turn:
+
+    1. Home: each item, in order, goes to its own replica's best bin (smallest (key,
+       tokens, round)) if that keeps the bin within ``home_fill`` times its target and
+       within ``token_share`` tokens (a rank of short, cheap-per-token sequences must leave
+       room for the cost its microbatches still lack); else it waits.
+    2. The slice's waiting items, in order, go to the best bin anywhere that has room, as
+       :func:`grid_lpt` in ``MODE_COST`` does, starting from the current loads.
+
+    Home placements never push a bin over its target and the LPT passes even out the rest,
+    so the bins end about as even as LPT leaves them while each rank keeps most of its own.
+    Slices keep the LPT passes close to longest first, which tight packings need (one home
+    pass over everything leaves no room for the long items that wait). The home pass is
+    independent per rank, so it runs rank by rank (cache friendly).
 
     Returns:
-        (ok, bin_of[n], home[n]): ``home`` marks items placed by the home rule; ``ok`` is
-        False when some item found no bin with room.
+        (ok, bin_of[n], home[n]): ``home`` marks items placed by the home pass; ``ok`` is
+        False when some waiting item found no bin with room.
     """
-    ok, placed, home = _grid_local_sorted(
-        lengths[order],
-        values[order],
-        origin[order],
-        targets,
-        float(home_fill),
-        min(int(token_share), int(capacity)),
-        capacity,
-        dp_size,
-        targets.shape[0] // max(dp_size, 1),
-    )
+    n = order.shape[0]
+    n_bins = targets.shape[0]
+    rounds = n_bins // max(dp_size, 1)
+    origin_placed = origin[order]
+    lengths_placed = lengths[order]
+    values_placed = values[order]
+    share = min(int(token_share), int(capacity))
+    load = np.zeros(n_bins, dtype=np.float64)
+    tok = np.zeros(n_bins, dtype=np.int64)
+    placed = np.full(n, -1, dtype=np.int64)
+    home = np.zeros(n, dtype=np.bool_)
+    ok = True
+    for lo, hi in _slices(n, GRID_LOCAL_SLICES):
+        # This slice's positions grouped by rank, in placement order within a rank.
+        origin_slice = origin_placed[lo:hi]
+        count = hi - lo
+        if dp_size * count < 2**62:
+            by_rank = lo + np.argsort(origin_slice * count + np.arange(count, dtype=np.int64))
+        else:
+            by_rank = lo + np.argsort(origin_slice, kind="stable")
+        _home_pass(
+            by_rank,
+            lengths_placed,
+            values_placed,
+            origin_placed,
+            targets,
+            float(home_fill),
+            share,
+            dp_size,
+            rounds,
+            placed,
+            load,
+            tok,
+        )
+        wait = lo + np.flatnonzero(placed[lo:hi] < 0)
+        ok, waiting_bin, _, _ = _grid_lpt_sorted(
+            lengths_placed[wait], values_placed[wait], targets, capacity, MODE_COST, load, tok
+        )
+        home[lo:hi] = placed[lo:hi] >= 0
+        placed[wait] = waiting_bin
+        if not ok:
+            break
     bin_of = np.full(lengths.shape[0], -1, dtype=np.int64)
     bin_of[order] = placed
     at_home = np.zeros(lengths.shape[0], dtype=np.bool_)
@@ -217,150 +261,44 @@ def grid_local(order, lengths, values, targets, home_fill, token_share, capacity
     return ok, bin_of, at_home
 
 
-@njit(cache=True)
-def _idx_down(heap, pos, base, size, i, key, tok):
-    """Sift ``heap[base + i]`` down a heap of ``size`` bins stored at ``heap[base:]``;
-    ``pos[b]`` follows every bin's index within its heap."""
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            return
-        right = child + 1
-        if right < size and _before(key, tok, heap[base + right], heap[base + child]):
-            child = right
-        a, c = heap[base + i], heap[base + child]
-        if _before(key, tok, c, a):
-            heap[base + i], heap[base + child] = c, a
-            pos[c], pos[a] = i, child
-            i = child
-        else:
-            return
+def _slices(n, count):
+    """``count`` consecutive (start, end) ranges covering ``0..n`` (empty ones left out)."""
+    bounds = [(n * k) // count for k in range(count + 1)]
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
 @njit(cache=True)
-def _entry_before(ka, ta, ba, kb, tb, bb):
-    """Heap order of (key, tokens, bin) entries: smaller key, then fewer tokens, then index."""
-    if ka != kb:
-        return ka < kb
-    if ta != tb:
-        return ta < tb
-    return ba < bb
-
-
-@njit(cache=True)
-def _entry_down(hk, ht, hb, size, i):
-    """Sift entry ``i`` down a heap whose keys are stored in it (``hk``, ``ht``, ``hb``)."""
-    k, t, b = hk[i], ht[i], hb[i]
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            break
-        right = child + 1
-        if right < size and _entry_before(hk[right], ht[right], hb[right], hk[child], ht[child], hb[child]):
-            child = right
-        if _entry_before(hk[child], ht[child], hb[child], k, t, b):
-            hk[i], ht[i], hb[i] = hk[child], ht[child], hb[child]
-            i = child
-        else:
-            break
-    hk[i], ht[i], hb[i] = k, t, b
-
-
-@njit(cache=True)
-def _entry_up(hk, ht, hb, i):
-    k, t, b = hk[i], ht[i], hb[i]
-    while i > 0:
-        parent = (i - 1) // 2
-        if _entry_before(k, t, b, hk[parent], ht[parent], hb[parent]):
-            hk[i], ht[i], hb[i] = hk[parent], ht[parent], hb[parent]
-            i = parent
-        else:
-            break
-    hk[i], ht[i], hb[i] = k, t, b
-
-
-@njit(cache=True)
-def _grid_local_sorted(lengths, values, origin, targets, fill, share, capacity, dp, rounds):
-    """:func:`grid_local` on items already in placement order (outputs in that order)."""
-    n_bins = targets.shape[0]
-    n = lengths.shape[0]
-    key = np.empty(n_bins, dtype=np.float64)
-    load = np.zeros(n_bins, dtype=np.float64)
-    tok = np.zeros(n_bins, dtype=np.int64)
-    room = np.full(n_bins, capacity, dtype=np.int64)
-    bin_of = np.full(n, -1, dtype=np.int64)
-    home = np.zeros(n, dtype=np.bool_)
-    for b in range(n_bins):
-        key[b] = -targets[b]
-    # One heap over all bins (the global choice) and one per replica over its own rounds
-    # (the home choice). The global heap stores each bin's (key, tokens) as they were when
-    # it was pushed and is updated lazily: home placements only raise a bin's key, so a
-    # stale entry surfaces early, is refreshed and sinks; the root is then the true best.
-    hk = key.copy()
-    ht = np.zeros(n_bins, dtype=np.int64)
-    hb = np.arange(n_bins, dtype=np.int64)
-    size = n_bins
-    for i in range(size // 2 - 1, -1, -1):
-        _entry_down(hk, ht, hb, size, i)
-    own = np.empty(n_bins, dtype=np.int64)
-    own_pos = np.empty(n_bins, dtype=np.int64)
-    for d in range(dp):
+def _home_pass(by_rank, lengths, values, origin, targets, fill, share, dp, rounds, placed, load, tok):
+    """Step 1 of :func:`grid_local` for the items ``by_rank`` (grouped by rank): sets
+    ``placed`` (bin, or -1 to wait) and updates ``load`` and ``tok`` of the bins."""
+    n = by_rank.shape[0]
+    # One replica at a time: its rounds in a small heap of (key, tokens, round).
+    key = np.empty(rounds, dtype=np.float64)
+    own_tok = np.zeros(rounds, dtype=np.int64)
+    heap = np.empty(rounds, dtype=np.int64)
+    k = 0
+    while k < n:
+        d = origin[by_rank[k]]
         for m in range(rounds):
-            own[d * rounds + m] = m * dp + d
-            own_pos[m * dp + d] = m
+            b = m * dp + d
+            key[m] = load[b] - targets[b]
+            own_tok[m] = tok[b]
+            heap[m] = m
         for i in range(rounds // 2 - 1, -1, -1):
-            _idx_down(own, own_pos, d * rounds, rounds, i, key, tok)
-    park = np.empty(n_bins, dtype=np.int64)
-    parked = 0
-    min_len = capacity
-    for j in range(n):
-        if lengths[j] < min_len:
-            min_len = lengths[j]
-    for j in range(n):
-        p = lengths[j]
-        # Parked bins with room for this item come back first, so a parked bin never has
-        # room for the item: home placements never change a bin while it is parked.
-        while parked > 0 and room[park[0]] >= p:
-            b, parked = _park_pop(park, parked, room)
-            hk[size], ht[size], hb[size] = key[b], tok[b], b
-            _entry_up(hk, ht, hb, size)
-            size += 1
-        placed = -1
-        mine = own[origin[j] * rounds]
-        if tok[mine] + p <= share and load[mine] + values[j] <= fill * targets[mine]:
-            placed = mine
-            home[j] = True
-        else:
-            while size > 0:
-                b = hb[0]
-                if ht[0] != tok[b]:  # stale (tokens grow with every placement): refresh
-                    hk[0], ht[0] = key[b], tok[b]
-                    _entry_down(hk, ht, hb, size, 0)
-                    continue
-                if room[b] >= p:
-                    placed = b
-                    break
-                size -= 1
-                hk[0], ht[0], hb[0] = hk[size], ht[size], hb[size]
-                _entry_down(hk, ht, hb, size, 0)
-                if room[b] >= min_len:  # else no item ever fits again: retired
-                    parked = _park_push(park, parked, b, room)
-            if placed < 0:
-                return False, bin_of, home
-        bin_of[j] = placed
-        load[placed] += values[j]
-        tok[placed] += p
-        room[placed] -= p
-        key[placed] = load[placed] - targets[placed]
-        if not home[j]:  # the root: update it now
-            if room[placed] < min_len:
-                size -= 1
-                hk[0], ht[0], hb[0] = hk[size], ht[size], hb[size]
-            else:
-                hk[0], ht[0] = key[placed], tok[placed]
-            _entry_down(hk, ht, hb, size, 0)
-        _idx_down(own, own_pos, (placed % dp) * rounds, rounds, own_pos[placed], key, tok)
-    return True, bin_of, home
+            _sift_down(heap, rounds, i, key, own_tok)
+        while k < n and origin[by_rank[k]] == d:
+            j = by_rank[k]
+            k += 1
+            m = heap[0]
+            b = m * dp + d
+            if own_tok[m] + lengths[j] <= share and load[b] + values[j] <= fill * targets[b]:
+                placed[j] = b
+                load[b] += values[j]
+                own_tok[m] += lengths[j]
+                key[m] = load[b] - targets[b]
+                _sift_down(heap, rounds, 0, key, own_tok)
+        for m in range(rounds):
+            tok[m * dp + d] = own_tok[m]
 
 
 @njit(cache=True)

@@ -450,6 +450,7 @@ class BalancedScheduler(Scheduler):
             objective=self.objective,
             origin=origin,
         )
+        replica = relabel_replicas(plan.replica_of, origin, padded, dp_size)
         if self.locality and dp_size > 1:
             local = plan_local(
                 padded,
@@ -462,11 +463,12 @@ class BalancedScheduler(Scheduler):
                 objective=self.objective,
                 max_repair_moves=self.max_repair_moves,
                 tolerance=self.locality_tolerance,
+                reference_ranks=replica,
             )
-            plan = plan if local is None else local
+            if local is not None:
+                plan, replica = local
         m_count = plan.num_microbatches
         position = round_position(plan.load, self.order)
-        replica = relabel_replicas(plan.replica_of, origin, padded, dp_size)
         return _rounds(ids, position[plan.round_of] * dp_size + replica, m_count, dp_size), np.zeros(0, dtype=np.int64)
 
     def __repr__(self) -> str:

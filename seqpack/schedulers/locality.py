@@ -15,23 +15,26 @@ sequences a step holds or how many microbatches it runs, only where sequences ru
 
 Both candidates start from :func:`seqpack.schedulers._kernels.grid_local`: microbatch
 ``(m, d)`` belongs to replica ``d``; sequences, longest first, go to their own rank's
-emptiest microbatch while it stays within ``home_fill`` of its cost target, otherwise to the
-emptiest microbatch anywhere (LPT). That hands each rank's excess to ranks below their share,
-and the last sequences even out the microbatches.
+emptiest microbatch while it stays within ``home_fill`` of its cost target and within the
+mean tokens, otherwise to the emptiest microbatch anywhere (LPT). That hands each rank's
+excess to ranks below their share, and the last sequences even out the microbatches.
 
-* ``"replicas"`` (DDP, ZeRO-1, pipeline: the step waits for the busiest replica): every
-  microbatch stays on its replica; the replica repair evens out totals (until the busiest
-  replica is within half the tolerance of the reference's) and each replica's microbatches
-  run heaviest first. ``home_fill`` 0.9, then 0.75 when that is not balanced enough.
-* ``"rounds"`` (FSDP lockstep and ``"both"``: every round waits for its slowest replica):
-  a replica's own microbatches, a few sequences each, cannot all match the other replicas'
-  to 0.1%. The reference gets even rounds by sorting all microbatches by cost and dealing
-  each run of ``dp`` as a round, so this candidate does the same with the local
-  microbatches (:func:`~seqpack.schedulers._kernels.deal_local`): in each round, a
-  microbatch goes to its own replica when that one is free, else to the least loaded
-  replica left; then the repair, which may not slow the rounds. A replica's microbatches
-  collide in a round about half of the time, so about half of the tokens still move, against
-  nearly all in the reference.
+* Per-replica layout (tried first for ``"replicas"``: DDP, ZeRO-1, pipeline, where the step
+  waits for the busiest replica): every microbatch stays on its replica (``home_fill``
+  0.9: the last tenth of every microbatch is filled by LPT from anywhere, which is what
+  evens out totals); the replica repair evens out the rest, until the busiest replica is
+  within half the tolerance of the reference's; each replica runs its microbatches
+  heaviest first. About a fifth to a third of the tokens move.
+* Dealt layout (``"rounds"`` and ``"both"``, FSDP lockstep, where every round waits for its
+  slowest replica; also the fallback for ``"replicas"``): a replica's own microbatches, a
+  few sequences each, cannot all match the other replicas' within 0.1%. The reference
+  gets even rounds by sorting all microbatches by cost and dealing each run of ``dp`` as a
+  round, so this layout does the same with the local microbatches
+  (:func:`~seqpack.schedulers._kernels.deal_local`): in each round a microbatch goes to
+  its own replica when that one is free, else to the least loaded replica left; then the
+  repair, which may not slow the rounds. A replica's microbatches collide in a round about
+  half of the time, so about half of the tokens still move, against nearly all in the
+  reference; with few replicas the rounds end further from even and the reference stays.
 
 docs/scale.md has the measurements.
 """
@@ -44,7 +47,7 @@ from seqpack.config import Objective
 from seqpack.schedulers import _kernels
 
 TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than the reference
-_REPLICA_FILLS = (0.9, 0.75)  # home_fill tried for "replicas", most local first
+_REPLICAS_FILL = 0.9  # home_fill of the per-replica layout
 _ROUNDS_FILL = 1.0  # home_fill for "rounds": dealing moves whole microbatches anyway
 
 __all__ = ["TOLERANCE", "heaviest_first", "moved_tokens", "plan_local", "step_time"]
@@ -81,9 +84,11 @@ def plan_local(
     objective: str = "both",
     max_repair_moves: int | None = None,
     tolerance: float = TOLERANCE,
+    reference_ranks: np.ndarray | None = None,
 ):
     """A plan at ``reference``'s microbatch count that keeps sequences on their rank, or
-    None when no candidate predicts at most ``tolerance`` (relative) more step time.
+    None when no candidate predicts at most ``tolerance`` (relative) more step time or
+    moves fewer tokens than the reference.
 
     Args:
         padded, costs: Padded lengths and costs of the sequences (as for ``plan_balanced``).
@@ -95,21 +100,23 @@ def plan_local(
             per-replica layout, ``"rounds"`` and ``"both"`` the dealt one (module docs).
         max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
         tolerance: Largest relative increase of the predicted step time accepted.
+        reference_ranks: The DP rank of every sequence under ``reference`` once its
+            replicas are renamed (computed when not given).
 
     Returns:
-        A ``BalancedPlan`` whose replica ``d`` is DP rank ``d``, or None.
+        (plan, the DP rank of every sequence once the plan's replicas are renamed), or None.
     """
     if padded.shape[0] == 0 or reference.num_microbatches == 0 or dp_size == 1:
         return None
     from seqpack.schedulers.balanced import relabel_replicas
 
     limit = step_time(reference.load, constant, objective) * (1 + tolerance)
-    # What the reference moves once its replicas are renamed: a candidate must move less.
-    to_beat = moved_tokens(relabel_replicas(reference.replica_of, origin, padded, dp_size), origin, padded)
-    if objective == Objective.REPLICAS:
-        tries = [(fill, False) for fill in _REPLICA_FILLS]
-    else:
-        tries = [(_ROUNDS_FILL, True)]
+    if reference_ranks is None:
+        reference_ranks = relabel_replicas(reference.replica_of, origin, padded, dp_size)
+    to_beat = moved_tokens(reference_ranks, origin, padded)  # a candidate must move less
+    tries = (
+        [(_REPLICAS_FILL, False), (_ROUNDS_FILL, True)] if objective == Objective.REPLICAS else [(_ROUNDS_FILL, True)]
+    )
     for fill, deal in tries:
         plan = _candidate(
             padded,
@@ -127,8 +134,9 @@ def plan_local(
         )
         if plan is None or step_time(plan.load, constant, objective) > limit:
             continue
-        if moved_tokens(relabel_replicas(plan.replica_of, origin, padded, dp_size), origin, padded) < to_beat:
-            return plan
+        ranks = relabel_replicas(plan.replica_of, origin, padded, dp_size)
+        if moved_tokens(ranks, origin, padded) < to_beat:
+            return plan, ranks
     return None
 
 

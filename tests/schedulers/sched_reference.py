@@ -109,11 +109,12 @@ def greedy_matching_reference(weights):
     return column_of_row
 
 
-def grid_local_reference(order, lengths, values, targets, home_fill, token_share, capacity, origin, dp_size):
-    """Bin b belongs to replica b % dp_size. Each item, in order: its home replica's bin with
-    the smallest (load - target, tokens, index), if the item keeps that bin within
-    home_fill * target and within min(token_share, capacity) tokens; else the bin with room that has the smallest (load - target, tokens,
-    index) anywhere."""
+def grid_local_reference(order, lengths, values, targets, home_fill, token_share, capacity, origin, dp_size, slices=8):
+    """Bin b belongs to replica b % dp_size; key = load - target. The order is cut into
+    `slices` equal runs; in each, first every item goes to its own replica's bin with the
+    smallest (key, tokens, index) if that keeps the bin within home_fill * target and within
+    min(token_share, capacity) tokens; then the items left, in order, go to the bin with
+    room that has the smallest (key, tokens, index) anywhere."""
     n_bins = len(targets)
     load = [0.0] * n_bins
     tok = [0] * n_bins
@@ -123,17 +124,25 @@ def grid_local_reference(order, lengths, values, targets, home_fill, token_share
     def rank(b):
         return (load[b] - targets[b], tok[b], b)
 
-    for item in order:
-        mine = min((b for b in range(n_bins) if b % dp_size == origin[item]), key=rank)
-        if tok[mine] + lengths[item] <= min(token_share, capacity) and load[mine] + values[item] <= home_fill * targets[mine]:
-            b = mine
-            home[item] = True
-        else:
-            fits = [b for b in range(n_bins) if tok[b] + lengths[item] <= capacity]
-            if not fits:
-                return False, bin_of, home
-            b = min(fits, key=rank)
+    def put(item, b):
         bin_of[item] = b
         load[b] += values[item]
         tok[b] += lengths[item]
+
+    n = len(order)
+    for k in range(slices):
+        part = order[n * k // slices : n * (k + 1) // slices]
+        for item in part:
+            mine = min((b for b in range(n_bins) if b % dp_size == origin[item]), key=rank)
+            fits_share = tok[mine] + lengths[item] <= min(token_share, capacity)
+            if fits_share and load[mine] + values[item] <= home_fill * targets[mine]:
+                home[item] = True
+                put(item, mine)
+        for item in part:
+            if home[item]:
+                continue
+            fits = [b for b in range(n_bins) if tok[b] + lengths[item] <= capacity]
+            if not fits:
+                return False, bin_of, home
+            put(item, min(fits, key=rank))
     return True, bin_of, home
