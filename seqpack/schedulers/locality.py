@@ -49,6 +49,8 @@ from seqpack.schedulers import _kernels
 TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than the reference
 _REPLICAS_FILL = 0.9  # home_fill of the per-replica layout
 _ROUNDS_FILL = 1.0  # home_fill for "rounds": dealing moves whole microbatches anyway
+_DEALT_REPAIR = 0.25  # the dealt layout's repair stops within this share of the tolerance
+_REPAIR_WORK_FACTOR = 3  # local layouts start further from balance: 3x the repair's work budget
 
 __all__ = ["TOLERANCE", "heaviest_first", "moved_tokens", "plan_local", "step_time"]
 
@@ -148,7 +150,7 @@ def moved_tokens(replica_of: np.ndarray, origin: np.ndarray, padded: np.ndarray)
 def _candidate(
     padded, costs, origin, reference, dp_size, capacity, constant, objective, max_repair_moves, tolerance, fill, deal
 ):
-    from seqpack.schedulers.balanced import BalancedPlan, _grid, _placement_order, _repair, round_targets
+    from seqpack.schedulers.balanced import _REPAIR_WORK, BalancedPlan, _grid, _placement_order, _repair, round_targets
 
     m_count = reference.num_microbatches
     order = _placement_order(padded, None)
@@ -178,11 +180,23 @@ def _candidate(
     moves = 0
     repair = 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
     if repair > 0:
-        # Within half the tolerance of the reference's busiest replica: every repair move
-        # moves a sequence, so stop once balance is as good as it needs to be.
-        stop_at = float(reference.load.sum(axis=0).max()) * (1 + tolerance / 2)
+        # Close to the reference's busiest replica, and no closer: every repair move moves a
+        # sequence. The dealt layout leaves half of that margin to the rounds.
+        stop_at = float(reference.load.sum(axis=0).max()) * (1 + tolerance * (_DEALT_REPAIR if deal else 0.5))
         round_of, replica_of, load, tokens, moves = _repair(
-            round_of, replica_of, load, tokens, padded, costs, order, dp_size, capacity, repair, objective, stop_at
+            round_of,
+            replica_of,
+            load,
+            tokens,
+            padded,
+            costs,
+            order,
+            dp_size,
+            capacity,
+            repair,
+            objective,
+            stop_at,
+            _REPAIR_WORK_FACTOR * _REPAIR_WORK,
         )
     round_of, load, tokens = heaviest_first(round_of, replica_of, load, tokens)
     both = step_time(load, constant, Objective.BOTH)
