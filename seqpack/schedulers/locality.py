@@ -26,7 +26,7 @@ excess to ranks below their share, and the last sequences even out the microbatc
   within half the tolerance of the reference's; each replica runs its microbatches
   heaviest first. About a fifth to a third of the tokens move.
 * Dealt layout (``"rounds"`` and ``"both"``, FSDP lockstep, where every round waits for its
-  slowest replica; also the fallback for ``"replicas"``): a replica's own microbatches, a
+  slowest replica, from three microbatches on; also the fallback for ``"replicas"``): a replica's own microbatches, a
   few sequences each, cannot all match the other replicas' within 0.1%. The reference
   gets even rounds by sorting all microbatches by cost and dealing each run of ``dp`` as a
   round, so this layout does the same with the local microbatches
@@ -99,7 +99,8 @@ def plan_local(
             alone; its microbatch count and bin rule are reused.
         dp_size, capacity, constant: As for ``plan_balanced``.
         objective: What the step waits for (:func:`step_time`): ``"replicas"`` tries the
-            per-replica layout, ``"rounds"`` and ``"both"`` the dealt one (module docs).
+            per-replica layout first, ``"rounds"`` and ``"both"`` the dealt one (with one
+            or two microbatches the per-replica layout first; module docs).
         max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
         tolerance: Largest relative increase of the predicted step time accepted.
         reference_ranks: The DP rank of every sequence under ``reference`` once its
@@ -116,9 +117,13 @@ def plan_local(
     if reference_ranks is None:
         reference_ranks = relabel_replicas(reference.replica_of, origin, padded, dp_size)
     to_beat = moved_tokens(reference_ranks, origin, padded)  # a candidate must move less
-    tries = (
-        [(_REPLICAS_FILL, False), (_ROUNDS_FILL, True)] if objective == Objective.REPLICAS else [(_ROUNDS_FILL, True)]
-    )
+    m_count = reference.num_microbatches
+    if objective == Objective.REPLICAS:
+        tries = [(_REPLICAS_FILL, False), (_ROUNDS_FILL, True)]
+    elif m_count <= 2:  # one or two rounds: dealing gains little over the replica layout
+        tries = [(_REPLICAS_FILL, False)] + ([(_ROUNDS_FILL, True)] if m_count == 2 else [])
+    else:
+        tries = [(_ROUNDS_FILL, True)]
     for fill, deal in tries:
         plan = _candidate(
             padded,

@@ -146,3 +146,29 @@ def grid_local_reference(order, lengths, values, targets, home_fill, token_share
                 return False, bin_of, home
             put(item, min(fits, key=rank))
     return True, bin_of, home
+
+
+def deal_local_reference(by_cost, load, dp):
+    """Round m takes the m-th run of dp bins of by_cost; in it, bins (heaviest first) go to
+    their own replica (bin % dp) while it is free; the rest, heaviest first, to the free
+    replicas with the least total so far (ties: lower replica)."""
+    n_bins = len(by_cost)
+    round_of = [0] * n_bins
+    replica_of = [0] * n_bins
+    totals = [0.0] * dp
+    for m in range(n_bins // dp):
+        bins = by_cost[m * dp : (m + 1) * dp]
+        taken, left = set(), []
+        for b in bins:
+            round_of[b] = m
+            if b % dp not in taken:
+                taken.add(b % dp)
+                replica_of[b] = b % dp
+            else:
+                left.append(b)
+        free = sorted((d for d in range(dp) if d not in taken), key=lambda d: (totals[d], d))
+        for b, d in zip(left, free, strict=True):
+            replica_of[b] = d
+        for b in bins:
+            totals[replica_of[b]] += load[b]
+    return round_of, replica_of
