@@ -125,10 +125,12 @@ def sweep_table(title: str, key: str, points: list[int], fixed: dict, repeat: in
             flush=True,
         )
     xs = [r["x"] for r in rows]
+    big = [r for r in rows if r["bal"]["peak"] >= 16 << 20]  # below that, resident memory is noise
+    memory = f"{slope([r['x'] for r in big], [r['bal']['peak'] for r in big]):.2f}" if len(big) > 1 else "n/a"
     print(
         f"slope of CPU time vs {key} (log-log): balanced {slope(xs, [r['bal']['cpu'] for r in rows]):.2f}, "
-        f"dp_balanced {slope(xs, [r['ref']['cpu'] for r in rows]):.2f}; of peak memory: balanced "
-        f"{slope(xs, [max(r['bal']['peak'], 1) for r in rows]):.2f}"
+        f"dp_balanced {slope(xs, [r['ref']['cpu'] for r in rows]):.2f}; of balanced's peak memory (points over "
+        f"16 MB): {memory}"
     )
     print()
     return rows
