@@ -16,9 +16,11 @@ time grows with N or dp; 1.0 = linear):
 
 Time: wall clock and CPU time (``time.process_time``; the machine is shared, CPU time is the
 steadier figure) of ``Scheduler.schedule``, numba compiled beforehand, best of ``--repeat``.
-Memory: peak resident memory above the start of the call (``/proc/self/status`` VmHWM,
-reset before each call: numpy, Python and numba allocations), and once, for the 16K plan,
-the ``tracemalloc`` peak (numpy and Python allocations only), the figure issue 12 quotes.
+Memory: peak resident memory above the start of the call (``/proc/self/status`` VmHWM, reset
+before the call: numpy, Python and numba allocations), each in a fresh process (in a process
+that planned before, freed pages are reused and the growth under-reports); and once, for the
+16K plan, the ``tracemalloc`` peak (numpy and Python allocations only), the figure issue 12
+quotes.
 
     python benchmarks/scale.py [--quick] [--repeat 2] [--plot docs/scale.png]
 """
@@ -33,6 +35,8 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import gc  # noqa: E402
 import platform  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 import tracemalloc  # noqa: E402
 
@@ -79,6 +83,24 @@ def measure(name: str, lengths: np.ndarray, dp: int, repeat: int, **options) -> 
     return {"wall": best_wall, "cpu": best_cpu, "peak": peak, "stats": stats}
 
 
+def peak_in_child(name: str, n: int, dp: int) -> int:
+    """Peak resident bytes of one plan, measured in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", name, str(n), str(dp)], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.split()[-1])
+
+
+def child(name: str, n: int, dp: int) -> None:
+    sched = get_scheduler(name)
+    sched.schedule(lengths_for(4096), dp_size=64, max_tokens_per_rank=CAPACITY, cost=COST)  # compile first
+    lengths = lengths_for(n)
+    gc.collect()
+    with PeakMemory() as mem:
+        sched.schedule(lengths, dp_size=dp, max_tokens_per_rank=CAPACITY, cost=COST)
+    print(mem.bytes or 0)
+
+
 def slope(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of log(y) against log(x)."""
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
@@ -114,6 +136,7 @@ def sweep_table(title: str, key: str, points: list[int], fixed: dict, repeat: in
         lengths = lengths_for(n)
         bal = measure("balanced", lengths, dp, repeat)
         ref = measure("dp_balanced", lengths, dp, repeat)
+        bal["peak"], ref["peak"] = peak_in_child("balanced", n, dp), peak_in_child("dp_balanced", n, dp)
         st = bal["stats"]
         row = {"x": value, "dp": dp, "n": n, "bal": bal, "ref": ref}
         rows.append(row)
@@ -125,7 +148,7 @@ def sweep_table(title: str, key: str, points: list[int], fixed: dict, repeat: in
             flush=True,
         )
     xs = [r["x"] for r in rows]
-    big = [r for r in rows if r["bal"]["peak"] >= 16 << 20]  # below that, resident memory is noise
+    big = [r for r in rows if r["bal"]["peak"] >= 16 << 20]  # below that, page granularity is noise
     memory = f"{slope([r['x'] for r in big], [r['bal']['peak'] for r in big]):.2f}" if len(big) > 1 else "n/a"
     print(
         f"slope of CPU time vs {key} (log-log): balanced {slope(xs, [r['bal']['cpu'] for r in rows]):.2f}, "
@@ -202,6 +225,8 @@ def headline(repeat: int) -> list[tuple[str, bool, str]]:
     bal = measure("balanced", lengths, dp, repeat)
     ref = measure("dp_balanced", lengths, dp, repeat)
     off = measure("balanced", lengths, dp, repeat, locality=False)
+    bal["peak"], ref["peak"] = peak_in_child("balanced", n, dp), peak_in_child("dp_balanced", n, dp)
+    off["peak"] = 0
     sched = get_scheduler("balanced")
     tracemalloc.start()
     sched.schedule(lengths, dp_size=dp, max_tokens_per_rank=CAPACITY, cost=COST)
@@ -210,8 +235,9 @@ def headline(repeat: int) -> list[tuple[str, bool, str]]:
     st = bal["stats"]
     for label, m in (("balanced", bal), ("balanced, locality off", off), ("dp_balanced", ref)):
         s = m["stats"]
+        peak = f"peak {m['peak'] / 2**20:.0f} MB (resident), " if m["peak"] else ""
         print(
-            f"{label:<24} wall {m['wall']:.2f} s, cpu {m['cpu']:.2f} s, peak {m['peak'] / 2**20:.0f} MB (resident), "
+            f"{label:<24} wall {m['wall']:.2f} s, cpu {m['cpu']:.2f} s, {peak}"
             f"{s.num_microbatches} microbatches, replica/LB {s.bound_ratio:.5f}, round imb. {s.round_imbalance:.5f}, "
             f"moved {100 * s.moved_fraction:.1f}%"
         )
@@ -248,7 +274,8 @@ def plot(path: str, n_rows: list[dict], dp_rows: list[dict], moved: dict) -> Non
         ax.legend()
     ax = axes[2]
     for rows, label, marker in ((n_rows, "N sweep (dp = 16,384)", "o-"), (dp_rows, "dp sweep (64 per replica)", "s-")):
-        ax.loglog([r["n"] for r in rows], [max(r["bal"]["peak"], 1) / 2**20 for r in rows], marker, label=label)
+        shown = [r for r in rows if r["bal"]["peak"] >= 1 << 20]  # below a MB: page granularity
+        ax.loglog([r["n"] for r in shown], [r["bal"]["peak"] / 2**20 for r in shown], marker, label=label)
     ax.set_xlabel("sequences N")
     ax.set_ylabel("balanced peak resident MB")
     ax.grid(True, which="both", alpha=0.3)
@@ -279,7 +306,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sweeps (a smoke test)")
     parser.add_argument("--repeat", type=int, default=2, help="timed runs per point (best is kept)")
     parser.add_argument("--plot", default="docs/scale.png", help="where to draw the figure ('' for none)")
+    parser.add_argument("--child", nargs=3, metavar=("SCHEDULER", "N", "DP"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(args.child[0], int(args.child[1]), int(args.child[2]))
+        return 0
     n_sweep, dp_sweep = N_SWEEP, DP_SWEEP
     if args.quick:
         n_sweep, dp_sweep = N_SWEEP[:2], DP_SWEEP[:3]
