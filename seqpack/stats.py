@@ -20,7 +20,35 @@ if TYPE_CHECKING:
     from seqpack.cost import CostModel
     from seqpack.schedulers.base import Schedule
 
-__all__ = ["StepStats", "exact_sum", "microbatch_costs", "round_lower_bound", "round_sum_lower_bound"]
+__all__ = [
+    "SAMPLE_BYTES_PER_TOKEN",
+    "StepStats",
+    "exact_sum",
+    "microbatch_costs",
+    "moved_tokens",
+    "round_lower_bound",
+    "round_sum_lower_bound",
+]
+
+SAMPLE_BYTES_PER_TOKEN = 20
+"""Bytes one token of a plain SFT sample carries through the exchange: ``input_ids`` and
+``labels`` (int64) and ``loss_mask`` (float32). RL and multimodal samples carry more (pass
+``bytes_per_token``)."""
+
+
+def moved_tokens(schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens the step's exchange moves (per id, scheduled length; 0 for ids that stay on
+    the DP rank holding them or are not assigned), and per DP rank the tokens it sends and
+    receives (int64 ``[dp]`` each)."""
+    replica, _, _ = schedule.placement()
+    assert schedule.origin is not None  # set by Schedule.__post_init__
+    origin = np.asarray(schedule.origin, dtype=np.int64)
+    moves = (replica >= 0) & (replica != origin)
+    per_id = np.where(moves, schedule.lengths, 0).astype(np.int64)
+    dp = schedule.dp_size
+    sent = np.bincount(origin[moves], weights=per_id[moves], minlength=dp).astype(np.int64)
+    received = np.bincount(replica[moves], weights=per_id[moves], minlength=dp).astype(np.int64)
+    return per_id, sent, received
 
 
 def microbatch_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
@@ -134,6 +162,13 @@ class StepStats:
         deferred_sequences: Held back for the next step.
         empty_samples: Zero-length samples the wrapper dropped.
         flops: Model training FLOPs of the step, when a model is known.
+        moved_sequences, moved_tokens: Sequences (and their real tokens) the exchange moves
+            off the DP rank that read them (``Schedule.origin``): the all-to-all's payload.
+        moved_fraction: ``moved_tokens / real_tokens``.
+        max_rank_moved_tokens: Tokens of the busiest rank in the exchange (the larger of
+            what it sends and what it receives): what the all-to-all waits for.
+        moved_bytes, max_rank_moved_bytes: The same in bytes at ``bytes_per_token`` (default
+            :data:`SAMPLE_BYTES_PER_TOKEN`, a plain SFT sample).
     """
 
     num_sequences: int = 0
@@ -159,6 +194,12 @@ class StepStats:
     deferred_sequences: int = 0
     empty_samples: int = 0
     flops: float | None = None
+    moved_sequences: int = 0
+    moved_tokens: int = 0
+    moved_fraction: float = 0.0
+    max_rank_moved_tokens: int = 0
+    moved_bytes: float = 0.0
+    max_rank_moved_bytes: float = 0.0
 
     @classmethod
     def from_schedule(
@@ -168,9 +209,11 @@ class StepStats:
         *,
         flops: float | None = None,
         empty_samples: int = 0,
+        bytes_per_token: float = SAMPLE_BYTES_PER_TOKEN,
     ) -> StepStats:
         """Account a schedule. Empty microbatches count a padding-only filler of
-        ``pad_multiple`` tokens, as the wrapper sends one."""
+        ``pad_multiple`` tokens, as the wrapper sends one. Moved tokens are counted against
+        ``schedule.origin``; ``bytes_per_token`` converts them to bytes."""
         from seqpack.schedulers.base import Schedule  # late: schedulers import this module
 
         if not isinstance(schedule, Schedule):
@@ -178,6 +221,7 @@ class StepStats:
         check_cost_model("cost", cost)
         flops = None if flops is None else check_number("flops", flops)
         empty_samples = check_int("empty_samples", empty_samples, minimum=0)
+        bytes_per_token = check_number("bytes_per_token", bytes_per_token, minimum=0)
         lengths = schedule.lengths
         assigned, _, counts = schedule._flat
         real = lengths[assigned]
@@ -202,6 +246,9 @@ class StepStats:
         truncated = schedule.truncated[trained[schedule.truncated]]
         truncated_tokens = exact_sum(orig[truncated] - lengths[truncated])
         real_sum = exact_sum(real)
+        per_id, sent, received = moved_tokens(schedule)
+        moved = exact_sum(per_id)
+        busiest = int(max(sent.max(initial=0), received.max(initial=0)))
         return cls(
             num_sequences=int(assigned.shape[0]),
             num_microbatches=schedule.num_microbatches,
@@ -226,6 +273,12 @@ class StepStats:
             deferred_sequences=int(schedule.deferred.shape[0]),
             empty_samples=int(empty_samples),
             flops=flops,
+            moved_sequences=int(np.count_nonzero(per_id)),
+            moved_tokens=moved,
+            moved_fraction=moved / real_sum if real_sum else 0.0,
+            max_rank_moved_tokens=busiest,
+            moved_bytes=float(moved * bytes_per_token),
+            max_rank_moved_bytes=float(busiest * bytes_per_token),
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -79,3 +81,21 @@ def test_round_lower_bound():
     s = get_scheduler("balanced").schedule(padded, dp_size=2, max_tokens_per_rank=100, cost=QUAD)
     stats = StepStats.from_schedule(s, QUAD)
     assert stats.round_imbalance >= stats.round_lower_bound > 1.0
+
+
+def test_moved_tokens_count_what_leaves_its_rank():
+    # Ids 0, 1 sit on rank 0 and ids 2, 3 on rank 1 (contiguous blocks). Id 1 runs on replica 1
+    # and id 2 on replica 0: 2 + 6 tokens cross; each rank sends and receives one sequence.
+    s = _schedule([[[0, 2], [1, 3]]], [4, 2, 6, 2], dp=2)
+    assert s.origin.tolist() == [0, 0, 1, 1]
+    stats = StepStats.from_schedule(s, bytes_per_token=10)
+    assert (stats.moved_sequences, stats.moved_tokens) == (2, 8)
+    assert stats.moved_fraction == pytest.approx(8 / 14)
+    assert stats.max_rank_moved_tokens == 6 and stats.max_rank_moved_bytes == 60.0 and stats.moved_bytes == 80.0
+    # Another origin: every sequence already sits where it runs.
+    home = dataclasses.replace(s, origin=np.array([0, 1, 0, 1]))
+    assert StepStats.from_schedule(home).moved_tokens == 0
+    back = Schedule.from_arrays(home.to_arrays())
+    assert back.origin.tolist() == [0, 1, 0, 1] and back.fingerprint() == s.fingerprint()
+    with pytest.raises(ValueError, match="origin must hold DP ranks in 0..1"):
+        dataclasses.replace(s, origin=np.array([0, 1, 0, 2])).validate()

@@ -42,8 +42,8 @@ def render_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, first_
 def format_table(report: dict[str, Any]) -> str:
     """The side-by-side table ``seqpack simulate`` prints."""
     header = (
-        "scheduler", "microbatches", "replica/LB", "max", "round imb.", "(bound)", "pad %", "moved %", "FLOP/step",
-        "sched ms",
+        "scheduler", "microbatches", "replica/LB", "max", "round imb.", "(bound)", "pad %", "moved %", "MB/rank",
+        "FLOP/step", "plan ms", "peak MB",
     )  # fmt: skip
     rows = []
     for name, r in report["results"].items():
@@ -58,8 +58,10 @@ def format_table(report: dict[str, Any]) -> str:
                 f"{r['round_lower_bound']:.4f}",
                 f"{100 * r['pad_fraction']:.2f}",
                 f"{100 * r['moved_fraction']:.1f}",
+                f"{r['rank_moved_bytes'] / 2**20:.2f}",
                 flops,
                 f"{1e3 * r['seconds_mean']:.2f}",
+                f"{r['peak_bytes'] / 2**20:.0f}" if r.get("peak_bytes") is not None else "-",
             )
         )
     return render_table(header, rows)

@@ -14,7 +14,8 @@ A message is up to four buffers, broadcast in this order:
 2. ``ints``: int64, the step header (:data:`STEP_FIELDS`), one :data:`MICROBATCH_FIELDS`
    row per microbatch, then the int64 payload: the schedule (``Schedule.to_arrays()``:
    ``original_lengths[N]``, ``lengths[N]``, id counts per (microbatch, replica) cell
-   ``[M*dp]``, assigned ids ``[A]``, deferred ``[D]``, dropped ``[R]``, truncated ``[U]``),
+   ``[M*dp]``, assigned ids ``[A]``, deferred ``[D]``, dropped ``[R]``, truncated ``[U]``,
+   origin ``[N]``),
    then per microbatch ``cu_seqlens[n_m+1]``, ``cu_seqlens_padded[n_m+1]``,
    ``sample_ids[n_m]``; then, with flag 1, ``input_ids`` and ``labels`` of this CP rank's
    shard (``sum T_m / cp`` each), and with flag 2 ``position_ids``;
@@ -60,7 +61,7 @@ __all__ = [
     "wire_format_markdown",
 ]
 
-FORMAT_VERSION = 2  # 2: the step header names the failing rank of an error (error_rank)
+FORMAT_VERSION = 3  # 2: the step header names the failing rank of an error (error_rank); 3: schedule origin
 
 
 class Kind(IntEnum):
@@ -407,6 +408,7 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
         "deferred": int(step["num_deferred"]),
         "dropped": int(step["num_dropped"]),
         "truncated": int(step["num_truncated"]),
+        "origin": int(step["num_sequences"]),
     }
     arrays = {name: cur.take(counts[name], name).numpy() for name in Schedule.ARRAY_FIELDS}
     limits = [m_count, step["dp_size"], step["schedule_cp_size"], step["max_tokens_per_rank"], step["pad_multiple"]]

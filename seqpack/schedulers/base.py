@@ -55,6 +55,10 @@ class Schedule:
         lengths: Token count each id is packed with (after truncation; 0 when dropped).
         original_lengths: Lengths as given to the scheduler.
         dp_size, cp_size, max_tokens_per_rank, pad_multiple: The limits it was made for.
+        origin: DP rank holding each id before the step's exchange (default: contiguous
+            equal blocks, as :meth:`Scheduler.schedule` assumes); what
+            :class:`~seqpack.stats.StepStats` counts moved tokens against. Not part of the
+            fingerprint: the same placement is the same schedule wherever samples came from.
     """
 
     num_microbatches: int
@@ -68,6 +72,11 @@ class Schedule:
     deferred: np.ndarray = dataclasses.field(default_factory=_empty)
     dropped: np.ndarray = dataclasses.field(default_factory=_empty)
     truncated: np.ndarray = dataclasses.field(default_factory=_empty)
+    origin: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.origin is None:
+            object.__setattr__(self, "origin", default_origin(self.num_sequences, self.dp_size))
 
     @property
     def capacity(self) -> int:
@@ -124,6 +133,7 @@ class Schedule:
         "deferred",
         "dropped",
         "truncated",
+        "origin",
     )
 
     def to_arrays(self) -> dict[str, np.ndarray]:
@@ -144,6 +154,7 @@ class Schedule:
             "deferred": np.ascontiguousarray(self.deferred, dtype=np.int64),
             "dropped": np.ascontiguousarray(self.dropped, dtype=np.int64),
             "truncated": np.ascontiguousarray(self.truncated, dtype=np.int64),
+            "origin": np.ascontiguousarray(self.origin, dtype=np.int64),
         }
 
     @classmethod
@@ -185,6 +196,7 @@ class Schedule:
             deferred=get["deferred"],
             dropped=get["dropped"],
             truncated=get["truncated"],
+            origin=get["origin"],
         )
 
     def fingerprint(self) -> int:
@@ -266,6 +278,10 @@ class Schedule:
         if n and seen.min(initial=1) < 1:
             missing = int(np.flatnonzero(seen == 0)[0])
             raise ScheduleError(f"sample {missing} appears nowhere in the schedule (assignment, deferred or dropped)")
+        if self.origin is None or self.origin.shape != self.original_lengths.shape:
+            raise ScheduleError(f"origin must hold one DP rank per sample ({n}), got {self.origin!r:.80}")
+        if n and (self.origin.min() < 0 or self.origin.max() >= self.dp_size):
+            raise ScheduleError(f"origin must hold DP ranks in 0..{self.dp_size - 1}")
         if self.lengths.shape != self.original_lengths.shape:
             raise ScheduleError("schedule lengths and original lengths differ in shape")
         if np.any(self.lengths > self.original_lengths) or np.any(self.lengths < 0):
@@ -499,6 +515,7 @@ class Scheduler(ABC):
             deferred=np.ascontiguousarray(deferred, dtype=np.int64),
             dropped=dropped,
             truncated=truncated,
+            origin=origin_arr,
         )
 
     def resolve_cost(self, cost: CostModel | None) -> CostModel | None:

@@ -161,3 +161,36 @@ def test_simulate_repeats_lengths_without_materializing_every_step():
     for k, step in enumerate(steps):
         assert step["sequences"] == 7
         assert step["ideal"] * 2 == pytest.approx(pool[7 * k : 7 * (k + 1)].sum())  # token cost: total / dp
+
+
+def test_simulate_reports_moved_tokens_plan_time_and_memory():
+    lengths = lognormal_lengths(4096, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096)
+    kwargs = dict(dp_size=64, max_tokens_per_rank=16384, global_batch=1024, steps=2, bytes_per_token=100)
+    on = simulate(lengths, schedulers=["balanced", "dp_balanced"], **kwargs)
+    off = simulate(lengths, schedulers=["balanced"], scheduler_options={"balanced": {"locality": False}}, **kwargs)
+    bal, ref = on["results"]["balanced"], on["results"]["dp_balanced"]
+    assert bal["moved_fraction"] < off["results"]["balanced"]["moved_fraction"] <= ref["moved_fraction"]
+    row = bal["steps"][0]
+    assert row["rank_moved_bytes"] > 0 and row["moved_bytes"] >= row["rank_moved_bytes"]
+    assert on["config"]["bytes_per_token"] == 100.0 and bal["seconds_mean"] > 0
+    assert bal["peak_bytes"] is None or bal["peak_bytes"] >= 0
+
+
+def test_simulate_many_replicas_few_sequences(capsys):
+    # dp x dp data would be 74.5 GiB here; the plan is O(N + dp).
+    args = ["simulate", "--dp", "100000", "--global-batch", "64", "--steps", "1", "--schedulers", "balanced"]
+    assert main([*args, "--no-progress", "--bytes-per-token", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "dp=100000" in out and "MB/rank" in out and "peak MB" in out
+
+
+def test_simulate_refuses_what_cannot_fit(monkeypatch, capsys):
+    from seqpack.cli.commands import simulate as command
+
+    monkeypatch.setattr(command, "available_bytes", lambda: 1 << 30)
+    assert main(["simulate", "--dp", "10000000", "--global-batch", "64", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--dp 10,000,000 with --global-batch 64 and --steps 10 needs about" in err
+    assert "1.0 GiB available: lower --dp, --global-batch or --steps" in err
+    assert main(["simulate", "--bytes-per-token", "-1", "--no-progress"]) == 2
+    assert "--bytes-per-token must be >= 0, got -1.0" in capsys.readouterr().err

@@ -26,9 +26,11 @@ def test_ascii_terminal_gets_an_ascii_rule(monkeypatch):
 def test_format_table_one_row_per_scheduler():
     row = {"microbatches": 12.0, "min_microbatches": 11.0, "bound_ratio": 1.0012, "bound_ratio_max": 1.004,
            "round_imbalance": 1.01, "round_lower_bound": 1.0, "pad_fraction": 0.0123, "moved_fraction": 0.871,
-           "flops_per_step": None, "seconds_mean": 0.00123}  # fmt: skip
+           "rank_moved_bytes": 3 * 2**20, "flops_per_step": None, "seconds_mean": 0.00123,
+           "peak_bytes": 200 * 2**20}  # fmt: skip
     text = format_table({"results": {"balanced": row, "dp_balanced": {**row, "flops_per_step": 1.5e15}}})
     lines = text.splitlines()
     assert lines[2].startswith("balanced ") and lines[3].startswith("dp_balanced ")
     assert "12.0 ( 11)" in lines[2] and "1.0012" in lines[2] and "1.23" in lines[2] and "1.500e+15" in lines[3]
-    assert lines[2].split()[-2] == "-"  # no FLOPs without a model
+    assert lines[2].split()[-3] == "-"  # no FLOPs without a model
+    assert lines[2].split()[-4] == "3.00" and lines[2].split()[-1] == "200"  # MB per rank, peak MB

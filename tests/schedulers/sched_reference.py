@@ -89,16 +89,12 @@ def brute_force_optimum(costs, lengths, dp_size, num_rounds, capacity):
     return best_replica, best_rounds
 
 
-def greedy_matching_reference(weights, per_row=8):
-    """Each row's per_row heaviest columns as candidates, heaviest pairs first (ties: row,
-    then column); leftover rows take their heaviest free column, in row order."""
+def greedy_matching_reference(weights):
+    """Every (row, column) pair with positive weight is a candidate, heaviest first (ties:
+    row, then column), taken while both ends are free; leftover rows take the lowest free
+    column, in row order."""
     n = len(weights)
-    k = min(per_row, n)
-    candidates = []
-    for r in range(n):
-        cols = sorted(range(n), key=lambda c: (-weights[r][c], c))[:k]
-        candidates += [(-weights[r][c], r, c) for c in cols]
-    candidates.sort()
+    candidates = sorted((-weights[r][c], r, c) for r in range(n) for c in range(n) if weights[r][c] > 0)
     column_of_row = [-1] * n
     taken = set()
     for _, r, c in candidates:
@@ -107,8 +103,72 @@ def greedy_matching_reference(weights, per_row=8):
             taken.add(c)
     for r in range(n):
         if column_of_row[r] < 0:
-            free = [c for c in range(n) if c not in taken]
-            best = max(free, key=lambda c: (weights[r][c], -c))
+            best = min(c for c in range(n) if c not in taken)
             column_of_row[r] = best
             taken.add(best)
     return column_of_row
+
+
+def grid_local_reference(order, lengths, values, targets, home_fill, token_share, capacity, origin, dp_size, slices=8):
+    """Bin b belongs to replica b % dp_size; key = load - target. The order is cut into
+    `slices` equal runs; in each, first every item goes to its own replica's bin with the
+    smallest (key, tokens, index) if that keeps the bin within home_fill * target and within
+    min(token_share, capacity) tokens; then the items left, in order, go to the bin with
+    room that has the smallest (key, tokens, index) anywhere."""
+    n_bins = len(targets)
+    load = [0.0] * n_bins
+    tok = [0] * n_bins
+    bin_of = [-1] * len(lengths)
+    home = [False] * len(lengths)
+
+    def rank(b):
+        return (load[b] - targets[b], tok[b], b)
+
+    def put(item, b):
+        bin_of[item] = b
+        load[b] += values[item]
+        tok[b] += lengths[item]
+
+    n = len(order)
+    for k in range(slices):
+        part = order[n * k // slices : n * (k + 1) // slices]
+        for item in part:
+            mine = min((b for b in range(n_bins) if b % dp_size == origin[item]), key=rank)
+            fits_share = tok[mine] + lengths[item] <= min(token_share, capacity)
+            if fits_share and load[mine] + values[item] <= home_fill * targets[mine]:
+                home[item] = True
+                put(item, mine)
+        for item in part:
+            if home[item]:
+                continue
+            fits = [b for b in range(n_bins) if tok[b] + lengths[item] <= capacity]
+            if not fits:
+                return False, bin_of, home
+            put(item, min(fits, key=rank))
+    return True, bin_of, home
+
+
+def deal_local_reference(by_cost, load, dp):
+    """Round m takes the m-th run of dp bins of by_cost; in it, bins (heaviest first) go to
+    their own replica (bin % dp) while it is free; the rest, heaviest first, to the free
+    replicas with the least total so far (ties: lower replica)."""
+    n_bins = len(by_cost)
+    round_of = [0] * n_bins
+    replica_of = [0] * n_bins
+    totals = [0.0] * dp
+    for m in range(n_bins // dp):
+        bins = by_cost[m * dp : (m + 1) * dp]
+        taken, left = set(), []
+        for b in bins:
+            round_of[b] = m
+            if b % dp not in taken:
+                taken.add(b % dp)
+                replica_of[b] = b % dp
+            else:
+                left.append(b)
+        free = sorted((d for d in range(dp) if d not in taken), key=lambda d: (totals[d], d))
+        for b, d in zip(left, free, strict=True):
+            replica_of[b] = d
+        for b in bins:
+            totals[replica_of[b]] += load[b]
+    return round_of, replica_of

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sched_reference import (
     greedy_matching_reference,
+    grid_local_reference,
     grid_lpt_reference,
     megatron_groups_reference,
     next_fit_reference,
@@ -43,6 +44,34 @@ def test_grid_lpt_matches_reference(lengths, n_bins, capacity, mode, quadratic, 
         assert bin_of.tolist() == ref_bin
         assert tok.tolist() == ref_tok
         assert load.tolist() == ref_load  # same additions in the same order: exact
+        assert tok.max(initial=0) <= capacity
+
+
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=0, max_size=40),
+    dp=st.integers(1, 4),
+    rounds=st.integers(1, 3),
+    capacity=st.integers(40, 120),
+    quadratic=st.sampled_from([0.0, 0.05]),
+    seed=st.integers(0, 100),
+    share=st.integers(20, 130),
+    fill=st.sampled_from([1.0, 0.8, 0.5]),
+)
+def test_grid_local_matches_reference(lengths, dp, rounds, capacity, quadratic, seed, share, fill):
+    lengths = np.array(lengths, dtype=np.int64)
+    costs = lengths * (1.0 + quadratic * lengths)
+    origin = np.random.default_rng(seed).integers(0, dp, lengths.shape[0])
+    order = np.argsort(-lengths, kind="stable")
+    targets = np.repeat(round_targets(costs[order], dp, rounds), dp)
+    ok, bin_of, home = _kernels.grid_local(order, lengths, costs, targets, fill, share, capacity, origin, dp)
+    ref_ok, ref_bin, ref_home = grid_local_reference(
+        order.tolist(), lengths.tolist(), costs.tolist(), targets.tolist(), fill, share, capacity, origin.tolist(), dp
+    )
+    assert ok == ref_ok
+    if ok:
+        assert bin_of.tolist() == ref_bin and home.tolist() == ref_home
+        assert np.array_equal(bin_of[home] % dp, origin[home])  # home placements stay home
+        tok = np.bincount(bin_of, weights=lengths, minlength=dp * rounds)
         assert tok.max(initial=0) <= capacity
 
 
@@ -171,10 +200,23 @@ def test_repair_moves_an_item_when_it_helps():
     assert load.max(1).sum() <= 10.0
 
 
-@given(n=st.integers(1, 12), per_row=st.integers(1, 4), seed=st.integers(0, 1000), ties=st.booleans())
-def test_greedy_matching_matches_reference(n, per_row, seed, ties):
+@given(n=st.integers(1, 12), items=st.integers(0, 60), seed=st.integers(0, 1000), ties=st.booleans())
+def test_relabel_replicas_is_the_reference_greedy_matching(n, items, seed, ties):
+    from seqpack.schedulers.balanced import relabel_replicas
+
     rng = np.random.default_rng(seed)
-    weights = rng.integers(0, 4, (n, n)).astype(float) if ties else rng.random((n, n))
-    got = _kernels.greedy_matching(weights, per_row)
-    assert sorted(got.tolist()) == list(range(n))  # a permutation
-    assert got.tolist() == greedy_matching_reference(weights.tolist(), per_row)
+    replica_of = rng.integers(0, n, items)
+    origin = rng.integers(0, n, items)
+    weight = rng.integers(1, 4, items) if ties else rng.integers(1, 10**6, items)
+    weights = np.zeros((n, n), dtype=np.int64)
+    np.add.at(weights, (replica_of, origin), weight)
+    rank_of_replica = greedy_matching_reference(weights.tolist())
+    assert sorted(rank_of_replica) == list(range(n))  # a renaming
+    got = relabel_replicas(replica_of, origin, weight, n)
+    assert got.tolist() == [rank_of_replica[r] for r in replica_of.tolist()]
+
+
+def test_greedy_matching_takes_pairs_in_the_given_order():
+    rows = np.array([0, 1, 1, 2], dtype=np.int64)
+    cols = np.array([1, 1, 0, 1], dtype=np.int64)
+    assert _kernels.greedy_matching(rows, cols, 4).tolist() == [1, 0, 2, 3]  # rows 2, 3: lowest free columns

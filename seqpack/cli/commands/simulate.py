@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from seqpack.cli.commands.stats import exact_sum
 from seqpack.cli.errors import CommandError
+from seqpack.cli.memory import PeakMemory, available_bytes, step_bytes_estimate
 from seqpack.cli.progress import Progress
 from seqpack.cli.sources import add_source_args, load_lengths
 from seqpack.cli.tables import format_table
 from seqpack.errors import ConfigError
-from seqpack.validation import check_int
+from seqpack.validation import check_int, check_number
 
-__all__ = ["add_parser", "check_pad_multiple", "run", "simulate"]
+__all__ = ["add_parser", "check_fits", "check_pad_multiple", "run", "simulate"]
 
 
 def check_pad_multiple(
@@ -54,6 +53,7 @@ def simulate(
     scheduler_options: dict[str, dict[str, Any]] | None = None,
     progress: bool = False,
     keep_first: bool = False,
+    bytes_per_token: float | None = None,
 ) -> dict[str, Any]:
     """Schedule ``steps`` global batches of ``lengths`` with each scheduler and account them.
 
@@ -62,7 +62,12 @@ def simulate(
     (:func:`~seqpack.thd.pad_multiple_for`: ``2*cp`` under CP) and follows its rule.
     Zero-length samples are dropped and counted, as the wrapper does.
     Every scheduler is fed the same cost model (the preset's training FLOPs; token counts
-    when ``model`` is None) and accounted in it.
+    when ``model`` is None) and accounted in it. Samples sit on DP ranks in contiguous
+    equal blocks, as the wrapper reads them; moved tokens count what the exchange carries,
+    in bytes at ``bytes_per_token`` (default
+    :data:`~seqpack.stats.SAMPLE_BYTES_PER_TOKEN`). Each plan is timed (wall clock) and its
+    peak resident memory measured (:class:`~seqpack.cli.memory.PeakMemory`). Memory stays
+    ``O(global_batch + dp * microbatches)`` whatever the steps: only scalars are kept per step.
 
     Returns:
         ``{"config": ..., "results": {name: aggregates}}``; with ``keep_first`` each result
@@ -74,8 +79,7 @@ def simulate(
     """
     from seqpack.cost import CostModel, model_preset
     from seqpack.schedulers import get_scheduler
-    from seqpack.schedulers.base import default_origin
-    from seqpack.stats import StepStats
+    from seqpack.stats import SAMPLE_BYTES_PER_TOKEN, StepStats
     from seqpack.thd import pad_multiple_for
 
     spec = model_preset(model) if model else None
@@ -85,6 +89,8 @@ def simulate(
         raise ConfigError("no lengths to simulate")
     global_batch = check_int("global_batch", global_batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
+    bytes_per_token = SAMPLE_BYTES_PER_TOKEN if bytes_per_token is None else bytes_per_token
+    bytes_per_token = check_number("bytes_per_token", bytes_per_token, minimum=0.0)
     pad_multiple = pad_multiple_for(cp_size) if pad_multiple is None else check_pad_multiple(pad_multiple, cp_size)
     repeated = steps * global_batch > lengths.size
     options = scheduler_options or {}
@@ -100,26 +106,23 @@ def simulate(
             empty = int(np.count_nonzero(batch == 0))
             batch = batch[batch > 0]
             for name, sched in built.items():
-                start = time.perf_counter()
-                s = sched.schedule(
-                    batch,
-                    dp_size=dp_size,
-                    cp_size=cp_size,
-                    max_tokens_per_rank=max_tokens_per_rank,
-                    pad_multiple=pad_multiple,
-                    cost=cost,
-                    on_oversize=on_oversize,
-                )
-                elapsed = time.perf_counter() - start
-                st = StepStats.from_schedule(s, cost, empty_samples=empty)
+                with PeakMemory() as peak:
+                    s = sched.schedule(
+                        batch,
+                        dp_size=dp_size,
+                        cp_size=cp_size,
+                        max_tokens_per_rank=max_tokens_per_rank,
+                        pad_multiple=pad_multiple,
+                        cost=cost,
+                        on_oversize=on_oversize,
+                    )
+                st = StepStats.from_schedule(s, cost, empty_samples=empty, bytes_per_token=bytes_per_token)
                 if spec is not None:
                     st.flops = float(spec.flops(st.seqlen_sum, st.seqlen_sq_sum))
                 if keep_first and step == 0:
                     first[name] = (s, st)
                 total = sum(st.replica_cost)
-                replica, _, _ = s.placement()
-                stays = replica == default_origin(batch.shape[0], dp_size)
-                moved = 1.0 - exact_sum(s.lengths[stays]) / max(exact_sum(s.lengths), 1)
+                del s  # one step's schedule at a time
                 per[name].append(
                     {
                         "microbatches": st.num_microbatches,
@@ -129,12 +132,15 @@ def simulate(
                         "round_imbalance": st.round_imbalance,
                         "round_lower_bound": st.round_lower_bound,
                         "pad_fraction": st.pad_fraction,
-                        "moved_fraction": moved,
+                        "moved_fraction": st.moved_fraction,
+                        "moved_bytes": st.moved_bytes,
+                        "rank_moved_bytes": st.max_rank_moved_bytes,
+                        "peak_bytes": peak.bytes,
                         "flops": st.flops,
                         "replica_wait": max(st.replica_cost),
                         "round_wait": st.round_imbalance * total / dp_size,
                         "ideal": total / dp_size,
-                        "seconds": elapsed,
+                        "seconds": peak.seconds,
                         "dropped": st.dropped_sequences,
                         "truncated": st.truncated_sequences,
                         "deferred": st.deferred_sequences,
@@ -142,7 +148,7 @@ def simulate(
                         "empty": st.empty_samples,
                     }
                 )
-                bar.update(1, step=step)
+                bar.update(1, step=step, plan_s=round(peak.seconds, 3))
     results = {}
     for name, rows in per.items():
         col = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in rows[0] if rows[0][k] is not None}
@@ -156,6 +162,9 @@ def simulate(
             "round_lower_bound": float(col["round_lower_bound"].mean()),
             "pad_fraction": float(col["pad_fraction"].mean()),
             "moved_fraction": float(col["moved_fraction"].mean()),
+            "moved_bytes": float(col["moved_bytes"].mean()),
+            "rank_moved_bytes": float(col["rank_moved_bytes"].mean()),
+            "peak_bytes": int(col["peak_bytes"].max()) if "peak_bytes" in col else None,
             "flops_per_step": float(col["flops"].mean()) if "flops" in col else None,
             "replica_wait": float(col["replica_wait"].mean()),
             "round_wait": float(col["round_wait"].mean()),
@@ -181,6 +190,7 @@ def simulate(
         "model": model,
         "cost": {"linear": cost.linear, "quadratic": cost.quadratic, "constant": cost.constant},
         "on_oversize": on_oversize,
+        "bytes_per_token": bytes_per_token,
         "lengths_available": int(lengths.size),
         "lengths_repeated": repeated,
     }
@@ -234,6 +244,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--plot", metavar="FILE.png", help="draw per-replica load of step 0 for each scheduler (needs matplotlib)"
     )
     out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    run_.add_argument(
+        "--locality",
+        choices=["on", "off"],
+        default="on",
+        help="balanced keeps samples on the rank that read them when that costs at most 0.1%% of step time "
+        "(default on)",
+    )
+    run_.add_argument(
+        "--bytes-per-token",
+        type=float,
+        default=None,
+        help="bytes one sample token carries through the exchange, for the moved-bytes figures "
+        "(default 20: int64 input_ids and labels, float32 loss_mask)",
+    )
     return p
 
 
@@ -254,10 +278,15 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if args.pad_multiple is not None:  # checked here to name the flags; None: simulate() picks the wrapper's default
         check_pad_multiple(args.pad_multiple, args.cp, name="--pad-multiple", cp_name="--cp")
+    if args.bytes_per_token is not None and not args.bytes_per_token >= 0:
+        raise CommandError(f"--bytes-per-token must be >= 0, got {args.bytes_per_token}")
     fmt = plots.plot_target("--plot", args.plot) if args.plot else plots.DEFAULT_FORMAT
     global_batch = args.global_batch or 16 * args.dp
+    check_fits(args.dp, args.cp, args.max_tokens_per_rank, global_batch, args.steps, args.global_batch is None)
     lengths, source = load_lengths(args, global_batch * args.steps)
-    options: dict[str, dict[str, Any]] = {"balanced": {"order": args.order, "objective": args.objective}}
+    options: dict[str, dict[str, Any]] = {
+        "balanced": {"order": args.order, "objective": args.objective, "locality": args.locality == "on"}
+    }
     try:
         report = simulate(
             lengths,
@@ -273,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
             scheduler_options=options,
             progress=not args.no_progress,
             keep_first=bool(args.plot),
+            bytes_per_token=args.bytes_per_token,
         )
     except ValueError as err:  # the schedulers' refusals of these lengths and limits (e.g. an oversize sequence)
         hint = " (--on-oversize truncate or drop)" if "on_oversize" in str(err) else ""
@@ -293,6 +323,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_fits(
+    dp_size: int, cp_size: int, max_tokens_per_rank: int, global_batch: int, steps: int, default_batch: bool
+) -> None:
+    """Refuse, before any work, a run whose one step cannot fit in this machine's memory.
+
+    A step holds ``O(global_batch + dp * microbatches)``: the sequences, and one array per
+    (microbatch, replica) cell of the schedule; the lengths of all steps are read up front.
+    Microbatches are estimated at the token lower bound for sequences of a quarter of the
+    capacity (a tenth of the global batch per replica at least fills one).
+
+    Raises:
+        CommandError: Naming ``--dp``, ``--global-batch`` and ``--steps`` with the estimate.
+    """
+    capacity = max_tokens_per_rank * cp_size
+    microbatches = max(1, -(-global_batch * (capacity // 4) // (dp_size * capacity)))
+    need = step_bytes_estimate(global_batch, dp_size, microbatches) + 8 * global_batch * steps
+    have = available_bytes()
+    if have is None or need <= 0.8 * have:
+        return
+    batch = f"--global-batch {global_batch:,}" + (" (16 per replica by default)" if default_batch else "")
+    raise CommandError(
+        f"--dp {dp_size:,} with {batch} and --steps {steps:,} needs about {need / 2**30:.1f} GiB "
+        f"(one step's schedule holds {dp_size:,} x ~{microbatches:,} microbatches and {global_batch:,} sequences; "
+        f"the lengths of all steps are read first) but this machine has {have / 2**30:.1f} GiB available: "
+        "lower --dp, --global-batch or --steps"
+    )
+
+
 def _print_report(report: dict[str, Any], source: str, global_batch: int) -> None:
     cfg = report["config"]
     print(f"lengths: {source}{' (repeated to fill the steps)' if cfg['lengths_repeated'] else ''}")
@@ -310,7 +368,9 @@ def _print_report(report: dict[str, Any], source: str, global_batch: int) -> Non
         "  what DDP, ZeRO-1 and pipeline-parallel steps wait for.\n"
         "round imb.: sum over microbatches of the slowest replica / sum of the means: what FSDP waits for;\n"
         "  (bound): the best any schedule can reach with this capacity.\n"
-        "moved %: tokens that change DP rank (the all-to-all's payload), with samples read in rank order."
+        "moved %: tokens that change DP rank (the all-to-all's payload), with samples read in rank order;\n"
+        f"  MB/rank: what the busiest rank sends or receives at {cfg['bytes_per_token']:g} bytes per token.\n"
+        "plan ms: scheduling time per step (mean); peak MB: the most memory one plan took."
     )
     lost = {n: (r["dropped"], r["truncated"]) for n, r in report["results"].items() if r["dropped"] or r["truncated"]}
     for name, (dropped, truncated) in lost.items():
