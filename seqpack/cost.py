@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.validation import check_int
+from seqpack.validation import check_bool, check_int
 
 __all__ = [
     "CostModel",
@@ -28,8 +28,11 @@ __all__ = [
     "MODEL_PRESETS",
     "ModelSpec",
     "default_cost_model",
+    "length_features",
     "mamba2_flops",
     "model_preset",
+    "nnls_fit",
+    "robust_nnls_fit",
     "transformer_flops",
 ]
 
@@ -359,7 +362,9 @@ class CostModel:
     """``cost(s) = linear*s + quadratic*s**2``; a microbatch adds ``constant`` once.
 
     Units are whatever the coefficients are in: training FLOPs for
-    :meth:`from_transformer`, tokens for ``CostModel(1, 0)``.
+    :meth:`from_transformer`, tokens for ``CostModel(1, 0)``, seconds for :meth:`fit`.
+    ``CostModel(0, 0, constant)`` with ``constant > 0`` is valid: every microbatch costs the
+    same whatever it holds (a launch-bound GPU).
     """
 
     linear: float
@@ -373,8 +378,8 @@ class CostModel:
                 raise SeqpackTypeError(f"CostModel.{name} must be a number, got {value!r}")
             if not np.isfinite(value) or value < 0:
                 raise ConfigError(f"CostModel.{name} must be finite and >= 0, got {value!r}")
-        if self.linear == 0 and self.quadratic == 0:
-            raise ConfigError("CostModel needs linear > 0 or quadratic > 0")
+        if self.linear == 0 and self.quadratic == 0 and self.constant == 0:
+            raise ConfigError("CostModel needs linear > 0 or quadratic > 0, or constant > 0 (got all three 0)")
 
     def cost(self, lengths: Sequence[int] | np.ndarray) -> np.ndarray:
         """Cost of each sequence (float64, same shape as ``lengths``; no ``constant``)."""
@@ -435,49 +440,170 @@ class CostModel:
 
     @classmethod
     def fit(
-        cls, microbatches: Sequence[Sequence[int] | np.ndarray], seconds: Sequence[float] | np.ndarray
+        cls,
+        microbatches: Sequence[Sequence[int] | np.ndarray],
+        seconds: Sequence[float] | np.ndarray,
+        *,
+        robust: bool = False,
     ) -> CostModel:
-        """A measured cost model: least-squares ``seconds ~ constant + linear*S + quadratic*SS``
-        over microbatches (``S``/``SS``: sum of lengths / of squared lengths), with every
-        coefficient >= 0 (a coefficient that would go negative is dropped and the rest refit).
+        """A measured cost model: ``seconds ~ constant + linear*S + quadratic*SS`` over
+        microbatches (``S``/``SS``: sum of lengths / of squared lengths), every coefficient
+        >= 0.
+
+        The fit is exact non-negative least squares (:func:`nnls_fit`: every support of the
+        three coefficients is solved and the best feasible one kept), so it never fails on
+        finite positive timings: timings that do not grow with length give a
+        constant-only model, ``CostModel(0, 0, constant)`` ("every microbatch costs the
+        same").
 
         Useful when kernels are not equally efficient: on CPU, attention runs far below GEMM
-        speed, so its real cost is more quadratic than its FLOPs say.
+        speed, so its real cost is more quadratic than its FLOPs say; on a launch-bound GPU
+        a microbatch costs a large constant.
+
+        Args:
+            microbatches: Per microbatch, the (padded) lengths of its sequences.
+            seconds: Measured time of each microbatch.
+            robust: Resist outlier timings (a first-step compile, a GC pause): fit relative
+                errors (``(seconds - model) / model``), downweighting points far from the
+                rest (iteratively reweighted NNLS, Huber then Tukey's bisquare on a MAD
+                scale; :func:`robust_nnls_fit`).
 
         Raises:
-            ValueError: Fewer than 3 microbatches, mismatched inputs, or no positive fit.
+            ConfigError: Fewer than 3 microbatches, mismatched inputs, or a timing that is
+                NaN, infinite or <= 0 (named by index).
         """
+        check_bool("robust", robust)
         if len(microbatches) != len(seconds):
             raise ConfigError(f"{len(microbatches)} microbatches but {len(seconds)} timings")
         if len(microbatches) < 3:
             raise ConfigError(f"fitting 3 coefficients needs at least 3 timed microbatches, got {len(microbatches)}")
-        y = np.asarray(seconds, dtype=np.float64)
-        if not np.all(np.isfinite(y)) or np.any(y < 0):
-            raise ConfigError("timings must be finite and >= 0")
-        feats = np.array(
-            [
-                [1.0, float(np.sum(np.asarray(mb, np.float64))), float(np.sum(np.asarray(mb, np.float64) ** 2))]
-                for mb in microbatches
-            ]
-        )
-        scale = feats.max(axis=0)
-        scale[scale == 0] = 1.0
-        x = feats / scale
-        active = [0, 1, 2]
-        coef = np.zeros(3)
-        while active:
-            sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
-            if np.all(sol >= 0):
-                coef[:] = 0.0
-                coef[active] = sol
-                break
-            active.pop(int(np.argmin(sol)))  # the most negative term goes
-        constant, linear, quadratic = coef / scale
-        if linear <= 0 and quadratic <= 0:
-            raise ConfigError("timings do not grow with sequence length: no cost model fits")
-        return cls(float(linear), float(quadratic), float(constant))
+        y = np.asarray(seconds, dtype=np.float64).reshape(-1)
+        bad = np.flatnonzero(~np.isfinite(y) | (y <= 0))
+        if bad.size:
+            i = int(bad[0])
+            raise ConfigError(
+                f"timings must be finite and > 0: seconds[{i}]={float(y[i])!r} ({bad.size} bad timing(s))"
+            )
+        features = length_features(microbatches)
+        coef = robust_nnls_fit(features, y) if robust else nnls_fit(features, y)
+        return cls.from_coefficients(coef)
+
+    @classmethod
+    def from_coefficients(cls, coefficients: Sequence[float] | np.ndarray) -> CostModel:
+        """``CostModel`` from ``(constant, linear, quadratic)`` as :func:`nnls_fit` returns
+        them (tiny negative rounding clipped to 0)."""
+        constant, linear, quadratic = (max(float(c), 0.0) for c in coefficients)
+        return cls(linear, quadratic, constant)
+
+    def predict(self, seqlen_sum: float, seqlen_sq_sum: float) -> float:
+        """Cost of one microbatch from its length sums ``S`` and ``SS``."""
+        return float(self.constant + self.linear * seqlen_sum + self.quadratic * seqlen_sq_sum)
 
     @classmethod
     def from_preset(cls, name: str, constant: float = 0.0) -> CostModel:
         """The cost model of a :data:`MODEL_PRESETS` entry (e.g. ``"llama3-8b"``)."""
         return model_preset(name).cost_model(constant)
+
+
+# -- fitting ------------------------------------------------------------------------------
+
+# Every support (non-empty subset of the three coefficients) an NNLS solution can have.
+# Smallest first: a larger support must beat a smaller one by more than rounding to win.
+_SUPPORTS: tuple[tuple[int, ...], ...] = ((0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2))
+_TIE = 1e-12  # residual improvements below this fraction of |y|^2 are rounding
+_HUBER = 1.345  # Huber's constant (95% efficiency under Gaussian noise)
+_BISQUARE = 4.685  # Tukey's bisquare constant (95% efficiency)
+_MIN_SCALE = 1e-3  # relative-residual scale floor: exact data does not reject 0.1% noise
+_IRLS_STEPS = 20  # per weight rule
+
+
+def length_features(microbatches: Sequence[Sequence[int] | np.ndarray]) -> np.ndarray:
+    """float64 ``[n, 3]``: ``(1, S, SS)`` per microbatch (``S`` / ``SS`` summed as exact ints)."""
+    rows = np.empty((len(microbatches), 3), dtype=np.float64)
+    for i, mb in enumerate(microbatches):
+        lengths = np.asarray(mb).reshape(-1)
+        if lengths.size and not np.issubdtype(lengths.dtype, np.integer):
+            if not (np.all(np.isfinite(lengths)) and np.all(lengths == np.round(lengths))):
+                raise SeqpackTypeError(f"microbatch {i} lengths must be integers, got {lengths.dtype}")
+        values = [int(v) for v in lengths.tolist()]
+        if any(v < 0 for v in values):
+            raise ConfigError(f"microbatch {i} has a negative length: {min(values)}")
+        rows[i] = (1.0, float(sum(values)), float(sum(v * v for v in values)))
+    return rows
+
+
+def nnls_fit(features: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Exact non-negative least squares of ``y ~ features @ coef`` with ``coef >= 0``.
+
+    With three unknowns every support is solved by unconstrained least squares (columns
+    scaled to 1) and the feasible solution with the smallest (weighted) residual kept: the
+    NNLS optimum is the least-squares solution on its own support, so this is exact. Of
+    solutions equally good up to rounding, the one with fewer coefficients wins (flat
+    timings give exactly ``(constant, 0, 0)``).
+
+    Args:
+        features: ``[n, k]`` (k <= 3; :func:`length_features`).
+        y: ``[n]`` targets.
+        weights: Optional ``[n]`` non-negative row weights (weighted least squares).
+
+    Returns:
+        float64 ``[k]`` coefficients, all >= 0.
+    """
+    x = np.asarray(features, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if weights is not None:
+        root = np.sqrt(np.asarray(weights, dtype=np.float64))
+        x, y = x * root[:, None], y * root
+    k = x.shape[1]
+    scale = np.abs(x).max(axis=0) if x.size else np.ones(k)
+    scale[scale == 0] = 1.0
+    xs = x / scale
+    total = float(y @ y)
+    best, best_residual = np.zeros(k), total
+    for support in _SUPPORTS:
+        if max(support) >= k:
+            continue
+        cols = list(support)
+        sol, *_ = np.linalg.lstsq(xs[:, cols], y, rcond=None)
+        if np.any(sol < 0) or not np.all(np.isfinite(sol)):
+            continue
+        residual = y - xs[:, cols] @ sol
+        value = float(residual @ residual)
+        if value < best_residual - _TIE * total:
+            best, best_residual = np.zeros(k), value
+            best[cols] = sol
+    return best / scale
+
+
+def robust_nnls_fit(features: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Outlier-resistant NNLS on relative errors.
+
+    Starts from the relative least-squares fit (rows weighted ``1/y**2``), then iterates
+    weights ``1/pred**2 * w(r/s)`` where ``r = (y - pred)/pred`` and ``s`` is the median
+    absolute deviation of ``r`` (times 1.4826, at least 0.1%): Huber weights first (a convex
+    problem, so the start does not matter), then Tukey's bisquare, which gives points more
+    than ~4.7 scales off weight 0. A 3x-slow compile step or GC pause is ignored as long as
+    fewer than half the points are outliers.
+    """
+    x = np.asarray(features, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    coef = nnls_fit(x, y, 1.0 / (y * y))
+    for rule in ("huber", "bisquare"):
+        for _ in range(_IRLS_STEPS):
+            pred = x @ coef
+            pred = np.where(pred > 0, pred, y)
+            r = (y - pred) / pred
+            s = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), _MIN_SCALE)
+            u = np.abs(r) / s
+            if rule == "huber":
+                w = np.minimum(1.0, _HUBER / np.maximum(u, _HUBER))
+            else:
+                w = np.where(u < _BISQUARE, (1 - (u / _BISQUARE) ** 2) ** 2, 0.0)
+            if np.count_nonzero(w) < x.shape[1]:
+                return coef
+            new = nnls_fit(x, y, w / (pred * pred))
+            done = np.allclose(new, coef, rtol=1e-9, atol=1e-300)
+            coef = new
+            if done:
+                break
+    return coef

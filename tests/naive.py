@@ -60,3 +60,26 @@ def dualchunk_reference(cu_seqlens_padded, cp_size, cp_rank):
         for c in (cp_rank, 2 * cp_size - 1 - cp_rank):
             out.extend(range(start + c * chunk, start + (c + 1) * chunk))
     return torch.tensor(out, dtype=torch.int64)
+
+
+def nnls_kkt_violation(features, y, coef, weights=None):
+    """How far ``coef`` is from the KKT conditions of ``min ||W^(1/2)(X c - y)||^2, c >= 0``:
+    ``c >= 0``, gradient ``g = X^T W (X c - y) >= 0``, and ``g_j = 0`` where ``c_j > 0``.
+    The conditions characterise the optimum exactly (the problem is convex), so a fit that
+    satisfies them is the NNLS solution. Returns the worst violation relative to
+    ``||X_j|| ||y||`` per column (0 at the optimum)."""
+    import numpy as np
+
+    x = np.asarray(features, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=np.float64)
+    grad = x.T @ (w * (x @ coef - y))
+    norm = np.sqrt((w[:, None] * x * x).sum(axis=0)) * np.sqrt((w * y * y).sum())
+    norm[norm == 0] = 1.0
+    worst = 0.0
+    for j in range(x.shape[1]):
+        if coef[j] < 0:
+            return float("inf")
+        rel = grad[j] / norm[j]
+        worst = max(worst, abs(rel) if coef[j] > 0 else max(0.0, -rel))
+    return worst

@@ -1,13 +1,18 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from naive import nnls_kkt_violation
 
 from seqpack.cost import (
     MODEL_PRESETS,
     CostModel,
     ModelSpec,
     default_cost_model,
+    length_features,
     mamba2_flops,
     model_preset,
+    nnls_fit,
     transformer_flops,
 )
 
@@ -152,3 +157,125 @@ def test_cost_model_fit_recovers_coefficients_and_stays_non_negative():
         CostModel.fit(mbs[:2], times[:2])
     with pytest.raises(ValueError, match="2 timings"):
         CostModel.fit(mbs[:3], times[:2])
+
+
+# -- robust fit (issue 10, item 1) ----------------------------------------------------------
+
+
+def _random_microbatches(rng, count, low=16, high=2048):
+    return [rng.integers(low, high, rng.integers(1, 12)) for _ in range(count)]
+
+
+def test_cost_model_constant_only_is_valid_and_zero_is_not():
+    flat = CostModel(0, 0, 0.02)
+    assert flat.microbatch_cost([100, 2000]) == pytest.approx(0.02)
+    assert flat.microbatch_cost([]) == pytest.approx(0.02)
+    assert flat.quadratic_share(1000) == 0.0
+    assert np.all(flat.cost([5, 7]) == 0)
+    with pytest.raises(ValueError, match="got all three 0"):
+        CostModel(0, 0, 0)
+
+
+def test_fit_flat_timings_gives_a_constant_model_instead_of_raising():
+    rng = np.random.default_rng(1)
+    mbs = _random_microbatches(rng, 30)
+    fit = CostModel.fit(mbs, [0.020] * len(mbs))
+    assert fit.linear == 0 and fit.quadratic == 0
+    assert fit.constant == pytest.approx(0.020)
+    # Timings that fall with length: the best non-negative model is still a constant.
+    falling = [0.03 - 1e-7 * float(np.sum(mb)) for mb in mbs]
+    fit = CostModel.fit(mbs, falling)
+    assert fit.linear == 0 and fit.quadratic == 0 and fit.constant == pytest.approx(np.mean(falling))
+
+
+def test_fit_launch_bound_clock_keeps_its_constant():
+    # The h2048 x4 H100 fit of issue 10: 20 ms + 7.32e-7 s*S + 7.84e-11 s*SS.
+    truth = CostModel(7.32e-7, 7.84e-11, 0.020)
+    rng = np.random.default_rng(2)
+    mbs = _random_microbatches(rng, 64, 64, 4096)
+    fit = CostModel.fit(mbs, [truth.microbatch_cost(mb) for mb in mbs])
+    for name in ("linear", "quadratic", "constant"):
+        assert getattr(fit, name) == pytest.approx(getattr(truth, name), rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0])
+def test_fit_rejects_non_finite_and_non_positive_timings(bad):
+    mbs = [[10], [20], [30], [40]]
+    with pytest.raises(ValueError, match=r"seconds\[2\]="):
+        CostModel.fit(mbs, [1.0, 2.0, bad, 4.0])
+
+
+def test_fit_checks_its_arguments():
+    with pytest.raises(ValueError, match="robust must be"):
+        CostModel.fit([[1], [2], [3]], [1.0, 2.0, 3.0], robust="yes")
+    with pytest.raises(ValueError, match="negative length"):
+        CostModel.fit([[1], [-2], [3]], [1.0, 2.0, 3.0])
+    with pytest.raises(TypeError, match="integers"):
+        CostModel.fit([[1.5], [2], [3]], [1.0, 2.0, 3.0])
+    # Empty microbatches (padding-only fillers) are fine: S = SS = 0.
+    fit = CostModel.fit([[], [10], [20], [30]], [1.0, 2.0, 3.0, 4.0])
+    assert fit.constant == pytest.approx(1.0) and fit.linear == pytest.approx(0.1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    count=st.integers(3, 25),
+    coef=st.tuples(
+        st.sampled_from([0.0, 1e-3, 0.05]), st.sampled_from([0.0, 1e-6, 3e-5]), st.sampled_from([0.0, 1e-10, 1e-8])
+    ),
+    noise=st.sampled_from([0.0, 0.05, 0.5]),
+)
+def test_fit_is_the_exact_nnls_optimum(seed, count, coef, noise):
+    """KKT conditions of NNLS hold for every fit: it is the optimum, not an approximation."""
+    rng = np.random.default_rng(seed)
+    mbs = _random_microbatches(rng, count, 1, 4096)
+    feats = length_features(mbs)
+    base = feats @ np.array(coef) + 1e-3
+    y = base * np.exp(noise * rng.standard_normal(count))
+    fit = CostModel.fit(mbs, y)
+    got = np.array([fit.constant, fit.linear, fit.quadratic])
+    assert nnls_kkt_violation(feats, y, got) < 1e-7
+    # Not vacuous: the fit explains the data no worse than the best constant does.
+    assert float(((feats @ got - y) ** 2).sum()) <= float(((y - y.mean()) ** 2).sum()) + 1e-9 * float(y @ y)
+
+
+def test_nnls_fit_matches_the_kkt_reference_with_weights():
+    rng = np.random.default_rng(3)
+    mbs = _random_microbatches(rng, 40)
+    feats = length_features(mbs)
+    y = feats @ np.array([0.01, 2e-5, 0.0]) * np.exp(0.2 * rng.standard_normal(40))
+    w = rng.uniform(0.1, 2.0, 40)
+    coef = nnls_fit(feats, y, w)
+    assert nnls_kkt_violation(feats, y, coef, w) < 1e-7
+    assert nnls_kkt_violation(feats, y, coef + np.array([0.0, 1e-6, 0.0]), w) > 1e-4  # the check can fail
+
+
+@pytest.mark.parametrize("truth", [CostModel(7.32e-7, 7.84e-11, 0.020), CostModel(3.32e-6, 1.00e-10, 9.2e-4)])
+def test_robust_fit_ignores_3x_outliers(truth):
+    rng = np.random.default_rng(4)
+    mbs = _random_microbatches(rng, 120, 64, 4096)
+    clean = np.array([truth.microbatch_cost(mb) for mb in mbs])
+    noisy = clean * rng.uniform(0.95, 1.05, clean.shape[0])
+    outliers = rng.choice(clean.shape[0], 12, replace=False)  # 10% compile steps / GC pauses
+    noisy[outliers] *= 3.0
+    robust = CostModel.fit(mbs, noisy, robust=True)
+    plain = CostModel.fit(mbs, noisy)
+
+    def worst_error(model):
+        pred = np.array([model.microbatch_cost(mb) for mb in mbs])
+        return float(np.max(np.abs(pred / clean - 1)))
+
+    assert worst_error(robust) < 0.03
+    assert worst_error(plain) > 0.10  # the outliers do drag a plain fit: the test can fail
+
+
+def test_robust_fit_on_clean_data_is_the_exact_model():
+    truth = CostModel(2e-4, 3e-7, 0.01)
+    rng = np.random.default_rng(5)
+    mbs = _random_microbatches(rng, 30)
+    fit = CostModel.fit(mbs, [truth.microbatch_cost(mb) for mb in mbs], robust=True)
+    for name in ("linear", "quadratic", "constant"):
+        assert getattr(fit, name) == pytest.approx(getattr(truth, name), rel=1e-6)
+    flat = CostModel.fit(mbs, [0.5] * 30, robust=True)
+    assert (flat.linear, flat.quadratic, flat.constant) == (0, 0, pytest.approx(0.5))

@@ -263,7 +263,8 @@ def _plan_at(
     load = _grid(costs, round_of, replica_of, shape)
     tokens = _grid(padded, round_of, replica_of, shape)
     moves = 0
-    if max_repair_moves > 0 and dp_size > 1 and costs.size:
+    balances = bool(costs.size) and float(costs.max()) > 0  # CostModel(0, 0, c): nothing to balance
+    if max_repair_moves > 0 and dp_size > 1 and balances:
         round_of, replica_of, load, tokens, moves = _repair(
             round_of, replica_of, load, tokens, padded, costs, order, dp_size, capacity, max_repair_moves, objective
         )
@@ -275,7 +276,7 @@ def _plan_at(
     load = np.take_along_axis(load, rank, axis=0)
     tokens = np.take_along_axis(tokens, rank, axis=0)
     gap = 0.0
-    if costs.size and num_rounds:
+    if balances and num_rounds:
         replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
         round_bound = round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
         gap = max(float(load.sum(axis=0).max()) / replica_bound, float(load.max(axis=1).sum()) / round_bound) - 1.0

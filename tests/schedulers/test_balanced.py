@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 from sched_reference import brute_force_optimum
 
 from seqpack.cost import CostModel, default_cost_model
+from seqpack.mock_data import lognormal_lengths
 from seqpack.schedulers import BalancedScheduler, available_schedulers, get_scheduler
 from seqpack.schedulers.balanced import plan_balanced, round_position, round_targets
 from seqpack.stats import StepStats, microbatch_costs
@@ -243,3 +244,14 @@ def test_relabeling_replicas_moves_fewer_tokens_and_changes_no_figure():
     # A renaming: replicas map one to one, so every replica keeps its exact set of sequences.
     pairs = set(zip(plan.replica_of.tolist(), renamed.tolist()))
     assert len(pairs) == 16 and len({a for a, _ in pairs}) == len({b for _, b in pairs}) == 16
+
+
+def test_balanced_accepts_a_constant_only_cost_model():
+    """CostModel(0, 0, c): every microbatch costs the same, so the fewest microbatches win."""
+    lengths = lognormal_lengths(200, min_seq_len=16, max_seq_len=4096, mean_seq_len=800, seed=3)
+    schedule = get_scheduler("balanced").schedule(
+        lengths, dp_size=4, max_tokens_per_rank=8192, cost=CostModel(0, 0, 0.02)
+    )
+    schedule.validate(lengths)
+    lower = -(-int(np.sum(lengths)) // (4 * 8192))
+    assert schedule.num_microbatches == lower
