@@ -112,3 +112,50 @@ def greedy_matching_reference(weights, per_row=8):
             column_of_row[r] = best
             taken.add(best)
     return column_of_row
+
+
+def min_bins_reference(sizes, capacity):
+    """Fewest bins of ``capacity`` that hold ``sizes``: every assignment, bin by bin (item
+    ``i`` goes into a bin already opened or the next new one), smallest count first."""
+    sizes = [int(s) for s in sizes]
+    if not sizes:
+        return 0
+
+    def fits(k):
+        loads = []
+
+        def place(i):
+            if i == len(sizes):
+                return True
+            for b in range(len(loads)):
+                if loads[b] + sizes[i] <= capacity:
+                    loads[b] += sizes[i]
+                    if place(i + 1):
+                        return True
+                    loads[b] -= sizes[i]
+            if len(loads) < k:
+                loads.append(sizes[i])
+                if place(i + 1):
+                    return True
+                loads.pop()
+            return False
+
+        return place(0)
+
+    k = 1
+    while not fits(k):
+        k += 1
+    return k
+
+
+def first_fit_decreasing_bins(sizes, capacity):
+    """Bins first-fit decreasing opens (the greedy count an exact search improves on)."""
+    loads = []
+    for s in sorted((int(v) for v in sizes), reverse=True):
+        for b, load in enumerate(loads):
+            if load + s <= capacity:
+                loads[b] += s
+                break
+        else:
+            loads.append(s)
+    return len(loads)
