@@ -15,6 +15,7 @@ scan per token. FLOPs are exact Python ints.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -541,6 +542,11 @@ def nnls_fit(features: np.ndarray, y: np.ndarray, weights: np.ndarray | None = N
     solutions equally good up to rounding, the one with fewer coefficients wins (flat
     timings give exactly ``(constant, 0, 0)``).
 
+    Bit-for-bit reproducible on any machine: the normal equations are summed with
+    ``math.fsum`` (correctly rounded, whatever the order) and solved in Python floats, so
+    ranks that fit the same data get the same model (no BLAS, whose summation order
+    depends on the CPU).
+
     Args:
         features: ``[n, k]`` (k <= 3; :func:`length_features`).
         y: ``[n]`` targets.
@@ -551,28 +557,52 @@ def nnls_fit(features: np.ndarray, y: np.ndarray, weights: np.ndarray | None = N
     """
     x = np.asarray(features, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
-    if weights is not None:
-        root = np.sqrt(np.asarray(weights, dtype=np.float64))
-        x, y = x * root[:, None], y * root
+    w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=np.float64)
     k = x.shape[1]
     scale = np.abs(x).max(axis=0) if x.size else np.ones(k)
     scale[scale == 0] = 1.0
-    xs = x / scale
-    total = float(y @ y)
-    best, best_residual = np.zeros(k), total
+    xs = [x[:, j] / scale[j] for j in range(k)]
+    gram = [[math.fsum(w * xs[i] * xs[j]) for j in range(k)] for i in range(k)]
+    rhs = [math.fsum(w * xs[i] * y) for i in range(k)]
+    total = math.fsum(w * y * y)
+    best, best_residual = [0.0] * k, total
     for support in _SUPPORTS:
         if max(support) >= k:
             continue
-        cols = list(support)
-        sol, *_ = np.linalg.lstsq(xs[:, cols], y, rcond=None)
-        if np.any(sol < 0) or not np.all(np.isfinite(sol)):
+        sol = _solve([[gram[i][j] for j in support] for i in support], [rhs[i] for i in support])
+        if sol is None or any(v < 0 or not math.isfinite(v) for v in sol):
             continue
-        residual = y - xs[:, cols] @ sol
-        value = float(residual @ residual)
+        # |y - X c|^2 = y'y - 2 c'X'y + c'X'X c, from the sums already taken.
+        fit = math.fsum(c * rhs[i] for c, i in zip(sol, support, strict=True))
+        quad = math.fsum(sol[a] * sol[b] * gram[i][j] for a, i in enumerate(support) for b, j in enumerate(support))
+        value = total - 2.0 * fit + quad
         if value < best_residual - _TIE * total:
-            best, best_residual = np.zeros(k), value
-            best[cols] = sol
-    return best / scale
+            best, best_residual = [0.0] * k, value
+            for c, i in zip(sol, support, strict=True):
+                best[i] = c
+    return np.array(best, dtype=np.float64) / scale
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting in Python floats; None when singular."""
+    n = len(b)
+    a = [row[:] + [b[i]] for i, row in enumerate(a)]
+    largest = max(abs(a[i][i]) for i in range(n))
+    if largest == 0:
+        return None
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) <= 1e-13 * largest:
+            return None  # collinear columns (e.g. every microbatch holds the same tokens)
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(col + 1, n):
+            f = a[r][col] / a[col][col]
+            for c in range(col, n + 1):
+                a[r][c] -= f * a[col][c]
+    out = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        out[r] = (a[r][n] - math.fsum(a[r][c] * out[c] for c in range(r + 1, n))) / a[r][r]
+    return out
 
 
 def robust_nnls_fit(features: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -590,7 +620,7 @@ def robust_nnls_fit(features: np.ndarray, y: np.ndarray) -> np.ndarray:
     coef = nnls_fit(x, y, 1.0 / (y * y))
     for rule in ("huber", "bisquare"):
         for _ in range(_IRLS_STEPS):
-            pred = x @ coef
+            pred = x[:, 0] * coef[0] + x[:, 1] * coef[1] + x[:, 2] * coef[2]  # no BLAS: same on every CPU
             pred = np.where(pred > 0, pred, y)
             r = (y - pred) / pred
             s = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), _MIN_SCALE)
