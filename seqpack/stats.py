@@ -128,6 +128,16 @@ class StepStats:
         deferred_sequences: Held back for the next step.
         empty_samples: Zero-length samples the wrapper dropped.
         flops: Model training FLOPs of the step, when a model is known.
+        cost_model: The cost model the step was scheduled with (under ``calibrate``, the
+            calibrator's model in use; otherwise the one the stats are measured in).
+        calibrated: ``cost_model`` is fitted to measured microbatch times (seconds).
+        predicted_step_time: What ``cost_model`` predicts this step takes
+            (:func:`seqpack.schedulers.predicted_step_time` under the configured sync,
+            lockstep when none), in its units.
+        measured_step, measured_step_time, prediction_error: The last step whose
+            microbatch times every rank holds (under ``calibrate``): its measured step time
+            and ``predicted / measured - 1`` of the model it was scheduled with (``None``
+            until a fitted model scheduled a fully timed step).
     """
 
     num_sequences: int = 0
@@ -153,6 +163,12 @@ class StepStats:
     deferred_sequences: int = 0
     empty_samples: int = 0
     flops: float | None = None
+    cost_model: CostModel | None = None
+    calibrated: bool = False
+    predicted_step_time: float | None = None
+    measured_step: int | None = None
+    measured_step_time: float | None = None
+    prediction_error: float | None = None
 
     @classmethod
     def from_schedule(
