@@ -73,13 +73,24 @@ class CostCalibrator:
         min_points: Fit once this many valid timings are in (at least 3).
         robust: Fit with outlier rejection (``CostModel.fit(..., robust=True)``): a
             compile step or a GC pause 3x slower does not drag the model.
+        prior_in_seconds: The prior predicts seconds (e.g. ``CostModel.fit`` on an offline
+            measurement), so its predictions are compared with measured times (prediction
+            error) before the first fit too. Default: its units are unknown (FLOPs).
 
     Deterministic: the same observations, in the same order, give the same model.
     """
 
     STATE_VERSION: ClassVar[int] = 1
 
-    def __init__(self, prior: CostModel, *, window: int = 1024, min_points: int = 32, robust: bool = True) -> None:
+    def __init__(
+        self,
+        prior: CostModel,
+        *,
+        window: int = 1024,
+        min_points: int = 32,
+        robust: bool = True,
+        prior_in_seconds: bool = False,
+    ) -> None:
         if not isinstance(prior, CostModel):
             raise SeqpackTypeError(f"prior must be a seqpack.CostModel, got {type(prior).__name__}")
         self.prior = prior
@@ -88,6 +99,7 @@ class CostCalibrator:
         if self.min_points > self.window:
             raise ConfigError(f"min_points={self.min_points} is larger than window={self.window}")
         self.robust = check_bool("robust", robust)
+        self.prior_in_seconds = check_bool("prior_in_seconds", prior_in_seconds)
         # Each point: (S, SS, seconds, step); S and SS exact ints.
         self._points: collections.deque[tuple[int, int, float, int]] = collections.deque(maxlen=self.window)
         self.skipped = 0  # timings that were NaN, infinite or <= 0
@@ -99,7 +111,7 @@ class CostCalibrator:
         # Settings only (what PackingConfig fingerprints), not the observations.
         return (
             f"CostCalibrator(prior={self.prior!r}, window={self.window}, min_points={self.min_points}, "
-            f"robust={self.robust})"
+            f"robust={self.robust}, prior_in_seconds={self.prior_in_seconds})"
         )
 
     @property
@@ -111,6 +123,11 @@ class CostCalibrator:
     def fitted(self) -> bool:
         """Whether :attr:`model` is fitted (else it is the prior)."""
         return len(self._points) >= self.min_points
+
+    @property
+    def in_seconds(self) -> bool:
+        """Whether :attr:`model` predicts seconds (fitted, or a prior in seconds)."""
+        return self.fitted or self.prior_in_seconds
 
     def observe(
         self,
@@ -211,7 +228,13 @@ class CostCalibrator:
 
     def copy(self) -> CostCalibrator:
         """A calibrator with the same settings and observations."""
-        other = CostCalibrator(self.prior, window=self.window, min_points=self.min_points, robust=self.robust)
+        other = CostCalibrator(
+            self.prior,
+            window=self.window,
+            min_points=self.min_points,
+            robust=self.robust,
+            prior_in_seconds=self.prior_in_seconds,
+        )
         other.load_state_dict(self.state_dict())
         return other
 
@@ -238,7 +261,7 @@ class Measurement:
         seconds: ``[M, dp]`` times (NaN where missing or invalid).
         measured: Measured step time (``None`` unless every microbatch was timed).
         predicted: Step time the model the step was scheduled with predicts (``None`` when
-            that model was not fitted: its units are not seconds).
+            that model was not in seconds: an unfitted FLOPs prior).
         model: The model the step was scheduled with.
     """
 
@@ -337,7 +360,7 @@ class TimingLedger:
 
     def add_step(self, step: int, sums: np.ndarray, model: CostModel | None) -> None:
         """Register a scheduled step (``sums``: :func:`microbatch_sums` of its schedule) and
-        the model it was scheduled with (``None`` when not fitted)."""
+        the model it was scheduled with (``None`` when it does not predict seconds)."""
         sums = np.asarray(sums, dtype=np.int64)
         if sums.ndim != 3 or sums.shape[1:] != (self.dp_size, 2):
             raise ConfigError(f"sums must have shape [M, {self.dp_size}, 2], got {sums.shape}")

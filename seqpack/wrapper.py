@@ -32,7 +32,7 @@ import numpy as np
 from torch.distributed.checkpoint.stateful import Stateful
 
 from seqpack import phases
-from seqpack.calibrate import MISSING, CostCalibrator, TimingLedger, microbatch_sums
+from seqpack.calibrate import MISSING, CostCalibrator, Measurement, TimingLedger, microbatch_sums
 from seqpack.config import AXES, Axis, DataOwner, PackingConfig, Sync, fingerprint_text
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.dist import (
@@ -129,6 +129,7 @@ class _Trace:
         # Calibration (seqpack.calibrate): the model this step is scheduled with, the
         # fingerprint of schedule and model, and the microbatch-time words being combined.
         self.model: CostModel | None = None
+        self.fitted = False  # the model is fitted to measured times
         self.fingerprint: int | None = None
         self.times: np.ndarray | None = None
 
@@ -247,6 +248,12 @@ class PackingIterator(Iterator[Step], Stateful):
         return TimingLedger(calibrator, dp_size=t.dp_size, dp_rank=t.dp_rank, sync=self.config.sync)
 
     @property
+    def last_measurement(self) -> Measurement | None:
+        """Under ``calibrate``: the last step whose microbatch times every rank holds (its
+        measured and predicted step time); ``None`` before one, or without a calibrator."""
+        return self._ledger.last if self._ledger is not None else None
+
+    @property
     def calibrator(self) -> CostCalibrator | None:
         """The online cost calibrator (``None`` without ``calibrate`` or on ranks that do not
         keep it: TP ranks > 0 under ``data_owner="tp0"``)."""
@@ -269,15 +276,18 @@ class PackingIterator(Iterator[Step], Stateful):
 
     def _absorb_times(self, msg: StepMessage, trace: _Trace) -> None:
         """After the agreements: every rank holds the same combined times. Feed them to the
-        calibrator, then register this step's layout for its own times."""
+        calibrator, then register this step's layout for its own times. At the end of data
+        the last times are still taken (:attr:`last_measurement`)."""
         ledger = self._ledger
-        if ledger is None or not isinstance(msg, StepOk) or trace.times is None:
+        if ledger is None or isinstance(msg, StepError) or trace.times is None:
             return
-        model = trace.model if trace.model is not None else ledger.calibrator.model
-        fitted = ledger.calibrator.fitted
+        calibrator = ledger.calibrator
+        if trace.model is None:  # a middle stage: the model its peers scheduled with is this one
+            trace.model, trace.fitted = calibrator.model, calibrator.fitted
+        in_seconds = trace.fitted or calibrator.prior_in_seconds
         ledger.incoming(msg.step, trace.times.reshape(self.topology.dp_size, -1))
-        ledger.add_step(msg.step, microbatch_sums(msg.schedule), model if fitted else None)
-        trace.model = model
+        if isinstance(msg, StepOk):
+            ledger.add_step(msg.step, microbatch_sums(msg.schedule), trace.model if in_seconds else None)
 
     def _agree(
         self,
@@ -348,13 +358,15 @@ class PackingIterator(Iterator[Step], Stateful):
             except SampleError as exc:  # DP ranks disagree on keys: no single culprit
                 return StepError(step, f"{exc} at step {step}")
         total = gathered.num_sequences
+        trace.times = gathered.timings  # combined with the copies' in the agreements that follow
         self._data_ended = self._data_ended or gathered.exhausted
         if gathered.exhausted and (config.drop_last or total == 0):
             self._pool = []
             return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
         with trace.phase("schedule"):
             if self._ledger is not None:
-                trace.model, trace.times = self._ledger.calibrator.model, gathered.timings
+                calibrator = self._ledger.calibrator
+                trace.model, trace.fitted = calibrator.model, calibrator.fitted
             try:
                 plan = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
             except ScheduleError as exc:
@@ -517,7 +529,7 @@ class PackingIterator(Iterator[Step], Stateful):
         model = trace.model if trace.model is not None else self.stats_cost
         ledger = self._ledger
         stats.cost_model = model
-        stats.calibrated = ledger is not None and trace.model is not None and ledger.calibrator.fitted
+        stats.calibrated = trace.fitted
         stats.predicted_step_time = predicted_step_time(plan, model, sync=self.config.sync or Sync.LOCKSTEP)
         last = ledger.last if ledger is not None else None
         if last is not None:
