@@ -29,7 +29,7 @@ import numpy as np
 
 from seqpack._logging import warn_once
 from seqpack.config import Sync
-from seqpack.cost import CostModel, nnls_fit, robust_nnls_fit
+from seqpack.cost import CostModel, nnls_fit, robust_weights_fit
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
 from seqpack.validation import check_bool, check_choice, check_int
 
@@ -76,6 +76,16 @@ class CostCalibrator:
         prior_in_seconds: The prior predicts seconds (e.g. ``CostModel.fit`` on an offline
             measurement), so its predictions are compared with measured times (prediction
             error) before the first fit too. Default: its units are unknown (FLOPs).
+        warmup_steps: Ignore the times of steps ``0 .. warmup_steps-1`` (observations that
+            name their ``step``): the first step compiles and warms allocators up (3x slower
+            is common), and as half of the first fit's points no robust fit could reject
+            it. (After a resume the first step compiles again, but the window is full by
+            then and the robust fit rejects it.)
+        keep_prior_shape: Once fitted, use the prior rescaled to the timings (one
+            coefficient) unless the 3-coefficient fit explains them significantly better
+            (an F-test, ``F > 4`` with 2 extra coefficients: about 2% false alarms). When
+            the clock is the prior's shape (FLOPs on a compute-bound GPU), the schedules
+            then stay exactly the prior's instead of following noise in the fit.
 
     Deterministic: the same observations, in the same order, give the same model.
     """
@@ -90,6 +100,8 @@ class CostCalibrator:
         min_points: int = 32,
         robust: bool = True,
         prior_in_seconds: bool = False,
+        warmup_steps: int = 1,
+        keep_prior_shape: bool = True,
     ) -> None:
         if not isinstance(prior, CostModel):
             raise SeqpackTypeError(f"prior must be a seqpack.CostModel, got {type(prior).__name__}")
@@ -100,6 +112,9 @@ class CostCalibrator:
             raise ConfigError(f"min_points={self.min_points} is larger than window={self.window}")
         self.robust = check_bool("robust", robust)
         self.prior_in_seconds = check_bool("prior_in_seconds", prior_in_seconds)
+        self.keep_prior_shape = check_bool("keep_prior_shape", keep_prior_shape)
+        self.warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
+        self.shape = "prior"  # after a fit: "prior" (the prior rescaled) or "fitted" (3 coefficients)
         # Each point: (S, SS, seconds, step); S and SS exact ints.
         self._points: collections.deque[tuple[int, int, float, int]] = collections.deque(maxlen=self.window)
         self.skipped = 0  # timings that were NaN, infinite or <= 0
@@ -111,7 +126,8 @@ class CostCalibrator:
         # Settings only (what PackingConfig fingerprints), not the observations.
         return (
             f"CostCalibrator(prior={self.prior!r}, window={self.window}, min_points={self.min_points}, "
-            f"robust={self.robust}, prior_in_seconds={self.prior_in_seconds})"
+            f"robust={self.robust}, prior_in_seconds={self.prior_in_seconds}, warmup_steps={self.warmup_steps}, "
+            f"keep_prior_shape={self.keep_prior_shape})"
         )
 
     @property
@@ -142,10 +158,11 @@ class CostCalibrator:
             microbatch_lengths: Per microbatch, the (padded) lengths of its sequences.
             seconds: Per microbatch, its measured time. NaN, infinite or non-positive
                 times are skipped and counted in :attr:`skipped`.
-            step: The training step these times belong to (for :attr:`last_step`).
+            step: The training step these times belong to (for :attr:`last_step`; steps
+                below ``warmup_steps`` are left out).
 
         Returns:
-            How many timings were kept.
+            How many timings were kept (0 for a warm-up step).
 
         Raises:
             ConfigError: ``microbatch_lengths`` and ``seconds`` differ in length, or a
@@ -161,6 +178,10 @@ class CostCalibrator:
 
     def _add(self, rows: Sequence[tuple[int, int]], times: Sequence[float], step: int | None) -> int:
         """Observe microbatches given as exact ``(S, SS)`` sums."""
+        if step is not None and step < self.warmup_steps:
+            if self.last_step is None or step > self.last_step:
+                self.last_step = step
+            return 0
         kept = 0
         for (s, ss), t in zip(rows, times, strict=True):
             if not math.isfinite(t) or t <= 0:
@@ -188,8 +209,18 @@ class CostCalibrator:
         points = list(self._points)
         features = np.array([(1.0, float(s), float(ss)) for s, ss, _, _ in points], dtype=np.float64)
         y = np.array([t for _, _, t, _ in points], dtype=np.float64)
-        fit = robust_nnls_fit if self.robust else nnls_fit
-        return CostModel.from_coefficients(fit(features, y))
+        if self.robust:
+            coef, weights = robust_weights_fit(features, y)
+        else:
+            coef, weights = nnls_fit(features, y), np.ones_like(y)
+        self.shape = "fitted"
+        full = CostModel.from_coefficients(coef)
+        if self.keep_prior_shape:
+            scaled = _scaled_prior(self.prior, features, y, weights, coef)
+            if scaled is not None:
+                self.shape = "prior"
+                return scaled
+        return full
 
     # -- Stateful ---------------------------------------------------------------------------
 
@@ -234,9 +265,43 @@ class CostCalibrator:
             min_points=self.min_points,
             robust=self.robust,
             prior_in_seconds=self.prior_in_seconds,
+            warmup_steps=self.warmup_steps,
+            keep_prior_shape=self.keep_prior_shape,
         )
         other.load_state_dict(self.state_dict())
         return other
+
+
+_F_CRITICAL = 4.0  # F(2, many) beyond this: the 3-coefficient fit is significantly better (p ~ 0.02)
+
+
+def _scaled_prior(
+    prior: CostModel, features: np.ndarray, y: np.ndarray, weights: np.ndarray, coef: np.ndarray
+) -> CostModel | None:
+    """The prior times ``alpha`` (relative least squares under the fit's robust weights),
+    unless the full fit ``coef`` beats it significantly (F-test on the two extra
+    coefficients); ``None`` then. Sums are ``math.fsum``: the same bits on every rank."""
+    p = prior.constant * features[:, 0] + prior.linear * features[:, 1] + prior.quadratic * features[:, 2]
+    base = weights / (y * y)
+    denominator = math.fsum(base * p * p)
+    if denominator <= 0:
+        return None
+    alpha = math.fsum(base * p * y) / denominator
+    if not (math.isfinite(alpha) and alpha > 0):
+        return None
+    full = coef[0] * features[:, 0] + coef[1] * features[:, 1] + coef[2] * features[:, 2]
+    sse_scaled = math.fsum(weights * ((y - alpha * p) / y) ** 2)
+    sse_full = math.fsum(weights * ((y - full) / y) ** 2)
+    dof = int(np.count_nonzero(weights > 0)) - 3
+    if dof <= 0:
+        return None
+    if sse_full <= 0:
+        f_value = math.inf if sse_scaled > 1e-24 else 0.0
+    else:
+        f_value = ((sse_scaled - sse_full) / 2) / (sse_full / dof)
+    if f_value > _F_CRITICAL:
+        return None
+    return CostModel.from_coefficients([alpha * prior.constant, alpha * prior.linear, alpha * prior.quadratic])
 
 
 # -- step times -----------------------------------------------------------------------------
@@ -309,7 +374,8 @@ class _Slot:
 
 
 def microbatch_sums(schedule: Any) -> np.ndarray:
-    """int64 ``[M, dp, 2]``: ``S`` and ``SS`` of every microbatch's padded lengths (exact
+    """int64 ``[M, dp, 2]``: ``S`` and ``SS`` of every microbatch's padded lengths, as the
+    rank runs it: an empty cell runs a padding-only filler of ``pad_multiple`` tokens (exact
     while ``capacity**2 < 2**63``)."""
     from seqpack.thd import padded_lengths
 
@@ -318,6 +384,7 @@ def microbatch_sums(schedule: Any) -> np.ndarray:
     out = np.zeros((counts.shape[0], 2), dtype=np.int64)
     np.add.at(out[:, 0], cell, padded[ids])
     np.add.at(out[:, 1], cell, padded[ids] * padded[ids])
+    out[counts == 0] = (schedule.pad_multiple, schedule.pad_multiple**2)
     return out.reshape(schedule.num_microbatches, schedule.dp_size, 2)
 
 

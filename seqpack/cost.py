@@ -34,6 +34,7 @@ __all__ = [
     "model_preset",
     "nnls_fit",
     "robust_nnls_fit",
+    "robust_weights_fit",
     "transformer_flops",
 ]
 
@@ -514,7 +515,7 @@ _SUPPORTS: tuple[tuple[int, ...], ...] = ((0,), (1,), (2,), (0, 1), (0, 2), (1, 
 _TIE = 1e-12  # residual improvements below this fraction of |y|^2 are rounding
 _HUBER = 1.345  # Huber's constant (95% efficiency under Gaussian noise)
 _BISQUARE = 4.685  # Tukey's bisquare constant (95% efficiency)
-_MIN_SCALE = 1e-3  # relative-residual scale floor: exact data does not reject 0.1% noise
+_MIN_SCALE = 0.1  # relative-residual scale floor (see robust_nnls_fit)
 _IRLS_STEPS = 20  # per weight rule
 
 
@@ -606,23 +607,30 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
 
 
 def robust_nnls_fit(features: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Outlier-resistant NNLS on relative errors.
+    """Outlier-resistant NNLS on relative errors ``r = (y - pred) / y``.
 
-    Starts from the relative least-squares fit (rows weighted ``1/y**2``), then iterates
-    weights ``1/pred**2 * w(r/s)`` where ``r = (y - pred)/pred`` and ``s`` is the median
-    absolute deviation of ``r`` (times 1.4826, at least 0.1%): Huber weights first (a convex
-    problem, so the start does not matter), then Tukey's bisquare, which gives points more
-    than ~4.7 scales off weight 0. A 3x-slow compile step or GC pause is ignored as long as
-    fewer than half the points are outliers.
+    Rows are weighted ``w(r/s) / y**2`` (relative least squares: a 5% miss counts the same on
+    a 10 ms and a 100 ms microbatch) with robust weights ``w`` from the median absolute
+    deviation ``s`` of ``r`` (times 1.4826, at least 10%: a model that cannot follow every
+    bump of a real clock must not reject its points): Huber's first (convex, so the start
+    does not matter), then Tukey's bisquare, which gives weight 0 to points more than
+    4.685 scales off (at least ~47%: a 3x-slow compile step or GC pause has ``r = 0.67``).
+    Outliers are ignored as long as they are fewer than the rest.
     """
+    return robust_weights_fit(features, y)[0]
+
+
+def robust_weights_fit(features: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`robust_nnls_fit`'s coefficients and its final robust weights ``w`` (0 for
+    rejected points; the row weights were ``w / y**2``)."""
     x = np.asarray(features, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
-    coef = nnls_fit(x, y, 1.0 / (y * y))
+    base = 1.0 / (y * y)
+    coef = nnls_fit(x, y, base)
+    weights = np.ones_like(y)
     for rule in ("huber", "bisquare"):
         for _ in range(_IRLS_STEPS):
-            pred = x[:, 0] * coef[0] + x[:, 1] * coef[1] + x[:, 2] * coef[2]  # no BLAS: same on every CPU
-            pred = np.where(pred > 0, pred, y)
-            r = (y - pred) / pred
+            r = (y - _predict(x, coef)) / y
             s = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), _MIN_SCALE)
             u = np.abs(r) / s
             if rule == "huber":
@@ -630,10 +638,18 @@ def robust_nnls_fit(features: np.ndarray, y: np.ndarray) -> np.ndarray:
             else:
                 w = np.where(u < _BISQUARE, (1 - (u / _BISQUARE) ** 2) ** 2, 0.0)
             if np.count_nonzero(w) < x.shape[1]:
-                return coef
-            new = nnls_fit(x, y, w / (pred * pred))
+                return coef, weights
+            new = nnls_fit(x, y, w * base)
             done = np.allclose(new, coef, rtol=1e-9, atol=1e-300)
-            coef = new
+            coef, weights = new, w
             if done:
                 break
-    return coef
+    return coef, weights
+
+
+def _predict(x: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """``x @ coef`` column by column (no BLAS: the same bits on every CPU)."""
+    out = np.zeros(x.shape[0], dtype=np.float64)
+    for j in range(x.shape[1]):
+        out = out + x[:, j] * coef[j]
+    return out

@@ -34,7 +34,7 @@ def _times(model, mbs):
 
 def test_prior_until_min_points_then_the_fit():
     prior = default_cost_model()
-    cal = CostCalibrator(prior, min_points=10)
+    cal = CostCalibrator(prior, min_points=10, warmup_steps=0)
     rng = np.random.default_rng(0)
     mbs = _microbatches(rng, 9)
     assert cal.observe(mbs, _times(TRUTH, mbs), step=0) == 9
@@ -44,6 +44,36 @@ def test_prior_until_min_points_then_the_fit():
     assert cal.fitted and cal.num_points == 14 and cal.last_step == 1
     for name in ("linear", "quadratic", "constant"):
         assert getattr(cal.model, name) == pytest.approx(getattr(TRUTH, name), rel=1e-6)
+
+
+def test_warm_up_steps_are_left_out():
+    cal = CostCalibrator(TRUTH, min_points=3, warmup_steps=2)
+    assert cal.observe([[10], [20]], [3.0, 3.0], step=0) == 0
+    assert cal.observe([[10], [20]], [3.0, 3.0], step=1) == 0
+    assert cal.observe([[10], [20]], [0.1, 0.2], step=2) == 2
+    assert cal.observe([[10]], [0.1]) == 1  # no step: nothing to tell warm-up by
+    assert cal.num_points == 3 and cal.last_step == 2 and cal.skipped == 0
+
+
+def test_prior_shape_is_kept_unless_the_timings_contradict_it():
+    """A clock shaped like the prior (FLOPs on a compute-bound GPU): the model is the prior
+    rescaled, so schedules stay the prior's; a launch-bound clock: 3 coefficients."""
+    rng = np.random.default_rng(6)
+    flops = default_cost_model()
+    scaled = CostModel(flops.linear * 1e-15, flops.quadratic * 1e-15)
+    for clock, shape in ((scaled, "prior"), (TRUTH, "fitted")):
+        cal = CostCalibrator(flops, min_points=16)
+        for step in range(1, 8):
+            mbs = _microbatches(rng, 8)
+            cal.observe(mbs, np.array(_times(clock, mbs)) * rng.uniform(0.95, 1.05, 8), step=step)
+        model = cal.model
+        assert cal.shape == shape
+        if shape == "prior":
+            assert model.quadratic / model.linear == pytest.approx(flops.quadratic / flops.linear, rel=1e-12)
+            assert model.linear == pytest.approx(scaled.linear, rel=0.02)
+        else:
+            assert model.constant == pytest.approx(TRUTH.constant, rel=0.1)
+    assert not CostCalibrator(flops, keep_prior_shape=False).keep_prior_shape
 
 
 def test_bad_timings_are_skipped_and_counted():
@@ -73,11 +103,11 @@ def test_deterministic_and_resumable_bit_for_bit():
     a, b = CostCalibrator(default_cost_model(), window=128), CostCalibrator(default_cost_model(), window=128)
     for cal in (a, b):
         for k in range(0, 200, 10):
-            cal.observe(mbs[k : k + 10], noisy[k : k + 10], step=k // 10)
+            cal.observe(mbs[k : k + 10], noisy[k : k + 10], step=k // 10 + 1)
     assert a.model == b.model  # exact float equality
     c = CostCalibrator(default_cost_model(), window=128)
     c.load_state_dict(a.state_dict())
-    assert c.model == a.model and c.num_points == 128 and c.last_step == 19 and c.observed == 200
+    assert c.model == a.model and c.num_points == 128 and c.last_step == 20 and c.observed == 200
     with pytest.raises(ValueError, match="version 1"):
         c.load_state_dict({"version": 7})
 
@@ -142,7 +172,8 @@ def test_microbatch_sums_are_exact():
 
 
 def _ledger(window=2, prior=TRUTH, min_points=3):
-    return TimingLedger(CostCalibrator(prior, min_points=min_points), dp_size=2, dp_rank=0, window=window)
+    calibrator = CostCalibrator(prior, min_points=min_points, warmup_steps=0)
+    return TimingLedger(calibrator, dp_size=2, dp_rank=0, window=window)
 
 
 def test_ledger_observes_a_step_once_every_replica_timed_it():

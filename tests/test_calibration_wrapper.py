@@ -45,6 +45,8 @@ def test_the_schedule_of_step_n_plus_1_uses_times_through_step_n_minus_1():
     assert seen[0] == (0, None, None) and seen[1] == (1, 0, 0)
     assert all(last == n - 1 and measured == n - 1 for n, last, measured in seen[1:])
     assert len(seen) > 10
+    # The last step's times travel with the gather that finds the end of data.
+    assert it.calibrator.last_step == seen[-1][0] and it.last_measurement.step == seen[-1][0]
 
 
 def test_stats_report_the_model_in_use_and_its_prediction_error():
