@@ -45,16 +45,20 @@ inside a microbatch is ascending global id.
    or with ``order="pipeline"`` light rounds at both ends and heavy ones in the middle,
    which shortens pipeline warm-up and cool-down bubbles.
 
-**When M grows.** If no bin has room for a sequence at ``M`` (bins fill unevenly because
-cost-balanced bins hold different token counts), the same ``M`` is retried balancing
-tokens (worst-fit), then first-fit; only when all three fail does ``M`` grow. The plan at
-``M`` is then compared with the plan at the next ``M`` when it needed one of these
-fallbacks, or when it ends more than 1% above its lower bounds (replica total or round
-sum; this happens when microbatches are nearly full, so cost-balanced bins have no token
-room left to even out). The estimated step cost ``max_d total_d + sum_m max_d cost[m, d]``
-(per-microbatch ``constant`` included) decides: the larger ``M`` is kept after a fallback
-if it is cheaper at all, otherwise only if it is at least 1% cheaper. So microbatches are
-added only when capacity forces it or when it demonstrably shortens the step.
+**When M grows.** ``M`` starts at the fewest microbatches any packing needs (Martello-Toth's
+bin bound ``L2``, at least the token bound). If no bin has room for a sequence at ``M`` (bins
+fill unevenly because cost-balanced bins hold different token counts), the same ``M`` is
+retried balancing tokens (worst-fit), then first-fit, then with a bounded exact search
+(:mod:`seqpack.schedulers._exact`); only when all fail does ``M`` grow. The plan at ``M`` is
+then compared with plans at ``M+1, M+2, ...`` while the predicted step time keeps dropping,
+when it needed a fallback or ends more than 1% above the lower bound of its step time
+(:func:`_more_rounds`). The step time is the one of the ``sync`` given
+(:func:`step_objective`: ``"lockstep"`` ``sum_m max_d``, ``"replica"`` ``max_d sum_m``, no
+sync their sum), per-microbatch ``constant`` included. A larger ``M`` is kept after a fallback
+if it is faster at all, otherwise only if it is at least 1% faster. So microbatches are added
+only when capacity forces it or when they demonstrably shorten the step in the cost model
+(on a launch-bound GPU, whose ``constant`` is large, rarely). A given ``sync`` also sets the
+repair's objective (``"lockstep"``: rounds, ``"replica"``: replicas).
 
 Without a cost model, ``balanced`` balances the training FLOPs of a Llama-3-8B shaped
 model (:func:`seqpack.cost.default_cost_model`). Pass the same cost model to
