@@ -39,11 +39,14 @@ def bin_lower_bound(sizes: np.ndarray, capacity: int) -> int:
     whole bins. The bound is the best threshold's count, and never below
     ``ceil(sum / capacity)``.
     """
-    s = np.sort(np.asarray(sizes, dtype=np.int64))
-    if s.size == 0:
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if sizes.size == 0:
         return 0
     c = int(capacity)
-    token_bound = -(-int(s.sum()) // c)
+    token_bound = -(-int(sizes.sum()) // c)
+    if 2 * int(sizes.max()) <= c:
+        return token_bound  # no item needs a bin of its own: every threshold gives the token bound
+    s = np.sort(sizes)
     prefix = np.concatenate([[0], np.cumsum(s)])
     n = s.shape[0]
     big = int(np.searchsorted(s, c // 2, side="right"))  # s[big:] > capacity/2 (2*s > c)
