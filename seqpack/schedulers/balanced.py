@@ -69,6 +69,7 @@ balanced in (``scheduler.resolve_cost(cost)`` returns it).
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 
@@ -80,6 +81,8 @@ from seqpack.schedulers.base import Scheduler
 from seqpack.stats import round_sum_lower_bound
 from seqpack.thd import padded_lengths
 from seqpack.validation import check_choice, check_int, check_optional_int, check_positive_int
+
+logger = logging.getLogger(__name__)
 
 ORDERS = tuple(Order)
 OBJECTIVES = tuple(Objective)
@@ -306,6 +309,14 @@ def _plan_at(
         status, bin_of = _exact.pack_bins(padded, dp_size * num_rounds, capacity)
         if status != _exact.FOUND:
             return None
+        logger.debug(
+            "exact search packed %d sequences of %d tokens into %d x %d microbatches of %d tokens (greedy failed)",
+            padded.shape[0],
+            int(padded.sum()),
+            num_rounds,
+            dp_size,
+            capacity,
+        )
         mode = _exact.MODE_EXACT
         bin_load = np.bincount(bin_of, weights=costs, minlength=dp_size * num_rounds)
     round_of_bin, replica_of_bin = _arrange(bin_load, dp_size, num_rounds)
