@@ -49,16 +49,20 @@ inside a microbatch is ascending global id.
 bin bound ``L2``, at least the token bound). If no bin has room for a sequence at ``M`` (bins
 fill unevenly because cost-balanced bins hold different token counts), the same ``M`` is
 retried balancing tokens (worst-fit), then first-fit, then with a bounded exact search
-(:mod:`seqpack.schedulers._exact`); only when all fail does ``M`` grow. The plan at ``M`` is
-then compared with plans at ``M+1, M+2, ...`` while the predicted step time keeps dropping,
-when it needed a fallback or ends more than 1% above the lower bound of its step time
-(:func:`_more_rounds`). The step time is the one of the ``sync`` given
-(:func:`step_objective`: ``"lockstep"`` ``sum_m max_d``, ``"replica"`` ``max_d sum_m``, no
-sync their sum), per-microbatch ``constant`` included. A larger ``M`` is kept after a fallback
-if it is faster at all, otherwise only if it is at least 1% faster. So microbatches are added
-only when capacity forces it or when they demonstrably shorten the step in the cost model
-(on a launch-bound GPU, whose ``constant`` is large, rarely). A given ``sync`` also sets the
-repair's objective (``"lockstep"``: rounds, ``"replica"``: replicas).
+(:mod:`seqpack.schedulers._exact`); only when all fail does ``M`` grow. Then
+(:func:`_more_rounds`):
+
+* without a ``sync``, the plan at ``M`` is compared with the plan at ``M+1`` when it needed
+  a fallback or ends more than 1% above its lower bounds (replica total or round sum), on
+  the estimate ``max_d total_d + sum_m max_d cost[m, d]`` (constants included): ``M+1`` is
+  kept after a fallback if it is cheaper at all, otherwise only if it is at least 1% cheaper;
+* with a ``sync``, ``balanced`` looks for the count that minimises the predicted step time
+  of that sync (:func:`step_objective`: ``"lockstep"`` ``sum_m max_d``, ``"replica"``
+  ``max_d sum_m``), per-microbatch ``constant`` included: ``M+1, M+2, ...`` while the
+  prediction keeps dropping, a larger count kept when at least 1% faster. With FLOPs (no
+  constant) extra microbatches are free in the model, so on a launch-bound GPU pass a
+  constant or calibrate (:mod:`seqpack.calibrate`). A given ``sync`` also sets the repair's
+  objective (``"lockstep"``: rounds, ``"replica"``: replicas).
 
 Without a cost model, ``balanced`` balances the training FLOPs of a Llama-3-8B shaped
 model (:func:`seqpack.cost.default_cost_model`). Pass the same cost model to
@@ -448,20 +452,34 @@ def _more_rounds(
     sync: str | None,
     step: int,
 ) -> BalancedPlan:
-    """Try more microbatches while the predicted step time keeps dropping.
+    """The microbatch count with the shortest predicted step (module docstring).
 
-    A plan at ``M + step`` is tried only when it could be 1% faster: no plan with ``M'``
-    rounds predicts less than ``base + per_round * M' * constant``
-    (:func:`_objective_bound`), which grows with ``M'``, so the search stops for good once
-    the best plan is within 1% of the next count's bound (right away for most batches).
-    A larger ``M`` is kept when it predicts a step at least 1% faster (any faster when the
-    best plan needed a fallback bin rule: its bins could not follow the cost targets). The
-    search ends at the first count that is not faster than the one before, after
-    ``_MAX_EXTRA_ROUNDS`` counts, or when every replica could get one sequence per
-    microbatch.
+    Without a ``sync`` (the behaviour before sync existed): ``M + step`` is tried once, when
+    the plan needed a fallback bin rule or ends more than 1% above its bounds, and kept when
+    its estimate (the sum of both step times) is at least 1% lower (any lower after a
+    fallback).
+
+    With a ``sync``: counts ``M + step, M + 2*step, ...`` are tried while the predicted step
+    time keeps dropping, and the best kept, a larger count only when it predicts a step at
+    least 1% faster than the best smaller one (any faster while the best needed a fallback
+    bin rule). A count is tried only when it could be 1% faster: no plan with ``M'`` rounds
+    predicts less than ``base + per_round * M' * constant`` (:func:`_objective_bound`), which
+    grows with ``M'``, so the search stops for good once the best plan is within 1% of the
+    next count's bound (right away for most batches). At most ``_MAX_EXTRA_ROUNDS`` counts,
+    never more than one sequence per microbatch of every replica.
     """
     if not costs.size or float(costs.max()) <= 0:
         return plan  # CostModel(0, 0, c): each microbatch only adds its constant
+    if sync is None:
+        fallback = plan.mode != _kernels.MODE_COST
+        if not fallback and plan.gap <= _GAP_FOR_MORE:
+            return plan
+        more = _plan_at(
+            padded, costs, order, dp_size, capacity, plan.num_microbatches + step, constant, repair, objective
+        )
+        if more is None:
+            return plan
+        return more if more.objective < plan.objective * (1.0 if fallback else 1.0 - _BETTER_BY) else plan
     base, per_round = _objective_bound(padded, costs, order, dp_size, capacity, sync)
     limit = max(plan.num_microbatches, -(-padded.shape[0] // dp_size))
     best = previous = plan
@@ -473,11 +491,10 @@ def _more_rounds(
         candidate = _plan_at(padded, costs, order, dp_size, capacity, m, constant, repair, objective, sync)
         if candidate is None:
             break
-        needed = 1.0 - _BETTER_BY if greedy else 1.0
-        if candidate.objective < best.objective * needed:
+        if candidate.objective < best.objective * (1.0 - _BETTER_BY if greedy else 1.0):
             best = candidate
         if candidate.objective >= previous.objective:
-            break
+            break  # the prediction stopped dropping
         previous = candidate
     return best
 
