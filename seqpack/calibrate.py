@@ -45,6 +45,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_LOCAL_KEPT = 64  # recorded times kept per rank, in steps (for late snapshots under prefetch)
+
 # Words of the wire encoding of one time (int64, see encode_seconds).
 MISSING = -1  # not recorded (yet) on this rank
 INVALID = -2  # recorded, but NaN, infinite or <= 0
@@ -370,7 +372,6 @@ class _Slot:
     step: int
     sums: np.ndarray  # int64 [M, dp, 2]: S and SS of microbatch m of replica d (padded lengths)
     model: CostModel | None  # the model it was scheduled with, when fitted
-    local: np.ndarray | None = None  # this rank's times, once recorded
 
 
 def microbatch_sums(schedule: Any) -> np.ndarray:
@@ -406,7 +407,10 @@ class TimingLedger:
     schedule of step ``n+1`` uses the model fitted through step ``n-1``. Times recorded
     later (a :class:`~seqpack.timing.MicrobatchTimer` reads CUDA events one step late) wait
     up to ``window`` steps. With prefetch ``k``, step ``s`` is produced while the training
-    loop is ``k`` steps behind: pass ``window >= k + 2``.
+    loop is ``k`` steps behind: pass ``window >= k + 2``, take a :meth:`snapshot` with every
+    prepared step and save ``state_dict(snapshot_of_the_last_step_handed_over)``.
+
+    Thread-safe: :meth:`record` runs on the training thread, the rest where steps are made.
     """
 
     def __init__(
@@ -418,6 +422,7 @@ class TimingLedger:
         self.window = check_int("window", window, minimum=1)
         self.sync = None if sync is None else check_choice("sync", sync, Sync)
         self._slots: dict[int, _Slot] = {}
+        self._local: dict[int, np.ndarray] = {}  # this rank's recorded times by step (recent ones)
         self._lock = threading.Lock()
         self.error: str | None = None  # a bad record_times on this rank, sent with the next gather
         self.last: Measurement | None = None
@@ -445,10 +450,11 @@ class TimingLedger:
             for t in sorted(self._slots):
                 slot = self._slots[t]
                 m = slot.sums.shape[0]
-                if slot.local is None:
+                local = self._local.get(t)
+                if local is None:
                     parts.append(np.full(m, MISSING, dtype=np.int64))
                 else:
-                    parts.append(encode_seconds(slot.local))
+                    parts.append(encode_seconds(local))
             return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def width(self) -> int:
@@ -534,8 +540,10 @@ class TimingLedger:
                 self.error = self.error or message
             raise ConfigError(message)
         with self._lock:
-            slot = self._slots.get(step)
-            if slot is None:
+            self._local[step] = values.copy()
+            for old in [t for t in self._local if t < step - _LOCAL_KEPT]:
+                del self._local[old]
+            if step not in self._slots:
                 self.late += 1
                 warn_once(
                     logger,
@@ -544,22 +552,20 @@ class TimingLedger:
                     "them sooner, or raise the ledger window); later ones are counted in TimingLedger.late",
                     step,
                 )
-                return
-            slot.local = values.copy()
 
     # -- resume -------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        """The calibrator's state, the steps still waiting for their times (with this rank's
-        own times, when recorded) and the last measurement: a resumed iterator sends and
-        observes exactly what this one would have."""
+    def snapshot(self) -> dict[str, Any]:
+        """The producer side of :meth:`state_dict` (calibrator, pending steps, last
+        measurement), without this rank's recorded times. Under prefetch, take one with
+        every prepared step and pass the one of the last step handed over to
+        :meth:`state_dict`: the ledger itself is ahead of the training loop."""
         with self._lock:
             slots = [
                 {
                     "step": slot.step,
                     "sums": slot.sums.tolist(),
                     "model": None if slot.model is None else _model_list(slot.model),
-                    "local": None if slot.local is None else slot.local.tolist(),
                 }
                 for slot in (self._slots[t] for t in sorted(self._slots))
             ]
@@ -577,6 +583,22 @@ class TimingLedger:
             },
         }
 
+    def state_dict(self, snapshot: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The calibrator's state, the steps still waiting for their times with this rank's
+        own times of them (those recorded so far) and the last measurement: a resumed
+        iterator sends and observes exactly what this one would have.
+
+        Args:
+            snapshot: A :meth:`snapshot` taken earlier (prefetch); default: now.
+        """
+        state = dict(self.snapshot() if snapshot is None else snapshot)
+        with self._lock:
+            state["pending"] = [
+                dict(item, local=None if item["step"] not in self._local else self._local[item["step"]].tolist())
+                for item in state["pending"]
+            ]
+        return state
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`.
 
@@ -586,16 +608,13 @@ class TimingLedger:
         if not isinstance(state, Mapping) or "calibrator" not in state:
             raise ResumeError("calibration state must be a TimingLedger.state_dict() (it has no 'calibrator')")
         try:
-            slots = {}
+            slots, local = {}, {}
             for item in state.get("pending", []):
+                step = int(item["step"])
                 sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, self.dp_size, 2)
-                local = item.get("local")
-                slots[int(item["step"])] = _Slot(
-                    int(item["step"]),
-                    sums,
-                    _model_from(item.get("model")),
-                    None if local is None else np.asarray(local, dtype=np.float64),
-                )
+                slots[step] = _Slot(step, sums, _model_from(item.get("model")))
+                if item.get("local") is not None:
+                    local[step] = np.asarray(item["local"], dtype=np.float64).reshape(-1)
             last = state.get("last")
             measurement = None
             if isinstance(last, Mapping):
@@ -610,7 +629,7 @@ class TimingLedger:
             raise ResumeError(f"calibration state is malformed: {exc}") from None
         self.calibrator.load_state_dict(state["calibrator"])
         with self._lock:
-            self._slots = slots
+            self._slots, self._local = slots, local
             self.last = measurement
             self.error = None
 

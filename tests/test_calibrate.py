@@ -244,3 +244,21 @@ def test_ledger_state_roundtrip_keeps_pending_steps():
     a, b = ledger.incoming(3, table), fresh.incoming(3, table)
     assert [(x.step, x.measured, x.predicted) for x in a] == [(x.step, x.measured, x.predicted) for x in b]
     assert not math.isnan(a[-1].predicted)
+
+
+def test_a_snapshot_taken_ahead_is_completed_with_times_recorded_later():
+    """Prefetch: the state of the step handed over was snapshotted when it was produced; the
+    training loop's times of it arrive later and must still be saved."""
+    ledger = _ledger(min_points=100)
+    s0 = _schedule(0)
+    m = s0.num_microbatches
+    ledger.add_step(0, microbatch_sums(s0), None)
+    snap = ledger.snapshot()
+    ledger.add_step(1, microbatch_sums(_schedule(1)), None)  # produced ahead
+    ledger.record(0, [0.25] * m, m)
+    state = ledger.state_dict(snap)
+    assert [item["step"] for item in state["pending"]] == [0]
+    assert state["pending"][0]["local"] == [0.25] * m
+    fresh = _ledger(min_points=100)
+    fresh.load_state_dict(state)
+    assert fresh.pending() == [0] and np.array_equal(fresh.outgoing(), encode_seconds([0.25] * m))
