@@ -245,7 +245,10 @@ class PackingIterator(Iterator[Step], Stateful):
             calibrator = calibrate.copy()
         else:
             calibrator = CostCalibrator(self.config.cost or self.scheduler.resolve_cost(None) or default_cost_model())
-        return TimingLedger(calibrator, dp_size=t.dp_size, dp_rank=t.dp_rank, sync=self.config.sync)
+        # Steps prepared ahead (prefetch k) are scheduled k steps before the training loop
+        # reports the times they wait for: wait that much longer for them.
+        window = 2 + int(getattr(self.config, "prefetch", 0) or 0)
+        return TimingLedger(calibrator, dp_size=t.dp_size, dp_rank=t.dp_rank, window=window, sync=self.config.sync)
 
     @property
     def last_measurement(self) -> Measurement | None:
