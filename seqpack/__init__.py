@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from seqpack.calibrate import CostCalibrator
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.config import DataOwner, OnOversize, PackingConfig, Sync
@@ -18,7 +19,7 @@ from seqpack.cp import partition_indices, shard_for_cp, unshard_from_cp
 from seqpack.dist import broadcast_pp, broadcast_tp, exchange_samples, gather_lengths
 from seqpack.errors import ConfigError, SampleError, SeqpackError, SeqpackTypeError, StepFailed
 from seqpack.mock_data import MockSFTDataset, lengths_from_config, lengths_from_file, lognormal_lengths
-from seqpack.schedulers import Schedule, Scheduler, available_schedulers, get_scheduler
+from seqpack.schedulers import Schedule, Scheduler, available_schedulers, get_scheduler, predicted_step_time
 from seqpack.stats import StepStats
 from seqpack.thd import (
     PackedBatch,
@@ -27,6 +28,7 @@ from seqpack.thd import (
     process_input_for_thd,
     split_batch_into_thd_chunks,
 )
+from seqpack.timing import MicrobatchTimer
 from seqpack.topology import Topology
 from seqpack.wrapper import PackingIterator, Step, wrap_data_iterator
 
@@ -41,8 +43,10 @@ __all__ = [
     "SeqpackTypeError",
     "StepFailed",
     "Sync",
+    "CostCalibrator",
     "CostModel",
     "Mamba2Mixer",
+    "MicrobatchTimer",
     "MockSFTDataset",
     "ModelSpec",
     "PackedBatch",
@@ -67,6 +71,7 @@ __all__ = [
     "pack_sequences",
     "pad_multiple_for",
     "partition_indices",
+    "predicted_step_time",
     "process_input_for_thd",
     "shard_for_cp",
     "split_batch_into_thd_chunks",

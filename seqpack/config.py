@@ -159,6 +159,16 @@ class PackingConfig:
     always compared)."""
     validate_ranks: bool = True
     """Agree on arguments and iterator ownership over all ranks at construction."""
+    sync: Sync | None = None
+    """What a step waits for, so what the scheduler minimises (``Scheduler.schedule(sync=)``):
+    ``"lockstep"`` (FSDP, pipeline: every microbatch round waits for its slowest replica),
+    ``"replica"`` (DDP, ZeRO-1: the slowest replica's total), or ``None`` (the scheduler's
+    default). Also how measured step times are added up under ``calibrate``."""
+    calibrate: Any = False
+    """Fit the scheduler's cost model online from microbatch times the training loop reports
+    (``Step.record_times`` or :class:`seqpack.timing.MicrobatchTimer`): ``True`` (a
+    :class:`seqpack.calibrate.CostCalibrator` whose prior is ``cost``, else the scheduler's
+    cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``."""
     prefetch: int = 1
     """Steps a background thread prepares ahead of the training loop (0: each step is
     prepared inside ``next()``). Never changes the data, so it is not in :meth:`summary`:
@@ -183,6 +193,17 @@ class PackingConfig:
         if self.flops_fn is not None and not callable(self.flops_fn):
             raise SeqpackTypeError(f"flops_fn must be callable, got {type(self.flops_fn).__name__}")
         object.__setattr__(self, "prefetch", check_int("prefetch", self.prefetch, minimum=0))
+        if self.sync is not None:
+            object.__setattr__(self, "sync", check_choice("sync", self.sync, Sync))
+        self._check_calibrate()
+
+    def _check_calibrate(self) -> None:
+        from seqpack.calibrate import CostCalibrator
+
+        if not isinstance(self.calibrate, (bool, CostCalibrator)):
+            raise SeqpackTypeError(
+                f"calibrate must be True, False or a seqpack.calibrate.CostCalibrator, got {self.calibrate!r}"
+            )
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -250,6 +271,9 @@ class PackingConfig:
             # compute different schedules from the same lengths.
             "scheduler": repr(self.build_scheduler()),
             "cost": repr(self.cost),
+            # Listed only when set, so that states saved before these options existed resume.
+            **({"sync": str(self.sync)} if self.sync is not None else {}),
+            **({"calibrate": repr(self.calibrate)} if self.calibrate is not False else {}),
         }
 
     def fingerprint(self) -> int:

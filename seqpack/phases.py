@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from seqpack.config import PackingConfig
+from seqpack.cost import CostModel
 from seqpack.cp import shard_for_cp
 from seqpack.dist import Exchanged, GatheredLengths, exchange_samples, gather_lengths
 from seqpack.errors import ResumeError, SampleError, ScheduleError
@@ -40,8 +41,10 @@ from seqpack.topology import Topology
 __all__ = ["Gathered", "ReadResult", "Reader", "SAMPLE_DTYPES", "exchange", "gather", "pack", "schedule"]
 
 _KEY_BITS = {key: 1 << i for i, key in enumerate(SAMPLE_DTYPES)}
-# Fields of every rank's gather header, after its lengths: [exhausted, empty samples, key mask].
+# Fields of every rank's gather header, after its lengths: [exhausted, empty samples, key mask],
+# then the words of this rank's microbatch times of earlier steps (seqpack.calibrate).
 _X_EXHAUSTED, _X_EMPTY, _X_KEYS = range(3)
+_X_TIMES = 3
 
 Sample = dict[str, torch.Tensor]
 
@@ -149,21 +152,35 @@ class Gathered:
     key_mask: int  # keys every DP rank's samples carry
     exhausted: bool  # some DP rank's data ended this step
     empty_samples: int  # zero-length samples dropped on all DP ranks
+    timings: np.ndarray | None = None  # int64 [dp, words]: every DP rank's microbatch time words
 
     @property
     def num_sequences(self) -> int:
         return int(self.lengths.lengths.shape[0])
 
 
-def gather(pool: Sequence[Sample], read: ReadResult, mask: int, topology: Topology, error: str | None) -> Gathered:
+def gather(
+    pool: Sequence[Sample],
+    read: ReadResult,
+    mask: int,
+    topology: Topology,
+    error: str | None,
+    timings: np.ndarray | None = None,
+) -> Gathered:
     """All-gather the lengths of ``pool`` over DP and agree on keys, end of data, empties.
+
+    ``timings``: this rank's microbatch times of earlier steps as int64 words
+    (:meth:`seqpack.calibrate.TimingLedger.outgoing`, the same count on every DP rank); they
+    ride in the same header all-gather (no extra collective) and come back as
+    ``Gathered.timings``.
 
     Raises:
         StepFailed: Some DP rank passed ``error`` (every rank raises it).
         SampleError: DP ranks disagree on the sample keys.
     """
     lengths = [int(s["input_ids"].shape[0]) for s in pool] if error is None else []
-    extras = [int(read.exhausted), read.empty, mask]
+    words = np.zeros(0, np.int64) if timings is None else np.asarray(timings, np.int64).reshape(-1)
+    extras = np.concatenate([np.array([int(read.exhausted), read.empty, mask], np.int64), words])
     gathered = gather_lengths(lengths, topology.group("dp"), error=error, extras=extras)
     counts, table = gathered.counts, gathered.extras
     masks = table[counts > 0, _X_KEYS]
@@ -177,14 +194,22 @@ def gather(pool: Sequence[Sample], read: ReadResult, mask: int, topology: Topolo
         key_mask=int(masks[0]) if masks.size else 0,
         exhausted=bool(table[:, _X_EXHAUSTED].any()),
         empty_samples=int(table[:, _X_EMPTY].sum()),
+        timings=None if timings is None else table[:, _X_TIMES:].copy(),
     )
 
 
 # -- 3. schedule --------------------------------------------------------------------------
 
 
-def schedule(scheduler: Scheduler, config: PackingConfig, topology: Topology, gathered: Gathered) -> Schedule:
-    """The step's schedule, identical on every rank.
+def schedule(
+    scheduler: Scheduler,
+    config: PackingConfig,
+    topology: Topology,
+    gathered: Gathered,
+    cost: CostModel | None = None,
+) -> Schedule:
+    """The step's schedule, identical on every rank (``cost``: the calibrated model, which
+    replaces ``config.cost``; ``config.sync`` says what the step waits for).
 
     Raises:
         ScheduleError: The scheduler refused the lengths (an oversize sequence is located in
@@ -192,6 +217,8 @@ def schedule(scheduler: Scheduler, config: PackingConfig, topology: Topology, ga
     """
     lengths = gathered.lengths
     assert config.pad_multiple is not None  # resolved by the wrapper
+    # sync only when set: a custom scheduler overriding schedule() may predate it.
+    options = {} if config.sync is None else {"sync": config.sync}
     try:
         return scheduler.schedule(
             lengths.lengths,
@@ -199,9 +226,10 @@ def schedule(scheduler: Scheduler, config: PackingConfig, topology: Topology, ga
             cp_size=topology.cp_size,
             max_tokens_per_rank=config.max_tokens_per_rank,
             pad_multiple=config.pad_multiple,
-            cost=config.cost,
+            cost=config.cost if cost is None else cost,
             on_oversize=config.on_oversize,
             origin=lengths.origin(),
+            **options,
         )
     except ValueError as exc:
         raise ScheduleError(f"{exc}{_locate_oversize(config, topology, lengths)}") from exc

@@ -35,6 +35,8 @@ class ResumeState:
         finished: The iterator has ended.
         dropped_at_end: Sequences dropped with a partial last step.
         data_ended: Some rank's data ran out; no rank reads again.
+        calibration: The online calibrator's state (``TimingLedger.state_dict()``) under
+            ``calibrate``; optional in the dict (states saved without it load).
     """
 
     VERSION: ClassVar[int] = 2
@@ -75,6 +77,7 @@ class ResumeState:
     finished: bool = False
     dropped_at_end: int = 0
     data_ended: bool = False
+    calibration: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"version": self.VERSION}
@@ -141,6 +144,7 @@ class ResumeState:
             finished=flags["finished"],
             dropped_at_end=counts["dropped_at_end"],
             data_ended=flags["data_ended"],
+            calibration=state.get("calibration"),
         )
 
     @property

@@ -169,6 +169,16 @@ class StepStats:
             what it sends and what it receives): what the all-to-all waits for.
         moved_bytes, max_rank_moved_bytes: The same in bytes at ``bytes_per_token`` (default
             :data:`SAMPLE_BYTES_PER_TOKEN`, a plain SFT sample).
+        cost_model: The cost model the step was scheduled with (under ``calibrate``, the
+            calibrator's model in use; otherwise the one the stats are measured in).
+        calibrated: ``cost_model`` is fitted to measured microbatch times (seconds).
+        predicted_step_time: What ``cost_model`` predicts this step takes
+            (:func:`seqpack.schedulers.predicted_step_time` under the configured sync,
+            lockstep when none), in its units.
+        measured_step, measured_step_time, prediction_error: The last step whose
+            microbatch times every rank holds (under ``calibrate``): its measured step time
+            and ``predicted / measured - 1`` of the model it was scheduled with (``None``
+            until a fitted model scheduled a fully timed step).
     """
 
     num_sequences: int = 0
@@ -200,6 +210,12 @@ class StepStats:
     max_rank_moved_tokens: int = 0
     moved_bytes: float = 0.0
     max_rank_moved_bytes: float = 0.0
+    cost_model: CostModel | None = None
+    calibrated: bool = False
+    predicted_step_time: float | None = None
+    measured_step: int | None = None
+    measured_step_time: float | None = None
+    prediction_error: float | None = None
 
     @classmethod
     def from_schedule(

@@ -40,16 +40,18 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
 
 from seqpack import phases
 from seqpack._logging import warn_once
-from seqpack.config import AXES, Axis, DataOwner, PackingConfig, fingerprint_text
-from seqpack.cost import default_cost_model
+from seqpack.calibrate import ABSENT, CostCalibrator, Measurement, TimingLedger, microbatch_sums
+from seqpack.config import AXES, Axis, DataOwner, PackingConfig, Sync, fingerprint_text
+from seqpack.cost import CostModel, default_cost_model
 from seqpack.dist import (
     Agreement,
     Status,
@@ -72,7 +74,7 @@ from seqpack.errors import (
     StepFailed,
 )
 from seqpack.resume import ResumeState
-from seqpack.schedulers import Schedule
+from seqpack.schedulers import Schedule, predicted_step_time
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch
 from seqpack.topology import Topology
@@ -115,6 +117,29 @@ class Step:
     schedule_fingerprint: int = 0
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     exchange_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    _recorder: Callable[[int, Sequence[float] | np.ndarray, int], None] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
+
+    def record_times(self, seconds_per_microbatch: Sequence[float] | np.ndarray) -> None:
+        """Report how long each of this rank's microbatches of this step took (seconds, in
+        microbatch order), for ``wrap_data_iterator(..., calibrate=True)``.
+
+        The times travel with a later step's length gather; every rank's calibrator fits
+        the same model from them (:mod:`seqpack.calibrate`). Times that are NaN, infinite
+        or <= 0 are skipped and counted. :class:`seqpack.timing.MicrobatchTimer` calls this.
+
+        Raises:
+            ConfigError: The iterator does not calibrate, or not one time per microbatch.
+                On ranks whose times the calibrator uses (ranks that read data), a wrong
+                count also fails the next step on every rank with that message.
+        """
+        if self._recorder is None:
+            raise ConfigError(
+                "record_times needs calibration: pass calibrate=True to wrap_data_iterator (this step's iterator "
+                "does not calibrate)"
+            )
+        self._recorder(self.step, seconds_per_microbatch, self.num_microbatches)
 
 
 class _Trace:
@@ -124,6 +149,12 @@ class _Trace:
         self.start = time.perf_counter()
         self.timings: dict[str, float] = {}
         self.traffic: dict[str, int] = {}
+        # Calibration (seqpack.calibrate): the model this step is scheduled with, the
+        # fingerprint of schedule and model, and the microbatch-time words being combined.
+        self.model: CostModel | None = None
+        self.fitted = False  # the model is fitted to measured times
+        self.fingerprint: int | None = None
+        self.times: np.ndarray | None = None
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -146,6 +177,7 @@ class _Progress:
     iterator: Any
     scheduler: Any
     data_ended: bool
+    calibration: Any = None  # TimingLedger.snapshot() under calibrate
 
 
 @dataclasses.dataclass
@@ -358,6 +390,7 @@ class PackingIterator(Iterator[Step], Stateful):
     STATE_SCHEDULER = "scheduler"
     STATE_FINISHED = "finished"
     STATE_DROPPED_AT_END = "dropped_at_end"
+    STATE_CALIBRATION = "calibration"
     VERSION = ResumeState.VERSION
 
     def __init__(
@@ -437,6 +470,7 @@ class PackingIterator(Iterator[Step], Stateful):
         self._local_cause: BaseException | None = None
         self.dropped_at_end = 0
         self.empty_at_end = 0  # zero-length samples read in the step that found the end of data
+        self._ledger = self._make_ledger()
 
     # -- configuration --------------------------------------------------------------------
 
@@ -462,6 +496,64 @@ class PackingIterator(Iterator[Step], Stateful):
                 raise SeqpackTypeError(f"{who}: data_iterator must be an iterable of samples, got {kind.__name__}")
         if not self._reads and data_iterator is not None:
             raise ConfigError(f"{who} got a data_iterator but must not read data ({rule}); pass data_iterator=None")
+
+    def _make_ledger(self) -> TimingLedger | None:
+        """The calibration bookkeeping, on the ranks that keep the model (those that read
+        data, and under ``data_owner="tp0"`` the middle pipeline stages of TP rank 0, which
+        take part in the pipeline's agreement); ``None`` without ``calibrate``."""
+        calibrate, t = self.config.calibrate, self.topology
+        if calibrate is False or not (self._reads or t.tp_rank == 0):
+            return None
+        if isinstance(calibrate, CostCalibrator):
+            calibrator = calibrate.copy()
+        else:
+            calibrator = CostCalibrator(self.config.cost or self.scheduler.resolve_cost(None) or default_cost_model())
+        # Steps prepared ahead (prefetch k) are scheduled k steps before the training loop
+        # reports the times they wait for: wait that much longer for them.
+        window = 2 + int(getattr(self.config, "prefetch", 0) or 0)
+        return TimingLedger(calibrator, dp_size=t.dp_size, dp_rank=t.dp_rank, window=window, sync=self.config.sync)
+
+    @property
+    def last_measurement(self) -> Measurement | None:
+        """Under ``calibrate``: the last step whose microbatch times every rank holds (its
+        measured and predicted step time); ``None`` before one, or without a calibrator."""
+        return self._ledger.last if self._ledger is not None else None
+
+    @property
+    def calibrator(self) -> CostCalibrator | None:
+        """The online cost calibrator (``None`` without ``calibrate`` or on ranks that do not
+        keep it: TP ranks > 0 under ``data_owner="tp0"``)."""
+        return self._ledger.calibrator if self._ledger is not None else None
+
+    def _record(self, step: int, seconds: Sequence[float] | np.ndarray, num_microbatches: int) -> None:
+        if self._ledger is not None and self._reads:
+            self._ledger.record(step, seconds, num_microbatches)
+            return
+        count = np.asarray(seconds, dtype=np.float64).reshape(-1).shape[0]
+        if count != num_microbatches:  # this rank's times are not used; the count is still checked
+            raise ConfigError(
+                f"record_times got {count} times for step {step}, which ran {num_microbatches} microbatches: pass "
+                "one time per microbatch"
+            )
+
+    def _fingerprint(self, msg: StepOk, trace: _Trace | None) -> int:
+        """What ranks compare: the schedule, and under calibration the model that made it."""
+        return trace.fingerprint if trace is not None and trace.fingerprint is not None else msg.fingerprint
+
+    def _absorb_times(self, msg: StepMessage, trace: _Trace) -> None:
+        """After the agreements: every rank holds the same combined times. Feed them to the
+        calibrator, then register this step's layout for its own times. At the end of data
+        the last times are still taken (:attr:`last_measurement`)."""
+        ledger = self._ledger
+        if ledger is None or isinstance(msg, StepError) or trace.times is None:
+            return
+        calibrator = ledger.calibrator
+        if trace.model is None:  # a middle stage: the model its peers scheduled with is this one
+            trace.model, trace.fitted = calibrator.model, calibrator.fitted
+        in_seconds = trace.fitted or calibrator.prior_in_seconds
+        ledger.incoming(msg.step, trace.times.reshape(self.topology.dp_size, -1))
+        if isinstance(msg, StepOk):
+            ledger.add_step(msg.step, microbatch_sums(msg.schedule), trace.model if in_seconds else None)
 
     def _agree(
         self,
@@ -542,12 +634,13 @@ class PackingIterator(Iterator[Step], Stateful):
             trace = _Trace()
             msg: StepMessage | None = None
             if self._reads:
-                msg = self._agree_copies(self._reader_step(trace))
+                msg = self._agree_copies(self._reader_step(trace), trace)
             if self.config.data_owner == DataOwner.TP0:
                 with trace.phase("broadcast"):
                     msg = self._broadcast(msg, trace)
                 trace.timings["broadcast"] -= trace.timings.get("wait", 0.0)
             assert msg is not None
+            self._absorb_times(msg, trace)
             trace.timings["total"] = time.perf_counter() - trace.start
             return self._ready(msg, trace)
         except Exception as exc:  # raised by the next() of this step
@@ -569,25 +662,41 @@ class PackingIterator(Iterator[Step], Stateful):
             except Exception as exc:  # the user's iterator or data: every rank must hear of it
                 pool, mask = [], 0
                 error = self._bad_input(exc, step)
+        times = None
+        if self._ledger is not None:
+            # Times of steps up to step - 1 - prefetch: what the training loop has surely
+            # recorded (it records a step before asking for the next), whatever the timing.
+            times = self._ledger.outgoing(upto=step - 1 - self.config.prefetch)
+            error = error or self._ledger.take_error()  # a bad record_times fails the step everywhere
         with trace.phase("gather"):
             try:
-                gathered = phases.gather(pool, read, mask, t, error)
+                gathered = phases.gather(pool, read, mask, t, error, times)
             except StepFailed as exc:
                 return StepError(step, str(exc), exc.rank)
             except SampleError as exc:  # DP ranks disagree on keys: no single culprit
                 return StepError(step, f"{exc} at step {step}")
         total = gathered.num_sequences
+        trace.times = gathered.timings  # combined with the copies' in the agreements that follow
         self._data_ended = self._data_ended or gathered.exhausted
         if gathered.exhausted and (config.drop_last or total == 0):
             self._pool = []
             return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
         with trace.phase("schedule"):
+            if self._ledger is not None:
+                calibrator = self._ledger.calibrator
+                trace.model, trace.fitted = calibrator.model, calibrator.fitted
             try:
-                plan = phases.schedule(self.scheduler, config, t, gathered)
+                plan = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
             except ScheduleError as exc:
                 return self._error(step, f"step {step}: {exc}", exc)
+            if trace.model is not None:  # ranks must also agree on the model they fitted
+                model = trace.model
+                trace.fingerprint = fingerprint_text(
+                    repr((plan.fingerprint(), model.linear.hex(), model.quadratic.hex(), model.constant.hex()))
+                )
+            fingerprint = trace.fingerprint if trace.fingerprint is not None else plan.fingerprint()
             if config.check_schedule and t.dp_size > 1:
-                agreed = agree(Status.OK, None, t.group("dp"), fingerprint=plan.fingerprint(), axis="dp")
+                agreed = agree(Status.OK, None, t.group("dp"), fingerprint=fingerprint, axis="dp")
                 if agreed.status == Status.ERROR:
                     return StepError(step, f"step {step}: {agreed.message}")
         if self._data_ended and not any(ids.size for row in plan.assignment for ids in row):
@@ -626,16 +735,33 @@ class PackingIterator(Iterator[Step], Stateful):
         self._local_cause = cause
         return StepError(step, message, this_rank())
 
-    def _agree_copies(self, msg: StepMessage) -> StepMessage:
+    def _agree_copies(self, msg: StepMessage, trace: _Trace | None = None) -> StepMessage:
         """The copies of one replica (CP ranks; under "all" also TP and PP) agree on the
         outcome. The schedule fingerprint rides on the status all-reduce that happens
-        anyway: copies that read different data are caught every step."""
+        anyway: copies that read different data are caught every step. Under calibration
+        the microbatch times gathered over DP ride on it too (an int64 MAX), so that every
+        copy holds every copy's times."""
         axes = (Axis.CP,) if self.config.data_owner == DataOwner.TP0 else (Axis.CP, Axis.TP, Axis.PP)
-        fingerprint = msg.fingerprint if isinstance(msg, StepOk) else None
+        fingerprint = self._fingerprint(msg, trace) if isinstance(msg, StepOk) else None
         message = msg.message if isinstance(msg, StepError) else None
         origin = msg.rank if isinstance(msg, StepError) else None
-        agreed = self._agree(axes, msg.status, message, fingerprint, what="schedules", origin=origin)
+        payload = self._times_payload(trace)
+        agreed = _agree_axes(
+            self._comm, axes, msg.status, message, fingerprint, what="schedules", origin=origin, payload=payload
+        )
+        if trace is not None and payload is not None:
+            trace.times = agreed.payload
         return _with_status(msg, agreed.status, agreed.message, agreed.rank)
+
+    def _times_payload(self, trace: _Trace | None) -> np.ndarray | None:
+        """This rank's time words for an agreement: the DP-gathered table on ranks that
+        read, ``ABSENT`` (never counted by the MAX) on the others (same length: every
+        ledger has the same steps)."""
+        if self._ledger is None or trace is None:
+            return None
+        if trace.times is not None:
+            return trace.times.reshape(-1)
+        return np.full(self.topology.dp_size * self._ledger.width(), ABSENT, dtype=np.int64)
 
     def _broadcast(self, msg: StepMessage | None, trace: _Trace) -> StepMessage:
         """data_owner="tp0": TP rank 0 sends to the other TP ranks; the pipeline agrees and
@@ -652,9 +778,10 @@ class PackingIterator(Iterator[Step], Stateful):
         """Agree with the other stages, then send the first stage's layout to the middle ones."""
         t, step = self._comm, self._steps
         status = msg.status if msg is not None else Status.OK
-        fingerprint = msg.fingerprint if isinstance(msg, StepOk) else None
+        fingerprint = self._fingerprint(msg, trace) if isinstance(msg, StepOk) else None
         message = msg.message if isinstance(msg, StepError) else None
         origin = msg.rank if isinstance(msg, StepError) else None
+        payload = self._times_payload(trace)
         agreed = agree(
             status,
             message,
@@ -663,7 +790,10 @@ class PackingIterator(Iterator[Step], Stateful):
             axis="pp",
             what="schedules (first and last stage)",
             origin=origin,
+            payload=payload,
         )
+        if payload is not None:
+            trace.times = agreed.payload
         if agreed.status == Status.ERROR:
             return StepError(step, agreed.message or "", agreed.rank)
         if t.pp_size > 2:
@@ -697,6 +827,7 @@ class PackingIterator(Iterator[Step], Stateful):
         stats = StepStats.from_schedule(plan, self.stats_cost, empty_samples=msg.empty_samples)
         if self.config.flops_fn is not None:
             stats.flops = float(self.config.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
+        self._calibration_stats(stats, plan, trace)
         self._steps += 1
         batches, copied = self._place(msg.microbatches, trace)
         step = Step(
@@ -708,6 +839,7 @@ class PackingIterator(Iterator[Step], Stateful):
             schedule_fingerprint=plan.fingerprint(),
             timings=trace.timings,
             exchange_bytes=trace.traffic,
+            _recorder=self._record if self.config.calibrate is not False else None,
         )
         return _Ready(msg.step, step=step, progress=self._progress(), copied=copied)
 
@@ -720,6 +852,7 @@ class PackingIterator(Iterator[Step], Stateful):
             iterator=self._source.state_dict() if isinstance(self._source, Stateful) else None,
             scheduler=self.scheduler.state_dict() if isinstance(self.scheduler, Stateful) else None,
             data_ended=self._data_ended,
+            calibration=self._ledger.snapshot() if self._ledger is not None else None,
         )
 
     def _place(self, batches: list[PackedBatch], trace: _Trace) -> tuple[list[PackedBatch], Any]:
@@ -778,6 +911,20 @@ class PackingIterator(Iterator[Step], Stateful):
         self._delivered = ready.progress
         return step
 
+    def _calibration_stats(self, stats: StepStats, plan: Schedule, trace: _Trace) -> None:
+        """The model in use, its prediction for this step, and its error on the last
+        measured one."""
+        model = trace.model if trace.model is not None else self.stats_cost
+        ledger = self._ledger
+        stats.cost_model = model
+        stats.calibrated = trace.fitted
+        stats.predicted_step_time = predicted_step_time(plan, model, sync=self.config.sync or Sync.LOCKSTEP)
+        last = ledger.last if ledger is not None else None
+        if last is not None:
+            stats.measured_step, stats.measured_step_time = last.step, last.measured
+            error = last.error
+            stats.prediction_error = None if error is None else float(error)
+
     # -- resume ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -806,6 +953,7 @@ class PackingIterator(Iterator[Step], Stateful):
             finished=self._finished,
             dropped_at_end=self.dropped_at_end,
             data_ended=progress.data_ended,
+            calibration=self._ledger.state_dict(progress.calibration) if self._ledger is not None else None,
         ).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -843,6 +991,8 @@ class PackingIterator(Iterator[Step], Stateful):
             self._reader.consumed = saved.consumed - self._reader.skip
         if saved.scheduler is not None and isinstance(self.scheduler, Stateful):
             self.scheduler.load_state_dict(saved.scheduler)
+        if saved.calibration is not None and self._ledger is not None:
+            self._ledger.load_state_dict(saved.calibration)
 
     def _check_config(self, saved: ResumeState) -> None:
         if saved.is_version_1:
@@ -873,16 +1023,25 @@ def _agree_axes(
     *,
     what: str,
     origin: int | None = None,
+    payload: np.ndarray | None = None,
 ) -> Agreement:
-    """Agree over each axis in turn: after the last one every rank holds the same result."""
+    """Agree over each axis in turn: after the last one every rank holds the same result
+    (and the MAX of every rank's ``payload``)."""
     result = None
     for axis in axes:
         if topology.size(axis) > 1:
             result = agree(
-                status, message, topology.group(axis), fingerprint=fingerprint, axis=axis, what=what, origin=origin
+                status,
+                message,
+                topology.group(axis),
+                fingerprint=fingerprint,
+                axis=axis,
+                what=what,
+                origin=origin,
+                payload=payload,
             )
-            status, message, origin = result.status, result.message, result.rank
-    return result if result is not None else agree(status, message, None, origin=origin)
+            status, message, origin, payload = result.status, result.message, result.rank, result.payload
+    return result if result is not None else agree(status, message, None, origin=origin, payload=payload)
 
 
 def _with_status(msg: StepMessage, status: Status, error: str | None, rank: int | None) -> StepMessage:

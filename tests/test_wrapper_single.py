@@ -426,10 +426,10 @@ def test_an_unexpected_exception_in_the_producer_reaches_next_and_fails_the_iter
 
     original = PackingIterator._agree_copies
 
-    def flaky(self, msg):
+    def flaky(self, msg, *args):
         if self._steps == 1:
             raise RuntimeError("connection reset by a peer")
-        return original(self, msg)
+        return original(self, msg, *args)
 
     monkeypatch.setattr(PackingIterator, "_agree_copies", flaky)
     it = _wrap(items(SEED, 0, 30), prefetch=k)

@@ -112,6 +112,17 @@ def format_demo_summary(results: list[dict[str, Any]], settings: DemoSettings) -
         "the slowest replica / mean (what FSDP, which syncs every microbatch, waits for); costs in the scheduler's "
         "cost model"
     )
+    for r in results:
+        if r.get("cost_model") is not None:
+            lin, quad, const = r["cost_model"]
+            err = r.get("prediction_error_mean_abs")
+            checked = len(r.get("predictions") or [])
+            lines.append(
+                f"online cost ({r['mode']}): {lin:.4g}*s + {quad:.4g}*s^2 + {const:.4g} s per microbatch"
+                f"{' (fitted)' if r.get('calibrated') else ' (prior: not enough timings yet)'}; predicted vs measured "
+                f"step time (sum over rounds of the slowest replica's microbatch times): "
+                + (f"mean |error| {err * 100:.1f}% over {checked} steps" if err is not None else "no step checked yet")
+            )
     peak = results[0].get("peak_gemm_flops_per_process") if results else None
     if peak:
         lines.append(

@@ -11,6 +11,7 @@ import dataclasses
 from enum import IntEnum
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -41,11 +42,13 @@ class Agreement:
         message: The failing rank's message (lowest group rank that failed), else ``None``.
         rank: Global rank of that failing rank; ``None`` when nobody failed or when the error
             is a disagreement between ranks (no single culprit).
+        payload: The element-wise int64 MAX of the ranks' ``payload`` (``None`` without one).
     """
 
     status: Status
     message: str | None = None
     rank: int | None = None
+    payload: np.ndarray | None = None  # the element-wise MAX of every rank's payload (see agree)
 
 
 def _status(value: int) -> Status:
@@ -64,6 +67,7 @@ def agree(
     axis: str = "",
     what: str = "schedules",
     origin: int | None = None,
+    payload: np.ndarray | None = None,
 ) -> Agreement:
     """Make the ranks of ``group`` agree on a status; all ranks must call it.
 
@@ -75,20 +79,28 @@ def agree(
     keeps the one of the lowest group rank that failed. Ranks that pass a fingerprint must
     all pass the same one, else the agreement is an error naming every rank's fingerprint
     (``what`` says what was fingerprinted).
+
+    ``payload``: int64 words every rank passes the same number of (or every rank ``None``),
+    reduced by element-wise MAX in the same all-reduce (the calibrator's microbatch times
+    ride on it: :mod:`seqpack.calibrate`).
     """
     status = _status(status)
+    words = None if payload is None else np.ascontiguousarray(payload, dtype=np.int64).reshape(-1)
     if group_size(group) == 1:
         if status == Status.ERROR:
             return Agreement(status, message, global_rank(group, 0) if origin is None else origin)
-        return Agreement(status)
+        return Agreement(status, payload=words)
     fp = -1 if fingerprint is None else int(fingerprint)
     if fingerprint is not None and not 0 <= fp <= _FP_MAX:
         raise ConfigError(f"fingerprint must be in 0..2**63-1, got {fingerprint!r}")
     has = fingerprint is not None
     vec = torch.tensor([int(status), fp if has else 0, _FP_MAX - fp if has else 0, int(has)], dtype=torch.int64)
+    if words is not None:
+        vec = torch.cat([vec, torch.from_numpy(words)])
     vec = vec.to(comm_device(group))
     dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group)
-    agreed, fp_max, fp_min_c, any_fp = (int(v) for v in vec.cpu())
+    reduced = vec.cpu().numpy()
+    agreed, fp_max, fp_min_c, any_fp = (int(v) for v in reduced[:4])
     if agreed == Status.ERROR:
         me = global_rank(group, group_rank(group)) if origin is None else origin
         reports = all_gather_objects((message, me) if status == Status.ERROR else None, group)
@@ -102,7 +114,7 @@ def agree(
         return Agreement(
             Status.ERROR, f"ranks of the {axis or 'same'} group disagree on {what} (fingerprints {listed})"
         )
-    return Agreement(Status(agreed))
+    return Agreement(Status(agreed), payload=None if words is None else reduced[4:].copy())
 
 
 def agree_status(

@@ -10,7 +10,14 @@ import inspect
 
 from seqpack.errors import ConfigError
 from seqpack.schedulers.balanced import BalancedScheduler
-from seqpack.schedulers.base import ON_OVERSIZE, Schedule, Scheduler, apply_oversize, as_lengths
+from seqpack.schedulers.base import (
+    ON_OVERSIZE,
+    Schedule,
+    Scheduler,
+    apply_oversize,
+    as_lengths,
+    predicted_step_time,
+)
 from seqpack.schedulers.dp_balanced import DpBalancedScheduler
 from seqpack.schedulers.empty import EmptyScheduler
 
@@ -72,5 +79,6 @@ __all__ = [
     "as_lengths",
     "available_schedulers",
     "get_scheduler",
+    "predicted_step_time",
     "register_scheduler",
 ]

@@ -48,16 +48,24 @@ global id.
    or with ``order="pipeline"`` light rounds at both ends and heavy ones in the middle,
    which shortens pipeline warm-up and cool-down bubbles.
 
-**When M grows.** If no bin has room for a sequence at ``M`` (bins fill unevenly because
-cost-balanced bins hold different token counts), the same ``M`` is retried balancing
-tokens (worst-fit), then first-fit; only when all three fail does ``M`` grow. The plan at
-``M`` is then compared with the plan at the next ``M`` when it needed one of these
-fallbacks, or when it ends more than 1% above its lower bounds (replica total or round
-sum; this happens when microbatches are nearly full, so cost-balanced bins have no token
-room left to even out). The estimated step cost ``max_d total_d + sum_m max_d cost[m, d]``
-(per-microbatch ``constant`` included) decides: the larger ``M`` is kept after a fallback
-if it is cheaper at all, otherwise only if it is at least 1% cheaper. So microbatches are
-added only when capacity forces it or when it demonstrably shortens the step.
+**When M grows.** ``M`` starts at the fewest microbatches any packing needs (Martello-Toth's
+bin bound ``L2``, at least the token bound). If no bin has room for a sequence at ``M`` (bins
+fill unevenly because cost-balanced bins hold different token counts), the same ``M`` is
+retried balancing tokens (worst-fit), then first-fit, then with a bounded exact search
+(:mod:`seqpack.schedulers._exact`); only when all fail does ``M`` grow. Then
+(:func:`_more_rounds`):
+
+* without a ``sync``, the plan at ``M`` is compared with the plan at ``M+1`` when it needed
+  a fallback or ends more than 1% above its lower bounds (replica total or round sum), on
+  the estimate ``max_d total_d + sum_m max_d cost[m, d]`` (constants included): ``M+1`` is
+  kept after a fallback if it is cheaper at all, otherwise only if it is at least 1% cheaper;
+* with a ``sync``, ``balanced`` looks for the count that minimises the predicted step time
+  of that sync (:func:`step_objective`: ``"lockstep"`` ``sum_m max_d``, ``"replica"``
+  ``max_d sum_m``), per-microbatch ``constant`` included: ``M+1, M+2, ...`` while the
+  prediction keeps dropping, a larger count kept when at least 1% faster. With FLOPs (no
+  constant) extra microbatches are free in the model, so on a launch-bound GPU pass a
+  constant or calibrate (:mod:`seqpack.calibrate`). A given ``sync`` also sets the repair's
+  objective (``"lockstep"``: rounds, ``"replica"``: replicas).
 
 Without a cost model, ``balanced`` balances the training FLOPs of a Llama-3-8B shaped
 model (:func:`seqpack.cost.default_cost_model`). Pass the same cost model to
@@ -68,13 +76,14 @@ balanced in (``scheduler.resolve_cost(cost)`` returns it).
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 
-from seqpack.config import Objective, Order
+from seqpack.config import Objective, Order, Sync
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError, ScheduleError
-from seqpack.schedulers import _kernels
+from seqpack.schedulers import _exact, _kernels
 from seqpack.schedulers.base import Scheduler, check_microbatches
 from seqpack.schedulers.locality import TOLERANCE, plan_local
 from seqpack.stats import round_sum_lower_bound
@@ -89,6 +98,8 @@ from seqpack.validation import (
     check_positive_int,
 )
 
+logger = logging.getLogger(__name__)
+
 ORDERS = tuple(Order)
 OBJECTIVES = tuple(Objective)
 _GOOD_ENOUGH = 1e-3  # the repair stops within 0.1% of the replica bound
@@ -97,6 +108,7 @@ _GAP_FOR_MORE = 0.01  # a plan this far (1%) from its bounds tries one more micr
 _BETTER_BY = 0.01  # ... and keeps it when the estimated step cost drops by 1% or more
 _BISECTION_STEPS = 4  # repair budgets tried when replica and round balance conflict
 _REPAIR_WORK = 10_000_000  # candidate evaluations before the repair stops (~0.1-0.3 s)
+_MAX_EXTRA_ROUNDS = 16  # microbatch counts tried beyond the first feasible one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,10 +120,16 @@ class BalancedPlan:
         round_of, replica_of: Per sequence (position in the input), its round and replica.
         load: Cost of every microbatch ``[M, dp]``, without the per-microbatch constant.
         tokens: Padded tokens of every microbatch ``[M, dp]``.
-        mode: Bin rule that succeeded: 0 cost targets, 1 tokens (worst-fit), 2 first-fit.
+        mode: Bin rule that succeeded: 0 cost targets, 1 tokens (worst-fit), 2 first-fit,
+            3 the exact search (:mod:`seqpack.schedulers._exact`).
         repair_moves: Sequences moved by the repair pass.
-        objective: ``max_d total_d + sum_m max_d cost[m, d]`` with constants.
-        gap: How far the worse of the two is from its lower bound (0.01 = 1% above).
+        objective: Predicted step time (constants included) under the ``sync`` the plan was
+            made for (:func:`step_objective`).
+        gap: How far the worse of replica total and round sum is from its lower bound
+            (0.01 = 1% above).
+        bin_lower_bound: Fewest microbatches any packing needs, per replica:
+            ``ceil(L2 / dp)`` with Martello-Toth's bin bound ``L2`` (at least the token
+            bound ``ceil(padded tokens / (dp * capacity))``).
     """
 
     num_microbatches: int
@@ -123,6 +141,7 @@ class BalancedPlan:
     repair_moves: int
     objective: float
     gap: float = 0.0
+    bin_lower_bound: int = 0
 
 
 def _placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
@@ -194,11 +213,43 @@ def _grid(values: np.ndarray, round_of: np.ndarray, replica_of: np.ndarray, shap
     return sums.astype(values.dtype).reshape(shape)
 
 
-def _objective(load: np.ndarray, constant: float) -> float:
-    if load.size == 0:
+def _objective(load: np.ndarray, constant: float, sync: str | None = None) -> float:
+    """:func:`step_objective` of a plan's ``load[M, dp]`` (costs without constants)."""
+    return step_objective(load + constant, sync)
+
+
+def step_objective(costs: np.ndarray, sync: str | None = None) -> float:
+    """Predicted step time of microbatch costs ``[M, dp]`` (constants included).
+
+    ``"lockstep"`` (FSDP, pipeline): every round waits for its slowest replica,
+    ``sum_m max_d``. ``"replica"`` (DDP, ZeRO-1): the slowest replica's total,
+    ``max_d sum_m``. ``None``: the sum of both, a hedge when the sync is not known.
+    """
+    if costs.size == 0:
         return 0.0
-    m = load.shape[0]
-    return float(load.sum(axis=0).max() + load.max(axis=1).sum() + 2 * m * constant)
+    lockstep = float(costs.max(axis=1).sum())
+    replica = float(costs.sum(axis=0).max())
+    if sync == Sync.LOCKSTEP:
+        return lockstep
+    if sync == Sync.REPLICA:
+        return replica
+    return lockstep + replica
+
+
+def _objective_bound(
+    padded: np.ndarray, costs: np.ndarray, order: np.ndarray, dp_size: int, capacity: int, sync: str | None
+) -> tuple[float, int]:
+    """``(base, per_round)``: no plan with ``M`` rounds predicts a step faster than
+    ``base + per_round * M * constant`` (replica bound ``max(total / dp, costliest
+    sequence)``, round bound :func:`round_sum_lower_bound`; every replica runs ``M``
+    microbatches and every round waits ``constant`` at least)."""
+    replica = max(float(costs.sum()) / dp_size, float(costs.max()))
+    rounds = round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
+    if sync == Sync.LOCKSTEP:
+        return rounds, 1
+    if sync == Sync.REPLICA:
+        return replica, 1
+    return replica + rounds, 2
 
 
 def _sorted_round_sum(load: np.ndarray) -> float:
@@ -284,15 +335,31 @@ def _plan_at(
     constant: float,
     max_repair_moves: int,
     objective: str = "both",
+    sync: str | None = None,
 ) -> BalancedPlan | None:
-    """The plan with exactly ``num_rounds`` rounds, or None when no bin rule fits."""
+    """The plan with exactly ``num_rounds`` rounds, or None when neither a bin rule nor
+    the exact search (:func:`seqpack.schedulers._exact.pack_bins`) packs the sequences."""
     targets = np.repeat(round_targets(costs[order], dp_size, num_rounds), dp_size)
     for mode in (_kernels.MODE_COST, _kernels.MODE_TOKENS, _kernels.MODE_FIRST_FIT):
         ok, bin_of, bin_load, _ = _kernels.grid_lpt(order, padded, costs, targets, capacity, mode)
         if ok:
             break
     else:
-        return None
+        # Greedy rules can miss a packing that exists (first-fit decreasing may need 11/9
+        # of the optimal bins): search exactly, within a bounded amount of work.
+        status, bin_of = _exact.pack_bins(padded, dp_size * num_rounds, capacity)
+        if status != _exact.FOUND:
+            return None
+        logger.debug(
+            "exact search packed %d sequences of %d tokens into %d x %d microbatches of %d tokens (greedy failed)",
+            padded.shape[0],
+            int(padded.sum()),
+            num_rounds,
+            dp_size,
+            capacity,
+        )
+        mode = _exact.MODE_EXACT
+        bin_load = np.bincount(bin_of, weights=costs, minlength=dp_size * num_rounds)
     round_of_bin, replica_of_bin = _arrange(bin_load, dp_size, num_rounds)
     round_of = round_of_bin[bin_of]
     replica_of = replica_of_bin[bin_of]
@@ -317,7 +384,9 @@ def _plan_at(
         replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
         round_bound = round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
         gap = max(float(load.sum(axis=0).max()) / replica_bound, float(load.max(axis=1).sum()) / round_bound) - 1.0
-    return BalancedPlan(num_rounds, round_of, replica_of, load, tokens, mode, moves, _objective(load, constant), gap)
+    return BalancedPlan(
+        num_rounds, round_of, replica_of, load, tokens, mode, moves, _objective(load, constant, sync), gap
+    )
 
 
 def plan_balanced(
@@ -333,6 +402,7 @@ def plan_balanced(
     max_repair_moves: int | None = None,
     objective: str = "both",
     origin: np.ndarray | None = None,
+    sync: str | None = None,
 ) -> BalancedPlan:
     """Assign sequences to ``[rounds, replicas]`` (module docstring, steps 1-4).
 
@@ -347,10 +417,14 @@ def plan_balanced(
         num_microbatches: Use exactly this ``M``.
         max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
         objective: What the repair trades (module docstring, step 4): ``"both"``,
-            ``"rounds"`` or ``"replicas"``.
+            ``"rounds"`` or ``"replicas"``; used when ``sync`` is ``None``.
         origin: DP rank holding each sequence. Only breaks ties between equally long
             sequences, so that they stay where they are when that costs nothing: with
             equal lengths, no sample moves.
+        sync: The step time ``M`` is chosen for (:func:`step_objective`):
+            ``"lockstep"``, ``"replica"``, or ``None`` (their sum). A given sync also sets
+            the repair: ``"lockstep"`` repairs as ``objective="rounds"``, ``"replica"``
+            as ``"replicas"``.
 
     Raises:
         ValueError: A sequence longer than ``capacity``, or ``num_microbatches`` too small
@@ -365,36 +439,101 @@ def plan_balanced(
         i = int(np.argmax(padded))
         raise ScheduleError(f"sequence {i} has {int(padded[i])} padded tokens > capacity {capacity}")
     objective = check_choice("objective", objective, Objective)
+    sync = None if sync is None else check_choice("sync", sync, Sync)
+    if sync is not None:  # the step waits for rounds or for replicas: repair for that alone
+        objective = Objective.ROUNDS if sync == Sync.LOCKSTEP else Objective.REPLICAS
     repair = 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
     order = _placement_order(padded, origin)
+    bins_needed = _exact.bin_lower_bound(padded, capacity)
+    fewest = -(-bins_needed // dp_size)
     if num_microbatches is not None:
-        plan = _plan_at(padded, costs, order, dp_size, capacity, num_microbatches, constant, repair, objective)
+        plan = _plan_at(padded, costs, order, dp_size, capacity, num_microbatches, constant, repair, objective, sync)
         if plan is None:
             need = -(-int(padded.sum()) // (dp_size * capacity))
+            proof = (
+                f"; at least {fewest} are needed: {bins_needed} microbatches of capacity {capacity} over {dp_size} "
+                "replicas (Martello-Toth bin bound)"
+                if fewest > num_microbatches
+                else "; the exact search found no packing within its work limit"
+            )
             raise ScheduleError(
                 f"num_microbatches={num_microbatches} cannot hold {n} sequences of {int(padded.sum())} padded tokens "
-                f"in {dp_size} replicas of capacity {capacity} (the token lower bound alone is {need})"
+                f"in {dp_size} replicas of capacity {capacity} (the token lower bound alone is {need}){proof}"
             )
-        return plan
+        return dataclasses.replace(plan, bin_lower_bound=fewest)
     if n == 0:
-        return _plan_at(padded, costs, order, dp_size, capacity, 0, constant, 0)  # type: ignore[return-value]
-    lower = max(-(-int(padded.sum()) // (dp_size * capacity)), min_microbatches, 1)
+        return _plan_at(padded, costs, order, dp_size, capacity, 0, constant, 0, sync=sync)  # type: ignore[return-value]
+    lower = max(fewest, min_microbatches, 1)
     m = -(-lower // microbatch_multiple) * microbatch_multiple
     while True:
-        plan = _plan_at(padded, costs, order, dp_size, capacity, m, constant, repair, objective)
+        plan = _plan_at(padded, costs, order, dp_size, capacity, m, constant, repair, objective, sync)
         if plan is not None:
             break
         m += microbatch_multiple
-    fallback = plan.mode != _kernels.MODE_COST
-    if not fallback and plan.gap <= _GAP_FOR_MORE:
-        return plan
-    # A fallback bin rule, or a plan more than 1% from its bounds (bins too full to balance):
-    # see whether one more round does demonstrably better.
-    more = _plan_at(padded, costs, order, dp_size, capacity, m + microbatch_multiple, constant, repair, objective)
-    if more is None:
-        return plan
-    needed = 1.0 if fallback else 1.0 - _BETTER_BY
-    return more if more.objective < plan.objective * needed else plan
+    plan = _more_rounds(
+        plan, padded, costs, order, dp_size, capacity, constant, repair, objective, sync, microbatch_multiple
+    )
+    return dataclasses.replace(plan, bin_lower_bound=fewest)
+
+
+def _more_rounds(
+    plan: BalancedPlan,
+    padded: np.ndarray,
+    costs: np.ndarray,
+    order: np.ndarray,
+    dp_size: int,
+    capacity: int,
+    constant: float,
+    repair: int,
+    objective: str,
+    sync: str | None,
+    step: int,
+) -> BalancedPlan:
+    """The microbatch count with the shortest predicted step (module docstring).
+
+    Without a ``sync`` (the behaviour before sync existed): ``M + step`` is tried once, when
+    the plan needed a fallback bin rule or ends more than 1% above its bounds, and kept when
+    its estimate (the sum of both step times) is at least 1% lower (any lower after a
+    fallback).
+
+    With a ``sync``: counts ``M + step, M + 2*step, ...`` are tried while the predicted step
+    time keeps dropping, and the best kept, a larger count only when it predicts a step at
+    least 1% faster than the best smaller one (any faster while the best needed a fallback
+    bin rule). A count is tried only when it could be 1% faster: no plan with ``M'`` rounds
+    predicts less than ``base + per_round * M' * constant`` (:func:`_objective_bound`), which
+    grows with ``M'``, so the search stops for good once the best plan is within 1% of the
+    next count's bound (right away for most batches). At most ``_MAX_EXTRA_ROUNDS`` counts,
+    never more than one sequence per microbatch of every replica.
+    """
+    if not costs.size or float(costs.max()) <= 0:
+        return plan  # CostModel(0, 0, c): each microbatch only adds its constant
+    if sync is None:
+        fallback = plan.mode != _kernels.MODE_COST
+        if not fallback and plan.gap <= _GAP_FOR_MORE:
+            return plan
+        more = _plan_at(
+            padded, costs, order, dp_size, capacity, plan.num_microbatches + step, constant, repair, objective
+        )
+        if more is None:
+            return plan
+        return more if more.objective < plan.objective * (1.0 if fallback else 1.0 - _BETTER_BY) else plan
+    base, per_round = _objective_bound(padded, costs, order, dp_size, capacity, sync)
+    limit = max(plan.num_microbatches, -(-padded.shape[0] // dp_size))
+    best = previous = plan
+    for _ in range(_MAX_EXTRA_ROUNDS):
+        m = previous.num_microbatches + step
+        greedy = best.mode == _kernels.MODE_COST
+        if m > limit or (greedy and best.objective <= (base + per_round * m * constant) * (1 + _GAP_FOR_MORE)):
+            break
+        candidate = _plan_at(padded, costs, order, dp_size, capacity, m, constant, repair, objective, sync)
+        if candidate is None:
+            break
+        if candidate.objective < best.objective * (1.0 - _BETTER_BY if greedy else 1.0):
+            best = candidate
+        if candidate.objective >= previous.objective:
+            break  # the prediction stopped dropping
+        previous = candidate
+    return best
 
 
 class BalancedScheduler(Scheduler):
@@ -452,7 +591,9 @@ class BalancedScheduler(Scheduler):
         """The cost model this scheduler balances: ``cost``, or the default model's FLOPs."""
         return default_cost_model() if cost is None else cost
 
-    def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
+    uses_sync = True
+
+    def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin, sync=None):
         model = self.resolve_cost(cost)
         if ids.size or self.num_microbatches:
             check_microbatches(
@@ -475,8 +616,13 @@ class BalancedScheduler(Scheduler):
             max_repair_moves=self.max_repair_moves,
             objective=self.objective,
             origin=origin,
+            sync=sync,
         )
         replica = relabel_replicas(plan.replica_of, origin, padded, dp_size)
+        # Locality is judged by the step time the plan was made for: the sync's when given.
+        objective = self.objective
+        if sync is not None:
+            objective = Objective.ROUNDS if Sync(sync) == Sync.LOCKSTEP else Objective.REPLICAS
         if self.locality and dp_size > 1:
             local = plan_local(
                 padded,
@@ -486,7 +632,7 @@ class BalancedScheduler(Scheduler):
                 dp_size=dp_size,
                 capacity=capacity,
                 constant=model.constant,
-                objective=self.objective,
+                objective=objective,
                 max_repair_moves=self.max_repair_moves,
                 tolerance=self.locality_tolerance,
                 reference_ranks=replica,

@@ -13,13 +13,14 @@ import hashlib
 import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
-from seqpack.config import OnOversize
+from seqpack.config import OnOversize, Sync
+from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
-from seqpack.stats import exact_sum
+from seqpack.stats import exact_sum, microbatch_costs
 from seqpack.thd import padded_lengths
 from seqpack.validation import (
     INT64_MAX,
@@ -29,9 +30,6 @@ from seqpack.validation import (
     check_fits_memory,
     check_positive_int,
 )
-
-if TYPE_CHECKING:
-    from seqpack.cost import CostModel
 
 ON_OVERSIZE = tuple(OnOversize)
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -450,6 +448,9 @@ class Scheduler(ABC):
     """
 
     name: ClassVar[str] = ""
+    uses_sync: ClassVar[bool] = False
+    """Whether :meth:`_plan` takes ``sync`` (schedulers that choose the microbatch count
+    for a predicted step time); others plan the same for every sync."""
 
     def schedule(
         self,
@@ -462,6 +463,7 @@ class Scheduler(ABC):
         cost: CostModel | None = None,
         on_oversize: str = "error",
         origin: Sequence[int] | np.ndarray | None = None,
+        sync: str | None = None,
     ) -> Schedule:
         """Assign every sequence to a (microbatch, replica).
 
@@ -478,6 +480,11 @@ class Scheduler(ABC):
             origin: DP rank each sample currently sits on (default: ``N`` split into
                 ``dp_size`` contiguous, equal blocks). Schedulers may use it to keep samples
                 where they are; ``"empty"`` never moves them.
+            sync: What a step waits for, so what the scheduler minimises
+                (:func:`predicted_step_time`): ``"lockstep"`` (FSDP, pipeline: every
+                microbatch round waits for its slowest replica), ``"replica"`` (DDP,
+                ZeRO-1: the slowest replica's total), or ``None`` (the scheduler's default;
+                ``balanced`` then minimises the sum of both).
 
         Raises:
             ValueError: Bad sizes, non-positive lengths, or an oversize sequence under
@@ -488,12 +495,14 @@ class Scheduler(ABC):
         cp_size = check_positive_int("cp_size", cp_size)
         max_tokens_per_rank = check_positive_int("max_tokens_per_rank", max_tokens_per_rank)
         pad_multiple = check_positive_int("pad_multiple", pad_multiple)
+        sync = None if sync is None else check_choice("sync", sync, Sync)
         capacity = max_tokens_per_rank * cp_size
         check_request(original.shape[0], dp_size=dp_size, cp_size=cp_size, capacity=capacity, cost=cost)
         effective, dropped, truncated = apply_oversize(original, capacity, pad_multiple, on_oversize)
         check_step_tokens(effective, pad_multiple)
         origin_arr = as_origin(origin, original.shape[0], dp_size)
         active = np.flatnonzero(effective > 0).astype(np.int64)
+        options: dict[str, object] = {"sync": sync} if self.uses_sync else {}
         rounds, deferred = self._plan(
             active,
             effective[active],
@@ -502,6 +511,7 @@ class Scheduler(ABC):
             pad_multiple=pad_multiple,
             cost=cost,
             origin=origin_arr[active],
+            **options,
         )
         return Schedule(
             num_microbatches=len(rounds),
@@ -542,3 +552,34 @@ class Scheduler(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def predicted_step_time(schedule: Schedule, cost: CostModel, *, sync: str = "lockstep") -> float:
+    """The step time ``cost`` predicts for ``schedule`` (in ``cost``'s units: seconds for a
+    fitted model, FLOPs for :meth:`~seqpack.cost.CostModel.from_transformer`).
+
+    Every microbatch costs ``constant + sum(linear*s + quadratic*s**2)`` over its padded
+    lengths (an empty one, a padding-only filler, costs ``constant``).
+
+    Args:
+        schedule: A step's schedule.
+        cost: The cost model.
+        sync: ``"lockstep"`` (FSDP, pipeline): ``sum_m max_d cost[m, d]``, every round
+            waits for its slowest replica; ``"replica"`` (DDP, ZeRO-1):
+            ``max_d sum_m cost[m, d]``, the slowest replica's total.
+
+    Raises:
+        SeqpackTypeError: ``cost`` is not a CostModel or ``schedule`` not a Schedule.
+        ConfigError: Unknown ``sync``.
+    """
+    if not isinstance(schedule, Schedule):
+        raise SeqpackTypeError(f"schedule must be a seqpack Schedule, got {type(schedule).__name__}")
+    if not isinstance(cost, CostModel):
+        raise SeqpackTypeError(f"cost must be a seqpack.CostModel, got {type(cost).__name__}")
+    sync = check_choice("sync", sync, Sync)
+    costs = microbatch_costs(schedule, cost)
+    if costs.size == 0:
+        return 0.0
+    if sync == Sync.LOCKSTEP:
+        return float(costs.max(axis=1).sum())
+    return float(costs.sum(axis=0).max())

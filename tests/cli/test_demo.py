@@ -63,6 +63,14 @@ def test_demo_runs_all_modes_and_reports(tmp_path):
     assert modes["padded"]["pad_fraction"] > modes["balanced"]["pad_fraction"]
     assert modes["padded"]["microbatches_per_step"] > modes["balanced"]["microbatches_per_step"]
     assert all(r["tokens_per_s"] > 0 and r["steps"] == 2 for r in modes.values())
+    # Online calibration (the default cost): every trained step's prediction was checked
+    # against its measured time (the last one after the end of data), and printed.
+    for mode in ("balanced", "dp_balanced"):
+        steps = [p[0] for p in modes[mode]["predictions"]]
+        assert steps == [0, 1, 2] and all(p[1] > 0 and p[2] > 0 for p in modes[mode]["predictions"])
+        assert modes[mode]["prediction_error_mean_abs"] is not None
+    assert "padded" in modes and "predictions" not in modes["padded"]
+    assert "step 1: predicted" in proc.stdout and "online cost (balanced)" in proc.stdout
 
 
 def test_demo_argument_errors(capsys, tmp_path):

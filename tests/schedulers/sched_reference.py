@@ -172,3 +172,48 @@ def deal_local_reference(by_cost, load, dp):
         for b in bins:
             totals[replica_of[b]] += load[b]
     return round_of, replica_of
+def min_bins_reference(sizes, capacity):
+    """Fewest bins of ``capacity`` that hold ``sizes``: every assignment, bin by bin (item
+    ``i`` goes into a bin already opened or the next new one), smallest count first."""
+    sizes = [int(s) for s in sizes]
+    if not sizes:
+        return 0
+
+    def fits(k):
+        loads = []
+
+        def place(i):
+            if i == len(sizes):
+                return True
+            for b in range(len(loads)):
+                if loads[b] + sizes[i] <= capacity:
+                    loads[b] += sizes[i]
+                    if place(i + 1):
+                        return True
+                    loads[b] -= sizes[i]
+            if len(loads) < k:
+                loads.append(sizes[i])
+                if place(i + 1):
+                    return True
+                loads.pop()
+            return False
+
+        return place(0)
+
+    k = 1
+    while not fits(k):
+        k += 1
+    return k
+
+
+def first_fit_decreasing_bins(sizes, capacity):
+    """Bins first-fit decreasing opens (the greedy count an exact search improves on)."""
+    loads = []
+    for s in sorted((int(v) for v in sizes), reverse=True):
+        for b, load in enumerate(loads):
+            if load + s <= capacity:
+                loads[b] += s
+                break
+        else:
+            loads.append(s)
+    return len(loads)

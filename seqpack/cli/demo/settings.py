@@ -33,6 +33,7 @@ class DemoMode(StrEnum):
 class CostSource(StrEnum):
     """Where the scheduler's cost model comes from."""
 
+    ONLINE = "online"  # measured once as below, then calibrated online from every microbatch's time
     MEASURED = "measured"  # fitted to forward+backward timings of the tiny model on this CPU
     FLOPS = "flops"  # the tiny model's training FLOPs
     TOKENS = "tokens"  # plain token counts
@@ -78,7 +79,9 @@ class DemoSettings:
     seed: int = option(0, help="seed of the data, its order and the weights")
     threads: int = option(1, help="torch threads per process")
     cost: CostSource = option(
-        CostSource.MEASURED, help="scheduler cost model: measured on this CPU, the tiny model's FLOPs, or tokens"
+        CostSource.ONLINE,
+        help="scheduler cost model: measured on this CPU then calibrated online from the training loop's "
+        "microbatch times, measured once, the tiny model's FLOPs, or tokens",
     )
     fsdp_units: FsdpUnits = option(FsdpUnits.MODEL, help="fully_shard the whole model as one unit or every block too")
     port: int = option(0, help="rendezvous port (0 = pick a free one)")

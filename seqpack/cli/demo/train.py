@@ -7,6 +7,7 @@ line per step; the summary table is printed by the launcher (:mod:`seqpack.cli.d
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -15,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from seqpack.calibrate import CostCalibrator
 from seqpack.cli.demo.data import load_dataset, padded_microbatches, rank_indices, sample_order
 from seqpack.cli.demo.settings import DemoSettings
 from seqpack.errors import ConfigError
+from seqpack.timing import MicrobatchTimer
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -105,6 +108,7 @@ def resolve_cost(settings: DemoSettings, cfg, spec):
         return spec.cost_model()
     if settings.cost == "tokens":
         return CostModel.tokens()
+    # "measured", and "online", which starts from this measurement (in seconds) and refits.
     coef = torch.zeros(3, dtype=torch.float64)
     if dist.get_rank() == 0:
         model = calibrate_cost(cfg, settings.max_seq_len)
@@ -146,7 +150,15 @@ class _Run:
             fully_shard(self.model, mesh=flat)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.lr)
         self.samples = (dataset[i] for i in rank_indices(settings, order, topology.dp_rank))
+        self.online = settings.cost == "online" and mode != "padded"
+        self.timer = MicrobatchTimer("cpu") if self.online else None
         if mode != "padded":
+            online: dict[str, Any] = {}
+            if self.online:
+                # The measured cost (seconds) is the prior; FSDP syncs every microbatch, so a
+                # step waits for the sum over rounds of the slowest replica ("lockstep").
+                calibrator = CostCalibrator(cost, window=256, min_points=2 * settings.dp, prior_in_seconds=True)
+                online = {"calibrate": calibrator, "sync": "lockstep"}
             self.steps = wrap_data_iterator(
                 self.samples,
                 topology,
@@ -159,7 +171,10 @@ class _Run:
                 # The modes take turns step by step: a background thread would prepare this
                 # mode's next step inside another mode's timed step. Time the work where it is done.
                 prefetch=0,
+                **online,
             )
+        self.step: Any = None  # the current Step (packed modes)
+        self.predictions: list[tuple[int, float, float]] = []  # (step, predicted, measured) seconds
         self.totals = {"tokens": 0, "time": 0.0, "flops": 0.0, "pad": 0, "padded": 0, "mbs": 0, "measured": 0}
         self.imbalances: list[float] = []
         self.round_imbalances: list[float] = []
@@ -173,8 +188,11 @@ class _Run:
 
         settings, topology = self.settings, self.topology
         if self.mode != "padded":
-            step = next(self.steps)
+            step = self.step = next(self.steps)
             st = step.stats
+            if st.prediction_error is not None and st.measured_step_time is not None:
+                measured = st.measured_step_time
+                self.predictions.append((st.measured_step or 0, measured * (1 + st.prediction_error), measured))
             self.round_imbalances.append(st.round_imbalance)
             return (
                 step.microbatches,
@@ -206,11 +224,12 @@ class _Run:
         loss_tokens = torch.stack([mb.loss_mask.sum() for mb in microbatches]).sum().reshape(1)
         dist.all_reduce(loss_tokens)
         total = torch.zeros(())
-        for mb in microbatches:
-            loss_sum, _ = self.model.loss_sum(mb)
-            # FSDP averages gradients over dp x cp; scaling by world makes them the gradient
-            # of the global mean loss (CP ranks hold disjoint tokens of the same sequences).
-            (loss_sum * world / loss_tokens).backward()
+        for m, mb in enumerate(microbatches):
+            with self.timer.microbatch(self.step, m) if self.timer is not None else contextlib.nullcontext():
+                loss_sum, _ = self.model.loss_sum(mb)
+                # FSDP averages gradients over dp x cp; scaling by world makes them the gradient
+                # of the global mean loss (CP ranks hold disjoint tokens of the same sequences).
+                (loss_sum * world / loss_tokens).backward()
             total = total + loss_sum.detach()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -242,7 +261,20 @@ class _Run:
             imbalance,
             num_mbs,
             measured,
+            self.predictions[-1] if self.predictions and self.predictions[-1][0] == index - 1 else None,
         )
+
+    def finish(self) -> None:
+        """Run the iterator to its end, so that the last trained step's times reach every
+        rank (they travel with the next gather, which then finds the data used up)."""
+        if not self.online:
+            return
+        for _ in self.steps:  # the data is used up: this meets the end, after the last gather
+            pass
+        last = self.steps.last_measurement
+        if last is not None and last.measured is not None and last.predicted is not None:
+            if not self.predictions or self.predictions[-1][0] != last.step:
+                self.predictions.append((last.step, last.predicted, last.measured))
 
     def result(self, peak_flops: float) -> dict[str, Any]:
         t = self.totals
@@ -264,18 +296,40 @@ class _Run:
             "seconds": t["time"],
             "steps": t["measured"],
             "real_tokens": t["tokens"],
+            **self._calibration(),
+        }
+
+    def _calibration(self) -> dict[str, Any]:
+        """Online calibration: the final model and how well the models in use predicted
+        the steps' measured time (sum over microbatch rounds of the slowest replica)."""
+        if not self.online:
+            return {}
+        calibrator = self.steps.calibrator
+        model = calibrator.model if calibrator is not None else None
+        errors = [predicted / measured - 1 for _, predicted, measured in self.predictions if measured > 0]
+        return {
+            "cost_model": None if model is None else [model.linear, model.quadratic, model.constant],
+            "calibrated": bool(calibrator is not None and calibrator.fitted),
+            "predictions": [list(p) for p in self.predictions],
+            "prediction_error_mean_abs": float(np.mean(np.abs(errors))) if errors else None,
         }
 
 
-def _log_step(mode, step, settings, loss, tokens_per_s, pad, imbalance, mbs, measured):
+def _log_step(mode, step, settings, loss, tokens_per_s, pad, imbalance, mbs, measured, prediction=None):
     width = 16
     done = int(round((step + 1) / settings.total_steps * width))
     bar = "#" * done + "." * (width - done)
     imb = "  n/a " if math.isnan(imbalance) else f"{imbalance:6.3f}"
     tag = "" if measured else "  (warm-up)"
+    # Online calibration: the model's prediction for the previous step (whose microbatch
+    # times every rank now holds) against its measured time.
+    pred = ""
+    if prediction is not None:
+        _, predicted, seconds = prediction
+        pred = f" | step {step}: predicted {predicted * 1e3:7.1f} ms, measured {seconds * 1e3:7.1f} ms"
     print(
         f"[{mode:>11}] step {step + 1:>2}/{settings.total_steps} [{bar}] loss {loss:6.3f} | "
-        f"{tokens_per_s:8,.0f} real tok/s | pad {pad * 100:5.1f}% | imbalance {imb} | {mbs:>2} mbs{tag}",
+        f"{tokens_per_s:8,.0f} real tok/s | pad {pad * 100:5.1f}% | imbalance {imb} | {mbs:>2} mbs{pred}{tag}",
         flush=True,
     )
 
@@ -312,10 +366,11 @@ def worker(settings: DemoSettings) -> list[dict[str, Any]] | None:
     peak = float(peak_t)
     if rank == 0 and not settings.quiet:
         share = cost.quadratic_share(settings.mean_seq_len)
+        then = "; then calibrated online from the microbatch times" if settings.cost == "online" else ""
         print(
             f"scheduler cost ({settings.cost}): {cost.linear:.4g}*s + {cost.quadratic:.4g}*s^2 + {cost.constant:.4g} "
             f"per microbatch; attention-like quadratic share at {settings.mean_seq_len} tokens: {share:.0%}, "
-            f"at {settings.max_seq_len}: {cost.quadratic_share(settings.max_seq_len):.0%}",
+            f"at {settings.max_seq_len}: {cost.quadratic_share(settings.max_seq_len):.0%}{then}",
             flush=True,
         )
     log = _log_step if rank == 0 and not settings.quiet else _quiet_log
@@ -325,6 +380,8 @@ def worker(settings: DemoSettings) -> list[dict[str, Any]] | None:
     for index in range(settings.total_steps):
         for run_ in runs:
             run_.train_step(index, log)
+    for run_ in runs:
+        run_.finish()
     results = [run_.result(peak) for run_ in runs]
     if rank == 0:
         for r in results:
