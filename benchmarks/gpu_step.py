@@ -81,6 +81,7 @@ class Settings:
     warmup: int = 1
     repeats: int = 2
     calib_packs: int = 16
+    sync: str = "lockstep"  # what balanced minimises (Scheduler.schedule(sync=)): "lockstep", "replica" or "none"
     device: str = "auto"  # "auto" (cuda when available), "cuda", "cpu"
     attention: str = "auto"  # "auto" (TE when it imports on CUDA), "te", "torch"
     mamba: str = "auto"  # Mamba2Mixer backend: "auto", "mamba_ssm", "torch"
@@ -278,9 +279,11 @@ class Timer:
 
 def schedule_cells(name: str, lengths: np.ndarray, s: Settings, cost: CostModel | None) -> list[list[list[int]]]:
     """``cells[m][d]``: the lengths packed into microbatch ``m`` of replica ``d``."""
+    sync = None if name != "balanced" or s.sync == "none" else s.sync
     schedule = get_scheduler(name).schedule(
-        lengths, dp_size=s.dp, max_tokens_per_rank=s.max_tokens_per_rank, pad_multiple=s.pad_multiple, cost=cost
-    )
+        lengths, dp_size=s.dp, max_tokens_per_rank=s.max_tokens_per_rank, pad_multiple=s.pad_multiple, cost=cost,
+        sync=sync,
+    )  # fmt: skip
     if schedule.deferred.size or schedule.dropped.size:
         raise SystemExit(f"{name} deferred or dropped sequences; this benchmark expects every sequence scheduled")
     return [[lengths[ids].tolist() for ids in row] for row in schedule.assignment]
@@ -432,6 +435,7 @@ def _text(s, env, device, dtype, description, lengths, calib, calib_seconds, fit
         f"global batch: dp={s.dp} x {s.samples_per_rank} samples = {lengths.size} sequences, {int(lengths.sum()):,} "
         f"real tokens, lognormal mean {s.mean_len} sigma {s.sigma} clipped [{s.min_len}, {s.max_len}] "
         f"(seed {s.seed}); capacity {s.max_tokens_per_rank:,} tokens per microbatch, pad multiple {s.pad_multiple}",
+        f"balanced schedules for sync={s.sync!r} (Scheduler.schedule(sync=...): the step time it minimises)",
         f"timing: forward+backward per microbatch, alone, {'CUDA events' if device.type == 'cuda' else 'perf_counter'}"
         f", {s.warmup} warm-up run(s) then the median of {s.repeats}; identical microbatches timed once",
     ]
