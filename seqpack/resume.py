@@ -150,3 +150,31 @@ class ResumeState:
     @property
     def is_version_1(self) -> bool:
         return self.config_fingerprint < 0
+
+    def check_fits(self, topology: Mapping[str, int], config: Any, scheduler_name: str) -> None:
+        """Raise :class:`ResumeError` unless this state was saved on ``topology`` (a
+        ``Topology.signature()``) with a ``PackingConfig`` that makes the same data as
+        ``config`` (its fingerprint; version-1 states: the few fields they record)."""
+        if self.topology != dict(topology):
+            raise ResumeError(
+                f"state was saved on topology {_fmt(self.topology)} but this iterator runs on {_fmt(topology)}"
+            )
+        here = config.summary()
+        if self.is_version_1:
+            old = {k: here[k] for k in ("samples_per_rank", "max_tokens_per_rank", "pad_multiple", "data_owner")}
+            old["scheduler"] = scheduler_name
+            if {k: str(v) for k, v in self.config.items()} != old:
+                raise ResumeError(f"state was saved with {self.config} but this iterator has {old}")
+            return
+        if self.config_fingerprint == config.fingerprint():
+            return
+        changed = "; ".join(
+            f"{key}: {self.config.get(key)!r} (saved) vs {here.get(key)!r} (here)"
+            for key in sorted(set(here) | set(self.config))
+            if self.config.get(key) != here.get(key)
+        )
+        raise ResumeError(f"state was saved with another configuration: {changed or 'fingerprints differ'}")
+
+
+def _fmt(signature: Mapping[str, int]) -> str:
+    return " ".join(f"{a}={signature[f'{a}_rank']}/{signature[f'{a}_size']}" for a in AXES)

@@ -31,27 +31,19 @@ prepared ones (the reader's bookkeeping is snapshotted with every prepared step)
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import dataclasses
 import datetime
 import logging
-import threading
 import time
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-import numpy as np
-import torch
 from torch.distributed.checkpoint.stateful import Stateful
 
 from seqpack import phases
-from seqpack._logging import warn_once
-from seqpack.calibrate import ABSENT, CostCalibrator, Measurement, TimingLedger, microbatch_sums
-from seqpack.config import AXES, Axis, DataOwner, PackingConfig, Sync, fingerprint_text
-from seqpack.cost import CostModel, default_cost_model
+from seqpack.calibrate import CostCalibrator, Measurement
+from seqpack.config import AXES, Axis, DataOwner, PackingConfig, fingerprint_text
+from seqpack.cost import default_cost_model
 from seqpack.dist import (
     Agreement,
     Status,
@@ -60,10 +52,11 @@ from seqpack.dist import (
     StepMessage,
     StepOk,
     agree,
+    agree_axes,
     broadcast_pp,
     broadcast_tp,
 )
-from seqpack.dist.groups import destroy_groups, new_axis_groups, this_rank
+from seqpack.dist.groups import new_axis_groups, this_rank
 from seqpack.errors import (
     ConfigError,
     ResumeError,
@@ -73,296 +66,19 @@ from seqpack.errors import (
     SeqpackTypeError,
     StepFailed,
 )
+from seqpack.online import StepCalibration
+from seqpack.prefetch import Background, DeviceCopy, Prefetcher, Progress, Ready, check_device, check_timeout
 from seqpack.resume import ResumeState
-from seqpack.schedulers import Schedule, predicted_step_time
 from seqpack.stats import StepStats
-from seqpack.thd import PackedBatch
+from seqpack.step import Step, StepTrace
 from seqpack.topology import Topology
-from seqpack.validation import check_bool, check_number
+from seqpack.validation import check_number
 
 __all__ = ["DATA_OWNERS", "PackingIterator", "Step", "wrap_data_iterator"]
 
 logger = logging.getLogger(__name__)
 
 DATA_OWNERS = tuple(DataOwner)
-
-
-@dataclasses.dataclass
-class Step:
-    """One training step's data for this rank.
-
-    Attributes:
-        num_microbatches: Microbatches every rank runs this step (equal on all ranks).
-        microbatches: This rank's CP shard of each microbatch; metadata-only on middle
-            pipeline stages.
-        stats: Tokens, padding, balance and FLOPs of the whole global batch.
-        step: Step index (0-based).
-        schedule: The step's schedule (identical on every rank).
-        schedule_fingerprint: ``schedule.fingerprint()``.
-        timings: Seconds spent in ``read``, ``gather``, ``schedule``, ``exchange``,
-            ``pack`` (pack + CP shard), ``broadcast`` (TP + PP, without ``wait``), ``wait``
-            (a broadcast receiver waiting for its source) and ``total`` on this rank (in the
-            background under prefetch); ``copy`` (pinning and starting the device copy, when
-            asked for); ``blocked``: how long the ``next()`` that returned this step waited
-            for it on the calling thread (with prefetch ~0 when the step was ready).
-        exchange_bytes: ``sent``, ``received``, ``kept`` (stayed local) and ``payload``
-            (tokens of this replica's samples) bytes of this rank's exchange.
-    """
-
-    num_microbatches: int
-    microbatches: list[PackedBatch]
-    stats: StepStats
-    step: int = 0
-    schedule: Schedule | None = None
-    schedule_fingerprint: int = 0
-    timings: dict[str, float] = dataclasses.field(default_factory=dict)
-    exchange_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
-    _recorder: Callable[[int, Sequence[float] | np.ndarray, int], None] | None = dataclasses.field(
-        default=None, repr=False, compare=False
-    )
-
-    def record_times(self, seconds_per_microbatch: Sequence[float] | np.ndarray) -> None:
-        """Report how long each of this rank's microbatches of this step took (seconds, in
-        microbatch order), for ``wrap_data_iterator(..., calibrate=True)``.
-
-        The times travel with a later step's length gather; every rank's calibrator fits
-        the same model from them (:mod:`seqpack.calibrate`). Times that are NaN, infinite
-        or <= 0 are skipped and counted. :class:`seqpack.timing.MicrobatchTimer` calls this.
-
-        Raises:
-            ConfigError: The iterator does not calibrate, or not one time per microbatch.
-                On ranks whose times the calibrator uses (ranks that read data), a wrong
-                count also fails the next step on every rank with that message.
-        """
-        if self._recorder is None:
-            raise ConfigError(
-                "record_times needs calibration: pass calibrate=True to wrap_data_iterator (this step's iterator "
-                "does not calibrate)"
-            )
-        self._recorder(self.step, seconds_per_microbatch, self.num_microbatches)
-
-
-class _Trace:
-    """Seconds per phase and exchange bytes of one step on this rank."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.timings: dict[str, float] = {}
-        self.traffic: dict[str, int] = {}
-        # Calibration (seqpack.calibrate): the model this step is scheduled with, the
-        # fingerprint of schedule and model, and the microbatch-time words being combined.
-        self.model: CostModel | None = None
-        self.fitted = False  # the model is fitted to measured times
-        self.fingerprint: int | None = None
-        self.times: np.ndarray | None = None
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        tick = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - tick
-
-
-@dataclasses.dataclass(frozen=True)
-class _Progress:
-    """The producer's resume bookkeeping right after one step: what ``state_dict()``
-    reports once that step has been handed over (not before: later steps may be prepared
-    already)."""
-
-    steps: int
-    consumed: int
-    deferred: list[phases.Sample]
-    iterator: Any
-    scheduler: Any
-    data_ended: bool
-    calibration: Any = None  # TimingLedger.snapshot() under calibrate
-
-
-@dataclasses.dataclass
-class _Ready:
-    """One prepared step on its way to ``next()``: the :class:`Step`, or how the step ended
-    (``message``: end of data or the agreed error, with this rank's own ``cause``), or an
-    exception that escaped the preparation (``error``: a communication failure, a bug)."""
-
-    index: int
-    step: Step | None = None
-    message: StepMessage | None = None
-    cause: BaseException | None = None
-    error: BaseException | None = None
-    progress: _Progress | None = None
-    copied: Any = None  # CUDA event recorded after the device copy
-
-    @property
-    def last(self) -> bool:
-        return self.step is None
-
-
-class _Prefetcher:
-    """Runs ``produce`` on a daemon thread, at most ``depth`` prepared steps ahead of
-    :meth:`take`, in order.
-
-    The thread holds the iterator only while it prepares a step (a weak reference
-    otherwise), so an iterator dropped without ``close()`` is still garbage collected.
-    """
-
-    def __init__(self, produce: Callable[[], _Ready], depth: int, name: str) -> None:
-        self._produce = weakref.WeakMethod(produce)
-        self._depth = depth
-        self._cond = threading.Condition()
-        self._ready: deque[_Ready] = deque()
-        self._stopping = False
-        self._now = False  # stop without filling the slots (interpreter exit)
-        self._done = False
-        # CUDA's current device is per thread: prepare on the caller's, not on GPU 0.
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        self._cuda_device = torch.cuda.current_device() if cuda else None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-        _LIVE.add(self)
-
-    def _run(self) -> None:
-        try:
-            if self._cuda_device is not None:
-                torch.cuda.set_device(self._cuda_device)
-            while True:
-                with self._cond:
-                    # Even after stop() the thread fills its `depth` slots before it ends: the
-                    # other ranks' threads prepare the same steps, and one a rank skipped would
-                    # leave them waiting in its collectives.
-                    while len(self._ready) >= self._depth and not self._stopping:
-                        self._cond.wait()
-                    if len(self._ready) >= self._depth or self._now:
-                        return
-                produce = self._produce()
-                if produce is None:  # the iterator was garbage collected
-                    return
-                try:
-                    item = produce()
-                except BaseException as exc:  # handed to next(), which raises it
-                    item = _Ready(-1, error=exc)
-                del produce
-                with self._cond:
-                    self._ready.append(item)
-                    self._cond.notify_all()
-                if item.last:
-                    return
-        finally:
-            with self._cond:
-                self._done = True
-                self._cond.notify_all()
-
-    def take(self) -> _Ready:
-        """The next prepared step, waiting for it if needed."""
-        with self._cond:
-            while not self._ready:
-                if self._done:
-                    raise RuntimeError("seqpack's prefetch thread ended without handing over the step")
-                self._cond.wait()
-            item = self._ready.popleft()
-            self._cond.notify_all()
-            return item
-
-    def stop(self, timeout: float, *, now: bool = False) -> bool:
-        """Ask the thread to end (``now``: after the step in progress, else once its slots
-        are full) and wait up to ``timeout`` seconds; True when it ended."""
-        with self._cond:
-            self._stopping = True
-            self._now = self._now or now
-            self._cond.notify_all()
-        if timeout > 0 and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-        alive = self._thread.is_alive()
-        if not alive:
-            self._ready.clear()  # prepared steps nobody will take: free their tensors
-        return not alive
-
-
-_LIVE: weakref.WeakSet[_Prefetcher] = weakref.WeakSet()
-_EXIT_SECONDS = 5.0
-
-
-@atexit.register
-def _stop_at_exit() -> None:
-    # A daemon thread still running torch code while the interpreter and its C++ statics are
-    # torn down can abort the process ("terminate called without an active exception"):
-    # let every producer finish the step in progress first, for a bounded time (one stuck in
-    # a collective with a dead or hung peer is left behind).
-    live = list(_LIVE)
-    for prefetcher in live:
-        prefetcher.stop(0.0, now=True)
-    deadline = time.monotonic() + _EXIT_SECONDS
-    for prefetcher in live:
-        prefetcher.stop(max(0.0, deadline - time.monotonic()), now=True)
-
-
-class _Background:
-    """What an iterator must release: its producer thread and the process groups it
-    created. Shared with a ``weakref.finalize``, so that an iterator dropped without
-    ``close()`` still releases them."""
-
-    def __init__(self, groups: list[Any]) -> None:
-        self.groups = groups
-        self.prefetcher: _Prefetcher | None = None
-
-    def release(self, timeout: float) -> bool:
-        stopped = self.prefetcher.stop(timeout) if self.prefetcher is not None else True
-        groups, self.groups = self.groups, []
-        destroy_groups(groups)
-        return stopped
-
-
-def _tensors(batch: PackedBatch) -> Iterator[torch.Tensor]:
-    for field in dataclasses.fields(batch):
-        value = getattr(batch, field.name)
-        if isinstance(value, torch.Tensor):
-            yield value
-
-
-def _pinned(batch: PackedBatch) -> PackedBatch:
-    """``batch`` with every tensor in page-locked memory (a shared ``cu_seqlens`` kept shared)."""
-    fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-    for name, value in fields.items():
-        if isinstance(value, torch.Tensor) and not value.is_pinned():
-            fields[name] = value.pin_memory()
-    if batch.cu_seqlens_padded is batch.cu_seqlens:
-        fields["cu_seqlens_padded"] = fields["cu_seqlens"]
-    return PackedBatch(**fields)
-
-
-def _check_device(device: Any, pin_memory: Any) -> tuple[torch.device | None, bool]:
-    """The device steps are copied to (``None``: stay on the CPU) and whether to pin."""
-    pin = check_bool("pin_memory", pin_memory)
-    target = None
-    if device is not None:
-        try:
-            target = torch.device(device)
-        except (RuntimeError, TypeError, ValueError) as exc:
-            raise ConfigError(f"device must be a torch.device or a device string, got {device!r} ({exc})") from None
-        if target.type == "cpu":
-            target = None  # CPU runs skip the copy
-        elif target.type == "cuda":
-            if not torch.cuda.is_available():
-                raise ConfigError(f"device={device!r} but CUDA is not available")
-            if target.index is None:
-                target = torch.device("cuda", torch.cuda.current_device())
-    if pin and not torch.cuda.is_available():
-        warn_once(logger, "pin_memory", "pin_memory=True ignored: CUDA is not available")
-        pin = False
-    return target, pin
-
-
-def _check_timeout(timeout: Any) -> datetime.timedelta | None:
-    if timeout is None or isinstance(timeout, datetime.timedelta):
-        seconds = None if timeout is None else timeout.total_seconds()
-    else:
-        seconds = check_number("group_timeout", timeout)
-    if seconds is None:
-        return None
-    if not seconds > 0:
-        raise ConfigError(f"group_timeout must be a positive number of seconds, got {timeout!r}")
-    return datetime.timedelta(seconds=seconds)
 
 
 class PackingIterator(Iterator[Step], Stateful):
@@ -419,8 +135,8 @@ class PackingIterator(Iterator[Step], Stateful):
         try:
             self.config = config.resolve(topology)
             self._check_ownership(data_iterator)
-            self._device, self._pin_memory = _check_device(device, pin_memory)
-            timeout = _check_timeout(group_timeout)
+            self._device, self._pin_memory = check_device(device, pin_memory)
+            timeout = check_timeout(group_timeout)
             if wrapper_groups is not None:
                 comm = topology.with_groups(wrapper_groups)
             sizes = {f"{a}_size": topology.size(a) for a in AXES}
@@ -450,12 +166,12 @@ class PackingIterator(Iterator[Step], Stateful):
             owned = [group for group in groups.values() if group is not None]
             if owned:
                 self._comm = topology.with_groups(groups)
-        self._bg = _Background(owned)
+        self._bg = Background(owned)
         self._finalizer = weakref.finalize(self, self._bg.release, 0.0)
         self._finalizer.atexit = False  # the thread is a daemon: nothing to wait for at exit
         self._closed = False
-        self._delivered: _Progress | None = None  # as of the last step handed over
-        self._copy_stream: Any = None
+        self._delivered: Progress | None = None  # as of the last step handed over
+        self._copy = DeviceCopy(self._device, self._pin_memory, background=self.config.prefetch > 0)
         self.scheduler = self.config.build_scheduler()
         # Stats are measured in one cost for every scheduler: the one given, else the cost
         # the scheduler balances, else the default FLOPs model (so that "dp_balanced" and
@@ -470,7 +186,7 @@ class PackingIterator(Iterator[Step], Stateful):
         self._local_cause: BaseException | None = None
         self.dropped_at_end = 0
         self.empty_at_end = 0  # zero-length samples read in the step that found the end of data
-        self._ledger = self._make_ledger()
+        self._calibration = StepCalibration(self.config, self.topology, self.scheduler, self._reads)
 
     # -- configuration --------------------------------------------------------------------
 
@@ -497,63 +213,17 @@ class PackingIterator(Iterator[Step], Stateful):
         if not self._reads and data_iterator is not None:
             raise ConfigError(f"{who} got a data_iterator but must not read data ({rule}); pass data_iterator=None")
 
-    def _make_ledger(self) -> TimingLedger | None:
-        """The calibration bookkeeping, on the ranks that keep the model (those that read
-        data, and under ``data_owner="tp0"`` the middle pipeline stages of TP rank 0, which
-        take part in the pipeline's agreement); ``None`` without ``calibrate``."""
-        calibrate, t = self.config.calibrate, self.topology
-        if calibrate is False or not (self._reads or t.tp_rank == 0):
-            return None
-        if isinstance(calibrate, CostCalibrator):
-            calibrator = calibrate.copy()
-        else:
-            calibrator = CostCalibrator(self.config.cost or self.scheduler.resolve_cost(None) or default_cost_model())
-        # Steps prepared ahead (prefetch k) are scheduled k steps before the training loop
-        # reports the times they wait for: wait that much longer for them.
-        window = 2 + int(getattr(self.config, "prefetch", 0) or 0)
-        return TimingLedger(calibrator, dp_size=t.dp_size, dp_rank=t.dp_rank, window=window, sync=self.config.sync)
-
     @property
     def last_measurement(self) -> Measurement | None:
         """Under ``calibrate``: the last step whose microbatch times every rank holds (its
         measured and predicted step time); ``None`` before one, or without a calibrator."""
-        return self._ledger.last if self._ledger is not None else None
+        return self._calibration.last
 
     @property
     def calibrator(self) -> CostCalibrator | None:
         """The online cost calibrator (``None`` without ``calibrate`` or on ranks that do not
         keep it: TP ranks > 0 under ``data_owner="tp0"``)."""
-        return self._ledger.calibrator if self._ledger is not None else None
-
-    def _record(self, step: int, seconds: Sequence[float] | np.ndarray, num_microbatches: int) -> None:
-        if self._ledger is not None and self._reads:
-            self._ledger.record(step, seconds, num_microbatches)
-            return
-        count = np.asarray(seconds, dtype=np.float64).reshape(-1).shape[0]
-        if count != num_microbatches:  # this rank's times are not used; the count is still checked
-            raise ConfigError(
-                f"record_times got {count} times for step {step}, which ran {num_microbatches} microbatches: pass "
-                "one time per microbatch"
-            )
-
-    def _fingerprint(self, msg: StepOk, trace: _Trace | None) -> int:
-        """What ranks compare: the schedule, and under calibration the model that made it."""
-        return trace.fingerprint if trace is not None and trace.fingerprint is not None else msg.fingerprint
-
-    def _absorb_times(self, msg: StepMessage, trace: _Trace) -> None:
-        """After the agreements: every rank holds the same combined times. Feed them to the
-        calibrator, then register this step's layout for its own times. At the end of data
-        the last times are still taken (:attr:`last_measurement`)."""
-        ledger = self._ledger
-        if ledger is None or isinstance(msg, StepError) or trace.times is None:
-            return
-        calibrator = ledger.calibrator
-        if trace.model is None:  # a middle stage: the model its peers scheduled with is this one
-            trace.model, trace.fitted = calibrator.model, calibrator.fitted
-        in_seconds = trace.fitted or calibrator.prior_in_seconds
-        ledger.incoming(msg.step, trace.times.reshape(self.topology.dp_size, -1))
-        if isinstance(msg, StepOk):
-            ledger.add_step(msg.step, microbatch_sums(msg.schedule), trace.model if in_seconds else None)
+        return self._calibration.calibrator
 
     def _agree(
         self,
@@ -565,7 +235,7 @@ class PackingIterator(Iterator[Step], Stateful):
         what: str,
         origin: int | None = None,
     ) -> Agreement:
-        return _agree_axes(self._comm, axes, status, message, fingerprint, what=what, origin=origin)
+        return agree_axes(self._comm, axes, status, message, fingerprint, what=what, origin=origin)
 
     # -- iteration ------------------------------------------------------------------------
 
@@ -593,7 +263,7 @@ class PackingIterator(Iterator[Step], Stateful):
             if bg.prefetcher is None:
                 self._delivered = self._progress()  # nothing handed over yet: the state as loaded
                 name = f"seqpack-prefetch-rank{this_rank()}"
-                bg.prefetcher = _Prefetcher(self._produce, self.config.prefetch, name)
+                bg.prefetcher = Prefetcher(self._produce, self.config.prefetch, name)
             ready = bg.prefetcher.take()
         return self._deliver(ready, time.perf_counter() - tick)
 
@@ -625,13 +295,13 @@ class PackingIterator(Iterator[Step], Stateful):
             )
         self._finalizer.detach()
 
-    def _produce(self) -> _Ready:
+    def _produce(self) -> Ready:
         """Prepare the next step: the work of one ``next()`` without the hand-over (read,
         gather, schedule, exchange, pack, agree, broadcast, stats, device copy). Runs on the
         background thread under prefetch, else inside ``next()``; never raises."""
         index = self._steps
         try:
-            trace = _Trace()
+            trace = StepTrace()
             msg: StepMessage | None = None
             if self._reads:
                 msg = self._agree_copies(self._reader_step(trace), trace)
@@ -640,13 +310,13 @@ class PackingIterator(Iterator[Step], Stateful):
                     msg = self._broadcast(msg, trace)
                 trace.timings["broadcast"] -= trace.timings.get("wait", 0.0)
             assert msg is not None
-            self._absorb_times(msg, trace)
+            self._calibration.absorb(msg, trace)
             trace.timings["total"] = time.perf_counter() - trace.start
             return self._ready(msg, trace)
         except Exception as exc:  # raised by the next() of this step
-            return _Ready(index, error=exc)
+            return Ready(index, error=exc)
 
-    def _reader_step(self, trace: _Trace) -> StepMessage:
+    def _reader_step(self, trace: StepTrace) -> StepMessage:
         """Read, gather, schedule, exchange and pack this rank's share of the step."""
         t, step, config = self._comm, self._steps, self.config
         self._local_cause = None
@@ -662,12 +332,8 @@ class PackingIterator(Iterator[Step], Stateful):
             except Exception as exc:  # the user's iterator or data: every rank must hear of it
                 pool, mask = [], 0
                 error = self._bad_input(exc, step)
-        times = None
-        if self._ledger is not None:
-            # Times of steps up to step - 1 - prefetch: what the training loop has surely
-            # recorded (it records a step before asking for the next), whatever the timing.
-            times = self._ledger.outgoing(upto=step - 1 - self.config.prefetch)
-            error = error or self._ledger.take_error()  # a bad record_times fails the step everywhere
+        times, bad_times = self._calibration.outgoing(step)
+        error = error or bad_times  # a bad record_times fails the step everywhere
         with trace.phase("gather"):
             try:
                 gathered = phases.gather(pool, read, mask, t, error, times)
@@ -682,19 +348,12 @@ class PackingIterator(Iterator[Step], Stateful):
             self._pool = []
             return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
         with trace.phase("schedule"):
-            if self._ledger is not None:
-                calibrator = self._ledger.calibrator
-                trace.model, trace.fitted = calibrator.model, calibrator.fitted
+            self._calibration.choose_model(trace)
             try:
                 plan = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
             except ScheduleError as exc:
                 return self._error(step, f"step {step}: {exc}", exc)
-            if trace.model is not None:  # ranks must also agree on the model they fitted
-                model = trace.model
-                trace.fingerprint = fingerprint_text(
-                    repr((plan.fingerprint(), model.linear.hex(), model.quadratic.hex(), model.constant.hex()))
-                )
-            fingerprint = trace.fingerprint if trace.fingerprint is not None else plan.fingerprint()
+            fingerprint = self._calibration.fingerprint(plan, trace)
             if config.check_schedule and t.dp_size > 1:
                 agreed = agree(Status.OK, None, t.group("dp"), fingerprint=fingerprint, axis="dp")
                 if agreed.status == Status.ERROR:
@@ -735,35 +394,25 @@ class PackingIterator(Iterator[Step], Stateful):
         self._local_cause = cause
         return StepError(step, message, this_rank())
 
-    def _agree_copies(self, msg: StepMessage, trace: _Trace | None = None) -> StepMessage:
+    def _agree_copies(self, msg: StepMessage, trace: StepTrace | None = None) -> StepMessage:
         """The copies of one replica (CP ranks; under "all" also TP and PP) agree on the
         outcome. The schedule fingerprint rides on the status all-reduce that happens
         anyway: copies that read different data are caught every step. Under calibration
         the microbatch times gathered over DP ride on it too (an int64 MAX), so that every
         copy holds every copy's times."""
         axes = (Axis.CP,) if self.config.data_owner == DataOwner.TP0 else (Axis.CP, Axis.TP, Axis.PP)
-        fingerprint = self._fingerprint(msg, trace) if isinstance(msg, StepOk) else None
+        fingerprint = StepCalibration.message_fingerprint(msg, trace) if isinstance(msg, StepOk) else None
         message = msg.message if isinstance(msg, StepError) else None
         origin = msg.rank if isinstance(msg, StepError) else None
-        payload = self._times_payload(trace)
-        agreed = _agree_axes(
+        payload = self._calibration.payload(trace)
+        agreed = agree_axes(
             self._comm, axes, msg.status, message, fingerprint, what="schedules", origin=origin, payload=payload
         )
         if trace is not None and payload is not None:
             trace.times = agreed.payload
         return _with_status(msg, agreed.status, agreed.message, agreed.rank)
 
-    def _times_payload(self, trace: _Trace | None) -> np.ndarray | None:
-        """This rank's time words for an agreement: the DP-gathered table on ranks that
-        read, ``ABSENT`` (never counted by the MAX) on the others (same length: every
-        ledger has the same steps)."""
-        if self._ledger is None or trace is None:
-            return None
-        if trace.times is not None:
-            return trace.times.reshape(-1)
-        return np.full(self.topology.dp_size * self._ledger.width(), ABSENT, dtype=np.int64)
-
-    def _broadcast(self, msg: StepMessage | None, trace: _Trace) -> StepMessage:
+    def _broadcast(self, msg: StepMessage | None, trace: StepTrace) -> StepMessage:
         """data_owner="tp0": TP rank 0 sends to the other TP ranks; the pipeline agrees and
         the first stage sends its layout to the middle ones."""
         t = self._comm
@@ -774,14 +423,14 @@ class PackingIterator(Iterator[Step], Stateful):
         assert msg is not None
         return msg
 
-    def _pipeline(self, msg: StepMessage | None, trace: _Trace) -> StepMessage:
+    def _pipeline(self, msg: StepMessage | None, trace: StepTrace) -> StepMessage:
         """Agree with the other stages, then send the first stage's layout to the middle ones."""
         t, step = self._comm, self._steps
         status = msg.status if msg is not None else Status.OK
-        fingerprint = self._fingerprint(msg, trace) if isinstance(msg, StepOk) else None
+        fingerprint = StepCalibration.message_fingerprint(msg, trace) if isinstance(msg, StepOk) else None
         message = msg.message if isinstance(msg, StepError) else None
         origin = msg.rank if isinstance(msg, StepError) else None
-        payload = self._times_payload(trace)
+        payload = self._calibration.payload(trace)
         agreed = agree(
             status,
             message,
@@ -815,21 +464,21 @@ class PackingIterator(Iterator[Step], Stateful):
             return StepEnd(step) if agreed.status == Status.END else StepError(step, agreed.message or "")
         return msg
 
-    def _ready(self, msg: StepMessage, trace: _Trace) -> _Ready:
+    def _ready(self, msg: StepMessage, trace: StepTrace) -> Ready:
         """The step's agreed outcome as next() will hand it over, built on the producer's
         side: stats, device copy, and the resume bookkeeping as of this step."""
         if isinstance(msg, StepError):
             cause = self._local_cause if msg.rank is not None and msg.rank == this_rank() else None
-            return _Ready(msg.step, message=msg, cause=cause)
+            return Ready(msg.step, message=msg, cause=cause)
         if isinstance(msg, StepEnd):
-            return _Ready(msg.step, message=msg, progress=self._progress())
+            return Ready(msg.step, message=msg, progress=self._progress())
         plan = msg.schedule
         stats = StepStats.from_schedule(plan, self.stats_cost, empty_samples=msg.empty_samples)
         if self.config.flops_fn is not None:
             stats.flops = float(self.config.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
-        self._calibration_stats(stats, plan, trace)
+        self._calibration.fill_stats(stats, plan, trace, self.stats_cost)
         self._steps += 1
-        batches, copied = self._place(msg.microbatches, trace)
+        batches, copied = self._copy.place(msg.microbatches, trace)
         step = Step(
             num_microbatches=plan.num_microbatches,
             microbatches=batches,
@@ -839,45 +488,23 @@ class PackingIterator(Iterator[Step], Stateful):
             schedule_fingerprint=plan.fingerprint(),
             timings=trace.timings,
             exchange_bytes=trace.traffic,
-            _recorder=self._record if self.config.calibrate is not False else None,
+            _recorder=self._calibration.record if self._calibration.enabled else None,
         )
-        return _Ready(msg.step, step=step, progress=self._progress(), copied=copied)
+        return Ready(msg.step, step=step, progress=self._progress(), copied=copied)
 
-    def _progress(self) -> _Progress:
+    def _progress(self) -> Progress:
         reader = self._reader
-        return _Progress(
+        return Progress(
             steps=self._steps,
             consumed=(reader.consumed + reader.skip) if reader is not None else 0,
             deferred=list(self._pool),
             iterator=self._source.state_dict() if isinstance(self._source, Stateful) else None,
             scheduler=self.scheduler.state_dict() if isinstance(self.scheduler, Stateful) else None,
             data_ended=self._data_ended,
-            calibration=self._ledger.snapshot() if self._ledger is not None else None,
+            calibration=self._calibration.snapshot(),
         )
 
-    def _place(self, batches: list[PackedBatch], trace: _Trace) -> tuple[list[PackedBatch], Any]:
-        """Pin the step's tensors and copy them to ``device``. On CUDA under prefetch the
-        copy runs on a side stream (``non_blocking`` from pinned memory); the returned event
-        tells ``next()`` when it is done."""
-        device = self._device
-        if device is None and not self._pin_memory:
-            return batches, None
-        with trace.phase("copy"):
-            if self._pin_memory:
-                batches = [_pinned(batch) for batch in batches]
-            if device is None:
-                return batches, None
-            if device.type != "cuda" or self.config.prefetch == 0:
-                return [batch.to(device, non_blocking=self._pin_memory) for batch in batches], None
-            if self._copy_stream is None:
-                self._copy_stream = torch.cuda.Stream(device=device)
-            with torch.cuda.stream(self._copy_stream):
-                moved = [batch.to(device, non_blocking=self._pin_memory) for batch in batches]
-                event = torch.cuda.Event()
-                event.record(self._copy_stream)
-            return moved, event
-
-    def _deliver(self, ready: _Ready, blocked: float) -> Step:
+    def _deliver(self, ready: Ready, blocked: float) -> Step:
         """Hand a prepared step over on the calling thread, or raise how the step ended."""
         if ready.error is not None:
             exc = ready.error
@@ -899,31 +526,11 @@ class PackingIterator(Iterator[Step], Stateful):
             raise StopIteration
         step = ready.step
         assert step is not None
-        if ready.copied is not None:
-            # The copy ran on the producer's stream: order it before the caller's work, and
-            # keep the caching allocator from reusing the memory while that work runs.
-            stream = torch.cuda.current_stream(ready.copied.device)
-            stream.wait_event(ready.copied)
-            for batch in step.microbatches:
-                for tensor in _tensors(batch):
-                    tensor.record_stream(stream)
+        if ready.copied is not None:  # the copy ran on the producer's stream
+            DeviceCopy.hand_over(step, ready.copied)
         step.timings["blocked"] = blocked
         self._delivered = ready.progress
         return step
-
-    def _calibration_stats(self, stats: StepStats, plan: Schedule, trace: _Trace) -> None:
-        """The model in use, its prediction for this step, and its error on the last
-        measured one."""
-        model = trace.model if trace.model is not None else self.stats_cost
-        ledger = self._ledger
-        stats.cost_model = model
-        stats.calibrated = trace.fitted
-        stats.predicted_step_time = predicted_step_time(plan, model, sync=self.config.sync or Sync.LOCKSTEP)
-        last = ledger.last if ledger is not None else None
-        if last is not None:
-            stats.measured_step, stats.measured_step_time = last.step, last.measured
-            error = last.error
-            stats.prediction_error = None if error is None else float(error)
 
     # -- resume ---------------------------------------------------------------------------
 
@@ -953,7 +560,7 @@ class PackingIterator(Iterator[Step], Stateful):
             finished=self._finished,
             dropped_at_end=self.dropped_at_end,
             data_ended=progress.data_ended,
-            calibration=self._ledger.state_dict(progress.calibration) if self._ledger is not None else None,
+            calibration=self._calibration.state_dict(progress.calibration),
         ).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -969,12 +576,7 @@ class PackingIterator(Iterator[Step], Stateful):
                 steps.
         """
         saved = ResumeState.from_dict(state)
-        here = self.topology.signature()
-        if saved.topology != here:
-            raise ResumeError(
-                f"state was saved on topology {_fmt(saved.topology)} but this iterator runs on {_fmt(here)}"
-            )
-        self._check_config(saved)
+        saved.check_fits(self.topology.signature(), self.config, type(self.scheduler).__name__)
         if (self._reader is not None and self._reader.started) or self._steps or self._bg.prefetcher is not None:
             raise ResumeError("load_state_dict needs a fresh iterator (this one has already read data)")
         self._steps = saved.steps
@@ -991,57 +593,7 @@ class PackingIterator(Iterator[Step], Stateful):
             self._reader.consumed = saved.consumed - self._reader.skip
         if saved.scheduler is not None and isinstance(self.scheduler, Stateful):
             self.scheduler.load_state_dict(saved.scheduler)
-        if saved.calibration is not None and self._ledger is not None:
-            self._ledger.load_state_dict(saved.calibration)
-
-    def _check_config(self, saved: ResumeState) -> None:
-        if saved.is_version_1:
-            here = self.config.summary()
-            old = {k: here[k] for k in ("samples_per_rank", "max_tokens_per_rank", "pad_multiple", "data_owner")}
-            old["scheduler"] = type(self.scheduler).__name__
-            theirs = {k: str(v) for k, v in saved.config.items()}
-            if theirs != old:
-                raise ResumeError(f"state was saved with {saved.config} but this iterator has {old}")
-            return
-        if saved.config_fingerprint == self.config.fingerprint():
-            return
-        here = self.config.summary()
-        changed = "; ".join(
-            f"{key}: {saved.config.get(key)!r} (saved) vs {here.get(key)!r} (here)"
-            for key in sorted(set(here) | set(saved.config))
-            if saved.config.get(key) != here.get(key)
-        )
-        raise ResumeError(f"state was saved with another configuration: {changed or 'fingerprints differ'}")
-
-
-def _agree_axes(
-    topology: Topology,
-    axes: Iterable[Axis],
-    status: int,
-    message: str | None,
-    fingerprint: int | None,
-    *,
-    what: str,
-    origin: int | None = None,
-    payload: np.ndarray | None = None,
-) -> Agreement:
-    """Agree over each axis in turn: after the last one every rank holds the same result
-    (and the MAX of every rank's ``payload``)."""
-    result = None
-    for axis in axes:
-        if topology.size(axis) > 1:
-            result = agree(
-                status,
-                message,
-                topology.group(axis),
-                fingerprint=fingerprint,
-                axis=axis,
-                what=what,
-                origin=origin,
-                payload=payload,
-            )
-            status, message, origin, payload = result.status, result.message, result.rank, result.payload
-    return result if result is not None else agree(status, message, None, origin=origin, payload=payload)
+        self._calibration.load_state_dict(saved.calibration)
 
 
 def _with_status(msg: StepMessage, status: Status, error: str | None, rank: int | None) -> StepMessage:
@@ -1053,10 +605,6 @@ def _with_status(msg: StepMessage, status: Status, error: str | None, rank: int 
     if status == msg.status:
         return msg
     return StepEnd(msg.step, dropped_at_end=msg.dropped_at_end if isinstance(msg, StepEnd) else 0)
-
-
-def _fmt(signature: Mapping[str, int]) -> str:
-    return " ".join(f"{a}={signature[f'{a}_rank']}/{signature[f'{a}_size']}" for a in AXES)
 
 
 def wrap_data_iterator(
@@ -1123,7 +671,7 @@ def wrap_data_iterator(
         if validate is not False and isinstance(topology, Topology):
             # The other ranks are waiting in the constructor's agreement: take part, so that
             # every rank raises this error instead of some hanging.
-            agreed = _agree_axes(topology, AXES, Status.ERROR, str(exc), None, what="wrapper arguments")
+            agreed = agree_axes(topology, AXES, Status.ERROR, str(exc), None, what="wrapper arguments")
             raise ConfigError(agreed.message or str(exc)) from exc
         raise
     return PackingIterator(

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from seqpack.dist.agree import STATUS_END, STATUS_ERROR, STATUS_OK, Agreement, Status, agree, agree_status
+from seqpack.dist.agree import STATUS_END, STATUS_ERROR, STATUS_OK, Agreement, Status, agree, agree_axes, agree_status
 from seqpack.dist.broadcast import broadcast_pp, broadcast_step, broadcast_tp
 from seqpack.dist.exchange import Exchanged, ExchangePlan, exchange_samples, plan_exchange
 from seqpack.dist.lengths import GatheredLengths, gather_lengths
@@ -50,6 +50,7 @@ __all__ = [
     "StepOk",
     "WireBuffers",
     "agree",
+    "agree_axes",
     "agree_status",
     "broadcast_pp",
     "broadcast_step",

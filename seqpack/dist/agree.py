@@ -8,6 +8,7 @@ rank reaches the same agreement call, and every rank leaves it with the same ans
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from enum import IntEnum
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch.distributed as dist
 from seqpack.dist.groups import all_gather_objects, comm_device, global_rank, group_rank, group_size
 from seqpack.errors import ConfigError
 
-__all__ = ["Agreement", "Status", "agree", "agree_status", "STATUS_END", "STATUS_ERROR", "STATUS_OK"]
+__all__ = ["Agreement", "Status", "agree", "agree_axes", "agree_status", "STATUS_END", "STATUS_ERROR", "STATUS_OK"]
 
 
 class Status(IntEnum):
@@ -129,3 +130,34 @@ def agree_status(
     """:func:`agree` as a ``(status, message)`` pair, identical on every rank of the group."""
     result = agree(status, message, group, fingerprint=fingerprint, axis=axis, what=what)
     return result.status, result.message if result.status == Status.ERROR else None
+
+
+def agree_axes(
+    topology: Any,
+    axes: Iterable[str],
+    status: int,
+    message: str | None,
+    fingerprint: int | None,
+    *,
+    what: str,
+    origin: int | None = None,
+    payload: np.ndarray | None = None,
+) -> Agreement:
+    """:func:`agree` over each axis of ``topology`` in turn (axes of size 1 skipped): after
+    the last one every rank of those axes holds the same result (and the MAX of every
+    rank's ``payload``)."""
+    result = None
+    for axis in axes:
+        if topology.size(axis) > 1:
+            result = agree(
+                status,
+                message,
+                topology.group(axis),
+                fingerprint=fingerprint,
+                axis=axis,
+                what=what,
+                origin=origin,
+                payload=payload,
+            )
+            status, message, origin, payload = result.status, result.message, result.rank, result.payload
+    return result if result is not None else agree(status, message, None, origin=origin, payload=payload)
