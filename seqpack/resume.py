@@ -34,6 +34,7 @@ class ResumeState:
         scheduler: The scheduler's ``state_dict()``, when it has one.
         finished: The iterator has ended.
         dropped_at_end: Sequences dropped with a partial last step.
+        empty_at_end: Zero-length samples read in the step that found the end of data.
         data_ended: Some rank's data ran out; no rank reads again.
         calibration: The online calibrator's state (``TimingLedger.state_dict()``) under
             ``calibrate``; optional in the dict (states saved without it load).
@@ -76,6 +77,7 @@ class ResumeState:
     scheduler: Any = None
     finished: bool = False
     dropped_at_end: int = 0
+    empty_at_end: int = 0
     data_ended: bool = False
     calibration: Any = None
 
@@ -101,7 +103,7 @@ class ResumeState:
         if missing:
             raise ResumeError(f"state is missing keys {missing}; expected a PackingIterator.state_dict()")
         counts = {}
-        for name in ("steps", "consumed", "dropped_at_end"):
+        for name in ("steps", "consumed", "dropped_at_end", "empty_at_end"):
             try:
                 counts[name] = check_int(f"state[{name!r}]", state.get(name, 0), minimum=0)
             except ValueError as exc:
@@ -143,6 +145,7 @@ class ResumeState:
             scheduler=state.get("scheduler"),
             finished=flags["finished"],
             dropped_at_end=counts["dropped_at_end"],
+            empty_at_end=counts["empty_at_end"],
             data_ended=flags["data_ended"],
             calibration=state.get("calibration"),
         )

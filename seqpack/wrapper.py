@@ -559,6 +559,7 @@ class PackingIterator(Iterator[Step], Stateful):
             scheduler=progress.scheduler,
             finished=self._finished,
             dropped_at_end=self.dropped_at_end,
+            empty_at_end=self.empty_at_end,
             data_ended=progress.data_ended,
             calibration=self._calibration.state_dict(progress.calibration),
         ).to_dict()
@@ -584,6 +585,7 @@ class PackingIterator(Iterator[Step], Stateful):
         self._finished = saved.finished
         self._data_ended = saved.data_ended
         self.dropped_at_end = saved.dropped_at_end
+        self.empty_at_end = saved.empty_at_end
         if self._reader is not None:
             if saved.iterator is not None and isinstance(self._source, Stateful):
                 self._source.load_state_dict(saved.iterator)

@@ -557,3 +557,16 @@ def test_interpreter_exit_while_the_thread_runs_torch_code_is_clean():
     proc = subprocess.run([sys.executable, "-c", _EXIT_WHILE_BUSY], capture_output=True, text=True, env=env,
                           timeout=120)
     assert proc.returncode == 0 and "exiting with the thread busy" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_counts_at_the_end_of_data_survive_a_resume():
+    # Items 7 and 20 are zero-length (i % 13 == 7): with 21 items and 6 per step, item 20 is
+    # read in the step that finds the end of data, which drop_last drops: both counts are set.
+    it = _wrap(items(SEED, 0, 21))
+    _run(it)
+    assert it.empty_at_end == 1 and it.dropped_at_end > 0
+    again = _wrap(items(SEED, 0, 21))
+    again.load_state_dict(_save_load(it.state_dict()))
+    assert (again.empty_at_end, again.dropped_at_end) == (it.empty_at_end, it.dropped_at_end)
+    with pytest.raises(StopIteration):
+        next(again)
