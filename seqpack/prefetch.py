@@ -26,7 +26,7 @@ import torch
 from seqpack import phases
 from seqpack._logging import warn_once
 from seqpack.dist import StepMessage
-from seqpack.dist.groups import destroy_groups
+from seqpack.dist.groups import abandonable, destroy_groups
 from seqpack.errors import ConfigError
 from seqpack.step import Step, StepTrace
 from seqpack.thd import PackedBatch
@@ -111,7 +111,10 @@ class Prefetcher:
                 if produce is None:  # the iterator was garbage collected
                     return
                 try:
-                    item = produce()
+                    # Collectives poll, so that the exit hook can stop a thread whose peer
+                    # hangs or died before the interpreter shuts down (see abandonable).
+                    with abandonable(lambda: self._now):
+                        item = produce()
                 except BaseException as exc:  # handed to next(), which raises it
                     item = Ready(-1, error=exc)
                 del produce
@@ -159,8 +162,9 @@ _EXIT_SECONDS = 5.0
 def _stop_at_exit() -> None:
     # A daemon thread still running torch code while the interpreter and its C++ statics are
     # torn down can abort the process ("terminate called without an active exception"):
-    # let every producer finish the step in progress first, for a bounded time (one stuck in
-    # a collective with a dead or hung peer is left behind).
+    # stop every producer first, for a bounded time. One waiting in a collective for a dead
+    # or hung peer leaves it within milliseconds (collectives poll under `abandonable`); one
+    # stuck in the user's own iterator is left behind (pure Python: it ends quietly).
     live = list(_LIVE)
     for prefetcher in live:
         prefetcher.stop(0.0, now=True)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from seqpack.dist.groups import all_gather_objects, comm_device, global_rank, group_rank, group_size
+from seqpack.dist.groups import all_gather_objects, collective, comm_device, global_rank, group_rank, group_size
 from seqpack.errors import ConfigError
 
 __all__ = ["Agreement", "Status", "agree", "agree_axes", "agree_status", "STATUS_END", "STATUS_ERROR", "STATUS_OK"]
@@ -99,7 +99,7 @@ def agree(
     if words is not None:
         vec = torch.cat([vec, torch.from_numpy(words)])
     vec = vec.to(comm_device(group))
-    dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group)
+    collective(dist.all_reduce, vec, op=dist.ReduceOp.MAX, group=group)
     reduced = vec.cpu().numpy()
     agreed, fp_max, fp_min_c, any_fp = (int(v) for v in reduced[:4])
     if agreed == Status.ERROR:

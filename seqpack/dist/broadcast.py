@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from seqpack.dist.groups import comm_device, global_rank, group_rank, group_size
+from seqpack.dist.groups import collective, comm_device, global_rank, group_rank, group_size
 from seqpack.dist.wire import PREFIX_WORDS, Kind, StepMessage, WireBuffers, decode_prefix, decode_step, encode_step
 from seqpack.errors import ConfigError
 
@@ -49,27 +49,27 @@ def broadcast_step(
         if msg is None:
             raise ConfigError(f"group rank {src} is the broadcast source and must pass the message")
         wire = encode_step(msg, kind=kind)
-        dist.broadcast(wire.prefix.to(device), src_global, group=group)
-        dist.broadcast(wire.ints.to(device), src_global, group=group)
+        collective(dist.broadcast, wire.prefix.to(device), src_global, group=group)
+        collective(dist.broadcast, wire.ints.to(device), src_global, group=group)
         if wire.floats.numel():
-            dist.broadcast(wire.floats.to(device), src_global, group=group)
+            collective(dist.broadcast, wire.floats.to(device), src_global, group=group)
         if wire.message.numel():
-            dist.broadcast(wire.message.to(device), src_global, group=group)
+            collective(dist.broadcast, wire.message.to(device), src_global, group=group)
         return msg
     prefix = torch.empty(PREFIX_WORDS, dtype=torch.int64, device=device)
     tick = time.perf_counter()
-    dist.broadcast(prefix, src_global, group=group)
+    collective(dist.broadcast, prefix, src_global, group=group)
     if timings is not None:
         timings["wait"] = timings.get("wait", 0.0) + time.perf_counter() - tick
     p = decode_prefix(prefix)
     ints = torch.empty(p.ints_len, dtype=torch.int64, device=device)
-    dist.broadcast(ints, src_global, group=group)
+    collective(dist.broadcast, ints, src_global, group=group)
     floats = torch.empty(p.float_words, dtype=torch.float32, device=device)
     if p.float_words:
-        dist.broadcast(floats, src_global, group=group)
+        collective(dist.broadcast, floats, src_global, group=group)
     message = torch.empty(p.message_bytes, dtype=torch.uint8, device=device)
     if p.message_bytes:
-        dist.broadcast(message, src_global, group=group)
+        collective(dist.broadcast, message, src_global, group=group)
     if not decode:
         return None
     return decode_step(WireBuffers(prefix.cpu(), ints.cpu(), floats.cpu(), message.cpu()), verify=verify)

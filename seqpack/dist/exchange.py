@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from seqpack.dist.groups import all_gather_objects, comm_device, group_rank, group_size
+from seqpack.dist.groups import all_gather_objects, collective, comm_device, group_rank, group_size
 from seqpack.errors import ConfigError, SampleError
 from seqpack.schedulers.base import Schedule
 
@@ -184,7 +184,8 @@ def exchange_samples(
         parts = [take(gid, key, dtype) for ids in plan.send_ids for gid in ids.tolist() for key in keys]
         send = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
         out = torch.empty(int(plan.recv_tokens.sum()) * width, dtype=dtype, device=device)
-        dist.all_to_all_single(
+        collective(
+            dist.all_to_all_single,
             out,
             send.to(device),
             output_split_sizes=(plan.recv_tokens * width).tolist(),

@@ -5,14 +5,19 @@ A group of ``None`` stands for a single rank: every helper answers for it withou
 
 :func:`new_axis_groups` creates groups for the wrapper alone (its background producer runs
 its collectives there, never on the groups the model uses); :func:`destroy_groups` frees
-them.
+them. :func:`collective` runs one collective; inside :func:`abandonable` (the producer
+thread) it polls the collective instead of blocking in it, so that the thread can leave a
+collective a dead or hung peer never completes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,7 +29,10 @@ if TYPE_CHECKING:
     from seqpack.topology import Topology
 
 __all__ = [
+    "CollectiveAbandoned",
+    "abandonable",
     "all_gather_objects",
+    "collective",
     "comm_device",
     "destroy_groups",
     "global_rank",
@@ -35,6 +43,48 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_THREAD = threading.local()
+
+
+class CollectiveAbandoned(RuntimeError):
+    """A thread left a collective that had not completed because it was asked to stop."""
+
+
+@contextlib.contextmanager
+def abandonable(should_stop: Callable[[], bool]) -> Iterator[None]:
+    """Within it, this thread's :func:`collective` calls poll their work and raise
+    :class:`CollectiveAbandoned` once ``should_stop()`` is true.
+
+    Why: a daemon thread blocked inside a torch collective returns into Python when a peer
+    finally exits; if that happens while the interpreter shuts down, CPython ends the thread
+    from inside pybind11's GIL guard and the process aborts ("terminate called without an
+    active exception"). A thread that only polls can always be stopped before shutdown.
+    """
+    previous = getattr(_THREAD, "should_stop", None)
+    _THREAD.should_stop = should_stop
+    try:
+        yield
+    finally:
+        _THREAD.should_stop = previous
+
+
+def collective(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
+    """``call(*args, **kwargs)`` (a ``torch.distributed`` collective), blocking; inside
+    :func:`abandonable` it runs with ``async_op=True`` and is polled (sleeps growing from
+    10 us to 2 ms: a producer thread's latency is off the critical path)."""
+    should_stop = getattr(_THREAD, "should_stop", None)
+    if should_stop is None:
+        call(*args, **kwargs)
+        return
+    work = call(*args, async_op=True, **kwargs)
+    pause = 1e-5
+    while not work.is_completed():
+        if should_stop():
+            raise CollectiveAbandoned(f"{getattr(call, '__name__', 'a collective')} left unfinished: the thread stops")
+        time.sleep(pause)
+        pause = min(2 * pause, 2e-3)
+    work.wait()  # raises what the collective raised
 
 
 def group_size(group: Any) -> int:

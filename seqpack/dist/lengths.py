@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from seqpack.dist.agree import Status
-from seqpack.dist.groups import all_gather_objects, comm_device, global_rank, group_size, this_rank
+from seqpack.dist.groups import all_gather_objects, collective, comm_device, global_rank, group_size, this_rank
 from seqpack.dist.wire import FORMAT_VERSION
 from seqpack.errors import SeqpackTypeError, StepFailed, WireError
 
@@ -96,7 +96,7 @@ def gather_lengths(
     device = comm_device(group)
     mine = torch.from_numpy(header).to(device)
     parts = [torch.empty_like(mine) for _ in range(size)]
-    dist.all_gather(parts, mine, group=group)
+    collective(dist.all_gather, parts, mine, group=group)
     headers = torch.stack(parts).cpu().numpy()
     if np.any(headers[:, 0] != FORMAT_VERSION) or np.any(headers[:, 3] != extra.shape[0]):
         raise WireError(
@@ -119,7 +119,7 @@ def gather_lengths(
         padded[: local.shape[0]] = torch.from_numpy(local)
         padded = padded.to(device)
         rows = [torch.empty_like(padded) for _ in range(size)]
-        dist.all_gather(rows, padded, group=group)
+        collective(dist.all_gather, rows, padded, group=group)
         table = torch.stack(rows).cpu().numpy()
         gathered = np.concatenate([table[r, : counts[r]] for r in range(size)])
     return GatheredLengths(gathered, counts, headers[:, 4:].copy())
