@@ -266,6 +266,34 @@ def test_plan_exchange_is_consistent_across_ranks(dp, data):
     assert sum(int(p.send_tokens.sum()) for p in plans) == plans[0].moved_tokens
 
 
+def _plan_exchange_reference(destination, sizes, counts, rank):
+    """The obvious O(N * dp) plan: one mask per peer."""
+    dp = counts.shape[0]
+    origin = np.repeat(np.arange(dp), counts)
+    ids = np.arange(destination.shape[0])
+    moving = (destination >= 0) & (destination != origin)
+    send = [ids[(origin == rank) & moving & (destination == d)] for d in range(dp)]
+    recv = [ids[(destination == rank) & moving & (origin == s)] for s in range(dp)]
+    keep = ids[(origin == rank) & (destination == rank)]
+    return send, recv, keep, [int(sizes[i].sum()) for i in send], [int(sizes[i].sum()) for i in recv]
+
+
+@given(dp=st.integers(1, 9), data=st.data())
+def test_plan_exchange_equals_the_per_peer_reference(dp, data):
+    counts = np.array(data.draw(st.lists(st.integers(0, 12), min_size=dp, max_size=dp)), dtype=np.int64)
+    n = int(counts.sum())
+    destination = np.array(data.draw(st.lists(st.integers(-1, dp - 1), min_size=n, max_size=n)), dtype=np.int64)
+    sizes = np.array(data.draw(st.lists(st.integers(0, 2**40), min_size=n, max_size=n)), dtype=np.int64)
+    for rank in range(dp):
+        plan = plan_exchange(destination, sizes, counts, rank)
+        send, recv, keep, send_tokens, recv_tokens = _plan_exchange_reference(destination, sizes, counts, rank)
+        assert [a.tolist() for a in plan.send_ids] == [a.tolist() for a in send]
+        assert [a.tolist() for a in plan.recv_ids] == [a.tolist() for a in recv]
+        assert plan.keep_ids.tolist() == keep.tolist()
+        assert plan.send_tokens.tolist() == send_tokens and plan.recv_tokens.tolist() == recv_tokens
+        assert plan.send_tokens.dtype == np.int64 and plan.keep_ids.dtype == np.int64
+
+
 def test_plan_exchange_errors():
     with pytest.raises(ValueError, match=r"destination \(2\), sizes \(2\) and sum\(counts\) \(3\)"):
         plan_exchange(np.array([0, 1]), np.array([1, 1]), np.array([1, 2]), 0)

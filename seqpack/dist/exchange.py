@@ -70,17 +70,33 @@ def plan_exchange(destination: np.ndarray, sizes: np.ndarray, counts: np.ndarray
         raise ConfigError(f"rank={rank} is out of range for {dp} DP ranks")
     if destination.size and (destination.min() < -1 or destination.max() >= dp):
         raise ConfigError(f"destination must hold replicas in -1..{dp - 1}")
+    # O(N log N + dp): one sort of this rank's outgoing ids by destination, one scan for the
+    # incoming ones (ids are contiguous per origin, so they arrive grouped by source).
+    starts = np.zeros(dp + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
     origin = np.repeat(np.arange(dp, dtype=np.int64), counts)
-    ids = np.arange(destination.shape[0], dtype=np.int64)
     moving = (destination >= 0) & (destination != origin)
-    mine = origin == rank
-    to_me = destination == rank
-    send_ids = [ids[mine & moving & (destination == d)] for d in range(dp)]
-    recv_ids = [ids[to_me & moving & (origin == s)] for s in range(dp)]
-    keep_ids = ids[mine & to_me]
-    send_tokens = np.array([int(sizes[i].sum()) for i in send_ids], dtype=np.int64)
-    recv_tokens = np.array([int(sizes[i].sum()) for i in recv_ids], dtype=np.int64)
+    lo, hi = int(starts[rank]), int(starts[rank + 1])
+    block = np.arange(lo, hi, dtype=np.int64)
+    outgoing = block[moving[lo:hi]]
+    order = np.argsort(destination[outgoing], kind="stable")  # ids stay ascending per peer
+    outgoing = outgoing[order]
+    send_bounds = np.searchsorted(destination[outgoing], np.arange(dp + 1, dtype=np.int64))
+    incoming = np.flatnonzero(moving & (destination == rank)).astype(np.int64)
+    recv_bounds = np.searchsorted(incoming, starts)
+    send_ids = [outgoing[send_bounds[d] : send_bounds[d + 1]] for d in range(dp)]
+    recv_ids = [incoming[recv_bounds[s] : recv_bounds[s + 1]] for s in range(dp)]
+    keep_ids = block[destination[lo:hi] == rank]
+    send_tokens = _sums_between(sizes[outgoing], send_bounds)
+    recv_tokens = _sums_between(sizes[incoming], recv_bounds)
     return ExchangePlan(rank, send_ids, recv_ids, keep_ids, send_tokens, recv_tokens, int(sizes[moving].sum()))
+
+
+def _sums_between(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """int64 sums of ``values[bounds[i]:bounds[i + 1]]`` for every ``i``."""
+    csum = np.zeros(values.shape[0] + 1, dtype=np.int64)
+    np.cumsum(values, out=csum[1:])
+    return csum[bounds[1:]] - csum[bounds[:-1]]
 
 
 @dataclasses.dataclass
