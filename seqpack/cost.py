@@ -400,11 +400,23 @@ class CostModel:
         if s.dtype.kind == "f" and s.size and not (np.all(np.isfinite(s)) and np.abs(s).max() < 2.0**63):
             raise ConfigError(f"lengths must be finite and within int64, got {lengths!r:.60}")
         s = s.astype(np.float64, copy=False)
-        return s * (self.linear + self.quadratic * s)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = s * (self.linear + self.quadratic * s)
+        if out.size and not np.all(np.isfinite(out)):
+            worst = float(np.abs(s).max())
+            raise ConfigError(
+                f"the cost of a {worst:.6g}-token sequence under {self!r} is past float64: "
+                "scale the coefficients down (only their ratios matter to a scheduler)"
+            )
+        return out
 
     def microbatch_cost(self, lengths: Sequence[int] | np.ndarray) -> float:
         """Cost of one microbatch holding sequences of ``lengths``."""
-        return float(self.constant + self.cost(lengths).sum())
+        with np.errstate(over="ignore"):
+            total = float(self.constant + self.cost(lengths).sum())
+        if not math.isfinite(total):
+            raise ConfigError(f"a microbatch's cost under {self!r} is past float64: scale the coefficients down")
+        return total
 
     def quadratic_share(self, length: int) -> float:
         """Fraction of one ``length``-token sequence's cost spent in the quadratic term."""

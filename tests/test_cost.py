@@ -279,3 +279,16 @@ def test_robust_fit_on_clean_data_is_the_exact_model():
         assert getattr(fit, name) == pytest.approx(getattr(truth, name), rel=1e-6)
     flat = CostModel.fit(mbs, [0.5] * 30, robust=True)
     assert (flat.linear, flat.quadratic, flat.constant) == (0, 0, pytest.approx(0.5))
+
+
+def test_cost_past_float64_is_an_error_not_inf():
+    model = CostModel(1.0, 1e300)
+    with pytest.raises(ValueError, match=r"cost of a 1\.04858e\+06-token sequence .* is past float64"):
+        model.cost([2**20])
+    with pytest.raises(ValueError, match="past float64"):
+        model.microbatch_cost([2**20, 5])
+    from seqpack.schedulers import get_scheduler
+
+    with pytest.raises(ValueError, match="past float64"):
+        get_scheduler("balanced").schedule([2**20] * 4, dp_size=2, max_tokens_per_rank=2**21, cost=model)
+    assert model.cost([1]).tolist() == [1.0 + 1e300]  # large but finite stays a number

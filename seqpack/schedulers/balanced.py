@@ -604,6 +604,10 @@ class BalancedScheduler(Scheduler):
             )
         padded = padded_lengths(lengths, pad_multiple)
         costs = model.cost(padded)
+        with np.errstate(over="ignore"):
+            step_cost = float(costs.sum()) + model.constant * max(dp_size, 1)
+        if not np.isfinite(step_cost):
+            raise ConfigError(f"the step's total cost under {model!r} is past float64: scale the coefficients down")
         plan = plan_balanced(
             padded,
             costs,

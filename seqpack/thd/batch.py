@@ -21,6 +21,7 @@ __all__ = ["BATCH_TOKEN_FIELDS", "PackedBatch", "padding_only_batch"]
 BATCH_TOKEN_FIELDS: tuple[str, ...] = (*TOKEN_KEYS, "seq_idx", "padding_mask")
 """The per-token fields of a :class:`PackedBatch` (what CP sharding cuts)."""
 _REQUIRED_TENSORS = ("position_ids", "seq_idx", "padding_mask", "cu_seqlens", "cu_seqlens_padded", "sample_ids")
+_TOKEN_FIELDS = ("input_ids", "labels", "loss_mask", "seq_idx", "padding_mask")
 
 
 @dataclasses.dataclass
@@ -55,6 +56,30 @@ class PackedBatch:
             value = getattr(self, name)
             if value is not None and not isinstance(value, torch.Tensor):
                 raise SeqpackTypeError(f"PackedBatch.{name} must be a tensor or None, got {type(value).__name__}")
+        # Shapes only (no values: that would read device memory): a field of another length
+        # would otherwise surface as an index error deep inside attention or the loss.
+        tokens = self.position_ids.shape
+        for name in _TOKEN_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (value.dim() != 1 or value.shape != tokens):
+                raise ConfigError(
+                    f"PackedBatch.{name} has shape {tuple(value.shape)}; every token field must be 1-D "
+                    f"with this rank's {tuple(tokens)} tokens (position_ids)"
+                )
+        bounds = self.cu_seqlens.shape
+        if self.cu_seqlens.dim() != 1 or bounds[0] < 1 or self.cu_seqlens_padded.shape != bounds:
+            raise ConfigError(
+                f"PackedBatch.cu_seqlens {tuple(bounds)} and cu_seqlens_padded "
+                f"{tuple(self.cu_seqlens_padded.shape)} must both be 1-D [N + 1]"
+            )
+        if self.sample_ids.shape != (bounds[0] - 1,):
+            raise ConfigError(
+                f"PackedBatch.sample_ids has shape {tuple(self.sample_ids.shape)}, expected ({bounds[0] - 1},): "
+                "one id per sequence of cu_seqlens"
+            )
+        check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0)
+        check_int("PackedBatch.cp_size", self.cp_size, minimum=1)
+        check_int("PackedBatch.cp_rank", self.cp_rank, minimum=0, maximum=self.cp_size - 1)
 
     @property
     def num_tokens(self) -> int:

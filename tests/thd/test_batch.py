@@ -61,3 +61,27 @@ def test_packed_batch_is_dataclass_with_contract_fields():
         "cp_rank",
     ):
         assert field in names
+
+
+def _fields(batch):
+    return {f: getattr(batch, f) for f in batch.__dataclass_fields__}
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("labels", torch.zeros(3, dtype=torch.int64), r"PackedBatch.labels has shape \(3,\)"),
+        ("padding_mask", torch.zeros(2, 8, dtype=torch.bool), r"PackedBatch.padding_mask has shape \(2, 8\)"),
+        ("cu_seqlens_padded", torch.tensor([0, 8], dtype=torch.int32), "cu_seqlens_padded"),
+        ("sample_ids", torch.tensor([0], dtype=torch.int64), r"sample_ids has shape \(1,\), expected \(2,\)"),
+        ("cp_rank", 1, "cp_rank"),
+        ("max_seqlen", -1, "max_seqlen"),
+    ],
+)
+def test_packed_batch_refuses_inconsistent_shapes(field, value, match):
+    batch = pack_sequences([{"input_ids": torch.arange(1, 4)}, {"input_ids": torch.arange(1, 6)}], pad_multiple=4)
+    fields = _fields(batch)
+    fields[field] = value
+    with pytest.raises(ValueError, match=match):
+        PackedBatch(**fields)
+    PackedBatch(**_fields(batch))  # the builder's own fields pass
