@@ -72,7 +72,7 @@ def abandonable(should_stop: Callable[[], bool]) -> Iterator[None]:
 def collective(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
     """``call(*args, **kwargs)`` (a ``torch.distributed`` collective), blocking; inside
     :func:`abandonable` it runs with ``async_op=True`` and is polled (sleeps growing from
-    10 us to 2 ms: a producer thread's latency is off the critical path)."""
+    10 us to 1 ms: a producer thread's latency is off the critical path)."""
     should_stop = getattr(_THREAD, "should_stop", None)
     if should_stop is None:
         call(*args, **kwargs)
@@ -83,7 +83,7 @@ def collective(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
         if should_stop():
             raise CollectiveAbandoned(f"{getattr(call, '__name__', 'a collective')} left unfinished: the thread stops")
         time.sleep(pause)
-        pause = min(2 * pause, 2e-3)
+        pause = min(2 * pause, 1e-3)
     work.wait()  # raises what the collective raised
 
 
