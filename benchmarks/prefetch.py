@@ -1,4 +1,4 @@
-"""Prefetch: how much of the wrapper's time a training loop still waits for, 4 gloo ranks (CPU).
+"""Prefetch: how much of the wrapper's time a training loop still waits for, gloo ranks (CPU; 4 by default).
 
 Each rank runs a training stand-in: per step ``next(steps)``, then C ms of work in the main
 thread, then a small all-reduce on the default group (the gradient sync that keeps ranks in
@@ -13,12 +13,16 @@ On a machine with fewer cores than ranks x 2 the compute stand-in and the wrappe
 compete for cores: prefetch can only hide what spare cores can absorb. The sleep stand-in shows
 the overlap itself. Ratios are compared within one run (same machine state).
 
-    python benchmarks/prefetch.py [--samples-per-rank 250] [--steps 10] [--factors 0.5 1 2 4]
+    python benchmarks/prefetch.py [--layout dp4|dp2|dp2xcp2|dp2xtp2] [--samples-per-rank 250] [--factors 0.5 1 2 4]
+
+``--layout dp2`` runs one rank per core of a 2-core machine (the wrapper thread then has a
+core while the host waits).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -31,8 +35,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-WORLD = 4
-LAYOUTS = {"dp4": ((4,), ("dp",)), "dp2xcp2": ((2, 2), ("dp", "cp")), "dp2xtp2": ((2, 2), ("dp", "tp"))}
+LAYOUTS = {
+    "dp4": ((4,), ("dp",)),
+    "dp2": ((2,), ("dp",)),
+    "dp2xcp2": ((2, 2), ("dp", "cp")),
+    "dp2xtp2": ((2, 2), ("dp", "tp")),
+}
 
 
 def _samples(rank: int, count: int, args) -> list[dict[str, torch.Tensor]]:
@@ -62,7 +70,7 @@ class StandIn:
         self.per_iteration = (time.perf_counter() - tick) / iterations
         rate = torch.tensor([self.per_iteration])
         dist.all_reduce(rate)  # one rate for all ranks: the same work everywhere
-        self.per_iteration = float(rate) / WORLD
+        self.per_iteration = float(rate) / dist.get_world_size()
 
     def _matmuls(self, n: int) -> None:
         x = self.a
@@ -104,7 +112,8 @@ def _worker(rank: int, store_path: str, args, results) -> None:
     torch.set_num_threads(1)
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank, world_size=WORLD)
+    world = math.prod(LAYOUTS[args.layout][0])
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     shape, dims = LAYOUTS[args.layout]
     topo = Topology.from_device_mesh(init_device_mesh("cpu", shape, mesh_dim_names=dims))
     reads = topo.tp_rank == 0 and (topo.is_first_stage or topo.is_last_stage)
@@ -145,7 +154,7 @@ def _worker(rank: int, store_path: str, args, results) -> None:
         sync = _loop(it, standins[args.standins[0]], 0.0, args.rounds * args.segment, skip)
     w = torch.tensor([statistics.median(b for b, _ in sync)])
     dist.all_reduce(w)
-    wrapper_seconds = float(w) / WORLD
+    wrapper_seconds = float(w) / dist.get_world_size()
     records: dict = {"W": wrapper_seconds, "build": slowest.tolist()}
     for kind, standin in standins.items():
         for factor in args.factors:
@@ -193,24 +202,25 @@ def main() -> None:
         help="sys.setswitchinterval in every rank (Python's default: 0.005 s)",
     )
     args = parser.parse_args()
+    world = math.prod(LAYOUTS[args.layout][0])
 
     load_before = os.getloadavg()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="seqpack-bench-") as tmp:
-        procs = [ctx.Process(target=_worker, args=(r, os.path.join(tmp, "store"), args, results)) for r in range(WORLD)]
+        procs = [ctx.Process(target=_worker, args=(r, os.path.join(tmp, "store"), args, results)) for r in range(world)]
         start = time.perf_counter()
         for p in procs:
             p.start()
-        got = dict(results.get(timeout=1800) for _ in range(WORLD))
+        got = dict(results.get(timeout=1800) for _ in range(world))
         for p in procs:
             p.join()
         elapsed = time.perf_counter() - start
-    per_rank = [got[r] for r in range(WORLD)]
+    per_rank = [got[r] for r in range(world)]
     w = per_rank[0]["W"]
 
     print(
-        f"# seqpack prefetch benchmark: {WORLD} gloo ranks ({args.layout}) on {os.cpu_count()} CPU cores "
+        f"# seqpack prefetch benchmark: {world} gloo ranks ({args.layout}) on {os.cpu_count()} CPU cores "
         f"({platform.machine()}), torch {torch.__version__}, 1 torch thread per rank + the wrapper's thread"
     )
     print(
@@ -224,7 +234,7 @@ def main() -> None:
     load = os.getloadavg()
     print(
         f"# load average (1 min) of this shared machine: {load_before[0]:.1f} before, {load[0]:.1f} after "
-        f"(this benchmark's own 4 ranks add about 4)"
+        f"(this benchmark's own {world} ranks add about {world})"
     )
     build = per_rank[0]["build"]
     print(
@@ -233,9 +243,9 @@ def main() -> None:
     )
     print(f"# W = synchronous wrapper time per step (prefetch 0, blocked in next(), mean over ranks): {1e3 * w:.1f} ms")
     cores = os.cpu_count() or 1
-    if cores < 2 * WORLD:
+    if cores < 2 * world:
         print(
-            f"# NOTE: {WORLD} ranks x (training thread + wrapper thread) on {cores} cores: the machine is "
+            f"# NOTE: {world} ranks x (training thread + wrapper thread) on {cores} cores: the machine is "
             "oversubscribed; the compute stand-in competes with the wrapper's thread for cores"
         )
     header = ["stand-in", "C/W", "C ms", "alone ms", "prefetch", "blocked ms", "blocked/W", "step ms", "step/alone"]
