@@ -356,3 +356,44 @@ def test_close_and_exit_are_bounded_when_a_peer_hangs_or_dies():
     (kill,) = [r for r in done if "error_seconds" in r]
     assert "error" in kill and kill["error_seconds"] < 30, kill  # raised by next(), no hang
     assert kill["close_seconds"] < 10  # close(timeout=5.0) plus slack for a loaded machine
+
+
+# --- the producer's collectives can be abandoned -----------------------------------------------
+
+
+def _abandon_case():
+    import datetime
+
+    from seqpack.dist.groups import CollectiveAbandoned, abandonable, collective
+
+    rank = dist.get_rank()
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
+    out = {}
+    total = torch.tensor([rank + 1])
+    with abandonable(lambda: False):  # polled, and completes like a blocking one
+        collective(dist.all_reduce, total, group=group)
+    out["sum"] = int(total)
+    dist.barrier()
+    if rank == 0:  # rank 1 joins 3 s late: rank 0 leaves when asked, after 0.3 s
+        deadline = time.monotonic() + 0.3
+        tick = time.monotonic()
+        try:
+            with abandonable(lambda: time.monotonic() > deadline):
+                collective(dist.all_reduce, torch.zeros(1), group=group)
+            out["left"] = None
+        except CollectiveAbandoned as exc:
+            out["left"] = (time.monotonic() - tick, str(exc))
+    else:
+        time.sleep(3.0)
+        collective(dist.all_reduce, torch.zeros(1), group=group)  # completes rank 0's op
+    dist.barrier()
+    dist.destroy_process_group(group)
+    return out
+
+
+def test_a_polled_collective_completes_and_can_be_abandoned(dist_pools):
+    zero, one = dist_pools.get(2).run(_abandon_case)
+    assert zero["sum"] == one["sum"] == 3
+    seconds, message = zero["left"]
+    assert 0.3 <= seconds < 2.0, seconds
+    assert "all_reduce left unfinished" in message
