@@ -58,6 +58,12 @@ def main() -> None:
     parser.add_argument("--max-seq-len", type=int, default=4096)
     parser.add_argument("--mean-seq-len", type=int, default=512)
     parser.add_argument("--verbose", action="store_true", help="print every step")
+    parser.add_argument(
+        "--cost",
+        default="measured",
+        choices=["measured", "online", "flops"],
+        help="scheduler cost: measured once on this CPU, or that then calibrated online (the demo's default)",
+    )
     args = parser.parse_args()
 
     base = DemoSettings(
@@ -70,7 +76,7 @@ def main() -> None:
         max_tokens_per_rank=args.max_tokens_per_rank,
         max_seq_len=args.max_seq_len,
         mean_seq_len=args.mean_seq_len,
-        cost="measured",
+        cost=args.cost,
         quiet=not args.verbose,
     )
     print(f"# machine: {_cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}")
@@ -81,7 +87,8 @@ def main() -> None:
         f"{base.max_tokens_per_rank // base.max_seq_len} sequences per microbatch, each padded to the longest; "
         f"lognormal lengths mean {base.mean_seq_len} (sigma {base.sigma}, clipped to [{base.min_seq_len}, "
         f"{base.max_seq_len}]); {base.steps} measured steps after 1 warm-up, x{args.repeats} runs per dataset; "
-        f"scheduler cost measured on this CPU; FSDP2 over both ranks, one unit for the model"
+        f"scheduler cost {args.cost} (measured: fitted on this CPU once; online: then calibrated from the "
+        f"microbatch times); FSDP2 over both ranks, one unit for the model"
     )
     print(f"{'data':<8}{'run':>4}  {'mode':<12}{'real tok/s':>11}{'vs padded':>11}{'vs dp_bal':>11}"
           f"{'pad %':>8}{'imbalance':>11}{'round imb':>11}{'mbs/step':>10}{'final loss':>12}")
