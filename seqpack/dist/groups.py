@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import pickle
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -117,13 +118,26 @@ def comm_device(group: Any) -> torch.device:
 
 
 def all_gather_objects(obj: Any, group: Any) -> list[Any]:
-    """Every rank's ``obj`` in group-rank order (pickled; use off the hot path only)."""
-    out: list[Any] = [None] * group_size(group)
-    if group is None:
-        out[0] = obj
-        return out
-    dist.all_gather_object(out, obj, group=group)
-    return out
+    """Every rank's ``obj`` in group-rank order (pickled; use off the hot path only).
+
+    Two :func:`collective` all-gathers (sizes, then the padded bytes) rather than
+    ``dist.all_gather_object``, so that a producer thread can abandon it too.
+    """
+    size = group_size(group)
+    if group is None or size == 1:
+        return [obj]
+    data = pickle.dumps(obj)
+    device = comm_device(group)
+    mine = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.empty_like(mine) for _ in range(size)]
+    collective(dist.all_gather, sizes, mine, group=group)
+    counts = [int(t) for t in sizes]
+    buffer = torch.zeros(max(counts), dtype=torch.uint8)
+    buffer[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    buffer = buffer.to(device)
+    parts = [torch.empty_like(buffer) for _ in range(size)]
+    collective(dist.all_gather, parts, buffer, group=group)
+    return [pickle.loads(part[:count].cpu().numpy().tobytes()) for part, count in zip(parts, counts, strict=True)]
 
 
 def new_axis_groups(
