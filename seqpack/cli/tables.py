@@ -122,6 +122,7 @@ def format_demo_summary(results: list[dict[str, Any]], settings: DemoSettings) -
                 f"{' (fitted)' if r.get('calibrated') else ' (prior: not enough timings yet)'}; predicted vs measured "
                 f"step time (sum over rounds of the slowest replica's microbatch times): "
                 + (f"mean |error| {err * 100:.1f}% over {checked} steps" if err is not None else "no step checked yet")
+                + _fitted_error(r)
             )
     peak = results[0].get("peak_gemm_flops_per_process") if results else None
     if peak:
@@ -130,3 +131,14 @@ def format_demo_summary(results: list[dict[str, Any]], settings: DemoSettings) -
             f"{peak / 1e9:.1f} GFLOP/s per process x {min(settings.world_size, cores)} cores)"
         )
     return "\n".join(lines)
+
+
+def _fitted_error(result: dict) -> str:
+    """The error of the steps scheduled with a fitted model, apart from those on the prior."""
+    fitted = result.get("predicted_by_fitted") or 0
+    checked = len(result.get("predictions") or [])
+    if not checked or fitted == checked:
+        return ""
+    if fitted == 0:
+        return " (all on the prior, measured once on an idle rank: run more --steps to see the fit take over)"
+    return f", {result['prediction_error_fitted'] * 100:.1f}% over the {fitted} scheduled with a fitted model"

@@ -34,3 +34,14 @@ def test_format_table_one_row_per_scheduler():
     assert "12.0 ( 11)" in lines[2] and "1.0012" in lines[2] and "1.23" in lines[2] and "1.500e+15" in lines[3]
     assert lines[2].split()[-3] == "-"  # no FLOPs without a model
     assert lines[2].split()[-4] == "3.00" and lines[2].split()[-1] == "200"  # MB per rank, peak MB
+
+
+def test_demo_summary_separates_fitted_predictions_from_the_prior():
+    from seqpack.cli.tables import _fitted_error
+
+    base = {"predictions": [[0, 1, 1], [1, 1, 1], [2, 1, 1]]}
+    assert _fitted_error(dict(base, predicted_by_fitted=3, prediction_error_fitted=0.1)) == ""
+    assert "all on the prior" in _fitted_error(dict(base, predicted_by_fitted=0, prediction_error_fitted=None))
+    assert _fitted_error(dict(base, predicted_by_fitted=2, prediction_error_fitted=0.05)) == (
+        ", 5.0% over the 2 scheduled with a fitted model"
+    )

@@ -69,6 +69,8 @@ def test_demo_runs_all_modes_and_reports(tmp_path):
         steps = [p[0] for p in modes[mode]["predictions"]]
         assert steps == [0, 1, 2] and all(p[1] > 0 and p[2] > 0 for p in modes[mode]["predictions"])
         assert modes[mode]["prediction_error_mean_abs"] is not None
+        fitted = modes[mode]["predicted_by_fitted"]
+        assert 0 <= fitted <= 3 and (modes[mode]["prediction_error_fitted"] is None) == (fitted == 0)
     assert "padded" in modes and "predictions" not in modes["padded"]
     assert "step 1: predicted" in proc.stdout and "online cost (balanced)" in proc.stdout
 

@@ -175,6 +175,7 @@ class _Run:
             )
         self.step: Any = None  # the current Step (packed modes)
         self.predictions: list[tuple[int, float, float]] = []  # (step, predicted, measured) seconds
+        self.fitted_steps: set[int] = set()  # steps scheduled with a fitted model (not the prior)
         self.totals = {"tokens": 0, "time": 0.0, "flops": 0.0, "pad": 0, "padded": 0, "mbs": 0, "measured": 0}
         self.imbalances: list[float] = []
         self.round_imbalances: list[float] = []
@@ -190,6 +191,8 @@ class _Run:
         if self.mode != "padded":
             step = self.step = next(self.steps)
             st = step.stats
+            if st.calibrated:
+                self.fitted_steps.add(step.step)
             if st.prediction_error is not None and st.measured_step_time is not None:
                 measured = st.measured_step_time
                 self.predictions.append((st.measured_step or 0, measured * (1 + st.prediction_error), measured))
@@ -306,12 +309,18 @@ class _Run:
             return {}
         calibrator = self.steps.calibrator
         model = calibrator.model if calibrator is not None else None
-        errors = [predicted / measured - 1 for _, predicted, measured in self.predictions if measured > 0]
+        errors: dict[bool, list[float]] = {True: [], False: []}  # by whether the step was scheduled with a fitted model
+        for step, predicted, measured in self.predictions:
+            if measured > 0:
+                errors[step in self.fitted_steps].append(abs(predicted / measured - 1))
+        every = errors[True] + errors[False]
         return {
             "cost_model": None if model is None else [model.linear, model.quadratic, model.constant],
             "calibrated": bool(calibrator is not None and calibrator.fitted),
             "predictions": [list(p) for p in self.predictions],
-            "prediction_error_mean_abs": float(np.mean(np.abs(errors))) if errors else None,
+            "prediction_error_mean_abs": float(np.mean(every)) if every else None,
+            "prediction_error_fitted": float(np.mean(errors[True])) if errors[True] else None,
+            "predicted_by_fitted": len(errors[True]),
         }
 
 
