@@ -13,7 +13,7 @@ newly moved off its home rank; a level with no improving swap is set aside until
 level changes. It stops when the sum of the level maxima is within 0.1% of the reference
 plan's (``locality=False``) or nothing improves.
 
-Measured with this script (Python loops: seconds at dp=64, minutes at dp=256; the library
+Measured with this script (Python loops: seconds at dp=64, about a minute at dp=256; the library
 would need a numba kernel with per-level heaps), the issue's workload (lognormal mean 4096,
 1024..8192, capacity 16,384, cost 24576*s + s^2, 64 sequences per replica):
 
@@ -24,6 +24,7 @@ would need a numba kernel with per-level heaps), the issue's workload (lognormal
 | 64 | 1 | 0.95 | +1.12%, 16.4% | +0.0998%, 20.3% | 903 (361) |
 | 64 | 1 | 0.9 | +0.81%, 22.5% | +0.1135%, 24.9% | 618 (130) |
 | 256 | 1 | 0.9 | +0.81%, 22.8% | +0.1080%, 23.9% (stopped at 20,000 steps) | 4,277 (572) |
+| 256 | 1 | 1.0 | +1.77%, 12.3% | +0.1000%, 16.5% | 4,927 (1,502) |
 
 So the 0.1% budget is about what this greedy reaches, with ~18-25% of the tokens moved
 against 55-67% for the dealt layout: the lockstep goal (<= 50%) looks reachable. Open points
