@@ -43,7 +43,10 @@ So it lands on the 0.1% line at dp <= 256 (half the steps just over it) with ~17
 at dp = 4,096 it neither reaches the limit nor stays within the plan's time budget. The
 Python prototype (``round_repair.py``), which scans every microbatch of the round and
 realigns after every swap, reaches the limit at dp = 64 and 256: the kernel's narrower
-candidate set and per-pass alignment are what is left to close.
+candidate set and per-pass alignment are what is left to close. At dp = 1,024 the per-replica
+start is +4.4% over the limit and the kernel stops at +0.88%; adding the 4 lightest
+microbatches of every other round as partners only reaches +0.77%: the worst microbatches
+need more than one-sequence swaps.
 
     python benchmarks/prototypes/round_repair_kernel.py DP [SEED] [rounds|both]
 """
