@@ -30,6 +30,7 @@ from seqpack.dist.groups import abandonable, destroy_groups
 from seqpack.errors import ConfigError
 from seqpack.step import Step, StepTrace
 from seqpack.thd import PackedBatch
+from seqpack.thd.batch import map_tensors
 from seqpack.validation import check_bool, check_number
 
 __all__ = ["Background", "DeviceCopy", "Prefetcher", "Progress", "Ready", "check_device", "check_timeout"]
@@ -198,13 +199,7 @@ def tensors_of(batch: PackedBatch) -> Iterator[torch.Tensor]:
 
 def pinned(batch: PackedBatch) -> PackedBatch:
     """``batch`` with every tensor in page-locked memory (a shared ``cu_seqlens`` kept shared)."""
-    fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-    for name, value in fields.items():
-        if isinstance(value, torch.Tensor) and not value.is_pinned():
-            fields[name] = value.pin_memory()
-    if batch.cu_seqlens_padded is batch.cu_seqlens:
-        fields["cu_seqlens_padded"] = fields["cu_seqlens"]
-    return PackedBatch(**fields)
+    return map_tensors(batch, lambda tensor: tensor if tensor.is_pinned() else tensor.pin_memory())
 
 
 def check_device(device: Any, pin_memory: Any) -> tuple[torch.device | None, bool]:

@@ -8,6 +8,7 @@ offsets when each sequence is padded at its end).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.thd.sample import IGNORE_INDEX, TOKEN_KEYS
 from seqpack.validation import INT32_MAX, INT64_MAX, check_int, check_positive_int
 
-__all__ = ["BATCH_TOKEN_FIELDS", "PackedBatch", "padding_only_batch"]
+__all__ = ["BATCH_TOKEN_FIELDS", "PackedBatch", "map_tensors", "padding_only_batch"]
 
 BATCH_TOKEN_FIELDS: tuple[str, ...] = (*TOKEN_KEYS, "seq_idx", "padding_mask")
 """The per-token fields of a :class:`PackedBatch` (what CP sharding cuts)."""
@@ -114,16 +115,7 @@ class PackedBatch:
             device = torch.device(device)
         except (RuntimeError, TypeError, ValueError) as err:
             raise ConfigError(f"device must be a torch device, got {device!r}: {err}") from None
-        shared = self.cu_seqlens_padded is self.cu_seqlens
-        moved = {}
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, torch.Tensor):
-                value = value.to(device, non_blocking=non_blocking)
-            moved[field.name] = value
-        if shared:
-            moved["cu_seqlens_padded"] = moved["cu_seqlens"]
-        return PackedBatch(**moved)
+        return map_tensors(self, lambda tensor: tensor.to(device, non_blocking=non_blocking))
 
     def te_kwargs(
         self,
@@ -196,3 +188,15 @@ def padding_only_batch(num_tokens: int, *, pad_token_id: int = 0) -> PackedBatch
         max_seqlen=n,
         sample_ids=torch.tensor([-1], dtype=torch.int64),
     )
+
+
+def map_tensors(batch: PackedBatch, fn: Callable[[torch.Tensor], torch.Tensor]) -> PackedBatch:
+    """A copy of ``batch`` with ``fn`` applied to every tensor field; a ``cu_seqlens_padded``
+    that is the ``cu_seqlens`` object stays that object (TE #3487 picks its path by identity)."""
+    fields = {field.name: getattr(batch, field.name) for field in dataclasses.fields(batch)}
+    for name, value in fields.items():
+        if isinstance(value, torch.Tensor):
+            fields[name] = fn(value)
+    if batch.cu_seqlens_padded is batch.cu_seqlens:
+        fields["cu_seqlens_padded"] = fields["cu_seqlens"]
+    return PackedBatch(**fields)
