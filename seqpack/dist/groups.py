@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from seqpack.config import AXES
 from seqpack.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ def new_axis_groups(
 
     Collective over the whole default group, like ``torch.distributed.new_group``: every
     rank calls it, in the same order relative to its other group creations. One
-    ``all_gather_object`` of two integers per axis and rank tells every rank the members of
+    ``all_gather_objects`` of two integers per axis and rank tells every rank the members of
     every group; then every rank calls ``new_group`` for every group of every axis (the
     world-wide counter names groups alike on every rank, which the hashed names of
     ``use_local_synchronization`` do not guarantee) and keeps the ones it belongs to.
@@ -164,9 +165,10 @@ def new_axis_groups(
         ConfigError: ``torch.distributed`` is not initialised or the topology spans fewer
             ranks than the default group.
     """
-    axes = [axis for axis in ("dp", "cp", "tp", "pp") if topology.size(axis) > 1]
+    names = [axis.value for axis in AXES]
+    axes = [axis for axis in names if topology.size(axis) > 1]
     if not axes:
-        return {axis: None for axis in ("dp", "cp", "tp", "pp")}
+        return dict.fromkeys(names)
     if not (dist.is_available() and dist.is_initialized()):
         raise ConfigError("new_axis_groups needs torch.distributed to be initialised")
     world = dist.get_world_size()
@@ -180,7 +182,7 @@ def new_axis_groups(
     # group rank: every group of the axis, with its members in order, follows.
     mine = [(topology.global_ranks(axis)[0], topology.rank(axis)) for axis in axes]
     everyone = all_gather_objects(mine, dist.group.WORLD)
-    out: dict[str, Any] = {axis: None for axis in ("dp", "cp", "tp", "pp")}
+    out: dict[str, Any] = dict.fromkeys(names)
     me = dist.get_rank()
     for i, axis in enumerate(axes):
         members: dict[int, dict[int, int]] = {}
