@@ -252,6 +252,19 @@ def _objective_bound(
     return replica + rounds, 2
 
 
+def objective_for(objective: Objective, sync: str | None) -> Objective:
+    """What to balance: with a ``sync`` the step waits for rounds (lockstep) or for replicas
+    alone, and the plan is repaired for that; without one, ``objective``."""
+    if sync is None:
+        return objective
+    return Objective.ROUNDS if check_choice("sync", sync, Sync) == Sync.LOCKSTEP else Objective.REPLICAS
+
+
+def repair_budget(max_repair_moves: int | None, dp_size: int) -> int:
+    """Cap on repair moves: ``max_repair_moves``, by default ``8 * dp_size + 64``."""
+    return 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
+
+
 def _sorted_round_sum(load: np.ndarray) -> float:
     """``sum_m max_d`` once every replica's microbatches are sorted heaviest first."""
     return float((-np.sort(-load, axis=0)).max(axis=1).sum()) if load.size else 0.0
@@ -438,11 +451,9 @@ def plan_balanced(
     if n and padded.max() > capacity:
         i = int(np.argmax(padded))
         raise ScheduleError(f"sequence {i} has {int(padded[i])} padded tokens > capacity {capacity}")
-    objective = check_choice("objective", objective, Objective)
     sync = None if sync is None else check_choice("sync", sync, Sync)
-    if sync is not None:  # the step waits for rounds or for replicas: repair for that alone
-        objective = Objective.ROUNDS if sync == Sync.LOCKSTEP else Objective.REPLICAS
-    repair = 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
+    objective = objective_for(check_choice("objective", objective, Objective), sync)
+    repair = repair_budget(max_repair_moves, dp_size)
     order = _placement_order(padded, origin)
     bins_needed = _exact.bin_lower_bound(padded, capacity)
     fewest = -(-bins_needed // dp_size)
@@ -624,9 +635,7 @@ class BalancedScheduler(Scheduler):
         )
         replica = relabel_replicas(plan.replica_of, origin, padded, dp_size)
         # Locality is judged by the step time the plan was made for: the sync's when given.
-        objective = self.objective
-        if sync is not None:
-            objective = Objective.ROUNDS if Sync(sync) == Sync.LOCKSTEP else Objective.REPLICAS
+        objective = objective_for(self.objective, sync)
         if self.locality and dp_size > 1:
             local = plan_local(
                 padded,

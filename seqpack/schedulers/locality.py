@@ -155,7 +155,15 @@ def moved_tokens(replica_of: np.ndarray, origin: np.ndarray, padded: np.ndarray)
 def _candidate(
     padded, costs, origin, reference, dp_size, capacity, constant, objective, max_repair_moves, tolerance, fill, deal
 ):
-    from seqpack.schedulers.balanced import _REPAIR_WORK, BalancedPlan, _grid, _placement_order, _repair, round_targets
+    from seqpack.schedulers.balanced import (
+        _REPAIR_WORK,
+        BalancedPlan,
+        _grid,
+        _placement_order,
+        _repair,
+        repair_budget,
+        round_targets,
+    )
 
     m_count = reference.num_microbatches
     order = _placement_order(padded, None)
@@ -183,7 +191,7 @@ def _candidate(
     load = _grid(costs, round_of, replica_of, shape)
     tokens = _grid(padded, round_of, replica_of, shape)
     moves = 0
-    repair = 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
+    repair = repair_budget(max_repair_moves, dp_size)
     if repair > 0:
         # Close to the reference's busiest replica, and no closer: every repair move moves a
         # sequence. The dealt layout leaves half of that margin to the rounds.
