@@ -6,10 +6,6 @@ import io
 import numpy as np
 import pytest
 import torch
-
-from seqpack.cost import CostModel
-from seqpack.topology import Topology
-from seqpack.wrapper import PackingIterator, Step, wrap_data_iterator
 from wrapper_data import (
     ScatterScheduler,
     batch_arrays,
@@ -17,7 +13,12 @@ from wrapper_data import (
     expected_sequences,
     items,
     make_item,
+    wait_until,
 )
+
+from seqpack.cost import CostModel
+from seqpack.topology import Topology
+from seqpack.wrapper import PackingIterator, Step, wrap_data_iterator
 
 SEED = 3
 
@@ -323,20 +324,10 @@ def test_config_object_and_overrides():
 
 import gc  # noqa: E402
 import logging  # noqa: E402
-import time  # noqa: E402
 import weakref  # noqa: E402
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
-
-def _wait_until(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def _fresh_defer(k, count=30, stateful=False):
@@ -360,7 +351,7 @@ def test_the_thread_reads_ahead_but_state_dict_describes_the_steps_handed_over()
     it = _wrap(source, scheduler=ScatterScheduler(defer_longest=True), prefetch=3)
     head = [next(it), next(it)]
     # Not vacuous: the thread really read three more steps of 6 samples from the source.
-    assert _wait_until(lambda: source.position == 30)
+    assert wait_until(lambda: source.position == 30)
     state = _save_load(it.state_dict())
     assert state[PackingIterator.STATE_STEPS] == 2 and state[PackingIterator.STATE_CONSUMED] == 12
     assert state[PackingIterator.STATE_ITERATOR] == {"position": 12}  # a snapshot, not the live source
@@ -447,7 +438,7 @@ def test_close_stops_the_thread_and_the_iterator_but_keeps_its_state():
     with _wrap(source, prefetch=2) as it:
         next(it)
         thread = it._bg.prefetcher._thread
-        assert _wait_until(lambda: source.position == 18)  # steps 1 and 2 prepared
+        assert wait_until(lambda: source.position == 18)  # steps 1 and 2 prepared
     assert not thread.is_alive()
     assert source.position == 18  # close() did not prepare more than the two slots
     with pytest.raises(SeqpackError, match="closed"):
@@ -461,7 +452,7 @@ def test_an_iterator_dropped_without_close_ends_its_thread():
     it = _wrap(items(SEED, 0, 60), prefetch=2)
     next(it)
     prefetcher = it._bg.prefetcher
-    assert _wait_until(lambda: len(prefetcher._ready) == 2)  # idle: it holds only a weak reference
+    assert wait_until(lambda: len(prefetcher._ready) == 2)  # idle: it holds only a weak reference
     thread = prefetcher._thread
     ref = weakref.ref(it)
     del it

@@ -7,6 +7,8 @@ can find every sequence's origin from its first token and rebuild the expected s
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -168,3 +170,13 @@ def check_full_batch(arrays: dict, seed: int, pad_multiple: int, *, loss_mask: b
         assert np.array_equal(getattr(expected, name).numpy(), arrays[name]), name
     assert expected.max_seqlen == arrays["max_seqlen"]
     return seen
+
+
+def wait_until(condition, timeout: float = 10.0) -> bool:
+    """Poll ``condition()`` every 5 ms until it holds (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True

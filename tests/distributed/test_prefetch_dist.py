@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from test_wrapper_dist import SEED, _check_run, _roundtrip, _scheduler, _summary, _topology
-from wrapper_data import items
+from wrapper_data import items, wait_until
 
 from seqpack.topology import Topology
 from seqpack.wrapper import wrap_data_iterator
@@ -82,14 +82,6 @@ def _model_collective(topo: Topology) -> None:
             assert value.tolist() == [topo.size(axis)] * 3
 
 
-def _wait_until(condition, timeout=20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
 
 def run_depths(layout, owner):
     topo = _topology(layout)
@@ -104,7 +96,7 @@ def run_depths(layout, owner):
             steps.append(_summary(step))
             if len(steps) == 1 and k == 3 and data is not None:
                 # Not vacuous: the thread reads the next three steps while we wait here.
-                out["read_ahead"] = _wait_until(lambda data=data: data.pulled >= 24)
+                out["read_ahead"] = wait_until(lambda data=data: data.pulled >= 24, timeout=20.0)
             _model_collective(topo)
         out["runs"][k] = steps
         out["dropped_at_end"] = it.dropped_at_end
