@@ -30,10 +30,10 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from wrapper import _samples  # benchmarks/wrapper.py: the same lognormal samples per rank
 
 LAYOUTS = {
     "dp4": ((4,), ("dp",)),
@@ -41,15 +41,6 @@ LAYOUTS = {
     "dp2xcp2": ((2, 2), ("dp", "cp")),
     "dp2xtp2": ((2, 2), ("dp", "tp")),
 }
-
-
-def _samples(rank: int, count: int, args) -> list[dict[str, torch.Tensor]]:
-    rng = np.random.default_rng([args.seed, rank])
-    sigma = 1.1
-    mu = np.log(args.mean_len) - sigma**2 / 2
-    lengths = np.clip(rng.lognormal(mu, sigma, size=count), 16, args.max_len).astype(np.int64)
-    g = torch.Generator().manual_seed(args.seed * 100 + rank)
-    return [{"input_ids": torch.randint(1, 32000, (int(n),), generator=g)} for n in lengths]
 
 
 class StandIn:
