@@ -341,51 +341,199 @@ def _home_pass(by_rank, lengths, values, origin, targets, fill, share, dp, round
 
 
 @njit(cache=True)
-def deal_local(by_cost, load, dp):
-    """Deal bins into rounds of ``dp`` and each round's bins to replicas, keeping bins home.
+def _relink(item, src, dst, head, nxt, prv):
+    """Move ``item`` from list ``src`` to the front of list ``dst``."""
+    if prv[item] >= 0:
+        nxt[prv[item]] = nxt[item]
+    else:
+        head[src] = nxt[item]
+    if nxt[item] >= 0:
+        prv[nxt[item]] = prv[item]
+    prv[item] = -1
+    nxt[item] = head[dst]
+    if head[dst] >= 0:
+        prv[head[dst]] = item
+    head[dst] = item
 
-    ``by_cost`` lists the bins heaviest first; round ``m`` takes the ``m``-th run of ``dp``
-    (the grouping that minimises ``sum_m max_d``). Bin ``b`` belongs to replica
-    ``b % dp``: in each round, bins go to their own replica, heaviest first, while it is
-    free; the bins left over (a replica already holds one of its own in that round) go to
-    the replicas left over, heaviest bin to the least loaded replica so far (ties: lower
-    bin index, lower replica index).
+
+@njit(cache=True)
+def _cache_put(k, at, y, o, t, c, m, cache_y, cache_o, cache_t, cache_c, cache_m):
+    """Insert an entry at ``at`` of the first ``k`` entries (cost order)."""
+    for q in range(k, at, -1):
+        cache_y[q], cache_o[q], cache_t[q] = cache_y[q - 1], cache_o[q - 1], cache_t[q - 1]
+        cache_c[q], cache_m[q] = cache_c[q - 1], cache_m[q - 1]
+    cache_y[at], cache_o[at], cache_t[at], cache_c[at], cache_m[at] = y, o, t, c, m
+
+
+@njit(cache=True)
+def _cache_swap(p, q, cache_y, cache_o, cache_t, cache_c, cache_m):
+    """Exchange entries ``p`` and ``q``."""
+    cache_y[p], cache_y[q] = cache_y[q], cache_y[p]
+    cache_o[p], cache_o[q] = cache_o[q], cache_o[p]
+    cache_t[p], cache_t[q] = cache_t[q], cache_t[p]
+    cache_c[p], cache_c[q] = cache_c[q], cache_c[p]
+    cache_m[p], cache_m[q] = cache_m[q], cache_m[p]
+
+
+@njit(cache=True)
+def home_swaps(
+    round_of, replica_of, lengths, costs, origin, dp, rounds, capacity, round_cap, replica_cap, order, passes
+):
+    """Bring sequences home by moves and swaps that keep every cap. Updates ``round_of`` and
+    ``replica_of`` in place.
+
+    Bin ``(m, d)`` is index ``m * dp + d``. For each sequence ``x`` of ``order`` (grouped by
+    ``origin``) placed on another replica than ``origin[x]`` (its home ``h``), every bin of
+    ``h`` is tried: moving ``x`` there, or swapping it with a sequence ``y`` of that bin.
+    After the change both bins must hold at most ``capacity`` tokens and at most
+    ``round_cap[m]`` cost, and both replicas at most ``replica_cap`` cost. The change that
+    brings home the most tokens (``x``'s, plus ``y``'s when ``y`` lands on its own home,
+    minus ``y``'s when it leaves it) is made, if that is more than zero; ties go to a move
+    (lowest round first), then to the swap with the lowest ``y``. ``passes`` passes over
+    ``order``, fewer once a pass changes nothing.
+
+    A swap keeps both bins under their caps only if ``y`` costs about what ``x`` does, so
+    the sequences on ``h`` are kept sorted by cost while ``h``'s group runs and only that
+    window of costs is read (checked against a full scan in the tests).
 
     Returns:
-        (round_of_bin, replica_of_bin).
+        The number of changes made.
     """
-    n_bins = by_cost.shape[0]
-    rounds = n_bins // dp
-    round_of = np.empty(n_bins, dtype=np.int64)
-    replica_of = np.empty(n_bins, dtype=np.int64)
-    totals = np.zeros(dp, dtype=np.float64)
-    taken = np.zeros(dp, dtype=np.bool_)
-    left = np.empty(dp, dtype=np.int64)
-    free = np.empty(dp, dtype=np.int64)
-    for m in range(rounds):
-        taken[:] = False
-        n_left = 0
-        for k in range(m * dp, (m + 1) * dp):
-            b = by_cost[k]
-            round_of[b] = m
-            if not taken[b % dp]:
-                taken[b % dp] = True
-                replica_of[b] = b % dp
-            else:
-                left[n_left] = b
-                n_left += 1
-        n_free = 0
-        for d in range(dp):
-            if not taken[d]:
-                free[n_free] = d
-                n_free += 1
-        lightest = free[np.argsort(totals[free[:n_free]], kind="mergesort")]
-        for k in range(n_left):
-            replica_of[left[k]] = lightest[k]
-        for k in range(m * dp, (m + 1) * dp):
-            b = by_cost[k]
-            totals[replica_of[b]] += load[b]
-    return round_of, replica_of
+    n = lengths.shape[0]
+    n_bins = rounds * dp
+    load = np.zeros(n_bins, dtype=np.float64)
+    tok = np.zeros(n_bins, dtype=np.int64)
+    total = np.zeros(dp, dtype=np.float64)
+    head = np.full(dp, -1, dtype=np.int64)  # sequences by replica: doubly linked lists
+    nxt = np.full(n, -1, dtype=np.int64)
+    prv = np.full(n, -1, dtype=np.int64)
+    for i in range(n):
+        b = round_of[i] * dp + replica_of[i]
+        load[b] += costs[i]
+        tok[b] += lengths[i]
+        total[replica_of[i]] += costs[i]
+    for i in range(n - 1, -1, -1):
+        d = replica_of[i]
+        nxt[i] = head[d]
+        if head[d] >= 0:
+            prv[head[d]] = i
+        head[d] = i
+    # The sequences on the current home, by cost: index, home, tokens, cost, round.
+    cache_y = np.empty(n + 1, dtype=np.int64)
+    cache_o = np.empty(n + 1, dtype=np.int64)
+    cache_t = np.empty(n + 1, dtype=np.int64)
+    cache_c = np.empty(n + 1, dtype=np.float64)
+    cache_m = np.empty(n + 1, dtype=np.int64)
+    changes = 0
+    for _ in range(passes):
+        made = 0
+        i = 0
+        while i < order.shape[0]:
+            home = origin[order[i]]
+            j = i
+            while j < order.shape[0] and origin[order[j]] == home:
+                j += 1
+            k = 0
+            y = head[home]
+            while y >= 0:
+                cache_y[k], cache_o[k], cache_t[k], cache_c[k], cache_m[k] = (
+                    y,
+                    origin[y],
+                    lengths[y],
+                    costs[y],
+                    round_of[y],
+                )
+                k += 1
+                y = nxt[y]
+            by_cost = np.argsort(cache_c[:k])
+            cache_y[:k], cache_o[:k], cache_t[:k] = cache_y[by_cost], cache_o[by_cost], cache_t[by_cost]
+            cache_c[:k], cache_m[:k] = cache_c[by_cost], cache_m[by_cost]
+            for g in range(i, j):
+                x = order[g]
+                here = replica_of[x]
+                if here == home:
+                    continue
+                ra = round_of[x]
+                a = ra * dp + here
+                cx, tx = costs[x], lengths[x]
+                best, best_y, best_m = 0, -1, -1
+                room = -np.inf  # the most cost any bin of home can take
+                for m in range(rounds):
+                    b = m * dp + home
+                    room = max(room, round_cap[m] - load[b])
+                    if best_m < 0 and load[b] + cx <= round_cap[m] and tok[b] + tx <= capacity:
+                        if total[home] + cx <= replica_cap:
+                            best, best_m = tx, m
+                # Swaps need cx - room <= cy <= cx + (round_cap[ra] - load[a]), widened
+                # against rounding; each candidate is then checked exactly.
+                lo = cx - room
+                hi = cx + (round_cap[ra] - load[a])
+                lo -= 1e-9 * abs(lo) + 1e-9
+                hi += 1e-9 * abs(hi) + 1e-9
+                c = np.searchsorted(cache_c[:k], lo)
+                while c < k and cache_c[c] <= hi:
+                    o, ty, cy, m = cache_o[c], cache_t[c], cache_c[c], cache_m[c]
+                    gain = tx
+                    if o == here:
+                        gain += ty
+                    elif o == home:
+                        gain -= ty
+                    y = cache_y[c]
+                    c += 1
+                    if gain < best or (gain == best and (best_y < 0 or y > best_y)):
+                        continue
+                    b = m * dp + home
+                    if (
+                        load[a] - cx + cy <= round_cap[ra]
+                        and load[b] - cy + cx <= round_cap[m]
+                        and tok[a] - tx + ty <= capacity
+                        and tok[b] - ty + tx <= capacity
+                        and total[here] - cx + cy <= replica_cap
+                        and total[home] - cy + cx <= replica_cap
+                    ):
+                        best, best_y, best_m = gain, y, m
+                if best_m < 0:
+                    continue
+                b = best_m * dp + home
+                load[a] -= cx
+                load[b] += cx
+                tok[a] -= tx
+                tok[b] += tx
+                total[here] -= cx
+                total[home] += cx
+                _relink(x, here, home, head, nxt, prv)
+                round_of[x], replica_of[x] = best_m, home
+                y = best_y
+                if y >= 0:
+                    load[b] -= costs[y]
+                    load[a] += costs[y]
+                    tok[b] -= lengths[y]
+                    tok[a] += lengths[y]
+                    total[home] -= costs[y]
+                    total[here] += costs[y]
+                    _relink(y, home, here, head, nxt, prv)
+                    round_of[y], replica_of[y] = ra, here
+                    # x takes y's entry, then slides to its place by cost (they cost about the same).
+                    c = np.searchsorted(cache_c[:k], costs[y])
+                    while cache_y[c] != y:
+                        c += 1
+                    cache_y[c], cache_o[c], cache_t[c], cache_c[c], cache_m[c] = x, home, tx, cx, best_m
+                    while c > 0 and cache_c[c - 1] > cx:
+                        _cache_swap(c, c - 1, cache_y, cache_o, cache_t, cache_c, cache_m)
+                        c -= 1
+                    while c + 1 < k and cache_c[c + 1] < cx:
+                        _cache_swap(c, c + 1, cache_y, cache_o, cache_t, cache_c, cache_m)
+                        c += 1
+                else:
+                    at = np.searchsorted(cache_c[:k], cx)
+                    _cache_put(k, at, x, home, tx, cx, best_m, cache_y, cache_o, cache_t, cache_c, cache_m)
+                    k += 1
+                made += 1
+            i = j
+        changes += made
+        if made == 0:
+            break
+    return changes
 
 
 @njit(cache=True)

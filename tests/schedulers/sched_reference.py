@@ -148,30 +148,6 @@ def grid_local_reference(order, lengths, values, targets, home_fill, token_share
     return True, bin_of, home
 
 
-def deal_local_reference(by_cost, load, dp):
-    """Round m takes the m-th run of dp bins of by_cost; in it, bins (heaviest first) go to
-    their own replica (bin % dp) while it is free; the rest, heaviest first, to the free
-    replicas with the least total so far (ties: lower replica)."""
-    n_bins = len(by_cost)
-    round_of = [0] * n_bins
-    replica_of = [0] * n_bins
-    totals = [0.0] * dp
-    for m in range(n_bins // dp):
-        bins = by_cost[m * dp : (m + 1) * dp]
-        taken, left = set(), []
-        for b in bins:
-            round_of[b] = m
-            if b % dp not in taken:
-                taken.add(b % dp)
-                replica_of[b] = b % dp
-            else:
-                left.append(b)
-        free = sorted((d for d in range(dp) if d not in taken), key=lambda d: (totals[d], d))
-        for b, d in zip(left, free, strict=True):
-            replica_of[b] = d
-        for b in bins:
-            totals[replica_of[b]] += load[b]
-    return round_of, replica_of
 def min_bins_reference(sizes, capacity):
     """Fewest bins of ``capacity`` that hold ``sizes``: every assignment, bin by bin (item
     ``i`` goes into a bin already opened or the next new one), smallest count first."""
@@ -217,3 +193,78 @@ def first_fit_decreasing_bins(sizes, capacity):
         else:
             loads.append(s)
     return len(loads)
+
+
+def home_swaps_reference(
+    round_of, replica_of, lengths, costs, origin, dp, rounds, capacity, round_cap, replica_cap, order, passes
+):
+    """For each sequence x of ``order`` away from its home h = origin[x]: of moving x into a
+    bin of h, or swapping it with any sequence y on h, keep the change that brings the most
+    tokens home (x's, + y's if y lands home, - y's if y leaves home) while every bin stays
+    within ``capacity`` tokens and ``round_cap`` cost and both replicas within
+    ``replica_cap``; ties: a move (lowest round), then the lowest y. Sums are kept as the
+    kernel keeps them (same float operations, same order)."""
+    round_of, replica_of = [int(v) for v in round_of], [int(v) for v in replica_of]
+    lengths, costs, origin = [int(v) for v in lengths], [float(v) for v in costs], [int(v) for v in origin]
+    load, tok, total = [0.0] * (rounds * dp), [0] * (rounds * dp), [0.0] * dp
+    for i in range(len(lengths)):
+        b = round_of[i] * dp + replica_of[i]
+        load[b] += costs[i]
+        tok[b] += lengths[i]
+        total[replica_of[i]] += costs[i]
+    changes = 0
+    for _ in range(passes):
+        made = 0
+        for x in order:
+            here, home = replica_of[x], origin[x]
+            if here == home:
+                continue
+            ra, cx, tx = round_of[x], costs[x], lengths[x]
+            a = ra * dp + here
+            options = []  # (-gain, 0 for a move / 1 for a swap, y, round)
+            if total[home] + cx <= replica_cap:
+                for m in range(rounds):
+                    b = m * dp + home
+                    if load[b] + cx <= round_cap[m] and tok[b] + tx <= capacity:
+                        options.append((-tx, 0, -1, m))
+                        break
+            for y in range(len(lengths)):
+                if replica_of[y] != home:
+                    continue
+                m, cy, ty = round_of[y], costs[y], lengths[y]
+                b = m * dp + home
+                gain = tx + (ty if origin[y] == here else -ty if origin[y] == home else 0)
+                fits = (
+                    load[a] - cx + cy <= round_cap[ra]
+                    and load[b] - cy + cx <= round_cap[m]
+                    and tok[a] - tx + ty <= capacity
+                    and tok[b] - ty + tx <= capacity
+                    and total[here] - cx + cy <= replica_cap
+                    and total[home] - cy + cx <= replica_cap
+                )
+                if gain > 0 and fits:
+                    options.append((-gain, 1, y, m))
+            if not options:
+                continue
+            _, _, y, m = min(options)
+            b = m * dp + home
+            load[a] -= cx
+            load[b] += cx
+            tok[a] -= tx
+            tok[b] += tx
+            total[here] -= cx
+            total[home] += cx
+            round_of[x], replica_of[x] = m, home
+            if y >= 0:
+                load[b] -= costs[y]
+                load[a] += costs[y]
+                tok[b] -= lengths[y]
+                tok[a] += lengths[y]
+                total[home] -= costs[y]
+                total[here] += costs[y]
+                round_of[y], replica_of[y] = ra, here
+            made += 1
+        changes += made
+        if made == 0:
+            break
+    return round_of, replica_of, changes
