@@ -39,10 +39,11 @@ Fewer bytes moved, at no cost in balance: equally long sequences are taken in an
 interleaved by the rank that holds them (``origin``), which keeps them on that rank (with
 equal lengths nothing moves), and the finished replicas are renamed so that each runs on
 the DP rank already holding most of its tokens (:func:`relabel_replicas`). With
-``locality`` (default), plans at the same microbatch count that start from where the
-samples are replace this one when they predict at most 0.1% more step time and move fewer
-tokens (:mod:`seqpack.schedulers.locality`). Pack order inside a microbatch is ascending
-global id.
+``locality`` (default), a plan at the same microbatch count that keeps more samples where
+they are (built from each rank's own samples, or this one with sequences brought home by
+swaps of equal cost) replaces this one when it predicts at most 0.1% more step time and
+moves fewer tokens (:mod:`seqpack.schedulers.locality`). Pack order inside a microbatch is
+ascending global id.
 
 5. **Order.** Rounds run heaviest first (a memory peak shows up at the first microbatch),
    or with ``order="pipeline"`` light rounds at both ends and heavy ones in the middle,
