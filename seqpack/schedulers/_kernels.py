@@ -341,22 +341,6 @@ def _home_pass(by_rank, lengths, values, origin, targets, fill, share, dp, round
 
 
 @njit(cache=True)
-def _relink(item, src, dst, head, nxt, prv):
-    """Move ``item`` from list ``src`` to the front of list ``dst``."""
-    if prv[item] >= 0:
-        nxt[prv[item]] = nxt[item]
-    else:
-        head[src] = nxt[item]
-    if nxt[item] >= 0:
-        prv[nxt[item]] = prv[item]
-    prv[item] = -1
-    nxt[item] = head[dst]
-    if head[dst] >= 0:
-        prv[head[dst]] = item
-    head[dst] = item
-
-
-@njit(cache=True)
 def _cache_put(k, at, y, o, t, c, m, cache_y, cache_o, cache_t, cache_c, cache_m):
     """Insert an entry at ``at`` of the first ``k`` entries (cost order)."""
     for q in range(k, at, -1):
@@ -404,20 +388,21 @@ def home_swaps(
     load = np.zeros(n_bins, dtype=np.float64)
     tok = np.zeros(n_bins, dtype=np.int64)
     total = np.zeros(dp, dtype=np.float64)
-    head = np.full(dp, -1, dtype=np.int64)  # sequences by replica: doubly linked lists
-    nxt = np.full(n, -1, dtype=np.int64)
-    prv = np.full(n, -1, dtype=np.int64)
     for i in range(n):
         b = round_of[i] * dp + replica_of[i]
         load[b] += costs[i]
         tok[b] += lengths[i]
         total[replica_of[i]] += costs[i]
-    for i in range(n - 1, -1, -1):
-        d = replica_of[i]
-        nxt[i] = head[d]
-        if head[d] >= 0:
-            prv[head[d]] = i
-        head[d] = i
+    # Who is on which replica: a snapshot by replica taken at the start of each pass (a
+    # counting sort), the sequences that changed replica since (skipped there), and the
+    # arrivals of the pass, a list per replica (an entry counts if it is its sequence's last).
+    start = np.zeros(dp + 1, dtype=np.int64)
+    snap = np.empty(n, dtype=np.int64)
+    changed = np.zeros(n, dtype=np.bool_)
+    last_arrival = np.full(n, -1, dtype=np.int64)
+    arrivals = np.full(dp, -1, dtype=np.int64)
+    arrival_seq = np.empty(n + 1, dtype=np.int64)
+    arrival_next = np.empty(n + 1, dtype=np.int64)
     # The sequences on the current home, by cost: index, home, tokens, cost, round.
     cache_y = np.empty(n + 1, dtype=np.int64)
     cache_o = np.empty(n + 1, dtype=np.int64)
@@ -426,6 +411,19 @@ def home_swaps(
     cache_m = np.empty(n + 1, dtype=np.int64)
     changes = 0
     for _ in range(passes):
+        start[:] = 0
+        for i in range(n):
+            start[replica_of[i] + 1] += 1
+        for d in range(dp):
+            start[d + 1] += start[d]
+        fill = start[:dp].copy()
+        for i in range(n):
+            snap[fill[replica_of[i]]] = i
+            fill[replica_of[i]] += 1
+        changed[:] = False
+        arrivals[:] = -1
+        last_arrival[:] = -1
+        n_arrivals = 0
         made = 0
         i = 0
         while i < order.shape[0]:
@@ -434,17 +432,30 @@ def home_swaps(
             while j < order.shape[0] and origin[order[j]] == home:
                 j += 1
             k = 0
-            y = head[home]
-            while y >= 0:
-                cache_y[k], cache_o[k], cache_t[k], cache_c[k], cache_m[k] = (
-                    y,
-                    origin[y],
-                    lengths[y],
-                    costs[y],
-                    round_of[y],
-                )
-                k += 1
-                y = nxt[y]
+            for q in range(start[home], start[home + 1]):
+                y = snap[q]
+                if not changed[y]:
+                    cache_y[k], cache_o[k], cache_t[k], cache_c[k], cache_m[k] = (
+                        y,
+                        origin[y],
+                        lengths[y],
+                        costs[y],
+                        round_of[y],
+                    )
+                    k += 1
+            e = arrivals[home]
+            while e >= 0:
+                y = arrival_seq[e]
+                if last_arrival[y] == e and replica_of[y] == home:
+                    cache_y[k], cache_o[k], cache_t[k], cache_c[k], cache_m[k] = (
+                        y,
+                        origin[y],
+                        lengths[y],
+                        costs[y],
+                        round_of[y],
+                    )
+                    k += 1
+                e = arrival_next[e]
             by_cost = np.argsort(cache_c[:k])
             cache_y[:k], cache_o[:k], cache_t[:k] = cache_y[by_cost], cache_o[by_cost], cache_t[by_cost]
             cache_c[:k], cache_m[:k] = cache_c[by_cost], cache_m[by_cost]
@@ -501,7 +512,7 @@ def home_swaps(
                 tok[b] += tx
                 total[here] -= cx
                 total[home] += cx
-                _relink(x, here, home, head, nxt, prv)
+                changed[x] = True
                 round_of[x], replica_of[x] = best_m, home
                 y = best_y
                 if y >= 0:
@@ -511,7 +522,11 @@ def home_swaps(
                     tok[a] += lengths[y]
                     total[home] -= costs[y]
                     total[here] += costs[y]
-                    _relink(y, home, here, head, nxt, prv)
+                    changed[y] = True
+                    arrival_seq[n_arrivals], arrival_next[n_arrivals] = y, arrivals[here]
+                    arrivals[here] = n_arrivals
+                    last_arrival[y] = n_arrivals
+                    n_arrivals += 1
                     round_of[y], replica_of[y] = ra, here
                     # x takes y's entry, then slides to its place by cost (they cost about the same).
                     c = np.searchsorted(cache_c[:k], costs[y])
