@@ -26,7 +26,9 @@ where sequences run.
   ``"both"``: FSDP, every round waits for its slowest replica): a replica's microbatches,
   a few sequences each, cannot all match the other replicas' within 0.1%, and at
   thousands of replicas some always miss (the rounds end 0.5-1.5% slower).
-* Home swaps (:func:`home_swapped`; lockstep steps, and the fallback for ``"replicas"``):
+* Home swaps (:func:`home_swapped`; lockstep steps, and for ``"replicas"`` when the
+  per-replica layout is over the tolerance or moves more than a third of the tokens, the
+  plan that moves less is kept):
   start from the reference itself, replicas renamed, and bring sequences home one by one
   (:func:`seqpack.schedulers._kernels.home_swaps`): a sequence away from its rank moves
   into one of its rank's microbatches, or trades places with a sequence there of about
@@ -51,6 +53,7 @@ _REPLICAS_FILL = 0.9  # home_fill of the per-replica layout
 _REPAIR_WORK_FACTOR = 3  # local layouts start further from balance: 3x the repair's work budget
 _SWAP_SLACK = 0.9  # home swaps may raise each cap by this share of the tolerance
 _SWAP_PASSES = 2  # passes of the home swaps over the sequences
+_SWAPS_ABOVE = 1 / 3  # the home swaps are also tried when the per-replica layout moves more
 
 __all__ = ["TOLERANCE", "heaviest_first", "home_swapped", "moved_tokens", "plan_local", "step_time"]
 
@@ -117,6 +120,7 @@ def plan_local(
     limit = step_time(reference.load, constant, objective) * (1 + tolerance)
     if reference_ranks is None:
         reference_ranks = relabel_replicas(reference.replica_of, origin, padded, dp_size)
+    best = None
     to_beat = moved_tokens(reference_ranks, origin, padded)  # a candidate must move less
     if objective == Objective.REPLICAS or reference.num_microbatches <= 2:
         plan = _per_replica(
@@ -125,11 +129,13 @@ def plan_local(
         if plan is not None and step_time(plan.load, constant, objective) <= limit:
             ranks = relabel_replicas(plan.replica_of, origin, padded, dp_size)
             if moved_tokens(ranks, origin, padded) < to_beat:
-                return plan, ranks
+                best, to_beat = (plan, ranks), moved_tokens(ranks, origin, padded)
+                if to_beat <= _SWAPS_ABOVE * float(padded.sum()):
+                    return best
     plan = home_swapped(padded, costs, origin, reference, reference_ranks, capacity, objective, tolerance * _SWAP_SLACK)
     if step_time(plan.load, constant, objective) <= limit and moved_tokens(plan.replica_of, origin, padded) < to_beat:
-        return plan, plan.replica_of
-    return None
+        best = plan, plan.replica_of
+    return best
 
 
 def home_swapped(

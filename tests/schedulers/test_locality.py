@@ -8,11 +8,11 @@ from sched_reference import home_swaps_reference
 
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.mock_data import lognormal_lengths
+from seqpack.mock_data import lognormal_lengths, pareto_lengths
 from seqpack.schedulers import _kernels, get_scheduler
 from seqpack.schedulers.balanced import plan_balanced, relabel_replicas
 from seqpack.schedulers.base import default_origin
-from seqpack.schedulers.locality import plan_local, step_time
+from seqpack.schedulers.locality import _per_replica, plan_local, step_time
 from seqpack.stats import StepStats, microbatch_costs
 
 COST = CostModel(24576.0, 1.0)  # issue 12's cost: 24576*s + s**2
@@ -190,3 +190,20 @@ def test_lightest_reads_a_heap_in_order():
     _kernels._lightest(heap, 40, total, out)
     assert out.tolist() == np.lexsort((np.arange(40), total))[:9].tolist()
     assert all(heap[pos[d]] == d for d in range(40))
+
+
+def test_replicas_keeps_whichever_layout_moves_less():
+    """Heavy-tailed lengths: the per-replica layout moves over a third of the tokens, so the
+    home swaps are tried too and the plan that moves less is kept."""
+    dp, cap = 256, 32768
+    lengths = pareto_lengths(dp * 32, min_seq_len=256, max_seq_len=cap, alpha=1.2, seed=1)
+    costs = COST.cost(lengths)
+    origin = default_origin(lengths.shape[0], dp)
+    ref = plan_balanced(lengths, costs, dp_size=dp, capacity=cap, objective="replicas", origin=origin)
+    per_replica = _per_replica(lengths, costs, origin, ref, dp, cap, 0.0, "replicas", None, 1e-3)
+    layout_moved = int(lengths[relabel_replicas(per_replica.replica_of, origin, lengths, dp) != origin].sum())
+    assert layout_moved > lengths.sum() / 3
+    sched = get_scheduler("balanced", objective="replicas")
+    s = sched.schedule(lengths, dp_size=dp, max_tokens_per_rank=cap, cost=COST)
+    assert StepStats.from_schedule(s, COST).moved_tokens < layout_moved
+    assert _wait(s, "replicas") <= step_time(ref.load, 0.0, "replicas") * (1 + 1e-3) * (1 + 1e-12)
