@@ -17,6 +17,7 @@ MODE_COST = 0  # most under its cost target (LPT with per-bin targets)
 MODE_TOKENS = 1  # fewest tokens (worst-fit decreasing on tokens)
 MODE_FIRST_FIT = 2  # lowest index with room (first-fit decreasing)
 GRID_LOCAL_SLICES = 8  # grid_local alternates home and LPT passes over 8 length classes
+PAIR_BIN = 16  # home_swaps pairs sequences of bins holding at most this many
 
 
 @njit(cache=True)
@@ -340,13 +341,33 @@ def _home_pass(by_rank, lengths, values, origin, targets, fill, share, dp, round
             tok[m * dp + d] = own_tok[m]
 
 
+@njit(cache=True, inline="always")
+def _cache_set(q, y, origin, lengths, costs, round_of, cache_y, cache_o, cache_t, cache_c, cache_m):
+    """Entry ``q`` of the cache: sequence ``y``, its home, tokens, cost and round."""
+    cache_y[q], cache_o[q], cache_t[q], cache_c[q], cache_m[q] = y, origin[y], lengths[y], costs[y], round_of[y]
+
+
+@njit(cache=True, inline="always")
+def _fits(a, ra, b, m, cx, tx, cy, ty, here, home, load, tok, total, round_cap, capacity, replica_cap):
+    """Whether bins ``a`` (round ``ra``, on ``here``) and ``b`` (round ``m``, on ``home``)
+    keep every cap once ``x`` (cost ``cx``, ``tx`` tokens) and what returns from ``b``
+    (``cy``, ``ty``) trade places."""
+    return (
+        load[a] - cx + cy <= round_cap[ra]
+        and load[b] - cy + cx <= round_cap[m]
+        and tok[a] - tx + ty <= capacity
+        and tok[b] - ty + tx <= capacity
+        and total[here] - cx + cy <= replica_cap
+        and total[home] - cy + cx <= replica_cap
+    )
+
+
 @njit(cache=True)
-def _cache_put(k, at, y, o, t, c, m, cache_y, cache_o, cache_t, cache_c, cache_m):
-    """Insert an entry at ``at`` of the first ``k`` entries (cost order)."""
-    for q in range(k, at, -1):
-        cache_y[q], cache_o[q], cache_t[q] = cache_y[q - 1], cache_o[q - 1], cache_t[q - 1]
-        cache_c[q], cache_m[q] = cache_c[q - 1], cache_m[q - 1]
-    cache_y[at], cache_o[at], cache_t[at], cache_c[at], cache_m[at] = y, o, t, c, m
+def _cache_drop(k, at, cache_y, cache_o, cache_t, cache_c, cache_m):
+    """Remove entry ``at`` of the first ``k`` entries."""
+    for q in range(at, k - 1):
+        cache_y[q], cache_o[q], cache_t[q] = cache_y[q + 1], cache_o[q + 1], cache_t[q + 1]
+        cache_c[q], cache_m[q] = cache_c[q + 1], cache_m[q + 1]
 
 
 @njit(cache=True)
@@ -360,25 +381,63 @@ def _cache_swap(p, q, cache_y, cache_o, cache_t, cache_c, cache_m):
 
 
 @njit(cache=True)
+def _turn_pairs(k, rounds, cache_y, cache_c, cache_m, seg, by_round, pair_c, pair_y, pair_m):
+    """The pairs of a home's turn (:func:`home_swaps`): every two sequences of the cache's
+    first ``k`` entries that share a round holding at most ``PAIR_BIN`` of them, sorted by
+    summed cost. Returns their number."""
+    seg[:] = 0
+    for q in range(k):
+        seg[cache_m[q] + 1] += 1
+    for m in range(rounds):
+        seg[m + 1] += seg[m]
+    for q in range(k):  # cache entries by round; seg[m] ends at round m's end
+        by_round[seg[cache_m[q]]] = q
+        seg[cache_m[q]] += 1
+    n_pairs = 0
+    begin = 0
+    for m in range(rounds):
+        if seg[m] - begin <= PAIR_BIN:
+            for u in range(begin, seg[m]):
+                p = by_round[u]
+                for v in range(u + 1, seg[m]):
+                    q = by_round[v]
+                    pair_c[n_pairs] = cache_c[p] + cache_c[q]
+                    pair_y[n_pairs, 0] = min(cache_y[p], cache_y[q])
+                    pair_y[n_pairs, 1] = max(cache_y[p], cache_y[q])
+                    pair_m[n_pairs] = m
+                    n_pairs += 1
+        begin = seg[m]
+    by_cost = np.argsort(pair_c[:n_pairs])
+    pair_c[:n_pairs] = pair_c[:n_pairs][by_cost]
+    pair_y[:n_pairs] = pair_y[:n_pairs][by_cost]
+    pair_m[:n_pairs] = pair_m[:n_pairs][by_cost]
+    return n_pairs
+
+
+@njit(cache=True)
 def home_swaps(
     round_of, replica_of, lengths, costs, origin, dp, rounds, capacity, round_cap, replica_cap, order, passes
 ):
     """Bring sequences home by moves and swaps that keep every cap. Updates ``round_of`` and
     ``replica_of`` in place.
 
-    Bin ``(m, d)`` is index ``m * dp + d``. For each sequence ``x`` of ``order`` (grouped by
-    ``origin``) placed on another replica than ``origin[x]`` (its home ``h``), every bin of
-    ``h`` is tried: moving ``x`` there, or swapping it with a sequence ``y`` of that bin.
-    After the change both bins must hold at most ``capacity`` tokens and at most
-    ``round_cap[m]`` cost, and both replicas at most ``replica_cap`` cost. The change that
-    brings home the most tokens (``x``'s, plus ``y``'s when ``y`` lands on its own home,
-    minus ``y``'s when it leaves it) is made, if that is more than zero; ties go to a move
-    (lowest round first), then to the swap with the lowest ``y``. ``passes`` passes over
-    ``order``, fewer once a pass changes nothing.
+    Bin ``(m, d)`` is index ``m * dp + d``. ``order`` runs through the sequences home by home
+    (grouped by ``origin``): home ``h``'s *turn* is the run of its sequences. For each
+    sequence ``x`` placed on another replica than its home ``h``, every bin of ``h`` is
+    tried: moving ``x`` there, or swapping it with a sequence ``y`` of that bin; when neither
+    fits, swapping it with a pair ``y1 < y2`` that shared a bin of ``h`` of at most
+    ``PAIR_BIN`` sequences when ``h``'s turn began and has not moved since. After the change
+    both bins must hold at most ``capacity`` tokens and at most ``round_cap[m]`` cost, and
+    both replicas at most ``replica_cap`` cost. The change that brings home the most tokens
+    (``x``'s, plus each returning sequence's that lands on its own home, minus each one's
+    that leaves it) is made, if that is more than zero; ties go to a move (lowest round
+    first), then to the swap with the lowest ``y``, and among pairs to the lowest ``(y1,
+    y2)``. ``passes`` passes over ``order``, fewer once a pass changes nothing.
 
-    A swap keeps both bins under their caps only if ``y`` costs about what ``x`` does, so
-    the sequences on ``h`` are kept sorted by cost while ``h``'s group runs and only that
-    window of costs is read (checked against a full scan in the tests).
+    A swap keeps both bins under their caps only if what returns costs about what ``x``
+    does, so while ``h``'s turn runs its sequences are kept sorted by cost, and its pairs by
+    their summed cost, and only that window of costs is read (checked against a full scan in
+    the tests).
 
     Returns:
         The number of changes made.
@@ -409,6 +468,15 @@ def home_swaps(
     cache_t = np.empty(n + 1, dtype=np.int64)
     cache_c = np.empty(n + 1, dtype=np.float64)
     cache_m = np.empty(n + 1, dtype=np.int64)
+    # The pairs of the current turn by summed cost: cost, the two sequences, their round.
+    n_pairs_max = rounds * PAIR_BIN * (PAIR_BIN - 1) // 2
+    pair_c = np.empty(n_pairs_max, dtype=np.float64)
+    pair_y = np.empty((n_pairs_max, 2), dtype=np.int64)
+    pair_m = np.empty(n_pairs_max, dtype=np.int64)
+    seg = np.empty(rounds + 1, dtype=np.int64)
+    by_round = np.empty(n + 1, dtype=np.int64)
+    moved_at = np.zeros(n, dtype=np.int64)  # the change that last moved each sequence
+    clock = 0
     changes = 0
     for _ in range(passes):
         start[:] = 0
@@ -435,30 +503,20 @@ def home_swaps(
             for q in range(start[home], start[home + 1]):
                 y = snap[q]
                 if not changed[y]:
-                    cache_y[k], cache_o[k], cache_t[k], cache_c[k], cache_m[k] = (
-                        y,
-                        origin[y],
-                        lengths[y],
-                        costs[y],
-                        round_of[y],
-                    )
+                    _cache_set(k, y, origin, lengths, costs, round_of, cache_y, cache_o, cache_t, cache_c, cache_m)
                     k += 1
             e = arrivals[home]
             while e >= 0:
                 y = arrival_seq[e]
                 if last_arrival[y] == e and replica_of[y] == home:
-                    cache_y[k], cache_o[k], cache_t[k], cache_c[k], cache_m[k] = (
-                        y,
-                        origin[y],
-                        lengths[y],
-                        costs[y],
-                        round_of[y],
-                    )
+                    _cache_set(k, y, origin, lengths, costs, round_of, cache_y, cache_o, cache_t, cache_c, cache_m)
                     k += 1
                 e = arrival_next[e]
             by_cost = np.argsort(cache_c[:k])
             cache_y[:k], cache_o[:k], cache_t[:k] = cache_y[by_cost], cache_o[by_cost], cache_t[by_cost]
             cache_c[:k], cache_m[:k] = cache_c[by_cost], cache_m[by_cost]
+            n_pairs = _turn_pairs(k, rounds, cache_y, cache_c, cache_m, seg, by_round, pair_c, pair_y, pair_m)
+            turn = clock
             for g in range(i, j):
                 x = order[g]
                 here = replica_of[x]
@@ -494,17 +552,36 @@ def home_swaps(
                     if gain < best or (gain == best and (best_y < 0 or y > best_y)):
                         continue
                     b = m * dp + home
-                    if (
-                        load[a] - cx + cy <= round_cap[ra]
-                        and load[b] - cy + cx <= round_cap[m]
-                        and tok[a] - tx + ty <= capacity
-                        and tok[b] - ty + tx <= capacity
-                        and total[here] - cx + cy <= replica_cap
-                        and total[home] - cy + cx <= replica_cap
+                    if _fits(
+                        a, ra, b, m, cx, tx, cy, ty, here, home, load, tok, total, round_cap, capacity, replica_cap
                     ):
                         best, best_y, best_m = gain, y, m
+                best_y2 = -1
+                if best_m < 0 and n_pairs > 0:
+                    c = np.searchsorted(pair_c[:n_pairs], lo)
+                    while c < n_pairs and pair_c[c] <= hi:
+                        y1, y2, m, cy = pair_y[c, 0], pair_y[c, 1], pair_m[c], pair_c[c]
+                        c += 1
+                        if moved_at[y1] > turn or moved_at[y2] > turn:
+                            continue
+                        gain = tx
+                        for y in (y1, y2):
+                            if origin[y] == here:
+                                gain += lengths[y]
+                            elif origin[y] == home:
+                                gain -= lengths[y]
+                        if gain < best or (gain == best and (y1 > best_y or (y1 == best_y and y2 > best_y2))):
+                            continue
+                        b = m * dp + home
+                        ty = lengths[y1] + lengths[y2]
+                        if _fits(
+                            a, ra, b, m, cx, tx, cy, ty, here, home, load, tok, total, round_cap, capacity, replica_cap
+                        ):
+                            best, best_y, best_y2, best_m = gain, y1, y2, m
                 if best_m < 0:
                     continue
+                clock += 1
+                moved_at[x] = clock
                 b = best_m * dp + home
                 load[a] -= cx
                 load[b] += cx
@@ -514,8 +591,11 @@ def home_swaps(
                 total[home] += cx
                 changed[x] = True
                 round_of[x], replica_of[x] = best_m, home
-                y = best_y
-                if y >= 0:
+                slot = -1  # x's cache entry: a returning sequence's, else a new one
+                for y in (best_y, best_y2):
+                    if y < 0:
+                        continue
+                    moved_at[y] = clock
                     load[b] -= costs[y]
                     load[a] += costs[y]
                     tok[b] -= lengths[y]
@@ -528,21 +608,26 @@ def home_swaps(
                     last_arrival[y] = n_arrivals
                     n_arrivals += 1
                     round_of[y], replica_of[y] = ra, here
-                    # x takes y's entry, then slides to its place by cost (they cost about the same).
                     c = np.searchsorted(cache_c[:k], costs[y])
                     while cache_y[c] != y:
                         c += 1
-                    cache_y[c], cache_o[c], cache_t[c], cache_c[c], cache_m[c] = x, home, tx, cx, best_m
-                    while c > 0 and cache_c[c - 1] > cx:
-                        _cache_swap(c, c - 1, cache_y, cache_o, cache_t, cache_c, cache_m)
-                        c -= 1
-                    while c + 1 < k and cache_c[c + 1] < cx:
-                        _cache_swap(c, c + 1, cache_y, cache_o, cache_t, cache_c, cache_m)
-                        c += 1
-                else:
-                    at = np.searchsorted(cache_c[:k], cx)
-                    _cache_put(k, at, x, home, tx, cx, best_m, cache_y, cache_o, cache_t, cache_c, cache_m)
+                    if slot < 0:
+                        slot = c
+                    else:  # the pair's second: drop its entry
+                        _cache_drop(k, c, cache_y, cache_o, cache_t, cache_c, cache_m)
+                        k -= 1
+                        slot -= slot > c
+                if slot < 0:
+                    slot = k
                     k += 1
+                # x takes the slot, then slides to its place by cost (it costs about what it replaced).
+                cache_y[slot], cache_o[slot], cache_t[slot], cache_c[slot], cache_m[slot] = x, home, tx, cx, best_m
+                while slot > 0 and cache_c[slot - 1] > cx:
+                    _cache_swap(slot, slot - 1, cache_y, cache_o, cache_t, cache_c, cache_m)
+                    slot -= 1
+                while slot + 1 < k and cache_c[slot + 1] < cx:
+                    _cache_swap(slot, slot + 1, cache_y, cache_o, cache_t, cache_c, cache_m)
+                    slot += 1
                 made += 1
             i = j
         changes += made

@@ -202,21 +202,53 @@ def home_swaps_reference(
     bin of h, or swapping it with any sequence y on h, keep the change that brings the most
     tokens home (x's, + y's if y lands home, - y's if y leaves home) while every bin stays
     within ``capacity`` tokens and ``round_cap`` cost and both replicas within
-    ``replica_cap``; ties: a move (lowest round), then the lowest y. Sums are kept as the
-    kernel keeps them (same float operations, same order)."""
+    ``replica_cap``; ties: a move (lowest round), then the lowest y. When nothing fits, the
+    same with two sequences y1 < y2 that shared a bin of h of at most PAIR_BIN sequences when
+    h's turn (its run in ``order``) began and have not moved since; ties: lowest (y1, y2).
+    Sums are kept as the kernel keeps them (same float operations, same order)."""
+    from itertools import combinations
+
+    from seqpack.schedulers._kernels import PAIR_BIN
+
+    n = len(lengths)
     round_of, replica_of = [int(v) for v in round_of], [int(v) for v in replica_of]
     lengths, costs, origin = [int(v) for v in lengths], [float(v) for v in costs], [int(v) for v in origin]
     load, tok, total = [0.0] * (rounds * dp), [0] * (rounds * dp), [0.0] * dp
-    for i in range(len(lengths)):
+    for i in range(n):
         b = round_of[i] * dp + replica_of[i]
         load[b] += costs[i]
         tok[b] += lengths[i]
         total[replica_of[i]] += costs[i]
+    moved_at, clock = [0] * n, 0
+
+    def fits(a, ra, b, m, cx, tx, cy, ty, here, home):
+        return (
+            load[a] - cx + cy <= round_cap[ra]
+            and load[b] - cy + cx <= round_cap[m]
+            and tok[a] - tx + ty <= capacity
+            and tok[b] - ty + tx <= capacity
+            and total[here] - cx + cy <= replica_cap
+            and total[home] - cy + cx <= replica_cap
+        )
+
+    def back(y, here, home):  # tokens brought home by sending y from home to here
+        return lengths[y] if origin[y] == here else -lengths[y] if origin[y] == home else 0
+
     changes = 0
     for _ in range(passes):
         made = 0
+        turn_of = None
         for x in order:
             here, home = replica_of[x], origin[x]
+            if home != turn_of:  # h's turn begins: its pairs, and when
+                turn_of, turn = home, clock
+                in_bin = {}
+                for y in range(n):
+                    if replica_of[y] == home:
+                        in_bin.setdefault(round_of[y], []).append(y)
+                pairs = [
+                    (y1, y2, m) for m, ys in in_bin.items() if len(ys) <= PAIR_BIN for y1, y2 in combinations(ys, 2)
+                ]
             if here == home:
                 continue
             ra, cx, tx = round_of[x], costs[x], lengths[x]
@@ -228,25 +260,31 @@ def home_swaps_reference(
                     if load[b] + cx <= round_cap[m] and tok[b] + tx <= capacity:
                         options.append((-tx, 0, -1, m))
                         break
-            for y in range(len(lengths)):
-                if replica_of[y] != home:
+            for y in range(n):
+                if replica_of[y] == home:
+                    m = round_of[y]
+                    gain = tx + back(y, here, home)
+                    if gain > 0 and fits(a, ra, m * dp + home, m, cx, tx, costs[y], lengths[y], here, home):
+                        options.append((-gain, 1, y, m))
+            returning = []
+            if options:
+                _, _, y, m = min(options)
+                returning = [y] if y >= 0 else []
+            else:
+                pair_options = []
+                for y1, y2, m in pairs:
+                    if moved_at[y1] > turn or moved_at[y2] > turn:
+                        continue
+                    gain = tx + back(y1, here, home) + back(y2, here, home)
+                    cy, ty = costs[y1] + costs[y2], lengths[y1] + lengths[y2]
+                    if gain > 0 and fits(a, ra, m * dp + home, m, cx, tx, cy, ty, here, home):
+                        pair_options.append((-gain, y1, y2, m))
+                if not pair_options:
                     continue
-                m, cy, ty = round_of[y], costs[y], lengths[y]
-                b = m * dp + home
-                gain = tx + (ty if origin[y] == here else -ty if origin[y] == home else 0)
-                fits = (
-                    load[a] - cx + cy <= round_cap[ra]
-                    and load[b] - cy + cx <= round_cap[m]
-                    and tok[a] - tx + ty <= capacity
-                    and tok[b] - ty + tx <= capacity
-                    and total[here] - cx + cy <= replica_cap
-                    and total[home] - cy + cx <= replica_cap
-                )
-                if gain > 0 and fits:
-                    options.append((-gain, 1, y, m))
-            if not options:
-                continue
-            _, _, y, m = min(options)
+                _, y1, y2, m = min(pair_options)
+                returning = [y1, y2]
+            clock += 1
+            moved_at[x] = clock
             b = m * dp + home
             load[a] -= cx
             load[b] += cx
@@ -255,7 +293,8 @@ def home_swaps_reference(
             total[here] -= cx
             total[home] += cx
             round_of[x], replica_of[x] = m, home
-            if y >= 0:
+            for y in returning:
+                moved_at[y] = clock
                 load[b] -= costs[y]
                 load[a] += costs[y]
                 tok[b] -= lengths[y]
