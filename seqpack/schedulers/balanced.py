@@ -86,7 +86,7 @@ from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError, ScheduleError
 from seqpack.schedulers import _exact, _kernels
 from seqpack.schedulers.base import Scheduler, check_microbatches
-from seqpack.schedulers.locality import TOLERANCE, plan_local
+from seqpack.schedulers.locality import TOLERANCE, heaviest_first, plan_local
 from seqpack.stats import round_sum_lower_bound
 from seqpack.thd import padded_lengths
 from seqpack.validation import (
@@ -387,12 +387,7 @@ def _plan_at(
             round_of, replica_of, load, tokens, padded, costs, order, dp_size, capacity, max_repair_moves, objective
         )
     # Each replica's microbatches heaviest first: the alignment that minimizes sum_m max_d.
-    rank = np.argsort(-load, axis=0, kind="stable")  # [position, replica] -> old round
-    new_round = np.empty_like(rank)
-    new_round[rank, np.arange(dp_size)[None, :]] = np.arange(num_rounds)[:, None]
-    round_of = new_round[round_of, replica_of]
-    load = np.take_along_axis(load, rank, axis=0)
-    tokens = np.take_along_axis(tokens, rank, axis=0)
+    round_of, load, tokens = heaviest_first(round_of, replica_of, load, tokens)
     gap = 0.0
     if balances and num_rounds:
         replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
