@@ -31,6 +31,7 @@ from seqpack._logging import warn_once
 from seqpack.config import Sync
 from seqpack.cost import CostModel, nnls_fit, robust_weights_fit
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
+from seqpack.stats import step_objective
 from seqpack.validation import check_bool, check_choice, check_int
 
 __all__ = [
@@ -319,11 +320,7 @@ def _scaled_prior(
 def step_time(seconds: np.ndarray, sync: str | None) -> float:
     """Step time of per-microbatch times ``[M, dp]``: ``sum_m max_d`` (lockstep, also for
     ``None``) or ``max_d sum_m`` (replica)."""
-    if seconds.size == 0:
-        return 0.0
-    if sync == Sync.REPLICA:
-        return float(seconds.sum(axis=0).max())
-    return float(seconds.max(axis=1).sum())
+    return step_objective(seconds, Sync.LOCKSTEP if sync is None else sync)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from seqpack.config import Sync
 from seqpack.errors import SeqpackTypeError
 from seqpack.thd import padded_lengths
 from seqpack.validation import INT64_MAX, check_cost_model, check_int, check_number
@@ -28,6 +29,7 @@ __all__ = [
     "moved_tokens",
     "round_lower_bound",
     "round_sum_lower_bound",
+    "step_objective",
 ]
 
 SAMPLE_BYTES_PER_TOKEN = 20
@@ -49,6 +51,24 @@ def moved_tokens(schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray
     sent = np.bincount(origin[moves], weights=per_id[moves], minlength=dp).astype(np.int64)
     received = np.bincount(replica[moves], weights=per_id[moves], minlength=dp).astype(np.int64)
     return per_id, sent, received
+
+
+def step_objective(costs: np.ndarray, sync: str | None = None) -> float:
+    """Predicted step time of microbatch costs ``[M, dp]`` (constants included).
+
+    ``"lockstep"`` (FSDP, pipeline): every round waits for its slowest replica,
+    ``sum_m max_d``. ``"replica"`` (DDP, ZeRO-1): the slowest replica's total,
+    ``max_d sum_m``. ``None``: the sum of both, a hedge when the sync is not known.
+    """
+    if costs.size == 0:
+        return 0.0
+    lockstep = float(costs.max(axis=1).sum())
+    replica = float(costs.sum(axis=0).max())
+    if sync == Sync.LOCKSTEP:
+        return lockstep
+    if sync == Sync.REPLICA:
+        return replica
+    return lockstep + replica
 
 
 def microbatch_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:

@@ -87,7 +87,7 @@ from seqpack.errors import ConfigError, ScheduleError
 from seqpack.schedulers import _exact, _kernels
 from seqpack.schedulers.base import Scheduler, check_microbatches
 from seqpack.schedulers.locality import TOLERANCE, heaviest_first, plan_local
-from seqpack.stats import round_sum_lower_bound
+from seqpack.stats import round_sum_lower_bound, step_objective
 from seqpack.thd import padded_lengths
 from seqpack.validation import (
     INT64_MAX,
@@ -217,24 +217,6 @@ def _grid(values: np.ndarray, round_of: np.ndarray, replica_of: np.ndarray, shap
 def _objective(load: np.ndarray, constant: float, sync: str | None = None) -> float:
     """:func:`step_objective` of a plan's ``load[M, dp]`` (costs without constants)."""
     return step_objective(load + constant, sync)
-
-
-def step_objective(costs: np.ndarray, sync: str | None = None) -> float:
-    """Predicted step time of microbatch costs ``[M, dp]`` (constants included).
-
-    ``"lockstep"`` (FSDP, pipeline): every round waits for its slowest replica,
-    ``sum_m max_d``. ``"replica"`` (DDP, ZeRO-1): the slowest replica's total,
-    ``max_d sum_m``. ``None``: the sum of both, a hedge when the sync is not known.
-    """
-    if costs.size == 0:
-        return 0.0
-    lockstep = float(costs.max(axis=1).sum())
-    replica = float(costs.sum(axis=0).max())
-    if sync == Sync.LOCKSTEP:
-        return lockstep
-    if sync == Sync.REPLICA:
-        return replica
-    return lockstep + replica
 
 
 def _objective_bound(

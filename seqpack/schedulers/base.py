@@ -20,7 +20,7 @@ import numpy as np
 from seqpack.config import OnOversize, Sync
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
-from seqpack.stats import exact_sum, microbatch_costs
+from seqpack.stats import exact_sum, microbatch_costs, step_objective
 from seqpack.thd import padded_lengths
 from seqpack.validation import (
     INT64_MAX,
@@ -577,9 +577,4 @@ def predicted_step_time(schedule: Schedule, cost: CostModel, *, sync: str = "loc
     if not isinstance(cost, CostModel):
         raise SeqpackTypeError(f"cost must be a seqpack.CostModel, got {type(cost).__name__}")
     sync = check_choice("sync", sync, Sync)
-    costs = microbatch_costs(schedule, cost)
-    if costs.size == 0:
-        return 0.0
-    if sync == Sync.LOCKSTEP:
-        return float(costs.max(axis=1).sum())
-    return float(costs.sum(axis=0).max())
+    return step_objective(microbatch_costs(schedule, cost), sync)

@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.config import Objective
+from seqpack.config import Objective, Sync
 from seqpack.schedulers import _kernels
+from seqpack.stats import step_objective
 
 TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than the reference
 _REPLICAS_FILL = 0.9  # home_fill of the per-replica layout
@@ -55,6 +56,8 @@ _REPAIR_WORK_FACTOR = 3  # local layouts start further from balance: 3x the repa
 _SWAP_SLACK = 0.9  # home swaps may raise each cap by this share of the tolerance
 _SWAP_PASSES = 1  # passes of the home swaps over the sequences (a second: 35% -> 27% moved, +0.3 s at 16K)
 _SWAPS_ABOVE = 1 / 3  # the home swaps are also tried when the per-replica layout moves more
+
+_SYNC_OF: dict[str, Sync] = {Objective.ROUNDS: Sync.LOCKSTEP, Objective.REPLICAS: Sync.REPLICA}  # "both": None, the sum
 
 __all__ = ["TOLERANCE", "heaviest_first", "home_swapped", "moved_tokens", "plan_local", "step_time"]
 
@@ -66,16 +69,7 @@ def step_time(load: np.ndarray, constant: float, objective: str) -> float:
     sum over rounds of the slowest replica (FSDP lockstep); ``"both"``: their sum.
     ``constant`` is added per microbatch.
     """
-    if load.size == 0:
-        return 0.0
-    m_count = load.shape[0]
-    replicas = float(load.sum(axis=0).max()) + m_count * constant
-    rounds = float(load.max(axis=1).sum()) + m_count * constant
-    if objective == Objective.REPLICAS:
-        return replicas
-    if objective == Objective.ROUNDS:
-        return rounds
-    return replicas + rounds
+    return step_objective(load + constant, _SYNC_OF.get(objective))
 
 
 def plan_local(
