@@ -348,6 +348,17 @@ def _cache_set(q, y, origin, lengths, costs, round_of, cache_y, cache_o, cache_t
 
 
 @njit(cache=True, inline="always")
+def _returned(t, o, here, home):
+    """Tokens a sequence (``t`` tokens, home ``o``) sent from ``home`` to ``here`` brings
+    home (``t`` if ``here`` is its home), or takes away (``-t`` if ``home`` was)."""
+    if o == here:
+        return t
+    if o == home:
+        return -t
+    return 0
+
+
+@njit(cache=True, inline="always")
 def _fits(a, ra, b, m, cx, tx, cy, ty, here, home, load, tok, total, round_cap, capacity, replica_cap):
     """Whether bins ``a`` (round ``ra``, on ``here``) and ``b`` (round ``m``, on ``home``)
     keep every cap once ``x`` (cost ``cx``, ``tx`` tokens) and what returns from ``b``
@@ -541,12 +552,8 @@ def home_swaps(
                 hi += 1e-9 * abs(hi) + 1e-9
                 c = np.searchsorted(cache_c[:k], lo)
                 while c < k and cache_c[c] <= hi:
-                    o, ty, cy, m = cache_o[c], cache_t[c], cache_c[c], cache_m[c]
-                    gain = tx
-                    if o == here:
-                        gain += ty
-                    elif o == home:
-                        gain -= ty
+                    ty, cy, m = cache_t[c], cache_c[c], cache_m[c]
+                    gain = tx + _returned(ty, cache_o[c], here, home)
                     y = cache_y[c]
                     c += 1
                     if gain < best or (gain == best and (best_y < 0 or y > best_y)):
@@ -564,12 +571,8 @@ def home_swaps(
                         c += 1
                         if moved_at[y1] > turn or moved_at[y2] > turn:
                             continue
-                        gain = tx
-                        for y in (y1, y2):
-                            if origin[y] == here:
-                                gain += lengths[y]
-                            elif origin[y] == home:
-                                gain -= lengths[y]
+                        gain = tx + _returned(lengths[y1], origin[y1], here, home)
+                        gain += _returned(lengths[y2], origin[y2], here, home)
                         if gain < best or (gain == best and (y1 > best_y or (y1 == best_y and y2 > best_y2))):
                             continue
                         b = m * dp + home

@@ -123,9 +123,10 @@ def plan_local(
         )
         if plan is not None and step_time(plan.load, constant, objective) <= limit:
             ranks = relabel_replicas(plan.replica_of, origin, padded, dp_size)
-            if moved_tokens(ranks, origin, padded) < to_beat:
-                best, to_beat = (plan, ranks), moved_tokens(ranks, origin, padded)
-                if to_beat <= _SWAPS_ABOVE * float(padded.sum()):
+            moved = moved_tokens(ranks, origin, padded)
+            if moved < to_beat:
+                best, to_beat = (plan, ranks), moved
+                if moved <= _SWAPS_ABOVE * float(padded.sum()):
                     return best
     plan = home_swapped(padded, costs, origin, reference, reference_ranks, capacity, objective, tolerance * _SWAP_SLACK)
     if step_time(plan.load, constant, objective) <= limit and moved_tokens(plan.replica_of, origin, padded) < to_beat:
@@ -154,7 +155,7 @@ def home_swapped(
 
     m_count, dp_size = reference.load.shape
     round_of = reference.round_of.copy()
-    replica_of = np.ascontiguousarray(reference_ranks, dtype=np.int64).copy()
+    replica_of = np.array(reference_ranks, dtype=np.int64)  # a copy: the kernel updates it
     shape = (m_count, dp_size)
     load = _grid(costs, round_of, replica_of, shape)
     if objective == Objective.REPLICAS:
