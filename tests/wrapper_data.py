@@ -14,6 +14,7 @@ import torch
 
 from seqpack.schedulers import EmptyScheduler, Scheduler
 from seqpack.thd import padded_lengths
+from seqpack.topology import Topology
 
 EMPTY_EVERY = 13  # item i with i % 13 == 7 is a zero-length sample
 PACKED_EVERY = 5  # item i with i % 5 == 2 is pre-packed (carries cu_seqlens)
@@ -180,3 +181,19 @@ def wait_until(condition, timeout: float = 10.0) -> bool:
             return False
         time.sleep(0.005)
     return True
+
+
+_TOPOLOGIES: dict = {}
+
+
+def mesh_topology(layout) -> Topology:
+    """The Topology of a CPU device mesh ``layout`` (``((name, size), ...)``). Meshes (and
+    their process groups) are built once per worker process and layout, in the same order
+    on every rank, and reused by every test."""
+    if layout not in _TOPOLOGIES:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names = tuple(name for name, _ in layout)
+        shape = tuple(size for _, size in layout)
+        _TOPOLOGIES[layout] = Topology.from_device_mesh(init_device_mesh("cpu", shape, mesh_dim_names=names))
+    return _TOPOLOGIES[layout]

@@ -13,14 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from seqpack.calibrate import CostCalibrator, microbatch_sums
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError
-from seqpack.topology import Topology
 from seqpack.wrapper import wrap_data_iterator
-from wrapper_data import items
+from wrapper_data import items, mesh_topology
 
 SEED = 5
 TRUTH = CostModel(1e-4, 1e-7, 0.01)
@@ -31,15 +29,6 @@ LAYOUTS = {
     "dp2pp2": ((("pp", 2), ("dp", 2)), "tp0"),
     "pp3": ((("pp", 3),), "tp0"),
 }
-_TOPOLOGIES: dict = {}
-
-
-def _topology(layout) -> Topology:
-    if layout not in _TOPOLOGIES:
-        names = tuple(name for name, _ in layout)
-        shape = tuple(size for _, size in layout)
-        _TOPOLOGIES[layout] = Topology.from_device_mesh(init_device_mesh("cpu", shape, mesh_dim_names=names))
-    return _TOPOLOGIES[layout]
 
 
 def _times(step, slowdown):
@@ -51,7 +40,7 @@ def _times(step, slowdown):
 
 
 def run_calibrated(layout, owner, cfg):
-    topo = _topology(layout)
+    topo = mesh_topology(layout)
     rank = dist.get_rank()
     reads = owner == "all" or (topo.tp_rank == 0 and (topo.is_first_stage or topo.is_last_stage))
     data = items(SEED, topo.dp_rank, cfg.get("items", 60)) if reads else None

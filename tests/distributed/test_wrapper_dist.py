@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from seqpack.cost import CostModel
 from seqpack.cp import unshard_from_cp
@@ -35,6 +34,7 @@ from wrapper_data import (
     check_full_batch,
     expected_sequences,
     items,
+    mesh_topology,
 )
 
 SEED = 11
@@ -54,18 +54,6 @@ SCHEDULERS = sorted(available_schedulers()) + ["test_scatter"]  # "balanced", "d
 
 
 # --- worker side ---------------------------------------------------------------------------
-
-_TOPOLOGIES: dict = {}
-
-
-def _topology(layout) -> Topology:
-    # Meshes (and their process groups) are built once per worker and layout, in the same
-    # order on every rank, and reused by every test.
-    if layout not in _TOPOLOGIES:
-        names = tuple(name for name, _ in layout)
-        shape = tuple(size for _, size in layout)
-        _TOPOLOGIES[layout] = Topology.from_device_mesh(init_device_mesh("cpu", shape, mesh_dim_names=names))
-    return _TOPOLOGIES[layout]
 
 
 def _matches(topo: Topology, where: dict | None) -> bool:
@@ -127,7 +115,7 @@ def _wrapped(topo: Topology, cfg: dict):
 
 
 def run_wrapper(layout, cfg: dict) -> dict:
-    topo = _topology(layout)
+    topo = mesh_topology(layout)
     out = {"rank": dist.get_rank(), "coords": topo.signature(), "steps": [], "error": None}
     try:
         it = _wrapped(topo, cfg)
@@ -384,7 +372,7 @@ def test_mismatched_arguments_across_ranks_are_caught_at_construction(dist_pools
 
 
 def run_mismatched(layout, cfg):
-    topo = _topology(layout)
+    topo = mesh_topology(layout)
     try:
         wrap_data_iterator(
             items(SEED, topo.dp_rank, 6),
@@ -439,7 +427,7 @@ def test_one_rank_running_dry_without_drop_last_gives_one_partial_step_then_the_
 def run_failure_contract(layout, where):
     from seqpack.errors import ResumeError, StepFailed
 
-    topo = _topology(layout)
+    topo = mesh_topology(layout)
     reads = topo.tp_rank == 0 and (topo.is_first_stage or topo.is_last_stage)
     bad = {"index": 9, "kind": "missing_input_ids"} if _matches(topo, where) else None
     it = wrap_data_iterator(

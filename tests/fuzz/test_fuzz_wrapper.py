@@ -26,12 +26,10 @@ import torch
 import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.distributed.device_mesh import init_device_mesh
-from wrapper_data import EMPTY_EVERY, ScatterScheduler, expected_sequences, identity, items
+from wrapper_data import EMPTY_EVERY, ScatterScheduler, expected_sequences, identity, items, mesh_topology
 
 from seqpack.cp import unshard_from_cp
 from seqpack.errors import ResumeError, StepFailed
-from seqpack.topology import Topology
 from seqpack.wrapper import wrap_data_iterator
 
 SEED = 23
@@ -47,15 +45,6 @@ LAYOUTS = {
 BAD_KINDS = ("missing_input_ids", "unequal_lengths", "not_a_mapping", "oversize")
 
 # --- worker side ---------------------------------------------------------------------------
-
-_TOPOLOGIES: dict = {}
-
-
-def _topology(layout) -> Topology:
-    if layout not in _TOPOLOGIES:  # built once per worker, in the same order on every rank
-        names, shape = zip(*layout, strict=True)
-        _TOPOLOGIES[layout] = Topology.from_device_mesh(init_device_mesh("cpu", shape, mesh_dim_names=names))
-    return _TOPOLOGIES[layout]
 
 
 class Counting:
@@ -90,7 +79,7 @@ def _roundtrip(state):
 
 
 def run_scenario(layout, cfg) -> dict[str, Any]:
-    topo = _topology(layout)
+    topo = mesh_topology(layout)
     reads = topo.tp_rank == 0
     count = cfg["items"][topo.dp_rank]
     bad = cfg["bad"] if cfg["bad"] and cfg["bad"]["dp"] == topo.dp_rank else None
