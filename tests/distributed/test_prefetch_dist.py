@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from test_wrapper_dist import SEED, _check_run, _roundtrip, _scheduler, _summary, _topology
-from wrapper_data import items, wait_until
+from test_wrapper_dist import SEED, _check_run, _roundtrip, _scheduler, _summary
+from wrapper_data import items, mesh_topology, wait_until
 
 from seqpack.topology import Topology
 from seqpack.wrapper import wrap_data_iterator
@@ -84,7 +84,7 @@ def _model_collective(topo: Topology) -> None:
 
 
 def run_depths(layout, owner):
-    topo = _topology(layout)
+    topo = mesh_topology(layout)
     out = {"rank": dist.get_rank(), "coords": topo.signature(), "runs": {}, "read_ahead": None}
     for k in DEPTHS:
         it, data = _wrap(topo, owner, k, 30)
@@ -151,7 +151,7 @@ def test_prefetch_depths_give_identical_steps_and_resume_across_depths(dist_pool
 def run_error(layout, owner, where, index, k):
     from seqpack.errors import StepFailed
 
-    topo = _topology(layout)
+    topo = mesh_topology(layout)
     bad = {"index": index, "kind": "missing_input_ids"} if all(topo.rank(a) == v for a, v in where.items()) else None
     it, _ = _wrap(topo, owner, k, 30, bad=bad, scheduler="empty")
     out = {"rank": dist.get_rank(), "steps": [], "error": None}
@@ -188,7 +188,7 @@ def test_an_error_mid_run_arrives_with_its_step_identically_on_every_rank(dist_p
 
 
 def run_close_and_rebuild(layout, owner):
-    topo = _topology(layout)
+    topo = mesh_topology(layout)
     it, _ = _wrap(topo, owner, 2, 60)
     next(it), next(it)
     groups = list(it._bg.groups)
@@ -223,7 +223,7 @@ def test_close_mid_run_stops_the_thread_and_frees_the_groups(dist_pools):
 
 
 def run_bad_groups(layout, case):
-    topo = _topology(layout)
+    topo = mesh_topology(layout)
     try:
         if case == "swapped":
             groups = {"dp": topo.group("cp"), "cp": topo.group("dp")}
