@@ -13,12 +13,13 @@ __version__ = "0.1.0"
 from seqpack.calibrate import CostCalibrator
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
-from seqpack.config import DataOwner, OnOversize, PackingConfig, Sync
+from seqpack.config import PackingConfig
 from seqpack.cost import CostModel, ModelSpec, mamba2_flops, model_preset, transformer_flops
 from seqpack.cp import partition_indices, shard_for_cp, unshard_from_cp
 from seqpack.dist import broadcast_pp, broadcast_tp, exchange_samples, gather_lengths
 from seqpack.errors import ConfigError, SampleError, SeqpackError, SeqpackTypeError, StepFailed
 from seqpack.mock_data import MockSFTDataset, lengths_from_config, lengths_from_file, lognormal_lengths
+from seqpack.options import DataOwner, OnOversize, Sync
 from seqpack.schedulers import Schedule, Scheduler, available_schedulers, get_scheduler, predicted_step_time
 from seqpack.stats import StepStats
 from seqpack.thd import (

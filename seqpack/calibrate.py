@@ -28,9 +28,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from seqpack._logging import warn_once
-from seqpack.config import Sync
 from seqpack.cost import CostModel, nnls_fit, robust_weights_fit
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
+from seqpack.options import Sync
 from seqpack.stats import step_objective
 from seqpack.validation import check_bool, check_choice, check_int
 

@@ -8,15 +8,26 @@ valid values when it is not one.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable, Mapping
-from enum import StrEnum
 from typing import Any
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.validation import (
+from seqpack.options import (
+    AXES,
     INT64_MAX,
     MAX_TOKENS,
+    AttentionBackend,
+    Axis,
+    CpCommType,
+    DataOwner,
+    MambaBackend,
+    Objective,
+    OnOversize,
+    Order,
+    Sync,
+    fingerprint_text,
+)
+from seqpack.validation import (
     check_bool,
     check_choice,
     check_cost_model,
@@ -38,83 +49,6 @@ __all__ = [
     "Sync",
     "fingerprint_text",
 ]
-
-
-class _Option(StrEnum):
-    """A StrEnum whose ``repr`` is its string's, so messages read ``'cp'``, not ``<Axis.CP: 'cp'>``."""
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
-class Axis(_Option):
-    """Parallelism axes, in the order seqpack walks them."""
-
-    DP = "dp"  # data-parallel replicas (one CP lane)
-    CP = "cp"  # context-parallel ranks of one replica
-    TP = "tp"  # tensor-parallel ranks
-    PP = "pp"  # pipeline stages
-
-
-AXES: tuple[Axis, ...] = tuple(Axis)
-
-
-class DataOwner(_Option):
-    """Which ranks read data in the wrapper."""
-
-    TP0 = "tp0"  # Megatron: TP rank 0 of the first and last stage reads; broadcast the rest
-    ALL = "all"  # every rank reads identical data for its DP rank; nothing is broadcast
-
-
-class OnOversize(_Option):
-    """What happens to a sequence longer than one microbatch holds."""
-
-    ERROR = "error"  # raise, naming the sample and the limits
-    TRUNCATE = "truncate"  # cut to capacity; counted in the stats
-    DROP = "drop"  # leave out; counted in the stats
-
-
-class Order(_Option):
-    """Order in which a replica runs its microbatches."""
-
-    HEAVY_FIRST = "heavy_first"  # a memory peak shows up at the first microbatch
-    PIPELINE = "pipeline"  # light at both ends, heavy in the middle: shorter bubbles
-
-
-class Objective(_Option):
-    """What ``balanced``'s repair trades when replica and round balance conflict."""
-
-    BOTH = "both"
-    ROUNDS = "rounds"
-    REPLICAS = "replicas"
-
-
-class Sync(_Option):
-    """How replicas synchronise within a step, hence what a step waits for."""
-
-    LOCKSTEP = "lockstep"  # FSDP / pipeline: every microbatch round waits for its slowest replica
-    REPLICA = "replica"  # DDP / ZeRO-1: the step waits for the slowest replica's total
-
-
-class AttentionBackend(_Option):
-    AUTO = "auto"
-    TE = "te"
-    TORCH = "torch"
-
-
-class MambaBackend(_Option):
-    AUTO = "auto"
-    MAMBA_SSM = "mamba_ssm"
-    TORCH = "torch"
-
-
-class CpCommType(_Option):
-    """Transformer Engine's context-parallel communication types."""
-
-    P2P = "p2p"
-    ALL_GATHER = "all_gather"
-    A2A = "a2a"
-    A2A_P2P = "a2a+p2p"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -279,8 +213,3 @@ class PackingConfig:
     def fingerprint(self) -> int:
         """A 63-bit hash of :meth:`summary`."""
         return fingerprint_text(repr(sorted(self.summary().items())))
-
-
-def fingerprint_text(text: str) -> int:
-    """A 63-bit blake2b hash of ``text`` (stable across processes, unlike ``hash``)."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1

@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 
 from seqpack.calibrate import ABSENT, CostCalibrator, Measurement, TimingLedger, microbatch_sums
-from seqpack.config import PackingConfig, Sync, fingerprint_text
+from seqpack.config import PackingConfig
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.dist import StepError, StepMessage, StepOk
 from seqpack.errors import ConfigError
+from seqpack.options import Sync, fingerprint_text
 from seqpack.schedulers import Schedule, Scheduler, predicted_step_time
 from seqpack.stats import StepStats
 from seqpack.step import StepTrace

@@ -10,9 +10,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from seqpack.config import AXES
 from seqpack.errors import ResumeError
-from seqpack.validation import INT64_MAX, check_int
+from seqpack.options import AXES, INT64_MAX
+from seqpack.validation import check_int
 
 __all__ = ["ResumeState"]
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from seqpack.config import AXES, Axis
 from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.options import AXES, Axis
 from seqpack.validation import check_int, check_mapping, check_optional_int, check_positive_int
 
 __all__ = ["AXES", "Axis", "Topology"]

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.options import INT32_MAX, INT64_MAX, MAX_TOKENS
 
 __all__ = [
     "INT32_MAX",
@@ -36,11 +37,6 @@ __all__ = [
     "memory_limit",
 ]
 
-INT32_MAX = (1 << 31) - 1
-INT64_MAX = (1 << 63) - 1
-MAX_TOKENS = 1 << 53
-"""Most padded tokens one microbatch may hold (``max_tokens_per_rank * cp_size``): float64
-holds every integer up to 2**53, so the schedulers' token sums stay exact below it."""
 E = TypeVar("E", bound=Enum)
 
 

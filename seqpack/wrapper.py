@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from seqpack import phases
 from seqpack.calibrate import CostCalibrator, Measurement
-from seqpack.config import AXES, Axis, DataOwner, PackingConfig, fingerprint_text
+from seqpack.config import PackingConfig
 from seqpack.cost import default_cost_model
 from seqpack.dist import (
     Agreement,
@@ -67,6 +67,7 @@ from seqpack.errors import (
     StepFailed,
 )
 from seqpack.online import StepCalibration
+from seqpack.options import AXES, Axis, DataOwner, fingerprint_text
 from seqpack.prefetch import Background, DeviceCopy, Prefetcher, Progress, Ready, check_device, check_timeout
 from seqpack.resume import ResumeState
 from seqpack.stats import StepStats

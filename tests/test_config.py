@@ -4,9 +4,10 @@ import dataclasses
 
 import pytest
 
-from seqpack.config import DataOwner, OnOversize, PackingConfig
+from seqpack.config import PackingConfig
 from seqpack.cost import CostModel, model_preset
 from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.options import DataOwner, OnOversize
 from seqpack.topology import Topology
 
 

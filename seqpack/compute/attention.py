@@ -28,8 +28,8 @@ from torch import nn
 from seqpack._logging import warn_once
 from seqpack.compute import backends
 from seqpack.compute._collectives import all_gather_tokens, check_cp_shard, cp_token_orders
-from seqpack.config import AttentionBackend, CpCommType
 from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
+from seqpack.options import AttentionBackend, CpCommType
 from seqpack.thd import PackedBatch
 from seqpack.validation import check_choice, check_number, check_positive_int
 

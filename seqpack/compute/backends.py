@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from seqpack.config import AttentionBackend, MambaBackend
 from seqpack.errors import ConfigError
+from seqpack.options import AttentionBackend, MambaBackend
 
 __all__ = [
     "ATTENTION_KERNEL_DTYPES",

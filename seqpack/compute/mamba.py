@@ -35,8 +35,8 @@ from torch import nn
 from seqpack._logging import warn_once
 from seqpack.compute import backends
 from seqpack.compute._collectives import all_to_all_tokens, check_cp_shard, cp_token_orders
-from seqpack.config import MambaBackend
 from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
+from seqpack.options import MambaBackend
 from seqpack.thd import PackedBatch
 from seqpack.thd.layout import seq_idx_from_cu_seqlens
 from seqpack.validation import check_choice, check_fits_memory, check_optional_int, check_positive_int

@@ -17,8 +17,8 @@ from torch import nn
 
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
-from seqpack.config import AttentionBackend
 from seqpack.errors import ConfigError, SeqpackError
+from seqpack.options import AttentionBackend
 from seqpack.thd import PackedBatch
 
 __all__ = ["TinyConfig", "TinyHybridLM"]

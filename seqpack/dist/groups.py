@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from seqpack.config import AXES
 from seqpack.errors import ConfigError
+from seqpack.options import AXES
 
 if TYPE_CHECKING:
     from seqpack.topology import Topology

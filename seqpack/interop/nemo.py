@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
+from seqpack.options import INT64_MAX
 from seqpack.thd.layout import token_layout
-from seqpack.validation import INT64_MAX, check_int, check_mapping, check_positive_int
+from seqpack.validation import check_int, check_mapping, check_positive_int
 
 __all__ = ["process_input_for_thd", "split_batch_into_thd_chunks"]
 

@@ -11,8 +11,9 @@ import torch
 
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
 from seqpack.mock_data import io
+from seqpack.options import INT64_MAX
 from seqpack.thd.sample import IGNORE_INDEX
-from seqpack.validation import INT64_MAX, check_fits_memory, check_int, check_number, check_path
+from seqpack.validation import check_fits_memory, check_int, check_number, check_path
 
 __all__ = ["IGNORE_INDEX", "MIN_VOCAB_SIZE", "MockSFTDataset"]
 

@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
-from seqpack.validation import INT64_MAX, check_path
+from seqpack.options import INT64_MAX
+from seqpack.validation import check_path
 
 __all__ = ["LENGTH_COLUMNS", "LIST_MAX_VALUES", "file_format", "lengths_from_file", "write_lengths"]
 

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.validation import INT64_MAX, check_fits_memory, check_int
+from seqpack.options import INT64_MAX
+from seqpack.validation import check_fits_memory, check_int
 
 __all__ = [
     "DISTRIBUTIONS",

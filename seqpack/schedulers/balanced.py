@@ -81,9 +81,9 @@ import logging
 
 import numpy as np
 
-from seqpack.config import Objective, Order, Sync
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError, ScheduleError
+from seqpack.options import Objective, Order, Sync
 from seqpack.schedulers import _exact, _kernels
 from seqpack.schedulers.base import Scheduler, check_microbatches
 from seqpack.schedulers.locality import TOLERANCE, heaviest_first, plan_local

@@ -17,9 +17,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from seqpack.config import OnOversize, Sync
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
+from seqpack.options import OnOversize, Sync
 from seqpack.stats import exact_sum, microbatch_costs, step_objective
 from seqpack.thd import padded_lengths
 from seqpack.validation import (

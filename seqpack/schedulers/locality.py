@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.config import Objective, Sync
+from seqpack.options import Objective, Sync
 from seqpack.schedulers import _kernels
 from seqpack.stats import step_objective
 

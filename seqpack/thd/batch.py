@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.options import INT32_MAX, INT64_MAX
 from seqpack.thd.sample import IGNORE_INDEX, TOKEN_KEYS
-from seqpack.validation import INT32_MAX, INT64_MAX, check_int, check_positive_int
+from seqpack.validation import check_int, check_positive_int
 
 __all__ = ["BATCH_TOKEN_FIELDS", "PackedBatch", "map_tensors", "padding_only_batch"]
 

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.options import INT32_MAX
 from seqpack.thd.batch import BATCH_TOKEN_FIELDS, PackedBatch
 from seqpack.thd.layout import Offsets, as_offsets, check_offsets, seq_idx_from_cu_seqlens, token_layout
-from seqpack.validation import INT32_MAX, check_int, check_positive_int, check_tensor
+from seqpack.validation import check_int, check_positive_int, check_tensor
 
 __all__ = [
     "partition_indices",

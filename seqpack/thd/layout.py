@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.validation import INT32_MAX, check_fits_memory, check_int
+from seqpack.options import INT32_MAX
+from seqpack.validation import check_fits_memory, check_int
 
 __all__ = ["TokenLayout", "as_offsets", "seq_idx_from_cu_seqlens", "token_layout"]
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from seqpack.errors import SampleError, SeqpackTypeError
-from seqpack.validation import INT64_MAX
+from seqpack.options import INT64_MAX
 
 __all__ = [
     "IGNORE_INDEX",

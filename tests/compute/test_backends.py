@@ -22,8 +22,8 @@ from seqpack.compute.attention import ThdAttention
 from seqpack.compute.backends import BackendUnavailableError
 from seqpack.compute.mamba import GatedRMSNorm, Mamba2Mixer
 from seqpack.compute.tiny_lm import RMSNorm
-from seqpack.config import AttentionBackend, MambaBackend
 from seqpack.errors import ConfigError
+from seqpack.options import AttentionBackend, MambaBackend
 from seqpack.thd import pack_sequences
 
 CUDA = torch.device("cuda")

@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 
 from seqpack.cost import ModelSpec, model_preset
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
+from seqpack.options import INT64_MAX, MAX_TOKENS
 from seqpack.schedulers import available_schedulers, get_scheduler
 from seqpack.schedulers.base import as_lengths
 from seqpack.stats import StepStats, exact_sum
 from seqpack.thd import padded_lengths
-from seqpack.validation import INT64_MAX, MAX_TOKENS, check_fits_memory, memory_limit
+from seqpack.validation import check_fits_memory, memory_limit
 
 SCHEDULERS = sorted(available_schedulers())
 

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack.errors import SampleError, SeqpackTypeError
+from seqpack.options import INT64_MAX
 from seqpack.thd import SAMPLE_DTYPES, normalize_sample, pack_sequences, sample_sequences
-from seqpack.validation import INT64_MAX
 
 WHERE = "sample 4 of this rank's data"
 INT_TORCH = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64]

@@ -198,8 +198,8 @@ def simulate(
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from seqpack.config import Objective, OnOversize, Order
     from seqpack.cost import DEFAULT_MODEL, MODEL_PRESETS
+    from seqpack.options import Objective, OnOversize, Order
 
     p = subparsers.add_parser(
         "simulate",

@@ -1,0 +1,116 @@
+"""Every option enum and numeric limit of seqpack: a leaf that imports nothing of seqpack.
+
+Each option is a ``StrEnum``: every member is also its string (``DataOwner.TP0 == "tp0"``),
+so callers may pass either; :func:`seqpack.validation.check_choice` turns a string into the
+member and names the valid values when it is not one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+
+__all__ = [
+    "AXES",
+    "INT32_MAX",
+    "INT64_MAX",
+    "MAX_TOKENS",
+    "AttentionBackend",
+    "Axis",
+    "CpCommType",
+    "DataOwner",
+    "MambaBackend",
+    "Objective",
+    "OnOversize",
+    "Order",
+    "Sync",
+    "fingerprint_text",
+]
+
+INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+MAX_TOKENS = 1 << 53
+"""Most padded tokens one microbatch may hold (``max_tokens_per_rank * cp_size``): float64
+holds every integer up to 2**53, so the schedulers' token sums stay exact below it."""
+
+
+class _Option(StrEnum):
+    """A StrEnum whose ``repr`` is its string's, so messages read ``'cp'``, not ``<Axis.CP: 'cp'>``."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Axis(_Option):
+    """Parallelism axes, in the order seqpack walks them."""
+
+    DP = "dp"  # data-parallel replicas (one CP lane)
+    CP = "cp"  # context-parallel ranks of one replica
+    TP = "tp"  # tensor-parallel ranks
+    PP = "pp"  # pipeline stages
+
+
+AXES: tuple[Axis, ...] = tuple(Axis)
+
+
+class DataOwner(_Option):
+    """Which ranks read data in the wrapper."""
+
+    TP0 = "tp0"  # Megatron: TP rank 0 of the first and last stage reads; broadcast the rest
+    ALL = "all"  # every rank reads identical data for its DP rank; nothing is broadcast
+
+
+class OnOversize(_Option):
+    """What happens to a sequence longer than one microbatch holds."""
+
+    ERROR = "error"  # raise, naming the sample and the limits
+    TRUNCATE = "truncate"  # cut to capacity; counted in the stats
+    DROP = "drop"  # leave out; counted in the stats
+
+
+class Order(_Option):
+    """Order in which a replica runs its microbatches."""
+
+    HEAVY_FIRST = "heavy_first"  # a memory peak shows up at the first microbatch
+    PIPELINE = "pipeline"  # light at both ends, heavy in the middle: shorter bubbles
+
+
+class Objective(_Option):
+    """What ``balanced``'s repair trades when replica and round balance conflict."""
+
+    BOTH = "both"
+    ROUNDS = "rounds"
+    REPLICAS = "replicas"
+
+
+class Sync(_Option):
+    """How replicas synchronise within a step, hence what a step waits for."""
+
+    LOCKSTEP = "lockstep"  # FSDP / pipeline: every microbatch round waits for its slowest replica
+    REPLICA = "replica"  # DDP / ZeRO-1: the step waits for the slowest replica's total
+
+
+class AttentionBackend(_Option):
+    AUTO = "auto"
+    TE = "te"
+    TORCH = "torch"
+
+
+class MambaBackend(_Option):
+    AUTO = "auto"
+    MAMBA_SSM = "mamba_ssm"
+    TORCH = "torch"
+
+
+class CpCommType(_Option):
+    """Transformer Engine's context-parallel communication types."""
+
+    P2P = "p2p"
+    ALL_GATHER = "all_gather"
+    A2A = "a2a"
+    A2A_P2P = "a2a+p2p"
+
+
+def fingerprint_text(text: str) -> int:
+    """A 63-bit blake2b hash of ``text`` (stable across processes, unlike ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
