@@ -11,13 +11,14 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from seqpack.calibrate import CostCalibrator
+from seqpack.collective import broadcast_pp, broadcast_tp, exchange_samples, gather_lengths
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
-from seqpack.config import PackingConfig
 from seqpack.cost import CostModel, ModelSpec, mamba2_flops, model_preset, transformer_flops
 from seqpack.cp import partition_indices, shard_for_cp, unshard_from_cp
-from seqpack.dist import broadcast_pp, broadcast_tp, exchange_samples, gather_lengths
 from seqpack.errors import ConfigError, SampleError, SeqpackError, SeqpackTypeError, StepFailed
+from seqpack.loader.config import PackingConfig
+from seqpack.loader.iterator import PackingIterator, Step, wrap_data_iterator
 from seqpack.mock_data import MockSFTDataset, lengths_from_config, lengths_from_file, lognormal_lengths
 from seqpack.options import DataOwner, OnOversize, Sync
 from seqpack.schedulers import Schedule, Scheduler, available_schedulers, get_scheduler, predicted_step_time
@@ -31,7 +32,6 @@ from seqpack.thd import (
 )
 from seqpack.timing import MicrobatchTimer
 from seqpack.topology import Topology
-from seqpack.wrapper import PackingIterator, Step, wrap_data_iterator
 
 __all__ = [
     "__version__",

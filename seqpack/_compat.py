@@ -1,7 +1,10 @@
 """Old import paths: shim modules and moved names that warn ``DeprecationWarning`` once.
 
-A shim module calls :func:`warn_moved` at import (Python imports a module once per
-process, so it warns once); a module whose names moved elsewhere sets
+A module that moved whole leaves a shim calling :func:`alias_module`: it warns once and puts
+the new module in its place (``import old`` then *is* the new module, private names and
+monkeypatching included). A shim re-exporting from several modules calls :func:`warn_moved`
+at import (Python imports a module once per process, so it warns once). A module whose names
+moved elsewhere sets
 ``__getattr__ = moved_names(__name__, {...})``, which imports a moved name from its new home
 on first use and warns once per name.
 """
@@ -9,12 +12,13 @@ on first use and warns once per name.
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["moved_names", "warn_moved"]
+__all__ = ["alias_module", "moved_names", "warn_moved"]
 
 _warned: set[tuple[str, str]] = set()
 _lock = threading.Lock()
@@ -31,6 +35,12 @@ def warn_moved(old: str, new: str, *, stacklevel: int = 3) -> None:
         DeprecationWarning,
         stacklevel=stacklevel,
     )
+
+
+def alias_module(old: str, new: str) -> None:
+    """In the shim module ``old``: warn once, then make ``old`` the module ``new``."""
+    warn_moved(old, new, stacklevel=4)
+    sys.modules[old] = importlib.import_module(new)
 
 
 def moved_names(module: str, moved: Mapping[str, str]) -> Callable[[str], Any]:

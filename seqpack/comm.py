@@ -1,8 +1,8 @@
-"""Old import path of the wrapper's collectives; they live in :mod:`seqpack.dist` now."""
+"""Old import path of the wrapper's collectives; they live in :mod:`seqpack.collective` now."""
 
 from __future__ import annotations
 
-from seqpack.dist import (
+from seqpack.collective import (
     FORMAT_VERSION,
     STATUS_END,
     STATUS_ERROR,
@@ -26,7 +26,7 @@ from seqpack.dist import (
     gather_lengths,
     plan_exchange,
 )
-from seqpack.dist.wire import PREFIX_WORDS, Kind
+from seqpack.collective.wire import PREFIX_WORDS, Kind
 from seqpack.thd import batch_from_layout
 
 KIND_BATCH = Kind.BATCH

@@ -181,7 +181,7 @@ class ThdAttention(nn.Module):
         head_dim: Channels per head ``D``.
         num_kv_heads: Key/value heads (GQA); defaults to ``num_heads``. Query head ``h``
             reads key/value head ``h // (num_heads // num_kv_heads)``.
-        backend: ``"auto"``, ``"te"`` or ``"torch"`` (a :class:`~seqpack.config.AttentionBackend`
+        backend: ``"auto"``, ``"te"`` or ``"torch"`` (a :class:`~seqpack.options.AttentionBackend`
             or its string; see the module docstring).
         cp_group: Context-parallel group; the batch must be this rank's DualChunkSwap shard
             (``seqpack.cp.shard_for_cp``) with ``cp_size`` / ``cp_rank`` of this group.

@@ -189,7 +189,7 @@ class Mamba2Mixer(nn.Module):
             rank and sum over the CP group (as with data parallelism).
         chunk_size: Scan chunk; default 256 for the mamba_ssm kernel, 64 for the torch scan.
         backend: ``"auto"`` (kernels for CUDA fp32/fp16/bf16 inputs when they import),
-            ``"mamba_ssm"`` or ``"torch"`` (a :class:`~seqpack.config.MambaBackend` or its string).
+            ``"mamba_ssm"`` or ``"torch"`` (a :class:`~seqpack.options.MambaBackend` or its string).
         A_init_range, dt_min, dt_max, dt_init_floor, norm_eps: ``Mamba2``'s initialisation.
         device, dtype: Parameter factory arguments.
 

@@ -1,65 +1,9 @@
-"""Every collective the wrapper uses, one module per job, each callable on its own.
+"""Old import path of :mod:`seqpack.collective` (a folder named ``dist`` is skipped by
+linters' default excludes, so the collectives moved). Its modules are shims too."""
 
-- :mod:`~seqpack.dist.groups`: group size / rank / device helpers (``None`` = one rank).
-- :mod:`~seqpack.dist.agree`: :func:`agree` / :func:`agree_status`: ranks settle on one
-  status (ok / end / error, with the failing rank's message) and compare fingerprints, in
-  one small all-reduce.
-- :mod:`~seqpack.dist.lengths`: :func:`gather_lengths`: every DP rank's lengths, with a
-  per-rank header that turns one rank's bad input into an error on every rank.
-- :mod:`~seqpack.dist.exchange`: :func:`plan_exchange` (pure) and :func:`exchange_samples`:
-  the all-to-all that moves samples to their replica.
-- :mod:`~seqpack.dist.wire`: the int64 wire format of a step (:class:`StepOk`,
-  :class:`StepEnd`, :class:`StepError`; header declared once), as pure functions.
-- :mod:`~seqpack.dist.broadcast`: :func:`broadcast_tp` / :func:`broadcast_pp` in that format.
-"""
+from seqpack._compat import warn_moved
 
-from __future__ import annotations
+warn_moved(__name__, "seqpack.collective", stacklevel=2)
 
-from seqpack.dist.agree import STATUS_END, STATUS_ERROR, STATUS_OK, Agreement, Status, agree, agree_axes, agree_status
-from seqpack.dist.broadcast import broadcast_pp, broadcast_step, broadcast_tp
-from seqpack.dist.exchange import Exchanged, ExchangePlan, exchange_samples, plan_exchange
-from seqpack.dist.lengths import GatheredLengths, gather_lengths
-from seqpack.dist.wire import (
-    FORMAT_VERSION,
-    Kind,
-    StepEnd,
-    StepError,
-    StepMessage,
-    StepOk,
-    WireBuffers,
-    decode_prefix,
-    decode_step,
-    encode_step,
-    wire_format_markdown,
-)
-
-__all__ = [
-    "FORMAT_VERSION",
-    "STATUS_END",
-    "STATUS_ERROR",
-    "STATUS_OK",
-    "Agreement",
-    "ExchangePlan",
-    "Exchanged",
-    "GatheredLengths",
-    "Kind",
-    "Status",
-    "StepEnd",
-    "StepError",
-    "StepMessage",
-    "StepOk",
-    "WireBuffers",
-    "agree",
-    "agree_axes",
-    "agree_status",
-    "broadcast_pp",
-    "broadcast_step",
-    "broadcast_tp",
-    "decode_prefix",
-    "decode_step",
-    "encode_step",
-    "exchange_samples",
-    "gather_lengths",
-    "plan_exchange",
-    "wire_format_markdown",
-]
+from seqpack.collective import *  # noqa: E402, F403
+from seqpack.collective import __all__  # noqa: E402, F401

@@ -1,7 +1,7 @@
 """``seqpack demo``: train a tiny hybrid LM on packed, balanced THD batches across CPU ranks.
 
 The demo starts ``dp * cp`` processes (gloo), wraps a dataset with
-:func:`~seqpack.wrapper.wrap_data_iterator`, shards a tiny attention + Mamba2 language model
+:func:`~seqpack.loader.wrap_data_iterator`, shards a tiny attention + Mamba2 language model
 with FSDP2 (``fully_shard``) over the flattened ``dp x cp`` mesh, and trains it for a few
 steps. It then trains the same model on the same data with Megatron's ``dp_balanced``
 scheduler and with a padded baseline (fixed microbatches, every sequence padded to the

@@ -136,7 +136,7 @@ class _Run:
         from torch.distributed.fsdp import fully_shard
 
         from seqpack.compute.tiny_lm import TinyHybridLM
-        from seqpack.wrapper import wrap_data_iterator
+        from seqpack.loader.iterator import wrap_data_iterator
 
         self.mode, self.settings, self.topology, self.spec = mode, settings, topology, spec
         cp_group = mesh["cp"].get_group() if settings.cp > 1 else None

@@ -1,0 +1,74 @@
+"""Every collective the wrapper uses, one module per job, each callable on its own.
+
+- :mod:`~seqpack.collective.groups`: group size / rank / device helpers (``None`` = one rank).
+- :mod:`~seqpack.collective.agree`: :func:`agree` / :func:`agree_status`: ranks settle on one
+  status (ok / end / error, with the failing rank's message) and compare fingerprints, in
+  one small all-reduce.
+- :mod:`~seqpack.collective.lengths`: :func:`gather_lengths`: every DP rank's lengths, with a
+  per-rank header that turns one rank's bad input into an error on every rank.
+- :mod:`~seqpack.collective.exchange`: :func:`plan_exchange` (pure) and :func:`exchange_samples`:
+  the all-to-all that moves samples to their replica.
+- :mod:`~seqpack.collective.wire`: the int64 wire format of a step (:class:`StepOk`,
+  :class:`StepEnd`, :class:`StepError`; header declared once), as pure functions.
+- :mod:`~seqpack.collective.broadcast`: :func:`broadcast_tp` / :func:`broadcast_pp` in that format.
+"""
+
+from __future__ import annotations
+
+from seqpack.collective.agree import (
+    STATUS_END,
+    STATUS_ERROR,
+    STATUS_OK,
+    Agreement,
+    Status,
+    agree,
+    agree_axes,
+    agree_status,
+)
+from seqpack.collective.broadcast import broadcast_pp, broadcast_step, broadcast_tp
+from seqpack.collective.exchange import Exchanged, ExchangePlan, exchange_samples, plan_exchange
+from seqpack.collective.lengths import GatheredLengths, gather_lengths
+from seqpack.collective.wire import (
+    FORMAT_VERSION,
+    Kind,
+    StepEnd,
+    StepError,
+    StepMessage,
+    StepOk,
+    WireBuffers,
+    decode_prefix,
+    decode_step,
+    encode_step,
+    wire_format_markdown,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "STATUS_END",
+    "STATUS_ERROR",
+    "STATUS_OK",
+    "Agreement",
+    "ExchangePlan",
+    "Exchanged",
+    "GatheredLengths",
+    "Kind",
+    "Status",
+    "StepEnd",
+    "StepError",
+    "StepMessage",
+    "StepOk",
+    "WireBuffers",
+    "agree",
+    "agree_axes",
+    "agree_status",
+    "broadcast_pp",
+    "broadcast_step",
+    "broadcast_tp",
+    "decode_prefix",
+    "decode_step",
+    "encode_step",
+    "exchange_samples",
+    "gather_lengths",
+    "plan_exchange",
+    "wire_format_markdown",
+]

@@ -1,0 +1,163 @@
+"""Agreement: the ranks of a group settle on one status (ok / end of data / error) and,
+optionally, check that they computed the same schedule, in one small all-reduce.
+
+This is what keeps a bad sample on one rank from stranding the others in a collective: every
+rank reaches the same agreement call, and every rank leaves it with the same answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from seqpack.collective.groups import all_gather_objects, collective, comm_device, global_rank, group_rank, group_size
+from seqpack.errors import ConfigError
+
+__all__ = ["Agreement", "Status", "agree", "agree_axes", "agree_status", "STATUS_END", "STATUS_ERROR", "STATUS_OK"]
+
+
+class Status(IntEnum):
+    """Status of a step; the agreed status is the worst one any rank reports."""
+
+    OK = 0
+    END = 1  # end of data
+    ERROR = 2
+
+
+STATUS_OK, STATUS_END, STATUS_ERROR = Status.OK, Status.END, Status.ERROR
+_FP_MAX = (1 << 63) - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """What every rank of the group left :func:`agree` with.
+
+    Attributes:
+        status: The worst status any rank reported.
+        message: The failing rank's message (lowest group rank that failed), else ``None``.
+        rank: Global rank of that failing rank; ``None`` when nobody failed or when the error
+            is a disagreement between ranks (no single culprit).
+        payload: The element-wise int64 MAX of the ranks' ``payload`` (``None`` without one).
+    """
+
+    status: Status
+    message: str | None = None
+    rank: int | None = None
+    payload: np.ndarray | None = None  # the element-wise MAX of every rank's payload (see agree)
+
+
+def _status(value: int) -> Status:
+    try:
+        return Status(value)
+    except ValueError:
+        raise ConfigError(f"status must be one of {[int(s) for s in Status]}, got {value!r}") from None
+
+
+def agree(
+    status: int,
+    message: str | None = None,
+    group: Any = None,
+    *,
+    fingerprint: int | None = None,
+    axis: str = "",
+    what: str = "schedules",
+    origin: int | None = None,
+    payload: np.ndarray | None = None,
+) -> Agreement:
+    """Make the ranks of ``group`` agree on a status; all ranks must call it.
+
+    ``origin`` is the global rank an error comes from when it was relayed (default: this
+    rank); the agreement carries it, so every rank can name where a failure happened.
+
+    One int64 all-reduce (MAX) of ``[status, fingerprint, 2**63-1-fingerprint, has_fp]``.
+    On error every rank fetches the messages (``all_gather_object``, on this path only) and
+    keeps the one of the lowest group rank that failed. Ranks that pass a fingerprint must
+    all pass the same one, else the agreement is an error naming every rank's fingerprint
+    (``what`` says what was fingerprinted).
+
+    ``payload``: int64 words every rank passes the same number of (or every rank ``None``),
+    reduced by element-wise MAX in the same all-reduce (the calibrator's microbatch times
+    ride on it: :mod:`seqpack.calibrate`).
+    """
+    status = _status(status)
+    words = None if payload is None else np.ascontiguousarray(payload, dtype=np.int64).reshape(-1)
+    if group_size(group) == 1:
+        if status == Status.ERROR:
+            return Agreement(status, message, global_rank(group, 0) if origin is None else origin)
+        return Agreement(status, payload=words)
+    fp = -1 if fingerprint is None else int(fingerprint)
+    if fingerprint is not None and not 0 <= fp <= _FP_MAX:
+        raise ConfigError(f"fingerprint must be in 0..2**63-1, got {fingerprint!r}")
+    has = fingerprint is not None
+    vec = torch.tensor([int(status), fp if has else 0, _FP_MAX - fp if has else 0, int(has)], dtype=torch.int64)
+    if words is not None:
+        vec = torch.cat([vec, torch.from_numpy(words)])
+    vec = vec.to(comm_device(group))
+    collective(dist.all_reduce, vec, op=dist.ReduceOp.MAX, group=group)
+    reduced = vec.cpu().numpy()
+    agreed, fp_max, fp_min_c, any_fp = (int(v) for v in reduced[:4])
+    if agreed == Status.ERROR:
+        me = global_rank(group, group_rank(group)) if origin is None else origin
+        reports = all_gather_objects((message, me) if status == Status.ERROR else None, group)
+        first = next((report for report in reports if report and report[0]), None)
+        if first is None:
+            return Agreement(Status.ERROR, "a rank reported an error without a message")
+        return Agreement(Status.ERROR, first[0], first[1])
+    if any_fp and fp_max != _FP_MAX - fp_min_c:
+        fps = all_gather_objects(fingerprint, group)
+        listed = ", ".join(f"{axis or 'group'} rank {r}: {v}" for r, v in enumerate(fps) if v is not None)
+        return Agreement(
+            Status.ERROR, f"ranks of the {axis or 'same'} group disagree on {what} (fingerprints {listed})"
+        )
+    return Agreement(Status(agreed), payload=None if words is None else reduced[4:].copy())
+
+
+def agree_status(
+    status: int,
+    message: str | None = None,
+    group: Any = None,
+    *,
+    fingerprint: int | None = None,
+    axis: str = "",
+    what: str = "schedules",
+) -> tuple[int, str | None]:
+    """:func:`agree` as a ``(status, message)`` pair, identical on every rank of the group."""
+    result = agree(status, message, group, fingerprint=fingerprint, axis=axis, what=what)
+    return result.status, result.message if result.status == Status.ERROR else None
+
+
+def agree_axes(
+    topology: Any,
+    axes: Iterable[str],
+    status: int,
+    message: str | None,
+    fingerprint: int | None,
+    *,
+    what: str,
+    origin: int | None = None,
+    payload: np.ndarray | None = None,
+) -> Agreement:
+    """:func:`agree` over each axis of ``topology`` in turn (axes of size 1 skipped): after
+    the last one every rank of those axes holds the same result (and the MAX of every
+    rank's ``payload``)."""
+    result = None
+    for axis in axes:
+        if topology.size(axis) > 1:
+            result = agree(
+                status,
+                message,
+                topology.group(axis),
+                fingerprint=fingerprint,
+                axis=axis,
+                what=what,
+                origin=origin,
+                payload=payload,
+            )
+            status, message, origin, payload = result.status, result.message, result.rank, result.payload
+    return result if result is not None else agree(status, message, None, origin=origin, payload=payload)

@@ -1,0 +1,125 @@
+"""Length gathering: every DP rank's sequence lengths, in global order, on every DP rank.
+
+A fixed-size int64 header per rank (format version, status, count, caller fields) goes
+first, so that a rank with bad input or no data makes *every* rank raise or stop instead of
+leaving one waiting in a collective; then the lengths, padded to the largest count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from seqpack.collective.agree import Status
+from seqpack.collective.groups import all_gather_objects, collective, comm_device, global_rank, group_size, this_rank
+from seqpack.collective.wire import FORMAT_VERSION
+from seqpack.errors import SeqpackTypeError, StepFailed, WireError
+
+__all__ = ["GatheredLengths", "gather_lengths"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GatheredLengths:
+    """Lengths of every DP rank, in global order (DP rank 0's samples first).
+
+    Attributes:
+        lengths: int64 ``[N]``.
+        counts: int64 ``[dp]`` samples per DP rank.
+        extras: int64 ``[dp, k]`` the caller's header fields of every rank.
+    """
+
+    lengths: np.ndarray
+    counts: np.ndarray
+    extras: np.ndarray
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """int64 ``[dp+1]``: global ids of DP rank ``r`` are ``offsets[r]:offsets[r+1]``."""
+        out = np.zeros(self.counts.shape[0] + 1, dtype=np.int64)
+        np.cumsum(self.counts, out=out[1:])
+        return out
+
+    def origin(self) -> np.ndarray:
+        """DP rank holding each global id (int64 ``[N]``)."""
+        return np.repeat(np.arange(self.counts.shape[0], dtype=np.int64), self.counts)
+
+
+def _int64_vector(name: str, value: Any) -> np.ndarray:
+    """``value`` as a flat int64 array: integers only, none past int64 (never wrapped)."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):
+        array = np.asarray(None)
+    if array.size and (array.dtype.kind not in "iu" or (array.dtype == np.uint64 and int(array.max()) > 2**63 - 1)):
+        raise SeqpackTypeError(f"{name} must be int64 integers, got {value!r:.60}")
+    return np.ascontiguousarray(array.astype(np.int64).reshape(-1))
+
+
+def gather_lengths(
+    lengths: Sequence[int] | np.ndarray,
+    group: Any = None,
+    *,
+    error: str | None = None,
+    extras: Sequence[int] | np.ndarray = (),
+) -> GatheredLengths:
+    """All-gather every DP rank's lengths over ``group``; all ranks must call it.
+
+    Validate local samples *before* calling and pass the problem as ``error``: then no rank
+    is left in a collective, every rank raises.
+
+    Args:
+        lengths: This rank's sample lengths.
+        group: The DP group (``None``: a single rank).
+        error: This rank's bad-input message, or ``None``.
+        extras: Caller fields (ints) every rank passes the same number of, returned per
+            rank in ``GatheredLengths.extras``.
+
+    Raises:
+        StepFailed: On every rank when any rank passed ``error`` (the lowest failing DP
+            rank's message; ``rank`` is its global rank).
+        WireError: Ranks disagree on the format version or on the number of extras.
+    """
+    local = _int64_vector("lengths", lengths)
+    extra = _int64_vector("extras", extras)
+    status = Status.OK if error is None else Status.ERROR
+    header = np.concatenate([np.array([FORMAT_VERSION, int(status), local.shape[0], extra.shape[0]], np.int64), extra])
+    size = group_size(group)
+    if size == 1:
+        if error is not None:
+            raise StepFailed(error, rank=this_rank())
+        return GatheredLengths(local.copy(), np.array([local.shape[0]], np.int64), extra[None, :].copy())
+    device = comm_device(group)
+    mine = torch.from_numpy(header).to(device)
+    parts = [torch.empty_like(mine) for _ in range(size)]
+    collective(dist.all_gather, parts, mine, group=group)
+    headers = torch.stack(parts).cpu().numpy()
+    if np.any(headers[:, 0] != FORMAT_VERSION) or np.any(headers[:, 3] != extra.shape[0]):
+        raise WireError(
+            f"DP ranks run different seqpack versions or wrappers: header versions {headers[:, 0].tolist()}, "
+            f"extra field counts {headers[:, 3].tolist()}"
+        )
+    failed = np.flatnonzero(headers[:, 1] == Status.ERROR)
+    if failed.size:
+        messages = all_gather_objects(error, group)
+        first = int(failed[0])
+        raise StepFailed(
+            messages[first] or "a rank reported an error without a message", rank=global_rank(group, first)
+        )
+    counts = headers[:, 2].copy()
+    width = int(counts.max(initial=0))
+    if width == 0:
+        gathered = np.zeros(0, dtype=np.int64)
+    else:
+        padded = torch.zeros(width, dtype=torch.int64)
+        padded[: local.shape[0]] = torch.from_numpy(local)
+        padded = padded.to(device)
+        rows = [torch.empty_like(padded) for _ in range(size)]
+        collective(dist.all_gather, rows, padded, group=group)
+        table = torch.stack(rows).cpu().numpy()
+        gathered = np.concatenate([table[r, : counts[r]] for r in range(size)])
+    return GatheredLengths(gathered, counts, headers[:, 4:].copy())

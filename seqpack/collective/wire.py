@@ -1,0 +1,456 @@
+"""The wire format of one step, as pure functions: :func:`encode_step` / :func:`decode_step`.
+
+A step travels over TP (tokens and layout) or PP (layout only) as one of three messages,
+:class:`StepOk`, :class:`StepEnd` or :class:`StepError`. Everything that describes it is
+int64; floats only carry float data (``loss_mask``). No sentinel values: every
+variable-length field has its length in the header, and the header is declared once, here
+(:data:`PREFIX_FIELDS`, :data:`STEP_FIELDS`, :data:`MICROBATCH_FIELDS`, as numpy structured
+dtypes); :func:`wire_format_markdown` renders the table in docs/wrapper.md from them.
+
+A message is up to four buffers, broadcast in this order:
+
+1. ``prefix``: int64, :data:`PREFIX_FIELDS`, fixed size, so a receiver knows what to
+   allocate;
+2. ``ints``: int64, the step header (:data:`STEP_FIELDS`), one :data:`MICROBATCH_FIELDS`
+   row per microbatch, then the int64 payload: the schedule (``Schedule.to_arrays()``:
+   ``original_lengths[N]``, ``lengths[N]``, id counts per (microbatch, replica) cell
+   ``[M*dp]``, assigned ids ``[A]``, deferred ``[D]``, dropped ``[R]``, truncated ``[U]``,
+   origin ``[N]``),
+   then per microbatch ``cu_seqlens[n_m+1]``, ``cu_seqlens_padded[n_m+1]``,
+   ``sample_ids[n_m]``; then, with flag 1, ``input_ids`` and ``labels`` of this CP rank's
+   shard (``sum T_m / cp`` each), and with flag 2 ``position_ids``;
+3. ``floats``: float32 ``loss_mask`` of the shard (flag 1 only);
+4. ``message``: uint8, the UTF-8 error text (status 2 only).
+
+``position_ids`` (unless samples carry their own), ``seq_idx`` and ``padding_mask`` are not
+sent: receivers rebuild them from ``cu_seqlens*`` and cut this CP rank's DualChunkSwap
+shard. A layout message (kind 2, to middle pipeline stages) carries no tokens and yields
+batches whose ``input_ids``, ``labels``, ``loss_mask`` are ``None``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import IntEnum, IntFlag
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from seqpack.collective.agree import Status
+from seqpack.errors import ConfigError, WireError
+from seqpack.schedulers.base import Schedule
+from seqpack.thd import PackedBatch, batch_from_layout
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MICROBATCH_FIELDS",
+    "PREFIX_FIELDS",
+    "STEP_FIELDS",
+    "Flag",
+    "Kind",
+    "StepEnd",
+    "StepError",
+    "StepMessage",
+    "StepOk",
+    "WireBuffers",
+    "WirePrefix",
+    "decode_prefix",
+    "decode_step",
+    "encode_step",
+    "wire_format_markdown",
+]
+
+FORMAT_VERSION = 3  # 2: the step header names the failing rank of an error (error_rank); 3: schedule origin
+
+
+class Kind(IntEnum):
+    BATCH = 1  # TP broadcast: tokens and layout
+    LAYOUT = 2  # PP broadcast: layout only
+
+
+class Flag(IntFlag):
+    TOKENS = 1
+    POSITION_IDS = 2
+
+
+# The header, declared once: (field, meaning). Each becomes one int64 word.
+PREFIX_FIELDS: tuple[tuple[str, str], ...] = (
+    ("version", f"format version ({FORMAT_VERSION})"),
+    ("kind", "1 batch (TP: tokens and layout), 2 layout (PP: layout only)"),
+    ("status", "0 ok, 1 end of data, 2 error"),
+    ("header_len", "int64 words of the whole header, prefix included"),
+    ("int_words", "int64 payload words after the header"),
+    ("float_words", "float32 payload words"),
+    ("message_bytes", "bytes of the UTF-8 error text (status 2 only)"),
+    ("num_microbatches", "microbatches M"),
+)
+STEP_FIELDS: tuple[tuple[str, str], ...] = (
+    ("step", "step index"),
+    ("flags", "1 tokens, 2 position_ids"),
+    ("fingerprint", "schedule fingerprint (63 bits)"),
+    ("empty_samples", "zero-length samples dropped this step"),
+    ("dropped_at_end", "sequences dropped with a partial last step"),
+    ("error_rank", "global rank that failed (status 2), else -1"),
+    ("dp_size", "replicas of the schedule"),
+    ("schedule_cp_size", "cp_size of the schedule"),
+    ("cp_size", "CP size of the shards"),
+    ("cp_rank", "CP rank of the shards"),
+    ("max_tokens_per_rank", "capacity per rank"),
+    ("pad_multiple", "padding multiple"),
+    ("num_sequences", "sequences N of the step"),
+    ("num_assigned", "assigned ids A"),
+    ("num_deferred", "deferred ids D"),
+    ("num_dropped", "dropped ids R"),
+    ("num_truncated", "truncated ids U"),
+)
+MICROBATCH_FIELDS: tuple[tuple[str, str], ...] = (
+    ("total_tokens", "padded tokens T_m of the whole microbatch (all CP ranks)"),
+    ("num_sequences", "sequences n_m"),
+    ("max_seqlen", "largest padded sequence"),
+)
+
+
+def _dtype(fields: tuple[tuple[str, str], ...]) -> np.dtype:
+    return np.dtype([(name, "<i8") for name, _ in fields])
+
+
+PREFIX = _dtype(PREFIX_FIELDS)
+STEP = _dtype(STEP_FIELDS)
+MICROBATCH = _dtype(MICROBATCH_FIELDS)
+PREFIX_WORDS = len(PREFIX_FIELDS)
+STEP_WORDS = len(STEP_FIELDS)
+MB_WORDS = len(MICROBATCH_FIELDS)
+
+
+def wire_format_markdown() -> str:
+    """The header tables of docs/wrapper.md, rendered from the field declarations."""
+    lines = []
+    for title, fields in (
+        ("prefix (int64, fixed size)", PREFIX_FIELDS),
+        ("step header (int64, after the prefix)", STEP_FIELDS),
+        ("per microbatch (int64, after the step header)", MICROBATCH_FIELDS),
+    ):
+        lines += [f"| {title} | meaning |", "| --- | --- |"]
+        lines += [f"| `{name}` | {meaning} |" for name, meaning in fields]
+        lines.append("")
+    return "\n".join(lines)
+
+
+# -- messages -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOk:
+    """A step's schedule and this CP rank's microbatches (token fields ``None`` for layout)."""
+
+    step: int
+    schedule: Schedule
+    microbatches: list[PackedBatch]
+    empty_samples: int = 0  # zero-length samples dropped this step (global)
+    position_ids: bool = False  # samples carried their own position_ids (sent on the wire)
+    status: ClassVar[Status] = Status.OK
+
+    @property
+    def fingerprint(self) -> int:
+        return self.schedule.fingerprint()
+
+
+@dataclasses.dataclass(frozen=True)
+class StepEnd:
+    """End of data: no step; ``dropped_at_end`` sequences of a partial last step were dropped."""
+
+    step: int
+    dropped_at_end: int = 0
+    empty_samples: int = 0
+    status: ClassVar[Status] = Status.END
+
+
+@dataclasses.dataclass(frozen=True)
+class StepError:
+    """A step failed; ``rank`` is the global rank where it failed (``None``: no single one)."""
+
+    step: int
+    message: str
+    rank: int | None = None
+    status: ClassVar[Status] = Status.ERROR
+
+
+StepMessage = StepOk | StepEnd | StepError
+
+
+@dataclasses.dataclass
+class WireBuffers:
+    """The buffers of one message: ``prefix``, ``ints`` (header rest and payload) int64,
+    ``floats`` float32, ``message`` uint8."""
+
+    prefix: torch.Tensor
+    ints: torch.Tensor
+    floats: torch.Tensor
+    message: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.prefix, self.ints, self.floats, self.message))
+
+
+def _words(record: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(record.view(np.int64).copy())
+
+
+def _prefix(
+    kind: Kind,
+    status: Status,
+    header_words: int,
+    int_words: int,
+    float_words: int,
+    message_bytes: int,
+    num_microbatches: int,
+) -> torch.Tensor:
+    p = np.zeros(1, dtype=PREFIX)
+    p["version"], p["kind"], p["status"] = FORMAT_VERSION, kind, status
+    p["header_len"] = PREFIX_WORDS + header_words
+    p["int_words"], p["float_words"], p["message_bytes"] = int_words, float_words, message_bytes
+    p["num_microbatches"] = num_microbatches
+    return _words(p)
+
+
+def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
+    """Serialise ``msg`` (pure). ``kind=Kind.LAYOUT`` leaves the tokens out.
+
+    Raises:
+        ConfigError: Unknown kind or message type.
+        WireError: A batch without tokens for ``Kind.BATCH``, a microbatch count that does not
+            match the schedule, or microbatches sharded for different CP ranks.
+    """
+    if kind not in (Kind.BATCH, Kind.LAYOUT):
+        raise ConfigError(f"kind must be Kind.BATCH (1) or Kind.LAYOUT (2), got {kind!r}")
+    kind = Kind(kind)
+    step = np.zeros(1, dtype=STEP)
+    step["step"] = msg.step
+    step["error_rank"] = -1
+    if isinstance(msg, StepEnd):
+        step["dropped_at_end"], step["empty_samples"] = msg.dropped_at_end, msg.empty_samples
+        empty = torch.zeros(0, dtype=torch.uint8)
+        return WireBuffers(
+            _prefix(kind, Status.END, STEP_WORDS, 0, 0, 0, 0), _words(step), torch.zeros(0, dtype=torch.float32), empty
+        )
+    if isinstance(msg, StepError):
+        text = np.frombuffer(msg.message.encode("utf-8"), dtype=np.uint8)
+        step["error_rank"] = -1 if msg.rank is None else msg.rank
+        return WireBuffers(
+            _prefix(kind, Status.ERROR, STEP_WORDS, 0, 0, text.size, 0),
+            _words(step),
+            torch.zeros(0, dtype=torch.float32),
+            torch.from_numpy(text.copy()),
+        )
+    if not isinstance(msg, StepOk):
+        raise ConfigError(f"msg must be a StepOk, StepEnd or StepError, got {type(msg).__name__}")
+    sched, batches = msg.schedule, msg.microbatches
+    if sched is None:
+        raise WireError("a message with status ok needs its schedule")
+    if len(batches) != sched.num_microbatches:
+        raise WireError(f"{len(batches)} microbatches for a schedule of {sched.num_microbatches}")
+    tokens = kind == Kind.BATCH
+    cp_size = batches[0].cp_size if batches else sched.cp_size
+    cp_rank = batches[0].cp_rank if batches else 0
+    for m, b in enumerate(batches):
+        if (b.cp_size, b.cp_rank) != (cp_size, cp_rank):
+            raise WireError(f"microbatch {m} is shard {b.cp_rank}/{b.cp_size}, microbatch 0 is {cp_rank}/{cp_size}")
+        if tokens and b.input_ids is None:
+            raise WireError(f"microbatch {m} has no tokens; a Kind.BATCH message needs them")
+    arrays = sched.to_arrays()
+    step["flags"] = (Flag.TOKENS if tokens else 0) | (Flag.POSITION_IDS if msg.position_ids else 0)
+    step["fingerprint"] = sched.fingerprint()
+    step["empty_samples"] = msg.empty_samples
+    step["dp_size"], step["schedule_cp_size"] = sched.dp_size, sched.cp_size
+    step["cp_size"], step["cp_rank"] = cp_size, cp_rank
+    step["max_tokens_per_rank"], step["pad_multiple"] = sched.max_tokens_per_rank, sched.pad_multiple
+    step["num_sequences"] = sched.num_sequences
+    for field, name in (
+        ("num_assigned", "assigned"),
+        ("num_deferred", "deferred"),
+        ("num_dropped", "dropped"),
+        ("num_truncated", "truncated"),
+    ):
+        step[field] = arrays[name].shape[0]
+    per_mb = np.zeros(len(batches), dtype=MICROBATCH)
+    for m, b in enumerate(batches):
+        per_mb[m] = (int(b.cu_seqlens_padded[-1]), b.num_sequences, b.max_seqlen)
+    header = [_words(step), _words(per_mb)]
+    payload = [torch.from_numpy(arrays[name]) for name in Schedule.ARRAY_FIELDS]
+    for b in batches:
+        payload += [b.cu_seqlens.to(torch.int64), b.cu_seqlens_padded.to(torch.int64), b.sample_ids.to(torch.int64)]
+    if tokens:
+        payload += [b.input_ids.to(torch.int64) for b in batches if b.input_ids is not None]
+        payload += [b.labels.to(torch.int64) for b in batches if b.labels is not None]
+    if msg.position_ids:
+        payload += [b.position_ids.to(torch.int64) for b in batches]
+    header_words = STEP_WORDS + MB_WORDS * len(batches)
+    ints = torch.cat([p.reshape(-1).cpu() for p in header + payload])
+    floats = torch.zeros(0, dtype=torch.float32)
+    if tokens and batches:
+        floats = torch.cat([b.loss_mask.to(torch.float32).cpu() for b in batches if b.loss_mask is not None])
+    prefix = _prefix(kind, Status.OK, header_words, ints.shape[0] - header_words, floats.shape[0], 0, len(batches))
+    return WireBuffers(prefix, ints, floats, torch.zeros(0, dtype=torch.uint8))
+
+
+@dataclasses.dataclass(frozen=True)
+class WirePrefix:
+    """The decoded fixed prefix: what to allocate for the rest of the message."""
+
+    kind: Kind
+    status: Status
+    header_len: int
+    int_words: int
+    float_words: int
+    message_bytes: int
+    num_microbatches: int
+
+    @property
+    def ints_len(self) -> int:
+        """Words of the ``ints`` buffer: header after the prefix, then the int64 payload."""
+        return self.header_len - PREFIX_WORDS + self.int_words
+
+
+def decode_prefix(prefix: torch.Tensor | np.ndarray) -> WirePrefix:
+    """Check and decode the fixed prefix.
+
+    Raises:
+        WireError: Wrong size, another format version, unknown kind or status, or negative
+            lengths.
+    """
+    words = np.asarray(prefix.cpu() if isinstance(prefix, torch.Tensor) else prefix, dtype=np.int64).reshape(-1)
+    if words.shape[0] != PREFIX_WORDS:
+        raise WireError(f"wire prefix has {words.shape[0]} words, expected {PREFIX_WORDS}")
+    p = words.view(PREFIX)[0]
+    if p["version"] != FORMAT_VERSION:
+        raise WireError(
+            f"wire format version {int(p['version'])} received, this seqpack speaks version {FORMAT_VERSION}: "
+            "every rank must run the same seqpack"
+        )
+    if p["kind"] not in (Kind.BATCH, Kind.LAYOUT):
+        raise WireError(f"unknown message kind {int(p['kind'])} in wire prefix")
+    if p["status"] not in tuple(Status):
+        raise WireError(f"unknown status {int(p['status'])} in wire prefix")
+    sizes = [int(p[f]) for f in ("int_words", "float_words", "message_bytes", "num_microbatches")]
+    if p["header_len"] < PREFIX_WORDS + STEP_WORDS or min(sizes) < 0:
+        raise WireError(f"corrupt wire prefix {words.tolist()}")
+    m = int(p["num_microbatches"])
+    expected = PREFIX_WORDS + STEP_WORDS + MB_WORDS * m
+    if p["header_len"] != expected:
+        raise WireError(
+            f"wire header_len={int(p['header_len'])} but {m} microbatches need "
+            f"{PREFIX_WORDS} + {STEP_WORDS} + {MB_WORDS}*{m} = {expected}"
+        )
+    return WirePrefix(Kind(int(p["kind"])), Status(int(p["status"])), int(p["header_len"]), *sizes)
+
+
+class _Cursor:
+    """Consecutive slices of a 1-D buffer with bound checks."""
+
+    def __init__(self, buf: torch.Tensor, what: str):
+        self.buf, self.pos, self.what = buf, 0, what
+
+    def take(self, n: int, field: str) -> torch.Tensor:
+        if n < 0 or self.pos + n > self.buf.shape[0]:
+            raise WireError(
+                f"truncated {self.what} buffer: {field} needs words {self.pos}..{self.pos + n} "
+                f"but the buffer has {self.buf.shape[0]}"
+            )
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+
+def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
+    """Rebuild a message from its buffers (pure).
+
+    Args:
+        buffers: The four buffers as sent.
+        verify: Recompute the schedule fingerprint and compare it with the header's.
+
+    Raises:
+        WireError: Version mismatch, truncated or oversized buffers, inconsistent counts,
+            or (``verify``) a fingerprint mismatch.
+    """
+    p = decode_prefix(buffers.prefix)
+    ints = buffers.ints.reshape(-1).to(torch.int64).cpu()
+    floats = buffers.floats.reshape(-1).cpu()
+    for name, got, want in (
+        ("int64", ints.shape[0], p.ints_len),
+        ("float32", floats.shape[0], p.float_words),
+        ("message", buffers.message.numel(), p.message_bytes),
+    ):
+        if got != want:
+            raise WireError(
+                f"{'truncated' if got < want else 'oversized'} {name} buffer: the wire prefix declares {want} words, "
+                f"got {got}"
+            )
+    cur = _Cursor(ints, "int64")
+    step = cur.take(STEP_WORDS, "step header").numpy().view(STEP)[0]
+    if p.status == Status.END:
+        return StepEnd(int(step["step"]), int(step["dropped_at_end"]), int(step["empty_samples"]))
+    if p.status == Status.ERROR:
+        text = bytes(buffers.message.cpu().numpy().astype(np.uint8)).decode("utf-8", errors="replace")
+        rank = int(step["error_rank"])
+        return StepError(int(step["step"]), text, None if rank < 0 else rank)
+    flags = Flag(int(step["flags"]))
+    if Flag.TOKENS in flags and p.kind != Kind.BATCH:
+        raise WireError("a layout message must not carry tokens")
+    m_count = p.num_microbatches
+    per_mb = cur.take(MB_WORDS * m_count, "microbatch header").numpy().view(MICROBATCH)
+    counts = {
+        "original_lengths": int(step["num_sequences"]),
+        "lengths": int(step["num_sequences"]),
+        "cell_counts": m_count * int(step["dp_size"]),
+        "assigned": int(step["num_assigned"]),
+        "deferred": int(step["num_deferred"]),
+        "dropped": int(step["num_dropped"]),
+        "truncated": int(step["num_truncated"]),
+        "origin": int(step["num_sequences"]),
+    }
+    arrays = {name: cur.take(counts[name], name).numpy() for name in Schedule.ARRAY_FIELDS}
+    limits = [m_count, step["dp_size"], step["schedule_cp_size"], step["max_tokens_per_rank"], step["pad_multiple"]]
+    arrays["limits"] = np.array(limits, dtype=np.int64)
+    try:
+        schedule = Schedule.from_arrays(arrays)
+    except ValueError as exc:
+        raise WireError(f"corrupt schedule in wire message: {exc}") from exc
+    if verify and schedule.fingerprint() != int(step["fingerprint"]):
+        raise WireError(
+            f"schedule fingerprint {schedule.fingerprint()} of the decoded message differs from the sent "
+            f"{int(step['fingerprint'])}: the message was corrupted"
+        )
+    cp_size, cp_rank = int(step["cp_size"]), int(step["cp_rank"])
+    layouts = []
+    for m in range(m_count):
+        total, num_seqs = int(per_mb[m]["total_tokens"]), int(per_mb[m]["num_sequences"])
+        cu = cur.take(num_seqs + 1, f"cu_seqlens of microbatch {m}")
+        cu_padded = cur.take(num_seqs + 1, f"cu_seqlens_padded of microbatch {m}")
+        ids = cur.take(num_seqs, f"sample_ids of microbatch {m}")
+        if int(cu_padded[-1]) != total or total % cp_size:
+            raise WireError(f"microbatch {m}: cu_seqlens_padded ends at {int(cu_padded[-1])}, header says {total}")
+        layouts.append((cu, cu_padded, ids))
+    local = [int(per_mb[m]["total_tokens"]) // cp_size for m in range(m_count)]
+    token_fields: dict[str, list[torch.Tensor]] = {}
+    if Flag.TOKENS in flags:
+        token_fields["input_ids"] = list(torch.split(cur.take(sum(local), "input_ids"), local))
+        token_fields["labels"] = list(torch.split(cur.take(sum(local), "labels"), local))
+        token_fields["loss_mask"] = list(torch.split(floats, local)) if m_count else []
+    if Flag.POSITION_IDS in flags:
+        token_fields["position_ids"] = list(torch.split(cur.take(sum(local), "position_ids"), local))
+    if cur.pos != ints.shape[0]:
+        raise WireError(f"int64 buffer has {ints.shape[0] - cur.pos} words past the declared fields")
+    batches = []
+    for m, (cu, cu_padded, ids) in enumerate(layouts):
+        fields = {name: values[m].clone() for name, values in token_fields.items()}
+        max_seqlen = int(per_mb[m]["max_seqlen"])
+        batches.append(batch_from_layout(cu, cu_padded, max_seqlen, ids.clone(), cp_size, cp_rank, **fields))
+    return StepOk(
+        step=int(step["step"]),
+        schedule=schedule,
+        microbatches=batches,
+        empty_samples=int(step["empty_samples"]),
+        position_ids=Flag.POSITION_IDS in flags,
+    )

@@ -1,0 +1,28 @@
+"""The per-step machinery: from a data iterator to packed, scheduled, CP-sharded steps.
+
+Entry points: :func:`wrap_data_iterator`, :class:`PackingIterator`, :class:`PackingConfig`,
+:class:`Step`. Modules, in the order a step runs through them:
+
+- :mod:`~seqpack.loader.config`: :class:`PackingConfig` (frozen, validated, fingerprinted).
+- :mod:`~seqpack.loader.phases`: the phases of one step on a rank that reads data (read,
+  gather lengths, schedule, exchange, pack + CP shard), each a short function.
+- :mod:`~seqpack.loader.calibration`: online calibration as a stage of the step (the time
+  words that ride the gather, the model a step is scheduled with, absorbing measured times).
+- :mod:`~seqpack.loader.producer`: :class:`StepProducer` runs one step on every rank (phases,
+  agreements, TP/PP broadcast, stats) and never raises.
+- :mod:`~seqpack.loader.prefetch`: the background thread that runs the producer ahead, and
+  the device copy.
+- :mod:`~seqpack.loader.step`: :class:`Step`, what ``next()`` hands over.
+- :mod:`~seqpack.loader.resume`: :class:`ResumeState`, the versioned resume state.
+- :mod:`~seqpack.loader.iterator`: :class:`PackingIterator` (a thin iterator over the
+  producer) and :func:`wrap_data_iterator`.
+"""
+
+from __future__ import annotations
+
+from seqpack.loader.config import PackingConfig
+from seqpack.loader.iterator import PackingIterator, wrap_data_iterator
+from seqpack.loader.resume import ResumeState
+from seqpack.loader.step import Step
+
+__all__ = ["PackingConfig", "PackingIterator", "ResumeState", "Step", "wrap_data_iterator"]

@@ -1,0 +1,215 @@
+"""Typed options: one ``StrEnum`` per option set, and the wrapper's :class:`PackingConfig`.
+
+Every enum member is also its string (``DataOwner.TP0 == "tp0"``), so callers may pass
+either; :func:`seqpack.validation.check_choice` turns a string into the member and names the
+valid values when it is not one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.options import (
+    AXES,
+    INT64_MAX,
+    MAX_TOKENS,
+    AttentionBackend,
+    Axis,
+    CpCommType,
+    DataOwner,
+    MambaBackend,
+    Objective,
+    OnOversize,
+    Order,
+    Sync,
+    fingerprint_text,
+)
+from seqpack.validation import (
+    check_bool,
+    check_choice,
+    check_cost_model,
+    check_int,
+    check_positive_int,
+)
+
+__all__ = [
+    "AttentionBackend",
+    "Axis",
+    "AXES",
+    "CpCommType",
+    "DataOwner",
+    "MambaBackend",
+    "Objective",
+    "OnOversize",
+    "Order",
+    "PackingConfig",
+    "Sync",
+    "fingerprint_text",
+]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class PackingConfig:
+    """Everything that decides what :func:`seqpack.wrap_data_iterator` yields.
+
+    Frozen and validated at construction (every bad value is a :class:`ConfigError` or
+    :class:`SeqpackTypeError` naming it). :meth:`fingerprint` covers every field that
+    changes the data, and serves both the cross-rank check at construction and the resume
+    check in ``load_state_dict``.
+    """
+
+    samples_per_rank: int
+    """Samples pulled from the data iterator per step on each DP rank."""
+    max_tokens_per_rank: int
+    """Padded tokens one rank holds in one microbatch; a microbatch holds
+    ``max_tokens_per_rank * cp_size`` tokens before CP sharding."""
+    scheduler: Any = "balanced"
+    """Scheduler name (``"balanced"``, ``"dp_balanced"``, ``"empty"``, ...) or instance."""
+    scheduler_options: Mapping[str, Any] | None = dataclasses.field(default_factory=dict)
+    """Keyword arguments of the scheduler named by ``scheduler`` (``None``: none)."""
+    data_owner: DataOwner = DataOwner.TP0
+    """Who reads data: ``"tp0"`` (Megatron) or ``"all"`` (see :class:`DataOwner`)."""
+    on_oversize: OnOversize = OnOversize.ERROR
+    """Sequences longer than a microbatch: ``"error"``, ``"truncate"`` or ``"drop"`` (counted)."""
+    drop_last: bool = True
+    """Drop (and count) a partial last step instead of yielding it."""
+    pad_multiple: int | None = None
+    """Every sequence is padded to a multiple of this; ``None``:
+    ``pad_multiple_for(cp, tp, sequence_parallel, fp8)``."""
+    sequence_parallel: bool = False
+    """The model splits the token axis over TP too (padding multiple times ``tp``)."""
+    fp8: bool = False
+    """FP8 GEMMs need 16-aligned token counts (padding multiple of 16)."""
+    cost: Any = None
+    """A :class:`seqpack.cost.CostModel` for the scheduler and the stats (``None``: the
+    scheduler's own, else the default FLOPs model)."""
+    flops_fn: Callable[[int, int], float] | None = None
+    """``flops_fn(seqlen_sum, seqlen_sq_sum) -> float`` fills ``StepStats.flops``."""
+    check_schedule: bool = False
+    """Also compare schedule fingerprints over DP every step (CP, TP and PP copies are
+    always compared)."""
+    validate_ranks: bool = True
+    """Agree on arguments and iterator ownership over all ranks at construction."""
+    sync: Sync | None = None
+    """What a step waits for, so what the scheduler minimises (``Scheduler.schedule(sync=)``):
+    ``"lockstep"`` (FSDP, pipeline: every microbatch round waits for its slowest replica),
+    ``"replica"`` (DDP, ZeRO-1: the slowest replica's total), or ``None`` (the scheduler's
+    default). Also how measured step times are added up under ``calibrate``."""
+    calibrate: Any = False
+    """Fit the scheduler's cost model online from microbatch times the training loop reports
+    (``Step.record_times`` or :class:`seqpack.timing.MicrobatchTimer`): ``True`` (a
+    :class:`seqpack.calibrate.CostCalibrator` whose prior is ``cost``, else the scheduler's
+    cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``."""
+    prefetch: int = 1
+    """Steps a background thread prepares ahead of the training loop (0: each step is
+    prepared inside ``next()``). Never changes the data, so it is not in :meth:`summary`:
+    ranks may differ in it and a state saved with one value resumes under any other."""
+
+    def __post_init__(self) -> None:
+        for name in ("samples_per_rank", "max_tokens_per_rank"):
+            object.__setattr__(self, name, check_positive_int(name, getattr(self, name), maximum=INT64_MAX))
+        object.__setattr__(self, "data_owner", check_choice("data_owner", self.data_owner, DataOwner))
+        object.__setattr__(self, "on_oversize", check_choice("on_oversize", self.on_oversize, OnOversize))
+        for name in ("drop_last", "sequence_parallel", "fp8", "check_schedule", "validate_ranks"):
+            object.__setattr__(self, name, check_bool(name, getattr(self, name)))
+        if self.pad_multiple is not None:
+            object.__setattr__(self, "pad_multiple", check_positive_int("pad_multiple", self.pad_multiple))
+        if self.scheduler_options is None:
+            object.__setattr__(self, "scheduler_options", {})
+        if not isinstance(self.scheduler_options, Mapping):
+            raise SeqpackTypeError(f"scheduler_options must be a mapping, got {type(self.scheduler_options).__name__}")
+        object.__setattr__(self, "scheduler_options", dict(self.scheduler_options))
+        self.build_scheduler()  # unknown names and bad options fail here, not at the first step
+        check_cost_model("cost", self.cost)
+        if self.flops_fn is not None and not callable(self.flops_fn):
+            raise SeqpackTypeError(f"flops_fn must be callable, got {type(self.flops_fn).__name__}")
+        object.__setattr__(self, "prefetch", check_int("prefetch", self.prefetch, minimum=0))
+        if self.sync is not None:
+            object.__setattr__(self, "sync", check_choice("sync", self.sync, Sync))
+        self._check_calibrate()
+
+    def _check_calibrate(self) -> None:
+        from seqpack.calibrate import CostCalibrator
+
+        if not isinstance(self.calibrate, (bool, CostCalibrator)):
+            raise SeqpackTypeError(
+                f"calibrate must be True, False or a seqpack.calibrate.CostCalibrator, got {self.calibrate!r}"
+            )
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def replace(self, **changes: Any) -> PackingConfig:
+        """A copy with ``changes`` (unknown names are a :class:`ConfigError` listing the valid ones)."""
+        unknown = sorted(set(changes) - set(self.field_names()))
+        if unknown:
+            raise ConfigError(f"unknown PackingConfig field(s) {unknown}; valid: {', '.join(self.field_names())}")
+        return dataclasses.replace(self, **changes)
+
+    def build_scheduler(self) -> Any:
+        """The :class:`~seqpack.schedulers.Scheduler` this config names (a new one per call
+        for names; the instance itself when one was given)."""
+        from seqpack.schedulers import get_scheduler
+
+        return get_scheduler(self.scheduler, **(self.scheduler_options or {}))
+
+    def resolve(self, topology: Any) -> PackingConfig:
+        """This config with ``pad_multiple`` resolved for ``topology`` and checked against it.
+
+        Raises:
+            ConfigError: ``pad_multiple`` not a multiple of ``2*cp`` under CP, or a
+                microbatch (``max_tokens_per_rank * cp``) smaller than ``pad_multiple``.
+        """
+        from seqpack.thd import pad_multiple_for
+        from seqpack.topology import Topology
+
+        if not isinstance(topology, Topology):
+            raise SeqpackTypeError(f"topology must be a seqpack.Topology, got {type(topology).__name__}")
+        cp = topology.cp_size
+        pad = self.pad_multiple
+        if pad is None:
+            pad = pad_multiple_for(cp, topology.tp_size, self.sequence_parallel, self.fp8)
+        elif cp > 1 and pad % (2 * cp):
+            raise ConfigError(
+                f"pad_multiple={pad} is not a multiple of 2*cp_size={2 * cp}: DualChunkSwap cuts every sequence "
+                "in 2*cp chunks"
+            )
+        capacity = self.max_tokens_per_rank * cp
+        if capacity > MAX_TOKENS:
+            raise ConfigError(
+                f"max_tokens_per_rank({self.max_tokens_per_rank}) * cp({cp}) = {capacity} tokens per microbatch is "
+                f"too large (at most 2**53 = {MAX_TOKENS})"
+            )
+        if capacity < pad:
+            raise ConfigError(
+                f"max_tokens_per_rank({self.max_tokens_per_rank}) * cp({cp}) = {capacity} is smaller than "
+                f"pad_multiple={pad}: no sequence fits a microbatch"
+            )
+        return dataclasses.replace(self, pad_multiple=int(pad))
+
+    def summary(self) -> dict[str, str]:
+        """Every field that changes the data, as text (what resume compares and reports)."""
+        return {
+            "samples_per_rank": str(self.samples_per_rank),
+            "max_tokens_per_rank": str(self.max_tokens_per_rank),
+            "pad_multiple": str(self.pad_multiple),
+            "data_owner": str(self.data_owner),
+            "on_oversize": str(self.on_oversize),
+            "drop_last": str(self.drop_last),
+            "check_schedule": str(self.check_schedule),
+            # The scheduler with its options, and the cost: ranks that differ in either
+            # compute different schedules from the same lengths.
+            "scheduler": repr(self.build_scheduler()),
+            "cost": repr(self.cost),
+            # Listed only when set, so that states saved before these options existed resume.
+            **({"sync": str(self.sync)} if self.sync is not None else {}),
+            **({"calibrate": repr(self.calibrate)} if self.calibrate is not False else {}),
+        }
+
+    def fingerprint(self) -> int:
+        """A 63-bit hash of :meth:`summary`."""
+        return fingerprint_text(repr(sorted(self.summary().items())))

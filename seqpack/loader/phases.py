@@ -1,0 +1,309 @@
+"""The phases of one wrapper step, each a short function the orchestrator
+(:mod:`seqpack.loader.iterator`) calls in turn on the ranks that read data:
+
+1. :class:`Reader` pulls this rank's samples and checks them against the sample contract;
+2. :func:`gather` all-gathers lengths over DP (a bad sample or end of data anywhere reaches
+   every rank here) and agrees on the sample keys;
+3. :func:`schedule` computes the same :class:`~seqpack.schedulers.Schedule` on every rank;
+4. :func:`exchange` moves samples to their replica inside each CP lane;
+5. :func:`pack` packs this replica's microbatches and cuts its CP shard.
+
+The TP / PP broadcast is :mod:`seqpack.collective.broadcast`. A phase that fails raises; the
+orchestrator turns it into the step's agreed error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqpack.collective import Exchanged, GatheredLengths, exchange_samples, gather_lengths
+from seqpack.cost import CostModel
+from seqpack.cp import shard_for_cp
+from seqpack.errors import ResumeError, SampleError, ScheduleError
+from seqpack.loader.config import PackingConfig
+from seqpack.schedulers import Schedule, Scheduler
+from seqpack.thd import (
+    SAMPLE_DTYPES,
+    PackedBatch,
+    batch_from_layout,
+    pack_sequences,
+    padded_lengths,
+    padding_only_batch,
+    sample_sequences,
+)
+from seqpack.topology import Topology
+
+__all__ = ["Gathered", "ReadResult", "Reader", "SAMPLE_DTYPES", "exchange", "gather", "pack", "schedule"]
+
+_KEY_BITS = {key: 1 << i for i, key in enumerate(SAMPLE_DTYPES)}
+# Fields of every rank's gather header, after its lengths: [exhausted, empty samples, key mask],
+# then the words of this rank's microbatch times of earlier steps (seqpack.calibrate).
+_X_EXHAUSTED, _X_EMPTY, _X_KEYS = range(3)
+_X_TIMES = 3
+
+Sample = dict[str, torch.Tensor]
+
+
+def keys_of(mask: int) -> list[str]:
+    """Sample keys of a key bit mask, in :data:`SAMPLE_DTYPES` order."""
+    return [key for key, bit in _KEY_BITS.items() if mask & bit]
+
+
+# -- 1. read ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ReadResult:
+    """What one read pulled: sequences (pre-packed samples split), end of data, and how many
+    zero-length samples were dropped."""
+
+    samples: list[Sample]
+    exhausted: bool = False
+    empty: int = 0
+
+
+class Reader:
+    """Pulls samples from the user's iterator and counts what it consumed (for resume)."""
+
+    def __init__(self, source: Iterable[Mapping[str, Any]]) -> None:
+        self.source = source
+        self._it: Iterator[Mapping[str, Any]] | None = None
+        self.consumed = 0  # samples taken from the iterator
+        self.skip = 0  # samples to fast-forward past before the next read (resume without state)
+
+    @property
+    def started(self) -> bool:
+        return self._it is not None
+
+    def read(self, count: int) -> ReadResult:
+        """Pull up to ``count`` samples.
+
+        Raises:
+            SampleError, SeqpackTypeError: A sample breaking the contract (named by index).
+            ResumeError: The iterator ended while fast-forwarding after a resume.
+            Exception: Whatever the user's iterator raised.
+        """
+        if self._it is None:
+            self._it = iter(self.source)
+        if self.skip:
+            for done in range(self.skip):
+                try:
+                    next(self._it)
+                except StopIteration:
+                    raise ResumeError(
+                        f"resuming needs to skip {self.skip} consumed samples but the data iterator ended after {done}"
+                    ) from None
+            self.consumed += self.skip
+            self.skip = 0
+        result = ReadResult([])
+        for _ in range(count):
+            try:
+                item = next(self._it)
+            except StopIteration:
+                result.exhausted = True
+                break
+            index = self.consumed
+            self.consumed += 1
+            for sequence in normalize_item(item, index):
+                if sequence["input_ids"].shape[0] == 0:
+                    result.empty += 1
+                else:
+                    result.samples.append(sequence)
+        return result
+
+
+def normalize_item(item: Any, index: int) -> list[Sample]:
+    """Validate one sample against the sample contract (:mod:`seqpack.thd.sample`) and
+    split a pre-packed one into its sequences."""
+    return sample_sequences(item, where=f"sample {index} of this rank's data")
+
+
+def key_mask(pool: Sequence[Sample]) -> int:
+    """Bit mask of the keys every sample of ``pool`` carries.
+
+    Raises:
+        SampleError: Samples with different keys.
+    """
+    if not pool:
+        return 0
+    first = set(pool[0])
+    for i, sample in enumerate(pool):
+        if set(sample) != first:
+            raise SampleError(
+                f"sample {i} has keys {sorted(sample)} but sample 0 has {sorted(first)}; all samples must carry "
+                "the same keys"
+            )
+    return sum(_KEY_BITS[k] for k in first)
+
+
+# -- 2. gather ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    """The step's global view after the length gather, identical on every DP rank."""
+
+    lengths: GatheredLengths
+    key_mask: int  # keys every DP rank's samples carry
+    exhausted: bool  # some DP rank's data ended this step
+    empty_samples: int  # zero-length samples dropped on all DP ranks
+    timings: np.ndarray | None = None  # int64 [dp, words]: every DP rank's microbatch time words
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.lengths.lengths.shape[0])
+
+
+def gather(
+    pool: Sequence[Sample],
+    read: ReadResult,
+    mask: int,
+    topology: Topology,
+    error: str | None,
+    timings: np.ndarray | None = None,
+) -> Gathered:
+    """All-gather the lengths of ``pool`` over DP and agree on keys, end of data, empties.
+
+    ``timings``: this rank's microbatch times of earlier steps as int64 words
+    (:meth:`seqpack.calibrate.TimingLedger.outgoing`, the same count on every DP rank); they
+    ride in the same header all-gather (no extra collective) and come back as
+    ``Gathered.timings``.
+
+    Raises:
+        StepFailed: Some DP rank passed ``error`` (every rank raises it).
+        SampleError: DP ranks disagree on the sample keys.
+    """
+    lengths = [int(s["input_ids"].shape[0]) for s in pool] if error is None else []
+    words = np.zeros(0, np.int64) if timings is None else np.asarray(timings, np.int64).reshape(-1)
+    extras = np.concatenate([np.array([int(read.exhausted), read.empty, mask], np.int64), words])
+    gathered = gather_lengths(lengths, topology.group("dp"), error=error, extras=extras)
+    counts, table = gathered.counts, gathered.extras
+    masks = table[counts > 0, _X_KEYS]
+    if masks.size and np.any(masks != masks[0]):
+        listed = "; ".join(
+            f"DP rank {r}: {keys_of(int(table[r, _X_KEYS]))}" for r in range(counts.shape[0]) if counts[r]
+        )
+        raise SampleError(f"DP ranks disagree on sample keys: {listed}")
+    return Gathered(
+        gathered,
+        key_mask=int(masks[0]) if masks.size else 0,
+        exhausted=bool(table[:, _X_EXHAUSTED].any()),
+        empty_samples=int(table[:, _X_EMPTY].sum()),
+        timings=None if timings is None else table[:, _X_TIMES:].copy(),
+    )
+
+
+# -- 3. schedule --------------------------------------------------------------------------
+
+
+def schedule(
+    scheduler: Scheduler,
+    config: PackingConfig,
+    topology: Topology,
+    gathered: Gathered,
+    cost: CostModel | None = None,
+) -> Schedule:
+    """The step's schedule, identical on every rank (``cost``: the calibrated model, which
+    replaces ``config.cost``; ``config.sync`` says what the step waits for).
+
+    Raises:
+        ScheduleError: The scheduler refused the lengths (an oversize sequence is located in
+            its rank's pool), or a scheduler bug (reported, never stranding a rank).
+    """
+    lengths = gathered.lengths
+    assert config.pad_multiple is not None  # resolved by the wrapper
+    # sync only when set: a custom scheduler overriding schedule() may predate it.
+    options = {} if config.sync is None else {"sync": config.sync}
+    try:
+        return scheduler.schedule(
+            lengths.lengths,
+            dp_size=topology.dp_size,
+            cp_size=topology.cp_size,
+            max_tokens_per_rank=config.max_tokens_per_rank,
+            pad_multiple=config.pad_multiple,
+            cost=config.cost if cost is None else cost,
+            on_oversize=config.on_oversize,
+            origin=lengths.origin(),
+            **options,
+        )
+    except ValueError as exc:
+        raise ScheduleError(f"{exc}{_locate_oversize(config, topology, lengths)}") from exc
+    except Exception as exc:  # a scheduler bug must still reach every rank, not strand them
+        raise ScheduleError(f"scheduler {scheduler!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _locate_oversize(config: PackingConfig, topology: Topology, gathered: GatheredLengths) -> str:
+    assert config.pad_multiple is not None
+    capacity = config.max_tokens_per_rank * topology.cp_size
+    over = np.flatnonzero(padded_lengths(gathered.lengths, config.pad_multiple) > capacity)
+    if not over.size:
+        return ""
+    g = int(over[0])
+    r = int(gathered.origin()[g])
+    return f" [global sample {g} is sample {g - int(gathered.offsets[r])} of DP rank {r}'s pool this step]"
+
+
+def deferred_samples(pool: Sequence[Sample], plan: Schedule, gathered: Gathered, topology: Topology) -> list[Sample]:
+    """This rank's samples the schedule holds back for the next step, in pool order."""
+    offset = int(gathered.lengths.offsets[topology.dp_rank])
+    ids = plan.deferred[(plan.deferred >= offset) & (plan.deferred < offset + len(pool))]
+    return [pool[g - offset] for g in np.sort(ids).tolist()]
+
+
+# -- 4. exchange --------------------------------------------------------------------------
+
+
+def exchange(pool: Sequence[Sample], plan: Schedule, gathered: Gathered, topology: Topology) -> Exchanged:
+    """Move samples to the replicas ``plan`` chose, over this rank's DP group (one CP lane)."""
+    schema = [(key, SAMPLE_DTYPES[key]) for key in keys_of(gathered.key_mask)]
+    return exchange_samples(pool, plan, gathered.lengths.counts, topology.group("dp"), schema=schema)
+
+
+def carries_position_ids(mask: int) -> bool:
+    return bool(mask & _KEY_BITS["position_ids"])
+
+
+# -- 5. pack ------------------------------------------------------------------------------
+
+
+def pack(plan: Schedule, exchanged: Exchanged | None, topology: Topology, pad_multiple: int) -> list[PackedBatch]:
+    """This replica's microbatches, CP-sharded; metadata-only on middle pipeline stages.
+
+    Empty cells get a padding-only filler of ``pad_multiple`` tokens, so every rank runs the
+    same number of microbatches. Without ``exchanged`` (a middle stage that reads under
+    ``data_owner="all"``) the batches are built from the layout alone.
+    """
+    return [_microbatch(plan, m, exchanged, topology, pad_multiple) for m in range(plan.num_microbatches)]
+
+
+def _microbatch(
+    plan: Schedule, m: int, exchanged: Exchanged | None, topology: Topology, pad_multiple: int
+) -> PackedBatch:
+    t = topology
+    ids = plan.assignment[m][t.dp_rank]
+    if exchanged is None:  # the layout is all a middle stage needs
+        if ids.size == 0:
+            cu, cu_padded, max_seqlen = np.array([0, 0]), np.array([0, pad_multiple]), pad_multiple
+            ids = np.array([-1])
+        else:
+            padded = padded_lengths(plan.lengths[ids], pad_multiple)
+            cu = np.concatenate([[0], np.cumsum(plan.lengths[ids])])
+            cu_padded = np.concatenate([[0], np.cumsum(padded)])
+            max_seqlen = int(padded.max())
+        return batch_from_layout(
+            np.asarray(cu, np.int64), np.asarray(cu_padded, np.int64), max_seqlen, ids, t.cp_size, t.cp_rank
+        )
+    if ids.size == 0:
+        batch = padding_only_batch(pad_multiple)
+    else:
+        samples = [exchanged.samples[g] for g in ids.tolist()]
+        batch = pack_sequences(samples, pad_multiple=pad_multiple, sample_ids=ids)
+    batch = shard_for_cp(batch, t.cp_size, t.cp_rank)
+    if t.is_middle_stage:
+        batch = dataclasses.replace(batch, input_ids=None, labels=None, loss_mask=None)
+    return batch

@@ -1,0 +1,275 @@
+"""Prefetch: a daemon thread that prepares a wrapper's next steps ahead of ``next()``.
+
+:class:`Prefetcher` runs the iterator's step production on a thread, at most ``depth`` steps
+ahead, and hands prepared steps over in order (:class:`Ready`, with the resume bookkeeping
+as of that step: :class:`Progress`). :class:`Background` owns what an iterator must release
+(the thread, the process groups made for it); an exit hook lets running threads finish the
+step in progress before the interpreter tears torch down. :class:`DeviceCopy` pins and copies
+the prepared steps to the accelerator in the background.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import datetime
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from seqpack._logging import warn_once
+from seqpack.collective import StepMessage
+from seqpack.collective.groups import abandonable, destroy_groups
+from seqpack.errors import ConfigError
+from seqpack.loader import phases
+from seqpack.loader.step import Step, StepTrace
+from seqpack.thd import PackedBatch
+from seqpack.thd.batch import map_tensors
+from seqpack.validation import check_bool, check_number
+
+__all__ = ["Background", "DeviceCopy", "Prefetcher", "Progress", "Ready", "check_device", "check_timeout"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """The producer's resume bookkeeping right after one step: what ``state_dict()``
+    reports once that step has been handed over (not before: later steps may be prepared
+    already)."""
+
+    steps: int
+    consumed: int
+    deferred: list[phases.Sample]
+    iterator: Any
+    scheduler: Any
+    data_ended: bool
+    calibration: Any = None  # TimingLedger.snapshot() under calibrate
+
+
+@dataclasses.dataclass
+class Ready:
+    """One prepared step on its way to ``next()``: the :class:`Step`, or how the step ended
+    (``message``: end of data or the agreed error, with this rank's own ``cause``), or an
+    exception that escaped the preparation (``error``: a communication failure, a bug)."""
+
+    index: int
+    step: Step | None = None
+    message: StepMessage | None = None
+    cause: BaseException | None = None
+    error: BaseException | None = None
+    progress: Progress | None = None
+    copied: Any = None  # CUDA event recorded after the device copy
+
+    @property
+    def last(self) -> bool:
+        return self.step is None
+
+
+class Prefetcher:
+    """Runs ``produce`` on a daemon thread, at most ``depth`` prepared steps ahead of
+    :meth:`take`, in order.
+
+    The thread holds the iterator only while it prepares a step (a weak reference
+    otherwise), so an iterator dropped without ``close()`` is still garbage collected.
+    """
+
+    def __init__(self, produce: Callable[[], Ready], depth: int, name: str) -> None:
+        self._produce = weakref.WeakMethod(produce)
+        self._depth = depth
+        self._cond = threading.Condition()
+        self._ready: deque[Ready] = deque()
+        self._stopping = False
+        self._now = False  # stop without filling the slots (interpreter exit)
+        self._done = False
+        # CUDA's current device is per thread: prepare on the caller's, not on GPU 0.
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._cuda_device = torch.cuda.current_device() if cuda else None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        _LIVE.add(self)
+
+    def _run(self) -> None:
+        try:
+            if self._cuda_device is not None:
+                torch.cuda.set_device(self._cuda_device)
+            while True:
+                with self._cond:
+                    # Even after stop() the thread fills its `depth` slots before it ends: the
+                    # other ranks' threads prepare the same steps, and one a rank skipped would
+                    # leave them waiting in its collectives.
+                    while len(self._ready) >= self._depth and not self._stopping:
+                        self._cond.wait()
+                    if len(self._ready) >= self._depth or self._now:
+                        return
+                produce = self._produce()
+                if produce is None:  # the iterator was garbage collected
+                    return
+                try:
+                    # Collectives poll, so that the exit hook can stop a thread whose peer
+                    # hangs or died before the interpreter shuts down (see abandonable).
+                    with abandonable(lambda: self._now):
+                        item = produce()
+                except BaseException as exc:  # handed to next(), which raises it
+                    item = Ready(-1, error=exc)
+                del produce
+                with self._cond:
+                    self._ready.append(item)
+                    self._cond.notify_all()
+                if item.last:
+                    return
+        finally:
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()
+
+    def take(self) -> Ready:
+        """The next prepared step, waiting for it if needed."""
+        with self._cond:
+            while not self._ready:
+                if self._done:
+                    raise RuntimeError("seqpack's prefetch thread ended without handing over the step")
+                self._cond.wait()
+            item = self._ready.popleft()
+            self._cond.notify_all()
+            return item
+
+    def stop(self, timeout: float, *, now: bool = False) -> bool:
+        """Ask the thread to end (``now``: after the step in progress, else once its slots
+        are full) and wait up to ``timeout`` seconds; True when it ended."""
+        with self._cond:
+            self._stopping = True
+            self._now = self._now or now
+            self._cond.notify_all()
+        if timeout > 0 and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        alive = self._thread.is_alive()
+        if not alive:
+            self._ready.clear()  # prepared steps nobody will take: free their tensors
+        return not alive
+
+
+_LIVE: weakref.WeakSet[Prefetcher] = weakref.WeakSet()
+_EXIT_SECONDS = 5.0
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    # A daemon thread still running torch code while the interpreter and its C++ statics are
+    # torn down can abort the process ("terminate called without an active exception"):
+    # stop every producer first, for a bounded time. One waiting in a collective for a dead
+    # or hung peer leaves it within milliseconds (collectives poll under `abandonable`); one
+    # stuck in the user's own iterator is left behind (pure Python: it ends quietly).
+    live = list(_LIVE)
+    for prefetcher in live:
+        prefetcher.stop(0.0, now=True)
+    deadline = time.monotonic() + _EXIT_SECONDS
+    for prefetcher in live:
+        prefetcher.stop(max(0.0, deadline - time.monotonic()), now=True)
+
+
+class Background:
+    """What an iterator must release: its producer thread and the process groups it
+    created. Shared with a ``weakref.finalize``, so that an iterator dropped without
+    ``close()`` still releases them."""
+
+    def __init__(self, groups: list[Any]) -> None:
+        self.groups = groups
+        self.prefetcher: Prefetcher | None = None
+
+    def release(self, timeout: float) -> bool:
+        stopped = self.prefetcher.stop(timeout) if self.prefetcher is not None else True
+        groups, self.groups = self.groups, []
+        destroy_groups(groups)
+        return stopped
+
+
+def tensors_of(batch: PackedBatch) -> Iterator[torch.Tensor]:
+    for field in dataclasses.fields(batch):
+        value = getattr(batch, field.name)
+        if isinstance(value, torch.Tensor):
+            yield value
+
+
+def pinned(batch: PackedBatch) -> PackedBatch:
+    """``batch`` with every tensor in page-locked memory (a shared ``cu_seqlens`` kept shared)."""
+    return map_tensors(batch, lambda tensor: tensor if tensor.is_pinned() else tensor.pin_memory())
+
+
+def check_device(device: Any, pin_memory: Any) -> tuple[torch.device | None, bool]:
+    """The device steps are copied to (``None``: stay on the CPU) and whether to pin."""
+    pin = check_bool("pin_memory", pin_memory)
+    target = None
+    if device is not None:
+        try:
+            target = torch.device(device)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise ConfigError(f"device must be a torch.device or a device string, got {device!r} ({exc})") from None
+        if target.type == "cpu":
+            target = None  # CPU runs skip the copy
+        elif target.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ConfigError(f"device={device!r} but CUDA is not available")
+            if target.index is None:
+                target = torch.device("cuda", torch.cuda.current_device())
+    if pin and not torch.cuda.is_available():
+        warn_once(logger, "pin_memory", "pin_memory=True ignored: CUDA is not available")
+        pin = False
+    return target, pin
+
+
+def check_timeout(timeout: Any) -> datetime.timedelta | None:
+    if timeout is None or isinstance(timeout, datetime.timedelta):
+        seconds = None if timeout is None else timeout.total_seconds()
+    else:
+        seconds = check_number("group_timeout", timeout)
+    if seconds is None:
+        return None
+    if not seconds > 0:
+        raise ConfigError(f"group_timeout must be a positive number of seconds, got {timeout!r}")
+    return datetime.timedelta(seconds=seconds)
+
+
+class DeviceCopy:
+    """Pins a step's tensors and copies them to ``device`` where they are prepared. On CUDA
+    under prefetch the copy runs on a side stream (``non_blocking`` from pinned memory) and
+    :meth:`place` returns an event that :meth:`hand_over` orders before the caller's work."""
+
+    def __init__(self, device: torch.device | None, pin_memory: bool, background: bool) -> None:
+        self.device, self.pin_memory, self.background = device, pin_memory, background
+        self._stream: Any = None
+
+    def place(self, batches: list[PackedBatch], trace: StepTrace) -> tuple[list[PackedBatch], Any]:
+        device = self.device
+        if device is None and not self.pin_memory:
+            return batches, None
+        with trace.phase("copy"):
+            if self.pin_memory:
+                batches = [pinned(batch) for batch in batches]
+            if device is None:
+                return batches, None
+            if device.type != "cuda" or not self.background:
+                return [batch.to(device, non_blocking=self.pin_memory) for batch in batches], None
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=device)
+            with torch.cuda.stream(self._stream):
+                moved = [batch.to(device, non_blocking=self.pin_memory) for batch in batches]
+                event = torch.cuda.Event()
+                event.record(self._stream)
+            return moved, event
+
+    @staticmethod
+    def hand_over(step: Step, copied: Any) -> None:
+        """On the calling thread: make its stream wait for the copy, and keep the caching
+        allocator from reusing the memory while that stream's work runs."""
+        stream = torch.cuda.current_stream(copied.device)
+        stream.wait_event(copied)
+        for batch in step.microbatches:
+            for tensor in tensors_of(batch):
+                tensor.record_stream(stream)

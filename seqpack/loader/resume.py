@@ -1,0 +1,183 @@
+"""The wrapper's resume state: one dataclass, versioned, checked on load."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from seqpack.errors import ResumeError
+from seqpack.options import AXES, INT64_MAX
+from seqpack.validation import check_int
+
+__all__ = ["ResumeState"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ResumeState:
+    """One rank's resume state, as ``PackingIterator.state_dict()`` returns it (a dict).
+
+    Attributes:
+        topology: ``Topology.signature()`` it was taken on (sizes and ranks).
+        config: ``PackingConfig.summary()``: every setting that changes the data.
+        config_fingerprint: ``PackingConfig.fingerprint()``.
+        steps: Steps consumed by the training loop (prefetched ones not counted).
+        consumed: Samples taken from the data iterator by those steps.
+        deferred_samples: Samples read but held back for the next step (tensors).
+        iterator: The data iterator's own ``state_dict()``, when it has one.
+        scheduler: The scheduler's ``state_dict()``, when it has one.
+        finished: The iterator has ended.
+        dropped_at_end: Sequences dropped with a partial last step.
+        empty_at_end: Zero-length samples read in the step that found the end of data.
+        data_ended: Some rank's data ran out; no rank reads again.
+        calibration: The online calibrator's state (``TimingLedger.state_dict()``) under
+            ``calibrate``; optional in the dict (states saved without it load).
+    """
+
+    VERSION: ClassVar[int] = 2
+    # Keys of the dict form, as class constants (torchdata's habit).
+    KEYS: ClassVar[tuple[str, ...]] = (
+        "version",
+        "topology",
+        "config",
+        "config_fingerprint",
+        "steps",
+        "consumed",
+        "deferred_samples",
+        "iterator",
+        "scheduler",
+        "finished",
+        "dropped_at_end",
+        "data_ended",
+    )
+    _V1_KEYS: ClassVar[tuple[str, ...]] = (
+        "version",
+        "topology",
+        "config",
+        "steps",
+        "consumed",
+        "deferred_samples",
+        "iterator",
+        "finished",
+    )
+
+    topology: dict[str, int]
+    config: dict[str, str]
+    config_fingerprint: int
+    steps: int = 0
+    consumed: int = 0
+    deferred_samples: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
+    iterator: Any = None
+    scheduler: Any = None
+    finished: bool = False
+    dropped_at_end: int = 0
+    empty_at_end: int = 0
+    data_ended: bool = False
+    calibration: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"version": self.VERSION}
+        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        return out
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> ResumeState:
+        """Parse and check a saved state (this version, or version 1 of seqpack 0.1).
+
+        Raises:
+            ResumeError: Not a mapping, missing keys, an unknown version, or negative counts.
+        """
+        if not isinstance(state, Mapping):
+            raise ResumeError(f"state must be a PackingIterator.state_dict() mapping, got {type(state).__name__}")
+        version = state.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version not in (1, cls.VERSION):
+            raise ResumeError(f"state version {version!r:.40} is not {cls.VERSION} (or 1)")
+        keys = cls._V1_KEYS if version == 1 else cls.KEYS
+        missing = [k for k in keys if k not in state]
+        if missing:
+            raise ResumeError(f"state is missing keys {missing}; expected a PackingIterator.state_dict()")
+        counts = {}
+        for name in ("steps", "consumed", "dropped_at_end", "empty_at_end"):
+            try:
+                counts[name] = check_int(f"state[{name!r}]", state.get(name, 0), minimum=0)
+            except ValueError as exc:
+                raise ResumeError(str(exc)) from None
+        topology = state["topology"]
+        if not isinstance(topology, Mapping) or set(topology) != {f"{a}_{k}" for a in AXES for k in ("size", "rank")}:
+            raise ResumeError(f"state['topology'] is not a Topology.signature(): {topology!r}")
+        config = state["config"]
+        if not isinstance(config, Mapping):
+            raise ResumeError(f"state['config'] is not a PackingConfig.summary(): {config!r:.60}")
+        fingerprint = state.get("config_fingerprint", -1)
+        if version != 1:
+            try:
+                fingerprint = check_int("state['config_fingerprint']", fingerprint, minimum=0, maximum=INT64_MAX)
+            except ValueError as exc:
+                raise ResumeError(str(exc)) from None
+        flags = {}
+        for name in ("finished", "data_ended"):
+            value = state.get(name, False)
+            if not isinstance(value, (bool, np.bool_)):
+                raise ResumeError(f"state[{name!r}] must be True or False, got {value!r:.40}")
+            flags[name] = bool(value)
+        deferred = state["deferred_samples"]
+        if not isinstance(deferred, list) or not all(isinstance(s, Mapping) for s in deferred):
+            raise ResumeError("state['deferred_samples'] must be a list of samples")
+        if version == 1:
+            logger.warning(
+                "loading a version-1 resume state: it does not record on_oversize, scheduler options or the "
+                "cost model, so a change of those cannot be detected"
+            )
+        return cls(
+            topology=dict(topology),
+            config=dict(config),
+            config_fingerprint=int(fingerprint),
+            steps=counts["steps"],
+            consumed=counts["consumed"],
+            deferred_samples=[dict(s) for s in deferred],
+            iterator=state["iterator"],
+            scheduler=state.get("scheduler"),
+            finished=flags["finished"],
+            dropped_at_end=counts["dropped_at_end"],
+            empty_at_end=counts["empty_at_end"],
+            data_ended=flags["data_ended"],
+            calibration=state.get("calibration"),
+        )
+
+    @property
+    def is_version_1(self) -> bool:
+        return self.config_fingerprint < 0
+
+    def check_fits(self, topology: Mapping[str, int], config: Any, scheduler_name: str) -> None:
+        """Raise :class:`ResumeError` unless this state was saved on ``topology`` (a
+        ``Topology.signature()``) with a ``PackingConfig`` that makes the same data as
+        ``config`` (its fingerprint; version-1 states: the few fields they record)."""
+        if self.topology != dict(topology):
+            raise ResumeError(
+                f"state was saved on topology {_fmt(self.topology)} but this iterator runs on {_fmt(topology)}"
+            )
+        here = config.summary()
+        if self.is_version_1:
+            old = {k: here[k] for k in ("samples_per_rank", "max_tokens_per_rank", "pad_multiple", "data_owner")}
+            old["scheduler"] = scheduler_name
+            if {k: str(v) for k, v in self.config.items()} != old:
+                raise ResumeError(f"state was saved with {self.config} but this iterator has {old}")
+            return
+        if self.config_fingerprint == config.fingerprint():
+            return
+        changed = "; ".join(
+            f"{key}: {self.config.get(key)!r} (saved) vs {here.get(key)!r} (here)"
+            for key in sorted(set(here) | set(self.config))
+            if self.config.get(key) != here.get(key)
+        )
+        raise ResumeError(f"state was saved with another configuration: {changed or 'fingerprints differ'}")
+
+
+def _fmt(signature: Mapping[str, int]) -> str:
+    return " ".join(f"{a}={signature[f'{a}_rank']}/{signature[f'{a}_size']}" for a in AXES)
