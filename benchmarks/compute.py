@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.backends import import_mamba_kernels, import_te_attention
 from seqpack.compute.mamba import Mamba2Mixer
-from seqpack.cp import shard_for_cp
+from seqpack.thd.cp import shard_for_cp
 from seqpack.thd import pack_sequences, pad_multiple_for
 
 ATTN = dict(num_heads=8, num_kv_heads=2, head_dim=64)

@@ -22,7 +22,8 @@ import tempfile
 
 import torch
 
-from seqpack.demo import DemoSettings, launch
+from seqpack.cli.demo.launch import launch
+from seqpack.cli.demo.settings import DemoSettings
 
 TARGETS = {"padded": 2.0, "dp_balanced": 1.15}
 

@@ -98,7 +98,7 @@ def _worker(rank: int, store_path: str, args, results) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from seqpack.topology import Topology
-    from seqpack.wrapper import wrap_data_iterator
+    from seqpack.loader import wrap_data_iterator
 
     torch.set_num_threads(1)
     if args.switch_interval is not None:

@@ -65,7 +65,7 @@ def _worker(rank: int, store_path: str, args, results) -> None:
 
     from seqpack.schedulers import available_schedulers
     from seqpack.topology import Topology
-    from seqpack.wrapper import wrap_data_iterator
+    from seqpack.loader import wrap_data_iterator
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank, world_size=WORLD)

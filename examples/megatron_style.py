@@ -18,7 +18,8 @@ import sys
 
 import torch.distributed as dist
 
-from seqpack import MockSFTDataset, PackedBatch, Topology, lognormal_lengths, wrap_data_iterator
+from seqpack import PackedBatch, Topology, wrap_data_iterator
+from seqpack.mock_data import MockSFTDataset, lognormal_lengths
 
 
 def megatron_groups(tp: int, pp: int, dp: int):

@@ -23,7 +23,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from seqpack import MockSFTDataset, Topology, lognormal_lengths, wrap_data_iterator
+from seqpack import Topology, wrap_data_iterator
+from seqpack.mock_data import MockSFTDataset, lognormal_lengths
 from seqpack.compute.tiny_lm import TinyConfig, TinyHybridLM
 
 

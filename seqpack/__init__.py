@@ -4,79 +4,82 @@ Between a framework's dataloader and its model, seqpack gathers each step's sequ
 lengths, computes one deterministic schedule over DP replicas and microbatches, moves samples
 with an all-to-all, packs THD microbatches, cuts them for context parallelism, and broadcasts
 them over tensor and pipeline parallel ranks.
+
+This module exports the main flow only; everything else lives in its subpackage:
+:mod:`seqpack.thd` (packing, CP partition, NeMo converters), :mod:`seqpack.schedulers`,
+:mod:`seqpack.cost`, :mod:`seqpack.calibrate`, :mod:`seqpack.loader` (the wrapper),
+:mod:`seqpack.collective` (the collectives), :mod:`seqpack.compute`, :mod:`seqpack.interop`,
+:mod:`seqpack.mock_data`, :mod:`seqpack.options` (option enums), :mod:`seqpack.errors`.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from seqpack._compat import moved_names
+from seqpack._version import __version__
 from seqpack.calibrate import CostCalibrator
-from seqpack.collective import broadcast_pp, broadcast_tp, exchange_samples, gather_lengths
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
-from seqpack.cost import CostModel, ModelSpec, mamba2_flops, model_preset, transformer_flops
-from seqpack.cp import partition_indices, shard_for_cp, unshard_from_cp
-from seqpack.errors import ConfigError, SampleError, SeqpackError, SeqpackTypeError, StepFailed
-from seqpack.loader.config import PackingConfig
-from seqpack.loader.iterator import PackingIterator, Step, wrap_data_iterator
-from seqpack.mock_data import MockSFTDataset, lengths_from_config, lengths_from_file, lognormal_lengths
-from seqpack.options import DataOwner, OnOversize, Sync
-from seqpack.schedulers import Schedule, Scheduler, available_schedulers, get_scheduler, predicted_step_time
+from seqpack.cost import CostModel, ModelSpec
+from seqpack.errors import ConfigError, SampleError, SeqpackError, StepFailed
+from seqpack.loader import PackingConfig, PackingIterator, Step, wrap_data_iterator
+from seqpack.schedulers import Schedule, Scheduler, get_scheduler, predicted_step_time
 from seqpack.stats import StepStats
-from seqpack.thd import (
-    PackedBatch,
-    pack_sequences,
-    pad_multiple_for,
-    process_input_for_thd,
-    split_batch_into_thd_chunks,
-)
+from seqpack.thd import PackedBatch, pack_sequences, pad_multiple_for, shard_for_cp, unshard_from_cp
 from seqpack.timing import MicrobatchTimer
 from seqpack.topology import Topology
 
 __all__ = [
     "__version__",
     "ConfigError",
-    "DataOwner",
-    "OnOversize",
-    "PackingConfig",
-    "SampleError",
-    "SeqpackError",
-    "SeqpackTypeError",
-    "StepFailed",
-    "Sync",
     "CostCalibrator",
     "CostModel",
     "Mamba2Mixer",
     "MicrobatchTimer",
-    "MockSFTDataset",
     "ModelSpec",
     "PackedBatch",
+    "PackingConfig",
     "PackingIterator",
+    "SampleError",
     "Schedule",
     "Scheduler",
+    "SeqpackError",
     "Step",
+    "StepFailed",
     "StepStats",
     "ThdAttention",
     "Topology",
-    "available_schedulers",
-    "broadcast_pp",
-    "broadcast_tp",
-    "exchange_samples",
-    "gather_lengths",
     "get_scheduler",
-    "lengths_from_config",
-    "lengths_from_file",
-    "lognormal_lengths",
-    "mamba2_flops",
-    "model_preset",
     "pack_sequences",
     "pad_multiple_for",
-    "partition_indices",
     "predicted_step_time",
-    "process_input_for_thd",
     "shard_for_cp",
-    "split_batch_into_thd_chunks",
-    "transformer_flops",
     "unshard_from_cp",
     "wrap_data_iterator",
 ]
+
+# Names this module exported before its front door was narrowed: still served (imported on
+# first use, so `import seqpack` stays light), with a DeprecationWarning naming their home.
+__getattr__ = moved_names(
+    __name__,
+    {
+        "DataOwner": "seqpack.options",
+        "OnOversize": "seqpack.options",
+        "Sync": "seqpack.options",
+        "SeqpackTypeError": "seqpack.errors",
+        "available_schedulers": "seqpack.schedulers",
+        "broadcast_pp": "seqpack.collective",
+        "broadcast_tp": "seqpack.collective",
+        "exchange_samples": "seqpack.collective",
+        "gather_lengths": "seqpack.collective",
+        "MockSFTDataset": "seqpack.mock_data",
+        "lengths_from_config": "seqpack.mock_data",
+        "lengths_from_file": "seqpack.mock_data",
+        "lognormal_lengths": "seqpack.mock_data",
+        "mamba2_flops": "seqpack.cost",
+        "model_preset": "seqpack.cost",
+        "transformer_flops": "seqpack.cost",
+        "partition_indices": "seqpack.thd",
+        "process_input_for_thd": "seqpack.thd",
+        "split_batch_into_thd_chunks": "seqpack.thd",
+    },
+)

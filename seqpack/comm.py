@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from seqpack._compat import warn_moved
 from seqpack.collective import (
     FORMAT_VERSION,
     STATUS_END,
@@ -31,6 +32,8 @@ from seqpack.thd import batch_from_layout
 
 KIND_BATCH = Kind.BATCH
 KIND_LAYOUT = Kind.LAYOUT
+
+warn_moved(__name__, "seqpack.collective", stacklevel=2)
 
 __all__ = [
     "FORMAT_VERSION",

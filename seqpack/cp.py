@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from seqpack._compat import warn_moved
 from seqpack.thd.cp import (
     chunk_ids_after_attention,
     chunk_ids_before_attention,
@@ -14,6 +15,8 @@ from seqpack.thd.cp import (
     shard_for_cp,
     unshard_from_cp,
 )
+
+warn_moved(__name__, "seqpack.thd.cp", stacklevel=2)
 
 __all__ = [
     "partition_indices",

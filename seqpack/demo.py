@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from seqpack._compat import warn_moved
 from seqpack.cli.demo.data import load_dataset, padded_microbatches, rank_indices, sample_order
 from seqpack.cli.demo.launch import MALLOC_ENV, launch, preflight
 from seqpack.cli.demo.settings import COSTS, MODES, DemoSettings
 from seqpack.cli.demo.train import calibrate_cost, measure_gemm_flops, resolve_cost, warm_up, worker
 from seqpack.cli.options import add_options, from_args
 from seqpack.cli.tables import format_demo_summary as format_summary
+
+warn_moved(__name__, "seqpack.cli.demo", stacklevel=2)
 
 __all__ = [
     "COSTS",

@@ -12,6 +12,8 @@ original exception is its ``__cause__``.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ConfigError",
     "ResumeError",
@@ -68,7 +70,11 @@ class StepFailed(SeqpackError):
         self.rank = rank
         self.reason = message
 
-    def __reduce__(self):  # keep step and rank through pickling (all_gather_object, spawn)
+    def __reduce__(
+        self,
+    ) -> tuple[
+        Any, tuple[str, int | None, int | None]
+    ]:  # keep step and rank through pickling (all_gather_object, spawn)
         return (_rebuild_step_failed, (self.reason, self.step, self.rank))
 
 

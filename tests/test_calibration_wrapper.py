@@ -11,7 +11,7 @@ from seqpack.calibrate import CostCalibrator
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import StepFailed
 from seqpack.topology import Topology
-from seqpack.wrapper import wrap_data_iterator
+from seqpack.loader import wrap_data_iterator
 from wrapper_data import items
 
 TRUTH = CostModel(1e-4, 1e-7, 0.01)  # seconds: a clock the scheduler is not told

@@ -8,11 +8,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack.comm import (
+from seqpack.collective import (
     FORMAT_VERSION,
-    KIND_BATCH,
-    KIND_LAYOUT,
-    PREFIX_WORDS,
     STATUS_END,
     STATUS_ERROR,
     STATUS_OK,
@@ -21,18 +18,16 @@ from seqpack.comm import (
     StepOk,
     WireBuffers,
     agree_status,
-    batch_from_layout,
     decode_prefix,
     decode_step,
     encode_step,
     gather_lengths,
     plan_exchange,
 )
-from seqpack.cp import shard_for_cp
-from seqpack.dist.wire import STEP_WORDS
+from seqpack.collective.wire import PREFIX_WORDS, STEP_WORDS, Kind
 from seqpack.schedulers import get_scheduler
 from seqpack.stats import StepStats
-from seqpack.thd import pack_sequences, pad_multiple_for, padding_only_batch
+from seqpack.thd import batch_from_layout, pack_sequences, pad_multiple_for, padding_only_batch, shard_for_cp
 
 FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "seq_idx", "padding_mask", "cu_seqlens",
           "cu_seqlens_padded", "sample_ids")
@@ -82,7 +77,7 @@ def test_batch_round_trip_is_exact(positions):
     assert any(b.sample_ids.tolist() == [-1] for b in msg.microbatches)  # ... one a padding filler ...
     assert any(b.num_sequences > 1 for b in msg.microbatches)  # ... one with several sequences
     assert any(bool(b.padding_mask.any()) for b in msg.microbatches if b.sample_ids[0] >= 0)
-    wire = encode_step(msg, kind=KIND_BATCH)
+    wire = encode_step(msg, kind=Kind.BATCH)
     assert wire.prefix.dtype == torch.int64 and wire.ints.dtype == torch.int64
     assert wire.prefix.shape == (PREFIX_WORDS,) and int(wire.prefix[0]) == FORMAT_VERSION
     assert wire.floats.dtype == torch.float32  # loss_mask only
@@ -111,9 +106,9 @@ def test_schedule_and_shards_keep_their_own_cp_size():
 
 def test_layout_round_trip_has_no_tokens():
     msg = _message(cp=4, cp_rank=2)
-    wire = encode_step(msg, kind=KIND_LAYOUT)
+    wire = encode_step(msg, kind=Kind.LAYOUT)
     assert wire.floats.numel() == 0
-    batch_wire = encode_step(msg, kind=KIND_BATCH)
+    batch_wire = encode_step(msg, kind=Kind.BATCH)
     assert wire.ints.numel() < batch_wire.ints.numel()
     got = decode_step(wire)
     for a, b in zip(msg.microbatches, got.microbatches):
@@ -130,7 +125,7 @@ def test_counts_stay_exact_beyond_float32():
         for ids in (row[0] for row in sched.assignment)
     ]
     msg = StepOk(0, schedule=sched, microbatches=batches)
-    stats = StepStats.from_schedule(decode_step(encode_step(msg, kind=KIND_LAYOUT)).schedule)
+    stats = StepStats.from_schedule(decode_step(encode_step(msg, kind=Kind.LAYOUT)).schedule)
     assert stats.seqlen_sq_sum == sum(int(v) ** 2 for v in lengths) > 2**24
     assert stats.seqlen_sum == int(lengths.sum())
 
@@ -197,8 +192,8 @@ def test_encode_rejects_bad_messages():
         encode_step(StepOk(0, None, []))
     stripped = dataclasses.replace(msg, microbatches=[dataclasses.replace(b, input_ids=None) for b in msg.microbatches])
     with pytest.raises(ValueError, match="microbatch 0 has no tokens"):
-        encode_step(stripped, kind=KIND_BATCH)
-    encode_step(stripped, kind=KIND_LAYOUT)  # fine: layout only
+        encode_step(stripped, kind=Kind.BATCH)
+    encode_step(stripped, kind=Kind.LAYOUT)  # fine: layout only
 
 
 @given(
@@ -327,8 +322,19 @@ def test_wire_buffers_report_their_size():
 def test_docs_wire_tables_are_generated_from_the_header_declaration():
     from pathlib import Path
 
-    from seqpack.dist import wire_format_markdown
+    from seqpack.collective import wire_format_markdown
 
     text = (Path(__file__).parent.parent / "docs" / "wrapper.md").read_text()
     begin, end = "<!-- wire-format:begin -->\n", "<!-- wire-format:end -->"
     assert text[text.index(begin) + len(begin) : text.index(end)] == wire_format_markdown()
+
+
+def test_docs_gather_tables_are_generated_from_their_declarations():
+    from pathlib import Path
+
+    from seqpack.loader.phases import gather_format_markdown
+
+    text = (Path(__file__).parent.parent / "docs" / "wrapper.md").read_text()
+    begin, end = "<!-- gather-format:begin -->\n", "<!-- gather-format:end -->"
+    assert "key_mask" in gather_format_markdown() and "fingerprint_complement" in gather_format_markdown()
+    assert text[text.index(begin) + len(begin) : text.index(end)] == gather_format_markdown()

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from seqpack.config import PackingConfig
+from seqpack.loader import PackingConfig
 from seqpack.cost import CostModel, model_preset
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import DataOwner, OnOversize

@@ -65,7 +65,7 @@ def test_stages_and_signature():
 
 
 def test_with_groups_keeps_the_grid_and_checks_the_axes():
-    from seqpack.dist.groups import destroy_groups, new_axis_groups
+    from seqpack.collective.groups import destroy_groups, new_axis_groups
 
     single = Topology.single()
     assert single.with_groups({}) == single and single.with_groups(single).groups == single.groups

@@ -18,7 +18,7 @@ from wrapper_data import (
 
 from seqpack.cost import CostModel
 from seqpack.topology import Topology
-from seqpack.wrapper import PackingIterator, Step, wrap_data_iterator
+from seqpack.loader import PackingIterator, Step, wrap_data_iterator
 
 SEED = 3
 
@@ -150,7 +150,7 @@ def test_resume_reproduces_the_next_steps_with_deferred_samples(stateful):
     resumed = fresh()
     resumed.load_state_dict(state)
     if stateful:
-        assert resumed._source.position == 12
+        assert resumed._producer.source.position == 12
     middle = next(resumed)
     # Resume again from the resumed iterator: its own bookkeeping must be right too.
     state = _save_load(resumed.state_dict())
@@ -304,7 +304,7 @@ def test_a_failed_step_raises_step_failed_with_its_cause_and_the_iterator_stays_
 
 
 def test_config_object_and_overrides():
-    from seqpack.config import PackingConfig
+    from seqpack.loader import PackingConfig
 
     config = PackingConfig(samples_per_rank=6, max_tokens_per_rank=48, scheduler="empty", pad_multiple=4)
     a = list(wrap_data_iterator(items(SEED, 0, 18), Topology.single(), config))
@@ -415,14 +415,16 @@ def test_an_error_is_raised_by_the_next_of_its_step_after_the_steps_before_it():
 def test_an_unexpected_exception_in_the_producer_reaches_next_and_fails_the_iterator(monkeypatch, k):
     from seqpack.errors import StepFailed
 
-    original = PackingIterator._agree_copies
+    from seqpack.loader.producer import StepProducer
+
+    original = StepProducer._agree_copies
 
     def flaky(self, msg, *args):
-        if self._steps == 1:
+        if self.steps == 1:
             raise RuntimeError("connection reset by a peer")
         return original(self, msg, *args)
 
-    monkeypatch.setattr(PackingIterator, "_agree_copies", flaky)
+    monkeypatch.setattr(StepProducer, "_agree_copies", flaky)
     it = _wrap(items(SEED, 0, 30), prefetch=k)
     assert next(it).step == 0
     with pytest.raises(RuntimeError, match="connection reset by a peer"):
@@ -478,7 +480,7 @@ def test_prefetch_and_device_options_are_checked():
             _wrap(items(SEED, 0, 6), device="cuda")
     with pytest.raises(ValueError, match="timeout must be"):
         _wrap(items(SEED, 0, 6)).close(timeout=-1)
-    from seqpack.config import PackingConfig
+    from seqpack.loader import PackingConfig
 
     a = PackingConfig(samples_per_rank=6, max_tokens_per_rank=48, prefetch=0)
     assert a.fingerprint() == a.replace(prefetch=4).fingerprint()  # resume across prefetch depths
@@ -489,7 +491,7 @@ def test_pin_memory_without_cuda_is_ignored_with_a_warning(caplog):
     from seqpack._logging import reset_warn_once
 
     reset_warn_once()
-    with caplog.at_level(logging.WARNING, logger="seqpack.wrapper"):
+    with caplog.at_level(logging.WARNING, logger="seqpack.loader.iterator"):
         steps = _run(_wrap(items(SEED, 0, 12), pin_memory=True, device="cpu"))
     assert "pin_memory=True ignored: CUDA is not available" in caplog.text
     assert len(steps) == 2 and all("copy" not in s.timings for s in steps)

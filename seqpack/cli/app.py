@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Protocol
 
-import seqpack
+from seqpack._version import __version__
 from seqpack.cli.commands import demo, doctor, mock, simulate, stats
 from seqpack.cli.errors import ExitCode, one_line
 from seqpack.errors import SeqpackError
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 ok, 1 a bug or a crashed demo rank, 2 a mistake in the command line or its files "
         "(docs/errors.md).",
     )
-    parser.add_argument("--version", action="version", version=f"seqpack {seqpack.__version__}")
+    parser.add_argument("--version", action="version", version=f"seqpack {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(subparsers).set_defaults(_run=command.run)

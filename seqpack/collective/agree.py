@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from seqpack.collective.fields import Header
 from seqpack.collective.groups import all_gather_objects, collective, comm_device, global_rank, group_rank, group_size
 from seqpack.errors import ConfigError
 
@@ -32,6 +33,16 @@ class Status(IntEnum):
 
 STATUS_OK, STATUS_END, STATUS_ERROR = Status.OK, Status.END, Status.ERROR
 _FP_MAX = (1 << 63) - 1
+
+AGREEMENT = Header(
+    "agreement vector (int64, reduced by MAX over the group, then the payload words)",
+    (
+        ("status", "0 ok, 1 end of data, 2 error: the worst one wins"),
+        ("fingerprint", "the rank's fingerprint (0 without one): MAX is the largest"),
+        ("fingerprint_complement", "2**63-1 minus the fingerprint: MAX gives the smallest; all equal iff both agree"),
+        ("has_fingerprint", "1 when the rank passed a fingerprint"),
+    ),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +86,7 @@ def agree(
     ``origin`` is the global rank an error comes from when it was relayed (default: this
     rank); the agreement carries it, so every rank can name where a failure happened.
 
-    One int64 all-reduce (MAX) of ``[status, fingerprint, 2**63-1-fingerprint, has_fp]``.
+    One int64 all-reduce (MAX) of the :data:`AGREEMENT` vector (status and fingerprint words).
     On error every rank fetches the messages (``all_gather_object``, on this path only) and
     keeps the one of the lowest group rank that failed. Ranks that pass a fingerprint must
     all pass the same one, else the agreement is an error naming every rank's fingerprint
@@ -95,13 +106,20 @@ def agree(
     if fingerprint is not None and not 0 <= fp <= _FP_MAX:
         raise ConfigError(f"fingerprint must be in 0..2**63-1, got {fingerprint!r}")
     has = fingerprint is not None
-    vec = torch.tensor([int(status), fp if has else 0, _FP_MAX - fp if has else 0, int(has)], dtype=torch.int64)
+    vec = torch.from_numpy(
+        AGREEMENT.pack(
+            status=status,
+            fingerprint=fp if has else 0,
+            fingerprint_complement=_FP_MAX - fp if has else 0,
+            has_fingerprint=has,
+        )
+    )
     if words is not None:
         vec = torch.cat([vec, torch.from_numpy(words)])
     vec = vec.to(comm_device(group))
     collective(dist.all_reduce, vec, op=dist.ReduceOp.MAX, group=group)
     reduced = vec.cpu().numpy()
-    agreed, fp_max, fp_min_c, any_fp = (int(v) for v in reduced[:4])
+    agreed, fp_max, fp_min_c, any_fp = (int(v) for v in reduced[: AGREEMENT.words])
     if agreed == Status.ERROR:
         me = global_rank(group, group_rank(group)) if origin is None else origin
         reports = all_gather_objects((message, me) if status == Status.ERROR else None, group)
@@ -115,7 +133,7 @@ def agree(
         return Agreement(
             Status.ERROR, f"ranks of the {axis or 'same'} group disagree on {what} (fingerprints {listed})"
         )
-    return Agreement(Status(agreed), payload=None if words is None else reduced[4:].copy())
+    return Agreement(Status(agreed), payload=None if words is None else reduced[AGREEMENT.words :].copy())
 
 
 def agree_status(

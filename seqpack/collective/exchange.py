@@ -152,6 +152,38 @@ def exchange_samples(
     """
     counts = np.asarray(counts, dtype=np.int64)
     rank = group_rank(group)
+    destination, sizes = _destinations(schedule, sizes)
+    if len(samples) != int(counts[rank]):
+        raise ConfigError(f"this rank holds {len(samples)} samples but counts[{rank}]={int(counts[rank])}")
+    if schema is None:
+        schema = _agreed_schema(samples, group)
+    plan = plan_exchange(destination, sizes, counts, rank)
+    take = _Taker(samples, sizes, offset=int(counts[:rank].sum()))
+    received: dict[int, dict[str, torch.Tensor]] = {}
+    bytes_kept = 0
+    for gid in plan.keep_ids.tolist():
+        received[gid] = {key: take(gid, key, dtype) for key, dtype in schema}
+        bytes_kept += sum(t.numel() * t.element_size() for t in received[gid].values())
+    recv_order = np.concatenate(plan.recv_ids) if plan.recv_ids else np.zeros(0, np.int64)
+    for gid in recv_order.tolist():
+        received[gid] = {}
+    bytes_sent = bytes_received = 0
+    by_dtype: dict[torch.dtype, list[str]] = {}
+    for key, dtype in schema:
+        by_dtype.setdefault(dtype, []).append(key)
+    for dtype, keys in by_dtype.items():
+        if plan.moved_tokens == 0:
+            break  # nothing crosses the wire anywhere: every rank skips the collective
+        sent, got = _move(plan, take, recv_order, dtype, keys, received, group)
+        bytes_sent, bytes_received = bytes_sent + sent, bytes_received + got
+    for gid in recv_order.tolist():  # zero-token samples never touch a buffer
+        for key, dtype in schema:
+            received[gid].setdefault(key, torch.zeros(0, dtype=dtype))
+    return Exchanged(received, bytes_sent, bytes_received, bytes_kept)
+
+
+def _destinations(schedule: Schedule | np.ndarray, sizes: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The replica of every global id and the tokens it carries."""
     if isinstance(schedule, Schedule):
         destination = schedule.placement()[0]
         sizes = schedule.lengths if sizes is None else sizes
@@ -159,64 +191,61 @@ def exchange_samples(
         destination = np.asarray(schedule, dtype=np.int64)
         if sizes is None:
             raise ConfigError("sizes is required when a destination array is given instead of a Schedule")
-    if len(samples) != int(counts[rank]):
-        raise ConfigError(f"this rank holds {len(samples)} samples but counts[{rank}]={int(counts[rank])}")
-    if schema is None:
-        local = _schema_of(samples[0]) if samples else None
-        schemas = [local] if group_size(group) == 1 else all_gather_objects(local, group)
-        known = [s for s in schemas if s is not None]
-        if any(s != known[0] for s in known):
-            raise SampleError(f"DP ranks hold samples with different keys/dtypes: {schemas}")
-        schema = known[0] if known else []
-    plan = plan_exchange(destination, np.asarray(sizes, dtype=np.int64), counts, rank)
-    sizes = np.asarray(sizes, dtype=np.int64)
-    offset = int(counts[:rank].sum())
+    return destination, np.asarray(sizes, dtype=np.int64)
 
-    def take(gid: int, key: str, dtype: torch.dtype) -> torch.Tensor:
-        value = samples[gid - offset][key]
-        n = int(sizes[gid])
+
+def _agreed_schema(samples: Sequence[Mapping[str, torch.Tensor]], group: Any) -> list[tuple[str, torch.dtype]]:
+    """The keys and dtypes every rank moves, agreed with one ``all_gather_object``."""
+    local = _schema_of(samples[0]) if samples else None
+    schemas = [local] if group_size(group) == 1 else all_gather_objects(local, group)
+    known = [s for s in schemas if s is not None]
+    if any(s != known[0] for s in known):
+        raise SampleError(f"DP ranks hold samples with different keys/dtypes: {schemas}")
+    return list(known[0]) if known else []
+
+
+class _Taker:
+    """The first ``sizes[gid]`` tokens of one key of this rank's sample ``gid``, in ``dtype``."""
+
+    def __init__(self, samples: Sequence[Mapping[str, torch.Tensor]], sizes: np.ndarray, offset: int) -> None:
+        self.samples, self.sizes, self.offset = samples, sizes, offset
+
+    def __call__(self, gid: int, key: str, dtype: torch.dtype) -> torch.Tensor:
+        value = self.samples[gid - self.offset][key]
+        n = int(self.sizes[gid])
         if value.shape[0] < n:
             raise SampleError(f"sample {gid} has {value.shape[0]} tokens in {key!r} but is scheduled with {n}")
         return value[:n].to(dtype)
 
-    received: dict[int, dict[str, torch.Tensor]] = {}
-    bytes_kept = 0
-    for gid in plan.keep_ids.tolist():
-        received[gid] = {key: take(gid, key, dtype) for key, dtype in schema}
-        bytes_kept += sum(t.numel() * t.element_size() for t in received[gid].values())
 
-    by_dtype: dict[torch.dtype, list[str]] = {}
-    for key, dtype in schema:
-        by_dtype.setdefault(dtype, []).append(key)
-    recv_order = np.concatenate(plan.recv_ids) if plan.recv_ids else np.zeros(0, np.int64)
-    for gid in recv_order.tolist():
-        received[gid] = {}
-    bytes_sent = bytes_received = 0
+def _move(
+    plan: ExchangePlan,
+    take: _Taker,
+    recv_order: np.ndarray,
+    dtype: torch.dtype,
+    keys: list[str],
+    received: dict[int, dict[str, torch.Tensor]],
+    group: Any,
+) -> tuple[int, int]:
+    """One ``all_to_all_single`` moving the ``keys`` of one dtype (sample-major, ids
+    ascending) into ``received``; returns the bytes sent and received."""
+    width = len(keys)
+    parts = [take(gid, key, dtype) for ids in plan.send_ids for gid in ids.tolist() for key in keys]
+    send = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
     device = comm_device(group)
-    for dtype, keys in by_dtype.items():
-        if plan.moved_tokens == 0:
-            break  # nothing crosses the wire anywhere: every rank skips the collective
-        width = len(keys)
-        parts = [take(gid, key, dtype) for ids in plan.send_ids for gid in ids.tolist() for key in keys]
-        send = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
-        out = torch.empty(int(plan.recv_tokens.sum()) * width, dtype=dtype, device=device)
-        collective(
-            dist.all_to_all_single,
-            out,
-            send.to(device),
-            output_split_sizes=(plan.recv_tokens * width).tolist(),
-            input_split_sizes=(plan.send_tokens * width).tolist(),
-            group=group,
-        )
-        out = out.cpu()
-        bytes_sent += send.numel() * send.element_size()
-        bytes_received += out.numel() * out.element_size()
-        if recv_order.size:
-            pieces = torch.split(out, np.repeat(sizes[recv_order], width).tolist())
-            for i, gid in enumerate(recv_order.tolist()):
-                for j, key in enumerate(keys):
-                    received[gid][key] = pieces[i * width + j]
-    for gid in recv_order.tolist():  # zero-token samples never touch a buffer
-        for key, dtype in schema:
-            received[gid].setdefault(key, torch.zeros(0, dtype=dtype))
-    return Exchanged(received, bytes_sent, bytes_received, bytes_kept)
+    out = torch.empty(int(plan.recv_tokens.sum()) * width, dtype=dtype, device=device)
+    collective(
+        dist.all_to_all_single,
+        out,
+        send.to(device),
+        output_split_sizes=(plan.recv_tokens * width).tolist(),
+        input_split_sizes=(plan.send_tokens * width).tolist(),
+        group=group,
+    )
+    out = out.cpu()
+    if recv_order.size:
+        pieces = torch.split(out, np.repeat(take.sizes[recv_order], width).tolist())
+        for i, gid in enumerate(recv_order.tolist()):
+            for j, key in enumerate(keys):
+                received[gid][key] = pieces[i * width + j]
+    return send.numel() * send.element_size(), out.numel() * out.element_size()

@@ -16,11 +16,22 @@ import torch
 import torch.distributed as dist
 
 from seqpack.collective.agree import Status
+from seqpack.collective.fields import Header
 from seqpack.collective.groups import all_gather_objects, collective, comm_device, global_rank, group_size, this_rank
 from seqpack.collective.wire import FORMAT_VERSION
 from seqpack.errors import SeqpackTypeError, StepFailed, WireError
 
-__all__ = ["GatheredLengths", "gather_lengths"]
+__all__ = ["GATHER_HEADER", "GatheredLengths", "gather_lengths"]
+
+GATHER_HEADER = Header(
+    "length gather header (int64, per DP rank, then the caller's extras)",
+    (
+        ("version", "format version (the wire format's)"),
+        ("status", "0 ok, 2 this rank has bad input (every rank then raises its message)"),
+        ("count", "lengths this rank sends"),
+        ("extra_words", "caller words after this header (the step's gather fields)"),
+    ),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +98,8 @@ def gather_lengths(
     local = _int64_vector("lengths", lengths)
     extra = _int64_vector("extras", extras)
     status = Status.OK if error is None else Status.ERROR
-    header = np.concatenate([np.array([FORMAT_VERSION, int(status), local.shape[0], extra.shape[0]], np.int64), extra])
+    fields = GATHER_HEADER.pack(version=FORMAT_VERSION, status=status, count=local.shape[0], extra_words=extra.shape[0])
+    header = np.concatenate([fields, extra])
     size = group_size(group)
     if size == 1:
         if error is not None:
@@ -98,19 +110,20 @@ def gather_lengths(
     parts = [torch.empty_like(mine) for _ in range(size)]
     collective(dist.all_gather, parts, mine, group=group)
     headers = torch.stack(parts).cpu().numpy()
-    if np.any(headers[:, 0] != FORMAT_VERSION) or np.any(headers[:, 3] != extra.shape[0]):
+    versions, extra_words = GATHER_HEADER.column(headers, "version"), GATHER_HEADER.column(headers, "extra_words")
+    if np.any(versions != FORMAT_VERSION) or np.any(extra_words != extra.shape[0]):
         raise WireError(
-            f"DP ranks run different seqpack versions or wrappers: header versions {headers[:, 0].tolist()}, "
-            f"extra field counts {headers[:, 3].tolist()}"
+            f"DP ranks run different seqpack versions or wrappers: header versions {versions.tolist()}, "
+            f"extra field counts {extra_words.tolist()}"
         )
-    failed = np.flatnonzero(headers[:, 1] == Status.ERROR)
+    failed = np.flatnonzero(GATHER_HEADER.column(headers, "status") == Status.ERROR)
     if failed.size:
         messages = all_gather_objects(error, group)
         first = int(failed[0])
         raise StepFailed(
             messages[first] or "a rank reported an error without a message", rank=global_rank(group, first)
         )
-    counts = headers[:, 2].copy()
+    counts = GATHER_HEADER.column(headers, "count").copy()
     width = int(counts.max(initial=0))
     if width == 0:
         gathered = np.zeros(0, dtype=np.int64)
@@ -122,4 +135,4 @@ def gather_lengths(
         collective(dist.all_gather, rows, padded, group=group)
         table = torch.stack(rows).cpu().numpy()
         gathered = np.concatenate([table[r, : counts[r]] for r in range(size)])
-    return GatheredLengths(gathered, counts, headers[:, 4:].copy())
+    return GatheredLengths(gathered, counts, headers[:, GATHER_HEADER.words :].copy())

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from seqpack.collective.agree import Status
+from seqpack.collective.fields import Header, headers_markdown
 from seqpack.errors import ConfigError, WireError
 from seqpack.schedulers.base import Schedule
 from seqpack.thd import PackedBatch, batch_from_layout
@@ -123,18 +124,16 @@ STEP_WORDS = len(STEP_FIELDS)
 MB_WORDS = len(MICROBATCH_FIELDS)
 
 
+WIRE_HEADERS = (
+    Header("prefix (int64, fixed size)", PREFIX_FIELDS),
+    Header("step header (int64, after the prefix)", STEP_FIELDS),
+    Header("per microbatch (int64, after the step header)", MICROBATCH_FIELDS),
+)
+
+
 def wire_format_markdown() -> str:
     """The header tables of docs/wrapper.md, rendered from the field declarations."""
-    lines = []
-    for title, fields in (
-        ("prefix (int64, fixed size)", PREFIX_FIELDS),
-        ("step header (int64, after the prefix)", STEP_FIELDS),
-        ("per microbatch (int64, after the step header)", MICROBATCH_FIELDS),
-    ):
-        lines += [f"| {title} | meaning |", "| --- | --- |"]
-        lines += [f"| `{name}` | {meaning} |" for name, meaning in fields]
-        lines.append("")
-    return "\n".join(lines)
+    return headers_markdown(WIRE_HEADERS)
 
 
 # -- messages -------------------------------------------------------------------------------
@@ -377,16 +376,7 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
     p = decode_prefix(buffers.prefix)
     ints = buffers.ints.reshape(-1).to(torch.int64).cpu()
     floats = buffers.floats.reshape(-1).cpu()
-    for name, got, want in (
-        ("int64", ints.shape[0], p.ints_len),
-        ("float32", floats.shape[0], p.float_words),
-        ("message", buffers.message.numel(), p.message_bytes),
-    ):
-        if got != want:
-            raise WireError(
-                f"{'truncated' if got < want else 'oversized'} {name} buffer: the wire prefix declares {want} words, "
-                f"got {got}"
-            )
+    _check_sizes(p, ints, floats, buffers.message)
     cur = _Cursor(ints, "int64")
     step = cur.take(STEP_WORDS, "step header").numpy().view(STEP)[0]
     if p.status == Status.END:
@@ -398,8 +388,41 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
     flags = Flag(int(step["flags"]))
     if Flag.TOKENS in flags and p.kind != Kind.BATCH:
         raise WireError("a layout message must not carry tokens")
-    m_count = p.num_microbatches
-    per_mb = cur.take(MB_WORDS * m_count, "microbatch header").numpy().view(MICROBATCH)
+    per_mb = cur.take(MB_WORDS * p.num_microbatches, "microbatch header").numpy().view(MICROBATCH)
+    schedule = _decode_schedule(cur, step, p.num_microbatches, verify)
+    cp_size, cp_rank = int(step["cp_size"]), int(step["cp_rank"])
+    layouts = _decode_layouts(cur, per_mb, cp_size)
+    token_fields = _decode_tokens(cur, floats, flags, [int(mb["total_tokens"]) // cp_size for mb in per_mb])
+    if cur.pos != ints.shape[0]:
+        raise WireError(f"int64 buffer has {ints.shape[0] - cur.pos} words past the declared fields")
+    batches = []
+    for m, (cu, cu_padded, ids) in enumerate(layouts):
+        fields = {name: values[m].clone() for name, values in token_fields.items()}
+        max_seqlen = int(per_mb[m]["max_seqlen"])
+        batches.append(batch_from_layout(cu, cu_padded, max_seqlen, ids.clone(), cp_size, cp_rank, **fields))
+    return StepOk(
+        step=int(step["step"]),
+        schedule=schedule,
+        microbatches=batches,
+        empty_samples=int(step["empty_samples"]),
+        position_ids=Flag.POSITION_IDS in flags,
+    )
+
+
+def _check_sizes(p: WirePrefix, ints: torch.Tensor, floats: torch.Tensor, message: torch.Tensor) -> None:
+    for name, got, want in (
+        ("int64", ints.shape[0], p.ints_len),
+        ("float32", floats.shape[0], p.float_words),
+        ("message", message.numel(), p.message_bytes),
+    ):
+        if got != want:
+            raise WireError(
+                f"{'truncated' if got < want else 'oversized'} {name} buffer: the wire prefix declares {want} words, "
+                f"got {got}"
+            )
+
+
+def _decode_schedule(cur: _Cursor, step: np.void, m_count: int, verify: bool) -> Schedule:
     counts = {
         "original_lengths": int(step["num_sequences"]),
         "lengths": int(step["num_sequences"]),
@@ -422,35 +445,32 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
             f"schedule fingerprint {schedule.fingerprint()} of the decoded message differs from the sent "
             f"{int(step['fingerprint'])}: the message was corrupted"
         )
-    cp_size, cp_rank = int(step["cp_size"]), int(step["cp_rank"])
+    return schedule
+
+
+def _decode_layouts(
+    cur: _Cursor, per_mb: np.ndarray, cp_size: int
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Each microbatch's ``cu_seqlens``, ``cu_seqlens_padded`` and ``sample_ids``."""
     layouts = []
-    for m in range(m_count):
-        total, num_seqs = int(per_mb[m]["total_tokens"]), int(per_mb[m]["num_sequences"])
+    for m, header in enumerate(per_mb):
+        total, num_seqs = int(header["total_tokens"]), int(header["num_sequences"])
         cu = cur.take(num_seqs + 1, f"cu_seqlens of microbatch {m}")
         cu_padded = cur.take(num_seqs + 1, f"cu_seqlens_padded of microbatch {m}")
         ids = cur.take(num_seqs, f"sample_ids of microbatch {m}")
         if int(cu_padded[-1]) != total or total % cp_size:
             raise WireError(f"microbatch {m}: cu_seqlens_padded ends at {int(cu_padded[-1])}, header says {total}")
         layouts.append((cu, cu_padded, ids))
-    local = [int(per_mb[m]["total_tokens"]) // cp_size for m in range(m_count)]
+    return layouts
+
+
+def _decode_tokens(cur: _Cursor, floats: torch.Tensor, flags: Flag, local: list[int]) -> dict[str, list[torch.Tensor]]:
+    """This CP rank's token fields of every microbatch (``local`` tokens each)."""
     token_fields: dict[str, list[torch.Tensor]] = {}
     if Flag.TOKENS in flags:
         token_fields["input_ids"] = list(torch.split(cur.take(sum(local), "input_ids"), local))
         token_fields["labels"] = list(torch.split(cur.take(sum(local), "labels"), local))
-        token_fields["loss_mask"] = list(torch.split(floats, local)) if m_count else []
+        token_fields["loss_mask"] = list(torch.split(floats, local)) if local else []
     if Flag.POSITION_IDS in flags:
         token_fields["position_ids"] = list(torch.split(cur.take(sum(local), "position_ids"), local))
-    if cur.pos != ints.shape[0]:
-        raise WireError(f"int64 buffer has {ints.shape[0] - cur.pos} words past the declared fields")
-    batches = []
-    for m, (cu, cu_padded, ids) in enumerate(layouts):
-        fields = {name: values[m].clone() for name, values in token_fields.items()}
-        max_seqlen = int(per_mb[m]["max_seqlen"])
-        batches.append(batch_from_layout(cu, cu_padded, max_seqlen, ids.clone(), cp_size, cp_rank, **fields))
-    return StepOk(
-        step=int(step["step"]),
-        schedule=schedule,
-        microbatches=batches,
-        empty_samples=int(step["empty_samples"]),
-        position_ids=Flag.POSITION_IDS in flags,
-    )
+    return token_fields

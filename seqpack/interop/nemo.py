@@ -10,6 +10,7 @@ shifting later rows onto the wrong tokens; ``num_chunks`` below 1 is an error.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -141,6 +142,33 @@ def process_input_for_thd(
         "seq_lens_padding_value", seq_lens_padding_value, minimum=-INT64_MAX - 1, maximum=INT64_MAX
     )
     padding_token_id = check_int("padding_token_id", padding_token_id, minimum=-INT64_MAX - 1, maximum=INT64_MAX)
+    input_ids = _checked_bshd(batch)
+    total_tokens = int(input_ids.shape[0]) * int(input_ids.shape[1])
+    input_ids_thd = input_ids.reshape(total_tokens, *input_ids.shape[2:])
+    labels = batch.get("labels")
+    position_ids = batch.get("position_ids")
+    position_ids_thd: Any = position_ids
+    if isinstance(position_ids, torch.Tensor):  # mRoPE [n_rope, B, S] -> [n_rope, 1, B*S]
+        position_ids_thd = position_ids.reshape(position_ids.shape[0], 1, -1) if position_ids.dim() == 3 else None
+        position_ids_thd = position_ids.reshape(-1) if position_ids_thd is None else position_ids_thd
+    result: dict[str, Any] = {
+        "input_ids": input_ids_thd,
+        "position_ids": position_ids_thd,
+        "labels": labels.reshape(total_tokens) if isinstance(labels, torch.Tensor) else labels,
+    }
+    if batch.get("seq_lens") is None:
+        result["cu_seqlens"] = None
+        result["padding_mask"] = _padding_mask_from_ids(input_ids_thd, padding_token_id)
+    else:
+        result.update(_thd_layout(batch, int(input_ids.shape[1]), total_tokens, seq_lens_padding_value))
+    for key, value in batch.items():
+        if key not in result and key not in ("seq_lens", "seq_lens_padded"):
+            result[key] = value
+    return result
+
+
+def _checked_bshd(batch: Mapping[str, Any]) -> torch.Tensor:
+    """``batch["input_ids"]`` after checking it and the shapes of ``labels`` / ``position_ids``."""
     if "input_ids" not in batch:
         raise SampleError(f"batch has no 'input_ids' (keys: {sorted(map(str, batch))})")
     input_ids = batch["input_ids"]
@@ -149,7 +177,6 @@ def process_input_for_thd(
     if input_ids.dim() not in (2, 3):
         raise SampleError(f"input_ids must be [B, S] or [B, S, H], got {tuple(input_ids.shape)}")
     batch_size, seq_len = int(input_ids.shape[0]), int(input_ids.shape[1])
-    total_tokens = batch_size * seq_len
     for key in ("labels", "position_ids"):
         value = batch.get(key)
         if value is None:
@@ -162,67 +189,46 @@ def process_input_for_thd(
                 f"{key} has shape {tuple(value.shape)} but input_ids has {tuple(input_ids.shape)}: "
                 f"expected {(batch_size, seq_len)}"
             )
+    return input_ids
 
-    input_ids_thd = input_ids.reshape(total_tokens, *input_ids.shape[2:])
-    labels = batch.get("labels")
-    labels_thd = labels.reshape(total_tokens) if isinstance(labels, torch.Tensor) else labels
-    position_ids = batch.get("position_ids")
-    position_ids_thd: Any
-    if isinstance(position_ids, torch.Tensor):
-        if position_ids.dim() == 3:  # mRoPE [n_rope, B, S] -> [n_rope, 1, B*S]
-            position_ids_thd = position_ids.reshape(position_ids.shape[0], 1, -1)
-        else:
-            position_ids_thd = position_ids.reshape(-1)
+
+def _thd_layout(batch: Mapping[str, Any], seq_len: int, total_tokens: int, sentinel: int) -> dict[str, Any]:
+    """``cu_seqlens``, ``cu_seqlens_padded`` (when it differs), ``padding_mask`` and
+    ``max_seqlen`` of a batch carrying ``seq_lens`` (and maybe ``seq_lens_padded``)."""
+    seq_lens, seq_lens_padded = batch["seq_lens"], batch.get("seq_lens_padded")
+    if seq_lens_padded is not None:
+        reals, slots = _row_layout(seq_lens, seq_lens_padded, seq_len, sentinel)
     else:
-        position_ids_thd = position_ids
-
-    seq_lens = batch.get("seq_lens")
-    seq_lens_padded = batch.get("seq_lens_padded")
-    result: dict[str, Any] = {
-        "input_ids": input_ids_thd,
-        "position_ids": position_ids_thd,
-        "labels": labels_thd,
+        # Sequences sit back to back inside each row. When a row other than the last ends
+        # in padding, later rows start after it: that gap becomes the row's last slot's
+        # padding (NeMo would shift every later sequence onto the wrong tokens).
+        reals, slots = _row_layout(seq_lens, seq_lens, seq_len, sentinel)
+        if torch.equal(reals, slots):  # no padding at all: no cu_seqlens_padded, nothing absorbed
+            slots = None
+    cu_seqlens = _offsets(reals)
+    cu_seqlens_padded = None if slots is None else _offsets(slots)
+    # Only the pack's tail is padding: absorb it into the last sequence so the two arrays
+    # agree and TE can skip its pad_between_seqs path.
+    if cu_seqlens_padded is not None and cu_seqlens.numel() > 1:
+        if torch.equal(cu_seqlens[:-1], cu_seqlens_padded[:-1]) and int(cu_seqlens[-1]) < total_tokens:
+            cu_seqlens[-1] = total_tokens
+            cu_seqlens_padded = cu_seqlens.clone()
+    out: dict[str, Any] = {
+        "cu_seqlens": cu_seqlens.to(torch.int32),
+        "padding_mask": _layout_padding_mask(total_tokens, reals, reals if slots is None else slots),
     }
-    if seq_lens is None:
-        result["cu_seqlens"] = None
-        result["padding_mask"] = _padding_mask_from_ids(input_ids_thd, padding_token_id)
-    else:
-        if seq_lens_padded is not None:
-            reals, slots = _row_layout(seq_lens, seq_lens_padded, seq_len, seq_lens_padding_value)
-        else:
-            # Sequences sit back to back inside each row. When a row other than the last ends
-            # in padding, later rows start after it: that gap becomes the row's last slot's
-            # padding (NeMo would shift every later sequence onto the wrong tokens).
-            reals, slots = _row_layout(seq_lens, seq_lens, seq_len, seq_lens_padding_value)
-            if torch.equal(reals, slots):
-                slots = None
-        device = reals.device
-        cu_seqlens = torch.zeros(reals.numel() + 1, dtype=torch.int64, device=device)
-        torch.cumsum(reals, dim=0, out=cu_seqlens[1:])
-        cu_seqlens_padded = None
-        if slots is not None:
-            cu_seqlens_padded = torch.zeros(slots.numel() + 1, dtype=torch.int64, device=device)
-            torch.cumsum(slots, dim=0, out=cu_seqlens_padded[1:])
-            # Only the pack's tail is padding: absorb it into the last sequence so the two
-            # arrays agree and TE can skip its pad_between_seqs path.
-            if cu_seqlens.numel() > 1 and torch.equal(cu_seqlens[:-1], cu_seqlens_padded[:-1]):
-                if int(cu_seqlens[-1]) < total_tokens:
-                    cu_seqlens[-1] = total_tokens
-                    cu_seqlens_padded = cu_seqlens.clone()
-        cu_seqlens = cu_seqlens.to(torch.int32)
-        result["cu_seqlens"] = cu_seqlens
-        result["padding_mask"] = _layout_padding_mask(total_tokens, reals, reals if slots is None else slots)
-        if cu_seqlens_padded is not None:
-            cu_seqlens_padded = cu_seqlens_padded.to(torch.int32)
-            if not torch.equal(cu_seqlens_padded, cu_seqlens):
-                result["cu_seqlens_padded"] = cu_seqlens_padded
-        if cu_seqlens.numel() > 1:
-            result["max_seqlen"] = (cu_seqlens[1:] - cu_seqlens[:-1]).max().to(torch.int32)
+    if cu_seqlens_padded is not None and not torch.equal(cu_seqlens_padded, cu_seqlens):
+        out["cu_seqlens_padded"] = cu_seqlens_padded.to(torch.int32)
+    if cu_seqlens.numel() > 1:
+        out["max_seqlen"] = (cu_seqlens[1:] - cu_seqlens[:-1]).max().to(torch.int32)
+    return out
 
-    for key, value in batch.items():
-        if key not in result and key not in ("seq_lens", "seq_lens_padded"):
-            result[key] = value
-    return result
+
+def _offsets(lengths: torch.Tensor) -> torch.Tensor:
+    """int64 ``[n+1]`` running sums of ``lengths``, starting at 0."""
+    out = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths, dim=0, out=out[1:])
+    return out
 
 
 def split_batch_into_thd_chunks(

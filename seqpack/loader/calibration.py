@@ -20,12 +20,12 @@ import numpy as np
 
 from seqpack.calibrate import ABSENT, CostCalibrator, Measurement, TimingLedger, microbatch_sums
 from seqpack.collective import StepError, StepMessage, StepOk
-from seqpack.cost import CostModel, default_cost_model
+from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.step import StepTrace
 from seqpack.options import Sync, fingerprint_text
-from seqpack.schedulers import Schedule, Scheduler, predicted_step_time
+from seqpack.schedulers import Schedule, predicted_step_time
 from seqpack.stats import StepStats
 from seqpack.topology import Topology
 
@@ -35,7 +35,8 @@ __all__ = ["StepCalibration"]
 class StepCalibration:
     """The wrapper's side of online calibration (see the module docstring)."""
 
-    def __init__(self, config: PackingConfig, topology: Topology, scheduler: Scheduler, reads: bool) -> None:
+    def __init__(self, config: PackingConfig, topology: Topology, prior: CostModel, reads: bool) -> None:
+        """``prior``: the model a new calibrator starts from (the step's resolved cost)."""
         self.enabled = config.calibrate is not False
         self.reads = reads
         self.topology = topology
@@ -47,7 +48,7 @@ class StepCalibration:
         if isinstance(config.calibrate, CostCalibrator):
             calibrator = config.calibrate.copy()
         else:
-            calibrator = CostCalibrator(config.cost or scheduler.resolve_cost(None) or default_cost_model())
+            calibrator = CostCalibrator(prior)
         # Steps prepared ahead (prefetch k) are scheduled k steps before the training loop
         # reports the times they wait for: wait that much longer for them.
         self.ledger = TimingLedger(

@@ -1,8 +1,8 @@
-"""Typed options: one ``StrEnum`` per option set, and the wrapper's :class:`PackingConfig`.
+"""The wrapper's :class:`PackingConfig`: every setting that decides what it yields, frozen,
+validated at construction and fingerprinted.
 
-Every enum member is also its string (``DataOwner.TP0 == "tp0"``), so callers may pass
-either; :func:`seqpack.validation.check_choice` turns a string into the member and names the
-valid values when it is not one.
+The option enums it uses live in :mod:`seqpack.options` (re-exported here for the old
+``seqpack.config`` import path).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from seqpack.calibrate import CostCalibrator
+from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import (
     AXES,
@@ -27,6 +29,9 @@ from seqpack.options import (
     Sync,
     fingerprint_text,
 )
+from seqpack.schedulers import Scheduler, get_scheduler
+from seqpack.thd import pad_multiple_for
+from seqpack.topology import Topology
 from seqpack.validation import (
     check_bool,
     check_choice,
@@ -35,20 +40,10 @@ from seqpack.validation import (
     check_positive_int,
 )
 
-__all__ = [
-    "AttentionBackend",
-    "Axis",
-    "AXES",
-    "CpCommType",
-    "DataOwner",
-    "MambaBackend",
-    "Objective",
-    "OnOversize",
-    "Order",
-    "PackingConfig",
-    "Sync",
-    "fingerprint_text",
-]
+__all__ = ["PackingConfig", "resolved_cost"]
+
+# Names of the old ``seqpack.config`` module, which now lived in seqpack.options.
+_OPTION_NAMES = (AXES, AttentionBackend, Axis, CpCommType, MambaBackend, Objective, Order, fingerprint_text)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,7 +61,7 @@ class PackingConfig:
     max_tokens_per_rank: int
     """Padded tokens one rank holds in one microbatch; a microbatch holds
     ``max_tokens_per_rank * cp_size`` tokens before CP sharding."""
-    scheduler: Any = "balanced"
+    scheduler: str | Scheduler = "balanced"
     """Scheduler name (``"balanced"``, ``"dp_balanced"``, ``"empty"``, ...) or instance."""
     scheduler_options: Mapping[str, Any] | None = dataclasses.field(default_factory=dict)
     """Keyword arguments of the scheduler named by ``scheduler`` (``None``: none)."""
@@ -83,7 +78,7 @@ class PackingConfig:
     """The model splits the token axis over TP too (padding multiple times ``tp``)."""
     fp8: bool = False
     """FP8 GEMMs need 16-aligned token counts (padding multiple of 16)."""
-    cost: Any = None
+    cost: CostModel | None = None
     """A :class:`seqpack.cost.CostModel` for the scheduler and the stats (``None``: the
     scheduler's own, else the default FLOPs model)."""
     flops_fn: Callable[[int, int], float] | None = None
@@ -98,7 +93,7 @@ class PackingConfig:
     ``"lockstep"`` (FSDP, pipeline: every microbatch round waits for its slowest replica),
     ``"replica"`` (DDP, ZeRO-1: the slowest replica's total), or ``None`` (the scheduler's
     default). Also how measured step times are added up under ``calibrate``."""
-    calibrate: Any = False
+    calibrate: bool | CostCalibrator = False
     """Fit the scheduler's cost model online from microbatch times the training loop reports
     (``Step.record_times`` or :class:`seqpack.timing.MicrobatchTimer`): ``True`` (a
     :class:`seqpack.calibrate.CostCalibrator` whose prior is ``cost``, else the scheduler's
@@ -132,8 +127,6 @@ class PackingConfig:
         self._check_calibrate()
 
     def _check_calibrate(self) -> None:
-        from seqpack.calibrate import CostCalibrator
-
         if not isinstance(self.calibrate, (bool, CostCalibrator)):
             raise SeqpackTypeError(
                 f"calibrate must be True, False or a seqpack.calibrate.CostCalibrator, got {self.calibrate!r}"
@@ -150,23 +143,18 @@ class PackingConfig:
             raise ConfigError(f"unknown PackingConfig field(s) {unknown}; valid: {', '.join(self.field_names())}")
         return dataclasses.replace(self, **changes)
 
-    def build_scheduler(self) -> Any:
+    def build_scheduler(self) -> Scheduler:
         """The :class:`~seqpack.schedulers.Scheduler` this config names (a new one per call
         for names; the instance itself when one was given)."""
-        from seqpack.schedulers import get_scheduler
-
         return get_scheduler(self.scheduler, **(self.scheduler_options or {}))
 
-    def resolve(self, topology: Any) -> PackingConfig:
+    def resolve(self, topology: Topology) -> PackingConfig:
         """This config with ``pad_multiple`` resolved for ``topology`` and checked against it.
 
         Raises:
             ConfigError: ``pad_multiple`` not a multiple of ``2*cp`` under CP, or a
                 microbatch (``max_tokens_per_rank * cp``) smaller than ``pad_multiple``.
         """
-        from seqpack.thd import pad_multiple_for
-        from seqpack.topology import Topology
-
         if not isinstance(topology, Topology):
             raise SeqpackTypeError(f"topology must be a seqpack.Topology, got {type(topology).__name__}")
         cp = topology.cp_size
@@ -213,3 +201,10 @@ class PackingConfig:
     def fingerprint(self) -> int:
         """A 63-bit hash of :meth:`summary`."""
         return fingerprint_text(repr(sorted(self.summary().items())))
+
+
+def resolved_cost(config: PackingConfig, scheduler: Scheduler) -> CostModel:
+    """The cost model a wrapper's steps are measured in and calibration starts from: the
+    config's, else the one its scheduler balances, else the default FLOPs model (so that
+    ``"dp_balanced"`` and ``"balanced"`` report imbalance in the same unit)."""
+    return scheduler.resolve_cost(config.cost) or default_cost_model()

@@ -46,32 +46,24 @@ from seqpack.collective import (
     Status,
     StepEnd,
     StepError,
-    StepMessage,
-    StepOk,
-    agree,
     agree_axes,
-    broadcast_pp,
-    broadcast_tp,
 )
 from seqpack.collective.groups import new_axis_groups, this_rank
-from seqpack.cost import default_cost_model
+from seqpack.cost import CostModel
 from seqpack.errors import (
     ConfigError,
     ResumeError,
-    SampleError,
-    ScheduleError,
     SeqpackError,
     SeqpackTypeError,
     StepFailed,
 )
-from seqpack.loader import phases
-from seqpack.loader.calibration import StepCalibration
-from seqpack.loader.config import PackingConfig
+from seqpack.loader.config import PackingConfig, resolved_cost
 from seqpack.loader.prefetch import Background, DeviceCopy, Prefetcher, Progress, Ready, check_device, check_timeout
-from seqpack.loader.resume import ResumeState
-from seqpack.loader.step import Step, StepTrace
+from seqpack.loader.producer import StepProducer
+from seqpack.loader.resume import ResumeState, StateKey
+from seqpack.loader.step import Step
 from seqpack.options import AXES, Axis, DataOwner, fingerprint_text
-from seqpack.stats import StepStats
+from seqpack.schedulers import Scheduler
 from seqpack.topology import Topology
 from seqpack.validation import check_number
 
@@ -96,18 +88,18 @@ class PackingIterator(Iterator[Step], Stateful):
     itself).
     """
 
-    # Keys of the state dict (ResumeState.KEYS), as class constants.
-    STATE_VERSION = "version"
-    STATE_TOPOLOGY = "topology"
-    STATE_CONFIG = "config"
-    STATE_STEPS = "steps"
-    STATE_CONSUMED = "consumed"
-    STATE_DEFERRED = "deferred_samples"
-    STATE_ITERATOR = "iterator"
-    STATE_SCHEDULER = "scheduler"
-    STATE_FINISHED = "finished"
-    STATE_DROPPED_AT_END = "dropped_at_end"
-    STATE_CALIBRATION = "calibration"
+    # Keys of the state dict, as class constants (declared once: seqpack.loader.resume.StateKey).
+    STATE_VERSION = StateKey.VERSION
+    STATE_TOPOLOGY = StateKey.TOPOLOGY
+    STATE_CONFIG = StateKey.CONFIG
+    STATE_STEPS = StateKey.STEPS
+    STATE_CONSUMED = StateKey.CONSUMED
+    STATE_DEFERRED = StateKey.DEFERRED_SAMPLES
+    STATE_ITERATOR = StateKey.ITERATOR
+    STATE_SCHEDULER = StateKey.SCHEDULER
+    STATE_FINISHED = StateKey.FINISHED
+    STATE_DROPPED_AT_END = StateKey.DROPPED_AT_END
+    STATE_CALIBRATION = StateKey.CALIBRATION
     VERSION = ResumeState.VERSION
 
     def __init__(
@@ -128,7 +120,6 @@ class PackingIterator(Iterator[Step], Stateful):
         t = self.topology = topology
         self._edge_stage = t.is_first_stage or t.is_last_stage
         self._reads = config.data_owner == DataOwner.ALL or (t.tp_rank == 0 and self._edge_stage)
-        self._source = data_iterator
         self._comm = topology  # whose groups the per-step collectives run on
         error: SeqpackError | None = None
         fingerprint = None
@@ -172,22 +163,31 @@ class PackingIterator(Iterator[Step], Stateful):
         self._finalizer.atexit = False  # the thread is a daemon: nothing to wait for at exit
         self._closed = False
         self._delivered: Progress | None = None  # as of the last step handed over
-        self._copy = DeviceCopy(self._device, self._pin_memory, background=self.config.prefetch > 0)
-        self.scheduler = self.config.build_scheduler()
-        # Stats are measured in one cost for every scheduler: the one given, else the cost
-        # the scheduler balances, else the default FLOPs model (so that "dp_balanced" and
-        # "balanced" report imbalance in the same unit).
-        self.stats_cost = self.scheduler.resolve_cost(self.config.cost) or default_cost_model()
-        self._reader = phases.Reader(data_iterator) if data_iterator is not None else None
-        self._steps = 0
-        self._pool: list[phases.Sample] = []
+        scheduler = self.config.build_scheduler()
+        self._producer = StepProducer(
+            data_iterator,
+            topology,
+            self._comm,
+            self.config,
+            scheduler,
+            resolved_cost(self.config, scheduler),
+            reads=self._reads,
+            copy=DeviceCopy(self._device, self._pin_memory, background=self.config.prefetch > 0),
+        )
         self._finished = False
-        self._data_ended = False
         self._failure: StepFailed | None = None
-        self._local_cause: BaseException | None = None
         self.dropped_at_end = 0
         self.empty_at_end = 0  # zero-length samples read in the step that found the end of data
-        self._calibration = StepCalibration(self.config, self.topology, self.scheduler, self._reads)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The scheduler the config names."""
+        return self._producer.scheduler
+
+    @property
+    def stats_cost(self) -> CostModel:
+        """The cost model every step's stats are measured in (:func:`resolved_cost`)."""
+        return self._producer.stats_cost
 
     # -- configuration --------------------------------------------------------------------
 
@@ -218,13 +218,13 @@ class PackingIterator(Iterator[Step], Stateful):
     def last_measurement(self) -> Measurement | None:
         """Under ``calibrate``: the last step whose microbatch times every rank holds (its
         measured and predicted step time); ``None`` before one, or without a calibrator."""
-        return self._calibration.last
+        return self._producer.calibration.last
 
     @property
     def calibrator(self) -> CostCalibrator | None:
         """The online cost calibrator (``None`` without ``calibrate`` or on ranks that do not
         keep it: TP ranks > 0 under ``data_owner="tp0"``)."""
-        return self._calibration.calibrator
+        return self._producer.calibration.calibrator
 
     def _agree(
         self,
@@ -258,13 +258,13 @@ class PackingIterator(Iterator[Step], Stateful):
             raise SeqpackError("next() on a closed PackingIterator")
         tick = time.perf_counter()
         if self.config.prefetch == 0:
-            ready = self._produce()
+            ready = self._producer.produce()
         else:
             bg = self._bg
             if bg.prefetcher is None:
-                self._delivered = self._progress()  # nothing handed over yet: the state as loaded
+                self._delivered = self._producer.progress()  # nothing handed over yet: the state as loaded
                 name = f"seqpack-prefetch-rank{this_rank()}"
-                bg.prefetcher = Prefetcher(self._produce, self.config.prefetch, name)
+                bg.prefetcher = Prefetcher(self._producer.produce, self.config.prefetch, name)
             ready = bg.prefetcher.take()
         return self._deliver(ready, time.perf_counter() - tick)
 
@@ -295,215 +295,6 @@ class PackingIterator(Iterator[Step], Stateful):
                 timeout,
             )
         self._finalizer.detach()
-
-    def _produce(self) -> Ready:
-        """Prepare the next step: the work of one ``next()`` without the hand-over (read,
-        gather, schedule, exchange, pack, agree, broadcast, stats, device copy). Runs on the
-        background thread under prefetch, else inside ``next()``; never raises."""
-        index = self._steps
-        try:
-            trace = StepTrace()
-            msg: StepMessage | None = None
-            if self._reads:
-                msg = self._agree_copies(self._reader_step(trace), trace)
-            if self.config.data_owner == DataOwner.TP0:
-                with trace.phase("broadcast"):
-                    msg = self._broadcast(msg, trace)
-                trace.timings["broadcast"] -= trace.timings.get("wait", 0.0)
-            assert msg is not None
-            self._calibration.absorb(msg, trace)
-            trace.timings["total"] = time.perf_counter() - trace.start
-            return self._ready(msg, trace)
-        except Exception as exc:  # raised by the next() of this step
-            return Ready(index, error=exc)
-
-    def _reader_step(self, trace: StepTrace) -> StepMessage:
-        """Read, gather, schedule, exchange and pack this rank's share of the step."""
-        t, step, config = self._comm, self._steps, self.config
-        self._local_cause = None
-        error = None
-        read = phases.ReadResult([], exhausted=self._data_ended)
-        with trace.phase("read"):
-            assert self._reader is not None
-            try:
-                if not self._data_ended:
-                    read = self._reader.read(config.samples_per_rank)
-                pool = self._pool + read.samples
-                mask = phases.key_mask(pool)
-            except Exception as exc:  # the user's iterator or data: every rank must hear of it
-                pool, mask = [], 0
-                error = self._bad_input(exc, step)
-        times, bad_times = self._calibration.outgoing(step)
-        error = error or bad_times  # a bad record_times fails the step everywhere
-        with trace.phase("gather"):
-            try:
-                gathered = phases.gather(pool, read, mask, t, error, times)
-            except StepFailed as exc:
-                return StepError(step, str(exc), exc.rank)
-            except SampleError as exc:  # DP ranks disagree on keys: no single culprit
-                return StepError(step, f"{exc} at step {step}")
-        total = gathered.num_sequences
-        trace.times = gathered.timings  # combined with the copies' in the agreements that follow
-        self._data_ended = self._data_ended or gathered.exhausted
-        if gathered.exhausted and (config.drop_last or total == 0):
-            self._pool = []
-            return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
-        with trace.phase("schedule"):
-            self._calibration.choose_model(trace)
-            try:
-                plan = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
-            except ScheduleError as exc:
-                return self._error(step, f"step {step}: {exc}", exc)
-            fingerprint = self._calibration.fingerprint(plan, trace)
-            if config.check_schedule and t.dp_size > 1:
-                agreed = agree(Status.OK, None, t.group("dp"), fingerprint=fingerprint, axis="dp")
-                if agreed.status == Status.ERROR:
-                    return StepError(step, f"step {step}: {agreed.message}")
-        if self._data_ended and not any(ids.size for row in plan.assignment for ids in row):
-            self._pool = []  # only deferred samples are left and the scheduler keeps deferring them
-            return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
-        self._pool = phases.deferred_samples(pool, plan, gathered, t)
-        positions = phases.carries_position_ids(gathered.key_mask)
-        exchanged = None
-        with trace.phase("exchange"):
-            if not t.is_middle_stage or positions:
-                exchanged = phases.exchange(pool, plan, gathered, t)
-                trace.traffic.update(
-                    sent=exchanged.bytes_sent,
-                    received=exchanged.bytes_received,
-                    kept=exchanged.bytes_kept,
-                    payload=exchanged.bytes_received + exchanged.bytes_kept,
-                )
-        with trace.phase("pack"):
-            try:
-                batches = phases.pack(plan, exchanged, t, config.pad_multiple or 1)
-            except Exception as exc:  # local; CP/TP/PP peers hear of it in the status agreement
-                return self._error(
-                    step, f"step {step}: packing failed on {self._who()}: {type(exc).__name__}: {exc}", exc
-                )
-        return StepOk(step, plan, batches, gathered.empty_samples, positions)
-
-    def _who(self) -> str:
-        return f"DP rank {self.topology.dp_rank} (global rank {this_rank()}, {self.topology.describe()})"
-
-    def _bad_input(self, exc: Exception, step: int) -> str:
-        self._local_cause = exc
-        what = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-        return f"bad input on {self._who()} at step {step}: {what}"
-
-    def _error(self, step: int, message: str, cause: BaseException) -> StepError:
-        self._local_cause = cause
-        return StepError(step, message, this_rank())
-
-    def _agree_copies(self, msg: StepMessage, trace: StepTrace | None = None) -> StepMessage:
-        """The copies of one replica (CP ranks; under "all" also TP and PP) agree on the
-        outcome. The schedule fingerprint rides on the status all-reduce that happens
-        anyway: copies that read different data are caught every step. Under calibration
-        the microbatch times gathered over DP ride on it too (an int64 MAX), so that every
-        copy holds every copy's times."""
-        axes = (Axis.CP,) if self.config.data_owner == DataOwner.TP0 else (Axis.CP, Axis.TP, Axis.PP)
-        fingerprint = StepCalibration.message_fingerprint(msg, trace) if isinstance(msg, StepOk) else None
-        message = msg.message if isinstance(msg, StepError) else None
-        origin = msg.rank if isinstance(msg, StepError) else None
-        payload = self._calibration.payload(trace)
-        agreed = agree_axes(
-            self._comm, axes, msg.status, message, fingerprint, what="schedules", origin=origin, payload=payload
-        )
-        if trace is not None and payload is not None:
-            trace.times = agreed.payload
-        return _with_status(msg, agreed.status, agreed.message, agreed.rank)
-
-    def _broadcast(self, msg: StepMessage | None, trace: StepTrace) -> StepMessage:
-        """data_owner="tp0": TP rank 0 sends to the other TP ranks; the pipeline agrees and
-        the first stage sends its layout to the middle ones."""
-        t = self._comm
-        if t.tp_size > 1 and self._edge_stage:
-            msg = broadcast_tp(msg if t.tp_rank == 0 else None, t.group("tp"), timings=trace.timings)
-        if t.pp_size > 1:
-            msg = self._pipeline(msg, trace)
-        assert msg is not None
-        return msg
-
-    def _pipeline(self, msg: StepMessage | None, trace: StepTrace) -> StepMessage:
-        """Agree with the other stages, then send the first stage's layout to the middle ones."""
-        t, step = self._comm, self._steps
-        status = msg.status if msg is not None else Status.OK
-        fingerprint = StepCalibration.message_fingerprint(msg, trace) if isinstance(msg, StepOk) else None
-        message = msg.message if isinstance(msg, StepError) else None
-        origin = msg.rank if isinstance(msg, StepError) else None
-        payload = self._calibration.payload(trace)
-        agreed = agree(
-            status,
-            message,
-            t.group("pp"),
-            fingerprint=fingerprint,
-            axis="pp",
-            what="schedules (first and last stage)",
-            origin=origin,
-            payload=payload,
-        )
-        if payload is not None:
-            trace.times = agreed.payload
-        if agreed.status == Status.ERROR:
-            return StepError(step, agreed.message or "", agreed.rank)
-        if t.pp_size > 2:
-            out = msg
-            if t.is_first_stage and msg is not None and agreed.status != msg.status:  # the last stage ended first
-                out = StepEnd(step)
-            got = broadcast_pp(
-                out if t.is_first_stage else None, t.group("pp"), decode=t.is_middle_stage, timings=trace.timings
-            )
-            if t.is_middle_stage:
-                assert got is not None
-                if isinstance(got, StepOk) and got.microbatches and got.microbatches[0].cp_rank != t.cp_rank:
-                    sender = got.microbatches[0].cp_rank
-                    raise ConfigError(
-                        f"the pp group pairs CP rank {sender} of the first stage with CP rank {t.cp_rank}"
-                    )
-                return got
-        if msg is None or agreed.status != msg.status:
-            return StepEnd(step) if agreed.status == Status.END else StepError(step, agreed.message or "")
-        return msg
-
-    def _ready(self, msg: StepMessage, trace: StepTrace) -> Ready:
-        """The step's agreed outcome as next() will hand it over, built on the producer's
-        side: stats, device copy, and the resume bookkeeping as of this step."""
-        if isinstance(msg, StepError):
-            cause = self._local_cause if msg.rank is not None and msg.rank == this_rank() else None
-            return Ready(msg.step, message=msg, cause=cause)
-        if isinstance(msg, StepEnd):
-            return Ready(msg.step, message=msg, progress=self._progress())
-        plan = msg.schedule
-        stats = StepStats.from_schedule(plan, self.stats_cost, empty_samples=msg.empty_samples)
-        if self.config.flops_fn is not None:
-            stats.flops = float(self.config.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
-        self._calibration.fill_stats(stats, plan, trace, self.stats_cost)
-        self._steps += 1
-        batches, copied = self._copy.place(msg.microbatches, trace)
-        step = Step(
-            num_microbatches=plan.num_microbatches,
-            microbatches=batches,
-            stats=stats,
-            step=msg.step,
-            schedule=plan,
-            schedule_fingerprint=plan.fingerprint(),
-            timings=trace.timings,
-            exchange_bytes=trace.traffic,
-            _recorder=self._calibration.record if self._calibration.enabled else None,
-        )
-        return Ready(msg.step, step=step, progress=self._progress(), copied=copied)
-
-    def _progress(self) -> Progress:
-        reader = self._reader
-        return Progress(
-            steps=self._steps,
-            consumed=(reader.consumed + reader.skip) if reader is not None else 0,
-            deferred=list(self._pool),
-            iterator=self._source.state_dict() if isinstance(self._source, Stateful) else None,
-            scheduler=self.scheduler.state_dict() if isinstance(self.scheduler, Stateful) else None,
-            data_ended=self._data_ended,
-            calibration=self._calibration.snapshot(),
-        )
 
     def _deliver(self, ready: Ready, blocked: float) -> Step:
         """Hand a prepared step over on the calling thread, or raise how the step ended."""
@@ -548,7 +339,7 @@ class PackingIterator(Iterator[Step], Stateful):
             )
         # Under prefetch the reader may be steps ahead: report the bookkeeping as of the
         # last step handed over (live only before the background thread has started).
-        progress = self._delivered if self._delivered is not None else self._progress()
+        progress = self._delivered if self._delivered is not None else self._producer.progress()
         return ResumeState(
             topology=self.topology.signature(),
             config=self.config.summary(),
@@ -562,7 +353,7 @@ class PackingIterator(Iterator[Step], Stateful):
             dropped_at_end=self.dropped_at_end,
             empty_at_end=self.empty_at_end,
             data_ended=progress.data_ended,
-            calibration=self._calibration.state_dict(progress.calibration),
+            calibration=self._producer.calibration.state_dict(progress.calibration),
         ).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -579,35 +370,12 @@ class PackingIterator(Iterator[Step], Stateful):
         """
         saved = ResumeState.from_dict(state)
         saved.check_fits(self.topology.signature(), self.config, type(self.scheduler).__name__)
-        if (self._reader is not None and self._reader.started) or self._steps or self._bg.prefetcher is not None:
+        if self._producer.started or self._bg.prefetcher is not None:
             raise ResumeError("load_state_dict needs a fresh iterator (this one has already read data)")
-        self._steps = saved.steps
-        self._pool = saved.deferred_samples
         self._finished = saved.finished
-        self._data_ended = saved.data_ended
         self.dropped_at_end = saved.dropped_at_end
         self.empty_at_end = saved.empty_at_end
-        if self._reader is not None:
-            if saved.iterator is not None and isinstance(self._source, Stateful):
-                self._source.load_state_dict(saved.iterator)
-                self._reader.skip = 0
-            else:
-                self._reader.skip = saved.consumed
-            self._reader.consumed = saved.consumed - self._reader.skip
-        if saved.scheduler is not None and isinstance(self.scheduler, Stateful):
-            self.scheduler.load_state_dict(saved.scheduler)
-        self._calibration.load_state_dict(saved.calibration)
-
-
-def _with_status(msg: StepMessage, status: Status, error: str | None, rank: int | None) -> StepMessage:
-    if status == Status.ERROR:
-        if isinstance(msg, StepError) and (msg.message, msg.rank) == (error or "", rank):
-            return msg
-        # Also when this rank failed too: every rank raises the agreed error, not its own.
-        return StepError(msg.step, error or "", rank)
-    if status == msg.status:
-        return msg
-    return StepEnd(msg.step, dropped_at_end=msg.dropped_at_end if isinstance(msg, StepEnd) else 0)
+        self._producer.restore(saved)
 
 
 def wrap_data_iterator(

@@ -22,8 +22,10 @@ import numpy as np
 import torch
 
 from seqpack.collective import Exchanged, GatheredLengths, exchange_samples, gather_lengths
+from seqpack.collective.agree import AGREEMENT
+from seqpack.collective.fields import Header, headers_markdown
+from seqpack.collective.lengths import GATHER_HEADER
 from seqpack.cost import CostModel
-from seqpack.cp import shard_for_cp
 from seqpack.errors import ResumeError, SampleError, ScheduleError
 from seqpack.loader.config import PackingConfig
 from seqpack.schedulers import Schedule, Scheduler
@@ -36,15 +38,28 @@ from seqpack.thd import (
     padding_only_batch,
     sample_sequences,
 )
+from seqpack.thd.cp import shard_for_cp
 from seqpack.topology import Topology
 
 __all__ = ["Gathered", "ReadResult", "Reader", "SAMPLE_DTYPES", "exchange", "gather", "pack", "schedule"]
 
 _KEY_BITS = {key: 1 << i for i, key in enumerate(SAMPLE_DTYPES)}
-# Fields of every rank's gather header, after its lengths: [exhausted, empty samples, key mask],
-# then the words of this rank's microbatch times of earlier steps (seqpack.calibrate).
-_X_EXHAUSTED, _X_EMPTY, _X_KEYS = range(3)
-_X_TIMES = 3
+STEP_GATHER_FIELDS = Header(
+    "step fields of the length gather (int64, the extras of every DP rank's header)",
+    (
+        ("exhausted", "1 when this rank's data ended this step"),
+        ("empty_samples", "zero-length samples this rank dropped"),
+        ("key_mask", "bit mask of the sample keys this rank's samples carry"),
+    ),
+)
+"""Followed by the words of this rank's microbatch times of earlier steps (:mod:`seqpack.calibrate`)."""
+
+
+def gather_format_markdown() -> str:
+    """The tables of the length gather's header and the agreement vector in docs/wrapper.md,
+    rendered from their declarations."""
+    return headers_markdown((GATHER_HEADER, STEP_GATHER_FIELDS, AGREEMENT))
+
 
 Sample = dict[str, torch.Tensor]
 
@@ -180,21 +195,21 @@ def gather(
     """
     lengths = [int(s["input_ids"].shape[0]) for s in pool] if error is None else []
     words = np.zeros(0, np.int64) if timings is None else np.asarray(timings, np.int64).reshape(-1)
-    extras = np.concatenate([np.array([int(read.exhausted), read.empty, mask], np.int64), words])
+    fields = STEP_GATHER_FIELDS.pack(exhausted=read.exhausted, empty_samples=read.empty, key_mask=mask)
+    extras = np.concatenate([fields, words])
     gathered = gather_lengths(lengths, topology.group("dp"), error=error, extras=extras)
     counts, table = gathered.counts, gathered.extras
-    masks = table[counts > 0, _X_KEYS]
+    key_masks = STEP_GATHER_FIELDS.column(table, "key_mask")
+    masks = key_masks[counts > 0]
     if masks.size and np.any(masks != masks[0]):
-        listed = "; ".join(
-            f"DP rank {r}: {keys_of(int(table[r, _X_KEYS]))}" for r in range(counts.shape[0]) if counts[r]
-        )
+        listed = "; ".join(f"DP rank {r}: {keys_of(int(key_masks[r]))}" for r in range(counts.shape[0]) if counts[r])
         raise SampleError(f"DP ranks disagree on sample keys: {listed}")
     return Gathered(
         gathered,
         key_mask=int(masks[0]) if masks.size else 0,
-        exhausted=bool(table[:, _X_EXHAUSTED].any()),
-        empty_samples=int(table[:, _X_EMPTY].sum()),
-        timings=None if timings is None else table[:, _X_TIMES:].copy(),
+        exhausted=bool(STEP_GATHER_FIELDS.column(table, "exhausted").any()),
+        empty_samples=int(STEP_GATHER_FIELDS.column(table, "empty_samples").sum()),
+        timings=None if timings is None else table[:, STEP_GATHER_FIELDS.words :].copy(),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any, ClassVar
 
 import numpy as np
@@ -14,9 +15,32 @@ from seqpack.errors import ResumeError
 from seqpack.options import AXES, INT64_MAX
 from seqpack.validation import check_int
 
-__all__ = ["ResumeState"]
+__all__ = ["ResumeState", "StateKey"]
 
 logger = logging.getLogger(__name__)
+
+
+class StateKey(StrEnum):
+    """The keys of a resume state's dict form, declared once (``ResumeState``'s fields are
+    these, checked below; ``PackingIterator.STATE_*`` are these members)."""
+
+    VERSION = "version"
+    TOPOLOGY = "topology"
+    CONFIG = "config"
+    CONFIG_FINGERPRINT = "config_fingerprint"
+    STEPS = "steps"
+    CONSUMED = "consumed"
+    DEFERRED_SAMPLES = "deferred_samples"
+    ITERATOR = "iterator"
+    SCHEDULER = "scheduler"
+    FINISHED = "finished"
+    DROPPED_AT_END = "dropped_at_end"
+    EMPTY_AT_END = "empty_at_end"  # optional: states saved before it existed lack it
+    DATA_ENDED = "data_ended"
+    CALIBRATION = "calibration"  # optional: only under calibrate
+
+
+_OPTIONAL_KEYS = (StateKey.EMPTY_AT_END, StateKey.CALIBRATION)
 
 
 @dataclasses.dataclass
@@ -41,21 +65,8 @@ class ResumeState:
     """
 
     VERSION: ClassVar[int] = 2
-    # Keys of the dict form, as class constants (torchdata's habit).
-    KEYS: ClassVar[tuple[str, ...]] = (
-        "version",
-        "topology",
-        "config",
-        "config_fingerprint",
-        "steps",
-        "consumed",
-        "deferred_samples",
-        "iterator",
-        "scheduler",
-        "finished",
-        "dropped_at_end",
-        "data_ended",
-    )
+    # Keys every state of this version holds (the optional ones may be missing).
+    KEYS: ClassVar[tuple[str, ...]] = tuple(key.value for key in StateKey if key not in _OPTIONAL_KEYS)
     _V1_KEYS: ClassVar[tuple[str, ...]] = (
         "version",
         "topology",
@@ -177,6 +188,10 @@ class ResumeState:
             if self.config.get(key) != here.get(key)
         )
         raise ResumeError(f"state was saved with another configuration: {changed or 'fingerprints differ'}")
+
+
+_FIELDS = {field.name for field in dataclasses.fields(ResumeState)}
+assert _FIELDS == {key.value for key in StateKey} - {StateKey.VERSION}, "ResumeState fields and StateKey differ"
 
 
 def _fmt(signature: Mapping[str, int]) -> str:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from seqpack.calibrate import CostCalibrator, microbatch_sums
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError
-from seqpack.wrapper import wrap_data_iterator
+from seqpack.loader import wrap_data_iterator
 from wrapper_data import items, mesh_topology
 
 SEED = 5

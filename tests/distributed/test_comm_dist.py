@@ -1,4 +1,4 @@
-"""seqpack.comm pieces on their own, and Topology constructors, over gloo (4 ranks)."""
+"""seqpack.collective pieces on their own, and Topology constructors, over gloo (4 ranks)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from wrapper_data import ScatterScheduler, batch_arrays
 
-from seqpack.comm import (
+from seqpack.collective import (
     STATUS_END,
     STATUS_ERROR,
     STATUS_OK,
@@ -21,7 +21,7 @@ from seqpack.comm import (
     exchange_samples,
     gather_lengths,
 )
-from seqpack.cp import shard_for_cp
+from seqpack.thd.cp import shard_for_cp
 from seqpack.schedulers import get_scheduler
 from seqpack.thd import pack_sequences, pad_multiple_for, padding_only_batch
 from seqpack.topology import Topology

@@ -22,7 +22,7 @@ from test_wrapper_dist import SEED, _check_run, _roundtrip, _scheduler, _summary
 from wrapper_data import items, mesh_topology, wait_until
 
 from seqpack.topology import Topology
-from seqpack.wrapper import wrap_data_iterator
+from seqpack.loader import wrap_data_iterator
 
 LAYOUTS = {
     "dp2": ((("dp", 2),), "tp0"),
@@ -356,7 +356,7 @@ def test_close_and_exit_are_bounded_when_a_peer_hangs_or_dies():
 def _abandon_case():
     import datetime
 
-    from seqpack.dist.groups import CollectiveAbandoned, abandonable, collective
+    from seqpack.collective.groups import CollectiveAbandoned, abandonable, collective
 
     rank = dist.get_rank()
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))

@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from seqpack.cost import CostModel
-from seqpack.cp import unshard_from_cp
+from seqpack.thd.cp import unshard_from_cp
 from seqpack.schedulers import available_schedulers
 from seqpack.thd import pad_multiple_for
 from seqpack.topology import Topology
-from seqpack.wrapper import wrap_data_iterator
+from seqpack.loader import wrap_data_iterator
 from wrapper_data import (
     EMPTY_EVERY,
     TOKEN_FIELDS,

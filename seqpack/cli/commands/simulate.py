@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,6 +16,11 @@ from seqpack.cli.sources import add_source_args, load_lengths
 from seqpack.cli.tables import format_table
 from seqpack.errors import ConfigError
 from seqpack.validation import check_int, check_number
+
+if TYPE_CHECKING:
+    from seqpack.cost import ModelSpec
+    from seqpack.schedulers import Scheduler
+    from seqpack.stats import StepStats
 
 __all__ = ["add_parser", "check_fits", "check_pad_multiple", "run", "simulate"]
 
@@ -79,7 +84,7 @@ def simulate(
     """
     from seqpack.cost import CostModel, model_preset
     from seqpack.schedulers import get_scheduler
-    from seqpack.stats import SAMPLE_BYTES_PER_TOKEN, StepStats
+    from seqpack.stats import SAMPLE_BYTES_PER_TOKEN
     from seqpack.thd import pad_multiple_for
 
     spec = model_preset(model) if model else None
@@ -92,14 +97,52 @@ def simulate(
     bytes_per_token = SAMPLE_BYTES_PER_TOKEN if bytes_per_token is None else bytes_per_token
     bytes_per_token = check_number("bytes_per_token", bytes_per_token, minimum=0.0)
     pad_multiple = pad_multiple_for(cp_size) if pad_multiple is None else check_pad_multiple(pad_multiple, cp_size)
-    repeated = steps * global_batch > lengths.size
     options = scheduler_options or {}
     built = {name: get_scheduler(name, **options.get(name, {})) for name in schedulers}
     for sched in built.values():  # load compiled kernels before anything is timed
         sched.schedule([1, 1], dp_size=2, max_tokens_per_rank=2)
-    per: dict[str, list[dict[str, Any]]] = {name: [] for name in schedulers}
+    limits = {
+        "dp_size": dp_size,
+        "cp_size": cp_size,
+        "max_tokens_per_rank": max_tokens_per_rank,
+        "pad_multiple": pad_multiple,
+        "cost": cost,
+        "on_oversize": on_oversize,
+    }
+    per, first = _schedule_steps(
+        built, lengths, global_batch, steps, limits, spec, bytes_per_token, keep_first=keep_first, progress=progress
+    )
+    results = {}
+    for name, rows in per.items():
+        results[name] = _aggregate(rows)
+        if keep_first:
+            results[name]["first"] = first[name]
+    config = dict(limits, capacity=max_tokens_per_rank * cp_size, global_batch=global_batch, steps=steps)
+    config.update(model=model, bytes_per_token=bytes_per_token, lengths_available=int(lengths.size))
+    config.update(lengths_repeated=steps * global_batch > lengths.size)
+    config["cost"] = {"linear": cost.linear, "quadratic": cost.quadratic, "constant": cost.constant}
+    return {"config": config, "results": results}
+
+
+def _schedule_steps(
+    built: Mapping[str, Scheduler],
+    lengths: np.ndarray,
+    global_batch: int,
+    steps: int,
+    limits: dict[str, Any],
+    spec: ModelSpec | None,
+    bytes_per_token: float,
+    *,
+    keep_first: bool,
+    progress: bool,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """Every scheduler's rows (:func:`_step_row`) over ``steps`` steps, and with ``keep_first``
+    each one's ``(schedule, StepStats)`` of step 0."""
+    from seqpack.stats import StepStats
+
+    per: dict[str, list[dict[str, Any]]] = {name: [] for name in built}
     first: dict[str, Any] = {}
-    with Progress(steps * len(schedulers), "simulate", enabled=progress) as bar:
+    with Progress(steps * len(built), "simulate", enabled=progress) as bar:
         for step in range(steps):
             # Positions wrap around the lengths: memory O(global_batch), whatever the steps.
             batch = lengths[np.arange(step * global_batch, (step + 1) * global_batch, dtype=np.int64) % lengths.size]
@@ -107,94 +150,73 @@ def simulate(
             batch = batch[batch > 0]
             for name, sched in built.items():
                 with PeakMemory() as peak:
-                    s = sched.schedule(
-                        batch,
-                        dp_size=dp_size,
-                        cp_size=cp_size,
-                        max_tokens_per_rank=max_tokens_per_rank,
-                        pad_multiple=pad_multiple,
-                        cost=cost,
-                        on_oversize=on_oversize,
-                    )
-                st = StepStats.from_schedule(s, cost, empty_samples=empty, bytes_per_token=bytes_per_token)
+                    s = sched.schedule(batch, **limits)
+                st = StepStats.from_schedule(s, limits["cost"], empty_samples=empty, bytes_per_token=bytes_per_token)
                 if spec is not None:
                     st.flops = float(spec.flops(st.seqlen_sum, st.seqlen_sq_sum))
                 if keep_first and step == 0:
                     first[name] = (s, st)
-                total = sum(st.replica_cost)
                 del s  # one step's schedule at a time
-                per[name].append(
-                    {
-                        "microbatches": st.num_microbatches,
-                        "min_microbatches": st.min_microbatches,
-                        "bound_ratio": st.bound_ratio,
-                        "imbalance": st.imbalance,
-                        "round_imbalance": st.round_imbalance,
-                        "round_lower_bound": st.round_lower_bound,
-                        "pad_fraction": st.pad_fraction,
-                        "moved_fraction": st.moved_fraction,
-                        "moved_bytes": st.moved_bytes,
-                        "rank_moved_bytes": st.max_rank_moved_bytes,
-                        "peak_bytes": peak.bytes,
-                        "flops": st.flops,
-                        "replica_wait": max(st.replica_cost),
-                        "round_wait": st.round_imbalance * total / dp_size,
-                        "ideal": total / dp_size,
-                        "seconds": peak.seconds,
-                        "dropped": st.dropped_sequences,
-                        "truncated": st.truncated_sequences,
-                        "deferred": st.deferred_sequences,
-                        "sequences": st.num_sequences,
-                        "empty": st.empty_samples,
-                    }
-                )
+                per[name].append(_step_row(st, peak, limits["dp_size"]))
                 bar.update(1, step=step, plan_s=round(peak.seconds, 3))
-    results = {}
-    for name, rows in per.items():
-        col = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in rows[0] if rows[0][k] is not None}
-        agg = {
-            "microbatches": float(col["microbatches"].mean()),
-            "min_microbatches": float(col["min_microbatches"].mean()),
-            "bound_ratio": float(col["bound_ratio"].mean()),
-            "bound_ratio_max": float(col["bound_ratio"].max()),
-            "round_imbalance": float(col["round_imbalance"].mean()),
-            "round_imbalance_max": float(col["round_imbalance"].max()),
-            "round_lower_bound": float(col["round_lower_bound"].mean()),
-            "pad_fraction": float(col["pad_fraction"].mean()),
-            "moved_fraction": float(col["moved_fraction"].mean()),
-            "moved_bytes": float(col["moved_bytes"].mean()),
-            "rank_moved_bytes": float(col["rank_moved_bytes"].mean()),
-            "peak_bytes": int(col["peak_bytes"].max()) if "peak_bytes" in col else None,
-            "flops_per_step": float(col["flops"].mean()) if "flops" in col else None,
-            "replica_wait": float(col["replica_wait"].mean()),
-            "round_wait": float(col["round_wait"].mean()),
-            "ideal": float(col["ideal"].mean()),
-            "seconds_mean": float(col["seconds"].mean()),
-            "seconds_max": float(col["seconds"].max()),
-            "dropped": sum(int(r["dropped"]) for r in rows),  # counts stay exact ints
-            "truncated": sum(int(r["truncated"]) for r in rows),
-            "deferred": sum(int(r["deferred"]) for r in rows),
-            "steps": [dict(r) for r in rows],
-        }
-        if keep_first:
-            agg["first"] = first[name]
-        results[name] = agg
-    config = {
-        "dp_size": dp_size,
-        "cp_size": cp_size,
-        "max_tokens_per_rank": max_tokens_per_rank,
-        "capacity": max_tokens_per_rank * cp_size,
-        "pad_multiple": pad_multiple,
-        "global_batch": global_batch,
-        "steps": steps,
-        "model": model,
-        "cost": {"linear": cost.linear, "quadratic": cost.quadratic, "constant": cost.constant},
-        "on_oversize": on_oversize,
-        "bytes_per_token": bytes_per_token,
-        "lengths_available": int(lengths.size),
-        "lengths_repeated": repeated,
+    return per, first
+
+
+def _step_row(st: StepStats, peak: PeakMemory, dp_size: int) -> dict[str, Any]:
+    """What :func:`simulate` keeps of one step of one scheduler (scalars only)."""
+    total = sum(st.replica_cost)
+    return {
+        "microbatches": st.num_microbatches,
+        "min_microbatches": st.min_microbatches,
+        "bound_ratio": st.bound_ratio,
+        "imbalance": st.imbalance,
+        "round_imbalance": st.round_imbalance,
+        "round_lower_bound": st.round_lower_bound,
+        "pad_fraction": st.pad_fraction,
+        "moved_fraction": st.moved_fraction,
+        "moved_bytes": st.moved_bytes,
+        "rank_moved_bytes": st.max_rank_moved_bytes,
+        "peak_bytes": peak.bytes,
+        "flops": st.flops,
+        "replica_wait": max(st.replica_cost),
+        "round_wait": st.round_imbalance * total / dp_size,
+        "ideal": total / dp_size,
+        "seconds": peak.seconds,
+        "dropped": st.dropped_sequences,
+        "truncated": st.truncated_sequences,
+        "deferred": st.deferred_sequences,
+        "sequences": st.num_sequences,
+        "empty": st.empty_samples,
     }
-    return {"config": config, "results": results}
+
+
+def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One scheduler's steps summed up: means, worst cases, exact counts, and the steps."""
+    col = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in rows[0] if rows[0][k] is not None}
+    return {
+        "microbatches": float(col["microbatches"].mean()),
+        "min_microbatches": float(col["min_microbatches"].mean()),
+        "bound_ratio": float(col["bound_ratio"].mean()),
+        "bound_ratio_max": float(col["bound_ratio"].max()),
+        "round_imbalance": float(col["round_imbalance"].mean()),
+        "round_imbalance_max": float(col["round_imbalance"].max()),
+        "round_lower_bound": float(col["round_lower_bound"].mean()),
+        "pad_fraction": float(col["pad_fraction"].mean()),
+        "moved_fraction": float(col["moved_fraction"].mean()),
+        "moved_bytes": float(col["moved_bytes"].mean()),
+        "rank_moved_bytes": float(col["rank_moved_bytes"].mean()),
+        "peak_bytes": int(col["peak_bytes"].max()) if "peak_bytes" in col else None,
+        "flops_per_step": float(col["flops"].mean()) if "flops" in col else None,
+        "replica_wait": float(col["replica_wait"].mean()),
+        "round_wait": float(col["round_wait"].mean()),
+        "ideal": float(col["ideal"].mean()),
+        "seconds_mean": float(col["seconds"].mean()),
+        "seconds_max": float(col["seconds"].max()),
+        "dropped": sum(int(r["dropped"]) for r in rows),  # counts stay exact ints
+        "truncated": sum(int(r["truncated"]) for r in rows),
+        "deferred": sum(int(r["deferred"]) for r in rows),
+        "steps": [dict(r) for r in rows],
+    }
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ Equivalent torchrun launch (one process per rank; the demo's own launcher does t
 sets the glibc malloc variables below so that ranks keep their heap between steps)::
 
     MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_TOP_PAD_=268435456 \\
-        torchrun --standalone --nproc-per-node 4 -m seqpack.demo --dp 2 --cp 2
+        torchrun --standalone --nproc-per-node 4 -m seqpack.cli demo --dp 2 --cp 2
 """
 
 # Modules: settings (DemoSettings: the flags and their rules), data (what each rank reads,

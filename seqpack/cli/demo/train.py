@@ -11,6 +11,7 @@ import contextlib
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +26,9 @@ from seqpack.timing import MicrobatchTimer
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+    from seqpack.compute.tiny_lm import TinyConfig
     from seqpack.cost import CostModel, ModelSpec
+    from seqpack.thd import PackedBatch
     from seqpack.topology import Topology
 
 __all__ = ["calibrate_cost", "measure_gemm_flops", "resolve_cost", "warm_up", "worker"]
@@ -45,7 +48,7 @@ def measure_gemm_flops(threads: int, size: int = 384, repeats: int = 5) -> float
     return 2 * size**3 / best
 
 
-def calibrate_cost(cfg, max_len: int, tokens: int = 4096, repeats: int = 2):
+def calibrate_cost(cfg: TinyConfig, max_len: int, tokens: int = 4096, repeats: int = 2) -> CostModel:
     """The tiny model's cost on this CPU: time forward+backward of packs of equal-length
     sequences (64 tokens up to ``max_len``) and fit ``constant + linear*S + quadratic*SS``.
 
@@ -81,7 +84,7 @@ def calibrate_cost(cfg, max_len: int, tokens: int = 4096, repeats: int = 2):
     return CostModel.fit(packs, times)
 
 
-def warm_up(cfg, settings: DemoSettings) -> None:
+def warm_up(cfg: TinyConfig, settings: DemoSettings) -> None:
     """Run a full-capacity microbatch holding a longest-possible sequence once, so that no
     mode pays this process's first touch of its peak memory (slow on VMs) in its timings."""
     from seqpack.compute.tiny_lm import TinyHybridLM
@@ -98,7 +101,7 @@ def warm_up(cfg, settings: DemoSettings) -> None:
         loss.backward()
 
 
-def resolve_cost(settings: DemoSettings, cfg, spec):
+def resolve_cost(settings: DemoSettings, cfg: TinyConfig, spec: ModelSpec) -> CostModel:
     """The scheduler's cost model, identical on every rank (rank 0 measures, all receive)."""
     import torch.distributed as dist
 
@@ -181,11 +184,11 @@ class _Run:
         self.round_imbalances: list[float] = []
         self.losses: list[float] = []
 
-    def _batches(self):
+    def _batches(self) -> tuple[list[PackedBatch], int, int, int, int, float]:
         """(microbatches, real tokens, sum of squared lengths, padded tokens, mbs, imbalance)."""
         import torch.distributed as dist
 
-        from seqpack.cp import shard_for_cp
+        from seqpack.thd.cp import shard_for_cp
 
         settings, topology = self.settings, self.topology
         if self.mode != "padded":
@@ -216,7 +219,7 @@ class _Run:
         real, sq_sum, padded = (int(v) for v in counts)
         return microbatches, real, sq_sum, padded, len(microbatches), float("nan")
 
-    def train_step(self, index: int, log) -> None:
+    def train_step(self, index: int, log: Callable[..., None]) -> None:
         import torch.distributed as dist
 
         settings = self.settings
@@ -224,7 +227,8 @@ class _Run:
         dist.barrier()
         t0 = time.perf_counter()
         microbatches, real_tokens, sq_sum, padded_tokens, num_mbs, imbalance = self._batches()
-        loss_tokens = torch.stack([mb.loss_mask.sum() for mb in microbatches]).sum().reshape(1)
+        loss_tokens = torch.stack([mb.loss_mask.sum() for mb in microbatches if mb.loss_mask is not None])
+        loss_tokens = loss_tokens.sum().reshape(1)
         dist.all_reduce(loss_tokens)
         total = torch.zeros(())
         for m, mb in enumerate(microbatches):
@@ -324,7 +328,18 @@ class _Run:
         }
 
 
-def _log_step(mode, step, settings, loss, tokens_per_s, pad, imbalance, mbs, measured, prediction=None):
+def _log_step(
+    mode: str,
+    step: int,
+    settings: DemoSettings,
+    loss: float,
+    tokens_per_s: float,
+    pad: float,
+    imbalance: float,
+    mbs: int,
+    measured: bool,
+    prediction: tuple[int, float, float] | None = None,
+) -> None:
     width = 16
     done = int(round((step + 1) / settings.total_steps * width))
     bar = "#" * done + "." * (width - done)

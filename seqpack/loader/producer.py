@@ -1,0 +1,341 @@
+"""StepProducer: one step of the wrapper on this rank, from reading samples to the
+:class:`~seqpack.loader.prefetch.Ready` that ``next()`` hands over.
+
+A step runs these stages (every rank calls :meth:`StepProducer.produce` once per step, in
+the same order, because every stage with a collective is collective):
+
+1. on ranks that read data, the phases of :mod:`seqpack.loader.phases`: read, gather lengths
+   over DP, schedule, exchange, pack + CP shard (:meth:`StepProducer._reader_step`);
+2. the copies of a replica (CP ranks; under ``data_owner="all"`` also TP and PP) agree on
+   the outcome and compare schedule fingerprints (:meth:`StepProducer._agree_copies`);
+3. under ``data_owner="tp0"``, the TP broadcast and the pipeline's agreement and layout
+   broadcast to middle stages (:meth:`StepProducer._broadcast`);
+4. stats, the device copy and the resume bookkeeping as of this step
+   (:meth:`StepProducer._ready`).
+
+Online calibration is one stage object (:class:`~seqpack.loader.calibration.StepCalibration`)
+the producer consults at fixed points: the time words that ride the gather (1), the model the
+step is scheduled with and the fingerprint covering both (1), the words combined in the
+agreements (2, 3), absorbing the combined times once every rank holds them and the stats
+(4). Without ``calibrate`` each of those is a no-op.
+
+:meth:`StepProducer.produce` never raises: a failure becomes the step's agreed error, or an
+exception carried in the ``Ready`` and raised by the ``next()`` of that step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from torch.distributed.checkpoint.stateful import Stateful
+
+from seqpack.collective import (
+    Status,
+    StepEnd,
+    StepError,
+    StepMessage,
+    StepOk,
+    agree,
+    agree_axes,
+    broadcast_pp,
+    broadcast_tp,
+)
+from seqpack.collective.groups import this_rank
+from seqpack.cost import CostModel
+from seqpack.errors import ConfigError, SampleError, ScheduleError, StepFailed
+from seqpack.loader import phases
+from seqpack.loader.calibration import StepCalibration
+from seqpack.loader.config import PackingConfig
+from seqpack.loader.prefetch import DeviceCopy, Progress, Ready
+from seqpack.loader.resume import ResumeState
+from seqpack.loader.step import Step, StepTrace
+from seqpack.options import Axis, DataOwner
+from seqpack.schedulers import Scheduler
+from seqpack.stats import StepStats
+from seqpack.topology import Topology
+
+__all__ = ["StepProducer"]
+
+
+class StepProducer:
+    """Prepares this rank's steps one at a time (see the module docstring).
+
+    Args:
+        data_iterator: The user's samples on ranks that read, else ``None``.
+        topology: This rank's topology (its ranks and sizes).
+        comm: The topology whose groups the per-step collectives run on (the wrapper's own
+            groups under prefetch).
+        config: The resolved :class:`PackingConfig`.
+        scheduler: The scheduler ``config`` names.
+        stats_cost: The cost model stats are measured in.
+        reads: This rank reads data.
+        copy: Pins and copies the step's tensors to the device.
+    """
+
+    def __init__(
+        self,
+        data_iterator: Iterable[Mapping[str, Any]] | None,
+        topology: Topology,
+        comm: Topology,
+        config: PackingConfig,
+        scheduler: Scheduler,
+        stats_cost: CostModel,
+        *,
+        reads: bool,
+        copy: DeviceCopy,
+    ) -> None:
+        self.topology, self.comm, self.config = topology, comm, config
+        self.scheduler, self.stats_cost = scheduler, stats_cost
+        self.reads = reads
+        self.edge_stage = topology.is_first_stage or topology.is_last_stage
+        self.copy = copy
+        self.source = data_iterator
+        self.reader = phases.Reader(data_iterator) if data_iterator is not None else None
+        self.steps = 0  # steps prepared
+        self.pool: list[phases.Sample] = []  # samples read and held back for the next step
+        self.data_ended = False
+        self.local_cause: BaseException | None = None  # this rank's own exception behind a step error
+        self.calibration = StepCalibration(config, topology, stats_cost, reads)
+
+    @property
+    def started(self) -> bool:
+        """A step has been prepared, or the data iterator read."""
+        return self.steps > 0 or (self.reader is not None and self.reader.started)
+
+    def produce(self) -> Ready:
+        """Prepare the next step: the work of one ``next()`` without the hand-over (read,
+        gather, schedule, exchange, pack, agree, broadcast, stats, device copy). Runs on the
+        background thread under prefetch, else inside ``next()``; never raises."""
+        index = self.steps
+        try:
+            trace = StepTrace()
+            msg: StepMessage | None = None
+            if self.reads:
+                msg = self._agree_copies(self._reader_step(trace), trace)
+            if self.config.data_owner == DataOwner.TP0:
+                with trace.phase("broadcast"):
+                    msg = self._broadcast(msg, trace)
+                trace.timings["broadcast"] -= trace.timings.get("wait", 0.0)
+            assert msg is not None
+            self.calibration.absorb(msg, trace)
+            trace.timings["total"] = time.perf_counter() - trace.start
+            return self._ready(msg, trace)
+        except Exception as exc:  # raised by the next() of this step
+            return Ready(index, error=exc)
+
+    def _reader_step(self, trace: StepTrace) -> StepMessage:
+        """Read, gather, schedule, exchange and pack this rank's share of the step."""
+        t, step, config = self.comm, self.steps, self.config
+        self.local_cause = None
+        error = None
+        read = phases.ReadResult([], exhausted=self.data_ended)
+        with trace.phase("read"):
+            assert self.reader is not None
+            try:
+                if not self.data_ended:
+                    read = self.reader.read(config.samples_per_rank)
+                pool = self.pool + read.samples
+                mask = phases.key_mask(pool)
+            except Exception as exc:  # the user's iterator or data: every rank must hear of it
+                pool, mask = [], 0
+                error = self._bad_input(exc, step)
+        times, bad_times = self.calibration.outgoing(step)
+        error = error or bad_times  # a bad record_times fails the step everywhere
+        with trace.phase("gather"):
+            try:
+                gathered = phases.gather(pool, read, mask, t, error, times)
+            except StepFailed as exc:
+                return StepError(step, str(exc), exc.rank)
+            except SampleError as exc:  # DP ranks disagree on keys: no single culprit
+                return StepError(step, f"{exc} at step {step}")
+        total = gathered.num_sequences
+        trace.times = gathered.timings  # combined with the copies' in the agreements that follow
+        self.data_ended = self.data_ended or gathered.exhausted
+        if gathered.exhausted and (config.drop_last or total == 0):
+            self.pool = []
+            return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
+        with trace.phase("schedule"):
+            self.calibration.choose_model(trace)
+            try:
+                plan = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
+            except ScheduleError as exc:
+                return self._error(step, f"step {step}: {exc}", exc)
+            fingerprint = self.calibration.fingerprint(plan, trace)
+            if config.check_schedule and t.dp_size > 1:
+                agreed = agree(Status.OK, None, t.group("dp"), fingerprint=fingerprint, axis="dp")
+                if agreed.status == Status.ERROR:
+                    return StepError(step, f"step {step}: {agreed.message}")
+        if self.data_ended and not any(ids.size for row in plan.assignment for ids in row):
+            self.pool = []  # only deferred samples are left and the scheduler keeps deferring them
+            return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
+        self.pool = phases.deferred_samples(pool, plan, gathered, t)
+        positions = phases.carries_position_ids(gathered.key_mask)
+        exchanged = None
+        with trace.phase("exchange"):
+            if not t.is_middle_stage or positions:
+                exchanged = phases.exchange(pool, plan, gathered, t)
+                trace.traffic.update(
+                    sent=exchanged.bytes_sent,
+                    received=exchanged.bytes_received,
+                    kept=exchanged.bytes_kept,
+                    payload=exchanged.bytes_received + exchanged.bytes_kept,
+                )
+        with trace.phase("pack"):
+            try:
+                batches = phases.pack(plan, exchanged, t, config.pad_multiple or 1)
+            except Exception as exc:  # local; CP/TP/PP peers hear of it in the status agreement
+                return self._error(
+                    step, f"step {step}: packing failed on {self._who()}: {type(exc).__name__}: {exc}", exc
+                )
+        return StepOk(step, plan, batches, gathered.empty_samples, positions)
+
+    def _who(self) -> str:
+        return f"DP rank {self.topology.dp_rank} (global rank {this_rank()}, {self.topology.describe()})"
+
+    def _bad_input(self, exc: Exception, step: int) -> str:
+        self.local_cause = exc
+        what = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        return f"bad input on {self._who()} at step {step}: {what}"
+
+    def _error(self, step: int, message: str, cause: BaseException) -> StepError:
+        self.local_cause = cause
+        return StepError(step, message, this_rank())
+
+    def _agree_copies(self, msg: StepMessage, trace: StepTrace | None = None) -> StepMessage:
+        """The copies of one replica (CP ranks; under "all" also TP and PP) agree on the
+        outcome. The schedule fingerprint rides on the status all-reduce that happens
+        anyway: copies that read different data are caught every step. Under calibration
+        the microbatch times gathered over DP ride on it too (an int64 MAX), so that every
+        copy holds every copy's times."""
+        axes = (Axis.CP,) if self.config.data_owner == DataOwner.TP0 else (Axis.CP, Axis.TP, Axis.PP)
+        fingerprint = StepCalibration.message_fingerprint(msg, trace) if isinstance(msg, StepOk) else None
+        message = msg.message if isinstance(msg, StepError) else None
+        origin = msg.rank if isinstance(msg, StepError) else None
+        payload = self.calibration.payload(trace)
+        agreed = agree_axes(
+            self.comm, axes, msg.status, message, fingerprint, what="schedules", origin=origin, payload=payload
+        )
+        if trace is not None and payload is not None:
+            trace.times = agreed.payload
+        return _with_status(msg, agreed.status, agreed.message, agreed.rank)
+
+    def _broadcast(self, msg: StepMessage | None, trace: StepTrace) -> StepMessage:
+        """data_owner="tp0": TP rank 0 sends to the other TP ranks; the pipeline agrees and
+        the first stage sends its layout to the middle ones."""
+        t = self.comm
+        if t.tp_size > 1 and self.edge_stage:
+            msg = broadcast_tp(msg if t.tp_rank == 0 else None, t.group("tp"), timings=trace.timings)
+        if t.pp_size > 1:
+            msg = self._pipeline(msg, trace)
+        assert msg is not None
+        return msg
+
+    def _pipeline(self, msg: StepMessage | None, trace: StepTrace) -> StepMessage:
+        """Agree with the other stages, then send the first stage's layout to the middle ones."""
+        t, step = self.comm, self.steps
+        status = msg.status if msg is not None else Status.OK
+        fingerprint = StepCalibration.message_fingerprint(msg, trace) if isinstance(msg, StepOk) else None
+        message = msg.message if isinstance(msg, StepError) else None
+        origin = msg.rank if isinstance(msg, StepError) else None
+        payload = self.calibration.payload(trace)
+        agreed = agree(
+            status,
+            message,
+            t.group("pp"),
+            fingerprint=fingerprint,
+            axis="pp",
+            what="schedules (first and last stage)",
+            origin=origin,
+            payload=payload,
+        )
+        if payload is not None:
+            trace.times = agreed.payload
+        if agreed.status == Status.ERROR:
+            return StepError(step, agreed.message or "", agreed.rank)
+        if t.pp_size > 2:
+            out = msg
+            if t.is_first_stage and msg is not None and agreed.status != msg.status:  # the last stage ended first
+                out = StepEnd(step)
+            got = broadcast_pp(
+                out if t.is_first_stage else None, t.group("pp"), decode=t.is_middle_stage, timings=trace.timings
+            )
+            if t.is_middle_stage:
+                assert got is not None
+                if isinstance(got, StepOk) and got.microbatches and got.microbatches[0].cp_rank != t.cp_rank:
+                    sender = got.microbatches[0].cp_rank
+                    raise ConfigError(
+                        f"the pp group pairs CP rank {sender} of the first stage with CP rank {t.cp_rank}"
+                    )
+                return got
+        if msg is None or agreed.status != msg.status:
+            return StepEnd(step) if agreed.status == Status.END else StepError(step, agreed.message or "")
+        return msg
+
+    def _ready(self, msg: StepMessage, trace: StepTrace) -> Ready:
+        """The step's agreed outcome as next() will hand it over, built on the producer's
+        side: stats, device copy, and the resume bookkeeping as of this step."""
+        if isinstance(msg, StepError):
+            cause = self.local_cause if msg.rank is not None and msg.rank == this_rank() else None
+            return Ready(msg.step, message=msg, cause=cause)
+        if isinstance(msg, StepEnd):
+            return Ready(msg.step, message=msg, progress=self.progress())
+        plan = msg.schedule
+        stats = StepStats.from_schedule(plan, self.stats_cost, empty_samples=msg.empty_samples)
+        if self.config.flops_fn is not None:
+            stats.flops = float(self.config.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
+        self.calibration.fill_stats(stats, plan, trace, self.stats_cost)
+        self.steps += 1
+        batches, copied = self.copy.place(msg.microbatches, trace)
+        step = Step(
+            num_microbatches=plan.num_microbatches,
+            microbatches=batches,
+            stats=stats,
+            step=msg.step,
+            schedule=plan,
+            schedule_fingerprint=plan.fingerprint(),
+            timings=trace.timings,
+            exchange_bytes=trace.traffic,
+            _recorder=self.calibration.record if self.calibration.enabled else None,
+        )
+        return Ready(msg.step, step=step, progress=self.progress(), copied=copied)
+
+    def progress(self) -> Progress:
+        reader = self.reader
+        return Progress(
+            steps=self.steps,
+            consumed=(reader.consumed + reader.skip) if reader is not None else 0,
+            deferred=list(self.pool),
+            iterator=self.source.state_dict() if isinstance(self.source, Stateful) else None,
+            scheduler=self.scheduler.state_dict() if isinstance(self.scheduler, Stateful) else None,
+            data_ended=self.data_ended,
+            calibration=self.calibration.snapshot(),
+        )
+
+    def restore(self, saved: ResumeState) -> None:
+        """Continue from ``saved`` (a fresh producer: nothing read yet)."""
+        self.steps = saved.steps
+        self.pool = saved.deferred_samples
+        self.data_ended = saved.data_ended
+        if self.reader is not None:
+            if saved.iterator is not None and isinstance(self.source, Stateful):
+                self.source.load_state_dict(saved.iterator)
+                self.reader.skip = 0
+            else:
+                self.reader.skip = saved.consumed
+            self.reader.consumed = saved.consumed - self.reader.skip
+        if saved.scheduler is not None and isinstance(self.scheduler, Stateful):
+            self.scheduler.load_state_dict(saved.scheduler)
+        self.calibration.load_state_dict(saved.calibration)
+
+
+def _with_status(msg: StepMessage, status: Status, error: str | None, rank: int | None) -> StepMessage:
+    if status == Status.ERROR:
+        if isinstance(msg, StepError) and (msg.message, msg.rank) == (error or "", rank):
+            return msg
+        # Also when this rank failed too: every rank raises the agreed error, not its own.
+        return StepError(msg.step, error or "", rank)
+    if status == msg.status:
+        return msg
+    return StepEnd(msg.step, dropped_at_end=msg.dropped_at_end if isinstance(msg, StepEnd) else 0)
