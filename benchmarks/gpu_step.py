@@ -485,6 +485,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, argparse.Namespace
     s = Settings(**values)
     if s.model not in ("transformer", "hybrid") or set(s.pattern) - {"A", "M"}:
         parser.error(f"--model must be transformer or hybrid and --pattern letters A/M, got {s.model!r}, {s.pattern!r}")
+    if not args.toy and s.device == "auto" and not torch.cuda.is_available():
+        # Full-size models on a CPU grow to tens of GB and run for hours: ask before doing it.
+        parser.error(
+            "no CUDA device here: the default sizes are for a GPU; run with --toy (tiny sizes on the CPU, "
+            "seconds), or pass --device cpu with sizes of your own"
+        )
     return s, args
 
 

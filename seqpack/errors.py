@@ -80,3 +80,23 @@ class StepFailed(SeqpackError):
 
 def _rebuild_step_failed(message: str, step: int | None, rank: int | None) -> StepFailed:
     return StepFailed(message, step=step, rank=rank)
+
+
+_BY_NAME: dict[str, type[SeqpackError]] = {
+    cls.__name__: cls
+    for cls in (ConfigError, ResumeError, SampleError, ScheduleError, SeqpackError, SeqpackTypeError, WireError)
+}
+
+
+def typed_message(exc: BaseException) -> str:
+    """``exc`` as one line that keeps its seqpack type (``"SeqpackTypeError: ..."``), for an
+    agreement that carries only text; :func:`from_typed_message` rebuilds it on every rank."""
+    name = type(exc).__name__ if type(exc).__name__ in _BY_NAME else "ConfigError"
+    return f"{name}: {exc}"
+
+
+def from_typed_message(message: str, default: type[SeqpackError] = ConfigError) -> SeqpackError:
+    """The exception a :func:`typed_message` describes (``default`` for other text)."""
+    name, sep, text = message.partition(": ")
+    cls = _BY_NAME.get(name) if sep else None
+    return cls(text) if cls is not None else default(message)

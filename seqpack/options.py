@@ -14,6 +14,8 @@ __all__ = [
     "AXES",
     "INT32_MAX",
     "INT64_MAX",
+    "DEFAULT_PREFETCH_BYTES",
+    "MAX_PREFETCH",
     "MAX_TOKENS",
     "AttentionBackend",
     "Axis",
@@ -32,6 +34,10 @@ INT64_MAX = (1 << 63) - 1
 MAX_TOKENS = 1 << 53
 """Most padded tokens one microbatch may hold (``max_tokens_per_rank * cp_size``): float64
 holds every integer up to 2**53, so the schedulers' token sums stay exact below it."""
+MAX_PREFETCH = 16
+"""Most steps the wrapper prepares ahead of the training loop (``prefetch``)."""
+DEFAULT_PREFETCH_BYTES = 1 << 30
+"""Tensor bytes of prepared steps past which the prefetch thread waits (``prefetch_bytes``)."""
 
 
 class _Option(StrEnum):

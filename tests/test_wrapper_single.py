@@ -2,6 +2,7 @@
 errors. The multi-rank behaviour is in tests/distributed/test_wrapper_dist.py."""
 
 import io
+import time
 
 import numpy as np
 import pytest
@@ -189,20 +190,27 @@ def test_resume_past_the_end_of_the_data_is_an_error():
 @pytest.mark.parametrize(
     "kind, message",
     [
-        ("missing_input_ids", r"sample 4 of this rank's data has no 'input_ids' \(keys: \['loss_mask', 'tokens'\]\)"),
-        ("unequal_lengths", r"sample 4 of this rank's data: 'labels' has \d+ tokens but 'input_ids' has \d+"),
-        ("not_a_mapping", r"sample 4 of this rank's data must be a mapping of 1-D tensors, got list"),
+        ("missing_input_ids", r" has no 'input_ids' \(keys: \['loss_mask', 'tokens'\]\)"),
+        ("unequal_lengths", r": 'labels' has \d+ tokens but 'input_ids' has \d+"),
+        ("not_a_mapping", r" must be a mapping of 1-D tensors, got list"),
     ],
 )
 def test_bad_input_names_rank_step_and_sample(kind, message):
     it = _wrap(items(SEED, 0, 18, bad={"index": 4, "kind": kind}))
-    with pytest.raises(ValueError, match=r"bad input on DP rank 0 \(global rank 0, dp=0/1 cp=0/1 tp=0/1 pp=0/1\) at step 0: " + message):
+    where = r"sample 4 of this rank's data \(sequence \d+ of its pool this step\)"
+    with pytest.raises(ValueError, match=r"bad input on DP rank 0 \(global rank 0, dp=0/1 cp=0/1 tp=0/1 pp=0/1\) at step 0: " + where + message):
         next(it)
+    # In a later step the two numberings differ (the data counts from its start, the pool from the step's).
+    later = _wrap(items(SEED, 0, 18, bad={"index": 8, "kind": kind}))
+    next(later)
+    where = r"sample 8 of this rank's data \(sequence \d of its pool this step\)"
+    with pytest.raises(ValueError, match=r"at step 1: " + where + message):
+        next(later)
 
 
 def test_oversize_policies():
     bad = {"index": 8, "kind": "oversize", "length": 60}
-    with pytest.raises(ValueError, match=r"step 1: sample \d+ has 60 tokens .* capacity 48 tokens.*\[global sample \d+ is sample \d+ of DP rank 0's pool"):
+    with pytest.raises(ValueError, match=r"step 1: sample \d+ has 60 tokens .* capacity 48 tokens.*\[global sample \d+ is sequence \d+ of DP rank 0's pool"):
         _run(_wrap(items(SEED, 0, 18, bad=bad)))
     dropped = _run(_wrap(items(SEED, 0, 18, bad=bad), on_oversize="drop"))
     assert [s.stats.dropped_sequences for s in dropped] == [0, 1, 0]
@@ -563,3 +571,95 @@ def test_counts_at_the_end_of_data_survive_a_resume():
     assert (again.empty_at_end, again.dropped_at_end) == (it.empty_at_end, it.dropped_at_end)
     with pytest.raises(StopIteration):
         next(again)
+
+
+# --- prefetch bounds, close, and Ctrl-C (issue: reliability round three) ---------------------
+
+
+class Endless:
+    """An endless loader counting what the wrapper pulled from it."""
+
+    def __init__(self):
+        self.pulled = 0
+
+    def __iter__(self):
+        index = 0
+        while True:
+            self.pulled += 1
+            yield make_item(SEED, 0, index)
+            index += 1
+
+
+@pytest.mark.parametrize(
+    "value, kind, message",
+    [
+        (10**9, "ConfigError", r"prefetch=1000000000 is too large \(at most 16\)"),
+        (17, "ConfigError", "prefetch=17 is too large"),
+        (1.5, "SeqpackTypeError", r"prefetch must be an integer >= 0, got 1.5 \(float\)"),
+        (True, "SeqpackTypeError", "prefetch must be an integer >= 0, got True"),
+        ("1", "SeqpackTypeError", "prefetch must be an integer >= 0, got '1'"),
+    ],
+)
+def test_prefetch_is_bounded_and_typed(value, kind, message):
+    from seqpack import errors
+
+    with pytest.raises(getattr(errors, kind), match=message):
+        _wrap(items(SEED, 0, 12), prefetch=value)
+
+
+def test_prefetch_stops_at_its_memory_budget():
+    loader = Endless()
+    it = _wrap(loader, prefetch=16, prefetch_bytes=1)  # every prepared step is over budget
+    next(it)
+    time.sleep(0.3)
+    read = loader.pulled
+    # The step handed over, plus one step waiting: never 16 steps ahead.
+    assert 12 <= read <= 18, read
+    time.sleep(0.3)
+    assert loader.pulled == read  # the thread waits
+    it.close()
+
+
+def test_close_stops_a_single_rank_thread_promptly():
+    loader = Endless()
+    it = _wrap(loader, prefetch=16)
+    next(it)
+    assert wait_until(lambda: loader.pulled > 50, timeout=20)  # not vacuous: it reads ahead
+    tick = time.monotonic()
+    it.close(timeout=5)
+    assert time.monotonic() - tick < 5
+    after = loader.pulled
+    time.sleep(0.3)
+    assert loader.pulled - after <= 0  # nothing read after close returned
+    assert not it._bg.prefetcher._thread.is_alive()
+
+
+class Interrupting:
+    """Raises KeyboardInterrupt when item ``at`` is pulled (as Ctrl-C inside a loader)."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def __iter__(self):
+        for index, item in enumerate(items(SEED, 0, 60)):
+            if index == self.at:
+                raise KeyboardInterrupt
+            yield item
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_ctrl_c_in_the_loader_fails_the_iterator_and_loses_nothing_silently(k):
+    from seqpack.errors import ResumeError, StepFailed
+
+    it = _wrap(Interrupting(15), prefetch=k)
+    next(it), next(it)  # steps 0 and 1 read items 0..11
+    saved = it.state_dict()
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    with pytest.raises(StepFailed, match=r"failed at step 2 and cannot continue.*KeyboardInterrupt"):
+        next(it)
+    with pytest.raises(ResumeError, match="failed at step 2"):
+        it.state_dict()
+    resumed = _wrap(items(SEED, 0, 60), prefetch=k)
+    resumed.load_state_dict(saved)
+    assert next(resumed).step == 2  # the interrupted step's samples are read again from the state

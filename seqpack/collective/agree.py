@@ -8,7 +8,7 @@ rank reaches the same agreement call, and every rank leaves it with the same ans
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import IntEnum
 from typing import Any
 
@@ -80,6 +80,7 @@ def agree(
     what: str = "schedules",
     origin: int | None = None,
     payload: np.ndarray | None = None,
+    details: Mapping[str, str] | None = None,
 ) -> Agreement:
     """Make the ranks of ``group`` agree on a status; all ranks must call it.
 
@@ -95,12 +96,16 @@ def agree(
     ``payload``: int64 words every rank passes the same number of (or every rank ``None``),
     reduced by element-wise MAX in the same all-reduce (the calibrator's microbatch times
     ride on it: :mod:`seqpack.calibrate`).
+
+    ``details``: what the fingerprint covers, field by field (e.g. a config's summary); when
+    fingerprints disagree, the error names the fields that differ and each rank's value
+    instead of the fingerprints.
     """
     status = _status(status)
     words = None if payload is None else np.ascontiguousarray(payload, dtype=np.int64).reshape(-1)
     if group_size(group) == 1:
         if status == Status.ERROR:
-            return Agreement(status, message, global_rank(group, 0) if origin is None else origin)
+            return Agreement(status, message, global_rank(group, 0) if origin is None else origin, words)
         return Agreement(status, payload=words)
     fp = -1 if fingerprint is None else int(fingerprint)
     if fingerprint is not None and not 0 <= fp <= _FP_MAX:
@@ -120,20 +125,37 @@ def agree(
     collective(dist.all_reduce, vec, op=dist.ReduceOp.MAX, group=group)
     reduced = vec.cpu().numpy()
     agreed, fp_max, fp_min_c, any_fp = (int(v) for v in reduced[: AGREEMENT.words])
+    # The payload comes back on every path, errors included: agree_axes passes it on to the
+    # next axis, whose all-reduce needs the same number of words on every rank.
+    reduced_payload = None if words is None else reduced[AGREEMENT.words :].copy()
     if agreed == Status.ERROR:
         me = global_rank(group, group_rank(group)) if origin is None else origin
         reports = all_gather_objects((message, me) if status == Status.ERROR else None, group)
         first = next((report for report in reports if report and report[0]), None)
         if first is None:
-            return Agreement(Status.ERROR, "a rank reported an error without a message")
-        return Agreement(Status.ERROR, first[0], first[1])
+            return Agreement(Status.ERROR, "a rank reported an error without a message", payload=reduced_payload)
+        return Agreement(Status.ERROR, first[0], first[1], reduced_payload)
     if any_fp and fp_max != _FP_MAX - fp_min_c:
-        fps = all_gather_objects(fingerprint, group)
-        listed = ", ".join(f"{axis or 'group'} rank {r}: {v}" for r, v in enumerate(fps) if v is not None)
-        return Agreement(
-            Status.ERROR, f"ranks of the {axis or 'same'} group disagree on {what} (fingerprints {listed})"
+        message = _disagreement(fingerprint, details, group, axis, what)
+        return Agreement(Status.ERROR, message, payload=reduced_payload)
+    return Agreement(Status(agreed), payload=reduced_payload)
+
+
+def _disagreement(fingerprint: int | None, details: Mapping[str, str] | None, group: Any, axis: str, what: str) -> str:
+    """The message of a fingerprint mismatch: the fields that differ, else the fingerprints."""
+    reports = all_gather_objects((fingerprint, dict(details) if details is not None else None), group)
+    who = axis or "group"
+    described = [d for _, d in reports if d is not None]
+    fields = sorted({k for d in described for k in d})
+    differ = [k for k in fields if len({d.get(k) for d in described}) > 1]
+    if differ:
+        listed = "; ".join(
+            f"{k}: " + ", ".join(f"{d.get(k)} on {who} rank {r}" for r, (_, d) in enumerate(reports) if d is not None)
+            for k in differ
         )
-    return Agreement(Status(agreed), payload=None if words is None else reduced[AGREEMENT.words :].copy())
+        return f"ranks of the {axis or 'same'} group disagree on {what}: {listed}"
+    listed = ", ".join(f"{who} rank {r}: {fp}" for r, (fp, _) in enumerate(reports) if fp is not None)
+    return f"ranks of the {axis or 'same'} group disagree on {what} (fingerprints {listed})"
 
 
 def agree_status(
@@ -160,6 +182,7 @@ def agree_axes(
     what: str,
     origin: int | None = None,
     payload: np.ndarray | None = None,
+    details: Mapping[str, str] | None = None,
 ) -> Agreement:
     """:func:`agree` over each axis of ``topology`` in turn (axes of size 1 skipped): after
     the last one every rank of those axes holds the same result (and the MAX of every
@@ -176,6 +199,7 @@ def agree_axes(
                 what=what,
                 origin=origin,
                 payload=payload,
+                details=details,
             )
             status, message, origin, payload = result.status, result.message, result.rank, result.payload
     return result if result is not None else agree(status, message, None, origin=origin, payload=payload)

@@ -16,7 +16,9 @@ from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import (
     AXES,
+    DEFAULT_PREFETCH_BYTES,
     INT64_MAX,
+    MAX_PREFETCH,
     MAX_TOKENS,
     AttentionBackend,
     Axis,
@@ -100,8 +102,12 @@ class PackingConfig:
     cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``."""
     prefetch: int = 1
     """Steps a background thread prepares ahead of the training loop (0: each step is
-    prepared inside ``next()``). Never changes the data, so it is not in :meth:`summary`:
-    ranks may differ in it and a state saved with one value resumes under any other."""
+    prepared inside ``next()``; at most :data:`~seqpack.options.MAX_PREFETCH`). Never changes
+    the data, so it is not in :meth:`summary`: ranks may differ in it and a state saved with
+    one value resumes under any other."""
+    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
+    """The prefetch thread prepares no further step while the steps waiting for ``next()``
+    hold this many tensor bytes or more (one step always may wait)."""
 
     def __post_init__(self) -> None:
         for name in ("samples_per_rank", "max_tokens_per_rank"):
@@ -121,7 +127,8 @@ class PackingConfig:
         check_cost_model("cost", self.cost)
         if self.flops_fn is not None and not callable(self.flops_fn):
             raise SeqpackTypeError(f"flops_fn must be callable, got {type(self.flops_fn).__name__}")
-        object.__setattr__(self, "prefetch", check_int("prefetch", self.prefetch, minimum=0))
+        object.__setattr__(self, "prefetch", check_int("prefetch", self.prefetch, minimum=0, maximum=MAX_PREFETCH))
+        object.__setattr__(self, "prefetch_bytes", check_positive_int("prefetch_bytes", self.prefetch_bytes))
         if self.sync is not None:
             object.__setattr__(self, "sync", check_choice("sync", self.sync, Sync))
         self._check_calibrate()

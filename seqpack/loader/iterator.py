@@ -38,11 +38,11 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
 from torch.distributed.checkpoint.stateful import Stateful
 
 from seqpack.calibrate import CostCalibrator, Measurement
 from seqpack.collective import (
-    Agreement,
     Status,
     StepEnd,
     StepError,
@@ -56,13 +56,15 @@ from seqpack.errors import (
     SeqpackError,
     SeqpackTypeError,
     StepFailed,
+    from_typed_message,
+    typed_message,
 )
 from seqpack.loader.config import PackingConfig, resolved_cost
 from seqpack.loader.prefetch import Background, DeviceCopy, Prefetcher, Progress, Ready, check_device, check_timeout
 from seqpack.loader.producer import StepProducer
 from seqpack.loader.resume import ResumeState, StateKey
 from seqpack.loader.step import Step
-from seqpack.options import AXES, Axis, DataOwner, fingerprint_text
+from seqpack.options import AXES, DataOwner, fingerprint_text
 from seqpack.schedulers import Scheduler
 from seqpack.topology import Topology
 from seqpack.validation import check_number
@@ -122,7 +124,7 @@ class PackingIterator(Iterator[Step], Stateful):
         self._reads = config.data_owner == DataOwner.ALL or (t.tp_rank == 0 and self._edge_stage)
         self._comm = topology  # whose groups the per-step collectives run on
         error: SeqpackError | None = None
-        fingerprint = None
+        fingerprint, details = None, None
         comm, timeout = None, None
         try:
             self.config = config.resolve(topology)
@@ -131,34 +133,42 @@ class PackingIterator(Iterator[Step], Stateful):
             timeout = check_timeout(group_timeout)
             if wrapper_groups is not None:
                 comm = topology.with_groups(wrapper_groups)
-            sizes = {f"{a}_size": topology.size(a) for a in AXES}
+            sizes = {f"{a}_size": str(topology.size(a)) for a in AXES}
+            details = {**self.config.summary(), **sizes}
             fingerprint = fingerprint_text(repr((self.config.fingerprint(), sorted(sizes.items()))))
         except SeqpackError as exc:
             error = exc
+        # Ranks may differ in prefetch; the wrapper's own groups are created (collectively)
+        # when any rank prefetches, and then every rank runs its steps on them.
+        any_prefetch = config.prefetch > 0
         if config.validate_ranks:
             # Every rank takes part even when its own arguments were bad, so that all ranks
             # raise the same error instead of some waiting in the first step's collectives.
-            agreed = self._agree(
+            agreed = agree_axes(
+                self._comm,
                 AXES,
                 Status.ERROR if error else Status.OK,
-                str(error) if error else None,
+                typed_message(error) if error else None,
                 fingerprint,
                 what="wrapper arguments",
+                payload=np.array([int(any_prefetch)], dtype=np.int64),
+                details=details,
             )
             if agreed.status == Status.ERROR:
-                raise ConfigError(agreed.message or "") from error
+                raise from_typed_message(agreed.message or "") from error
+            any_prefetch = bool(agreed.payload is not None and agreed.payload[0])
         elif error is not None:
             raise error
         owned: list[Any] = []
         if comm is not None:
             self._comm = comm
-        elif self.config.prefetch > 0:
+        elif any_prefetch:
             # Collective (every rank, same order), like the agreement above.
             groups = new_axis_groups(topology, backend="gloo", timeout=timeout)
             owned = [group for group in groups.values() if group is not None]
             if owned:
                 self._comm = topology.with_groups(groups)
-        self._bg = Background(owned)
+        self._bg = Background(owned, alone=all(topology.size(axis) == 1 for axis in AXES))
         self._finalizer = weakref.finalize(self, self._bg.release, 0.0)
         self._finalizer.atexit = False  # the thread is a daemon: nothing to wait for at exit
         self._closed = False
@@ -226,18 +236,6 @@ class PackingIterator(Iterator[Step], Stateful):
         keep it: TP ranks > 0 under ``data_owner="tp0"``)."""
         return self._producer.calibration.calibrator
 
-    def _agree(
-        self,
-        axes: Iterable[Axis],
-        status: int,
-        message: str | None,
-        fingerprint: int | None,
-        *,
-        what: str,
-        origin: int | None = None,
-    ) -> Agreement:
-        return agree_axes(self._comm, axes, status, message, fingerprint, what=what, origin=origin)
-
     # -- iteration ------------------------------------------------------------------------
 
     def __iter__(self) -> PackingIterator:
@@ -264,7 +262,8 @@ class PackingIterator(Iterator[Step], Stateful):
             if bg.prefetcher is None:
                 self._delivered = self._producer.progress()  # nothing handed over yet: the state as loaded
                 name = f"seqpack-prefetch-rank{this_rank()}"
-                bg.prefetcher = Prefetcher(self._producer.produce, self.config.prefetch, name)
+                config = self.config
+                bg.prefetcher = Prefetcher(self._producer.produce, config.prefetch, name, config.prefetch_bytes)
             ready = bg.prefetcher.take()
         return self._deliver(ready, time.perf_counter() - tick)
 
@@ -442,8 +441,16 @@ def wrap_data_iterator(
         if validate is not False and isinstance(topology, Topology):
             # The other ranks are waiting in the constructor's agreement: take part, so that
             # every rank raises this error instead of some hanging.
-            agreed = agree_axes(topology, AXES, Status.ERROR, str(exc), None, what="wrapper arguments")
-            raise ConfigError(agreed.message or str(exc)) from exc
+            agreed = agree_axes(
+                topology,
+                AXES,
+                Status.ERROR,
+                typed_message(exc),
+                None,
+                what="wrapper arguments",
+                payload=np.zeros(1, dtype=np.int64),
+            )
+            raise from_typed_message(agreed.message or typed_message(exc)) from exc
         raise
     return PackingIterator(
         data_iterator,

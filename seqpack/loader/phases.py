@@ -95,8 +95,9 @@ class Reader:
     def started(self) -> bool:
         return self._it is not None
 
-    def read(self, count: int) -> ReadResult:
-        """Pull up to ``count`` samples.
+    def read(self, count: int, pooled: int = 0) -> ReadResult:
+        """Pull up to ``count`` samples (``pooled``: samples already in this step's pool, which
+        messages count from).
 
         Raises:
             SampleError, SeqpackTypeError: A sample breaking the contract (named by index).
@@ -124,7 +125,10 @@ class Reader:
                 break
             index = self.consumed
             self.consumed += 1
-            for sequence in normalize_item(item, index):
+            where = (
+                f"sample {index} of this rank's data (sequence {pooled + len(result.samples)} of its pool this step)"
+            )
+            for sequence in sample_sequences(item, where=where):
                 if sequence["input_ids"].shape[0] == 0:
                     result.empty += 1
                 else:
@@ -150,7 +154,8 @@ def key_mask(pool: Sequence[Sample]) -> int:
     for i, sample in enumerate(pool):
         if set(sample) != first:
             raise SampleError(
-                f"sample {i} has keys {sorted(sample)} but sample 0 has {sorted(first)}; all samples must carry "
+                f"sequence {i} of this rank's pool this step has keys {sorted(sample)} but sequence 0 of it has "
+                f"{sorted(first)}; all samples must carry "
                 "the same keys"
             )
     return sum(_KEY_BITS[k] for k in first)
@@ -260,7 +265,7 @@ def _locate_oversize(config: PackingConfig, topology: Topology, gathered: Gather
         return ""
     g = int(over[0])
     r = int(gathered.origin()[g])
-    return f" [global sample {g} is sample {g - int(gathered.offsets[r])} of DP rank {r}'s pool this step]"
+    return f" [global sample {g} is sequence {g - int(gathered.offsets[r])} of DP rank {r}'s pool this step]"
 
 
 def deferred_samples(pool: Sequence[Sample], plan: Schedule, gathered: Gathered, topology: Topology) -> list[Sample]:

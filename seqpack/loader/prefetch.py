@@ -66,6 +66,7 @@ class Ready:
     error: BaseException | None = None
     progress: Progress | None = None
     copied: Any = None  # CUDA event recorded after the device copy
+    nbytes: int = 0  # tensor bytes of the step's microbatches (the prefetch memory budget)
 
     @property
     def last(self) -> bool:
@@ -74,15 +75,17 @@ class Ready:
 
 class Prefetcher:
     """Runs ``produce`` on a daemon thread, at most ``depth`` prepared steps ahead of
-    :meth:`take`, in order.
+    :meth:`take`, in order, and none more while the waiting steps hold ``max_bytes`` or more.
 
     The thread holds the iterator only while it prepares a step (a weak reference
     otherwise), so an iterator dropped without ``close()`` is still garbage collected.
     """
 
-    def __init__(self, produce: Callable[[], Ready], depth: int, name: str) -> None:
+    def __init__(self, produce: Callable[[], Ready], depth: int, name: str, max_bytes: int | None = None) -> None:
         self._produce = weakref.WeakMethod(produce)
         self._depth = depth
+        self._max_bytes = max_bytes
+        self._bytes = 0  # tensor bytes of the steps in _ready
         self._cond = threading.Condition()
         self._ready: deque[Ready] = deque()
         self._stopping = False
@@ -104,7 +107,7 @@ class Prefetcher:
                     # Even after stop() the thread fills its `depth` slots before it ends: the
                     # other ranks' threads prepare the same steps, and one a rank skipped would
                     # leave them waiting in its collectives.
-                    while len(self._ready) >= self._depth and not self._stopping:
+                    while self._full() and not self._stopping:
                         self._cond.wait()
                     if len(self._ready) >= self._depth or self._now:
                         return
@@ -121,6 +124,7 @@ class Prefetcher:
                 del produce
                 with self._cond:
                     self._ready.append(item)
+                    self._bytes += item.nbytes
                     self._cond.notify_all()
                 if item.last:
                     return
@@ -128,6 +132,10 @@ class Prefetcher:
             with self._cond:
                 self._done = True
                 self._cond.notify_all()
+
+    def _full(self) -> bool:
+        over_budget = self._max_bytes is not None and bool(self._ready) and self._bytes >= self._max_bytes
+        return len(self._ready) >= self._depth or over_budget
 
     def take(self) -> Ready:
         """The next prepared step, waiting for it if needed."""
@@ -137,6 +145,7 @@ class Prefetcher:
                     raise RuntimeError("seqpack's prefetch thread ended without handing over the step")
                 self._cond.wait()
             item = self._ready.popleft()
+            self._bytes -= item.nbytes
             self._cond.notify_all()
             return item
 
@@ -152,6 +161,7 @@ class Prefetcher:
         alive = self._thread.is_alive()
         if not alive:
             self._ready.clear()  # prepared steps nobody will take: free their tensors
+            self._bytes = 0
         return not alive
 
 
@@ -177,14 +187,19 @@ def _stop_at_exit() -> None:
 class Background:
     """What an iterator must release: its producer thread and the process groups it
     created. Shared with a ``weakref.finalize``, so that an iterator dropped without
-    ``close()`` still releases them."""
+    ``close()`` still releases them.
 
-    def __init__(self, groups: list[Any]) -> None:
+    ``alone``: no other rank takes part in the steps (one process), so the thread may stop
+    after the step in progress instead of preparing the steps its peers would wait for.
+    """
+
+    def __init__(self, groups: list[Any], *, alone: bool = False) -> None:
         self.groups = groups
+        self.alone = alone
         self.prefetcher: Prefetcher | None = None
 
     def release(self, timeout: float) -> bool:
-        stopped = self.prefetcher.stop(timeout) if self.prefetcher is not None else True
+        stopped = self.prefetcher.stop(timeout, now=self.alone) if self.prefetcher is not None else True
         groups, self.groups = self.groups, []
         destroy_groups(groups)
         return stopped

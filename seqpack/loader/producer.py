@@ -48,7 +48,7 @@ from seqpack.errors import ConfigError, SampleError, ScheduleError, StepFailed
 from seqpack.loader import phases
 from seqpack.loader.calibration import StepCalibration
 from seqpack.loader.config import PackingConfig
-from seqpack.loader.prefetch import DeviceCopy, Progress, Ready
+from seqpack.loader.prefetch import DeviceCopy, Progress, Ready, tensors_of
 from seqpack.loader.resume import ResumeState
 from seqpack.loader.step import Step, StepTrace
 from seqpack.options import Axis, DataOwner
@@ -122,7 +122,7 @@ class StepProducer:
             self.calibration.absorb(msg, trace)
             trace.timings["total"] = time.perf_counter() - trace.start
             return self._ready(msg, trace)
-        except Exception as exc:  # raised by the next() of this step
+        except BaseException as exc:  # raised by the next() of this step (Ctrl-C included), which fails the iterator
             return Ready(index, error=exc)
 
     def _reader_step(self, trace: StepTrace) -> StepMessage:
@@ -135,7 +135,7 @@ class StepProducer:
             assert self.reader is not None
             try:
                 if not self.data_ended:
-                    read = self.reader.read(config.samples_per_rank)
+                    read = self.reader.read(config.samples_per_rank, pooled=len(self.pool))
                 pool = self.pool + read.samples
                 mask = phases.key_mask(pool)
             except Exception as exc:  # the user's iterator or data: every rank must hear of it
@@ -298,8 +298,10 @@ class StepProducer:
             timings=trace.timings,
             exchange_bytes=trace.traffic,
             _recorder=self.calibration.record if self.calibration.enabled else None,
+            _topology=self.topology,
         )
-        return Ready(msg.step, step=step, progress=self.progress(), copied=copied)
+        nbytes = sum(t.numel() * t.element_size() for batch in batches for t in tensors_of(batch))
+        return Ready(msg.step, step=step, progress=self.progress(), copied=copied, nbytes=nbytes)
 
     def progress(self) -> Progress:
         reader = self.reader

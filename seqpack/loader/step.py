@@ -9,12 +9,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
+import torch
 
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
+from seqpack.loader.origin import origin_ids, to_origin
 from seqpack.schedulers import Schedule
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch
+from seqpack.topology import Topology
 
 __all__ = ["Step", "StepTrace"]
 
@@ -52,6 +55,45 @@ class Step:
     _recorder: Callable[[int, Sequence[float] | np.ndarray, int], None] | None = dataclasses.field(
         default=None, repr=False, compare=False
     )
+    _topology: Topology | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def origin_ids(self) -> np.ndarray:
+        """Global ids (in :attr:`schedule`) of the sequences :meth:`to_origin` returns on this
+        rank, in that order: the samples its DP rank read for this step, in the order read
+        (pre-packed samples split into their sequences; samples held back from the previous
+        step first, those held back for the next step left out)."""
+        if self.schedule is None or self._topology is None:
+            raise ConfigError("origin_ids needs a Step from wrap_data_iterator")
+        return origin_ids(self.schedule, self._topology.dp_rank)
+
+    def to_origin(self, values: Sequence[torch.Tensor], *, per_sequence: bool = False) -> list[torch.Tensor]:
+        """Values computed on this step's microbatches, back on the rank that read each sample.
+
+        Collective over the model's DP and CP groups (the topology's, not the wrapper's):
+        every rank that received this step calls it, with values of one dtype and trailing
+        shape.
+
+        Args:
+            values: One tensor per microbatch of this rank, aligned with its tokens on the
+                first axis (this rank's CP shard under CP; pads included), e.g. per-token
+                log-probs ``[T_local]`` or ``[T_local, k]``. With ``per_sequence``: aligned
+                with the microbatch's sequences (``sample_ids``), one row each.
+
+        Returns:
+            One tensor per sequence of :attr:`origin_ids` (with no pre-packed or deferred
+            samples: one per sample this rank read, in read order), each holding that
+            sequence's real tokens only (pads removed, CP shards put back together), or its
+            one row with ``per_sequence``. A sequence dropped for being too long gets an
+            empty tensor; a truncated one its trained tokens.
+
+        Raises:
+            ConfigError: Not one tensor per microbatch, rows that do not match the
+                microbatch, or tensors of different dtype, trailing shape or device.
+        """
+        if self._topology is None:
+            raise ConfigError("to_origin needs a Step from wrap_data_iterator")
+        return to_origin(self, values, self._topology, per_sequence=per_sequence)
 
     def record_times(self, seconds_per_microbatch: Sequence[float] | np.ndarray) -> None:
         """Report how long each of this rank's microbatches of this step took (seconds, in

@@ -194,3 +194,17 @@ def test_simulate_refuses_what_cannot_fit(monkeypatch, capsys):
     assert "1.0 GiB available: lower --dp, --global-batch or --steps" in err
     assert main(["simulate", "--bytes-per-token", "-1", "--no-progress"]) == 2
     assert "--bytes-per-token must be >= 0, got -1.0" in capsys.readouterr().err
+
+
+def test_simulate_names_the_file_when_it_holds_nothing_to_schedule(tmp_path, capsys):
+    empty, zeros, half = tmp_path / "empty.csv", tmp_path / "zeros.csv", tmp_path / "half.csv"
+    empty.write_text("length\n")
+    zeros.write_text("length\n" + "0\n" * 128)
+    half.write_text("length\n" + "0\n100\n" * 60)
+    assert main(["simulate", "--lengths", str(empty), "--no-progress"]) == 2
+    assert f"--lengths {empty}: no lengths in it" in capsys.readouterr().err
+    assert main(["simulate", "--lengths", str(zeros), "--global-batch", "128", "--steps", "1", "--no-progress"]) == 2
+    assert f"--lengths {zeros}: all 128 lengths are 0" in capsys.readouterr().err
+    args = ["simulate", "--lengths", str(half), "--global-batch", "120", "--steps", "1", "--dp", "4", "--no-progress"]
+    assert main(args) == 0
+    assert "60 zero-length samples dropped over 1 steps" in capsys.readouterr().out

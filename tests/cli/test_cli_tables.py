@@ -45,3 +45,16 @@ def test_demo_summary_separates_fitted_predictions_from_the_prior():
     assert _fitted_error(dict(base, predicted_by_fitted=2, prediction_error_fitted=0.05)) == (
         ", 5.0% over the 2 scheduled with a fitted model"
     )
+
+
+def test_demo_prediction_error_is_not_a_verdict_when_ranks_share_cores():
+    from seqpack.cli.tables import _online_cost_line
+
+    r = {"mode": "balanced", "cost_model": (1e-6, 1e-9, 1e-3), "calibrated": True, "prediction_error_mean_abs": 1.12,
+         "predictions": [[0, 1, 1]] * 4, "predicted_by_fitted": 4, "prediction_error_fitted": 1.12}  # fmt: skip
+    shared = _online_cost_line(r, shared=True, world=4, cores=2)
+    assert "not a measure of the model here: 4 ranks time-share 2 cores" in shared
+    assert shared.index("not a measure") < shared.index("112.0%")  # the caveat comes before the figure
+    alone = _online_cost_line(r, shared=False, world=2, cores=2)
+    assert "not a measure" not in alone and "mean |error| 112.0% over 4 steps" in alone
+    assert "no step's prediction checked yet" in _online_cost_line(dict(r, prediction_error_mean_abs=None), True, 4, 2)

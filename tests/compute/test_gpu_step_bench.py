@@ -61,3 +61,12 @@ def test_padded_cells_keep_each_replicas_own_samples_in_order(gpu_step):
     mb = gpu_step.padded_microbatch([3, 7], s, gpu_step.torch.device("cpu"))
     assert mb.bshd == (2, 8) and mb.batch.num_tokens == 16 and mb.real_tokens == 10  # 7 rounded up to 4k
     assert mb.batch.cu_seqlens.tolist() == [0, 8, 16]  # pads computed as real, as a padded BSHD batch
+
+
+def test_gpu_step_without_cuda_refuses_full_sizes_and_points_to_toy(gpu_step, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_step.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_step.main([])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "no CUDA device here" in err and "run with --toy" in err

@@ -389,3 +389,65 @@ def test_a_polled_collective_completes_and_can_be_abandoned(dist_pools):
     seconds, message = zero["left"]
     assert 0.3 <= seconds < 2.0, seconds
     assert "all_reduce left unfinished" in message
+
+
+# --- ranks that differ in prefetch, or disagree on a setting -------------------------------
+
+
+def run_mixed_depths(layout, owner):
+    topo = mesh_topology(layout)
+    mine = (0, 2)[dist.get_rank() % 2]
+    runs = {}
+    for name, k in (("same", 0), ("mixed", mine)):
+        it, _ = _wrap(topo, owner, k, 30)
+        runs[name] = [_summary(step) for step in it]
+        runs[name + "_own_groups"] = any(it._comm.group(a) is not topo.group(a) for a in ("dp", "cp") if topo.size(a) > 1)
+    return runs
+
+
+@pytest.mark.parametrize("name", ["dp2", "dp2cp2"])
+def test_ranks_may_differ_in_prefetch(dist_pools, name):
+    layout, owner = LAYOUTS[name]
+    results = dist_pools.get(_world(layout)).run(run_mixed_depths, layout, owner)
+    for runs in results:
+        assert len(runs["same"]) >= 3  # not vacuous
+        _same(runs["mixed"], runs["same"])
+        assert runs["mixed_own_groups"] and not runs["same_own_groups"]  # one rank prefetching: every rank's groups
+
+
+def run_disagreeing_setting():
+    topo = mesh_topology((("dp", 2),))
+    try:
+        wrap_data_iterator(
+            items(SEED, topo.dp_rank, 12), topo, samples_per_rank=6 + topo.dp_rank, max_tokens_per_rank=48
+        )
+    except Exception as exc:  # noqa: BLE001 - the type is part of the answer
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def run_bad_type_on_one_rank():
+    topo = mesh_topology((("dp", 2),))
+    try:
+        wrap_data_iterator(
+            items(SEED, topo.dp_rank, 12), topo, samples_per_rank=6, max_tokens_per_rank=48,
+            prefetch=1.5 if topo.dp_rank == 1 else 1,
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def test_ranks_disagreeing_on_a_setting_are_told_which_and_the_values(dist_pools):
+    results = dist_pools.get(2).run(run_disagreeing_setting)
+    assert results[0] == results[1]
+    kind, message = results[0]
+    assert kind == "ConfigError"
+    assert "samples_per_rank: 6 on dp rank 0, 7 on dp rank 1" in message, message
+
+
+def test_a_wrong_type_on_one_rank_is_a_type_error_on_every_rank(dist_pools):
+    results = dist_pools.get(2).run(run_bad_type_on_one_rank)
+    assert results[0] == results[1]
+    kind, message = results[0]
+    assert kind == "SeqpackTypeError" and "prefetch must be" in message and "1.5" in message, results

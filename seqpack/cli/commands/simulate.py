@@ -215,6 +215,7 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "dropped": sum(int(r["dropped"]) for r in rows),  # counts stay exact ints
         "truncated": sum(int(r["truncated"]) for r in rows),
         "deferred": sum(int(r["deferred"]) for r in rows),
+        "empty": sum(int(r["empty"]) for r in rows),  # zero-length samples dropped, as the wrapper does
         "steps": [dict(r) for r in rows],
     }
 
@@ -306,6 +307,11 @@ def run(args: argparse.Namespace) -> int:
     global_batch = args.global_batch or 16 * args.dp
     check_fits(args.dp, args.cp, args.max_tokens_per_rank, global_batch, args.steps, args.global_batch is None)
     lengths, source = load_lengths(args, global_batch * args.steps)
+    where = f"--lengths {args.lengths}" if getattr(args, "lengths", None) is not None else source
+    if len(lengths) == 0:
+        raise CommandError(f"{where}: no lengths in it, nothing to simulate")
+    if not np.any(np.asarray(lengths) > 0):
+        raise CommandError(f"{where}: all {len(lengths)} lengths are 0 (empty samples are dropped): nothing to do")
     options: dict[str, dict[str, Any]] = {
         "balanced": {"order": args.order, "objective": args.objective, "locality": args.locality == "on"}
     }
@@ -394,6 +400,9 @@ def _print_report(report: dict[str, Any], source: str, global_batch: int) -> Non
         f"  MB/rank: what the busiest rank sends or receives at {cfg['bytes_per_token']:g} bytes per token.\n"
         "plan ms: scheduling time per step (mean); peak MB: the most memory one plan took."
     )
+    empty = max((r["empty"] for r in report["results"].values()), default=0)
+    if empty:
+        print(f"{empty} zero-length samples dropped over {cfg['steps']} steps (as the wrapper does), not scheduled")
     lost = {n: (r["dropped"], r["truncated"]) for n, r in report["results"].items() if r["dropped"] or r["truncated"]}
     for name, (dropped, truncated) in lost.items():
         print(f"{name}: {dropped} sequences dropped, {truncated} truncated (on_oversize={cfg['on_oversize']})")
