@@ -14,11 +14,14 @@ __all__ = [
     "AXES",
     "INT32_MAX",
     "INT64_MAX",
+    "LABEL_COPY_FRACTION",
+    "LABEL_COPY_MIN_TOKENS",
     "MAX_TOKENS",
     "AttentionBackend",
     "Axis",
     "CpCommType",
     "DataOwner",
+    "LabelFormat",
     "MambaBackend",
     "Objective",
     "OnOversize",
@@ -32,6 +35,13 @@ INT64_MAX = (1 << 63) - 1
 MAX_TOKENS = 1 << 53
 """Most padded tokens one microbatch may hold (``max_tokens_per_rank * cp_size``): float64
 holds every integer up to 2**53, so the schedulers' token sums stay exact below it."""
+
+LABEL_COPY_FRACTION = 0.9
+"""Labels given as ``"shifted"`` are refused as copies of ``input_ids`` when at least this
+fraction of a sample's supervised tokens carry their own token as label (and not the next)."""
+LABEL_COPY_MIN_TOKENS = 8
+"""... and the sample has at least this many supervised tokens (a short answer that repeats
+its input by chance is never refused)."""
 
 
 class _Option(StrEnum):
@@ -58,6 +68,13 @@ class DataOwner(_Option):
 
     TP0 = "tp0"  # Megatron: TP rank 0 of the first and last stage reads; broadcast the rest
     ALL = "all"  # every rank reads identical data for its DP rank; nothing is broadcast
+
+
+class LabelFormat(_Option):
+    """What a sample's ``labels`` are aligned with."""
+
+    SHIFTED = "shifted"  # next-token targets: labels[t] is predicted at token t (Megatron, NeMo; seqpack's own)
+    UNSHIFTED = "unshifted"  # aligned with input_ids: labels[t] is token t's own id; the model shifts (HF, TRL)
 
 
 class OnOversize(_Option):
