@@ -80,6 +80,9 @@ def _read(topology: Topology, mesh) -> dict:
     return out
 
 
+UNFLATTENED = ("dp_replicate", "dp_shard", "cp")  # no flattened dp: seqpack flattens it
+
+
 def mesh_cases() -> dict:
     rank = dist.get_rank()
     out = {"rank": rank}
@@ -92,7 +95,7 @@ def mesh_cases() -> dict:
         ("nemo_hsdp", lambda: _nemo_fsdp2(dp_replicate=2, dp_shard=2)),
         ("nemo_fsdp_cp", lambda: _nemo_fsdp2(dp_shard=2, cp=2)),
         ("nemo_megatron_fsdp", lambda: _nemo_megatron_fsdp(2, 2, 1)),
-        ("unflattened_hsdp", lambda: init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=("dp_replicate", "dp_shard", "cp"))),
+        ("unflattened_hsdp", lambda: init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=UNFLATTENED)),
     ):
         mesh = build()
         out[name] = _read(Topology.from_device_mesh(mesh), mesh)
