@@ -362,7 +362,6 @@ def batch_from_layout(
     labels: torch.Tensor | None = None,
     loss_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
-    num_loss_tokens: int | None = None,
 ) -> PackedBatch:
     """A (CP-sharded) ``PackedBatch`` whose layout fields are rebuilt from ``cu_seqlens*``.
 
@@ -370,8 +369,8 @@ def batch_from_layout(
     layout (:func:`~seqpack.thd.token_layout`) exactly as :func:`pack_sequences` builds
     them, then this CP rank's DualChunkSwap shard is taken. Token tensors, when given, must
     already be the shard. Without them the batch is metadata-only (what middle pipeline
-    stages get). ``num_loss_tokens`` (the whole microbatch's, as the sender knew it) is kept
-    as given.
+    stages get). Its ``num_loss_tokens`` is ``None``: a caller that knows the count sets it
+    (``dataclasses.replace``).
 
     Raises:
         SeqpackTypeError: Offsets or sample ids that are not integers.
@@ -407,7 +406,6 @@ def batch_from_layout(
         sample_ids=_as_sample_ids(sample_ids, cu.numel() - 1),
         cp_size=cp_size,
         cp_rank=cp_rank,
-        num_loss_tokens=num_loss_tokens,
     )
 
 
