@@ -15,12 +15,15 @@ __all__ = [
     "INT32_MAX",
     "INT64_MAX",
     "DEFAULT_PREFETCH_BYTES",
+    "LABEL_COPY_FRACTION",
+    "LABEL_COPY_MIN_TOKENS",
     "MAX_PREFETCH",
     "MAX_TOKENS",
     "AttentionBackend",
     "Axis",
     "CpCommType",
     "DataOwner",
+    "LabelFormat",
     "MambaBackend",
     "Objective",
     "OnOversize",
@@ -38,6 +41,13 @@ MAX_PREFETCH = 16
 """Most steps the wrapper prepares ahead of the training loop (``prefetch``)."""
 DEFAULT_PREFETCH_BYTES = 1 << 30
 """Tensor bytes of prepared steps past which the prefetch thread waits (``prefetch_bytes``)."""
+
+LABEL_COPY_FRACTION = 0.9
+"""Labels given as ``"shifted"`` are refused as copies of ``input_ids`` when at least this
+fraction of a sample's supervised tokens carry their own token as label (and not the next)."""
+LABEL_COPY_MIN_TOKENS = 8
+"""... and the sample has at least this many supervised tokens (a short answer that repeats
+its input by chance is never refused)."""
 
 
 class _Option(StrEnum):
@@ -64,6 +74,13 @@ class DataOwner(_Option):
 
     TP0 = "tp0"  # Megatron: TP rank 0 of the first and last stage reads; broadcast the rest
     ALL = "all"  # every rank reads identical data for its DP rank; nothing is broadcast
+
+
+class LabelFormat(_Option):
+    """What a sample's ``labels`` are aligned with."""
+
+    SHIFTED = "shifted"  # next-token targets: labels[t] is predicted at token t (Megatron, NeMo; seqpack's own)
+    UNSHIFTED = "unshifted"  # aligned with input_ids: labels[t] is token t's own id; the model shifts (HF, TRL)
 
 
 class OnOversize(_Option):

@@ -17,16 +17,22 @@ Axes:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import AXES, Axis
-from seqpack.validation import check_int, check_mapping, check_optional_int, check_positive_int
+from seqpack.validation import check_bool, check_int, check_mapping, check_optional_int, check_positive_int
 
-__all__ = ["AXES", "Axis", "Topology"]
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["AXES", "DP_DIM_NAMES", "Axis", "Topology"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,53 +92,76 @@ class Topology:
     # -- constructors ---------------------------------------------------------------------
 
     @classmethod
-    def single(cls) -> Topology:
-        """One rank, no parallelism (works without ``torch.distributed``)."""
+    def single(cls, *, allow_distributed: bool = False) -> Topology:
+        """One rank, no parallelism (works without ``torch.distributed``).
+
+        Args:
+            allow_distributed: Build it even while a process group of several ranks is
+                initialised (each rank then packs its own data alone, with no exchange).
+
+        Raises:
+            ConfigError: A multi-rank process group is initialised and ``allow_distributed``
+                is not set: the caller most likely meant :meth:`from_device_mesh`.
+        """
+        allow_distributed = check_bool("allow_distributed", allow_distributed)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            if not allow_distributed:
+                raise ConfigError(
+                    f"Topology.single() on rank {dist.get_rank()} of {dist.get_world_size()} initialised ranks: every "
+                    "rank would pack its own data alone; build the topology from your mesh "
+                    "(Topology.from_device_mesh(mesh)) or groups (Topology.from_groups(dp=...)), or pass "
+                    "Topology.single(allow_distributed=True) if each rank really trains alone"
+                )
+            logger.info("Topology.single() on one of %d ranks: this rank packs its data alone", dist.get_world_size())
         return cls()
 
     @classmethod
-    def from_device_mesh(cls, mesh: Any, *, axis_names: Mapping[str, str] | None = None) -> Topology:
-        """Read sizes, ranks and groups from a ``DeviceMesh``.
+    def from_device_mesh(
+        cls, mesh: DeviceMesh, *, axis_names: Mapping[str, str | Sequence[str]] | None = None
+    ) -> Topology:
+        """Read sizes, ranks and groups from a ``DeviceMesh``, as the frameworks build it.
+
+        Mesh dims are read by name: ``cp``, ``tp``, ``pp`` are those axes; every
+        data-parallel dim (:data:`DP_DIM_NAMES`: ``dp``, torchtitan's and NeMo Automodel's
+        ``dp_replicate`` and ``dp_shard``, torchtitan's ``batch``, ...) is part of seqpack's
+        DP, whose group is the mesh's flattened ``dp`` when it has one and is flattened here
+        otherwise (HSDP's replicate x shard is one DP axis for data). Flattened dims that
+        fold CP in (``dp_shard_cp``, ``dp_cp``) are not mesh dims and are never read; a mesh
+        *made of* such a dim is refused, since CP could not be told apart. Dims of size 1
+        are ignored whatever their name.
 
         Args:
-            mesh: A ``torch.distributed.device_mesh.DeviceMesh`` whose dims are named
-                ``dp``, ``cp``, ``tp``, ``pp`` (any subset, any order; missing axes have
-                size 1).
-            axis_names: seqpack axis to mesh dim name, for meshes named otherwise
-                (e.g. ``{"dp": "dp_shard"}``).
+            mesh: A ``torch.distributed.device_mesh.DeviceMesh`` with named dims.
+            axis_names: seqpack axis to mesh dim name(s), for meshes named otherwise
+                (e.g. ``{"dp": "data"}`` or ``{"dp": ("replica", "shard")}``); it replaces
+                the automatic reading for the axes it names.
 
         Raises:
-            ValueError: An unnamed mesh, a dim that maps to no axis, or sizes whose product
-                is not the mesh size.
+            SeqpackTypeError: Not a DeviceMesh.
+            ConfigError: An unnamed mesh, a dim of size > 1 that maps to no axis, or sizes
+                whose product is not the mesh size.
         """
         if not (hasattr(mesh, "mesh_dim_names") and hasattr(mesh, "ndim")):
             raise SeqpackTypeError(f"mesh must be a torch DeviceMesh, got {type(mesh).__name__}")
         names = tuple(mesh.mesh_dim_names or ())
         if len(names) != mesh.ndim:
             raise ConfigError(f"the device mesh must name its dims ({', '.join(AXES)}), got mesh_dim_names={names}")
-        mapping: dict[str, str] = {str(axis): str(axis) for axis in AXES if axis in names}
-        if axis_names:
-            bad = set(axis_names) - set(AXES)
-            if bad:
-                raise ConfigError(f"axis_names keys must be in {AXES}, got {sorted(bad)}")
-            mapping.update(axis_names)
-        by_dim = {dim: axis for axis, dim in mapping.items()}
-        for dim in names:
-            if dim not in by_dim:
-                raise ConfigError(
-                    f"mesh dim {dim!r} is not one of {', '.join(AXES)}; flatten it into one of them or pass "
-                    f"axis_names={{'dp': {dim!r}}} (mesh dims: {names})"
-                )
-        for axis, dim in mapping.items():
-            if dim not in names:
-                raise ConfigError(f"axis_names maps {axis!r} to {dim!r}, which is not a mesh dim {names}")
+        sizes = {dim: int(mesh.size(index)) for index, dim in enumerate(names)}
+        dims_of = _axis_dims(names, sizes, axis_names)
         kwargs: dict[str, Any] = {}
         groups: dict[str, Any] = {}
-        for axis, dim in mapping.items():
-            index = names.index(dim)
-            kwargs[f"{axis}_size"] = int(mesh.size(index))
-            kwargs[f"{axis}_rank"] = int(mesh.get_local_rank(dim))
-            groups[axis] = mesh.get_group(dim)
+        for axis, dims in dims_of.items():
+            active = [dim for dim in dims if sizes[dim] > 1]
+            if not active:
+                continue
+            if len(active) == 1:
+                kwargs[f"{axis}_size"] = sizes[active[0]]
+                kwargs[f"{axis}_rank"] = int(mesh.get_local_rank(active[0]))
+                groups[axis] = mesh.get_group(active[0])
+            else:
+                ranks, groups[axis] = _joined_group(mesh, active)
+                kwargs[f"{axis}_size"] = len(ranks)
+                kwargs[f"{axis}_rank"] = ranks.index(dist.get_rank())
         return cls(**kwargs, world_size=int(mesh.size()), groups=groups)
 
     @classmethod
@@ -268,3 +297,81 @@ class Topology:
     def describe(self) -> str:
         """``dp=1/2 cp=0/1 tp=0/1 pp=0/1`` (rank/size per axis)."""
         return " ".join(f"{axis}={self.rank(axis)}/{self.size(axis)}" for axis in AXES)
+
+
+DP_DIM_NAMES: tuple[str, ...] = ("dp", "dp_replicate", "dp_shard", "batch", "dp_shard_mod_ep", "dp_shard_in_ep")
+"""Mesh dims :meth:`Topology.from_device_mesh` reads as data-parallel: ``dp`` (NeMo
+Automodel's Megatron-FSDP mesh), ``dp_replicate`` x ``dp_shard`` (torchtitan, NeMo Automodel
+FSDP2 / HSDP), torchtitan's ``batch`` (its data-loading mesh) and ``dp_shard_mod_ep`` x
+``dp_shard_in_ep`` (torchtitan's expert-parallel mesh)."""
+
+_FOLDED_DIMS: Mapping[str, str] = {
+    "dp_shard_cp": "dp_shard and cp",
+    "dp_cp": "dp and cp",
+    "fsdp": "dp_shard and cp",
+    "loss": "dp and cp",
+    "world": "every axis",
+}
+"""Dims that fold CP (or everything) into one: seqpack cannot tell the axes apart in them."""
+
+
+def _axis_dims(
+    names: tuple[str, ...], sizes: Mapping[str, int], axis_names: Mapping[str, str | Sequence[str]] | None
+) -> dict[str, tuple[str, ...]]:
+    """seqpack axis to the mesh dims it spans (several only for DP); checks every dim is used."""
+    dims_of: dict[str, tuple[str, ...]] = {}
+    if axis_names:
+        check_mapping("axis_names", axis_names)
+        bad = set(axis_names) - set(AXES)
+        if bad:
+            raise ConfigError(f"axis_names keys must be in {AXES}, got {sorted(bad)}")
+        for axis, dims in axis_names.items():
+            dims_of[str(axis)] = (dims,) if isinstance(dims, str) else tuple(dims)
+            for dim in dims_of[str(axis)]:
+                if dim not in names:
+                    raise ConfigError(f"axis_names maps {axis!r} to {dim!r}, which is not a mesh dim {names}")
+    claimed = {dim for dims in dims_of.values() for dim in dims}
+    for axis in AXES:
+        if axis in dims_of:
+            continue
+        wanted = DP_DIM_NAMES if axis == Axis.DP else (str(axis),)
+        found = tuple(dim for dim in names if dim in wanted and dim not in claimed)
+        if found:
+            dims_of[str(axis)] = found
+            claimed.update(found)
+    for dim in names:
+        if dim in claimed or sizes[dim] == 1:
+            continue
+        if dim in _FOLDED_DIMS:
+            raise ConfigError(
+                f"mesh dim {dim!r} (size {sizes[dim]}) folds {_FOLDED_DIMS[dim]} into one, so seqpack cannot tell DP "
+                f"from CP; pass the mesh whose dims keep them apart (mesh dims: {names}), e.g. torchtitan's world "
+                "mesh with dp_replicate/dp_shard/cp/tp or its data-loading mesh (pp, batch, cp, tp), or NeMo "
+                "Automodel's device_mesh"
+            )
+        raise ConfigError(
+            f"mesh dim {dim!r} is not one of {', '.join(AXES)} nor a data-parallel dim ({', '.join(DP_DIM_NAMES)}); "
+            f"flatten it into one of them or pass axis_names={{'dp': {dim!r}}} (mesh dims: {names})"
+        )
+    return dims_of
+
+
+def _joined_group(mesh: DeviceMesh, dims: Sequence[str]) -> tuple[list[int], Any]:
+    """Global ranks (row-major over ``dims``) and process group of this rank's slice of the
+    mesh along ``dims``: the mesh's own flattened dim when one has exactly these ranks, else
+    a new one (``DeviceMesh._flatten``; every rank of the mesh must get here)."""
+    names = tuple(mesh.mesh_dim_names or ())
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise ConfigError(f"this rank ({dist.get_rank()}) is not in the device mesh")
+    index = tuple(slice(None) if name in dims else coordinate[i] for i, name in enumerate(names))
+    expected = [int(rank) for rank in mesh.mesh[index].reshape(-1).tolist()]
+    # Frameworks flatten these dims themselves (torchtitan and NeMo Automodel name it "dp"):
+    # reuse that group rather than open another communicator. DeviceMesh keeps flattened
+    # dims in its root's private _flatten_mapping (slicing them by name is deprecated).
+    flattened_dims = getattr(mesh._get_root_mesh(), "_flatten_mapping", {})
+    for candidate in flattened_dims.values():
+        if candidate.ndim == 1 and dist.get_process_group_ranks(candidate.get_group()) == expected:
+            return expected, candidate.get_group()
+    flattened = mesh[tuple(dims)]._flatten()
+    return expected, flattened.get_group()

@@ -76,3 +76,47 @@ def test_with_groups_keeps_the_grid_and_checks_the_axes():
     # One rank needs no groups of its own, with or without torch.distributed.
     assert new_axis_groups(single) == {"dp": None, "cp": None, "tp": None, "pp": None}
     destroy_groups([None])  # nothing to free, no error
+
+
+# --- which mesh dims make which axis (the pure part of from_device_mesh) -----------------------
+
+
+def test_mesh_dims_map_to_axes_by_their_framework_names():
+    from seqpack.topology import _axis_dims
+
+    def dims(names, sizes, axis_names=None):
+        return _axis_dims(tuple(names), dict(zip(names, sizes, strict=True)), axis_names)
+
+    # torchtitan / NeMo Automodel: replicate x shard is seqpack's DP; size-1 dims may be present.
+    nemo = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+    assert dims(nemo, (1, 2, 4, 2, 1)) == {
+        "dp": ("dp_replicate", "dp_shard"), "cp": ("cp",), "tp": ("tp",), "pp": ("pp",),
+    }
+    assert dims(("pp", "batch", "cp", "tp"), (2, 8, 2, 4))["dp"] == ("batch",)  # torchtitan's data-loading mesh
+    assert dims(("dp", "cp", "tp"), (2, 2, 2))["dp"] == ("dp",)  # NeMo's Megatron-FSDP mesh
+    assert dims(("dp_shard_mod_ep", "dp_shard_in_ep", "tp"), (2, 4, 2))["dp"] == ("dp_shard_mod_ep", "dp_shard_in_ep")
+    # A dim of size 1 maps to nothing harmlessly, whatever its name.
+    assert dims(("ep", "dp_shard"), (1, 8)) == {"dp": ("dp_shard",)}
+    # axis_names replaces the automatic reading for the axes it names (one dim or several).
+    assert dims(("replica", "shard", "cp"), (2, 2, 2), {"dp": ("replica", "shard")}) == {
+        "dp": ("replica", "shard"), "cp": ("cp",),
+    }
+    assert dims(("data", "cp"), (2, 2), {"dp": "data"}) == {"dp": ("data",), "cp": ("cp",)}
+
+
+@pytest.mark.parametrize(
+    "names, sizes, axis_names, message",
+    [
+        (("dp_replicate", "dp_shard_cp"), (2, 4), None, r"mesh dim 'dp_shard_cp' \(size 4\) folds dp_shard and cp"),
+        (("world",), (8,), None, r"mesh dim 'world' \(size 8\) folds every axis into one"),
+        (("fsdp", "tp"), (4, 2), None, r"'fsdp' \(size 4\) folds dp_shard and cp into one"),
+        (("data", "cp"), (2, 2), None, r"mesh dim 'data' is not one of dp, cp, tp, pp nor a data-parallel dim"),
+        (("data",), (2,), {"ep": "data"}, r"axis_names keys must be in"),
+        (("data",), (2,), {"dp": "dta"}, r"axis_names maps 'dp' to 'dta', which is not a mesh dim"),
+    ],
+)
+def test_mesh_dims_that_hide_an_axis_are_refused(names, sizes, axis_names, message):
+    from seqpack.topology import _axis_dims
+
+    with pytest.raises(ValueError, match=message):
+        _axis_dims(names, dict(zip(names, sizes, strict=True)), axis_names)

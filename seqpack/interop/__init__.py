@@ -3,10 +3,13 @@
 Modules:
     nemo: NeMo Automodel's BSHD packed batches to THD (:func:`process_input_for_thd`,
         :func:`split_batch_into_thd_chunks`), its contract kept.
+    hf: Hugging Face transformers: :func:`to_hf`, a packed microbatch as the keyword
+        arguments of a causal LM's ``forward`` (transformers itself is not imported).
 """
 
 from __future__ import annotations
 
+from seqpack.interop.hf import to_hf
 from seqpack.interop.nemo import process_input_for_thd, split_batch_into_thd_chunks
 
-__all__ = ["process_input_for_thd", "split_batch_into_thd_chunks"]
+__all__ = ["process_input_for_thd", "split_batch_into_thd_chunks", "to_hf"]

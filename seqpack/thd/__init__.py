@@ -6,7 +6,9 @@ offsets when each sequence is padded at its end). Pure functions: no process gro
 
 Modules, in the order data flows through them:
     sample: the sample contract (:func:`normalize_sample`): accepted keys, dtypes, checks;
-        :data:`IGNORE_INDEX`, :data:`SAMPLE_DTYPES`, :data:`TOKEN_KEYS`.
+        :data:`IGNORE_INDEX`, :data:`SAMPLE_DTYPES`, :data:`TOKEN_KEYS`; label alignment
+        (:func:`next_token_targets`), the copied-labels guard (:func:`check_label_format`,
+        :func:`label_copy_counts`, :func:`looks_unshifted`), :func:`count_loss_tokens`.
     layout: the one derivation of the per-token layout (:func:`token_layout`: sequence,
         offset in its padded slot, pad flag) and Mamba's :func:`seq_idx_from_cu_seqlens`.
     batch: :class:`PackedBatch` (one THD microbatch), its ``te_kwargs()`` for Transformer
@@ -19,7 +21,7 @@ Modules, in the order data flows through them:
 
 NeMo Automodel's converters (:func:`process_input_for_thd`,
 :func:`split_batch_into_thd_chunks`) live in :mod:`seqpack.interop.nemo` and are importable
-from here too.
+from here too; Hugging Face's kwargs (``to_hf``) live in :mod:`seqpack.interop.hf`.
 """
 
 from __future__ import annotations
@@ -47,7 +49,18 @@ from seqpack.thd.pack import (
     sample_sequences,
     split_packed_sample,
 )
-from seqpack.thd.sample import IGNORE_INDEX, SAMPLE_DTYPES, TOKEN_KEYS, normalize_sample
+from seqpack.thd.sample import (
+    IGNORE_INDEX,
+    SAMPLE_DTYPES,
+    SAMPLES_NOT_BATCHES,
+    TOKEN_KEYS,
+    check_label_format,
+    count_loss_tokens,
+    label_copy_counts,
+    looks_unshifted,
+    next_token_targets,
+    normalize_sample,
+)
 
 if TYPE_CHECKING:
     from seqpack.interop.nemo import process_input_for_thd, split_batch_into_thd_chunks
@@ -55,15 +68,21 @@ if TYPE_CHECKING:
 __all__ = [
     "BATCH_TOKEN_FIELDS",
     "IGNORE_INDEX",
+    "SAMPLES_NOT_BATCHES",
     "SAMPLE_DTYPES",
     "TOKEN_KEYS",
     "PackedBatch",
     "TokenLayout",
     "batch_from_layout",
+    "check_label_format",
     "chunk_ids_after_attention",
     "chunk_ids_before_attention",
+    "count_loss_tokens",
     "dualchunk_to_sequential",
     "gather_order",
+    "label_copy_counts",
+    "looks_unshifted",
+    "next_token_targets",
     "normalize_sample",
     "pack_sequences",
     "pad_multiple_for",

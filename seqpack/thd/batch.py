@@ -34,6 +34,11 @@ class PackedBatch:
     are the DualChunkSwap shard (``T / cp_size`` tokens) while ``cu_seqlens*`` and
     ``max_seqlen`` stay global, as Transformer Engine expects. Middle pipeline stages get
     ``input_ids``, ``labels`` and ``loss_mask`` as ``None``.
+
+    ``num_loss_tokens`` counts the tokens of the whole microbatch (every CP rank's share) that
+    carry loss: label not -100 and ``loss_mask`` > 0. It is set by the builders
+    (:func:`~seqpack.thd.pack_sequences` counts it once, on the host; CP shards and copies keep
+    it) and ``None`` where the builder was not told it.
     """
 
     input_ids: torch.Tensor | None  # int64 [T]
@@ -48,6 +53,7 @@ class PackedBatch:
     sample_ids: torch.Tensor  # int64 [N], global ids (-1 for a padding-only filler)
     cp_size: int = 1
     cp_rank: int = 0
+    num_loss_tokens: int | None = None  # supervised tokens of the whole microbatch (all CP ranks)
 
     def __post_init__(self) -> None:
         # Types only (cheap: one per microbatch); the layout itself is the builders' job.
@@ -82,6 +88,8 @@ class PackedBatch:
         check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0)
         check_int("PackedBatch.cp_size", self.cp_size, minimum=1)
         check_int("PackedBatch.cp_rank", self.cp_rank, minimum=0, maximum=self.cp_size - 1)
+        if self.num_loss_tokens is not None:
+            self.num_loss_tokens = check_int("PackedBatch.num_loss_tokens", self.num_loss_tokens, minimum=0)
 
     @property
     def num_tokens(self) -> int:
@@ -173,7 +181,7 @@ def padding_only_batch(num_tokens: int, *, pad_token_id: int = 0) -> PackedBatch
 
     Used when a replica has nothing scheduled in a microbatch round but must still run the
     step (FSDP and pipeline schedules need every rank to take part). Its ``sample_ids`` is
-    ``[-1]``, its loss mask is all zero.
+    ``[-1]``, its loss mask is all zero (``num_loss_tokens`` 0).
     """
     n = check_positive_int("num_tokens", num_tokens, maximum=INT32_MAX)  # cu_seqlens are int32
     pad_token_id = check_int("pad_token_id", pad_token_id, minimum=-INT64_MAX - 1, maximum=INT64_MAX)
@@ -188,6 +196,7 @@ def padding_only_batch(num_tokens: int, *, pad_token_id: int = 0) -> PackedBatch
         cu_seqlens_padded=torch.tensor([0, n], dtype=torch.int32),
         max_seqlen=n,
         sample_ids=torch.tensor([-1], dtype=torch.int64),
+        num_loss_tokens=0,
     )
 
 

@@ -4,23 +4,36 @@ padding arithmetic both follow (:func:`pad_multiple_for`, :func:`padded_lengths`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
 
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
+from seqpack.options import LABEL_COPY_MIN_TOKENS, LabelFormat
 from seqpack.thd.batch import PackedBatch
 from seqpack.thd.cp import check_cp, partition_indices
 from seqpack.thd.layout import Offsets, as_offsets, token_layout
-from seqpack.thd.sample import IGNORE_INDEX, TOKEN_KEYS, normalize_sample
+from seqpack.thd.sample import (
+    IGNORE_INDEX,
+    TOKEN_KEYS,
+    copied_labels,
+    copied_labels_message,
+    default_labels,
+    label_copy_counts,
+    looks_unshifted,
+    next_token_targets,
+    normalize_sample,
+)
 from seqpack.validation import (
     INT32_MAX,
     INT64_MAX,
     check_bool,
+    check_choice,
     check_fits_memory,
     check_int,
     check_mapping,
@@ -103,13 +116,16 @@ def pack_sequences(
     pad_to: int | None = None,
     pad_token_id: int = 0,
     sample_ids: Sequence[int] | np.ndarray | torch.Tensor | None = None,
+    label_format: LabelFormat | str = LabelFormat.SHIFTED,
 ) -> PackedBatch:
     """Pack samples into one THD microbatch.
 
     Each sequence is padded at its end to a multiple of ``pad_multiple``; ``pad_to`` then
     pads the pack's tail, absorbed into the last sequence's padding so every token belongs to
     a sequence. Pads carry ``pad_token_id``, label ``-100`` and loss mask 0; ``position_ids``
-    restart at 0 for every sequence and keep counting through its padding.
+    restart at 0 for every sequence and keep counting through its padding. The packed labels
+    are next-token targets whatever ``label_format`` the samples use; the loss mask is 0
+    wherever the label is -100.
 
     Args:
         samples: Samples of the sample contract (:func:`seqpack.thd.normalize_sample`):
@@ -120,17 +136,22 @@ def pack_sequences(
         pad_to: Total token count of the pack (a multiple of ``pad_multiple``).
         pad_token_id: Token id written into pad slots.
         sample_ids: Global id of every sample (default ``0..N-1``).
+        label_format: ``"shifted"``: ``labels`` (and ``loss_mask``) are next-token targets
+            (Megatron, NeMo); ``"unshifted"``: aligned with ``input_ids`` (Hugging Face,
+            TRL), shifted here within each sequence, whose last token gets -100.
 
     Raises:
         SeqpackTypeError, SampleError: A sample that breaks the sample contract; a
-            zero-length sequence.
-        ConfigError: Empty ``samples``, a pack longer than ``pad_to``, bad padding arguments
-            or ``sample_ids`` of the wrong length.
+            zero-length sequence; ``"shifted"`` labels that copy ``input_ids``
+            (:func:`seqpack.thd.sample.check_label_format`).
+        ConfigError: Empty ``samples``, a pack longer than ``pad_to``, bad padding arguments,
+            an unknown ``label_format`` or ``sample_ids`` of the wrong length.
     """
     # A pack's token count is int32 (cu_seqlens): so is one sequence's padding multiple.
     pad_multiple = check_positive_int("pad_multiple", pad_multiple, maximum=INT32_MAX)
     pad_to = check_optional_int("pad_to", pad_to, minimum=0, maximum=INT64_MAX)
     pad_token_id = check_int("pad_token_id", pad_token_id, minimum=-INT64_MAX - 1, maximum=INT64_MAX)
+    label_format = check_choice("label_format", label_format, LabelFormat)
     if not isinstance(samples, Sequence) or isinstance(samples, (str, bytes)):
         raise SeqpackTypeError(f"samples must be a list of sample mappings, got {type(samples).__name__}")
     if len(samples) == 0:
@@ -138,22 +159,41 @@ def pack_sequences(
     if pad_to is not None and pad_to % pad_multiple != 0:
         raise ConfigError(f"pad_to={pad_to} must be a multiple of pad_multiple={pad_multiple}")
 
-    num_seqs = len(samples)
     sequences = [normalize_sample(sample, where=f"sample {index}") for index, sample in enumerate(samples)]
-    ids_list = [sequence["input_ids"] for sequence in sequences]
-    lengths = np.fromiter(map(torch.Tensor.numel, ids_list), dtype=np.int64, count=num_seqs)
+    lengths = np.fromiter((sequence["input_ids"].numel() for sequence in sequences), np.int64, len(sequences))
     if not lengths.all():
         raise SampleError(f"sample {int(np.argmin(lengths))} has a zero-length sequence")
-    # Optional fields any sample carries (most packs carry none, or all carry the same).
-    optional = set().union(*(sequence.keys() for sequence in sequences if len(sequence) > 1))
+    padded = _padded_sizes(lengths, pad_multiple, pad_to)
+    cu_real = np.zeros(len(sequences) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cu_real[1:])
+    cu_padded = np.zeros(len(sequences) + 1, dtype=np.int64)
+    np.cumsum(padded, out=cu_padded[1:])
 
+    stream = _real_stream(sequences, cu_real, label_format)
+    tokens = _place_tokens(stream, sequences, cu_real, cu_padded, pad_token_id)
+    cu_seqlens = torch.from_numpy(cu_real.astype(np.int32))
+    if np.array_equal(cu_real, cu_padded):
+        cu_seqlens_padded = cu_seqlens  # same object: TE's no-padding fast path (TE #3487)
+    else:
+        cu_seqlens_padded = torch.from_numpy(cu_padded.astype(np.int32))
+    return PackedBatch(
+        **tokens,
+        cu_seqlens=cu_seqlens,
+        cu_seqlens_padded=cu_seqlens_padded,
+        max_seqlen=int(padded.max()),
+        sample_ids=_as_sample_ids(sample_ids, len(sequences)),
+        num_loss_tokens=stream.num_loss_tokens,
+    )
+
+
+def _padded_sizes(lengths: np.ndarray, pad_multiple: int, pad_to: int | None) -> np.ndarray:
+    """Every sequence's padded length; the pack's tail (``pad_to``) goes to the last one."""
     padded = padded_lengths(lengths, pad_multiple)
-    real_total = int(lengths.sum())
     padded_total = int(padded.sum())
     if pad_to is not None:
         if pad_to < padded_total:
             raise ConfigError(
-                f"pack needs {padded_total} tokens ({num_seqs} sequences, {real_total} real, "
+                f"pack needs {padded_total} tokens ({lengths.size} sequences, {int(lengths.sum())} real, "
                 f"pad_multiple={pad_multiple}) but pad_to={pad_to}"
             )
         padded[-1] += pad_to - padded_total
@@ -164,67 +204,110 @@ def pack_sequences(
             f"pad_multiple={pad_multiple}" + (f", pad_to={pad_to}" if pad_to is not None else "")
         )
     check_fits_memory(f"a pack of {padded_total} tokens", 40 * padded_total)  # ~5 tensors of 8 bytes a token
+    return padded
 
-    cu_real_np = np.zeros(num_seqs + 1, dtype=np.int64)
-    np.cumsum(lengths, out=cu_real_np[1:])
-    cu_padded_np = np.zeros(num_seqs + 1, dtype=np.int64)
-    np.cumsum(padded, out=cu_padded_np[1:])
-    no_padding = padded_total == real_total
-    # Without padding the real offsets say nothing more (and the pad test would be wasted).
-    layout = token_layout(cu_padded_np, None if no_padding else cu_real_np, total_tokens=padded_total, validate=False)
 
-    flat_ids = torch.cat(ids_list)  # [real_total]
+@dataclasses.dataclass
+class _RealStream:
+    """The real tokens of a pack, concatenated: ids and next-token targets."""
 
-    # Labels: the sample's own where given, else next-token labels of its input_ids.
-    labels_real = torch.full((real_total,), IGNORE_INDEX, dtype=torch.int64)
-    if real_total > 1:
-        labels_real[:-1] = flat_ids[1:]
-    last_of_seq = torch.from_numpy(cu_real_np[1:] - 1)  # [N]
-    labels_real[last_of_seq] = IGNORE_INDEX
+    input_ids: torch.Tensor  # int64 [R]
+    labels: torch.Tensor  # int64 [R], next-token targets
+    loss_mask: torch.Tensor  # float32 [R], 0 where labels are -100
+    last: torch.Tensor  # int64 [N], index of every sequence's last real token
+    num_loss_tokens: int
+
+
+def _real_stream(
+    sequences: Sequence[Mapping[str, torch.Tensor]], cu_real: np.ndarray, label_format: LabelFormat
+) -> _RealStream:
+    """Labels and loss mask of the real tokens: each sample's own where given (checked under
+    ``"shifted"``, moved one token left under ``"unshifted"``), the next tokens elsewhere."""
+    flat_ids = torch.cat([sequence["input_ids"] for sequence in sequences])  # [R]
+    last = torch.from_numpy(cu_real[1:] - 1)  # [N]
+    # Optional fields any sample carries (most packs carry none, or all carry the same).
+    optional = set().union(*(sequence.keys() for sequence in sequences if len(sequence) > 1))
+    labels = default_labels(flat_ids, last, label_format)
+    mask = None
     if "labels" in optional:
-        _override(labels_real, sequences, "labels", cu_real_np)
-    mask_real = (labels_real != IGNORE_INDEX).to(torch.float32)
+        _override(labels, sequences, "labels", cu_real)
     if "loss_mask" in optional:
-        _override(mask_real, sequences, "loss_mask", cu_real_np)
-    has_positions = "position_ids" in optional
+        mask = torch.ones(flat_ids.shape[0], dtype=torch.float32)
+        _override(mask, sequences, "loss_mask", cu_real)
+    if "labels" in optional and label_format is LabelFormat.SHIFTED:
+        _refuse_copied_labels(flat_ids, labels, mask, last, cu_real)
+    labels, mask = next_token_targets(labels, mask, last, label_format)
+    # The mask is 0 wherever the label is -100. One host sync when samples live on a device;
+    # packing normally runs on the CPU.
+    num_loss_tokens = int((mask > 0).sum())
+    return _RealStream(flat_ids, labels, mask, last, num_loss_tokens)
 
+
+def _refuse_copied_labels(
+    ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None, last: torch.Tensor, cu_real: np.ndarray
+) -> None:
+    """Raise for the first sample whose ``"shifted"`` labels copy its ``input_ids``."""
+    # Next-token labels have no copies: one count settles the common case.
+    if int(copied_labels(ids, labels, mask, last).sum()) < LABEL_COPY_MIN_TOKENS:
+        return
+    supervised, copied = label_copy_counts(ids, labels, mask, cu_real)
+    refused = np.flatnonzero(looks_unshifted(supervised, copied))
+    if refused.size:
+        i = int(refused[0])
+        raise SampleError(copied_labels_message(f"sample {i}", int(supervised[i]), int(copied[i])))
+
+
+class _TokenFields(TypedDict):
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    seq_idx: torch.Tensor
+    padding_mask: torch.Tensor
+
+
+def _place_tokens(
+    stream: _RealStream,
+    sequences: Sequence[Mapping[str, torch.Tensor]],
+    cu_real: np.ndarray,
+    cu_padded: np.ndarray,
+    pad_token_id: int,
+) -> _TokenFields:
+    """The token fields of the pack: real tokens at their slots, pads around them."""
+    padded_total = int(cu_padded[-1])
+    no_padding = padded_total == int(cu_real[-1])
+    # Without padding the real offsets say nothing more (and the pad test would be wasted).
+    layout = token_layout(cu_padded, None if no_padding else cu_real, total_tokens=padded_total, validate=False)
+    has_positions = any("position_ids" in sequence for sequence in sequences)
+    position_ids = layout.position
     if no_padding:  # the real stream is the pack
-        input_ids, labels, loss_mask = flat_ids, labels_real, mask_real
-        position_ids = layout.position
         if has_positions:
-            _override(position_ids, sequences, "position_ids", cu_real_np)
-    else:
-        # Destination of every real token (scatter_ is ~2x faster than index_copy_ on CPU).
-        dest = torch.from_numpy(np.flatnonzero(~layout.padding_mask.numpy()))  # [real_total]
-        input_ids = torch.full((padded_total,), pad_token_id, dtype=torch.int64).scatter_(0, dest, flat_ids)
-        labels = torch.full((padded_total,), IGNORE_INDEX, dtype=torch.int64).scatter_(0, dest, labels_real)
-        loss_mask = torch.zeros(padded_total, dtype=torch.float32).scatter_(0, dest, mask_real)
-        position_ids = layout.position
-        if has_positions:
-            pos_real = position_ids.index_select(0, dest)
-            _override(pos_real, sequences, "position_ids", cu_real_np)
-            # Pads keep counting from their sequence's last real position.
-            shift_pos = pos_real[last_of_seq] - torch.from_numpy(lengths - 1)  # [N]
-            position_ids = position_ids + shift_pos[layout.seq_idx]
-            position_ids.scatter_(0, dest, pos_real)
-
-    cu_seqlens = torch.from_numpy(cu_real_np.astype(np.int32))
-    if np.array_equal(cu_real_np, cu_padded_np):
-        cu_seqlens_padded = cu_seqlens  # same object: TE's no-padding fast path (TE #3487)
-    else:
-        cu_seqlens_padded = torch.from_numpy(cu_padded_np.astype(np.int32))
-
-    return PackedBatch(
-        input_ids=input_ids,
-        labels=labels,
-        loss_mask=loss_mask,
+            _override(position_ids, sequences, "position_ids", cu_real)
+        return _TokenFields(
+            input_ids=stream.input_ids,
+            labels=stream.labels,
+            loss_mask=stream.loss_mask,
+            position_ids=position_ids,
+            seq_idx=layout.seq_idx,
+            padding_mask=layout.padding_mask,
+        )
+    # Destination of every real token (scatter_ is ~2x faster than index_copy_ on CPU).
+    dest = torch.from_numpy(np.flatnonzero(~layout.padding_mask.numpy()))  # [R]
+    if has_positions:
+        pos_real = position_ids.index_select(0, dest)
+        _override(pos_real, sequences, "position_ids", cu_real)
+        # Pads keep counting from their sequence's last real position.
+        lengths = torch.from_numpy(cu_real[1:] - cu_real[:-1])
+        shift_pos = pos_real[stream.last] - (lengths - 1)  # [N]
+        position_ids = position_ids + shift_pos[layout.seq_idx]
+        position_ids.scatter_(0, dest, pos_real)
+    return _TokenFields(
+        input_ids=torch.full((padded_total,), pad_token_id, dtype=torch.int64).scatter_(0, dest, stream.input_ids),
+        labels=torch.full((padded_total,), IGNORE_INDEX, dtype=torch.int64).scatter_(0, dest, stream.labels),
+        loss_mask=torch.zeros(padded_total, dtype=torch.float32).scatter_(0, dest, stream.loss_mask),
         position_ids=position_ids,
         seq_idx=layout.seq_idx,
         padding_mask=layout.padding_mask,
-        cu_seqlens=cu_seqlens,
-        cu_seqlens_padded=cu_seqlens_padded,
-        max_seqlen=int(padded.max()),
-        sample_ids=_as_sample_ids(sample_ids, num_seqs),
     )
 
 
@@ -286,7 +369,8 @@ def batch_from_layout(
     layout (:func:`~seqpack.thd.token_layout`) exactly as :func:`pack_sequences` builds
     them, then this CP rank's DualChunkSwap shard is taken. Token tensors, when given, must
     already be the shard. Without them the batch is metadata-only (what middle pipeline
-    stages get).
+    stages get). Its ``num_loss_tokens`` is ``None``: a caller that knows the count sets it
+    (``dataclasses.replace``).
 
     Raises:
         SeqpackTypeError: Offsets or sample ids that are not integers.

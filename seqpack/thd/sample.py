@@ -9,6 +9,15 @@ are an error, and so are float arrays, even integral ones (a float label is a bu
 never silently truncated). ``loss_mask`` accepts any bool, integer or float dtype, becomes
 float32 and must be finite. :func:`normalize_sample` applies the contract
 (:func:`seqpack.thd.sample_sequences` also splits a pre-packed sample first).
+
+Labels come in one of two alignments (:class:`~seqpack.options.LabelFormat`): ``"shifted"``
+(next-token targets, seqpack's own form: ``labels[t]`` is what token ``t`` predicts) or
+``"unshifted"`` (Hugging Face's: aligned with ``input_ids``, the model shifts).
+:func:`next_token_targets` turns either into seqpack's form; :func:`check_label_format`
+refuses ``"shifted"`` labels that are copies of ``input_ids``; :func:`count_loss_tokens`
+counts what a sample adds to a microbatch's ``num_loss_tokens``. A token carries loss when
+its label is not :data:`IGNORE_INDEX` and its ``loss_mask`` is > 0; the mask is a weight on
+such tokens and is 0 wherever the label is :data:`IGNORE_INDEX`.
 """
 
 from __future__ import annotations
@@ -21,13 +30,22 @@ import numpy as np
 import torch
 
 from seqpack.errors import SampleError, SeqpackTypeError
-from seqpack.options import INT64_MAX
+from seqpack.options import INT64_MAX, LABEL_COPY_FRACTION, LABEL_COPY_MIN_TOKENS, LabelFormat
+from seqpack.validation import check_choice
 
 __all__ = [
     "IGNORE_INDEX",
     "INTEGER_KEYS",
+    "SAMPLES_NOT_BATCHES",
     "SAMPLE_DTYPES",
     "TOKEN_KEYS",
+    "check_label_format",
+    "copied_labels",
+    "count_loss_tokens",
+    "default_labels",
+    "label_copy_counts",
+    "looks_unshifted",
+    "next_token_targets",
     "normalize_sample",
 ]
 
@@ -49,6 +67,9 @@ INTEGER_KEYS: frozenset[str] = frozenset(key for key, dtype in SAMPLE_DTYPES.ite
 
 _OPTIONAL_KEYS = TOKEN_KEYS[1:]
 
+SAMPLES_NOT_BATCHES = "give seqpack samples, not batches: DataLoader(batch_size=None)"
+"""The hint for a collated batch where seqpack expects one sample (seqpack packs samples itself)."""
+
 
 def _as_tensor(value: Any, key: str, where: str) -> torch.Tensor:
     """``value`` as a tensor of its own dtype (numpy arrays and lists go through numpy)."""
@@ -60,6 +81,7 @@ def _as_tensor(value: Any, key: str, where: str) -> torch.Tensor:
         array = np.asarray(value)
         if key in INTEGER_KEYS and array.dtype.kind in "fO":
             _check_python_ints_fit(value, key, where)  # numpy made floats / objects of big ints
+            _refuse_python_floats(value, key, where)  # numpy's float64 is not the data's dtype
         value = array
     if not isinstance(value, np.ndarray):
         raise SeqpackTypeError(
@@ -84,6 +106,17 @@ def _check_python_ints_fit(values: list[Any] | tuple[Any, ...], key: str, where:
             raise SampleError(f"{where}: {key!r} holds {item} at token {index}, which does not fit int64")
 
 
+def _refuse_python_floats(values: list[Any] | tuple[Any, ...], key: str, where: str) -> None:
+    # A float column of a datasets.Dataset (float32 or not) arrives as Python floats: name
+    # what was given, not the float64 numpy would make of it.
+    for index, item in enumerate(values):
+        if isinstance(item, float):
+            raise SeqpackTypeError(
+                f"{where}: {key!r} must hold integers, got a list of Python floats ({item!r} at token {index}); "
+                "cast the column to an integer type"
+            )
+
+
 def _check_fits_int64(value: np.ndarray, key: str, where: str) -> None:
     if value.size and int(value.max()) > INT64_MAX:
         bad = int(np.flatnonzero(value > INT64_MAX)[0])
@@ -92,12 +125,21 @@ def _check_fits_int64(value: np.ndarray, key: str, where: str) -> None:
         )
 
 
+def _batch_hint(tensor: torch.Tensor) -> str:
+    """What a 2-D field most likely is: one row with a batch dim, or a collated batch."""
+    if tensor.dim() != 2:
+        return ""
+    if tensor.shape[0] == 1:
+        return " (one row with a batch dim, e.g. from return_tensors='pt': take row [0])"
+    return f" (a collated batch of {tensor.shape[0]} rows? {SAMPLES_NOT_BATCHES})"
+
+
 def _normalize_field(value: Any, key: str, where: str) -> torch.Tensor:
     """One field of one sample: type, shape and values checked, converted to its dtype."""
     dtype = SAMPLE_DTYPES[key]
     tensor = _as_tensor(value, key, where)
     if tensor.dim() != 1:
-        raise SampleError(f"{where}: {key!r} must be 1-D, got shape {tuple(tensor.shape)}")
+        raise SampleError(f"{where}: {key!r} must be 1-D, got shape {tuple(tensor.shape)}{_batch_hint(tensor)}")
     if tensor.dtype == dtype and key in INTEGER_KEYS:
         return tensor  # already int64: nothing to check or convert
     if key in INTEGER_KEYS:
@@ -166,3 +208,168 @@ def normalize_sample(sample: Any, *, where: str = "sample") -> dict[str, torch.T
             raise SampleError(f"{where}: {key!r} has {tensor.shape[0]} tokens but 'input_ids' has {length}")
         out[key] = tensor
     return out
+
+
+# --- labels: alignment, copies of input_ids, loss tokens ----------------------------------
+
+
+def _shift_left(values: torch.Tensor, fill: float) -> torch.Tensor:
+    """``out[t] = values[t + 1]``; the last slot gets ``fill``."""
+    out = torch.empty_like(values)
+    out[:-1] = values[1:]
+    out[-1:] = fill
+    return out
+
+
+def default_labels(input_ids: torch.Tensor, last: torch.Tensor, label_format: LabelFormat | str) -> torch.Tensor:
+    """The labels of sequences that bring none, in ``label_format``'s alignment.
+
+    Args:
+        input_ids: One or more sequences concatenated (int64 ``[L]``).
+        last: Index of every sequence's last token (int64 ``[N]``).
+        label_format: ``"shifted"``: next-token labels (-100 at each last token);
+            ``"unshifted"``: ``input_ids`` itself (what Hugging Face's collators use).
+    """
+    if check_choice("label_format", label_format, LabelFormat) is LabelFormat.UNSHIFTED:
+        return input_ids.clone()
+    labels = _shift_left(input_ids, IGNORE_INDEX)
+    labels[last] = IGNORE_INDEX
+    return labels
+
+
+def next_token_targets(
+    labels: torch.Tensor,
+    loss_mask: torch.Tensor | None,
+    last: torch.Tensor,
+    label_format: LabelFormat | str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Labels and loss mask of concatenated sequences in seqpack's form (next-token targets).
+
+    Under ``"unshifted"`` the labels (and a given ``loss_mask``, aligned with them) move one
+    token left within each sequence; each sequence's last token gets -100. The loss mask is
+    the given one (else 1) where the label is not -100, and 0 elsewhere.
+
+    Args:
+        labels: int64 ``[L]`` in ``label_format``'s alignment (not modified).
+        loss_mask: float32 ``[L]`` aligned with ``labels``, or ``None``.
+        last: Index of every sequence's last token (int64 ``[N]``).
+        label_format: ``"shifted"`` or ``"unshifted"``.
+
+    Returns:
+        ``(labels, loss_mask)``: int64 and float32 ``[L]``.
+    """
+    if check_choice("label_format", label_format, LabelFormat) is LabelFormat.UNSHIFTED:
+        labels = _shift_left(labels, IGNORE_INDEX)
+        labels[last] = IGNORE_INDEX
+        loss_mask = None if loss_mask is None else _shift_left(loss_mask, 0.0)
+    supervised = labels != IGNORE_INDEX
+    if loss_mask is None:
+        return labels, supervised.to(torch.float32)
+    return labels, torch.where(supervised, loss_mask, torch.zeros((), dtype=loss_mask.dtype, device=loss_mask.device))
+
+
+def copied_labels(
+    input_ids: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor | None, last: torch.Tensor
+) -> torch.Tensor:
+    """Supervised tokens whose label is their own token and not the next one (bool ``[L]``).
+
+    What labels aligned with ``input_ids`` (Hugging Face's) look like when read as next-token
+    targets. Next-token labels never match, even on a run of one repeated token.
+
+    Args:
+        input_ids, labels: int64 ``[L]``, the sequences concatenated; labels as given.
+        loss_mask: float32 ``[L]`` or ``None``; a token with mask 0 is not supervised.
+        last: Index of every sequence's last token (int64 ``[N]``).
+    """
+    copied = (labels == input_ids) & (labels != default_labels(input_ids, last, LabelFormat.SHIFTED))
+    if loss_mask is not None:
+        copied &= loss_mask > 0
+    return copied
+
+
+def label_copy_counts(
+    input_ids: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor | None, cu_seqlens: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per sequence: supervised tokens (label not -100, ``loss_mask`` > 0 when given) and how
+    many of them are :func:`copied_labels`.
+
+    Args:
+        input_ids, labels: int64 ``[L]``, the sequences concatenated; labels as given.
+        loss_mask: float32 ``[L]`` or ``None``.
+        cu_seqlens: int64 ``[N+1]`` offsets of the (non-empty) sequences in the stream.
+
+    Returns:
+        ``(supervised, copied)``: int64 ``[N]`` each.
+    """
+    supervised = labels != IGNORE_INDEX
+    if loss_mask is not None:
+        supervised &= loss_mask > 0
+    last = torch.from_numpy(cu_seqlens[1:] - 1).to(labels.device)
+    copied = copied_labels(input_ids, labels, loss_mask, last)
+    running = torch.stack([supervised, copied]).to(torch.int64).cumsum(dim=1).cpu().numpy()  # [2, L]
+    running = np.concatenate([np.zeros((2, 1), dtype=np.int64), running], axis=1)  # [2, L + 1]
+    per_seq = running[:, cu_seqlens[1:]] - running[:, cu_seqlens[:-1]]  # [2, N]
+    return per_seq[0], per_seq[1]
+
+
+def looks_unshifted(supervised: np.ndarray, copied: np.ndarray) -> np.ndarray:
+    """Which sequences' ``"shifted"`` labels are copies of their ``input_ids`` (bool ``[N]``).
+
+    True when a sequence has at least :data:`~seqpack.options.LABEL_COPY_MIN_TOKENS`
+    supervised tokens and at least :data:`~seqpack.options.LABEL_COPY_FRACTION` of them are
+    :func:`copied_labels`. The same rule serves a whole step's sums (:func:`label_copy_counts`).
+    """
+    supervised = np.asarray(supervised, dtype=np.int64)
+    copied = np.asarray(copied, dtype=np.int64)
+    return (supervised >= LABEL_COPY_MIN_TOKENS) & (copied >= LABEL_COPY_FRACTION * supervised)
+
+
+def copied_labels_message(where: str, supervised: int, copied: int) -> str:
+    """The error for ``"shifted"`` labels that look aligned with ``input_ids``."""
+    return (
+        f"{where}: labels equal input_ids on {copied} of {supervised} supervised tokens, as Hugging Face's "
+        "labels do, but label_format='shifted' reads labels as next-token targets (the model would learn to "
+        "copy its input); pass label_format='unshifted', or give next-token labels"
+    )
+
+
+def check_label_format(
+    sample: Mapping[str, torch.Tensor], label_format: LabelFormat | str, *, where: str = "sample"
+) -> None:
+    """Refuse ``"shifted"`` labels that are copies of ``input_ids`` (:func:`looks_unshifted`).
+
+    Args:
+        sample: One sequence as :func:`normalize_sample` returns it.
+        label_format: How the caller declared its labels; ``"unshifted"`` is never refused.
+        where: How the error names the sample.
+
+    Raises:
+        SampleError: Naming ``label_format``, the sample and the counts.
+    """
+    label_format = check_choice("label_format", label_format, LabelFormat)
+    labels = sample.get("labels")
+    if label_format is LabelFormat.UNSHIFTED or labels is None or labels.shape[0] == 0:
+        return
+    ids = sample["input_ids"]
+    cu = np.array([0, ids.shape[0]], dtype=np.int64)
+    supervised, copied = label_copy_counts(ids, labels, sample.get("loss_mask"), cu)
+    if looks_unshifted(supervised, copied)[0]:
+        raise SampleError(copied_labels_message(where, int(supervised[0]), int(copied[0])))
+
+
+def count_loss_tokens(sample: Mapping[str, torch.Tensor], label_format: LabelFormat | str = "shifted") -> int:
+    """Tokens of one sequence that carry loss once packed (what it adds to ``num_loss_tokens``).
+
+    Args:
+        sample: One sequence as :func:`normalize_sample` returns it.
+        label_format: The alignment of its ``labels`` (and ``loss_mask``).
+    """
+    ids = sample["input_ids"]
+    if ids.shape[0] == 0:
+        return 0
+    last = torch.tensor([ids.shape[0] - 1], device=ids.device)
+    labels = sample.get("labels")
+    if labels is None:
+        labels = default_labels(ids, last, label_format)
+    labels, loss_mask = next_token_targets(labels, sample.get("loss_mask"), last, label_format)
+    return int(((labels != IGNORE_INDEX) & (loss_mask > 0)).sum())

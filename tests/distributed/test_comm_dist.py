@@ -274,12 +274,12 @@ def topology_cases():
         except ValueError as exc:
             errors.append(str(exc))
     out["errors"] = errors
-    mesh = _cached("mesh_other", lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "cp")))
+    mesh = _cached("mesh_other", lambda: init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "cp")))
     try:
         Topology.from_device_mesh(mesh)
     except ValueError as exc:
         out["unnamed"] = str(exc)
-    out["mapped"] = Topology.from_device_mesh(mesh, axis_names={"dp": "dp_shard"}).signature()
+    out["mapped"] = Topology.from_device_mesh(mesh, axis_names={"dp": "data"}).signature()
     return out
 
 
@@ -293,4 +293,4 @@ def test_topology_from_groups_matches_the_mesh(dist_pools):
         assert "share ranks" in overlap and "must meet only in this rank" in overlap
         assert missing_world == "dp(2) * cp(1) * tp(1) * pp(1) = 2 != world_size(4)"
         assert f"the dp group does not contain this rank ({rank})" in foreign
-        assert "mesh dim 'dp_shard' is not one of dp, cp, tp, pp" in r["unnamed"]
+        assert "mesh dim 'data' is not one of dp, cp, tp, pp nor a data-parallel dim" in r["unnamed"]

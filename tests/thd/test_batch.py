@@ -59,6 +59,7 @@ def test_packed_batch_is_dataclass_with_contract_fields():
         "sample_ids",
         "cp_size",
         "cp_rank",
+        "num_loss_tokens",
     ):
         assert field in names
 
@@ -76,6 +77,8 @@ def _fields(batch):
         ("sample_ids", torch.tensor([0], dtype=torch.int64), r"sample_ids has shape \(1,\), expected \(2,\)"),
         ("cp_rank", 1, "cp_rank"),
         ("max_seqlen", -1, "max_seqlen"),
+        ("num_loss_tokens", -1, r"PackedBatch.num_loss_tokens must be an integer >= 0, got -1"),
+        ("num_loss_tokens", 2.0, r"PackedBatch.num_loss_tokens must be an integer"),
     ],
 )
 def test_packed_batch_refuses_inconsistent_shapes(field, value, match):

@@ -324,3 +324,92 @@ def test_batch_from_layout_of_a_filler_equals_padding_only_batch():
 def test_batch_from_layout_rejects(args, kwargs, error, match):
     with pytest.raises(error, match=match):
         batch_from_layout(*args, **kwargs)
+
+
+# --- label_format and num_loss_tokens -----------------------------------------------------------
+
+
+def _targets_reference(sample, label_format):
+    """Token by token: a sample's next-token labels and loss mask (mask 0 where label is -100)."""
+    ids = [int(v) for v in sample["input_ids"]]
+    n = len(ids)
+    given = sample.get("labels")
+    mask_given = sample.get("loss_mask")
+    labels, mask = [], []
+    for t in range(n):
+        if label_format == "unshifted":  # token t predicts the label aligned with token t + 1
+            label = (int(given[t + 1]) if given is not None else ids[t + 1]) if t + 1 < n else IGNORE_INDEX
+            weight = (float(mask_given[t + 1]) if mask_given is not None else 1.0) if t + 1 < n else 0.0
+        else:
+            label = int(given[t]) if given is not None else (ids[t + 1] if t + 1 < n else IGNORE_INDEX)
+            weight = float(mask_given[t]) if mask_given is not None else 1.0
+        labels.append(label)
+        mask.append(weight if label != IGNORE_INDEX else 0.0)
+    return labels, mask
+
+
+@st.composite
+def _labelled_samples(draw):
+    samples = []
+    for _ in range(draw(st.integers(1, 6))):
+        n = draw(st.integers(1, 12))
+        # ids apart from the label values: random labels never look like copies of input_ids
+        sample = {"input_ids": torch.tensor(draw(st.lists(st.integers(50, 80), min_size=n, max_size=n)))}
+        if draw(st.booleans()):
+            labels = draw(st.lists(st.sampled_from([IGNORE_INDEX, 1, 2, 3, 40]), min_size=n, max_size=n))
+            sample["labels"] = torch.tensor(labels)
+        if draw(st.booleans()):
+            sample["loss_mask"] = torch.tensor(draw(st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=n, max_size=n)))
+        samples.append(sample)
+    return samples
+
+
+@given(samples=_labelled_samples(), pad_multiple=st.sampled_from([1, 4]), fmt=st.sampled_from(["shifted", "unshifted"]))
+def test_packed_targets_follow_label_format_token_by_token(samples, pad_multiple, fmt):
+    batch = pack_sequences(samples, pad_multiple=pad_multiple, label_format=fmt)
+    real = ~batch.padding_mask
+    labels, mask = [], []
+    for sample in samples:
+        sample_labels, sample_mask = _targets_reference(sample, fmt)
+        labels += sample_labels
+        mask += sample_mask
+    assert batch.labels[real].tolist() == labels and batch.loss_mask[real].tolist() == mask
+    assert (batch.labels[~real] == IGNORE_INDEX).all() and (batch.loss_mask[~real] == 0).all()
+    supervised = [label != IGNORE_INDEX and weight > 0 for label, weight in zip(labels, mask, strict=True)]
+    assert batch.num_loss_tokens == sum(supervised)
+
+
+@given(samples=_labelled_samples())
+def test_unshifted_and_shifted_labels_give_the_same_pack(samples):
+    """HF-aligned labels and the same targets given as next-token labels pack identically."""
+    shifted = []
+    for sample in samples:
+        labels, mask = _targets_reference(sample, "unshifted")
+        shifted.append(
+            {"input_ids": sample["input_ids"], "labels": torch.tensor(labels), "loss_mask": torch.tensor(mask)}
+        )
+    a = pack_sequences(samples, pad_multiple=4, label_format="unshifted")
+    b = pack_sequences(shifted, pad_multiple=4, label_format="shifted")
+    for name in BATCH_TOKEN_FIELDS:
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.num_loss_tokens == b.num_loss_tokens
+
+
+def test_num_loss_tokens_is_the_whole_microbatchs_and_survives_sharding_and_copies():
+    samples = [
+        {"input_ids": torch.arange(1, 8)},
+        {"input_ids": torch.arange(1, 4), "labels": torch.tensor([-100, 2, 3])},
+    ]
+    batch = pack_sequences(samples, pad_multiple=4)
+    assert batch.num_loss_tokens == 6 + 2 == int(((batch.labels != IGNORE_INDEX) & (batch.loss_mask > 0)).sum())
+    shards = [shard_for_cp(batch, 2, r) for r in range(2)]
+    assert [s.num_loss_tokens for s in shards] == [8, 8]  # the microbatch's, not the shard's
+    assert sum(int((s.loss_mask > 0).sum()) for s in shards) == 8
+    assert batch.to("cpu").num_loss_tokens == 8 and padding_only_batch(4).num_loss_tokens == 0
+    unknown = batch_from_layout(batch.cu_seqlens, batch.cu_seqlens_padded, batch.max_seqlen, [0, 1])
+    assert unknown.num_loss_tokens is None  # the layout alone does not know it
+
+
+def test_label_format_is_checked():
+    with pytest.raises(ConfigError, match=r"label_format must be one of \('shifted', 'unshifted'\), got 'HF'"):
+        pack_sequences([{"input_ids": torch.arange(3)}], label_format="HF")

@@ -1,5 +1,7 @@
 """The sample contract (seqpack.thd.sample): accepted keys, dtypes and the errors for the rest."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -68,7 +70,8 @@ def test_python_ints_past_int64_in_a_list_are_an_error():
         ):
             normalize_sample({"input_ids": values}, where=WHERE)
     # A list that is really fractional stays a dtype error, never truncated.
-    with pytest.raises(SeqpackTypeError, match=r"'labels' must hold integers, got dtype torch.float64"):
+    floats = r"'labels' must hold integers, got a list of Python floats \(0.5 at token 1\)"
+    with pytest.raises(SeqpackTypeError, match=floats):
         normalize_sample({"input_ids": [1, 2], "labels": [1, 0.5]}, where=WHERE)
 
 
@@ -87,7 +90,8 @@ def test_python_ints_past_int64_in_a_list_are_an_error():
 )
 def test_integer_fields_refuse_floats_bools_and_complex(key, value):
     sample = {"input_ids": torch.arange(3), key: value}
-    with pytest.raises(SeqpackTypeError, match=rf"{WHERE}: '{key}' must hold integers, got dtype"):
+    message = rf"{WHERE}: '{key}' must hold integers, got (dtype|a list of Python floats)"
+    with pytest.raises(SeqpackTypeError, match=message):
         normalize_sample(sample, where=WHERE)
 
 
@@ -220,3 +224,142 @@ def test_sample_sequences_splits_pre_packed_samples_after_normalising():
         sample_sequences(bad, where=WHERE)
     with pytest.raises(SampleError, match=r"pre-packed with a bad layout: cu_seqlens_padded ends at 9"):
         sample_sequences({**packed, "cu_seqlens_padded": torch.tensor([0, 4, 9])}, where=WHERE)
+
+
+# --- friction: batches where samples belong, dtypes named as given -----------------------------
+
+
+def test_a_collated_batch_says_give_samples_not_batches():
+    from seqpack.thd.sample import SAMPLES_NOT_BATCHES
+
+    assert SAMPLES_NOT_BATCHES == "give seqpack samples, not batches: DataLoader(batch_size=None)"
+    with pytest.raises(SampleError) as info:
+        normalize_sample({"input_ids": torch.zeros(8, 527, dtype=torch.long)}, where=WHERE)
+    assert str(info.value) == (
+        f"{WHERE}: 'input_ids' must be 1-D, got shape (8, 527) (a collated batch of 8 rows? {SAMPLES_NOT_BATCHES})"
+    )
+    with pytest.raises(SampleError, match=r"got shape \(1, 5\) \(one row with a batch dim, .*take row \[0\]\)"):
+        normalize_sample({"input_ids": torch.zeros(1, 5, dtype=torch.long)}, where=WHERE)
+    batched = rf"'labels' must be 1-D, got shape \(4, 3\) .*{re.escape(SAMPLES_NOT_BATCHES)}"
+    with pytest.raises(SampleError, match=batched):
+        pack_sequences([{"input_ids": torch.arange(3), "labels": torch.zeros(4, 3, dtype=torch.long)}])
+
+
+def test_a_float32_labels_column_is_reported_as_what_arrives():
+    datasets = pytest.importorskip("datasets")
+    column = [np.array([1.0, 2.0, 3.0], dtype=np.float32)]
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]], "labels": column})
+    assert ds.features["labels"].feature.dtype == "float32"
+    # The default format gives Python floats: say so, never the float64 numpy would make of them.
+    with pytest.raises(SeqpackTypeError) as info:
+        normalize_sample(ds[0], where=WHERE)
+    assert "got a list of Python floats (1.0 at token 0)" in str(info.value) and "float64" not in str(info.value)
+    # numpy and torch formats keep the column's own dtype, and the message names it.
+    for fmt in ("numpy", "torch"):
+        with pytest.raises(SeqpackTypeError, match=r"'labels' must hold integers, got dtype torch.float32$"):
+            normalize_sample(ds.with_format(fmt)[0], where=WHERE)
+
+
+# --- labels: alignment, the copied-labels guard, loss tokens -----------------------------------
+
+
+def _hf_sample(length, prompt, seed=0):
+    """An HF-style sample: labels are input_ids with -100 on the prompt (no token repeats)."""
+    ids = torch.randperm(1000, generator=torch.Generator().manual_seed(seed))[:length] + 1
+    labels = ids.clone()
+    labels[:prompt] = -100
+    return {"input_ids": ids, "labels": labels}
+
+
+def test_next_token_targets_moves_unshifted_labels_and_masks_left_within_each_sequence():
+    from seqpack.thd.sample import default_labels, next_token_targets
+
+    ids = torch.tensor([5, 6, 7, 8, 9])  # two sequences: [5, 6, 7] and [8, 9]
+    last = torch.tensor([2, 4])
+    assert default_labels(ids, last, "shifted").tolist() == [6, 7, -100, 9, -100]
+    assert default_labels(ids, last, "unshifted").tolist() == [5, 6, 7, 8, 9]
+    hf = torch.tensor([-100, 6, 7, -100, 9])
+    mask = torch.tensor([1.0, 0.5, 1.0, 1.0, 0.25])
+    labels, loss_mask = next_token_targets(hf, mask, last, "unshifted")
+    assert labels.tolist() == [6, 7, -100, 9, -100]
+    assert loss_mask.tolist() == [0.5, 1.0, 0.0, 0.25, 0.0]
+    labels, loss_mask = next_token_targets(labels, None, last, "shifted")
+    assert labels.tolist() == [6, 7, -100, 9, -100] and loss_mask.tolist() == [1, 1, 0, 1, 0]
+    # A mask is 0 wherever the label is -100, whatever it said.
+    _, loss_mask = next_token_targets(torch.tensor([1, -100, 3]), torch.ones(3), torch.tensor([2]), "shifted")
+    assert loss_mask.tolist() == [1.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match=r"label_format must be one of \('shifted', 'unshifted'\), got 'hf'"):
+        next_token_targets(hf, None, last, "hf")
+
+
+def test_shifted_labels_that_copy_input_ids_are_refused_naming_label_format():
+    from seqpack.thd.sample import check_label_format
+
+    sample = normalize_sample(_hf_sample(40, prompt=10))
+    with pytest.raises(SampleError) as info:
+        check_label_format(sample, "shifted", where=WHERE)
+    message = str(info.value)
+    assert message.startswith(f"{WHERE}: labels equal input_ids on 30 of 30 supervised tokens")
+    assert "label_format='shifted'" in message and "pass label_format='unshifted'" in message
+    check_label_format(sample, "unshifted", where=WHERE)  # declared: fine
+    with pytest.raises(SampleError, match=r"sample 1: labels equal input_ids on 30 of 30 .*label_format="):
+        pack_sequences([{"input_ids": torch.arange(1, 9)}, sample])
+    pack_sequences([{"input_ids": torch.arange(1, 9)}, sample], label_format="unshifted")
+
+
+def test_the_guard_needs_nearly_all_of_enough_supervised_tokens():
+    from seqpack.options import LABEL_COPY_FRACTION, LABEL_COPY_MIN_TOKENS
+    from seqpack.thd.sample import check_label_format, label_copy_counts, looks_unshifted
+
+    assert (LABEL_COPY_FRACTION, LABEL_COPY_MIN_TOKENS) == (0.9, 8)
+    # Too short to tell: 7 supervised tokens, all copies, pass; 8 do not.
+    check_label_format(normalize_sample(_hf_sample(10, prompt=3)), "shifted")
+    with pytest.raises(SampleError, match="on 8 of 8 supervised tokens"):
+        check_label_format(normalize_sample(_hf_sample(10, prompt=2)), "shifted")
+    # 20 supervised tokens: 18 copies (90%) are refused, 17 (85%) pass.
+    ids = torch.arange(100, 120)
+    for copies, refused in ((18, True), (17, False)):
+        labels = torch.cat([ids[:copies], torch.arange(1, 21 - copies)])
+        sample = {"input_ids": ids, "labels": labels}
+        supervised, copied = label_copy_counts(ids, labels, None, np.array([0, 20]))
+        assert (supervised.tolist(), copied.tolist()) == ([20], [copies])
+        assert looks_unshifted(supervised, copied).tolist() == [refused]
+        if refused:
+            with pytest.raises(SampleError, match=f"on {copies} of 20"):
+                check_label_format(sample, "shifted")
+        else:
+            check_label_format(sample, "shifted")
+    # A loss mask of 0 takes a token out of the count.
+    hf = _hf_sample(20, prompt=0)
+    assert label_copy_counts(hf["input_ids"], hf["labels"], torch.zeros(20), np.array([0, 20]))[0].tolist() == [0]
+
+
+@pytest.mark.parametrize("token", [3, 0])
+def test_next_token_labels_are_never_copies_even_on_a_run_of_one_token(token):
+    from seqpack.thd.sample import check_label_format, label_copy_counts
+
+    ids = torch.full((64,), token)
+    labels = torch.cat([ids[1:], torch.tensor([-100])])  # next-token labels equal input_ids everywhere
+    supervised, copied = label_copy_counts(ids, labels, None, np.array([0, 64]))
+    assert (supervised.tolist(), copied.tolist()) == ([63], [0])
+    check_label_format({"input_ids": ids, "labels": labels}, "shifted")
+    pack_sequences([{"input_ids": ids, "labels": labels}])
+
+
+def test_count_loss_tokens_is_what_the_sample_adds_to_a_pack():
+    from seqpack.thd.sample import count_loss_tokens
+
+    samples = [
+        {"input_ids": torch.arange(1, 6)},
+        _hf_sample(12, prompt=4, seed=1),
+        {**_hf_sample(9, prompt=0, seed=2), "loss_mask": torch.tensor([1.0, 1, 0, 1, 1, 0.5, 1, 1, 0])},
+    ]
+    for fmt in ("shifted", "unshifted"):
+        counts = [count_loss_tokens(normalize_sample(s), fmt) for s in samples[:1]]
+        assert counts == [4]
+    counts = [count_loss_tokens(normalize_sample(s), "unshifted") for s in samples]
+    # 5 tokens: 4 targets; 12 with a 4-token prompt: 8 (the first answer token is predicted
+    # from the last prompt token); 9 tokens: 8 targets, of which the mask zeroes tokens 2 and 8.
+    assert counts == [4, 8, 6]
+    assert sum(counts) == pack_sequences(samples, pad_multiple=4, label_format="unshifted").num_loss_tokens
+    assert count_loss_tokens(normalize_sample({"input_ids": []})) == 0
