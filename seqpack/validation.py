@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from seqpack._compat import moved_names
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, INT64_MAX, MAX_TOKENS
 
@@ -25,7 +26,6 @@ __all__ = [
     "MAX_TOKENS",
     "check_bool",
     "check_choice",
-    "check_cost_model",
     "check_fits_memory",
     "check_int",
     "check_number",
@@ -38,6 +38,9 @@ __all__ = [
 ]
 
 E = TypeVar("E", bound=Enum)
+
+# check_cost_model lives with CostModel now (this module imports nothing above errors/options).
+__getattr__ = moved_names(__name__, {"check_cost_model": "seqpack.cost"})
 
 
 def _is_int(value: object) -> bool:
@@ -141,20 +144,6 @@ def check_tensor(name: str, value: object, *, min_dim: int = 0) -> torch.Tensor:
     if value.dim() < min_dim:
         raise ConfigError(f"{name} must have at least {min_dim} dimension(s), got shape {tuple(value.shape)}")
     return value
-
-
-def check_cost_model(name: str, value: object) -> None:
-    """``value`` is ``None`` or a :class:`seqpack.cost.CostModel`.
-
-    Raises:
-        SeqpackTypeError: Anything else; a :class:`~seqpack.cost.ModelSpec` gets the hint
-            to call its ``cost_model()``.
-    """
-    from seqpack.cost import CostModel  # late: cost imports this module
-
-    if value is not None and not isinstance(value, CostModel):
-        hint = " (ModelSpec.cost_model() gives one)" if hasattr(value, "cost_model") else ""
-        raise SeqpackTypeError(f"{name} must be a seqpack.CostModel or None, got {type(value).__name__}{hint}")
 
 
 def memory_limit() -> int | None:

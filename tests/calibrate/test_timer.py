@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from seqpack.timing import MicrobatchTimer
+from seqpack.calibrate import MicrobatchTimer
 
 
 class FakeStep:
