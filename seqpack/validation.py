@@ -29,6 +29,7 @@ __all__ = [
     "check_fits_memory",
     "check_int",
     "check_number",
+    "check_numbers",
     "check_mapping",
     "check_optional_int",
     "check_path",
@@ -98,6 +99,40 @@ def check_number(
     if not allow_zero and number == 0:
         raise ConfigError(f"{name} must not be 0")
     return number
+
+
+def check_numbers(name: str, values: object, *, where: str = "") -> np.ndarray:
+    """``values`` (a sequence, array or tensor of real numbers, or one number) as a 1-D
+    float64 array. NaN and infinities pass (callers decide what they mean). ``where`` goes
+    into the message after ``name`` (``" (record_times of step 3)"``).
+
+    Raises:
+        SeqpackTypeError: An element that is no real number (a string, a bool, ``None``, a
+            complex number), named with its index.
+    """
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError, RuntimeError):  # ragged nesting, a tensor that needs .cpu()
+        raise SeqpackTypeError(f"{name} must be numbers{where}, got {values!r:.60}") from None
+    if arr.dtype.kind in "iuf" and hasattr(values, "__array__"):
+        return arr.reshape(-1).astype(np.float64)  # an array or tensor: its dtype says it all
+    # Scan the elements as given: an array made of [0.1, True] holds 1.0, of [0.1, "0.2"] "0.1".
+    for i, value in enumerate(np.asarray(values, dtype=object).reshape(-1).tolist()):
+        if isinstance(value, (bool, np.bool_)) or not (isinstance(value, numbers.Real) or _is_number_array(value)):
+            kind = type(value).__name__
+            raise SeqpackTypeError(f"{name} must hold real numbers{where}, got {name}[{i}]={value!r} ({kind})")
+    try:
+        return arr.reshape(-1).astype(np.float64)
+    except (TypeError, ValueError, OverflowError):  # e.g. an int past float64 in an object array
+        raise SeqpackTypeError(f"{name} must be float64 numbers{where}, got {values!r:.60}") from None
+
+
+def _is_number_array(value: object) -> bool:
+    """A one-element array or tensor of ints or floats (``torch.tensor(0.1)``)."""
+    if not hasattr(value, "__array__"):
+        return False
+    arr = np.asarray(value)
+    return arr.size == 1 and arr.dtype.kind in "iuf"
 
 
 def check_bool(name: str, value: object) -> bool:

@@ -1,8 +1,9 @@
 """CostCalibrator: a cost model fitted online to measured microbatch times.
 
 :class:`CostCalibrator` keeps a sliding window of timed microbatches (each reduced to its
-exact length sums ``S = sum(s)`` and ``SS = sum(s**2)``) and fits
-``seconds ~ constant + linear*S + quadratic*SS`` with :meth:`CostModel.fit
+exact length sums ``S = sum(s)`` and ``SS = sum(s**2)``, and ``SW`` when the prior has a
+sliding-window term: :mod:`seqpack.cost.terms`) and fits
+``seconds ~ constant + linear*S + quadratic*SS (+ windowed*SW)`` with :meth:`CostModel.fit
 <seqpack.cost.CostModel.fit>`'s exact, outlier-resistant NNLS. Until it holds
 ``min_points`` timings its model is the prior (e.g. the FLOPs model). The fit is a pure
 function of the observations, bit for bit (see :func:`seqpack.cost.nnls_fit`), so ranks
@@ -16,29 +17,31 @@ arrives.
 from __future__ import annotations
 
 import collections
+import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import numpy as np
 
+from seqpack._logging import warn_once
 from seqpack.cost import CostModel, nnls_fit, robust_weights_fit
+from seqpack.cost.terms import exact_sums
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
-from seqpack.validation import check_bool, check_int
+from seqpack.validation import check_bool, check_int, check_numbers
 
-__all__ = ["CostCalibrator"]
+__all__ = ["MAX_SECONDS", "MIN_SECONDS", "CostCalibrator"]
 
+logger = logging.getLogger(__name__)
 
-def _sums(lengths: Sequence[int] | np.ndarray, where: str) -> tuple[int, int]:
-    """Exact ``(S, SS)`` of one microbatch's lengths."""
-    arr = np.asarray(lengths).reshape(-1)
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        if not (np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))):
-            raise SeqpackTypeError(f"{where} lengths must be integers, got {arr.dtype}")
-    values = [int(v) for v in arr.tolist()]
-    if any(v < 0 for v in values):
-        raise ConfigError(f"{where} has a negative length: {min(values)}")
-    return sum(values), sum(v * v for v in values)
+MIN_SECONDS = 2.0**-120
+MAX_SECONDS = 2.0**120
+"""Times the calibrator fits (about 7.5e-37 to 1.3e36 s): beyond them no clock measured a
+microbatch, and their squares (relative weights) would leave float64. Others are skipped
+and counted like NaN."""
+
+# One observation: the microbatch's exact feature sums (S, SS[, SW]), its seconds, its step (-1: none).
+_Point: TypeAlias = tuple[tuple[int, ...], float, int]
 
 
 class CostCalibrator:
@@ -61,10 +64,14 @@ class CostCalibrator:
             it. (After a resume the first step compiles again, but the window is full by
             then and the robust fit rejects it.)
         keep_prior_shape: Once fitted, use the prior rescaled to the timings (one
-            coefficient) unless the 3-coefficient fit explains them significantly better
-            (an F-test, ``F > 4`` with 2 extra coefficients: about 2% false alarms). When
+            coefficient) unless the full fit explains them significantly better (an F-test,
+            ``F > 4`` with 2 extra coefficients, ``F > 3.3`` with 3 (a windowed prior):
+            about 2% false alarms). When
             the clock is the prior's shape (FLOPs on a compute-bound GPU), the schedules
             then stay exactly the prior's instead of following noise in the fit.
+
+    The terms fitted are the prior's (:attr:`CostModel.terms`): a prior with a sliding-window
+    term makes the calibrator fit ``(1, S, SS, SW)`` for its window.
 
     Deterministic: the same observations, in the same order, give the same model.
     """
@@ -93,10 +100,9 @@ class CostCalibrator:
         self.prior_in_seconds = check_bool("prior_in_seconds", prior_in_seconds)
         self.keep_prior_shape = check_bool("keep_prior_shape", keep_prior_shape)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
-        self.shape = "prior"  # after a fit: "prior" (the prior rescaled) or "fitted" (3 coefficients)
-        # Each point: (S, SS, seconds, step); S and SS exact ints.
-        self._points: collections.deque[tuple[int, int, float, int]] = collections.deque(maxlen=self.window)
-        self.skipped = 0  # timings that were NaN, infinite or <= 0
+        self.shape = "prior"  # after a fit: "prior" (the prior rescaled) or "fitted" (every coefficient)
+        self._points: collections.deque[_Point] = collections.deque(maxlen=self.window)
+        self.skipped = 0  # timings that were NaN, infinite, <= 0 or outside [MIN_SECONDS, MAX_SECONDS]
         self.observed = 0  # valid timings ever observed (also those that left the window)
         self.last_step: int | None = None
         self._model: CostModel | None = None  # cache of the fit; None = refit on demand
@@ -108,6 +114,12 @@ class CostCalibrator:
             f"robust={self.robust}, prior_in_seconds={self.prior_in_seconds}, warmup_steps={self.warmup_steps}, "
             f"keep_prior_shape={self.keep_prior_shape})"
         )
+
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """The terms fitted: the prior's (``("constant", "linear", "quadratic")``, and
+        ``"windowed"`` for a prior with a window)."""
+        return self.prior.terms
 
     @property
     def num_points(self) -> int:
@@ -135,8 +147,9 @@ class CostCalibrator:
 
         Args:
             microbatch_lengths: Per microbatch, the (padded) lengths of its sequences.
-            seconds: Per microbatch, its measured time. NaN, infinite or non-positive
-                times are skipped and counted in :attr:`skipped`.
+            seconds: Per microbatch, its measured time (real numbers). NaN, infinite or
+                non-positive times, and times outside ``[MIN_SECONDS, MAX_SECONDS]``, are
+                skipped and counted in :attr:`skipped`.
             step: The training step these times belong to (for :attr:`last_step`; steps
                 below ``warmup_steps`` are left out).
 
@@ -144,29 +157,46 @@ class CostCalibrator:
             How many timings were kept (0 for a warm-up step).
 
         Raises:
+            SeqpackTypeError: A time that is no real number (a string, a bool), or lengths
+                that are not integers.
             ConfigError: ``microbatch_lengths`` and ``seconds`` differ in length, or a
                 negative length.
         """
-        times = np.asarray(seconds, dtype=np.float64).reshape(-1)
+        times = check_numbers("seconds", seconds)
         if len(microbatch_lengths) != times.shape[0]:
             raise ConfigError(f"{len(microbatch_lengths)} microbatches but {times.shape[0]} timings")
         if step is not None:
             step = check_int("step", step, minimum=0)
-        rows = [_sums(mb, f"microbatch {i}") for i, mb in enumerate(microbatch_lengths)]
+        window = self.prior.window
+        rows = [exact_sums(mb, window, f"microbatch {i}") for i, mb in enumerate(microbatch_lengths)]
         return self._add(rows, times.tolist(), step)
 
-    def _add(self, rows: Sequence[tuple[int, int]], times: Sequence[float], step: int | None) -> int:
-        """Observe microbatches given as exact ``(S, SS)`` sums."""
+    def _add(self, rows: Sequence[tuple[int, ...]], times: Sequence[float], step: int | None) -> int:
+        """Observe microbatches given as exact feature sums (``(S, SS)``, or ``(S, SS, SW)``
+        for a windowed prior)."""
         if step is not None and step < self.warmup_steps:
             if self.last_step is None or step > self.last_step:
                 self.last_step = step
             return 0
         kept = 0
-        for (s, ss), t in zip(rows, times, strict=True):
+        for sums, t in zip(rows, times, strict=True):
             if not math.isfinite(t) or t <= 0:
                 self.skipped += 1
                 continue
-            self._points.append((s, ss, float(t), -1 if step is None else step))
+            if not MIN_SECONDS <= t <= MAX_SECONDS:
+                self.skipped += 1
+                warn_once(
+                    logger,
+                    "absurd-time",
+                    "step %s: a microbatch time of %r s is outside [%.2g, %.2g] s; it is skipped (counted in "
+                    "CostCalibrator.skipped); further ones are not reported",
+                    step,
+                    t,
+                    MIN_SECONDS,
+                    MAX_SECONDS,
+                )
+                continue
+            self._points.append((tuple(sums), float(t), -1 if step is None else step))
             kept += 1
         if kept:
             self.observed += kept
@@ -186,14 +216,14 @@ class CostCalibrator:
 
     def _fit(self) -> CostModel:
         points = list(self._points)
-        features = np.array([(1.0, float(s), float(ss)) for s, ss, _, _ in points], dtype=np.float64)
-        y = np.array([t for _, _, t, _ in points], dtype=np.float64)
+        features = np.array([(1.0, *(float(v) for v in sums)) for sums, _, _ in points], dtype=np.float64)
+        y = np.array([t for _, t, _ in points], dtype=np.float64)
         if self.robust:
             coef, weights = robust_weights_fit(features, y)
         else:
             coef, weights = nnls_fit(features, y), np.ones_like(y)
         self.shape = "fitted"
-        full = CostModel.from_coefficients(coef)
+        full = CostModel.from_coefficients(coef, window=self.prior.window)
         if self.keep_prior_shape:
             scaled = _scaled_prior(self.prior, features, y, weights, coef)
             if scaled is not None:
@@ -204,33 +234,45 @@ class CostCalibrator:
     # -- Stateful ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Observations and counters (plain Python values)."""
-        return {
+        """Observations and counters (plain Python values). Each point is
+        ``[S, SS, seconds, step]``, or ``[S, SS, SW, seconds, step]`` with the prior's
+        ``"window"`` saved beside them."""
+        state: dict[str, Any] = {
             "version": self.STATE_VERSION,
-            "points": [list(p) for p in self._points],
+            "points": [[*sums, t, k] for sums, t, k in self._points],
             "skipped": self.skipped,
             "observed": self.observed,
             "last_step": self.last_step,
         }
+        if self.prior.window is not None:
+            state["window"] = self.prior.window
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` (the settings stay this calibrator's; a smaller window
         keeps the newest points).
 
         Raises:
-            ResumeError: Not a calibrator state, or another version.
+            ResumeError: Not a calibrator state, another version, or a state saved with
+                another sliding window than this prior's.
         """
         if not isinstance(state, Mapping) or state.get("version") != self.STATE_VERSION:
             got = state.get("version") if isinstance(state, Mapping) else type(state).__name__
             raise ResumeError(f"calibrator state must be a CostCalibrator.state_dict() of version 1, got {got!r}")
+        if state.get("window") != self.prior.window:
+            raise ResumeError(
+                f"calibrator state was saved for a prior with window={state.get('window')!r}, this calibrator's "
+                f"prior has window={self.prior.window!r}: its length sums do not fit"
+            )
+        width = len(self.terms) - 1
         try:
-            points = [(int(s), int(ss), float(t), int(k)) for s, ss, t, k in state["points"]]
+            points = [_point(item, width) for item in state["points"]]
             skipped, observed = int(state["skipped"]), int(state["observed"])
             last = state.get("last_step")
             last_step = None if last is None else int(last)
         except (KeyError, TypeError, ValueError) as exc:
             raise ResumeError(f"calibrator state is malformed: {exc}") from None
-        if any(s < 0 or ss < 0 or not (math.isfinite(t) and t > 0) for s, ss, t, _ in points):
+        if any(min(sums) < 0 or not (math.isfinite(t) and t > 0) for sums, t, _ in points):
             raise ResumeError("calibrator state holds a negative length sum or a non-positive time")
         self._points = collections.deque(points, maxlen=self.window)
         self.skipped, self.observed, self.last_step = skipped, observed, last_step
@@ -251,16 +293,33 @@ class CostCalibrator:
         return other
 
 
-_F_CRITICAL = 4.0  # F(2, many) beyond this: the 3-coefficient fit is significantly better (p ~ 0.02)
+def _point(item: Sequence[Any], width: int) -> _Point:
+    """A saved ``[*sums, seconds, step]`` with ``width`` sums."""
+    if len(item) != width + 2:
+        raise ValueError(f"a point has {len(item)} values, expected {width + 2}")
+    return tuple(int(v) for v in item[:width]), float(item[width]), int(item[width + 1])
+
+
+# F(extra coefficients, many) beyond which the full fit is significantly better than the
+# rescaled prior (p ~ 0.02).
+_F_CRITICAL = {2: 4.0, 3: 3.3, 4: 2.9}
+
+
+def _combine(coefficients: Sequence[float] | np.ndarray, features: np.ndarray) -> np.ndarray:
+    """``features @ coefficients`` column by column, left to right (the same bits on every CPU)."""
+    out = coefficients[0] * features[:, 0]
+    for j in range(1, features.shape[1]):
+        out = out + coefficients[j] * features[:, j]
+    return np.asarray(out, dtype=np.float64)
 
 
 def _scaled_prior(
     prior: CostModel, features: np.ndarray, y: np.ndarray, weights: np.ndarray, coef: np.ndarray
 ) -> CostModel | None:
     """The prior times ``alpha`` (relative least squares under the fit's robust weights),
-    unless the full fit ``coef`` beats it significantly (F-test on the two extra
-    coefficients); ``None`` then. Sums are ``math.fsum``: the same bits on every rank."""
-    p = prior.constant * features[:, 0] + prior.linear * features[:, 1] + prior.quadratic * features[:, 2]
+    unless the full fit ``coef`` beats it significantly (F-test on the extra coefficients);
+    ``None`` then. Sums are ``math.fsum``: the same bits on every rank."""
+    p = _combine(prior.coefficients, features)
     base = weights / (y * y)
     denominator = math.fsum(base * p * p)
     if denominator <= 0:
@@ -268,16 +327,17 @@ def _scaled_prior(
     alpha = math.fsum(base * p * y) / denominator
     if not (math.isfinite(alpha) and alpha > 0):
         return None
-    full = coef[0] * features[:, 0] + coef[1] * features[:, 1] + coef[2] * features[:, 2]
+    full = _combine(coef, features)
     sse_scaled = math.fsum(weights * ((y - alpha * p) / y) ** 2)
     sse_full = math.fsum(weights * ((y - full) / y) ** 2)
-    dof = int(np.count_nonzero(weights > 0)) - 3
+    k = features.shape[1]
+    dof = int(np.count_nonzero(weights > 0)) - k
     if dof <= 0:
         return None
     if sse_full <= 0:
         f_value = math.inf if sse_scaled > 1e-24 else 0.0
     else:
-        f_value = ((sse_scaled - sse_full) / 2) / (sse_full / dof)
-    if f_value > _F_CRITICAL:
+        f_value = ((sse_scaled - sse_full) / (k - 1)) / (sse_full / dof)
+    if f_value > _F_CRITICAL.get(k - 1, min(_F_CRITICAL.values())):
         return None
-    return CostModel.from_coefficients([alpha * prior.constant, alpha * prior.linear, alpha * prior.quadratic])
+    return CostModel.from_coefficients([alpha * c for c in prior.coefficients], window=prior.window)

@@ -22,13 +22,14 @@ from seqpack._logging import warn_once
 from seqpack.calibrate.calibrator import CostCalibrator
 from seqpack.calibrate.words import ABSENT, MISSING, decode_seconds, encode_seconds
 from seqpack.cost import CostModel
-from seqpack.errors import ConfigError, ResumeError
+from seqpack.cost.terms import sequence_features
+from seqpack.errors import ConfigError, ResumeError, SeqpackError
 from seqpack.options import Sync
 from seqpack.stats import step_objective
 from seqpack.thd import padded_lengths
-from seqpack.validation import check_choice, check_int
+from seqpack.validation import check_choice, check_int, check_numbers
 
-__all__ = ["Measurement", "TimingLedger", "microbatch_sums", "step_time"]
+__all__ = ["Measurement", "TimingLedger", "check_times", "microbatch_sums", "step_time"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,21 +74,41 @@ class _Slot:
     """A scheduled step waiting for its times."""
 
     step: int
-    sums: np.ndarray  # int64 [M, dp, 2]: S and SS of microbatch m of replica d (padded lengths)
+    sums: np.ndarray  # int64 [M, dp, terms - 1]: S, SS (and SW) of microbatch m of replica d (padded lengths)
     model: CostModel | None  # the model it was scheduled with, when fitted
 
 
-def microbatch_sums(schedule: Any) -> np.ndarray:
+def microbatch_sums(schedule: Any, window: int | None = None) -> np.ndarray:
     """int64 ``[M, dp, 2]``: ``S`` and ``SS`` of every microbatch's padded lengths, as the
-    rank runs it: an empty cell runs a padding-only filler of ``pad_multiple`` tokens (exact
-    while ``capacity**2 < 2**63``)."""
+    rank runs it, or ``[M, dp, 3]`` with ``SW`` for a sliding ``window``
+    (:mod:`seqpack.cost.terms`): an empty cell runs a padding-only filler of
+    ``pad_multiple`` tokens (exact while ``capacity**2 < 2**63``)."""
     padded = padded_lengths(schedule.lengths, schedule.pad_multiple).astype(np.int64)
     ids, cell, counts = schedule._flat
-    out = np.zeros((counts.shape[0], 2), dtype=np.int64)
-    np.add.at(out[:, 0], cell, padded[ids])
-    np.add.at(out[:, 1], cell, padded[ids] * padded[ids])
-    out[counts == 0] = (schedule.pad_multiple, schedule.pad_multiple**2)
-    return out.reshape(schedule.num_microbatches, schedule.dp_size, 2)
+    per_sequence = sequence_features(padded[ids], window)  # [n, k]
+    out = np.zeros((counts.shape[0], per_sequence.shape[1]), dtype=np.int64)
+    for j in range(per_sequence.shape[1]):
+        np.add.at(out[:, j], cell, per_sequence[:, j])
+    out[counts == 0] = sequence_features(np.array([schedule.pad_multiple]), window)[0]
+    return out.reshape(schedule.num_microbatches, schedule.dp_size, per_sequence.shape[1])
+
+
+def check_times(seconds: object, num_microbatches: int, *, step: int, dp_rank: int) -> np.ndarray:
+    """What ``Step.record_times`` takes: ``seconds`` as float64 ``[num_microbatches]``. NaN,
+    infinite or non-positive times pass (the calibrator skips and counts them; NaN marks an
+    untimed microbatch).
+
+    Raises:
+        SeqpackTypeError: A time that is no real number (a string, a bool, ``None``), named.
+        ConfigError: Not one time per microbatch.
+    """
+    values = check_numbers("seconds", seconds, where=f" (record_times of step {step} on DP rank {dp_rank})")
+    if values.shape[0] != num_microbatches:
+        raise ConfigError(
+            f"record_times got {values.shape[0]} times for step {step} on DP rank {dp_rank}, which ran "
+            f"{num_microbatches} microbatches: pass one time per microbatch"
+        )
+    return values
 
 
 class TimingLedger:
@@ -131,14 +152,28 @@ class TimingLedger:
 
     # -- producer side (the thread that makes steps) --------------------------------------------
 
+    @property
+    def num_sums(self) -> int:
+        """Length sums per microbatch: 2 (``S``, ``SS``), 3 when the calibrator's prior has a
+        sliding window (and ``SW``)."""
+        return len(self.calibrator.terms) - 1
+
     def add_step(self, step: int, sums: np.ndarray, model: CostModel | None) -> None:
-        """Register a scheduled step (``sums``: :func:`microbatch_sums` of its schedule) and
-        the model it was scheduled with (``None`` when it does not predict seconds)."""
+        """Register a scheduled step (``sums``: :func:`microbatch_sums` of its schedule, with
+        the prior's window) and the model it was scheduled with (``None`` when it does not
+        predict seconds)."""
         sums = np.asarray(sums, dtype=np.int64)
-        if sums.ndim != 3 or sums.shape[1:] != (self.dp_size, 2):
-            raise ConfigError(f"sums must have shape [M, {self.dp_size}, 2], got {sums.shape}")
+        if sums.ndim != 3 or sums.shape[1:] != (self.dp_size, self.num_sums):
+            raise ConfigError(
+                f"sums must have shape [M, {self.dp_size}, {self.num_sums}] (microbatch_sums(schedule, "
+                f"window={self.calibrator.prior.window})), got {sums.shape}"
+            )
         with self._lock:
             self._slots[step] = _Slot(step, sums, model)
+
+    def add_schedule(self, step: int, schedule: Any, model: CostModel | None) -> None:
+        """:meth:`add_step` with the sums of ``schedule`` for the calibrator's terms."""
+        self.add_step(step, microbatch_sums(schedule, self.calibrator.prior.window), model)
 
     def pending(self) -> list[int]:
         with self._lock:
@@ -208,15 +243,13 @@ class TimingLedger:
         """Feed the calibrator with one step's combined words ``[dp, M]``."""
         seconds = decode_seconds(words.T.reshape(-1)).reshape(words.shape[1], words.shape[0])  # [M, dp]
         present = (words.T != MISSING) & (words.T != ABSENT)  # [M, dp]; INVALID ones are observed, skipped, counted
-        rows = [(int(s), int(ss)) for s, ss in slot.sums[present].tolist()]
+        rows = [tuple(int(v) for v in row) for row in slot.sums[present].tolist()]
         self.calibrator._add(rows, seconds[present].tolist(), slot.step)
         complete = bool(np.isfinite(seconds).all())
         measured = step_time(seconds, self.sync) if complete else None
         predicted = None
         if slot.model is not None:
-            model = slot.model
-            costs = model.constant + model.linear * slot.sums[..., 0] + model.quadratic * slot.sums[..., 1]
-            predicted = step_time(costs.astype(np.float64), self.sync)
+            predicted = step_time(slot.model.predict_sums(slot.sums), self.sync)
         if not complete:
             missing = int(np.count_nonzero(~np.isfinite(seconds)))
             warn_once(
@@ -233,21 +266,28 @@ class TimingLedger:
     # -- training side ------------------------------------------------------------------------
 
     def record(self, step: int, seconds: Sequence[float] | np.ndarray, num_microbatches: int) -> None:
-        """This rank's times of ``step``, one per microbatch.
+        """This rank's times of ``step``, one per microbatch (:func:`check_times`), once.
+
+        A refused call keeps nothing and is also sent as this rank's error with the next
+        gather, so every rank fails the next step with its message.
 
         Raises:
-            ConfigError: Not ``num_microbatches`` times (also sent as this rank's error
-                with the next gather, so every rank fails the next step).
+            SeqpackTypeError: A time that is no real number (a string, a bool).
+            ConfigError: Not ``num_microbatches`` times, or times of ``step`` already
+                recorded (the first call's are kept: a step is reported once).
         """
-        values = np.asarray(seconds, dtype=np.float64).reshape(-1)
-        if values.shape[0] != num_microbatches:
-            message = (
-                f"record_times got {values.shape[0]} times for step {step} on DP rank {self.dp_rank}, which ran "
-                f"{num_microbatches} microbatches: pass one time per microbatch"
-            )
+        try:
+            values = check_times(seconds, num_microbatches, step=step, dp_rank=self.dp_rank)
             with self._lock:
-                self.error = self.error or message
-            raise ConfigError(message)
+                if step in self._local:
+                    raise ConfigError(
+                        f"record_times was called twice for step {step} on DP rank {self.dp_rank}: report each step's "
+                        "times once (the first call's are kept)"
+                    )
+        except SeqpackError as exc:
+            with self._lock:
+                self.error = self.error or str(exc)
+            raise
         with self._lock:
             self._local[step] = values.copy()
             for old in [t for t in self._local if t < step - _LOCAL_KEPT]:
@@ -320,7 +360,7 @@ class TimingLedger:
             slots, local = {}, {}
             for item in state.get("pending", []):
                 step = int(item["step"])
-                sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, self.dp_size, 2)
+                sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, self.dp_size, self.num_sums)
                 slots[step] = _Slot(step, sums, _model_from(item.get("model")))
                 if item.get("local") is not None:
                     local[step] = np.asarray(item["local"], dtype=np.float64).reshape(-1)
@@ -344,8 +384,19 @@ class TimingLedger:
 
 
 def _model_list(model: CostModel) -> list[float]:
-    return [model.linear, model.quadratic, model.constant]
+    """``[linear, quadratic, constant]``, and ``windowed, window`` with a window."""
+    values = [model.linear, model.quadratic, model.constant]
+    return values if model.window is None else [*values, model.windowed, float(model.window)]
 
 
 def _model_from(values: Any) -> CostModel | None:
-    return None if values is None else CostModel(*(float(v) for v in values))
+    """Inverse of :func:`_model_list` (``None`` stays ``None``)."""
+    if values is None:
+        return None
+    numbers = [float(v) for v in values]
+    if len(numbers) not in (3, 5):
+        raise ValueError(f"a saved cost model has 3 or 5 values, got {len(numbers)}")
+    linear, quadratic, constant = numbers[:3]
+    if len(numbers) == 3:
+        return CostModel(linear, quadratic, constant)
+    return CostModel(linear, quadratic, constant, windowed=numbers[3], window=int(numbers[4]))

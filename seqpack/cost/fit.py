@@ -1,25 +1,30 @@
-"""Fitting a cost model to measured times: length features and exact non-negative least squares.
+"""Fitting a cost model to measured times: exact, reproducible non-negative least squares.
 
-:func:`length_features` reduces each timed microbatch to ``(1, S, SS)`` (``S`` / ``SS``: sum
-of its lengths / of their squares, summed as exact ints); :func:`nnls_fit` solves
-``seconds ~ features @ coef`` with every coefficient >= 0, exactly and bit-for-bit the same on
-every machine; :func:`robust_nnls_fit` and :func:`robust_weights_fit` resist outlier timings.
+:func:`check_timings` turns timed microbatches into feature rows (:mod:`seqpack.cost.terms`)
+and targets; :func:`nnls_fit` solves ``seconds ~ features @ coef`` with every coefficient
+>= 0, exactly and bit-for-bit the same on every machine; :func:`robust_nnls_fit` and
+:func:`robust_weights_fit` resist outlier timings. The fits are scale-invariant: targets
+(and weights) are divided by a power of two before fitting and the coefficients multiplied
+back, which changes no bit of the result and keeps squares of times around 1e-200 or 1e200
+seconds inside float64.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.cost.terms import length_features
+from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
+from seqpack.validation import check_numbers
 
-__all__ = ["length_features", "nnls_fit", "robust_nnls_fit", "robust_weights_fit"]
+__all__ = ["check_timings", "nnls_fit", "robust_nnls_fit", "robust_weights_fit"]
 
-# Every support (non-empty subset of the three coefficients) an NNLS solution can have.
-# Smallest first: a larger support must beat a smaller one by more than rounding to win.
-_SUPPORTS: tuple[tuple[int, ...], ...] = ((0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2))
+_MAX_SPAN = 2.0**500  # largest/smallest timing: beyond it 1/y**2 (robust weights) leaves float64
 _TIE = 1e-12  # residual improvements below this fraction of |y|^2 are rounding
 _HUBER = 1.345  # Huber's constant (95% efficiency under Gaussian noise)
 _BISQUARE = 4.685  # Tukey's bisquare constant (95% efficiency)
@@ -27,29 +32,65 @@ _MIN_SCALE = 0.1  # relative-residual scale floor (see robust_nnls_fit)
 _IRLS_STEPS = 20  # per weight rule
 
 
-def length_features(microbatches: Sequence[Sequence[int] | np.ndarray]) -> np.ndarray:
-    """float64 ``[n, 3]``: ``(1, S, SS)`` per microbatch (``S`` / ``SS`` summed as exact ints)."""
-    rows = np.empty((len(microbatches), 3), dtype=np.float64)
-    for i, mb in enumerate(microbatches):
-        lengths = np.asarray(mb).reshape(-1)
-        if lengths.size and not np.issubdtype(lengths.dtype, np.integer):
-            if not (np.all(np.isfinite(lengths)) and np.all(lengths == np.round(lengths))):
-                raise SeqpackTypeError(f"microbatch {i} lengths must be integers, got {lengths.dtype}")
-        values = [int(v) for v in lengths.tolist()]
-        if any(v < 0 for v in values):
-            raise ConfigError(f"microbatch {i} has a negative length: {min(values)}")
-        rows[i] = (1.0, float(sum(values)), float(sum(v * v for v in values)))
-    return rows
+@functools.cache
+def _supports(k: int) -> tuple[tuple[int, ...], ...]:
+    """Every support (non-empty subset of ``k`` coefficients) an NNLS solution can have,
+    smallest first: a larger support must beat a smaller one by more than rounding to win."""
+    return tuple(support for size in range(1, k + 1) for support in itertools.combinations(range(k), size))
+
+
+def _power_of_two(values: np.ndarray) -> float:
+    """``2**e`` with ``max|values| / 2**e`` in ``[0.5, 1)`` (1 for no or zero values):
+    dividing by it changes no significand."""
+    largest = float(np.max(np.abs(values))) if values.size else 0.0
+    if largest == 0 or not math.isfinite(largest):
+        return 1.0
+    return math.ldexp(1.0, math.frexp(largest)[1])
+
+
+def check_timings(
+    microbatches: Sequence[Sequence[int] | np.ndarray], seconds: object, window: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Feature rows (:func:`~seqpack.cost.terms.length_features`) and float64 targets of
+    timed microbatches, checked as :meth:`CostModel.fit <seqpack.cost.CostModel.fit>` says."""
+    for name, value in (("microbatches", microbatches), ("seconds", seconds)):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or getattr(value, "ndim", 1) == 0:
+            raise SeqpackTypeError(f"{name} must be a list (one entry per microbatch), got {type(value).__name__}")
+    count = len(seconds)  # type: ignore[arg-type]
+    if len(microbatches) != count:
+        raise ConfigError(f"{len(microbatches)} microbatches but {count} timings (seconds)")
+    if count < 3:
+        raise ConfigError(f"fitting 3 coefficients needs at least 3 timed microbatches, got {count}")
+    y = check_numbers("seconds", seconds)
+    if y.shape[0] != count:
+        raise SeqpackTypeError(f"seconds must hold one number per microbatch, got {seconds!r:.60}")
+    bad = np.flatnonzero(~np.isfinite(y) | (y <= 0))
+    if bad.size:
+        i = int(bad[0])
+        raise ConfigError(f"timings must be finite and > 0: seconds[{i}]={float(y[i])!r} ({bad.size} bad timing(s))")
+    lo, hi = int(np.argmin(y)), int(np.argmax(y))
+    if float(y[hi]) / _MAX_SPAN > float(y[lo]):
+        raise ConfigError(
+            f"timings span seconds[{lo}]={float(y[lo])!r} to seconds[{hi}]={float(y[hi])!r}, more than 2**500 "
+            "(~3e150) apart: no cost model fits both (are they in the same unit?)"
+        )
+    try:
+        features = length_features(microbatches, window)
+    except SeqpackError:
+        raise
+    except (TypeError, ValueError):
+        raise SeqpackTypeError(f"microbatches must hold lists of lengths, got {microbatches!r:.60}") from None
+    return features, y
 
 
 def nnls_fit(features: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """Exact non-negative least squares of ``y ~ features @ coef`` with ``coef >= 0``.
 
-    With three unknowns every support is solved by unconstrained least squares (columns
-    scaled to 1) and the feasible solution with the smallest (weighted) residual kept: the
-    NNLS optimum is the least-squares solution on its own support, so this is exact. Of
-    solutions equally good up to rounding, the one with fewer coefficients wins (flat
-    timings give exactly ``(constant, 0, 0)``).
+    With ``k`` unknowns every one of the ``2**k - 1`` supports is solved by unconstrained
+    least squares (columns scaled to 1) and the feasible solution with the smallest
+    (weighted) residual kept: the NNLS optimum is the least-squares solution on its own
+    support, so this is exact. Of solutions equally good up to rounding, the one with fewer
+    coefficients wins (flat timings give exactly ``(constant, 0, 0)``).
 
     Bit-for-bit reproducible on any machine: the normal equations are summed with
     ``math.fsum`` (correctly rounded, whatever the order) and solved in Python floats, so
@@ -57,7 +98,7 @@ def nnls_fit(features: np.ndarray, y: np.ndarray, weights: np.ndarray | None = N
     depends on the CPU).
 
     Args:
-        features: ``[n, k]`` (k <= 3; :func:`length_features`).
+        features: ``[n, k]`` (:func:`~seqpack.cost.terms.length_features`; ``k`` of 3 or 4).
         y: ``[n]`` targets.
         weights: Optional ``[n]`` non-negative row weights (weighted least squares).
 
@@ -67,6 +108,12 @@ def nnls_fit(features: np.ndarray, y: np.ndarray, weights: np.ndarray | None = N
     x = np.asarray(features, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=np.float64)
+    y_scale = _power_of_two(y)
+    return _nnls(x, y / y_scale, w / _power_of_two(w)) * y_scale
+
+
+def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """:func:`nnls_fit` on targets and weights of magnitude at most 1."""
     k = x.shape[1]
     scale = np.abs(x).max(axis=0) if x.size else np.ones(k)
     scale[scale == 0] = 1.0
@@ -75,9 +122,7 @@ def nnls_fit(features: np.ndarray, y: np.ndarray, weights: np.ndarray | None = N
     rhs = [math.fsum(w * xs[i] * y) for i in range(k)]
     total = math.fsum(w * y * y)
     best, best_residual = [0.0] * k, total
-    for support in _SUPPORTS:
-        if max(support) >= k:
-            continue
+    for support in _supports(k):
         sol = _solve([[gram[i][j] for j in support] for i in support], [rhs[i] for i in support])
         if sol is None or any(v < 0 or not math.isfinite(v) for v in sol):
             continue
@@ -133,6 +178,13 @@ def robust_weights_fit(features: np.ndarray, y: np.ndarray) -> tuple[np.ndarray,
     rejected points; the row weights were ``w / y**2``)."""
     x = np.asarray(features, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
+    y_scale = _power_of_two(y)
+    coef, weights = _robust(x, y / y_scale)
+    return coef * y_scale, weights
+
+
+def _robust(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`robust_weights_fit` on targets of magnitude at most 1."""
     base = 1.0 / (y * y)
     coef = nnls_fit(x, y, base)
     weights = np.ones_like(y)

@@ -10,8 +10,13 @@ its in/out projections and a ``7*d_inner*d_state`` scan per token.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from seqpack.errors import ConfigError
 from seqpack.validation import check_int
+
+if TYPE_CHECKING:
+    from seqpack.cost.model import ModelSpec
 
 __all__ = [
     "FMA",
@@ -22,6 +27,7 @@ __all__ = [
     "mamba2_flops",
     "mamba2_forward_per_token",
     "mlp_forward",
+    "parameter_count",
 ]
 
 TRAIN = 3
@@ -94,3 +100,26 @@ def mamba2_flops(
     heads = check_int("num_heads", num_heads, minimum=1)
     per_token = mamba2_forward_per_token(hidden_size, d_inner, state_dim, num_groups, heads)
     return TRAIN * num_layers * per_token * seqlen_sum
+
+
+def parameter_count(spec: ModelSpec) -> int:
+    """Parameters of ``spec``: bias-free linears, RMSNorm weights, untied embedding and
+    output (:meth:`ModelSpec.num_parameters <seqpack.cost.ModelSpec.num_parameters>`)."""
+    h = spec.hidden_size
+    q = spec.query_width
+    kv = spec.query_groups * spec.head_dim
+    attention_layer = h * (q + 2 * kv) + q * h + h
+    mlp_layer = (3 if spec.gated_linear_unit else 2) * h * spec.ffn_hidden_size + h
+    d_in, g, n, heads = spec.mamba_inner, spec.mamba_num_groups, spec.mamba_state_dim, spec.mamba_heads
+    conv_channels = d_in + 2 * g * n
+    mamba_layer = (
+        h * (2 * d_in + 2 * g * n + heads)  # in_proj
+        + conv_channels * 5  # depthwise conv1d (kernel 4) + bias
+        + 3 * heads  # dt_bias, A_log, D
+        + d_in  # gated RMSNorm
+        + d_in * h  # out_proj
+        + h  # pre-norm
+    )
+    attention, mlp, mamba = spec.layer_counts
+    vocab = 0 if spec.vocab_size is None else 2 * spec.vocab_size * h
+    return attention * attention_layer + mlp * mlp_layer + mamba * mamba_layer + vocab + h

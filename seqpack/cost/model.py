@@ -1,15 +1,16 @@
 """CostModel and ModelSpec: what a microbatch costs to run, from its lengths.
 
-A microbatch of sequences ``s_i`` costs ``constant + sum(linear*s_i + quadratic*s_i**2)``
-(:class:`CostModel`): dense layers (projections, MLP, logits, Mamba mixers) scale with
-tokens, attention scores and values with the square of each sequence's length.
+A microbatch of sequences ``s_i`` costs ``constant + sum(linear*s_i + quadratic*s_i**2)``,
+plus ``windowed * sum(w(s_i, W))`` for sliding-window attention (:class:`CostModel`; the
+terms: :mod:`seqpack.cost.terms`): dense layers (projections, MLP, logits, Mamba mixers)
+scale with tokens, full attention with the square of each sequence's length, windowed
+attention with ``s**2`` up to the window and linearly beyond.
 
-:class:`ModelSpec` describes a dense or hybrid (Mamba2 + attention) model and gives its
-training FLOPs from ``seqlen_sum = sum(s_i)`` and ``seqlen_sq_sum = sum(s_i**2)`` (formulas:
+:class:`ModelSpec` describes a dense or hybrid (Mamba2 + attention) model, with full and
+sliding-window attention layers, and gives its exact training FLOPs (formulas:
 :mod:`seqpack.cost.flops`) and its FLOPs cost model. The two types build each other
 (:meth:`ModelSpec.cost_model`, :meth:`CostModel.from_transformer`, :meth:`CostModel.from_preset`),
-so they share this module; :data:`MODEL_PRESETS` holds the published shapes of
-:mod:`seqpack.cost.presets`.
+so they share this module; :mod:`seqpack.cost.presets` builds one per published shape.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from seqpack.cost.fit import length_features, nnls_fit, robust_nnls_fit
+from seqpack.cost.fit import check_timings, nnls_fit, robust_nnls_fit
 from seqpack.cost.flops import (
     TRAIN,
     attention_projection_forward,
@@ -29,44 +30,17 @@ from seqpack.cost.flops import (
     logits_forward,
     mamba2_forward_per_token,
     mlp_forward,
+    parameter_count,
 )
-from seqpack.cost.presets import DEFAULT_MODEL, PRESET_SHAPES
-from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
+from seqpack.cost.shapes import ShapeOptions, check_layer_pattern, preset_shape
+from seqpack.cost.terms import as_lengths, exact_sums, feature_names, window_feature, window_ratio
+from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.validation import check_bool, check_int
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "MODEL_PRESETS",
-    "CostModel",
-    "ModelSpec",
-    "check_cost_model",
-    "default_cost_model",
-    "model_preset",
-    "transformer_flops",
-]
-
-
-class ShapeOptions(TypedDict, total=False):
-    """The optional :class:`ModelSpec` fields (besides ``causal``), as keyword arguments."""
-
-    kv_channels: int | None
-    gated_linear_unit: bool
-    hybrid_layer_pattern: str | None
-    mamba_state_dim: int
-    mamba_head_dim: int
-    mamba_num_groups: int
-    mamba_num_heads: int | None
-    mamba_expand: int
-    name: str
-
-
-class FlopsOptions(ShapeOptions, total=False):
-    """Keyword arguments of :func:`transformer_flops` beyond the shape it names."""
-
-    causal: bool
+__all__ = ["CostModel", "ModelSpec", "check_cost_model"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,12 +59,19 @@ class ModelSpec:
         gated_linear_unit: SwiGLU-style MLP with three projections (default, as in Llama,
             Qwen, Mistral); ``False`` for two (GELU, squared ReLU).
         causal: Causal attention computes half of the score and value products.
-        hybrid_layer_pattern: Megatron's hybrid pattern: ``M`` Mamba2, ``*`` attention,
-            ``-`` MLP layer, one character per layer.
+        hybrid_layer_pattern: Megatron's hybrid pattern, one character per layer: ``M``
+            Mamba2, ``*`` attention, ``-`` MLP, and seqpack's ``W``: sliding-window attention
+            (window ``window_size``; :data:`~seqpack.cost.shapes.LAYER_TYPES`). A dense model
+            with mixed windows is written as a pattern too (``"W-*-"``: a windowed then a
+            full transformer layer).
         mamba_state_dim, mamba_head_dim, mamba_num_groups, mamba_num_heads, mamba_expand:
             Mamba2 mixer shape (``d_state``, ``headdim``, ``ngroups``, ``nheads`` (default
             ``expand*h/headdim``), ``expand``).
         name: A label for tables.
+        window_size: Sliding-window attention's left window ``W`` (Transformer Engine's and
+            Megatron's ``window_size=(W, 0)``: a query attends itself and the ``W`` tokens
+            before it; bidirectional layers ``(W, W)``). Without a pattern every attention
+            layer is windowed; with one, its ``W`` layers are.
     """
 
     hidden_size: int
@@ -109,6 +90,7 @@ class ModelSpec:
     mamba_num_heads: int | None = None
     mamba_expand: int = 2
     name: str = ""
+    window_size: int | None = None
 
     def __post_init__(self) -> None:
         # Stored as Python ints: numpy ints (np.int32(4096)) would overflow the FLOPs products.
@@ -119,6 +101,8 @@ class ModelSpec:
         for field in ("num_query_groups", "vocab_size", "kv_channels", "mamba_num_heads"):
             if getattr(self, field) is not None:
                 object.__setattr__(self, field, check_int(field, getattr(self, field), minimum=1))
+        if self.window_size is not None:
+            object.__setattr__(self, "window_size", check_int("window_size", self.window_size, minimum=0))
         for field in ("gated_linear_unit", "causal"):
             check_bool(field, getattr(self, field))
         groups = self.query_groups
@@ -131,20 +115,12 @@ class ModelSpec:
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}; "
                 "pass kv_channels"
             )
-        if self.hybrid_layer_pattern is not None:
-            bad = sorted(set(self.hybrid_layer_pattern) - set("M*-"))
-            if bad:
+        pattern = self.hybrid_layer_pattern
+        if pattern is not None:
+            check_layer_pattern(pattern, self.num_layers, self.window_size)
+            if "M" in pattern and self.mamba_inner % self.mamba_head_dim and self.mamba_num_heads is None:
                 raise ConfigError(
-                    f"hybrid_layer_pattern {self.hybrid_layer_pattern!r} has unknown layer types {bad}; "
-                    "use M (Mamba2), * (attention), - (MLP)"
-                )
-            if len(self.hybrid_layer_pattern) != self.num_layers:
-                raise ConfigError(
-                    f"hybrid_layer_pattern has {len(self.hybrid_layer_pattern)} layers but num_layers={self.num_layers}"
-                )
-            if (self.mamba_expand * self.hidden_size) % self.mamba_head_dim and self.mamba_num_heads is None:
-                raise ConfigError(
-                    f"mamba_expand*hidden_size={self.mamba_expand * self.hidden_size} is not divisible by "
+                    f"mamba_expand*hidden_size={self.mamba_inner} is not divisible by "
                     f"mamba_head_dim={self.mamba_head_dim}; pass mamba_num_heads"
                 )
 
@@ -158,12 +134,20 @@ class ModelSpec:
         return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
 
     @property
+    def attention_kinds(self) -> tuple[int, int]:
+        """``(full, windowed)`` attention layer counts."""
+        p = self.hybrid_layer_pattern
+        if p is not None:
+            return p.count("*"), p.count("W")
+        return (self.num_layers, 0) if self.window_size is None else (0, self.num_layers)
+
+    @property
     def layer_counts(self) -> tuple[int, int, int]:
-        """``(attention, mlp, mamba)`` layer counts."""
+        """``(attention, mlp, mamba)`` layer counts (attention: full and windowed)."""
         if self.hybrid_layer_pattern is None:
             return self.num_layers, self.num_layers, 0
         p = self.hybrid_layer_pattern
-        return p.count("*"), p.count("-"), p.count("M")
+        return p.count("*") + p.count("W"), p.count("-"), p.count("M")
 
     @property
     def mamba_inner(self) -> int:
@@ -180,6 +164,7 @@ class ModelSpec:
         """``num_attention_heads * head_dim``."""
         return self.num_attention_heads * self.head_dim
 
+    # -- training FLOPs per token (linear), per s**2 (quadratic), per w(s, W) (windowed) -----
     @property
     def linear_flops(self) -> int:
         """Training FLOPs per token (everything that scales with ``seqlen_sum``)."""
@@ -198,127 +183,98 @@ class ModelSpec:
 
     @property
     def quadratic_flops(self) -> int:
-        """Training FLOPs per squared sequence length (scales with ``seqlen_sq_sum``)."""
-        attention, _, _ = self.layer_counts
-        return TRAIN * attention * attention_score_forward(self.query_width, self.causal)
+        """Training FLOPs per squared sequence length of the full attention layers (scales
+        with ``seqlen_sq_sum``)."""
+        full, _ = self.attention_kinds
+        return TRAIN * full * attention_score_forward(self.query_width, self.causal)
 
-    def flops(self, seqlen_sum: int, seqlen_sq_sum: int) -> int:
+    @property
+    def windowed_flops(self) -> int:
+        """Training FLOPs per unit of :func:`~seqpack.cost.terms.window_feature` of the
+        sliding-window layers (scales with ``seqlen_window_sum``): per unit the same as a full
+        layer per ``s**2``."""
+        _, windowed = self.attention_kinds
+        return TRAIN * windowed * attention_score_forward(self.query_width, self.causal)
+
+    def flops(self, seqlen_sum: int, seqlen_sq_sum: int, seqlen_window_sum: int | None = None) -> int:
         """Training FLOPs (forward + backward) of sequences with these length sums.
 
         Args:
             seqlen_sum: ``sum(s_i)`` over the sequences (real lengths for exact accounting;
                 Megatron feeds padded ones).
             seqlen_sq_sum: ``sum(s_i**2)``.
+            seqlen_window_sum: ``sum(window_feature(s_i, window_size))``; needed when the
+                model has sliding-window layers (:meth:`sequence_flops` takes lengths).
 
         Returns:
             Exact FLOPs as a Python int.
+
+        Raises:
+            ConfigError: Sliding-window layers and no ``seqlen_window_sum``.
         """
         seqlen_sum = check_int("seqlen_sum", seqlen_sum, minimum=0)
         seqlen_sq_sum = check_int("seqlen_sq_sum", seqlen_sq_sum, minimum=0)
-        return self.linear_flops * seqlen_sum + self.quadratic_flops * seqlen_sq_sum
+        total = self.linear_flops * seqlen_sum + self.quadratic_flops * seqlen_sq_sum
+        if self.attention_kinds[1]:
+            if seqlen_window_sum is None:
+                raise ConfigError(
+                    f"{self.name or 'this model'} has sliding-window layers: pass seqlen_window_sum "
+                    "(or call sequence_flops(lengths))"
+                )
+            total += self.windowed_flops * check_int("seqlen_window_sum", seqlen_window_sum, minimum=0)
+        return total
+
+    def sequence_flops(self, lengths: Sequence[int] | np.ndarray) -> int:
+        """Exact training FLOPs of sequences of these ``lengths`` (every term)."""
+        sums = exact_sums(lengths, self.window_size if self.attention_kinds[1] else None, "lengths")
+        return self.flops(*sums)
 
     def cost_model(self, constant: float = 0.0) -> CostModel:
-        """A :class:`CostModel` in training FLOPs: ``linear`` per token, ``quadratic`` per s**2."""
-        return CostModel(float(self.linear_flops), float(self.quadratic_flops), constant)
+        """A :class:`CostModel` in training FLOPs: ``linear`` per token, ``quadratic`` per
+        ``s**2`` and, with sliding-window layers, ``windowed`` per ``w(s, window_size)``."""
+        if not self.attention_kinds[1]:
+            return CostModel(float(self.linear_flops), float(self.quadratic_flops), constant)
+        return CostModel(
+            float(self.linear_flops),
+            float(self.quadratic_flops),
+            constant,
+            windowed=float(self.windowed_flops),
+            window=self.window_size,
+        )
 
     def num_parameters(self) -> int:
         """Parameter count (bias-free linears, RMSNorm weights, untied embedding and output).
 
         A check against published model sizes; FLOPs do not depend on it.
         """
-        h = self.hidden_size
-        q = self.num_attention_heads * self.head_dim
-        kv = self.query_groups * self.head_dim
-        attention_layer = h * (q + 2 * kv) + q * h + h
-        mlp_layer = (3 if self.gated_linear_unit else 2) * h * self.ffn_hidden_size + h
-        d_in, g, n, heads = self.mamba_inner, self.mamba_num_groups, self.mamba_state_dim, self.mamba_heads
-        conv_channels = d_in + 2 * g * n
-        mamba_layer = (
-            h * (2 * d_in + 2 * g * n + heads)  # in_proj
-            + conv_channels * 5  # depthwise conv1d (kernel 4) + bias
-            + 3 * heads  # dt_bias, A_log, D
-            + d_in  # gated RMSNorm
-            + d_in * h  # out_proj
-            + h  # pre-norm
-        )
-        attention, mlp, mamba = self.layer_counts
-        vocab = 0 if self.vocab_size is None else 2 * self.vocab_size * h
-        return attention * attention_layer + mlp * mlp_layer + mamba * mamba_layer + vocab + h
+        return parameter_count(self)
 
 
-MODEL_PRESETS: dict[str, ModelSpec] = {
-    name: ModelSpec(**shape, name=name)  # type: ignore[arg-type]
-    for name, shape in PRESET_SHAPES.items()
-}
-"""Published shapes (:data:`seqpack.cost.presets.PRESET_SHAPES`): Llama 3 (8B/70B/405B),
-Qwen2.5-7B and Nemotron-H-8B (Mamba2/attention hybrid)."""
-
-
-def model_preset(name: str) -> ModelSpec:
-    """The :class:`ModelSpec` registered as ``name`` in :data:`MODEL_PRESETS`.
-
-    Raises:
-        ValueError: Unknown name (the message lists the known ones).
-    """
-    try:
-        return MODEL_PRESETS[name]
-    except (KeyError, TypeError):  # TypeError: an unhashable name
-        raise ConfigError(f"unknown model preset {name!r}; available: {', '.join(sorted(MODEL_PRESETS))}") from None
-
-
-def default_cost_model() -> CostModel:
-    """Training FLOPs of :data:`DEFAULT_MODEL` (Llama-3-8B shaped): what ``balanced`` uses
-    when ``cost=None``. Attention is 12.5% of an 8K-token sequence's cost under it."""
-    return MODEL_PRESETS[DEFAULT_MODEL].cost_model()
-
-
-def transformer_flops(
-    hidden_size: int,
-    num_layers: int,
-    num_attention_heads: int,
-    ffn_hidden_size: int,
-    num_query_groups: int | None = None,
-    vocab_size: int | None = None,
-    *,
-    seqlen_sum: int,
-    seqlen_sq_sum: int,
-    **options: Unpack[FlopsOptions],
-) -> int:
-    """Training FLOPs (forward + backward) of a transformer over packed sequences.
-
-    Args:
-        hidden_size, num_layers, num_attention_heads, ffn_hidden_size, num_query_groups,
-            vocab_size: Model shape (see :class:`ModelSpec`).
-        seqlen_sum: ``sum(s_i)``.
-        seqlen_sq_sum: ``sum(s_i**2)``.
-        **options: Further :class:`ModelSpec` fields (``causal``, ``gated_linear_unit``,
-            ``kv_channels``, ``hybrid_layer_pattern`` and the ``mamba_*`` shape).
-
-    Returns:
-        Exact FLOPs (Python int).
-    """
-    spec = ModelSpec(
-        hidden_size, num_layers, num_attention_heads, ffn_hidden_size, num_query_groups, vocab_size, **options
-    )
-    return spec.flops(seqlen_sum, seqlen_sq_sum)
-
-
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class CostModel:
-    """``cost(s) = linear*s + quadratic*s**2``; a microbatch adds ``constant`` once.
+    """``cost(s) = linear*s + quadratic*s**2 (+ windowed*w(s, window))``; a microbatch adds
+    ``constant`` once.
 
     Units are whatever the coefficients are in: training FLOPs for
     :meth:`from_transformer`, tokens for ``CostModel(1, 0)``, seconds for :meth:`fit`.
     ``CostModel(0, 0, constant)`` with ``constant > 0`` is valid: every microbatch costs the
     same whatever it holds (a launch-bound GPU).
+
+    ``windowed`` with ``window=W`` is sliding-window attention: per sequence
+    ``w(s, W)`` (:func:`~seqpack.cost.terms.window_feature`), which is ``s**2`` up to
+    ``s = W + 1`` and grows linearly beyond. A model without a window (``window=None``,
+    ``windowed=0``) has the three terms ``(constant, linear, quadratic)`` and costs, prints
+    and compares exactly as ``CostModel(linear, quadratic, constant)``.
     """
 
     linear: float
     quadratic: float
     constant: float = 0.0
+    windowed: float = 0.0
+    window: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("linear", "quadratic", "constant"):
+        for name in ("linear", "quadratic", "constant", "windowed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise SeqpackTypeError(f"CostModel.{name} must be a number, got {value!r}")
@@ -328,26 +284,40 @@ class CostModel:
                 number = math.inf
             if not math.isfinite(number) or number < 0:
                 raise ConfigError(f"CostModel.{name} must be finite and >= 0, got {value!r}")
-        if self.linear == 0 and self.quadratic == 0 and self.constant == 0:
-            raise ConfigError("CostModel needs linear > 0 or quadratic > 0, or constant > 0 (got all three 0)")
+        if self.window is not None:
+            object.__setattr__(self, "window", check_int("CostModel.window", self.window, minimum=0))
+        elif self.windowed != 0:
+            raise ConfigError(f"CostModel.windowed={self.windowed!r} needs a window (window=W tokens)")
+        if self.linear == 0 and self.quadratic == 0 and self.constant == 0 and self.windowed == 0:
+            which = "all three" if self.window is None else "all four (with windowed)"
+            raise ConfigError(f"CostModel needs linear > 0 or quadratic > 0, or constant > 0 (got {which} 0)")
+
+    def __repr__(self) -> str:
+        text = f"CostModel(linear={self.linear!r}, quadratic={self.quadratic!r}, constant={self.constant!r}"
+        if self.window is not None:
+            text += f", windowed={self.windowed!r}, window={self.window!r}"
+        return text + ")"
+
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """The model's terms in feature order: ``("constant", "linear", "quadratic")``, and
+        ``"windowed"`` with a window (:mod:`seqpack.cost.terms`)."""
+        return feature_names(self.window)
+
+    @property
+    def coefficients(self) -> tuple[float, ...]:
+        """The coefficients of :attr:`terms`, in that order (what :meth:`from_coefficients`
+        takes back)."""
+        return tuple(float(getattr(self, name)) for name in self.terms)
 
     def cost(self, lengths: Sequence[int] | np.ndarray) -> np.ndarray:
         """Cost of each sequence (float64, same shape as ``lengths``; no ``constant``)."""
-        s = np.asarray(lengths)
-        if s.dtype.kind not in "iuf":  # strings, bools, complex, objects that are no numbers
-            numbers = None
-            try:
-                numbers = np.asarray(lengths, dtype=np.float64) if s.dtype.kind == "O" else None
-            except (TypeError, ValueError, OverflowError):
-                pass
-            if numbers is None:
-                raise SeqpackTypeError(f"lengths must be numbers, got {lengths!r:.60}")
-            s = numbers
-        if s.dtype.kind == "f" and s.size and not (np.all(np.isfinite(s)) and np.abs(s).max() < 2.0**63):
-            raise ConfigError(f"lengths must be finite and within int64, got {lengths!r:.60}")
-        s = s.astype(np.float64, copy=False)
+        s = as_lengths(lengths)
         with np.errstate(over="ignore", invalid="ignore"):
-            out = s * (self.linear + self.quadratic * s)
+            if self.window is None:
+                out = s * (self.linear + self.quadratic * s)
+            else:  # w(s, W) = s * window_ratio: exactly quadratic*s**2's form below the window
+                out = s * (self.linear + self.quadratic * s + self.windowed * window_ratio(s, self.window))
         if out.size and not np.all(np.isfinite(out)):
             worst = float(np.abs(s).max())
             raise ConfigError(
@@ -365,8 +335,11 @@ class CostModel:
         return total
 
     def quadratic_share(self, length: int) -> float:
-        """Fraction of one ``length``-token sequence's cost spent in the quadratic term."""
+        """Fraction of one ``length``-token sequence's cost spent in attention (the quadratic
+        and windowed terms)."""
         q = self.quadratic * float(length) ** 2
+        if self.window is not None:
+            q += self.windowed * float(window_feature(int(length), self.window))
         total = self.linear * float(length) + q
         return q / total if total > 0 else 0.0
 
@@ -390,7 +363,7 @@ class CostModel:
         **options: Unpack[ShapeOptions],
     ) -> CostModel:
         """Coefficients from a transformer's training FLOPs (GQA aware; causal halves the
-        attention scores and values).
+        attention scores and values; ``window_size`` gives the windowed term).
 
         Args:
             hidden_size, num_layers, num_attention_heads, ffn_hidden_size,
@@ -399,7 +372,8 @@ class CostModel:
             **options: Further :class:`ModelSpec` fields.
 
         Returns:
-            ``CostModel(linear=FLOPs per token, quadratic=FLOPs per s**2, constant)``.
+            :meth:`ModelSpec.cost_model`: ``linear`` = FLOPs per token, ``quadratic`` = FLOPs
+            per ``s**2``, ``windowed`` = FLOPs per ``w(s, W)``, and ``constant``.
         """
         spec = ModelSpec(
             hidden_size,
@@ -420,16 +394,18 @@ class CostModel:
         seconds: Sequence[float] | np.ndarray,
         *,
         robust: bool = False,
+        window: int | None = None,
     ) -> CostModel:
         """A measured cost model: ``seconds ~ constant + linear*S + quadratic*SS`` over
         microbatches (``S``/``SS``: sum of lengths / of squared lengths), every coefficient
-        >= 0.
+        >= 0; with a ``window``, ``+ windowed*SW`` (``SW``: sum of ``w(s, window)``).
 
         The fit is exact non-negative least squares (:func:`nnls_fit`: every support of the
-        three coefficients is solved and the best feasible one kept), so it never fails on
+        coefficients is solved and the best feasible one kept), so it never fails on
         finite positive timings: timings that do not grow with length give a
         constant-only model, ``CostModel(0, 0, constant)`` ("every microbatch costs the
-        same").
+        same"). It is scale-invariant: times in any unit, even around 1e-200 or 1e200, fit
+        the same model scaled.
 
         Useful when kernels are not equally efficient: on CPU, attention runs far below GEMM
         speed, so its real cost is more quadratic than its FLOPs say; on a launch-bound GPU
@@ -437,58 +413,64 @@ class CostModel:
 
         Args:
             microbatches: Per microbatch, the (padded) lengths of its sequences.
-            seconds: Measured time of each microbatch.
+            seconds: Measured time of each microbatch (real numbers).
             robust: Resist outlier timings (a first-step compile, a GC pause): fit relative
                 errors (``(seconds - model) / model``), downweighting points far from the
                 rest (iteratively reweighted NNLS, Huber then Tukey's bisquare on a MAD
                 scale; :func:`robust_nnls_fit`).
+            window: Fit the windowed term too, for sliding-window attention of this window.
 
         Raises:
-            ConfigError: Fewer than 3 microbatches, mismatched inputs, or a timing that is
-                NaN, infinite or <= 0 (named by index).
+            SeqpackTypeError: A timing that is no real number (a string, a bool), named by
+                index.
+            ConfigError: Fewer than 3 microbatches, mismatched inputs, a timing that is NaN,
+                infinite or <= 0 (named by index), or timings more than ~1e150 apart.
         """
         check_bool("robust", robust)
-        for name, value in (("microbatches", microbatches), ("seconds", seconds)):
-            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or getattr(value, "ndim", 1) == 0:
-                raise SeqpackTypeError(f"{name} must be a list (one entry per microbatch), got {type(value).__name__}")
-        if len(microbatches) != len(seconds):
-            raise ConfigError(f"{len(microbatches)} microbatches but {len(seconds)} timings (seconds)")
-        if len(microbatches) < 3:
-            raise ConfigError(f"fitting 3 coefficients needs at least 3 timed microbatches, got {len(microbatches)}")
-        try:
-            y = np.asarray(seconds, dtype=np.float64).reshape(len(seconds))
-        except (TypeError, ValueError):
-            raise SeqpackTypeError(f"seconds must hold one number per microbatch, got {seconds!r:.60}") from None
-        bad = np.flatnonzero(~np.isfinite(y) | (y <= 0))
-        if bad.size:
-            i = int(bad[0])
-            raise ConfigError(
-                f"timings must be finite and > 0: seconds[{i}]={float(y[i])!r} ({bad.size} bad timing(s))"
-            )
-        try:
-            features = length_features(microbatches)
-        except SeqpackError:
-            raise
-        except (TypeError, ValueError):
-            raise SeqpackTypeError(f"microbatches must hold lists of lengths, got {microbatches!r:.60}") from None
+        window = None if window is None else check_int("window", window, minimum=0)
+        features, y = check_timings(microbatches, seconds, window)
         coef = robust_nnls_fit(features, y) if robust else nnls_fit(features, y)
-        return cls.from_coefficients(coef)
+        return cls.from_coefficients(coef, window=window)
 
     @classmethod
-    def from_coefficients(cls, coefficients: Sequence[float] | np.ndarray) -> CostModel:
-        """``CostModel`` from ``(constant, linear, quadratic)`` as :func:`nnls_fit` returns
-        them (tiny negative rounding clipped to 0)."""
-        constant, linear, quadratic = (max(float(c), 0.0) for c in coefficients)
-        return cls(linear, quadratic, constant)
+    def from_coefficients(cls, coefficients: Sequence[float] | np.ndarray, *, window: int | None = None) -> CostModel:
+        """``CostModel`` from the coefficients of its :attr:`terms` (``(constant, linear,
+        quadratic)``, and ``windowed`` with a ``window``) as :func:`nnls_fit` returns them
+        (tiny negative rounding clipped to 0)."""
+        values = [max(float(c), 0.0) for c in coefficients]
+        names = feature_names(window)
+        if len(values) != len(names):
+            raise ConfigError(f"{len(names)} coefficients {names} expected, got {len(values)}")
+        constant, linear, quadratic = values[:3]
+        if window is None:
+            return cls(linear, quadratic, constant)
+        return cls(linear, quadratic, constant, windowed=values[3], window=window)
 
-    def predict(self, seqlen_sum: float, seqlen_sq_sum: float) -> float:
-        """Cost of one microbatch from its length sums ``S`` and ``SS``."""
-        return float(self.constant + self.linear * seqlen_sum + self.quadratic * seqlen_sq_sum)
+    def predict(self, seqlen_sum: float, seqlen_sq_sum: float, seqlen_window_sum: float | None = None) -> float:
+        """Cost of one microbatch from its length sums ``S``, ``SS`` and, with a window,
+        ``SW`` (:func:`~seqpack.cost.terms.exact_sums`)."""
+        total = self.constant + self.linear * seqlen_sum + self.quadratic * seqlen_sq_sum
+        if self.window is not None:
+            if seqlen_window_sum is None:
+                raise ConfigError(f"{self!r} has a windowed term: pass seqlen_window_sum")
+            total += self.windowed * seqlen_window_sum
+        return float(total)
+
+    def predict_sums(self, sums: np.ndarray) -> np.ndarray:
+        """float64 cost of microbatches from their sums ``[..., len(terms) - 1]`` (``S``,
+        ``SS`` and, with a window, ``SW``: the terms after the constant, in order)."""
+        sums = np.asarray(sums)
+        if sums.shape[-1:] != (len(self.terms) - 1,):
+            raise ConfigError(f"{self!r} needs sums of {self.terms[1:]} in the last axis, got shape {sums.shape}")
+        out = self.constant + self.linear * sums[..., 0] + self.quadratic * sums[..., 1]
+        if self.window is not None:
+            out = out + self.windowed * sums[..., 2]
+        return np.asarray(out, dtype=np.float64)
 
     @classmethod
     def from_preset(cls, name: str, constant: float = 0.0) -> CostModel:
-        """The cost model of a :data:`MODEL_PRESETS` entry (e.g. ``"llama3-8b"``)."""
-        return model_preset(name).cost_model(constant)
+        """The cost model of a :data:`~seqpack.cost.MODEL_PRESETS` entry (e.g. ``"llama3-8b"``)."""
+        return ModelSpec(**preset_shape(name), name=name).cost_model(constant)  # type: ignore[arg-type]
 
 
 def check_cost_model(name: str, value: object) -> CostModel | None:
