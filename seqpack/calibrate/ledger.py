@@ -127,7 +127,7 @@ class TimingLedger:
     Lag: with times recorded before the next ``next()``, step ``t``'s times travel with
     step ``t+1`` and the calibrator holds them once step ``t+1`` is scheduled: the
     schedule of step ``n+1`` uses the model fitted through step ``n-1``. Times recorded
-    later (a :class:`~seqpack.timing.MicrobatchTimer` reads CUDA events one step late) wait
+    later (a :class:`~seqpack.calibrate.MicrobatchTimer` reads CUDA events one step late) wait
     up to ``window`` steps. With prefetch ``k``, step ``s`` is produced while the training
     loop is ``k`` steps behind: pass ``window >= k + 2``, take a :meth:`snapshot` with every
     prepared step and save ``state_dict(snapshot_of_the_last_step_handed_over)``.
