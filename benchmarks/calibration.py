@@ -26,6 +26,11 @@ Clocks:
   of the padded lengths). ``h2048x4`` is launch-bound (20 ms before any token);
 * ``flops``: the h2048x4 model's training FLOPs at 100 TFLOP/s: the clock equals the FLOPs
   model, so calibration can only lose here;
+* ``gpt-oss-20b flops (windowed)`` and ``gpt-oss-20b + constant (windowed)``: gpt-oss-20b's
+  training FLOPs at 400 TFLOP/s (half its attention layers on a 128-token window: the
+  windowed term), as they are and with a per-microbatch constant worth 2,048 tokens; the
+  prior is the windowed FLOPs model, so the calibrator fits four coefficients
+  ``(1, S, SS, SW)``;
 * ``cpu-tiny``: forward + backward of seqpack's tiny hybrid LM (attention + Mamba2, d_model
   64) measured on this CPU now (160 packs like the run's: lognormal sequences of the run's mean
   filling 20-100% of a microbatch; process CPU time with one torch thread, so that other
@@ -57,7 +62,8 @@ import numpy as np
 import torch
 
 from seqpack.calibrate import CostCalibrator, TimingLedger, encode_seconds, microbatch_sums
-from seqpack.cost import CostModel, ModelSpec
+from seqpack.cost import CostModel, ModelSpec, model_preset
+from seqpack.cost.terms import exact_sums
 from seqpack.mock_data import lognormal_lengths
 from seqpack.schedulers import Schedule, get_scheduler, predicted_step_time
 
@@ -82,6 +88,7 @@ class RowClock:
 
     @staticmethod
     def _coords(sums: np.ndarray, capacity: int) -> np.ndarray:
+        assert np.asarray(sums).shape[-1] == 2, "a row clock interpolates in (S, SS): no window term"
         sums = np.asarray(sums, dtype=np.float64).reshape(-1, 2)
         return np.stack([sums[:, 0] / capacity, np.sqrt(sums[:, 1]) / capacity], axis=1)
 
@@ -97,23 +104,18 @@ class RowClock:
 
 
 class ModelClock:
-    """A clock that is a cost model (FLOPs turned into seconds at a fixed rate)."""
+    """A clock that is a cost model (FLOPs turned into seconds at a fixed rate); it takes the
+    sums of the model's terms (S, SS, and SW with a window)."""
 
     def __init__(self, model: CostModel, flops_per_s: float) -> None:
         self.model, self.rate = model, flops_per_s
 
     def __call__(self, sums: np.ndarray) -> np.ndarray:
-        sums = np.asarray(sums, dtype=np.float64)
-        m = self.model
-        return (m.constant + m.linear * sums[..., 0] + m.quadratic * sums[..., 1]) / self.rate
+        return self.model.predict_sums(np.asarray(sums, dtype=np.float64)) / self.rate
 
 
-def _sums_of(rows: list[list[int]], pad: int) -> np.ndarray:
-    out = []
-    for lengths in rows:
-        padded = [-(-n // pad) * pad for n in lengths]
-        out.append((sum(padded), sum(p * p for p in padded)))
-    return np.array(out, dtype=np.int64)
+def _sums_of(rows: list[list[int]], pad: int, window: int | None = None) -> np.ndarray:
+    return np.array([exact_sums([-(-n // pad) * pad for n in lengths], window, "pack") for lengths in rows], np.int64)
 
 
 def h100_clock(path: str, key: str) -> tuple[RowClock, int, dict]:
@@ -192,9 +194,14 @@ class Workload:
     mean_len: int
     samples_per_rank: int
 
+    @property
+    def window(self) -> int | None:
+        """The sliding window of the FLOPs prior (and of the clock's sums)."""
+        return self.flops.window
 
-def true_step_time(schedule: Schedule, clock) -> float:
-    sums = microbatch_sums(schedule)  # [M, dp, 2]
+
+def true_step_time(schedule: Schedule, clock, window: int | None = None) -> float:
+    sums = microbatch_sums(schedule, window)  # [M, dp, 2], or 3 with a window
     if sums.size == 0:
         return 0.0
     return float(clock(sums).max(axis=1).sum())
@@ -205,8 +212,9 @@ def plan(lengths: np.ndarray, capacity: int, cost: CostModel, num_microbatches: 
     return scheduler.schedule(lengths, dp_size=DP, max_tokens_per_rank=capacity, pad_multiple=PAD, cost=cost, sync=SYNC)
 
 
-def dense_fit(clock, capacity: int, seed: int = 1) -> CostModel:
-    """The clock's best 3-coefficient model: NNLS on 2000 noise-free random microbatches."""
+def dense_fit(clock, capacity: int, window: int | None = None, seed: int = 1) -> CostModel:
+    """The clock's best model with the prior's terms: NNLS on 2000 noise-free random
+    microbatches."""
     rng = np.random.default_rng(seed)
     mbs = []
     for _ in range(2000):
@@ -220,9 +228,9 @@ def dense_fit(clock, capacity: int, seed: int = 1) -> CostModel:
                 break
             lengths.append(n)
         mbs.append(lengths or [cap])
-    sums = _sums_of(mbs, PAD)
+    sums = _sums_of(mbs, PAD, window)
     padded = [[-(-n // PAD) * PAD for n in m] for m in mbs]
-    return CostModel.fit(padded, clock(sums))
+    return CostModel.fit(padded, clock(sums), window=window)
 
 
 def run(wl: Workload, steps: int, seed: int = 0) -> dict:
@@ -230,7 +238,7 @@ def run(wl: Workload, steps: int, seed: int = 0) -> dict:
     calibrator = CostCalibrator(wl.flops)
     ledger = TimingLedger(calibrator, dp_size=DP, dp_rank=0, sync=SYNC)
     observed: dict[int, np.ndarray] = {}  # step -> noisy seconds [M, dp], what the ranks report
-    oracle_cost = dense_fit(wl.clock, wl.capacity)
+    oracle_cost = dense_fit(wl.clock, wl.capacity, wl.window)
     rows = []
     for step in range(steps):
         lengths = lognormal_lengths(
@@ -253,21 +261,21 @@ def run(wl: Workload, steps: int, seed: int = 0) -> dict:
             else np.zeros((DP, 0), np.int64)
         )
         ledger.incoming(step, table)
-        ledger.add_step(step, microbatch_sums(calibrated), model if fitted else None)
-        true = wl.clock(microbatch_sums(calibrated))  # [M, dp]
+        ledger.add_schedule(step, calibrated, model if fitted else None)
+        true = wl.clock(microbatch_sums(calibrated, wl.window))  # [M, dp]
         noise = rng.uniform(0.95, 1.05, true.shape) * np.where(rng.random(true.shape) < 0.02, 3.0, 1.0)
         observed[step] = true * noise * (3.0 if step == 0 else 1.0)
-        t_cal = true_step_time(calibrated, wl.clock)
-        t_flops = true_step_time(flops, wl.clock)
+        t_cal = true_step_time(calibrated, wl.clock, wl.window)
+        t_flops = true_step_time(flops, wl.clock, wl.window)
         candidates = [t_cal, t_flops]
         tokens = int((-(-lengths // PAD) * PAD).sum())
         lower = max(-(-tokens // (DP * wl.capacity)), 1)  # the token bound
-        t_dense = true_step_time(plan(lengths, wl.capacity, oracle_cost), wl.clock)
+        t_dense = true_step_time(plan(lengths, wl.capacity, oracle_cost), wl.clock, wl.window)
         candidates.append(t_dense)
         for cost in (oracle_cost, wl.flops):  # every count from the token bound to 3 more
             for m in range(lower, lower + 4):
                 try:
-                    candidates.append(true_step_time(plan(lengths, wl.capacity, cost, m), wl.clock))
+                    candidates.append(true_step_time(plan(lengths, wl.capacity, cost, m), wl.clock, wl.window))
                 except ValueError:
                     continue
         oracle = min(candidates)
@@ -287,6 +295,13 @@ def run(wl: Workload, steps: int, seed: int = 0) -> dict:
     return dict(
         rows=rows, model=calibrator.model, shape=calibrator.shape, oracle_cost=oracle_cost, skipped=calibrator.skipped
     )
+
+
+def _describe(model: CostModel) -> str:
+    text = f"{model.constant * 1e3:.3f} ms + {model.linear:.3e} s*S + {model.quadratic:.3e} s*SS"
+    if model.window is not None:
+        text += f" + {model.windowed:.3e} s*SW (window {model.window})"
+    return text
 
 
 def summarize(name: str, result: dict, targets: list[tuple[bool | None, str]]) -> None:
@@ -315,16 +330,15 @@ def summarize(name: str, result: dict, targets: list[tuple[bool | None, str]]) -
     m = result["model"]
     first_fit = next((r["step"] for r in rows if r["fitted"]), None)
     print(
-        f"final model ({'the FLOPs prior rescaled' if result['shape'] == 'prior' else '3 coefficients'}, "
-        f"fitted from step {first_fit}): {m.constant * 1e3:.3f} ms + {m.linear:.3e} s*S + {m.quadratic:.3e} s*SS; "
-        f"dense noise-free fit of the clock: {result['oracle_cost'].constant * 1e3:.3f} ms + "
-        f"{result['oracle_cost'].linear:.3e} s*S + {result['oracle_cost'].quadratic:.3e} s*SS; "
+        f"final model ({'the FLOPs prior rescaled' if result['shape'] == 'prior' else 'every coefficient'}, "
+        f"fitted from step {first_fit}): {_describe(m)}; "
+        f"dense noise-free fit of the clock: {_describe(result['oracle_cost'])}; "
         f"timings skipped: {result['skipped']}"
     )
     print(
         f"steps {FROM_STEP}-{rows[-1]['step']}: calibrated / oracle mean {ratio_cal.mean():.4f} (worst "
         f"{ratio_cal.max():.4f}); flops / oracle mean {ratio_flops.mean():.4f} (worst {ratio_flops.max():.4f}); "
-        f"dense-fit plan / oracle mean {ratio_dense.mean():.4f} (the best a 3-coefficient model does); "
+        f"dense-fit plan / oracle mean {ratio_dense.mean():.4f} (the best a model of these terms does); "
         f"flops / calibrated step time {speedup:.3f}x; calibrated / flops worst step (all steps) "
         f"{per_step_vs_flops.max():.4f}; "
         f"prediction error of the step time: mean |e| {100 * np.mean(np.abs(err)):.1f}%, worst "
@@ -367,6 +381,12 @@ def main() -> None:
     else:
         print(f"# {args.clock_data} not found: the H100 clocks are left out")
     workloads.append(Workload("flops (= the FLOPs model)", ModelClock(h2048, 100e12), h2048, 16384, 1024, 24))
+    # gpt-oss-20b's FLOPs (half its layers windowed at 128 tokens), as they are and with a
+    # per-microbatch constant worth 2048 tokens that the FLOPs prior does not know.
+    gpt = model_preset("gpt-oss-20b").cost_model()
+    launch = CostModel(gpt.linear, gpt.quadratic, 2048 * gpt.linear, windowed=gpt.windowed, window=gpt.window)
+    workloads.append(Workload("gpt-oss-20b flops (windowed)", ModelClock(gpt, 400e12), gpt, 16384, 1024, 24))
+    workloads.append(Workload("gpt-oss-20b + constant (windowed)", ModelClock(launch, 400e12), gpt, 16384, 1024, 24))
     if not args.skip_cpu:
         load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         clock_c, spec, took, spread = cpu_tiny_clock(4096, 256)

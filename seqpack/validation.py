@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from seqpack._compat import moved_names
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, INT64_MAX, MAX_TOKENS
 
@@ -25,10 +26,10 @@ __all__ = [
     "MAX_TOKENS",
     "check_bool",
     "check_choice",
-    "check_cost_model",
     "check_fits_memory",
     "check_int",
     "check_number",
+    "check_numbers",
     "check_mapping",
     "check_optional_int",
     "check_path",
@@ -38,6 +39,9 @@ __all__ = [
 ]
 
 E = TypeVar("E", bound=Enum)
+
+# check_cost_model lives with CostModel now (this module imports nothing above errors/options).
+__getattr__ = moved_names(__name__, {"check_cost_model": "seqpack.cost"})
 
 
 def _is_int(value: object) -> bool:
@@ -97,6 +101,40 @@ def check_number(
     return number
 
 
+def check_numbers(name: str, values: object, *, where: str = "") -> np.ndarray:
+    """``values`` (a sequence, array or tensor of real numbers, or one number) as a 1-D
+    float64 array. NaN and infinities pass (callers decide what they mean). ``where`` goes
+    into the message after ``name`` (``" (record_times of step 3)"``).
+
+    Raises:
+        SeqpackTypeError: An element that is no real number (a string, a bool, ``None``, a
+            complex number), named with its index.
+    """
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError, RuntimeError):  # ragged nesting, a tensor that needs .cpu()
+        raise SeqpackTypeError(f"{name} must be numbers{where}, got {values!r:.60}") from None
+    if arr.dtype.kind in "iuf" and hasattr(values, "__array__"):
+        return arr.reshape(-1).astype(np.float64)  # an array or tensor: its dtype says it all
+    # Scan the elements as given: an array made of [0.1, True] holds 1.0, of [0.1, "0.2"] "0.1".
+    for i, value in enumerate(np.asarray(values, dtype=object).reshape(-1).tolist()):
+        if isinstance(value, (bool, np.bool_)) or not (isinstance(value, numbers.Real) or _is_number_array(value)):
+            kind = type(value).__name__
+            raise SeqpackTypeError(f"{name} must hold real numbers{where}, got {name}[{i}]={value!r} ({kind})")
+    try:
+        return arr.reshape(-1).astype(np.float64)
+    except (TypeError, ValueError, OverflowError):  # e.g. an int past float64 in an object array
+        raise SeqpackTypeError(f"{name} must be float64 numbers{where}, got {values!r:.60}") from None
+
+
+def _is_number_array(value: object) -> bool:
+    """A one-element array or tensor of ints or floats (``torch.tensor(0.1)``)."""
+    if not hasattr(value, "__array__"):
+        return False
+    arr = np.asarray(value)
+    return arr.size == 1 and arr.dtype.kind in "iuf"
+
+
 def check_bool(name: str, value: object) -> bool:
     """``value`` as a ``bool`` (``numpy.bool_`` accepted; 0/1 and strings refused)."""
     if isinstance(value, (bool, np.bool_)):
@@ -141,20 +179,6 @@ def check_tensor(name: str, value: object, *, min_dim: int = 0) -> torch.Tensor:
     if value.dim() < min_dim:
         raise ConfigError(f"{name} must have at least {min_dim} dimension(s), got shape {tuple(value.shape)}")
     return value
-
-
-def check_cost_model(name: str, value: object) -> None:
-    """``value`` is ``None`` or a :class:`seqpack.cost.CostModel`.
-
-    Raises:
-        SeqpackTypeError: Anything else; a :class:`~seqpack.cost.ModelSpec` gets the hint
-            to call its ``cost_model()``.
-    """
-    from seqpack.cost import CostModel  # late: cost imports this module
-
-    if value is not None and not isinstance(value, CostModel):
-        hint = " (ModelSpec.cost_model() gives one)" if hasattr(value, "cost_model") else ""
-        raise SeqpackTypeError(f"{name} must be a seqpack.CostModel or None, got {type(value).__name__}{hint}")
 
 
 def memory_limit() -> int | None:

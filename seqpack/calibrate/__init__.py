@@ -1,0 +1,43 @@
+"""Online calibration: fit the scheduler's cost model to measured microbatch times.
+
+The training loop reports each step's microbatch times (``Step.record_times``, or a
+:class:`MicrobatchTimer` around each microbatch); the wrapper's :class:`TimingLedger` sends
+them with a later step's length gather so that every rank holds the same times, and feeds
+them to a :class:`CostCalibrator`, whose fitted model schedules the next steps. How the times
+travel and the lag: docs/cost_models.md.
+
+Modules:
+
+* :mod:`~seqpack.calibrate.calibrator`: :class:`CostCalibrator` (sliding window, exact robust
+  NNLS fit, prior until enough timings).
+* :mod:`~seqpack.calibrate.ledger`: :class:`TimingLedger` (from ``record`` to ``observe``, with
+  resume state), :class:`Measurement`, :func:`microbatch_sums`, :func:`step_time`.
+* :mod:`~seqpack.calibrate.words`: the int64 words a time travels as (:func:`encode_seconds`,
+  :data:`MISSING`, :data:`INVALID`, :data:`ABSENT`).
+* :mod:`~seqpack.calibrate.timer`: :class:`MicrobatchTimer` (CUDA events or
+  ``perf_counter``, no host sync on the hot path).
+
+Layering: ``words`` and ``timer`` import no other calibrate module; ``calibrator`` imports
+:mod:`seqpack.cost`; ``ledger`` imports both. Nothing here imports the loader or its config.
+"""
+
+from __future__ import annotations
+
+from seqpack.calibrate.calibrator import CostCalibrator
+from seqpack.calibrate.ledger import Measurement, TimingLedger, microbatch_sums, step_time
+from seqpack.calibrate.timer import MicrobatchTimer
+from seqpack.calibrate.words import ABSENT, INVALID, MISSING, decode_seconds, encode_seconds
+
+__all__ = [
+    "ABSENT",
+    "INVALID",
+    "MISSING",
+    "CostCalibrator",
+    "Measurement",
+    "MicrobatchTimer",
+    "TimingLedger",
+    "decode_seconds",
+    "encode_seconds",
+    "microbatch_sums",
+    "step_time",
+]

@@ -1,0 +1,402 @@
+"""TimingLedger: the wrapper's bookkeeping of microbatch times, from ``record_times`` to the
+calibrator.
+
+The wrapper (``wrap_data_iterator(..., calibrate=True)``) feeds its calibrator with a lag:
+the times of step ``t`` travel with a later step's length gather (as int64 words,
+:mod:`seqpack.calibrate.words`) and are observed once every rank holds them. A
+:class:`Measurement` is one step whose times every rank holds: its measured step time and
+the time the model it was scheduled with predicted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from seqpack._logging import warn_once
+from seqpack.calibrate.calibrator import CostCalibrator
+from seqpack.calibrate.words import ABSENT, MISSING, decode_seconds, encode_seconds
+from seqpack.cost import CostModel
+from seqpack.cost.terms import sequence_features
+from seqpack.errors import ConfigError, ResumeError, SeqpackError
+from seqpack.options import Sync
+from seqpack.stats import step_objective
+from seqpack.thd import padded_lengths
+from seqpack.validation import check_choice, check_int, check_numbers
+
+__all__ = ["Measurement", "TimingLedger", "check_times", "microbatch_sums", "step_time"]
+
+logger = logging.getLogger(__name__)
+
+_LOCAL_KEPT = 64  # recorded times kept per rank, in steps (for late snapshots under prefetch)
+
+
+def step_time(seconds: np.ndarray, sync: str | None) -> float:
+    """Step time of per-microbatch times ``[M, dp]``: ``sum_m max_d`` (lockstep, also for
+    ``None``) or ``max_d sum_m`` (replica)."""
+    return step_objective(seconds, Sync.LOCKSTEP if sync is None else sync)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """One step whose microbatch times every rank holds.
+
+    Attributes:
+        step: The step.
+        seconds: ``[M, dp]`` times (NaN where missing or invalid).
+        measured: Measured step time (``None`` unless every microbatch was timed).
+        predicted: Step time the model the step was scheduled with predicts (``None`` when
+            that model was not in seconds: an unfitted FLOPs prior).
+        model: The model the step was scheduled with.
+    """
+
+    step: int
+    seconds: np.ndarray
+    measured: float | None
+    predicted: float | None
+    model: CostModel | None
+
+    @property
+    def error(self) -> float | None:
+        """``predicted / measured - 1``, when both are known."""
+        if self.measured is None or self.predicted is None or self.measured <= 0:
+            return None
+        return self.predicted / self.measured - 1.0
+
+
+@dataclasses.dataclass
+class _Slot:
+    """A scheduled step waiting for its times."""
+
+    step: int
+    sums: np.ndarray  # int64 [M, dp, terms - 1]: S, SS (and SW) of microbatch m of replica d (padded lengths)
+    model: CostModel | None  # the model it was scheduled with, when fitted
+
+
+def microbatch_sums(schedule: Any, window: int | None = None) -> np.ndarray:
+    """int64 ``[M, dp, 2]``: ``S`` and ``SS`` of every microbatch's padded lengths, as the
+    rank runs it, or ``[M, dp, 3]`` with ``SW`` for a sliding ``window``
+    (:mod:`seqpack.cost.terms`): an empty cell runs a padding-only filler of
+    ``pad_multiple`` tokens (exact while ``capacity**2 < 2**63``)."""
+    padded = padded_lengths(schedule.lengths, schedule.pad_multiple).astype(np.int64)
+    ids, cell, counts = schedule._flat
+    per_sequence = sequence_features(padded[ids], window)  # [n, k]
+    out = np.zeros((counts.shape[0], per_sequence.shape[1]), dtype=np.int64)
+    for j in range(per_sequence.shape[1]):
+        np.add.at(out[:, j], cell, per_sequence[:, j])
+    out[counts == 0] = sequence_features(np.array([schedule.pad_multiple]), window)[0]
+    return out.reshape(schedule.num_microbatches, schedule.dp_size, per_sequence.shape[1])
+
+
+def check_times(seconds: object, num_microbatches: int, *, step: int, dp_rank: int) -> np.ndarray:
+    """What ``Step.record_times`` takes: ``seconds`` as float64 ``[num_microbatches]``. NaN,
+    infinite or non-positive times pass (the calibrator skips and counts them; NaN marks an
+    untimed microbatch).
+
+    Raises:
+        SeqpackTypeError: A time that is no real number (a string, a bool, ``None``), named.
+        ConfigError: Not one time per microbatch.
+    """
+    values = check_numbers("seconds", seconds, where=f" (record_times of step {step} on DP rank {dp_rank})")
+    if values.shape[0] != num_microbatches:
+        raise ConfigError(
+            f"record_times got {values.shape[0]} times for step {step} on DP rank {dp_rank}, which ran "
+            f"{num_microbatches} microbatches: pass one time per microbatch"
+        )
+    return values
+
+
+class TimingLedger:
+    """The wrapper's bookkeeping of microbatch times, between ``record`` and ``observe``.
+
+    Per scheduled step ``t`` it keeps the microbatch layout (from the schedule every rank
+    holds). This rank's times of step ``t`` arrive with :meth:`record` (from
+    ``Step.record_times``, on the training thread). Every later step ``s`` sends, for each
+    pending step ``t``, this rank's times as int64 words (:meth:`outgoing`, one row of
+    ``sum_t M_t`` words); the ranks combine them (DP gather, then an int64 MAX over the
+    copies of each replica) and :meth:`incoming` hands the combined ``[dp, words]`` table
+    back: a step all of whose microbatches are timed, or that has waited ``window``
+    steps, is observed by the calibrator and leaves the ledger. Every rank sees the same
+    table, so every rank's calibrator makes the same observations.
+
+    Lag: with times recorded before the next ``next()``, step ``t``'s times travel with
+    step ``t+1`` and the calibrator holds them once step ``t+1`` is scheduled: the
+    schedule of step ``n+1`` uses the model fitted through step ``n-1``. Times recorded
+    later (a :class:`~seqpack.calibrate.MicrobatchTimer` reads CUDA events one step late) wait
+    up to ``window`` steps. With prefetch ``k``, step ``s`` is produced while the training
+    loop is ``k`` steps behind: pass ``window >= k + 2``, take a :meth:`snapshot` with every
+    prepared step and save ``state_dict(snapshot_of_the_last_step_handed_over)``.
+
+    Thread-safe: :meth:`record` runs on the training thread, the rest where steps are made.
+    """
+
+    def __init__(
+        self, calibrator: CostCalibrator, *, dp_size: int, dp_rank: int, window: int = 2, sync: str | None = None
+    ) -> None:
+        self.calibrator = calibrator
+        self.dp_size = check_int("dp_size", dp_size, minimum=1)
+        self.dp_rank = check_int("dp_rank", dp_rank, minimum=0)
+        self.window = check_int("window", window, minimum=1)
+        self.sync = None if sync is None else check_choice("sync", sync, Sync)
+        self._slots: dict[int, _Slot] = {}
+        self._local: dict[int, np.ndarray] = {}  # this rank's recorded times by step (recent ones)
+        self._lock = threading.Lock()
+        self.error: str | None = None  # a bad record_times on this rank, sent with the next gather
+        self.last: Measurement | None = None
+        self.late = 0  # times recorded for a step that had already left the ledger
+
+    # -- producer side (the thread that makes steps) --------------------------------------------
+
+    @property
+    def num_sums(self) -> int:
+        """Length sums per microbatch: 2 (``S``, ``SS``), 3 when the calibrator's prior has a
+        sliding window (and ``SW``)."""
+        return len(self.calibrator.terms) - 1
+
+    def add_step(self, step: int, sums: np.ndarray, model: CostModel | None) -> None:
+        """Register a scheduled step (``sums``: :func:`microbatch_sums` of its schedule, with
+        the prior's window) and the model it was scheduled with (``None`` when it does not
+        predict seconds)."""
+        sums = np.asarray(sums, dtype=np.int64)
+        if sums.ndim != 3 or sums.shape[1:] != (self.dp_size, self.num_sums):
+            raise ConfigError(
+                f"sums must have shape [M, {self.dp_size}, {self.num_sums}] (microbatch_sums(schedule, "
+                f"window={self.calibrator.prior.window})), got {sums.shape}"
+            )
+        with self._lock:
+            self._slots[step] = _Slot(step, sums, model)
+
+    def add_schedule(self, step: int, schedule: Any, model: CostModel | None) -> None:
+        """:meth:`add_step` with the sums of ``schedule`` for the calibrator's terms."""
+        self.add_step(step, microbatch_sums(schedule, self.calibrator.prior.window), model)
+
+    def pending(self) -> list[int]:
+        with self._lock:
+            return sorted(self._slots)
+
+    def outgoing(self, upto: int | None = None) -> np.ndarray:
+        """This rank's words for every pending step, oldest first (``sum_t M_t`` int64).
+
+        Args:
+            upto: Send times of steps ``<= upto`` only (later ones as missing, even when
+                already recorded). Under prefetch the training thread records step ``t``'s
+                times while the producer may already gather step ``t + 1 + k``: sending only
+                steps ``<= s - 1 - k`` with step ``s`` makes what travels independent of that
+                race, so a run calibrates the same way whatever the threads' timing.
+        """
+        with self._lock:
+            parts = []
+            for t in sorted(self._slots):
+                slot = self._slots[t]
+                m = slot.sums.shape[0]
+                local = self._local.get(t)
+                if local is None or (upto is not None and t > upto):
+                    parts.append(np.full(m, MISSING, dtype=np.int64))
+                else:
+                    parts.append(encode_seconds(local))
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def width(self) -> int:
+        with self._lock:
+            return sum(slot.sums.shape[0] for slot in self._slots.values())
+
+    def take_error(self) -> str | None:
+        with self._lock:
+            error, self.error = self.error, None
+            return error
+
+    def incoming(self, step: int, table: np.ndarray) -> list[Measurement]:
+        """Absorb the combined words ``[dp, width]`` gathered with step ``step``; observe
+        (and drop) every pending step that is fully timed or ``window`` steps old.
+
+        Returns:
+            The steps observed, oldest first.
+        """
+        table = np.asarray(table, dtype=np.int64).reshape(self.dp_size, -1)
+        done = []
+        with self._lock:
+            offset = 0
+            for t in sorted(self._slots):
+                slot = self._slots[t]
+                m = slot.sums.shape[0]
+                words = table[:, offset : offset + m]  # [dp, M_t]
+                offset += m
+                complete = bool(((words >= 0) & (words != MISSING)).all())
+                if not (complete or t <= step - self.window):
+                    continue
+                del self._slots[t]
+                done.append((slot, words))
+            if offset != table.shape[1]:
+                raise ConfigError(f"timing table has {table.shape[1]} words per rank but {offset} are pending")
+        out = [self._observe(slot, words) for slot, words in done]
+        measured = [m for m in out if m.measured is not None]
+        if measured:
+            self.last = measured[-1]
+        return out
+
+    def _observe(self, slot: _Slot, words: np.ndarray) -> Measurement:
+        """Feed the calibrator with one step's combined words ``[dp, M]``."""
+        seconds = decode_seconds(words.T.reshape(-1)).reshape(words.shape[1], words.shape[0])  # [M, dp]
+        present = (words.T != MISSING) & (words.T != ABSENT)  # [M, dp]; INVALID ones are observed, skipped, counted
+        rows = [tuple(int(v) for v in row) for row in slot.sums[present].tolist()]
+        self.calibrator._add(rows, seconds[present].tolist(), slot.step)
+        complete = bool(np.isfinite(seconds).all())
+        measured = step_time(seconds, self.sync) if complete else None
+        predicted = None
+        if slot.model is not None:
+            predicted = step_time(slot.model.predict_sums(slot.sums), self.sync)
+        if not complete:
+            missing = int(np.count_nonzero(~np.isfinite(seconds)))
+            warn_once(
+                logger,
+                "incomplete-times",
+                "step %d: %d of %d microbatch times were missing or invalid when the calibrator took them (record "
+                "times before the next steps, or raise the ledger window); further incomplete steps are not reported",
+                slot.step,
+                missing,
+                seconds.size,
+            )
+        return Measurement(slot.step, seconds, measured, predicted, slot.model)
+
+    # -- training side ------------------------------------------------------------------------
+
+    def record(self, step: int, seconds: Sequence[float] | np.ndarray, num_microbatches: int) -> None:
+        """This rank's times of ``step``, one per microbatch (:func:`check_times`), once.
+
+        A refused call keeps nothing and is also sent as this rank's error with the next
+        gather, so every rank fails the next step with its message.
+
+        Raises:
+            SeqpackTypeError: A time that is no real number (a string, a bool).
+            ConfigError: Not ``num_microbatches`` times, or times of ``step`` already
+                recorded (the first call's are kept: a step is reported once).
+        """
+        try:
+            values = check_times(seconds, num_microbatches, step=step, dp_rank=self.dp_rank)
+            with self._lock:
+                if step in self._local:
+                    raise ConfigError(
+                        f"record_times was called twice for step {step} on DP rank {self.dp_rank}: report each step's "
+                        "times once (the first call's are kept)"
+                    )
+        except SeqpackError as exc:
+            with self._lock:
+                self.error = self.error or str(exc)
+            raise
+        with self._lock:
+            self._local[step] = values.copy()
+            for old in [t for t in self._local if t < step - _LOCAL_KEPT]:
+                del self._local[old]
+            if step not in self._slots:
+                self.late += 1
+                warn_once(
+                    logger,
+                    "late-times",
+                    "times of step %d arrived after the calibrator stopped waiting for them; they are dropped (record "
+                    "them sooner, or raise the ledger window); later ones are counted in TimingLedger.late",
+                    step,
+                )
+
+    # -- resume -------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The producer side of :meth:`state_dict` (calibrator, pending steps, last
+        measurement), without this rank's recorded times. Under prefetch, take one with
+        every prepared step and pass the one of the last step handed over to
+        :meth:`state_dict`: the ledger itself is ahead of the training loop."""
+        with self._lock:
+            slots = [
+                {
+                    "step": slot.step,
+                    "sums": slot.sums.tolist(),
+                    "model": None if slot.model is None else _model_list(slot.model),
+                }
+                for slot in (self._slots[t] for t in sorted(self._slots))
+            ]
+        last = self.last
+        return {
+            "calibrator": self.calibrator.state_dict(),
+            "pending": slots,
+            "last": None
+            if last is None
+            else {
+                "step": last.step,
+                "measured": last.measured,
+                "predicted": last.predicted,
+                "model": None if last.model is None else _model_list(last.model),
+            },
+        }
+
+    def state_dict(self, snapshot: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The calibrator's state, the steps still waiting for their times with this rank's
+        own times of them (those recorded so far) and the last measurement: a resumed
+        iterator sends and observes exactly what this one would have.
+
+        Args:
+            snapshot: A :meth:`snapshot` taken earlier (prefetch); default: now.
+        """
+        state = dict(self.snapshot() if snapshot is None else snapshot)
+        with self._lock:
+            state["pending"] = [
+                dict(item, local=None if item["step"] not in self._local else self._local[item["step"]].tolist())
+                for item in state["pending"]
+            ]
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`.
+
+        Raises:
+            ResumeError: Not a ledger state, or steps laid out for another ``dp_size``.
+        """
+        if not isinstance(state, Mapping) or "calibrator" not in state:
+            raise ResumeError("calibration state must be a TimingLedger.state_dict() (it has no 'calibrator')")
+        try:
+            slots, local = {}, {}
+            for item in state.get("pending", []):
+                step = int(item["step"])
+                sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, self.dp_size, self.num_sums)
+                slots[step] = _Slot(step, sums, _model_from(item.get("model")))
+                if item.get("local") is not None:
+                    local[step] = np.asarray(item["local"], dtype=np.float64).reshape(-1)
+            last = state.get("last")
+            measurement = None
+            if isinstance(last, Mapping):
+                measurement = Measurement(
+                    int(last["step"]),
+                    np.zeros((0, self.dp_size)),
+                    last.get("measured"),
+                    last.get("predicted"),
+                    _model_from(last.get("model")),
+                )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResumeError(f"calibration state is malformed: {exc}") from None
+        self.calibrator.load_state_dict(state["calibrator"])
+        with self._lock:
+            self._slots, self._local = slots, local
+            self.last = measurement
+            self.error = None
+
+
+def _model_list(model: CostModel) -> list[float]:
+    """``[linear, quadratic, constant]``, and ``windowed, window`` with a window."""
+    values = [model.linear, model.quadratic, model.constant]
+    return values if model.window is None else [*values, model.windowed, float(model.window)]
+
+
+def _model_from(values: Any) -> CostModel | None:
+    """Inverse of :func:`_model_list` (``None`` stays ``None``)."""
+    if values is None:
+        return None
+    numbers = [float(v) for v in values]
+    if len(numbers) not in (3, 5):
+        raise ValueError(f"a saved cost model has 3 or 5 values, got {len(numbers)}")
+    linear, quadratic, constant = numbers[:3]
+    if len(numbers) == 3:
+        return CostModel(linear, quadratic, constant)
+    return CostModel(linear, quadratic, constant, windowed=numbers[3], window=int(numbers[4]))

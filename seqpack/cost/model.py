@@ -1,0 +1,486 @@
+"""CostModel and ModelSpec: what a microbatch costs to run, from its lengths.
+
+A microbatch of sequences ``s_i`` costs ``constant + sum(linear*s_i + quadratic*s_i**2)``,
+plus ``windowed * sum(w(s_i, W))`` for sliding-window attention (:class:`CostModel`; the
+terms: :mod:`seqpack.cost.terms`): dense layers (projections, MLP, logits, Mamba mixers)
+scale with tokens, full attention with the square of each sequence's length, windowed
+attention with ``s**2`` up to the window and linearly beyond.
+
+:class:`ModelSpec` describes a dense or hybrid (Mamba2 + attention) model, with full and
+sliding-window attention layers, and gives its exact training FLOPs (formulas:
+:mod:`seqpack.cost.flops`) and its FLOPs cost model. The two types build each other
+(:meth:`ModelSpec.cost_model`, :meth:`CostModel.from_transformer`, :meth:`CostModel.from_preset`),
+so they share this module; :mod:`seqpack.cost.presets` builds one per published shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from seqpack.cost.fit import check_timings, nnls_fit, robust_nnls_fit
+from seqpack.cost.flops import (
+    TRAIN,
+    attention_projection_forward,
+    attention_score_forward,
+    logits_forward,
+    mamba2_forward_per_token,
+    mlp_forward,
+    parameter_count,
+)
+from seqpack.cost.shapes import ShapeOptions, check_layer_pattern, preset_shape
+from seqpack.cost.terms import as_lengths, exact_sums, feature_names, window_feature, window_ratio
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.validation import check_bool, check_int
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["CostModel", "ModelSpec", "check_cost_model"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a dense transformer or a Mamba2/attention hybrid, for FLOPs and cost.
+
+    Attributes:
+        hidden_size: Model width ``h``.
+        num_layers: Transformer layers (each attention + MLP), or, with
+            ``hybrid_layer_pattern``, the pattern's length.
+        num_attention_heads: Query heads.
+        ffn_hidden_size: MLP inner width (per projection; ``intermediate_size`` in HF).
+        num_query_groups: Key/value heads (GQA); ``None`` means multi-head attention.
+        vocab_size: Output vocabulary; ``None`` leaves the logits layer out.
+        kv_channels: Head dimension; default ``hidden_size // num_attention_heads``.
+        gated_linear_unit: SwiGLU-style MLP with three projections (default, as in Llama,
+            Qwen, Mistral); ``False`` for two (GELU, squared ReLU).
+        causal: Causal attention computes half of the score and value products.
+        hybrid_layer_pattern: Megatron's hybrid pattern, one character per layer: ``M``
+            Mamba2, ``*`` attention, ``-`` MLP, and seqpack's ``W``: sliding-window attention
+            (window ``window_size``; :data:`~seqpack.cost.shapes.LAYER_TYPES`). A dense model
+            with mixed windows is written as a pattern too (``"W-*-"``: a windowed then a
+            full transformer layer).
+        mamba_state_dim, mamba_head_dim, mamba_num_groups, mamba_num_heads, mamba_expand:
+            Mamba2 mixer shape (``d_state``, ``headdim``, ``ngroups``, ``nheads`` (default
+            ``expand*h/headdim``), ``expand``).
+        name: A label for tables.
+        window_size: Sliding-window attention's left window ``W`` (Transformer Engine's and
+            Megatron's ``window_size=(W, 0)``: a query attends itself and the ``W`` tokens
+            before it; bidirectional layers ``(W, W)``). Without a pattern every attention
+            layer is windowed; with one, its ``W`` layers are.
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    num_query_groups: int | None = None
+    vocab_size: int | None = None
+    kv_channels: int | None = None
+    gated_linear_unit: bool = True
+    causal: bool = True
+    hybrid_layer_pattern: str | None = None
+    mamba_state_dim: int = 128
+    mamba_head_dim: int = 64
+    mamba_num_groups: int = 8
+    mamba_num_heads: int | None = None
+    mamba_expand: int = 2
+    name: str = ""
+    window_size: int | None = None
+
+    def __post_init__(self) -> None:
+        # Stored as Python ints: numpy ints (np.int32(4096)) would overflow the FLOPs products.
+        for field in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size"):
+            object.__setattr__(self, field, check_int(field, getattr(self, field), minimum=1))
+        for field in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_expand"):
+            object.__setattr__(self, field, check_int(field, getattr(self, field), minimum=1))
+        for field in ("num_query_groups", "vocab_size", "kv_channels", "mamba_num_heads"):
+            if getattr(self, field) is not None:
+                object.__setattr__(self, field, check_int(field, getattr(self, field), minimum=1))
+        if self.window_size is not None:
+            object.__setattr__(self, "window_size", check_int("window_size", self.window_size, minimum=0))
+        for field in ("gated_linear_unit", "causal"):
+            check_bool(field, getattr(self, field))
+        groups = self.query_groups
+        if self.num_attention_heads % groups:
+            raise ConfigError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of num_query_groups={groups}"
+            )
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}; "
+                "pass kv_channels"
+            )
+        pattern = self.hybrid_layer_pattern
+        if pattern is not None:
+            check_layer_pattern(pattern, self.num_layers, self.window_size)
+            if "M" in pattern and self.mamba_inner % self.mamba_head_dim and self.mamba_num_heads is None:
+                raise ConfigError(
+                    f"mamba_expand*hidden_size={self.mamba_inner} is not divisible by "
+                    f"mamba_head_dim={self.mamba_head_dim}; pass mamba_num_heads"
+                )
+
+    # -- shape helpers -------------------------------------------------------------------
+    @property
+    def query_groups(self) -> int:
+        return self.num_attention_heads if self.num_query_groups is None else self.num_query_groups
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def attention_kinds(self) -> tuple[int, int]:
+        """``(full, windowed)`` attention layer counts."""
+        p = self.hybrid_layer_pattern
+        if p is not None:
+            return p.count("*"), p.count("W")
+        return (self.num_layers, 0) if self.window_size is None else (0, self.num_layers)
+
+    @property
+    def layer_counts(self) -> tuple[int, int, int]:
+        """``(attention, mlp, mamba)`` layer counts (attention: full and windowed)."""
+        if self.hybrid_layer_pattern is None:
+            return self.num_layers, self.num_layers, 0
+        p = self.hybrid_layer_pattern
+        return p.count("*") + p.count("W"), p.count("-"), p.count("M")
+
+    @property
+    def mamba_inner(self) -> int:
+        return self.mamba_expand * self.hidden_size
+
+    @property
+    def mamba_heads(self) -> int:
+        if self.mamba_num_heads is not None:
+            return self.mamba_num_heads
+        return self.mamba_inner // self.mamba_head_dim
+
+    @property
+    def query_width(self) -> int:
+        """``num_attention_heads * head_dim``."""
+        return self.num_attention_heads * self.head_dim
+
+    # -- training FLOPs per token (linear), per s**2 (quadratic), per w(s, W) (windowed) -----
+    @property
+    def linear_flops(self) -> int:
+        """Training FLOPs per token (everything that scales with ``seqlen_sum``)."""
+        attention, mlp, mamba = self.layer_counts
+        kv_width = self.query_groups * self.head_dim
+        forward = (
+            attention * attention_projection_forward(self.hidden_size, self.query_width, kv_width)
+            + mlp * mlp_forward(self.hidden_size, self.ffn_hidden_size, self.gated_linear_unit)
+            + mamba
+            * mamba2_forward_per_token(
+                self.hidden_size, self.mamba_inner, self.mamba_state_dim, self.mamba_num_groups, self.mamba_heads
+            )
+            + logits_forward(self.hidden_size, self.vocab_size)
+        )
+        return TRAIN * forward
+
+    @property
+    def quadratic_flops(self) -> int:
+        """Training FLOPs per squared sequence length of the full attention layers (scales
+        with ``seqlen_sq_sum``)."""
+        full, _ = self.attention_kinds
+        return TRAIN * full * attention_score_forward(self.query_width, self.causal)
+
+    @property
+    def windowed_flops(self) -> int:
+        """Training FLOPs per unit of :func:`~seqpack.cost.terms.window_feature` of the
+        sliding-window layers (scales with ``seqlen_window_sum``): per unit the same as a full
+        layer per ``s**2``."""
+        _, windowed = self.attention_kinds
+        return TRAIN * windowed * attention_score_forward(self.query_width, self.causal)
+
+    def flops(self, seqlen_sum: int, seqlen_sq_sum: int, seqlen_window_sum: int | None = None) -> int:
+        """Training FLOPs (forward + backward) of sequences with these length sums.
+
+        Args:
+            seqlen_sum: ``sum(s_i)`` over the sequences (real lengths for exact accounting;
+                Megatron feeds padded ones).
+            seqlen_sq_sum: ``sum(s_i**2)``.
+            seqlen_window_sum: ``sum(window_feature(s_i, window_size))``; needed when the
+                model has sliding-window layers (:meth:`sequence_flops` takes lengths).
+
+        Returns:
+            Exact FLOPs as a Python int.
+
+        Raises:
+            ConfigError: Sliding-window layers and no ``seqlen_window_sum``.
+        """
+        seqlen_sum = check_int("seqlen_sum", seqlen_sum, minimum=0)
+        seqlen_sq_sum = check_int("seqlen_sq_sum", seqlen_sq_sum, minimum=0)
+        total = self.linear_flops * seqlen_sum + self.quadratic_flops * seqlen_sq_sum
+        if self.attention_kinds[1]:
+            if seqlen_window_sum is None:
+                raise ConfigError(
+                    f"{self.name or 'this model'} has sliding-window layers: pass seqlen_window_sum "
+                    "(or call sequence_flops(lengths))"
+                )
+            total += self.windowed_flops * check_int("seqlen_window_sum", seqlen_window_sum, minimum=0)
+        return total
+
+    def sequence_flops(self, lengths: Sequence[int] | np.ndarray) -> int:
+        """Exact training FLOPs of sequences of these ``lengths`` (every term)."""
+        sums = exact_sums(lengths, self.window_size if self.attention_kinds[1] else None, "lengths")
+        return self.flops(*sums)
+
+    def cost_model(self, constant: float = 0.0) -> CostModel:
+        """A :class:`CostModel` in training FLOPs: ``linear`` per token, ``quadratic`` per
+        ``s**2`` and, with sliding-window layers, ``windowed`` per ``w(s, window_size)``."""
+        if not self.attention_kinds[1]:
+            return CostModel(float(self.linear_flops), float(self.quadratic_flops), constant)
+        return CostModel(
+            float(self.linear_flops),
+            float(self.quadratic_flops),
+            constant,
+            windowed=float(self.windowed_flops),
+            window=self.window_size,
+        )
+
+    def num_parameters(self) -> int:
+        """Parameter count (bias-free linears, RMSNorm weights, untied embedding and output).
+
+        A check against published model sizes; FLOPs do not depend on it.
+        """
+        return parameter_count(self)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class CostModel:
+    """``cost(s) = linear*s + quadratic*s**2 (+ windowed*w(s, window))``; a microbatch adds
+    ``constant`` once.
+
+    Units are whatever the coefficients are in: training FLOPs for
+    :meth:`from_transformer`, tokens for ``CostModel(1, 0)``, seconds for :meth:`fit`.
+    ``CostModel(0, 0, constant)`` with ``constant > 0`` is valid: every microbatch costs the
+    same whatever it holds (a launch-bound GPU).
+
+    ``windowed`` with ``window=W`` is sliding-window attention: per sequence
+    ``w(s, W)`` (:func:`~seqpack.cost.terms.window_feature`), which is ``s**2`` up to
+    ``s = W + 1`` and grows linearly beyond. A model without a window (``window=None``,
+    ``windowed=0``) has the three terms ``(constant, linear, quadratic)`` and costs, prints
+    and compares exactly as ``CostModel(linear, quadratic, constant)``.
+    """
+
+    linear: float
+    quadratic: float
+    constant: float = 0.0
+    windowed: float = 0.0
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("linear", "quadratic", "constant", "windowed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise SeqpackTypeError(f"CostModel.{name} must be a number, got {value!r}")
+            try:
+                number = float(value)
+            except OverflowError:  # an int past float64
+                number = math.inf
+            if not math.isfinite(number) or number < 0:
+                raise ConfigError(f"CostModel.{name} must be finite and >= 0, got {value!r}")
+        if self.window is not None:
+            object.__setattr__(self, "window", check_int("CostModel.window", self.window, minimum=0))
+        elif self.windowed != 0:
+            raise ConfigError(f"CostModel.windowed={self.windowed!r} needs a window (window=W tokens)")
+        if self.linear == 0 and self.quadratic == 0 and self.constant == 0 and self.windowed == 0:
+            which = "all three" if self.window is None else "all four (with windowed)"
+            raise ConfigError(f"CostModel needs linear > 0 or quadratic > 0, or constant > 0 (got {which} 0)")
+
+    def __repr__(self) -> str:
+        text = f"CostModel(linear={self.linear!r}, quadratic={self.quadratic!r}, constant={self.constant!r}"
+        if self.window is not None:
+            text += f", windowed={self.windowed!r}, window={self.window!r}"
+        return text + ")"
+
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """The model's terms in feature order: ``("constant", "linear", "quadratic")``, and
+        ``"windowed"`` with a window (:mod:`seqpack.cost.terms`)."""
+        return feature_names(self.window)
+
+    @property
+    def coefficients(self) -> tuple[float, ...]:
+        """The coefficients of :attr:`terms`, in that order (what :meth:`from_coefficients`
+        takes back)."""
+        return tuple(float(getattr(self, name)) for name in self.terms)
+
+    def cost(self, lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Cost of each sequence (float64, same shape as ``lengths``; no ``constant``)."""
+        s = as_lengths(lengths)
+        with np.errstate(over="ignore", invalid="ignore"):
+            if self.window is None:
+                out = s * (self.linear + self.quadratic * s)
+            else:  # w(s, W) = s * window_ratio: exactly quadratic*s**2's form below the window
+                out = s * (self.linear + self.quadratic * s + self.windowed * window_ratio(s, self.window))
+        if out.size and not np.all(np.isfinite(out)):
+            worst = float(np.abs(s).max())
+            raise ConfigError(
+                f"the cost of a {worst:.6g}-token sequence under {self!r} is past float64: "
+                "scale the coefficients down (only their ratios matter to a scheduler)"
+            )
+        return out
+
+    def microbatch_cost(self, lengths: Sequence[int] | np.ndarray) -> float:
+        """Cost of one microbatch holding sequences of ``lengths``."""
+        with np.errstate(over="ignore"):
+            total = float(self.constant + self.cost(lengths).sum())
+        if not math.isfinite(total):
+            raise ConfigError(f"a microbatch's cost under {self!r} is past float64: scale the coefficients down")
+        return total
+
+    def quadratic_share(self, length: int) -> float:
+        """Fraction of one ``length``-token sequence's cost spent in attention (the quadratic
+        and windowed terms)."""
+        q = self.quadratic * float(length) ** 2
+        if self.window is not None:
+            q += self.windowed * float(window_feature(int(length), self.window))
+        total = self.linear * float(length) + q
+        return q / total if total > 0 else 0.0
+
+    @classmethod
+    def tokens(cls) -> CostModel:
+        """Cost = tokens: balances token counts, ignoring attention's quadratic term."""
+        return cls(1.0, 0.0)
+
+    @classmethod
+    def from_transformer(
+        cls,
+        hidden_size: int,
+        num_layers: int,
+        num_attention_heads: int,
+        ffn_hidden_size: int,
+        num_query_groups: int | None = None,
+        vocab_size: int | None = None,
+        causal: bool = True,
+        *,
+        constant: float = 0.0,
+        **options: Unpack[ShapeOptions],
+    ) -> CostModel:
+        """Coefficients from a transformer's training FLOPs (GQA aware; causal halves the
+        attention scores and values; ``window_size`` gives the windowed term).
+
+        Args:
+            hidden_size, num_layers, num_attention_heads, ffn_hidden_size,
+                num_query_groups, vocab_size, causal: Model shape (see :class:`ModelSpec`).
+            constant: Per-microbatch overhead in FLOPs.
+            **options: Further :class:`ModelSpec` fields.
+
+        Returns:
+            :meth:`ModelSpec.cost_model`: ``linear`` = FLOPs per token, ``quadratic`` = FLOPs
+            per ``s**2``, ``windowed`` = FLOPs per ``w(s, W)``, and ``constant``.
+        """
+        spec = ModelSpec(
+            hidden_size,
+            num_layers,
+            num_attention_heads,
+            ffn_hidden_size,
+            num_query_groups,
+            vocab_size,
+            causal=causal,
+            **options,
+        )
+        return spec.cost_model(constant)
+
+    @classmethod
+    def fit(
+        cls,
+        microbatches: Sequence[Sequence[int] | np.ndarray],
+        seconds: Sequence[float] | np.ndarray,
+        *,
+        robust: bool = False,
+        window: int | None = None,
+    ) -> CostModel:
+        """A measured cost model: ``seconds ~ constant + linear*S + quadratic*SS`` over
+        microbatches (``S``/``SS``: sum of lengths / of squared lengths), every coefficient
+        >= 0; with a ``window``, ``+ windowed*SW`` (``SW``: sum of ``w(s, window)``).
+
+        The fit is exact non-negative least squares (:func:`nnls_fit`: every support of the
+        coefficients is solved and the best feasible one kept), so it never fails on
+        finite positive timings: timings that do not grow with length give a
+        constant-only model, ``CostModel(0, 0, constant)`` ("every microbatch costs the
+        same"). It is scale-invariant: times in any unit, even around 1e-200 or 1e200, fit
+        the same model scaled.
+
+        Useful when kernels are not equally efficient: on CPU, attention runs far below GEMM
+        speed, so its real cost is more quadratic than its FLOPs say; on a launch-bound GPU
+        a microbatch costs a large constant.
+
+        Args:
+            microbatches: Per microbatch, the (padded) lengths of its sequences.
+            seconds: Measured time of each microbatch (real numbers).
+            robust: Resist outlier timings (a first-step compile, a GC pause): fit relative
+                errors (``(seconds - model) / model``), downweighting points far from the
+                rest (iteratively reweighted NNLS, Huber then Tukey's bisquare on a MAD
+                scale; :func:`robust_nnls_fit`).
+            window: Fit the windowed term too, for sliding-window attention of this window.
+
+        Raises:
+            SeqpackTypeError: A timing that is no real number (a string, a bool), named by
+                index.
+            ConfigError: Fewer than 3 microbatches, mismatched inputs, a timing that is NaN,
+                infinite or <= 0 (named by index), or timings more than ~1e150 apart.
+        """
+        check_bool("robust", robust)
+        window = None if window is None else check_int("window", window, minimum=0)
+        features, y = check_timings(microbatches, seconds, window)
+        coef = robust_nnls_fit(features, y) if robust else nnls_fit(features, y)
+        return cls.from_coefficients(coef, window=window)
+
+    @classmethod
+    def from_coefficients(cls, coefficients: Sequence[float] | np.ndarray, *, window: int | None = None) -> CostModel:
+        """``CostModel`` from the coefficients of its :attr:`terms` (``(constant, linear,
+        quadratic)``, and ``windowed`` with a ``window``) as :func:`nnls_fit` returns them
+        (tiny negative rounding clipped to 0)."""
+        values = [max(float(c), 0.0) for c in coefficients]
+        names = feature_names(window)
+        if len(values) != len(names):
+            raise ConfigError(f"{len(names)} coefficients {names} expected, got {len(values)}")
+        constant, linear, quadratic = values[:3]
+        if window is None:
+            return cls(linear, quadratic, constant)
+        return cls(linear, quadratic, constant, windowed=values[3], window=window)
+
+    def predict(self, seqlen_sum: float, seqlen_sq_sum: float, seqlen_window_sum: float | None = None) -> float:
+        """Cost of one microbatch from its length sums ``S``, ``SS`` and, with a window,
+        ``SW`` (:func:`~seqpack.cost.terms.exact_sums`)."""
+        total = self.constant + self.linear * seqlen_sum + self.quadratic * seqlen_sq_sum
+        if self.window is not None:
+            if seqlen_window_sum is None:
+                raise ConfigError(f"{self!r} has a windowed term: pass seqlen_window_sum")
+            total += self.windowed * seqlen_window_sum
+        return float(total)
+
+    def predict_sums(self, sums: np.ndarray) -> np.ndarray:
+        """float64 cost of microbatches from their sums ``[..., len(terms) - 1]`` (``S``,
+        ``SS`` and, with a window, ``SW``: the terms after the constant, in order)."""
+        sums = np.asarray(sums)
+        if sums.shape[-1:] != (len(self.terms) - 1,):
+            raise ConfigError(f"{self!r} needs sums of {self.terms[1:]} in the last axis, got shape {sums.shape}")
+        out = self.constant + self.linear * sums[..., 0] + self.quadratic * sums[..., 1]
+        if self.window is not None:
+            out = out + self.windowed * sums[..., 2]
+        return np.asarray(out, dtype=np.float64)
+
+    @classmethod
+    def from_preset(cls, name: str, constant: float = 0.0) -> CostModel:
+        """The cost model of a :data:`~seqpack.cost.MODEL_PRESETS` entry (e.g. ``"llama3-8b"``)."""
+        return ModelSpec(**preset_shape(name), name=name).cost_model(constant)  # type: ignore[arg-type]
+
+
+def check_cost_model(name: str, value: object) -> CostModel | None:
+    """``value`` if it is ``None`` or a :class:`CostModel`.
+
+    Raises:
+        SeqpackTypeError: Anything else; a :class:`ModelSpec` gets the hint to call its
+            ``cost_model()``.
+    """
+    if value is not None and not isinstance(value, CostModel):
+        hint = " (ModelSpec.cost_model() gives one)" if hasattr(value, "cost_model") else ""
+        raise SeqpackTypeError(f"{name} must be a seqpack.CostModel or None, got {type(value).__name__}{hint}")
+    return value
