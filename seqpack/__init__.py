@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from seqpack._compat import moved_names
 from seqpack._version import __version__
-from seqpack.calibrate import CostCalibrator
+from seqpack.calibrate import CostCalibrator, MicrobatchTimer
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.cost import CostModel, ModelSpec
@@ -25,7 +25,6 @@ from seqpack.loader import PackingConfig, PackingIterator, Step, wrap_data_itera
 from seqpack.schedulers import Schedule, Scheduler, get_scheduler, predicted_step_time
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch, pack_sequences, pad_multiple_for, shard_for_cp, unshard_from_cp
-from seqpack.timing import MicrobatchTimer
 from seqpack.topology import Topology
 
 __all__ = [

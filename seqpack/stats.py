@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from seqpack.cost import check_cost_model
 from seqpack.errors import SeqpackTypeError
 from seqpack.options import INT64_MAX, Sync
 from seqpack.thd import padded_lengths
-from seqpack.validation import check_cost_model, check_int, check_number
+from seqpack.validation import check_int, check_number
 
 if TYPE_CHECKING:
     from seqpack.cost import CostModel

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.calibrate import ABSENT, CostCalibrator, Measurement, TimingLedger, microbatch_sums
+from seqpack.calibrate import ABSENT, CostCalibrator, Measurement, TimingLedger
+from seqpack.calibrate.ledger import check_times
 from seqpack.collective import StepError, StepMessage, StepOk
 from seqpack.cost import CostModel
-from seqpack.errors import ConfigError
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.step import StepTrace
 from seqpack.options import Sync, fingerprint_text
@@ -72,12 +72,8 @@ class StepCalibration:
         if self.ledger is not None and self.reads:
             self.ledger.record(step, seconds, num_microbatches)
             return
-        count = np.asarray(seconds, dtype=np.float64).reshape(-1).shape[0]
-        if count != num_microbatches:  # this rank's times are not used; the count is still checked
-            raise ConfigError(
-                f"record_times got {count} times for step {step}, which ran {num_microbatches} microbatches: pass "
-                "one time per microbatch"
-            )
+        # This rank's times are not used; they are still checked (types and count).
+        check_times(seconds, num_microbatches, step=step, dp_rank=self.topology.dp_rank)
 
     def outgoing(self, step: int) -> tuple[np.ndarray | None, str | None]:
         """The time words to send with step ``step``'s length gather, and a bad
@@ -102,9 +98,10 @@ class StepCalibration:
         (ranks must also agree on the model they fitted)."""
         model = trace.model
         if model is not None:
-            trace.fingerprint = fingerprint_text(
-                repr((plan.fingerprint(), model.linear.hex(), model.quadratic.hex(), model.constant.hex()))
-            )
+            words: tuple[object, ...] = (model.linear.hex(), model.quadratic.hex(), model.constant.hex())
+            if model.window is not None:  # a windowed model: every coefficient and the window
+                words = (*(float(c).hex() for c in model.coefficients), model.window)
+            trace.fingerprint = fingerprint_text(repr((plan.fingerprint(), *words)))
         return trace.fingerprint if trace.fingerprint is not None else plan.fingerprint()
 
     @staticmethod
@@ -134,7 +131,7 @@ class StepCalibration:
         in_seconds = trace.fitted or calibrator.prior_in_seconds
         ledger.incoming(msg.step, trace.times.reshape(self.topology.dp_size, -1))
         if isinstance(msg, StepOk):
-            ledger.add_step(msg.step, microbatch_sums(msg.schedule), trace.model if in_seconds else None)
+            ledger.add_schedule(msg.step, msg.schedule, trace.model if in_seconds else None)
 
     def fill_stats(self, stats: StepStats, plan: Schedule, trace: StepTrace, stats_cost: CostModel) -> None:
         """The model in use, its prediction for this step, and its error on the last

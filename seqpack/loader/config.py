@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from seqpack.calibrate import CostCalibrator
-from seqpack.cost import CostModel, default_cost_model
+from seqpack.cost import CostModel, check_cost_model, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import (
     AXES,
@@ -37,7 +37,6 @@ from seqpack.topology import Topology
 from seqpack.validation import (
     check_bool,
     check_choice,
-    check_cost_model,
     check_int,
     check_positive_int,
 )
@@ -97,7 +96,7 @@ class PackingConfig:
     default). Also how measured step times are added up under ``calibrate``."""
     calibrate: bool | CostCalibrator = False
     """Fit the scheduler's cost model online from microbatch times the training loop reports
-    (``Step.record_times`` or :class:`seqpack.timing.MicrobatchTimer`): ``True`` (a
+    (``Step.record_times`` or :class:`seqpack.calibrate.MicrobatchTimer`): ``True`` (a
     :class:`seqpack.calibrate.CostCalibrator` whose prior is ``cost``, else the scheduler's
     cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``."""
     prefetch: int = 1

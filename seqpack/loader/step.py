@@ -101,7 +101,7 @@ class Step:
 
         The times travel with a later step's length gather; every rank's calibrator fits
         the same model from them (:mod:`seqpack.calibrate`). Times that are NaN, infinite
-        or <= 0 are skipped and counted. :class:`seqpack.timing.MicrobatchTimer` calls this.
+        or <= 0 are skipped and counted. :class:`seqpack.calibrate.MicrobatchTimer` calls this.
 
         Raises:
             ConfigError: The iterator does not calibrate, or not one time per microbatch.

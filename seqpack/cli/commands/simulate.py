@@ -152,8 +152,9 @@ def _schedule_steps(
                 with PeakMemory() as peak:
                     s = sched.schedule(batch, **limits)
                 st = StepStats.from_schedule(s, limits["cost"], empty_samples=empty, bytes_per_token=bytes_per_token)
-                if spec is not None:
-                    st.flops = float(spec.flops(st.seqlen_sum, st.seqlen_sq_sum))
+                if spec is not None:  # every term of the model (sliding-window layers included)
+                    ran = [ids for row in s.assignment for ids in row]
+                    st.flops = float(spec.sequence_flops(s.lengths[np.concatenate(ran)] if ran else []))
                 if keep_first and step == 0:
                     first[name] = (s, st)
                 del s  # one step's schedule at a time

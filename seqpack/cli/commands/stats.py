@@ -36,11 +36,11 @@ def length_summary(lengths: Any, model: str | None = "llama3-8b") -> dict[str, A
     out["zeros"] = int(np.count_nonzero(arr == 0))
     if model:
         spec = model_preset(model)
-        sq = exact_sum(arr, squares=True)
-        total = spec.flops(tokens, sq)
+        total = spec.sequence_flops(arr)  # every term, sliding-window layers included
+        attention = total - spec.linear_flops * tokens  # the part that is not per token
         out["model"] = model
         out["train_flops"] = float(total)
-        out["attention_share"] = spec.quadratic_flops * sq / total if total else 0.0
+        out["attention_share"] = attention / total if total else 0.0
     return out
 
 

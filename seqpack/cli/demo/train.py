@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from seqpack.calibrate import CostCalibrator
+from seqpack.calibrate import CostCalibrator, MicrobatchTimer
 from seqpack.cli.demo.data import load_dataset, padded_microbatches, rank_indices, sample_order
 from seqpack.cli.demo.settings import DemoSettings
 from seqpack.errors import ConfigError
-from seqpack.timing import MicrobatchTimer
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
