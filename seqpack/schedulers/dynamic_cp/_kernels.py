@@ -266,3 +266,209 @@ def replica_finish(
         for r in range(lo, hi):
             finish[r] = ready + times[b]
     return finish.max() if num_ranks else 0.0
+
+
+@njit(cache=True)
+def widen(
+    round_of: np.ndarray,
+    size_of: np.ndarray,
+    time_of: np.ndarray,
+    lengths: np.ndarray,
+    used: np.ndarray,
+    sizes: np.ndarray,
+    coef: np.ndarray,
+    ranks_per_node: int,
+    capacity: int,
+    pad_multiple: int,
+    num_ranks: int,
+) -> None:
+    """In every round with idle ranks, give the tallest group the next allowed size that
+    runs it faster and fits the idle ranks, until the tallest cannot grow. Updates
+    ``size_of``, ``time_of`` and ``used`` in place."""
+    n = round_of.shape[0]
+    for m in range(used.shape[0]):
+        while used[m] < num_ranks:
+            top = -1
+            for i in range(n):
+                if round_of[i] == m and (top < 0 or time_of[i] > time_of[top]):
+                    top = i
+            grown = False
+            for k in range(sizes.shape[0]):
+                c = sizes[k]
+                if c <= size_of[top] or c - size_of[top] > num_ranks - used[m]:
+                    continue
+                p = padded(lengths[top], c, pad_multiple)
+                t = pack_time(c, float(p), float(p) * float(p), c > ranks_per_node, coef)
+                if p <= c * capacity and t < time_of[top]:
+                    used[m] += c - size_of[top]
+                    size_of[top], time_of[top] = c, t
+                    grown = True
+                    break
+            if not grown:
+                break
+
+
+@njit(cache=True)
+def _round_in_nodes(
+    members: np.ndarray, count: int, bin_size: np.ndarray, start: np.ndarray, ranks_per_node: int, num_ranks: int
+) -> bool:
+    """Lay out one round's bins (``members[:count]``, largest first): bins of a node or more
+    left to right, smaller ones first-fit into the nodes' free ranks, single ranks in the
+    gaps. False when a small bin finds no node with room (the caller lays it out plainly)."""
+    taken = np.zeros(num_ranks, dtype=np.bool_)
+    nodes = -(-num_ranks // ranks_per_node)
+    fill = np.zeros(nodes, dtype=np.int64)  # ranks used from the left of each node
+    cursor = 0
+    for k in range(count):
+        b = members[k]
+        c = bin_size[b]
+        if c >= ranks_per_node:
+            start[b] = cursor
+            taken[cursor : cursor + c] = True
+            cursor += c
+            continue
+        if c == 1:
+            break
+        placed = False
+        for node in range(cursor // ranks_per_node, nodes):
+            lo = max(node * ranks_per_node, cursor) + fill[node]
+            if lo + c <= min((node + 1) * ranks_per_node, num_ranks):
+                start[b] = lo
+                taken[lo : lo + c] = True
+                fill[node] = lo + c - max(node * ranks_per_node, cursor)
+                placed = True
+                break
+        if not placed:
+            return False
+    r = 0
+    for k in range(count):
+        b = members[k]
+        if bin_size[b] == 1:
+            while taken[r]:
+                r += 1
+            start[b] = r
+            taken[r] = True
+    return True
+
+
+@njit(cache=True)
+def layout_in_nodes(order: np.ndarray, bin_round: np.ndarray, bin_size: np.ndarray, ranks_per_node: int,
+                    num_ranks: int) -> np.ndarray:  # fmt: skip
+    """:func:`layout` for any group size: per round (``order`` sorted by round, then size
+    descending) groups smaller than a node stay inside one node when they can."""
+    start = layout(order, bin_round, bin_size)
+    members = np.empty(order.shape[0], dtype=np.int64)
+    k = 0
+    while k < order.shape[0]:
+        count = 0
+        while k + count < order.shape[0] and bin_round[order[k + count]] == bin_round[order[k]]:
+            members[count] = order[k + count]
+            count += 1
+        trial = start.copy()
+        if _round_in_nodes(members, count, bin_size, trial, ranks_per_node, num_ranks):
+            for j in range(count):
+                start[members[j]] = trial[members[j]]
+        k += count
+    return start
+
+
+@njit(cache=True)
+def place_blocks(
+    widths: np.ndarray, times: np.ndarray, num_ranks: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Groups (largest first) onto the aligned block of their width whose ranks are least
+    busy, each after what its block already runs. Returns (first rank and round of each
+    group, busy time and rounds of groups of every rank)."""
+    load = np.zeros(num_ranks, dtype=np.float64)
+    depth = np.zeros(num_ranks, dtype=np.int64)
+    start = np.empty(widths.shape[0], dtype=np.int64)
+    rounds = np.empty(widths.shape[0], dtype=np.int64)
+    for i in range(widths.shape[0]):
+        c = widths[i]
+        best, best_load = 0, np.inf
+        for lo in range(0, num_ranks - c + 1, c):
+            busy = load[lo : lo + c].max()
+            if busy < best_load:
+                best, best_load = lo, busy
+        start[i], rounds[i] = best, depth[best : best + c].max()
+        load[best : best + c] = best_load + times[i]
+        depth[best : best + c] = rounds[i] + 1
+    return start, rounds, load, depth
+
+
+@njit(cache=True)
+def _rank_choice(
+    b: int, p: int, room: np.ndarray, count: np.ndarray, depth: int, load: np.ndarray, coef: np.ndarray
+) -> tuple[int, float]:
+    """Where rank ``b`` would put a sequence of padded length ``p`` (first fit into its
+    microbatches, else a new one, which costs ``constant``) and its busy time after; slot
+    -1 when all ``depth`` microbatches are too full."""
+    fp = float(p)
+    extra = coef[1] * fp + coef[2] * fp * fp
+    for k in range(count[b]):
+        if room[b, k] >= p:
+            return k, load[b] + extra
+    if count[b] < depth:
+        return count[b], load[b] + extra + coef[0]
+    return -1, np.inf
+
+
+@njit(cache=True)
+def _rank_room(b: int, room: np.ndarray, count: np.ndarray, depth: int, capacity: int) -> int:
+    """The longest padded sequence rank ``b`` can still take."""
+    if count[b] < depth:
+        return capacity
+    best = 0
+    for k in range(depth):
+        best = max(best, room[b, k])
+    return best
+
+
+@njit(cache=True)
+def lpt_ranks(
+    lengths: np.ndarray, load: np.ndarray, capacity: int, pad_multiple: int, coef: np.ndarray, depth: int, look: int
+) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
+    """Sequences alone on a rank (longest first) onto the rank that ends least busy among
+    the ``look`` least busy ones that can hold it in one of their ``depth`` microbatches;
+    ranks too full for a sequence wait, by free room, for a shorter one. Updates ``load``.
+    Returns (every sequence placed, rank and microbatch of each sequence, microbatches per
+    rank)."""
+    ranks, n = load.shape[0], lengths.shape[0]
+    room = np.full((ranks, depth), capacity, dtype=np.int64)
+    count = np.zeros(ranks, dtype=np.int64)
+    free = np.full(ranks, capacity, dtype=np.int64)
+    rank_of = np.full(n, -1, dtype=np.int64)
+    slot_of = np.full(n, -1, dtype=np.int64)
+    heap, park, popped = np.empty(ranks, np.int64), np.empty(ranks, np.int64), np.empty(ranks, np.int64)
+    size, parked = 0, 0
+    neg = -load  # the heap puts the larger first: the least busy rank comes first
+    for b in range(ranks):
+        size = _push(heap, size, b, neg, neg, False)
+    smallest = padded(lengths[n - 1], 1, pad_multiple) if n else 0
+    for j in range(n):
+        p = padded(lengths[j], 1, pad_multiple)
+        while parked > 0 and free[park[0]] >= p:
+            b, parked = _pop(park, parked, free, free, False)
+            size = _push(heap, size, b, neg, neg, False)
+        used, best, best_slot, best_t = 0, -1, -1, np.inf
+        while used < look and size > 0:
+            b, size = _pop(heap, size, neg, neg, False)
+            k, t = _rank_choice(b, p, room, count, depth, load, coef)
+            if k < 0:
+                if free[b] >= smallest:
+                    parked = _push(park, parked, b, free, free, False)
+                continue
+            popped[used] = b
+            used += 1
+            if t < best_t or (t == best_t and b < best):
+                best, best_slot, best_t = b, k, t
+        if best < 0:
+            return False, rank_of, slot_of, count
+        count[best] = max(count[best], best_slot + 1)
+        room[best, best_slot] -= p
+        load[best], neg[best] = best_t, -best_t
+        free[best] = _rank_room(best, room, count, depth, capacity)
+        rank_of[j], slot_of[j] = best, best_slot
+        for q in range(used):
+            size = _push(heap, size, popped[q], neg, neg, False)
+    return True, rank_of, slot_of, count

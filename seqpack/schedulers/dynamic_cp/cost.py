@@ -208,7 +208,8 @@ class GroupCost:
 
 
 def group_times(plan: DynamicCpSchedule, cost: GroupCost) -> np.ndarray:
-    """float64 ``[G]``: each group's microbatch cost (an idle group's is ``constant``)."""
+    """float64 ``[G]``: each group's microbatch cost on its block (idle groups included, as
+    if they ran an empty pack)."""
     group_of = np.repeat(np.arange(plan.num_groups, dtype=np.int64), plan.group_counts)
     padded = group_padded_lengths(plan.lengths[plan.assigned], plan.group_size[group_of], plan.pad_multiple)
     padded = padded.astype(np.float64)
@@ -242,12 +243,14 @@ def predicted_step_time(plan: DynamicCpSchedule, cost: GroupCost, *, sync: str =
     mode = check_choice("sync", sync, Sync)
     if plan.num_groups == 0:
         return 0.0
+    busy = plan.group_counts > 0
     times = group_times(plan, cost)
     if mode == Sync.LOCKSTEP:
+        times = np.where(busy, times, cost.compute.constant)
         heights = np.full(plan.num_rounds, -np.inf)
         np.maximum.at(heights, plan.group_round, times)
         return float(heights.sum())
-    times = np.where(plan.group_counts > 0, times, 0.0)
+    times = np.where(busy, times, 0.0)
     finish = np.zeros(plan.num_ranks, dtype=np.float64)
     for m in range(plan.num_rounds):
         groups = plan.round_groups(m)

@@ -46,6 +46,7 @@ __all__ = ["plan_dynamic_cp"]
 _COARSE = 24  # heights tried on the first pass of the search
 _FINE = 12  # heights tried between the best coarse height's neighbours
 _TOP = 64  # the longest sequences whose times make the grid (all that need a group too)
+_LOOK = 2  # ranks a sequence alone chooses among (replica sync): the least busy ones
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,7 @@ class _Problem:
     capacity: int
     pad_multiple: int
     sync: Sync
+    in_nodes: bool  # lay groups smaller than a node inside one (any size); else plainly (aligned powers of 2)
 
 
 @dataclasses.dataclass
@@ -173,7 +175,7 @@ def _fill(p: _Problem, bins: _Bins, positions: np.ndarray, rounds_done: int, siz
         count += 1  # the bins could not hold them: one more round always can
 
 
-def _build(p: _Problem, height: float, more: int = 0) -> _Bins:
+def _build(p: _Problem, height: float, more: int = 0, widen: bool = True) -> _Bins:
     """The plan for one height ``H`` (module docstring, steps 1-3)."""
     size_of, time_of = _kernels.choose_sizes(
         p.lengths, p.sizes, p.coef, p.ranks_per_node, p.capacity, p.pad_multiple, height
@@ -181,6 +183,23 @@ def _build(p: _Problem, height: float, more: int = 0) -> _Bins:
     grouped = np.flatnonzero(size_of > 1)
     order = grouped[np.lexsort((grouped, -size_of[grouped], -time_of[grouped]))]
     round_of, used, rounds = _kernels.shelf(size_of[order], p.num_ranks)
+    if widen:
+        lengths = p.lengths[order]
+        widths, times = size_of[order], time_of[order]
+        _kernels.widen(
+            round_of,
+            widths,
+            times,
+            lengths,
+            used,
+            p.sizes,
+            p.coef,
+            p.ranks_per_node,
+            p.capacity,
+            p.pad_multiple,
+            p.num_ranks,
+        )
+        size_of[order], time_of[order] = widths, times
     heights = np.zeros(rounds, dtype=np.float64)
     np.maximum.at(heights, round_of, time_of[order])
     bins = _Bins.empty(p.lengths.shape[0])
@@ -203,6 +222,79 @@ def _build(p: _Problem, height: float, more: int = 0) -> _Bins:
     return _fill(p, bins, np.flatnonzero(size_of == 1), rounds, 1, more)
 
 
+def _build_replica(p: _Problem, height: float, more: int = 0, widen: bool = True) -> _Bins:
+    """For replica sync: groups (power-of-2 sizes for height ``H``, as in :func:`_build`)
+    largest first, each on the least busy aligned block after what the block already runs,
+    so the ranks of a group always share their history and never wait for each other; then
+    the sequences alone on a rank, longest first, on the rank that ends least busy, in at
+    most one more microbatch per rank than their tokens need, plus ``more`` (``widen`` does
+    not apply): ranks without groups take more than the average."""
+    sizes = p.sizes[((p.sizes & (p.sizes - 1)) == 0) | (p.sizes == p.num_ranks)]
+    size_of, time_of = _kernels.choose_sizes(
+        p.lengths, sizes, p.coef, p.ranks_per_node, p.capacity, p.pad_multiple, height
+    )
+    grouped = np.flatnonzero(size_of > 1)
+    order = grouped[np.lexsort((grouped, -time_of[grouped], -size_of[grouped]))]
+    start, rounds, load, depth = _kernels.place_blocks(size_of[order], time_of[order], p.num_ranks)
+    groups = _Bins.empty(p.lengths.shape[0])
+    padded = group_padded_lengths(p.lengths[order], size_of[order], p.pad_multiple).astype(np.float64)
+    none = np.zeros(order.shape[0])
+    groups.extend(
+        size_of[order], rounds, none.astype(np.int64), none, none, padded.astype(np.int64), padded, padded * padded
+    )
+    groups.seq_bin[order] = np.arange(order.shape[0], dtype=np.int64)
+    groups.start = start
+    shorts = np.flatnonzero(size_of == 1)
+    tokens = int(group_padded_lengths(p.lengths[shorts], 1, p.pad_multiple).sum())
+    slots = max(1, 1 + more - (-tokens // (p.num_ranks * p.capacity)))
+    return _score(p, _replica_fill(p, groups, load, depth, shorts, slots))
+
+
+def _replica_fill(
+    p: _Problem, groups: _Bins, load: np.ndarray, depth: np.ndarray, shorts: np.ndarray, slots: int
+) -> _Bins:
+    """:func:`_build_replica`'s plan with every rank's own microbatches after its groups
+    (``slots`` per rank at most, more when they cannot hold the sequences)."""
+    while True:
+        ok, rank_of, slot_of, count = _kernels.lpt_ranks(
+            p.lengths[shorts], load.copy(), p.capacity, p.pad_multiple, p.coef, slots, _LOOK
+        )
+        if ok:
+            break
+        slots += 1
+    bins = dataclasses.replace(groups, seq_bin=groups.seq_bin.copy())
+    first = np.cumsum(count) - count  # flat index of every rank's first own microbatch
+    flat = first[rank_of] + slot_of
+    sp = group_padded_lengths(p.lengths[shorts], 1, p.pad_multiple).astype(np.float64)
+    n_mb = int(count.sum())
+    s = np.bincount(flat, weights=sp, minlength=n_mb)
+    bins.seq_bin[shorts] = groups.size.shape[0] + flat
+    bins.extend(
+        np.ones(n_mb, dtype=np.int64),
+        _ranges(depth, count),
+        np.zeros(n_mb, dtype=np.int64),
+        np.zeros(n_mb),
+        np.zeros(n_mb),
+        s.astype(np.int64),
+        s,
+        np.bincount(flat, weights=sp * sp, minlength=n_mb),
+    )
+    busy = depth + count
+    gaps = int(busy.max(initial=0)) - busy  # rounds each rank sits idle at the end
+    bins.extend(*_singles(p, _ranges(busy, gaps), np.zeros(int(gaps.sum()))))
+    ranks = np.arange(p.num_ranks, dtype=np.int64)
+    assert groups.start is not None
+    bins.start = np.concatenate([groups.start, np.repeat(ranks, count), np.repeat(ranks, gaps)])
+    bins.run_round = bins.round.copy()
+    return bins
+
+
+def _ranges(first: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``first[k], first[k]+1, ..., first[k]+counts[k]-1`` for every k, concatenated."""
+    offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(first, counts) + offsets
+
+
 def static_size(p: _Problem) -> int:
     """The smallest allowed group size that holds the longest sequence."""
     if p.lengths.shape[0] == 0:
@@ -218,20 +310,27 @@ def _build_static(p: _Problem) -> _Bins:
 
 
 def _score(p: _Problem, bins: _Bins) -> _Bins:
-    """Lay the candidate out, order its rounds heaviest first and score it exactly."""
+    """Lay the candidate out and order its rounds heaviest first (unless the builder fixed
+    both), then score it exactly."""
     nb = bins.size.shape[0]
-    order = np.lexsort((np.arange(nb), -bins.size, bins.round))
-    start = _kernels.layout(order, bins.round, bins.size)
+    if bins.start is None:
+        order = np.lexsort((np.arange(nb), -bins.size, bins.round))
+        if p.in_nodes:
+            bins.start = _kernels.layout_in_nodes(order, bins.round, bins.size, p.ranks_per_node, p.num_ranks)
+        else:
+            bins.start = _kernels.layout(order, bins.round, bins.size)
+    start = bins.start
     count = np.bincount(bins.seq_bin[bins.seq_bin >= 0], minlength=nb)
     idle = float(p.coef[0]) if p.sync == Sync.LOCKSTEP else 0.0
     times = _kernels.bin_times(bins.size, start, count, bins.s, bins.ss, p.coef, p.ranks_per_node, idle)
     rounds = int(bins.round.max()) + 1 if nb else 0
     heights = np.full(rounds, -np.inf)
     np.maximum.at(heights, bins.round, times)
-    run_order = np.lexsort((np.arange(rounds), -heights))
-    run_round = np.empty(rounds, dtype=np.int64)
-    run_round[run_order] = np.arange(rounds, dtype=np.int64)
-    bins.start, bins.run_round = start, run_round[bins.round]
+    if bins.run_round is None:
+        run_order = np.lexsort((np.arange(rounds), -heights))
+        run_round = np.empty(rounds, dtype=np.int64)
+        run_round[run_order] = np.arange(rounds, dtype=np.int64)
+        bins.run_round = run_round[bins.round]
     if p.sync == Sync.LOCKSTEP:
         bins.score = float(heights.sum())
     else:
@@ -258,32 +357,51 @@ def _height_grid(p: _Problem) -> np.ndarray:
     return np.unique(np.concatenate(out))
 
 
-def _search(p: _Problem) -> _Bins:
-    """The best plan over the height grid (coarse, then refined), one or two more rounds,
-    and static CP; ties keep the first found."""
-    tried: dict[tuple[float, int], _Bins] = {}
+def _search_heights(p: _Problem, replica: bool = False, coarse_n: int = _COARSE, fine_n: int = _FINE) -> _Bins:
+    """The best plan over the height grid (coarse, then refined around the best), then
+    at the best height without widening and with one or two more rounds; ties keep the
+    first found."""
+    tried: dict[tuple[float, int, bool], _Bins] = {}
 
-    def attempt(height: float, more: int = 0) -> _Bins:
-        if (height, more) not in tried:
-            tried[(height, more)] = _score(p, _build(p, height, more))
-        return tried[(height, more)]
+    build = _build_replica if replica else _build
+
+    def attempt(height: float, more: int = 0, widen: bool = True) -> _Bins:
+        if (height, more, widen) not in tried:
+            tried[(height, more, widen)] = _score(p, build(p, height, more, widen))
+        return tried[(height, more, widen)]
 
     grid = _height_grid(p)
-    picks = np.unique(np.linspace(0, grid.shape[0] - 1, min(_COARSE, grid.shape[0])).round().astype(np.int64))
+    picks = np.unique(np.linspace(0, grid.shape[0] - 1, min(coarse_n, grid.shape[0])).round().astype(np.int64))
     coarse = [*grid[picks].tolist(), math.inf]
     best_i = min(range(len(coarse)), key=lambda i: (attempt(coarse[i]).score, i))
     lo = int(picks[best_i - 1]) + 1 if best_i > 0 else 0
     hi = int(picks[best_i + 1]) if best_i + 1 < picks.shape[0] else grid.shape[0]
     between = grid[lo:hi]
-    spots = np.linspace(0, between.shape[0] - 1, min(_FINE, between.shape[0])).round().astype(np.int64)
-    fine = between[np.unique(spots)]
-    best_h = min([coarse[best_i], *fine.tolist()], key=lambda h: attempt(h).score)
+    spots = np.linspace(0, between.shape[0] - 1, min(fine_n, between.shape[0])).round().astype(np.int64)
+    best_h = min([coarse[best_i], *between[np.unique(spots)].tolist()], key=lambda h: attempt(h).score)
     best = attempt(best_h)
-    for more in (1, 2):
-        candidate = attempt(best_h, more)
-        if candidate.score >= best.score:
+    widen = replica or attempt(best_h, widen=False).score >= best.score
+    best = attempt(best_h, widen=widen)
+    for more in (-1, 1) if replica else (1, 2):
+        candidate = attempt(best_h, more, widen)
+        if candidate.score < best.score:
+            best = candidate
+        elif not replica:
             break
-        best = candidate
+    return best
+
+
+def _search(p: _Problem) -> _Bins:
+    """The best of the height search, the same search with power-of-2 sizes only (when any
+    size is allowed: every such plan is one too) and static CP."""
+    best = _search_heights(p)
+    if p.sync == Sync.REPLICA:
+        candidate = _search_heights(p, replica=True, coarse_n=_COARSE // 2, fine_n=_FINE // 2)
+        best = candidate if candidate.score < best.score else best
+    if p.in_nodes:
+        pow2 = p.sizes[((p.sizes & (p.sizes - 1)) == 0) | (p.sizes == p.num_ranks)]
+        candidate = _search_heights(dataclasses.replace(p, sizes=pow2))
+        best = candidate if candidate.score < best.score else best
     static = _score(p, _build_static(p))
     return static if static.score < best.score else best
 
@@ -406,7 +524,16 @@ def plan_dynamic_cp(
     active = np.flatnonzero(effective > 0)
     active = active[np.lexsort((active, -effective[active]))]
     p = _Problem(
-        active, effective[active], sizes, cost.coefficients, cost.ranks_per_node, ranks, capacity, pad_multiple, mode
+        active,
+        effective[active],
+        sizes,
+        cost.coefficients,
+        cost.ranks_per_node,
+        ranks,
+        capacity,
+        pad_multiple,
+        mode,
+        in_nodes=sizes_mode == GroupSizes.ANY,
     )
     best = _search(p)
     return _to_plan(
