@@ -261,3 +261,78 @@ def brute_force_lockstep(lengths, ranks, capacity, pad_multiple, cost, sizes):
                 if all(sum(choice[b][0] for b in r) <= ranks for r in rounds):
                     best = min(best, sum(max(choice[b][1] for b in r) for r in rounds))
     return best if lengths else 0.0
+
+
+def place_blocks_reference(widths, times, ranks):
+    load, depth, start, rounds = [0.0] * ranks, [0] * ranks, [], []
+    for c, t in zip(widths, times, strict=True):
+        lo = min(range(0, ranks - c + 1, c), key=lambda lo: (max(load[lo : lo + c]), lo))
+        busy, m = max(load[lo : lo + c]), max(depth[lo : lo + c])
+        load[lo : lo + c] = [busy + t] * c
+        depth[lo : lo + c] = [m + 1] * c
+        start.append(lo)
+        rounds.append(m)
+    return start, rounds, load, depth
+
+
+def lpt_ranks_reference(lengths, load, capacity, pad_multiple, coef, depth, look):
+    """Each sequence (longest first) to the rank ending least busy among the ``look`` least
+    busy ranks (ties: lower rank) that can hold it: first fit into its microbatches, else a
+    new one (``constant`` more) while it has fewer than ``depth``. Ranks that cannot wait
+    for a shorter sequence; ranks with less room than the shortest sequence are done."""
+    ranks, load = len(load), list(load)
+    room = [[capacity] * depth for _ in range(ranks)]
+    count = [0] * ranks
+    rank_of, slot_of = [-1] * len(lengths), [-1] * len(lengths)
+    smallest = padded(lengths[-1], 1, pad_multiple) if lengths else 0
+    free = lambda b: capacity if count[b] < depth else max(room[b])  # noqa: E731
+    active, parked = set(range(ranks)), set()
+    for j, length in enumerate(lengths):
+        p = padded(length, 1, pad_multiple)
+        for b in [b for b in parked if free(b) >= p]:
+            parked.discard(b)
+            active.add(b)
+        usable = []
+        for b in sorted(active, key=lambda b: (load[b], b)):
+            if len(usable) == look:
+                break
+            fp = float(p)
+            extra = coef[1] * fp + coef[2] * fp * fp
+            k = next((k for k in range(count[b]) if room[b][k] >= p), count[b] if count[b] < depth else -1)
+            if k < 0:
+                active.discard(b)
+                if free(b) >= smallest:
+                    parked.add(b)
+                continue
+            usable.append((load[b] + extra + (coef[0] if k == count[b] else 0.0), b, k))
+        if not usable:
+            return False, rank_of, slot_of, count
+        t, b, k = min(usable)
+        count[b] = max(count[b], k + 1)
+        room[b][k] -= p
+        load[b] = t
+        rank_of[j], slot_of[j] = b, k
+    return True, rank_of, slot_of, count
+
+
+def check_plan_reference(plan, lengths, ranks, capacity, pad_multiple, aligned):
+    """The plan's invariants, checked the obvious way (asserts)."""
+    seen = {}
+    for m in range(plan.num_rounds):
+        covered = [0] * ranks
+        for g in range(plan.num_groups):
+            if plan.group_round[g] != m:
+                continue
+            start, size = int(plan.group_start[g]), int(plan.group_size[g])
+            for r in range(start, start + size):
+                covered[r] += 1
+            if aligned and size != ranks:
+                assert size & (size - 1) == 0 and start % size == 0, (m, start, size)
+            ids = plan.assigned[plan.offsets[g] : plan.offsets[g + 1]].tolist()
+            assert sum(padded(int(plan.lengths[i]), size, pad_multiple) for i in ids) <= size * capacity
+            for i in ids:
+                seen[i] = seen.get(i, 0) + 1
+        assert covered == [1] * ranks, f"round {m} does not cover every rank once: {covered}"
+    for i in plan.dropped.tolist():
+        seen[i] = seen.get(i, 0) + 1
+    assert seen == {i: 1 for i in range(len(lengths))}

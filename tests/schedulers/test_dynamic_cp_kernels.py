@@ -5,7 +5,9 @@ from dynamic_cp_reference import (
     choose_sizes_reference,
     layout_in_nodes_reference,
     layout_reference,
+    lpt_ranks_reference,
     lpt_reference,
+    place_blocks_reference,
     shelf_reference,
     widen_reference,
 )
@@ -140,3 +142,36 @@ def test_layout_in_nodes_keeps_small_groups_in_a_node():
     nodes = _kernels.layout_in_nodes(order, rnd, size, 8, 16)
     spans = lambda start: [(s // 8) != ((s + c - 1) // 8) for s, c in zip(start, size, strict=True)]  # noqa: E731
     assert any(spans(plain)) and not any(spans(nodes))
+
+
+@given(
+    widths=st.lists(st.sampled_from([1, 2, 4, 8, 16]), max_size=20),
+    times=st.lists(st.floats(0.1, 5.0), min_size=20, max_size=20),
+    ranks=st.sampled_from([16, 24, 32]),
+)
+def test_place_blocks_matches_reference(widths, times, ranks):
+    widths = sorted(widths, reverse=True)
+    times = times[: len(widths)]
+    start, rounds, load, depth = _kernels.place_blocks(np.array(widths, dtype=np.int64), np.array(times), ranks)
+    ref = place_blocks_reference(widths, times, ranks)
+    assert (start.tolist(), rounds.tolist(), load.tolist(), depth.tolist()) == ref
+    for lo, c in zip(start.tolist(), widths, strict=True):
+        assert lo % c == 0 and lo + c <= ranks
+
+
+@given(
+    lengths=st.lists(st.integers(1, 120), max_size=50),
+    load=st.lists(st.floats(0.0, 3.0), min_size=6, max_size=6),
+    depth=st.integers(1, 4),
+    look=st.sampled_from([1, 2, 8]),
+    coef=COEF,
+    pad=st.sampled_from([1, 4]),
+)
+def test_lpt_ranks_matches_reference(lengths, load, depth, look, coef, pad):
+    lengths = sorted(lengths, reverse=True)
+    busy = np.array(load)
+    ok, rank_of, slot_of, count = _kernels.lpt_ranks(np.array(lengths, dtype=np.int64), busy, 128, pad, coef,
+                                                     depth, look)  # fmt: skip
+    ref = lpt_ranks_reference(lengths, load, 128, pad, coef, depth, look)
+    assert ok == ref[0]
+    assert (rank_of.tolist(), slot_of.tolist(), count.tolist()) == tuple(ref[1:])
