@@ -423,7 +423,7 @@ def plot(cost: GroupCost, rows: list[dict], path: str) -> None:
     for g in range(plan.num_groups):
         m, s, c = int(plan.group_round[g]), int(plan.group_start[g]), int(plan.group_size[g])
         grid[m, s : s + c] = (g % 20) if c > 1 else np.nan
-        if c > 1:
+        if c >= 4:  # label the groups wide enough for it
             ids = plan.group_ids(g)
             ax.text(s + c / 2 - 0.5, m, f"{c} ranks\n{int(lengths[ids[0]]) // 1024}K+{len(ids) - 1}",
                     ha="center", va="center", fontsize=7)  # fmt: skip
@@ -432,7 +432,7 @@ def plot(cost: GroupCost, rows: list[dict], path: str) -> None:
     ax.set_xlabel("rank (DP x CP, 8 per node)")
     ax.set_ylabel("microbatch round (run order)")
     ax.set_title(f"Groups of one step: {ranks} ranks, tail256k, {len(lengths)} sequences\n"
-                 "(grey: one rank alone; label: size, longest sequence + others packed)", fontsize=9)  # fmt: skip
+                 "(grey: one rank alone; labels: group size, longest sequence + others packed)", fontsize=9)  # fmt: skip
     ax.set_xticks(range(0, ranks + 1, 8))
     for kind, style in (("tail128k", "o-"), ("tail256k", "s-"), ("bimodal256k", "^-")):
         sel = [r for r in rows if r["workload"] == kind and r["scale"] == 1.0 and r["sync"] == "lockstep"]

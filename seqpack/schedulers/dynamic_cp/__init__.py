@@ -8,8 +8,10 @@ step); short ones stay on one rank and pay no CP communication. Modules:
   group), with ``validate``, ``to_arrays``/``from_arrays`` and ``fingerprint``.
 - ``cost``: :class:`GroupCost` (compute split over the group + Transformer Engine's p2p
   ring) and :func:`predicted_step_time`.
-- ``planner``: :func:`plan_dynamic_cp`.
-- ``_kernels`` (private, numba), ``_checks`` (the plan's invariants).
+- ``planner``: :func:`plan_dynamic_cp` (the search over heights and builders).
+- Private: ``_candidate`` (a plan while it is built, and its exact score), ``_rounds``
+  (the lockstep builder and static CP), ``_replica`` (the replica-sync builder),
+  ``_kernels`` (numba), ``_checks`` (the plan's invariants).
 
 Only these entry points are exported.
 """

@@ -352,8 +352,9 @@ def _round_in_nodes(
 
 
 @njit(cache=True)
-def layout_in_nodes(order: np.ndarray, bin_round: np.ndarray, bin_size: np.ndarray, ranks_per_node: int,
-                    num_ranks: int) -> np.ndarray:  # fmt: skip
+def layout_in_nodes(
+    order: np.ndarray, bin_round: np.ndarray, bin_size: np.ndarray, ranks_per_node: int, num_ranks: int
+) -> np.ndarray:
     """:func:`layout` for any group size: per round (``order`` sorted by round, then size
     descending) groups smaller than a node stay inside one node when they can."""
     start = layout(order, bin_round, bin_size)

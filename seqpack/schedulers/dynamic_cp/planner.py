@@ -1,7 +1,7 @@
 """``plan_dynamic_cp``: one step's sequences onto CP groups of the DP x CP ranks.
 
 The planner searches one number, the *height* ``H``: the longest a sequence may run alone.
-For a given ``H`` (:func:`_build`):
+For a given ``H`` (``_rounds.build``):
 
 1. **Sizes.** Every sequence gets the smallest allowed group size that holds it and runs it
    within ``H`` (the fastest size that holds it when none does): long sequences spread over
@@ -18,7 +18,7 @@ For a given ``H`` (:func:`_build`):
 
 Each plan is then laid out (every round's groups left to right, largest first, which puts
 powers of two on aligned blocks) and scored exactly under the sync
-(:func:`~seqpack.schedulers.dynamic_cp.cost.predicted_step_time`). ``H`` is tried on a grid
+(:func:`~seqpack.schedulers.dynamic_cp.cost.predicted_step_time`; ``_candidate.score``). ``H`` is tried on a grid
 of the times the longest sequences take at each allowed size, refined around the best, and
 with one or two more rounds at the best; a static-CP plan (every round cut into equal
 groups sized for the longest sequence) is also scored, so the result is never worse than it.
@@ -35,7 +35,9 @@ import numpy as np
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
 from seqpack.options import MAX_TOKENS, OnOversize, Sync
-from seqpack.schedulers.dynamic_cp import _kernels
+from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score
+from seqpack.schedulers.dynamic_cp._replica import build_replica
+from seqpack.schedulers.dynamic_cp._rounds import build, build_static
 from seqpack.schedulers.dynamic_cp.cost import GroupCost
 from seqpack.schedulers.dynamic_cp.padding import GroupSizes, allowed_group_sizes, group_padded_lengths
 from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
@@ -46,300 +48,9 @@ __all__ = ["plan_dynamic_cp"]
 _COARSE = 24  # heights tried on the first pass of the search
 _FINE = 12  # heights tried between the best coarse height's neighbours
 _TOP = 64  # the longest sequences whose times make the grid (all that need a group too)
-_LOOK = 2  # ranks a sequence alone chooses among (replica sync): the least busy ones
 
 
-@dataclasses.dataclass(frozen=True)
-class _Problem:
-    """One step, in planning order (longest first, ties by id)."""
-
-    ids: np.ndarray
-    lengths: np.ndarray
-    sizes: np.ndarray
-    coef: np.ndarray
-    ranks_per_node: int
-    num_ranks: int
-    capacity: int
-    pad_multiple: int
-    sync: Sync
-    in_nodes: bool  # lay groups smaller than a node inside one (any size); else plainly (aligned powers of 2)
-
-
-@dataclasses.dataclass
-class _Bins:
-    """A candidate plan: its bins (microbatches of one group each) and where each sequence
-    (by planning position) went."""
-
-    size: np.ndarray
-    round: np.ndarray
-    room: np.ndarray
-    load: np.ndarray
-    floor: np.ndarray
-    tokens: np.ndarray
-    s: np.ndarray
-    ss: np.ndarray
-    seq_bin: np.ndarray
-    score: float = math.inf
-    start: np.ndarray | None = None
-    run_round: np.ndarray | None = None
-
-    @classmethod
-    def empty(cls, n: int) -> _Bins:
-        z, f = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-        return cls(z, z, z, f, f, z, f, f, np.full(n, -1, dtype=np.int64))
-
-    def extend(
-        self,
-        size: np.ndarray,
-        round_: np.ndarray,
-        room: np.ndarray,
-        load: np.ndarray,
-        floor: np.ndarray,
-        tokens: np.ndarray,
-        s: np.ndarray,
-        ss: np.ndarray,
-    ) -> None:
-        """Append bins (arrays of one entry per new bin)."""
-        for name, value in zip(
-            ("size", "round", "room", "load", "floor", "tokens", "s", "ss"),
-            (size, round_, room, load, floor, tokens, s, ss),
-            strict=True,
-        ):
-            old = getattr(self, name)
-            setattr(self, name, np.concatenate([old, np.asarray(value, dtype=old.dtype)]))
-
-
-def _singles(p: _Problem, rounds: np.ndarray, floor: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Bin arrays of empty one-rank bins in ``rounds`` with ``floor``."""
-    n = rounds.shape[0]
-    zeros = np.zeros(n, dtype=np.float64)
-    return (
-        np.ones(n, dtype=np.int64),
-        rounds,
-        np.full(n, p.capacity, dtype=np.int64),
-        zeros,
-        floor,
-        np.zeros(n, dtype=np.int64),
-        zeros,
-        zeros,
-    )
-
-
-def _new_rounds(p: _Problem, bins: _Bins, first: int, count: int, size: int) -> None:
-    """Append ``count`` rounds (numbered from ``first``) of ``R // size`` empty groups of
-    ``size`` ranks, the rest single ranks; floor 0."""
-    rounds = np.arange(first, first + count, dtype=np.int64)
-    if size > 1:
-        g = np.repeat(rounds, p.num_ranks // size)
-        n = g.shape[0]
-        ring = np.full(n, (size - 1) * float(p.coef[3]))  # the ring's fixed cost, paid once a sequence lands
-        bins.extend(
-            np.full(n, size),
-            g,
-            np.full(n, size * p.capacity),
-            ring,
-            np.zeros(n),
-            np.zeros(n, dtype=np.int64),
-            np.zeros(n),
-            np.zeros(n),
-        )
-    singles = np.repeat(rounds, p.num_ranks % size if size > 1 else p.num_ranks)
-    bins.extend(*_singles(p, singles, np.zeros(singles.shape[0])))
-
-
-def _fill(p: _Problem, bins: _Bins, positions: np.ndarray, rounds_done: int, size: int, more: int) -> _Bins:
-    """Place the sequences at ``positions`` (planning order) into ``bins`` and the fewest new
-    rounds (of groups of ``size``) that hold them, plus ``more``."""
-    padded = group_padded_lengths(p.lengths[positions], size, p.pad_multiple)
-    per_round = (p.num_ranks // size) * size * p.capacity
-    count = more + max(0, -(-(int(padded.sum()) - int(bins.room.sum())) // per_round))
-    while True:
-        trial = dataclasses.replace(bins, seq_bin=bins.seq_bin.copy())
-        _new_rounds(p, trial, rounds_done, count, size)  # extending copies every bin array
-        ok, bin_of = _kernels.lpt(
-            p.lengths[positions],
-            trial.size,
-            trial.room,
-            trial.load,
-            trial.floor,
-            trial.tokens,
-            trial.s,
-            trial.ss,
-            p.coef,
-            p.ranks_per_node,
-            p.pad_multiple,
-        )
-        if ok:
-            trial.seq_bin[positions] = bin_of
-            return trial
-        count += 1  # the bins could not hold them: one more round always can
-
-
-def _build(p: _Problem, height: float, more: int = 0, widen: bool = True) -> _Bins:
-    """The plan for one height ``H`` (module docstring, steps 1-3)."""
-    size_of, time_of = _kernels.choose_sizes(
-        p.lengths, p.sizes, p.coef, p.ranks_per_node, p.capacity, p.pad_multiple, height
-    )
-    grouped = np.flatnonzero(size_of > 1)
-    order = grouped[np.lexsort((grouped, -size_of[grouped], -time_of[grouped]))]
-    round_of, used, rounds = _kernels.shelf(size_of[order], p.num_ranks)
-    if widen:
-        lengths = p.lengths[order]
-        widths, times = size_of[order], time_of[order]
-        _kernels.widen(
-            round_of,
-            widths,
-            times,
-            lengths,
-            used,
-            p.sizes,
-            p.coef,
-            p.ranks_per_node,
-            p.capacity,
-            p.pad_multiple,
-            p.num_ranks,
-        )
-        size_of[order], time_of[order] = widths, times
-    heights = np.zeros(rounds, dtype=np.float64)
-    np.maximum.at(heights, round_of, time_of[order])
-    bins = _Bins.empty(p.lengths.shape[0])
-    padded = group_padded_lengths(p.lengths[order], size_of[order], p.pad_multiple)
-    fp = padded.astype(np.float64)
-    k = float(p.coef[0])
-    bins.extend(
-        size_of[order],
-        round_of,
-        size_of[order] * p.capacity - padded,
-        time_of[order] - k,
-        heights[round_of] - k,
-        padded,
-        fp,
-        fp * fp,
-    )
-    bins.seq_bin[order] = np.arange(order.shape[0], dtype=np.int64)
-    free = np.repeat(np.arange(rounds, dtype=np.int64), p.num_ranks - used)
-    bins.extend(*_singles(p, free, heights[free] - k))
-    return _fill(p, bins, np.flatnonzero(size_of == 1), rounds, 1, more)
-
-
-def _build_replica(p: _Problem, height: float, more: int = 0, widen: bool = True) -> _Bins:
-    """For replica sync: groups (power-of-2 sizes for height ``H``, as in :func:`_build`)
-    largest first, each on the least busy aligned block after what the block already runs,
-    so the ranks of a group always share their history and never wait for each other; then
-    the sequences alone on a rank, longest first, on the rank that ends least busy, in at
-    most one more microbatch per rank than their tokens need, plus ``more`` (``widen`` does
-    not apply): ranks without groups take more than the average."""
-    sizes = p.sizes[((p.sizes & (p.sizes - 1)) == 0) | (p.sizes == p.num_ranks)]
-    size_of, time_of = _kernels.choose_sizes(
-        p.lengths, sizes, p.coef, p.ranks_per_node, p.capacity, p.pad_multiple, height
-    )
-    grouped = np.flatnonzero(size_of > 1)
-    order = grouped[np.lexsort((grouped, -time_of[grouped], -size_of[grouped]))]
-    start, rounds, load, depth = _kernels.place_blocks(size_of[order], time_of[order], p.num_ranks)
-    groups = _Bins.empty(p.lengths.shape[0])
-    padded = group_padded_lengths(p.lengths[order], size_of[order], p.pad_multiple).astype(np.float64)
-    none = np.zeros(order.shape[0])
-    groups.extend(
-        size_of[order], rounds, none.astype(np.int64), none, none, padded.astype(np.int64), padded, padded * padded
-    )
-    groups.seq_bin[order] = np.arange(order.shape[0], dtype=np.int64)
-    groups.start = start
-    shorts = np.flatnonzero(size_of == 1)
-    tokens = int(group_padded_lengths(p.lengths[shorts], 1, p.pad_multiple).sum())
-    slots = max(1, 1 + more - (-tokens // (p.num_ranks * p.capacity)))
-    return _score(p, _replica_fill(p, groups, load, depth, shorts, slots))
-
-
-def _replica_fill(
-    p: _Problem, groups: _Bins, load: np.ndarray, depth: np.ndarray, shorts: np.ndarray, slots: int
-) -> _Bins:
-    """:func:`_build_replica`'s plan with every rank's own microbatches after its groups
-    (``slots`` per rank at most, more when they cannot hold the sequences)."""
-    while True:
-        ok, rank_of, slot_of, count = _kernels.lpt_ranks(
-            p.lengths[shorts], load.copy(), p.capacity, p.pad_multiple, p.coef, slots, _LOOK
-        )
-        if ok:
-            break
-        slots += 1
-    bins = dataclasses.replace(groups, seq_bin=groups.seq_bin.copy())
-    first = np.cumsum(count) - count  # flat index of every rank's first own microbatch
-    flat = first[rank_of] + slot_of
-    sp = group_padded_lengths(p.lengths[shorts], 1, p.pad_multiple).astype(np.float64)
-    n_mb = int(count.sum())
-    s = np.bincount(flat, weights=sp, minlength=n_mb)
-    bins.seq_bin[shorts] = groups.size.shape[0] + flat
-    bins.extend(
-        np.ones(n_mb, dtype=np.int64),
-        _ranges(depth, count),
-        np.zeros(n_mb, dtype=np.int64),
-        np.zeros(n_mb),
-        np.zeros(n_mb),
-        s.astype(np.int64),
-        s,
-        np.bincount(flat, weights=sp * sp, minlength=n_mb),
-    )
-    busy = depth + count
-    gaps = int(busy.max(initial=0)) - busy  # rounds each rank sits idle at the end
-    bins.extend(*_singles(p, _ranges(busy, gaps), np.zeros(int(gaps.sum()))))
-    ranks = np.arange(p.num_ranks, dtype=np.int64)
-    assert groups.start is not None
-    bins.start = np.concatenate([groups.start, np.repeat(ranks, count), np.repeat(ranks, gaps)])
-    bins.run_round = bins.round.copy()
-    return bins
-
-
-def _ranges(first: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """``first[k], first[k]+1, ..., first[k]+counts[k]-1`` for every k, concatenated."""
-    offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    return np.repeat(first, counts) + offsets
-
-
-def static_size(p: _Problem) -> int:
-    """The smallest allowed group size that holds the longest sequence."""
-    if p.lengths.shape[0] == 0:
-        return 1
-    fits = group_padded_lengths(p.lengths[:1], p.sizes, p.pad_multiple) <= p.sizes * p.capacity
-    return int(p.sizes[np.argmax(fits)])
-
-
-def _build_static(p: _Problem) -> _Bins:
-    """Static CP: every round cut into equal groups sized for the longest sequence."""
-    positions = np.arange(p.lengths.shape[0], dtype=np.int64)
-    return _fill(p, _Bins.empty(positions.shape[0]), positions, 0, static_size(p), 0)
-
-
-def _score(p: _Problem, bins: _Bins) -> _Bins:
-    """Lay the candidate out and order its rounds heaviest first (unless the builder fixed
-    both), then score it exactly."""
-    nb = bins.size.shape[0]
-    if bins.start is None:
-        order = np.lexsort((np.arange(nb), -bins.size, bins.round))
-        if p.in_nodes:
-            bins.start = _kernels.layout_in_nodes(order, bins.round, bins.size, p.ranks_per_node, p.num_ranks)
-        else:
-            bins.start = _kernels.layout(order, bins.round, bins.size)
-    start = bins.start
-    count = np.bincount(bins.seq_bin[bins.seq_bin >= 0], minlength=nb)
-    idle = float(p.coef[0]) if p.sync == Sync.LOCKSTEP else 0.0
-    times = _kernels.bin_times(bins.size, start, count, bins.s, bins.ss, p.coef, p.ranks_per_node, idle)
-    rounds = int(bins.round.max()) + 1 if nb else 0
-    heights = np.full(rounds, -np.inf)
-    np.maximum.at(heights, bins.round, times)
-    if bins.run_round is None:
-        run_order = np.lexsort((np.arange(rounds), -heights))
-        run_round = np.empty(rounds, dtype=np.int64)
-        run_round[run_order] = np.arange(rounds, dtype=np.int64)
-        bins.run_round = run_round[bins.round]
-    if p.sync == Sync.LOCKSTEP:
-        bins.score = float(heights.sum())
-    else:
-        by_run = np.lexsort((start, bins.run_round))
-        bins.score = float(_kernels.replica_finish(by_run, bins.round, start, bins.size, times, p.num_ranks))
-    return bins
-
-
-def _height_grid(p: _Problem) -> np.ndarray:
+def _height_grid(p: Problem) -> np.ndarray:
     """Heights worth trying: the times of the longest sequences alone at every power-of-2
     size (and R) that holds them, ascending."""
     if p.lengths.shape[0] == 0:
@@ -357,17 +68,17 @@ def _height_grid(p: _Problem) -> np.ndarray:
     return np.unique(np.concatenate(out))
 
 
-def _search_heights(p: _Problem, replica: bool = False, coarse_n: int = _COARSE, fine_n: int = _FINE) -> _Bins:
+def _search_heights(p: Problem, replica: bool = False, coarse_n: int = _COARSE, fine_n: int = _FINE) -> Bins:
     """The best plan over the height grid (coarse, then refined around the best), then
     at the best height without widening and with one or two more rounds; ties keep the
     first found."""
-    tried: dict[tuple[float, int, bool], _Bins] = {}
+    tried: dict[tuple[float, int, bool], Bins] = {}
 
-    build = _build_replica if replica else _build
+    builder = build_replica if replica else build
 
-    def attempt(height: float, more: int = 0, widen: bool = True) -> _Bins:
+    def attempt(height: float, more: int = 0, widen: bool = True) -> Bins:
         if (height, more, widen) not in tried:
-            tried[(height, more, widen)] = _score(p, build(p, height, more, widen))
+            tried[(height, more, widen)] = score(p, builder(p, height, more, widen))
         return tried[(height, more, widen)]
 
     grid = _height_grid(p)
@@ -391,7 +102,7 @@ def _search_heights(p: _Problem, replica: bool = False, coarse_n: int = _COARSE,
     return best
 
 
-def _search(p: _Problem) -> _Bins:
+def _search(p: Problem) -> Bins:
     """The best of the height search, the same search with power-of-2 sizes only (when any
     size is allowed: every such plan is one too) and static CP."""
     best = _search_heights(p)
@@ -402,7 +113,7 @@ def _search(p: _Problem) -> _Bins:
         pow2 = p.sizes[((p.sizes & (p.sizes - 1)) == 0) | (p.sizes == p.num_ranks)]
         candidate = _search_heights(dataclasses.replace(p, sizes=pow2))
         best = candidate if candidate.score < best.score else best
-    static = _score(p, _build_static(p))
+    static = score(p, build_static(p))
     return static if static.score < best.score else best
 
 
@@ -450,7 +161,7 @@ def _apply_oversize(
     return effective, none, over.astype(np.int64)
 
 
-def _to_plan(p: _Problem, bins: _Bins, **fields: object) -> DynamicCpSchedule:
+def _to_plan(p: Problem, bins: Bins, **fields: object) -> DynamicCpSchedule:
     """The scored candidate as a plan: groups by (round run order, first rank), ids in pack
     order (longest first)."""
     assert bins.start is not None and bins.run_round is not None
@@ -523,7 +234,7 @@ def plan_dynamic_cp(
     effective, dropped, truncated = _apply_oversize(original, sizes, capacity, pad_multiple, policy)
     active = np.flatnonzero(effective > 0)
     active = active[np.lexsort((active, -effective[active]))]
-    p = _Problem(
+    p = Problem(
         active,
         effective[active],
         sizes,
