@@ -118,9 +118,14 @@ def static_cp(lengths: np.ndarray, ranks: int, cost: GroupCost, sync: str, longe
     while group_padded_lengths(max(longest, int(lengths.max(initial=1))), cp, PAD) > cp * CAPACITY:
         cp *= 2
     schedule = get_scheduler("balanced").schedule(
-        lengths, dp_size=ranks // cp, cp_size=cp, max_tokens_per_rank=CAPACITY,
-        pad_multiple=cp_pad_multiple(cp, PAD), cost=cost.at(cp), sync=sync,
-    )  # fmt: skip
+        lengths,
+        dp_size=ranks // cp,
+        cp_size=cp,
+        max_tokens_per_rank=CAPACITY,
+        pad_multiple=cp_pad_multiple(cp, PAD),
+        cost=cost.at(cp),
+        sync=sync,
+    )
     return predicted_step_time(schedule, cost.at(cp), sync=sync), cp
 
 
@@ -302,12 +307,19 @@ def measure(kind: str, ranks: int, cost: GroupCost, sync: str, seed: int) -> dic
     rounds = hybrid_cp_rounds(lengths, ranks)
     as_run = hybrid_step_time(rounds, lengths, cost, packed=False)
     packed = hybrid_step_time(rounds, lengths, cost, packed=True)
-    row = {"static": static, "cp": cp, "static_step": per_step, "hybrid": min(as_run, packed),
-           "hybrid_as_run": as_run}  # fmt: skip
+    row = {"static": static, "cp": cp, "static_step": per_step, "hybrid": min(as_run, packed), "hybrid_as_run": as_run}
     for sizes in ("pow2", "any"):
-        plan, seconds = _timed(lambda sizes=sizes: plan_dynamic_cp(
-            lengths, dp_size=ranks, max_tokens_per_rank=CAPACITY, pad_multiple=PAD, cost=cost, sync=sync,
-            group_sizes=sizes))  # fmt: skip
+        plan, seconds = _timed(
+            lambda sizes=sizes: plan_dynamic_cp(
+                lengths,
+                dp_size=ranks,
+                max_tokens_per_rank=CAPACITY,
+                pad_multiple=PAD,
+                cost=cost,
+                sync=sync,
+                group_sizes=sizes,
+            )
+        )
         plan.validate(lengths)
         row[sizes] = dynamic_step_time(plan, cost, sync=sync)
         row[f"{sizes}_s"] = seconds
@@ -321,9 +333,11 @@ def sweep(cost: GroupCost, ranks: tuple[int, ...], syncs: tuple[str, ...], out: 
         for scale in SCALES:
             scaled = cost.scaled_ring(scale)
             out.append(f"\n## sync={sync}, CP ring term x{scale}\n")
-            out.append(f"{'workload':<12} {'R':>5} {'longest':>8} {'cp':>3} {'static s':>9} {'(step)':>8} "
-                       f"{'hybrid s':>9} {'(as run)':>9} {'dyn s':>8} {'any s':>8} {'static/dyn':>10} "
-                       f"{'(step)':>6} {'hybrid/dyn':>10} {'pow2/any':>8} {'plan ms':>8}")  # fmt: skip
+            out.append(
+                f"{'workload':<12} {'R':>5} {'longest':>8} {'cp':>3} {'static s':>9} {'(step)':>8} "
+                f"{'hybrid s':>9} {'(as run)':>9} {'dyn s':>8} {'any s':>8} {'static/dyn':>10} "
+                f"{'(step)':>6} {'hybrid/dyn':>10} {'pow2/any':>8} {'plan ms':>8}"
+            )
             for kind in WORKLOADS:
                 for r in ranks:
                     row = measure(kind, r, scaled, sync, seed=r)
@@ -366,8 +380,10 @@ def targets(rows: list[dict], plan_seconds: dict[str, float], out: list[str]) ->
                 ok_hybrid = ok_hybrid and min(hy) >= 1.0 - 1e-9
     ok_time = max(plan_seconds.values()) < 0.5
     out.append("\n## Targets\n")
-    out.append(f"{'PASS' if ok_speedup else 'FAIL'}: >= 1.5x faster than static CP (run-wide) on every long-tail "
-               "workload (geometric mean over R at the 1x ring term, every sync)")  # fmt: skip
+    out.append(
+        f"{'PASS' if ok_speedup else 'FAIL'}: >= 1.5x faster than static CP (run-wide) on every long-tail "
+        "workload (geometric mean over R at the 1x ring term, every sync)"
+    )
     out.append(f"{'PASS' if ok_hybrid else 'FAIL'}: never slower than hybrid CP (every row above)")
     times = ", ".join(f"{sync} {1000 * t:.0f} ms" for sync, t in plan_seconds.items())
     out.append(f"{'PASS' if ok_time else 'FAIL'}: plan time at 1,024 ranks < 500 ms ({times})")
@@ -380,8 +396,12 @@ def plan_time(cost: GroupCost) -> tuple[dict[str, float], int]:
     lengths = workload("tail256k", 1024, seed=1024)
     out = {}
     for sync in ("lockstep", "replica"):
-        run = lambda sync=sync: plan_dynamic_cp(lengths, dp_size=1024, max_tokens_per_rank=CAPACITY,  # noqa: E731
-                                                pad_multiple=PAD, cost=cost, sync=sync)  # fmt: skip
+
+        def run(sync: str = sync) -> object:
+            return plan_dynamic_cp(
+                lengths, dp_size=1024, max_tokens_per_rank=CAPACITY, pad_multiple=PAD, cost=cost, sync=sync
+            )
+
         run()
         out[sync] = _timed(run, repeat=3)[1]
     return out, int(lengths.shape[0])
@@ -400,8 +420,9 @@ def node_sensitivity(cost: GroupCost, out: list[str]) -> None:
                 node_cost = dataclasses.replace(cost, ranks_per_node=per_node)
                 lengths = workload(kind, ranks, seed=ranks)
                 static, _ = static_cp(lengths, ranks, node_cost, "lockstep", workload_longest(kind, ranks))
-                plan = plan_dynamic_cp(lengths, dp_size=ranks, max_tokens_per_rank=CAPACITY, pad_multiple=PAD,
-                                       cost=node_cost)  # fmt: skip
+                plan = plan_dynamic_cp(
+                    lengths, dp_size=ranks, max_tokens_per_rank=CAPACITY, pad_multiple=PAD, cost=node_cost
+                )
                 ratios.append(static / dynamic_step_time(plan, node_cost))
             out.append(f"{kind:<12} {ranks:>5} " + " ".join(f"{r:>7.2f}" for r in ratios))
 
@@ -425,14 +446,23 @@ def plot(cost: GroupCost, rows: list[dict], path: str) -> None:
         grid[m, s : s + c] = (g % 20) if c > 1 else np.nan
         if c >= 4:  # label the groups wide enough for it
             ids = plan.group_ids(g)
-            ax.text(s + c / 2 - 0.5, m, f"{c} ranks\n{int(lengths[ids[0]]) // 1024}K+{len(ids) - 1}",
-                    ha="center", va="center", fontsize=7)  # fmt: skip
+            ax.text(
+                s + c / 2 - 0.5,
+                m,
+                f"{c} ranks\n{int(lengths[ids[0]]) // 1024}K+{len(ids) - 1}",
+                ha="center",
+                va="center",
+                fontsize=7,
+            )
     ax.imshow(np.full_like(grid, 0.0), cmap=ListedColormap(["#eeeeee"]), aspect="auto")
     ax.imshow(grid, cmap=palette, vmin=0, vmax=19, aspect="auto", interpolation="nearest")
     ax.set_xlabel("rank (DP x CP, 8 per node)")
     ax.set_ylabel("microbatch round (run order)")
-    ax.set_title(f"Groups of one step: {ranks} ranks, tail256k, {len(lengths)} sequences\n"
-                 "(grey: one rank alone; labels: group size, longest sequence + others packed)", fontsize=9)  # fmt: skip
+    ax.set_title(
+        f"Groups of one step: {ranks} ranks, tail256k, {len(lengths)} sequences\n"
+        "(grey: one rank alone; labels: size, longest sequence + others packed)",
+        fontsize=9,
+    )
     ax.set_xticks(range(0, ranks + 1, 8))
     for kind, style in (("tail128k", "o-"), ("tail256k", "s-"), ("bimodal256k", "^-")):
         sel = [r for r in rows if r["workload"] == kind and r["scale"] == 1.0 and r["sync"] == "lockstep"]
@@ -465,7 +495,7 @@ def main() -> int:
         f"cost: H100 h2048x4 fit {fit.constant * 1e3:.2f} ms + {fit.linear:.3g} s*S + {fit.quadratic:.3g} s*SS; "
         f"ring per step {cost.ring_step * 1e6:.0f} us, per token per step {cost.ring_token * 1e9:.1f} ns (NVLink) / "
         f"{cost.ring_token_inter * 1e9:.1f} ns (IB); capacity {CAPACITY}/rank, pad {PAD}, {PER_RANK} sequences/rank",
-    ]  # fmt: skip
+    ]
     ranks = (8, 64, 512) if args.quick else RANKS
     syncs = ("lockstep",) if args.quick else ("lockstep", "replica")
     rows = sweep(cost, ranks, syncs, out)
