@@ -1,0 +1,33 @@
+"""Dynamic context parallelism: per microbatch round, the DP x CP ranks form CP groups.
+
+Long sequences spread over as many ranks as they need (and more when that shortens the
+step); short ones stay on one rank and pay no CP communication. Modules:
+
+- ``padding``: the padding rule of a group (``2 * c * pad_multiple``), the allowed sizes.
+- ``plan``: :class:`DynamicCpSchedule`, the plan of one step (groups per round, ids per
+  group), with ``validate``, ``to_arrays``/``from_arrays`` and ``fingerprint``.
+- ``cost``: :class:`GroupCost` (compute split over the group + Transformer Engine's p2p
+  ring) and :func:`predicted_step_time`.
+- ``planner``: :func:`plan_dynamic_cp` (the search over heights and builders).
+- Private: ``_candidate`` (a plan while it is built, and its exact score), ``_rounds``
+  (the lockstep builder and static CP), ``_replica`` (the replica-sync builder),
+  ``_kernels`` (numba), ``_checks`` (the plan's invariants).
+
+Only these entry points are exported.
+"""
+
+from seqpack.schedulers.dynamic_cp.cost import FEATURES, GroupCost, predicted_step_time
+from seqpack.schedulers.dynamic_cp.padding import GroupSizes, allowed_group_sizes, cp_pad_multiple
+from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
+from seqpack.schedulers.dynamic_cp.planner import plan_dynamic_cp
+
+__all__ = [
+    "FEATURES",
+    "DynamicCpSchedule",
+    "GroupCost",
+    "GroupSizes",
+    "allowed_group_sizes",
+    "cp_pad_multiple",
+    "plan_dynamic_cp",
+    "predicted_step_time",
+]

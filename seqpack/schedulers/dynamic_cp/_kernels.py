@@ -1,0 +1,475 @@
+"""numba kernels of the dynamic-CP planner. Private: ``planner.py`` validates and coerces
+their inputs (contiguous int64 / float64 arrays) and calls these. Every kernel has a slow,
+obvious twin in ``tests/schedulers/dynamic_cp_reference.py`` it is checked against.
+
+``coef`` is :attr:`GroupCost.coefficients` (``constant, linear, quadratic, ring_step,
+ring_token, ring_token_inter``). Ties are broken by indices, never by chance, so every rank
+computes the same plan.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def padded(length: int, size: int, pad_multiple: int) -> int:
+    """Padded length of a sequence in a group of ``size`` ranks (padding.py's rule)."""
+    multiple = 2 * size * pad_multiple if size > 1 else pad_multiple
+    return -(-length // multiple) * multiple
+
+
+@njit(cache=True)
+def ring_per_token(size: int, spans: bool, coef: np.ndarray) -> float:
+    """Ring cost of one more token in a group of ``size`` ranks (0 alone)."""
+    if size <= 1:
+        return 0.0
+    return (size - 1) * (coef[5] if spans else coef[4]) / size
+
+
+@njit(cache=True)
+def pack_time(size: int, s: float, ss: float, spans: bool, coef: np.ndarray) -> float:
+    """Cost of a microbatch of padded sums ``s``, ``ss`` on a group of ``size`` ranks."""
+    t = coef[0] + (coef[1] * s + coef[2] * ss) / size
+    if size > 1:
+        t += (size - 1) * coef[3] + ring_per_token(size, spans, coef) * s
+    return t
+
+
+@njit(cache=True)
+def choose_sizes(
+    lengths: np.ndarray,
+    sizes: np.ndarray,
+    coef: np.ndarray,
+    ranks_per_node: int,
+    capacity: int,
+    pad_multiple: int,
+    height: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each sequence's group size: the smallest allowed size that holds it and runs it alone
+    within ``height``; when none does, the fastest size that holds it (ties: smaller).
+
+    Returns (size per sequence, its time alone), or size -1 when no size holds it.
+    """
+    n = lengths.shape[0]
+    size_of = np.full(n, -1, dtype=np.int64)
+    time_of = np.zeros(n, dtype=np.float64)
+    for i in range(n):
+        best_t = np.inf
+        for k in range(sizes.shape[0]):
+            c = sizes[k]
+            p = padded(lengths[i], c, pad_multiple)
+            if p > c * capacity:
+                continue
+            t = pack_time(c, float(p), float(p) * float(p), c > ranks_per_node, coef)
+            if t <= height:
+                size_of[i], time_of[i] = c, t
+                break
+            if t < best_t:
+                best_t = t
+                size_of[i], time_of[i] = c, t
+    return size_of, time_of
+
+
+@njit(cache=True)
+def shelf(widths: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """First fit of blocks of ``widths`` (in the order given) into rounds of ``num_ranks``
+    ranks. Returns (round of each block, ranks used per round, number of rounds)."""
+    n = widths.shape[0]
+    round_of = np.empty(n, dtype=np.int64)
+    used = np.zeros(max(n, 1), dtype=np.int64)
+    rounds = 0
+    for i in range(n):
+        m = 0
+        while m < rounds and used[m] + widths[i] > num_ranks:
+            m += 1
+        if m == rounds:
+            rounds += 1
+        round_of[i] = m
+        used[m] += widths[i]
+    return round_of, used[:rounds], rounds
+
+
+@njit(cache=True)
+def _before(a: int, b: int, first: np.ndarray, second: np.ndarray, by_second: bool) -> bool:
+    """Heap order: larger ``first``; then (``by_second``) smaller ``second``; then lower index."""
+    if first[a] != first[b]:
+        return first[a] > first[b]
+    if by_second and second[a] != second[b]:
+        return second[a] < second[b]
+    return a < b
+
+
+@njit(cache=True)
+def _push(heap: np.ndarray, size: int, b: int, first: np.ndarray, second: np.ndarray, by_second: bool) -> int:
+    i = size
+    heap[i] = b
+    while i > 0:
+        parent = (i - 1) // 2
+        if not _before(heap[i], heap[parent], first, second, by_second):
+            break
+        heap[i], heap[parent] = heap[parent], heap[i]
+        i = parent
+    return size + 1
+
+
+@njit(cache=True)
+def _pop(heap: np.ndarray, size: int, first: np.ndarray, second: np.ndarray, by_second: bool) -> tuple[int, int]:
+    top = heap[0]
+    size -= 1
+    heap[0] = heap[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and _before(heap[child + 1], heap[child], first, second, by_second):
+            child += 1
+        if not _before(heap[child], heap[i], first, second, by_second):
+            break
+        heap[i], heap[child] = heap[child], heap[i]
+        i = child
+    return top, size
+
+
+@njit(cache=True)
+def _add(
+    b: int,
+    p: int,
+    bin_size: np.ndarray,
+    bin_room: np.ndarray,
+    bin_load: np.ndarray,
+    bin_tokens: np.ndarray,
+    bin_s: np.ndarray,
+    bin_ss: np.ndarray,
+    coef: np.ndarray,
+    ranks_per_node: int,
+) -> None:
+    """Put a sequence of padded length ``p`` into bin ``b``."""
+    c = bin_size[b]
+    fp = float(p)
+    bin_load[b] += (coef[1] * fp + coef[2] * fp * fp) / c + ring_per_token(c, c > ranks_per_node, coef) * fp
+    bin_s[b] += fp
+    bin_ss[b] += fp * fp
+    bin_room[b] -= p
+    bin_tokens[b] += p
+
+
+@njit(cache=True)
+def lpt(
+    lengths: np.ndarray,
+    bin_size: np.ndarray,
+    bin_room: np.ndarray,
+    bin_load: np.ndarray,
+    bin_floor: np.ndarray,
+    bin_tokens: np.ndarray,
+    bin_s: np.ndarray,
+    bin_ss: np.ndarray,
+    coef: np.ndarray,
+    ranks_per_node: int,
+    pad_multiple: int,
+) -> tuple[bool, np.ndarray]:
+    """Place sequences (longest first, as given) one by one into the bin furthest below its
+    floor (``floor - load`` largest; ties: fewer tokens, lower index) among those with room
+    for it. Bins without room wait in a second heap, by free room, until a sequence short
+    enough comes. Updates the bin arrays in place.
+
+    Returns (every sequence placed, bin of each sequence or -1).
+    """
+    n = lengths.shape[0]
+    nb = bin_size.shape[0]
+    bin_of = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return True, bin_of
+    smallest = padded(lengths[n - 1], 1, pad_multiple)
+    key = bin_floor - bin_load
+    main = np.empty(nb, dtype=np.int64)
+    park = np.empty(nb, dtype=np.int64)
+    in_main, in_park = 0, 0
+    for b in range(nb):
+        if bin_room[b] >= smallest:
+            in_main = _push(main, in_main, b, key, bin_tokens, True)
+    for j in range(n):
+        fits_alone = padded(lengths[j], 1, pad_multiple)
+        while in_park > 0 and bin_room[park[0]] >= fits_alone:
+            b, in_park = _pop(park, in_park, bin_room, bin_room, False)
+            in_main = _push(main, in_main, b, key, bin_tokens, True)
+        while in_main > 0 and bin_of[j] < 0:
+            b, in_main = _pop(main, in_main, key, bin_tokens, True)
+            p = padded(lengths[j], bin_size[b], pad_multiple)
+            if p <= bin_room[b]:
+                _add(b, p, bin_size, bin_room, bin_load, bin_tokens, bin_s, bin_ss, coef, ranks_per_node)
+                key[b] = bin_floor[b] - bin_load[b]
+                bin_of[j] = b
+                if bin_room[b] >= smallest:
+                    in_main = _push(main, in_main, b, key, bin_tokens, True)
+            elif bin_room[b] >= smallest:
+                in_park = _push(park, in_park, b, bin_room, bin_room, False)
+        if bin_of[j] < 0:
+            return False, bin_of
+    return True, bin_of
+
+
+@njit(cache=True)
+def layout(order: np.ndarray, bin_round: np.ndarray, bin_size: np.ndarray) -> np.ndarray:
+    """First rank of every bin: the bins of a round, in ``order`` (sorted by round), laid
+    left to right."""
+    start = np.empty(bin_size.shape[0], dtype=np.int64)
+    cursor, current = 0, -1
+    for b in order:
+        if bin_round[b] != current:
+            current, cursor = bin_round[b], 0
+        start[b] = cursor
+        cursor += bin_size[b]
+    return start
+
+
+@njit(cache=True)
+def bin_times(
+    bin_size: np.ndarray,
+    bin_start: np.ndarray,
+    bin_count: np.ndarray,
+    bin_s: np.ndarray,
+    bin_ss: np.ndarray,
+    coef: np.ndarray,
+    ranks_per_node: int,
+    idle: float,
+) -> np.ndarray:
+    """Each bin's microbatch cost on its block (``idle`` for a bin without sequences)."""
+    nb = bin_size.shape[0]
+    out = np.empty(nb, dtype=np.float64)
+    for b in range(nb):
+        c = bin_size[b]
+        spans = bin_start[b] // ranks_per_node != (bin_start[b] + c - 1) // ranks_per_node
+        out[b] = pack_time(c, bin_s[b], bin_ss[b], spans, coef) if bin_count[b] > 0 else idle
+    return out
+
+
+@njit(cache=True)
+def replica_finish(
+    order: np.ndarray,
+    bin_round: np.ndarray,
+    bin_start: np.ndarray,
+    bin_size: np.ndarray,
+    times: np.ndarray,
+    num_ranks: int,
+) -> float:
+    """The last rank's finish time when every group starts as soon as all its ranks are
+    free (``order``: bins sorted by round, the order rounds run in)."""
+    finish = np.zeros(num_ranks, dtype=np.float64)
+    for b in order:
+        lo, hi = bin_start[b], bin_start[b] + bin_size[b]
+        ready = 0.0
+        for r in range(lo, hi):
+            ready = max(ready, finish[r])
+        for r in range(lo, hi):
+            finish[r] = ready + times[b]
+    return finish.max() if num_ranks else 0.0
+
+
+@njit(cache=True)
+def widen(
+    round_of: np.ndarray,
+    size_of: np.ndarray,
+    time_of: np.ndarray,
+    lengths: np.ndarray,
+    used: np.ndarray,
+    sizes: np.ndarray,
+    coef: np.ndarray,
+    ranks_per_node: int,
+    capacity: int,
+    pad_multiple: int,
+    num_ranks: int,
+) -> None:
+    """In every round with idle ranks, give the tallest group the next allowed size that
+    runs it faster and fits the idle ranks, until the tallest cannot grow. Updates
+    ``size_of``, ``time_of`` and ``used`` in place."""
+    n = round_of.shape[0]
+    for m in range(used.shape[0]):
+        while used[m] < num_ranks:
+            top = -1
+            for i in range(n):
+                if round_of[i] == m and (top < 0 or time_of[i] > time_of[top]):
+                    top = i
+            grown = False
+            for k in range(sizes.shape[0]):
+                c = sizes[k]
+                if c <= size_of[top] or c - size_of[top] > num_ranks - used[m]:
+                    continue
+                p = padded(lengths[top], c, pad_multiple)
+                t = pack_time(c, float(p), float(p) * float(p), c > ranks_per_node, coef)
+                if p <= c * capacity and t < time_of[top]:
+                    used[m] += c - size_of[top]
+                    size_of[top], time_of[top] = c, t
+                    grown = True
+                    break
+            if not grown:
+                break
+
+
+@njit(cache=True)
+def _round_in_nodes(
+    members: np.ndarray, count: int, bin_size: np.ndarray, start: np.ndarray, ranks_per_node: int, num_ranks: int
+) -> bool:
+    """Lay out one round's bins (``members[:count]``, largest first): bins of a node or more
+    left to right, smaller ones first-fit into the nodes' free ranks, single ranks in the
+    gaps. False when a small bin finds no node with room (the caller lays it out plainly)."""
+    taken = np.zeros(num_ranks, dtype=np.bool_)
+    nodes = -(-num_ranks // ranks_per_node)
+    fill = np.zeros(nodes, dtype=np.int64)  # ranks used from the left of each node
+    cursor = 0
+    for k in range(count):
+        b = members[k]
+        c = bin_size[b]
+        if c >= ranks_per_node:
+            start[b] = cursor
+            taken[cursor : cursor + c] = True
+            cursor += c
+            continue
+        if c == 1:
+            break
+        placed = False
+        for node in range(cursor // ranks_per_node, nodes):
+            lo = max(node * ranks_per_node, cursor) + fill[node]
+            if lo + c <= min((node + 1) * ranks_per_node, num_ranks):
+                start[b] = lo
+                taken[lo : lo + c] = True
+                fill[node] = lo + c - max(node * ranks_per_node, cursor)
+                placed = True
+                break
+        if not placed:
+            return False
+    r = 0
+    for k in range(count):
+        b = members[k]
+        if bin_size[b] == 1:
+            while taken[r]:
+                r += 1
+            start[b] = r
+            taken[r] = True
+    return True
+
+
+@njit(cache=True)
+def layout_in_nodes(
+    order: np.ndarray, bin_round: np.ndarray, bin_size: np.ndarray, ranks_per_node: int, num_ranks: int
+) -> np.ndarray:
+    """:func:`layout` for any group size: per round (``order`` sorted by round, then size
+    descending) groups smaller than a node stay inside one node when they can."""
+    start = layout(order, bin_round, bin_size)
+    members = np.empty(order.shape[0], dtype=np.int64)
+    k = 0
+    while k < order.shape[0]:
+        count = 0
+        while k + count < order.shape[0] and bin_round[order[k + count]] == bin_round[order[k]]:
+            members[count] = order[k + count]
+            count += 1
+        trial = start.copy()
+        if _round_in_nodes(members, count, bin_size, trial, ranks_per_node, num_ranks):
+            for j in range(count):
+                start[members[j]] = trial[members[j]]
+        k += count
+    return start
+
+
+@njit(cache=True)
+def place_blocks(
+    widths: np.ndarray, times: np.ndarray, num_ranks: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Groups (largest first) onto the aligned block of their width whose ranks are least
+    busy, each after what its block already runs. Returns (first rank and round of each
+    group, busy time and rounds of groups of every rank)."""
+    load = np.zeros(num_ranks, dtype=np.float64)
+    depth = np.zeros(num_ranks, dtype=np.int64)
+    start = np.empty(widths.shape[0], dtype=np.int64)
+    rounds = np.empty(widths.shape[0], dtype=np.int64)
+    for i in range(widths.shape[0]):
+        c = widths[i]
+        best, best_load = 0, np.inf
+        for lo in range(0, num_ranks - c + 1, c):
+            busy = load[lo : lo + c].max()
+            if busy < best_load:
+                best, best_load = lo, busy
+        start[i], rounds[i] = best, depth[best : best + c].max()
+        load[best : best + c] = best_load + times[i]
+        depth[best : best + c] = rounds[i] + 1
+    return start, rounds, load, depth
+
+
+@njit(cache=True)
+def _rank_choice(
+    b: int, p: int, room: np.ndarray, count: np.ndarray, depth: int, load: np.ndarray, coef: np.ndarray
+) -> tuple[int, float]:
+    """Where rank ``b`` would put a sequence of padded length ``p`` (first fit into its
+    microbatches, else a new one, which costs ``constant``) and its busy time after; slot
+    -1 when all ``depth`` microbatches are too full."""
+    fp = float(p)
+    extra = coef[1] * fp + coef[2] * fp * fp
+    for k in range(count[b]):
+        if room[b, k] >= p:
+            return k, load[b] + extra
+    if count[b] < depth:
+        return count[b], load[b] + extra + coef[0]
+    return -1, np.inf
+
+
+@njit(cache=True)
+def _rank_room(b: int, room: np.ndarray, count: np.ndarray, depth: int, capacity: int) -> int:
+    """The longest padded sequence rank ``b`` can still take."""
+    if count[b] < depth:
+        return capacity
+    best = 0
+    for k in range(depth):
+        best = max(best, room[b, k])
+    return best
+
+
+@njit(cache=True)
+def lpt_ranks(
+    lengths: np.ndarray, load: np.ndarray, capacity: int, pad_multiple: int, coef: np.ndarray, depth: int, look: int
+) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
+    """Sequences alone on a rank (longest first) onto the rank that ends least busy among
+    the ``look`` least busy ones that can hold it in one of their ``depth`` microbatches;
+    ranks too full for a sequence wait, by free room, for a shorter one. Updates ``load``.
+    Returns (every sequence placed, rank and microbatch of each sequence, microbatches per
+    rank)."""
+    ranks, n = load.shape[0], lengths.shape[0]
+    room = np.full((ranks, depth), capacity, dtype=np.int64)
+    count = np.zeros(ranks, dtype=np.int64)
+    free = np.full(ranks, capacity, dtype=np.int64)
+    rank_of = np.full(n, -1, dtype=np.int64)
+    slot_of = np.full(n, -1, dtype=np.int64)
+    heap, park, popped = np.empty(ranks, np.int64), np.empty(ranks, np.int64), np.empty(ranks, np.int64)
+    size, parked = 0, 0
+    neg = -load  # the heap puts the larger first: the least busy rank comes first
+    for b in range(ranks):
+        size = _push(heap, size, b, neg, neg, False)
+    smallest = padded(lengths[n - 1], 1, pad_multiple) if n else 0
+    for j in range(n):
+        p = padded(lengths[j], 1, pad_multiple)
+        while parked > 0 and free[park[0]] >= p:
+            b, parked = _pop(park, parked, free, free, False)
+            size = _push(heap, size, b, neg, neg, False)
+        used, best, best_slot, best_t = 0, -1, -1, np.inf
+        while used < look and size > 0:
+            b, size = _pop(heap, size, neg, neg, False)
+            k, t = _rank_choice(b, p, room, count, depth, load, coef)
+            if k < 0:
+                if free[b] >= smallest:
+                    parked = _push(park, parked, b, free, free, False)
+                continue
+            popped[used] = b
+            used += 1
+            if t < best_t or (t == best_t and b < best):
+                best, best_slot, best_t = b, k, t
+        if best < 0:
+            return False, rank_of, slot_of, count
+        count[best] = max(count[best], best_slot + 1)
+        room[best, best_slot] -= p
+        load[best], neg[best] = best_t, -best_t
+        free[best] = _rank_room(best, room, count, depth, capacity)
+        rank_of[j], slot_of[j] = best, best_slot
+        for q in range(used):
+            size = _push(heap, size, popped[q], neg, neg, False)
+    return True, rank_of, slot_of, count

@@ -1,0 +1,123 @@
+"""The lockstep builder (rounds of groups, filled longest first) and static CP, for
+:mod:`~seqpack.schedulers.dynamic_cp.planner`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from seqpack.schedulers.dynamic_cp import _kernels
+from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, singles
+from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
+
+
+def _new_rounds(p: Problem, bins: Bins, first: int, count: int, size: int) -> None:
+    """Append ``count`` rounds (numbered from ``first``) of ``R // size`` empty groups of
+    ``size`` ranks, the rest single ranks; floor 0."""
+    rounds = np.arange(first, first + count, dtype=np.int64)
+    if size > 1:
+        g = np.repeat(rounds, p.num_ranks // size)
+        n = g.shape[0]
+        ring = np.full(n, (size - 1) * float(p.coef[3]))  # the ring's fixed cost, paid once a sequence lands
+        bins.extend(
+            np.full(n, size),
+            g,
+            np.full(n, size * p.capacity),
+            ring,
+            np.zeros(n),
+            np.zeros(n, dtype=np.int64),
+            np.zeros(n),
+            np.zeros(n),
+        )
+    alone = np.repeat(rounds, p.num_ranks % size if size > 1 else p.num_ranks)
+    bins.extend(*singles(p, alone, np.zeros(alone.shape[0])))
+
+
+def _fill(p: Problem, bins: Bins, positions: np.ndarray, rounds_done: int, size: int, more: int) -> Bins:
+    """Place the sequences at ``positions`` (planning order) into ``bins`` and the fewest new
+    rounds (of groups of ``size``) that hold them, plus ``more``."""
+    padded = group_padded_lengths(p.lengths[positions], size, p.pad_multiple)
+    per_round = (p.num_ranks // size) * size * p.capacity
+    count = more + max(0, -(-(int(padded.sum()) - int(bins.room.sum())) // per_round))
+    while True:
+        trial = dataclasses.replace(bins, seq_bin=bins.seq_bin.copy())
+        _new_rounds(p, trial, rounds_done, count, size)  # extending copies every bin array
+        ok, bin_of = _kernels.lpt(
+            p.lengths[positions],
+            trial.size,
+            trial.room,
+            trial.load,
+            trial.floor,
+            trial.tokens,
+            trial.s,
+            trial.ss,
+            p.coef,
+            p.ranks_per_node,
+            p.pad_multiple,
+        )
+        if ok:
+            trial.seq_bin[positions] = bin_of
+            return trial
+        count += 1  # the bins could not hold them: one more round always can
+
+
+def build(p: Problem, height: float, more: int = 0, widen: bool = True) -> Bins:
+    """The plan for one height ``H`` (module docstring, steps 1-3)."""
+    size_of, time_of = _kernels.choose_sizes(
+        p.lengths, p.sizes, p.coef, p.ranks_per_node, p.capacity, p.pad_multiple, height
+    )
+    grouped = np.flatnonzero(size_of > 1)
+    order = grouped[np.lexsort((grouped, -size_of[grouped], -time_of[grouped]))]
+    round_of, used, rounds = _kernels.shelf(size_of[order], p.num_ranks)
+    if widen:
+        lengths = p.lengths[order]
+        widths, times = size_of[order], time_of[order]
+        _kernels.widen(
+            round_of,
+            widths,
+            times,
+            lengths,
+            used,
+            p.sizes,
+            p.coef,
+            p.ranks_per_node,
+            p.capacity,
+            p.pad_multiple,
+            p.num_ranks,
+        )
+        size_of[order], time_of[order] = widths, times
+    heights = np.zeros(rounds, dtype=np.float64)
+    np.maximum.at(heights, round_of, time_of[order])
+    bins = Bins.empty(p.lengths.shape[0])
+    padded = group_padded_lengths(p.lengths[order], size_of[order], p.pad_multiple)
+    fp = padded.astype(np.float64)
+    k = float(p.coef[0])
+    bins.extend(
+        size_of[order],
+        round_of,
+        size_of[order] * p.capacity - padded,
+        time_of[order] - k,
+        heights[round_of] - k,
+        padded,
+        fp,
+        fp * fp,
+    )
+    bins.seq_bin[order] = np.arange(order.shape[0], dtype=np.int64)
+    free = np.repeat(np.arange(rounds, dtype=np.int64), p.num_ranks - used)
+    bins.extend(*singles(p, free, heights[free] - k))
+    return _fill(p, bins, np.flatnonzero(size_of == 1), rounds, 1, more)
+
+
+def static_size(p: Problem) -> int:
+    """The smallest allowed group size that holds the longest sequence."""
+    if p.lengths.shape[0] == 0:
+        return 1
+    fits = group_padded_lengths(p.lengths[:1], p.sizes, p.pad_multiple) <= p.sizes * p.capacity
+    return int(p.sizes[np.argmax(fits)])
+
+
+def build_static(p: Problem) -> Bins:
+    """Static CP: every round cut into equal groups sized for the longest sequence."""
+    positions = np.arange(p.lengths.shape[0], dtype=np.int64)
+    return _fill(p, Bins.empty(positions.shape[0]), positions, 0, static_size(p), 0)
