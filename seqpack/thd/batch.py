@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.options import INT32_MAX, INT64_MAX
+from seqpack.options import INT32_MAX, INT64_MAX, CpLayout
 from seqpack.thd.sample import IGNORE_INDEX, TOKEN_KEYS
-from seqpack.validation import check_int, check_positive_int
+from seqpack.validation import check_choice, check_int, check_positive_int
 
 __all__ = ["BATCH_TOKEN_FIELDS", "PackedBatch", "map_tensors", "padding_only_batch"]
 
@@ -31,9 +31,10 @@ class PackedBatch:
     """One THD microbatch (or this CP rank's shard of it).
 
     Token fields (``input_ids`` ... ``padding_mask``) hold this rank's tokens; under CP they
-    are the DualChunkSwap shard (``T / cp_size`` tokens) while ``cu_seqlens*`` and
-    ``max_seqlen`` stay global, as Transformer Engine expects. Middle pipeline stages get
-    ``input_ids``, ``labels`` and ``loss_mask`` as ``None``.
+    are this rank's shard (``T / cp_size`` tokens) in the layout ``cp_layout`` names
+    (``"dualchunk"``, TE's DualChunkSwap, or ``"contiguous"``; see :mod:`seqpack.thd.cp`), while
+    ``cu_seqlens*`` and ``max_seqlen`` stay global, as Transformer Engine expects. Middle
+    pipeline stages get ``input_ids``, ``labels`` and ``loss_mask`` as ``None``.
     """
 
     input_ids: torch.Tensor | None  # int64 [T]
@@ -48,6 +49,7 @@ class PackedBatch:
     sample_ids: torch.Tensor  # int64 [N], global ids (-1 for a padding-only filler)
     cp_size: int = 1
     cp_rank: int = 0
+    cp_layout: CpLayout = CpLayout.DUALCHUNK  # how the token fields were cut (meaningless at cp_size 1)
 
     def __post_init__(self) -> None:
         # Types only (cheap: one per microbatch); the layout itself is the builders' job.
@@ -82,6 +84,7 @@ class PackedBatch:
         check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0)
         check_int("PackedBatch.cp_size", self.cp_size, minimum=1)
         check_int("PackedBatch.cp_rank", self.cp_rank, minimum=0, maximum=self.cp_size - 1)
+        self.cp_layout = check_choice("PackedBatch.cp_layout", self.cp_layout, CpLayout)
 
     @property
     def num_tokens(self) -> int:
