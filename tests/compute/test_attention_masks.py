@@ -229,3 +229,19 @@ def test_block_mask_matches_its_definition(q_start, num_q, k_start, num_k, left,
     rel = (torch.arange(num_k) + k_start)[None, :] - (torch.arange(num_q) + q_start)[:, None]
     expected = ((left < 0) | (rel >= -left)) & ((right < 0) | (rel <= right))
     assert torch.equal(torch.ones_like(expected) if got is None else got, expected)
+
+
+def test_benchmark_prints_the_traffic_table():
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "benchmarks/compute.py", "--traffic-only", "--traffic-tokens", "16384", "--cp", "4"],
+        cwd=root, capture_output=True, text=True, check=True, env={"PYTHONPATH": str(root), "PATH": ""},
+    ).stdout  # fmt: skip
+    rows = [line.split() for line in out.splitlines() if line.startswith(("causal", "window", "bidirectional"))]
+    assert len(rows) == 8 and {row[-5] for row in rows} == {"dualchunk", "contiguous"}
+    saved = {(" ".join(row[:-5]), row[-5]): float(row[-2].rstrip("%")) for row in rows}
+    assert saved[("window 128", "contiguous")] > saved[("window 4096", "contiguous")] > saved[("causal", "contiguous")]
