@@ -40,17 +40,21 @@ def segments(start: int, end: int, cp_size: int, cp_rank: int, layout: CpLayout)
     return [(local + i * chunk, start + c * chunk, chunk) for i, c in enumerate(held)]
 
 
+# Fewest query rows of a windowed block: smaller blocks waste fewer masked scores, but each
+# block is one SDPA call (and its backward); 128 rows keep the per-call cost in the noise.
+MIN_WINDOW_ROWS = 128
+
+
 def _block_rows(num_q: int, num_k: int, heads: int, mask: AttentionMask) -> int:
-    """Query rows per block so that ``heads * rows * keys(rows)`` stays within MAX_SCORE_BLOCK."""
+    """Query rows per block: ``heads * rows * keys(rows)`` stays within MAX_SCORE_BLOCK, and under
+    a window blocks stay near the window's size, so the work is ``s * W``-shaped, not ``s^2``."""
     budget = max(1, MAX_SCORE_BLOCK // heads)
-    if num_q * num_k <= budget:
-        return num_q
     # A block of r rows reaches at most r + extent keys (and never more than num_k).
     extent = (mask.left if mask.left >= 0 else num_k) + (mask.right if mask.right >= 0 else num_k)
-    if extent >= num_k:
-        rows = budget // num_k
-    else:  # r * (r + extent) <= budget
-        rows = int((math.sqrt(extent * extent + 4 * budget) - extent) / 2)
+    if extent >= num_k:  # unbounded on a side, or a window wider than the sequence: keys ~ num_k
+        return max(1, min(num_q, budget // num_k))
+    rows = int((math.sqrt(extent * extent + 4 * budget) - extent) / 2)  # r * (r + extent) <= budget
+    rows = min(rows, max(extent, MIN_WINDOW_ROWS))  # about as many rows as the window is wide
     return max(1, min(rows, num_q))
 
 
