@@ -22,6 +22,7 @@ __all__ = [
     "AttentionBackend",
     "Axis",
     "CpCommType",
+    "CpLayout",
     "DataOwner",
     "LabelFormat",
     "MambaBackend",
@@ -132,6 +133,13 @@ class CpCommType(_Option):
     ALL_GATHER = "all_gather"
     A2A = "a2a"
     A2A_P2P = "a2a+p2p"
+
+
+class CpLayout(_Option):
+    """How a context-parallel rank's tokens are cut from every packed sequence."""
+
+    DUALCHUNK = "dualchunk"  # 2*cp chunks, rank r holds r and 2cp-1-r (TE's DualChunkSwap)
+    CONTIGUOUS = "contiguous"  # cp chunks, rank r holds chunk r (local or linear attention, Mamba)
 
 
 def fingerprint_text(text: str) -> int:

@@ -1,10 +1,10 @@
 """Compute stages that consume seqpack's packed batches.
 
-- :mod:`~seqpack.compute.attention`: :class:`ThdAttention`, causal attention inside each
-  packed sequence (Transformer Engine on CUDA, an exact torch reference anywhere), with
-  context parallelism.
+- :mod:`~seqpack.compute.attention`: :class:`ThdAttention`, causal, bidirectional or
+  sliding-window attention inside each packed sequence (Transformer Engine on CUDA, an exact
+  torch reference anywhere), with context parallelism in either CP layout.
 - :mod:`~seqpack.compute.mamba`: :class:`Mamba2Mixer`, a Mamba2 mixer whose state restarts at
-  every packed sequence, with hidden-parallel context parallelism.
+  every packed sequence, with hidden-parallel context parallelism (either CP layout).
 - :mod:`~seqpack.compute.backends`: which fast path runs and why (import probes, no silent
   fallback, :func:`environment_report` behind ``seqpack doctor``).
 - :mod:`~seqpack.compute.tiny_lm`: a tiny attention + Mamba2 LM on THD batches.

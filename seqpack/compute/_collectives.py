@@ -1,7 +1,7 @@
 """Autograd-aware collectives over the token axis (dim 0) of a CP group.
 
-Both work with every torch.distributed backend (gloo included, on any supported torch):
-they use only ``all_gather`` and ``all_to_all_single`` with equal splits.
+All work with every torch.distributed backend (gloo included, on any supported torch):
+they use only ``all_gather`` and ``all_to_all_single`` (equal or given splits).
 
 Why not ``torch.distributed.nn.functional.all_gather`` / ``all_to_all_single``: they compute
 the same values and gradients (tests/distributed/test_compute_dist.py checks it on gloo), but
@@ -13,20 +13,31 @@ the torch versions seqpack supports.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
 from seqpack.errors import SeqpackError
-from seqpack.thd import PackedBatch
+from seqpack.options import CpLayout
+from seqpack.thd.batch import PackedBatch
 from seqpack.thd.cp import gather_order
 
 
-def check_cp_shard(batch: PackedBatch, cp_size: int, cp_rank: int) -> None:
-    """Raise :class:`~seqpack.errors.SeqpackError` unless ``batch`` is CP shard ``cp_rank`` of ``cp_size``."""
+def check_cp_shard(batch: PackedBatch, cp_size: int, cp_rank: int, layout: CpLayout | None = None) -> None:
+    """Raise :class:`~seqpack.errors.SeqpackError` unless ``batch`` is CP shard ``cp_rank`` of
+    ``cp_size`` (and, when ``layout`` is given and ``cp_size > 1``, cut in that layout)."""
     if batch.cp_size != cp_size or batch.cp_rank != cp_rank:
         raise SeqpackError(
             f"batch is CP shard {batch.cp_rank} of {batch.cp_size} but this module runs as CP rank "
-            f"{cp_rank} of {cp_size}; shard with seqpack.cp.shard_for_cp(batch, {cp_size}, {cp_rank})"
+            f"{cp_rank} of {cp_size}; shard with seqpack.thd.shard_for_cp(batch, {cp_size}, {cp_rank})"
+        )
+    if layout is not None and cp_size > 1 and batch.cp_layout != layout:
+        raise SeqpackError(
+            f"batch is cut in cp_layout={batch.cp_layout.value!r} but this module was built for "
+            f"cp_layout={layout.value!r}; shard with seqpack.thd.shard_for_cp(..., layout={layout.value!r}) "
+            "or build the module with cp_layout=None to follow each batch"
         )
 
 
@@ -48,7 +59,7 @@ class _AllGather(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.group = group
         size = dist.get_world_size(group)
         parts = [torch.empty_like(x) for _ in range(size)]
@@ -56,7 +67,7 @@ class _AllGather(torch.autograd.Function):
         return torch.cat(parts, dim=0)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         size = dist.get_world_size(ctx.group)
         received = _all_to_all_equal(grad, ctx.group)  # [cp * rows, ...]: rank i's grad of my rows
         return received.view(size, -1, *grad.shape[1:]).sum(dim=0), None
@@ -66,36 +77,77 @@ class _AllToAll(torch.autograd.Function):
     """Equal-split all-to-all along dim 0; with equal splits its adjoint is itself."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.group = group
         return _all_to_all_equal(x, group)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return _all_to_all_equal(grad, ctx.group), None
+
+
+def _all_to_all_split(
+    x: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: dist.ProcessGroup
+) -> torch.Tensor:
+    out = x.new_empty(sum(recv_counts), *x.shape[1:])
+    dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=group)
+    return out
+
+
+class _AllToAllSplit(torch.autograd.Function):
+    """All-to-all along dim 0 with given splits; its adjoint is the all-to-all back (splits swapped)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: dist.ProcessGroup
+    ) -> torch.Tensor:
+        ctx.group, ctx.send_counts, ctx.recv_counts = group, send_counts, recv_counts
+        return _all_to_all_split(x, send_counts, recv_counts, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return _all_to_all_split(grad, ctx.recv_counts, ctx.send_counts, ctx.group), None, None, None
 
 
 def all_gather_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Concatenate every rank's ``x`` along dim 0 in rank order; gradients reduce-scatter back."""
-    return _AllGather.apply(x, group)
+    out: torch.Tensor = _AllGather.apply(x, group)
+    return out
 
 
 def all_to_all_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Send row block ``j`` of ``x`` to rank ``j``; return the blocks received, in rank order."""
-    return _AllToAll.apply(x, group)
+    out: torch.Tensor = _AllToAll.apply(x, group)
+    return out
+
+
+def all_to_all_rows(
+    x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int], group: dist.ProcessGroup
+) -> torch.Tensor:
+    """Send the next ``send_counts[j]`` rows of ``x`` to rank ``j``; return the rows received,
+    ``recv_counts[i]`` from rank ``i``, in rank order. Gradients travel back the same way.
+
+    Every rank of ``group`` must call it (with matching counts), also with nothing to send.
+    """
+    out: torch.Tensor = _AllToAllSplit.apply(x, [int(n) for n in send_counts], [int(n) for n in recv_counts], group)
+    return out
 
 
 def cp_token_orders(
-    cu_seqlens_padded: torch.Tensor, total_tokens: int, cp_size: int, device: torch.device
+    cu_seqlens_padded: torch.Tensor,
+    total_tokens: int,
+    cp_size: int,
+    device: torch.device,
+    layout: CpLayout = CpLayout.DUALCHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(order, to_global)`` for the rank-major concatenation of all CP shards.
+    """``(order, to_global)`` for the rank-major concatenation of all CP shards in ``layout``.
 
-    ``order[i]`` is the global token index of row ``i`` (``seqpack.cp.gather_order``), so
+    ``order[i]`` is the global token index of row ``i`` (``seqpack.thd.cp.gather_order``), so
     ``rank_major.index_select(0, to_global)`` is the pack in global order and
     ``global_order.index_select(0, order)`` goes back. ``index_select`` keeps both directions
     differentiable (its backward is a scatter-add).
     """
-    order = gather_order(cu_seqlens_padded, total_tokens, cp_size).to(device)
+    order = gather_order(cu_seqlens_padded, total_tokens, cp_size, layout=layout).to(device)
     to_global = torch.empty_like(order)
     to_global[order] = torch.arange(order.numel(), device=device)
     return order, to_global

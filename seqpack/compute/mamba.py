@@ -6,13 +6,14 @@ a gated RMSNorm ``norm(y * silu(z))``; ``out_proj``. The state and the convoluti
 at every sequence of the pack (``seq_idx``), so packed sequences never see each other.
 Parameter names and shapes follow ``mamba_ssm.modules.mamba2.Mamba2``.
 
-Under CP (hidden-parallel, as NeMo's ``mamba_cp``) each rank holds ``T/cp`` tokens in
-DualChunkSwap order. ``in_proj`` runs on them, an all-to-all trades tokens for heads
-(``[T/cp, X] -> [T, X/cp]``, rank-major), one index op puts the pack in sequence order
-(``seqpack.cp.gather_order``), the conv and the scan run over the whole pack for this rank's
-heads with the matching slices of ``conv1d``, ``dt_bias``, ``A_log`` and ``D`` (sliced in the
-forward, so gradients reach the full parameters), and the inverse path brings the full
-``d_inner`` of this rank's tokens back for the norm and ``out_proj``.
+Under CP (hidden-parallel, as NeMo's ``mamba_cp``) each rank holds ``T/cp`` tokens in the
+batch's CP layout (``batch.cp_layout``: DualChunkSwap or contiguous). ``in_proj`` runs on them,
+an all-to-all trades tokens for heads (``[T/cp, X] -> [T, X/cp]``, rank-major), one index op
+puts the pack in sequence order (``seqpack.thd.cp.gather_order`` of that layout), the conv and
+the scan run over the whole pack for this rank's heads with the matching slices of ``conv1d``,
+``dt_bias``, ``A_log`` and ``D`` (sliced in the forward, so gradients reach the full
+parameters), and the inverse path brings the full ``d_inner`` of this rank's tokens back for
+the norm and ``out_proj``.
 
 On CUDA with ``mamba_ssm`` and ``causal_conv1d`` installed the conv and the scan use their
 kernels (with ``seq_idx``); otherwise the exact torch functions :func:`causal_conv1d` and
@@ -160,7 +161,14 @@ class GatedRMSNorm(nn.Module):
     the learned weight spans all ``dim`` channels), computed in at least fp32.
     """
 
-    def __init__(self, dim: int, group_size: int, eps: float = 1e-5, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        group_size: int,
+        eps: float = 1e-5,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.group_size, self.eps = group_size, eps
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
@@ -170,6 +178,30 @@ class GatedRMSNorm(nn.Module):
         g = (y.to(compute) * F.silu(z.to(compute))).unflatten(-1, (-1, self.group_size))  # (T, groups, gs)
         g = F.rms_norm(g, (self.group_size,), eps=self.eps)
         return (g.flatten(-2) * self.weight).to(y.dtype)
+
+
+def _inner_sizes(d_model: int, expand: int, headdim: int, ngroups: int) -> tuple[int, int]:
+    """``(d_inner, nheads)``, or a ConfigError naming the sizes that do not divide."""
+    d_inner = expand * d_model
+    if d_inner % headdim != 0:
+        raise ConfigError(f"d_inner = expand * d_model = {d_inner} is not divisible by headdim={headdim}")
+    nheads = d_inner // headdim
+    if nheads % ngroups != 0:
+        raise ConfigError(
+            f"nheads={nheads} (d_inner={d_inner} / headdim={headdim}) is not divisible by ngroups={ngroups}"
+        )
+    return d_inner, nheads
+
+
+def _check_head_parallel(nheads: int, ngroups: int, cp_size: int) -> None:
+    """Hidden-parallel CP splits heads over ranks, and B/C groups over ranks or repeats them."""
+    if nheads % cp_size != 0:
+        raise ConfigError(f"nheads={nheads} is not divisible by the CP size {cp_size}: hidden-parallel CP splits heads")
+    if ngroups % cp_size != 0 and cp_size % ngroups != 0:
+        raise ConfigError(
+            f"ngroups={ngroups} and CP size {cp_size}: one must divide the other (ngroups % cp == 0 "
+            "splits groups over ranks; cp % ngroups == 0 repeats each group on cp/ngroups ranks)"
+        )
 
 
 class Mamba2Mixer(nn.Module):
@@ -183,8 +215,9 @@ class Mamba2Mixer(nn.Module):
         headdim: Channels per SSM head ``P``.
         ngroups: B/C groups ``G`` (heads per group: ``nheads // ngroups``).
         cp_group: Context-parallel group (hidden-parallel); the batch must be this rank's
-            DualChunkSwap shard. Needs ``nheads % cp == 0`` and ``ngroups % cp == 0`` or
-            ``cp % ngroups == 0`` (then each rank uses the one group its heads belong to).
+            shard, in either CP layout (the mixer follows ``batch.cp_layout``). Needs
+            ``nheads % cp == 0`` and ``ngroups % cp == 0`` or ``cp % ngroups == 0`` (then each
+            rank uses the one group its heads belong to).
             Parameters must be identical on all CP ranks; their gradients are partial per
             rank and sum over the CP group (as with data parallelism).
         chunk_size: Scan chunk; default 256 for the mamba_ssm kernel, 64 for the torch scan.
@@ -225,15 +258,11 @@ class Mamba2Mixer(nn.Module):
         d_model, d_state = check_positive_int("d_model", d_model), check_positive_int("d_state", d_state)
         d_conv, expand = check_positive_int("d_conv", d_conv), check_positive_int("expand", expand)
         headdim, ngroups = check_positive_int("headdim", headdim), check_positive_int("ngroups", ngroups)
-        chunk_size = check_optional_int("chunk_size", chunk_size, minimum=1)
-        d_inner = expand * d_model
-        if d_inner % headdim != 0:
-            raise ConfigError(f"d_inner = expand * d_model = {d_inner} is not divisible by headdim={headdim}")
-        nheads = d_inner // headdim
-        if nheads % ngroups != 0:
-            raise ConfigError(
-                f"nheads={nheads} (d_inner={d_inner} / headdim={headdim}) is not divisible by ngroups={ngroups}"
-            )
+        self.chunk_size = check_optional_int("chunk_size", chunk_size, minimum=1)
+        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
+        self.headdim, self.ngroups = headdim, ngroups
+        self.d_inner, self.nheads = _inner_sizes(d_model, expand, headdim, ngroups)
+        self.conv_dim = self.d_inner + 2 * ngroups * d_state
         self.backend = check_choice("backend", backend, MambaBackend)
         # The kernels, resolved at construction for "mamba_ssm", at the first CUDA call for "auto".
         self._kernel_probe: backends.Probe | None = None
@@ -242,34 +271,36 @@ class Mamba2Mixer(nn.Module):
             if not probe.ok:
                 raise backends.BackendUnavailableError(backends.mamba_unavailable_message(probe)) from probe.exception
             self._kernel_probe = dataclasses.replace(probe, exception=None)
-        cp_size = 1 if cp_group is None else dist.get_world_size(cp_group)
-        if nheads % cp_size != 0:
-            raise ConfigError(
-                f"nheads={nheads} is not divisible by the CP size {cp_size}: hidden-parallel CP splits heads"
-            )
-        if ngroups % cp_size != 0 and cp_size % ngroups != 0:
-            raise ConfigError(
-                f"ngroups={ngroups} and CP size {cp_size}: one must divide the other (ngroups % cp == 0 "
-                "splits groups over ranks; cp % ngroups == 0 repeats each group on cp/ngroups ranks)"
-            )
-        # Refuse before allocating: in_proj, conv1d and out_proj hold most of the parameters.
-        in_proj = 2 * d_inner + 2 * ngroups * d_state + nheads
-        parameters = d_model * in_proj + (d_inner + 2 * ngroups * d_state) * (d_conv + 1) + d_inner * d_model
-        size = f"d_model={d_model}, d_state={d_state}, d_conv={d_conv}, expand={expand}, ngroups={ngroups}"
-        check_fits_memory(f"Mamba2Mixer({size})", 4 * parameters)
-        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
-        self.headdim, self.ngroups, self.d_inner, self.nheads = headdim, ngroups, d_inner, nheads
-        self.conv_dim = d_inner + 2 * ngroups * d_state
-        self.chunk_size = chunk_size
-        self.cp_group, self.cp_size = cp_group, cp_size
+        self.cp_group = cp_group
+        self.cp_size = 1 if cp_group is None else dist.get_world_size(cp_group)
         self.cp_rank = 0 if cp_group is None else dist.get_rank(cp_group)
+        _check_head_parallel(self.nheads, ngroups, self.cp_size)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        self._init_parameters(A_init_range, dt_min, dt_max, dt_init_floor, norm_eps, factory)
+        self.register_buffer("head_parallel_channels", self._head_parallel_channels(device), persistent=False)
 
-        # in_proj output order: [z, x, B, C, dt], as Mamba2.
-        self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * ngroups * d_state + nheads, bias=False, **factory)
+    def _init_parameters(
+        self,
+        A_init_range: tuple[float, float],
+        dt_min: float,
+        dt_max: float,
+        dt_init_floor: float,
+        norm_eps: float,
+        factory: dict[str, Any],
+    ) -> None:
+        """``Mamba2``'s parameters and initialisation (``in_proj`` output order ``z, x, B, C, dt``)."""
+        d_model, d_inner, nheads, N, G = self.d_model, self.d_inner, self.nheads, self.d_state, self.ngroups
+        # Refuse before allocating: in_proj, conv1d and out_proj hold most of the parameters.
+        in_proj = 2 * d_inner + 2 * G * N + nheads
+        parameters = d_model * in_proj + self.conv_dim * (self.d_conv + 1) + d_inner * d_model
+        size = f"d_model={d_model}, d_state={N}, d_conv={self.d_conv}, expand={self.expand}, ngroups={G}"
+        check_fits_memory(f"Mamba2Mixer({size})", 4 * parameters)
+        device, dtype = factory["device"], factory["dtype"]
+        self.in_proj = nn.Linear(d_model, in_proj, bias=False, **factory)
         self.conv1d = nn.Conv1d(
-            self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, padding=d_conv - 1, bias=True, **factory
-        )
+            self.conv_dim, self.conv_dim, self.d_conv, groups=self.conv_dim, padding=self.d_conv - 1, bias=True,
+            **factory,
+        )  # fmt: skip
         dt = torch.exp(
             torch.rand(nheads, device=device) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
         ).clamp(min=dt_init_floor)
@@ -279,11 +310,10 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(nheads, **factory))
         for p in (self.dt_bias, self.A_log, self.D):
             setattr(p, "_no_weight_decay", True)  # noqa: B010 (mamba_ssm's optimizer marker)
-        self.norm = GatedRMSNorm(d_inner, group_size=d_inner // ngroups, eps=norm_eps, **factory)
+        self.norm = GatedRMSNorm(d_inner, group_size=d_inner // G, eps=norm_eps, **factory)
         self.out_proj = nn.Linear(d_inner, d_model, bias=False, **factory)
-        self.register_buffer("head_parallel_channels", self._head_parallel_channels(device), persistent=False)
 
-    def _head_parallel_channels(self, device) -> torch.Tensor:
+    def _head_parallel_channels(self, device: torch.device | str | None) -> torch.Tensor:
         """int64 ``[cp, X_r]``: for each rank, its columns of ``[x, B, C, dt]`` (the in_proj
         output without ``z``): its heads' ``x`` channels, its B and C group(s) (the group its
         heads belong to when ``ngroups < cp``: the repeat), its heads' ``dt``. The first
@@ -341,7 +371,7 @@ class Mamba2Mixer(nn.Module):
         width = channels.shape[1]
         send = xbcdt.index_select(1, channels.flatten()).view(T_local, cp, width).transpose(0, 1)  # (cp, T_local, X_r)
         recv = all_to_all_tokens(send.reshape(T, width), self.cp_group)  # (T, X_r): rank-major tokens
-        order, to_global = cp_token_orders(cu_padded, T, cp, hidden.device)
+        order, to_global = cp_token_orders(cu_padded, T, cp, hidden.device, batch.cp_layout)  # the batch's layout
         mine = channels[self.cp_rank]
         heads = mine[-(self.nheads // cp) :] - self.conv_dim
         conv_channels = mine[: width - heads.numel()]

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.options import INT32_MAX, INT64_MAX
+from seqpack.options import INT32_MAX, INT64_MAX, CpLayout
 from seqpack.thd.sample import IGNORE_INDEX, TOKEN_KEYS
-from seqpack.validation import check_int, check_positive_int
+from seqpack.validation import check_choice, check_int, check_positive_int
 
 __all__ = ["BATCH_TOKEN_FIELDS", "PackedBatch", "map_tensors", "padding_only_batch"]
 
@@ -31,9 +31,10 @@ class PackedBatch:
     """One THD microbatch (or this CP rank's shard of it).
 
     Token fields (``input_ids`` ... ``padding_mask``) hold this rank's tokens; under CP they
-    are the DualChunkSwap shard (``T / cp_size`` tokens) while ``cu_seqlens*`` and
-    ``max_seqlen`` stay global, as Transformer Engine expects. Middle pipeline stages get
-    ``input_ids``, ``labels`` and ``loss_mask`` as ``None``.
+    are this rank's shard (``T / cp_size`` tokens) in the layout ``cp_layout`` names
+    (``"dualchunk"``, TE's DualChunkSwap, or ``"contiguous"``; see :mod:`seqpack.thd.cp`), while
+    ``cu_seqlens*`` and ``max_seqlen`` stay global, as Transformer Engine expects. Middle
+    pipeline stages get ``input_ids``, ``labels`` and ``loss_mask`` as ``None``.
 
     ``num_loss_tokens`` counts the tokens of the whole microbatch (every CP rank's share) that
     carry loss: label not -100 and ``loss_mask`` > 0. It is set by the builders
@@ -54,6 +55,7 @@ class PackedBatch:
     cp_size: int = 1
     cp_rank: int = 0
     num_loss_tokens: int | None = None  # supervised tokens of the whole microbatch (all CP ranks)
+    cp_layout: CpLayout = CpLayout.DUALCHUNK  # how the token fields were cut (meaningless at cp_size 1)
 
     def __post_init__(self) -> None:
         # Types only (cheap: one per microbatch); the layout itself is the builders' job.
@@ -90,6 +92,7 @@ class PackedBatch:
         check_int("PackedBatch.cp_rank", self.cp_rank, minimum=0, maximum=self.cp_size - 1)
         if self.num_loss_tokens is not None:
             self.num_loss_tokens = check_int("PackedBatch.num_loss_tokens", self.num_loss_tokens, minimum=0)
+        self.cp_layout = check_choice("PackedBatch.cp_layout", self.cp_layout, CpLayout)
 
     @property
     def num_tokens(self) -> int:

@@ -1,10 +1,17 @@
-"""Context parallelism: the DualChunkSwap partition of a THD pack.
+"""Context parallelism: how a THD pack is cut over the ranks of a CP group.
 
-Each sequence of padded length ``L`` (a multiple of ``2*cp``) is cut into ``2*cp`` chunks of
-``L/(2*cp)`` tokens; CP rank ``r`` holds chunks ``r`` and ``2*cp-1-r``, sequence by sequence,
-so causal attention costs the same on every rank. :func:`partition_indices` returns exactly
-the token indices of Transformer Engine's ``thd_get_partitioned_indices``. Everything here
-is index arithmetic on whole tensors: no Python loop per token or per sequence.
+Two layouts (:class:`~seqpack.options.CpLayout`), both sequence by sequence:
+
+- ``"dualchunk"`` (DualChunkSwap, the default and Transformer Engine's): each sequence of padded
+  length ``L`` (a multiple of ``2*cp``) is cut into ``2*cp`` chunks of ``L/(2*cp)`` tokens; CP
+  rank ``r`` holds chunks ``r`` and ``2*cp-1-r``, so causal attention costs the same on every
+  rank. :func:`partition_indices` returns exactly the token indices of TE's
+  ``thd_get_partitioned_indices``.
+- ``"contiguous"``: each sequence of padded length ``L`` (a multiple of ``cp``) is cut into
+  ``cp`` chunks of ``L/cp`` tokens; rank ``r`` holds chunk ``r``. For models whose attention is
+  local or linear (sliding windows, Mamba): a rank's keys are its own plus a window's reach.
+
+Everything here is index arithmetic on whole tensors: no Python loop per token or per sequence.
 """
 
 from __future__ import annotations
@@ -15,16 +22,17 @@ from collections.abc import Sequence
 import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.options import INT32_MAX
+from seqpack.options import INT32_MAX, CpLayout
 from seqpack.thd.batch import BATCH_TOKEN_FIELDS, PackedBatch
 from seqpack.thd.layout import Offsets, as_offsets, check_offsets, seq_idx_from_cu_seqlens, token_layout
-from seqpack.validation import check_int, check_positive_int, check_tensor
+from seqpack.validation import check_choice, check_int, check_positive_int, check_tensor
 
 __all__ = [
     "partition_indices",
     "gather_order",
     "shard_for_cp",
     "unshard_from_cp",
+    "cp_pad_multiple",
     "chunk_ids_before_attention",
     "chunk_ids_after_attention",
     "reorder_seq_chunks",
@@ -59,19 +67,37 @@ def _as_offsets(cu_seqlens_padded: Offsets) -> torch.Tensor:
     return cu
 
 
-def _check_layout(cu: torch.Tensor, total_tokens: int, cp_size: int) -> None:
+def cp_pad_multiple(cp_size: int, layout: CpLayout | str = CpLayout.DUALCHUNK) -> int:
+    """What every padded sequence length must be a multiple of: ``2*cp`` (dualchunk), ``cp``
+    (contiguous), 1 without CP. ``pad_multiple_for(cp_size)`` (``2*cp``) suits both layouts."""
+    cp_size, _ = check_cp(cp_size)
+    return _multiple(cp_size, check_choice("layout", layout, CpLayout))
+
+
+def _multiple(cp_size: int, layout: CpLayout) -> int:
+    if cp_size == 1:
+        return 1
+    return 2 * cp_size if layout == CpLayout.DUALCHUNK else cp_size
+
+
+def _check_divisible(cu: torch.Tensor, cp_size: int, layout: CpLayout) -> None:
     # At cp=1 the partition is the identity and any padded length is fine (TE asserts even
     # lengths even there, but never partitions at cp=1). One host sync on a GPU: cu is [N+1].
-    multiple = 2 * cp_size if cp_size > 1 else 1
+    multiple = _multiple(cp_size, layout)
     bad = torch.nonzero(cu % multiple != 0).flatten()
     if bad.numel():
         i = int(bad[0])
         lengths = (cu[1:] - cu[:-1]).tolist()
+        what = f"2*cp_size={multiple}" if layout == CpLayout.DUALCHUNK else f"cp_size={multiple} (layout='contiguous')"
         raise ConfigError(
-            f"cu_seqlens_padded[{i}]={int(cu[i])} is not divisible by 2*cp_size={multiple}; every padded "
+            f"cu_seqlens_padded[{i}]={int(cu[i])} is not divisible by {what}; every padded "
             f"sequence length must be (padded lengths: {lengths[:16]}{' ...' if len(lengths) > 16 else ''}). "
             f"Pack with pad_multiple=pad_multiple_for(cp_size={cp_size})"
         )
+
+
+def _check_layout(cu: torch.Tensor, total_tokens: int, cp_size: int, layout: CpLayout) -> None:
+    _check_divisible(cu, cp_size, layout)
     check_offsets(cu, None)
     if int(cu[-1]) != total_tokens:
         raise ConfigError(
@@ -81,111 +107,174 @@ def _check_layout(cu: torch.Tensor, total_tokens: int, cp_size: int) -> None:
         )
 
 
-def partition_indices(cu_seqlens_padded: Offsets, total_tokens: int, cp_size: int, cp_rank: int) -> torch.Tensor:
-    """Token indices CP rank ``cp_rank`` holds (TE's ``thd_get_partitioned_indices``).
+def partition_indices(
+    cu_seqlens_padded: Offsets,
+    total_tokens: int,
+    cp_size: int,
+    cp_rank: int,
+    *,
+    layout: CpLayout | str = CpLayout.DUALCHUNK,
+) -> torch.Tensor:
+    """Token indices CP rank ``cp_rank`` holds.
 
-    For every sequence, in order: its chunk ``cp_rank`` then its chunk ``2*cp-1-cp_rank``.
+    ``layout="dualchunk"`` (default): TE's ``thd_get_partitioned_indices``, for every sequence
+    in order its chunk ``cp_rank`` then its chunk ``2*cp-1-cp_rank`` of ``2*cp``.
+    ``layout="contiguous"``: for every sequence its chunk ``cp_rank`` of ``cp``.
 
     Args:
         cu_seqlens_padded: Global padded offsets ``[N+1]`` (integers), each divisible by
-            ``2*cp_size`` when ``cp_size > 1``.
+            ``2*cp_size`` (dualchunk) or ``cp_size`` (contiguous) when ``cp_size > 1``.
         total_tokens: Tokens in the pack; must equal ``cu_seqlens_padded[-1]``.
         cp_size: Context-parallel world size.
         cp_rank: This rank's index in the CP group.
+        layout: A :class:`~seqpack.options.CpLayout` or its string.
 
     Returns:
-        int64 tensor of ``total_tokens // cp_size`` indices, on ``cu_seqlens_padded``'s device.
+        int64 tensor of ``total_tokens // cp_size`` increasing indices, on
+        ``cu_seqlens_padded``'s device.
 
     Raises:
         SeqpackTypeError: Float offsets, or non-integer sizes.
-        ConfigError: A padded length not divisible by ``2*cp_size``, ``cp_rank`` out of range,
-            or ``total_tokens`` different from the last offset.
+        ConfigError: A padded length not divisible as the layout needs, ``cp_rank`` out of
+            range, an unknown layout, or ``total_tokens`` different from the last offset.
     """
     cp_size, cp_rank = check_cp(cp_size, cp_rank)
+    layout = check_choice("layout", layout, CpLayout)
     cu = _as_offsets(cu_seqlens_padded)
     total = check_int("total_tokens", total_tokens, minimum=0, maximum=INT32_MAX)
-    _check_layout(cu, total, cp_size)
+    _check_layout(cu, total, cp_size, layout)
     if cp_size == 1:
         return torch.arange(total, dtype=torch.int64, device=cu.device)
     # torch.full, not torch.tensor([cp_rank]): no host-to-device copy.
-    return _dualchunk_indices(cu, total, cp_size, torch.full((1,), cp_rank, dtype=torch.int64, device=cu.device))
+    ranks = torch.full((1,), cp_rank, dtype=torch.int64, device=cu.device)
+    return _chunk_indices(cu, total, cp_size, ranks, layout)
 
 
-def _dualchunk_indices(cu: torch.Tensor, total: int, cp_size: int, ranks: torch.Tensor) -> torch.Tensor:
+def _chunk_indices(cu: torch.Tensor, total: int, cp_size: int, ranks: torch.Tensor, layout: CpLayout) -> torch.Tensor:
     """Global index of every token held by ``ranks``, rank-major (offsets already checked).
 
-    The ranks' tokens are chunks, two per sequence per rank, back to back; ``local_cu`` is the
-    layout of those chunks, and a token in chunk ``k`` sits at global index (its index in the
-    concatenation) + ``shift[k]``.
+    The ranks' tokens are chunks (two per sequence per rank under dualchunk, one under
+    contiguous), back to back; ``local_cu`` is the layout of those chunks, and a token in
+    chunk ``k`` sits at global index (its index in the concatenation) + ``shift[k]``.
     """
     num_ranks, num_seqs = ranks.numel(), cu.numel() - 1
-    chunk = (cu[1:] - cu[:-1]) // (2 * cp_size)  # [N], one chunk's length
-    held = torch.stack([ranks, 2 * cp_size - 1 - ranks], dim=1)  # [R, 2], chunks each rank holds
-    lengths = chunk.view(1, num_seqs, 1).expand(num_ranks, num_seqs, 2).reshape(-1)  # [R*N*2]
-    source = (cu[:-1].view(1, num_seqs, 1) + held.view(num_ranks, 1, 2) * chunk.view(1, num_seqs, 1)).reshape(-1)
+    if layout == CpLayout.DUALCHUNK:
+        num_chunks = 2 * cp_size
+        held = torch.stack([ranks, 2 * cp_size - 1 - ranks], dim=1)  # [R, 2], chunks each rank holds
+    else:
+        num_chunks = cp_size
+        held = ranks.view(num_ranks, 1)  # [R, 1]
+    per_rank = held.shape[1]
+    chunk = (cu[1:] - cu[:-1]) // num_chunks  # [N], one chunk's length
+    lengths = chunk.view(1, num_seqs, 1).expand(num_ranks, num_seqs, per_rank).reshape(-1)  # [R*N*k]
+    source = cu[:-1].view(1, num_seqs, 1) + held.view(num_ranks, 1, per_rank) * chunk.view(1, num_seqs, 1)
+    source = source.reshape(-1)  # [R*N*k], global start of every held chunk
     local_cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=cu.device)
-    torch.cumsum(lengths, dim=0, out=local_cu[1:])  # [R*N*2 + 1]
+    torch.cumsum(lengths, dim=0, out=local_cu[1:])  # [R*N*k + 1]
     shift = source - local_cu[:-1]
     count = num_ranks * (total // cp_size)
     chunk_of_token = seq_idx_from_cu_seqlens(local_cu, count)  # no tail: local_cu[-1] == count
     return torch.arange(count, dtype=torch.int64, device=cu.device) + shift[chunk_of_token]
 
 
-def gather_order(cu_seqlens_padded: Offsets, total_tokens: int, cp_size: int) -> torch.Tensor:
+def gather_order(
+    cu_seqlens_padded: Offsets,
+    total_tokens: int,
+    cp_size: int,
+    *,
+    layout: CpLayout | str = CpLayout.DUALCHUNK,
+) -> torch.Tensor:
     """Global token index of every row of the rank-major concatenation of all CP shards.
 
     ``torch.cat(shards)[i]`` is global token ``gather_order(...)[i]``: scatter with it to undo
-    DualChunkSwap and re-interleave sequences in one step (what Mamba's hidden-parallel CP
+    the layout and re-interleave sequences in one step (what Mamba's hidden-parallel CP
     needs after its all-to-all), gather with it to redo both. Equals
-    ``torch.cat([partition_indices(..., r) for r in range(cp_size)])``, in one pass.
+    ``torch.cat([partition_indices(..., r, layout=layout) for r in range(cp_size)])``, in one pass.
     """
     cp_size, _ = check_cp(cp_size)
+    layout = check_choice("layout", layout, CpLayout)
     cu = _as_offsets(cu_seqlens_padded)
     total = check_int("total_tokens", total_tokens, minimum=0, maximum=INT32_MAX)
-    _check_layout(cu, total, cp_size)
+    _check_layout(cu, total, cp_size, layout)
+    return _gather_order(cu, total, cp_size, layout)
+
+
+def _gather_order(cu: torch.Tensor, total: int, cp_size: int, layout: CpLayout) -> torch.Tensor:
     if cp_size == 1:
         return torch.arange(total, dtype=torch.int64, device=cu.device)
-    return _dualchunk_indices(cu, total, cp_size, torch.arange(cp_size, dtype=torch.int64, device=cu.device))
+    return _chunk_indices(cu, total, cp_size, torch.arange(cp_size, dtype=torch.int64, device=cu.device), layout)
 
 
-def shard_for_cp(batch: PackedBatch, cp_size: int, cp_rank: int) -> PackedBatch:
-    """This CP rank's tokens of ``batch``; ``cu_seqlens*`` and ``max_seqlen`` stay global.
+def shard_for_cp(
+    batch: PackedBatch,
+    cp_size: int,
+    cp_rank: int,
+    *,
+    layout: CpLayout | str = CpLayout.DUALCHUNK,
+) -> PackedBatch:
+    """This CP rank's tokens of ``batch`` in ``layout``; ``cu_seqlens*`` and ``max_seqlen`` stay
+    global, and the shard's ``cp_layout`` records the layout for the compute stages.
 
     Raises:
-        ConfigError: ``batch`` is already sharded, a padded length is not divisible by
-            ``2*cp_size``, or ``cp_rank`` is out of range.
+        ConfigError: ``batch`` is already sharded, a padded length is not divisible as the
+            layout needs (``2*cp_size`` dualchunk, ``cp_size`` contiguous), ``cp_rank`` is out
+            of range, or ``layout`` is unknown.
     """
     cp_size, cp_rank = check_cp(cp_size, cp_rank)
+    layout = check_choice("layout", layout, CpLayout)
     if not isinstance(batch, PackedBatch):
         raise SeqpackTypeError(f"batch must be a seqpack.thd.PackedBatch, got {type(batch).__name__}")
     if batch.cp_size != 1:
         raise ConfigError(f"batch is already sharded (cp_size={batch.cp_size}, cp_rank={batch.cp_rank})")
-    if cp_size == 1:
-        return batch
-    index = partition_indices(batch.cu_seqlens_padded, batch.num_tokens, cp_size, cp_rank)
+    if cp_size == 1:  # the identity for every layout
+        return batch if batch.cp_layout == layout else dataclasses.replace(batch, cp_layout=layout)
+    index = partition_indices(batch.cu_seqlens_padded, batch.num_tokens, cp_size, cp_rank, layout=layout)
     index = index.to(batch.position_ids.device)
     changes = {
         name: getattr(batch, name).index_select(0, index)
         for name in BATCH_TOKEN_FIELDS
         if getattr(batch, name) is not None
     }
-    return dataclasses.replace(batch, **changes, cp_size=cp_size, cp_rank=cp_rank)
+    return dataclasses.replace(batch, **changes, cp_size=cp_size, cp_rank=cp_rank, cp_layout=layout)
 
 
-def unshard_from_cp(parts: Sequence[torch.Tensor], cu_seqlens_padded: Offsets, cp_size: int) -> torch.Tensor:
-    """Inverse of :func:`shard_for_cp` for one tensor: per-rank tensors (token axis first,
-    in CP rank order) back to global token order."""
+def unshard_from_cp(
+    parts: Sequence[torch.Tensor],
+    cu_seqlens_padded: Offsets,
+    cp_size: int,
+    *,
+    layout: CpLayout | str = CpLayout.DUALCHUNK,
+) -> torch.Tensor:
+    """Inverse of :func:`shard_for_cp` for one tensor: per-rank tensors (token axis first, in CP
+    rank order, each ``cu_seqlens_padded[-1] / cp_size`` tokens) back to global token order.
+
+    Raises:
+        SeqpackTypeError: ``parts`` is not a list of tensors, or float offsets.
+        ConfigError: Not ``cp_size`` parts, a part without a token axis or of the wrong length
+            (named with the length it needs), or offsets the layout cannot split.
+    """
     cp_size, _ = check_cp(cp_size)
+    layout = check_choice("layout", layout, CpLayout)
     if not isinstance(parts, Sequence) or not all(isinstance(part, torch.Tensor) for part in parts):
         raise SeqpackTypeError(f"parts must be a list of tensors (one per CP rank), got {_kinds(parts)}")
     if len(parts) != cp_size:
         raise ConfigError(f"expected {cp_size} parts (one per CP rank, cp_size={cp_size}), got {len(parts)}")
     if any(part.dim() == 0 for part in parts):
         raise ConfigError(f"parts must have a token axis (at least 1-D), got shapes {[tuple(p.shape) for p in parts]}")
+    cu = _as_offsets(cu_seqlens_padded)
+    _check_divisible(cu, cp_size, layout)
+    check_offsets(cu, None)
+    total = int(cu[-1])
+    for rank, part in enumerate(parts):
+        if part.shape[0] != total // cp_size:
+            raise ConfigError(
+                f"parts[{rank}] has {part.shape[0]} tokens, expected {total // cp_size} "
+                f"(cu_seqlens_padded[-1]={total} / cp_size={cp_size}); every part is one rank's whole shard"
+            )
     if cp_size == 1:  # shard_for_cp(batch, 1, 0) is the identity
         return parts[0]
     stacked = torch.cat(list(parts), dim=0)
-    order = gather_order(cu_seqlens_padded, stacked.shape[0], cp_size).to(stacked.device)
+    order = _gather_order(cu, total, cp_size, layout).to(stacked.device)
     out = torch.empty_like(stacked)
     out[order] = stacked
     return out

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.compute import attention as attn_mod
 from seqpack.compute import backends
-from seqpack.compute.attention import ThdAttention, select_backend, thd_attention
+from seqpack.compute.attention import ThdAttention, attention_mask, select_backend, thd_attention
+from seqpack.compute.attention import reference as attn_mod
 from seqpack.cp import partition_indices, shard_for_cp
 from seqpack.thd import pack_sequences, pad_multiple_for, padding_only_batch
 
@@ -254,7 +254,9 @@ class FakeDotProductAttention(torch.nn.Module):
     def forward(self, q, k, v, **kwargs):
         self.calls.append(kwargs)
         cu = kwargs["cu_seqlens_q"]
-        out = thd_attention(q, k, v, cu, kwargs["cu_seqlens_q_padded"], softmax_scale=self.init.get("softmax_scale"))
+        causal = kwargs["attn_mask_type"] == "padding_causal"
+        out = thd_attention(q, k, v, cu, kwargs["cu_seqlens_q_padded"], softmax_scale=self.init.get("softmax_scale"),
+                            causal=causal, window=self.init["window_size"])  # fmt: skip
         return out.reshape(q.shape[0], -1)  # TE returns THD as [T, H * D]
 
 
@@ -277,7 +279,8 @@ def test_te_adapter_contract(fake_te):
     out = att(q, k, v, batch)
     (dpa,) = fake_te.instances
     assert dpa.init == dict(num_attention_heads=4, kv_channels=8, num_gqa_groups=2, qkv_format="thd",
-                            attn_mask_type="padding_causal", softmax_scale=0.5, layer_number=3)  # fmt: skip
+                            attn_mask_type="padding_causal", window_size=(-1, 0), softmax_scale=0.5,
+                            layer_number=3)  # fmt: skip
     assert dpa.cp is None  # no CP group set without CP
     (call,) = dpa.calls
     assert call["pad_between_seqs"] is True  # stated explicitly (TE #3331)
@@ -337,18 +340,31 @@ def test_te_matches_torch_reference_on_cuda():
             torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2)
 
 
-def test_query_blocking_of_long_sequences_is_exact(monkeypatch):
-    import seqpack.compute.attention as attention
+def _blocks_and_grads(q, k, v, offset, mask):
+    out = attn_mod._attend_queries(q[offset:], k, v, None, offset, 0, q.shape[0], mask, 0.3)
+    return out, torch.autograd.grad(out.square().sum(), (q, k, v))
 
+
+@pytest.mark.parametrize("offset", [0, 80])
+@pytest.mark.parametrize("window", [None, (37, 0), (20, 9)])
+def test_query_blocking_of_long_sequences_is_exact(monkeypatch, window, offset):
+    mask = attention_mask(window is None or window[1] == 0, window)
     torch.manual_seed(0)
-    q, k, v = (torch.randn(300, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    for offset in (0, 120):
-        whole = attention._causal_block(q[offset:], k, v, offset, 0.3)
-        grads = torch.autograd.grad(whole.square().sum(), (q, k, v))
-        monkeypatch.setattr(attention, "MAX_SCORE_BLOCK", 4 * 300 * 7)  # 7-row query blocks
-        blocked = attention._causal_block(q[offset:], k, v, offset, 0.3)
-        blocked_grads = torch.autograd.grad(blocked.square().sum(), (q, k, v))
-        monkeypatch.undo()
-        assert torch.allclose(blocked, whole, atol=1e-12, rtol=0)
-        for a, b in zip(blocked_grads, grads, strict=True):
-            assert torch.allclose(a, b, atol=1e-12, rtol=0)
+    q, k, v = (torch.randn(200, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    whole, grads = _blocks_and_grads(q, k, v, offset, mask)
+    calls = []
+    real_sdpa = attn_mod.F.scaled_dot_product_attention
+
+    def spy(qh, kh, vh, **kwargs):
+        calls.append(qh.shape[0] * qh.shape[1] * kh.shape[1])  # heads x queries x keys
+        return real_sdpa(qh, kh, vh, **kwargs)
+
+    limit = 4 * 200 * 10  # 10-row query blocks of full causal attention
+    monkeypatch.setattr(attn_mod, "MAX_SCORE_BLOCK", limit)
+    monkeypatch.setattr(attn_mod.F, "scaled_dot_product_attention", spy)
+    blocked, blocked_grads = _blocks_and_grads(q, k, v, offset, mask)
+    monkeypatch.undo()
+    assert len(calls) >= 4 and max(calls) <= limit  # not vacuous: really cut into bounded blocks
+    assert torch.allclose(blocked, whole, atol=1e-12, rtol=0)
+    for a, b in zip(blocked_grads, grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-12, rtol=0)

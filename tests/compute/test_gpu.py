@@ -2,7 +2,8 @@
 
 - Transformer Engine attention (``ThdAttention(backend="te")``) vs the torch reference on
   random packs: GQA, bf16 and fp16, pads between sequences, tail-only pads, no pads; pad rows
-  and pad gradients exactly 0.
+  and pad gradients exactly 0. Sliding windows and bidirectional masks too, and under CP on
+  two or more GPUs (NCCL) with ``cp_comm_type`` ``p2p``, ``all_gather`` and ``a2a``.
 - TE's CUDA partition function ``thd_get_partitioned_indices`` vs ``seqpack.cp.partition_indices``.
 - The mamba_ssm / causal_conv1d kernels vs the torch Mamba2 reference, and sequence isolation.
 - THD through a real ``transformer_engine.pytorch.TransformerLayer`` (keyword arguments from
@@ -14,7 +15,9 @@ backward. Errors are measured relative to the reference's largest magnitude.
 """
 
 import logging
+import os
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -25,7 +28,7 @@ from seqpack.compute import backends
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.cp import partition_indices
-from seqpack.thd import pack_sequences
+from seqpack.thd import pack_sequences, pad_multiple_for, shard_for_cp
 
 pytestmark = pytest.mark.gpu
 
@@ -83,7 +86,7 @@ def _layout(rng, layout, budget=6000):
     return make_pack(lengths)  # no padding at all
 
 
-def _te_vs_reference(batch, heads, kv_heads, head_dim, dtype, seed):
+def _te_vs_reference(batch, heads, kv_heads, head_dim, dtype, seed, causal=True, window=None):
     """(forward error, gradient errors, TE output, TE gradients) of TE against the fp32 reference."""
     batch = batch.to(DEVICE)
     T = batch.num_tokens
@@ -92,8 +95,9 @@ def _te_vs_reference(batch, heads, kv_heads, head_dim, dtype, seed):
         for i, n in enumerate((heads, kv_heads, kv_heads))
     ]
     reference_inputs = [t.detach().float().requires_grad_() for t in inputs]  # the same values, fp32
-    out = ThdAttention(heads, head_dim, kv_heads, backend="te")(*inputs, batch)
-    ref = ThdAttention(heads, head_dim, kv_heads, backend="torch")(*reference_inputs, batch)
+    mask = dict(causal=causal, window=window)
+    out = ThdAttention(heads, head_dim, kv_heads, backend="te", **mask)(*inputs, batch)
+    ref = ThdAttention(heads, head_dim, kv_heads, backend="torch", **mask)(*reference_inputs, batch)
     gy = randn(out.shape, seed + 7)
     gy[batch.padding_mask] = 0  # pads carry no loss
     grads = torch.autograd.grad(out, inputs, gy.to(dtype))
@@ -132,6 +136,95 @@ def test_te_attention_matches_reference_on_one_8k_sequence():
     batch = make_pack([8000, 1, 150], pad_multiple=16)  # 8K tokens, a long sequence and pads between
     fwd, grad_errors, _, _ = _te_vs_reference(batch, 8, 2, 64, torch.bfloat16, seed=99)
     assert fwd < 2e-2 and max(grad_errors) < 4e-2, (fwd, grad_errors)
+
+
+# --- masks: sliding windows and bidirectional attention -----------------------------------------
+
+TE_MASKS = [(True, (128, 0)), (True, (0, 0)), (False, None), (False, (64, 64)), (False, (0, 32))]
+
+
+@needs_te
+@pytest.mark.parametrize("causal, window", TE_MASKS)
+@pytest.mark.parametrize("layout", ["between", "tail", "none"])
+def test_te_masks_match_reference_on_random_packs(causal, window, layout):
+    rng = np.random.default_rng([7, TE_MASKS.index((causal, window)), ["between", "tail", "none"].index(layout)])
+    for trial in range(2):
+        batch = _layout(rng, layout, budget=4000)
+        heads, kv_heads, head_dim = HEADS[trial % len(HEADS)]
+        fwd, grad_errors, out, grads = _te_vs_reference(
+            batch, heads, kv_heads, head_dim, torch.bfloat16, seed=10 * trial, causal=causal, window=window
+        )
+        context = f"{layout} causal={causal} window={window} trial {trial}: T={batch.num_tokens}"
+        assert fwd < 2e-2 and max(grad_errors) < 4e-2, (context, fwd, grad_errors)
+        pads = batch.padding_mask.to(DEVICE)
+        assert torch.equal(out[pads], torch.zeros_like(out[pads])), context
+
+
+# --- TE under CP on several GPUs (NCCL), every comm type a mask allows ---------------------------
+
+CP_CASES = [  # (cp_comm_type, causal, window)
+    ("p2p", True, None), ("all_gather", True, None), ("a2a", True, None),
+    ("all_gather", True, (128, 0)), ("a2a", True, (128, 0)),
+    ("all_gather", False, None), ("a2a", False, None), ("all_gather", False, (64, 64)),
+]  # fmt: skip
+needs_two_gpus = pytest.mark.skipif(
+    not (HAS_TE and torch.cuda.device_count() >= 2), reason="needs 2 GPUs and Transformer Engine"
+)
+
+
+def _te_cp_worker(rank, world, store_path, comm_type, causal, window, results):
+    import torch.distributed as dist
+
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    try:
+        lengths = [700, 1, 333, 1200, 64, 9]
+        batch = make_pack(lengths, pad_multiple=pad_multiple_for(world))
+        T, heads, kv_heads, dim = batch.num_tokens, 8, 2, 64
+        g = torch.Generator().manual_seed(0)
+        full = [torch.randn(T, n, dim, generator=g).to(device) for n in (heads, kv_heads, kv_heads)]
+        gy = torch.randn(T, heads, dim, generator=g).to(device)
+        gy[batch.padding_mask.to(device)] = 0  # pads carry no loss
+        ref_in = [t.clone().requires_grad_() for t in full]  # fp32 reference on the whole pack
+        ref = ThdAttention(heads, dim, kv_heads, backend="torch", causal=causal, window=window)(
+            *ref_in, batch.to(device)
+        )
+        ref_grads = torch.autograd.grad(ref, ref_in, gy)
+        idx = partition_indices(batch.cu_seqlens_padded, T, world, rank).to(device)
+        local = [t[idx].to(torch.bfloat16).requires_grad_() for t in full]
+        att = ThdAttention(heads, dim, kv_heads, backend="te", cp_group=dist.group.WORLD, cp_comm_type=comm_type,
+                           causal=causal, window=window)  # fmt: skip
+        out = att(*local, shard_for_cp(batch, world, rank).to(device))
+        grads = torch.autograd.grad(out, local, gy[idx].to(torch.bfloat16))
+        errors = [rel_err(out, ref[idx])] + [rel_err(a, b[idx]) for a, b in zip(grads, ref_grads, strict=True)]
+        results.put((rank, errors))
+    except BaseException as exc:
+        results.put((rank, f"{type(exc).__name__}: {exc}"))
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("comm_type, causal, window", CP_CASES)
+def test_te_under_cp_matches_reference(comm_type, causal, window):
+    import torch.multiprocessing as mp
+
+    world = 2
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_te_cp_worker, args=(r, world, store, comm_type, causal, window, results))
+                 for r in range(world)]  # fmt: skip
+        for p in procs:
+            p.start()
+        outcomes = dict(results.get(timeout=600) for _ in range(world))
+        for p in procs:
+            p.join(timeout=60)
+    for rank, errors in outcomes.items():
+        assert not isinstance(errors, str), (rank, errors)
+        assert errors[0] < 2e-2 and max(errors[1:]) < 4e-2, (comm_type, causal, window, rank, errors)
 
 
 # --- TE's partition function vs seqpack.cp.partition_indices ------------------------------------

@@ -121,7 +121,7 @@ def _mixer(group, ngroups, chunk_size):
                        chunk_size=chunk_size, backend="torch", dtype=F64)  # fmt: skip  # 8 heads
 
 
-def _mamba_cp(cp, lengths, ngroups, chunk_size):
+def _mamba_cp(cp, lengths, ngroups, chunk_size, layout="dualchunk"):
     group, _ = _cp_group(cp)
     rank = dist.get_rank(group)
     batch = _pack(lengths, cp)
@@ -135,10 +135,10 @@ def _mamba_cp(cp, lengths, ngroups, chunk_size):
     full = ref(h_full, batch)
     (full * w).sum().backward()
 
-    idx = partition_indices(batch.cu_seqlens_padded, T, cp, rank)
+    idx = partition_indices(batch.cu_seqlens_padded, T, cp, rank, layout=layout)
     m = _mixer(group, ngroups, chunk_size)
     h_local = hidden[idx].clone().requires_grad_()
-    out = m(h_local, shard_for_cp(batch, cp, rank))
+    out = m(h_local, shard_for_cp(batch, cp, rank, layout=layout))
     (out * w[idx]).sum().backward()
     errors = {"out": _max_err(out, full[idx]), "dhidden": _max_err(h_local.grad, h_full.grad[idx])}
     for (name, p), (_, p_ref) in zip(m.named_parameters(), ref.named_parameters(), strict=True):
@@ -155,7 +155,17 @@ def _mamba_cp(cp, lengths, ngroups, chunk_size):
 )
 def test_cp_mamba_matches_single_rank(dist_pools, cp, world, ngroups):
     chunk_size = 8  # chunks straddle sequence and CP-chunk boundaries
-    for errors in dist_pools.get(world).run(_mamba_cp, cp, LENGTHS, ngroups, chunk_size):
+    _check_mamba(dist_pools.get(world).run(_mamba_cp, cp, LENGTHS, ngroups, chunk_size))
+
+
+@pytest.mark.parametrize("cp, world, ngroups", [(2, 2, 1), (4, 4, 2), (4, 4, 8), (2, 4, 2)])
+def test_cp_mamba_contiguous_layout_matches_single_rank(dist_pools, cp, world, ngroups):
+    # The all-to-all's reorder must undo and redo the contiguous layout, not DualChunkSwap.
+    _check_mamba(dist_pools.get(world).run(_mamba_cp, cp, LENGTHS, ngroups, 8, "contiguous"))
+
+
+def _check_mamba(per_rank):
+    for errors in per_rank:
         nonzero = {k: v for k, v in errors.items() if k.startswith("nonzero_")}
         assert min(nonzero.values()) > 0, nonzero  # every parameter really gets gradient
         errs = {k: v for k, v in errors.items() if not k.startswith("nonzero_")}

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -5,9 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from naive import dualchunk_reference, te_partition_reference
 
-from seqpack.cp import (
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.options import CpLayout
+from seqpack.thd import pack_sequences, pad_multiple_for
+from seqpack.thd.cp import (
     chunk_ids_after_attention,
     chunk_ids_before_attention,
+    cp_pad_multiple,
     dualchunk_to_sequential,
     gather_order,
     partition_indices,
@@ -16,8 +22,6 @@ from seqpack.cp import (
     shard_for_cp,
     unshard_from_cp,
 )
-from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.thd import pack_sequences, pad_multiple_for
 
 
 def test_reference_example():
@@ -199,3 +203,115 @@ def test_float_offsets_and_sizes_are_errors_not_truncated():
 def test_shard_for_cp_accepts_numpy_integer_sizes():
     b = pack_sequences([{"input_ids": torch.arange(1, n + 1)} for n in (3, 5)], pad_multiple=4)
     assert torch.equal(shard_for_cp(b, np.int64(2), np.int32(1)).input_ids, shard_for_cp(b, 2, 1).input_ids)
+
+
+# --- the contiguous layout ---------------------------------------------------------------------
+
+
+def contiguous_reference(cu_seqlens_padded, cp_size, cp_rank):
+    """The contiguous layout from its definition: rank r holds chunk r of cp of every sequence."""
+    out = []
+    for start, end in zip(cu_seqlens_padded[:-1], cu_seqlens_padded[1:], strict=True):
+        chunk = (end - start) // cp_size
+        out.extend(range(start + cp_rank * chunk, start + (cp_rank + 1) * chunk))
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def test_contiguous_example():
+    cu = torch.tensor([0, 8, 12], dtype=torch.int32)
+    assert partition_indices(cu, 12, 2, 0, layout="contiguous").tolist() == [0, 1, 2, 3, 8, 9]
+    assert partition_indices(cu, 12, 2, 1, layout="contiguous").tolist() == [4, 5, 6, 7, 10, 11]
+    assert partition_indices(cu, 12, 2, 0, layout="dualchunk").tolist() == [0, 1, 6, 7, 8, 11]  # the default's
+
+
+@given(cp=st.sampled_from([1, 2, 3, 4, 8]), chunks=st.lists(st.integers(0, 6), min_size=1, max_size=8))
+def test_contiguous_partition_equals_definition(cp, chunks):
+    cu = np.concatenate([[0], np.cumsum([cp * c for c in chunks])]).tolist()  # padded lengths: multiples of cp
+    total = cu[-1]
+    covered = []
+    for r in range(cp):
+        fast = partition_indices(torch.tensor(cu), total, cp, r, layout=CpLayout.CONTIGUOUS)
+        assert torch.equal(fast, contiguous_reference(cu, cp, r))
+        covered.append(fast)
+    assert torch.equal(torch.cat(covered).sort().values, torch.arange(total))
+    assert torch.equal(gather_order(cu, total, cp, layout="contiguous"), torch.cat(covered))
+
+
+@given(
+    cp=st.sampled_from([2, 3, 4]),
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=8),
+    layout=st.sampled_from(list(CpLayout)),
+    seed=st.integers(0, 1000),
+)
+def test_shard_unshard_roundtrip_both_layouts(cp, lengths, layout, seed):
+    g = torch.Generator().manual_seed(seed)
+    samples = [{"input_ids": torch.randint(1, 100, (n,), generator=g)} for n in lengths]
+    batch = pack_sequences(samples, pad_multiple=cp_pad_multiple(cp, layout))
+    shards = [shard_for_cp(batch, cp, r, layout=layout) for r in range(cp)]
+    for r, shard in enumerate(shards):
+        assert (shard.cp_size, shard.cp_rank, shard.cp_layout) == (cp, r, layout)
+        index = partition_indices(batch.cu_seqlens_padded, batch.num_tokens, cp, r, layout=layout)
+        assert torch.equal(shard.position_ids, batch.position_ids[index])
+    for field in ("input_ids", "position_ids", "seq_idx", "padding_mask"):
+        back = unshard_from_cp([getattr(s, field) for s in shards], batch.cu_seqlens_padded, cp, layout=layout)
+        assert torch.equal(back, getattr(batch, field)), field
+
+
+def test_layouts_differ_and_are_named_in_errors():
+    batch = pack_sequences([{"input_ids": torch.arange(1, 7)}], pad_multiple=2)  # padded 6: cp=2 contiguous only
+    shard = shard_for_cp(batch, 2, 1, layout="contiguous")
+    assert shard.position_ids.tolist() == [3, 4, 5] and shard.cp_layout == "contiguous"
+    with pytest.raises(ConfigError, match=r"cu_seqlens_padded\[1\]=6 is not divisible by 2\*cp_size=4"):
+        shard_for_cp(batch, 2, 1)  # dualchunk needs 2*cp
+    with pytest.raises(ConfigError, match=r"not divisible by cp_size=4 \(layout='contiguous'\)"):
+        shard_for_cp(batch, 4, 1, layout="contiguous")
+    with pytest.raises(ConfigError, match=r"layout must be one of \('dualchunk', 'contiguous'\), got 'zigzag'"):
+        partition_indices([0, 8], 8, 2, 0, layout="zigzag")
+    parts = [shard_for_cp(batch, 2, r, layout="contiguous").position_ids for r in range(2)]
+    assert unshard_from_cp(parts, batch.cu_seqlens_padded, 2, layout="contiguous").tolist() == list(range(6))
+    assert cp_pad_multiple(4) == 8 and cp_pad_multiple(4, "contiguous") == 4 and cp_pad_multiple(1) == 1
+
+
+def test_cp1_shard_records_the_layout_and_keeps_the_tokens():
+    b = pack_sequences([{"input_ids": torch.arange(1, 4)}])
+    assert shard_for_cp(b, 1, 0, layout="dualchunk") is b
+    c = shard_for_cp(b, 1, 0, layout="contiguous")
+    assert c.cp_layout == "contiguous" and c.input_ids is b.input_ids
+
+
+def test_packed_batch_refuses_an_unknown_layout():
+    b = pack_sequences([{"input_ids": torch.arange(1, 4)}])
+    with pytest.raises(ConfigError, match=r"PackedBatch.cp_layout must be one of"):
+        dataclasses.replace(b, cp_layout="ring")
+
+
+# --- unshard_from_cp: parts of the wrong lengths (issue 24, item 6) -----------------------------
+
+
+@pytest.mark.parametrize("layout", list(CpLayout))
+def test_unshard_refuses_parts_of_the_wrong_lengths(layout):
+    # 3 + 1 tokens for cu [0, 4]: the right total, the wrong split; it used to come back scrambled.
+    expected = r"parts\[0\] has 3 tokens, expected 2 \(cu_seqlens_padded\[-1\]=4 / cp_size=2\)"
+    with pytest.raises(ConfigError, match=expected):
+        unshard_from_cp([torch.arange(3), torch.arange(1)], torch.tensor([0, 4]), 2, layout=layout)
+    with pytest.raises(ConfigError, match=r"parts\[1\] has 3 tokens, expected 2"):
+        unshard_from_cp([torch.arange(2), torch.arange(3)], [0, 4], 2, layout=layout)
+    with pytest.raises(ConfigError, match=r"parts\[0\] has 5 tokens, expected 4 \(.*=4 / cp_size=1\)"):
+        unshard_from_cp([torch.arange(5)], [0, 4], 1, layout=layout)
+
+
+def test_unshard_messages_name_only_its_arguments():
+    messages = []
+    for call in (
+        lambda: unshard_from_cp([torch.arange(4), torch.arange(4)], [0, 4], 2),  # 8 tokens for 4
+        lambda: unshard_from_cp([torch.arange(3), torch.arange(3)], [0, 6], 2),  # 6 not divisible by 4
+        lambda: unshard_from_cp([torch.arange(2), torch.arange(2)], [0, 8, 4], 2),  # decreasing offsets
+        lambda: unshard_from_cp([torch.arange(2)], [0, 4], 2),
+        lambda: unshard_from_cp([torch.arange(2), torch.tensor(1)], [0, 4], 2),
+    ):
+        with pytest.raises(ConfigError) as info:
+            call()
+        messages.append(str(info.value))
+    assert len(messages) == 5
+    for message in messages:
+        assert "total_tokens" not in message, message  # not an argument of unshard_from_cp

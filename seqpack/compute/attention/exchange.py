@@ -1,0 +1,195 @@
+"""The CP key/value exchange of the torch attention: each rank receives only the keys in reach.
+
+A CP rank's queries are its chunks of every sequence (:mod:`seqpack.thd.cp`). Under a mask
+(:mod:`~seqpack.compute.attention.masks`) a chunk of real queries reaches one run of real keys
+of its sequence: all keys up to its last query when causal, ``W`` keys before it with a window
+``(W, 0)``, the whole real sequence when bidirectional. Pads are never keys. So instead of an
+all-gather of every rank's K/V (each rank receives ``(cp-1) T / cp`` rows), every rank sends
+each other rank just the rows that rank needs, in one all-to-all with uneven splits; its
+backward is the all-to-all back, so every key's gradient returns to the rank that owns it.
+
+The plan (:func:`plan_kv_exchange`) is pure index arithmetic on the global offsets, the same on
+every rank, computed with numpy on the host and cached per pack. :func:`kv_exchange_traffic`
+counts the rows and bytes it moves against the all-gather's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from seqpack.compute._collectives import all_to_all_rows
+from seqpack.compute.attention.masks import AttentionMask, attention_mask, held_chunks, key_range
+from seqpack.options import CpLayout
+from seqpack.thd.cp import check_cp, gather_order
+from seqpack.validation import check_choice, check_positive_int
+
+__all__ = ["KvExchangePlan", "KvTraffic", "exchange_kv", "keys_in_reach", "kv_exchange_traffic", "plan_kv_exchange"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KvExchangePlan:
+    """One CP rank's side of the exchange (host arrays, int64).
+
+    Attributes:
+        send_index: Local rows this rank sends, grouped by destination rank (in rank order),
+            increasing within each group.
+        send_counts, recv_counts: Rows sent to / received from each rank (itself included).
+        recv_order: ``received.index_select(0, recv_order)`` puts the received rows in key order.
+        key_positions: The global position of every key after that reordering (increasing).
+    """
+
+    send_index: np.ndarray
+    send_counts: tuple[int, ...]
+    recv_counts: tuple[int, ...]
+    recv_order: np.ndarray
+    key_positions: np.ndarray
+
+
+def keys_in_reach(
+    real: Sequence[int], padded: Sequence[int], cp_size: int, layout: CpLayout, mask: AttentionMask
+) -> np.ndarray:
+    """bool ``[cp_size, T]``: ``[r, t]`` is True when a real query of CP rank ``r`` attends key ``t``."""
+    cu_real, cu_padded = np.asarray(real, dtype=np.int64), np.asarray(padded, dtype=np.int64)
+    total = int(cu_padded[-1])
+    seq_start = cu_padded[:-1]  # [N]
+    real_end = seq_start + np.diff(cu_real)
+    num_chunks, _ = held_chunks(cp_size, 0, layout)
+    chunk = np.diff(cu_padded) // num_chunks  # [N]
+    diff = np.zeros((cp_size, total + 1), dtype=np.int64)  # +1 at a run's start, -1 past its end
+    for rank in range(cp_size):
+        for c in held_chunks(cp_size, rank, layout)[1]:
+            q_start = seq_start + c * chunk
+            q_end = np.minimum(q_start + chunk, real_end)  # real queries only
+            lo, hi = key_range(q_start, q_end, seq_start, real_end, mask)
+            has_queries = q_end > q_start
+            np.add.at(diff[rank], np.asarray(lo)[has_queries], 1)
+            np.add.at(diff[rank], np.asarray(hi)[has_queries], -1)
+    return np.cumsum(diff[:, :total], axis=1) > 0
+
+
+@functools.lru_cache(maxsize=32)
+def _plan(
+    real: tuple[int, ...], padded: tuple[int, ...], cp_size: int, cp_rank: int, layout: CpLayout, mask: AttentionMask
+) -> KvExchangePlan:
+    total = padded[-1]
+    need = keys_in_reach(real, padded, cp_size, layout, mask)  # [cp, T]
+    owned = gather_order(torch.tensor(padded), total, cp_size, layout=layout).numpy().reshape(cp_size, -1)
+    to_each, my_rows = np.nonzero(need[:, owned[cp_rank]])  # who needs which of my rows, rank-major
+    from_each, their_rows = np.nonzero(need[cp_rank][owned])  # which of each rank's rows I need
+    positions = owned[from_each, their_rows]  # global position of every row I receive, in arrival order
+    recv_order = np.argsort(positions, kind="stable")
+    return KvExchangePlan(
+        send_index=my_rows.astype(np.int64),
+        send_counts=tuple(np.bincount(to_each, minlength=cp_size).tolist()),
+        recv_counts=tuple(np.bincount(from_each, minlength=cp_size).tolist()),
+        recv_order=recv_order.astype(np.int64),
+        key_positions=positions[recv_order].astype(np.int64),
+    )
+
+
+def plan_kv_exchange(
+    cu_seqlens: torch.Tensor | Sequence[int],
+    cu_seqlens_padded: torch.Tensor | Sequence[int],
+    cp_size: int,
+    cp_rank: int,
+    *,
+    mask: AttentionMask,
+    layout: CpLayout | str = CpLayout.DUALCHUNK,
+) -> KvExchangePlan:
+    """What CP rank ``cp_rank`` sends and receives so that it holds every key its queries reach.
+
+    Raises:
+        ConfigError: Offsets the layout cannot split (see :func:`seqpack.thd.cp.partition_indices`).
+    """
+    cp_size, cp_rank = check_cp(cp_size, cp_rank)
+    layout = check_choice("cp_layout", layout, CpLayout)
+    real = tuple(cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)
+    padded = tuple(cu_seqlens_padded.tolist() if isinstance(cu_seqlens_padded, torch.Tensor) else cu_seqlens_padded)
+    return _plan(real, padded, cp_size, cp_rank, layout, mask)
+
+
+def exchange_kv(
+    k: torch.Tensor, v: torch.Tensor, plan: KvExchangePlan, group: dist.ProcessGroup
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values at ``plan.key_positions`` (``[K, Hkv, D]`` each), from this rank's ``k, v``
+    (``[T_local, Hkv, D]``). A collective: every rank of ``group`` calls it with its own plan."""
+    device = k.device
+    kv = torch.stack((k, v), dim=1)  # (T_local, 2, Hkv, D)
+    send = kv.index_select(0, torch.from_numpy(plan.send_index).to(device))  # (S, 2, Hkv, D), by destination
+    received = all_to_all_rows(send, plan.send_counts, plan.recv_counts, group)  # (K, 2, Hkv, D), by source
+    keys = received.index_select(0, torch.from_numpy(plan.recv_order).to(device))  # (K, 2, Hkv, D), key order
+    return keys[:, 0], keys[:, 1]
+
+
+@dataclasses.dataclass(frozen=True)
+class KvTraffic:
+    """K/V rows and bytes one pack's attention moves between CP ranks, against an all-gather.
+
+    Attributes:
+        rows_received: Per rank, rows received from other ranks by the exchange.
+        rows_all_gather: Rows each rank receives in an all-gather of K/V (``(cp-1) T / cp``).
+        bytes_per_row: Bytes of one token's K and V (``2 * num_kv_heads * head_dim * element_size``).
+    """
+
+    rows_received: tuple[int, ...]
+    rows_all_gather: int
+    bytes_per_row: int
+
+    @property
+    def bytes(self) -> int:
+        """Bytes the exchange moves (all ranks)."""
+        return sum(self.rows_received) * self.bytes_per_row
+
+    @property
+    def bytes_all_gather(self) -> int:
+        """Bytes an all-gather of K/V moves (all ranks)."""
+        return len(self.rows_received) * self.rows_all_gather * self.bytes_per_row
+
+    @property
+    def max_rank_bytes(self) -> int:
+        """Bytes the busiest rank receives."""
+        return max(self.rows_received, default=0) * self.bytes_per_row
+
+    @property
+    def saving(self) -> float:
+        """Fraction of the all-gather's bytes not moved (0 when the all-gather moves nothing)."""
+        return 1.0 - self.bytes / self.bytes_all_gather if self.bytes_all_gather else 0.0
+
+
+def kv_exchange_traffic(
+    cu_seqlens: torch.Tensor | Sequence[int],
+    cu_seqlens_padded: torch.Tensor | Sequence[int],
+    cp_size: int,
+    *,
+    causal: bool = True,
+    window: Sequence[int] | None = None,
+    layout: CpLayout | str = CpLayout.DUALCHUNK,
+    num_kv_heads: int = 1,
+    head_dim: int = 1,
+    element_size: int = 2,
+) -> KvTraffic:
+    """Rows and bytes of K/V that ``ThdAttention(backend="torch")`` moves for one pack under CP
+    (what :func:`exchange_kv` sends between ranks), and an all-gather's for comparison.
+
+    Raises:
+        ConfigError: A bad mask or sizes, or offsets the layout cannot split.
+    """
+    cp_size, _ = check_cp(cp_size)
+    layout = check_choice("layout", layout, CpLayout)
+    mask = attention_mask(causal, window)
+    per_row = 2 * check_positive_int("num_kv_heads", num_kv_heads) * check_positive_int("head_dim", head_dim)
+    per_row *= check_positive_int("element_size", element_size)
+    real = tuple(cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)
+    padded = tuple(cu_seqlens_padded.tolist() if isinstance(cu_seqlens_padded, torch.Tensor) else cu_seqlens_padded)
+    total = padded[-1]
+    owned = gather_order(torch.tensor(padded), total, cp_size, layout=layout).numpy().reshape(cp_size, -1)
+    need = keys_in_reach(real, padded, cp_size, layout, mask)
+    own_needed = np.take_along_axis(need, owned, axis=1).sum(axis=1)  # keys a rank needs and holds itself
+    received = need.sum(axis=1) - own_needed
+    return KvTraffic(tuple(int(n) for n in received), (cp_size - 1) * (total // cp_size), per_row)
