@@ -353,7 +353,7 @@ def environment_report() -> dict[str, Any]:
     install problems). Importing the optional packages is part of the check, so the first
     call can take seconds on a GPU machine.
     """
-    import seqpack
+    from seqpack._version import __version__
 
     packages: dict[str, dict[str, Any]] = {}
     # transformer_engine.pytorch first: it loads transformer_engine_torch itself. The packages
@@ -365,7 +365,7 @@ def environment_report() -> dict[str, Any]:
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "seqpack": seqpack.__version__,
+        "seqpack": __version__,
         "torch": torch_info,
         "packages": packages,
         "auto": _auto_choice(torch_info["cuda_available"], packages),
