@@ -288,11 +288,11 @@ class StepProducer:
         """The step's agreed outcome as next() will hand it over, built on the producer's
         side: stats, device copy, and the resume bookkeeping as of this step."""
         if isinstance(msg, StepError):
-            # The failing rank's own exception; an error every rank decided alike (no rank)
-            # carries the exception each rank made of it.
+            # The failing rank's own exception; an error every reading rank decided alike
+            # from the gathered sums carries the exception each of them made of it.
             cause = self.local_cause if msg.rank is not None and msg.rank == this_rank() else None
             shared = self.shared_cause
-            if msg.rank is None and shared is not None and str(shared) == msg.message:
+            if shared is not None and str(shared) == msg.message:
                 cause = shared
             return Ready(msg.step, message=msg, cause=cause)
         if isinstance(msg, StepEnd):
