@@ -54,7 +54,7 @@ def test_loss_token_counts_equal_the_packed_count_of_each_truncated_sequence(len
     rng = np.random.default_rng(seed)
     pool = [_sample(rng, n, labels=labels, mask=mask) for n in lengths]
     got = loss_token_counts(pool, cut)
-    truncated = [{k: v[: cut or n] for k, v in s.items()} for s, n in zip(pool, lengths)]
+    truncated = [{k: v[: cut or n] for k, v in s.items()} for s, n in zip(pool, lengths, strict=True)]
     slow = [count_loss_tokens(s) for s in truncated]  # the slow reference, one sequence at a time
     packed = [pack_sequences([s]).num_loss_tokens for s in truncated]
     assert got.dtype == np.int64 and got.tolist() == slow == packed
@@ -67,7 +67,8 @@ def test_unshifted_labels_converted_at_read_pack_like_pack_sequences_unshifted(l
     samples = [_sample(rng, n, labels=labels, mask=mask, hf=True) for n in lengths]
     converted, supervised, copied = prepare_labels(samples, ["s"] * len(samples), LabelFormat.UNSHIFTED)
     assert (supervised, copied) == (0, 0)
-    assert all(set(c) == set(s) | ({"labels"} if labels or mask else set()) for c, s in zip(converted, samples))
+    added = {"labels"} if labels or mask else set()
+    assert all(set(c) == set(s) | added for c, s in zip(converted, samples, strict=True))
     want = pack_sequences(samples, pad_multiple=4, label_format="unshifted")
     got = pack_sequences(converted, pad_multiple=4)  # seqpack's form: shifted
     for name in FIELDS:
@@ -80,7 +81,10 @@ def test_shifted_labels_that_copy_input_ids_are_refused_naming_the_sample_and_la
     fine = _sample(rng, 20, labels=True, mask=False)
     hf = {"input_ids": torch.arange(30), "labels": torch.arange(30)}
     hf["labels"][:10] = IGNORE_INDEX
-    with pytest.raises(SampleError, match=r"sample 7 of this rank's data: labels equal input_ids on 20 of 20 .*label_format='unshifted'"):
+    with pytest.raises(
+        SampleError,
+        match=r"sample 7 of this rank's data: labels equal input_ids on 20 of 20 .*label_format='unshifted'",
+    ):
         prepare_labels([fine, hf], ["sample 3", "sample 7 of this rank's data"], LabelFormat.SHIFTED)
     samples, supervised, copied = prepare_labels([fine], ["sample 3"], LabelFormat.SHIFTED)
     assert samples == [fine] and supervised == int((fine["labels"] != IGNORE_INDEX).sum()) > 0 and copied == 0
@@ -114,7 +118,9 @@ def test_gather_lengths_returns_the_sample_columns_in_global_order():
 def _message(counted: bool) -> StepOk:
     samples = [{"input_ids": torch.arange(n)} for n in (5, 3, 7)]
     plan = get_scheduler("empty").schedule(np.array([5, 3, 7]), dp_size=1, max_tokens_per_rank=8)
-    batches = [pack_sequences([samples[i] for i in ids.tolist()], sample_ids=ids) for ids in (r[0] for r in plan.assignment)]
+    batches = [
+        pack_sequences([samples[i] for i in ids.tolist()], sample_ids=ids) for ids in (r[0] for r in plan.assignment)
+    ]
     return StepOk(0, plan, batches, num_loss_tokens=12 if counted else None)
 
 
@@ -127,7 +133,9 @@ def test_the_wire_carries_the_step_and_microbatch_counts_only_when_the_step_has_
     assert sum(b.num_loss_tokens for b in msg.microbatches) == 12
     plain = decode_step(encode_step(_message(False)))
     assert plain.num_loss_tokens is None and all(b.num_loss_tokens is None for b in plain.microbatches)
-    broken = dataclasses.replace(msg, microbatches=[dataclasses.replace(msg.microbatches[0], num_loss_tokens=None)] + msg.microbatches[1:])
+    broken = dataclasses.replace(
+        msg, microbatches=[dataclasses.replace(msg.microbatches[0], num_loss_tokens=None)] + msg.microbatches[1:]
+    )
     with pytest.raises(WireError, match="microbatch 0 has no num_loss_tokens"):
         encode_step(broken)
 
@@ -166,9 +174,9 @@ def test_unshifted_through_the_wrapper_equals_the_shifted_data_and_counts_every_
     # HF's count: every label but the first of each sequence (which nothing predicts).
     expected_total = sum(int((s["labels"][1:] != IGNORE_INDEX).sum()) for s in hf)
     assert sum(step.num_loss_tokens for step in a) == expected_total == 24 * 9
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x.num_loss_tokens == y.num_loss_tokens == sum(mb.num_loss_tokens for mb in x.microbatches)
-        for p, q in zip(x.microbatches, y.microbatches):
+        for p, q in zip(x.microbatches, y.microbatches, strict=True):
             assert p.num_loss_tokens == int(((p.labels != IGNORE_INDEX) & (p.loss_mask > 0)).sum())
             for name in FIELDS:
                 assert torch.equal(getattr(p, name), getattr(q, name)), name
@@ -180,8 +188,10 @@ def test_oversize_sequences_count_as_trained(on_oversize):
     data = [_sample(rng, n, labels=True, mask=True) for n in (10, 70, 30, 5, 90, 12)]  # capacity 48
     (step,) = _wrap(iter(data), on_oversize=on_oversize)
     cut = 48 if on_oversize == "truncate" else 0
-    want = sum(count_loss_tokens({k: v[: cut if n > 48 else n] for k, v in s.items()}) if n <= 48 or cut else 0
-               for s, n in zip(data, (10, 70, 30, 5, 90, 12)))
+    want = sum(
+        count_loss_tokens({k: v[: cut if n > 48 else n] for k, v in s.items()}) if n <= 48 or cut else 0
+        for s, n in zip(data, (10, 70, 30, 5, 90, 12), strict=True)
+    )
     assert step.num_loss_tokens == want == sum(mb.num_loss_tokens for mb in step.microbatches)
     assert step.stats.truncated_sequences + step.stats.dropped_sequences == 2
 
@@ -229,7 +239,9 @@ def test_hf_labels_under_shifted_are_refused_per_sample_and_per_step():
         next(_wrap(_hf_items(6, answer=12)))
     assert isinstance(failed.value.__cause__, SampleError)
     # Answers of 3 tokens pass the per-sample check; the step's sums do not.
-    with pytest.raises(StepFailed, match=r"step 0 \(the samples of every DP rank\): labels equal input_ids .*label_format") as failed:
+    with pytest.raises(
+        StepFailed, match=r"step 0 \(the samples of every DP rank\): labels equal input_ids .*label_format"
+    ) as failed:
         next(_wrap(_hf_items(6, answer=3)))
     assert isinstance(failed.value.__cause__, SampleError)
     assert next(_wrap(_hf_items(6, answer=3), label_format="unshifted")).num_loss_tokens == 6 * 3
@@ -237,6 +249,8 @@ def test_hf_labels_under_shifted_are_refused_per_sample_and_per_step():
 
 def test_a_collated_batch_of_unequal_samples_names_samples_not_batches():
     loader = torch.utils.data.DataLoader([{"input_ids": torch.arange(n)} for n in (3, 5, 4, 6)], batch_size=2)
-    with pytest.raises(StepFailed, match=r"stack expects each tensor to be equal size.*DataLoader\(batch_size=None\)") as failed:
+    with pytest.raises(
+        StepFailed, match=r"stack expects each tensor to be equal size.*DataLoader\(batch_size=None\)"
+    ) as failed:
         next(_wrap(loader))
     assert SAMPLES_NOT_BATCHES in str(failed.value) and isinstance(failed.value.__cause__, RuntimeError)

@@ -19,11 +19,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from wrapper_data import mesh_topology
 
 from seqpack.compute.tiny_lm import TinyConfig, TinyHybridLM
 from seqpack.loader import wrap_data_iterator
 from seqpack.thd import IGNORE_INDEX, pack_sequences
-from wrapper_data import mesh_topology
 
 TINY = TinyConfig(vocab_size=64, d_model=32, pattern="AMA", num_heads=4, num_kv_heads=2, d_state=8, mamba_headdim=8)
 HF_VOCAB = 97
@@ -157,8 +157,10 @@ def test_packed_distributed_gradient_equals_the_unpacked_one(dist_pools, model_k
     assert set(first["grads"]) == set(expected)
     assert max(abs(r["grad_norm"] - first["grad_norm"]) for r in results) < TOL  # every rank holds the same
     scale = max(float(np.abs(grad).max()) for grad in expected.values())
-    print(f"{model_kind} {layout_name}: {first['M']} microbatches, {count} loss tokens, max |grad diff| {worst:.2e} "
-          f"(max |grad| {scale:.2e})")
+    print(
+        f"{model_kind} {layout_name}: {first['M']} microbatches, {count} loss tokens, max |grad diff| {worst:.2e} "
+        f"(max |grad| {scale:.2e})"
+    )
     assert scale > 1e-3 and worst < TOL
 
 
@@ -187,11 +189,17 @@ def run_hf_dataset_step(answer: tuple[int, int], label_format: str | None) -> di
     topo = mesh_topology((("dp", 2),))
     data = datasets.Dataset.from_dict(hf_rows(topo.dp_rank, answer))
     options = {} if label_format is None else {"label_format": label_format}
-    steps = wrap_data_iterator(data, topo, samples_per_rank=SPR, max_tokens_per_rank=64, scheduler="balanced", **options)
+    steps = wrap_data_iterator(
+        data, topo, samples_per_rank=SPR, max_tokens_per_rank=64, scheduler="balanced", **options
+    )
     try:
         step = next(steps)
     except StepFailed as exc:
-        return {"error": str(exc), "cause": type(exc.__cause__).__name__, "sample_error": isinstance(exc.__cause__, SampleError)}
+        return {
+            "error": str(exc),
+            "cause": type(exc.__cause__).__name__,
+            "sample_error": isinstance(exc.__cause__, SampleError),
+        }
     model = _hf_llama(transformers).float()
     with torch.no_grad():
         loss = sum(model(**to_hf(b, num_items_in_batch=step.num_loss_tokens)).loss for b in step.microbatches)
@@ -210,20 +218,24 @@ def test_hf_labels_from_a_dataset_through_the_wrapper_give_the_unpacked_token_me
     with torch.no_grad():
         for r in range(2):
             rows = hf_rows(r, (1, 30))
-            for ids, labels in zip(rows["input_ids"], rows["labels"]):
+            for ids, labels in zip(rows["input_ids"], rows["labels"], strict=True):
                 out = model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels]), use_cache=False)
                 n = sum(1 for v in labels[1:] if v != IGNORE_INDEX)  # HF's shift: label t + 1 at token t
                 losses.append(float(out.loss) * n)
                 counts.append(n)
     reference = sum(losses) / sum(counts)
     diff = abs(results[0]["loss"] - reference)
-    print(f"HF Llama dp=2 from datasets.Dataset: packed loss {results[0]['loss']:.8f}, unpacked {reference:.8f}, "
-          f"diff {diff:.1e}, {results[0]['num_loss_tokens']} loss tokens")
+    print(
+        f"HF Llama dp=2 from datasets.Dataset: packed loss {results[0]['loss']:.8f}, unpacked {reference:.8f}, "
+        f"diff {diff:.1e}, {results[0]['num_loss_tokens']} loss tokens"
+    )
     assert results[0]["num_loss_tokens"] == sum(counts)
     assert diff < 1e-5
 
 
-@pytest.mark.parametrize("answer, per_sample", [((10, 30), True), ((1, 7), False)], ids=["long-answers", "short-answers"])
+@pytest.mark.parametrize(
+    "answer, per_sample", [((10, 30), True), ((1, 7), False)], ids=["long-answers", "short-answers"]
+)
 def test_hf_labels_under_the_default_shifted_are_refused_on_every_rank(dist_pools, answer, per_sample):
     pytest.importorskip("transformers")
     pytest.importorskip("datasets")
