@@ -182,6 +182,23 @@ def test_unshifted_through_the_wrapper_equals_the_shifted_data_and_counts_every_
                 assert torch.equal(getattr(p, name), getattr(q, name)), name
 
 
+def test_trl_rows_with_a_completion_mask_equal_hf_labels_under_unshifted():
+    # TRL's tokenized rows carry input_ids and a completion_mask aligned with them; its collator
+    # makes HF labels (-100 where the mask is 0). Given as loss_mask, seqpack shifts it alike.
+    hf = list(_hf_items(12, answer=9))
+    trl = [
+        {"input_ids": s["input_ids"], "loss_mask": (s["labels"] != IGNORE_INDEX).to(torch.int64).tolist()} for s in hf
+    ]
+    a = list(_wrap(iter(hf), label_format="unshifted"))
+    b = list(_wrap(iter(trl), label_format="unshifted"))
+    assert [s.num_loss_tokens for s in a] == [s.num_loss_tokens for s in b] == [54, 54]
+    for x, y in zip(a, b, strict=True):
+        for p, q in zip(x.microbatches, y.microbatches, strict=True):
+            assert torch.equal(p.input_ids, q.input_ids) and torch.equal(p.loss_mask, q.loss_mask)
+            supervised = p.loss_mask > 0
+            assert torch.equal(p.labels[supervised], q.labels[supervised])
+
+
 @pytest.mark.parametrize("on_oversize", ["truncate", "drop"])
 def test_oversize_sequences_count_as_trained(on_oversize):
     rng = np.random.default_rng(1)
