@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from seqpack.collective import gather_lengths
 from seqpack.collective.fields import Header
-from seqpack.collective.wire import StepOk, decode_step, encode_step
+from seqpack.collective.wire import STEP_WORDS, StepOk, decode_step, encode_step
 from seqpack.errors import ResumeError, SampleError, SeqpackTypeError, StepFailed, WireError
 from seqpack.loader import PackingConfig, wrap_data_iterator
 from seqpack.loader.labels import copied_step_message, loss_token_counts, prepare_labels
@@ -138,6 +138,11 @@ def test_the_wire_carries_the_step_and_microbatch_counts_only_when_the_step_has_
     )
     with pytest.raises(WireError, match="microbatch 0 has no num_loss_tokens"):
         encode_step(broken)
+    wire = encode_step(msg)
+    ints = wire.ints.clone()
+    ints[STEP_WORDS - 1] = -5  # the step header's num_loss_tokens, its last field
+    with pytest.raises(WireError, match="num_loss_tokens -5 of the step: corrupted"):
+        decode_step(dataclasses.replace(wire, ints=ints))
 
 
 # --- through the wrapper ------------------------------------------------------------------

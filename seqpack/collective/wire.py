@@ -25,7 +25,8 @@ A message is up to four buffers, broadcast in this order:
 ``position_ids`` (unless samples carry their own), ``seq_idx`` and ``padding_mask`` are not
 sent: receivers rebuild them from ``cu_seqlens*`` and cut this CP rank's DualChunkSwap
 shard. A layout message (kind 2, to middle pipeline stages) carries no tokens and yields
-batches whose ``input_ids``, ``labels``, ``loss_mask`` are ``None``.
+batches whose ``input_ids``, ``labels``, ``loss_mask`` are ``None``. With flag 4 the headers'
+``num_loss_tokens`` carry the step's and each microbatch's loss-token counts to receivers.
 """
 
 from __future__ import annotations
@@ -266,11 +267,8 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
             raise WireError(f"microbatch {m} has no num_loss_tokens but the step has one")
     arrays = sched.to_arrays()
     counted = msg.num_loss_tokens is not None
-    step["flags"] = (
-        (Flag.TOKENS if tokens else 0)
-        | (Flag.POSITION_IDS if msg.position_ids else 0)
-        | (Flag.LOSS_TOKENS if counted else 0)
-    )
+    flags = [(Flag.TOKENS, tokens), (Flag.POSITION_IDS, msg.position_ids), (Flag.LOSS_TOKENS, counted)]
+    step["flags"] = sum(int(flag) for flag, on in flags if on)
     step["num_loss_tokens"] = msg.num_loss_tokens if counted else 0
     step["fingerprint"] = sched.fingerprint()
     step["empty_samples"] = msg.empty_samples
@@ -428,8 +426,7 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
 
 def _count(value: np.int64, m: int | None) -> int:
     if value < 0:
-        where = "the step" if m is None else f"microbatch {m}"
-        raise WireError(f"num_loss_tokens of {where} is {int(value)} in the wire header: the message was corrupted")
+        raise WireError(f"num_loss_tokens {int(value)} of {'the step' if m is None else f'microbatch {m}'}: corrupted")
     return int(value)
 
 

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from seqpack.errors import SampleError
-from seqpack.options import LabelFormat
+from seqpack.options import LABEL_COPY_MIN_TOKENS, LabelFormat
 from seqpack.thd import IGNORE_INDEX, label_copy_counts, looks_unshifted
-from seqpack.thd.sample import copied_labels_message, default_labels, next_token_targets
+from seqpack.thd.sample import copied_labels, copied_labels_message, default_labels, next_token_targets
 
 __all__ = ["copied_step_message", "loss_token_counts", "prepare_labels"]
 
@@ -93,12 +93,19 @@ def _check_copies(sequences: list[Sample], labelled: list[int], wheres: Sequence
     masks = None
     if any("loss_mask" in seq for seq in picked):
         masks = torch.cat([seq.get("loss_mask", torch.ones(seq["input_ids"].shape[0])) for seq in picked])
-    supervised, copied = label_copy_counts(ids, labels, masks, cu)
-    refused = np.flatnonzero(looks_unshifted(supervised, copied))
-    if refused.size:
-        k = int(refused[0])
-        raise SampleError(copied_labels_message(wheres[labelled[k]], int(supervised[k]), int(copied[k])))
-    return int(supervised.sum()), int(copied.sum())
+    supervised = labels != IGNORE_INDEX
+    if masks is not None:
+        supervised &= masks > 0
+    copied = copied_labels(ids, labels, masks, torch.from_numpy(cu[1:] - 1))
+    total_supervised, total_copied = torch.stack([supervised.sum(), copied.sum()]).tolist()  # one host sync
+    # Next-token labels have no copies: only then can a sequence be refused (the packer's shortcut).
+    if total_copied >= LABEL_COPY_MIN_TOKENS:
+        per_supervised, per_copied = label_copy_counts(ids, labels, masks, cu)
+        refused = np.flatnonzero(looks_unshifted(per_supervised, per_copied))
+        if refused.size:
+            k = int(refused[0])
+            raise SampleError(copied_labels_message(wheres[labelled[k]], int(per_supervised[k]), int(per_copied[k])))
+    return int(total_supervised), int(total_copied)
 
 
 def copied_step_message(step: int, supervised: int, copied: int) -> str | None:
@@ -132,22 +139,17 @@ def loss_token_counts(pool: Sequence[Sample], truncate_to: int | None = None) ->
     if not any("labels" in seq or "loss_mask" in seq for seq in pool):
         return lengths - 1  # default labels: every token but the last
     cu = _offsets(lengths.tolist())
-    ids = torch.cat([seq["input_ids"][:n] for seq, n in zip(pool, lengths.tolist(), strict=True)])  # [L]
-    defaults = default_labels(ids, torch.from_numpy(cu[1:] - 1), LabelFormat.SHIFTED)
-    labels = torch.cat(
-        [
-            seq["labels"][: b - a] if "labels" in seq else defaults[a:b]
-            for seq, a, b in zip(pool, cu[:-1], cu[1:], strict=True)
-        ]
-    )
+    spans = list(zip(pool, cu[:-1].tolist(), cu[1:].tolist(), strict=True))
+    if all("labels" in seq for seq in pool):
+        labels = torch.cat([seq["labels"][: b - a] for seq, a, b in spans])  # [L]
+    else:  # default labels of the (cut) sequences where a sequence has none
+        ids = torch.cat([seq["input_ids"][: b - a] for seq, a, b in spans])
+        defaults = default_labels(ids, torch.from_numpy(cu[1:] - 1), LabelFormat.SHIFTED)
+        labels = torch.cat([seq["labels"][: b - a] if "labels" in seq else defaults[a:b] for seq, a, b in spans])
     supervised = labels != IGNORE_INDEX
     if any("loss_mask" in seq for seq in pool):
-        ones = torch.ones(ids.shape[0])
-        masks = [
-            seq["loss_mask"][: b - a] if "loss_mask" in seq else ones[a:b]
-            for seq, a, b in zip(pool, cu[:-1], cu[1:], strict=True)
-        ]
-        supervised &= torch.cat(masks) > 0
-    running = np.zeros(ids.shape[0] + 1, dtype=np.int64)
+        masks = [seq["loss_mask"][: b - a] if "loss_mask" in seq else torch.ones(b - a) for seq, a, b in spans]
+        supervised &= torch.cat(masks).to(supervised.device) > 0
+    running = np.zeros(supervised.shape[0] + 1, dtype=np.int64)
     np.cumsum(supervised.cpu().numpy(), out=running[1:])
     return running[cu[1:]] - running[cu[:-1]]
