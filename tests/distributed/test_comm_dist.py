@@ -199,7 +199,9 @@ def _message(cp, cp_rank, tokens=True, positions=False):
                    for g, n in zip(ids, lengths[ids])]
         batch = pack_sequences(samples, pad_multiple=pm, sample_ids=ids) if ids.size else padding_only_batch(pm)
         batches.append(shard_for_cp(batch, cp, cp_rank))
-    return StepOk(step=4, schedule=schedule, microbatches=batches, empty_samples=1, position_ids=positions)
+    # The counts ride the TP and PP headers (flag 4); the step's is any int here.
+    return StepOk(step=4, schedule=schedule, microbatches=batches, empty_samples=1, position_ids=positions,
+                  num_loss_tokens=sum(b.num_loss_tokens for b in batches))
 
 
 def broadcast_case(positions):
