@@ -218,22 +218,34 @@ def test_oversize_sequences_count_as_trained(on_oversize):
     assert step.stats.truncated_sequences + step.stats.dropped_sequences == 2
 
 
-def test_deferred_samples_are_counted_in_the_step_that_trains_them_also_after_resume():
+@pytest.mark.parametrize("label_format", ["shifted", "unshifted"])
+def test_deferred_samples_are_counted_in_the_step_that_trains_them_also_after_resume(label_format):
     from wrapper_data import ScatterScheduler
 
     rng = np.random.default_rng(2)
-    data = [_sample(rng, int(n), labels=True, mask=False) for n in rng.integers(1, 40, 18)]
-    full = list(_wrap(iter(data), scheduler=ScatterScheduler(defer_longest=True), drop_last=False))
+    hf = label_format == "unshifted"  # deferred samples are saved converted, never shifted twice
+    data = [_sample(rng, int(n), labels=True, mask=True, hf=hf) for n in rng.integers(1, 40, 18)]
+
+    def wrap():
+        return _wrap(
+            iter(data), scheduler=ScatterScheduler(defer_longest=True), drop_last=False, label_format=label_format
+        )
+
+    full = list(wrap())
     assert any(step.schedule.deferred.size for step in full)
     totals = [step.num_loss_tokens for step in full]
-    assert sum(totals) == sum(count_loss_tokens(s) for s in data)  # every sample once, deferred or not
-    it = _wrap(iter(data), scheduler=ScatterScheduler(defer_longest=True), drop_last=False)
+    assert sum(totals) == sum(count_loss_tokens(s, label_format) for s in data)  # every sample once
+    it = wrap()
     next(it)
     state = it.state_dict()
     assert state[it.STATE_DEFERRED]
-    resumed = _wrap(iter(data), scheduler=ScatterScheduler(defer_longest=True), drop_last=False)
+    resumed = wrap()
     resumed.load_state_dict(state)
-    assert [step.num_loss_tokens for step in resumed] == totals[1:]
+    again = list(resumed)
+    assert [step.num_loss_tokens for step in again] == totals[1:]
+    for x, y in zip(again, full[1:], strict=True):
+        for p, q in zip(x.microbatches, y.microbatches, strict=True):
+            assert torch.equal(p.labels, q.labels) and torch.equal(p.loss_mask, q.loss_mask)
 
 
 def test_label_format_is_in_the_fingerprint_only_when_unshifted():
