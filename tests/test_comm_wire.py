@@ -24,7 +24,7 @@ from seqpack.collective import (
     gather_lengths,
     plan_exchange,
 )
-from seqpack.collective.wire import PREFIX_WORDS, STEP_WORDS, Kind
+from seqpack.collective.wire import MB_WORDS, PREFIX_WORDS, STEP_WORDS, Kind
 from seqpack.schedulers import get_scheduler
 from seqpack.stats import StepStats
 from seqpack.thd import batch_from_layout, pack_sequences, pad_multiple_for, padding_only_batch, shard_for_cp
@@ -170,7 +170,7 @@ def test_truncated_and_oversized_buffers_are_errors():
     # A prefix that lies about the header: the arithmetic is in the message.
     prefix = wire.prefix.clone()
     prefix[3] += 1
-    with pytest.raises(ValueError, match=rf"header_len=\d+ but \d+ microbatches need 8 \+ {STEP_WORDS} \+ 3\*\d+ = \d+"):
+    with pytest.raises(ValueError, match=rf"header_len=\d+ but \d+ microbatches need 8 \+ {STEP_WORDS} \+ {MB_WORDS}\*\d+ = \d+"):
         decode_prefix(prefix)
 
 
@@ -178,7 +178,7 @@ def test_corrupted_payload_fails_the_fingerprint():
     msg = _message()
     wire = encode_step(msg)
     ints = wire.ints.clone()
-    body = STEP_WORDS + 3 * int(wire.prefix[7])
+    body = STEP_WORDS + MB_WORDS * int(wire.prefix[7])
     ints[body + msg.schedule.num_sequences] += 1  # first scheduled length
     with pytest.raises(ValueError, match="fingerprint"):
         decode_step(dataclasses.replace(wire, ints=ints))

@@ -26,6 +26,15 @@ def test_train_tiny_hybrid_trains_under_cp():
     assert "imbalance" in out
 
 
+def test_hf_transformers_fsdp2_trains_on_packed_steps():
+    pytest.importorskip("transformers")
+    pytest.importorskip("datasets")
+    out = _run(TORCHRUN + ["--nproc-per-node", "2", "examples/hf_transformers.py", "--steps", "5"])
+    losses = [float(v) for v in re.findall(r"loss (\d+\.\d+) over \d+ loss tokens", out)]
+    assert len(losses) == 5 and losses[-1] < losses[0] - 0.5, out
+    assert all(int(m) > 1 for m in re.findall(r"(\d+) microbatches", out))  # several per step
+
+
 def test_wrap_existing_loader_single_process_and_resume():
     out = _run([sys.executable, "examples/wrap_existing_loader.py"])
     assert "resumed step 1 identical to step 1: True" in out

@@ -40,6 +40,17 @@ class Header:
             raise KeyError(f"{self.title}: got fields {sorted(values)}, expected {names}")
         return np.array([int(values[name]) for name in names], dtype=np.int64)
 
+    def rows(self, count: int, **columns: np.ndarray) -> np.ndarray:
+        """int64 ``[count, words]``: field ``name`` of row ``i`` is ``columns[name][i]``
+        (every field given, each ``count`` long): the per-sample layout of a table."""
+        names = [field for field, _ in self.fields]
+        if set(columns) != set(names):
+            raise KeyError(f"{self.title}: got fields {sorted(columns)}, expected {names}")
+        table = np.zeros((count, len(names)), dtype=np.int64)
+        for i, name in enumerate(names):
+            table[:, i] = columns[name]
+        return table
+
     def column(self, table: np.ndarray, name: str) -> np.ndarray:
         """Field ``name`` of every row of an int64 ``[rows, >= words]`` table."""
         return table[:, self.index(name)]

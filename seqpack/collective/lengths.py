@@ -2,7 +2,9 @@
 
 A fixed-size int64 header per rank (format version, status, count, caller fields) goes
 first, so that a rank with bad input or no data makes *every* rank raise or stop instead of
-leaving one waiting in a collective; then the lengths, padded to the largest count.
+leaving one waiting in a collective; then the lengths, padded to the largest count, each
+with the caller's per-sample int64 columns (declared by name by the caller, e.g. the
+loader's ``SAMPLE_COLUMNS``: loss tokens per sample), in the same all-gather.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ GATHER_HEADER = Header(
         ("status", "0 ok, 2 this rank has bad input (every rank then raises its message)"),
         ("count", "lengths this rank sends"),
         ("extra_words", "caller words after this header (the step's gather fields)"),
+        ("column_words", "caller int64 columns per sample, gathered with the lengths (the sample columns)"),
     ),
 )
 
@@ -42,11 +45,18 @@ class GatheredLengths:
         lengths: int64 ``[N]``.
         counts: int64 ``[dp]`` samples per DP rank.
         extras: int64 ``[dp, k]`` the caller's header fields of every rank.
+        columns: int64 ``[N, c]`` the caller's per-sample columns, rows in global order
+            (``None`` given: ``[N, 0]``).
     """
 
     lengths: np.ndarray
     counts: np.ndarray
     extras: np.ndarray
+    columns: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.columns is None:
+            object.__setattr__(self, "columns", np.zeros((self.lengths.shape[0], 0), dtype=np.int64))
 
     @property
     def offsets(self) -> np.ndarray:
@@ -71,12 +81,28 @@ def _int64_vector(name: str, value: Any) -> np.ndarray:
     return np.ascontiguousarray(array.astype(np.int64).reshape(-1))
 
 
+def _int64_columns(columns: Any, count: int) -> np.ndarray:
+    """``columns`` as a C-contiguous int64 ``[count, c]`` table (``None``: ``c = 0``)."""
+    if columns is None:
+        return np.zeros((count, 0), dtype=np.int64)
+    try:
+        array = np.asarray(columns)
+    except (TypeError, ValueError):
+        array = np.asarray(None)
+    if array.ndim != 2 or array.shape[0] != count:
+        raise SeqpackTypeError(
+            f"columns must be a [{count}, c] table (one row per length), got shape {tuple(array.shape)}"
+        )
+    return _int64_vector("columns", array).reshape(count, array.shape[1])
+
+
 def gather_lengths(
     lengths: Sequence[int] | np.ndarray,
     group: Any = None,
     *,
     error: str | None = None,
     extras: Sequence[int] | np.ndarray = (),
+    columns: np.ndarray | None = None,
 ) -> GatheredLengths:
     """All-gather every DP rank's lengths over ``group``; all ranks must call it.
 
@@ -89,32 +115,47 @@ def gather_lengths(
         error: This rank's bad-input message, or ``None``.
         extras: Caller fields (ints) every rank passes the same number of, returned per
             rank in ``GatheredLengths.extras``.
+        columns: int64 ``[len(lengths), c]``: ``c`` per-sample values every rank passes the
+            same number of (the table's width), returned in global order in
+            ``GatheredLengths.columns``. They travel in the lengths' all-gather.
 
     Raises:
         StepFailed: On every rank when any rank passed ``error`` (the lowest failing DP
             rank's message; ``rank`` is its global rank).
-        WireError: Ranks disagree on the format version or on the number of extras.
+        WireError: Ranks disagree on the format version, the number of extras or of columns.
     """
     local = _int64_vector("lengths", lengths)
     extra = _int64_vector("extras", extras)
+    table = _int64_columns(columns, local.shape[0])
     status = Status.OK if error is None else Status.ERROR
-    fields = GATHER_HEADER.pack(version=FORMAT_VERSION, status=status, count=local.shape[0], extra_words=extra.shape[0])
+    fields = GATHER_HEADER.pack(
+        version=FORMAT_VERSION,
+        status=status,
+        count=local.shape[0],
+        extra_words=extra.shape[0],
+        column_words=table.shape[1],
+    )
     header = np.concatenate([fields, extra])
     size = group_size(group)
     if size == 1:
         if error is not None:
             raise StepFailed(error, rank=this_rank())
-        return GatheredLengths(local.copy(), np.array([local.shape[0]], np.int64), extra[None, :].copy())
+        return GatheredLengths(local.copy(), np.array([local.shape[0]], np.int64), extra[None, :].copy(), table.copy())
     device = comm_device(group)
     mine = torch.from_numpy(header).to(device)
     parts = [torch.empty_like(mine) for _ in range(size)]
     collective(dist.all_gather, parts, mine, group=group)
     headers = torch.stack(parts).cpu().numpy()
     versions, extra_words = GATHER_HEADER.column(headers, "version"), GATHER_HEADER.column(headers, "extra_words")
-    if np.any(versions != FORMAT_VERSION) or np.any(extra_words != extra.shape[0]):
+    column_words = GATHER_HEADER.column(headers, "column_words")
+    if (
+        np.any(versions != FORMAT_VERSION)
+        or np.any(extra_words != extra.shape[0])
+        or np.any(column_words != table.shape[1])
+    ):
         raise WireError(
             f"DP ranks run different seqpack versions or wrappers: header versions {versions.tolist()}, "
-            f"extra field counts {extra_words.tolist()}"
+            f"extra field counts {extra_words.tolist()}, per-sample column counts {column_words.tolist()}"
         )
     failed = np.flatnonzero(GATHER_HEADER.column(headers, "status") == Status.ERROR)
     if failed.size:
@@ -124,15 +165,23 @@ def gather_lengths(
             messages[first] or "a rank reported an error without a message", rank=global_rank(group, first)
         )
     counts = GATHER_HEADER.column(headers, "count").copy()
+    gathered = _gather_rows(np.concatenate([local[:, None], table], axis=1), counts, group, device)  # [N, 1 + c]
+    return GatheredLengths(
+        gathered[:, 0].copy(), counts, headers[:, GATHER_HEADER.words :].copy(), gathered[:, 1:].copy()
+    )
+
+
+def _gather_rows(rows: np.ndarray, counts: np.ndarray, group: Any, device: torch.device) -> np.ndarray:
+    """Every rank's int64 ``[counts[r], w]`` rows, concatenated in rank order (one
+    all-gather of the rows padded to the largest count)."""
     width = int(counts.max(initial=0))
+    words = rows.shape[1]
     if width == 0:
-        gathered = np.zeros(0, dtype=np.int64)
-    else:
-        padded = torch.zeros(width, dtype=torch.int64)
-        padded[: local.shape[0]] = torch.from_numpy(local)
-        padded = padded.to(device)
-        rows = [torch.empty_like(padded) for _ in range(size)]
-        collective(dist.all_gather, rows, padded, group=group)
-        table = torch.stack(rows).cpu().numpy()
-        gathered = np.concatenate([table[r, : counts[r]] for r in range(size)])
-    return GatheredLengths(gathered, counts, headers[:, GATHER_HEADER.words :].copy())
+        return np.zeros((0, words), dtype=np.int64)
+    padded = torch.zeros(width, words, dtype=torch.int64)
+    padded[: rows.shape[0]] = torch.from_numpy(rows)
+    padded = padded.to(device)
+    parts = [torch.empty_like(padded) for _ in range(counts.shape[0])]
+    collective(dist.all_gather, parts, padded, group=group)
+    table = torch.stack(parts).cpu().numpy()  # [dp, width, w]
+    return np.concatenate([table[r, : counts[r]] for r in range(counts.shape[0])])

@@ -25,7 +25,8 @@ A message is up to four buffers, broadcast in this order:
 ``position_ids`` (unless samples carry their own), ``seq_idx`` and ``padding_mask`` are not
 sent: receivers rebuild them from ``cu_seqlens*`` and cut this CP rank's DualChunkSwap
 shard. A layout message (kind 2, to middle pipeline stages) carries no tokens and yields
-batches whose ``input_ids``, ``labels``, ``loss_mask`` are ``None``.
+batches whose ``input_ids``, ``labels``, ``loss_mask`` are ``None``. With flag 4 the headers'
+``num_loss_tokens`` carry the step's and each microbatch's loss-token counts to receivers.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ __all__ = [
     "wire_format_markdown",
 ]
 
-FORMAT_VERSION = 3  # 2: the step header names the failing rank of an error (error_rank); 3: schedule origin
+FORMAT_VERSION = 4  # 2: error_rank; 3: schedule origin; 4: loss-token counts, per-sample gather columns
 
 
 class Kind(IntEnum):
@@ -73,6 +74,7 @@ class Kind(IntEnum):
 class Flag(IntFlag):
     TOKENS = 1
     POSITION_IDS = 2
+    LOSS_TOKENS = 4
 
 
 # The header, declared once: (field, meaning). Each becomes one int64 word.
@@ -88,7 +90,7 @@ PREFIX_FIELDS: tuple[tuple[str, str], ...] = (
 )
 STEP_FIELDS: tuple[tuple[str, str], ...] = (
     ("step", "step index"),
-    ("flags", "1 tokens, 2 position_ids"),
+    ("flags", "1 tokens, 2 position_ids, 4 loss-token counts"),
     ("fingerprint", "schedule fingerprint (63 bits)"),
     ("empty_samples", "zero-length samples dropped this step"),
     ("dropped_at_end", "sequences dropped with a partial last step"),
@@ -104,11 +106,13 @@ STEP_FIELDS: tuple[tuple[str, str], ...] = (
     ("num_deferred", "deferred ids D"),
     ("num_dropped", "dropped ids R"),
     ("num_truncated", "truncated ids U"),
+    ("num_loss_tokens", "supervised tokens of the whole global step (flag 4; else 0)"),
 )
 MICROBATCH_FIELDS: tuple[tuple[str, str], ...] = (
     ("total_tokens", "padded tokens T_m of the whole microbatch (all CP ranks)"),
     ("num_sequences", "sequences n_m"),
     ("max_seqlen", "largest padded sequence"),
+    ("num_loss_tokens", "supervised tokens of the whole microbatch (flag 4; else 0)"),
 )
 
 
@@ -148,6 +152,7 @@ class StepOk:
     microbatches: list[PackedBatch]
     empty_samples: int = 0  # zero-length samples dropped this step (global)
     position_ids: bool = False  # samples carried their own position_ids (sent on the wire)
+    num_loss_tokens: int | None = None  # supervised tokens of the global step (every microbatch's count set too)
     status: ClassVar[Status] = Status.OK
 
     @property
@@ -258,8 +263,13 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
             raise WireError(f"microbatch {m} is shard {b.cp_rank}/{b.cp_size}, microbatch 0 is {cp_rank}/{cp_size}")
         if tokens and b.input_ids is None:
             raise WireError(f"microbatch {m} has no tokens; a Kind.BATCH message needs them")
+        if msg.num_loss_tokens is not None and b.num_loss_tokens is None:
+            raise WireError(f"microbatch {m} has no num_loss_tokens but the step has one")
     arrays = sched.to_arrays()
-    step["flags"] = (Flag.TOKENS if tokens else 0) | (Flag.POSITION_IDS if msg.position_ids else 0)
+    counted = msg.num_loss_tokens is not None
+    flags = [(Flag.TOKENS, tokens), (Flag.POSITION_IDS, msg.position_ids), (Flag.LOSS_TOKENS, counted)]
+    step["flags"] = sum(int(flag) for flag, on in flags if on)
+    step["num_loss_tokens"] = msg.num_loss_tokens if counted else 0
     step["fingerprint"] = sched.fingerprint()
     step["empty_samples"] = msg.empty_samples
     step["dp_size"], step["schedule_cp_size"] = sched.dp_size, sched.cp_size
@@ -275,7 +285,7 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
         step[field] = arrays[name].shape[0]
     per_mb = np.zeros(len(batches), dtype=MICROBATCH)
     for m, b in enumerate(batches):
-        per_mb[m] = (int(b.cu_seqlens_padded[-1]), b.num_sequences, b.max_seqlen)
+        per_mb[m] = (int(b.cu_seqlens_padded[-1]), b.num_sequences, b.max_seqlen, b.num_loss_tokens if counted else 0)
     header = [_words(step), _words(per_mb)]
     payload = [torch.from_numpy(arrays[name]) for name in Schedule.ARRAY_FIELDS]
     for b in batches:
@@ -395,18 +405,29 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
     token_fields = _decode_tokens(cur, floats, flags, [int(mb["total_tokens"]) // cp_size for mb in per_mb])
     if cur.pos != ints.shape[0]:
         raise WireError(f"int64 buffer has {ints.shape[0] - cur.pos} words past the declared fields")
+    counted = Flag.LOSS_TOKENS in flags
     batches = []
     for m, (cu, cu_padded, ids) in enumerate(layouts):
         fields = {name: values[m].clone() for name, values in token_fields.items()}
         max_seqlen = int(per_mb[m]["max_seqlen"])
-        batches.append(batch_from_layout(cu, cu_padded, max_seqlen, ids.clone(), cp_size, cp_rank, **fields))
+        batch = batch_from_layout(cu, cu_padded, max_seqlen, ids.clone(), cp_size, cp_rank, **fields)
+        if counted:
+            batch = dataclasses.replace(batch, num_loss_tokens=_count(per_mb[m]["num_loss_tokens"], m))
+        batches.append(batch)
     return StepOk(
         step=int(step["step"]),
         schedule=schedule,
         microbatches=batches,
         empty_samples=int(step["empty_samples"]),
         position_ids=Flag.POSITION_IDS in flags,
+        num_loss_tokens=_count(step["num_loss_tokens"], None) if counted else None,
     )
+
+
+def _count(value: np.int64, m: int | None) -> int:
+    if value < 0:
+        raise WireError(f"num_loss_tokens {int(value)} of {'the step' if m is None else f'microbatch {m}'}: corrupted")
+    return int(value)
 
 
 def _check_sizes(p: WirePrefix, ints: torch.Tensor, floats: torch.Tensor, message: torch.Tensor) -> None:

@@ -157,5 +157,6 @@ class TinyHybridLM(nn.Module):
             raise SeqpackError("loss_sum needs a batch with labels and loss_mask (not a middle pipeline stage's)")
         logits = self(batch)
         labels = batch.labels.clamp(min=0)
-        losses = F.cross_entropy(logits.float(), labels, reduction="none")
+        # At least float32 (bf16 logits are upcast); a float64 model keeps float64.
+        losses = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), labels, reduction="none")
         return (losses * batch.loss_mask).sum(), batch.loss_mask.sum()

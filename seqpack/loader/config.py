@@ -24,6 +24,7 @@ from seqpack.options import (
     Axis,
     CpCommType,
     DataOwner,
+    LabelFormat,
     MambaBackend,
     Objective,
     OnOversize,
@@ -70,6 +71,11 @@ class PackingConfig:
     """Who reads data: ``"tp0"`` (Megatron) or ``"all"`` (see :class:`DataOwner`)."""
     on_oversize: OnOversize = OnOversize.ERROR
     """Sequences longer than a microbatch: ``"error"``, ``"truncate"`` or ``"drop"`` (counted)."""
+    label_format: LabelFormat = LabelFormat.SHIFTED
+    """How the samples' ``labels`` (and ``loss_mask``) are aligned: ``"shifted"``: next-token
+    targets (Megatron, NeMo, torchtitan; labels that copy ``input_ids`` are refused),
+    ``"unshifted"``: aligned with ``input_ids`` (Hugging Face, TRL). Converted to next-token
+    targets where samples are read, so every microbatch carries those."""
     drop_last: bool = True
     """Drop (and count) a partial last step instead of yielding it."""
     pad_multiple: int | None = None
@@ -113,6 +119,7 @@ class PackingConfig:
             object.__setattr__(self, name, check_positive_int(name, getattr(self, name), maximum=INT64_MAX))
         object.__setattr__(self, "data_owner", check_choice("data_owner", self.data_owner, DataOwner))
         object.__setattr__(self, "on_oversize", check_choice("on_oversize", self.on_oversize, OnOversize))
+        object.__setattr__(self, "label_format", check_choice("label_format", self.label_format, LabelFormat))
         for name in ("drop_last", "sequence_parallel", "fp8", "check_schedule", "validate_ranks"):
             object.__setattr__(self, name, check_bool(name, getattr(self, name)))
         if self.pad_multiple is not None:
@@ -202,6 +209,7 @@ class PackingConfig:
             # Listed only when set, so that states saved before these options existed resume.
             **({"sync": str(self.sync)} if self.sync is not None else {}),
             **({"calibrate": repr(self.calibrate)} if self.calibrate is not False else {}),
+            **({"label_format": str(self.label_format)} if self.label_format != LabelFormat.SHIFTED else {}),
         }
 
     def fingerprint(self) -> int:

@@ -1,9 +1,11 @@
 """The phases of one wrapper step, each a short function the orchestrator
 (:mod:`seqpack.loader.iterator`) calls in turn on the ranks that read data:
 
-1. :class:`Reader` pulls this rank's samples and checks them against the sample contract;
-2. :func:`gather` all-gathers lengths over DP (a bad sample or end of data anywhere reaches
-   every rank here) and agrees on the sample keys;
+1. :class:`Reader` pulls this rank's samples, checks them against the sample contract and
+   brings their labels to next-token targets (:mod:`seqpack.loader.labels`);
+2. :func:`gather` all-gathers lengths over DP, each with its per-sample columns
+   (:data:`SAMPLE_COLUMNS`: loss tokens) (a bad sample or end of data anywhere reaches every
+   rank here), and agrees on the sample keys;
 3. :func:`schedule` computes the same :class:`~seqpack.schedulers.Schedule` on every rank;
 4. :func:`exchange` moves samples to their replica inside each CP lane;
 5. :func:`pack` packs this replica's microbatches and cuts its CP shard.
@@ -28,6 +30,8 @@ from seqpack.collective.lengths import GATHER_HEADER
 from seqpack.cost import CostModel
 from seqpack.errors import ResumeError, SampleError, ScheduleError
 from seqpack.loader.config import PackingConfig
+from seqpack.loader.labels import loss_token_counts, prepare_labels
+from seqpack.options import LabelFormat, OnOversize
 from seqpack.schedulers import Schedule, Scheduler
 from seqpack.thd import (
     SAMPLE_DTYPES,
@@ -41,7 +45,19 @@ from seqpack.thd import (
 from seqpack.thd.cp import shard_for_cp
 from seqpack.topology import Topology
 
-__all__ = ["Gathered", "ReadResult", "Reader", "SAMPLE_DTYPES", "exchange", "gather", "pack", "schedule"]
+__all__ = [
+    "SAMPLE_COLUMNS",
+    "SAMPLE_DTYPES",
+    "STEP_GATHER_FIELDS",
+    "Gathered",
+    "ReadResult",
+    "Reader",
+    "exchange",
+    "gather",
+    "pack",
+    "sample_columns",
+    "schedule",
+]
 
 _KEY_BITS = {key: 1 << i for i, key in enumerate(SAMPLE_DTYPES)}
 STEP_GATHER_FIELDS = Header(
@@ -50,15 +66,30 @@ STEP_GATHER_FIELDS = Header(
         ("exhausted", "1 when this rank's data ended this step"),
         ("empty_samples", "zero-length samples this rank dropped"),
         ("key_mask", "bit mask of the sample keys this rank's samples carry"),
+        ("label_supervised", "supervised tokens of the sequences read this step with labels given as shifted"),
+        ("label_copied", "how many of those have their own token as label (the copied-labels guard)"),
     ),
 )
 """Followed by the words of this rank's microbatch times of earlier steps (:mod:`seqpack.calibrate`)."""
 
+SAMPLE_COLUMNS = Header(
+    "per-sample columns of the length gather (int64, one row per sequence, after its length)",
+    (
+        (
+            "loss_tokens",
+            "supervised tokens of the sequence once packed (truncated under on_oversize='truncate'): "
+            "Step.num_loss_tokens and every PackedBatch.num_loss_tokens are sums of these",
+        ),
+    ),
+)
+"""What every DP rank learns about every sequence of the step, beside its length; a new
+column is one more field here, filled in :func:`sample_columns`."""
+
 
 def gather_format_markdown() -> str:
-    """The tables of the length gather's header and the agreement vector in docs/wrapper.md,
-    rendered from their declarations."""
-    return headers_markdown((GATHER_HEADER, STEP_GATHER_FIELDS, AGREEMENT))
+    """The tables of the length gather's header, its per-sample columns and the agreement
+    vector in docs/wrapper.md, rendered from their declarations."""
+    return headers_markdown((GATHER_HEADER, STEP_GATHER_FIELDS, SAMPLE_COLUMNS, AGREEMENT))
 
 
 Sample = dict[str, torch.Tensor]
@@ -80,13 +111,17 @@ class ReadResult:
     samples: list[Sample]
     exhausted: bool = False
     empty: int = 0
+    label_supervised: int = 0  # "shifted" labels read: supervised tokens (the step's copied-labels guard)
+    label_copied: int = 0  # ... and those whose label is their own token
 
 
 class Reader:
-    """Pulls samples from the user's iterator and counts what it consumed (for resume)."""
+    """Pulls samples from the user's iterator, counts what it consumed (for resume) and
+    brings labels in ``label_format`` to next-token targets."""
 
-    def __init__(self, source: Iterable[Mapping[str, Any]]) -> None:
+    def __init__(self, source: Iterable[Mapping[str, Any]], label_format: LabelFormat = LabelFormat.SHIFTED) -> None:
         self.source = source
+        self.label_format = label_format
         self._it: Iterator[Mapping[str, Any]] | None = None
         self.consumed = 0  # samples taken from the iterator
         self.skip = 0  # samples to fast-forward past before the next read (resume without state)
@@ -100,7 +135,8 @@ class Reader:
         messages count from).
 
         Raises:
-            SampleError, SeqpackTypeError: A sample breaking the contract (named by index).
+            SampleError, SeqpackTypeError: A sample breaking the contract (named by index),
+                ``"shifted"`` labels that copy ``input_ids`` among them.
             ResumeError: The iterator ended while fast-forwarding after a resume.
             Exception: Whatever the user's iterator raised.
         """
@@ -117,6 +153,7 @@ class Reader:
             self.consumed += self.skip
             self.skip = 0
         result = ReadResult([])
+        wheres: list[str] = []
         for _ in range(count):
             try:
                 item = next(self._it)
@@ -133,6 +170,10 @@ class Reader:
                     result.empty += 1
                 else:
                     result.samples.append(sequence)
+                    wheres.append(where)
+        result.samples, result.label_supervised, result.label_copied = prepare_labels(
+            result.samples, wheres, self.label_format
+        )
         return result
 
 
@@ -173,10 +214,35 @@ class Gathered:
     exhausted: bool  # some DP rank's data ended this step
     empty_samples: int  # zero-length samples dropped on all DP ranks
     timings: np.ndarray | None = None  # int64 [dp, words]: every DP rank's microbatch time words
+    label_supervised: int = 0  # "shifted" labels read this step on all DP ranks: supervised tokens
+    label_copied: int = 0  # ... and those whose label is their own token
 
     @property
     def num_sequences(self) -> int:
         return int(self.lengths.lengths.shape[0])
+
+    @property
+    def loss_tokens(self) -> np.ndarray:
+        """int64 ``[N]``: supervised tokens of every global id once packed."""
+        assert self.lengths.columns is not None
+        return SAMPLE_COLUMNS.column(self.lengths.columns, "loss_tokens")
+
+
+def truncation_length(config: PackingConfig, topology: Topology) -> int | None:
+    """The length a sequence is cut to under ``on_oversize="truncate"`` (the longest whose
+    padded length fits a microbatch, the rule of :func:`seqpack.schedulers.base.apply_oversize`),
+    else ``None``."""
+    if config.on_oversize != OnOversize.TRUNCATE:
+        return None
+    assert config.pad_multiple is not None  # resolved by the wrapper
+    capacity = config.max_tokens_per_rank * topology.cp_size
+    return (capacity // config.pad_multiple) * config.pad_multiple
+
+
+def sample_columns(pool: Sequence[Sample], config: PackingConfig, topology: Topology) -> np.ndarray:
+    """This rank's :data:`SAMPLE_COLUMNS` table (int64 ``[len(pool), k]``) for the gather."""
+    loss_tokens = loss_token_counts(pool, truncation_length(config, topology))
+    return SAMPLE_COLUMNS.rows(len(pool), loss_tokens=loss_tokens)
 
 
 def gather(
@@ -186,10 +252,12 @@ def gather(
     topology: Topology,
     error: str | None,
     timings: np.ndarray | None = None,
+    columns: np.ndarray | None = None,
 ) -> Gathered:
     """All-gather the lengths of ``pool`` over DP and agree on keys, end of data, empties.
 
-    ``timings``: this rank's microbatch times of earlier steps as int64 words
+    ``columns``: this rank's :data:`SAMPLE_COLUMNS` table (:func:`sample_columns`; ignored
+    with ``error``). ``timings``: this rank's microbatch times of earlier steps as int64 words
     (:meth:`seqpack.calibrate.TimingLedger.outgoing`, the same count on every DP rank); they
     ride in the same header all-gather (no extra collective) and come back as
     ``Gathered.timings``.
@@ -199,10 +267,18 @@ def gather(
         SampleError: DP ranks disagree on the sample keys.
     """
     lengths = [int(s["input_ids"].shape[0]) for s in pool] if error is None else []
+    if error is not None or columns is None:
+        columns = np.zeros((len(lengths), SAMPLE_COLUMNS.words), dtype=np.int64)
     words = np.zeros(0, np.int64) if timings is None else np.asarray(timings, np.int64).reshape(-1)
-    fields = STEP_GATHER_FIELDS.pack(exhausted=read.exhausted, empty_samples=read.empty, key_mask=mask)
+    fields = STEP_GATHER_FIELDS.pack(
+        exhausted=read.exhausted,
+        empty_samples=read.empty,
+        key_mask=mask,
+        label_supervised=read.label_supervised,
+        label_copied=read.label_copied,
+    )
     extras = np.concatenate([fields, words])
-    gathered = gather_lengths(lengths, topology.group("dp"), error=error, extras=extras)
+    gathered = gather_lengths(lengths, topology.group("dp"), error=error, extras=extras, columns=columns)
     counts, table = gathered.counts, gathered.extras
     key_masks = STEP_GATHER_FIELDS.column(table, "key_mask")
     masks = key_masks[counts > 0]
@@ -215,6 +291,8 @@ def gather(
         exhausted=bool(STEP_GATHER_FIELDS.column(table, "exhausted").any()),
         empty_samples=int(STEP_GATHER_FIELDS.column(table, "empty_samples").sum()),
         timings=None if timings is None else table[:, STEP_GATHER_FIELDS.words :].copy(),
+        label_supervised=int(STEP_GATHER_FIELDS.column(table, "label_supervised").sum()),
+        label_copied=int(STEP_GATHER_FIELDS.column(table, "label_copied").sum()),
     )
 
 
@@ -291,14 +369,38 @@ def carries_position_ids(mask: int) -> bool:
 # -- 5. pack ------------------------------------------------------------------------------
 
 
-def pack(plan: Schedule, exchanged: Exchanged | None, topology: Topology, pad_multiple: int) -> list[PackedBatch]:
+def step_loss_tokens(plan: Schedule, loss_tokens: np.ndarray) -> int:
+    """Supervised tokens of the whole global step: the gathered counts of every id the
+    schedule assigns (every replica, every microbatch; deferred and dropped ids add 0)."""
+    return sum(int(loss_tokens[ids].sum()) for row in plan.assignment for ids in row)
+
+
+def pack(
+    plan: Schedule, exchanged: Exchanged | None, topology: Topology, pad_multiple: int, loss_tokens: np.ndarray
+) -> list[PackedBatch]:
     """This replica's microbatches, CP-sharded; metadata-only on middle pipeline stages.
 
     Empty cells get a padding-only filler of ``pad_multiple`` tokens, so every rank runs the
     same number of microbatches. Without ``exchanged`` (a middle stage that reads under
-    ``data_owner="all"``) the batches are built from the layout alone.
+    ``data_owner="all"``) the batches are built from the layout alone. Every batch's
+    ``num_loss_tokens`` is the sum of ``loss_tokens`` (int64 ``[N]``, the gathered counts)
+    over its ids.
+
+    Raises:
+        ScheduleError: A packed microbatch whose own count differs from the gathered one
+            (a scheduler that truncated a sequence to another length than the capacity).
     """
-    return [_microbatch(plan, m, exchanged, topology, pad_multiple) for m in range(plan.num_microbatches)]
+    batches = []
+    for m in range(plan.num_microbatches):
+        batch = _microbatch(plan, m, exchanged, topology, pad_multiple)
+        expected = int(loss_tokens[plan.assignment[m][topology.dp_rank]].sum())
+        if batch.num_loss_tokens is not None and batch.num_loss_tokens != expected:
+            raise ScheduleError(
+                f"microbatch {m} packs {batch.num_loss_tokens} loss tokens but the length gather counted {expected}: "
+                "the scheduler truncated a sequence to another length than the capacity"
+            )
+        batches.append(dataclasses.replace(batch, num_loss_tokens=expected))
+    return batches
 
 
 def _microbatch(

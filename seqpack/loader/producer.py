@@ -48,12 +48,14 @@ from seqpack.errors import ConfigError, SampleError, ScheduleError, StepFailed
 from seqpack.loader import phases
 from seqpack.loader.calibration import StepCalibration
 from seqpack.loader.config import PackingConfig
+from seqpack.loader.labels import copied_step_message
 from seqpack.loader.prefetch import DeviceCopy, Progress, Ready, tensors_of
 from seqpack.loader.resume import ResumeState
 from seqpack.loader.step import Step, StepTrace
 from seqpack.options import Axis, DataOwner
 from seqpack.schedulers import Scheduler
 from seqpack.stats import StepStats
+from seqpack.thd import SAMPLES_NOT_BATCHES
 from seqpack.topology import Topology
 
 __all__ = ["StepProducer"]
@@ -92,11 +94,12 @@ class StepProducer:
         self.edge_stage = topology.is_first_stage or topology.is_last_stage
         self.copy = copy
         self.source = data_iterator
-        self.reader = phases.Reader(data_iterator) if data_iterator is not None else None
+        self.reader = phases.Reader(data_iterator, config.label_format) if data_iterator is not None else None
         self.steps = 0  # steps prepared
         self.pool: list[phases.Sample] = []  # samples read and held back for the next step
         self.data_ended = False
         self.local_cause: BaseException | None = None  # this rank's own exception behind a step error
+        self.shared_cause: BaseException | None = None  # the exception behind an error every rank decided alike
         self.calibration = StepCalibration(config, topology, stats_cost, reads)
 
     @property
@@ -128,8 +131,8 @@ class StepProducer:
     def _reader_step(self, trace: StepTrace) -> StepMessage:
         """Read, gather, schedule, exchange and pack this rank's share of the step."""
         t, step, config = self.comm, self.steps, self.config
-        self.local_cause = None
-        error = None
+        self.local_cause = self.shared_cause = None
+        error = columns = None
         read = phases.ReadResult([], exhausted=self.data_ended)
         with trace.phase("read"):
             assert self.reader is not None
@@ -138,6 +141,7 @@ class StepProducer:
                     read = self.reader.read(config.samples_per_rank, pooled=len(self.pool))
                 pool = self.pool + read.samples
                 mask = phases.key_mask(pool)
+                columns = phases.sample_columns(pool, config, t)
             except Exception as exc:  # the user's iterator or data: every rank must hear of it
                 pool, mask = [], 0
                 error = self._bad_input(exc, step)
@@ -145,11 +149,15 @@ class StepProducer:
         error = error or bad_times  # a bad record_times fails the step everywhere
         with trace.phase("gather"):
             try:
-                gathered = phases.gather(pool, read, mask, t, error, times)
+                gathered = phases.gather(pool, read, mask, t, error, times, columns)
             except StepFailed as exc:
                 return StepError(step, str(exc), exc.rank)
             except SampleError as exc:  # DP ranks disagree on keys: no single culprit
                 return StepError(step, f"{exc} at step {step}")
+        copied = copied_step_message(step, gathered.label_supervised, gathered.label_copied)
+        if copied is not None:  # every rank decides it from the same sums: no single culprit
+            self.shared_cause = SampleError(copied)
+            return StepError(step, copied)
         total = gathered.num_sequences
         trace.times = gathered.timings  # combined with the copies' in the agreements that follow
         self.data_ended = self.data_ended or gathered.exhausted
@@ -184,12 +192,13 @@ class StepProducer:
                 )
         with trace.phase("pack"):
             try:
-                batches = phases.pack(plan, exchanged, t, config.pad_multiple or 1)
+                batches = phases.pack(plan, exchanged, t, config.pad_multiple or 1, gathered.loss_tokens)
             except Exception as exc:  # local; CP/TP/PP peers hear of it in the status agreement
                 return self._error(
                     step, f"step {step}: packing failed on {self._who()}: {type(exc).__name__}: {exc}", exc
                 )
-        return StepOk(step, plan, batches, gathered.empty_samples, positions)
+        loss_tokens = phases.step_loss_tokens(plan, gathered.loss_tokens)
+        return StepOk(step, plan, batches, gathered.empty_samples, positions, num_loss_tokens=loss_tokens)
 
     def _who(self) -> str:
         return f"DP rank {self.topology.dp_rank} (global rank {this_rank()}, {self.topology.describe()})"
@@ -197,6 +206,8 @@ class StepProducer:
     def _bad_input(self, exc: Exception, step: int) -> str:
         self.local_cause = exc
         what = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, RuntimeError) and "stack expects each tensor to be equal size" in what:
+            what += f" ({SAMPLES_NOT_BATCHES}: a DataLoader's collate stacked samples of different lengths)"
         return f"bad input on {self._who()} at step {step}: {what}"
 
     def _error(self, step: int, message: str, cause: BaseException) -> StepError:
@@ -277,7 +288,12 @@ class StepProducer:
         """The step's agreed outcome as next() will hand it over, built on the producer's
         side: stats, device copy, and the resume bookkeeping as of this step."""
         if isinstance(msg, StepError):
+            # The failing rank's own exception; an error every reading rank decided alike
+            # from the gathered sums carries the exception each of them made of it.
             cause = self.local_cause if msg.rank is not None and msg.rank == this_rank() else None
+            shared = self.shared_cause
+            if shared is not None and str(shared) == msg.message:
+                cause = shared
             return Ready(msg.step, message=msg, cause=cause)
         if isinstance(msg, StepEnd):
             return Ready(msg.step, message=msg, progress=self.progress())
@@ -293,6 +309,7 @@ class StepProducer:
             microbatches=batches,
             stats=stats,
             step=msg.step,
+            num_loss_tokens=msg.num_loss_tokens,
             schedule=plan,
             schedule_fingerprint=plan.fingerprint(),
             timings=trace.timings,

@@ -42,6 +42,10 @@ class Step:
             for it on the calling thread (with prefetch ~0 when the step was ready).
         exchange_bytes: ``sent``, ``received``, ``kept`` (stayed local) and ``payload``
             (tokens of this replica's samples) bytes of this rank's exchange.
+        num_loss_tokens: Supervised tokens of the whole global step (every DP replica, every
+            microbatch, all CP shards), the same on every rank: divide the summed token
+            losses by it for the step's per-token loss (docs/wrapper.md, "Loss"). Each
+            microbatch's own count is its ``num_loss_tokens``.
     """
 
     num_microbatches: int
@@ -52,6 +56,7 @@ class Step:
     schedule_fingerprint: int = 0
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     exchange_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    num_loss_tokens: int | None = None
     _recorder: Callable[[int, Sequence[float] | np.ndarray, int], None] | None = dataclasses.field(
         default=None, repr=False, compare=False
     )

@@ -48,19 +48,21 @@ def gather_uneven(error_rank):
     lengths = [10 * rank + i + 1 for i in range((3, 1, 0, 2)[rank])]
     error = f"rank {rank} saw a bad sample" if rank == error_rank else None
     try:
-        got = gather_lengths(lengths, _dp4().group("dp"), error=error, extras=[rank * 7, 1])
+        columns = np.array([[2 * n, rank] for n in lengths], dtype=np.int64).reshape(len(lengths), 2)
+        got = gather_lengths(lengths, _dp4().group("dp"), error=error, extras=[rank * 7, 1], columns=columns)
     except ValueError as exc:
         return str(exc)
-    return got.lengths.tolist(), got.counts.tolist(), got.extras.tolist(), got.origin().tolist()
+    return got.lengths.tolist(), got.counts.tolist(), got.extras.tolist(), got.origin().tolist(), got.columns.tolist()
 
 
 def test_gather_lengths_in_global_order_with_an_empty_rank(dist_pools):
     results = dist_pools.get(4).run(gather_uneven, None)
     assert all(r == results[0] for r in results)
-    lengths, counts, extras, origin = results[0]
+    lengths, counts, extras, origin, columns = results[0]
     assert lengths == [1, 2, 3, 11, 31, 32] and counts == [3, 1, 0, 2]
     assert extras == [[0, 1], [7, 1], [14, 1], [21, 1]]
     assert origin == [0, 0, 0, 1, 3, 3]
+    assert columns == [[2 * n, r] for n, r in zip(lengths, origin)]  # each sample's row, in global order
 
 
 def test_gather_lengths_error_reaches_every_rank(dist_pools):
@@ -197,7 +199,9 @@ def _message(cp, cp_rank, tokens=True, positions=False):
                    for g, n in zip(ids, lengths[ids])]
         batch = pack_sequences(samples, pad_multiple=pm, sample_ids=ids) if ids.size else padding_only_batch(pm)
         batches.append(shard_for_cp(batch, cp, cp_rank))
-    return StepOk(step=4, schedule=schedule, microbatches=batches, empty_samples=1, position_ids=positions)
+    # The counts ride the TP and PP headers (flag 4); the step's is any int here.
+    return StepOk(step=4, schedule=schedule, microbatches=batches, empty_samples=1, position_ids=positions,
+                  num_loss_tokens=sum(b.num_loss_tokens for b in batches))
 
 
 def broadcast_case(positions):

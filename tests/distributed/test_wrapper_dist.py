@@ -75,6 +75,7 @@ def _summary(step) -> dict:
         "step": step.step,
         "M": step.num_microbatches,
         "fp": step.schedule_fingerprint,
+        "loss_tokens": step.num_loss_tokens,
         "stats": step.stats.as_dict(),
         "assignment": [[ids.tolist() for ids in row] for row in step.schedule.assignment],
         "deferred": step.schedule.deferred.tolist(),
@@ -165,7 +166,8 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
             assert (s["step"], s["M"], s["fp"], s["assignment"]) == (ref["step"], ref["M"], ref["fp"], ref["assignment"]), c
             assert s["stats"] == ref["stats"], c
             assert len(s["mbs"]) == ref["M"]
-        seen_step, padded_tokens = [], 0
+            assert s["loss_tokens"] == ref["loss_tokens"] and isinstance(s["loss_tokens"], int), c
+        seen_step, padded_tokens, loss_tokens = [], 0, 0
         for d, t, p in itertools.product(range(dp), range(tp), range(pp)):
             middle = 0 < p < pp - 1
             for m in range(ref["M"]):
@@ -176,6 +178,8 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
                         assert np.array_equal(part[name], parts[0][name]), name
                 cell = ref["assignment"][m][d]
                 assert parts[0]["sample_ids"].tolist() == (cell if cell else [-1])
+                # The whole microbatch's count, on every CP shard, TP copy and stage alike.
+                assert {part["num_loss_tokens"] for part in parts} == {steps[(d, 0, 0, 0)]["mbs"][m]["num_loss_tokens"]}
                 full = {name: parts[0][name] for name in ("cu_seqlens", "cu_seqlens_padded", "sample_ids")}
                 full["max_seqlen"] = parts[0]["max_seqlen"]
                 cu_padded = torch.from_numpy(parts[0]["cu_seqlens_padded"])
@@ -196,7 +200,10 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
                     assert full["max_seqlen"] == first["max_seqlen"]
                     continue
                 seen = check_full_batch(full, SEED, pm)
+                supervised = (full["labels"] != -100) & (full["loss_mask"] > 0)
+                assert parts[0]["num_loss_tokens"] == int(supervised.sum())
                 if t == 0 and p == 0:
+                    loss_tokens += parts[0]["num_loss_tokens"]
                     seen_step += seen
                     padded_tokens += int(full["cu_seqlens_padded"][-1])
                     saw["padding"] |= bool(full["padding_mask"][: int(full["cu_seqlens"][-1])].any()) if seen else False
@@ -217,6 +224,7 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
         assert stats["seqlen_sum"] == sum(lengths) and stats["seqlen_sq_sum"] == sum(n * n for n in lengths)
         assert stats["num_sequences"] == len(lengths) and stats["padded_tokens"] == padded_tokens
         assert stats["num_microbatches"] == ref["M"]
+        assert ref["loss_tokens"] == loss_tokens  # the global step: every replica, every microbatch
         spr, count = cfg.get("spr", 6), cfg["items"]
         held = [count.get(r, count["default"]) if isinstance(count, dict) else count for r in range(dp)]
         empties = sum(1 for r in range(dp) for i in range(k * spr, min((k + 1) * spr, held[r])) if i % EMPTY_EVERY == 7)
