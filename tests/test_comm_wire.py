@@ -65,7 +65,7 @@ def _same_batch(a, b, tokens=True):
             continue
         assert x.dtype == y.dtype, name
         assert torch.equal(x, y), name
-    assert (a.max_seqlen, a.cp_size, a.cp_rank) == (b.max_seqlen, b.cp_size, b.cp_rank)
+    assert (a.max_seqlen, a.cp_size, a.cp_rank, a.cp_layout) == (b.max_seqlen, b.cp_size, b.cp_rank, b.cp_layout)
     assert (a.cu_seqlens is a.cu_seqlens_padded) == (b.cu_seqlens is b.cu_seqlens_padded)
 
 
@@ -359,3 +359,25 @@ def test_plan_return_sends_every_value_home_exactly_once(dp, rows):
             arrived[dest] |= set(sent.tolist())
     for r in range(dp):  # every id that ran comes home exactly once; nothing else moves
         assert arrived[r] == set(np.flatnonzero((origin == r) & (replica >= 0)).tolist())
+
+
+@pytest.mark.parametrize("kind", ["batch", "layout"])
+def test_the_cp_layout_travels_on_the_wire(kind):
+    msg = _message(cp=2, cp_rank=1)
+    contiguous = [
+        shard_for_cp(
+            pack_sequences([{"input_ids": torch.arange(n) + 1} for n in (5, 9)], pad_multiple=4, sample_ids=[0, 1]),
+            2,
+            1,
+            layout="contiguous",
+        )
+        for _ in msg.microbatches
+    ]
+    msg = dataclasses.replace(msg, microbatches=contiguous)
+    got = decode_step(encode_step(msg, kind=Kind.BATCH if kind == "batch" else Kind.LAYOUT))
+    assert all(b.cp_layout == "contiguous" for b in got.microbatches)
+    for a, b in zip(msg.microbatches, got.microbatches, strict=True):
+        _same_batch(a, b, tokens=kind == "batch")
+    mixed = dataclasses.replace(msg, microbatches=[*contiguous[:-1], _message(cp=2, cp_rank=1).microbatches[-1]])
+    with pytest.raises(ValueError, match=r"\(contiguous\), microbatch 0|\(dualchunk\), microbatch 0"):
+        encode_step(mixed)

@@ -141,7 +141,7 @@ TOKEN_FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "seq_idx", "
 def batch_arrays(batch) -> dict:
     """A PackedBatch as plain numpy arrays (picklable, cheap to send back from a worker)."""
     out = {name: (None if getattr(batch, name) is None else getattr(batch, name).numpy().copy()) for name in FIELDS}
-    out.update(max_seqlen=batch.max_seqlen, cp_size=batch.cp_size, cp_rank=batch.cp_rank,
+    out.update(max_seqlen=batch.max_seqlen, cp_size=batch.cp_size, cp_rank=batch.cp_rank, cp_layout=str(batch.cp_layout),
                num_loss_tokens=batch.num_loss_tokens,
                shared_cu=batch.cu_seqlens is batch.cu_seqlens_padded,
                dtypes={name: str(getattr(batch, name).dtype) for name in FIELDS if getattr(batch, name) is not None})

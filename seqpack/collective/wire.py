@@ -41,6 +41,7 @@ import torch
 from seqpack.collective.agree import Status
 from seqpack.collective.fields import Header, headers_markdown
 from seqpack.errors import ConfigError, WireError
+from seqpack.options import CpLayout
 from seqpack.schedulers.base import Schedule
 from seqpack.thd import PackedBatch, batch_from_layout
 
@@ -63,7 +64,7 @@ __all__ = [
     "wire_format_markdown",
 ]
 
-FORMAT_VERSION = 4  # 2: error_rank; 3: schedule origin; 4: loss-token counts, per-sample gather columns
+FORMAT_VERSION = 5  # 2: error_rank; 3: schedule origin; 4: loss-token counts, per-sample gather columns; 5: CP layout
 
 
 class Kind(IntEnum):
@@ -99,6 +100,7 @@ STEP_FIELDS: tuple[tuple[str, str], ...] = (
     ("schedule_cp_size", "cp_size of the schedule"),
     ("cp_size", "CP size of the shards"),
     ("cp_rank", "CP rank of the shards"),
+    ("cp_layout", "how the shards are cut: 0 dualchunk, 1 contiguous (CpLayout order)"),
     ("max_tokens_per_rank", "capacity per rank"),
     ("pad_multiple", "padding multiple"),
     ("num_sequences", "sequences N of the step"),
@@ -258,9 +260,13 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
     tokens = kind == Kind.BATCH
     cp_size = batches[0].cp_size if batches else sched.cp_size
     cp_rank = batches[0].cp_rank if batches else 0
+    cp_layout = batches[0].cp_layout if batches else CpLayout.DUALCHUNK
     for m, b in enumerate(batches):
-        if (b.cp_size, b.cp_rank) != (cp_size, cp_rank):
-            raise WireError(f"microbatch {m} is shard {b.cp_rank}/{b.cp_size}, microbatch 0 is {cp_rank}/{cp_size}")
+        if (b.cp_size, b.cp_rank, b.cp_layout) != (cp_size, cp_rank, cp_layout):
+            raise WireError(
+                f"microbatch {m} is shard {b.cp_rank}/{b.cp_size} ({b.cp_layout}), microbatch 0 is "
+                f"{cp_rank}/{cp_size} ({cp_layout})"
+            )
         if tokens and b.input_ids is None:
             raise WireError(f"microbatch {m} has no tokens; a Kind.BATCH message needs them")
         if msg.num_loss_tokens is not None and b.num_loss_tokens is None:
@@ -274,6 +280,7 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
     step["empty_samples"] = msg.empty_samples
     step["dp_size"], step["schedule_cp_size"] = sched.dp_size, sched.cp_size
     step["cp_size"], step["cp_rank"] = cp_size, cp_rank
+    step["cp_layout"] = list(CpLayout).index(CpLayout(cp_layout))
     step["max_tokens_per_rank"], step["pad_multiple"] = sched.max_tokens_per_rank, sched.pad_multiple
     step["num_sequences"] = sched.num_sequences
     for field, name in (
@@ -401,6 +408,9 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
     per_mb = cur.take(MB_WORDS * p.num_microbatches, "microbatch header").numpy().view(MICROBATCH)
     schedule = _decode_schedule(cur, step, p.num_microbatches, verify)
     cp_size, cp_rank = int(step["cp_size"]), int(step["cp_rank"])
+    if not 0 <= int(step["cp_layout"]) < len(CpLayout):
+        raise WireError(f"cp_layout code {int(step['cp_layout'])} is not one of 0..{len(CpLayout) - 1}")
+    cp_layout = list(CpLayout)[int(step["cp_layout"])]
     layouts = _decode_layouts(cur, per_mb, cp_size)
     token_fields = _decode_tokens(cur, floats, flags, [int(mb["total_tokens"]) // cp_size for mb in per_mb])
     if cur.pos != ints.shape[0]:
@@ -410,7 +420,9 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
     for m, (cu, cu_padded, ids) in enumerate(layouts):
         fields = {name: values[m].clone() for name, values in token_fields.items()}
         max_seqlen = int(per_mb[m]["max_seqlen"])
-        batch = batch_from_layout(cu, cu_padded, max_seqlen, ids.clone(), cp_size, cp_rank, **fields)
+        batch = batch_from_layout(
+            cu, cu_padded, max_seqlen, ids.clone(), cp_size, cp_rank, cp_layout=cp_layout, **fields
+        )
         if counted:
             batch = dataclasses.replace(batch, num_loss_tokens=_count(per_mb[m]["num_loss_tokens"], m))
         batches.append(batch)

@@ -23,6 +23,7 @@ from seqpack.options import (
     AttentionBackend,
     Axis,
     CpCommType,
+    CpLayout,
     DataOwner,
     LabelFormat,
     MambaBackend,
@@ -71,6 +72,11 @@ class PackingConfig:
     """Who reads data: ``"tp0"`` (Megatron) or ``"all"`` (see :class:`DataOwner`)."""
     on_oversize: OnOversize = OnOversize.ERROR
     """Sequences longer than a microbatch: ``"error"``, ``"truncate"`` or ``"drop"`` (counted)."""
+    cp_layout: CpLayout = CpLayout.DUALCHUNK
+    """How each microbatch is cut for context parallelism: ``"dualchunk"`` (TE's
+    DualChunkSwap, balanced causal attention; the default) or ``"contiguous"`` (one slice of
+    every sequence per CP rank, for local, windowed or linear attention and Mamba); the
+    compute stages follow ``PackedBatch.cp_layout``."""
     label_format: LabelFormat = LabelFormat.SHIFTED
     """How the samples' ``labels`` (and ``loss_mask``) are aligned: ``"shifted"``: next-token
     targets (Megatron, NeMo, torchtitan; labels that copy ``input_ids`` are refused),
@@ -120,6 +126,7 @@ class PackingConfig:
         object.__setattr__(self, "data_owner", check_choice("data_owner", self.data_owner, DataOwner))
         object.__setattr__(self, "on_oversize", check_choice("on_oversize", self.on_oversize, OnOversize))
         object.__setattr__(self, "label_format", check_choice("label_format", self.label_format, LabelFormat))
+        object.__setattr__(self, "cp_layout", check_choice("cp_layout", self.cp_layout, CpLayout))
         for name in ("drop_last", "sequence_parallel", "fp8", "check_schedule", "validate_ranks"):
             object.__setattr__(self, name, check_bool(name, getattr(self, name)))
         if self.pad_multiple is not None:
@@ -210,6 +217,7 @@ class PackingConfig:
             **({"sync": str(self.sync)} if self.sync is not None else {}),
             **({"calibrate": repr(self.calibrate)} if self.calibrate is not False else {}),
             **({"label_format": str(self.label_format)} if self.label_format != LabelFormat.SHIFTED else {}),
+            **({"cp_layout": str(self.cp_layout)} if self.cp_layout != CpLayout.DUALCHUNK else {}),
         }
 
     def fingerprint(self) -> int:

@@ -31,7 +31,7 @@ from seqpack.cost import CostModel
 from seqpack.errors import ResumeError, SampleError, ScheduleError
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.labels import loss_token_counts, prepare_labels
-from seqpack.options import LabelFormat, OnOversize
+from seqpack.options import CpLayout, LabelFormat, OnOversize
 from seqpack.schedulers import Schedule, Scheduler
 from seqpack.thd import (
     SAMPLE_DTYPES,
@@ -376,7 +376,12 @@ def step_loss_tokens(plan: Schedule, loss_tokens: np.ndarray) -> int:
 
 
 def pack(
-    plan: Schedule, exchanged: Exchanged | None, topology: Topology, pad_multiple: int, loss_tokens: np.ndarray
+    plan: Schedule,
+    exchanged: Exchanged | None,
+    topology: Topology,
+    pad_multiple: int,
+    loss_tokens: np.ndarray,
+    cp_layout: CpLayout = CpLayout.DUALCHUNK,
 ) -> list[PackedBatch]:
     """This replica's microbatches, CP-sharded; metadata-only on middle pipeline stages.
 
@@ -392,7 +397,7 @@ def pack(
     """
     batches = []
     for m in range(plan.num_microbatches):
-        batch = _microbatch(plan, m, exchanged, topology, pad_multiple)
+        batch = _microbatch(plan, m, exchanged, topology, pad_multiple, cp_layout)
         expected = int(loss_tokens[plan.assignment[m][topology.dp_rank]].sum())
         if batch.num_loss_tokens is not None and batch.num_loss_tokens != expected:
             raise ScheduleError(
@@ -404,7 +409,7 @@ def pack(
 
 
 def _microbatch(
-    plan: Schedule, m: int, exchanged: Exchanged | None, topology: Topology, pad_multiple: int
+    plan: Schedule, m: int, exchanged: Exchanged | None, topology: Topology, pad_multiple: int, cp_layout: CpLayout
 ) -> PackedBatch:
     t = topology
     ids = plan.assignment[m][t.dp_rank]
@@ -418,14 +423,20 @@ def _microbatch(
             cu_padded = np.concatenate([[0], np.cumsum(padded)])
             max_seqlen = int(padded.max())
         return batch_from_layout(
-            np.asarray(cu, np.int64), np.asarray(cu_padded, np.int64), max_seqlen, ids, t.cp_size, t.cp_rank
+            np.asarray(cu, np.int64),
+            np.asarray(cu_padded, np.int64),
+            max_seqlen,
+            ids,
+            t.cp_size,
+            t.cp_rank,
+            cp_layout=cp_layout,
         )
     if ids.size == 0:
         batch = padding_only_batch(pad_multiple)
     else:
         samples = [exchanged.samples[g] for g in ids.tolist()]
         batch = pack_sequences(samples, pad_multiple=pad_multiple, sample_ids=ids)
-    batch = shard_for_cp(batch, t.cp_size, t.cp_rank)
+    batch = shard_for_cp(batch, t.cp_size, t.cp_rank, layout=cp_layout)
     if t.is_middle_stage:
         batch = dataclasses.replace(batch, input_ids=None, labels=None, loss_mask=None)
     return batch

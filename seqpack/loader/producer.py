@@ -192,7 +192,9 @@ class StepProducer:
                 )
         with trace.phase("pack"):
             try:
-                batches = phases.pack(plan, exchanged, t, config.pad_multiple or 1, gathered.loss_tokens)
+                batches = phases.pack(
+                    plan, exchanged, t, config.pad_multiple or 1, gathered.loss_tokens, config.cp_layout
+                )
             except Exception as exc:  # local; CP/TP/PP peers hear of it in the status agreement
                 return self._error(
                     step, f"step {step}: packing failed on {self._who()}: {type(exc).__name__}: {exc}", exc

@@ -32,6 +32,7 @@ from seqpack.thd.batch import BATCH_TOKEN_FIELDS, PackedBatch, padding_only_batc
 from seqpack.thd.cp import (
     chunk_ids_after_attention,
     chunk_ids_before_attention,
+    cp_pad_multiple,
     dualchunk_to_sequential,
     gather_order,
     partition_indices,
@@ -77,6 +78,7 @@ __all__ = [
     "check_label_format",
     "chunk_ids_after_attention",
     "chunk_ids_before_attention",
+    "cp_pad_multiple",
     "count_loss_tokens",
     "dualchunk_to_sequential",
     "gather_order",

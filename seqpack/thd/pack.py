@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
-from seqpack.options import LABEL_COPY_MIN_TOKENS, LabelFormat
+from seqpack.options import LABEL_COPY_MIN_TOKENS, CpLayout, LabelFormat
 from seqpack.thd.batch import PackedBatch
 from seqpack.thd.cp import check_cp, partition_indices
 from seqpack.thd.layout import Offsets, as_offsets, token_layout
@@ -358,6 +358,7 @@ def batch_from_layout(
     cp_size: int = 1,
     cp_rank: int = 0,
     *,
+    cp_layout: CpLayout | str = CpLayout.DUALCHUNK,
     input_ids: torch.Tensor | None = None,
     labels: torch.Tensor | None = None,
     loss_mask: torch.Tensor | None = None,
@@ -367,8 +368,8 @@ def batch_from_layout(
 
     ``position_ids`` (unless given), ``seq_idx`` and ``padding_mask`` follow from the
     layout (:func:`~seqpack.thd.token_layout`) exactly as :func:`pack_sequences` builds
-    them, then this CP rank's DualChunkSwap shard is taken. Token tensors, when given, must
-    already be the shard. Without them the batch is metadata-only (what middle pipeline
+    them, then this CP rank's shard in ``cp_layout`` is taken (DualChunkSwap by default).
+    Token tensors, when given, must already be the shard. Without them the batch is metadata-only (what middle pipeline
     stages get). Its ``num_loss_tokens`` is ``None``: a caller that knows the count sets it
     (``dataclasses.replace``).
 
@@ -378,13 +379,14 @@ def batch_from_layout(
             rank, or a token tensor whose length is not this rank's share.
     """
     cp_size, cp_rank = check_cp(cp_size, cp_rank)
+    cp_layout = check_choice("cp_layout", cp_layout, CpLayout)
     cu = as_offsets(cu_seqlens, "cu_seqlens")
     cu_padded = as_offsets(cu_seqlens_padded, "cu_seqlens_padded")
     layout = token_layout(cu_padded, cu)  # checks the offsets; [T]
     within, seq_idx, padding_mask = layout.position, layout.seq_idx, layout.padding_mask
     total = layout.num_tokens
     if cp_size > 1:
-        index = partition_indices(cu_padded, total, cp_size, cp_rank)  # [T / cp]
+        index = partition_indices(cu_padded, total, cp_size, cp_rank, layout=cp_layout)  # [T / cp]
         within, seq_idx, padding_mask = within[index], seq_idx[index], padding_mask[index]
     cu32 = cu.to(torch.int32)
     cu_padded32 = cu32 if torch.equal(cu, cu_padded) else cu_padded.to(torch.int32)
@@ -406,6 +408,7 @@ def batch_from_layout(
         sample_ids=_as_sample_ids(sample_ids, cu.numel() - 1),
         cp_size=cp_size,
         cp_rank=cp_rank,
+        cp_layout=cp_layout,
     )
 
 

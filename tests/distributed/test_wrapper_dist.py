@@ -112,6 +112,7 @@ def _wrapped(topo: Topology, cfg: dict):
         check_schedule=cfg.get("check", True),
         pad_multiple=cfg.get("pad_multiple"),
         on_oversize=cfg.get("on_oversize", "error"),
+        cp_layout=cfg.get("cp_layout", "dualchunk"),
     )
 
 
@@ -173,7 +174,7 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
             for m in range(ref["M"]):
                 parts = [steps[(d, c, t, p)]["mbs"][m] for c in range(cp)]
                 for c, part in enumerate(parts):
-                    assert (part["cp_size"], part["cp_rank"]) == (cp, c)
+                    assert (part["cp_size"], part["cp_rank"], part["cp_layout"]) == (cp, c, cfg.get("cp_layout", "dualchunk"))
                     for name in ("cu_seqlens", "cu_seqlens_padded", "sample_ids"):  # global on every CP rank
                         assert np.array_equal(part[name], parts[0][name]), name
                 cell = ref["assignment"][m][d]
@@ -188,7 +189,11 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
                         full[name] = None
                         continue
                     shards = [torch.from_numpy(part[name]) for part in parts]
-                    full[name] = unshard_from_cp(shards, cu_padded, cp).numpy() if cp > 1 else parts[0][name]
+                    full[name] = (
+                        unshard_from_cp(shards, cu_padded, cp, layout=cfg.get("cp_layout", "dualchunk")).numpy()
+                        if cp > 1
+                        else parts[0][name]
+                    )
                 if middle:  # metadata only, same layout as the first stage
                     assert all(full[name] is None for name in ("input_ids", "labels", "loss_mask"))
                     first = steps[(d, 0, t, 0)]["mbs"][m]
@@ -257,6 +262,14 @@ def _run(dist_pools, name, cfg):
 
 
 # --- tests ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["dp2cp2", "cp4"])
+def test_the_contiguous_cp_layout_arrives_cut_as_asked(dist_pools, name):
+    cfg = {"scheduler": "balanced", "items": 18, "cp_layout": "contiguous"}
+    layout, cfg, results = _run(dist_pools, name, cfg)
+    saw = _check_run(results, layout, cfg)  # every shard is the contiguous slice; unsharded, every sequence once
+    assert saw["padding"] and saw["multi_seq"]
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
