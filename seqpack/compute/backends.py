@@ -25,8 +25,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import json
 import logging
 import platform
+import signal
+import subprocess
+import sys
 import warnings
 from typing import Any
 
@@ -47,6 +51,7 @@ __all__ = [
     "import_te_attention",
     "mamba_kernel_applies",
     "mamba_unavailable_message",
+    "probe_import",
     "reference_warning",
     "te_unavailable_message",
 ]
@@ -207,22 +212,78 @@ def _try_import(module: str) -> tuple[Any, str | None]:
         return None, _failed(module, exc).error
 
 
-def _package_info(key: str, distributions: tuple[str, ...], module: str) -> dict[str, Any]:
+PROBE_TIMEOUT = 180.0  # seconds one isolated import may take (TE's first import compiles nothing, but loads a lot)
+_PROBE_MARK = "@@seqpack-probe@@"
+_PROBE = r"""
+import importlib, json, sys
+module, attrs, mark = sys.argv[1], sys.argv[2].split(",") if sys.argv[2] else [], sys.argv[3]
+out = {"imports": False, "error": None, "version": None, "attrs": {}}
+try:
+    imported = importlib.import_module(module)
+    out["imports"] = True
+    out["version"] = getattr(sys.modules[module.split(".")[0]], "__version__", None)
+    out["attrs"] = {a: hasattr(imported, a) for a in attrs}
+except BaseException as exc:  # SystemExit and KeyboardInterrupt from a broken package too
+    text = (str(exc).strip().splitlines() or [""])[0]
+    out["error"] = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+print(mark + json.dumps(out, default=str), flush=True)
+"""
+
+
+def probe_import(module: str, attrs: tuple[str, ...] = (), timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
+    """Import ``module`` in a child Python and report what happened, whatever it does.
+
+    A package that raises, calls ``sys.exit``, aborts or segfaults on import (a broken native
+    build) is reported instead of taking the caller down.
+
+    Returns:
+        ``{"imports": bool, "error": str | None, "version": str | None, "attrs": {name: bool}}``;
+        ``error`` says how the child died when it did (the signal, or the exit status and the
+        last line it wrote).
+    """
+    command = [sys.executable, "-c", _PROBE, module, ",".join(attrs), _PROBE_MARK]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"imports": False, "error": f"importing {module} did not finish within {timeout:g} s", "version": None,
+                "attrs": {}}  # fmt: skip
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(_PROBE_MARK):
+            return dict(json.loads(line[len(_PROBE_MARK) :]))
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name if -done.returncode in signal.valid_signals() else "?"
+        how = f"killed the process (signal {-done.returncode}, {name})"
+    else:
+        how = f"ended the process with exit status {done.returncode}"
+    last = (done.stderr.strip().splitlines() or [""])[-1][:200]
+    return {"imports": False, "error": f"importing {module} {how}" + (f": {last}" if last else ""), "version": None,
+            "attrs": {}}  # fmt: skip
+
+
+def _package_info(key: str, distributions: tuple[str, ...], module: str, isolate: bool) -> dict[str, Any]:
     found = {name: v for name in distributions if (v := _distribution_version(name)) is not None}
-    imported, error = _try_import(module)
+    attrs = ("thd_get_partitioned_indices",) if key == "transformer_engine_torch" else ()
+    if isolate:
+        probe = probe_import(module, attrs)
+        imports, error, module_version, has = probe["imports"], probe["error"], probe["version"], probe["attrs"]
+    else:
+        imported, error = _try_import(module)
+        imports = imported is not None
+        top = importlib.import_module(module.split(".")[0]) if imports else None
+        module_version = getattr(top, "__version__", None)
+        has = {a: hasattr(imported, a) for a in attrs}
     version = next(iter(found.values()), None)
-    if version is None and imported is not None:  # e.g. a source tree on PYTHONPATH, no dist-info
-        top = importlib.import_module(module.split(".")[0])
-        version = getattr(top, "__version__", None)
+    if version is None and imports:  # e.g. a source tree on PYTHONPATH, no dist-info
+        version = module_version
     info: dict[str, Any] = {
         "version": version,
         "distributions": found,
         "module": module,
-        "imports": error is None,
+        "imports": imports,
         "error": error,
     }
-    if key == "transformer_engine_torch" and imported is not None:
-        info["thd_get_partitioned_indices"] = hasattr(imported, "thd_get_partitioned_indices")
+    if attrs and imports:
+        info.update(has)
     return info
 
 
@@ -285,7 +346,11 @@ def _auto_choice(cuda: bool, packages: dict[str, dict[str, Any]]) -> dict[str, d
     return {"attention": attention, "mamba": mamba}
 
 
-def _numba_info() -> dict[str, Any]:
+def _numba_info(isolate: bool = False) -> dict[str, Any]:
+    if isolate:  # a broken numba (or its threading layer) may abort the process that imports it
+        probe = probe_import("numba")
+        if not probe["imports"]:
+            return {"version": None, "error": probe["error"]}
     try:
         import numba
     except Exception as exc:
@@ -341,7 +406,7 @@ def _notes(torch_info: dict[str, Any], packages: dict[str, dict[str, Any]]) -> l
     return notes
 
 
-def environment_report() -> dict[str, Any]:
+def environment_report(*, isolate: bool = True) -> dict[str, Any]:
     """What decides which compute path seqpack runs here; a JSON-serialisable dict.
 
     Keys: ``python``, ``platform``, ``seqpack``; ``torch`` (version, CUDA version, cuDNN,
@@ -352,6 +417,11 @@ def environment_report() -> dict[str, Any]:
     why); ``numba`` (version, active and available threading layers); ``notes`` (likely
     install problems). Importing the optional packages is part of the check, so the first
     call can take seconds on a GPU machine.
+
+    With ``isolate`` (the default, and what ``seqpack doctor`` does) every optional or native
+    package is imported in a child process first (:func:`probe_import`), so one that raises
+    ``SystemExit``, aborts or crashes on import is reported instead of ending the report;
+    ``isolate=False`` imports them here (what the compute stages would see).
     """
     from seqpack._version import __version__
 
@@ -360,7 +430,7 @@ def environment_report() -> dict[str, Any]:
     # are probed before torch initialises its cuDNN (as a training script importing TE at
     # the top does): TE built against another cuDNN fails to import after it (docs/gpu.md).
     for key, distributions, module in _PACKAGES:
-        packages[key] = _package_info(key, distributions, module)
+        packages[key] = _package_info(key, distributions, module, isolate)
     torch_info = _torch_info()
     return {
         "python": platform.python_version(),
@@ -369,7 +439,7 @@ def environment_report() -> dict[str, Any]:
         "torch": torch_info,
         "packages": packages,
         "auto": _auto_choice(torch_info["cuda_available"], packages),
-        "numba": _numba_info(),
+        "numba": _numba_info(isolate),
         "notes": _notes(torch_info, packages),
     }
 

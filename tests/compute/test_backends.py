@@ -234,7 +234,7 @@ def _fake_versions(monkeypatch, versions):
 def test_environment_report_on_this_machine_without_fast_paths(no_te, no_mamba, monkeypatch):
     # TE "installed" (metadata present) but failing to import: the case issue 14 is about.
     _fake_versions(monkeypatch, {"transformer-engine": "2.20.2", "transformer-engine-cu13": "2.20.2"})
-    report = backends.environment_report()
+    report = backends.environment_report(isolate=False)
     json.dumps(report)  # serialisable as it is
     assert report["torch"]["version"] == torch.__version__
     te = report["packages"]["transformer_engine"]
@@ -270,7 +270,7 @@ def test_environment_report_auto_choice_and_notes_with_cuda(no_mamba, monkeypatc
     tex.thd_get_partitioned_indices = lambda *args: None
     monkeypatch.setitem(sys.modules, "transformer_engine_torch", tex)
     _fake_versions(monkeypatch, {"transformer-engine-cu12": "2.20.2"})  # core wheel for the wrong CUDA, no meta
-    report = backends.environment_report()
+    report = backends.environment_report(isolate=False)
     assert report["auto"]["attention"] == {"backend": "te", "reason": "transformer_engine.pytorch imports"}
     assert report["auto"]["mamba"]["backend"] == "torch"
     assert "causal_conv1d does not import: ModuleNotFoundError" in report["auto"]["mamba"]["reason"]
@@ -290,7 +290,7 @@ def test_package_version_falls_back_to_the_module(monkeypatch):
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(backends, "_distribution_version", lambda name: None)
-    info = backends.environment_report()["packages"]["mamba_ssm"]
+    info = backends.environment_report(isolate=False)["packages"]["mamba_ssm"]
     assert info == {"version": "2.3.2.post1", "distributions": {}, "module": "mamba_ssm.ops.triton.ssd_combined",
                     "imports": True, "error": None}  # fmt: skip
 
@@ -362,3 +362,43 @@ def test_report_lists_devices_even_when_torch_cudnn_check_fails_and_names_the_co
          "auto": {}, "numba": {"version": None, "error": "absent"}, "notes": notes}
     )
     assert "GPU 0: Fake H100" in text and "cuDNN error:" in text
+
+
+def _broken_packages(root):
+    """Packages that break on import the ways real broken builds do."""
+    for name, body in {
+        "transformer_engine": "import os\nos.abort()\n",  # a native library that aborts
+        "transformer_engine_torch": "raise SystemExit(3)\n",  # a package that exits
+        "mamba_ssm": "raise ImportError('libcudart.so.13: cannot open shared object file')\n",
+        "causal_conv1d": "import sys\nsys.stderr.write('segfault ahead\\n'); import ctypes\nctypes.string_at(0)\n",
+    }.items():
+        package = root / name
+        package.mkdir()
+        (package / "__init__.py").write_text(body)
+    (root / "transformer_engine" / "pytorch.py").write_text("")
+    for sub in ("ops", "ops/triton"):
+        (root / "mamba_ssm" / sub).mkdir()
+        (root / "mamba_ssm" / sub / "__init__.py").write_text("")
+    (root / "mamba_ssm" / "ops" / "triton" / "ssd_combined.py").write_text("")
+
+
+def test_the_report_survives_packages_that_abort_exit_or_crash_on_import(tmp_path, monkeypatch):
+    import os
+
+    _broken_packages(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    report = backends.environment_report()  # isolated: each import in a child process
+    packages = report["packages"]
+    assert not any(info["imports"] for info in packages.values())
+    assert "killed the process (signal 6, SIGABRT)" in packages["transformer_engine"]["error"]
+    assert packages["transformer_engine_torch"]["error"] == "SystemExit: 3"
+    assert packages["mamba_ssm"]["error"].startswith("ImportError: libcudart.so.13")
+    assert "killed the process (signal 11, SIGSEGV)" in packages["causal_conv1d"]["error"]
+    assert "segfault ahead" in packages["causal_conv1d"]["error"]  # the last thing it said
+    assert report["numba"]["version"] == numba.__version__  # the rest of the report is there
+    assert "SIGABRT" in backends.format_environment_report(report)
+
+
+def test_probe_import_reports_a_working_module_with_its_attributes():
+    probe = backends.probe_import("json", ("dumps", "nothing_here"))
+    assert probe["imports"] and probe["error"] is None and probe["attrs"] == {"dumps": True, "nothing_here": False}
