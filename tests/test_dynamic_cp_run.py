@@ -160,3 +160,23 @@ def test_packed_batch_cp_group():
     with pytest.raises(ConfigError, match="cp_group is set on a batch with cp_size=1"):
         dataclasses.replace(pack_sequences([{"input_ids": torch.arange(8)}]), cp_group=marker)
 
+
+def test_one_rank_runs_every_sequence_alone_through_the_wrapper():
+    from seqpack.loader import wrap_data_iterator
+
+    rng = np.random.default_rng(0)
+    data = [{"input_ids": torch.from_numpy(rng.integers(0, 50, int(n)))} for n in rng.integers(1, 60, 12)]
+    options = {"samples_per_rank": 6, "max_tokens_per_rank": 64, "group_cost": COST, "prefetch": 0}
+    steps = list(wrap_data_iterator(iter(data), Topology.single(), dynamic_cp=True, **options))
+    assert len(steps) == 2
+    for k, step in enumerate(steps):
+        assert isinstance(step.schedule, DynamicCpSchedule) and step.num_microbatches == step.schedule.num_rounds
+        assert step.origin_ids.tolist() == list(range(6))
+        for batch in step.microbatches:
+            ids = batch.sample_ids.tolist()
+            whole = pack_sequences([data[6 * k + i] for i in ids], sample_ids=ids)
+            assert torch.equal(batch.input_ids, whole.input_ids) and batch.cp_group is None
+        assert step.num_loss_tokens == sum(int(s["input_ids"].shape[0]) - 1 for s in data[6 * k : 6 * k + 6])
+        assert step.stats.predicted_step_time == predicted_step_time(step.schedule, COST)
+        with pytest.raises(ConfigError, match="Step.to_origin is not supported under dynamic_cp=True yet"):
+            step.to_origin([torch.zeros(b.num_tokens) for b in step.microbatches])

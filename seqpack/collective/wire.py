@@ -43,6 +43,7 @@ from seqpack.collective.fields import Header, headers_markdown
 from seqpack.errors import ConfigError, WireError
 from seqpack.options import CpLayout
 from seqpack.schedulers.base import Schedule
+from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
 from seqpack.thd import PackedBatch, batch_from_layout
 
 __all__ = [
@@ -150,7 +151,7 @@ class StepOk:
     """A step's schedule and this CP rank's microbatches (token fields ``None`` for layout)."""
 
     step: int
-    schedule: Schedule
+    schedule: Schedule | DynamicCpSchedule
     microbatches: list[PackedBatch]
     empty_samples: int = 0  # zero-length samples dropped this step (global)
     position_ids: bool = False  # samples carried their own position_ids (sent on the wire)
