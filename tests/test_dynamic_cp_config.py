@@ -75,17 +75,3 @@ def test_resolve_uses_the_single_rank_padding():
     assert dynamic(pad_multiple=3).resolve(topology).pad_multiple == 3
     with pytest.raises(ConfigError, match="max_tokens_per_rank=8 is smaller than pad_multiple=16"):
         dynamic(max_tokens_per_rank=8, fp8=True).resolve(topology)
-
-
-@pytest.mark.parametrize(
-    "sizes, kw, message",
-    [
-        ({"pp_size": 2}, {}, "pp_size=2 is not supported yet"),
-        ({"tp_size": 2}, {}, "data_owner='tp0' and tp_size=2 is not supported yet"),
-    ],
-)
-def test_resolve_refuses_what_it_cannot_run(sizes, kw, message):
-    groups = {axis: object() for axis in ("tp", "pp") if f"{axis}_size" in sizes}
-    topology = Topology(**sizes, groups=groups)
-    with pytest.raises(ConfigError, match=message):
-        dynamic(**kw).resolve(topology)

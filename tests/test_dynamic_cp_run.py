@@ -180,3 +180,39 @@ def test_one_rank_runs_every_sequence_alone_through_the_wrapper():
         assert step.stats.predicted_step_time == predicted_step_time(step.schedule, COST)
         with pytest.raises(ConfigError, match="Step.to_origin is not supported under dynamic_cp=True yet"):
             step.to_origin([torch.zeros(b.num_tokens) for b in step.microbatches])
+
+
+@pytest.mark.parametrize("kind", ["batch", "layout"])
+def test_a_dynamic_step_round_trips_through_the_wire(kind):
+    from seqpack.collective.wire import STEP_FIELDS, Kind, StepOk, decode_step, encode_step
+    from seqpack.errors import WireError
+
+    rng = np.random.default_rng(1)
+    lengths = np.array([230, *rng.integers(3, 40, 9)])
+    samples = [{"input_ids": torch.from_numpy(rng.integers(0, 50, int(n)))} for n in lengths]
+    plan = a_plan(lengths, 2, 2, capacity=64, counts=[5, 5])
+    me = 1  # plane rank 1: a shard of the long sequence's group, then its own microbatches
+    batches, starts = [], []
+    for g in plan.rank_group()[:, me].tolist():
+        ids, start, size = plan.group_ids(g), int(plan.group_start[g]), int(plan.group_size[g])
+        whole = pack_sequences([samples[i] for i in ids], pad_multiple=cp_pad_multiple(size, 1), sample_ids=ids)
+        batches.append(shard_for_cp(whole, size, me - start) if size > 1 else whole)
+        starts.append(start)
+    assert len({b.cp_size for b in batches}) > 1  # microbatches of different CP sizes in one message
+    msg = StepOk(step=3, schedule=plan, microbatches=batches, group_starts=tuple(starts))
+    got = decode_step(encode_step(msg, kind=Kind.BATCH if kind == "batch" else Kind.LAYOUT))
+    assert isinstance(got.schedule, DynamicCpSchedule) and got.schedule.fingerprint() == plan.fingerprint()
+    assert np.array_equal(got.schedule.origin, plan.origin) and got.group_starts == tuple(starts)
+    for a, b in zip(batches, got.microbatches, strict=True):
+        assert (a.cp_size, a.cp_rank, a.max_seqlen) == (b.cp_size, b.cp_rank, b.max_seqlen)
+        assert torch.equal(a.cu_seqlens_padded, b.cu_seqlens_padded) and torch.equal(a.seq_idx, b.seq_idx)
+        assert torch.equal(a.position_ids, b.position_ids)
+        assert (b.input_ids is None) == (kind == "layout")
+        if kind == "batch":
+            assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
+    with pytest.raises(WireError, match="needs the group start of every microbatch"):
+        encode_step(dataclasses.replace(msg, group_starts=None))
+    wire = encode_step(msg)
+    wire.ints[[name for name, _ in STEP_FIELDS].index("plan_kind")] = 7
+    with pytest.raises(WireError, match="plan_kind 7 is not one of"):
+        decode_step(wire)

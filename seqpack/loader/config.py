@@ -249,17 +249,7 @@ class PackingConfig:
 
     def _resolve_dynamic(self, topology: Topology) -> PackingConfig:
         """``resolve`` under dynamic CP: ``pad_multiple`` is a sequence's alone on one rank
-        (a group of ``c`` pads to ``2 * c`` times it), and what it cannot run is refused."""
-        if self.data_owner == DataOwner.TP0 and topology.tp_size > 1:
-            raise ConfigError(
-                f"dynamic_cp=True with data_owner='tp0' and tp_size={topology.tp_size} is not supported yet: the TP "
-                "broadcast does not carry CP groups; use data_owner='all'"
-            )
-        if topology.pp_size > 1:
-            raise ConfigError(
-                f"dynamic_cp=True with pp_size={topology.pp_size} is not supported yet: pipeline stages would need "
-                "the plan's groups on every stage; use pp_size=1 or dynamic_cp=False"
-            )
+        (a group of ``c`` pads to ``2 * c`` times it)."""
         pad = self.pad_multiple
         if pad is None:
             pad = pad_multiple_for(1, topology.tp_size, self.sequence_parallel, self.fp8)

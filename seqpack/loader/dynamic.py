@@ -11,7 +11,8 @@ The producer (:mod:`seqpack.loader.producer`) runs these instead of phases 3-5 o
    ``cp_size``, ``cp_rank`` and ``cp_group`` (the model's process group of that block;
    ``None`` alone). An idle rank runs a padding-only filler alone.
 
-Receivers of the TP broadcast get the groups from the wire header (:meth:`DynamicCp.attach`).
+Receivers of the TP broadcast and middle pipeline stages get the groups from the wire header
+(:meth:`DynamicCp.attach`): each pipeline stage runs the same plan on its own plane's groups.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from seqpack.collective import Exchanged, GatheredLengths
 from seqpack.collective.cp_exchange import exchange_shards
 from seqpack.collective.cp_groups import CpGroups
-from seqpack.errors import ScheduleError
+from seqpack.errors import ConfigError, ScheduleError
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.phases import Gathered, Sample, carries_position_ids
 from seqpack.options import Sync
@@ -134,15 +135,32 @@ class DynamicCp:
             group = self.groups.group(start, size)
             count = int(loss_tokens[ids].sum())
             out.append(dataclasses.replace(batch, num_loss_tokens=count, cp_group=group))
+        if self.topology.is_middle_stage:  # under data_owner="all": the layout is all it needs
+            out = [dataclasses.replace(b, input_ids=None, labels=None, loss_mask=None) for b in out]
         return out
+
+    def group_starts(self, plan: DynamicCpSchedule) -> tuple[int, ...]:
+        """The plane rank this rank's group starts at, every round (what the wire carries)."""
+        rounds = plan.rank_group()[:, self.groups.plane_rank]
+        return tuple(int(v) for v in plan.group_start[rounds])
 
     def attach(self, batches: Sequence[PackedBatch], starts: Sequence[int]) -> list[PackedBatch]:
         """Batches decoded from the wire with this rank's process group of each one's block
-        (``starts``: the plane rank each group begins at, from the header)."""
-        return [
-            dataclasses.replace(batch, cp_group=self.groups.group(start, batch.cp_size))
-            for batch, start in zip(batches, starts, strict=True)
-        ]
+        (``starts``: the plane rank each group begins at, from the header).
+
+        Raises:
+            ConfigError: A shard that is not this plane rank's (the TP group pairs ranks at
+                different places of their planes).
+        """
+        me, out = self.groups.plane_rank, []
+        for m, (batch, start) in enumerate(zip(batches, starts, strict=True)):
+            if start + batch.cp_rank != me:
+                raise ConfigError(
+                    f"microbatch {m} arrived as CP rank {batch.cp_rank} of a group starting at plane rank {start}, but "
+                    f"this rank is plane rank {me}: the tp / pp group pairs ranks of different dp/cp positions"
+                )
+            out.append(dataclasses.replace(batch, cp_group=self.groups.group(start, batch.cp_size)))
+        return out
 
     def stats(self, plan: DynamicCpSchedule, empty_samples: int) -> StepStats:
         """The step's stats in the group cost's units, with its predicted step time."""

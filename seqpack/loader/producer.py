@@ -25,6 +25,7 @@ exception carried in the ``Ready`` and raised by the ``next()`` of that step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -191,7 +192,10 @@ class StepProducer:
         if isinstance(batches, StepError):
             return batches
         loss_tokens = phases.step_loss_tokens(plan, gathered.loss_tokens)
-        return StepOk(step, plan, batches, gathered.empty_samples, positions, num_loss_tokens=loss_tokens)
+        starts = self.dynamic.group_starts(plan) if isinstance(plan, DynamicCpSchedule) and self.dynamic else None
+        return StepOk(
+            step, plan, batches, gathered.empty_samples, positions, num_loss_tokens=loss_tokens, group_starts=starts
+        )
 
     def _place(
         self, pool: list[phases.Sample], plan: Schedule | DynamicCpSchedule, gathered: phases.Gathered, trace: StepTrace
@@ -263,6 +267,9 @@ class StepProducer:
         t = self.comm
         if t.tp_size > 1 and self.edge_stage:
             msg = broadcast_tp(msg if t.tp_rank == 0 else None, t.group("tp"), timings=trace.timings)
+            if t.tp_rank > 0 and isinstance(msg, StepOk) and msg.group_starts is not None:
+                assert self.dynamic is not None  # the config, dynamic_cp included, is agreed on every rank
+                msg = dataclasses.replace(msg, microbatches=self.dynamic.attach(msg.microbatches, msg.group_starts))
         if t.pp_size > 1:
             msg = self._pipeline(msg, trace)
         assert msg is not None
@@ -299,6 +306,11 @@ class StepProducer:
             )
             if t.is_middle_stage:
                 assert got is not None
+                if isinstance(got, StepOk) and got.group_starts is not None:
+                    assert self.dynamic is not None  # the config, dynamic_cp included, is agreed on every rank
+                    return dataclasses.replace(
+                        got, microbatches=self.dynamic.attach(got.microbatches, got.group_starts)
+                    )
                 if isinstance(got, StepOk) and got.microbatches and got.microbatches[0].cp_rank != t.cp_rank:
                     sender = got.microbatches[0].cp_rank
                     raise ConfigError(

@@ -36,14 +36,15 @@ def sample(rng: np.random.Generator, length: int, masked: bool) -> dict[str, tor
     return {"input_ids": ids, "labels": labels, "loss_mask": torch.from_numpy(mask.astype(np.float32))}
 
 
-def samples_of(dp_rank: int, steps: int = 1, seed: int = 3) -> list[dict[str, torch.Tensor]]:
-    """DP rank ``dp_rank``'s samples for ``steps`` steps (``SPR`` per step)."""
+def samples_of(dp_rank: int, steps: int = 1, seed: int = 3, long: int = LONG) -> list[dict[str, torch.Tensor]]:
+    """DP rank ``dp_rank``'s samples for ``steps`` steps (``SPR`` per step; the first of DP
+    rank 0's is ``long`` tokens)."""
     rng = np.random.default_rng([seed, dp_rank])
     out = []
     for step in range(steps):
         for i in range(SPR):
-            long = dp_rank == 0 and i == 0
-            length = LONG - 7 * step if long else int(rng.integers(3, 41))
+            first = dp_rank == 0 and i == 0
+            length = long - 7 * step if first else int(rng.integers(3, 41))
             out.append(sample(rng, length, masked=i % 5 == 4))
     return out
 

@@ -179,6 +179,95 @@ def test_te_cp_group_is_set_only_when_it_changes(layout_results, name):
     assert any(len(r["te_calls"]) >= 2 for r in layout_results[name])  # some rank switched groups
 
 
+# --- TP: rank 0 reads, the broadcast carries each microbatch's group ----------------------------
+
+
+def run_tp_step() -> dict:
+    topo = mesh_topology((("dp", 2), ("tp", 2)))
+    data = samples_of(topo.dp_rank, long=100) if topo.tp_rank == 0 else None  # 100 tokens need 2 ranks
+    steps = wrap_data_iterator(
+        data, topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY, dynamic_cp=True, group_cost=GROUP_COST
+    )
+    with steps:
+        step = next(steps)
+        probe = Probe()
+        outputs = [probe.loss(batch)[0].numpy() for batch in step.microbatches]  # runs on each batch's group
+        return {
+            "rank": dist.get_rank(), "tp_rank": topo.tp_rank, "dp_rank": topo.dp_rank,
+            "batches": [_batch_view(b) for b in step.microbatches], "outputs": outputs,
+            "fingerprint": step.schedule_fingerprint, "count": step.num_loss_tokens,
+        }  # fmt: skip
+
+
+def test_tp_receivers_get_the_batches_and_their_own_groups(dist_pools):
+    results = dist_pools.get(4).run(run_tp_step)
+    assert len({(r["fingerprint"], r["count"]) for r in results}) == 1
+    by_place = {(r["dp_rank"], r["tp_rank"]): r for r in results}
+    grouped = 0
+    for d in range(2):
+        source, receiver = by_place[(d, 0)], by_place[(d, 1)]
+        assert len(source["batches"]) == len(receiver["batches"]) >= 2
+        for a, b, out_a, out_b in zip(source["batches"], receiver["batches"], source["outputs"], receiver["outputs"],
+                                      strict=True):  # fmt: skip
+            for field in (*FIELDS, "cp_size", "cp_rank", "max_seqlen", "num_loss_tokens"):
+                assert np.array_equal(a[field], b[field]), field
+            assert np.array_equal(out_a, out_b)
+            if a["cp_size"] > 1:  # each TP lane runs on its own plane's group of the same block
+                grouped += 1
+                assert b["group_ranks"] == [rank + 1 for rank in a["group_ranks"]]
+    assert grouped >= 2
+
+
+# --- PP: every stage runs the plan on its own plane's groups; middle stages get the layout --------
+
+PP_LAYOUTS = {"dp2pp2": (("pp", 2), ("dp", 2)), "pp3": (("pp", 3),)}
+
+
+def run_pp_step(name: str) -> dict:
+    topo = mesh_topology(PP_LAYOUTS[name])
+    reads = topo.is_first_stage or topo.is_last_stage
+    data = samples_of(topo.dp_rank, long=100 if topo.dp_size == 2 else 60) if reads else None
+    steps = wrap_data_iterator(
+        data, topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY, dynamic_cp=True, group_cost=GROUP_COST
+    )
+    with steps:
+        step = next(steps)
+        views = [_batch_view(b) if b.input_ids is not None else {"tokens": None, **_layout_view(b)} for b in
+                 step.microbatches]  # fmt: skip
+        return {"pp": topo.pp_rank, "dp": topo.dp_rank, "batches": views, "fingerprint": step.schedule_fingerprint}
+
+
+def _layout_view(batch) -> dict:
+    group = batch.cp_group
+    return {
+        "cu_seqlens_padded": batch.cu_seqlens_padded.numpy().copy(), "sample_ids": batch.sample_ids.numpy().copy(),
+        "cp_size": batch.cp_size, "cp_rank": batch.cp_rank,
+        "group_ranks": None if group is None else dist.get_process_group_ranks(group),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(PP_LAYOUTS))
+def test_pipeline_stages_run_the_plan_on_their_own_groups(dist_pools, name):
+    layout = PP_LAYOUTS[name]
+    world = int(np.prod([size for _, size in layout]))
+    results = dist_pools.get(world).run(run_pp_step, name)
+    assert len({r["fingerprint"] for r in results}) == 1
+    first = {r["dp"]: r for r in results if r["pp"] == 0}
+    for r in results:
+        mine, theirs = r["batches"], first[r["dp"]]["batches"]
+        assert len(mine) == len(theirs) >= 1
+        for a, b in zip(theirs, mine, strict=True):
+            for field in ("cu_seqlens_padded", "sample_ids", "cp_size", "cp_rank"):
+                assert np.array_equal(a[field], b[field]), field
+            assert ("tokens" in b) == (name == "pp3" and r["pp"] == 1)  # only a middle stage has no tokens
+            if a["cp_size"] > 1:  # the same block on this stage's plane (2 ranks per stage)
+                assert b["group_ranks"] == [rank + 2 * r["pp"] for rank in a["group_ranks"]]
+    if name == "dp2pp2":
+        assert any(b["cp_size"] == 2 for r in results for b in r["batches"])
+    else:
+        assert any("tokens" in b for r in results for b in r["batches"])  # the middle stage's layout
+
+
 # --- the loss contract: a tiny model's step gradient ------------------------------------------
 
 
