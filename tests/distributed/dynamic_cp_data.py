@@ -22,8 +22,11 @@ CAPACITY = 64  # max_tokens_per_rank
 LONG = 224  # 3.5 x CAPACITY
 SPR = 6  # samples per DP rank per step
 VOCAB = 64
-# A ring that makes a group cost more than its share of compute: short sequences stay alone.
+# Cost per token (and a little attention) with a small cost per ring step: the long sequence
+# spreads wide, short ones are packed alone.
 GROUP_COST = GroupCost(CostModel(1.0, 1e-3, 0.0), ring_step=0.5, ring_token=2e-3)
+# A costly ring step: a group no wider than a sequence needs.
+NARROW_COST = GroupCost(CostModel(1.0, 1e-3, 0.0), ring_step=30.0)
 LAYOUTS = {"dp4": (("dp", 4),), "dp2cp2": (("dp", 2), ("cp", 2))}
 
 

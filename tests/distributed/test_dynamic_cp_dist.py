@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from dynamic_cp_data import CAPACITY, GROUP_COST, LAYOUTS, LONG, SPR, Probe, samples_of
+from dynamic_cp_data import CAPACITY, GROUP_COST, LAYOUTS, LONG, NARROW_COST, SPR, Probe, samples_of
 from wrapper_data import mesh_topology
 
 from seqpack.compute.attention import ThdAttention
@@ -106,12 +106,10 @@ def layout_results(dist_pools):
     return {name: dist_pools.get(4).run(run_layout_step, name) for name in LAYOUTS}
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_every_rank_gets_its_shard_of_its_group(layout_results, name):
-    results = sorted(layout_results[name], key=lambda r: r["plane_rank"])
+def check_shards(results: list[dict], samples: list[dict]) -> DynamicCpSchedule:
+    """Every rank's microbatch of every round is its shard of its group's whole pack, every
+    token is delivered once; returns the plan."""
     plan = DynamicCpSchedule.from_arrays(results[0]["plan"])
-    dp = plan.dp_size
-    samples = _all_samples(dp)
     plan.validate([int(s["input_ids"].shape[0]) for s in samples])
     assert all(np.array_equal(r["plan"]["assigned"], plan.assigned) for r in results)  # same plan everywhere
     delivered = np.zeros(plan.num_sequences, dtype=np.int64)
@@ -134,11 +132,49 @@ def test_every_rank_gets_its_shard_of_its_group(layout_results, name):
                 np.add.at(delivered, got["sample_ids"][got["seq_idx"][real]], 1)
     lengths = np.array([s["input_ids"].shape[0] for s in samples])
     assert np.array_equal(delivered, lengths)  # every token exactly once across all shards
+    assert {r["num_loss_tokens"] for r in results} == {pack_sequences(samples).num_loss_tokens}
+    return plan
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_every_rank_gets_its_shard_of_its_group(layout_results, name):
+    results = sorted(layout_results[name], key=lambda r: r["plane_rank"])
+    samples = _all_samples(dict(LAYOUTS[name])["dp"])
+    plan = check_shards(results, samples)
     # Not vacuous: the long sequence on a group of 4, short ones alone, several rounds.
     _, _, sizes = plan.placement()
-    assert lengths[0] == LONG and sizes[0] == 4 and (sizes == 1).sum() >= 5 and plan.num_rounds >= 2
-    assert {r["num_loss_tokens"] for r in results} == {pack_sequences(samples).num_loss_tokens}
+    assert samples[0]["input_ids"].shape[0] == LONG and sizes[0] == 4 and (sizes == 1).sum() >= 5
+    assert plan.num_rounds >= 2
     assert len({r["stats"] for r in results}) == 1 and results[0]["stats"][0] == len(samples)
+
+
+def run_any_size_step() -> dict:
+    topo = mesh_topology(LAYOUTS["dp4"])
+    data = samples_of(topo.dp_rank, long=180)  # 180 tokens fit 3 ranks (padded to 6: 180 <= 3 x 64)
+    steps = wrap_data_iterator(
+        iter(data), topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY, dynamic_cp=True,
+        group_cost=NARROW_COST, cp_group_sizes="any",
+    )  # fmt: skip
+    with steps:
+        step = next(steps)
+        attention = ThdAttention(4, 4, num_kv_heads=2, backend="torch")
+        torch.manual_seed(2)
+        outputs = []
+        for batch in step.microbatches:
+            q, k, v = (torch.randn(batch.num_tokens, n, 4, dtype=torch.float64) for n in (4, 2, 2))
+            outputs.append(attention(q, k, v, batch).shape[0] == batch.num_tokens)
+        return {
+            "plane_rank": topo.dp_rank, "plan": step.schedule.to_arrays(), "num_loss_tokens": step.num_loss_tokens,
+            "batches": [_batch_view(b) for b in step.microbatches], "ran": all(outputs),
+        }  # fmt: skip
+
+
+def test_any_group_size_runs(dist_pools):
+    results = sorted(dist_pools.get(4).run(run_any_size_step), key=lambda r: r["plane_rank"])
+    samples = [s for r in range(4) for s in samples_of(r, long=180)]
+    plan = check_shards(results, samples)
+    assert plan.group_sizes == "any" and 3 in plan.group_size.tolist()  # a group no power of two is
+    assert all(r["ran"] for r in results)
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
