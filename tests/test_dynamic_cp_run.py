@@ -216,3 +216,20 @@ def test_a_dynamic_step_round_trips_through_the_wire(kind):
     wire.ints[[name for name, _ in STEP_FIELDS].index("plan_kind")] = 7
     with pytest.raises(WireError, match="plan_kind 7 is not one of"):
         decode_step(wire)
+
+
+@pytest.mark.parametrize("policy", ["truncate", "drop"])
+def test_oversize_sequences_are_cut_or_dropped_and_counted(policy):
+    from seqpack.loader import wrap_data_iterator
+
+    lengths = [10, 100, 30, 7]  # 100 > one rank's 64 tokens, and one rank is all there is
+    data = [{"input_ids": torch.arange(n) % 50} for n in lengths]
+    options = {"samples_per_rank": 4, "max_tokens_per_rank": 64, "group_cost": COST, "on_oversize": policy}
+    (step,) = list(wrap_data_iterator(iter(data), Topology.single(), dynamic_cp=True, **options))
+    packed = {}
+    for b in step.microbatches:
+        packed.update(zip(b.sample_ids.tolist(), b.seq_lens().tolist(), strict=True))
+    if policy == "truncate":
+        assert packed[1] == 64 and step.stats.truncated_tokens == 36 and step.num_loss_tokens == 9 + 63 + 29 + 6
+    else:
+        assert 1 not in packed and step.stats.dropped_tokens == 100 and step.num_loss_tokens == 9 + 29 + 6
