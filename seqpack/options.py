@@ -24,6 +24,7 @@ __all__ = [
     "CpCommType",
     "CpLayout",
     "DataOwner",
+    "GroupSizes",
     "LabelFormat",
     "MambaBackend",
     "Objective",
@@ -140,6 +141,13 @@ class CpLayout(_Option):
 
     DUALCHUNK = "dualchunk"  # 2*cp chunks, rank r holds r and 2cp-1-r (TE's DualChunkSwap)
     CONTIGUOUS = "contiguous"  # cp chunks, rank r holds chunk r (local or linear attention, Mamba)
+
+
+class GroupSizes(_Option):
+    """Which CP group sizes a dynamic-CP plan may use (``seqpack.schedulers.dynamic_cp``)."""
+
+    POW2 = "pow2"  # powers of two on aligned blocks (start % size == 0), and the whole R
+    ANY = "any"  # any size 1..R on any contiguous block (Megatron-LM PR #7097)
 
 
 def fingerprint_text(text: str) -> int:

@@ -8,8 +8,12 @@
   per-rank header that turns one rank's bad input into an error on every rank.
 - :mod:`~seqpack.collective.exchange`: :func:`plan_exchange` (pure) and :func:`exchange_samples`:
   the all-to-all that moves samples to their replica.
+- :mod:`~seqpack.collective.cp_groups` and :mod:`~seqpack.collective.cp_exchange`: dynamic
+  CP's process groups (one per block a plan can use, created once) and its exchange (every
+  rank of a sequence's CP group gets its DualChunkSwap shard; a pure plan and one all-to-all).
 - :mod:`~seqpack.collective.wire`: the int64 wire format of a step (:class:`StepOk`,
-  :class:`StepEnd`, :class:`StepError`; header declared once), as pure functions.
+  :class:`StepEnd`, :class:`StepError`; header declared once), as pure functions;
+  :mod:`~seqpack.collective.wire_plan` the plan it carries (static or dynamic CP).
 - :mod:`~seqpack.collective.broadcast`: :func:`broadcast_tp` / :func:`broadcast_pp` in that format.
 """
 

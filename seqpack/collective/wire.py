@@ -9,24 +9,22 @@ dtypes); :func:`wire_format_markdown` renders the table in docs/wrapper.md from 
 
 A message is up to four buffers, broadcast in this order:
 
-1. ``prefix``: int64, :data:`PREFIX_FIELDS`, fixed size, so a receiver knows what to
-   allocate;
+1. ``prefix``: int64, :data:`PREFIX_FIELDS`, fixed size, so a receiver knows what to allocate;
 2. ``ints``: int64, the step header (:data:`STEP_FIELDS`), one :data:`MICROBATCH_FIELDS`
-   row per microbatch, then the int64 payload: the schedule (``Schedule.to_arrays()``:
-   ``original_lengths[N]``, ``lengths[N]``, id counts per (microbatch, replica) cell
-   ``[M*dp]``, assigned ids ``[A]``, deferred ``[D]``, dropped ``[R]``, truncated ``[U]``,
-   origin ``[N]``),
-   then per microbatch ``cu_seqlens[n_m+1]``, ``cu_seqlens_padded[n_m+1]``,
-   ``sample_ids[n_m]``; then, with flag 1, ``input_ids`` and ``labels`` of this CP rank's
-   shard (``sum T_m / cp`` each), and with flag 2 ``position_ids``;
-3. ``floats``: float32 ``loss_mask`` of the shard (flag 1 only);
+   row per microbatch, then the int64 payload: the plan's ``to_arrays()``
+   (:mod:`~seqpack.collective.wire_plan`: a ``Schedule``, or under dynamic CP a
+   ``DynamicCpSchedule``), then per microbatch ``cu_seqlens[n_m+1]``,
+   ``cu_seqlens_padded[n_m+1]``, ``sample_ids[n_m]``; then, with flag 1, ``input_ids`` and
+   ``labels`` of this rank's shards (``sum T_m / cp_m`` each), and with flag 2 ``position_ids``;
+3. ``floats``: float32 ``loss_mask`` of the shards (flag 1 only);
 4. ``message``: uint8, the UTF-8 error text (status 2 only).
 
 ``position_ids`` (unless samples carry their own), ``seq_idx`` and ``padding_mask`` are not
-sent: receivers rebuild them from ``cu_seqlens*`` and cut this CP rank's DualChunkSwap
-shard. A layout message (kind 2, to middle pipeline stages) carries no tokens and yields
-batches whose ``input_ids``, ``labels``, ``loss_mask`` are ``None``. With flag 4 the headers'
-``num_loss_tokens`` carry the step's and each microbatch's loss-token counts to receivers.
+sent: receivers rebuild them from ``cu_seqlens*`` and cut their CP shard. A layout message
+(kind 2, to middle pipeline stages) carries no tokens and yields batches whose ``input_ids``,
+``labels``, ``loss_mask`` are ``None``. With flag 4 the headers' ``num_loss_tokens`` carry the
+step's and each microbatch's loss-token counts. Under dynamic CP each microbatch row says
+where its CP group starts (``StepOk.group_starts``); a receiver maps it to its own group.
 """
 
 from __future__ import annotations
@@ -40,9 +38,11 @@ import torch
 
 from seqpack.collective.agree import Status
 from seqpack.collective.fields import Header, headers_markdown
+from seqpack.collective.wire_plan import decode_plan, plan_header, plan_payload
 from seqpack.errors import ConfigError, WireError
 from seqpack.options import CpLayout
 from seqpack.schedulers.base import Schedule
+from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
 from seqpack.thd import PackedBatch, batch_from_layout
 
 __all__ = [
@@ -64,7 +64,8 @@ __all__ = [
     "wire_format_markdown",
 ]
 
-FORMAT_VERSION = 5  # 2: error_rank; 3: schedule origin; 4: loss-token counts, per-sample gather columns; 5: CP layout
+FORMAT_VERSION = 6  # 2: error_rank; 3: schedule origin; 4: loss-token counts, per-sample gather columns; 5: CP layout;
+# 6: dynamic CP (plan_kind, the groups' counts, CP size / rank / group start per microbatch)
 
 
 class Kind(IntEnum):
@@ -96,10 +97,9 @@ STEP_FIELDS: tuple[tuple[str, str], ...] = (
     ("empty_samples", "zero-length samples dropped this step"),
     ("dropped_at_end", "sequences dropped with a partial last step"),
     ("error_rank", "global rank that failed (status 2), else -1"),
+    ("plan_kind", "0 Schedule, 1 DynamicCpSchedule (dynamic CP)"),
     ("dp_size", "replicas of the schedule"),
     ("schedule_cp_size", "cp_size of the schedule"),
-    ("cp_size", "CP size of the shards"),
-    ("cp_rank", "CP rank of the shards"),
     ("cp_layout", "how the shards are cut: 0 dualchunk, 1 contiguous (CpLayout order)"),
     ("max_tokens_per_rank", "capacity per rank"),
     ("pad_multiple", "padding multiple"),
@@ -108,6 +108,8 @@ STEP_FIELDS: tuple[tuple[str, str], ...] = (
     ("num_deferred", "deferred ids D"),
     ("num_dropped", "dropped ids R"),
     ("num_truncated", "truncated ids U"),
+    ("num_groups", "CP groups G of a dynamic-CP plan (plan_kind 1; else 0)"),
+    ("group_sizes", "the group sizes a dynamic-CP plan may use: 0 pow2, 1 any (plan_kind 1; else 0)"),
     ("num_loss_tokens", "supervised tokens of the whole global step (flag 4; else 0)"),
 )
 MICROBATCH_FIELDS: tuple[tuple[str, str], ...] = (
@@ -115,6 +117,9 @@ MICROBATCH_FIELDS: tuple[tuple[str, str], ...] = (
     ("num_sequences", "sequences n_m"),
     ("max_seqlen", "largest padded sequence"),
     ("num_loss_tokens", "supervised tokens of the whole microbatch (flag 4; else 0)"),
+    ("cp_size", "CP size of the shard (under dynamic CP its group's size)"),
+    ("cp_rank", "CP rank of the shard"),
+    ("group_start", "dp x cp plane rank its CP group starts at (plan_kind 1; else 0)"),
 )
 
 
@@ -150,11 +155,12 @@ class StepOk:
     """A step's schedule and this CP rank's microbatches (token fields ``None`` for layout)."""
 
     step: int
-    schedule: Schedule
+    schedule: Schedule | DynamicCpSchedule
     microbatches: list[PackedBatch]
     empty_samples: int = 0  # zero-length samples dropped this step (global)
     position_ids: bool = False  # samples carried their own position_ids (sent on the wire)
     num_loss_tokens: int | None = None  # supervised tokens of the global step (every microbatch's count set too)
+    group_starts: tuple[int, ...] | None = None  # dynamic CP: plane rank each microbatch's CP group starts at
     status: ClassVar[Status] = Status.OK
 
     @property
@@ -257,44 +263,36 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
         raise WireError("a message with status ok needs its schedule")
     if len(batches) != sched.num_microbatches:
         raise WireError(f"{len(batches)} microbatches for a schedule of {sched.num_microbatches}")
+    dynamic = isinstance(sched, DynamicCpSchedule)
+    if dynamic and (msg.group_starts is None or len(msg.group_starts) != len(batches)):
+        raise WireError("a dynamic-CP step needs the group start of every microbatch (StepOk.group_starts)")
     tokens = kind == Kind.BATCH
-    cp_size = batches[0].cp_size if batches else sched.cp_size
-    cp_rank = batches[0].cp_rank if batches else 0
-    cp_layout = batches[0].cp_layout if batches else CpLayout.DUALCHUNK
-    for m, b in enumerate(batches):
-        if (b.cp_size, b.cp_rank, b.cp_layout) != (cp_size, cp_rank, cp_layout):
-            raise WireError(
-                f"microbatch {m} is shard {b.cp_rank}/{b.cp_size} ({b.cp_layout}), microbatch 0 is "
-                f"{cp_rank}/{cp_size} ({cp_layout})"
-            )
-        if tokens and b.input_ids is None:
-            raise WireError(f"microbatch {m} has no tokens; a Kind.BATCH message needs them")
-        if msg.num_loss_tokens is not None and b.num_loss_tokens is None:
-            raise WireError(f"microbatch {m} has no num_loss_tokens but the step has one")
-    arrays = sched.to_arrays()
+    _check_batches(msg, tokens, same_shard=not dynamic)
     counted = msg.num_loss_tokens is not None
     flags = [(Flag.TOKENS, tokens), (Flag.POSITION_IDS, msg.position_ids), (Flag.LOSS_TOKENS, counted)]
     step["flags"] = sum(int(flag) for flag, on in flags if on)
     step["num_loss_tokens"] = msg.num_loss_tokens if counted else 0
     step["fingerprint"] = sched.fingerprint()
     step["empty_samples"] = msg.empty_samples
-    step["dp_size"], step["schedule_cp_size"] = sched.dp_size, sched.cp_size
-    step["cp_size"], step["cp_rank"] = cp_size, cp_rank
+    for field, value in plan_header(sched).items():
+        step[field] = value
+    cp_layout = batches[0].cp_layout if batches else CpLayout.DUALCHUNK
     step["cp_layout"] = list(CpLayout).index(CpLayout(cp_layout))
-    step["max_tokens_per_rank"], step["pad_multiple"] = sched.max_tokens_per_rank, sched.pad_multiple
-    step["num_sequences"] = sched.num_sequences
-    for field, name in (
-        ("num_assigned", "assigned"),
-        ("num_deferred", "deferred"),
-        ("num_dropped", "dropped"),
-        ("num_truncated", "truncated"),
-    ):
-        step[field] = arrays[name].shape[0]
+    starts = msg.group_starts if dynamic and msg.group_starts is not None else (0,) * len(batches)
     per_mb = np.zeros(len(batches), dtype=MICROBATCH)
     for m, b in enumerate(batches):
-        per_mb[m] = (int(b.cu_seqlens_padded[-1]), b.num_sequences, b.max_seqlen, b.num_loss_tokens if counted else 0)
+        count = b.num_loss_tokens if counted else 0
+        per_mb[m] = (
+            int(b.cu_seqlens_padded[-1]),
+            b.num_sequences,
+            b.max_seqlen,
+            count,
+            b.cp_size,
+            b.cp_rank,
+            starts[m],
+        )
     header = [_words(step), _words(per_mb)]
-    payload = [torch.from_numpy(arrays[name]) for name in Schedule.ARRAY_FIELDS]
+    payload = [torch.from_numpy(array) for array in plan_payload(sched)]
     for b in batches:
         payload += [b.cu_seqlens.to(torch.int64), b.cu_seqlens_padded.to(torch.int64), b.sample_ids.to(torch.int64)]
     if tokens:
@@ -309,6 +307,25 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
         floats = torch.cat([b.loss_mask.to(torch.float32).cpu() for b in batches if b.loss_mask is not None])
     prefix = _prefix(kind, Status.OK, header_words, ints.shape[0] - header_words, floats.shape[0], 0, len(batches))
     return WireBuffers(prefix, ints, floats, torch.zeros(0, dtype=torch.uint8))
+
+
+def _check_batches(msg: StepOk, tokens: bool, *, same_shard: bool) -> None:
+    """Every microbatch cut in one layout (and, ``same_shard``, as one CP shard), with
+    tokens for a batch message and counts for a counted step."""
+    batches = msg.microbatches
+    if not batches:
+        return
+    first = batches[0]
+    for m, b in enumerate(batches):
+        if b.cp_layout != first.cp_layout or (same_shard and (b.cp_size, b.cp_rank) != (first.cp_size, first.cp_rank)):
+            raise WireError(
+                f"microbatch {m} is shard {b.cp_rank}/{b.cp_size} ({b.cp_layout}), microbatch 0 is "
+                f"{first.cp_rank}/{first.cp_size} ({first.cp_layout})"
+            )
+        if tokens and b.input_ids is None:
+            raise WireError(f"microbatch {m} has no tokens; a Kind.BATCH message needs them")
+        if msg.num_loss_tokens is not None and b.num_loss_tokens is None:
+            raise WireError(f"microbatch {m} has no num_loss_tokens but the step has one")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -406,20 +423,19 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
     if Flag.TOKENS in flags and p.kind != Kind.BATCH:
         raise WireError("a layout message must not carry tokens")
     per_mb = cur.take(MB_WORDS * p.num_microbatches, "microbatch header").numpy().view(MICROBATCH)
-    schedule = _decode_schedule(cur, step, p.num_microbatches, verify)
-    cp_size, cp_rank = int(step["cp_size"]), int(step["cp_rank"])
+    schedule = decode_plan(lambda n, name: cur.take(n, name).numpy(), step, p.num_microbatches, verify)
     if not 0 <= int(step["cp_layout"]) < len(CpLayout):
         raise WireError(f"cp_layout code {int(step['cp_layout'])} is not one of 0..{len(CpLayout) - 1}")
     cp_layout = list(CpLayout)[int(step["cp_layout"])]
-    layouts = _decode_layouts(cur, per_mb, cp_size)
-    token_fields = _decode_tokens(cur, floats, flags, [int(mb["total_tokens"]) // cp_size for mb in per_mb])
+    layouts = _decode_layouts(cur, per_mb)
+    token_fields = _decode_tokens(cur, floats, flags, [int(mb["total_tokens"]) // int(mb["cp_size"]) for mb in per_mb])
     if cur.pos != ints.shape[0]:
         raise WireError(f"int64 buffer has {ints.shape[0] - cur.pos} words past the declared fields")
     counted = Flag.LOSS_TOKENS in flags
     batches = []
     for m, (cu, cu_padded, ids) in enumerate(layouts):
         fields = {name: values[m].clone() for name, values in token_fields.items()}
-        max_seqlen = int(per_mb[m]["max_seqlen"])
+        max_seqlen, cp_size, cp_rank = (int(per_mb[m][name]) for name in ("max_seqlen", "cp_size", "cp_rank"))
         batch = batch_from_layout(
             cu, cu_padded, max_seqlen, ids.clone(), cp_size, cp_rank, cp_layout=cp_layout, **fields
         )
@@ -433,6 +449,9 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
         empty_samples=int(step["empty_samples"]),
         position_ids=Flag.POSITION_IDS in flags,
         num_loss_tokens=_count(step["num_loss_tokens"], None) if counted else None,
+        group_starts=tuple(int(mb["group_start"]) for mb in per_mb)
+        if isinstance(schedule, DynamicCpSchedule)
+        else None,
     )
 
 
@@ -455,39 +474,13 @@ def _check_sizes(p: WirePrefix, ints: torch.Tensor, floats: torch.Tensor, messag
             )
 
 
-def _decode_schedule(cur: _Cursor, step: np.void, m_count: int, verify: bool) -> Schedule:
-    counts = {
-        "original_lengths": int(step["num_sequences"]),
-        "lengths": int(step["num_sequences"]),
-        "cell_counts": m_count * int(step["dp_size"]),
-        "assigned": int(step["num_assigned"]),
-        "deferred": int(step["num_deferred"]),
-        "dropped": int(step["num_dropped"]),
-        "truncated": int(step["num_truncated"]),
-        "origin": int(step["num_sequences"]),
-    }
-    arrays = {name: cur.take(counts[name], name).numpy() for name in Schedule.ARRAY_FIELDS}
-    limits = [m_count, step["dp_size"], step["schedule_cp_size"], step["max_tokens_per_rank"], step["pad_multiple"]]
-    arrays["limits"] = np.array(limits, dtype=np.int64)
-    try:
-        schedule = Schedule.from_arrays(arrays)
-    except ValueError as exc:
-        raise WireError(f"corrupt schedule in wire message: {exc}") from exc
-    if verify and schedule.fingerprint() != int(step["fingerprint"]):
-        raise WireError(
-            f"schedule fingerprint {schedule.fingerprint()} of the decoded message differs from the sent "
-            f"{int(step['fingerprint'])}: the message was corrupted"
-        )
-    return schedule
-
-
-def _decode_layouts(
-    cur: _Cursor, per_mb: np.ndarray, cp_size: int
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def _decode_layouts(cur: _Cursor, per_mb: np.ndarray) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Each microbatch's ``cu_seqlens``, ``cu_seqlens_padded`` and ``sample_ids``."""
     layouts = []
     for m, header in enumerate(per_mb):
-        total, num_seqs = int(header["total_tokens"]), int(header["num_sequences"])
+        total, num_seqs, cp_size = (int(header[name]) for name in ("total_tokens", "num_sequences", "cp_size"))
+        if cp_size < 1:
+            raise WireError(f"microbatch {m}: cp_size {cp_size} in the header")
         cu = cur.take(num_seqs + 1, f"cu_seqlens of microbatch {m}")
         cu_padded = cur.take(num_seqs + 1, f"cu_seqlens_padded of microbatch {m}")
         ids = cur.take(num_seqs, f"sample_ids of microbatch {m}")

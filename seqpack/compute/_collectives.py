@@ -41,6 +41,18 @@ def check_cp_shard(batch: PackedBatch, cp_size: int, cp_rank: int, layout: CpLay
         )
 
 
+def check_batch_group(batch: PackedBatch) -> None:
+    """Raise :class:`~seqpack.errors.SeqpackError` unless ``batch.cp_group`` (set: dynamic
+    CP) has ``batch.cp_size`` ranks with this rank at ``batch.cp_rank``."""
+    group = batch.cp_group
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    if (size, rank) != (batch.cp_size, batch.cp_rank):
+        raise SeqpackError(
+            f"batch is CP shard {batch.cp_rank} of {batch.cp_size} but its cp_group has {size} ranks with this "
+            f"rank at {rank}: a batch's cp_group must be the group of its shard"
+        )
+
+
 def _all_to_all_equal(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     # Row block j of x (dim 0 cut in group-size equal blocks) goes to rank j; row block i of
     # the result came from rank i.

@@ -35,7 +35,7 @@ from torch import nn
 
 from seqpack._logging import warn_once
 from seqpack.compute import backends
-from seqpack.compute._collectives import all_to_all_tokens, check_cp_shard, cp_token_orders
+from seqpack.compute._collectives import all_to_all_tokens, check_batch_group, check_cp_shard, cp_token_orders
 from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
 from seqpack.options import MambaBackend
 from seqpack.thd import PackedBatch
@@ -217,7 +217,9 @@ class Mamba2Mixer(nn.Module):
         cp_group: Context-parallel group (hidden-parallel); the batch must be this rank's
             shard, in either CP layout (the mixer follows ``batch.cp_layout``). Needs
             ``nheads % cp == 0`` and ``ngroups % cp == 0`` or ``cp % ngroups == 0`` (then each
-            rank uses the one group its heads belong to).
+            rank uses the one group its heads belong to). A batch that carries its own
+            ``cp_group`` (dynamic CP) runs on that group instead, with its ``cp_size`` /
+            ``cp_rank`` (the same divisibility needed for every size it comes in).
             Parameters must be identical on all CP ranks; their gradients are partial per
             rank and sum over the CP group (as with data parallelism).
         chunk_size: Scan chunk; default 256 for the mamba_ssm kernel, 64 for the torch scan.
@@ -277,7 +279,11 @@ class Mamba2Mixer(nn.Module):
         _check_head_parallel(self.nheads, ngroups, self.cp_size)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self._init_parameters(A_init_range, dt_min, dt_max, dt_init_floor, norm_eps, factory)
-        self.register_buffer("head_parallel_channels", self._head_parallel_channels(device), persistent=False)
+        self.register_buffer(
+            "head_parallel_channels", self._head_parallel_channels(device, self.cp_size), persistent=False
+        )
+        # Dynamic CP: batches with their own cp_group, of other sizes; (size, device) -> channels.
+        self._channels: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def _init_parameters(
         self,
@@ -313,12 +319,12 @@ class Mamba2Mixer(nn.Module):
         self.norm = GatedRMSNorm(d_inner, group_size=d_inner // G, eps=norm_eps, **factory)
         self.out_proj = nn.Linear(d_inner, d_model, bias=False, **factory)
 
-    def _head_parallel_channels(self, device: torch.device | str | None) -> torch.Tensor:
+    def _head_parallel_channels(self, device: torch.device | str | None, cp: int) -> torch.Tensor:
         """int64 ``[cp, X_r]``: for each rank, its columns of ``[x, B, C, dt]`` (the in_proj
         output without ``z``): its heads' ``x`` channels, its B and C group(s) (the group its
         heads belong to when ``ngroups < cp``: the repeat), its heads' ``dt``. The first
         ``X_r - nheads/cp`` entries are also its ``conv1d`` channels."""
-        cp, N, G = self.cp_size, self.d_state, self.ngroups
+        N, G = self.d_state, self.ngroups
         heads = self.nheads // cp
         rows = []
         for r in range(cp):
@@ -354,7 +360,8 @@ class Mamba2Mixer(nn.Module):
             SeqpackTypeError: ``hidden``'s dtype differs from the parameters' (a ``TypeError``).
         """
         self._check_inputs(hidden, batch)
-        T_local, cp = hidden.shape[0], self.cp_size
+        group, cp, cp_rank = self.cp_of(batch)
+        T_local = hidden.shape[0]
         T = T_local * cp
         zxbcdt = self.in_proj(hidden)  # (T_local, 2*d_inner + 2*G*N + nheads)
         z, xbcdt = zxbcdt.split([self.d_inner, self.conv_dim + self.nheads], dim=-1)
@@ -366,13 +373,13 @@ class Mamba2Mixer(nn.Module):
             y = self._mix(xbcdt, seq_idx, weight, bias, self.dt_bias, self.A_log, self.D, self.ngroups)
             return self.out_proj(self.norm(y, z))
 
-        assert self.cp_group is not None
-        channels = self.head_parallel_channels  # (cp, X_r)
+        assert group is not None
+        channels = self._channels_for(cp, hidden.device)  # (cp, X_r)
         width = channels.shape[1]
         send = xbcdt.index_select(1, channels.flatten()).view(T_local, cp, width).transpose(0, 1)  # (cp, T_local, X_r)
-        recv = all_to_all_tokens(send.reshape(T, width), self.cp_group)  # (T, X_r): rank-major tokens
+        recv = all_to_all_tokens(send.reshape(T, width), group)  # (T, X_r): rank-major tokens
         order, to_global = cp_token_orders(cu_padded, T, cp, hidden.device, batch.cp_layout)  # the batch's layout
-        mine = channels[self.cp_rank]
+        mine = channels[cp_rank]
         heads = mine[-(self.nheads // cp) :] - self.conv_dim
         conv_channels = mine[: width - heads.numel()]
         y = self._mix(
@@ -385,9 +392,27 @@ class Mamba2Mixer(nn.Module):
             self.D.index_select(0, heads),
             max(self.ngroups // cp, 1),
         )  # (T, d_inner / cp)
-        back = all_to_all_tokens(y.index_select(0, order), self.cp_group)  # (T, d_inner/cp): block i = rank i's heads
+        back = all_to_all_tokens(y.index_select(0, order), group)  # (T, d_inner/cp): block i = rank i's heads
         y = back.view(cp, T_local, -1).transpose(0, 1).reshape(T_local, self.d_inner)  # (T_local, d_inner)
         return self.out_proj(self.norm(y, z))
+
+    def cp_of(self, batch: PackedBatch) -> tuple[dist.ProcessGroup | None, int, int]:
+        """``(group, size, rank)`` this batch runs on: its own ``cp_group`` when it carries one
+        (dynamic CP), else the module's."""
+        if batch.cp_group is not None:
+            return batch.cp_group, batch.cp_size, batch.cp_rank
+        return self.cp_group, self.cp_size, self.cp_rank
+
+    def _channels_for(self, cp: int, device: torch.device) -> torch.Tensor:
+        """:meth:`_head_parallel_channels` for ``cp`` ranks on ``device`` (the buffer for the
+        module's own size; cached for the sizes of dynamic-CP batches)."""
+        if cp == self.cp_size:
+            return self.head_parallel_channels
+        key = (cp, device)
+        if key not in self._channels:
+            _check_head_parallel(self.nheads, self.ngroups, cp)
+            self._channels[key] = self._head_parallel_channels(device, cp)
+        return self._channels[key]
 
     def _mix(
         self,
@@ -466,4 +491,7 @@ class Mamba2Mixer(nn.Module):
             raise SeqpackTypeError(
                 f"hidden has dtype {hidden.dtype} but the parameters are {self.in_proj.weight.dtype}"
             )
-        check_cp_shard(batch, self.cp_size, self.cp_rank)
+        _, cp_size, cp_rank = self.cp_of(batch)
+        if batch.cp_group is not None:
+            check_batch_group(batch)
+        check_cp_shard(batch, cp_size, cp_rank)

@@ -6,6 +6,9 @@ Entry points: :func:`wrap_data_iterator`, :class:`PackingIterator`, :class:`Pack
 - :mod:`~seqpack.loader.config`: :class:`PackingConfig` (frozen, validated, fingerprinted).
 - :mod:`~seqpack.loader.phases`: the phases of one step on a rank that reads data (read,
   gather lengths, schedule, exchange, pack + CP shard), each a short function.
+- :mod:`~seqpack.loader.dynamic`: the dynamic-CP stages (plan, shard exchange, per-round
+  packing with each microbatch's CP group) the producer runs instead of phases 3-5 under
+  ``PackingConfig(dynamic_cp=True)``.
 - :mod:`~seqpack.loader.labels`: labels where samples are read (``label_format`` checked and
   brought to next-token targets) and the per-sequence loss-token counts that ride the gather.
 - :mod:`~seqpack.loader.calibration`: online calibration as a stage of the step (the time

@@ -26,6 +26,7 @@ from seqpack.loader.config import PackingConfig
 from seqpack.loader.step import StepTrace
 from seqpack.options import Sync, fingerprint_text
 from seqpack.schedulers import Schedule, predicted_step_time
+from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
 from seqpack.stats import StepStats
 from seqpack.topology import Topology
 
@@ -93,7 +94,7 @@ class StepCalibration:
             calibrator = self.ledger.calibrator
             trace.model, trace.fitted = calibrator.model, calibrator.fitted
 
-    def fingerprint(self, plan: Schedule, trace: StepTrace) -> int:
+    def fingerprint(self, plan: Schedule | DynamicCpSchedule, trace: StepTrace) -> int:
         """What ranks compare: the schedule, and under calibration the model that made it
         (ranks must also agree on the model they fitted)."""
         model = trace.model

@@ -25,6 +25,7 @@ from seqpack.options import (
     CpCommType,
     CpLayout,
     DataOwner,
+    GroupSizes,
     LabelFormat,
     MambaBackend,
     Objective,
@@ -34,6 +35,7 @@ from seqpack.options import (
     fingerprint_text,
 )
 from seqpack.schedulers import Scheduler, get_scheduler
+from seqpack.schedulers.dynamic_cp import GroupCost
 from seqpack.thd import pad_multiple_for
 from seqpack.topology import Topology
 from seqpack.validation import (
@@ -43,7 +45,7 @@ from seqpack.validation import (
     check_positive_int,
 )
 
-__all__ = ["PackingConfig", "resolved_cost"]
+__all__ = ["PackingConfig", "dynamic_group_cost", "resolved_cost"]
 
 # Names of the old ``seqpack.config`` module, which now lived in seqpack.options.
 _OPTION_NAMES = (AXES, AttentionBackend, Axis, CpCommType, MambaBackend, Objective, Order, fingerprint_text)
@@ -119,6 +121,22 @@ class PackingConfig:
     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
     """The prefetch thread prepares no further step while the steps waiting for ``next()``
     hold this many tensor bytes or more (one step always may wait)."""
+    dynamic_cp: bool = False
+    """Dynamic context parallelism (docs/dynamic_cp.md): per microbatch round the ``dp x cp``
+    ranks of every TP/PP lane form CP groups, planned by
+    :func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` (``scheduler`` is not used);
+    each microbatch carries its group (``PackedBatch.cp_group``, ``cp_size``, ``cp_rank``),
+    which ``ThdAttention`` and ``Mamba2Mixer`` use. Needs ``group_cost``. ``max_tokens_per_rank``
+    is per rank as always; one sequence may hold up to ``dp * cp`` ranks' worth."""
+    group_cost: GroupCost | Mapping[str, float] | None = None
+    """Under ``dynamic_cp``: what a CP group's microbatch costs, the planner's objective. A
+    :class:`~seqpack.schedulers.dynamic_cp.GroupCost` (compute and the CP ring, e.g.
+    ``GroupCost.from_te_p2p``), or the ring's figures as a mapping (``ring_step``,
+    ``ring_token``, ``ring_token_inter``, ``ranks_per_node``) added to ``cost`` (its units)."""
+    cp_group_sizes: GroupSizes = GroupSizes.POW2
+    """Under ``dynamic_cp``: the CP group sizes a plan may use: ``"pow2"`` (aligned powers of
+    two and the whole ``dp * cp``: about ``dp * cp`` process groups per lane) or ``"any"``
+    (every contiguous block: about ``(dp * cp)**2 / 2`` process groups per lane)."""
 
     def __post_init__(self) -> None:
         for name in ("samples_per_rank", "max_tokens_per_rank"):
@@ -145,11 +163,39 @@ class PackingConfig:
         if self.sync is not None:
             object.__setattr__(self, "sync", check_choice("sync", self.sync, Sync))
         self._check_calibrate()
+        self._check_dynamic_cp()
 
     def _check_calibrate(self) -> None:
         if not isinstance(self.calibrate, (bool, CostCalibrator)):
             raise SeqpackTypeError(
                 f"calibrate must be True, False or a seqpack.calibrate.CostCalibrator, got {self.calibrate!r}"
+            )
+
+    def _check_dynamic_cp(self) -> None:
+        """The dynamic-CP options; what it does not combine with yet is refused by name."""
+        object.__setattr__(self, "dynamic_cp", check_bool("dynamic_cp", self.dynamic_cp))
+        object.__setattr__(self, "cp_group_sizes", check_choice("cp_group_sizes", self.cp_group_sizes, GroupSizes))
+        if not self.dynamic_cp:
+            if self.group_cost is not None or self.cp_group_sizes != GroupSizes.POW2:
+                name = "group_cost" if self.group_cost is not None else "cp_group_sizes"
+                raise ConfigError(f"{name} is an option of dynamic CP: pass dynamic_cp=True with it")
+            return
+        object.__setattr__(self, "group_cost", dynamic_group_cost(self.group_cost, self.cost))
+        if self.scheduler != "balanced" or self.scheduler_options:
+            raise ConfigError(
+                f"dynamic_cp=True plans with seqpack.schedulers.dynamic_cp.plan_dynamic_cp, so scheduler="
+                f"{self.scheduler!r} (options {dict(self.scheduler_options or {})}) would not be used: leave "
+                "scheduler at 'balanced' with no scheduler_options"
+            )
+        if self.calibrate is not False:
+            raise ConfigError(
+                "calibrate is not supported with dynamic_cp=True yet: the calibrator fits (1, S, SS) of a "
+                "CostModel, not the CP ring terms of a GroupCost; pass calibrate=False and a measured group_cost"
+            )
+        if self.cp_layout != CpLayout.DUALCHUNK:
+            raise ConfigError(
+                f"cp_layout={self.cp_layout.value!r} is not supported with dynamic_cp=True: its groups pad and "
+                "shard every sequence by DualChunkSwap ('dualchunk')"
             )
 
     @classmethod
@@ -177,6 +223,8 @@ class PackingConfig:
         """
         if not isinstance(topology, Topology):
             raise SeqpackTypeError(f"topology must be a seqpack.Topology, got {type(topology).__name__}")
+        if self.dynamic_cp:
+            return self._resolve_dynamic(topology)
         cp = topology.cp_size
         pad = self.pad_multiple
         if pad is None:
@@ -199,6 +247,25 @@ class PackingConfig:
             )
         return dataclasses.replace(self, pad_multiple=int(pad))
 
+    def _resolve_dynamic(self, topology: Topology) -> PackingConfig:
+        """``resolve`` under dynamic CP: ``pad_multiple`` is a sequence's alone on one rank
+        (a group of ``c`` pads to ``2 * c`` times it)."""
+        pad = self.pad_multiple
+        if pad is None:
+            pad = pad_multiple_for(1, topology.tp_size, self.sequence_parallel, self.fp8)
+        ranks = topology.dp_size * topology.cp_size
+        if self.max_tokens_per_rank * ranks > MAX_TOKENS:
+            raise ConfigError(
+                f"max_tokens_per_rank({self.max_tokens_per_rank}) * dp*cp({ranks}) tokens is too large for "
+                f"dynamic CP (at most 2**53 = {MAX_TOKENS})"
+            )
+        if self.max_tokens_per_rank < pad:
+            raise ConfigError(
+                f"max_tokens_per_rank={self.max_tokens_per_rank} is smaller than pad_multiple={pad}: no sequence "
+                "fits a rank"
+            )
+        return dataclasses.replace(self, pad_multiple=int(pad))
+
     def summary(self) -> dict[str, str]:
         """Every field that changes the data, as text (what resume compares and reports)."""
         return {
@@ -218,6 +285,11 @@ class PackingConfig:
             **({"calibrate": repr(self.calibrate)} if self.calibrate is not False else {}),
             **({"label_format": str(self.label_format)} if self.label_format != LabelFormat.SHIFTED else {}),
             **({"cp_layout": str(self.cp_layout)} if self.cp_layout != CpLayout.DUALCHUNK else {}),
+            **(
+                {"dynamic_cp": "True", "group_cost": repr(self.group_cost), "cp_group_sizes": str(self.cp_group_sizes)}
+                if self.dynamic_cp
+                else {}
+            ),
         }
 
     def fingerprint(self) -> int:
@@ -228,5 +300,45 @@ class PackingConfig:
 def resolved_cost(config: PackingConfig, scheduler: Scheduler) -> CostModel:
     """The cost model a wrapper's steps are measured in and calibration starts from: the
     config's, else the one its scheduler balances, else the default FLOPs model (so that
-    ``"dp_balanced"`` and ``"balanced"`` report imbalance in the same unit)."""
+    ``"dp_balanced"`` and ``"balanced"`` report imbalance in the same unit). Under dynamic
+    CP: the compute part of ``group_cost``."""
+    if isinstance(config.group_cost, GroupCost):
+        return config.group_cost.compute
     return scheduler.resolve_cost(config.cost) or default_cost_model()
+
+
+_RING_FIGURES = ("ring_step", "ring_token", "ring_token_inter", "ranks_per_node")
+
+
+def dynamic_group_cost(group_cost: object, cost: CostModel | None) -> GroupCost:
+    """``PackingConfig.group_cost`` as a :class:`GroupCost` (a mapping of ring figures is
+    added to ``cost``, else to the default FLOPs model).
+
+    Raises:
+        ConfigError: No group cost, unknown figures, or a ``GroupCost`` whose compute part
+            differs from ``cost``.
+    """
+    if group_cost is None:
+        raise ConfigError(
+            "dynamic_cp=True needs group_cost: a seqpack.schedulers.dynamic_cp.GroupCost (the compute cost and "
+            "the CP ring's, e.g. GroupCost.from_te_p2p(...)) or the ring's figures in the units of cost, e.g. "
+            "group_cost={'ring_step': 2e-4, 'ring_token': 5e-8}; without a ring term every CP group would look free"
+        )
+    if isinstance(group_cost, GroupCost):
+        if cost is not None and cost != group_cost.compute:
+            raise ConfigError(
+                f"group_cost.compute={group_cost.compute!r} differs from cost={cost!r}: pass one of them (the "
+                "group cost's compute part is what the plan and the stats use)"
+            )
+        return group_cost
+    if not isinstance(group_cost, Mapping):
+        raise SeqpackTypeError(
+            f"group_cost must be a GroupCost or a mapping of ring figures, got {type(group_cost).__name__}"
+        )
+    unknown = sorted(set(group_cost) - set(_RING_FIGURES))
+    if unknown:
+        raise ConfigError(f"unknown group_cost figure(s) {unknown}; valid: {', '.join(_RING_FIGURES)}")
+    try:
+        return GroupCost(cost if cost is not None else default_cost_model(), **group_cost)
+    except TypeError as exc:
+        raise SeqpackTypeError(f"group_cost figures: {exc}") from None

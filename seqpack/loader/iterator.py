@@ -48,6 +48,7 @@ from seqpack.collective import (
     StepError,
     agree_axes,
 )
+from seqpack.collective.cp_groups import CpGroups, new_cp_groups
 from seqpack.collective.groups import new_axis_groups, this_rank
 from seqpack.cost import CostModel
 from seqpack.errors import (
@@ -60,6 +61,7 @@ from seqpack.errors import (
     typed_message,
 )
 from seqpack.loader.config import PackingConfig, resolved_cost
+from seqpack.loader.dynamic import DynamicCp
 from seqpack.loader.prefetch import Background, DeviceCopy, Prefetcher, Progress, Ready, check_device, check_timeout
 from seqpack.loader.producer import StepProducer
 from seqpack.loader.resume import ResumeState, StateKey
@@ -88,7 +90,12 @@ class PackingIterator(Iterator[Step], Stateful):
     with it before the end of the data: it stops the background thread and frees the
     wrapper's own process groups (an iterator that reaches its end or fails frees them
     itself).
+
+    Under ``dynamic_cp``, :attr:`cp_groups` holds this rank's dynamic-CP process groups (the
+    model's group of every block a plan can use; batches carry theirs as ``cp_group``).
     """
+
+    cp_groups: CpGroups | None = None
 
     # Keys of the state dict, as class constants (declared once: seqpack.loader.resume.StateKey).
     STATE_VERSION = StateKey.VERSION
@@ -168,6 +175,12 @@ class PackingIterator(Iterator[Step], Stateful):
             owned = [group for group in groups.values() if group is not None]
             if owned:
                 self._comm = topology.with_groups(groups)
+        dynamic = None
+        if self.config.dynamic_cp:
+            # Collective too (every rank: the config, dynamic_cp included, was agreed above).
+            self.cp_groups = new_cp_groups(topology, self.config.cp_group_sizes, timeout=timeout)
+            owned += self.cp_groups.owned()
+            dynamic = DynamicCp(self.config, topology, self.cp_groups)
         self._bg = Background(owned, alone=all(topology.size(axis) == 1 for axis in AXES))
         self._finalizer = weakref.finalize(self, self._bg.release, 0.0)
         self._finalizer.atexit = False  # the thread is a daemon: nothing to wait for at exit
@@ -183,6 +196,7 @@ class PackingIterator(Iterator[Step], Stateful):
             resolved_cost(self.config, scheduler),
             reads=self._reads,
             copy=DeviceCopy(self._device, self._pin_memory, background=self.config.prefetch > 0),
+            dynamic=dynamic,
         )
         self._finished = False
         self._failure: StepFailed | None = None

@@ -30,17 +30,18 @@ from seqpack.thd.cp import unshard_from_cp
 if TYPE_CHECKING:
     from seqpack.loader.step import Step
     from seqpack.schedulers import Schedule
+    from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
     from seqpack.topology import Topology
 
 __all__ = ["origin_ids", "to_origin"]
 
 
-def origin_ids(schedule: Schedule, dp_rank: int) -> np.ndarray:
+def origin_ids(schedule: Schedule | DynamicCpSchedule, dp_rank: int) -> np.ndarray:
     """Global ids of the sequences DP rank ``dp_rank`` contributed to this step and gets back
     from :func:`to_origin`: its pool in pool order (samples read this step, pre-packed ones
     split into their sequences, after any held back from the previous step), without those
     held back for the next step."""
-    assert schedule.origin is not None  # Schedule fills it in __post_init__
+    assert schedule.origin is not None  # both plans fill it in __post_init__
     ids = np.flatnonzero(schedule.origin == dp_rank).astype(np.int64)
     return ids[~np.isin(ids, schedule.deferred)]
 

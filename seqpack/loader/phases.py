@@ -33,6 +33,8 @@ from seqpack.loader.config import PackingConfig
 from seqpack.loader.labels import loss_token_counts, prepare_labels
 from seqpack.options import CpLayout, LabelFormat, OnOversize
 from seqpack.schedulers import Schedule, Scheduler
+from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
+from seqpack.schedulers.dynamic_cp.padding import longest_sequence
 from seqpack.thd import (
     SAMPLE_DTYPES,
     PackedBatch,
@@ -230,11 +232,14 @@ class Gathered:
 
 def truncation_length(config: PackingConfig, topology: Topology) -> int | None:
     """The length a sequence is cut to under ``on_oversize="truncate"`` (the longest whose
-    padded length fits a microbatch, the rule of :func:`seqpack.schedulers.base.apply_oversize`),
-    else ``None``."""
+    padded length fits a microbatch, the rule of :func:`seqpack.schedulers.base.apply_oversize`;
+    under dynamic CP the planner's, on all ranks), else ``None``."""
     if config.on_oversize != OnOversize.TRUNCATE:
         return None
     assert config.pad_multiple is not None  # resolved by the wrapper
+    if config.dynamic_cp:  # the longest one sequence may hold on all dp * cp ranks together
+        ranks = topology.dp_size * topology.cp_size
+        return longest_sequence(ranks, config.cp_group_sizes, config.max_tokens_per_rank, config.pad_multiple)
     capacity = config.max_tokens_per_rank * topology.cp_size
     return (capacity // config.pad_multiple) * config.pad_multiple
 
@@ -346,7 +351,16 @@ def _locate_oversize(config: PackingConfig, topology: Topology, gathered: Gather
     return f" [global sample {g} is sequence {g - int(gathered.offsets[r])} of DP rank {r}'s pool this step]"
 
 
-def deferred_samples(pool: Sequence[Sample], plan: Schedule, gathered: Gathered, topology: Topology) -> list[Sample]:
+def num_assigned(plan: Schedule | DynamicCpSchedule) -> int:
+    """Ids the plan trains this step."""
+    if isinstance(plan, DynamicCpSchedule):
+        return int(plan.assigned.shape[0])
+    return sum(int(ids.size) for row in plan.assignment for ids in row)
+
+
+def deferred_samples(
+    pool: Sequence[Sample], plan: Schedule | DynamicCpSchedule, gathered: Gathered, topology: Topology
+) -> list[Sample]:
     """This rank's samples the schedule holds back for the next step, in pool order."""
     offset = int(gathered.lengths.offsets[topology.dp_rank])
     ids = plan.deferred[(plan.deferred >= offset) & (plan.deferred < offset + len(pool))]
@@ -369,9 +383,11 @@ def carries_position_ids(mask: int) -> bool:
 # -- 5. pack ------------------------------------------------------------------------------
 
 
-def step_loss_tokens(plan: Schedule, loss_tokens: np.ndarray) -> int:
+def step_loss_tokens(plan: Schedule | DynamicCpSchedule, loss_tokens: np.ndarray) -> int:
     """Supervised tokens of the whole global step: the gathered counts of every id the
     schedule assigns (every replica, every microbatch; deferred and dropped ids add 0)."""
+    if isinstance(plan, DynamicCpSchedule):
+        return int(loss_tokens[plan.assigned].sum())
     return sum(int(loss_tokens[ids].sum()) for row in plan.assignment for ids in row)
 
 

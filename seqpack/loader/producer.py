@@ -25,6 +25,7 @@ exception carried in the ``Ready`` and raised by the ``next()`` of that step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -48,14 +49,16 @@ from seqpack.errors import ConfigError, SampleError, ScheduleError, StepFailed
 from seqpack.loader import phases
 from seqpack.loader.calibration import StepCalibration
 from seqpack.loader.config import PackingConfig
+from seqpack.loader.dynamic import DynamicCp
 from seqpack.loader.labels import copied_step_message
 from seqpack.loader.prefetch import DeviceCopy, Progress, Ready, tensors_of
 from seqpack.loader.resume import ResumeState
 from seqpack.loader.step import Step, StepTrace
 from seqpack.options import Axis, DataOwner
-from seqpack.schedulers import Scheduler
+from seqpack.schedulers import Schedule, Scheduler
+from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
 from seqpack.stats import StepStats
-from seqpack.thd import SAMPLES_NOT_BATCHES
+from seqpack.thd import SAMPLES_NOT_BATCHES, PackedBatch
 from seqpack.topology import Topology
 
 __all__ = ["StepProducer"]
@@ -87,8 +90,10 @@ class StepProducer:
         *,
         reads: bool,
         copy: DeviceCopy,
+        dynamic: DynamicCp | None = None,
     ) -> None:
         self.topology, self.comm, self.config = topology, comm, config
+        self.dynamic = dynamic  # dynamic CP's stages (PackingConfig.dynamic_cp), else None
         self.scheduler, self.stats_cost = scheduler, stats_cost
         self.reads = reads
         self.edge_stage = topology.is_first_stage or topology.is_last_stage
@@ -167,7 +172,10 @@ class StepProducer:
         with trace.phase("schedule"):
             self.calibration.choose_model(trace)
             try:
-                plan = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
+                if self.dynamic is not None:
+                    plan: Schedule | DynamicCpSchedule = self.dynamic.schedule(gathered)
+                else:
+                    plan = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
             except ScheduleError as exc:
                 return self._error(step, f"step {step}: {exc}", exc)
             fingerprint = self.calibration.fingerprint(plan, trace)
@@ -175,15 +183,35 @@ class StepProducer:
                 agreed = agree(Status.OK, None, t.group("dp"), fingerprint=fingerprint, axis="dp")
                 if agreed.status == Status.ERROR:
                     return StepError(step, f"step {step}: {agreed.message}")
-        if self.data_ended and not any(ids.size for row in plan.assignment for ids in row):
+        if self.data_ended and not phases.num_assigned(plan):
             self.pool = []  # only deferred samples are left and the scheduler keeps deferring them
             return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
         self.pool = phases.deferred_samples(pool, plan, gathered, t)
         positions = phases.carries_position_ids(gathered.key_mask)
+        batches = self._place(pool, plan, gathered, trace)
+        if isinstance(batches, StepError):
+            return batches
+        loss_tokens = phases.step_loss_tokens(plan, gathered.loss_tokens)
+        starts = self.dynamic.group_starts(plan) if isinstance(plan, DynamicCpSchedule) and self.dynamic else None
+        return StepOk(
+            step, plan, batches, gathered.empty_samples, positions, num_loss_tokens=loss_tokens, group_starts=starts
+        )
+
+    def _place(
+        self, pool: list[phases.Sample], plan: Schedule | DynamicCpSchedule, gathered: phases.Gathered, trace: StepTrace
+    ) -> list[PackedBatch] | StepError:
+        """Exchange and pack: this rank's microbatches of the step (its CP shards), or the
+        step's error when packing failed here."""
+        t, config, step = self.comm, self.config, self.steps
+        positions = phases.carries_position_ids(gathered.key_mask)
         exchanged = None
         with trace.phase("exchange"):
-            if not t.is_middle_stage or positions:
+            if isinstance(plan, DynamicCpSchedule):
+                assert self.dynamic is not None
+                exchanged = self.dynamic.exchange(pool, plan, gathered)
+            elif not t.is_middle_stage or positions:
                 exchanged = phases.exchange(pool, plan, gathered, t)
+            if exchanged is not None:
                 trace.traffic.update(
                     sent=exchanged.bytes_sent,
                     received=exchanged.bytes_received,
@@ -192,15 +220,14 @@ class StepProducer:
                 )
         with trace.phase("pack"):
             try:
-                batches = phases.pack(
-                    plan, exchanged, t, config.pad_multiple or 1, gathered.loss_tokens, config.cp_layout
-                )
+                if isinstance(plan, DynamicCpSchedule):
+                    assert self.dynamic is not None and exchanged is not None
+                    return self.dynamic.pack(plan, exchanged, gathered.loss_tokens)
+                return phases.pack(plan, exchanged, t, config.pad_multiple or 1, gathered.loss_tokens, config.cp_layout)
             except Exception as exc:  # local; CP/TP/PP peers hear of it in the status agreement
                 return self._error(
                     step, f"step {step}: packing failed on {self._who()}: {type(exc).__name__}: {exc}", exc
                 )
-        loss_tokens = phases.step_loss_tokens(plan, gathered.loss_tokens)
-        return StepOk(step, plan, batches, gathered.empty_samples, positions, num_loss_tokens=loss_tokens)
 
     def _who(self) -> str:
         return f"DP rank {self.topology.dp_rank} (global rank {this_rank()}, {self.topology.describe()})"
@@ -240,6 +267,9 @@ class StepProducer:
         t = self.comm
         if t.tp_size > 1 and self.edge_stage:
             msg = broadcast_tp(msg if t.tp_rank == 0 else None, t.group("tp"), timings=trace.timings)
+            if t.tp_rank > 0 and isinstance(msg, StepOk) and msg.group_starts is not None:
+                assert self.dynamic is not None  # the config, dynamic_cp included, is agreed on every rank
+                msg = dataclasses.replace(msg, microbatches=self.dynamic.attach(msg.microbatches, msg.group_starts))
         if t.pp_size > 1:
             msg = self._pipeline(msg, trace)
         assert msg is not None
@@ -276,6 +306,11 @@ class StepProducer:
             )
             if t.is_middle_stage:
                 assert got is not None
+                if isinstance(got, StepOk) and got.group_starts is not None:
+                    assert self.dynamic is not None  # the config, dynamic_cp included, is agreed on every rank
+                    return dataclasses.replace(
+                        got, microbatches=self.dynamic.attach(got.microbatches, got.group_starts)
+                    )
                 if isinstance(got, StepOk) and got.microbatches and got.microbatches[0].cp_rank != t.cp_rank:
                     sender = got.microbatches[0].cp_rank
                     raise ConfigError(
@@ -300,10 +335,14 @@ class StepProducer:
         if isinstance(msg, StepEnd):
             return Ready(msg.step, message=msg, progress=self.progress())
         plan = msg.schedule
-        stats = StepStats.from_schedule(plan, self.stats_cost, empty_samples=msg.empty_samples)
+        if isinstance(plan, DynamicCpSchedule):
+            assert self.dynamic is not None
+            stats = self.dynamic.stats(plan, msg.empty_samples)
+        else:
+            stats = StepStats.from_schedule(plan, self.stats_cost, empty_samples=msg.empty_samples)
+            self.calibration.fill_stats(stats, plan, trace, self.stats_cost)
         if self.config.flops_fn is not None:
             stats.flops = float(self.config.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
-        self.calibration.fill_stats(stats, plan, trace, self.stats_cost)
         self.steps += 1
         batches, copied = self.copy.place(msg.microbatches, trace)
         step = Step(

@@ -15,6 +15,7 @@ from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.loader.origin import origin_ids, to_origin
 from seqpack.schedulers import Schedule
+from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch
 from seqpack.topology import Topology
@@ -32,7 +33,10 @@ class Step:
             pipeline stages.
         stats: Tokens, padding, balance and FLOPs of the whole global batch.
         step: Step index (0-based).
-        schedule: The step's schedule (identical on every rank).
+        schedule: The step's schedule (identical on every rank): a
+            :class:`~seqpack.schedulers.Schedule`, or under ``dynamic_cp`` a
+            :class:`~seqpack.schedulers.dynamic_cp.DynamicCpSchedule` (per round, the CP
+            groups of the ``dp x cp`` ranks; ``num_microbatches`` is its rounds).
         schedule_fingerprint: ``schedule.fingerprint()``.
         timings: Seconds spent in ``read``, ``gather``, ``schedule``, ``exchange``,
             ``pack`` (pack + CP shard), ``broadcast`` (TP + PP, without ``wait``), ``wait``
@@ -52,7 +56,7 @@ class Step:
     microbatches: list[PackedBatch]
     stats: StepStats
     step: int = 0
-    schedule: Schedule | None = None
+    schedule: Schedule | DynamicCpSchedule | None = None
     schedule_fingerprint: int = 0
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     exchange_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -94,10 +98,16 @@ class Step:
 
         Raises:
             ConfigError: Not one tensor per microbatch, rows that do not match the
-                microbatch, or tensors of different dtype, trailing shape or device.
+                microbatch, or tensors of different dtype, trailing shape or device; a
+                step of ``dynamic_cp=True`` (not supported yet).
         """
         if self._topology is None:
             raise ConfigError("to_origin needs a Step from wrap_data_iterator")
+        if isinstance(self.schedule, DynamicCpSchedule):
+            raise ConfigError(
+                "Step.to_origin is not supported under dynamic_cp=True yet: a sequence's values are spread over its "
+                "CP group's ranks, whose way back to the reading rank is not implemented; use dynamic_cp=False"
+            )
         return to_origin(self, values, self._topology, per_sequence=per_sequence)
 
     def record_times(self, seconds_per_microbatch: Sequence[float] | np.ndarray) -> None:

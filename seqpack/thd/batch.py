@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,6 +17,9 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, INT64_MAX, CpLayout
 from seqpack.thd.sample import IGNORE_INDEX, TOKEN_KEYS
 from seqpack.validation import check_choice, check_int, check_positive_int
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["BATCH_TOKEN_FIELDS", "PackedBatch", "map_tensors", "padding_only_batch"]
 
@@ -40,6 +43,12 @@ class PackedBatch:
     carry loss: label not -100 and ``loss_mask`` > 0. It is set by the builders
     (:func:`~seqpack.thd.pack_sequences` counts it once, on the host; CP shards and copies keep
     it) and ``None`` where the builder was not told it.
+
+    ``cp_group`` is the process group this shard's CP ranks share when it is not the model's
+    own CP group: under dynamic CP (``PackingConfig(dynamic_cp=True)``) every microbatch has
+    its group, and ``ThdAttention`` / ``Mamba2Mixer`` use it (with ``cp_size`` / ``cp_rank``)
+    instead of theirs; ``None`` otherwise, and always for a rank alone (``cp_size`` 1). It is
+    not serialised (the wire carries the group's block; receivers map it to their own group).
     """
 
     input_ids: torch.Tensor | None  # int64 [T]
@@ -56,6 +65,7 @@ class PackedBatch:
     cp_rank: int = 0
     num_loss_tokens: int | None = None  # supervised tokens of the whole microbatch (all CP ranks)
     cp_layout: CpLayout = CpLayout.DUALCHUNK  # how the token fields were cut (meaningless at cp_size 1)
+    cp_group: ProcessGroup | None = dataclasses.field(default=None, compare=False, repr=False)  # dynamic CP
 
     def __post_init__(self) -> None:
         # Types only (cheap: one per microbatch); the layout itself is the builders' job.
@@ -93,6 +103,8 @@ class PackedBatch:
         if self.num_loss_tokens is not None:
             self.num_loss_tokens = check_int("PackedBatch.num_loss_tokens", self.num_loss_tokens, minimum=0)
         self.cp_layout = check_choice("PackedBatch.cp_layout", self.cp_layout, CpLayout)
+        if self.cp_group is not None and self.cp_size == 1:
+            raise ConfigError("PackedBatch.cp_group is set on a batch with cp_size=1: a rank alone has no CP group")
 
     @property
     def num_tokens(self) -> int:

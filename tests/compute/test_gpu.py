@@ -227,6 +227,62 @@ def test_te_under_cp_matches_reference(comm_type, causal, window):
         assert errors[0] < 2e-2 and max(errors[1:]) < 4e-2, (comm_type, causal, window, rank, errors)
 
 
+def _te_dynamic_worker(rank, world, store_path, results):
+    """Dynamic CP under TE: one module without a CP group runs a batch alone, then a batch
+    carrying a 2-rank cp_group, then alone again (TE's group switched per batch)."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    try:
+        heads, kv_heads, dim = 8, 2, 64
+        att = ThdAttention(heads, dim, kv_heads, backend="te")  # no cp_group: every batch brings its own
+        errors = []
+        for case, lengths in enumerate(([300, 77], [700, 1, 333, 1200], [64, 9, 500])):
+            grouped = case == 1
+            batch = make_pack(lengths, pad_multiple=pad_multiple_for(world if grouped else 1))
+            T = batch.num_tokens
+            g = torch.Generator().manual_seed(case)
+            full = [torch.randn(T, n, dim, generator=g).to(device) for n in (heads, kv_heads, kv_heads)]
+            ref = ThdAttention(heads, dim, kv_heads, backend="torch")(*full, batch.to(device))
+            if grouped:
+                idx = partition_indices(batch.cu_seqlens_padded, T, world, rank).to(device)
+                local = dataclasses.replace(shard_for_cp(batch, world, rank), cp_group=dist.group.WORLD)
+                out = att(*[t[idx].to(torch.bfloat16) for t in full], local.to(device))
+                errors.append(rel_err(out, ref[idx]))
+            else:
+                out = att(*[t.to(torch.bfloat16) for t in full], batch.to(device))
+                errors.append(rel_err(out, ref))
+        results.put((rank, errors))
+    except BaseException as exc:
+        results.put((rank, f"{type(exc).__name__}: {exc}"))
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_two_gpus
+def test_te_switches_to_each_batch_cp_group():
+    import torch.multiprocessing as mp
+
+    world = 2
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_te_dynamic_worker, args=(r, world, store, results)) for r in range(world)]
+        for p in procs:
+            p.start()
+        outcomes = dict(results.get(timeout=600) for _ in range(world))
+        for p in procs:
+            p.join(timeout=60)
+    for rank, errors in outcomes.items():
+        assert not isinstance(errors, str), (rank, errors)
+        assert max(errors) < 2e-2, (rank, errors)
+
+
 # --- TE's partition function vs seqpack.cp.partition_indices ------------------------------------
 
 

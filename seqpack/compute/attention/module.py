@@ -13,7 +13,7 @@ from torch import nn
 
 from seqpack._logging import warn_once
 from seqpack.compute import backends
-from seqpack.compute._collectives import check_cp_shard
+from seqpack.compute._collectives import check_batch_group, check_cp_shard
 from seqpack.compute.attention.exchange import exchange_kv, plan_kv_exchange
 from seqpack.compute.attention.masks import attention_mask
 from seqpack.compute.attention.reference import attend, thd_attention
@@ -71,7 +71,9 @@ class ThdAttention(nn.Module):
         backend: ``"auto"``, ``"te"`` or ``"torch"`` (an :class:`~seqpack.options.AttentionBackend`
             or its string; see the package docstring).
         cp_group: Context-parallel group; the batch must be this rank's CP shard
-            (``seqpack.thd.shard_for_cp``) with ``cp_size`` / ``cp_rank`` of this group.
+            (``seqpack.thd.shard_for_cp``) with ``cp_size`` / ``cp_rank`` of this group. A
+            batch that carries its own ``cp_group`` (dynamic CP) runs on that group instead,
+            with its ``cp_size`` / ``cp_rank``: build the module with ``cp_group=None`` then.
         causal: Keys after the query are never attended (default).
         window: ``(left, right)``, TE's ``window_size``: query ``i`` sees keys ``i-left ..
             i+right`` of its sequence, -1 = unbounded; ``(W, 0)`` with ``causal=True`` is a
@@ -135,6 +137,12 @@ class ThdAttention(nn.Module):
         check_te_options(te_options)
 
         self.te_attention: nn.Module | None = None
+        # Dynamic CP under TE: the group TE's CP is set to now, each group's ranks, the
+        # CP stream, and the CP sizes whose TE rules were checked.
+        self._te_group: dist.ProcessGroup | None = cp_group
+        self._te_ranks: dict[int, list[int]] = {}
+        self._te_stream: Any = None
+        self._te_checked: set[int] = {self.cp_size}
         # Why "auto" cannot use TE here (logged once when CUDA half inputs arrive), or None.
         self.te_unavailable: str | None = None
         if self.backend == AttentionBackend.TE:
@@ -202,8 +210,47 @@ class ThdAttention(nn.Module):
         if warning is not None:
             warn_once(logger, warning[0], "%s", warning[1])
 
+    def cp_of(self, batch: PackedBatch) -> tuple[dist.ProcessGroup | None, int, int]:
+        """``(group, size, rank)`` this batch runs on: its own ``cp_group`` when it carries one
+        (dynamic CP), else the module's."""
+        if batch.cp_group is not None:
+            return batch.cp_group, batch.cp_size, batch.cp_rank
+        return self.cp_group, self.cp_size, self.cp_rank
+
+    def _use_te_group(self, group: dist.ProcessGroup | None, size: int) -> None:
+        """Point TE's CP at ``group`` (a batch's own, or the module's), only when it changes;
+        a group's ranks and the CP stream are cached, its size's TE rules checked once."""
+        if group is self._te_group:
+            return
+        assert self.te_attention is not None
+        if size not in self._te_checked:
+            if self.cp_comm_type == CpCommType.A2A_P2P:
+                raise ConfigError(
+                    "cp_comm_type='a2a+p2p' takes fixed subgroups: batches with their own cp_group (dynamic CP) "
+                    "need 'p2p', 'all_gather' or 'a2a'"
+                )
+            check_te_rules(
+                self.mask, cp_size=size, cp_comm_type=self.cp_comm_type, num_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads, cp_layout=self.cp_layout,
+            )  # fmt: skip
+            self._te_checked.add(size)
+        ranks = None
+        if group is not None:
+            key = id(group)
+            if key not in self._te_ranks:
+                self._te_ranks[key] = dist.get_process_group_ranks(group)
+            ranks = self._te_ranks[key]
+            if self._te_stream is None and torch.cuda.is_available():
+                self._te_stream = torch.cuda.Stream()
+        self.te_attention.set_context_parallel_group(  # type: ignore[operator]
+            group, ranks, self._te_stream, self.cp_comm_type.value
+        )
+        self._te_group = group
+
     def _forward_te(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         assert self.te_attention is not None
+        group, size, _ = self.cp_of(batch)
+        self._use_te_group(group, size)
         check_te_batch(batch)
         out = self.te_attention(q, k, v, **te_forward_kwargs(batch, self.mask))  # THD output: [T, H * D]
         out = out.view(q.shape[0], self.num_heads, -1)
@@ -213,17 +260,18 @@ class ThdAttention(nn.Module):
 
     def _forward_torch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         causal, window = self.mask.causal, self.mask.window_size
-        if self.cp_size == 1:
+        group, cp_size, cp_rank = self.cp_of(batch)
+        if cp_size == 1:
             cu, cu_padded = batch.cu_seqlens, batch.cu_seqlens_padded
             return thd_attention(q, k, v, cu, cu_padded, softmax_scale=self.softmax_scale, causal=causal, window=window)
-        assert self.cp_group is not None
+        assert group is not None
         cu, cu_padded = batch.cu_seqlens, batch.cu_seqlens_padded
-        plan = plan_kv_exchange(cu, cu_padded, self.cp_size, self.cp_rank, mask=self.mask, layout=batch.cp_layout)
-        keys, values = exchange_kv(k, v, plan, self.cp_group)  # (K, Hkv, D): every key in reach, key order
+        plan = plan_kv_exchange(cu, cu_padded, cp_size, cp_rank, mask=self.mask, layout=batch.cp_layout)
+        keys, values = exchange_kv(k, v, plan, group)  # (K, Hkv, D): every key in reach, key order
         scale = 1.0 / math.sqrt(self.head_dim) if self.softmax_scale is None else self.softmax_scale
         return attend(
             q, keys, values, batch.cu_seqlens.tolist(), batch.cu_seqlens_padded.tolist(), mask=self.mask, scale=scale,
-            cp_size=self.cp_size, cp_rank=self.cp_rank, layout=batch.cp_layout, key_positions=plan.key_positions,
+            cp_size=cp_size, cp_rank=cp_rank, layout=batch.cp_layout, key_positions=plan.key_positions,
         )  # fmt: skip
 
     def _check_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBatch) -> None:
@@ -248,4 +296,7 @@ class ThdAttention(nn.Module):
             raise SeqpackTypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
         if k.device != q.device or v.device != q.device:
             raise SeqpackError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-        check_cp_shard(batch, self.cp_size, self.cp_rank, self.cp_layout)
+        _, cp_size, cp_rank = self.cp_of(batch)
+        if batch.cp_group is not None:
+            check_batch_group(batch)
+        check_cp_shard(batch, cp_size, cp_rank, self.cp_layout)

@@ -9,6 +9,9 @@ step); short ones stay on one rank and pay no CP communication. Modules:
 - ``cost``: :class:`GroupCost` (compute split over the group + Transformer Engine's p2p
   ring) and :func:`predicted_step_time`.
 - ``planner``: :func:`plan_dynamic_cp` (the search over heights and builders).
+- ``pieces``: the shards a step's exchange moves (one per sequence and rank of its group) and
+  who cuts each; ``stats``: :func:`~seqpack.schedulers.dynamic_cp.stats.plan_stats`, a
+  plan's :class:`~seqpack.stats.StepStats`. Running a plan: ``seqpack.loader.dynamic``.
 - Private: ``_candidate`` (a plan while it is built, and its exact score), ``_rounds``
   (the lockstep builder and static CP), ``_replica`` (the replica-sync builder),
   ``_kernels`` (numba), ``_checks`` (the plan's invariants).

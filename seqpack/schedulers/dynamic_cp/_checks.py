@@ -55,6 +55,12 @@ def check_arrays(plan: DynamicCpSchedule) -> None:
         )
     if plan.lengths.shape != plan.original_lengths.shape:
         raise ScheduleError("dynamic CP plan lengths and original lengths differ in shape")
+    origin = plan.origin
+    assert origin is not None  # filled in __post_init__
+    if origin.shape != plan.original_lengths.shape or (
+        origin.size and (origin.min() < 0 or origin.max() >= plan.dp_size)
+    ):
+        raise ScheduleError(f"dynamic CP plan origin must hold one DP rank in 0..{plan.dp_size - 1} per id")
 
 
 def check_partition(plan: DynamicCpSchedule) -> None:

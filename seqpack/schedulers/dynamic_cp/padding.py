@@ -9,23 +9,19 @@ on one rank (TP under sequence parallelism, 16 under FP8). Alone (``c = 1``) it 
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 import numpy as np
 
+from seqpack.options import GroupSizes
 from seqpack.validation import check_choice
 
-__all__ = ["GroupSizes", "allowed_group_sizes", "cp_pad_multiple", "group_padded_lengths"]
-
-
-class GroupSizes(StrEnum):
-    """Which CP group sizes a plan may use (belongs in ``seqpack.options`` once merged)."""
-
-    POW2 = "pow2"  # powers of two on aligned blocks (start % size == 0), and the whole R
-    ANY = "any"  # any size 1..R on any contiguous block (Megatron-LM PR #7097)
-
-    def __repr__(self) -> str:
-        return repr(self.value)
+__all__ = [
+    "GroupSizes",
+    "allowed_group_sizes",
+    "cp_pad_multiple",
+    "group_holds",
+    "group_padded_lengths",
+    "longest_sequence",
+]
 
 
 def cp_pad_multiple(group_size: int, pad_multiple: int) -> int:
@@ -55,3 +51,17 @@ def allowed_group_sizes(num_ranks: int, group_sizes: str) -> np.ndarray:
     if sizes[-1] != num_ranks:
         sizes.append(num_ranks)
     return np.array(sizes, dtype=np.int64)
+
+
+def group_holds(sizes: np.ndarray, max_tokens_per_rank: int, pad_multiple: int) -> np.ndarray:
+    """int64: the longest sequence a group of each size holds alone (``size *
+    max_tokens_per_rank`` rounded down to the size's padding multiple)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    multiple = np.where(sizes > 1, 2 * sizes * pad_multiple, pad_multiple)
+    return (sizes * max_tokens_per_rank // multiple) * multiple
+
+
+def longest_sequence(num_ranks: int, group_sizes: str, max_tokens_per_rank: int, pad_multiple: int) -> int:
+    """The longest sequence a plan over ``num_ranks`` ranks schedules (what
+    ``on_oversize="truncate"`` cuts a longer one to): the most any allowed group holds."""
+    return int(group_holds(allowed_group_sizes(num_ranks, group_sizes), max_tokens_per_rank, pad_multiple).max())

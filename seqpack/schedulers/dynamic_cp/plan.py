@@ -65,6 +65,9 @@ class DynamicCpSchedule:
         dp_size, cp_size, max_tokens_per_rank, pad_multiple: The limits it was made for.
         group_sizes: ``"pow2"`` (aligned powers of two, and the whole R) or ``"any"``.
         deferred, dropped, truncated: Ids held for the next step / removed / cut to fit.
+        origin: DP rank holding each id before the step's exchange (default: ``N`` split into
+            ``dp_size`` contiguous, equal blocks). On the wire, not in the fingerprint: the
+            same placement is the same plan wherever samples came from.
     """
 
     num_rounds: int
@@ -83,6 +86,7 @@ class DynamicCpSchedule:
     deferred: np.ndarray = dataclasses.field(default_factory=_EMPTY.copy)
     dropped: np.ndarray = dataclasses.field(default_factory=_EMPTY.copy)
     truncated: np.ndarray = dataclasses.field(default_factory=_EMPTY.copy)
+    origin: np.ndarray | None = None
 
     # Arrays of :meth:`to_arrays`, in wire order after ``limits``.
     ARRAY_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -96,6 +100,7 @@ class DynamicCpSchedule:
         "deferred",
         "dropped",
         "truncated",
+        "origin",
     )
     LIMITS: ClassVar[tuple[str, ...]] = (
         "num_rounds",
@@ -109,12 +114,21 @@ class DynamicCpSchedule:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "group_sizes", check_choice("group_sizes", self.group_sizes, GroupSizes))
+        if self.origin is None:
+            n, dp = self.num_sequences, max(self.dp_size, 1)
+            origin = np.minimum(np.arange(n, dtype=np.int64) * dp // max(n, 1), dp - 1)
+            object.__setattr__(self, "origin", origin)
 
     # -- shape -----------------------------------------------------------------------------
     @property
     def num_ranks(self) -> int:
         """``R = dp_size * cp_size``: the ranks every round partitions."""
         return self.dp_size * self.cp_size
+
+    @property
+    def num_microbatches(self) -> int:
+        """Microbatches every rank runs: :attr:`num_rounds` (the name ``Schedule`` uses)."""
+        return self.num_rounds
 
     @property
     def num_groups(self) -> int:
@@ -185,7 +199,7 @@ class DynamicCpSchedule:
         """
         if not isinstance(arrays, Mapping):
             raise SeqpackTypeError(f"dynamic CP plan arrays must be a mapping, got {type(arrays).__name__}")
-        missing = [k for k in ("limits", *cls.ARRAY_FIELDS) if k not in arrays]
+        missing = [k for k in ("limits", *cls.ARRAY_FIELDS) if k not in arrays and k != "origin"]
         if missing:
             raise ScheduleError(f"dynamic CP plan arrays are missing {missing}")
         limits = _int64("limits", arrays["limits"])
@@ -194,7 +208,12 @@ class DynamicCpSchedule:
         modes = {code: GroupSizes(mode) for mode, code in cls._MODE_CODE.items()}
         if int(limits[5]) not in modes:
             raise ScheduleError(f"dynamic CP plan group_sizes code {int(limits[5])} is not one of {sorted(modes)}")
-        got = {k: _int64(k, arrays[k]) for k in cls.ARRAY_FIELDS}
+        got = {k: _int64(k, arrays[k]) for k in cls.ARRAY_FIELDS if k in arrays}
+        origin = got.pop("origin", None)
+        if origin is not None and origin.shape[0] != got["original_lengths"].shape[0]:
+            raise ScheduleError(
+                f"dynamic CP plan origin holds {origin.shape[0]} ranks for {got['original_lengths'].shape[0]} ids"
+            )
         groups = got["group_size"].shape[0]
         if any(got[k].shape[0] != groups for k in ("group_round", "group_start", "group_counts")):
             raise ScheduleError("dynamic CP plan group arrays differ in length")
@@ -211,6 +230,7 @@ class DynamicCpSchedule:
             max_tokens_per_rank=mtpr,
             pad_multiple=pm,
             group_sizes=modes[int(limits[5])],
+            origin=origin,
             **got,
         )
 
@@ -218,6 +238,8 @@ class DynamicCpSchedule:
         """A 63-bit hash of the whole plan, equal on ranks that computed the same one."""
         digest = hashlib.blake2b(digest_size=8)
         for name, array in self.to_arrays().items():
+            if name == "origin":  # where samples came from does not change the plan
+                continue
             digest.update(name.encode())
             digest.update(np.int64(array.shape[0]).tobytes())
             digest.update(array.tobytes())

@@ -39,7 +39,7 @@ from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score
 from seqpack.schedulers.dynamic_cp._replica import build_replica
 from seqpack.schedulers.dynamic_cp._rounds import build, build_static
 from seqpack.schedulers.dynamic_cp.cost import GroupCost
-from seqpack.schedulers.dynamic_cp.padding import GroupSizes, allowed_group_sizes, group_padded_lengths
+from seqpack.schedulers.dynamic_cp.padding import GroupSizes, allowed_group_sizes, group_holds, group_padded_lengths
 from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
 from seqpack.validation import check_choice, check_positive_int
 
@@ -138,7 +138,7 @@ def _apply_oversize(
     """(lengths to pack with, dropped ids, truncated ids) for sequences longer than the
     largest group holds."""
     multiple = np.where(sizes > 1, 2 * sizes * pad_multiple, pad_multiple)
-    holds = (sizes * capacity // multiple) * multiple
+    holds = group_holds(sizes, capacity, pad_multiple)
     fits = int(holds.max())
     if fits < 1:
         raise ConfigError(f"max_tokens_per_rank={capacity} is smaller than pad_multiple={pad_multiple}: nothing fits")

@@ -1,0 +1,63 @@
+"""The pieces of a dynamic-CP step: one per sequence and rank of its group (pure).
+
+Plane rank ``start + j`` of a sequence's group runs its DualChunkSwap shard ``j`` of ``c``
+(the sequence padded to its group's multiple, chunks ``j`` and ``2c - 1 - j`` of ``2c``). The
+piece is cut and sent by CP rank ``(start + j) % cp`` of the DP replica that read the sample
+(the CP ranks of a replica read identical samples): one sender per piece, and a group shaped
+like static CP, over a replica's own ranks, moves nothing. The exchange
+(``seqpack.collective.cp_exchange``) and the stats (:mod:`.stats`) read this one definition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
+from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
+
+__all__ = ["Pieces", "plan_pieces", "shard_layout"]
+
+
+def shard_layout(plan: DynamicCpSchedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """int64 ``[N]`` each: every id's group's first plane rank and size (-1 when not
+    assigned), and the tokens of each of its shards (padded length / size; 0 unassigned)."""
+    group, _, size = plan.placement()
+    start = np.where(group >= 0, plan.group_start[np.maximum(group, 0)], -1)
+    padded = group_padded_lengths(plan.lengths, np.maximum(size, 1), plan.pad_multiple)
+    return start, size, np.where(size > 0, padded // np.maximum(size, 1), 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pieces:
+    """Every piece as flat int64 arrays: the id, its CP rank ``j`` in the group, the plane
+    rank that runs it (``dst``), the one that cuts and sends it (``src``), its tokens."""
+
+    gid: np.ndarray
+    j: np.ndarray
+    dst: np.ndarray
+    src: np.ndarray
+    tokens: np.ndarray
+
+    @classmethod
+    def of(cls, start: np.ndarray, size: np.ndarray, tokens: np.ndarray, origin: np.ndarray, cp_size: int) -> Pieces:
+        """From per-id arrays (:func:`shard_layout`, and the DP rank that read each id)."""
+        ids = np.flatnonzero(size > 0).astype(np.int64)
+        reps = size[ids]
+        gid = np.repeat(ids, reps)
+        j = np.arange(gid.shape[0], dtype=np.int64) - np.repeat(np.cumsum(reps) - reps, reps)
+        dst = start[gid] + j
+        return cls(gid, j, dst, origin[gid] * cp_size + dst % cp_size, tokens[gid])
+
+    @property
+    def moving(self) -> np.ndarray:
+        """bool: the piece crosses the wire (it is not cut where it runs)."""
+        return self.src != self.dst
+
+
+def plan_pieces(plan: DynamicCpSchedule) -> Pieces:
+    """The pieces of ``plan``, read by the DP ranks in ``plan.origin``."""
+    assert plan.origin is not None  # filled in __post_init__
+    start, size, tokens = shard_layout(plan)
+    return Pieces.of(start, size, tokens, plan.origin, plan.cp_size)

@@ -1,0 +1,77 @@
+"""PackingConfig(dynamic_cp=True): its options, what it refuses by name, its fingerprint."""
+
+import pytest
+
+from seqpack.cost import CostModel
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.loader import PackingConfig
+from seqpack.loader.config import resolved_cost
+from seqpack.options import GroupSizes
+from seqpack.schedulers.dynamic_cp import GroupCost
+from seqpack.topology import Topology
+
+COMPUTE = CostModel(1e-6, 1e-9, 1e-3)
+RING = {"ring_step": 1e-4, "ring_token": 2e-8}
+
+
+def dynamic(**kw):
+    kw.setdefault("samples_per_rank", 4)
+    kw.setdefault("max_tokens_per_rank", 64)
+    kw.setdefault("dynamic_cp", True)
+    kw.setdefault("group_cost", RING)
+    return PackingConfig(**kw)
+
+
+def test_ring_figures_are_added_to_the_cost():
+    config = dynamic(cost=COMPUTE, cp_group_sizes="any")
+    assert config.group_cost == GroupCost(COMPUTE, **RING)
+    assert config.cp_group_sizes is GroupSizes.ANY
+    assert resolved_cost(config, config.build_scheduler()) == COMPUTE
+    given = GroupCost(COMPUTE, ring_step=3.0, ranks_per_node=4)
+    assert dynamic(group_cost=given).group_cost is given
+    assert dynamic(group_cost=given, cost=COMPUTE).group_cost is given
+
+
+@pytest.mark.parametrize(
+    "kw, error, message",
+    [
+        ({"group_cost": None}, ConfigError, "dynamic_cp=True needs group_cost"),
+        ({"group_cost": {"ring_latency": 1.0}}, ConfigError, r"unknown group_cost figure\(s\) \['ring_latency'\]"),
+        ({"group_cost": {"ring_step": -1.0}}, ConfigError, "ring_step"),
+        ({"group_cost": 3}, SeqpackTypeError, "group_cost must be a GroupCost or a mapping"),
+        (
+            {"group_cost": GroupCost(COMPUTE), "cost": CostModel(1.0, 0.0)},
+            ConfigError,
+            "group_cost.compute=.* differs from cost=",
+        ),
+        ({"scheduler": "dp_balanced"}, ConfigError, "scheduler='dp_balanced'.* would not be used"),
+        ({"scheduler_options": {"order": "pipeline"}}, ConfigError, "leave scheduler at 'balanced'"),
+        ({"calibrate": True}, ConfigError, "calibrate is not supported with dynamic_cp=True yet"),
+        ({"cp_layout": "contiguous"}, ConfigError, "cp_layout='contiguous' is not supported with dynamic_cp=True"),
+        ({"cp_group_sizes": "odd"}, ConfigError, "cp_group_sizes must be one of"),
+        ({"dynamic_cp": 1}, SeqpackTypeError, "dynamic_cp must be True or False"),
+        ({"dynamic_cp": False}, ConfigError, "group_cost is an option of dynamic CP"),
+        ({"dynamic_cp": False, "group_cost": None, "cp_group_sizes": "any"}, ConfigError, "cp_group_sizes is an"),
+    ],
+)
+def test_refusals_name_the_option(kw, error, message):
+    with pytest.raises(error, match=message):
+        dynamic(**kw)
+
+
+def test_in_the_fingerprint_only_when_on():
+    off = PackingConfig(samples_per_rank=4, max_tokens_per_rank=64)
+    assert not {"dynamic_cp", "group_cost", "cp_group_sizes"} & set(off.summary())  # old resume states load
+    on = dynamic()
+    assert on.summary()["dynamic_cp"] == "True" and "ring_step=0.0001" in on.summary()["group_cost"]
+    assert len({off.fingerprint(), on.fingerprint(), dynamic(cp_group_sizes="any").fingerprint()}) == 3
+    assert dynamic(group_cost={"ring_step": 2e-4}).fingerprint() != on.fingerprint()
+
+
+def test_resolve_uses_the_single_rank_padding():
+    topology = Topology(dp_size=2, cp_size=2, dp_rank=0, cp_rank=0, groups={"dp": object(), "cp": object()})
+    assert dynamic().resolve(topology).pad_multiple == 1  # not 2*cp: a group of c pads to 2*c times it
+    assert dynamic(fp8=True).resolve(topology).pad_multiple == 16
+    assert dynamic(pad_multiple=3).resolve(topology).pad_multiple == 3
+    with pytest.raises(ConfigError, match="max_tokens_per_rank=8 is smaller than pad_multiple=16"):
+        dynamic(max_tokens_per_rank=8, fp8=True).resolve(topology)
