@@ -130,47 +130,13 @@ class PackingIterator(Iterator[Step], Stateful):
         self._edge_stage = t.is_first_stage or t.is_last_stage
         self._reads = config.data_owner == DataOwner.ALL or (t.tp_rank == 0 and self._edge_stage)
         self._comm = topology  # whose groups the per-step collectives run on
-        error: SeqpackError | None = None
-        fingerprint, details = None, None
-        comm, timeout = None, None
-        try:
-            self.config = config.resolve(topology)
-            self._check_ownership(data_iterator)
-            self._device, self._pin_memory = check_device(device, pin_memory)
-            timeout = check_timeout(group_timeout)
-            if wrapper_groups is not None:
-                comm = topology.with_groups(wrapper_groups)
-            sizes = {f"{a}_size": str(topology.size(a)) for a in AXES}
-            details = {**self.config.summary(), **sizes}
-            fingerprint = fingerprint_text(repr((self.config.fingerprint(), sorted(sizes.items()))))
-        except SeqpackError as exc:
-            error = exc
-        # Ranks may differ in prefetch; the wrapper's own groups are created (collectively)
-        # when any rank prefetches, and then every rank runs its steps on them.
-        any_prefetch = config.prefetch > 0
-        if config.validate_ranks:
-            # Every rank takes part even when its own arguments were bad, so that all ranks
-            # raise the same error instead of some waiting in the first step's collectives.
-            agreed = agree_axes(
-                self._comm,
-                AXES,
-                Status.ERROR if error else Status.OK,
-                typed_message(error) if error else None,
-                fingerprint,
-                what="wrapper arguments",
-                payload=np.array([int(any_prefetch)], dtype=np.int64),
-                details=details,
-            )
-            if agreed.status == Status.ERROR:
-                raise from_typed_message(agreed.message or "") from error
-            any_prefetch = bool(agreed.payload is not None and agreed.payload[0])
-        elif error is not None:
-            raise error
+        comm, timeout, any_prefetch = self._check_and_agree(data_iterator, config, device, pin_memory,
+                                                             wrapper_groups, group_timeout)  # fmt: skip
         owned: list[Any] = []
         if comm is not None:
             self._comm = comm
         elif any_prefetch:
-            # Collective (every rank, same order), like the agreement above.
+            # Collective (every rank, same order), like the agreement before it.
             groups = new_axis_groups(topology, backend="gloo", timeout=timeout)
             owned = [group for group in groups.values() if group is not None]
             if owned:
@@ -202,6 +168,56 @@ class PackingIterator(Iterator[Step], Stateful):
         self._failure: StepFailed | None = None
         self.dropped_at_end = 0
         self.empty_at_end = 0  # zero-length samples read in the step that found the end of data
+
+    def _check_and_agree(
+        self,
+        data_iterator: Iterable[Mapping[str, Any]] | None,
+        config: PackingConfig,
+        device: Any,
+        pin_memory: bool,
+        wrapper_groups: Topology | Mapping[str, Any] | None,
+        group_timeout: float | datetime.timedelta | None,
+    ) -> tuple[Topology | None, datetime.timedelta | None, bool]:
+        """Check this rank's arguments, then agree on them with every rank (one error for
+        all, the fields that differ named). Returns the wrapper groups' topology (when given),
+        the groups' timeout, and whether any rank prefetches: ranks may differ in prefetch,
+        and the wrapper's own groups are created when any rank does."""
+        topology = self.topology
+        error: SeqpackError | None = None
+        fingerprint, details = None, None
+        comm, timeout = None, None
+        try:
+            self.config = config.resolve(topology)
+            self._check_ownership(data_iterator)
+            self._device, self._pin_memory = check_device(device, pin_memory)
+            timeout = check_timeout(group_timeout)
+            if wrapper_groups is not None:
+                comm = topology.with_groups(wrapper_groups)
+            sizes = {f"{a}_size": str(topology.size(a)) for a in AXES}
+            details = {**self.config.summary(), **sizes}
+            fingerprint = fingerprint_text(repr((self.config.fingerprint(), sorted(sizes.items()))))
+        except SeqpackError as exc:
+            error = exc
+        any_prefetch = config.prefetch > 0
+        if not config.validate_ranks:
+            if error is not None:
+                raise error
+            return comm, timeout, any_prefetch
+        # Every rank takes part even when its own arguments were bad, so that all ranks raise
+        # the same error instead of some waiting in the first step's collectives.
+        agreed = agree_axes(
+            self._comm,
+            AXES,
+            Status.ERROR if error else Status.OK,
+            typed_message(error) if error else None,
+            fingerprint,
+            what="wrapper arguments",
+            payload=np.array([int(any_prefetch)], dtype=np.int64),
+            details=details,
+        )
+        if agreed.status == Status.ERROR:
+            raise from_typed_message(agreed.message or "") from error
+        return comm, timeout, bool(agreed.payload is not None and agreed.payload[0])
 
     @property
     def scheduler(self) -> Scheduler:
@@ -440,30 +456,16 @@ def wrap_data_iterator(
             rank that must not read or missing on one that must.
     """
     try:
-        if config is None:
-            unknown = sorted(set(overrides) - set(PackingConfig.field_names()))
-            if unknown:
-                raise ConfigError(f"unknown option(s) {unknown}; valid: {', '.join(PackingConfig.field_names())}")
-            missing = [k for k in ("samples_per_rank", "max_tokens_per_rank") if k not in overrides]
-            if missing:
-                raise ConfigError(f"wrap_data_iterator needs {' and '.join(missing)} (or a PackingConfig)")
-            config = PackingConfig(**overrides)
-        elif overrides:
-            config = config.replace(**overrides)
+        config = _config_of(config, overrides)
     except SeqpackError as exc:
         validate = overrides.get("validate_ranks", True if config is None else config.validate_ranks)
         if validate is not False and isinstance(topology, Topology):
             # The other ranks are waiting in the constructor's agreement: take part, so that
             # every rank raises this error instead of some hanging.
             agreed = agree_axes(
-                topology,
-                AXES,
-                Status.ERROR,
-                typed_message(exc),
-                None,
-                what="wrapper arguments",
+                topology, AXES, Status.ERROR, typed_message(exc), None, what="wrapper arguments",
                 payload=np.zeros(1, dtype=np.int64),
-            )
+            )  # fmt: skip
             raise from_typed_message(agreed.message or typed_message(exc)) from exc
         raise
     return PackingIterator(
@@ -475,3 +477,16 @@ def wrap_data_iterator(
         wrapper_groups=wrapper_groups,
         group_timeout=group_timeout,
     )
+
+
+def _config_of(config: PackingConfig | None, overrides: Mapping[str, Any]) -> PackingConfig:
+    """``config`` with ``overrides`` applied, or a new one built from them."""
+    if config is not None:
+        return config.replace(**overrides) if overrides else config
+    unknown = sorted(set(overrides) - set(PackingConfig.field_names()))
+    if unknown:
+        raise ConfigError(f"unknown option(s) {unknown}; valid: {', '.join(PackingConfig.field_names())}")
+    missing = [k for k in ("samples_per_rank", "max_tokens_per_rank") if k not in overrides]
+    if missing:
+        raise ConfigError(f"wrap_data_iterator needs {' and '.join(missing)} (or a PackingConfig)")
+    return PackingConfig(**overrides)
