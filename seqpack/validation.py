@@ -21,6 +21,7 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, INT64_MAX, MAX_TOKENS
 
 __all__ = [
+    "int64_array",
     "INT32_MAX",
     "INT64_MAX",
     "MAX_TOKENS",
@@ -133,6 +134,63 @@ def _is_number_array(value: object) -> bool:
         return False
     arr = np.asarray(value)
     return arr.size == 1 and arr.dtype.kind in "iuf"
+
+
+def int64_array(
+    name: str,
+    value: object,
+    *,
+    error: type[Exception] = SeqpackTypeError,
+    too_large: type[Exception] | None = None,
+    integral_floats: bool = False,
+    element: str | None = None,
+) -> np.ndarray:
+    """``value`` as an int64 array of the same shape (a new array): integers only, none past
+    int64 (never wrapped). The one coercer behind every int64 array seqpack accepts.
+
+    Args:
+        name: What the value is, for messages (``"lengths"``, ``"origin"``).
+        error: Raised for values that are not integers (floats, strings, bools, ragged lists).
+        too_large: Raised for an integer past ``2**63 - 1`` (default: ``error``).
+        integral_floats: Accept finite floats with integral values (``4.0``); an empty float
+            array is always accepted.
+        element: How a message names one element: a format string with ``{index}``
+            (default ``"{name} element {index}"``), e.g. ``"sample {index} has length"``.
+    """
+    too_large = too_large or error
+    label = element or f"{name} element {{index}} is"
+
+    def past_int64(index: int, number: object) -> Exception:
+        return too_large(f"{label.format(index=index)} {number}, too large (at most 2**63 - 1)")
+
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, RuntimeError, OverflowError):  # ragged lists, device tensors
+        raise error(f"{name} must be integers, got {value!r:.60}") from None
+    if array.size == 0:
+        return np.zeros(array.shape, dtype=np.int64)
+    flat = array.reshape(-1)
+    if array.dtype.kind == "O":
+        items = flat.tolist()
+        for i, item in enumerate(items):
+            if not isinstance(item, numbers.Integral) or isinstance(item, bool):
+                raise error(f"{name} must be integers, got {item!r:.60} ({label.format(index=i)} not one)")
+        top = max(items)
+        if top > INT64_MAX:
+            raise past_int64(items.index(top), int(top))
+        return np.array([int(v) for v in items], dtype=np.int64).reshape(array.shape)
+    if array.dtype.kind == "f" and integral_floats:
+        if not (np.all(np.isfinite(flat)) and np.all(flat == np.round(flat))):
+            raise error(f"{name} must be integers, got dtype {array.dtype}")
+        if flat.max() >= 2.0**63:
+            i = int(np.argmax(flat))
+            raise past_int64(i, f"{float(flat[i]):.0f}")
+    elif array.dtype.kind not in "iu":
+        raise error(f"{name} must be integers, got dtype {array.dtype}")
+    elif array.dtype == np.uint64 and int(flat.max()) > INT64_MAX:
+        i = int(np.argmax(flat))
+        raise past_int64(i, int(flat[i]))
+    return np.array(array, dtype=np.int64)
 
 
 def check_bool(name: str, value: object) -> bool:

@@ -29,6 +29,8 @@ MOVED = {
     "seqpack.cp": ("seqpack.thd.cp", "shard_for_cp"),
     "seqpack.progress": ("seqpack.cli.progress", "Progress"),
     "seqpack.demo": ("seqpack.cli.demo.settings", "DemoSettings"),
+    "seqpack.schedulers.locality": ("seqpack.schedulers.balanced.locality", "plan_local"),
+    "seqpack.schedulers._exact": ("seqpack.schedulers.balanced.exact", "pack_bins"),
 }
 
 _PROBE = r"""

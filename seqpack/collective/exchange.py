@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from seqpack.collective.groups import all_gather_objects, collective, comm_device, group_rank, group_size
 from seqpack.errors import ConfigError, SampleError
-from seqpack.schedulers.base import Schedule
+from seqpack.schedulers.schedule import Schedule
 
 __all__ = ["ExchangePlan", "Exchanged", "exchange_samples", "plan_exchange", "plan_return", "return_values"]
 

@@ -22,6 +22,7 @@ from seqpack.collective.fields import Header
 from seqpack.collective.groups import all_gather_objects, collective, comm_device, global_rank, group_size, this_rank
 from seqpack.collective.wire import FORMAT_VERSION
 from seqpack.errors import SeqpackTypeError, StepFailed, WireError
+from seqpack.validation import int64_array
 
 __all__ = ["GATHER_HEADER", "GatheredLengths", "gather_lengths"]
 
@@ -72,13 +73,7 @@ class GatheredLengths:
 
 def _int64_vector(name: str, value: Any) -> np.ndarray:
     """``value`` as a flat int64 array: integers only, none past int64 (never wrapped)."""
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError):
-        array = np.asarray(None)
-    if array.size and (array.dtype.kind not in "iu" or (array.dtype == np.uint64 and int(array.max()) > 2**63 - 1)):
-        raise SeqpackTypeError(f"{name} must be int64 integers, got {value!r:.60}")
-    return np.ascontiguousarray(array.astype(np.int64).reshape(-1))
+    return np.ascontiguousarray(int64_array(name, value).reshape(-1))
 
 
 def _int64_columns(columns: Any, count: int) -> np.ndarray:

@@ -7,8 +7,8 @@ import dataclasses
 from typing import ClassVar
 
 from seqpack.collective.agree import Status
-from seqpack.schedulers.base import Schedule
 from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
+from seqpack.schedulers.schedule import Schedule
 from seqpack.thd import PackedBatch
 
 __all__ = ["StepEnd", "StepError", "StepMessage", "StepOk"]

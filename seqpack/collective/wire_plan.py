@@ -12,8 +12,8 @@ import numpy as np
 
 from seqpack.errors import WireError
 from seqpack.options import GroupSizes
-from seqpack.schedulers.base import Schedule
 from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
+from seqpack.schedulers.schedule import Schedule
 
 __all__ = ["PlanKind", "decode_plan", "plan_header", "plan_payload"]
 

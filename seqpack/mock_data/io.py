@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
 from seqpack.options import INT64_MAX
-from seqpack.validation import check_path
+from seqpack.validation import check_path, int64_array
 
 __all__ = ["LENGTH_COLUMNS", "LIST_MAX_VALUES", "file_format", "lengths_from_file", "write_lengths"]
 
@@ -297,15 +297,9 @@ def _as_lengths(col: pa.Array) -> tuple[np.ndarray, int | None, str]:
 
 def _lengths_to_write(lengths: object) -> np.ndarray:
     """``lengths`` as a 1-D int64 array of non-negative integers (zeros are empty samples)."""
-    try:
-        arr = np.asarray(lengths)
-    except (TypeError, ValueError):
-        arr = np.asarray(None)
-    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+    arr = int64_array("lengths", lengths, too_large=SampleError, element="sample {index} has length")
+    if arr.ndim != 1:
         raise SeqpackTypeError(f"lengths must be a 1-D sequence of integers, got {lengths!r:.60}")
-    if arr.size and arr.dtype == np.uint64 and int(arr.max()) > INT64_MAX:
-        raise SampleError(f"lengths holds {int(arr.max())}, too large (at most 2**63 - 1)")
-    arr = arr.astype(np.int64)
     if arr.size and arr.min() < 0:
         i = int(np.argmin(arr))
         raise SampleError(f"lengths must be >= 0: sample {i} has length {int(arr[i])}")

@@ -1,7 +1,17 @@
 """Schedulers: which sequence goes to which DP replica and microbatch.
 
 ``get_scheduler(name, **options)`` returns a :class:`Scheduler`; ``register_scheduler``
-adds one under a new name.
+adds one under a new name. Modules:
+
+- ``schedule``: :class:`Schedule` (one step's placement) and :class:`ScheduleLimits`;
+  ``schedule_checks``: its invariants, one check each.
+- ``request``: what :meth:`Scheduler.schedule` checks before planning (lengths, origins,
+  sizes, the oversize policy); ``base``: the :class:`Scheduler` base class and
+  :func:`predicted_step_time`.
+- ``objective``: the predicted step time of a plan under each sync and its lower bounds.
+- ``balanced`` (package): the default FLOPs-aware planner; ``dp_balanced``, ``empty``.
+- ``dynamic_cp`` (package): plans whose CP groups change per microbatch round.
+- ``_kernels``: the numba kernels behind them (private; compiled once, cached on disk).
 """
 
 from __future__ import annotations
@@ -10,16 +20,12 @@ import inspect
 
 from seqpack.errors import ConfigError
 from seqpack.schedulers.balanced import BalancedScheduler
-from seqpack.schedulers.base import (
-    ON_OVERSIZE,
-    Schedule,
-    Scheduler,
-    apply_oversize,
-    as_lengths,
-    predicted_step_time,
-)
+from seqpack.schedulers.base import Scheduler, predicted_step_time
 from seqpack.schedulers.dp_balanced import DpBalancedScheduler
+from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost, plan_dynamic_cp
 from seqpack.schedulers.empty import EmptyScheduler
+from seqpack.schedulers.request import ON_OVERSIZE, apply_oversize, as_lengths
+from seqpack.schedulers.schedule import Schedule, ScheduleLimits
 
 _REGISTRY: dict[str, type[Scheduler]] = {}
 
@@ -70,7 +76,10 @@ register_scheduler(EmptyScheduler)
 
 __all__ = [
     "ON_OVERSIZE",
+    "DynamicCpSchedule",
+    "GroupCost",
     "Schedule",
+    "ScheduleLimits",
     "Scheduler",
     "BalancedScheduler",
     "DpBalancedScheduler",
@@ -79,6 +88,7 @@ __all__ = [
     "as_lengths",
     "available_schedulers",
     "get_scheduler",
+    "plan_dynamic_cp",
     "predicted_step_time",
     "register_scheduler",
 ]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
@@ -39,6 +38,7 @@ from seqpack.validation import (
     check_mapping,
     check_optional_int,
     check_positive_int,
+    int64_array,
 )
 
 __all__ = [
@@ -89,24 +89,7 @@ def padded_lengths(lengths: np.ndarray | Sequence[int], pad_multiple: int) -> np
 
 
 def _int64_lengths(lengths: np.ndarray | Sequence[int]) -> np.ndarray:
-    try:
-        arr = np.asarray(lengths)
-        if arr.dtype == object and not all(
-            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in arr.reshape(-1).tolist()
-        ):
-            raise TypeError
-    except (TypeError, ValueError, OverflowError):
-        raise SeqpackTypeError(f"lengths must be integers, got {type(lengths).__name__}") from None
-    integral = np.issubdtype(arr.dtype, np.integer) or (
-        np.issubdtype(arr.dtype, np.floating) and bool(np.all(np.isfinite(arr) & (arr == np.round(arr))))
-    )
-    if arr.size and not (integral or arr.dtype == object):
-        raise SeqpackTypeError(f"lengths must be integers, got dtype {arr.dtype}")
-    if arr.size and (arr.dtype == object or arr.dtype == np.uint64 or arr.dtype.kind == "f"):
-        top = max(arr.reshape(-1).tolist())
-        if top > INT64_MAX:
-            raise SampleError(f"length {int(top)} is too large (at most 2**63 - 1)")
-    return arr.astype(np.int64)
+    return int64_array("lengths", lengths, too_large=SampleError, integral_floats=True, element="length at {index} is")
 
 
 def pack_sequences(

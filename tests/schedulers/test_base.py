@@ -72,8 +72,11 @@ def test_schedule_argument_errors():
     sched = get_scheduler("empty")
     with pytest.raises(ValueError, match="dp_size must be a positive integer, got 0"):
         sched.schedule([1, 2], dp_size=0, max_tokens_per_rank=4)
-    with pytest.raises(ValueError, match="origin must hold"):
+    # The bad rank and the valid range are named (not the array's shape).
+    with pytest.raises(ValueError, match=r"origin of sample 1 is DP rank 2, outside 0\.\.1"):
         sched.schedule([1, 2], dp_size=2, max_tokens_per_rank=4, origin=[0, 2])
+    with pytest.raises(ValueError, match=r"origin must hold one DP rank per sample \(2\), got shape \(3,\)"):
+        sched.schedule([1, 2], dp_size=2, max_tokens_per_rank=4, origin=[0, 1, 1])
 
 
 def _bad(schedule: Schedule, **changes) -> Schedule:

@@ -8,7 +8,7 @@ from sched_reference import first_fit_decreasing_bins, min_bins_reference
 
 from seqpack.cost import CostModel
 from seqpack.schedulers import available_schedulers, get_scheduler
-from seqpack.schedulers._exact import FOUND, GAVE_UP, INFEASIBLE, bin_lower_bound, pack_bins
+from seqpack.schedulers.balanced.exact import FOUND, GAVE_UP, INFEASIBLE, bin_lower_bound, pack_bins
 
 # The example of issue 10: 25 sequences of 50-90 tokens, 1,733 tokens, 300 per microbatch.
 # First-fit decreasing (and every greedy rule) needs 7 microbatches; 6 hold them.

@@ -9,8 +9,10 @@ import math
 
 import numpy as np
 
+from seqpack._lazy import lazy_module
 from seqpack.options import Sync
-from seqpack.schedulers.dynamic_cp import _kernels
+
+_kernels = lazy_module("seqpack.schedulers.dynamic_cp._kernels")  # numba: imported on first use
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,10 +25,9 @@ from typing import ClassVar
 import numpy as np
 
 from seqpack.errors import ScheduleError, SeqpackTypeError
-from seqpack.options import INT64_MAX
 from seqpack.schedulers.dynamic_cp import _checks
 from seqpack.schedulers.dynamic_cp.padding import GroupSizes, group_padded_lengths
-from seqpack.validation import check_choice
+from seqpack.validation import check_choice, int64_array
 
 __all__ = ["DynamicCpSchedule"]
 
@@ -37,12 +36,7 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 def _int64(name: str, value: object) -> np.ndarray:
     """One array of :meth:`DynamicCpSchedule.from_arrays` as a flat int64 copy."""
-    array = np.asarray(value)
-    if array.dtype.kind not in "iu" and not (array.dtype.kind == "f" and array.size == 0):
-        raise ScheduleError(f"dynamic CP plan array {name!r} must hold integers, got {value!r:.60}")
-    if array.dtype == np.uint64 and array.size and int(array.max()) > INT64_MAX:
-        raise ScheduleError(f"dynamic CP plan array {name!r} holds {int(array.max())}, which does not fit int64")
-    return np.array(array, dtype=np.int64).reshape(-1)
+    return int64_array(f"dynamic CP plan array {name!r}", value, error=ScheduleError).reshape(-1)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -1,0 +1,96 @@
+"""Tight packings: a lower bound on the number of bins and a bounded exact search.
+
+``balanced`` packs with greedy rules (cost-targeted LPT, worst-fit, first-fit decreasing).
+When every rule fails at ``M`` rounds although the tokens would fit, the sequences may still
+fit: first-fit decreasing can need up to 11/9 of the optimal number of bins. Before adding a
+microbatch, ``balanced`` asks this module:
+
+* :func:`bin_lower_bound`: Martello and Toth's ``L2`` bound on the number of bins of
+  ``capacity`` tokens any packing needs (at least the token bound ``ceil(sum / capacity)``;
+  larger when many sequences exceed half a bin and cannot share one), so ``M`` starts where
+  it can possibly fit;
+* :func:`pack_bins`: a depth-first search that places sequences longest first, each into a
+  bin of each distinct free room in turn (best fit first; bins with equal room are
+  interchangeable, so only one of them is tried), pruning a branch as soon as the room no
+  remaining sequence can use exceeds the slack. It finds a packing, proves that none
+  exists, or gives up after a bounded amount of work (``max_work`` bin visits, ~1-10 ms).
+
+Every result is deterministic (no randomness, ties by index).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqpack._lazy import lazy_module
+
+_search = lazy_module("seqpack.schedulers.balanced._exact_search")  # numba: imported on first use
+
+__all__ = ["FOUND", "GAVE_UP", "INFEASIBLE", "MODE_EXACT", "bin_lower_bound", "pack_bins"]
+
+MODE_EXACT = 3  # bin rule of a plan whose bins came from pack_bins (after MODE_FIRST_FIT = 2)
+FOUND, INFEASIBLE, GAVE_UP = 0, 1, 2
+DEFAULT_WORK = 4_000_000  # bin visits before pack_bins gives up (a few ms)
+
+
+def bin_lower_bound(sizes: np.ndarray, capacity: int) -> int:
+    """Martello-Toth ``L2``: fewest bins of ``capacity`` any packing of ``sizes`` needs.
+
+    For a threshold ``k <= capacity/2``: items larger than ``capacity - k`` need a bin
+    each and share it with nothing of size ``>= k``; items in ``(capacity/2, capacity - k]``
+    need a bin each too; items in ``[k, capacity/2]`` fill the room those leave and then
+    whole bins. The bound is the best threshold's count, and never below
+    ``ceil(sum / capacity)``.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if sizes.size == 0:
+        return 0
+    c = int(capacity)
+    token_bound = -(-int(sizes.sum()) // c)
+    if 2 * int(sizes.max()) <= c:
+        return token_bound  # no item needs a bin of its own: every threshold gives the token bound
+    s = np.sort(sizes)
+    prefix = np.concatenate([[0], np.cumsum(s)])
+    n = s.shape[0]
+    big = int(np.searchsorted(s, c // 2, side="right"))  # s[big:] > capacity/2 (2*s > c)
+    k = np.unique(np.concatenate([[0], s[:big]]))  # every threshold that changes the sets
+    over = np.searchsorted(s, c - k, side="right")  # s[over:] > c - k: a bin each, alone
+    n1 = n - over
+    n2 = over - big  # (c/2, c-k]: a bin each, room left for small items
+    sum2 = prefix[over] - prefix[big]
+    lo3 = np.searchsorted(s, k, side="left")
+    sum3 = np.where(big > lo3, prefix[big] - prefix[np.minimum(lo3, big)], 0)  # [k, c/2]
+    extra = np.maximum(0, -(-(sum3 - (n2 * c - sum2)) // c))
+    return max(token_bound, int((n1 + n2 + extra).max()))
+
+
+def pack_bins(
+    lengths: np.ndarray, num_bins: int, capacity: int, *, max_work: int = DEFAULT_WORK
+) -> tuple[int, np.ndarray]:
+    """Pack ``lengths`` into ``num_bins`` bins of ``capacity`` tokens, exactly.
+
+    Args:
+        lengths: int64 item sizes (each at most ``capacity``).
+        num_bins: Bins available.
+        capacity: Room of each bin.
+        max_work: Bin visits before giving up.
+
+    Returns:
+        ``(status, bin_of)``: ``FOUND`` with every item's bin, ``INFEASIBLE`` when the
+        search proved no packing exists, ``GAVE_UP`` when it ran out of work (``bin_of``
+        is then meaningless).
+    """
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    n = lengths.shape[0]
+    bin_of = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return FOUND, bin_of
+    if num_bins <= 0 or int(lengths.max()) > capacity:
+        return INFEASIBLE, bin_of
+    if int(lengths.sum()) > num_bins * capacity or bin_lower_bound(lengths, capacity) > num_bins:
+        return INFEASIBLE, bin_of
+    order = np.lexsort((np.arange(n), -lengths)).astype(np.int64)  # longest first, ties by index
+    status, placed = _search.dfs(lengths[order], int(num_bins), int(capacity), int(max_work))
+    if status == FOUND:
+        bin_of[order] = placed
+    return int(status), bin_of

@@ -1,0 +1,259 @@
+"""The balanced planner's data and grid helpers: :class:`BalancedPlan`, placement order,
+round targets, bins dealt into rounds, the objective and its bounds, replica renaming and
+round order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from seqpack.options import Objective, Order, Sync
+from seqpack.schedulers import _kernels
+from seqpack.schedulers.objective import round_sum_lower_bound, step_objective
+from seqpack.validation import check_choice
+
+ORDERS = tuple(Order)
+OBJECTIVES = tuple(Objective)
+_GOOD_ENOUGH = 1e-3  # the repair stops within 0.1% of the replica bound
+_SWAP_CANDIDATES = 4  # lightest replicas the repair tries swaps with
+_GAP_FOR_MORE = 0.01  # a plan this far (1%) from its bounds tries one more microbatch...
+_BETTER_BY = 0.01  # ... and keeps it when the estimated step cost drops by 1% or more
+_BISECTION_STEPS = 4  # repair budgets tried when replica and round balance conflict
+_REPAIR_WORK = 10_000_000  # candidate evaluations before the repair stops (~0.1-0.3 s)
+_MAX_EXTRA_ROUNDS = 16  # microbatch counts tried beyond the first feasible one
+
+
+@dataclasses.dataclass(frozen=True)
+class BalancedPlan:
+    """Where every sequence goes, before ids are turned into per-microbatch arrays.
+
+    Attributes:
+        num_microbatches: Rounds ``M``.
+        round_of, replica_of: Per sequence (position in the input), its round and replica.
+        load: Cost of every microbatch ``[M, dp]``, without the per-microbatch constant.
+        tokens: Padded tokens of every microbatch ``[M, dp]``.
+        mode: Bin rule that succeeded: 0 cost targets, 1 tokens (worst-fit), 2 first-fit,
+            3 the exact search (:mod:`seqpack.schedulers.balanced.exact`).
+        repair_moves: Sequences moved by the repair pass.
+        objective: Predicted step time (constants included) under the ``sync`` the plan was
+            made for (:func:`step_objective`).
+        gap: How far the worse of replica total and round sum is from its lower bound
+            (0.01 = 1% above).
+        bin_lower_bound: Fewest microbatches any packing needs, per replica:
+            ``ceil(L2 / dp)`` with Martello-Toth's bin bound ``L2`` (at least the token
+            bound ``ceil(padded tokens / (dp * capacity))``).
+    """
+
+    num_microbatches: int
+    round_of: np.ndarray
+    replica_of: np.ndarray
+    load: np.ndarray
+    tokens: np.ndarray
+    mode: int
+    repair_moves: int
+    objective: float
+    gap: float = 0.0
+    bin_lower_bound: int = 0
+
+
+def _placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
+    """Longest first (cost grows with length). Equal lengths are interleaved by origin:
+    the k-th sequence of every rank, rank by rank, then the (k+1)-th. Bins take equal items
+    round-robin and are dealt to replicas in the same cyclic order, so equal sequences land
+    on the replica that already holds them. Without origin, equal lengths keep input order."""
+    n = padded.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    top = int(padded.max())
+    index = np.arange(n, dtype=np.int64)
+    if origin is None:
+        if (top + 1) * n < 2**62:  # unique int64 keys: the fast (unstable) sort gives the stable order
+            return np.argsort((top - padded) * n + index)
+        return np.argsort(-padded, kind="stable")
+    ranks = int(origin.max()) + 1
+    if ranks * n >= 2**62 or (top + 1) * n * ranks >= 2**62:
+        by_origin = np.argsort(origin, kind="stable")
+    else:
+        by_origin = np.argsort(origin * n + index)
+    counts = np.bincount(origin, minlength=ranks)
+    slot = np.empty(n, dtype=np.int64)
+    slot[by_origin] = index - np.repeat(np.cumsum(counts) - counts, counts)
+    if (top + 1) * n * ranks < 2**62:  # one unique int64 key sorts faster than lexsort
+        return np.argsort((top - padded) * (n * ranks) + slot * ranks + origin)
+    return np.lexsort((origin, slot, -padded))
+
+
+def round_targets(sorted_costs: np.ndarray, dp_size: int, num_rounds: int) -> np.ndarray:
+    """Per-round cost target of one microbatch (see the module docstring, step 2).
+
+    Args:
+        sorted_costs: Sequence costs, costliest first.
+        dp_size, num_rounds: Grid shape.
+    """
+    targets = np.zeros(num_rounds, dtype=np.float64)
+    remaining = float(sorted_costs.sum()) / dp_size
+    n = sorted_costs.shape[0]
+    for m in range(num_rounds):
+        forced = float(sorted_costs[m * dp_size]) if m * dp_size < n else 0.0
+        target = min(max(forced, remaining / (num_rounds - m)), remaining)
+        targets[m] = max(target, 0.0)
+        remaining -= targets[m]
+    return targets
+
+
+def _arrange(load: np.ndarray, dp_size: int, num_rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """Round and replica of every bin: sorted bins dealt into rounds, heaviest bin of a round
+    to the lightest replica so far (ties: lower bin index, lower replica index)."""
+    n_bins = dp_size * num_rounds
+    by_cost = np.lexsort((np.arange(n_bins), -load))
+    round_of_bin = np.empty(n_bins, dtype=np.int64)
+    replica_of_bin = np.empty(n_bins, dtype=np.int64)
+    totals = np.zeros(dp_size, dtype=np.float64)
+    for m in range(num_rounds):
+        bins = by_cost[m * dp_size : (m + 1) * dp_size]
+        replicas = np.argsort(totals, kind="stable")
+        round_of_bin[bins] = m
+        replica_of_bin[bins] = replicas
+        totals[replicas] += load[bins]
+    return round_of_bin, replica_of_bin
+
+
+def _grid(values: np.ndarray, round_of: np.ndarray, replica_of: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Sum of ``values`` per (round, replica) cell, in ``values``' dtype."""
+    sums = np.bincount(round_of * shape[1] + replica_of, weights=values, minlength=shape[0] * shape[1])
+    # Token sums stay far below 2**53, so the float64 bincount is exact for them.
+    return sums.astype(values.dtype).reshape(shape)
+
+
+def _objective(load: np.ndarray, constant: float, sync: str | None = None) -> float:
+    """:func:`step_objective` of a plan's ``load[M, dp]`` (costs without constants)."""
+    return step_objective(load + constant, sync)
+
+
+def _objective_bound(
+    padded: np.ndarray, costs: np.ndarray, order: np.ndarray, dp_size: int, capacity: int, sync: str | None
+) -> tuple[float, int]:
+    """``(base, per_round)``: no plan with ``M`` rounds predicts a step faster than
+    ``base + per_round * M * constant`` (replica bound ``max(total / dp, costliest
+    sequence)``, round bound :func:`round_sum_lower_bound`; every replica runs ``M``
+    microbatches and every round waits ``constant`` at least)."""
+    replica = max(float(costs.sum()) / dp_size, float(costs.max()))
+    rounds = round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
+    if sync == Sync.LOCKSTEP:
+        return rounds, 1
+    if sync == Sync.REPLICA:
+        return replica, 1
+    return replica + rounds, 2
+
+
+def objective_for(objective: Objective, sync: str | None) -> Objective:
+    """What to balance: with a ``sync`` the step waits for rounds (lockstep) or for replicas
+    alone, and the plan is repaired for that; without one, ``objective``."""
+    if sync is None:
+        return objective
+    return Objective.ROUNDS if check_choice("sync", sync, Sync) == Sync.LOCKSTEP else Objective.REPLICAS
+
+
+def repair_budget(max_repair_moves: int | None, dp_size: int) -> int:
+    """Cap on repair moves: ``max_repair_moves``, by default ``8 * dp_size + 64``."""
+    return 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
+
+
+def _sorted_round_sum(load: np.ndarray) -> float:
+    """``sum_m max_d`` once every replica's microbatches are sorted heaviest first."""
+    return float((-np.sort(-load, axis=0)).max(axis=1).sum()) if load.size else 0.0
+
+
+def heaviest_first(
+    round_of: np.ndarray, replica_of: np.ndarray, load: np.ndarray, tokens: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Renumber each replica's microbatches heaviest first (ties: round order): the
+    alignment that minimises ``sum_m max_d load``. Returns (round_of, load, tokens)."""
+    m_count, dp_size = load.shape
+    rank = np.argsort(-load, axis=0, kind="stable")  # [position, replica] -> old round
+    new_round = np.empty_like(rank)
+    new_round[rank, np.arange(dp_size)[None, :]] = np.arange(m_count)[:, None]
+    return (
+        new_round[round_of, replica_of],
+        np.take_along_axis(load, rank, axis=0),
+        np.take_along_axis(tokens, rank, axis=0),
+    )
+
+
+def _rounds(ids: np.ndarray, cell: np.ndarray, m_count: int, dp_size: int) -> list[list[np.ndarray]]:
+    """``rounds[m][d]``: the ids whose ``cell`` is ``m * dp_size + d``, ascending (pack order
+    inside a microbatch is dataloader order; ``ids`` ascend). Views of one sorted array."""
+    n = ids.shape[0]
+    cells = m_count * dp_size
+    # Unique int64 keys (cell, position): the fast sort gives the stable order.
+    by_cell = (
+        np.argsort(cell * n + np.arange(n, dtype=np.int64)) if cells * n < 2**62 else np.argsort(cell, kind="stable")
+    )
+    ends = np.cumsum(np.bincount(cell, minlength=cells) if n else np.zeros(cells, np.int64)).tolist()
+    sorted_ids = ids[by_cell]
+    starts = [0, *ends[:-1]] if ends else []
+    pieces = [sorted_ids[a:b] for a, b in zip(starts, ends, strict=True)]  # np.split is 10x slower
+    return [pieces[m * dp_size : (m + 1) * dp_size] for m in range(m_count)]
+
+
+def relabel_replicas(replica_of: np.ndarray, origin: np.ndarray, weight: np.ndarray, dp_size: int) -> np.ndarray:
+    """Rename replicas so that each plan replica runs on the DP rank already holding most of
+    its tokens (greedy matching over the (replica, rank) pairs that share tokens, heaviest
+    overlap first; ties: lower replica, then lower rank).
+
+    Renaming replicas changes no cost, no balance figure and no microbatch: only which rank
+    runs which replica's work, so fewer tokens cross the network in the exchange. Only
+    pairs that share a sequence are candidates (at most one per sequence): time and memory
+    are ``O(N log N + dp)``, never ``dp * dp``.
+
+    Returns:
+        The DP rank of every sequence.
+    """
+    if replica_of.size == 0 or dp_size == 1:
+        return replica_of
+    replica_of = np.asarray(replica_of, dtype=np.int64)
+    pair = replica_of * dp_size + np.asarray(origin, dtype=np.int64)  # < dp**2: exact in int64 for dp < 3e9
+    by_pair = np.argsort(pair)  # groups equal pairs; order within a group does not matter
+    sorted_pair = pair[by_pair]
+    starts = np.flatnonzero(np.r_[True, sorted_pair[1:] != sorted_pair[:-1]])
+    overlap = np.add.reduceat(np.asarray(weight, dtype=np.int64)[by_pair], starts)
+    keys = sorted_pair[starts]  # ascending: (replica, rank) order
+    rows, cols = keys // dp_size, keys % dp_size
+    top = int(overlap.max())
+    if (top + 1) * keys.shape[0] < 2**62:  # heaviest first, ties in (replica, rank) order
+        best_first = np.argsort((top - overlap) * keys.shape[0] + np.arange(keys.shape[0]))
+    else:
+        best_first = np.lexsort((cols, rows, -overlap))
+    rank_of_replica = _kernels.greedy_matching(rows[best_first], cols[best_first], dp_size)
+    return rank_of_replica[replica_of]
+
+
+def round_position(load: np.ndarray, order: str = "heavy_first") -> np.ndarray:
+    """Position (microbatch index) of every round given ``load[M, dp]``.
+
+    ``"heavy_first"``: by round maximum, heaviest first. ``"pipeline"``: lightest rounds at
+    both ends, alternating (lightest first, second lightest last, ...), heaviest in the
+    middle. Ties keep round order.
+    """
+    order = check_choice("order", order, Order)
+    m_count = load.shape[0]
+    if m_count == 0:
+        return np.zeros(0, dtype=np.int64)
+    peak = load.max(axis=1)
+    heavy_first = np.lexsort((np.arange(m_count), -peak))
+    position = np.empty(m_count, dtype=np.int64)
+    if order == Order.HEAVY_FIRST:
+        position[heavy_first] = np.arange(m_count)
+        return position
+    light_first = heavy_first[::-1]
+    left, right = 0, m_count - 1
+    for k, r in enumerate(light_first):
+        if k % 2 == 0:
+            position[r] = left
+            left += 1
+        else:
+            position[r] = right
+            right -= 1
+    return position

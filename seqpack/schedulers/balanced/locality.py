@@ -1,0 +1,255 @@
+"""Locality: plans that leave samples on the DP rank that read them, at no cost in step time.
+
+Every DP rank reads its own samples; whatever the schedule places elsewhere crosses the
+network in the step's all-to-all. ``balanced`` packs for balance alone and then renames
+replicas (:func:`~seqpack.schedulers.balanced.relabel_replicas`), which keeps only what
+happens to overlap: at scale nearly all of the payload moves. Each rank's samples are close
+to a fair share in expectation, so a plan that starts from where samples are only needs to
+move the difference.
+
+:func:`plan_local` builds such plans at the microbatch count of the reference plan (the one
+``balanced`` made for balance alone) and keeps one whose predicted step time
+(:func:`step_time`, under the objective the plan is made for) is within ``tolerance``
+(0.1%) of the reference's and which moves fewer tokens; otherwise the reference stands.
+Locality never changes which sequences a step holds or how many microbatches it runs, only
+where sequences run.
+
+* Per-replica layout (tried first for ``"replicas"``: DDP, ZeRO-1, pipeline, where the step
+  waits for the busiest replica; and for lockstep steps of one or two microbatches):
+  :func:`seqpack.schedulers._kernels.grid_local` gives microbatch ``(m, d)`` to replica
+  ``d``; sequences, longest first, go to their own rank's emptiest microbatch while it stays
+  within ``home_fill`` (0.9) of its cost target and within the mean tokens, otherwise to the
+  emptiest microbatch anywhere (LPT), which hands each rank's excess to ranks below their
+  share. The replica repair evens out the rest, until the busiest replica is within half
+  the tolerance of the reference's; each replica runs its microbatches heaviest first.
+  About a fifth of the tokens move. It cannot serve lockstep steps (``"rounds"``,
+  ``"both"``: FSDP, every round waits for its slowest replica): a replica's microbatches,
+  a few sequences each, cannot all match the other replicas' within 0.1%, and at
+  thousands of replicas some always miss (the rounds end 0.5-1.5% slower).
+* Home swaps (:func:`home_swapped`; lockstep steps, and for ``"replicas"`` when the
+  per-replica layout is over the tolerance or moves more than a third of the tokens, the
+  plan that moves less is kept):
+  start from the reference itself, replicas renamed, and bring sequences home one by one
+  (:func:`seqpack.schedulers._kernels.home_swaps`, one pass): a sequence away from its rank
+  moves into one of its rank's microbatches, or trades places with a sequence there of
+  about the same cost, or else with two sequences of one microbatch there that together
+  cost about the same, when both microbatches stay within ``1 + 0.9 * tolerance`` of their
+  round's heaviest in the reference and both replicas within that of the busiest. The
+  reference's balance is kept by construction (every cap holds after every change), so
+  the predicted step time grows by at most 0.09%. About a third of the tokens still move,
+  against 93-96% in the reference.
+
+docs/scale.md has the measurements.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqpack.options import Objective, Sync
+from seqpack.schedulers import _kernels
+from seqpack.schedulers.balanced.layout import (
+    _REPAIR_WORK,
+    BalancedPlan,
+    _grid,
+    _placement_order,
+    heaviest_first,
+    relabel_replicas,
+    repair_budget,
+    round_targets,
+)
+from seqpack.schedulers.balanced.repair import _repair
+from seqpack.schedulers.objective import step_objective
+
+TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than the reference
+_REPLICAS_FILL = 0.9  # home_fill of the per-replica layout
+_REPAIR_WORK_FACTOR = 3  # local layouts start further from balance: 3x the repair's work budget
+_SWAP_SLACK = 0.9  # home swaps may raise each cap by this share of the tolerance
+_SWAP_PASSES = 1  # passes of the home swaps over the sequences (a second: 35% -> 27% moved, +0.3 s at 16K)
+_SWAPS_ABOVE = 1 / 3  # the home swaps are also tried when the per-replica layout moves more
+
+_SYNC_OF: dict[str, Sync] = {Objective.ROUNDS: Sync.LOCKSTEP, Objective.REPLICAS: Sync.REPLICA}  # "both": None, the sum
+
+__all__ = ["TOLERANCE", "heaviest_first", "home_swapped", "moved_tokens", "plan_local", "step_time"]
+
+
+def step_time(load: np.ndarray, constant: float, objective: str) -> float:
+    """Predicted step time of a plan's microbatch costs ``load[M, dp]``.
+
+    ``"replicas"``: the busiest replica's total (DDP, ZeRO-1, pipeline); ``"rounds"``: the
+    sum over rounds of the slowest replica (FSDP lockstep); ``"both"``: their sum.
+    ``constant`` is added per microbatch.
+    """
+    return step_objective(load + constant, _SYNC_OF.get(objective))
+
+
+def plan_local(
+    padded: np.ndarray,
+    costs: np.ndarray,
+    origin: np.ndarray,
+    reference,
+    *,
+    dp_size: int,
+    capacity: int,
+    constant: float = 0.0,
+    objective: str = "both",
+    max_repair_moves: int | None = None,
+    tolerance: float = TOLERANCE,
+    reference_ranks: np.ndarray | None = None,
+):
+    """A plan at ``reference``'s microbatch count that keeps sequences on their rank, or
+    None when no candidate predicts at most ``tolerance`` (relative) more step time or
+    moves fewer tokens than the reference.
+
+    Args:
+        padded, costs: Padded lengths and costs of the sequences (as for ``plan_balanced``).
+        origin: DP rank holding each sequence.
+        reference: The :class:`~seqpack.schedulers.balanced.BalancedPlan` made for balance
+            alone; its microbatch count and bin rule are reused.
+        dp_size, capacity, constant: As for ``plan_balanced``.
+        objective: What the step waits for (:func:`step_time`): ``"replicas"`` tries the
+            per-replica layout first, then the home swaps; ``"rounds"`` and ``"both"`` the
+            home swaps (with one or two microbatches the per-replica layout first; module
+            docs).
+        max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
+        tolerance: Largest relative increase of the predicted step time accepted.
+        reference_ranks: The DP rank of every sequence under ``reference`` once its
+            replicas are renamed (computed when not given).
+
+    Returns:
+        (plan, the DP rank of every sequence once the plan's replicas are renamed), or None.
+    """
+    if padded.shape[0] == 0 or reference.num_microbatches == 0 or dp_size == 1:
+        return None
+    limit = step_time(reference.load, constant, objective) * (1 + tolerance)
+    if reference_ranks is None:
+        reference_ranks = relabel_replicas(reference.replica_of, origin, padded, dp_size)
+    best = None
+    to_beat = moved_tokens(reference_ranks, origin, padded)  # a candidate must move less
+    if objective == Objective.REPLICAS or reference.num_microbatches <= 2:
+        plan = _per_replica(
+            padded, costs, origin, reference, dp_size, capacity, constant, objective, max_repair_moves, tolerance
+        )
+        if plan is not None and step_time(plan.load, constant, objective) <= limit:
+            ranks = relabel_replicas(plan.replica_of, origin, padded, dp_size)
+            moved = moved_tokens(ranks, origin, padded)
+            if moved < to_beat:
+                best, to_beat = (plan, ranks), moved
+                if moved <= _SWAPS_ABOVE * float(padded.sum()):
+                    return best
+    plan = home_swapped(padded, costs, origin, reference, reference_ranks, capacity, objective, tolerance * _SWAP_SLACK)
+    if step_time(plan.load, constant, objective) <= limit and moved_tokens(plan.replica_of, origin, padded) < to_beat:
+        best = plan, plan.replica_of
+    return best
+
+
+def home_swapped(
+    padded: np.ndarray,
+    costs: np.ndarray,
+    origin: np.ndarray,
+    reference,
+    reference_ranks: np.ndarray,
+    capacity: int,
+    objective: str,
+    slack: float,
+):
+    """``reference`` with its replicas renamed to ``reference_ranks``, then sequences brought
+    home by :func:`~seqpack.schedulers._kernels.home_swaps` within caps ``1 + slack`` times
+    the reference's: every round's heaviest microbatch (not for ``"replicas"``, whose step
+    does not wait for rounds) and the busiest replica. Each replica's microbatches are then
+    renumbered heaviest first. The predicted step time grows by at most ``slack``
+    (relative), the microbatch count and every microbatch's capacity hold.
+    """
+    m_count, dp_size = reference.load.shape
+    round_of = reference.round_of.copy()
+    replica_of = np.array(reference_ranks, dtype=np.int64)  # a copy: the kernel updates it
+    shape = (m_count, dp_size)
+    load = _grid(costs, round_of, replica_of, shape)
+    if objective == Objective.REPLICAS:
+        round_cap = np.full(m_count, np.inf)
+    else:
+        round_cap = load.max(axis=1) * (1 + slack)
+    replica_cap = float(load.sum(axis=0).max()) * (1 + slack)
+    order = _by_home_longest_first(padded, origin, dp_size)
+    changes = _kernels.home_swaps(
+        round_of,
+        replica_of,
+        padded,
+        costs,
+        origin,
+        dp_size,
+        m_count,
+        capacity,
+        round_cap,
+        replica_cap,
+        order,
+        _SWAP_PASSES,
+    )
+    load = _grid(costs, round_of, replica_of, shape)
+    tokens = _grid(padded, round_of, replica_of, shape)
+    round_of, load, tokens = heaviest_first(round_of, replica_of, load, tokens)
+    both = step_time(load, 0.0, Objective.BOTH)
+    return BalancedPlan(
+        m_count, round_of, replica_of, load, tokens, reference.mode, reference.repair_moves + changes, both
+    )
+
+
+def moved_tokens(replica_of: np.ndarray, origin: np.ndarray, padded: np.ndarray) -> int:
+    """Padded tokens of the sequences placed on another replica than the one holding them."""
+    return int(padded[replica_of != origin].sum())
+
+
+def _per_replica(padded, costs, origin, reference, dp_size, capacity, constant, objective, max_repair_moves, tolerance):
+    """The per-replica layout (module docs), or None when grid_local finds no packing."""
+    m_count = reference.num_microbatches
+    order = _placement_order(padded, None)
+    if reference.mode == _kernels.MODE_COST:
+        values = costs
+        targets = np.repeat(round_targets(costs[order], dp_size, m_count), dp_size)
+    else:  # the reference needed the token rules: balance tokens here too
+        values = padded.astype(np.float64)
+        targets = np.full(dp_size * m_count, float(padded.sum()) / (dp_size * m_count))
+    # Home placements fill a microbatch up to the mean tokens, so a rank of short (cheap per
+    # token) sequences leaves room for the cost its microbatches still lack.
+    share = int(np.ceil(float(padded.sum()) / (dp_size * m_count)))
+    ok, bin_of, _ = _kernels.grid_local(
+        order, padded, values, targets, _REPLICAS_FILL, share, capacity, origin, dp_size
+    )
+    if not ok:
+        return None
+    round_of, replica_of = bin_of // dp_size, bin_of % dp_size
+    shape = (m_count, dp_size)
+    load = _grid(costs, round_of, replica_of, shape)
+    tokens = _grid(padded, round_of, replica_of, shape)
+    moves = 0
+    repair = repair_budget(max_repair_moves, dp_size)
+    if repair > 0:
+        # Close to the reference's busiest replica, and no closer: every repair move moves a
+        # sequence.
+        stop_at = float(reference.load.sum(axis=0).max()) * (1 + tolerance * 0.5)
+        round_of, replica_of, load, tokens, moves = _repair(
+            round_of,
+            replica_of,
+            load,
+            tokens,
+            padded,
+            costs,
+            order,
+            dp_size,
+            capacity,
+            repair,
+            objective,
+            stop_at,
+            _REPAIR_WORK_FACTOR * _REPAIR_WORK,
+        )
+    round_of, load, tokens = heaviest_first(round_of, replica_of, load, tokens)
+    both = step_time(load, constant, Objective.BOTH)
+    return BalancedPlan(m_count, round_of, replica_of, load, tokens, reference.mode, moves, both)
+
+
+def _by_home_longest_first(padded: np.ndarray, origin: np.ndarray, dp_size: int) -> np.ndarray:
+    """Sequence indices by origin, then longest first, then index."""
+    top = int(padded.max()) + 1
+    if dp_size * top < 2**62:  # one stable sort of a combined key: ~7x faster than lexsort
+        return np.argsort(origin.astype(np.int64) * top + (top - 1 - padded), kind="stable")
+    return np.lexsort((np.arange(padded.shape[0]), -padded, origin))

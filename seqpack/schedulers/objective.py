@@ -1,0 +1,122 @@
+"""The schedulers' objective and its bounds: predicted step time of a plan's microbatch
+costs under each sync, and lower bounds no plan can beat. :mod:`seqpack.stats` reports
+them; the planners optimize them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from seqpack.options import INT64_MAX, Sync
+from seqpack.thd import padded_lengths
+
+if TYPE_CHECKING:
+    from seqpack.cost import CostModel
+    from seqpack.schedulers.schedule import Schedule
+
+__all__ = ["exact_sum", "microbatch_costs", "round_lower_bound", "round_sum_lower_bound", "step_objective"]
+
+
+def step_objective(costs: np.ndarray, sync: str | None = None) -> float:
+    """Predicted step time of microbatch costs ``[M, dp]`` (constants included).
+
+    ``"lockstep"`` (FSDP, pipeline): every round waits for its slowest replica,
+    ``sum_m max_d``. ``"replica"`` (DDP, ZeRO-1): the slowest replica's total,
+    ``max_d sum_m``. ``None``: the sum of both, a hedge when the sync is not known.
+    """
+    if costs.size == 0:
+        return 0.0
+    lockstep = float(costs.max(axis=1).sum())
+    replica = float(costs.sum(axis=0).max())
+    if sync == Sync.LOCKSTEP:
+        return lockstep
+    if sync == Sync.REPLICA:
+        return replica
+    return lockstep + replica
+
+
+def microbatch_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
+    """Cost of every microbatch, float64 ``[num_microbatches, dp_size]``.
+
+    Without a cost model the cost is padded tokens. Empty microbatches cost ``constant``
+    (the rank still runs the step on a padding-only filler).
+    """
+    padded = padded_lengths(schedule.lengths, schedule.pad_multiple)
+    per_seq = padded.astype(np.float64) if cost is None else cost.cost(padded)
+    constant = 0.0 if cost is None else cost.constant
+    ids, cell, counts = schedule._flat
+    out = np.bincount(cell, weights=per_seq[ids], minlength=counts.shape[0]) + constant
+    return out.reshape(schedule.num_microbatches, schedule.dp_size)
+
+
+def round_sum_lower_bound(
+    padded: np.ndarray,
+    per_seq_cost: np.ndarray,
+    dp_size: int,
+    capacity: int,
+    *,
+    order: np.ndarray | None = None,
+) -> float:
+    """Lower bound on ``sum_m max_d cost[m, d]`` (per-microbatch constants left out).
+
+    The round holding the costliest sequence waits for it, while the mean of that round is
+    at most what ``dp_size`` microbatches of ``capacity`` tokens can hold: cost per token
+    grows with length, so at most the cost ``K`` of the longest sequences filling
+    ``dp_size * capacity`` tokens (fractional knapsack). The other rounds wait at least for
+    their mean. Hence ``sum_m max_d >= total/dp + max(0, largest - K/dp)``.
+
+    Args:
+        padded: Padded lengths.
+        per_seq_cost: Their costs (without the per-microbatch constant).
+        dp_size, capacity: Replicas and tokens per microbatch.
+        order: ``padded`` sorted longest first, if already at hand.
+    """
+    if padded.size == 0:
+        return 0.0
+    if order is None:
+        order = np.argsort(-padded, kind="stable")
+    tokens = np.cumsum(padded[order])
+    budget = min(dp_size * capacity, INT64_MAX)  # token sums fit int64: beyond, everything fits
+    full = int(np.searchsorted(tokens, budget, side="right"))
+    knapsack = float(per_seq_cost[order[:full]].sum())
+    if full < order.shape[0]:
+        used = int(tokens[full - 1]) if full else 0
+        nxt = order[full]
+        knapsack += float(per_seq_cost[nxt]) * (budget - used) / float(padded[nxt])
+    mean = float(per_seq_cost.sum()) / dp_size
+    return mean + max(0.0, float(per_seq_cost.max()) - knapsack / dp_size)
+
+
+def round_lower_bound(
+    padded: np.ndarray, per_seq_cost: np.ndarray, dp_size: int, capacity: int, total_cost: float
+) -> float:
+    """Smallest ``round_imbalance`` any schedule of these sequences can reach.
+
+    :func:`round_sum_lower_bound` over the mean round sum. It exceeds 1 when one sequence
+    costs more than a full microbatch of shorter ones can; no scheduler can do better.
+
+    Args:
+        padded: Padded lengths of the assigned sequences.
+        per_seq_cost: Their costs (without the per-microbatch constant).
+        dp_size, capacity: Replicas and tokens per microbatch.
+        total_cost: Cost of the whole step, constants included (``sum_m sum_d cost[m, d]``).
+    """
+    if padded.size == 0 or total_cost <= 0:
+        return 1.0
+    mean = total_cost / dp_size
+    gap = round_sum_lower_bound(padded, per_seq_cost, dp_size, capacity) - float(per_seq_cost.sum()) / dp_size
+    return (mean + gap) / mean
+
+
+def exact_sum(values: np.ndarray, *, squares: bool = False) -> int:
+    """Sum of non-negative integer ``values`` (or of their squares) as an exact Python int:
+    numpy's int64 sum wraps past 2**63, so large inputs are summed in Python ints."""
+    values = np.asarray(values)
+    if values.size == 0:
+        return 0
+    top = int(values.max())
+    if (top * top if squares else top) * values.size <= INT64_MAX:
+        return int(np.dot(values, values)) if squares else int(values.sum(dtype=np.int64))
+    return sum(v * v for v in values.tolist()) if squares else sum(values.tolist())

@@ -1,0 +1,82 @@
+"""The pieces the schedulers' restructure introduced: ScheduleLimits, the one int64 coercer,
+predicted_step_time's dispatch and its refusal of a schedule built for other lengths."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from seqpack.cost import CostModel
+from seqpack.errors import SampleError, ScheduleError, SeqpackTypeError
+from seqpack.schedulers import (
+    DynamicCpSchedule,
+    GroupCost,
+    Schedule,
+    ScheduleLimits,
+    get_scheduler,
+    plan_dynamic_cp,
+    predicted_step_time,
+)
+from seqpack.schedulers.dynamic_cp.cost import predicted_step_time as dynamic_step_time
+from seqpack.validation import int64_array
+
+
+def _schedule() -> Schedule:
+    return get_scheduler("balanced").schedule([5, 3, 8, 2, 7, 1], dp_size=2, max_tokens_per_rank=10)
+
+
+def test_limits_round_trip_and_name_their_fields():
+    s = _schedule()
+    limits = s.limits
+    assert limits == ScheduleLimits(s.num_microbatches, 2, 1, 10, 1)
+    assert ScheduleLimits.from_array(limits.to_array()) == limits
+    assert s.to_arrays()["limits"].tolist() == list(dataclasses.astuple(limits))
+    with pytest.raises(ScheduleError, match=r"must hold 5 values \(num_microbatches, dp_size, cp_size"):
+        ScheduleLimits.from_array(np.array([1, 2, 3], dtype=np.int64))
+
+
+@pytest.mark.parametrize(
+    "value, kwargs, error, match",
+    [
+        ([1, 2.5], {"integral_floats": True}, SeqpackTypeError, "x must be integers, got dtype float64"),
+        ([1.0, 2.0], {}, SeqpackTypeError, "x must be integers, got dtype float64"),
+        ([True], {}, SeqpackTypeError, "x must be integers, got dtype bool"),
+        ([1, "a"], {}, SeqpackTypeError, "x must be integers"),
+        ([[1, 2], [3]], {}, SeqpackTypeError, "x must be integers"),
+        ([1, 2**64], {"too_large": SampleError}, SampleError, r"x element 1 is 18446744073709551616, too large"),
+        (np.array([2**63], dtype=np.uint64), {}, SeqpackTypeError, "x element 0 is 9223372036854775808, too large"),
+        ([1.0, 2.0**70], {"integral_floats": True}, SeqpackTypeError, "x element 1 is 1180591620717411303424"),
+    ],
+)
+def test_int64_array_refuses_what_is_not_an_int64(value, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        int64_array("x", value, **kwargs)
+
+
+def test_int64_array_keeps_values_and_shape():
+    assert int64_array("x", [[1, 2], [3, 4]]).tolist() == [[1, 2], [3, 4]]
+    assert int64_array("x", [3.0, 4.0], integral_floats=True).tolist() == [3, 4]
+    assert int64_array("x", [2**63 - 1]).tolist() == [2**63 - 1]
+    assert int64_array("x", []).dtype == np.int64
+    source = np.array([1, 2], dtype=np.int64)
+    assert int64_array("x", source) is not source  # a new array
+
+
+def test_predicted_step_time_refuses_a_schedule_of_other_lengths():
+    s = _schedule()
+    cost = CostModel(1.0, 0.0, 0.0)
+    assert predicted_step_time(s, cost) > 0
+    shorter = dataclasses.replace(s, lengths=s.lengths[:3], original_lengths=s.original_lengths[:3], origin=None)
+    with pytest.raises(ScheduleError, match="assigns sample ids up to 5 but holds 3 lengths"):
+        predicted_step_time(shorter, cost)
+
+
+def test_predicted_step_time_dispatches_a_dynamic_cp_plan():
+    cost = GroupCost(CostModel(1e-6, 1e-12, 1e-4), ring_step=1e-4, ring_token=1e-8)
+    plan = plan_dynamic_cp([9000, 300, 200, 100], dp_size=2, cp_size=2, max_tokens_per_rank=4096, cost=cost)
+    assert isinstance(plan, DynamicCpSchedule)
+    assert predicted_step_time(plan, cost) == dynamic_step_time(plan, cost)
+    with pytest.raises(SeqpackTypeError, match="needs a GroupCost"):
+        predicted_step_time(plan, CostModel(1.0, 0.0, 0.0))
