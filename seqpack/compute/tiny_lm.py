@@ -14,9 +14,11 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed import ProcessGroup
 
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
+from seqpack.cost import ModelSpec
 from seqpack.errors import ConfigError, SeqpackError
 from seqpack.options import AttentionBackend
 from seqpack.thd import PackedBatch
@@ -54,10 +56,9 @@ class TinyConfig:
     def num_mamba_layers(self) -> int:
         return self.pattern.count("M")
 
-    def model_spec(self):
+    def model_spec(self) -> ModelSpec:
         """The :class:`~seqpack.cost.ModelSpec` of this model, for FLOPs and the scheduler's
         cost model (an ``A`` block is Megatron's ``*-``: attention then MLP)."""
-        from seqpack.cost import ModelSpec
 
         layers = "".join("*-" if kind == "A" else "M" for kind in self.pattern)
         return ModelSpec(
@@ -92,7 +93,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
 
 
 class AttentionBlock(nn.Module):
-    def __init__(self, cfg: TinyConfig, cp_group, backend: AttentionBackend | str):
+    def __init__(self, cfg: TinyConfig, cp_group: ProcessGroup | None, backend: AttentionBackend | str):
         super().__init__()
         self.cfg = cfg
         kv_dim = cfg.num_kv_heads * cfg.head_dim
@@ -122,7 +123,7 @@ class AttentionBlock(nn.Module):
 
 
 class MambaBlock(nn.Module):
-    def __init__(self, cfg: TinyConfig, cp_group):
+    def __init__(self, cfg: TinyConfig, cp_group: ProcessGroup | None):
         super().__init__()
         self.norm = RMSNorm(cfg.d_model)
         self.mixer = Mamba2Mixer(cfg.d_model, d_state=cfg.d_state, headdim=cfg.mamba_headdim, cp_group=cp_group)
@@ -134,7 +135,13 @@ class MambaBlock(nn.Module):
 class TinyHybridLM(nn.Module):
     """Embedding -> blocks (``cfg.pattern``) -> RMSNorm -> LM head, on THD batches."""
 
-    def __init__(self, cfg: TinyConfig, *, cp_group=None, backend: AttentionBackend | str = AttentionBackend.TORCH):
+    def __init__(
+        self,
+        cfg: TinyConfig,
+        *,
+        cp_group: ProcessGroup | None = None,
+        backend: AttentionBackend | str = AttentionBackend.TORCH,
+    ):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)

@@ -43,7 +43,7 @@ def available_schedulers() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_scheduler(name: str | Scheduler = "balanced", **options) -> Scheduler:
+def get_scheduler(name: str | Scheduler = "balanced", **options: object) -> Scheduler:
     """The scheduler registered as ``name``, built with ``options``.
 
     Args:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqpack.cost import CostModel
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.base import Scheduler, check_microbatches
 from seqpack.thd import padded_lengths
@@ -80,7 +81,17 @@ class DpBalancedScheduler(Scheduler):
     def __init__(self, *, microbatch_multiple: int = 1) -> None:
         self.microbatch_multiple = check_positive_int("microbatch_multiple", microbatch_multiple)
 
-    def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
+    def _plan(
+        self,
+        ids: np.ndarray,
+        lengths: np.ndarray,
+        *,
+        dp_size: int,
+        capacity: int,
+        pad_multiple: int,
+        cost: CostModel | None,
+        origin: np.ndarray,
+    ) -> tuple[list[list[np.ndarray]], np.ndarray]:
         check_microbatches(dp_size, microbatch_multiple=self.microbatch_multiple)
         groups = megatron_groups(padded_lengths(lengths, pad_multiple), capacity, dp_size, self.microbatch_multiple)
         if not ids.size:

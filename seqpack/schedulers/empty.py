@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqpack.cost import CostModel
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.base import Scheduler
 from seqpack.thd import padded_lengths
@@ -26,7 +27,17 @@ class EmptyScheduler(Scheduler):
 
     name = "empty"
 
-    def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
+    def _plan(
+        self,
+        ids: np.ndarray,
+        lengths: np.ndarray,
+        *,
+        dp_size: int,
+        capacity: int,
+        pad_multiple: int,
+        cost: CostModel | None,
+        origin: np.ndarray,
+    ) -> tuple[list[list[np.ndarray]], np.ndarray]:
         padded = padded_lengths(lengths, pad_multiple)
         # Samples grouped by the rank holding them, in dataloader order within each rank.
         by_rank = np.argsort(origin, kind="stable")

@@ -8,7 +8,7 @@ from numba import njit
 
 
 @njit(cache=True)
-def dfs(sizes, n_bins, capacity, max_work):
+def dfs(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) -> tuple[int, np.ndarray]:
     """Depth-first search over placements of ``sizes`` (longest first) into bins.
 
     Item ``i`` tries the bins of each distinct free room ``>= sizes[i]`` in increasing room

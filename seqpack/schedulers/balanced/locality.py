@@ -87,7 +87,7 @@ def plan_local(
     padded: np.ndarray,
     costs: np.ndarray,
     origin: np.ndarray,
-    reference,
+    reference: BalancedPlan,
     *,
     dp_size: int,
     capacity: int,
@@ -96,7 +96,7 @@ def plan_local(
     max_repair_moves: int | None = None,
     tolerance: float = TOLERANCE,
     reference_ranks: np.ndarray | None = None,
-):
+) -> tuple[BalancedPlan, np.ndarray] | None:
     """A plan at ``reference``'s microbatch count that keeps sequences on their rank, or
     None when no candidate predicts at most ``tolerance`` (relative) more step time or
     moves fewer tokens than the reference.
@@ -147,12 +147,12 @@ def home_swapped(
     padded: np.ndarray,
     costs: np.ndarray,
     origin: np.ndarray,
-    reference,
+    reference: BalancedPlan,
     reference_ranks: np.ndarray,
     capacity: int,
     objective: str,
     slack: float,
-):
+) -> BalancedPlan:
     """``reference`` with its replicas renamed to ``reference_ranks``, then sequences brought
     home by :func:`~seqpack.schedulers._kernels.home_swaps` within caps ``1 + slack`` times
     the reference's: every round's heaviest microbatch (not for ``"replicas"``, whose step
@@ -199,7 +199,18 @@ def moved_tokens(replica_of: np.ndarray, origin: np.ndarray, padded: np.ndarray)
     return int(padded[replica_of != origin].sum())
 
 
-def _per_replica(padded, costs, origin, reference, dp_size, capacity, constant, objective, max_repair_moves, tolerance):
+def _per_replica(
+    padded: np.ndarray,
+    costs: np.ndarray,
+    origin: np.ndarray,
+    reference: BalancedPlan,
+    dp_size: int,
+    capacity: int,
+    constant: float,
+    objective: str,
+    max_repair_moves: int | None,
+    tolerance: float,
+) -> BalancedPlan | None:
     """The per-replica layout (module docs), or None when grid_local finds no packing."""
     m_count = reference.num_microbatches
     order = _placement_order(padded, None)

@@ -17,22 +17,25 @@ from seqpack.schedulers.balanced.layout import (
 )
 from seqpack.schedulers.objective import round_sum_lower_bound
 
+Repaired = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]
+"""(round_of, replica_of, load, tokens, moves) after the repair."""
+
 
 def _repair(
-    round_of,
-    replica_of,
-    load,
-    tokens,
-    padded,
-    costs,
-    order,
-    dp_size,
-    capacity,
-    max_moves,
-    objective,
-    stop_at=None,
-    max_work=_REPAIR_WORK,
-):
+    round_of: np.ndarray,
+    replica_of: np.ndarray,
+    load: np.ndarray,
+    tokens: np.ndarray,
+    padded: np.ndarray,
+    costs: np.ndarray,
+    order: np.ndarray,
+    dp_size: int,
+    capacity: int,
+    max_moves: int,
+    objective: str,
+    stop_at: float | None = None,
+    max_work: int = _REPAIR_WORK,
+) -> Repaired:
     """Step 4 of the module docstring. Returns the repaired (round_of, replica_of, load,
     tokens, moves). ``stop_at``: busiest replica's cost at which to stop (default 0.1%
     above the bound); ``max_work``: candidate evaluations before it stops."""
@@ -43,7 +46,7 @@ def _repair(
     if stop_at is None:
         stop_at = (1 + _GOOD_ENOUGH) * replica_bound
 
-    def run(budget):
+    def run(budget: float) -> tuple[Repaired, float, float]:
         state = (round_of.copy(), replica_of.copy(), load.copy(), tokens.copy())
         moves = _kernels.repair_replicas(
             state[0],

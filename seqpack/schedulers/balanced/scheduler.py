@@ -82,7 +82,18 @@ class BalancedScheduler(Scheduler):
 
     uses_sync = True
 
-    def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin, sync=None):
+    def _plan(  # takes sync (uses_sync)
+        self,
+        ids: np.ndarray,
+        lengths: np.ndarray,
+        *,
+        dp_size: int,
+        capacity: int,
+        pad_multiple: int,
+        cost: CostModel | None,
+        origin: np.ndarray,
+        sync: str | None = None,
+    ) -> tuple[list[list[np.ndarray]], np.ndarray]:
         model = self.resolve_cost(cost)
         if ids.size or self.num_microbatches:
             check_microbatches(
