@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from seqpack.collective.fields import Header
 from seqpack.collective.groups import all_gather_objects, collective, comm_device, global_rank, group_rank, group_size
@@ -73,7 +74,7 @@ def _status(value: int) -> Status:
 def agree(
     status: int,
     message: str | None = None,
-    group: Any = None,
+    group: ProcessGroup | None = None,
     *,
     fingerprint: int | None = None,
     axis: str = "",
@@ -141,7 +142,9 @@ def agree(
     return Agreement(Status(agreed), payload=reduced_payload)
 
 
-def _disagreement(fingerprint: int | None, details: Mapping[str, str] | None, group: Any, axis: str, what: str) -> str:
+def _disagreement(
+    fingerprint: int | None, details: Mapping[str, str] | None, group: ProcessGroup | None, axis: str, what: str
+) -> str:
     """The message of a fingerprint mismatch: the fields that differ, else the fingerprints."""
     reports = all_gather_objects((fingerprint, dict(details) if details is not None else None), group)
     who = axis or "group"
@@ -161,7 +164,7 @@ def _disagreement(fingerprint: int | None, details: Mapping[str, str] | None, gr
 def agree_status(
     status: int,
     message: str | None = None,
-    group: Any = None,
+    group: ProcessGroup | None = None,
     *,
     fingerprint: int | None = None,
     axis: str = "",

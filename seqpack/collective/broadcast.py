@@ -8,10 +8,10 @@ The source's global rank is read from the group's membership, never computed.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from seqpack.collective.groups import collective, comm_device, global_rank, group_rank, group_size
 from seqpack.collective.wire import (
@@ -30,7 +30,7 @@ __all__ = ["broadcast_pp", "broadcast_step", "broadcast_tp"]
 
 def broadcast_step(
     msg: StepMessage | None,
-    group: Any,
+    group: ProcessGroup | None,
     *,
     kind: int = Kind.BATCH,
     src: int = 0,
@@ -84,7 +84,7 @@ def broadcast_step(
 
 
 def broadcast_tp(
-    msg: StepMessage | None, group: Any, *, verify: bool = True, timings: dict[str, float] | None = None
+    msg: StepMessage | None, group: ProcessGroup | None, *, verify: bool = True, timings: dict[str, float] | None = None
 ) -> StepMessage:
     """TP broadcast: TP rank 0's microbatches (tokens and layout) to the other TP ranks."""
     out = broadcast_step(msg, group, kind=Kind.BATCH, src=0, verify=verify, timings=timings)
@@ -94,7 +94,7 @@ def broadcast_tp(
 
 def broadcast_pp(
     msg: StepMessage | None,
-    group: Any,
+    group: ProcessGroup | None,
     *,
     verify: bool = True,
     decode: bool = True,

@@ -16,11 +16,11 @@ pieces in pack order: that is its shard of the microbatch.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from seqpack.collective.exchange import Exchanged, ExchangePlan
 from seqpack.collective.groups import collective, comm_device
@@ -155,7 +155,7 @@ def exchange_shards(
     samples: Sequence[Mapping[str, torch.Tensor]],
     plan: DynamicCpSchedule,
     counts: Sequence[int] | np.ndarray,
-    group: Any,
+    group: ProcessGroup | None,
     *,
     rank: int,
     position_ids: bool = False,
@@ -210,7 +210,7 @@ def _move(
     dtype: torch.dtype,
     layout: tuple[np.ndarray, np.ndarray, np.ndarray],
     received: dict[int, dict[str, torch.Tensor]],
-    group: Any,
+    group: ProcessGroup | None,
 ) -> tuple[int, int]:
     """One ``all_to_all_single`` of the ``keys`` of one dtype. The block for each peer is
     key-major: every key's tokens of all pieces for that peer (ids ascending)."""

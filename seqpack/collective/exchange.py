@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from seqpack.collective.groups import all_gather_objects, collective, comm_device, group_rank, group_size
 from seqpack.errors import ConfigError, SampleError
@@ -128,7 +129,7 @@ def exchange_samples(
     samples: Sequence[Mapping[str, torch.Tensor]],
     schedule: Schedule | np.ndarray,
     counts: Sequence[int] | np.ndarray,
-    group: Any = None,
+    group: ProcessGroup | None = None,
     *,
     schema: Sequence[tuple[str, torch.dtype]] | None = None,
     sizes: np.ndarray | None = None,
@@ -198,7 +199,9 @@ def _destinations(schedule: Schedule | np.ndarray, sizes: np.ndarray | None) -> 
     return destination, np.asarray(sizes, dtype=np.int64)
 
 
-def _agreed_schema(samples: Sequence[Mapping[str, torch.Tensor]], group: Any) -> list[tuple[str, torch.dtype]]:
+def _agreed_schema(
+    samples: Sequence[Mapping[str, torch.Tensor]], group: ProcessGroup | None
+) -> list[tuple[str, torch.dtype]]:
     """The keys and dtypes every rank moves, agreed with one ``all_gather_object``."""
     local = _schema_of(samples[0]) if samples else None
     schemas = [local] if group_size(group) == 1 else all_gather_objects(local, group)
@@ -231,7 +234,7 @@ def _move(
     dtype: torch.dtype,
     keys: list[str],
     received: dict[int, dict[str, torch.Tensor]],
-    group: Any,
+    group: ProcessGroup | None,
 ) -> tuple[int, int]:
     """One ``all_to_all_single`` moving the ``keys`` of one dtype (sample-major, ids
     ascending) into ``received``; returns the bytes sent and received."""
@@ -301,7 +304,7 @@ def return_values(
     values: Mapping[int, torch.Tensor],
     plan: ExchangePlan,
     sizes: np.ndarray,
-    group: Any = None,
+    group: ProcessGroup | None = None,
     *,
     like: torch.Tensor,
 ) -> dict[int, torch.Tensor]:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from seqpack.errors import ConfigError
 from seqpack.options import AXES
@@ -89,17 +90,17 @@ def collective(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
     work.wait()  # raises what the collective raised
 
 
-def group_size(group: Any) -> int:
+def group_size(group: ProcessGroup | None) -> int:
     """Ranks in ``group`` (1 for ``None``)."""
     return 1 if group is None else dist.get_world_size(group)
 
 
-def group_rank(group: Any) -> int:
+def group_rank(group: ProcessGroup | None) -> int:
     """This rank's index in ``group`` (0 for ``None``)."""
     return 0 if group is None else dist.get_rank(group)
 
 
-def global_rank(group: Any, rank_in_group: int) -> int:
+def global_rank(group: ProcessGroup | None, rank_in_group: int) -> int:
     """Global rank of ``rank_in_group``, read from the group's membership, never computed."""
     if group is None:
         return this_rank()
@@ -111,14 +112,14 @@ def this_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def comm_device(group: Any) -> torch.device:
+def comm_device(group: ProcessGroup | None) -> torch.device:
     """Device collectives on ``group`` need: CUDA for NCCL, CPU otherwise."""
     if group is not None and dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-def all_gather_objects(obj: Any, group: Any) -> list[Any]:
+def all_gather_objects(obj: Any, group: ProcessGroup | None) -> list[Any]:
     """Every rank's ``obj`` in group-rank order (pickled; use off the hot path only).
 
     Two :func:`collective` all-gathers (sizes, then the padded bytes) rather than

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from seqpack.collective.agree import Status
 from seqpack.collective.fields import Header
@@ -93,7 +94,7 @@ def _int64_columns(columns: Any, count: int) -> np.ndarray:
 
 def gather_lengths(
     lengths: Sequence[int] | np.ndarray,
-    group: Any = None,
+    group: ProcessGroup | None = None,
     *,
     error: str | None = None,
     extras: Sequence[int] | np.ndarray = (),
@@ -166,7 +167,7 @@ def gather_lengths(
     )
 
 
-def _gather_rows(rows: np.ndarray, counts: np.ndarray, group: Any, device: torch.device) -> np.ndarray:
+def _gather_rows(rows: np.ndarray, counts: np.ndarray, group: ProcessGroup | None, device: torch.device) -> np.ndarray:
     """Every rank's int64 ``[counts[r], w]`` rows, concatenated in rank order (one
     all-gather of the rows padded to the largest count)."""
     width = int(counts.max(initial=0))
