@@ -4,8 +4,8 @@
     python examples/rl_rollouts.py --prompts 64 --responses 8 --group
 
 A GRPO step scores ``prompts x responses`` sequences (a prompt followed by one sampled
-response) whose lengths are long-tailed (lognormal here). Each DP rank holds the rollouts of
-its own prompts. ``wrap_data_iterator`` packs the whole rollout batch into balanced
+response) whose lengths are long-tailed (lognormal here). Each DP rank holds some of the
+responses of each prompt. ``wrap_data_iterator`` packs the whole rollout batch into balanced
 microbatches (sequences move between ranks to balance them), the model computes per-token
 log-probs on those, and ``step.to_origin`` sends every sequence's values back to the rank
 that read it, in the order it read them, pads removed: exactly what the RL loss needs next
@@ -38,22 +38,24 @@ VOCAB = 97
 
 
 def rollouts(args: argparse.Namespace, dp_rank: int, dp_size: int) -> list[dict[str, torch.Tensor]]:
-    """This rank's rollouts: its prompts (``dp_rank::dp_size``), each with ``responses``
-    sampled continuations of lognormal length, in prompt-major order."""
+    """This rank's rollouts: ``prompts x responses`` sequences (a prompt and one sampled
+    continuation, both of lognormal length) in prompt-major order, dealt round-robin to the
+    DP ranks, so the responses of one prompt are spread over ranks as rollout workers
+    return them."""
     total = args.prompts * args.responses
     prompt_len = lognormal_lengths(args.prompts, min_seq_len=4, max_seq_len=96, mean_seq_len=32, seed=args.seed)
     response_len = lognormal_lengths(total, min_seq_len=2, max_seq_len=480, mean_seq_len=80, seed=args.seed + 1)
     g = torch.Generator().manual_seed(args.seed)
     prompts = [torch.randint(1, VOCAB, (int(n),), generator=g) for n in prompt_len]
     samples = []
-    for p in range(dp_rank, args.prompts, dp_size):
+    for p in range(args.prompts):
         for r in range(args.responses):
             response = torch.randint(1, VOCAB, (int(response_len[p * args.responses + r]),), generator=g)
             sample = {"input_ids": torch.cat([prompts[p], response])}
             if args.group:
                 sample["group_id"] = p  # the responses of one prompt stay on one replica
             samples.append(sample)
-    return samples
+    return samples[dp_rank::dp_size]
 
 
 def token_logprobs(model: TinyHybridLM, batch: PackedBatch) -> torch.Tensor:

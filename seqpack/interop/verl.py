@@ -38,7 +38,12 @@ from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
 from seqpack.schedulers import Schedule, get_scheduler
 from seqpack.validation import MAX_TOKENS, check_bool, check_optional_int, check_positive_int
 
-__all__ = ["VERL_WORKLOAD", "get_seqlen_balanced_partitions", "rearrange_micro_batches"]
+__all__ = [
+    "VERL_WORKLOAD",
+    "get_group_balanced_partitions",
+    "get_seqlen_balanced_partitions",
+    "rearrange_micro_batches",
+]
 
 VERL_WORKLOAD = CostModel(linear=24576.0, quadratic=1.0)
 """verl's ``calculate_workload``: ``24576 * s + s**2`` (dense 7B FLOPs up to a factor)."""
@@ -99,6 +104,40 @@ def balanced_partitions(values: np.ndarray, k: int, *, equal_size: bool = False)
     for i in np.flatnonzero(values == 0).tolist() if not equal_size else []:
         min(parts, key=len).append(i)
     return [sorted(p) for p in parts]
+
+
+def get_group_balanced_partitions(
+    seqlen_list: Sequence[int], uid_list: Sequence[Any], k_partitions: int
+) -> list[list[int]]:
+    """Split indices into ``k_partitions`` lists of balanced workload, samples of one uid in
+    one list, every list holding the same number of uids (verl's contract).
+
+    Unlike verl, samples of one uid need not be contiguous: equal uids anywhere form one group
+    (on contiguous uids, verl's input, the groups are the same).
+
+    Returns:
+        ``k_partitions`` lists of indices, ascending inside each list.
+
+    Raises:
+        ConfigError: Lists of different lengths, fewer uids than partitions, or a uid count
+            ``k_partitions`` does not divide.
+    """
+    lengths = _non_negative_ints("seqlen_list", seqlen_list)
+    uids = list(uid_list)
+    k = check_positive_int("k_partitions", k_partitions)
+    if len(uids) != lengths.shape[0]:
+        raise ConfigError(f"seqlen_list holds {lengths.shape[0]} values but uid_list {len(uids)}")
+    index: dict[Any, int] = {}
+    group_of = np.array([index.setdefault(u, len(index)) for u in uids], dtype=np.int64)
+    groups = len(index)
+    if groups < k or groups % k:
+        raise ConfigError(
+            f"get_group_balanced_partitions: {groups} uid groups cannot be split equally into k_partitions={k}"
+        )
+    work = np.bincount(group_of, weights=VERL_WORKLOAD.cost(lengths), minlength=groups)
+    parts = balanced_partitions(np.round(work).astype(np.int64), k, equal_size=True)
+    member = [np.flatnonzero(np.isin(group_of, p)).tolist() for p in parts]
+    return [sorted(m) for m in member]
 
 
 def rearrange_micro_batches(
