@@ -8,7 +8,7 @@ sharing, group-normalised advantages), chosen / rejected pairs (DPO, reward mode
 1. **Replicas.** Groups (a sequence without a group is a group of one) are assigned whole to
    replicas by LPT on their cost (costliest first, each to the replica with the least cost so
    far), then refined by moving one group, or swapping two, between the busiest replica and
-   the lightest while the busier of the two gets lighter (:func:`assign_units`). With a fixed
+   another (lightest first) while the busier of the two gets lighter (:func:`assign_units`). With a fixed
    microbatch count (the scheduler's ``num_microbatches``) a replica holds at most
    ``num_microbatches * capacity`` padded tokens: a group larger than that is an error naming
    it, and LPT places a group only where it fits while some replica has room.
@@ -88,36 +88,57 @@ def assign_units(costs: np.ndarray, tokens: np.ndarray, dp_size: int, budget: in
 def _refine(
     replica: np.ndarray, costs: np.ndarray, tokens: np.ndarray, load: np.ndarray, held: np.ndarray, budget: int | None
 ) -> None:
-    """Move one unit, or swap two, between the busiest and the lightest replica while the
-    busier of the two gets lighter (in place)."""
+    """Move one unit, or swap two, between the busiest replica and another (lightest first)
+    while the busier of the two gets lighter (in place)."""
     limit = np.iinfo(np.int64).max if budget is None else budget
     for _ in range(_REFINE_ROUNDS * replica.shape[0]):
-        hi, lo = int(np.argmax(load)), int(np.argmin(load))
-        gap = load[hi] - load[lo]
-        if gap <= 0:
+        hi = int(np.argmax(load))
+        for lo in np.argsort(load, kind="stable").tolist():
+            if lo == hi or not _improve(replica, costs, tokens, load, held, hi, lo, limit):
+                continue
+            break
+        else:
             return
-        mine, theirs = np.flatnonzero(replica == hi), np.flatnonzero(replica == lo)
-        # delta = cost moved from hi to lo; the pair's max drops iff 0 < delta < gap.
-        deltas = [costs[mine]]
-        pairs = [np.stack([mine, np.full_like(mine, -1)], axis=1)]
-        if theirs.size:
-            a, b = np.meshgrid(mine, theirs, indexing="ij")
-            deltas.append((costs[a] - costs[b]).ravel())
-            pairs.append(np.stack([a.ravel(), b.ravel()], axis=1))
-        delta, pair = np.concatenate(deltas), np.concatenate(pairs)
-        moved_tokens = tokens[pair[:, 0]] - np.where(pair[:, 1] >= 0, tokens[np.maximum(pair[:, 1], 0)], 0)
-        ok = (delta > 0) & (delta < gap) & (held[lo] + moved_tokens <= limit) & (held[hi] - moved_tokens <= limit)
-        if not ok.any():
-            return
-        best = int(np.flatnonzero(ok)[np.argmin(np.abs(gap / 2 - delta[ok]))])
-        u, v = (int(x) for x in pair[best])
-        replica[u] = lo
-        if v >= 0:
-            replica[v] = hi
-        load[hi] -= delta[best]
-        load[lo] += delta[best]
-        held[hi] -= moved_tokens[best]
-        held[lo] += moved_tokens[best]
+
+
+def _improve(
+    replica: np.ndarray,
+    costs: np.ndarray,
+    tokens: np.ndarray,
+    load: np.ndarray,
+    held: np.ndarray,
+    hi: int,
+    lo: int,
+    limit: int,
+) -> bool:
+    """Apply the move or swap from ``hi`` to ``lo`` that best evens the pair, if one lowers
+    the larger of the two; whether one did."""
+    gap = load[hi] - load[lo]
+    if gap <= 0:
+        return False
+    mine, theirs = np.flatnonzero(replica == hi), np.flatnonzero(replica == lo)
+    # delta = cost moved from hi to lo; the pair's max drops iff 0 < delta < gap.
+    deltas = [costs[mine]]
+    pairs = [np.stack([mine, np.full_like(mine, -1)], axis=1)]
+    if theirs.size:
+        a, b = np.meshgrid(mine, theirs, indexing="ij")
+        deltas.append((costs[a] - costs[b]).ravel())
+        pairs.append(np.stack([a.ravel(), b.ravel()], axis=1))
+    delta, pair = np.concatenate(deltas), np.concatenate(pairs)
+    moved_tokens = tokens[pair[:, 0]] - np.where(pair[:, 1] >= 0, tokens[np.maximum(pair[:, 1], 0)], 0)
+    ok = (delta > 0) & (delta < gap) & (held[lo] + moved_tokens <= limit) & (held[hi] - moved_tokens <= limit)
+    if not ok.any():
+        return False
+    best = int(np.flatnonzero(ok)[np.argmin(np.abs(gap / 2 - delta[ok]))])
+    u, v = (int(x) for x in pair[best])
+    replica[u] = lo
+    if v >= 0:
+        replica[v] = hi
+    load[hi] -= delta[best]
+    load[lo] += delta[best]
+    held[hi] -= moved_tokens[best]
+    held[lo] += moved_tokens[best]
+    return True
 
 
 def pack_units(
