@@ -48,6 +48,18 @@ def grpo_step(prompts: int, responses: int, seed: int) -> tuple[np.ndarray, np.n
     return np.repeat(prompt, responses) + response, np.repeat(np.arange(prompts), responses)
 
 
+PLANS = ("balanced", "groups", "groups+together")
+
+
+def plan(name: str, scheduler, lengths: np.ndarray, groups: np.ndarray, dp: int, cap: int):
+    """The schedule of one configuration of :data:`PLANS`."""
+    if name == "balanced":
+        return scheduler.schedule(lengths, dp_size=dp, max_tokens_per_rank=cap)
+    grouped = np.ones(lengths.shape[0], dtype=bool)
+    together = name == "groups+together"
+    return schedule_groups(scheduler, lengths, groups, grouped, dp_size=dp, max_tokens_per_rank=cap, together=together)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
@@ -69,19 +81,9 @@ def main() -> None:
             lengths, groups = grpo_step(args.prompts, args.responses, seed)
             costs = cost.cost(lengths)
             group_bound = max(costs.sum() / dp, np.bincount(groups, weights=costs).max())
-            grouped = np.ones(lengths.shape[0], dtype=bool)
-            plans = {
-                "balanced": lambda: scheduler.schedule(lengths, dp_size=dp, max_tokens_per_rank=args.max_tokens),
-                "groups": lambda: schedule_groups(
-                    scheduler, lengths, groups, grouped, dp_size=dp, max_tokens_per_rank=args.max_tokens
-                ),
-                "groups+together": lambda: schedule_groups(
-                    scheduler, lengths, groups, grouped, dp_size=dp, max_tokens_per_rank=args.max_tokens, together=True
-                ),
-            }
-            for name, plan in plans.items():
+            for name in PLANS:
                 tick = time.perf_counter()
-                schedule = plan()
+                schedule = plan(name, scheduler, lengths, groups, dp, args.max_tokens)
                 seconds = time.perf_counter() - tick
                 schedule.validate(lengths)
                 st = StepStats.from_schedule(schedule, cost)
