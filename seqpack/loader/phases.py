@@ -329,12 +329,12 @@ def schedule(
     lengths = gathered.lengths
     assert config.pad_multiple is not None  # resolved by the wrapper
     # sync only when set: a custom scheduler overriding schedule() may predate it.
-    options = {} if config.sync is None else {"sync": config.sync}
+    options: dict[str, Any] = {} if config.sync is None else {"sync": config.sync}
     columns = lengths.columns
     assert columns is not None
     grouped = SAMPLE_COLUMNS.column(columns, "grouped")
     try:
-        if grouped.any():  # some sequence carries a group_id: keep groups on one replica
+        if grouped.any() or config.equal_samples_per_replica:  # keep groups on one replica
             return schedule_groups(
                 scheduler,
                 lengths.lengths,
@@ -348,6 +348,7 @@ def schedule(
                 on_oversize=config.on_oversize,
                 origin=lengths.origin(),
                 together=config.group_microbatch,
+                equal_counts=config.equal_samples_per_replica,
                 **options,
             )
         return scheduler.schedule(

@@ -63,17 +63,33 @@ def group_units(group_ids: np.ndarray, grouped: np.ndarray) -> np.ndarray:
     return unit
 
 
-def assign_units(costs: np.ndarray, tokens: np.ndarray, dp_size: int, budget: int | None = None) -> np.ndarray:
+def assign_units(
+    costs: np.ndarray, tokens: np.ndarray, dp_size: int, budget: int | None = None, *, equal: bool = False
+) -> np.ndarray:
     """Replica of every unit: LPT on ``costs``, then refined (module docstring, step 1).
 
     ``budget``: padded tokens a replica may hold; LPT places a unit only on a replica with
     room while one has it (units no replica has room for go where the cost is least).
+    ``equal``: every replica gets the same number of units (``dp_size`` divides it): the
+    units are dealt in rounds of ``dp_size``, the costliest to the least loaded replica, and
+    refined by swaps only.
     """
     n = costs.shape[0]
     replica = np.zeros(n, dtype=np.int64)
     load = np.zeros(dp_size, dtype=np.float64)
     held = np.zeros(dp_size, dtype=np.int64)
-    for u in np.lexsort((np.arange(n), -tokens, -costs)).tolist():
+    by_cost = np.lexsort((np.arange(n), -tokens, -costs))
+    if equal:
+        for start in range(0, n, dp_size):
+            chunk = by_cost[start : start + dp_size]
+            targets = np.argsort(load, kind="stable")[: chunk.shape[0]]
+            replica[chunk] = targets
+            np.add.at(load, targets, costs[chunk])
+            np.add.at(held, targets, tokens[chunk])
+        if dp_size > 1:
+            _refine(replica, costs, tokens, load, held, budget, swaps_only=True)
+        return replica
+    for u in by_cost.tolist():
         room = np.flatnonzero(held + tokens[u] <= budget) if budget is not None else np.arange(dp_size)
         pool = room if room.size else np.arange(dp_size)
         d = int(pool[np.argmin(load[pool])])
@@ -86,7 +102,14 @@ def assign_units(costs: np.ndarray, tokens: np.ndarray, dp_size: int, budget: in
 
 
 def _refine(
-    replica: np.ndarray, costs: np.ndarray, tokens: np.ndarray, load: np.ndarray, held: np.ndarray, budget: int | None
+    replica: np.ndarray,
+    costs: np.ndarray,
+    tokens: np.ndarray,
+    load: np.ndarray,
+    held: np.ndarray,
+    budget: int | None,
+    *,
+    swaps_only: bool = False,
 ) -> None:
     """Move one unit, or swap two, between the busiest replica and another (lightest first)
     while the busier of the two gets lighter (in place)."""
@@ -94,7 +117,7 @@ def _refine(
     for _ in range(_REFINE_ROUNDS * replica.shape[0]):
         hi = int(np.argmax(load))
         for lo in np.argsort(load, kind="stable").tolist():
-            if lo == hi or not _improve(replica, costs, tokens, load, held, hi, lo, limit):
+            if lo == hi or not _improve(replica, costs, tokens, load, held, hi, lo, limit, swaps_only):
                 continue
             break
         else:
@@ -110,6 +133,7 @@ def _improve(
     hi: int,
     lo: int,
     limit: int,
+    swaps_only: bool = False,
 ) -> bool:
     """Apply the move or swap from ``hi`` to ``lo`` that best evens the pair, if one lowers
     the larger of the two; whether one did."""
@@ -118,12 +142,14 @@ def _improve(
         return False
     mine, theirs = np.flatnonzero(replica == hi), np.flatnonzero(replica == lo)
     # delta = cost moved from hi to lo; the pair's max drops iff 0 < delta < gap.
-    deltas = [costs[mine]]
-    pairs = [np.stack([mine, np.full_like(mine, -1)], axis=1)]
+    deltas = [] if swaps_only else [costs[mine]]
+    pairs = [] if swaps_only else [np.stack([mine, np.full_like(mine, -1)], axis=1)]
     if theirs.size:
         a, b = np.meshgrid(mine, theirs, indexing="ij")
         deltas.append((costs[a] - costs[b]).ravel())
         pairs.append(np.stack([a.ravel(), b.ravel()], axis=1))
+    if not deltas:
+        return False
     delta, pair = np.concatenate(deltas), np.concatenate(pairs)
     moved_tokens = tokens[pair[:, 0]] - np.where(pair[:, 1] >= 0, tokens[np.maximum(pair[:, 1], 0)], 0)
     ok = (delta > 0) & (delta < gap) & (held[lo] + moved_tokens <= limit) & (held[hi] - moved_tokens <= limit)
@@ -185,6 +211,7 @@ def schedule_groups(
     origin: np.ndarray | None = None,
     sync: str | None = None,
     together: bool = False,
+    equal_counts: bool = False,
 ) -> Schedule:
     """A :class:`Schedule` keeping every group on one replica (module docstring).
 
@@ -194,10 +221,14 @@ def schedule_groups(
         group_ids: int64 ``[N]`` group of every sequence (read where ``grouped``).
         grouped: bool ``[N]``: the sequence carries a group id (else it is a group of one).
         together: Also keep every group that fits one microbatch in one microbatch.
+        equal_counts: Every replica trains the same number of sequences (verl's
+            ``equal_size``): all groups must be equally large and ``dp_size`` must divide
+            their number.
         Others: as :meth:`Scheduler.schedule`.
 
     Raises:
-        ScheduleError: A group larger than a replica holds (fixed microbatch count).
+        ScheduleError: A group larger than a replica holds (fixed microbatch count); under
+            ``equal_counts`` groups of different sizes or a count ``dp_size`` does not divide.
         SampleError: ``group_ids`` / ``grouped`` not one per length.
     """
     original = as_lengths(lengths)
@@ -222,7 +253,9 @@ def schedule_groups(
     budget = None if fixed is None else int(fixed) * capacity
     _check_budget(unit_tokens, budget, unit, active, group_ids, fixed, capacity)
     unit_costs = np.bincount(unit, weights=costs) if active.size else np.zeros(0)
-    replica_of_unit = assign_units(unit_costs, unit_tokens, dp_size, budget)
+    if check_bool("equal_counts", equal_counts):
+        _check_equal(np.bincount(unit) if active.size else np.zeros(0, np.int64), dp_size)
+    replica_of_unit = assign_units(unit_costs, unit_tokens, dp_size, budget, equal=equal_counts)
     replica = relabel_replicas(replica_of_unit[unit], origin_arr[active], padded, dp_size)
     planner = _ReplicaPlanner(scheduler, effective, capacity, cp_size, pad_multiple, cost, sync, together)
     per_replica = planner.plan_all(active, replica, unit, padded, costs, dp_size)
@@ -249,6 +282,16 @@ def _balanced_at(scheduler: BalancedScheduler, count: int) -> Scheduler:
         if getattr(scheduler, name, None) is not None:
             options[name] = getattr(scheduler, name)
     return BalancedScheduler(**options)
+
+
+def _check_equal(sizes: np.ndarray, dp_size: int) -> None:
+    """Refuse ``equal_counts`` where no assignment of whole groups gives every replica as
+    many sequences."""
+    if sizes.size and (sizes.min() != sizes.max() or sizes.size % dp_size):
+        raise ScheduleError(
+            f"equal_counts needs groups of one size, as many on every replica: got {sizes.size} groups of "
+            f"{int(sizes.min())}..{int(sizes.max())} sequences for dp_size={dp_size}"
+        )
 
 
 def _check_budget(

@@ -148,3 +148,93 @@ def test_group_balanced_partitions_refusals_and_scattered_uids():
         get_group_balanced_partitions([1, 2, 3], ["a", "b", "c"], 2)
     parts = get_group_balanced_partitions([5, 9, 5, 9], ["a", "b", "a", "b"], 2)  # not contiguous
     assert sorted(parts) == [[0, 2], [1, 3]]
+
+
+# -- options: equal sample counts, minimum / multiple-of counts, order, mini-batches --------
+
+
+@given(grouped_steps(), st.integers(1, 4))
+def test_equal_counts_gives_every_replica_as_many_sequences(case, group_size):
+    lengths, _, _, dp, pad, _, together = case
+    n = (lengths.shape[0] // (group_size * dp)) * group_size * dp
+    if n == 0:
+        return
+    lengths = lengths[:n]
+    groups = np.repeat(np.arange(n // group_size), group_size)
+    plan = schedule_groups(
+        get_scheduler("balanced"), lengths, groups, np.ones(n, bool), dp_size=dp, max_tokens_per_rank=128,
+        pad_multiple=pad, together=together, equal_counts=True,
+    )  # fmt: skip
+    plan.validate(lengths)
+    replica = plan.placement()[0]
+    assert np.bincount(replica, minlength=dp).tolist() == [n // dp] * dp
+    for g in range(n // group_size):
+        assert len(set(replica[groups == g].tolist())) == 1
+
+
+def test_equal_counts_balances_like_the_unconstrained_plan_on_grpo_shapes():
+    rng = np.random.default_rng(4)
+    lengths = rng.lognormal(np.log(800), 1.0, size=256).clip(16, 8000).astype(np.int64)
+    groups = np.repeat(np.arange(64), 4)
+    cost = CostModel(1.0, 1e-3)
+    costs = cost.cost(lengths)
+    bound = costs.sum() / 8
+    for equal in (False, True):
+        plan = schedule_groups(
+            get_scheduler("balanced"), lengths, groups, np.ones(256, bool), dp_size=8, max_tokens_per_rank=16384,
+            cost=cost, equal_counts=equal,
+        )  # fmt: skip
+        busiest = np.bincount(plan.placement()[0], weights=costs, minlength=8).max()
+        assert busiest / bound < 1.02, (equal, busiest / bound)
+
+
+def test_equal_counts_refuses_what_cannot_be_equal():
+    with pytest.raises(ScheduleError, match="3 groups of 1..2 sequences for dp_size=2"):
+        schedule_groups(
+            get_scheduler("balanced"), np.array([5, 5, 5, 5]), np.array([0, 0, 1, 2]), np.ones(4, bool),
+            dp_size=2, max_tokens_per_rank=64, equal_counts=True,
+        )  # fmt: skip
+
+
+def test_min_and_multiple_microbatches_and_order_hold_with_groups():
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(10, 300, size=48)
+    groups = np.repeat(np.arange(12), 4)
+    scheduler = get_scheduler("balanced", min_microbatches=5, microbatch_multiple=2, order="pipeline")
+    plan = schedule_groups(scheduler, lengths, groups, np.ones(48, bool), dp_size=2, max_tokens_per_rank=1024)
+    plan.validate(lengths)
+    assert plan.num_microbatches >= 5 and plan.num_microbatches % 2 == 0
+    cost = scheduler.resolve_cost(None)
+    for d in range(2):  # light microbatches at both ends of every replica
+        work = [float(cost.cost(lengths[plan.assignment[m][d]]).sum()) for m in range(plan.num_microbatches)]
+        top = int(np.argmax(work))
+        assert work[: top + 1] == sorted(work[: top + 1]) and work[top:] == sorted(work[top:], reverse=True)
+
+
+@pytest.mark.parametrize("with_groups", [False, True])
+def test_minibatches_each_balanced_alone_no_sample_crossing(with_groups):
+    from seqpack.schedulers.minibatches import minibatch_of, schedule_minibatches
+
+    rng = np.random.default_rng(6)
+    lengths = rng.integers(5, 400, size=96)
+    origin = np.repeat(np.arange(4), 24)
+    groups = np.repeat(np.arange(48), 2) if with_groups else None
+    grouped = np.ones(96, bool) if with_groups else None
+    scheduler = get_scheduler("balanced")
+    plan, starts = schedule_minibatches(
+        scheduler, lengths, minibatches=3, dp_size=4, max_tokens_per_rank=1024, origin=origin,
+        group_ids=groups, grouped=grouped,
+    )  # fmt: skip
+    plan.validate(lengths, dp_size=4, max_tokens_per_rank=1024)
+    which = minibatch_of(origin, 3)
+    assert len(starts) == 4 and starts[0] == 0 and starts[-1] == plan.num_microbatches
+    for j in range(3):
+        ids = np.flatnonzero(which == j)
+        inside = np.concatenate([c for row in plan.assignment[starts[j] : starts[j + 1]] for c in row])
+        assert sorted(inside.tolist()) == ids.tolist()  # this mini-batch's samples, all of them, only them
+        assert np.bincount(origin[ids], minlength=4).tolist() == [8] * 4  # a third of every rank's
+        alone = scheduler.schedule(lengths[ids], dp_size=4, max_tokens_per_rank=1024, origin=origin[ids])
+        if not with_groups:
+            assert starts[j + 1] - starts[j] == alone.num_microbatches
+    with pytest.raises(ConfigError, match="mini-batch 2 of 3 holds no sample"):
+        schedule_minibatches(scheduler, np.array([5, 6, 7, 8]), minibatches=3, dp_size=2, max_tokens_per_rank=64)
