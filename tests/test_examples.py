@@ -60,3 +60,14 @@ def test_megatron_style_broadcasts_and_middle_stage(layout):
     if "3" in layout[3]:
         assert any("pp=1/3" in line and "None (metadata only)" in line for line in lines)
         assert not any("pp=0/3" in line and "None (metadata only)" in line for line in lines)
+
+
+def test_rl_rollouts_log_probs_come_back_exactly_once_and_equal_the_unpacked_ones():
+    out = _run([sys.executable, "examples/rl_rollouts.py", "--prompts", "6", "--responses", "3", "--max-tokens", "512",
+                "--group"])
+    lines = [line for line in out.splitlines() if line.startswith("rank ")]
+    assert len(lines) == 2 and all("exactly once in read order: True" in line for line in lines), out
+    assert sum(int(re.search(r"(\d+) ran on the other rank", line).group(1)) for line in lines) > 0, out  # not vacuous
+    diffs = [float(re.search(r"alone: ([0-9.e+-]+)", line).group(1)) for line in lines]
+    assert max(diffs) < 1e-10, out
+    assert all("groups split over replicas: 0" in line for line in lines), out  # each prompt's responses together

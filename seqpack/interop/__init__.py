@@ -5,6 +5,9 @@ Modules:
         :func:`split_batch_into_thd_chunks`), its contract kept.
     hf: Hugging Face transformers: :func:`to_hf`, a packed microbatch as the keyword
         arguments of a causal LM's ``forward`` (transformers itself is not imported).
+    verl: drop-ins for verl's ``rearrange_micro_batches``, ``get_seqlen_balanced_partitions``
+        and ``get_group_balanced_partitions``, planned by seqpack's scheduler, never over
+        ``max_token_len`` (import them from ``seqpack.interop.verl``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ Entry points: :func:`wrap_data_iterator`, :class:`PackingIterator`, :class:`Pack
 - :mod:`~seqpack.loader.dynamic`: the dynamic-CP stages (plan, shard exchange, per-round
   packing with each microbatch's CP group) the producer runs instead of phases 3-5 under
   ``PackingConfig(dynamic_cp=True)``.
+- :mod:`~seqpack.loader.grouping`: the ``group_id`` sample field (read beside the tokens,
+  carried in the gather; groups then stay on one replica).
 - :mod:`~seqpack.loader.labels`: labels where samples are read (``label_format`` checked and
   brought to next-token targets) and the per-sequence loss-token counts that ride the gather.
 - :mod:`~seqpack.loader.calibration`: online calibration as a stage of the step (the time

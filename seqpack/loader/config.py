@@ -138,6 +138,14 @@ class PackingConfig:
     two and the whole ``dp * cp``: about ``dp * cp`` process groups per lane) or ``"any"``
     (every contiguous block: about ``(dp * cp)**2 / 2`` process groups per lane)."""
 
+    group_microbatch: bool = False
+    """Samples carrying a ``group_id`` (seqpack.loader.grouping) always stay on one DP
+    replica; with ``group_microbatch`` a group that fits one microbatch also stays in one."""
+    equal_samples_per_replica: bool = False
+    """Every DP replica trains the same number of sequences each step (verl's
+    ``equal_size``); with groups, as many groups of one size. A step where that cannot be
+    (a count ``dp`` does not divide, groups of different sizes) fails naming the counts."""
+
     def __post_init__(self) -> None:
         for name in ("samples_per_rank", "max_tokens_per_rank"):
             object.__setattr__(self, name, check_positive_int(name, getattr(self, name), maximum=INT64_MAX))
@@ -145,7 +153,15 @@ class PackingConfig:
         object.__setattr__(self, "on_oversize", check_choice("on_oversize", self.on_oversize, OnOversize))
         object.__setattr__(self, "label_format", check_choice("label_format", self.label_format, LabelFormat))
         object.__setattr__(self, "cp_layout", check_choice("cp_layout", self.cp_layout, CpLayout))
-        for name in ("drop_last", "sequence_parallel", "fp8", "check_schedule", "validate_ranks"):
+        for name in (
+            "drop_last",
+            "sequence_parallel",
+            "fp8",
+            "check_schedule",
+            "validate_ranks",
+            "group_microbatch",
+            "equal_samples_per_replica",
+        ):
             object.__setattr__(self, name, check_bool(name, getattr(self, name)))
         if self.pad_multiple is not None:
             object.__setattr__(self, "pad_multiple", check_positive_int("pad_multiple", self.pad_multiple))
@@ -285,6 +301,8 @@ class PackingConfig:
             **({"calibrate": repr(self.calibrate)} if self.calibrate is not False else {}),
             **({"label_format": str(self.label_format)} if self.label_format != LabelFormat.SHIFTED else {}),
             **({"cp_layout": str(self.cp_layout)} if self.cp_layout != CpLayout.DUALCHUNK else {}),
+            **({"group_microbatch": "True"} if self.group_microbatch else {}),
+            **({"equal_samples_per_replica": "True"} if self.equal_samples_per_replica else {}),
             **(
                 {"dynamic_cp": "True", "group_cost": repr(self.group_cost), "cp_group_sizes": str(self.cp_group_sizes)}
                 if self.dynamic_cp

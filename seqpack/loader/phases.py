@@ -30,11 +30,13 @@ from seqpack.collective.lengths import GATHER_HEADER
 from seqpack.cost import CostModel
 from seqpack.errors import ResumeError, SampleError, ScheduleError
 from seqpack.loader.config import PackingConfig
+from seqpack.loader.grouping import GROUP_KEY, group_columns, group_id_of
 from seqpack.loader.labels import loss_token_counts, prepare_labels
 from seqpack.options import CpLayout, LabelFormat, OnOversize
 from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
 from seqpack.schedulers.dynamic_cp.padding import longest_sequence
+from seqpack.schedulers.groups import schedule_groups
 from seqpack.thd import (
     SAMPLE_DTYPES,
     PackedBatch,
@@ -82,6 +84,8 @@ SAMPLE_COLUMNS = Header(
             "supervised tokens of the sequence once packed (truncated under on_oversize='truncate'): "
             "Step.num_loss_tokens and every PackedBatch.num_loss_tokens are sums of these",
         ),
+        ("grouped", "1 when the sequence's sample carries a group_id (seqpack.loader.grouping), else 0"),
+        ("group_id", "that group_id (0 when not grouped): sequences with equal ids stay on one DP replica"),
     ),
 )
 """What every DP rank learns about every sequence of the step, beside its length; a new
@@ -167,7 +171,10 @@ class Reader:
             where = (
                 f"sample {index} of this rank's data (sequence {pooled + len(result.samples)} of its pool this step)"
             )
+            group = group_id_of(item, where)
             for sequence in sample_sequences(item, where=where):
+                if group is not None:
+                    sequence[GROUP_KEY] = torch.tensor(group, dtype=torch.int64)
                 if sequence["input_ids"].shape[0] == 0:
                     result.empty += 1
                 else:
@@ -193,9 +200,9 @@ def key_mask(pool: Sequence[Sample]) -> int:
     """
     if not pool:
         return 0
-    first = set(pool[0])
+    first = set(pool[0]) - {GROUP_KEY}  # a group id is not a token key: samples may or may not carry one
     for i, sample in enumerate(pool):
-        if set(sample) != first:
+        if set(sample) - {GROUP_KEY} != first:
             raise SampleError(
                 f"sequence {i} of this rank's pool this step has keys {sorted(sample)} but sequence 0 of it has "
                 f"{sorted(first)}; all samples must carry "
@@ -247,7 +254,13 @@ def truncation_length(config: PackingConfig, topology: Topology) -> int | None:
 def sample_columns(pool: Sequence[Sample], config: PackingConfig, topology: Topology) -> np.ndarray:
     """This rank's :data:`SAMPLE_COLUMNS` table (int64 ``[len(pool), k]``) for the gather."""
     loss_tokens = loss_token_counts(pool, truncation_length(config, topology))
-    return SAMPLE_COLUMNS.rows(len(pool), loss_tokens=loss_tokens)
+    grouped, group_id = group_columns(pool)
+    if config.dynamic_cp and grouped.any():
+        raise SampleError(
+            f"sequence {int(np.argmax(grouped))} of this rank's pool carries a group_id, which dynamic_cp=True does "
+            "not keep together yet; drop group_id or use dynamic_cp=False"
+        )
+    return SAMPLE_COLUMNS.rows(len(pool), loss_tokens=loss_tokens, grouped=grouped, group_id=group_id)
 
 
 def gather(
@@ -321,8 +334,28 @@ def schedule(
     lengths = gathered.lengths
     assert config.pad_multiple is not None  # resolved by the wrapper
     # sync only when set: a custom scheduler overriding schedule() may predate it.
-    options = {} if config.sync is None else {"sync": config.sync}
+    options: dict[str, Any] = {} if config.sync is None else {"sync": config.sync}
+    columns = lengths.columns
+    assert columns is not None
+    grouped = SAMPLE_COLUMNS.column(columns, "grouped")
     try:
+        if grouped.any() or config.equal_samples_per_replica:  # keep groups on one replica
+            return schedule_groups(
+                scheduler,
+                lengths.lengths,
+                SAMPLE_COLUMNS.column(columns, "group_id"),
+                grouped.astype(bool),
+                dp_size=topology.dp_size,
+                cp_size=topology.cp_size,
+                max_tokens_per_rank=config.max_tokens_per_rank,
+                pad_multiple=config.pad_multiple,
+                cost=config.cost if cost is None else cost,
+                on_oversize=config.on_oversize,
+                origin=lengths.origin(),
+                together=config.group_microbatch,
+                equal_counts=config.equal_samples_per_replica,
+                **options,
+            )
         return scheduler.schedule(
             lengths.lengths,
             dp_size=topology.dp_size,

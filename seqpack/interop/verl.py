@@ -1,0 +1,302 @@
+"""verl drop-ins: :func:`rearrange_micro_batches` and :func:`get_seqlen_balanced_partitions`
+with the signatures and return values of ``verl/utils/seqlen_balancing.py``, planned by
+seqpack's ``balanced`` scheduler.
+
+What is the same as verl: the arguments, the returned micro-batches and index lists (indices
+ascending inside each list), the microbatch count agreed over ``dp_group`` with an
+all-reduce max, ``min_num_micro_batch``, ``num_batches_divided_by``, the workload balanced
+(verl's ``24576 * s + s**2``, a 7B model's FLOPs per sequence) and, with
+``use_dynamic_bsz_balance``, light microbatches at both ends and heavy ones in the middle.
+
+What differs, on purpose:
+
+* **The cap holds.** verl sets the count to ``ceil(tokens / max_token_len)`` and balances
+  workload into that many partitions without checking tokens again, so a tight batch gets
+  microbatches over ``max_token_len``. Here no microbatch holds more than ``max_token_len``
+  real tokens: the count is verl's when it fits, else the fewest that fit.
+* **Real lengths are checked against the cap**, not the padded width of ``attention_mask``
+  (verl refuses ``max_token_len`` below the width even when every sequence is shorter).
+* Errors are ``ValueError`` subclasses naming the value, where verl asserts.
+
+``batch`` is a TensorDict or any mapping (anything with ``keys()`` and ``__getitem__``)
+whose values share a first (batch) dimension and that holds ``attention_mask`` (or nested
+``input_ids``); TensorDict itself is never imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from seqpack.collective.groups import collective, comm_device
+from seqpack.cost import CostModel
+from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
+from seqpack.schedulers import Schedule, get_scheduler
+from seqpack.validation import MAX_TOKENS, check_bool, check_optional_int, check_positive_int
+
+__all__ = [
+    "VERL_WORKLOAD",
+    "get_group_balanced_partitions",
+    "get_seqlen_balanced_partitions",
+    "rearrange_micro_batches",
+]
+
+VERL_WORKLOAD = CostModel(linear=24576.0, quadratic=1.0)
+"""verl's ``calculate_workload``: ``24576 * s + s**2`` (dense 7B FLOPs up to a factor)."""
+
+
+def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """Split indices of ``seqlen_list`` into ``k_partitions`` lists of balanced sums.
+
+    Args:
+        seqlen_list: Non-negative integers (lengths or workloads).
+        k_partitions: Partitions to make.
+        equal_size: Every partition gets ``len(seqlen_list) / k_partitions`` items.
+
+    Returns:
+        ``k_partitions`` non-empty lists of indices, ascending inside each list; every
+        index in exactly one.
+
+    Raises:
+        ConfigError: Fewer items than partitions, or ``equal_size`` with a count that
+            ``k_partitions`` does not divide.
+        SeqpackTypeError: Values that are not non-negative integers.
+    """
+    values = _non_negative_ints("seqlen_list", seqlen_list)
+    k = check_positive_int("k_partitions", k_partitions)
+    equal_size = check_bool("equal_size", equal_size)
+    n = values.shape[0]
+    if n < k:
+        raise ConfigError(f"get_seqlen_balanced_partitions: {n} items cannot fill k_partitions={k} partitions")
+    if equal_size and n % k:
+        raise ConfigError(f"get_seqlen_balanced_partitions: equal_size needs k_partitions={k} to divide {n} items")
+    return balanced_partitions(values, k, equal_size=equal_size)
+
+
+def balanced_partitions(values: np.ndarray, k: int, *, equal_size: bool = False) -> list[list[int]]:
+    """Partitions of ``values`` (int64, ``>= 0``, at least ``k`` of them) with balanced sums,
+    from the ``balanced`` scheduler: ``k`` replicas of one microbatch each, cost = the value.
+
+    With ``equal_size`` every value carries a bias larger than all values together, so a
+    partition with one item more always weighs more: the scheduler then balances the counts
+    first and the sums second (the bias verl's greedy partitioner uses). Zeros (which the
+    scheduler refuses as lengths) go to the partitions with the fewest items.
+    """
+    n = values.shape[0]
+    bias = int(values.sum()) + 1 if equal_size else 0
+    planned = np.arange(n) if equal_size else np.flatnonzero(values > 0)
+    weights = values[planned] + bias
+    parts: list[list[int]] = [[] for _ in range(k)]
+    if planned.size:
+        total = int(weights.sum())
+        if total > MAX_TOKENS:
+            raise ConfigError(
+                f"balanced partitions: the values sum to {total} (with the equal_size bias), more than 2**53; "
+                "scale them down"
+            )
+        scheduler = get_scheduler("balanced", num_microbatches=1, locality=False)
+        plan = scheduler.schedule(weights, dp_size=k, max_tokens_per_rank=total, cost=CostModel(1.0, 0.0))
+        parts = [planned[ids].tolist() for ids in plan.assignment[0]]
+    for i in np.flatnonzero(values == 0).tolist() if not equal_size else []:
+        min(parts, key=len).append(i)
+    return [sorted(p) for p in parts]
+
+
+def get_group_balanced_partitions(
+    seqlen_list: Sequence[int], uid_list: Sequence[Any], k_partitions: int
+) -> list[list[int]]:
+    """Split indices into ``k_partitions`` lists of balanced workload, samples of one uid in
+    one list, every list holding the same number of uids (verl's contract).
+
+    Unlike verl, samples of one uid need not be contiguous: equal uids anywhere form one group
+    (on contiguous uids, verl's input, the groups are the same).
+
+    Returns:
+        ``k_partitions`` lists of indices, ascending inside each list.
+
+    Raises:
+        ConfigError: Lists of different lengths, fewer uids than partitions, or a uid count
+            ``k_partitions`` does not divide.
+    """
+    lengths = _non_negative_ints("seqlen_list", seqlen_list)
+    uids = list(uid_list)
+    k = check_positive_int("k_partitions", k_partitions)
+    if len(uids) != lengths.shape[0]:
+        raise ConfigError(f"seqlen_list holds {lengths.shape[0]} values but uid_list {len(uids)}")
+    index: dict[Any, int] = {}
+    group_of = np.array([index.setdefault(u, len(index)) for u in uids], dtype=np.int64)
+    groups = len(index)
+    if groups < k or groups % k:
+        raise ConfigError(
+            f"get_group_balanced_partitions: {groups} uid groups cannot be split equally into k_partitions={k}"
+        )
+    work = np.bincount(group_of, weights=VERL_WORKLOAD.cost(lengths), minlength=groups)
+    parts = balanced_partitions(np.round(work).astype(np.int64), k, equal_size=True)
+    member = [np.flatnonzero(np.isin(group_of, p)).tolist() for p in parts]
+    return [sorted(m) for m in member]
+
+
+def rearrange_micro_batches(
+    batch: Any,
+    max_token_len: int,
+    dp_group: Any = None,
+    num_batches_divided_by: int | None = None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: int | None = None,
+    use_dynamic_bsz_balance: bool = True,
+) -> tuple[list[Any], list[list[int]]]:
+    """Split ``batch`` into micro-batches of at most ``max_token_len`` real tokens each.
+
+    Args:
+        batch: TensorDict or mapping of tensors with ``attention_mask`` ``[B, S]`` (or
+            nested ``input_ids``); every value is indexed on its first dimension.
+        max_token_len: Real tokens one micro-batch may hold.
+        dp_group: Process group over which ranks agree on the count (``None``: the default
+            group), when ``same_micro_num_in_dp`` and ``torch.distributed`` is initialised.
+        num_batches_divided_by: The count is rounded up to a multiple of this (virtual
+            pipeline stages).
+        same_micro_num_in_dp: Agree on the count over ``dp_group`` (all-reduce max).
+        min_num_micro_batch: At least this many micro-batches (pipeline stages).
+        use_dynamic_bsz_balance: Light micro-batches at both ends, heavy ones in the middle
+            (shorter pipeline warm-up and cool-down); otherwise heaviest first.
+
+    Returns:
+        ``(micro_batches, indices)``: ``micro_batches[i]`` is ``batch`` at rows
+        ``indices[i]`` (a TensorDict stays one; a mapping becomes a dict), indices ascending
+        inside each list and every row in exactly one list.
+
+    Raises:
+        ConfigError: A sequence longer than ``max_token_len``, or a count (after
+            ``min_num_micro_batch``, the DP agreement or rounding) above the rows of the
+            batch (a micro-batch would be empty).
+    """
+    cap = check_positive_int("max_token_len", max_token_len)
+    least = check_optional_int("min_num_micro_batch", min_num_micro_batch, minimum=0) or 0
+    multiple = check_optional_int("num_batches_divided_by", num_batches_divided_by, minimum=1) or 1
+    order = "pipeline" if check_bool("use_dynamic_bsz_balance", use_dynamic_bsz_balance) else "heavy_first"
+    lengths = effective_lengths(batch)
+    n = lengths.shape[0]
+    if n and int(lengths.max()) > cap:
+        i = int(np.argmax(lengths))
+        raise ConfigError(
+            f"rearrange_micro_batches: row {i} holds {int(lengths[i])} tokens > max_token_len={cap}; "
+            "raise max_token_len"
+        )
+    count, plan = fewest_microbatches(lengths, cap, least, order)
+    if check_bool("same_micro_num_in_dp", same_micro_num_in_dp) and dist.is_available() and dist.is_initialized():
+        count = _all_reduce_max(count, dp_group)
+    count = -(-count // multiple) * multiple
+    if count > n:
+        raise ConfigError(
+            f"rearrange_micro_batches: {count} micro-batches (after min_num_micro_batch={min_num_micro_batch}, "
+            f"the DP agreement and num_batches_divided_by={num_batches_divided_by}) for a batch of {n} rows: "
+            "a micro-batch would be empty"
+        )
+    if plan is None or plan.num_microbatches != count:
+        plan = _plan(lengths, cap, count, order)
+        assert plan is not None  # more microbatches than the fewest that fit always fit
+    indices = _with_empty_rows(plan, lengths)
+    return [select_rows(batch, rows) for rows in indices], indices
+
+
+def effective_lengths(batch: Any) -> np.ndarray:
+    """Real tokens of every row of ``batch`` (int64): ``attention_mask.sum(-1)``, or the
+    offsets of nested ``input_ids``. One host copy."""
+    if not hasattr(batch, "keys") or not hasattr(batch, "__getitem__"):
+        raise SeqpackTypeError(f"batch must be a TensorDict or a mapping of tensors, got {type(batch).__name__}")
+    keys = set(batch.keys())
+    ids = batch["input_ids"] if "input_ids" in keys else None
+    if isinstance(ids, torch.Tensor) and ids.is_nested:
+        return ids.offsets().diff().cpu().numpy().astype(np.int64)  # type: ignore[attr-defined]
+    if "attention_mask" not in keys:
+        raise ConfigError(f"batch needs 'attention_mask' (or nested 'input_ids'); it holds {sorted(map(str, keys))}")
+    mask = batch["attention_mask"]
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        raise SeqpackTypeError(f"attention_mask must be a [B, S] tensor, got {getattr(mask, 'shape', type(mask))}")
+    return mask.to(torch.int64).sum(dim=1).cpu().numpy()  # the one device-to-host copy
+
+
+def fewest_microbatches(
+    lengths: np.ndarray, cap: int, least: int = 0, order: str = "pipeline"
+) -> tuple[int, Schedule | None]:
+    """The fewest micro-batches, at least ``least`` and at least verl's
+    ``min(rows, ceil(tokens / cap))``, whose balanced plan keeps every one within ``cap``;
+    with that plan (``None`` for a batch without tokens)."""
+    n = lengths.shape[0]
+    if not int(lengths.sum()):
+        return max(least, 0), None
+    count = max(least, min(n, -(-int(lengths.sum()) // cap)), 1)
+    while True:  # ends: one sequence per microbatch always fits
+        plan = _plan(lengths, cap, count, order)
+        if plan is not None:
+            return count, plan
+        count += 1
+
+
+def _plan(lengths: np.ndarray, cap: int, count: int, order: str) -> Schedule | None:
+    """The balanced plan of the rows with tokens in exactly ``count`` microbatches of
+    ``cap`` tokens, or ``None`` when they do not fit."""
+    positive = lengths[lengths > 0]
+    scheduler = get_scheduler("balanced", num_microbatches=count, order=order, locality=False)
+    try:
+        return scheduler.schedule(positive, dp_size=1, max_tokens_per_rank=cap, cost=VERL_WORKLOAD)
+    except ScheduleError:
+        return None
+
+
+def _with_empty_rows(plan: Schedule, lengths: np.ndarray) -> list[list[int]]:
+    """Row indices of each microbatch of ``plan`` (planned over the rows with tokens), rows
+    without tokens added to the microbatches holding the fewest rows."""
+    rows = np.flatnonzero(lengths > 0)
+    parts = [rows[cells[0]].tolist() for cells in plan.assignment]
+    for i in np.flatnonzero(lengths == 0).tolist():
+        min(parts, key=len).append(i)
+    return [sorted(p) for p in parts]
+
+
+def _all_reduce_max(count: int, group: Any) -> int:
+    """The largest ``count`` over ``group`` (``None``: the default group)."""
+    device = comm_device(group if group is not None else dist.group.WORLD)
+    value = torch.tensor([count], dtype=torch.int64, device=device)
+    collective(dist.all_reduce, value, op=dist.ReduceOp.MAX, group=group)
+    return int(value.item())  # host sync: the count decides the split
+
+
+def select_rows(batch: Any, rows: Sequence[int]) -> Any:
+    """``batch`` at ``rows`` (first dimension): a TensorDict (anything with ``batch_size``
+    that is indexed as a whole) by its own indexing, a mapping value by value into a dict."""
+    index = torch.tensor(list(rows), dtype=torch.int64)
+    if hasattr(batch, "batch_size") and not isinstance(batch, dict):
+        return batch[index]
+    out: dict[Any, Any] = {}
+    for key in batch.keys():
+        value = batch[key]
+        if isinstance(value, torch.Tensor):
+            out[key] = value[index.to(value.device)]
+        elif isinstance(value, np.ndarray):
+            out[key] = value[index.numpy()]
+        elif isinstance(value, (list, tuple)):
+            out[key] = [value[i] for i in rows]
+        else:
+            raise SeqpackTypeError(
+                f"batch[{key!r}] is a {type(value).__name__}: values must be tensors, arrays or lists"
+            )
+    return out
+
+
+def _non_negative_ints(name: str, values: Any) -> np.ndarray:
+    """``values`` as a 1-D int64 array of integers ``>= 0``."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    array = np.asarray(values)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise SeqpackTypeError(f"{name} must be a 1-D sequence of integers, got {array.dtype} {array.shape}")
+    array = array.astype(np.int64)
+    if array.size and array.min() < 0:
+        i = int(np.argmin(array))
+        raise SeqpackTypeError(f"{name}[{i}] is {int(array[i])}; values must be >= 0")
+    return array

@@ -1,0 +1,368 @@
+"""Groups that stay together: every sequence of a group on one DP replica (and, with
+``together``, in one microbatch when the group fits one).
+
+RL batches come in groups that must not be split: the responses of one prompt (GRPO, prefix
+sharing, group-normalised advantages), chosen / rejected pairs (DPO, reward models).
+:func:`schedule_groups` plans them on top of any :class:`~seqpack.schedulers.Scheduler`:
+
+1. **Replicas.** Groups (a sequence without a group is a group of one) are assigned whole to
+   replicas by LPT on their cost (costliest first, each to the replica with the least cost so
+   far), then refined by moving one group, or swapping two, between the busiest replica and
+   another (lightest first) while the busier of the two gets lighter (:func:`assign_units`). With a fixed
+   microbatch count (the scheduler's ``num_microbatches``) a replica holds at most
+   ``num_microbatches * capacity`` padded tokens: a group larger than that is an error naming
+   it, and LPT places a group only where it fits while some replica has room.
+2. **Microbatches.** The scheduler plans each replica's sequences alone (``dp_size=1``).
+   Every replica runs the largest count any of them needs: with ``"balanced"`` the others are
+   planned again at that count (their work spread over as many microbatches); other
+   schedulers get empty microbatches appended (padding-only fillers). With ``together``,
+   the groups that fit one microbatch are packed whole instead, by LPT on cost into the
+   fewest microbatches that hold them (:func:`pack_units`); larger groups are split into
+   their sequences.
+3. **Locality.** Replicas are renamed so that each runs on the DP rank already holding most
+   of its tokens (:func:`~seqpack.schedulers.balanced.relabel_replicas`).
+
+The balance this costs is measured in docs/rl.md (64 prompts x 8 responses).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from seqpack.cost import CostModel, default_cost_model
+from seqpack.errors import SampleError, ScheduleError
+from seqpack.schedulers.balanced import BalancedScheduler, relabel_replicas, round_position
+from seqpack.schedulers.base import Schedule, Scheduler, apply_oversize, as_lengths, as_origin
+from seqpack.thd import padded_lengths
+from seqpack.validation import check_bool, check_positive_int
+
+__all__ = ["assign_units", "group_units", "pack_units", "schedule_groups"]
+
+_REFINE_ROUNDS = 4  # refinement moves per unit at most
+
+
+def group_units(group_ids: np.ndarray, grouped: np.ndarray) -> np.ndarray:
+    """Unit of every sequence: sequences with ``grouped`` set and equal ``group_ids`` share
+    one; every other sequence is a unit of its own. Units are numbered by first appearance."""
+    n = group_ids.shape[0]
+    key = np.where(grouped, group_ids, 0)
+    unit = np.empty(n, dtype=np.int64)
+    first: dict[int, int] = {}
+    count = 0
+    for i, (g, has) in enumerate(zip(key.tolist(), grouped.tolist(), strict=True)):
+        if has and g in first:
+            unit[i] = first[g]
+            continue
+        unit[i] = count
+        if has:
+            first[g] = count
+        count += 1
+    return unit
+
+
+def assign_units(
+    costs: np.ndarray, tokens: np.ndarray, dp_size: int, budget: int | None = None, *, equal: bool = False
+) -> np.ndarray:
+    """Replica of every unit: LPT on ``costs``, then refined (module docstring, step 1).
+
+    ``budget``: padded tokens a replica may hold; LPT places a unit only on a replica with
+    room while one has it (units no replica has room for go where the cost is least).
+    ``equal``: every replica gets the same number of units (``dp_size`` divides it): the
+    units are dealt in rounds of ``dp_size``, the costliest to the least loaded replica, and
+    refined by swaps only.
+    """
+    n = costs.shape[0]
+    replica = np.zeros(n, dtype=np.int64)
+    load = np.zeros(dp_size, dtype=np.float64)
+    held = np.zeros(dp_size, dtype=np.int64)
+    by_cost = np.lexsort((np.arange(n), -tokens, -costs))
+    if equal:
+        for start in range(0, n, dp_size):
+            chunk = by_cost[start : start + dp_size]
+            targets = np.argsort(load, kind="stable")[: chunk.shape[0]]
+            replica[chunk] = targets
+            np.add.at(load, targets, costs[chunk])
+            np.add.at(held, targets, tokens[chunk])
+        if dp_size > 1:
+            _refine(replica, costs, tokens, load, held, budget, swaps_only=True)
+        return replica
+    for u in by_cost.tolist():
+        room = np.flatnonzero(held + tokens[u] <= budget) if budget is not None else np.arange(dp_size)
+        pool = room if room.size else np.arange(dp_size)
+        d = int(pool[np.argmin(load[pool])])
+        replica[u] = d
+        load[d] += costs[u]
+        held[d] += tokens[u]
+    if dp_size > 1:
+        _refine(replica, costs, tokens, load, held, budget)
+    return replica
+
+
+def _refine(
+    replica: np.ndarray,
+    costs: np.ndarray,
+    tokens: np.ndarray,
+    load: np.ndarray,
+    held: np.ndarray,
+    budget: int | None,
+    *,
+    swaps_only: bool = False,
+) -> None:
+    """Move one unit, or swap two, between the busiest replica and another (lightest first)
+    while the busier of the two gets lighter (in place)."""
+    limit = np.iinfo(np.int64).max if budget is None else budget
+    for _ in range(_REFINE_ROUNDS * replica.shape[0]):
+        hi = int(np.argmax(load))
+        for lo in np.argsort(load, kind="stable").tolist():
+            if lo == hi or not _improve(replica, costs, tokens, load, held, hi, lo, limit, swaps_only):
+                continue
+            break
+        else:
+            return
+
+
+def _improve(
+    replica: np.ndarray,
+    costs: np.ndarray,
+    tokens: np.ndarray,
+    load: np.ndarray,
+    held: np.ndarray,
+    hi: int,
+    lo: int,
+    limit: int,
+    swaps_only: bool = False,
+) -> bool:
+    """Apply the move or swap from ``hi`` to ``lo`` that best evens the pair, if one lowers
+    the larger of the two; whether one did."""
+    gap = load[hi] - load[lo]
+    if gap <= 0:
+        return False
+    mine, theirs = np.flatnonzero(replica == hi), np.flatnonzero(replica == lo)
+    # delta = cost moved from hi to lo; the pair's max drops iff 0 < delta < gap.
+    deltas = [] if swaps_only else [costs[mine]]
+    pairs = [] if swaps_only else [np.stack([mine, np.full_like(mine, -1)], axis=1)]
+    if theirs.size:
+        a, b = np.meshgrid(mine, theirs, indexing="ij")
+        deltas.append((costs[a] - costs[b]).ravel())
+        pairs.append(np.stack([a.ravel(), b.ravel()], axis=1))
+    if not deltas:
+        return False
+    delta, pair = np.concatenate(deltas), np.concatenate(pairs)
+    moved_tokens = tokens[pair[:, 0]] - np.where(pair[:, 1] >= 0, tokens[np.maximum(pair[:, 1], 0)], 0)
+    ok = (delta > 0) & (delta < gap) & (held[lo] + moved_tokens <= limit) & (held[hi] - moved_tokens <= limit)
+    if not ok.any():
+        return False
+    best = int(np.flatnonzero(ok)[np.argmin(np.abs(gap / 2 - delta[ok]))])
+    u, v = (int(x) for x in pair[best])
+    replica[u] = lo
+    if v >= 0:
+        replica[v] = hi
+    load[hi] -= delta[best]
+    load[lo] += delta[best]
+    held[hi] -= moved_tokens[best]
+    held[lo] += moved_tokens[best]
+    return True
+
+
+def pack_units(
+    unit_of: np.ndarray, padded: np.ndarray, costs: np.ndarray, capacity: int, order: str = "heavy_first"
+) -> list[np.ndarray]:
+    """Positions of each microbatch when whole units go into the fewest microbatches of
+    ``capacity`` padded tokens that LPT fits them in (costliest unit first, each to the
+    microbatch with the least cost that has room). A unit larger than ``capacity`` must have
+    been split by the caller. Positions ascend inside each microbatch."""
+    units, unit_index = np.unique(unit_of, return_inverse=True)
+    tokens = np.bincount(unit_index, weights=padded, minlength=units.size).astype(np.int64)
+    unit_cost = np.bincount(unit_index, weights=costs, minlength=units.size)
+    by_cost = np.lexsort((np.arange(units.size), -tokens, -unit_cost)).tolist()
+    count = max(1, -(-int(tokens.sum()) // capacity))
+    while True:  # ends: one unit per microbatch always fits
+        bin_of = np.full(units.size, -1, dtype=np.int64)
+        load, held = np.zeros(count), np.zeros(count, dtype=np.int64)
+        for u in by_cost:
+            room = np.flatnonzero(held + tokens[u] <= capacity)
+            if not room.size:
+                break
+            b = int(room[np.argmin(load[room])])
+            bin_of[u], load[b], held[b] = b, load[b] + unit_cost[u], held[b] + tokens[u]
+        else:
+            break
+        count += 1
+    position = round_position(load[:, None], order)
+    where = position[bin_of[unit_index]]
+    return [np.flatnonzero(where == m) for m in range(count)]
+
+
+def schedule_groups(
+    scheduler: Scheduler,
+    lengths: np.ndarray,
+    group_ids: np.ndarray,
+    grouped: np.ndarray,
+    *,
+    dp_size: int,
+    cp_size: int = 1,
+    max_tokens_per_rank: int,
+    pad_multiple: int = 1,
+    cost: CostModel | None = None,
+    on_oversize: str = "error",
+    origin: np.ndarray | None = None,
+    sync: str | None = None,
+    together: bool = False,
+    equal_counts: bool = False,
+) -> Schedule:
+    """A :class:`Schedule` keeping every group on one replica (module docstring).
+
+    Args:
+        scheduler: Plans each replica's microbatches.
+        lengths: int64 ``[N]`` real lengths in global order.
+        group_ids: int64 ``[N]`` group of every sequence (read where ``grouped``).
+        grouped: bool ``[N]``: the sequence carries a group id (else it is a group of one).
+        together: Also keep every group that fits one microbatch in one microbatch.
+        equal_counts: Every replica trains the same number of sequences (verl's
+            ``equal_size``): all groups must be equally large and ``dp_size`` must divide
+            their number.
+        Others: as :meth:`Scheduler.schedule`.
+
+    Raises:
+        ScheduleError: A group larger than a replica holds (fixed microbatch count); under
+            ``equal_counts`` groups of different sizes or a count ``dp_size`` does not divide.
+        SampleError: ``group_ids`` / ``grouped`` not one per length.
+    """
+    original = as_lengths(lengths)
+    n = original.shape[0]
+    group_ids = np.asarray(group_ids, dtype=np.int64).reshape(-1)
+    grouped = np.asarray(grouped, dtype=bool).reshape(-1)
+    if group_ids.shape[0] != n or grouped.shape[0] != n:
+        raise SampleError(f"group_ids and grouped must hold one value per length ({n})")
+    dp_size, cp_size = check_positive_int("dp_size", dp_size), check_positive_int("cp_size", cp_size)
+    pad_multiple = check_positive_int("pad_multiple", pad_multiple)
+    capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank) * cp_size
+    together = check_bool("together", together)
+    effective, dropped, truncated = apply_oversize(original, capacity, pad_multiple, on_oversize)
+    origin_arr = as_origin(origin, n, dp_size)
+    active = np.flatnonzero(effective > 0).astype(np.int64)
+    padded = padded_lengths(effective[active], pad_multiple)
+    model = scheduler.resolve_cost(cost) or default_cost_model()
+    costs = model.cost(padded)
+    unit = group_units(group_ids[active], grouped[active])
+    unit_tokens = np.bincount(unit, weights=padded).astype(np.int64) if active.size else np.zeros(0, np.int64)
+    fixed = getattr(scheduler, "num_microbatches", None)
+    budget = None if fixed is None else int(fixed) * capacity
+    _check_budget(unit_tokens, budget, unit, active, group_ids, fixed, capacity)
+    unit_costs = np.bincount(unit, weights=costs) if active.size else np.zeros(0)
+    if check_bool("equal_counts", equal_counts):
+        _check_equal(np.bincount(unit) if active.size else np.zeros(0, np.int64), dp_size)
+    replica_of_unit = assign_units(unit_costs, unit_tokens, dp_size, budget, equal=equal_counts)
+    replica = relabel_replicas(replica_of_unit[unit], origin_arr[active], padded, dp_size)
+    planner = _ReplicaPlanner(scheduler, effective, capacity, cp_size, pad_multiple, cost, sync, together)
+    per_replica = planner.plan_all(active, replica, unit, padded, costs, dp_size)
+    count = len(per_replica[0]) if per_replica else 0
+    return Schedule(
+        num_microbatches=count,
+        assignment=[[np.sort(per_replica[d][m]) for d in range(dp_size)] for m in range(count)],
+        lengths=effective,
+        original_lengths=original,
+        dp_size=dp_size,
+        cp_size=cp_size,
+        max_tokens_per_rank=capacity // cp_size,
+        pad_multiple=pad_multiple,
+        dropped=dropped,
+        truncated=truncated,
+        origin=origin_arr,
+    )
+
+
+def _balanced_at(scheduler: BalancedScheduler, count: int) -> Scheduler:
+    """``scheduler``'s settings at exactly ``count`` microbatches."""
+    options: dict[str, Any] = {"num_microbatches": count, "locality": False}
+    for name in ("order", "objective", "max_repair_moves"):
+        if getattr(scheduler, name, None) is not None:
+            options[name] = getattr(scheduler, name)
+    return BalancedScheduler(**options)
+
+
+def _check_equal(sizes: np.ndarray, dp_size: int) -> None:
+    """Refuse ``equal_counts`` where no assignment of whole groups gives every replica as
+    many sequences."""
+    if sizes.size and (sizes.min() != sizes.max() or sizes.size % dp_size):
+        raise ScheduleError(
+            f"equal_counts needs groups of one size, as many on every replica: got {sizes.size} groups of "
+            f"{int(sizes.min())}..{int(sizes.max())} sequences for dp_size={dp_size}"
+        )
+
+
+def _check_budget(
+    unit_tokens: np.ndarray,
+    budget: int | None,
+    unit: np.ndarray,
+    active: np.ndarray,
+    group_ids: np.ndarray,
+    fixed: int | None,
+    capacity: int,
+) -> None:
+    """Refuse a group larger than one replica holds (only with a fixed microbatch count)."""
+    if budget is None or not unit_tokens.size or int(unit_tokens.max()) <= budget:
+        return
+    u = int(np.argmax(unit_tokens))
+    members = active[unit == u]
+    raise ScheduleError(
+        f"group {int(group_ids[members[0]])} holds {int(unit_tokens[u])} padded tokens in {members.size} "
+        f"sequence(s) (global ids {members[:8].tolist()}{'...' if members.size > 8 else ''}), more than one "
+        f"replica holds this step: num_microbatches={fixed} x {capacity} tokens = {budget}. Raise "
+        "max_tokens_per_rank or num_microbatches, or split the group"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReplicaPlanner:
+    """Plans each replica's microbatches (module docstring, step 2)."""
+
+    scheduler: Scheduler
+    effective: np.ndarray
+    capacity: int
+    cp_size: int
+    pad_multiple: int
+    cost: CostModel | None
+    sync: str | None
+    together: bool
+
+    def plan_all(
+        self, active: np.ndarray, replica: np.ndarray, unit: np.ndarray, padded: np.ndarray, costs: np.ndarray, dp: int
+    ) -> list[list[np.ndarray]]:
+        """Global ids of every microbatch of every replica, all at the same count."""
+        masks = [replica == d for d in range(dp)]
+        rounds = [self.rounds(self.scheduler, active[m], unit[m], padded[m], costs[m]) for m in masks]
+        count = max((len(r) for r in rounds), default=0)
+        respread = isinstance(self.scheduler, BalancedScheduler) and not self.together
+        for d, m in enumerate(masks):
+            if respread and 0 < len(rounds[d]) < count:  # spread this replica's work over `count` too
+                again = _balanced_at(self.scheduler, count)  # type: ignore[arg-type]
+                rounds[d] = self.rounds(again, active[m], unit[m], padded[m], costs[m])
+            rounds[d] = rounds[d] + [np.zeros(0, dtype=np.int64)] * (count - len(rounds[d]))
+        return rounds
+
+    def rounds(
+        self, scheduler: Scheduler, ids: np.ndarray, unit: np.ndarray, padded: np.ndarray, costs: np.ndarray
+    ) -> list[np.ndarray]:
+        """Global ids of each microbatch of one replica holding ``ids``."""
+        if not ids.size:
+            return []
+        if self.together:
+            unit_tokens = np.bincount(unit, weights=padded)
+            whole = np.where(unit_tokens[unit] <= self.capacity, unit, unit.max() + 1 + np.arange(unit.shape[0]))
+            order = getattr(scheduler, "order", "heavy_first")
+            return [ids[pos] for pos in pack_units(whole, padded, costs, self.capacity, order)]
+        options: dict[str, Any] = {} if self.sync is None else {"sync": self.sync}
+        plan = scheduler.schedule(
+            self.effective[ids],
+            dp_size=1,
+            cp_size=self.cp_size,
+            max_tokens_per_rank=self.capacity // self.cp_size,
+            pad_multiple=self.pad_multiple,
+            cost=self.cost,
+            **options,
+        )
+        return [ids[row[0]] for row in plan.assignment]

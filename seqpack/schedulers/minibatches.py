@@ -1,0 +1,109 @@
+"""Mini-batches: one global batch that is ``k`` optimizer steps (PPO / GRPO epochs over a
+rollout batch, verl's ``keep_minibatch``), each balanced on its own, no sample crossing.
+
+:func:`minibatch_of` cuts every DP rank's samples, in the order read, into ``k`` contiguous
+chunks; chunk ``j`` of every rank is mini-batch ``j`` (with groups, a group belongs to the
+mini-batch of its first sequence). :func:`schedule_minibatches` schedules each mini-batch
+alone (with :func:`~seqpack.schedulers.groups.schedule_groups` when group ids are given) and
+puts their microbatches one after the other: microbatches ``starts[j]:starts[j + 1]`` are
+mini-batch ``j``'s, run before its optimizer step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from seqpack.cost import CostModel
+from seqpack.errors import ConfigError
+from seqpack.schedulers.base import Schedule, Scheduler, as_lengths, as_origin
+from seqpack.schedulers.groups import group_units, schedule_groups
+from seqpack.validation import check_positive_int
+
+__all__ = ["minibatch_of", "schedule_minibatches"]
+
+
+def minibatch_of(origin: np.ndarray, minibatches: int, unit: np.ndarray | None = None) -> np.ndarray:
+    """Mini-batch of every global id: each DP rank's ids (ascending) cut into ``minibatches``
+    contiguous chunks of sizes differing by at most one (``numpy.array_split``); with
+    ``unit`` (:func:`~seqpack.schedulers.groups.group_units`) every unit takes the
+    mini-batch of its first id."""
+    k = check_positive_int("minibatches", minibatches)
+    out = np.zeros(origin.shape[0], dtype=np.int64)
+    for rank in np.unique(origin).tolist():
+        ids = np.flatnonzero(origin == rank)
+        for j, chunk in enumerate(np.array_split(ids, k)):
+            out[chunk] = j
+    if unit is not None and unit.size:
+        first = np.full(int(unit.max()) + 1, -1, dtype=np.int64)
+        for i in range(unit.shape[0] - 1, -1, -1):
+            first[unit[i]] = i
+        out = out[first[unit]]
+    return out
+
+
+def schedule_minibatches(
+    scheduler: Scheduler,
+    lengths: np.ndarray,
+    *,
+    minibatches: int,
+    dp_size: int,
+    max_tokens_per_rank: int,
+    cp_size: int = 1,
+    pad_multiple: int = 1,
+    cost: CostModel | None = None,
+    on_oversize: str = "error",
+    origin: np.ndarray | None = None,
+    group_ids: np.ndarray | None = None,
+    grouped: np.ndarray | None = None,
+    together: bool = False,
+) -> tuple[Schedule, list[int]]:
+    """One schedule of ``minibatches`` mini-batches, each planned alone (module docstring).
+
+    Returns:
+        ``(schedule, starts)``: ``starts`` (``minibatches + 1`` values) bounds each
+        mini-batch's microbatches.
+
+    Raises:
+        ConfigError: A mini-batch without samples (fewer samples on a rank than mini-batches).
+    """
+    original = as_lengths(lengths)
+    n = original.shape[0]
+    origin_arr = as_origin(origin, n, check_positive_int("dp_size", dp_size))
+    has_groups = grouped is not None and np.asarray(grouped).any()
+    gids = np.zeros(n, np.int64) if group_ids is None else np.asarray(group_ids, np.int64)
+    flags = np.zeros(n, bool) if grouped is None else np.asarray(grouped, bool)
+    which = minibatch_of(origin_arr, minibatches, group_units(gids, flags) if has_groups else None)
+    effective = original.copy()
+    rounds: list[list[np.ndarray]] = []
+    starts = [0]
+    extra: dict[str, list[np.ndarray]] = {"deferred": [], "dropped": [], "truncated": []}
+    limits: dict[str, Any] = dict(
+        dp_size=dp_size, cp_size=cp_size, max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple
+    )
+    for j in range(minibatches):
+        ids = np.flatnonzero(which == j)
+        if not ids.size:
+            raise ConfigError(f"mini-batch {j} of {minibatches} holds no sample: read more samples per step")
+        common: dict[str, Any] = dict(cost=cost, on_oversize=on_oversize, origin=origin_arr[ids], **limits)
+        if has_groups:
+            part = schedule_groups(scheduler, original[ids], gids[ids], flags[ids], together=together, **common)
+        else:
+            part = scheduler.schedule(original[ids], **common)
+        rounds.extend([[ids[cell] for cell in row] for row in part.assignment])
+        starts.append(len(rounds))
+        effective[ids] = part.lengths
+        for name in extra:
+            extra[name].append(ids[getattr(part, name)])
+    joined: dict[str, Any] = {name: np.sort(np.concatenate(parts)).astype(np.int64) for name, parts in extra.items()}
+    schedule = Schedule(
+        num_microbatches=len(rounds),
+        assignment=rounds,
+        lengths=effective,
+        original_lengths=original,
+        origin=origin_arr,
+        **joined,
+        **limits,
+    )
+    return schedule, starts

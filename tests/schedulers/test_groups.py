@@ -1,0 +1,240 @@
+"""seqpack.schedulers.groups: every group on one replica, every sequence exactly once, the
+capacity held (hypothesis), LPT's bound, ``together``, the too-big error; and verl's
+``get_group_balanced_partitions`` tests ported to ``seqpack.interop.verl``."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seqpack.cost import CostModel
+from seqpack.errors import ConfigError, ScheduleError
+from seqpack.interop.verl import get_group_balanced_partitions
+from seqpack.schedulers import get_scheduler
+from seqpack.schedulers.groups import assign_units, group_units, schedule_groups
+from seqpack.thd import padded_lengths
+
+
+@st.composite
+def grouped_steps(draw):
+    n = draw(st.integers(1, 40))
+    lengths = draw(st.lists(st.integers(1, 120), min_size=n, max_size=n))
+    groups = draw(st.lists(st.integers(0, 6), min_size=n, max_size=n))
+    grouped = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    dp = draw(st.integers(1, 4))
+    pad = draw(st.sampled_from([1, 4]))
+    scheduler = draw(st.sampled_from(["balanced", "dp_balanced", "pipeline"]))
+    together = draw(st.booleans())
+    return np.array(lengths), np.array(groups), np.array(grouped), dp, pad, scheduler, together
+
+
+@given(grouped_steps())
+def test_groups_stay_on_one_replica_every_sequence_once_capacity_held(case):
+    lengths, groups, grouped, dp, pad, name, together = case
+    scheduler = get_scheduler("balanced", order="pipeline") if name == "pipeline" else get_scheduler(name)
+    plan = schedule_groups(
+        scheduler, lengths, groups, grouped, dp_size=dp, max_tokens_per_rank=128, pad_multiple=pad, together=together
+    )
+    plan.validate(lengths, dp_size=dp, max_tokens_per_rank=128, pad_multiple=pad)  # once, capacity, limits
+    replica, micro, _ = plan.placement()
+    assert (replica >= 0).all()
+    for g in np.unique(groups[grouped]):
+        members = np.flatnonzero(grouped & (groups == g))
+        assert len(set(replica[members].tolist())) == 1, (g, replica[members])
+        if together and padded_lengths(lengths[members], pad).sum() <= 128:
+            assert len(set(micro[members].tolist())) == 1, (g, micro[members])
+
+
+def test_no_groups_and_all_groups_of_one_plan_the_same():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 500, size=64)
+    scheduler = get_scheduler("balanced")
+    ones = schedule_groups(
+        scheduler, lengths, np.arange(64), np.ones(64, bool), dp_size=4, max_tokens_per_rank=1024
+    )  # every group a single sequence
+    none = schedule_groups(scheduler, lengths, np.zeros(64), np.zeros(64, bool), dp_size=4, max_tokens_per_rank=1024)
+    assert ones.fingerprint() == none.fingerprint()
+
+
+def test_group_units_numbers_groups_by_first_appearance():
+    unit = group_units(np.array([7, 3, 7, 0, 3, 9]), np.array([1, 1, 1, 0, 1, 0], bool))
+    assert unit.tolist() == [0, 1, 0, 2, 1, 3]
+
+
+def test_assign_units_within_lpt_bound_and_near_brute_force():
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        n, dp = int(rng.integers(2, 9)), int(rng.integers(2, 4))
+        costs = rng.integers(1, 100, size=n).astype(float)
+        replica = assign_units(costs, np.ones(n, np.int64), dp)
+        worst = np.bincount(replica, weights=costs, minlength=dp).max()
+        assert worst <= costs.sum() / dp + costs.max() + 1e-9  # LPT's bound
+        best = min(
+            np.bincount(np.array(a), weights=costs, minlength=dp).max() for a in itertools.product(range(dp), repeat=n)
+        )
+        assert worst <= 4 / 3 * best + 1e-9
+
+
+def test_fixed_count_refuses_a_group_too_big_for_a_replica():
+    lengths = np.array([100, 100, 100, 30])
+    scheduler = get_scheduler("balanced", num_microbatches=2)
+    with pytest.raises(
+        ScheduleError,
+        match=r"group 5 holds 300 padded tokens in 3 sequence\(s\).*num_microbatches=2 x 128 tokens = 256",
+    ):
+        schedule_groups(
+            scheduler, lengths, np.array([5, 5, 5, 1]), np.ones(4, bool), dp_size=2, max_tokens_per_rank=128
+        )
+
+
+def test_replicas_planned_again_at_the_common_count_spread_their_work():
+    # One replica's big group needs 3 microbatches; the light replica is planned at 3 too.
+    lengths = np.array([120, 120, 120, 10, 10, 10])
+    plan = schedule_groups(
+        get_scheduler("balanced"),
+        lengths,
+        np.array([0, 0, 0, 1, 2, 3]),
+        np.ones(6, bool),
+        dp_size=2,
+        max_tokens_per_rank=128,
+        cost=CostModel(1.0, 0.0),
+    )
+    assert plan.num_microbatches == 3
+    light = 1 - plan.placement()[0][0]
+    assert all(plan.assignment[m][light].size == 1 for m in range(3))
+
+
+# -- verl tests/utils/test_seqlen_balancing.py: test_group_balanced_partitions* -------------
+
+
+def _together(partitions, uids):
+    for part in partitions:
+        for uid in {uids[i] for i in part}:
+            assert all(i in part for i, u in enumerate(uids) if u == uid), uid
+
+
+def test_verl_group_balanced_partitions():
+    seqlens = [100] * 4 + [200] * 4 + [150] * 4 + [50] * 4
+    uids = [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+    parts = get_group_balanced_partitions(seqlens, uids, k_partitions=2)
+    assert len(parts) == 2 and set(itertools.chain.from_iterable(parts)) == set(range(16))
+    _together(parts, uids)
+    # seqpack adds: the best split (groups 200+50 against 100+150) is found
+    sums = sorted(sum(seqlens[i] for i in p) for p in parts)
+    assert sums == [1000, 1000]
+
+
+def test_verl_group_balanced_partitions_single_sample_groups():
+    seqlens, uids = [100, 200, 150, 50, 300, 250], [0, 1, 2, 3, 4, 5]
+    parts = get_group_balanced_partitions(seqlens, uids, k_partitions=2)
+    assert len(parts) == 2 and set(itertools.chain.from_iterable(parts)) == set(range(6))
+
+
+def test_verl_group_balanced_partitions_equal_size():
+    seqlens = [100, 100, 200, 200, 150, 150, 50, 50, 300, 300, 250, 250, 180, 180, 120, 120]
+    uids = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7]
+    parts = get_group_balanced_partitions(seqlens, uids, k_partitions=4)
+    assert len(parts) == 4 and set(itertools.chain.from_iterable(parts)) == set(range(16))
+    _together(parts, uids)
+    assert [len(p) for p in parts] == [4, 4, 4, 4]  # two groups each (verl's equal_size over groups)
+
+
+def test_group_balanced_partitions_refusals_and_scattered_uids():
+    with pytest.raises(ConfigError, match="3 uid groups cannot be split equally into k_partitions=2"):
+        get_group_balanced_partitions([1, 2, 3], ["a", "b", "c"], 2)
+    parts = get_group_balanced_partitions([5, 9, 5, 9], ["a", "b", "a", "b"], 2)  # not contiguous
+    assert sorted(parts) == [[0, 2], [1, 3]]
+
+
+# -- options: equal sample counts, minimum / multiple-of counts, order, mini-batches --------
+
+
+@given(grouped_steps(), st.integers(1, 4))
+def test_equal_counts_gives_every_replica_as_many_sequences(case, group_size):
+    lengths, _, _, dp, pad, _, together = case
+    n = (lengths.shape[0] // (group_size * dp)) * group_size * dp
+    if n == 0:
+        return
+    lengths = lengths[:n]
+    groups = np.repeat(np.arange(n // group_size), group_size)
+    plan = schedule_groups(
+        get_scheduler("balanced"), lengths, groups, np.ones(n, bool), dp_size=dp, max_tokens_per_rank=128,
+        pad_multiple=pad, together=together, equal_counts=True,
+    )  # fmt: skip
+    plan.validate(lengths)
+    replica = plan.placement()[0]
+    assert np.bincount(replica, minlength=dp).tolist() == [n // dp] * dp
+    for g in range(n // group_size):
+        assert len(set(replica[groups == g].tolist())) == 1
+
+
+def test_equal_counts_balances_like_the_unconstrained_plan_on_grpo_shapes():
+    rng = np.random.default_rng(4)
+    lengths = rng.lognormal(np.log(800), 1.0, size=256).clip(16, 8000).astype(np.int64)
+    groups = np.repeat(np.arange(64), 4)
+    cost = CostModel(1.0, 1e-3)
+    costs = cost.cost(lengths)
+    bound = costs.sum() / 8
+    for equal in (False, True):
+        plan = schedule_groups(
+            get_scheduler("balanced"), lengths, groups, np.ones(256, bool), dp_size=8, max_tokens_per_rank=16384,
+            cost=cost, equal_counts=equal,
+        )  # fmt: skip
+        busiest = np.bincount(plan.placement()[0], weights=costs, minlength=8).max()
+        assert busiest / bound < 1.02, (equal, busiest / bound)
+
+
+def test_equal_counts_refuses_what_cannot_be_equal():
+    with pytest.raises(ScheduleError, match="3 groups of 1..2 sequences for dp_size=2"):
+        schedule_groups(
+            get_scheduler("balanced"), np.array([5, 5, 5, 5]), np.array([0, 0, 1, 2]), np.ones(4, bool),
+            dp_size=2, max_tokens_per_rank=64, equal_counts=True,
+        )  # fmt: skip
+
+
+def test_min_and_multiple_microbatches_and_order_hold_with_groups():
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(10, 300, size=48)
+    groups = np.repeat(np.arange(12), 4)
+    scheduler = get_scheduler("balanced", min_microbatches=5, microbatch_multiple=2, order="pipeline")
+    plan = schedule_groups(scheduler, lengths, groups, np.ones(48, bool), dp_size=2, max_tokens_per_rank=1024)
+    plan.validate(lengths)
+    assert plan.num_microbatches >= 5 and plan.num_microbatches % 2 == 0
+    cost = scheduler.resolve_cost(None)
+    for d in range(2):  # light microbatches at both ends of every replica
+        work = [float(cost.cost(lengths[plan.assignment[m][d]]).sum()) for m in range(plan.num_microbatches)]
+        top = int(np.argmax(work))
+        assert work[: top + 1] == sorted(work[: top + 1]) and work[top:] == sorted(work[top:], reverse=True)
+
+
+@pytest.mark.parametrize("with_groups", [False, True])
+def test_minibatches_each_balanced_alone_no_sample_crossing(with_groups):
+    from seqpack.schedulers.minibatches import minibatch_of, schedule_minibatches
+
+    rng = np.random.default_rng(6)
+    lengths = rng.integers(5, 400, size=96)
+    origin = np.repeat(np.arange(4), 24)
+    groups = np.repeat(np.arange(48), 2) if with_groups else None
+    grouped = np.ones(96, bool) if with_groups else None
+    scheduler = get_scheduler("balanced")
+    plan, starts = schedule_minibatches(
+        scheduler, lengths, minibatches=3, dp_size=4, max_tokens_per_rank=1024, origin=origin,
+        group_ids=groups, grouped=grouped,
+    )  # fmt: skip
+    plan.validate(lengths, dp_size=4, max_tokens_per_rank=1024)
+    which = minibatch_of(origin, 3)
+    assert len(starts) == 4 and starts[0] == 0 and starts[-1] == plan.num_microbatches
+    for j in range(3):
+        ids = np.flatnonzero(which == j)
+        inside = np.concatenate([c for row in plan.assignment[starts[j] : starts[j + 1]] for c in row])
+        assert sorted(inside.tolist()) == ids.tolist()  # this mini-batch's samples, all of them, only them
+        assert np.bincount(origin[ids], minlength=4).tolist() == [8] * 4  # a third of every rank's
+        alone = scheduler.schedule(lengths[ids], dp_size=4, max_tokens_per_rank=1024, origin=origin[ids])
+        if not with_groups:
+            assert starts[j + 1] - starts[j] == alone.num_microbatches
+    with pytest.raises(ConfigError, match="mini-batch 2 of 3 holds no sample"):
+        schedule_minibatches(scheduler, np.array([5, 6, 7, 8]), minibatches=3, dp_size=2, max_tokens_per_rank=64)
