@@ -20,11 +20,14 @@ import numpy as np
 
 from seqpack._logging import warn_once
 from seqpack.calibrate.calibrator import CostCalibrator
+from seqpack.calibrate.group import GroupCostCalibrator
 from seqpack.calibrate.words import ABSENT, MISSING, decode_seconds, encode_seconds
 from seqpack.cost import CostModel
 from seqpack.cost.terms import sequence_features
 from seqpack.errors import ConfigError, ResumeError, SeqpackError
 from seqpack.options import Sync
+from seqpack.schedulers.dynamic_cp.cost import GroupCost, replica_sums
+from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
 from seqpack.stats import step_objective
 from seqpack.thd import padded_lengths
 from seqpack.validation import check_choice, check_int, check_numbers
@@ -59,7 +62,7 @@ class Measurement:
     seconds: np.ndarray
     measured: float | None
     predicted: float | None
-    model: CostModel | None
+    model: CostModel | GroupCost | None
 
     @property
     def error(self) -> float | None:
@@ -74,8 +77,9 @@ class _Slot:
     """A scheduled step waiting for its times."""
 
     step: int
-    sums: np.ndarray  # int64 [M, dp, terms - 1]: S, SS (and SW) of microbatch m of replica d (padded lengths)
-    model: CostModel | None  # the model it was scheduled with, when fitted
+    sums: np.ndarray  # int64 [M, dp, num_sums]: S, SS (and SW) of microbatch m of replica d (padded lengths),
+    # or under dynamic CP the (size, S, SS, spans) of its group (GroupCostCalibrator)
+    model: CostModel | GroupCost | None  # the model it was scheduled with, when fitted
 
 
 def microbatch_sums(schedule: Any, window: int | None = None) -> np.ndarray:
@@ -136,7 +140,13 @@ class TimingLedger:
     """
 
     def __init__(
-        self, calibrator: CostCalibrator, *, dp_size: int, dp_rank: int, window: int = 2, sync: str | None = None
+        self,
+        calibrator: CostCalibrator | GroupCostCalibrator,
+        *,
+        dp_size: int,
+        dp_rank: int,
+        window: int = 2,
+        sync: str | None = None,
     ) -> None:
         self.calibrator = calibrator
         self.dp_size = check_int("dp_size", dp_size, minimum=1)
@@ -155,25 +165,38 @@ class TimingLedger:
     @property
     def num_sums(self) -> int:
         """Length sums per microbatch: 2 (``S``, ``SS``), 3 when the calibrator's prior has a
-        sliding window (and ``SW``)."""
+        sliding window (and ``SW``), 4 for a :class:`GroupCostCalibrator` (``size, S, SS,
+        spans``)."""
+        if isinstance(self.calibrator, GroupCostCalibrator):
+            return self.calibrator.num_sums
         return len(self.calibrator.terms) - 1
 
-    def add_step(self, step: int, sums: np.ndarray, model: CostModel | None) -> None:
+    def add_step(self, step: int, sums: np.ndarray, model: CostModel | GroupCost | None) -> None:
         """Register a scheduled step (``sums``: :func:`microbatch_sums` of its schedule, with
         the prior's window) and the model it was scheduled with (``None`` when it does not
         predict seconds)."""
         sums = np.asarray(sums, dtype=np.int64)
         if sums.ndim != 3 or sums.shape[1:] != (self.dp_size, self.num_sums):
-            raise ConfigError(
-                f"sums must have shape [M, {self.dp_size}, {self.num_sums}] (microbatch_sums(schedule, "
-                f"window={self.calibrator.prior.window})), got {sums.shape}"
+            calibrator = self.calibrator
+            source = (
+                "replica_sums(plan, cost)"
+                if isinstance(calibrator, GroupCostCalibrator)
+                else f"microbatch_sums(schedule, window={calibrator.prior.window})"
             )
+            raise ConfigError(f"sums must have shape [M, {self.dp_size}, {self.num_sums}] ({source}), got {sums.shape}")
         with self._lock:
             self._slots[step] = _Slot(step, sums, model)
 
-    def add_schedule(self, step: int, schedule: Any, model: CostModel | None) -> None:
-        """:meth:`add_step` with the sums of ``schedule`` for the calibrator's terms."""
-        self.add_step(step, microbatch_sums(schedule, self.calibrator.prior.window), model)
+    def add_schedule(self, step: int, schedule: Any, model: CostModel | GroupCost | None) -> None:
+        """:meth:`add_step` with the sums of ``schedule`` for the calibrator's terms (a
+        :class:`DynamicCpSchedule`: :func:`replica_sums` under the calibrator's model)."""
+        calibrator = self.calibrator
+        if isinstance(calibrator, GroupCostCalibrator):
+            if not isinstance(schedule, DynamicCpSchedule):
+                raise ConfigError(f"a GroupCostCalibrator times dynamic CP plans, got a {type(schedule).__name__}")
+            self.add_step(step, replica_sums(schedule, calibrator.model), model)
+            return
+        self.add_step(step, microbatch_sums(schedule, calibrator.prior.window), model)
 
     def pending(self) -> list[int]:
         with self._lock:
@@ -383,17 +406,22 @@ class TimingLedger:
             self.error = None
 
 
-def _model_list(model: CostModel) -> list[float]:
-    """``[linear, quadratic, constant]``, and ``windowed, window`` with a window."""
+def _model_list(model: CostModel | GroupCost) -> list[float]:
+    """``[linear, quadratic, constant]``, and ``windowed, window`` with a window; a
+    :class:`GroupCost`: its 6 coefficients and ``ranks_per_node``."""
+    if isinstance(model, GroupCost):
+        return [*(float(c) for c in model.coefficients), float(model.ranks_per_node)]
     values = [model.linear, model.quadratic, model.constant]
     return values if model.window is None else [*values, model.windowed, float(model.window)]
 
 
-def _model_from(values: Any) -> CostModel | None:
+def _model_from(values: Any) -> CostModel | GroupCost | None:
     """Inverse of :func:`_model_list` (``None`` stays ``None``)."""
     if values is None:
         return None
     numbers = [float(v) for v in values]
+    if len(numbers) == 7:
+        return GroupCost.from_coefficients(np.array(numbers[:6]), int(numbers[6]))
     if len(numbers) not in (3, 5):
         raise ValueError(f"a saved cost model has 3 or 5 values, got {len(numbers)}")
     linear, quadratic, constant = numbers[:3]

@@ -42,6 +42,7 @@ import numpy as np
 from torch.distributed.checkpoint.stateful import Stateful
 
 from seqpack.calibrate import CostCalibrator, Measurement
+from seqpack.calibrate.group import GroupCostCalibrator
 from seqpack.collective import (
     Status,
     StepEnd,
@@ -261,7 +262,7 @@ class PackingIterator(Iterator[Step], Stateful):
         return self._producer.calibration.last
 
     @property
-    def calibrator(self) -> CostCalibrator | None:
+    def calibrator(self) -> CostCalibrator | GroupCostCalibrator | None:
         """The online cost calibrator (``None`` without ``calibrate`` or on ranks that do not
         keep it: TP ranks > 0 under ``data_owner="tp0"``)."""
         return self._producer.calibration.calibrator

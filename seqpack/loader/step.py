@@ -15,7 +15,7 @@ from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.loader.origin import origin_ids, to_origin
 from seqpack.schedulers import Schedule
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
+from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch
 from seqpack.topology import Topology
@@ -140,7 +140,7 @@ class StepTrace:
         self.traffic: dict[str, int] = {}
         # Calibration (seqpack.calibrate): the model this step is scheduled with, the
         # fingerprint of schedule and model, and the microbatch-time words being combined.
-        self.model: CostModel | None = None
+        self.model: CostModel | GroupCost | None = None
         self.fitted = False  # the model is fitted to measured times
         self.fingerprint: int | None = None
         self.times: np.ndarray | None = None
