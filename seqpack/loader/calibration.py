@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from seqpack.calibrate import ABSENT, CostCalibrator, Measurement, TimingLedger
-from seqpack.calibrate.group import GroupCostCalibrator
 from seqpack.calibrate.ledger import check_times
 from seqpack.collective import StepError, StepMessage, StepOk
 from seqpack.cost import CostModel
@@ -28,6 +27,7 @@ from seqpack.loader.step import StepTrace
 from seqpack.options import Sync, fingerprint_text
 from seqpack.schedulers import Schedule, predicted_step_time
 from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
+from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.stats import StepStats
 from seqpack.topology import Topology
 

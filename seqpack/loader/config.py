@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from seqpack.calibrate import CostCalibrator
-from seqpack.calibrate.group import GroupCostCalibrator
 from seqpack.cost import CostModel, check_cost_model, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import (
@@ -37,6 +36,7 @@ from seqpack.options import (
 )
 from seqpack.schedulers import Scheduler, get_scheduler
 from seqpack.schedulers.dynamic_cp import GroupCost
+from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.thd import pad_multiple_for
 from seqpack.topology import Topology
 from seqpack.validation import (
@@ -115,7 +115,7 @@ class PackingConfig:
     :class:`seqpack.calibrate.CostCalibrator` whose prior is ``cost``, else the scheduler's
     cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``. Under
     ``dynamic_cp``: ``True`` fits the whole ``group_cost``, CP ring included (a
-    :class:`seqpack.calibrate.group.GroupCostCalibrator` whose prior is ``group_cost``), or
+    :class:`seqpack.schedulers.dynamic_cp.calibrator.GroupCostCalibrator` whose prior is ``group_cost``), or
     pass a ``GroupCostCalibrator``."""
     prefetch: int = 1
     """Steps a background thread prepares ahead of the training loop (0: each step is
@@ -197,7 +197,7 @@ class PackingConfig:
         if isinstance(self.calibrate, CostCalibrator):
             raise ConfigError(
                 "calibrate=CostCalibrator(...) fits (1, S, SS) of a CostModel, not a dynamic CP group cost: pass "
-                "calibrate=True or a seqpack.calibrate.group.GroupCostCalibrator with dynamic_cp=True"
+                "calibrate=True or a seqpack.schedulers.dynamic_cp.calibrator.GroupCostCalibrator with dynamic_cp=True"
             )
         if self.cp_layout != CpLayout.DUALCHUNK:
             raise ConfigError(

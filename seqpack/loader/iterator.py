@@ -42,7 +42,6 @@ import numpy as np
 from torch.distributed.checkpoint.stateful import Stateful
 
 from seqpack.calibrate import CostCalibrator, Measurement
-from seqpack.calibrate.group import GroupCostCalibrator
 from seqpack.collective import (
     Status,
     StepEnd,
@@ -69,6 +68,7 @@ from seqpack.loader.resume import ResumeState, StateKey
 from seqpack.loader.step import Step
 from seqpack.options import AXES, DataOwner, fingerprint_text
 from seqpack.schedulers import Scheduler
+from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.topology import Topology
 from seqpack.validation import check_number
 

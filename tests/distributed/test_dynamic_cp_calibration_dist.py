@@ -15,10 +15,10 @@ import torch.distributed as dist
 from dynamic_cp_data import CAPACITY, LAYOUTS, SPR, samples_of
 from wrapper_data import mesh_topology
 
-from seqpack.calibrate.group import GroupCostCalibrator
 from seqpack.cost import CostModel
 from seqpack.loader import wrap_data_iterator
 from seqpack.schedulers.dynamic_cp import GroupCost, plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.schedulers.dynamic_cp.cost import spans_nodes
 from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
 

@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack.calibrate import TimingLedger, encode_seconds
-from seqpack.calibrate.group import GroupCostCalibrator
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
 from seqpack.schedulers.dynamic_cp import GroupCost, plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.schedulers.dynamic_cp.cost import group_times, replica_sums, spans_nodes
 from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
 

@@ -1,5 +1,5 @@
 """GroupCostCalibrator: a dynamic-CP :class:`~seqpack.schedulers.dynamic_cp.GroupCost` fitted
-online to measured microbatch times.
+online to measured microbatch times (``PackingConfig(dynamic_cp=True, calibrate=True)``).
 
 The dynamic-CP twin of :class:`~seqpack.calibrate.CostCalibrator`. Each timed microbatch is
 reduced to the exact integers of its group: size ``c``, padded ``S``, ``SS`` and whether the
@@ -27,7 +27,8 @@ from seqpack._logging import warn_once
 from seqpack.calibrate.calibrator import MAX_SECONDS, MIN_SECONDS
 from seqpack.cost import nnls_fit, robust_weights_fit
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
-from seqpack.schedulers.dynamic_cp.cost import FEATURES, GroupCost
+from seqpack.schedulers.dynamic_cp.cost import FEATURES, GroupCost, replica_sums
+from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
 from seqpack.validation import check_bool, check_int, check_numbers
 
 __all__ = ["GROUP_SUMS", "GroupCostCalibrator"]
@@ -85,6 +86,30 @@ class GroupCostCalibrator:
             f"GroupCostCalibrator(prior={self.prior!r}, window={self.window}, min_points={self.min_points}, "
             f"robust={self.robust}, prior_in_seconds={self.prior_in_seconds}, warmup_steps={self.warmup_steps})"
         )
+
+    def schedule_sums(self, schedule: object) -> np.ndarray:
+        """What :class:`~seqpack.calibrate.TimingLedger` keeps of a scheduled step: per round
+        and DP replica, the ``(size, S, SS, spans)`` of the group its slowest CP rank runs
+        under the current model (:func:`~seqpack.schedulers.dynamic_cp.cost.replica_sums`).
+
+        Raises:
+            ConfigError: Not a :class:`DynamicCpSchedule`.
+        """
+        if not isinstance(schedule, DynamicCpSchedule):
+            raise ConfigError(f"a GroupCostCalibrator times dynamic CP plans, got a {type(schedule).__name__}")
+        return replica_sums(schedule, self.model)
+
+    @staticmethod
+    def model_to_list(model: GroupCost) -> list[float]:
+        """A model as plain floats for a resume state (its 6 coefficients and ``ranks_per_node``)."""
+        return [*(float(c) for c in model.coefficients), float(model.ranks_per_node)]
+
+    @staticmethod
+    def model_from_list(values: Sequence[float]) -> GroupCost:
+        """Inverse of :meth:`model_to_list`."""
+        if len(values) != 7:
+            raise ValueError(f"a saved group cost has 7 values, got {len(values)}")
+        return GroupCost.from_coefficients(np.array(values[:6], dtype=np.float64), int(values[6]))
 
     @property
     def num_points(self) -> int:
