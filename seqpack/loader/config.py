@@ -115,7 +115,7 @@ class PackingConfig:
     :class:`seqpack.calibrate.CostCalibrator` whose prior is ``cost``, else the scheduler's
     cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``. Under
     ``dynamic_cp``: ``True`` fits the whole ``group_cost``, CP ring included (a
-    :class:`seqpack.schedulers.dynamic_cp.calibrator.GroupCostCalibrator` whose prior is ``group_cost``), or
+    :class:`seqpack.schedulers.dynamic_cp.GroupCostCalibrator` whose prior is ``group_cost``), or
     pass a ``GroupCostCalibrator``."""
     prefetch: int = 1
     """Steps a background thread prepares ahead of the training loop (0: each step is
@@ -197,7 +197,7 @@ class PackingConfig:
         if isinstance(self.calibrate, CostCalibrator):
             raise ConfigError(
                 "calibrate=CostCalibrator(...) fits (1, S, SS) of a CostModel, not a dynamic CP group cost: pass "
-                "calibrate=True or a seqpack.schedulers.dynamic_cp.calibrator.GroupCostCalibrator with dynamic_cp=True"
+                "calibrate=True or a seqpack.schedulers.dynamic_cp.GroupCostCalibrator with dynamic_cp=True"
             )
         if self.cp_layout != CpLayout.DUALCHUNK:
             raise ConfigError(
