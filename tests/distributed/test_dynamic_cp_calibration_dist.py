@@ -24,7 +24,6 @@ from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
 
 PRIOR = GroupCost(CostModel(1.0, 1e-3, 0.0), ring_step=0.5, ring_token=2e-3)
 TRUTH = GroupCost(CostModel(2e-4, 3e-6, 4e-3), ring_step=2e-3, ring_token=1e-4)
-STEPS = 8
 
 
 def _times(plan, me: int) -> list[float]:
@@ -42,11 +41,11 @@ def _times(plan, me: int) -> list[float]:
     return out
 
 
-def run_calibrated(name: str, prefetch: int) -> dict:
+def run_calibrated(name: str, prefetch: int, steps: int) -> dict:
     topo = mesh_topology(LAYOUTS[name])
     me = topo.dp_rank * topo.cp_size + topo.cp_rank
     it = wrap_data_iterator(
-        iter(samples_of(topo.dp_rank, steps=STEPS)), topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY,
+        iter(samples_of(topo.dp_rank, steps=steps)), topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY,
         dynamic_cp=True, group_cost=PRIOR, prefetch=prefetch, check_schedule=True,
         calibrate=GroupCostCalibrator(PRIOR, min_points=8),
     )  # fmt: skip
@@ -71,15 +70,16 @@ def run_calibrated(name: str, prefetch: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize(("name", "prefetch"), [("dp4", 0), ("dp2cp2", 1)])
-def test_every_rank_fits_the_same_group_cost_and_plans_with_it(dist_pools, name, prefetch):
-    results = dist_pools.get(4).run(run_calibrated, name, prefetch)
-    first = results[0]
+# dp=2 x cp=2 has half the replicas, so half the timings per step, and prefetch adds a step of lag.
+@pytest.mark.parametrize(("name", "prefetch", "steps"), [("dp4", 0, 5), ("dp2cp2", 1, 8)])
+def test_every_rank_fits_the_same_group_cost_and_plans_with_it(dist_pools, name, prefetch, steps):
+    results = dist_pools.get(4).run(run_calibrated, name, prefetch, steps)
+    first, steps_run = results[0], steps
     for r in results[1:]:
         assert r["points"] == first["points"]
         assert [s["model"] for s in r["steps"]] == [s["model"] for s in first["steps"]]
     steps = first["steps"]
-    assert len(steps) == STEPS and not steps[0]["calibrated"] and steps[-1]["calibrated"]
+    assert len(steps) == steps_run and not steps[0]["calibrated"] and steps[-1]["calibrated"]
     assert len(first["points"]) >= 8
     final = GroupCost.from_coefficients(np.array(steps[-1]["model"]))
     points = np.array(first["points"])[:, :4].astype(np.int64)
