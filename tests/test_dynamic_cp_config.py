@@ -2,12 +2,14 @@
 
 import pytest
 
+from seqpack.calibrate import CostCalibrator
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader import PackingConfig
 from seqpack.loader.config import resolved_cost
 from seqpack.options import GroupSizes
 from seqpack.schedulers.dynamic_cp import GroupCost
+from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.topology import Topology
 
 COMPUTE = CostModel(1e-6, 1e-9, 1e-3)
@@ -46,7 +48,7 @@ def test_ring_figures_are_added_to_the_cost():
         ),
         ({"scheduler": "dp_balanced"}, ConfigError, "scheduler='dp_balanced'.* would not be used"),
         ({"scheduler_options": {"order": "pipeline"}}, ConfigError, "leave scheduler at 'balanced'"),
-        ({"calibrate": True}, ConfigError, "calibrate is not supported with dynamic_cp=True yet"),
+        ({"calibrate": CostCalibrator(CostModel(1.0, 0.0, 0.0))}, ConfigError, "not a dynamic CP group cost"),
         ({"cp_layout": "contiguous"}, ConfigError, "cp_layout='contiguous' is not supported with dynamic_cp=True"),
         ({"cp_group_sizes": "odd"}, ConfigError, "cp_group_sizes must be one of"),
         ({"dynamic_cp": 1}, SeqpackTypeError, "dynamic_cp must be True or False"),
@@ -75,3 +77,11 @@ def test_resolve_uses_the_single_rank_padding():
     assert dynamic(pad_multiple=3).resolve(topology).pad_multiple == 3
     with pytest.raises(ConfigError, match="max_tokens_per_rank=8 is smaller than pad_multiple=16"):
         dynamic(max_tokens_per_rank=8, fp8=True).resolve(topology)
+
+
+def test_calibrate_under_dynamic_cp_fits_the_group_cost():
+    assert dynamic(calibrate=True).calibrate is True
+    cal = GroupCostCalibrator(GroupCost(COMPUTE, **RING))
+    assert dynamic(calibrate=cal, group_cost=cal.prior).calibrate is cal
+    with pytest.raises(ConfigError, match="pass dynamic_cp=True"):
+        PackingConfig(samples_per_rank=4, max_tokens_per_rank=64, calibrate=cal)

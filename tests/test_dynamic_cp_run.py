@@ -178,8 +178,10 @@ def test_one_rank_runs_every_sequence_alone_through_the_wrapper():
             assert torch.equal(batch.input_ids, whole.input_ids) and batch.cp_group is None
         assert step.num_loss_tokens == sum(int(s["input_ids"].shape[0]) - 1 for s in data[6 * k : 6 * k + 6])
         assert step.stats.predicted_step_time == predicted_step_time(step.schedule, COST)
-        with pytest.raises(ConfigError, match="Step.to_origin is not supported under dynamic_cp=True yet"):
-            step.to_origin([torch.zeros(b.num_tokens) for b in step.microbatches])
+        back = step.to_origin([b.input_ids * 3 for b in step.microbatches])  # one rank: every value stays here
+        assert [t.tolist() for t in back] == [(data[6 * k + i]["input_ids"] * 3).tolist() for i in range(6)]
+        with pytest.raises(ConfigError, match="values holds 0 tensors"):
+            step.to_origin([])
 
 
 @pytest.mark.parametrize("kind", ["batch", "layout"])

@@ -59,7 +59,7 @@ class Measurement:
     seconds: np.ndarray
     measured: float | None
     predicted: float | None
-    model: CostModel | None
+    model: Any  # CostModel | GroupCost | None
 
     @property
     def error(self) -> float | None:
@@ -74,8 +74,9 @@ class _Slot:
     """A scheduled step waiting for its times."""
 
     step: int
-    sums: np.ndarray  # int64 [M, dp, terms - 1]: S, SS (and SW) of microbatch m of replica d (padded lengths)
-    model: CostModel | None  # the model it was scheduled with, when fitted
+    sums: np.ndarray  # int64 [M, dp, num_sums]: S, SS (and SW) of microbatch m of replica d (padded lengths),
+    # or under dynamic CP the (size, S, SS, spans) of its group (GroupCostCalibrator)
+    model: Any  # the model it was scheduled with, when fitted (CostModel, or a dynamic CP GroupCost)
 
 
 def microbatch_sums(schedule: Any, window: int | None = None) -> np.ndarray:
@@ -136,7 +137,13 @@ class TimingLedger:
     """
 
     def __init__(
-        self, calibrator: CostCalibrator, *, dp_size: int, dp_rank: int, window: int = 2, sync: str | None = None
+        self,
+        calibrator: Any,  # a CostCalibrator, or one like dynamic CP's GroupCostCalibrator
+        *,
+        dp_size: int,
+        dp_rank: int,
+        window: int = 2,
+        sync: str | None = None,
     ) -> None:
         self.calibrator = calibrator
         self.dp_size = check_int("dp_size", dp_size, minimum=1)
@@ -155,25 +162,37 @@ class TimingLedger:
     @property
     def num_sums(self) -> int:
         """Length sums per microbatch: 2 (``S``, ``SS``), 3 when the calibrator's prior has a
-        sliding window (and ``SW``)."""
+        sliding window (and ``SW``); another calibrator's ``num_sums`` (dynamic CP's
+        ``GroupCostCalibrator``: 4, ``size, S, SS, spans``)."""
+        if not isinstance(self.calibrator, CostCalibrator):
+            return int(self.calibrator.num_sums)
         return len(self.calibrator.terms) - 1
 
-    def add_step(self, step: int, sums: np.ndarray, model: CostModel | None) -> None:
+    def add_step(self, step: int, sums: np.ndarray, model: Any) -> None:
         """Register a scheduled step (``sums``: :func:`microbatch_sums` of its schedule, with
         the prior's window) and the model it was scheduled with (``None`` when it does not
         predict seconds)."""
         sums = np.asarray(sums, dtype=np.int64)
         if sums.ndim != 3 or sums.shape[1:] != (self.dp_size, self.num_sums):
-            raise ConfigError(
-                f"sums must have shape [M, {self.dp_size}, {self.num_sums}] (microbatch_sums(schedule, "
-                f"window={self.calibrator.prior.window})), got {sums.shape}"
+            calibrator = self.calibrator
+            source = (
+                f"microbatch_sums(schedule, window={calibrator.prior.window})"
+                if isinstance(calibrator, CostCalibrator)
+                else "calibrator.schedule_sums(schedule)"
             )
+            raise ConfigError(f"sums must have shape [M, {self.dp_size}, {self.num_sums}] ({source}), got {sums.shape}")
         with self._lock:
             self._slots[step] = _Slot(step, sums, model)
 
-    def add_schedule(self, step: int, schedule: Any, model: CostModel | None) -> None:
-        """:meth:`add_step` with the sums of ``schedule`` for the calibrator's terms."""
-        self.add_step(step, microbatch_sums(schedule, self.calibrator.prior.window), model)
+    def add_schedule(self, step: int, schedule: Any, model: Any) -> None:
+        """:meth:`add_step` with the sums of ``schedule`` for the calibrator's terms (another
+        calibrator than a :class:`CostCalibrator`, e.g. dynamic CP's
+        ``GroupCostCalibrator``, gives them with its ``schedule_sums``)."""
+        calibrator = self.calibrator
+        if isinstance(calibrator, CostCalibrator):
+            self.add_step(step, microbatch_sums(schedule, calibrator.prior.window), model)
+        else:
+            self.add_step(step, calibrator.schedule_sums(schedule), model)
 
     def pending(self) -> list[int]:
         with self._lock:
@@ -314,7 +333,7 @@ class TimingLedger:
                 {
                     "step": slot.step,
                     "sums": slot.sums.tolist(),
-                    "model": None if slot.model is None else _model_list(slot.model),
+                    "model": None if slot.model is None else _model_list(slot.model, self.calibrator),
                 }
                 for slot in (self._slots[t] for t in sorted(self._slots))
             ]
@@ -328,7 +347,7 @@ class TimingLedger:
                 "step": last.step,
                 "measured": last.measured,
                 "predicted": last.predicted,
-                "model": None if last.model is None else _model_list(last.model),
+                "model": None if last.model is None else _model_list(last.model, self.calibrator),
             },
         }
 
@@ -361,7 +380,7 @@ class TimingLedger:
             for item in state.get("pending", []):
                 step = int(item["step"])
                 sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, self.dp_size, self.num_sums)
-                slots[step] = _Slot(step, sums, _model_from(item.get("model")))
+                slots[step] = _Slot(step, sums, _model_from(item.get("model"), self.calibrator))
                 if item.get("local") is not None:
                     local[step] = np.asarray(item["local"], dtype=np.float64).reshape(-1)
             last = state.get("last")
@@ -372,7 +391,7 @@ class TimingLedger:
                     np.zeros((0, self.dp_size)),
                     last.get("measured"),
                     last.get("predicted"),
-                    _model_from(last.get("model")),
+                    _model_from(last.get("model"), self.calibrator),
                 )
         except (KeyError, TypeError, ValueError) as exc:
             raise ResumeError(f"calibration state is malformed: {exc}") from None
@@ -383,17 +402,22 @@ class TimingLedger:
             self.error = None
 
 
-def _model_list(model: CostModel) -> list[float]:
-    """``[linear, quadratic, constant]``, and ``windowed, window`` with a window."""
+def _model_list(model: Any, calibrator: Any) -> list[float]:
+    """``[linear, quadratic, constant]``, and ``windowed, window`` with a window; another
+    calibrator's model: its ``model_to_list``."""
+    if not isinstance(model, CostModel):
+        return list(calibrator.model_to_list(model))
     values = [model.linear, model.quadratic, model.constant]
     return values if model.window is None else [*values, model.windowed, float(model.window)]
 
 
-def _model_from(values: Any) -> CostModel | None:
+def _model_from(values: Any, calibrator: Any) -> Any:
     """Inverse of :func:`_model_list` (``None`` stays ``None``)."""
     if values is None:
         return None
     numbers = [float(v) for v in values]
+    if not isinstance(calibrator, CostCalibrator):
+        return calibrator.model_from_list(numbers)
     if len(numbers) not in (3, 5):
         raise ValueError(f"a saved cost model has 3 or 5 values, got {len(numbers)}")
     linear, quadratic, constant = numbers[:3]

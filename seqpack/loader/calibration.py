@@ -26,7 +26,8 @@ from seqpack.loader.config import PackingConfig
 from seqpack.loader.step import StepTrace
 from seqpack.options import Sync, fingerprint_text
 from seqpack.schedulers import Schedule, predicted_step_time
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
+from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
+from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.stats import StepStats
 from seqpack.topology import Topology
 
@@ -46,8 +47,11 @@ class StepCalibration:
         self.ledger: TimingLedger | None = None
         if not self.enabled or not (reads or topology.tp_rank == 0):
             return
-        if isinstance(config.calibrate, CostCalibrator):
+        calibrator: CostCalibrator | GroupCostCalibrator
+        if isinstance(config.calibrate, (CostCalibrator, GroupCostCalibrator)):
             calibrator = config.calibrate.copy()
+        elif isinstance(config.group_cost, GroupCost):  # dynamic CP: fit the group cost, ring included
+            calibrator = GroupCostCalibrator(config.group_cost)
         else:
             calibrator = CostCalibrator(prior)
         # Steps prepared ahead (prefetch k) are scheduled k steps before the training loop
@@ -61,7 +65,7 @@ class StepCalibration:
         )
 
     @property
-    def calibrator(self) -> CostCalibrator | None:
+    def calibrator(self) -> CostCalibrator | GroupCostCalibrator | None:
         return self.ledger.calibrator if self.ledger is not None else None
 
     @property
@@ -99,8 +103,14 @@ class StepCalibration:
         (ranks must also agree on the model they fitted)."""
         model = trace.model
         if model is not None:
-            words: tuple[object, ...] = (model.linear.hex(), model.quadratic.hex(), model.constant.hex())
-            if model.window is not None:  # a windowed model: every coefficient and the window
+            words: tuple[object, ...]
+            if isinstance(model, GroupCost):
+                words = (*(float(c).hex() for c in model.coefficients), model.ranks_per_node)
+            else:
+                words = (model.linear.hex(), model.quadratic.hex(), model.constant.hex())
+            if (
+                isinstance(model, CostModel) and model.window is not None
+            ):  # a windowed model: every coefficient and the window
                 words = (*(float(c).hex() for c in model.coefficients), model.window)
             trace.fingerprint = fingerprint_text(repr((plan.fingerprint(), *words)))
         return trace.fingerprint if trace.fingerprint is not None else plan.fingerprint()
@@ -134,13 +144,17 @@ class StepCalibration:
         if isinstance(msg, StepOk):
             ledger.add_schedule(msg.step, msg.schedule, trace.model if in_seconds else None)
 
-    def fill_stats(self, stats: StepStats, plan: Schedule, trace: StepTrace, stats_cost: CostModel) -> None:
+    def fill_stats(
+        self, stats: StepStats, plan: Schedule | DynamicCpSchedule, trace: StepTrace, stats_cost: CostModel
+    ) -> None:
         """The model in use, its prediction for this step, and its error on the last
-        measured one."""
-        model = trace.model if trace.model is not None else stats_cost
-        stats.cost_model = model
+        measured one (under dynamic CP the stats come from the plan with the group cost in
+        use: only the calibration fields are set here)."""
         stats.calibrated = trace.fitted
-        stats.predicted_step_time = predicted_step_time(plan, model, sync=self.sync or Sync.LOCKSTEP)
+        if not isinstance(plan, DynamicCpSchedule):
+            model = trace.model if isinstance(trace.model, CostModel) else stats_cost
+            stats.cost_model = model
+            stats.predicted_step_time = predicted_step_time(plan, model, sync=self.sync or Sync.LOCKSTEP)
         last = self.last
         if last is not None:
             stats.measured_step, stats.measured_step_time = last.step, last.measured

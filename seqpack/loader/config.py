@@ -36,6 +36,7 @@ from seqpack.options import (
 )
 from seqpack.schedulers import Scheduler, get_scheduler
 from seqpack.schedulers.dynamic_cp import GroupCost
+from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.thd import pad_multiple_for
 from seqpack.topology import Topology
 from seqpack.validation import (
@@ -108,11 +109,14 @@ class PackingConfig:
     ``"lockstep"`` (FSDP, pipeline: every microbatch round waits for its slowest replica),
     ``"replica"`` (DDP, ZeRO-1: the slowest replica's total), or ``None`` (the scheduler's
     default). Also how measured step times are added up under ``calibrate``."""
-    calibrate: bool | CostCalibrator = False
+    calibrate: bool | CostCalibrator | GroupCostCalibrator = False
     """Fit the scheduler's cost model online from microbatch times the training loop reports
     (``Step.record_times`` or :class:`seqpack.calibrate.MicrobatchTimer`): ``True`` (a
     :class:`seqpack.calibrate.CostCalibrator` whose prior is ``cost``, else the scheduler's
-    cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``."""
+    cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``. Under
+    ``dynamic_cp``: ``True`` fits the whole ``group_cost``, CP ring included (a
+    :class:`seqpack.schedulers.dynamic_cp.GroupCostCalibrator` whose prior is ``group_cost``), or
+    pass a ``GroupCostCalibrator``."""
     prefetch: int = 1
     """Steps a background thread prepares ahead of the training loop (0: each step is
     prepared inside ``next()``; at most :data:`~seqpack.options.MAX_PREFETCH`). Never changes
@@ -182,10 +186,13 @@ class PackingConfig:
         self._check_dynamic_cp()
 
     def _check_calibrate(self) -> None:
-        if not isinstance(self.calibrate, (bool, CostCalibrator)):
+        if not isinstance(self.calibrate, (bool, CostCalibrator, GroupCostCalibrator)):
             raise SeqpackTypeError(
-                f"calibrate must be True, False or a seqpack.calibrate.CostCalibrator, got {self.calibrate!r}"
+                "calibrate must be True, False, a seqpack.calibrate.CostCalibrator or (under dynamic_cp) a "
+                f"GroupCostCalibrator, got {self.calibrate!r}"
             )
+        if isinstance(self.calibrate, GroupCostCalibrator) and not self.dynamic_cp:
+            raise ConfigError("calibrate=GroupCostCalibrator(...) fits a dynamic CP group cost: pass dynamic_cp=True")
 
     def _check_dynamic_cp(self) -> None:
         """The dynamic-CP options; what it does not combine with yet is refused by name."""
@@ -203,10 +210,10 @@ class PackingConfig:
                 f"{self.scheduler!r} (options {dict(self.scheduler_options or {})}) would not be used: leave "
                 "scheduler at 'balanced' with no scheduler_options"
             )
-        if self.calibrate is not False:
+        if isinstance(self.calibrate, CostCalibrator):
             raise ConfigError(
-                "calibrate is not supported with dynamic_cp=True yet: the calibrator fits (1, S, SS) of a "
-                "CostModel, not the CP ring terms of a GroupCost; pass calibrate=False and a measured group_cost"
+                "calibrate=CostCalibrator(...) fits (1, S, SS) of a CostModel, not a dynamic CP group cost: pass "
+                "calibrate=True or a seqpack.schedulers.dynamic_cp.GroupCostCalibrator with dynamic_cp=True"
             )
         if self.cp_layout != CpLayout.DUALCHUNK:
             raise ConfigError(

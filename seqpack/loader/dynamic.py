@@ -55,8 +55,9 @@ class DynamicCp:
         self.cost: GroupCost = config.group_cost
         self.sync = config.sync or Sync.LOCKSTEP
 
-    def schedule(self, gathered: Gathered) -> DynamicCpSchedule:
-        """The step's plan, identical on every rank, with ``origin`` from the gather.
+    def schedule(self, gathered: Gathered, cost: GroupCost | None = None) -> DynamicCpSchedule:
+        """The step's plan, identical on every rank, with ``origin`` from the gather
+        (``cost``: the calibrated :class:`GroupCost`, which replaces the config's).
 
         Raises:
             ScheduleError: An oversize sequence (located in its DP rank's pool), or a planner
@@ -71,7 +72,7 @@ class DynamicCp:
                 cp_size=t.cp_size,
                 max_tokens_per_rank=config.max_tokens_per_rank,
                 pad_multiple=config.pad_multiple,
-                cost=self.cost,
+                cost=cost or self.cost,
                 sync=self.sync,
                 group_sizes=config.cp_group_sizes,
                 on_oversize=config.on_oversize,
@@ -162,6 +163,7 @@ class DynamicCp:
             out.append(dataclasses.replace(batch, cp_group=self.groups.group(start, batch.cp_size)))
         return out
 
-    def stats(self, plan: DynamicCpSchedule, empty_samples: int) -> StepStats:
-        """The step's stats in the group cost's units, with its predicted step time."""
-        return plan_stats(plan, self.cost, sync=self.sync, empty_samples=empty_samples)
+    def stats(self, plan: DynamicCpSchedule, empty_samples: int, cost: GroupCost | None = None) -> StepStats:
+        """The step's stats in the units of the group cost it was planned with (``cost``,
+        the calibrated one, else the config's), with its predicted step time."""
+        return plan_stats(plan, cost or self.cost, sync=self.sync, empty_samples=empty_samples)

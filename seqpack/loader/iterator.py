@@ -68,6 +68,7 @@ from seqpack.loader.resume import ResumeState, StateKey
 from seqpack.loader.step import Step
 from seqpack.options import AXES, DataOwner, fingerprint_text
 from seqpack.schedulers import Scheduler
+from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.topology import Topology
 from seqpack.validation import check_number
 
@@ -261,7 +262,7 @@ class PackingIterator(Iterator[Step], Stateful):
         return self._producer.calibration.last
 
     @property
-    def calibrator(self) -> CostCalibrator | None:
+    def calibrator(self) -> CostCalibrator | GroupCostCalibrator | None:
         """The online cost calibrator (``None`` without ``calibrate`` or on ranks that do not
         keep it: TP ranks > 0 under ``data_owner="tp0"``)."""
         return self._producer.calibration.calibrator

@@ -24,13 +24,15 @@ import torch.distributed as dist
 from seqpack.collective.exchange import plan_return, return_values
 from seqpack.collective.groups import collective, comm_device
 from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.loader.origin_dynamic import dynamic_to_origin
+from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
 from seqpack.thd import padded_lengths
 from seqpack.thd.cp import unshard_from_cp
 
 if TYPE_CHECKING:
+    from seqpack.collective.cp_groups import CpGroups
     from seqpack.loader.step import Step
     from seqpack.schedulers import Schedule
-    from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
     from seqpack.topology import Topology
 
 __all__ = ["origin_ids", "to_origin"]
@@ -47,13 +49,22 @@ def origin_ids(schedule: Schedule | DynamicCpSchedule, dp_rank: int) -> np.ndarr
 
 
 def to_origin(
-    step: Step, values: Sequence[torch.Tensor], topology: Topology, *, per_sequence: bool = False
+    step: Step,
+    values: Sequence[torch.Tensor],
+    topology: Topology,
+    *,
+    per_sequence: bool = False,
+    cp_groups: CpGroups | None = None,
 ) -> list[torch.Tensor]:
-    """See :meth:`seqpack.loader.step.Step.to_origin`."""
+    """See :meth:`seqpack.loader.step.Step.to_origin` (``cp_groups``: the iterator's dynamic-CP
+    process groups, for a :class:`DynamicCpSchedule`)."""
     schedule, batches = step.schedule, step.microbatches
     if schedule is None:
         raise ConfigError("to_origin needs the step's schedule (a Step from wrap_data_iterator)")
     like = _check_values(values, batches, per_sequence)
+    if isinstance(schedule, DynamicCpSchedule):
+        mine = origin_ids(schedule, topology.dp_rank)
+        return dynamic_to_origin(schedule, batches, values, like, topology, cp_groups, mine, per_sequence=per_sequence)
     cp = topology.cp_size
     pieces: dict[int, torch.Tensor] = {}
     for m, batch in enumerate(batches):

@@ -56,7 +56,7 @@ from seqpack.loader.resume import ResumeState
 from seqpack.loader.step import Step, StepTrace
 from seqpack.options import Axis, DataOwner
 from seqpack.schedulers import Schedule, Scheduler
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
+from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
 from seqpack.stats import StepStats
 from seqpack.thd import SAMPLES_NOT_BATCHES, PackedBatch
 from seqpack.topology import Topology
@@ -173,8 +173,10 @@ class StepProducer:
             self.calibration.choose_model(trace)
             try:
                 if self.dynamic is not None:
-                    plan: Schedule | DynamicCpSchedule = self.dynamic.schedule(gathered)
+                    group_cost = trace.model if isinstance(trace.model, GroupCost) else None
+                    plan: Schedule | DynamicCpSchedule = self.dynamic.schedule(gathered, group_cost)
                 else:
+                    assert not isinstance(trace.model, GroupCost)
                     plan = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
             except ScheduleError as exc:
                 return self._error(step, f"step {step}: {exc}", exc)
@@ -337,10 +339,11 @@ class StepProducer:
         plan = msg.schedule
         if isinstance(plan, DynamicCpSchedule):
             assert self.dynamic is not None
-            stats = self.dynamic.stats(plan, msg.empty_samples)
+            group_cost = trace.model if isinstance(trace.model, GroupCost) else None
+            stats = self.dynamic.stats(plan, msg.empty_samples, group_cost)
         else:
             stats = StepStats.from_schedule(plan, self.stats_cost, empty_samples=msg.empty_samples)
-            self.calibration.fill_stats(stats, plan, trace, self.stats_cost)
+        self.calibration.fill_stats(stats, plan, trace, self.stats_cost)
         if self.config.flops_fn is not None:
             stats.flops = float(self.config.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
         self.steps += 1
@@ -357,6 +360,7 @@ class StepProducer:
             exchange_bytes=trace.traffic,
             _recorder=self.calibration.record if self.calibration.enabled else None,
             _topology=self.topology,
+            _cp_groups=self.dynamic.groups if self.dynamic is not None else None,
         )
         nbytes = sum(t.numel() * t.element_size() for batch in batches for t in tensors_of(batch))
         return Ready(msg.step, step=step, progress=self.progress(), copied=copied, nbytes=nbytes)

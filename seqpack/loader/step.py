@@ -11,11 +11,12 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from seqpack.collective.cp_groups import CpGroups
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.loader.origin import origin_ids, to_origin
 from seqpack.schedulers import Schedule
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
+from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch
 from seqpack.topology import Topology
@@ -65,6 +66,7 @@ class Step:
         default=None, repr=False, compare=False
     )
     _topology: Topology | None = dataclasses.field(default=None, repr=False, compare=False)
+    _cp_groups: CpGroups | None = dataclasses.field(default=None, repr=False, compare=False)  # dynamic CP's CpGroups
 
     @property
     def origin_ids(self) -> np.ndarray:
@@ -98,17 +100,11 @@ class Step:
 
         Raises:
             ConfigError: Not one tensor per microbatch, rows that do not match the
-                microbatch, or tensors of different dtype, trailing shape or device; a
-                step of ``dynamic_cp=True`` (not supported yet).
+                microbatch, or tensors of different dtype, trailing shape or device.
         """
         if self._topology is None:
             raise ConfigError("to_origin needs a Step from wrap_data_iterator")
-        if isinstance(self.schedule, DynamicCpSchedule):
-            raise ConfigError(
-                "Step.to_origin is not supported under dynamic_cp=True yet: a sequence's values are spread over its "
-                "CP group's ranks, whose way back to the reading rank is not implemented; use dynamic_cp=False"
-            )
-        return to_origin(self, values, self._topology, per_sequence=per_sequence)
+        return to_origin(self, values, self._topology, per_sequence=per_sequence, cp_groups=self._cp_groups)
 
     def record_times(self, seconds_per_microbatch: Sequence[float] | np.ndarray) -> None:
         """Report how long each of this rank's microbatches of this step took (seconds, in
@@ -140,7 +136,7 @@ class StepTrace:
         self.traffic: dict[str, int] = {}
         # Calibration (seqpack.calibrate): the model this step is scheduled with, the
         # fingerprint of schedule and model, and the microbatch-time words being combined.
-        self.model: CostModel | None = None
+        self.model: CostModel | GroupCost | None = None
         self.fitted = False  # the model is fitted to measured times
         self.fingerprint: int | None = None
         self.times: np.ndarray | None = None

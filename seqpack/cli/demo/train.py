@@ -20,6 +20,7 @@ import torch
 from seqpack.calibrate import CostCalibrator, MicrobatchTimer
 from seqpack.cli.demo.data import load_dataset, padded_microbatches, rank_indices, sample_order
 from seqpack.cli.demo.settings import DemoSettings
+from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -312,6 +313,8 @@ class _Run:
             return {}
         calibrator = self.steps.calibrator
         model = calibrator.model if calibrator is not None else None
+        if model is not None and not isinstance(model, CostModel):  # a dynamic CP group cost: its compute part
+            model = model.compute
         errors: dict[bool, list[float]] = {True: [], False: []}  # by whether the step was scheduled with a fitted model
         for step, predicted, measured in self.predictions:
             if measured > 0:

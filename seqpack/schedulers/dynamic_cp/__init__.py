@@ -9,6 +9,8 @@ step); short ones stay on one rank and pay no CP communication. Modules:
 - ``cost``: :class:`GroupCost` (compute split over the group + Transformer Engine's p2p
   ring) and :func:`predicted_step_time`.
 - ``planner``: :func:`plan_dynamic_cp` (the search over heights and builders).
+- ``calibrator``: :class:`GroupCostCalibrator`, the group cost (CP ring included) fitted
+  online to measured times (``PackingConfig(dynamic_cp=True, calibrate=True)``).
 - ``pieces``: the shards a step's exchange moves (one per sequence and rank of its group) and
   who cuts each; ``stats``: :func:`~seqpack.schedulers.dynamic_cp.stats.plan_stats`, a
   plan's :class:`~seqpack.stats.StepStats`. Running a plan: ``seqpack.loader.dynamic``.
@@ -19,6 +21,7 @@ step); short ones stay on one rank and pay no CP communication. Modules:
 Only these entry points are exported.
 """
 
+from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.schedulers.dynamic_cp.cost import FEATURES, GroupCost, predicted_step_time
 from seqpack.schedulers.dynamic_cp.padding import GroupSizes, allowed_group_sizes, cp_pad_multiple
 from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
@@ -28,6 +31,7 @@ __all__ = [
     "FEATURES",
     "DynamicCpSchedule",
     "GroupCost",
+    "GroupCostCalibrator",
     "GroupSizes",
     "allowed_group_sizes",
     "cp_pad_multiple",

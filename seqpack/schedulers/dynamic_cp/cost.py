@@ -36,7 +36,7 @@ from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
 from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
 from seqpack.validation import check_choice, check_number, check_positive_int
 
-__all__ = ["FEATURES", "GroupCost", "group_times", "predicted_step_time", "spans_nodes"]
+__all__ = ["FEATURES", "GroupCost", "group_times", "predicted_step_time", "replica_sums", "spans_nodes"]
 
 FEATURES: tuple[str, ...] = ("constant", "linear", "quadratic", "ring_step", "ring_token", "ring_token_inter")
 """Coefficient names of :meth:`GroupCost.features`' columns: ``1``, ``S/c``, ``SS/c``,
@@ -198,6 +198,13 @@ class GroupCost:
         """float64 ``[n]``: the cost of each microbatch (``features @ coefficients``)."""
         return self.features(sizes, seqlen_sum, seqlen_sq_sum, spans) @ self.coefficients
 
+    def predict_sums(self, sums: np.ndarray) -> np.ndarray:
+        """float64 ``[...]``: the cost of microbatches given as ``(size, S, SS, spans)``
+        integers in the last axis (:func:`replica_sums`, what a calibrator keeps)."""
+        a = np.asarray(sums, dtype=np.int64)
+        flat = a.reshape(-1, 4)
+        return self.time(flat[:, 0], flat[:, 1], flat[:, 2], flat[:, 3] != 0).reshape(a.shape[:-1])
+
     def sequence_time(self, lengths: np.ndarray, group_size: int, pad_multiple: int) -> np.ndarray:
         """Cost of each sequence alone in an aligned group of ``group_size`` ranks."""
         padded = group_padded_lengths(lengths, group_size, pad_multiple).astype(np.float64)
@@ -258,3 +265,33 @@ def predicted_step_time(plan: DynamicCpSchedule, cost: GroupCost, *, sync: str =
         ready = np.maximum.reduceat(finish, starts)
         finish = np.repeat(ready + times[groups.start : groups.stop], plan.group_size[groups.start : groups.stop])
     return float(finish.max())
+
+
+def replica_sums(plan: DynamicCpSchedule, cost: GroupCost) -> np.ndarray:
+    """int64 ``[num_rounds, dp_size, 4]``: per round and DP replica (plane ranks
+    ``d*cp .. d*cp+cp-1``), the ``(size, S, SS, spans)`` of the group among its ranks' that
+    ``cost`` predicts slowest: what the replica's measured time (the slowest of its CP ranks)
+    times. An idle group runs a ``pad_multiple`` filler alone (size 1).
+    """
+    group_of = np.repeat(np.arange(plan.num_groups, dtype=np.int64), plan.group_counts)
+    padded = group_padded_lengths(plan.lengths[plan.assigned], plan.group_size[group_of], plan.pad_multiple)
+    padded = padded.astype(np.int64)
+    s = np.bincount(group_of, weights=padded, minlength=plan.num_groups).astype(np.int64)
+    ss = np.zeros(plan.num_groups, dtype=np.int64)
+    np.add.at(ss, group_of, padded * padded)
+    spans = spans_nodes(plan.group_start, plan.group_size, cost.ranks_per_node).astype(np.int64)
+    pad = plan.pad_multiple
+    busy = plan.group_counts > 0
+    rows = np.stack(
+        [
+            np.where(busy, plan.group_size, 1),
+            np.where(busy, s, pad),
+            np.where(busy, ss, pad * pad),
+            np.where(busy, spans, 0),
+        ],
+        axis=1,
+    )  # [G, 4]
+    times = cost.predict_sums(rows)
+    per_rank = plan.rank_group().reshape(plan.num_rounds, plan.dp_size, plan.cp_size)  # group of every rank
+    slowest = np.take_along_axis(per_rank, np.argmax(times[per_rank], axis=2)[..., None], axis=2)[..., 0]
+    return rows[slowest]

@@ -1,0 +1,145 @@
+"""``Step.to_origin`` under dynamic CP: values of a step's groups back to the reading ranks.
+
+Under dynamic CP (docs/dynamic_cp.md) plane rank ``p`` runs, every round, DualChunkSwap shard
+``p - start`` of each sequence of its group ``[start, start + c)`` (padded to a multiple of
+``2 * c * pad_multiple``). :func:`dynamic_to_origin` sends every shard (with
+``per_sequence``: the row of CP rank 0 of the group only) to every CP rank of the DP replica
+that read the sequence, in one ``all_to_all_single`` over the model's process group of the
+whole plane (a block every plan's group family holds), then each rank puts the ``c`` shards of
+each of its sequences back together (``unshard_from_cp``) and strips the padding. What each
+rank sends and receives is computed from the plan every rank holds: no size exchange.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from seqpack.collective.cp_groups import CpGroups
+from seqpack.collective.groups import collective, comm_device
+from seqpack.errors import ConfigError
+from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
+from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
+from seqpack.thd.cp import unshard_from_cp
+
+if TYPE_CHECKING:
+    from seqpack.thd import PackedBatch
+    from seqpack.topology import Topology
+
+__all__ = ["dynamic_to_origin", "return_pieces"]
+
+
+def return_pieces(plan: DynamicCpSchedule, per_sequence: bool) -> list[tuple[int, int, int, int, int]]:
+    """Every piece of the step's values, in send order: ``(sender plane rank, round, global
+    id, shard j, rows)`` ordered by sender, then round, then pack order; every piece goes to
+    each CP rank of replica ``origin[id]``."""
+    out = []
+    rank_group = plan.rank_group()
+    padded_all = np.zeros(plan.num_sequences, dtype=np.int64)
+    group_of = np.repeat(np.arange(plan.num_groups, dtype=np.int64), plan.group_counts)
+    padded_all[plan.assigned] = group_padded_lengths(
+        plan.lengths[plan.assigned], plan.group_size[group_of], plan.pad_multiple
+    )
+    for p in range(plan.num_ranks):
+        for m in range(plan.num_rounds):
+            g = int(rank_group[m, p])
+            c, j = int(plan.group_size[g]), p - int(plan.group_start[g])
+            if per_sequence and j:
+                continue
+            for gid in plan.group_ids(g).tolist():
+                out.append((p, m, gid, j, 1 if per_sequence else int(padded_all[gid]) // c))
+    return out
+
+
+def dynamic_to_origin(
+    plan: DynamicCpSchedule,
+    batches: Sequence[PackedBatch],
+    values: Sequence[torch.Tensor],
+    like: torch.Tensor,
+    topology: Topology,
+    groups: CpGroups | None,
+    ids: np.ndarray,
+    *,
+    per_sequence: bool,
+) -> list[torch.Tensor]:
+    """Values of ``ids`` (this rank's :func:`~seqpack.loader.origin.origin_ids`) back here, in
+    that order (module docstring); ``values`` are checked against ``batches`` already."""
+    cp = topology.cp_size
+    me = topology.dp_rank * cp + topology.cp_rank
+    replica = me // cp
+    assert plan.origin is not None
+    pieces = return_pieces(plan, per_sequence)
+    trailing = tuple(like.shape[1:])
+    # What this rank sends, destination by destination (plane rank order).
+    outgoing: list[list[torch.Tensor]] = [[] for _ in range(plan.num_ranks)]
+    offsets = {}
+    for m, batch in enumerate(batches):
+        local = batch.cu_seqlens_padded.to(torch.int64) // batch.cp_size
+        for i, gid in enumerate(batch.sample_ids.tolist()):
+            if gid >= 0:
+                offsets[(m, gid)] = (i, i + 1) if per_sequence else (int(local[i]), int(local[i + 1]))
+    send_rows = np.zeros(plan.num_ranks, dtype=np.int64)
+    recv_rows = np.zeros(plan.num_ranks, dtype=np.int64)
+    received: list[tuple[int, int, int, int]] = []  # (sender, gid, shard, rows) in arrival order
+    for p, m, gid, j, rows in pieces:
+        d = int(plan.origin[gid])
+        if p == me:
+            lo, hi = offsets[(m, gid)]
+            if hi - lo != rows:
+                raise ConfigError(f"microbatch {m} holds {hi - lo} rows of sample {gid}, the plan gives it {rows}")
+            for q in range(d * cp, (d + 1) * cp):
+                outgoing[q].append(values[m][lo:hi])
+                send_rows[q] += rows
+        if d == replica:
+            received.append((p, gid, j, rows))
+            recv_rows[p] += rows
+    empty = like.new_empty((0, *trailing))
+    send = torch.cat([t for dest in outgoing for t in dest]) if int(send_rows.sum()) else empty
+    got = _all_to_all(send, send_rows, recv_rows, groups, like)
+    shards: dict[int, dict[int, torch.Tensor]] = {}
+    row = 0
+    for _, gid, j, rows in received:  # by sender, then in its send order: the all-to-all's order
+        shards.setdefault(gid, {})[j] = got[row : row + rows]
+        row += rows
+    out = []
+    for gid in ids.tolist():
+        parts = shards.get(gid)
+        if parts is None:  # dropped (on_oversize="drop"): nothing ran
+            out.append(empty)
+        elif per_sequence:
+            out.append(parts[0][0])
+        else:
+            c = len(parts)
+            whole = parts[0] if c == 1 else _unshard(parts, c)
+            out.append(whole[: int(plan.lengths[gid])])
+    return out
+
+
+def _unshard(parts: dict[int, torch.Tensor], c: int) -> torch.Tensor:
+    padded = parts[0].shape[0] * c
+    return unshard_from_cp([parts[j] for j in range(c)], torch.tensor([0, padded], dtype=torch.int64), c)
+
+
+def _all_to_all(
+    send: torch.Tensor, send_rows: np.ndarray, recv_rows: np.ndarray, groups: CpGroups | None, like: torch.Tensor
+) -> torch.Tensor:
+    """One ``all_to_all_single`` over the model's group of the whole plane (rows in plane-rank
+    order); a one-rank plane keeps what it sends."""
+    if groups is None or groups.num_ranks == 1:
+        return send
+    group = groups.group(0, groups.num_ranks)
+    device = comm_device(group)
+    out = torch.empty((int(recv_rows.sum()), *send.shape[1:]), dtype=send.dtype, device=device)
+    collective(
+        dist.all_to_all_single,
+        out,
+        send.to(device),
+        output_split_sizes=recv_rows.tolist(),
+        input_split_sizes=send_rows.tolist(),
+        group=group,
+    )
+    return out.to(like.device)

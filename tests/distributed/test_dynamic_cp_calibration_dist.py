@@ -1,0 +1,105 @@
+"""Online calibration under dynamic CP on gloo: the group cost (compute and CP ring) fitted
+from the times every rank reports, the same on every rank, used by the next plans.
+
+Every rank reports, for each of its microbatches, the time a known ``TRUTH`` group cost
+gives its group's pack (a lone filler for an idle rank). Under dp=4 x cp=1 each replica's
+time is its own group's, so the fit recovers ``TRUTH``'s predictions exactly; under
+dp=2 x cp=2 a replica's time is the slowest of its CP ranks' groups.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+from dynamic_cp_data import CAPACITY, LAYOUTS, SPR, samples_of
+from wrapper_data import mesh_topology
+
+from seqpack.cost import CostModel
+from seqpack.loader import wrap_data_iterator
+from seqpack.schedulers.dynamic_cp import GroupCost, plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
+from seqpack.schedulers.dynamic_cp.cost import spans_nodes
+from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
+
+PRIOR = GroupCost(CostModel(1.0, 1e-3, 0.0), ring_step=0.5, ring_token=2e-3)
+TRUTH = GroupCost(CostModel(2e-4, 3e-6, 4e-3), ring_step=2e-3, ring_token=1e-4)
+
+
+def _times(plan, me: int) -> list[float]:
+    """This plane rank's microbatch times under ``TRUTH``."""
+    out = []
+    for g in plan.rank_group()[:, me].tolist():
+        ids = plan.group_ids(g)
+        c = int(plan.group_size[g]) if ids.size else 1
+        padded = group_padded_lengths(plan.lengths[ids], c, plan.pad_multiple).astype(np.int64)
+        if not ids.size:
+            padded = np.array([plan.pad_multiple])
+        spans = spans_nodes(int(plan.group_start[g]), c, TRUTH.ranks_per_node)
+        row = np.array([[c, int(padded.sum()), int((padded * padded).sum()), int(spans)]])
+        out.append(float(TRUTH.predict_sums(row)[0]))
+    return out
+
+
+def run_calibrated(name: str, prefetch: int, steps: int) -> dict:
+    topo = mesh_topology(LAYOUTS[name])
+    me = topo.dp_rank * topo.cp_size + topo.cp_rank
+    it = wrap_data_iterator(
+        iter(samples_of(topo.dp_rank, steps=steps)), topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY,
+        dynamic_cp=True, group_cost=PRIOR, prefetch=prefetch, check_schedule=True,
+        calibrate=GroupCostCalibrator(PRIOR, min_points=8),
+    )  # fmt: skip
+    out: dict = {"steps": []}
+    with it:
+        for step in it:
+            plan = step.schedule
+            step.record_times(_times(plan, me))
+            assert it.calibrator is not None
+            out["steps"].append(
+                {
+                    "lengths": plan.original_lengths.tolist(),
+                    "pad": plan.pad_multiple,
+                    "plan": {k: v.tolist() for k, v in plan.to_arrays().items() if k != "origin"},
+                    "calibrated": step.stats.calibrated,
+                    "model": it.calibrator.model.coefficients.tolist(),
+                }
+            )
+        assert it.calibrator is not None
+        out["points"] = it.calibrator.state_dict()["points"]
+    out["rank"] = dist.get_rank()
+    return out
+
+
+# dp=2 x cp=2 has half the replicas, so half the timings per step, and prefetch adds a step of lag.
+@pytest.mark.parametrize(("name", "prefetch", "steps"), [("dp4", 0, 5), ("dp2cp2", 1, 8)])
+def test_every_rank_fits_the_same_group_cost_and_plans_with_it(dist_pools, name, prefetch, steps):
+    results = dist_pools.get(4).run(run_calibrated, name, prefetch, steps)
+    first, steps_run = results[0], steps
+    for r in results[1:]:
+        assert r["points"] == first["points"]
+        assert [s["model"] for s in r["steps"]] == [s["model"] for s in first["steps"]]
+    steps = first["steps"]
+    assert len(steps) == steps_run and not steps[0]["calibrated"] and steps[-1]["calibrated"]
+    assert len(first["points"]) >= 8
+    final = GroupCost.from_coefficients(np.array(steps[-1]["model"]))
+    points = np.array(first["points"])[:, :4].astype(np.int64)
+    measured = np.array(first["points"])[:, 4]
+    error = np.abs(final.predict_sums(points) / measured - 1)
+    if name == "dp4":  # every replica's time is its own group's: the fit is exact
+        assert error.max() < 1e-6
+        assert (points[:, 0] > 1).any()  # groups were timed: the ring term is fitted with the rest
+    else:  # a replica's time is the slowest of its CP ranks' groups, the fit still follows it
+        assert np.median(error) < 0.05
+    if prefetch:
+        return
+    # Without prefetch the model after step k-1 is the one step k was planned with.
+    replanned = 0
+    for before, step in zip(steps, steps[1:], strict=False):
+        cost = GroupCost.from_coefficients(np.array(before["model"]))
+        plan = plan_dynamic_cp(step["lengths"], dp_size=4, max_tokens_per_rank=CAPACITY, pad_multiple=step["pad"],
+                               cost=cost)  # fmt: skip
+        assert {k: v.tolist() for k, v in plan.to_arrays().items() if k != "origin"} == step["plan"]
+        prior_plan = plan_dynamic_cp(step["lengths"], dp_size=4, max_tokens_per_rank=CAPACITY, pad_multiple=step["pad"],
+                                     cost=PRIOR)  # fmt: skip
+        replanned += prior_plan.fingerprint() != plan.fingerprint()
+    assert replanned > 0  # the fitted cost changed some plans

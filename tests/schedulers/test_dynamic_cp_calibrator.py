@@ -1,0 +1,171 @@
+"""GroupCostCalibrator: the dynamic-CP group cost (compute and CP ring) fitted to measured
+times; replica_sums against a slow reference; the ledger with dynamic CP plans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqpack.calibrate import TimingLedger, encode_seconds
+from seqpack.cost import CostModel
+from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
+from seqpack.schedulers.dynamic_cp import GroupCost, plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
+from seqpack.schedulers.dynamic_cp.cost import group_times, replica_sums, spans_nodes
+from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
+
+TRUTH = GroupCost(
+    CostModel(2e-6, 3e-11, 1e-3), ring_step=4e-4, ring_token=5e-7, ring_token_inter=2e-6, ranks_per_node=8
+)
+PRIOR = GroupCost(CostModel(1.0, 1e-4, 0.0), ring_step=10.0, ring_token=0.1, ranks_per_node=8)  # FLOP-ish units
+
+
+def _microbatches(rng: np.random.Generator, n: int, sizes=(1, 2, 4, 8, 16)):
+    size = rng.choice(sizes, n)
+    lengths = [rng.integers(64, 4096 * c, rng.integers(1, 6)) for c in size]
+    s = np.array([int(x.sum()) for x in lengths])
+    ss = np.array([int((x * x).sum()) for x in lengths])
+    start = np.array([int(rng.integers(0, 64 // c)) * c for c in size])
+    spans = spans_nodes(start, size, 8)
+    return size, s, ss, spans
+
+
+def test_recovers_a_known_group_cost_from_its_times():
+    rng = np.random.default_rng(0)
+    size, s, ss, spans = _microbatches(rng, 200)
+    seconds = TRUTH.time(size, s, ss, spans)
+    cal = GroupCostCalibrator(PRIOR, min_points=32, warmup_steps=0)
+    assert cal.model is PRIOR and not cal.fitted
+    assert cal.observe(size, s, ss, spans, seconds, step=3) == 200
+    assert cal.fitted and cal.in_seconds and cal.last_step == 3
+    np.testing.assert_allclose(cal.model.coefficients, TRUTH.coefficients, rtol=1e-6)
+
+
+def test_noisy_times_predict_within_a_few_percent():
+    rng = np.random.default_rng(1)
+    size, s, ss, spans = _microbatches(rng, 400)
+    noise = 1.0 + 0.02 * rng.standard_normal(size.shape[0])
+    noise[::37] = 3.0  # outliers (a GC pause): the robust fit rejects them
+    cal = GroupCostCalibrator(PRIOR, warmup_steps=0)
+    cal.observe(size, s, ss, spans, TRUTH.time(size, s, ss, spans) * noise)
+    test = _microbatches(np.random.default_rng(2), 200)
+    predicted, truth = cal.model.time(*test), TRUTH.time(*test)
+    assert np.max(np.abs(predicted / truth - 1)) < 0.05
+    # The ring term itself is fitted: a wide group's extra cost over the compute split.
+    ring = cal.model.time(*(np.array([16]), np.array([1 << 16]), np.array([1 << 32]), np.array([True])))
+    assert ring[0] == pytest.approx(TRUTH.time(np.array([16]), np.array([1 << 16]), np.array([1 << 32]),
+                                               np.array([True]))[0], rel=0.05)  # fmt: skip
+
+
+def test_unobserved_terms_keep_the_prior_rescaled():
+    """Only lone ranks and groups within a node timed: the inter-node ring coefficient is the
+    prior's times the scale that maps the prior onto the timings (not 0, not FLOP units)."""
+    rng = np.random.default_rng(3)
+    size, s, ss, _ = _microbatches(rng, 100, sizes=(1, 2, 4))
+    spans = np.zeros_like(size, dtype=bool)
+    cal = GroupCostCalibrator(PRIOR, min_points=8, warmup_steps=0, robust=False)
+    cal.observe(size, s, ss, spans, TRUTH.time(size, s, ss, spans))
+    model = cal.model
+    np.testing.assert_allclose(model.coefficients[:5], TRUTH.coefficients[:5], rtol=1e-6)
+    p = PRIOR.time(size, s, ss, spans)
+    y = TRUTH.time(size, s, ss, spans)
+    alpha = np.sum(p * y / y**2) / np.sum(p * p / y**2)
+    assert model.ring_token_inter == pytest.approx(alpha * PRIOR.ring_token_inter, rel=1e-9)
+
+
+def test_state_round_trip_copy_and_determinism():
+    rng = np.random.default_rng(4)
+    cal = GroupCostCalibrator(PRIOR, min_points=8, window=50)
+    for step in range(4):
+        size, s, ss, spans = _microbatches(rng, 20)
+        cal.observe(size, s, ss, spans, TRUTH.time(size, s, ss, spans), step=step)
+    assert cal.num_points == 50 and cal.observed == 60  # step 0 is the warm-up
+    other = GroupCostCalibrator(PRIOR, min_points=8, window=50)
+    other.load_state_dict(cal.state_dict())
+    assert other.model.coefficients.tobytes() == cal.model.coefficients.tobytes()
+    assert cal.copy().model.coefficients.tobytes() == cal.model.coefficients.tobytes()
+    assert "GroupCostCalibrator(prior=" in repr(cal)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "text"),
+    [
+        (lambda: GroupCostCalibrator(TRUTH.compute), SeqpackTypeError, "GroupCost"),
+        (lambda: GroupCostCalibrator(PRIOR, min_points=9, window=8), ConfigError, "larger than window"),
+        (lambda: GroupCostCalibrator(PRIOR).observe([1], [2, 3], [4], [0], [1.0]), ConfigError, "differ in length"),
+        (lambda: GroupCostCalibrator(PRIOR).observe([0], [2], [4], [0], [1.0]), ConfigError, "size 0"),
+        (lambda: GroupCostCalibrator(PRIOR).load_state_dict({"version": 1}), ResumeError, "GroupCostCalibrator"),
+    ],
+)
+def test_bad_inputs(call, error, text):
+    with pytest.raises(error, match=text):
+        call()
+
+
+def test_invalid_times_are_skipped_and_counted():
+    cal = GroupCostCalibrator(PRIOR, warmup_steps=0)
+    assert cal.observe([1, 1, 1], [8, 8, 8], [64, 64, 64], [0, 0, 0], [float("nan"), -1.0, 0.5]) == 1
+    assert cal.skipped == 2
+
+
+def _replica_sums_reference(plan, cost):
+    """Per round and replica, the (size, S, SS, spans) of the slowest group among its ranks."""
+    times = group_times(plan, cost)
+    out = np.zeros((plan.num_rounds, plan.dp_size, 4), dtype=np.int64)
+    for m in range(plan.num_rounds):
+        for d in range(plan.dp_size):
+            best = None
+            for g in plan.round_groups(m):
+                lo, hi = int(plan.group_start[g]), int(plan.group_start[g] + plan.group_size[g])
+                if hi <= d * plan.cp_size or lo >= (d + 1) * plan.cp_size:
+                    continue
+                ids = plan.group_ids(g)
+                c = int(plan.group_size[g])
+                if ids.size == 0:
+                    row, t = (1, plan.pad_multiple, plan.pad_multiple**2, 0), cost.compute.constant
+                    t = float(cost.time(np.array([1]), np.array([row[1]]), np.array([row[2]]), np.array([False]))[0])
+                else:
+                    padded = group_padded_lengths(plan.lengths[ids], c, plan.pad_multiple).astype(int).tolist()
+                    spans = bool(spans_nodes(lo, c, cost.ranks_per_node))
+                    row, t = (c, sum(padded), sum(p * p for p in padded), int(spans)), float(times[g])
+                if best is None or t > best[1]:
+                    best = (row, t)
+            assert best is not None
+            out[m, d] = best[0]
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 300), max_size=30),
+    dp=st.integers(1, 4),
+    cp=st.sampled_from([1, 2, 4]),
+    pad=st.sampled_from([1, 8]),
+)
+def test_replica_sums_match_reference(lengths, dp, cp, pad):
+    cost = GroupCost(CostModel(1.0, 0.01, 2.0), ring_step=3.0, ring_token=0.1, ranks_per_node=2)
+    plan = plan_dynamic_cp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=64, pad_multiple=pad, cost=cost,
+                           on_oversize="drop")  # fmt: skip
+    np.testing.assert_array_equal(replica_sums(plan, cost), _replica_sums_reference(plan, cost))
+
+
+def test_ledger_observes_dynamic_plans_and_resumes():
+    lengths = [200, 30, 20, 50, 10, 60, 40, 5]
+    plan = plan_dynamic_cp(lengths, dp_size=2, cp_size=2, max_tokens_per_rank=64, cost=TRUTH)
+    cal = GroupCostCalibrator(PRIOR, min_points=3, warmup_steps=0)
+    ledger = TimingLedger(cal, dp_size=2, dp_rank=0, window=2)
+    ledger.add_schedule(0, plan, TRUTH)
+    sums = replica_sums(plan, PRIOR)
+    seconds = TRUTH.predict_sums(sums)  # [M, dp]
+    saved = TimingLedger(GroupCostCalibrator(PRIOR, min_points=3, warmup_steps=0), dp_size=2, dp_rank=0)
+    saved.load_state_dict(ledger.state_dict())
+    assert saved.pending() == [0]
+    done = ledger.incoming(1, np.stack([encode_seconds(seconds[:, d]) for d in range(2)]))
+    assert [m.step for m in done] == [0]
+    assert done[0].measured == pytest.approx(seconds.max(axis=1).sum())
+    assert done[0].predicted == pytest.approx(done[0].measured)
+    assert cal.num_points == seconds.size
+    with pytest.raises(ConfigError, match="dynamic CP plans"):
+        ledger.add_schedule(1, object(), None)
