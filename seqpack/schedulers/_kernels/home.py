@@ -145,7 +145,7 @@ def _swap_pass(
     return made, clock
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _best_single(
     x: int, home: int, seqs: Seqs, grid: Grid, caps: Caps, cache: Cache, k: int, dp: int, rounds: int
 ) -> tuple[int, int, int, float, float]:
@@ -183,7 +183,7 @@ def _best_single(
     return best, best_y, best_m, lo, hi
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _best_pair(
     x: int,
     home: int,

@@ -62,7 +62,7 @@ def _fits(
     )
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def window(cx: float, room: float, spare: float) -> tuple[float, float]:
     """Costs ``[lo, hi]`` a swap partner of ``x`` (cost ``cx``) may have: it must fit into
     ``x``'s bin (``spare`` cost left there) and ``x`` into its bin (at most ``room`` left in
@@ -134,7 +134,7 @@ def _cache_set(q: int, y: int, seqs: Seqs, cache: Cache) -> None:
     cache_y[q], cache_o[q], cache_t[q], cache_c[q], cache_m[q] = y, origin[y], lengths[y], costs[y], round_of[y]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def turn_cache(home: int, seqs: Seqs, book: Book, cache: Cache) -> int:
     """Fill the cache with the sequences on ``home`` sorted by cost; returns how many."""
     replica_of = seqs[1]
@@ -159,7 +159,7 @@ def turn_cache(home: int, seqs: Seqs, book: Book, cache: Cache) -> int:
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def turn_pairs(k: int, rounds: int, cache: Cache, pairs: Pairs) -> int:
     """The pairs of a home's turn: every two sequences of the cache's first ``k`` entries
     that share a round holding at most ``PAIR_BIN`` of them, sorted by summed cost. Returns
@@ -195,7 +195,7 @@ def turn_pairs(k: int, rounds: int, cache: Cache, pairs: Pairs) -> int:
     return n_pairs
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _shift(src: int, dst: int, cx: float, tx: int, grid: Grid, dp: int, b_src: int, b_dst: int) -> None:
     """Cost ``cx`` and ``tx`` tokens of a sequence leave bin ``b_src`` (replica ``src``) for
     ``b_dst`` (replica ``dst``)."""
@@ -208,7 +208,7 @@ def _shift(src: int, dst: int, cx: float, tx: int, grid: Grid, dp: int, b_src: i
     total[dst] += cx
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def apply_change(
     x: int,
     home: int,
@@ -256,7 +256,7 @@ def apply_change(
     return k, n_arrivals
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _cache_leave(y: int, cy: float, slot: int, k: int, cache: Cache) -> tuple[int, int]:
     """``y`` left the home: the first to leave frees its entry for ``x`` (``slot``), the
     second's entry is dropped. Returns (slot, cache size)."""
@@ -272,7 +272,7 @@ def _cache_leave(y: int, cy: float, slot: int, k: int, cache: Cache) -> tuple[in
     return slot - (slot > c), k - 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _cache_enter(x: int, home: int, tx: int, cx: float, m: int, slot: int, k: int, cache: Cache) -> None:
     """``x`` takes entry ``slot``, then slides to its place by cost (it costs about what it
     replaced)."""
@@ -286,7 +286,7 @@ def _cache_enter(x: int, home: int, tx: int, cx: float, m: int, slot: int, k: in
         slot += 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _cache_swap(p: int, q: int, cache: Cache) -> None:
     """Exchange entries ``p`` and ``q``."""
     cache_y, cache_o, cache_t, cache_c, cache_m = cache

@@ -29,7 +29,7 @@ def first_cost_above(items: IntArray, k: int, costs: FloatArray, value: float) -
     return lo
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def walk_next(
     items: IntArray, k: int, costs: FloatArray, base: float, sign: float, gap: float, left: int, right: int
 ) -> tuple[int, float, int, int]:
