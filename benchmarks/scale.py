@@ -10,7 +10,9 @@ time grows with N or dp; 1.0 = linear):
 1. N from 65,536 to 4,194,304 sequences into 16,384 replicas.
 2. dp from 64 to 65,536 replicas with 64 sequences each (N = 4,096 ... 4,194,304): every rank
    reads the same share as the job grows.
-3. Moved tokens vs dp (as in 2), for ``balanced`` under each objective (``both``, the
+3. Locality on vs off at ~1,000 sequences per replica (1M into dp = 1,024) and at the 16K
+   plan: CPU time of each, their ratio, and moved tokens.
+4. Moved tokens vs dp (as in 2), for ``balanced`` under each objective (``both``, the
    default; ``rounds``, FSDP; ``replicas``, DDP), with locality on and off, and for
    ``dp_balanced``.
 
@@ -56,6 +58,10 @@ DP_SWEEP = [64, 256, 1024, 4096, 16_384, 65_536]
 PER_REPLICA = 64
 MOVED_SEEDS = 3
 GOAL_SECONDS, GOAL_RATIO, GOAL_BYTES, GOAL_MOVED, GOAL_BALANCE = 2.0, 4.0, 1 << 30, 0.5, 1.005
+GOAL_LOCALITY = 3.0  # locality on costs at most this many times the plan without it
+# The shapes of the locality table: ~1,000 sequences per replica is where home_swaps was a
+# cliff (issue "locality is a performance cliff"); the headline shape for comparison.
+LOCALITY_SHAPES = [(1_048_576, 1024), (1_048_576, 16_384)]
 
 
 def lengths_for(n: int, seed: int = 0) -> np.ndarray:
@@ -211,6 +217,30 @@ def moved_table(points: list[int], repeat: int) -> dict:
     return out
 
 
+def locality_table(shapes: list[tuple[int, int]], repeat: int) -> list[tuple[str, bool, str]]:
+    """Plan CPU time with locality on and off, and their ratio, at each (N, dp) of ``shapes``."""
+    print("## locality on vs off")
+    header = f"{'N':>10} {'dp':>7} {'on cpu s':>9} {'off cpu s':>9} {'ratio':>6} {'moved % on':>10} {'off':>6}"
+    print(header)
+    print("-" * len(header))
+    checks = []
+    for n, dp in shapes:
+        lengths = lengths_for(n)
+        on = measure("balanced", lengths, dp, repeat)
+        off = measure("balanced", lengths, dp, repeat, locality=False)
+        ratio = on["cpu"] / off["cpu"]
+        print(
+            f"{n:>10,} {dp:>7,} {on['cpu']:>9.2f} {off['cpu']:>9.2f} {ratio:>6.2f} "
+            f"{100 * on['stats'].moved_fraction:>10.1f} {100 * off['stats'].moved_fraction:>6.1f}",
+            flush=True,
+        )
+        checks.append(
+            (f"{n:,} into {dp:,}: locality on <= {GOAL_LOCALITY}x off (CPU)", ratio <= GOAL_LOCALITY, f"{ratio:.2f}x")
+        )
+    print()
+    return checks
+
+
 def _wait(st: StepStats, objective: str) -> float:
     replica = max(st.replica_cost)
     rounds = st.round_imbalance * sum(st.replica_cost) / st.dp_size
@@ -323,6 +353,7 @@ def main() -> int:
     checks = [] if args.quick else headline(args.repeat)
     n_rows = sweep_table("plan vs N (dp = 16,384)", "N", n_sweep, {"dp": 16_384}, args.repeat)
     dp_rows = sweep_table(f"plan vs dp ({PER_REPLICA} sequences per replica)", "dp", dp_sweep, {}, args.repeat)
+    checks += locality_table(LOCALITY_SHAPES[:1] if args.quick else LOCALITY_SHAPES, args.repeat)
     moved = moved_table(dp_sweep, 1)
     for dp in (64, 16_384):
         if dp in moved["dp"]:

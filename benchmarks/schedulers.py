@@ -42,7 +42,8 @@ import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
@@ -67,21 +68,54 @@ class Workload:
 
 
 WORKLOADS = [
-    Workload("sft-lognormal", "lognormal",
-             dict(min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096, sigma=1.1), 4096, 256, 16384),
-    Workload("rl-bimodal", "bimodal",
-             dict(min_seq_len=64, max_seq_len=32768, short_mean=1024, long_mean=16384, long_fraction=0.25),
-             4096, 256, 32768, cp=2),
+    Workload(
+        "sft-lognormal",
+        "lognormal",
+        dict(min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096, sigma=1.1),
+        4096,
+        256,
+        16384,
+    ),
+    Workload(
+        "rl-bimodal",
+        "bimodal",
+        dict(min_seq_len=64, max_seq_len=32768, short_mean=1024, long_mean=16384, long_fraction=0.25),
+        4096,
+        256,
+        32768,
+        cp=2,
+    ),
     Workload("equal", "constant", dict(length=4096), 4096, 256, 16384),
     # No targets: heavy tails where single sequences approach a whole microbatch.
-    Workload("pretrain-pareto", "pareto", dict(min_seq_len=128, max_seq_len=32768, alpha=1.2), 32768, 256, 32768,
-             target=False),
-    Workload("sft-long-tail", "lognormal",
-             dict(min_seq_len=128, max_seq_len=32768, mean_seq_len=4096, sigma=1.1), 4096, 256, 16384, cp=2,
-             target=False),
-    Workload("rl-bimodal-32k", "bimodal",
-             dict(min_seq_len=64, max_seq_len=32768, short_mean=1024, long_mean=16384, long_fraction=0.25),
-             4096, 256, 16384, cp=2, target=False),
+    Workload(
+        "pretrain-pareto",
+        "pareto",
+        dict(min_seq_len=128, max_seq_len=32768, alpha=1.2),
+        32768,
+        256,
+        32768,
+        target=False,
+    ),
+    Workload(
+        "sft-long-tail",
+        "lognormal",
+        dict(min_seq_len=128, max_seq_len=32768, mean_seq_len=4096, sigma=1.1),
+        4096,
+        256,
+        16384,
+        cp=2,
+        target=False,
+    ),
+    Workload(
+        "rl-bimodal-32k",
+        "bimodal",
+        dict(min_seq_len=64, max_seq_len=32768, short_mean=1024, long_mean=16384, long_fraction=0.25),
+        4096,
+        256,
+        16384,
+        cp=2,
+        target=False,
+    ),
 ]
 KK_MAX_SEQUENCES = 8192  # the pure-Python baseline takes seconds beyond this
 
@@ -204,8 +238,8 @@ def machine() -> str:
     except OSError:
         pass
     return (
-        f"{cpu}; {os.cpu_count()} logical CPUs (numba and BLAS pinned to 1 thread); Python {platform.python_version()}, "
-        f"numpy {np.__version__}, numba {numba.__version__}"
+        f"{cpu}; {os.cpu_count()} logical CPUs (numba and BLAS pinned to 1 thread); "
+        f"Python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}"
     )
 
 
@@ -239,13 +273,14 @@ def main() -> int:
             if wl.dist != "constant":
                 params["seed"] = seed
             lengths = generate_lengths(wl.dist, wl.sequences, **params)
-            kwargs = dict(dp_size=wl.dp, cp_size=wl.cp, max_tokens_per_rank=wl.max_tokens_per_rank, pad_multiple=pm,
-                          cost=cost)
+            kwargs = dict(
+                dp_size=wl.dp, cp_size=wl.cp, max_tokens_per_rank=wl.max_tokens_per_rank, pad_multiple=pm, cost=cost
+            )
             for name, fn in SCHEDULERS.items():
                 if name == "kk (python)" and wl.sequences > KK_MAX_SEQUENCES:
                     continue
                 repeats = 1 if name in ("kk (python)", "lpt") else 5
-                schedule, seconds = timed(lambda: fn(lengths, **kwargs), repeats)
+                schedule, seconds = timed(lambda fn=fn, lengths=lengths, kwargs=kwargs: fn(lengths, **kwargs), repeats)
                 schedule.validate(lengths, dp_size=wl.dp, cp_size=wl.cp, max_tokens_per_rank=wl.max_tokens_per_rank)
                 rows[name].append((StepStats.from_schedule(schedule, cost), seconds))
         for name, results in rows.items():
@@ -258,8 +293,13 @@ def main() -> int:
             mb = [st.num_microbatches for st, _ in results]
             lo = [st.min_microbatches for st, _ in results]
             ms = [1e3 * s for _, s in results]
-            summary[(wl.name, name)] = dict(br=max(br), ri=max(ri), rb=max(rb), ms=statistics.median(ms),
-                                            extra=max(m - lb for m, lb in zip(mb, lo)))
+            summary[(wl.name, name)] = dict(
+                br=max(br),
+                ri=max(ri),
+                rb=max(rb),
+                ms=statistics.median(ms),
+                extra=max(m - lb for m, lb in zip(mb, lo, strict=True)),
+            )
             print(
                 f"{wl.name:<16} {name:<12} {np.mean(br):>7.4f} ({max(br):.4f}) {np.mean(ri):>7.4f} ({max(ri):.4f}) "
                 f"{max(rb):>11.4f} {np.mean(mb):>6.1f} ({np.mean(lo):>4.1f}) {statistics.median(ms):>10.2f}"
@@ -273,8 +313,9 @@ def main() -> int:
     # Speed at scale: 1M sequences into 1024 replicas, one core.
     big = None
     if not args.quick:
-        lengths = generate_lengths("lognormal", 1_000_000, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096,
-                                   sigma=1.1, seed=0)
+        lengths = generate_lengths(
+            "lognormal", 1_000_000, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096, sigma=1.1, seed=0
+        )
         sched = get_scheduler("balanced")
         schedule, seconds = timed(
             lambda: sched.schedule(lengths, dp_size=1024, max_tokens_per_rank=32768, cost=cost), 3
@@ -293,8 +334,10 @@ def main() -> int:
     for wl in WORKLOADS:
         if not wl.target:
             s = summary[(wl.name, "balanced")]
-            print(f"  ----  {wl.name}: no target (heavy tail); balanced replica/LB {s['br']:.4f}, "
-                  f"round {s['ri']:.4f}; no schedule can beat a round imbalance of {s['rb']:.4f} here")
+            print(
+                f"  ----  {wl.name}: no target (heavy tail); balanced replica/LB {s['br']:.4f}, "
+                f"round {s['ri']:.4f}; no schedule can beat a round imbalance of {s['rb']:.4f} here"
+            )
             continue
         s = summary[(wl.name, "balanced")]
         for label, value, limit in (("per-replica", s["br"], 1.01), ("per-round", s["ri"], 1.05)):
@@ -303,18 +346,22 @@ def main() -> int:
             if not ok and label == "per-round" and s["rb"] > limit:
                 note = f" (impossible here: no schedule beats {s['rb']:.4f})"
             ok_all &= ok
-            print(f"  {'PASS' if ok else 'FAIL'}  {wl.name}: balanced {label} {value:.4f} <= {limit} (worst step){note}")
+            verdict = "PASS" if ok else "FAIL"
+            print(f"  {verdict}  {wl.name}: balanced {label} {value:.4f} <= {limit} (worst step){note}")
     t_bal = summary[("sft-lognormal", "balanced")]["ms"]
     t_kk = summary[("sft-lognormal", "kk (python)")]["ms"]
     speedup = t_kk / t_bal
     ok = speedup >= 100
     ok_all &= ok
-    print(f"  {'PASS' if ok else 'FAIL'}  4096 sequences into 256 replicas: balanced {t_bal:.2f} ms vs pure-Python "
-          f"Karmarkar-Karp {t_kk:.0f} ms = {speedup:.0f}x faster (target >= 100x)")
+    print(
+        f"  {'PASS' if ok else 'FAIL'}  4096 sequences into 256 replicas: balanced {t_bal:.2f} ms vs pure-Python "
+        f"Karmarkar-Karp {t_kk:.0f} ms = {speedup:.0f}x faster (target >= 100x)"
+    )
     if big is not None:
         ok = big <= 2.0
         ok_all &= ok
-        print(f"  {'PASS' if ok else 'FAIL'}  1,000,000 sequences into 1024 replicas in {big:.2f} s (target <= 2 s, one core)")
+        verdict = "PASS" if ok else "FAIL"
+        print(f"  {verdict}  1,000,000 sequences into 1024 replicas in {big:.2f} s (target <= 2 s, one core)")
     return 0 if ok_all else 1
 
 

@@ -208,7 +208,7 @@ def home_swaps_reference(
     Sums are kept as the kernel keeps them (same float operations, same order)."""
     from itertools import combinations
 
-    from seqpack.schedulers._kernels import PAIR_BIN
+    from seqpack.schedulers._kernels.constants import PAIR_BIN
 
     n = len(lengths)
     round_of, replica_of = [int(v) for v in round_of], [int(v) for v in replica_of]

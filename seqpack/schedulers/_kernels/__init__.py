@@ -1,0 +1,83 @@
+"""numba kernels behind the schedulers. Private: the public functions in ``balanced.py`` and
+``dp_balanced.py`` validate and coerce their inputs (contiguous int64 / float64 arrays) and
+call these. Every kernel has a slow, obvious twin in ``tests/schedulers/`` it is checked
+against.
+
+Ties are broken by integer keys (token counts, then indices), never by chance, so every
+rank computes the same result.
+
+Importing this package is cheap: it imports neither numba nor a kernel. A kernel's module
+(which imports numba) is imported on first use of its name (``_kernels.grid_lpt``), and the
+first use in a process says once, at INFO, when numba must compile (module :mod:`.compile_note`).
+
+Modules by job: ``lpt`` (grid_lpt), ``local`` (grid_local), ``home`` (home_swaps, with
+``home_book``), ``repair`` (repair_replicas, with the walk of ``scan``), ``matching``
+(greedy_matching), ``groups`` (next_fit), ``exact`` (pack_dfs); ``heaps`` and ``constants`` are shared.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from seqpack.schedulers._kernels.constants import (
+    GRID_LOCAL_SLICES,
+    MODE_COST,
+    MODE_FIRST_FIT,
+    MODE_TOKENS,
+    PAIR_BIN,
+)
+
+__all__ = [
+    "GRID_LOCAL_SLICES",
+    "MODE_COST",
+    "MODE_FIRST_FIT",
+    "MODE_TOKENS",
+    "PAIR_BIN",
+    "greedy_matching",
+    "grid_local",
+    "grid_lpt",
+    "home_swaps",
+    "next_fit",
+    "pack_dfs",
+    "repair_replicas",
+]
+
+# Where each kernel (and each private helper a test or benchmark reads) is defined.
+_HOME = {
+    "grid_lpt": "lpt",
+    "_grid_lpt_sorted": "lpt",
+    "grid_local": "local",
+    "_home_pass": "local",
+    "_slices": "local",
+    "home_swaps": "home",
+    "repair_replicas": "repair",
+    "greedy_matching": "matching",
+    "next_fit": "groups",
+    "pack_dfs": "exact",
+    "_lightest": "heaps",
+    "_total_down": "heaps",
+    "_total_up": "heaps",
+    "_sift_down": "heaps",
+    "_entry_down": "heaps",
+    "_entry_up": "heaps",
+    "_park_push": "heaps",
+    "_park_pop": "heaps",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the kernel ``name``'s module on first use (numba with it) and keep the kernel."""
+    module_name = _HOME.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from seqpack.schedulers._kernels.compile_note import announce
+
+    announce(module_name)
+    value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))

@@ -1,0 +1,27 @@
+"""next_fit: cut items, in order, into consecutive groups of at most a capacity."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from seqpack.schedulers._kernels._types import IntArray
+
+
+@njit(cache=True)
+def next_fit(lengths: IntArray, capacity: int) -> tuple[IntArray, int]:
+    """Cut items, in order, into consecutive groups of at most ``capacity`` tokens.
+
+    A group closes when the next item would overflow it. Returns (group_of[n], groups).
+    """
+    n = lengths.shape[0]
+    group_of = np.empty(n, dtype=np.int64)
+    group = 0
+    used = 0
+    for i in range(n):
+        if used + lengths[i] > capacity and used > 0:
+            group += 1
+            used = 0
+        used += lengths[i]
+        group_of[i] = group
+    return group_of, (group + 1 if n > 0 else 0)

@@ -1,0 +1,381 @@
+"""repair_replicas: even out replica totals by moves and swaps that keep the rounds fast."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from seqpack.schedulers._kernels._types import FloatArray, IntArray
+from seqpack.schedulers._kernels.heaps import _lightest, _total_down, _total_up
+from seqpack.schedulers._kernels.scan import first_cost_above, walk_next
+
+
+@njit(cache=True)
+def _top3(load: FloatArray, m: int, top_val: FloatArray, top_idx: IntArray) -> None:
+    """Recompute the three largest loads of round ``m`` (ties: lower replica first)."""
+    v0 = v1 = v2 = -np.inf
+    i0 = i1 = i2 = -1
+    for d in range(load.shape[1]):
+        x = load[m, d]
+        if x > v0:
+            v2, i2, v1, i1, v0, i0 = v1, i1, v0, i0, x, d
+        elif x > v1:
+            v2, i2, v1, i1 = v1, i1, x, d
+        elif x > v2:
+            v2, i2 = x, d
+    top_val[m, 0], top_val[m, 1], top_val[m, 2] = v0, v1, v2
+    top_idx[m, 0], top_idx[m, 1], top_idx[m, 2] = i0, i1, i2
+
+
+@njit(cache=True)
+def _max_without(top_val: FloatArray, top_idx: IntArray, m: int, a: int, b: int) -> float:
+    """Largest load of round ``m`` among replicas other than ``a`` and ``b``."""
+    for k in range(3):
+        if top_idx[m, k] != a and top_idx[m, k] != b:
+            return top_val[m, k]
+    return -np.inf
+
+
+@njit(cache=True)
+def _round_sum_change(
+    load: FloatArray, top_val: FloatArray, top_idx: IntArray, m: int, d1: int, m2: int, d2: int, delta: float
+) -> float:
+    """Change of ``sum_m max_d load`` when ``delta`` moves from cell (m, d1) to (m2, d2)."""
+    if m2 != m:
+        new_m = max(load[m, d1] - delta, _max_without(top_val, top_idx, m, d1, -1))
+        new_m2 = max(top_val[m2, 0], load[m2, d2] + delta)
+        return (new_m - top_val[m, 0]) + (new_m2 - top_val[m2, 0])
+    new = max(load[m, d1] - delta, load[m, d2] + delta, _max_without(top_val, top_idx, m, d1, d2))
+    return new - top_val[m, 0]
+
+
+@njit(cache=True)
+def _sorted_members(head: int, nxt: IntArray, costs: FloatArray, buf: IntArray) -> int:
+    """Items of one replica (its linked list) sorted by cost; returns how many."""
+    k = 0
+    i = head
+    while i >= 0:
+        buf[k] = i
+        k += 1
+        i = nxt[i]
+    keys = np.empty(k, dtype=np.float64)
+    for t in range(k):
+        keys[t] = costs[buf[t]]
+    order = np.argsort(keys, kind="mergesort")
+    tmp = buf[:k].copy()
+    for t in range(k):
+        buf[t] = tmp[order[t]]
+    return k
+
+
+@njit(cache=True)
+def _move(
+    i: int,
+    d_from: int,
+    m_from: int,
+    d_to: int,
+    m_to: int,
+    head: IntArray,
+    prv: IntArray,
+    nxt: IntArray,
+    load: FloatArray,
+    tok: IntArray,
+    total: FloatArray,
+    costs: FloatArray,
+    lengths: IntArray,
+    replica_of: IntArray,
+    round_of: IntArray,
+) -> None:
+    """Move sequence ``i`` from microbatch ``(m_from, d_from)`` to ``(m_to, d_to)``: unlink it
+    from ``d_from``'s list, push it on ``d_to``'s, and update every load and token count."""
+    if prv[i] >= 0:
+        nxt[prv[i]] = nxt[i]
+    else:
+        head[d_from] = nxt[i]
+    if nxt[i] >= 0:
+        prv[nxt[i]] = prv[i]
+    prv[i] = -1
+    nxt[i] = head[d_to]
+    if head[d_to] >= 0:
+        prv[head[d_to]] = i
+    head[d_to] = i
+    load[m_from, d_from] -= costs[i]
+    tok[m_from, d_from] -= lengths[i]
+    load[m_to, d_to] += costs[i]
+    tok[m_to, d_to] += lengths[i]
+    total[d_from] -= costs[i]
+    total[d_to] += costs[i]
+    replica_of[i] = d_to
+    round_of[i] = m_to
+
+
+@njit(cache=True)
+def _replica_lists(replica_of: IntArray, dp: int) -> tuple[IntArray, IntArray, IntArray]:
+    """Items of every replica as doubly linked lists ``(head, prv, nxt)`` (moves are O(1))."""
+    n = replica_of.shape[0]
+    head = np.full(dp, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    prv = np.full(n, -1, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        d = replica_of[i]
+        nxt[i] = head[d]
+        if head[d] >= 0:
+            prv[head[d]] = i
+        head[d] = i
+    return head, prv, nxt
+
+
+@njit(cache=True)
+def _total_heaps(total: FloatArray) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+    """Replicas in a min-heap and a max-heap of totals, with positions: ``(lo, lo_pos, hi,
+    hi_pos)``."""
+    dp = total.shape[0]
+    lo = np.arange(dp, dtype=np.int64)
+    lo_pos = np.arange(dp, dtype=np.int64)
+    hi = np.arange(dp, dtype=np.int64)
+    hi_pos = np.arange(dp, dtype=np.int64)
+    for i in range(dp // 2 - 1, -1, -1):
+        _total_down(lo, lo_pos, dp, i, total, 1.0)
+        _total_down(hi, hi_pos, dp, i, total, -1.0)
+    return lo, lo_pos, hi, hi_pos
+
+
+@njit(cache=True)
+def _round_sum(top_val: FloatArray) -> float:
+    """``S = sum_m max_d load[m, d]`` from the rounds' top loads."""
+    round_sum = 0.0
+    for m in range(top_val.shape[0]):
+        round_sum += top_val[m, 0]
+    return round_sum
+
+
+@njit(cache=True)
+def _best_move(
+    d1: int,
+    light: IntArray,
+    candidates: int,
+    total: FloatArray,
+    mine: IntArray,
+    k1: int,
+    costs: FloatArray,
+    lengths: IntArray,
+    round_of: IntArray,
+    grid: tuple[FloatArray, IntArray, FloatArray, IntArray],
+    capacity: int,
+    allow: float,
+    limit: int,
+    best: tuple[float, int, int, int, int],
+    work: int,
+) -> tuple[tuple[float, int, int, int, int], int]:
+    """The best move of one of ``d1``'s items ``mine[:k1]`` (sorted by cost) to one of the
+    ``candidates`` lightest replicas ``light``, if it beats ``best`` = (gain, i, j, d2, m2)."""
+    load, tok, top_val, top_idx = grid
+    best_gain, best_i, best_j, best_d2, best_m2 = best
+    tried = 0
+    for kk in range(light.shape[0]):
+        if tried >= candidates:
+            break
+        d2 = light[kk]
+        if d2 == d1:
+            continue
+        tried += 1
+        gap = total[d1] - total[d2]
+        if gap / 2 <= best_gain:
+            break
+        right = first_cost_above(mine, k1, costs, gap / 2)
+        left = right - 1
+        checked = 0
+        found = False
+        while checked < limit * 4 and not found:
+            i, gain, left, right = walk_next(mine, k1, costs, 0.0, 1.0, gap, left, right)
+            if i < 0 or gain <= best_gain:
+                break
+            checked += 1
+            m = round_of[i]
+            for m2 in range(load.shape[0]):
+                work += 1
+                if tok[m2, d2] + lengths[i] > capacity:
+                    continue
+                if _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, costs[i]) <= allow:
+                    best_gain, best_i, best_j, best_d2, best_m2 = gain, i, -1, d2, m2
+                    found = True
+                    break
+    return (best_gain, best_i, best_j, best_d2, best_m2), work
+
+
+@njit(cache=True)
+def _best_swap(
+    d1: int,
+    light: IntArray,
+    candidates: int,
+    total: FloatArray,
+    mine: IntArray,
+    k1: int,
+    lists: tuple[IntArray, IntArray, IntArray],
+    theirs: IntArray,
+    costs: FloatArray,
+    lengths: IntArray,
+    round_of: IntArray,
+    grid: tuple[FloatArray, IntArray, FloatArray, IntArray],
+    capacity: int,
+    allow: float,
+    limit: int,
+    best: tuple[float, int, int, int, int],
+    work: int,
+) -> tuple[tuple[float, int, int, int, int], int]:
+    """The best swap of one of ``d1``'s items with a cheaper one of one of the
+    ``candidates`` lightest replicas, if it beats ``best`` (as :func:`_best_move`)."""
+    load, tok, top_val, top_idx = grid
+    head, _, nxt = lists
+    best_gain, best_i, best_j, best_d2, best_m2 = best
+    tried = 0
+    for kk in range(light.shape[0]):
+        if tried >= candidates:
+            break
+        d2 = light[kk]
+        if d2 == d1:
+            continue
+        tried += 1
+        gap = total[d1] - total[d2]
+        if gap / 2 <= best_gain:
+            break
+        k2 = _sorted_members(head[d2], nxt, costs, theirs)
+        for t in range(k1):
+            i = mine[t]
+            ci = costs[i]
+            m = round_of[i]
+            # delta = ci - cj; gain = min(delta, gap - delta); ideal cj = ci - gap/2.
+            right = first_cost_above(theirs, k2, costs, ci - gap / 2)
+            left = right - 1
+            checked = 0
+            while checked < limit:
+                j, gain, left, right = walk_next(theirs, k2, costs, ci, -1.0, gap, left, right)
+                if j < 0 or gain <= best_gain:
+                    break
+                work += 1
+                checked += 1
+                m2 = round_of[j]
+                fits = tok[m2, d2] + lengths[i] - lengths[j] <= capacity
+                if m2 != m:
+                    fits = fits and tok[m, d1] - lengths[i] + lengths[j] <= capacity
+                if fits and _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, ci - costs[j]) <= allow:
+                    best_gain, best_i, best_j, best_d2, best_m2 = gain, i, j, d2, m2
+                    break
+    return (best_gain, best_i, best_j, best_d2, best_m2), work
+
+
+@njit(cache=True)
+def _apply(
+    change: tuple[float, int, int, int, int],
+    d1: int,
+    lists: tuple[IntArray, IntArray, IntArray],
+    grid: tuple[FloatArray, IntArray, FloatArray, IntArray],
+    total: FloatArray,
+    heaps: tuple[IntArray, IntArray, IntArray, IntArray],
+    costs: FloatArray,
+    lengths: IntArray,
+    replica_of: IntArray,
+    round_of: IntArray,
+) -> None:
+    """Make the change: ``i`` moves from (its round, ``d1``) to ``(m2, d2)``; in a swap ``j``
+    moves the other way. Updates the lists, grid, totals and heaps."""
+    _, i, j, d2, m2 = change
+    head, prv, nxt = lists
+    load, tok, top_val, top_idx = grid
+    lo, lo_pos, hi, hi_pos = heaps
+    dp = total.shape[0]
+    m = round_of[i]
+    _move(i, d1, m, d2, m2, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
+    if j >= 0:
+        _move(j, d2, m2, d1, m, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
+    for d in (d1, d2):
+        _total_up(lo, lo_pos, lo_pos[d], total, 1.0)
+        _total_down(lo, lo_pos, dp, lo_pos[d], total, 1.0)
+        _total_up(hi, hi_pos, hi_pos[d], total, -1.0)
+        _total_down(hi, hi_pos, dp, hi_pos[d], total, -1.0)
+    _top3(load, m, top_val, top_idx)
+    if m2 != m:
+        _top3(load, m2, top_val, top_idx)
+
+
+@njit(cache=True)
+def repair_replicas(
+    round_of: IntArray,
+    replica_of: IntArray,
+    costs: FloatArray,
+    lengths: IntArray,
+    load: FloatArray,
+    tok: IntArray,
+    capacity: int,
+    max_moves: int,
+    rel_tol: float,
+    stop_at: float,
+    swap_candidates: int,
+    round_budget: float = 0.0,
+    max_work: int = 50_000_000,
+    move_candidates: int = 16,
+    scan_limit: int = 16,
+) -> int:
+    """Even out replica totals without making the rounds (much) slower.
+
+    Each step takes the most loaded replica ``d1`` and applies the best of: moving one of
+    its sequences into any microbatch (any round) of one of the ``move_candidates``
+    lightest replicas ``d2``, or swapping one of its sequences with a cheaper one of one of
+    the ``swap_candidates`` lightest replicas. A change is allowed when both microbatches
+    stay within ``capacity``, the pair's larger total drops (``max(R_d1, R_d2)`` strictly
+    decreases), and the sum of round maxima ``S = sum_m max_d load[m, d]`` stays at most
+    ``max(S, round_budget)``: 0 never lets the rounds get slower, ``inf`` ignores them.
+    "Best" is the largest drop of the pair's maximum; candidates are scanned from the
+    ideal cost difference ``(R_d1 - R_d2) / 2`` outwards, so the first allowed one is the
+    best for its replica (ties: lighter replica, cheaper item, lower round); at most
+    ``scan_limit`` partners are checked per sequence and replica. Stops when no
+    change helps, after ``max_moves`` changes, once the busiest replica is at most
+    ``stop_at``, or after about ``max_work`` candidate checks (a deterministic time cap).
+    Updates ``round_of``, ``replica_of``, ``load`` and ``tok`` (``[rounds, replicas]``) in
+    place.
+
+    Returns:
+        Number of changes made.
+    """
+    n_rounds, dp = load.shape
+    total = np.zeros(dp, dtype=np.float64)
+    for m in range(n_rounds):
+        total += load[m]
+    top_val = np.empty((n_rounds, 3), dtype=np.float64)
+    top_idx = np.empty((n_rounds, 3), dtype=np.int64)
+    for m in range(n_rounds):
+        _top3(load, m, top_val, top_idx)
+    grid = (load, tok, top_val, top_idx)
+    lists = _replica_lists(replica_of, dp)
+    mine = np.empty(round_of.shape[0], dtype=np.int64)
+    theirs = np.empty(round_of.shape[0], dtype=np.int64)
+    eps = 1e-12
+    round_sum = _round_sum(top_val)
+    # The busiest replica and the few lightest are read from heaps in O(log dp) per change,
+    # not from a sort of all dp totals.
+    heaps = _total_heaps(total)
+    light = np.empty(min(dp, max(move_candidates, swap_candidates) + 1), dtype=np.int64)
+    moves = 0
+    work = 0
+    while moves < max_moves and work < max_work:
+        d1 = heaps[2][0]
+        if total[d1] <= stop_at:
+            break
+        _lightest(heaps[0], dp, total, light)
+        allow = max(0.0, round_budget - round_sum) + eps * total[d1]
+        k1 = _sorted_members(lists[0][d1], lists[2], costs, mine)
+        best = (rel_tol * total[d1], -1, -1, -1, -1)
+        best, work = _best_move(
+            d1, light, move_candidates, total, mine, k1, costs, lengths, round_of, grid, capacity, allow, scan_limit,
+            best, work,
+        )  # fmt: skip
+        best, work = _best_swap(
+            d1, light, swap_candidates, total, mine, k1, lists, theirs, costs, lengths, round_of, grid, capacity,
+            allow, scan_limit, best, work,
+        )  # fmt: skip
+        if best[1] < 0:
+            break
+        _apply(best, d1, lists, grid, total, heaps, costs, lengths, replica_of, round_of)
+        round_sum = _round_sum(top_val)
+        moves += 1
+    return moves
