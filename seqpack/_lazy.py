@@ -1,29 +1,37 @@
-"""Modules loaded on first attribute access (:class:`importlib.util.LazyLoader`).
+"""Modules imported on first attribute access.
 
-The numba kernels are imported this way, so that ``import seqpack`` does not import numba
+Some numba kernels are reached this way, so that ``import seqpack`` does not import numba
 (about a second, and a broken numba would otherwise break every command, ``seqpack doctor``
-included): the first call into a kernel imports its module, and numba with it.
+included): the first call into a kernel imports its module, and numba with it. The proxy is
+not put in ``sys.modules`` (``inspect`` walks ``sys.modules`` and would load it early).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import types
+import importlib
+from typing import Any
 
-__all__ = ["lazy_module"]
+__all__ = ["LazyModule", "lazy_module"]
 
 
-def lazy_module(name: str) -> types.ModuleType:
-    """The module ``name``, executed on first attribute access (at once when already imported)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
-        raise ModuleNotFoundError(f"no module named {name!r}", name=name)
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return module
+class LazyModule:
+    """Stands for the module ``name`` and imports it when one of its attributes is first
+    read; each attribute is then kept on the proxy."""
+
+    def __init__(self, name: str) -> None:
+        self._lazy_name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        value = getattr(importlib.import_module(self._lazy_name), attr)
+        setattr(self, attr, value)
+        return value
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self._lazy_name!r}>"
+
+
+def lazy_module(name: str) -> Any:
+    """A :class:`LazyModule` for ``name`` (the import happens on first attribute access)."""
+    return LazyModule(name)

@@ -11,13 +11,6 @@ import pytest
 from seqpack.schedulers import _kernels
 from seqpack.schedulers._kernels import compile_note
 
-# Two modules outside the kernels package still import numba at import time; until they load
-# their numba code on first use too, the checks that numba stays out are expected to fail.
-EAGER_NUMBA = (
-    "seqpack/schedulers/_exact.py imports numba for _dfs (call _kernels.pack_dfs instead) and "
-    "seqpack/schedulers/dynamic_cp/_kernels.py imports numba at import time"
-)
-
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -39,7 +32,6 @@ def test_importing_the_schedulers_loads_no_kernel_module():
     assert out.returncode == 0, out.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=EAGER_NUMBA)
 def test_import_seqpack_does_not_import_numba():
     code = (
         "import sys, seqpack\n"
@@ -51,7 +43,6 @@ def test_import_seqpack_does_not_import_numba():
     assert out.returncode == 0, out.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=EAGER_NUMBA)
 def test_a_broken_numba_leaves_import_and_doctor_working():
     out = _run("import seqpack", NUMBA_NUM_THREADS="0")
     assert out.returncode == 0, out.stderr

@@ -12,7 +12,8 @@ first use in a process says once, at INFO, when numba must compile (module :mod:
 
 Modules by job: ``lpt`` (grid_lpt), ``local`` (grid_local), ``home`` (home_swaps, with
 ``home_book``), ``repair`` (repair_replicas, with the walk of ``scan``), ``matching``
-(greedy_matching), ``groups`` (next_fit), ``exact`` (pack_dfs); ``heaps`` and ``constants`` are shared.
+(greedy_matching), ``groups`` (next_fit); ``heaps`` and ``constants`` are shared. (The exact
+search's kernel is ``seqpack.schedulers.balanced._exact_search``.)
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ __all__ = [
     "grid_lpt",
     "home_swaps",
     "next_fit",
-    "pack_dfs",
     "repair_replicas",
 ]
 
@@ -54,7 +54,6 @@ _HOME = {
     "repair_replicas": "repair",
     "greedy_matching": "matching",
     "next_fit": "groups",
-    "pack_dfs": "exact",
     "_lightest": "heaps",
     "_total_down": "heaps",
     "_total_up": "heaps",
