@@ -58,8 +58,14 @@ def schedule_minibatches(
     group_ids: np.ndarray | None = None,
     grouped: np.ndarray | None = None,
     together: bool = False,
+    equal_counts: bool = False,
+    sync: str | None = None,
 ) -> tuple[Schedule, list[int]]:
     """One schedule of ``minibatches`` mini-batches, each planned alone (module docstring).
+
+    ``equal_counts`` (every replica trains as many sequences in each mini-batch) and
+    ``together`` are :func:`~seqpack.schedulers.groups.schedule_groups`'s; ``sync`` is passed
+    to the scheduler when set.
 
     Returns:
         ``(schedule, starts)``: ``starts`` (``minibatches + 1`` values) bounds each
@@ -87,8 +93,12 @@ def schedule_minibatches(
         if not ids.size:
             raise ConfigError(f"mini-batch {j} of {minibatches} holds no sample: read more samples per step")
         common: dict[str, Any] = dict(cost=cost, on_oversize=on_oversize, origin=origin_arr[ids], **limits)
-        if has_groups:
-            part = schedule_groups(scheduler, original[ids], gids[ids], flags[ids], together=together, **common)
+        if sync is not None:  # only when set: a custom scheduler overriding schedule() may predate it
+            common["sync"] = sync
+        if has_groups or equal_counts:
+            part = schedule_groups(
+                scheduler, original[ids], gids[ids], flags[ids], together=together, equal_counts=equal_counts, **common
+            )
         else:
             part = scheduler.schedule(original[ids], **common)
         rounds.extend([[ids[cell] for cell in row] for row in part.assignment])
