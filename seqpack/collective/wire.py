@@ -40,6 +40,7 @@ import torch
 from seqpack.collective.agree import Status
 from seqpack.collective.fields import Header, headers_markdown
 from seqpack.collective.messages import StepEnd, StepError, StepMessage, StepOk
+from seqpack.collective.wire_minibatches import decode_minibatches, minibatch_rows
 from seqpack.collective.wire_plan import decode_plan, plan_header, plan_payload
 from seqpack.errors import ConfigError, WireError
 from seqpack.options import CpLayout
@@ -239,21 +240,12 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
     cp_layout = batches[0].cp_layout if batches else CpLayout.DUALCHUNK
     step["cp_layout"] = list(CpLayout).index(CpLayout(cp_layout))
     starts = msg.group_starts if dynamic and msg.group_starts is not None else (0,) * len(batches)
-    which, mb_counts = _minibatch_rows(msg)
+    which, mb_counts = minibatch_rows(msg)
     per_mb = np.zeros(len(batches), dtype=MICROBATCH)
     for m, b in enumerate(batches):
         count = b.num_loss_tokens if counted else 0
-        per_mb[m] = (
-            int(b.cu_seqlens_padded[-1]),
-            b.num_sequences,
-            b.max_seqlen,
-            count,
-            b.cp_size,
-            b.cp_rank,
-            starts[m],
-            which[m],
-            mb_counts[m],
-        )
+        layout = (int(b.cu_seqlens_padded[-1]), b.num_sequences, b.max_seqlen, count, b.cp_size, b.cp_rank)
+        per_mb[m] = (*layout, starts[m], which[m], mb_counts[m])
     header = [_words(step), _words(per_mb)]
     payload = [torch.from_numpy(array) for array in plan_payload(sched)]
     for b in batches:
@@ -270,51 +262,6 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
         floats = torch.cat([b.loss_mask.to(torch.float32).cpu() for b in batches if b.loss_mask is not None])
     prefix = _prefix(kind, Status.OK, header_words, ints.shape[0] - header_words, floats.shape[0], 0, len(batches))
     return WireBuffers(prefix, ints, floats, torch.zeros(0, dtype=torch.uint8))
-
-
-def _minibatch_rows(msg: StepOk) -> tuple[list[int], list[int]]:
-    """Each microbatch's mini-batch and that mini-batch's loss-token count (0 uncounted).
-
-    Raises:
-        WireError: Bounds that do not run from 0 to the microbatch count, or counts that do
-            not match them.
-    """
-    m = len(msg.microbatches)
-    bounds = list(msg.minibatch_bounds or (0, m))
-    if bounds[0] != 0 or bounds[-1] != m or any(b < a for a, b in zip(bounds[:-1], bounds[1:], strict=False)):
-        raise WireError(f"minibatch_bounds {bounds} do not rise from 0 to the {m} microbatches")
-    counts = msg.minibatch_loss_tokens
-    if counts is None:
-        counts = (msg.num_loss_tokens or 0,) * (len(bounds) - 1)
-    if len(counts) != len(bounds) - 1:
-        raise WireError(f"{len(counts)} minibatch_loss_tokens for {len(bounds) - 1} mini-batches")
-    which = [j for j in range(len(bounds) - 1) for _ in range(bounds[j], bounds[j + 1])]
-    counted = msg.num_loss_tokens is not None
-    return which, [int(counts[j]) if counted else 0 for j in which]
-
-
-def _decode_minibatches(per_mb: np.ndarray, counted: bool) -> dict[str, tuple[int, ...]]:
-    """``StepOk``'s mini-batch fields from the microbatch rows (none with one mini-batch).
-
-    Raises:
-        WireError: Mini-batch numbers that do not run 0, 1, ... in order, or one mini-batch
-            with two counts.
-    """
-    which = per_mb["minibatch"].astype(np.int64)
-    if not which.size or not which.any():
-        return {}
-    steps = np.diff(which)
-    if which[0] != 0 or np.any((steps != 0) & (steps != 1)):
-        raise WireError(f"microbatch mini-batches {which.tolist()} do not run 0, 1, ... in order")
-    bounds = (0, *(np.flatnonzero(steps) + 1).tolist(), int(which.shape[0]))
-    out: dict[str, tuple[int, ...]] = {"minibatch_bounds": tuple(int(b) for b in bounds)}
-    if counted:
-        counts = per_mb["minibatch_loss_tokens"].astype(np.int64)
-        firsts = counts[list(bounds[:-1])]
-        if np.any(counts != np.repeat(firsts, np.diff(bounds))):
-            raise WireError(f"microbatch mini-batch counts {counts.tolist()} differ within one mini-batch")
-        out["minibatch_loss_tokens"] = tuple(_count(c, None) for c in firsts)
-    return out
 
 
 def _check_batches(msg: StepOk, tokens: bool, *, same_shard: bool) -> None:
@@ -460,7 +407,7 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
         group_starts=tuple(int(mb["group_start"]) for mb in per_mb)
         if isinstance(schedule, DynamicCpSchedule)
         else None,
-        **_decode_minibatches(per_mb, counted),
+        **decode_minibatches(per_mb, counted),
     )
 
 

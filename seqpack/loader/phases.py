@@ -375,16 +375,6 @@ def schedule(
         raise ScheduleError(f"scheduler {scheduler!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def minibatch_loss_tokens(plan: Schedule, starts: Sequence[int], loss_tokens: np.ndarray) -> list[int]:
-    """Supervised tokens of each mini-batch (microbatches ``starts[j]:starts[j + 1]`` of
-    every replica), from the gathered counts: what a PPO loop divides that mini-batch's
-    summed token losses by."""
-    out = []
-    for a, b in zip(starts[:-1], starts[1:], strict=True):
-        out.append(sum(int(loss_tokens[ids].sum()) for row in plan.assignment[a:b] for ids in row))
-    return out
-
-
 def _locate_oversize(config: PackingConfig, topology: Topology, gathered: GatheredLengths) -> str:
     assert config.pad_multiple is not None
     capacity = config.max_tokens_per_rank * topology.cp_size

@@ -57,6 +57,7 @@ from seqpack.loader.step import Step, StepTrace
 from seqpack.options import Axis, DataOwner
 from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
+from seqpack.schedulers.minibatches import minibatch_loss_tokens
 from seqpack.stats import StepStats
 from seqpack.thd import SAMPLES_NOT_BATCHES, PackedBatch
 from seqpack.topology import Topology
@@ -197,7 +198,7 @@ class StepProducer:
         minibatches: dict[str, Any] = {}
         if bounds is not None and len(bounds) > 2:  # mini-batches: their bounds and counts travel with the step
             assert isinstance(plan, Schedule)
-            counts = phases.minibatch_loss_tokens(plan, bounds, gathered.loss_tokens)
+            counts = minibatch_loss_tokens(plan, bounds, gathered.loss_tokens)
             minibatches = dict(minibatch_bounds=tuple(bounds), minibatch_loss_tokens=tuple(counts))
         return StepOk(
             step,

@@ -11,6 +11,7 @@ mini-batch ``j``'s, run before its optimizer step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from seqpack.schedulers.base import Schedule, Scheduler, as_lengths, as_origin
 from seqpack.schedulers.groups import group_units, schedule_groups
 from seqpack.validation import check_positive_int
 
-__all__ = ["minibatch_of", "schedule_minibatches"]
+__all__ = ["minibatch_loss_tokens", "minibatch_of", "schedule_minibatches"]
 
 
 def minibatch_of(origin: np.ndarray, minibatches: int, unit: np.ndarray | None = None) -> np.ndarray:
@@ -117,3 +118,13 @@ def schedule_minibatches(
         **limits,
     )
     return schedule, starts
+
+
+def minibatch_loss_tokens(plan: Schedule, starts: Sequence[int], loss_tokens: np.ndarray) -> list[int]:
+    """Supervised tokens of each mini-batch (microbatches ``starts[j]:starts[j + 1]`` of
+    every replica), from the gathered counts: what a PPO loop divides that mini-batch's
+    summed token losses by."""
+    out = []
+    for a, b in zip(starts[:-1], starts[1:], strict=True):
+        out.append(sum(int(loss_tokens[ids].sum()) for row in plan.assignment[a:b] for ids in row))
+    return out
