@@ -98,6 +98,7 @@ class Order(_Option):
 
     HEAVY_FIRST = "heavy_first"  # a memory peak shows up at the first microbatch
     PIPELINE = "pipeline"  # light at both ends, heavy in the middle: shorter bubbles
+    AS_PLANNED = "as_planned"  # the planner's own round order
 
 
 class Objective(_Option):

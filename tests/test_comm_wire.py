@@ -24,7 +24,7 @@ from seqpack.collective import (
     gather_lengths,
     plan_exchange,
 )
-from seqpack.collective.wire import MB_WORDS, PREFIX_WORDS, STEP_WORDS, Kind
+from seqpack.collective.wire import MB_WORDS, MICROBATCH_FIELDS, PREFIX_WORDS, STEP_WORDS, Kind
 from seqpack.schedulers import get_scheduler
 from seqpack.stats import StepStats
 from seqpack.thd import batch_from_layout, pack_sequences, pad_multiple_for, padding_only_batch, shard_for_cp
@@ -381,3 +381,40 @@ def test_the_cp_layout_travels_on_the_wire(kind):
     mixed = dataclasses.replace(msg, microbatches=[*contiguous[:-1], _message(cp=2, cp_rank=1).microbatches[-1]])
     with pytest.raises(ValueError, match=r"\(contiguous\), microbatch 0|\(dualchunk\), microbatch 0"):
         encode_step(mixed)
+
+
+def test_minibatch_bounds_and_counts_round_trip():
+    msg = _message()
+    m = len(msg.microbatches)
+    assert m >= 3
+    for bounds, counts, expected in [
+        ((0, 1, m), (11, 22), {"minibatch_bounds": (0, 1, m), "minibatch_loss_tokens": (11, 22)}),
+        ((0, m), None, {"minibatch_bounds": None, "minibatch_loss_tokens": None}),  # one mini-batch: nothing
+    ]:
+        counted = [dataclasses.replace(b, num_loss_tokens=1) for b in msg.microbatches]
+        sent = dataclasses.replace(
+            msg, microbatches=counted, num_loss_tokens=33, minibatch_bounds=bounds, minibatch_loss_tokens=counts
+        )
+        got = decode_step(encode_step(sent))
+        assert {k: getattr(got, k) for k in expected} == expected
+    # Uncounted: the bounds travel, the counts do not.
+    got = decode_step(encode_step(dataclasses.replace(msg, minibatch_bounds=(0, 2, m))))
+    assert (got.minibatch_bounds, got.minibatch_loss_tokens) == ((0, 2, m), None)
+
+
+def test_bad_minibatch_bounds_are_refused():
+    msg = _message()
+    m = len(msg.microbatches)
+    for bounds in [(1, m), (0, 2, 1, m), (0, m + 1)]:
+        with pytest.raises(ValueError, match="minibatch_bounds"):
+            encode_step(dataclasses.replace(msg, minibatch_bounds=bounds))
+    with pytest.raises(ValueError, match="2 minibatch_loss_tokens for 3 mini-batches"):
+        encode_step(
+            dataclasses.replace(msg, num_loss_tokens=0, minibatch_bounds=(0, 1, 2, m), minibatch_loss_tokens=(1, 2))
+        )
+    wire = encode_step(dataclasses.replace(msg, minibatch_bounds=(0, 1, m)))
+    ints = wire.ints.clone()
+    field = [name for name, _ in MICROBATCH_FIELDS].index("minibatch")
+    ints[STEP_WORDS + MB_WORDS * 1 + field] = 2  # microbatch 1 claims mini-batch 2: a skipped number
+    with pytest.raises(ValueError, match="do not run 0, 1"):
+        decode_step(dataclasses.replace(wire, ints=ints), verify=False)

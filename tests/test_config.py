@@ -38,6 +38,11 @@ def test_strings_become_enum_members_and_compare_equal():
         ({"scheduler_options": [1]}, SeqpackTypeError, "scheduler_options must be a mapping, got list"),
         ({"cost": model_preset("llama3-8b")}, SeqpackTypeError, r"got ModelSpec \(ModelSpec.cost_model\(\) gives one\)"),
         ({"flops_fn": 3}, SeqpackTypeError, "flops_fn must be callable, got int"),
+        ({"minibatches": 0}, ConfigError, "minibatches must be a positive integer, got 0"),
+        ({"minibatches": 2.0}, SeqpackTypeError, "minibatches must be a positive integer, got 2.0"),
+        ({"minibatches": 5}, ConfigError, "minibatches=5 is more than samples_per_rank=4"),
+        ({"minibatches": 2, "dynamic_cp": True, "group_cost": {"ring_step": 1.0}}, ConfigError,
+         "minibatches=2 is not supported with dynamic_cp=True"),
     ],
 )
 def test_bad_values_are_named(kw, error, message):
@@ -68,8 +73,14 @@ def test_fingerprint_covers_every_field_that_changes_the_data():
         {"scheduler_options": {"order": "pipeline"}},
         {"scheduler": "dp_balanced"},
         {"cost": CostModel(1.0, 0.0)},
+        {"minibatches": 2},
     ):
         assert base.replace(**change).fingerprint() != base.fingerprint(), change
+
+
+def test_one_minibatch_keeps_the_fingerprint_of_states_saved_before_the_option():
+    assert "minibatches" not in _config().summary() and _config(minibatches=1).fingerprint() == _config().fingerprint()
+    assert _config(minibatches=3).summary()["minibatches"] == "3"
 
 
 def test_resolve_pad_multiple_against_the_topology():

@@ -25,6 +25,8 @@ class StepOk:
     position_ids: bool = False  # samples carried their own position_ids (sent on the wire)
     num_loss_tokens: int | None = None  # supervised tokens of the global step (every microbatch's count set too)
     group_starts: tuple[int, ...] | None = None  # dynamic CP: plane rank each microbatch's CP group starts at
+    minibatch_bounds: tuple[int, ...] | None = None  # k + 1 microbatch offsets of the mini-batches (None: one)
+    minibatch_loss_tokens: tuple[int, ...] | None = None  # supervised tokens of each mini-batch (when counted)
     status: ClassVar[Status] = Status.OK
 
     @property

@@ -25,6 +25,8 @@ sent: receivers rebuild them from ``cu_seqlens*`` and cut their CP shard. A layo
 ``labels``, ``loss_mask`` are ``None``. With flag 4 the headers' ``num_loss_tokens`` carry the
 step's and each microbatch's loss-token counts. Under dynamic CP each microbatch row says
 where its CP group starts (``StepOk.group_starts``); a receiver maps it to its own group.
+Each microbatch row also names its mini-batch and that mini-batch's loss-token count
+(``StepOk.minibatch_bounds``, ``minibatch_loss_tokens``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch
 from seqpack.collective.agree import Status
 from seqpack.collective.fields import Header, headers_markdown
 from seqpack.collective.messages import StepEnd, StepError, StepMessage, StepOk
+from seqpack.collective.wire_minibatches import decode_minibatches, minibatch_rows
 from seqpack.collective.wire_plan import decode_plan, plan_header, plan_payload
 from seqpack.errors import ConfigError, WireError
 from seqpack.options import CpLayout
@@ -63,8 +66,9 @@ __all__ = [
     "wire_format_markdown",
 ]
 
-FORMAT_VERSION = 6  # 2: error_rank; 3: schedule origin; 4: loss-token counts, per-sample gather columns; 5: CP layout;
-# 6: dynamic CP (plan_kind, the groups' counts, CP size / rank / group start per microbatch)
+FORMAT_VERSION = 7  # 2: error_rank; 3: schedule origin; 4: loss-token counts, per-sample gather columns; 5: CP layout;
+# 6: dynamic CP (plan_kind, the groups' counts, CP size / rank / group start per microbatch); 7: mini-batch and its
+# loss-token count per microbatch
 
 
 class Kind(IntEnum):
@@ -119,6 +123,8 @@ MICROBATCH_FIELDS: tuple[tuple[str, str], ...] = (
     ("cp_size", "CP size of the shard (under dynamic CP its group's size)"),
     ("cp_rank", "CP rank of the shard"),
     ("group_start", "dp x cp plane rank its CP group starts at (plan_kind 1; else 0)"),
+    ("minibatch", "mini-batch j of the microbatch (0, 1, ... in order; all 0 with one mini-batch)"),
+    ("minibatch_loss_tokens", "supervised tokens of mini-batch j, every replica (flag 4; else 0)"),
 )
 
 
@@ -234,18 +240,12 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
     cp_layout = batches[0].cp_layout if batches else CpLayout.DUALCHUNK
     step["cp_layout"] = list(CpLayout).index(CpLayout(cp_layout))
     starts = msg.group_starts if dynamic and msg.group_starts is not None else (0,) * len(batches)
+    which, mb_counts = minibatch_rows(msg)
     per_mb = np.zeros(len(batches), dtype=MICROBATCH)
     for m, b in enumerate(batches):
         count = b.num_loss_tokens if counted else 0
-        per_mb[m] = (
-            int(b.cu_seqlens_padded[-1]),
-            b.num_sequences,
-            b.max_seqlen,
-            count,
-            b.cp_size,
-            b.cp_rank,
-            starts[m],
-        )
+        layout = (int(b.cu_seqlens_padded[-1]), b.num_sequences, b.max_seqlen, count, b.cp_size, b.cp_rank)
+        per_mb[m] = (*layout, starts[m], which[m], mb_counts[m])
     header = [_words(step), _words(per_mb)]
     payload = [torch.from_numpy(array) for array in plan_payload(sched)]
     for b in batches:
@@ -407,6 +407,7 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
         group_starts=tuple(int(mb["group_start"]) for mb in per_mb)
         if isinstance(schedule, DynamicCpSchedule)
         else None,
+        **decode_minibatches(per_mb, counted),
     )
 
 

@@ -149,6 +149,12 @@ class PackingConfig:
     """Every DP replica trains the same number of sequences each step (verl's
     ``equal_size``); with groups, as many groups of one size. A step where that cannot be
     (a count ``dp`` does not divide, groups of different sizes) fails naming the counts."""
+    minibatches: int = 1
+    """Mini-batches per step (PPO / GRPO optimizer steps over one rollout batch, verl's
+    ``keep_minibatch``): every DP rank's sequences are cut in read order into this many
+    contiguous mini-batches, each balanced over DP on its own, no sample crossing; a Step's
+    microbatches are theirs in order (``Step.minibatch_bounds``, ``Step.minibatches``,
+    ``Step.minibatch_loss_tokens``). At most ``samples_per_rank``; not with ``dynamic_cp``."""
 
     def __post_init__(self) -> None:
         for name in ("samples_per_rank", "max_tokens_per_rank"):
@@ -184,6 +190,7 @@ class PackingConfig:
             object.__setattr__(self, "sync", check_choice("sync", self.sync, Sync))
         self._check_calibrate()
         self._check_dynamic_cp()
+        self._check_minibatches()
 
     def _check_calibrate(self) -> None:
         if not isinstance(self.calibrate, (bool, CostCalibrator, GroupCostCalibrator)):
@@ -193,6 +200,19 @@ class PackingConfig:
             )
         if isinstance(self.calibrate, GroupCostCalibrator) and not self.dynamic_cp:
             raise ConfigError("calibrate=GroupCostCalibrator(...) fits a dynamic CP group cost: pass dynamic_cp=True")
+
+    def _check_minibatches(self) -> None:
+        object.__setattr__(self, "minibatches", check_positive_int("minibatches", self.minibatches, maximum=INT64_MAX))
+        if self.minibatches > self.samples_per_rank:
+            raise ConfigError(
+                f"minibatches={self.minibatches} is more than samples_per_rank={self.samples_per_rank}: each DP "
+                "rank's samples of a step are cut into that many mini-batches, so some would hold none"
+            )
+        if self.minibatches > 1 and self.dynamic_cp:
+            raise ConfigError(
+                f"minibatches={self.minibatches} is not supported with dynamic_cp=True yet: its planner does not "
+                "plan mini-batches apart; pass minibatches=1 or dynamic_cp=False"
+            )
 
     def _check_dynamic_cp(self) -> None:
         """The dynamic-CP options; what it does not combine with yet is refused by name."""
@@ -310,6 +330,7 @@ class PackingConfig:
             **({"cp_layout": str(self.cp_layout)} if self.cp_layout != CpLayout.DUALCHUNK else {}),
             **({"group_microbatch": "True"} if self.group_microbatch else {}),
             **({"equal_samples_per_replica": "True"} if self.equal_samples_per_replica else {}),
+            **({"minibatches": str(self.minibatches)} if self.minibatches != 1 else {}),
             **(
                 {"dynamic_cp": "True", "group_cost": repr(self.group_cost), "cp_group_sizes": str(self.cp_group_sizes)}
                 if self.dynamic_cp

@@ -37,6 +37,7 @@ from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
 from seqpack.schedulers.dynamic_cp.padding import longest_sequence
 from seqpack.schedulers.groups import schedule_groups
+from seqpack.schedulers.minibatches import schedule_minibatches
 from seqpack.thd import (
     SAMPLE_DTYPES,
     PackedBatch,
@@ -323,13 +324,17 @@ def schedule(
     topology: Topology,
     gathered: Gathered,
     cost: CostModel | None = None,
-) -> Schedule:
+) -> tuple[Schedule, list[int]]:
     """The step's schedule, identical on every rank (``cost``: the calibrated model, which
-    replaces ``config.cost``; ``config.sync`` says what the step waits for).
+    replaces ``config.cost``; ``config.sync`` says what the step waits for), and the
+    microbatch offsets of its ``config.minibatches`` mini-batches (``[0, M]`` for one):
+    with mini-batches, every DP rank's sequences are cut in read order into contiguous
+    mini-batches, each planned alone (:func:`~seqpack.schedulers.minibatches.schedule_minibatches`).
 
     Raises:
         ScheduleError: The scheduler refused the lengths (an oversize sequence is located in
-            its rank's pool), or a scheduler bug (reported, never stranding a rank).
+            its rank's pool), a mini-batch without sequences, or a scheduler bug (reported,
+            never stranding a rank).
     """
     lengths = gathered.lengths
     assert config.pad_multiple is not None  # resolved by the wrapper
@@ -338,36 +343,33 @@ def schedule(
     columns = lengths.columns
     assert columns is not None
     grouped = SAMPLE_COLUMNS.column(columns, "grouped")
+    common: dict[str, Any] = dict(
+        dp_size=topology.dp_size,
+        cp_size=topology.cp_size,
+        max_tokens_per_rank=config.max_tokens_per_rank,
+        pad_multiple=config.pad_multiple,
+        cost=config.cost if cost is None else cost,
+        on_oversize=config.on_oversize,
+        origin=lengths.origin(),
+        **options,
+    )
+    group_args: dict[str, Any] = dict(
+        group_ids=SAMPLE_COLUMNS.column(columns, "group_id"),
+        grouped=grouped.astype(bool),
+        together=config.group_microbatch,
+        equal_counts=config.equal_samples_per_replica,
+    )
     try:
-        if grouped.any() or config.equal_samples_per_replica:  # keep groups on one replica
-            return schedule_groups(
-                scheduler,
-                lengths.lengths,
-                SAMPLE_COLUMNS.column(columns, "group_id"),
-                grouped.astype(bool),
-                dp_size=topology.dp_size,
-                cp_size=topology.cp_size,
-                max_tokens_per_rank=config.max_tokens_per_rank,
-                pad_multiple=config.pad_multiple,
-                cost=config.cost if cost is None else cost,
-                on_oversize=config.on_oversize,
-                origin=lengths.origin(),
-                together=config.group_microbatch,
-                equal_counts=config.equal_samples_per_replica,
-                **options,
+        if config.minibatches > 1:
+            return schedule_minibatches(
+                scheduler, lengths.lengths, minibatches=config.minibatches, **group_args, **common
             )
-        return scheduler.schedule(
-            lengths.lengths,
-            dp_size=topology.dp_size,
-            cp_size=topology.cp_size,
-            max_tokens_per_rank=config.max_tokens_per_rank,
-            pad_multiple=config.pad_multiple,
-            cost=config.cost if cost is None else cost,
-            on_oversize=config.on_oversize,
-            origin=lengths.origin(),
-            **options,
-        )
-    except ValueError as exc:
+        if grouped.any() or config.equal_samples_per_replica:  # keep groups on one replica
+            plan = schedule_groups(scheduler, lengths.lengths, **group_args, **common)
+        else:
+            plan = scheduler.schedule(lengths.lengths, **common)
+        return plan, [0, plan.num_microbatches]
+    except ValueError as exc:  # ConfigError included: a mini-batch without samples
         raise ScheduleError(f"{exc}{_locate_oversize(config, topology, lengths)}") from exc
     except Exception as exc:  # a scheduler bug must still reach every rank, not strand them
         raise ScheduleError(f"scheduler {scheduler!r} failed: {type(exc).__name__}: {exc}") from exc

@@ -57,6 +57,7 @@ from seqpack.loader.step import Step, StepTrace
 from seqpack.options import Axis, DataOwner
 from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
+from seqpack.schedulers.minibatches import minibatch_loss_tokens
 from seqpack.stats import StepStats
 from seqpack.thd import SAMPLES_NOT_BATCHES, PackedBatch
 from seqpack.topology import Topology
@@ -169,6 +170,7 @@ class StepProducer:
         if gathered.exhausted and (config.drop_last or total == 0):
             self.pool = []
             return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
+        bounds: list[int] | None = None
         with trace.phase("schedule"):
             self.calibration.choose_model(trace)
             try:
@@ -177,7 +179,7 @@ class StepProducer:
                     plan: Schedule | DynamicCpSchedule = self.dynamic.schedule(gathered, group_cost)
                 else:
                     assert not isinstance(trace.model, GroupCost)
-                    plan = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
+                    plan, bounds = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
             except ScheduleError as exc:
                 return self._error(step, f"step {step}: {exc}", exc)
             fingerprint = self.calibration.fingerprint(plan, trace)
@@ -195,8 +197,20 @@ class StepProducer:
             return batches
         loss_tokens = phases.step_loss_tokens(plan, gathered.loss_tokens)
         starts = self.dynamic.group_starts(plan) if isinstance(plan, DynamicCpSchedule) and self.dynamic else None
+        minibatches: dict[str, Any] = {}
+        if bounds is not None and len(bounds) > 2:  # mini-batches: their bounds and counts travel with the step
+            assert isinstance(plan, Schedule)
+            counts = minibatch_loss_tokens(plan, bounds, gathered.loss_tokens)
+            minibatches = dict(minibatch_bounds=tuple(bounds), minibatch_loss_tokens=tuple(counts))
         return StepOk(
-            step, plan, batches, gathered.empty_samples, positions, num_loss_tokens=loss_tokens, group_starts=starts
+            step,
+            plan,
+            batches,
+            gathered.empty_samples,
+            positions,
+            num_loss_tokens=loss_tokens,
+            group_starts=starts,
+            **minibatches,
         )
 
     def _place(
@@ -354,6 +368,8 @@ class StepProducer:
             stats=stats,
             step=msg.step,
             num_loss_tokens=msg.num_loss_tokens,
+            minibatch_bounds=list(msg.minibatch_bounds or (0, plan.num_microbatches)),
+            minibatch_loss_tokens=_minibatch_counts(msg),
             schedule=plan,
             schedule_fingerprint=plan.fingerprint(),
             timings=trace.timings,
@@ -392,6 +408,13 @@ class StepProducer:
         if saved.scheduler is not None and isinstance(self.scheduler, Stateful):
             self.scheduler.load_state_dict(saved.scheduler)
         self.calibration.load_state_dict(saved.calibration)
+
+
+def _minibatch_counts(msg: StepOk) -> list[int] | None:
+    """Supervised tokens of each mini-batch of ``msg`` (one: the step's), ``None`` uncounted."""
+    if msg.minibatch_loss_tokens is not None:
+        return list(msg.minibatch_loss_tokens)
+    return None if msg.num_loss_tokens is None else [msg.num_loss_tokens]
 
 
 def _with_status(msg: StepMessage, status: Status, error: str | None, rank: int | None) -> StepMessage:

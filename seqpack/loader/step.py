@@ -51,6 +51,11 @@ class Step:
             microbatch, all CP shards), the same on every rank: divide the summed token
             losses by it for the step's per-token loss (docs/wrapper.md, "Loss"). Each
             microbatch's own count is its ``num_loss_tokens``.
+        minibatch_bounds: ``k + 1`` microbatch offsets of the step's mini-batches
+            (``PackingConfig.minibatches``; ``[0, num_microbatches]`` for one), the same on
+            every rank: microbatches ``bounds[j]:bounds[j + 1]`` are mini-batch ``j``'s.
+        minibatch_loss_tokens: Supervised tokens of each mini-batch (every DP replica), the
+            same on every rank: what each optimizer step's summed token losses are divided by.
     """
 
     num_microbatches: int
@@ -62,11 +67,19 @@ class Step:
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     exchange_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
     num_loss_tokens: int | None = None
+    minibatch_bounds: list[int] = dataclasses.field(default_factory=list)
+    minibatch_loss_tokens: list[int] | None = None
     _recorder: Callable[[int, Sequence[float] | np.ndarray, int], None] | None = dataclasses.field(
         default=None, repr=False, compare=False
     )
     _topology: Topology | None = dataclasses.field(default=None, repr=False, compare=False)
     _cp_groups: CpGroups | None = dataclasses.field(default=None, repr=False, compare=False)  # dynamic CP's CpGroups
+
+    @property
+    def minibatches(self) -> list[list[PackedBatch]]:
+        """This rank's microbatches of each mini-batch, in order (:attr:`minibatch_bounds`)."""
+        bounds = self.minibatch_bounds or [0, len(self.microbatches)]
+        return [self.microbatches[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
     @property
     def origin_ids(self) -> np.ndarray:

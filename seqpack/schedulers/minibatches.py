@@ -11,6 +11,7 @@ mini-batch ``j``'s, run before its optimizer step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from seqpack.schedulers.base import Schedule, Scheduler, as_lengths, as_origin
 from seqpack.schedulers.groups import group_units, schedule_groups
 from seqpack.validation import check_positive_int
 
-__all__ = ["minibatch_of", "schedule_minibatches"]
+__all__ = ["minibatch_loss_tokens", "minibatch_of", "schedule_minibatches"]
 
 
 def minibatch_of(origin: np.ndarray, minibatches: int, unit: np.ndarray | None = None) -> np.ndarray:
@@ -58,8 +59,14 @@ def schedule_minibatches(
     group_ids: np.ndarray | None = None,
     grouped: np.ndarray | None = None,
     together: bool = False,
+    equal_counts: bool = False,
+    sync: str | None = None,
 ) -> tuple[Schedule, list[int]]:
     """One schedule of ``minibatches`` mini-batches, each planned alone (module docstring).
+
+    ``equal_counts`` (every replica trains as many sequences in each mini-batch) and
+    ``together`` are :func:`~seqpack.schedulers.groups.schedule_groups`'s; ``sync`` is passed
+    to the scheduler when set.
 
     Returns:
         ``(schedule, starts)``: ``starts`` (``minibatches + 1`` values) bounds each
@@ -87,8 +94,12 @@ def schedule_minibatches(
         if not ids.size:
             raise ConfigError(f"mini-batch {j} of {minibatches} holds no sample: read more samples per step")
         common: dict[str, Any] = dict(cost=cost, on_oversize=on_oversize, origin=origin_arr[ids], **limits)
-        if has_groups:
-            part = schedule_groups(scheduler, original[ids], gids[ids], flags[ids], together=together, **common)
+        if sync is not None:  # only when set: a custom scheduler overriding schedule() may predate it
+            common["sync"] = sync
+        if has_groups or equal_counts:
+            part = schedule_groups(
+                scheduler, original[ids], gids[ids], flags[ids], together=together, equal_counts=equal_counts, **common
+            )
         else:
             part = scheduler.schedule(original[ids], **common)
         rounds.extend([[ids[cell] for cell in row] for row in part.assignment])
@@ -107,3 +118,13 @@ def schedule_minibatches(
         **limits,
     )
     return schedule, starts
+
+
+def minibatch_loss_tokens(plan: Schedule, starts: Sequence[int], loss_tokens: np.ndarray) -> list[int]:
+    """Supervised tokens of each mini-batch (microbatches ``starts[j]:starts[j + 1]`` of
+    every replica), from the gathered counts: what a PPO loop divides that mini-batch's
+    summed token losses by."""
+    out = []
+    for a, b in zip(starts[:-1], starts[1:], strict=True):
+        out.append(sum(int(loss_tokens[ids].sum()) for row in plan.assignment[a:b] for ids in row))
+    return out

@@ -235,12 +235,12 @@ def round_position(load: np.ndarray, order: str = "heavy_first") -> np.ndarray:
 
     ``"heavy_first"``: by round maximum, heaviest first. ``"pipeline"``: lightest rounds at
     both ends, alternating (lightest first, second lightest last, ...), heaviest in the
-    middle. Ties keep round order.
+    middle. Ties keep round order. ``"as_planned"``: the planner's round order.
     """
     order = check_choice("order", order, Order)
     m_count = load.shape[0]
-    if m_count == 0:
-        return np.zeros(0, dtype=np.int64)
+    if m_count == 0 or order == Order.AS_PLANNED:
+        return np.arange(m_count, dtype=np.int64)
     peak = load.max(axis=1)
     heavy_first = np.lexsort((np.arange(m_count), -peak))
     position = np.empty(m_count, dtype=np.int64)

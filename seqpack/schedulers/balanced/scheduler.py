@@ -29,8 +29,8 @@ class BalancedScheduler(Scheduler):
     """FLOPs-aware scheduler balancing replica totals and per-round maxima (module docs).
 
     Args:
-        order: ``"heavy_first"`` (default) or ``"pipeline"`` (light microbatches at both
-            ends, heavy ones in the middle).
+        order: ``"heavy_first"`` (default), ``"pipeline"`` (light microbatches at both
+            ends, heavy ones in the middle) or ``"as_planned"`` (the planner's round order).
         min_microbatches: At least this many microbatches (e.g. pipeline stages).
         microbatch_multiple: Microbatch count is a multiple of this.
         num_microbatches: Force exactly this many microbatches.
