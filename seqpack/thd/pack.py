@@ -414,8 +414,8 @@ def split_packed_sample(
 
     Raises:
         SeqpackTypeError: Offsets that are not integers (never truncated).
-        SampleError: No ``cu_seqlens``, offsets of unequal length, a real length outside its
-            slot, or a slot past the end of ``input_ids``.
+        SampleError: No ``cu_seqlens``, offsets of unequal length or not starting at 0, a
+            real length outside its slot, or a slot past the end of ``input_ids``.
     """
     check_mapping("sample", sample)
     if "cu_seqlens" not in sample:
@@ -425,6 +425,9 @@ def split_packed_sample(
     cu_padded = cu if padded is None else _flat_offsets(padded, "cu_seqlens_padded").cpu()
     if cu.shape != cu_padded.shape:
         raise SampleError(f"cu_seqlens has {cu.numel()} entries but cu_seqlens_padded has {cu_padded.numel()}")
+    for name, offsets in (("cu_seqlens", cu), ("cu_seqlens_padded", cu_padded)):
+        if offsets.numel() and int(offsets[0]) != 0:
+            raise SampleError(f"{name} must start at 0, got {offsets[:4].tolist()}")
     starts, ends = cu_padded[:-1], cu_padded[1:]
     lens = cu[1:] - cu[:-1]
     bad = torch.nonzero((lens < 0) | (starts + lens > ends) | (starts < 0)).flatten()

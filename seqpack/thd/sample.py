@@ -192,6 +192,8 @@ def normalize_sample(sample: Any, *, where: str = "sample") -> dict[str, torch.T
         raise SeqpackTypeError(f"{where} must be a mapping of 1-D tensors, got {type(sample).__name__}")
     ids = sample.get("input_ids")
     if ids is None:
+        if "input_ids" in sample:
+            raise SampleError(f"{where} has 'input_ids' set to None (a 1-D tensor of token ids is needed)")
         raise SampleError(f"{where} has no 'input_ids' (keys: {sorted(str(key) for key in sample)})")
     if type(ids) is not torch.Tensor or ids.dtype != torch.int64 or ids.dim() != 1:
         ids = _normalize_field(ids, "input_ids", where)

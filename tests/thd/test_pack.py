@@ -14,6 +14,7 @@ from seqpack.thd import (
     pad_multiple_for,
     padded_lengths,
     padding_only_batch,
+    sample_sequences,
     shard_for_cp,
     split_packed_sample,
 )
@@ -251,6 +252,18 @@ def test_split_packed_sample_offsets_must_be_integers_and_consistent():
     # A collate's [1, N+1] offsets are still read as one pack.
     parts = split_packed_sample({"input_ids": ids, "cu_seqlens": torch.tensor([[0, 3, 8]])})
     assert [p["input_ids"].tolist() for p in parts] == [[1, 2, 3], [4, 5, 6, 7, 8]]
+
+
+def test_split_packed_sample_refuses_offsets_not_starting_at_0():
+    # Issue 24 item 5: [2, 4] on 4 tokens used to keep 2 and drop the leading 2 silently.
+    ids = torch.arange(1, 5)
+    with pytest.raises(SampleError, match=r"cu_seqlens must start at 0, got \[2, 4\]"):
+        split_packed_sample({"input_ids": ids, "cu_seqlens": [2, 4]})
+    with pytest.raises(SampleError, match=r"cu_seqlens_padded must start at 0, got \[1, 4\]"):
+        split_packed_sample({"input_ids": ids, "cu_seqlens": [0, 3], "cu_seqlens_padded": [1, 4]})
+    # The wrapper's path names the sample.
+    with pytest.raises(SampleError, match=r"sample 7 is pre-packed.*cu_seqlens must start at 0, got \[2, 4\]"):
+        sample_sequences({"input_ids": ids, "cu_seqlens": [2, 4]}, where="sample 7")
 
 
 # --- batch_from_layout ----------------------------------------------------------------------

@@ -143,7 +143,11 @@ def test_loss_mask_refuses_non_numbers():
             SampleError,
             rf"{WHERE} has no 'input_ids' \(keys: \['loss_mask', 'tokens'\]\)",
         ),
-        ({"input_ids": None}, SampleError, "has no 'input_ids'"),
+        (
+            {"input_ids": None},
+            SampleError,
+            rf"{WHERE} has 'input_ids' set to None \(a 1-D tensor of token ids is needed\)",
+        ),
         ({"input_ids": 5}, SeqpackTypeError, r"'input_ids' must be a 1-D tensor, numpy array or list, got int"),
         ({"input_ids": "abc"}, SeqpackTypeError, r"got str"),
         (
