@@ -11,7 +11,6 @@ from seqpack.schedulers import BalancedScheduler
 from seqpack.schedulers.base import predicted_step_time
 
 
-@pytest.mark.xfail(strict=True, reason="lead fixes in schedulers restructure")
 def test_schedule_of_other_lengths_is_a_clear_error():
     schedule = BalancedScheduler().schedule(np.array([100, 200, 300, 400]), dp_size=2, max_tokens_per_rank=512)
     other = dataclasses.replace(schedule, lengths=np.array([100, 200]))
