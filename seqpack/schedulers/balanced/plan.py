@@ -29,6 +29,7 @@ from seqpack.schedulers.balanced.layout import (
     round_targets,
 )
 from seqpack.schedulers.balanced.repair import _repair
+from seqpack.schedulers.balanced.replicas import keep_lighter
 from seqpack.schedulers.objective import round_sum_lower_bound
 from seqpack.validation import check_choice
 
@@ -82,6 +83,10 @@ def _plan_at(
         round_of, replica_of, load, tokens, moves = _repair(
             round_of, replica_of, load, tokens, padded, costs, order, dp_size, capacity, max_repair_moves, objective
         )
+        if objective == Objective.REPLICAS:  # heavy tails: partitioning replicas first may do better
+            round_of, replica_of, load, tokens, moves = keep_lighter(
+                (round_of, replica_of, load, tokens, moves), padded, costs, order, dp_size, capacity, max_repair_moves
+            )
     # Each replica's microbatches heaviest first: the alignment that minimizes sum_m max_d.
     round_of, load, tokens = heaviest_first(round_of, replica_of, load, tokens)
     gap = 0.0
