@@ -45,6 +45,17 @@ def test_heavy_tail_per_replica_within_two_percent(m):
     assert busiest_over_bound(schedule, lengths) <= 1.02
 
 
+def test_heavy_tail_forced_tight_count_takes_the_lighter_plan():
+    # At 2 microbatches the tokens fill 91% of the capacity: the replica-first plan is 9%
+    # above the bound (the grid 13%); forced, the lighter one is taken.
+    lengths = heavy_tail(6)
+    schedule = get_scheduler("balanced", num_microbatches=2).schedule(
+        lengths, dp_size=32, max_tokens_per_rank=32768, cost=COST, sync="replica"
+    )
+    schedule.validate(lengths)
+    assert busiest_over_bound(schedule, lengths) < 1.1
+
+
 def test_heavy_tail_seeds_within_two_percent():
     for seed in (0, 3, 7):
         lengths = heavy_tail(seed)

@@ -14,8 +14,9 @@ microbatch, ``balanced`` asks this module:
   interchangeable, so only one of them is tried; a sequence as long as the previous one
   goes to a bin of no lower index), pruning a branch as soon as the room no remaining
   sequence can use exceeds the slack (a bin's whole room below the shortest sequence; in a
-  bin that can take one or two more at most, the room the fullest such fill would leave). It finds a packing, proves that none
-  exists, or gives up after a bounded amount of work (``max_work`` bin visits, ~1-10 ms).
+  bin that can take one or two more at most, the room the fullest such fill would leave).
+  It finds a packing, proves that none exists, or gives up after a bounded amount of work
+  (``max_work`` bin visits, ~1-10 ms).
 
 Every result is deterministic (no randomness, ties by index).
 """

@@ -1,7 +1,8 @@
 """Replica-first planning for ``objective="replicas"`` (``sync="replica"``): when the
 grid plan (bins first, then replicas, then the repair) leaves the busiest replica above
 its bound, partition the sequences into replicas first and pack each replica's
-microbatches as it goes, and keep whichever plan has the lighter busiest replica.
+microbatches as it goes, and keep it when its busiest replica is lighter and within 1% of
+the bound (:func:`keep_lighter`).
 
 Why: the grid deals whole bins to replicas, and the repair then moves single sequences off
 the busiest replica within a bounded number of moves. Under heavy tails (a few sequences
@@ -18,7 +19,7 @@ import numpy as np
 
 from seqpack._lazy import lazy_module
 from seqpack.options import Objective
-from seqpack.schedulers.balanced.layout import _GOOD_ENOUGH, _grid
+from seqpack.schedulers.balanced.layout import _GAP_FOR_MORE, _GOOD_ENOUGH, _grid
 from seqpack.schedulers.balanced.repair import Repaired, _repair
 
 _kernel = lazy_module("seqpack.schedulers.balanced._replica_first")  # numba: imported on first use
@@ -70,10 +71,21 @@ def keep_lighter(
     dp_size: int,
     capacity: int,
     max_moves: int,
+    *,
+    forced: bool = False,
 ) -> Repaired:
     """The repaired grid plan ``grid``, or the replica-first plan (repaired the same way)
-    when its busiest replica is lighter. Tried only when the grid's busiest replica is more
-    than 0.1% above ``max(total / dp, costliest sequence)``."""
+    when its busiest replica is lighter and within 1% of the bound ``max(total / dp,
+    costliest sequence)``. Tried only when the grid's busiest replica is more than 0.1%
+    above the bound.
+
+    Within 1%: no larger microbatch count can then predict a step 1% faster, so the count
+    search (:func:`seqpack.schedulers.balanced.plan._more_rounds`) ends where it would have
+    ended with a plan at the bound. A replica-first plan further off (capacity binds: its
+    microbatches are nearly full) is not taken, so that the search still tries more
+    microbatches, where the grid or the replica-first plan gets closer. With ``forced``
+    (``num_microbatches`` given: there is no count search), any lighter plan is taken.
+    """
     round_of, replica_of, load, _, _ = grid
     bound = max(float(costs.sum()) / dp_size, float(costs.max()))
     busiest = float(load.sum(axis=0).max())
@@ -99,4 +111,6 @@ def keep_lighter(
         max_moves,
         Objective.REPLICAS,
     )
-    return candidate if float(candidate[2].sum(axis=0).max()) < busiest else grid
+    lighter = float(candidate[2].sum(axis=0).max())
+    close = forced or lighter <= (1 + _GAP_FOR_MORE) * bound
+    return candidate if lighter < busiest and close else grid
