@@ -11,9 +11,12 @@ microbatch, ``balanced`` asks this module:
   it can possibly fit;
 * :func:`pack_bins`: a depth-first search that places sequences longest first, each into a
   bin of each distinct free room in turn (best fit first; bins with equal room are
-  interchangeable, so only one of them is tried), pruning a branch as soon as the room no
-  remaining sequence can use exceeds the slack. It finds a packing, proves that none
-  exists, or gives up after a bounded amount of work (``max_work`` bin visits, ~1-10 ms).
+  interchangeable, so only one of them is tried; a sequence as long as the previous one
+  goes to a bin of no lower index), pruning a branch as soon as the room no remaining
+  sequence can use exceeds the slack (a bin's whole room below the shortest sequence; in a
+  bin that can take one or two more at most, the room the fullest such fill would leave).
+  It finds a packing, proves that none exists, or gives up after a bounded amount of work
+  (``max_work`` bin visits, ~1-10 ms).
 
 Every result is deterministic (no randomness, ties by index).
 """

@@ -29,6 +29,7 @@ from seqpack.schedulers.balanced.layout import (
     round_targets,
 )
 from seqpack.schedulers.balanced.repair import _repair
+from seqpack.schedulers.balanced.replicas import keep_lighter
 from seqpack.schedulers.objective import round_sum_lower_bound
 from seqpack.validation import check_choice
 
@@ -46,9 +47,11 @@ def _plan_at(
     max_repair_moves: int,
     objective: str = "both",
     sync: str | None = None,
+    forced: bool = False,
 ) -> BalancedPlan | None:
     """The plan with exactly ``num_rounds`` rounds, or None when neither a bin rule nor
-    the exact search (:func:`seqpack.schedulers.balanced.exact.pack_bins`) packs the sequences."""
+    the exact search (:func:`seqpack.schedulers.balanced.exact.pack_bins`) packs the sequences.
+    ``forced``: the count was given (no count search follows; :func:`keep_lighter`)."""
     targets = np.repeat(round_targets(costs[order], dp_size, num_rounds), dp_size)
     for mode in (_kernels.MODE_COST, _kernels.MODE_TOKENS, _kernels.MODE_FIRST_FIT):
         ok, bin_of, bin_load, _ = _kernels.grid_lpt(order, padded, costs, targets, capacity, mode)
@@ -82,6 +85,17 @@ def _plan_at(
         round_of, replica_of, load, tokens, moves = _repair(
             round_of, replica_of, load, tokens, padded, costs, order, dp_size, capacity, max_repair_moves, objective
         )
+        if objective == Objective.REPLICAS:  # heavy tails: partitioning replicas first may do better
+            round_of, replica_of, load, tokens, moves = keep_lighter(
+                (round_of, replica_of, load, tokens, moves),
+                padded,
+                costs,
+                order,
+                dp_size,
+                capacity,
+                max_repair_moves,
+                forced=forced,
+            )
     # Each replica's microbatches heaviest first: the alignment that minimizes sum_m max_d.
     round_of, load, tokens = heaviest_first(round_of, replica_of, load, tokens)
     gap = 0.0
@@ -150,7 +164,9 @@ def plan_balanced(
     bins_needed = _exact.bin_lower_bound(padded, capacity)
     fewest = -(-bins_needed // dp_size)
     if num_microbatches is not None:
-        plan = _plan_at(padded, costs, order, dp_size, capacity, num_microbatches, constant, repair, objective, sync)
+        plan = _plan_at(
+            padded, costs, order, dp_size, capacity, num_microbatches, constant, repair, objective, sync, forced=True
+        )
         if plan is None:
             raise _cannot_hold(padded, dp_size, capacity, num_microbatches, bins_needed)
         return dataclasses.replace(plan, bin_lower_bound=fewest)

@@ -1,0 +1,166 @@
+"""Issue 24, items 11 and 12: heavy tails per replica, and verl-like tight packings.
+
+Item 11: 4,096 lengths ``128 x (1 + Pareto(1.3))`` clipped to [16, 32768], 32 replicas,
+32,768 tokens per microbatch, cost ``24576*s + s**2``, ``sync="replica"``, forced microbatch
+counts 2-6 (a count the sequences do not fit is skipped). Printed: busiest replica /
+``max(total / dp, costliest sequence)`` and the plan time (median of 3), with the
+replica-first plan (after) and with it switched off, i.e. the repaired grid alone (before),
+in the same run; and LPT over replicas without capacity, for reference.
+
+Item 12: verl's ``test_seqlen_balancing_distributed_params`` batch of rank 1 (25 sequences of
+50-90 valid tokens, ``max_token_len=300``, ``min_num_micro_batch=4``; verl draws the lengths
+from numpy's unseeded global generator, so here seeds 0..N-1): how many batches ``balanced``
+gives more microbatches than the fewest that hold them (found by the exact search with a
+work limit 250x the default), and the plan time. The search itself cannot be switched off in
+one run: run this script on the tree before the change for the "before" row.
+
+    python benchmarks/heavy_tail.py [--seeds 8] [--verl 2000]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from seqpack.cost import CostModel  # noqa: E402
+from seqpack.errors import ScheduleError  # noqa: E402
+from seqpack.schedulers import Schedule, get_scheduler  # noqa: E402
+from seqpack.schedulers.balanced import plan as balanced_plan  # noqa: E402
+from seqpack.schedulers.balanced.exact import FOUND, bin_lower_bound, pack_bins  # noqa: E402
+
+COST = CostModel(24576.0, 1.0)
+DP, CAPACITY = 32, 32768
+
+
+def heavy_tail(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.clip((128 * (1 + rng.pareto(1.3, 4096))).astype(np.int64), 16, CAPACITY)
+
+
+def busiest(schedule: Schedule, costs: np.ndarray) -> float:
+    totals = np.zeros(schedule.dp_size)
+    for row in schedule.assignment:
+        for d, ids in enumerate(row):
+            totals[d] += costs[ids].sum()
+    return float(totals.max())
+
+
+@contextmanager
+def grid_only() -> Iterator[None]:
+    """The plan before the change: the repaired grid, no replica-first plan."""
+    original = getattr(balanced_plan, "keep_lighter", None)
+    if original is None:  # the tree before the change has no replica-first plan
+        yield
+        return
+    balanced_plan.keep_lighter = lambda grid, *args, **kwargs: grid  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        balanced_plan.keep_lighter = original
+
+
+def timed_ratio(lengths: np.ndarray, m: int, bound: float, costs: np.ndarray) -> tuple[float, float]:
+    sched = get_scheduler("balanced", num_microbatches=m)
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        schedule = sched.schedule(lengths, dp_size=DP, max_tokens_per_rank=CAPACITY, cost=COST, sync="replica")
+        times.append(time.perf_counter() - t)
+    schedule.validate(lengths)
+    return busiest(schedule, costs) / bound, 1e3 * statistics.median(times)
+
+
+def lpt(costs: np.ndarray) -> float:
+    totals = np.zeros(DP)
+    for c in np.sort(costs)[::-1]:
+        totals[np.argmin(totals)] += c
+    return float(totals.max())
+
+
+def item_11(seeds: int) -> None:
+    print("# item 11: busiest replica / bound (plan ms), sync='replica', forced microbatches")
+    print(f"{'seed':>4} {'M':>2} {'fill':>5} {'before':>16} {'after':>16} {'LPT (no capacity)':>18}")
+    worst = {"before": 1.0, "after": 1.0}
+    loose = {"before": 1.0, "after": 1.0}  # where the tokens fill at most 90% of the capacity
+    for seed in range(seeds):
+        lengths = heavy_tail(seed)
+        costs = COST.cost(lengths)
+        bound = max(float(costs.sum()) / DP, float(costs.max()))
+        reference = lpt(costs) / bound
+        for m in range(2, 7):
+            try:
+                with grid_only():
+                    before, t_before = timed_ratio(lengths, m, bound, costs)
+                after, t_after = timed_ratio(lengths, m, bound, costs)
+            except ScheduleError:
+                continue  # the sequences need more microbatches
+            fill = float(lengths.sum()) / (DP * m * CAPACITY)
+            for key, value in (("before", before), ("after", after)):
+                worst[key] = max(worst[key], value)
+                if fill <= 0.9:
+                    loose[key] = max(loose[key], value)
+            print(
+                f"{seed:>4} {m:>2} {fill:>5.0%} {before:>8.4f} ({t_before:5.1f}) {after:>8.4f} ({t_after:5.1f}) "
+                f"{reference:>18.4f}"
+            )
+    print(f"# worst: before {worst['before']:.4f}, after {worst['after']:.4f}")
+    print(
+        f"# worst where the tokens fill <= 90% of the microbatches: before {loose['before']:.4f}, "
+        f"after {loose['after']:.4f} (goal <= 1.02)"
+    )
+
+
+def verl_lengths(seed: int) -> np.ndarray:
+    rs = np.random.RandomState(seed)
+    lengths = []
+    for _ in range(25):
+        rs.randint(0, 11)  # left padding
+        lengths.append(int(rs.randint(50, 91)))
+    return np.array(lengths, dtype=np.int64)
+
+
+def item_12(batches: int) -> None:
+    sched = get_scheduler("balanced", min_microbatches=4)
+    more, times, fewest_total = 0, [], 0
+    for seed in range(batches):
+        lengths = verl_lengths(seed)
+        fewest = max(4, bin_lower_bound(lengths, 300))
+        while pack_bins(lengths, fewest, 300, max_work=1_000_000_000)[0] != FOUND:
+            fewest += 1
+        t = time.perf_counter()
+        got = sched.schedule(lengths, dp_size=1, max_tokens_per_rank=300).num_microbatches
+        times.append(time.perf_counter() - t)
+        more += got > fewest
+        fewest_total += fewest
+    print(
+        f"# item 12: {batches} verl-like batches: balanced used more microbatches than the fewest in {more} "
+        f"(mean fewest {fewest_total / batches:.2f}); plan ms median {1e3 * statistics.median(times):.2f}, "
+        f"max {1e3 * max(times):.1f}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=8, help="heavy-tail batches (seeds 0..N-1)")
+    parser.add_argument("--verl", type=int, default=2000, help="verl-like batches (seeds 0..N-1)")
+    args = parser.parse_args()
+    print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, numpy {np.__version__}")
+    get_scheduler("balanced").schedule([1, 2, 3], dp_size=2, max_tokens_per_rank=8)  # compile outside timings
+    item_11(args.seeds)
+    item_12(args.verl)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""Replica-first planning for ``objective="replicas"`` (``sync="replica"``): when the
+grid plan (bins first, then replicas, then the repair) leaves the busiest replica above
+its bound, partition the sequences into replicas first and pack each replica's
+microbatches as it goes, and keep it when its busiest replica is lighter and within 1% of
+the bound (:func:`keep_lighter`).
+
+Why: the grid deals whole bins to replicas, and the repair then moves single sequences off
+the busiest replica within a bounded number of moves. Under heavy tails (a few sequences
+that fill a microbatch and cost as much as a whole replica's share) each replica holding
+one of them also gets full bins in its other rounds, and the repair must move hundreds of
+short sequences one at a time; it stops at its move budget ~10% above the bound.
+Longest-processing-time over replicas (each sequence, costliest first, to the lightest
+replica with a microbatch it fits, best fit inside) reaches the bound there directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqpack._lazy import lazy_module
+from seqpack.options import Objective
+from seqpack.schedulers.balanced.layout import _GAP_FOR_MORE, _GOOD_ENOUGH, _grid
+from seqpack.schedulers.balanced.repair import Repaired, _repair
+
+_kernel = lazy_module("seqpack.schedulers.balanced._replica_first")  # numba: imported on first use
+
+__all__ = ["LPT_WORK", "keep_lighter", "replica_first"]
+
+LPT_WORK = 50_000_000  # heap steps and bin scans before the replica-first pass gives up
+
+
+def replica_first(
+    padded: np.ndarray,
+    costs: np.ndarray,
+    order: np.ndarray,
+    dp_size: int,
+    capacity: int,
+    num_rounds: int,
+    *,
+    max_work: int = LPT_WORK,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(round_of, replica_of)`` of the replica-first plan at ``num_rounds`` microbatches per
+    replica, or None when a sequence fits no microbatch left (or the work ran out).
+
+    Args:
+        padded: int64 padded lengths, each at most ``capacity``.
+        costs: float64 cost of each sequence.
+        order: Placement order, costliest first (longest first: cost grows with length).
+        dp_size, capacity, num_rounds: Replicas, tokens per microbatch, microbatches each.
+        max_work: Heap steps and bin scans before giving up.
+    """
+    if num_rounds <= 0 or dp_size <= 0 or padded.shape[0] == 0:
+        return None
+    ok, round_of, replica_of = _kernel.lpt(
+        np.ascontiguousarray(order, dtype=np.int64),
+        np.ascontiguousarray(padded, dtype=np.int64),
+        np.ascontiguousarray(costs, dtype=np.float64),
+        int(dp_size),
+        int(num_rounds),
+        int(capacity),
+        int(max_work),
+    )
+    return (round_of, replica_of) if ok else None
+
+
+def keep_lighter(
+    grid: Repaired,
+    padded: np.ndarray,
+    costs: np.ndarray,
+    order: np.ndarray,
+    dp_size: int,
+    capacity: int,
+    max_moves: int,
+    *,
+    forced: bool = False,
+) -> Repaired:
+    """The repaired grid plan ``grid``, or the replica-first plan (repaired the same way)
+    when its busiest replica is lighter and within 1% of the bound ``max(total / dp,
+    costliest sequence)``. Tried only when the grid's busiest replica is more than 0.1%
+    above the bound.
+
+    Within 1%: no larger microbatch count can then predict a step 1% faster, so the count
+    search (:func:`seqpack.schedulers.balanced.plan._more_rounds`) ends where it would have
+    ended with a plan at the bound. A replica-first plan further off (capacity binds: its
+    microbatches are nearly full) is not taken, so that the search still tries more
+    microbatches, where the grid or the replica-first plan gets closer. With ``forced``
+    (``num_microbatches`` given: there is no count search), any lighter plan is taken.
+    """
+    round_of, replica_of, load, _, _ = grid
+    bound = max(float(costs.sum()) / dp_size, float(costs.max()))
+    busiest = float(load.sum(axis=0).max())
+    if busiest <= (1 + _GOOD_ENOUGH) * bound:
+        return grid
+    found = replica_first(padded, costs, order, dp_size, capacity, load.shape[0])
+    if found is None:
+        return grid
+    new_round, new_replica = found
+    shape = load.shape
+    new_load = _grid(costs, new_round, new_replica, shape)
+    new_tokens = _grid(padded, new_round, new_replica, shape)
+    candidate = _repair(
+        new_round,
+        new_replica,
+        new_load,
+        new_tokens,
+        padded,
+        costs,
+        order,
+        dp_size,
+        capacity,
+        max_moves,
+        Objective.REPLICAS,
+    )
+    lighter = float(candidate[2].sum(axis=0).max())
+    close = forced or lighter <= (1 + _GAP_FOR_MORE) * bound
+    return candidate if lighter < busiest and close else grid
