@@ -15,8 +15,8 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-# Measured: 46 s of CPU (60 s wall) on a shared 2-core machine; 0.3 s warm (docs/scale.md).
-COLD_COMPILE_SECONDS = 45
+# Measured: 36 s of CPU on a 2-core machine (docs/scale.md); 0.3 s warm.
+COLD_COMPILE_SECONDS = 35
 
 _announced = False
 

@@ -99,7 +99,7 @@ def home_swaps(
     return changes
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _swap_pass(
     seqs: Seqs,
     grid: Grid,

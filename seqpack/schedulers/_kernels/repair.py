@@ -10,7 +10,7 @@ from seqpack.schedulers._kernels.heaps import _lightest, _total_down, _total_up
 from seqpack.schedulers._kernels.scan import first_cost_above, walk_next
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _top3(load: FloatArray, m: int, top_val: FloatArray, top_idx: IntArray) -> None:
     """Recompute the three largest loads of round ``m`` (ties: lower replica first)."""
     v0 = v1 = v2 = -np.inf
@@ -27,7 +27,7 @@ def _top3(load: FloatArray, m: int, top_val: FloatArray, top_idx: IntArray) -> N
     top_idx[m, 0], top_idx[m, 1], top_idx[m, 2] = i0, i1, i2
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _max_without(top_val: FloatArray, top_idx: IntArray, m: int, a: int, b: int) -> float:
     """Largest load of round ``m`` among replicas other than ``a`` and ``b``."""
     for k in range(3):
@@ -36,7 +36,7 @@ def _max_without(top_val: FloatArray, top_idx: IntArray, m: int, a: int, b: int)
     return -np.inf
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _round_sum_change(
     load: FloatArray, top_val: FloatArray, top_idx: IntArray, m: int, d1: int, m2: int, d2: int, delta: float
 ) -> float:
@@ -49,7 +49,7 @@ def _round_sum_change(
     return new - top_val[m, 0]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _sorted_members(head: int, nxt: IntArray, costs: FloatArray, buf: IntArray) -> int:
     """Items of one replica (its linked list) sorted by cost; returns how many."""
     k = 0
@@ -68,7 +68,7 @@ def _sorted_members(head: int, nxt: IntArray, costs: FloatArray, buf: IntArray) 
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _move(
     i: int,
     d_from: int,
@@ -109,7 +109,7 @@ def _move(
     round_of[i] = m_to
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _replica_lists(replica_of: IntArray, dp: int) -> tuple[IntArray, IntArray, IntArray]:
     """Items of every replica as doubly linked lists ``(head, prv, nxt)`` (moves are O(1))."""
     n = replica_of.shape[0]
@@ -125,7 +125,7 @@ def _replica_lists(replica_of: IntArray, dp: int) -> tuple[IntArray, IntArray, I
     return head, prv, nxt
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _total_heaps(total: FloatArray) -> tuple[IntArray, IntArray, IntArray, IntArray]:
     """Replicas in a min-heap and a max-heap of totals, with positions: ``(lo, lo_pos, hi,
     hi_pos)``."""
@@ -140,7 +140,7 @@ def _total_heaps(total: FloatArray) -> tuple[IntArray, IntArray, IntArray, IntAr
     return lo, lo_pos, hi, hi_pos
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _round_sum(top_val: FloatArray) -> float:
     """``S = sum_m max_d load[m, d]`` from the rounds' top loads."""
     round_sum = 0.0
@@ -149,7 +149,7 @@ def _round_sum(top_val: FloatArray) -> float:
     return round_sum
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _best_move(
     d1: int,
     light: IntArray,
@@ -203,7 +203,7 @@ def _best_move(
     return (best_gain, best_i, best_j, best_d2, best_m2), work
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _best_swap(
     d1: int,
     light: IntArray,
@@ -264,7 +264,7 @@ def _best_swap(
     return (best_gain, best_i, best_j, best_d2, best_m2), work
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _apply(
     change: tuple[float, int, int, int, int],
     d1: int,
