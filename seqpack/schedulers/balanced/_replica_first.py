@@ -6,39 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-
-@njit(cache=True)
-def _sift_down(heap: np.ndarray, total: np.ndarray, size: int, i: int) -> None:
-    """Restore the min-heap of replicas by total (ties: lower index) below position ``i``."""
-    while True:
-        left = 2 * i + 1
-        if left >= size:
-            return
-        child = left
-        right = left + 1
-        if right < size:
-            a, b = heap[right], heap[left]
-            if total[a] < total[b] or (total[a] == total[b] and a < b):
-                child = right
-        c, p = heap[child], heap[i]
-        if total[c] < total[p] or (total[c] == total[p] and c < p):
-            heap[i], heap[child] = c, p
-            i = child
-        else:
-            return
-
-
-@njit(cache=True)
-def _sift_up(heap: np.ndarray, total: np.ndarray, i: int) -> None:
-    """Restore the min-heap of replicas by total above position ``i``."""
-    while i > 0:
-        parent = (i - 1) // 2
-        c, p = heap[i], heap[parent]
-        if total[c] < total[p] or (total[c] == total[p] and c < p):
-            heap[i], heap[parent] = c, p
-            i = parent
-        else:
-            return
+from seqpack.schedulers._kernels.heaps import _total_down, _total_up
 
 
 @njit(cache=True)
@@ -62,7 +30,8 @@ def lpt(
     total = np.zeros(dp, dtype=np.float64)
     room = np.full((dp, num_rounds), capacity, dtype=np.int64)
     widest = np.full(dp, capacity, dtype=np.int64)  # largest room of each replica's bins
-    heap = np.arange(dp, dtype=np.int64)
+    heap = np.arange(dp, dtype=np.int64)  # a min-heap of replicas by total (ties: lower index)
+    pos = np.arange(dp, dtype=np.int64)  # kept up to date by the heap helpers, not read here
     aside = np.empty(dp, dtype=np.int64)
     round_of = np.full(sizes.shape[0], -1, dtype=np.int64)
     replica_of = np.full(sizes.shape[0], -1, dtype=np.int64)
@@ -85,7 +54,7 @@ def lpt(
             size_heap -= 1
             heap[0] = heap[size_heap]
             heap[size_heap] = top
-            _sift_down(heap, total, size_heap, 0)
+            _total_down(heap, pos, size_heap, 0, total, 1.0)
         if d < 0 or work > max_work:
             return False, round_of, replica_of
         best = -1
@@ -102,10 +71,10 @@ def lpt(
         round_of[i] = best
         replica_of[i] = d
         total[d] += costs[i]
-        _sift_down(heap, total, size_heap, 0)
+        _total_down(heap, pos, size_heap, 0, total, 1.0)
         # Put the set-aside replicas back (their totals did not change).
         for j in range(n_aside):
             heap[size_heap] = aside[j]
             size_heap += 1
-            _sift_up(heap, total, size_heap - 1)
+            _total_up(heap, pos, size_heap - 1, total, 1.0)
     return True, round_of, replica_of
