@@ -226,7 +226,9 @@ try:
 except BaseException as exc:  # SystemExit and KeyboardInterrupt from a broken package too
     text = (str(exc).strip().splitlines() or [""])[0]
     out["error"] = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-print(mark + json.dumps(out, default=str), flush=True)
+# The child answers its parent on stdout (a protocol line, not a message to a user).
+sys.stdout.write(mark + json.dumps(out, default=str) + "\n")
+sys.stdout.flush()
 """
 
 
