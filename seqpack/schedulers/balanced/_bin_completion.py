@@ -83,6 +83,7 @@ def _sets(
                 pool[top, :nv] = cur
                 pool[top, nv] = r
                 top += 1
+                state[0] += nv  # copying the row
             continue
         room[j + 1], avail[j + 1], min_out[j + 1], need[j + 1] = r, avail[j] - here * v, out_v, new_need
         j += 1
@@ -165,7 +166,7 @@ def complete_bins(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) 
         elif pos[level] > lo[level]:  # undo the set bin `level` holds
             for k in range(nv):
                 cnt[k] += pool[pos[level] - 1, k]
-        state[0] += 1
+        state[0] += 2 * nv  # one set undone, the next applied
         if state[0] > state[1]:
             return 2, bin_of
         if pos[level] < hi[level]:

@@ -16,12 +16,15 @@ microbatch, ``balanced`` asks this module:
   sequence can use exceeds the slack (a bin's whole room below the shortest sequence; in a
   bin that can take one or two more at most, the room the fullest such fill would leave).
   It finds a packing, proves that none exists, or gives up after a bounded amount of work
-  (``max_work`` bin visits, ~1-10 ms). When the bins hold few items each (at most
-  ``FEW_PER_BIN`` on average), this search first gets ``FIRST_WORK`` visits only, and where
-  it gives up, bin completion (:mod:`seqpack.schedulers.balanced._bin_completion`: one bin
-  at a time, undominated sets wasting the least first) gets ``max_work`` steps: on
-  verl-style tight batches (25 sequences of 50-90 tokens in bins of 300) it settles every
-  case of 2,000 (the item search alone gave up on 16: 12 of them packable).
+  (``max_work`` bin visits, ~1-10 ms).
+
+When the bins hold few items each (at most ``FEW_PER_BIN`` on average), the item search
+first gets ``FIRST_WORK`` visits only; where it gives up, bin completion
+(:mod:`seqpack.schedulers.balanced._bin_completion`: one bin at a time, undominated sets
+wasting the least first) gets ``max_work`` steps, and where that gives up too, the item
+search its whole budget (so every packing it found alone, it still finds). On verl-style
+tight batches (25 sequences of 50-90 tokens in bins of 300, 2,000 seeds) this packs every
+batch into the fewest bins that hold it (the item search alone missed 12).
 
 Every result is deterministic (no randomness, ties by index).
 """
@@ -41,7 +44,7 @@ MODE_EXACT = 3  # bin rule of a plan whose bins came from pack_bins (after MODE_
 FOUND, INFEASIBLE, GAVE_UP = 0, 1, 2
 DEFAULT_WORK = 4_000_000  # bin visits (and bin-completion steps) before pack_bins gives up (a few ms)
 FIRST_WORK = 100_000  # bin visits of the item search before bin completion takes over (few items per bin)
-FEW_PER_BIN = 12  # at most this many items per bin on average: bin completion's sets stay few
+FEW_PER_BIN = 8  # at most this many items per bin on average: bin completion's sets stay few
 
 
 def bin_lower_bound(sizes: np.ndarray, capacity: int) -> int:
@@ -108,6 +111,8 @@ def pack_bins(
     )
     if status == GAVE_UP and few:
         status, placed = _completion.complete_bins(sizes, int(num_bins), int(capacity), int(max_work))
+        if status == GAVE_UP and max_work > FIRST_WORK:  # whatever the item search alone packed, it still packs
+            status, placed = _search.dfs(sizes, int(num_bins), int(capacity), int(max_work))
     if status == FOUND:
         bin_of[order] = placed
     return int(status), bin_of
