@@ -82,3 +82,15 @@ def test_the_item_search_alone_gives_up_on_them(seed, monkeypatch):
 @pytest.mark.parametrize("seed", NOT_IN_SIX)
 def test_verl_batches_six_cannot_hold_are_proved_infeasible(seed):
     assert pack_bins(np.array(verl_lengths(seed)), 6, 300, max_work=20_000_000)[0] == INFEASIBLE
+
+
+def test_zero_lengths_take_the_item_search(monkeypatch):
+    # Bin completion takes positive sizes only; with a zero length the item search packs alone.
+    called = []
+    monkeypatch.setattr(exact._completion, "complete_bins", lambda *a: called.append(a) or (GAVE_UP, None))
+    sizes = np.array([0, *verl_lengths(PACKABLE_IN_SIX[0]), 0])
+    status, bin_of = pack_bins(sizes, 6, 300)
+    assert not called and status in (FOUND, GAVE_UP)
+    if status == FOUND:
+        assert _packs(sizes, bin_of, 6, 300)
+    assert pack_bins(np.array([0, 0, 5]), 1, 5)[0] == FOUND

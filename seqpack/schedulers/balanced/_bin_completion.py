@@ -107,7 +107,7 @@ def _bin_of(pool: np.ndarray, pos: np.ndarray, largest: np.ndarray, bins: int, s
 
 @njit(cache=True)
 def complete_bins(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) -> tuple[int, np.ndarray]:
-    """Pack ``sizes`` (sorted longest first, each at most ``capacity``, total at most
+    """Pack ``sizes`` (sorted longest first, each positive and at most ``capacity``, total at most
     ``n_bins * capacity``) into ``n_bins`` bins by bin completion. Returns ``(status,
     bin_of)``: 0 found, 1 proved infeasible, 2 gave up after about ``max_work`` steps."""
     n = sizes.shape[0]

@@ -105,7 +105,7 @@ def pack_bins(
         return INFEASIBLE, bin_of
     order = np.lexsort((np.arange(n), -lengths)).astype(np.int64)  # longest first, ties by index
     sizes = lengths[order]
-    few = n <= FEW_PER_BIN * num_bins
+    few = n <= FEW_PER_BIN * num_bins and int(sizes[-1]) > 0  # bin completion takes positive sizes
     status, placed = _search.dfs(
         sizes, int(num_bins), int(capacity), int(min(max_work, FIRST_WORK) if few else max_work)
     )
