@@ -19,15 +19,13 @@ from typing import Any
 import numpy as np
 
 from seqpack._logging import warn_once
-from seqpack.calibrate.calibrator import CostCalibrator
+from seqpack.calibrate.base import Calibrator, check_seconds
+from seqpack.calibrate.calibrator import microbatch_sums
 from seqpack.calibrate.words import ABSENT, MISSING, decode_seconds, encode_seconds
-from seqpack.cost import CostModel
-from seqpack.cost.terms import sequence_features
 from seqpack.errors import ConfigError, ResumeError, SeqpackError
 from seqpack.options import Sync
 from seqpack.stats import step_objective
-from seqpack.thd import padded_lengths
-from seqpack.validation import check_choice, check_int, check_numbers
+from seqpack.validation import check_choice, check_int
 
 __all__ = ["Measurement", "TimingLedger", "check_times", "microbatch_sums", "step_time"]
 
@@ -79,21 +77,6 @@ class _Slot:
     model: Any  # the model it was scheduled with, when fitted (CostModel, or a dynamic CP GroupCost)
 
 
-def microbatch_sums(schedule: Any, window: int | None = None) -> np.ndarray:
-    """int64 ``[M, dp, 2]``: ``S`` and ``SS`` of every microbatch's padded lengths, as the
-    rank runs it, or ``[M, dp, 3]`` with ``SW`` for a sliding ``window``
-    (:mod:`seqpack.cost.terms`): an empty cell runs a padding-only filler of
-    ``pad_multiple`` tokens (exact while ``capacity**2 < 2**63``)."""
-    padded = padded_lengths(schedule.lengths, schedule.pad_multiple).astype(np.int64)
-    ids, cell, counts = schedule._flat
-    per_sequence = sequence_features(padded[ids], window)  # [n, k]
-    out = np.zeros((counts.shape[0], per_sequence.shape[1]), dtype=np.int64)
-    for j in range(per_sequence.shape[1]):
-        np.add.at(out[:, j], cell, per_sequence[:, j])
-    out[counts == 0] = sequence_features(np.array([schedule.pad_multiple]), window)[0]
-    return out.reshape(schedule.num_microbatches, schedule.dp_size, per_sequence.shape[1])
-
-
 def check_times(seconds: object, num_microbatches: int, *, step: int, dp_rank: int) -> np.ndarray:
     """What ``Step.record_times`` takes: ``seconds`` as float64 ``[num_microbatches]``. NaN,
     infinite or non-positive times pass (the calibrator skips and counts them; NaN marks an
@@ -103,7 +86,7 @@ def check_times(seconds: object, num_microbatches: int, *, step: int, dp_rank: i
         SeqpackTypeError: A time that is no real number (a string, a bool, ``None``), named.
         ConfigError: Not one time per microbatch.
     """
-    values = check_numbers("seconds", seconds, where=f" (record_times of step {step} on DP rank {dp_rank})")
+    values = check_seconds("seconds", seconds, f" (record_times of step {step} on DP rank {dp_rank})")
     if values.shape[0] != num_microbatches:
         raise ConfigError(
             f"record_times got {values.shape[0]} times for step {step} on DP rank {dp_rank}, which ran "
@@ -138,7 +121,7 @@ class TimingLedger:
 
     def __init__(
         self,
-        calibrator: Any,  # a CostCalibrator, or one like dynamic CP's GroupCostCalibrator
+        calibrator: Calibrator[Any],  # a CostCalibrator, or dynamic CP's GroupCostCalibrator
         *,
         dp_size: int,
         dp_rank: int,
@@ -162,11 +145,9 @@ class TimingLedger:
     @property
     def num_sums(self) -> int:
         """Length sums per microbatch: 2 (``S``, ``SS``), 3 when the calibrator's prior has a
-        sliding window (and ``SW``); another calibrator's ``num_sums`` (dynamic CP's
-        ``GroupCostCalibrator``: 4, ``size, S, SS, spans``)."""
-        if not isinstance(self.calibrator, CostCalibrator):
-            return int(self.calibrator.num_sums)
-        return len(self.calibrator.terms) - 1
+        sliding window (and ``SW``); dynamic CP's ``GroupCostCalibrator``: 4 (``size, S, SS,
+        spans``)."""
+        return self.calibrator.num_sums
 
     def add_step(self, step: int, sums: np.ndarray, model: Any) -> None:
         """Register a scheduled step (``sums``: :func:`microbatch_sums` of its schedule, with
@@ -174,25 +155,16 @@ class TimingLedger:
         predict seconds)."""
         sums = np.asarray(sums, dtype=np.int64)
         if sums.ndim != 3 or sums.shape[1:] != (self.dp_size, self.num_sums):
-            calibrator = self.calibrator
-            source = (
-                f"microbatch_sums(schedule, window={calibrator.prior.window})"
-                if isinstance(calibrator, CostCalibrator)
-                else "calibrator.schedule_sums(schedule)"
+            raise ConfigError(
+                f"sums must have shape [M, {self.dp_size}, {self.num_sums}] ({self.calibrator.sums_hint()}), got "
+                f"{sums.shape}"
             )
-            raise ConfigError(f"sums must have shape [M, {self.dp_size}, {self.num_sums}] ({source}), got {sums.shape}")
         with self._lock:
             self._slots[step] = _Slot(step, sums, model)
 
     def add_schedule(self, step: int, schedule: Any, model: Any) -> None:
-        """:meth:`add_step` with the sums of ``schedule`` for the calibrator's terms (another
-        calibrator than a :class:`CostCalibrator`, e.g. dynamic CP's
-        ``GroupCostCalibrator``, gives them with its ``schedule_sums``)."""
-        calibrator = self.calibrator
-        if isinstance(calibrator, CostCalibrator):
-            self.add_step(step, microbatch_sums(schedule, calibrator.prior.window), model)
-        else:
-            self.add_step(step, calibrator.schedule_sums(schedule), model)
+        """:meth:`add_step` with the calibrator's ``schedule_sums`` of ``schedule``."""
+        self.add_step(step, self.calibrator.schedule_sums(schedule), model)
 
     def pending(self) -> list[int]:
         with self._lock:
@@ -333,7 +305,7 @@ class TimingLedger:
                 {
                     "step": slot.step,
                     "sums": slot.sums.tolist(),
-                    "model": None if slot.model is None else _model_list(slot.model, self.calibrator),
+                    "model": None if slot.model is None else self.calibrator.model_to_list(slot.model),
                 }
                 for slot in (self._slots[t] for t in sorted(self._slots))
             ]
@@ -347,7 +319,7 @@ class TimingLedger:
                 "step": last.step,
                 "measured": last.measured,
                 "predicted": last.predicted,
-                "model": None if last.model is None else _model_list(last.model, self.calibrator),
+                "model": None if last.model is None else self.calibrator.model_to_list(last.model),
             },
         }
 
@@ -402,25 +374,8 @@ class TimingLedger:
             self.error = None
 
 
-def _model_list(model: Any, calibrator: Any) -> list[float]:
-    """``[linear, quadratic, constant]``, and ``windowed, window`` with a window; another
-    calibrator's model: its ``model_to_list``."""
-    if not isinstance(model, CostModel):
-        return list(calibrator.model_to_list(model))
-    values = [model.linear, model.quadratic, model.constant]
-    return values if model.window is None else [*values, model.windowed, float(model.window)]
-
-
-def _model_from(values: Any, calibrator: Any) -> Any:
-    """Inverse of :func:`_model_list` (``None`` stays ``None``)."""
+def _model_from(values: Any, calibrator: Calibrator[Any]) -> Any:
+    """``calibrator.model_from_list`` of saved floats (``None`` stays ``None``)."""
     if values is None:
         return None
-    numbers = [float(v) for v in values]
-    if not isinstance(calibrator, CostCalibrator):
-        return calibrator.model_from_list(numbers)
-    if len(numbers) not in (3, 5):
-        raise ValueError(f"a saved cost model has 3 or 5 values, got {len(numbers)}")
-    linear, quadratic, constant = numbers[:3]
-    if len(numbers) == 3:
-        return CostModel(linear, quadratic, constant)
-    return CostModel(linear, quadratic, constant, windowed=numbers[3], window=int(numbers[4]))
+    return calibrator.model_from_list([float(v) for v in values])

@@ -14,7 +14,7 @@ docs/cost_models.md.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -66,7 +66,9 @@ class StepCalibration:
 
     @property
     def calibrator(self) -> CostCalibrator | GroupCostCalibrator | None:
-        return self.ledger.calibrator if self.ledger is not None else None
+        if self.ledger is None:
+            return None
+        return cast("CostCalibrator | GroupCostCalibrator", self.ledger.calibrator)  # the one built above
 
     @property
     def last(self) -> Measurement | None:
