@@ -32,9 +32,13 @@ from seqpack._logging import warn_once
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
 from seqpack.validation import check_bool, check_int, check_numbers
 
-__all__ = ["MAX_SECONDS", "MIN_SECONDS", "Calibrator", "check_seconds"]
+__all__ = ["MAX_SECONDS", "MAX_STEP", "MAX_WINDOW", "MIN_SECONDS", "Calibrator", "check_lengths_count", "check_seconds"]
 
 logger = logging.getLogger(__name__)
+
+MAX_WINDOW = 1 << 24
+"""The most timed microbatches a calibrator keeps (each refit reads them all, in Python)."""
+MAX_STEP = (1 << 63) - 1  # steps travel and are saved as int64
 
 MIN_SECONDS = 2.0**-120
 MAX_SECONDS = 2.0**120
@@ -47,6 +51,20 @@ Point: TypeAlias = tuple[tuple[int, ...], float, int]
 
 ModelT = TypeVar("ModelT")
 CalibratorT = TypeVar("CalibratorT", bound="Calibrator[Any]")
+
+
+def check_lengths_count(name: str, values: object, where: str = "") -> int:
+    """How many microbatches a per-microbatch argument holds (``len``), refusing what has
+    none (a string, a number, a 0-d array or tensor).
+
+    Raises:
+        SeqpackTypeError: ``values`` is no sequence, named with its type.
+    """
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or getattr(values, "ndim", 1) == 0:
+        raise SeqpackTypeError(
+            f"{name} must be a sequence, one entry per microbatch{where}, got {type(values).__name__}"
+        )
+    return len(values)
 
 
 def check_seconds(name: str, values: object, where: str = "") -> np.ndarray:
@@ -101,7 +119,7 @@ class Calibrator(Generic[ModelT]):
         if not isinstance(prior, self.prior_type):
             raise SeqpackTypeError(f"prior must be a {self.prior_name}, got {type(prior).__name__}")
         self.prior = prior
-        self.window = check_int("window", window, minimum=3)
+        self.window = check_int("window", window, minimum=3, maximum=MAX_WINDOW)
         self.min_points = check_int("min_points", min_points, minimum=3)
         if self.min_points > self.window:
             raise ConfigError(f"min_points={self.min_points} is larger than window={self.window}")

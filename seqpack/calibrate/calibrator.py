@@ -23,10 +23,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from seqpack.calibrate.base import MAX_SECONDS, MIN_SECONDS, Calibrator, check_seconds
+from seqpack.calibrate.base import MAX_SECONDS, MAX_STEP, MIN_SECONDS, Calibrator, check_lengths_count, check_seconds
 from seqpack.cost import CostModel, nnls_fit, robust_weights_fit
 from seqpack.cost.terms import exact_sums, sequence_features
-from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
+from seqpack.errors import ConfigError, ResumeError
 from seqpack.thd import padded_lengths
 from seqpack.validation import check_bool, check_int
 
@@ -133,16 +133,15 @@ class CostCalibrator(Calibrator[CostModel]):
             ConfigError: ``microbatch_lengths`` and ``seconds`` differ in length, or a
                 negative length.
         """
+        if step is not None:
+            step = check_int("step", step, minimum=0, maximum=MAX_STEP)
         where = "" if step is None else f" (observe of step {step})"
         times = check_seconds("seconds", seconds, where)
-        if isinstance(microbatch_lengths, (str, bytes)) or not hasattr(microbatch_lengths, "__len__"):
-            raise SeqpackTypeError(
-                f"microbatch_lengths must be a sequence of length lists{where}, got {type(microbatch_lengths).__name__}"
+        count = check_lengths_count("microbatch_lengths", microbatch_lengths, where)
+        if count != times.shape[0]:
+            raise ConfigError(
+                f"{count} microbatches (microbatch_lengths) but {times.shape[0]} timings (seconds){where}"
             )
-        if len(microbatch_lengths) != times.shape[0]:
-            raise ConfigError(f"{len(microbatch_lengths)} microbatches but {times.shape[0]} timings{where}")
-        if step is not None:
-            step = check_int("step", step, minimum=0)
         window = self.prior.window
         rows = [exact_sums(mb, window, f"microbatch {i}") for i, mb in enumerate(microbatch_lengths)]
         return self._add(rows, times.tolist(), step)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from seqpack._logging import warn_once
-from seqpack.calibrate.base import Calibrator, check_seconds
+from seqpack.calibrate.base import MAX_SECONDS, MIN_SECONDS, Calibrator, check_seconds
 from seqpack.calibrate.calibrator import microbatch_sums
 from seqpack.calibrate.words import ABSENT, MISSING, decode_seconds, encode_seconds
 from seqpack.errors import ConfigError, ResumeError, SeqpackError
@@ -236,6 +236,9 @@ class TimingLedger:
         present = (words.T != MISSING) & (words.T != ABSENT)  # [M, dp]; INVALID ones are observed, skipped, counted
         rows = [tuple(int(v) for v in row) for row in slot.sums[present].tolist()]
         self.calibrator._add(rows, seconds[present].tolist(), slot.step)
+        # A time no clock measures (outside [MIN_SECONDS, MAX_SECONDS]: skipped and counted by
+        # the calibrator) is no measurement either: its step time would overflow.
+        seconds[~((seconds >= MIN_SECONDS) & (seconds <= MAX_SECONDS))] = np.nan
         complete = bool(np.isfinite(seconds).all())
         measured = step_time(seconds, self.sync) if complete else None
         predicted = None

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from seqpack.calibrate.base import Calibrator, check_seconds
+from seqpack.calibrate.base import MAX_STEP, Calibrator, check_seconds
 from seqpack.cost import nnls_fit, robust_weights_fit
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.schedulers.dynamic_cp.cost import FEATURES, GroupCost, replica_sums
@@ -98,6 +98,8 @@ class GroupCostCalibrator(Calibrator[GroupCost]):
                 booleans (0/1 pass), times that are no real numbers.
             ConfigError: Arrays of different lengths, a size < 1 or a negative sum.
         """
+        if step is not None:
+            step = check_int("step", step, minimum=0, maximum=MAX_STEP)
         where = "" if step is None else f" (observe of step {step})"
         times = check_seconds("seconds", seconds, where)
         names = ("sizes", "seqlen_sum", "seqlen_sq_sum", "spans")
@@ -113,8 +115,6 @@ class GroupCostCalibrator(Calibrator[GroupCost]):
             problem = self._check_sums(row)
             if problem is not None:
                 raise ConfigError(f"microbatch {i}{where}: {problem} (sizes >= 1, sums >= 0, spans 0 or 1)")
-        if step is not None:
-            step = check_int("step", step, minimum=0)
         return self._add(rows, times.tolist(), step)
 
     def _check_sums(self, sums: tuple[int, ...]) -> str | None:
