@@ -51,11 +51,7 @@ class GroupCostCalibrator(Calibrator[GroupCost]):
     prior_type: ClassVar[type] = GroupCost
     prior_name: ClassVar[str] = "seqpack GroupCost"
     terms: ClassVar[tuple[str, ...]] = FEATURES
-
-    @property
-    def num_sums(self) -> int:
-        """4: :data:`GROUP_SUMS`."""
-        return len(GROUP_SUMS)
+    num_sums: ClassVar[int] = len(GROUP_SUMS)  # a class constant, as before the base
 
     def schedule_sums(self, schedule: object) -> np.ndarray:
         """What :class:`~seqpack.calibrate.TimingLedger` keeps of a scheduled step: per round
@@ -69,11 +65,13 @@ class GroupCostCalibrator(Calibrator[GroupCost]):
             raise ConfigError(f"a GroupCostCalibrator times dynamic CP plans, got a {type(schedule).__name__}")
         return replica_sums(schedule, self.model)
 
-    def model_to_list(self, model: GroupCost) -> list[float]:
+    @staticmethod
+    def model_to_list(model: GroupCost) -> list[float]:
         """A model as plain floats for a resume state (its 6 coefficients and ``ranks_per_node``)."""
         return [*(float(c) for c in model.coefficients), float(model.ranks_per_node)]
 
-    def model_from_list(self, values: Sequence[float]) -> GroupCost:
+    @staticmethod
+    def model_from_list(values: Sequence[float]) -> GroupCost:
         """Inverse of :meth:`model_to_list`."""
         if len(values) != 7:
             raise ValueError(f"a saved group cost has 7 values, got {len(values)}")
