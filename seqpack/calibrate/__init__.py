@@ -8,8 +8,11 @@ travel and the lag: docs/cost_models.md.
 
 Modules:
 
-* :mod:`~seqpack.calibrate.calibrator`: :class:`CostCalibrator` (sliding window, exact robust
-  NNLS fit, prior until enough timings).
+* :mod:`~seqpack.calibrate.base`: :class:`Calibrator`, what every calibrator shares (the window
+  of points, the time filter, warm-up steps, the cached fit, counters, resume state, copy);
+  dynamic CP's ``GroupCostCalibrator`` is one too.
+* :mod:`~seqpack.calibrate.calibrator`: :class:`CostCalibrator` (exact robust NNLS fit of a
+  :class:`~seqpack.cost.CostModel`, prior until enough timings).
 * :mod:`~seqpack.calibrate.ledger`: :class:`TimingLedger` (from ``record`` to ``observe``, with
   resume state), :class:`Measurement`, :func:`microbatch_sums`, :func:`step_time`.
 * :mod:`~seqpack.calibrate.words`: the int64 words a time travels as (:func:`encode_seconds`,
@@ -17,12 +20,13 @@ Modules:
 * :mod:`~seqpack.calibrate.timer`: :class:`MicrobatchTimer` (CUDA events or
   ``perf_counter``, no host sync on the hot path).
 
-Layering: ``words`` and ``timer`` import no other calibrate module; ``calibrator`` imports
-:mod:`seqpack.cost`; ``ledger`` imports both. Nothing here imports the loader or its config.
+Layering: ``words``, ``timer`` and ``base`` import no other calibrate module; ``calibrator``
+imports ``base`` and :mod:`seqpack.cost`; ``ledger`` imports both. Nothing here imports the loader or its config.
 """
 
 from __future__ import annotations
 
+from seqpack.calibrate.base import Calibrator
 from seqpack.calibrate.calibrator import CostCalibrator
 from seqpack.calibrate.ledger import Measurement, TimingLedger, microbatch_sums, step_time
 from seqpack.calibrate.timer import MicrobatchTimer
@@ -32,6 +36,7 @@ __all__ = [
     "ABSENT",
     "INVALID",
     "MISSING",
+    "Calibrator",
     "CostCalibrator",
     "Measurement",
     "MicrobatchTimer",

@@ -16,35 +16,26 @@ arrives.
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar
 
 import numpy as np
 
-from seqpack._logging import warn_once
+from seqpack.calibrate.base import MAX_SECONDS, MAX_STEP, MIN_SECONDS, Calibrator, check_lengths_count, check_seconds
 from seqpack.cost import CostModel, nnls_fit, robust_weights_fit
-from seqpack.cost.terms import exact_sums
-from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
-from seqpack.validation import check_bool, check_int, check_numbers
+from seqpack.cost.terms import exact_sums, sequence_features
+from seqpack.errors import ConfigError, ResumeError
+from seqpack.thd import padded_lengths
+from seqpack.validation import check_bool, check_int
 
-__all__ = ["MAX_SECONDS", "MIN_SECONDS", "CostCalibrator"]
+__all__ = ["MAX_SECONDS", "MIN_SECONDS", "CostCalibrator", "microbatch_sums"]
 
 logger = logging.getLogger(__name__)
 
-MIN_SECONDS = 2.0**-120
-MAX_SECONDS = 2.0**120
-"""Times the calibrator fits (about 7.5e-37 to 1.3e36 s): beyond them no clock measured a
-microbatch, and their squares (relative weights) would leave float64. Others are skipped
-and counted like NaN."""
 
-# One observation: the microbatch's exact feature sums (S, SS[, SW]), its seconds, its step (-1: none).
-_Point: TypeAlias = tuple[tuple[int, ...], float, int]
-
-
-class CostCalibrator:
+class CostCalibrator(Calibrator[CostModel]):
     """A cost model fitted online to measured microbatch times.
 
     Args:
@@ -71,12 +62,14 @@ class CostCalibrator:
             then stay exactly the prior's instead of following noise in the fit.
 
     The terms fitted are the prior's (:attr:`CostModel.terms`): a prior with a sliding-window
-    term makes the calibrator fit ``(1, S, SS, SW)`` for its window.
+    term makes the calibrator fit ``(1, S, SS, SW)`` for its window. The window, time filter,
+    counters, state and copy are :class:`~seqpack.calibrate.base.Calibrator`'s.
 
     Deterministic: the same observations, in the same order, give the same model.
     """
 
-    STATE_VERSION: ClassVar[int] = 1
+    prior_type: ClassVar[type] = CostModel
+    prior_name: ClassVar[str] = "seqpack.CostModel"
 
     def __init__(
         self,
@@ -89,31 +82,19 @@ class CostCalibrator:
         warmup_steps: int = 1,
         keep_prior_shape: bool = True,
     ) -> None:
-        if not isinstance(prior, CostModel):
-            raise SeqpackTypeError(f"prior must be a seqpack.CostModel, got {type(prior).__name__}")
-        self.prior = prior
-        self.window = check_int("window", window, minimum=3)
-        self.min_points = check_int("min_points", min_points, minimum=3)
-        if self.min_points > self.window:
-            raise ConfigError(f"min_points={self.min_points} is larger than window={self.window}")
-        self.robust = check_bool("robust", robust)
-        self.prior_in_seconds = check_bool("prior_in_seconds", prior_in_seconds)
-        self.keep_prior_shape = check_bool("keep_prior_shape", keep_prior_shape)
-        self.warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
-        self.shape = "prior"  # after a fit: "prior" (the prior rescaled) or "fitted" (every coefficient)
-        self._points: collections.deque[_Point] = collections.deque(maxlen=self.window)
-        self.skipped = 0  # timings that were NaN, infinite, <= 0 or outside [MIN_SECONDS, MAX_SECONDS]
-        self.observed = 0  # valid timings ever observed (also those that left the window)
-        self.last_step: int | None = None
-        self._model: CostModel | None = None  # cache of the fit; None = refit on demand
-
-    def __repr__(self) -> str:
-        # Settings only (what PackingConfig fingerprints), not the observations.
-        return (
-            f"CostCalibrator(prior={self.prior!r}, window={self.window}, min_points={self.min_points}, "
-            f"robust={self.robust}, prior_in_seconds={self.prior_in_seconds}, warmup_steps={self.warmup_steps}, "
-            f"keep_prior_shape={self.keep_prior_shape})"
+        super().__init__(
+            prior,
+            window=window,
+            min_points=min_points,
+            robust=robust,
+            prior_in_seconds=prior_in_seconds,
+            warmup_steps=warmup_steps,
         )
+        self.keep_prior_shape = check_bool("keep_prior_shape", keep_prior_shape)
+        self.shape = "prior"  # after a fit: "prior" (the prior rescaled) or "fitted" (every coefficient)
+
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "keep_prior_shape": self.keep_prior_shape}
 
     @property
     def terms(self) -> tuple[str, ...]:
@@ -122,19 +103,9 @@ class CostCalibrator:
         return self.prior.terms
 
     @property
-    def num_points(self) -> int:
-        """Timings in the window."""
-        return len(self._points)
-
-    @property
-    def fitted(self) -> bool:
-        """Whether :attr:`model` is fitted (else it is the prior)."""
-        return len(self._points) >= self.min_points
-
-    @property
-    def in_seconds(self) -> bool:
-        """Whether :attr:`model` predicts seconds (fitted, or a prior in seconds)."""
-        return self.fitted or self.prior_in_seconds
+    def num_sums(self) -> int:
+        """2 (``S``, ``SS``), 3 with a windowed prior (and ``SW``)."""
+        return len(self.prior.terms) - 1
 
     def observe(
         self,
@@ -162,57 +133,18 @@ class CostCalibrator:
             ConfigError: ``microbatch_lengths`` and ``seconds`` differ in length, or a
                 negative length.
         """
-        times = check_numbers("seconds", seconds)
-        if len(microbatch_lengths) != times.shape[0]:
-            raise ConfigError(f"{len(microbatch_lengths)} microbatches but {times.shape[0]} timings")
         if step is not None:
-            step = check_int("step", step, minimum=0)
+            step = check_int("step", step, minimum=0, maximum=MAX_STEP)
+        where = "" if step is None else f" (observe of step {step})"
+        times = check_seconds("seconds", seconds, where)
+        count = check_lengths_count("microbatch_lengths", microbatch_lengths, where)
+        if count != times.shape[0]:
+            raise ConfigError(
+                f"{count} microbatches (microbatch_lengths) but {times.shape[0]} timings (seconds){where}"
+            )
         window = self.prior.window
         rows = [exact_sums(mb, window, f"microbatch {i}") for i, mb in enumerate(microbatch_lengths)]
         return self._add(rows, times.tolist(), step)
-
-    def _add(self, rows: Sequence[tuple[int, ...]], times: Sequence[float], step: int | None) -> int:
-        """Observe microbatches given as exact feature sums (``(S, SS)``, or ``(S, SS, SW)``
-        for a windowed prior)."""
-        if step is not None and step < self.warmup_steps:
-            if self.last_step is None or step > self.last_step:
-                self.last_step = step
-            return 0
-        kept = 0
-        for sums, t in zip(rows, times, strict=True):
-            if not math.isfinite(t) or t <= 0:
-                self.skipped += 1
-                continue
-            if not MIN_SECONDS <= t <= MAX_SECONDS:
-                self.skipped += 1
-                warn_once(
-                    logger,
-                    "absurd-time",
-                    "step %s: a microbatch time of %r s is outside [%.2g, %.2g] s; it is skipped (counted in "
-                    "CostCalibrator.skipped); further ones are not reported",
-                    step,
-                    t,
-                    MIN_SECONDS,
-                    MAX_SECONDS,
-                )
-                continue
-            self._points.append((tuple(sums), float(t), -1 if step is None else step))
-            kept += 1
-        if kept:
-            self.observed += kept
-            self._model = None
-        if step is not None and (self.last_step is None or step > self.last_step):
-            self.last_step = step
-        return kept
-
-    @property
-    def model(self) -> CostModel:
-        """The fitted model once :attr:`fitted`, else the prior."""
-        if not self.fitted:
-            return self.prior
-        if self._model is None:
-            self._model = self._fit()
-        return self._model
 
     def _fit(self) -> CostModel:
         points = list(self._points)
@@ -231,73 +163,61 @@ class CostCalibrator:
                 return scaled
         return full
 
+    # -- what the ledger asks -------------------------------------------------------------------
+
+    def schedule_sums(self, schedule: Any) -> np.ndarray:
+        """:func:`microbatch_sums` of ``schedule`` for the prior's window."""
+        return microbatch_sums(schedule, self.prior.window)
+
+    def sums_hint(self) -> str:
+        return f"microbatch_sums(schedule, window={self.prior.window})"
+
+    def model_to_list(self, model: CostModel) -> list[float]:
+        """``[linear, quadratic, constant]``, and ``windowed, window`` with a window."""
+        values = [model.linear, model.quadratic, model.constant]
+        return values if model.window is None else [*values, model.windowed, float(model.window)]
+
+    def model_from_list(self, values: Sequence[float]) -> CostModel:
+        """Inverse of :meth:`model_to_list`."""
+        if len(values) not in (3, 5):
+            raise ValueError(f"a saved cost model has 3 or 5 values, got {len(values)}")
+        linear, quadratic, constant = values[:3]
+        if len(values) == 3:
+            return CostModel(linear, quadratic, constant)
+        return CostModel(linear, quadratic, constant, windowed=values[3], window=int(values[4]))
+
     # -- Stateful ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """Observations and counters (plain Python values). Each point is
         ``[S, SS, seconds, step]``, or ``[S, SS, SW, seconds, step]`` with the prior's
         ``"window"`` saved beside them."""
-        state: dict[str, Any] = {
-            "version": self.STATE_VERSION,
-            "points": [[*sums, t, k] for sums, t, k in self._points],
-            "skipped": self.skipped,
-            "observed": self.observed,
-            "last_step": self.last_step,
-        }
+        state = super().state_dict()
         if self.prior.window is not None:
             state["window"] = self.prior.window
         return state
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` (the settings stay this calibrator's; a smaller window
-        keeps the newest points).
-
-        Raises:
-            ResumeError: Not a calibrator state, another version, or a state saved with
-                another sliding window than this prior's.
-        """
-        if not isinstance(state, Mapping) or state.get("version") != self.STATE_VERSION:
-            got = state.get("version") if isinstance(state, Mapping) else type(state).__name__
-            raise ResumeError(f"calibrator state must be a CostCalibrator.state_dict() of version 1, got {got!r}")
+    def _check_state(self, state: Mapping[str, Any]) -> None:
         if state.get("window") != self.prior.window:
             raise ResumeError(
                 f"calibrator state was saved for a prior with window={state.get('window')!r}, this calibrator's "
                 f"prior has window={self.prior.window!r}: its length sums do not fit"
             )
-        width = len(self.terms) - 1
-        try:
-            points = [_point(item, width) for item in state["points"]]
-            skipped, observed = int(state["skipped"]), int(state["observed"])
-            last = state.get("last_step")
-            last_step = None if last is None else int(last)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ResumeError(f"calibrator state is malformed: {exc}") from None
-        if any(min(sums) < 0 or not (math.isfinite(t) and t > 0) for sums, t, _ in points):
-            raise ResumeError("calibrator state holds a negative length sum or a non-positive time")
-        self._points = collections.deque(points, maxlen=self.window)
-        self.skipped, self.observed, self.last_step = skipped, observed, last_step
-        self._model = None
-
-    def copy(self) -> CostCalibrator:
-        """A calibrator with the same settings and observations."""
-        other = CostCalibrator(
-            self.prior,
-            window=self.window,
-            min_points=self.min_points,
-            robust=self.robust,
-            prior_in_seconds=self.prior_in_seconds,
-            warmup_steps=self.warmup_steps,
-            keep_prior_shape=self.keep_prior_shape,
-        )
-        other.load_state_dict(self.state_dict())
-        return other
 
 
-def _point(item: Sequence[Any], width: int) -> _Point:
-    """A saved ``[*sums, seconds, step]`` with ``width`` sums."""
-    if len(item) != width + 2:
-        raise ValueError(f"a point has {len(item)} values, expected {width + 2}")
-    return tuple(int(v) for v in item[:width]), float(item[width]), int(item[width + 1])
+def microbatch_sums(schedule: Any, window: int | None = None) -> np.ndarray:
+    """int64 ``[M, dp, 2]``: ``S`` and ``SS`` of every microbatch's padded lengths, as the
+    rank runs it, or ``[M, dp, 3]`` with ``SW`` for a sliding ``window``
+    (:mod:`seqpack.cost.terms`): an empty cell runs a padding-only filler of
+    ``pad_multiple`` tokens (exact while ``capacity**2 < 2**63``)."""
+    padded = padded_lengths(schedule.lengths, schedule.pad_multiple).astype(np.int64)
+    ids, cell, counts = schedule._flat
+    per_sequence = sequence_features(padded[ids], window)  # [n, k]
+    out = np.zeros((counts.shape[0], per_sequence.shape[1]), dtype=np.int64)
+    for j in range(per_sequence.shape[1]):
+        np.add.at(out[:, j], cell, per_sequence[:, j])
+    out[counts == 0] = sequence_features(np.array([schedule.pad_multiple]), window)[0]
+    return out.reshape(schedule.num_microbatches, schedule.dp_size, per_sequence.shape[1])
 
 
 # F(extra coefficients, many) beyond which the full fit is significantly better than the

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,15 +20,13 @@ from typing import Any
 import numpy as np
 
 from seqpack._logging import warn_once
-from seqpack.calibrate.calibrator import CostCalibrator
+from seqpack.calibrate.base import MAX_SECONDS, MIN_SECONDS, Calibrator, check_seconds
+from seqpack.calibrate.calibrator import microbatch_sums
 from seqpack.calibrate.words import ABSENT, MISSING, decode_seconds, encode_seconds
-from seqpack.cost import CostModel
-from seqpack.cost.terms import sequence_features
 from seqpack.errors import ConfigError, ResumeError, SeqpackError
 from seqpack.options import Sync
 from seqpack.stats import step_objective
-from seqpack.thd import padded_lengths
-from seqpack.validation import check_choice, check_int, check_numbers
+from seqpack.validation import check_choice, check_int
 
 __all__ = ["Measurement", "TimingLedger", "check_times", "microbatch_sums", "step_time"]
 
@@ -75,23 +74,10 @@ class _Slot:
 
     step: int
     sums: np.ndarray  # int64 [M, dp, num_sums]: S, SS (and SW) of microbatch m of replica d (padded lengths),
-    # or under dynamic CP the (size, S, SS, spans) of its group (GroupCostCalibrator)
+    # or under dynamic CP the (size, S, SS, spans) of its group (GroupCostCalibrator); per rank: [M, dp*copies, 4]
     model: Any  # the model it was scheduled with, when fitted (CostModel, or a dynamic CP GroupCost)
-
-
-def microbatch_sums(schedule: Any, window: int | None = None) -> np.ndarray:
-    """int64 ``[M, dp, 2]``: ``S`` and ``SS`` of every microbatch's padded lengths, as the
-    rank runs it, or ``[M, dp, 3]`` with ``SW`` for a sliding ``window``
-    (:mod:`seqpack.cost.terms`): an empty cell runs a padding-only filler of
-    ``pad_multiple`` tokens (exact while ``capacity**2 < 2**63``)."""
-    padded = padded_lengths(schedule.lengths, schedule.pad_multiple).astype(np.int64)
-    ids, cell, counts = schedule._flat
-    per_sequence = sequence_features(padded[ids], window)  # [n, k]
-    out = np.zeros((counts.shape[0], per_sequence.shape[1]), dtype=np.int64)
-    for j in range(per_sequence.shape[1]):
-        np.add.at(out[:, j], cell, per_sequence[:, j])
-    out[counts == 0] = sequence_features(np.array([schedule.pad_multiple]), window)[0]
-    return out.reshape(schedule.num_microbatches, schedule.dp_size, per_sequence.shape[1])
+    groups: np.ndarray | None = None  # per rank: int64 [M, dp*copies], the group of each rank (None: per replica)
+    copies: int = 1  # time columns per replica and microbatch: 1, or cp when each CP rank's time travels
 
 
 def check_times(seconds: object, num_microbatches: int, *, step: int, dp_rank: int) -> np.ndarray:
@@ -103,7 +89,7 @@ def check_times(seconds: object, num_microbatches: int, *, step: int, dp_rank: i
         SeqpackTypeError: A time that is no real number (a string, a bool, ``None``), named.
         ConfigError: Not one time per microbatch.
     """
-    values = check_numbers("seconds", seconds, where=f" (record_times of step {step} on DP rank {dp_rank})")
+    values = check_seconds("seconds", seconds, f" (record_times of step {step} on DP rank {dp_rank})")
     if values.shape[0] != num_microbatches:
         raise ConfigError(
             f"record_times got {values.shape[0]} times for step {step} on DP rank {dp_rank}, which ran "
@@ -138,18 +124,27 @@ class TimingLedger:
 
     def __init__(
         self,
-        calibrator: Any,  # a CostCalibrator, or one like dynamic CP's GroupCostCalibrator
+        calibrator: Calibrator[Any],  # a CostCalibrator, or dynamic CP's GroupCostCalibrator
         *,
         dp_size: int,
         dp_rank: int,
         window: int = 2,
         sync: str | None = None,
+        copies: int | None = None,
+        copy_rank: int = 0,
     ) -> None:
         self.calibrator = calibrator
         self.dp_size = check_int("dp_size", dp_size, minimum=1)
         self.dp_rank = check_int("dp_rank", dp_rank, minimum=0)
         self.window = check_int("window", window, minimum=1)
         self.sync = None if sync is None else check_choice("sync", sync, Sync)
+        # copies (dynamic CP: cp ranks per replica): each rank's times travel in their own
+        # column (copy_rank; ABSENT in the others, which the copies' MAX ignores), so every
+        # rank's time reaches every rank and the calibrator sees every group once
+        # (rank_sums); None: one column per replica, the copies' slowest time.
+        self.per_rank = copies is not None
+        self.copies = 1 if copies is None else check_int("copies", copies, minimum=1)
+        self.copy_rank = check_int("copy_rank", copy_rank, minimum=0, maximum=self.copies - 1)
         self._slots: dict[int, _Slot] = {}
         self._local: dict[int, np.ndarray] = {}  # this rank's recorded times by step (recent ones)
         self._lock = threading.Lock()
@@ -162,37 +157,43 @@ class TimingLedger:
     @property
     def num_sums(self) -> int:
         """Length sums per microbatch: 2 (``S``, ``SS``), 3 when the calibrator's prior has a
-        sliding window (and ``SW``); another calibrator's ``num_sums`` (dynamic CP's
-        ``GroupCostCalibrator``: 4, ``size, S, SS, spans``)."""
-        if not isinstance(self.calibrator, CostCalibrator):
-            return int(self.calibrator.num_sums)
-        return len(self.calibrator.terms) - 1
+        sliding window (and ``SW``); dynamic CP's ``GroupCostCalibrator``: 4 (``size, S, SS,
+        spans``)."""
+        return self.calibrator.num_sums
 
-    def add_step(self, step: int, sums: np.ndarray, model: Any) -> None:
+    def add_step(self, step: int, sums: np.ndarray, model: Any, groups: np.ndarray | None = None) -> None:
         """Register a scheduled step (``sums``: :func:`microbatch_sums` of its schedule, with
         the prior's window) and the model it was scheduled with (``None`` when it does not
-        predict seconds)."""
+        predict seconds). With ``copies``: ``sums`` per rank ``[M, dp*copies, num_sums]``
+        and ``groups`` ``[M, dp*copies]`` (``GroupCostCalibrator.rank_sums``)."""
         sums = np.asarray(sums, dtype=np.int64)
+        if groups is not None:
+            groups = np.asarray(groups, dtype=np.int64)
+            ranks = self.dp_size * self.copies
+            if sums.ndim != 3 or sums.shape[1:] != (ranks, self.num_sums) or groups.shape != sums.shape[:2]:
+                raise ConfigError(
+                    f"per-rank sums must have shape [M, {ranks}, {self.num_sums}] and groups [M, {ranks}], got "
+                    f"{sums.shape} and {groups.shape}"
+                )
+            with self._lock:
+                self._slots[step] = _Slot(step, sums, model, groups, self.copies)
+            return
         if sums.ndim != 3 or sums.shape[1:] != (self.dp_size, self.num_sums):
-            calibrator = self.calibrator
-            source = (
-                f"microbatch_sums(schedule, window={calibrator.prior.window})"
-                if isinstance(calibrator, CostCalibrator)
-                else "calibrator.schedule_sums(schedule)"
+            raise ConfigError(
+                f"sums must have shape [M, {self.dp_size}, {self.num_sums}] ({self.calibrator.sums_hint()}), got "
+                f"{sums.shape}"
             )
-            raise ConfigError(f"sums must have shape [M, {self.dp_size}, {self.num_sums}] ({source}), got {sums.shape}")
         with self._lock:
             self._slots[step] = _Slot(step, sums, model)
 
     def add_schedule(self, step: int, schedule: Any, model: Any) -> None:
-        """:meth:`add_step` with the sums of ``schedule`` for the calibrator's terms (another
-        calibrator than a :class:`CostCalibrator`, e.g. dynamic CP's
-        ``GroupCostCalibrator``, gives them with its ``schedule_sums``)."""
-        calibrator = self.calibrator
-        if isinstance(calibrator, CostCalibrator):
-            self.add_step(step, microbatch_sums(schedule, calibrator.prior.window), model)
+        """:meth:`add_step` with the calibrator's ``schedule_sums`` of ``schedule`` (with
+        ``copies`` its ``rank_sums``)."""
+        if self.per_rank:
+            sums, groups = self.calibrator.rank_sums(schedule)  # type: ignore[attr-defined]
+            self.add_step(step, sums, model, groups)
         else:
-            self.add_step(step, calibrator.schedule_sums(schedule), model)
+            self.add_step(step, self.calibrator.schedule_sums(schedule), model)
 
     def pending(self) -> list[int]:
         with self._lock:
@@ -215,14 +216,19 @@ class TimingLedger:
                 m = slot.sums.shape[0]
                 local = self._local.get(t)
                 if local is None or (upto is not None and t > upto):
-                    parts.append(np.full(m, MISSING, dtype=np.int64))
+                    words = np.full(m, MISSING, dtype=np.int64)
                 else:
-                    parts.append(encode_seconds(local))
+                    words = encode_seconds(local)
+                if slot.copies > 1:  # [M, copies]: this rank's column, ABSENT in the others
+                    wide = np.full((m, slot.copies), ABSENT, dtype=np.int64)
+                    wide[:, self.copy_rank] = words
+                    words = wide.reshape(-1)
+                parts.append(words)
             return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def width(self) -> int:
         with self._lock:
-            return sum(slot.sums.shape[0] for slot in self._slots.values())
+            return sum(slot.sums.shape[0] * slot.copies for slot in self._slots.values())
 
     def take_error(self) -> str | None:
         with self._lock:
@@ -242,8 +248,8 @@ class TimingLedger:
             offset = 0
             for t in sorted(self._slots):
                 slot = self._slots[t]
-                m = slot.sums.shape[0]
-                words = table[:, offset : offset + m]  # [dp, M_t]
+                m = slot.sums.shape[0] * slot.copies
+                words = table[:, offset : offset + m]  # [dp, M_t * copies]
                 offset += m
                 complete = bool(((words >= 0) & (words != MISSING)).all())
                 if not (complete or t <= step - self.window):
@@ -259,16 +265,29 @@ class TimingLedger:
         return out
 
     def _observe(self, slot: _Slot, words: np.ndarray) -> Measurement:
-        """Feed the calibrator with one step's combined words ``[dp, M]``."""
-        seconds = decode_seconds(words.T.reshape(-1)).reshape(words.shape[1], words.shape[0])  # [M, dp]
-        present = (words.T != MISSING) & (words.T != ABSENT)  # [M, dp]; INVALID ones are observed, skipped, counted
-        rows = [tuple(int(v) for v in row) for row in slot.sums[present].tolist()]
-        self.calibrator._add(rows, seconds[present].tolist(), slot.step)
-        complete = bool(np.isfinite(seconds).all())
-        measured = step_time(seconds, self.sync) if complete else None
+        """Feed the calibrator with one step's combined words ``[dp, M * copies]``."""
+        m, k = slot.sums.shape[0], slot.copies
+        words = words.reshape(self.dp_size, m, k).transpose(1, 0, 2).reshape(m, self.dp_size * k)  # [M, dp*copies]
+        seconds = decode_seconds(words.reshape(-1)).reshape(words.shape)
+        present = (words != MISSING) & (words != ABSENT)  # INVALID ones are observed, skipped, counted
+        if slot.groups is None:
+            rows = [tuple(int(v) for v in row) for row in slot.sums[present].tolist()]
+            self.calibrator._add(rows, seconds[present].tolist(), slot.step)
+        else:
+            self.calibrator._add(*_group_points(slot.groups, slot.sums, seconds, present), slot.step)
+        # A time no clock measures (outside [MIN_SECONDS, MAX_SECONDS]: skipped and counted by
+        # the calibrator) is no measurement either: its step time would overflow.
+        seconds[~((seconds >= MIN_SECONDS) & (seconds <= MAX_SECONDS))] = np.nan
         predicted = None
         if slot.model is not None:
-            predicted = step_time(slot.model.predict_sums(slot.sums), self.sync)
+            predicted_times = slot.model.predict_sums(slot.sums)
+            if k > 1:
+                predicted_times = predicted_times.reshape(m, self.dp_size, k).max(axis=2)
+            predicted = step_time(predicted_times, self.sync)
+        if k > 1:  # a replica's microbatch takes as long as its slowest rank (NaN stays NaN)
+            seconds = seconds.reshape(m, self.dp_size, k).max(axis=2)
+        complete = bool(np.isfinite(seconds).all())
+        measured = step_time(seconds, self.sync) if complete else None
         if not complete:
             missing = int(np.count_nonzero(~np.isfinite(seconds)))
             warn_once(
@@ -333,7 +352,8 @@ class TimingLedger:
                 {
                     "step": slot.step,
                     "sums": slot.sums.tolist(),
-                    "model": None if slot.model is None else _model_list(slot.model, self.calibrator),
+                    **({} if slot.groups is None else {"groups": slot.groups.tolist()}),
+                    "model": None if slot.model is None else self.calibrator.model_to_list(slot.model),
                 }
                 for slot in (self._slots[t] for t in sorted(self._slots))
             ]
@@ -347,7 +367,7 @@ class TimingLedger:
                 "step": last.step,
                 "measured": last.measured,
                 "predicted": last.predicted,
-                "model": None if last.model is None else _model_list(last.model, self.calibrator),
+                "model": None if last.model is None else self.calibrator.model_to_list(last.model),
             },
         }
 
@@ -379,8 +399,15 @@ class TimingLedger:
             slots, local = {}, {}
             for item in state.get("pending", []):
                 step = int(item["step"])
-                sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, self.dp_size, self.num_sums)
-                slots[step] = _Slot(step, sums, _model_from(item.get("model"), self.calibrator))
+                model = _model_from(item.get("model"), self.calibrator)
+                if item.get("groups") is not None:  # per rank (copies > 1)
+                    ranks = self.dp_size * self.copies
+                    groups = np.asarray(item["groups"], dtype=np.int64).reshape(-1, ranks)
+                    sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, ranks, self.num_sums)
+                    slots[step] = _Slot(step, sums, model, groups, self.copies)
+                else:  # per replica (also a state saved before times travelled per rank)
+                    sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, self.dp_size, self.num_sums)
+                    slots[step] = _Slot(step, sums, model)
                 if item.get("local") is not None:
                     local[step] = np.asarray(item["local"], dtype=np.float64).reshape(-1)
             last = state.get("last")
@@ -402,25 +429,30 @@ class TimingLedger:
             self.error = None
 
 
-def _model_list(model: Any, calibrator: Any) -> list[float]:
-    """``[linear, quadratic, constant]``, and ``windowed, window`` with a window; another
-    calibrator's model: its ``model_to_list``."""
-    if not isinstance(model, CostModel):
-        return list(calibrator.model_to_list(model))
-    values = [model.linear, model.quadratic, model.constant]
-    return values if model.window is None else [*values, model.windowed, float(model.window)]
+def _group_points(
+    groups: np.ndarray, sums: np.ndarray, seconds: np.ndarray, present: np.ndarray
+) -> tuple[list[tuple[int, ...]], list[float]]:
+    """One observation per round and group from per-rank ``[M, ranks]`` tables: the group's
+    sums and its slowest rank's time (NaN, skipped and counted, when one of its ranks sent
+    no valid time); a group none of whose ranks reported is left out. Round by round, groups
+    in index order: the same on every rank."""
+    rows: list[tuple[int, ...]] = []
+    times: list[float] = []
+    for r in range(groups.shape[0]):
+        ids = groups[r]
+        for g in np.unique(ids).tolist():
+            cols = np.flatnonzero(ids == g)
+            if not present[r, cols].any():
+                continue
+            t = seconds[r, cols]
+            valid = bool(present[r, cols].all() and np.isfinite(t).all())
+            rows.append(tuple(int(v) for v in sums[r, cols[0]].tolist()))
+            times.append(float(t.max()) if valid else math.nan)
+    return rows, times
 
 
-def _model_from(values: Any, calibrator: Any) -> Any:
-    """Inverse of :func:`_model_list` (``None`` stays ``None``)."""
+def _model_from(values: Any, calibrator: Calibrator[Any]) -> Any:
+    """``calibrator.model_from_list`` of saved floats (``None`` stays ``None``)."""
     if values is None:
         return None
-    numbers = [float(v) for v in values]
-    if not isinstance(calibrator, CostCalibrator):
-        return calibrator.model_from_list(numbers)
-    if len(numbers) not in (3, 5):
-        raise ValueError(f"a saved cost model has 3 or 5 values, got {len(numbers)}")
-    linear, quadratic, constant = numbers[:3]
-    if len(numbers) == 3:
-        return CostModel(linear, quadratic, constant)
-    return CostModel(linear, quadratic, constant, windowed=numbers[3], window=int(numbers[4]))
+    return calibrator.model_from_list([float(v) for v in values])

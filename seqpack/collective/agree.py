@@ -142,6 +142,9 @@ def agree(
     return Agreement(Status(agreed), payload=reduced_payload)
 
 
+_DEFAULT = "the default"  # a field a rank's details leave out (PackingConfig.summary omits defaults)
+
+
 def _disagreement(
     fingerprint: int | None, details: Mapping[str, str] | None, group: ProcessGroup | None, axis: str, what: str
 ) -> str:
@@ -153,7 +156,8 @@ def _disagreement(
     differ = [k for k in fields if len({d.get(k) for d in described}) > 1]
     if differ:
         listed = "; ".join(
-            f"{k}: " + ", ".join(f"{d.get(k)} on {who} rank {r}" for r, (_, d) in enumerate(reports) if d is not None)
+            f"{k}: "
+            + ", ".join(f"{d.get(k, _DEFAULT)} on {who} rank {r}" for r, (_, d) in enumerate(reports) if d is not None)
             for k in differ
         )
         return f"ranks of the {axis or 'same'} group disagree on {what}: {listed}"

@@ -40,12 +40,13 @@ def _supports(k: int) -> tuple[tuple[int, ...], ...]:
 
 
 def _power_of_two(values: np.ndarray) -> float:
-    """``2**e`` with ``max|values| / 2**e`` in ``[0.5, 1)`` (1 for no or zero values):
-    dividing by it changes no significand."""
+    """``2**e`` with ``max|values| / 2**e`` in ``[0.5, 1)`` (1 for no or zero values; ``e``
+    at most 1023, the largest power of two a float64 holds: times near ``1.8e308`` end in
+    ``[0.5, 2)``): dividing by it changes no significand."""
     largest = float(np.max(np.abs(values))) if values.size else 0.0
     if largest == 0 or not math.isfinite(largest):
         return 1.0
-    return math.ldexp(1.0, math.frexp(largest)[1])
+    return math.ldexp(1.0, min(math.frexp(largest)[1], 1023))
 
 
 def check_timings(
@@ -56,6 +57,12 @@ def check_timings(
     for name, value in (("microbatches", microbatches), ("seconds", seconds)):
         if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or getattr(value, "ndim", 1) == 0:
             raise SeqpackTypeError(f"{name} must be a list (one entry per microbatch), got {type(value).__name__}")
+    try:
+        shape = tuple(np.shape(seconds))  # type: ignore[call-overload]
+    except (TypeError, ValueError, RuntimeError, OverflowError):  # ragged: check_numbers names it
+        shape = ()
+    if len(shape) > 1:
+        raise SeqpackTypeError(f"seconds must be one time per microbatch (1-D), got an array of shape {shape}")
     count = len(seconds)  # type: ignore[arg-type]
     if len(microbatches) != count:
         raise ConfigError(f"{len(microbatches)} microbatches but {count} timings (seconds)")

@@ -14,7 +14,7 @@ docs/cost_models.md.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -56,17 +56,24 @@ class StepCalibration:
             calibrator = CostCalibrator(prior)
         # Steps prepared ahead (prefetch k) are scheduled k steps before the training loop
         # reports the times they wait for: wait that much longer for them.
+        # Under dynamic CP each CP rank's times travel in their own column, so the fit sees
+        # every group once with its own time (not each replica's slowest rank's).
+        copies = topology.cp_size if isinstance(calibrator, GroupCostCalibrator) else None
         self.ledger = TimingLedger(
             calibrator,
             dp_size=topology.dp_size,
             dp_rank=topology.dp_rank,
             window=2 + config.prefetch,
             sync=config.sync,
+            copies=copies,
+            copy_rank=topology.cp_rank if copies is not None else 0,
         )
 
     @property
     def calibrator(self) -> CostCalibrator | GroupCostCalibrator | None:
-        return self.ledger.calibrator if self.ledger is not None else None
+        if self.ledger is None:
+            return None
+        return cast("CostCalibrator | GroupCostCalibrator", self.ledger.calibrator)  # the one built above
 
     @property
     def last(self) -> Measurement | None:

@@ -85,7 +85,7 @@ def test_bad_timings_are_skipped_and_counted():
 
 def test_observe_checks_its_arguments():
     cal = CostCalibrator(TRUTH)
-    with pytest.raises(ValueError, match="2 microbatches but 1 timings"):
+    with pytest.raises(ValueError, match=r"2 microbatches \(microbatch_lengths\) but 1 timings \(seconds\)"):
         cal.observe([[1], [2]], [0.1])
     with pytest.raises(ValueError, match="negative length"):
         cal.observe([[-1]], [0.1])

@@ -2,9 +2,11 @@
 from the times every rank reports, the same on every rank, used by the next plans.
 
 Every rank reports, for each of its microbatches, the time a known ``TRUTH`` group cost
-gives its group's pack (a lone filler for an idle rank). Under dp=4 x cp=1 each replica's
-time is its own group's, so the fit recovers ``TRUTH``'s predictions exactly; under
-dp=2 x cp=2 a replica's time is the slowest of its CP ranks' groups.
+gives its group's pack (a lone filler for an idle rank). Every CP rank's time travels on its
+own (TimingLedger(copies=cp)), so under dp=4 x cp=1 and dp=2 x cp=2 alike the calibrator
+observes every group once with its own time, and the fit recovers ``TRUTH``'s predictions
+exactly (before, under dp=2 x cp=2 it saw each replica's slowest CP rank only: groups were
+lost, and a wrong model picked the wrong group for a replica's time).
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ def _times(plan, me: int) -> list[float]:
         row = np.array([[c, int(padded.sum()), int((padded * padded).sum()), int(spans)]])
         out.append(float(TRUTH.predict_sums(row)[0]))
     return out
+
+
+def _groups_of(step: dict) -> int:
+    """Groups of a saved plan (every rank is in one group per round)."""
+    return len(step["plan"]["group_size"])
 
 
 def run_calibrated(name: str, prefetch: int, steps: int) -> dict:
@@ -85,11 +92,11 @@ def test_every_rank_fits_the_same_group_cost_and_plans_with_it(dist_pools, name,
     points = np.array(first["points"])[:, :4].astype(np.int64)
     measured = np.array(first["points"])[:, 4]
     error = np.abs(final.predict_sums(points) / measured - 1)
-    if name == "dp4":  # every replica's time is its own group's: the fit is exact
-        assert error.max() < 1e-6
-        assert (points[:, 0] > 1).any()  # groups were timed: the ring term is fitted with the rest
-    else:  # a replica's time is the slowest of its CP ranks' groups, the fit still follows it
-        assert np.median(error) < 0.05
+    assert error.max() < 1e-6  # every point is one group with its own time: the fit is exact
+    assert (points[:, 0] > 1).any()  # groups were timed: the ring term is fitted with the rest
+    # Every group of every observed round is one point, once (idle ranks: a lone filler each).
+    observed = sorted({int(p[5]) for p in first["points"]})
+    assert len(first["points"]) == sum(_groups_of(steps[k]) for k in observed)
     if prefetch:
         return
     # Without prefetch the model after step k-1 is the one step k was planned with.

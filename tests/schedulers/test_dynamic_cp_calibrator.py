@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.calibrate import TimingLedger, encode_seconds
+from seqpack.calibrate import MISSING, TimingLedger, encode_seconds
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
 from seqpack.schedulers.dynamic_cp import GroupCost, plan_dynamic_cp
@@ -169,3 +169,79 @@ def test_ledger_observes_dynamic_plans_and_resumes():
     assert cal.num_points == seconds.size
     with pytest.raises(ConfigError, match="dynamic CP plans"):
         ledger.add_schedule(1, object(), None)
+
+
+def _per_rank_reference(plan, cost, seconds_of_rank):
+    """Slow reference of the per-rank ledger: per round, every group once (index order), with
+    its sums and its slowest rank's time."""
+    rows, times = [], []
+    for r in range(plan.num_rounds):
+        for g in range(plan.num_groups):
+            if int(plan.group_round[g]) != r:
+                continue
+            ids = plan.group_ids(g)
+            c = int(plan.group_size[g]) if ids.size else 1
+            padded = group_padded_lengths(plan.lengths[ids], c, plan.pad_multiple).astype(np.int64)
+            if not ids.size:
+                padded = np.array([plan.pad_multiple])
+            spans = int(spans_nodes(int(plan.group_start[g]), c, cost.ranks_per_node)) if ids.size else 0
+            rows.append([c, int(padded.sum()), int((padded * padded).sum()), spans])
+            start = int(plan.group_start[g])
+            times.append(max(seconds_of_rank[r][k] for k in range(start, start + int(plan.group_size[g]))))
+    return rows, times
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), dp=st.sampled_from([1, 2, 3]), cp=st.sampled_from([1, 2, 4]))
+def test_per_rank_ledger_observes_every_group_once_with_its_slowest_rank(seed, dp, cp):
+    """Issue 22: each CP rank's times travel in their own column (ABSENT elsewhere; the
+    copies' MAX fills them in), so the calibrator sees every group of every round once, with
+    the slowest of its ranks' times, instead of each replica's slowest rank only."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 200, rng.integers(1, 12)).tolist()
+    plan = plan_dynamic_cp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=64, cost=TRUTH, on_oversize="drop")
+    seconds = rng.uniform(0.01, 1.0, (plan.num_rounds, dp * cp))  # [rounds, plane rank]
+    ledgers = []
+    for rank in range(dp * cp):
+        cal = GroupCostCalibrator(PRIOR, min_points=3, warmup_steps=0)
+        ledger = TimingLedger(cal, dp_size=dp, dp_rank=rank // cp, copies=cp, copy_rank=rank % cp)
+        ledger.add_schedule(0, plan, TRUTH)
+        ledger.record(0, seconds[:, rank], plan.num_rounds)
+        ledgers.append(ledger)
+    # The DP gather (per CP rank) then the copies' MAX (per replica): every rank's column filled.
+    table = np.max([np.stack([ledgers[d * cp + c].outgoing() for d in range(dp)]) for c in range(cp)], axis=0)
+    assert not np.any(table == MISSING) and not np.any(table < 0)
+    rows, times = _per_rank_reference(plan, TRUTH, seconds.tolist())
+    for ledger in ledgers:
+        done = ledger.incoming(1, table)
+        assert [m.step for m in done] == [0]
+        points = ledger.calibrator.state_dict()["points"]
+        assert [p[:4] for p in points] == rows and [p[4] for p in points] == times
+        replica = seconds.reshape(plan.num_rounds, dp, cp).max(axis=2)
+        assert done[0].measured == pytest.approx(replica.max(axis=1).sum())
+        assert done[0].seconds.shape == (plan.num_rounds, dp)
+
+
+def test_per_rank_ledger_resumes_its_slots_and_old_per_replica_ones():
+    plan = plan_dynamic_cp([200, 30, 20, 50, 10, 60, 40, 5], dp_size=2, cp_size=2, max_tokens_per_rank=64, cost=TRUTH)
+
+    def ledger(rank=0):
+        cal = GroupCostCalibrator(PRIOR, min_points=3, warmup_steps=0)
+        return TimingLedger(cal, dp_size=2, dp_rank=rank // 2, copies=2, copy_rank=rank % 2)
+
+    new = ledger()
+    new.add_schedule(0, plan, TRUTH)
+    state = new.state_dict()
+    assert "groups" in state["pending"][0]
+    again = ledger()
+    again.load_state_dict(state)
+    assert again.state_dict() == state and again.width() == plan.num_rounds * 2
+    # A pending step saved per replica (before times travelled per rank) is observed per replica.
+    old = TimingLedger(GroupCostCalibrator(PRIOR, min_points=3, warmup_steps=0), dp_size=2, dp_rank=0)
+    old.add_schedule(0, plan, TRUTH)
+    mixed = ledger()
+    mixed.load_state_dict(old.state_dict())
+    assert mixed.width() == plan.num_rounds
+    seconds = TRUTH.predict_sums(replica_sums(plan, TRUTH))  # [M, dp]
+    done = mixed.incoming(1, np.stack([encode_seconds(seconds[:, d]) for d in range(2)]))
+    assert [m.step for m in done] == [0] and mixed.calibrator.num_points == seconds.size

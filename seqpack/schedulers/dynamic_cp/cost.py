@@ -36,7 +36,7 @@ from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
 from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
 from seqpack.validation import check_choice, check_number, check_positive_int
 
-__all__ = ["FEATURES", "GroupCost", "group_times", "predicted_step_time", "replica_sums", "spans_nodes"]
+__all__ = ["FEATURES", "GroupCost", "group_sums", "group_times", "predicted_step_time", "replica_sums", "spans_nodes"]
 
 FEATURES: tuple[str, ...] = ("constant", "linear", "quadratic", "ring_step", "ring_token", "ring_token_inter")
 """Coefficient names of :meth:`GroupCost.features`' columns: ``1``, ``S/c``, ``SS/c``,
@@ -267,22 +267,19 @@ def predicted_step_time(plan: DynamicCpSchedule, cost: GroupCost, *, sync: str =
     return float(finish.max())
 
 
-def replica_sums(plan: DynamicCpSchedule, cost: GroupCost) -> np.ndarray:
-    """int64 ``[num_rounds, dp_size, 4]``: per round and DP replica (plane ranks
-    ``d*cp .. d*cp+cp-1``), the ``(size, S, SS, spans)`` of the group among its ranks' that
-    ``cost`` predicts slowest: what the replica's measured time (the slowest of its CP ranks)
-    times. An idle group runs a ``pad_multiple`` filler alone (size 1).
-    """
+def group_sums(plan: DynamicCpSchedule, ranks_per_node: int) -> np.ndarray:
+    """int64 ``[G, 4]``: the ``(size, S, SS, spans)`` of every group of ``plan`` (padded
+    lengths; an idle group runs a ``pad_multiple`` filler alone: size 1)."""
     group_of = np.repeat(np.arange(plan.num_groups, dtype=np.int64), plan.group_counts)
     padded = group_padded_lengths(plan.lengths[plan.assigned], plan.group_size[group_of], plan.pad_multiple)
     padded = padded.astype(np.int64)
     s = np.bincount(group_of, weights=padded, minlength=plan.num_groups).astype(np.int64)
     ss = np.zeros(plan.num_groups, dtype=np.int64)
     np.add.at(ss, group_of, padded * padded)
-    spans = spans_nodes(plan.group_start, plan.group_size, cost.ranks_per_node).astype(np.int64)
+    spans = spans_nodes(plan.group_start, plan.group_size, ranks_per_node).astype(np.int64)
     pad = plan.pad_multiple
     busy = plan.group_counts > 0
-    rows = np.stack(
+    return np.stack(
         [
             np.where(busy, plan.group_size, 1),
             np.where(busy, s, pad),
@@ -291,6 +288,15 @@ def replica_sums(plan: DynamicCpSchedule, cost: GroupCost) -> np.ndarray:
         ],
         axis=1,
     )  # [G, 4]
+
+
+def replica_sums(plan: DynamicCpSchedule, cost: GroupCost) -> np.ndarray:
+    """int64 ``[num_rounds, dp_size, 4]``: per round and DP replica (plane ranks
+    ``d*cp .. d*cp+cp-1``), the ``(size, S, SS, spans)`` (:func:`group_sums`) of the group
+    among its ranks' that ``cost`` predicts slowest: what the replica's measured time (the
+    slowest of its CP ranks) times.
+    """
+    rows = group_sums(plan, cost.ranks_per_node)
     times = cost.predict_sums(rows)
     per_rank = plan.rank_group().reshape(plan.num_rounds, plan.dp_size, plan.cp_size)  # group of every rank
     slowest = np.take_along_axis(per_rank, np.argmax(times[per_rank], axis=2)[..., None], axis=2)[..., 0]

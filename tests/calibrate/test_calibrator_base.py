@@ -1,0 +1,216 @@
+"""One calibrator base (issue 19): CostCalibrator and dynamic CP's GroupCostCalibrator share
+seqpack.calibrate.base.Calibrator. States saved by the code before the base (commit 7646089,
+frozen below as literals) load and fit the same model, bit for bit; each calibrator refuses
+the other's state by name; a malformed state is refused with the point named."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from seqpack._logging import reset_warn_once
+from seqpack.calibrate import CostCalibrator, TimingLedger
+from seqpack.calibrate.base import Calibrator
+from seqpack.cost import CostModel
+from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
+from seqpack.schedulers.dynamic_cp import GroupCost
+from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
+
+# -- states saved by main's code (7646089), frozen -------------------------------------------
+
+COST_PRIOR = CostModel(2e-4, 3e-7, 0.01)
+COST_STATE = {
+    "version": 1,
+    "points": [
+        [656, 202378, 0.20297762747118064, 1],
+        [743, 243529, 0.2208811491185678, 1],
+        [505, 85497, 0.1364492382393517, 1],
+        [862, 248340, 0.23324472926606143, 2],
+        [872, 270970, 0.24885354384493705, 2],
+        [615, 262589, 0.20607256981020777, 3],
+        [355, 64181, 0.10001117858347386, 3],
+        [1015, 381459, 0.3292927816883127, 3],
+    ],
+    "skipped": 1,
+    "observed": 8,
+    "last_step": 3,
+}
+COST_MODEL = [0.009698249010475113, 0.00019396498020950227, 2.909474703142534e-07]  # (constant, linear, quadratic)
+
+WINDOWED_PRIOR = CostModel(2e-4, 3e-7, 0.01, windowed=1e-7, window=128)
+WINDOWED_STATE = {
+    "version": 1,
+    "points": [
+        [1108, 414894, 235220, 0.38080074682229165, 1],
+        [717, 205889, 136065, 0.214760202920589, 1],
+        [1094, 470244, 231622, 0.39453169029511603, 1],
+        [669, 210485, 130953, 0.24204946285952125, 2],
+        [482, 103146, 78894, 0.15076847086085707, 2],
+        [963, 315065, 197955, 0.2979113678794662, 2],
+    ],
+    "skipped": 0,
+    "observed": 6,
+    "last_step": 2,
+    "window": 128,
+}
+WINDOWED_MODEL = [0.0764798457145337, 0.0, 6.432580659664667e-07, 1.1100025865251716e-07]
+
+GROUP_PRIOR = GroupCost(CostModel(1.0, 1e-4, 0.0), ring_step=10.0, ring_token=0.1, ranks_per_node=2)
+GROUP_STATE = {
+    "version": 1,
+    "kind": "group",
+    "points": [
+        [1, 227, 102604, 0, 0.05765566203034276, 1],
+        [3, 543, 488157, 1, 0.05165843091692411, 1],
+        [3, 1863, 1052595, 1, 0.1401615267998404, 1],
+        [4, 1208, 827480, 1, 0.08060975942647045, 2],
+        [4, 1347, 977922, 1, 0.09554996812741678, 2],
+        [4, 2629, 2318778, 1, 0.16827734223846197, 2],
+        [2, 268, 167768, 0, 0.039905205877822474, 3],
+        [1, 3577, 1144640, 0, 0.7504871462001692, 3],
+        [2, 2684, 1406416, 0, 0.31696506866685586, 3],
+    ],
+    "skipped": 0,
+    "observed": 9,
+    "last_step": 3,
+}
+GROUP_MODEL = [
+    0.008404235592158442,
+    0.0001966039058229051,
+    3.167360731284994e-08,
+    0.0010128613897809487,
+    1.4086976403370444e-05,
+    4.098913469884097e-06,
+]
+
+LEDGER_STATE = {
+    "calibrator": {
+        "version": 1,
+        "points": [[440, 77888, 0.1, 0], [456, 71744, 0.1, 0], [440, 76096, 0.2, 0], [448, 72832, 0.2, 0]],
+        "skipped": 0,
+        "observed": 4,
+        "last_step": 0,
+    },
+    "pending": [
+        {
+            "step": 1,
+            "sums": [[[440, 77888], [456, 71744]], [[440, 76096], [448, 72832]]],
+            "model": None,
+            "local": [0.2, 0.2],
+        }
+    ],
+    "last": {"step": 0, "measured": 1.0, "predicted": 0.48408320000000005, "model": [0.0002, 3e-07, 0.01]},
+}
+
+
+def _calibrators():
+    return [
+        (CostCalibrator(COST_PRIOR, window=8, min_points=4), COST_STATE, COST_MODEL),
+        (
+            CostCalibrator(WINDOWED_PRIOR, window=8, min_points=4, keep_prior_shape=False),
+            WINDOWED_STATE,
+            WINDOWED_MODEL,
+        ),
+        (GroupCostCalibrator(GROUP_PRIOR, window=16, min_points=6), GROUP_STATE, GROUP_MODEL),
+    ]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_old_states_load_round_trip_and_fit_the_same_model_bit_for_bit(index):
+    cal, state, model = _calibrators()[index]
+    assert isinstance(cal, Calibrator)
+    cal.load_state_dict(state)
+    assert cal.state_dict() == state  # the format did not change: key for key, value for value
+    assert list(cal.state_dict()) == list(state)  # and in the same order
+    assert cal.fitted and cal.num_points == len(state["points"])
+    assert [float(c) for c in cal.model.coefficients] == model
+    other = cal.copy()
+    assert type(other) is type(cal) and repr(other) == repr(cal)
+    assert other.state_dict() == state and [float(c) for c in other.model.coefficients] == model
+
+
+def test_old_ledger_state_loads_with_its_models():
+    ledger = TimingLedger(CostCalibrator(COST_PRIOR, min_points=3, warmup_steps=0), dp_size=2, dp_rank=0)
+    ledger.load_state_dict(LEDGER_STATE)
+    assert ledger.pending() == [1] and ledger.last is not None
+    assert ledger.last.model == CostModel(2e-4, 3e-7, 0.01)
+    assert ledger.state_dict() == LEDGER_STATE
+
+
+def test_reprs_are_unchanged():
+    """PackingConfig fingerprints the calibrator's repr: resume compares it with the saved one."""
+    assert repr(CostCalibrator(COST_PRIOR)) == (
+        f"CostCalibrator(prior={COST_PRIOR!r}, window=1024, min_points=32, robust=True, prior_in_seconds=False, "
+        "warmup_steps=1, keep_prior_shape=True)"
+    )
+    assert repr(GroupCostCalibrator(GROUP_PRIOR, window=64)) == (
+        f"GroupCostCalibrator(prior={GROUP_PRIOR!r}, window=64, min_points=32, robust=True, prior_in_seconds=False, "
+        "warmup_steps=1)"
+    )
+
+
+def test_each_calibrator_refuses_the_others_state_by_name():
+    with pytest.raises(ResumeError, match="must be a CostCalibrator.state_dict.* got a GroupCostCalibrator's"):
+        CostCalibrator(COST_PRIOR).load_state_dict(GROUP_STATE)
+    with pytest.raises(ResumeError, match="must be a GroupCostCalibrator.state_dict.* got a CostCalibrator's"):
+        GroupCostCalibrator(GROUP_PRIOR).load_state_dict(COST_STATE)
+    with pytest.raises(ResumeError, match="version 2"):
+        CostCalibrator(COST_PRIOR).load_state_dict({**COST_STATE, "version": 2})
+
+
+@pytest.mark.parametrize(
+    ("point", "problem"),
+    [
+        ([0, 227, 102604, 0, 0.05, 1], "size 0"),  # a group of no rank
+        ([1, -227, 102604, 0, 0.05, 1], "S -227"),
+        ([1, 227, 102604, 2, 0.05, 1], "spans 2"),
+        ([1, 227, 102604, 0, -0.05, 1], "the time -0.05"),
+        ([1, 227, 102604, 0, float("nan"), 1], "the time nan"),
+    ],
+)
+def test_a_group_state_with_an_impossible_point_is_refused_naming_it(point, problem):
+    """Before the base, a GroupCostCalibrator loaded these and fitted on them."""
+    state = {**GROUP_STATE, "points": [*GROUP_STATE["points"][:2], point]}
+    with pytest.raises(ResumeError, match=rf"point 2 .* has .*{problem}"):
+        GroupCostCalibrator(GROUP_PRIOR).load_state_dict(state)
+
+
+def test_negative_counters_and_a_string_point_are_refused():
+    with pytest.raises(ResumeError, match="negative count"):
+        CostCalibrator(COST_PRIOR).load_state_dict({**COST_STATE, "skipped": -1})
+    with pytest.raises(ResumeError, match="malformed"):
+        CostCalibrator(COST_PRIOR).load_state_dict({**COST_STATE, "points": ["abcd"]})
+
+
+def test_both_calibrators_skip_and_warn_alike_on_an_absurd_time(caplog):
+    """One time filter: NaN, inf and <= 0 (an untimed microbatch) are skipped and counted
+    silently; a positive time no clock measures is skipped, counted and warned once, in the
+    same words, naming the step, the time and the calibrator."""
+    reset_warn_once()
+    cost = CostCalibrator(COST_PRIOR, warmup_steps=0)
+    group = GroupCostCalibrator(GROUP_PRIOR, warmup_steps=0)
+    with caplog.at_level(logging.WARNING):
+        cost.observe([[10], [20], [30], [40]], [float("nan"), -1.0, 1e300, 0.5], step=4)
+        group.observe([1] * 4, [10, 20, 30, 40], [100] * 4, [0] * 4, [float("nan"), -1.0, 1e300, 0.5], step=4)
+    assert (cost.skipped, cost.num_points, group.skipped, group.num_points) == (3, 1, 3, 1)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    for name, message in zip(("CostCalibrator", "GroupCostCalibrator"), messages, strict=True):
+        assert message.startswith("step 4: a microbatch time of 1e+300 s is outside") and f"{name}.skipped" in message
+
+
+def test_group_observe_refuses_sums_that_are_no_integers():
+    """Before the base, 1.5 became 1 and '3' became 3, silently."""
+    group = GroupCostCalibrator(GROUP_PRIOR)
+    with pytest.raises(SeqpackTypeError, match=r"sizes must be integers.*observe of step 2"):
+        group.observe([1.5, 2], [10, 20], [100, 400], [0, 0], [0.1, 0.2], step=2)
+    with pytest.raises(SeqpackTypeError, match="seqlen_sum must be integers"):
+        group.observe([1, 2], ["3", 20], [100, 400], [0, 0], [0.1, 0.2])
+    with pytest.raises(ConfigError, match=r"microbatch 1: size 2, S 20, SS 400, spans 3"):
+        group.observe([1, 2], [10, 20], [100, 400], [0, 3], [0.1, 0.2])
+    with pytest.raises(ConfigError, match=r"differ in length: \{'sizes': 2, 'seqlen_sum': 2, .*'seconds': 3\}"):
+        group.observe([1, 2], [10, 20], [100, 400], [0, 0], [0.1, 0.2, 0.3])
+    assert group.num_points == 0
+    assert group.observe(np.array([1, 2]), [10, 20], [100, 400], np.array([False, True]), [0.1, 0.2]) == 2
