@@ -3,8 +3,9 @@
 The producer (:mod:`seqpack.loader.producer`) runs these instead of phases 3-5 of
 :mod:`seqpack.loader.phases` (read and gather are the same):
 
-3. :meth:`DynamicCp.schedule`: :func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` over the
-   ``dp x cp`` ranks of this lane, the same plan on every rank;
+3. :meth:`DynamicCp.schedule`: the config's :class:`~seqpack.schedulers.DynamicCpScheduler`
+   (:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp`) over the ``dp x cp`` ranks of this
+   lane, the same plan on every rank;
 4. :meth:`DynamicCp.exchange`: every rank of a sequence's group gets its shard
    (:func:`~seqpack.collective.cp_exchange.exchange_shards`, on the wrapper's plane group);
 5. :meth:`DynamicCp.pack`: per round, this rank's shard of its group's microbatch, carrying
@@ -30,8 +31,9 @@ from seqpack.errors import ConfigError, ScheduleError
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.phases import Gathered, Sample, carries_position_ids
 from seqpack.options import Sync
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost, plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
 from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths, longest_sequence
+from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.schedulers.dynamic_cp.stats import plan_stats
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch, batch_from_layout, padding_only_batch
@@ -54,6 +56,9 @@ class DynamicCp:
         self.config, self.topology, self.groups = config, topology, groups
         self.cost: GroupCost = config.group_cost
         self.sync = config.sync or Sync.LOCKSTEP
+        scheduler = config.build_scheduler()
+        assert isinstance(scheduler, DynamicCpScheduler)
+        self.scheduler = scheduler
 
     def schedule(self, gathered: Gathered, cost: GroupCost | None = None) -> DynamicCpSchedule:
         """The step's plan, identical on every rank, with ``origin`` from the gather
@@ -66,22 +71,21 @@ class DynamicCp:
         config, t, lengths = self.config, self.topology, gathered.lengths
         assert config.pad_multiple is not None
         try:
-            plan = plan_dynamic_cp(
+            return self.scheduler.schedule(
                 lengths.lengths,
                 dp_size=t.dp_size,
                 cp_size=t.cp_size,
                 max_tokens_per_rank=config.max_tokens_per_rank,
                 pad_multiple=config.pad_multiple,
                 cost=cost or self.cost,
-                sync=self.sync,
-                group_sizes=config.cp_group_sizes,
                 on_oversize=config.on_oversize,
+                origin=lengths.origin(),
+                sync=self.sync,
             )
         except ValueError as exc:
             raise ScheduleError(f"{exc}{self._locate_oversize(lengths)}") from exc
         except Exception as exc:  # a planner bug must still reach every rank
             raise ScheduleError(f"the dynamic CP planner failed: {type(exc).__name__}: {exc}") from exc
-        return dataclasses.replace(plan, origin=lengths.origin())
 
     def _locate_oversize(self, gathered: GatheredLengths) -> str:
         config, t = self.config, self.topology
