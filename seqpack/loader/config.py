@@ -157,7 +157,8 @@ class PackingConfig:
     ``keep_minibatch``): every DP rank's sequences are cut in read order into this many
     contiguous mini-batches, each balanced over DP on its own, no sample crossing; a Step's
     microbatches are theirs in order (``Step.minibatch_bounds``, ``Step.minibatches``,
-    ``Step.minibatch_loss_tokens``). At most ``samples_per_rank``; not with ``dynamic_cp``."""
+    ``Step.minibatch_loss_tokens``). At most ``samples_per_rank``. Under ``dynamic_cp`` each
+    mini-batch is planned alone over all ``dp x cp`` ranks (its own CP groups and rounds)."""
 
     def __post_init__(self) -> None:
         for name in ("samples_per_rank", "max_tokens_per_rank"):
@@ -211,11 +212,6 @@ class PackingConfig:
             raise ConfigError(
                 f"minibatches={self.minibatches} is more than samples_per_rank={self.samples_per_rank}: each DP "
                 "rank's samples of a step are cut into that many mini-batches, so some would hold none"
-            )
-        if self.minibatches > 1 and self.dynamic_cp:
-            raise ConfigError(
-                f"minibatches={self.minibatches} is not supported with dynamic_cp=True yet: its planner does not "
-                "plan mini-batches apart; pass minibatches=1 or dynamic_cp=False"
             )
 
     def _check_dynamic_cp(self, named: Scheduler) -> None:

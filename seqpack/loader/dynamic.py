@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ from seqpack.loader.config import PackingConfig
 from seqpack.loader.phases import Gathered, Sample, carries_position_ids
 from seqpack.options import Sync
 from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
+from seqpack.schedulers.dynamic_cp.minibatches import plan_minibatches
 from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths, longest_sequence
 from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.schedulers.dynamic_cp.stats import plan_stats
@@ -60,9 +62,11 @@ class DynamicCp:
         assert isinstance(scheduler, DynamicCpScheduler)
         self.scheduler = scheduler
 
-    def schedule(self, gathered: Gathered, cost: GroupCost | None = None) -> DynamicCpSchedule:
+    def schedule(self, gathered: Gathered, cost: GroupCost | None = None) -> tuple[DynamicCpSchedule, list[int] | None]:
         """The step's plan, identical on every rank, with ``origin`` from the gather
-        (``cost``: the calibrated :class:`GroupCost`, which replaces the config's).
+        (``cost``: the calibrated :class:`GroupCost`, which replaces the config's), and with
+        ``minibatches > 1`` the round offsets of its mini-batches
+        (:func:`~seqpack.schedulers.dynamic_cp.minibatches.plan_minibatches`; else ``None``).
 
         Raises:
             ScheduleError: An oversize sequence (located in its DP rank's pool), or a planner
@@ -70,18 +74,20 @@ class DynamicCp:
         """
         config, t, lengths = self.config, self.topology, gathered.lengths
         assert config.pad_multiple is not None
+        options: dict[str, Any] = dict(
+            dp_size=t.dp_size,
+            cp_size=t.cp_size,
+            max_tokens_per_rank=config.max_tokens_per_rank,
+            pad_multiple=config.pad_multiple,
+            cost=cost or self.cost,
+            on_oversize=config.on_oversize,
+            origin=lengths.origin(),
+            sync=self.sync,
+        )
         try:
-            return self.scheduler.schedule(
-                lengths.lengths,
-                dp_size=t.dp_size,
-                cp_size=t.cp_size,
-                max_tokens_per_rank=config.max_tokens_per_rank,
-                pad_multiple=config.pad_multiple,
-                cost=cost or self.cost,
-                on_oversize=config.on_oversize,
-                origin=lengths.origin(),
-                sync=self.sync,
-            )
+            if config.minibatches > 1:
+                return plan_minibatches(self.scheduler, lengths.lengths, minibatches=config.minibatches, **options)
+            return self.scheduler.schedule(lengths.lengths, **options), None
         except ValueError as exc:
             raise ScheduleError(f"{exc}{self._locate_oversize(lengths)}") from exc
         except Exception as exc:  # a planner bug must still reach every rank
