@@ -251,6 +251,12 @@ class PackingConfig:
                 "calibrate=CostCalibrator(...) fits (1, S, SS) of a CostModel, not a dynamic CP group cost: pass "
                 "calibrate=True or a seqpack.schedulers.dynamic_cp.GroupCostCalibrator with dynamic_cp=True"
             )
+        for name in ("group_microbatch", "equal_samples_per_replica"):
+            if getattr(self, name):
+                raise ConfigError(
+                    f"{name}=True is not supported with dynamic_cp=True: its plans place sequences on CP groups, "
+                    "not on replicas (group_id is refused under dynamic CP too)"
+                )
         if self.cp_layout != CpLayout.DUALCHUNK:
             raise ConfigError(
                 f"cp_layout={self.cp_layout.value!r} is not supported with dynamic_cp=True: its groups pad and "
