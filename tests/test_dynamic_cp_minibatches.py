@@ -82,3 +82,63 @@ def test_minibatches_through_the_wrapper_on_one_rank():
         assert step.minibatch_loss_tokens[j] == sum(min(lengths[i], 64) - 1 for i in ids)
     back = step.to_origin([mb.input_ids for mb in step.microbatches])
     assert [t.tolist() for t in back] == [d["input_ids"][:64].tolist() for d in data]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), k=st.integers(1, 2), cp=st.sampled_from([1, 2]))
+def test_groups_stay_on_one_replica_block(seed, k, cp):
+    rng = np.random.default_rng(seed)
+    dp, n = 2, 16
+    lengths = rng.integers(1, 60, n)
+    lengths[0] = 100 * cp  # ungrouped and long: spread over a dynamic group when cp = 2
+    grouped = rng.random(n) < 0.6
+    grouped[0] = False
+    group_ids = rng.integers(0, 4, n)
+    origin = np.repeat(np.arange(dp), n // dp)
+    limits = {"dp_size": dp, "cp_size": cp, "max_tokens_per_rank": 64, "pad_multiple": 2}
+    scheduler = DynamicCpScheduler(group_cost=COST)
+    plan, starts = plan_minibatches(
+        scheduler, lengths, minibatches=k, origin=origin, group_ids=group_ids, grouped=grouped, **limits
+    )
+    plan.validate(lengths, **limits)
+    replica_of = {}
+    for g in range(plan.num_groups):
+        for i in plan.group_ids(g).tolist():
+            if grouped[i]:
+                assert plan.group_size[g] == cp and plan.group_start[g] % cp == 0  # the replica's own block
+                d = int(plan.group_start[g]) // cp
+                mb = int(np.searchsorted(starts, plan.group_round[g], side="right")) - 1
+                assert replica_of.setdefault((mb, int(group_ids[i])), d) == d  # one replica per group
+    assert sorted(plan.assigned.tolist()) == list(range(n))
+
+
+def test_a_grouped_sequence_must_fit_its_replica():
+    from seqpack.errors import ScheduleError
+    from seqpack.schedulers.dynamic_cp.groups import plan_with_groups
+
+    args = {"dp_size": 2, "cp_size": 2, "max_tokens_per_rank": 64, "pad_multiple": 2}
+    with pytest.raises(ScheduleError, match="sample 1 carries a group_id and has 200 tokens, more than its"):
+        plan_with_groups(DynamicCpScheduler(group_cost=COST), np.array([5, 200]), np.zeros(2), np.ones(2), **args)
+    with pytest.raises(ConfigError, match="needs cp_size=3 a power of 2 or cp_group_sizes='any'"):
+        plan_with_groups(
+            DynamicCpScheduler(group_cost=COST), np.array([5, 6]), np.zeros(2), np.ones(2), **args | {"cp_size": 3}
+        )
+    plan = plan_with_groups(
+        DynamicCpScheduler("any", COST), np.array([5, 6]), np.zeros(2), np.ones(2), **args | {"cp_size": 3}
+    )
+    assert set(plan.group_size.tolist()) == {3}
+
+
+def test_groups_through_the_wrapper_on_one_rank():
+    from seqpack.loader import wrap_data_iterator
+
+    lengths = [30, 12, 50, 7, 21, 40]
+    data = [
+        {"input_ids": torch.arange(n) % 50 + 1, **({"group_id": i // 2} if i else {})} for i, n in enumerate(lengths)
+    ]
+    options = {"samples_per_rank": 6, "max_tokens_per_rank": 64, "group_cost": COST, "prefetch": 0}
+    (step,) = wrap_data_iterator(iter(data), Topology.single(), dynamic_cp=True, **options)
+    ran = sorted(int(g) for mb in step.microbatches for g in mb.sample_ids.tolist() if g >= 0)
+    assert ran == list(range(6)) and step.schedule.num_rounds >= 2  # the grouped part, then the rest
+    back = step.to_origin([mb.input_ids for mb in step.microbatches])
+    assert [t.tolist() for t in back] == [d["input_ids"].tolist() for d in data]

@@ -255,7 +255,7 @@ class PackingConfig:
             if getattr(self, name):
                 raise ConfigError(
                     f"{name}=True is not supported with dynamic_cp=True: its plans place sequences on CP groups, "
-                    "not on replicas (group_id is refused under dynamic CP too)"
+                    "not in a replica's microbatches (group_id works: a group stays on one replica's own CP ranks)"
                 )
         if self.cp_layout != CpLayout.DUALCHUNK:
             raise ConfigError(

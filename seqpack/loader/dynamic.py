@@ -30,9 +30,11 @@ from seqpack.collective.cp_exchange import exchange_shards
 from seqpack.collective.cp_groups import CpGroups
 from seqpack.errors import ConfigError, ScheduleError
 from seqpack.loader.config import PackingConfig
-from seqpack.loader.phases import Gathered, Sample, carries_position_ids
+from seqpack.loader.grouping import GROUP_KEY
+from seqpack.loader.phases import SAMPLE_COLUMNS, Gathered, Sample, carries_position_ids
 from seqpack.options import Sync
 from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
+from seqpack.schedulers.dynamic_cp.groups import plan_with_groups
 from seqpack.schedulers.dynamic_cp.minibatches import plan_minibatches
 from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths, longest_sequence
 from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
@@ -84,9 +86,16 @@ class DynamicCp:
             origin=lengths.origin(),
             sync=self.sync,
         )
+        columns = lengths.columns
+        assert columns is not None
+        grouped = SAMPLE_COLUMNS.column(columns, "grouped").astype(bool)
+        groups: dict[str, Any] = dict(group_ids=SAMPLE_COLUMNS.column(columns, "group_id"), grouped=grouped)
         try:
             if config.minibatches > 1:
-                return plan_minibatches(self.scheduler, lengths.lengths, minibatches=config.minibatches, **options)
+                minibatches = config.minibatches
+                return plan_minibatches(self.scheduler, lengths.lengths, minibatches=minibatches, **groups, **options)
+            if grouped.any():
+                return plan_with_groups(self.scheduler, lengths.lengths, **groups, **options), None
             return self.scheduler.schedule(lengths.lengths, **options), None
         except ValueError as exc:
             raise ScheduleError(f"{exc}{self._locate_oversize(lengths)}") from exc
@@ -106,7 +115,10 @@ class DynamicCp:
         return f" [global sample {g} is sequence {g - int(gathered.offsets[r])} of DP rank {r}'s pool this step]"
 
     def exchange(self, pool: Sequence[Sample], plan: DynamicCpSchedule, gathered: Gathered) -> Exchanged:
-        """Every piece of the step to the rank that runs it, over the plane group."""
+        """Every piece of the step to the rank that runs it, over the plane group (a
+        sample's ``group_id`` is read at the gather and not moved)."""
+        if any(GROUP_KEY in sample for sample in pool):
+            pool = [{key: value for key, value in sample.items() if key != GROUP_KEY} for sample in pool]
         return exchange_shards(
             pool,
             plan,

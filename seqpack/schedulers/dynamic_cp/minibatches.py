@@ -21,52 +21,16 @@ from typing import Any
 import numpy as np
 
 from seqpack.errors import ConfigError
+from seqpack.schedulers.dynamic_cp.groups import plan_with_groups
+from seqpack.schedulers.dynamic_cp.join import join_plans
 from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
 from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
+from seqpack.schedulers.groups import group_units
 from seqpack.schedulers.minibatches import minibatch_of
 from seqpack.schedulers.request import as_lengths, as_origin
 from seqpack.validation import check_positive_int
 
-__all__ = ["join_plans", "plan_minibatches"]
-
-
-def join_plans(
-    parts: Sequence[DynamicCpSchedule], ids: Sequence[np.ndarray], original: np.ndarray
-) -> DynamicCpSchedule:
-    """One plan running ``parts`` one after the other; ``ids[j]``: the global id of each of
-    ``parts[j]``'s ids (``original``: every global id's length; ids in no part are dropped)."""
-    first = parts[0]
-    rounds = np.cumsum([0, *(p.num_rounds for p in parts)])
-    effective = np.zeros_like(original)
-    for p, where in zip(parts, ids, strict=True):
-        effective[where] = p.lengths
-
-    def joined(name: str) -> np.ndarray:
-        return np.concatenate([where[getattr(p, name)] for p, where in zip(parts, ids, strict=True)]).astype(np.int64)
-
-    origin = np.zeros(original.shape[0], dtype=np.int64)
-    for p, where in zip(parts, ids, strict=True):
-        assert p.origin is not None
-        origin[where] = p.origin
-    return DynamicCpSchedule(
-        num_rounds=int(rounds[-1]),
-        group_round=np.concatenate([p.group_round + r for p, r in zip(parts, rounds[:-1].tolist(), strict=True)]),
-        group_start=np.concatenate([p.group_start for p in parts]),
-        group_size=np.concatenate([p.group_size for p in parts]),
-        group_counts=np.concatenate([p.group_counts for p in parts]),
-        assigned=joined("assigned"),
-        lengths=effective,
-        original_lengths=original,
-        dp_size=first.dp_size,
-        cp_size=first.cp_size,
-        max_tokens_per_rank=first.max_tokens_per_rank,
-        pad_multiple=first.pad_multiple,
-        group_sizes=first.group_sizes,
-        deferred=np.sort(joined("deferred")),
-        dropped=np.sort(joined("dropped")),
-        truncated=np.sort(joined("truncated")),
-        origin=origin,
-    )
+__all__ = ["plan_minibatches"]
 
 
 def plan_minibatches(
@@ -76,11 +40,15 @@ def plan_minibatches(
     minibatches: int,
     dp_size: int,
     origin: Sequence[int] | np.ndarray | None = None,
+    group_ids: np.ndarray | None = None,
+    grouped: np.ndarray | None = None,
     **options: Any,
 ) -> tuple[DynamicCpSchedule, list[int]]:
     """One dynamic-CP plan of ``minibatches`` mini-batches, each planned alone by
     ``scheduler`` (module docstring); ``options``: the rest of
-    :meth:`DynamicCpScheduler.schedule`'s arguments.
+    :meth:`DynamicCpScheduler.schedule`'s arguments. With ``grouped`` sequences (their
+    ``group_ids``), a group belongs to the mini-batch of its first sequence and stays on one
+    replica (:func:`~seqpack.schedulers.dynamic_cp.groups.plan_with_groups`).
 
     Returns:
         ``(plan, starts)``: ``starts`` (``minibatches + 1`` round offsets) bounds each
@@ -91,13 +59,21 @@ def plan_minibatches(
     """
     original = as_lengths(lengths)
     origin_arr = as_origin(origin, original.shape[0], check_positive_int("dp_size", dp_size))
-    which = minibatch_of(origin_arr, minibatches)
+    flags = np.zeros(original.shape[0], bool) if grouped is None else np.asarray(grouped, bool)
+    gids = np.zeros(original.shape[0], np.int64) if group_ids is None else np.asarray(group_ids, np.int64)
+    which = minibatch_of(origin_arr, minibatches, group_units(gids, flags) if flags.any() else None)
     parts, ids = [], []
     for j in range(minibatches):
         mine = np.flatnonzero(which == j)
         if not mine.size:
             raise ConfigError(f"mini-batch {j} of {minibatches} holds no sample: read more samples per step")
-        parts.append(scheduler.schedule(original[mine], dp_size=dp_size, origin=origin_arr[mine], **options))
+        if flags[mine].any():
+            part = plan_with_groups(
+                scheduler, original[mine], gids[mine], flags[mine], dp_size=dp_size, origin=origin_arr[mine], **options
+            )
+        else:
+            part = scheduler.schedule(original[mine], dp_size=dp_size, origin=origin_arr[mine], **options)
+        parts.append(part)
         ids.append(mine)
     starts = np.cumsum([0, *(p.num_rounds for p in parts)]).tolist()
     return join_plans(parts, ids, original), [int(s) for s in starts]
