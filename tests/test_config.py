@@ -41,8 +41,6 @@ def test_strings_become_enum_members_and_compare_equal():
         ({"minibatches": 0}, ConfigError, "minibatches must be a positive integer, got 0"),
         ({"minibatches": 2.0}, SeqpackTypeError, "minibatches must be a positive integer, got 2.0"),
         ({"minibatches": 5}, ConfigError, "minibatches=5 is more than samples_per_rank=4"),
-        ({"minibatches": 2, "dynamic_cp": True, "group_cost": {"ring_step": 1.0}}, ConfigError,
-         "minibatches=2 is not supported with dynamic_cp=True"),
     ],
 )
 def test_bad_values_are_named(kw, error, message):

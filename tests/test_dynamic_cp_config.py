@@ -50,6 +50,8 @@ def test_ring_figures_are_added_to_the_cost():
         ({"scheduler_options": {"order": "pipeline"}}, ConfigError, "leave scheduler at 'balanced'"),
         ({"calibrate": CostCalibrator(CostModel(1.0, 0.0, 0.0))}, ConfigError, "not a dynamic CP group cost"),
         ({"cp_layout": "contiguous"}, ConfigError, "cp_layout='contiguous' is not supported with dynamic_cp=True"),
+        ({"group_microbatch": True}, ConfigError, "group_microbatch=True is not supported with dynamic_cp=True"),
+        ({"equal_samples_per_replica": True}, ConfigError, "equal_samples_per_replica=True is not supported"),
         ({"cp_group_sizes": "odd"}, ConfigError, "cp_group_sizes must be one of"),
         ({"dynamic_cp": 1}, SeqpackTypeError, "dynamic_cp must be True or False"),
         ({"dynamic_cp": False}, ConfigError, "group_cost is an option of dynamic CP"),

@@ -37,6 +37,7 @@ from seqpack.options import (
 from seqpack.schedulers import Scheduler, get_scheduler
 from seqpack.schedulers.dynamic_cp import GroupCost
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
+from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.thd import pad_multiple_for
 from seqpack.topology import Topology
 from seqpack.validation import (
@@ -125,13 +126,15 @@ class PackingConfig:
     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
     """The prefetch thread prepares no further step while the steps waiting for ``next()``
     hold this many tensor bytes or more (one step always may wait)."""
-    dynamic_cp: bool = False
+    dynamic_cp: bool | None = None
     """Dynamic context parallelism (docs/dynamic_cp.md): per microbatch round the ``dp x cp``
     ranks of every TP/PP lane form CP groups, planned by
-    :func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` (``scheduler`` is not used);
-    each microbatch carries its group (``PackedBatch.cp_group``, ``cp_size``, ``cp_rank``),
-    which ``ThdAttention`` and ``Mamba2Mixer`` use. Needs ``group_cost``. ``max_tokens_per_rank``
-    is per rank as always; one sequence may hold up to ``dp * cp`` ranks' worth."""
+    :func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` (``scheduler="dynamic_cp"``, its
+    registered scheduler, is the same switch; ``None``, the default, means on exactly when
+    ``scheduler`` is it, and ``False`` with it is refused); each microbatch carries its group
+    (``PackedBatch.cp_group``, ``cp_size``, ``cp_rank``), which ``ThdAttention`` and
+    ``Mamba2Mixer`` use. Needs ``group_cost``. ``max_tokens_per_rank`` is per rank as always;
+    one sequence may hold up to ``dp * cp`` ranks' worth. Always a bool once built."""
     group_cost: GroupCost | Mapping[str, float] | None = None
     """Under ``dynamic_cp``: what a CP group's microbatch costs, the planner's objective. A
     :class:`~seqpack.schedulers.dynamic_cp.GroupCost` (compute and the CP ring, e.g.
@@ -154,7 +157,8 @@ class PackingConfig:
     ``keep_minibatch``): every DP rank's sequences are cut in read order into this many
     contiguous mini-batches, each balanced over DP on its own, no sample crossing; a Step's
     microbatches are theirs in order (``Step.minibatch_bounds``, ``Step.minibatches``,
-    ``Step.minibatch_loss_tokens``). At most ``samples_per_rank``; not with ``dynamic_cp``."""
+    ``Step.minibatch_loss_tokens``). At most ``samples_per_rank``. Under ``dynamic_cp`` each
+    mini-batch is planned alone over all ``dp x cp`` ranks (its own CP groups and rounds)."""
 
     def __post_init__(self) -> None:
         for name in ("samples_per_rank", "max_tokens_per_rank"):
@@ -180,7 +184,8 @@ class PackingConfig:
         if not isinstance(self.scheduler_options, Mapping):
             raise SeqpackTypeError(f"scheduler_options must be a mapping, got {type(self.scheduler_options).__name__}")
         object.__setattr__(self, "scheduler_options", dict(self.scheduler_options))
-        self.build_scheduler()  # unknown names and bad options fail here, not at the first step
+        # Unknown names and bad options fail here, not at the first step.
+        named = get_scheduler(self.scheduler, **(self.scheduler_options or {}))
         check_cost_model("cost", self.cost)
         if self.flops_fn is not None and not callable(self.flops_fn):
             raise SeqpackTypeError(f"flops_fn must be callable, got {type(self.flops_fn).__name__}")
@@ -189,7 +194,7 @@ class PackingConfig:
         if self.sync is not None:
             object.__setattr__(self, "sync", check_choice("sync", self.sync, Sync))
         self._check_calibrate()
-        self._check_dynamic_cp()
+        self._check_dynamic_cp(named)
         self._check_minibatches()
 
     def _check_calibrate(self) -> None:
@@ -208,38 +213,68 @@ class PackingConfig:
                 f"minibatches={self.minibatches} is more than samples_per_rank={self.samples_per_rank}: each DP "
                 "rank's samples of a step are cut into that many mini-batches, so some would hold none"
             )
-        if self.minibatches > 1 and self.dynamic_cp:
-            raise ConfigError(
-                f"minibatches={self.minibatches} is not supported with dynamic_cp=True yet: its planner does not "
-                "plan mini-batches apart; pass minibatches=1 or dynamic_cp=False"
-            )
 
-    def _check_dynamic_cp(self) -> None:
-        """The dynamic-CP options; what it does not combine with yet is refused by name."""
+    def _check_dynamic_cp(self, named: Scheduler) -> None:
+        """The dynamic-CP options (``named``: the scheduler ``scheduler`` names); what it does
+        not combine with yet is refused by name."""
+        dynamic = isinstance(named, DynamicCpScheduler)
+        if self.dynamic_cp is None:
+            object.__setattr__(self, "dynamic_cp", dynamic)
         object.__setattr__(self, "dynamic_cp", check_bool("dynamic_cp", self.dynamic_cp))
         object.__setattr__(self, "cp_group_sizes", check_choice("cp_group_sizes", self.cp_group_sizes, GroupSizes))
+        if dynamic and not self.dynamic_cp:
+            raise ConfigError(
+                f"scheduler={self.scheduler!r} plans with dynamic CP but dynamic_cp=False: pass dynamic_cp=True "
+                "(or leave it unset), or another scheduler"
+            )
         if not self.dynamic_cp:
             if self.group_cost is not None or self.cp_group_sizes != GroupSizes.POW2:
                 name = "group_cost" if self.group_cost is not None else "cp_group_sizes"
                 raise ConfigError(f"{name} is an option of dynamic CP: pass dynamic_cp=True with it")
             return
-        object.__setattr__(self, "group_cost", dynamic_group_cost(self.group_cost, self.cost))
-        if self.scheduler != "balanced" or self.scheduler_options:
+        if isinstance(named, DynamicCpScheduler):
+            self._fold_dynamic_scheduler(named)
+        elif self.scheduler != "balanced" or self.scheduler_options:
             raise ConfigError(
-                f"dynamic_cp=True plans with seqpack.schedulers.dynamic_cp.plan_dynamic_cp, so scheduler="
-                f"{self.scheduler!r} (options {dict(self.scheduler_options or {})}) would not be used: leave "
-                "scheduler at 'balanced' with no scheduler_options"
+                f"dynamic_cp=True plans with scheduler 'dynamic_cp', so scheduler={self.scheduler!r} (options "
+                f"{dict(self.scheduler_options or {})}) would not be used: leave scheduler at 'balanced' with no "
+                "scheduler_options, or pass scheduler='dynamic_cp'"
+            )
+        object.__setattr__(self, "group_cost", dynamic_group_cost(self.group_cost, self.cost))
+        if isinstance(named, DynamicCpScheduler) and named.group_cost not in (None, self.group_cost):
+            raise ConfigError(
+                f"scheduler 'dynamic_cp' has group_cost={named.group_cost!r} but the config's is {self.group_cost!r}: "
+                "pass one of them"
             )
         if isinstance(self.calibrate, CostCalibrator):
             raise ConfigError(
                 "calibrate=CostCalibrator(...) fits (1, S, SS) of a CostModel, not a dynamic CP group cost: pass "
                 "calibrate=True or a seqpack.schedulers.dynamic_cp.GroupCostCalibrator with dynamic_cp=True"
             )
+        for name in ("group_microbatch", "equal_samples_per_replica"):
+            if getattr(self, name):
+                raise ConfigError(
+                    f"{name}=True is not supported with dynamic_cp=True: its plans place sequences on CP groups, "
+                    "not in a replica's microbatches (group_id works: a group stays on one replica's own CP ranks)"
+                )
         if self.cp_layout != CpLayout.DUALCHUNK:
             raise ConfigError(
                 f"cp_layout={self.cp_layout.value!r} is not supported with dynamic_cp=True: its groups pad and "
                 "shard every sequence by DualChunkSwap ('dualchunk')"
             )
+
+    def _fold_dynamic_scheduler(self, named: DynamicCpScheduler) -> None:
+        """``scheduler="dynamic_cp"``: its options fill ``cp_group_sizes`` and ``group_cost``
+        (a different ``cp_group_sizes`` than the default is refused)."""
+        if named.group_sizes is not None:
+            if self.cp_group_sizes not in (GroupSizes.POW2, named.group_sizes):
+                raise ConfigError(
+                    f"scheduler 'dynamic_cp' has group_sizes={named.group_sizes.value!r} but cp_group_sizes="
+                    f"{self.cp_group_sizes.value!r}: pass one of them"
+                )
+            object.__setattr__(self, "cp_group_sizes", named.group_sizes)
+        if self.group_cost is None:
+            object.__setattr__(self, "group_cost", named.group_cost)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -254,7 +289,14 @@ class PackingConfig:
 
     def build_scheduler(self) -> Scheduler:
         """The :class:`~seqpack.schedulers.Scheduler` this config names (a new one per call
-        for names; the instance itself when one was given)."""
+        for names; the instance itself when one was given). Under ``dynamic_cp``: a
+        :class:`~seqpack.schedulers.DynamicCpScheduler` with ``cp_group_sizes`` and
+        ``group_cost`` (the instance given, when one was), however dynamic CP was turned on."""
+        if self.dynamic_cp:
+            if isinstance(self.scheduler, DynamicCpScheduler) and type(self.scheduler) is not DynamicCpScheduler:
+                return self.scheduler  # a subclass: its own planning (the plain class is rebuilt: one repr)
+            assert isinstance(self.group_cost, GroupCost)
+            return DynamicCpScheduler(group_sizes=self.cp_group_sizes, group_cost=self.group_cost)
         return get_scheduler(self.scheduler, **(self.scheduler_options or {}))
 
     def resolve(self, topology: Topology) -> PackingConfig:

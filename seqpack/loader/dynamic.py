@@ -3,8 +3,9 @@
 The producer (:mod:`seqpack.loader.producer`) runs these instead of phases 3-5 of
 :mod:`seqpack.loader.phases` (read and gather are the same):
 
-3. :meth:`DynamicCp.schedule`: :func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` over the
-   ``dp x cp`` ranks of this lane, the same plan on every rank;
+3. :meth:`DynamicCp.schedule`: the config's :class:`~seqpack.schedulers.DynamicCpScheduler`
+   (:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp`) over the ``dp x cp`` ranks of this
+   lane, the same plan on every rank;
 4. :meth:`DynamicCp.exchange`: every rank of a sequence's group gets its shard
    (:func:`~seqpack.collective.cp_exchange.exchange_shards`, on the wrapper's plane group);
 5. :meth:`DynamicCp.pack`: per round, this rank's shard of its group's microbatch, carrying
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,10 +30,14 @@ from seqpack.collective.cp_exchange import exchange_shards
 from seqpack.collective.cp_groups import CpGroups
 from seqpack.errors import ConfigError, ScheduleError
 from seqpack.loader.config import PackingConfig
-from seqpack.loader.phases import Gathered, Sample, carries_position_ids
+from seqpack.loader.grouping import GROUP_KEY
+from seqpack.loader.phases import SAMPLE_COLUMNS, Gathered, Sample, carries_position_ids
 from seqpack.options import Sync
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost, plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
+from seqpack.schedulers.dynamic_cp.groups import plan_with_groups
+from seqpack.schedulers.dynamic_cp.minibatches import plan_minibatches
 from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths, longest_sequence
+from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.schedulers.dynamic_cp.stats import plan_stats
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch, batch_from_layout, padding_only_batch
@@ -54,10 +60,15 @@ class DynamicCp:
         self.config, self.topology, self.groups = config, topology, groups
         self.cost: GroupCost = config.group_cost
         self.sync = config.sync or Sync.LOCKSTEP
+        scheduler = config.build_scheduler()
+        assert isinstance(scheduler, DynamicCpScheduler)
+        self.scheduler = scheduler
 
-    def schedule(self, gathered: Gathered, cost: GroupCost | None = None) -> DynamicCpSchedule:
+    def schedule(self, gathered: Gathered, cost: GroupCost | None = None) -> tuple[DynamicCpSchedule, list[int] | None]:
         """The step's plan, identical on every rank, with ``origin`` from the gather
-        (``cost``: the calibrated :class:`GroupCost`, which replaces the config's).
+        (``cost``: the calibrated :class:`GroupCost`, which replaces the config's), and with
+        ``minibatches > 1`` the round offsets of its mini-batches
+        (:func:`~seqpack.schedulers.dynamic_cp.minibatches.plan_minibatches`; else ``None``).
 
         Raises:
             ScheduleError: An oversize sequence (located in its DP rank's pool), or a planner
@@ -65,23 +76,31 @@ class DynamicCp:
         """
         config, t, lengths = self.config, self.topology, gathered.lengths
         assert config.pad_multiple is not None
+        options: dict[str, Any] = dict(
+            dp_size=t.dp_size,
+            cp_size=t.cp_size,
+            max_tokens_per_rank=config.max_tokens_per_rank,
+            pad_multiple=config.pad_multiple,
+            cost=cost or self.cost,
+            on_oversize=config.on_oversize,
+            origin=lengths.origin(),
+            sync=self.sync,
+        )
+        columns = lengths.columns
+        assert columns is not None
+        grouped = SAMPLE_COLUMNS.column(columns, "grouped").astype(bool)
+        groups: dict[str, Any] = dict(group_ids=SAMPLE_COLUMNS.column(columns, "group_id"), grouped=grouped)
         try:
-            plan = plan_dynamic_cp(
-                lengths.lengths,
-                dp_size=t.dp_size,
-                cp_size=t.cp_size,
-                max_tokens_per_rank=config.max_tokens_per_rank,
-                pad_multiple=config.pad_multiple,
-                cost=cost or self.cost,
-                sync=self.sync,
-                group_sizes=config.cp_group_sizes,
-                on_oversize=config.on_oversize,
-            )
+            if config.minibatches > 1:
+                minibatches = config.minibatches
+                return plan_minibatches(self.scheduler, lengths.lengths, minibatches=minibatches, **groups, **options)
+            if grouped.any():
+                return plan_with_groups(self.scheduler, lengths.lengths, **groups, **options), None
+            return self.scheduler.schedule(lengths.lengths, **options), None
         except ValueError as exc:
             raise ScheduleError(f"{exc}{self._locate_oversize(lengths)}") from exc
         except Exception as exc:  # a planner bug must still reach every rank
             raise ScheduleError(f"the dynamic CP planner failed: {type(exc).__name__}: {exc}") from exc
-        return dataclasses.replace(plan, origin=lengths.origin())
 
     def _locate_oversize(self, gathered: GatheredLengths) -> str:
         config, t = self.config, self.topology
@@ -96,7 +115,10 @@ class DynamicCp:
         return f" [global sample {g} is sequence {g - int(gathered.offsets[r])} of DP rank {r}'s pool this step]"
 
     def exchange(self, pool: Sequence[Sample], plan: DynamicCpSchedule, gathered: Gathered) -> Exchanged:
-        """Every piece of the step to the rank that runs it, over the plane group."""
+        """Every piece of the step to the rank that runs it, over the plane group (a
+        sample's ``group_id`` is read at the gather and not moved)."""
+        if any(GROUP_KEY in sample for sample in pool):
+            pool = [{key: value for key, value in sample.items() if key != GROUP_KEY} for sample in pool]
         return exchange_shards(
             pool,
             plan,

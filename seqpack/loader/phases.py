@@ -256,11 +256,6 @@ def sample_columns(pool: Sequence[Sample], config: PackingConfig, topology: Topo
     """This rank's :data:`SAMPLE_COLUMNS` table (int64 ``[len(pool), k]``) for the gather."""
     loss_tokens = loss_token_counts(pool, truncation_length(config, topology))
     grouped, group_id = group_columns(pool)
-    if config.dynamic_cp and grouped.any():
-        raise SampleError(
-            f"sequence {int(np.argmax(grouped))} of this rank's pool carries a group_id, which dynamic_cp=True does "
-            "not keep together yet; drop group_id or use dynamic_cp=False"
-        )
     return SAMPLE_COLUMNS.rows(len(pool), loss_tokens=loss_tokens, grouped=grouped, group_id=group_id)
 
 

@@ -176,7 +176,8 @@ class StepProducer:
             try:
                 if self.dynamic is not None:
                     group_cost = trace.model if isinstance(trace.model, GroupCost) else None
-                    plan: Schedule | DynamicCpSchedule = self.dynamic.schedule(gathered, group_cost)
+                    plan: Schedule | DynamicCpSchedule
+                    plan, bounds = self.dynamic.schedule(gathered, group_cost)
                 else:
                     assert not isinstance(trace.model, GroupCost)
                     plan, bounds = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
@@ -199,7 +200,6 @@ class StepProducer:
         starts = self.dynamic.group_starts(plan) if isinstance(plan, DynamicCpSchedule) and self.dynamic else None
         minibatches: dict[str, Any] = {}
         if bounds is not None and len(bounds) > 2:  # mini-batches: their bounds and counts travel with the step
-            assert isinstance(plan, Schedule)
             counts = minibatch_loss_tokens(plan, bounds, gathered.loss_tokens)
             minibatches = dict(minibatch_bounds=tuple(bounds), minibatch_loss_tokens=tuple(counts))
         return StepOk(

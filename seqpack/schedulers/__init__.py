@@ -10,7 +10,9 @@ adds one under a new name. Modules:
   :func:`predicted_step_time`.
 - ``objective``: the predicted step time of a plan under each sync and its lower bounds.
 - ``balanced`` (package): the default FLOPs-aware planner; ``dp_balanced``, ``empty``.
-- ``dynamic_cp`` (package): plans whose CP groups change per microbatch round.
+- ``dynamic_cp`` (package): plans whose CP groups change per microbatch round; its
+  ``scheduler`` module registers them as ``"dynamic_cp"`` (a :class:`DynamicCpScheduler`,
+  whose ``schedule`` returns a :class:`DynamicCpSchedule`).
 - ``_kernels``: the numba kernels behind them (private; compiled once, cached on disk).
 """
 
@@ -23,6 +25,7 @@ from seqpack.schedulers.balanced import BalancedScheduler
 from seqpack.schedulers.base import Scheduler, predicted_step_time
 from seqpack.schedulers.dp_balanced import DpBalancedScheduler
 from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost, plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.schedulers.empty import EmptyScheduler
 from seqpack.schedulers.request import ON_OVERSIZE, apply_oversize, as_lengths
 from seqpack.schedulers.schedule import Schedule, ScheduleLimits
@@ -38,17 +41,20 @@ def register_scheduler(cls: type[Scheduler]) -> type[Scheduler]:
     return cls
 
 
-def available_schedulers() -> list[str]:
-    """Names :func:`get_scheduler` accepts."""
-    return sorted(_REGISTRY)
+def available_schedulers(*, dynamic_cp: bool = False) -> list[str]:
+    """Names :func:`get_scheduler` accepts whose ``schedule`` returns a :class:`Schedule`;
+    with ``dynamic_cp=True`` also those returning a :class:`DynamicCpSchedule`
+    (``"dynamic_cp"``)."""
+    return sorted(name for name, cls in _REGISTRY.items() if dynamic_cp or not issubclass(cls, DynamicCpScheduler))
 
 
 def get_scheduler(name: str | Scheduler = "balanced", **options: object) -> Scheduler:
     """The scheduler registered as ``name``, built with ``options``.
 
     Args:
-        name: ``"balanced"`` (default), ``"dp_balanced"``, ``"empty"`` or another registered
-            name; a Scheduler instance is returned as is.
+        name: ``"balanced"`` (default), ``"dp_balanced"``, ``"empty"``, ``"dynamic_cp"`` (its
+            ``schedule`` returns a :class:`DynamicCpSchedule`) or another registered name; a
+            Scheduler instance is returned as is.
         **options: Keyword arguments of the scheduler's class (e.g. ``order="pipeline"``).
 
     Raises:
@@ -59,7 +65,8 @@ def get_scheduler(name: str | Scheduler = "balanced", **options: object) -> Sche
             raise ConfigError("options cannot be given with a Scheduler instance")
         return name
     if not isinstance(name, str) or name not in _REGISTRY:
-        raise ConfigError(f"unknown scheduler {name!r}; available: {', '.join(available_schedulers())}")
+        names = ", ".join(available_schedulers(dynamic_cp=True))
+        raise ConfigError(f"unknown scheduler {name!r}; available: {names}")
     cls = _REGISTRY[name]
     try:
         inspect.signature(cls).bind(**options)
@@ -73,6 +80,7 @@ def get_scheduler(name: str | Scheduler = "balanced", **options: object) -> Sche
 register_scheduler(BalancedScheduler)
 register_scheduler(DpBalancedScheduler)
 register_scheduler(EmptyScheduler)
+register_scheduler(DynamicCpScheduler)
 
 __all__ = [
     "ON_OVERSIZE",
@@ -83,6 +91,7 @@ __all__ = [
     "Scheduler",
     "BalancedScheduler",
     "DpBalancedScheduler",
+    "DynamicCpScheduler",
     "EmptyScheduler",
     "apply_oversize",
     "as_lengths",

@@ -6,7 +6,8 @@ chunks; chunk ``j`` of every rank is mini-batch ``j`` (with groups, a group belo
 mini-batch of its first sequence). :func:`schedule_minibatches` schedules each mini-batch
 alone (with :func:`~seqpack.schedulers.groups.schedule_groups` when group ids are given) and
 puts their microbatches one after the other: microbatches ``starts[j]:starts[j + 1]`` are
-mini-batch ``j``'s, run before its optimizer step.
+mini-batch ``j``'s, run before its optimizer step. Under dynamic CP:
+:mod:`seqpack.schedulers.dynamic_cp.minibatches`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.schedulers.base import Schedule, Scheduler, as_lengths, as_origin
+from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
 from seqpack.schedulers.groups import group_units, schedule_groups
 from seqpack.validation import check_positive_int
 
@@ -120,10 +122,17 @@ def schedule_minibatches(
     return schedule, starts
 
 
-def minibatch_loss_tokens(plan: Schedule, starts: Sequence[int], loss_tokens: np.ndarray) -> list[int]:
+def minibatch_loss_tokens(
+    plan: Schedule | DynamicCpSchedule, starts: Sequence[int], loss_tokens: np.ndarray
+) -> list[int]:
     """Supervised tokens of each mini-batch (microbatches ``starts[j]:starts[j + 1]`` of
-    every replica), from the gathered counts: what a PPO loop divides that mini-batch's
-    summed token losses by."""
+    every replica; under dynamic CP the groups of those rounds), from the gathered counts:
+    what a PPO loop divides that mini-batch's summed token losses by."""
+    if isinstance(plan, DynamicCpSchedule):
+        round_of = np.repeat(plan.group_round, plan.group_counts)  # the round of every packed id
+        which = np.searchsorted(np.asarray(starts[1:], dtype=np.int64), round_of, side="right")
+        counts = np.bincount(which, weights=loss_tokens[plan.assigned], minlength=len(starts) - 1)
+        return [int(c) for c in counts[: len(starts) - 1]]
     out = []
     for a, b in zip(starts[:-1], starts[1:], strict=True):
         out.append(sum(int(loss_tokens[ids].sum()) for row in plan.assignment[a:b] for ids in row))

@@ -11,6 +11,11 @@ step); short ones stay on one rank and pay no CP communication. Modules:
 - ``planner``: :func:`plan_dynamic_cp` (the search over heights and builders).
 - ``calibrator``: :class:`GroupCostCalibrator`, the group cost (CP ring included) fitted
   online to measured times (``PackingConfig(dynamic_cp=True, calibrate=True)``).
+- ``scheduler``: :class:`~seqpack.schedulers.dynamic_cp.scheduler.DynamicCpScheduler`, the
+  planner as the registered scheduler ``"dynamic_cp"``; ``minibatches``: each mini-batch
+  planned alone and the plans joined (``PackingConfig(minibatches=k)``, ``join``); ``groups``:
+  samples with a ``group_id`` kept on one replica's own CP ranks. They import
+  ``seqpack.schedulers.base``, so this ``__init__`` does not import them.
 - ``pieces``: the shards a step's exchange moves (one per sequence and rank of its group) and
   who cuts each; ``stats``: :func:`~seqpack.schedulers.dynamic_cp.stats.plan_stats`, a
   plan's :class:`~seqpack.stats.StepStats`. Running a plan: ``seqpack.loader.dynamic``.

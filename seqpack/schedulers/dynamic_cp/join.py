@@ -1,0 +1,51 @@
+"""Plans run one after the other: :func:`join_plans` (mini-batches, and the two parts of a
+step with groups; ``seqpack.schedulers.dynamic_cp.minibatches``, ``groups``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
+
+__all__ = ["join_plans"]
+
+
+def join_plans(
+    parts: Sequence[DynamicCpSchedule], ids: Sequence[np.ndarray], original: np.ndarray
+) -> DynamicCpSchedule:
+    """One plan running ``parts`` one after the other; ``ids[j]``: the global id of each of
+    ``parts[j]``'s ids (``original``: every global id's length; ids in no part are dropped)."""
+    first = parts[0]
+    rounds = np.cumsum([0, *(p.num_rounds for p in parts)])
+    effective = np.zeros_like(original)
+    for p, where in zip(parts, ids, strict=True):
+        effective[where] = p.lengths
+
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([where[getattr(p, name)] for p, where in zip(parts, ids, strict=True)]).astype(np.int64)
+
+    origin = np.zeros(original.shape[0], dtype=np.int64)
+    for p, where in zip(parts, ids, strict=True):
+        assert p.origin is not None
+        origin[where] = p.origin
+    return DynamicCpSchedule(
+        num_rounds=int(rounds[-1]),
+        group_round=np.concatenate([p.group_round + r for p, r in zip(parts, rounds[:-1].tolist(), strict=True)]),
+        group_start=np.concatenate([p.group_start for p in parts]),
+        group_size=np.concatenate([p.group_size for p in parts]),
+        group_counts=np.concatenate([p.group_counts for p in parts]),
+        assigned=joined("assigned"),
+        lengths=effective,
+        original_lengths=original,
+        dp_size=first.dp_size,
+        cp_size=first.cp_size,
+        max_tokens_per_rank=first.max_tokens_per_rank,
+        pad_multiple=first.pad_multiple,
+        group_sizes=first.group_sizes,
+        deferred=np.sort(joined("deferred")),
+        dropped=np.sort(joined("dropped")),
+        truncated=np.sort(joined("truncated")),
+        origin=origin,
+    )
