@@ -11,8 +11,8 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.mock_data import lognormal_lengths, pareto_lengths
 from seqpack.schedulers import _kernels, get_scheduler
 from seqpack.schedulers.balanced import plan_balanced, relabel_replicas
-from seqpack.schedulers.base import default_origin
 from seqpack.schedulers.balanced.locality import _per_replica, plan_local, step_time
+from seqpack.schedulers.base import default_origin
 from seqpack.stats import StepStats, microbatch_costs
 
 COST = CostModel(24576.0, 1.0)  # issue 12's cost: 24576*s + s**2
