@@ -200,13 +200,17 @@ def _best_single(
     a = ra * dp + here
     cx, tx = costs[x], lengths[x]
     best, best_y, best_m = 0, -1, -1
-    room = -np.inf  # the most cost any bin of home can take
-    for m in range(rounds):
-        b = m * dp + home
-        room = max(room, round_cap[m] - load[b])
-        if best_m < 0 and load[b] + cx <= round_cap[m] and tok[b] + tx <= capacity:
-            if total[home] + cx <= replica_cap:
+    r1, r2 = trees[10], trees[11]
+    rsize = r1.shape[0] // 2
+    room = r1[1]  # the most cost any bin of home can take (widened: a wider window)
+    if total[home] + cx <= replica_cap:  # the first bin of home x fits into
+        m = next_open(r1, r2, rsize, 0, rounds, cx, tx)
+        while m < rounds:
+            b = m * dp + home
+            if load[b] + cx <= round_cap[m] and tok[b] + tx <= capacity:
                 best, best_m = tx, m
+                break
+            m = next_open(r1, r2, rsize, m + 1, rounds, cx, tx)
     lo, hi = window(cx, room, round_cap[ra] - load[a])
     end = int(np.searchsorted(cache_c[:k], hi, side="right"))
     c = next_open(trees[0], trees[1], csize, int(np.searchsorted(cache_c[:k], lo)), end, cx, tx)

@@ -11,10 +11,12 @@ next entry whose keys both pass, skipping every subtree where one cannot. The ke
 entries change when the bin does; the scan's results are those of a full scan (every entry
 skipped would fail the exact check).
 
-``trees = (c1, c2, p1, p2, cpos, bhead, bnext, bprev, pseg, plist)``: the cache's tree (cost
-keys, token keys), the pairs' tree, each cache entry's position (by sequence), the cache's
-sequences by round of the home (linked lists), and the pairs by round (``plist[pseg[m]:
-pseg[m + 1]]``).
+``trees = (c1, c2, p1, p2, cpos, bhead, bnext, bprev, pseg, plist, r1, r2)``: the cache's
+tree (cost keys, token keys), the pairs' tree, each cache entry's position (by sequence),
+the cache's sequences by round of the home (linked lists), the pairs by round
+(``plist[pseg[m]:pseg[m + 1]]``), and the home's bins' tree: the room each bin has left
+(cost, widened as above; tokens), which finds the first bin ``x`` can move into and the
+most room of any bin without reading every round.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def new_trees(n: int, n_pairs_max: int, rounds: int) -> Trees:
         np.empty(n, dtype=np.int64),
         np.empty(rounds + 1, dtype=np.int64),
         np.empty(n_pairs_max, dtype=np.int64),
+        np.empty(2 * pow2_above(rounds), dtype=np.float64),
+        np.empty(2 * pow2_above(rounds), dtype=np.int64),
     )
 
 
@@ -59,7 +63,7 @@ def grow(trees: Trees, size: int) -> Trees:
     if 2 * size <= trees[0].shape[0]:
         return trees
     c1, c2 = np.empty(2 * size, dtype=np.float64), np.empty(2 * size, dtype=np.int64)
-    return (c1, c2, trees[2], trees[3], trees[4], trees[5], trees[6], trees[7], trees[8], trees[9])
+    return (c1, c2, *trees[2:])
 
 
 @njit(cache=True, inline="always")
@@ -144,9 +148,14 @@ def turn_trees(
 ) -> None:
     """At a turn's start: both trees, the entries' positions and lists by round, the pairs
     by round."""
-    c1, c2, p1, p2, cpos, bhead, bnext, bprev, pseg, plist = trees
+    c1, c2, p1, p2, cpos, bhead, bnext, bprev, pseg, plist, r1, r2 = trees
     load, tok = grid[0], grid[1]
     cache_y, cache_m = cache[0], cache[4]
+    rsize = r1.shape[0] // 2
+    for m in range(rounds):
+        r1[rsize + m] = cost_key(0.0, caps[0][m], load[m * dp + home])
+        r2[rsize + m] = caps[2] - tok[m * dp + home]
+    build(r1, r2, rsize, rounds)
     bhead[:] = -1
     for q in range(k):
         y, m = cache_y[q], cache_m[q]
@@ -216,8 +225,10 @@ def trees_after_change(
 ) -> None:
     """``x`` entered bin ``(m, home)`` for ``y1`` (and ``y2``), or moved there (``y1 <
     0``): the entries that changed place, the entries and pairs of that bin."""
-    c1, c2, p1, p2, cpos, bhead, bnext, bprev, pseg, plist = trees
+    c1, c2, p1, p2, cpos, bhead, bnext, bprev, pseg, plist, r1, r2 = trees
     cache_y, cache_c = cache[0], cache[3]
+    b = m * dp + home
+    set_leaf(r1, r2, r1.shape[0] // 2, m, cost_key(0.0, caps[0][m], grid[0][b]), caps[2] - grid[1][b])
     lo_q = int(np.searchsorted(cache_c[:k], seqs[3][x]))
     while cache_y[lo_q] != x:
         lo_q += 1
@@ -242,7 +253,6 @@ def trees_after_change(
         _entry_leaf(cpos[y], home, cache, grid, caps, dp, trees, csize)
         y = bnext[y]
     lengths = seqs[2]
-    b = m * dp + home
     for u in range(pseg[m], pseg[m + 1]):
         c = plist[u]
         z1, z2 = pairs[1][c, 0], pairs[1][c, 1]
