@@ -23,6 +23,7 @@ from seqpack.schedulers._kernels.home_book import (
     apply_change,
     bin_loads,
     new_book,
+    replica_window,
     snapshot,
     turn_cache,
     turn_pairs,
@@ -212,6 +213,7 @@ def _best_single(
                 break
             m = next_open(r1, r2, rsize, m + 1, rounds, cx, tx)
     lo, hi = window(cx, room, round_cap[ra] - load[a])
+    lo, hi = replica_window(lo, hi, cx, total[home], total[here], replica_cap)
     end = int(np.searchsorted(cache_c[:k], hi, side="right"))
     c = next_open(trees[0], trees[1], csize, int(np.searchsorted(cache_c[:k], lo)), end, cx, tx)
     while c < end:
