@@ -7,7 +7,8 @@ State travels in tuples of arrays (numba passes them by reference):
 - ``caps = (round_cap, replica_cap, capacity)``;
 - ``book``: who is on which replica (module :mod:`.home_book`);
 - ``cache = (y, home, tokens, cost, round)``: the sequences on the current home, by cost;
-- ``pairs = (cost, (y1, y2), round, seg, by_round)``: the pairs of the current turn, by cost.
+- ``pairs = (cost, (y1, y2), round, seg, by_round)``: the pairs of the current turn, by cost;
+- ``trees``: max trees over the cache, the pairs and the home's bins (module :mod:`.home_tree`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def home_swaps(
     A swap keeps both bins under their caps only if what returns costs about what ``x``
     does, so while ``h``'s turn runs its sequences are kept sorted by cost, and its pairs by
     their summed cost, and only that window of costs is read (checked against a full scan in
-    the tests).
+    the tests). Within the window, max trees (module :mod:`.home_tree`) skip every entry
+    whose bin has too little cost or token room left to take ``x``, and find the first bin
+    ``x`` can move into, so a scan reads the few entries that can fit rather than the whole
+    window; the result is the full scan's.
 
     Returns:
         The number of changes made.
