@@ -211,9 +211,10 @@ def test_replicas_keeps_whichever_layout_moves_less():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_home_swaps_match_reference_on_larger_homes(seed):
-    """Hundreds of sequences per home, so the trees that skip entries (home_tree.py) have
-    several levels and keys change under them many times per turn."""
-    dp, rounds, n = 3, 24, 360
+    """Hundreds of sequences per home and 64 rounds, so home_swaps walks its trees
+    (home_tree.py; from HOME_TREE_MIN sequences) over several levels while keys change
+    under them many times per turn."""
+    dp, rounds, n = 3, 64, 900
     lengths, costs, origin, round_of, replica_of, capacity, round_cap, replica_cap, order = _swap_case(
         dp, rounds, n, seed, 0.001, False
     )

@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit
 
 from seqpack.schedulers._kernels._types import Book, Cache, Caps, FloatArray, Grid, IntArray, Pairs, Seqs, Trees
-from seqpack.schedulers._kernels.constants import PAIR_BIN
+from seqpack.schedulers._kernels.constants import HOME_TREE_MIN, PAIR_BIN
 from seqpack.schedulers._kernels.home_book import (
     _fits,
     _returned,
@@ -133,8 +133,10 @@ def _swap_pass(
             j += 1
         k = turn_cache(home, seqs, book, cache)
         n_pairs = turn_pairs(k, rounds, cache, pairs)
-        csize, psize = pow2_above(min(k + j - i, origin.shape[0]) + 1), pow2_above(n_pairs + 1)
-        trees = grow(trees, csize)
+        csize, psize = 0, 0  # no cache and pair trees for a small home: plain scans are cheaper
+        if k + j - i >= HOME_TREE_MIN:
+            csize, psize = pow2_above(min(k + j - i, origin.shape[0]) + 1), pow2_above(n_pairs + 1)
+            trees = grow(trees, csize)
         turn_trees(k, n_pairs, home, cache, pairs, seqs[2], grid, caps, dp, rounds, trees, csize, psize)
         turn = clock
         for g in range(i, j):
@@ -206,7 +208,7 @@ def _best_single(
     cx, tx = costs[x], lengths[x]
     best, best_y, best_m = 0, -1, -1
     r1, r2 = trees[10], trees[11]
-    rsize = r1.shape[0] // 2
+    rsize = r1.shape[0] // 2 if rounds >= HOME_TREE_MIN // 4 else 0  # few rounds: read each
     room = r1[1]  # the most cost any bin of home can take (widened: a wider window)
     if total[home] + cx <= replica_cap:  # the first bin of home x fits into
         m = next_open(r1, r2, rsize, 0, rounds, cx, tx)

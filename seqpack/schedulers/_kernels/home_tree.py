@@ -101,9 +101,12 @@ def build(t1: FloatArray, t2: IntArray, size: int, count: int) -> None:
 @njit(cache=True, inline="always")
 def next_open(t1: FloatArray, t2: IntArray, size: int, p: int, end: int, cx: float, tx: int) -> int:
     """The first leaf ``q`` in ``[p, end)`` with ``t1[q] >= cx`` and ``t2[q] >= tx``, else
-    ``end``: down into a subtree where both maxima pass, else on to the next subtree."""
+    ``end``: down into a subtree where both maxima pass, else on to the next subtree. With
+    ``size`` 0 (no tree: a small home) every leaf is open."""
     if p >= end:
         return end
+    if size == 0:
+        return p
     i, height = p + size, 0
     while True:
         if t1[i] >= cx and t2[i] >= tx:
@@ -130,7 +133,7 @@ def _entry_leaf(q: int, home: int, cache: Cache, grid: Grid, caps: Caps, dp: int
     set_leaf(trees[0], trees[1], size, q, key, cache[2][q] + caps[2] - tok[b])
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def turn_trees(
     k: int,
     n_pairs: int,
@@ -156,6 +159,8 @@ def turn_trees(
         r1[rsize + m] = cost_key(0.0, caps[0][m], load[m * dp + home])
         r2[rsize + m] = caps[2] - tok[m * dp + home]
     build(r1, r2, rsize, rounds)
+    if csize == 0:
+        return
     bhead[:] = -1
     for q in range(k):
         y, m = cache_y[q], cache_m[q]
@@ -202,7 +207,7 @@ def _drop(y: int, m: int, bhead: IntArray, bnext: IntArray, bprev: IntArray) -> 
         bprev[bnext[y]] = bprev[y]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def trees_after_change(
     x: int,
     y1: int,
@@ -229,6 +234,8 @@ def trees_after_change(
     cache_y, cache_c = cache[0], cache[3]
     b = m * dp + home
     set_leaf(r1, r2, r1.shape[0] // 2, m, cost_key(0.0, caps[0][m], grid[0][b]), caps[2] - grid[1][b])
+    if csize == 0:
+        return
     lo_q = int(np.searchsorted(cache_c[:k], seqs[3][x]))
     while cache_y[lo_q] != x:
         lo_q += 1
