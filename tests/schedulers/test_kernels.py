@@ -12,6 +12,7 @@ from sched_reference import (
 )
 
 from seqpack.schedulers import _kernels
+from seqpack.schedulers._kernels.home_tree import build, next_open, pow2_above, set_leaf
 from seqpack.schedulers.balanced import round_targets
 from seqpack.schedulers.dp_balanced import megatron_groups
 from seqpack.schedulers.empty import next_fit
@@ -30,11 +31,7 @@ def test_grid_lpt_matches_reference(lengths, n_bins, capacity, mode, quadratic, 
     costs = lengths * (1.0 + quadratic * lengths)
     order = np.argsort(-lengths, kind="stable")
     dp = 1 if n_bins == 1 else (2 if n_bins % 2 == 0 else 1)
-    targets = (
-        np.zeros(n_bins)
-        if equal_targets
-        else np.repeat(round_targets(costs[order], dp, n_bins // dp), dp)
-    )
+    targets = np.zeros(n_bins) if equal_targets else np.repeat(round_targets(costs[order], dp, n_bins // dp), dp)
     ok, bin_of, load, tok = _kernels.grid_lpt(order, lengths, costs, targets, capacity, mode)
     ref_ok, ref_bin, ref_load, ref_tok = grid_lpt_reference(
         order.tolist(), lengths.tolist(), costs.tolist(), targets.tolist(), capacity, mode
@@ -177,7 +174,9 @@ def test_repair_is_monotone_and_stops_at_a_local_optimum(lengths, dp, rounds, se
     before_replica, before_rounds = load.sum(0).max(), load.max(1).sum()
     r2, p2 = round_of.copy(), replica_of.copy()
     # Full scans (no scan limit), so the result must be a local optimum of the rule.
-    moves = _kernels.repair_replicas(r2, p2, costs, lengths, load, tok, capacity, 1000, 1e-9, 0.0, 2, 0.0, 10**9, 16, 10**6)
+    moves = _kernels.repair_replicas(
+        r2, p2, costs, lengths, load, tok, capacity, 1000, 1e-9, 0.0, 2, 0.0, 10**9, 16, 10**6
+    )
     check_load, check_tok = _grid_of(r2, p2, costs, lengths, rounds, dp)
     assert np.allclose(check_load, load) and np.array_equal(check_tok, tok)  # bookkeeping agrees
     assert tok.max() <= capacity
@@ -220,3 +219,36 @@ def test_greedy_matching_takes_pairs_in_the_given_order():
     rows = np.array([0, 1, 1, 2], dtype=np.int64)
     cols = np.array([1, 1, 0, 1], dtype=np.int64)
     assert _kernels.greedy_matching(rows, cols, 4).tolist() == [1, 0, 2, 3]  # rows 2, 3: lowest free columns
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=st.lists(st.tuples(st.floats(-5, 5), st.integers(-5, 5)), min_size=1, max_size=40),
+    edits=st.lists(st.tuples(st.integers(0, 39), st.floats(-5, 5), st.integers(-5, 5)), max_size=10),
+    cx=st.floats(-5, 5),
+    tx=st.integers(-5, 5),
+    p=st.integers(0, 40),
+    end=st.integers(0, 40),
+)
+def test_home_tree_finds_every_open_leaf_in_order(keys, edits, cx, tx, p, end):
+    """next_open walks exactly the leaves of [p, end) whose two keys both pass, in order,
+    after leaves change (set_leaf) as a brute-force scan does."""
+    count = len(keys)
+    size = pow2_above(count + 1)
+    t1, t2 = np.empty(2 * size), np.empty(2 * size, dtype=np.int64)
+    t1[size : size + count] = [k for k, _ in keys]
+    t2[size : size + count] = [k for _, k in keys]
+    build(t1, t2, size, count)
+    values = list(keys)
+    for q, v1, v2 in edits:
+        if q < count:
+            set_leaf(t1, t2, size, q, v1, v2)
+            values[q] = (v1, v2)
+    end = min(end, count)
+    expected = [q for q in range(p, end) if values[q][0] >= cx and values[q][1] >= tx]
+    found = []
+    q = next_open(t1, t2, size, p, end, cx, tx)
+    while q < end:
+        found.append(q)
+        q = next_open(t1, t2, size, q + 1, end, cx, tx)
+    assert found == expected

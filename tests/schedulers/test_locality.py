@@ -11,8 +11,8 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.mock_data import lognormal_lengths, pareto_lengths
 from seqpack.schedulers import _kernels, get_scheduler
 from seqpack.schedulers.balanced import plan_balanced, relabel_replicas
-from seqpack.schedulers.base import default_origin
 from seqpack.schedulers.balanced.locality import _per_replica, plan_local, step_time
+from seqpack.schedulers.base import default_origin
 from seqpack.stats import StepStats, microbatch_costs
 
 COST = CostModel(24576.0, 1.0)  # issue 12's cost: 24576*s + s**2
@@ -207,3 +207,22 @@ def test_replicas_keeps_whichever_layout_moves_less():
     s = sched.schedule(lengths, dp_size=dp, max_tokens_per_rank=cap, cost=COST)
     assert StepStats.from_schedule(s, COST).moved_tokens < layout_moved
     assert _wait(s, "replicas") <= step_time(ref.load, 0.0, "replicas") * (1 + 1e-3) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_home_swaps_match_reference_on_larger_homes(seed):
+    """Hundreds of sequences per home and 64 rounds, so home_swaps walks its trees
+    (home_tree.py; from HOME_TREE_MIN sequences) over several levels while keys change
+    under them many times per turn."""
+    dp, rounds, n = 3, 64, 900
+    lengths, costs, origin, round_of, replica_of, capacity, round_cap, replica_cap, order = _swap_case(
+        dp, rounds, n, seed, 0.001, False
+    )
+    ref_round, ref_replica, ref_changes = home_swaps_reference(
+        round_of, replica_of, lengths, costs, origin, dp, rounds, capacity, round_cap, replica_cap, order, 2
+    )
+    changes = _kernels.home_swaps(
+        round_of, replica_of, lengths, costs, origin, dp, rounds, capacity, round_cap, replica_cap, order, 2
+    )
+    assert changes > 20  # not vacuous
+    assert (round_of.tolist(), replica_of.tolist(), changes) == (ref_round, ref_replica, ref_changes)

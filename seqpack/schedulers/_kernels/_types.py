@@ -17,3 +17,19 @@ Caps = tuple[FloatArray, float, int]
 Book = tuple[IntArray, IntArray, BoolArray, IntArray, IntArray, IntArray, IntArray, IntArray]
 Cache = tuple[IntArray, IntArray, IntArray, FloatArray, IntArray]
 Pairs = tuple[FloatArray, IntArray, IntArray, IntArray, IntArray]
+# The max trees of home_swaps (module home_tree): cache and pair keys, positions, lists by round,
+# the home's bins.
+Trees = tuple[
+    FloatArray,
+    IntArray,
+    FloatArray,
+    IntArray,
+    IntArray,
+    IntArray,
+    IntArray,
+    IntArray,
+    IntArray,
+    IntArray,
+    FloatArray,
+    IntArray,
+]

@@ -8,3 +8,4 @@ MODE_TOKENS = 1  # fewest tokens (worst-fit decreasing on tokens)
 MODE_FIRST_FIT = 2  # lowest index with room (first-fit decreasing)
 GRID_LOCAL_SLICES = 8  # grid_local alternates home and LPT passes over 8 length classes
 PAIR_BIN = 16  # home_swaps pairs sequences of bins holding at most this many
+HOME_TREE_MIN = 256  # home_swaps walks trees over a home's sequences from this many (a turn's cache and own)

@@ -7,7 +7,8 @@ State travels in tuples of arrays (numba passes them by reference):
 - ``caps = (round_cap, replica_cap, capacity)``;
 - ``book``: who is on which replica (module :mod:`.home_book`);
 - ``cache = (y, home, tokens, cost, round)``: the sequences on the current home, by cost;
-- ``pairs = (cost, (y1, y2), round, seg, by_round)``: the pairs of the current turn, by cost.
+- ``pairs = (cost, (y1, y2), round, seg, by_round)``: the pairs of the current turn, by cost;
+- ``trees``: max trees over the cache, the pairs and the home's bins (module :mod:`.home_tree`).
 """
 
 from __future__ import annotations
@@ -15,19 +16,21 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from seqpack.schedulers._kernels._types import Book, Cache, Caps, FloatArray, Grid, IntArray, Pairs, Seqs
-from seqpack.schedulers._kernels.constants import PAIR_BIN
+from seqpack.schedulers._kernels._types import Book, Cache, Caps, FloatArray, Grid, IntArray, Pairs, Seqs, Trees
+from seqpack.schedulers._kernels.constants import HOME_TREE_MIN, PAIR_BIN
 from seqpack.schedulers._kernels.home_book import (
     _fits,
     _returned,
     apply_change,
     bin_loads,
     new_book,
+    replica_window,
     snapshot,
     turn_cache,
     turn_pairs,
     window,
 )
+from seqpack.schedulers._kernels.home_tree import grow, new_trees, next_open, pow2_above, trees_after_change, turn_trees
 
 
 @njit(cache=True)
@@ -64,7 +67,10 @@ def home_swaps(
     A swap keeps both bins under their caps only if what returns costs about what ``x``
     does, so while ``h``'s turn runs its sequences are kept sorted by cost, and its pairs by
     their summed cost, and only that window of costs is read (checked against a full scan in
-    the tests).
+    the tests). Within the window, max trees (module :mod:`.home_tree`) skip every entry
+    whose bin has too little cost or token room left to take ``x``, and find the first bin
+    ``x`` can move into, so a scan reads the few entries that can fit rather than the whole
+    window; the result is the full scan's.
 
     Returns:
         The number of changes made.
@@ -89,10 +95,11 @@ def home_swaps(
         np.empty(rounds + 1, dtype=np.int64),
         np.empty(n + 1, dtype=np.int64),
     )
+    trees = new_trees(n, n_pairs_max, rounds)
     clock = 0  # changes so far: moved_at[y] is the change that last moved y
     changes = 0
     for _ in range(passes):
-        made, clock = _swap_pass(seqs, grid, caps, book, cache, pairs, dp, rounds, order, clock)
+        made, clock = _swap_pass(seqs, grid, caps, book, cache, pairs, trees, dp, rounds, order, clock)
         changes += made
         if made == 0:
             break
@@ -107,6 +114,7 @@ def _swap_pass(
     book: Book,
     cache: Cache,
     pairs: Pairs,
+    trees: Trees,
     dp: int,
     rounds: int,
     order: IntArray,
@@ -125,20 +133,48 @@ def _swap_pass(
             j += 1
         k = turn_cache(home, seqs, book, cache)
         n_pairs = turn_pairs(k, rounds, cache, pairs)
+        csize, psize = 0, 0  # no cache and pair trees for a small home: plain scans are cheaper
+        if k + j - i >= HOME_TREE_MIN:
+            csize, psize = pow2_above(min(k + j - i, origin.shape[0]) + 1), pow2_above(n_pairs + 1)
+            trees = grow(trees, csize)
+        turn_trees(k, n_pairs, home, cache, pairs, seqs[2], grid, caps, dp, rounds, trees, csize, psize)
         turn = clock
         for g in range(i, j):
             x = order[g]
             if replica_of[x] == home:
                 continue
-            best, best_y, best_m, lo, hi = _best_single(x, home, seqs, grid, caps, cache, k, dp, rounds)
+            best, best_y, best_m, lo, hi = _best_single(x, home, seqs, grid, caps, cache, k, trees, csize, dp, rounds)
             best_y2 = -1
             if best_m < 0 and n_pairs > 0:
-                best_y, best_y2, best_m = _best_pair(x, home, turn, lo, hi, seqs, grid, caps, pairs, n_pairs, book, dp)
+                best_y, best_y2, best_m = _best_pair(
+                    x, home, turn, lo, hi, seqs, grid, caps, pairs, n_pairs, book, trees, psize, dp
+                )
             if best_m < 0:
                 continue
             clock += 1
+            k_before = k
             k, n_arrivals = apply_change(
                 x, home, best_y, best_y2, best_m, clock, k, n_arrivals, seqs, grid, book, cache, dp
+            )
+            trees_after_change(
+                x,
+                best_y,
+                best_y2,
+                best_m,
+                k_before,
+                k,
+                home,
+                turn,
+                seqs,
+                cache,
+                pairs,
+                book[7],
+                grid,
+                caps,
+                dp,
+                trees,
+                csize,
+                psize,
             )
             made += 1
         i = j
@@ -147,7 +183,17 @@ def _swap_pass(
 
 @njit(cache=True, inline="always")
 def _best_single(
-    x: int, home: int, seqs: Seqs, grid: Grid, caps: Caps, cache: Cache, k: int, dp: int, rounds: int
+    x: int,
+    home: int,
+    seqs: Seqs,
+    grid: Grid,
+    caps: Caps,
+    cache: Cache,
+    k: int,
+    trees: Trees,
+    csize: int,
+    dp: int,
+    rounds: int,
 ) -> tuple[int, int, int, float, float]:
     """The best move of ``x`` home, or swap with one sequence of the cache's first ``k``:
     (tokens brought home, y or -1 for a move, round or -1 for none, lo, hi) with ``[lo, hi]``
@@ -161,20 +207,26 @@ def _best_single(
     a = ra * dp + here
     cx, tx = costs[x], lengths[x]
     best, best_y, best_m = 0, -1, -1
-    room = -np.inf  # the most cost any bin of home can take
-    for m in range(rounds):
-        b = m * dp + home
-        room = max(room, round_cap[m] - load[b])
-        if best_m < 0 and load[b] + cx <= round_cap[m] and tok[b] + tx <= capacity:
-            if total[home] + cx <= replica_cap:
+    r1, r2 = trees[10], trees[11]
+    rsize = r1.shape[0] // 2 if rounds >= HOME_TREE_MIN // 4 else 0  # few rounds: read each
+    room = r1[1]  # the most cost any bin of home can take (widened: a wider window)
+    if total[home] + cx <= replica_cap:  # the first bin of home x fits into
+        m = next_open(r1, r2, rsize, 0, rounds, cx, tx)
+        while m < rounds:
+            b = m * dp + home
+            if load[b] + cx <= round_cap[m] and tok[b] + tx <= capacity:
                 best, best_m = tx, m
+                break
+            m = next_open(r1, r2, rsize, m + 1, rounds, cx, tx)
     lo, hi = window(cx, room, round_cap[ra] - load[a])
-    c = np.searchsorted(cache_c[:k], lo)
-    while c < k and cache_c[c] <= hi:
+    lo, hi = replica_window(lo, hi, cx, total[home], total[here], replica_cap)
+    end = int(np.searchsorted(cache_c[:k], hi, side="right"))
+    c = next_open(trees[0], trees[1], csize, int(np.searchsorted(cache_c[:k], lo)), end, cx, tx)
+    while c < end:
         ty, cy, m = cache_t[c], cache_c[c], cache_m[c]
         gain = tx + _returned(ty, cache_o[c], here, home)
         y = cache_y[c]
-        c += 1
+        c = next_open(trees[0], trees[1], csize, c + 1, end, cx, tx)
         if gain < best or (gain == best and (best_y < 0 or y > best_y)):
             continue
         b = m * dp + home
@@ -196,6 +248,8 @@ def _best_pair(
     pairs: Pairs,
     n_pairs: int,
     book: Book,
+    trees: Trees,
+    psize: int,
     dp: int,
 ) -> tuple[int, int, int]:
     """The best swap of ``x`` with a pair of the turn costing within ``[lo, hi]`` that has
@@ -210,10 +264,11 @@ def _best_pair(
     a = ra * dp + here
     cx, tx = costs[x], lengths[x]
     best, best_y, best_y2, best_m = 0, -1, -1, -1
-    c = np.searchsorted(pair_c[:n_pairs], lo)
-    while c < n_pairs and pair_c[c] <= hi:
+    end = int(np.searchsorted(pair_c[:n_pairs], hi, side="right"))
+    c = next_open(trees[2], trees[3], psize, int(np.searchsorted(pair_c[:n_pairs], lo)), end, cx, tx)
+    while c < end:
         y1, y2, m, cy = pair_y[c, 0], pair_y[c, 1], pair_m[c], pair_c[c]
-        c += 1
+        c = next_open(trees[2], trees[3], psize, c + 1, end, cx, tx)
         if moved_at[y1] > turn or moved_at[y2] > turn:
             continue
         gain = tx + _returned(lengths[y1], origin[y1], here, home)

@@ -74,6 +74,18 @@ def window(cx: float, room: float, spare: float) -> tuple[float, float]:
     return lo, hi
 
 
+@njit(cache=True, inline="always")
+def replica_window(
+    lo: float, hi: float, cx: float, home_total: float, here_total: float, replica_cap: float
+) -> tuple[float, float]:
+    """``[lo, hi]`` narrowed to the costs that keep both replicas within ``replica_cap``:
+    the home takes ``x`` for what returns, ``x``'s replica the reverse. Widened by far more
+    than the rounding of the exact check."""
+    lo = max(lo, cx - (replica_cap - home_total) - 1e-9 * (abs(replica_cap) + abs(home_total) + abs(cx)) - 1e-9)
+    hi = min(hi, cx + (replica_cap - here_total) + 1e-9 * (abs(replica_cap) + abs(here_total) + abs(cx)) + 1e-9)
+    return lo, hi
+
+
 @njit(cache=True)
 def bin_loads(seqs: Seqs, dp: int, rounds: int) -> Grid:
     """``(load, tok, total)``: cost and tokens of every bin, cost of every replica."""
