@@ -287,3 +287,23 @@ def test_home_tree_finds_every_open_leaf_in_order(keys, edits, cx, tx, p, end):
         found.append(q)
         q = next_open(t1, t2, size, q + 1, end, cx, tx)
     assert found == expected
+
+
+@given(
+    costs=st.lists(st.sampled_from([1.0, 2.0, 2.5, 3.0, 7.0]), min_size=0, max_size=200),
+    seed=st.integers(0, 5),
+)
+def test_sorted_members_is_a_stable_sort_by_cost(costs, seed):
+    # repair_replicas reads a replica's members sorted by cost, ties in list order; its sort
+    # (insertion runs and merges on scratch, no allocation) must equal a stable argsort.
+    from seqpack.schedulers._kernels.repair import _sorted_members
+
+    costs = np.array(costs, dtype=np.float64)
+    n = costs.shape[0]
+    chain = np.random.default_rng(seed).permutation(n)  # the list's order
+    nxt = np.full(n, -1, dtype=np.int64)
+    nxt[chain[:-1]] = chain[1:]
+    head = int(chain[0]) if n else -1
+    buf, tmp = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    assert _sorted_members(head, nxt, costs, buf, tmp) == n
+    assert buf.tolist() == chain[np.argsort(costs[chain], kind="stable")].tolist()
