@@ -138,7 +138,6 @@ def _swap_pass(
         if k + j - i >= HOME_TREE_MIN:
             csize, psize = pow2_above(min(k + j - i, origin.shape[0]) + 1), pow2_above(n_pairs + 1)
             trees = grow(trees, csize)
-        turn_trees(k, n_pairs, home, cache, pairs, seqs[2], grid, caps, dp, rounds, trees, csize, psize)
         changed, clock, n_arrivals = _turn(
             order[i:j], home, k, n_pairs, clock, n_arrivals, seqs, grid, caps, book, cache, pairs, trees, csize,
             psize, dp, rounds,
@@ -168,8 +167,10 @@ def _turn(
     dp: int,
     rounds: int,
 ) -> tuple[int, int, int]:
-    """Home ``home``'s turn over its sequences ``xs``: each one away from home is brought
-    home by the best change, if any. Returns (changes made, clock, arrivals)."""
+    """Home ``home``'s turn over its sequences ``xs``: the turn's trees, then each sequence
+    away from home is brought home by the best change, if any. Returns (changes made, clock,
+    arrivals)."""
+    turn_trees(k, n_pairs, home, cache, pairs, seqs[2], grid, caps, dp, rounds, trees, csize, psize)
     replica_of = seqs[1]
     turn = clock
     made = 0
