@@ -60,8 +60,9 @@ MOVED_SEEDS = 3
 GOAL_SECONDS, GOAL_RATIO, GOAL_BYTES, GOAL_MOVED, GOAL_BALANCE = 2.0, 4.0, 1 << 30, 0.5, 1.005
 GOAL_LOCALITY = 3.0  # locality on costs at most this many times the plan without it
 # The shapes of the locality table: ~1,000 sequences per replica is where home_swaps was a
-# cliff (issue "locality is a performance cliff"); the headline shape for comparison.
-LOCALITY_SHAPES = [(1_048_576, 1024), (1_048_576, 16_384)]
+# cliff (issue "locality is a performance cliff"); 4 per replica, the tightest of the sweeps
+# (16,384 homes' setup against a ~60 ms plan); the headline shape for comparison.
+LOCALITY_SHAPES = [(1_048_576, 1024), (65_536, 16_384), (1_048_576, 16_384)]
 
 
 def lengths_for(n: int, seed: int = 0) -> np.ndarray:

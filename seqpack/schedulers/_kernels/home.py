@@ -31,6 +31,7 @@ from seqpack.schedulers._kernels.home_book import (
     window,
 )
 from seqpack.schedulers._kernels.home_tree import grow, new_trees, next_open, pow2_above, trees_after_change, turn_trees
+from seqpack.schedulers._kernels.no_refcount import no_refcount
 
 
 @njit(cache=True)
@@ -137,48 +138,64 @@ def _swap_pass(
         if k + j - i >= HOME_TREE_MIN:
             csize, psize = pow2_above(min(k + j - i, origin.shape[0]) + 1), pow2_above(n_pairs + 1)
             trees = grow(trees, csize)
-        turn_trees(k, n_pairs, home, cache, pairs, seqs[2], grid, caps, dp, rounds, trees, csize, psize)
-        turn = clock
-        for g in range(i, j):
-            x = order[g]
-            if replica_of[x] == home:
-                continue
-            best, best_y, best_m, lo, hi = _best_single(x, home, seqs, grid, caps, cache, k, trees, csize, dp, rounds)
-            best_y2 = -1
-            if best_m < 0 and n_pairs > 0:
-                best_y, best_y2, best_m = _best_pair(
-                    x, home, turn, lo, hi, seqs, grid, caps, pairs, n_pairs, book, trees, psize, dp
-                )
-            if best_m < 0:
-                continue
-            clock += 1
-            k_before = k
-            k, n_arrivals = apply_change(
-                x, home, best_y, best_y2, best_m, clock, k, n_arrivals, seqs, grid, book, cache, dp
-            )
-            trees_after_change(
-                x,
-                best_y,
-                best_y2,
-                best_m,
-                k_before,
-                k,
-                home,
-                turn,
-                seqs,
-                cache,
-                pairs,
-                book[7],
-                grid,
-                caps,
-                dp,
-                trees,
-                csize,
-                psize,
-            )
-            made += 1
+        changed, clock, n_arrivals = _turn(
+            order[i:j], home, k, n_pairs, clock, n_arrivals, seqs, grid, caps, book, cache, pairs, trees, csize,
+            psize, dp, rounds,
+        )  # fmt: skip
+        made += changed
         i = j
     return made, clock
+
+
+@no_refcount
+def _turn(
+    xs: IntArray,
+    home: int,
+    k: int,
+    n_pairs: int,
+    clock: int,
+    n_arrivals: int,
+    seqs: Seqs,
+    grid: Grid,
+    caps: Caps,
+    book: Book,
+    cache: Cache,
+    pairs: Pairs,
+    trees: Trees,
+    csize: int,
+    psize: int,
+    dp: int,
+    rounds: int,
+) -> tuple[int, int, int]:
+    """Home ``home``'s turn over its sequences ``xs``: the turn's trees, then each sequence
+    away from home is brought home by the best change, if any. Returns (changes made, clock,
+    arrivals)."""
+    turn_trees(k, n_pairs, home, cache, pairs, seqs[2], grid, caps, dp, rounds, trees, csize, psize)
+    replica_of = seqs[1]
+    turn = clock
+    made = 0
+    for x in xs:
+        if replica_of[x] == home:
+            continue
+        best, best_y, best_m, lo, hi = _best_single(x, home, seqs, grid, caps, cache, k, trees, csize, dp, rounds)
+        best_y2 = -1
+        if best_m < 0 and n_pairs > 0:
+            best_y, best_y2, best_m = _best_pair(
+                x, home, turn, lo, hi, seqs, grid, caps, pairs, n_pairs, book, trees, psize, dp
+            )
+        if best_m < 0:
+            continue
+        clock += 1
+        k_before = k
+        k, n_arrivals = apply_change(
+            x, home, best_y, best_y2, best_m, clock, k, n_arrivals, seqs, grid, book, cache, dp
+        )
+        trees_after_change(
+            x, best_y, best_y2, best_m, k_before, k, home, turn, seqs, cache, pairs, book[7], grid, caps, dp, trees,
+            csize, psize,
+        )  # fmt: skip
+        made += 1
+    return made, clock, n_arrivals
 
 
 @njit(cache=True, inline="always")

@@ -17,6 +17,7 @@ from seqpack.schedulers._kernels._types import (
     Seqs,
 )
 from seqpack.schedulers._kernels.constants import PAIR_BIN
+from seqpack.schedulers._kernels.no_refcount import no_refcount
 
 
 @njit(cache=True, inline="always")
@@ -149,9 +150,21 @@ def _cache_set(q: int, y: int, seqs: Seqs, cache: Cache) -> None:
 @njit(cache=True, inline="always")
 def turn_cache(home: int, seqs: Seqs, book: Book, cache: Cache) -> int:
     """Fill the cache with the sequences on ``home`` sorted by cost; returns how many."""
+    k = _cache_fill(home, seqs, book, cache)
+    cache_y, cache_o, cache_t, cache_c, cache_m = cache
+    by_cost = np.argsort(cache_c[:k])
+    cache_y[:k], cache_o[:k], cache_t[:k] = cache_y[by_cost], cache_o[by_cost], cache_t[by_cost]
+    cache_c[:k], cache_m[:k] = cache_c[by_cost], cache_m[by_cost]
+    return k
+
+
+@no_refcount
+def _cache_fill(home: int, seqs: Seqs, book: Book, cache: Cache) -> int:
+    """The sequences on ``home`` into the cache, unsorted; returns how many. (Once per home,
+    with a few array bindings per sequence: without reference counts, see
+    :mod:`.no_refcount`.)"""
     replica_of = seqs[1]
     start, snap, changed, last_arrival, arrivals, arrival_seq, arrival_next = book[:7]
-    cache_y, cache_o, cache_t, cache_c, cache_m = cache
     k = 0
     for q in range(start[home], start[home + 1]):
         y = snap[q]
@@ -165,9 +178,6 @@ def turn_cache(home: int, seqs: Seqs, book: Book, cache: Cache) -> int:
             _cache_set(k, y, seqs, cache)
             k += 1
         e = arrival_next[e]
-    by_cost = np.argsort(cache_c[:k])
-    cache_y[:k], cache_o[:k], cache_t[:k] = cache_y[by_cost], cache_o[by_cost], cache_t[by_cost]
-    cache_c[:k], cache_m[:k] = cache_c[by_cost], cache_m[by_cost]
     return k
 
 

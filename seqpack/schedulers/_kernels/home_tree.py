@@ -181,10 +181,12 @@ def turn_trees(
     build(p1, p2, psize, n_pairs)
     for m in range(rounds):
         pseg[m + 1] += pseg[m]
-    fill = pseg[:rounds].copy()
-    for c in range(n_pairs):
-        plist[fill[pair_m[c]]] = c
-        fill[pair_m[c]] += 1
+    for c in range(n_pairs):  # pseg[m] runs through round m's places, ending at round m + 1's start
+        plist[pseg[pair_m[c]]] = c
+        pseg[pair_m[c]] += 1
+    for m in range(rounds, 0, -1):  # back to the starts (allocates nothing)
+        pseg[m] = pseg[m - 1]
+    pseg[0] = 0
 
 
 @njit(cache=True, inline="always")

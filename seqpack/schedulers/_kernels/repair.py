@@ -6,7 +6,8 @@ import numpy as np
 from numba import njit
 
 from seqpack.schedulers._kernels._types import FloatArray, IntArray
-from seqpack.schedulers._kernels.heaps import _lightest, _total_down, _total_up
+from seqpack.schedulers._kernels.heaps import _lightest_into, _total_down, _total_up
+from seqpack.schedulers._kernels.no_refcount import no_refcount
 from seqpack.schedulers._kernels.scan import first_cost_above, walk_next
 
 
@@ -50,22 +51,55 @@ def _round_sum_change(
 
 
 @njit(cache=True, inline="always")
-def _sorted_members(head: int, nxt: IntArray, costs: FloatArray, buf: IntArray) -> int:
-    """Items of one replica (its linked list) sorted by cost; returns how many."""
+def _sorted_members(head: int, nxt: IntArray, costs: FloatArray, buf: IntArray, tmp: IntArray) -> int:
+    """Items of one replica (its linked list) sorted by cost, stably (ties keep the list's
+    order, as a merge sort does); returns how many. ``tmp`` is scratch of ``buf``'s size:
+    nothing is allocated."""
     k = 0
     i = head
     while i >= 0:
         buf[k] = i
         k += 1
         i = nxt[i]
-    keys = np.empty(k, dtype=np.float64)
-    for t in range(k):
-        keys[t] = costs[buf[t]]
-    order = np.argsort(keys, kind="mergesort")
-    tmp = buf[:k].copy()
-    for t in range(k):
-        buf[t] = tmp[order[t]]
+    # Runs of 16 by insertion, then bottom-up merges: stable, so the order is the one any
+    # stable sort by cost gives.
+    for lo in range(0, k, 16):
+        for t in range(lo + 1, min(lo + 16, k)):
+            v = buf[t]
+            c = costs[v]
+            u = t
+            while u > lo and costs[buf[u - 1]] > c:
+                buf[u] = buf[u - 1]
+                u -= 1
+            buf[u] = v
+    width = 16
+    in_tmp = False  # where the sorted runs are
+    while width < k:
+        for lo in range(0, k, 2 * width):
+            if in_tmp:
+                _merge(tmp, buf, lo, min(lo + width, k), min(lo + 2 * width, k), costs)
+            else:
+                _merge(buf, tmp, lo, min(lo + width, k), min(lo + 2 * width, k), costs)
+        in_tmp = not in_tmp
+        width *= 2
+    if in_tmp:
+        for t in range(k):
+            buf[t] = tmp[t]
     return k
+
+
+@njit(cache=True, inline="always")
+def _merge(src: IntArray, dst: IntArray, lo: int, mid: int, hi: int, costs: FloatArray) -> None:
+    """Merge the sorted runs ``src[lo:mid]`` and ``src[mid:hi]`` into ``dst[lo:hi]`` (ties:
+    the left run first)."""
+    a, b = lo, mid
+    for t in range(lo, hi):
+        if b >= hi or (a < mid and costs[src[a]] <= costs[src[b]]):
+            dst[t] = src[a]
+            a += 1
+        else:
+            dst[t] = src[b]
+            b += 1
 
 
 @njit(cache=True, inline="always")
@@ -213,6 +247,7 @@ def _best_swap(
     k1: int,
     lists: tuple[IntArray, IntArray, IntArray],
     theirs: IntArray,
+    tmp: IntArray,
     costs: FloatArray,
     lengths: IntArray,
     round_of: IntArray,
@@ -239,7 +274,7 @@ def _best_swap(
         gap = total[d1] - total[d2]
         if gap / 2 <= best_gain:
             break
-        k2 = _sorted_members(head[d2], nxt, costs, theirs)
+        k2 = _sorted_members(head[d2], nxt, costs, theirs, tmp)
         for t in range(k1):
             i = mine[t]
             ci = costs[i]
@@ -349,29 +384,70 @@ def repair_replicas(
     lists = _replica_lists(replica_of, dp)
     mine = np.empty(round_of.shape[0], dtype=np.int64)
     theirs = np.empty(round_of.shape[0], dtype=np.int64)
-    eps = 1e-12
-    round_sum = _round_sum(top_val)
     # The busiest replica and the few lightest are read from heaps in O(log dp) per change,
     # not from a sort of all dp totals.
     heaps = _total_heaps(total)
     light = np.empty(min(dp, max(move_candidates, swap_candidates) + 1), dtype=np.int64)
+    scratch = (
+        mine,
+        theirs,
+        np.empty(round_of.shape[0], dtype=np.int64),
+        light,
+        np.empty(2 * light.shape[0] + 1, dtype=np.int64),
+    )
+    limits = (
+        capacity,
+        max_moves,
+        rel_tol,
+        stop_at,
+        swap_candidates,
+        round_budget,
+        max_work,
+        move_candidates,
+        scan_limit,
+    )
+    return _repair_loop(
+        round_of, replica_of, costs, lengths, grid, total, lists, heaps, scratch, limits, _round_sum(top_val)
+    )
+
+
+@no_refcount
+def _repair_loop(
+    round_of: IntArray,
+    replica_of: IntArray,
+    costs: FloatArray,
+    lengths: IntArray,
+    grid: tuple[FloatArray, IntArray, FloatArray, IntArray],
+    total: FloatArray,
+    lists: tuple[IntArray, IntArray, IntArray],
+    heaps: tuple[IntArray, IntArray, IntArray, IntArray],
+    scratch: tuple[IntArray, IntArray, IntArray, IntArray, IntArray],
+    limits: tuple[int, int, float, float, int, float, int, int, int],
+    round_sum: float,
+) -> int:
+    """The changes of :func:`repair_replicas`, one at a time; returns how many."""
+    capacity, max_moves, rel_tol, stop_at, swap_candidates, round_budget, max_work, move_candidates, scan_limit = limits
+    mine, theirs, tmp, light, frontier = scratch
+    top_val = grid[2]
+    dp = total.shape[0]
+    eps = 1e-12
     moves = 0
     work = 0
     while moves < max_moves and work < max_work:
         d1 = heaps[2][0]
         if total[d1] <= stop_at:
             break
-        _lightest(heaps[0], dp, total, light)
+        _lightest_into(heaps[0], dp, total, light, frontier)
         allow = max(0.0, round_budget - round_sum) + eps * total[d1]
-        k1 = _sorted_members(lists[0][d1], lists[2], costs, mine)
+        k1 = _sorted_members(lists[0][d1], lists[2], costs, mine, tmp)
         best = (rel_tol * total[d1], -1, -1, -1, -1)
         best, work = _best_move(
             d1, light, move_candidates, total, mine, k1, costs, lengths, round_of, grid, capacity, allow, scan_limit,
             best, work,
         )  # fmt: skip
         best, work = _best_swap(
-            d1, light, swap_candidates, total, mine, k1, lists, theirs, costs, lengths, round_of, grid, capacity,
-            allow, scan_limit, best, work,
+            d1, light, swap_candidates, total, mine, k1, lists, theirs, tmp, costs, lengths, round_of, grid,
+            capacity, allow, scan_limit, best, work,
         )  # fmt: skip
         if best[1] < 0:
             break
