@@ -104,7 +104,9 @@ class PackingConfig:
     """Also compare schedule fingerprints over DP every step (CP, TP and PP copies are
     always compared)."""
     validate_ranks: bool = True
-    """Agree on arguments and iterator ownership over all ranks at construction."""
+    """Compare the arguments and iterator ownership of all ranks at construction (``False``
+    skips the comparison; a bad argument on any rank, the prefetch flag and who passed
+    ``wrapper_groups`` are still agreed, in one small all-reduce per axis)."""
     sync: Sync | None = None
     """What a step waits for, so what the scheduler minimises (``Scheduler.schedule(sync=)``):
     ``"lockstep"`` (FSDP, pipeline: every microbatch round waits for its slowest replica),

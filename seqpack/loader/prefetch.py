@@ -81,8 +81,11 @@ class Prefetcher:
     otherwise), so an iterator dropped without ``close()`` is still garbage collected.
     """
 
-    def __init__(self, produce: Callable[[], Ready], depth: int, name: str, max_bytes: int | None = None) -> None:
+    def __init__(
+        self, produce: Callable[[], Ready], depth: int, name: str, max_bytes: int | None = None, *, first: int = 0
+    ) -> None:
         self._produce = weakref.WeakMethod(produce)
+        self._index = first  # the step the thread prepares next (names a failure outside produce)
         self._depth = depth
         self._max_bytes = max_bytes
         self._bytes = 0  # tensor bytes of the steps in _ready
@@ -120,8 +123,9 @@ class Prefetcher:
                     with abandonable(lambda: self._now):
                         item = produce()
                 except BaseException as exc:  # handed to next(), which raises it
-                    item = Ready(-1, error=exc)
+                    item = Ready(self._index, error=exc)
                 del produce
+                self._index = item.index + 1
                 with self._cond:
                     self._ready.append(item)
                     self._bytes += item.nbytes

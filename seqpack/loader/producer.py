@@ -148,7 +148,7 @@ class StepProducer:
                 pool = self.pool + read.samples
                 mask = phases.key_mask(pool)
                 columns = phases.sample_columns(pool, config, t)
-            except Exception as exc:  # the user's iterator or data: every rank must hear of it
+            except BaseException as exc:  # the user's iterator or data, Ctrl-C too: every rank hears of it
                 pool, mask = [], 0
                 error = self._bad_input(exc, step)
         times, bad_times = self.calibration.outgoing(step)
@@ -248,9 +248,9 @@ class StepProducer:
     def _who(self) -> str:
         return f"DP rank {self.topology.dp_rank} (global rank {this_rank()}, {self.topology.describe()})"
 
-    def _bad_input(self, exc: Exception, step: int) -> str:
+    def _bad_input(self, exc: BaseException, step: int) -> str:
         self.local_cause = exc
-        what = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        what = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}".rstrip(": ")
         if isinstance(exc, RuntimeError) and "stack expects each tensor to be equal size" in what:
             what += f" ({SAMPLES_NOT_BATCHES}: a DataLoader's collate stacked samples of different lengths)"
         return f"bad input on {self._who()} at step {step}: {what}"
