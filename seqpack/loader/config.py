@@ -192,7 +192,8 @@ class PackingConfig:
         if self.flops_fn is not None and not callable(self.flops_fn):
             raise SeqpackTypeError(f"flops_fn must be callable, got {type(self.flops_fn).__name__}")
         object.__setattr__(self, "prefetch", check_int("prefetch", self.prefetch, minimum=0, maximum=MAX_PREFETCH))
-        object.__setattr__(self, "prefetch_bytes", check_positive_int("prefetch_bytes", self.prefetch_bytes))
+        budget = check_positive_int("prefetch_bytes", self.prefetch_bytes, maximum=INT64_MAX)  # a byte count: int64
+        object.__setattr__(self, "prefetch_bytes", budget)
         if self.sync is not None:
             object.__setattr__(self, "sync", check_choice("sync", self.sync, Sync))
         self._check_calibrate()

@@ -63,7 +63,16 @@ from seqpack.errors import (
 from seqpack.loader.config import PackingConfig, resolved_cost
 from seqpack.loader.construction import check_ownership, construction_words, warn_if_alone
 from seqpack.loader.dynamic import DynamicCp
-from seqpack.loader.prefetch import Background, DeviceCopy, Prefetcher, Progress, Ready, check_device, check_timeout
+from seqpack.loader.prefetch import (
+    Background,
+    DeviceCopy,
+    Prefetcher,
+    Progress,
+    Ready,
+    check_device,
+    check_seconds,
+    check_timeout,
+)
 from seqpack.loader.producer import StepProducer
 from seqpack.loader.resume import ResumeState, StateKey
 from seqpack.loader.step import Step
@@ -71,7 +80,6 @@ from seqpack.options import AXES, DataOwner, fingerprint_text
 from seqpack.schedulers import Scheduler
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.topology import Topology
-from seqpack.validation import check_number
 
 __all__ = ["DATA_OWNERS", "PackingIterator", "Step", "wrap_data_iterator"]
 
@@ -308,15 +316,17 @@ class PackingIterator(Iterator[Step], Stateful):
         over. Idempotent.
         """
         self._closed = True
-        self._release(check_number("timeout", timeout, minimum=0.0))
+        self._release(check_seconds("timeout", timeout))
 
     def _release(self, timeout: float = 10.0) -> None:
         if not self._bg.release(timeout):
-            logger.warning(
-                "seqpack's prefetch thread did not stop within %.1f s (a peer died or hangs in the wrapper's "
-                "collectives?); left behind as a daemon thread",
-                timeout,
+            why = (
+                "it ends once the step it prepares is read (the data iterator is slow or blocked?)"
+                if self._bg.alone
+                else "a peer died or hangs in the wrapper's collectives?"
             )
+            message = "seqpack's prefetch thread did not stop within %.1f s (%s); left behind as a daemon thread"
+            logger.warning(message, timeout, why)
         self._finalizer.detach()
 
     def _deliver(self, ready: Ready, blocked: float) -> Step:
