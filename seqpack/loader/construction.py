@@ -14,7 +14,7 @@ from seqpack._logging import warn_once
 from seqpack.collective.groups import this_rank
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader.config import PackingConfig
-from seqpack.options import DataOwner
+from seqpack.options import MAX_PREFETCH, DataOwner
 from seqpack.topology import Topology
 
 __all__ = ["check_ownership", "construction_words", "warn_if_alone"]
@@ -23,11 +23,11 @@ logger = logging.getLogger(__name__)
 
 
 def construction_words(prefetch: Any, has_groups: bool) -> np.ndarray:
-    """The int64 words the construction agreement reduces by MAX: whether this rank
-    prefetches, whether it passed ``wrapper_groups`` and whether it did not (both set after
-    the MAX: the ranks differ)."""
-    prefetching = isinstance(prefetch, int) and prefetch > 0
-    return np.array([int(prefetching), int(has_groups), int(not has_groups)], dtype=np.int64)
+    """The int64 words the construction agreement reduces by MAX: this rank's prefetch,
+    whether it passed ``wrapper_groups`` and whether it did not (both set after the MAX: the
+    ranks differ)."""
+    depth = prefetch if isinstance(prefetch, int) and 0 <= prefetch <= MAX_PREFETCH else 0
+    return np.array([depth, int(has_groups), int(not has_groups)], dtype=np.int64)
 
 
 def warn_if_alone(topology: Topology) -> bool:

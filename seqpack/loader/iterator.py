@@ -141,12 +141,12 @@ class PackingIterator(Iterator[Step], Stateful):
         self._edge_stage = t.is_first_stage or t.is_last_stage
         self._reads = config.data_owner == DataOwner.ALL or (t.tp_rank == 0 and self._edge_stage)
         self._comm = topology  # whose groups the per-step collectives run on
-        comm, timeout, any_prefetch = self._check_and_agree(data_iterator, config, device, pin_memory,
+        comm, timeout, max_prefetch = self._check_and_agree(data_iterator, config, device, pin_memory,
                                                              wrapper_groups, group_timeout)  # fmt: skip
         owned: list[Any] = []
         if comm is not None:
             self._comm = comm
-        elif any_prefetch:
+        elif max_prefetch > 0:
             # Collective (every rank, same order), like the agreement before it.
             groups = new_axis_groups(topology, backend="gloo", timeout=timeout)
             owned = [group for group in groups.values() if group is not None]
@@ -174,6 +174,7 @@ class PackingIterator(Iterator[Step], Stateful):
             reads=self._reads,
             copy=DeviceCopy(self._device, self._pin_memory, background=self.config.prefetch > 0),
             dynamic=dynamic,
+            calibration_lag=max_prefetch,
         )
         self._finished = False
         self._failure: StepFailed | None = None
@@ -188,11 +189,12 @@ class PackingIterator(Iterator[Step], Stateful):
         pin_memory: bool,
         wrapper_groups: Topology | Mapping[str, Any] | None,
         group_timeout: float | datetime.timedelta | None,
-    ) -> tuple[Topology | None, datetime.timedelta | None, bool]:
+    ) -> tuple[Topology | None, datetime.timedelta | None, int]:
         """Check this rank's arguments, then agree on them with every rank (one error for
         all, the fields that differ named). Returns the wrapper groups' topology (when given),
-        the groups' timeout, and whether any rank prefetches: ranks may differ in prefetch,
-        and the wrapper's own groups are created when any rank does."""
+        the groups' timeout, and the largest prefetch of any rank: ranks may differ in
+        prefetch; the wrapper's own groups are created when any rank prefetches, and
+        calibration times wait for the deepest rank's steps."""
         topology = self.topology
         error: SeqpackError | None = None
         fingerprint, details = None, None
@@ -234,7 +236,7 @@ class PackingIterator(Iterator[Step], Stateful):
                 "wrapper_groups was passed on some ranks and not on others: pass it on every rank or on none (the "
                 "wrapper's collectives must run on the same groups everywhere)"
             )
-        return comm, timeout, bool(words[0])
+        return comm, timeout, int(words[0])
 
     @property
     def scheduler(self) -> Scheduler:

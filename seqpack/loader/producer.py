@@ -78,6 +78,7 @@ class StepProducer:
         stats_cost: The cost model stats are measured in.
         reads: This rank reads data.
         copy: Pins and copies the step's tensors to the device.
+        calibration_lag: The largest ``prefetch`` of any rank (default: this rank's).
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class StepProducer:
         reads: bool,
         copy: DeviceCopy,
         dynamic: DynamicCp | None = None,
+        calibration_lag: int | None = None,
     ) -> None:
         self.topology, self.comm, self.config = topology, comm, config
         self.dynamic = dynamic  # dynamic CP's stages (PackingConfig.dynamic_cp), else None
@@ -106,7 +108,7 @@ class StepProducer:
         self.data_ended = False
         self.local_cause: BaseException | None = None  # this rank's own exception behind a step error
         self.shared_cause: BaseException | None = None  # the exception behind an error every rank decided alike
-        self.calibration = StepCalibration(config, topology, stats_cost, reads)
+        self.calibration = StepCalibration(config, topology, stats_cost, reads, lag=calibration_lag)
 
     @property
     def started(self) -> bool:

@@ -1,5 +1,5 @@
-"""Issue 24 on gloo (dp=2): ranks that differ in prefetch with validate_ranks=False, in who
-passes wrapper_groups, Ctrl-C inside one rank's data iterator, and a one-rank topology
+"""Issue 24 on gloo (dp=2): ranks that differ in prefetch with validate_ranks=False and under
+calibration, in who passes wrapper_groups, Ctrl-C inside one rank's data iterator, and a one-rank topology
 among several initialised ranks. One pool call runs every case (a pool costs seconds)."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from test_wrapper_dist import SEED
 from wrapper_data import items, mesh_topology
 
 from seqpack._logging import reset_warn_once
+from seqpack.calibrate import CostCalibrator
+from seqpack.cost import CostModel
 from seqpack.loader import wrap_data_iterator
 from seqpack.topology import Topology
 
@@ -76,6 +78,17 @@ def run_cases():
     # Ranks that differ in prefetch without the settings' comparison: the same steps as one value.
     out["same"] = _steps(_wrap(topo, items(SEED, topo.dp_rank, 30), prefetch=0, validate_ranks=False))
     out["mixed"] = _steps(_wrap(topo, items(SEED, topo.dp_rank, 30), prefetch=(0, 2)[rank], validate_ranks=False))
+    # Under calibration the prefetch depth decides which steps' times ride each gather: ranks that
+    # differ in it send the deepest rank's (a WireError on one rank and SIGABRT on the other before).
+    for name, depths in (("calibrated_same", (2, 2)), ("calibrated_mixed", (0, 2))):
+        calibrator = CostCalibrator(CostModel(1e-4, 1e-7, 1e-3), min_points=4, warmup_steps=0)
+        data = items(SEED, topo.dp_rank, 36)
+        it = _wrap(topo, data, prefetch=depths[rank], calibrate=calibrator, scheduler="balanced")
+        fingerprints = []
+        for step in it:
+            step.record_times([1e-3 + 1e-4 * b.num_tokens + 1e-6 * b.num_tokens**2 for b in step.microbatches])
+            fingerprints.append((step.schedule_fingerprint, step.stats.calibrated))
+        out[name] = fingerprints
     # wrapper_groups on one rank only: one error everywhere, before any step.
     groups = topo if rank == 0 else None
     for validate in (True, False):
@@ -98,6 +111,8 @@ def test_prefetch_groups_interrupts_and_alone_across_ranks(dist_pools):
     results = dist_pools.get(2).run(run_cases)
     for rank, out in enumerate(results):
         assert len(out["same"]) >= 3 and out["mixed"] == out["same"], rank
+        assert out["calibrated_mixed"] == out["calibrated_same"], rank
+        assert any(calibrated for _, calibrated in out["calibrated_same"])  # not vacuous: a fitted model was used
         for validate in (True, False):
             assert out[f"groups_{validate}"] == results[0][f"groups_{validate}"]
             assert "ConfigError: wrapper_groups was passed on some ranks and not on others" in out[f"groups_{validate}"]
