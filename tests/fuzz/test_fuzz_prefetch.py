@@ -277,3 +277,26 @@ def test_ctrl_c_inside_a_synchronous_step_fails_it_and_a_resume_loses_nothing():
     resumed = _wrap(items(SEED, 0, 30), prefetch=0)
     resumed.load_state_dict(saved)
     assert sorted(_seen(steps + list(resumed))) == sorted(expected_sequences(SEED, 0, 30))
+
+
+@pytest.mark.parametrize("kind", [RuntimeError, KeyboardInterrupt])
+def test_a_failure_outside_the_step_is_named_by_its_step(monkeypatch, kind):
+    # produce() never raises by contract; if it does (a bug, an interrupt between its lines),
+    # the thread names the step it was preparing (it said 'failed at step -1').
+    from seqpack.loader.producer import StepProducer
+
+    original = StepProducer.produce
+
+    def produce(self):
+        if self.steps == 1:
+            raise kind("between the lines")
+        return original(self)
+
+    monkeypatch.setattr(StepProducer, "produce", produce)
+    it = _wrap(Counted(), prefetch=1)
+    assert next(it).step == 0
+    with pytest.raises(kind):
+        next(it)
+    with pytest.raises(StepFailed, match=r"failed at step 1 and cannot continue .*step 1 failed on rank 0") as again:
+        next(it)
+    assert "-1" not in str(again.value)
