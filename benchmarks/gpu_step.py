@@ -52,6 +52,7 @@ from seqpack.cost import CostModel, ModelSpec
 from seqpack.mock_data import lognormal_lengths
 from seqpack.schedulers import get_scheduler
 from seqpack.thd import PackedBatch, pack_sequences, padding_only_batch
+from seqpack.validation import memory_limit
 
 
 @dataclasses.dataclass
@@ -491,7 +492,42 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, argparse.Namespace
             "no CUDA device here: the default sizes are for a GPU; run with --toy (tiny sizes on the CPU, "
             "seconds), or pass --device cpu with sizes of your own"
         )
+    _check_device(parser, s)
     return s, args
+
+
+def cpu_bytes(s: Settings) -> int:
+    """A lower estimate of the memory one CPU run needs: fp32 weights and gradients, and the
+    activations one full microbatch keeps for the backward pass (norms, q/k/v, attention
+    output, projection, the MLP's up and gated halves; attention scores left out)."""
+    layers = s.layers if s.model == "transformer" else len(s.pattern)
+    kv = 2 * s.kv_heads * (s.hidden // s.heads)
+    params = layers * (s.hidden * (2 * s.hidden + kv) + 3 * s.hidden * s.ffn)
+    activations = layers * s.max_tokens_per_rank * (6 * s.hidden + kv + 3 * s.ffn)
+    return 4 * (2 * params + activations)
+
+
+def _check_device(parser: argparse.ArgumentParser, s: Settings) -> None:
+    """Refuse a device this machine lacks, or CPU sizes that cannot fit in its memory (a
+    full-size model on a CPU grew to 24 GB and was killed), before anything is built."""
+    if s.device != "auto":
+        try:
+            device = torch.device(s.device)
+        except (RuntimeError, TypeError, ValueError):
+            parser.error(f"--device must be auto, cpu, cuda or cuda:N, got {s.device!r}")
+        if device.type not in ("cpu", "cuda"):
+            parser.error(f"--device must be auto, cpu, cuda or cuda:N, got {s.device!r}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            parser.error(f"--device {s.device} but no CUDA device here: run with --toy, or --device cpu with sizes "
+                         "of your own")  # fmt: skip
+    on_cpu = s.device == "cpu" or (s.device == "auto" and not torch.cuda.is_available())
+    need, limit = cpu_bytes(s), memory_limit()
+    if on_cpu and limit is not None and need > limit:
+        parser.error(
+            f"--device cpu: these sizes need at least {need / 2**30:.1f} GiB (weights, gradients and one "
+            f"{s.max_tokens_per_rank}-token microbatch's activations), more than the {limit / 2**30:.1f} GiB this "
+            "process may use; run with --toy, or lower --max-tokens-per-rank, --hidden, --ffn or --layers"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -113,7 +113,10 @@ class Topology:
                     "Topology.single(allow_distributed=True) if each rank really trains alone"
                 )
             logger.info("Topology.single() on one of %d ranks: this rank packs its data alone", dist.get_world_size())
-        return cls()
+        topology = cls()
+        # Said on purpose: the wrapper does not warn about a one-rank topology among several ranks.
+        object.__setattr__(topology, "_alone_on_purpose", allow_distributed)
+        return topology
 
     @classmethod
     def from_device_mesh(

@@ -16,7 +16,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from seqpack.cli.demo.settings import DemoSettings
 
-__all__ = ["format_demo_summary", "format_table", "render_table"]
+__all__ = ["format_demo_summary", "format_table", "render_table", "time_shared", "usable_cores"]
 
 
 def render_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, first_left: bool = True) -> str:
@@ -101,7 +101,7 @@ def format_demo_summary(results: list[dict[str, Any]], settings: DemoSettings) -
         f" warm-up, {settings.samples_per_rank} samples per DP rank per step, data={settings.data}",
         render_table(header, rows),
     ]
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     if settings.world_size > cores:
         lines.append(
             f"note: {settings.world_size} ranks share {cores} cores, so a rank waiting on a slower peer hands its core "
@@ -112,9 +112,9 @@ def format_demo_summary(results: list[dict[str, Any]], settings: DemoSettings) -
         "the slowest replica / mean (what FSDP, which syncs every microbatch, waits for); costs in the scheduler's "
         "cost model"
     )
-    shared = settings.world_size > cores
     for r in results:
         if r.get("cost_model") is not None:
+            shared = time_shared(settings.world_size, cores, r.get("load_average"))
             lines.append(_online_cost_line(r, shared, settings.world_size, cores))
     peak = results[0].get("peak_gemm_flops_per_process") if results else None
     if peak:
@@ -125,10 +125,29 @@ def format_demo_summary(results: list[dict[str, Any]], settings: DemoSettings) -
     return "\n".join(lines)
 
 
-def _online_cost_line(r: dict[str, Any], shared: bool, world: int, cores: int) -> str:
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity; all of the machine's without one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
+def time_shared(world: int, cores: int, load: float | None) -> str | None:
+    """Why the ranks' wall-clock times include waiting for a core, or ``None``: more ranks
+    than usable cores, or a 1-minute load average (taken at the end of the run, the ranks'
+    own load included) above the cores."""
+    if world > cores:
+        return f"{world} ranks time-share {cores} cores"
+    if load is not None and load > cores + 0.5:
+        return f"the machine is time-shared (1-minute load average {load:.1f} on {cores} usable cores)"
+    return None
+
+
+def _online_cost_line(r: dict[str, Any], shared: str | bool | None, world: int, cores: int) -> str:
     """The calibrated model and how well it predicted the measured step times. When ranks
-    share cores the measured times include waiting for a core, so the error is no verdict
-    on the model and the line says so before giving it."""
+    share cores (``shared``: why, see :func:`time_shared`) the measured times include waiting
+    for a core, so the error is no verdict on the model and the line says so before giving it."""
     lin, quad, const = r["cost_model"]
     err = r.get("prediction_error_mean_abs")
     checked = len(r.get("predictions") or [])
@@ -140,10 +159,11 @@ def _online_cost_line(r: dict[str, Any], shared: bool, world: int, cores: int) -
         return head + "no step's prediction checked yet"
     measured = f"mean |error| {err * 100:.1f}% over {checked} steps" + _fitted_error(r)
     if shared:
+        why = shared if isinstance(shared, str) else f"{world} ranks time-share {cores} cores"
         return head + (
-            f"predicted vs measured step time is not a measure of the model here: {world} ranks time-share "
-            f"{cores} cores, so every microbatch time includes waiting for a core ({measured}); "
-            "benchmarks/calibration.py measures the calibration's accuracy"
+            f"predicted vs measured step time is not a measure of the model here: {why}, so every microbatch "
+            f"time includes waiting for a core ({measured}); benchmarks/calibration.py measures the calibration's "
+            "accuracy"
         )
     return (
         head

@@ -25,17 +25,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
-import json
 import logging
 import platform
-import signal
-import subprocess
-import sys
 import warnings
 from typing import Any
 
 import torch
 
+from seqpack.compute.probe import probe_import, probe_imports
 from seqpack.errors import ConfigError
 from seqpack.options import AttentionBackend, MambaBackend
 
@@ -212,61 +209,28 @@ def _try_import(module: str) -> tuple[Any, str | None]:
         return None, _failed(module, exc).error
 
 
-PROBE_TIMEOUT = 180.0  # seconds one isolated import may take (TE's first import compiles nothing, but loads a lot)
-_PROBE_MARK = "@@seqpack-probe@@"
-_PROBE = r"""
-import importlib, json, sys
-module, attrs, mark = sys.argv[1], sys.argv[2].split(",") if sys.argv[2] else [], sys.argv[3]
-out = {"imports": False, "error": None, "version": None, "attrs": {}}
-try:
-    imported = importlib.import_module(module)
-    out["imports"] = True
-    out["version"] = getattr(sys.modules[module.split(".")[0]], "__version__", None)
-    out["attrs"] = {a: hasattr(imported, a) for a in attrs}
-except BaseException as exc:  # SystemExit and KeyboardInterrupt from a broken package too
-    text = (str(exc).strip().splitlines() or [""])[0]
-    out["error"] = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-# The child answers its parent on stdout (a protocol line, not a message to a user).
-sys.stdout.write(mark + json.dumps(out, default=str) + "\n")
-sys.stdout.flush()
-"""
+_NUMBA_LAYERS = (("tbb", "tbbpool"), ("omp", "omppool"), ("workqueue", "workqueue"))
 
 
-def probe_import(module: str, attrs: tuple[str, ...] = (), timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
-    """Import ``module`` in a child Python and report what happened, whatever it does.
-
-    A package that raises, calls ``sys.exit``, aborts or segfaults on import (a broken native
-    build) is reported instead of taking the caller down.
-
-    Returns:
-        ``{"imports": bool, "error": str | None, "version": str | None, "attrs": {name: bool}}``;
-        ``error`` says how the child died when it did (the signal, or the exit status and the
-        last line it wrote).
-    """
-    command = [sys.executable, "-c", _PROBE, module, ",".join(attrs), _PROBE_MARK]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"imports": False, "error": f"importing {module} did not finish within {timeout:g} s", "version": None,
-                "attrs": {}}  # fmt: skip
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(_PROBE_MARK):
-            return dict(json.loads(line[len(_PROBE_MARK) :]))
-    if done.returncode < 0:
-        name = signal.Signals(-done.returncode).name if -done.returncode in signal.valid_signals() else "?"
-        how = f"killed the process (signal {-done.returncode}, {name})"
-    else:
-        how = f"ended the process with exit status {done.returncode}"
-    last = (done.stderr.strip().splitlines() or [""])[-1][:200]
-    return {"imports": False, "error": f"importing {module} {how}" + (f": {last}" if last else ""), "version": None,
-            "attrs": {}}  # fmt: skip
+def _attrs(key: str) -> tuple[str, ...]:
+    return ("thd_get_partitioned_indices",) if key == "transformer_engine_torch" else ()
 
 
-def _package_info(key: str, distributions: tuple[str, ...], module: str, isolate: bool) -> dict[str, Any]:
+def _probe_all() -> dict[str, dict[str, Any]]:
+    """Every optional package, numba and each of numba's threading layers (native libraries
+    that may abort the process that loads them), each imported in a child process."""
+    wanted = [(module, _attrs(key)) for key, _, module in _PACKAGES]
+    wanted += [("numba", ())] + [(f"numba.np.ufunc.{module}", ()) for _, module in _NUMBA_LAYERS]
+    return probe_imports(wanted)
+
+
+def _package_info(
+    key: str, distributions: tuple[str, ...], module: str, isolate: bool, probe: dict[str, Any] | None = None
+) -> dict[str, Any]:
     found = {name: v for name in distributions if (v := _distribution_version(name)) is not None}
-    attrs = ("thd_get_partitioned_indices",) if key == "transformer_engine_torch" else ()
+    attrs = _attrs(key)
     if isolate:
-        probe = probe_import(module, attrs)
+        probe = probe if probe is not None else probe_import(module, attrs)
         imports, error, module_version, has = probe["imports"], probe["error"], probe["version"], probe["attrs"]
     else:
         imported, error = _try_import(module)
@@ -348,11 +312,11 @@ def _auto_choice(cuda: bool, packages: dict[str, dict[str, Any]]) -> dict[str, d
     return {"attention": attention, "mamba": mamba}
 
 
-def _numba_info(isolate: bool = False) -> dict[str, Any]:
-    if isolate:  # a broken numba (or its threading layer) may abort the process that imports it
-        probe = probe_import("numba")
-        if not probe["imports"]:
-            return {"version": None, "error": probe["error"]}
+def _numba_info(isolate: bool = False, probes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    probes = probes if probes is not None or not isolate else _probe_all()
+    if probes is not None:  # a broken numba (or its threading layer) may abort the process that imports it
+        if not probes["numba"]["imports"]:
+            return {"version": None, "error": probes["numba"]["error"]}
     try:
         import numba
     except Exception as exc:
@@ -361,8 +325,15 @@ def _numba_info(isolate: bool = False) -> dict[str, Any]:
         active = numba.threading_layer()
     except ValueError:  # "Threading layer is not initialized": no parallel kernel ran yet
         active = None
-    available = []
-    for layer, module in (("tbb", "tbbpool"), ("omp", "omppool"), ("workqueue", "workqueue")):
+    available, failed = [], {}
+    for layer, module in _NUMBA_LAYERS:
+        if probes is not None:  # imported in a child: one that aborts is reported, not fatal
+            probe = probes[f"numba.np.ufunc.{module}"]
+            if probe["imports"]:
+                available.append(layer)
+            elif not str(probe["error"]).startswith(("ImportError", "ModuleNotFoundError")):
+                failed[layer] = probe["error"]  # a missing library is the common case; a crash is news
+            continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if _try_import(f"numba.np.ufunc.{module}")[1] is None:
@@ -372,6 +343,7 @@ def _numba_info(isolate: bool = False) -> dict[str, Any]:
         "threading_layer": active,
         "configured_threading_layer": str(getattr(numba.config, "THREADING_LAYER", "default")),
         "available_threading_layers": available,
+        "threading_layer_errors": failed,
     }
 
 
@@ -431,8 +403,9 @@ def environment_report(*, isolate: bool = True) -> dict[str, Any]:
     # transformer_engine.pytorch first: it loads transformer_engine_torch itself. The packages
     # are probed before torch initialises its cuDNN (as a training script importing TE at
     # the top does): TE built against another cuDNN fails to import after it (docs/gpu.md).
+    probes = _probe_all() if isolate else None
     for key, distributions, module in _PACKAGES:
-        packages[key] = _package_info(key, distributions, module, isolate)
+        packages[key] = _package_info(key, distributions, module, isolate, probes[module] if probes else None)
     torch_info = _torch_info()
     return {
         "python": platform.python_version(),
@@ -441,7 +414,7 @@ def environment_report(*, isolate: bool = True) -> dict[str, Any]:
         "torch": torch_info,
         "packages": packages,
         "auto": _auto_choice(torch_info["cuda_available"], packages),
-        "numba": _numba_info(isolate),
+        "numba": _numba_info(isolate, probes),
         "notes": _notes(torch_info, packages),
     }
 
@@ -487,6 +460,7 @@ def format_environment_report(report: dict[str, Any]) -> str:
             f"numba {n['version']}, threading layer {active}; configured {n['configured_threading_layer']!r}, "
             f"available: {available}"
         )
+        lines += [f"  threading layer {layer}: {error}" for layer, error in n.get("threading_layer_errors", {}).items()]
     if report["notes"]:
         lines.append("notes:")
         lines += [f"  - {note}" for note in report["notes"]]

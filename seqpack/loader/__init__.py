@@ -21,6 +21,8 @@ Entry points: :func:`wrap_data_iterator`, :class:`PackingIterator`, :class:`Pack
   the device copy.
 - :mod:`~seqpack.loader.step`: :class:`Step`, what ``next()`` hands over.
 - :mod:`~seqpack.loader.resume`: :class:`ResumeState`, the versioned resume state.
+- :mod:`~seqpack.loader.construction`: what the constructor checks and agrees on besides the
+  config (iterator ownership, the prefetch flag, ``wrapper_groups``, a one-rank topology).
 - :mod:`~seqpack.loader.iterator`: :class:`PackingIterator` (a thin iterator over the
   producer) and :func:`wrap_data_iterator`.
 """

@@ -37,12 +37,16 @@ __all__ = ["StepCalibration"]
 class StepCalibration:
     """The wrapper's side of online calibration (see the module docstring)."""
 
-    def __init__(self, config: PackingConfig, topology: Topology, prior: CostModel, reads: bool) -> None:
-        """``prior``: the model a new calibrator starts from (the step's resolved cost)."""
+    def __init__(
+        self, config: PackingConfig, topology: Topology, prior: CostModel, reads: bool, *, lag: int | None = None
+    ) -> None:
+        """``prior``: the model a new calibrator starts from (the step's resolved cost).
+        ``lag``: the largest ``prefetch`` of any rank (default: this rank's): every rank
+        sends the times of the same steps, so ranks may differ in prefetch."""
         self.enabled = config.calibrate is not False
         self.reads = reads
         self.topology = topology
-        self.prefetch = config.prefetch
+        self.prefetch = config.prefetch if lag is None else lag
         self.sync = config.sync
         self.ledger: TimingLedger | None = None
         if not self.enabled or not (reads or topology.tp_rank == 0):
@@ -63,7 +67,7 @@ class StepCalibration:
             calibrator,
             dp_size=topology.dp_size,
             dp_rank=topology.dp_rank,
-            window=2 + config.prefetch,
+            window=2 + self.prefetch,
             sync=config.sync,
             copies=copies,
             copy_rank=topology.cp_rank if copies is not None else 0,

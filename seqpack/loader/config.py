@@ -104,7 +104,9 @@ class PackingConfig:
     """Also compare schedule fingerprints over DP every step (CP, TP and PP copies are
     always compared)."""
     validate_ranks: bool = True
-    """Agree on arguments and iterator ownership over all ranks at construction."""
+    """Compare the arguments and iterator ownership of all ranks at construction (``False``
+    skips the comparison; a bad argument on any rank, the prefetch flag and who passed
+    ``wrapper_groups`` are still agreed, in one small all-reduce per axis)."""
     sync: Sync | None = None
     """What a step waits for, so what the scheduler minimises (``Scheduler.schedule(sync=)``):
     ``"lockstep"`` (FSDP, pipeline: every microbatch round waits for its slowest replica),
@@ -190,7 +192,8 @@ class PackingConfig:
         if self.flops_fn is not None and not callable(self.flops_fn):
             raise SeqpackTypeError(f"flops_fn must be callable, got {type(self.flops_fn).__name__}")
         object.__setattr__(self, "prefetch", check_int("prefetch", self.prefetch, minimum=0, maximum=MAX_PREFETCH))
-        object.__setattr__(self, "prefetch_bytes", check_positive_int("prefetch_bytes", self.prefetch_bytes))
+        budget = check_positive_int("prefetch_bytes", self.prefetch_bytes, maximum=INT64_MAX)  # a byte count: int64
+        object.__setattr__(self, "prefetch_bytes", budget)
         if self.sync is not None:
             object.__setattr__(self, "sync", check_choice("sync", self.sync, Sync))
         self._check_calibrate()

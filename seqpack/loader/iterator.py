@@ -61,8 +61,18 @@ from seqpack.errors import (
     typed_message,
 )
 from seqpack.loader.config import PackingConfig, resolved_cost
+from seqpack.loader.construction import check_ownership, construction_words, warn_if_alone
 from seqpack.loader.dynamic import DynamicCp
-from seqpack.loader.prefetch import Background, DeviceCopy, Prefetcher, Progress, Ready, check_device, check_timeout
+from seqpack.loader.prefetch import (
+    Background,
+    DeviceCopy,
+    Prefetcher,
+    Progress,
+    Ready,
+    check_device,
+    check_seconds,
+    check_timeout,
+)
 from seqpack.loader.producer import StepProducer
 from seqpack.loader.resume import ResumeState, StateKey
 from seqpack.loader.step import Step
@@ -70,7 +80,6 @@ from seqpack.options import AXES, DataOwner, fingerprint_text
 from seqpack.schedulers import Scheduler
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.topology import Topology
-from seqpack.validation import check_number
 
 __all__ = ["DATA_OWNERS", "PackingIterator", "Step", "wrap_data_iterator"]
 
@@ -128,15 +137,16 @@ class PackingIterator(Iterator[Step], Stateful):
         if not isinstance(config, PackingConfig):
             raise SeqpackTypeError(f"config must be a seqpack.PackingConfig, got {type(config).__name__}")
         t = self.topology = topology
+        warn_if_alone(topology)
         self._edge_stage = t.is_first_stage or t.is_last_stage
         self._reads = config.data_owner == DataOwner.ALL or (t.tp_rank == 0 and self._edge_stage)
         self._comm = topology  # whose groups the per-step collectives run on
-        comm, timeout, any_prefetch = self._check_and_agree(data_iterator, config, device, pin_memory,
+        comm, timeout, max_prefetch = self._check_and_agree(data_iterator, config, device, pin_memory,
                                                              wrapper_groups, group_timeout)  # fmt: skip
         owned: list[Any] = []
         if comm is not None:
             self._comm = comm
-        elif any_prefetch:
+        elif max_prefetch > 0:
             # Collective (every rank, same order), like the agreement before it.
             groups = new_axis_groups(topology, backend="gloo", timeout=timeout)
             owned = [group for group in groups.values() if group is not None]
@@ -164,6 +174,7 @@ class PackingIterator(Iterator[Step], Stateful):
             reads=self._reads,
             copy=DeviceCopy(self._device, self._pin_memory, background=self.config.prefetch > 0),
             dynamic=dynamic,
+            calibration_lag=max_prefetch,
         )
         self._finished = False
         self._failure: StepFailed | None = None
@@ -178,18 +189,19 @@ class PackingIterator(Iterator[Step], Stateful):
         pin_memory: bool,
         wrapper_groups: Topology | Mapping[str, Any] | None,
         group_timeout: float | datetime.timedelta | None,
-    ) -> tuple[Topology | None, datetime.timedelta | None, bool]:
+    ) -> tuple[Topology | None, datetime.timedelta | None, int]:
         """Check this rank's arguments, then agree on them with every rank (one error for
         all, the fields that differ named). Returns the wrapper groups' topology (when given),
-        the groups' timeout, and whether any rank prefetches: ranks may differ in prefetch,
-        and the wrapper's own groups are created when any rank does."""
+        the groups' timeout, and the largest prefetch of any rank: ranks may differ in
+        prefetch; the wrapper's own groups are created when any rank prefetches, and
+        calibration times wait for the deepest rank's steps."""
         topology = self.topology
         error: SeqpackError | None = None
         fingerprint, details = None, None
         comm, timeout = None, None
         try:
             self.config = config.resolve(topology)
-            self._check_ownership(data_iterator)
+            check_ownership(self.topology, self.config, self._reads, data_iterator)
             self._device, self._pin_memory = check_device(device, pin_memory)
             timeout = check_timeout(group_timeout)
             if wrapper_groups is not None:
@@ -199,11 +211,11 @@ class PackingIterator(Iterator[Step], Stateful):
             fingerprint = fingerprint_text(repr((self.config.fingerprint(), sorted(sizes.items()))))
         except SeqpackError as exc:
             error = exc
-        any_prefetch = config.prefetch > 0
         if not config.validate_ranks:
-            if error is not None:
-                raise error
-            return comm, timeout, any_prefetch
+            # Settings are not compared; errors, the prefetch flag and who passed wrapper_groups
+            # still are: a rank that raised alone, or ranks on different groups, would leave
+            # the others waiting in (or crash) the first step's collectives.
+            fingerprint, details = None, None
         # Every rank takes part even when its own arguments were bad, so that all ranks raise
         # the same error instead of some waiting in the first step's collectives.
         agreed = agree_axes(
@@ -213,12 +225,18 @@ class PackingIterator(Iterator[Step], Stateful):
             typed_message(error) if error else None,
             fingerprint,
             what="wrapper arguments",
-            payload=np.array([int(any_prefetch)], dtype=np.int64),
+            payload=construction_words(config.prefetch, wrapper_groups is not None),
             details=details,
         )
         if agreed.status == Status.ERROR:
             raise from_typed_message(agreed.message or "") from error
-        return comm, timeout, bool(agreed.payload is not None and agreed.payload[0])
+        words = agreed.payload if agreed.payload is not None else np.zeros(3, dtype=np.int64)
+        if words[1] and words[2]:
+            raise ConfigError(
+                "wrapper_groups was passed on some ranks and not on others: pass it on every rank or on none (the "
+                "wrapper's collectives must run on the same groups everywhere)"
+            )
+        return comm, timeout, int(words[0])
 
     @property
     def scheduler(self) -> Scheduler:
@@ -237,23 +255,6 @@ class PackingIterator(Iterator[Step], Stateful):
         if name != "config" and "config" in self.__dict__ and name in PackingConfig.field_names():
             return getattr(self.config, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def _check_ownership(self, data_iterator: Any) -> None:
-        who = f"rank {this_rank()} ({self.topology.describe()})"
-        rule = (
-            "data_owner='all': every rank reads"
-            if self.config.data_owner == DataOwner.ALL
-            else "data_owner='tp0': only TP rank 0 of the first and last pipeline stages reads"
-        )
-        if self._reads and data_iterator is None:
-            raise ConfigError(f"{who} got data_iterator=None but must read data ({rule})")
-        if data_iterator is not None:
-            kind = type(data_iterator)
-            iterable = hasattr(kind, "__iter__") or (hasattr(kind, "__getitem__") and hasattr(kind, "__len__"))
-            if not iterable or getattr(data_iterator, "ndim", 1) == 0:  # a 0-d tensor has __iter__, no items
-                raise SeqpackTypeError(f"{who}: data_iterator must be an iterable of samples, got {kind.__name__}")
-        if not self._reads and data_iterator is not None:
-            raise ConfigError(f"{who} got a data_iterator but must not read data ({rule}); pass data_iterator=None")
 
     @property
     def last_measurement(self) -> Measurement | None:
@@ -294,7 +295,9 @@ class PackingIterator(Iterator[Step], Stateful):
                 self._delivered = self._producer.progress()  # nothing handed over yet: the state as loaded
                 name = f"seqpack-prefetch-rank{this_rank()}"
                 config = self.config
-                bg.prefetcher = Prefetcher(self._producer.produce, config.prefetch, name, config.prefetch_bytes)
+                bg.prefetcher = Prefetcher(
+                    self._producer.produce, config.prefetch, name, config.prefetch_bytes, first=self._producer.steps
+                )
             ready = bg.prefetcher.take()
         return self._deliver(ready, time.perf_counter() - tick)
 
@@ -315,22 +318,24 @@ class PackingIterator(Iterator[Step], Stateful):
         over. Idempotent.
         """
         self._closed = True
-        self._release(check_number("timeout", timeout, minimum=0.0))
+        self._release(check_seconds("timeout", timeout))
 
     def _release(self, timeout: float = 10.0) -> None:
         if not self._bg.release(timeout):
-            logger.warning(
-                "seqpack's prefetch thread did not stop within %.1f s (a peer died or hangs in the wrapper's "
-                "collectives?); left behind as a daemon thread",
-                timeout,
+            why = (
+                "it ends once the step it prepares is read (the data iterator is slow or blocked?)"
+                if self._bg.alone
+                else "a peer died or hangs in the wrapper's collectives?"
             )
+            message = "seqpack's prefetch thread did not stop within %.1f s (%s); left behind as a daemon thread"
+            logger.warning(message, timeout, why)
         self._finalizer.detach()
 
     def _deliver(self, ready: Ready, blocked: float) -> Step:
         """Hand a prepared step over on the calling thread, or raise how the step ended."""
         if ready.error is not None:
             exc = ready.error
-            reason = f"step {ready.index} failed on rank {this_rank()}: {type(exc).__name__}: {exc}"
+            reason = f"step {ready.index} failed on rank {this_rank()}: " + f"{type(exc).__name__}: {exc}".rstrip(": ")
             self._failure = StepFailed(reason, step=ready.index, rank=this_rank())
             self._release()
             raise exc
@@ -338,6 +343,8 @@ class PackingIterator(Iterator[Step], Stateful):
         if isinstance(msg, StepError):
             self._failure = StepFailed(msg.message, step=msg.step, rank=msg.rank)
             self._release()
+            if ready.cause is not None and not isinstance(ready.cause, Exception):
+                raise ready.cause  # Ctrl-C (or SystemExit) in this rank's data iterator stays what it is
             raise self._failure from ready.cause
         if isinstance(msg, StepEnd):
             self._finished = True
@@ -459,13 +466,12 @@ def wrap_data_iterator(
     try:
         config = _config_of(config, overrides)
     except SeqpackError as exc:
-        validate = overrides.get("validate_ranks", True if config is None else config.validate_ranks)
-        if validate is not False and isinstance(topology, Topology):
+        if isinstance(topology, Topology):
             # The other ranks are waiting in the constructor's agreement: take part, so that
             # every rank raises this error instead of some hanging.
             agreed = agree_axes(
                 topology, AXES, Status.ERROR, typed_message(exc), None, what="wrapper arguments",
-                payload=np.zeros(1, dtype=np.int64),
+                payload=construction_words(0, False),
             )  # fmt: skip
             raise from_typed_message(agreed.message or typed_message(exc)) from exc
         raise

@@ -33,7 +33,16 @@ from seqpack.thd import PackedBatch
 from seqpack.thd.batch import map_tensors
 from seqpack.validation import check_bool, check_number
 
-__all__ = ["Background", "DeviceCopy", "Prefetcher", "Progress", "Ready", "check_device", "check_timeout"]
+__all__ = [
+    "Background",
+    "DeviceCopy",
+    "Prefetcher",
+    "Progress",
+    "Ready",
+    "check_device",
+    "check_seconds",
+    "check_timeout",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +90,11 @@ class Prefetcher:
     otherwise), so an iterator dropped without ``close()`` is still garbage collected.
     """
 
-    def __init__(self, produce: Callable[[], Ready], depth: int, name: str, max_bytes: int | None = None) -> None:
+    def __init__(
+        self, produce: Callable[[], Ready], depth: int, name: str, max_bytes: int | None = None, *, first: int = 0
+    ) -> None:
         self._produce = weakref.WeakMethod(produce)
+        self._index = first  # the step the thread prepares next (names a failure outside produce)
         self._depth = depth
         self._max_bytes = max_bytes
         self._bytes = 0  # tensor bytes of the steps in _ready
@@ -120,8 +132,9 @@ class Prefetcher:
                     with abandonable(lambda: self._now):
                         item = produce()
                 except BaseException as exc:  # handed to next(), which raises it
-                    item = Ready(-1, error=exc)
+                    item = Ready(self._index, error=exc)
                 del produce
+                self._index = item.index + 1
                 with self._cond:
                     self._ready.append(item)
                     self._bytes += item.nbytes
@@ -239,6 +252,15 @@ def check_device(device: Any, pin_memory: Any) -> tuple[torch.device | None, boo
     return target, pin
 
 
+def check_seconds(name: str, seconds: Any) -> float:
+    """``seconds`` as a float in ``[0, threading.TIMEOUT_MAX]`` (the longest wait Python's
+    locks take; past it ``join`` raises OverflowError)."""
+    value = check_number(name, seconds, minimum=0.0)
+    if value > threading.TIMEOUT_MAX:
+        raise ConfigError(f"{name}={seconds!r} is too large (at most {threading.TIMEOUT_MAX:g} s)")
+    return value
+
+
 def check_timeout(timeout: Any) -> datetime.timedelta | None:
     if timeout is None or isinstance(timeout, datetime.timedelta):
         seconds = None if timeout is None else timeout.total_seconds()
@@ -248,6 +270,7 @@ def check_timeout(timeout: Any) -> datetime.timedelta | None:
         return None
     if not seconds > 0:
         raise ConfigError(f"group_timeout must be a positive number of seconds, got {timeout!r}")
+    check_seconds("group_timeout", seconds)
     return datetime.timedelta(seconds=seconds)
 
 

@@ -78,6 +78,7 @@ class StepProducer:
         stats_cost: The cost model stats are measured in.
         reads: This rank reads data.
         copy: Pins and copies the step's tensors to the device.
+        calibration_lag: The largest ``prefetch`` of any rank (default: this rank's).
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class StepProducer:
         reads: bool,
         copy: DeviceCopy,
         dynamic: DynamicCp | None = None,
+        calibration_lag: int | None = None,
     ) -> None:
         self.topology, self.comm, self.config = topology, comm, config
         self.dynamic = dynamic  # dynamic CP's stages (PackingConfig.dynamic_cp), else None
@@ -106,7 +108,7 @@ class StepProducer:
         self.data_ended = False
         self.local_cause: BaseException | None = None  # this rank's own exception behind a step error
         self.shared_cause: BaseException | None = None  # the exception behind an error every rank decided alike
-        self.calibration = StepCalibration(config, topology, stats_cost, reads)
+        self.calibration = StepCalibration(config, topology, stats_cost, reads, lag=calibration_lag)
 
     @property
     def started(self) -> bool:
@@ -148,7 +150,7 @@ class StepProducer:
                 pool = self.pool + read.samples
                 mask = phases.key_mask(pool)
                 columns = phases.sample_columns(pool, config, t)
-            except Exception as exc:  # the user's iterator or data: every rank must hear of it
+            except BaseException as exc:  # the user's iterator or data, Ctrl-C too: every rank hears of it
                 pool, mask = [], 0
                 error = self._bad_input(exc, step)
         times, bad_times = self.calibration.outgoing(step)
@@ -248,9 +250,9 @@ class StepProducer:
     def _who(self) -> str:
         return f"DP rank {self.topology.dp_rank} (global rank {this_rank()}, {self.topology.describe()})"
 
-    def _bad_input(self, exc: Exception, step: int) -> str:
+    def _bad_input(self, exc: BaseException, step: int) -> str:
         self.local_cause = exc
-        what = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        what = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}".rstrip(": ")
         if isinstance(exc, RuntimeError) and "stack expects each tensor to be equal size" in what:
             what += f" ({SAMPLES_NOT_BATCHES}: a DataLoader's collate stacked samples of different lengths)"
         return f"bad input on {self._who()} at step {step}: {what}"

@@ -251,7 +251,8 @@ def unshard_from_cp(
     Raises:
         SeqpackTypeError: ``parts`` is not a list of tensors, or float offsets.
         ConfigError: Not ``cp_size`` parts, a part without a token axis or of the wrong length
-            (named with the length it needs), or offsets the layout cannot split.
+            (named with the length it needs), parts of different dtypes, devices or trailing
+            shapes, or offsets the layout cannot split.
     """
     cp_size, _ = check_cp(cp_size)
     layout = check_choice("layout", layout, CpLayout)
@@ -261,6 +262,13 @@ def unshard_from_cp(
         raise ConfigError(f"expected {cp_size} parts (one per CP rank, cp_size={cp_size}), got {len(parts)}")
     if any(part.dim() == 0 for part in parts):
         raise ConfigError(f"parts must have a token axis (at least 1-D), got shapes {[tuple(p.shape) for p in parts]}")
+    for rank, part in enumerate(parts[1:], start=1):  # torch.cat would promote dtypes or fail on shapes
+        if part.dtype != parts[0].dtype or part.shape[1:] != parts[0].shape[1:] or part.device != parts[0].device:
+            raise ConfigError(
+                f"parts[{rank}] is {part.dtype} of shape {tuple(part.shape)} on {part.device} but parts[0] is "
+                f"{parts[0].dtype} of shape {tuple(parts[0].shape)} on {parts[0].device}: every part must have one "
+                "dtype, device and trailing shape"
+            )
     cu = _as_offsets(cu_seqlens_padded)
     _check_divisible(cu, cp_size, layout)
     check_offsets(cu, None)

@@ -58,3 +58,20 @@ def test_demo_prediction_error_is_not_a_verdict_when_ranks_share_cores():
     alone = _online_cost_line(r, shared=False, world=2, cores=2)
     assert "not a measure" not in alone and "mean |error| 112.0% over 4 steps" in alone
     assert "no step's prediction checked yet" in _online_cost_line(dict(r, prediction_error_mean_abs=None), True, 4, 2)
+
+
+def test_demo_time_sharing_counts_usable_cores_and_a_busy_machine(monkeypatch):
+    from seqpack.cli import tables
+
+    monkeypatch.setattr(tables.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(tables.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert tables.usable_cores() == 2  # taskset / a container's cpuset, not the machine's 64
+    assert tables.time_shared(4, 2, None) == "4 ranks time-share 2 cores"
+    assert tables.time_shared(2, 2, 2.1) is None  # the two ranks' own load
+    busy = tables.time_shared(2, 2, 11.0)
+    assert busy == "the machine is time-shared (1-minute load average 11.0 on 2 usable cores)"
+    r = {"mode": "balanced", "cost_model": (1e-6, 1e-9, 1e-3), "calibrated": True, "prediction_error_mean_abs": 0.6,
+         "predictions": [[0, 1, 1]] * 4, "predicted_by_fitted": 4, "prediction_error_fitted": 0.6}  # fmt: skip
+    line = tables._online_cost_line(r, busy, 2, 2)
+    assert "not a measure of the model here: the machine is time-shared (1-minute load average 11.0" in line
+    assert line.index("not a measure") < line.index("60.0%")

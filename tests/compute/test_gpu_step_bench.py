@@ -70,3 +70,32 @@ def test_gpu_step_without_cuda_refuses_full_sizes_and_points_to_toy(gpu_step, mo
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "no CUDA device here" in err and "run with --toy" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "bogus"], "--device must be auto, cpu, cuda or cuda:N, got 'bogus'"),
+        (["--device", "meta"], "--device must be auto, cpu, cuda or cuda:N, got 'meta'"),
+        (["--device", "cpu"], "--device cpu: these sizes need at least 8.7 GiB"),
+        (["--device", "cpu", "--max-tokens-per-rank", "128", "--hidden", "64", "--ffn", "128"], None),
+    ],
+)
+def test_gpu_step_refuses_devices_and_cpu_sizes_before_building(gpu_step, monkeypatch, capsys, argv, message):
+    monkeypatch.setattr(gpu_step, "memory_limit", lambda: 8 * 2**30)  # an 8 GiB machine
+    if message is None:
+        s, _ = gpu_step.parse_args(argv)  # sizes of one's own fit: accepted
+        assert s.device == "cpu" and gpu_step.cpu_bytes(s) < 2**30
+        return
+    with pytest.raises(SystemExit) as exc:
+        gpu_step.parse_args(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_gpu_step_refuses_cuda_without_a_device(gpu_step, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_step.torch.cuda, "is_available", lambda: False)
+    for argv in (["--device", "cuda"], ["--device", "cuda:1"], []):
+        with pytest.raises(SystemExit):
+            gpu_step.parse_args(argv)
+        err = capsys.readouterr().err
+        assert "no CUDA device here" in err and "--toy" in err, err

@@ -300,6 +300,15 @@ def test_unshard_refuses_parts_of_the_wrong_lengths(layout):
         unshard_from_cp([torch.arange(5)], [0, 4], 1, layout=layout)
 
 
+def test_unshard_refuses_parts_of_different_dtypes_or_trailing_shapes():
+    # torch.cat raised a RuntimeError for the shapes and promoted int64 + float32 to float32.
+    with pytest.raises(ConfigError, match=r"parts\[1\] is torch.float32 of shape \(2, 2\).*parts\[0\] is torch.float32 "
+                       r"of shape \(2, 3\)"):  # fmt: skip
+        unshard_from_cp([torch.zeros(2, 3), torch.zeros(2, 2)], [0, 4], 2)
+    with pytest.raises(ConfigError, match=r"parts\[1\] is torch.float32 .* parts\[0\] is torch.int64"):
+        unshard_from_cp([torch.arange(2), torch.zeros(2)], [0, 4], 2)
+
+
 def test_unshard_messages_name_only_its_arguments():
     messages = []
     for call in (

@@ -20,6 +20,7 @@ import torch
 from seqpack.calibrate import CostCalibrator, MicrobatchTimer
 from seqpack.cli.demo.data import load_dataset, padded_microbatches, rank_indices, sample_order
 from seqpack.cli.demo.settings import DemoSettings
+from seqpack.cli.tables import usable_cores
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 
@@ -286,7 +287,7 @@ class _Run:
     def result(self, peak_flops: float) -> dict[str, Any]:
         t = self.totals
         achieved = t["flops"] / t["time"] if t["time"] else 0.0
-        cores = min(self.settings.world_size, os.cpu_count() or 1)
+        cores = min(self.settings.world_size, usable_cores())
         return {
             "mode": self.mode,
             "tokens_per_s": t["tokens"] / t["time"] if t["time"] else 0.0,
@@ -303,6 +304,9 @@ class _Run:
             "seconds": t["time"],
             "steps": t["measured"],
             "real_tokens": t["tokens"],
+            # Taken at the end of the run (the ranks' own load included): the summary says when
+            # other work time-shared the cores, which makes the measured times mean little.
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
             **self._calibration(),
         }
 
