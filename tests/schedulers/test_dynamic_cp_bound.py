@@ -11,7 +11,7 @@ from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.options import Sync
 from seqpack.schedulers.dynamic_cp import GroupCost, allowed_group_sizes, plan_dynamic_cp, predicted_step_time
-from seqpack.schedulers.dynamic_cp.bound import _Model, _spread_alone, step_time_lower_bound
+from seqpack.schedulers.dynamic_cp.bound import _Model, _spread_alone, _tall_bound, step_time_lower_bound
 
 COSTS = st.sampled_from(
     [
@@ -88,3 +88,16 @@ def test_empty_step_and_oversize():
     assert step_time_lower_bound(np.zeros(0, dtype=np.int64), num_ranks=2, max_tokens_per_rank=8, cost=cost) == 0.0
     with pytest.raises(ConfigError, match="sample 1 has 17 tokens"):
         step_time_lower_bound(np.array([3, 17]), num_ranks=2, max_tokens_per_rank=8, cost=cost)
+
+
+def test_rounds_that_share_the_longest_sequences_tighten_it_further():
+    """[30, 30, 4] on 2 ranks of 16: each 30 fills both ranks, so two rounds at its height.
+    One long sequence at a time cannot see that; the two together can."""
+    cost = GroupCost(CostModel(0.01, 0.001, 1.0), ring_step=0.5, ring_token=0.05)
+    lengths = np.array([30, 30, 4])
+    best = brute_force_lockstep(lengths.tolist(), 2, 16, 1, cost, [1, 2])
+    model = _Model(lengths, 2, 16, 1, cost)
+    alone = max(_tall_bound(model, np.array([0])), _tall_bound(model, np.array([1])))
+    bound = step_time_lower_bound(lengths, num_ranks=2, max_tokens_per_rank=16, cost=cost)
+    assert alone < 0.95 * best
+    assert 0.99 * best < bound <= best * (1 + 1e-12)  # the 4 pays its whole round; the bound, its share

@@ -26,24 +26,31 @@ that many microbatches).
 **Alone** (both syncs). Some group holds each sequence ``i``: the step is at least
 ``min_{need_i <= c <= R} tau_i(c)``.
 
-**Round of a long sequence** (lockstep). Take any sequence ``L`` and the round ``m*`` that runs
-it, of height ``h``, with ``L`` on ``c*`` ranks (``tau_L(c*) <= h``). Every other round ``m``
-has ``R h_m >= R k + sum_{i in m} w_i``, so summing over rounds::
+**Rounds of the longest sequences** (lockstep). Summing ``R h_m = R k + busy_m + idle_m`` over
+the rounds, ``R step >= R M k + sum_i w_i + sum_m E_m`` with each round's excess
+``E_m = R (h_m - k) - sum_{i in m} w_i >= 0``. Take a set ``T`` of long sequences (every one at
+least as long as the shortest, ``t``). A round of height ``h`` that runs ``n`` of them:
 
-    step >= h + (M - 1) k + (sum_{i != L} w_i - F) / R,   F = sum_{i in m*, i != L} w_i.
+* runs each within ``h``: on ``c`` ranks with ``tau_t(c) <= h`` (so ``c >= c_min(h)``), and
+  ``n c_min(h) <= R``; they are busy at least ``n min_{tau_t(c) <= h, n c <= R} W_t(c)``;
+* holds other sequences (``F``: their ``w``) of at most ``R cap - n p_t`` tokens (``p_t``: ``t``
+  padded in a group, at the least over sizes), each run within ``h``, so busy at least
+  ``q_i(h) = W_i(c_min)`` (``c_min``: the fewest ranks with ``tau_i(c) <= h``), all of them
+  together at most ``Q(h) = R (h - k) -`` what the ``n`` take;
+* so ``E >= R (h - k) - n max_T w - F``, and ``F`` is at most the value of that two-constraint
+  knapsack, by weak duality at most ``lam (R cap - n p_t) + mu Q(h) + sum_i max(0, w_i - lam p_i
+  - mu q_i(h))`` for every ``lam, mu >= 0``.
 
-The other sequences of ``m*`` hold at most ``R cap - p_L`` tokens (``p_L``: ``L`` padded in its
-group, at the least over sizes), each runs within ``h`` (on some ``c`` with ``tau_i(c) <= h``, so
-its busy rank-seconds are at least ``q_i(h) = W_i(c_min)``, ``c_min`` the fewest such ranks),
-and together with ``L`` they keep the round's ranks busy at most ``R (h - k)``:
-``sum q_i(h) <= Q(h) = R (h - k) - min_{c: tau_L(c) <= h} W_L(c)``. ``F`` is at most the value of
-that two-constraint knapsack, and by weak duality at most
-``lam (R cap - p_L) + mu Q(h) + sum_i max(0, w_i - lam p_i - mu q_i(h))`` for every
-``lam, mu >= 0``. ``h`` is unknown: on each interval ``[g_j, g_{j+1})`` of a grid the bound
-takes ``h = g_j`` in the first term and the knapsack at ``g_{j+1}`` (more sequences eligible,
-smaller ``q``, more room: a larger ``F``), and on ``[g_last, inf)`` the knapsack of tokens
-alone; the least over the intervals is a bound. Sequences beyond the ``_COMPLEX`` longest
-are given ``q_i = w_i`` and always eligible (a larger knapsack, still a bound).
+``h`` is unknown: on each interval ``[g_j, g_{j+1})`` of a grid the bound takes ``h = g_j`` in
+``R (h - k)`` and the knapsack at ``g_{j+1}`` (more sequences eligible, smaller ``q``, more room:
+a larger ``F``); on ``[g_last, inf)`` the knapsack of tokens alone. ``G(n)``, the least over
+the intervals (and 0), bounds the excess of any round running ``n`` of ``T``; the rounds
+split ``T`` somehow, into ``r`` rounds, and ``M >= r`` as well as ``M >=`` the tokens (those of
+``T`` at ``p_t`` at least) over ``R cap``, so ``R step >= R k max(r, M_min) + sum w + sum G(n_m)``,
+the least over all splits (a small dynamic program). Sequences beyond the ``_COMPLEX``
+longest are given ``q_i = w_i`` and are always eligible (a larger knapsack, still a bound).
+``T`` is tried as each of the few longest lengths alone and as all sequences of the longest
+length (clipped tails have many).
 
 The benchmark and ``tests/schedulers/test_dynamic_cp_bound.py`` check it against the
 brute-force optimum of tiny steps.
@@ -64,10 +71,11 @@ from seqpack.validation import check_choice, check_positive_int
 __all__ = ["step_time_lower_bound"]
 
 _GRID = 64  # intervals of the height h of the long sequence's round
-_MU = np.linspace(0.0, 1.0, 11)  # multipliers of the round's busy-time constraint
-_BISECT = 24  # steps of the search for the token multiplier (any value is a bound)
+_MU = np.linspace(0.0, 1.0, 6)  # multipliers of the round's busy-time constraint
+_BISECT = 16  # steps of the search for the token multiplier (any value is a bound)
 _COMPLEX = 512  # sequences whose busy time under a height is worked out per height
-_CANDIDATES = 4  # distinct longest lengths tried as L
+_CANDIDATES = 4  # distinct longest lengths tried alone as L
+_TALL = 256  # the longest sequences (all of one length) tried together, as rounds that share them
 
 
 class _Model:
@@ -129,16 +137,20 @@ def _least_busy(m: _Model, p: np.ndarray, need: np.ndarray, heights: np.ndarray)
     return out
 
 
+_Simple = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
 def _knapsack(
-    simple: tuple[np.ndarray, np.ndarray, np.ndarray],
+    simple: _Simple,
     w: np.ndarray,
     p: np.ndarray,
     q: np.ndarray,
-    tokens: float,
+    tokens: np.ndarray,
     room: np.ndarray,
 ) -> np.ndarray:
     """Per row of ``q`` (one height) an upper bound on ``F``: the least over ``mu`` in
-    ``_MU`` of the dual value at a ``lam`` found by bisection (any ``lam`` gives a bound)."""
+    ``_MU`` of the dual value at a ``lam`` found by bisection (any ``lam`` gives a bound);
+    ``tokens`` and ``room``: the round's two budgets, per row."""
     dens, cum_w, cum_p = simple  # simple sequences by density, descending (q = w); sums from 0
     rows = q.shape[0]
     mu = np.broadcast_to(_MU[None, :], (rows, _MU.shape[0]))
@@ -154,19 +166,23 @@ def _knapsack(
         sw, sp = cum_w[n], cum_p[n]
         gain = value - lam[:, :, None] * p[None, None, :]
         take = gain > 0
-        total = lam * tokens + mu * np.minimum(room, 1e300)[:, None] + np.where(scale > 0, scale * sw - lam * sp, 0.0)
+        total = (
+            lam * tokens[:, None]
+            + mu * np.minimum(room, 1e300)[:, None]
+            + np.where(scale > 0, scale * sw - lam * sp, 0.0)
+        )
         total = total + np.where(take, gain, 0.0).sum(axis=2)
         used = np.where(scale > 0, sp, 0.0) + np.where(take, p[None, None, :], 0.0).sum(axis=2)
         return total, used
 
     hi_w = max(float(dens[0]) if dens.shape[0] else 0.0, float((w / np.maximum(p, 1.0)).max(initial=0.0)))
-    lo, hi = np.zeros(mu.shape), np.full(mu.shape, hi_w + 1.0)
+    lo, hi = np.zeros(mu.shape), np.full(mu.shape, 2.0 * hi_w + 1e-300)  # at hi nothing is taken
     best = np.full(mu.shape, np.inf)
     for _ in range(_BISECT):
         mid = (lo + hi) / 2
         val, used = dual(mid)
         best = np.minimum(best, val)
-        over = used > tokens
+        over = used > tokens[:, None]
         lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)
     best = np.minimum(best, dual(hi)[0])
     best = np.where(room[:, None] < 0, np.inf, best)
@@ -178,30 +194,61 @@ def _sums(x: np.ndarray) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(x)])
 
 
-def _round_bound(m: _Model, L: int) -> float:
-    """The round-of-a-long-sequence bound for ``L`` (module docstring)."""
-    others = np.flatnonzero(np.arange(m.p.shape[0]) != L)
-    c, busy_l = m.alone(L)
-    work_l = c * busy_l
-    start = m.k + float(busy_l.min())
-    rest = float(m.w[others].sum())
-    grid = start + (np.geomspace(1.0, 1.0 + 64.0, _GRID + 1) - 1.0) * (rest / m.ranks + m.rounds * m.k) / 32.0
+def _fillers(m: _Model, others: np.ndarray, start: float) -> tuple[_Simple, np.ndarray]:
+    """The knapsack's items: (the simple ones by density, with sums from 0; the hard ones,
+    whose least busy time depends on the height, at most ``_COMPLEX`` of the longest)."""
     quick = m.k + m.w[others]  # time alone on one rank, when it fits on one
     hard = others[(m.need[others] > 1) | (quick > start)]
     hard = hard[np.argsort(-m.p[hard], kind="stable")[:_COMPLEX]]
     easy = np.setdiff1d(others, hard)
     order = easy[np.argsort(-(m.w[easy] / m.p[easy]), kind="stable")]
-    simple = (m.w[order] / m.p[order], _sums(m.w[order]), _sums(m.p[order]))
+    return (m.w[order] / m.p[order], _sums(m.w[order]), _sums(m.p[order])), hard
+
+
+def _tall_bound(m: _Model, tall: np.ndarray) -> float:
+    """The bound of the rounds that run the ``tall`` sequences (module docstring), at most
+    ``len(tall)`` of them, each round's excess at least ``G(n)`` for the ``n`` it runs."""
+    shortest = int(tall[np.argmin(m.p[tall])])
+    c, busy_t = m.alone(shortest)  # every tall sequence runs at least this long on c ranks
+    work_t = c * busy_t
+    start = m.k + float(busy_t.min())
+    total = float(m.w.sum())
+    grid = start + (np.geomspace(1.0, 1.0 + 64.0, _GRID + 1) - 1.0) * (total / m.ranks + m.rounds * m.k) / 32.0
+    simple, hard = _fillers(m, np.setdiff1d(np.arange(m.p.shape[0]), tall), start)
     tops = grid[1:]
-    q = _least_busy(m, m.p[hard], m.need[hard], tops)
-    lightest = np.array([float(work_l[m.k + busy_l <= h].min(initial=np.inf)) for h in tops.tolist()])
-    room = np.where(np.isfinite(lightest), m.ranks * (tops - m.k) - lightest, -1.0)
-    tokens = float(m.ranks * m.capacity - m.padded(L).min())
-    f = _knapsack(simple, m.w[hard], m.p[hard], q, tokens, room)
-    values = grid[:-1] + (m.rounds - 1) * m.k + (rest - f) / m.ranks
-    last = _knapsack(simple, m.w[hard], m.p[hard], np.zeros((1, hard.shape[0])), tokens, np.array([np.inf]))
-    tail = grid[-1] + (m.rounds - 1) * m.k + (rest - float(last[0])) / m.ranks
-    return float(min(values.min(initial=np.inf), tail))
+    n = np.arange(1, tall.shape[0] + 1)
+    fits = (m.k + busy_t[None, None, :] <= tops[None, :, None]) & (n[:, None, None] * c[None, None, :] <= m.ranks)
+    lightest = n[:, None] * np.where(fits, work_t[None, None, :], np.inf).min(axis=2)  # (n, h)
+    room = np.where(np.isfinite(lightest), m.ranks * (tops[None, :] - m.k) - lightest, -1.0).reshape(-1)
+    tokens = m.ranks * m.capacity - n * float(m.padded(shortest).min())
+    q = np.tile(_least_busy(m, m.p[hard], m.need[hard], tops), (n.shape[0], 1))
+    f = _knapsack(simple, m.w[hard], m.p[hard], q, np.repeat(tokens, tops.shape[0]), room).reshape(n.shape[0], -1)
+    own = n * float(m.w[tall].max())
+    excess = np.where(np.isfinite(f), m.ranks * (grid[None, :-1] - m.k) - own[:, None] - f, np.inf)  # inf: no fit
+    last = _knapsack(
+        simple, m.w[hard], m.p[hard], np.zeros((n.shape[0], hard.shape[0])), tokens, np.full(n.shape[0], np.inf)
+    )
+    excess = np.concatenate([excess, (m.ranks * (grid[-1] - m.k) - own - last)[:, None]], axis=1)
+    least = np.maximum(excess, 0.0).min(axis=1)  # G(n), inf when no height fits n of them
+    rest = float(m.p.sum() - m.p[tall].sum()) + tall.shape[0] * float(m.padded(shortest).min())
+    rounds = max(m.rounds, math.ceil(rest / (m.ranks * m.capacity)))
+    return (_splits(least, m.ranks * m.k, rounds) + total) / m.ranks
+
+
+def _splits(least: np.ndarray, round_cost: float, rounds: int) -> float:
+    """The least ``round_cost * max(r, rounds) + sum G(n_m)`` over the splits of the tall
+    sequences into ``r`` rounds of ``n_m`` each (``least[n - 1] = G(n)``)."""
+    size = least.shape[0]
+    best = np.full(size + 1, np.inf)  # best[j]: the first j in exactly r rounds
+    best[0] = 0.0
+    out = np.inf
+    for r in range(1, size + 1):
+        nxt = np.full(size + 1, np.inf)
+        for j in range(r, size + 1):
+            nxt[j] = float((least[:j] + best[j - 1 :: -1][:j]).min())
+        best = nxt
+        out = min(out, round_cost * max(r, rounds) + float(best[size]))
+    return out
 
 
 def step_time_lower_bound(
@@ -212,9 +259,22 @@ def step_time_lower_bound(
     pad_multiple: int = 1,
     cost: GroupCost,
     sync: str = "lockstep",
+    round_bound: bool = True,
 ) -> float:
     """A step time no dynamic-CP plan of ``lengths`` on ``num_ranks`` ranks can beat under
-    ``cost`` and ``sync`` (module docstring: the proof). 0 for an empty step."""
+    ``cost`` and ``sync`` (module docstring: the proof). 0 for an empty step.
+
+    Args:
+        lengths: Lengths of the sequences a plan keeps (each fits on all ranks together).
+        num_ranks, max_tokens_per_rank, pad_multiple: The step's ranks and limits.
+        cost: The group cost.
+        sync: ``"lockstep"`` or ``"replica"``.
+        round_bound: Also the lockstep bound of a long sequence's round (``False``: the
+            spread and alone bounds only, for comparison).
+
+    Raises:
+        ConfigError: A sequence longer than all ranks together hold.
+    """
     ranks = check_positive_int("num_ranks", num_ranks)
     capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank)
     mode = check_choice("sync", sync, Sync)
@@ -229,9 +289,13 @@ def step_time_lower_bound(
             "bound the lengths a plan keeps (after truncation or drops)"
         )
     best = _spread_alone(m, mode)
-    if mode == Sync.LOCKSTEP:
+    if mode == Sync.LOCKSTEP and round_bound:
         long = np.flatnonzero(m.need > 1)
+        long = long[np.argsort(-m.p[long], kind="stable")]
         _, first = np.unique(-m.p[long], return_index=True)
-        for L in long[first[:_CANDIDATES]].tolist():
-            best = max(best, _round_bound(m, L))
+        tied = int(np.count_nonzero(m.p[long] == m.p[long[0]])) if long.shape[0] else 0
+        sets = [long[i : i + 1] for i in first[:_CANDIDATES].tolist()] + [long[: min(tied, _TALL)]]
+        for tall in sets:
+            if tall.shape[0]:
+                best = max(best, _tall_bound(m, tall))
     return best
