@@ -9,6 +9,8 @@ step); short ones stay on one rank and pay no CP communication. Modules:
 - ``cost``: :class:`GroupCost` (compute split over the group + Transformer Engine's p2p
   ring) and :func:`predicted_step_time`.
 - ``planner``: :func:`plan_dynamic_cp` (the search over heights and builders).
+- ``bound``: :func:`~seqpack.schedulers.dynamic_cp.bound.step_time_lower_bound`, a step time
+  no plan can beat (what benchmarks measure plans against; its proof in the docstring).
 - ``calibrator``: :class:`GroupCostCalibrator`, the group cost (CP ring included) fitted
   online to measured times (``PackingConfig(dynamic_cp=True, calibrate=True)``).
 - ``scheduler``: :class:`~seqpack.schedulers.dynamic_cp.scheduler.DynamicCpScheduler`, the

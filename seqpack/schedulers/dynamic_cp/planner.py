@@ -48,15 +48,17 @@ __all__ = ["plan_dynamic_cp"]
 _COARSE = 24  # heights tried on the first pass of the search
 _FINE = 12  # heights tried between the best coarse height's neighbours
 _TOP = 64  # the longest sequences whose times make the grid (all that need a group too)
+_ANCHORS = True  # then the longest sequence's time at every size (False: the search as it was, for an A/B)
 
 
-def _height_grid(p: Problem) -> np.ndarray:
-    """Heights worth trying: the times of the longest sequences alone at every power-of-2
-    size (and R) that holds them, ascending."""
+def _height_grid(p: Problem, top_n: int | None = None) -> np.ndarray:
+    """Heights worth trying: the times of the longest sequences (``top_n`` of them: by
+    default ``_TOP`` and all that need a group) alone at every power-of-2 size (and R) that
+    holds them, ascending."""
     if p.lengths.shape[0] == 0:
         return np.zeros(0, dtype=np.float64)
     need_group = int(np.count_nonzero(group_padded_lengths(p.lengths, 1, p.pad_multiple) > p.capacity))
-    top = p.lengths[: max(_TOP, need_group)]
+    top = p.lengths[: max(_TOP, need_group) if top_n is None else top_n]
     sizes = p.sizes[((p.sizes & (p.sizes - 1)) == 0) | (p.sizes == p.num_ranks)]
     out = []
     k, a, b, step, token, inter = (float(v) for v in p.coef)
@@ -70,7 +72,8 @@ def _height_grid(p: Problem) -> np.ndarray:
 
 def _search_heights(p: Problem, replica: bool = False, coarse_n: int = _COARSE, fine_n: int = _FINE) -> Bins:
     """The best plan over the height grid (coarse, then refined around the best), then
-    at the best height without widening and with one or two more rounds; ties keep the
+    at the best height without widening and with one or two more rounds (replica: one
+    fewer or one more), then at the longest sequence's time on each size; ties keep the
     first found."""
     tried: dict[tuple[float, int, bool], Bins] = {}
 
@@ -99,6 +102,12 @@ def _search_heights(p: Problem, replica: bool = False, coarse_n: int = _COARSE, 
             best = candidate
         elif not replica:
             break
+    if _ANCHORS and replica == (p.sync == Sync.REPLICA):  # the longest sequence's time at each size (the grid's
+        # picks can miss the best there); only in the builder made for the sync
+        for height in _height_grid(p, top_n=1).tolist():
+            for more in (0, -1) if replica and height < best.score else (0,) if height < best.score else ():
+                candidate = attempt(height, more)
+                best = candidate if candidate.score < best.score else best
     return best
 
 
@@ -107,7 +116,8 @@ def _search(p: Problem) -> Bins:
     size is allowed: every such plan is one too) and static CP."""
     best = _search_heights(p)
     if p.sync == Sync.REPLICA:
-        candidate = _search_heights(p, replica=True, coarse_n=_COARSE // 2, fine_n=_FINE // 2)
+        coarse = _COARSE // 2 - (2 if _ANCHORS else 0)  # the anchors cost time: two fewer even picks
+        candidate = _search_heights(p, replica=True, coarse_n=coarse, fine_n=_FINE // 2)
         best = candidate if candidate.score < best.score else best
     if p.in_nodes:
         pow2 = p.sizes[((p.sizes & (p.sizes - 1)) == 0) | (p.sizes == p.num_ranks)]
