@@ -51,6 +51,17 @@ def test_a_broken_numba_leaves_import_and_doctor_working():
     assert '"numba"' in out.stdout and "Number of threads" in out.stdout
 
 
+def test_a_broken_numba_is_named_when_a_kernel_is_first_used():
+    code = (
+        "from seqpack.cli.app import main\n"
+        "raise SystemExit(main(['simulate', '--global-batch', '64', '--dp', '2']))\n"
+    )
+    out = _run(code, NUMBA_NUM_THREADS="0")
+    assert out.returncode == 2, out.stderr
+    assert "numba could not load the scheduler kernel" in out.stderr
+    assert "Number of threads specified must be > 0" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_unknown_kernel_names_raise_attribute_error():
     with pytest.raises(AttributeError, match="no_such_kernel"):
         _kernels.no_such_kernel  # noqa: B018

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from seqpack.errors import ConfigError
 from seqpack.schedulers._kernels.constants import (
     GRID_LOCAL_SLICES,
     MODE_COST,
@@ -73,7 +74,15 @@ def __getattr__(name: str) -> Any:
     from seqpack.schedulers._kernels.compile_note import announce
 
     announce(module_name)
-    value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
+    try:
+        module = importlib.import_module(f"{__name__}.{module_name}")
+    except Exception as err:  # numba's own errors (bad NUMBA_* settings, a broken install)
+        raise ConfigError(
+            f"numba could not load the scheduler kernel {name!r} "
+            f"({__name__}.{module_name}): {type(err).__name__}: {str(err).rstrip('.')}; "
+            "`seqpack doctor` reports numba's state"
+        ) from err
+    value = getattr(module, name)
     globals()[name] = value
     return value
 
