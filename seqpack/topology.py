@@ -48,6 +48,8 @@ class Topology:
             axis group).
         world_size: Ranks the grid spans; must equal ``dp * cp * tp * pp``.
         groups: Axis name to process group (``None`` for axes of size 1).
+        alone_on_purpose: Built by ``single(allow_distributed=True)``: this rank packs its
+            data alone among several initialised ranks on purpose (the wrapper does not warn).
     """
 
     dp_size: int = 1
@@ -60,6 +62,7 @@ class Topology:
     pp_rank: int = 0
     world_size: int | None = None
     groups: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    alone_on_purpose: bool = dataclasses.field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for axis in AXES:
@@ -113,10 +116,7 @@ class Topology:
                     "Topology.single(allow_distributed=True) if each rank really trains alone"
                 )
             logger.info("Topology.single() on one of %d ranks: this rank packs its data alone", dist.get_world_size())
-        topology = cls()
-        # Said on purpose: the wrapper does not warn about a one-rank topology among several ranks.
-        object.__setattr__(topology, "_alone_on_purpose", allow_distributed)
-        return topology
+        return cls(alone_on_purpose=allow_distributed)
 
     @classmethod
     def from_device_mesh(

@@ -35,7 +35,7 @@ def warn_if_alone(topology: Topology) -> bool:
     several is initialised: each rank would schedule its own data alone, with microbatch
     counts that differ between ranks (an FSDP/DDP loop goes out of step). Not when the
     topology was built with ``Topology.single(allow_distributed=True)``. True when it warned."""
-    if topology.world_size != 1 or getattr(topology, "_alone_on_purpose", False):
+    if topology.world_size != 1 or topology.alone_on_purpose:
         return False
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
         return False
