@@ -20,16 +20,14 @@ def join_plans(
     first = parts[0]
     rounds = np.cumsum([0, *(p.num_rounds for p in parts)])
     effective = np.zeros_like(original)
-    for p, where in zip(parts, ids, strict=True):
-        effective[where] = p.lengths
-
-    def joined(name: str) -> np.ndarray:
-        return np.concatenate([where[getattr(p, name)] for p, where in zip(parts, ids, strict=True)]).astype(np.int64)
-
     origin = np.zeros(original.shape[0], dtype=np.int64)
     for p, where in zip(parts, ids, strict=True):
         assert p.origin is not None
+        effective[where] = p.lengths
         origin[where] = p.origin
+
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([where[getattr(p, name)] for p, where in zip(parts, ids, strict=True)]).astype(np.int64)
     return DynamicCpSchedule(
         num_rounds=int(rounds[-1]),
         group_round=np.concatenate([p.group_round + r for p, r in zip(parts, rounds[:-1].tolist(), strict=True)]),
