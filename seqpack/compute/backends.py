@@ -225,12 +225,13 @@ def _probe_all() -> dict[str, dict[str, Any]]:
 
 
 def _package_info(
-    key: str, distributions: tuple[str, ...], module: str, isolate: bool, probe: dict[str, Any] | None = None
+    key: str, distributions: tuple[str, ...], module: str, probe: dict[str, Any] | None
 ) -> dict[str, Any]:
+    """One package's entry; ``probe``: its import in a child (:func:`_probe_all`), or None to
+    import it here."""
     found = {name: v for name in distributions if (v := _distribution_version(name)) is not None}
     attrs = _attrs(key)
-    if isolate:
-        probe = probe if probe is not None else probe_import(module, attrs)
+    if probe is not None:
         imports, error, module_version, has = probe["imports"], probe["error"], probe["version"], probe["attrs"]
     else:
         imported, error = _try_import(module)
@@ -312,8 +313,9 @@ def _auto_choice(cuda: bool, packages: dict[str, dict[str, Any]]) -> dict[str, d
     return {"attention": attention, "mamba": mamba}
 
 
-def _numba_info(isolate: bool = False, probes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    probes = probes if probes is not None or not isolate else _probe_all()
+def _numba_info(probes: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """numba's entry; ``probes``: the imports made in children (:func:`_probe_all`), or None
+    to import numba and its threading layers here."""
     if probes is not None:  # a broken numba (or its threading layer) may abort the process that imports it
         if not probes["numba"]["imports"]:
             return {"version": None, "error": probes["numba"]["error"]}
@@ -405,7 +407,7 @@ def environment_report(*, isolate: bool = True) -> dict[str, Any]:
     # the top does): TE built against another cuDNN fails to import after it (docs/gpu.md).
     probes = _probe_all() if isolate else None
     for key, distributions, module in _PACKAGES:
-        packages[key] = _package_info(key, distributions, module, isolate, probes[module] if probes else None)
+        packages[key] = _package_info(key, distributions, module, probes[module] if probes else None)
     torch_info = _torch_info()
     return {
         "python": platform.python_version(),
@@ -414,7 +416,7 @@ def environment_report(*, isolate: bool = True) -> dict[str, Any]:
         "torch": torch_info,
         "packages": packages,
         "auto": _auto_choice(torch_info["cuda_available"], packages),
-        "numba": _numba_info(isolate, probes),
+        "numba": _numba_info(probes),
         "notes": _notes(torch_info, packages),
     }
 
