@@ -28,6 +28,7 @@ def join_plans(
 
     def joined(name: str) -> np.ndarray:
         return np.concatenate([where[getattr(p, name)] for p, where in zip(parts, ids, strict=True)]).astype(np.int64)
+
     return DynamicCpSchedule(
         num_rounds=int(rounds[-1]),
         group_round=np.concatenate([p.group_round + r for p, r in zip(parts, rounds[:-1].tolist(), strict=True)]),
