@@ -9,3 +9,4 @@ MODE_FIRST_FIT = 2  # lowest index with room (first-fit decreasing)
 GRID_LOCAL_SLICES = 8  # grid_local alternates home and LPT passes over 8 length classes
 PAIR_BIN = 16  # home_swaps pairs sequences of bins holding at most this many
 HOME_TREE_MIN = 256  # home_swaps walks trees over a home's sequences from this many (a turn's cache and own)
+SMALL_SORT = 32  # home_swaps sorts a home's cache and pairs by insertion up to this many, by argsort above

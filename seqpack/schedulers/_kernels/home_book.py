@@ -5,7 +5,6 @@ may have, and making a change. State tuples as in :mod:`.home`."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from seqpack.schedulers._kernels._types import (
     Book,
@@ -16,7 +15,8 @@ from seqpack.schedulers._kernels._types import (
     Pairs,
     Seqs,
 )
-from seqpack.schedulers._kernels.constants import PAIR_BIN
+from seqpack.schedulers._kernels.constants import PAIR_BIN, SMALL_SORT
+from seqpack.schedulers._kernels.jit import njit
 from seqpack.schedulers._kernels.no_refcount import no_refcount
 
 
@@ -152,10 +152,29 @@ def turn_cache(home: int, seqs: Seqs, book: Book, cache: Cache) -> int:
     """Fill the cache with the sequences on ``home`` sorted by cost; returns how many."""
     k = _cache_fill(home, seqs, book, cache)
     cache_y, cache_o, cache_t, cache_c, cache_m = cache
+    if k <= SMALL_SORT:
+        _sort_cache_small(k, cache)
+        return k
     by_cost = np.argsort(cache_c[:k])
     cache_y[:k], cache_o[:k], cache_t[:k] = cache_y[by_cost], cache_o[by_cost], cache_t[by_cost]
     cache_c[:k], cache_m[:k] = cache_c[by_cost], cache_m[by_cost]
     return k
+
+
+@njit(cache=True, inline="always")
+def _sort_cache_small(k: int, cache: Cache) -> None:
+    """The cache's first ``k`` entries sorted by cost in place, by insertion (no allocation:
+    most homes hold a few sequences, and two sorted copies per home were the set-up's cost).
+    Equal costs may come in any order: every reader breaks ties by sequence id."""
+    cache_y, cache_o, cache_t, cache_c, cache_m = cache
+    for t in range(1, k):
+        y, o, tt, c, m = cache_y[t], cache_o[t], cache_t[t], cache_c[t], cache_m[t]
+        u = t
+        while u > 0 and cache_c[u - 1] > c:
+            cache_y[u], cache_o[u], cache_t[u] = cache_y[u - 1], cache_o[u - 1], cache_t[u - 1]
+            cache_c[u], cache_m[u] = cache_c[u - 1], cache_m[u - 1]
+            u -= 1
+        cache_y[u], cache_o[u], cache_t[u], cache_c[u], cache_m[u] = y, o, tt, c, m
 
 
 @no_refcount
@@ -210,11 +229,33 @@ def turn_pairs(k: int, rounds: int, cache: Cache, pairs: Pairs) -> int:
                     pair_m[n_pairs] = m
                     n_pairs += 1
         begin = seg[m]
+    if n_pairs <= SMALL_SORT:
+        _sort_pairs_small(n_pairs, pairs)
+        return n_pairs
     by_cost = np.argsort(pair_c[:n_pairs])
     pair_c[:n_pairs] = pair_c[:n_pairs][by_cost]
     pair_y[:n_pairs] = pair_y[:n_pairs][by_cost]
     pair_m[:n_pairs] = pair_m[:n_pairs][by_cost]
     return n_pairs
+
+
+@njit(cache=True, inline="always")
+def _sort_pairs_small(n_pairs: int, pairs: Pairs) -> None:
+    """The first ``n_pairs`` pairs sorted by summed cost in place, by insertion (as
+    :func:`_sort_cache_small`)."""
+    pair_c, pair_y, pair_m = pairs[0], pairs[1], pairs[2]
+    for t in range(1, n_pairs):
+        c, y1, y2, m = pair_c[t], pair_y[t, 0], pair_y[t, 1], pair_m[t]
+        u = t
+        while u > 0 and pair_c[u - 1] > c:
+            pair_c[u], pair_y[u, 0], pair_y[u, 1], pair_m[u] = (
+                pair_c[u - 1],
+                pair_y[u - 1, 0],
+                pair_y[u - 1, 1],
+                pair_m[u - 1],
+            )
+            u -= 1
+        pair_c[u], pair_y[u, 0], pair_y[u, 1], pair_m[u] = c, y1, y2, m
 
 
 @njit(cache=True, inline="always")
