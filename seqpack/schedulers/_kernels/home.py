@@ -14,7 +14,6 @@ State travels in tuples of arrays (numba passes them by reference):
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from seqpack.schedulers._kernels._types import Book, Cache, Caps, FloatArray, Grid, IntArray, Pairs, Seqs, Trees
 from seqpack.schedulers._kernels.constants import HOME_TREE_MIN, PAIR_BIN
@@ -31,6 +30,7 @@ from seqpack.schedulers._kernels.home_book import (
     window,
 )
 from seqpack.schedulers._kernels.home_tree import grow, new_trees, next_open, pow2_above, trees_after_change, turn_trees
+from seqpack.schedulers._kernels.jit import njit
 from seqpack.schedulers._kernels.no_refcount import no_refcount
 
 

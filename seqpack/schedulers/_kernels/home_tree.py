@@ -22,9 +22,9 @@ most room of any bin without reading every round.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from seqpack.schedulers._kernels._types import Cache, Caps, FloatArray, Grid, IntArray, Pairs, Seqs, Trees
+from seqpack.schedulers._kernels.jit import njit
 
 _NO_TOKENS = -(1 << 62)  # the token key of an empty leaf or a pair that moved
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from seqpack.schedulers._kernels._types import BoolArray, FloatArray, IntArray
 from seqpack.schedulers._kernels.constants import GRID_LOCAL_SLICES, MODE_COST
 from seqpack.schedulers._kernels.heaps import _sift_down
+from seqpack.schedulers._kernels.jit import njit
 from seqpack.schedulers._kernels.lpt import _grid_lpt_sorted
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from seqpack.schedulers._kernels._types import FloatArray, IntArray
 from seqpack.schedulers._kernels.constants import MODE_COST, MODE_TOKENS
 from seqpack.schedulers._kernels.heaps import _entry_down, _entry_up, _park_pop, _park_push
+from seqpack.schedulers._kernels.jit import njit
 
 
 def grid_lpt(

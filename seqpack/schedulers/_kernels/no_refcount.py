@@ -12,7 +12,7 @@ loop fails at compile time ("NRT required but not enabled"), never silently.
 
 from __future__ import annotations
 
-from numba import njit
+from seqpack.schedulers._kernels.jit import njit
 
 # ``_nrt`` is numba's option for it (not in numba's type stubs).
 no_refcount = njit(cache=True, _nrt=False)  # type: ignore[call-overload]

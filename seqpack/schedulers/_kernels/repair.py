@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from seqpack.schedulers._kernels._types import FloatArray, IntArray
 from seqpack.schedulers._kernels.heaps import _lightest_into, _total_down, _total_up
+from seqpack.schedulers._kernels.jit import njit
 from seqpack.schedulers._kernels.no_refcount import no_refcount
 from seqpack.schedulers._kernels.scan import first_cost_above, walk_next
 

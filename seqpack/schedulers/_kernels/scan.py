@@ -11,9 +11,9 @@ that gains too little.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from seqpack.schedulers._kernels._types import FloatArray, IntArray
+from seqpack.schedulers._kernels.jit import njit
 
 
 @njit(cache=True)

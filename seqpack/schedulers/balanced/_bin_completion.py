@@ -15,7 +15,8 @@ cache does not load recursive functions reliably.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from seqpack.schedulers._kernels.jit import njit
 
 _POOL_LIMIT = 1 << 22  # int64 entries (32 MiB) the candidate sets may take before the search gives up
 

@@ -4,7 +4,8 @@ first use so that ``import seqpack`` does not import numba)."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from seqpack.schedulers._kernels.jit import njit
 
 
 @njit(cache=True)

@@ -4,9 +4,9 @@ loaded on first use so that ``import seqpack`` does not import numba)."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from seqpack.schedulers._kernels.heaps import _total_down, _total_up
+from seqpack.schedulers._kernels.jit import njit
 
 
 @njit(cache=True)

@@ -10,7 +10,8 @@ computes the same plan.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from seqpack.schedulers._kernels.jit import njit
 
 
 @njit(cache=True)
