@@ -67,6 +67,7 @@ from seqpack.loader.prefetch import (
     Background,
     DeviceCopy,
     Prefetcher,
+    PrefetchStopped,
     Progress,
     Ready,
     check_device,
@@ -298,7 +299,10 @@ class PackingIterator(Iterator[Step], Stateful):
                 bg.prefetcher = Prefetcher(
                     self._producer.produce, config.prefetch, name, config.prefetch_bytes, first=self._producer.steps
                 )
-            ready = bg.prefetcher.take()
+            try:
+                ready = bg.prefetcher.take()
+            except PrefetchStopped:  # close() from another thread while this call waited
+                raise SeqpackError("next() on a closed PackingIterator") from None
         return self._deliver(ready, time.perf_counter() - tick)
 
     def __enter__(self) -> PackingIterator:

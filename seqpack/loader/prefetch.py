@@ -36,6 +36,7 @@ from seqpack.validation import check_bool, check_number
 __all__ = [
     "Background",
     "DeviceCopy",
+    "PrefetchStopped",
     "Prefetcher",
     "Progress",
     "Ready",
@@ -80,6 +81,11 @@ class Ready:
     @property
     def last(self) -> bool:
         return self.step is None
+
+
+class PrefetchStopped(Exception):
+    """:meth:`Prefetcher.take` on a prefetcher that was stopped (``close()`` from another
+    thread while ``next()`` waited, a failure, interpreter exit) and has no step left."""
 
 
 class Prefetcher:
@@ -154,6 +160,8 @@ class Prefetcher:
         """The next prepared step, waiting for it if needed."""
         with self._cond:
             while not self._ready:
+                if self._done and self._stopping:
+                    raise PrefetchStopped
                 if self._done:
                     raise RuntimeError("seqpack's prefetch thread ended without handing over the step")
                 self._cond.wait()
@@ -173,8 +181,9 @@ class Prefetcher:
             self._thread.join(timeout)
         alive = self._thread.is_alive()
         if not alive:
-            self._ready.clear()  # prepared steps nobody will take: free their tensors
-            self._bytes = 0
+            with self._cond:  # prepared steps nobody will take: free their tensors
+                self._ready.clear()
+                self._bytes = 0
         return not alive
 
 

@@ -171,6 +171,17 @@ def test_close_from_another_thread_while_next_waits():
     assert not it._bg.prefetcher._thread.is_alive()
 
 
+def test_close_between_the_closed_check_and_the_wait():
+    """The race of the test above, made deterministic: close() from another thread stops the
+    prefetcher (and frees its steps) after next() passed its closed check. next() says the
+    iterator is closed, not that the thread "ended without handing over the step"."""
+    it = _wrap(Counted(count=60), prefetch=2)
+    next(it)
+    assert it._bg.prefetcher.stop(10.0)  # close()'s release, seen from the waiting next()
+    with pytest.raises(SeqpackError, match=r"^next\(\) on a closed PackingIterator$"):
+        next(it)
+
+
 # --- the data iterator raising ---------------------------------------------------------------
 
 FAILURES = [ValueError, RuntimeError, KeyboardInterrupt, SystemExit]
