@@ -67,7 +67,6 @@ from seqpack.loader.prefetch import (
     Background,
     DeviceCopy,
     Prefetcher,
-    PrefetchStopped,
     Progress,
     Ready,
     check_device,
@@ -299,10 +298,7 @@ class PackingIterator(Iterator[Step], Stateful):
                 bg.prefetcher = Prefetcher(
                     self._producer.produce, config.prefetch, name, config.prefetch_bytes, first=self._producer.steps
                 )
-            try:
-                ready = bg.prefetcher.take()
-            except PrefetchStopped:  # close() from another thread while this call waited
-                raise SeqpackError("next() on a closed PackingIterator") from None
+            ready = bg.prefetcher.take()
         return self._deliver(ready, time.perf_counter() - tick)
 
     def __enter__(self) -> PackingIterator:

@@ -26,7 +26,7 @@ import torch
 from seqpack._logging import warn_once
 from seqpack.collective import StepMessage
 from seqpack.collective.groups import abandonable, destroy_groups
-from seqpack.errors import ConfigError
+from seqpack.errors import ConfigError, SeqpackError
 from seqpack.loader import phases
 from seqpack.loader.step import Step, StepTrace
 from seqpack.thd import PackedBatch
@@ -36,7 +36,6 @@ from seqpack.validation import check_bool, check_number
 __all__ = [
     "Background",
     "DeviceCopy",
-    "PrefetchStopped",
     "Prefetcher",
     "Progress",
     "Ready",
@@ -81,11 +80,6 @@ class Ready:
     @property
     def last(self) -> bool:
         return self.step is None
-
-
-class PrefetchStopped(Exception):
-    """:meth:`Prefetcher.take` on a prefetcher that was stopped (``close()`` from another
-    thread while ``next()`` waited, a failure, interpreter exit) and has no step left."""
 
 
 class Prefetcher:
@@ -160,8 +154,8 @@ class Prefetcher:
         """The next prepared step, waiting for it if needed."""
         with self._cond:
             while not self._ready:
-                if self._done and self._stopping:
-                    raise PrefetchStopped
+                if self._done and self._stopping:  # close() from another thread while next() waited
+                    raise SeqpackError("next() on a closed PackingIterator")
                 if self._done:
                     raise RuntimeError("seqpack's prefetch thread ended without handing over the step")
                 self._cond.wait()
