@@ -31,8 +31,8 @@ from seqpack.compute.attention import ThdAttention, kv_exchange_traffic
 from seqpack.compute.backends import import_mamba_kernels, import_te_attention
 from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.mock_data import lognormal_lengths
-from seqpack.thd.cp import shard_for_cp
 from seqpack.thd import pack_sequences, pad_multiple_for
+from seqpack.thd.cp import shard_for_cp
 
 ATTN = dict(num_heads=8, num_kv_heads=2, head_dim=64)
 MAMBA = dict(d_model=256, d_state=64, d_conv=4, expand=2, headdim=64, ngroups=1)

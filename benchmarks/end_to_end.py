@@ -91,8 +91,10 @@ def main() -> None:
         f"scheduler cost {args.cost} (measured: fitted on this CPU once; online: then calibrated from the "
         f"microbatch times); FSDP2 over both ranks, one unit for the model"
     )
-    print(f"{'data':<8}{'run':>4}  {'mode':<12}{'real tok/s':>11}{'vs padded':>11}{'vs dp_bal':>11}"
-          f"{'pad %':>8}{'imbalance':>11}{'round imb':>11}{'mbs/step':>10}{'final loss':>12}")
+    print(
+        f"{'data':<8}{'run':>4}  {'mode':<12}{'real tok/s':>11}{'vs padded':>11}{'vs dp_bal':>11}"
+        f"{'pad %':>8}{'imbalance':>11}{'round imb':>11}{'mbs/step':>10}{'final loss':>12}"
+    )
     verdicts = []
     for data in [d.strip() for d in args.data.split(",") if d.strip()]:
         sums = {}
@@ -120,8 +122,10 @@ def main() -> None:
             ratio = tps["balanced"] / tps[other]
             verdict = "PASS" if ratio >= target else "FAIL"
             scope = "target" if data == "mock" else "reported (target is for the lognormal mix)"
-            verdicts.append(f"{verdict if data == 'mock' else '----'}  {data}: balanced {tps['balanced']:,.0f} tok/s = "
-                            f"{ratio:.2f}x {other} ({tps[other]:,.0f} tok/s); {scope} >= {target}x")
+            verdicts.append(
+                f"{verdict if data == 'mock' else '----'}  {data}: balanced {tps['balanced']:,.0f} tok/s = "
+                f"{ratio:.2f}x {other} ({tps[other]:,.0f} tok/s); {scope} >= {target}x"
+            )
     print("\nresults over all runs (total real tokens / total time)")
     for line in verdicts:
         print("  " + line)

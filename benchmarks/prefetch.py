@@ -97,8 +97,8 @@ def _loop(it, standin: StandIn, seconds: float, steps: int, skip: int) -> list[t
 def _worker(rank: int, store_path: str, args, results) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from seqpack.topology import Topology
     from seqpack.loader import wrap_data_iterator
+    from seqpack.topology import Topology
 
     torch.set_num_threads(1)
     if args.switch_interval is not None:

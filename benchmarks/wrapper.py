@@ -45,8 +45,9 @@ def _round_robin():
         def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
             # "empty" packs every sample where it sits: tell it sample k sits on replica k % dp.
             replica = np.arange(ids.size, dtype=np.int64) % dp_size
-            return EmptyScheduler()._plan(ids, lengths, dp_size=dp_size, capacity=capacity,
-                                          pad_multiple=pad_multiple, cost=cost, origin=replica)
+            return EmptyScheduler()._plan(
+                ids, lengths, dp_size=dp_size, capacity=capacity, pad_multiple=pad_multiple, cost=cost, origin=replica
+            )
 
     return RoundRobin()
 
@@ -63,9 +64,9 @@ def _samples(rank: int, count: int, args) -> list[dict[str, torch.Tensor]]:
 def _worker(rank: int, store_path: str, args, results) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
+    from seqpack.loader import wrap_data_iterator
     from seqpack.schedulers import available_schedulers
     from seqpack.topology import Topology
-    from seqpack.loader import wrap_data_iterator
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank, world_size=WORLD)
@@ -126,11 +127,15 @@ def main() -> None:
             p.join()
         elapsed = time.perf_counter() - start
 
-    print(f"# seqpack wrapper benchmark: {WORLD} gloo ranks on {os.cpu_count()} CPU cores ({platform.machine()}), "
-          f"torch {torch.__version__}, 1 thread per rank")
-    print(f"# {args.samples_per_rank} samples per DP rank per step, lognormal lengths (mean {args.mean_len}, "
-          f"clip 16..{args.max_len}), {args.max_tokens} tokens per microbatch, median of {args.steps} steps "
-          f"of the mean over ranks, wall {elapsed:.0f} s")
+    print(
+        f"# seqpack wrapper benchmark: {WORLD} gloo ranks on {os.cpu_count()} CPU cores ({platform.machine()}), "
+        f"torch {torch.__version__}, 1 thread per rank"
+    )
+    print(
+        f"# {args.samples_per_rank} samples per DP rank per step, lognormal lengths (mean {args.mean_len}, "
+        f"clip 16..{args.max_len}), {args.max_tokens} tokens per microbatch, median of {args.steps} steps "
+        f"of the mean over ranks, wall {elapsed:.0f} s"
+    )
     header = ["layout", "scheduler", "samples/step", "mbs", *PHASES, "total", "slowest rank", "cpu", "sent/payload"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
@@ -157,16 +162,19 @@ def main() -> None:
             payload = sum(per_rank[r][k][1].get("payload", 0) for r in range(WORLD) for k in range(steps))
             mbs = statistics.median(per_rank[0][k][3] for k in range(steps))
             print(
-                f"| {name} | {scheduler} | {samples} | {mbs:g} | " + " | ".join(cells)
+                f"| {name} | {scheduler} | {samples} | {mbs:g} | "
+                + " | ".join(cells)
                 + f" | {1e3 * statistics.median(wrapper) * scale:.2f} | {1e3 * statistics.median(slowest) * scale:.2f}"
                 + f" | {1e3 * statistics.median(cpu) * scale:.2f}"
                 + f" | {sent / payload if payload else 0:.3f} |"
             )
-    print("# times in ms per step per 1000 samples of the step, mean over the 4 ranks (ranks that skip a phase "
-          "count 0); pack = pack + CP shard; broadcast = TP + PP sends, receives, decoding and the PP agreement; "
-          "wait = broadcast receivers waiting for their source; total = wrapper work without reading the data "
-          "and without wait; slowest rank = the step's longest next() including both; cpu = CPU time of next() "
-          "(all threads, mean over ranks): the cost without the time-sharing of 4 ranks on this machine's cores")
+    print(
+        "# times in ms per step per 1000 samples of the step, mean over the 4 ranks (ranks that skip a phase "
+        "count 0); pack = pack + CP shard; broadcast = TP + PP sends, receives, decoding and the PP agreement; "
+        "wait = broadcast receivers waiting for their source; total = wrapper work without reading the data "
+        "and without wait; slowest rank = the step's longest next() including both; cpu = CPU time of next() "
+        "(all threads, mean over ranks): the cost without the time-sharing of 4 ranks on this machine's cores"
+    )
     print("# sent/payload = bytes the exchange put on the wire / bytes of the samples packed this step")
 
 

@@ -45,8 +45,10 @@ def megatron_groups(tp: int, pp: int, dp: int):
             g = dist.new_group([rank(p, d, t) for p in range(pp)])
             if me in [rank(p, d, t) for p in range(pp)]:
                 mine["pp"] = g
-    return {axis: (group if size > 1 else None) for axis, group, size in
-            (("tp", mine["tp"], tp), ("dp", mine["dp"], dp), ("pp", mine["pp"], pp))}
+    return {
+        axis: (group if size > 1 else None)
+        for axis, group, size in (("tp", mine["tp"], tp), ("dp", mine["dp"], dp), ("pp", mine["pp"], pp))
+    }
 
 
 def to_megatron_batch(batch: PackedBatch) -> dict:
@@ -80,7 +82,9 @@ def main() -> None:
     reads = topology.tp_rank == 0 and (topology.is_first_stage or topology.is_last_stage)
     data_iterator = None
     if reads:
-        lengths = lognormal_lengths(args.steps * args.dp * 8, min_seq_len=16, max_seq_len=1024, mean_seq_len=200, seed=1)
+        lengths = lognormal_lengths(
+            args.steps * args.dp * 8, min_seq_len=16, max_seq_len=1024, mean_seq_len=200, seed=1
+        )
         dataset = MockSFTDataset(lengths, vocab_size=32000, seed=1)
         # DP rank d reads its block of 8 samples per step (the same on the first and last stage).
         data_iterator = (dataset[(s * args.dp + topology.dp_rank) * 8 + i] for s in range(args.steps) for i in range(8))

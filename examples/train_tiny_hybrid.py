@@ -24,8 +24,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from seqpack import Topology, wrap_data_iterator
-from seqpack.mock_data import MockSFTDataset, lognormal_lengths
 from seqpack.compute.tiny_lm import TinyConfig, TinyHybridLM
+from seqpack.mock_data import MockSFTDataset, lognormal_lengths
 
 
 def main() -> None:

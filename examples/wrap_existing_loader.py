@@ -73,7 +73,8 @@ def main() -> None:
     resumed = wrap(iter(loader))
     resumed.load_state_dict(state)
     again = next(resumed)
-    same = all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(second.microbatches, again.microbatches))
+    pairs = zip(second.microbatches, again.microbatches, strict=True)
+    same = all(torch.equal(a.input_ids, b.input_ids) for a, b in pairs)
 
     if rank == 0:
         for step in (first, second):
@@ -83,8 +84,10 @@ def main() -> None:
                 f"{st.real_tokens} real / {st.padded_tokens} padded tokens, imbalance {st.imbalance:.3f}"
             )
         mb = second.microbatches[0]
-        print(f"microbatch 0: cu_seqlens {mb.cu_seqlens[:6].tolist()}..., max_seqlen {mb.max_seqlen}, "
-              f"loss tokens {int(mb.loss_mask.sum())}")
+        print(
+            f"microbatch 0: cu_seqlens {mb.cu_seqlens[:6].tolist()}..., max_seqlen {mb.max_seqlen}, "
+            f"loss tokens {int(mb.loss_mask.sum())}"
+        )
         print(f"resumed step {again.step} identical to step {second.step}: {same}")
     if dist.is_initialized():
         dist.barrier()

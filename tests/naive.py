@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 
 IGNORE = -100
@@ -15,7 +17,11 @@ def pack_reference(samples, pad_multiple=1, pad_to=None, pad_token_id=0):
         ids = [int(v) for v in s["input_ids"]]
         n = len(ids)
         labels = [int(v) for v in s["labels"]] if s.get("labels") is not None else ids[1:] + [IGNORE]
-        mask = [float(v) for v in s["loss_mask"]] if s.get("loss_mask") is not None else [float(l != IGNORE) for l in labels]
+        mask = (
+            [float(v) for v in s["loss_mask"]]
+            if s.get("loss_mask") is not None
+            else [float(label != IGNORE) for label in labels]
+        )
         pos = [int(v) for v in s["position_ids"]] if s.get("position_ids") is not None else list(range(n))
         padded = -(-n // pad_multiple) * pad_multiple
         if pad_to is not None and i == len(samples) - 1:
@@ -55,7 +61,7 @@ def te_partition_reference(cu_seqlens_padded, total_tokens, cp_size, cp_rank):
 def dualchunk_reference(cu_seqlens_padded, cp_size, cp_rank):
     """DualChunkSwap from its definition: rank r holds chunks r and 2cp-1-r of every sequence."""
     out = []
-    for start, end in zip(cu_seqlens_padded[:-1], cu_seqlens_padded[1:]):
+    for start, end in pairwise(cu_seqlens_padded):
         chunk = (end - start) // (2 * cp_size)
         for c in (cp_rank, 2 * cp_size - 1 - cp_rank):
             out.extend(range(start + c * chunk, start + (c + 1) * chunk))

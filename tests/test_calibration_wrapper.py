@@ -3,16 +3,15 @@ Multi-rank agreement on the model is in tests/distributed/test_calibration_dist.
 
 import io
 
-import numpy as np
 import pytest
 import torch
+from wrapper_data import items
 
 from seqpack.calibrate import CostCalibrator
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import StepFailed
-from seqpack.topology import Topology
 from seqpack.loader import wrap_data_iterator
-from wrapper_data import items
+from seqpack.topology import Topology
 
 TRUTH = CostModel(1e-4, 1e-7, 0.01)  # seconds: a clock the scheduler is not told
 
@@ -79,11 +78,18 @@ def test_each_step_is_scheduled_with_the_model_in_use():
     it = _wrap(scheduler="balanced", sync="lockstep", max_tokens_per_rank=96)
     differs = 0
     for step in it:
-        replan = it.scheduler.schedule(step.schedule.original_lengths, dp_size=1, max_tokens_per_rank=96,
-                                       pad_multiple=4, cost=step.stats.cost_model, sync="lockstep")
+        replan = it.scheduler.schedule(
+            step.schedule.original_lengths,
+            dp_size=1,
+            max_tokens_per_rank=96,
+            pad_multiple=4,
+            cost=step.stats.cost_model,
+            sync="lockstep",
+        )
         assert replan.fingerprint() == step.schedule_fingerprint
-        flops = it.scheduler.schedule(step.schedule.original_lengths, dp_size=1, max_tokens_per_rank=96,
-                                      pad_multiple=4, sync="lockstep")
+        flops = it.scheduler.schedule(
+            step.schedule.original_lengths, dp_size=1, max_tokens_per_rank=96, pad_multiple=4, sync="lockstep"
+        )
         differs += flops.fingerprint() != step.schedule_fingerprint
         step.record_times(_true_times(step, quadratic))
     assert it.calibrator.fitted and differs > 0

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from wrapper_data import FIELDS  # the batch fields the wire carries
 
 from seqpack.collective import (
     FORMAT_VERSION,
@@ -29,9 +30,6 @@ from seqpack.schedulers import get_scheduler
 from seqpack.stats import StepStats
 from seqpack.thd import batch_from_layout, pack_sequences, pad_multiple_for, padding_only_batch, shard_for_cp
 
-FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "seq_idx", "padding_mask", "cu_seqlens",
-          "cu_seqlens_padded", "sample_ids")
-
 
 def _message(cp=2, cp_rank=1, dp=2, lengths=(5, 3, 9, 1, 12, 7, 2, 13), positions=False, seed=0):
     """A real step: schedule over dp replicas, replica 0's microbatches packed and CP-sharded."""
@@ -52,7 +50,11 @@ def _message(cp=2, cp_rank=1, dp=2, lengths=(5, 3, 9, 1, 12, 7, 2, 13), position
     batches = []
     for m in range(sched.num_microbatches):
         ids = sched.assignment[m][0]
-        b = padding_only_batch(pm) if ids.size == 0 else pack_sequences([samples[i] for i in ids], pad_multiple=pm, sample_ids=ids)
+        b = (
+            padding_only_batch(pm)
+            if ids.size == 0
+            else pack_sequences([samples[i] for i in ids], pad_multiple=pm, sample_ids=ids)
+        )
         batches.append(shard_for_cp(b, cp, cp_rank))
     return StepOk(step=7, schedule=sched, microbatches=batches, empty_samples=2, position_ids=positions)
 
@@ -89,7 +91,7 @@ def test_batch_round_trip_is_exact(positions):
         assert np.array_equal(getattr(got.schedule, name), getattr(sched, name))
     assert StepStats.from_schedule(got.schedule) == StepStats.from_schedule(sched)
     assert len(got.microbatches) == len(msg.microbatches)
-    for a, b in zip(msg.microbatches, got.microbatches):
+    for a, b in zip(msg.microbatches, got.microbatches, strict=True):
         _same_batch(a, b)
 
 
@@ -97,8 +99,9 @@ def test_schedule_and_shards_keep_their_own_cp_size():
     msg = _message(cp=2, cp_rank=0)
     sched = msg.schedule
     # The same shards under a schedule made for cp=1: both sizes survive, the fingerprint too.
-    plain = get_scheduler("empty").schedule(sched.original_lengths, dp_size=2, max_tokens_per_rank=16,
-                                            pad_multiple=4, origin=np.array([0] * 3 + [1] * 5))
+    plain = get_scheduler("empty").schedule(
+        sched.original_lengths, dp_size=2, max_tokens_per_rank=16, pad_multiple=4, origin=np.array([0] * 3 + [1] * 5)
+    )
     assert plain.num_microbatches == sched.num_microbatches and plain.cp_size == 1
     got = decode_step(encode_step(dataclasses.replace(msg, schedule=plain)))
     assert got.schedule.cp_size == 1 and got.microbatches[0].cp_size == 2
@@ -111,7 +114,7 @@ def test_layout_round_trip_has_no_tokens():
     batch_wire = encode_step(msg, kind=Kind.BATCH)
     assert wire.ints.numel() < batch_wire.ints.numel()
     got = decode_step(wire)
-    for a, b in zip(msg.microbatches, got.microbatches):
+    for a, b in zip(msg.microbatches, got.microbatches, strict=True):
         _same_batch(a, b, tokens=False)
 
 
@@ -120,8 +123,9 @@ def test_counts_stay_exact_beyond_float32():
     lengths = np.array([40_000, 65_537, 3, 100_003], dtype=np.int64)
     sched = get_scheduler("empty").schedule(lengths, dp_size=1, max_tokens_per_rank=200_000)
     batches = [
-        batch_from_layout(np.r_[0, np.cumsum(lengths[ids])], np.r_[0, np.cumsum(lengths[ids])],
-                          int(lengths[ids].max()), ids)
+        batch_from_layout(
+            np.r_[0, np.cumsum(lengths[ids])], np.r_[0, np.cumsum(lengths[ids])], int(lengths[ids].max()), ids
+        )
         for ids in (row[0] for row in sched.assignment)
     ]
     msg = StepOk(0, schedule=sched, microbatches=batches)
@@ -151,7 +155,9 @@ def test_version_mismatch_is_an_error():
     wire = encode_step(_message())
     prefix = wire.prefix.clone()
     prefix[0] = FORMAT_VERSION + 1
-    with pytest.raises(ValueError, match=rf"wire format version {FORMAT_VERSION + 1} received.*version {FORMAT_VERSION}"):
+    with pytest.raises(
+        ValueError, match=rf"wire format version {FORMAT_VERSION + 1} received.*version {FORMAT_VERSION}"
+    ):
         decode_prefix(prefix)
     with pytest.raises(ValueError, match="version"):
         decode_step(dataclasses.replace(wire, prefix=prefix))
@@ -170,7 +176,9 @@ def test_truncated_and_oversized_buffers_are_errors():
     # A prefix that lies about the header: the arithmetic is in the message.
     prefix = wire.prefix.clone()
     prefix[3] += 1
-    with pytest.raises(ValueError, match=rf"header_len=\d+ but \d+ microbatches need 8 \+ {STEP_WORDS} \+ {MB_WORDS}\*\d+ = \d+"):
+    with pytest.raises(
+        ValueError, match=rf"header_len=\d+ but \d+ microbatches need 8 \+ {STEP_WORDS} \+ {MB_WORDS}\*\d+ = \d+"
+    ):
         decode_prefix(prefix)
 
 
@@ -212,8 +220,15 @@ def test_layout_rebuild_equals_pack_and_shard(cp, lengths, positions, seed):
     for r in range(cp):
         shard = shard_for_cp(full, cp, r)
         rebuilt = batch_from_layout(
-            full.cu_seqlens, full.cu_seqlens_padded, full.max_seqlen, full.sample_ids, cp, r,
-            input_ids=shard.input_ids, labels=shard.labels, loss_mask=shard.loss_mask,
+            full.cu_seqlens,
+            full.cu_seqlens_padded,
+            full.max_seqlen,
+            full.sample_ids,
+            cp,
+            r,
+            input_ids=shard.input_ids,
+            labels=shard.labels,
+            loss_mask=shard.loss_mask,
             position_ids=shard.position_ids if positions else None,
         )
         _same_batch(shard, rebuilt)

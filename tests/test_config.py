@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from seqpack.loader import PackingConfig
 from seqpack.cost import CostModel, model_preset
 from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.loader import PackingConfig
 from seqpack.options import DataOwner, OnOversize
 from seqpack.topology import Topology
 
@@ -27,7 +27,11 @@ def test_strings_become_enum_members_and_compare_equal():
     "kw, error, message",
     [
         ({"samples_per_rank": 0}, ConfigError, "samples_per_rank must be a positive integer, got 0"),
-        ({"samples_per_rank": 2.0}, SeqpackTypeError, r"samples_per_rank must be a positive integer, got 2.0 \(float\)"),
+        (
+            {"samples_per_rank": 2.0},
+            SeqpackTypeError,
+            r"samples_per_rank must be a positive integer, got 2.0 \(float\)",
+        ),
         ({"max_tokens_per_rank": True}, SeqpackTypeError, "max_tokens_per_rank must be a positive integer, got True"),
         ({"max_tokens_per_rank": 2**63}, ConfigError, r"max_tokens_per_rank=9223372036854775808 is too large"),
         ({"data_owner": "rank0"}, ConfigError, r"data_owner must be one of \('tp0', 'all'\), got 'rank0'"),
@@ -36,7 +40,11 @@ def test_strings_become_enum_members_and_compare_equal():
         ({"scheduler": "nope"}, ValueError, "unknown scheduler 'nope'"),
         ({"scheduler_options": {"order": "sideways"}}, ValueError, "order must be one of"),
         ({"scheduler_options": [1]}, SeqpackTypeError, "scheduler_options must be a mapping, got list"),
-        ({"cost": model_preset("llama3-8b")}, SeqpackTypeError, r"got ModelSpec \(ModelSpec.cost_model\(\) gives one\)"),
+        (
+            {"cost": model_preset("llama3-8b")},
+            SeqpackTypeError,
+            r"got ModelSpec \(ModelSpec.cost_model\(\) gives one\)",
+        ),
         ({"flops_fn": 3}, SeqpackTypeError, "flops_fn must be callable, got int"),
         ({"minibatches": 0}, ConfigError, "minibatches must be a positive integer, got 0"),
         ({"minibatches": 2.0}, SeqpackTypeError, "minibatches must be a positive integer, got 2.0"),

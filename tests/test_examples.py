@@ -19,8 +19,24 @@ def _run(args, timeout=300):
 
 
 def test_train_tiny_hybrid_trains_under_cp():
-    out = _run(TORCHRUN + ["--nproc-per-node", "4", "examples/train_tiny_hybrid.py", "--dp", "2", "--cp", "2",
-                           "--steps", "3", "--samples-per-rank", "8", "--max-tokens-per-rank", "1024"])
+    out = _run(
+        TORCHRUN
+        + [
+            "--nproc-per-node",
+            "4",
+            "examples/train_tiny_hybrid.py",
+            "--dp",
+            "2",
+            "--cp",
+            "2",
+            "--steps",
+            "3",
+            "--samples-per-rank",
+            "8",
+            "--max-tokens-per-rank",
+            "1024",
+        ]
+    )
     losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)", out)]
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert "imbalance" in out
@@ -63,8 +79,19 @@ def test_megatron_style_broadcasts_and_middle_stage(layout):
 
 
 def test_rl_rollouts_log_probs_come_back_exactly_once_and_equal_the_unpacked_ones():
-    out = _run([sys.executable, "examples/rl_rollouts.py", "--prompts", "6", "--responses", "3", "--max-tokens", "512",
-                "--group"])
+    out = _run(
+        [
+            sys.executable,
+            "examples/rl_rollouts.py",
+            "--prompts",
+            "6",
+            "--responses",
+            "3",
+            "--max-tokens",
+            "512",
+            "--group",
+        ]
+    )
     lines = [line for line in out.splitlines() if line.startswith("rank ")]
     assert len(lines) == 2 and all("exactly once in read order: True" in line for line in lines), out
     assert sum(int(re.search(r"(\d+) ran on the other rank", line).group(1)) for line in lines) > 0, out  # not vacuous

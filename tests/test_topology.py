@@ -55,8 +55,14 @@ def test_stages_and_signature():
     assert middle.is_middle_stage and not middle.is_first_stage and not middle.is_last_stage
     assert last.is_last_stage
     assert middle.signature() == {
-        "dp_size": 1, "cp_size": 1, "tp_size": 2, "pp_size": 3,
-        "dp_rank": 0, "cp_rank": 0, "tp_rank": 1, "pp_rank": 1,
+        "dp_size": 1,
+        "cp_size": 1,
+        "tp_size": 2,
+        "pp_size": 3,
+        "dp_rank": 0,
+        "cp_rank": 0,
+        "tp_rank": 1,
+        "pp_rank": 1,
     }
     assert middle.world_size == 6
     assert first != middle  # frozen dataclass, compared by sizes and ranks
@@ -90,7 +96,10 @@ def test_mesh_dims_map_to_axes_by_their_framework_names():
     # torchtitan / NeMo Automodel: replicate x shard is seqpack's DP; size-1 dims may be present.
     nemo = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
     assert dims(nemo, (1, 2, 4, 2, 1)) == {
-        "dp": ("dp_replicate", "dp_shard"), "cp": ("cp",), "tp": ("tp",), "pp": ("pp",),
+        "dp": ("dp_replicate", "dp_shard"),
+        "cp": ("cp",),
+        "tp": ("tp",),
+        "pp": ("pp",),
     }
     assert dims(("pp", "batch", "cp", "tp"), (2, 8, 2, 4))["dp"] == ("batch",)  # torchtitan's data-loading mesh
     assert dims(("dp", "cp", "tp"), (2, 2, 2))["dp"] == ("dp",)  # NeMo's Megatron-FSDP mesh
@@ -99,7 +108,8 @@ def test_mesh_dims_map_to_axes_by_their_framework_names():
     assert dims(("ep", "dp_shard"), (1, 8)) == {"dp": ("dp_shard",)}
     # axis_names replaces the automatic reading for the axes it names (one dim or several).
     assert dims(("replica", "shard", "cp"), (2, 2, 2), {"dp": ("replica", "shard")}) == {
-        "dp": ("replica", "shard"), "cp": ("cp",),
+        "dp": ("replica", "shard"),
+        "cp": ("cp",),
     }
     assert dims(("data", "cp"), (2, 2), {"dp": "data"}) == {"dp": ("data",), "cp": ("cp",)}
 

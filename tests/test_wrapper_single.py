@@ -18,8 +18,8 @@ from wrapper_data import (
 )
 
 from seqpack.cost import CostModel
-from seqpack.topology import Topology
 from seqpack.loader import PackingIterator, Step, wrap_data_iterator
+from seqpack.topology import Topology
 
 SEED = 3
 
@@ -103,10 +103,10 @@ def _save_load(state):
 
 def _same_steps(a, b):
     assert len(a) == len(b)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x.step == y.step and x.schedule_fingerprint == y.schedule_fingerprint
         assert x.stats == y.stats
-        for p, q in zip(x.microbatches, y.microbatches):
+        for p, q in zip(x.microbatches, y.microbatches, strict=True):
             pa, qa = batch_arrays(p), batch_arrays(q)
             for name in pa:
                 if isinstance(pa[name], np.ndarray):
@@ -167,7 +167,9 @@ def test_resume_rejects_another_topology_or_config():
     next(it)
     state = it.state_dict()
     moved = dict(state, topology=dict(state["topology"], dp_size=2, dp_rank=1))
-    with pytest.raises(ValueError, match=r"saved on topology dp=1/2 cp=0/1 tp=0/1 pp=0/1 but this iterator runs on dp=0/1"):
+    with pytest.raises(
+        ValueError, match=r"saved on topology dp=1/2 cp=0/1 tp=0/1 pp=0/1 but this iterator runs on dp=0/1"
+    ):
         _wrap(items(SEED, 0, 12)).load_state_dict(moved)
     with pytest.raises(ValueError, match="samples_per_rank"):
         _wrap(items(SEED, 0, 12), samples_per_rank=5).load_state_dict(state)
@@ -183,7 +185,9 @@ def test_resume_past_the_end_of_the_data_is_an_error():
     state = it.state_dict()
     short = _wrap(items(SEED, 0, 7))
     short.load_state_dict(state)
-    with pytest.raises(ValueError, match="resuming needs to skip 12 consumed samples but the data iterator ended after 7"):
+    with pytest.raises(
+        ValueError, match="resuming needs to skip 12 consumed samples but the data iterator ended after 7"
+    ):
         next(short)
 
 
@@ -198,7 +202,10 @@ def test_resume_past_the_end_of_the_data_is_an_error():
 def test_bad_input_names_rank_step_and_sample(kind, message):
     it = _wrap(items(SEED, 0, 18, bad={"index": 4, "kind": kind}))
     where = r"sample 4 of this rank's data \(sequence \d+ of its pool this step\)"
-    with pytest.raises(ValueError, match=r"bad input on DP rank 0 \(global rank 0, dp=0/1 cp=0/1 tp=0/1 pp=0/1\) at step 0: " + where + message):
+    with pytest.raises(
+        ValueError,
+        match=r"bad input on DP rank 0 \(global rank 0, dp=0/1 cp=0/1 tp=0/1 pp=0/1\) at step 0: " + where + message,
+    ):
         next(it)
     # In a later step the two numberings differ (the data counts from its start, the pool from the step's).
     later = _wrap(items(SEED, 0, 18, bad={"index": 8, "kind": kind}))
@@ -210,7 +217,11 @@ def test_bad_input_names_rank_step_and_sample(kind, message):
 
 def test_oversize_policies():
     bad = {"index": 8, "kind": "oversize", "length": 60}
-    with pytest.raises(ValueError, match=r"step 1: sample \d+ has 60 tokens .* capacity 48 tokens.*\[global sample \d+ is sequence \d+ of DP rank 0's pool"):
+    with pytest.raises(
+        ValueError,
+        match=r"step 1: sample \d+ has 60 tokens .* capacity 48 tokens"
+        r".*\[global sample \d+ is sequence \d+ of DP rank 0's pool",
+    ):
         _run(_wrap(items(SEED, 0, 18, bad=bad)))
     dropped = _run(_wrap(items(SEED, 0, 18, bad=bad), on_oversize="drop"))
     assert [s.stats.dropped_sequences for s in dropped] == [0, 1, 0]
@@ -238,7 +249,9 @@ def test_bad_arguments(kwargs, message):
 
 
 def test_missing_iterator_is_named():
-    with pytest.raises(ValueError, match=r"rank 0 \(dp=0/1 cp=0/1 tp=0/1 pp=0/1\) got data_iterator=None but must read data"):
+    with pytest.raises(
+        ValueError, match=r"rank 0 \(dp=0/1 cp=0/1 tp=0/1 pp=0/1\) got data_iterator=None but must read data"
+    ):
         _wrap(None)
 
 
@@ -268,7 +281,9 @@ def test_stats_cost_is_one_unit_for_every_scheduler():
 def test_cost_of_the_wrong_type_is_a_clear_error_at_construction():
     from seqpack.cost import model_preset
 
-    with pytest.raises(ValueError, match=r"cost must be a seqpack.CostModel or None, got ModelSpec \(ModelSpec.cost_model"):
+    with pytest.raises(
+        ValueError, match=r"cost must be a seqpack.CostModel or None, got ModelSpec \(ModelSpec.cost_model"
+    ):
         _wrap(items(SEED, 0, 6), cost=model_preset("llama3-8b"))
 
 
@@ -382,8 +397,9 @@ def test_the_thread_reads_ahead_but_state_dict_describes_the_steps_handed_over()
     drop_last=st.booleans(),
     stateful=st.booleans(),
 )
-def test_prefetch_never_changes_the_data_across_a_resume(k_reference, k_saved, k_resumed, count, resume_after,
-                                                          drop_last, stateful):
+def test_prefetch_never_changes_the_data_across_a_resume(
+    k_reference, k_saved, k_resumed, count, resume_after, drop_last, stateful
+):
     def fresh(k):
         data = StatefulItems(count) if stateful else items(SEED, 0, count)
         return _wrap(data, scheduler=ScatterScheduler(defer_longest=True), prefetch=k, drop_last=drop_last)
@@ -422,7 +438,6 @@ def test_an_error_is_raised_by_the_next_of_its_step_after_the_steps_before_it():
 @pytest.mark.parametrize("k", [0, 2])
 def test_an_unexpected_exception_in_the_producer_reaches_next_and_fails_the_iterator(monkeypatch, k):
     from seqpack.errors import StepFailed
-
     from seqpack.loader.producer import StepProducer
 
     original = StepProducer._agree_copies
@@ -522,8 +537,8 @@ def test_a_cuda_copy_is_ready_on_the_callers_stream(k):
     reference = _run(_wrap(items(SEED, 0, 18), prefetch=0))
     steps = _run(_wrap(items(SEED, 0, 18), device="cuda", pin_memory=True, prefetch=k))
     assert len(steps) == len(reference) == 3
-    for step, ref in zip(steps, reference):
-        for batch, expected in zip(step.microbatches, ref.microbatches):
+    for step, ref in zip(steps, reference, strict=True):
+        for batch, expected in zip(step.microbatches, ref.microbatches, strict=True):
             assert batch.input_ids.is_cuda and batch.cu_seqlens.is_cuda
             assert torch.equal(batch.input_ids.cpu(), expected.input_ids)
             assert torch.equal(batch.loss_mask.cpu(), expected.loss_mask)
@@ -555,8 +570,9 @@ def test_interpreter_exit_while_the_thread_runs_torch_code_is_clean():
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", _EXIT_WHILE_BUSY], capture_output=True, text=True, env=env,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_WHILE_BUSY], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 0 and "exiting with the thread busy" in proc.stdout, proc.stderr[-2000:]
 
 

@@ -70,7 +70,9 @@ def spoil(item: dict, kind: str, length: int = 0) -> dict:
     if kind == "missing_input_ids":
         item["tokens"] = item.pop("input_ids")
     elif kind == "unequal_lengths":
-        item["labels"] = item["input_ids"][:-1].clone() if item["input_ids"].numel() > 1 else torch.zeros(2, dtype=torch.int64)
+        item["labels"] = (
+            item["input_ids"][:-1].clone() if item["input_ids"].numel() > 1 else torch.zeros(2, dtype=torch.int64)
+        )
     elif kind == "oversize":
         item["input_ids"] = torch.arange(length, dtype=torch.int64)
         item.pop("loss_mask", None)
@@ -117,8 +119,9 @@ class ScatterScheduler(Scheduler):
             ids, lengths = np.delete(ids, j), np.delete(lengths, j)
         # "empty" packs every sample on the replica it sits on: tell it they sit elsewhere.
         replica = (np.arange(ids.size, dtype=np.int64) * 3 + 1) % dp_size
-        rounds, _ = EmptyScheduler()._plan(ids, lengths, dp_size=dp_size, capacity=capacity,
-                                           pad_multiple=pad_multiple, cost=cost, origin=replica)
+        rounds, _ = EmptyScheduler()._plan(
+            ids, lengths, dp_size=dp_size, capacity=capacity, pad_multiple=pad_multiple, cost=cost, origin=replica
+        )
         return rounds, deferred
 
 
@@ -133,18 +136,32 @@ class BrokenScheduler(Scheduler):
 
 # --- checking what arrived ------------------------------------------------------------------
 
-FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "seq_idx", "padding_mask", "cu_seqlens",
-          "cu_seqlens_padded", "sample_ids")
+FIELDS = (
+    "input_ids",
+    "labels",
+    "loss_mask",
+    "position_ids",
+    "seq_idx",
+    "padding_mask",
+    "cu_seqlens",
+    "cu_seqlens_padded",
+    "sample_ids",
+)
 TOKEN_FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "seq_idx", "padding_mask")
 
 
 def batch_arrays(batch) -> dict:
     """A PackedBatch as plain numpy arrays (picklable, cheap to send back from a worker)."""
     out = {name: (None if getattr(batch, name) is None else getattr(batch, name).numpy().copy()) for name in FIELDS}
-    out.update(max_seqlen=batch.max_seqlen, cp_size=batch.cp_size, cp_rank=batch.cp_rank, cp_layout=str(batch.cp_layout),
-               num_loss_tokens=batch.num_loss_tokens,
-               shared_cu=batch.cu_seqlens is batch.cu_seqlens_padded,
-               dtypes={name: str(getattr(batch, name).dtype) for name in FIELDS if getattr(batch, name) is not None})
+    out.update(
+        max_seqlen=batch.max_seqlen,
+        cp_size=batch.cp_size,
+        cp_rank=batch.cp_rank,
+        cp_layout=str(batch.cp_layout),
+        num_loss_tokens=batch.num_loss_tokens,
+        shared_cu=batch.cu_seqlens is batch.cu_seqlens_padded,
+        dtypes={name: str(getattr(batch, name).dtype) for name in FIELDS if getattr(batch, name) is not None},
+    )
     return out
 
 

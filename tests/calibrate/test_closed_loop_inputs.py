@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+from wrapper_data import items
 
 from seqpack.calibrate import CostCalibrator, TimingLedger, encode_seconds, microbatch_sums
 from seqpack.cost import CostModel, default_cost_model
@@ -14,7 +15,6 @@ from seqpack.errors import SeqpackTypeError, StepFailed
 from seqpack.schedulers import get_scheduler
 from seqpack.topology import Topology
 from seqpack.wrapper import wrap_data_iterator
-from wrapper_data import items
 
 TRUTH = CostModel(2e-4, 3e-7, 0.01)
 

@@ -350,16 +350,27 @@ def test_report_lists_devices_even_when_torch_cudnn_check_fails_and_names_the_co
     assert info["devices"] == [{"index": 0, "name": "Fake H100", "capability": "9.0", "memory_gib": 80.0}]
     assert "cuDNN version incompatibility" in info["cudnn_error"]
     packages = {
-        "transformer_engine": {"distributions": ["transformer-engine"], "imports": False,
-                               "error": "OSError: /lib/libcudnn_heuristic.so.9: undefined symbol: _ZTV, version libcudnn_graph.so.9"},
+        "transformer_engine": {
+            "distributions": ["transformer-engine"],
+            "imports": False,
+            "error": "OSError: /lib/libcudnn_heuristic.so.9: undefined symbol: _ZTV, version libcudnn_graph.so.9",
+        },
         "transformer_engine_torch": {"distributions": [], "imports": True, "error": None},
     }
     notes = backends._notes(dict(info, cuda="13.0"), packages)
     assert any("import transformer_engine before torch uses cuDNN" in n for n in notes)
     assert any("torch's cuDNN check fails" in n for n in notes)
     text = backends.format_environment_report(
-        {"seqpack": "x", "python": "3", "platform": "p", "torch": dict(info, cuda="13.0"), "packages": {},
-         "auto": {}, "numba": {"version": None, "error": "absent"}, "notes": notes}
+        {
+            "seqpack": "x",
+            "python": "3",
+            "platform": "p",
+            "torch": dict(info, cuda="13.0"),
+            "packages": {},
+            "auto": {},
+            "numba": {"version": None, "error": "absent"},
+            "notes": notes,
+        }
     )
     assert "GPU 0: Fake H100" in text and "cuDNN error:" in text
 

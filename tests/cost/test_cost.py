@@ -18,8 +18,14 @@ from seqpack.cost import (
 
 # Llama-3-8B (Meta's published config): h=4096, 32 layers, 32 heads, 8 KV heads,
 # FFN 14336 (SwiGLU), vocab 128256.
-LLAMA3_8B = dict(hidden_size=4096, num_layers=32, num_attention_heads=32, ffn_hidden_size=14336,
-                 num_query_groups=8, vocab_size=128256)
+LLAMA3_8B = dict(
+    hidden_size=4096,
+    num_layers=32,
+    num_attention_heads=32,
+    ffn_hidden_size=14336,
+    num_query_groups=8,
+    vocab_size=128256,
+)
 
 
 def test_llama3_8b_parameter_count_matches_published():
@@ -84,9 +90,12 @@ def test_mamba2_layers_by_hand():
     logits_train = 3 * 2 * 4096 * 131072
     assert spec.linear_flops == 24 * per_token_train + 24 * mlp_train + 4 * attn_linear_train + logits_train
     assert spec.quadratic_flops == 3 * 4 * 2 * 4096
-    assert spec.flops(10, 100) == mamba2_flops(10, hidden_size=4096, num_layers=24) + 10 * (
-        24 * mlp_train + 4 * attn_linear_train + logits_train
-    ) + 100 * spec.quadratic_flops
+    assert (
+        spec.flops(10, 100)
+        == mamba2_flops(10, hidden_size=4096, num_layers=24)
+        + 10 * (24 * mlp_train + 4 * attn_linear_train + logits_train)
+        + 100 * spec.quadratic_flops
+    )
 
 
 def test_cost_model_from_transformer_and_presets():

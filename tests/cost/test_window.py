@@ -2,6 +2,8 @@
 against brute-force mask counts, ModelSpec's FLOPs by hand, CostModel's windowed term, the
 fit and the presets."""
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -97,7 +99,7 @@ def test_windowed_model_costs_what_the_full_one_does_below_the_window_and_grows_
     assert np.array_equal(local.cost_model().cost(lengths), full.cost_model().cost(lengths))
     # Far above: each extra token costs the same (linear), full attention keeps growing.
     above = [local.sequence_flops([s]) for s in range(window + 2, window + 40)]
-    steps = {b - a for a, b in zip(above, above[1:])}
+    steps = {b - a for a, b in pairwise(above)}
     assert steps == {local.linear_flops + local.windowed_flops * (2 * window + 1)}
     big = 64 * (window + 2)
     assert local.sequence_flops([big]) < full.sequence_flops([big])
@@ -155,7 +157,11 @@ def test_windowed_cost_is_linear_quadratic_and_windowed_terms():
 def test_a_model_without_window_is_the_three_term_model_bit_for_bit():
     old = CostModel(1.5, 0.25, 3.0)
     assert repr(old) == "CostModel(linear=1.5, quadratic=0.25, constant=3.0)"
-    assert old == CostModel(1.5, 0.25, 3.0, windowed=0.0, window=None) and old.terms == ("constant", "linear", "quadratic")
+    assert old == CostModel(1.5, 0.25, 3.0, windowed=0.0, window=None) and old.terms == (
+        "constant",
+        "linear",
+        "quadratic",
+    )
     assert hash(old) == hash(CostModel(linear=1.5, quadratic=0.25, constant=3.0))
     assert "windowed=0.0, window=128" in repr(CostModel(1.0, 0.0, window=128))
 

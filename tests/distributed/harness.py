@@ -19,7 +19,8 @@ import os
 import queue
 import tempfile
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.multiprocessing as mp
 
@@ -113,7 +114,7 @@ class WorkerPool:
                     alive = self._procs[rank].is_alive()
                     errors[rank] = ("Timeout", f"no answer within {limit}s (process alive: {alive})", "")
                 self.close(force=True)
-                raise RankFailure(errors)
+                raise RankFailure(errors) from None
             if got_id != call_id:
                 continue  # a late answer to an earlier, timed-out call
             if ok:

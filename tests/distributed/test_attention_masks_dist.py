@@ -80,7 +80,7 @@ def test_masked_cp_attention_matches_brute_force(dist_pools, cp, layout):
     assert sum(pads for _, pads in per_rank) > 0  # the pack really has pads
     for results, _ in per_rank:
         assert len(results) == len(CASES)
-        for causal, window, heads, kv_heads, errors, moved in results:
+        for causal, window, heads, kv_heads, errors, _moved in results:
             assert max(errors.values()) < 1e-12, (causal, window, heads, kv_heads, errors)
     worst = max(max(r[4].values()) for results, _ in per_rank for r in results)
     print(f"cp={cp} {layout}: {len(CASES)} mask cases, max |diff| of outputs and dq/dk/dv {worst:.1e}")
@@ -115,7 +115,6 @@ def _exchange_traffic_matches(layout):
     lengths = [40, 9, 64, 3]
     batch = pack_sequences([{"input_ids": torch.ones(n, dtype=torch.int64)} for n in lengths],
                            pad_multiple=pad_multiple_for(cp))  # fmt: skip
-    shard = shard_for_cp(batch, cp, rank, layout=layout)
     from seqpack.compute.attention.exchange import plan_kv_exchange
 
     att = ThdAttention(2, 4, backend="torch", cp_group=group, window=(4, 0))
@@ -187,7 +186,10 @@ def _te_rules_at_build(comm_type, window, heads, kv_heads, layout):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (("p2p", (128, 0), 4, 4, None), r"cp_comm_type='p2p' does not support a sliding window .*\('all_gather', 'a2a'\)"),
+        (
+            ("p2p", (128, 0), 4, 4, None),
+            r"cp_comm_type='p2p' does not support a sliding window .*\('all_gather', 'a2a'\)",
+        ),
         (("a2a+p2p", (128, 0), 4, 4, None), r"does not support a sliding window"),
         (("a2a+p2p", None, 6, 3, None), r"splits heads over 2 ranks, but num_heads=6 and num_kv_heads=3"),
         (("a2a+p2p", None, 6, 2, None), r"^built padding_causal \(-1, 0\) a2a\+p2p$"),

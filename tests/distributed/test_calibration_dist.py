@@ -13,12 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch.distributed as dist
+from wrapper_data import items, mesh_topology
 
 from seqpack.calibrate import CostCalibrator, microbatch_sums
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError
 from seqpack.loader import wrap_data_iterator
-from wrapper_data import items, mesh_topology
 
 SEED = 5
 TRUTH = CostModel(1e-4, 1e-7, 0.01)

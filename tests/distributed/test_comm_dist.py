@@ -21,9 +21,9 @@ from seqpack.collective import (
     exchange_samples,
     gather_lengths,
 )
-from seqpack.thd.cp import shard_for_cp
 from seqpack.schedulers import get_scheduler
 from seqpack.thd import pack_sequences, pad_multiple_for, padding_only_batch
+from seqpack.thd.cp import shard_for_cp
 from seqpack.topology import Topology
 
 _CACHE: dict = {}
@@ -62,7 +62,7 @@ def test_gather_lengths_in_global_order_with_an_empty_rank(dist_pools):
     assert lengths == [1, 2, 3, 11, 31, 32] and counts == [3, 1, 0, 2]
     assert extras == [[0, 1], [7, 1], [14, 1], [21, 1]]
     assert origin == [0, 0, 0, 1, 3, 3]
-    assert columns == [[2 * n, r] for n, r in zip(lengths, origin)]  # each sample's row, in global order
+    assert columns == [[2 * n, r] for n, r in zip(lengths, origin, strict=True)]  # each sample's row, in global order
 
 
 def test_gather_lengths_error_reaches_every_rank(dist_pools):
@@ -89,7 +89,10 @@ def test_agree_status(dist_pools):
     assert end == (STATUS_END, None)
     assert error == (STATUS_ERROR, "from 1")  # the lowest failing rank's message
     assert mismatch[0] == STATUS_ERROR
-    assert mismatch[1] == "ranks of the dp group disagree on schedules (fingerprints dp rank 0: 4, dp rank 1: 4, dp rank 2: 5, dp rank 3: 4)"
+    assert (
+        mismatch[1] == "ranks of the dp group disagree on schedules "
+        "(fingerprints dp rank 0: 4, dp rank 1: 4, dp rank 2: 5, dp rank 3: 4)"
+    )
     assert partial == (STATUS_OK, None)  # ranks without a fingerprint do not count
 
 
@@ -103,11 +106,13 @@ def _local_samples(rank):
     for i in range(COUNTS[rank]):
         n = 3 + 2 * i + rank
         base = 1000 * rank + 100 * i
-        out.append({
-            "input_ids": torch.arange(base, base + n),
-            "labels": torch.arange(base, base + n, dtype=torch.int32) + 1,  # int32: its own buffer
-            "loss_mask": torch.full((n,), 0.5 + rank),
-        })
+        out.append(
+            {
+                "input_ids": torch.arange(base, base + n),
+                "labels": torch.arange(base, base + n, dtype=torch.int32) + 1,  # int32: its own buffer
+                "loss_mask": torch.full((n,), 0.5 + rank),
+            }
+        )
     return out
 
 
@@ -131,15 +136,20 @@ def exchange_case(kind, pass_schema):
     else:  # "to_rank0": rank 0 receives everything, the others receive nothing
         destination = np.zeros(lengths.shape[0], dtype=np.int64)
         schedule = destination
-    schema = [("input_ids", torch.int64), ("labels", torch.int32), ("loss_mask", torch.float32)] if pass_schema else None
-    got = exchange_samples(samples, schedule, COUNTS, _dp4().group("dp"), schema=schema,
-                           sizes=None if kind != "to_rank0" else lengths)
+    schema = (
+        [("input_ids", torch.int64), ("labels", torch.int32), ("loss_mask", torch.float32)] if pass_schema else None
+    )
+    got = exchange_samples(
+        samples, schedule, COUNTS, _dp4().group("dp"), schema=schema, sizes=None if kind != "to_rank0" else lengths
+    )
     received = {gid: {k: v.tolist() for k, v in s.items()} for gid, s in got.samples.items()}
     dtypes = {gid: {k: str(v.dtype) for k, v in s.items()} for gid, s in got.samples.items()}
     return received, dtypes, got.bytes_sent, got.bytes_received, got.bytes_kept, destination.tolist()
 
 
-@pytest.mark.parametrize("kind, pass_schema", [("scatter", True), ("scatter", False), ("stay", True), ("to_rank0", False)])
+@pytest.mark.parametrize(
+    "kind, pass_schema", [("scatter", True), ("scatter", False), ("stay", True), ("to_rank0", False)]
+)
 def test_exchange_delivers_each_sample_once_to_its_replica(dist_pools, kind, pass_schema):
     results = dist_pools.get(4).run(exchange_case, kind, pass_schema)
     destination = np.array(results[0][5])
@@ -171,16 +181,23 @@ def test_exchange_delivers_each_sample_once_to_its_replica(dist_pools, kind, pas
 def exchange_zero_tokens():
     rank = dist.get_rank()
     lengths = _lengths()
-    got = exchange_samples(_local_samples(rank), np.zeros(lengths.shape[0], dtype=np.int64), COUNTS,
-                           _dp4().group("dp"), sizes=np.zeros_like(lengths))
+    got = exchange_samples(
+        _local_samples(rank),
+        np.zeros(lengths.shape[0], dtype=np.int64),
+        COUNTS,
+        _dp4().group("dp"),
+        sizes=np.zeros_like(lengths),
+    )
     return {gid: {k: (v.numel(), str(v.dtype)) for k, v in s.items()} for gid, s in got.samples.items()}
 
 
 def test_exchange_of_zero_token_samples_skips_the_collective_but_delivers(dist_pools):
     results = dist_pools.get(4).run(exchange_zero_tokens)
     assert sorted(results[0]) == list(range(sum(COUNTS))) and all(r == {} for r in results[1:])
-    assert all(s == {"input_ids": (0, "torch.int64"), "labels": (0, "torch.int32"), "loss_mask": (0, "torch.float32")}
-               for s in results[0].values())
+    assert all(
+        s == {"input_ids": (0, "torch.int64"), "labels": (0, "torch.int32"), "loss_mask": (0, "torch.float32")}
+        for s in results[0].values()
+    )
 
 
 # --- TP / PP broadcast -----------------------------------------------------------------------
@@ -189,24 +206,41 @@ def test_exchange_of_zero_token_samples_skips_the_collective_but_delivers(dist_p
 def _message(cp, cp_rank, tokens=True, positions=False):
     lengths = np.array([5, 9, 3, 12, 7, 1], dtype=np.int64)
     pm = pad_multiple_for(cp)
-    schedule = get_scheduler("empty").schedule(lengths, dp_size=2, cp_size=cp, max_tokens_per_rank=12 // cp * 2,
-                                               pad_multiple=pm, origin=np.array([0, 0, 0, 0, 1, 1]))
+    schedule = get_scheduler("empty").schedule(
+        lengths,
+        dp_size=2,
+        cp_size=cp,
+        max_tokens_per_rank=12 // cp * 2,
+        pad_multiple=pm,
+        origin=np.array([0, 0, 0, 0, 1, 1]),
+    )
     batches = []
     for row in schedule.assignment:
         ids = row[0]
-        samples = [{"input_ids": torch.arange(int(n)) + 7 * int(g),
-                    **({"position_ids": torch.arange(int(n)) * 2} if positions else {})}
-                   for g, n in zip(ids, lengths[ids])]
+        samples = [
+            {
+                "input_ids": torch.arange(int(n)) + 7 * int(g),
+                **({"position_ids": torch.arange(int(n)) * 2} if positions else {}),
+            }
+            for g, n in zip(ids, lengths[ids], strict=True)
+        ]
         batch = pack_sequences(samples, pad_multiple=pm, sample_ids=ids) if ids.size else padding_only_batch(pm)
         batches.append(shard_for_cp(batch, cp, cp_rank))
     # The counts ride the TP and PP headers (flag 4); the step's is any int here.
-    return StepOk(step=4, schedule=schedule, microbatches=batches, empty_samples=1, position_ids=positions,
-                  num_loss_tokens=sum(b.num_loss_tokens for b in batches))
+    return StepOk(
+        step=4,
+        schedule=schedule,
+        microbatches=batches,
+        empty_samples=1,
+        position_ids=positions,
+        num_loss_tokens=sum(b.num_loss_tokens for b in batches),
+    )
 
 
 def broadcast_case(positions):
-    topo = _cached("cp2tp2", lambda: Topology.from_device_mesh(
-        init_device_mesh("cpu", (2, 2), mesh_dim_names=("cp", "tp"))))
+    topo = _cached(
+        "cp2tp2", lambda: Topology.from_device_mesh(init_device_mesh("cpu", (2, 2), mesh_dim_names=("cp", "tp")))
+    )
     src = _message(2, topo.cp_rank, positions=positions) if topo.tp_rank == 0 else None
     got = broadcast_tp(src, topo.group("tp"))
     pp = _cached("pp4", lambda: Topology.from_device_mesh(init_device_mesh("cpu", (4,), mesh_dim_names=("pp",))))
@@ -225,12 +259,12 @@ def broadcast_case(positions):
 @pytest.mark.parametrize("positions", [False, True])
 def test_tp_and_pp_broadcast(dist_pools, positions):
     results = dist_pools.get(4).run(broadcast_case, positions)
-    for cp_rank, batches, fp, layout, end in results:
+    for cp_rank, batches, fp, _, end in results:
         reference = _message(2, cp_rank, positions=positions)
         assert fp == reference.schedule.fingerprint()
         assert end == (STATUS_END, 9, 5)
         assert len(batches) == len(reference.microbatches) > 1
-        for got, want in zip(batches, reference.microbatches):
+        for got, want in zip(batches, reference.microbatches, strict=True):
             want = batch_arrays(want)
             for name, value in want.items():
                 assert np.array_equal(value, got[name]) if isinstance(value, np.ndarray) else value == got[name], name
@@ -239,25 +273,30 @@ def test_tp_and_pp_broadcast(dist_pools, positions):
         if rank == 3:
             assert layout is None  # took part without decoding
             continue
-        for got, want in zip(layout, first_stage):
+        for got, want in zip(layout, first_stage, strict=True):
             for name, value in want.items():
                 if name in ("input_ids", "labels", "loss_mask"):
                     assert (got[name] is None) == (rank != 0)
                 elif name != "dtypes":
-                    assert np.array_equal(value, got[name]) if isinstance(value, np.ndarray) else value == got[name], name
+                    assert np.array_equal(value, got[name]) if isinstance(value, np.ndarray) else value == got[name], (
+                        name
+                    )
 
 
 # --- Topology constructors over real groups ---------------------------------------------------
 
 
 def topology_cases():
-    mesh_topo = _cached("dp2cp2", lambda: Topology.from_device_mesh(
-        init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp"))))
+    mesh_topo = _cached(
+        "dp2cp2", lambda: Topology.from_device_mesh(init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "cp")))
+    )
+
     # The same grid from framework-owned groups (Megatron style): every rank creates every group.
     def build():
         dp_groups = [([0, 2], dist.new_group([0, 2])), ([1, 3], dist.new_group([1, 3]))]
         cp_groups = [([0, 1], dist.new_group([0, 1])), ([2, 3], dist.new_group([2, 3]))]
         return dp_groups, cp_groups
+
     dp_groups, cp_groups = _cached("groups", build)
     rank = dist.get_rank()
     mine = lambda groups: next(g for ranks, g in groups if rank in ranks)  # noqa: E731
@@ -270,8 +309,7 @@ def topology_cases():
         "mesh_cp_peers": mesh_topo.global_ranks("cp"),
     }
     errors = []
-    for kwargs in ({"dp": mine(cp_groups), "cp": mine(cp_groups)}, {"dp": mine(dp_groups)},
-                   {"dp": other(dp_groups)}):
+    for kwargs in ({"dp": mine(cp_groups), "cp": mine(cp_groups)}, {"dp": mine(dp_groups)}, {"dp": other(dp_groups)}):
         try:
             Topology.from_groups(**kwargs)
             errors.append(None)

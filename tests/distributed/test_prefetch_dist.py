@@ -21,8 +21,8 @@ import torch.distributed as dist
 from test_wrapper_dist import SEED, _check_run, _roundtrip, _scheduler, _summary
 from wrapper_data import items, mesh_topology, wait_until
 
-from seqpack.topology import Topology
 from seqpack.loader import wrap_data_iterator
+from seqpack.topology import Topology
 
 LAYOUTS = {
     "dp2": ((("dp", 2),), "tp0"),
@@ -80,7 +80,6 @@ def _model_collective(topo: Topology) -> None:
             value = torch.ones(3)
             dist.all_reduce(value, group=topo.group(axis))
             assert value.tolist() == [topo.size(axis)] * 3
-
 
 
 def run_depths(layout, owner):
@@ -401,7 +400,9 @@ def run_mixed_depths(layout, owner):
     for name, k in (("same", 0), ("mixed", mine)):
         it, _ = _wrap(topo, owner, k, 30)
         runs[name] = [_summary(step) for step in it]
-        runs[name + "_own_groups"] = any(it._comm.group(a) is not topo.group(a) for a in ("dp", "cp") if topo.size(a) > 1)
+        runs[name + "_own_groups"] = any(
+            it._comm.group(a) is not topo.group(a) for a in ("dp", "cp") if topo.size(a) > 1
+        )
     return runs
 
 

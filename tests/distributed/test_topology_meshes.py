@@ -58,8 +58,11 @@ def _titan_2026_dataloading(pp, batch, cp, tp):
 def _nemo_fsdp2(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1):
     names = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
     mesh = init_device_mesh("cpu", (pp, dp_replicate, dp_shard, cp, tp), mesh_dim_names=names)
-    for name, dims in (("dp", ("dp_replicate", "dp_shard")), ("dp_shard_cp", ("dp_shard", "cp")),
-                       ("dp_cp", ("dp_replicate", "dp_shard", "cp"))):
+    for name, dims in (
+        ("dp", ("dp_replicate", "dp_shard")),
+        ("dp_shard_cp", ("dp_shard", "cp")),
+        ("dp_cp", ("dp_replicate", "dp_shard", "cp")),
+    ):
         mesh[dims]._flatten(mesh_dim_name=name)
     return mesh
 

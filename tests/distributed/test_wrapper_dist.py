@@ -18,13 +18,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-
-from seqpack.cost import CostModel
-from seqpack.thd.cp import unshard_from_cp
-from seqpack.schedulers import available_schedulers
-from seqpack.thd import pad_multiple_for
-from seqpack.topology import Topology
-from seqpack.loader import wrap_data_iterator
 from wrapper_data import (
     EMPTY_EVERY,
     TOKEN_FIELDS,
@@ -36,6 +29,13 @@ from wrapper_data import (
     items,
     mesh_topology,
 )
+
+from seqpack.cost import CostModel
+from seqpack.loader import wrap_data_iterator
+from seqpack.schedulers import available_schedulers
+from seqpack.thd import pad_multiple_for
+from seqpack.thd.cp import unshard_from_cp
+from seqpack.topology import Topology
 
 SEED = 11
 
@@ -157,14 +157,26 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
     counts = {len(r["steps"]) for r in results}
     assert len(counts) == 1, f"ranks ran different numbers of steps: {counts}"
     by_coords = {tuple(r["coords"][f"{a}_rank"] for a in ("dp", "cp", "tp", "pp")): r for r in results}
-    saw = {"padding": False, "multi_seq": False, "multi_mb": False, "filler": False, "sent": 0, "deferred": 0,
-           "empty": 0}
+    saw = {
+        "padding": False,
+        "multi_seq": False,
+        "multi_mb": False,
+        "filler": False,
+        "sent": 0,
+        "deferred": 0,
+        "empty": 0,
+    }
     seen_all = []
     for k in range(counts.pop()):
         steps = {c: r["steps"][k] for c, r in by_coords.items()}
         ref = steps[(0, 0, 0, 0)]
         for c, s in steps.items():  # every rank: same step, schedule and stats
-            assert (s["step"], s["M"], s["fp"], s["assignment"]) == (ref["step"], ref["M"], ref["fp"], ref["assignment"]), c
+            assert (s["step"], s["M"], s["fp"], s["assignment"]) == (
+                ref["step"],
+                ref["M"],
+                ref["fp"],
+                ref["assignment"],
+            ), c
             assert s["stats"] == ref["stats"], c
             assert len(s["mbs"]) == ref["M"]
             assert s["loss_tokens"] == ref["loss_tokens"] and isinstance(s["loss_tokens"], int), c
@@ -174,7 +186,11 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
             for m in range(ref["M"]):
                 parts = [steps[(d, c, t, p)]["mbs"][m] for c in range(cp)]
                 for c, part in enumerate(parts):
-                    assert (part["cp_size"], part["cp_rank"], part["cp_layout"]) == (cp, c, cfg.get("cp_layout", "dualchunk"))
+                    assert (part["cp_size"], part["cp_rank"], part["cp_layout"]) == (
+                        cp,
+                        c,
+                        cfg.get("cp_layout", "dualchunk"),
+                    )
                     for name in ("cu_seqlens", "cu_seqlens_padded", "sample_ids"):  # global on every CP rank
                         assert np.array_equal(part[name], parts[0][name]), name
                 cell = ref["assignment"][m][d]
@@ -201,7 +217,9 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
                         twin = steps[(d, c, t, 0)]["mbs"][m]
                         for name in ("position_ids", "seq_idx", "padding_mask", "cu_seqlens", "cu_seqlens_padded"):
                             assert np.array_equal(part[name], twin[name]), name
-                        assert part["dtypes"] == {n: v for n, v in twin["dtypes"].items() if n not in ("input_ids", "labels", "loss_mask")}
+                        assert part["dtypes"] == {
+                            n: v for n, v in twin["dtypes"].items() if n not in ("input_ids", "labels", "loss_mask")
+                        }
                     assert full["max_seqlen"] == first["max_seqlen"]
                     continue
                 seen = check_full_batch(full, SEED, pm)
@@ -217,7 +235,7 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
             # TP copies are identical, field by field.
             if t > 0:
                 for c in range(cp):
-                    for a, b in zip(steps[(d, c, t, p)]["mbs"], steps[(d, c, 0, p)]["mbs"]):
+                    for a, b in zip(steps[(d, c, t, p)]["mbs"], steps[(d, c, 0, p)]["mbs"], strict=True):
                         for name, value in a.items():
                             if isinstance(value, np.ndarray):
                                 assert np.array_equal(value, b[name]) and value.dtype == b[name].dtype, name
@@ -245,7 +263,9 @@ def _check_run(results: list[dict], layout, cfg: dict) -> dict:
     count = cfg["items"]
     expected = {}
     for r in range(dp):
-        expected.update(expected_sequences(SEED, r, count.get(r, count["default"]) if isinstance(count, dict) else count))
+        expected.update(
+            expected_sequences(SEED, r, count.get(r, count["default"]) if isinstance(count, dict) else count)
+        )
     assert set(who) <= set(expected)
     dropped = {r["dropped_at_end"] for r in results}
     assert len(dropped) == 1
@@ -316,9 +336,9 @@ def test_resume_reproduces_the_next_steps(dist_pools, name):
         assert len(r["steps"]) == 4
         resumed = r["resumed"]
         assert len(resumed) == 2
-        for a, b in zip(r["steps"][2:], resumed):
+        for a, b in zip(r["steps"][2:], resumed, strict=True):
             assert a["fp"] == b["fp"] and a["stats"] == b["stats"]
-            for x, y in zip(a["mbs"], b["mbs"]):
+            for x, y in zip(a["mbs"], b["mbs"], strict=True):
                 for key, value in x.items():
                     assert np.array_equal(value, y[key]) if isinstance(value, np.ndarray) else value == y[key]
     # Not vacuous: the readers saved a deferred sample in their state.
@@ -352,9 +372,21 @@ def test_bad_input_on_one_rank_raises_the_same_error_everywhere(dist_pools, name
 @pytest.mark.parametrize(
     "name, where, message",
     [
-        ("dp2tp2-tp0", {"dp": 1, "tp": 1}, r"rank \d \(dp=1/2 cp=0/1 tp=1/2 pp=0/1\) got a data_iterator but must not read"),
-        ("dp2tp2-tp0", {"dp": 0, "tp": 0}, r"rank \d \(dp=0/2 cp=0/1 tp=0/2 pp=0/1\) got data_iterator=None but must read"),
-        ("pp3", {"pp": 1}, r"rank 1 \(dp=0/1 cp=0/1 tp=0/1 pp=1/3\) got a data_iterator but must not read data \(data_owner='tp0'"),
+        (
+            "dp2tp2-tp0",
+            {"dp": 1, "tp": 1},
+            r"rank \d \(dp=1/2 cp=0/1 tp=1/2 pp=0/1\) got a data_iterator but must not read",
+        ),
+        (
+            "dp2tp2-tp0",
+            {"dp": 0, "tp": 0},
+            r"rank \d \(dp=0/2 cp=0/1 tp=0/2 pp=0/1\) got data_iterator=None but must read",
+        ),
+        (
+            "pp3",
+            {"pp": 1},
+            r"rank 1 \(dp=0/1 cp=0/1 tp=0/1 pp=1/3\) got a data_iterator but must not read data \(data_owner='tp0'",
+        ),
         ("tp2dp2-all", {"dp": 1, "tp": 1}, r"got data_iterator=None but must read data \(data_owner='all'"),
     ],
 )

@@ -19,12 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack import cost as cost_mod
+from seqpack.collective import gather_lengths
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
-from seqpack.loader import PackingConfig
 from seqpack.cost import CostModel, ModelSpec
-from seqpack.collective import gather_lengths
 from seqpack.interop.nemo import process_input_for_thd, split_batch_into_thd_chunks
+from seqpack.loader import PackingConfig, wrap_data_iterator
 from seqpack.mock_data import (
     MockSFTDataset,
     bimodal_lengths,
@@ -61,7 +61,6 @@ from seqpack.thd import (
     unshard_from_cp,
 )
 from seqpack.topology import Topology
-from seqpack.loader import wrap_data_iterator
 
 _TMP = tempfile.mkdtemp(prefix="seqpack-fuzz-")
 _CSV = os.path.join(_TMP, "lengths.csv")

@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wrapper_data import EMPTY_EVERY, ScatterScheduler, expected_sequences, identity, items, mesh_topology
 
-from seqpack.thd.cp import unshard_from_cp
 from seqpack.errors import ResumeError, StepFailed
 from seqpack.loader import wrap_data_iterator
+from seqpack.thd.cp import unshard_from_cp
 
 SEED = 23
 # CI-sized; SEQPACK_FUZZ_EXAMPLES=200 HYPOTHESIS_PROFILE=dev explores further.

@@ -242,7 +242,7 @@ def test_relabeling_replicas_moves_fewer_tokens_and_changes_no_figure():
     stay_after = lengths[renamed == origin].sum()
     assert stay_after > stay_before
     # A renaming: replicas map one to one, so every replica keeps its exact set of sequences.
-    pairs = set(zip(plan.replica_of.tolist(), renamed.tolist()))
+    pairs = set(zip(plan.replica_of.tolist(), renamed.tolist(), strict=True))
     assert len(pairs) == 16 and len({a for a, _ in pairs}) == len({b for _, b in pairs}) == 16
 
 

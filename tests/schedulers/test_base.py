@@ -39,12 +39,16 @@ def test_oversize_policies():
     lengths = np.array([3, 50, 7])
     with pytest.raises(ValueError, match=r"sample 1 has 50 tokens .*capacity 16"):
         get_scheduler("empty").schedule(lengths, dp_size=1, cp_size=2, max_tokens_per_rank=8, pad_multiple=4)
-    s = get_scheduler("empty").schedule(lengths, dp_size=1, cp_size=2, max_tokens_per_rank=8, pad_multiple=4, on_oversize="drop")
+    s = get_scheduler("empty").schedule(
+        lengths, dp_size=1, cp_size=2, max_tokens_per_rank=8, pad_multiple=4, on_oversize="drop"
+    )
     s.validate()
     assert s.dropped.tolist() == [1] and s.lengths.tolist() == [3, 0, 7]
     stats = StepStats.from_schedule(s)
     assert stats.dropped_sequences == 1 and stats.dropped_tokens == 50 and stats.num_sequences == 2
-    t = get_scheduler("empty").schedule(lengths, dp_size=1, cp_size=2, max_tokens_per_rank=8, pad_multiple=4, on_oversize="truncate")
+    t = get_scheduler("empty").schedule(
+        lengths, dp_size=1, cp_size=2, max_tokens_per_rank=8, pad_multiple=4, on_oversize="truncate"
+    )
     t.validate()
     assert t.truncated.tolist() == [1] and t.lengths.tolist() == [3, 16, 7]
     stats = StepStats.from_schedule(t)
@@ -116,15 +120,20 @@ def test_validate_catches_violations():
 )
 def test_empty_scheduler_invariants(lengths, dp, cp, cap):
     pm = 2 * cp if cp > 1 else 1
-    s = get_scheduler("empty").schedule(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=cap, pad_multiple=pm, on_oversize="truncate")
+    s = get_scheduler("empty").schedule(
+        lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=cap, pad_multiple=pm, on_oversize="truncate"
+    )
     s.validate(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=cap, pad_multiple=pm)
     replica, _, _ = s.placement()
     origin = default_origin(len(lengths), dp)
     assigned = replica >= 0
     assert np.array_equal(replica[assigned], origin[assigned])  # nothing moves
-    assert s.fingerprint() == get_scheduler("empty").schedule(
-        lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=cap, pad_multiple=pm, on_oversize="truncate"
-    ).fingerprint()
+    assert (
+        s.fingerprint()
+        == get_scheduler("empty")
+        .schedule(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=cap, pad_multiple=pm, on_oversize="truncate")
+        .fingerprint()
+    )
 
 
 def test_stats_counts_exact_ints():

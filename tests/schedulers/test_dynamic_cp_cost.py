@@ -91,9 +91,7 @@ def test_bad_costs():
 def test_predicted_step_time_matches_reference(lengths, ranks, sync, sizes):
     plan = plan_dynamic_cp(lengths, dp_size=ranks, max_tokens_per_rank=16384, pad_multiple=8, cost=COST,
                            sync=sync, group_sizes=sizes, on_oversize="drop")  # fmt: skip
-    assert predicted_step_time(plan, COST, sync=sync) == pytest.approx(
-        step_time_reference(plan, COST, sync), rel=1e-9
-    )
+    assert predicted_step_time(plan, COST, sync=sync) == pytest.approx(step_time_reference(plan, COST, sync), rel=1e-9)
 
 
 def test_replica_waits_for_a_group_to_assemble():

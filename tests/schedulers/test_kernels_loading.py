@@ -53,8 +53,7 @@ def test_a_broken_numba_leaves_import_and_doctor_working():
 
 def test_a_broken_numba_is_named_when_a_kernel_is_first_used():
     code = (
-        "from seqpack.cli.app import main\n"
-        "raise SystemExit(main(['simulate', '--global-batch', '64', '--dp', '2']))\n"
+        "from seqpack.cli.app import main\nraise SystemExit(main(['simulate', '--global-batch', '64', '--dp', '2']))\n"
     )
     out = _run(code, NUMBA_NUM_THREADS="0")
     assert out.returncode == 2, out.stderr

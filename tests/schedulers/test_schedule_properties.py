@@ -107,7 +107,12 @@ def test_validate_on_thousands_of_random_instances():
         cost = CostModel(1.0, float(rng.choice([0.0, 0.01])))
         for name in SCHEDULERS:
             s = get_scheduler(name).schedule(
-                lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=cap, pad_multiple=pm, cost=cost,
+                lengths,
+                dp_size=dp,
+                cp_size=cp,
+                max_tokens_per_rank=cap,
+                pad_multiple=pm,
+                cost=cost,
                 on_oversize=policy,
             )
             s.validate(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=cap, pad_multiple=pm)

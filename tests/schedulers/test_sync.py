@@ -19,7 +19,10 @@ def _step_time_reference(schedule, cost, sync):
     """Loop over every microbatch: its padded lengths' cost plus the constant."""
     padded = padded_lengths(schedule.lengths, schedule.pad_multiple)
     table = [
-        [cost.constant + sum(cost.linear * float(p) + cost.quadratic * float(p) ** 2 for p in padded[ids]) for ids in row]
+        [
+            cost.constant + sum(cost.linear * float(p) + cost.quadratic * float(p) ** 2 for p in padded[ids])
+            for ids in row
+        ]
         for row in schedule.assignment
     ]
     if not table:
@@ -73,19 +76,25 @@ def test_schedule_sync_is_validated_and_accepted_by_every_scheduler():
 def test_balanced_plan_objective_is_the_predicted_step_time(sync):
     lengths = lognormal_lengths(256, min_seq_len=64, max_seq_len=16384, mean_seq_len=1024, seed=1)
     # Locality off: it may trade up to 0.1% of step time for fewer moved tokens (its own tests).
-    schedule = get_scheduler("balanced", locality=False).schedule(lengths, dp_size=8, max_tokens_per_rank=16384,
-                                                                  cost=LAUNCH_BOUND, sync=sync)
-    plan = plan_balanced(lengths, LAUNCH_BOUND.cost(lengths), dp_size=8, capacity=16384,
-                         constant=LAUNCH_BOUND.constant, sync=sync)
+    schedule = get_scheduler("balanced", locality=False).schedule(
+        lengths, dp_size=8, max_tokens_per_rank=16384, cost=LAUNCH_BOUND, sync=sync
+    )
+    plan = plan_balanced(
+        lengths, LAUNCH_BOUND.cost(lengths), dp_size=8, capacity=16384, constant=LAUNCH_BOUND.constant, sync=sync
+    )
     both = predicted_step_time(schedule, LAUNCH_BOUND) + predicted_step_time(schedule, LAUNCH_BOUND, sync="replica")
     expected = both if sync is None else predicted_step_time(schedule, LAUNCH_BOUND, sync=sync)
     assert plan.num_microbatches == schedule.num_microbatches
     assert plan.objective == pytest.approx(expected, rel=1e-9)
     # With locality (the default) the step may cost at most 0.1% more than that plan.
-    local = get_scheduler("balanced").schedule(lengths, dp_size=8, max_tokens_per_rank=16384, cost=LAUNCH_BOUND,
-                                               sync=sync)
-    cost = (predicted_step_time(local, LAUNCH_BOUND) + predicted_step_time(local, LAUNCH_BOUND, sync="replica")
-            if sync is None else predicted_step_time(local, LAUNCH_BOUND, sync=sync))
+    local = get_scheduler("balanced").schedule(
+        lengths, dp_size=8, max_tokens_per_rank=16384, cost=LAUNCH_BOUND, sync=sync
+    )
+    cost = (
+        predicted_step_time(local, LAUNCH_BOUND) + predicted_step_time(local, LAUNCH_BOUND, sync="replica")
+        if sync is None
+        else predicted_step_time(local, LAUNCH_BOUND, sync=sync)
+    )
     assert local.num_microbatches == plan.num_microbatches and cost <= plan.objective * (1 + 1e-3) + 1e-12
 
 
@@ -111,8 +120,14 @@ HEAVY_TAILED = [
     # workloads where one sequence comes close to a whole microbatch.
     ("pareto", dict(min_seq_len=128, max_seq_len=32768, alpha=1.2), 8192, 64, 32768, 1),
     ("lognormal", dict(min_seq_len=128, max_seq_len=32768, mean_seq_len=4096, sigma=1.1), 4096, 256, 16384, 2),
-    ("bimodal", dict(min_seq_len=64, max_seq_len=32768, short_mean=1024, long_mean=16384, long_fraction=0.25),
-     4096, 256, 16384, 2),
+    (
+        "bimodal",
+        dict(min_seq_len=64, max_seq_len=32768, short_mean=1024, long_mean=16384, long_fraction=0.25),
+        4096,
+        256,
+        16384,
+        2,
+    ),
 ]
 
 
@@ -123,13 +138,21 @@ def test_replica_sync_reaches_within_2_percent_of_the_bound(workload):
     cost = default_cost_model()
     for seed in range(2):
         lengths = generate_lengths(dist, n, seed=seed, **params)
-        schedule = get_scheduler("balanced").schedule(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=mt,
-                                                      pad_multiple=2 * cp if cp > 1 else 1, cost=cost, sync="replica")
+        schedule = get_scheduler("balanced").schedule(
+            lengths,
+            dp_size=dp,
+            cp_size=cp,
+            max_tokens_per_rank=mt,
+            pad_multiple=2 * cp if cp > 1 else 1,
+            cost=cost,
+            sync="replica",
+        )
         schedule.validate(lengths)
         stats = StepStats.from_schedule(schedule, cost)
         assert stats.bound_ratio <= 1.02
-        hedge = get_scheduler("balanced").schedule(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=mt,
-                                                   pad_multiple=2 * cp if cp > 1 else 1, cost=cost)
+        hedge = get_scheduler("balanced").schedule(
+            lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=mt, pad_multiple=2 * cp if cp > 1 else 1, cost=cost
+        )
         # Not vacuous: the sync-agnostic plan (which also keeps the rounds even) is further off.
         assert StepStats.from_schedule(hedge, cost).bound_ratio > stats.bound_ratio
 
@@ -137,8 +160,9 @@ def test_replica_sync_reaches_within_2_percent_of_the_bound(workload):
 def test_more_microbatches_are_tried_while_the_prediction_drops():
     """On a tight batch the first feasible count is a fallback packing; the search goes on and
     keeps a count whose predicted step is shorter, never exceeding capacity."""
-    lengths = generate_lengths("lognormal", 4096, seed=1, min_seq_len=128, max_seq_len=32768, mean_seq_len=4096,
-                               sigma=1.1)
+    lengths = generate_lengths(
+        "lognormal", 4096, seed=1, min_seq_len=128, max_seq_len=32768, mean_seq_len=4096, sigma=1.1
+    )
     cost = default_cost_model()
     kwargs = dict(dp_size=256, cp_size=2, max_tokens_per_rank=16384, pad_multiple=4, cost=cost, sync="replica")
     chosen = get_scheduler("balanced").schedule(lengths, **kwargs)
