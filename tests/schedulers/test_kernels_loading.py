@@ -86,3 +86,15 @@ def test_a_warm_cache_is_not_announced(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="seqpack"):
         compile_note.announce("lpt")
     assert not [r for r in caplog.records if "compiling" in r.getMessage()]
+
+
+def test_an_index_older_than_a_kernel_source_is_cold(tmp_path, monkeypatch):
+    """A cache written before the last change to any kernel source is stale (numba compiles
+    again: the kernels' stamp holds a digest of every source), so the compile is announced."""
+    index = tmp_path / "lpt.grid_lpt-10.py311.nbi"
+    index.write_bytes(b"")
+    monkeypatch.setattr(compile_note, "_places", lambda: [tmp_path])
+    assert not compile_note.cache_is_cold("lpt")
+    newest = compile_note.newest_source_time()
+    os.utime(index, (newest - 60, newest - 60))
+    assert compile_note.cache_is_cold("lpt")

@@ -3,8 +3,9 @@
 numba compiles a kernel module on its first use and caches the machine code on disk (in the
 module's ``__pycache__``, or under ``NUMBA_CACHE_DIR``): only the first process on a machine
 (or after an upgrade) pays. A silent pause of half a minute before the first step looks like a
-hang, so when the cache of the kernel module about to be used holds no index (``*.nbi``) file,
-one line says what compiles and for about how long. Reads files only: numba is not imported.
+hang, so when the cache of the kernel module about to be used holds no index (``*.nbi``) file
+newer than every kernel source, one line says what compiles and for about how long. Reads
+files only: numba is not imported.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+
+from seqpack.schedulers._kernels.sources import newest_source_time
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +36,14 @@ def _places() -> list[Path]:
 
 
 def cache_is_cold(module_name: str) -> bool:
-    """Whether numba's on-disk cache holds no index file of kernel module ``module_name``."""
+    """Whether numba's on-disk cache holds no index file of kernel module ``module_name``
+    written after the last change to a kernel source (an older one is stale: numba compiles
+    again, see :mod:`.jit`)."""
+    changed = newest_source_time()
     for place in _places():
         try:
-            if any(p.name.startswith(f"{module_name}.") and p.suffix == ".nbi" for p in place.iterdir()):
+            indexes = [p for p in place.iterdir() if p.name.startswith(f"{module_name}.") and p.suffix == ".nbi"]
+            if any(p.stat().st_mtime >= changed for p in indexes):
                 return False
         except OSError:
             continue

@@ -19,53 +19,17 @@ release drops it, the kernels keep numba's per-file stamps and a DEBUG line says
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 from pathlib import Path
 from typing import Any
 
 from numba import njit
 
+from seqpack.schedulers._kernels.sources import KERNEL_SOURCES, kernel_sources, sources_digest
+
 __all__ = ["KERNEL_SOURCES", "install", "kernel_sources", "njit", "sources_digest"]
 
 logger = logging.getLogger(__name__)
-
-_PACKAGE = Path(__file__).resolve().parents[2]  # the seqpack directory
-
-# Every seqpack file numba compiles, relative to the package: a glob or a path.
-KERNEL_SOURCES = (
-    "schedulers/_kernels/*.py",
-    "schedulers/balanced/_bin_completion.py",
-    "schedulers/balanced/_exact_search.py",
-    "schedulers/balanced/_replica_first.py",
-    "schedulers/dynamic_cp/_kernels.py",
-)
-
-
-def kernel_sources(package: Path = _PACKAGE) -> list[Path]:
-    """The files of :data:`KERNEL_SOURCES` under ``package``, sorted."""
-    found: set[Path] = set()
-    for pattern in KERNEL_SOURCES:
-        found.update(package.glob(pattern))
-    return sorted(found)
-
-
-def sources_digest(package: Path = _PACKAGE) -> str:
-    """A digest of the contents of every kernel source under ``package`` (recomputed when a
-    file's size or time stamp changes)."""
-    files = kernel_sources(package)
-    stamps = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
-    return _digest(package, stamps)
-
-
-@functools.lru_cache(maxsize=8)
-def _digest(package: Path, stamps: tuple[tuple[str, int, int], ...]) -> str:
-    sha = hashlib.sha256()
-    for name, _, _ in stamps:
-        path = Path(name)
-        sha.update(path.relative_to(package).as_posix().encode() + b"\0")
-        sha.update(path.read_bytes() + b"\0")
-    return sha.hexdigest()
 
 
 @functools.cache
