@@ -17,6 +17,7 @@ import torch
 from hostile import Target, check_answer, hostile_values
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from wrapper_data import FIELDS
 
 from seqpack import cost as cost_mod
 from seqpack.collective import gather_lengths
@@ -247,20 +248,7 @@ TARGETS = [
         "PackedBatch",
         _packed_batch,
         _batch_fields,
-        {
-            f: "any"
-            for f in (
-                "input_ids",
-                "labels",
-                "loss_mask",
-                "position_ids",
-                "seq_idx",
-                "padding_mask",
-                "cu_seqlens",
-                "cu_seqlens_padded",
-                "sample_ids",
-            )
-        },
+        dict.fromkeys(FIELDS, "any"),
     ),
     Target("PackedBatch.to", lambda **kw: _batch().to(**kw), lambda: dict(device="cpu"), {"device": "any"}),
     Target(
