@@ -307,3 +307,30 @@ def test_sorted_members_is_a_stable_sort_by_cost(costs, seed):
     buf, tmp = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     assert _sorted_members(head, nxt, costs, buf, tmp) == n
     assert buf.tolist() == chain[np.argsort(costs[chain], kind="stable")].tolist()
+
+
+@given(
+    costs=st.lists(st.sampled_from([1.0, 2.0, 2.5, 3.0, 7.0]), min_size=0, max_size=40),
+    spare=st.integers(0, 3),
+)
+def test_home_swaps_small_sorts_sort_the_entries_by_cost_in_place(costs, spare):
+    # home_swaps sorts a home's cache and pairs by insertion up to SMALL_SORT entries; each
+    # entry's fields must travel together, the first k come out sorted by cost (ties stay
+    # in order: insertion is stable), and nothing past k is touched.
+    from seqpack.schedulers._kernels.home_book import _sort_cache_small, _sort_pairs_small
+
+    k = len(costs)
+    c = np.array(costs + [-1.0] * spare, dtype=np.float64)
+    ids = np.arange(k + spare, dtype=np.int64)
+    cache = (ids.copy(), ids + 1000, ids + 2000, c.copy(), ids + 3000)
+    _sort_cache_small(k, cache)
+    order = np.argsort(c[:k], kind="stable")
+    expected = np.concatenate([order, np.arange(k, k + spare)]).astype(np.int64)
+    assert cache[0].tolist() == expected.tolist()
+    assert cache[1].tolist() == (expected + 1000).tolist() and cache[2].tolist() == (expected + 2000).tolist()
+    assert cache[3].tolist() == c[expected].tolist() and cache[4].tolist() == (expected + 3000).tolist()
+    pair_y = np.stack([ids, ids + 500], axis=1)
+    pairs = (c.copy(), pair_y.copy(), ids + 3000, np.zeros(1, np.int64), np.zeros(1, np.int64))
+    _sort_pairs_small(k, pairs)
+    assert pairs[0].tolist() == c[expected].tolist() and pairs[2].tolist() == (expected + 3000).tolist()
+    assert pairs[1].tolist() == pair_y[expected].tolist()
