@@ -66,6 +66,7 @@ from seqpack.errors import ConfigError
 from seqpack.options import Sync
 from seqpack.schedulers.dynamic_cp.cost import GroupCost
 from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
+from seqpack.schedulers.request import as_lengths
 from seqpack.validation import check_choice, check_positive_int
 
 __all__ = ["step_time_lower_bound"]
@@ -274,11 +275,12 @@ def step_time_lower_bound(
 
     Raises:
         ConfigError: A sequence longer than all ranks together hold.
+        SeqpackTypeError, SampleError: Lengths that are not 1-D positive integers.
     """
     ranks = check_positive_int("num_ranks", num_ranks)
     capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank)
     mode = check_choice("sync", sync, Sync)
-    arr = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    arr = as_lengths(lengths)
     if arr.shape[0] == 0:
         return 0.0
     m = _Model(arr, ranks, capacity, check_positive_int("pad_multiple", pad_multiple), cost)

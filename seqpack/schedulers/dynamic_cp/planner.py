@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from seqpack.cost import CostModel
-from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
+from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
 from seqpack.options import MAX_TOKENS, OnOversize, Sync
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score
 from seqpack.schedulers.dynamic_cp._replica import build_replica
@@ -41,6 +41,7 @@ from seqpack.schedulers.dynamic_cp._rounds import build, build_static
 from seqpack.schedulers.dynamic_cp.cost import GroupCost
 from seqpack.schedulers.dynamic_cp.padding import GroupSizes, allowed_group_sizes, group_holds, group_padded_lengths
 from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
+from seqpack.schedulers.request import as_lengths
 from seqpack.validation import check_choice, check_positive_int
 
 __all__ = ["plan_dynamic_cp"]
@@ -127,21 +128,6 @@ def _search(p: Problem) -> Bins:
     return static if static.score < best.score else best
 
 
-def _as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
-    """``lengths`` as a contiguous int64 array of positive values."""
-    arr = np.asarray(lengths)
-    if arr.ndim != 1:
-        raise SampleError(f"lengths must be 1-D, got shape {arr.shape}")
-    if arr.size and arr.dtype.kind not in "iu":
-        if arr.dtype.kind != "f" or not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
-            raise SeqpackTypeError(f"lengths must be integers, got dtype {arr.dtype}")
-    arr = np.ascontiguousarray(arr, dtype=np.int64)
-    if arr.size and arr.min() < 1:
-        i = int(np.argmin(arr))
-        raise SampleError(f"sample {i} has length {int(arr[i])}; lengths must be >= 1 (drop empty samples first)")
-    return arr
-
-
 def _apply_oversize(
     lengths: np.ndarray, sizes: np.ndarray, capacity: int, pad_multiple: int, on_oversize: OnOversize
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -226,7 +212,7 @@ def plan_dynamic_cp(
         ScheduleError: An oversize sequence under ``on_oversize="error"``.
         ConfigError, SeqpackTypeError, SampleError: Bad arguments or lengths.
     """
-    original = _as_lengths(lengths)
+    original = as_lengths(lengths)
     dp_size = check_positive_int("dp_size", dp_size)
     cp_size = check_positive_int("cp_size", cp_size)
     capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank)
