@@ -55,7 +55,7 @@ _HOME = {
     "repair_replicas": "repair",
     "greedy_matching": "matching",
     "next_fit": "groups",
-    "_lightest": "heaps",
+    "_lightest_into": "heaps",
     "_total_down": "heaps",
     "_total_up": "heaps",
     "_sift_down": "heaps",

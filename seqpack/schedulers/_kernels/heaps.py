@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from seqpack.schedulers._kernels._types import FloatArray, IntArray
 from seqpack.schedulers._kernels.jit import njit
 
@@ -160,17 +158,12 @@ def _total_up(heap: IntArray, pos: IntArray, i: int, total: FloatArray, sign: fl
             return
 
 
-@njit(cache=True)
-def _lightest(heap: IntArray, size: int, total: FloatArray, out: IntArray) -> None:
-    """The ``len(out)`` smallest totals of a min-heap, in order (ties: lower index), by a
-    best-first walk from the root: ``O(k**2)`` for ``k`` of them, whatever the heap size."""
-    _lightest_into(heap, size, total, out, np.empty(2 * out.shape[0] + 1, dtype=np.int64))
-
-
 @njit(cache=True, inline="always")
 def _lightest_into(heap: IntArray, size: int, total: FloatArray, out: IntArray, frontier: IntArray) -> None:
-    """:func:`_lightest` with its scratch ``frontier`` (``2 * len(out) + 1`` heap positions
-    still to visit) given: it allocates nothing."""
+    """The ``len(out)`` smallest totals of a min-heap, in order (ties: lower index), by a
+    best-first walk from the root: ``O(k**2)`` for ``k`` of them, whatever the heap size.
+    ``frontier`` is scratch for ``2 * len(out) + 1`` heap positions still to visit: nothing
+    is allocated."""
     k = out.shape[0]
     frontier[0] = 0
     count = 1
