@@ -106,7 +106,9 @@ def _search_heights(p: Problem, replica: bool = False, coarse_n: int = _COARSE, 
     if _ANCHORS and replica == (p.sync == Sync.REPLICA):  # the longest sequence's time at each size (the grid's
         # picks can miss the best there); only in the builder made for the sync
         for height in _height_grid(p, top_n=1).tolist():
-            for more in (0, -1) if replica and height < best.score else (0,) if height < best.score else ():
+            if height >= best.score:
+                continue
+            for more in (0, -1) if replica else (0,):
                 candidate = attempt(height, more)
                 best = candidate if candidate.score < best.score else best
     return best
