@@ -54,7 +54,7 @@ def test_a_kernel_is_located_with_the_digest() -> None:
     locator = next_fit._cache._impl.locator
     assert type(locator).__name__ == "KernelSourcesLocator"
     inner_stamp, digest = locator.get_source_stamp()
-    assert digest == jit.sources_digest()
+    assert digest == jit.sources_digest() == jit._digest_at_import()
 
 
 _CHILD = """

@@ -33,6 +33,14 @@ logger = logging.getLogger(__name__)
 
 
 @functools.cache
+def _digest_at_import() -> str:
+    """:func:`sources_digest` once per process: numba compiles the functions as they were
+    imported, so the digest of that moment is the one that describes them (and numba asks
+    for a stamp at every decorated function, ~80 of them)."""
+    return sources_digest()
+
+
+@functools.cache
 def _kernel_files() -> frozenset[Path]:
     return frozenset(kernel_sources())
 
@@ -61,7 +69,7 @@ def _make_locator(base: Any) -> Any:
             return str(self._inner.get_cache_path())
 
         def get_source_stamp(self) -> Any:
-            return (self._inner.get_source_stamp(), sources_digest())
+            return (self._inner.get_source_stamp(), _digest_at_import())
 
         def get_disambiguator(self) -> str:
             return str(self._inner.get_disambiguator())
