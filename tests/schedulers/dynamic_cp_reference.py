@@ -241,6 +241,12 @@ def _set_partitions(items):
         yield [[first], *part]
 
 
+def longest_held(capacity, sizes):
+    """The longest sequence (pad_multiple 1) some group of ``sizes`` holds: ``c * capacity``
+    rounded down to the group's padding multiple (``2c`` under CP)."""
+    return max(c * capacity // (2 * c if c > 1 else 1) * (2 * c if c > 1 else 1) for c in sizes)
+
+
 def brute_force_lockstep(lengths, ranks, capacity, pad_multiple, cost, sizes):
     """The least lockstep step time of any plan on aligned power-of-2 groups: every
     partition of the sequences into microbatches, every allowed size of each, every

@@ -3,7 +3,7 @@ the planner makes, and its round bound really tightens the spread/alone bound.""
 
 import numpy as np
 import pytest
-from dynamic_cp_reference import brute_force_lockstep
+from dynamic_cp_reference import brute_force_lockstep, longest_held
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +32,7 @@ COSTS = st.sampled_from(
 )
 def test_never_above_the_brute_force_optimum(lengths, ranks, capacity, cost):
     sizes = allowed_group_sizes(ranks, "pow2").tolist()
-    if max(lengths) > max(c * capacity // (2 * c if c > 1 else 1) * (2 * c if c > 1 else 1) for c in sizes):
+    if max(lengths) > longest_held(capacity, sizes):
         return
     best = brute_force_lockstep(lengths, ranks, capacity, 1, cost, sizes)
     bound = step_time_lower_bound(np.array(lengths), num_ranks=ranks, max_tokens_per_rank=capacity, cost=cost)

@@ -3,7 +3,13 @@ determinism, and its errors."""
 
 import numpy as np
 import pytest
-from dynamic_cp_reference import brute_force_lockstep, check_plan_reference, static_reference, step_time_reference
+from dynamic_cp_reference import (
+    brute_force_lockstep,
+    check_plan_reference,
+    longest_held,
+    static_reference,
+    step_time_reference,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -56,7 +62,7 @@ def test_plan_invariants_and_objective(lengths, dp, cp, capacity, pad, cost, syn
 )
 def test_never_better_than_the_brute_force_optimum(lengths, ranks, capacity, cost):
     sizes = allowed_group_sizes(ranks, "pow2").tolist()
-    if max(lengths) > max(c * capacity // (2 * c if c > 1 else 1) * (2 * c if c > 1 else 1) for c in sizes):
+    if max(lengths) > longest_held(capacity, sizes):
         return
     plan = plan_dynamic_cp(lengths, dp_size=ranks, max_tokens_per_rank=capacity, cost=cost)
     best = brute_force_lockstep(lengths, ranks, capacity, 1, cost, sizes)
