@@ -46,38 +46,6 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 KERNELS = ("grid_lpt", "grid_local", "home_swaps", "repair_replicas", "greedy_matching", "next_fit")
-WORKLOADS = {  # benchmarks/schedulers.py: dist, params, sequences, dp, capacity, cp
-    "sft-lognormal": (
-        "lognormal",
-        dict(min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096, sigma=1.1),
-        4096,
-        16384,
-        1,
-    ),
-    "rl-bimodal": (
-        "bimodal",
-        dict(min_seq_len=64, max_seq_len=32768, short_mean=1024, long_mean=16384, long_fraction=0.25),
-        4096,
-        32768,
-        2,
-    ),
-    "equal": ("constant", dict(length=4096), 4096, 16384, 1),
-    "pretrain-pareto": ("pareto", dict(min_seq_len=128, max_seq_len=32768, alpha=1.2), 32768, 32768, 1),
-    "sft-long-tail": (
-        "lognormal",
-        dict(min_seq_len=128, max_seq_len=32768, mean_seq_len=4096, sigma=1.1),
-        4096,
-        16384,
-        2,
-    ),
-    "rl-bimodal-32k": (
-        "bimodal",
-        dict(min_seq_len=64, max_seq_len=32768, short_mean=1024, long_mean=16384, long_fraction=0.25),
-        4096,
-        16384,
-        2,
-    ),
-}
 
 
 def shape(name: str) -> tuple[str, dict, np.ndarray, dict]:
@@ -95,13 +63,18 @@ def shape(name: str) -> tuple[str, dict, np.ndarray, dict]:
         lengths = lognormal_lengths(n, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096, sigma=1.1, seed=0)
         return "balanced", opts, lengths, dict(dp_size=dp, max_tokens_per_rank=16384, cost=CostModel(24576.0, 1.0))
     if kind == "sched":
-        dist, params, n, capacity, cp = WORKLOADS[args[0]]
-        params = dict(params) if dist == "constant" else dict(params, seed=int(args[1]))
-        kw = dict(dp_size=256, cp_size=cp, max_tokens_per_rank=capacity, pad_multiple=2 * cp if cp > 1 else 1)
+        from schedulers import WORKLOADS  # benchmarks/schedulers.py, beside this file
+
+        wl = {w.name: w for w in WORKLOADS}[args[0]]
+        params = dict(wl.params) if wl.dist == "constant" else dict(wl.params, seed=int(args[1]))
+        cp = wl.cp
+        kw = dict(
+            dp_size=wl.dp, cp_size=cp, max_tokens_per_rank=wl.max_tokens_per_rank, pad_multiple=2 * cp if cp > 1 else 1
+        )
         return (
             "balanced",
             {},
-            generate_lengths(dist, n, **params),
+            generate_lengths(wl.dist, wl.sequences, **params),
             dict(kw, cost=model_preset("llama3-8b").cost_model()),
         )
     if kind == "ht":
