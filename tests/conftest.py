@@ -23,3 +23,9 @@ def dist_pools():
     registry = PoolRegistry()
     yield registry
     registry.close()
+
+
+def pytest_configure(config):
+    import kernel_tier
+
+    kernel_tier.check()

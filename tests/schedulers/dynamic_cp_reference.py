@@ -342,3 +342,24 @@ def check_plan_reference(plan, lengths, ranks, capacity, pad_multiple, aligned):
     for i in plan.dropped.tolist():
         seen[i] = seen.get(i, 0) + 1
     assert seen == {i: 1 for i in range(len(lengths))}
+
+
+def bin_times_reference(bin_size, bin_start, bin_count, bin_s, bin_ss, coef, rpn, idle):
+    """Each bin's microbatch time on its block of ranks (``idle`` when it holds nothing)."""
+    times = []
+    for c, lo, count, s, ss in zip(bin_size, bin_start, bin_count, bin_s, bin_ss, strict=True):
+        spans = lo // rpn != (lo + c - 1) // rpn
+        times.append(pack_time(c, s, ss, spans, coef) if count > 0 else idle)
+    return times
+
+
+def replica_finish_reference(order, bin_start, bin_size, times, ranks):
+    """When the last rank finishes if each group, in ``order``, starts once all its ranks
+    are free."""
+    finish = [0.0] * ranks
+    for b in order:
+        block = range(bin_start[b], bin_start[b] + bin_size[b])
+        ready = max((finish[r] for r in block), default=0.0)
+        for r in block:
+            finish[r] = ready + times[b]
+    return max(finish, default=0.0)

@@ -205,15 +205,23 @@ def home_swaps_reference(
     ``replica_cap``; ties: a move (lowest round), then the lowest y. When nothing fits, the
     same with two sequences y1 < y2 that shared a bin of h of at most PAIR_BIN sequences when
     h's turn (its run in ``order``) began and have not moved since; ties: lowest (y1, y2).
-    Sums are kept as the kernel keeps them (same float operations, same order)."""
+    Sums are kept as the kernel keeps them (same float operations, same order). The swap
+    partners of one x are judged all at once with numpy (elementwise, the same operations
+    as one at a time), so thousands of sequences take a second, not minutes."""
     from itertools import combinations
+
+    import numpy as np
 
     from seqpack.schedulers._kernels.constants import PAIR_BIN
 
     n = len(lengths)
-    round_of, replica_of = [int(v) for v in round_of], [int(v) for v in replica_of]
-    lengths, costs, origin = [int(v) for v in lengths], [float(v) for v in costs], [int(v) for v in origin]
-    load, tok, total = [0.0] * (rounds * dp), [0] * (rounds * dp), [0.0] * dp
+    round_of = np.array(round_of, dtype=np.int64)
+    replica_of = np.array(replica_of, dtype=np.int64)
+    lengths = np.array(lengths, dtype=np.int64)
+    costs = np.array(costs, dtype=np.float64)
+    origin = np.array(origin, dtype=np.int64)
+    round_cap = np.array(round_cap, dtype=np.float64)
+    load, tok, total = np.zeros(rounds * dp), np.zeros(rounds * dp, dtype=np.int64), np.zeros(dp)
     for i in range(n):
         b = round_of[i] * dp + replica_of[i]
         load[b] += costs[i]
@@ -222,61 +230,65 @@ def home_swaps_reference(
     moved_at, clock = [0] * n, 0
 
     def fits(a, ra, b, m, cx, tx, cy, ty, here, home):
+        """Whether the bins a (round ra, on here) and b (round m, on home) and both replicas
+        keep their caps once x (cx, tx) and what returns (cy, ty) trade places; elementwise
+        over arrays b, m, cy, ty."""
         return (
-            load[a] - cx + cy <= round_cap[ra]
-            and load[b] - cy + cx <= round_cap[m]
-            and tok[a] - tx + ty <= capacity
-            and tok[b] - ty + tx <= capacity
-            and total[here] - cx + cy <= replica_cap
-            and total[home] - cy + cx <= replica_cap
+            (load[a] - cx + cy <= round_cap[ra])
+            & (load[b] - cy + cx <= round_cap[m])
+            & (tok[a] - tx + ty <= capacity)
+            & (tok[b] - ty + tx <= capacity)
+            & (total[here] - cx + cy <= replica_cap)
+            & (total[home] - cy + cx <= replica_cap)
         )
 
-    def back(y, here, home):  # tokens brought home by sending y from home to here
-        return lengths[y] if origin[y] == here else -lengths[y] if origin[y] == home else 0
+    def back(ys, here, home):  # tokens brought home by sending each of ys from home to here
+        return np.where(origin[ys] == here, lengths[ys], np.where(origin[ys] == home, -lengths[ys], 0))
 
     changes = 0
     for _ in range(passes):
         made = 0
         turn_of = None
         for x in order:
-            here, home = replica_of[x], origin[x]
+            here, home = int(replica_of[x]), int(origin[x])
             if home != turn_of:  # h's turn begins: its pairs, and when
                 turn_of, turn = home, clock
                 in_bin = {}
                 for y in range(n):
                     if replica_of[y] == home:
-                        in_bin.setdefault(round_of[y], []).append(y)
+                        in_bin.setdefault(int(round_of[y]), []).append(y)
                 pairs = [
                     (y1, y2, m) for m, ys in in_bin.items() if len(ys) <= PAIR_BIN for y1, y2 in combinations(ys, 2)
                 ]
             if here == home:
                 continue
-            ra, cx, tx = round_of[x], costs[x], lengths[x]
+            ra, cx, tx = int(round_of[x]), costs[x], int(lengths[x])
             a = ra * dp + here
-            options = []  # (-gain, 0 for a move / 1 for a swap, y, round)
+            move = -1  # the lowest round x fits into
             if total[home] + cx <= replica_cap:
                 for m in range(rounds):
                     b = m * dp + home
                     if load[b] + cx <= round_cap[m] and tok[b] + tx <= capacity:
-                        options.append((-tx, 0, -1, m))
+                        move = m
                         break
-            for y in range(n):
-                if replica_of[y] == home:
-                    m = round_of[y]
-                    gain = tx + back(y, here, home)
-                    if gain > 0 and fits(a, ra, m * dp + home, m, cx, tx, costs[y], lengths[y], here, home):
-                        options.append((-gain, 1, y, m))
+            ys = np.flatnonzero(replica_of == home)  # ascending: the first of equal gains is the lowest y
+            ms = round_of[ys]
+            gains = tx + back(ys, here, home)
+            ok = (gains > 0) & fits(a, ra, ms * dp + home, ms, cx, tx, costs[ys], lengths[ys], here, home)
             returning = []
-            if options:
-                _, _, y, m = min(options)
-                returning = [y] if y >= 0 else []
+            if move >= 0 and (not ok.any() or gains[ok].max() <= tx):
+                m = move  # a move wins ties
+            elif ok.any():
+                best = int(np.flatnonzero(ok & (gains == gains[ok].max()))[0])
+                returning, m = [int(ys[best])], int(ms[best])
             else:
                 pair_options = []
                 for y1, y2, m in pairs:
                     if moved_at[y1] > turn or moved_at[y2] > turn:
                         continue
-                    gain = tx + back(y1, here, home) + back(y2, here, home)
-                    cy, ty = costs[y1] + costs[y2], lengths[y1] + lengths[y2]
+                    two = np.array([y1, y2])
+                    gain = tx + int(back(two, here, home).sum())
+                    cy, ty = costs[y1] + costs[y2], int(lengths[y1] + lengths[y2])
                     if gain > 0 and fits(a, ra, m * dp + home, m, cx, tx, cy, ty, here, home):
                         pair_options.append((-gain, y1, y2, m))
                 if not pair_options:
@@ -306,4 +318,38 @@ def home_swaps_reference(
         changes += made
         if made == 0:
             break
-    return round_of, replica_of, changes
+    return round_of.tolist(), replica_of.tolist(), changes
+
+
+def greedy_pairs_reference(rows, cols, n):
+    """Pairs (rows[k], cols[k]) in the order given, each taken while both ends are free;
+    leftover rows take the lowest free column, in row order."""
+    column_of_row, taken = [-1] * n, set()
+    for r, c in zip(rows, cols, strict=True):
+        if column_of_row[r] < 0 and c not in taken:
+            column_of_row[r] = c
+            taken.add(c)
+    for r in range(n):
+        if column_of_row[r] < 0:
+            column_of_row[r] = min(c for c in range(n) if c not in taken)
+            taken.add(column_of_row[r])
+    return column_of_row
+
+
+def replica_first_reference(order, sizes, costs, dp, num_rounds, capacity):
+    """Each sequence, in ``order``, to the replica with the lowest (total cost, index) among
+    those with a bin it fits, into that replica's fullest such bin (ties: lower round).
+    Returns (ok, round_of, replica_of)."""
+    total = [0.0] * dp
+    room = [[capacity] * num_rounds for _ in range(dp)]
+    round_of, replica_of = [-1] * len(sizes), [-1] * len(sizes)
+    for i in order:
+        fitting = [d for d in range(dp) if max(room[d]) >= sizes[i]]
+        if not fitting:
+            return False, round_of, replica_of
+        d = min(fitting, key=lambda d: (total[d], d))
+        m = min((m for m in range(num_rounds) if room[d][m] >= sizes[i]), key=lambda m: (room[d][m], m))
+        room[d][m] -= sizes[i]
+        total[d] += costs[i]
+        round_of[i], replica_of[i] = m, d
+    return True, round_of, replica_of
