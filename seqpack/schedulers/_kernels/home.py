@@ -73,6 +73,15 @@ def home_swaps(
     ``x`` can move into, so a scan reads the few entries that can fit rather than the whole
     window; the result is the full scan's.
 
+    Bounds (every buffer, from an invariant): the cache holds exactly the sequences on the
+    current home (at most ``n``; ``n + 1`` entries); a turn's pairs come from rounds of at
+    most ``PAIR_BIN`` of them, at most ``rounds * PAIR_BIN * (PAIR_BIN - 1) / 2``; the
+    cache's tree has a leaf for every entry the turn can reach (the cache grows by one per
+    move and the turn makes at most one change per sequence of ``xs``: ``k + len(xs)``,
+    capped at ``n``); the arrival list of a pass at most two entries per sequence of
+    ``order`` (:func:`.home_book.new_book`). Requires ``0 <= round_of < rounds``, ``0 <=
+    replica_of, origin < dp``, ``order`` a permutation of the sequences grouped by origin.
+
     Returns:
         The number of changes made.
     """
@@ -80,7 +89,7 @@ def home_swaps(
     seqs = (round_of, replica_of, lengths, costs, origin)
     grid = bin_loads(seqs, dp, rounds)
     caps = (round_cap, replica_cap, capacity)
-    book = new_book(n, dp)
+    book = new_book(n, dp, order.shape[0])
     cache = (
         np.empty(n + 1, dtype=np.int64),
         np.empty(n + 1, dtype=np.int64),

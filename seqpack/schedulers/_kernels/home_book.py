@@ -103,20 +103,30 @@ def bin_loads(seqs: Seqs, dp: int, rounds: int) -> Grid:
 
 
 @njit(cache=True)
-def new_book(n: int, dp: int) -> Book:
+def new_book(n: int, dp: int, turns: int) -> Book:
     """Who is on which replica: a snapshot by replica taken at the start of each pass (a
     counting sort: ``start``, ``snap``), the sequences that changed replica since (skipped
     there), the arrivals of the pass, a list per replica (``last_arrival``, ``arrivals``,
     ``arrival_seq``, ``arrival_next``: an entry counts if it is its sequence's last), and
-    ``moved_at``, the change that last moved each sequence."""
+    ``moved_at``, the change that last moved each sequence.
+
+    Bounds: ``start`` has ``dp + 1`` entries, ``snap``, ``changed``, ``last_arrival`` and
+    ``moved_at`` one per sequence (``n``). The arrival list gets an entry for every sequence a
+    change sends away from a home, two for a pair swap, and is reset at every pass; a pass
+    gives each of its ``turns`` sequences (the length of ``order``) one turn, in which it
+    makes at most one change, so a pass logs at most ``2 * turns`` arrivals. (One entry per
+    sequence is not enough: a sequence can be sent away, come back and be sent away again in
+    one pass.)
+    """
+    arrivals = 2 * turns + 1
     return (
         np.zeros(dp + 1, dtype=np.int64),
         np.empty(n, dtype=np.int64),
         np.zeros(n, dtype=np.bool_),
         np.full(n, -1, dtype=np.int64),
         np.full(dp, -1, dtype=np.int64),
-        np.empty(n + 1, dtype=np.int64),
-        np.empty(n + 1, dtype=np.int64),
+        np.empty(arrivals, dtype=np.int64),
+        np.empty(arrivals, dtype=np.int64),
         np.zeros(n, dtype=np.int64),
     )
 
