@@ -35,7 +35,8 @@ def _sift_down(heap: IntArray, size: int, i: int, key: FloatArray, tok: IntArray
 
 @njit(cache=True)
 def _park_push(park: IntArray, size: int, b: int, room: IntArray) -> int:
-    """Push bin ``b`` on a max-heap of bins by free room (ties: lower index)."""
+    """Push bin ``b`` on a max-heap of bins by free room (ties: lower index). Writes
+    ``park[size]``: the caller keeps ``size < len(park)``."""
     i = size
     park[i] = b
     while i > 0:
@@ -163,7 +164,9 @@ def _lightest_into(heap: IntArray, size: int, total: FloatArray, out: IntArray, 
     """The ``len(out)`` smallest totals of a min-heap, in order (ties: lower index), by a
     best-first walk from the root: ``O(k**2)`` for ``k`` of them, whatever the heap size.
     ``frontier`` is scratch for ``2 * len(out) + 1`` heap positions still to visit: nothing
-    is allocated."""
+    is allocated. Bounds: the walk holds at most ``t + 1`` positions after ``t`` steps (each
+    takes one and adds at most two), so ``len(out) + 1`` suffice; ``len(out)`` must not
+    exceed ``size`` (the frontier would run dry and repeat a stale position)."""
     k = out.shape[0]
     frontier[0] = 0
     count = 1

@@ -43,6 +43,9 @@ def grid_local(
     pass over everything leaves no room for the long items that wait). The home pass is
     independent per rank, so it runs rank by rank (cache friendly).
 
+    Requires ``len(targets) == rounds * dp_size`` with ``rounds >= 1`` when there are items,
+    and ``0 <= origin < dp_size`` (bounds of :func:`_home_pass`).
+
     Returns:
         (ok, bin_of[n], home[n]): ``home`` marks items placed by the home pass; ``ok`` is
         False when some waiting item found no bin with room.
@@ -108,7 +111,13 @@ def _home_pass(
     tok: IntArray,
 ) -> None:
     """Step 1 of :func:`grid_local` for the items ``by_rank`` (grouped by rank): sets
-    ``placed`` (bin, or -1 to wait) and updates ``load`` and ``tok`` of the bins."""
+    ``placed`` (bin, or -1 to wait) and updates ``load`` and ``tok`` of the bins.
+
+    Bounds: the heap of one replica's rounds (``key``, ``own_tok``, ``heap``) has ``rounds``
+    entries and is read at its top only when an item exists, so it needs ``rounds >= 1``
+    whenever ``by_rank`` is not empty; bin ``m * dp + d`` is below ``rounds * dp`` (the length
+    of ``targets``, ``load``, ``tok``) for ``0 <= origin < dp``.
+    """
     n = by_rank.shape[0]
     # One replica at a time: its rounds in a small heap of (key, tokens, round).
     key = np.empty(rounds, dtype=np.float64)

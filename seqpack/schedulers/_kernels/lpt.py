@@ -48,7 +48,15 @@ def _grid_lpt_sorted(
     tok: IntArray,
 ) -> tuple[bool, IntArray, FloatArray, IntArray]:
     """:func:`grid_lpt` on items already in placement order; ``bin_of`` in that order.
-    Bins start with ``load`` and ``tok`` (updated in place)."""
+    Bins start with ``load`` and ``tok`` (updated in place).
+
+    Bounds: ``key``, ``room``, ``park`` and the heap ``(hk, ht, hb)`` have one entry per bin,
+    ``bin_of`` one per item. Every bin is in exactly one of the heap, the park or neither
+    (retired): a bin enters the park only as it leaves the heap and the heap only as it
+    leaves the park, so heap and park together never hold more than ``n_bins`` and a bin
+    pushed back writes below ``n_bins``. ``targets``, ``load`` and ``tok`` are read at bin
+    indices only.
+    """
     n_bins = targets.shape[0]
     n = lengths.shape[0]
     key = np.empty(n_bins, dtype=np.float64)

@@ -16,6 +16,10 @@ def greedy_matching(rows: IntArray, cols: IntArray, n: int) -> IntArray:
     both still free. Rows left over then take the lowest free columns, in row order. The
     caller sorts the pairs (e.g. heaviest overlap first), so the work is
     ``O(len(rows) + n)``, never ``n * n``. Returns ``column_of_row``.
+
+    Bounds: ``column_of_row`` and ``column_taken`` have ``n`` entries; ``rows`` and ``cols``
+    must lie in ``[0, n)``. A row left over finds a free column below ``n``: every matched
+    row took exactly one column, so fewer than ``n`` are taken while a row is unmatched.
     """
     column_of_row = np.full(n, -1, dtype=np.int64)
     column_taken = np.zeros(n, dtype=np.bool_)

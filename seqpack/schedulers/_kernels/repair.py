@@ -369,6 +369,14 @@ def repair_replicas(
     Updates ``round_of``, ``replica_of``, ``load`` and ``tok`` (``[rounds, replicas]``) in
     place.
 
+    Bounds: ``mine``, ``theirs`` and the merge scratch have one entry per sequence (a
+    replica's members are at most all of them); ``light`` holds ``min(dp, max(move_candidates,
+    swap_candidates) + 1)`` replicas, never more than the heap it is read from; the walk that
+    reads them (:func:`.heaps._lightest_into`) keeps at most ``len(light) + 1`` heap positions
+    (each step takes one and adds two), within its ``2 * len(light) + 1``; the top-3 tables
+    have a row per round. Requires ``dp >= 1``, ``0 <= round_of < rounds``, ``0 <=
+    replica_of < dp`` and ``load`` / ``tok`` equal to the sums over the sequences.
+
     Returns:
         Number of changes made.
     """

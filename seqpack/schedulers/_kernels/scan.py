@@ -18,7 +18,8 @@ from seqpack.schedulers._kernels.jit import njit
 
 @njit(cache=True)
 def first_cost_above(items: IntArray, k: int, costs: FloatArray, value: float) -> int:
-    """Index of the first of ``items[:k]`` (sorted by cost) costing more than ``value``."""
+    """Index of the first of ``items[:k]`` (sorted by cost) costing more than ``value``
+    (``k`` if none; reads ``items`` below ``k <= len(items)`` only)."""
     lo, hi = 0, k
     while lo < hi:
         mid = (lo + hi) // 2
@@ -39,7 +40,8 @@ def walk_next(
 
     ``sign = 1`` (a move, ``delta = costs[item]``): items left of the ideal send at most half
     the gap (gain ``delta``), items right of it more (gain ``gap - delta``). ``sign = -1`` (a
-    swap, ``delta = base - costs[item]``): the other way round. Ties go left.
+    swap, ``delta = base - costs[item]``): the other way round. Ties go left. Reads
+    ``items[left]`` only while ``left >= 0`` and ``items[right]`` while ``right < k``.
     """
     if left < 0 and right >= k:
         return -1, -np.inf, left, right

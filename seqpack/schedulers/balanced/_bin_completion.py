@@ -36,7 +36,12 @@ def _sets(
     """Append to ``pool[top:]`` (grown as needed) every undominated set of the items ``cnt``
     counts (sizes ``vals[j0:]``) that fits ``room0`` and wastes at most ``slack``: one row
     of counts per set, the last column its waste. ``avail0``: tokens of those items.
-    Returns ``(ok, pool, top)``; ok is False when the work or the pool's room ran out."""
+    Returns ``(ok, pool, top)``; ok is False when the work or the pool's room ran out.
+
+    Bounds: the per-depth state (``room``, ``avail``, ``min_out``, ``need``) has ``nv + 1``
+    entries for depths ``j0..nv`` (depth ``j + 1`` is written only while ``j + 1 < nv``);
+    ``choice`` and ``cur`` one per size. A set is appended at row ``top`` after the pool is
+    doubled whenever ``top`` reaches its rows, up to ``_POOL_LIMIT`` entries."""
     nv = vals.shape[0]
     cap1 = room0 + vals[j0] + 1  # above any room: "no constraint yet"
     room = np.empty(nv + 1, dtype=np.int64)  # per depth j: the state before choosing at j
@@ -110,7 +115,13 @@ def _bin_of(pool: np.ndarray, pos: np.ndarray, largest: np.ndarray, bins: int, s
 def complete_bins(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) -> tuple[int, np.ndarray]:
     """Pack ``sizes`` (sorted longest first, each positive and at most ``capacity``, total at most
     ``n_bins * capacity``) into ``n_bins`` bins by bin completion. Returns ``(status,
-    bin_of)``: 0 found, 1 proved infeasible, 2 gave up after about ``max_work`` steps."""
+    bin_of)``: 0 found, 1 proved infeasible, 2 gave up after about ``max_work`` steps.
+
+    Bounds: the per-bin stacks (``lo``, ``hi``, ``pos``, ``largest``, ``slack``) have
+    ``n_bins + 1`` entries; ``level`` (the bin being filled) never exceeds ``n_bins``, and the
+    slack of bin ``level + 1`` is written only once bin ``level < n_bins`` took a set. Each
+    bin below ``level`` holds a set applied from its list (``pos[b] > lo[b]``), which
+    :func:`_bin_of` reads at ``pos[b] - 1``."""
     n = sizes.shape[0]
     bin_of = np.full(n, -1, dtype=np.int64)
     if n == 0:

@@ -50,6 +50,11 @@ def dfs(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) -> tuple[i
     use exceeds the slack: a bin's whole room when it is below the smallest item, and when
     it holds one (two) more items at most, below twice (three times) the smallest, the room
     the fullest one (one or two) later items that fit would leave.
+
+    Bounds: ``room`` has one entry per bin, ``bin_of`` one per item and ``tried`` ``n + 1``
+    (read at the current item ``i < n``). Requires ``n >= 1`` (the smallest size is
+    ``sizes[n - 1]``; :func:`~seqpack.schedulers.balanced.exact.pack_bins` answers ``n == 0``
+    itself). Backtracking to item ``i`` reads ``bin_of[i]``, set when ``i`` was placed.
     """
     n = sizes.shape[0]
     room = np.full(n_bins, capacity, dtype=np.int64)

@@ -25,6 +25,11 @@ def lpt(
     among those with a bin it fits (ties: lower index), into that replica's fullest such
     bin (best fit; ties: lower round). Returns ``(ok, round_of, replica_of)``; ``ok`` is
     False when a sequence fits no bin or after about ``max_work`` heap steps.
+
+    Bounds: ``total``, ``widest``, the heap and ``aside`` have one entry per replica (a
+    replica is set aside at most once per sequence, so ``n_aside <= dp``); ``room`` is
+    ``dp x num_rounds``, and a replica chosen because its widest room fits the sequence has
+    a round that does (``best >= 0``). ``order`` must index ``sizes`` and ``costs``.
     """
     n = order.shape[0]
     total = np.zeros(dp, dtype=np.float64)

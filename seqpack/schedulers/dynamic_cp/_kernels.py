@@ -52,6 +52,7 @@ def choose_sizes(
     within ``height``; when none does, the fastest size that holds it (ties: smaller).
 
     Returns (size per sequence, its time alone), or size -1 when no size holds it.
+    Bounds: both outputs have one entry per sequence.
     """
     n = lengths.shape[0]
     size_of = np.full(n, -1, dtype=np.int64)
@@ -76,7 +77,9 @@ def choose_sizes(
 @njit(cache=True)
 def shelf(widths: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np.ndarray, int]:
     """First fit of blocks of ``widths`` (in the order given) into rounds of ``num_ranks``
-    ranks. Returns (round of each block, ranks used per round, number of rounds)."""
+    ranks. Returns (round of each block, ranks used per round, number of rounds).
+    Bounds: a round opens only for a block, so there are at most ``n`` (``used`` holds
+    ``max(n, 1)``)."""
     n = widths.shape[0]
     round_of = np.empty(n, dtype=np.int64)
     used = np.zeros(max(n, 1), dtype=np.int64)
@@ -177,6 +180,10 @@ def lpt(
     enough comes. Updates the bin arrays in place.
 
     Returns (every sequence placed, bin of each sequence or -1).
+
+    Bounds: the two heaps (``main``, ``park``) have one entry per bin: a bin popped from
+    either is pushed back onto at most one of them, so together they hold each bin at most
+    once. Requires the sequences longest first (the last is the smallest).
     """
     n = lengths.shape[0]
     nb = bin_size.shape[0]
@@ -215,7 +222,7 @@ def lpt(
 @njit(cache=True)
 def layout(order: np.ndarray, bin_round: np.ndarray, bin_size: np.ndarray) -> np.ndarray:
     """First rank of every bin: the bins of a round, in ``order`` (sorted by round), laid
-    left to right."""
+    left to right. Bounds: ``start`` has one entry per bin; ``order`` lists bin indices."""
     start = np.empty(bin_size.shape[0], dtype=np.int64)
     cursor, current = 0, -1
     for b in order:
@@ -257,7 +264,9 @@ def replica_finish(
     num_ranks: int,
 ) -> float:
     """The last rank's finish time when every group starts as soon as all its ranks are
-    free (``order``: bins sorted by round, the order rounds run in)."""
+    free (``order``: bins sorted by round, the order rounds run in). Bounds: ``finish`` has
+    one entry per rank; requires every block inside the ranks (``start + size <=
+    num_ranks``, as the layouts lay them)."""
     finish = np.zeros(num_ranks, dtype=np.float64)
     for b in order:
         lo, hi = bin_start[b], bin_start[b] + bin_size[b]
@@ -285,7 +294,11 @@ def widen(
 ) -> None:
     """In every round with idle ranks, give the tallest group the next allowed size that
     runs it faster and fits the idle ranks, until the tallest cannot grow. Updates
-    ``size_of``, ``time_of`` and ``used`` in place."""
+    ``size_of``, ``time_of`` and ``used`` in place.
+
+    Bounds: requires every round of ``used`` to hold a sequence (as :func:`shelf` opens
+    them): the tallest ``top`` is then a sequence index (``-1`` would wrap to the last one,
+    which no bounds check catches)."""
     n = round_of.shape[0]
     for m in range(used.shape[0]):
         while used[m] < num_ranks:
@@ -315,7 +328,12 @@ def _round_in_nodes(
 ) -> bool:
     """Lay out one round's bins (``members[:count]``, largest first): bins of a node or more
     left to right, smaller ones first-fit into the nodes' free ranks, single ranks in the
-    gaps. False when a small bin finds no node with room (the caller lays it out plainly)."""
+    gaps. False when a small bin finds no node with room (the caller lays it out plainly).
+
+    Bounds: ``taken`` has one entry per rank, ``fill`` one per node. Requires the round's
+    widths to sum to at most ``num_ranks``: the bins of a node or more then end within the
+    ranks, and the single ranks find a free rank below ``num_ranks`` (the free ranks are at
+    least as many as the singles)."""
     taken = np.zeros(num_ranks, dtype=np.bool_)
     nodes = -(-num_ranks // ranks_per_node)
     fill = np.zeros(nodes, dtype=np.int64)  # ranks used from the left of each node
@@ -357,7 +375,8 @@ def layout_in_nodes(
     order: np.ndarray, bin_round: np.ndarray, bin_size: np.ndarray, ranks_per_node: int, num_ranks: int
 ) -> np.ndarray:
     """:func:`layout` for any group size: per round (``order`` sorted by round, then size
-    descending) groups smaller than a node stay inside one node when they can."""
+    descending) groups smaller than a node stay inside one node when they can. Bounds: as
+    :func:`_round_in_nodes` for every round; ``members`` holds one round, at most every bin."""
     start = layout(order, bin_round, bin_size)
     members = np.empty(order.shape[0], dtype=np.int64)
     k = 0
@@ -380,7 +399,11 @@ def place_blocks(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Groups (largest first) onto the aligned block of their width whose ranks are least
     busy, each after what its block already runs. Returns (first rank and round of each
-    group, busy time and rounds of groups of every rank)."""
+    group, busy time and rounds of groups of every rank).
+
+    Bounds: ``load`` and ``depth`` have one entry per rank; requires every width at most
+    ``num_ranks`` (a wider group has no block: it would be put at rank 0 with an infinite
+    busy time)."""
     load = np.zeros(num_ranks, dtype=np.float64)
     depth = np.zeros(num_ranks, dtype=np.int64)
     start = np.empty(widths.shape[0], dtype=np.int64)
@@ -434,7 +457,12 @@ def lpt_ranks(
     the ``look`` least busy ones that can hold it in one of their ``depth`` microbatches;
     ranks too full for a sequence wait, by free room, for a shorter one. Updates ``load``.
     Returns (every sequence placed, rank and microbatch of each sequence, microbatches per
-    rank)."""
+    rank).
+
+    Bounds: ``room`` is ``ranks x depth`` and read below ``count[b] <= depth``; the heap,
+    the park and ``popped`` have one entry per rank (a rank is in at most one of them, and a
+    sequence pops each rank at most once). Requires the sequences longest first.
+    """
     ranks, n = load.shape[0], lengths.shape[0]
     room = np.full((ranks, depth), capacity, dtype=np.int64)
     count = np.zeros(ranks, dtype=np.int64)
