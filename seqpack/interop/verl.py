@@ -19,8 +19,11 @@ What differs, on purpose:
 * Errors are ``ValueError`` subclasses naming the value, where verl asserts.
 
 ``batch`` is a TensorDict or any mapping (anything with ``keys()`` and ``__getitem__``)
-whose values share a first (batch) dimension and that holds ``attention_mask`` (or nested
-``input_ids``); TensorDict itself is never imported.
+whose values share a first (batch) dimension and that holds ``attention_mask`` (``[B, S]``
+of 0 and 1) or nested ``input_ids`` (verl's no-padding form: a nested tensor of ``B``
+sequences, jagged or strided, whose lengths are the real tokens); TensorDict itself is never
+imported. A mapping's values are tensors (nested ones too), numpy arrays or lists with one
+entry per row; a value of other rows is refused by key, never indexed.
 """
 
 from __future__ import annotations
@@ -119,11 +122,12 @@ def get_group_balanced_partitions(
         ``k_partitions`` lists of indices, ascending inside each list.
 
     Raises:
-        ConfigError: Lists of different lengths, fewer uids than partitions, or a uid count
-            ``k_partitions`` does not divide.
+        ConfigError: Lists of different lengths, fewer uids than partitions, a uid count
+            ``k_partitions`` does not divide, or a NaN uid (it equals nothing, itself included).
+        SeqpackTypeError: An unhashable uid (a list, an array of several elements).
     """
     lengths = _non_negative_ints("seqlen_list", seqlen_list)
-    uids = list(uid_list)
+    uids = [_uid(i, u) for i, u in enumerate(uid_list)]
     k = check_positive_int("k_partitions", k_partitions)
     if len(uids) != lengths.shape[0]:
         raise ConfigError(f"seqlen_list holds {lengths.shape[0]} values but uid_list {len(uids)}")
@@ -140,6 +144,29 @@ def get_group_balanced_partitions(
     return [sorted(m) for m in member]
 
 
+def _uid(index: int, uid: Any) -> Any:
+    """``uid`` as a dict key equal to every uid of the same value: a one-element tensor or
+    array by its value (tensors hash by identity, arrays not at all)."""
+    if isinstance(uid, torch.Tensor) and uid.numel() == 1:
+        uid = uid.item()
+    elif isinstance(uid, np.ndarray) and uid.size == 1:
+        uid = uid.item()
+    try:
+        hash(uid)
+    except TypeError:
+        size = f" of {uid.size} elements" if isinstance(uid, np.ndarray) else ""
+        size = f" of {uid.numel()} elements" if isinstance(uid, torch.Tensor) else size
+        raise SeqpackTypeError(
+            f"uid_list[{index}] is a {type(uid).__name__}{size}, which is not hashable: uids must be strings, "
+            "numbers or one-element tensors (verl's 'uid' strings)"
+        ) from None
+    if isinstance(uid, (float, np.floating)) and np.isnan(uid):
+        raise ConfigError(
+            f"uid_list[{index}] is nan: a NaN uid equals no other uid (not even a NaN), so it groups nothing"
+        )
+    return uid
+
+
 def rearrange_micro_batches(
     batch: Any,
     max_token_len: int,
@@ -152,8 +179,10 @@ def rearrange_micro_batches(
     """Split ``batch`` into micro-batches of at most ``max_token_len`` real tokens each.
 
     Args:
-        batch: TensorDict or mapping of tensors with ``attention_mask`` ``[B, S]`` (or
-            nested ``input_ids``); every value is indexed on its first dimension.
+        batch: TensorDict or mapping with ``attention_mask`` ``[B, S]`` of 0 and 1, or
+            nested ``input_ids`` (``B`` sequences, jagged or strided); every value (tensor,
+            nested tensor, array or list) is indexed on its first dimension, which must
+            have ``B`` rows.
         max_token_len: Real tokens one micro-batch may hold.
         dp_group: Process group over which ranks agree on the count (``None``: the default
             group), when ``same_micro_num_in_dp`` and ``torch.distributed`` is initialised.
@@ -166,20 +195,35 @@ def rearrange_micro_batches(
 
     Returns:
         ``(micro_batches, indices)``: ``micro_batches[i]`` is ``batch`` at rows
-        ``indices[i]`` (a TensorDict stays one; a mapping becomes a dict), indices ascending
-        inside each list and every row in exactly one list.
+        ``indices[i]`` (a TensorDict stays one; a mapping becomes a dict, a nested tensor
+        stays one of the same layout), indices ascending inside each list and every row in
+        exactly one list.
 
     Raises:
-        ConfigError: A sequence longer than ``max_token_len``, or a count (after
+        ConfigError: A sequence longer than ``max_token_len``; a count (after
             ``min_num_micro_batch``, the DP agreement or rounding) above the rows of the
-            batch (a micro-batch would be empty).
+            batch (a micro-batch would be empty); a value whose rows are not the batch's
+            (named by key); a mask with no real token at all, or with values other than 0
+            and 1.
+        SeqpackTypeError: ``batch`` not a mapping, a mask that is no ``[B, S]`` tensor, or a
+            value that is no tensor, array or list.
     """
     cap = check_positive_int("max_token_len", max_token_len)
     least = check_optional_int("min_num_micro_batch", min_num_micro_batch, minimum=0) or 0
     multiple = check_optional_int("num_batches_divided_by", num_batches_divided_by, minimum=1) or 1
     order = "pipeline" if check_bool("use_dynamic_bsz_balance", use_dynamic_bsz_balance) else "heavy_first"
-    lengths = effective_lengths(batch)
+    source, lengths = _row_lengths(batch)
     n = lengths.shape[0]
+    _check_rows(batch, n, source)
+    if n and not lengths.any():
+        raise ConfigError(
+            f"rearrange_micro_batches: {source} holds no real token in any of its {n} rows: nothing to train on "
+            + (
+                "(an attention_mask marks real tokens with 1)"
+                if source == "attention_mask"
+                else "(every sequence is empty)"
+            )
+        )
     if n and int(lengths.max()) > cap:
         i = int(np.argmax(lengths))
         raise ConfigError(
@@ -205,19 +249,74 @@ def rearrange_micro_batches(
 
 def effective_lengths(batch: Any) -> np.ndarray:
     """Real tokens of every row of ``batch`` (int64): ``attention_mask.sum(-1)``, or the
-    offsets of nested ``input_ids``. One host copy."""
+    lengths of nested ``input_ids``. One host copy."""
+    return _row_lengths(batch)[1]
+
+
+def _row_lengths(batch: Any) -> tuple[str, np.ndarray]:
+    """``(key, lengths)``: the real tokens of every row and the key they were read from.
+
+    Raises:
+        SeqpackTypeError: ``batch`` not a mapping, or an ``attention_mask`` that is no
+            ``[B, S]`` tensor.
+        ConfigError: No ``attention_mask`` nor nested ``input_ids``, or a mask row holding
+            values other than 0 and 1.
+    """
     if not hasattr(batch, "keys") or not hasattr(batch, "__getitem__"):
         raise SeqpackTypeError(f"batch must be a TensorDict or a mapping of tensors, got {type(batch).__name__}")
     keys = set(batch.keys())
     ids = batch["input_ids"] if "input_ids" in keys else None
     if isinstance(ids, torch.Tensor) and ids.is_nested:
-        return ids.offsets().diff().cpu().numpy().astype(np.int64)  # type: ignore[attr-defined]
+        # A sequence's first dimension is its length, in either layout (a strided nested
+        # tensor has no offsets); unbinding a jagged one reads its offsets once.
+        return "input_ids", np.array([piece.shape[0] for piece in ids.unbind()], dtype=np.int64)
     if "attention_mask" not in keys:
         raise ConfigError(f"batch needs 'attention_mask' (or nested 'input_ids'); it holds {sorted(map(str, keys))}")
     mask = batch["attention_mask"]
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
-        raise SeqpackTypeError(f"attention_mask must be a [B, S] tensor, got {getattr(mask, 'shape', type(mask))}")
-    return mask.to(torch.int64).sum(dim=1).cpu().numpy()  # the one device-to-host copy
+    if not isinstance(mask, torch.Tensor) or mask.is_nested or mask.dim() != 2:
+        what = "a nested tensor" if isinstance(mask, torch.Tensor) and mask.is_nested else getattr(mask, "shape", None)
+        raise SeqpackTypeError(f"attention_mask must be a [B, S] tensor, got {what or type(mask).__name__}")
+    # Per row, the entries equal to 1 and those not 0: they differ on a row holding anything
+    # else (a 2 would count as two tokens, a 0.5 as none).
+    counts = torch.stack(((mask == 1).sum(dim=1), (mask != 0).sum(dim=1))).cpu().numpy()  # the one host copy
+    bad = np.flatnonzero(counts[0] != counts[1])
+    if bad.size:
+        row = int(bad[0])
+        odd = mask[row][(mask[row] != 0) & (mask[row] != 1)][:3].tolist()
+        raise ConfigError(
+            f"attention_mask row {row} holds values other than 0 and 1 ({odd}): a mask marks real tokens with 1 "
+            "and padding with 0"
+        )
+    return "attention_mask", counts[0].astype(np.int64)
+
+
+def _check_rows(batch: Any, rows: int, source: str) -> None:
+    """Every value of a mapping ``batch`` has ``rows`` rows, ``source``'s (a TensorDict
+    holds its own batch size)."""
+    if _indexed_whole(batch):
+        return
+    for key in batch.keys():
+        value = batch[key]
+        if isinstance(value, (torch.Tensor, np.ndarray)) and not getattr(value, "is_nested", False) and value.ndim == 0:
+            raise ConfigError(
+                f"batch[{key!r}] is a 0-d {'tensor' if isinstance(value, torch.Tensor) else 'array'}: every value "
+                f"needs one row per sample ({rows}, {source}'s rows)"
+            )
+        if isinstance(value, torch.Tensor):
+            count = value.size(0)
+        elif isinstance(value, np.ndarray):
+            count = value.shape[0]
+        elif isinstance(value, (list, tuple)):
+            count = len(value)
+        else:
+            raise SeqpackTypeError(
+                f"batch[{key!r}] is a {type(value).__name__}: values must be tensors, arrays or lists"
+            )
+        if count != rows:
+            raise ConfigError(
+                f"batch[{key!r}] has {count} rows but the batch has {rows} ({source}'s rows): every value is "
+                "indexed on its first dimension, one row per sample"
+            )
 
 
 def fewest_microbatches(
@@ -270,12 +369,15 @@ def select_rows(batch: Any, rows: Sequence[int]) -> Any:
     """``batch`` at ``rows`` (first dimension): a TensorDict (anything with ``batch_size``
     that is indexed as a whole) by its own indexing, a mapping value by value into a dict."""
     index = torch.tensor(list(rows), dtype=torch.int64)
-    if hasattr(batch, "batch_size") and not isinstance(batch, dict):
+    if _indexed_whole(batch):
         return batch[index]
     out: dict[Any, Any] = {}
     for key in batch.keys():
         value = batch[key]
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and value.is_nested:  # no row indexing: rebuilt from its rows
+            pieces = value.unbind()
+            out[key] = torch.nested.as_nested_tensor([pieces[i] for i in rows], layout=value.layout)
+        elif isinstance(value, torch.Tensor):
             out[key] = value[index.to(value.device)]
         elif isinstance(value, np.ndarray):
             out[key] = value[index.numpy()]
@@ -286,6 +388,11 @@ def select_rows(batch: Any, rows: Sequence[int]) -> Any:
                 f"batch[{key!r}] is a {type(value).__name__}: values must be tensors, arrays or lists"
             )
     return out
+
+
+def _indexed_whole(batch: Any) -> bool:
+    """A TensorDict (anything with ``batch_size`` that is not a dict): indexed as a whole."""
+    return hasattr(batch, "batch_size") and not isinstance(batch, dict)
 
 
 def _non_negative_ints(name: str, values: Any) -> np.ndarray:

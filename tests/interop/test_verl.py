@@ -23,6 +23,7 @@ from seqpack.interop.verl import (
     VERL_WORKLOAD,
     effective_lengths,
     fewest_microbatches,
+    get_group_balanced_partitions,
     get_seqlen_balanced_partitions,
     rearrange_micro_batches,
 )
@@ -207,3 +208,89 @@ def test_seqlen_balanced_partitions_refusals():
     # zeros still land somewhere and no partition is empty
     parts = get_seqlen_balanced_partitions([0, 0, 0], 3, False)
     assert sorted(len(p) for p in parts) == [1, 1, 1]
+
+
+# --- inputs refused by name (each was an IndexError, a bare TypeError or silently wrong) ------
+
+
+@pytest.mark.parametrize(
+    "value, rows",
+    [
+        (torch.arange(6), 6),  # longer: rows 4 and 5 were silently left out
+        (torch.arange(2), 2),  # shorter: an IndexError
+        (np.arange(5), 5),
+        (["a", "b"], 2),  # a short list: an IndexError
+        (["a", "b", "c", "d", "e"], 5),
+    ],
+)
+def test_a_value_whose_rows_do_not_match_the_batch_is_refused_by_key(value, rows):
+    batch = {"attention_mask": torch.ones(4, 3, dtype=torch.int64), "extra": value}
+    with pytest.raises(ConfigError, match=rf"batch\['extra'\] has {rows} rows but the batch has 4"):
+        rearrange_micro_batches(batch, 3)
+
+
+def test_a_value_without_rows_is_refused_by_key():
+    batch = {"attention_mask": torch.ones(4, 3, dtype=torch.int64), "scalar": torch.tensor(3)}
+    with pytest.raises(ConfigError, match=r"batch\['scalar'\] is a 0-d tensor"):
+        rearrange_micro_batches(batch, 3)
+    batch = {"attention_mask": torch.ones(4, 3, dtype=torch.int64), "meta": {"a": 1}}
+    with pytest.raises(SeqpackTypeError, match=r"batch\['meta'\] is a dict"):
+        rearrange_micro_batches(batch, 3)
+
+
+def test_an_all_empty_attention_mask_is_refused_by_name():
+    # Was "min() arg is an empty sequence" (a bare ValueError from deep inside).
+    batch = {"attention_mask": torch.zeros(4, 3, dtype=torch.int64)}
+    for kwargs in ({}, {"min_num_micro_batch": 2}):
+        with pytest.raises(ConfigError, match="attention_mask holds no real token in any of its 4 rows"):
+            rearrange_micro_batches(batch, 3, **kwargs)
+
+
+def test_a_mask_with_values_other_than_0_and_1_is_refused_by_row():
+    mask = torch.tensor([[1, 1, 0], [0, 2, 1]])  # a 2 counted as two tokens
+    with pytest.raises(ConfigError, match=r"attention_mask row 1 holds values other than 0 and 1"):
+        rearrange_micro_batches({"attention_mask": mask}, 3)
+    with pytest.raises(ConfigError, match=r"attention_mask row 0 holds values other than 0 and 1"):
+        rearrange_micro_batches({"attention_mask": torch.tensor([[0.5, 1.0]])}, 3)
+    bools = torch.tensor([[True, False], [True, True]])
+    assert rearrange_micro_batches({"attention_mask": bools}, 3)[1] == [[0, 1]]
+
+
+@pytest.mark.parametrize("layout", [torch.jagged, torch.strided])
+def test_nested_input_ids_are_planned_and_split_by_row(layout):
+    # The documented no-padding form: was an aten.index NotImplementedError (jagged) or an
+    # AttributeError on offsets() (strided).
+    lengths = [5, 9, 2, 7, 4]
+    seqs = [torch.arange(n) + 10 * i for i, n in enumerate(lengths)]
+    batch = {
+        "input_ids": torch.nested.nested_tensor(seqs, layout=layout),
+        "rewards": torch.arange(5.0),
+        "uid": ["a", "b", "c", "d", "e"],
+    }
+    micro_batches, indices = rearrange_micro_batches(batch, 11)
+    assert sorted(itertools.chain.from_iterable(indices)) == list(range(5))
+    for mb, rows in zip(micro_batches, indices, strict=True):
+        assert mb["input_ids"].is_nested and mb["input_ids"].layout == layout
+        got = list(mb["input_ids"].unbind())
+        assert len(got) == len(rows) and all(torch.equal(g, seqs[i]) for g, i in zip(got, rows, strict=True))
+        assert sum(lengths[i] for i in rows) <= 11
+        assert mb["rewards"].tolist() == [float(i) for i in rows] and mb["uid"] == [batch["uid"][i] for i in rows]
+    assert effective_lengths(batch).tolist() == lengths
+
+
+def test_unhashable_or_self_unequal_uids_are_refused_by_index():
+    # Was a bare "TypeError: unhashable type: 'list'".
+    with pytest.raises(SeqpackTypeError, match=r"uid_list\[0\] is a list, which is not hashable"):
+        get_group_balanced_partitions([1, 2, 3, 4], [[1], [1], [2], [2]], 2)
+    with pytest.raises(SeqpackTypeError, match=r"uid_list\[2\] is a ndarray of 2 elements, which is not hashable"):
+        get_group_balanced_partitions([1, 2, 3, 4], ["a", "a", np.array([1, 2]), "b"], 2)
+    with pytest.raises(ConfigError, match=r"uid_list\[1\] is nan"):
+        get_group_balanced_partitions([1, 2, 3, 4], [0.0, float("nan"), 1.0, 1.0], 2)
+
+
+def test_one_element_tensor_uids_group_by_value():
+    # A tensor hashes by identity: torch.tensor(1) twice were two groups, and the group of
+    # rows 0 and 1 was split across partitions.
+    uids = [torch.tensor(1), torch.tensor(1), torch.tensor([2]), np.array(2)]
+    parts = get_group_balanced_partitions([1, 2, 3, 4], uids, 2)
+    assert sorted(parts) == [[0, 1], [2, 3]]
