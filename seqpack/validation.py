@@ -36,6 +36,8 @@ __all__ = [
     "check_path",
     "check_positive_int",
     "check_tensor",
+    "check_window",
+    "MAX_WINDOW",
     "memory_limit",
 ]
 
@@ -65,6 +67,36 @@ def check_int(name: str, value: object, *, minimum: int | None = None, maximum: 
         raise ConfigError(f"{name} must be {what}, got {number}")
     if maximum is not None and number > maximum:
         raise ConfigError(f"{name}={number} is too large (at most {maximum})")
+    return number
+
+
+MAX_WINDOW = INT32_MAX
+"""Widest attention window (one side of TE's ``window_size``, ``ThdAttention(window=...)``,
+``ModelSpec.window_size``, ``CostModel.window``): a pack's offsets are int32 (``cu_seqlens``),
+so a window of 2**31 - 1 already reaches every key of any sequence; a wider one would mean the
+same and overflow the int32 window arguments of attention kernels (flash-attention's)."""
+
+
+def check_window(name: str, value: object, *, unbounded: bool = False) -> int:
+    """One side of an attention window: ``0 <= value <= MAX_WINDOW``, or ``-1`` (unbounded,
+    TE's convention) when ``unbounded``.
+
+    Raises:
+        SeqpackTypeError: Not an integer (floats and bools included).
+        ConfigError: Out of that range, named with the range.
+    """
+    if not _is_int(value):
+        raise SeqpackTypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    number = int(value)  # type: ignore[call-overload]
+    if not (0 <= number <= MAX_WINDOW or (unbounded and number == -1)):
+        valid = (
+            f"-1 (unbounded) or an integer 0 <= w <= {MAX_WINDOW}"
+            if unbounded
+            else f"an integer 0 <= w <= {MAX_WINDOW}"
+        )
+        raise ConfigError(
+            f"{name} must be {valid}, got {number} (2**31 - 1 already reaches every key of an int32-addressed pack)"
+        )
     return number
 
 

@@ -35,7 +35,7 @@ from seqpack.cost.flops import (
 from seqpack.cost.shapes import ShapeOptions, check_layer_pattern, preset_shape
 from seqpack.cost.terms import as_lengths, exact_sums, feature_names, window_feature, window_ratio
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.validation import check_bool, check_int
+from seqpack.validation import check_bool, check_int, check_window
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -71,7 +71,8 @@ class ModelSpec:
         window_size: Sliding-window attention's left window ``W`` (Transformer Engine's and
             Megatron's ``window_size=(W, 0)``: a query attends itself and the ``W`` tokens
             before it; bidirectional layers ``(W, W)``). Without a pattern every attention
-            layer is windowed; with one, its ``W`` layers are.
+            layer is windowed; with one, its ``W`` layers are. ``0 <= W <= 2**31 - 1``
+            (:data:`seqpack.validation.MAX_WINDOW`: the widest window ``ThdAttention`` runs).
     """
 
     hidden_size: int
@@ -102,7 +103,7 @@ class ModelSpec:
             if getattr(self, field) is not None:
                 object.__setattr__(self, field, check_int(field, getattr(self, field), minimum=1))
         if self.window_size is not None:
-            object.__setattr__(self, "window_size", check_int("window_size", self.window_size, minimum=0))
+            object.__setattr__(self, "window_size", check_window("window_size", self.window_size))
         for field in ("gated_linear_unit", "causal"):
             check_bool(field, getattr(self, field))
         groups = self.query_groups
@@ -262,7 +263,8 @@ class CostModel:
 
     ``windowed`` with ``window=W`` is sliding-window attention: per sequence
     ``w(s, W)`` (:func:`~seqpack.cost.terms.window_feature`), which is ``s**2`` up to
-    ``s = W + 1`` and grows linearly beyond. A model without a window (``window=None``,
+    ``s = W + 1`` and grows linearly beyond (``0 <= W <= 2**31 - 1``,
+    :data:`seqpack.validation.MAX_WINDOW`). A model without a window (``window=None``,
     ``windowed=0``) has the three terms ``(constant, linear, quadratic)`` and costs, prints
     and compares exactly as ``CostModel(linear, quadratic, constant)``.
     """
@@ -285,7 +287,7 @@ class CostModel:
             if not math.isfinite(number) or number < 0:
                 raise ConfigError(f"CostModel.{name} must be finite and >= 0, got {value!r}")
         if self.window is not None:
-            object.__setattr__(self, "window", check_int("CostModel.window", self.window, minimum=0))
+            object.__setattr__(self, "window", check_window("CostModel.window", self.window))
         elif self.windowed != 0:
             raise ConfigError(f"CostModel.windowed={self.windowed!r} needs a window (window=W tokens)")
         if self.linear == 0 and self.quadratic == 0 and self.constant == 0 and self.windowed == 0:
@@ -427,7 +429,7 @@ class CostModel:
                 infinite or <= 0 (named by index), or timings more than ~1e150 apart.
         """
         check_bool("robust", robust)
-        window = None if window is None else check_int("window", window, minimum=0)
+        window = None if window is None else check_window("window", window)
         features, y = check_timings(microbatches, seconds, window)
         coef = robust_nnls_fit(features, y) if robust else nnls_fit(features, y)
         return cls.from_coefficients(coef, window=window)

@@ -205,7 +205,9 @@ def test_attention_mask_arguments():
     assert attention_mask(False, [2, 3]).te_mask_type == "padding"
     with pytest.raises(ConfigError, match=r"causal=True takes window=\(left, 0\).*got window=\(4, 4\)"):
         attention_mask(True, (4, 4))
-    with pytest.raises(ConfigError, match=r"window\[0\] must be an integer >= -1, got -2"):
+    with pytest.raises(
+        ConfigError, match=r"window\[0\] must be -1 \(unbounded\) or an integer 0 <= w <= 2147483647, got -2"
+    ):
         attention_mask(False, (-2, 0))
     with pytest.raises(SeqpackTypeError, match="window must be None or a pair"):
         attention_mask(True, 128)
@@ -217,6 +219,30 @@ def test_attention_mask_arguments():
         attention_mask(False, (1, 2.5))
     with pytest.raises(ConfigError, match="causal=True takes"):
         ThdAttention(2, 4, backend="torch", window=(3, 3))
+
+
+@pytest.mark.parametrize("bound", [2**31, 2**62, 2**63, 2**64])
+def test_a_window_past_int32_is_refused_where_it_enters(bound):
+    # (2**64, 0) was accepted here and failed later in the forward pass with "OverflowError:
+    # Python int too large to convert to C long" (key_range's numpy arithmetic).
+    message = rf"window\[0\] must be -1 \(unbounded\) or an integer 0 <= w <= 2147483647, got {bound}"
+    with pytest.raises(ConfigError, match=message):
+        attention_mask(True, (bound, 0))
+    with pytest.raises(ConfigError, match=message):
+        ThdAttention(2, 4, backend="torch", window=(bound, 0))
+    q = torch.randn(6, 2, 4)
+    cu = torch.tensor([0, 3, 6], dtype=torch.int32)
+    with pytest.raises(ConfigError, match=message):
+        thd_attention(q, q, q, cu, cu, window=(bound, 0))
+    with pytest.raises(ConfigError, match=message.replace("0\\]", "1\\]")):
+        attention_mask(False, (0, bound))
+
+
+def test_the_widest_window_runs_and_is_the_unbounded_mask():
+    q, k, v = (torch.randn(7, 2, 4, dtype=torch.float64) for _ in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    widest = thd_attention(q, k, v, cu, cu, causal=False, window=(2**31 - 1, 2**31 - 1))
+    torch.testing.assert_close(widest, thd_attention(q, k, v, cu, cu, causal=False))
 
 
 @given(

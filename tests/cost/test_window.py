@@ -115,7 +115,7 @@ def test_pattern_letters_and_windows_must_agree():
         ModelSpec(**shape, num_layers=2, hybrid_layer_pattern="E-")
     with pytest.raises(SeqpackTypeError, match="hybrid_layer_pattern must be a string"):
         ModelSpec(**shape, num_layers=2, hybrid_layer_pattern=["*", "-"])
-    with pytest.raises(ValueError, match="window_size must be an integer >= 0"):
+    with pytest.raises(ValueError, match="window_size must be an integer 0 <= w <= 2147483647, got -1"):
         ModelSpec(**shape, num_layers=2, window_size=-1)
     mixed = ModelSpec(**shape, num_layers=4, hybrid_layer_pattern="W-*-", window_size=8)
     assert mixed.attention_kinds == (1, 1) and mixed.quadratic_flops == mixed.windowed_flops > 0
@@ -170,7 +170,8 @@ def test_a_model_without_window_is_the_three_term_model_bit_for_bit():
     "kwargs, error, match",
     [
         (dict(windowed=1.0), ConfigError, r"windowed=1.0 needs a window"),
-        (dict(windowed=1.0, window=-1), ConfigError, "window must be an integer >= 0"),
+        (dict(windowed=1.0, window=-1), ConfigError, "window must be an integer 0 <= w <= 2147483647"),
+        (dict(windowed=1.0, window=2**64), ConfigError, f"window must be an integer 0 <= w <= 2147483647, got {2**64}"),
         (dict(windowed=1.0, window=True), SeqpackTypeError, "window must be"),
         (dict(windowed=-1.0, window=4), ConfigError, "windowed must be finite and >= 0"),
         (dict(windowed="1", window=4), SeqpackTypeError, "windowed must be a number"),
@@ -215,3 +216,26 @@ def test_fit_below_the_window_gives_the_quadratic_term_not_the_windowed_one():
     mbs = [rng.integers(8, 200, rng.integers(1, 6)) for _ in range(30)]
     fit = CostModel.fit(mbs, [truth.microbatch_cost(mb) for mb in mbs], window=512)
     assert fit.windowed == 0 and fit.quadratic == pytest.approx(truth.quadratic, rel=1e-6)
+
+
+@pytest.mark.parametrize("bound", [2**31, 2**62, 2**64])
+def test_a_window_past_int32_is_refused_where_it_enters(bound):
+    # Accepted before; a window of 2**62 or more then failed in calibration's per-sequence
+    # features with "OverflowError: Python int too large to convert to C long".
+    shape = dict(hidden_size=64, num_layers=2, num_attention_heads=4, ffn_hidden_size=128)
+    message = rf"must be an integer 0 <= w <= 2147483647, got {bound}"
+    with pytest.raises(ConfigError, match="window_size " + message):
+        ModelSpec(**shape, window_size=bound)
+    with pytest.raises(ConfigError, match="window " + message):
+        CostModel.fit([[100], [200, 50], [400], [30, 30, 30], [7]], [1.0, 2.1, 4.3, 1.0, 0.1], window=bound)
+    with pytest.raises(ConfigError, match="window " + message):
+        CostModel.from_coefficients([0.0, 1.0, 0.0, 1.0], window=bound)
+
+
+def test_the_widest_window_is_exact_in_every_feature():
+    widest = 2**31 - 1
+    lengths = np.array([5, 2**30, 2**31])
+    assert sequence_features(lengths, widest)[:, 2].tolist() == [exact_sums([s], widest, "s")[2] for s in lengths]
+    model = ModelSpec(hidden_size=64, num_layers=2, num_attention_heads=4, ffn_hidden_size=128, window_size=widest)
+    full = ModelSpec(hidden_size=64, num_layers=2, num_attention_heads=4, ffn_hidden_size=128)
+    assert model.sequence_flops([2**20]) == full.sequence_flops([2**20])  # the window reaches every key

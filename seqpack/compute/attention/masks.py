@@ -19,7 +19,7 @@ import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import CpLayout
-from seqpack.validation import check_bool, check_int
+from seqpack.validation import check_bool, check_window
 
 __all__ = ["AttentionMask", "attention_mask", "block_mask", "held_chunks", "key_range"]
 
@@ -65,14 +65,16 @@ def attention_mask(causal: bool = True, window: Sequence[int] | None = None) -> 
 
     Raises:
         SeqpackTypeError: ``causal`` not a bool, ``window`` not a pair of integers.
-        ConfigError: A bound below -1, or ``causal=True`` with a window reaching right.
+        ConfigError: A bound outside ``-1`` (unbounded) or ``0 .. MAX_WINDOW`` (2**31 - 1,
+            :data:`seqpack.validation.MAX_WINDOW`), or ``causal=True`` with a window reaching
+            right.
     """
     causal = check_bool("causal", causal)
     if window is None:
         return AttentionMask(-1, 0 if causal else -1)
     if isinstance(window, (str, bytes)) or not isinstance(window, Sequence) or len(window) != 2:
         raise SeqpackTypeError(f"window must be None or a pair (left, right) of integers, got {window!r}")
-    left, right = (check_int(f"window[{i}]", bound, minimum=-1) for i, bound in enumerate(window))
+    left, right = (check_window(f"window[{i}]", bound, unbounded=True) for i, bound in enumerate(window))
     if causal and right != 0:
         raise ConfigError(
             f"causal=True takes window=(left, 0) (keys left of the query only; -1 = unbounded), got "
