@@ -41,6 +41,10 @@ def test_ring_figures_are_added_to_the_cost():
         ({"group_cost": {"ring_latency": 1.0}}, ConfigError, r"unknown group_cost figure\(s\) \['ring_latency'\]"),
         ({"group_cost": {"ring_step": -1.0}}, ConfigError, "ring_step"),
         ({"group_cost": 3}, SeqpackTypeError, "group_cost must be a GroupCost or a mapping"),
+        # Ring figures without a ring term: every CP group would look free, as with None.
+        ({"group_cost": {}}, ConfigError, r"group_cost=\{\} has no ring term .* every CP group would look free"),
+        ({"group_cost": {"ranks_per_node": 4}}, ConfigError, r"group_cost=\{'ranks_per_node': 4\} has no ring term"),
+        ({"group_cost": {"ring_step": 0.0, "ring_token": 0}}, ConfigError, "has no ring term"),
         (
             {"group_cost": GroupCost(COMPUTE), "cost": CostModel(1.0, 0.0)},
             ConfigError,
@@ -61,6 +65,12 @@ def test_ring_figures_are_added_to_the_cost():
 def test_refusals_name_the_option(kw, error, message):
     with pytest.raises(error, match=message):
         dynamic(**kw)
+
+
+def test_one_ring_figure_is_a_ring_term_and_a_given_group_cost_is_taken_as_it_is():
+    assert dynamic(group_cost={"ring_token_inter": 1e-7}).group_cost.ring_token_inter == 1e-7
+    measured = GroupCost(COMPUTE)  # e.g. fitted: a ring too cheap to measure is the caller's finding
+    assert dynamic(group_cost=measured).group_cost is measured
 
 
 def test_in_the_fingerprint_only_when_on():

@@ -405,9 +405,12 @@ def dynamic_group_cost(group_cost: object, cost: CostModel | None) -> GroupCost:
     """``PackingConfig.group_cost`` as a :class:`GroupCost` (a mapping of ring figures is
     added to ``cost``, else to the default FLOPs model).
 
+    A ``GroupCost`` is taken as it is (a fitted one may find the ring free); figures without
+    a ring term (``{}``, ``ranks_per_node`` alone, zeros) are refused, as ``None`` is.
+
     Raises:
-        ConfigError: No group cost, unknown figures, or a ``GroupCost`` whose compute part
-            differs from ``cost``.
+        ConfigError: No group cost, figures without a ring term, unknown figures, or a
+            ``GroupCost`` whose compute part differs from ``cost``.
     """
     if group_cost is None:
         raise ConfigError(
@@ -430,6 +433,14 @@ def dynamic_group_cost(group_cost: object, cost: CostModel | None) -> GroupCost:
     if unknown:
         raise ConfigError(f"unknown group_cost figure(s) {unknown}; valid: {', '.join(_RING_FIGURES)}")
     try:
-        return GroupCost(cost if cost is not None else default_cost_model(), **group_cost)
+        built = GroupCost(cost if cost is not None else default_cost_model(), **group_cost)
     except TypeError as exc:
         raise SeqpackTypeError(f"group_cost figures: {exc}") from None
+    if not (built.ring_step or built.ring_token or built.ring_token_inter):
+        raise ConfigError(
+            f"group_cost={dict(group_cost)!r} has no ring term (ring_step, ring_token and ring_token_inter are all "
+            "0 or missing): without one every CP group would look free; pass the ring's figures in the units of "
+            "cost, e.g. group_cost={'ring_step': 2e-4, 'ring_token': 5e-8}, or a "
+            "seqpack.schedulers.dynamic_cp.GroupCost"
+        )
+    return built
