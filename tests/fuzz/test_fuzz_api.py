@@ -21,9 +21,11 @@ from wrapper_data import FIELDS
 
 from seqpack import cost as cost_mod
 from seqpack.collective import gather_lengths
-from seqpack.compute.attention import ThdAttention
+from seqpack.compute.attention import ThdAttention, thd_attention
 from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.cost import CostModel, ModelSpec
+from seqpack.cost.terms import sequence_features
+from seqpack.errors import SeqpackError
 from seqpack.interop.nemo import process_input_for_thd, split_batch_into_thd_chunks
 from seqpack.loader import PackingConfig, wrap_data_iterator
 from seqpack.mock_data import (
@@ -780,3 +782,98 @@ def test_fuzz_values_cover_the_edges():
     names = {name for name, _ in HOSTILE}
     assert {"2**63", "2**64", "nan", "None", "True", "np.uint64(2**64-1)", "torch.tensor([1.5])"} <= names
     assert np.isnan(dict(HOSTILE)["nan"]())
+
+
+# --- attention windows and dynamic CP's group_cost: the whole range of values -----------------
+
+WINDOW_EDGES = [-(2**63), -2, -1, 0, 1, 2**31 - 2, 2**31 - 1, 2**31, 2**62, 2**63 - 1, 2**63, 2**64]
+window_bounds = st.one_of(st.integers(-3, 40), st.sampled_from(WINDOW_EDGES), hostile_values)
+
+
+def _window_ok(value, *, unbounded: bool) -> bool:
+    integral = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    return integral and (0 <= int(value) <= 2**31 - 1 or (unbounded and int(value) == -1))
+
+
+def _refused_by_name(call, names: tuple[str, ...], *, out_of_range: bool) -> str:
+    try:
+        call()
+    except SeqpackError as exc:
+        message = str(exc)
+        assert any(name in message for name in names), (names, message)
+        if out_of_range:
+            assert "2147483647" in message, message  # the valid range, not only the value
+        return "refused"
+    return "ok"
+
+
+def test_windows_are_taken_in_range_and_refused_by_name_outside():
+    outcomes = collections.Counter()
+    q = torch.randn(7, 2, 4, dtype=torch.float64)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    shape = dict(hidden_size=64, num_layers=2, num_attention_heads=4, ffn_hidden_size=128)
+
+    @settings(max_examples=120)
+    @given(left=window_bounds, right=window_bounds)
+    def spoil(left, right):
+        ok = _window_ok(left, unbounded=True) and _window_ok(right, unbounded=True)
+        bad = "window[0]" if not _window_ok(left, unbounded=True) else "window[1]"
+        integral = all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in (left, right))
+        for build in (
+            lambda: ThdAttention(2, 4, backend="torch", causal=False, window=(left, right)),
+            lambda: thd_attention(q, q, q, cu, cu, causal=False, window=(left, right)),  # the forward runs too
+        ):
+            answer = _refused_by_name(build, (bad,), out_of_range=integral)
+            assert answer == ("ok" if ok else "refused"), (left, right)
+            outcomes[answer] += 1
+        ok = _window_ok(left, unbounded=False)
+        for name, build in (
+            ("window_size", lambda: ModelSpec(**shape, window_size=left).sequence_flops([5, 3000])),
+            (
+                "window",
+                lambda: sequence_features(np.array([5, 2**31]), CostModel(1, 0, windowed=1.0, window=left).window),
+            ),
+            (
+                "window",
+                lambda: CostModel.fit([[100], [200, 50], [400], [30, 30, 30], [7]], [1, 2, 4, 1, 0.1], window=left),
+            ),
+        ):
+            if left is None:
+                continue  # None is "no window" for these
+            integral = isinstance(left, (int, np.integer)) and not isinstance(left, (bool, np.bool_))
+            answer = _refused_by_name(build, (name,), out_of_range=integral)
+            assert answer == ("ok" if ok else "refused"), (name, left)
+            outcomes[answer] += 1
+
+    spoil()
+    assert outcomes["ok"] and outcomes["refused"], outcomes
+
+
+RING_FIGURES = ("ring_step", "ring_token", "ring_token_inter")
+
+
+def test_group_cost_figures_need_a_ring_term_or_are_refused_by_name():
+    outcomes = collections.Counter()
+    figure_values = st.one_of(st.sampled_from([0, 0.0, 1e-4, 2e-8, 3]), hostile_values)
+
+    @settings(max_examples=120)
+    @given(
+        figures=st.dictionaries(st.sampled_from((*RING_FIGURES, "ranks_per_node", "ring_latency")), figure_values),
+    )
+    def spoil(figures):
+        try:
+            config = PackingConfig(samples_per_rank=4, max_tokens_per_rank=64, dynamic_cp=True, group_cost=figures)
+        except SeqpackError as exc:
+            message = str(exc)
+            assert "group_cost" in message or any(name in message for name in figures), (figures, message)
+            outcomes["refused"] += 1
+            return
+        ring = config.group_cost
+        assert ring.ring_step > 0 or ring.ring_token > 0 or ring.ring_token_inter > 0, figures  # never free
+        assert "ring_latency" not in figures
+        outcomes["ok"] += 1
+
+    spoil()
+    assert outcomes["ok"] and outcomes["refused"], outcomes
+    with pytest.raises(SeqpackError, match=r"group_cost=\{\} has no ring term"):
+        PackingConfig(samples_per_rank=4, max_tokens_per_rank=64, dynamic_cp=True, group_cost={})
