@@ -17,8 +17,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 TIER = os.environ.get("SEQPACK_KERNEL_TIER", "")
 TIERS = ("", "boundscheck", "python")
+
+large = pytest.mark.skipif(TIER == "python", reason="too large to run as plain Python (the checked build runs it)")
+"""Marks a kernel test whose shapes take more than a few seconds as plain Python."""
 
 
 def small() -> bool:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_tier import large
 from sched_reference import min_bins_reference
 from test_quality import verl_lengths
 
@@ -12,6 +13,8 @@ from seqpack.schedulers import get_scheduler
 from seqpack.schedulers.balanced import exact
 from seqpack.schedulers.balanced._bin_completion import complete_bins
 from seqpack.schedulers.balanced.exact import FOUND, GAVE_UP, INFEASIBLE, pack_bins
+
+pytestmark = pytest.mark.kernels
 
 # verl-like batches (25 sequences of 50-90 tokens, 300 per microbatch) where 6 microbatches
 # hold the sequences but the item search gave up within its budget and balanced took 7.
@@ -61,6 +64,7 @@ def test_complete_bins_gives_up_within_its_work():
     assert _complete(sizes, exact.bin_lower_bound(sizes, 1000), 1000, work=10)[0] == GAVE_UP
 
 
+@large
 @pytest.mark.parametrize("seed", PACKABLE_IN_SIX)
 def test_verl_batches_the_item_search_gave_up_on_use_six(seed):
     lengths = verl_lengths(seed)
@@ -72,6 +76,7 @@ def test_verl_batches_the_item_search_gave_up_on_use_six(seed):
     assert schedule.num_microbatches == 6
 
 
+@large
 @pytest.mark.parametrize("seed", PACKABLE_IN_SIX[:3])
 def test_the_item_search_alone_gives_up_on_them(seed, monkeypatch):
     # Not vacuous: without bin completion these batches are not packed within the budget.
@@ -79,6 +84,7 @@ def test_the_item_search_alone_gives_up_on_them(seed, monkeypatch):
     assert pack_bins(np.array(verl_lengths(seed)), 6, 300)[0] == GAVE_UP
 
 
+@large
 @pytest.mark.parametrize("seed", NOT_IN_SIX)
 def test_verl_batches_six_cannot_hold_are_proved_infeasible(seed):
     assert pack_bins(np.array(verl_lengths(seed)), 6, 300, max_work=20_000_000)[0] == INFEASIBLE

@@ -1,6 +1,7 @@
 """The dynamic-CP numba kernels against their slow twins (dynamic_cp_reference.py)."""
 
 import numpy as np
+import pytest
 from dynamic_cp_reference import (
     choose_sizes_reference,
     layout_in_nodes_reference,
@@ -15,6 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack.schedulers.dynamic_cp import _kernels, allowed_group_sizes
+
+pytestmark = pytest.mark.kernels
 
 COEF = st.sampled_from(
     [

@@ -10,6 +10,8 @@ from seqpack.cost import CostModel
 from seqpack.schedulers import available_schedulers, get_scheduler
 from seqpack.schedulers.balanced.exact import FOUND, GAVE_UP, INFEASIBLE, bin_lower_bound, pack_bins
 
+pytestmark = pytest.mark.kernels
+
 # The example of issue 10: 25 sequences of 50-90 tokens, 1,733 tokens, 300 per microbatch.
 # First-fit decreasing (and every greedy rule) needs 7 microbatches; 6 hold them.
 TIGHT = [86, 61, 60, 68, 86, 54, 60, 71, 59, 66, 64, 52, 51, 54, 77, 90, 88, 78, 87, 68, 72, 76, 66, 61, 78]

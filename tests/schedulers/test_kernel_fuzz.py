@@ -39,7 +39,7 @@ from dynamic_cp_reference import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_tier import TIER, small
+from kernel_tier import TIER, large, small
 from sched_reference import (
     greedy_pairs_reference,
     grid_local_reference,
@@ -434,7 +434,7 @@ def test_mock_workloads_at_scale(dp, per_replica, dist, seed, objective, cost):
         )  # fmt: skip
 
 
-@pytest.mark.skipif(small(), reason="4,096 sequences: too many for the plain-Python tier")
+@large
 def test_issue_29_home_swaps_arrivals_stay_in_bounds():
     """The step of issue 29: the home swaps of one pass logged more arrivals (two per pair
     swap) than their list held (one per sequence), writing past it; repeated calls aborted
@@ -529,6 +529,7 @@ def _reaching_steps() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
         )
 
 
+@large
 def test_fixed_steps_reach_and_compare_every_kernel():
     ring = GroupCost(CostModel(0.1, 0.01, 0.0), ring_step=0.5, ring_token=0.05, ranks_per_node=4)
     with checked_kernels() as log:

@@ -1,6 +1,7 @@
 """Every scheduler kernel against its slow reference (tests/schedulers/sched_reference.py)."""
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sched_reference import (
@@ -16,6 +17,8 @@ from seqpack.schedulers._kernels.home_tree import build, next_open, pow2_above, 
 from seqpack.schedulers.balanced import round_targets
 from seqpack.schedulers.dp_balanced import megatron_groups
 from seqpack.schedulers.empty import next_fit
+
+pytestmark = pytest.mark.kernels
 
 
 @given(

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_tier import large
 from sched_reference import home_swaps_reference
 
 from seqpack.cost import CostModel
@@ -14,6 +15,8 @@ from seqpack.schedulers.balanced import plan_balanced, relabel_replicas
 from seqpack.schedulers.balanced.locality import _per_replica, plan_local, step_time
 from seqpack.schedulers.base import default_origin
 from seqpack.stats import StepStats, microbatch_costs
+
+pytestmark = pytest.mark.kernels
 
 COST = CostModel(24576.0, 1.0)  # issue 12's cost: 24576*s + s**2
 
@@ -27,6 +30,7 @@ def _wait(schedule, objective):
     return step_time(costs, 0.0, objective)
 
 
+@large
 def test_the_16k_plan_is_valid_and_keeps_data_home():
     dp = 16_384
     lengths = _sft(4 * dp)
@@ -41,6 +45,7 @@ def test_the_16k_plan_is_valid_and_keeps_data_home():
     assert stats.moved_tokens == int(lengths[replica != default_origin(4 * dp, dp)].sum())
 
 
+@large
 @pytest.mark.parametrize("objective", ["both", "rounds", "replicas"])
 @pytest.mark.parametrize("dp, per_replica", [(64, 64), (256, 16), (1024, 16)])
 def test_locality_costs_at_most_the_tolerance_and_moves_less(objective, dp, per_replica):
@@ -162,6 +167,7 @@ def test_home_swaps_match_reference_and_keep_every_cap(dp, rounds, n, seed, slac
     assert after <= before and (changes == 0) == (after == before)
 
 
+@large
 @pytest.mark.parametrize("objective", ["both", "rounds"])
 def test_lockstep_locality_moves_at_most_half_of_the_tokens(objective):
     """Issue 12's workload at dp=64: lockstep plans keep more than half of the tokens home
@@ -192,6 +198,7 @@ def test_lightest_reads_a_heap_in_order():
     assert all(heap[pos[d]] == d for d in range(40))
 
 
+@large
 def test_replicas_keeps_whichever_layout_moves_less():
     """Heavy-tailed lengths: the per-replica layout moves over a third of the tokens, so the
     home swaps are tried too and the plan that moves less is kept."""
