@@ -212,7 +212,7 @@ def home_swaps_reference(
 
     import numpy as np
 
-    from seqpack.schedulers._kernels.constants import PAIR_BIN
+    from seqpack.schedulers._kernels.locality_swaps import PAIR_BIN
 
     n = len(lengths)
     round_of = np.array(round_of, dtype=np.int64)

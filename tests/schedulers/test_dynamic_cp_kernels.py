@@ -15,7 +15,8 @@ from dynamic_cp_reference import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack.schedulers.dynamic_cp import _kernels, allowed_group_sizes
+from seqpack.schedulers._kernels import cp_planner as _kernels
+from seqpack.schedulers.dynamic_cp import allowed_group_sizes
 
 pytestmark = pytest.mark.kernels
 

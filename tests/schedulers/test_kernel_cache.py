@@ -1,60 +1,103 @@
-"""The kernels' disk cache goes stale when any kernel source changes, not only the kernel's own
-file (seqpack.schedulers._kernels.jit)."""
+"""The kernels' disk cache is numba's own: a kernel is stamped by its own source file, so every
+njit function a kernel calls, and every constant it reads, lives in the kernel's own module
+(seqpack/schedulers/_kernels/: one module per kernel family)."""
 
 from __future__ import annotations
 
+import ast
+import builtins
+import dis
+import importlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from seqpack.schedulers._kernels import jit
+from seqpack.schedulers._kernels.sources import kernel_sources
 
-PACKAGE = Path(jit.__file__).resolve().parents[2]
+PACKAGE = Path(__file__).resolve().parents[2] / "seqpack"
+ALLOWED_MODULES = {"numpy"}  # the modules a kernel may read attributes of (np.empty, np.inf)
 
 
-def test_every_numba_module_is_a_kernel_source_and_uses_the_kernels_njit() -> None:
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+
+
+def test_every_numba_module_is_a_kernel_source() -> None:
     def matching(pattern: str) -> set[Path]:
         return {p for p in PACKAGE.rglob("*.py") if re.search(pattern, p.read_text(), re.M)}
 
-    readers = {PACKAGE / "schedulers/_kernels/jit.py", PACKAGE / "compute/backends.py"}  # doctor reads the version
-    direct = matching(r"^\s*(from numba\b|import numba\b)") - readers
-    assert not direct, "import njit from seqpack.schedulers._kernels.jit, not numba: " + ", ".join(
-        sorted(str(p.relative_to(PACKAGE)) for p in direct)
-    )
+    readers = {PACKAGE / "compute/backends.py"}  # doctor reads numba's version
+    importing = matching(r"^\s*(from numba\b|import numba\b)") - readers
     compiled = matching(r"^@(njit|no_refcount)\b")
     assert compiled, "no kernel found: the pattern is wrong"
-    assert compiled <= set(jit.kernel_sources()), sorted(str(p) for p in compiled - set(jit.kernel_sources()))
-
-
-def test_the_digest_follows_every_source(tmp_path: Path) -> None:
-    copy = tmp_path / "seqpack"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    first = jit.sources_digest(copy)
-    assert jit.sources_digest(copy) == first
-    (copy / "schedulers/_kernels/home_tree.py").write_text(
-        (copy / "schedulers/_kernels/home_tree.py").read_text() + "\n# changed\n"
+    assert importing == compiled == set(kernel_sources()), sorted(
+        str(p.relative_to(PACKAGE)) for p in importing ^ set(kernel_sources())
     )
-    assert jit.sources_digest(copy) != first
-    (copy / "cli").mkdir(exist_ok=True)
-    changed = jit.sources_digest(copy)
-    (copy / "cli" / "other.py").write_text("# not a kernel source\n")
-    assert jit.sources_digest(copy) == changed
 
 
-def test_a_kernel_is_located_with_the_digest() -> None:
-    from seqpack.schedulers._kernels import next_fit
+def _code_objects(code: types.CodeType) -> list[types.CodeType]:
+    """``code`` and the code objects nested in it (comprehensions, inner functions)."""
+    found = [code]
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found += _code_objects(const)
+    return found
 
-    assert jit.install()
-    locator = next_fit._cache._impl.locator
-    assert type(locator).__name__ == "KernelSourcesLocator"
-    inner_stamp, digest = locator.get_source_stamp()
-    assert digest == jit.sources_digest() == jit._digest_at_import()
+
+def _global_reads(func: Any) -> set[str]:
+    """The global names a function's bytecode loads."""
+    return {
+        ins.argval
+        for code in _code_objects(func.__code__)
+        for ins in dis.get_instructions(code)
+        if ins.opname == "LOAD_GLOBAL"
+    }
+
+
+def _module_level_names(path: Path) -> set[str]:
+    """Names a module defines itself (assignments and functions at its top level)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+@pytest.mark.parametrize("path", kernel_sources(), ids=lambda p: p.stem)
+def test_a_kernel_reads_only_its_own_module(path: Path) -> None:
+    """Every global an njit function loads is numpy, a builtin, or defined in the function's
+    own module (an njit function or a constant): numba stamps a kernel's disk cache with its
+    own file and freezes the globals it reads, so a helper or constant from another file could
+    change without the kernel compiling again."""
+    from numba.core.registry import CPUDispatcher
+
+    module = importlib.import_module(_module_name(path))
+    own = _module_level_names(path)
+    kernels = {name: value for name, value in vars(module).items() if isinstance(value, CPUDispatcher)}
+    assert kernels, f"{path.name}: no njit function"
+    foreign = {name: f.py_func.__module__ for name, f in kernels.items() if f.py_func.__module__ != module.__name__}
+    assert not foreign, f"{path.name} imports njit functions from other modules: {foreign}"
+    for name, kernel in kernels.items():
+        for read in sorted(_global_reads(kernel.py_func)):
+            value = vars(module).get(read)
+            if value is None:
+                assert hasattr(builtins, read), f"{path.name}: {name} reads {read!r}, defined nowhere"
+            elif isinstance(value, types.ModuleType):
+                assert value.__name__ in ALLOWED_MODULES, f"{path.name}: {name} reads module {value.__name__}"
+            else:
+                assert read in own, f"{path.name}: {name} reads {read!r}, which this module does not define"
 
 
 _CHILD = """
@@ -69,6 +112,7 @@ print(json.dumps({"where": seqpack.__file__, "hits": sum(next_fit.stats.cache_hi
 def _run_child(root: Path) -> dict[str, int]:
     env = dict(os.environ, PYTHONPATH=str(root))
     env.pop("NUMBA_CACHE_DIR", None)  # the cache beside the copied sources
+    env.pop("NUMBA_DISABLE_JIT", None)
     out = subprocess.run([sys.executable, "-c", _CHILD], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -77,14 +121,17 @@ def _run_child(root: Path) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_a_change_to_another_kernel_file_recompiles(tmp_path: Path) -> None:
-    """``next_fit`` (groups.py) is cached, used from the cache, and compiled again after a
-    change to heaps.py, which it does not even use: with numba's per-file stamp alone the
-    third run would read the cache."""
+def test_a_change_to_the_kernels_module_recompiles_it_and_no_other(tmp_path: Path) -> None:
+    """``next_fit`` (consecutive.py) is cached, used from the cache, left cached when another
+    kernel module changes (nothing of it lives there), and compiled again when its own
+    module changes: numba's own stamp, the source file's content."""
     shutil.copytree(PACKAGE, tmp_path / "seqpack", ignore=shutil.ignore_patterns("__pycache__"))
     assert _run_child(tmp_path) == {"hits": 0, "misses": 1}
     assert _run_child(tmp_path) == {"hits": 1, "misses": 0}
-    heaps = tmp_path / "seqpack/schedulers/_kernels/heaps.py"
-    heaps.write_text(heaps.read_text() + "\n# a helper changed\n")
+    other = tmp_path / "seqpack/schedulers/_kernels/grid.py"
+    other.write_text(other.read_text() + "\n# another kernel changed\n")
+    assert _run_child(tmp_path) == {"hits": 1, "misses": 0}
+    own = tmp_path / "seqpack/schedulers/_kernels/consecutive.py"
+    own.write_text(own.read_text() + "\n# this kernel's module changed\n")
     assert _run_child(tmp_path) == {"hits": 0, "misses": 1}
     assert _run_child(tmp_path) == {"hits": 1, "misses": 0}

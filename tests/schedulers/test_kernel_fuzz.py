@@ -267,7 +267,13 @@ _DYNAMIC = {
     "place_blocks": _check_place_blocks,
     "lpt_ranks": _check_lpt_ranks,
 }
-KERNELS = [*_BALANCED, "exact.dfs", "exact.complete_bins", "replicas.lpt", *(f"dynamic_cp.{k}" for k in _DYNAMIC)]
+KERNELS = [
+    *_BALANCED,
+    "exact.dfs",
+    "exact.complete_bins",
+    "replicas.replica_lpt",
+    *(f"dynamic_cp.{k}" for k in _DYNAMIC),
+]
 
 
 def _places() -> Iterator[tuple[Any, str, str, Callable[[Args, Args, Any], bool]]]:
@@ -279,8 +285,8 @@ def _places() -> Iterator[tuple[Any, str, str, Callable[[Args, Args, Any], bool]
     for name, check in _BALANCED.items():
         yield _kernels, name, name, check
     yield exact._search, "dfs", "exact.dfs", _check_packing
-    yield exact._completion, "complete_bins", "exact.complete_bins", _check_packing
-    yield replicas._kernel, "lpt", "replicas.lpt", _check_replica_first
+    yield exact._search, "complete_bins", "exact.complete_bins", _check_packing
+    yield replicas._kernel, "replica_lpt", "replicas.replica_lpt", _check_replica_first
     for proxy in (_candidate._kernels, _rounds._kernels, _replica._kernels):
         for name, check in _DYNAMIC.items():
             yield proxy, name, f"dynamic_cp.{name}", check

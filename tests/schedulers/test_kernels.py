@@ -13,7 +13,7 @@ from sched_reference import (
 )
 
 from seqpack.schedulers import _kernels
-from seqpack.schedulers._kernels.home_tree import build, next_open, pow2_above, set_leaf
+from seqpack.schedulers._kernels.locality_swaps import build, next_open, pow2_above, set_leaf
 from seqpack.schedulers.balanced import round_targets
 from seqpack.schedulers.dp_balanced import megatron_groups
 from seqpack.schedulers.empty import next_fit
@@ -299,7 +299,7 @@ def test_home_tree_finds_every_open_leaf_in_order(keys, edits, cx, tx, p, end):
 def test_sorted_members_is_a_stable_sort_by_cost(costs, seed):
     # repair_replicas reads a replica's members sorted by cost, ties in list order; its sort
     # (insertion runs and merges on scratch, no allocation) must equal a stable argsort.
-    from seqpack.schedulers._kernels.repair import _sorted_members
+    from seqpack.schedulers._kernels.replica_repair import _sorted_members
 
     costs = np.array(costs, dtype=np.float64)
     n = costs.shape[0]
@@ -320,7 +320,7 @@ def test_home_swaps_small_sorts_sort_the_entries_by_cost_in_place(costs, spare):
     # home_swaps sorts a home's cache and pairs by insertion up to SMALL_SORT entries; each
     # entry's fields must travel together, the first k come out sorted by cost (ties stay
     # in order: insertion is stable), and nothing past k is touched.
-    from seqpack.schedulers._kernels.home_book import _sort_cache_small, _sort_pairs_small
+    from seqpack.schedulers._kernels.locality_swaps import _sort_cache_small, _sort_pairs_small
 
     k = len(costs)
     c = np.array(costs + [-1.0] * spare, dtype=np.float64)

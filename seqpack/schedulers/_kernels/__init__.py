@@ -1,5 +1,5 @@
-"""numba kernels behind the schedulers. Private: the public functions in ``balanced.py`` and
-``dp_balanced.py`` validate and coerce their inputs (contiguous int64 / float64 arrays) and
+"""numba kernels behind the schedulers. Private: the public functions of ``balanced``,
+``dp_balanced``, ``empty`` and ``dynamic_cp`` validate and coerce their inputs (contiguous int64 / float64 arrays) and
 call these. Every kernel has a slow, obvious twin in ``tests/schedulers/`` it is checked
 against.
 
@@ -10,10 +10,15 @@ Importing this package is cheap: it imports neither numba nor a kernel. A kernel
 (which imports numba) is imported on first use of its name (``_kernels.grid_lpt``), and the
 first use in a process says once, at INFO, when numba must compile (module :mod:`.compile_note`).
 
-Modules by job: ``lpt`` (grid_lpt), ``local`` (grid_local), ``home`` (home_swaps, with
-``home_book``), ``repair`` (repair_replicas, with the walk of ``scan``), ``matching``
-(greedy_matching), ``groups`` (next_fit); ``heaps`` and ``constants`` are shared. (The exact
-search's kernel is ``seqpack.schedulers.balanced._exact_search``.)
+One module per kernel family, holding every njit function its kernels call and every
+constant they read (numba stamps a kernel's disk cache with the kernel's own file and
+freezes the globals it reads, so a helper in another file could go stale in the cache):
+``grid`` (grid_lpt, grid_local, the ``MODE_*`` rules), ``locality_swaps`` (home_swaps),
+``replica_repair`` (repair_replicas, and replica_lpt of the replica-first plan),
+``matching`` (greedy_matching), ``consecutive`` (next_fit), ``bin_search`` (the exact
+search's dfs and complete_bins) and ``cp_planner`` (the dynamic-CP planner's kernels).
+Their callers reach ``bin_search``, ``cp_planner`` and ``replica_lpt`` through
+``seqpack._lazy.lazy_module``, the others by name here.
 """
 
 from __future__ import annotations
@@ -22,13 +27,6 @@ import importlib
 from typing import Any
 
 from seqpack.errors import ConfigError
-from seqpack.schedulers._kernels.constants import (
-    GRID_LOCAL_SLICES,
-    MODE_COST,
-    MODE_FIRST_FIT,
-    MODE_TOKENS,
-    PAIR_BIN,
-)
 
 __all__ = [
     "GRID_LOCAL_SLICES",
@@ -44,25 +42,27 @@ __all__ = [
     "repair_replicas",
 ]
 
-# Where each kernel (and each private helper a test or benchmark reads) is defined.
+# Where each kernel (and each constant or private helper a caller, test or benchmark reads)
+# is defined. A constant is read from its kernel's module, which imports numba: callers read
+# one only once they plan with that kernel.
 _HOME = {
-    "grid_lpt": "lpt",
-    "_grid_lpt_sorted": "lpt",
-    "grid_local": "local",
-    "_home_pass": "local",
-    "_slices": "local",
-    "home_swaps": "home",
-    "repair_replicas": "repair",
+    "grid_lpt": "grid",
+    "_grid_lpt_sorted": "grid",
+    "grid_local": "grid",
+    "_home_pass": "grid",
+    "_slices": "grid",
+    "MODE_COST": "grid",
+    "MODE_TOKENS": "grid",
+    "MODE_FIRST_FIT": "grid",
+    "GRID_LOCAL_SLICES": "grid",
+    "home_swaps": "locality_swaps",
+    "PAIR_BIN": "locality_swaps",
+    "repair_replicas": "replica_repair",
+    "_lightest_into": "replica_repair",
+    "_total_down": "replica_repair",
+    "_total_up": "replica_repair",
     "greedy_matching": "matching",
-    "next_fit": "groups",
-    "_lightest_into": "heaps",
-    "_total_down": "heaps",
-    "_total_up": "heaps",
-    "_sift_down": "heaps",
-    "_entry_down": "heaps",
-    "_entry_up": "heaps",
-    "_park_push": "heaps",
-    "_park_pop": "heaps",
+    "next_fit": "consecutive",
 }
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from seqpack.schedulers._kernels._types import IntArray
-from seqpack.schedulers._kernels.jit import njit
 
 
 @njit(cache=True)

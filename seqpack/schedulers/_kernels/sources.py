@@ -1,5 +1,5 @@
 """The seqpack files numba compiles, and a digest of them (no numba here: :mod:`.compile_note`
-reads them before numba is imported, :mod:`.jit` stamps the kernels' cache with the digest)."""
+reads them before numba is imported)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ _PACKAGE = Path(__file__).resolve().parents[2]  # the seqpack directory
 
 # Every seqpack file numba compiles, relative to the package: a glob or a path.
 KERNEL_SOURCES = (
-    "schedulers/_kernels/*.py",
-    "schedulers/balanced/_bin_completion.py",
-    "schedulers/balanced/_exact_search.py",
-    "schedulers/balanced/_replica_first.py",
-    "schedulers/dynamic_cp/_kernels.py",
+    "schedulers/_kernels/bin_search.py",
+    "schedulers/_kernels/consecutive.py",
+    "schedulers/_kernels/cp_planner.py",
+    "schedulers/_kernels/grid.py",
+    "schedulers/_kernels/locality_swaps.py",
+    "schedulers/_kernels/matching.py",
+    "schedulers/_kernels/replica_repair.py",
 )
 
 

@@ -22,7 +22,7 @@ from seqpack.options import Objective
 from seqpack.schedulers.balanced.layout import _GAP_FOR_MORE, _GOOD_ENOUGH, _grid
 from seqpack.schedulers.balanced.repair import Repaired, _repair
 
-_kernel = lazy_module("seqpack.schedulers.balanced._replica_first")  # numba: imported on first use
+_kernel = lazy_module("seqpack.schedulers._kernels.replica_repair")  # numba: imported on first use
 
 __all__ = ["LPT_WORK", "capacity_replica_bound", "keep_lighter", "replica_first"]
 
@@ -51,7 +51,7 @@ def replica_first(
     """
     if num_rounds <= 0 or dp_size <= 0 or padded.shape[0] == 0:
         return None
-    ok, round_of, replica_of = _kernel.lpt(
+    ok, round_of, replica_of = _kernel.replica_lpt(
         np.ascontiguousarray(order, dtype=np.int64),
         np.ascontiguousarray(padded, dtype=np.int64),
         np.ascontiguousarray(costs, dtype=np.float64),

@@ -23,7 +23,8 @@ step); short ones stay on one rank and pay no CP communication. Modules:
   plan's :class:`~seqpack.stats.StepStats`. Running a plan: ``seqpack.loader.dynamic``.
 - Private: ``_candidate`` (a plan while it is built, and its exact score), ``_rounds``
   (the lockstep builder and static CP), ``_replica`` (the replica-sync builder),
-  ``_kernels`` (numba), ``_checks`` (the plan's invariants).
+  ``_checks`` (the plan's invariants); their numba kernels are
+  ``seqpack.schedulers._kernels.cp_planner``.
 
 Only these entry points are exported.
 """

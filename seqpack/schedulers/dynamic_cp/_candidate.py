@@ -12,7 +12,7 @@ import numpy as np
 from seqpack._lazy import lazy_module
 from seqpack.options import Sync
 
-_kernels = lazy_module("seqpack.schedulers.dynamic_cp._kernels")  # numba: imported on first use
+_kernels = lazy_module("seqpack.schedulers._kernels.cp_planner")  # numba: imported on first use
 
 
 @dataclasses.dataclass(frozen=True)

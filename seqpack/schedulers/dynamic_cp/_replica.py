@@ -11,7 +11,7 @@ from seqpack._lazy import lazy_module
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score, singles
 from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
 
-_kernels = lazy_module("seqpack.schedulers.dynamic_cp._kernels")  # numba: imported on first use
+_kernels = lazy_module("seqpack.schedulers._kernels.cp_planner")  # numba: imported on first use
 
 _LOOK = 2  # ranks a sequence alone chooses among: the least busy ones that can hold it
 

@@ -1,0 +1,672 @@
+"""repair_replicas and replica_lpt: the kernels that balance replica totals, and the heaps of
+replicas by total they share.
+
+``repair_replicas`` evens out replica totals by moves and swaps that keep the rounds fast;
+``replica_lpt`` (replica-first planning, :func:`seqpack.schedulers.balanced.replicas.replica_first`)
+places sequences costliest first on the lightest replica with a microbatch they fit. Every
+njit function these kernels call is defined in this module: numba stamps a kernel's disk
+cache with its own file only. Ties are broken by index, never by chance.
+
+The repair's scans walk candidates from the ideal cost outwards (:func:`walk_next`): a
+change sends ``delta = base + sign * costs[item]`` from the busier replica to the lighter
+one, ``gap`` apart; it leaves the pair's larger total ``min(delta, gap - delta)`` lower (its
+*gain*), best at ``delta = gap / 2``. ``items`` is sorted by cost, so ``delta`` runs
+monotonically along it: walking outwards from the ideal item, always taking the side with
+the larger gain, yields candidates best first, and a walk can stop at the first candidate
+that gains too little.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from seqpack.schedulers._kernels._types import FloatArray, IntArray
+
+# The repair's change loop runs without numba's reference counting (it allocates nothing; an
+# allocation in it fails to compile): ``_nrt`` is numba's option for it (not in its stubs).
+no_refcount = njit(cache=True, _nrt=False)  # type: ignore[call-overload]
+
+
+@njit(cache=True)
+def repair_replicas(
+    round_of: IntArray,
+    replica_of: IntArray,
+    costs: FloatArray,
+    lengths: IntArray,
+    load: FloatArray,
+    tok: IntArray,
+    capacity: int,
+    max_moves: int,
+    rel_tol: float,
+    stop_at: float,
+    swap_candidates: int,
+    round_budget: float = 0.0,
+    max_work: int = 50_000_000,
+    move_candidates: int = 16,
+    scan_limit: int = 16,
+) -> int:
+    """Even out replica totals without making the rounds (much) slower.
+
+    Each step takes the most loaded replica ``d1`` and applies the best of: moving one of
+    its sequences into any microbatch (any round) of one of the ``move_candidates``
+    lightest replicas ``d2``, or swapping one of its sequences with a cheaper one of one of
+    the ``swap_candidates`` lightest replicas. A change is allowed when both microbatches
+    stay within ``capacity``, the pair's larger total drops (``max(R_d1, R_d2)`` strictly
+    decreases), and the sum of round maxima ``S = sum_m max_d load[m, d]`` stays at most
+    ``max(S, round_budget)``: 0 never lets the rounds get slower, ``inf`` ignores them.
+    "Best" is the largest drop of the pair's maximum; candidates are scanned from the
+    ideal cost difference ``(R_d1 - R_d2) / 2`` outwards, so the first allowed one is the
+    best for its replica (ties: lighter replica, cheaper item, lower round); at most
+    ``scan_limit`` partners are checked per sequence and replica. Stops when no
+    change helps, after ``max_moves`` changes, once the busiest replica is at most
+    ``stop_at``, or after about ``max_work`` candidate checks (a deterministic time cap).
+    Updates ``round_of``, ``replica_of``, ``load`` and ``tok`` (``[rounds, replicas]``) in
+    place.
+
+    Bounds: ``mine``, ``theirs`` and the merge scratch have one entry per sequence (a
+    replica's members are at most all of them); ``light`` holds ``min(dp, max(move_candidates,
+    swap_candidates) + 1)`` replicas, never more than the heap it is read from; the walk that
+    reads them (:func:`_lightest_into`) keeps at most ``len(light) + 1`` heap positions
+    (each step takes one and adds two), within its ``2 * len(light) + 1``; the top-3 tables
+    have a row per round. Requires ``dp >= 1``, ``0 <= round_of < rounds``, ``0 <=
+    replica_of < dp`` and ``load`` / ``tok`` equal to the sums over the sequences.
+
+    Returns:
+        Number of changes made.
+    """
+    n_rounds, dp = load.shape
+    total = np.zeros(dp, dtype=np.float64)
+    for m in range(n_rounds):
+        total += load[m]
+    top_val = np.empty((n_rounds, 3), dtype=np.float64)
+    top_idx = np.empty((n_rounds, 3), dtype=np.int64)
+    for m in range(n_rounds):
+        _top3(load, m, top_val, top_idx)
+    grid = (load, tok, top_val, top_idx)
+    lists = _replica_lists(replica_of, dp)
+    mine = np.empty(round_of.shape[0], dtype=np.int64)
+    theirs = np.empty(round_of.shape[0], dtype=np.int64)
+    # The busiest replica and the few lightest are read from heaps in O(log dp) per change,
+    # not from a sort of all dp totals.
+    heaps = _total_heaps(total)
+    light = np.empty(min(dp, max(move_candidates, swap_candidates) + 1), dtype=np.int64)
+    scratch = (
+        mine,
+        theirs,
+        np.empty(round_of.shape[0], dtype=np.int64),
+        light,
+        np.empty(2 * light.shape[0] + 1, dtype=np.int64),
+    )
+    limits = (
+        capacity,
+        max_moves,
+        rel_tol,
+        stop_at,
+        swap_candidates,
+        round_budget,
+        max_work,
+        move_candidates,
+        scan_limit,
+    )
+    return _repair_loop(
+        round_of, replica_of, costs, lengths, grid, total, lists, heaps, scratch, limits, _round_sum(top_val)
+    )
+
+
+@no_refcount
+def _repair_loop(
+    round_of: IntArray,
+    replica_of: IntArray,
+    costs: FloatArray,
+    lengths: IntArray,
+    grid: tuple[FloatArray, IntArray, FloatArray, IntArray],
+    total: FloatArray,
+    lists: tuple[IntArray, IntArray, IntArray],
+    heaps: tuple[IntArray, IntArray, IntArray, IntArray],
+    scratch: tuple[IntArray, IntArray, IntArray, IntArray, IntArray],
+    limits: tuple[int, int, float, float, int, float, int, int, int],
+    round_sum: float,
+) -> int:
+    """The changes of :func:`repair_replicas`, one at a time; returns how many."""
+    capacity, max_moves, rel_tol, stop_at, swap_candidates, round_budget, max_work, move_candidates, scan_limit = limits
+    mine, theirs, tmp, light, frontier = scratch
+    top_val = grid[2]
+    dp = total.shape[0]
+    eps = 1e-12
+    moves = 0
+    work = 0
+    while moves < max_moves and work < max_work:
+        d1 = heaps[2][0]
+        if total[d1] <= stop_at:
+            break
+        _lightest_into(heaps[0], dp, total, light, frontier)
+        allow = max(0.0, round_budget - round_sum) + eps * total[d1]
+        k1 = _sorted_members(lists[0][d1], lists[2], costs, mine, tmp)
+        best = (rel_tol * total[d1], -1, -1, -1, -1)
+        best, work = _best_move(
+            d1, light, move_candidates, total, mine, k1, costs, lengths, round_of, grid, capacity, allow, scan_limit,
+            best, work,
+        )  # fmt: skip
+        best, work = _best_swap(
+            d1, light, swap_candidates, total, mine, k1, lists, theirs, tmp, costs, lengths, round_of, grid,
+            capacity, allow, scan_limit, best, work,
+        )  # fmt: skip
+        if best[1] < 0:
+            break
+        _apply(best, d1, lists, grid, total, heaps, costs, lengths, replica_of, round_of)
+        round_sum = _round_sum(top_val)
+        moves += 1
+    return moves
+
+
+@njit(cache=True, inline="always")
+def _best_move(
+    d1: int,
+    light: IntArray,
+    candidates: int,
+    total: FloatArray,
+    mine: IntArray,
+    k1: int,
+    costs: FloatArray,
+    lengths: IntArray,
+    round_of: IntArray,
+    grid: tuple[FloatArray, IntArray, FloatArray, IntArray],
+    capacity: int,
+    allow: float,
+    limit: int,
+    best: tuple[float, int, int, int, int],
+    work: int,
+) -> tuple[tuple[float, int, int, int, int], int]:
+    """The best move of one of ``d1``'s items ``mine[:k1]`` (sorted by cost) to one of the
+    ``candidates`` lightest replicas ``light``, if it beats ``best`` = (gain, i, j, d2, m2)."""
+    load, tok, top_val, top_idx = grid
+    best_gain, best_i, best_j, best_d2, best_m2 = best
+    tried = 0
+    for kk in range(light.shape[0]):
+        if tried >= candidates:
+            break
+        d2 = light[kk]
+        if d2 == d1:
+            continue
+        tried += 1
+        gap = total[d1] - total[d2]
+        if gap / 2 <= best_gain:
+            break
+        right = first_cost_above(mine, k1, costs, gap / 2)
+        left = right - 1
+        checked = 0
+        found = False
+        while checked < limit * 4 and not found:
+            i, gain, left, right = walk_next(mine, k1, costs, 0.0, 1.0, gap, left, right)
+            if i < 0 or gain <= best_gain:
+                break
+            checked += 1
+            m = round_of[i]
+            for m2 in range(load.shape[0]):
+                work += 1
+                if tok[m2, d2] + lengths[i] > capacity:
+                    continue
+                if _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, costs[i]) <= allow:
+                    best_gain, best_i, best_j, best_d2, best_m2 = gain, i, -1, d2, m2
+                    found = True
+                    break
+    return (best_gain, best_i, best_j, best_d2, best_m2), work
+
+
+@njit(cache=True, inline="always")
+def _best_swap(
+    d1: int,
+    light: IntArray,
+    candidates: int,
+    total: FloatArray,
+    mine: IntArray,
+    k1: int,
+    lists: tuple[IntArray, IntArray, IntArray],
+    theirs: IntArray,
+    tmp: IntArray,
+    costs: FloatArray,
+    lengths: IntArray,
+    round_of: IntArray,
+    grid: tuple[FloatArray, IntArray, FloatArray, IntArray],
+    capacity: int,
+    allow: float,
+    limit: int,
+    best: tuple[float, int, int, int, int],
+    work: int,
+) -> tuple[tuple[float, int, int, int, int], int]:
+    """The best swap of one of ``d1``'s items with a cheaper one of one of the
+    ``candidates`` lightest replicas, if it beats ``best`` (as :func:`_best_move`)."""
+    load, tok, top_val, top_idx = grid
+    head, _, nxt = lists
+    best_gain, best_i, best_j, best_d2, best_m2 = best
+    tried = 0
+    for kk in range(light.shape[0]):
+        if tried >= candidates:
+            break
+        d2 = light[kk]
+        if d2 == d1:
+            continue
+        tried += 1
+        gap = total[d1] - total[d2]
+        if gap / 2 <= best_gain:
+            break
+        k2 = _sorted_members(head[d2], nxt, costs, theirs, tmp)
+        for t in range(k1):
+            i = mine[t]
+            ci = costs[i]
+            m = round_of[i]
+            # delta = ci - cj; gain = min(delta, gap - delta); ideal cj = ci - gap/2.
+            right = first_cost_above(theirs, k2, costs, ci - gap / 2)
+            left = right - 1
+            checked = 0
+            while checked < limit:
+                j, gain, left, right = walk_next(theirs, k2, costs, ci, -1.0, gap, left, right)
+                if j < 0 or gain <= best_gain:
+                    break
+                work += 1
+                checked += 1
+                m2 = round_of[j]
+                fits = tok[m2, d2] + lengths[i] - lengths[j] <= capacity
+                if m2 != m:
+                    fits = fits and tok[m, d1] - lengths[i] + lengths[j] <= capacity
+                if fits and _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, ci - costs[j]) <= allow:
+                    best_gain, best_i, best_j, best_d2, best_m2 = gain, i, j, d2, m2
+                    break
+    return (best_gain, best_i, best_j, best_d2, best_m2), work
+
+
+@njit(cache=True, inline="always")
+def _apply(
+    change: tuple[float, int, int, int, int],
+    d1: int,
+    lists: tuple[IntArray, IntArray, IntArray],
+    grid: tuple[FloatArray, IntArray, FloatArray, IntArray],
+    total: FloatArray,
+    heaps: tuple[IntArray, IntArray, IntArray, IntArray],
+    costs: FloatArray,
+    lengths: IntArray,
+    replica_of: IntArray,
+    round_of: IntArray,
+) -> None:
+    """Make the change: ``i`` moves from (its round, ``d1``) to ``(m2, d2)``; in a swap ``j``
+    moves the other way. Updates the lists, grid, totals and heaps."""
+    _, i, j, d2, m2 = change
+    head, prv, nxt = lists
+    load, tok, top_val, top_idx = grid
+    lo, lo_pos, hi, hi_pos = heaps
+    dp = total.shape[0]
+    m = round_of[i]
+    _move(i, d1, m, d2, m2, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
+    if j >= 0:
+        _move(j, d2, m2, d1, m, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
+    for d in (d1, d2):
+        _total_up(lo, lo_pos, lo_pos[d], total, 1.0)
+        _total_down(lo, lo_pos, dp, lo_pos[d], total, 1.0)
+        _total_up(hi, hi_pos, hi_pos[d], total, -1.0)
+        _total_down(hi, hi_pos, dp, hi_pos[d], total, -1.0)
+    _top3(load, m, top_val, top_idx)
+    if m2 != m:
+        _top3(load, m2, top_val, top_idx)
+
+
+@njit(cache=True, inline="always")
+def _top3(load: FloatArray, m: int, top_val: FloatArray, top_idx: IntArray) -> None:
+    """Recompute the three largest loads of round ``m`` (ties: lower replica first)."""
+    v0 = v1 = v2 = -np.inf
+    i0 = i1 = i2 = -1
+    for d in range(load.shape[1]):
+        x = load[m, d]
+        if x > v0:
+            v2, i2, v1, i1, v0, i0 = v1, i1, v0, i0, x, d
+        elif x > v1:
+            v2, i2, v1, i1 = v1, i1, x, d
+        elif x > v2:
+            v2, i2 = x, d
+    top_val[m, 0], top_val[m, 1], top_val[m, 2] = v0, v1, v2
+    top_idx[m, 0], top_idx[m, 1], top_idx[m, 2] = i0, i1, i2
+
+
+@njit(cache=True, inline="always")
+def _max_without(top_val: FloatArray, top_idx: IntArray, m: int, a: int, b: int) -> float:
+    """Largest load of round ``m`` among replicas other than ``a`` and ``b``."""
+    for k in range(3):
+        if top_idx[m, k] != a and top_idx[m, k] != b:
+            return top_val[m, k]
+    return -np.inf
+
+
+@njit(cache=True, inline="always")
+def _round_sum_change(
+    load: FloatArray, top_val: FloatArray, top_idx: IntArray, m: int, d1: int, m2: int, d2: int, delta: float
+) -> float:
+    """Change of ``sum_m max_d load`` when ``delta`` moves from cell (m, d1) to (m2, d2)."""
+    if m2 != m:
+        new_m = max(load[m, d1] - delta, _max_without(top_val, top_idx, m, d1, -1))
+        new_m2 = max(top_val[m2, 0], load[m2, d2] + delta)
+        return (new_m - top_val[m, 0]) + (new_m2 - top_val[m2, 0])
+    new = max(load[m, d1] - delta, load[m, d2] + delta, _max_without(top_val, top_idx, m, d1, d2))
+    return new - top_val[m, 0]
+
+
+@njit(cache=True, inline="always")
+def _sorted_members(head: int, nxt: IntArray, costs: FloatArray, buf: IntArray, tmp: IntArray) -> int:
+    """Items of one replica (its linked list) sorted by cost, stably (ties keep the list's
+    order, as a merge sort does); returns how many. ``tmp`` is scratch of ``buf``'s size:
+    nothing is allocated."""
+    k = 0
+    i = head
+    while i >= 0:
+        buf[k] = i
+        k += 1
+        i = nxt[i]
+    # Runs of 16 by insertion, then bottom-up merges: stable, so the order is the one any
+    # stable sort by cost gives.
+    for lo in range(0, k, 16):
+        for t in range(lo + 1, min(lo + 16, k)):
+            v = buf[t]
+            c = costs[v]
+            u = t
+            while u > lo and costs[buf[u - 1]] > c:
+                buf[u] = buf[u - 1]
+                u -= 1
+            buf[u] = v
+    width = 16
+    in_tmp = False  # where the sorted runs are
+    while width < k:
+        for lo in range(0, k, 2 * width):
+            if in_tmp:
+                _merge(tmp, buf, lo, min(lo + width, k), min(lo + 2 * width, k), costs)
+            else:
+                _merge(buf, tmp, lo, min(lo + width, k), min(lo + 2 * width, k), costs)
+        in_tmp = not in_tmp
+        width *= 2
+    if in_tmp:
+        for t in range(k):
+            buf[t] = tmp[t]
+    return k
+
+
+@njit(cache=True, inline="always")
+def _merge(src: IntArray, dst: IntArray, lo: int, mid: int, hi: int, costs: FloatArray) -> None:
+    """Merge the sorted runs ``src[lo:mid]`` and ``src[mid:hi]`` into ``dst[lo:hi]`` (ties:
+    the left run first)."""
+    a, b = lo, mid
+    for t in range(lo, hi):
+        if b >= hi or (a < mid and costs[src[a]] <= costs[src[b]]):
+            dst[t] = src[a]
+            a += 1
+        else:
+            dst[t] = src[b]
+            b += 1
+
+
+@njit(cache=True, inline="always")
+def _move(
+    i: int,
+    d_from: int,
+    m_from: int,
+    d_to: int,
+    m_to: int,
+    head: IntArray,
+    prv: IntArray,
+    nxt: IntArray,
+    load: FloatArray,
+    tok: IntArray,
+    total: FloatArray,
+    costs: FloatArray,
+    lengths: IntArray,
+    replica_of: IntArray,
+    round_of: IntArray,
+) -> None:
+    """Move sequence ``i`` from microbatch ``(m_from, d_from)`` to ``(m_to, d_to)``: unlink it
+    from ``d_from``'s list, push it on ``d_to``'s, and update every load and token count."""
+    if prv[i] >= 0:
+        nxt[prv[i]] = nxt[i]
+    else:
+        head[d_from] = nxt[i]
+    if nxt[i] >= 0:
+        prv[nxt[i]] = prv[i]
+    prv[i] = -1
+    nxt[i] = head[d_to]
+    if head[d_to] >= 0:
+        prv[head[d_to]] = i
+    head[d_to] = i
+    load[m_from, d_from] -= costs[i]
+    tok[m_from, d_from] -= lengths[i]
+    load[m_to, d_to] += costs[i]
+    tok[m_to, d_to] += lengths[i]
+    total[d_from] -= costs[i]
+    total[d_to] += costs[i]
+    replica_of[i] = d_to
+    round_of[i] = m_to
+
+
+@njit(cache=True, inline="always")
+def _replica_lists(replica_of: IntArray, dp: int) -> tuple[IntArray, IntArray, IntArray]:
+    """Items of every replica as doubly linked lists ``(head, prv, nxt)`` (moves are O(1))."""
+    n = replica_of.shape[0]
+    head = np.full(dp, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    prv = np.full(n, -1, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        d = replica_of[i]
+        nxt[i] = head[d]
+        if head[d] >= 0:
+            prv[head[d]] = i
+        head[d] = i
+    return head, prv, nxt
+
+
+@njit(cache=True, inline="always")
+def _total_heaps(total: FloatArray) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+    """Replicas in a min-heap and a max-heap of totals, with positions: ``(lo, lo_pos, hi,
+    hi_pos)``."""
+    dp = total.shape[0]
+    lo = np.arange(dp, dtype=np.int64)
+    lo_pos = np.arange(dp, dtype=np.int64)
+    hi = np.arange(dp, dtype=np.int64)
+    hi_pos = np.arange(dp, dtype=np.int64)
+    for i in range(dp // 2 - 1, -1, -1):
+        _total_down(lo, lo_pos, dp, i, total, 1.0)
+        _total_down(hi, hi_pos, dp, i, total, -1.0)
+    return lo, lo_pos, hi, hi_pos
+
+
+@njit(cache=True, inline="always")
+def _round_sum(top_val: FloatArray) -> float:
+    """``S = sum_m max_d load[m, d]`` from the rounds' top loads."""
+    round_sum = 0.0
+    for m in range(top_val.shape[0]):
+        round_sum += top_val[m, 0]
+    return round_sum
+
+
+@njit(cache=True)
+def first_cost_above(items: IntArray, k: int, costs: FloatArray, value: float) -> int:
+    """Index of the first of ``items[:k]`` (sorted by cost) costing more than ``value``
+    (``k`` if none; reads ``items`` below ``k <= len(items)`` only)."""
+    lo, hi = 0, k
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if costs[items[mid]] <= value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, inline="always")
+def walk_next(
+    items: IntArray, k: int, costs: FloatArray, base: float, sign: float, gap: float, left: int, right: int
+) -> tuple[int, float, int, int]:
+    """One step of the walk over ``items[:k]``: ``(item, gain, left, right)``, item -1 when
+    both sides are used up. Start with ``right`` the first item past the ideal cost
+    (:func:`first_cost_above`) and ``left = right - 1``.
+
+    ``sign = 1`` (a move, ``delta = costs[item]``): items left of the ideal send at most half
+    the gap (gain ``delta``), items right of it more (gain ``gap - delta``). ``sign = -1`` (a
+    swap, ``delta = base - costs[item]``): the other way round. Ties go left. Reads
+    ``items[left]`` only while ``left >= 0`` and ``items[right]`` while ``right < k``.
+    """
+    if left < 0 and right >= k:
+        return -1, -np.inf, left, right
+    gain_left = -np.inf
+    gain_right = -np.inf
+    if left >= 0:
+        delta = base + sign * costs[items[left]]
+        gain_left = delta if sign > 0 else gap - delta
+    if right < k:
+        delta = base + sign * costs[items[right]]
+        gain_right = gap - delta if sign > 0 else delta
+    if gain_left >= gain_right:
+        return items[left], gain_left, left - 1, right
+    return items[right], gain_right, left, right + 1
+
+
+# --- replica-first LPT -------------------------------------------------------------------
+
+
+@njit(cache=True)
+def replica_lpt(
+    order: np.ndarray,
+    sizes: np.ndarray,
+    costs: np.ndarray,
+    dp: int,
+    num_rounds: int,
+    capacity: int,
+    max_work: int,
+) -> tuple[bool, np.ndarray, np.ndarray]:
+    """Longest processing time over replicas, each holding ``num_rounds`` bins of ``capacity``.
+
+    Sequences in ``order`` (costliest first) go to the replica with the lowest total cost
+    among those with a bin it fits (ties: lower index), into that replica's fullest such
+    bin (best fit; ties: lower round). Returns ``(ok, round_of, replica_of)``; ``ok`` is
+    False when a sequence fits no bin or after about ``max_work`` heap steps.
+
+    Bounds: ``total``, ``widest``, the heap and ``aside`` have one entry per replica (a
+    replica is set aside at most once per sequence, so ``n_aside <= dp``); ``room`` is
+    ``dp x num_rounds``, and a replica chosen because its widest room fits the sequence has
+    a round that does (``best >= 0``). ``order`` must index ``sizes`` and ``costs``.
+    """
+    n = order.shape[0]
+    total = np.zeros(dp, dtype=np.float64)
+    room = np.full((dp, num_rounds), capacity, dtype=np.int64)
+    widest = np.full(dp, capacity, dtype=np.int64)  # largest room of each replica's bins
+    heap = np.arange(dp, dtype=np.int64)  # a min-heap of replicas by total (ties: lower index)
+    pos = np.arange(dp, dtype=np.int64)  # kept up to date by the heap helpers, not read here
+    aside = np.empty(dp, dtype=np.int64)
+    round_of = np.full(sizes.shape[0], -1, dtype=np.int64)
+    replica_of = np.full(sizes.shape[0], -1, dtype=np.int64)
+    work = 0
+    for k in range(n):
+        i = order[k]
+        size = sizes[i]
+        n_aside = 0
+        size_heap = dp
+        d = -1
+        while size_heap > 0:
+            top = heap[0]
+            work += 1
+            if widest[top] >= size:
+                d = top
+                break
+            # Does not fit this replica: set it aside (pop) and look at the next lightest.
+            aside[n_aside] = top
+            n_aside += 1
+            size_heap -= 1
+            heap[0] = heap[size_heap]
+            heap[size_heap] = top
+            _total_down(heap, pos, size_heap, 0, total, 1.0)
+        if d < 0 or work > max_work:
+            return False, round_of, replica_of
+        best = -1
+        for m in range(num_rounds):
+            r = room[d, m]
+            if r >= size and (best < 0 or r < room[d, best]):
+                best = m
+        room[d, best] -= size
+        widest[d] = 0
+        for m in range(num_rounds):
+            if room[d, m] > widest[d]:
+                widest[d] = room[d, m]
+        work += num_rounds
+        round_of[i] = best
+        replica_of[i] = d
+        total[d] += costs[i]
+        _total_down(heap, pos, size_heap, 0, total, 1.0)
+        # Put the set-aside replicas back (their totals did not change).
+        for j in range(n_aside):
+            heap[size_heap] = aside[j]
+            size_heap += 1
+            _total_up(heap, pos, size_heap - 1, total, 1.0)
+    return True, round_of, replica_of
+
+
+# --- heaps of replicas by total -----------------------------------------------------------
+
+
+@njit(cache=True)
+def _total_before(total: FloatArray, a: int, b: int, sign: float) -> bool:
+    """Heap order of replicas: smaller ``sign * total``, then lower index."""
+    x, y = sign * total[a], sign * total[b]
+    if x != y:
+        return x < y
+    return a < b
+
+
+@njit(cache=True)
+def _total_down(heap: IntArray, pos: IntArray, size: int, i: int, total: FloatArray, sign: float) -> None:
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            return
+        right = child + 1
+        if right < size and _total_before(total, heap[right], heap[child], sign):
+            child = right
+        a, c = heap[i], heap[child]
+        if _total_before(total, c, a, sign):
+            heap[i], heap[child] = c, a
+            pos[c], pos[a] = i, child
+            i = child
+        else:
+            return
+
+
+@njit(cache=True)
+def _total_up(heap: IntArray, pos: IntArray, i: int, total: FloatArray, sign: float) -> None:
+    while i > 0:
+        parent = (i - 1) // 2
+        a, q = heap[i], heap[parent]
+        if _total_before(total, a, q, sign):
+            heap[i], heap[parent] = q, a
+            pos[q], pos[a] = i, parent
+            i = parent
+        else:
+            return
+
+
+@njit(cache=True, inline="always")
+def _lightest_into(heap: IntArray, size: int, total: FloatArray, out: IntArray, frontier: IntArray) -> None:
+    """The ``len(out)`` smallest totals of a min-heap, in order (ties: lower index), by a
+    best-first walk from the root: ``O(k**2)`` for ``k`` of them, whatever the heap size.
+    ``frontier`` is scratch for ``2 * len(out) + 1`` heap positions still to visit: nothing
+    is allocated. Bounds: the walk holds at most ``t + 1`` positions after ``t`` steps (each
+    takes one and adds at most two), so ``len(out) + 1`` suffice; ``len(out)`` must not
+    exceed ``size`` (the frontier would run dry and repeat a stale position)."""
+    k = out.shape[0]
+    frontier[0] = 0
+    count = 1
+    for t in range(k):
+        best = 0
+        for f in range(1, count):
+            if _total_before(total, heap[frontier[f]], heap[frontier[best]], 1.0):
+                best = f
+        p = frontier[best]
+        out[t] = heap[p]
+        count -= 1
+        frontier[best] = frontier[count]
+        for child in (2 * p + 1, 2 * p + 2):
+            if child < size:
+                frontier[count] = child
+                count += 1
