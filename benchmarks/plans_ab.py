@@ -1,11 +1,13 @@
 """Plan time before vs now: two source trees, interleaved, CPU time, best of N, same plans.
 
 Each tree runs in a worker process of its own (its own ``PYTHONPATH`` and ``NUMBA_CACHE_DIR``,
-so the two compile and cache apart); the driver asks them for the same shape in turn (before,
-now, before, ...), after one untimed warm-up each, and prints per shape the best CPU time
-(``time.process_time`` around ``Scheduler.schedule``) of each, their ratio, whether the two
-plans are identical (a digest of every microbatch's ids), and the best CPU time of each
+so they compile and cache apart; ``--before`` may be given several times, each tree labelled
+by its folder's name); the driver asks them for the same shape in turn (before, ..., now,
+before, ...), after one untimed warm-up each, and prints per shape the best CPU time
+(``time.process_time`` around ``Scheduler.schedule``) of each, now's ratio to each, whether
+the plans are identical (a digest of every microbatch's ids), and the best CPU time of each
 numba kernel within the plan (the kernels are wrapped by timers; ``_kernels.X`` lookups).
+Give ``--cache`` a fresh prefix for a fresh numba cache (the default is reused between runs).
 
 Shapes (``kind:args``):
 
@@ -20,6 +22,7 @@ Shapes (``kind:args``):
 (shapes ``NxDP``): the best of each, their ratio, and the median per-run ratio.
 
     python benchmarks/plans_ab.py --before /tmp/before --repeat 9 scale:65536:1024 ht:0
+    python benchmarks/plans_ab.py --before /tmp/5ea2a6b --before /tmp/00102be --cache /tmp/fresh1 scale:4096:64
     python benchmarks/plans_ab.py --ratio --repeat 7 1048576x1024 65536x1024
 
 The before tree is any checkout (``git archive 988af75 | tar -x -C /tmp/before``).
@@ -88,25 +91,44 @@ def shape(name: str) -> tuple[str, dict, np.ndarray, dict]:
     raise ValueError(f"unknown shape {name!r} (kinds: scale, sched, ht)")
 
 
+def _lazy_kernels() -> list[tuple[Any, list[tuple[str, str]]]]:
+    """The kernels callers reach through lazy modules, where this tree has them: (proxy,
+    [(attribute, label)])."""
+    found: list[tuple[Any, list[tuple[str, str]]]] = []
+    try:
+        from seqpack.schedulers.balanced import exact, replicas
+    except ImportError:  # a tree from before the balanced package
+        return found
+    found.append((exact._search, [("dfs", "dfs"), ("complete_bins", "complete_bins")]))
+    if hasattr(exact, "_completion"):
+        found.append((exact._completion, [("complete_bins", "complete_bins")]))
+    found.append((replicas._kernel, [("replica_lpt", "replica_lpt"), ("lpt", "replica_lpt")]))
+    return found
+
+
 def worker() -> None:
     """Answer shape names on stdin with one JSON line each: CPU seconds, digest, kernels."""
     from seqpack.schedulers import _kernels, get_scheduler
 
     spent: dict[str, float] = {}
 
-    def timed(name: str) -> None:
-        kernel = getattr(_kernels, name)
+    def timed(holder: Any, name: str, label: str) -> None:
+        kernel = getattr(holder, name)
 
         def run(*args: Any, **kwargs: Any) -> Any:
             t = time.process_time()
             out = kernel(*args, **kwargs)
-            spent[name] = spent.get(name, 0.0) + time.process_time() - t
+            spent[label] = spent.get(label, 0.0) + time.process_time() - t
             return out
 
-        setattr(_kernels, name, run)
+        setattr(holder, name, run)
 
     for name in KERNELS:
-        timed(name)
+        timed(_kernels, name, name)
+    for holder, names in _lazy_kernels():
+        for name, label in names:
+            if hasattr(holder, name):
+                timed(holder, name, label)
     shapes: dict[str, tuple] = {}
     print("ready", flush=True)
     for line in sys.stdin:
@@ -143,25 +165,31 @@ class Worker:
         return json.loads(self.stdout.readline())
 
 
-def compare(before: Worker, now: Worker, names: list[str], repeat: int) -> None:
+def compare(befores: list[tuple[str, Worker]], now: Worker, names: list[str], repeat: int) -> None:
+    """Per shape: each tree's best CPU time, now's ratio to each, whether the plans are the same."""
+    sides = [*befores, ("now", now)]
     for name in names:
-        before.ask(name), now.ask(name)  # warm-up: compile or load the kernels, build the shape
-        runs: dict[str, list[dict]] = {"before": [], "now": []}
+        for _, worker in sides:
+            worker.ask(name)  # warm-up: compile or load the kernels, build the shape
+        runs: dict[str, list[dict]] = {label: [] for label, _ in sides}
         for _ in range(repeat):
-            runs["before"].append(before.ask(name))
-            runs["now"].append(now.ask(name))
-        a, b = (min(runs[k], key=lambda r: r["cpu"]) for k in ("before", "now"))
-        same = "same plan" if a["digest"] == b["digest"] else f"DIFFERENT plans ({a['digest']} vs {b['digest']})"
+            for label, worker in sides:
+                runs[label].append(worker.ask(name))
+        best = {label: min(runs[label], key=lambda r: r["cpu"]) for label, _ in sides}
+        b = best["now"]
+        columns = []
+        for label, _ in befores:
+            a = best[label]
+            same = "same plan" if a["digest"] == b["digest"] else f"DIFFERENT plan ({a['digest']} vs {b['digest']})"
+            columns.append(f"{label} {1e3 * a['cpu']:9.1f} ms (now/{label} {b['cpu'] / a['cpu']:.3f}, {same})")
+        print(f"{name:<38} now {1e3 * b['cpu']:9.1f} ms  " + "  ".join(columns), flush=True)
+        kernels = sorted({k for label, _ in sides for r in runs[label] for k in r["kernels"]})
+        order = [label for label, _ in sides]
+        per_kernel = {k: [min(r["kernels"].get(k, 0.0) for r in runs[label]) for label in order] for k in kernels}
         print(
-            f"{name:<38} before {1e3 * a['cpu']:9.1f} ms  now {1e3 * b['cpu']:9.1f} ms  "
-            f"now/before {b['cpu'] / a['cpu']:.3f}  {same}",
+            f"    kernels, best ms {'/'.join(order)}: "
+            + ", ".join(f"{k} " + "/".join(f"{1e3 * v:.1f}" for v in vs) for k, vs in per_kernel.items()),
             flush=True,
-        )
-        kernels = sorted({k for r in runs["before"] + runs["now"] for k in r["kernels"]})
-        best = {k: [min(r["kernels"].get(k, 0.0) for r in runs[side]) for side in ("before", "now")] for k in kernels}
-        print(
-            "    kernels, best ms before/now: "
-            + ", ".join(f"{k} {1e3 * a:.1f}/{1e3 * b:.1f}" for k, (a, b) in best.items())
         )
 
 
@@ -186,7 +214,12 @@ def ratios(now: Worker, names: list[str], repeat: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shapes", nargs="*")
-    parser.add_argument("--before", help="the other source tree (a checkout)")
+    parser.add_argument(
+        "--before",
+        action="append",
+        default=[],
+        help="another source tree (a checkout; repeatable, labelled by its folder)",
+    )
     parser.add_argument("--now", default=str(Path(__file__).resolve().parents[1]), help="this tree by default")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--ratio", action="store_true", help="locality on vs off in --now (shapes NxDP)")
@@ -203,7 +236,8 @@ def main() -> int:
         return 0
     if not args.before:
         parser.error("--before PATH is needed (or --ratio)")
-    compare(Worker(args.before, args.cache + "_before"), now, args.shapes, args.repeat)
+    befores = [(Path(b).name, Worker(b, f"{args.cache}_{Path(b).name}")) for b in args.before]
+    compare(befores, now, args.shapes, args.repeat)
     return 0
 
 

@@ -13,7 +13,7 @@ from sched_reference import (
 )
 
 from seqpack.schedulers import _kernels
-from seqpack.schedulers._kernels.locality_swaps import build, next_open, pow2_above, set_leaf
+from seqpack.schedulers._kernels.locality_swaps import _build, _next_open, _pow2_above, _set_leaf
 from seqpack.schedulers.balanced import round_targets
 from seqpack.schedulers.dp_balanced import megatron_groups
 from seqpack.schedulers.empty import next_fit
@@ -269,26 +269,26 @@ def test_greedy_matching_takes_pairs_in_the_given_order():
     end=st.integers(0, 40),
 )
 def test_home_tree_finds_every_open_leaf_in_order(keys, edits, cx, tx, p, end):
-    """next_open walks exactly the leaves of [p, end) whose two keys both pass, in order,
-    after leaves change (set_leaf) as a brute-force scan does."""
+    """_next_open walks exactly the leaves of [p, end) whose two keys both pass, in order,
+    after leaves change (_set_leaf) as a brute-force scan does."""
     count = len(keys)
-    size = pow2_above(count + 1)
+    size = _pow2_above(count + 1)
     t1, t2 = np.empty(2 * size), np.empty(2 * size, dtype=np.int64)
     t1[size : size + count] = [k for k, _ in keys]
     t2[size : size + count] = [k for _, k in keys]
-    build(t1, t2, size, count)
+    _build(t1, t2, size, count)
     values = list(keys)
     for q, v1, v2 in edits:
         if q < count:
-            set_leaf(t1, t2, size, q, v1, v2)
+            _set_leaf(t1, t2, size, q, v1, v2)
             values[q] = (v1, v2)
     end = min(end, count)
     expected = [q for q in range(p, end) if values[q][0] >= cx and values[q][1] >= tx]
     found = []
-    q = next_open(t1, t2, size, p, end, cx, tx)
+    q = _next_open(t1, t2, size, p, end, cx, tx)
     while q < end:
         found.append(q)
-        q = next_open(t1, t2, size, q + 1, end, cx, tx)
+        q = _next_open(t1, t2, size, q + 1, end, cx, tx)
     assert found == expected
 
 
@@ -326,14 +326,53 @@ def test_home_swaps_small_sorts_sort_the_entries_by_cost_in_place(costs, spare):
     c = np.array(costs + [-1.0] * spare, dtype=np.float64)
     ids = np.arange(k + spare, dtype=np.int64)
     cache = (ids.copy(), ids + 1000, ids + 2000, c.copy(), ids + 3000)
-    _sort_cache_small(k, cache)
+    _sort_cache_small(k, *cache)
     order = np.argsort(c[:k], kind="stable")
     expected = np.concatenate([order, np.arange(k, k + spare)]).astype(np.int64)
     assert cache[0].tolist() == expected.tolist()
     assert cache[1].tolist() == (expected + 1000).tolist() and cache[2].tolist() == (expected + 2000).tolist()
     assert cache[3].tolist() == c[expected].tolist() and cache[4].tolist() == (expected + 3000).tolist()
-    pair_y = np.stack([ids, ids + 500], axis=1)
-    pairs = (c.copy(), pair_y.copy(), ids + 3000, np.zeros(1, np.int64), np.zeros(1, np.int64))
-    _sort_pairs_small(k, pairs)
-    assert pairs[0].tolist() == c[expected].tolist() and pairs[2].tolist() == (expected + 3000).tolist()
-    assert pairs[1].tolist() == pair_y[expected].tolist()
+    pairs = (c.copy(), ids.copy(), ids + 500, ids + 3000)
+    _sort_pairs_small(k, *pairs)
+    assert pairs[0].tolist() == c[expected].tolist() and pairs[3].tolist() == (expected + 3000).tolist()
+    assert pairs[1].tolist() == expected.tolist() and pairs[2].tolist() == (expected + 500).tolist()
+
+
+@given(
+    costs=st.lists(st.sampled_from([1.0, 2.0, 2.5, 3.0, 7.0, -1.0]), min_size=0, max_size=300),
+    spare=st.integers(0, 3),
+)
+def test_home_swaps_large_sorts_sort_the_entries_by_cost_in_place(costs, spare):
+    # Above SMALL_SORT entries home_swaps orders a home's cache and pairs by a merge sort
+    # (_order_by, stable) and moves the entries along the cycles of that order
+    # (_permute_cache, _permute_pairs): every field travels with its entry, nothing past k.
+    from seqpack.schedulers._kernels.locality_swaps import _order_by, _permute_cache, _permute_pairs
+
+    k = len(costs)
+    c = np.array(costs + [-5.0] * spare, dtype=np.float64)
+    ids = np.arange(k + spare, dtype=np.int64)
+    expected = np.concatenate([np.argsort(c[:k], kind="stable"), np.arange(k, k + spare)]).astype(np.int64)
+    assert _order_by(c, k).tolist() == expected[:k].tolist()
+    cache = (ids.copy(), ids + 1000, ids + 2000, c.copy(), ids + 3000)
+    _permute_cache(_order_by(c, k), *cache)
+    for field, offset in zip((0, 1, 2, 4), (0, 1000, 2000, 3000), strict=True):
+        assert cache[field].tolist() == (expected + offset).tolist()
+    assert cache[3].tolist() == c[expected].tolist()
+    pairs = (c.copy(), ids.copy(), ids + 500, ids + 3000)
+    _permute_pairs(_order_by(c, k), *pairs)
+    assert pairs[0].tolist() == c[expected].tolist() and pairs[3].tolist() == (expected + 3000).tolist()
+    assert pairs[1].tolist() == expected.tolist() and pairs[2].tolist() == (expected + 500).tolist()
+
+
+@given(
+    values=st.lists(st.sampled_from([1.0, 2.0, 2.5, 3.0, 7.0]), min_size=0, max_size=40),
+    k=st.integers(0, 40),
+    v=st.sampled_from([0.5, 1.0, 2.0, 2.5, 2.7, 7.0, 9.0]),
+)
+def test_home_swaps_searches_are_numpys_searchsorted(values, k, v):
+    from seqpack.schedulers._kernels.locality_swaps import _count_at_most, _count_below
+
+    a = np.array(sorted(values) + [0.0], dtype=np.float64)  # an entry past k the searches must not read
+    k = min(k, len(values))
+    assert _count_below(a, k, v) == np.searchsorted(a[:k], v, side="left")
+    assert _count_at_most(a, k, v) == np.searchsorted(a[:k], v, side="right")

@@ -22,6 +22,11 @@ MODE_TOKENS = 1  # fewest tokens (worst-fit decreasing on tokens)
 MODE_FIRST_FIT = 2  # lowest index with room (first-fit decreasing)
 GRID_LOCAL_SLICES = 8  # grid_local alternates home and LPT passes over 8 length classes
 
+# The heap steps, called once per item, run without numba's reference counting: numba counts
+# a reference (an atomic add) for every array argument a function binds and again when it
+# returns (see docs/scale.md). They allocate nothing; an allocation in one fails to compile.
+no_refcount = njit(cache=True, _nrt=False)  # type: ignore[call-overload]
+
 
 def grid_lpt(
     order: IntArray, lengths: IntArray, costs: FloatArray, targets: FloatArray, capacity: int, mode: int
@@ -275,7 +280,7 @@ def _home_pass(
 # --- heaps of bins -----------------------------------------------------------------------
 
 
-@njit(cache=True)
+@no_refcount
 def _before(key: FloatArray, tok: IntArray, a: int, b: int) -> bool:
     """Heap order of bins: smaller key, then fewer tokens, then lower index."""
     if key[a] != key[b]:
@@ -285,7 +290,7 @@ def _before(key: FloatArray, tok: IntArray, a: int, b: int) -> bool:
     return a < b
 
 
-@njit(cache=True)
+@no_refcount
 def _sift_down(heap: IntArray, size: int, i: int, key: FloatArray, tok: IntArray) -> None:
     while True:
         left = 2 * i + 1
@@ -302,7 +307,7 @@ def _sift_down(heap: IntArray, size: int, i: int, key: FloatArray, tok: IntArray
             return
 
 
-@njit(cache=True)
+@no_refcount
 def _park_push(park: IntArray, size: int, b: int, room: IntArray) -> int:
     """Push bin ``b`` on a max-heap of bins by free room (ties: lower index). Writes
     ``park[size]``: the caller keeps ``size < len(park)``."""
@@ -319,7 +324,7 @@ def _park_push(park: IntArray, size: int, b: int, room: IntArray) -> int:
     return size + 1
 
 
-@njit(cache=True)
+@no_refcount
 def _park_pop(park: IntArray, size: int, room: IntArray) -> tuple[int, int]:
     top = park[0]
     size -= 1
@@ -344,7 +349,7 @@ def _park_pop(park: IntArray, size: int, room: IntArray) -> tuple[int, int]:
     return top, size
 
 
-@njit(cache=True)
+@no_refcount
 def _entry_before(ka: float, ta: int, ba: int, kb: float, tb: int, bb: int) -> bool:
     """Order of heap entries (key, tokens, bin): smaller key, then fewer tokens, then bin."""
     if ka != kb:
@@ -354,7 +359,7 @@ def _entry_before(ka: float, ta: int, ba: int, kb: float, tb: int, bb: int) -> b
     return ba < bb
 
 
-@njit(cache=True)
+@no_refcount
 def _entry_down(hk: FloatArray, ht: IntArray, hb: IntArray, size: int, i: int) -> None:
     """Sift entry ``i`` down the 4-ary heap ``(hk, ht, hb)[:size]``."""
     k, t, b = hk[i], ht[i], hb[i]
@@ -374,7 +379,7 @@ def _entry_down(hk: FloatArray, ht: IntArray, hb: IntArray, size: int, i: int) -
     hk[i], ht[i], hb[i] = k, t, b
 
 
-@njit(cache=True)
+@no_refcount
 def _entry_up(hk: FloatArray, ht: IntArray, hb: IntArray, i: int) -> None:
     """Sift entry ``i`` up the 4-ary heap ``(hk, ht, hb)``."""
     k, t, b = hk[i], ht[i], hb[i]

@@ -23,8 +23,10 @@ from numba import njit
 
 from seqpack.schedulers._kernels._types import FloatArray, IntArray
 
-# The repair's change loop runs without numba's reference counting (it allocates nothing; an
-# allocation in it fails to compile): ``_nrt`` is numba's option for it (not in its stubs).
+# The helpers called once per change, candidate or heap step run without numba's reference
+# counting: numba counts a reference (an atomic add) for every array argument a function
+# binds and again when it returns, which in those loops cost more than the work (see
+# docs/scale.md). They allocate nothing; an allocation in one fails to compile.
 no_refcount = njit(cache=True, _nrt=False)  # type: ignore[call-overload]
 
 
@@ -76,91 +78,84 @@ def repair_replicas(
         Number of changes made.
     """
     n_rounds, dp = load.shape
+    n = round_of.shape[0]
     total = np.zeros(dp, dtype=np.float64)
     for m in range(n_rounds):
-        total += load[m]
+        for d in range(dp):
+            total[d] += load[m, d]
+    # The three largest loads of every round (the round maxima and what replaces them).
     top_val = np.empty((n_rounds, 3), dtype=np.float64)
     top_idx = np.empty((n_rounds, 3), dtype=np.int64)
     for m in range(n_rounds):
         _top3(load, m, top_val, top_idx)
-    grid = (load, tok, top_val, top_idx)
-    lists = _replica_lists(replica_of, dp)
-    mine = np.empty(round_of.shape[0], dtype=np.int64)
-    theirs = np.empty(round_of.shape[0], dtype=np.int64)
+    round_sum = _round_sum(top_val)
+    # Items of every replica as doubly linked lists (moves are O(1)).
+    head = np.full(dp, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    prv = np.full(n, -1, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        d = replica_of[i]
+        nxt[i] = head[d]
+        if head[d] >= 0:
+            prv[head[d]] = i
+        head[d] = i
     # The busiest replica and the few lightest are read from heaps in O(log dp) per change,
-    # not from a sort of all dp totals.
-    heaps = _total_heaps(total)
+    # not from a sort of all dp totals: a min-heap and a max-heap of totals, with positions.
+    lo = np.arange(dp, dtype=np.int64)
+    lo_pos = np.arange(dp, dtype=np.int64)
+    hi = np.arange(dp, dtype=np.int64)
+    hi_pos = np.arange(dp, dtype=np.int64)
+    for i in range(dp // 2 - 1, -1, -1):
+        _total_down(lo, lo_pos, dp, i, total, 1.0)
+        _total_down(hi, hi_pos, dp, i, total, -1.0)
     light = np.empty(min(dp, max(move_candidates, swap_candidates) + 1), dtype=np.int64)
-    scratch = (
-        mine,
-        theirs,
-        np.empty(round_of.shape[0], dtype=np.int64),
-        light,
-        np.empty(2 * light.shape[0] + 1, dtype=np.int64),
-    )
-    limits = (
-        capacity,
-        max_moves,
-        rel_tol,
-        stop_at,
-        swap_candidates,
-        round_budget,
-        max_work,
-        move_candidates,
-        scan_limit,
-    )
-    return _repair_loop(
-        round_of, replica_of, costs, lengths, grid, total, lists, heaps, scratch, limits, _round_sum(top_val)
-    )
-
-
-@no_refcount
-def _repair_loop(
-    round_of: IntArray,
-    replica_of: IntArray,
-    costs: FloatArray,
-    lengths: IntArray,
-    grid: tuple[FloatArray, IntArray, FloatArray, IntArray],
-    total: FloatArray,
-    lists: tuple[IntArray, IntArray, IntArray],
-    heaps: tuple[IntArray, IntArray, IntArray, IntArray],
-    scratch: tuple[IntArray, IntArray, IntArray, IntArray, IntArray],
-    limits: tuple[int, int, float, float, int, float, int, int, int],
-    round_sum: float,
-) -> int:
-    """The changes of :func:`repair_replicas`, one at a time; returns how many."""
-    capacity, max_moves, rel_tol, stop_at, swap_candidates, round_budget, max_work, move_candidates, scan_limit = limits
-    mine, theirs, tmp, light, frontier = scratch
-    top_val = grid[2]
-    dp = total.shape[0]
+    frontier = np.empty(2 * light.shape[0] + 1, dtype=np.int64)
+    mine = np.empty(n, dtype=np.int64)
+    theirs = np.empty(n, dtype=np.int64)
+    tmp = np.empty(n, dtype=np.int64)
     eps = 1e-12
     moves = 0
     work = 0
     while moves < max_moves and work < max_work:
-        d1 = heaps[2][0]
+        d1 = hi[0]
         if total[d1] <= stop_at:
             break
-        _lightest_into(heaps[0], dp, total, light, frontier)
+        _lightest_into(lo, dp, total, light, frontier)
         allow = max(0.0, round_budget - round_sum) + eps * total[d1]
-        k1 = _sorted_members(lists[0][d1], lists[2], costs, mine, tmp)
-        best = (rel_tol * total[d1], -1, -1, -1, -1)
-        best, work = _best_move(
-            d1, light, move_candidates, total, mine, k1, costs, lengths, round_of, grid, capacity, allow, scan_limit,
-            best, work,
+        k1 = _sorted_members(head[d1], nxt, costs, mine, tmp)
+        # The best change: (gain, i, j or -1 for a move, d2, m2), i -1 for none.
+        best_gain, best_i, best_j, best_d2, best_m2 = rel_tol * total[d1], -1, -1, -1, -1
+        best_gain, best_i, best_j, best_d2, best_m2, work = _best_move(
+            d1, light, move_candidates, total, mine, k1, costs, lengths, round_of, load, tok, top_val, top_idx,
+            capacity, allow, scan_limit, best_gain, best_i, best_j, best_d2, best_m2, work,
         )  # fmt: skip
-        best, work = _best_swap(
-            d1, light, swap_candidates, total, mine, k1, lists, theirs, tmp, costs, lengths, round_of, grid,
-            capacity, allow, scan_limit, best, work,
+        best_gain, best_i, best_j, best_d2, best_m2, work = _best_swap(
+            d1, light, swap_candidates, total, mine, k1, head, nxt, theirs, tmp, costs, lengths, round_of, load,
+            tok, top_val, top_idx, capacity, allow, scan_limit, best_gain, best_i, best_j, best_d2, best_m2, work,
         )  # fmt: skip
-        if best[1] < 0:
+        if best_i < 0:
             break
-        _apply(best, d1, lists, grid, total, heaps, costs, lengths, replica_of, round_of)
+        # The change: i moves from (its round, d1) to (m2, d2); in a swap j moves the other way.
+        m = round_of[best_i]
+        _move(best_i, d1, m, best_d2, best_m2, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
+        if best_j >= 0:
+            _move(
+                best_j, best_d2, best_m2, d1, m, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of
+            )
+        for d in (d1, best_d2):
+            _total_up(lo, lo_pos, lo_pos[d], total, 1.0)
+            _total_down(lo, lo_pos, dp, lo_pos[d], total, 1.0)
+            _total_up(hi, hi_pos, hi_pos[d], total, -1.0)
+            _total_down(hi, hi_pos, dp, hi_pos[d], total, -1.0)
+        _top3(load, m, top_val, top_idx)
+        if best_m2 != m:
+            _top3(load, best_m2, top_val, top_idx)
         round_sum = _round_sum(top_val)
         moves += 1
     return moves
 
 
-@njit(cache=True, inline="always")
+@no_refcount
 def _best_move(
     d1: int,
     light: IntArray,
@@ -171,17 +166,23 @@ def _best_move(
     costs: FloatArray,
     lengths: IntArray,
     round_of: IntArray,
-    grid: tuple[FloatArray, IntArray, FloatArray, IntArray],
+    load: FloatArray,
+    tok: IntArray,
+    top_val: FloatArray,
+    top_idx: IntArray,
     capacity: int,
     allow: float,
     limit: int,
-    best: tuple[float, int, int, int, int],
+    best_gain: float,
+    best_i: int,
+    best_j: int,
+    best_d2: int,
+    best_m2: int,
     work: int,
-) -> tuple[tuple[float, int, int, int, int], int]:
+) -> tuple[float, int, int, int, int, int]:
     """The best move of one of ``d1``'s items ``mine[:k1]`` (sorted by cost) to one of the
-    ``candidates`` lightest replicas ``light``, if it beats ``best`` = (gain, i, j, d2, m2)."""
-    load, tok, top_val, top_idx = grid
-    best_gain, best_i, best_j, best_d2, best_m2 = best
+    ``candidates`` lightest replicas ``light``, if it beats the best change so far (gain, i,
+    j, d2, m2). Returns the best change and the work count."""
     tried = 0
     for kk in range(light.shape[0]):
         if tried >= candidates:
@@ -211,10 +212,10 @@ def _best_move(
                     best_gain, best_i, best_j, best_d2, best_m2 = gain, i, -1, d2, m2
                     found = True
                     break
-    return (best_gain, best_i, best_j, best_d2, best_m2), work
+    return best_gain, best_i, best_j, best_d2, best_m2, work
 
 
-@njit(cache=True, inline="always")
+@no_refcount
 def _best_swap(
     d1: int,
     light: IntArray,
@@ -222,24 +223,30 @@ def _best_swap(
     total: FloatArray,
     mine: IntArray,
     k1: int,
-    lists: tuple[IntArray, IntArray, IntArray],
+    head: IntArray,
+    nxt: IntArray,
     theirs: IntArray,
     tmp: IntArray,
     costs: FloatArray,
     lengths: IntArray,
     round_of: IntArray,
-    grid: tuple[FloatArray, IntArray, FloatArray, IntArray],
+    load: FloatArray,
+    tok: IntArray,
+    top_val: FloatArray,
+    top_idx: IntArray,
     capacity: int,
     allow: float,
     limit: int,
-    best: tuple[float, int, int, int, int],
+    best_gain: float,
+    best_i: int,
+    best_j: int,
+    best_d2: int,
+    best_m2: int,
     work: int,
-) -> tuple[tuple[float, int, int, int, int], int]:
+) -> tuple[float, int, int, int, int, int]:
     """The best swap of one of ``d1``'s items with a cheaper one of one of the
-    ``candidates`` lightest replicas, if it beats ``best`` (as :func:`_best_move`)."""
-    load, tok, top_val, top_idx = grid
-    head, _, nxt = lists
-    best_gain, best_i, best_j, best_d2, best_m2 = best
+    ``candidates`` lightest replicas, if it beats the best change so far (as
+    :func:`_best_move`)."""
     tried = 0
     for kk in range(light.shape[0]):
         if tried >= candidates:
@@ -273,44 +280,10 @@ def _best_swap(
                 if fits and _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, ci - costs[j]) <= allow:
                     best_gain, best_i, best_j, best_d2, best_m2 = gain, i, j, d2, m2
                     break
-    return (best_gain, best_i, best_j, best_d2, best_m2), work
+    return best_gain, best_i, best_j, best_d2, best_m2, work
 
 
-@njit(cache=True, inline="always")
-def _apply(
-    change: tuple[float, int, int, int, int],
-    d1: int,
-    lists: tuple[IntArray, IntArray, IntArray],
-    grid: tuple[FloatArray, IntArray, FloatArray, IntArray],
-    total: FloatArray,
-    heaps: tuple[IntArray, IntArray, IntArray, IntArray],
-    costs: FloatArray,
-    lengths: IntArray,
-    replica_of: IntArray,
-    round_of: IntArray,
-) -> None:
-    """Make the change: ``i`` moves from (its round, ``d1``) to ``(m2, d2)``; in a swap ``j``
-    moves the other way. Updates the lists, grid, totals and heaps."""
-    _, i, j, d2, m2 = change
-    head, prv, nxt = lists
-    load, tok, top_val, top_idx = grid
-    lo, lo_pos, hi, hi_pos = heaps
-    dp = total.shape[0]
-    m = round_of[i]
-    _move(i, d1, m, d2, m2, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
-    if j >= 0:
-        _move(j, d2, m2, d1, m, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
-    for d in (d1, d2):
-        _total_up(lo, lo_pos, lo_pos[d], total, 1.0)
-        _total_down(lo, lo_pos, dp, lo_pos[d], total, 1.0)
-        _total_up(hi, hi_pos, hi_pos[d], total, -1.0)
-        _total_down(hi, hi_pos, dp, hi_pos[d], total, -1.0)
-    _top3(load, m, top_val, top_idx)
-    if m2 != m:
-        _top3(load, m2, top_val, top_idx)
-
-
-@njit(cache=True, inline="always")
+@no_refcount
 def _top3(load: FloatArray, m: int, top_val: FloatArray, top_idx: IntArray) -> None:
     """Recompute the three largest loads of round ``m`` (ties: lower replica first)."""
     v0 = v1 = v2 = -np.inf
@@ -327,7 +300,7 @@ def _top3(load: FloatArray, m: int, top_val: FloatArray, top_idx: IntArray) -> N
     top_idx[m, 0], top_idx[m, 1], top_idx[m, 2] = i0, i1, i2
 
 
-@njit(cache=True, inline="always")
+@no_refcount
 def _max_without(top_val: FloatArray, top_idx: IntArray, m: int, a: int, b: int) -> float:
     """Largest load of round ``m`` among replicas other than ``a`` and ``b``."""
     for k in range(3):
@@ -336,7 +309,7 @@ def _max_without(top_val: FloatArray, top_idx: IntArray, m: int, a: int, b: int)
     return -np.inf
 
 
-@njit(cache=True, inline="always")
+@no_refcount
 def _round_sum_change(
     load: FloatArray, top_val: FloatArray, top_idx: IntArray, m: int, d1: int, m2: int, d2: int, delta: float
 ) -> float:
@@ -349,7 +322,7 @@ def _round_sum_change(
     return new - top_val[m, 0]
 
 
-@njit(cache=True, inline="always")
+@no_refcount
 def _sorted_members(head: int, nxt: IntArray, costs: FloatArray, buf: IntArray, tmp: IntArray) -> int:
     """Items of one replica (its linked list) sorted by cost, stably (ties keep the list's
     order, as a merge sort does); returns how many. ``tmp`` is scratch of ``buf``'s size:
@@ -387,7 +360,7 @@ def _sorted_members(head: int, nxt: IntArray, costs: FloatArray, buf: IntArray, 
     return k
 
 
-@njit(cache=True, inline="always")
+@no_refcount
 def _merge(src: IntArray, dst: IntArray, lo: int, mid: int, hi: int, costs: FloatArray) -> None:
     """Merge the sorted runs ``src[lo:mid]`` and ``src[mid:hi]`` into ``dst[lo:hi]`` (ties:
     the left run first)."""
@@ -401,7 +374,7 @@ def _merge(src: IntArray, dst: IntArray, lo: int, mid: int, hi: int, costs: Floa
             b += 1
 
 
-@njit(cache=True, inline="always")
+@no_refcount
 def _move(
     i: int,
     d_from: int,
@@ -442,38 +415,7 @@ def _move(
     round_of[i] = m_to
 
 
-@njit(cache=True, inline="always")
-def _replica_lists(replica_of: IntArray, dp: int) -> tuple[IntArray, IntArray, IntArray]:
-    """Items of every replica as doubly linked lists ``(head, prv, nxt)`` (moves are O(1))."""
-    n = replica_of.shape[0]
-    head = np.full(dp, -1, dtype=np.int64)
-    nxt = np.full(n, -1, dtype=np.int64)
-    prv = np.full(n, -1, dtype=np.int64)
-    for i in range(n - 1, -1, -1):
-        d = replica_of[i]
-        nxt[i] = head[d]
-        if head[d] >= 0:
-            prv[head[d]] = i
-        head[d] = i
-    return head, prv, nxt
-
-
-@njit(cache=True, inline="always")
-def _total_heaps(total: FloatArray) -> tuple[IntArray, IntArray, IntArray, IntArray]:
-    """Replicas in a min-heap and a max-heap of totals, with positions: ``(lo, lo_pos, hi,
-    hi_pos)``."""
-    dp = total.shape[0]
-    lo = np.arange(dp, dtype=np.int64)
-    lo_pos = np.arange(dp, dtype=np.int64)
-    hi = np.arange(dp, dtype=np.int64)
-    hi_pos = np.arange(dp, dtype=np.int64)
-    for i in range(dp // 2 - 1, -1, -1):
-        _total_down(lo, lo_pos, dp, i, total, 1.0)
-        _total_down(hi, hi_pos, dp, i, total, -1.0)
-    return lo, lo_pos, hi, hi_pos
-
-
-@njit(cache=True, inline="always")
+@no_refcount
 def _round_sum(top_val: FloatArray) -> float:
     """``S = sum_m max_d load[m, d]`` from the rounds' top loads."""
     round_sum = 0.0
@@ -482,7 +424,7 @@ def _round_sum(top_val: FloatArray) -> float:
     return round_sum
 
 
-@njit(cache=True)
+@no_refcount
 def first_cost_above(items: IntArray, k: int, costs: FloatArray, value: float) -> int:
     """Index of the first of ``items[:k]`` (sorted by cost) costing more than ``value``
     (``k`` if none; reads ``items`` below ``k <= len(items)`` only)."""
@@ -496,7 +438,7 @@ def first_cost_above(items: IntArray, k: int, costs: FloatArray, value: float) -
     return lo
 
 
-@njit(cache=True, inline="always")
+@no_refcount
 def walk_next(
     items: IntArray, k: int, costs: FloatArray, base: float, sign: float, gap: float, left: int, right: int
 ) -> tuple[int, float, int, int]:
@@ -606,7 +548,7 @@ def replica_lpt(
 # --- heaps of replicas by total -----------------------------------------------------------
 
 
-@njit(cache=True)
+@no_refcount
 def _total_before(total: FloatArray, a: int, b: int, sign: float) -> bool:
     """Heap order of replicas: smaller ``sign * total``, then lower index."""
     x, y = sign * total[a], sign * total[b]
@@ -615,7 +557,7 @@ def _total_before(total: FloatArray, a: int, b: int, sign: float) -> bool:
     return a < b
 
 
-@njit(cache=True)
+@no_refcount
 def _total_down(heap: IntArray, pos: IntArray, size: int, i: int, total: FloatArray, sign: float) -> None:
     while True:
         child = 2 * i + 1
@@ -633,7 +575,7 @@ def _total_down(heap: IntArray, pos: IntArray, size: int, i: int, total: FloatAr
             return
 
 
-@njit(cache=True)
+@no_refcount
 def _total_up(heap: IntArray, pos: IntArray, i: int, total: FloatArray, sign: float) -> None:
     while i > 0:
         parent = (i - 1) // 2
@@ -646,7 +588,7 @@ def _total_up(heap: IntArray, pos: IntArray, i: int, total: FloatArray, sign: fl
             return
 
 
-@njit(cache=True, inline="always")
+@no_refcount
 def _lightest_into(heap: IntArray, size: int, total: FloatArray, out: IntArray, frontier: IntArray) -> None:
     """The ``len(out)`` smallest totals of a min-heap, in order (ties: lower index), by a
     best-first walk from the root: ``O(k**2)`` for ``k`` of them, whatever the heap size.
