@@ -25,6 +25,7 @@ from torch.distributed import ProcessGroup
 from seqpack.collective.exchange import Exchanged, ExchangePlan
 from seqpack.collective.groups import collective, comm_device
 from seqpack.errors import ConfigError, SampleError
+from seqpack.options import LabelFormat
 from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, cp_pad_multiple
 from seqpack.schedulers.dynamic_cp.pieces import Pieces, shard_layout
 from seqpack.thd import pack_sequences
@@ -138,7 +139,10 @@ class _Source:
                 if sample["input_ids"].shape[0] < n:
                     raise SampleError(f"global sample {gid} has {sample['input_ids'].shape[0]} tokens, scheduled {n}")
                 truncated.append({key: value[:n] for key, value in sample.items()})
-            batch = pack_sequences(truncated, pad_multiple=cp_pad_multiple(c, plan.pad_multiple))
+            # Labels were checked and brought to seqpack's form where read: packed as given.
+            batch = pack_sequences(
+                truncated, pad_multiple=cp_pad_multiple(c, plan.pad_multiple), label_format=LabelFormat.POSITION_ALIGNED
+            )
             cu = batch.cu_seqlens_padded.to(torch.int64).numpy()
             self.base.update(zip(chosen.tolist(), (at + cu[:-1]).tolist(), strict=True))
             for key in keys:

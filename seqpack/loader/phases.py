@@ -71,8 +71,15 @@ STEP_GATHER_FIELDS = Header(
         ("exhausted", "1 when this rank's data ended this step"),
         ("empty_samples", "zero-length samples this rank dropped"),
         ("key_mask", "bit mask of the sample keys this rank's samples carry"),
-        ("label_supervised", "supervised tokens of the sequences read this step with labels given as shifted"),
-        ("label_copied", "how many of those have their own token as label (the copied-labels guard)"),
+        (
+            "label_checked",
+            "supervised tokens of the sequences read this step with labels, less those whose label equals both "
+            "their own and the next token",
+        ),
+        (
+            "label_misaligned",
+            "how many of those carry the other alignment's target than label_format (the alignment guard)",
+        ),
     ),
 )
 """Followed by the words of this rank's microbatch times of earlier steps (:mod:`seqpack.calibrate`)."""
@@ -118,8 +125,8 @@ class ReadResult:
     samples: list[Sample]
     exhausted: bool = False
     empty: int = 0
-    label_supervised: int = 0  # "shifted" labels read: supervised tokens (the step's copied-labels guard)
-    label_copied: int = 0  # ... and those whose label is their own token
+    label_checked: int = 0  # labels read: checked tokens (the step's alignment guard)
+    label_misaligned: int = 0  # ... and those aligned the other way than label_format
 
 
 class Reader:
@@ -181,7 +188,7 @@ class Reader:
                 else:
                     result.samples.append(sequence)
                     wheres.append(where)
-        result.samples, result.label_supervised, result.label_copied = prepare_labels(
+        result.samples, result.label_checked, result.label_misaligned = prepare_labels(
             result.samples, wheres, self.label_format
         )
         return result
@@ -224,8 +231,8 @@ class Gathered:
     exhausted: bool  # some DP rank's data ended this step
     empty_samples: int  # zero-length samples dropped on all DP ranks
     timings: np.ndarray | None = None  # int64 [dp, words]: every DP rank's microbatch time words
-    label_supervised: int = 0  # "shifted" labels read this step on all DP ranks: supervised tokens
-    label_copied: int = 0  # ... and those whose label is their own token
+    label_checked: int = 0  # labels read this step on all DP ranks: checked tokens
+    label_misaligned: int = 0  # ... and those aligned the other way than label_format
 
     @property
     def num_sequences(self) -> int:
@@ -288,8 +295,8 @@ def gather(
         exhausted=read.exhausted,
         empty_samples=read.empty,
         key_mask=mask,
-        label_supervised=read.label_supervised,
-        label_copied=read.label_copied,
+        label_checked=read.label_checked,
+        label_misaligned=read.label_misaligned,
     )
     extras = np.concatenate([fields, words])
     gathered = gather_lengths(lengths, topology.group("dp"), error=error, extras=extras, columns=columns)
@@ -305,8 +312,8 @@ def gather(
         exhausted=bool(STEP_GATHER_FIELDS.column(table, "exhausted").any()),
         empty_samples=int(STEP_GATHER_FIELDS.column(table, "empty_samples").sum()),
         timings=None if timings is None else table[:, STEP_GATHER_FIELDS.words :].copy(),
-        label_supervised=int(STEP_GATHER_FIELDS.column(table, "label_supervised").sum()),
-        label_copied=int(STEP_GATHER_FIELDS.column(table, "label_copied").sum()),
+        label_checked=int(STEP_GATHER_FIELDS.column(table, "label_checked").sum()),
+        label_misaligned=int(STEP_GATHER_FIELDS.column(table, "label_misaligned").sum()),
     )
 
 
@@ -481,7 +488,10 @@ def _microbatch(
         batch = padding_only_batch(pad_multiple)
     else:
         samples = [exchanged.samples[g] for g in ids.tolist()]
-        batch = pack_sequences(samples, pad_multiple=pad_multiple, sample_ids=ids)
+        # Labels were checked and brought to seqpack's form where read: packed as given.
+        batch = pack_sequences(
+            samples, pad_multiple=pad_multiple, sample_ids=ids, label_format=LabelFormat.POSITION_ALIGNED
+        )
     batch = shard_for_cp(batch, t.cp_size, t.cp_rank, layout=cp_layout)
     if t.is_middle_stage:
         batch = dataclasses.replace(batch, input_ids=None, labels=None, loss_mask=None)

@@ -50,7 +50,7 @@ from seqpack.loader import phases
 from seqpack.loader.calibration import StepCalibration
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.dynamic import DynamicCp
-from seqpack.loader.labels import copied_step_message
+from seqpack.loader.labels import misaligned_step_message
 from seqpack.loader.prefetch import DeviceCopy, Progress, Ready, tensors_of
 from seqpack.loader.resume import ResumeState
 from seqpack.loader.step import Step, StepTrace
@@ -162,10 +162,12 @@ class StepProducer:
                 return StepError(step, str(exc), exc.rank)
             except SampleError as exc:  # DP ranks disagree on keys: no single culprit
                 return StepError(step, f"{exc} at step {step}")
-        copied = copied_step_message(step, gathered.label_supervised, gathered.label_copied)
-        if copied is not None:  # every rank decides it from the same sums: no single culprit
-            self.shared_cause = SampleError(copied)
-            return StepError(step, copied)
+        misaligned = misaligned_step_message(
+            step, gathered.label_checked, gathered.label_misaligned, config.label_format
+        )
+        if misaligned is not None:  # every rank decides it from the same sums: no single culprit
+            self.shared_cause = SampleError(misaligned)
+            return StepError(step, misaligned)
         total = gathered.num_sequences
         trace.times = gathered.timings  # combined with the copies' in the agreements that follow
         self.data_ended = self.data_ended or gathered.exhausted
