@@ -1,8 +1,10 @@
 """Labels in the wrapper: the convention checked and converted where samples are read, and
 the loss tokens of every sequence, which ride the length gather.
 
-Every sequence leaves :func:`prepare_labels` in seqpack's own form (next-token targets,
-``label_format="shifted"``), so truncation, the exchange and packing see one convention.
+Every sequence leaves :func:`prepare_labels` in seqpack's own form (the target of each
+position: next-token targets, or ``"position_aligned"`` ones as given), so truncation, the
+exchange and packing see one convention; the packer takes them as given, the alignment
+having been checked here.
 :func:`loss_token_counts` then counts what each sequence adds to ``num_loss_tokens`` once it
 is packed (truncated first under ``on_oversize="truncate"``): the same count
 :func:`seqpack.thd.pack_sequences` makes, for every DP rank's sequences on every rank.

@@ -193,7 +193,7 @@ def normalize_sample(sample: Any, *, where: str = "sample") -> dict[str, torch.T
         SeqpackTypeError: Not a mapping; a field that is not a tensor, array or list, or of
             the wrong dtype (floats, bools for integer fields).
         SampleError: No ``input_ids``; a field not 1-D, not as long as ``input_ids``,
-            past int64, or a non-finite ``loss_mask``.
+            past int64, or a ``loss_mask`` weight that is negative or not finite.
     """
     if type(sample) is not dict and not isinstance(sample, Mapping):  # type(): the fast, common case
         raise SeqpackTypeError(f"{where} must be a mapping of 1-D tensors, got {type(sample).__name__}")
