@@ -27,6 +27,7 @@ class StepOk:
     group_starts: tuple[int, ...] | None = None  # dynamic CP: plane rank each microbatch's CP group starts at
     minibatch_bounds: tuple[int, ...] | None = None  # k + 1 microbatch offsets of the mini-batches (None: one)
     minibatch_loss_tokens: tuple[int, ...] | None = None  # supervised tokens of each mini-batch (when counted)
+    empty_at: tuple[int, ...] = ()  # this DP rank's zero-length sequences: pool index of each (Step.to_origin)
     status: ClassVar[Status] = Status.OK
 
     @property

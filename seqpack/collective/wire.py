@@ -13,7 +13,9 @@ A message is up to four buffers, broadcast in this order:
 2. ``ints``: int64, the step header (:data:`STEP_FIELDS`), one :data:`MICROBATCH_FIELDS`
    row per microbatch, then the int64 payload: the plan's ``to_arrays()``
    (:mod:`~seqpack.collective.wire_plan`: a ``Schedule``, or under dynamic CP a
-   ``DynamicCpSchedule``), then per microbatch ``cu_seqlens[n_m+1]``,
+   ``DynamicCpSchedule``), ``empty_at[E]`` (the pool index of each zero-length sequence the
+   DP rank read: ``Step.to_origin`` gives each an empty value), then per microbatch
+   ``cu_seqlens[n_m+1]``,
    ``cu_seqlens_padded[n_m+1]``, ``sample_ids[n_m]``; then, with flag 1, ``input_ids`` and
    ``labels`` of this rank's shards (``sum T_m / cp_m`` each), and with flag 2 ``position_ids``;
 3. ``floats``: float32 ``loss_mask`` of the shards (flag 1 only);
@@ -66,9 +68,9 @@ __all__ = [
     "wire_format_markdown",
 ]
 
-FORMAT_VERSION = 7  # 2: error_rank; 3: schedule origin; 4: loss-token counts, per-sample gather columns; 5: CP layout;
+FORMAT_VERSION = 8  # 2: error_rank; 3: schedule origin; 4: loss-token counts, per-sample gather columns; 5: CP layout;
 # 6: dynamic CP (plan_kind, the groups' counts, CP size / rank / group start per microbatch); 7: mini-batch and its
-# loss-token count per microbatch
+# loss-token count per microbatch; 8: where the DP rank read its zero-length sequences (empty_at)
 
 
 class Kind(IntEnum):
@@ -114,6 +116,7 @@ STEP_FIELDS: tuple[tuple[str, str], ...] = (
     ("num_groups", "CP groups G of a dynamic-CP plan (plan_kind 1; else 0)"),
     ("group_sizes", "the group sizes a dynamic-CP plan may use: 0 pow2, 1 any (plan_kind 1; else 0)"),
     ("num_loss_tokens", "supervised tokens of the whole global step (flag 4; else 0)"),
+    ("num_empty_at", "zero-length sequences E this DP rank read (their pool indices follow the plan)"),
 )
 MICROBATCH_FIELDS: tuple[tuple[str, str], ...] = (
     ("total_tokens", "padded tokens T_m of the whole microbatch (all CP ranks)"),
@@ -235,6 +238,7 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
     step["num_loss_tokens"] = msg.num_loss_tokens if counted else 0
     step["fingerprint"] = sched.fingerprint()
     step["empty_samples"] = msg.empty_samples
+    step["num_empty_at"] = len(msg.empty_at)
     for field, value in plan_header(sched).items():
         step[field] = value
     cp_layout = batches[0].cp_layout if batches else CpLayout.DUALCHUNK
@@ -248,6 +252,7 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
         per_mb[m] = (*layout, starts[m], which[m], mb_counts[m])
     header = [_words(step), _words(per_mb)]
     payload = [torch.from_numpy(array) for array in plan_payload(sched)]
+    payload.append(torch.tensor(msg.empty_at, dtype=torch.int64).reshape(-1))
     for b in batches:
         payload += [b.cu_seqlens.to(torch.int64), b.cu_seqlens_padded.to(torch.int64), b.sample_ids.to(torch.int64)]
     if tokens:
@@ -379,6 +384,7 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
         raise WireError("a layout message must not carry tokens")
     per_mb = cur.take(MB_WORDS * p.num_microbatches, "microbatch header").numpy().view(MICROBATCH)
     schedule = decode_plan(lambda n, name: cur.take(n, name).numpy(), step, p.num_microbatches, verify)
+    empty_at = _decode_empty_at(cur, step)
     if not 0 <= int(step["cp_layout"]) < len(CpLayout):
         raise WireError(f"cp_layout code {int(step['cp_layout'])} is not one of 0..{len(CpLayout) - 1}")
     cp_layout = list(CpLayout)[int(step["cp_layout"])]
@@ -407,8 +413,21 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
         group_starts=tuple(int(mb["group_start"]) for mb in per_mb)
         if isinstance(schedule, DynamicCpSchedule)
         else None,
+        empty_at=empty_at,
         **decode_minibatches(per_mb, counted),
     )
+
+
+def _decode_empty_at(cur: _Cursor, step: np.void) -> tuple[int, ...]:
+    """Pool indices of the zero-length sequences: ascending, each at most the step's sequences."""
+    count = int(step["num_empty_at"])
+    if count < 0:
+        raise WireError(f"num_empty_at {count} in the step header")
+    at = cur.take(count, "empty_at").numpy()
+    total = int(step["num_sequences"])
+    if at.size and (int(at[0]) < 0 or int(at[-1]) > total or bool(np.any(np.diff(at) < 0))):
+        raise WireError(f"empty_at {at.tolist()} is not ascending within 0..{total} (the step's sequences)")
+    return tuple(int(a) for a in at.tolist())
 
 
 def _count(value: np.int64, m: int | None) -> int:

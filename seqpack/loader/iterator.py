@@ -158,7 +158,7 @@ class PackingIterator(Iterator[Step], Stateful):
             self.cp_groups = new_cp_groups(topology, self.config.cp_group_sizes, timeout=timeout)
             owned += self.cp_groups.owned()
             dynamic = DynamicCp(self.config, topology, self.cp_groups)
-        self._bg = Background(owned, alone=all(topology.size(axis) == 1 for axis in AXES))
+        self._bg = Background(owned, alone=all(topology.size(axis) == 1 for axis in AXES), cp_groups=self.cp_groups)
         self._finalizer = weakref.finalize(self, self._bg.release, 0.0)
         self._finalizer.atexit = False  # the thread is a daemon: nothing to wait for at exit
         self._closed = False

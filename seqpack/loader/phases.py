@@ -119,12 +119,15 @@ def keys_of(mask: int) -> list[str]:
 
 @dataclasses.dataclass
 class ReadResult:
-    """What one read pulled: sequences (pre-packed samples split), end of data, and how many
-    zero-length samples were dropped."""
+    """What one read pulled: sequences (pre-packed samples split), end of data, and the
+    zero-length sequences, which are not scheduled: how many, and where each was read."""
 
     samples: list[Sample]
     exhausted: bool = False
     empty: int = 0
+    # Pool index of each zero-length sequence (the index the next sequence read gets), in
+    # read order: where Step.to_origin puts its empty value.
+    empty_at: list[int] = dataclasses.field(default_factory=list)
     label_checked: int = 0  # labels read: checked tokens (the step's alignment guard)
     label_misaligned: int = 0  # ... and those aligned the other way than label_format
 
@@ -185,6 +188,7 @@ class Reader:
                     sequence[GROUP_KEY] = torch.tensor(group, dtype=torch.int64)
                 if sequence["input_ids"].shape[0] == 0:
                     result.empty += 1
+                    result.empty_at.append(pooled + len(result.samples))
                 else:
                     result.samples.append(sequence)
                     wheres.append(where)

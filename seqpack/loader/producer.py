@@ -214,6 +214,7 @@ class StepProducer:
             positions,
             num_loss_tokens=loss_tokens,
             group_starts=starts,
+            empty_at=tuple(read.empty_at),
             **minibatches,
         )
 
@@ -381,6 +382,7 @@ class StepProducer:
             _recorder=self.calibration.record if self.calibration.enabled else None,
             _topology=self.topology,
             _cp_groups=self.dynamic.groups if self.dynamic is not None else None,
+            _empty_at=msg.empty_at,
         )
         nbytes = sum(t.numel() * t.element_size() for batch in batches for t in tensors_of(batch))
         return Ready(msg.step, step=step, progress=self.progress(), copied=copied, nbytes=nbytes)
