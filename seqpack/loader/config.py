@@ -105,8 +105,10 @@ class PackingConfig:
     always compared)."""
     validate_ranks: bool = True
     """Compare the arguments and iterator ownership of all ranks at construction (``False``
-    skips the comparison; a bad argument on any rank, the prefetch flag and who passed
-    ``wrapper_groups`` are still agreed, in one small all-reduce per axis)."""
+    compares only the settings every rank's plan and collectives are computed from, as plain
+    values: :func:`seqpack.loader.construction.compared_settings`; a bad argument on any rank,
+    the prefetch flag and who passed ``wrapper_groups`` are agreed either way, in one small
+    all-reduce per axis)."""
     sync: Sync | None = None
     """What a step waits for, so what the scheduler minimises (``Scheduler.schedule(sync=)``):
     ``"lockstep"`` (FSDP, pipeline: every microbatch round waits for its slowest replica),
