@@ -1,8 +1,8 @@
 """Warn once per process, before numba compiles seqpack's kernels, that it is about to.
 
 numba compiles a kernel on its first call and caches the machine code on disk, so only the
-first process with an empty cache (or after an upgrade) pays: most of a minute of CPU for
-the multi-replica planners. A silent pause that long before the first step looks like a
+first process with an empty cache (or after an upgrade) pays: about a minute of CPU for
+every kernel (:data:`COLD_COMPILE_SECONDS`). A silent pause that long before the first step looks like a
 hang, and a user who configured no logging sees no INFO line, so the notice is a WARNING
 (with nothing configured, Python's last-resort handler prints it on stderr): what compiles,
 for about how long, that it happens once, where the cache is, and how to fill it ahead of a
@@ -52,9 +52,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# CPU seconds of `seqpack doctor --warm` with an empty cache on a 2-core machine: 137 s at
-# load ~10 (105 s of it `balanced`), where a quieter run took 56 s for the first `balanced`,
-# `dp_balanced` and `empty` plans (docs/scale.md).
+# CPU seconds to compile every kernel on a quiet 2-core machine (docs/scale.md): the first
+# `balanced`, `dp_balanced` and `empty` plans took 56 s; `seqpack doctor --warm` took 137 s at
+# load ~10, 105 s of it those plans, so the other families add about a quarter.
 COLD_COMPILE_SECONDS = 70
 WARM_COMMAND = "seqpack doctor --warm"
 
