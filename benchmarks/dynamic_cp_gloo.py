@@ -43,7 +43,7 @@ from seqpack.cost import CostModel
 from seqpack.cost.fit import nnls_fit
 from seqpack.loader import Step, wrap_data_iterator
 from seqpack.schedulers import predicted_step_time
-from seqpack.schedulers.dynamic_cp import GroupCost
+from seqpack.cost import GroupCost
 from seqpack.thd import pack_sequences
 from seqpack.thd.cp import shard_for_cp
 from seqpack.topology import Topology

@@ -152,8 +152,14 @@ class CpLayout(_Option):
 
 
 class GroupSizes(_Option):
-    """Which CP group sizes a dynamic-CP plan may use (``seqpack.schedulers.dynamic_cp``)."""
+    """The CP groups a plan's microbatches run on (:class:`seqpack.schedulers.Schedule`).
 
+    ``static``: every microbatch runs on one DP replica's own CP block (static CP, and plain
+    data parallelism at ``cp_size=1``); ``pow2`` and ``any`` are dynamic CP
+    (``seqpack.schedulers.dynamic_cp``): per microbatch round the DP x CP ranks form groups.
+    """
+
+    STATIC = "static"  # group (m, d) is replica d's CP block in every round m
     POW2 = "pow2"  # powers of two on aligned blocks (start % size == 0), and the whole R
     ANY = "any"  # any size 1..R on any contiguous block (Megatron-LM PR #7097)
 

@@ -49,7 +49,7 @@ def moved_tokens(schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray
     """Tokens the step's exchange moves (per id, scheduled length; 0 for ids that stay on
     the DP rank holding them or are not assigned), and per DP rank the tokens it sends and
     receives (int64 ``[dp]`` each)."""
-    replica, _, _ = schedule.placement()
+    replica = schedule.replica_of()
     assert schedule.origin is not None  # set by Schedule.__post_init__
     origin = np.asarray(schedule.origin, dtype=np.int64)
     moves = (replica >= 0) & (replica != origin)
@@ -161,9 +161,9 @@ class StepStats:
         empty_samples = check_int("empty_samples", empty_samples, minimum=0)
         bytes_per_token = check_number("bytes_per_token", bytes_per_token, minimum=0)
         lengths = schedule.lengths
-        assigned, _, counts = schedule._flat
+        assigned, counts = schedule.assigned, schedule.group_counts
         real = lengths[assigned]
-        padded = padded_lengths(real, schedule.pad_multiple)
+        padded = schedule.padded_assigned()
         empties = int(np.count_nonzero(counts == 0))
         padded_sum = exact_sum(padded)
         padded_tokens = padded_sum + empties * schedule.pad_multiple

@@ -8,7 +8,7 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader import PackingConfig
 from seqpack.loader.config import resolved_cost
 from seqpack.options import GroupSizes
-from seqpack.schedulers.dynamic_cp import GroupCost
+from seqpack.cost import GroupCost
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.topology import Topology
 

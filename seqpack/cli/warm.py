@@ -17,7 +17,8 @@ import numpy as np
 
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.schedulers import get_scheduler
-from seqpack.schedulers.dynamic_cp import GroupCost, plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
+from seqpack.cost import GroupCost
 
 __all__ = ["FAMILIES", "Family"]
 

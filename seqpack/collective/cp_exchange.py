@@ -26,7 +26,8 @@ from seqpack.collective.exchange import Exchanged, ExchangePlan
 from seqpack.collective.groups import collective, comm_device
 from seqpack.errors import ConfigError, SampleError
 from seqpack.options import LabelFormat
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, cp_pad_multiple
+from seqpack.schedulers import Schedule
+from seqpack.thd import group_pad_multiple
 from seqpack.schedulers.dynamic_cp.pieces import Pieces, shard_layout
 from seqpack.thd import pack_sequences
 
@@ -124,7 +125,7 @@ class _Source:
         samples: Sequence[Mapping[str, torch.Tensor]],
         offset: int,
         ids: np.ndarray,
-        plan: DynamicCpSchedule,
+        plan: Schedule,
         size: np.ndarray,
         keys: Sequence[str],
     ) -> None:
@@ -141,7 +142,7 @@ class _Source:
                 truncated.append({key: value[:n] for key, value in sample.items()})
             # Labels were checked and brought to seqpack's form where read: packed as given.
             batch = pack_sequences(
-                truncated, pad_multiple=cp_pad_multiple(c, plan.pad_multiple), label_format=LabelFormat.POSITION_ALIGNED
+                truncated, pad_multiple=group_pad_multiple(c, plan.pad_multiple), label_format=LabelFormat.POSITION_ALIGNED
             )
             cu = batch.cu_seqlens_padded.to(torch.int64).numpy()
             self.base.update(zip(chosen.tolist(), (at + cu[:-1]).tolist(), strict=True))
@@ -157,7 +158,7 @@ class _Source:
 
 def exchange_shards(
     samples: Sequence[Mapping[str, torch.Tensor]],
-    plan: DynamicCpSchedule,
+    plan: Schedule,
     counts: Sequence[int] | np.ndarray,
     group: ProcessGroup | None,
     *,

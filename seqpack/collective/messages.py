@@ -7,7 +7,7 @@ import dataclasses
 from typing import ClassVar
 
 from seqpack.collective.agree import Status
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
+from seqpack.schedulers import Schedule
 from seqpack.schedulers.schedule import Schedule
 from seqpack.thd import PackedBatch
 
@@ -19,7 +19,7 @@ class StepOk:
     """A step's schedule and this CP rank's microbatches (token fields ``None`` for layout)."""
 
     step: int
-    schedule: Schedule | DynamicCpSchedule
+    schedule: Schedule
     microbatches: list[PackedBatch]
     empty_samples: int = 0  # zero-length samples dropped this step (global)
     position_ids: bool = False  # samples carried their own position_ids (sent on the wire)

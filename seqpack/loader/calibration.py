@@ -26,7 +26,8 @@ from seqpack.loader.config import PackingConfig
 from seqpack.loader.step import StepTrace
 from seqpack.options import Sync, fingerprint_text
 from seqpack.schedulers import Schedule, predicted_step_time
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
+from seqpack.schedulers import Schedule
+from seqpack.cost import GroupCost
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.stats import StepStats
 from seqpack.topology import Topology
@@ -109,7 +110,7 @@ class StepCalibration:
             calibrator = self.ledger.calibrator
             trace.model, trace.fitted = calibrator.model, calibrator.fitted
 
-    def fingerprint(self, plan: Schedule | DynamicCpSchedule, trace: StepTrace) -> int:
+    def fingerprint(self, plan: Schedule, trace: StepTrace) -> int:
         """What ranks compare: the schedule, and under calibration the model that made it
         (ranks must also agree on the model they fitted)."""
         model = trace.model
@@ -156,16 +157,14 @@ class StepCalibration:
             ledger.add_schedule(msg.step, msg.schedule, trace.model if in_seconds else None)
 
     def fill_stats(
-        self, stats: StepStats, plan: Schedule | DynamicCpSchedule, trace: StepTrace, stats_cost: CostModel
+        self, stats: StepStats, plan: Schedule, trace: StepTrace, stats_cost: CostModel | GroupCost
     ) -> None:
         """The model in use, its prediction for this step, and its error on the last
-        measured one (under dynamic CP the stats come from the plan with the group cost in
-        use: only the calibration fields are set here)."""
+        measured one."""
         stats.calibrated = trace.fitted
-        if not isinstance(plan, DynamicCpSchedule):
-            model = trace.model if isinstance(trace.model, CostModel) else stats_cost
-            stats.cost_model = model
-            stats.predicted_step_time = predicted_step_time(plan, model, sync=self.sync or Sync.LOCKSTEP)
+        model = trace.model if trace.model is not None else stats_cost
+        stats.cost_model = model
+        stats.predicted_step_time = predicted_step_time(plan, model, sync=self.sync or Sync.LOCKSTEP)
         last = self.last
         if last is not None:
             stats.measured_step, stats.measured_step_time = last.step, last.measured

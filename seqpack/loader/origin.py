@@ -27,7 +27,7 @@ from seqpack.collective.groups import collective, comm_device, this_rank
 from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError, from_typed_message, typed_message
 from seqpack.loader.origin_dynamic import dynamic_to_origin, outgoing, plane_group
 from seqpack.options import fingerprint_text
-from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
+from seqpack.schedulers.schedule import Schedule
 from seqpack.thd import padded_lengths
 from seqpack.thd.cp import unshard_from_cp
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["origin_ids", "origin_slots", "to_origin"]
 
 
-def origin_ids(schedule: Schedule | DynamicCpSchedule, dp_rank: int) -> np.ndarray:
+def origin_ids(schedule: Schedule, dp_rank: int) -> np.ndarray:
     """Global ids of the sequences DP rank ``dp_rank`` contributed to this step and gets back
     from :func:`to_origin`: its pool in pool order (samples read this step, pre-packed ones
     split into their sequences, after any held back from the previous step), without those
@@ -50,7 +50,7 @@ def origin_ids(schedule: Schedule | DynamicCpSchedule, dp_rank: int) -> np.ndarr
     return ids[~np.isin(ids, schedule.deferred)]
 
 
-def origin_slots(schedule: Schedule | DynamicCpSchedule, dp_rank: int, empty_at: Sequence[int] = ()) -> np.ndarray:
+def origin_slots(schedule: Schedule, dp_rank: int, empty_at: Sequence[int] = ()) -> np.ndarray:
     """What :func:`to_origin` returns on DP rank ``dp_rank``, in order: :func:`origin_ids`
     with ``-1`` wherever a zero-length sequence was read (``empty_at``: the pool index of
     each, ascending; one that no sequence follows is ``len(pool)``)."""
@@ -72,25 +72,25 @@ def to_origin(
     empty_at: Sequence[int] = (),
 ) -> list[torch.Tensor]:
     """See :meth:`seqpack.loader.step.Step.to_origin` (``cp_groups``: the iterator's dynamic-CP
-    process groups, for a :class:`DynamicCpSchedule`; ``empty_at``: the pool index of each
+    process groups, for a :class:`Schedule`; ``empty_at``: the pool index of each
     zero-length sequence this DP rank read, :func:`origin_slots`)."""
     schedule, batches = step.schedule, step.microbatches
     if schedule is None:
         raise ConfigError("to_origin needs the step's schedule (a Step from wrap_data_iterator)")
-    dynamic = isinstance(schedule, DynamicCpSchedule)
+    dynamic = cp_groups is not None  # the wrapper runs dynamic CP
     plane = plane_group(cp_groups, step.step) if dynamic else None  # the same answer on every rank
     error: SeqpackError | None = None
     like: torch.Tensor | None = None
     out = None
     try:
         like = _check_values(values, batches, per_sequence)
-        if isinstance(schedule, DynamicCpSchedule):
+        if dynamic:
             out = outgoing(schedule, batches, values, like, topology, per_sequence=per_sequence)
     except SeqpackError as exc:
         error = exc
     _agree(step.step, error, like, per_sequence, topology, plane, dynamic)
     assert like is not None
-    if isinstance(schedule, DynamicCpSchedule):
+    if dynamic:
         assert out is not None
         got = dynamic_to_origin(schedule, out, like, cp_groups, per_sequence=per_sequence)
     else:

@@ -24,8 +24,8 @@ import torch.distributed as dist
 from seqpack.collective.cp_groups import CpGroups
 from seqpack.collective.groups import collective, comm_device
 from seqpack.errors import ConfigError
-from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
-from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
+from seqpack.thd import group_padded_lengths
+from seqpack.schedulers.schedule import Schedule
 from seqpack.thd.cp import unshard_from_cp
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["Outgoing", "dynamic_to_origin", "outgoing", "plane_group", "return_pieces"]
 
 
-def return_pieces(plan: DynamicCpSchedule, per_sequence: bool) -> list[tuple[int, int, int, int, int]]:
+def return_pieces(plan: Schedule, per_sequence: bool) -> list[tuple[int, int, int, int, int]]:
     """Every piece of the step's values, in send order: ``(sender plane rank, round, global
     id, shard j, rows)`` ordered by sender, then round, then pack order; every piece goes to
     each CP rank of replica ``origin[id]``."""
@@ -47,7 +47,7 @@ def return_pieces(plan: DynamicCpSchedule, per_sequence: bool) -> list[tuple[int
         plan.lengths[plan.assigned], plan.group_size[group_of], plan.pad_multiple
     )
     for p in range(plan.num_ranks):
-        for m in range(plan.num_rounds):
+        for m in range(plan.num_microbatches):
             g = int(rank_group[m, p])
             c, j = int(plan.group_size[g]), p - int(plan.group_start[g])
             if per_sequence and j:
@@ -68,7 +68,7 @@ class Outgoing:
 
 
 def outgoing(
-    plan: DynamicCpSchedule,
+    plan: Schedule,
     batches: Sequence[PackedBatch],
     values: Sequence[torch.Tensor],
     like: torch.Tensor,
@@ -115,7 +115,7 @@ def outgoing(
 
 
 def dynamic_to_origin(
-    plan: DynamicCpSchedule, out: Outgoing, like: torch.Tensor, groups: CpGroups | None, *, per_sequence: bool
+    plan: Schedule, out: Outgoing, like: torch.Tensor, groups: CpGroups | None, *, per_sequence: bool
 ) -> dict[int, torch.Tensor]:
     """Run the return (module docstring): the values of every sequence this rank's DP
     replica read that ran this step, by global id (pads removed, shards joined)."""

@@ -27,17 +27,15 @@ from seqpack.collective import Exchanged, GatheredLengths, exchange_samples, gat
 from seqpack.collective.agree import AGREEMENT
 from seqpack.collective.fields import Header, headers_markdown
 from seqpack.collective.lengths import GATHER_HEADER
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ResumeError, SampleError, ScheduleError
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.grouping import GROUP_KEY, group_columns, group_id_of
 from seqpack.loader.labels import loss_token_counts, prepare_labels
 from seqpack.options import CpLayout, LabelFormat, OnOversize
 from seqpack.schedulers import Schedule, Scheduler
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
-from seqpack.schedulers.dynamic_cp.padding import longest_sequence
-from seqpack.schedulers.groups import schedule_groups
 from seqpack.schedulers.minibatches import schedule_minibatches
+from seqpack.schedulers.sample_groups import schedule_groups
 from seqpack.thd import (
     SAMPLE_DTYPES,
     PackedBatch,
@@ -249,23 +247,27 @@ class Gathered:
         return SAMPLE_COLUMNS.column(self.lengths.columns, "loss_tokens")
 
 
-def truncation_length(config: PackingConfig, topology: Topology) -> int | None:
-    """The length a sequence is cut to under ``on_oversize="truncate"`` (the longest whose
-    padded length fits a microbatch, the rule of :func:`seqpack.schedulers.base.apply_oversize`;
-    under dynamic CP the planner's, on all ranks), else ``None``."""
+def longest_sequence(scheduler: Scheduler, config: PackingConfig, topology: Topology) -> int:
+    """The longest sequence the step's plan holds (:meth:`Scheduler.longest_sequence`)."""
+    assert config.pad_multiple is not None  # resolved by the wrapper
+    return scheduler.longest_sequence(
+        topology.dp_size, topology.cp_size, config.max_tokens_per_rank, config.pad_multiple
+    )
+
+
+def truncation_length(scheduler: Scheduler, config: PackingConfig, topology: Topology) -> int | None:
+    """The length a sequence is cut to under ``on_oversize="truncate"`` (the longest the
+    plan holds, :func:`longest_sequence`), else ``None``."""
     if config.on_oversize != OnOversize.TRUNCATE:
         return None
-    assert config.pad_multiple is not None  # resolved by the wrapper
-    if config.dynamic_cp:  # the longest one sequence may hold on all dp * cp ranks together
-        ranks = topology.dp_size * topology.cp_size
-        return longest_sequence(ranks, config.cp_group_sizes, config.max_tokens_per_rank, config.pad_multiple)
-    capacity = config.max_tokens_per_rank * topology.cp_size
-    return (capacity // config.pad_multiple) * config.pad_multiple
+    return longest_sequence(scheduler, config, topology)
 
 
-def sample_columns(pool: Sequence[Sample], config: PackingConfig, topology: Topology) -> np.ndarray:
+def sample_columns(
+    pool: Sequence[Sample], scheduler: Scheduler, config: PackingConfig, topology: Topology
+) -> np.ndarray:
     """This rank's :data:`SAMPLE_COLUMNS` table (int64 ``[len(pool), k]``) for the gather."""
-    loss_tokens = loss_token_counts(pool, truncation_length(config, topology))
+    loss_tokens = loss_token_counts(pool, truncation_length(scheduler, config, topology))
     grouped, group_id = group_columns(pool)
     return SAMPLE_COLUMNS.rows(len(pool), loss_tokens=loss_tokens, grouped=grouped, group_id=group_id)
 
@@ -329,10 +331,11 @@ def schedule(
     config: PackingConfig,
     topology: Topology,
     gathered: Gathered,
-    cost: CostModel | None = None,
+    cost: CostModel | GroupCost | None = None,
 ) -> tuple[Schedule, list[int]]:
-    """The step's schedule, identical on every rank (``cost``: the calibrated model, which
-    replaces ``config.cost``; ``config.sync`` says what the step waits for), and the
+    """The step's schedule, identical on every rank, static or dynamic CP as ``scheduler``
+    plans (``cost``: the calibrated model, which replaces the config's
+    :attr:`~PackingConfig.planning_cost`; ``config.sync`` says what the step waits for), and the
     microbatch offsets of its ``config.minibatches`` mini-batches (``[0, M]`` for one):
     with mini-batches, every DP rank's sequences are cut in read order into contiguous
     mini-batches, each planned alone (:func:`~seqpack.schedulers.minibatches.schedule_minibatches`).
@@ -354,7 +357,7 @@ def schedule(
         cp_size=topology.cp_size,
         max_tokens_per_rank=config.max_tokens_per_rank,
         pad_multiple=config.pad_multiple,
-        cost=config.cost if cost is None else cost,
+        cost=config.planning_cost if cost is None else cost,
         on_oversize=config.on_oversize,
         origin=lengths.origin(),
         **options,
@@ -376,15 +379,15 @@ def schedule(
             plan = scheduler.schedule(lengths.lengths, **common)
         return plan, [0, plan.num_microbatches]
     except ValueError as exc:  # ConfigError included: a mini-batch without samples
-        raise ScheduleError(f"{exc}{_locate_oversize(config, topology, lengths)}") from exc
+        raise ScheduleError(f"{exc}{_locate_oversize(scheduler, config, topology, lengths)}") from exc
     except Exception as exc:  # a scheduler bug must still reach every rank, not strand them
         raise ScheduleError(f"scheduler {scheduler!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def _locate_oversize(config: PackingConfig, topology: Topology, gathered: GatheredLengths) -> str:
-    assert config.pad_multiple is not None
-    capacity = config.max_tokens_per_rank * topology.cp_size
-    over = np.flatnonzero(padded_lengths(gathered.lengths, config.pad_multiple) > capacity)
+def _locate_oversize(
+    scheduler: Scheduler, config: PackingConfig, topology: Topology, gathered: GatheredLengths
+) -> str:
+    over = np.flatnonzero(gathered.lengths > longest_sequence(scheduler, config, topology))
     if not over.size:
         return ""
     g = int(over[0])
@@ -392,15 +395,13 @@ def _locate_oversize(config: PackingConfig, topology: Topology, gathered: Gather
     return f" [global sample {g} is sequence {g - int(gathered.offsets[r])} of DP rank {r}'s pool this step]"
 
 
-def num_assigned(plan: Schedule | DynamicCpSchedule) -> int:
+def num_assigned(plan: Schedule) -> int:
     """Ids the plan trains this step."""
-    if isinstance(plan, DynamicCpSchedule):
-        return int(plan.assigned.shape[0])
-    return sum(int(ids.size) for row in plan.assignment for ids in row)
+    return int(plan.assigned.shape[0])
 
 
 def deferred_samples(
-    pool: Sequence[Sample], plan: Schedule | DynamicCpSchedule, gathered: Gathered, topology: Topology
+    pool: Sequence[Sample], plan: Schedule, gathered: Gathered, topology: Topology
 ) -> list[Sample]:
     """This rank's samples the schedule holds back for the next step, in pool order."""
     offset = int(gathered.lengths.offsets[topology.dp_rank])
@@ -424,12 +425,10 @@ def carries_position_ids(mask: int) -> bool:
 # -- 5. pack ------------------------------------------------------------------------------
 
 
-def step_loss_tokens(plan: Schedule | DynamicCpSchedule, loss_tokens: np.ndarray) -> int:
+def step_loss_tokens(plan: Schedule, loss_tokens: np.ndarray) -> int:
     """Supervised tokens of the whole global step: the gathered counts of every id the
     schedule assigns (every replica, every microbatch; deferred and dropped ids add 0)."""
-    if isinstance(plan, DynamicCpSchedule):
-        return int(loss_tokens[plan.assigned].sum())
-    return sum(int(loss_tokens[ids].sum()) for row in plan.assignment for ids in row)
+    return int(loss_tokens[plan.assigned].sum())
 
 
 def pack(

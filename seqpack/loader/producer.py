@@ -56,7 +56,7 @@ from seqpack.loader.resume import ResumeState
 from seqpack.loader.step import Step, StepTrace
 from seqpack.options import Axis, DataOwner
 from seqpack.schedulers import Schedule, Scheduler
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
+from seqpack.cost import GroupCost
 from seqpack.schedulers.minibatches import minibatch_loss_tokens
 from seqpack.stats import StepStats
 from seqpack.thd import SAMPLES_NOT_BATCHES, PackedBatch
@@ -149,7 +149,7 @@ class StepProducer:
                     read = self.reader.read(config.samples_per_rank, pooled=len(self.pool))
                 pool = self.pool + read.samples
                 mask = phases.key_mask(pool)
-                columns = phases.sample_columns(pool, config, t)
+                columns = phases.sample_columns(pool, self.scheduler, config, t)
             except BaseException as exc:  # the user's iterator or data, Ctrl-C too: every rank hears of it
                 pool, mask = [], 0
                 error = self._bad_input(exc, step)
@@ -178,13 +178,7 @@ class StepProducer:
         with trace.phase("schedule"):
             self.calibration.choose_model(trace)
             try:
-                if self.dynamic is not None:
-                    group_cost = trace.model if isinstance(trace.model, GroupCost) else None
-                    plan: Schedule | DynamicCpSchedule
-                    plan, bounds = self.dynamic.schedule(gathered, group_cost)
-                else:
-                    assert not isinstance(trace.model, GroupCost)
-                    plan, bounds = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
+                plan, bounds = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
             except ScheduleError as exc:
                 return self._error(step, f"step {step}: {exc}", exc)
             fingerprint = self.calibration.fingerprint(plan, trace)
@@ -201,7 +195,7 @@ class StepProducer:
         if isinstance(batches, StepError):
             return batches
         loss_tokens = phases.step_loss_tokens(plan, gathered.loss_tokens)
-        starts = self.dynamic.group_starts(plan) if isinstance(plan, DynamicCpSchedule) and self.dynamic else None
+        starts = self.dynamic.group_starts(plan) if self.dynamic is not None else None
         minibatches: dict[str, Any] = {}
         if bounds is not None and len(bounds) > 2:  # mini-batches: their bounds and counts travel with the step
             counts = minibatch_loss_tokens(plan, bounds, gathered.loss_tokens)
@@ -219,7 +213,7 @@ class StepProducer:
         )
 
     def _place(
-        self, pool: list[phases.Sample], plan: Schedule | DynamicCpSchedule, gathered: phases.Gathered, trace: StepTrace
+        self, pool: list[phases.Sample], plan: Schedule, gathered: phases.Gathered, trace: StepTrace
     ) -> list[PackedBatch] | StepError:
         """Exchange and pack: this rank's microbatches of the step (its CP shards), or the
         step's error when packing failed here."""
@@ -227,8 +221,7 @@ class StepProducer:
         positions = phases.carries_position_ids(gathered.key_mask)
         exchanged = None
         with trace.phase("exchange"):
-            if isinstance(plan, DynamicCpSchedule):
-                assert self.dynamic is not None
+            if self.dynamic is not None:
                 exchanged = self.dynamic.exchange(pool, plan, gathered)
             elif not t.is_middle_stage or positions:
                 exchanged = phases.exchange(pool, plan, gathered, t)
@@ -241,8 +234,8 @@ class StepProducer:
                 )
         with trace.phase("pack"):
             try:
-                if isinstance(plan, DynamicCpSchedule):
-                    assert self.dynamic is not None and exchanged is not None
+                if self.dynamic is not None:
+                    assert exchanged is not None
                     return self.dynamic.pack(plan, exchanged, gathered.loss_tokens)
                 return phases.pack(plan, exchanged, t, config.pad_multiple or 1, gathered.loss_tokens, config.cp_layout)
             except Exception as exc:  # local; CP/TP/PP peers hear of it in the status agreement
@@ -356,8 +349,7 @@ class StepProducer:
         if isinstance(msg, StepEnd):
             return Ready(msg.step, message=msg, progress=self.progress())
         plan = msg.schedule
-        if isinstance(plan, DynamicCpSchedule):
-            assert self.dynamic is not None
+        if self.dynamic is not None:
             group_cost = trace.model if isinstance(trace.model, GroupCost) else None
             stats = self.dynamic.stats(plan, msg.empty_samples, group_cost)
         else:

@@ -16,7 +16,8 @@ from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.loader.origin import origin_slots, to_origin
 from seqpack.schedulers import Schedule
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
+from seqpack.schedulers import Schedule
+from seqpack.cost import GroupCost
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch
 from seqpack.topology import Topology
@@ -36,7 +37,7 @@ class Step:
         step: Step index (0-based).
         schedule: The step's schedule (identical on every rank): a
             :class:`~seqpack.schedulers.Schedule`, or under ``dynamic_cp`` a
-            :class:`~seqpack.schedulers.dynamic_cp.DynamicCpSchedule` (per round, the CP
+            :class:`~seqpack.schedulers.dynamic_cp.Schedule` (per round, the CP
             groups of the ``dp x cp`` ranks; ``num_microbatches`` is its rounds).
         schedule_fingerprint: ``schedule.fingerprint()``.
         timings: Seconds spent in ``read``, ``gather``, ``schedule``, ``exchange``,
@@ -62,7 +63,7 @@ class Step:
     microbatches: list[PackedBatch]
     stats: StepStats
     step: int = 0
-    schedule: Schedule | DynamicCpSchedule | None = None
+    schedule: Schedule | None = None
     schedule_fingerprint: int = 0
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     exchange_bytes: dict[str, int] = dataclasses.field(default_factory=dict)

@@ -15,7 +15,7 @@ from seqpack.calibrate import CostCalibrator, TimingLedger
 from seqpack.calibrate.base import Calibrator
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
-from seqpack.schedulers.dynamic_cp import GroupCost
+from seqpack.cost import GroupCost
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 
 # -- states saved by main's code (7646089), frozen -------------------------------------------

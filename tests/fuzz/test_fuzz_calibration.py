@@ -30,7 +30,7 @@ from seqpack.calibrate import CostCalibrator
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SeqpackError, StepFailed
 from seqpack.loader import wrap_data_iterator
-from seqpack.schedulers.dynamic_cp import GroupCost
+from seqpack.cost import GroupCost
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.topology import Topology
 

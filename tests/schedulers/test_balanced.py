@@ -146,9 +146,9 @@ def test_round_position_and_targets():
     # pipeline: lightest (1) first, next (2) last, then 3 second, 4 second to last, 5 middle.
     assert round_position(load, "pipeline").tolist() == [2, 0, 1, 4, 3]
     # A sequence costlier than an average microbatch raises round 0's target for everyone.
-    targets = round_targets(np.array([6.0, 1, 1, 1, 1, 1, 1, 1]), dp_size=2, num_rounds=2)
+    targets = round_targets(np.array([6.0, 1, 1, 1, 1, 1, 1, 1]), dp_size=2, num_microbatches=2)
     assert targets.tolist() == [6.0, 0.5]
-    assert round_targets(np.full(8, 1.0), dp_size=2, num_rounds=2).tolist() == [2.0, 2.0]
+    assert round_targets(np.full(8, 1.0), dp_size=2, num_microbatches=2).tolist() == [2.0, 2.0]
 
 
 def test_deterministic_and_independent_of_earlier_calls():
@@ -218,7 +218,7 @@ def test_objectives_trade_replicas_against_rounds(seed):
 
 
 def test_equal_lengths_stay_on_their_rank():
-    from seqpack.schedulers.base import default_origin
+    from seqpack.schedulers.request import default_origin
 
     for n, dp in ((256, 8), (96, 8), (4096, 256)):
         s = get_scheduler("balanced").schedule(np.full(n, 4096), dp_size=dp, max_tokens_per_rank=16384)
@@ -232,7 +232,7 @@ def test_equal_lengths_stay_on_their_rank():
 
 def test_relabeling_replicas_moves_fewer_tokens_and_changes_no_figure():
     from seqpack.schedulers.balanced import relabel_replicas
-    from seqpack.schedulers.base import default_origin
+    from seqpack.schedulers.request import default_origin
 
     lengths = _lognormal(640, 9)
     origin = default_origin(640, 16)

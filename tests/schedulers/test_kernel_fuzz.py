@@ -56,8 +56,9 @@ from seqpack.cost import CostModel, default_cost_model
 from seqpack.mock_data import lognormal_lengths
 from seqpack.mock_data.lengths import bimodal_lengths, pareto_lengths, uniform_lengths
 from seqpack.schedulers import get_scheduler
-from seqpack.schedulers.dynamic_cp import GroupCost, plan_dynamic_cp
-from seqpack.schedulers.groups import schedule_groups
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
+from seqpack.cost import GroupCost
+from seqpack.schedulers.sample_groups import schedule_groups
 from seqpack.schedulers.minibatches import schedule_minibatches
 
 pytestmark = pytest.mark.kernels

@@ -13,7 +13,7 @@ from seqpack.mock_data import lognormal_lengths, pareto_lengths
 from seqpack.schedulers import _kernels, get_scheduler
 from seqpack.schedulers.balanced import plan_balanced, relabel_replicas
 from seqpack.schedulers.balanced.locality import _per_replica, plan_local, step_time
-from seqpack.schedulers.base import default_origin
+from seqpack.schedulers.request import default_origin
 from seqpack.stats import StepStats, microbatch_costs
 
 pytestmark = pytest.mark.kernels

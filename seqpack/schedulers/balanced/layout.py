@@ -85,33 +85,33 @@ def _placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarra
     return np.lexsort((origin, slot, -padded))
 
 
-def round_targets(sorted_costs: np.ndarray, dp_size: int, num_rounds: int) -> np.ndarray:
+def round_targets(sorted_costs: np.ndarray, dp_size: int, num_microbatches: int) -> np.ndarray:
     """Per-round cost target of one microbatch (see the module docstring, step 2).
 
     Args:
         sorted_costs: Sequence costs, costliest first.
-        dp_size, num_rounds: Grid shape.
+        dp_size, num_microbatches: Grid shape.
     """
-    targets = np.zeros(num_rounds, dtype=np.float64)
+    targets = np.zeros(num_microbatches, dtype=np.float64)
     remaining = float(sorted_costs.sum()) / dp_size
     n = sorted_costs.shape[0]
-    for m in range(num_rounds):
+    for m in range(num_microbatches):
         forced = float(sorted_costs[m * dp_size]) if m * dp_size < n else 0.0
-        target = min(max(forced, remaining / (num_rounds - m)), remaining)
+        target = min(max(forced, remaining / (num_microbatches - m)), remaining)
         targets[m] = max(target, 0.0)
         remaining -= targets[m]
     return targets
 
 
-def _arrange(load: np.ndarray, dp_size: int, num_rounds: int) -> tuple[np.ndarray, np.ndarray]:
+def _arrange(load: np.ndarray, dp_size: int, num_microbatches: int) -> tuple[np.ndarray, np.ndarray]:
     """Round and replica of every bin: sorted bins dealt into rounds, heaviest bin of a round
     to the lightest replica so far (ties: lower bin index, lower replica index)."""
-    n_bins = dp_size * num_rounds
+    n_bins = dp_size * num_microbatches
     by_cost = np.lexsort((np.arange(n_bins), -load))
     round_of_bin = np.empty(n_bins, dtype=np.int64)
     replica_of_bin = np.empty(n_bins, dtype=np.int64)
     totals = np.zeros(dp_size, dtype=np.float64)
-    for m in range(num_rounds):
+    for m in range(num_microbatches):
         bins = by_cost[m * dp_size : (m + 1) * dp_size]
         replicas = np.argsort(totals, kind="stable")
         round_of_bin[bins] = m

@@ -42,17 +42,17 @@ def _plan_at(
     order: np.ndarray,
     dp_size: int,
     capacity: int,
-    num_rounds: int,
+    num_microbatches: int,
     constant: float,
     max_repair_moves: int,
     objective: str = "both",
     sync: str | None = None,
     forced: bool = False,
 ) -> BalancedPlan | None:
-    """The plan with exactly ``num_rounds`` rounds, or None when neither a bin rule nor
+    """The plan with exactly ``num_microbatches`` rounds, or None when neither a bin rule nor
     the exact search (:func:`seqpack.schedulers.balanced.exact.pack_bins`) packs the sequences.
     ``forced``: the count was given (no count search follows; :func:`keep_lighter`)."""
-    targets = np.repeat(round_targets(costs[order], dp_size, num_rounds), dp_size)
+    targets = np.repeat(round_targets(costs[order], dp_size, num_microbatches), dp_size)
     for mode in (_kernels.MODE_COST, _kernels.MODE_TOKENS, _kernels.MODE_FIRST_FIT):
         ok, bin_of, bin_load, _ = _kernels.grid_lpt(order, padded, costs, targets, capacity, mode)
         if ok:
@@ -60,23 +60,23 @@ def _plan_at(
     else:
         # Greedy rules can miss a packing that exists (first-fit decreasing may need 11/9
         # of the optimal bins): search exactly, within a bounded amount of work.
-        status, bin_of = _exact.pack_bins(padded, dp_size * num_rounds, capacity)
+        status, bin_of = _exact.pack_bins(padded, dp_size * num_microbatches, capacity)
         if status != _exact.FOUND:
             return None
         logger.debug(
             "exact search packed %d sequences of %d tokens into %d x %d microbatches of %d tokens (greedy failed)",
             padded.shape[0],
             int(padded.sum()),
-            num_rounds,
+            num_microbatches,
             dp_size,
             capacity,
         )
         mode = _exact.MODE_EXACT
-        bin_load = np.bincount(bin_of, weights=costs, minlength=dp_size * num_rounds)
-    round_of_bin, replica_of_bin = _arrange(bin_load, dp_size, num_rounds)
+        bin_load = np.bincount(bin_of, weights=costs, minlength=dp_size * num_microbatches)
+    round_of_bin, replica_of_bin = _arrange(bin_load, dp_size, num_microbatches)
     round_of = round_of_bin[bin_of]
     replica_of = replica_of_bin[bin_of]
-    shape = (num_rounds, dp_size)
+    shape = (num_microbatches, dp_size)
     load = _grid(costs, round_of, replica_of, shape)
     tokens = _grid(padded, round_of, replica_of, shape)
     moves = 0
@@ -99,12 +99,12 @@ def _plan_at(
     # Each replica's microbatches heaviest first: the alignment that minimizes sum_m max_d.
     round_of, load, tokens = heaviest_first(round_of, replica_of, load, tokens)
     gap = 0.0
-    if balances and num_rounds:
+    if balances and num_microbatches:
         replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
         round_bound = round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
         gap = max(float(load.sum(axis=0).max()) / replica_bound, float(load.max(axis=1).sum()) / round_bound) - 1.0
     return BalancedPlan(
-        num_rounds, round_of, replica_of, load, tokens, mode, moves, _objective(load, constant, sync), gap
+        num_microbatches, round_of, replica_of, load, tokens, mode, moves, _objective(load, constant, sync), gap
     )
 
 

@@ -12,7 +12,8 @@ from seqpack.options import Objective, Order
 from seqpack.schedulers.balanced.layout import _rounds, objective_for, relabel_replicas, round_position
 from seqpack.schedulers.balanced.locality import TOLERANCE, plan_local
 from seqpack.schedulers.balanced.plan import plan_balanced
-from seqpack.schedulers.base import Scheduler, check_microbatches
+from seqpack.schedulers.base import GridScheduler
+from seqpack.schedulers.request import check_microbatches
 from seqpack.thd import padded_lengths
 from seqpack.validation import (
     INT64_MAX,
@@ -25,7 +26,7 @@ from seqpack.validation import (
 )
 
 
-class BalancedScheduler(Scheduler):
+class BalancedScheduler(GridScheduler):
     """FLOPs-aware scheduler balancing replica totals and per-round maxima (module docs).
 
     Args:
