@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqpack.cost import check_cost_model
+from seqpack.cost import GroupCost, check_cost_model
 from seqpack.errors import SeqpackTypeError
 from seqpack.schedulers.objective import (
     exact_sum,
@@ -134,7 +134,7 @@ class StepStats:
     max_rank_moved_tokens: int = 0
     moved_bytes: float = 0.0
     max_rank_moved_bytes: float = 0.0
-    cost_model: CostModel | None = None
+    cost_model: CostModel | GroupCost | None = None
     calibrated: bool = False
     predicted_step_time: float | None = None
     measured_step: int | None = None
@@ -145,7 +145,7 @@ class StepStats:
     def from_schedule(
         cls,
         schedule: Schedule,
-        cost: CostModel | None = None,
+        cost: CostModel | GroupCost | None = None,
         *,
         flops: float | None = None,
         empty_samples: int = 0,
@@ -156,6 +156,8 @@ class StepStats:
         ``schedule.origin``; ``bytes_per_token`` converts them to bytes."""
         if not isinstance(schedule, Schedule):
             raise SeqpackTypeError(f"schedule must be a seqpack.Schedule, got {type(schedule).__name__}")
+        if isinstance(cost, GroupCost):  # a static plan's microbatches cost it on the replicas' CP groups
+            cost = cost.at(schedule.cp_size)
         check_cost_model("cost", cost)
         flops = None if flops is None else check_number("flops", flops)
         empty_samples = check_int("empty_samples", empty_samples, minimum=0)

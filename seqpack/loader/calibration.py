@@ -39,7 +39,13 @@ class StepCalibration:
     """The wrapper's side of online calibration (see the module docstring)."""
 
     def __init__(
-        self, config: PackingConfig, topology: Topology, prior: CostModel, reads: bool, *, lag: int | None = None
+        self,
+        config: PackingConfig,
+        topology: Topology,
+        prior: CostModel | GroupCost,
+        reads: bool,
+        *,
+        lag: int | None = None,
     ) -> None:
         """``prior``: the model a new calibrator starts from (the step's resolved cost).
         ``lag``: the largest ``prefetch`` of any rank (default: this rank's): every rank
@@ -55,8 +61,8 @@ class StepCalibration:
         calibrator: CostCalibrator | GroupCostCalibrator
         if isinstance(config.calibrate, (CostCalibrator, GroupCostCalibrator)):
             calibrator = config.calibrate.copy()
-        elif isinstance(config.group_cost, GroupCost):  # dynamic CP: fit the group cost, ring included
-            calibrator = GroupCostCalibrator(config.group_cost)
+        elif isinstance(prior, GroupCost):  # dynamic CP: fit the group cost, ring included
+            calibrator = GroupCostCalibrator(prior)
         else:
             calibrator = CostCalibrator(prior)
         # Steps prepared ahead (prefetch k) are scheduled k steps before the training loop

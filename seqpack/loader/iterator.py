@@ -50,7 +50,7 @@ from seqpack.collective import (
 )
 from seqpack.collective.cp_groups import CpGroups, new_cp_groups
 from seqpack.collective.groups import new_axis_groups, this_rank
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import (
     ConfigError,
     ResumeError,
@@ -244,7 +244,7 @@ class PackingIterator(Iterator[Step], Stateful):
         return self._producer.scheduler
 
     @property
-    def stats_cost(self) -> CostModel:
+    def stats_cost(self) -> CostModel | GroupCost:
         """The cost model every step's stats are measured in (:func:`resolved_cost`)."""
         return self._producer.stats_cost
 

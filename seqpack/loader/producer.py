@@ -88,7 +88,7 @@ class StepProducer:
         comm: Topology,
         config: PackingConfig,
         scheduler: Scheduler,
-        stats_cost: CostModel,
+        stats_cost: CostModel | GroupCost,
         *,
         reads: bool,
         copy: DeviceCopy,

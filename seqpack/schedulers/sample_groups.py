@@ -344,7 +344,7 @@ class _ReplicaPlanner:
     capacity: int
     cp_size: int
     pad_multiple: int
-    cost: CostModel | None
+    cost: CostModel | GroupCost | None
     sync: str | None
     together: bool
 

@@ -69,7 +69,8 @@ class ScheduleLimits:
         code = int(values[-1])
         if not 0 <= code < len(_GROUP_SIZES):
             raise ScheduleError(f"schedule group_sizes code {code} is not one of 0..{len(_GROUP_SIZES) - 1}")
-        return cls(*(int(v) for v in values[:-1]), _GROUP_SIZES[code])
+        m, dp, cp, per_rank, pad = (int(v) for v in values[:-1])
+        return cls(m, dp, cp, per_rank, pad, _GROUP_SIZES[code])
 
 
 def _int64_array(name: str, value: object) -> np.ndarray:
@@ -327,8 +328,14 @@ class Schedule:
     def replica_of(self) -> np.ndarray:
         """Per global id: the DP replica whose CP block holds its group's first rank (a
         static plan: the replica that runs it), -1 when not assigned."""
-        group = self.id_groups()
-        return np.where(group >= 0, self.leading_replica()[np.maximum(group, 0)], -1)
+        return self.per_id(self.leading_replica())
+
+    def per_id(self, group_values: np.ndarray) -> np.ndarray:
+        """int64, per global id: ``group_values`` of the group that packs it, -1 when not
+        assigned."""
+        out = np.full(self.num_sequences, -1, dtype=np.int64)
+        out[self.assigned] = np.asarray(group_values, dtype=np.int64)[self.group_of]
+        return out
 
     # -- wire ------------------------------------------------------------------------------
     def to_arrays(self) -> dict[str, np.ndarray]:

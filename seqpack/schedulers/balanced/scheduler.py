@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.cost import CostModel, default_cost_model
+from seqpack.cost import CostModel, GroupCost, default_cost_model
 from seqpack.errors import ConfigError
 from seqpack.options import Objective, Order
 from seqpack.schedulers.balanced.layout import _rounds, objective_for, relabel_replicas, round_position
@@ -77,7 +77,7 @@ class BalancedScheduler(GridScheduler):
         self.locality = check_bool("locality", locality)
         self.locality_tolerance = check_number("locality_tolerance", locality_tolerance, minimum=0.0)
 
-    def resolve_cost(self, cost: CostModel | None) -> CostModel:
+    def resolve_cost(self, cost: CostModel | GroupCost | None) -> CostModel | GroupCost:
         """The cost model this scheduler balances: ``cost``, or the default model's FLOPs."""
         return default_cost_model() if cost is None else cost
 
@@ -95,7 +95,7 @@ class BalancedScheduler(GridScheduler):
         origin: np.ndarray,
         sync: str | None = None,
     ) -> tuple[list[list[np.ndarray]], np.ndarray]:
-        model = self.resolve_cost(cost)
+        model = default_cost_model() if cost is None else cost  # a GroupCost was made this one by the base
         if ids.size or self.num_microbatches:
             check_microbatches(
                 dp_size,

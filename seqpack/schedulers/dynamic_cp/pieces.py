@@ -23,9 +23,7 @@ __all__ = ["Pieces", "plan_pieces", "shard_layout"]
 def shard_layout(plan: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """int64 ``[N]`` each: every id's group's first plane rank and size (-1 when not
     assigned), and the tokens of each of its shards (padded length / size; 0 unassigned)."""
-    group = plan.id_groups()
-    size = np.where(group >= 0, plan.group_size[np.maximum(group, 0)], -1)
-    start = np.where(group >= 0, plan.group_start[np.maximum(group, 0)], -1)
+    size, start = plan.per_id(plan.group_size), plan.per_id(plan.group_start)
     padded = group_padded_lengths(plan.lengths, np.maximum(size, 1), plan.pad_multiple)
     return start, size, np.where(size > 0, padded // np.maximum(size, 1), 0)
 
