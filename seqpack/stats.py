@@ -14,6 +14,7 @@ import numpy as np
 
 from seqpack.cost import check_cost_model
 from seqpack.errors import SeqpackTypeError
+from seqpack.options import SAMPLE_BYTES_PER_TOKEN
 from seqpack.schedulers.objective import (
     exact_sum,
     microbatch_costs,
@@ -38,11 +39,6 @@ __all__ = [
     "round_sum_lower_bound",
     "step_objective",
 ]
-
-SAMPLE_BYTES_PER_TOKEN = 20
-"""Bytes one token of a plain SFT sample carries through the exchange: ``input_ids`` and
-``labels`` (int64) and ``loss_mask`` (float32). RL and multimodal samples carry more (pass
-``bytes_per_token``)."""
 
 
 def moved_tokens(schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -11,6 +11,7 @@ import numpy as np
 
 from seqpack.options import Objective, Order, Sync
 from seqpack.schedulers import _kernels
+from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.objective import round_sum_lower_bound, step_objective
 from seqpack.validation import check_choice
 
@@ -68,7 +69,7 @@ def _placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarra
         return np.zeros(0, dtype=np.int64)
     top = int(padded.max())
     index = np.arange(n, dtype=np.int64)
-    if origin is None:
+    if origin is None or not stages.enabled("origin_order"):
         if (top + 1) * n < 2**62:  # unique int64 keys: the fast (unstable) sort gives the stable order
             return np.argsort((top - padded) * n + index)
         return np.argsort(-padded, kind="stable")
@@ -171,6 +172,8 @@ def heaviest_first(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Renumber each replica's microbatches heaviest first (ties: round order): the
     alignment that minimises ``sum_m max_d load``. Returns (round_of, load, tokens)."""
+    if not stages.enabled("heaviest_first"):
+        return round_of, load, tokens
     m_count, dp_size = load.shape
     rank = np.argsort(-load, axis=0, kind="stable")  # [position, replica] -> old round
     new_round = np.empty_like(rank)
@@ -211,7 +214,7 @@ def relabel_replicas(replica_of: np.ndarray, origin: np.ndarray, weight: np.ndar
     Returns:
         The DP rank of every sequence.
     """
-    if replica_of.size == 0 or dp_size == 1:
+    if replica_of.size == 0 or dp_size == 1 or not stages.enabled("relabel"):
         return replica_of
     replica_of = np.asarray(replica_of, dtype=np.int64)
     pair = replica_of * dp_size + np.asarray(origin, dtype=np.int64)  # < dp**2: exact in int64 for dp < 3e9

@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.options import Objective, Sync
+from seqpack.options import SAMPLE_BYTES_PER_TOKEN, Objective, Sync
 from seqpack.schedulers import _kernels
+from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.balanced.layout import (
     _REPAIR_WORK,
     BalancedPlan,
@@ -62,6 +63,10 @@ from seqpack.schedulers.balanced.repair import _repair
 from seqpack.schedulers.objective import step_objective
 
 TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than the reference
+AUTO = "auto"  # BalancedScheduler(locality=AUTO): on where locality_pays
+LINK_BYTES_PER_SECOND = 25e9  # one rank's exchange bandwidth: 200 Gb/s InfiniBand
+PLAN_SECONDS_PER_SEQUENCE = 1e-6  # plan time locality adds per sequence of the step (docs/scale.md)
+KEPT_HOME = 0.5  # share of the step's tokens locality keeps home that the plain plan moves
 _REPLICAS_FILL = 0.9  # home_fill of the per-replica layout
 _REPAIR_WORK_FACTOR = 3  # local layouts start further from balance: 3x the repair's work budget
 _SWAP_SLACK = 0.9  # home swaps may raise each cap by this share of the tolerance
@@ -70,7 +75,45 @@ _SWAPS_ABOVE = 1 / 3  # the home swaps are also tried when the per-replica layou
 
 _SYNC_OF: dict[str, Sync] = {Objective.ROUNDS: Sync.LOCKSTEP, Objective.REPLICAS: Sync.REPLICA}  # "both": None, the sum
 
-__all__ = ["TOLERANCE", "heaviest_first", "home_swapped", "moved_tokens", "plan_local", "step_time"]
+__all__ = [
+    "AUTO",
+    "KEPT_HOME",
+    "LINK_BYTES_PER_SECOND",
+    "PLAN_SECONDS_PER_SEQUENCE",
+    "TOLERANCE",
+    "break_even_bytes_per_token",
+    "heaviest_first",
+    "home_swapped",
+    "locality_pays",
+    "moved_tokens",
+    "plan_local",
+    "step_time",
+]
+
+
+def break_even_bytes_per_token(*, sequences: int, tokens: int, dp_size: int) -> float:
+    """Bytes per token above which locality saves more exchange time than it costs plan
+    time (``inf`` where it saves nothing: one replica, or no tokens).
+
+    Every rank plans the whole step, so locality costs each rank
+    :data:`PLAN_SECONDS_PER_SEQUENCE` per sequence of the step; it keeps
+    :data:`KEPT_HOME` of each rank's share of the tokens home, which would otherwise cross
+    the network at :data:`LINK_BYTES_PER_SECOND`. It pays when
+    ``KEPT_HOME * tokens / dp_size * bytes_per_token / LINK_BYTES_PER_SECOND`` exceeds
+    ``PLAN_SECONDS_PER_SEQUENCE * sequences``. The break-even grows with ``dp_size`` (the plan
+    is paid for the whole step, the saving per rank) and falls with longer sequences.
+    """
+    if dp_size <= 1 or tokens <= 0:
+        return float("inf")
+    return PLAN_SECONDS_PER_SEQUENCE * sequences * dp_size * LINK_BYTES_PER_SECOND / (KEPT_HOME * tokens)
+
+
+def locality_pays(bytes_per_token: float | None, *, sequences: int, tokens: int, dp_size: int) -> bool:
+    """Whether locality is worth its plan time for a step of ``sequences`` holding ``tokens``
+    padded tokens in ``dp_size`` replicas, at ``bytes_per_token`` (None: the token-id
+    payload, :data:`~seqpack.stats.SAMPLE_BYTES_PER_TOKEN`; :func:`break_even_bytes_per_token`)."""
+    payload = SAMPLE_BYTES_PER_TOKEN if bytes_per_token is None else bytes_per_token
+    return payload > break_even_bytes_per_token(sequences=sequences, tokens=tokens, dp_size=dp_size)
 
 
 def step_time(load: np.ndarray, constant: float, objective: str) -> float:
@@ -126,7 +169,8 @@ def plan_local(
         reference_ranks = relabel_replicas(reference.replica_of, origin, padded, dp_size)
     best = None
     to_beat = moved_tokens(reference_ranks, origin, padded)  # a candidate must move less
-    if objective == Objective.REPLICAS or reference.num_microbatches <= 2:
+    per_replica = objective == Objective.REPLICAS or reference.num_microbatches <= 2
+    if per_replica and stages.enabled("per_replica"):
         plan = _per_replica(
             padded, costs, origin, reference, dp_size, capacity, constant, objective, max_repair_moves, tolerance
         )
@@ -137,6 +181,8 @@ def plan_local(
                 best, to_beat = (plan, ranks), moved
                 if moved <= _SWAPS_ABOVE * float(padded.sum()):
                     return best
+    if not stages.enabled("home_swaps"):
+        return best
     plan = home_swapped(padded, costs, origin, reference, reference_ranks, capacity, objective, tolerance * _SWAP_SLACK)
     if step_time(plan.load, constant, objective) <= limit and moved_tokens(plan.replica_of, origin, padded) < to_beat:
         best = plan, plan.replica_of

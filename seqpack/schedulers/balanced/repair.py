@@ -8,6 +8,7 @@ import numpy as np
 
 from seqpack.options import Objective
 from seqpack.schedulers import _kernels
+from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.balanced.layout import (
     _BISECTION_STEPS,
     _GOOD_ENOUGH,
@@ -70,7 +71,7 @@ def _repair(
     if objective == Objective.REPLICAS:
         return run(np.inf)[0]
     strict, replica, rounds = run(0.0)
-    if objective == Objective.ROUNDS or replica <= rounds + _GOOD_ENOUGH:
+    if objective == Objective.ROUNDS or replica <= rounds + _GOOD_ENOUGH or not stages.enabled("repair_bisection"):
         return strict
     # The goals conflict: find how much slower the rounds may get so that both end the same
     # distance from their bounds (bisection on the budget of sum_m max_d, up to where the
