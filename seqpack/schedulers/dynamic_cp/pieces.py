@@ -24,7 +24,8 @@ def shard_layout(plan: DynamicCpSchedule) -> tuple[np.ndarray, np.ndarray, np.nd
     """int64 ``[N]`` each: every id's group's first plane rank and size (-1 when not
     assigned), and the tokens of each of its shards (padded length / size; 0 unassigned)."""
     group, _, size = plan.placement()
-    start = np.where(group >= 0, plan.group_start[np.maximum(group, 0)], -1)
+    start = np.full_like(group, -1)
+    start[group >= 0] = plan.group_start[group[group >= 0]]  # a plan may have no group (every sequence dropped)
     padded = group_padded_lengths(plan.lengths, np.maximum(size, 1), plan.pad_multiple)
     return start, size, np.where(size > 0, padded // np.maximum(size, 1), 0)
 

@@ -165,8 +165,9 @@ class DynamicCpSchedule:
         group = np.full(self.num_sequences, -1, dtype=np.int64)
         group[self.assigned] = np.repeat(np.arange(self.num_groups, dtype=np.int64), self.group_counts)
         known = group >= 0
-        rounds = np.where(known, self.group_round[np.maximum(group, 0)], -1)
-        sizes = np.where(known, self.group_size[np.maximum(group, 0)], -1)
+        rounds, sizes = np.full_like(group, -1), np.full_like(group, -1)
+        rounds[known] = self.group_round[group[known]]  # a plan may have no group (every sequence dropped)
+        sizes[known] = self.group_size[group[known]]
         return group, rounds, sizes
 
     # -- wire ------------------------------------------------------------------------------
