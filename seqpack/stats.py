@@ -80,7 +80,9 @@ class StepStats:
         truncated_sequences, truncated_tokens: Tokens cut by ``on_oversize="truncate"`` from
             the sequences trained this step (a deferred one counts when it is trained).
         deferred_sequences: Held back for the next step.
-        empty_samples: Zero-length samples the wrapper dropped.
+        empty_samples: Zero-length sequences (samples, or sequences of pre-packed ones) read
+            this step on all DP ranks: never scheduled (not in ``num_sequences``);
+            ``Step.to_origin`` gives each an empty value in its place.
         flops: Model training FLOPs of the step, when a model is known.
         moved_sequences, moved_tokens: Sequences (and their real tokens) the exchange moves
             off the DP rank that read them (``Schedule.origin``): the all-to-all's payload.
