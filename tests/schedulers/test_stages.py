@@ -60,7 +60,6 @@ CASES = {
     "repair": (*_sft(4096, 256), {"locality": False}),
     "repair_bisection": (*_long_tail(), {"locality": False}),
     "replica_first": (*_heavy_tail(), {"locality": False, "num_microbatches": 3}),
-    "heaviest_first": (*_sft(4096, 256), {"locality": False}),
     "more_rounds": (*_tight(12), {"locality": False}),
     "origin_order": (np.full(512, 4096), _sft()[1], {"locality": False}),
     "relabel": (*_sft(), {"locality": False}),

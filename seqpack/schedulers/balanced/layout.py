@@ -162,27 +162,9 @@ def repair_budget(max_repair_moves: int | None, dp_size: int) -> int:
     return 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
 
 
-def _sorted_round_sum(load: np.ndarray) -> float:
-    """``sum_m max_d`` once every replica's microbatches are sorted heaviest first."""
-    return float((-np.sort(-load, axis=0)).max(axis=1).sum()) if load.size else 0.0
-
-
-def heaviest_first(
-    round_of: np.ndarray, replica_of: np.ndarray, load: np.ndarray, tokens: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Renumber each replica's microbatches heaviest first (ties: round order): the
-    alignment that minimises ``sum_m max_d load``. Returns (round_of, load, tokens)."""
-    if not stages.enabled("heaviest_first"):
-        return round_of, load, tokens
-    m_count, dp_size = load.shape
-    rank = np.argsort(-load, axis=0, kind="stable")  # [position, replica] -> old round
-    new_round = np.empty_like(rank)
-    new_round[rank, np.arange(dp_size)[None, :]] = np.arange(m_count)[:, None]
-    return (
-        new_round[round_of, replica_of],
-        np.take_along_axis(load, rank, axis=0),
-        np.take_along_axis(tokens, rank, axis=0),
-    )
+def _round_sum(load: np.ndarray) -> float:
+    """``sum_m max_d load[m, d]``: what a lockstep step waits for (no constants)."""
+    return float(load.max(axis=1).sum()) if load.size else 0.0
 
 
 def _rounds(ids: np.ndarray, cell: np.ndarray, m_count: int, dp_size: int) -> list[list[np.ndarray]]:

@@ -21,8 +21,7 @@ where sequences run.
   within ``home_fill`` (0.9) of its cost target and within the mean tokens, otherwise to the
   emptiest microbatch anywhere (LPT), which hands each rank's excess to ranks below their
   share. The replica repair evens out the rest, until the busiest replica is within half
-  the tolerance of the reference's; each replica runs its microbatches heaviest first.
-  About a fifth of the tokens move. It cannot serve lockstep steps (``"rounds"``,
+  the tolerance of the reference's. About a fifth of the tokens move. It cannot serve lockstep steps (``"rounds"``,
   ``"both"``: FSDP, every round waits for its slowest replica): a replica's microbatches,
   a few sequences each, cannot all match the other replicas' within 0.1%, and at
   thousands of replicas some always miss (the rounds end 0.5-1.5% slower).
@@ -39,6 +38,18 @@ where sequences run.
   the predicted step time grows by at most 0.09%. About a third of the tokens still move,
   against 93-96% in the reference.
 
+When it pays (``BalancedScheduler(locality="auto")``, the default): every rank plans the
+whole step, so locality costs each rank its plan time, about :data:`PLAN_SECONDS_PER_SEQUENCE`
+(1 us) per sequence of the step (measured 0.4-4 us: ``benchmarks/ablation.py``), and saves
+it sending the tokens it keeps home, about :data:`KEPT_HOME` (half) of the rank's share
+(measured 28-61 points of all tokens), over a link of :data:`LINK_BYTES_PER_SECOND` (25 GB/s,
+200 Gb/s InfiniBand). :func:`locality_pays` runs it where the second is larger at the
+samples' bytes per token (:func:`break_even_bytes_per_token`: ``5e4 * dp / mean tokens per
+sequence`` bytes per token): 12,500 for 4K-token sequences at 1,024 replicas, 780 at 64,
+so never for token ids (8-28 bytes a token) beyond two replicas of 5,000-token sequences;
+per-token payloads of hundreds or thousands of bytes (embeddings, teacher logits) turn it on
+at small dp.
+
 docs/scale.md has the measurements.
 """
 
@@ -54,7 +65,6 @@ from seqpack.schedulers.balanced.layout import (
     BalancedPlan,
     _grid,
     _placement_order,
-    heaviest_first,
     relabel_replicas,
     repair_budget,
     round_targets,
@@ -65,8 +75,8 @@ from seqpack.schedulers.objective import step_objective
 TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than the reference
 AUTO = "auto"  # BalancedScheduler(locality=AUTO): on where locality_pays
 LINK_BYTES_PER_SECOND = 25e9  # one rank's exchange bandwidth: 200 Gb/s InfiniBand
-PLAN_SECONDS_PER_SEQUENCE = 1e-6  # plan time locality adds per sequence of the step (docs/scale.md)
-KEPT_HOME = 0.5  # share of the step's tokens locality keeps home that the plain plan moves
+PLAN_SECONDS_PER_SEQUENCE = 1e-6  # plan time locality adds per sequence of the step (0.4-4 us measured)
+KEPT_HOME = 0.5  # share of the step's tokens locality keeps home that the plain plan moves (0.28-0.61)
 _REPLICAS_FILL = 0.9  # home_fill of the per-replica layout
 _REPAIR_WORK_FACTOR = 3  # local layouts start further from balance: 3x the repair's work budget
 _SWAP_SLACK = 0.9  # home swaps may raise each cap by this share of the tolerance
@@ -82,7 +92,6 @@ __all__ = [
     "PLAN_SECONDS_PER_SEQUENCE",
     "TOLERANCE",
     "break_even_bytes_per_token",
-    "heaviest_first",
     "home_swapped",
     "locality_pays",
     "moved_tokens",
@@ -202,9 +211,8 @@ def home_swapped(
     """``reference`` with its replicas renamed to ``reference_ranks``, then sequences brought
     home by :func:`~seqpack.schedulers._kernels.home_swaps` within caps ``1 + slack`` times
     the reference's: every round's heaviest microbatch (not for ``"replicas"``, whose step
-    does not wait for rounds) and the busiest replica. Each replica's microbatches are then
-    renumbered heaviest first. The predicted step time grows by at most ``slack``
-    (relative), the microbatch count and every microbatch's capacity hold.
+    does not wait for rounds) and the busiest replica. The predicted step time grows by at
+    most ``slack`` (relative), the microbatch count and every microbatch's capacity hold.
     """
     m_count, dp_size = reference.load.shape
     round_of = reference.round_of.copy()
@@ -233,7 +241,6 @@ def home_swapped(
     )
     load = _grid(costs, round_of, replica_of, shape)
     tokens = _grid(padded, round_of, replica_of, shape)
-    round_of, load, tokens = heaviest_first(round_of, replica_of, load, tokens)
     both = step_time(load, 0.0, Objective.BOTH)
     return BalancedPlan(
         m_count, round_of, replica_of, load, tokens, reference.mode, reference.repair_moves + changes, both
@@ -299,7 +306,6 @@ def _per_replica(
             stop_at,
             _REPAIR_WORK_FACTOR * _REPAIR_WORK,
         )
-    round_of, load, tokens = heaviest_first(round_of, replica_of, load, tokens)
     both = step_time(load, constant, Objective.BOTH)
     return BalancedPlan(m_count, round_of, replica_of, load, tokens, reference.mode, moves, both)
 

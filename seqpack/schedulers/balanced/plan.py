@@ -24,7 +24,6 @@ from seqpack.schedulers.balanced.layout import (
     _objective,
     _objective_bound,
     _placement_order,
-    heaviest_first,
     objective_for,
     repair_budget,
     round_targets,
@@ -107,8 +106,6 @@ def _plan_at(
                 max_repair_moves,
                 forced=forced,
             )
-    # Each replica's microbatches heaviest first: the alignment that minimizes sum_m max_d.
-    round_of, load, tokens = heaviest_first(round_of, replica_of, load, tokens)
     gap = 0.0
     if balances and num_rounds:
         replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))

@@ -14,7 +14,7 @@ from seqpack.schedulers.balanced.layout import (
     _GOOD_ENOUGH,
     _REPAIR_WORK,
     _SWAP_CANDIDATES,
-    _sorted_round_sum,
+    _round_sum,
 )
 from seqpack.schedulers.objective import round_sum_lower_bound
 
@@ -65,7 +65,7 @@ def _repair(
             max_work,
         )
         replica = float(state[2].sum(axis=0).max()) / replica_bound
-        rounds = _sorted_round_sum(state[2]) / round_bound
+        rounds = _round_sum(state[2]) / round_bound
         return (*state, int(moves)), replica, rounds
 
     if objective == Objective.REPLICAS:

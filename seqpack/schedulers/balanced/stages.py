@@ -26,7 +26,6 @@ STAGES: dict[str, str] = {
     "repair": "moves and swaps off the busiest replica (step 4)",
     "repair_bisection": "objective='both': bisecting how much slower the rounds may get",
     "replica_first": "sync='replica': the replica-first plan when the repaired grid is above its bound",
-    "heaviest_first": "each replica's microbatches renumbered heaviest first",
     "more_rounds": "trying more microbatches than the fewest that fit",
     "origin_order": "equally long sequences interleaved by the rank that holds them",
     "relabel": "replicas renamed to the rank holding most of their tokens",
