@@ -19,6 +19,7 @@ __all__ = [
     "LABEL_COPY_MIN_TOKENS",
     "MAX_PREFETCH",
     "MAX_TOKENS",
+    "SAMPLE_BYTES_PER_TOKEN",
     "AttentionBackend",
     "Axis",
     "CpCommType",
@@ -43,6 +44,11 @@ MAX_PREFETCH = 16
 """Most steps the wrapper prepares ahead of the training loop (``prefetch``)."""
 DEFAULT_PREFETCH_BYTES = 1 << 30
 """Tensor bytes of prepared steps past which the prefetch thread waits (``prefetch_bytes``)."""
+
+SAMPLE_BYTES_PER_TOKEN = 20
+"""Bytes one token of a plain SFT sample carries through the exchange: ``input_ids`` and
+``labels`` (int64) and ``loss_mask`` (float32). RL and multimodal samples carry more (pass
+``bytes_per_token``)."""
 
 LABEL_COPY_FRACTION = 0.9
 """Labels are refused as aligned the other way than ``label_format`` says when at least this

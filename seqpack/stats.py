@@ -14,6 +14,7 @@ import numpy as np
 
 from seqpack.cost import GroupCost, check_cost_model
 from seqpack.errors import SeqpackTypeError
+from seqpack.options import SAMPLE_BYTES_PER_TOKEN
 from seqpack.schedulers.objective import (
     exact_sum,
     microbatch_costs,
@@ -38,11 +39,6 @@ __all__ = [
     "round_sum_lower_bound",
     "step_objective",
 ]
-
-SAMPLE_BYTES_PER_TOKEN = 20
-"""Bytes one token of a plain SFT sample carries through the exchange: ``input_ids`` and
-``labels`` (int64) and ``loss_mask`` (float32). RL and multimodal samples carry more (pass
-``bytes_per_token``)."""
 
 
 def moved_tokens(schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -84,7 +80,9 @@ class StepStats:
         truncated_sequences, truncated_tokens: Tokens cut by ``on_oversize="truncate"`` from
             the sequences trained this step (a deferred one counts when it is trained).
         deferred_sequences: Held back for the next step.
-        empty_samples: Zero-length samples the wrapper dropped.
+        empty_samples: Zero-length sequences (samples, or sequences of pre-packed ones) read
+            this step on all DP ranks: never scheduled (not in ``num_sequences``);
+            ``Step.to_origin`` gives each an empty value in its place.
         flops: Model training FLOPs of the step, when a model is known.
         moved_sequences, moved_tokens: Sequences (and their real tokens) the exchange moves
             off the DP rank that read them (``Schedule.origin``): the all-to-all's payload.

@@ -168,7 +168,8 @@ class Topology:
             raise ConfigError(f"the device mesh must name its dims ({', '.join(AXES)}), got mesh_dim_names={names}")
         sizes = {dim: int(mesh.size(index)) for index, dim in enumerate(names)}
         dims_of = _axis_dims(names, sizes, axis_names)
-        if mesh.get_coordinate() is None:
+        coordinate_of = getattr(mesh, "get_coordinate", None)  # None: this rank is not in the mesh
+        if coordinate_of is not None and coordinate_of() is None:
             members = [int(rank) for rank in mesh.mesh.reshape(-1).tolist()]
             raise ConfigError(
                 f"this rank ({dist.get_rank()}) is not in the device mesh (its ranks: {members}, dims {names}): "

@@ -104,3 +104,12 @@ def test_wrong_values_are_refused_by_name(dynamic):
         step.to_origin([v.tolist() for v in values])
     with pytest.raises(ConfigError, match=r"values\[0\] has shape \(1,\) but microbatch 0 holds"):
         step.to_origin([torch.zeros(1)] + values[1:])
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_step_whose_every_sequence_is_dropped(dynamic):
+    data = [{"input_ids": list(range(1, 18))}, {"input_ids": []}]
+    step = next(_wrap(data, dynamic, samples_per_rank=2, max_tokens_per_rank=16, on_oversize="drop"))
+    assert step.num_microbatches == 0 and step.stats.dropped_sequences == 1 and step.stats.empty_samples == 1
+    assert step.origin_ids.tolist() == [0, -1]
+    assert [b.tolist() for b in step.to_origin([])] == [[], []]

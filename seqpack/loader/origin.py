@@ -205,9 +205,10 @@ def _join_cp_shards(
 ) -> dict[int, torch.Tensor]:
     """Every CP rank of a replica holds its shard of the same sequences: all-gather them and
     undo the CP partition, giving each sequence's padded values in token order."""
+    if not ids.size:  # nothing of this DP rank ran: nor of its CP peers' (the same ids), none gathers
+        return {}
     group, cp = topology.group("cp"), topology.cp_size
-    trailing = tuple(like.shape[1:])
-    mine = torch.cat([got[int(g)] for g in ids.tolist()]) if ids.size else like.new_empty((0, *trailing))
+    mine = torch.cat([got[int(g)] for g in ids.tolist()])
     device = comm_device(group)
     parts = [torch.empty_like(mine, device=device) for _ in range(cp)]
     collective(dist.all_gather, parts, mine.to(device), group=group)

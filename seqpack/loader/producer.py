@@ -190,7 +190,6 @@ class StepProducer:
             self.pool = []  # only deferred samples are left and the scheduler keeps deferring them
             return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
         self.pool = phases.deferred_samples(pool, plan, gathered, t)
-        positions = phases.carries_position_ids(gathered.key_mask)
         batches = self._place(pool, plan, gathered, trace)
         if isinstance(batches, StepError):
             return batches
@@ -205,7 +204,7 @@ class StepProducer:
             plan,
             batches,
             gathered.empty_samples,
-            positions,
+            phases.carries_position_ids(gathered.key_mask),
             num_loss_tokens=loss_tokens,
             group_starts=starts,
             empty_at=tuple(read.empty_at),

@@ -194,3 +194,33 @@ def test_a_mistake_on_one_rank_is_the_same_named_error_on_every_rank(dist_pools,
     for r in results:  # the ranks are still in step: the right call brings every rank its own samples
         assert r["after"] and all(_origin_of(int(t[0]))[0] == r["dp_rank"] for t in r["after"] if t)
     assert any(r["moved"] for r in results)  # not vacuous: values cross ranks (the return's all-to-all runs)
+
+
+def run_nothing_of_its_own(layout, kind: str) -> dict:
+    """DP rank 1 reads zero-length samples only (``kind="empty"``) or nothing at all
+    (``"none"``); DP rank 0 reads four samples."""
+    topo = mesh_topology(layout)
+    mine = [{"input_ids": torch.arange(5 + 3 * i) + 100 * i} for i in range(4)]
+    if topo.dp_rank == 1:
+        mine = [{"input_ids": torch.zeros(0, dtype=torch.int64)}] * 4 if kind == "empty" else []
+    it = wrap_data_iterator(
+        iter(mine), topo, samples_per_rank=4, max_tokens_per_rank=48, scheduler=ScatterScheduler(), prefetch=0,
+        drop_last=False,
+    )  # fmt: skip
+    with it:
+        return {
+            "dp_rank": topo.dp_rank,
+            "back": [[t.tolist() for t in step.to_origin([mb.input_ids for mb in step.microbatches])] for step in it],
+        }
+
+
+@pytest.mark.parametrize("name", ["dp2", "dp2cp2"])
+@pytest.mark.parametrize("kind", ["empty", "none"])
+def test_a_dp_rank_with_nothing_of_its_own_that_ran(dist_pools, name, kind):
+    layout = LAYOUTS[name]
+    results = dist_pools.get(int(np.prod([s for _, s in layout]))).run(run_nothing_of_its_own, layout, kind)
+    for r in results:
+        if r["dp_rank"] == 0:
+            assert r["back"] == [[list(range(100 * i, 100 * i + 5 + 3 * i)) for i in range(4)]]
+        else:
+            assert r["back"] == [[[]] * 4 if kind == "empty" else []]

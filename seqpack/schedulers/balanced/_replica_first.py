@@ -15,11 +15,11 @@ def lpt(
     sizes: np.ndarray,
     costs: np.ndarray,
     dp: int,
-    num_microbatches: int,
+    num_rounds: int,
     capacity: int,
     max_work: int,
 ) -> tuple[bool, np.ndarray, np.ndarray]:
-    """Longest processing time over replicas, each holding ``num_microbatches`` bins of ``capacity``.
+    """Longest processing time over replicas, each holding ``num_rounds`` bins of ``capacity``.
 
     Sequences in ``order`` (costliest first) go to the replica with the lowest total cost
     among those with a bin it fits (ties: lower index), into that replica's fullest such
@@ -28,12 +28,12 @@ def lpt(
 
     Bounds: ``total``, ``widest``, the heap and ``aside`` have one entry per replica (a
     replica is set aside at most once per sequence, so ``n_aside <= dp``); ``room`` is
-    ``dp x num_microbatches``, and a replica chosen because its widest room fits the sequence has
+    ``dp x num_rounds``, and a replica chosen because its widest room fits the sequence has
     a round that does (``best >= 0``). ``order`` must index ``sizes`` and ``costs``.
     """
     n = order.shape[0]
     total = np.zeros(dp, dtype=np.float64)
-    room = np.full((dp, num_microbatches), capacity, dtype=np.int64)
+    room = np.full((dp, num_rounds), capacity, dtype=np.int64)
     widest = np.full(dp, capacity, dtype=np.int64)  # largest room of each replica's bins
     heap = np.arange(dp, dtype=np.int64)  # a min-heap of replicas by total (ties: lower index)
     pos = np.arange(dp, dtype=np.int64)  # kept up to date by the heap helpers, not read here
@@ -63,16 +63,16 @@ def lpt(
         if d < 0 or work > max_work:
             return False, round_of, replica_of
         best = -1
-        for m in range(num_microbatches):
+        for m in range(num_rounds):
             r = room[d, m]
             if r >= size and (best < 0 or r < room[d, best]):
                 best = m
         room[d, best] -= size
         widest[d] = 0
-        for m in range(num_microbatches):
+        for m in range(num_rounds):
             if room[d, m] > widest[d]:
                 widest[d] = room[d, m]
-        work += num_microbatches
+        work += num_rounds
         round_of[i] = best
         replica_of[i] = d
         total[d] += costs[i]

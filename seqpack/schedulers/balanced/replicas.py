@@ -35,28 +35,28 @@ def replica_first(
     order: np.ndarray,
     dp_size: int,
     capacity: int,
-    num_microbatches: int,
+    num_rounds: int,
     *,
     max_work: int = LPT_WORK,
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(round_of, replica_of)`` of the replica-first plan at ``num_microbatches`` microbatches per
+    """``(round_of, replica_of)`` of the replica-first plan at ``num_rounds`` microbatches per
     replica, or None when a sequence fits no microbatch left (or the work ran out).
 
     Args:
         padded: int64 padded lengths, each at most ``capacity``.
         costs: float64 cost of each sequence.
         order: Placement order, costliest first (longest first: cost grows with length).
-        dp_size, capacity, num_microbatches: Replicas, tokens per microbatch, microbatches each.
+        dp_size, capacity, num_rounds: Replicas, tokens per microbatch, microbatches each.
         max_work: Heap steps and bin scans before giving up.
     """
-    if num_microbatches <= 0 or dp_size <= 0 or padded.shape[0] == 0:
+    if num_rounds <= 0 or dp_size <= 0 or padded.shape[0] == 0:
         return None
     ok, round_of, replica_of = _kernel.lpt(
         np.ascontiguousarray(order, dtype=np.int64),
         np.ascontiguousarray(padded, dtype=np.int64),
         np.ascontiguousarray(costs, dtype=np.float64),
         int(dp_size),
-        int(num_microbatches),
+        int(num_rounds),
         int(capacity),
         int(max_work),
     )
@@ -138,15 +138,15 @@ def _holds(padded: np.ndarray, costs: np.ndarray, dp_size: int, room: int, targe
 
 
 def capacity_replica_bound(
-    padded: np.ndarray, costs: np.ndarray, dp_size: int, capacity: int, num_microbatches: int, *, rel_tol: float = 1e-5
+    padded: np.ndarray, costs: np.ndarray, dp_size: int, capacity: int, num_rounds: int, *, rel_tol: float = 1e-5
 ) -> float:
-    """A lower bound on the busiest replica's cost over every plan with ``num_microbatches``
+    """A lower bound on the busiest replica's cost over every plan with ``num_rounds``
     microbatches of ``capacity`` tokens per replica: at least ``max(total / dp, costliest
     sequence)``, larger where capacity binds (``inf`` when the tokens do not fit).
 
     Certificate: a target ``B`` is impossible when the sequences costing more than ``B/2``
     (one per replica at most) leave the other replicas too little room. Relaxed: each
-    replica holds at most ``num_microbatches * capacity`` tokens (microbatch boundaries ignored),
+    replica holds at most ``num_rounds * capacity`` tokens (microbatch boundaries ignored),
     and each other sequence is divisible, its cost split into ``rho`` per token (``rho``
     the lowest cost per token among them) and a token-free rest. A replica with anchor cost
     ``a`` and ``t`` anchor tokens then takes at most ``min(room - t, (B - a) / rho)`` of
@@ -155,14 +155,14 @@ def capacity_replica_bound(
 
     Args:
         padded: int64 padded lengths. costs: float64 cost of each sequence.
-        dp_size, capacity, num_microbatches: Replicas, tokens per microbatch, microbatches each.
+        dp_size, capacity, num_rounds: Replicas, tokens per microbatch, microbatches each.
         rel_tol: Bisection stops when its ends are this close (relative).
     """
     padded = np.asarray(padded, dtype=np.int64)
     costs = np.asarray(costs, dtype=np.float64)
     if padded.size == 0:
         return 0.0
-    room = int(num_microbatches) * int(capacity)
+    room = int(num_rounds) * int(capacity)
     if int(padded.sum()) > dp_size * room or int(padded.max()) > capacity:
         return float("inf")
     lo = max(float(costs.sum()) / dp_size, float(costs.max()))
