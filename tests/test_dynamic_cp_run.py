@@ -209,11 +209,14 @@ def test_a_dynamic_step_round_trips_through_the_wire(kind):
         assert (b.input_ids is None) == (kind == "layout")
         if kind == "batch":
             assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
-    with pytest.raises(WireError, match="needs the group start of every microbatch"):
+    # Shards of different CP sizes travel only with their groups' starts (flag 8).
+    with pytest.raises(WireError, match=r"microbatch \d+ is shard \d+/\d+ .*, microbatch 0 is"):
         encode_step(dataclasses.replace(msg, group_starts=None))
+    with pytest.raises(WireError, match="group starts .* for .* microbatches"):
+        encode_step(dataclasses.replace(msg, group_starts=tuple(starts[:-1])))
     wire = encode_step(msg)
-    wire.ints[[name for name, _ in STEP_FIELDS].index("plan_kind")] = 7
-    with pytest.raises(WireError, match="plan_kind 7 is not one of"):
+    wire.ints[[name for name, _ in STEP_FIELDS].index("group_sizes")] = 7
+    with pytest.raises(WireError, match="group_sizes code 7 is not one of 0..2"):
         decode_step(wire)
 
 

@@ -146,9 +146,9 @@ def test_round_position_and_targets():
     # pipeline: lightest (1) first, next (2) last, then 3 second, 4 second to last, 5 middle.
     assert round_position(load, "pipeline").tolist() == [2, 0, 1, 4, 3]
     # A sequence costlier than an average microbatch raises round 0's target for everyone.
-    targets = round_targets(np.array([6.0, 1, 1, 1, 1, 1, 1, 1]), dp_size=2, num_microbatches=2)
+    targets = round_targets(np.array([6.0, 1, 1, 1, 1, 1, 1, 1]), dp_size=2, num_rounds=2)
     assert targets.tolist() == [6.0, 0.5]
-    assert round_targets(np.full(8, 1.0), dp_size=2, num_microbatches=2).tolist() == [2.0, 2.0]
+    assert round_targets(np.full(8, 1.0), dp_size=2, num_rounds=2).tolist() == [2.0, 2.0]
 
 
 def test_deterministic_and_independent_of_earlier_calls():
