@@ -39,7 +39,7 @@ def _next_fit() -> None:
 
 
 def _balanced() -> None:
-    get_scheduler("balanced").schedule(_lognormal(512, 4096), dp_size=4, max_tokens_per_rank=4096)
+    get_scheduler("balanced", locality=True).schedule(_lognormal(512, 4096), dp_size=4, max_tokens_per_rank=4096)
 
 
 def _exact() -> None:

@@ -31,7 +31,7 @@ from seqpack.schedulers.request import (
     default_origin,
 )
 from seqpack.schedulers.schedule import Schedule, ScheduleLimits
-from seqpack.validation import check_choice, check_positive_int
+from seqpack.validation import check_choice, check_number, check_positive_int
 
 __all__ = [
     "ON_OVERSIZE",
@@ -60,6 +60,9 @@ class Scheduler(ABC):
     uses_sync: ClassVar[bool] = False
     """Whether :meth:`_plan` takes ``sync`` (schedulers that choose the microbatch count
     for a predicted step time); others plan the same for every sync."""
+    uses_bytes_per_token: ClassVar[bool] = False
+    """Whether :meth:`_plan` takes ``bytes_per_token`` (schedulers that weigh the bytes a
+    plan keeps from crossing the network against their own plan time)."""
 
     def schedule(
         self,
@@ -73,6 +76,7 @@ class Scheduler(ABC):
         on_oversize: str = "error",
         origin: Sequence[int] | np.ndarray | None = None,
         sync: str | None = None,
+        bytes_per_token: float | None = None,
     ) -> Schedule:
         """Assign every sequence to a (microbatch, replica).
 
@@ -94,6 +98,9 @@ class Scheduler(ABC):
                 microbatch round waits for its slowest replica), ``"replica"`` (DDP,
                 ZeRO-1: the slowest replica's total), or ``None`` (the scheduler's default;
                 ``balanced`` then minimises the sum of both).
+            bytes_per_token: Bytes a sample's token carries through the exchange (the wrapper
+                passes its samples'; ``None``: 20, token ids, labels and a loss mask), for
+                schedulers that weigh it against their plan time (``balanced``'s locality).
 
         Raises:
             ValueError: Bad sizes, non-positive lengths, or an oversize sequence under
@@ -111,7 +118,7 @@ class Scheduler(ABC):
         check_step_tokens(effective, pad_multiple)
         origin_arr = as_origin(origin, original.shape[0], dp_size)
         active = np.flatnonzero(effective > 0).astype(np.int64)
-        options: dict[str, object] = {"sync": sync} if self.uses_sync else {}
+        options = self._plan_options(sync, bytes_per_token)
         rounds, deferred = self._plan(
             active,
             effective[active],
@@ -136,6 +143,20 @@ class Scheduler(ABC):
             truncated=truncated,
             origin=origin_arr,
         )
+
+    def _plan_options(self, sync: str | None, bytes_per_token: float | None) -> dict[str, object]:
+        """The keywords :meth:`_plan` takes besides the request (``uses_sync``,
+        ``uses_bytes_per_token``), ``bytes_per_token`` checked.
+
+        Raises:
+            ConfigError: ``bytes_per_token`` negative or not finite. SeqpackTypeError: Not a number.
+        """
+        options: dict[str, object] = {"sync": sync} if self.uses_sync else {}
+        if bytes_per_token is not None:
+            bytes_per_token = check_number("bytes_per_token", bytes_per_token, minimum=0.0)
+        if self.uses_bytes_per_token:
+            options["bytes_per_token"] = bytes_per_token
+        return options
 
     def resolve_cost(self, cost: CostModel | None) -> CostModel | None:
         """The cost model this scheduler balances for ``cost``; pass it to

@@ -63,12 +63,14 @@ def schedule_minibatches(
     together: bool = False,
     equal_counts: bool = False,
     sync: str | None = None,
+    bytes_per_token: float | None = None,
 ) -> tuple[Schedule, list[int]]:
     """One schedule of ``minibatches`` mini-batches, each planned alone (module docstring).
 
     ``equal_counts`` (every replica trains as many sequences in each mini-batch) and
     ``together`` are :func:`~seqpack.schedulers.groups.schedule_groups`'s; ``sync`` is passed
-    to the scheduler when set.
+    to the scheduler when set, and so is ``bytes_per_token`` where the mini-batch holds no
+    groups (groups plan each replica alone: nothing is kept home there).
 
     Returns:
         ``(schedule, starts)``: ``starts`` (``minibatches + 1`` values) bounds each
@@ -103,6 +105,8 @@ def schedule_minibatches(
                 scheduler, original[ids], gids[ids], flags[ids], together=together, equal_counts=equal_counts, **common
             )
         else:
+            if bytes_per_token is not None:  # only when set, as sync
+                common["bytes_per_token"] = bytes_per_token
             part = scheduler.schedule(original[ids], **common)
         rounds.extend([[ids[cell] for cell in row] for row in part.assignment])
         starts.append(len(rounds))

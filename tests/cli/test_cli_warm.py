@@ -120,3 +120,15 @@ def test_warm_with_json_prints_only_json(runs):
     report = _json(runs["cold"])
     assert runs["cold"].stdout.lstrip().startswith("{")
     assert report["cpu_seconds"] > 0 and all(f["seconds"] >= 0 for f in report["families"])
+
+
+def test_the_balanced_family_runs_locality(monkeypatch):
+    """Its kernels (grid_local, home_swaps) compile only if locality runs: it must not be
+    left to locality="auto", which turns it off for this small token-id step."""
+    from seqpack.schedulers.balanced import scheduler
+
+    calls = []
+    real = scheduler.plan_local
+    monkeypatch.setattr(scheduler, "plan_local", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    next(f for f in FAMILIES if f.name.startswith("balanced (locality")).plan()
+    assert calls
