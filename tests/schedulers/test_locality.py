@@ -126,6 +126,8 @@ def test_locality_options_are_checked():
         get_scheduler("balanced", locality_tolerance=-1)
     assert "locality=False" in repr(get_scheduler("balanced", locality=False))
     assert "locality='auto'" in repr(get_scheduler("balanced")) and get_scheduler("balanced").locality == "auto"
+    # The spelling of states saved before "auto" was the default: they resume with locality=True.
+    assert repr(get_scheduler("balanced", locality=True)).endswith("locality=True, locality_tolerance=0.001)")
     assert get_scheduler("balanced", locality=np.bool_(True)).locality is True
     with pytest.raises(ConfigError, match="bytes_per_token must be >= 0.0, got -1"):
         get_scheduler("balanced").schedule([5, 6], dp_size=2, max_tokens_per_rank=8, bytes_per_token=-1)
