@@ -280,9 +280,17 @@ def heavy_tail_cases(steps: int, repeats: int, verl: int, quick: bool) -> list[C
     return cases
 
 
+def scale_shapes(big: bool, quick: bool) -> list[tuple[int, int]]:
+    """(sequences, replicas) of the scale cases: 65,536 and 1,048,576 into 1,024, and with
+    ``big`` 1,048,576 into 16,384 (``--quick``: 4,096 into 64)."""
+    if quick:
+        return [(4_096, 64)]
+    return [(65_536, 1_024), (1_048_576, 1_024)] + ([(1_048_576, 16_384)] if big else [])
+
+
 def scale_cases(repeats: int, big: bool, quick: bool) -> list[Case]:
     sc = sibling("scale")
-    shapes = [(4_096, 64)] if quick else [(65_536, 1_024), (1_048_576, 1_024)] + ([(1_048_576, 16_384)] if big else [])
+    shapes = scale_shapes(big, quick)
     return [
         Case(
             "scale",
@@ -404,6 +412,39 @@ def locality_costs(cases: list[Case], results: list[dict[str, Measured]], write:
     write("")
 
 
+def auto_table(shapes: list[tuple[int, int]], repeats: int, write: Callable[[str], None]) -> list[float]:
+    """``locality="auto"`` (the default) on token-id samples (``bytes_per_token`` unknown: 20)
+    against ``locality=False`` and ``True`` at ``benchmarks/scale.py``'s shapes: CPU time, best
+    of ``repeats``, the three interleaved; returns auto / off per shape."""
+    sc = sibling("scale")
+    write("## locality='auto' on token-id samples (20 bytes a token) against off and on: plan CPU s, best of each")
+    header = f"{'shape':<24} {'auto':>8} {'off':>8} {'on':>8} {'auto/off':>8} {'on/off':>7} {'auto ran it':>11}"
+    write(header)
+    write("-" * len(header))
+    ratios = []
+    for n, dp in shapes:
+        lengths = sc.lengths_for(n)
+        kwargs: dict[str, Any] = dict(dp_size=dp, max_tokens_per_rank=sc.CAPACITY, cost=sc.COST)
+        variants = {"auto": get_scheduler("balanced"), "off": get_scheduler("balanced", locality=False)}
+        variants["on"] = get_scheduler("balanced", locality=True)
+        best = dict.fromkeys(variants, float("inf"))
+        prints = {}
+        for _ in range(repeats):
+            for name, sched in variants.items():
+                t = time.process_time()
+                schedule = sched.schedule(lengths, **kwargs)
+                best[name] = min(best[name], time.process_time() - t)
+                prints[name] = schedule.fingerprint()
+        ran = prints["auto"] == prints["on"] != prints["off"]
+        ratios.append(best["auto"] / best["off"])
+        write(
+            f"{f'{n:,} into {dp:,}':<24} {best['auto']:>8.3f} {best['off']:>8.3f} {best['on']:>8.3f} "
+            f"{ratios[-1]:>8.2f} {best['on'] / best['off']:>7.2f} {'yes' if ran else 'no':>11}"
+        )
+    write("")
+    return ratios
+
+
 def warm_up() -> None:
     """Load (or compile) every kernel the variants call before anything is timed: locality's,
     the exact search and bin completion (a verl batch), the replica-first pass (a heavy tail)."""
@@ -422,6 +463,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--verl", type=int, default=2000, help="verl-like batches (seeds 0..N-1)")
     parser.add_argument("--no-16k", dest="big", action="store_false", help="skip 1,048,576 into 16,384")
     parser.add_argument("--quick", action="store_true", help="toy sizes, one step, one repeat (a smoke test)")
+    parser.add_argument(
+        "--auto-only", action="store_true", help="only locality='auto' against off and on at the scale shapes"
+    )
     parser.add_argument("--out", default=None, help=f"where to save the output (default {RESULTS}; --quick: none)")
     args = parser.parse_args(argv)
     steps, repeats, verl = (1, 1, 20) if args.quick else (args.steps, args.repeats, args.verl)
@@ -437,6 +481,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write(f"# machine: {machine}; load average at start {os.getloadavg()[0]:.1f}")
     write(f"# {steps} step(s) per workload; plan CPU time best of {repeats}, variants interleaved")
     write("")
+    shapes = scale_shapes(args.big, args.quick)
+    if args.auto_only:
+        ratios = auto_table(shapes, repeats, write)
+        if out_path:
+            pathlib.Path(out_path).write_text("\n".join(lines) + "\n")
+        return {"auto_over_off": ratios}
     cases = (
         scheduler_cases(steps, repeats, args.quick)
         + heavy_tail_cases(steps, repeats, verl, args.quick)
@@ -449,10 +499,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         detail(case, results[-1], write)
     verdicts = summary(cases, results, write)
     locality_costs(cases, results, write)
+    auto = auto_table(shapes, repeats, write)
     write(f"# load average at the end {os.getloadavg()[0]:.1f}; {time.perf_counter() - t0:.0f} s in all")
     if out_path:
         pathlib.Path(out_path).write_text("\n".join(lines) + "\n")
-    return {"cases": [label(c) for c in cases], "verdicts": verdicts, "results": results}
+    return {"cases": [label(c) for c in cases], "verdicts": verdicts, "results": results, "auto_over_off": auto}
 
 
 if __name__ == "__main__":

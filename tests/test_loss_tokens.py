@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from seqpack.collective import gather_lengths
 from seqpack.collective.fields import Header
-from seqpack.collective.wire import STEP_WORDS, StepOk, decode_step, encode_step
+from seqpack.collective.wire import STEP_FIELDS, StepOk, decode_step, encode_step
 from seqpack.errors import ResumeError, SampleError, SeqpackTypeError, StepFailed, WireError
 from seqpack.loader import PackingConfig, wrap_data_iterator
 from seqpack.loader.labels import loss_token_counts, misaligned_step_message, prepare_labels
@@ -143,7 +143,7 @@ def test_the_wire_carries_the_step_and_microbatch_counts_only_when_the_step_has_
         encode_step(broken)
     wire = encode_step(msg)
     ints = wire.ints.clone()
-    ints[STEP_WORDS - 1] = -5  # the step header's num_loss_tokens, its last field
+    ints[[name for name, _ in STEP_FIELDS].index("num_loss_tokens")] = -5  # the step header's count
     with pytest.raises(WireError, match="num_loss_tokens -5 of the step: corrupted"):
         decode_step(dataclasses.replace(wire, ints=ints))
 

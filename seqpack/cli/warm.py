@@ -40,7 +40,7 @@ def _next_fit() -> None:
 
 
 def _balanced() -> None:
-    get_scheduler("balanced").schedule(_lognormal(512, 4096), dp_size=4, max_tokens_per_rank=4096)
+    get_scheduler("balanced", locality=True).schedule(_lognormal(512, 4096), dp_size=4, max_tokens_per_rank=4096)
 
 
 def _exact() -> None:
@@ -54,7 +54,10 @@ def _replica_first() -> None:
     rng = np.random.default_rng(4)
     lengths = np.clip((128 * (1 + rng.pareto(1.3, 256))).astype(np.int64), 16, 8192)
     cost = CostModel(24576.0, 1.0)
-    get_scheduler("balanced").schedule(lengths, dp_size=4, max_tokens_per_rank=8192, cost=cost, sync="replica")
+    # Locality asked for (its default, "auto", leaves it off for token ids): under
+    # sync="replica" it runs the per-replica layout (grid_local and its heaps).
+    sched = get_scheduler("balanced", locality=True)
+    sched.schedule(lengths, dp_size=4, max_tokens_per_rank=8192, cost=cost, sync="replica")
 
 
 def _dynamic_cp() -> None:

@@ -112,6 +112,12 @@ def keys_of(mask: int) -> list[str]:
     return [key for key, bit in _KEY_BITS.items() if mask & bit]
 
 
+def payload_bytes_per_token(mask: int) -> int:
+    """Bytes one token of the samples a key bit mask names carries through the exchange
+    (``input_ids``, ``labels`` and ``loss_mask``: 8 + 8 + 4 = 20)."""
+    return sum(SAMPLE_DTYPES[key].itemsize for key in keys_of(mask))
+
+
 # -- 1. read ------------------------------------------------------------------------------
 
 
@@ -349,6 +355,11 @@ def schedule(
     assert config.pad_multiple is not None  # resolved by the wrapper
     # sync only when set: a custom scheduler overriding schedule() may predate it.
     options: dict[str, Any] = {} if config.sync is None else {"sync": config.sync}
+    # The exchange's payload, for schedulers that weigh it against their plan time (balanced's
+    # locality="auto"); only those that say so get it, for the same reason.
+    payload: dict[str, Any] = {}
+    if getattr(scheduler, "uses_bytes_per_token", False):
+        payload["bytes_per_token"] = payload_bytes_per_token(gathered.key_mask)
     columns = lengths.columns
     assert columns is not None
     grouped = SAMPLE_COLUMNS.column(columns, "grouped")
@@ -371,12 +382,12 @@ def schedule(
     try:
         if config.minibatches > 1:
             return schedule_minibatches(
-                scheduler, lengths.lengths, minibatches=config.minibatches, **group_args, **common
+                scheduler, lengths.lengths, minibatches=config.minibatches, **group_args, **common, **payload
             )
         if grouped.any() or config.equal_samples_per_replica:  # keep groups on one replica
             plan = schedule_groups(scheduler, lengths.lengths, **group_args, **common)
         else:
-            plan = scheduler.schedule(lengths.lengths, **common)
+            plan = scheduler.schedule(lengths.lengths, **common, **payload)
         return plan, [0, plan.num_microbatches]
     except ValueError as exc:  # ConfigError included: a mini-batch without samples
         raise ScheduleError(f"{exc}{_locate_oversize(scheduler, config, topology, lengths)}") from exc

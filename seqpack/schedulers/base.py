@@ -26,7 +26,7 @@ from seqpack.schedulers.request import (
     check_step_tokens,
 )
 from seqpack.schedulers.schedule import Schedule
-from seqpack.validation import check_choice, check_positive_int
+from seqpack.validation import check_choice, check_number, check_positive_int
 
 __all__ = ["GridScheduler", "Scheduler"]
 
@@ -43,6 +43,9 @@ class Scheduler(ABC):
     uses_sync: ClassVar[bool] = False
     """Whether the scheduler plans for ``sync`` (schedulers that choose the microbatch count
     for a predicted step time); others plan the same for every sync."""
+    uses_bytes_per_token: ClassVar[bool] = False
+    """Whether the scheduler takes ``bytes_per_token`` (schedulers that weigh the bytes a
+    plan keeps from crossing the network against their own plan time)."""
 
     @abstractmethod
     def schedule(
@@ -57,6 +60,7 @@ class Scheduler(ABC):
         on_oversize: str = "error",
         origin: Sequence[int] | np.ndarray | None = None,
         sync: str | None = None,
+        bytes_per_token: float | None = None,
     ) -> Schedule:
         """Assign every sequence to a microbatch and the ranks that run it.
 
@@ -80,6 +84,9 @@ class Scheduler(ABC):
                 pipeline: every microbatch round waits for its slowest group), ``"replica"``
                 (DDP, ZeRO-1: the slowest rank's total), or ``None`` (the scheduler's
                 default; ``balanced`` then minimises the sum of both).
+            bytes_per_token: Bytes a sample's token carries through the exchange (the wrapper
+                passes its samples'; ``None``: 20, token ids, labels and a loss mask), for
+                schedulers that weigh it against their plan time (``balanced``'s locality).
 
         Raises:
             ValueError: Bad sizes, non-positive lengths, or an oversize sequence under
@@ -129,6 +136,7 @@ class GridScheduler(Scheduler):
         on_oversize: str = "error",
         origin: Sequence[int] | np.ndarray | None = None,
         sync: str | None = None,
+        bytes_per_token: float | None = None,
     ) -> Schedule:
         """A static plan (:meth:`Scheduler.schedule`)."""
         original = as_lengths(lengths)
@@ -145,7 +153,7 @@ class GridScheduler(Scheduler):
         check_step_tokens(effective, pad_multiple)
         origin_arr = as_origin(origin, original.shape[0], dp_size)
         active = np.flatnonzero(effective > 0).astype(np.int64)
-        options: dict[str, object] = {"sync": sync} if self.uses_sync else {}
+        options = self._plan_options(sync, bytes_per_token)
         rounds, deferred = self._plan(
             active,
             effective[active],
@@ -169,6 +177,20 @@ class GridScheduler(Scheduler):
             truncated=truncated,
             origin=origin_arr,
         )
+
+    def _plan_options(self, sync: str | None, bytes_per_token: float | None) -> dict[str, object]:
+        """The keywords :meth:`_plan` takes besides the request (``uses_sync``,
+        ``uses_bytes_per_token``), ``bytes_per_token`` checked.
+
+        Raises:
+            ConfigError: ``bytes_per_token`` negative or not finite. SeqpackTypeError: Not a number.
+        """
+        options: dict[str, object] = {"sync": sync} if self.uses_sync else {}
+        if bytes_per_token is not None:
+            bytes_per_token = check_number("bytes_per_token", bytes_per_token, minimum=0.0)
+        if self.uses_bytes_per_token:
+            options["bytes_per_token"] = bytes_per_token
+        return options
 
     @abstractmethod
     def _plan(

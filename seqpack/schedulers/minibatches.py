@@ -67,13 +67,15 @@ def schedule_minibatches(
     together: bool = False,
     equal_counts: bool = False,
     sync: str | None = None,
+    bytes_per_token: float | None = None,
 ) -> tuple[Schedule, list[int]]:
     """One schedule of ``minibatches`` mini-batches, each planned alone (module docstring),
     static or dynamic CP as ``scheduler`` plans.
 
     ``equal_counts`` (every replica trains as many sequences in each mini-batch) and
     ``together`` are :func:`~seqpack.schedulers.sample_groups.schedule_groups`'s; ``sync`` is
-    passed to the scheduler when set.
+    passed to the scheduler when set, and so is ``bytes_per_token`` where the mini-batch holds
+    no groups (groups plan each replica alone: nothing is kept home there).
 
     Returns:
         ``(schedule, starts)``: ``starts`` (``minibatches + 1`` values) bounds each
@@ -106,6 +108,8 @@ def schedule_minibatches(
                 **common,
             )  # fmt: skip
         else:
+            if bytes_per_token is not None:  # only when set, as sync
+                common["bytes_per_token"] = bytes_per_token
             part = scheduler.schedule(original[mine], **common)
         parts.append(part)
         ids.append(mine)

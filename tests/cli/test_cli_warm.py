@@ -120,3 +120,19 @@ def test_warm_with_json_prints_only_json(runs):
     report = _json(runs["cold"])
     assert runs["cold"].stdout.lstrip().startswith("{")
     assert report["cpu_seconds"] > 0 and all(f["seconds"] >= 0 for f in report["families"])
+
+
+def test_the_families_run_both_locality_layouts(monkeypatch):
+    """Locality's kernels (grid_local, home_swaps) compile only if locality runs: the
+    families must not leave it to locality="auto", which turns it off for their small
+    token-id steps."""
+    from seqpack.schedulers import _kernels
+
+    calls = []
+    for name in ("grid_local", "home_swaps"):
+        real = getattr(_kernels, name)
+        monkeypatch.setattr(_kernels, name, lambda *a, _n=name, _f=real, **kw: calls.append(_n) or _f(*a, **kw))
+    for family in FAMILIES:
+        if family.name.startswith("balanced"):
+            family.plan()
+    assert {"grid_local", "home_swaps"} <= set(calls)

@@ -97,7 +97,8 @@ fewest microbatches, or, for those that keep samples home, by the tokens it keep
   into 1,024).
 
 Renumbering each replica's microbatches heaviest first after the repair (to lower
-``sum_m max_d``) changed no workload's predicted step by more than 0.005% and was removed.
+``sum_m max_d``) changed no workload's predicted step by more than 0.01% (300 verl-like
+batches at dp=2: 0.002% on average) and was removed.
 
 Without a cost model, ``balanced`` balances the training FLOPs of a Llama-3-8B shaped
 model (:func:`seqpack.cost.default_cost_model`). Pass the same cost model to

@@ -40,9 +40,10 @@ where sequences run.
 
 When it pays (``BalancedScheduler(locality="auto")``, the default): every rank plans the
 whole step, so locality costs each rank its plan time, about :data:`PLAN_SECONDS_PER_SEQUENCE`
-(1 us) per sequence of the step (measured 0.4-4 us: ``benchmarks/ablation.py``), and saves
-it sending the tokens it keeps home, about :data:`KEPT_HOME` (half) of the rank's share
-(measured 28-61 points of all tokens), over a link of :data:`LINK_BYTES_PER_SECOND` (25 GB/s,
+(1 us) per sequence of the step (``benchmarks/ablation.py``: 0.5-3.9 us on a loaded 2-core
+VM, 0.76 us at 16,384 replicas on a quiet one), and saves it sending the tokens it keeps
+home, about :data:`KEPT_HOME` (half) of the rank's share (measured 17-69 points of all
+tokens), over a link of :data:`LINK_BYTES_PER_SECOND` (25 GB/s,
 200 Gb/s InfiniBand). :func:`locality_pays` runs it where the second is larger at the
 samples' bytes per token (:func:`break_even_bytes_per_token`: ``5e4 * dp / mean tokens per
 sequence`` bytes per token): 12,500 for 4K-token sequences at 1,024 replicas, 780 at 64,
@@ -75,8 +76,8 @@ from seqpack.schedulers.objective import step_objective
 TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than the reference
 AUTO = "auto"  # BalancedScheduler(locality=AUTO): on where locality_pays
 LINK_BYTES_PER_SECOND = 25e9  # one rank's exchange bandwidth: 200 Gb/s InfiniBand
-PLAN_SECONDS_PER_SEQUENCE = 1e-6  # plan time locality adds per sequence of the step (0.4-4 us measured)
-KEPT_HOME = 0.5  # share of the step's tokens locality keeps home that the plain plan moves (0.28-0.61)
+PLAN_SECONDS_PER_SEQUENCE = 1e-6  # plan time locality adds per sequence of the step (0.5-3.9 us measured)
+KEPT_HOME = 0.5  # share of the step's tokens locality keeps home that the plain plan moves (0.17-0.69)
 _REPLICAS_FILL = 0.9  # home_fill of the per-replica layout
 _REPAIR_WORK_FACTOR = 3  # local layouts start further from balance: 3x the repair's work budget
 _SWAP_SLACK = 0.9  # home swaps may raise each cap by this share of the tolerance

@@ -71,6 +71,7 @@ class DynamicCpScheduler(Scheduler):
         on_oversize: str = "error",
         origin: Sequence[int] | np.ndarray | None = None,
         sync: str | None = None,
+        bytes_per_token: float | None = None,
     ) -> Schedule:
         """The step's dynamic-CP plan over the ``dp_size * cp_size`` ranks.
 
@@ -84,6 +85,7 @@ class DynamicCpScheduler(Scheduler):
             origin: DP rank each sample sits on before the exchange (default: contiguous
                 equal blocks); carried by the plan (``Step.to_origin``).
             sync: ``"lockstep"`` (default) or ``"replica"``: the step time minimised.
+            bytes_per_token: Not used (the planner does not trade plan time for locality).
 
         Raises:
             ConfigError: No cost (neither ``cost`` nor ``group_cost``), or bad arguments.
