@@ -143,7 +143,7 @@ def test_every_rank_gets_its_shard_of_its_group(layout_results, name):
     samples = _all_samples(dict(LAYOUTS[name])["dp"])
     plan = check_shards(results, samples)
     # Not vacuous: the long sequence on a group of 4, short ones alone, several rounds.
-    _, _, sizes = plan.placement()
+    sizes = plan.per_id(plan.group_size)
     assert samples[0]["input_ids"].shape[0] == LONG and sizes[0] == 4 and (sizes == 1).sum() >= 5
     assert plan.num_microbatches >= 2
     assert len({r["stats"] for r in results}) == 1 and results[0]["stats"][0] == len(samples)
