@@ -30,8 +30,9 @@ from seqpack.collective.cp_exchange import exchange_shards
 from seqpack.collective.cp_groups import CpGroups
 from seqpack.errors import ConfigError, ScheduleError
 from seqpack.loader.config import PackingConfig
+from seqpack.loader.gather_fields import SAMPLE_COLUMNS
 from seqpack.loader.grouping import GROUP_KEY
-from seqpack.loader.phases import SAMPLE_COLUMNS, Gathered, Sample, carries_position_ids
+from seqpack.loader.phases import Gathered, Sample, carries_position_ids
 from seqpack.options import Sync
 from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
 from seqpack.schedulers.dynamic_cp.groups import plan_with_groups
