@@ -65,17 +65,14 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost, spans_nodes
 from seqpack.mock_data import lognormal_lengths
 from seqpack.schedulers import get_scheduler, predicted_step_time
-from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
-from seqpack.cost import GroupCost
-from seqpack.schedulers.dynamic_cp import planner as dynamic_planner
 from seqpack.schedulers import predicted_step_time as dynamic_step_time
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp import planner as dynamic_planner
 from seqpack.schedulers.dynamic_cp.bound import step_time_lower_bound
-from seqpack.cost import spans_nodes
-from seqpack.thd import group_pad_multiple, group_padded_lengths
-from seqpack.thd import padded_lengths
+from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
 
 CLOCK = "/work/shared/data/h100_te_clock.json"
 CAPACITY = 16384

@@ -23,7 +23,6 @@ from seqpack.schedulers.objective import (
     step_objective,
 )
 from seqpack.schedulers.schedule import Schedule
-from seqpack.thd import padded_lengths
 from seqpack.validation import check_int, check_number
 
 if TYPE_CHECKING:

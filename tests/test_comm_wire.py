@@ -347,7 +347,7 @@ def test_docs_wire_tables_are_generated_from_the_header_declaration():
 def test_docs_gather_tables_are_generated_from_their_declarations():
     from pathlib import Path
 
-    from seqpack.loader.phases import gather_format_markdown
+    from seqpack.loader.gather_fields import gather_format_markdown
 
     text = (Path(__file__).parent.parent / "docs" / "wrapper.md").read_text()
     begin, end = "<!-- gather-format:begin -->\n", "<!-- gather-format:end -->"

@@ -10,13 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError
 from seqpack.schedulers import DynamicCpScheduler
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
-from seqpack.cost import GroupCost
-from seqpack.schedulers.minibatches import schedule_minibatches
-from seqpack.schedulers.minibatches import minibatch_loss_tokens, minibatch_of
+from seqpack.schedulers.minibatches import minibatch_loss_tokens, minibatch_of, schedule_minibatches
 from seqpack.topology import Topology
 
 COST = GroupCost(CostModel(1.0, 1e-3, 1e-5), ring_step=0.5, ring_token=2e-3, ranks_per_node=4)

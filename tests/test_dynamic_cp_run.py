@@ -14,15 +14,13 @@ from hypothesis import strategies as st
 
 from seqpack.collective.cp_exchange import _dualchunk_runs, plan_shard_exchange
 from seqpack.collective.cp_groups import CpGroups, new_cp_groups, plane_blocks
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError
-from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers import Schedule, predicted_step_time
-from seqpack.cost import GroupCost
-from seqpack.thd import group_pad_multiple
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp.pieces import plan_pieces, shard_layout
 from seqpack.schedulers.dynamic_cp.stats import moved_pieces, plan_stats
-from seqpack.thd import pack_sequences
+from seqpack.thd import group_pad_multiple, pack_sequences
 from seqpack.thd.cp import partition_indices, shard_for_cp
 from seqpack.topology import Topology
 
@@ -143,7 +141,8 @@ def test_plan_stats():
     assert stats.num_sequences == 8 and stats.real_tokens == int(lengths.sum()) == stats.seqlen_sum
     assert stats.seqlen_sq_sum == int((lengths**2).sum()) and stats.empty_samples == 2
     assert stats.padded_tokens >= int(plan.group_tokens().sum()) and len(stats.replica_cost) == 4
-    assert stats.num_microbatches == plan.num_microbatches and stats.predicted_step_time == predicted_step_time(plan, COST)
+    assert stats.num_microbatches == plan.num_microbatches
+    assert stats.predicted_step_time == predicted_step_time(plan, COST)
     assert stats.imbalance >= 1.0 and stats.cost_model == COST.compute
     assert stats.moved_tokens == int(moved_pieces(plan)[0].sum())
 

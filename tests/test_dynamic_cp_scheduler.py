@@ -8,14 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader import PackingConfig
 from seqpack.options import GroupSizes
-from seqpack.schedulers import DynamicCpScheduler, available_schedulers, get_scheduler
+from seqpack.schedulers import DynamicCpScheduler, Schedule, available_schedulers, get_scheduler
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
-from seqpack.schedulers import Schedule
-from seqpack.cost import GroupCost
 from seqpack.topology import Topology
 
 COMPUTE = CostModel(1.0, 1e-3, 1e-5)

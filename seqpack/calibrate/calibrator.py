@@ -27,7 +27,6 @@ from seqpack.calibrate.base import MAX_SECONDS, MAX_STEP, MIN_SECONDS, Calibrato
 from seqpack.cost import CostModel, nnls_fit, robust_weights_fit
 from seqpack.cost.terms import exact_sums, sequence_features
 from seqpack.errors import ConfigError, ResumeError
-from seqpack.thd import padded_lengths
 from seqpack.validation import check_bool, check_int
 
 __all__ = ["MAX_SECONDS", "MIN_SECONDS", "CostCalibrator", "microbatch_sums"]

@@ -15,10 +15,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from seqpack.cost import CostModel, default_cost_model
+from seqpack.cost import CostModel, GroupCost, default_cost_model
 from seqpack.schedulers import get_scheduler
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
-from seqpack.cost import GroupCost
 
 __all__ = ["FAMILIES", "Family"]
 

@@ -27,9 +27,8 @@ from seqpack.collective.groups import collective, comm_device
 from seqpack.errors import ConfigError, SampleError
 from seqpack.options import LabelFormat
 from seqpack.schedulers import Schedule
-from seqpack.thd import group_pad_multiple
 from seqpack.schedulers.dynamic_cp.pieces import Pieces, shard_layout
-from seqpack.thd import pack_sequences
+from seqpack.thd import group_pad_multiple, pack_sequences
 
 __all__ = ["SHARD_KEYS", "exchange_shards", "plan_shard_exchange"]
 
@@ -142,7 +141,9 @@ class _Source:
                 truncated.append({key: value[:n] for key, value in sample.items()})
             # Labels were checked and brought to seqpack's form where read: packed as given.
             batch = pack_sequences(
-                truncated, pad_multiple=group_pad_multiple(c, plan.pad_multiple), label_format=LabelFormat.POSITION_ALIGNED
+                truncated,
+                pad_multiple=group_pad_multiple(c, plan.pad_multiple),
+                label_format=LabelFormat.POSITION_ALIGNED,
             )
             cu = batch.cu_seqlens_padded.to(torch.int64).numpy()
             self.base.update(zip(chosen.tolist(), (at + cu[:-1]).tolist(), strict=True))

@@ -8,7 +8,6 @@ from typing import ClassVar
 
 from seqpack.collective.agree import Status
 from seqpack.schedulers import Schedule
-from seqpack.schedulers.schedule import Schedule
 from seqpack.thd import PackedBatch
 
 __all__ = ["StepEnd", "StepError", "StepMessage", "StepOk"]

@@ -46,7 +46,6 @@ from seqpack.collective.wire_minibatches import decode_minibatches, minibatch_ro
 from seqpack.collective.wire_plan import decode_plan, plan_header, plan_payload
 from seqpack.errors import ConfigError, WireError
 from seqpack.options import CpLayout
-from seqpack.schedulers import Schedule
 from seqpack.thd import batch_from_layout
 
 __all__ = [
@@ -230,7 +229,9 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
         raise WireError(f"{len(batches)} microbatches for a schedule of {sched.num_microbatches}")
     starts_given = msg.group_starts is not None
     if starts_given and len(msg.group_starts or ()) != len(batches):
-        raise WireError(f"{len(msg.group_starts or ())} group starts (StepOk.group_starts) for {len(batches)} microbatches")
+        raise WireError(
+            f"{len(msg.group_starts or ())} group starts (StepOk.group_starts) for {len(batches)} microbatches"
+        )
     tokens = kind == Kind.BATCH
     _check_batches(msg, tokens, same_shard=not starts_given)
     counted = msg.num_loss_tokens is not None

@@ -57,9 +57,7 @@ def _lengths(step: np.void) -> dict[str, int]:
     }
 
 
-def decode_plan(
-    take: Callable[[int, str], np.ndarray], step: np.void, num_microbatches: int, verify: bool
-) -> Schedule:
+def decode_plan(take: Callable[[int, str], np.ndarray], step: np.void, num_microbatches: int, verify: bool) -> Schedule:
     """Rebuild the plan from the step header and the payload (``take(n, name)`` returns the
     next ``n`` int64 words); ``verify`` compares its fingerprint with the header's.
 

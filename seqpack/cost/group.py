@@ -252,8 +252,6 @@ class GroupCost:
         return self.time(sizes, padded, padded * padded, spans)
 
 
-
-
 def as_group_cost(cost: GroupCost | CostModel, cp_size: int) -> GroupCost:
     """``cost`` as a member of the family: a :class:`GroupCost` as it is, a
     :class:`CostModel` as the cost of a microbatch on a static group of ``cp_size`` ranks

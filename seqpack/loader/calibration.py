@@ -21,13 +21,11 @@ import numpy as np
 from seqpack.calibrate import ABSENT, CostCalibrator, Measurement, TimingLedger
 from seqpack.calibrate.ledger import check_times
 from seqpack.collective import StepError, StepMessage, StepOk
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.step import StepTrace
 from seqpack.options import Sync, fingerprint_text
 from seqpack.schedulers import Schedule, predicted_step_time
-from seqpack.schedulers import Schedule
-from seqpack.cost import GroupCost
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.stats import StepStats
 from seqpack.topology import Topology
@@ -162,9 +160,7 @@ class StepCalibration:
         if isinstance(msg, StepOk):
             ledger.add_schedule(msg.step, msg.schedule, trace.model if in_seconds else None)
 
-    def fill_stats(
-        self, stats: StepStats, plan: Schedule, trace: StepTrace, stats_cost: CostModel | GroupCost
-    ) -> None:
+    def fill_stats(self, stats: StepStats, plan: Schedule, trace: StepTrace, stats_cost: CostModel | GroupCost) -> None:
         """The model in use, its prediction for this step, and its error on the last
         measured one."""
         stats.calibrated = trace.fitted

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from seqpack.calibrate import CostCalibrator
-from seqpack.cost import CostModel, check_cost_model, default_cost_model
+from seqpack.cost import CostModel, GroupCost, check_cost_model, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import (
     AXES,
@@ -35,7 +35,6 @@ from seqpack.options import (
     fingerprint_text,
 )
 from seqpack.schedulers import Scheduler, get_scheduler
-from seqpack.cost import GroupCost
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.thd import pad_multiple_for

@@ -26,10 +26,10 @@ import torch
 from seqpack.collective import Exchanged
 from seqpack.collective.cp_exchange import exchange_shards
 from seqpack.collective.cp_groups import CpGroups
+from seqpack.cost import GroupCost
 from seqpack.errors import ConfigError
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.grouping import GROUP_KEY
-from seqpack.cost import GroupCost
 from seqpack.loader.phases import Gathered, Sample, carries_position_ids
 from seqpack.options import Sync
 from seqpack.schedulers import Schedule

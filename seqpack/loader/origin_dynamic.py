@@ -24,8 +24,8 @@ import torch.distributed as dist
 from seqpack.collective.cp_groups import CpGroups
 from seqpack.collective.groups import collective, comm_device
 from seqpack.errors import ConfigError
-from seqpack.thd import group_padded_lengths
 from seqpack.schedulers.schedule import Schedule
+from seqpack.thd import group_padded_lengths
 from seqpack.thd.cp import unshard_from_cp
 
 if TYPE_CHECKING:

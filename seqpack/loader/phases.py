@@ -24,12 +24,10 @@ import numpy as np
 import torch
 
 from seqpack.collective import Exchanged, GatheredLengths, exchange_samples, gather_lengths
-from seqpack.collective.agree import AGREEMENT
-from seqpack.collective.fields import Header, headers_markdown
-from seqpack.collective.lengths import GATHER_HEADER
 from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ResumeError, SampleError, ScheduleError
 from seqpack.loader.config import PackingConfig
+from seqpack.loader.gather_fields import KEY_BITS, SAMPLE_COLUMNS, STEP_GATHER_FIELDS, keys_of, payload_bytes_per_token
 from seqpack.loader.grouping import GROUP_KEY, group_columns, group_id_of
 from seqpack.loader.labels import loss_token_counts, prepare_labels
 from seqpack.options import CpLayout, LabelFormat, OnOversize
@@ -49,9 +47,7 @@ from seqpack.thd.cp import shard_for_cp
 from seqpack.topology import Topology
 
 __all__ = [
-    "SAMPLE_COLUMNS",
     "SAMPLE_DTYPES",
-    "STEP_GATHER_FIELDS",
     "Gathered",
     "ReadResult",
     "Reader",
@@ -62,60 +58,7 @@ __all__ = [
     "schedule",
 ]
 
-_KEY_BITS = {key: 1 << i for i, key in enumerate(SAMPLE_DTYPES)}
-STEP_GATHER_FIELDS = Header(
-    "step fields of the length gather (int64, the extras of every DP rank's header)",
-    (
-        ("exhausted", "1 when this rank's data ended this step"),
-        ("empty_samples", "zero-length samples this rank dropped"),
-        ("key_mask", "bit mask of the sample keys this rank's samples carry"),
-        (
-            "label_checked",
-            "supervised tokens of the sequences read this step with labels, less those whose label equals both "
-            "their own and the next token",
-        ),
-        (
-            "label_misaligned",
-            "how many of those carry the other alignment's target than label_format (the alignment guard)",
-        ),
-    ),
-)
-"""Followed by the words of this rank's microbatch times of earlier steps (:mod:`seqpack.calibrate`)."""
-
-SAMPLE_COLUMNS = Header(
-    "per-sample columns of the length gather (int64, one row per sequence, after its length)",
-    (
-        (
-            "loss_tokens",
-            "supervised tokens of the sequence once packed (truncated under on_oversize='truncate'): "
-            "Step.num_loss_tokens and every PackedBatch.num_loss_tokens are sums of these",
-        ),
-        ("grouped", "1 when the sequence's sample carries a group_id (seqpack.loader.grouping), else 0"),
-        ("group_id", "that group_id (0 when not grouped): sequences with equal ids stay on one DP replica"),
-    ),
-)
-"""What every DP rank learns about every sequence of the step, beside its length; a new
-column is one more field here, filled in :func:`sample_columns`."""
-
-
-def gather_format_markdown() -> str:
-    """The tables of the length gather's header, its per-sample columns and the agreement
-    vector in docs/wrapper.md, rendered from their declarations."""
-    return headers_markdown((GATHER_HEADER, STEP_GATHER_FIELDS, SAMPLE_COLUMNS, AGREEMENT))
-
-
 Sample = dict[str, torch.Tensor]
-
-
-def keys_of(mask: int) -> list[str]:
-    """Sample keys of a key bit mask, in :data:`SAMPLE_DTYPES` order."""
-    return [key for key, bit in _KEY_BITS.items() if mask & bit]
-
-
-def payload_bytes_per_token(mask: int) -> int:
-    """Bytes one token of the samples a key bit mask names carries through the exchange
-    (``input_ids``, ``labels`` and ``loss_mask``: 8 + 8 + 4 = 20)."""
-    return sum(SAMPLE_DTYPES[key].itemsize for key in keys_of(mask))
 
 
 # -- 1. read ------------------------------------------------------------------------------
@@ -224,7 +167,7 @@ def key_mask(pool: Sequence[Sample]) -> int:
                 f"{sorted(first)}; all samples must carry "
                 "the same keys"
             )
-    return sum(_KEY_BITS[k] for k in first)
+    return sum(KEY_BITS[k] for k in first)
 
 
 # -- 2. gather ----------------------------------------------------------------------------
@@ -395,9 +338,7 @@ def schedule(
         raise ScheduleError(f"scheduler {scheduler!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def _locate_oversize(
-    scheduler: Scheduler, config: PackingConfig, topology: Topology, gathered: GatheredLengths
-) -> str:
+def _locate_oversize(scheduler: Scheduler, config: PackingConfig, topology: Topology, gathered: GatheredLengths) -> str:
     over = np.flatnonzero(gathered.lengths > longest_sequence(scheduler, config, topology))
     if not over.size:
         return ""
@@ -411,9 +352,7 @@ def num_assigned(plan: Schedule) -> int:
     return int(plan.assigned.shape[0])
 
 
-def deferred_samples(
-    pool: Sequence[Sample], plan: Schedule, gathered: Gathered, topology: Topology
-) -> list[Sample]:
+def deferred_samples(pool: Sequence[Sample], plan: Schedule, gathered: Gathered, topology: Topology) -> list[Sample]:
     """This rank's samples the schedule holds back for the next step, in pool order."""
     offset = int(gathered.lengths.offsets[topology.dp_rank])
     ids = plan.deferred[(plan.deferred >= offset) & (plan.deferred < offset + len(pool))]
@@ -430,7 +369,7 @@ def exchange(pool: Sequence[Sample], plan: Schedule, gathered: Gathered, topolog
 
 
 def carries_position_ids(mask: int) -> bool:
-    return bool(mask & _KEY_BITS["position_ids"])
+    return bool(mask & KEY_BITS["position_ids"])
 
 
 # -- 5. pack ------------------------------------------------------------------------------

@@ -12,12 +12,10 @@ import numpy as np
 import torch
 
 from seqpack.collective.cp_groups import CpGroups
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError
 from seqpack.loader.origin import origin_slots, to_origin
 from seqpack.schedulers import Schedule
-from seqpack.schedulers import Schedule
-from seqpack.cost import GroupCost
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch
 from seqpack.topology import Topology

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from seqpack.options import INT64_MAX, Sync
-from seqpack.thd import padded_lengths
 
 if TYPE_CHECKING:
     from seqpack.cost import CostModel

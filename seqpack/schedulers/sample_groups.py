@@ -34,13 +34,13 @@ import numpy as np
 
 from seqpack.cost import CostModel, GroupCost, as_group_cost, default_cost_model
 from seqpack.errors import ConfigError, SampleError, ScheduleError
+from seqpack.options import GroupSizes
 from seqpack.schedulers.balanced import BalancedScheduler, relabel_replicas, round_position
 from seqpack.schedulers.base import Scheduler
-from seqpack.schedulers.request import apply_oversize, as_lengths, as_origin
-from seqpack.schedulers.schedule import Schedule
-from seqpack.options import GroupSizes
 from seqpack.schedulers.group_sizes import allowed_group_sizes
 from seqpack.schedulers.join import join_plans
+from seqpack.schedulers.request import apply_oversize, as_lengths, as_origin
+from seqpack.schedulers.schedule import Schedule
 from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
 from seqpack.validation import check_bool, check_positive_int
 

@@ -26,9 +26,8 @@ import numpy as np
 from seqpack.errors import ScheduleError, SeqpackTypeError
 from seqpack.options import GroupSizes
 from seqpack.schedulers import schedule_checks
-from seqpack.thd import group_padded_lengths
 from seqpack.schedulers.request import _empty, as_lengths, default_origin
-from seqpack.thd import padded_lengths
+from seqpack.thd import group_padded_lengths, padded_lengths
 from seqpack.validation import check_choice, int64_array
 
 __all__ = ["Schedule", "ScheduleLimits"]

@@ -26,8 +26,7 @@ from seqpack.compute.attention import ThdAttention
 from seqpack.compute.tiny_lm import TinyConfig, TinyHybridLM
 from seqpack.loader import wrap_data_iterator
 from seqpack.schedulers import Schedule
-from seqpack.thd import group_pad_multiple
-from seqpack.thd import pack_sequences
+from seqpack.thd import group_pad_multiple, pack_sequences
 from seqpack.thd.cp import shard_for_cp, unshard_from_cp
 
 TOL = 1e-10

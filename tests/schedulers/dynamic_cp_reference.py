@@ -8,8 +8,8 @@ import itertools
 
 import numpy as np
 
-from seqpack.schedulers import Schedule
 from seqpack.cost import GroupCost
+from seqpack.schedulers import Schedule
 
 
 def padded(length, size, pad_multiple):

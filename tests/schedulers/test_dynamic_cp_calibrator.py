@@ -9,13 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack.calibrate import MISSING, TimingLedger, encode_seconds
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost, spans_nodes
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
-from seqpack.cost import GroupCost
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.schedulers.step_time import group_times, replica_sums
-from seqpack.cost import spans_nodes
 from seqpack.thd import group_padded_lengths
 
 TRUTH = GroupCost(

@@ -7,12 +7,10 @@ from dynamic_cp_reference import pack_time, step_time_reference
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack.cost import CostModel
+from seqpack.cost import FEATURES, CostModel, GroupCost, spans_nodes
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
-from seqpack.cost import FEATURES, GroupCost
 from seqpack.schedulers import predicted_step_time
-from seqpack.cost import spans_nodes
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 
 COST = GroupCost(CostModel(7e-7, 8e-11, 0.02), ring_step=2.4e-4, ring_token=5.5e-8, ring_token_inter=4.9e-7)
 

@@ -5,14 +5,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ScheduleError, SeqpackTypeError
-from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers import Schedule
-from seqpack.cost import GroupCost
-from seqpack.thd import group_pad_multiple
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.group_sizes import allowed_group_sizes
-from seqpack.thd import group_padded_lengths
+from seqpack.thd import group_pad_multiple, group_padded_lengths
 
 LENGTHS = np.array([300, 90, 60, 40, 30, 20, 20, 10, 5], dtype=np.int64)
 

@@ -13,11 +13,10 @@ from dynamic_cp_reference import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
-from seqpack.schedulers.dynamic_cp import allowed_group_sizes, plan_dynamic_cp
-from seqpack.cost import GroupCost
 from seqpack.schedulers import predicted_step_time
+from seqpack.schedulers.dynamic_cp import allowed_group_sizes, plan_dynamic_cp
 
 COSTS = st.sampled_from(
     [

@@ -22,11 +22,10 @@ from typing import ClassVar
 import numpy as np
 
 from seqpack.calibrate.base import MAX_STEP, Calibrator, check_seconds
-from seqpack.cost import nnls_fit, robust_weights_fit
+from seqpack.cost import FEATURES, GroupCost, nnls_fit, robust_weights_fit
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.cost import FEATURES, GroupCost
-from seqpack.schedulers.step_time import group_sums, replica_sums
 from seqpack.schedulers.schedule import Schedule
+from seqpack.schedulers.step_time import group_sums, replica_sums
 from seqpack.validation import check_int, int64_array
 
 __all__ = ["GROUP_SUMS", "GroupCostCalibrator"]

@@ -14,8 +14,8 @@ import dataclasses
 
 import numpy as np
 
-from seqpack.thd import group_padded_lengths
 from seqpack.schedulers.schedule import Schedule
+from seqpack.thd import group_padded_lengths
 
 __all__ = ["Pieces", "plan_pieces", "shard_layout"]
 

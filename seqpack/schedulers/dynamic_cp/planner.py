@@ -33,16 +33,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from seqpack.cost import CostModel, GroupCost, as_group_cost
-from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
-from seqpack.options import MAX_TOKENS, OnOversize, Sync
+from seqpack.errors import ConfigError, ScheduleError
+from seqpack.options import MAX_TOKENS, GroupSizes, OnOversize, Sync
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score
 from seqpack.schedulers.dynamic_cp._replica import build_replica
 from seqpack.schedulers.dynamic_cp._rounds import build, build_static
-from seqpack.options import GroupSizes
 from seqpack.schedulers.group_sizes import allowed_group_sizes, group_holds
-from seqpack.thd import group_padded_lengths
-from seqpack.schedulers.schedule import Schedule
 from seqpack.schedulers.request import as_lengths
+from seqpack.schedulers.schedule import Schedule
+from seqpack.thd import group_padded_lengths
 from seqpack.validation import check_choice, check_positive_int
 
 __all__ = ["plan_dynamic_cp"]

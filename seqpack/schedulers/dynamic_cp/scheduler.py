@@ -51,7 +51,8 @@ class DynamicCpScheduler(Scheduler):
         self.requested_group_sizes = mode
         if group_cost is not None and not isinstance(group_cost, GroupCost):
             raise SeqpackTypeError(
-                f"group_cost of scheduler 'dynamic_cp' must be a seqpack.cost.GroupCost, got {type(group_cost).__name__}"
+                "group_cost of scheduler 'dynamic_cp' must be a seqpack.cost.GroupCost, "
+                f"got {type(group_cost).__name__}"
             )
         self.group_cost = group_cost
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.options import Sync
 from seqpack.cost import GroupCost
-from seqpack.schedulers.step_time import group_times, predicted_step_time
+from seqpack.options import Sync
 from seqpack.schedulers.dynamic_cp.pieces import plan_pieces
 from seqpack.schedulers.schedule import Schedule
+from seqpack.schedulers.step_time import group_times, predicted_step_time
 from seqpack.stats import SAMPLE_BYTES_PER_TOKEN, StepStats, exact_sum
 from seqpack.validation import check_choice
 
