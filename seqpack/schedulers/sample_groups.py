@@ -258,8 +258,35 @@ def schedule_groups(
             max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple, cost=cost, on_oversize=on_oversize,
             origin=as_origin(origin, n, dp_size), sync=sync,
         )  # fmt: skip
+    return _static_with_groups(
+        scheduler, original, group_ids, grouped, dp_size=dp_size, cp_size=cp_size,
+        max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple, cost=cost, on_oversize=on_oversize,
+        origin=origin, sync=sync, together=check_bool("together", together),
+        equal_counts=check_bool("equal_counts", equal_counts),
+    )  # fmt: skip
+
+
+def _static_with_groups(
+    scheduler: Scheduler,
+    original: np.ndarray,
+    group_ids: np.ndarray,
+    grouped: np.ndarray,
+    *,
+    dp_size: int,
+    cp_size: int,
+    max_tokens_per_rank: int,
+    pad_multiple: int,
+    cost: CostModel | GroupCost | None,
+    on_oversize: str,
+    origin: np.ndarray | None,
+    sync: str | None,
+    together: bool,
+    equal_counts: bool,
+) -> Schedule:
+    """:func:`schedule_groups` under static CP: groups to replicas by cost, then each
+    replica's microbatches by ``scheduler`` (arguments checked by the caller)."""
+    n = original.shape[0]
     capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank) * cp_size
-    together = check_bool("together", together)
     effective, dropped, truncated = apply_oversize(original, capacity, pad_multiple, on_oversize)
     origin_arr = as_origin(origin, n, dp_size)
     active = np.flatnonzero(effective > 0).astype(np.int64)
@@ -273,7 +300,7 @@ def schedule_groups(
     budget = None if fixed is None else int(fixed) * capacity
     _check_budget(unit_tokens, budget, unit, active, group_ids, fixed, capacity)
     unit_costs = np.bincount(unit, weights=costs) if active.size else np.zeros(0)
-    if check_bool("equal_counts", equal_counts):
+    if equal_counts:
         _check_equal(np.bincount(unit) if active.size else np.zeros(0, np.int64), dp_size)
     replica_of_unit = assign_units(unit_costs, unit_tokens, dp_size, budget, equal=equal_counts)
     replica = relabel_replicas(replica_of_unit[unit], origin_arr[active], padded, dp_size)
