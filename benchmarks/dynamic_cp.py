@@ -65,16 +65,14 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost, spans_nodes
 from seqpack.mock_data import lognormal_lengths
 from seqpack.schedulers import get_scheduler, predicted_step_time
-from seqpack.schedulers.dynamic_cp import GroupCost, plan_dynamic_cp
+from seqpack.schedulers import predicted_step_time as dynamic_step_time
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp import planner as dynamic_planner
-from seqpack.schedulers.dynamic_cp import predicted_step_time as dynamic_step_time
 from seqpack.schedulers.dynamic_cp.bound import step_time_lower_bound
-from seqpack.schedulers.dynamic_cp.cost import spans_nodes
-from seqpack.schedulers.dynamic_cp.padding import cp_pad_multiple, group_padded_lengths
-from seqpack.thd import padded_lengths
+from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
 
 CLOCK = "/work/shared/data/h100_te_clock.json"
 CAPACITY = 16384
@@ -136,7 +134,7 @@ def static_cp(lengths: np.ndarray, ranks: int, cost: GroupCost, sync: str, longe
         dp_size=ranks // cp,
         cp_size=cp,
         max_tokens_per_rank=CAPACITY,
-        pad_multiple=cp_pad_multiple(cp, PAD),
+        pad_multiple=group_pad_multiple(cp, PAD),
         cost=cost.at(cp),
         sync=sync,
     )
@@ -506,7 +504,7 @@ def plot(cost: GroupCost, rows: list[dict], path: str) -> None:
     ranks = 64
     lengths = workload("tail256k", ranks, seed=ranks)
     plan = plan_dynamic_cp(lengths, dp_size=ranks, max_tokens_per_rank=CAPACITY, pad_multiple=PAD, cost=cost)
-    grid = np.full((plan.num_rounds, ranks), np.nan)
+    grid = np.full((plan.num_microbatches, ranks), np.nan)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [1.5, 1]})
     palette = ListedColormap(plt.get_cmap("tab20").colors)
     for g in range(plan.num_groups):

@@ -13,7 +13,8 @@ Shapes (``kind:args``):
 
 * ``scale:N:dp[:option=value...]``: ``benchmarks/scale.py``'s workload (lognormal SFT
   lengths, capacity 16,384, cost ``24576*s + s**2``), e.g. ``scale:65536:1024``,
-  ``scale:1048576:1024:locality=False``, ``scale:65536:1024:objective=rounds``;
+  ``scale:1048576:1024:locality=True`` (the default is ``locality="auto"``, off for these
+  token-id samples), ``scale:65536:1024:objective=rounds``;
 * ``sched:WORKLOAD:SEED``: a workload of ``benchmarks/schedulers.py`` (llama3-8b cost);
 * ``ht:SEED[:SYNC[:M]]``: issue 24 item 11's heavy tail (4,096 Pareto(1.3) lengths, 32
   replicas, capacity 32,768), ``sync`` and forced microbatch count optional.
@@ -196,7 +197,7 @@ def compare(befores: list[tuple[str, Worker]], now: Worker, names: list[str], re
 def ratios(now: Worker, names: list[str], repeat: int) -> None:
     for name in names:
         n, dp = name.split("x")
-        on, off = f"scale:{n}:{dp}", f"scale:{n}:{dp}:locality=False"
+        on, off = f"scale:{n}:{dp}:locality=True", f"scale:{n}:{dp}:locality=False"
         now.ask(on), now.ask(off)
         a, b = [], []
         for _ in range(repeat):

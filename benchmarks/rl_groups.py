@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from seqpack.cost import default_cost_model  # noqa: E402
 from seqpack.mock_data import lognormal_lengths  # noqa: E402
 from seqpack.schedulers import get_scheduler  # noqa: E402
-from seqpack.schedulers.groups import schedule_groups  # noqa: E402
+from seqpack.schedulers.sample_groups import schedule_groups  # noqa: E402
 from seqpack.stats import StepStats  # noqa: E402
 
 

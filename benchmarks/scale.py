@@ -56,6 +56,9 @@ COST = CostModel(24576.0, 1.0)
 N_SWEEP = [65_536, 262_144, 1_048_576, 4_194_304]
 DP_SWEEP = [64, 256, 1024, 4096, 16_384, 65_536]
 PER_REPLICA = 64
+# "balanced" here runs locality (the default, locality="auto", turns it off for these
+# token-id samples: they plan as the "locality off" figures).
+LOCAL = {"locality": True}
 MOVED_SEEDS = 3
 GOAL_SECONDS, GOAL_RATIO, GOAL_BYTES, GOAL_MOVED, GOAL_BALANCE = 2.0, 4.0, 1 << 30, 0.5, 1.005
 GOAL_LOCALITY = 3.0  # locality on costs at most this many times the plan without it
@@ -99,7 +102,7 @@ def peak_in_child(name: str, n: int, dp: int) -> int:
 
 
 def child(name: str, n: int, dp: int) -> None:
-    sched = get_scheduler(name)
+    sched = get_scheduler(name, **(LOCAL if name == "balanced" else {}))
     sched.schedule(lengths_for(4096), dp_size=64, max_tokens_per_rank=CAPACITY, cost=COST)  # compile first
     lengths = lengths_for(n)
     gc.collect()
@@ -141,7 +144,7 @@ def sweep_table(title: str, key: str, points: list[int], fixed: dict, repeat: in
         dp = value if key == "dp" else fixed["dp"]
         n = value if key == "N" else value * PER_REPLICA
         lengths = lengths_for(n)
-        bal = measure("balanced", lengths, dp, repeat)
+        bal = measure("balanced", lengths, dp, repeat, **LOCAL)
         ref = measure("dp_balanced", lengths, dp, repeat)
         bal["peak"], ref["peak"] = peak_in_child("balanced", n, dp), peak_in_child("dp_balanced", n, dp)
         st = bal["stats"]
@@ -169,9 +172,9 @@ def sweep_table(title: str, key: str, points: list[int], fixed: dict, repeat: in
 def moved_table(points: list[int], repeat: int) -> dict:
     print(f"## moved tokens vs dp ({PER_REPLICA} sequences per replica)")
     variants = [
-        ("both", dict(objective="both")),
-        ("rounds", dict(objective="rounds")),
-        ("replicas", dict(objective="replicas")),
+        ("both", dict(objective="both", **LOCAL)),
+        ("rounds", dict(objective="rounds", **LOCAL)),
+        ("replicas", dict(objective="replicas", **LOCAL)),
         ("both, locality off", dict(objective="both", locality=False)),
     ]
     header = f"{'dp':>7} " + " ".join(f"{v:>22}" for v, _ in variants) + f" {'dp_balanced':>12}"
@@ -227,7 +230,7 @@ def locality_table(shapes: list[tuple[int, int]], repeat: int) -> list[tuple[str
     checks = []
     for n, dp in shapes:
         lengths = lengths_for(n)
-        on = measure("balanced", lengths, dp, repeat)
+        on = measure("balanced", lengths, dp, repeat, **LOCAL)
         off = measure("balanced", lengths, dp, repeat, locality=False)
         ratio = on["cpu"] / off["cpu"]
         print(
@@ -253,12 +256,12 @@ def headline(repeat: int) -> list[tuple[str, bool, str]]:
     n, dp = 1_048_576, 16_384
     lengths = lengths_for(n)
     print(f"## the 16K plan: {n:,} sequences into {dp:,} replicas")
-    bal = measure("balanced", lengths, dp, repeat)
+    bal = measure("balanced", lengths, dp, repeat, **LOCAL)
     ref = measure("dp_balanced", lengths, dp, repeat)
     off = measure("balanced", lengths, dp, repeat, locality=False)
     bal["peak"], ref["peak"] = peak_in_child("balanced", n, dp), peak_in_child("dp_balanced", n, dp)
     off["peak"] = 0
-    sched = get_scheduler("balanced")
+    sched = get_scheduler("balanced", **LOCAL)
     tracemalloc.start()
     sched.schedule(lengths, dp_size=dp, max_tokens_per_rank=CAPACITY, cost=COST)
     traced = tracemalloc.get_traced_memory()[1]

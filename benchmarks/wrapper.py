@@ -37,9 +37,9 @@ PHASES = ("gather", "schedule", "exchange", "pack", "broadcast", "wait")
 
 
 def _round_robin():
-    from seqpack.schedulers import EmptyScheduler, Scheduler
+    from seqpack.schedulers import EmptyScheduler, GridScheduler
 
-    class RoundRobin(Scheduler):
+    class RoundRobin(GridScheduler):
         name = "round_robin"
 
         def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):

@@ -19,6 +19,7 @@ __all__ = [
     "LABEL_COPY_MIN_TOKENS",
     "MAX_PREFETCH",
     "MAX_TOKENS",
+    "SAMPLE_BYTES_PER_TOKEN",
     "AttentionBackend",
     "Axis",
     "CpCommType",
@@ -44,12 +45,20 @@ MAX_PREFETCH = 16
 DEFAULT_PREFETCH_BYTES = 1 << 30
 """Tensor bytes of prepared steps past which the prefetch thread waits (``prefetch_bytes``)."""
 
+SAMPLE_BYTES_PER_TOKEN = 20
+"""Bytes one token of a plain SFT sample carries through the exchange: ``input_ids`` and
+``labels`` (int64) and ``loss_mask`` (float32). RL and multimodal samples carry more (pass
+``bytes_per_token``)."""
+
 LABEL_COPY_FRACTION = 0.9
-"""Labels given as ``"shifted"`` are refused as copies of ``input_ids`` when at least this
-fraction of a sample's supervised tokens carry their own token as label (and not the next)."""
+"""Labels are refused as aligned the other way than ``label_format`` says when at least this
+fraction of a sample's checked tokens carry the other alignment's target: their own token
+under ``"shifted"`` (Hugging Face's labels), the next token under ``"unshifted"``
+(next-token labels). A supervised token is checked unless its label equals both its own
+token and the next one (a repeated token fits either alignment)."""
 LABEL_COPY_MIN_TOKENS = 8
-"""... and the sample has at least this many supervised tokens (a short answer that repeats
-its input by chance is never refused)."""
+"""... and the sample has at least this many checked tokens (a short answer that matches the
+other alignment by chance is never refused)."""
 
 
 class _Option(StrEnum):
@@ -83,6 +92,10 @@ class LabelFormat(_Option):
 
     SHIFTED = "shifted"  # next-token targets: labels[t] is predicted at token t (Megatron, NeMo; seqpack's own)
     UNSHIFTED = "unshifted"  # aligned with input_ids: labels[t] is token t's own id; the model shifts (HF, TRL)
+    # Targets of each position, used as given like "shifted" but never refused for equalling
+    # input_ids: a bidirectional model with a loss on every token, trained on purpose to
+    # predict the token at its own position.
+    POSITION_ALIGNED = "position_aligned"
 
 
 class OnOversize(_Option):
@@ -145,8 +158,14 @@ class CpLayout(_Option):
 
 
 class GroupSizes(_Option):
-    """Which CP group sizes a dynamic-CP plan may use (``seqpack.schedulers.dynamic_cp``)."""
+    """The CP groups a plan's microbatches run on (:class:`seqpack.schedulers.Schedule`).
 
+    ``static``: every microbatch runs on one DP replica's own CP block (static CP, and plain
+    data parallelism at ``cp_size=1``); ``pow2`` and ``any`` are dynamic CP
+    (``seqpack.schedulers.dynamic_cp``): per microbatch round the DP x CP ranks form groups.
+    """
+
+    STATIC = "static"  # group (m, d) is replica d's CP block in every round m
     POW2 = "pow2"  # powers of two on aligned blocks (start % size == 0), and the whole R
     ANY = "any"  # any size 1..R on any contiguous block (Megatron-LM PR #7097)
 

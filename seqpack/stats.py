@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqpack.cost import check_cost_model
+from seqpack.cost import GroupCost, check_cost_model
 from seqpack.errors import SeqpackTypeError
+from seqpack.options import SAMPLE_BYTES_PER_TOKEN
 from seqpack.schedulers.objective import (
     exact_sum,
     microbatch_costs,
@@ -22,7 +23,6 @@ from seqpack.schedulers.objective import (
     step_objective,
 )
 from seqpack.schedulers.schedule import Schedule
-from seqpack.thd import padded_lengths
 from seqpack.validation import check_int, check_number
 
 if TYPE_CHECKING:
@@ -39,17 +39,12 @@ __all__ = [
     "step_objective",
 ]
 
-SAMPLE_BYTES_PER_TOKEN = 20
-"""Bytes one token of a plain SFT sample carries through the exchange: ``input_ids`` and
-``labels`` (int64) and ``loss_mask`` (float32). RL and multimodal samples carry more (pass
-``bytes_per_token``)."""
-
 
 def moved_tokens(schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Tokens the step's exchange moves (per id, scheduled length; 0 for ids that stay on
     the DP rank holding them or are not assigned), and per DP rank the tokens it sends and
     receives (int64 ``[dp]`` each)."""
-    replica, _, _ = schedule.placement()
+    replica = schedule.replica_of()
     assert schedule.origin is not None  # set by Schedule.__post_init__
     origin = np.asarray(schedule.origin, dtype=np.int64)
     moves = (replica >= 0) & (replica != origin)
@@ -84,7 +79,9 @@ class StepStats:
         truncated_sequences, truncated_tokens: Tokens cut by ``on_oversize="truncate"`` from
             the sequences trained this step (a deferred one counts when it is trained).
         deferred_sequences: Held back for the next step.
-        empty_samples: Zero-length samples the wrapper dropped.
+        empty_samples: Zero-length sequences (samples, or sequences of pre-packed ones) read
+            this step on all DP ranks: never scheduled (not in ``num_sequences``);
+            ``Step.to_origin`` gives each an empty value in its place.
         flops: Model training FLOPs of the step, when a model is known.
         moved_sequences, moved_tokens: Sequences (and their real tokens) the exchange moves
             off the DP rank that read them (``Schedule.origin``): the all-to-all's payload.
@@ -134,7 +131,7 @@ class StepStats:
     max_rank_moved_tokens: int = 0
     moved_bytes: float = 0.0
     max_rank_moved_bytes: float = 0.0
-    cost_model: CostModel | None = None
+    cost_model: CostModel | GroupCost | None = None
     calibrated: bool = False
     predicted_step_time: float | None = None
     measured_step: int | None = None
@@ -145,7 +142,7 @@ class StepStats:
     def from_schedule(
         cls,
         schedule: Schedule,
-        cost: CostModel | None = None,
+        cost: CostModel | GroupCost | None = None,
         *,
         flops: float | None = None,
         empty_samples: int = 0,
@@ -156,14 +153,16 @@ class StepStats:
         ``schedule.origin``; ``bytes_per_token`` converts them to bytes."""
         if not isinstance(schedule, Schedule):
             raise SeqpackTypeError(f"schedule must be a seqpack.Schedule, got {type(schedule).__name__}")
+        if isinstance(cost, GroupCost):  # a static plan's microbatches cost it on the replicas' CP groups
+            cost = cost.at(schedule.cp_size)
         check_cost_model("cost", cost)
         flops = None if flops is None else check_number("flops", flops)
         empty_samples = check_int("empty_samples", empty_samples, minimum=0)
         bytes_per_token = check_number("bytes_per_token", bytes_per_token, minimum=0)
         lengths = schedule.lengths
-        assigned, _, counts = schedule._flat
+        assigned, counts = schedule.assigned, schedule.group_counts
         real = lengths[assigned]
-        padded = padded_lengths(real, schedule.pad_multiple)
+        padded = schedule.padded_assigned()
         empties = int(np.count_nonzero(counts == 0))
         padded_sum = exact_sum(padded)
         padded_tokens = padded_sum + empties * schedule.pad_multiple

@@ -48,8 +48,11 @@ class Topology:
             axis group).
         world_size: Ranks the grid spans; must equal ``dp * cp * tp * pp``.
         groups: Axis name to process group (``None`` for axes of size 1).
-        alone_on_purpose: Built by ``single(allow_distributed=True)``: this rank packs its
-            data alone among several initialised ranks on purpose (the wrapper does not warn).
+        partial: The grid covers part of the initialised job on purpose (``partial=True``
+            of the constructors, ``single(allow_distributed=True)``): the wrapper then runs
+            on it instead of refusing it, and does not warn about a one-rank topology.
+        mesh_hint: For a topology read from a mesh sliced out of a larger one: the mesh to
+            pass instead, which the wrapper's refusal of a partial topology names.
     """
 
     dp_size: int = 1
@@ -62,7 +65,8 @@ class Topology:
     pp_rank: int = 0
     world_size: int | None = None
     groups: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
-    alone_on_purpose: bool = dataclasses.field(default=False, compare=False, repr=False)
+    partial: bool = dataclasses.field(default=False, compare=False, repr=False)
+    mesh_hint: str = dataclasses.field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for axis in AXES:
@@ -73,6 +77,9 @@ class Topology:
         product = self.dp_size * self.cp_size * self.tp_size * self.pp_size
         check_optional_int("world_size", self.world_size, minimum=1)
         check_mapping("groups", self.groups)
+        object.__setattr__(self, "partial", check_bool("partial", self.partial))
+        if not isinstance(self.mesh_hint, str):
+            raise SeqpackTypeError(f"mesh_hint must be a str, got {type(self.mesh_hint).__name__}")
         if self.world_size is None:
             object.__setattr__(self, "world_size", product)
         elif product != self.world_size:
@@ -116,11 +123,15 @@ class Topology:
                     "Topology.single(allow_distributed=True) if each rank really trains alone"
                 )
             logger.info("Topology.single() on one of %d ranks: this rank packs its data alone", dist.get_world_size())
-        return cls(alone_on_purpose=allow_distributed)
+        return cls(partial=allow_distributed)
 
     @classmethod
     def from_device_mesh(
-        cls, mesh: DeviceMesh, *, axis_names: Mapping[str, str | Sequence[str]] | None = None
+        cls,
+        mesh: DeviceMesh,
+        *,
+        axis_names: Mapping[str, str | Sequence[str]] | None = None,
+        partial: bool = False,
     ) -> Topology:
         """Read sizes, ranks and groups from a ``DeviceMesh``, as the frameworks build it.
 
@@ -133,16 +144,22 @@ class Topology:
         *made of* such a dim is refused, since CP could not be told apart. Dims of size 1
         are ignored whatever their name.
 
+        Pass the mesh of the whole job: a mesh sliced from it (HSDP's ``mesh["dp_shard"]``,
+        a flattened ``mesh["dp"]`` beside CP) covers part of the ranks, and the wrapper
+        refuses such a topology unless ``partial=True``.
+
         Args:
             mesh: A ``torch.distributed.device_mesh.DeviceMesh`` with named dims.
             axis_names: seqpack axis to mesh dim name(s), for meshes named otherwise
                 (e.g. ``{"dp": "data"}`` or ``{"dp": ("replica", "shard")}``); it replaces
                 the automatic reading for the axes it names.
+            partial: The mesh covers part of the initialised job on purpose (one wrapper
+                per pipeline stage, say): the wrapper runs on it, each copy packing alone.
 
         Raises:
             SeqpackTypeError: Not a DeviceMesh.
-            ConfigError: An unnamed mesh, a dim of size > 1 that maps to no axis, or sizes
-                whose product is not the mesh size.
+            ConfigError: An unnamed mesh, a dim of size > 1 that maps to no axis or to two,
+                sizes whose product is not the mesh size, or a mesh this rank is not in.
         """
         if not (hasattr(mesh, "mesh_dim_names") and hasattr(mesh, "ndim")):
             raise SeqpackTypeError(f"mesh must be a torch DeviceMesh, got {type(mesh).__name__}")
@@ -151,6 +168,13 @@ class Topology:
             raise ConfigError(f"the device mesh must name its dims ({', '.join(AXES)}), got mesh_dim_names={names}")
         sizes = {dim: int(mesh.size(index)) for index, dim in enumerate(names)}
         dims_of = _axis_dims(names, sizes, axis_names)
+        coordinate_of = getattr(mesh, "get_coordinate", None)  # None: this rank is not in the mesh
+        if coordinate_of is not None and coordinate_of() is None:
+            members = [int(rank) for rank in mesh.mesh.reshape(-1).tolist()]
+            raise ConfigError(
+                f"this rank ({dist.get_rank()}) is not in the device mesh (its ranks: {members}, dims {names}): "
+                "build the topology, on every rank, from a mesh that holds it (the mesh of the whole job)"
+            )
         kwargs: dict[str, Any] = {}
         groups: dict[str, Any] = {}
         for axis, dims in dims_of.items():
@@ -165,7 +189,8 @@ class Topology:
                 ranks, groups[axis] = _joined_group(mesh, active)
                 kwargs[f"{axis}_size"] = len(ranks)
                 kwargs[f"{axis}_rank"] = ranks.index(dist.get_rank())
-        return cls(**kwargs, world_size=int(mesh.size()), groups=groups)
+        hint = _whole_mesh_hint(mesh)
+        return cls(**kwargs, world_size=int(mesh.size()), groups=groups, partial=partial, mesh_hint=hint)
 
     @classmethod
     def from_groups(
@@ -176,6 +201,7 @@ class Topology:
         tp: Any = None,
         pp: Any = None,
         world_size: int | None = None,
+        partial: bool = False,
     ) -> Topology:
         """Build from process groups a framework already owns (Megatron-style).
 
@@ -186,8 +212,11 @@ class Topology:
             dp: The data-parallel group *without* context parallelism (one CP lane).
             cp, tp, pp: Context-, tensor- and pipeline-parallel groups (pp ordered by stage).
             world_size: Ranks the grid spans (default: the default group's world size).
+            partial: A ``world_size`` below the job's is on purpose (one wrapper per
+                pipeline stage, say): the wrapper runs on it instead of refusing it.
 
         Raises:
+            SeqpackTypeError: A group that is not a ``ProcessGroup``.
             ValueError: A group that does not contain this rank, groups overlapping beyond
                 this rank, or sizes whose product is not ``world_size``.
         """
@@ -200,6 +229,7 @@ class Topology:
                 continue
             if group is dist.GroupMember.NON_GROUP_MEMBER:
                 raise ConfigError(f"the {axis} group does not contain this rank ({me}): pass the group this rank is in")
+            _check_group(axis, group)
             ranks = dist.get_process_group_ranks(group)
             if me not in ranks:
                 raise ConfigError(f"the {axis} group {ranks} does not contain this rank ({me})")
@@ -217,7 +247,8 @@ class Topology:
                     )
         if world_size is None:
             world_size = dist.get_world_size() if dist.is_initialized() else 1
-        return cls(**kwargs, world_size=world_size, groups={k: v for k, v in given.items() if v is not None})
+        groups = {k: v for k, v in given.items() if v is not None}
+        return cls(**kwargs, world_size=world_size, groups=groups, partial=partial)
 
     def with_groups(self, groups: Topology | Mapping[str, Any]) -> Topology:
         """The same grid (sizes, ranks) with other process groups over the same ranks.
@@ -230,10 +261,11 @@ class Topology:
                 :class:`Topology` whose groups are taken.
 
         Raises:
+            SeqpackTypeError: ``groups`` not a mapping, or a group not a ``ProcessGroup``.
             ConfigError: A group missing for an axis of size > 1, an unknown axis, or a
                 group whose members (in group-rank order) differ from the axis group's.
         """
-        given = dict(groups.groups) if isinstance(groups, Topology) else dict(groups)
+        given = dict(groups.groups) if isinstance(groups, Topology) else dict(check_mapping("groups", groups))
         unknown = set(given) - set(AXES)
         if unknown:
             raise ConfigError(f"unknown axis name(s) {sorted(unknown)} in groups; valid axes: {', '.join(AXES)}")
@@ -243,9 +275,10 @@ class Topology:
                 continue
             group = given.get(axis)
             if group is None:
-                raise ConfigError(f"no process group given for axis {axis!r} (size {self.size(axis)})")
+                raise ConfigError(f"groups has no process group for axis {axis!r} (size {self.size(axis)})")
             if group is dist.GroupMember.NON_GROUP_MEMBER:
                 raise ConfigError(f"the {axis} group given does not contain this rank")
+            _check_group(f"groups[{axis!r}]", group)
             ranks = list(dist.get_process_group_ranks(group))
             expected = self.global_ranks(axis)
             if ranks != expected:
@@ -323,16 +356,29 @@ def _axis_dims(
 ) -> dict[str, tuple[str, ...]]:
     """seqpack axis to the mesh dims it spans (several only for DP); checks every dim is used."""
     dims_of: dict[str, tuple[str, ...]] = {}
-    if axis_names:
+    if axis_names is not None:
         check_mapping("axis_names", axis_names)
         bad = set(axis_names) - set(AXES)
         if bad:
-            raise ConfigError(f"axis_names keys must be in {AXES}, got {sorted(bad)}")
+            raise ConfigError(f"axis_names keys must be in {AXES}, got {sorted(bad, key=repr)}")
+        axis_of: dict[str, str] = {}
         for axis, dims in axis_names.items():
-            dims_of[str(axis)] = (dims,) if isinstance(dims, str) else tuple(dims)
+            chosen = (dims,) if isinstance(dims, str) else tuple(dims) if isinstance(dims, (list, tuple)) else None
+            if not chosen or not all(isinstance(dim, str) for dim in chosen):
+                raise SeqpackTypeError(
+                    f"axis_names[{axis!r}] must be a mesh dim name or a non-empty list of them, got {dims!r}"
+                )
+            dims_of[str(axis)] = chosen
             for dim in dims_of[str(axis)]:
                 if dim not in names:
                     raise ConfigError(f"axis_names maps {axis!r} to {dim!r}, which is not a mesh dim {names}")
+                if dim in axis_of:
+                    both = f"both {axis_of[dim]} and {axis}" if axis_of[dim] != axis else f"{axis} twice"
+                    raise ConfigError(
+                        f"axis_names maps mesh dim {dim!r} to {both} ({dict(axis_names)}): each mesh dim is part of "
+                        "one axis only"
+                    )
+                axis_of[dim] = str(axis)
     claimed = {dim for dims in dims_of.values() for dim in dims}
     for axis in AXES:
         if axis in dims_of:
@@ -352,11 +398,37 @@ def _axis_dims(
                 "mesh with dp_replicate/dp_shard/cp/tp or its data-loading mesh (pp, batch, cp, tp), or NeMo "
                 "Automodel's device_mesh"
             )
+        if dim in DP_DIM_NAMES or dim in AXES:  # read automatically, but axis_names took its axis
+            axis = Axis.DP if dim in DP_DIM_NAMES else Axis(dim)
+            raise ConfigError(
+                f"mesh dim {dim!r} (size {sizes[dim]}) is part of {axis}, but axis_names maps {axis} to "
+                f"{dims_of[axis]} only: add {dim!r} there (mesh dims: {names})"
+            )
         raise ConfigError(
             f"mesh dim {dim!r} is not one of {', '.join(AXES)} nor a data-parallel dim ({', '.join(DP_DIM_NAMES)}); "
             f"flatten it into one of them or pass axis_names={{'dp': {dim!r}}} (mesh dims: {names})"
         )
     return dims_of
+
+
+def _check_group(name: str, group: object) -> None:
+    if not isinstance(group, dist.ProcessGroup):
+        raise SeqpackTypeError(f"{name} must be a torch.distributed ProcessGroup (or None), got {type(group).__name__}")
+
+
+def _whole_mesh_hint(mesh: DeviceMesh) -> str:
+    """For a mesh sliced (or flattened) out of a larger one: that mesh, and its dims of size
+    > 1 (slicing those covers the same ranks), as the wrapper's refusal names them; else ""."""
+    root_of = getattr(mesh, "_get_root_mesh", None)  # torch's own (private) record of the slicing
+    root = root_of() if root_of is not None else mesh
+    if root is mesh or int(root.size()) <= int(mesh.size()):
+        return ""
+    names = tuple(root.mesh_dim_names or ())
+    if len(names) != root.ndim:
+        return f"the whole mesh ({int(root.size())} ranks)"
+    shape = ", ".join(f"{dim}={int(root.size(i))}" for i, dim in enumerate(names))
+    active = ", ".join(repr(dim) for i, dim in enumerate(names) if int(root.size(i)) > 1)
+    return f"the whole mesh ({shape}) or mesh[{active}]"
 
 
 def _joined_group(mesh: DeviceMesh, dims: Sequence[str]) -> tuple[list[int], Any]:

@@ -347,7 +347,7 @@ def test_docs_wire_tables_are_generated_from_the_header_declaration():
 def test_docs_gather_tables_are_generated_from_their_declarations():
     from pathlib import Path
 
-    from seqpack.loader.phases import gather_format_markdown
+    from seqpack.loader.gather_fields import gather_format_markdown
 
     text = (Path(__file__).parent.parent / "docs" / "wrapper.md").read_text()
     begin, end = "<!-- gather-format:begin -->\n", "<!-- gather-format:end -->"
@@ -433,3 +433,17 @@ def test_bad_minibatch_bounds_are_refused():
     ints[STEP_WORDS + MB_WORDS * 1 + field] = 2  # microbatch 1 claims mini-batch 2: a skipped number
     with pytest.raises(ValueError, match="do not run 0, 1"):
         decode_step(dataclasses.replace(wire, ints=ints), verify=False)
+
+
+@pytest.mark.parametrize("kind", [Kind.BATCH, Kind.LAYOUT])
+def test_where_zero_length_sequences_were_read_travels_and_is_checked(kind):
+    from seqpack.errors import WireError
+
+    msg = dataclasses.replace(_message(), empty_at=(0, 2, 2, 5))
+    assert decode_step(encode_step(msg, kind=kind)).empty_at == (0, 2, 2, 5)
+    assert decode_step(encode_step(_message(), kind=kind)).empty_at == ()
+    n = msg.schedule.num_sequences
+    for bad in [(3, 1), (-1,), (n + 1,)]:
+        wire = encode_step(dataclasses.replace(msg, empty_at=bad), kind=kind)
+        with pytest.raises(WireError, match=r"empty_at \[.*\] is not ascending within 0\.\." + str(n)):
+            decode_step(wire)

@@ -3,12 +3,11 @@
 import pytest
 
 from seqpack.calibrate import CostCalibrator
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader import PackingConfig
 from seqpack.loader.config import resolved_cost
 from seqpack.options import GroupSizes
-from seqpack.schedulers.dynamic_cp import GroupCost
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.topology import Topology
 
@@ -28,7 +27,8 @@ def test_ring_figures_are_added_to_the_cost():
     config = dynamic(cost=COMPUTE, cp_group_sizes="any")
     assert config.group_cost == GroupCost(COMPUTE, **RING)
     assert config.cp_group_sizes is GroupSizes.ANY
-    assert resolved_cost(config, config.build_scheduler()) == COMPUTE
+    assert resolved_cost(config, config.build_scheduler()) == config.group_cost  # the ring included
+    assert config.group_cost.compute == COMPUTE
     given = GroupCost(COMPUTE, ring_step=3.0, ranks_per_node=4)
     assert dynamic(group_cost=given).group_cost is given
     assert dynamic(group_cost=given, cost=COMPUTE).group_cost is given

@@ -10,12 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError
 from seqpack.schedulers import DynamicCpScheduler
-from seqpack.schedulers.dynamic_cp import GroupCost, plan_dynamic_cp
-from seqpack.schedulers.dynamic_cp.minibatches import plan_minibatches
-from seqpack.schedulers.minibatches import minibatch_loss_tokens, minibatch_of
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
+from seqpack.schedulers.minibatches import minibatch_loss_tokens, minibatch_of, schedule_minibatches
 from seqpack.topology import Topology
 
 COST = GroupCost(CostModel(1.0, 1e-3, 1e-5), ring_step=0.5, ring_token=2e-3, ranks_per_node=4)
@@ -37,9 +36,9 @@ def test_each_minibatch_is_its_own_plan(counts, k, seed, policy):
     origin = np.repeat(np.arange(2), counts)
     scheduler = DynamicCpScheduler(group_cost=COST)
     opts = {"dp_size": 2, "on_oversize": policy, **LIMITS}
-    plan, starts = plan_minibatches(scheduler, lengths, minibatches=k, origin=origin, **opts)
+    plan, starts = schedule_minibatches(scheduler, lengths, minibatches=k, origin=origin, **opts)
     plan.validate(lengths, dp_size=2, **LIMITS)
-    assert plan.origin.tolist() == origin.tolist() and starts[0] == 0 and starts[-1] == plan.num_rounds
+    assert plan.origin.tolist() == origin.tolist() and starts[0] == 0 and starts[-1] == plan.num_microbatches
     which = minibatch_of(origin, k)
     loss = rng.integers(0, 50, n)
     slow = [0] * k
@@ -49,7 +48,7 @@ def test_each_minibatch_is_its_own_plan(counts, k, seed, policy):
             lengths[mine], cost=COST, **{o: v for o, v in opts.items() if o != "dp_size"}, dp_size=2
         )
         in_rounds = [g for g in range(plan.num_groups) if starts[j] <= plan.group_round[g] < starts[j + 1]]
-        assert starts[j + 1] - starts[j] == alone.num_rounds
+        assert starts[j + 1] - starts[j] == alone.num_microbatches
         assert plan.group_size[in_rounds].tolist() == alone.group_size.tolist()
         assert plan.group_start[in_rounds].tolist() == alone.group_start.tolist()
         ids = np.concatenate([plan.group_ids(g) for g in in_rounds]) if in_rounds else np.zeros(0, np.int64)
@@ -62,7 +61,7 @@ def test_each_minibatch_is_its_own_plan(counts, k, seed, policy):
 
 def test_a_minibatch_without_samples_is_named():
     with pytest.raises(ConfigError, match="mini-batch 1 of 2 holds no sample"):
-        plan_minibatches(DynamicCpScheduler(group_cost=COST), [5, 6], minibatches=2, dp_size=2, **LIMITS)
+        schedule_minibatches(DynamicCpScheduler(group_cost=COST), [5, 6], minibatches=2, dp_size=2, **LIMITS)
 
 
 def test_minibatches_through_the_wrapper_on_one_rank():
@@ -75,7 +74,7 @@ def test_minibatches_through_the_wrapper_on_one_rank():
     (step,) = wrap_data_iterator(iter(data), Topology.single(), scheduler="dynamic_cp", minibatches=3,
                                  on_oversize="truncate", **options)  # fmt: skip
     bounds = step.minibatch_bounds
-    assert len(bounds) == 4 and bounds[-1] == step.num_microbatches == step.schedule.num_rounds
+    assert len(bounds) == 4 and bounds[-1] == step.num_microbatches == step.schedule.num_microbatches
     for j, part in enumerate(step.minibatches):
         ids = sorted(int(g) for mb in part for g in mb.sample_ids.tolist() if g >= 0)
         assert ids == list(range(4 * j, 4 * j + 4))  # the j-th contiguous third of what was read
@@ -97,7 +96,7 @@ def test_groups_stay_on_one_replica_block(seed, k, cp):
     origin = np.repeat(np.arange(dp), n // dp)
     limits = {"dp_size": dp, "cp_size": cp, "max_tokens_per_rank": 64, "pad_multiple": 2}
     scheduler = DynamicCpScheduler(group_cost=COST)
-    plan, starts = plan_minibatches(
+    plan, starts = schedule_minibatches(
         scheduler, lengths, minibatches=k, origin=origin, group_ids=group_ids, grouped=grouped, **limits
     )
     plan.validate(lengths, **limits)
@@ -114,16 +113,16 @@ def test_groups_stay_on_one_replica_block(seed, k, cp):
 
 def test_a_grouped_sequence_must_fit_its_replica():
     from seqpack.errors import ScheduleError
-    from seqpack.schedulers.dynamic_cp.groups import plan_with_groups
+    from seqpack.schedulers.sample_groups import schedule_groups
 
     args = {"dp_size": 2, "cp_size": 2, "max_tokens_per_rank": 64, "pad_multiple": 2}
     with pytest.raises(ScheduleError, match="sample 1 carries a group_id and has 200 tokens, more than its"):
-        plan_with_groups(DynamicCpScheduler(group_cost=COST), np.array([5, 200]), np.zeros(2), np.ones(2), **args)
+        schedule_groups(DynamicCpScheduler(group_cost=COST), np.array([5, 200]), np.zeros(2), np.ones(2), **args)
     with pytest.raises(ConfigError, match="needs cp_size=3 a power of 2 or cp_group_sizes='any'"):
-        plan_with_groups(
+        schedule_groups(
             DynamicCpScheduler(group_cost=COST), np.array([5, 6]), np.zeros(2), np.ones(2), **args | {"cp_size": 3}
         )
-    plan = plan_with_groups(
+    plan = schedule_groups(
         DynamicCpScheduler("any", COST), np.array([5, 6]), np.zeros(2), np.ones(2), **args | {"cp_size": 3}
     )
     assert set(plan.group_size.tolist()) == {3}
@@ -139,6 +138,6 @@ def test_groups_through_the_wrapper_on_one_rank():
     options = {"samples_per_rank": 6, "max_tokens_per_rank": 64, "group_cost": COST, "prefetch": 0}
     (step,) = wrap_data_iterator(iter(data), Topology.single(), dynamic_cp=True, **options)
     ran = sorted(int(g) for mb in step.microbatches for g in mb.sample_ids.tolist() if g >= 0)
-    assert ran == list(range(6)) and step.schedule.num_rounds >= 2  # the grouped part, then the rest
+    assert ran == list(range(6)) and step.schedule.num_microbatches >= 2  # the grouped part, then the rest
     back = step.to_origin([mb.input_ids for mb in step.microbatches])
     assert [t.tolist() for t in back] == [d["input_ids"].tolist() for d in data]

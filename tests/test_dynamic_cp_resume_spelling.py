@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ResumeError
 from seqpack.loader import PackingConfig
 from seqpack.loader.resume import ResumeState
 from seqpack.options import fingerprint_text
 from seqpack.schedulers import get_scheduler
-from seqpack.schedulers.dynamic_cp import GroupCost
 
 COST = GroupCost(CostModel(1.0, 0.01, 0.5), ring_step=2.0, ring_token=0.1)
 TOPOLOGY = {"signature": 1}

@@ -14,18 +14,13 @@ from hypothesis import strategies as st
 
 from seqpack.collective.cp_exchange import _dualchunk_runs, plan_shard_exchange
 from seqpack.collective.cp_groups import CpGroups, new_cp_groups, plane_blocks
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError
-from seqpack.schedulers.dynamic_cp import (
-    DynamicCpSchedule,
-    GroupCost,
-    cp_pad_multiple,
-    plan_dynamic_cp,
-    predicted_step_time,
-)
+from seqpack.schedulers import Schedule, predicted_step_time
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp.pieces import plan_pieces, shard_layout
 from seqpack.schedulers.dynamic_cp.stats import moved_pieces, plan_stats
-from seqpack.thd import pack_sequences
+from seqpack.thd import group_pad_multiple, pack_sequences
 from seqpack.thd.cp import partition_indices, shard_for_cp
 from seqpack.topology import Topology
 
@@ -88,8 +83,8 @@ def test_a_static_shaped_group_moves_nothing():
     # dp=2 x cp=2; every sequence on both CP ranks of the replica that read it: as static CP.
     lengths = np.array([100, 90, 100, 80], dtype=np.int64)
     int64 = lambda values: np.array(values, dtype=np.int64)  # noqa: E731
-    plan = DynamicCpSchedule(
-        num_rounds=2, group_round=int64([0, 0, 1, 1]), group_start=int64([0, 2, 0, 2]),
+    plan = Schedule(
+        num_microbatches=2, group_round=int64([0, 0, 1, 1]), group_start=int64([0, 2, 0, 2]),
         group_size=int64([2, 2, 2, 2]), group_counts=int64([1, 1, 1, 1]), assigned=int64([0, 2, 1, 3]),
         lengths=lengths, original_lengths=lengths, dp_size=2, cp_size=2, max_tokens_per_rank=60, pad_multiple=1,
     )  # fmt: skip
@@ -103,7 +98,7 @@ def test_a_static_shaped_group_moves_nothing():
 
 @given(st.lists(st.integers(1, 90), min_size=1, max_size=6), st.sampled_from([1, 2, 3, 4]), st.integers(1, 3))
 def test_dualchunk_runs_are_the_partition_of_each_sequence(lengths, size, pad):
-    multiple = cp_pad_multiple(size, pad)
+    multiple = group_pad_multiple(size, pad)
     samples = [{"input_ids": torch.arange(n) + 1000 * i} for i, n in enumerate(lengths)]
     whole = pack_sequences(samples, pad_multiple=multiple)
     cu = whole.cu_seqlens_padded.to(torch.int64).numpy()
@@ -146,7 +141,8 @@ def test_plan_stats():
     assert stats.num_sequences == 8 and stats.real_tokens == int(lengths.sum()) == stats.seqlen_sum
     assert stats.seqlen_sq_sum == int((lengths**2).sum()) and stats.empty_samples == 2
     assert stats.padded_tokens >= int(plan.group_tokens().sum()) and len(stats.replica_cost) == 4
-    assert stats.num_microbatches == plan.num_rounds and stats.predicted_step_time == predicted_step_time(plan, COST)
+    assert stats.num_microbatches == plan.num_microbatches
+    assert stats.predicted_step_time == predicted_step_time(plan, COST)
     assert stats.imbalance >= 1.0 and stats.cost_model == COST.compute
     assert stats.moved_tokens == int(moved_pieces(plan)[0].sum())
 
@@ -170,7 +166,7 @@ def test_one_rank_runs_every_sequence_alone_through_the_wrapper():
     steps = list(wrap_data_iterator(iter(data), Topology.single(), dynamic_cp=True, **options))
     assert len(steps) == 2
     for k, step in enumerate(steps):
-        assert isinstance(step.schedule, DynamicCpSchedule) and step.num_microbatches == step.schedule.num_rounds
+        assert isinstance(step.schedule, Schedule) and step.num_microbatches == step.schedule.num_microbatches
         assert step.origin_ids.tolist() == list(range(6))
         for batch in step.microbatches:
             ids = batch.sample_ids.tolist()
@@ -197,13 +193,13 @@ def test_a_dynamic_step_round_trips_through_the_wire(kind):
     batches, starts = [], []
     for g in plan.rank_group()[:, me].tolist():
         ids, start, size = plan.group_ids(g), int(plan.group_start[g]), int(plan.group_size[g])
-        whole = pack_sequences([samples[i] for i in ids], pad_multiple=cp_pad_multiple(size, 1), sample_ids=ids)
+        whole = pack_sequences([samples[i] for i in ids], pad_multiple=group_pad_multiple(size, 1), sample_ids=ids)
         batches.append(shard_for_cp(whole, size, me - start) if size > 1 else whole)
         starts.append(start)
     assert len({b.cp_size for b in batches}) > 1  # microbatches of different CP sizes in one message
     msg = StepOk(step=3, schedule=plan, microbatches=batches, group_starts=tuple(starts))
     got = decode_step(encode_step(msg, kind=Kind.BATCH if kind == "batch" else Kind.LAYOUT))
-    assert isinstance(got.schedule, DynamicCpSchedule) and got.schedule.fingerprint() == plan.fingerprint()
+    assert isinstance(got.schedule, Schedule) and got.schedule.fingerprint() == plan.fingerprint()
     assert np.array_equal(got.schedule.origin, plan.origin) and got.group_starts == tuple(starts)
     for a, b in zip(batches, got.microbatches, strict=True):
         assert (a.cp_size, a.cp_rank, a.max_seqlen) == (b.cp_size, b.cp_rank, b.max_seqlen)
@@ -212,11 +208,14 @@ def test_a_dynamic_step_round_trips_through_the_wire(kind):
         assert (b.input_ids is None) == (kind == "layout")
         if kind == "batch":
             assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
-    with pytest.raises(WireError, match="needs the group start of every microbatch"):
+    # Shards of different CP sizes travel only with their groups' starts (flag 8).
+    with pytest.raises(WireError, match=r"microbatch \d+ is shard \d+/\d+ .*, microbatch 0 is"):
         encode_step(dataclasses.replace(msg, group_starts=None))
+    with pytest.raises(WireError, match="group starts .* for .* microbatches"):
+        encode_step(dataclasses.replace(msg, group_starts=tuple(starts[:-1])))
     wire = encode_step(msg)
-    wire.ints[[name for name, _ in STEP_FIELDS].index("plan_kind")] = 7
-    with pytest.raises(WireError, match="plan_kind 7 is not one of"):
+    wire.ints[[name for name, _ in STEP_FIELDS].index("group_sizes")] = 7
+    with pytest.raises(WireError, match="group_sizes code 7 is not one of 0..2"):
         decode_step(wire)
 
 

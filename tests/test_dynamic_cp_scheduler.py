@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader import PackingConfig
 from seqpack.options import GroupSizes
-from seqpack.schedulers import DynamicCpScheduler, available_schedulers, get_scheduler
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost, plan_dynamic_cp
+from seqpack.schedulers import DynamicCpScheduler, Schedule, available_schedulers, get_scheduler
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.topology import Topology
 
 COMPUTE = CostModel(1.0, 1e-3, 1e-5)
@@ -28,7 +28,7 @@ def test_it_plans_what_plan_dynamic_cp_plans():
         scheduler = get_scheduler("dynamic_cp", group_sizes=sizes, group_cost=COST)
         origin = np.repeat([1, 0], 5)
         plan = scheduler.schedule(LENGTHS, origin=origin, sync=sync, **args)  # type: ignore[arg-type]
-        assert isinstance(plan, DynamicCpSchedule) and plan.origin.tolist() == origin.tolist()
+        assert isinstance(plan, Schedule) and plan.origin.tolist() == origin.tolist()
         plan.validate()
         same = plan_dynamic_cp(
             LENGTHS,
@@ -41,7 +41,7 @@ def test_it_plans_what_plan_dynamic_cp_plans():
     # A cost given to schedule() wins over the scheduler's (a calibrated one, in the loader).
     free = get_scheduler("dynamic_cp", group_cost=COST).schedule(LENGTHS, cost=COMPUTE, **args)
     assert free.fingerprint() == plan_dynamic_cp(LENGTHS, cost=COMPUTE, **args).fingerprint()
-    assert get_scheduler("dynamic_cp", group_cost=COST).resolve_cost(None) == COMPUTE
+    assert get_scheduler("dynamic_cp", group_cost=COST).resolve_cost(None) == COST  # stats in the group cost
 
 
 @pytest.mark.parametrize(

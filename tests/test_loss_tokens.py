@@ -6,6 +6,7 @@ carry the counts, and the collate friction message."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -15,10 +16,10 @@ from hypothesis import strategies as st
 
 from seqpack.collective import gather_lengths
 from seqpack.collective.fields import Header
-from seqpack.collective.wire import STEP_WORDS, StepOk, decode_step, encode_step
+from seqpack.collective.wire import STEP_FIELDS, StepOk, decode_step, encode_step
 from seqpack.errors import ResumeError, SampleError, SeqpackTypeError, StepFailed, WireError
 from seqpack.loader import PackingConfig, wrap_data_iterator
-from seqpack.loader.labels import copied_step_message, loss_token_counts, prepare_labels
+from seqpack.loader.labels import loss_token_counts, misaligned_step_message, prepare_labels
 from seqpack.options import LABEL_COPY_MIN_TOKENS, LabelFormat
 from seqpack.schedulers import get_scheduler
 from seqpack.thd import IGNORE_INDEX, SAMPLES_NOT_BATCHES, count_loss_tokens, pack_sequences
@@ -65,8 +66,8 @@ def test_loss_token_counts_equal_the_packed_count_of_each_truncated_sequence(len
 def test_unshifted_labels_converted_at_read_pack_like_pack_sequences_unshifted(lengths, labels, mask, seed):
     rng = np.random.default_rng(seed)
     samples = [_sample(rng, n, labels=labels, mask=mask, hf=True) for n in lengths]
-    converted, supervised, copied = prepare_labels(samples, ["s"] * len(samples), LabelFormat.UNSHIFTED)
-    assert (supervised, copied) == (0, 0)
+    converted, checked, misaligned = prepare_labels(samples, ["s"] * len(samples), LabelFormat.UNSHIFTED)
+    assert misaligned == 0 and checked <= sum(int((s["labels"] != IGNORE_INDEX).sum()) for s in samples if labels)
     added = {"labels"} if labels or mask else set()
     assert all(set(c) == set(s) | added for c, s in zip(converted, samples, strict=True))
     want = pack_sequences(samples, pad_multiple=4, label_format="unshifted")
@@ -88,14 +89,16 @@ def test_shifted_labels_that_copy_input_ids_are_refused_naming_the_sample_and_la
         prepare_labels([fine, hf], ["sample 3", "sample 7 of this rank's data"], LabelFormat.SHIFTED)
     samples, supervised, copied = prepare_labels([fine], ["sample 3"], LabelFormat.SHIFTED)
     assert samples == [fine] and supervised == int((fine["labels"] != IGNORE_INDEX).sum()) > 0 and copied == 0
-    assert prepare_labels([hf], ["x"], LabelFormat.UNSHIFTED)[1:] == (0, 0)  # never refused as declared
+    assert prepare_labels([hf], ["x"], LabelFormat.UNSHIFTED)[1:] == (20, 0)  # never refused as declared
 
 
-def test_the_step_guard_sums_short_answers_the_per_sample_check_lets_through():
-    assert copied_step_message(4, LABEL_COPY_MIN_TOKENS - 1, LABEL_COPY_MIN_TOKENS - 1) is None  # too few to judge
-    assert copied_step_message(4, 100, 89) is None
-    message = copied_step_message(4, 100, 90)
-    assert message is not None and "step 4" in message and "label_format='unshifted'" in message
+@pytest.mark.parametrize("label_format", [LabelFormat.SHIFTED, LabelFormat.UNSHIFTED])
+def test_the_step_guard_sums_short_answers_the_per_sample_check_lets_through(label_format):
+    few = LABEL_COPY_MIN_TOKENS - 1
+    assert misaligned_step_message(4, few, few, label_format) is None  # too few to judge
+    assert misaligned_step_message(4, 100, 89, label_format) is None
+    message = misaligned_step_message(4, 100, 90, label_format)
+    assert message is not None and "step 4" in message and f"label_format='{label_format}'" in message
 
 
 # --- the length gather's per-sample columns and the wire fields ----------------------------
@@ -140,7 +143,7 @@ def test_the_wire_carries_the_step_and_microbatch_counts_only_when_the_step_has_
         encode_step(broken)
     wire = encode_step(msg)
     ints = wire.ints.clone()
-    ints[STEP_WORDS - 1] = -5  # the step header's num_loss_tokens, its last field
+    ints[[name for name, _ in STEP_FIELDS].index("num_loss_tokens")] = -5  # the step header's count
     with pytest.raises(WireError, match="num_loss_tokens -5 of the step: corrupted"):
         decode_step(dataclasses.replace(wire, ints=ints))
 
@@ -254,7 +257,9 @@ def test_label_format_is_in_the_fingerprint_only_when_unshifted():
     assert base.replace(label_format="shifted").fingerprint() == base.fingerprint()
     unshifted = base.replace(label_format=LabelFormat.UNSHIFTED)
     assert unshifted.summary()["label_format"] == "unshifted" and unshifted.fingerprint() != base.fingerprint()
-    with pytest.raises(ValueError, match=r"label_format must be one of \('shifted', 'unshifted'\), got 'hf'"):
+    with pytest.raises(
+        ValueError, match=r"label_format must be one of \('shifted', 'unshifted', 'position_aligned'\), got 'hf'"
+    ):
         base.replace(label_format="hf")
     data = [{"input_ids": torch.arange(n)} for n in range(1, 13)]
     it = _wrap(iter(data))
@@ -279,6 +284,70 @@ def test_hf_labels_under_shifted_are_refused_per_sample_and_per_step():
         next(_wrap(_hf_items(6, answer=3)))
     assert isinstance(failed.value.__cause__, SampleError)
     assert next(_wrap(_hf_items(6, answer=3), label_format="unshifted")).num_loss_tokens == 6 * 3
+
+
+def repeating_items(count: int, answer: int, repeats: int, *, next_token: bool, seed: int = 0):
+    """Samples whose answers of ``answer`` tokens hold ``repeats`` tokens equal to the next one
+    (tokens otherwise distinct), -100 on a prompt; labels Hugging Face-style (a copy of
+    input_ids) or next-token targets. Per sample ``answer - repeats`` supervised tokens tell
+    the alignments apart; the repeats fit either."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        prompt = int(rng.integers(1, 12))
+        ids = torch.from_numpy(rng.permutation(np.arange(1, 200))[: prompt + answer])
+        for k in range(repeats):
+            ids[prompt + 3 * k + 1] = ids[prompt + 3 * k]
+        labels = torch.full_like(ids, IGNORE_INDEX)
+        if next_token:
+            labels[prompt - 1 : -1] = ids[prompt:]
+        else:
+            labels[prompt:] = ids[prompt:]
+        yield {"input_ids": ids, "labels": labels}
+
+
+@pytest.mark.parametrize("label_format", ["shifted", "unshifted"])
+def test_labels_in_the_other_alignment_are_refused_per_sample_and_per_step_whatever_repeats(label_format):
+    wrong = label_format == "unshifted"  # next-token labels declared unshifted, or HF labels declared shifted
+    said = "the next token of input_ids" if wrong else "input_ids"
+    # Answers of 20 tokens, 3 repeats (85% copies of all supervised tokens): the sample is refused.
+    with pytest.raises(StepFailed, match=rf"sample 0 of this rank's data.*: labels equal {said} on 17 of 17") as failed:
+        next(_wrap(repeating_items(6, 20, 3, next_token=wrong), label_format=label_format))
+    assert isinstance(failed.value.__cause__, SampleError)
+    # Answers of 6 tokens, 1 repeat: 5 checked tokens pass each sample; the step's 6 x 5 do not.
+    with pytest.raises(
+        StepFailed, match=rf"step 0 \(the samples of every DP rank\): labels equal {said} on 30 of 30 .*label_format"
+    ) as failed:
+        next(_wrap(repeating_items(6, 6, 1, next_token=wrong), label_format=label_format))
+    assert isinstance(failed.value.__cause__, SampleError)
+    right = "shifted" if wrong else "unshifted"
+    assert next(_wrap(repeating_items(6, 6, 1, next_token=wrong), label_format=right)).num_loss_tokens == 6 * 6
+
+
+@pytest.mark.parametrize("dynamic_cp", [False, True])
+def test_position_aligned_labels_through_the_wrapper_are_trained_as_given(dynamic_cp):
+    items = list(repeating_items(6, 20, 3, next_token=False))
+    dynamic = {"dynamic_cp": True, "group_cost": {"ring_step": 2e-4, "ring_token": 5e-8}} if dynamic_cp else {}
+    (step,) = _wrap(iter(items), label_format="position_aligned", max_tokens_per_rank=128, **dynamic)
+    assert step.num_loss_tokens == 6 * 20 == sum(mb.num_loss_tokens for mb in step.microbatches)
+    got = sorted(
+        mb.labels[start : start + end - begin].tolist()
+        for mb in step.microbatches
+        for start, (begin, end) in zip(
+            mb.cu_seqlens_padded.tolist(), itertools.pairwise(mb.cu_seqlens.tolist()), strict=False
+        )
+    )
+    assert got == sorted(s["labels"].tolist() for s in items)
+
+
+@pytest.mark.parametrize("bad, shown", [(-1.0, "-1.0"), (float("nan"), "nan"), (float("inf"), "inf")])
+def test_a_negative_or_non_finite_loss_mask_fails_the_step_naming_it(bad, shown):
+    rng = np.random.default_rng(3)
+    data = [_sample(rng, 12, labels=True, mask=True) for _ in range(6)]
+    data[4]["loss_mask"][7] = bad
+    with pytest.raises(
+        StepFailed, match=rf"sample 4 of this rank's data.*'loss_mask' must be .*got {shown} at token 7"
+    ):
+        next(_wrap(iter(data)))
 
 
 def test_a_collated_batch_of_unequal_samples_names_samples_not_batches():

@@ -12,9 +12,8 @@ QUAD = CostModel(1.0, 0.5, constant=2.0)
 
 def _schedule(assignment, lengths, dp, cap=100, pad_multiple=1):
     lengths = np.array(lengths, dtype=np.int64)
-    return Schedule(
-        num_microbatches=len(assignment),
-        assignment=[[np.array(ids, dtype=np.int64) for ids in row] for row in assignment],
+    return Schedule.from_assignment(
+        [[np.array(ids, dtype=np.int64) for ids in row] for row in assignment],
         lengths=lengths,
         original_lengths=lengths.copy(),
         dp_size=dp,

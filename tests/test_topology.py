@@ -77,7 +77,7 @@ def test_with_groups_keeps_the_grid_and_checks_the_axes():
     assert single.with_groups({}) == single and single.with_groups(single).groups == single.groups
     with pytest.raises(ValueError, match=r"unknown axis name\(s\) \['ep'\] in groups"):
         single.with_groups({"ep": None})
-    with pytest.raises(ValueError, match=r"no process group given for axis 'dp' \(size 2\)"):
+    with pytest.raises(ValueError, match=r"groups has no process group for axis 'dp' \(size 2\)"):
         Topology(dp_size=2, dp_rank=1, groups={"dp": "G"}).with_groups({"cp": "H"})
     # One rank needs no groups of its own, with or without torch.distributed.
     assert new_axis_groups(single) == {"dp": None, "cp": None, "tp": None, "pp": None}
@@ -123,6 +123,16 @@ def test_mesh_dims_map_to_axes_by_their_framework_names():
         (("data", "cp"), (2, 2), None, r"mesh dim 'data' is not one of dp, cp, tp, pp nor a data-parallel dim"),
         (("data",), (2,), {"ep": "data"}, r"axis_names keys must be in"),
         (("data",), (2,), {"dp": "dta"}, r"axis_names maps 'dp' to 'dta', which is not a mesh dim"),
+        # One dim named for two axes (it was read as both, then refused as sizes that do not multiply).
+        (("x",), (4,), {"dp": "x", "cp": "x"}, r"axis_names maps mesh dim 'x' to both dp and cp"),
+        (("x",), (2,), {"dp": ("x", "x")}, r"axis_names maps mesh dim 'x' to dp twice"),
+        # A data-parallel dim axis_names leaves out of dp (it was called "not a data-parallel dim").
+        (
+            ("dp_replicate", "dp_shard"),
+            (2, 2),
+            {"dp": "dp_shard"},
+            r"mesh dim 'dp_replicate' \(size 2\) is part of dp, but axis_names maps dp to \('dp_shard',\) only",
+        ),
     ],
 )
 def test_mesh_dims_that_hide_an_axis_are_refused(names, sizes, axis_names, message):

@@ -19,6 +19,7 @@ from wrapper_data import (
 
 from seqpack.cost import CostModel
 from seqpack.loader import PackingIterator, Step, wrap_data_iterator
+from seqpack.schedulers.balanced import BalancedScheduler
 from seqpack.topology import Topology
 
 SEED = 3
@@ -294,6 +295,7 @@ def test_resume_rejects_another_on_oversize_scheduler_options_or_cost():
     for change, name in (
         ({"on_oversize": "drop"}, "on_oversize"),
         ({"scheduler_options": {"order": "pipeline"}}, "scheduler"),
+        ({"scheduler_options": {"locality": True}}, "scheduler"),  # the default is "auto": another plan
         ({"cost": CostModel(1.0, 0.5)}, "cost"),
     ):
         with pytest.raises(ValueError, match=rf"another configuration: {name}: .*\(saved\) vs .*\(here\)"):
@@ -679,3 +681,26 @@ def test_ctrl_c_in_the_loader_fails_the_iterator_and_loses_nothing_silently(k):
     resumed = _wrap(items(SEED, 0, 60), prefetch=k)
     resumed.load_state_dict(saved)
     assert next(resumed).step == 2  # the interrupted step's samples are read again from the state
+
+
+class _PayloadRecorder(BalancedScheduler):
+    """Test-only: balanced, recording the bytes per token every plan was given."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def _plan(self, ids, lengths, **kwargs):
+        self.seen.append(kwargs["bytes_per_token"])
+        return super()._plan(ids, lengths, **kwargs)
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+@pytest.mark.parametrize("loss_mask", [True, False])
+def test_the_scheduler_is_told_the_bytes_per_token_the_exchange_carries(minibatches, loss_mask):
+    recorder = _PayloadRecorder()
+    steps = _run(_wrap(items(SEED, 0, 12, loss_mask=loss_mask), scheduler=recorder, minibatches=minibatches))
+    assert len(steps) == 2 and len(recorder.seen) == 2 * minibatches
+    # What travels: int64 input_ids, and a float32 loss_mask where the samples carry one
+    # (these samples carry no labels: the wrapper makes them after the exchange).
+    assert recorder.seen == [12 if loss_mask else 8] * (2 * minibatches)

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from seqpack.schedulers import EmptyScheduler, Scheduler
+from seqpack.schedulers import EmptyScheduler, GridScheduler
 from seqpack.thd import padded_lengths
 from seqpack.topology import Topology
 
@@ -101,7 +101,7 @@ def expected_sequences(seed: int, rank: int, count: int, max_len: int = 40) -> d
     return out
 
 
-class ScatterScheduler(Scheduler):
+class ScatterScheduler(GridScheduler):
     """Test-only: sends sample ``k`` (in active order) to replica ``(3k + 1) % dp`` (so most
     samples move), packs next-fit, and with ``defer_longest`` holds the longest sample of
     each step for the next one."""
@@ -125,7 +125,7 @@ class ScatterScheduler(Scheduler):
         return rounds, deferred
 
 
-class BrokenScheduler(Scheduler):
+class BrokenScheduler(GridScheduler):
     """Test-only: a scheduler with a bug (raises something other than ValueError)."""
 
     name = "test_broken"

@@ -27,7 +27,6 @@ from seqpack.calibrate.base import MAX_SECONDS, MAX_STEP, MIN_SECONDS, Calibrato
 from seqpack.cost import CostModel, nnls_fit, robust_weights_fit
 from seqpack.cost.terms import exact_sums, sequence_features
 from seqpack.errors import ConfigError, ResumeError
-from seqpack.thd import padded_lengths
 from seqpack.validation import check_bool, check_int
 
 __all__ = ["MAX_SECONDS", "MIN_SECONDS", "CostCalibrator", "microbatch_sums"]
@@ -210,12 +209,12 @@ def microbatch_sums(schedule: Any, window: int | None = None) -> np.ndarray:
     rank runs it, or ``[M, dp, 3]`` with ``SW`` for a sliding ``window``
     (:mod:`seqpack.cost.terms`): an empty cell runs a padding-only filler of
     ``pad_multiple`` tokens (exact while ``capacity**2 < 2**63``)."""
-    padded = padded_lengths(schedule.lengths, schedule.pad_multiple).astype(np.int64)
-    ids, cell, counts = schedule._flat
-    per_sequence = sequence_features(padded[ids], window)  # [n, k]
+    padded = schedule.padded_assigned().astype(np.int64)
+    counts = schedule.group_counts
+    per_sequence = sequence_features(padded, window)  # [n, k]
     out = np.zeros((counts.shape[0], per_sequence.shape[1]), dtype=np.int64)
     for j in range(per_sequence.shape[1]):
-        np.add.at(out[:, j], cell, per_sequence[:, j])
+        np.add.at(out[:, j], schedule.group_of, per_sequence[:, j])
     out[counts == 0] = sequence_features(np.array([schedule.pad_multiple]), window)[0]
     return out.reshape(schedule.num_microbatches, schedule.dp_size, per_sequence.shape[1])
 

@@ -25,9 +25,10 @@ from torch.distributed import ProcessGroup
 from seqpack.collective.exchange import Exchanged, ExchangePlan
 from seqpack.collective.groups import collective, comm_device
 from seqpack.errors import ConfigError, SampleError
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, cp_pad_multiple
+from seqpack.options import LabelFormat
+from seqpack.schedulers import Schedule
 from seqpack.schedulers.dynamic_cp.pieces import Pieces, shard_layout
-from seqpack.thd import pack_sequences
+from seqpack.thd import group_pad_multiple, pack_sequences
 
 __all__ = ["SHARD_KEYS", "exchange_shards", "plan_shard_exchange"]
 
@@ -123,7 +124,7 @@ class _Source:
         samples: Sequence[Mapping[str, torch.Tensor]],
         offset: int,
         ids: np.ndarray,
-        plan: DynamicCpSchedule,
+        plan: Schedule,
         size: np.ndarray,
         keys: Sequence[str],
     ) -> None:
@@ -138,7 +139,12 @@ class _Source:
                 if sample["input_ids"].shape[0] < n:
                     raise SampleError(f"global sample {gid} has {sample['input_ids'].shape[0]} tokens, scheduled {n}")
                 truncated.append({key: value[:n] for key, value in sample.items()})
-            batch = pack_sequences(truncated, pad_multiple=cp_pad_multiple(c, plan.pad_multiple))
+            # Labels were checked and brought to seqpack's form where read: packed as given.
+            batch = pack_sequences(
+                truncated,
+                pad_multiple=group_pad_multiple(c, plan.pad_multiple),
+                label_format=LabelFormat.POSITION_ALIGNED,
+            )
             cu = batch.cu_seqlens_padded.to(torch.int64).numpy()
             self.base.update(zip(chosen.tolist(), (at + cu[:-1]).tolist(), strict=True))
             for key in keys:
@@ -153,7 +159,7 @@ class _Source:
 
 def exchange_shards(
     samples: Sequence[Mapping[str, torch.Tensor]],
-    plan: DynamicCpSchedule,
+    plan: Schedule,
     counts: Sequence[int] | np.ndarray,
     group: ProcessGroup | None,
     *,

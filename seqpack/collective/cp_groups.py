@@ -73,6 +73,8 @@ class CpGroups:
             the plane is one rank).
         blocks: ``(start, size)`` to process group, for every block of size > 1 holding
             this rank.
+        released: The groups were destroyed (the iterator that made them ended or was
+            closed).
     """
 
     plane_rank: int = 0
@@ -80,6 +82,7 @@ class CpGroups:
     group_sizes: GroupSizes = GroupSizes.POW2
     plane: Any = None
     blocks: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
+    released: bool = False
 
     def group(self, start: int, size: int) -> Any:
         """The process group of block ``[start, start + size)`` (``None`` for one rank).

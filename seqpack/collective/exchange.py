@@ -190,7 +190,7 @@ def exchange_samples(
 def _destinations(schedule: Schedule | np.ndarray, sizes: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """The replica of every global id and the tokens it carries."""
     if isinstance(schedule, Schedule):
-        destination = schedule.placement()[0]
+        destination = schedule.replica_of()
         sizes = schedule.lengths if sizes is None else sizes
     else:
         destination = np.asarray(schedule, dtype=np.int64)

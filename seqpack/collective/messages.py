@@ -7,8 +7,7 @@ import dataclasses
 from typing import ClassVar
 
 from seqpack.collective.agree import Status
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
-from seqpack.schedulers.schedule import Schedule
+from seqpack.schedulers import Schedule
 from seqpack.thd import PackedBatch
 
 __all__ = ["StepEnd", "StepError", "StepMessage", "StepOk"]
@@ -19,7 +18,7 @@ class StepOk:
     """A step's schedule and this CP rank's microbatches (token fields ``None`` for layout)."""
 
     step: int
-    schedule: Schedule | DynamicCpSchedule
+    schedule: Schedule
     microbatches: list[PackedBatch]
     empty_samples: int = 0  # zero-length samples dropped this step (global)
     position_ids: bool = False  # samples carried their own position_ids (sent on the wire)
@@ -27,6 +26,7 @@ class StepOk:
     group_starts: tuple[int, ...] | None = None  # dynamic CP: plane rank each microbatch's CP group starts at
     minibatch_bounds: tuple[int, ...] | None = None  # k + 1 microbatch offsets of the mini-batches (None: one)
     minibatch_loss_tokens: tuple[int, ...] | None = None  # supervised tokens of each mini-batch (when counted)
+    empty_at: tuple[int, ...] = ()  # this DP rank's zero-length sequences: pool index of each (Step.to_origin)
     status: ClassVar[Status] = Status.OK
 
     @property

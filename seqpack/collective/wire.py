@@ -13,7 +13,9 @@ A message is up to four buffers, broadcast in this order:
 2. ``ints``: int64, the step header (:data:`STEP_FIELDS`), one :data:`MICROBATCH_FIELDS`
    row per microbatch, then the int64 payload: the plan's ``to_arrays()``
    (:mod:`~seqpack.collective.wire_plan`: a ``Schedule``, or under dynamic CP a
-   ``DynamicCpSchedule``), then per microbatch ``cu_seqlens[n_m+1]``,
+   ``Schedule``), ``empty_at[E]`` (the pool index of each zero-length sequence the
+   DP rank read: ``Step.to_origin`` gives each an empty value), then per microbatch
+   ``cu_seqlens[n_m+1]``,
    ``cu_seqlens_padded[n_m+1]``, ``sample_ids[n_m]``; then, with flag 1, ``input_ids`` and
    ``labels`` of this rank's shards (``sum T_m / cp_m`` each), and with flag 2 ``position_ids``;
 3. ``floats``: float32 ``loss_mask`` of the shards (flag 1 only);
@@ -44,7 +46,6 @@ from seqpack.collective.wire_minibatches import decode_minibatches, minibatch_ro
 from seqpack.collective.wire_plan import decode_plan, plan_header, plan_payload
 from seqpack.errors import ConfigError, WireError
 from seqpack.options import CpLayout
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
 from seqpack.thd import batch_from_layout
 
 __all__ = [
@@ -66,9 +67,10 @@ __all__ = [
     "wire_format_markdown",
 ]
 
-FORMAT_VERSION = 7  # 2: error_rank; 3: schedule origin; 4: loss-token counts, per-sample gather columns; 5: CP layout;
+FORMAT_VERSION = 9  # 2: error_rank; 3: schedule origin; 4: loss-token counts, per-sample gather columns; 5: CP layout;
 # 6: dynamic CP (plan_kind, the groups' counts, CP size / rank / group start per microbatch); 7: mini-batch and its
-# loss-token count per microbatch
+# loss-token count per microbatch; 8: where the DP rank read its zero-length sequences (empty_at); 9: one plan
+# message for static and dynamic CP (every plan as groups; plan_kind gone, flag 8 for group starts)
 
 
 class Kind(IntEnum):
@@ -80,6 +82,7 @@ class Flag(IntFlag):
     TOKENS = 1
     POSITION_IDS = 2
     LOSS_TOKENS = 4
+    GROUP_STARTS = 8  # each microbatch's CP group start travels (dynamic CP: groups change per round)
 
 
 # The header, declared once: (field, meaning). Each becomes one int64 word.
@@ -95,12 +98,11 @@ PREFIX_FIELDS: tuple[tuple[str, str], ...] = (
 )
 STEP_FIELDS: tuple[tuple[str, str], ...] = (
     ("step", "step index"),
-    ("flags", "1 tokens, 2 position_ids, 4 loss-token counts"),
+    ("flags", "1 tokens, 2 position_ids, 4 loss-token counts, 8 group starts"),
     ("fingerprint", "schedule fingerprint (63 bits)"),
     ("empty_samples", "zero-length samples dropped this step"),
     ("dropped_at_end", "sequences dropped with a partial last step"),
     ("error_rank", "global rank that failed (status 2), else -1"),
-    ("plan_kind", "0 Schedule, 1 DynamicCpSchedule (dynamic CP)"),
     ("dp_size", "replicas of the schedule"),
     ("schedule_cp_size", "cp_size of the schedule"),
     ("cp_layout", "how the shards are cut: 0 dualchunk, 1 contiguous (CpLayout order)"),
@@ -111,9 +113,10 @@ STEP_FIELDS: tuple[tuple[str, str], ...] = (
     ("num_deferred", "deferred ids D"),
     ("num_dropped", "dropped ids R"),
     ("num_truncated", "truncated ids U"),
-    ("num_groups", "CP groups G of a dynamic-CP plan (plan_kind 1; else 0)"),
-    ("group_sizes", "the group sizes a dynamic-CP plan may use: 0 pow2, 1 any (plan_kind 1; else 0)"),
+    ("num_groups", "CP groups G of the plan (a static plan: M x dp)"),
+    ("group_sizes", "the plan's groups: 0 static, 1 pow2, 2 any (GroupSizes order)"),
     ("num_loss_tokens", "supervised tokens of the whole global step (flag 4; else 0)"),
+    ("num_empty_at", "zero-length sequences E this DP rank read (their pool indices follow the plan)"),
 )
 MICROBATCH_FIELDS: tuple[tuple[str, str], ...] = (
     ("total_tokens", "padded tokens T_m of the whole microbatch (all CP ranks)"),
@@ -122,7 +125,7 @@ MICROBATCH_FIELDS: tuple[tuple[str, str], ...] = (
     ("num_loss_tokens", "supervised tokens of the whole microbatch (flag 4; else 0)"),
     ("cp_size", "CP size of the shard (under dynamic CP its group's size)"),
     ("cp_rank", "CP rank of the shard"),
-    ("group_start", "dp x cp plane rank its CP group starts at (plan_kind 1; else 0)"),
+    ("group_start", "dp x cp plane rank its CP group starts at (flag 8; else 0)"),
     ("minibatch", "mini-batch j of the microbatch (0, 1, ... in order; all 0 with one mini-batch)"),
     ("minibatch_loss_tokens", "supervised tokens of mini-batch j, every replica (flag 4; else 0)"),
 )
@@ -224,22 +227,26 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
         raise WireError("a message with status ok needs its schedule")
     if len(batches) != sched.num_microbatches:
         raise WireError(f"{len(batches)} microbatches for a schedule of {sched.num_microbatches}")
-    dynamic = isinstance(sched, DynamicCpSchedule)
-    if dynamic and (msg.group_starts is None or len(msg.group_starts) != len(batches)):
-        raise WireError("a dynamic-CP step needs the group start of every microbatch (StepOk.group_starts)")
+    starts_given = msg.group_starts is not None
+    if starts_given and len(msg.group_starts or ()) != len(batches):
+        raise WireError(
+            f"{len(msg.group_starts or ())} group starts (StepOk.group_starts) for {len(batches)} microbatches"
+        )
     tokens = kind == Kind.BATCH
-    _check_batches(msg, tokens, same_shard=not dynamic)
+    _check_batches(msg, tokens, same_shard=not starts_given)
     counted = msg.num_loss_tokens is not None
     flags = [(Flag.TOKENS, tokens), (Flag.POSITION_IDS, msg.position_ids), (Flag.LOSS_TOKENS, counted)]
+    flags.append((Flag.GROUP_STARTS, starts_given))
     step["flags"] = sum(int(flag) for flag, on in flags if on)
     step["num_loss_tokens"] = msg.num_loss_tokens if counted else 0
     step["fingerprint"] = sched.fingerprint()
     step["empty_samples"] = msg.empty_samples
+    step["num_empty_at"] = len(msg.empty_at)
     for field, value in plan_header(sched).items():
         step[field] = value
     cp_layout = batches[0].cp_layout if batches else CpLayout.DUALCHUNK
     step["cp_layout"] = list(CpLayout).index(CpLayout(cp_layout))
-    starts = msg.group_starts if dynamic and msg.group_starts is not None else (0,) * len(batches)
+    starts = msg.group_starts if msg.group_starts is not None else (0,) * len(batches)
     which, mb_counts = minibatch_rows(msg)
     per_mb = np.zeros(len(batches), dtype=MICROBATCH)
     for m, b in enumerate(batches):
@@ -248,6 +255,7 @@ def encode_step(msg: StepMessage, *, kind: int = Kind.BATCH) -> WireBuffers:
         per_mb[m] = (*layout, starts[m], which[m], mb_counts[m])
     header = [_words(step), _words(per_mb)]
     payload = [torch.from_numpy(array) for array in plan_payload(sched)]
+    payload.append(torch.tensor(msg.empty_at, dtype=torch.int64).reshape(-1))
     for b in batches:
         payload += [b.cu_seqlens.to(torch.int64), b.cu_seqlens_padded.to(torch.int64), b.sample_ids.to(torch.int64)]
     if tokens:
@@ -379,6 +387,7 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
         raise WireError("a layout message must not carry tokens")
     per_mb = cur.take(MB_WORDS * p.num_microbatches, "microbatch header").numpy().view(MICROBATCH)
     schedule = decode_plan(lambda n, name: cur.take(n, name).numpy(), step, p.num_microbatches, verify)
+    empty_at = _decode_empty_at(cur, step)
     if not 0 <= int(step["cp_layout"]) < len(CpLayout):
         raise WireError(f"cp_layout code {int(step['cp_layout'])} is not one of 0..{len(CpLayout) - 1}")
     cp_layout = list(CpLayout)[int(step["cp_layout"])]
@@ -404,11 +413,22 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
         empty_samples=int(step["empty_samples"]),
         position_ids=Flag.POSITION_IDS in flags,
         num_loss_tokens=_count(step["num_loss_tokens"], None) if counted else None,
-        group_starts=tuple(int(mb["group_start"]) for mb in per_mb)
-        if isinstance(schedule, DynamicCpSchedule)
-        else None,
+        group_starts=tuple(int(mb["group_start"]) for mb in per_mb) if Flag.GROUP_STARTS in flags else None,
+        empty_at=empty_at,
         **decode_minibatches(per_mb, counted),
     )
+
+
+def _decode_empty_at(cur: _Cursor, step: np.void) -> tuple[int, ...]:
+    """Pool indices of the zero-length sequences: ascending, each at most the step's sequences."""
+    count = int(step["num_empty_at"])
+    if count < 0:
+        raise WireError(f"num_empty_at {count} in the step header")
+    at = cur.take(count, "empty_at").numpy()
+    total = int(step["num_sequences"])
+    if at.size and (int(at[0]) < 0 or int(at[-1]) > total or bool(np.any(np.diff(at) < 0))):
+        raise WireError(f"empty_at {at.tolist()} is not ascending within 0..{total} (the step's sequences)")
+    return tuple(int(a) for a in at.tolist())
 
 
 def _count(value: np.int64, m: int | None) -> int:

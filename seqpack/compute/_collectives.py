@@ -28,6 +28,12 @@ from seqpack.thd.cp import gather_order
 def check_cp_shard(batch: PackedBatch, cp_size: int, cp_rank: int, layout: CpLayout | None = None) -> None:
     """Raise :class:`~seqpack.errors.SeqpackError` unless ``batch`` is CP shard ``cp_rank`` of
     ``cp_size`` (and, when ``layout`` is given and ``cp_size > 1``, cut in that layout)."""
+    if cp_size == 1 < batch.cp_size:  # neither the module nor the batch has a CP group
+        raise SeqpackError(
+            f"batch is CP shard {batch.cp_rank} of {batch.cp_size} but this module has no CP group (built with "
+            f"cp_group=None) and the batch carries none: build the module with cp_group=<the CP process group of "
+            f"{batch.cp_size} ranks>, or pass a batch that is not CP-sharded (cp_size=1)"
+        )
     if batch.cp_size != cp_size or batch.cp_rank != cp_rank:
         raise SeqpackError(
             f"batch is CP shard {batch.cp_rank} of {batch.cp_size} but this module runs as CP rank "

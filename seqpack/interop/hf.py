@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import torch
 
-from seqpack.errors import ConfigError
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.options import INT64_MAX
 from seqpack.thd.batch import PackedBatch
 from seqpack.thd.sample import IGNORE_INDEX
+from seqpack.validation import check_positive_int
 
 __all__ = ["HF_KEYS", "to_hf"]
 
@@ -65,10 +67,13 @@ def to_hf(
             stage's metadata-only batch).
         num_items_in_batch: Passed on: HF's loss is then the sum of token losses divided by
             it (give the step's supervised-token count to normalise over gradient
-            accumulation and DP ranks). Left out, the loss is this batch's token mean.
+            accumulation and DP ranks). A positive integer, or a 0-d integer tensor (as
+            HF's Trainer passes it, on any device). Left out, the loss is this batch's
+            token mean.
         check: Verify, with one host sync, that ``position_ids`` restart exactly at each
-            sequence (else sdpa / eager / flex would join or split documents) and that
-            ``loss_mask`` is 0 or 1 (HF's loss cannot weight tokens).
+            sequence (else sdpa / eager / flex would join or split documents), that
+            ``loss_mask`` is 0 or 1 (HF's loss cannot weight tokens) and that a tensor
+            ``num_items_in_batch`` is positive (without ``check`` its value is not read).
 
     Returns:
         ``input_ids``, ``position_ids`` (int64 ``[1, T]``), ``labels`` and ``shift_labels``
@@ -77,8 +82,11 @@ def to_hf(
         ``use_cache=False`` and ``num_items_in_batch`` when given.
 
     Raises:
-        ConfigError: A CP shard, a batch without ``input_ids``, or (with ``check``)
-            position ids that do not restart at each sequence or a fractional ``loss_mask``.
+        ConfigError: A CP shard, a batch without ``input_ids``, a ``num_items_in_batch``
+            below 1, or (with ``check``) position ids that do not restart at each sequence
+            or a ``loss_mask`` other than 0 and 1.
+        SeqpackTypeError: A ``num_items_in_batch`` that is not an integer (a float, a bool,
+            a string, a list) or a tensor that is not a 0-d integer one.
     """
     if batch.cp_size > 1:
         raise ConfigError(
@@ -89,8 +97,9 @@ def to_hf(
         raise ConfigError(
             "to_hf needs a batch with input_ids; this one holds the layout only (a middle pipeline stage's)"
         )
+    num_items_in_batch = _count_argument(num_items_in_batch)
     if check:
-        _check_for_hf(batch)
+        _check_for_hf(batch, num_items_in_batch)
     kwargs: dict[str, HfValue] = {
         "input_ids": batch.input_ids[None],  # [1, T]
         "position_ids": batch.position_ids[None],  # [1, T]
@@ -118,11 +127,29 @@ def to_hf(
     return kwargs
 
 
-def _check_for_hf(batch: PackedBatch) -> None:
-    """Position ids that segment like the layout, and a 0/1 loss mask (one host sync)."""
+def _count_argument(value: object) -> int | torch.Tensor | None:
+    """``num_items_in_batch`` as HF takes it: ``None``, an int >= 1 or a 0-d integer tensor
+    (whose value :func:`_check_for_hf` reads)."""
+    name = "to_hf: num_items_in_batch"
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor):
+        return check_positive_int(name, value, maximum=INT64_MAX)
+    if value.dim() != 0:
+        raise SeqpackTypeError(
+            f"{name} must be a positive integer or a 0-d integer tensor, got a tensor of shape {tuple(value.shape)}"
+        )
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise SeqpackTypeError(
+            f"{name} must be a positive integer or a 0-d integer tensor, got a tensor of dtype {value.dtype}"
+        )
+    return value
+
+
+def _check_for_hf(batch: PackedBatch, num_items_in_batch: int | torch.Tensor | None) -> None:
+    """Position ids that segment like the layout, a 0/1 loss mask and a positive tensor
+    count (one host sync)."""
     positions, seq_idx = batch.position_ids, batch.seq_idx
-    if positions.shape[0] == 0:
-        return
     # Where HF starts a sequence (a position that is not the previous one plus 1) against
     # where the layout does (the sequence index changes); token 0 starts one in both.
     hf_starts = positions[1:] - positions[:-1] != 1
@@ -131,7 +158,14 @@ def _check_for_hf(batch: PackedBatch) -> None:
     flags = [mismatch.any()]
     if batch.loss_mask is not None:
         flags.append(((batch.loss_mask != 0) & (batch.loss_mask != 1)).any())
-    bad_positions, *bad_mask = torch.stack(flags).tolist()
+    if isinstance(num_items_in_batch, torch.Tensor):
+        flags.append((num_items_in_batch <= 0).to(positions.device))
+    found = torch.stack(flags).tolist()  # the one host sync
+    bad_positions = found[0]
+    bad_mask = batch.loss_mask is not None and found[1]
+    bad_count = isinstance(num_items_in_batch, torch.Tensor) and found[-1]
+    if bad_count:
+        raise ConfigError(f"to_hf: num_items_in_batch must be a positive integer, got {num_items_in_batch!r}")
     if bad_positions:
         t = int(torch.nonzero(mismatch)[0]) + 1
         before, at, seq = int(positions[t - 1]), int(positions[t]), int(seq_idx[t])
@@ -141,8 +175,11 @@ def _check_for_hf(batch: PackedBatch) -> None:
             "a sequence exactly where a position is not the previous one plus 1, so documents would be joined or "
             "split; give position_ids that restart at 0 for every sequence and count up by 1 (seqpack's default)"
         )
-    if bad_mask and bad_mask[0]:
+    if bad_mask:
+        assert batch.loss_mask is not None
+        t = int(torch.nonzero((batch.loss_mask != 0) & (batch.loss_mask != 1))[0])
         raise ConfigError(
-            "to_hf: loss_mask holds weights other than 0 and 1, which Hugging Face's loss cannot apply; compute the "
-            "loss from the logits with the mask, or pass check=False to count every token with a mask > 0 fully"
+            f"to_hf: loss_mask holds weights other than 0 and 1 (loss_mask[{t}]={batch.loss_mask[t].item()}), which "
+            "Hugging Face's loss cannot apply; compute the loss from the logits with the mask, or pass check=False "
+            "to count every token with a mask > 0 fully"
         )

@@ -22,7 +22,8 @@ Entry points: :func:`wrap_data_iterator`, :class:`PackingIterator`, :class:`Pack
 - :mod:`~seqpack.loader.step`: :class:`Step`, what ``next()`` hands over.
 - :mod:`~seqpack.loader.resume`: :class:`ResumeState`, the versioned resume state.
 - :mod:`~seqpack.loader.construction`: what the constructor checks and agrees on besides the
-  config (iterator ownership, the prefetch flag, ``wrapper_groups``, a one-rank topology).
+  config (iterator ownership, a topology over part of the job, the settings compared under
+  ``validate_ranks=False``, the prefetch flag, ``wrapper_groups``, a one-rank topology).
 - :mod:`~seqpack.loader.iterator`: :class:`PackingIterator` (a thin iterator over the
   producer) and :func:`wrap_data_iterator`.
 """

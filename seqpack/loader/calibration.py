@@ -21,12 +21,11 @@ import numpy as np
 from seqpack.calibrate import ABSENT, CostCalibrator, Measurement, TimingLedger
 from seqpack.calibrate.ledger import check_times
 from seqpack.collective import StepError, StepMessage, StepOk
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.step import StepTrace
 from seqpack.options import Sync, fingerprint_text
 from seqpack.schedulers import Schedule, predicted_step_time
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.stats import StepStats
 from seqpack.topology import Topology
@@ -38,7 +37,13 @@ class StepCalibration:
     """The wrapper's side of online calibration (see the module docstring)."""
 
     def __init__(
-        self, config: PackingConfig, topology: Topology, prior: CostModel, reads: bool, *, lag: int | None = None
+        self,
+        config: PackingConfig,
+        topology: Topology,
+        prior: CostModel | GroupCost,
+        reads: bool,
+        *,
+        lag: int | None = None,
     ) -> None:
         """``prior``: the model a new calibrator starts from (the step's resolved cost).
         ``lag``: the largest ``prefetch`` of any rank (default: this rank's): every rank
@@ -54,8 +59,8 @@ class StepCalibration:
         calibrator: CostCalibrator | GroupCostCalibrator
         if isinstance(config.calibrate, (CostCalibrator, GroupCostCalibrator)):
             calibrator = config.calibrate.copy()
-        elif isinstance(config.group_cost, GroupCost):  # dynamic CP: fit the group cost, ring included
-            calibrator = GroupCostCalibrator(config.group_cost)
+        elif isinstance(prior, GroupCost):  # dynamic CP: fit the group cost, ring included
+            calibrator = GroupCostCalibrator(prior)
         else:
             calibrator = CostCalibrator(prior)
         # Steps prepared ahead (prefetch k) are scheduled k steps before the training loop
@@ -109,7 +114,7 @@ class StepCalibration:
             calibrator = self.ledger.calibrator
             trace.model, trace.fitted = calibrator.model, calibrator.fitted
 
-    def fingerprint(self, plan: Schedule | DynamicCpSchedule, trace: StepTrace) -> int:
+    def fingerprint(self, plan: Schedule, trace: StepTrace) -> int:
         """What ranks compare: the schedule, and under calibration the model that made it
         (ranks must also agree on the model they fitted)."""
         model = trace.model
@@ -155,17 +160,13 @@ class StepCalibration:
         if isinstance(msg, StepOk):
             ledger.add_schedule(msg.step, msg.schedule, trace.model if in_seconds else None)
 
-    def fill_stats(
-        self, stats: StepStats, plan: Schedule | DynamicCpSchedule, trace: StepTrace, stats_cost: CostModel
-    ) -> None:
+    def fill_stats(self, stats: StepStats, plan: Schedule, trace: StepTrace, stats_cost: CostModel | GroupCost) -> None:
         """The model in use, its prediction for this step, and its error on the last
-        measured one (under dynamic CP the stats come from the plan with the group cost in
-        use: only the calibration fields are set here)."""
+        measured one."""
         stats.calibrated = trace.fitted
-        if not isinstance(plan, DynamicCpSchedule):
-            model = trace.model if isinstance(trace.model, CostModel) else stats_cost
-            stats.cost_model = model
-            stats.predicted_step_time = predicted_step_time(plan, model, sync=self.sync or Sync.LOCKSTEP)
+        model = trace.model if trace.model is not None else stats_cost
+        stats.cost_model = model
+        stats.predicted_step_time = predicted_step_time(plan, model, sync=self.sync or Sync.LOCKSTEP)
         last = self.last
         if last is not None:
             stats.measured_step, stats.measured_step_time = last.step, last.measured

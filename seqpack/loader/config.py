@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from seqpack.calibrate import CostCalibrator
-from seqpack.cost import CostModel, check_cost_model, default_cost_model
+from seqpack.cost import CostModel, GroupCost, check_cost_model, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import (
     AXES,
@@ -35,7 +35,6 @@ from seqpack.options import (
     fingerprint_text,
 )
 from seqpack.schedulers import Scheduler, get_scheduler
-from seqpack.schedulers.dynamic_cp import GroupCost
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.thd import pad_multiple_for
@@ -105,8 +104,10 @@ class PackingConfig:
     always compared)."""
     validate_ranks: bool = True
     """Compare the arguments and iterator ownership of all ranks at construction (``False``
-    skips the comparison; a bad argument on any rank, the prefetch flag and who passed
-    ``wrapper_groups`` are still agreed, in one small all-reduce per axis)."""
+    compares only the settings every rank's plan and collectives are computed from, as plain
+    values: :func:`seqpack.loader.construction.compared_settings`; a bad argument on any rank,
+    the prefetch flag and who passed ``wrapper_groups`` are agreed either way, in one small
+    all-reduce per axis)."""
     sync: Sync | None = None
     """What a step waits for, so what the scheduler minimises (``Scheduler.schedule(sync=)``):
     ``"lockstep"`` (FSDP, pipeline: every microbatch round waits for its slowest replica),
@@ -225,6 +226,10 @@ class PackingConfig:
             object.__setattr__(self, "dynamic_cp", dynamic)
         object.__setattr__(self, "dynamic_cp", check_bool("dynamic_cp", self.dynamic_cp))
         object.__setattr__(self, "cp_group_sizes", check_choice("cp_group_sizes", self.cp_group_sizes, GroupSizes))
+        if self.cp_group_sizes == GroupSizes.STATIC:
+            raise ConfigError(
+                "cp_group_sizes='static' is plain static CP: pass dynamic_cp=False, or cp_group_sizes='pow2' or 'any'"
+            )
         if dynamic and not self.dynamic_cp:
             raise ConfigError(
                 f"scheduler={self.scheduler!r} plans with dynamic CP but dynamic_cp=False: pass dynamic_cp=True "
@@ -269,13 +274,14 @@ class PackingConfig:
     def _fold_dynamic_scheduler(self, named: DynamicCpScheduler) -> None:
         """``scheduler="dynamic_cp"``: its options fill ``cp_group_sizes`` and ``group_cost``
         (a different ``cp_group_sizes`` than the default is refused)."""
-        if named.group_sizes is not None:
-            if self.cp_group_sizes not in (GroupSizes.POW2, named.group_sizes):
+        requested = named.requested_group_sizes
+        if requested is not None:
+            if self.cp_group_sizes not in (GroupSizes.POW2, requested):
                 raise ConfigError(
-                    f"scheduler 'dynamic_cp' has group_sizes={named.group_sizes.value!r} but cp_group_sizes="
+                    f"scheduler 'dynamic_cp' has group_sizes={requested.value!r} but cp_group_sizes="
                     f"{self.cp_group_sizes.value!r}: pass one of them"
                 )
-            object.__setattr__(self, "cp_group_sizes", named.group_sizes)
+            object.__setattr__(self, "cp_group_sizes", requested)
         if self.group_cost is None:
             object.__setattr__(self, "group_cost", named.group_cost)
 
@@ -289,6 +295,12 @@ class PackingConfig:
         if unknown:
             raise ConfigError(f"unknown PackingConfig field(s) {unknown}; valid: {', '.join(self.field_names())}")
         return dataclasses.replace(self, **changes)
+
+    @property
+    def planning_cost(self) -> CostModel | GroupCost | None:
+        """The cost the step's scheduler plans with: ``group_cost`` under dynamic CP (its
+        ring included), else ``cost``."""
+        return self.group_cost if self.dynamic_cp and isinstance(self.group_cost, GroupCost) else self.cost
 
     def build_scheduler(self) -> Scheduler:
         """The :class:`~seqpack.schedulers.Scheduler` this config names (a new one per call
@@ -388,14 +400,12 @@ class PackingConfig:
         return fingerprint_text(repr(sorted(self.summary().items())))
 
 
-def resolved_cost(config: PackingConfig, scheduler: Scheduler) -> CostModel:
+def resolved_cost(config: PackingConfig, scheduler: Scheduler) -> CostModel | GroupCost:
     """The cost model a wrapper's steps are measured in and calibration starts from: the
-    config's, else the one its scheduler balances, else the default FLOPs model (so that
-    ``"dp_balanced"`` and ``"balanced"`` report imbalance in the same unit). Under dynamic
-    CP: the compute part of ``group_cost``."""
-    if isinstance(config.group_cost, GroupCost):
-        return config.group_cost.compute
-    return scheduler.resolve_cost(config.cost) or default_cost_model()
+    config's planning cost (``group_cost`` under dynamic CP), else the one its scheduler
+    balances, else the default FLOPs model (so that ``"dp_balanced"`` and ``"balanced"``
+    report imbalance in the same unit)."""
+    return scheduler.resolve_cost(config.planning_cost) or default_cost_model()
 
 
 _RING_FIGURES = ("ring_step", "ring_token", "ring_token_inter", "ranks_per_node")

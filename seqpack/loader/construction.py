@@ -1,6 +1,8 @@
 """What the wrapper checks at construction besides the configuration: who must hold a data
-iterator, the words the construction agreement reduces (who prefetches, who passed
-``wrapper_groups``), and the warning for a one-rank topology among several initialised ranks."""
+iterator, that the topology covers the whole initialised job, the settings ranks compare
+under ``validate_ranks=False``, the words the construction agreement reduces (who
+prefetches, who passed ``wrapper_groups``), and the warning for a one-rank topology among
+several initialised ranks."""
 
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ from seqpack._logging import warn_once
 from seqpack.collective.groups import this_rank
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader.config import PackingConfig
-from seqpack.options import MAX_PREFETCH, DataOwner
+from seqpack.options import AXES, MAX_PREFETCH, DataOwner, fingerprint_text
 from seqpack.topology import Topology
 
-__all__ = ["check_ownership", "construction_words", "warn_if_alone"]
+__all__ = ["check_covers_job", "check_ownership", "compared_settings", "construction_words", "warn_if_alone"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +32,75 @@ def construction_words(prefetch: Any, has_groups: bool) -> np.ndarray:
     return np.array([depth, int(has_groups), int(not has_groups)], dtype=np.int64)
 
 
+def check_covers_job(topology: Topology, config: PackingConfig, has_groups: bool) -> None:
+    """Refuse a topology over part of the initialised job, unless built with ``partial=True``.
+
+    Ranks outside it run their own wrapper on their own copy of the grid: data keyed by DP
+    rank is delivered once per copy, and an axis the grid leaves out (CP, TP) gets batches
+    not cut for it. A one-rank topology is :func:`warn_if_alone`'s. A deliberate partial
+    topology still cannot have groups created over the whole job: under prefetch it needs
+    ``wrapper_groups``, and dynamic CP is refused.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    world, spans = dist.get_world_size(), topology.world_size or 1  # set by __post_init__
+    if spans == world or spans == 1:
+        return
+    if spans > world:
+        raise ConfigError(
+            f"the topology spans {spans} ranks ({topology.describe()}) but {world} are initialised: build it from "
+            "the mesh or the process groups of this job"
+        )
+    grid = f"the topology spans {spans} of the {world} initialised ranks ({topology.describe()})"
+    if not topology.partial:
+        instead = topology.mesh_hint or "the mesh of the whole job (or groups of every axis: Topology.from_groups)"
+        raise ConfigError(
+            f"{grid}: the ranks outside it pack their own copy, so data keyed by DP rank is delivered once per "
+            f"copy and an axis it leaves out gets batches not cut for it; build it from {instead}, or pass "
+            "partial=True (Topology.from_device_mesh(mesh, partial=True), Topology.from_groups(..., partial=True)) "
+            "if each part should pack alone (one wrapper per pipeline stage, say)"
+        )
+    if config.prefetch > 0 and not has_groups:
+        raise ConfigError(
+            f"{grid} (partial=True): prefetch={config.prefetch} runs on process groups the wrapper creates over "
+            "the whole job; pass wrapper_groups=... (groups over the topology's ranks, or the topology) or prefetch=0"
+        )
+    if config.dynamic_cp:
+        raise ConfigError(f"{grid} (partial=True): dynamic_cp creates its process groups over the whole job")
+
+
+def compared_settings(topology: Topology, config: PackingConfig) -> tuple[int, dict[str, str]]:
+    """The fingerprint and fields (what a mismatch names) the construction agreement compares:
+    every field of the config's summary, the axis sizes and ``validate_ranks``.
+
+    Under ``validate_ranks=False``, only the settings every rank's plan and collectives are
+    computed from, as plain values: ranks that differ in one would wait in, or crash, the
+    first step's exchange. Left out then: ``samples_per_rank`` (each rank reads its own
+    count; the length gather carries it) and the objects whose text may differ on equal
+    settings (the scheduler's options, the cost model, the calibrator, the group cost).
+    """
+    sizes = {f"{axis}_size": str(topology.size(axis)) for axis in AXES} | {"validate_ranks": str(config.validate_ranks)}
+    if config.validate_ranks:
+        fingerprint = fingerprint_text(repr((config.fingerprint(), sorted(sizes.items()))))
+        return fingerprint, {**config.summary(), **sizes}
+    kept = {name: value for name, value in config.summary().items() if name not in _NOT_COMPARED}
+    scheduler = config.build_scheduler()
+    kept["scheduler"] = scheduler.name or type(scheduler).__qualname__
+    kept["calibrate"] = str(config.calibrate is not False)
+    details = {**kept, **sizes}
+    return fingerprint_text(repr(sorted(details.items()))), details
+
+
+_NOT_COMPARED = frozenset({"samples_per_rank", "scheduler", "cost", "calibrate", "group_cost"})
+
+
 def warn_if_alone(topology: Topology) -> bool:
     """Warn (once per process) when ``topology`` has one rank while a process group of
     several is initialised: each rank would schedule its own data alone, with microbatch
     counts that differ between ranks (an FSDP/DDP loop goes out of step). Not when the
-    topology was built with ``Topology.single(allow_distributed=True)``. True when it warned."""
-    if topology.world_size != 1 or topology.alone_on_purpose:
+    topology was built with ``Topology.single(allow_distributed=True)`` (or ``partial=True``).
+    True when it warned."""
+    if topology.world_size != 1 or topology.partial:
         return False
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
         return False

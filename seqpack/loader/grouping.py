@@ -6,7 +6,7 @@ are groups of one; samples of every DP rank with the same id form one group. The
 the id beside the sample's tokens (:data:`GROUP_KEY`, a 0-d int64 tensor; a pre-packed
 sample's sequences share it), the length gather carries it in two per-sample columns
 (``grouped``, ``group_id``) and the schedule phase plans with
-:func:`seqpack.schedulers.groups.schedule_groups` when any sequence of the step carries one.
+:func:`seqpack.schedulers.sample_groups.schedule_groups` when any sequence of the step carries one.
 """
 
 from __future__ import annotations

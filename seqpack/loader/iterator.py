@@ -50,7 +50,7 @@ from seqpack.collective import (
 )
 from seqpack.collective.cp_groups import CpGroups, new_cp_groups
 from seqpack.collective.groups import new_axis_groups, this_rank
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import (
     ConfigError,
     ResumeError,
@@ -61,7 +61,13 @@ from seqpack.errors import (
     typed_message,
 )
 from seqpack.loader.config import PackingConfig, resolved_cost
-from seqpack.loader.construction import check_ownership, construction_words, warn_if_alone
+from seqpack.loader.construction import (
+    check_covers_job,
+    check_ownership,
+    compared_settings,
+    construction_words,
+    warn_if_alone,
+)
 from seqpack.loader.dynamic import DynamicCp
 from seqpack.loader.prefetch import (
     Background,
@@ -76,7 +82,7 @@ from seqpack.loader.prefetch import (
 from seqpack.loader.producer import StepProducer
 from seqpack.loader.resume import ResumeState, StateKey
 from seqpack.loader.step import Step
-from seqpack.options import AXES, DataOwner, fingerprint_text
+from seqpack.options import AXES, DataOwner
 from seqpack.schedulers import Scheduler
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.topology import Topology
@@ -158,7 +164,7 @@ class PackingIterator(Iterator[Step], Stateful):
             self.cp_groups = new_cp_groups(topology, self.config.cp_group_sizes, timeout=timeout)
             owned += self.cp_groups.owned()
             dynamic = DynamicCp(self.config, topology, self.cp_groups)
-        self._bg = Background(owned, alone=all(topology.size(axis) == 1 for axis in AXES))
+        self._bg = Background(owned, alone=all(topology.size(axis) == 1 for axis in AXES), cp_groups=self.cp_groups)
         self._finalizer = weakref.finalize(self, self._bg.release, 0.0)
         self._finalizer.atexit = False  # the thread is a daemon: nothing to wait for at exit
         self._closed = False
@@ -206,16 +212,10 @@ class PackingIterator(Iterator[Step], Stateful):
             timeout = check_timeout(group_timeout)
             if wrapper_groups is not None:
                 comm = topology.with_groups(wrapper_groups)
-            sizes = {f"{a}_size": str(topology.size(a)) for a in AXES}
-            details = {**self.config.summary(), **sizes}
-            fingerprint = fingerprint_text(repr((self.config.fingerprint(), sorted(sizes.items()))))
+            check_covers_job(topology, self.config, wrapper_groups is not None)
+            fingerprint, details = compared_settings(topology, self.config)
         except SeqpackError as exc:
             error = exc
-        if not config.validate_ranks:
-            # Settings are not compared; errors, the prefetch flag and who passed wrapper_groups
-            # still are: a rank that raised alone, or ranks on different groups, would leave
-            # the others waiting in (or crash) the first step's collectives.
-            fingerprint, details = None, None
         # Every rank takes part even when its own arguments were bad, so that all ranks raise
         # the same error instead of some waiting in the first step's collectives.
         agreed = agree_axes(
@@ -244,7 +244,7 @@ class PackingIterator(Iterator[Step], Stateful):
         return self._producer.scheduler
 
     @property
-    def stats_cost(self) -> CostModel:
+    def stats_cost(self) -> CostModel | GroupCost:
         """The cost model every step's stats are measured in (:func:`resolved_cost`)."""
         return self._producer.stats_cost
 

@@ -1,8 +1,10 @@
 """Labels in the wrapper: the convention checked and converted where samples are read, and
 the loss tokens of every sequence, which ride the length gather.
 
-Every sequence leaves :func:`prepare_labels` in seqpack's own form (next-token targets,
-``label_format="shifted"``), so truncation, the exchange and packing see one convention.
+Every sequence leaves :func:`prepare_labels` in seqpack's own form (the target of each
+position: next-token targets, or ``"position_aligned"`` ones as given), so truncation, the
+exchange and packing see one convention; the packer takes them as given, the alignment
+having been checked here.
 :func:`loss_token_counts` then counts what each sequence adds to ``num_loss_tokens`` once it
 is packed (truncated first under ``on_oversize="truncate"``): the same count
 :func:`seqpack.thd.pack_sequences` makes, for every DP rank's sequences on every rank.
@@ -17,10 +19,11 @@ import torch
 
 from seqpack.errors import SampleError
 from seqpack.options import LABEL_COPY_MIN_TOKENS, LabelFormat
-from seqpack.thd import IGNORE_INDEX, label_copy_counts, looks_unshifted
-from seqpack.thd.sample import copied_labels, copied_labels_message, default_labels, next_token_targets
+from seqpack.thd import IGNORE_INDEX, label_alignment_counts, looks_misaligned
+from seqpack.thd.sample import default_labels, misaligned_labels, misaligned_labels_message, next_token_targets
+from seqpack.validation import check_choice
 
-__all__ = ["copied_step_message", "loss_token_counts", "prepare_labels"]
+__all__ = ["loss_token_counts", "misaligned_step_message", "prepare_labels"]
 
 Sample = dict[str, torch.Tensor]
 
@@ -32,16 +35,18 @@ def _offsets(lengths: Sequence[int]) -> np.ndarray:
 
 
 def prepare_labels(
-    sequences: list[Sample], wheres: Sequence[str], label_format: LabelFormat
+    sequences: list[Sample], wheres: Sequence[str], label_format: LabelFormat | str
 ) -> tuple[list[Sample], int, int]:
     """Check and convert the (non-empty) sequences of one read.
 
-    Under ``"shifted"`` a sequence whose labels copy its ``input_ids``
-    (:func:`~seqpack.thd.looks_unshifted`) is refused. Under ``"unshifted"`` a sequence that
-    carries ``labels`` or ``loss_mask`` gets both moved one token left within it
+    A sequence whose labels are aligned the other way than ``label_format`` says
+    (:func:`~seqpack.thd.looks_misaligned`: copies of ``input_ids`` under ``"shifted"``, the
+    next tokens under ``"unshifted"``) is refused. Under ``"unshifted"`` a sequence that
+    carries ``labels`` or ``loss_mask`` then gets both moved one token left within it
     (:func:`~seqpack.thd.sample.next_token_targets`; its last token -100): labels always,
     ``loss_mask`` when it had one. Sequences with neither are left alone (their default
-    labels are the next tokens under either convention).
+    labels are the next tokens under every convention); ``"position_aligned"`` labels are
+    neither checked nor moved.
 
     Args:
         sequences: Normalised sequences (:func:`~seqpack.thd.sample_sequences`), none empty.
@@ -49,19 +54,23 @@ def prepare_labels(
         label_format: How the samples' labels are aligned.
 
     Returns:
-        ``(sequences, supervised, copied)``: the sequences in seqpack's form, and under
-        ``"shifted"`` the supervised tokens of those carrying labels and how many of them
-        copy their own token (sums, for the step's guard; 0 otherwise).
+        ``(sequences, checked, misaligned)``: the sequences in seqpack's form, and the
+        checked tokens of those carrying labels and how many of them are misaligned
+        (:func:`~seqpack.thd.label_alignment_counts` summed, for the step's guard).
 
     Raises:
-        SampleError: ``"shifted"`` labels that copy ``input_ids``, naming the sample and
+        SampleError: Labels aligned the other way than declared, naming the sample and
             ``label_format``.
     """
+    label_format = check_choice("label_format", label_format, LabelFormat)
     labelled = [i for i, seq in enumerate(sequences) if "labels" in seq or "loss_mask" in seq]
-    if not labelled:
+    if not labelled or label_format is LabelFormat.POSITION_ALIGNED:
         return sequences, 0, 0
+    checked, misaligned = _check_alignment(
+        sequences, [i for i in labelled if "labels" in sequences[i]], wheres, label_format
+    )
     if label_format is LabelFormat.SHIFTED:
-        return sequences, *_check_copies(sequences, [i for i in labelled if "labels" in sequences[i]], wheres)
+        return sequences, checked, misaligned
     picked = [sequences[i] for i in labelled]
     lengths = [int(seq["input_ids"].shape[0]) for seq in picked]
     cu = _offsets(lengths)
@@ -79,11 +88,13 @@ def prepare_labels(
         if "loss_mask" in seq:
             converted["loss_mask"] = mask[a:b]
         out[i] = converted
-    return out, 0, 0
+    return out, checked, misaligned
 
 
-def _check_copies(sequences: list[Sample], labelled: list[int], wheres: Sequence[str]) -> tuple[int, int]:
-    """Refuse the first sequence whose labels copy its input; the sums over ``labelled``."""
+def _check_alignment(
+    sequences: list[Sample], labelled: list[int], wheres: Sequence[str], label_format: LabelFormat
+) -> tuple[int, int]:
+    """Refuse the first sequence whose labels are misaligned; the sums over ``labelled``."""
     if not labelled:
         return 0, 0
     picked = [sequences[i] for i in labelled]
@@ -93,30 +104,31 @@ def _check_copies(sequences: list[Sample], labelled: list[int], wheres: Sequence
     masks = None
     if any("loss_mask" in seq for seq in picked):
         masks = torch.cat([seq.get("loss_mask", torch.ones(seq["input_ids"].shape[0])) for seq in picked])
-    supervised = labels != IGNORE_INDEX
-    if masks is not None:
-        supervised &= masks > 0
-    copied = copied_labels(ids, labels, masks, torch.from_numpy(cu[1:] - 1))
-    total_supervised, total_copied = torch.stack([supervised.sum(), copied.sum()]).tolist()  # one host sync
-    # Next-token labels have no copies: only then can a sequence be refused (the packer's shortcut).
-    if total_copied >= LABEL_COPY_MIN_TOKENS:
-        per_supervised, per_copied = label_copy_counts(ids, labels, masks, cu)
-        refused = np.flatnonzero(looks_unshifted(per_supervised, per_copied))
+    checked, misaligned = misaligned_labels(ids, labels, masks, torch.from_numpy(cu[1:] - 1), label_format)
+    total_checked, total_misaligned = torch.stack([checked.sum(), misaligned.sum()]).tolist()  # one host sync
+    # Labels in the declared alignment have none misaligned: only then can a sequence be refused.
+    if total_misaligned >= LABEL_COPY_MIN_TOKENS:
+        per_checked, per_misaligned = label_alignment_counts(ids, labels, masks, cu, label_format)
+        refused = np.flatnonzero(looks_misaligned(per_checked, per_misaligned))
         if refused.size:
             k = int(refused[0])
-            raise SampleError(copied_labels_message(wheres[labelled[k]], int(per_supervised[k]), int(per_copied[k])))
-    return int(total_supervised), int(total_copied)
+            raise SampleError(
+                misaligned_labels_message(
+                    wheres[labelled[k]], int(per_checked[k]), int(per_misaligned[k]), label_format
+                )
+            )
+    return int(total_checked), int(total_misaligned)
 
 
-def copied_step_message(step: int, supervised: int, copied: int) -> str | None:
-    """The error for a step whose ``"shifted"`` labels, summed over every DP rank, copy
-    ``input_ids`` (:func:`~seqpack.thd.looks_unshifted` on the sums), else ``None``.
+def misaligned_step_message(step: int, checked: int, misaligned: int, label_format: LabelFormat | str) -> str | None:
+    """The error for a step whose labels, summed over every DP rank, are aligned the other way
+    than ``label_format`` says (:func:`~seqpack.thd.looks_misaligned` on the sums), else
+    ``None``.
 
-    Catches Hugging Face-style labels whose supervised spans are each too short for the
-    per-sample check."""
-    if not looks_unshifted(np.array([supervised]), np.array([copied]))[0]:
+    Catches data whose supervised spans are each too short for the per-sample check."""
+    if not looks_misaligned(np.array([checked]), np.array([misaligned]))[0]:
         return None
-    return copied_labels_message(f"step {step} (the samples of every DP rank)", supervised, copied)
+    return misaligned_labels_message(f"step {step} (the samples of every DP rank)", checked, misaligned, label_format)
 
 
 def loss_token_counts(pool: Sequence[Sample], truncate_to: int | None = None) -> np.ndarray:

@@ -24,20 +24,16 @@ import numpy as np
 import torch
 
 from seqpack.collective import Exchanged, GatheredLengths, exchange_samples, gather_lengths
-from seqpack.collective.agree import AGREEMENT
-from seqpack.collective.fields import Header, headers_markdown
-from seqpack.collective.lengths import GATHER_HEADER
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ResumeError, SampleError, ScheduleError
 from seqpack.loader.config import PackingConfig
+from seqpack.loader.gather_fields import KEY_BITS, SAMPLE_COLUMNS, STEP_GATHER_FIELDS, keys_of, payload_bytes_per_token
 from seqpack.loader.grouping import GROUP_KEY, group_columns, group_id_of
 from seqpack.loader.labels import loss_token_counts, prepare_labels
 from seqpack.options import CpLayout, LabelFormat, OnOversize
 from seqpack.schedulers import Schedule, Scheduler
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
-from seqpack.schedulers.dynamic_cp.padding import longest_sequence
-from seqpack.schedulers.groups import schedule_groups
 from seqpack.schedulers.minibatches import schedule_minibatches
+from seqpack.schedulers.sample_groups import schedule_groups
 from seqpack.thd import (
     SAMPLE_DTYPES,
     PackedBatch,
@@ -51,9 +47,7 @@ from seqpack.thd.cp import shard_for_cp
 from seqpack.topology import Topology
 
 __all__ = [
-    "SAMPLE_COLUMNS",
     "SAMPLE_DTYPES",
-    "STEP_GATHER_FIELDS",
     "Gathered",
     "ReadResult",
     "Reader",
@@ -64,47 +58,7 @@ __all__ = [
     "schedule",
 ]
 
-_KEY_BITS = {key: 1 << i for i, key in enumerate(SAMPLE_DTYPES)}
-STEP_GATHER_FIELDS = Header(
-    "step fields of the length gather (int64, the extras of every DP rank's header)",
-    (
-        ("exhausted", "1 when this rank's data ended this step"),
-        ("empty_samples", "zero-length samples this rank dropped"),
-        ("key_mask", "bit mask of the sample keys this rank's samples carry"),
-        ("label_supervised", "supervised tokens of the sequences read this step with labels given as shifted"),
-        ("label_copied", "how many of those have their own token as label (the copied-labels guard)"),
-    ),
-)
-"""Followed by the words of this rank's microbatch times of earlier steps (:mod:`seqpack.calibrate`)."""
-
-SAMPLE_COLUMNS = Header(
-    "per-sample columns of the length gather (int64, one row per sequence, after its length)",
-    (
-        (
-            "loss_tokens",
-            "supervised tokens of the sequence once packed (truncated under on_oversize='truncate'): "
-            "Step.num_loss_tokens and every PackedBatch.num_loss_tokens are sums of these",
-        ),
-        ("grouped", "1 when the sequence's sample carries a group_id (seqpack.loader.grouping), else 0"),
-        ("group_id", "that group_id (0 when not grouped): sequences with equal ids stay on one DP replica"),
-    ),
-)
-"""What every DP rank learns about every sequence of the step, beside its length; a new
-column is one more field here, filled in :func:`sample_columns`."""
-
-
-def gather_format_markdown() -> str:
-    """The tables of the length gather's header, its per-sample columns and the agreement
-    vector in docs/wrapper.md, rendered from their declarations."""
-    return headers_markdown((GATHER_HEADER, STEP_GATHER_FIELDS, SAMPLE_COLUMNS, AGREEMENT))
-
-
 Sample = dict[str, torch.Tensor]
-
-
-def keys_of(mask: int) -> list[str]:
-    """Sample keys of a key bit mask, in :data:`SAMPLE_DTYPES` order."""
-    return [key for key, bit in _KEY_BITS.items() if mask & bit]
 
 
 # -- 1. read ------------------------------------------------------------------------------
@@ -112,14 +66,17 @@ def keys_of(mask: int) -> list[str]:
 
 @dataclasses.dataclass
 class ReadResult:
-    """What one read pulled: sequences (pre-packed samples split), end of data, and how many
-    zero-length samples were dropped."""
+    """What one read pulled: sequences (pre-packed samples split), end of data, and the
+    zero-length sequences, which are not scheduled: how many, and where each was read."""
 
     samples: list[Sample]
     exhausted: bool = False
     empty: int = 0
-    label_supervised: int = 0  # "shifted" labels read: supervised tokens (the step's copied-labels guard)
-    label_copied: int = 0  # ... and those whose label is their own token
+    # Pool index of each zero-length sequence (the index the next sequence read gets), in
+    # read order: where Step.to_origin puts its empty value.
+    empty_at: list[int] = dataclasses.field(default_factory=list)
+    label_checked: int = 0  # labels read: checked tokens (the step's alignment guard)
+    label_misaligned: int = 0  # ... and those aligned the other way than label_format
 
 
 class Reader:
@@ -178,10 +135,11 @@ class Reader:
                     sequence[GROUP_KEY] = torch.tensor(group, dtype=torch.int64)
                 if sequence["input_ids"].shape[0] == 0:
                     result.empty += 1
+                    result.empty_at.append(pooled + len(result.samples))
                 else:
                     result.samples.append(sequence)
                     wheres.append(where)
-        result.samples, result.label_supervised, result.label_copied = prepare_labels(
+        result.samples, result.label_checked, result.label_misaligned = prepare_labels(
             result.samples, wheres, self.label_format
         )
         return result
@@ -209,7 +167,7 @@ def key_mask(pool: Sequence[Sample]) -> int:
                 f"{sorted(first)}; all samples must carry "
                 "the same keys"
             )
-    return sum(_KEY_BITS[k] for k in first)
+    return sum(KEY_BITS[k] for k in first)
 
 
 # -- 2. gather ----------------------------------------------------------------------------
@@ -224,8 +182,8 @@ class Gathered:
     exhausted: bool  # some DP rank's data ended this step
     empty_samples: int  # zero-length samples dropped on all DP ranks
     timings: np.ndarray | None = None  # int64 [dp, words]: every DP rank's microbatch time words
-    label_supervised: int = 0  # "shifted" labels read this step on all DP ranks: supervised tokens
-    label_copied: int = 0  # ... and those whose label is their own token
+    label_checked: int = 0  # labels read this step on all DP ranks: checked tokens
+    label_misaligned: int = 0  # ... and those aligned the other way than label_format
 
     @property
     def num_sequences(self) -> int:
@@ -238,23 +196,27 @@ class Gathered:
         return SAMPLE_COLUMNS.column(self.lengths.columns, "loss_tokens")
 
 
-def truncation_length(config: PackingConfig, topology: Topology) -> int | None:
-    """The length a sequence is cut to under ``on_oversize="truncate"`` (the longest whose
-    padded length fits a microbatch, the rule of :func:`seqpack.schedulers.base.apply_oversize`;
-    under dynamic CP the planner's, on all ranks), else ``None``."""
+def longest_sequence(scheduler: Scheduler, config: PackingConfig, topology: Topology) -> int:
+    """The longest sequence the step's plan holds (:meth:`Scheduler.longest_sequence`)."""
+    assert config.pad_multiple is not None  # resolved by the wrapper
+    return scheduler.longest_sequence(
+        topology.dp_size, topology.cp_size, config.max_tokens_per_rank, config.pad_multiple
+    )
+
+
+def truncation_length(scheduler: Scheduler, config: PackingConfig, topology: Topology) -> int | None:
+    """The length a sequence is cut to under ``on_oversize="truncate"`` (the longest the
+    plan holds, :func:`longest_sequence`), else ``None``."""
     if config.on_oversize != OnOversize.TRUNCATE:
         return None
-    assert config.pad_multiple is not None  # resolved by the wrapper
-    if config.dynamic_cp:  # the longest one sequence may hold on all dp * cp ranks together
-        ranks = topology.dp_size * topology.cp_size
-        return longest_sequence(ranks, config.cp_group_sizes, config.max_tokens_per_rank, config.pad_multiple)
-    capacity = config.max_tokens_per_rank * topology.cp_size
-    return (capacity // config.pad_multiple) * config.pad_multiple
+    return longest_sequence(scheduler, config, topology)
 
 
-def sample_columns(pool: Sequence[Sample], config: PackingConfig, topology: Topology) -> np.ndarray:
+def sample_columns(
+    pool: Sequence[Sample], scheduler: Scheduler, config: PackingConfig, topology: Topology
+) -> np.ndarray:
     """This rank's :data:`SAMPLE_COLUMNS` table (int64 ``[len(pool), k]``) for the gather."""
-    loss_tokens = loss_token_counts(pool, truncation_length(config, topology))
+    loss_tokens = loss_token_counts(pool, truncation_length(scheduler, config, topology))
     grouped, group_id = group_columns(pool)
     return SAMPLE_COLUMNS.rows(len(pool), loss_tokens=loss_tokens, grouped=grouped, group_id=group_id)
 
@@ -288,8 +250,8 @@ def gather(
         exhausted=read.exhausted,
         empty_samples=read.empty,
         key_mask=mask,
-        label_supervised=read.label_supervised,
-        label_copied=read.label_copied,
+        label_checked=read.label_checked,
+        label_misaligned=read.label_misaligned,
     )
     extras = np.concatenate([fields, words])
     gathered = gather_lengths(lengths, topology.group("dp"), error=error, extras=extras, columns=columns)
@@ -305,8 +267,8 @@ def gather(
         exhausted=bool(STEP_GATHER_FIELDS.column(table, "exhausted").any()),
         empty_samples=int(STEP_GATHER_FIELDS.column(table, "empty_samples").sum()),
         timings=None if timings is None else table[:, STEP_GATHER_FIELDS.words :].copy(),
-        label_supervised=int(STEP_GATHER_FIELDS.column(table, "label_supervised").sum()),
-        label_copied=int(STEP_GATHER_FIELDS.column(table, "label_copied").sum()),
+        label_checked=int(STEP_GATHER_FIELDS.column(table, "label_checked").sum()),
+        label_misaligned=int(STEP_GATHER_FIELDS.column(table, "label_misaligned").sum()),
     )
 
 
@@ -318,10 +280,11 @@ def schedule(
     config: PackingConfig,
     topology: Topology,
     gathered: Gathered,
-    cost: CostModel | None = None,
+    cost: CostModel | GroupCost | None = None,
 ) -> tuple[Schedule, list[int]]:
-    """The step's schedule, identical on every rank (``cost``: the calibrated model, which
-    replaces ``config.cost``; ``config.sync`` says what the step waits for), and the
+    """The step's schedule, identical on every rank, static or dynamic CP as ``scheduler``
+    plans (``cost``: the calibrated model, which replaces the config's
+    :attr:`~PackingConfig.planning_cost`; ``config.sync`` says what the step waits for), and the
     microbatch offsets of its ``config.minibatches`` mini-batches (``[0, M]`` for one):
     with mini-batches, every DP rank's sequences are cut in read order into contiguous
     mini-batches, each planned alone (:func:`~seqpack.schedulers.minibatches.schedule_minibatches`).
@@ -335,6 +298,11 @@ def schedule(
     assert config.pad_multiple is not None  # resolved by the wrapper
     # sync only when set: a custom scheduler overriding schedule() may predate it.
     options: dict[str, Any] = {} if config.sync is None else {"sync": config.sync}
+    # The exchange's payload, for schedulers that weigh it against their plan time (balanced's
+    # locality="auto"); only those that say so get it, for the same reason.
+    payload: dict[str, Any] = {}
+    if getattr(scheduler, "uses_bytes_per_token", False):
+        payload["bytes_per_token"] = payload_bytes_per_token(gathered.key_mask)
     columns = lengths.columns
     assert columns is not None
     grouped = SAMPLE_COLUMNS.column(columns, "grouped")
@@ -343,7 +311,7 @@ def schedule(
         cp_size=topology.cp_size,
         max_tokens_per_rank=config.max_tokens_per_rank,
         pad_multiple=config.pad_multiple,
-        cost=config.cost if cost is None else cost,
+        cost=config.planning_cost if cost is None else cost,
         on_oversize=config.on_oversize,
         origin=lengths.origin(),
         **options,
@@ -357,23 +325,21 @@ def schedule(
     try:
         if config.minibatches > 1:
             return schedule_minibatches(
-                scheduler, lengths.lengths, minibatches=config.minibatches, **group_args, **common
+                scheduler, lengths.lengths, minibatches=config.minibatches, **group_args, **common, **payload
             )
         if grouped.any() or config.equal_samples_per_replica:  # keep groups on one replica
             plan = schedule_groups(scheduler, lengths.lengths, **group_args, **common)
         else:
-            plan = scheduler.schedule(lengths.lengths, **common)
+            plan = scheduler.schedule(lengths.lengths, **common, **payload)
         return plan, [0, plan.num_microbatches]
     except ValueError as exc:  # ConfigError included: a mini-batch without samples
-        raise ScheduleError(f"{exc}{_locate_oversize(config, topology, lengths)}") from exc
+        raise ScheduleError(f"{exc}{_locate_oversize(scheduler, config, topology, lengths)}") from exc
     except Exception as exc:  # a scheduler bug must still reach every rank, not strand them
         raise ScheduleError(f"scheduler {scheduler!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def _locate_oversize(config: PackingConfig, topology: Topology, gathered: GatheredLengths) -> str:
-    assert config.pad_multiple is not None
-    capacity = config.max_tokens_per_rank * topology.cp_size
-    over = np.flatnonzero(padded_lengths(gathered.lengths, config.pad_multiple) > capacity)
+def _locate_oversize(scheduler: Scheduler, config: PackingConfig, topology: Topology, gathered: GatheredLengths) -> str:
+    over = np.flatnonzero(gathered.lengths > longest_sequence(scheduler, config, topology))
     if not over.size:
         return ""
     g = int(over[0])
@@ -381,16 +347,12 @@ def _locate_oversize(config: PackingConfig, topology: Topology, gathered: Gather
     return f" [global sample {g} is sequence {g - int(gathered.offsets[r])} of DP rank {r}'s pool this step]"
 
 
-def num_assigned(plan: Schedule | DynamicCpSchedule) -> int:
+def num_assigned(plan: Schedule) -> int:
     """Ids the plan trains this step."""
-    if isinstance(plan, DynamicCpSchedule):
-        return int(plan.assigned.shape[0])
-    return sum(int(ids.size) for row in plan.assignment for ids in row)
+    return int(plan.assigned.shape[0])
 
 
-def deferred_samples(
-    pool: Sequence[Sample], plan: Schedule | DynamicCpSchedule, gathered: Gathered, topology: Topology
-) -> list[Sample]:
+def deferred_samples(pool: Sequence[Sample], plan: Schedule, gathered: Gathered, topology: Topology) -> list[Sample]:
     """This rank's samples the schedule holds back for the next step, in pool order."""
     offset = int(gathered.lengths.offsets[topology.dp_rank])
     ids = plan.deferred[(plan.deferred >= offset) & (plan.deferred < offset + len(pool))]
@@ -407,18 +369,16 @@ def exchange(pool: Sequence[Sample], plan: Schedule, gathered: Gathered, topolog
 
 
 def carries_position_ids(mask: int) -> bool:
-    return bool(mask & _KEY_BITS["position_ids"])
+    return bool(mask & KEY_BITS["position_ids"])
 
 
 # -- 5. pack ------------------------------------------------------------------------------
 
 
-def step_loss_tokens(plan: Schedule | DynamicCpSchedule, loss_tokens: np.ndarray) -> int:
+def step_loss_tokens(plan: Schedule, loss_tokens: np.ndarray) -> int:
     """Supervised tokens of the whole global step: the gathered counts of every id the
     schedule assigns (every replica, every microbatch; deferred and dropped ids add 0)."""
-    if isinstance(plan, DynamicCpSchedule):
-        return int(loss_tokens[plan.assigned].sum())
-    return sum(int(loss_tokens[ids].sum()) for row in plan.assignment for ids in row)
+    return int(loss_tokens[plan.assigned].sum())
 
 
 def pack(
@@ -481,7 +441,10 @@ def _microbatch(
         batch = padding_only_batch(pad_multiple)
     else:
         samples = [exchanged.samples[g] for g in ids.tolist()]
-        batch = pack_sequences(samples, pad_multiple=pad_multiple, sample_ids=ids)
+        # Labels were checked and brought to seqpack's form where read: packed as given.
+        batch = pack_sequences(
+            samples, pad_multiple=pad_multiple, sample_ids=ids, label_format=LabelFormat.POSITION_ALIGNED
+        )
     batch = shard_for_cp(batch, t.cp_size, t.cp_rank, layout=cp_layout)
     if t.is_middle_stage:
         batch = dataclasses.replace(batch, input_ids=None, labels=None, loss_mask=None)

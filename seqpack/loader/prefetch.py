@@ -25,6 +25,7 @@ import torch
 
 from seqpack._logging import warn_once
 from seqpack.collective import StepMessage
+from seqpack.collective.cp_groups import CpGroups
 from seqpack.collective.groups import abandonable, destroy_groups
 from seqpack.errors import ConfigError, SeqpackError
 from seqpack.loader import phases
@@ -207,16 +208,20 @@ class Background:
 
     ``alone``: no other rank takes part in the steps (one process), so the thread may stop
     after the step in progress instead of preparing the steps its peers would wait for.
+    ``cp_groups``: dynamic CP's groups (among ``groups``), marked released with them.
     """
 
-    def __init__(self, groups: list[Any], *, alone: bool = False) -> None:
+    def __init__(self, groups: list[Any], *, alone: bool = False, cp_groups: CpGroups | None = None) -> None:
         self.groups = groups
         self.alone = alone
+        self.cp_groups = cp_groups
         self.prefetcher: Prefetcher | None = None
 
     def release(self, timeout: float) -> bool:
         stopped = self.prefetcher.stop(timeout, now=self.alone) if self.prefetcher is not None else True
         groups, self.groups = self.groups, []
+        if self.cp_groups is not None:
+            self.cp_groups.released = True  # a held Step's to_origin says so instead of torch's error
         destroy_groups(groups)
         return stopped
 

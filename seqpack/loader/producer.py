@@ -44,19 +44,18 @@ from seqpack.collective import (
     broadcast_tp,
 )
 from seqpack.collective.groups import this_rank
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, SampleError, ScheduleError, StepFailed
 from seqpack.loader import phases
 from seqpack.loader.calibration import StepCalibration
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.dynamic import DynamicCp
-from seqpack.loader.labels import copied_step_message
+from seqpack.loader.labels import misaligned_step_message
 from seqpack.loader.prefetch import DeviceCopy, Progress, Ready, tensors_of
 from seqpack.loader.resume import ResumeState
 from seqpack.loader.step import Step, StepTrace
 from seqpack.options import Axis, DataOwner
 from seqpack.schedulers import Schedule, Scheduler
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
 from seqpack.schedulers.minibatches import minibatch_loss_tokens
 from seqpack.stats import StepStats
 from seqpack.thd import SAMPLES_NOT_BATCHES, PackedBatch
@@ -88,7 +87,7 @@ class StepProducer:
         comm: Topology,
         config: PackingConfig,
         scheduler: Scheduler,
-        stats_cost: CostModel,
+        stats_cost: CostModel | GroupCost,
         *,
         reads: bool,
         copy: DeviceCopy,
@@ -149,7 +148,7 @@ class StepProducer:
                     read = self.reader.read(config.samples_per_rank, pooled=len(self.pool))
                 pool = self.pool + read.samples
                 mask = phases.key_mask(pool)
-                columns = phases.sample_columns(pool, config, t)
+                columns = phases.sample_columns(pool, self.scheduler, config, t)
             except BaseException as exc:  # the user's iterator or data, Ctrl-C too: every rank hears of it
                 pool, mask = [], 0
                 error = self._bad_input(exc, step)
@@ -162,10 +161,12 @@ class StepProducer:
                 return StepError(step, str(exc), exc.rank)
             except SampleError as exc:  # DP ranks disagree on keys: no single culprit
                 return StepError(step, f"{exc} at step {step}")
-        copied = copied_step_message(step, gathered.label_supervised, gathered.label_copied)
-        if copied is not None:  # every rank decides it from the same sums: no single culprit
-            self.shared_cause = SampleError(copied)
-            return StepError(step, copied)
+        misaligned = misaligned_step_message(
+            step, gathered.label_checked, gathered.label_misaligned, config.label_format
+        )
+        if misaligned is not None:  # every rank decides it from the same sums: no single culprit
+            self.shared_cause = SampleError(misaligned)
+            return StepError(step, misaligned)
         total = gathered.num_sequences
         trace.times = gathered.timings  # combined with the copies' in the agreements that follow
         self.data_ended = self.data_ended or gathered.exhausted
@@ -176,13 +177,7 @@ class StepProducer:
         with trace.phase("schedule"):
             self.calibration.choose_model(trace)
             try:
-                if self.dynamic is not None:
-                    group_cost = trace.model if isinstance(trace.model, GroupCost) else None
-                    plan: Schedule | DynamicCpSchedule
-                    plan, bounds = self.dynamic.schedule(gathered, group_cost)
-                else:
-                    assert not isinstance(trace.model, GroupCost)
-                    plan, bounds = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
+                plan, bounds = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
             except ScheduleError as exc:
                 return self._error(step, f"step {step}: {exc}", exc)
             fingerprint = self.calibration.fingerprint(plan, trace)
@@ -194,12 +189,11 @@ class StepProducer:
             self.pool = []  # only deferred samples are left and the scheduler keeps deferring them
             return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
         self.pool = phases.deferred_samples(pool, plan, gathered, t)
-        positions = phases.carries_position_ids(gathered.key_mask)
         batches = self._place(pool, plan, gathered, trace)
         if isinstance(batches, StepError):
             return batches
         loss_tokens = phases.step_loss_tokens(plan, gathered.loss_tokens)
-        starts = self.dynamic.group_starts(plan) if isinstance(plan, DynamicCpSchedule) and self.dynamic else None
+        starts = self.dynamic.group_starts(plan) if self.dynamic is not None else None
         minibatches: dict[str, Any] = {}
         if bounds is not None and len(bounds) > 2:  # mini-batches: their bounds and counts travel with the step
             counts = minibatch_loss_tokens(plan, bounds, gathered.loss_tokens)
@@ -209,14 +203,15 @@ class StepProducer:
             plan,
             batches,
             gathered.empty_samples,
-            positions,
+            phases.carries_position_ids(gathered.key_mask),
             num_loss_tokens=loss_tokens,
             group_starts=starts,
+            empty_at=tuple(read.empty_at),
             **minibatches,
         )
 
     def _place(
-        self, pool: list[phases.Sample], plan: Schedule | DynamicCpSchedule, gathered: phases.Gathered, trace: StepTrace
+        self, pool: list[phases.Sample], plan: Schedule, gathered: phases.Gathered, trace: StepTrace
     ) -> list[PackedBatch] | StepError:
         """Exchange and pack: this rank's microbatches of the step (its CP shards), or the
         step's error when packing failed here."""
@@ -224,8 +219,7 @@ class StepProducer:
         positions = phases.carries_position_ids(gathered.key_mask)
         exchanged = None
         with trace.phase("exchange"):
-            if isinstance(plan, DynamicCpSchedule):
-                assert self.dynamic is not None
+            if self.dynamic is not None:
                 exchanged = self.dynamic.exchange(pool, plan, gathered)
             elif not t.is_middle_stage or positions:
                 exchanged = phases.exchange(pool, plan, gathered, t)
@@ -238,8 +232,8 @@ class StepProducer:
                 )
         with trace.phase("pack"):
             try:
-                if isinstance(plan, DynamicCpSchedule):
-                    assert self.dynamic is not None and exchanged is not None
+                if self.dynamic is not None:
+                    assert exchanged is not None
                     return self.dynamic.pack(plan, exchanged, gathered.loss_tokens)
                 return phases.pack(plan, exchanged, t, config.pad_multiple or 1, gathered.loss_tokens, config.cp_layout)
             except Exception as exc:  # local; CP/TP/PP peers hear of it in the status agreement
@@ -353,8 +347,7 @@ class StepProducer:
         if isinstance(msg, StepEnd):
             return Ready(msg.step, message=msg, progress=self.progress())
         plan = msg.schedule
-        if isinstance(plan, DynamicCpSchedule):
-            assert self.dynamic is not None
+        if self.dynamic is not None:
             group_cost = trace.model if isinstance(trace.model, GroupCost) else None
             stats = self.dynamic.stats(plan, msg.empty_samples, group_cost)
         else:
@@ -379,6 +372,7 @@ class StepProducer:
             _recorder=self.calibration.record if self.calibration.enabled else None,
             _topology=self.topology,
             _cp_groups=self.dynamic.groups if self.dynamic is not None else None,
+            _empty_at=msg.empty_at,
         )
         nbytes = sum(t.numel() * t.element_size() for batch in batches for t in tensors_of(batch))
         return Ready(msg.step, step=step, progress=self.progress(), copied=copied, nbytes=nbytes)

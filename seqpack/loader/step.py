@@ -12,11 +12,10 @@ import numpy as np
 import torch
 
 from seqpack.collective.cp_groups import CpGroups
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError
-from seqpack.loader.origin import origin_ids, to_origin
+from seqpack.loader.origin import origin_slots, to_origin
 from seqpack.schedulers import Schedule
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch
 from seqpack.topology import Topology
@@ -36,7 +35,7 @@ class Step:
         step: Step index (0-based).
         schedule: The step's schedule (identical on every rank): a
             :class:`~seqpack.schedulers.Schedule`, or under ``dynamic_cp`` a
-            :class:`~seqpack.schedulers.dynamic_cp.DynamicCpSchedule` (per round, the CP
+            :class:`~seqpack.schedulers.dynamic_cp.Schedule` (per round, the CP
             groups of the ``dp x cp`` ranks; ``num_microbatches`` is its rounds).
         schedule_fingerprint: ``schedule.fingerprint()``.
         timings: Seconds spent in ``read``, ``gather``, ``schedule``, ``exchange``,
@@ -62,7 +61,7 @@ class Step:
     microbatches: list[PackedBatch]
     stats: StepStats
     step: int = 0
-    schedule: Schedule | DynamicCpSchedule | None = None
+    schedule: Schedule | None = None
     schedule_fingerprint: int = 0
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     exchange_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -74,6 +73,8 @@ class Step:
     )
     _topology: Topology | None = dataclasses.field(default=None, repr=False, compare=False)
     _cp_groups: CpGroups | None = dataclasses.field(default=None, repr=False, compare=False)  # dynamic CP's CpGroups
+    # Pool index of each zero-length sequence this DP rank read this step (never scheduled).
+    _empty_at: tuple[int, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     @property
     def minibatches(self) -> list[list[PackedBatch]]:
@@ -86,17 +87,20 @@ class Step:
         """Global ids (in :attr:`schedule`) of the sequences :meth:`to_origin` returns on this
         rank, in that order: the samples its DP rank read for this step, in the order read
         (pre-packed samples split into their sequences; samples held back from the previous
-        step first, those held back for the next step left out)."""
+        step first, those held back for the next step left out), ``-1`` for each zero-length
+        one (it has no global id: it is never scheduled, and counted in
+        ``stats.empty_samples``)."""
         if self.schedule is None or self._topology is None:
             raise ConfigError("origin_ids needs a Step from wrap_data_iterator")
-        return origin_ids(self.schedule, self._topology.dp_rank)
+        return origin_slots(self.schedule, self._topology.dp_rank, self._empty_at)
 
     def to_origin(self, values: Sequence[torch.Tensor], *, per_sequence: bool = False) -> list[torch.Tensor]:
         """Values computed on this step's microbatches, back on the rank that read each sample.
 
-        Collective over the model's DP and CP groups (the topology's, not the wrapper's):
-        every rank that received this step calls it, with values of one dtype and trailing
-        shape.
+        Collective over the model's DP and CP groups (the topology's, not the wrapper's; under
+        ``dynamic_cp`` the iterator's plane group): every rank that received this step calls
+        it, with values of one dtype and trailing shape. The ranks first agree on their
+        values (one small all-reduce), so a mistake on one rank raises the same error on all.
 
         Args:
             values: One tensor per microbatch of this rank, aligned with its tokens on the
@@ -105,19 +109,27 @@ class Step:
                 with the microbatch's sequences (``sample_ids``), one row each.
 
         Returns:
-            One tensor per sequence of :attr:`origin_ids` (with no pre-packed or deferred
+            One tensor per entry of :attr:`origin_ids` (with no pre-packed or deferred
             samples: one per sample this rank read, in read order), each holding that
             sequence's real tokens only (pads removed, CP shards put back together), or its
-            one row with ``per_sequence``. A sequence dropped for being too long gets an
-            empty tensor; a truncated one its trained tokens.
+            one row with ``per_sequence``. A zero-length sample, and a sequence dropped for
+            being too long, get an empty tensor (``[0, *trailing]``, the values' dtype and
+            device; ``torch.empty(0)`` on a step without microbatches); a truncated
+            sequence its trained tokens.
 
         Raises:
             ConfigError: Not one tensor per microbatch, rows that do not match the
-                microbatch, or tensors of different dtype, trailing shape or device.
+                microbatch, tensors of different dtype, trailing shape or device, ranks
+                that disagree on the step, dtype, trailing shape or ``per_sequence`` (the
+                same error on every rank, naming the rank), or under ``dynamic_cp`` a call
+                after the iterator ended or was closed (its process groups are freed).
+            SeqpackTypeError: ``values`` is not a list of tensors.
         """
         if self._topology is None:
             raise ConfigError("to_origin needs a Step from wrap_data_iterator")
-        return to_origin(self, values, self._topology, per_sequence=per_sequence, cp_groups=self._cp_groups)
+        return to_origin(
+            self, values, self._topology, per_sequence=per_sequence, cp_groups=self._cp_groups, empty_at=self._empty_at
+        )
 
     def record_times(self, seconds_per_microbatch: Sequence[float] | np.ndarray) -> None:
         """Report how long each of this rank's microbatches of this step took (seconds, in

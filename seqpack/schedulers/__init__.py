@@ -3,16 +3,20 @@
 ``get_scheduler(name, **options)`` returns a :class:`Scheduler`; ``register_scheduler``
 adds one under a new name. Modules:
 
-- ``schedule``: :class:`Schedule` (one step's placement) and :class:`ScheduleLimits`;
-  ``schedule_checks``: its invariants, one check each.
+- ``schedule``: :class:`Schedule` (one step's plan: rounds x CP groups x ids; static CP is
+  the case whose groups are the replicas' CP blocks) and :class:`ScheduleLimits`;
+  ``schedule_checks``: its invariants, one check each; ``group_sizes``: the sizes a
+  dynamic-CP group may have.
 - ``request``: what :meth:`Scheduler.schedule` checks before planning (lengths, origins,
-  sizes, the oversize policy); ``base``: the :class:`Scheduler` base class and
-  :func:`predicted_step_time`.
-- ``objective``: the predicted step time of a plan under each sync and its lower bounds.
+  sizes, the oversize policy); ``base``: the :class:`Scheduler` and :class:`GridScheduler`
+  (static-CP planners) base classes.
+- ``step_time``: what a plan's microbatches cost and :func:`predicted_step_time`;
+  ``objective``: the reductions of a plan's costs under each sync and their lower bounds.
 - ``balanced`` (package): the default FLOPs-aware planner; ``dp_balanced``, ``empty``.
 - ``dynamic_cp`` (package): plans whose CP groups change per microbatch round; its
-  ``scheduler`` module registers them as ``"dynamic_cp"`` (a :class:`DynamicCpScheduler`,
-  whose ``schedule`` returns a :class:`DynamicCpSchedule`).
+  ``scheduler`` module registers them as ``"dynamic_cp"`` (a :class:`DynamicCpScheduler`).
+- ``sample_groups``: RL groups kept on one replica; ``minibatches``: one step of several
+  optimizer steps; ``join``: plans run one after the other.
 - ``_kernels``: the numba kernels behind them (private; compiled once, cached on disk).
 """
 
@@ -22,13 +26,14 @@ import inspect
 
 from seqpack.errors import ConfigError
 from seqpack.schedulers.balanced import BalancedScheduler
-from seqpack.schedulers.base import Scheduler, predicted_step_time
+from seqpack.schedulers.base import GridScheduler, Scheduler
 from seqpack.schedulers.dp_balanced import DpBalancedScheduler
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost, plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.schedulers.empty import EmptyScheduler
 from seqpack.schedulers.request import ON_OVERSIZE, apply_oversize, as_lengths
 from seqpack.schedulers.schedule import Schedule, ScheduleLimits
+from seqpack.schedulers.step_time import predicted_step_time
 
 _REGISTRY: dict[str, type[Scheduler]] = {}
 
@@ -42,9 +47,8 @@ def register_scheduler(cls: type[Scheduler]) -> type[Scheduler]:
 
 
 def available_schedulers(*, dynamic_cp: bool = False) -> list[str]:
-    """Names :func:`get_scheduler` accepts whose ``schedule`` returns a :class:`Schedule`;
-    with ``dynamic_cp=True`` also those returning a :class:`DynamicCpSchedule`
-    (``"dynamic_cp"``)."""
+    """Names :func:`get_scheduler` accepts whose plans are static CP; with ``dynamic_cp=True``
+    also those planning dynamic CP (``"dynamic_cp"``)."""
     return sorted(name for name, cls in _REGISTRY.items() if dynamic_cp or not issubclass(cls, DynamicCpScheduler))
 
 
@@ -52,9 +56,9 @@ def get_scheduler(name: str | Scheduler = "balanced", **options: object) -> Sche
     """The scheduler registered as ``name``, built with ``options``.
 
     Args:
-        name: ``"balanced"`` (default), ``"dp_balanced"``, ``"empty"``, ``"dynamic_cp"`` (its
-            ``schedule`` returns a :class:`DynamicCpSchedule`) or another registered name; a
-            Scheduler instance is returned as is.
+        name: ``"balanced"`` (default), ``"dp_balanced"``, ``"empty"``, ``"dynamic_cp"`` (CP
+            groups per microbatch round) or another registered name; a Scheduler instance is
+            returned as is.
         **options: Keyword arguments of the scheduler's class (e.g. ``order="pipeline"``).
 
     Raises:
@@ -84,8 +88,7 @@ register_scheduler(DynamicCpScheduler)
 
 __all__ = [
     "ON_OVERSIZE",
-    "DynamicCpSchedule",
-    "GroupCost",
+    "GridScheduler",
     "Schedule",
     "ScheduleLimits",
     "Scheduler",

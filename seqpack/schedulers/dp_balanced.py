@@ -30,7 +30,8 @@ import numpy as np
 
 from seqpack.cost import CostModel
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.base import Scheduler, check_microbatches
+from seqpack.schedulers.base import GridScheduler
+from seqpack.schedulers.request import check_microbatches
 from seqpack.thd import padded_lengths
 from seqpack.validation import check_positive_int
 
@@ -68,7 +69,7 @@ def megatron_groups(padded: np.ndarray, capacity: int, dp_size: int, microbatch_
     return [np.arange(a, b, dtype=np.int64) for a, b in bounds]
 
 
-class DpBalancedScheduler(Scheduler):
+class DpBalancedScheduler(GridScheduler):
     """Megatron's next-fit scheduler (module docstring).
 
     Args:

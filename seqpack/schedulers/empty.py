@@ -7,7 +7,7 @@ import numpy as np
 
 from seqpack.cost import CostModel
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.base import Scheduler
+from seqpack.schedulers.base import GridScheduler
 from seqpack.thd import padded_lengths
 
 
@@ -21,7 +21,7 @@ def next_fit(lengths: np.ndarray, capacity: int) -> list[np.ndarray]:
     )
 
 
-class EmptyScheduler(Scheduler):
+class EmptyScheduler(GridScheduler):
     """Packs each replica's own samples in order; replicas with fewer microbatches get empty
     ones (the wrapper fills them with padding so every rank runs the same step)."""
 

@@ -4,10 +4,12 @@ rollout batch, verl's ``keep_minibatch``), each balanced on its own, no sample c
 :func:`minibatch_of` cuts every DP rank's samples, in the order read, into ``k`` contiguous
 chunks; chunk ``j`` of every rank is mini-batch ``j`` (with groups, a group belongs to the
 mini-batch of its first sequence). :func:`schedule_minibatches` schedules each mini-batch
-alone (with :func:`~seqpack.schedulers.groups.schedule_groups` when group ids are given) and
+alone (with :func:`~seqpack.schedulers.sample_groups.schedule_groups` when group ids are given) and
 puts their microbatches one after the other: microbatches ``starts[j]:starts[j + 1]`` are
-mini-batch ``j``'s, run before its optimizer step. Under dynamic CP:
-:mod:`seqpack.schedulers.dynamic_cp.minibatches`.
+mini-batch ``j``'s, run before its optimizer step. Under dynamic CP each mini-batch is
+planned alone over all ``dp x cp`` ranks (its own CP groups, rounds and fillers) and the
+plans are joined the same way (:func:`~seqpack.schedulers.join.join_plans`); every rank runs
+one microbatch per round, so the bounds are the same in every rank's microbatches.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError
-from seqpack.schedulers.base import Schedule, Scheduler, as_lengths, as_origin
-from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
-from seqpack.schedulers.groups import group_units, schedule_groups
+from seqpack.schedulers.base import Scheduler
+from seqpack.schedulers.join import join_plans
+from seqpack.schedulers.request import as_lengths, as_origin
+from seqpack.schedulers.sample_groups import group_units, schedule_groups
+from seqpack.schedulers.schedule import Schedule
 from seqpack.validation import check_positive_int
 
 __all__ = ["minibatch_loss_tokens", "minibatch_of", "schedule_minibatches"]
@@ -30,7 +34,7 @@ __all__ = ["minibatch_loss_tokens", "minibatch_of", "schedule_minibatches"]
 def minibatch_of(origin: np.ndarray, minibatches: int, unit: np.ndarray | None = None) -> np.ndarray:
     """Mini-batch of every global id: each DP rank's ids (ascending) cut into ``minibatches``
     contiguous chunks of sizes differing by at most one (``numpy.array_split``); with
-    ``unit`` (:func:`~seqpack.schedulers.groups.group_units`) every unit takes the
+    ``unit`` (:func:`~seqpack.schedulers.sample_groups.group_units`) every unit takes the
     mini-batch of its first id."""
     k = check_positive_int("minibatches", minibatches)
     out = np.zeros(origin.shape[0], dtype=np.int64)
@@ -55,7 +59,7 @@ def schedule_minibatches(
     max_tokens_per_rank: int,
     cp_size: int = 1,
     pad_multiple: int = 1,
-    cost: CostModel | None = None,
+    cost: CostModel | GroupCost | None = None,
     on_oversize: str = "error",
     origin: np.ndarray | None = None,
     group_ids: np.ndarray | None = None,
@@ -63,16 +67,19 @@ def schedule_minibatches(
     together: bool = False,
     equal_counts: bool = False,
     sync: str | None = None,
+    bytes_per_token: float | None = None,
 ) -> tuple[Schedule, list[int]]:
-    """One schedule of ``minibatches`` mini-batches, each planned alone (module docstring).
+    """One schedule of ``minibatches`` mini-batches, each planned alone (module docstring),
+    static or dynamic CP as ``scheduler`` plans.
 
     ``equal_counts`` (every replica trains as many sequences in each mini-batch) and
-    ``together`` are :func:`~seqpack.schedulers.groups.schedule_groups`'s; ``sync`` is passed
-    to the scheduler when set.
+    ``together`` are :func:`~seqpack.schedulers.sample_groups.schedule_groups`'s; ``sync`` is
+    passed to the scheduler when set, and so is ``bytes_per_token`` where the mini-batch holds
+    no groups (groups plan each replica alone: nothing is kept home there).
 
     Returns:
         ``(schedule, starts)``: ``starts`` (``minibatches + 1`` values) bounds each
-        mini-batch's microbatches.
+        mini-batch's microbatches (rounds).
 
     Raises:
         ConfigError: A mini-batch without samples (fewer samples on a rank than mini-batches).
@@ -84,56 +91,37 @@ def schedule_minibatches(
     gids = np.zeros(n, np.int64) if group_ids is None else np.asarray(group_ids, np.int64)
     flags = np.zeros(n, bool) if grouped is None else np.asarray(grouped, bool)
     which = minibatch_of(origin_arr, minibatches, group_units(gids, flags) if has_groups else None)
-    effective = original.copy()
-    rounds: list[list[np.ndarray]] = []
-    starts = [0]
-    extra: dict[str, list[np.ndarray]] = {"deferred": [], "dropped": [], "truncated": []}
     limits: dict[str, Any] = dict(
         dp_size=dp_size, cp_size=cp_size, max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple
     )
+    parts, ids = [], []
     for j in range(minibatches):
-        ids = np.flatnonzero(which == j)
-        if not ids.size:
+        mine = np.flatnonzero(which == j)
+        if not mine.size:
             raise ConfigError(f"mini-batch {j} of {minibatches} holds no sample: read more samples per step")
-        common: dict[str, Any] = dict(cost=cost, on_oversize=on_oversize, origin=origin_arr[ids], **limits)
+        common: dict[str, Any] = dict(cost=cost, on_oversize=on_oversize, origin=origin_arr[mine], **limits)
         if sync is not None:  # only when set: a custom scheduler overriding schedule() may predate it
             common["sync"] = sync
         if has_groups or equal_counts:
             part = schedule_groups(
-                scheduler, original[ids], gids[ids], flags[ids], together=together, equal_counts=equal_counts, **common
-            )
+                scheduler, original[mine], gids[mine], flags[mine], together=together, equal_counts=equal_counts,
+                **common,
+            )  # fmt: skip
         else:
-            part = scheduler.schedule(original[ids], **common)
-        rounds.extend([[ids[cell] for cell in row] for row in part.assignment])
-        starts.append(len(rounds))
-        effective[ids] = part.lengths
-        for name in extra:
-            extra[name].append(ids[getattr(part, name)])
-    joined: dict[str, Any] = {name: np.sort(np.concatenate(parts)).astype(np.int64) for name, parts in extra.items()}
-    schedule = Schedule(
-        num_microbatches=len(rounds),
-        assignment=rounds,
-        lengths=effective,
-        original_lengths=original,
-        origin=origin_arr,
-        **joined,
-        **limits,
-    )
-    return schedule, starts
+            if bytes_per_token is not None:  # only when set, as sync
+                common["bytes_per_token"] = bytes_per_token
+            part = scheduler.schedule(original[mine], **common)
+        parts.append(part)
+        ids.append(mine)
+    starts = np.cumsum([0, *(p.num_microbatches for p in parts)]).tolist()
+    return join_plans(parts, ids, original), [int(s) for s in starts]
 
 
-def minibatch_loss_tokens(
-    plan: Schedule | DynamicCpSchedule, starts: Sequence[int], loss_tokens: np.ndarray
-) -> list[int]:
-    """Supervised tokens of each mini-batch (microbatches ``starts[j]:starts[j + 1]`` of
-    every replica; under dynamic CP the groups of those rounds), from the gathered counts:
-    what a PPO loop divides that mini-batch's summed token losses by."""
-    if isinstance(plan, DynamicCpSchedule):
-        round_of = np.repeat(plan.group_round, plan.group_counts)  # the round of every packed id
-        which = np.searchsorted(np.asarray(starts[1:], dtype=np.int64), round_of, side="right")
-        counts = np.bincount(which, weights=loss_tokens[plan.assigned], minlength=len(starts) - 1)
-        return [int(c) for c in counts[: len(starts) - 1]]
-    out = []
-    for a, b in zip(starts[:-1], starts[1:], strict=True):
-        out.append(sum(int(loss_tokens[ids].sum()) for row in plan.assignment[a:b] for ids in row))
-    return out
+def minibatch_loss_tokens(plan: Schedule, starts: Sequence[int], loss_tokens: np.ndarray) -> list[int]:
+    """Supervised tokens of each mini-batch (the groups of rounds ``starts[j]:starts[j +
+    1]``), from the gathered counts: what a PPO loop divides that mini-batch's summed token
+    losses by."""
+    round_of = plan.group_round[plan.group_of]  # the round of every packed id
+    which = np.searchsorted(np.asarray(starts[1:], dtype=np.int64), round_of, side="right")
+    counts = np.bincount(which, weights=loss_tokens[plan.assigned], minlength=len(starts) - 1)
+    return [int(c) for c in counts[: len(starts) - 1]]

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from seqpack.options import INT64_MAX, Sync
-from seqpack.thd import padded_lengths
 
 if TYPE_CHECKING:
     from seqpack.cost import CostModel
@@ -43,12 +42,13 @@ def microbatch_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
     Without a cost model the cost is padded tokens. Empty microbatches cost ``constant``
     (the rank still runs the step on a padding-only filler).
     """
-    padded = padded_lengths(schedule.lengths, schedule.pad_multiple)
+    padded = schedule.padded_assigned()
     per_seq = padded.astype(np.float64) if cost is None else cost.cost(padded)
     constant = 0.0 if cost is None else cost.constant
-    ids, cell, counts = schedule._flat
-    out = np.bincount(cell, weights=per_seq[ids], minlength=counts.shape[0]) + constant
-    return out.reshape(schedule.num_microbatches, schedule.dp_size)
+    groups = np.bincount(schedule.group_of, weights=per_seq, minlength=schedule.num_groups) + constant
+    out = np.zeros((schedule.num_microbatches, schedule.dp_size), dtype=np.float64)
+    np.add.at(out, (schedule.group_round, schedule.leading_replica()), groups)
+    return out
 
 
 def round_sum_lower_bound(

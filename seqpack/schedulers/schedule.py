@@ -1,8 +1,16 @@
 """The :class:`Schedule` a scheduler returns and the :class:`ScheduleLimits` it was made for.
 
-A schedule says, for one training step, which global sample ids each DP replica packs into
-each of its microbatches. It is pure data computed from lengths alone, so every rank
-computes the same one without talking to the others.
+A schedule says, for one training step, which global sample ids each microbatch packs and
+which ranks run it. It is pure data computed from lengths alone, so every rank computes the
+same one without talking to the others.
+
+The ``R = dp_size * cp_size`` ranks are numbered DP-major (rank ``d * cp_size + k`` is CP rank
+``k`` of DP replica ``d``). Every microbatch round cuts them into contiguous blocks, the
+*groups*; each group runs one packed microbatch whose sequences use the group's size as their
+CP size. Static CP (and plain data parallelism) is the case where the groups of every round
+are the DP replicas' CP blocks (``group_sizes="static"``): group ``m * dp_size + d`` is
+microbatch ``m`` of replica ``d``, and :attr:`Schedule.assignment` lists them as a grid. Dynamic CP
+(``"pow2"``, ``"any"``: :mod:`seqpack.schedulers.dynamic_cp`) lets each round choose its groups.
 """
 
 from __future__ import annotations
@@ -16,12 +24,15 @@ from typing import ClassVar
 import numpy as np
 
 from seqpack.errors import ScheduleError, SeqpackTypeError
+from seqpack.options import GroupSizes
 from seqpack.schedulers import schedule_checks
 from seqpack.schedulers.request import _empty, as_lengths, default_origin
-from seqpack.thd import padded_lengths
-from seqpack.validation import int64_array
+from seqpack.thd import group_padded_lengths, padded_lengths
+from seqpack.validation import check_choice, int64_array
 
 __all__ = ["Schedule", "ScheduleLimits"]
+
+_GROUP_SIZES = tuple(GroupSizes)  # wire code: the index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,17 +44,20 @@ class ScheduleLimits:
     cp_size: int
     max_tokens_per_rank: int
     pad_multiple: int
+    group_sizes: GroupSizes = GroupSizes.STATIC
 
     def to_array(self) -> np.ndarray:
-        """The limits as int64 ``[5]``, in field order."""
-        return np.array(dataclasses.astuple(self), dtype=np.int64)
+        """The limits as int64 ``[6]``, in field order (``group_sizes`` as its index in
+        :class:`~seqpack.options.GroupSizes`)."""
+        values = [getattr(self, f.name) for f in dataclasses.fields(self)][:-1]
+        return np.array([*values, _GROUP_SIZES.index(self.group_sizes)], dtype=np.int64)
 
     @classmethod
     def from_array(cls, values: np.ndarray) -> ScheduleLimits:
         """Inverse of :meth:`to_array`.
 
         Raises:
-            ScheduleError: Not one value per field.
+            ScheduleError: Not one value per field, or an unknown group-sizes code.
         """
         fields = dataclasses.fields(cls)
         if values.shape != (len(fields),):
@@ -51,7 +65,11 @@ class ScheduleLimits:
                 f"schedule limits must hold {len(fields)} values ({', '.join(f.name for f in fields)}), "
                 f"got {values.tolist()}"
             )
-        return cls(*(int(v) for v in values))
+        code = int(values[-1])
+        if not 0 <= code < len(_GROUP_SIZES):
+            raise ScheduleError(f"schedule group_sizes code {code} is not one of 0..{len(_GROUP_SIZES) - 1}")
+        m, dp, cp, per_rank, pad = (int(v) for v in values[:-1])
+        return cls(m, dp, cp, per_rank, pad, _GROUP_SIZES[code])
 
 
 def _int64_array(name: str, value: object) -> np.ndarray:
@@ -60,101 +78,72 @@ def _int64_array(name: str, value: object) -> np.ndarray:
     return int64_array(f"schedule array {name!r}", value, error=ScheduleError).reshape(-1)
 
 
+def static_groups(num_microbatches: int, dp_size: int, cp_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(round, first rank, size)`` of the groups of a static plan: group ``m * dp_size +
+    d`` is replica ``d``'s CP block in round ``m``."""
+    g = np.arange(num_microbatches * dp_size, dtype=np.int64)
+    return g // max(dp_size, 1), (g % max(dp_size, 1)) * cp_size, np.full(g.shape[0], cp_size, dtype=np.int64)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Schedule:
-    """Where every sequence of one step goes.
+    """Where every sequence of one step goes, and on which ranks (module docstring).
+
+    Groups are listed round by round, and within a round by their first rank; the groups of
+    a round partition the ranks ``0..R-1``. A group with no ids is an idle block (under
+    lockstep it runs a padding-only filler). Static plans are usually built with
+    :meth:`from_assignment`.
 
     Attributes:
-        num_microbatches: Microbatches every DP replica runs this step.
-        assignment: ``assignment[m][d]`` is the int64 array of global ids packed, in this
-            order, into microbatch ``m`` of DP replica ``d``.
-        deferred: Ids held back for the next step (empty unless the scheduler defers).
-        dropped: Ids removed because they exceed capacity under ``on_oversize="drop"``.
-        truncated: Ids cut to capacity under ``on_oversize="truncate"`` (still assigned).
+        num_microbatches: Microbatch rounds of the step (every rank runs one microbatch per
+            round).
+        group_round, group_start, group_size: int64 ``[G]``: round, first rank and number of
+            ranks of every group.
+        group_counts: int64 ``[G]``: how many ids each group packs; the ids of group ``g``
+            are ``assigned[offsets[g]:offsets[g+1]]``, in pack order.
+        assigned: int64: the packed ids, group after group.
         lengths: Token count each id is packed with (after truncation; 0 when dropped).
         original_lengths: Lengths as given to the scheduler.
         dp_size, cp_size, max_tokens_per_rank, pad_multiple: The limits it was made for.
+        group_sizes: The groups' rule (:class:`~seqpack.options.GroupSizes`): ``"static"``
+            (every group a replica's CP block; sequences padded to ``pad_multiple``),
+            ``"pow2"`` or ``"any"`` (dynamic CP; a group of ``c > 1`` ranks pads to ``2 * c *
+            pad_multiple``: :mod:`seqpack.schedulers.group_padding`).
+        deferred: Ids held back for the next step (empty unless the scheduler defers).
+        dropped: Ids removed because they exceed capacity under ``on_oversize="drop"``.
+        truncated: Ids cut to capacity under ``on_oversize="truncate"`` (still assigned).
         origin: DP rank holding each id before the step's exchange (default: contiguous
-            equal blocks, as :meth:`Scheduler.schedule` assumes); what
-            :class:`~seqpack.stats.StepStats` counts moved tokens against. Not part of the
-            fingerprint: the same placement is the same schedule wherever samples came from.
+            equal blocks); what :class:`~seqpack.stats.StepStats` counts moved tokens
+            against. Not part of the fingerprint: the same placement is the same schedule
+            wherever samples came from.
     """
 
     num_microbatches: int
-    assignment: list[list[np.ndarray]]
+    group_round: np.ndarray
+    group_start: np.ndarray
+    group_size: np.ndarray
+    group_counts: np.ndarray
+    assigned: np.ndarray
     lengths: np.ndarray
     original_lengths: np.ndarray
     dp_size: int
     cp_size: int
     max_tokens_per_rank: int
     pad_multiple: int
+    group_sizes: GroupSizes = GroupSizes.STATIC
     deferred: np.ndarray = dataclasses.field(default_factory=_empty)
     dropped: np.ndarray = dataclasses.field(default_factory=_empty)
     truncated: np.ndarray = dataclasses.field(default_factory=_empty)
     origin: np.ndarray | None = None
 
-    def __post_init__(self) -> None:
-        if self.origin is None:
-            object.__setattr__(self, "origin", default_origin(self.num_sequences, self.dp_size))
-
-    @property
-    def limits(self) -> ScheduleLimits:
-        """The limits the schedule was made for (the head of :meth:`to_arrays`)."""
-        return ScheduleLimits(
-            self.num_microbatches, self.dp_size, self.cp_size, self.max_tokens_per_rank, self.pad_multiple
-        )
-
-    @property
-    def capacity(self) -> int:
-        """Padded tokens one microbatch may hold: ``max_tokens_per_rank * cp_size``."""
-        return self.max_tokens_per_rank * self.cp_size
-
-    @property
-    def num_sequences(self) -> int:
-        return int(self.original_lengths.shape[0])
-
-    @functools.cached_property
-    def _flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(all assigned ids in cell order, cell ``m*dp + d`` of each, ids per cell).
-
-        Computed once: the helpers below are vectorized over it, so they stay fast with
-        thousands of replicas. A Schedule is immutable; do not edit ``assignment`` in place.
-        """
-        cells = [np.asarray(ids) for row in self.assignment for ids in row]
-        counts = np.fromiter((c.shape[0] for c in cells), dtype=np.int64, count=len(cells))
-        ids = np.concatenate(cells).astype(np.int64, copy=False) if cells else _empty()
-        cell = np.repeat(np.arange(len(cells), dtype=np.int64), counts)
-        return ids, cell, counts
-
-    def microbatch_tokens(self, padded: bool = True) -> np.ndarray:
-        """Tokens of every microbatch, int64 ``[num_microbatches, dp_size]``."""
-        per_seq = padded_lengths(self.lengths, self.pad_multiple) if padded else self.lengths
-        ids, cell, counts = self._flat
-        if counts.shape[0] != self.num_microbatches * self.dp_size:
-            raise ScheduleError("assignment does not hold num_microbatches x dp_size microbatches")
-        sums = np.zeros(counts.shape[0], dtype=np.int64)
-        np.add.at(sums, cell, per_seq[ids])
-        return sums.reshape(self.num_microbatches, self.dp_size)
-
-    def placement(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per global id: replica, microbatch and position in pack (-1 when not assigned)."""
-        n = self.num_sequences
-        replica = np.full(n, -1, dtype=np.int64)
-        micro = np.full(n, -1, dtype=np.int64)
-        slot = np.full(n, -1, dtype=np.int64)
-        ids, cell, counts = self._flat
-        if ids.size:
-            starts = np.cumsum(counts) - counts
-            replica[ids] = cell % self.dp_size
-            micro[ids] = cell // self.dp_size
-            slot[ids] = np.arange(ids.shape[0], dtype=np.int64) - starts[cell]
-        return replica, micro, slot
-
     # Arrays of :meth:`to_arrays`, in wire order after ``limits``.
     ARRAY_FIELDS: ClassVar[tuple[str, ...]] = (
         "original_lengths",
         "lengths",
-        "cell_counts",
+        "group_round",
+        "group_start",
+        "group_size",
+        "group_counts",
         "assigned",
         "deferred",
         "dropped",
@@ -162,31 +151,208 @@ class Schedule:
         "origin",
     )
 
-    def to_arrays(self) -> dict[str, np.ndarray]:
-        """The schedule as flat int64 arrays (what travels on the wire).
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "group_sizes", check_choice("group_sizes", self.group_sizes, GroupSizes))
+        if self.origin is None:
+            object.__setattr__(self, "origin", default_origin(self.num_sequences, max(self.dp_size, 1)))
 
-        ``limits`` is :meth:`ScheduleLimits.to_array`; ``cell_counts[m*dp + d]`` is the number
-        of ids of cell ``(m, d)``, whose ids follow each other in ``assigned``. :meth:`from_arrays` inverts it.
+    @classmethod
+    def from_assignment(
+        cls,
+        assignment: Sequence[Sequence[np.ndarray | Sequence[int]]],
+        *,
+        lengths: np.ndarray,
+        original_lengths: np.ndarray,
+        dp_size: int,
+        cp_size: int,
+        max_tokens_per_rank: int,
+        pad_multiple: int,
+        deferred: np.ndarray | None = None,
+        dropped: np.ndarray | None = None,
+        truncated: np.ndarray | None = None,
+        origin: np.ndarray | None = None,
+    ) -> Schedule:
+        """A static plan from its grid: ``assignment[m][d]`` the ids (in pack order) of
+        microbatch ``m`` of replica ``d``.
+
+        Raises:
+            ScheduleError: A round that does not list ``dp_size`` replicas.
         """
-        ids, _, counts = self._flat
-        return {
-            "limits": self.limits.to_array(),
-            "original_lengths": np.ascontiguousarray(self.original_lengths, dtype=np.int64),
-            "lengths": np.ascontiguousarray(self.lengths, dtype=np.int64),
-            "cell_counts": counts,
-            "assigned": ids,
-            "deferred": np.ascontiguousarray(self.deferred, dtype=np.int64),
-            "dropped": np.ascontiguousarray(self.dropped, dtype=np.int64),
-            "truncated": np.ascontiguousarray(self.truncated, dtype=np.int64),
-            "origin": np.ascontiguousarray(self.origin, dtype=np.int64),
-        }
+        rows = list(assignment)
+        for m, row in enumerate(rows):
+            if len(row) != dp_size:
+                raise ScheduleError(f"microbatch {m} has {len(row)} replicas, expected dp_size={dp_size}")
+        cells = [np.ascontiguousarray(ids, dtype=np.int64).reshape(-1) for row in rows for ids in row]
+        counts = np.fromiter((c.shape[0] for c in cells), dtype=np.int64, count=len(cells))
+        rounds, starts, sizes = static_groups(len(rows), dp_size, cp_size)
+        return cls(
+            num_microbatches=len(rows),
+            group_round=rounds,
+            group_start=starts,
+            group_size=sizes,
+            group_counts=counts,
+            assigned=np.concatenate(cells) if cells else _empty(),
+            lengths=lengths,
+            original_lengths=original_lengths,
+            dp_size=dp_size,
+            cp_size=cp_size,
+            max_tokens_per_rank=max_tokens_per_rank,
+            pad_multiple=pad_multiple,
+            deferred=_empty() if deferred is None else deferred,
+            dropped=_empty() if dropped is None else dropped,
+            truncated=_empty() if truncated is None else truncated,
+            origin=origin,
+        )
+
+    # -- shape -----------------------------------------------------------------------------
+    @property
+    def limits(self) -> ScheduleLimits:
+        """The limits the schedule was made for (the head of :meth:`to_arrays`)."""
+        return ScheduleLimits(
+            self.num_microbatches,
+            self.dp_size,
+            self.cp_size,
+            self.max_tokens_per_rank,
+            self.pad_multiple,
+            self.group_sizes,
+        )
+
+    @property
+    def is_static(self) -> bool:
+        """Whether every group is a replica's CP block (``group_sizes="static"``)."""
+        return self.group_sizes == GroupSizes.STATIC
+
+    @property
+    def capacity(self) -> int:
+        """Padded tokens a static microbatch may hold: ``max_tokens_per_rank * cp_size`` (a
+        group of ``c`` ranks holds ``c * max_tokens_per_rank``)."""
+        return self.max_tokens_per_rank * self.cp_size
+
+    @property
+    def num_ranks(self) -> int:
+        """``R = dp_size * cp_size``: the ranks every round partitions."""
+        return self.dp_size * self.cp_size
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.group_size.shape[0])
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.original_lengths.shape[0])
+
+    @functools.cached_property
+    def offsets(self) -> np.ndarray:
+        """int64 ``[G+1]``: group ``g``'s ids are ``assigned[offsets[g]:offsets[g+1]]``."""
+        return np.concatenate([[0], np.cumsum(self.group_counts)]).astype(np.int64)
+
+    @functools.cached_property
+    def group_of(self) -> np.ndarray:
+        """int64, one per entry of :attr:`assigned`: the group it is packed in."""
+        return np.repeat(np.arange(self.num_groups, dtype=np.int64), self.group_counts)
+
+    def group_ids(self, group: int) -> np.ndarray:
+        """The ids group ``group`` packs, in pack order."""
+        return self.assigned[self.offsets[group] : self.offsets[group + 1]]
+
+    def round_groups(self, round_index: int) -> range:
+        """Indices of the groups of round ``round_index`` (ordered by first rank)."""
+        lo, hi = np.searchsorted(self.group_round, [round_index, round_index + 1])
+        return range(int(lo), int(hi))
+
+    def rank_group(self) -> np.ndarray:
+        """int64 ``[num_microbatches, R]``: the group each rank belongs to in each round."""
+        return np.repeat(np.arange(self.num_groups, dtype=np.int64), self.group_size).reshape(
+            self.num_microbatches, self.num_ranks
+        )
+
+    def leading_replica(self) -> np.ndarray:
+        """int64 ``[G]``: the DP replica whose CP block holds each group's first rank (a
+        static plan's group ``m * dp + d``: ``d``)."""
+        return self.group_start // max(self.cp_size, 1)
+
+    @functools.cached_property
+    def assignment(self) -> list[list[np.ndarray]]:
+        """``assignment[m][d]``: the ids of round ``m`` packed by the groups that start in
+        replica ``d``'s CP block, group after group (a static plan: microbatch ``m`` of
+        replica ``d``). Every assigned id appears once."""
+        if self.is_static:  # group m * dp + d is the cell
+            cells = np.split(self.assigned, self.offsets[1:-1]) if self.num_groups else []
+            return [cells[m * self.dp_size : (m + 1) * self.dp_size] for m in range(self.num_microbatches)]
+        grid: list[list[list[np.ndarray]]] = [[[] for _ in range(self.dp_size)] for _ in range(self.num_microbatches)]
+        lead = self.leading_replica().tolist()
+        for g, (m, d) in enumerate(zip(self.group_round.tolist(), lead, strict=True)):
+            grid[m][d].append(self.assigned[self.offsets[g] : self.offsets[g + 1]])
+        return [[parts[0] if len(parts) == 1 else np.concatenate(parts or [_empty()]) for parts in row] for row in grid]
+
+    # -- padding and tokens ----------------------------------------------------------------
+    def padded_assigned(self) -> np.ndarray:
+        """int64, one per entry of :attr:`assigned`: its padded length in its group."""
+        lengths = self.lengths[self.assigned]
+        if self.is_static:
+            return padded_lengths(lengths, self.pad_multiple)
+        return group_padded_lengths(lengths, self.group_size[self.group_of], self.pad_multiple)
+
+    def group_tokens(self, padded: bool = True) -> np.ndarray:
+        """Tokens every group packs, int64 ``[G]`` (padded under its group's rule)."""
+        per_seq = self.padded_assigned() if padded else self.lengths[self.assigned]
+        sums = np.zeros(self.num_groups, dtype=np.int64)
+        np.add.at(sums, self.group_of, per_seq)
+        return sums
+
+    def microbatch_tokens(self, padded: bool = True) -> np.ndarray:
+        """Tokens of every round and replica, int64 ``[num_microbatches, dp_size]``, by
+        :meth:`leading_replica` (a static plan: every microbatch's)."""
+        out = np.zeros((self.num_microbatches, self.dp_size), dtype=np.int64)
+        np.add.at(out, (self.group_round, self.leading_replica()), self.group_tokens(padded))
+        return out
+
+    def id_groups(self) -> np.ndarray:
+        """Per global id: the group that packs it (-1 when not assigned)."""
+        group = np.full(self.num_sequences, -1, dtype=np.int64)
+        group[self.assigned] = self.group_of
+        return group
+
+    def placement(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per global id: replica (:meth:`replica_of`), microbatch (round) and position in
+        its pack, -1 when not assigned."""
+        n = self.num_sequences
+        rounds = np.full(n, -1, dtype=np.int64)
+        slot = np.full(n, -1, dtype=np.int64)
+        if self.assigned.size:
+            rounds[self.assigned] = self.group_round[self.group_of]
+            slot[self.assigned] = np.arange(self.assigned.shape[0], dtype=np.int64) - self.offsets[self.group_of]
+        return self.replica_of(), rounds, slot
+
+    def replica_of(self) -> np.ndarray:
+        """Per global id: the DP replica whose CP block holds its group's first rank (a
+        static plan: the replica that runs it), -1 when not assigned."""
+        return self.per_id(self.leading_replica())
+
+    def per_id(self, group_values: np.ndarray) -> np.ndarray:
+        """int64, per global id: ``group_values`` of the group that packs it, -1 when not
+        assigned."""
+        out = np.full(self.num_sequences, -1, dtype=np.int64)
+        out[self.assigned] = np.asarray(group_values, dtype=np.int64)[self.group_of]
+        return out
+
+    # -- wire ------------------------------------------------------------------------------
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The schedule as flat int64 arrays (what travels on the wire): ``limits``
+        (:meth:`ScheduleLimits.to_array`) and :attr:`ARRAY_FIELDS`. :meth:`from_arrays`
+        inverts it."""
+        out = {"limits": self.limits.to_array()}
+        for name in self.ARRAY_FIELDS:
+            out[name] = np.ascontiguousarray(getattr(self, name), dtype=np.int64)
+        return out
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> Schedule:
-        """Rebuild a schedule from :meth:`to_arrays` (copies every array).
+        """Rebuild a schedule from :meth:`to_arrays` (copies every array; :meth:`validate`
+        checks the invariants).
 
         Raises:
-            ScheduleError: Missing arrays or counts that do not add up.
+            ScheduleError: Missing arrays, or arrays whose counts do not add up.
         """
         if not isinstance(arrays, Mapping):
             raise SeqpackTypeError(f"schedule arrays must be a mapping, got {type(arrays).__name__}")
@@ -194,51 +360,41 @@ class Schedule:
         if missing:
             raise ScheduleError(f"schedule arrays are missing {missing}")
         limits = ScheduleLimits.from_array(_int64_array("limits", arrays["limits"]))
-        m_count, dp = limits.num_microbatches, limits.dp_size
-        get = {k: _int64_array(k, arrays[k]) for k in cls.ARRAY_FIELDS}
-        counts, assigned = get["cell_counts"], get["assigned"]
-        if m_count < 0 or dp < 1 or counts.shape[0] != m_count * dp:
+        got = {k: _int64_array(k, arrays[k]) for k in cls.ARRAY_FIELDS}
+        groups = got["group_size"].shape[0]
+        if any(got[k].shape[0] != groups for k in ("group_round", "group_start", "group_counts")):
+            raise ScheduleError("schedule group arrays differ in length")
+        counts = got["group_counts"]
+        if int(counts.sum()) != got["assigned"].shape[0] or (counts.size and counts.min() < 0):
             raise ScheduleError(
-                f"schedule cell_counts holds {counts.shape[0]} counts for {m_count} microbatches x {dp} replicas"
+                f"schedule group_counts sum to {int(counts.sum())} but {got['assigned'].shape[0]} ids are assigned"
             )
-        if int(counts.sum()) != assigned.shape[0] or (counts.size and counts.min() < 0):
+        if got["origin"].shape[0] != got["original_lengths"].shape[0]:
             raise ScheduleError(
-                f"schedule cell_counts sum to {int(counts.sum())} but {assigned.shape[0]} ids are assigned"
+                f"schedule origin holds {got['origin'].shape[0]} ranks for {got['original_lengths'].shape[0]} ids"
             )
-        cells = np.split(assigned, np.cumsum(counts)[:-1]) if counts.size else []
         return cls(
-            num_microbatches=m_count,
-            assignment=[[np.ascontiguousarray(cells[m * dp + d]) for d in range(dp)] for m in range(m_count)],
-            lengths=get["lengths"],
-            original_lengths=get["original_lengths"],
-            dp_size=dp,
+            num_microbatches=limits.num_microbatches,
+            dp_size=limits.dp_size,
             cp_size=limits.cp_size,
             max_tokens_per_rank=limits.max_tokens_per_rank,
             pad_multiple=limits.pad_multiple,
-            deferred=get["deferred"],
-            dropped=get["dropped"],
-            truncated=get["truncated"],
-            origin=get["origin"],
+            group_sizes=limits.group_sizes,
+            **got,
         )
 
     def fingerprint(self) -> int:
         """A 63-bit hash of the whole schedule, equal on ranks that computed the same one."""
         digest = hashlib.blake2b(digest_size=8)
-        digest.update(self.limits.to_array().tobytes())
-        # Byte stream: for every cell its id count then its ids (built in one buffer).
-        ids, cell, counts = self._flat
-        stream = np.empty(ids.shape[0] + counts.shape[0], dtype=np.int64)
-        count_at = np.cumsum(counts + 1) - (counts + 1)
-        stream[count_at] = counts
-        is_id = np.ones(stream.shape[0], dtype=bool)
-        is_id[count_at] = False
-        stream[is_id] = ids
-        digest.update(stream.tobytes())
-        for extra in (self.deferred, self.dropped, self.truncated, self.lengths, self.original_lengths):
-            digest.update(np.int64(extra.shape[0]).tobytes())
-            digest.update(np.ascontiguousarray(extra, dtype=np.int64).tobytes())
+        for name, array in self.to_arrays().items():
+            if name == "origin":  # where samples came from does not change the plan
+                continue
+            digest.update(name.encode())
+            digest.update(np.int64(array.shape[0]).tobytes())
+            digest.update(array.tobytes())
         return int.from_bytes(digest.digest(), "little") >> 1
 
+    # -- invariants ------------------------------------------------------------------------
     def validate(
         self,
         lengths: Sequence[int] | np.ndarray | None = None,
@@ -250,10 +406,12 @@ class Schedule:
     ) -> None:
         """Raise :class:`~seqpack.errors.ScheduleError` naming the first violated invariant.
 
-        Every id appears exactly once in assignment, deferred or dropped; every replica runs
-        ``num_microbatches`` microbatches; padded tokens of every microbatch fit capacity;
-        truncated ids are packed with at most their original length; the limits match.
-        One check per invariant, in :mod:`seqpack.schedulers.schedule_checks`.
+        The limits match; the groups of every round partition the ranks into contiguous
+        blocks by the plan's rule (static: each replica's CP block; ``"pow2"``: aligned
+        powers of two or the whole R); every id appears exactly once in assigned, deferred
+        or dropped; lengths changed only by truncation or dropping; the padded tokens of
+        every group fit ``size * max_tokens_per_rank``. One check per invariant, in
+        :mod:`seqpack.schedulers.schedule_checks`.
         """
         expected = {"dp_size": dp_size, "cp_size": cp_size, "max_tokens_per_rank": max_tokens_per_rank}
         expected["pad_multiple"] = pad_multiple

@@ -7,8 +7,8 @@ offsets when each sequence is padded at its end). Pure functions: no process gro
 Modules, in the order data flows through them:
     sample: the sample contract (:func:`normalize_sample`): accepted keys, dtypes, checks;
         :data:`IGNORE_INDEX`, :data:`SAMPLE_DTYPES`, :data:`TOKEN_KEYS`; label alignment
-        (:func:`next_token_targets`), the copied-labels guard (:func:`check_label_format`,
-        :func:`label_copy_counts`, :func:`looks_unshifted`), :func:`count_loss_tokens`.
+        (:func:`next_token_targets`), the alignment guard (:func:`check_label_format`,
+        :func:`label_alignment_counts`, :func:`looks_misaligned`), :func:`count_loss_tokens`.
     layout: the one derivation of the per-token layout (:func:`token_layout`: sequence,
         offset in its padded slot, pad flag) and Mamba's :func:`seq_idx_from_cu_seqlens`.
     batch: :class:`PackedBatch` (one THD microbatch), its ``te_kwargs()`` for Transformer
@@ -35,6 +35,8 @@ from seqpack.thd.cp import (
     cp_pad_multiple,
     dualchunk_to_sequential,
     gather_order,
+    group_pad_multiple,
+    group_padded_lengths,
     partition_indices,
     reorder_seq_chunks,
     sequential_to_dualchunk,
@@ -57,8 +59,8 @@ from seqpack.thd.sample import (
     TOKEN_KEYS,
     check_label_format,
     count_loss_tokens,
-    label_copy_counts,
-    looks_unshifted,
+    label_alignment_counts,
+    looks_misaligned,
     next_token_targets,
     normalize_sample,
 )
@@ -79,11 +81,13 @@ __all__ = [
     "chunk_ids_after_attention",
     "chunk_ids_before_attention",
     "cp_pad_multiple",
+    "group_pad_multiple",
+    "group_padded_lengths",
     "count_loss_tokens",
     "dualchunk_to_sequential",
     "gather_order",
-    "label_copy_counts",
-    "looks_unshifted",
+    "label_alignment_counts",
+    "looks_misaligned",
     "next_token_targets",
     "normalize_sample",
     "pack_sequences",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
@@ -33,6 +34,8 @@ __all__ = [
     "shard_for_cp",
     "unshard_from_cp",
     "cp_pad_multiple",
+    "group_pad_multiple",
+    "group_padded_lengths",
     "chunk_ids_before_attention",
     "chunk_ids_after_attention",
     "reorder_seq_chunks",
@@ -72,6 +75,23 @@ def cp_pad_multiple(cp_size: int, layout: CpLayout | str = CpLayout.DUALCHUNK) -
     (contiguous), 1 without CP. ``pad_multiple_for(cp_size)`` (``2*cp``) suits both layouts."""
     cp_size, _ = check_cp(cp_size)
     return _multiple(cp_size, check_choice("layout", layout, CpLayout))
+
+
+def group_pad_multiple(group_size: int, pad_multiple: int) -> int:
+    """What a sequence of a dynamic-CP group of ``group_size`` ranks is padded to a multiple
+    of: ``pad_multiple`` alone, ``2 * group_size * pad_multiple`` in a group. DualChunkSwap
+    cuts it into ``2c`` chunks, each itself a multiple of ``pad_multiple``, so every rank's
+    shard meets what ``pad_multiple`` asks of a whole sequence on one rank (TP under sequence
+    parallelism, 16 under FP8)."""
+    return 2 * group_size * pad_multiple if group_size > 1 else pad_multiple
+
+
+def group_padded_lengths(lengths: np.ndarray, group_size: int | np.ndarray, pad_multiple: int) -> np.ndarray:
+    """Padded length of each sequence in a dynamic-CP group of ``group_size`` ranks
+    (:func:`group_pad_multiple`; int64, sizes broadcast against ``lengths``)."""
+    size = np.asarray(group_size, dtype=np.int64)
+    multiple = np.where(size > 1, 2 * size * pad_multiple, pad_multiple)
+    return -(-np.asarray(lengths, dtype=np.int64) // multiple) * multiple
 
 
 def _multiple(cp_size: int, layout: CpLayout) -> int:

@@ -20,11 +20,11 @@ from seqpack.thd.layout import Offsets, as_offsets, token_layout
 from seqpack.thd.sample import (
     IGNORE_INDEX,
     TOKEN_KEYS,
-    copied_labels,
-    copied_labels_message,
     default_labels,
-    label_copy_counts,
-    looks_unshifted,
+    label_alignment_counts,
+    looks_misaligned,
+    misaligned_labels,
+    misaligned_labels_message,
     next_token_targets,
     normalize_sample,
 )
@@ -121,11 +121,15 @@ def pack_sequences(
         sample_ids: Global id of every sample (default ``0..N-1``).
         label_format: ``"shifted"``: ``labels`` (and ``loss_mask``) are next-token targets
             (Megatron, NeMo); ``"unshifted"``: aligned with ``input_ids`` (Hugging Face,
-            TRL), shifted here within each sequence, whose last token gets -100.
+            TRL), shifted here within each sequence, whose last token gets -100;
+            ``"position_aligned"``: each position's own target (a bidirectional model),
+            used as given like ``"shifted"`` and never refused for equalling ``input_ids``.
 
     Raises:
-        SeqpackTypeError, SampleError: A sample that breaks the sample contract; a
-            zero-length sequence; ``"shifted"`` labels that copy ``input_ids``
+        SeqpackTypeError, SampleError: A sample that breaks the sample contract (a
+            ``loss_mask`` weight that is negative or not finite included); a zero-length
+            sequence; labels aligned the other way than ``label_format`` says: copies of
+            ``input_ids`` as ``"shifted"``, next tokens as ``"unshifted"``
             (:func:`seqpack.thd.sample.check_label_format`).
         ConfigError: Empty ``samples``, a pack longer than ``pad_to``, bad padding arguments,
             an unknown ``label_format`` or ``sample_ids`` of the wrong length.
@@ -204,8 +208,8 @@ class _RealStream:
 def _real_stream(
     sequences: Sequence[Mapping[str, torch.Tensor]], cu_real: np.ndarray, label_format: LabelFormat
 ) -> _RealStream:
-    """Labels and loss mask of the real tokens: each sample's own where given (checked under
-    ``"shifted"``, moved one token left under ``"unshifted"``), the next tokens elsewhere."""
+    """Labels and loss mask of the real tokens: each sample's own where given (checked against
+    ``label_format``, moved one token left under ``"unshifted"``), the next tokens elsewhere."""
     flat_ids = torch.cat([sequence["input_ids"] for sequence in sequences])  # [R]
     last = torch.from_numpy(cu_real[1:] - 1)  # [N]
     # Optional fields any sample carries (most packs carry none, or all carry the same).
@@ -217,8 +221,8 @@ def _real_stream(
     if "loss_mask" in optional:
         mask = torch.ones(flat_ids.shape[0], dtype=torch.float32)
         _override(mask, sequences, "loss_mask", cu_real)
-    if "labels" in optional and label_format is LabelFormat.SHIFTED:
-        _refuse_copied_labels(flat_ids, labels, mask, last, cu_real)
+    if "labels" in optional and label_format is not LabelFormat.POSITION_ALIGNED:
+        _refuse_misaligned_labels(flat_ids, labels, mask, last, cu_real, label_format)
     labels, mask = next_token_targets(labels, mask, last, label_format)
     # The mask is 0 wherever the label is -100. One host sync when samples live on a device;
     # packing normally runs on the CPU.
@@ -226,18 +230,23 @@ def _real_stream(
     return _RealStream(flat_ids, labels, mask, last, num_loss_tokens)
 
 
-def _refuse_copied_labels(
-    ids: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None, last: torch.Tensor, cu_real: np.ndarray
+def _refuse_misaligned_labels(
+    ids: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor | None,
+    last: torch.Tensor,
+    cu_real: np.ndarray,
+    label_format: LabelFormat,
 ) -> None:
-    """Raise for the first sample whose ``"shifted"`` labels copy its ``input_ids``."""
-    # Next-token labels have no copies: one count settles the common case.
-    if int(copied_labels(ids, labels, mask, last).sum()) < LABEL_COPY_MIN_TOKENS:
+    """Raise for the first sample whose labels are aligned the other way than declared."""
+    # Labels in the declared alignment have no misaligned token: one count settles the common case.
+    if int(misaligned_labels(ids, labels, mask, last, label_format)[1].sum()) < LABEL_COPY_MIN_TOKENS:
         return
-    supervised, copied = label_copy_counts(ids, labels, mask, cu_real)
-    refused = np.flatnonzero(looks_unshifted(supervised, copied))
+    checked, misaligned = label_alignment_counts(ids, labels, mask, cu_real, label_format)
+    refused = np.flatnonzero(looks_misaligned(checked, misaligned))
     if refused.size:
         i = int(refused[0])
-        raise SampleError(copied_labels_message(f"sample {i}", int(supervised[i]), int(copied[i])))
+        raise SampleError(misaligned_labels_message(f"sample {i}", int(checked[i]), int(misaligned[i]), label_format))
 
 
 class _TokenFields(TypedDict):

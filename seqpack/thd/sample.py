@@ -7,21 +7,25 @@ tensors, numpy arrays and lists of any integer dtype (numpy ``uint16`` / ``uint3
 tokenizers emit them, torch ``uint8`` ... ``uint64``) and become int64; values past int64
 are an error, and so are float arrays, even integral ones (a float label is a bug upstream,
 never silently truncated). ``loss_mask`` accepts any bool, integer or float dtype, becomes
-float32 and must be finite. :func:`normalize_sample` applies the contract
+float32 and must be finite and >= 0. :func:`normalize_sample` applies the contract
 (:func:`seqpack.thd.sample_sequences` also splits a pre-packed sample first).
 
-Labels come in one of two alignments (:class:`~seqpack.options.LabelFormat`): ``"shifted"``
-(next-token targets, seqpack's own form: ``labels[t]`` is what token ``t`` predicts) or
-``"unshifted"`` (Hugging Face's: aligned with ``input_ids``, the model shifts).
-:func:`next_token_targets` turns either into seqpack's form; :func:`check_label_format`
-refuses ``"shifted"`` labels that are copies of ``input_ids``; :func:`count_loss_tokens`
-counts what a sample adds to a microbatch's ``num_loss_tokens``. A token carries loss when
-its label is not :data:`IGNORE_INDEX` and its ``loss_mask`` is > 0; the mask is a weight on
-such tokens and is 0 wherever the label is :data:`IGNORE_INDEX`.
+Labels come in one of three alignments (:class:`~seqpack.options.LabelFormat`):
+``"shifted"`` (next-token targets, seqpack's own form: ``labels[t]`` is what token ``t``
+predicts), ``"unshifted"`` (Hugging Face's: aligned with ``input_ids``, the model shifts) or
+``"position_aligned"`` (each position's own target, used as given: a bidirectional model).
+:func:`next_token_targets` turns each into seqpack's form; :func:`check_label_format`
+refuses labels aligned the other way than declared (copies of ``input_ids`` as
+``"shifted"``, next tokens as ``"unshifted"``); :func:`count_loss_tokens` counts what a
+sample adds to a microbatch's ``num_loss_tokens``. A token carries loss when its label is
+not :data:`IGNORE_INDEX` and its ``loss_mask`` is > 0; the mask is a weight on such tokens
+(a loss may multiply each token's loss by it; ``num_loss_tokens`` counts the tokens, not
+the weights) and is 0 wherever the label is :data:`IGNORE_INDEX`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -40,11 +44,11 @@ __all__ = [
     "SAMPLE_DTYPES",
     "TOKEN_KEYS",
     "check_label_format",
-    "copied_labels",
     "count_loss_tokens",
     "default_labels",
-    "label_copy_counts",
-    "looks_unshifted",
+    "label_alignment_counts",
+    "looks_misaligned",
+    "misaligned_labels",
     "next_token_targets",
     "normalize_sample",
 ]
@@ -155,17 +159,20 @@ def _normalize_field(value: Any, key: str, where: str) -> torch.Tensor:
                     f"fit int64 (max {INT64_MAX})"
                 )
         return tensor.to(dtype)
-    # loss_mask: any real dtype, float32 and finite (a float64 past float32's range becomes inf).
+    # loss_mask: any real dtype, float32, finite (a float64 past float32's range becomes inf)
+    # and >= 0 (a negative weight would subtract a token's loss that num_loss_tokens leaves out).
     if tensor.is_complex():
         raise SeqpackTypeError(f"{where}: {key!r} must hold real numbers, got dtype {tensor.dtype}")
     converted = tensor.to(dtype)
-    if converted.is_floating_point():
-        finite = torch.isfinite(converted)
-        if not bool(finite.all()):
-            bad = int(torch.nonzero(~finite)[0])
+    valid = (converted >= 0) & (converted < torch.inf)  # False for NaN, +-inf and negatives alike
+    if not bool(valid.all()):
+        bad = int(torch.nonzero(~valid)[0])
+        value = tensor[bad].item()
+        if math.isfinite(converted[bad].item()):
             raise SampleError(
-                f"{where}: {key!r} must be finite, got {tensor[bad].item()} at token {bad} (dtype {tensor.dtype})"
+                f"{where}: {key!r} must be >= 0 (a weight on each token's loss), got {value} at token {bad}"
             )
+        raise SampleError(f"{where}: {key!r} must be finite, got {value} at token {bad} (dtype {tensor.dtype})")
     return converted
 
 
@@ -186,7 +193,7 @@ def normalize_sample(sample: Any, *, where: str = "sample") -> dict[str, torch.T
         SeqpackTypeError: Not a mapping; a field that is not a tensor, array or list, or of
             the wrong dtype (floats, bools for integer fields).
         SampleError: No ``input_ids``; a field not 1-D, not as long as ``input_ids``,
-            past int64, or a non-finite ``loss_mask``.
+            past int64, or a ``loss_mask`` weight that is negative or not finite.
     """
     if type(sample) is not dict and not isinstance(sample, Mapping):  # type(): the fast, common case
         raise SeqpackTypeError(f"{where} must be a mapping of 1-D tensors, got {type(sample).__name__}")
@@ -212,7 +219,7 @@ def normalize_sample(sample: Any, *, where: str = "sample") -> dict[str, torch.T
     return out
 
 
-# --- labels: alignment, copies of input_ids, loss tokens ----------------------------------
+# --- labels: alignment, the alignment guard, loss tokens -----------------------------------
 
 
 def _shift_left(values: torch.Tensor, fill: float) -> torch.Tensor:
@@ -229,8 +236,9 @@ def default_labels(input_ids: torch.Tensor, last: torch.Tensor, label_format: La
     Args:
         input_ids: One or more sequences concatenated (int64 ``[L]``).
         last: Index of every sequence's last token (int64 ``[N]``).
-        label_format: ``"shifted"``: next-token labels (-100 at each last token);
-            ``"unshifted"``: ``input_ids`` itself (what Hugging Face's collators use).
+        label_format: ``"shifted"`` and ``"position_aligned"``: next-token labels (-100 at
+            each last token); ``"unshifted"``: ``input_ids`` itself (what Hugging Face's
+            collators use). Either way they become the next tokens once packed.
     """
     if check_choice("label_format", label_format, LabelFormat) is LabelFormat.UNSHIFTED:
         return input_ids.clone()
@@ -245,17 +253,18 @@ def next_token_targets(
     last: torch.Tensor,
     label_format: LabelFormat | str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Labels and loss mask of concatenated sequences in seqpack's form (next-token targets).
+    """Labels and loss mask of concatenated sequences in seqpack's form (the packed targets).
 
     Under ``"unshifted"`` the labels (and a given ``loss_mask``, aligned with them) move one
-    token left within each sequence; each sequence's last token gets -100. The loss mask is
-    the given one (else 1) where the label is not -100, and 0 elsewhere.
+    token left within each sequence; each sequence's last token gets -100. Under
+    ``"shifted"`` and ``"position_aligned"`` they stay as given. The loss mask is the given
+    one (else 1) where the label is not -100, and 0 elsewhere.
 
     Args:
         labels: int64 ``[L]`` in ``label_format``'s alignment (not modified).
         loss_mask: float32 ``[L]`` aligned with ``labels``, or ``None``.
         last: Index of every sequence's last token (int64 ``[N]``).
-        label_format: ``"shifted"`` or ``"unshifted"``.
+        label_format: ``"shifted"``, ``"unshifted"`` or ``"position_aligned"``.
 
     Returns:
         ``(labels, loss_mask)``: int64 and float32 ``[L]``.
@@ -270,79 +279,111 @@ def next_token_targets(
     return labels, torch.where(supervised, loss_mask, torch.zeros((), dtype=loss_mask.dtype, device=loss_mask.device))
 
 
-def copied_labels(
-    input_ids: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor | None, last: torch.Tensor
-) -> torch.Tensor:
-    """Supervised tokens whose label is their own token and not the next one (bool ``[L]``).
+def misaligned_labels(
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    loss_mask: torch.Tensor | None,
+    last: torch.Tensor,
+    label_format: LabelFormat | str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which supervised tokens tell the two alignments apart, and which of those carry the
+    target of the other alignment than ``label_format`` (bool ``[L]`` each).
 
-    What labels aligned with ``input_ids`` (Hugging Face's) look like when read as next-token
-    targets. Next-token labels never match, even on a run of one repeated token.
+    A supervised token (label not -100, ``loss_mask`` > 0 when given) is *checked* unless its
+    label equals both its own token and the next one: inside a run ``a a`` the label ``a``
+    fits either alignment and says nothing. A checked token is *misaligned* when its label is
+    its own token under ``"shifted"`` (Hugging Face's labels read as next-token targets: the
+    model would learn to copy its input), or the next token under ``"unshifted"``
+    (next-token labels shifted again: each token would learn the one two ahead). Labels in
+    the declared alignment have no misaligned token, on any text; ``"position_aligned"``
+    labels are never misaligned.
 
     Args:
         input_ids, labels: int64 ``[L]``, the sequences concatenated; labels as given.
         loss_mask: float32 ``[L]`` or ``None``; a token with mask 0 is not supervised.
         last: Index of every sequence's last token (int64 ``[N]``).
+        label_format: The alignment the caller declared.
     """
-    copied = (labels == input_ids) & (labels != default_labels(input_ids, last, LabelFormat.SHIFTED))
+    label_format = check_choice("label_format", label_format, LabelFormat)
+    own = labels == input_ids
+    ahead = labels == default_labels(input_ids, last, LabelFormat.SHIFTED)  # never at a last token (-100 there)
+    checked = (labels != IGNORE_INDEX) & ~(own & ahead)
     if loss_mask is not None:
-        copied &= loss_mask > 0
-    return copied
+        checked &= loss_mask > 0
+    if label_format is LabelFormat.POSITION_ALIGNED:
+        return checked, torch.zeros_like(checked)
+    return checked, checked & (own if label_format is LabelFormat.SHIFTED else ahead)
 
 
-def label_copy_counts(
-    input_ids: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor | None, cu_seqlens: np.ndarray
+def label_alignment_counts(
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    loss_mask: torch.Tensor | None,
+    cu_seqlens: np.ndarray,
+    label_format: LabelFormat | str = LabelFormat.SHIFTED,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per sequence: supervised tokens (label not -100, ``loss_mask`` > 0 when given) and how
-    many of them are :func:`copied_labels`.
+    """Per sequence: its checked tokens and how many of them are misaligned
+    (:func:`misaligned_labels`).
 
     Args:
         input_ids, labels: int64 ``[L]``, the sequences concatenated; labels as given.
         loss_mask: float32 ``[L]`` or ``None``.
         cu_seqlens: int64 ``[N+1]`` offsets of the (non-empty) sequences in the stream.
+        label_format: The alignment the caller declared.
 
     Returns:
-        ``(supervised, copied)``: int64 ``[N]`` each.
+        ``(checked, misaligned)``: int64 ``[N]`` each.
     """
-    supervised = labels != IGNORE_INDEX
-    if loss_mask is not None:
-        supervised &= loss_mask > 0
-    last = torch.from_numpy(cu_seqlens[1:] - 1).to(labels.device)
-    copied = copied_labels(input_ids, labels, loss_mask, last)
-    running = torch.stack([supervised, copied]).to(torch.int64).cumsum(dim=1).cpu().numpy()  # [2, L]
+    last = torch.from_numpy(np.asarray(cu_seqlens[1:], dtype=np.int64) - 1).to(labels.device)
+    checked, misaligned = misaligned_labels(input_ids, labels, loss_mask, last, label_format)
+    running = torch.stack([checked, misaligned]).to(torch.int64).cumsum(dim=1).cpu().numpy()  # [2, L]
     running = np.concatenate([np.zeros((2, 1), dtype=np.int64), running], axis=1)  # [2, L + 1]
     per_seq = running[:, cu_seqlens[1:]] - running[:, cu_seqlens[:-1]]  # [2, N]
     return per_seq[0], per_seq[1]
 
 
-def looks_unshifted(supervised: np.ndarray, copied: np.ndarray) -> np.ndarray:
-    """Which sequences' ``"shifted"`` labels are copies of their ``input_ids`` (bool ``[N]``).
+def looks_misaligned(checked: np.ndarray, misaligned: np.ndarray) -> np.ndarray:
+    """Which sequences' labels are aligned the other way than declared (bool ``[N]``).
 
-    True when a sequence has at least :data:`~seqpack.options.LABEL_COPY_MIN_TOKENS`
-    supervised tokens and at least :data:`~seqpack.options.LABEL_COPY_FRACTION` of them are
-    :func:`copied_labels`. The same rule serves a whole step's sums (:func:`label_copy_counts`).
+    True when a sequence has at least :data:`~seqpack.options.LABEL_COPY_MIN_TOKENS` checked
+    tokens and at least :data:`~seqpack.options.LABEL_COPY_FRACTION` of them are misaligned
+    (:func:`label_alignment_counts`). The same rule serves a whole step's sums.
     """
-    supervised = np.asarray(supervised, dtype=np.int64)
-    copied = np.asarray(copied, dtype=np.int64)
-    return (supervised >= LABEL_COPY_MIN_TOKENS) & (copied >= LABEL_COPY_FRACTION * supervised)
+    checked = np.asarray(checked, dtype=np.int64)
+    misaligned = np.asarray(misaligned, dtype=np.int64)
+    return (checked >= LABEL_COPY_MIN_TOKENS) & (misaligned >= LABEL_COPY_FRACTION * checked)
 
 
-def copied_labels_message(where: str, supervised: int, copied: int) -> str:
-    """The error for ``"shifted"`` labels that look aligned with ``input_ids``."""
+def misaligned_labels_message(where: str, checked: int, misaligned: int, label_format: LabelFormat | str) -> str:
+    """The error for labels that look aligned the other way than ``label_format`` says."""
+    counted = (
+        f"on {misaligned} of {checked} supervised tokens (not counting those equal to the next token, which fit "
+        "either alignment)"
+    )
+    if check_choice("label_format", label_format, LabelFormat) is LabelFormat.UNSHIFTED:
+        return (
+            f"{where}: labels equal the next token of input_ids {counted}, as next-token labels (Megatron, NeMo, "
+            "torchtitan) do, but label_format='unshifted' shifts labels one token left (each token would be trained "
+            "on the token two ahead); pass label_format='shifted', or give labels aligned with input_ids"
+        )
     return (
-        f"{where}: labels equal input_ids on {copied} of {supervised} supervised tokens, as Hugging Face's "
-        "labels do, but label_format='shifted' reads labels as next-token targets (the model would learn to "
-        "copy its input); pass label_format='unshifted', or give next-token labels"
+        f"{where}: labels equal input_ids {counted}, as Hugging Face's labels do, but label_format='shifted' reads "
+        "labels as next-token targets (the model would learn to copy its input); pass label_format='unshifted' for "
+        "Hugging Face-style labels, label_format='position_aligned' if each position is meant to predict its own "
+        "token (a bidirectional model), or give next-token labels"
     )
 
 
 def check_label_format(
     sample: Mapping[str, torch.Tensor], label_format: LabelFormat | str, *, where: str = "sample"
 ) -> None:
-    """Refuse ``"shifted"`` labels that are copies of ``input_ids`` (:func:`looks_unshifted`).
+    """Refuse labels aligned the other way than ``label_format`` says (:func:`looks_misaligned`):
+    copies of ``input_ids`` under ``"shifted"``, the next tokens under ``"unshifted"``.
 
     Args:
         sample: One sequence as :func:`normalize_sample` returns it.
-        label_format: How the caller declared its labels; ``"unshifted"`` is never refused.
+        label_format: How the caller declared its labels; ``"position_aligned"`` is never
+            refused.
         where: How the error names the sample.
 
     Raises:
@@ -350,13 +391,13 @@ def check_label_format(
     """
     label_format = check_choice("label_format", label_format, LabelFormat)
     labels = sample.get("labels")
-    if label_format is LabelFormat.UNSHIFTED or labels is None or labels.shape[0] == 0:
+    if label_format is LabelFormat.POSITION_ALIGNED or labels is None or labels.shape[0] == 0:
         return
     ids = sample["input_ids"]
     cu = np.array([0, ids.shape[0]], dtype=np.int64)
-    supervised, copied = label_copy_counts(ids, labels, sample.get("loss_mask"), cu)
-    if looks_unshifted(supervised, copied)[0]:
-        raise SampleError(copied_labels_message(where, int(supervised[0]), int(copied[0])))
+    checked, misaligned = label_alignment_counts(ids, labels, sample.get("loss_mask"), cu, label_format)
+    if looks_misaligned(checked, misaligned)[0]:
+        raise SampleError(misaligned_labels_message(where, int(checked[0]), int(misaligned[0]), label_format))
 
 
 def count_loss_tokens(sample: Mapping[str, torch.Tensor], label_format: LabelFormat | str = "shifted") -> int:

@@ -13,9 +13,8 @@ import pytest
 from seqpack._logging import reset_warn_once
 from seqpack.calibrate import CostCalibrator, TimingLedger
 from seqpack.calibrate.base import Calibrator
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
-from seqpack.schedulers.dynamic_cp import GroupCost
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 
 # -- states saved by main's code (7646089), frozen -------------------------------------------

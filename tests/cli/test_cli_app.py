@@ -119,4 +119,6 @@ def test_closed_stdout_is_not_an_error(tmp_path):
         "sys.exit(m.main(['simulate', '--dp', '2', '--steps', '1', '--no-progress']))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == ExitCode.BROKEN_PIPE and proc.stderr == ""
+    # The first kernel compile of a cold cache (a fresh clone) is announced on stderr: not an error.
+    stderr = "".join(line for line in proc.stderr.splitlines(True) if not line.startswith("numba is compiling"))
+    assert proc.returncode == ExitCode.BROKEN_PIPE and stderr == ""

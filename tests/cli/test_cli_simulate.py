@@ -166,14 +166,44 @@ def test_simulate_repeats_lengths_without_materializing_every_step():
 def test_simulate_reports_moved_tokens_plan_time_and_memory():
     lengths = lognormal_lengths(4096, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096)
     kwargs = dict(dp_size=64, max_tokens_per_rank=16384, global_batch=1024, steps=2, bytes_per_token=100)
-    on = simulate(lengths, schedulers=["balanced", "dp_balanced"], **kwargs)
-    off = simulate(lengths, schedulers=["balanced"], scheduler_options={"balanced": {"locality": False}}, **kwargs)
+    on = simulate(lengths, schedulers=["balanced", "dp_balanced"], scheduler_options=_locality(True), **kwargs)
+    off = simulate(lengths, schedulers=["balanced"], scheduler_options=_locality(False), **kwargs)
     bal, ref = on["results"]["balanced"], on["results"]["dp_balanced"]
     assert bal["moved_fraction"] < off["results"]["balanced"]["moved_fraction"] <= ref["moved_fraction"]
     row = bal["steps"][0]
     assert row["rank_moved_bytes"] > 0 and row["moved_bytes"] >= row["rank_moved_bytes"]
     assert on["config"]["bytes_per_token"] == 100.0 and bal["seconds_mean"] > 0
     assert bal["peak_bytes"] is None or bal["peak_bytes"] >= 0
+
+
+def _locality(value):
+    return {"balanced": {"locality": value}}
+
+
+def test_simulate_decides_locality_auto_by_the_bytes_per_token_and_says_so(capsys):
+    lengths = lognormal_lengths(2048, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096)
+    kwargs = dict(schedulers=["balanced"], dp_size=64, max_tokens_per_rank=16384, global_batch=1024, steps=2)
+    moved = {}
+    for payload in (20, 4096):
+        for option in ("auto", True, False):
+            r = simulate(lengths, scheduler_options=_locality(option), bytes_per_token=payload, **kwargs)
+            moved[payload, option] = r["results"]["balanced"]["moved_fraction"]
+            steps = r["results"]["balanced"]["locality_steps"]
+            assert steps == (2 if option is True or (option == "auto" and payload == 4096) else 0)
+            assert 20 < r["results"]["balanced"]["locality_break_even"] < 4096
+    assert moved[20, "auto"] == moved[20, False] > moved[20, True]  # token ids: off
+    assert moved[4096, "auto"] == moved[4096, True] < moved[4096, False]  # a 1K-float row per token: on
+    args = ["simulate", "--dp", "64", "--global-batch", "1024", "--steps", "2", "--no-progress"]
+    assert main([*args, "--schedulers", "balanced,dp_balanced"]) == 0
+    out = capsys.readouterr().out
+    assert "balanced: locality auto: off at 20 bytes per token; it pays above " in out and "dp_balanced: loc" not in out
+    assert main([*args, "--schedulers", "balanced", "--bytes-per-token", "4096"]) == 0
+    assert "balanced: locality auto: on at 4096 bytes per token" in capsys.readouterr().out
+    assert main([*args, "--schedulers", "balanced", "--locality", "on"]) == 0
+    assert "balanced: locality on (--locality on)" in capsys.readouterr().out
+    assert main([*args, "--schedulers", "balanced", "--locality", "off", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["config"]["balanced"]["locality"] is False and report["results"]["balanced"]["locality_steps"] == 0
 
 
 def test_simulate_many_replicas_few_sequences(capsys):

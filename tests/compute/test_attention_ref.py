@@ -204,8 +204,11 @@ def test_bad_inputs_raise():
         att(q, k.float(), v, batch)
     with pytest.raises(TypeError, match=r"floating point, got torch.int64"):
         att(q.long(), k.long(), v.long(), batch)
-    with pytest.raises(ValueError, match=r"batch is CP shard 0 of 2 but this module runs as CP rank 0 of 1"):
+    # A CP shard, but neither the module nor the batch has a CP group: say which group to pass
+    # (shard_for_cp(batch, 1, 0), what the message suggested, is no remedy).
+    with pytest.raises(ValueError, match=r"batch is CP shard 0 of 2 but this module has no CP group") as caught:
         att(q[:4], k[:4], v[:4], shard_for_cp(make_pack([4, 4], 4), 2, 0))
+    assert "cp_group=" in str(caught.value) and "shard_for_cp(batch, 1, 0)" not in str(caught.value)
 
 
 def test_functional_cp_layout_errors():

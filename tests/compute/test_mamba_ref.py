@@ -276,8 +276,9 @@ def test_bad_inputs_raise():
     with pytest.raises(TypeError, match=r"hidden has dtype torch.float32 but the parameters are torch.float64"):
         m(torch.zeros(8, 16), pack)
     shard = shard_for_cp(pack, 2, 1)
-    with pytest.raises(ValueError, match=r"batch is CP shard 1 of 2 but this module runs as CP rank 0 of 1"):
+    with pytest.raises(ValueError, match=r"batch is CP shard 1 of 2 but this module has no CP group") as caught:
         m(torch.zeros(4, 16, dtype=F64), shard)
+    assert "cp_group=" in str(caught.value) and "shard_for_cp(batch, 1, 0)" not in str(caught.value)
 
 
 def test_mamba_ssm_backend_without_package_raises(monkeypatch):

@@ -14,8 +14,7 @@ from torch import nn
 
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
-from seqpack.cost import CostModel
-from seqpack.schedulers.dynamic_cp import GroupCost
+from seqpack.cost import CostModel, GroupCost
 from seqpack.thd import IGNORE_INDEX, PackedBatch
 
 CAPACITY = 64  # max_tokens_per_rank

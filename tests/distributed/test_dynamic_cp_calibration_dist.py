@@ -17,12 +17,11 @@ import torch.distributed as dist
 from dynamic_cp_data import CAPACITY, LAYOUTS, SPR, samples_of
 from wrapper_data import mesh_topology
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost, spans_nodes
 from seqpack.loader import wrap_data_iterator
-from seqpack.schedulers.dynamic_cp import GroupCost, plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
-from seqpack.schedulers.dynamic_cp.cost import spans_nodes
-from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
+from seqpack.thd import group_padded_lengths
 
 PRIOR = GroupCost(CostModel(1.0, 1e-3, 0.0), ring_step=0.5, ring_token=2e-3)
 TRUTH = GroupCost(CostModel(2e-4, 3e-6, 4e-3), ring_step=2e-3, ring_token=1e-4)

@@ -25,8 +25,8 @@ from wrapper_data import mesh_topology
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.tiny_lm import TinyConfig, TinyHybridLM
 from seqpack.loader import wrap_data_iterator
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, cp_pad_multiple
-from seqpack.thd import pack_sequences
+from seqpack.schedulers import Schedule
+from seqpack.thd import group_pad_multiple, pack_sequences
 from seqpack.thd.cp import shard_for_cp, unshard_from_cp
 
 TOL = 1e-10
@@ -106,20 +106,20 @@ def layout_results(dist_pools):
     return {name: dist_pools.get(4).run(run_layout_step, name) for name in LAYOUTS}
 
 
-def check_shards(results: list[dict], samples: list[dict]) -> DynamicCpSchedule:
+def check_shards(results: list[dict], samples: list[dict]) -> Schedule:
     """Every rank's microbatch of every round is its shard of its group's whole pack, every
     token is delivered once; returns the plan."""
-    plan = DynamicCpSchedule.from_arrays(results[0]["plan"])
+    plan = Schedule.from_arrays(results[0]["plan"])
     plan.validate([int(s["input_ids"].shape[0]) for s in samples])
     assert all(np.array_equal(r["plan"]["assigned"], plan.assigned) for r in results)  # same plan everywhere
     delivered = np.zeros(plan.num_sequences, dtype=np.int64)
-    for m in range(plan.num_rounds):
+    for m in range(plan.num_microbatches):
         for g in plan.round_groups(m):
             ids, start, size = plan.group_ids(g), int(plan.group_start[g]), int(plan.group_size[g])
             if ids.size == 0:
                 assert all(results[start + j]["batches"][m]["sample_ids"].tolist() == [-1] for j in range(size))
                 continue
-            whole = pack_sequences([samples[i] for i in ids], pad_multiple=cp_pad_multiple(size, 1), sample_ids=ids)
+            whole = pack_sequences([samples[i] for i in ids], pad_multiple=group_pad_multiple(size, 1), sample_ids=ids)
             for j in range(size):
                 got = results[start + j]["batches"][m]
                 want = shard_for_cp(whole, size, j)
@@ -142,9 +142,9 @@ def test_every_rank_gets_its_shard_of_its_group(layout_results, name):
     samples = _all_samples(dict(LAYOUTS[name])["dp"])
     plan = check_shards(results, samples)
     # Not vacuous: the long sequence on a group of 4, short ones alone, several rounds.
-    _, _, sizes = plan.placement()
+    sizes = plan.per_id(plan.group_size)
     assert samples[0]["input_ids"].shape[0] == LONG and sizes[0] == 4 and (sizes == 1).sum() >= 5
-    assert plan.num_rounds >= 2
+    assert plan.num_microbatches >= 2
     assert len({r["stats"] for r in results}) == 1 and results[0]["stats"][0] == len(samples)
 
 
@@ -180,16 +180,16 @@ def test_any_group_size_runs(dist_pools):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_outputs_and_gradients_equal_the_whole_pack(layout_results, name):
     results = sorted(layout_results[name], key=lambda r: r["plane_rank"])
-    plan = DynamicCpSchedule.from_arrays(results[0]["plan"])
+    plan = Schedule.from_arrays(results[0]["plan"])
     samples = _all_samples(plan.dp_size)
     probe = Probe()
     worst, groups = 0.0, 0
-    for m in range(plan.num_rounds):
+    for m in range(plan.num_microbatches):
         for g in plan.round_groups(m):
             ids, start, size = plan.group_ids(g), int(plan.group_start[g]), int(plan.group_size[g])
             if ids.size == 0:
                 continue
-            whole = pack_sequences([samples[i] for i in ids], pad_multiple=cp_pad_multiple(size, 1), sample_ids=ids)
+            whole = pack_sequences([samples[i] for i in ids], pad_multiple=group_pad_multiple(size, 1), sample_ids=ids)
             out, grads = probe.loss(whole)
             parts = [torch.from_numpy(results[start + j]["probe"][m][0]) for j in range(size)]
             got = unshard_from_cp(parts, whole.cu_seqlens_padded, size)

@@ -227,10 +227,10 @@ def run_bad_groups(layout, case):
         if case == "swapped":
             groups = {"dp": topo.group("cp"), "cp": topo.group("dp")}
             _wrap(topo, "tp0", 1, 6, wrapper_groups=groups)
-        else:  # a topology over half the world: the wrapper cannot create world-wide groups for it
+        else:  # a topology over half the world: refused, and under prefetch even when chosen
             me = dist.get_rank()
             halves = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-            half = Topology.from_groups(dp=halves[me // 2], world_size=2)
+            half = Topology.from_groups(dp=halves[me // 2], world_size=2, partial=case == "half_partial")
             _wrap(half, "tp0", 1, 6)
     except ValueError as exc:
         return str(exc)
@@ -241,7 +241,8 @@ def run_bad_groups(layout, case):
     "case, message",
     [
         ("swapped", r"the dp group given has ranks \[\d, \d\] but the topology's dp group has \[\d, \d\]"),
-        ("half", r"over the whole default group \(4 ranks\) but this topology spans 2: pass wrapper_groups"),
+        ("half", r"the topology spans 2 of the 4 initialised ranks \(.*\): the ranks outside it pack their own"),
+        ("half_partial", r"\(partial=True\): prefetch=1 runs on process groups .* pass wrapper_groups"),
     ],
 )
 def test_wrong_wrapper_groups_are_named_on_every_rank(dist_pools, case, message):

@@ -22,6 +22,7 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from seqpack.loader import wrap_data_iterator
 from seqpack.options import AXES
 from seqpack.topology import Topology
 
@@ -193,3 +194,110 @@ def test_single_without_a_process_group_needs_no_flag():
     assert Topology.single().world_size == 1
     with pytest.raises(ValueError, match="allow_distributed must be True or False"):
         Topology.single(allow_distributed="yes")
+
+
+# --- a topology over part of the job -------------------------------------------------------
+
+
+def _outcome(call) -> str:
+    try:
+        call()
+    except ValueError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def _delivered(topology: Topology, prefetch: int, **kwargs) -> list[int]:
+    """First tokens of every sequence this rank trains on (data keyed by DP rank)."""
+    from wrapper_data import items
+
+    it = wrap_data_iterator(
+        items(5, topology.dp_rank, 12),
+        topology,
+        samples_per_rank=6,
+        max_tokens_per_rank=96,
+        pad_multiple=2,
+        scheduler="empty",
+        prefetch=prefetch,
+        **kwargs,
+    )
+    with it:
+        return [
+            int(b.input_ids[b.cu_seqlens_padded[k]])
+            for s in it
+            for b in s.microbatches
+            for k in range(b.cu_seqlens.shape[0] - 1)
+            if b.cu_seqlens[k + 1] > b.cu_seqlens[k]
+        ]
+
+
+def partial_cases() -> dict:
+    """HSDP's mesh["dp_shard"] (2 x 2 job) and NeMo's flattened mesh["dp"] (dp_shard 2 x cp 2):
+    each a topology over 2 of the 4 ranks, in both prefetch modes; then the opt-in."""
+    hsdp = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
+    nemo = _nemo_fsdp2(dp_shard=2, cp=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch deprecates slicing a flattened dim from the root mesh
+        nemo_dp = nemo["dp"]
+    out: dict = {}
+    for name, sub in (("hsdp_shard", hsdp["dp_shard"]), ("nemo_dp", nemo_dp)):
+        topology = Topology.from_device_mesh(sub)
+        out[f"{name}_world"] = topology.world_size
+        for prefetch in (0, 1):
+            out[f"{name}_{prefetch}"] = _outcome(lambda t=topology, k=prefetch: _delivered(t, k))
+    # What was suggested instead: the whole mesh delivers every sample once.
+    out["whole"] = _delivered(Topology.from_device_mesh(hsdp), 0)
+    # A deliberate partial topology (one wrapper per replicate pair here) runs when it says so.
+    chosen = Topology.from_device_mesh(hsdp["dp_shard"], partial=True)
+    out["partial_0"] = _delivered(chosen, 0)
+    out["partial_1"] = _outcome(lambda: _delivered(chosen, 1))
+    out["partial_1_groups"] = _delivered(chosen, 1, wrapper_groups=chosen)
+    return out
+
+
+def test_a_topology_over_part_of_the_job_is_refused_unless_chosen(dist_pools):
+    results = dist_pools.get(4).run(partial_cases)
+    hsdp_hint = "the whole mesh (dp_replicate=2, dp_shard=2) or mesh['dp_replicate', 'dp_shard']"
+    nemo_hint = "the whole mesh (pp=1, dp_replicate=1, dp_shard=2, cp=2, tp=1) or mesh['dp_shard', 'cp']"
+    for r in results:
+        assert r["hsdp_shard_world"] == r["nemo_dp_world"] == 2  # not vacuous: both cover half the job
+        for name, hint in (("hsdp_shard", hsdp_hint), ("nemo_dp", nemo_hint)):
+            for prefetch in (0, 1):
+                message = r[f"{name}_{prefetch}"]
+                assert message.startswith("ConfigError: the topology spans 2 of the 4 initialised ranks"), message
+                assert hint in message and "partial=True" in message, message
+                assert "prefetch=0" not in message, message
+        assert r["partial_1"].startswith("ConfigError") and "wrapper_groups" in r["partial_1"], r["partial_1"]
+        assert r["partial_1_groups"] == r["partial_0"]
+    # The whole mesh: 4 DP ranks' data, every sequence once over the job. The chosen partial
+    # topology: each replicate pair packs its DP ranks 0 and 1 alone, so each sequence twice.
+    whole = [token for r in results for token in r["whole"]]
+    assert len(whole) == len(set(whole)) and {t // 10**7 for t in whole} == {0, 1, 2, 3}
+    halves = [token for r in results for token in r["partial_0"]]
+    assert len(halves) == 2 * len(set(halves)) and {t // 10**7 for t in halves} == {0, 1}
+
+
+# --- mistakes in the mesh, named -------------------------------------------------------------
+
+
+def mesh_mistakes() -> dict:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    out = {}
+    # A mesh over ranks 0 and 1 only, built on every rank: ranks 2 and 3 are outside it.
+    part = DeviceMesh("cpu", [0, 1], mesh_dim_names=("dp",))
+    out["outside"] = _outcome(lambda: Topology.from_device_mesh(part))
+    both = init_device_mesh("cpu", (4,), mesh_dim_names=("x",))
+    out["both"] = _outcome(lambda: Topology.from_device_mesh(both, axis_names={"dp": "x", "cp": "x"}))
+    return out
+
+
+def test_mesh_mistakes_are_named(dist_pools):
+    results = dist_pools.get(4).run(mesh_mistakes)
+    for rank, r in enumerate(results):
+        if rank < 2:
+            assert r["outside"] == "ok", r["outside"]
+        else:
+            want = f"ConfigError: this rank ({rank}) is not in the device mesh (its ranks: [0, 1], dims ('dp',))"
+            assert r["outside"].startswith(want), r["outside"]
+        assert r["both"].startswith("ConfigError: axis_names maps mesh dim 'x' to both dp and cp"), r["both"]

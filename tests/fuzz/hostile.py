@@ -101,6 +101,7 @@ KINDS: dict[str, Callable[[Any], bool]] = {
     "number": lambda v: isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v),
     "opt_number": lambda v: v is None or KINDS["number"](v),
     "str": lambda v: isinstance(v, str),
+    "auto_or_bool": lambda v: (isinstance(v, str) and v == "auto") or isinstance(v, (bool, np.bool_)),
     "any": lambda v: True,
 }
 

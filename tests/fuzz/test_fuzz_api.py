@@ -174,6 +174,7 @@ SCHEDULE_ARGS = {
     "cost": "any",
     "on_oversize": "str",
     "origin": "any",
+    "bytes_per_token": "opt_number",
 }
 SCHEDULE_ALIASES = {"lengths": SAMPLE_WORDS, "max_tokens_per_rank": ("capacity",), "cp_size": ("capacity",)}
 
@@ -191,6 +192,7 @@ def _schedule_target(name):
             cost=None,
             on_oversize="error",
             origin=None,
+            bytes_per_token=None,
         ),
         SCHEDULE_ARGS,
         SCHEDULE_ALIASES,
@@ -276,6 +278,8 @@ TARGETS = [
             num_microbatches=None,
             max_repair_moves=None,
             objective="both",
+            locality="auto",
+            locality_tolerance=0.001,
         ),
         {
             "order": "str",
@@ -284,6 +288,8 @@ TARGETS = [
             "num_microbatches": "opt_int",
             "max_repair_moves": "opt_int",
             "objective": "str",
+            "locality": "auto_or_bool",
+            "locality_tolerance": "number",
         },
     ),
     Target(

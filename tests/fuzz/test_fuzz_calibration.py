@@ -27,10 +27,9 @@ from wrapper_data import items
 
 from seqpack._logging import reset_warn_once
 from seqpack.calibrate import CostCalibrator
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, SeqpackError, StepFailed
 from seqpack.loader import wrap_data_iterator
-from seqpack.schedulers.dynamic_cp import GroupCost
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.topology import Topology
 

@@ -117,7 +117,8 @@ def test_doctor_reports_a_numba_that_refuses_its_settings(monkeypatch):
     assert "numba: ValueError: Number of threads specified must be > 0." in format_environment_report(report)
 
 
-FLAGS = [["--json=1"], ["--bogus"], ["extra"], ["--json", "extra"], ["-j"], ["--"], ["--json="], ["\u00e9"]]
+FLAGS = [["--json=1"], ["--bogus"], ["extra"], ["--json", "extra"], ["-j"], ["--"], ["--json="], ["\u00e9"],
+         ["--warm=1"], ["--warm", "extra"], ["--warm", "--bogus"]]  # fmt: skip
 
 
 @pytest.mark.parametrize("argv", FLAGS, ids=str)
@@ -126,3 +127,15 @@ def test_bad_doctor_flags_are_one_error_line(argv, capsys):
         main(["doctor", *argv])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
+
+
+def test_warm_with_a_broken_numba_is_one_error_line_naming_numba():
+    """``doctor --warm`` compiles, so a numba that cannot load is the kernels' ConfigError:
+    exit 2, one line naming numba and what to run, the progress line ended first."""
+    env = {**os.environ, "NUMBA_NUM_THREADS": "0"}
+    done = subprocess.run([sys.executable, "-m", "seqpack.cli", "doctor", "--warm"], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("error:") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "numba could not load the scheduler kernel" in done.stderr and "Number of threads" in done.stderr
+    assert done.stdout.rstrip().endswith("... failed"), done.stdout

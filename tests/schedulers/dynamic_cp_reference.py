@@ -8,7 +8,8 @@ import itertools
 
 import numpy as np
 
-from seqpack.schedulers.dynamic_cp import DynamicCpSchedule, GroupCost
+from seqpack.cost import GroupCost
+from seqpack.schedulers import Schedule
 
 
 def padded(length, size, pad_multiple):
@@ -165,13 +166,13 @@ def layout_in_nodes_reference(bin_round, bin_size, rpn, ranks):
     return start
 
 
-def step_time_reference(plan: DynamicCpSchedule, cost: GroupCost, sync: str) -> float:
+def step_time_reference(plan: Schedule, cost: GroupCost, sync: str) -> float:
     """The step time, group by group and rank by rank."""
     coef = cost.coefficients
     ranks = plan.dp_size * plan.cp_size
     finish = [0.0] * ranks
     total = 0.0
-    for m in range(plan.num_rounds):
+    for m in range(plan.num_microbatches):
         height = -np.inf
         for g in range(plan.num_groups):
             if plan.group_round[g] != m:
@@ -181,8 +182,8 @@ def step_time_reference(plan: DynamicCpSchedule, cost: GroupCost, sync: str) -> 
             lens = [padded(int(plan.lengths[i]), size, plan.pad_multiple) for i in ids]
             spans = start // cost.ranks_per_node != (start + size - 1) // cost.ranks_per_node
             t = pack_time(size, float(sum(lens)), float(sum(x * x for x in lens)), spans, coef)
-            if not lens:
-                t = coef[0] if sync == "lockstep" else 0.0
+            if not lens:  # an idle group runs a padding-only filler
+                t = coef[0]
             height = max(height, t)
             ready = max(finish[start : start + size])
             finish[start : start + size] = [ready + t] * size
@@ -221,8 +222,8 @@ def _plan_from_bins(order, bin_of, rnd, size, lengths, ranks, capacity, pad_mult
     groups = sorted(range(len(size)), key=lambda b: (rnd[b], start[b]))
     members = {b: [order[j] for j in range(len(order)) if bin_of[j] == b] for b in groups}
     arr = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
-    return DynamicCpSchedule(
-        num_rounds=max(rnd, default=-1) + 1,
+    return Schedule(
+        num_microbatches=max(rnd, default=-1) + 1,
         group_round=arr([rnd[b] for b in groups]), group_start=arr([start[b] for b in groups]),
         group_size=arr([size[b] for b in groups]), group_counts=arr([len(members[b]) for b in groups]),
         assigned=arr([i for b in groups for i in members[b]]), lengths=arr(lengths), original_lengths=arr(lengths),
@@ -324,7 +325,7 @@ def lpt_ranks_reference(lengths, load, capacity, pad_multiple, coef, depth, look
 def check_plan_reference(plan, lengths, ranks, capacity, pad_multiple, aligned):
     """The plan's invariants, checked the obvious way (asserts)."""
     seen = {}
-    for m in range(plan.num_rounds):
+    for m in range(plan.num_microbatches):
         covered = [0] * ranks
         for g in range(plan.num_groups):
             if plan.group_round[g] != m:

@@ -218,7 +218,7 @@ def test_objectives_trade_replicas_against_rounds(seed):
 
 
 def test_equal_lengths_stay_on_their_rank():
-    from seqpack.schedulers.base import default_origin
+    from seqpack.schedulers.request import default_origin
 
     for n, dp in ((256, 8), (96, 8), (4096, 256)):
         s = get_scheduler("balanced").schedule(np.full(n, 4096), dp_size=dp, max_tokens_per_rank=16384)
@@ -232,7 +232,7 @@ def test_equal_lengths_stay_on_their_rank():
 
 def test_relabeling_replicas_moves_fewer_tokens_and_changes_no_figure():
     from seqpack.schedulers.balanced import relabel_replicas
-    from seqpack.schedulers.base import default_origin
+    from seqpack.schedulers.request import default_origin
 
     lengths = _lognormal(640, 9)
     origin = default_origin(640, 16)

@@ -1,10 +1,12 @@
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack.schedulers import Schedule, available_schedulers, get_scheduler
-from seqpack.schedulers.base import apply_oversize, as_lengths, default_origin
+from seqpack.schedulers.request import apply_oversize, as_lengths, default_origin
 from seqpack.stats import StepStats
 
 
@@ -83,10 +85,17 @@ def test_schedule_argument_errors():
         sched.schedule([1, 2], dp_size=2, max_tokens_per_rank=4, origin=[0, 1, 1])
 
 
-def _bad(schedule: Schedule, **changes) -> Schedule:
-    import dataclasses
-
-    return dataclasses.replace(schedule, **changes)
+def _bad(schedule: Schedule, assignment, dp_size=None) -> Schedule:
+    """``schedule``'s fields with another grid (unchecked: validate judges it)."""
+    return Schedule.from_assignment(
+        assignment,
+        lengths=schedule.lengths,
+        original_lengths=schedule.original_lengths,
+        dp_size=schedule.dp_size if dp_size is None else dp_size,
+        cp_size=schedule.cp_size,
+        max_tokens_per_rank=schedule.max_tokens_per_rank,
+        pad_multiple=schedule.pad_multiple,
+    )
 
 
 def test_validate_catches_violations():
@@ -95,17 +104,17 @@ def test_validate_catches_violations():
     s.validate()
     dup = [[np.array([0, 1]), np.array([1, 3])]]
     with pytest.raises(ValueError, match="sample 1 appears 2 times"):
-        _bad(s, assignment=dup, num_microbatches=1).validate()
+        _bad(s, dup).validate()
     missing = [[np.array([0, 1]), np.array([3])]]
     with pytest.raises(ValueError, match="sample 2 appears nowhere"):
-        _bad(s, assignment=missing, num_microbatches=1).validate()
+        _bad(s, missing).validate()
     over = [[np.array([0, 1, 2]), np.array([3])]]
     with pytest.raises(ValueError, match="microbatch 0 of replica 0 holds 12 padded tokens > capacity 8"):
-        _bad(s, assignment=over, num_microbatches=1).validate()
-    with pytest.raises(ValueError, match="1 microbatch rounds but num_microbatches=3"):
-        _bad(s, num_microbatches=3).validate()
-    with pytest.raises(ValueError, match="expected dp_size=2"):
-        _bad(s, assignment=[[np.array([0, 1, 2, 3])]], num_microbatches=1).validate()
+        _bad(s, over).validate()
+    with pytest.raises(ValueError, match="round 1 has no groups"):
+        dataclasses.replace(s, num_microbatches=3).validate()
+    with pytest.raises(ValueError, match="microbatch 0 has 1 replicas, expected dp_size=2"):
+        _bad(s, [[np.array([0, 1, 2, 3])]])
     with pytest.raises(ValueError, match="different lengths"):
         s.validate([4, 4, 4, 5])
     with pytest.raises(ValueError, match="max_tokens_per_rank=8, expected 16"):

@@ -7,10 +7,11 @@ from dynamic_cp_reference import brute_force_lockstep, longest_held
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError
 from seqpack.options import Sync
-from seqpack.schedulers.dynamic_cp import GroupCost, allowed_group_sizes, plan_dynamic_cp, predicted_step_time
+from seqpack.schedulers import predicted_step_time
+from seqpack.schedulers.dynamic_cp import allowed_group_sizes, plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp.bound import _Model, _spread_alone, _tall_bound, step_time_lower_bound
 
 COSTS = st.sampled_from(

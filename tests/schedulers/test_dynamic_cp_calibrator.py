@@ -9,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack.calibrate import MISSING, TimingLedger, encode_seconds
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost, spans_nodes
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
-from seqpack.schedulers.dynamic_cp import GroupCost, plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
-from seqpack.schedulers.dynamic_cp.cost import group_times, replica_sums, spans_nodes
-from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
+from seqpack.schedulers.step_time import group_times, replica_sums
+from seqpack.thd import group_padded_lengths
 
 TRUTH = GroupCost(
     CostModel(2e-6, 3e-11, 1e-3), ring_step=4e-4, ring_token=5e-7, ring_token_inter=2e-6, ranks_per_node=8
@@ -113,8 +113,8 @@ def test_invalid_times_are_skipped_and_counted():
 def _replica_sums_reference(plan, cost):
     """Per round and replica, the (size, S, SS, spans) of the slowest group among its ranks."""
     times = group_times(plan, cost)
-    out = np.zeros((plan.num_rounds, plan.dp_size, 4), dtype=np.int64)
-    for m in range(plan.num_rounds):
+    out = np.zeros((plan.num_microbatches, plan.dp_size, 4), dtype=np.int64)
+    for m in range(plan.num_microbatches):
         for d in range(plan.dp_size):
             best = None
             for g in plan.round_groups(m):
@@ -175,7 +175,7 @@ def _per_rank_reference(plan, cost, seconds_of_rank):
     """Slow reference of the per-rank ledger: per round, every group once (index order), with
     its sums and its slowest rank's time."""
     rows, times = [], []
-    for r in range(plan.num_rounds):
+    for r in range(plan.num_microbatches):
         for g in range(plan.num_groups):
             if int(plan.group_round[g]) != r:
                 continue
@@ -200,13 +200,13 @@ def test_per_rank_ledger_observes_every_group_once_with_its_slowest_rank(seed, d
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 200, rng.integers(1, 12)).tolist()
     plan = plan_dynamic_cp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=64, cost=TRUTH, on_oversize="drop")
-    seconds = rng.uniform(0.01, 1.0, (plan.num_rounds, dp * cp))  # [rounds, plane rank]
+    seconds = rng.uniform(0.01, 1.0, (plan.num_microbatches, dp * cp))  # [rounds, plane rank]
     ledgers = []
     for rank in range(dp * cp):
         cal = GroupCostCalibrator(PRIOR, min_points=3, warmup_steps=0)
         ledger = TimingLedger(cal, dp_size=dp, dp_rank=rank // cp, copies=cp, copy_rank=rank % cp)
         ledger.add_schedule(0, plan, TRUTH)
-        ledger.record(0, seconds[:, rank], plan.num_rounds)
+        ledger.record(0, seconds[:, rank], plan.num_microbatches)
         ledgers.append(ledger)
     # The DP gather (per CP rank) then the copies' MAX (per replica): every rank's column filled.
     table = np.max([np.stack([ledgers[d * cp + c].outgoing() for d in range(dp)]) for c in range(cp)], axis=0)
@@ -217,9 +217,9 @@ def test_per_rank_ledger_observes_every_group_once_with_its_slowest_rank(seed, d
         assert [m.step for m in done] == [0]
         points = ledger.calibrator.state_dict()["points"]
         assert [p[:4] for p in points] == rows and [p[4] for p in points] == times
-        replica = seconds.reshape(plan.num_rounds, dp, cp).max(axis=2)
+        replica = seconds.reshape(plan.num_microbatches, dp, cp).max(axis=2)
         assert done[0].measured == pytest.approx(replica.max(axis=1).sum())
-        assert done[0].seconds.shape == (plan.num_rounds, dp)
+        assert done[0].seconds.shape == (plan.num_microbatches, dp)
 
 
 def test_per_rank_ledger_resumes_its_slots_and_old_per_replica_ones():
@@ -235,13 +235,13 @@ def test_per_rank_ledger_resumes_its_slots_and_old_per_replica_ones():
     assert "groups" in state["pending"][0]
     again = ledger()
     again.load_state_dict(state)
-    assert again.state_dict() == state and again.width() == plan.num_rounds * 2
+    assert again.state_dict() == state and again.width() == plan.num_microbatches * 2
     # A pending step saved per replica (before times travelled per rank) is observed per replica.
     old = TimingLedger(GroupCostCalibrator(PRIOR, min_points=3, warmup_steps=0), dp_size=2, dp_rank=0)
     old.add_schedule(0, plan, TRUTH)
     mixed = ledger()
     mixed.load_state_dict(old.state_dict())
-    assert mixed.width() == plan.num_rounds
+    assert mixed.width() == plan.num_microbatches
     seconds = TRUTH.predict_sums(replica_sums(plan, TRUTH))  # [M, dp]
     done = mixed.incoming(1, np.stack([encode_seconds(seconds[:, d]) for d in range(2)]))
     assert [m.step for m in done] == [0] and mixed.calibrator.num_points == seconds.size

@@ -7,10 +7,10 @@ from dynamic_cp_reference import pack_time, step_time_reference
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack.cost import CostModel
+from seqpack.cost import FEATURES, CostModel, GroupCost, spans_nodes
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.schedulers.dynamic_cp import FEATURES, GroupCost, plan_dynamic_cp, predicted_step_time
-from seqpack.schedulers.dynamic_cp.cost import spans_nodes
+from seqpack.schedulers import predicted_step_time
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 
 COST = GroupCost(CostModel(7e-7, 8e-11, 0.02), ring_step=2.4e-4, ring_token=5.5e-8, ring_token_inter=4.9e-7)
 
@@ -76,8 +76,8 @@ def test_bad_costs():
     with pytest.raises(SeqpackTypeError):
         predicted_step_time("plan", COST)  # type: ignore[arg-type]
     plan = plan_dynamic_cp([5], dp_size=1, max_tokens_per_rank=8, cost=COST)
-    with pytest.raises(SeqpackTypeError):
-        predicted_step_time(plan, CostModel(1, 0))  # type: ignore[arg-type]
+    with pytest.raises(SeqpackTypeError, match="CostModel or GroupCost"):
+        predicted_step_time(plan, "flops")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="sync"):
         predicted_step_time(plan, COST, sync="sometimes")
 
@@ -97,13 +97,14 @@ def test_predicted_step_time_matches_reference(lengths, ranks, sync, sizes):
 def test_replica_waits_for_a_group_to_assemble():
     """Hand plan: round 0 rank 0 busy alone, rank 1 idle; round 1 both in one group: under
     replica sync the group starts when rank 0 is done."""
-    from seqpack.schedulers.dynamic_cp import DynamicCpSchedule
+    from seqpack.schedulers import Schedule
 
     i64 = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
-    plan = DynamicCpSchedule(
-        num_rounds=2, group_round=i64([0, 0, 1]), group_start=i64([0, 1, 0]), group_size=i64([1, 1, 2]),
+    plan = Schedule(
+        num_microbatches=2, group_round=i64([0, 0, 1]), group_start=i64([0, 1, 0]), group_size=i64([1, 1, 2]),
         group_counts=i64([1, 0, 1]), assigned=i64([0, 1]), lengths=i64([100, 200]),
         original_lengths=i64([100, 200]), dp_size=2, cp_size=1, max_tokens_per_rank=128, pad_multiple=1,
+        group_sizes="any",
     )  # fmt: skip
     plan.validate()
     cost = GroupCost(CostModel(1.0, 0.0, 0.0))

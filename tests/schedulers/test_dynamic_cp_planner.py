@@ -13,9 +13,10 @@ from dynamic_cp_reference import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
-from seqpack.schedulers.dynamic_cp import GroupCost, allowed_group_sizes, plan_dynamic_cp, predicted_step_time
+from seqpack.schedulers import predicted_step_time
+from seqpack.schedulers.dynamic_cp import allowed_group_sizes, plan_dynamic_cp
 
 COSTS = st.sampled_from(
     [
@@ -92,7 +93,7 @@ def test_long_sequence_spreads_and_short_ones_stay_alone():
     cost = GroupCost(CostModel(1.0, 0.001, 1.0), ring_step=2.0, ring_token=0.5, ranks_per_node=8)
     lengths = [900] + [50] * 30  # 900 needs 8 ranks of 128
     plan = plan_dynamic_cp(lengths, dp_size=8, max_tokens_per_rank=128, cost=cost)
-    _, _, sizes = plan.placement()
+    sizes = plan.group_size[plan.id_groups()]
     assert sizes[0] == 8
     assert (sizes[1:] == 1).sum() > 20  # most short ones pay no ring
 
@@ -118,9 +119,9 @@ def test_replica_plans_never_wait():
     lengths = np.concatenate([rng.integers(10, 120, 200), [900, 700, 500, 400, 300]])
     cost = GroupCost(CostModel(1.0, 0.01, 2.0), ring_step=1.0, ring_token=0.1, ranks_per_node=4)
     plan = plan_dynamic_cp(lengths, dp_size=16, max_tokens_per_rank=128, cost=cost, sync="replica")
-    from seqpack.schedulers.dynamic_cp.cost import group_times
+    from seqpack.schedulers.step_time import group_times
 
-    times = np.where(plan.group_counts > 0, group_times(plan, cost), 0.0)
+    times = np.where(plan.group_counts > 0, group_times(plan, cost), cost.compute.constant)
     per_rank = np.zeros(16)
     for g in range(plan.num_groups):
         per_rank[plan.group_start[g] : plan.group_start[g] + plan.group_size[g]] += times[g]
@@ -131,7 +132,7 @@ def test_replica_plans_never_wait():
 def test_empty_step():
     plan = plan_dynamic_cp([], dp_size=2, cp_size=2, max_tokens_per_rank=8, cost=CostModel(1.0, 0.0))
     plan.validate([])
-    assert plan.num_rounds == 0 and predicted_step_time(plan, GroupCost(CostModel(1.0, 0.0))) == 0.0
+    assert plan.num_microbatches == 0 and predicted_step_time(plan, GroupCost(CostModel(1.0, 0.0))) == 0.0
 
 
 def test_oversize_error_names_the_sample_and_the_limits():
@@ -158,7 +159,7 @@ def test_oversize_truncate_and_drop_are_counted():
     ("kwargs", "error", "text"),
     [
         ({"dp_size": 0}, ConfigError, "dp_size"),
-        ({"cost": "flops"}, SeqpackTypeError, "GroupCost or CostModel"),
+        ({"cost": "flops"}, SeqpackTypeError, "CostModel or GroupCost"),
         ({"sync": "async"}, ConfigError, "sync"),
         ({"group_sizes": "odd"}, ConfigError, "group_sizes"),
         ({"on_oversize": "ignore"}, ConfigError, "on_oversize"),
@@ -176,20 +177,24 @@ def test_bad_arguments(kwargs, error, text):
 
 
 def test_the_longest_sequences_time_on_each_size_is_tried(monkeypatch):
-    """Replica sync, a Pareto tail on 16 ranks: the grid's even picks miss the height of the
-    longest sequence on a wider group; trying it finds a 3% faster plan (never a slower one)."""
+    """Replica sync, a Pareto tail on 16 ranks: trying the longest sequence's time on every
+    group size (the anchors) finds a faster plan on some steps and is never slower on these
+    (an idle group costs its filler under either sync, so most grids already hit it)."""
     import seqpack.schedulers.dynamic_cp.planner as planner
 
     cost = GroupCost(CostModel(0.05, 1e-4, 1.0), ring_step=0.2, ring_token=0.002, ring_token_inter=0.02,
                      ranks_per_node=4)  # fmt: skip
-    rng = np.random.default_rng(57)
-    lengths = rng.integers(4, 64, size=128)
-    tail = rng.random(128) < 0.05
-    lengths = np.where(tail, np.minimum(64 * (1 + rng.pareto(1.2, 128)), 1024), lengths).astype(np.int64)
-    times = {}
-    for anchors in (False, True):
-        monkeypatch.setattr(planner, "_ANCHORS", anchors)
-        plan = plan_dynamic_cp(lengths, dp_size=16, max_tokens_per_rank=64, cost=cost, sync="replica")
-        plan.validate(lengths)
-        times[anchors] = predicted_step_time(plan, cost, sync="replica")
-    assert times[True] < 0.98 * times[False]
+    ratios = []
+    for seed in range(50, 66):
+        rng = np.random.default_rng(seed)
+        lengths = rng.integers(4, 64, size=128)
+        tail = rng.random(128) < 0.05
+        lengths = np.where(tail, np.minimum(64 * (1 + rng.pareto(1.2, 128)), 1024), lengths).astype(np.int64)
+        times = {}
+        for anchors in (False, True):
+            monkeypatch.setattr(planner, "_ANCHORS", anchors)
+            plan = plan_dynamic_cp(lengths, dp_size=16, max_tokens_per_rank=64, cost=cost, sync="replica")
+            plan.validate(lengths)
+            times[anchors] = predicted_step_time(plan, cost, sync="replica")
+        ratios.append(times[True] / times[False])
+    assert max(ratios) <= 1.0 + 1e-12 and min(ratios) < 0.999

@@ -1,4 +1,4 @@
-"""seqpack.schedulers.groups: every group on one replica, every sequence exactly once, the
+"""seqpack.schedulers.sample_groups: every group on one replica, every sequence exactly once, the
 capacity held (hypothesis), LPT's bound, ``together``, the too-big error; and verl's
 ``get_group_balanced_partitions`` tests ported to ``seqpack.interop.verl``."""
 
@@ -15,7 +15,7 @@ from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, ScheduleError
 from seqpack.interop.verl import get_group_balanced_partitions
 from seqpack.schedulers import get_scheduler
-from seqpack.schedulers.groups import assign_units, group_units, schedule_groups
+from seqpack.schedulers.sample_groups import assign_units, group_units, schedule_groups
 from seqpack.thd import padded_lengths
 
 

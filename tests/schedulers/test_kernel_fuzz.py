@@ -52,13 +52,13 @@ from sched_reference import (
 from test_exact import TIGHT
 from test_quality import verl_lengths
 
-from seqpack.cost import CostModel, default_cost_model
+from seqpack.cost import CostModel, GroupCost, default_cost_model
 from seqpack.mock_data import lognormal_lengths
 from seqpack.mock_data.lengths import bimodal_lengths, pareto_lengths, uniform_lengths
 from seqpack.schedulers import get_scheduler
-from seqpack.schedulers.dynamic_cp import GroupCost, plan_dynamic_cp
-from seqpack.schedulers.groups import schedule_groups
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.minibatches import schedule_minibatches
+from seqpack.schedulers.sample_groups import schedule_groups
 
 pytestmark = pytest.mark.kernels
 
@@ -368,7 +368,7 @@ _OPTIONS = st.fixed_dictionaries(
     optional={
         "objective": st.sampled_from(["both", "rounds", "replicas"]),
         "order": st.sampled_from(["heavy_first", "pipeline", "as_planned"]),
-        "locality": st.booleans(),
+        "locality": st.sampled_from(["auto", True, False]),
         "max_repair_moves": st.sampled_from([0, 3, None]),
         "min_microbatches": st.integers(1, 4),
         "microbatch_multiple": st.integers(1, 3),
@@ -435,7 +435,7 @@ def test_mock_workloads_at_scale(dp, per_replica, dist, seed, objective, cost):
     lengths = _lengths(dist, dp * per_replica, 16384, seed)
     with checked_kernels():
         _schedule_and_validate(
-            "balanced", {"objective": objective},
+            "balanced", {"objective": objective, "locality": True},
             {"lengths": lengths, "dp_size": dp, "max_tokens_per_rank": 16384, "cost": _COSTS[cost](seed)},
         )  # fmt: skip
 
@@ -449,8 +449,8 @@ def test_issue_29_home_swaps_arrivals_stay_in_bounds():
     with checked_kernels() as log:
         for _ in range(3):
             _schedule_and_validate(
-                "balanced", {}, {"lengths": lengths, "dp_size": 64, "max_tokens_per_rank": 16384,
-                                 "cost": default_cost_model()},
+                "balanced", {"locality": True}, {"lengths": lengths, "dp_size": 64, "max_tokens_per_rank": 16384,
+                                                 "cost": default_cost_model()},
             )  # fmt: skip
     assert log.compared["home_swaps"] == 3
 
@@ -518,8 +518,10 @@ def _reaching_steps() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
     cost = default_cost_model()
     for seed in range(3):
         step = {"dp_size": 4, "max_tokens_per_rank": 4096, "cost": cost}
-        yield "balanced", {}, {"lengths": _lengths("lognormal", 96, 4096, seed), **step}
-        yield "balanced", {"objective": "replicas"}, {"lengths": _lengths("pareto", 64, 4096, seed), **step}
+        # Locality asked for: "auto" leaves it off for these token-id steps.
+        yield "balanced", {"locality": True}, {"lengths": _lengths("lognormal", 96, 4096, seed), **step}
+        local = {"objective": "replicas", "locality": True}
+        yield "balanced", local, {"lengths": _lengths("pareto", 64, 4096, seed), **step}
         yield "dp_balanced", {}, {"lengths": _lengths("lognormal", 40, 2048, seed), **step}
         yield "empty", {}, {"lengths": _lengths("lognormal", 40, 2048, seed), **step}
     # Tight packings: first-fit decreasing needs 7 bins for TIGHT, the item search finds 6;

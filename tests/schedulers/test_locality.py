@@ -12,8 +12,17 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.mock_data import lognormal_lengths, pareto_lengths
 from seqpack.schedulers import _kernels, get_scheduler
 from seqpack.schedulers.balanced import plan_balanced, relabel_replicas
-from seqpack.schedulers.balanced.locality import _per_replica, plan_local, step_time
-from seqpack.schedulers.base import default_origin
+from seqpack.schedulers.balanced.locality import (
+    KEPT_HOME,
+    LINK_BYTES_PER_SECOND,
+    PLAN_SECONDS_PER_SEQUENCE,
+    _per_replica,
+    break_even_bytes_per_token,
+    locality_pays,
+    plan_local,
+    step_time,
+)
+from seqpack.schedulers.request import default_origin
 from seqpack.stats import StepStats, microbatch_costs
 
 pytestmark = pytest.mark.kernels
@@ -34,7 +43,7 @@ def _wait(schedule, objective):
 def test_the_16k_plan_is_valid_and_keeps_data_home():
     dp = 16_384
     lengths = _sft(4 * dp)
-    s = get_scheduler("balanced").schedule(lengths, dp_size=dp, max_tokens_per_rank=16384, cost=COST)
+    s = get_scheduler("balanced", locality=True).schedule(lengths, dp_size=dp, max_tokens_per_rank=16384, cost=COST)
     s.validate(lengths, dp_size=dp, max_tokens_per_rank=16384)  # every id once, capacity respected
     replica, _, _ = s.placement()
     assert np.array_equal(np.sort(np.concatenate([ids for row in s.assignment for ids in row])), np.arange(4 * dp))
@@ -53,7 +62,7 @@ def test_locality_costs_at_most_the_tolerance_and_moves_less(objective, dp, per_
     for seed in range(3):
         lengths = _sft(dp * per_replica, seed)
         args = dict(dp_size=dp, max_tokens_per_rank=16384, cost=COST)
-        on = get_scheduler("balanced", objective=objective).schedule(lengths, **args)
+        on = get_scheduler("balanced", objective=objective, locality=True).schedule(lengths, **args)
         off = get_scheduler("balanced", objective=objective, locality=False).schedule(lengths, **args)
         on.validate(lengths, dp_size=dp, max_tokens_per_rank=16384)
         assert on.num_microbatches == off.num_microbatches
@@ -77,7 +86,7 @@ def test_locality_never_changes_which_sequences_a_step_holds(lengths, dp, capaci
     lengths = np.array(lengths, dtype=np.int64)
     origin = np.sort(np.random.default_rng(seed).integers(0, dp, lengths.shape[0]))
     args = dict(dp_size=dp, max_tokens_per_rank=capacity, cost=CostModel(1.0, 0.01), origin=origin)
-    on = get_scheduler("balanced", objective=objective).schedule(lengths, **args)
+    on = get_scheduler("balanced", objective=objective, locality=True).schedule(lengths, **args)
     off = get_scheduler("balanced", objective=objective, locality=False).schedule(lengths, **args)
     on.validate(lengths, dp_size=dp, max_tokens_per_rank=capacity)
     held_on = np.sort(np.concatenate([ids for row in on.assignment for ids in row] + [np.zeros(0, np.int64)]))
@@ -109,11 +118,68 @@ def test_plan_local_declines_what_it_cannot_improve():
 
 
 def test_locality_options_are_checked():
-    with pytest.raises(SeqpackTypeError, match="locality must be True or False, got 'yes'"):
+    with pytest.raises(ConfigError, match="locality must be 'auto', True or False, got 'yes'"):
         get_scheduler("balanced", locality="yes")
+    with pytest.raises(SeqpackTypeError, match=r"locality must be 'auto', True or False, got 1 \(int\)"):
+        get_scheduler("balanced", locality=1)
     with pytest.raises(ConfigError, match="locality_tolerance must be >= 0.0, got -1"):
         get_scheduler("balanced", locality_tolerance=-1)
     assert "locality=False" in repr(get_scheduler("balanced", locality=False))
+    assert "locality='auto'" in repr(get_scheduler("balanced")) and get_scheduler("balanced").locality == "auto"
+    # The spelling of states saved before "auto" was the default: they resume with locality=True.
+    assert repr(get_scheduler("balanced", locality=True)).endswith("locality=True, locality_tolerance=0.001)")
+    assert get_scheduler("balanced", locality=np.bool_(True)).locality is True
+    with pytest.raises(ConfigError, match="bytes_per_token must be >= 0.0, got -1"):
+        get_scheduler("balanced").schedule([5, 6], dp_size=2, max_tokens_per_rank=8, bytes_per_token=-1)
+    with pytest.raises(SeqpackTypeError, match="bytes_per_token must be a number, got True"):
+        get_scheduler("balanced").schedule([5, 6], dp_size=2, max_tokens_per_rank=8, bytes_per_token=True)
+
+
+def test_break_even_grows_with_replicas_and_falls_with_longer_sequences():
+    n, tokens = 65_536, 65_536 * 4096
+    even = [break_even_bytes_per_token(sequences=n, tokens=tokens, dp_size=dp) for dp in (2, 64, 1024, 16_384)]
+    assert even == sorted(even) and even[-1] == pytest.approx(8192 * even[0])
+    assert break_even_bytes_per_token(sequences=n, tokens=2 * tokens, dp_size=64) == pytest.approx(even[1] / 2)
+    # The rule in figures: 1 us of plan per sequence against half of a rank's tokens at 25 GB/s.
+    assert even[2] == pytest.approx(PLAN_SECONDS_PER_SEQUENCE * n * 1024 * LINK_BYTES_PER_SECOND / (KEPT_HOME * tokens))
+    assert break_even_bytes_per_token(sequences=n, tokens=tokens, dp_size=1) == float("inf")
+    assert break_even_bytes_per_token(sequences=0, tokens=0, dp_size=8) == float("inf")
+    # Token ids (20 bytes a token) never pay from two replicas of 4K-token sequences on.
+    assert not locality_pays(None, sequences=n, tokens=tokens, dp_size=2)
+    assert locality_pays(even[1] * 1.01, sequences=n, tokens=tokens, dp_size=64)
+    assert not locality_pays(even[1] * 0.99, sequences=n, tokens=tokens, dp_size=64)
+
+
+@pytest.mark.parametrize("objective", ["both", "replicas"])
+def test_locality_auto_plans_as_off_below_the_break_even_and_as_on_above(objective):
+    dp, lengths = 64, _sft(4096)
+    args = dict(dp_size=dp, max_tokens_per_rank=16384, cost=COST)
+    on = get_scheduler("balanced", objective=objective, locality=True).schedule(lengths, **args)
+    off = get_scheduler("balanced", objective=objective, locality=False).schedule(lengths, **args)
+    assert on.fingerprint() != off.fingerprint()  # locality acts here: the test can tell them apart
+    auto = get_scheduler("balanced", objective=objective)
+    assert auto.locality == "auto"
+    even = break_even_bytes_per_token(sequences=lengths.shape[0], tokens=int(lengths.sum()), dp_size=dp)
+    assert 20 < even < 4096  # token ids below, a 1K-float row per token above
+    assert auto.schedule(lengths, **args).fingerprint() == off.fingerprint()  # unknown payload: token ids
+    for below in (0, 20, 0.99 * even):
+        assert auto.schedule(lengths, **args, bytes_per_token=below).fingerprint() == off.fingerprint()
+    for above in (1.01 * even, 4096):
+        assert auto.schedule(lengths, **args, bytes_per_token=above).fingerprint() == on.fingerprint()
+    # A bool is what it says whatever the payload.
+    for payload in (0, 1e9):
+        assert (
+            get_scheduler("balanced", objective=objective, locality=True)
+            .schedule(lengths, **args, bytes_per_token=payload)
+            .fingerprint()
+            == on.fingerprint()
+        )
+        assert (
+            get_scheduler("balanced", objective=objective, locality=False)
+            .schedule(lengths, **args, bytes_per_token=payload)
+            .fingerprint()
+            == off.fingerprint()
+        )
 
 
 def _swap_case(dp, rounds, n, seed, slack, ties):
@@ -178,7 +244,7 @@ def test_lockstep_locality_moves_at_most_half_of_the_tokens(objective):
             dp * 64, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096, sigma=1.1, seed=seed
         )
         args = dict(dp_size=dp, max_tokens_per_rank=16384, cost=COST)
-        on = get_scheduler("balanced", objective=objective).schedule(lengths, **args)
+        on = get_scheduler("balanced", objective=objective, locality=True).schedule(lengths, **args)
         off = get_scheduler("balanced", objective=objective, locality=False).schedule(lengths, **args)
         assert _wait(on, objective) <= _wait(off, objective) * (1 + 1e-3) * (1 + 1e-12)
         assert StepStats.from_schedule(on, COST).moved_fraction <= 0.5
@@ -210,7 +276,7 @@ def test_replicas_keeps_whichever_layout_moves_less():
     per_replica = _per_replica(lengths, costs, origin, ref, dp, cap, 0.0, "replicas", None, 1e-3)
     layout_moved = int(lengths[relabel_replicas(per_replica.replica_of, origin, lengths, dp) != origin].sum())
     assert layout_moved > lengths.sum() / 3
-    sched = get_scheduler("balanced", objective="replicas")
+    sched = get_scheduler("balanced", objective="replicas", locality=True)
     s = sched.schedule(lengths, dp_size=dp, max_tokens_per_rank=cap, cost=COST)
     assert StepStats.from_schedule(s, COST).moved_tokens < layout_moved
     assert _wait(s, "replicas") <= step_time(ref.load, 0.0, "replicas") * (1 + 1e-3) * (1 + 1e-12)

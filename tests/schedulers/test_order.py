@@ -8,7 +8,7 @@ import pytest
 
 from seqpack.schedulers import get_scheduler
 from seqpack.schedulers.balanced import round_position
-from seqpack.schedulers.groups import schedule_groups
+from seqpack.schedulers.sample_groups import schedule_groups
 
 
 def test_round_position_as_planned_is_the_identity():

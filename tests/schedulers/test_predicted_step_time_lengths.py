@@ -7,8 +7,7 @@ import pytest
 
 from seqpack.cost import CostModel
 from seqpack.errors import SeqpackError
-from seqpack.schedulers import BalancedScheduler
-from seqpack.schedulers.base import predicted_step_time
+from seqpack.schedulers import BalancedScheduler, predicted_step_time
 
 
 def test_schedule_of_other_lengths_is_a_clear_error():

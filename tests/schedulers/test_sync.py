@@ -86,8 +86,8 @@ def test_balanced_plan_objective_is_the_predicted_step_time(sync):
     expected = both if sync is None else predicted_step_time(schedule, LAUNCH_BOUND, sync=sync)
     assert plan.num_microbatches == schedule.num_microbatches
     assert plan.objective == pytest.approx(expected, rel=1e-9)
-    # With locality (the default) the step may cost at most 0.1% more than that plan.
-    local = get_scheduler("balanced").schedule(
+    # With locality the step may cost at most 0.1% more than that plan.
+    local = get_scheduler("balanced", locality=True).schedule(
         lengths, dp_size=8, max_tokens_per_rank=16384, cost=LAUNCH_BOUND, sync=sync
     )
     cost = (

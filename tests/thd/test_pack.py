@@ -424,5 +424,7 @@ def test_num_loss_tokens_is_the_whole_microbatchs_and_survives_sharding_and_copi
 
 
 def test_label_format_is_checked():
-    with pytest.raises(ConfigError, match=r"label_format must be one of \('shifted', 'unshifted'\), got 'HF'"):
+    with pytest.raises(
+        ConfigError, match=r"label_format must be one of \('shifted', 'unshifted', 'position_aligned'\), got 'HF'"
+    ):
         pack_sequences([{"input_ids": torch.arange(3)}], label_format="HF")

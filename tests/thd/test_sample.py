@@ -292,7 +292,9 @@ def test_next_token_targets_moves_unshifted_labels_and_masks_left_within_each_se
     # A mask is 0 wherever the label is -100, whatever it said.
     _, loss_mask = next_token_targets(torch.tensor([1, -100, 3]), torch.ones(3), torch.tensor([2]), "shifted")
     assert loss_mask.tolist() == [1.0, 0.0, 1.0]
-    with pytest.raises(ValueError, match=r"label_format must be one of \('shifted', 'unshifted'\), got 'hf'"):
+    with pytest.raises(
+        ValueError, match=r"label_format must be one of \('shifted', 'unshifted', 'position_aligned'\), got 'hf'"
+    ):
         next_token_targets(hf, None, last, "hf")
 
 
@@ -311,41 +313,14 @@ def test_shifted_labels_that_copy_input_ids_are_refused_naming_label_format():
     pack_sequences([{"input_ids": torch.arange(1, 9)}, sample], label_format="unshifted")
 
 
-def test_the_guard_needs_nearly_all_of_enough_supervised_tokens():
-    from seqpack.options import LABEL_COPY_FRACTION, LABEL_COPY_MIN_TOKENS
-    from seqpack.thd.sample import check_label_format, label_copy_counts, looks_unshifted
-
-    assert (LABEL_COPY_FRACTION, LABEL_COPY_MIN_TOKENS) == (0.9, 8)
-    # Too short to tell: 7 supervised tokens, all copies, pass; 8 do not.
-    check_label_format(normalize_sample(_hf_sample(10, prompt=3)), "shifted")
-    with pytest.raises(SampleError, match="on 8 of 8 supervised tokens"):
-        check_label_format(normalize_sample(_hf_sample(10, prompt=2)), "shifted")
-    # 20 supervised tokens: 18 copies (90%) are refused, 17 (85%) pass.
-    ids = torch.arange(100, 120)
-    for copies, refused in ((18, True), (17, False)):
-        labels = torch.cat([ids[:copies], torch.arange(1, 21 - copies)])
-        sample = {"input_ids": ids, "labels": labels}
-        supervised, copied = label_copy_counts(ids, labels, None, np.array([0, 20]))
-        assert (supervised.tolist(), copied.tolist()) == ([20], [copies])
-        assert looks_unshifted(supervised, copied).tolist() == [refused]
-        if refused:
-            with pytest.raises(SampleError, match=f"on {copies} of 20"):
-                check_label_format(sample, "shifted")
-        else:
-            check_label_format(sample, "shifted")
-    # A loss mask of 0 takes a token out of the count.
-    hf = _hf_sample(20, prompt=0)
-    assert label_copy_counts(hf["input_ids"], hf["labels"], torch.zeros(20), np.array([0, 20]))[0].tolist() == [0]
-
-
 @pytest.mark.parametrize("token", [3, 0])
 def test_next_token_labels_are_never_copies_even_on_a_run_of_one_token(token):
-    from seqpack.thd.sample import check_label_format, label_copy_counts
+    from seqpack.thd.sample import check_label_format, label_alignment_counts
 
     ids = torch.full((64,), token)
     labels = torch.cat([ids[1:], torch.tensor([-100])])  # next-token labels equal input_ids everywhere
-    supervised, copied = label_copy_counts(ids, labels, None, np.array([0, 64]))
-    assert (supervised.tolist(), copied.tolist()) == ([63], [0])
+    checked, misaligned = label_alignment_counts(ids, labels, None, np.array([0, 64]))
+    assert (checked.tolist(), misaligned.tolist()) == ([0], [0])  # each label fits either alignment
     check_label_format({"input_ids": ids, "labels": labels}, "shifted")
     pack_sequences([{"input_ids": ids, "labels": labels}])
 

@@ -19,10 +19,12 @@ from seqpack.validation import check_int, check_number
 
 if TYPE_CHECKING:
     from seqpack.cost import ModelSpec
-    from seqpack.schedulers import Scheduler
+    from seqpack.schedulers import Schedule, Scheduler
     from seqpack.stats import StepStats
 
 __all__ = ["add_parser", "check_fits", "check_pad_multiple", "run", "simulate"]
+
+_LOCALITY: dict[str, bool | str] = {"auto": "auto", "on": True, "off": False}
 
 
 def check_pad_multiple(
@@ -69,8 +71,9 @@ def simulate(
     Every scheduler is fed the same cost model (the preset's training FLOPs; token counts
     when ``model`` is None) and accounted in it. Samples sit on DP ranks in contiguous
     equal blocks, as the wrapper reads them; moved tokens count what the exchange carries,
-    in bytes at ``bytes_per_token`` (default
-    :data:`~seqpack.stats.SAMPLE_BYTES_PER_TOKEN`). Each plan is timed (wall clock) and its
+    in bytes at ``bytes_per_token`` (default 20), which ``balanced``'s ``locality="auto"``
+    also gets (each step's row says whether it ran locality, and above which bytes per
+    token it would). Each plan is timed (wall clock) and its
     peak resident memory measured (:class:`~seqpack.cli.memory.PeakMemory`). Memory stays
     ``O(global_batch + dp * microbatches)`` whatever the steps: only scalars are kept per step.
 
@@ -149,18 +152,41 @@ def _schedule_steps(
             empty = int(np.count_nonzero(batch == 0))
             batch = batch[batch > 0]
             for name, sched in built.items():
+                payload: dict[str, Any] = {"bytes_per_token": bytes_per_token} if sched.uses_bytes_per_token else {}
                 with PeakMemory() as peak:
-                    s = sched.schedule(batch, **limits)
+                    s = sched.schedule(batch, **limits, **payload)
                 st = StepStats.from_schedule(s, limits["cost"], empty_samples=empty, bytes_per_token=bytes_per_token)
                 if spec is not None:  # every term of the model (sliding-window layers included)
                     ran = [ids for row in s.assignment for ids in row]
                     st.flops = float(spec.sequence_flops(s.lengths[np.concatenate(ran)] if ran else []))
+                locality = _locality_row(sched, s, bytes_per_token)
                 if keep_first and step == 0:
                     first[name] = (s, st)
                 del s  # one step's schedule at a time
-                per[name].append(_step_row(st, peak, limits["dp_size"]))
+                per[name].append({**_step_row(st, peak, limits["dp_size"]), **locality})
                 bar.update(1, step=step, plan_s=round(peak.seconds, 3))
     return per, first
+
+
+def _locality_row(sched: Scheduler, schedule: Schedule, bytes_per_token: float) -> dict[str, Any]:
+    """For a scheduler with a locality switch (``balanced``): whether this step ran it, and
+    the bytes per token above which ``locality="auto"`` runs it for this step's shape."""
+    from seqpack.schedulers.balanced import BalancedScheduler
+    from seqpack.schedulers.balanced.locality import break_even_bytes_per_token
+    from seqpack.thd import padded_lengths
+
+    if not isinstance(sched, BalancedScheduler):
+        return {}
+    active = schedule.lengths[schedule.lengths > 0]
+    shape = dict(
+        sequences=int(active.shape[0]),
+        tokens=int(padded_lengths(active, schedule.pad_multiple).sum()),
+        dp_size=schedule.dp_size,
+    )
+    return {
+        "locality": sched.uses_locality(**shape, bytes_per_token=bytes_per_token),
+        "locality_break_even": break_even_bytes_per_token(**shape),
+    }
 
 
 def _step_row(st: StepStats, peak: PeakMemory, dp_size: int) -> dict[str, Any]:
@@ -217,6 +243,14 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "truncated": sum(int(r["truncated"]) for r in rows),
         "deferred": sum(int(r["deferred"]) for r in rows),
         "empty": sum(int(r["empty"]) for r in rows),  # zero-length samples dropped, as the wrapper does
+        **(
+            {
+                "locality_steps": sum(bool(r["locality"]) for r in rows),
+                "locality_break_even": float(np.median([r["locality_break_even"] for r in rows])),
+            }
+            if "locality" in rows[0]
+            else {}
+        ),
         "steps": [dict(r) for r in rows],
     }
 
@@ -270,17 +304,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     run_.add_argument(
         "--locality",
-        choices=["on", "off"],
-        default="on",
-        help="balanced keeps samples on the rank that read them when that costs at most 0.1%% of step time "
-        "(default on)",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="balanced keeps samples on the rank that read them when that costs at most 0.1%% of step time: "
+        "auto (default) only where the bytes it keeps home at --bytes-per-token are worth its plan time",
     )
     run_.add_argument(
         "--bytes-per-token",
         type=float,
         default=None,
-        help="bytes one sample token carries through the exchange, for the moved-bytes figures "
-        "(default 20: int64 input_ids and labels, float32 loss_mask)",
+        help="bytes one sample token carries through the exchange, for the moved-bytes figures and "
+        "--locality auto (default 20: int64 input_ids and labels, float32 loss_mask)",
     )
     return p
 
@@ -314,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
     if not np.any(np.asarray(lengths) > 0):
         raise CommandError(f"{where}: all {len(lengths)} lengths are 0 (empty samples are dropped): nothing to do")
     options: dict[str, dict[str, Any]] = {
-        "balanced": {"order": args.order, "objective": args.objective, "locality": args.locality == "on"}
+        "balanced": {"order": args.order, "objective": args.objective, "locality": _LOCALITY[args.locality]}
     }
     try:
         report = simulate(
@@ -401,9 +435,26 @@ def _print_report(report: dict[str, Any], source: str, global_batch: int) -> Non
         f"  MB/rank: what the busiest rank sends or receives at {cfg['bytes_per_token']:g} bytes per token.\n"
         "plan ms: scheduling time per step (mean); peak MB: the most memory one plan took."
     )
+    for name, r in report["results"].items():
+        if "locality_steps" in r:
+            print(_locality_note(name, r, cfg))
     empty = max((r["empty"] for r in report["results"].values()), default=0)
     if empty:
         print(f"{empty} zero-length samples dropped over {cfg['steps']} steps (as the wrapper does), not scheduled")
     lost = {n: (r["dropped"], r["truncated"]) for n, r in report["results"].items() if r["dropped"] or r["truncated"]}
     for name, (dropped, truncated) in lost.items():
         print(f"{name}: {dropped} sequences dropped, {truncated} truncated (on_oversize={cfg['on_oversize']})")
+
+
+def _locality_note(name: str, result: dict[str, Any], cfg: dict[str, Any]) -> str:
+    """What locality did for ``name`` (a ``balanced``), and why under ``"auto"``."""
+    option = cfg.get("balanced", {}).get("locality", "auto") if name == "balanced" else "auto"
+    ran, steps = result["locality_steps"], cfg["steps"]
+    state = "on" if ran == steps else "off" if ran == 0 else f"on in {ran} of {steps} steps"
+    if option != "auto":
+        return f"{name}: locality {state} (--locality {'on' if option else 'off'})"
+    return (
+        f"{name}: locality auto: {state} at {cfg['bytes_per_token']:g} bytes per token; it pays above "
+        f"{result['locality_break_even']:,.0f} bytes per token for these steps\n  (its plan time against the "
+        "tokens it keeps home at 25 GB/s per rank; docs/scale.md); --locality on|off to choose"
+    )

@@ -7,8 +7,9 @@ Ties are broken by integer keys (token counts, then indices), never by chance, s
 rank computes the same result.
 
 Importing this package is cheap: it imports neither numba nor a kernel. A kernel's module
-(which imports numba) is imported on first use of its name (``_kernels.grid_lpt``), and the
-first use in a process says once, at INFO, when numba must compile (module :mod:`.compile_note`).
+(which imports numba) is imported on first use of its name (``_kernels.grid_lpt``). Importing
+it puts :mod:`.compile_note`'s watcher on ``sys.meta_path``: the first import of any kernel
+module whose disk cache is cold warns once that numba is about to compile.
 
 One module per kernel family, holding every njit function its kernels call and every
 constant they read (numba stamps a kernel's disk cache with the kernel's own file and
@@ -27,6 +28,7 @@ import importlib
 from typing import Any
 
 from seqpack.errors import ConfigError
+from seqpack.schedulers._kernels.compile_note import watch_imports
 
 __all__ = [
     "GRID_LOCAL_SLICES",
@@ -66,14 +68,14 @@ _HOME = {
 }
 
 
+watch_imports()  # every kernel module, however it is reached (through lazy_module too)
+
+
 def __getattr__(name: str) -> Any:
     """Import the kernel ``name``'s module on first use (numba with it) and keep the kernel."""
     module_name = _HOME.get(name)
     if module_name is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from seqpack.schedulers._kernels.compile_note import announce
-
-    announce(module_name)
     try:
         module = importlib.import_module(f"{__name__}.{module_name}")
     except Exception as err:  # numba's own errors (bad NUMBA_* settings, a broken install)

@@ -96,8 +96,9 @@ def home_swaps(
     most ``PAIR_BIN`` of them, at most ``rounds * PAIR_BIN * (PAIR_BIN - 1) / 2``; the
     cache's tree has a leaf for every entry the turn can reach (the cache grows by one per
     move and the turn makes at most one change per sequence of its run: ``k + j - i``,
-    capped at ``n``); the arrival list gets an entry for every sequence a change sends away
-    from a home, two for a pair swap, and is reset at every pass, in which each sequence of
+    capped at ``n``); ``snap``, ``changed``, ``last_arrival`` and ``moved_at`` have one entry
+    per sequence and ``start`` ``dp + 1``; the arrival list gets an entry for every sequence a
+    change sends away from a home, two for a pair swap, and is reset at every pass, in which each sequence of
     ``order`` has one turn and makes at most one change: at most ``2 * len(order)`` entries
     (one per sequence is not enough: a sequence can be sent away, come back and be sent away
     again in one pass). Requires ``0 <= round_of < rounds``, ``0 <= replica_of, origin <

@@ -33,17 +33,19 @@ quadratic term included):
    (:func:`seqpack.schedulers.objective.round_sum_lower_bound`), bisects on how much slower the rounds
    may get, keeping the plan whose worse ratio to its bound is lowest. That happens when
    a few sequences come close to a whole microbatch. The repair stops within 0.1% of the
-   replica bound, or after a bounded amount of work. Then each replica's microbatches are
-   sorted heaviest first, which only lowers ``sum_m max_d``.
+   replica bound, or after a bounded amount of work.
 Fewer bytes moved, at no cost in balance: equally long sequences are taken in an order
 interleaved by the rank that holds them (``origin``), which keeps them on that rank (with
 equal lengths nothing moves), and the finished replicas are renamed so that each runs on
 the DP rank already holding most of its tokens (:func:`relabel_replicas`). With
-``locality`` (default), a plan at the same microbatch count that keeps more samples where
-they are (built from each rank's own samples, or this one with sequences brought home by
-swaps of equal cost) replaces this one when it predicts at most 0.1% more step time and
-moves fewer tokens (:mod:`seqpack.schedulers.balanced.locality`). Pack order inside a microbatch is
-ascending global id.
+``locality``, a plan at the same microbatch count that keeps more samples where they are
+(built from each rank's own samples, or this one with sequences brought home by swaps of
+equal cost) replaces this one when it predicts at most 0.1% more step time and moves fewer
+tokens (:mod:`seqpack.schedulers.balanced.locality`). Its default, ``"auto"``, runs it only
+where the bytes it keeps home are worth its plan time
+(:func:`~seqpack.schedulers.balanced.locality.locality_pays`): for token-id samples (~20
+bytes a token) only where the mean sequence is longer than ``2,500 * dp`` tokens (two
+replicas of 5,000-token sequences). Pack order inside a microbatch is ascending global id.
 
 5. **Order.** Rounds run heaviest first (a memory peak shows up at the first microbatch),
    or with ``order="pipeline"`` light rounds at both ends and heavy ones in the middle,
@@ -68,6 +70,36 @@ retried balancing tokens (worst-fit), then first-fit, then with a bounded exact 
   constant or calibrate (:mod:`seqpack.calibrate`). A given ``sync`` also sets the repair's
   objective (``"lockstep"``: rounds, ``"replica"``: replicas).
 
+**What each stage buys** (``benchmarks/ablation.py``, ``benchmarks/results/ablation.txt``:
+each stage switched off with :func:`seqpack.schedulers.balanced.stages.disabled` on the
+workloads of ``benchmarks/schedulers.py`` under each sync, the heavy tail and verl batches of
+``benchmarks/heavy_tail.py`` and the shapes of ``benchmarks/scale.py``; predicted step time
+without it, mean over a workload's steps; docs/schedulers.md has the table). A stage stays
+when it makes some workload's step at least 0.5% faster or guarantees capacity or the
+fewest microbatches, or, for those that keep samples home, by the tokens it keeps:
+
+* round targets (step 2): pretrain-pareto under lockstep +10.6% without them,
+  rl-bimodal-32k +6.7%, sft-long-tail +5.0% (and one more microbatch in one step of three);
+* worst-fit / first-fit bins: 1,048,576 sequences into 1,024 replicas need 211
+  microbatches without them, 205 with (the exact search gives up at that size);
+* the exact search: 1,116 of 2,000 verl-like batches get more microbatches than the
+  fewest that hold them without it; bin completion inside it: 12 of 2,000;
+* the repair: pretrain-pareto +3.2% (``objective="both"``), sft-long-tail +2.9%,
+  rl-bimodal-32k +1.7%; its bisection alone: +3.1%, +2.9%, +0.8%;
+* replica-first (``sync="replica"``): the heavy tail +0.50-0.55% at 2-6 microbatches
+  (worst step 1.0166x its bound without, 1.0015x with);
+* more microbatches than the fewest: sft-long-tail under ``sync="replica"`` +1.0%;
+* origin order and renaming replicas (no step-time effect; measured with locality off):
+  equal lengths move 93.8% of their tokens without the origin order, none with it;
+  renaming keeps 14-26 points of the tokens home (sft-lognormal: 99.8% -> 85.6% moved);
+* locality's per-replica layout: 45% -> 33% of the tokens moved (sft-lognormal,
+  ``sync="replica"``); its home swaps: 86% -> 46% (sft-lognormal), 99% -> 42% (1,048,576
+  into 1,024).
+
+Renumbering each replica's microbatches heaviest first after the repair (to lower
+``sum_m max_d``) changed no workload's predicted step by more than 0.01% (300 verl-like
+batches at dp=2: 0.002% on average) and was removed.
+
 Without a cost model, ``balanced`` balances the training FLOPs of a Llama-3-8B shaped
 model (:func:`seqpack.cost.default_cost_model`). Pass the same cost model to
 :meth:`seqpack.stats.StepStats.from_schedule` to account a schedule in the units it was
@@ -75,8 +107,9 @@ balanced in (``scheduler.resolve_cost(cost)`` returns it).
 
 Modules: ``layout`` (the plan's data, grid helpers, replica renaming, round order),
 ``plan`` (steps 1-4 at a count, the search over counts), ``repair`` (step 4), ``exact``
-(the bounded exact bin search), ``locality`` (plans that keep samples home), ``scheduler``
-(:class:`BalancedScheduler`).
+(the bounded exact bin search), ``replicas`` (the replica-first plan and the
+capacity-aware replica bound), ``locality`` (plans that keep samples home, and when they
+pay), ``stages`` (the ablation's switches), ``scheduler`` (:class:`BalancedScheduler`).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from seqpack._lazy import lazy_module
+from seqpack.schedulers.balanced import stages
 
 _search = lazy_module("seqpack.schedulers._kernels.bin_search")  # numba: imported on first use
 
@@ -104,7 +105,8 @@ def pack_bins(
         return INFEASIBLE, bin_of
     order = np.lexsort((np.arange(n), -lengths)).astype(np.int64)  # longest first, ties by index
     sizes = lengths[order]
-    few = n <= FEW_PER_BIN * num_bins and int(sizes[-1]) > 0  # bin completion takes positive sizes
+    # Bin completion takes positive sizes.
+    few = n <= FEW_PER_BIN * num_bins and int(sizes[-1]) > 0 and stages.enabled("bin_completion")
     status, placed = _search.dfs(
         sizes, int(num_bins), int(capacity), int(min(max_work, FIRST_WORK) if few else max_work)
     )

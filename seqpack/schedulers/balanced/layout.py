@@ -11,6 +11,7 @@ import numpy as np
 
 from seqpack.options import Objective, Order, Sync
 from seqpack.schedulers import _kernels
+from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.objective import round_sum_lower_bound, step_objective
 from seqpack.validation import check_choice
 
@@ -68,7 +69,7 @@ def _placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarra
         return np.zeros(0, dtype=np.int64)
     top = int(padded.max())
     index = np.arange(n, dtype=np.int64)
-    if origin is None:
+    if origin is None or not stages.enabled("origin_order"):
         if (top + 1) * n < 2**62:  # unique int64 keys: the fast (unstable) sort gives the stable order
             return np.argsort((top - padded) * n + index)
         return np.argsort(-padded, kind="stable")
@@ -161,25 +162,9 @@ def repair_budget(max_repair_moves: int | None, dp_size: int) -> int:
     return 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
 
 
-def _sorted_round_sum(load: np.ndarray) -> float:
-    """``sum_m max_d`` once every replica's microbatches are sorted heaviest first."""
-    return float((-np.sort(-load, axis=0)).max(axis=1).sum()) if load.size else 0.0
-
-
-def heaviest_first(
-    round_of: np.ndarray, replica_of: np.ndarray, load: np.ndarray, tokens: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Renumber each replica's microbatches heaviest first (ties: round order): the
-    alignment that minimises ``sum_m max_d load``. Returns (round_of, load, tokens)."""
-    m_count, dp_size = load.shape
-    rank = np.argsort(-load, axis=0, kind="stable")  # [position, replica] -> old round
-    new_round = np.empty_like(rank)
-    new_round[rank, np.arange(dp_size)[None, :]] = np.arange(m_count)[:, None]
-    return (
-        new_round[round_of, replica_of],
-        np.take_along_axis(load, rank, axis=0),
-        np.take_along_axis(tokens, rank, axis=0),
-    )
+def _round_sum(load: np.ndarray) -> float:
+    """``sum_m max_d load[m, d]``: what a lockstep step waits for (no constants)."""
+    return float(load.max(axis=1).sum()) if load.size else 0.0
 
 
 def _rounds(ids: np.ndarray, cell: np.ndarray, m_count: int, dp_size: int) -> list[list[np.ndarray]]:
@@ -211,7 +196,7 @@ def relabel_replicas(replica_of: np.ndarray, origin: np.ndarray, weight: np.ndar
     Returns:
         The DP rank of every sequence.
     """
-    if replica_of.size == 0 or dp_size == 1:
+    if replica_of.size == 0 or dp_size == 1 or not stages.enabled("relabel"):
         return replica_of
     replica_of = np.asarray(replica_of, dtype=np.int64)
     pair = replica_of * dp_size + np.asarray(origin, dtype=np.int64)  # < dp**2: exact in int64 for dp < 3e9

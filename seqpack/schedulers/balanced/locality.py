@@ -21,8 +21,7 @@ where sequences run.
   within ``home_fill`` (0.9) of its cost target and within the mean tokens, otherwise to the
   emptiest microbatch anywhere (LPT), which hands each rank's excess to ranks below their
   share. The replica repair evens out the rest, until the busiest replica is within half
-  the tolerance of the reference's; each replica runs its microbatches heaviest first.
-  About a fifth of the tokens move. It cannot serve lockstep steps (``"rounds"``,
+  the tolerance of the reference's. About a fifth of the tokens move. It cannot serve lockstep steps (``"rounds"``,
   ``"both"``: FSDP, every round waits for its slowest replica): a replica's microbatches,
   a few sequences each, cannot all match the other replicas' within 0.1%, and at
   thousands of replicas some always miss (the rounds end 0.5-1.5% slower).
@@ -39,6 +38,19 @@ where sequences run.
   the predicted step time grows by at most 0.09%. About a third of the tokens still move,
   against 93-96% in the reference.
 
+When it pays (``BalancedScheduler(locality="auto")``, the default): every rank plans the
+whole step, so locality costs each rank its plan time, about :data:`PLAN_SECONDS_PER_SEQUENCE`
+(1 us) per sequence of the step (``benchmarks/ablation.py``: 0.5-3.9 us on a loaded 2-core
+VM, 0.76 us at 16,384 replicas on a quiet one), and saves it sending the tokens it keeps
+home, about :data:`KEPT_HOME` (half) of the rank's share (measured 17-69 points of all
+tokens), over a link of :data:`LINK_BYTES_PER_SECOND` (25 GB/s,
+200 Gb/s InfiniBand). :func:`locality_pays` runs it where the second is larger at the
+samples' bytes per token (:func:`break_even_bytes_per_token`: ``5e4 * dp / mean tokens per
+sequence`` bytes per token): 12,500 for 4K-token sequences at 1,024 replicas, 780 at 64,
+so never for token ids (8-28 bytes a token) beyond two replicas of 5,000-token sequences;
+per-token payloads of hundreds or thousands of bytes (embeddings, teacher logits) turn it on
+at small dp.
+
 docs/scale.md has the measurements.
 """
 
@@ -46,14 +58,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.options import Objective, Sync
+from seqpack.options import SAMPLE_BYTES_PER_TOKEN, Objective, Sync
 from seqpack.schedulers import _kernels
+from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.balanced.layout import (
     _REPAIR_WORK,
     BalancedPlan,
     _grid,
     _placement_order,
-    heaviest_first,
     relabel_replicas,
     repair_budget,
     round_targets,
@@ -62,6 +74,10 @@ from seqpack.schedulers.balanced.repair import _repair
 from seqpack.schedulers.objective import step_objective
 
 TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than the reference
+AUTO = "auto"  # BalancedScheduler(locality=AUTO): on where locality_pays
+LINK_BYTES_PER_SECOND = 25e9  # one rank's exchange bandwidth: 200 Gb/s InfiniBand
+PLAN_SECONDS_PER_SEQUENCE = 1e-6  # plan time locality adds per sequence of the step (0.5-3.9 us measured)
+KEPT_HOME = 0.5  # share of the step's tokens locality keeps home that the plain plan moves (0.17-0.69)
 _REPLICAS_FILL = 0.9  # home_fill of the per-replica layout
 _REPAIR_WORK_FACTOR = 3  # local layouts start further from balance: 3x the repair's work budget
 _SWAP_SLACK = 0.9  # home swaps may raise each cap by this share of the tolerance
@@ -70,7 +86,44 @@ _SWAPS_ABOVE = 1 / 3  # the home swaps are also tried when the per-replica layou
 
 _SYNC_OF: dict[str, Sync] = {Objective.ROUNDS: Sync.LOCKSTEP, Objective.REPLICAS: Sync.REPLICA}  # "both": None, the sum
 
-__all__ = ["TOLERANCE", "heaviest_first", "home_swapped", "moved_tokens", "plan_local", "step_time"]
+__all__ = [
+    "AUTO",
+    "KEPT_HOME",
+    "LINK_BYTES_PER_SECOND",
+    "PLAN_SECONDS_PER_SEQUENCE",
+    "TOLERANCE",
+    "break_even_bytes_per_token",
+    "home_swapped",
+    "locality_pays",
+    "moved_tokens",
+    "plan_local",
+    "step_time",
+]
+
+
+def break_even_bytes_per_token(*, sequences: int, tokens: int, dp_size: int) -> float:
+    """Bytes per token above which locality saves more exchange time than it costs plan
+    time (``inf`` where it saves nothing: one replica, or no tokens).
+
+    Every rank plans the whole step, so locality costs each rank
+    :data:`PLAN_SECONDS_PER_SEQUENCE` per sequence of the step; it keeps
+    :data:`KEPT_HOME` of each rank's share of the tokens home, which would otherwise cross
+    the network at :data:`LINK_BYTES_PER_SECOND`. It pays when
+    ``KEPT_HOME * tokens / dp_size * bytes_per_token / LINK_BYTES_PER_SECOND`` exceeds
+    ``PLAN_SECONDS_PER_SEQUENCE * sequences``. The break-even grows with ``dp_size`` (the plan
+    is paid for the whole step, the saving per rank) and falls with longer sequences.
+    """
+    if dp_size <= 1 or tokens <= 0:
+        return float("inf")
+    return PLAN_SECONDS_PER_SEQUENCE * sequences * dp_size * LINK_BYTES_PER_SECOND / (KEPT_HOME * tokens)
+
+
+def locality_pays(bytes_per_token: float | None, *, sequences: int, tokens: int, dp_size: int) -> bool:
+    """Whether locality is worth its plan time for a step of ``sequences`` holding ``tokens``
+    padded tokens in ``dp_size`` replicas, at ``bytes_per_token`` (None: the token-id
+    payload, :data:`~seqpack.stats.SAMPLE_BYTES_PER_TOKEN`; :func:`break_even_bytes_per_token`)."""
+    payload = SAMPLE_BYTES_PER_TOKEN if bytes_per_token is None else bytes_per_token
+    return payload > break_even_bytes_per_token(sequences=sequences, tokens=tokens, dp_size=dp_size)
 
 
 def step_time(load: np.ndarray, constant: float, objective: str) -> float:
@@ -126,7 +179,8 @@ def plan_local(
         reference_ranks = relabel_replicas(reference.replica_of, origin, padded, dp_size)
     best = None
     to_beat = moved_tokens(reference_ranks, origin, padded)  # a candidate must move less
-    if objective == Objective.REPLICAS or reference.num_microbatches <= 2:
+    per_replica = objective == Objective.REPLICAS or reference.num_microbatches <= 2
+    if per_replica and stages.enabled("per_replica"):
         plan = _per_replica(
             padded, costs, origin, reference, dp_size, capacity, constant, objective, max_repair_moves, tolerance
         )
@@ -137,6 +191,8 @@ def plan_local(
                 best, to_beat = (plan, ranks), moved
                 if moved <= _SWAPS_ABOVE * float(padded.sum()):
                     return best
+    if not stages.enabled("home_swaps"):
+        return best
     plan = home_swapped(padded, costs, origin, reference, reference_ranks, capacity, objective, tolerance * _SWAP_SLACK)
     if step_time(plan.load, constant, objective) <= limit and moved_tokens(plan.replica_of, origin, padded) < to_beat:
         best = plan, plan.replica_of
@@ -156,9 +212,8 @@ def home_swapped(
     """``reference`` with its replicas renamed to ``reference_ranks``, then sequences brought
     home by :func:`~seqpack.schedulers._kernels.home_swaps` within caps ``1 + slack`` times
     the reference's: every round's heaviest microbatch (not for ``"replicas"``, whose step
-    does not wait for rounds) and the busiest replica. Each replica's microbatches are then
-    renumbered heaviest first. The predicted step time grows by at most ``slack``
-    (relative), the microbatch count and every microbatch's capacity hold.
+    does not wait for rounds) and the busiest replica. The predicted step time grows by at
+    most ``slack`` (relative), the microbatch count and every microbatch's capacity hold.
     """
     m_count, dp_size = reference.load.shape
     round_of = reference.round_of.copy()
@@ -187,7 +242,6 @@ def home_swapped(
     )
     load = _grid(costs, round_of, replica_of, shape)
     tokens = _grid(padded, round_of, replica_of, shape)
-    round_of, load, tokens = heaviest_first(round_of, replica_of, load, tokens)
     both = step_time(load, 0.0, Objective.BOTH)
     return BalancedPlan(
         m_count, round_of, replica_of, load, tokens, reference.mode, reference.repair_moves + changes, both
@@ -253,7 +307,6 @@ def _per_replica(
             stop_at,
             _REPAIR_WORK_FACTOR * _REPAIR_WORK,
         )
-    round_of, load, tokens = heaviest_first(round_of, replica_of, load, tokens)
     both = step_time(load, constant, Objective.BOTH)
     return BalancedPlan(m_count, round_of, replica_of, load, tokens, reference.mode, moves, both)
 

@@ -13,6 +13,7 @@ from seqpack.errors import ConfigError, ScheduleError
 from seqpack.options import Objective, Sync
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.balanced import exact as _exact
+from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.balanced.layout import (
     _BETTER_BY,
     _GAP_FOR_MORE,
@@ -23,7 +24,6 @@ from seqpack.schedulers.balanced.layout import (
     _objective,
     _objective_bound,
     _placement_order,
-    heaviest_first,
     objective_for,
     repair_budget,
     round_targets,
@@ -52,14 +52,22 @@ def _plan_at(
     """The plan with exactly ``num_rounds`` rounds, or None when neither a bin rule nor
     the exact search (:func:`seqpack.schedulers.balanced.exact.pack_bins`) packs the sequences.
     ``forced``: the count was given (no count search follows; :func:`keep_lighter`)."""
-    targets = np.repeat(round_targets(costs[order], dp_size, num_rounds), dp_size)
-    for mode in (_kernels.MODE_COST, _kernels.MODE_TOKENS, _kernels.MODE_FIRST_FIT):
+    if stages.enabled("round_targets"):
+        targets = np.repeat(round_targets(costs[order], dp_size, num_rounds), dp_size)
+    else:
+        targets = np.full(dp_size * num_rounds, float(costs.sum()) / max(dp_size * num_rounds, 1))
+    rules = [_kernels.MODE_COST]
+    if stages.enabled("token_rules"):
+        rules += [_kernels.MODE_TOKENS, _kernels.MODE_FIRST_FIT]
+    for mode in rules:
         ok, bin_of, bin_load, _ = _kernels.grid_lpt(order, padded, costs, targets, capacity, mode)
         if ok:
             break
     else:
         # Greedy rules can miss a packing that exists (first-fit decreasing may need 11/9
         # of the optimal bins): search exactly, within a bounded amount of work.
+        if not stages.enabled("exact_search"):
+            return None
         status, bin_of = _exact.pack_bins(padded, dp_size * num_rounds, capacity)
         if status != _exact.FOUND:
             return None
@@ -82,10 +90,12 @@ def _plan_at(
     moves = 0
     balances = bool(costs.size) and float(costs.max()) > 0  # CostModel(0, 0, c): nothing to balance
     if max_repair_moves > 0 and dp_size > 1 and balances:
-        round_of, replica_of, load, tokens, moves = _repair(
-            round_of, replica_of, load, tokens, padded, costs, order, dp_size, capacity, max_repair_moves, objective
-        )
-        if objective == Objective.REPLICAS:  # heavy tails: partitioning replicas first may do better
+        if stages.enabled("repair"):
+            round_of, replica_of, load, tokens, moves = _repair(
+                round_of, replica_of, load, tokens, padded, costs, order, dp_size, capacity, max_repair_moves, objective
+            )
+        # Heavy tails: partitioning replicas first may do better.
+        if objective == Objective.REPLICAS and stages.enabled("replica_first"):
             round_of, replica_of, load, tokens, moves = keep_lighter(
                 (round_of, replica_of, load, tokens, moves),
                 padded,
@@ -96,8 +106,6 @@ def _plan_at(
                 max_repair_moves,
                 forced=forced,
             )
-    # Each replica's microbatches heaviest first: the alignment that minimizes sum_m max_d.
-    round_of, load, tokens = heaviest_first(round_of, replica_of, load, tokens)
     gap = 0.0
     if balances and num_rounds:
         replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
@@ -233,7 +241,7 @@ def _more_rounds(
     next count's bound (right away for most batches). At most ``_MAX_EXTRA_ROUNDS`` counts,
     never more than one sequence per microbatch of every replica.
     """
-    if not costs.size or float(costs.max()) <= 0:
+    if not costs.size or float(costs.max()) <= 0 or not stages.enabled("more_rounds"):
         return plan  # CostModel(0, 0, c): each microbatch only adds its constant
     if sync is None:
         fallback = plan.mode != _kernels.MODE_COST

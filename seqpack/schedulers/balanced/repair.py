@@ -8,12 +8,13 @@ import numpy as np
 
 from seqpack.options import Objective
 from seqpack.schedulers import _kernels
+from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.balanced.layout import (
     _BISECTION_STEPS,
     _GOOD_ENOUGH,
     _REPAIR_WORK,
     _SWAP_CANDIDATES,
-    _sorted_round_sum,
+    _round_sum,
 )
 from seqpack.schedulers.objective import round_sum_lower_bound
 
@@ -64,13 +65,13 @@ def _repair(
             max_work,
         )
         replica = float(state[2].sum(axis=0).max()) / replica_bound
-        rounds = _sorted_round_sum(state[2]) / round_bound
+        rounds = _round_sum(state[2]) / round_bound
         return (*state, int(moves)), replica, rounds
 
     if objective == Objective.REPLICAS:
         return run(np.inf)[0]
     strict, replica, rounds = run(0.0)
-    if objective == Objective.ROUNDS or replica <= rounds + _GOOD_ENOUGH:
+    if objective == Objective.ROUNDS or replica <= rounds + _GOOD_ENOUGH or not stages.enabled("repair_bisection"):
         return strict
     # The goals conflict: find how much slower the rounds may get so that both end the same
     # distance from their bounds (bisection on the budget of sum_m max_d, up to where the

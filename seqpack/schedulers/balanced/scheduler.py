@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.cost import CostModel, default_cost_model
-from seqpack.errors import ConfigError
+from seqpack.cost import CostModel, GroupCost, default_cost_model
+from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import Objective, Order
 from seqpack.schedulers.balanced.layout import _rounds, objective_for, relabel_replicas, round_position
-from seqpack.schedulers.balanced.locality import TOLERANCE, plan_local
+from seqpack.schedulers.balanced.locality import AUTO, TOLERANCE, locality_pays, plan_local
 from seqpack.schedulers.balanced.plan import plan_balanced
-from seqpack.schedulers.base import Scheduler, check_microbatches
+from seqpack.schedulers.base import GridScheduler
+from seqpack.schedulers.request import check_microbatches
 from seqpack.thd import padded_lengths
 from seqpack.validation import (
     INT64_MAX,
-    check_bool,
     check_choice,
     check_int,
     check_number,
@@ -25,7 +25,7 @@ from seqpack.validation import (
 )
 
 
-class BalancedScheduler(Scheduler):
+class BalancedScheduler(GridScheduler):
     """FLOPs-aware scheduler balancing replica totals and per-round maxima (module docs).
 
     Args:
@@ -41,8 +41,13 @@ class BalancedScheduler(Scheduler):
             ZeRO-1, pipeline parallel: rounds do not sync): balance replica totals only.
         locality: Keep sequences on the DP rank that read them where that predicts at
             most ``locality_tolerance`` more step time, at the same microbatch count
-            (:mod:`seqpack.schedulers.balanced.locality`; default on). ``False``: plan for balance
-            alone, then only rename replicas.
+            (:mod:`seqpack.schedulers.balanced.locality`). ``"auto"`` (default): only where
+            the bytes it keeps home are worth its plan time
+            (:func:`~seqpack.schedulers.balanced.locality.locality_pays`, from the
+            ``bytes_per_token`` of the samples the wrapper passes to ``schedule``: token
+            ids, labels and a loss mask, ~20 bytes a token, keep it off beyond a few
+            replicas). ``True``: always; ``False``: plan for balance alone, then only
+            rename replicas.
         locality_tolerance: Relative step-time increase a local plan may cost (default
             0.001, i.e. 0.1%).
     """
@@ -58,7 +63,7 @@ class BalancedScheduler(Scheduler):
         num_microbatches: int | None = None,
         max_repair_moves: int | None = None,
         objective: str = "both",
-        locality: bool = True,
+        locality: bool | str = AUTO,
         locality_tolerance: float = TOLERANCE,
     ) -> None:
         order = check_choice("order", order, Order)
@@ -73,14 +78,26 @@ class BalancedScheduler(Scheduler):
         self.num_microbatches = None if num_microbatches is None else int(num_microbatches)
         self.max_repair_moves = None if max_repair_moves is None else int(max_repair_moves)
         self.objective = objective
-        self.locality = check_bool("locality", locality)
+        self.locality: bool | str = _check_locality(locality)
         self.locality_tolerance = check_number("locality_tolerance", locality_tolerance, minimum=0.0)
 
-    def resolve_cost(self, cost: CostModel | None) -> CostModel:
+    def resolve_cost(self, cost: CostModel | GroupCost | None) -> CostModel | GroupCost:
         """The cost model this scheduler balances: ``cost``, or the default model's FLOPs."""
         return default_cost_model() if cost is None else cost
 
     uses_sync = True
+    uses_bytes_per_token = True
+
+    def uses_locality(self, *, sequences: int, tokens: int, dp_size: int, bytes_per_token: float | None) -> bool:
+        """Whether a plan of ``sequences`` of ``tokens`` padded tokens in all into
+        ``dp_size`` replicas runs locality: ``locality`` itself when a bool; under
+        ``"auto"``, whether it pays at ``bytes_per_token`` (None: the token-id payload,
+        :data:`~seqpack.stats.SAMPLE_BYTES_PER_TOKEN`)."""
+        if dp_size <= 1:
+            return False
+        if self.locality != AUTO:
+            return bool(self.locality)
+        return locality_pays(bytes_per_token, sequences=sequences, tokens=tokens, dp_size=dp_size)
 
     def _plan(  # takes sync (uses_sync)
         self,
@@ -93,8 +110,9 @@ class BalancedScheduler(Scheduler):
         cost: CostModel | None,
         origin: np.ndarray,
         sync: str | None = None,
+        bytes_per_token: float | None = None,
     ) -> tuple[list[list[np.ndarray]], np.ndarray]:
-        model = self.resolve_cost(cost)
+        model = default_cost_model() if cost is None else cost  # a GroupCost was made this one by the base
         if ids.size or self.num_microbatches:
             check_microbatches(
                 dp_size,
@@ -125,7 +143,10 @@ class BalancedScheduler(Scheduler):
         replica = relabel_replicas(plan.replica_of, origin, padded, dp_size)
         # Locality is judged by the step time the plan was made for: the sync's when given.
         objective = objective_for(self.objective, sync)
-        if self.locality and dp_size > 1:
+        local_plan = self.uses_locality(
+            sequences=padded.shape[0], tokens=int(padded.sum()), dp_size=dp_size, bytes_per_token=bytes_per_token
+        )
+        if local_plan:
             local = plan_local(
                 padded,
                 costs,
@@ -150,5 +171,20 @@ class BalancedScheduler(Scheduler):
             f"BalancedScheduler(order={self.order!r}, objective={self.objective!r}, "
             f"min_microbatches={self.min_microbatches}, microbatch_multiple={self.microbatch_multiple}, "
             f"num_microbatches={self.num_microbatches}, max_repair_moves={self.max_repair_moves}, "
-            f"locality={self.locality}, locality_tolerance={self.locality_tolerance})"
+            f"locality={self.locality!r}, locality_tolerance={self.locality_tolerance})"
         )
+
+
+def _check_locality(value: object) -> bool | str:
+    """``locality`` as ``"auto"``, True or False.
+
+    Raises:
+        ConfigError: Another string. SeqpackTypeError: Neither a string nor a bool.
+    """
+    if isinstance(value, str):
+        if value != AUTO:
+            raise ConfigError(f"locality must be {AUTO!r}, True or False, got {value!r}")
+        return AUTO
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise SeqpackTypeError(f"locality must be {AUTO!r}, True or False, got {value!r} ({type(value).__name__})")

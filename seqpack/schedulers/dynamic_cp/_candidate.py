@@ -103,7 +103,7 @@ def score(p: Problem, bins: Bins) -> Bins:
             bins.start = _kernels.layout(order, bins.round, bins.size)
     start = bins.start
     count = np.bincount(bins.seq_bin[bins.seq_bin >= 0], minlength=nb)
-    idle = float(p.coef[0]) if p.sync == Sync.LOCKSTEP else 0.0
+    idle = float(p.coef[0])  # an idle group runs a padding-only filler under either sync
     times = _kernels.bin_times(bins.size, start, count, bins.s, bins.ss, p.coef, p.ranks_per_node, idle)
     rounds = int(bins.round.max()) + 1 if nb else 0
     heights = np.full(rounds, -np.inf)

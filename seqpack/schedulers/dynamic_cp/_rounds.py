@@ -9,7 +9,7 @@ import numpy as np
 
 from seqpack._lazy import lazy_module
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, singles
-from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
+from seqpack.thd import group_padded_lengths
 
 _kernels = lazy_module("seqpack.schedulers._kernels.cp_planner")  # numba: imported on first use
 

@@ -62,11 +62,11 @@ import math
 
 import numpy as np
 
+from seqpack.cost import GroupCost
 from seqpack.errors import ConfigError
 from seqpack.options import Sync
-from seqpack.schedulers.dynamic_cp.cost import GroupCost
-from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
 from seqpack.schedulers.request import as_lengths
+from seqpack.thd import group_padded_lengths
 from seqpack.validation import check_choice, check_positive_int
 
 __all__ = ["step_time_lower_bound"]

@@ -22,10 +22,10 @@ from typing import ClassVar
 import numpy as np
 
 from seqpack.calibrate.base import MAX_STEP, Calibrator, check_seconds
-from seqpack.cost import nnls_fit, robust_weights_fit
+from seqpack.cost import FEATURES, GroupCost, nnls_fit, robust_weights_fit
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.schedulers.dynamic_cp.cost import FEATURES, GroupCost, group_sums, replica_sums
-from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
+from seqpack.schedulers.schedule import Schedule
+from seqpack.schedulers.step_time import group_sums, replica_sums
 from seqpack.validation import check_int, int64_array
 
 __all__ = ["GROUP_SUMS", "GroupCostCalibrator"]
@@ -59,22 +59,22 @@ class GroupCostCalibrator(Calibrator[GroupCost]):
         under the current model (:func:`~seqpack.schedulers.dynamic_cp.cost.replica_sums`).
 
         Raises:
-            ConfigError: Not a :class:`DynamicCpSchedule`.
+            ConfigError: Not a :class:`Schedule`.
         """
-        if not isinstance(schedule, DynamicCpSchedule):
+        if not isinstance(schedule, Schedule):
             raise ConfigError(f"a GroupCostCalibrator times dynamic CP plans, got a {type(schedule).__name__}")
         return replica_sums(schedule, self.model)
 
     def rank_sums(self, schedule: object) -> tuple[np.ndarray, np.ndarray]:
         """Per round and plane rank (``d*cp + c``), the ``(size, S, SS, spans)`` of its group
-        (int64 ``[num_rounds, dp*cp, 4]``) and the group's index (``[num_rounds, dp*cp]``):
+        (int64 ``[num_microbatches, dp*cp, 4]``) and the group's index (``[num_microbatches, dp*cp]``):
         what the ledger keeps when every CP rank's time travels on its own, so that the fit
         sees every group (the slowest rank's time of each), not only each replica's slowest.
 
         Raises:
-            ConfigError: Not a :class:`DynamicCpSchedule`.
+            ConfigError: Not a :class:`Schedule`.
         """
-        if not isinstance(schedule, DynamicCpSchedule):
+        if not isinstance(schedule, Schedule):
             raise ConfigError(f"a GroupCostCalibrator times dynamic CP plans, got a {type(schedule).__name__}")
         groups = schedule.rank_group()  # [rounds, dp*cp]
         return group_sums(schedule, self.prior.ranks_per_node)[groups], groups

@@ -14,17 +14,16 @@ import dataclasses
 
 import numpy as np
 
-from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
-from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
+from seqpack.schedulers.schedule import Schedule
+from seqpack.thd import group_padded_lengths
 
 __all__ = ["Pieces", "plan_pieces", "shard_layout"]
 
 
-def shard_layout(plan: DynamicCpSchedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def shard_layout(plan: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """int64 ``[N]`` each: every id's group's first plane rank and size (-1 when not
     assigned), and the tokens of each of its shards (padded length / size; 0 unassigned)."""
-    group, _, size = plan.placement()
-    start = np.where(group >= 0, plan.group_start[np.maximum(group, 0)], -1)
+    size, start = plan.per_id(plan.group_size), plan.per_id(plan.group_start)
     padded = group_padded_lengths(plan.lengths, np.maximum(size, 1), plan.pad_multiple)
     return start, size, np.where(size > 0, padded // np.maximum(size, 1), 0)
 
@@ -56,7 +55,7 @@ class Pieces:
         return self.src != self.dst
 
 
-def plan_pieces(plan: DynamicCpSchedule) -> Pieces:
+def plan_pieces(plan: Schedule) -> Pieces:
     """The pieces of ``plan``, read by the DP ranks in ``plan.origin``."""
     assert plan.origin is not None  # filled in __post_init__
     start, size, tokens = shard_layout(plan)

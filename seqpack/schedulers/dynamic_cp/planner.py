@@ -32,16 +32,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from seqpack.cost import CostModel
-from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
-from seqpack.options import MAX_TOKENS, OnOversize, Sync
+from seqpack.cost import CostModel, GroupCost, as_group_cost
+from seqpack.errors import ConfigError, ScheduleError
+from seqpack.options import MAX_TOKENS, GroupSizes, OnOversize, Sync
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score
 from seqpack.schedulers.dynamic_cp._replica import build_replica
 from seqpack.schedulers.dynamic_cp._rounds import build, build_static
-from seqpack.schedulers.dynamic_cp.cost import GroupCost
-from seqpack.schedulers.dynamic_cp.padding import GroupSizes, allowed_group_sizes, group_holds, group_padded_lengths
-from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
+from seqpack.schedulers.group_sizes import allowed_group_sizes, group_holds
 from seqpack.schedulers.request import as_lengths
+from seqpack.schedulers.schedule import Schedule
+from seqpack.thd import group_padded_lengths
 from seqpack.validation import check_choice, check_positive_int
 
 __all__ = ["plan_dynamic_cp"]
@@ -159,7 +159,7 @@ def _apply_oversize(
     return effective, none, over.astype(np.int64)
 
 
-def _to_plan(p: Problem, bins: Bins, **fields: object) -> DynamicCpSchedule:
+def _to_plan(p: Problem, bins: Bins, **fields: object) -> Schedule:
     """The scored candidate as a plan: groups by (round run order, first rank), ids in pack
     order (longest first)."""
     assert bins.start is not None and bins.run_round is not None
@@ -170,8 +170,8 @@ def _to_plan(p: Problem, bins: Bins, **fields: object) -> DynamicCpSchedule:
     positions = np.flatnonzero(bins.seq_bin >= 0)
     group = group_of_bin[bins.seq_bin[positions]]
     packed = np.lexsort((positions, group))
-    return DynamicCpSchedule(
-        num_rounds=int(bins.run_round.max()) + 1 if nb else 0,
+    return Schedule(
+        num_microbatches=int(bins.run_round.max()) + 1 if nb else 0,
         group_round=bins.run_round[g_order],
         group_start=bins.start[g_order],
         group_size=bins.size[g_order],
@@ -192,7 +192,7 @@ def plan_dynamic_cp(
     sync: str = "lockstep",
     group_sizes: str = "pow2",
     on_oversize: str = "error",
-) -> DynamicCpSchedule:
+) -> Schedule:
     """Plan one step with dynamic context parallelism: per microbatch round, the
     ``dp_size * cp_size`` ranks split into CP groups, each running one packed microbatch.
 
@@ -204,7 +204,8 @@ def plan_dynamic_cp(
         dp_size, cp_size: The DP x CP mesh whose ``R = dp_size * cp_size`` ranks are planned.
         max_tokens_per_rank: Padded tokens one rank may hold in one microbatch.
         pad_multiple: Padding of a sequence alone on a rank (groups pad to ``2c`` times it).
-        cost: The group cost (a plain CostModel means no CP communication cost).
+        cost: The group cost (a plain CostModel is a microbatch's cost on a static group of
+            ``cp_size`` ranks, with no CP communication cost).
         sync: ``"lockstep"`` (FSDP) or ``"replica"`` (DDP): the step time minimised.
         group_sizes: ``"pow2"`` (aligned powers of two, and all R) or ``"any"``.
         on_oversize: ``"error"``, ``"truncate"`` or ``"drop"`` for a sequence longer than
@@ -221,10 +222,9 @@ def plan_dynamic_cp(
     pad_multiple = check_positive_int("pad_multiple", pad_multiple)
     mode, policy = check_choice("sync", sync, Sync), check_choice("on_oversize", on_oversize, OnOversize)
     sizes_mode = check_choice("group_sizes", group_sizes, GroupSizes)
-    if isinstance(cost, CostModel):
-        cost = GroupCost(cost)
-    if not isinstance(cost, GroupCost):
-        raise SeqpackTypeError(f"cost must be a GroupCost or CostModel, got {type(cost).__name__}")
+    if sizes_mode == GroupSizes.STATIC:
+        raise ConfigError("plan_dynamic_cp takes group_sizes='pow2' or 'any': static plans are the other schedulers'")
+    cost = as_group_cost(cost, cp_size)
     ranks = dp_size * cp_size
     if ranks * capacity > MAX_TOKENS:
         raise ConfigError(f"{ranks} ranks x max_tokens_per_rank={capacity} tokens is too large (at most 2**53)")

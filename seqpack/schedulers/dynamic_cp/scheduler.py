@@ -2,14 +2,10 @@
 
 ``get_scheduler("dynamic_cp", group_sizes=..., group_cost=...)`` returns a
 :class:`DynamicCpScheduler`; its :meth:`~DynamicCpScheduler.schedule` takes the arguments of
-every scheduler and returns a :class:`~seqpack.schedulers.dynamic_cp.DynamicCpSchedule`
-(:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp`, with ``origin``) instead of a
-:class:`~seqpack.schedulers.Schedule`: per microbatch round, the ``dp x cp`` ranks form CP
-groups. ``PackingConfig(scheduler="dynamic_cp")`` is ``PackingConfig(dynamic_cp=True)``
-(the scheduler's options fill ``cp_group_sizes`` and ``group_cost``; docs/dynamic_cp.md).
-
-Not imported by the package's ``__init__`` (``seqpack.schedulers.base`` imports the
-package's ``cost`` and ``plan``; this module imports ``base``).
+every scheduler and returns a :class:`~seqpack.schedulers.Schedule` whose groups change per
+microbatch round (:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp`, with ``origin``).
+``PackingConfig(scheduler="dynamic_cp")`` is ``PackingConfig(dynamic_cp=True)`` (the
+scheduler's options fill ``cp_group_sizes`` and ``group_cost``; docs/dynamic_cp.md).
 """
 
 from __future__ import annotations
@@ -19,15 +15,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.options import Sync
+from seqpack.options import GroupSizes, Sync
 from seqpack.schedulers.base import Scheduler
-from seqpack.schedulers.dynamic_cp.cost import GroupCost
-from seqpack.schedulers.dynamic_cp.padding import GroupSizes
-from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
 from seqpack.schedulers.dynamic_cp.planner import plan_dynamic_cp
+from seqpack.schedulers.group_sizes import longest_sequence
 from seqpack.schedulers.request import as_origin
+from seqpack.schedulers.schedule import Schedule
 from seqpack.validation import check_choice
 
 __all__ = ["DynamicCpScheduler"]
@@ -39,8 +34,8 @@ class DynamicCpScheduler(Scheduler):
     Args:
         group_sizes: ``"pow2"`` or ``"any"``: the CP group sizes a plan may use; ``None``
             (default): ``"pow2"``, or under ``PackingConfig`` its ``cp_group_sizes``.
-        group_cost: The :class:`~seqpack.schedulers.dynamic_cp.GroupCost` the plan minimises
-            when :meth:`schedule` is given none; ``None``: under ``PackingConfig`` its
+        group_cost: The :class:`~seqpack.cost.GroupCost` the plan minimises when
+            :meth:`schedule` is given none; ``None``: under ``PackingConfig`` its
             ``group_cost``.
     """
 
@@ -48,15 +43,24 @@ class DynamicCpScheduler(Scheduler):
     uses_sync = True
 
     def __init__(self, group_sizes: str | GroupSizes | None = None, group_cost: GroupCost | None = None) -> None:
-        self.group_sizes = None if group_sizes is None else check_choice("group_sizes", group_sizes, GroupSizes)
+        mode = None if group_sizes is None else check_choice("group_sizes", group_sizes, GroupSizes)
+        if mode == GroupSizes.STATIC:
+            raise ConfigError(
+                "scheduler 'dynamic_cp' takes group_sizes='pow2' or 'any'; static groups are the other schedulers'"
+            )
+        self.requested_group_sizes = mode
         if group_cost is not None and not isinstance(group_cost, GroupCost):
             raise SeqpackTypeError(
-                f"group_cost of scheduler 'dynamic_cp' must be a seqpack.schedulers.dynamic_cp.GroupCost, got "
-                f"{type(group_cost).__name__}"
+                "group_cost of scheduler 'dynamic_cp' must be a seqpack.cost.GroupCost, "
+                f"got {type(group_cost).__name__}"
             )
         self.group_cost = group_cost
 
-    def schedule(  # type: ignore[override]  # a dynamic-CP plan, not a Schedule (module docstring)
+    @property
+    def group_sizes(self) -> GroupSizes:
+        return self.requested_group_sizes or GroupSizes.POW2
+
+    def schedule(
         self,
         lengths: Sequence[int] | np.ndarray,
         *,
@@ -64,22 +68,25 @@ class DynamicCpScheduler(Scheduler):
         cp_size: int = 1,
         max_tokens_per_rank: int,
         pad_multiple: int = 1,
-        cost: GroupCost | CostModel | None = None,
+        cost: CostModel | GroupCost | None = None,
         on_oversize: str = "error",
         origin: Sequence[int] | np.ndarray | None = None,
         sync: str | None = None,
-    ) -> DynamicCpSchedule:
+        bytes_per_token: float | None = None,
+    ) -> Schedule:
         """The step's dynamic-CP plan over the ``dp_size * cp_size`` ranks.
 
         Args:
             lengths, dp_size, cp_size, max_tokens_per_rank, pad_multiple, on_oversize: As
                 :func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` (``max_tokens_per_rank``
                 per rank; one sequence may hold up to ``dp * cp`` ranks' worth).
-            cost: The group cost for this call (a calibrated one); a plain CostModel means
-                no CP communication cost. ``None``: the scheduler's ``group_cost``.
+            cost: The group cost for this call (a calibrated one); a plain CostModel is a
+                microbatch's cost on a static group of ``cp_size`` ranks, with no CP ring
+                term. ``None``: the scheduler's ``group_cost``.
             origin: DP rank each sample sits on before the exchange (default: contiguous
                 equal blocks); carried by the plan (``Step.to_origin``).
             sync: ``"lockstep"`` (default) or ``"replica"``: the step time minimised.
+            bytes_per_token: Not used (the planner does not trade plan time for locality).
 
         Raises:
             ConfigError: No cost (neither ``cost`` nor ``group_cost``), or bad arguments.
@@ -99,20 +106,21 @@ class DynamicCpScheduler(Scheduler):
             pad_multiple=pad_multiple,
             cost=chosen,
             sync=Sync.LOCKSTEP if sync is None else sync,
-            group_sizes=self.group_sizes or GroupSizes.POW2,
+            group_sizes=self.group_sizes,
             on_oversize=on_oversize,
         )
         return dataclasses.replace(plan, origin=as_origin(origin, plan.num_sequences, plan.dp_size))
 
-    def resolve_cost(self, cost: CostModel | None) -> CostModel | None:
-        """``cost``, else the compute part of ``group_cost`` (what stats are measured in)."""
+    def longest_sequence(self, dp_size: int, cp_size: int, max_tokens_per_rank: int, pad_multiple: int) -> int:
+        """The longest sequence one group of the ``dp_size * cp_size`` ranks holds."""
+        return longest_sequence(dp_size * cp_size, self.group_sizes, max_tokens_per_rank, pad_multiple)
+
+    def resolve_cost(self, cost: CostModel | GroupCost | None) -> CostModel | GroupCost | None:
+        """``cost``, else ``group_cost`` (what stats are measured in)."""
         if cost is None and self.group_cost is not None:
-            return self.group_cost.compute
+            return self.group_cost
         return cost
 
-    def _plan(self, ids: np.ndarray, lengths: np.ndarray, **_: object) -> tuple[list[list[np.ndarray]], np.ndarray]:
-        raise NotImplementedError("DynamicCpScheduler plans in schedule() (a DynamicCpSchedule)")
-
     def __repr__(self) -> str:
-        sizes = None if self.group_sizes is None else str(self.group_sizes)
+        sizes = None if self.requested_group_sizes is None else str(self.requested_group_sizes)
         return f"DynamicCpScheduler(group_sizes={sizes!r}, group_cost={self.group_cost!r})"

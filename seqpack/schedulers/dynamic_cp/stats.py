@@ -6,24 +6,25 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqpack.cost import GroupCost
 from seqpack.options import Sync
-from seqpack.schedulers.dynamic_cp.cost import GroupCost, group_times, predicted_step_time
 from seqpack.schedulers.dynamic_cp.pieces import plan_pieces
-from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
+from seqpack.schedulers.schedule import Schedule
+from seqpack.schedulers.step_time import group_times, predicted_step_time
 from seqpack.stats import SAMPLE_BYTES_PER_TOKEN, StepStats, exact_sum
 from seqpack.validation import check_choice
 
 __all__ = ["moved_pieces", "plan_stats", "rank_times"]
 
 
-def rank_times(plan: DynamicCpSchedule, cost: GroupCost) -> np.ndarray:
-    """float64 ``[num_rounds, R]``: what every rank's microbatch of every round costs (its
+def rank_times(plan: Schedule, cost: GroupCost) -> np.ndarray:
+    """float64 ``[num_microbatches, R]``: what every rank's microbatch of every round costs (its
     group's time; an idle rank runs a padding-only filler costing ``constant``)."""
     times = np.where(plan.group_counts > 0, group_times(plan, cost), cost.compute.constant)
     return times[plan.rank_group()] if plan.num_groups else np.zeros((0, plan.num_ranks))
 
 
-def moved_pieces(plan: DynamicCpSchedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def moved_pieces(plan: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The step's exchange (:mod:`.pieces`): per id the shard tokens that cross the wire (0
     when none do), and per plane rank the tokens it sends and receives (int64 ``[R]`` each)."""
     p = plan_pieces(plan)
@@ -35,7 +36,7 @@ def moved_pieces(plan: DynamicCpSchedule) -> tuple[np.ndarray, np.ndarray, np.nd
 
 
 def plan_stats(
-    plan: DynamicCpSchedule,
+    plan: Schedule,
     cost: GroupCost,
     *,
     sync: str = "lockstep",
@@ -73,7 +74,7 @@ def plan_stats(
     capacity = plan.num_ranks * plan.max_tokens_per_rank
     stats = StepStats(
         num_sequences=int(assigned.shape[0]),
-        num_microbatches=plan.num_rounds,
+        num_microbatches=plan.num_microbatches,
         min_microbatches=-(-padded_sum // capacity) if assigned.size else 0,
         dp_size=plan.dp_size,
         cp_size=plan.cp_size,

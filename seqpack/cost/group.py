@@ -1,22 +1,28 @@
-"""What a CP group's microbatch costs, and the step time of a dynamic-CP plan.
+"""The one cost family of a plan: :class:`GroupCost`, what a microbatch costs on a group of
+``c`` ranks (its compute split over the group, plus the context-parallel ring).
 
 A group of ``c`` ranks running a pack of padded lengths ``s_i`` (``S = sum s_i``,
 ``SS = sum s_i**2``) takes, on each of its ranks::
 
-    constant + (linear*S + quadratic*SS) / c                         compute, split c ways
+    constant + compute(S, SS) * reference_size / c                     compute, split c ways
              + (c - 1) * (ring_step + ring_token(spans) * S / c)      CP ring (c > 1 only)
 
-The compute part is a :class:`~seqpack.cost.CostModel` (DualChunkSwap gives each rank ``1/c``
-of the tokens and of the causal attention work). The ring part follows Transformer Engine's
-``p2p`` CP (``AttnFuncWithCPAndKVP2P``): per attention layer the forward pass sends the local
-K/V chunk ``c - 1`` times around the ring and the backward pass sends K/V and dK/dV ``c - 1``
-times each, so ``3 (c - 1)`` transfers of ``S/c`` tokens x ``2 * kv_heads * head_dim *
-dtype_bytes`` bytes per layer and step, plus a fixed cost per ring step (launch and
-handshake). ``ring_token`` is seconds per token per ring step over all attention layers,
-forward and backward; ``ring_token_inter`` replaces it when the group spans nodes (its ring
-then crosses the inter-node link). TE overlaps each transfer with the previous step's
-attention, so these terms are the *exposed* communication: a calibrator fits them from
-measured times.
+``compute`` is a :class:`~seqpack.cost.CostModel`: a microbatch's cost on a group of
+``reference_size`` ranks (1: one rank alone). A plain ``CostModel`` given for a plan is the
+cost of a microbatch on the plan's static CP group (``cp_size`` ranks: what calibration
+measures and ``balanced`` balances): :meth:`GroupCost.from_static` makes it the member of
+the family with no ring term, so on static plans every figure is the CostModel's own.
+DualChunkSwap gives each rank ``1/c`` of the tokens and of the causal attention work.
+
+The ring part follows Transformer Engine's ``p2p`` CP (``AttnFuncWithCPAndKVP2P``): per
+attention layer the forward pass sends the local K/V chunk ``c - 1`` times around the ring
+and the backward pass sends K/V and dK/dV ``c - 1`` times each, so ``3 (c - 1)`` transfers of
+``S/c`` tokens x ``2 * kv_heads * head_dim * dtype_bytes`` bytes per layer and step, plus a
+fixed cost per ring step (launch and handshake). ``ring_token`` is seconds per token per ring
+step over all attention layers, forward and backward; ``ring_token_inter`` replaces it when
+the group spans nodes (its ring then crosses the inter-node link). TE overlaps each transfer
+with the previous step's attention, so these terms are the *exposed* communication: a
+calibrator fits them from measured times.
 
 Features, for a calibrator (linear in the coefficients, so NNLS fits them like the
 ``(1, S, SS)`` of :meth:`CostModel.fit`): :data:`FEATURES` names them and
@@ -29,14 +35,12 @@ import dataclasses
 
 import numpy as np
 
-from seqpack.cost import CostModel
+from seqpack.cost.model import CostModel
 from seqpack.errors import SeqpackTypeError
-from seqpack.options import Sync
-from seqpack.schedulers.dynamic_cp.padding import group_padded_lengths
-from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
-from seqpack.validation import check_choice, check_number, check_positive_int
+from seqpack.thd import group_padded_lengths
+from seqpack.validation import check_number, check_positive_int
 
-__all__ = ["FEATURES", "GroupCost", "group_sums", "group_times", "predicted_step_time", "replica_sums", "spans_nodes"]
+__all__ = ["FEATURES", "TE_P2P_TRANSFERS", "GroupCost", "as_group_cost", "spans_nodes"]
 
 FEATURES: tuple[str, ...] = ("constant", "linear", "quadratic", "ring_step", "ring_token", "ring_token_inter")
 """Coefficient names of :meth:`GroupCost.features`' columns: ``1``, ``S/c``, ``SS/c``,
@@ -59,12 +63,15 @@ class GroupCost:
     the CP ring (module docstring).
 
     Attributes:
-        compute: The microbatch's cost on one rank (``constant + linear*S + quadratic*SS``).
+        compute: The microbatch's cost on a group of ``reference_size`` ranks (``constant +
+            linear*S + quadratic*SS``, and a windowed term if it has one).
         ring_step: Cost per ring step of a microbatch (all attention layers, forward and
             backward), multiplied by ``c - 1``.
         ring_token: Cost per token per ring step within a node, multiplied by ``(c-1) S/c``.
         ring_token_inter: The same for a group spanning nodes (``None``: ``ring_token``).
         ranks_per_node: DP x CP ranks on one node (8 GPUs per node / TP size).
+        reference_size: The group size ``compute`` was given for: 1 (one rank alone), or a
+            static plan's ``cp_size`` (:meth:`from_static`).
     """
 
     compute: CostModel
@@ -72,6 +79,7 @@ class GroupCost:
     ring_token: float = 0.0
     ring_token_inter: float | None = None
     ranks_per_node: int = 8
+    reference_size: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.compute, CostModel):
@@ -81,6 +89,27 @@ class GroupCost:
         inter = self.ring_token if self.ring_token_inter is None else self.ring_token_inter
         object.__setattr__(self, "ring_token_inter", check_number("GroupCost.ring_token_inter", inter, minimum=0.0))
         object.__setattr__(self, "ranks_per_node", check_positive_int("ranks_per_node", self.ranks_per_node))
+        object.__setattr__(self, "reference_size", check_positive_int("reference_size", self.reference_size))
+
+    @classmethod
+    def from_static(cls, cost: CostModel, cp_size: int) -> GroupCost:
+        """The member of the family whose microbatches on a group of ``cp_size`` ranks cost
+        ``cost`` (a static plan's cost model: no ring term; smaller groups run the same work
+        on fewer ranks, larger ones on more)."""
+        if not isinstance(cost, CostModel):
+            raise SeqpackTypeError(f"cost must be a seqpack CostModel, got {type(cost).__name__}")
+        return cls(cost, reference_size=cp_size)
+
+    @property
+    def has_ring(self) -> bool:
+        """Whether any ring coefficient is positive (else every CP group looks free)."""
+        return bool(self.ring_step > 0 or self.ring_token > 0 or (self.ring_token_inter or 0.0) > 0)
+
+    def compute_scale(self, group_size: np.ndarray | int) -> np.ndarray:
+        """float64: what ``compute`` is multiplied by on a group of each size
+        (``reference_size / c``; exactly 1 at the reference size)."""
+        c = np.asarray(group_size, dtype=np.float64)
+        return np.where(c == self.reference_size, 1.0, self.reference_size / c)
 
     @classmethod
     def from_te_p2p(
@@ -129,9 +158,10 @@ class GroupCost:
     # -- coefficients ----------------------------------------------------------------------
     @property
     def coefficients(self) -> np.ndarray:
-        """float64 ``[6]`` in :data:`FEATURES` order."""
-        c = self.compute
-        values = (c.constant, c.linear, c.quadratic, self.ring_step, self.ring_token, self.ring_token_inter)
+        """float64 ``[6]`` in :data:`FEATURES` order, the compute on one rank (``linear`` and
+        ``quadratic`` times ``reference_size``); a windowed term is not among them."""
+        c, r = self.compute, self.reference_size
+        values = (c.constant, c.linear * r, c.quadratic * r, self.ring_step, self.ring_token, self.ring_token_inter)
         return np.array(values, dtype=np.float64)
 
     @classmethod
@@ -158,14 +188,14 @@ class GroupCost:
         ``spans`` defaults to ``group_size > ranks_per_node`` (aligned blocks).
         """
         c = check_positive_int("group_size", group_size)
-        if c == 1:
+        if c == self.reference_size and (c == 1 or not self.has_ring):
             return self.compute
         spans = c > self.ranks_per_node if spans is None else spans
         token = float(self.ring_token_inter if spans else self.ring_token)  # type: ignore[arg-type]
-        m = self.compute
+        m, r = self.compute, self.reference_size
         return CostModel(
-            linear=(m.linear + (c - 1) * token) / c,
-            quadratic=m.quadratic / c,
+            linear=(m.linear * r + (c - 1) * token) / c,
+            quadratic=m.quadratic * r / c,
             constant=m.constant + (c - 1) * self.ring_step,
         )
 
@@ -205,6 +235,14 @@ class GroupCost:
         flat = a.reshape(-1, 4)
         return self.time(flat[:, 0], flat[:, 1], flat[:, 2], flat[:, 3] != 0).reshape(a.shape[:-1])
 
+    def ring(self, group_size: np.ndarray, seqlen_sum: np.ndarray, spans: np.ndarray) -> np.ndarray:
+        """float64: the CP ring's cost of microbatches on groups of ``group_size`` ranks
+        holding ``seqlen_sum`` padded tokens (0 alone)."""
+        c = np.asarray(group_size, dtype=np.float64)
+        ring = np.maximum(c - 1.0, 0.0)
+        token = np.where(np.asarray(spans, dtype=bool), float(self.ring_token_inter or 0.0), self.ring_token)
+        return ring * self.ring_step + token * (ring * np.asarray(seqlen_sum, dtype=np.float64) / c)
+
     def sequence_time(self, lengths: np.ndarray, group_size: int, pad_multiple: int) -> np.ndarray:
         """Cost of each sequence alone in an aligned group of ``group_size`` ranks."""
         padded = group_padded_lengths(lengths, group_size, pad_multiple).astype(np.float64)
@@ -214,90 +252,16 @@ class GroupCost:
         return self.time(sizes, padded, padded * padded, spans)
 
 
-def group_times(plan: DynamicCpSchedule, cost: GroupCost) -> np.ndarray:
-    """float64 ``[G]``: each group's microbatch cost on its block (idle groups included, as
-    if they ran an empty pack)."""
-    group_of = np.repeat(np.arange(plan.num_groups, dtype=np.int64), plan.group_counts)
-    padded = group_padded_lengths(plan.lengths[plan.assigned], plan.group_size[group_of], plan.pad_multiple)
-    padded = padded.astype(np.float64)
-    s = np.bincount(group_of, weights=padded, minlength=plan.num_groups)
-    ss = np.bincount(group_of, weights=padded * padded, minlength=plan.num_groups)
-    spans = spans_nodes(plan.group_start, plan.group_size, cost.ranks_per_node)
-    return cost.time(plan.group_size, s, ss, spans)
-
-
-def predicted_step_time(plan: DynamicCpSchedule, cost: GroupCost, *, sync: str = "lockstep") -> float:
-    """The step time ``cost`` predicts for ``plan``.
-
-    Args:
-        plan: A dynamic-CP plan.
-        cost: The group cost model.
-        sync: ``"lockstep"`` (FSDP: every round waits for its slowest group; an idle group
-            runs a padding-only filler costing ``constant``): ``sum_m max_g time[g]``.
-            ``"replica"`` (DDP: no barrier between rounds): the last rank's finish time,
-            where a group starts once all its ranks have finished their previous round and
-            an idle group costs nothing. With groups that never change across rounds this
-            is the slowest rank's total.
+def as_group_cost(cost: GroupCost | CostModel, cp_size: int) -> GroupCost:
+    """``cost`` as a member of the family: a :class:`GroupCost` as it is, a
+    :class:`CostModel` as the cost of a microbatch on a static group of ``cp_size`` ranks
+    (:meth:`GroupCost.from_static`).
 
     Raises:
-        SeqpackTypeError: ``plan`` or ``cost`` of the wrong type.
-        ConfigError: Unknown ``sync``.
+        SeqpackTypeError: Neither.
     """
-    if not isinstance(plan, DynamicCpSchedule):
-        raise SeqpackTypeError(f"plan must be a DynamicCpSchedule, got {type(plan).__name__}")
-    if not isinstance(cost, GroupCost):
-        raise SeqpackTypeError(f"cost must be a GroupCost, got {type(cost).__name__}")
-    mode = check_choice("sync", sync, Sync)
-    if plan.num_groups == 0:
-        return 0.0
-    busy = plan.group_counts > 0
-    times = group_times(plan, cost)
-    if mode == Sync.LOCKSTEP:
-        times = np.where(busy, times, cost.compute.constant)
-        heights = np.full(plan.num_rounds, -np.inf)
-        np.maximum.at(heights, plan.group_round, times)
-        return float(heights.sum())
-    times = np.where(busy, times, 0.0)
-    finish = np.zeros(plan.num_ranks, dtype=np.float64)
-    for m in range(plan.num_rounds):
-        groups = plan.round_groups(m)
-        starts = plan.group_start[groups.start : groups.stop]
-        ready = np.maximum.reduceat(finish, starts)
-        finish = np.repeat(ready + times[groups.start : groups.stop], plan.group_size[groups.start : groups.stop])
-    return float(finish.max())
-
-
-def group_sums(plan: DynamicCpSchedule, ranks_per_node: int) -> np.ndarray:
-    """int64 ``[G, 4]``: the ``(size, S, SS, spans)`` of every group of ``plan`` (padded
-    lengths; an idle group runs a ``pad_multiple`` filler alone: size 1)."""
-    group_of = np.repeat(np.arange(plan.num_groups, dtype=np.int64), plan.group_counts)
-    padded = group_padded_lengths(plan.lengths[plan.assigned], plan.group_size[group_of], plan.pad_multiple)
-    padded = padded.astype(np.int64)
-    s = np.bincount(group_of, weights=padded, minlength=plan.num_groups).astype(np.int64)
-    ss = np.zeros(plan.num_groups, dtype=np.int64)
-    np.add.at(ss, group_of, padded * padded)
-    spans = spans_nodes(plan.group_start, plan.group_size, ranks_per_node).astype(np.int64)
-    pad = plan.pad_multiple
-    busy = plan.group_counts > 0
-    return np.stack(
-        [
-            np.where(busy, plan.group_size, 1),
-            np.where(busy, s, pad),
-            np.where(busy, ss, pad * pad),
-            np.where(busy, spans, 0),
-        ],
-        axis=1,
-    )  # [G, 4]
-
-
-def replica_sums(plan: DynamicCpSchedule, cost: GroupCost) -> np.ndarray:
-    """int64 ``[num_rounds, dp_size, 4]``: per round and DP replica (plane ranks
-    ``d*cp .. d*cp+cp-1``), the ``(size, S, SS, spans)`` (:func:`group_sums`) of the group
-    among its ranks' that ``cost`` predicts slowest: what the replica's measured time (the
-    slowest of its CP ranks) times.
-    """
-    rows = group_sums(plan, cost.ranks_per_node)
-    times = cost.predict_sums(rows)
-    per_rank = plan.rank_group().reshape(plan.num_rounds, plan.dp_size, plan.cp_size)  # group of every rank
-    slowest = np.take_along_axis(per_rank, np.argmax(times[per_rank], axis=2)[..., None], axis=2)[..., 0]
-    return rows[slowest]
+    if isinstance(cost, GroupCost):
+        return cost
+    if isinstance(cost, CostModel):
+        return GroupCost.from_static(cost, cp_size)
+    raise SeqpackTypeError(f"cost must be a seqpack CostModel or GroupCost, got {type(cost).__name__}")

@@ -1,5 +1,6 @@
-"""The pieces the schedulers' restructure introduced: ScheduleLimits, the one int64 coercer,
-predicted_step_time's dispatch and its refusal of a schedule built for other lengths."""
+"""The one plan type: ScheduleLimits, static plans as groups, one predicted_step_time for
+static and dynamic plans and its refusal of a schedule built for other lengths, and the one
+int64 coercer."""
 
 from __future__ import annotations
 
@@ -8,18 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from seqpack.cost import CostModel
+from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import SampleError, ScheduleError, SeqpackTypeError
-from seqpack.schedulers import (
-    DynamicCpSchedule,
-    GroupCost,
-    Schedule,
-    ScheduleLimits,
-    get_scheduler,
-    plan_dynamic_cp,
-    predicted_step_time,
-)
-from seqpack.schedulers.dynamic_cp.cost import predicted_step_time as dynamic_step_time
+from seqpack.options import GroupSizes
+from seqpack.schedulers import Schedule, ScheduleLimits, get_scheduler, plan_dynamic_cp, predicted_step_time
 from seqpack.validation import int64_array
 
 
@@ -30,11 +23,28 @@ def _schedule() -> Schedule:
 def test_limits_round_trip_and_name_their_fields():
     s = _schedule()
     limits = s.limits
-    assert limits == ScheduleLimits(s.num_microbatches, 2, 1, 10, 1)
+    assert limits == ScheduleLimits(s.num_microbatches, 2, 1, 10, 1, GroupSizes.STATIC)
     assert ScheduleLimits.from_array(limits.to_array()) == limits
-    assert s.to_arrays()["limits"].tolist() == list(dataclasses.astuple(limits))
-    with pytest.raises(ScheduleError, match=r"must hold 5 values \(num_microbatches, dp_size, cp_size"):
+    assert s.to_arrays()["limits"].tolist() == [s.num_microbatches, 2, 1, 10, 1, 0]
+    with pytest.raises(ScheduleError, match=r"must hold 6 values \(num_microbatches, dp_size, cp_size"):
         ScheduleLimits.from_array(np.array([1, 2, 3], dtype=np.int64))
+    with pytest.raises(ScheduleError, match="group_sizes code 7 is not one of 0..2"):
+        ScheduleLimits.from_array(np.array([1, 2, 1, 10, 1, 7], dtype=np.int64))
+
+
+def test_a_static_plan_is_groups_on_the_replicas_blocks():
+    s = get_scheduler("balanced").schedule([5, 3, 8, 2, 7, 1, 9], dp_size=2, cp_size=2, max_tokens_per_rank=10)
+    m, dp = s.num_microbatches, 2
+    assert s.is_static and s.num_groups == m * dp
+    assert s.group_round.tolist() == [g // dp for g in range(m * dp)]
+    assert s.group_start.tolist() == [(g % dp) * 2 for g in range(m * dp)]
+    assert s.group_size.tolist() == [2] * (m * dp)
+    assert [s.group_ids(g).tolist() for g in range(m * dp)] == [ids.tolist() for row in s.assignment for ids in row]
+    again = Schedule.from_arrays(s.to_arrays())
+    assert again.fingerprint() == s.fingerprint() and again.is_static
+    bad = dataclasses.replace(s, group_size=np.full(m * dp, 1, dtype=np.int64), group_start=s.group_start // 2)
+    with pytest.raises(ScheduleError):
+        bad.validate()
 
 
 @pytest.mark.parametrize(
@@ -73,10 +83,17 @@ def test_predicted_step_time_refuses_a_schedule_of_other_lengths():
         predicted_step_time(shorter, cost)
 
 
-def test_predicted_step_time_dispatches_a_dynamic_cp_plan():
+def test_one_predicted_step_time_for_static_and_dynamic_plans():
     cost = GroupCost(CostModel(1e-6, 1e-12, 1e-4), ring_step=1e-4, ring_token=1e-8)
     plan = plan_dynamic_cp([9000, 300, 200, 100], dp_size=2, cp_size=2, max_tokens_per_rank=4096, cost=cost)
-    assert isinstance(plan, DynamicCpSchedule)
-    assert predicted_step_time(plan, cost) == dynamic_step_time(plan, cost)
-    with pytest.raises(SeqpackTypeError, match="needs a GroupCost"):
-        predicted_step_time(plan, CostModel(1.0, 0.0, 0.0))
+    assert isinstance(plan, Schedule) and plan.group_sizes == GroupSizes.POW2
+    assert predicted_step_time(plan, cost) > 0
+    with pytest.raises(SeqpackTypeError, match="must be a seqpack CostModel or GroupCost"):
+        predicted_step_time(plan, "flops")
+    # A plain CostModel is a microbatch's cost on the static group: a static plan's time is
+    # its microbatches' costs, and GroupCost.from_static of it gives the same figure.
+    s = _schedule()
+    model = CostModel(1.0, 0.01, 2.0)
+    rounds = [max(model.microbatch_cost(s.lengths[ids]) for ids in row) for row in s.assignment]
+    assert predicted_step_time(s, model) == pytest.approx(sum(rounds), rel=1e-12)
+    assert predicted_step_time(s, GroupCost.from_static(model, 1)) == predicted_step_time(s, model)

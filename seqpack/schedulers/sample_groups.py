@@ -32,11 +32,16 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.cost import CostModel, default_cost_model
-from seqpack.errors import SampleError, ScheduleError
+from seqpack.cost import CostModel, GroupCost, as_group_cost, default_cost_model
+from seqpack.errors import ConfigError, SampleError, ScheduleError
+from seqpack.options import GroupSizes
 from seqpack.schedulers.balanced import BalancedScheduler, relabel_replicas, round_position
-from seqpack.schedulers.base import Schedule, Scheduler, apply_oversize, as_lengths, as_origin
-from seqpack.thd import padded_lengths
+from seqpack.schedulers.base import Scheduler
+from seqpack.schedulers.group_sizes import allowed_group_sizes
+from seqpack.schedulers.join import join_plans
+from seqpack.schedulers.request import apply_oversize, as_lengths, as_origin
+from seqpack.schedulers.schedule import Schedule
+from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
 from seqpack.validation import check_bool, check_positive_int
 
 __all__ = ["assign_units", "group_units", "pack_units", "schedule_groups"]
@@ -206,14 +211,16 @@ def schedule_groups(
     cp_size: int = 1,
     max_tokens_per_rank: int,
     pad_multiple: int = 1,
-    cost: CostModel | None = None,
+    cost: CostModel | GroupCost | None = None,
     on_oversize: str = "error",
     origin: np.ndarray | None = None,
     sync: str | None = None,
     together: bool = False,
     equal_counts: bool = False,
 ) -> Schedule:
-    """A :class:`Schedule` keeping every group on one replica (module docstring).
+    """A :class:`Schedule` keeping every group on one replica (module docstring), planned by
+    ``scheduler``: a static-CP one plans every replica's microbatches; a dynamic-CP one the
+    sequences without a group (:func:`_dynamic_with_groups`).
 
     Args:
         scheduler: Plans each replica's microbatches.
@@ -239,13 +246,53 @@ def schedule_groups(
         raise SampleError(f"group_ids and grouped must hold one value per length ({n})")
     dp_size, cp_size = check_positive_int("dp_size", dp_size), check_positive_int("cp_size", cp_size)
     pad_multiple = check_positive_int("pad_multiple", pad_multiple)
+    if scheduler.group_sizes != GroupSizes.STATIC:
+        for name, value in (("together", together), ("equal_counts", equal_counts)):
+            if check_bool(name, value):
+                raise ConfigError(
+                    f"{name}=True is not supported with dynamic CP: its plans place sequences on CP groups, not in "
+                    "a replica's microbatches (group_id works: a group stays on one replica's own CP ranks)"
+                )
+        return _dynamic_with_groups(
+            scheduler, original, group_ids, grouped, dp_size=dp_size, cp_size=cp_size,
+            max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple, cost=cost, on_oversize=on_oversize,
+            origin=as_origin(origin, n, dp_size), sync=sync,
+        )  # fmt: skip
+    return _static_with_groups(
+        scheduler, original, group_ids, grouped, dp_size=dp_size, cp_size=cp_size,
+        max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple, cost=cost, on_oversize=on_oversize,
+        origin=origin, sync=sync, together=check_bool("together", together),
+        equal_counts=check_bool("equal_counts", equal_counts),
+    )  # fmt: skip
+
+
+def _static_with_groups(
+    scheduler: Scheduler,
+    original: np.ndarray,
+    group_ids: np.ndarray,
+    grouped: np.ndarray,
+    *,
+    dp_size: int,
+    cp_size: int,
+    max_tokens_per_rank: int,
+    pad_multiple: int,
+    cost: CostModel | GroupCost | None,
+    on_oversize: str,
+    origin: np.ndarray | None,
+    sync: str | None,
+    together: bool,
+    equal_counts: bool,
+) -> Schedule:
+    """:func:`schedule_groups` under static CP: groups to replicas by cost, then each
+    replica's microbatches by ``scheduler`` (arguments checked by the caller)."""
+    n = original.shape[0]
     capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank) * cp_size
-    together = check_bool("together", together)
     effective, dropped, truncated = apply_oversize(original, capacity, pad_multiple, on_oversize)
     origin_arr = as_origin(origin, n, dp_size)
     active = np.flatnonzero(effective > 0).astype(np.int64)
     padded = padded_lengths(effective[active], pad_multiple)
-    model = scheduler.resolve_cost(cost) or default_cost_model()
+    resolved = scheduler.resolve_cost(cost) or default_cost_model()
+    model = as_group_cost(resolved, cp_size).at(cp_size)
     costs = model.cost(padded)
     unit = group_units(group_ids[active], grouped[active])
     unit_tokens = np.bincount(unit, weights=padded).astype(np.int64) if active.size else np.zeros(0, np.int64)
@@ -253,16 +300,15 @@ def schedule_groups(
     budget = None if fixed is None else int(fixed) * capacity
     _check_budget(unit_tokens, budget, unit, active, group_ids, fixed, capacity)
     unit_costs = np.bincount(unit, weights=costs) if active.size else np.zeros(0)
-    if check_bool("equal_counts", equal_counts):
+    if equal_counts:
         _check_equal(np.bincount(unit) if active.size else np.zeros(0, np.int64), dp_size)
     replica_of_unit = assign_units(unit_costs, unit_tokens, dp_size, budget, equal=equal_counts)
     replica = relabel_replicas(replica_of_unit[unit], origin_arr[active], padded, dp_size)
     planner = _ReplicaPlanner(scheduler, effective, capacity, cp_size, pad_multiple, cost, sync, together)
     per_replica = planner.plan_all(active, replica, unit, padded, costs, dp_size)
     count = len(per_replica[0]) if per_replica else 0
-    return Schedule(
-        num_microbatches=count,
-        assignment=[[np.sort(per_replica[d][m]) for d in range(dp_size)] for m in range(count)],
+    return Schedule.from_assignment(
+        [[np.sort(per_replica[d][m]) for d in range(dp_size)] for m in range(count)],
         lengths=effective,
         original_lengths=original,
         dp_size=dp_size,
@@ -325,7 +371,7 @@ class _ReplicaPlanner:
     capacity: int
     cp_size: int
     pad_multiple: int
-    cost: CostModel | None
+    cost: CostModel | GroupCost | None
     sync: str | None
     together: bool
 
@@ -366,3 +412,77 @@ class _ReplicaPlanner:
             **options,
         )
         return [ids[row[0]] for row in plan.assignment]
+
+
+def _dynamic_with_groups(
+    scheduler: Scheduler,
+    original: np.ndarray,
+    group_ids: np.ndarray,
+    grouped: np.ndarray,
+    *,
+    dp_size: int,
+    cp_size: int,
+    max_tokens_per_rank: int,
+    pad_multiple: int,
+    cost: CostModel | GroupCost | None,
+    origin: np.ndarray,
+    **options: Any,
+) -> Schedule:
+    """Groups under dynamic CP: one DP replica is its own block of ranks, ``d * cp .. d * cp
+    + cp - 1`` (the CP group static CP would use), and every sequence of a group runs on it,
+    so whatever a loss needs from the whole group (DPO pairs, group-normalised advantages)
+    lies on one replica as without dynamic CP. The step is planned in two parts run one after
+    the other (:func:`~seqpack.schedulers.join.join_plans`): the grouped sequences as static
+    CP by ``"balanced"`` (a sequence may hold at most ``cp`` ranks' worth: a longer one is an
+    error naming it), then the others by ``scheduler`` over all ``dp x cp`` ranks. Groups
+    therefore gain nothing from dynamic CP; the sequences without a group do.
+
+    Raises:
+        ScheduleError: A grouped sequence longer than ``cp_size`` ranks hold.
+        ConfigError: ``cp_size`` not a group size the scheduler may use.
+    """
+    mode = scheduler.group_sizes
+    mine, free = np.flatnonzero(grouped), np.flatnonzero(~grouped)
+    _check_grouped(original, mine, cp_size, dp_size, max_tokens_per_rank, pad_multiple, mode)
+    limits: dict[str, Any] = dict(dp_size=dp_size, cp_size=cp_size, max_tokens_per_rank=max_tokens_per_rank)
+    chosen = cost if cost is not None else scheduler.resolve_cost(None)
+    static_cost = None if chosen is None else as_group_cost(chosen, cp_size).at(cp_size)
+    static = schedule_groups(
+        BalancedScheduler(),
+        original[mine],
+        group_ids[mine],
+        np.ones(mine.shape[0], dtype=bool),
+        pad_multiple=group_pad_multiple(cp_size, pad_multiple),
+        cost=static_cost,
+        origin=origin[mine],
+        sync=options.get("sync"),
+        **limits,
+    )
+    # The replicas' blocks are groups the dynamic plan may use, padded by its rule.
+    parts, ids = [dataclasses.replace(static, group_sizes=mode, pad_multiple=pad_multiple)], [mine]
+    if free.size:
+        parts.append(
+            scheduler.schedule(
+                original[free], pad_multiple=pad_multiple, cost=cost, origin=origin[free], **limits, **options
+            )
+        )
+        ids.append(free)
+    return join_plans(parts, ids, original)
+
+
+def _check_grouped(
+    lengths: np.ndarray, ids: np.ndarray, cp: int, dp: int, capacity: int, pad: int, mode: GroupSizes
+) -> None:
+    """Every grouped sequence fits its replica's ``cp`` ranks, and ``cp`` is a size the plan
+    may use (else an error naming it)."""
+    if cp not in allowed_group_sizes(dp * cp, mode).tolist():
+        raise ConfigError(f"group_id under dynamic CP needs cp_size={cp} a power of 2 or cp_group_sizes='any'")
+    padded = group_padded_lengths(lengths[ids], cp, pad)
+    over = np.flatnonzero(padded > cp * capacity)
+    if over.size:
+        i = int(ids[over[0]])
+        raise ScheduleError(
+            f"sample {i} carries a group_id and has {int(lengths[i])} tokens, more than its replica's {cp} rank(s) "
+            f"hold ({cp} x max_tokens_per_rank={capacity}, padded to a multiple of {group_pad_multiple(cp, pad)}): "
+            "under dynamic CP a group stays on one replica's own CP ranks"
+        )

@@ -1,5 +1,6 @@
 """Plans run one after the other: :func:`join_plans` (mini-batches, and the two parts of a
-step with groups; ``seqpack.schedulers.dynamic_cp.minibatches``, ``groups``)."""
+dynamic-CP step with groups: :mod:`seqpack.schedulers.minibatches`,
+:mod:`seqpack.schedulers.sample_groups`)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,24 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from seqpack.schedulers.dynamic_cp.plan import DynamicCpSchedule
+from seqpack.errors import ScheduleError
+from seqpack.schedulers.schedule import Schedule
 
 __all__ = ["join_plans"]
 
 
-def join_plans(
-    parts: Sequence[DynamicCpSchedule], ids: Sequence[np.ndarray], original: np.ndarray
-) -> DynamicCpSchedule:
+def join_plans(parts: Sequence[Schedule], ids: Sequence[np.ndarray], original: np.ndarray) -> Schedule:
     """One plan running ``parts`` one after the other; ``ids[j]``: the global id of each of
-    ``parts[j]``'s ids (``original``: every global id's length; ids in no part are dropped)."""
+    ``parts[j]``'s ids (``original``: every global id's length; ids in no part are dropped).
+
+    Raises:
+        ScheduleError: Parts made for different limits or group rules.
+    """
     first = parts[0]
-    rounds = np.cumsum([0, *(p.num_rounds for p in parts)])
+    for p in parts[1:]:
+        if p.limits.to_array()[1:].tolist() != first.limits.to_array()[1:].tolist():
+            raise ScheduleError(f"cannot join plans of different limits: {first.limits} and {p.limits}")
+    rounds = np.cumsum([0, *(p.num_microbatches for p in parts)])
     effective = np.zeros_like(original)
     origin = np.zeros(original.shape[0], dtype=np.int64)
     for p, where in zip(parts, ids, strict=True):
@@ -29,8 +36,8 @@ def join_plans(
     def joined(name: str) -> np.ndarray:
         return np.concatenate([where[getattr(p, name)] for p, where in zip(parts, ids, strict=True)]).astype(np.int64)
 
-    return DynamicCpSchedule(
-        num_rounds=int(rounds[-1]),
+    return Schedule(
+        num_microbatches=int(rounds[-1]),
         group_round=np.concatenate([p.group_round + r for p, r in zip(parts, rounds[:-1].tolist(), strict=True)]),
         group_start=np.concatenate([p.group_start for p in parts]),
         group_size=np.concatenate([p.group_size for p in parts]),

@@ -1,41 +1,15 @@
-"""The padding rule and the group sizes of dynamic CP (a leaf: imports nothing of this package).
-
-A sequence in a group of ``c > 1`` ranks is padded to a multiple of ``2 * c * pad_multiple``:
-DualChunkSwap cuts it into ``2c`` chunks, and each chunk is itself a multiple of
-``pad_multiple``, so every rank's shard meets what ``pad_multiple`` asks of a whole sequence
-on one rank (TP under sequence parallelism, 16 under FP8). Alone (``c = 1``) it is padded to
-``pad_multiple``.
-"""
+"""The CP group sizes a dynamic-CP plan may use, and the longest sequence each holds (the
+padding of a group: :func:`seqpack.thd.group_padded_lengths`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from seqpack.errors import ConfigError
 from seqpack.options import GroupSizes
 from seqpack.validation import check_choice
 
-__all__ = [
-    "GroupSizes",
-    "allowed_group_sizes",
-    "cp_pad_multiple",
-    "group_holds",
-    "group_padded_lengths",
-    "longest_sequence",
-]
-
-
-def cp_pad_multiple(group_size: int, pad_multiple: int) -> int:
-    """What a sequence is padded to a multiple of in a group of ``group_size`` ranks:
-    ``pad_multiple`` alone, ``2 * group_size * pad_multiple`` in a group (module docstring)."""
-    return 2 * group_size * pad_multiple if group_size > 1 else pad_multiple
-
-
-def group_padded_lengths(lengths: np.ndarray, group_size: int | np.ndarray, pad_multiple: int) -> np.ndarray:
-    """Padded length of each sequence in a group of ``group_size`` ranks (int64; sizes
-    broadcast against ``lengths``)."""
-    size = np.asarray(group_size, dtype=np.int64)
-    multiple = np.where(size > 1, 2 * size * pad_multiple, pad_multiple)
-    return -(-np.asarray(lengths, dtype=np.int64) // multiple) * multiple
+__all__ = ["allowed_group_sizes", "group_holds", "longest_sequence"]
 
 
 def allowed_group_sizes(num_ranks: int, group_sizes: str) -> np.ndarray:
@@ -43,8 +17,13 @@ def allowed_group_sizes(num_ranks: int, group_sizes: str) -> np.ndarray:
 
     ``"pow2"``: every power of two up to ``num_ranks``, and ``num_ranks`` itself (so one
     sequence may always use every rank); ``"any"``: ``1..num_ranks``.
+
+    Raises:
+        ConfigError: ``"static"`` (its groups are the replicas' CP blocks, not a choice).
     """
     mode = check_choice("group_sizes", group_sizes, GroupSizes)
+    if mode == GroupSizes.STATIC:
+        raise ConfigError("group_sizes='static' has no sizes to choose from: its groups are the replicas' CP blocks")
     if mode == GroupSizes.ANY:
         return np.arange(1, num_ranks + 1, dtype=np.int64)
     sizes = [1 << k for k in range(num_ranks.bit_length()) if (1 << k) <= num_ranks]

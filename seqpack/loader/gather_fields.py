@@ -1,0 +1,73 @@
+"""The step's length gather, as the loader fills it: the step fields every DP rank adds to
+its header (:data:`STEP_GATHER_FIELDS`), the per-sample columns beside each length
+(:data:`SAMPLE_COLUMNS`), and the sample-key bit mask those carry."""
+
+from __future__ import annotations
+
+from seqpack.collective.agree import AGREEMENT
+from seqpack.collective.fields import Header, headers_markdown
+from seqpack.collective.lengths import GATHER_HEADER
+from seqpack.thd import SAMPLE_DTYPES
+
+__all__ = [
+    "KEY_BITS",
+    "SAMPLE_COLUMNS",
+    "STEP_GATHER_FIELDS",
+    "gather_format_markdown",
+    "keys_of",
+    "payload_bytes_per_token",
+]
+
+KEY_BITS = {key: 1 << i for i, key in enumerate(SAMPLE_DTYPES)}
+"""The bit of each sample key in a key mask (``STEP_GATHER_FIELDS.key_mask``)."""
+
+STEP_GATHER_FIELDS = Header(
+    "step fields of the length gather (int64, the extras of every DP rank's header)",
+    (
+        ("exhausted", "1 when this rank's data ended this step"),
+        ("empty_samples", "zero-length samples this rank dropped"),
+        ("key_mask", "bit mask of the sample keys this rank's samples carry"),
+        (
+            "label_checked",
+            "supervised tokens of the sequences read this step with labels, less those whose label equals both "
+            "their own and the next token",
+        ),
+        (
+            "label_misaligned",
+            "how many of those carry the other alignment's target than label_format (the alignment guard)",
+        ),
+    ),
+)
+"""Followed by the words of this rank's microbatch times of earlier steps (:mod:`seqpack.calibrate`)."""
+
+SAMPLE_COLUMNS = Header(
+    "per-sample columns of the length gather (int64, one row per sequence, after its length)",
+    (
+        (
+            "loss_tokens",
+            "supervised tokens of the sequence once packed (truncated under on_oversize='truncate'): "
+            "Step.num_loss_tokens and every PackedBatch.num_loss_tokens are sums of these",
+        ),
+        ("grouped", "1 when the sequence's sample carries a group_id (seqpack.loader.grouping), else 0"),
+        ("group_id", "that group_id (0 when not grouped): sequences with equal ids stay on one DP replica"),
+    ),
+)
+"""What every DP rank learns about every sequence of the step, beside its length; a new
+column is one more field here, filled in :func:`seqpack.loader.phases.sample_columns`."""
+
+
+def gather_format_markdown() -> str:
+    """The tables of the length gather's header, its per-sample columns and the agreement
+    vector in docs/wrapper.md, rendered from their declarations."""
+    return headers_markdown((GATHER_HEADER, STEP_GATHER_FIELDS, SAMPLE_COLUMNS, AGREEMENT))
+
+
+def keys_of(mask: int) -> list[str]:
+    """Sample keys of a key bit mask, in :data:`SAMPLE_DTYPES` order."""
+    return [key for key, bit in KEY_BITS.items() if mask & bit]
+
+
+def payload_bytes_per_token(mask: int) -> int:
+    """Bytes one token of the samples a key bit mask names carries through the exchange
+    (``input_ids``, ``labels`` and ``loss_mask``: 8 + 8 + 4 = 20)."""
+    return sum(SAMPLE_DTYPES[key].itemsize for key in keys_of(mask))

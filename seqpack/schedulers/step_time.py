@@ -1,0 +1,131 @@
+"""What a plan's microbatches cost, and the step time a cost model predicts for it: one path
+for every :class:`~seqpack.schedulers.schedule.Schedule`, static or dynamic CP.
+
+Every group runs one microbatch; its time on each of its ranks is its cost in the one cost
+family (:class:`~seqpack.cost.GroupCost`): the compute of its padded sequences split over its
+ranks, plus the CP ring. A plain :class:`~seqpack.cost.CostModel` is the cost of a microbatch
+on the plan's static CP group (:meth:`~seqpack.cost.GroupCost.from_static`), so a static plan's
+figures are the model's own, microbatch by microbatch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqpack.cost import CostModel, GroupCost, as_group_cost, spans_nodes
+from seqpack.errors import ScheduleError, SeqpackTypeError
+from seqpack.options import Sync
+from seqpack.schedulers.schedule import Schedule
+from seqpack.validation import check_choice
+
+__all__ = ["group_sums", "group_times", "predicted_step_time", "rank_times", "replica_sums"]
+
+
+def _check(plan: object) -> Schedule:
+    if not isinstance(plan, Schedule):
+        raise SeqpackTypeError(f"schedule must be a seqpack Schedule, got {type(plan).__name__}")
+    ids, n = plan.assigned, plan.lengths.shape[0]
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise ScheduleError(
+            f"schedule assigns sample ids up to {int(ids.max())} but holds {n} lengths: "
+            "it was built for other lengths (check it with Schedule.validate)"
+        )
+    return plan
+
+
+def group_times(plan: Schedule, cost: GroupCost | CostModel) -> np.ndarray:
+    """float64 ``[G]``: each group's microbatch cost on its ranks (an idle group: as if it ran
+    an empty pack, ``constant`` plus its ring's fixed steps)."""
+    family = as_group_cost(cost, plan.cp_size)
+    padded = plan.padded_assigned()
+    compute = np.bincount(plan.group_of, weights=family.compute.cost(padded), minlength=plan.num_groups)
+    tokens = np.bincount(plan.group_of, weights=padded.astype(np.float64), minlength=plan.num_groups)
+    spans = spans_nodes(plan.group_start, plan.group_size, family.ranks_per_node)
+    ring = family.ring(plan.group_size, tokens, spans)
+    return family.compute.constant + compute * family.compute_scale(plan.group_size) + ring
+
+
+def rank_times(plan: Schedule, cost: GroupCost | CostModel) -> np.ndarray:
+    """float64 ``[num_microbatches, R]``: what every rank's microbatch of every round costs
+    (its group's time; an idle rank runs a padding-only filler costing ``constant``)."""
+    family = as_group_cost(cost, plan.cp_size)
+    if not plan.num_groups:
+        return np.zeros((0, plan.num_ranks))
+    times = np.where(plan.group_counts > 0, group_times(plan, family), family.compute.constant)
+    return times[plan.rank_group()]
+
+
+def predicted_step_time(plan: Schedule, cost: GroupCost | CostModel, *, sync: str = "lockstep") -> float:
+    """The step time ``cost`` predicts for ``plan`` (in ``cost``'s units: seconds for a
+    fitted model, FLOPs for :meth:`~seqpack.cost.CostModel.from_transformer`).
+
+    Args:
+        plan: A step's schedule (static or dynamic CP).
+        cost: A :class:`~seqpack.cost.CostModel` (a microbatch's cost on the plan's static
+            CP group) or a :class:`~seqpack.cost.GroupCost` (CP ring included).
+        sync: ``"lockstep"`` (FSDP, pipeline: every round waits for its slowest group):
+            ``sum_m max_g time[g]``. ``"replica"`` (DDP, ZeRO-1: no barrier between rounds):
+            the last rank's finish time, where a group starts once all its ranks have
+            finished their previous round; with static groups this is the slowest replica's
+            total. Under both an idle group runs a padding-only filler costing ``constant``
+            (what the wrapper hands its ranks).
+
+    Raises:
+        SeqpackTypeError: ``plan`` or ``cost`` of the wrong type.
+        ScheduleError: A plan built for other lengths.
+        ConfigError: Unknown ``sync``.
+    """
+    plan = _check(plan)
+    family = as_group_cost(cost, plan.cp_size)
+    mode = check_choice("sync", sync, Sync)
+    if plan.num_groups == 0:
+        return 0.0
+    times = np.where(plan.group_counts > 0, group_times(plan, family), family.compute.constant)
+    if mode == Sync.LOCKSTEP:
+        heights = np.full(plan.num_microbatches, -np.inf)
+        np.maximum.at(heights, plan.group_round, times)
+        return float(heights.sum())
+    if plan.is_static:  # every rank of a replica finishes together: the slowest replica's total
+        return float(np.bincount(plan.leading_replica(), weights=times, minlength=plan.dp_size).max())
+    finish = np.zeros(plan.num_ranks, dtype=np.float64)
+    for m in range(plan.num_microbatches):
+        groups = plan.round_groups(m)
+        starts = plan.group_start[groups.start : groups.stop]
+        ready = np.maximum.reduceat(finish, starts)
+        finish = np.repeat(ready + times[groups.start : groups.stop], plan.group_size[groups.start : groups.stop])
+    return float(finish.max())
+
+
+def group_sums(plan: Schedule, ranks_per_node: int) -> np.ndarray:
+    """int64 ``[G, 4]``: the ``(size, S, SS, spans)`` of every group of ``plan`` (padded
+    lengths; an idle group runs a ``pad_multiple`` filler alone: size 1)."""
+    padded = plan.padded_assigned()
+    s = np.zeros(plan.num_groups, dtype=np.int64)
+    ss = np.zeros(plan.num_groups, dtype=np.int64)
+    np.add.at(s, plan.group_of, padded)
+    np.add.at(ss, plan.group_of, padded * padded)
+    spans = spans_nodes(plan.group_start, plan.group_size, ranks_per_node).astype(np.int64)
+    pad = plan.pad_multiple
+    busy = plan.group_counts > 0
+    return np.stack(
+        [
+            np.where(busy, plan.group_size, 1),
+            np.where(busy, s, pad),
+            np.where(busy, ss, pad * pad),
+            np.where(busy, spans, 0),
+        ],
+        axis=1,
+    )  # [G, 4]
+
+
+def replica_sums(plan: Schedule, cost: GroupCost | CostModel) -> np.ndarray:
+    """int64 ``[num_microbatches, dp_size, 4]``: per round and DP replica (ranks ``d*cp ..
+    d*cp+cp-1``), the ``(size, S, SS, spans)`` (:func:`group_sums`) of the group among its
+    ranks' that ``cost`` predicts slowest: what the replica's measured time (the slowest of
+    its CP ranks) times."""
+    family = as_group_cost(cost, plan.cp_size)
+    rows = group_sums(plan, family.ranks_per_node)
+    times = family.predict_sums(rows)
+    per_rank = plan.rank_group().reshape(plan.num_microbatches, plan.dp_size, plan.cp_size)
+    slowest = np.take_along_axis(per_rank, np.argmax(times[per_rank], axis=2)[..., None], axis=2)[..., 0]
+    return rows[slowest]

@@ -1,0 +1,97 @@
+"""The ablation switches of the balanced planner (seqpack/schedulers/balanced/stages.py):
+each one removes its stage (the plan changes on a workload where the stage acts), and only
+inside its block."""
+
+import numpy as np
+import pytest
+
+from seqpack.cost import CostModel
+from seqpack.errors import ConfigError
+from seqpack.mock_data import lognormal_lengths
+from seqpack.schedulers import get_scheduler
+from seqpack.schedulers.balanced import stages
+
+COST = CostModel(24576.0, 1.0)
+
+
+def _tight(seed):
+    """A few sequences of 100-900 tokens into 2-4 replicas of 1,000 tokens: the bins are
+    tight enough that the bin rules and the microbatch count matter."""
+    rng = np.random.default_rng(seed)
+    n, dp = int(rng.integers(8, 40)), int(rng.integers(2, 5))
+    return rng.integers(100, 900, n), {"dp_size": dp, "max_tokens_per_rank": 1000, "cost": COST}
+
+
+def _sft(n=1024, dp=16):
+    lengths = lognormal_lengths(n, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096, seed=0)
+    return lengths, {"dp_size": dp, "max_tokens_per_rank": 16384, "cost": COST}
+
+
+def _long_tail():
+    """benchmarks/schedulers.py's sft-long-tail at 1/16 of its size: one sequence can fill
+    a microbatch, so replica and round balance conflict."""
+    lengths = lognormal_lengths(256, min_seq_len=128, max_seq_len=32768, mean_seq_len=4096, sigma=1.1, seed=0)
+    return lengths, {"dp_size": 16, "cp_size": 2, "max_tokens_per_rank": 16384, "pad_multiple": 4}
+
+
+def _heavy_tail():
+    """benchmarks/heavy_tail.py's lengths (seed 0) at 3 microbatches, sync='replica'."""
+    rng = np.random.default_rng(0)
+    lengths = np.clip((128 * (1 + rng.pareto(1.3, 4096))).astype(np.int64), 16, 32768)
+    return lengths, {"dp_size": 32, "max_tokens_per_rank": 32768, "cost": COST, "sync": "replica"}
+
+
+def _verl(seed):
+    """benchmarks/heavy_tail.py's verl-like batch: 25 sequences of 50-90 tokens in bins of 300."""
+    rs = np.random.RandomState(seed)
+    lengths = []
+    for _ in range(25):
+        rs.randint(0, 11)
+        lengths.append(int(rs.randint(50, 91)))
+    return np.array(lengths), {"dp_size": 1, "max_tokens_per_rank": 300}
+
+
+# stage -> (lengths, schedule() arguments, BalancedScheduler options): a step where it acts.
+CASES = {
+    "round_targets": (*_tight(0), {"locality": False}),
+    "token_rules": (*_tight(15), {"locality": False}),
+    "exact_search": (*_tight(70), {"locality": False}),
+    "bin_completion": (*_verl(349), {"min_microbatches": 4}),  # 6 microbatches, 7 without
+    "repair": (*_sft(4096, 256), {"locality": False}),
+    "repair_bisection": (*_long_tail(), {"locality": False}),
+    "replica_first": (*_heavy_tail(), {"locality": False, "num_microbatches": 3}),
+    "more_rounds": (*_tight(12), {"locality": False}),
+    "origin_order": (np.full(512, 4096), _sft()[1], {"locality": False}),
+    "relabel": (*_sft(), {"locality": False}),
+    "per_replica": (*_sft(), {"locality": True, "objective": "replicas"}),
+    "home_swaps": (*_sft(), {"locality": True}),
+}
+
+
+def test_every_stage_has_a_step_where_it_acts():
+    assert set(CASES) == set(stages.STAGES)
+
+
+@pytest.mark.parametrize("stage", sorted(stages.STAGES))
+def test_switching_a_stage_off_removes_it(stage):
+    lengths, kwargs, options = CASES[stage]
+    sched = get_scheduler("balanced", **options)
+    full = sched.schedule(lengths, **kwargs)
+    with stages.disabled(stage):
+        assert not stages.enabled(stage)
+        off = sched.schedule(lengths, **kwargs)
+    off.validate(lengths)
+    assert (off.fingerprint(), off.num_microbatches) != (full.fingerprint(), full.num_microbatches)
+    again = sched.schedule(lengths, **kwargs)  # the block is over: the stage is back
+    assert stages.enabled(stage) and again.fingerprint() == full.fingerprint()
+
+
+def test_disabled_blocks_add_up_and_refuse_unknown_names():
+    with stages.disabled("repair"):
+        with stages.disabled("relabel", "home_swaps"):
+            assert not any(stages.enabled(s) for s in ("repair", "relabel", "home_swaps"))
+        assert not stages.enabled("repair") and stages.enabled("relabel")
+    assert all(stages.enabled(s) for s in stages.STAGES)
+    with pytest.raises(ConfigError, match=r"unknown balanced stage\(s\) \['repairs'\]; valid: round_targets, "):
+        with stages.disabled("repair", "repairs"):
+            pass
