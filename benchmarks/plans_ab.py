@@ -15,7 +15,8 @@ Shapes (``kind:args``):
   lengths, capacity 16,384, cost ``24576*s + s**2``), e.g. ``scale:65536:1024``,
   ``scale:1048576:1024:locality=True`` (the default is ``locality="auto"``, off for these
   token-id samples), ``scale:65536:1024:objective=rounds``;
-* ``sched:WORKLOAD:SEED``: a workload of ``benchmarks/schedulers.py`` (llama3-8b cost);
+* ``sched:WORKLOAD:SEED[:option=value...]``: a workload of ``benchmarks/schedulers.py``
+  (llama3-8b cost);
 * ``ht:SEED[:SYNC[:M]]``: issue 24 item 11's heavy tail (4,096 Pareto(1.3) lengths, 32
   replicas, capacity 32,768), ``sync`` and forced microbatch count optional.
 
@@ -71,13 +72,17 @@ def shape(name: str) -> tuple[str, dict, np.ndarray, dict]:
 
         wl = {w.name: w for w in WORKLOADS}[args[0]]
         params = dict(wl.params) if wl.dist == "constant" else dict(wl.params, seed=int(args[1]))
+        sched_opts: dict[str, Any] = {}
+        for kv in args[2:]:
+            key, value = kv.split("=")
+            sched_opts[key] = {"False": False, "True": True}.get(value, value)
         cp = wl.cp
         kw = dict(
             dp_size=wl.dp, cp_size=cp, max_tokens_per_rank=wl.max_tokens_per_rank, pad_multiple=2 * cp if cp > 1 else 1
         )
         return (
             "balanced",
-            {},
+            sched_opts,
             generate_lengths(wl.dist, wl.sequences, **params),
             dict(kw, cost=model_preset("llama3-8b").cost_model()),
         )
