@@ -14,7 +14,6 @@ This module exports the main flow only; everything else lives in its subpackage:
 
 from __future__ import annotations
 
-from seqpack._compat import moved_names
 from seqpack._version import __version__
 from seqpack.calibrate import CostCalibrator, MicrobatchTimer
 from seqpack.compute.attention import ThdAttention
@@ -55,30 +54,3 @@ __all__ = [
     "unshard_from_cp",
     "wrap_data_iterator",
 ]
-
-# Names this module exported before its front door was narrowed: still served (imported on
-# first use, so `import seqpack` stays light), with a DeprecationWarning naming their home.
-__getattr__ = moved_names(
-    __name__,
-    {
-        "DataOwner": "seqpack.options",
-        "OnOversize": "seqpack.options",
-        "Sync": "seqpack.options",
-        "SeqpackTypeError": "seqpack.errors",
-        "available_schedulers": "seqpack.schedulers",
-        "broadcast_pp": "seqpack.collective",
-        "broadcast_tp": "seqpack.collective",
-        "exchange_samples": "seqpack.collective",
-        "gather_lengths": "seqpack.collective",
-        "MockSFTDataset": "seqpack.mock_data",
-        "lengths_from_config": "seqpack.mock_data",
-        "lengths_from_file": "seqpack.mock_data",
-        "lognormal_lengths": "seqpack.mock_data",
-        "mamba2_flops": "seqpack.cost",
-        "model_preset": "seqpack.cost",
-        "transformer_flops": "seqpack.cost",
-        "partition_indices": "seqpack.thd",
-        "process_input_for_thd": "seqpack.thd",
-        "split_batch_into_thd_chunks": "seqpack.thd",
-    },
-)

@@ -1,8 +1,7 @@
 """The wrapper's :class:`PackingConfig`: every setting that decides what it yields, frozen,
 validated at construction and fingerprinted.
 
-The option enums it uses live in :mod:`seqpack.options` (re-exported here for the old
-``seqpack.config`` import path).
+The option enums it uses live in :mod:`seqpack.options`.
 """
 
 from __future__ import annotations
@@ -15,22 +14,15 @@ from seqpack.calibrate import CostCalibrator
 from seqpack.cost import CostModel, GroupCost, check_cost_model, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import (
-    AXES,
     DEFAULT_PREFETCH_BYTES,
     INT64_MAX,
     MAX_PREFETCH,
     MAX_TOKENS,
-    AttentionBackend,
-    Axis,
-    CpCommType,
     CpLayout,
     DataOwner,
     GroupSizes,
     LabelFormat,
-    MambaBackend,
-    Objective,
     OnOversize,
-    Order,
     Sync,
     fingerprint_text,
 )
@@ -47,9 +39,6 @@ from seqpack.validation import (
 )
 
 __all__ = ["PackingConfig", "dynamic_group_cost", "resolved_cost"]
-
-# Names of the old ``seqpack.config`` module, which now lived in seqpack.options.
-_OPTION_NAMES = (AXES, AttentionBackend, Axis, CpCommType, MambaBackend, Objective, Order, fingerprint_text)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
