@@ -10,6 +10,21 @@ This module exports the main flow only; everything else lives in its subpackage:
 :mod:`seqpack.cost`, :mod:`seqpack.calibrate`, :mod:`seqpack.loader` (the wrapper),
 :mod:`seqpack.collective` (the collectives), :mod:`seqpack.compute`, :mod:`seqpack.interop`,
 :mod:`seqpack.mock_data`, :mod:`seqpack.options` (option enums), :mod:`seqpack.errors`.
+
+The subpackages form layers; each imports only layers below its own (every import counts,
+function-level ones too; ``tests/test_package_layout.py`` checks this list):
+
+    1. errors, options, _logging, _lazy, _version
+    2. validation
+    3. topology, thd
+    4. cost, mock_data
+    5. compute, schedulers
+    6. stats
+    7. calibrate
+    8. collective
+    9. interop
+    10. loader
+    11. cli
 """
 
 from __future__ import annotations

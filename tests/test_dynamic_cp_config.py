@@ -2,13 +2,12 @@
 
 import pytest
 
-from seqpack.calibrate import CostCalibrator
+from seqpack.calibrate import CostCalibrator, GroupCostCalibrator
 from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader import PackingConfig
 from seqpack.loader.config import resolved_cost
 from seqpack.options import GroupSizes
-from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.topology import Topology
 
 COMPUTE = CostModel(1e-6, 1e-9, 1e-3)

@@ -19,7 +19,7 @@ from seqpack.errors import ConfigError
 from seqpack.schedulers import Schedule, predicted_step_time
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp.pieces import plan_pieces, shard_layout
-from seqpack.schedulers.dynamic_cp.stats import moved_pieces, plan_stats
+from seqpack.stats import moved_pieces, plan_stats
 from seqpack.thd import group_pad_multiple, pack_sequences
 from seqpack.thd.cp import partition_indices, shard_for_cp
 from seqpack.topology import Topology

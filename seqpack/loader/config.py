@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from seqpack.calibrate import CostCalibrator
+from seqpack.calibrate import CostCalibrator, GroupCostCalibrator
 from seqpack.cost import CostModel, GroupCost, check_cost_model, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import (
@@ -27,7 +27,6 @@ from seqpack.options import (
     fingerprint_text,
 )
 from seqpack.schedulers import Scheduler, get_scheduler
-from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.thd import pad_multiple_for
 from seqpack.topology import Topology
@@ -108,7 +107,7 @@ class PackingConfig:
     :class:`seqpack.calibrate.CostCalibrator` whose prior is ``cost``, else the scheduler's
     cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``. Under
     ``dynamic_cp``: ``True`` fits the whole ``group_cost``, CP ring included (a
-    :class:`seqpack.schedulers.dynamic_cp.GroupCostCalibrator` whose prior is ``group_cost``), or
+    :class:`seqpack.schedulers.calibrate.GroupCostCalibrator` whose prior is ``group_cost``), or
     pass a ``GroupCostCalibrator``."""
     prefetch: int = 1
     """Steps a background thread prepares ahead of the training loop (0: each step is
@@ -246,7 +245,7 @@ class PackingConfig:
         if isinstance(self.calibrate, CostCalibrator):
             raise ConfigError(
                 "calibrate=CostCalibrator(...) fits (1, S, SS) of a CostModel, not a dynamic CP group cost: pass "
-                "calibrate=True or a seqpack.schedulers.dynamic_cp.GroupCostCalibrator with dynamic_cp=True"
+                "calibrate=True or a seqpack.schedulers.calibrate.GroupCostCalibrator with dynamic_cp=True"
             )
         for name in ("group_microbatch", "equal_samples_per_replica"):
             if getattr(self, name):

@@ -1,10 +1,10 @@
-"""GroupCostCalibrator: a dynamic-CP :class:`~seqpack.schedulers.dynamic_cp.GroupCost` fitted
-online to measured microbatch times (``PackingConfig(dynamic_cp=True, calibrate=True)``).
+"""GroupCostCalibrator: a dynamic-CP :class:`~seqpack.cost.GroupCost` fitted online to
+measured microbatch times (``PackingConfig(dynamic_cp=True, calibrate=True)``).
 
 The dynamic-CP twin of :class:`~seqpack.calibrate.CostCalibrator`. Each timed microbatch is
 reduced to the exact integers of its group: size ``c``, padded ``S``, ``SS`` and whether the
 group spans nodes; the fit is ``seconds ~ GroupCost.features(c, S, SS, spans) @ coefficients``
-(:data:`~seqpack.schedulers.dynamic_cp.FEATURES`: constant, ``S/c``, ``SS/c``, ``c-1`` and the
+(:data:`~seqpack.cost.FEATURES`: constant, ``S/c``, ``SS/c``, ``c-1`` and the
 ring's ``(c-1) S/c`` within a node and across nodes) by the same exact, outlier-resistant
 NNLS, so the CP communication term is fitted like the compute terms. A coefficient whose
 feature no observation exercised (no group spanning nodes yet, or no group at all) keeps the
