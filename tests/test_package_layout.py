@@ -130,4 +130,3 @@ def test_the_layer_check_reads_function_level_and_relative_imports_not_typing_on
     )
     imported = _imports(source, ["seqpack", "thd"])
     assert {"seqpack.cli", "seqpack.cost.CostModel"} <= imported and "seqpack.loader" not in imported
-
