@@ -51,7 +51,7 @@ class GroupCostCalibrator(Calibrator[GroupCost]):
     prior_type: ClassVar[type] = GroupCost
     prior_name: ClassVar[str] = "seqpack GroupCost"
     terms: ClassVar[tuple[str, ...]] = FEATURES
-    num_sums: ClassVar[int] = len(GROUP_SUMS)  # a class constant, as before the base
+    num_sums: ClassVar[int] = len(GROUP_SUMS)
 
     def schedule_sums(self, schedule: object) -> np.ndarray:
         """What :class:`~seqpack.calibrate.TimingLedger` keeps of a scheduled step: per round

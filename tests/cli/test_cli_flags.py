@@ -1,4 +1,4 @@
-"""Flags derived from settings dataclasses (seqpack.cli.options) and DemoSettings' own flags."""
+"""Flags derived from settings dataclasses (seqpack.cli.flags) and DemoSettings' own flags."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from seqpack.cli.demo.settings import CostSource, DemoMode, DemoSettings, FsdpUnits
-from seqpack.cli.options import add_options, flag_name, from_args, option
+from seqpack.cli.flags import add_options, flag_name, from_args, option
 from seqpack.errors import ConfigError
 
 
