@@ -22,8 +22,8 @@ function-level ones too; ``tests/test_package_layout.py`` checks this list):
     6. stats
     7. calibrate
     8. collective
-    9. interop
-    10. loader
+    9. loader
+    10. interop
     11. cli
 """
 
