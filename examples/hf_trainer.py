@@ -80,7 +80,7 @@ def sft_dataset(count: int, seed: int = 0, max_prompt: int = 60) -> Dataset:
 
 
 def training_settings(output_dir: str, *, steps: int, batch_size: int, seed: int = 0) -> dict[str, object]:
-    """The run's ``TrainingArguments``: fp32 on CPU, a loss logged every step, nothing saved."""
+    """The run's ``TrainingArguments``: on CPU, a loss logged every step, nothing saved."""
     return dict(
         output_dir=output_dir,
         max_steps=steps,
@@ -98,9 +98,10 @@ def training_settings(output_dir: str, *, steps: int, batch_size: int, seed: int
 
 
 def sft_config(output_dir: str, *, steps: int, batch_size: int, seed: int = 0, **overrides: object) -> SFTConfig:
-    """``training_settings`` as an ``SFTConfig``: loss on the completions only, no truncation."""
+    """``training_settings`` as an ``SFTConfig``: loss on the completions only, no truncation,
+    fp32 (TRL defaults to bf16, which on CPUs is autocast)."""
     settings = training_settings(output_dir, steps=steps, batch_size=batch_size, seed=seed)
-    return SFTConfig(**{**settings, "completion_only_loss": True, "max_length": None, **overrides})
+    return SFTConfig(**{**settings, "completion_only_loss": True, "max_length": None, "bf16": False, **overrides})
 
 
 def run(
