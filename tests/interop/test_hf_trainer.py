@@ -137,11 +137,13 @@ class _RecordingSFTTrainer(example.PackedSFTTrainer):
 
 
 def test_each_optimizer_step_runs_one_whole_seqpack_step(tmp_path):
-    args = example.sft_config(str(tmp_path), steps=6, batch_size=8)
+    """Over 8 steps of 2 epochs (5 steps each: 40 rows, 8 a step), each optimizer step runs
+    exactly the microbatches of one seqpack step, with its count, while the count changes."""
+    args = example.sft_config(str(tmp_path), steps=8, batch_size=8)
     trainer = _RecordingSFTTrainer(
         model=example.tiny_model(),
         args=args,
-        train_dataset=example.sft_dataset(128, seed=3, max_prompt=90),
+        train_dataset=example.sft_dataset(40, seed=3, max_prompt=90),
         processing_class=example.tiny_tokenizer(),
         seqpack_config={"max_tokens_per_rank": 256},
     )
@@ -152,12 +154,12 @@ def test_each_optimizer_step_runs_one_whole_seqpack_step(tmp_path):
     counts, i = [], 0
     while i < len(events):
         kind, k, m, count = events[i]
-        assert kind == "step" and k == len(counts)
+        assert kind == "step" and k == len(counts) % 5  # each epoch's steps count from 0
         assert events[i + 1 : i + 1 + m] == [("microbatch", count)] * m
         assert events[i + 1 + m] == ("optimizer",)
         counts.append(m)
         i += m + 2
-    assert len(counts) == 6 == trainer.state.global_step
+    assert len(counts) == 8 == trainer.state.global_step
     assert len(set(counts)) > 1, counts  # not vacuous: the microbatch count changed between steps
 
 
