@@ -163,6 +163,28 @@ def test_each_optimizer_step_runs_one_whole_seqpack_step(tmp_path):
     assert len(set(counts)) > 1, counts  # not vacuous: the microbatch count changed between steps
 
 
+def test_tokens_seen_count_every_microbatch(tmp_path):
+    """``include_num_input_tokens_seen`` and the FLOPs estimate read a step's microbatches
+    (the Trainer's own code would look for ``input_ids`` in the Step)."""
+    args = example.sft_config(str(tmp_path), steps=3, batch_size=8, include_num_input_tokens_seen="all")
+    trainer = _RecordingSFTTrainer(
+        model=example.tiny_model(),
+        args=args,
+        train_dataset=example.sft_dataset(40),
+        processing_class=example.tiny_tokenizer(),
+        seqpack_config={"max_tokens_per_rank": 128},
+    )
+    trainer.events = []
+    tokens = []
+    training_step = trainer.training_step
+    trainer.training_step = lambda model, step, count=None: (
+        tokens.append(sum(int(b.input_ids.numel()) for b in step.microbatches)) or training_step(model, step, count)
+    )
+    trainer.train()
+    assert len(tokens) == 3 and trainer.state.num_input_tokens_seen == sum(tokens) > 0
+    assert trainer.state.total_flos > 0
+
+
 def test_plain_trainer_reads_trls_completion_mask(tmp_path):
     """transformers.Trainer with the mixin: rows with TRL's ``completion_mask`` (no labels)
     train exactly as rows with the labels TRL's dataset preparation builds from it (the token,
