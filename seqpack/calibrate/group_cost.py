@@ -56,7 +56,7 @@ class GroupCostCalibrator(Calibrator[GroupCost]):
     def schedule_sums(self, schedule: object) -> np.ndarray:
         """What :class:`~seqpack.calibrate.TimingLedger` keeps of a scheduled step: per round
         and DP replica, the ``(size, S, SS, spans)`` of the group its slowest CP rank runs
-        under the current model (:func:`~seqpack.schedulers.dynamic_cp.cost.replica_sums`).
+        under the current model (:func:`~seqpack.schedulers.step_time.replica_sums`).
 
         Raises:
             ConfigError: Not a :class:`Schedule`.

@@ -107,7 +107,7 @@ class PackingConfig:
     :class:`seqpack.calibrate.CostCalibrator` whose prior is ``cost``, else the scheduler's
     cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``. Under
     ``dynamic_cp``: ``True`` fits the whole ``group_cost``, CP ring included (a
-    :class:`seqpack.schedulers.calibrate.GroupCostCalibrator` whose prior is ``group_cost``), or
+    :class:`seqpack.calibrate.GroupCostCalibrator` whose prior is ``group_cost``), or
     pass a ``GroupCostCalibrator``."""
     prefetch: int = 1
     """Steps a background thread prepares ahead of the training loop (0: each step is
@@ -128,7 +128,7 @@ class PackingConfig:
     one sequence may hold up to ``dp * cp`` ranks' worth. Always a bool once built."""
     group_cost: GroupCost | Mapping[str, float] | None = None
     """Under ``dynamic_cp``: what a CP group's microbatch costs, the planner's objective. A
-    :class:`~seqpack.schedulers.dynamic_cp.GroupCost` (compute and the CP ring, e.g.
+    :class:`~seqpack.cost.GroupCost` (compute and the CP ring, e.g.
     ``GroupCost.from_te_p2p``), or the ring's figures as a mapping (``ring_step``,
     ``ring_token``, ``ring_token_inter``, ``ranks_per_node``) added to ``cost`` (its units)."""
     cp_group_sizes: GroupSizes = GroupSizes.POW2
@@ -245,7 +245,7 @@ class PackingConfig:
         if isinstance(self.calibrate, CostCalibrator):
             raise ConfigError(
                 "calibrate=CostCalibrator(...) fits (1, S, SS) of a CostModel, not a dynamic CP group cost: pass "
-                "calibrate=True or a seqpack.schedulers.calibrate.GroupCostCalibrator with dynamic_cp=True"
+                "calibrate=True or a seqpack.calibrate.GroupCostCalibrator with dynamic_cp=True"
             )
         for name in ("group_microbatch", "equal_samples_per_replica"):
             if getattr(self, name):
@@ -412,7 +412,7 @@ def dynamic_group_cost(group_cost: object, cost: CostModel | None) -> GroupCost:
     """
     if group_cost is None:
         raise ConfigError(
-            "dynamic_cp=True needs group_cost: a seqpack.schedulers.dynamic_cp.GroupCost (the compute cost and "
+            "dynamic_cp=True needs group_cost: a seqpack.cost.GroupCost (the compute cost and "
             "the CP ring's, e.g. GroupCost.from_te_p2p(...)) or the ring's figures in the units of cost, e.g. "
             "group_cost={'ring_step': 2e-4, 'ring_token': 5e-8}; without a ring term every CP group would look free"
         )
@@ -439,6 +439,6 @@ def dynamic_group_cost(group_cost: object, cost: CostModel | None) -> GroupCost:
             f"group_cost={dict(group_cost)!r} has no ring term (ring_step, ring_token and ring_token_inter are all "
             "0 or missing): without one every CP group would look free; pass the ring's figures in the units of "
             "cost, e.g. group_cost={'ring_step': 2e-4, 'ring_token': 5e-8}, or a "
-            "seqpack.schedulers.dynamic_cp.GroupCost"
+            "seqpack.cost.GroupCost"
         )
     return built
