@@ -3,7 +3,16 @@
 import pytest
 
 from seqpack.calibrate import CostCalibrator, GroupCostCalibrator
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import (
+    DEFAULT_MODEL,
+    INTERCONNECTS,
+    CostModel,
+    GroupCost,
+    ModelSpec,
+    default_cost_model,
+    get_interconnect,
+    model_preset,
+)
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader import PackingConfig
 from seqpack.loader.config import resolved_cost
@@ -36,7 +45,8 @@ def test_ring_figures_are_added_to_the_cost():
 @pytest.mark.parametrize(
     "kw, error, message",
     [
-        ({"group_cost": None}, ConfigError, "dynamic_cp=True needs group_cost"),
+        ({"group_cost": None, "cost": CostModel(1.0, 0.0)}, ConfigError, "needs group_cost in the units of that cost"),
+        ({"group_cost": model_preset("llama3-8b"), "cost": CostModel(1.0, 0.0)}, ConfigError, "in the units"),
         ({"group_cost": {"ring_latency": 1.0}}, ConfigError, r"unknown group_cost figure\(s\) \['ring_latency'\]"),
         ({"group_cost": {"ring_step": -1.0}}, ConfigError, "ring_step"),
         ({"group_cost": 3}, SeqpackTypeError, "group_cost must be a GroupCost or a mapping"),
@@ -96,3 +106,38 @@ def test_calibrate_under_dynamic_cp_fits_the_group_cost():
     assert dynamic(calibrate=cal, group_cost=cal.prior).calibrate is cal
     with pytest.raises(ConfigError, match="pass dynamic_cp=True"):
         PackingConfig(samples_per_rank=4, max_tokens_per_rank=64, calibrate=cal)
+
+
+def test_dynamic_cp_alone_plans_with_the_default_models_flops_and_an_h100_ring():
+    config = dynamic(group_cost=None)
+    prior = GroupCost.from_model(model_preset(DEFAULT_MODEL), "h100-nvlink-ib400")
+    assert config.group_cost == prior and config.group_cost.compute == default_cost_model()
+    assert config.group_cost.has_ring and config.planning_cost is config.group_cost
+    spec = model_preset("qwen2.5-7b")
+    assert dynamic(group_cost=spec).group_cost == GroupCost.from_model(spec)
+
+
+def test_the_default_ring_is_te_p2p_over_the_named_links_in_flops():
+    spec = ModelSpec(hidden_size=1024, num_layers=4, num_attention_heads=8, ffn_hidden_size=4096, num_query_groups=2)
+    cost = GroupCost.from_model(spec, "a100-nvlink-ib200")
+    links = INTERCONNECTS["a100-nvlink-ib200"]
+    kv_bytes = 2 * 2 * 128 * 2  # K and V, 2 groups, head width 1024/8, bf16
+    transfers = 3 * 4  # forward K/V, backward K/V and dK/dV, per attention layer
+    assert cost.ring_token == pytest.approx(transfers * kv_bytes / links.intra_node_bandwidth * links.device_flops)
+    assert cost.ring_token_inter == pytest.approx(
+        transfers * kv_bytes / links.inter_node_bandwidth * links.device_flops
+    )
+    assert cost.ring_step == pytest.approx(transfers * links.step_latency * links.device_flops)
+    assert cost.compute == spec.cost_model() and cost.ranks_per_node == links.ranks_per_node
+
+
+def test_the_default_ring_refuses_what_it_cannot_price():
+    with pytest.raises(ConfigError, match=r"unknown interconnect 'tpu'; valid: h100-nvlink-ib400"):
+        GroupCost.from_model(model_preset("llama3-8b"), "tpu")
+    mamba = ModelSpec(
+        hidden_size=256, num_layers=2, num_attention_heads=4, ffn_hidden_size=512, hybrid_layer_pattern="MM"
+    )
+    with pytest.raises(ConfigError, match="no attention layer"):
+        GroupCost.from_model(mamba)
+    with pytest.raises(SeqpackTypeError, match="interconnect must be a name"):
+        get_interconnect(3)

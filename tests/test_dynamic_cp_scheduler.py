@@ -89,7 +89,7 @@ def test_the_scheduler_turns_dynamic_cp_on_like_the_flag():
     "kw, message",
     [
         ({"scheduler": "dynamic_cp", "dynamic_cp": False}, "plans with dynamic CP but dynamic_cp=False"),
-        ({"scheduler": "dynamic_cp"}, "dynamic_cp=True needs group_cost"),
+        ({"scheduler": "dynamic_cp", "cost": CostModel(1.0, 0.0)}, "needs group_cost in the units of that cost"),
         (
             {
                 "scheduler": "dynamic_cp",
