@@ -9,7 +9,8 @@ This module exports the main flow only; everything else lives in its subpackage:
 :mod:`seqpack.thd` (packing, CP partition, NeMo converters), :mod:`seqpack.schedulers`,
 :mod:`seqpack.cost`, :mod:`seqpack.calibrate`, :mod:`seqpack.loader` (the wrapper),
 :mod:`seqpack.collective` (the collectives), :mod:`seqpack.compute`, :mod:`seqpack.interop`,
-:mod:`seqpack.mock_data`, :mod:`seqpack.options` (option enums), :mod:`seqpack.errors`.
+:mod:`seqpack.mock_data`, :mod:`seqpack.options` (option enums), :mod:`seqpack.errors`,
+:mod:`seqpack.packing` (offline packing of a whole dataset, :func:`pack_dataset`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.cost import CostModel, ModelSpec
 from seqpack.errors import ConfigError, SampleError, SeqpackError, StepFailed
 from seqpack.loader import PackingConfig, PackingIterator, Step, wrap_data_iterator
+from seqpack.packing import pack_dataset
 from seqpack.schedulers import Schedule, Scheduler, get_scheduler, predicted_step_time
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch, pack_sequences, pad_multiple_for, shard_for_cp, unshard_from_cp
@@ -48,6 +50,7 @@ __all__ = [
     "ThdAttention",
     "Topology",
     "get_scheduler",
+    "pack_dataset",
     "pack_sequences",
     "pad_multiple_for",
     "predicted_step_time",

@@ -9,6 +9,7 @@ Modules:
 
 from __future__ import annotations
 
+from seqpack.packing.dataset import PACKED_KEYS, PackedRows, pack_dataset
 from seqpack.packing.packer import Packing, pack_lengths, token_lower_bound
 
-__all__ = ["Packing", "pack_lengths", "token_lower_bound"]
+__all__ = ["PACKED_KEYS", "PackedRows", "Packing", "pack_dataset", "pack_lengths", "token_lower_bound"]
