@@ -22,6 +22,7 @@ aligned with ``input_ids``) set the label of every other token to -100.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import logging
 import sys
@@ -176,8 +177,11 @@ def pack_dataset(
     hf = sys.modules.get("datasets")
     if hf is not None and isinstance(rows, hf.Dataset):
         columns = _read_dataset(rows)
-        flat, token_offsets, cu_offsets, seq_offsets = _pack(columns, max_tokens, label_format, on_oversize)
-        return _to_dataset(flat, token_offsets, cu_offsets, seq_offsets)
+        packed = _pack(columns, max_tokens, label_format, on_oversize)
+        # The output's fingerprint follows from the input's and the arguments (datasets would
+        # otherwise hash every packed token).
+        key = f"{getattr(rows, '_fingerprint', None)} {max_tokens} {label_format} {on_oversize} {PACKED_KEYS}"
+        return _to_dataset(*packed, fingerprint=hashlib.sha256(key.encode()).hexdigest()[:16])
     if isinstance(rows, (str, bytes, Mapping, torch.Tensor, np.ndarray)) or not isinstance(rows, Iterable):
         raise SeqpackTypeError(
             f"rows must be an iterable of mappings (one sequence each) or a datasets.Dataset, got {type(rows).__name__}"
@@ -465,7 +469,7 @@ def _pack(
 
 
 def _to_dataset(flat: dict[str, np.ndarray], token_offsets: np.ndarray, cu_offsets: np.ndarray,
-                seq_offsets: np.ndarray) -> Any:  # fmt: skip
+                seq_offsets: np.ndarray, fingerprint: str) -> Any:  # fmt: skip
     """The packed rows as an in-memory ``datasets.Dataset``."""
     import pyarrow as pa
 
@@ -480,4 +484,4 @@ def _to_dataset(flat: dict[str, np.ndarray], token_offsets: np.ndarray, cu_offse
     columns = {key: lists(flat[key], token_offsets) for key in _TOKEN_FIELDS}
     columns["cu_seqlens"] = lists(flat["cu_seqlens"], cu_offsets)
     columns["sample_ids"] = lists(flat["sample_ids"], seq_offsets)
-    return datasets.Dataset(in_memory(pa.table(columns)))
+    return datasets.Dataset(in_memory(pa.table(columns)), fingerprint=fingerprint)
