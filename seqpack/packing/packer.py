@@ -72,7 +72,8 @@ def pack_lengths(lengths: Sequence[int] | np.ndarray, max_tokens: int) -> Packin
     ones, are filled one at a time with the lengths that fill them exactly or leave room
     the remaining lengths can fill (:mod:`seqpack.packing._kernel`). On lognormal, Pareto
     and bimodal lengths it reaches the token lower bound or one more pack
-    (``benchmarks/packing.py``); 1M lengths take about 0.15 s on one core.
+    (``benchmarks/packing.py``: 1M lengths in 0.23-0.39 s, 10K in under 1 ms, on a loaded
+    2-core VM).
 
     Args:
         lengths: Token count of each sequence (integers >= 1).
