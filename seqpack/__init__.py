@@ -9,7 +9,8 @@ This module exports the main flow only; everything else lives in its subpackage:
 :mod:`seqpack.thd` (packing, CP partition, NeMo converters), :mod:`seqpack.schedulers`,
 :mod:`seqpack.cost`, :mod:`seqpack.calibrate`, :mod:`seqpack.loader` (the wrapper),
 :mod:`seqpack.collective` (the collectives), :mod:`seqpack.compute`, :mod:`seqpack.interop`,
-:mod:`seqpack.mock_data`, :mod:`seqpack.options` (option enums), :mod:`seqpack.errors`.
+:mod:`seqpack.mock_data`, :mod:`seqpack.options` (option enums), :mod:`seqpack.errors`,
+:mod:`seqpack.packing` (offline packing of a whole dataset, :func:`pack_dataset`).
 
 The subpackages form layers; each imports only layers below its own (every import counts,
 function-level ones too; ``tests/test_package_layout.py`` checks this list):
@@ -17,7 +18,7 @@ function-level ones too; ``tests/test_package_layout.py`` checks this list):
     1. errors, options, _logging, _lazy, _version
     2. validation
     3. topology, thd
-    4. cost, mock_data
+    4. cost, mock_data, packing
     5. compute, schedulers
     6. stats
     7. calibrate
@@ -36,6 +37,7 @@ from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.cost import CostModel, ModelSpec
 from seqpack.errors import ConfigError, SampleError, SeqpackError, StepFailed
 from seqpack.loader import PackingConfig, PackingIterator, Step, wrap_data_iterator
+from seqpack.packing import pack_dataset
 from seqpack.schedulers import Schedule, Scheduler, get_scheduler, predicted_step_time
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch, pack_sequences, pad_multiple_for, shard_for_cp, unshard_from_cp
@@ -62,6 +64,7 @@ __all__ = [
     "ThdAttention",
     "Topology",
     "get_scheduler",
+    "pack_dataset",
     "pack_sequences",
     "pad_multiple_for",
     "predicted_step_time",
