@@ -339,7 +339,7 @@ def test_docs_wire_tables_are_generated_from_the_header_declaration():
 
     from seqpack.collective import wire_format_markdown
 
-    text = (Path(__file__).parent.parent / "docs" / "wrapper.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "wrapper.md").read_text()
     begin, end = "<!-- wire-format:begin -->\n", "<!-- wire-format:end -->"
     assert text[text.index(begin) + len(begin) : text.index(end)] == wire_format_markdown()
 
@@ -349,7 +349,7 @@ def test_docs_gather_tables_are_generated_from_their_declarations():
 
     from seqpack.loader.gather_fields import gather_format_markdown
 
-    text = (Path(__file__).parent.parent / "docs" / "wrapper.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "wrapper.md").read_text()
     begin, end = "<!-- gather-format:begin -->\n", "<!-- gather-format:end -->"
     assert "key_mask" in gather_format_markdown() and "fingerprint_complement" in gather_format_markdown()
     assert text[text.index(begin) + len(begin) : text.index(end)] == gather_format_markdown()

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from wrapper_data import repeating_items
 
 from seqpack.collective import gather_lengths
 from seqpack.collective.fields import Header
@@ -284,25 +285,6 @@ def test_hf_labels_under_shifted_are_refused_per_sample_and_per_step():
         next(_wrap(_hf_items(6, answer=3)))
     assert isinstance(failed.value.__cause__, SampleError)
     assert next(_wrap(_hf_items(6, answer=3), label_format="unshifted")).num_loss_tokens == 6 * 3
-
-
-def repeating_items(count: int, answer: int, repeats: int, *, next_token: bool, seed: int = 0):
-    """Samples whose answers of ``answer`` tokens hold ``repeats`` tokens equal to the next one
-    (tokens otherwise distinct), -100 on a prompt; labels Hugging Face-style (a copy of
-    input_ids) or next-token targets. Per sample ``answer - repeats`` supervised tokens tell
-    the alignments apart; the repeats fit either."""
-    rng = np.random.default_rng(seed)
-    for _ in range(count):
-        prompt = int(rng.integers(1, 12))
-        ids = torch.from_numpy(rng.permutation(np.arange(1, 200))[: prompt + answer])
-        for k in range(repeats):
-            ids[prompt + 3 * k + 1] = ids[prompt + 3 * k]
-        labels = torch.full_like(ids, IGNORE_INDEX)
-        if next_token:
-            labels[prompt - 1 : -1] = ids[prompt:]
-        else:
-            labels[prompt:] = ids[prompt:]
-        yield {"input_ids": ids, "labels": labels}
 
 
 @pytest.mark.parametrize("label_format", ["shifted", "unshifted"])

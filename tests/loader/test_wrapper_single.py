@@ -570,7 +570,7 @@ def test_interpreter_exit_while_the_thread_runs_torch_code_is_clean():
     import subprocess
     import sys
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
         [sys.executable, "-c", _EXIT_WHILE_BUSY], capture_output=True, text=True, env=env, timeout=120
