@@ -5,9 +5,12 @@ Modules:
         :func:`split_batch_into_thd_chunks`), its contract kept.
     hf: Hugging Face transformers: :func:`to_hf`, a packed microbatch as the keyword
         arguments of a causal LM's ``forward`` (transformers itself is not imported).
-    verl: drop-ins for verl's ``rearrange_micro_batches``, ``get_seqlen_balanced_partitions``
-        and ``get_group_balanced_partitions``, planned by seqpack's scheduler, never over
-        ``max_token_len`` (import them from ``seqpack.interop.verl``).
+    verl: drop-ins for verl 0.9.1's ``rearrange_micro_batches``,
+        ``get_seqlen_balanced_partitions`` and ``get_group_balanced_partitions``, planned by
+        seqpack's scheduler, never over ``max_token_len`` (import them from
+        ``seqpack.interop.verl``).
+    torchtitan: torchtitan 0.3's ``ParallelDims`` as a ``Topology`` and a dataloader feeding
+        its ``Trainer`` one seqpack step per optimizer step (``seqpack.interop.torchtitan``).
 """
 
 from __future__ import annotations
