@@ -1,10 +1,11 @@
 """verl 0.9.1's ``tests/utils/test_seqlen_balancing.py`` cases, run against seqpack's drop-in
 and, where verl is installed, against verl's own functions on the same inputs.
 
-verl 0.9.1 ships no tests in its wheel or sdist; the cases are those of verl's repository
-(``test_seqlen_balancing``, ``test_dynamic_batch``, ``test_seqlen_balancing_distributed_params``
-in tests/distributed/test_verl_dist.py, the three ``test_group_balanced_partitions*``), plus
-the contract verl 0.9.1's ``rearrange_micro_batches`` adds over them, read from its source:
+verl 0.9.1 ships no tests in its wheel or sdist; the cases are those of verl's repository as
+of its newest copy at hand (main, 2026-01-29): ``test_seqlen_balancing``,
+``test_dynamic_batch``, ``test_seqlen_balancing_distributed_params`` (in
+tests/distributed/test_verl_dist.py), the three ``test_group_balanced_partitions*``; plus the
+contract verl 0.9.1's ``rearrange_micro_batches`` adds over them, read from its source:
 ``force_group_size`` (consecutive rows kept in one micro-batch), the count grown until the cap
 holds, no agreement without a ``dp_group``. ``test_dataproto_split_uneven`` tests verl's
 DataProto, nothing of seqpack's.
