@@ -32,6 +32,7 @@ entry per row; a value of other rows is refused by key, never indexed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -208,14 +209,12 @@ def rearrange_micro_batches(
         exactly one list.
 
     Raises:
-        ConfigError: A sequence (or forced group) longer than ``max_token_len``; ``B`` not
-            a multiple of ``force_group_size``; a count (after ``min_num_micro_batch``, the
-            DP agreement or rounding) above the groups of the batch (a micro-batch would be
-            empty; with the agreement, above the fewest any rank holds); a value whose rows
-            are not the batch's (named by key); a mask with no real token at all, or with
-            values other than 0 and 1. With the agreement, a rank's refusal is raised on
-            every rank of ``dp_group`` (the others name the rank), so no rank is left
-            waiting in a collective.
+        ConfigError: A sequence (or forced group) over ``max_token_len``; ``B`` not a multiple
+            of ``force_group_size``; a count (after ``min_num_micro_batch``, the agreement,
+            rounding) above the groups of the batch (of the fewest any rank holds, with the
+            agreement); a value of other rows (named by key); a mask with no real token, or
+            with values other than 0 and 1. With the agreement, a rank's refusal is raised on
+            every rank of ``dp_group`` (the others name it): none waits in a collective.
         SeqpackTypeError: ``batch`` not a mapping, a mask that is no ``[B, S]`` tensor, or a
             value that is no tensor, array or list.
     """
@@ -225,49 +224,72 @@ def rearrange_micro_batches(
         and dist.is_available()
         and dist.is_initialized()
     )
-    failure: SeqpackError | None = None
-    units = np.zeros(0, dtype=np.int64)
-    size = count = 0
-    plan: Schedule | None = None
     try:
-        cap = check_positive_int("max_token_len", max_token_len)
-        least = check_optional_int("min_num_micro_batch", min_num_micro_batch, minimum=0) or 0
-        multiple = check_optional_int("num_batches_divided_by", num_batches_divided_by, minimum=1) or 1
-        order = "pipeline" if check_bool("use_dynamic_bsz_balance", use_dynamic_bsz_balance) else "heavy_first"
-        size = check_positive_int("force_group_size", force_group_size)
-        units = _unit_lengths(batch, cap, size)
-        count, plan = fewest_microbatches(units, cap, least, order)
+        local = _local_plan(
+            batch, max_token_len, min_num_micro_batch, num_batches_divided_by, use_dynamic_bsz_balance, force_group_size
+        )
     except SeqpackError as error:
         if not agree:
             raise
-        failure = error
-    fewest_units = units.shape[0]
-    if agree:
-        count, fewest_units, failed_rank = _agree(count, units.shape[0], failure is not None, dp_group)
-        if failure is not None:
-            raise failure
-        if failed_rank >= 0:
-            raise ConfigError(
-                f"rearrange_micro_batches: dp rank {failed_rank} of dp_group refused its batch (its error names "
-                "why); every rank of the group stops here"
-            )
-    count = -(-count // multiple) * multiple
+        _agree(0, 0, dp_group, failure=error)  # raises on every rank
+        raise AssertionError("unreachable") from error
+    count, fewest_units = (
+        _agree(local.count, local.units.shape[0], dp_group) if agree else (local.count, len(local.units))
+    )
+    count = -(-count // local.multiple) * local.multiple
     if count > fewest_units:
-        where = "the fewest any rank of dp_group holds" if agree else "this batch's"
-        what = "rows" if size == 1 else f"groups of force_group_size={size} rows"
-        raise ConfigError(
-            f"rearrange_micro_batches: {count} micro-batches (after min_num_micro_batch={min_num_micro_batch}, "
-            f"the DP agreement and num_batches_divided_by={num_batches_divided_by}) for {fewest_units} {what} "
-            f"({where}): a micro-batch would be empty"
-        )
+        raise _empty_micro_batch(count, fewest_units, local.size, agree, min_num_micro_batch, num_batches_divided_by)
+    plan = local.plan
     if plan is None or plan.num_microbatches != count:
-        plan = _plan(units, cap, count, order)
+        plan = _plan(local.units, local.cap, count, local.order)
         assert plan is not None  # more microbatches than the fewest that fit always fit
+    size = local.size
     indices = [
         [row for unit in part for row in range(unit * size, (unit + 1) * size)]
-        for part in _with_empty_rows(plan, units)
+        for part in _with_empty_rows(plan, local.units)
     ]
     return [select_rows(batch, rows) for rows in indices], indices
+
+
+def _empty_micro_batch(count: int, units: int, size: int, agree: bool, least: Any, multiple: Any) -> ConfigError:
+    where = "the fewest any rank of dp_group holds" if agree else "this batch's"
+    what = "rows" if size == 1 else f"groups of force_group_size={size} rows"
+    return ConfigError(
+        f"rearrange_micro_batches: {count} micro-batches (after min_num_micro_batch={least}, the DP agreement and "
+        f"num_batches_divided_by={multiple}) for {units} {what} ({where}): a micro-batch would be empty"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _LocalPlan:
+    """One rank's checked arguments, group lengths and fewest fitting count, before the DP
+    agreement."""
+
+    cap: int
+    multiple: int
+    order: str
+    size: int
+    units: np.ndarray  # int64 [B / size], tokens per group of rows
+    count: int
+    plan: Schedule | None
+
+
+def _local_plan(
+    batch: Any,
+    max_token_len: Any,
+    min_num_micro_batch: Any,
+    num_batches_divided_by: Any,
+    use_dynamic_bsz_balance: Any,
+    force_group_size: Any,
+) -> _LocalPlan:
+    cap = check_positive_int("max_token_len", max_token_len)
+    least = check_optional_int("min_num_micro_batch", min_num_micro_batch, minimum=0) or 0
+    multiple = check_optional_int("num_batches_divided_by", num_batches_divided_by, minimum=1) or 1
+    order = "pipeline" if check_bool("use_dynamic_bsz_balance", use_dynamic_bsz_balance) else "heavy_first"
+    size = check_positive_int("force_group_size", force_group_size)
+    units = _unit_lengths(batch, cap, size)
+    count, plan = fewest_microbatches(units, cap, least, order)
+    return _LocalPlan(cap, multiple, order, size, units, count, plan)
 
 
 def _unit_lengths(batch: Any, cap: int, size: int) -> np.ndarray:
@@ -411,16 +433,24 @@ def _with_empty_rows(plan: Schedule, lengths: np.ndarray) -> list[list[int]]:
     return [sorted(p) for p in parts]
 
 
-def _agree(count: int, units: int, failed: bool, group: Any) -> tuple[int, int, int]:
-    """Over ``group``, in one all-reduce: the largest ``count``, the fewest ``units`` and the
-    lowest rank that failed (``-1``: none)."""
+def _agree(count: int, units: int, group: Any, failure: SeqpackError | None = None) -> tuple[int, int]:
+    """Over ``group``, in one all-reduce: the largest ``count`` and the fewest ``units``; a
+    ``failure`` on any rank raised on every rank (its own error where it happened, one naming
+    the lowest failing rank elsewhere)."""
     none = -(1 << 62)
     rank = dist.get_rank(group)
-    values = torch.tensor([count, -units, -rank if failed else none], dtype=torch.int64)
+    values = torch.tensor([count, -units, -rank if failure is not None else none], dtype=torch.int64)
     values = values.to(comm_device(group))
     collective(dist.all_reduce, values, op=dist.ReduceOp.MAX, group=group)
     most, fewest, lowest = values.tolist()  # host sync: the count decides the split
-    return int(most), -int(fewest), -int(lowest) if lowest != none else -1
+    if failure is not None:
+        raise failure
+    if lowest != none:
+        raise ConfigError(
+            f"rearrange_micro_batches: dp rank {-int(lowest)} of dp_group refused its batch (its error names why); "
+            "every rank of the group stops here"
+        )
+    return int(most), -int(fewest)
 
 
 def select_rows(batch: Any, rows: Sequence[int]) -> Any:
