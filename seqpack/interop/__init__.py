@@ -9,9 +9,12 @@ Modules:
         imported).
     hf_rows: a ``Trainer``'s training rows (HF labels, TRL's ``completion_mask`` /
         ``assistant_masks``) as seqpack samples.
-    verl: drop-ins for verl's ``rearrange_micro_batches``, ``get_seqlen_balanced_partitions``
-        and ``get_group_balanced_partitions``, planned by seqpack's scheduler, never over
-        ``max_token_len`` (import them from ``seqpack.interop.verl``).
+    verl: drop-ins for verl 0.9.1's ``rearrange_micro_batches``,
+        ``get_seqlen_balanced_partitions`` and ``get_group_balanced_partitions``, planned by
+        seqpack's scheduler, never over ``max_token_len`` (import them from
+        ``seqpack.interop.verl``).
+    torchtitan: torchtitan 0.3's ``ParallelDims`` as a ``Topology`` and a dataloader feeding
+        its ``Trainer`` one seqpack step per optimizer step (``seqpack.interop.torchtitan``).
 """
 
 from __future__ import annotations
