@@ -14,7 +14,7 @@ turns step by step so that the machine's noise falls on both:
 
 Before training, every rank times forward+backward of packs of equal-length sequences on CP
 groups of every power-of-2 size (all groups of a size at once, as in a round) and the six
-coefficients of :class:`~seqpack.schedulers.dynamic_cp.GroupCost` (compute, CP ring) are
+coefficients of :class:`~seqpack.cost.GroupCost` (compute, CP ring) are
 fitted to those times (``nnls_fit`` of ``GroupCost.features``): both planners use this
 measured cost (static CP its ``GroupCost.at(R)``). A step's time is the slowest rank's, from
 ``next()`` (plan, exchange, pack) to after the gradient all-reduce.

@@ -9,12 +9,27 @@ This module exports the main flow only; everything else lives in its subpackage:
 :mod:`seqpack.thd` (packing, CP partition, NeMo converters), :mod:`seqpack.schedulers`,
 :mod:`seqpack.cost`, :mod:`seqpack.calibrate`, :mod:`seqpack.loader` (the wrapper),
 :mod:`seqpack.collective` (the collectives), :mod:`seqpack.compute`, :mod:`seqpack.interop`,
-:mod:`seqpack.mock_data`, :mod:`seqpack.options` (option enums), :mod:`seqpack.errors`.
+:mod:`seqpack.mock_data`, :mod:`seqpack.options` (option enums), :mod:`seqpack.errors`,
+:mod:`seqpack.packing` (offline packing of a whole dataset, :func:`pack_dataset`).
+
+The subpackages form layers; each imports only layers below its own (every import counts,
+function-level ones too; ``tests/test_package_layout.py`` checks this list):
+
+    1. errors, options, _logging, _lazy, _version
+    2. validation
+    3. topology, thd
+    4. cost, mock_data, packing
+    5. compute, schedulers
+    6. stats
+    7. calibrate
+    8. collective
+    9. loader
+    10. interop
+    11. cli
 """
 
 from __future__ import annotations
 
-from seqpack._compat import moved_names
 from seqpack._version import __version__
 from seqpack.calibrate import CostCalibrator, MicrobatchTimer
 from seqpack.compute.attention import ThdAttention
@@ -22,6 +37,7 @@ from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.cost import CostModel, ModelSpec
 from seqpack.errors import ConfigError, SampleError, SeqpackError, StepFailed
 from seqpack.loader import PackingConfig, PackingIterator, Step, wrap_data_iterator
+from seqpack.packing import pack_dataset
 from seqpack.schedulers import Schedule, Scheduler, get_scheduler, predicted_step_time
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch, pack_sequences, pad_multiple_for, shard_for_cp, unshard_from_cp
@@ -48,6 +64,7 @@ __all__ = [
     "ThdAttention",
     "Topology",
     "get_scheduler",
+    "pack_dataset",
     "pack_sequences",
     "pad_multiple_for",
     "predicted_step_time",
@@ -55,30 +72,3 @@ __all__ = [
     "unshard_from_cp",
     "wrap_data_iterator",
 ]
-
-# Names this module exported before its front door was narrowed: still served (imported on
-# first use, so `import seqpack` stays light), with a DeprecationWarning naming their home.
-__getattr__ = moved_names(
-    __name__,
-    {
-        "DataOwner": "seqpack.options",
-        "OnOversize": "seqpack.options",
-        "Sync": "seqpack.options",
-        "SeqpackTypeError": "seqpack.errors",
-        "available_schedulers": "seqpack.schedulers",
-        "broadcast_pp": "seqpack.collective",
-        "broadcast_tp": "seqpack.collective",
-        "exchange_samples": "seqpack.collective",
-        "gather_lengths": "seqpack.collective",
-        "MockSFTDataset": "seqpack.mock_data",
-        "lengths_from_config": "seqpack.mock_data",
-        "lengths_from_file": "seqpack.mock_data",
-        "lognormal_lengths": "seqpack.mock_data",
-        "mamba2_flops": "seqpack.cost",
-        "model_preset": "seqpack.cost",
-        "transformer_flops": "seqpack.cost",
-        "partition_indices": "seqpack.thd",
-        "process_input_for_thd": "seqpack.thd",
-        "split_batch_into_thd_chunks": "seqpack.thd",
-    },
-)

@@ -346,6 +346,7 @@ _FOLDED_DIMS: Mapping[str, str] = {
     "dp_cp": "dp and cp",
     "fsdp": "dp_shard and cp",
     "loss": "dp and cp",
+    "loss_mesh": "dp and cp",
     "world": "every axis",
 }
 """Dims that fold CP (or everything) into one: seqpack cannot tell the axes apart in them."""
@@ -394,8 +395,8 @@ def _axis_dims(
         if dim in _FOLDED_DIMS:
             raise ConfigError(
                 f"mesh dim {dim!r} (size {sizes[dim]}) folds {_FOLDED_DIMS[dim]} into one, so seqpack cannot tell DP "
-                f"from CP; pass the mesh whose dims keep them apart (mesh dims: {names}), e.g. torchtitan's world "
-                "mesh with dp_replicate/dp_shard/cp/tp or its data-loading mesh (pp, batch, cp, tp), or NeMo "
+                f"from CP; pass the mesh whose dims keep them apart (mesh dims: {names}), e.g. torchtitan's "
+                "data-loading mesh (pp, batch, cp, tp: seqpack.interop.torchtitan.topology(parallel_dims)), or NeMo "
                 "Automodel's device_mesh"
             )
         if dim in DP_DIM_NAMES or dim in AXES:  # read automatically, but axis_names took its axis

@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from seqpack._compat import moved_names
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, INT64_MAX, MAX_TOKENS
 
@@ -42,9 +41,6 @@ __all__ = [
 ]
 
 E = TypeVar("E", bound=Enum)
-
-# check_cost_model lives with CostModel now (this module imports nothing above errors/options).
-__getattr__ = moved_names(__name__, {"check_cost_model": "seqpack.cost"})
 
 
 def _is_int(value: object) -> bool:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from seqpack.schedulers import EmptyScheduler, GridScheduler
-from seqpack.thd import padded_lengths
+from seqpack.thd import IGNORE_INDEX, padded_lengths
 from seqpack.topology import Topology
 
 EMPTY_EVERY = 13  # item i with i % 13 == 7 is a zero-length sample
@@ -215,3 +215,22 @@ def mesh_topology(layout) -> Topology:
         shape = tuple(size for _, size in layout)
         _TOPOLOGIES[layout] = Topology.from_device_mesh(init_device_mesh("cpu", shape, mesh_dim_names=names))
     return _TOPOLOGIES[layout]
+
+
+def repeating_items(count: int, answer: int, repeats: int, *, next_token: bool, seed: int = 0):
+    """Samples whose answers of ``answer`` tokens hold ``repeats`` tokens equal to the next one
+    (tokens otherwise distinct), -100 on a prompt; labels Hugging Face-style (a copy of
+    input_ids) or next-token targets. Per sample ``answer - repeats`` supervised tokens tell
+    the alignments apart; the repeats fit either."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        prompt = int(rng.integers(1, 12))
+        ids = torch.from_numpy(rng.permutation(np.arange(1, 200))[: prompt + answer])
+        for k in range(repeats):
+            ids[prompt + 3 * k + 1] = ids[prompt + 3 * k]
+        labels = torch.full_like(ids, IGNORE_INDEX)
+        if next_token:
+            labels[prompt - 1 : -1] = ids[prompt:]
+        else:
+            labels[prompt:] = ids[prompt:]
+        yield {"input_ids": ids, "labels": labels}

@@ -10,9 +10,11 @@ Modules:
 
 * :mod:`~seqpack.calibrate.base`: :class:`Calibrator`, what every calibrator shares (the window
   of points, the time filter, warm-up steps, the cached fit, counters, resume state, copy);
-  dynamic CP's ``GroupCostCalibrator`` is one too.
+  :class:`GroupCostCalibrator` is one too.
 * :mod:`~seqpack.calibrate.calibrator`: :class:`CostCalibrator` (exact robust NNLS fit of a
   :class:`~seqpack.cost.CostModel`, prior until enough timings).
+* :mod:`~seqpack.calibrate.group_cost`: :class:`GroupCostCalibrator` (the same fit of a
+  dynamic-CP :class:`~seqpack.cost.GroupCost`, its CP ring terms included).
 * :mod:`~seqpack.calibrate.ledger`: :class:`TimingLedger` (from ``record`` to ``observe``, with
   resume state), :class:`Measurement`, :func:`microbatch_sums`, :func:`step_time`.
 * :mod:`~seqpack.calibrate.words`: the int64 words a time travels as (:func:`encode_seconds`,
@@ -21,13 +23,16 @@ Modules:
   ``perf_counter``, no host sync on the hot path).
 
 Layering: ``words``, ``timer`` and ``base`` import no other calibrate module; ``calibrator``
-imports ``base`` and :mod:`seqpack.cost`; ``ledger`` imports both. Nothing here imports the loader or its config.
+and ``group_cost`` import ``base``, :mod:`seqpack.cost` (and ``group_cost`` the plan of
+:mod:`seqpack.schedulers`); ``ledger`` imports ``base``, ``calibrator`` and
+:mod:`seqpack.stats`. Nothing here imports the collectives or the loader.
 """
 
 from __future__ import annotations
 
 from seqpack.calibrate.base import Calibrator
 from seqpack.calibrate.calibrator import CostCalibrator
+from seqpack.calibrate.group_cost import GroupCostCalibrator
 from seqpack.calibrate.ledger import Measurement, TimingLedger, microbatch_sums, step_time
 from seqpack.calibrate.timer import MicrobatchTimer
 from seqpack.calibrate.words import ABSENT, INVALID, MISSING, decode_seconds, encode_seconds
@@ -38,6 +43,7 @@ __all__ = [
     "MISSING",
     "Calibrator",
     "CostCalibrator",
+    "GroupCostCalibrator",
     "Measurement",
     "MicrobatchTimer",
     "TimingLedger",

@@ -3,8 +3,8 @@
 - :mod:`~seqpack.cli.app`: the parser, the registry of subcommands, exit codes
 - :mod:`~seqpack.cli.commands`: one module per subcommand (mock, stats, simulate, demo)
 - :mod:`~seqpack.cli.demo`: the demo's settings, data, per-rank training and launcher
-- :mod:`~seqpack.cli.options`: flags derived from a settings dataclass
-- :mod:`~seqpack.cli.sources`: lengths from a file, a config or a distribution
+- :mod:`~seqpack.cli.flags`: flags derived from a settings dataclass
+- :mod:`~seqpack.cli.length_sources`: lengths from a file, a config or a distribution
 - :mod:`~seqpack.cli.files`, :mod:`~seqpack.cli.plots`, :mod:`~seqpack.cli.tables`,
   :mod:`~seqpack.cli.progress`: output paths, figures, tables, progress bars
 - :mod:`~seqpack.cli.errors`: exit codes and the one-line error of a user's mistake
@@ -16,7 +16,7 @@ from seqpack.cli.app import COMMANDS, build_parser, main
 from seqpack.cli.commands.simulate import simulate
 from seqpack.cli.commands.stats import PERCENTILES, length_summary
 from seqpack.cli.errors import CommandError, ExitCode
-from seqpack.cli.sources import DIST_DEFAULTS
+from seqpack.cli.length_sources import DIST_DEFAULTS
 from seqpack.cli.tables import format_table
 
 __all__ = [

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from seqpack.cost import CostModel, GroupCost, default_cost_model
+from seqpack.packing import pack_lengths
 from seqpack.schedulers import get_scheduler
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 
@@ -68,6 +69,13 @@ def _dynamic_cp() -> None:
         )
 
 
+def _packing() -> None:
+    # The single-rank packer (pack_dataset, and balanced at dp_size=1 where it reaches the bound).
+    lengths = _lognormal(512, 4096)
+    get_scheduler("balanced").schedule(lengths, dp_size=1, max_tokens_per_rank=4096)
+    pack_lengths(lengths, 4096)
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     """Kernels that one small plan compiles."""
@@ -85,4 +93,5 @@ FAMILIES: tuple[Family, ...] = (
     Family("balanced, exact search", "dfs, complete_bins", _exact),
     Family("balanced, replica-first", "replica_lpt", _replica_first),
     Family("dynamic_cp", "cp_planner", _dynamic_cp),
+    Family("packing (pack_dataset, balanced at dp=1)", "pack_sizes, group_by_pack", _packing),
 )

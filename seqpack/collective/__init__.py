@@ -4,7 +4,7 @@
 - :mod:`~seqpack.collective.agree`: :func:`agree` / :func:`agree_status`: ranks settle on one
   status (ok / end / error, with the failing rank's message) and compare fingerprints, in
   one small all-reduce.
-- :mod:`~seqpack.collective.lengths`: :func:`gather_lengths`: every DP rank's lengths, with a
+- :mod:`~seqpack.collective.length_gather`: :func:`gather_lengths`: every DP rank's lengths, with a
   per-rank header that turns one rank's bad input into an error on every rank.
 - :mod:`~seqpack.collective.exchange`: :func:`plan_exchange` (pure) and :func:`exchange_samples`:
   the all-to-all that moves samples to their replica.
@@ -31,7 +31,7 @@ from seqpack.collective.agree import (
 )
 from seqpack.collective.broadcast import broadcast_pp, broadcast_step, broadcast_tp
 from seqpack.collective.exchange import Exchanged, ExchangePlan, exchange_samples, plan_exchange
-from seqpack.collective.lengths import GatheredLengths, gather_lengths
+from seqpack.collective.length_gather import GatheredLengths, gather_lengths
 from seqpack.collective.wire import (
     FORMAT_VERSION,
     Kind,

@@ -18,6 +18,8 @@ Modules, lowest first:
   cost model), which build each other; :func:`check_cost_model`.
 * :mod:`~seqpack.cost.presets`: :data:`MODEL_PRESETS`, :func:`default_cost_model`,
   :func:`transformer_flops`.
+* :mod:`~seqpack.cost.interconnect`: named interconnects (:data:`INTERCONNECTS`), the links
+  a dynamic-CP ring prior is derived from.
 * :mod:`~seqpack.cost.group`: :class:`GroupCost`, the one cost family of a plan: a
   microbatch's compute split over its CP group plus the CP ring (zero for a static plan's
   cost model, :meth:`GroupCost.from_static`).
@@ -31,12 +33,17 @@ from __future__ import annotations
 from seqpack.cost.fit import nnls_fit, robust_nnls_fit, robust_weights_fit
 from seqpack.cost.flops import mamba2_flops
 from seqpack.cost.group import FEATURES, GroupCost, as_group_cost, spans_nodes
+from seqpack.cost.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS, Interconnect, get_interconnect
 from seqpack.cost.model import CostModel, ModelSpec, check_cost_model
 from seqpack.cost.presets import DEFAULT_MODEL, MODEL_PRESETS, default_cost_model, model_preset, transformer_flops
 from seqpack.cost.terms import causal_window_pairs, length_features, window_feature
 
 __all__ = [
+    "DEFAULT_INTERCONNECT",
     "DEFAULT_MODEL",
+    "INTERCONNECTS",
+    "Interconnect",
+    "get_interconnect",
     "FEATURES",
     "GroupCost",
     "as_group_cost",

@@ -35,8 +35,9 @@ import dataclasses
 
 import numpy as np
 
-from seqpack.cost.model import CostModel
-from seqpack.errors import SeqpackTypeError
+from seqpack.cost.interconnect import DEFAULT_INTERCONNECT, Interconnect, get_interconnect
+from seqpack.cost.model import CostModel, ModelSpec
+from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.thd import group_padded_lengths
 from seqpack.validation import check_number, check_positive_int
 
@@ -154,6 +155,43 @@ class GroupCost:
             ring_token_inter=transfers * kv_bytes / inter,
             ranks_per_node=ranks_per_node,
         )
+
+    @classmethod
+    def from_model(
+        cls, spec: ModelSpec, interconnect: str | Interconnect = DEFAULT_INTERCONNECT, *, dtype_bytes: int = 2
+    ) -> GroupCost:
+        """A prior in training FLOPs: ``spec``'s FLOPs cost model plus Transformer Engine's
+        ``p2p`` ring (:meth:`from_te_p2p`) over a named interconnect, its seconds expressed in
+        FLOPs at the interconnect's ``device_flops`` (:mod:`seqpack.cost.interconnect`).
+        Calibration (``calibrate=True``) refits every coefficient to measured times.
+
+        Raises:
+            ConfigError: ``spec`` has no attention layer (Mamba's CP exchange is not a
+                ring: give its figures as ``GroupCost``), or an unknown interconnect.
+        """
+        if not isinstance(spec, ModelSpec):
+            raise SeqpackTypeError(f"spec must be a seqpack.cost.ModelSpec, got {type(spec).__name__}")
+        links = get_interconnect(interconnect)
+        attention_layers = spec.layer_counts[0]
+        if attention_layers == 0:
+            raise ConfigError(
+                f"model {spec.name or spec!r} has no attention layer, so its CP communication is not a ring: "
+                "pass group_cost=seqpack.cost.GroupCost(...) with its figures"
+            )
+        heads = spec.num_query_groups or spec.num_attention_heads
+        head_dim = spec.kv_channels or spec.hidden_size // spec.num_attention_heads
+        seconds = cls.from_te_p2p(
+            CostModel(1.0, 0.0),
+            attention_layers=attention_layers,
+            num_query_groups=heads,
+            head_dim=head_dim,
+            intra_node_bandwidth=links.intra_node_bandwidth,
+            inter_node_bandwidth=links.inter_node_bandwidth,
+            step_latency=links.step_latency,
+            dtype_bytes=dtype_bytes,
+            ranks_per_node=links.ranks_per_node,
+        )
+        return dataclasses.replace(seconds, compute=spec.cost_model()).scaled_ring(links.device_flops)
 
     # -- coefficients ----------------------------------------------------------------------
     @property

@@ -4,10 +4,17 @@ Modules:
     nemo: NeMo Automodel's BSHD packed batches to THD (:func:`process_input_for_thd`,
         :func:`split_batch_into_thd_chunks`), its contract kept.
     hf: Hugging Face transformers: :func:`to_hf`, a packed microbatch as the keyword
-        arguments of a causal LM's ``forward`` (transformers itself is not imported).
-    verl: drop-ins for verl's ``rearrange_micro_batches``, ``get_seqlen_balanced_partitions``
-        and ``get_group_balanced_partitions``, planned by seqpack's scheduler, never over
-        ``max_token_len`` (import them from ``seqpack.interop.verl``).
+        arguments of a causal LM's ``forward``, and ``SeqpackTrainerMixin``, one seqpack step
+        per optimizer step of a ``Trainer`` / TRL ``SFTTrainer`` (transformers itself is not
+        imported).
+    hf_rows: a ``Trainer``'s training rows (HF labels, TRL's ``completion_mask`` /
+        ``assistant_masks``) as seqpack samples.
+    verl: drop-ins for verl 0.9.1's ``rearrange_micro_batches``,
+        ``get_seqlen_balanced_partitions`` and ``get_group_balanced_partitions``, planned by
+        seqpack's scheduler, never over ``max_token_len`` (import them from
+        ``seqpack.interop.verl``).
+    torchtitan: torchtitan 0.3's ``ParallelDims`` as a ``Topology`` and a dataloader feeding
+        its ``Trainer`` one seqpack step per optimizer step (``seqpack.interop.torchtitan``).
 """
 
 from __future__ import annotations

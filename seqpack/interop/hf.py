@@ -1,5 +1,7 @@
 """Hugging Face transformers: a :class:`~seqpack.thd.PackedBatch` as the keyword arguments of
-a causal LM's ``forward``, in the padding-free format of ``DataCollatorWithFlattening``.
+a causal LM's ``forward``, in the padding-free format of ``DataCollatorWithFlattening``
+(:func:`to_hf`), and :class:`SeqpackTrainerMixin`, which makes one optimizer step of a
+``transformers.Trainer`` (or TRL's ``SFTTrainer``) one seqpack step.
 
 ``model(**to_hf(batch))`` attends within each sequence on sdpa, eager, flex_attention and
 flash_attention_2, and its ``.loss`` is the mean over the batch's supervised tokens (or their
@@ -21,20 +23,34 @@ sum over ``num_items_in_batch``). How each part gets there:
   seqpack's ``loss_mask`` is 0. ``shift_labels`` also keeps a target at the pack's very last
   token, which the ``labels`` convention cannot express.
 
-transformers itself is never imported here.
+transformers itself is never imported here: the mixin calls only the methods of the trainer
+it is mixed into.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
 import torch
+import torch.distributed as dist
 
 from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.interop.hf_rows import SAMPLE_COLUMNS, sample_of
+from seqpack.loader.config import PackingConfig
+from seqpack.loader.iterator import PackingIterator, wrap_data_iterator
+from seqpack.loader.step import Step
 from seqpack.options import INT64_MAX
 from seqpack.thd.batch import PackedBatch
 from seqpack.thd.sample import IGNORE_INDEX
+from seqpack.topology import Topology
 from seqpack.validation import check_positive_int
 
-__all__ = ["HF_KEYS", "to_hf"]
+__all__ = ["HF_KEYS", "SAMPLE_COLUMNS", "SeqpackTrainerMixin", "to_hf"]
+
+logger = logging.getLogger(__name__)
 
 HF_KEYS: tuple[str, ...] = (
     "input_ids",
@@ -183,3 +199,281 @@ def _check_for_hf(batch: PackedBatch, num_items_in_batch: int | torch.Tensor | N
             "Hugging Face's loss cannot apply; compute the loss from the logits with the mask, or pass check=False "
             "to count every token with a mask > 0 fully"
         )
+
+
+class SeqpackTrainerMixin:
+    """One optimizer step of a ``transformers.Trainer`` is one seqpack step.
+
+    Put it first in the bases: ``class T(SeqpackTrainerMixin, SFTTrainer)`` (or ``Trainer``),
+    and construct ``T(..., seqpack_config={"max_tokens_per_rank": 4096})``. The Trainer's own
+    data loader (its sampler, seed and per-process shard) reads
+    ``per_device_train_batch_size`` rows per rank and step; seqpack balances them over the
+    ranks accelerate or torchrun launched and packs them into microbatches, however many; the
+    Trainer pulls each step as one batch, and :meth:`training_step` runs its microbatches
+    (forward and backward each, the gradient reduction deferred to the last) with
+    ``num_items_in_batch = step.num_loss_tokens``. The Trainer then clips and steps the
+    optimizer once: the gradient is the step's token mean's, whatever the microbatch count.
+
+    Args (keyword, besides the trainer's own):
+        seqpack_config: A :class:`~seqpack.loader.config.PackingConfig`, or a mapping of its
+            fields (``max_tokens_per_rank`` required; ``samples_per_rank`` defaults to
+            ``per_device_train_batch_size``, ``label_format`` to ``"unshifted"`` (HF labels),
+            ``drop_last`` to ``False``).
+        seqpack_topology: The ranks to balance over; default: every process of the process
+            group accelerate / torchrun set up, as DP ranks (one process: a single rank).
+
+    Raises:
+        ConfigError: A setting under which a step could not be one exact optimizer step, by
+            name (docs/errors.md, "Hugging Face Trainer"), or a batch that is not a whole step.
+    """
+
+    # Set by the trainer this class is mixed into.
+    args: Any
+    accelerator: Any
+    model_accepts_loss_kwargs: bool
+    compute_loss_func: Any
+    data_collator: Any
+    current_gradient_accumulation_steps: int
+
+    def __init__(
+        self,
+        *args: Any,
+        seqpack_config: PackingConfig | Mapping[str, Any],
+        seqpack_topology: Topology | None = None,
+        **kwargs: Any,
+    ) -> None:
+        trainer: Any = super()
+        trainer.__init__(*args, **kwargs)
+        if seqpack_topology is not None and not isinstance(seqpack_topology, Topology):
+            raise SeqpackTypeError(f"seqpack_topology must be a Topology, got {type(seqpack_topology).__name__}")
+        self._seqpack_config = _packing_config(seqpack_config, self.args.per_device_train_batch_size)
+        self._seqpack_topology = seqpack_topology
+        self._seqpack_loader: _StepLoader | None = None
+        self._seqpack_reading_rows = False
+        self._check_seqpack_settings()
+
+    def _check_seqpack_settings(self) -> None:
+        """Refuse, by name, what would make a step other than one exact optimizer step."""
+        args, name = self.args, "SeqpackTrainerMixin"
+        if args.gradient_accumulation_steps != 1:
+            raise ConfigError(
+                f"{name}: gradient_accumulation_steps={args.gradient_accumulation_steps}, but one optimizer step is "
+                "one seqpack step, whose microbatches (as many as its packing needs) the mixin runs itself; set "
+                "gradient_accumulation_steps=1 and raise per_device_train_batch_size (seqpack's samples_per_rank) "
+                "for a larger step"
+            )
+        if self._seqpack_config.samples_per_rank != args.per_device_train_batch_size:
+            raise ConfigError(
+                f"{name}: samples_per_rank={self._seqpack_config.samples_per_rank} but "
+                f"per_device_train_batch_size={args.per_device_train_batch_size}: each batch the Trainer reads is one "
+                "seqpack step's rows, so they must be equal (leave samples_per_rank out)"
+            )
+        if getattr(args, "packing", False):
+            raise ConfigError(
+                f"{name}: packing=True packs the dataset before seqpack sees it; set packing=False (seqpack packs and "
+                "balances each step itself)"
+            )
+        accelerator = self.accelerator
+        if str(getattr(accelerator, "distributed_type", "")).upper().endswith("DEEPSPEED"):
+            raise ConfigError(f"{name}: DeepSpeed steps its optimizer on its own schedule; use DDP or FSDP")
+        trainer: Any = self
+        for axis in ("tp", "cp", "sp"):
+            size = getattr(trainer, f"get_{axis}_size", lambda: 1)()
+            if size != 1:
+                raise ConfigError(
+                    f"{name}: accelerate's {axis}_size={size}; the mixin balances over DP ranks only (every process "
+                    "a DP rank): leave accelerate's parallelism_config at dp only"
+                )
+        if args.n_gpu > 1:
+            raise ConfigError(f"{name}: n_gpu={args.n_gpu} (DataParallel); launch one process per GPU (torchrun)")
+        if accelerator.num_processes > 1 and not args.average_tokens_across_devices:
+            raise ConfigError(
+                f"{name}: average_tokens_across_devices=False on {accelerator.num_processes} processes: the "
+                "Trainer would not scale the loss by the processes DDP averages over; leave it True (the default)"
+            )
+        if not (self.model_accepts_loss_kwargs or self.compute_loss_func is not None):
+            raise ConfigError(
+                f"{name}: the model's forward takes no num_items_in_batch (model_accepts_loss_kwargs=False), so its "
+                "loss would be each microbatch's mean; use a model whose forward takes **kwargs, or pass "
+                "compute_loss_func"
+            )
+
+    def _seqpack_topology_now(self) -> Topology:
+        """The given topology, else every process of the default group as a DP rank."""
+        topology = self._seqpack_topology
+        if topology is None:
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                topology = Topology.from_groups(dp=dist.group.WORLD)
+            else:
+                topology = Topology.single()
+        processes = self.accelerator.num_processes
+        if topology.dp_size != processes or topology.world_size != processes:
+            raise ConfigError(
+                f"SeqpackTrainerMixin: seqpack_topology has dp_size={topology.dp_size} over {topology.world_size} "
+                f"ranks, but accelerate runs {processes} processes, each a DP rank of the Trainer: pass a topology "
+                "with dp_size equal to the process count (or none)"
+            )
+        return topology
+
+    def get_train_dataloader(self) -> Any:
+        """The Trainer's own loader of raw rows (its sampler, seed and per-process shard),
+        as seqpack steps: one step per batch of rows."""
+        self._check_seqpack_settings()
+        trainer: Any = super()
+        collator, self.data_collator = self.data_collator, list  # a batch is its rows
+        self._seqpack_reading_rows = True
+        try:
+            rows = trainer.get_train_dataloader()
+        finally:
+            self.data_collator, self._seqpack_reading_rows = collator, False
+        topology, config = self._seqpack_topology_now(), self._seqpack_config
+        use_completion_mask = getattr(self, "completion_only_loss", None) is not False
+        device = self.args.device
+
+        def steps_of(rows_iter: Iterator[Any]) -> PackingIterator:
+            samples = (sample_of(row, use_completion_mask) for batch in rows_iter for row in batch)
+            return wrap_data_iterator(samples, topology, config, device=device)
+
+        if self._seqpack_loader is not None:
+            self._seqpack_loader.close()
+        self._seqpack_loader = _StepLoader(rows, steps_of)
+        return self._seqpack_loader
+
+    def _remove_unused_columns(self, dataset: Any, description: str | None = None) -> Any:
+        if self._seqpack_reading_rows:  # keep what the samples are made of
+            unused = [c for c in dataset.column_names if c not in SAMPLE_COLUMNS]
+            return dataset.remove_columns(unused) if unused else dataset
+        trainer: Any = super()
+        return trainer._remove_unused_columns(dataset, description=description)
+
+    def _get_collator_with_removed_columns(self, data_collator: Any, description: str | None = None) -> Any:
+        if self._seqpack_reading_rows:  # sample_of reads SAMPLE_COLUMNS only
+            return data_collator
+        trainer: Any = super()
+        return trainer._get_collator_with_removed_columns(data_collator, description=description)
+
+    def get_batch_samples(self, epoch_iterator: Iterator[Any], num_batches: int, device: Any) -> tuple[list[Any], Any]:
+        """One seqpack step, and its supervised-token count over every rank."""
+        if num_batches != 1:
+            raise ConfigError(
+                f"SeqpackTrainerMixin: the Trainer asked for {num_batches} batches for one optimizer step; each batch "
+                "is a whole seqpack step, so it must ask for 1 (gradient_accumulation_steps=1)"
+            )
+        step = next(epoch_iterator, None)
+        if step is None:
+            return [], None
+        _check_step(step)
+        return [step], _step_count(step)
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        """Forward and backward over every microbatch of the step ``inputs``; the gradient
+        reduction runs with the last one. Returns the step's loss (this rank's share times the
+        process count, as the Trainer's own step does)."""
+        step = _check_step(inputs)
+        count = _step_count(step)
+        if num_items_in_batch is not None and int(num_items_in_batch) != count:
+            raise ConfigError(
+                f"SeqpackTrainerMixin: step {step.step} has {count} loss tokens but the Trainer passed "
+                f"num_items_in_batch={int(num_items_in_batch)}: a count from other batches would mix steps"
+            )
+        trainer: Any = super()
+        self.current_gradient_accumulation_steps = max(step.num_microbatches, 1)
+        total = torch.zeros((), device=self.args.device)
+        last = len(step.microbatches) - 1
+        for i, batch in enumerate(step.microbatches):
+            deferred = contextlib.nullcontext() if i == last else self.accelerator.no_sync(model)
+            with deferred:
+                total = total + trainer.training_step(model, to_hf(batch), count)
+        return total
+
+    def floating_point_ops(self, inputs: Any) -> int:
+        trainer: Any = super()
+        if not isinstance(inputs, Step):
+            return int(trainer.floating_point_ops(inputs))
+        return sum((int(trainer.floating_point_ops({"input_ids": ids})) for ids in _token_ids(inputs)), 0)
+
+    def _track_num_input_tokens(self, inputs: Any) -> None:
+        trainer: Any = super()
+        for batch in _token_ids(inputs) if isinstance(inputs, Step) else [inputs]:
+            trainer._track_num_input_tokens(batch if not isinstance(inputs, Step) else {"input_ids": batch})
+
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``; the step iterator is closed when it returns."""
+        if resume_from_checkpoint not in (None, False):
+            raise ConfigError(
+                f"SeqpackTrainerMixin: resume_from_checkpoint={resume_from_checkpoint!r} is not supported yet (the "
+                "Trainer would skip batches of the row loader, not seqpack steps); train from the start"
+            )
+        trainer: Any = super()
+        try:
+            return trainer.train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            if self._seqpack_loader is not None:
+                self._seqpack_loader.close()
+
+
+class _StepLoader:
+    """What the Trainer iterates: the seqpack steps of its row loader, one per batch of rows
+    (``len`` and ``set_epoch`` are the row loader's)."""
+
+    def __init__(self, rows: Any, steps_of: Callable[[Iterator[Any]], PackingIterator]) -> None:
+        self.rows = rows
+        self.dataset = getattr(rows, "dataset", None)  # Trainer.num_examples reads it
+        self._steps_of = steps_of
+        self._steps: PackingIterator | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.rows, "set_epoch"):
+            self.rows.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Step]:
+        self.close()  # the previous epoch's, if it was left early
+        self._steps = self._steps_of(iter(self.rows))
+        return self._steps
+
+    def close(self) -> None:
+        if self._steps is not None:
+            self._steps.close()
+            self._steps = None
+
+
+def _packing_config(given: object, batch_size: int) -> PackingConfig:
+    """``seqpack_config`` as a PackingConfig, with the mixin's defaults for a mapping."""
+    if isinstance(given, PackingConfig):
+        return given
+    if not isinstance(given, Mapping):
+        raise SeqpackTypeError(
+            f"seqpack_config must be a seqpack.PackingConfig or a mapping of its fields, got {type(given).__name__}"
+        )
+    fields = PackingConfig.field_names()
+    unknown = sorted(str(key) for key in set(given) - set(fields))
+    if unknown:
+        raise ConfigError(f"seqpack_config: unknown field(s) {unknown}; valid: {', '.join(fields)}")
+    if "max_tokens_per_rank" not in given:
+        raise ConfigError("SeqpackTrainerMixin: seqpack_config needs max_tokens_per_rank (tokens per microbatch)")
+    defaults = {"samples_per_rank": batch_size, "label_format": "unshifted", "drop_last": False}
+    return PackingConfig(**{**defaults, **given})
+
+
+def _check_step(inputs: object) -> Step:
+    if not isinstance(inputs, Step):
+        raise ConfigError(
+            f"SeqpackTrainerMixin: a training batch must be a whole seqpack Step, got {type(inputs).__name__}: "
+            "microbatches reach the model only through the step they belong to (leave get_train_dataloader and "
+            "get_batch_samples to the mixin)"
+        )
+    return inputs
+
+
+def _step_count(step: Step) -> int:
+    """The step's supervised tokens over every rank; 1 for a step without any, whose
+    token losses are all zero (``num_items_in_batch`` must be positive)."""
+    return max(step.num_loss_tokens or 0, 1)
+
+
+def _token_ids(step: Step) -> list[torch.Tensor]:
+    """Each microbatch's ``input_ids`` as ``[1, T]`` (what the Trainer counts FLOPs and tokens of)."""
+    return [batch.input_ids[None] for batch in step.microbatches if batch.input_ids is not None]

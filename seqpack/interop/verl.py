@@ -1,21 +1,25 @@
 """verl drop-ins: :func:`rearrange_micro_batches` and :func:`get_seqlen_balanced_partitions`
-with the signatures and return values of ``verl/utils/seqlen_balancing.py``, planned by
-seqpack's ``balanced`` scheduler.
+with the signatures and return values of verl 0.9.1's ``verl/utils/seqlen_balancing.py``,
+planned by seqpack's ``balanced`` scheduler.
 
-What is the same as verl: the arguments, the returned micro-batches and index lists (indices
-ascending inside each list), the microbatch count agreed over ``dp_group`` with an
-all-reduce max, ``min_num_micro_batch``, ``num_batches_divided_by``, the workload balanced
-(verl's ``24576 * s + s**2``, a 7B model's FLOPs per sequence) and, with
-``use_dynamic_bsz_balance``, light microbatches at both ends and heavy ones in the middle.
+What is the same as verl 0.9.1: the arguments (``force_group_size`` included: groups of that
+many consecutive rows stay in one micro-batch), the returned micro-batches and index lists
+(indices ascending inside each list), the count agreed with an all-reduce max over
+``dp_group`` only when one is given (``dp_group=None``: no collective, every rank its own
+count), ``min_num_micro_batch``, ``num_batches_divided_by``, the workload balanced (verl's
+``24576 * s + s**2``, a 7B model's FLOPs per sequence), no micro-batch over
+``max_token_len`` (verl grows its count until its partition fits; seqpack takes the fewest
+count its own plan fits) and, with ``use_dynamic_bsz_balance``, light micro-batches at both
+ends and heavy ones in the middle. A rank's refusal is agreed over ``dp_group`` before any
+rank raises, as in verl, so no rank is left in a collective.
 
 What differs, on purpose:
 
-* **The cap holds.** verl sets the count to ``ceil(tokens / max_token_len)`` and balances
-  workload into that many partitions without checking tokens again, so a tight batch gets
-  microbatches over ``max_token_len``. Here no microbatch holds more than ``max_token_len``
-  real tokens: the count is verl's when it fits, else the fewest that fit.
 * **Real lengths are checked against the cap**, not the padded width of ``attention_mask``
   (verl refuses ``max_token_len`` below the width even when every sequence is shorter).
+* A forced group's workload is planned as one sequence of the group's tokens
+  (``24576 * S + S**2``; verl sums its rows' workloads): the cap is exact, the balance
+  weighs a group's attention as if its rows were one sequence.
 * Errors are ``ValueError`` subclasses naming the value, where verl asserts.
 
 ``batch`` is a TensorDict or any mapping (anything with ``keys()`` and ``__getitem__``)
@@ -28,6 +32,7 @@ entry per row; a value of other rows is refused by key, never indexed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,7 +42,7 @@ import torch.distributed as dist
 
 from seqpack.collective.groups import collective, comm_device
 from seqpack.cost import CostModel
-from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
+from seqpack.errors import ConfigError, ScheduleError, SeqpackError, SeqpackTypeError
 from seqpack.schedulers import Schedule, get_scheduler
 from seqpack.validation import MAX_TOKENS, check_bool, check_optional_int, check_positive_int
 
@@ -175,6 +180,7 @@ def rearrange_micro_batches(
     same_micro_num_in_dp: bool = True,
     min_num_micro_batch: int | None = None,
     use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
 ) -> tuple[list[Any], list[list[int]]]:
     """Split ``batch`` into micro-batches of at most ``max_token_len`` real tokens each.
 
@@ -184,14 +190,17 @@ def rearrange_micro_batches(
             nested tensor, array or list) is indexed on its first dimension, which must
             have ``B`` rows.
         max_token_len: Real tokens one micro-batch may hold.
-        dp_group: Process group over which ranks agree on the count (``None``: the default
-            group), when ``same_micro_num_in_dp`` and ``torch.distributed`` is initialised.
+        dp_group: Process group over which ranks agree on the count (all-reduce max) when
+            ``same_micro_num_in_dp``. ``None``, as in verl: no agreement, no collective;
+            every rank takes its own count.
         num_batches_divided_by: The count is rounded up to a multiple of this (virtual
             pipeline stages).
-        same_micro_num_in_dp: Agree on the count over ``dp_group`` (all-reduce max).
+        same_micro_num_in_dp: Agree on the count over ``dp_group``.
         min_num_micro_batch: At least this many micro-batches (pipeline stages).
         use_dynamic_bsz_balance: Light micro-batches at both ends, heavy ones in the middle
             (shorter pipeline warm-up and cool-down); otherwise heaviest first.
+        force_group_size: Rows ``[g * size, (g + 1) * size)`` stay in one micro-batch
+            (verl's reward-model pairs); ``B`` must be a multiple of it.
 
     Returns:
         ``(micro_batches, indices)``: ``micro_batches[i]`` is ``batch`` at rows
@@ -200,18 +209,92 @@ def rearrange_micro_batches(
         exactly one list.
 
     Raises:
-        ConfigError: A sequence longer than ``max_token_len``; a count (after
-            ``min_num_micro_batch``, the DP agreement or rounding) above the rows of the
-            batch (a micro-batch would be empty); a value whose rows are not the batch's
-            (named by key); a mask with no real token at all, or with values other than 0
-            and 1.
+        ConfigError: A sequence (or forced group) over ``max_token_len``; ``B`` not a multiple
+            of ``force_group_size``; a count (after ``min_num_micro_batch``, the agreement,
+            rounding) above the groups of the batch (of the fewest any rank holds, with the
+            agreement); a value of other rows (named by key); a mask with no real token, or
+            with values other than 0 and 1. With the agreement, a rank's refusal is raised on
+            every rank of ``dp_group`` (the others name it): none waits in a collective.
         SeqpackTypeError: ``batch`` not a mapping, a mask that is no ``[B, S]`` tensor, or a
             value that is no tensor, array or list.
     """
+    agree = (
+        check_bool("same_micro_num_in_dp", same_micro_num_in_dp)
+        and dp_group is not None
+        and dist.is_available()
+        and dist.is_initialized()
+    )
+    try:
+        local = _local_plan(
+            batch, max_token_len, min_num_micro_batch, num_batches_divided_by, use_dynamic_bsz_balance, force_group_size
+        )
+    except SeqpackError as error:
+        if not agree:
+            raise
+        _agree(0, 0, dp_group, failure=error)  # raises on every rank
+        raise AssertionError("unreachable") from error
+    count, fewest_units = (
+        _agree(local.count, local.units.shape[0], dp_group) if agree else (local.count, len(local.units))
+    )
+    count = -(-count // local.multiple) * local.multiple
+    if count > fewest_units:
+        raise _empty_micro_batch(count, fewest_units, local.size, agree, min_num_micro_batch, num_batches_divided_by)
+    plan = local.plan
+    if plan is None or plan.num_microbatches != count:
+        plan = _plan(local.units, local.cap, count, local.order)
+        assert plan is not None  # more microbatches than the fewest that fit always fit
+    size = local.size
+    indices = [
+        [row for unit in part for row in range(unit * size, (unit + 1) * size)]
+        for part in _with_empty_rows(plan, local.units)
+    ]
+    return [select_rows(batch, rows) for rows in indices], indices
+
+
+def _empty_micro_batch(count: int, units: int, size: int, agree: bool, least: Any, multiple: Any) -> ConfigError:
+    where = "the fewest any rank of dp_group holds" if agree else "this batch's"
+    what = "rows" if size == 1 else f"groups of force_group_size={size} rows"
+    return ConfigError(
+        f"rearrange_micro_batches: {count} micro-batches (after min_num_micro_batch={least}, the DP agreement and "
+        f"num_batches_divided_by={multiple}) for {units} {what} ({where}): a micro-batch would be empty"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _LocalPlan:
+    """One rank's checked arguments, group lengths and fewest fitting count, before the DP
+    agreement."""
+
+    cap: int
+    multiple: int
+    order: str
+    size: int
+    units: np.ndarray  # int64 [B / size], tokens per group of rows
+    count: int
+    plan: Schedule | None
+
+
+def _local_plan(
+    batch: Any,
+    max_token_len: Any,
+    min_num_micro_batch: Any,
+    num_batches_divided_by: Any,
+    use_dynamic_bsz_balance: Any,
+    force_group_size: Any,
+) -> _LocalPlan:
     cap = check_positive_int("max_token_len", max_token_len)
     least = check_optional_int("min_num_micro_batch", min_num_micro_batch, minimum=0) or 0
     multiple = check_optional_int("num_batches_divided_by", num_batches_divided_by, minimum=1) or 1
     order = "pipeline" if check_bool("use_dynamic_bsz_balance", use_dynamic_bsz_balance) else "heavy_first"
+    size = check_positive_int("force_group_size", force_group_size)
+    units = _unit_lengths(batch, cap, size)
+    count, plan = fewest_microbatches(units, cap, least, order)
+    return _LocalPlan(cap, multiple, order, size, units, count, plan)
+
+
+def _unit_lengths(batch: Any, cap: int, size: int) -> np.ndarray:
+    """Real tokens of every group of ``size`` consecutive rows of ``batch`` (int64), each
+    checked against ``cap``."""
     source, lengths = _row_lengths(batch)
     n = lengths.shape[0]
     _check_rows(batch, n, source)
@@ -224,27 +307,20 @@ def rearrange_micro_batches(
                 else "(every sequence is empty)"
             )
         )
-    if n and int(lengths.max()) > cap:
-        i = int(np.argmax(lengths))
+    if n % size:
         raise ConfigError(
-            f"rearrange_micro_batches: row {i} holds {int(lengths[i])} tokens > max_token_len={cap}; "
-            "raise max_token_len"
+            f"rearrange_micro_batches: batch size {n} must be divisible by force_group_size {size} "
+            "(groups of consecutive rows stay together)"
         )
-    count, plan = fewest_microbatches(lengths, cap, least, order)
-    if check_bool("same_micro_num_in_dp", same_micro_num_in_dp) and dist.is_available() and dist.is_initialized():
-        count = _all_reduce_max(count, dp_group)
-    count = -(-count // multiple) * multiple
-    if count > n:
+    units = lengths.reshape(-1, size).sum(axis=1)
+    if units.size and int(units.max()) > cap:
+        i = int(np.argmax(units))
+        what = f"row {i}" if size == 1 else f"the group of rows {i * size}..{(i + 1) * size - 1}"
         raise ConfigError(
-            f"rearrange_micro_batches: {count} micro-batches (after min_num_micro_batch={min_num_micro_batch}, "
-            f"the DP agreement and num_batches_divided_by={num_batches_divided_by}) for a batch of {n} rows: "
-            "a micro-batch would be empty"
+            f"rearrange_micro_batches: {what} holds {int(units[i])} tokens > max_token_len={cap}; "
+            + ("raise max_token_len" if size == 1 else "a forced group is never split: raise max_token_len")
         )
-    if plan is None or plan.num_microbatches != count:
-        plan = _plan(lengths, cap, count, order)
-        assert plan is not None  # more microbatches than the fewest that fit always fit
-    indices = _with_empty_rows(plan, lengths)
-    return [select_rows(batch, rows) for rows in indices], indices
+    return units
 
 
 def effective_lengths(batch: Any) -> np.ndarray:
@@ -357,12 +433,24 @@ def _with_empty_rows(plan: Schedule, lengths: np.ndarray) -> list[list[int]]:
     return [sorted(p) for p in parts]
 
 
-def _all_reduce_max(count: int, group: Any) -> int:
-    """The largest ``count`` over ``group`` (``None``: the default group)."""
-    device = comm_device(group if group is not None else dist.group.WORLD)
-    value = torch.tensor([count], dtype=torch.int64, device=device)
-    collective(dist.all_reduce, value, op=dist.ReduceOp.MAX, group=group)
-    return int(value.item())  # host sync: the count decides the split
+def _agree(count: int, units: int, group: Any, failure: SeqpackError | None = None) -> tuple[int, int]:
+    """Over ``group``, in one all-reduce: the largest ``count`` and the fewest ``units``; a
+    ``failure`` on any rank raised on every rank (its own error where it happened, one naming
+    the lowest failing rank elsewhere)."""
+    none = -(1 << 62)
+    rank = dist.get_rank(group)
+    values = torch.tensor([count, -units, -rank if failure is not None else none], dtype=torch.int64)
+    values = values.to(comm_device(group))
+    collective(dist.all_reduce, values, op=dist.ReduceOp.MAX, group=group)
+    most, fewest, lowest = values.tolist()  # host sync: the count decides the split
+    if failure is not None:
+        raise failure
+    if lowest != none:
+        raise ConfigError(
+            f"rearrange_micro_batches: dp rank {-int(lowest)} of dp_group refused its batch (its error names why); "
+            "every rank of the group stops here"
+        )
+    return int(most), -int(fewest)
 
 
 def select_rows(batch: Any, rows: Sequence[int]) -> Any:

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from seqpack.calibrate import ABSENT, CostCalibrator, Measurement, TimingLedger
+from seqpack.calibrate import ABSENT, CostCalibrator, GroupCostCalibrator, Measurement, TimingLedger
 from seqpack.calibrate.ledger import check_times
 from seqpack.collective import StepError, StepMessage, StepOk
 from seqpack.cost import CostModel, GroupCost
@@ -26,7 +26,6 @@ from seqpack.loader.config import PackingConfig
 from seqpack.loader.step import StepTrace
 from seqpack.options import Sync, fingerprint_text
 from seqpack.schedulers import Schedule, predicted_step_time
-from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.stats import StepStats
 from seqpack.topology import Topology
 

@@ -1,41 +1,42 @@
 """The wrapper's :class:`PackingConfig`: every setting that decides what it yields, frozen,
 validated at construction and fingerprinted.
 
-The option enums it uses live in :mod:`seqpack.options` (re-exported here for the old
-``seqpack.config`` import path).
+The option enums it uses live in :mod:`seqpack.options`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from seqpack.calibrate import CostCalibrator
-from seqpack.cost import CostModel, GroupCost, check_cost_model, default_cost_model
+from seqpack.calibrate import CostCalibrator, GroupCostCalibrator
+from seqpack.cost import (
+    DEFAULT_INTERCONNECT,
+    DEFAULT_MODEL,
+    CostModel,
+    GroupCost,
+    ModelSpec,
+    check_cost_model,
+    default_cost_model,
+    model_preset,
+)
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import (
-    AXES,
     DEFAULT_PREFETCH_BYTES,
     INT64_MAX,
     MAX_PREFETCH,
     MAX_TOKENS,
-    AttentionBackend,
-    Axis,
-    CpCommType,
     CpLayout,
     DataOwner,
     GroupSizes,
     LabelFormat,
-    MambaBackend,
-    Objective,
     OnOversize,
-    Order,
     Sync,
     fingerprint_text,
 )
 from seqpack.schedulers import Scheduler, get_scheduler
-from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.thd import pad_multiple_for
 from seqpack.topology import Topology
@@ -48,8 +49,7 @@ from seqpack.validation import (
 
 __all__ = ["PackingConfig", "dynamic_group_cost", "resolved_cost"]
 
-# Names of the old ``seqpack.config`` module, which now lived in seqpack.options.
-_OPTION_NAMES = (AXES, AttentionBackend, Axis, CpCommType, MambaBackend, Objective, Order, fingerprint_text)
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -119,7 +119,7 @@ class PackingConfig:
     :class:`seqpack.calibrate.CostCalibrator` whose prior is ``cost``, else the scheduler's
     cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``. Under
     ``dynamic_cp``: ``True`` fits the whole ``group_cost``, CP ring included (a
-    :class:`seqpack.schedulers.dynamic_cp.GroupCostCalibrator` whose prior is ``group_cost``), or
+    :class:`seqpack.calibrate.GroupCostCalibrator` whose prior is ``group_cost``), or
     pass a ``GroupCostCalibrator``."""
     prefetch: int = 1
     """Steps a background thread prepares ahead of the training loop (0: each step is
@@ -136,13 +136,17 @@ class PackingConfig:
     registered scheduler, is the same switch; ``None``, the default, means on exactly when
     ``scheduler`` is it, and ``False`` with it is refused); each microbatch carries its group
     (``PackedBatch.cp_group``, ``cp_size``, ``cp_rank``), which ``ThdAttention`` and
-    ``Mamba2Mixer`` use. Needs ``group_cost``. ``max_tokens_per_rank`` is per rank as always;
+    ``Mamba2Mixer`` use. Its cost is ``group_cost``. ``max_tokens_per_rank`` is per rank as always;
     one sequence may hold up to ``dp * cp`` ranks' worth. Always a bool once built."""
-    group_cost: GroupCost | Mapping[str, float] | None = None
+    group_cost: GroupCost | ModelSpec | Mapping[str, float] | None = None
     """Under ``dynamic_cp``: what a CP group's microbatch costs, the planner's objective. A
-    :class:`~seqpack.schedulers.dynamic_cp.GroupCost` (compute and the CP ring, e.g.
-    ``GroupCost.from_te_p2p``), or the ring's figures as a mapping (``ring_step``,
-    ``ring_token``, ``ring_token_inter``, ``ranks_per_node``) added to ``cost`` (its units)."""
+    :class:`~seqpack.cost.GroupCost` (compute and the CP ring, e.g.
+    ``GroupCost.from_te_p2p``); a :class:`~seqpack.cost.ModelSpec` (its FLOPs and the ring
+    over the default interconnect, :meth:`GroupCost.from_model`); the ring's figures as a
+    mapping (``ring_step``, ``ring_token``, ``ring_token_inter``, ``ranks_per_node``) added to
+    ``cost`` (its units); or ``None``: without ``cost``, the default model's FLOPs and its
+    ring over :data:`~seqpack.cost.DEFAULT_INTERCONNECT` (H100 NVLink + 400 Gb/s IB), a prior
+    that ``calibrate=True`` refits to measured times."""
     cp_group_sizes: GroupSizes = GroupSizes.POW2
     """Under ``dynamic_cp``: the CP group sizes a plan may use: ``"pow2"`` (aligned powers of
     two and the whole ``dp * cp``: about ``dp * cp`` process groups per lane) or ``"any"``
@@ -257,7 +261,7 @@ class PackingConfig:
         if isinstance(self.calibrate, CostCalibrator):
             raise ConfigError(
                 "calibrate=CostCalibrator(...) fits (1, S, SS) of a CostModel, not a dynamic CP group cost: pass "
-                "calibrate=True or a seqpack.schedulers.dynamic_cp.GroupCostCalibrator with dynamic_cp=True"
+                "calibrate=True or a seqpack.calibrate.GroupCostCalibrator with dynamic_cp=True"
             )
         for name in ("group_microbatch", "equal_samples_per_replica"):
             if getattr(self, name):
@@ -413,21 +417,33 @@ _RING_FIGURES = ("ring_step", "ring_token", "ring_token_inter", "ranks_per_node"
 
 def dynamic_group_cost(group_cost: object, cost: CostModel | None) -> GroupCost:
     """``PackingConfig.group_cost`` as a :class:`GroupCost` (a mapping of ring figures is
-    added to ``cost``, else to the default FLOPs model).
+    added to ``cost``, else to the default FLOPs model; a ``ModelSpec`` or ``None`` give
+    :meth:`GroupCost.from_model`'s prior).
 
     A ``GroupCost`` is taken as it is (a fitted one may find the ring free); figures without
-    a ring term (``{}``, ``ranks_per_node`` alone, zeros) are refused, as ``None`` is.
+    a ring term (``{}``, ``ranks_per_node`` alone, zeros) are refused.
 
     Raises:
-        ConfigError: No group cost, figures without a ring term, unknown figures, or a
-            ``GroupCost`` whose compute part differs from ``cost``.
+        ConfigError: ``None`` or a ``ModelSpec`` beside a ``cost`` of other units or shape,
+            figures without a ring term, unknown figures, or a ``GroupCost`` whose compute
+            part differs from ``cost``.
     """
-    if group_cost is None:
-        raise ConfigError(
-            "dynamic_cp=True needs group_cost: a seqpack.schedulers.dynamic_cp.GroupCost (the compute cost and "
-            "the CP ring's, e.g. GroupCost.from_te_p2p(...)) or the ring's figures in the units of cost, e.g. "
-            "group_cost={'ring_step': 2e-4, 'ring_token': 5e-8}; without a ring term every CP group would look free"
+    if group_cost is None or isinstance(group_cost, ModelSpec):
+        spec = model_preset(DEFAULT_MODEL) if group_cost is None else group_cost
+        prior = GroupCost.from_model(spec, DEFAULT_INTERCONNECT)
+        if cost is not None and cost != prior.compute:
+            raise ConfigError(
+                f"dynamic_cp=True with cost={cost!r} needs group_cost in the units of that cost: a "
+                "seqpack.cost.GroupCost (e.g. GroupCost.from_te_p2p(cost, ...) for seconds, or GroupCost.from_model("
+                "spec, interconnect) for FLOPs), or the ring's figures, e.g. group_cost={'ring_step': 2e-4, "
+                "'ring_token': 5e-8}"
+            )
+        logger.info(
+            "dynamic CP plans with %s's FLOPs and a CP ring over %s (a prior; calibrate=True fits it to your times)",
+            spec.name or "the given model",
+            DEFAULT_INTERCONNECT,
         )
+        return prior
     if isinstance(group_cost, GroupCost):
         if cost is not None and cost != group_cost.compute:
             raise ConfigError(
@@ -451,6 +467,6 @@ def dynamic_group_cost(group_cost: object, cost: CostModel | None) -> GroupCost:
             f"group_cost={dict(group_cost)!r} has no ring term (ring_step, ring_token and ring_token_inter are all "
             "0 or missing): without one every CP group would look free; pass the ring's figures in the units of "
             "cost, e.g. group_cost={'ring_step': 2e-4, 'ring_token': 5e-8}, or a "
-            "seqpack.schedulers.dynamic_cp.GroupCost"
+            "seqpack.cost.GroupCost"
         )
     return built

@@ -33,8 +33,7 @@ from seqpack.loader.grouping import GROUP_KEY
 from seqpack.loader.phases import Gathered, Sample, carries_position_ids
 from seqpack.options import Sync
 from seqpack.schedulers import Schedule
-from seqpack.schedulers.dynamic_cp.stats import plan_stats
-from seqpack.stats import StepStats
+from seqpack.stats import StepStats, plan_stats
 from seqpack.thd import PackedBatch, batch_from_layout, group_padded_lengths, padding_only_batch
 from seqpack.topology import Topology
 

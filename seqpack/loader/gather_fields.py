@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from seqpack.collective.agree import AGREEMENT
 from seqpack.collective.fields import Header, headers_markdown
-from seqpack.collective.lengths import GATHER_HEADER
+from seqpack.collective.length_gather import GATHER_HEADER
 from seqpack.thd import SAMPLE_DTYPES
 
 __all__ = [

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from torch.distributed.checkpoint.stateful import Stateful
 
-from seqpack.calibrate import CostCalibrator, Measurement
+from seqpack.calibrate import CostCalibrator, GroupCostCalibrator, Measurement
 from seqpack.collective import (
     Status,
     StepEnd,
@@ -84,7 +84,6 @@ from seqpack.loader.resume import ResumeState, StateKey
 from seqpack.loader.step import Step
 from seqpack.options import AXES, DataOwner
 from seqpack.schedulers import Scheduler
-from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.topology import Topology
 
 __all__ = ["DATA_OWNERS", "PackingIterator", "Step", "wrap_data_iterator"]

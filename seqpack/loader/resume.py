@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from seqpack.errors import ResumeError
-from seqpack.options import AXES, INT64_MAX, fingerprint_text
+from seqpack.options import AXES, INT64_MAX
 from seqpack.validation import check_int
 
 __all__ = ["ResumeState", "StateKey"]
@@ -180,7 +180,7 @@ class ResumeState:
             if {k: str(v) for k, v in self.config.items()} != old:
                 raise ResumeError(f"state was saved with {self.config} but this iterator has {old}")
             return
-        if self.config_fingerprint == config.fingerprint() or self._older_dynamic_cp_spelling(here):
+        if self.config_fingerprint == config.fingerprint():
             return
         changed = "; ".join(
             f"{key}: {self.config.get(key)!r} (saved) vs {here.get(key)!r} (here)"
@@ -188,21 +188,6 @@ class ResumeState:
             if self.config.get(key) != here.get(key)
         )
         raise ResumeError(f"state was saved with another configuration: {changed or 'fingerprints differ'}")
-
-    def _older_dynamic_cp_spelling(self, here: Mapping[str, str]) -> bool:
-        """Whether the state was saved by a build before dynamic CP was the registered
-        scheduler ``"dynamic_cp"``, with the same settings: its summary names the scheduler
-        ``dynamic_cp=True`` required and ignored (``'balanced'``, no options; spelled
-        ``BalancedScheduler(...)``), the plans were ``plan_dynamic_cp``'s all the same."""
-        saved = self.config
-        if saved.get("dynamic_cp") != "True" or here.get("dynamic_cp") != "True":
-            return False
-        if not str(saved.get("scheduler", "")).startswith("BalancedScheduler("):
-            return False
-        if fingerprint_text(repr(sorted(saved.items()))) != self.config_fingerprint:
-            return False  # not the summary its fingerprint was made from
-        rest = {k: v for k, v in saved.items() if k != "scheduler"}
-        return rest == {k: v for k, v in here.items() if k != "scheduler"}
 
 
 _FIELDS = {field.name for field in dataclasses.fields(ResumeState)}

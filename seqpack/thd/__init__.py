@@ -19,14 +19,12 @@ Modules, in the order data flows through them:
     cp: context parallelism, DualChunkSwap (:func:`partition_indices`, :func:`shard_for_cp`,
         :func:`unshard_from_cp`, :func:`gather_order`, chunk reorders).
 
-NeMo Automodel's converters (:func:`process_input_for_thd`,
-:func:`split_batch_into_thd_chunks`) live in :mod:`seqpack.interop.nemo` and are importable
-from here too; Hugging Face's kwargs (``to_hf``) live in :mod:`seqpack.interop.hf`.
+NeMo Automodel's converters (``process_input_for_thd``, ``split_batch_into_thd_chunks``)
+live in :mod:`seqpack.interop.nemo`, Hugging Face's kwargs (``to_hf``) in
+:mod:`seqpack.interop.hf`: interop builds on this package, never the other way.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 from seqpack.thd.batch import BATCH_TOKEN_FIELDS, PackedBatch, padding_only_batch
 from seqpack.thd.cp import (
@@ -65,9 +63,6 @@ from seqpack.thd.sample import (
     normalize_sample,
 )
 
-if TYPE_CHECKING:
-    from seqpack.interop.nemo import process_input_for_thd, split_batch_into_thd_chunks
-
 __all__ = [
     "BATCH_TOKEN_FIELDS",
     "IGNORE_INDEX",
@@ -95,26 +90,12 @@ __all__ = [
     "padded_lengths",
     "padding_only_batch",
     "partition_indices",
-    "process_input_for_thd",
     "reorder_seq_chunks",
     "sample_sequences",
     "seq_idx_from_cu_seqlens",
     "sequential_to_dualchunk",
     "shard_for_cp",
-    "split_batch_into_thd_chunks",
     "split_packed_sample",
     "token_layout",
     "unshard_from_cp",
 ]
-
-_NEMO = ("process_input_for_thd", "split_batch_into_thd_chunks")
-
-
-def __getattr__(name: str) -> Any:
-    # The NeMo converters build on seqpack.thd.layout; importing them lazily lets
-    # seqpack.interop.nemo and seqpack.thd be imported in either order.
-    if name in _NEMO:
-        from seqpack.interop import nemo
-
-        return getattr(nemo, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

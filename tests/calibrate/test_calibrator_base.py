@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 
 from seqpack._logging import reset_warn_once
-from seqpack.calibrate import CostCalibrator, TimingLedger
+from seqpack.calibrate import CostCalibrator, GroupCostCalibrator, TimingLedger
 from seqpack.calibrate.base import Calibrator
 from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
-from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 
 # -- states saved by main's code (7646089), frozen -------------------------------------------
 

@@ -12,9 +12,9 @@ from wrapper_data import items
 from seqpack.calibrate import CostCalibrator, TimingLedger, encode_seconds, microbatch_sums
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import SeqpackTypeError, StepFailed
+from seqpack.loader import wrap_data_iterator
 from seqpack.schedulers import get_scheduler
 from seqpack.topology import Topology
-from seqpack.wrapper import wrap_data_iterator
 
 TRUTH = CostModel(2e-4, 3e-7, 0.01)
 

@@ -1,4 +1,4 @@
-"""The dispatcher: one registry of commands, exit codes, old import paths."""
+"""The dispatcher: one registry of commands, exit codes, the module entry point."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import argparse
 import os
 import subprocess
 import sys
-
-import pytest
 
 import seqpack.cli.app as cli_app
 from seqpack.cli import COMMANDS, ExitCode, build_parser, main
@@ -75,33 +73,12 @@ def test_interrupt_is_130(monkeypatch, capsys):
     assert main(["hello"]) == 130 and "interrupted" in capsys.readouterr().err
 
 
-def test_old_import_paths_keep_working():
-    import seqpack.cli.demo.settings as settings
-    import seqpack.demo as old
-
-    assert old.DemoSettings is settings.DemoSettings
-    for name in ("launch", "worker", "padded_microbatches", "format_summary", "add_arguments", "settings_from_args",
-                 "load_dataset", "calibrate_cost", "MALLOC_ENV", "MODES", "COSTS", "run", "main"):  # fmt: skip
-        assert hasattr(old, name), name
-    parser = argparse.ArgumentParser()
-    old.add_arguments(parser)
-    assert old.settings_from_args(parser.parse_args(["--dp", "3"])).dp == 3
-
-
-def test_old_demo_run_maps_mistakes_to_exit_2(capsys):
-    import seqpack.demo as old
-
-    parser = argparse.ArgumentParser()
-    old.add_arguments(parser)
-    assert old.run(parser.parse_args(["--pattern", "Q"])) == 2
-    assert "--pattern" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("module", ["seqpack.cli", "seqpack.demo"])
-def test_module_entry_points(module):
+def test_module_entry_point():
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    argv = ["--help"] if module == "seqpack.demo" else ["demo", "--help"]
-    proc = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, env=env, timeout=120)
+    argv = ["demo", "--help"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "seqpack.cli", *argv], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--max-tokens-per-rank" in proc.stdout and "--pattern" in proc.stdout and "torchrun" in proc.stdout
 

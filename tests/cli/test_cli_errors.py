@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack.cli import main
-from seqpack.cli.commands.stats import exact_sum
 from seqpack.mock_data import write_lengths
+from seqpack.stats import exact_sum
 
 
 def _error_line(capsys) -> str:

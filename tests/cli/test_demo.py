@@ -11,7 +11,8 @@ import time
 import pytest
 
 from seqpack.cli import main
-from seqpack.demo import DemoSettings, padded_microbatches
+from seqpack.cli.demo.data import padded_microbatches
+from seqpack.cli.demo.settings import DemoSettings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,7 +28,8 @@ def test_demo_runs_all_modes_and_reports(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "seqpack.demo",
+        "seqpack.cli",
+        "demo",
         "--dp",
         "2",
         "--cp",
@@ -104,7 +106,8 @@ def test_demo_dead_rank_ends_the_run_with_an_error():
     cmd = [
         sys.executable,
         "-m",
-        "seqpack.demo",
+        "seqpack.cli",
+        "demo",
         "--dp",
         "2",
         "--cp",

@@ -1,6 +1,6 @@
 import io
 
-from seqpack.progress import Progress
+from seqpack.cli.progress import Progress
 
 
 def test_progress_logs_plain_lines_when_not_a_tty():
@@ -41,10 +41,3 @@ def test_progress_logs_sparsely_when_not_a_tty():
         for _ in range(1000):
             bar.update(1)
     assert out.getvalue().count("\n") == 1 and "1000/1000" in out.getvalue()  # only the final line
-
-
-def test_old_import_path():
-    import seqpack.cli.progress
-    import seqpack.progress
-
-    assert seqpack.progress.Progress is seqpack.cli.progress.Progress

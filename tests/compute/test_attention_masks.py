@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from masked_attention import brute_force, brute_force_mask
 
 from seqpack.compute.attention import ThdAttention, attention_mask, kv_exchange_traffic, thd_attention
-from seqpack.compute.attention.exchange import keys_in_reach, plan_kv_exchange
+from seqpack.compute.attention.kv_exchange import keys_in_reach, plan_kv_exchange
 from seqpack.compute.attention.masks import AttentionMask, block_mask
 from seqpack.compute.attention.reference import attend
 from seqpack.errors import ConfigError, SeqpackTypeError

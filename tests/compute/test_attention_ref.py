@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from seqpack.compute import backends
 from seqpack.compute.attention import ThdAttention, attention_mask, select_backend, thd_attention
 from seqpack.compute.attention import reference as attn_mod
-from seqpack.cp import partition_indices, shard_for_cp
 from seqpack.thd import pack_sequences, pad_multiple_for, padding_only_batch
+from seqpack.thd.cp import partition_indices, shard_for_cp
 
 F64 = torch.float64
 

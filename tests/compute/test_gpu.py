@@ -4,7 +4,7 @@
   random packs: GQA, bf16 and fp16, pads between sequences, tail-only pads, no pads; pad rows
   and pad gradients exactly 0. Sliding windows and bidirectional masks too, and under CP on
   two or more GPUs (NCCL) with ``cp_comm_type`` ``p2p``, ``all_gather`` and ``a2a``.
-- TE's CUDA partition function ``thd_get_partitioned_indices`` vs ``seqpack.cp.partition_indices``.
+- TE's CUDA partition function ``thd_get_partitioned_indices`` vs ``seqpack.thd.partition_indices``.
 - The mamba_ssm / causal_conv1d kernels vs the torch Mamba2 reference, and sequence isolation.
 - THD through a real ``transformer_engine.pytorch.TransformerLayer`` (keyword arguments from
   ``PackedBatch.te_kwargs()``) vs the same layer run on each sequence alone.
@@ -27,8 +27,8 @@ from seqpack._logging import reset_warn_once
 from seqpack.compute import backends
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
-from seqpack.cp import partition_indices
 from seqpack.thd import pack_sequences, pad_multiple_for, shard_for_cp
+from seqpack.thd.cp import partition_indices
 
 pytestmark = pytest.mark.gpu
 
@@ -283,7 +283,7 @@ def test_te_switches_to_each_batch_cp_group():
         assert max(errors) < 2e-2, (rank, errors)
 
 
-# --- TE's partition function vs seqpack.cp.partition_indices ------------------------------------
+# --- TE's partition function vs seqpack.thd.partition_indices ------------------------------------
 
 
 @needs_te

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from seqpack.compute import backends
 from seqpack.compute.mamba import GatedRMSNorm, Mamba2Mixer, causal_conv1d, seq_idx_from_cu_seqlens, ssd_scan
-from seqpack.cp import shard_for_cp
 from seqpack.thd import pack_sequences, padding_only_batch
+from seqpack.thd.cp import shard_for_cp
 
 F64 = torch.float64
 

@@ -115,7 +115,7 @@ def _exchange_traffic_matches(layout):
     lengths = [40, 9, 64, 3]
     batch = pack_sequences([{"input_ids": torch.ones(n, dtype=torch.int64)} for n in lengths],
                            pad_multiple=pad_multiple_for(cp))  # fmt: skip
-    from seqpack.compute.attention.exchange import plan_kv_exchange
+    from seqpack.compute.attention.kv_exchange import plan_kv_exchange
 
     att = ThdAttention(2, 4, backend="torch", cp_group=group, window=(4, 0))
     plan = plan_kv_exchange(batch.cu_seqlens, batch.cu_seqlens_padded, cp, rank, mask=att.mask, layout=layout)

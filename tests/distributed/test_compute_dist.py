@@ -15,8 +15,8 @@ from harness import RankFailure
 
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
-from seqpack.cp import partition_indices, shard_for_cp
 from seqpack.thd import pack_sequences, pad_multiple_for, padding_only_batch
+from seqpack.thd.cp import partition_indices, shard_for_cp
 
 F64 = torch.float64
 LENGTHS = [13, 1, 22, 6, 3]  # uneven, with a length-1 sequence

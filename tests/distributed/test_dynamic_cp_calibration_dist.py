@@ -17,10 +17,10 @@ import torch.distributed as dist
 from dynamic_cp_data import CAPACITY, LAYOUTS, SPR, samples_of
 from wrapper_data import mesh_topology
 
+from seqpack.calibrate import GroupCostCalibrator
 from seqpack.cost import CostModel, GroupCost, spans_nodes
 from seqpack.loader import wrap_data_iterator
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
-from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.thd import group_padded_lengths
 
 PRIOR = GroupCost(CostModel(1.0, 1e-3, 0.0), ring_step=0.5, ring_token=2e-3)

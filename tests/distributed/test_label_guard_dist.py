@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_loss_tokens import repeating_items
-from wrapper_data import mesh_topology
+from wrapper_data import mesh_topology, repeating_items
 
 from seqpack.loader import wrap_data_iterator
 from seqpack.thd import IGNORE_INDEX, pack_sequences

@@ -2,8 +2,8 @@ import torch
 import torch.distributed as dist
 
 from seqpack.compute.tiny_lm import TinyConfig, TinyHybridLM
-from seqpack.cp import shard_for_cp, unshard_from_cp
 from seqpack.thd import pack_sequences, pad_multiple_for
+from seqpack.thd.cp import shard_for_cp, unshard_from_cp
 
 CFG = TinyConfig(d_model=32, pattern="AMA", num_heads=4, num_kv_heads=2, d_state=8, mamba_headdim=8)
 

@@ -98,6 +98,7 @@ KINDS: dict[str, Callable[[Any], bool]] = {
     "int": _is_int,
     "opt_int": lambda v: v is None or _is_int(v),
     "bool": lambda v: isinstance(v, (bool, np.bool_)),
+    "opt_bool": lambda v: v is None or isinstance(v, (bool, np.bool_)),
     "number": lambda v: isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v),
     "opt_number": lambda v: v is None or KINDS["number"](v),
     "str": lambda v: isinstance(v, str),

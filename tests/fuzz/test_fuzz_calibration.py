@@ -26,11 +26,10 @@ from hostile import HOSTILE, Target, check_answer
 from wrapper_data import items
 
 from seqpack._logging import reset_warn_once
-from seqpack.calibrate import CostCalibrator
+from seqpack.calibrate import CostCalibrator, GroupCostCalibrator
 from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, SeqpackError, StepFailed
 from seqpack.loader import wrap_data_iterator
-from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.topology import Topology
 
 TRUTH = CostModel(2e-4, 3e-7, 0.01)

@@ -8,8 +8,8 @@ with unhashable and NaN ones.
 The contract: accepted, with every sample in exactly one micro-batch (partition), no
 micro-batch over ``max_token_len`` real tokens, each micro-batch's values the batch's rows
 (checked against slow, obvious references: lengths counted token by token, rows picked one by
-one, the fewest bins found by brute force); or one SeqpackError naming the value. verl
-0.9.1's ``force_group_size`` is not part of this signature yet, so it is not fuzzed."""
+one, the fewest bins found by brute force); or one SeqpackError naming the value. With verl
+0.9.1's ``force_group_size``, every micro-batch holds whole groups of consecutive rows."""
 
 from __future__ import annotations
 
@@ -153,7 +153,14 @@ def verl_batches(draw):
     if draw(st.booleans()):
         kwargs["num_batches_divided_by"] = draw(st.integers(1, 4))
     kwargs["use_dynamic_bsz_balance"] = draw(st.booleans())
+    if draw(st.booleans()):
+        kwargs["force_group_size"] = draw(st.integers(1, 3))
     return batch, kwargs, fault
+
+
+def group_lengths(lengths: list[int], size: int) -> list[int]:
+    """Tokens of each group of ``size`` consecutive rows."""
+    return [sum(lengths[i : i + size]) for i in range(0, len(lengths), size)]
 
 
 def round_up(count: int, multiple: int) -> int:
@@ -170,11 +177,16 @@ def refusal_words(batch, kwargs, fault) -> tuple[set[str], set[str]]:
     lengths = reference_lengths(batch) if fault is None or fault[0] != "mask_value" else None
     if lengths is None:
         return must, may
-    n, cap = len(lengths), kwargs["max_token_len"]
+    cap, size = kwargs["max_token_len"], kwargs.get("force_group_size", 1)
     source = "attention_mask" if "attention_mask" in batch else "input_ids"
-    if n and not any(lengths):
+    if lengths and not any(lengths):
         must.add(f"{source} holds no real token")
         return must, may
+    if len(lengths) % size:
+        must.add("force_group_size")
+        return must, may
+    lengths = group_lengths(lengths, size)
+    n = len(lengths)
     if n and max(lengths) > cap:
         must.add("max_token_len")
         return must, may
@@ -200,15 +212,18 @@ def check_rearrange(batch, kwargs, fault) -> str:
         return "refused"
     assert not must, f"accepted what must be refused for {must}"
     lengths = reference_lengths(batch)
-    n, cap = len(lengths), kwargs["max_token_len"]
+    n, cap, size = len(lengths), kwargs["max_token_len"], kwargs.get("force_group_size", 1)
     assert sorted(itertools.chain.from_iterable(indices)) == list(range(n))  # every row exactly once
     assert all(rows and rows == sorted(rows) for rows in indices)
     assert all(sum(lengths[i] for i in rows) <= cap for rows in indices)
+    for rows in indices:  # whole groups of consecutive rows
+        assert rows == [g * size + j for g in sorted({r // size for r in rows}) for j in range(size)]
     count = len(indices)
-    assert count == len(micro_batches) and count <= n
+    assert count == len(micro_batches) and count <= n // size
     assert count % (kwargs.get("num_batches_divided_by") or 1) == 0
     if n:
-        assert count >= max(kwargs.get("min_num_micro_batch") or 0, fewest_bins(lengths, cap))
+        groups = group_lengths(lengths, size)
+        assert count >= max(kwargs.get("min_num_micro_batch") or 0, fewest_bins(groups, cap))
     for mb, rows in zip(micro_batches, indices, strict=True):
         assert set(mb) == set(batch)
         for key, value in batch.items():
@@ -228,10 +243,12 @@ def test_rearrange_micro_batches_keeps_every_row_once_within_the_cap_or_names_th
         outcomes[check_rearrange(batch, kwargs, fault)] += 1
         outcomes["fault" if fault else "clean"] += 1
         outcomes["nested" if batch["input_ids"].is_nested else "mask"] += 1
+        outcomes["grouped" if kwargs.get("force_group_size", 1) > 1 else "rows"] += 1
 
     run()
     # Not vacuous: both answers, planted faults and clean batches, both input forms.
-    assert min(outcomes[k] for k in ("ok", "refused", "fault", "clean", "nested", "mask")) > 0, outcomes
+    kinds = ("ok", "refused", "fault", "clean", "nested", "mask", "grouped", "rows")
+    assert min(outcomes[k] for k in kinds) > 0, outcomes
 
 
 # --- get_group_balanced_partitions ------------------------------------------------------------

@@ -18,7 +18,7 @@ def padded(length, size, pad_multiple):
 
 
 def pack_time(size, s, ss, spans, coef):
-    """Cost of one microbatch (the formula of seqpack.schedulers.dynamic_cp.cost)."""
+    """Cost of one microbatch (the formula of seqpack.cost.GroupCost)."""
     t = coef[0] + (coef[1] * s + coef[2] * ss) / size
     if size > 1:
         t += (size - 1) * coef[3] + (size - 1) * (coef[5] if spans else coef[4]) / size * s

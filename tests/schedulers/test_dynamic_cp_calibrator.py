@@ -8,11 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.calibrate import MISSING, TimingLedger, encode_seconds
+from seqpack.calibrate import MISSING, GroupCostCalibrator, TimingLedger, encode_seconds
 from seqpack.cost import CostModel, GroupCost, spans_nodes
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
-from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.schedulers.step_time import group_times, replica_sums
 from seqpack.thd import group_padded_lengths
 

@@ -181,8 +181,9 @@ def _run_without_cache_dir(code: str) -> subprocess.CompletedProcess:
 
 
 def test_every_kernel_module_is_watched_however_it_is_imported():
-    """The lazy modules (exact search and bin completion, replica-first, dynamic CP) and the
-    ``_kernels`` names are each checked before their module's first import; no other module is."""
+    """The lazy modules (exact search and bin completion, replica-first, dynamic CP, the
+    offline packer) and the ``_kernels`` names are each checked before their module's first
+    import; no other module is."""
     code = (
         "import importlib, json\n"
         "from seqpack.schedulers._kernels import compile_note\n"
@@ -194,13 +195,17 @@ def test_every_kernel_module_is_watched_however_it_is_imported():
         "exact._search.dfs, exact._search.complete_bins, replicas._kernel.replica_lpt\n"
         "from seqpack.schedulers.dynamic_cp import _rounds\n"
         "_rounds._kernels.shelf\n"
+        "from seqpack.packing import packer\n"
+        "packer._kernel.pack_sizes\n"
         "print(json.dumps(seen))\n"
     )
     done = _run(code)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert sorted(seen) == sorted(f"seqpack.schedulers._kernels.{p.stem}" for p in kernel_sources()), seen
-    assert len(seen) == 7
+    package = Path(_kernels.__file__).parents[2]
+    modules = [".".join(p.relative_to(package.parent).with_suffix("").parts) for p in kernel_sources()]
+    assert sorted(seen) == sorted(modules), seen
+    assert len(seen) == 8
 
 
 def test_a_cold_cache_warns_on_stderr_with_no_logging_configured(tmp_path):

@@ -285,7 +285,7 @@ def test_replicas_keeps_whichever_layout_moves_less():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_home_swaps_match_reference_on_larger_homes(seed):
     """Hundreds of sequences per home and 64 rounds, so home_swaps walks its trees
-    (home_tree.py; from HOME_TREE_MIN sequences) over several levels while keys change
+    (locality_swaps.py; from HOME_TREE_MIN sequences) over several levels while keys change
     under them many times per turn."""
     dp, rounds, n = 3, 64, 900
     lengths, costs, origin, round_of, replica_of, capacity, round_cap, replica_cap, order = _swap_case(

@@ -1,7 +1,7 @@
 """``seqpack demo``: train a tiny hybrid LM on packed, balanced batches across CPU ranks.
 
 Its flags are the fields of :class:`~seqpack.cli.demo.settings.DemoSettings`, derived by
-:mod:`seqpack.cli.options`; the settings' ``__post_init__`` checks them.
+:mod:`seqpack.cli.flags`; the settings' ``__post_init__`` checks them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import seqpack.cli.demo as demo_package
 from seqpack.cli.demo.launch import launch
 from seqpack.cli.demo.settings import DemoSettings
-from seqpack.cli.options import add_options, from_args
+from seqpack.cli.flags import add_options, from_args
 
 __all__ = ["add_parser", "run"]
 

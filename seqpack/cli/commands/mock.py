@@ -6,8 +6,8 @@ import argparse
 
 from seqpack.cli.errors import CommandError
 from seqpack.cli.files import check_output_file
+from seqpack.cli.length_sources import add_source_args, load_lengths
 from seqpack.cli.progress import Progress
-from seqpack.cli.sources import add_source_args, load_lengths
 from seqpack.validation import check_int
 
 __all__ = ["add_parser", "run"]

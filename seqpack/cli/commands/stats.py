@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 
 from seqpack.cli.errors import CommandError
-from seqpack.cli.sources import column_arg
-from seqpack.stats import exact_sum  # re-exported: its home was here
+from seqpack.cli.length_sources import column_arg
+from seqpack.stats import exact_sum
 from seqpack.validation import check_int
 
-__all__ = ["PERCENTILES", "add_parser", "exact_sum", "length_summary", "run"]
+__all__ = ["PERCENTILES", "add_parser", "length_summary", "run"]
 
 PERCENTILES = (1, 10, 25, 50, 75, 90, 99)
 MAX_BINS = 100_000

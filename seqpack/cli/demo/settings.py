@@ -1,6 +1,6 @@
 """``DemoSettings``: everything a demo or benchmark run depends on, and the flags of ``seqpack demo``.
 
-Every field is a flag (:mod:`seqpack.cli.options`); ``__post_init__`` holds every rule, so
+Every field is a flag (:mod:`seqpack.cli.flags`); ``__post_init__`` holds every rule, so
 ``seqpack demo`` and ``benchmarks/end_to_end.py`` (which builds the settings in Python)
 refuse the same mistakes, and refuse them before any process starts.
 """
@@ -12,7 +12,7 @@ import os
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from seqpack.cli.options import flag_name, option
+from seqpack.cli.flags import flag_name, option
 from seqpack.errors import ConfigError
 from seqpack.validation import check_choice, check_int, check_number, check_positive_int
 

@@ -14,7 +14,7 @@ from torch import nn
 from seqpack._logging import warn_once
 from seqpack.compute import backends
 from seqpack.compute._collectives import check_batch_group, check_cp_shard
-from seqpack.compute.attention.exchange import exchange_kv, plan_kv_exchange
+from seqpack.compute.attention.kv_exchange import exchange_kv, plan_kv_exchange
 from seqpack.compute.attention.masks import attention_mask
 from seqpack.compute.attention.reference import attend, thd_attention
 from seqpack.compute.attention.te import (

@@ -5,7 +5,7 @@ keys its mask lets it reach (:func:`~seqpack.compute.attention.masks.key_range`)
 stay at most ``MAX_SCORE_BLOCK`` elements (never ``T x T``), and a sliding window costs
 ``s * W``, not ``s^2``. Under CP the queries are this rank's chunks of every sequence and the
 keys are either the whole pack (:func:`thd_attention`) or only the keys within reach that the
-CP exchange brought (``key_positions``, see :mod:`~seqpack.compute.attention.exchange`).
+CP exchange brought (``key_positions``, see :mod:`~seqpack.compute.attention.kv_exchange`).
 """
 
 from __future__ import annotations

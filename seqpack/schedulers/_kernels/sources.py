@@ -9,8 +9,10 @@ __all__ = ["KERNEL_SOURCES", "kernel_sources"]
 
 _PACKAGE = Path(__file__).resolve().parents[2]  # the seqpack directory
 
-# Every seqpack file numba compiles, relative to the package: a glob or a path.
+# Every seqpack file numba compiles, relative to the package: a glob or a path. The offline
+# packer's kernel sits below the schedulers (seqpack/__init__'s layers), in its own package.
 KERNEL_SOURCES = (
+    "packing/_kernel.py",
     "schedulers/_kernels/bin_search.py",
     "schedulers/_kernels/consecutive.py",
     "schedulers/_kernels/cp_planner.py",

@@ -9,6 +9,9 @@ import numpy as np
 from seqpack.cost import CostModel, GroupCost, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import Objective, Order
+from seqpack.packing.packer import pack_lengths
+from seqpack.schedulers.balanced import stages
+from seqpack.schedulers.balanced.exact import bin_lower_bound
 from seqpack.schedulers.balanced.layout import _rounds, objective_for, relabel_replicas, round_position
 from seqpack.schedulers.balanced.locality import AUTO, TOLERANCE, locality_pays, plan_local
 from seqpack.schedulers.balanced.plan import plan_balanced
@@ -126,6 +129,12 @@ class BalancedScheduler(GridScheduler):
             step_cost = float(costs.sum()) + model.constant * max(dp_size, 1)
         if not np.isfinite(step_cost):
             raise ConfigError(f"the step's total cost under {model!r} is past float64: scale the coefficients down")
+        if dp_size == 1 and self.num_microbatches is None and ids.size:
+            single = _single_rank(padded, costs, capacity, self.min_microbatches, self.microbatch_multiple)
+            if single is not None:
+                round_of, load = single
+                position = round_position(load, self.order)
+                return _rounds(ids, position[round_of], load.shape[0], 1), np.zeros(0, dtype=np.int64)
         plan = plan_balanced(
             padded,
             costs,
@@ -173,6 +182,26 @@ class BalancedScheduler(GridScheduler):
             f"num_microbatches={self.num_microbatches}, max_repair_moves={self.max_repair_moves}, "
             f"locality={self.locality!r}, locality_tolerance={self.locality_tolerance})"
         )
+
+
+def _single_rank(
+    padded: np.ndarray, costs: np.ndarray, capacity: int, min_microbatches: int, microbatch_multiple: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """One replica's plan from the single-rank packer (:func:`seqpack.packing.pack_lengths`):
+    ``(round_of, load[M, 1])`` when it packs into the fewest microbatches any plan can have
+    (Martello-Toth's bound, where the plan's count search starts) and that count meets
+    ``min_microbatches`` and ``microbatch_multiple``; else None (the plan runs). With one
+    replica every round's cost is its microbatch's, so the step costs the same for every
+    packing at a count: only the count matters. With a stage switched off (the ablation)
+    the plan runs, so that the ablation measures the plan."""
+    if not all(stages.enabled(name) for name in stages.STAGES):
+        return None
+    packing = pack_lengths(padded, capacity)
+    count = packing.num_packs
+    if count < min_microbatches or count % microbatch_multiple or count != bin_lower_bound(padded, capacity):
+        return None
+    load = np.bincount(packing.pack_of, weights=costs, minlength=count).reshape(count, 1)
+    return packing.pack_of, load
 
 
 def _check_locality(value: object) -> bool | str:

@@ -12,14 +12,13 @@ A plan is a :class:`seqpack.schedulers.Schedule` whose ``group_sizes`` is ``"pow
 - ``planner``: :func:`plan_dynamic_cp` (the search over heights and builders).
 - ``bound``: :func:`~seqpack.schedulers.dynamic_cp.bound.step_time_lower_bound`, a step time
   no plan can beat (what benchmarks measure plans against; its proof in the docstring).
-- ``calibrator``: :class:`GroupCostCalibrator`, the group cost (CP ring included) fitted
-  online to measured times (``PackingConfig(dynamic_cp=True, calibrate=True)``).
 - ``scheduler``: :class:`~seqpack.schedulers.dynamic_cp.scheduler.DynamicCpScheduler`, the
   planner as the registered scheduler ``"dynamic_cp"`` (it imports
   ``seqpack.schedulers.base``, so this ``__init__`` does not import it).
 - ``pieces``: the shards a step's exchange moves (one per sequence and rank of its group) and
-  who cuts each; ``stats``: :func:`~seqpack.schedulers.dynamic_cp.stats.plan_stats`, a
-  plan's :class:`~seqpack.stats.StepStats`. Running a plan: ``seqpack.loader.dynamic``.
+  who cuts each. A plan's :class:`~seqpack.stats.StepStats`: :func:`seqpack.stats.plan_stats`;
+  its calibrator: :class:`seqpack.calibrate.GroupCostCalibrator`. Running a plan:
+  ``seqpack.loader.dynamic``.
 - Private: ``_candidate`` (a plan while it is built, and its exact score), ``_rounds``
   (the lockstep builder and static CP), ``_replica`` (the replica-sync builder);
   their numba kernels are ``seqpack.schedulers._kernels.cp_planner``.
@@ -27,8 +26,7 @@ A plan is a :class:`seqpack.schedulers.Schedule` whose ``group_sizes`` is ``"pow
 Only these entry points are exported.
 """
 
-from seqpack.schedulers.dynamic_cp.calibrator import GroupCostCalibrator
 from seqpack.schedulers.dynamic_cp.planner import plan_dynamic_cp
 from seqpack.schedulers.group_sizes import allowed_group_sizes
 
-__all__ = ["GroupCostCalibrator", "allowed_group_sizes", "plan_dynamic_cp"]
+__all__ = ["allowed_group_sizes", "plan_dynamic_cp"]

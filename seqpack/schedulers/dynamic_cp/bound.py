@@ -1,7 +1,7 @@
 """A lower bound on the step time of any dynamic-CP plan (what benchmarks measure plans against).
 
 :func:`step_time_lower_bound` holds for every plan of the step, with any group sizes and
-layout, under the :class:`~seqpack.schedulers.dynamic_cp.cost.GroupCost` model. Notation:
+layout, under the :class:`~seqpack.cost.GroupCost` model. Notation:
 ``p_i`` is sequence ``i`` padded alone (``pad_multiple``; in a group it is padded to at least
 that), ``k, a, b`` the compute coefficients, ``cap`` the tokens of one rank, ``R`` the ranks,
 ``tok(c)`` the ring cost per token of a group of ``c`` ranks (``ring_token_inter`` above a node,

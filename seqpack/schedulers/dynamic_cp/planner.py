@@ -18,7 +18,7 @@ For a given ``H`` (``_rounds.build``):
 
 Each plan is then laid out (every round's groups left to right, largest first, which puts
 powers of two on aligned blocks) and scored exactly under the sync
-(:func:`~seqpack.schedulers.dynamic_cp.cost.predicted_step_time`; ``_candidate.score``). ``H`` is tried on a grid
+(:func:`~seqpack.schedulers.predicted_step_time`; ``_candidate.score``). ``H`` is tried on a grid
 of the times the longest sequences take at each allowed size, refined around the best, and
 with one or two more rounds at the best; a static-CP plan (every round cut into equal
 groups sized for the longest sequence) is also scored, so the result is never worse than it.

@@ -1,5 +1,0 @@
-"""Old import path of :mod:`seqpack.collective.broadcast`."""
-
-from seqpack._compat import alias_module
-
-alias_module(__name__, "seqpack.collective.broadcast")

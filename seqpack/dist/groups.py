@@ -1,5 +1,0 @@
-"""Old import path of :mod:`seqpack.collective.groups`."""
-
-from seqpack._compat import alias_module
-
-alias_module(__name__, "seqpack.collective.groups")

@@ -1,0 +1,188 @@
+"""torchtitan 0.3: a :class:`~seqpack.topology.Topology` from its ``ParallelDims`` and a
+dataloader that feeds seqpack steps to its ``Trainer``.
+
+torchtitan 0.3's meshes, as ``ParallelDims`` builds them: a 1-D ``world`` mesh, unflattened
+into a data-loading mesh ``("pp", "batch", "cp", "tp")`` (``batch`` = ``dp_replicate *
+dp_shard``) and a ``loss`` mesh (``batch`` x ``cp`` flattened, named ``loss_mesh``).
+``get_mesh(names)`` returns a sub-mesh only when every named axis has size > 1
+(``get_mesh(["pp", "batch", "cp", "tp"])`` is "not available" when pp and tp are 1), so
+:func:`topology` asks for the enabled axes only. The world and loss meshes fold DP and CP
+into one axis and are refused by :meth:`Topology.from_device_mesh`.
+
+The trainer's ``train_step`` pulls exactly ``gradient_accumulation_steps *
+num_pipeline_parallel_microbatches`` microbatches per optimizer step, each ``(input_dict,
+labels)`` with ``input_dict = {"input": [1, T], "positions": [1, T]}``, and normalises its
+loss by the supervised labels (``labels != -100``) summed over the ``batch`` mesh, which for
+a seqpack step is ``step.num_loss_tokens``. :class:`SeqpackDataLoader` hands one seqpack step
+per optimizer step and refuses a step of another microbatch count (pin it with
+``scheduler_options={"num_microbatches": M}``), so microbatches of two steps never meet in
+one optimizer step. Its ``state_dict`` carries seqpack's resume state, keyed by DP rank as
+torchtitan's own dataloader keys its state.
+
+torchtitan itself is never imported here: ``ParallelDims`` and the trainer are read by their
+attributes.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.loader.iterator import PackingIterator
+from seqpack.thd.batch import PackedBatch
+from seqpack.topology import Topology
+from seqpack.validation import check_bool, check_positive_int
+
+__all__ = ["DATA_AXES", "SeqpackDataLoader", "install", "to_torchtitan", "topology"]
+
+logger = logging.getLogger(__name__)
+
+DATA_AXES: tuple[str, ...] = ("pp", "batch", "cp", "tp")
+"""torchtitan 0.3's data-loading mesh axes, in its order."""
+
+
+def topology(parallel_dims: Any, *, shard_cp: bool = False) -> Topology:
+    """The seqpack topology of a torchtitan 0.3 ``ParallelDims`` (its mesh built or not).
+
+    Args:
+        parallel_dims: torchtitan's ``ParallelDims`` (``trainer.parallel_dims``).
+        shard_cp: ``False`` (for :class:`SeqpackDataLoader`): seqpack packs over the
+            ``batch`` mesh only; the CP and TP ranks of one batch rank read the same data and
+            pack the same steps, and torchtitan shards CP itself
+            (``post_dataloading_process``). ``True`` (your own loop, TE's THD contract): the
+            enabled axes of ``(pp, batch, cp, tp)`` as seqpack's pp, dp, cp, tp, and seqpack
+            shards every sequence over CP (DualChunkSwap).
+
+    Returns:
+        A :class:`Topology`; one rank (``Topology.single``) when no such axis is enabled,
+        ``partial`` (each batch lane packs alone) when ``shard_cp=False`` leaves ranks out
+        of the ``batch`` mesh.
+
+    Raises:
+        SeqpackTypeError: Not a ``ParallelDims`` (no ``get_optional_mesh``).
+    """
+    get_optional_mesh = getattr(parallel_dims, "get_optional_mesh", None)
+    if get_optional_mesh is None:
+        raise SeqpackTypeError(
+            "parallel_dims must be torchtitan's ParallelDims (trainer.parallel_dims), "
+            f"got {type(parallel_dims).__name__}"
+        )
+    shard_cp = check_bool("shard_cp", shard_cp)
+    wanted = DATA_AXES if shard_cp else ("batch",)
+    axes = [axis for axis in wanted if get_optional_mesh(axis) is not None]
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if not axes:
+        return Topology.single(allow_distributed=world > 1)
+    mesh = parallel_dims.get_mesh(axes if len(axes) > 1 else axes[0])
+    return Topology.from_device_mesh(mesh, partial=int(mesh.size()) < world)
+
+
+def to_torchtitan(batch: PackedBatch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A packed microbatch as torchtitan's trainer takes one: ``({"input": [1, T],
+    "positions": [1, T]}, labels [1, T])``. ``positions`` restart at 0 per sequence (and keep
+    counting through its pad), which is where torchtitan's document masks cut."""
+    if batch.input_ids is None or batch.labels is None:
+        raise ConfigError("to_torchtitan needs a microbatch with input_ids and labels (this rank holds no tokens)")
+    return {"input": batch.input_ids[None], "positions": batch.position_ids[None]}, batch.labels[None]
+
+
+class SeqpackDataLoader:
+    """torchtitan 0.3's dataloader contract (``__iter__`` of ``(input_dict, labels)``,
+    ``state_dict`` / ``load_state_dict``) over a seqpack :class:`PackingIterator`.
+
+    Each optimizer step of the trainer takes the microbatches of one seqpack step, in order;
+    a step of another count raises :class:`ConfigError` naming both.
+
+    The state is ``{"dp_rank_<r>": bytes, "world_size": dp}`` (torchtitan's own layout: DCP
+    keeps one copy per key, so each DP rank keys its own), the bytes a pickle of seqpack's
+    resume state as of the step in progress and how many of its microbatches were handed
+    out: a state saved mid-step resumes at the next microbatch. Taking that state costs one
+    ``PackingIterator.state_dict()`` per step.
+    """
+
+    STATE_SEQPACK = "seqpack"
+    STATE_HANDED = "microbatches_handed"
+    STATE_WORLD_SIZE = "world_size"
+
+    def __init__(self, steps: PackingIterator, microbatches_per_step: int) -> None:
+        """
+        Args:
+            steps: A fresh ``wrap_data_iterator(...)`` (shifted labels: torchtitan's).
+            microbatches_per_step: ``trainer.gradient_accumulation_steps *
+                trainer.num_pipeline_parallel_microbatches``.
+        """
+        if not isinstance(steps, PackingIterator):
+            raise SeqpackTypeError(f"steps must be a PackingIterator (wrap_data_iterator), got {type(steps).__name__}")
+        self.steps = steps
+        self.microbatches_per_step = check_positive_int("microbatches_per_step", microbatches_per_step)
+        self._before: dict[str, Any] | None = None  # seqpack state before the step in progress
+        self._handed = 0  # microbatches of that step handed out
+        self._skip = 0  # microbatches to skip after a mid-step resume
+
+    @property
+    def _rank_key(self) -> str:
+        return f"dp_rank_{self.steps.topology.dp_rank}"
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        while True:
+            before = self.steps.state_dict()
+            try:
+                step = next(self.steps)
+            except StopIteration:
+                return
+            count = step.num_microbatches
+            if count != self.microbatches_per_step:
+                raise ConfigError(
+                    f"seqpack step {step.step} has {count} microbatches but torchtitan's optimizer step takes "
+                    f"{self.microbatches_per_step} (gradient_accumulation_steps x pipeline microbatches): pin the "
+                    f"count with scheduler_options={{'num_microbatches': {self.microbatches_per_step}}}"
+                )
+            self._before, self._handed = before, self._skip
+            self._skip = 0
+            for batch in step.microbatches[self._handed :]:
+                self._handed += 1
+                yield to_torchtitan(batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._before is None or self._handed == self.microbatches_per_step:
+            state = {self.STATE_SEQPACK: self.steps.state_dict(), self.STATE_HANDED: 0}
+        else:
+            state = {self.STATE_SEQPACK: self._before, self.STATE_HANDED: self._handed}
+        return {self._rank_key: pickle.dumps(state), self.STATE_WORLD_SIZE: self.steps.topology.dp_size}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (an empty one is valid: nothing to resume, as in
+        torchtitan). The loader must not have started iterating."""
+        if not state_dict:
+            return
+        if self._rank_key not in state_dict:
+            raise ConfigError(
+                f"the dataloader state holds no {self._rank_key!r} (keys {sorted(state_dict)}): it was saved with "
+                f"another DP size ({state_dict.get(self.STATE_WORLD_SIZE)!r}, here {self.steps.topology.dp_size})"
+            )
+        state = pickle.loads(state_dict[self._rank_key])  # noqa: S301  (the trainer's own checkpoint)
+        self.steps.load_state_dict(state[self.STATE_SEQPACK])
+        self._skip = int(state[self.STATE_HANDED])
+
+
+def install(trainer: Any, steps: PackingIterator) -> SeqpackDataLoader:
+    """Make ``trainer`` (torchtitan 0.3's ``Trainer``, after its ``__init__``) train on
+    ``steps``: its dataloader, also the one its checkpointer saves.
+
+    Returns:
+        The :class:`SeqpackDataLoader` installed.
+    """
+    per_step = int(trainer.gradient_accumulation_steps) * int(trainer.num_pipeline_parallel_microbatches)
+    loader = SeqpackDataLoader(steps, per_step)
+    trainer.dataloader = loader
+    states = getattr(getattr(trainer, "checkpointer", None), "states", None)
+    if isinstance(states, dict) and "dataloader" in states:
+        states["dataloader"] = loader
+    logger.info("torchtitan trainer fed by seqpack: %d microbatches per optimizer step", per_step)
+    return loader

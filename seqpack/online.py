@@ -1,5 +1,0 @@
-"""Old import path of :mod:`seqpack.loader.calibration`."""
-
-from seqpack._compat import alias_module
-
-alias_module(__name__, "seqpack.loader.calibration")

@@ -1,0 +1,47 @@
+"""What seqpack.cost and seqpack.calibrate export (their layering: tests/test_package_layout.py)."""
+
+import pathlib
+
+import pytest
+
+import seqpack.calibrate
+import seqpack.cost
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+COST_NAMES = [
+    "CostModel",
+    "DEFAULT_MODEL",
+    "MODEL_PRESETS",
+    "ModelSpec",
+    "default_cost_model",
+    "length_features",
+    "mamba2_flops",
+    "model_preset",
+    "nnls_fit",
+    "robust_nnls_fit",
+    "robust_weights_fit",
+    "transformer_flops",
+]
+CALIBRATE_NAMES = [
+    "ABSENT",
+    "INVALID",
+    "MISSING",
+    "CostCalibrator",
+    "Measurement",
+    "TimingLedger",
+    "decode_seconds",
+    "encode_seconds",
+    "microbatch_sums",
+    "step_time",
+]
+
+
+@pytest.mark.parametrize("name", COST_NAMES)
+def test_every_cost_name_of_the_old_module_is_exported(name):
+    assert name in seqpack.cost.__all__ and getattr(seqpack.cost, name) is not None
+
+
+@pytest.mark.parametrize("name", CALIBRATE_NAMES)
+def test_every_calibrate_name_of_the_old_module_is_exported(name):
+    assert name in seqpack.calibrate.__all__ and getattr(seqpack.calibrate, name) is not None

@@ -1,0 +1,94 @@
+"""Fuzz offline packing (seqpack.packing): random lengths and rows keep the invariants (every
+sequence in exactly one pack, no pack over max_tokens, never fewer packs than the token
+bound), and hostile arguments get a SeqpackError naming them (hostile.check_answer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hostile import Target, check_answer, hostile_values
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import seqpack
+from seqpack.errors import SeqpackError
+from seqpack.packing import pack_lengths
+
+TARGETS = [
+    Target(
+        "pack_lengths",
+        pack_lengths,
+        lambda: {"lengths": [3, 5, 2], "max_tokens": 8},
+        {"lengths": "any", "max_tokens": "int"},
+        aliases={"lengths": ("length", "sequence")},
+    ),
+    Target(
+        "pack_dataset",
+        seqpack.pack_dataset,
+        lambda: {"rows": [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}], "max_tokens": 8},
+        {"rows": "any", "max_tokens": "int", "label_format": "str", "on_oversize": "str", "progress": "opt_bool"},
+        aliases={"rows": ("row", "input_ids", "dataset")},
+    ),
+]
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_hostile_arguments_are_refused_by_name(target, data):
+    kwargs = target.valid()
+    arg = data.draw(st.sampled_from(sorted(target.args)))
+    value = data.draw(hostile_values)
+    kwargs[arg] = value
+    check_answer(target, arg, value, kwargs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(-2, 300), max_size=50), max_tokens=st.integers(1, 400))
+def test_pack_lengths_invariants_or_a_named_refusal(lengths, max_tokens):
+    try:
+        packing = pack_lengths(lengths, max_tokens)
+    except SeqpackError as exc:
+        assert "sequence" in str(exc) and (min(lengths) < 1 or max(lengths) > max_tokens)
+        return
+    assert sorted(packing.order.tolist()) == list(range(len(lengths)))
+    assert all(0 <= k < packing.num_packs for k in packing.pack_of.tolist())
+    sums = np.bincount(packing.pack_of, np.asarray(lengths, dtype=np.float64), packing.num_packs)
+    assert (sums <= max_tokens).all() and packing.num_packs >= packing.token_bound
+
+
+row = st.integers(0, 30).flatmap(
+    lambda n: st.fixed_dictionaries(
+        {"input_ids": st.lists(st.integers(0, 50_000), min_size=n, max_size=n)},
+        optional={"completion_mask": st.lists(st.integers(0, 1), min_size=n, max_size=n)},
+    )
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rows=st.lists(row, max_size=30),
+    max_tokens=st.integers(1, 60),
+    label_format=st.sampled_from(["shifted", "unshifted", "position_aligned"]),
+    on_oversize=st.sampled_from(["error", "truncate", "drop"]),
+)
+def test_pack_dataset_invariants_or_a_named_refusal(rows, max_tokens, label_format, on_oversize):
+    try:
+        packed = seqpack.pack_dataset(rows, max_tokens, label_format=label_format, on_oversize=on_oversize)
+    except SeqpackError as exc:
+        assert on_oversize == "error" and "max_tokens" in str(exc)
+        return
+    seen = []
+    for out in packed:
+        total = out["input_ids"].shape[0]
+        assert 0 < total <= max_tokens and out["cu_seqlens"][-1] == total
+        assert ((out["labels"] == -100) == (out["loss_mask"] == 0)).all()
+        for k, i in enumerate(out["sample_ids"].tolist()):
+            a, b = int(out["cu_seqlens"][k]), int(out["cu_seqlens"][k + 1])
+            assert out["input_ids"][a:b].tolist() == rows[i]["input_ids"][: b - a]
+            assert out["position_ids"][a:b].tolist() == list(range(b - a))
+            seen.append(i)
+    expected = [
+        i for i, r in enumerate(rows) if r["input_ids"] and (on_oversize != "drop" or len(r["input_ids"]) <= max_tokens)
+    ]
+    assert sorted(seen) == expected
