@@ -73,10 +73,12 @@ def test_stats_report_the_model_in_use_and_its_prediction_error():
 
 def test_each_step_is_scheduled_with_the_model_in_use():
     """The schedule a step carries is the scheduler's plan under ``stats.cost_model`` (the
-    calibrator's model at that step), and it differs from the FLOPs plan once fitted."""
+    calibrator's model at that step), which is the fitted model once fitted. (On one rank
+    ``balanced`` takes the single-rank packer's fewest packs, the best plan under every cost:
+    the plans themselves need not differ.)"""
     quadratic = CostModel(1e-9, 1e-5, 0.05)  # attention-bound: a long sequence is costly
     it = _wrap(scheduler="balanced", sync="lockstep", max_tokens_per_rank=96)
-    differs = 0
+    fitted_steps = 0
     for step in it:
         replan = it.scheduler.schedule(
             step.schedule.original_lengths,
@@ -87,12 +89,9 @@ def test_each_step_is_scheduled_with_the_model_in_use():
             sync="lockstep",
         )
         assert replan.fingerprint() == step.schedule_fingerprint
-        flops = it.scheduler.schedule(
-            step.schedule.original_lengths, dp_size=1, max_tokens_per_rank=96, pad_multiple=4, sync="lockstep"
-        )
-        differs += flops.fingerprint() != step.schedule_fingerprint
+        fitted_steps += step.stats.calibrated and step.stats.cost_model != default_cost_model()
         step.record_times(_true_times(step, quadratic))
-    assert it.calibrator.fitted and differs > 0
+    assert it.calibrator.fitted and fitted_steps > 0
 
 
 def test_record_times_errors():
