@@ -32,7 +32,7 @@ from numba import njit  # noqa: E402
 from seqpack.cost import CostModel  # noqa: E402
 from seqpack.mock_data import lognormal_lengths  # noqa: E402
 from seqpack.schedulers import _kernels  # noqa: E402
-from seqpack.schedulers.balanced.layout import _placement_order, round_targets  # noqa: E402
+from seqpack.schedulers.balanced.rounds import _placement_order, round_targets  # noqa: E402
 
 RULES = {_kernels.MODE_COST: "cost", _kernels.MODE_TOKENS: "tokens", _kernels.MODE_FIRST_FIT: "first-fit"}
 

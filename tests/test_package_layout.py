@@ -41,6 +41,24 @@ def test_removed_import_paths_are_gone(module):
         importlib.import_module(module)
 
 
+# Basenames that several modules share because they mean the same thing in each place.
+SHARED_BASENAMES = {
+    "__init__.py": "a package",
+    "base.py": "the base classes of a family (schedulers, calibrators)",
+    "scheduler.py": "the scheduler class of a scheduler family (balanced, dynamic_cp)",
+    "stats.py": "step statistics; under cli/commands/ every module is named after its subcommand",
+}
+
+
+def test_no_module_basename_names_two_things():
+    seen: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    assert len(seen) > 100  # not vacuous: the package was read
+    repeated = {name: paths for name, paths in seen.items() if len(paths) > 1 and name not in SHARED_BASENAMES}
+    assert not repeated, f"one basename, two meanings: {repeated}"
+
+
 def test_no_module_warns_deprecation_or_serves_moved_names():
     sources = sorted(PACKAGE.rglob("*.py"))
     assert len(sources) > 100  # not vacuous: the package was read

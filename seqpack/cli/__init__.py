@@ -7,7 +7,7 @@
 - :mod:`~seqpack.cli.length_sources`: lengths from a file, a config or a distribution
 - :mod:`~seqpack.cli.files`, :mod:`~seqpack.cli.plots`, :mod:`~seqpack.cli.tables`,
   :mod:`~seqpack.cli.progress`: output paths, figures, tables, progress bars
-- :mod:`~seqpack.cli.errors`: exit codes and the one-line error of a user's mistake
+- :mod:`~seqpack.cli.exit`: exit codes and the one-line error of a user's mistake
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from seqpack.cli.app import COMMANDS, build_parser, main
 from seqpack.cli.commands.simulate import simulate
 from seqpack.cli.commands.stats import PERCENTILES, length_summary
-from seqpack.cli.errors import CommandError, ExitCode
+from seqpack.cli.exit import CommandError, ExitCode
 from seqpack.cli.length_sources import DIST_DEFAULTS
 from seqpack.cli.tables import format_table
 

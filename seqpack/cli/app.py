@@ -13,7 +13,7 @@ from typing import Protocol
 
 from seqpack._version import __version__
 from seqpack.cli.commands import demo, doctor, mock, simulate, stats
-from seqpack.cli.errors import ExitCode, one_line
+from seqpack.cli.exit import ExitCode, one_line
 from seqpack.errors import SeqpackError
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main", "run_command"]

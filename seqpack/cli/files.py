@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from seqpack.cli.errors import CommandError
+from seqpack.cli.exit import CommandError
 
 __all__ = ["check_output_file"]
 

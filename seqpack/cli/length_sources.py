@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.cli.errors import CommandError
+from seqpack.cli.exit import CommandError
 from seqpack.errors import SeqpackError
 from seqpack.validation import check_fits_memory, check_int
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.cli.errors import CommandError
+from seqpack.cli.exit import CommandError
 from seqpack.cli.files import check_output_file
 
 __all__ = ["histogram", "plot_target", "replica_loads"]

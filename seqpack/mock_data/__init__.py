@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from seqpack.mock_data.dataset import MockSFTDataset
 from seqpack.mock_data.io import lengths_from_file, write_lengths
 from seqpack.mock_data.lengths import (
     DISTRIBUTIONS,
@@ -14,6 +13,7 @@ from seqpack.mock_data.lengths import (
     pareto_lengths,
     uniform_lengths,
 )
+from seqpack.mock_data.sft import MockSFTDataset
 
 __all__ = [
     "DISTRIBUTIONS",

@@ -85,7 +85,7 @@ def test_write_parquet_reports_progress_and_refuses_a_directory(tmp_path, caplog
     seen = []
     ds.write_parquet(tmp_path / "a.parquet", rows_per_group=2, progress=seen.append)
     assert seen == [2, 2, 1]
-    with caplog.at_level(logging.INFO, logger="seqpack.mock_data.dataset"):
+    with caplog.at_level(logging.INFO, logger="seqpack.mock_data.sft"):
         ds.write_parquet(tmp_path / "b.parquet", rows_per_group=4, progress=True)
     assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
         "wrote 4 of 5 samples",

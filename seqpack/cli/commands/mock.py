@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from seqpack.cli.errors import CommandError
+from seqpack.cli.exit import CommandError
 from seqpack.cli.files import check_output_file
 from seqpack.cli.length_sources import add_source_args, load_lengths
 from seqpack.cli.progress import Progress
@@ -32,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from seqpack.cli.commands.stats import length_summary
     from seqpack.mock_data import MockSFTDataset, write_lengths
-    from seqpack.mock_data.dataset import MIN_VOCAB_SIZE
+    from seqpack.mock_data.sft import MIN_VOCAB_SIZE
     from seqpack.mock_data.io import file_format
 
     out = args.output

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqpack.cli.errors import CommandError
+from seqpack.cli.exit import CommandError
 from seqpack.cli.length_sources import add_source_args, load_lengths
 from seqpack.cli.memory import PeakMemory, available_bytes, step_bytes_estimate
 from seqpack.cli.progress import Progress

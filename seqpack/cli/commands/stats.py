@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.cli.errors import CommandError
+from seqpack.cli.exit import CommandError
 from seqpack.cli.length_sources import column_arg
 from seqpack.stats import exact_sum
 from seqpack.validation import check_int

@@ -13,7 +13,7 @@ from typing import Any
 from seqpack.cli.demo.data import load_dataset
 from seqpack.cli.demo.settings import DemoSettings
 from seqpack.cli.demo.train import worker
-from seqpack.cli.errors import CommandError, ExitCode, one_line
+from seqpack.cli.exit import CommandError, ExitCode, one_line
 from seqpack.cli.files import check_output_file
 from seqpack.cli.tables import format_demo_summary
 from seqpack.errors import SeqpackError

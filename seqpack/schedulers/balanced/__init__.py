@@ -112,7 +112,7 @@ model (:func:`seqpack.cost.default_cost_model`). Pass the same cost model to
 :meth:`seqpack.stats.StepStats.from_schedule` to account a schedule in the units it was
 balanced in (``scheduler.resolve_cost(cost)`` returns it).
 
-Modules: ``layout`` (the plan's data, grid helpers, replica renaming, round order),
+Modules: ``rounds`` (the plan's data, grid helpers, replica renaming, round order),
 ``plan`` (steps 1-4 at a count, the search over counts), ``repair`` (step 4), ``exact``
 (the bounded exact bin search), ``replicas`` (the replica-first plan and the
 capacity-aware replica bound), ``locality`` (plans that keep samples home, and when they
@@ -121,7 +121,7 @@ pay), ``stages`` (the ablation's switches), ``scheduler`` (:class:`BalancedSched
 
 from __future__ import annotations
 
-from seqpack.schedulers.balanced.layout import (
+from seqpack.schedulers.balanced.rounds import (
     OBJECTIVES,
     ORDERS,
     BalancedPlan,

@@ -61,7 +61,7 @@ import numpy as np
 from seqpack.options import SAMPLE_BYTES_PER_TOKEN, Objective, Sync
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.balanced import stages
-from seqpack.schedulers.balanced.layout import (
+from seqpack.schedulers.balanced.rounds import (
     _REPAIR_WORK,
     BalancedPlan,
     _grid,

@@ -14,7 +14,7 @@ from seqpack.options import Objective, Sync
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.balanced import exact as _exact
 from seqpack.schedulers.balanced import stages
-from seqpack.schedulers.balanced.layout import (
+from seqpack.schedulers.balanced.rounds import (
     _BETTER_BY,
     _GAP_FOR_MORE,
     _MAX_EXTRA_ROUNDS,

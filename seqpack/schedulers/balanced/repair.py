@@ -9,7 +9,7 @@ import numpy as np
 from seqpack.options import Objective
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.balanced import stages
-from seqpack.schedulers.balanced.layout import (
+from seqpack.schedulers.balanced.rounds import (
     _BISECTION_STEPS,
     _GOOD_ENOUGH,
     _REPAIR_WORK,

@@ -19,7 +19,7 @@ import numpy as np
 
 from seqpack._lazy import lazy_module
 from seqpack.options import Objective
-from seqpack.schedulers.balanced.layout import _GAP_FOR_MORE, _GOOD_ENOUGH, _grid
+from seqpack.schedulers.balanced.rounds import _GAP_FOR_MORE, _GOOD_ENOUGH, _grid
 from seqpack.schedulers.balanced.repair import Repaired, _repair
 
 _kernel = lazy_module("seqpack.schedulers._kernels.replica_repair")  # numba: imported on first use
