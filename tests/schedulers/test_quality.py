@@ -11,8 +11,8 @@ from sched_reference import min_bins_reference
 from seqpack.cost import CostModel
 from seqpack.schedulers import get_scheduler
 from seqpack.schedulers.balanced.exact import FOUND, INFEASIBLE, pack_bins
-from seqpack.schedulers.balanced.rounds import _placement_order
 from seqpack.schedulers.balanced.replicas import replica_first
+from seqpack.schedulers.balanced.rounds import _placement_order
 
 COST = CostModel(24576.0, 1.0)  # issue 24's cost: 24576*s + s**2
 

@@ -32,8 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from seqpack.cli.commands.stats import length_summary
     from seqpack.mock_data import MockSFTDataset, write_lengths
-    from seqpack.mock_data.sft import MIN_VOCAB_SIZE
     from seqpack.mock_data.io import file_format
+    from seqpack.mock_data.sft import MIN_VOCAB_SIZE
 
     out = args.output
     check_int("--num-samples", args.num_samples, minimum=0)

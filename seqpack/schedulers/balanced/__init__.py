@@ -121,6 +121,7 @@ pay), ``stages`` (the ablation's switches), ``scheduler`` (:class:`BalancedSched
 
 from __future__ import annotations
 
+from seqpack.schedulers.balanced.plan import plan_balanced
 from seqpack.schedulers.balanced.rounds import (
     OBJECTIVES,
     ORDERS,
@@ -131,7 +132,6 @@ from seqpack.schedulers.balanced.rounds import (
     round_position,
     round_targets,
 )
-from seqpack.schedulers.balanced.plan import plan_balanced
 from seqpack.schedulers.balanced.scheduler import BalancedScheduler
 
 __all__ = [

@@ -61,6 +61,7 @@ import numpy as np
 from seqpack.options import SAMPLE_BYTES_PER_TOKEN, Objective, Sync
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.balanced import stages
+from seqpack.schedulers.balanced.repair import _repair
 from seqpack.schedulers.balanced.rounds import (
     _REPAIR_WORK,
     BalancedPlan,
@@ -70,7 +71,6 @@ from seqpack.schedulers.balanced.rounds import (
     repair_budget,
     round_targets,
 )
-from seqpack.schedulers.balanced.repair import _repair
 from seqpack.schedulers.objective import step_objective
 
 TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than the reference

@@ -14,6 +14,8 @@ from seqpack.options import Objective, Sync
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.balanced import exact as _exact
 from seqpack.schedulers.balanced import stages
+from seqpack.schedulers.balanced.repair import _repair
+from seqpack.schedulers.balanced.replicas import keep_lighter
 from seqpack.schedulers.balanced.rounds import (
     _BETTER_BY,
     _GAP_FOR_MORE,
@@ -28,8 +30,6 @@ from seqpack.schedulers.balanced.rounds import (
     repair_budget,
     round_targets,
 )
-from seqpack.schedulers.balanced.repair import _repair
-from seqpack.schedulers.balanced.replicas import keep_lighter
 from seqpack.schedulers.objective import round_sum_lower_bound
 from seqpack.validation import check_choice
 

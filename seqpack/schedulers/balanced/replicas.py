@@ -19,8 +19,8 @@ import numpy as np
 
 from seqpack._lazy import lazy_module
 from seqpack.options import Objective
-from seqpack.schedulers.balanced.rounds import _GAP_FOR_MORE, _GOOD_ENOUGH, _grid
 from seqpack.schedulers.balanced.repair import Repaired, _repair
+from seqpack.schedulers.balanced.rounds import _GAP_FOR_MORE, _GOOD_ENOUGH, _grid
 
 _kernel = lazy_module("seqpack.schedulers._kernels.replica_repair")  # numba: imported on first use
 

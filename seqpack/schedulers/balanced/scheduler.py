@@ -12,9 +12,9 @@ from seqpack.options import Objective, Order
 from seqpack.packing.packer import pack_lengths
 from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.balanced.exact import bin_lower_bound
-from seqpack.schedulers.balanced.rounds import _rounds, objective_for, relabel_replicas, round_position
 from seqpack.schedulers.balanced.locality import AUTO, TOLERANCE, locality_pays, plan_local
 from seqpack.schedulers.balanced.plan import plan_balanced
+from seqpack.schedulers.balanced.rounds import _rounds, objective_for, relabel_replicas, round_position
 from seqpack.schedulers.base import GridScheduler
 from seqpack.schedulers.request import check_microbatches
 from seqpack.thd import padded_lengths
