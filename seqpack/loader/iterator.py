@@ -39,7 +39,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
-from torch.distributed.checkpoint.stateful import Stateful
 
 from seqpack.calibrate import CostCalibrator, GroupCostCalibrator, Measurement
 from seqpack.collective import (
@@ -80,7 +79,7 @@ from seqpack.loader.prefetch import (
     check_timeout,
 )
 from seqpack.loader.producer import StepProducer
-from seqpack.loader.resume import ResumeState, StateKey
+from seqpack.loader.resume import ResumeState, Stateful, StateKey
 from seqpack.loader.step import Step
 from seqpack.options import AXES, DataOwner
 from seqpack.schedulers import Scheduler

@@ -30,8 +30,6 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from torch.distributed.checkpoint.stateful import Stateful
-
 from seqpack.collective import (
     Status,
     StepEnd,
@@ -52,7 +50,7 @@ from seqpack.loader.config import PackingConfig
 from seqpack.loader.dynamic import DynamicCp
 from seqpack.loader.labels import misaligned_step_message
 from seqpack.loader.prefetch import DeviceCopy, Progress, Ready, tensors_of
-from seqpack.loader.resume import ResumeState
+from seqpack.loader.resume import ResumeState, Stateful
 from seqpack.loader.step import Step, StepTrace
 from seqpack.options import Axis, DataOwner
 from seqpack.schedulers import Schedule, Scheduler

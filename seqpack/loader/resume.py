@@ -6,7 +6,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -15,9 +15,21 @@ from seqpack.errors import ResumeError
 from seqpack.options import AXES, INT64_MAX
 from seqpack.validation import check_int
 
-__all__ = ["ResumeState", "StateKey"]
+__all__ = ["ResumeState", "StateKey", "Stateful"]
 
 logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """What ``torch.distributed.checkpoint`` saves and loads: ``state_dict()`` and
+    ``load_state_dict()``. The same structural protocol as torch's own ``Stateful``, declared
+    here because importing ``torch.distributed.checkpoint`` costs about a second, as long as
+    ``import seqpack`` without it."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 class StateKey(StrEnum):

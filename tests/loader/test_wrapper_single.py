@@ -135,6 +135,19 @@ class StatefulItems:
         self.position = state["position"]
 
 
+def test_the_wrapper_and_a_stateful_source_are_torch_stateful():
+    """torch.distributed.checkpoint saves what its own Stateful protocol accepts; seqpack's
+    protocol (declared without importing DCP) accepts the same objects."""
+    from torch.distributed.checkpoint.stateful import Stateful as TorchStateful
+
+    from seqpack.loader.resume import Stateful
+
+    it = _wrap(StatefulItems(3))
+    assert isinstance(it, TorchStateful) and isinstance(it, Stateful)
+    assert isinstance(StatefulItems(3), Stateful)
+    assert not isinstance(items(SEED, 0, 3), Stateful)  # a plain iterable is not
+
+
 @pytest.mark.parametrize("stateful", [False, True])
 def test_resume_reproduces_the_next_steps_with_deferred_samples(stateful):
     def fresh():
