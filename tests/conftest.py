@@ -29,3 +29,40 @@ def pytest_configure(config):
     import kernel_tier
 
     kernel_tier.check()
+
+
+# -- Tiers (README "Tests") ---------------------------------------------------------------
+# quick: unit tests, no process groups, no subprocesses, not slow (`./dev test -m quick`).
+# Everything else still runs in the full suite. A test that starts processes is marked
+# `processes` (tests/distributed and users of `dist_pools` are marked here); under
+# `-m quick` starting one fails the test, so a missing mark is found, not trusted.
+_NOT_QUICK = ("slow", "processes", "gpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "distributed" in item.path.parts or "dist_pools" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.processes)
+        if not any(item.get_closest_marker(name) for name in _NOT_QUICK):
+            item.add_marker(pytest.mark.quick)
+
+
+def _refuse(what):
+    def start(*args, **kwargs):
+        raise AssertionError(f"a quick-tier test started {what}: mark it @pytest.mark.processes")
+
+    return start
+
+
+@pytest.fixture(autouse=True)
+def _quick_tier_starts_no_process(request, monkeypatch):
+    if request.config.getoption("markexpr") == "quick":
+        import multiprocessing.process
+        import subprocess
+
+        import torch.distributed
+
+        monkeypatch.setattr(subprocess.Popen, "__init__", _refuse("a subprocess"))
+        monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("a process"))
+        monkeypatch.setattr(torch.distributed, "init_process_group", _refuse("a process group"))
+    yield

@@ -18,6 +18,7 @@ def _run(args, timeout=300):
     return proc.stdout
 
 
+@pytest.mark.processes
 def test_train_tiny_hybrid_trains_under_cp():
     out = _run(
         TORCHRUN
@@ -42,6 +43,7 @@ def test_train_tiny_hybrid_trains_under_cp():
     assert "imbalance" in out
 
 
+@pytest.mark.processes
 def test_hf_transformers_fsdp2_trains_on_packed_steps():
     pytest.importorskip("transformers")
     pytest.importorskip("datasets")
@@ -51,12 +53,14 @@ def test_hf_transformers_fsdp2_trains_on_packed_steps():
     assert all(int(m) > 1 for m in re.findall(r"(\d+) microbatches", out))  # several per step
 
 
+@pytest.mark.processes
 def test_wrap_existing_loader_single_process_and_resume():
     out = _run([sys.executable, "examples/wrap_existing_loader.py"])
     assert "resumed step 1 identical to step 1: True" in out
 
 
 @pytest.mark.parametrize("layout", [["--tp", "2", "--pp", "3", "--dp", "1"], ["--tp", "2", "--pp", "1", "--dp", "2"]])
+@pytest.mark.processes
 def test_megatron_style_broadcasts_and_middle_stage(layout):
     world = 1
     for size in layout[1::2]:
@@ -78,6 +82,7 @@ def test_megatron_style_broadcasts_and_middle_stage(layout):
         assert not any("pp=0/3" in line and "None (metadata only)" in line for line in lines)
 
 
+@pytest.mark.processes
 def test_rl_rollouts_log_probs_come_back_exactly_once_and_equal_the_unpacked_ones():
     out = _run(
         [

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "seqpack"
 
@@ -145,6 +147,7 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
 
+@pytest.mark.processes
 def test_import_seqpack_stays_light():
     import json
     import subprocess

@@ -22,6 +22,7 @@ def _ruff() -> list[str]:
     return [exe]
 
 
+@pytest.mark.processes
 def test_ruff_reads_every_file_ci_lints():
     shown = subprocess.run(
         [*_ruff(), "check", "--show-files", *LINTED], cwd=ROOT, capture_output=True, text=True, check=True

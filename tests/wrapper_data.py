@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import torch
+from harness import TASK_CACHE
 
 from seqpack.schedulers import EmptyScheduler, GridScheduler
 from seqpack.thd import IGNORE_INDEX, padded_lengths
@@ -201,13 +202,13 @@ def wait_until(condition, timeout: float = 10.0) -> bool:
     return True
 
 
-_TOPOLOGIES: dict = {}
+_TOPOLOGIES = TASK_CACHE  # cleared with the groups it holds after every pool task
 
 
 def mesh_topology(layout) -> Topology:
     """The Topology of a CPU device mesh ``layout`` (``((name, size), ...)``). Meshes (and
-    their process groups) are built once per worker process and layout, in the same order
-    on every rank, and reused by every test."""
+    their process groups) are built once per pool task and layout, in the same order on
+    every rank."""
     if layout not in _TOPOLOGIES:
         from torch.distributed.device_mesh import init_device_mesh
 

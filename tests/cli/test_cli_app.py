@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import seqpack.cli.app as cli_app
 from seqpack.cli import COMMANDS, ExitCode, build_parser, main
 from seqpack.errors import ConfigError
@@ -73,6 +75,7 @@ def test_interrupt_is_130(monkeypatch, capsys):
     assert main(["hello"]) == 130 and "interrupted" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_module_entry_point():
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     argv = ["demo", "--help"]
@@ -83,6 +86,7 @@ def test_module_entry_point():
     assert "--max-tokens-per-rank" in proc.stdout and "--pattern" in proc.stdout and "torchrun" in proc.stdout
 
 
+@pytest.mark.processes
 def test_closed_stdout_is_not_an_error(tmp_path):
     """`seqpack ... | head -1`: exit quietly (141), no error message, no traceback."""
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))

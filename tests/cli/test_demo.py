@@ -23,6 +23,7 @@ def _env():
     return env
 
 
+@pytest.mark.processes
 def test_demo_runs_all_modes_and_reports(tmp_path):
     out = tmp_path / "demo.json"
     cmd = [
@@ -102,6 +103,7 @@ def _children(pid):
     return [int(line.split()[0]) for line in out.splitlines() if "multiprocessing-fork" in line or "spawn_main" in line]
 
 
+@pytest.mark.processes
 def test_demo_dead_rank_ends_the_run_with_an_error():
     cmd = [
         sys.executable,

@@ -257,6 +257,7 @@ def test_block_mask_matches_its_definition(q_start, num_q, k_start, num_k, left,
     assert torch.equal(torch.ones_like(expected) if got is None else got, expected)
 
 
+@pytest.mark.processes
 def test_benchmark_prints_the_traffic_table():
     import pathlib
     import subprocess

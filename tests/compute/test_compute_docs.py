@@ -19,6 +19,7 @@ def test_docs_have_examples():
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
+@pytest.mark.processes
 def test_doc_example_runs(index):
     doc, code = BLOCKS[index]
     if "torchrun" in code:

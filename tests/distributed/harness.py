@@ -26,6 +26,10 @@ import torch.multiprocessing as mp
 
 _STOP = "__stop__"
 
+# Objects a task may cache for its own calls (meshes, topologies); cleared after every task,
+# because the process groups they hold are destroyed then (_destroy_groups_since).
+TASK_CACHE: dict[Any, Any] = {}
+
 
 class RankFailure(RuntimeError):
     """One or more ranks raised (or hung). ``errors`` maps rank to (type name, message, traceback)."""
@@ -57,17 +61,41 @@ def _worker(rank: int, world_size: int, store_path: str, tasks, results, threads
             if task == _STOP:
                 break
             call_id, module, qualname, args, kwargs = task
+            before = _groups()
             try:
                 fn = _resolve(module, qualname)
-                value = fn(*args, **kwargs)
-                results.put((call_id, rank, True, value))
+                answer = (call_id, rank, True, fn(*args, **kwargs))
             except BaseException as exc:  # report everything, keep serving
-                results.put((call_id, rank, False, (type(exc).__name__, str(exc), traceback.format_exc())))
+                answer = (call_id, rank, False, (type(exc).__name__, str(exc), traceback.format_exc()))
+            _destroy_groups_since(before)
+            results.put(answer)
     finally:
         try:
             dist.destroy_process_group()
         except Exception:
             pass
+
+
+def _groups() -> set[Any]:
+    from torch.distributed import distributed_c10d
+
+    return set(distributed_c10d._world.pg_map)
+
+
+def _destroy_groups_since(before: set[Any]) -> None:
+    """Destroy the process groups a task made. Every gloo group keeps a TCP loop thread and two
+    run-loop threads that wake up while idle: left alive, the groups of a few hundred tests
+    cost the workers most of a core. The barrier first: no rank drops a group a peer is still
+    using."""
+    import gc
+
+    import torch.distributed as dist
+
+    TASK_CACHE.clear()
+    gc.collect()  # a task's wrappers and their groups are garbage now
+    dist.barrier()
+    for pg in _groups() - before:
+        dist.destroy_process_group(pg)
 
 
 class WorkerPool:

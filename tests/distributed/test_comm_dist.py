@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from harness import TASK_CACHE
 from torch.distributed.device_mesh import init_device_mesh
 from wrapper_data import ScatterScheduler, batch_arrays
 
@@ -26,11 +27,11 @@ from seqpack.thd import pack_sequences, pad_multiple_for, padding_only_batch
 from seqpack.thd.cp import shard_for_cp
 from seqpack.topology import Topology
 
-_CACHE: dict = {}
+_CACHE = TASK_CACHE
 
 
 def _cached(key, build):
-    # Groups are created once per worker, in the same order on every rank.
+    # Groups are created once per pool task, in the same order on every rank.
     if key not in _CACHE:
         _CACHE[key] = build()
     return _CACHE[key]

@@ -62,6 +62,7 @@ def broken_path(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("how", sorted(BREAKAGES))
+@pytest.mark.processes
 def test_the_probe_reports_every_way_an_import_breaks(broken_path, how):
     body, said = BREAKAGES[how]
     _package(broken_path, f"fake_{how}", body)
@@ -70,6 +71,7 @@ def test_the_probe_reports_every_way_an_import_breaks(broken_path, how):
     assert "Traceback" not in probe["error"] and "\n" not in probe["error"]
 
 
+@pytest.mark.processes
 def test_the_probe_bounds_a_hanging_import(broken_path):
     _package(broken_path, "fake_hang", "import time; time.sleep(60)")
     probe = probe_import("fake_hang", timeout=1.0)
@@ -84,6 +86,7 @@ def _doctor(env: dict[str, str]) -> tuple[int, dict, str]:
     return done.returncode, json.loads(done.stdout) if done.returncode == 0 else {}, done.stderr
 
 
+@pytest.mark.processes
 def test_doctor_reports_every_package_broken_at_once(broken_path):
     # Each optional package broken another way, and a numba whose OpenMP layer aborts.
     _package(broken_path, "transformer_engine", BREAKAGES["abort"][0])
@@ -107,6 +110,7 @@ def test_doctor_reports_every_package_broken_at_once(broken_path):
     assert "SIGABRT" in numba["threading_layer_errors"]["omp"] and "tbb" not in numba["threading_layer_errors"]
 
 
+@pytest.mark.processes
 def test_doctor_reports_a_numba_that_refuses_its_settings(monkeypatch):
     from seqpack.compute.backends import environment_report, format_environment_report
 
@@ -129,6 +133,7 @@ def test_bad_doctor_flags_are_one_error_line(argv, capsys):
     assert exc.value.code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
 
 
+@pytest.mark.processes
 def test_warm_with_a_broken_numba_is_one_error_line_naming_numba():
     """``doctor --warm`` compiles, so a numba that cannot load is the kernels' ConfigError:
     exit 2, one line naming numba and what to run, the progress line ended first."""

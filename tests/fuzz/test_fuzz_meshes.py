@@ -183,6 +183,7 @@ def mesh_cases(draw: st.DrawFn) -> dict:
 
 @settings(max_examples=300)
 @given(mesh_cases())
+@pytest.mark.processes
 def test_any_mesh_is_a_valid_topology_or_one_named_error(case):
     with fake_world(case["rank"], math.prod(case["sizes"])):
         check_read(case, read_case(case))
@@ -208,6 +209,7 @@ FRAMEWORKS = [
 
 
 @pytest.mark.parametrize("case", FRAMEWORKS, ids=lambda c: "-".join(c.get("slice") or c.get("flatten")))
+@pytest.mark.processes
 def test_framework_parts_on_every_rank(case):
     for rank in range(4):
         with fake_world(rank, 4):
@@ -220,6 +222,7 @@ def test_framework_parts_on_every_rank(case):
             assert got["wrapper"].startswith("the topology spans 2 of the 4 initialised ranks"), got
 
 
+@pytest.mark.processes
 def test_a_rank_outside_the_mesh_is_named():
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -272,6 +275,7 @@ SPOILED = [(t, arg) for t in TARGETS for arg in t.args]
 
 
 @pytest.mark.parametrize("target, arg", SPOILED, ids=[f"{t.name}.{a}" for t, a in SPOILED])
+@pytest.mark.processes
 def test_hostile_values_are_named(target, arg):
     answers = []
     for _, make in HOSTILE:

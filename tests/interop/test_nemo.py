@@ -247,6 +247,7 @@ def test_padding_mask_from_the_layout_matches_a_per_token_reference(rows, extra)
     assert out["padding_mask"].tolist() == _mask_reference(reals, slots, seq_len)
 
 
+@pytest.mark.processes
 def test_thd_names_in_either_import_order():
     import seqpack.interop.nemo
     import seqpack.thd

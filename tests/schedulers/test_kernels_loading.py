@@ -24,6 +24,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.processes
 def test_importing_the_schedulers_loads_no_kernel_module():
     code = (
         "import sys, seqpack\n"
@@ -39,6 +40,7 @@ def test_importing_the_schedulers_loads_no_kernel_module():
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.processes
 def test_import_seqpack_does_not_import_numba():
     code = (
         "import sys, seqpack\n"
@@ -50,6 +52,7 @@ def test_import_seqpack_does_not_import_numba():
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.processes
 def test_a_broken_numba_leaves_import_and_doctor_working():
     out = _run("import seqpack", NUMBA_NUM_THREADS="0")
     assert out.returncode == 0, out.stderr
@@ -58,6 +61,7 @@ def test_a_broken_numba_leaves_import_and_doctor_working():
     assert '"numba"' in out.stdout and "Number of threads" in out.stdout
 
 
+@pytest.mark.processes
 def test_a_broken_numba_is_named_when_a_kernel_is_first_used():
     code = (
         "from seqpack.cli.app import main\nraise SystemExit(main(['simulate', '--global-batch', '64', '--dp', '2']))\n"
@@ -152,6 +156,7 @@ def test_disabled_jit_is_not_announced(cache, caplog, monkeypatch):
     assert not caplog.records
 
 
+@pytest.mark.processes
 def test_the_cache_folder_is_the_one_numba_uses(tmp_path):
     """With and without NUMBA_CACHE_DIR (numba names a folder after each source folder, not
     its path): the folder compile_note reads is the one numba wrote the kernel's index to."""
@@ -180,6 +185,7 @@ def _run_without_cache_dir(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.processes
 def test_every_kernel_module_is_watched_however_it_is_imported():
     """The lazy modules (exact search and bin completion, replica-first, dynamic CP, the
     offline packer) and the ``_kernels`` names are each checked before their module's first
@@ -208,6 +214,7 @@ def test_every_kernel_module_is_watched_however_it_is_imported():
     assert len(seen) == 8
 
 
+@pytest.mark.processes
 def test_a_cold_cache_warns_on_stderr_with_no_logging_configured(tmp_path):
     """Python's last-resort handler prints a WARNING on stderr when nothing is configured: the
     user sees why the first plan pauses. Loading two kernel modules compiles nothing (numba
