@@ -41,7 +41,12 @@ _NOT_QUICK = ("slow", "processes", "gpu")
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "distributed" in item.path.parts or "dist_pools" in getattr(item, "fixturenames", ()):
+        pools = "dist_pools" in getattr(item, "fixturenames", ())
+        if pools:
+            # Under ./dev test's xdist workers, one worker holds the gloo pools (memory: a
+            # pool of 8 ranks is 8 processes of ~0.5 GB) and runs every test that uses them.
+            item.add_marker(pytest.mark.xdist_group("gloo_pools"))
+        if pools or "distributed" in item.path.parts:
             item.add_marker(pytest.mark.processes)
         if not any(item.get_closest_marker(name) for name in _NOT_QUICK):
             item.add_marker(pytest.mark.quick)

@@ -111,6 +111,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_the_graph_is_read():
     graph = import_graph()
     assert len(graph) > 70 and sum(len(e) for e in graph.values()) > 150  # not vacuous
@@ -122,11 +123,13 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+@pytest.mark.slow
 def test_no_import_cycle():
     found = cycles(import_graph())
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
+@pytest.mark.slow
 def test_no_module_imports_its_own_package_face():
     graph = import_graph()
     modules = _modules()

@@ -117,6 +117,7 @@ def _imports(source: str, package: list[str]) -> set[str]:
     return out
 
 
+@pytest.mark.slow
 def test_subpackages_import_only_the_layers_below():
     layers = _layers()
     units = {p.stem if p.parent == PACKAGE else p.relative_to(PACKAGE).parts[0] for p in PACKAGE.rglob("*.py")}

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import pytest
+
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "seqpack"
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 500
@@ -51,6 +53,7 @@ def _sizes() -> tuple[list[str], list[str], int]:
     return long_functions, long_modules, functions
 
 
+@pytest.mark.slow
 def test_numba_kernels_are_seen_to_be_exempted() -> None:
     # Not vacuous: the exemption recognises the kernels' decorators.
     kernels = {
@@ -65,6 +68,7 @@ def test_numba_kernels_are_seen_to_be_exempted() -> None:
     assert "phases.py" not in kernel_modules
 
 
+@pytest.mark.slow
 def test_no_function_over_80_lines_and_no_module_over_500() -> None:
     long_functions, long_modules, functions = _sizes()
     assert functions > 1000  # not vacuous: the whole package was read

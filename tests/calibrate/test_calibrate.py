@@ -139,6 +139,7 @@ def test_robust_calibration_ignores_a_compile_step():
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.floats(1e-9, 1e4), min_size=1, max_size=4), min_size=1, max_size=4))
+@pytest.mark.slow
 def test_max_of_encoded_words_is_the_largest_time(rows):
     """The wire encoding orders like the times: an int64 MAX over ranks picks the slowest;
     a rank that has not recorded yet (MISSING) holds the microbatch back; a rank that keeps
@@ -171,6 +172,7 @@ def _schedule(seed, dp=2):
     return get_scheduler("balanced").schedule(lengths, dp_size=dp, max_tokens_per_rank=512, pad_multiple=8)
 
 
+@pytest.mark.slow
 def test_microbatch_sums_are_exact():
     schedule = _schedule(0)
     sums = microbatch_sums(schedule)
@@ -218,6 +220,7 @@ def test_ledger_gives_up_waiting_after_its_window(caplog):
     assert ledger.late == 1
 
 
+@pytest.mark.slow
 def test_ledger_reports_the_prediction_error_of_the_model_in_use():
     ledger = _ledger()
     s0 = _schedule(2)

@@ -2,9 +2,13 @@
 
 import json
 
+import pytest
+
 from seqpack.cli import main
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_doctor_text_names_every_package_and_the_auto_choice(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
@@ -13,6 +17,8 @@ def test_doctor_text_names_every_package_and_the_auto_choice(capsys):
     assert 'backend="auto" on bf16 CUDA inputs' in out
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_doctor_json_is_the_report(capsys):
     assert main(["doctor", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -64,6 +64,7 @@ def test_stats_plot_without_matplotlib(lengths_csv, tmp_path, capsys, monkeypatc
     assert not (tmp_path / "h.png").exists()
 
 
+@pytest.mark.slow
 def test_stats_plot_on_all_zero_lengths(tmp_path, capsys):
     path = tmp_path / "zeros.csv"
     write_lengths(path, [0, 0, 0])
@@ -75,6 +76,7 @@ def test_stats_plot_into_a_missing_directory(lengths_csv, tmp_path, capsys):
     _fails(["stats", lengths_csv, "--plot", target], capsys, "--plot", str(target), "does not exist")
 
 
+@pytest.mark.slow
 def test_stats_plot_refuses_a_directory_and_writes_exactly_the_path(lengths_csv, tmp_path, capsys):
     _fails(["stats", lengths_csv, "--plot", tmp_path], capsys, "--plot", str(tmp_path), "is a directory")
     target = tmp_path / "histogram"  # no extension: PNG, at exactly this path (matplotlib alone adds .png)

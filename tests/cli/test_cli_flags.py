@@ -104,6 +104,7 @@ settings_values = st.fixed_dictionaries(
 
 
 @given(settings_values)
+@pytest.mark.slow
 def test_settings_round_trip_through_the_command_line(values):
     try:
         settings = DemoSettings(**values)

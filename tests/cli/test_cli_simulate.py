@@ -71,6 +71,7 @@ def test_simulate_json_from_file_and_config(tmp_path, capsys):
     assert report["config"]["model"] is None and len(report["results"]["balanced"]["steps"]) == 1
 
 
+@pytest.mark.slow
 def test_simulate_plot(tmp_path, capsys):
     png = tmp_path / "load.png"
     assert (
@@ -163,6 +164,7 @@ def test_simulate_repeats_lengths_without_materializing_every_step():
         assert step["ideal"] * 2 == pytest.approx(pool[7 * k : 7 * (k + 1)].sum())  # token cost: total / dp
 
 
+@pytest.mark.slow
 def test_simulate_reports_moved_tokens_plan_time_and_memory():
     lengths = lognormal_lengths(4096, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096)
     kwargs = dict(dp_size=64, max_tokens_per_rank=16384, global_batch=1024, steps=2, bytes_per_token=100)
@@ -206,6 +208,7 @@ def test_simulate_decides_locality_auto_by_the_bytes_per_token_and_says_so(capsy
     assert report["config"]["balanced"]["locality"] is False and report["results"]["balanced"]["locality_steps"] == 0
 
 
+@pytest.mark.slow
 def test_simulate_many_replicas_few_sequences(capsys):
     # dp x dp data would be 74.5 GiB here; the plan is O(N + dp).
     args = ["simulate", "--dp", "100000", "--global-batch", "64", "--steps", "1", "--schedulers", "balanced"]

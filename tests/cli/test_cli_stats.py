@@ -1,9 +1,12 @@
 import json
 
+import pytest
+
 from seqpack.cli import length_summary, main
 from seqpack.mock_data import write_lengths
 
 
+@pytest.mark.slow
 def test_stats_summary_and_histogram(tmp_path, capsys):
     path = tmp_path / "lens.csv"
     write_lengths(path, [100, 200, 300, 400, 10_000])

@@ -210,6 +210,7 @@ def test_encode_rejects_bad_messages():
     positions=st.booleans(),
     seed=st.integers(0, 100),
 )
+@pytest.mark.slow
 def test_layout_rebuild_equals_pack_and_shard(cp, lengths, positions, seed):
     g = torch.Generator().manual_seed(seed)
     samples = [{"input_ids": torch.randint(1, 50, (n,), generator=g)} for n in lengths]
@@ -254,6 +255,7 @@ def test_batch_from_layout_checks_token_counts():
     dp=st.integers(1, 5),
     data=st.data(),
 )
+@pytest.mark.slow
 def test_plan_exchange_is_consistent_across_ranks(dp, data):
     counts = np.array(data.draw(st.lists(st.integers(0, 6), min_size=dp, max_size=dp)), dtype=np.int64)
     n = int(counts.sum())
@@ -289,6 +291,7 @@ def _plan_exchange_reference(destination, sizes, counts, rank):
 
 
 @given(dp=st.integers(1, 9), data=st.data())
+@pytest.mark.slow
 def test_plan_exchange_equals_the_per_peer_reference(dp, data):
     counts = np.array(data.draw(st.lists(st.integers(0, 12), min_size=dp, max_size=dp)), dtype=np.int64)
     n = int(counts.sum())
@@ -356,6 +359,7 @@ def test_docs_gather_tables_are_generated_from_their_declarations():
 
 
 @given(st.integers(1, 5), st.lists(st.tuples(st.integers(-1, 4), st.integers(0, 4), st.integers(0, 5)), max_size=40))
+@pytest.mark.slow
 def test_plan_return_sends_every_value_home_exactly_once(dp, rows):
     from seqpack.collective.exchange import plan_return
 

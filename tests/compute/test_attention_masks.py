@@ -58,6 +58,7 @@ mask_strategy = st.one_of(
     seed=st.integers(0, 100),
 )
 @settings(max_examples=60, deadline=None)
+@pytest.mark.slow
 def test_every_rank_matches_the_brute_force_reference(lengths, mask, heads, cp, layout, seed):
     causal, window = mask
     batch = make_pack(lengths, pad_multiple_for(cp), seed)
@@ -82,6 +83,7 @@ def test_every_rank_matches_the_brute_force_reference(lengths, mask, heads, cp, 
 
 
 @pytest.mark.parametrize("causal, window", MASKS)
+@pytest.mark.slow
 def test_masks_on_a_fixed_pack_with_pads_between_sequences(causal, window):
     batch = make_pack([7, 1, 12, 4], pad_multiple=4)
     assert batch.padding_mask.sum() > 0  # not vacuous: pads between sequences
@@ -145,6 +147,7 @@ def simulate_exchange(batch, cp, layout, mask):
     layout=st.sampled_from(list(CpLayout)),
 )
 @settings(max_examples=60, deadline=None)
+@pytest.mark.slow
 def test_exchange_brings_exactly_the_keys_in_reach(lengths, mask, cp, layout):
     causal, window = mask
     batch = make_pack(lengths, pad_multiple_for(cp))
@@ -249,6 +252,7 @@ def test_the_widest_window_runs_and_is_the_unbounded_mask():
     q_start=st.integers(0, 20), num_q=st.integers(1, 12), k_start=st.integers(0, 20), num_k=st.integers(1, 12),
     left=st.integers(-1, 8), right=st.integers(-1, 8),
 )  # fmt: skip
+@pytest.mark.slow
 def test_block_mask_matches_its_definition(q_start, num_q, k_start, num_k, left, right):
     mask = AttentionMask(left, right)
     got = block_mask(q_start, num_q, k_start, num_k, mask, torch.device("cpu"))
@@ -276,6 +280,7 @@ def test_benchmark_prints_the_traffic_table():
 
 @pytest.mark.parametrize("layout", list(CpLayout))
 @pytest.mark.parametrize("cp", [1, 2, 4])
+@pytest.mark.slow
 def test_windowed_blocks_with_exchanged_keys(monkeypatch, cp, layout):
     """Windows cut long pieces into many query blocks, each finding its key run among the
     exchanged keys by position; all of it against the brute force, forward and backward."""

@@ -56,6 +56,7 @@ def grads(out, inputs, seed=1):
     st.booleans(),
 )
 @settings(max_examples=20)
+@pytest.mark.slow
 def test_matches_dense_reference_forward_and_backward(lengths, pad_multiple, heads, tail):
     H, Hkv = heads
     batch = make_pack(lengths, pad_multiple)
@@ -119,6 +120,7 @@ def test_changing_one_sequence_changes_no_other():
 
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("lengths", [[9, 1, 16, 3], [1], [30]])
+@pytest.mark.slow
 def test_cp_shard_equals_single_rank_rows(cp, lengths):
     """The chunk masking of every CP rank, with the gathered K/V given directly."""
     batch = make_pack(lengths, pad_multiple_for(cp))
@@ -350,6 +352,7 @@ def _blocks_and_grads(q, k, v, offset, mask):
 
 @pytest.mark.parametrize("offset", [0, 80])
 @pytest.mark.parametrize("window", [None, (37, 0), (20, 9)])
+@pytest.mark.slow
 def test_query_blocking_of_long_sequences_is_exact(monkeypatch, window, offset):
     mask = attention_mask(window is None or window[1] == 0, window)
     torch.manual_seed(0)

@@ -393,6 +393,8 @@ def _broken_packages(root):
     (root / "mamba_ssm" / "ops" / "triton" / "ssd_combined.py").write_text("")
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_the_report_survives_packages_that_abort_exit_or_crash_on_import(tmp_path, monkeypatch):
     import os
 
@@ -410,6 +412,7 @@ def test_the_report_survives_packages_that_abort_exit_or_crash_on_import(tmp_pat
     assert "SIGABRT" in backends.format_environment_report(report)
 
 
+@pytest.mark.processes
 def test_probe_import_reports_a_working_module_with_its_attributes():
     probe = backends.probe_import("json", ("dumps", "nothing_here"))
     assert probe["imports"] and probe["error"] is None and probe["attrs"] == {"dumps": True, "nothing_here": False}

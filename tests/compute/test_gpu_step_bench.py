@@ -23,6 +23,8 @@ def gpu_step():
 
 
 @pytest.mark.parametrize("model", ["transformer", "hybrid"])
+@pytest.mark.slow
+@pytest.mark.processes
 def test_gpu_step_toy_run_reports_every_scheduler(gpu_step, tmp_path, model, capsys):
     out, js = tmp_path / "r.txt", tmp_path / "r.json"
     data = gpu_step.main(["--toy", "--model", model, "--out", str(out), "--json", str(js)])

@@ -84,6 +84,7 @@ def test_seq_idx_matches_packer(lengths, pad_multiple):
 
 
 @pytest.mark.parametrize("lengths", [[5, 1, 7, 2], [1], [3, 3, 3], [10]])
+@pytest.mark.slow
 def test_conv_resets_at_sequence_boundaries(lengths):
     g = torch.Generator().manual_seed(1)
     T, Cn, W = sum(lengths), 6, 4
@@ -110,6 +111,7 @@ def test_conv_resets_at_sequence_boundaries(lengths):
     st.integers(0, 2**16),
 )
 @settings(max_examples=15)
+@pytest.mark.slow
 def test_chunked_scan_matches_token_loop(lengths, chunk, heads_groups, seed):
     H, G = heads_groups
     T, P, N = sum(lengths), 3, 2
@@ -179,6 +181,7 @@ def _mixer_loss(m, hidden, batch, weights):
 
 
 @pytest.mark.parametrize("pad_multiple", [1, 4])
+@pytest.mark.slow
 def test_pack_equals_each_sequence_alone(pad_multiple):
     lengths = [5, 1, 9, 3]
     m = mixer(chunk_size=4)  # chunks straddle sequence boundaries
@@ -207,6 +210,7 @@ def test_pack_equals_each_sequence_alone(pad_multiple):
         torch.testing.assert_close(pack_grads[k], sep_grads[k], rtol=1e-11, atol=1e-12, msg=k)
 
 
+@pytest.mark.slow
 def test_changing_one_sequence_changes_no_other():
     lengths = [4, 1, 7, 5]
     m = mixer(chunk_size=4)
@@ -315,6 +319,7 @@ def _fake_kernels(calls):
     return mods
 
 
+@pytest.mark.slow
 def test_kernel_adapter_passes_seq_idx_and_matches_torch(monkeypatch):
     calls = []
     for name, mod in _fake_kernels(calls).items():

@@ -12,6 +12,7 @@ def _batch(lengths, seed=0, pad_multiple=4):
     )
 
 
+@pytest.mark.slow
 def test_tiny_lm_trains_and_isolates_sequences():
     torch.manual_seed(0)
     model = TinyHybridLM(

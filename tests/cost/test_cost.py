@@ -235,6 +235,7 @@ def test_fit_checks_its_arguments():
     ),
     noise=st.sampled_from([0.0, 0.05, 0.5]),
 )
+@pytest.mark.slow
 def test_fit_is_the_exact_nnls_optimum(seed, count, coef, noise):
     """KKT conditions of NNLS hold for every fit: it is the optimum, not an approximation."""
     rng = np.random.default_rng(seed)

@@ -62,6 +62,7 @@ def test_vectorised_features_are_the_exact_sums(lengths, window):
 # -- ModelSpec ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gpt_oss_flops_by_hand_one_sequence():
     spec = model_preset("gpt-oss-20b")
     assert spec.attention_kinds == (12, 12) and spec.layer_counts == (24, 24, 0)
@@ -89,6 +90,7 @@ def test_gemma3_is_five_local_to_one_global():
 
 
 @pytest.mark.parametrize("window", [0, 64, 4096])
+@pytest.mark.slow
 def test_windowed_model_costs_what_the_full_one_does_below_the_window_and_grows_linearly_above(window):
     full, local = ModelSpec(**LLAMA3_8B), ModelSpec(**LLAMA3_8B, window_size=window)
     assert local.attention_kinds == (0, 32) and local.quadratic_flops == 0

@@ -749,6 +749,7 @@ def _in_tmp_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_every_target_is_called_validly_first():
     failed = {}
     for target in TARGETS:
@@ -760,6 +761,7 @@ def test_every_target_is_called_validly_first():
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=[t.name for t in TARGETS])
+@pytest.mark.slow
 def test_hostile_arguments_get_a_clear_seqpack_error_or_are_used_as_given(target):
     outcomes = collections.Counter()
 
@@ -813,6 +815,7 @@ def _refused_by_name(call, names: tuple[str, ...], *, out_of_range: bool) -> str
     return "ok"
 
 
+@pytest.mark.slow
 def test_windows_are_taken_in_range_and_refused_by_name_outside():
     outcomes = collections.Counter()
     q = torch.randn(7, 2, 4, dtype=torch.float64)
@@ -858,6 +861,7 @@ def test_windows_are_taken_in_range_and_refused_by_name_outside():
 RING_FIGURES = ("ring_step", "ring_token", "ring_token_inter")
 
 
+@pytest.mark.slow
 def test_group_cost_figures_need_a_ring_term_or_are_refused_by_name():
     outcomes = collections.Counter()
     figure_values = st.one_of(st.sampled_from([0, 0.0, 1e-4, 2e-8, 3]), hostile_values)

@@ -223,6 +223,7 @@ def _valid_first(target: Target) -> None:
 
 
 @pytest.mark.parametrize(("target", "arg"), _targets(), ids=[f"{t.name}-{a}" for t, a in _targets()])
+@pytest.mark.slow
 def test_every_hostile_value_is_refused_by_name_or_used_as_meant(target, arg):
     _valid_first(target)
     outcomes: collections.Counter[str] = collections.Counter()
@@ -299,6 +300,7 @@ def test_fit_near_the_largest_double_is_the_fit_in_seconds_scaled():
 
 
 @pytest.mark.parametrize(("name", "value"), [e for e in EXTREMES if e[0] in ("1e308", "5e-324", "nan", "-1")])
+@pytest.mark.slow
 def test_record_times_with_extreme_times_runs_and_leaks_no_warning(name, value):
     """Before: 1e308 s reached the step-time sum of the measurement (numpy overflow warnings)."""
     reset_warn_once()
@@ -328,6 +330,7 @@ def test_record_times_twice_in_one_step_is_refused_and_fails_the_next_step(prefe
 
 
 @pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.slow
 def test_times_of_an_earlier_step_are_taken_while_pending_then_dropped_and_counted(prefetch, caplog):
     reset_warn_once()
     with _wrap(prefetch=prefetch) as it:
@@ -357,6 +360,7 @@ def test_record_times_after_close_is_ignored_without_error():
         next(it)
 
 
+@pytest.mark.slow
 def test_record_times_of_an_old_iterator_after_resume_leaves_the_new_one_alone():
     reference = _wrap()
     old = _wrap()

@@ -102,6 +102,7 @@ def test_the_base_command_lines_are_valid(command, cli_files, no_spawn, capsys):
 
 
 @pytest.mark.parametrize("command", sorted(BASE))
+@pytest.mark.slow
 def test_every_flag_with_a_hostile_value_exits_0_or_2_with_one_line(command, cli_files, no_spawn, capsys):
     flags = _flags(command)
     outcomes = collections.Counter()

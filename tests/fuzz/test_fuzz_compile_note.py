@@ -8,6 +8,7 @@ from __future__ import annotations
 import pickle
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,6 +40,7 @@ def _fresh(tmp_path_factory, data: bytes) -> bool:
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
+@pytest.mark.slow
 def test_random_bytes_are_never_fresh(tmp_path_factory, data):
     assert not _fresh(tmp_path_factory, data) or data.startswith(pickle.dumps(VERSION, protocol=-1))
 
@@ -51,6 +53,7 @@ def test_random_bytes_are_never_fresh(tmp_path_factory, data):
     st.binary(max_size=16),
     st.booleans(),
 )
+@pytest.mark.slow
 def test_hostile_length_fields_are_cold(tmp_path_factory, opcode, width, length, tail, after_version):
     field = struct.pack("<Q" if width == 8 else "<I", length % (2 ** (8 * width)))
     hostile = b"\x80\x05" + opcode + field + tail
@@ -70,6 +73,7 @@ def test_hostile_length_fields_are_cold(tmp_path_factory, opcode, width, length,
     ),
     st.integers(0, 200),
 )
+@pytest.mark.slow
 def test_only_this_version_and_stamp_are_fresh(tmp_path_factory, version, stamp, cut):
     whole = _numba_index(version, stamp)
     assert _fresh(tmp_path_factory, whole) == (version == VERSION and stamp in STAMPS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from hostile import Target, check_answer, hostile_values
 from hypothesis import given, settings
@@ -61,6 +62,7 @@ def _listed(row: dict[str, Any]) -> dict[str, Any]:
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(rows(), min_size=1, max_size=5), st.booleans())
+@pytest.mark.slow
 def test_mixin_samples_train_on_trls_targets(batch: list[dict[str, Any]], use_completion_mask: bool) -> None:
     samples = [sample_of(row, use_completion_mask) for row in batch]
     packed = pack_sequences(samples, label_format="unshifted")

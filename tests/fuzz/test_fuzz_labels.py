@@ -195,6 +195,7 @@ def _slow_pack(samples, fmt):
 # --- pack_sequences and to_hf --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_pack_sequences_refuses_exactly_what_the_reference_refuses_and_packs_its_targets():
     outcomes: collections.Counter[str] = collections.Counter()
 
@@ -238,6 +239,7 @@ def _pack_and_compare(samples, fmt, pad_multiple) -> str:
 
 @settings(max_examples=40, deadline=None)
 @given(samples=batches(), fmt=st.sampled_from(NOT_FORMATS))
+@pytest.mark.slow
 def test_a_label_format_that_is_not_one_is_refused_naming_it(samples, fmt):
     with pytest.raises(SeqpackError, match=rf"label_format must be one of .*got {re.escape(repr(fmt))}"):
         pack_sequences([_tensors(s) for s in samples], label_format=fmt)
@@ -246,6 +248,7 @@ def test_a_label_format_that_is_not_one_is_refused_naming_it(samples, fmt):
 # --- the wrapper's read: prepare_labels and the step's sums --------------------------------------
 
 
+@pytest.mark.slow
 def test_the_read_refuses_like_the_packer_and_sums_what_the_step_guard_needs():
     outcomes: collections.Counter[str] = collections.Counter()
 
@@ -287,6 +290,7 @@ def _read_and_compare(samples, fmt) -> str:
     return "read" if message is None else "read, step refused"
 
 
+@pytest.mark.slow
 def test_the_wrapper_on_one_rank_fails_the_step_where_the_reference_refuses_or_trains_its_count():
     outcomes: collections.Counter[str] = collections.Counter()
 

@@ -120,6 +120,7 @@ def _values(step, dtype: torch.dtype, trailing: tuple[int, ...], per_sequence: b
     trailing=st.sampled_from([(), (1,), (3,), (2, 2)]),
     seed=st.integers(0, 2**31),
 )
+@pytest.mark.slow
 def test_one_value_per_sequence_read_in_read_order(lengths, spr, plan, on_oversize, capacity, dtype, trailing, seed):
     capacity = 48 if on_oversize == "error" else capacity  # 40 tokens (44 padded) fit
     options: dict = dict(samples_per_rank=spr, max_tokens_per_rank=capacity, on_oversize=on_oversize, prefetch=0,
@@ -196,6 +197,7 @@ WRONG = {
     wrong=st.sampled_from(sorted(WRONG)),
     dynamic=st.booleans(),
 )
+@pytest.mark.slow
 def test_wrong_values_are_a_seqpack_error_naming_values(lengths, wrong, dynamic):
     options: dict = dict(samples_per_rank=len(lengths), max_tokens_per_rank=48, prefetch=0, drop_last=False)
     options.update(dict(dynamic_cp=True, group_cost=RING) if dynamic else dict(scheduler="empty", pad_multiple=4))

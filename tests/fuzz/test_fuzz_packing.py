@@ -35,6 +35,7 @@ TARGETS = [
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
+@pytest.mark.slow
 def test_hostile_arguments_are_refused_by_name(target, data):
     kwargs = target.valid()
     arg = data.draw(st.sampled_from(sorted(target.args)))
@@ -45,6 +46,7 @@ def test_hostile_arguments_are_refused_by_name(target, data):
 
 @settings(max_examples=200, deadline=None)
 @given(lengths=st.lists(st.integers(-2, 300), max_size=50), max_tokens=st.integers(1, 400))
+@pytest.mark.slow
 def test_pack_lengths_invariants_or_a_named_refusal(lengths, max_tokens):
     try:
         packing = pack_lengths(lengths, max_tokens)
@@ -72,6 +74,7 @@ row = st.integers(0, 30).flatmap(
     label_format=st.sampled_from(["shifted", "unshifted", "position_aligned"]),
     on_oversize=st.sampled_from(["error", "truncate", "drop"]),
 )
+@pytest.mark.slow
 def test_pack_dataset_invariants_or_a_named_refusal(rows, max_tokens, label_format, on_oversize):
     try:
         packed = seqpack.pack_dataset(rows, max_tokens, label_format=label_format, on_oversize=on_oversize)

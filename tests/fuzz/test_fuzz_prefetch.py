@@ -99,6 +99,7 @@ TARGETS = [
 
 
 @pytest.mark.parametrize("target, arg", [(t, a) for t in TARGETS for a in t.args], ids=lambda v: getattr(v, "name", v))
+@pytest.mark.slow
 def test_every_hostile_value_is_refused_by_name_or_taken_as_given(target, arg):
     answers = collections.Counter()
     for _, make in HOSTILE:
@@ -120,6 +121,7 @@ def test_absurd_prefetch_is_refused_before_any_thread(value):
 
 
 @pytest.mark.parametrize("k", [0, 1, 16])
+@pytest.mark.slow
 def test_next_after_close_close_twice_and_after_the_end(k):
     it = _wrap(Counted(), prefetch=k)
     first = next(it)
@@ -139,6 +141,7 @@ def test_next_after_close_close_twice_and_after_the_end(k):
 
 
 @pytest.mark.parametrize("k", [1, 3, 16])
+@pytest.mark.slow
 def test_state_dict_while_the_thread_reads_ahead_describes_the_steps_handed_over(k):
     source = Counted(count=60)
     it = _wrap(source, prefetch=k)
@@ -153,6 +156,7 @@ def test_state_dict_while_the_thread_reads_ahead_describes_the_steps_handed_over
     assert sorted(_seen(handed + rest)) == sorted(expected_sequences(SEED, 0, 60))  # exactly once
 
 
+@pytest.mark.slow
 def test_close_from_another_thread_while_next_waits():
     source = Counted(count=60, slow=(SPR, 0.05))
     it = _wrap(source, prefetch=2)
@@ -191,6 +195,7 @@ POINTS = [0, 3, SPR, 2 * SPR - 1, COUNT - 1, COUNT]  # first item, mid-step, ste
 @pytest.mark.parametrize("k", [0, 1, 3])
 @pytest.mark.parametrize("at", POINTS)
 @pytest.mark.parametrize("kind", FAILURES, ids=lambda kind: kind.__name__)
+@pytest.mark.slow
 def test_a_failing_loader_fails_its_step_and_a_resume_loses_nothing(k, at, kind):
     it = _wrap(Counted(fail=(at, kind)), prefetch=k)
     delivered, saved = [], it.state_dict()
@@ -260,6 +265,7 @@ def _sigint_after(seconds: float) -> threading.Timer:
 
 
 @pytest.mark.skipif(signal.getsignal(signal.SIGINT) is not signal.default_int_handler, reason="SIGINT is handled")
+@pytest.mark.slow
 def test_ctrl_c_while_next_waits_for_the_thread_loses_nothing():
     source = Counted(count=30, slow=(SPR, 0.1))  # step 1 takes 0.6 s to read
     it = _wrap(source, prefetch=1)
@@ -274,6 +280,7 @@ def test_ctrl_c_while_next_waits_for_the_thread_loses_nothing():
 
 
 @pytest.mark.skipif(signal.getsignal(signal.SIGINT) is not signal.default_int_handler, reason="SIGINT is handled")
+@pytest.mark.slow
 def test_ctrl_c_inside_a_synchronous_step_fails_it_and_a_resume_loses_nothing():
     source = Counted(count=30, slow=(SPR, 0.1))
     it = _wrap(source, prefetch=0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,6 +31,7 @@ def loader(lengths: list[int], per_step: int, samples_per_rank: int, pinned: int
     return tt.SeqpackDataLoader(steps, per_step)
 
 
+@pytest.mark.slow
 def test_resume_anywhere_gives_the_uninterrupted_run():
     outcomes: collections.Counter[str] = collections.Counter()
 

@@ -18,6 +18,7 @@ import itertools
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -233,6 +234,7 @@ def check_rearrange(batch, kwargs, fault) -> str:
     return "ok"
 
 
+@pytest.mark.slow
 def test_rearrange_micro_batches_keeps_every_row_once_within_the_cap_or_names_the_value():
     outcomes: collections.Counter[str] = collections.Counter()
 
@@ -309,6 +311,7 @@ def check_group_partitions(spelled, seqlens, k, fault, where) -> str:
     return "ok"
 
 
+@pytest.mark.slow
 def test_group_partitions_keep_groups_whole_or_name_the_uid():
     outcomes: collections.Counter[str] = collections.Counter()
 

@@ -77,6 +77,7 @@ def _unpacked(model, samples):
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.slow
 def test_packed_logits_and_loss_equal_unpacked(models, kind, impl):
     model = models[kind]
     model.set_attn_implementation(impl)
@@ -96,6 +97,7 @@ def test_packed_logits_and_loss_equal_unpacked(models, kind, impl):
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.slow
 def test_hf_style_labels_through_unshifted_give_the_same_loss(models, kind):
     model = models[kind]
     model.set_attn_implementation("sdpa")
@@ -195,6 +197,7 @@ def test_shift_labels_keep_a_target_at_the_packs_last_token(models):
 # --- the natural wrong ways: refused, or fixed by to_hf ------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_natural_wrong_ways_are_fixed_or_refused(models):
     model = models["llama"]
     model.set_attn_implementation("sdpa")

@@ -136,6 +136,7 @@ class _RecordingSFTTrainer(example.PackedSFTTrainer):
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
 
+@pytest.mark.slow
 def test_each_optimizer_step_runs_one_whole_seqpack_step(tmp_path):
     """Over 8 steps of 2 epochs (5 steps each: 40 rows, 8 a step), each optimizer step runs
     exactly the microbatches of one seqpack step, with its count, while the count changes."""
@@ -163,6 +164,7 @@ def test_each_optimizer_step_runs_one_whole_seqpack_step(tmp_path):
     assert len(set(counts)) > 1, counts  # not vacuous: the microbatch count changed between steps
 
 
+@pytest.mark.slow
 def test_tokens_seen_count_every_microbatch(tmp_path):
     """``include_num_input_tokens_seen`` and the FLOPs estimate read a step's microbatches
     (the Trainer's own code would look for ``input_ids`` in the Step)."""
@@ -185,6 +187,7 @@ def test_tokens_seen_count_every_microbatch(tmp_path):
     assert trainer.state.total_flos > 0
 
 
+@pytest.mark.slow
 def test_plain_trainer_reads_trls_completion_mask(tmp_path):
     """transformers.Trainer with the mixin: rows with TRL's ``completion_mask`` (no labels)
     train exactly as rows with the labels TRL's dataset preparation builds from it (the token,
@@ -215,6 +218,7 @@ def test_plain_trainer_reads_trls_completion_mask(tmp_path):
     assert _max_diff(runs[0], runs[2]) > 0.01
 
 
+@pytest.mark.slow
 def test_the_documented_snippet_trains(tmp_path, monkeypatch):
     import trl
 
@@ -261,6 +265,7 @@ def _sft(tmp_path, seqpack_config=None, trainer_class=None, **overrides):
         ({}, {"max_tokens_per_rank": 128, "max_token": 64}, r"unknown field\(s\) \['max_token'\]"),
     ],
 )
+@pytest.mark.slow
 def test_settings_that_cannot_be_exact_are_refused(tmp_path, overrides, seqpack_config, words):
     with pytest.raises(ConfigError, match=words):
         _sft(tmp_path, seqpack_config, **overrides)
@@ -288,6 +293,7 @@ def test_batches_other_than_one_whole_step_are_refused(tmp_path):
         trainer.train(resume_from_checkpoint=str(tmp_path))
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_changed_after_construction_is_refused(tmp_path):
     trainer = _sft(tmp_path)
     trainer.args.gradient_accumulation_steps = 3

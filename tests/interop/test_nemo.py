@@ -217,6 +217,7 @@ def _mask_reference(seq_lens, seq_lens_padded, seq_len):
     ),
     extra=st.integers(0, 3),
 )
+@pytest.mark.slow
 def test_padding_mask_from_the_layout_matches_a_per_token_reference(rows, extra):
     used = [sum(r + p for r, p in row) for row in rows]
     seq_len = max(used) + extra

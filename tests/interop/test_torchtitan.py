@@ -39,6 +39,7 @@ def steps(count: int = 48, microbatches: int = 3):
     )
 
 
+@pytest.mark.slow
 def test_each_optimizer_step_gets_one_seqpack_step_in_torchtitan_form():
     reference = [[tt.to_torchtitan(b) for b in s.microbatches] for s in steps()]
     got = list(tt.SeqpackDataLoader(steps(), 3))
@@ -61,6 +62,7 @@ def test_a_step_of_another_count_is_refused_by_name():
 
 
 @pytest.mark.parametrize("taken", [0, 3, 4, 7, 18])
+@pytest.mark.slow
 def test_state_dict_round_trip_between_and_inside_steps(taken):
     whole = [labels for _, labels in tt.SeqpackDataLoader(steps(), 3)]
     loader = tt.SeqpackDataLoader(steps(), 3)

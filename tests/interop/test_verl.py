@@ -182,6 +182,7 @@ def _best_max_sum(values: list[int], k: int, equal_size: bool) -> int:
 
 
 @pytest.mark.parametrize("equal_size", [False, True])
+@pytest.mark.slow
 def test_seqlen_balanced_partitions_against_brute_force(equal_size):
     rng = np.random.default_rng(0)
     for _ in range(25):

@@ -33,6 +33,7 @@ def _true_times(step, clock=TRUTH):
     return out
 
 
+@pytest.mark.slow
 def test_the_schedule_of_step_n_plus_1_uses_times_through_step_n_minus_1():
     it = _wrap()
     seen = []
@@ -49,6 +50,7 @@ def test_the_schedule_of_step_n_plus_1_uses_times_through_step_n_minus_1():
     assert it.calibrator.last_step == seen[-1][0] and it.last_measurement.step == seen[-1][0]
 
 
+@pytest.mark.slow
 def test_stats_report_the_model_in_use_and_its_prediction_error():
     it = _wrap()
     steps = []
@@ -71,6 +73,7 @@ def test_stats_report_the_model_in_use_and_its_prediction_error():
             assert step.stats.prediction_error == pytest.approx(-0.5)
 
 
+@pytest.mark.slow
 def test_each_step_is_scheduled_with_the_model_in_use():
     """The schedule a step carries is the scheduler's plan under ``stats.cost_model`` (the
     calibrator's model at that step), which is the fitted model once fitted. (On one rank
@@ -107,6 +110,7 @@ def test_record_times_errors():
         next(it)
 
 
+@pytest.mark.slow
 def test_bad_times_are_skipped_not_fatal():
     it = _wrap()
     for step in it:
@@ -123,6 +127,7 @@ def _roundtrip(state):
     return torch.load(buf, weights_only=True)
 
 
+@pytest.mark.slow
 def test_resume_restores_the_calibrator_and_pending_times():
     def run(it, steps, stop=None):
         out = []
@@ -144,6 +149,7 @@ def test_resume_restores_the_calibrator_and_pending_times():
     assert len({model for _, _, model in full}) > 2  # not vacuous: the model changed along the run
 
 
+@pytest.mark.slow
 def test_under_prefetch_the_lag_grows_by_k_and_runs_are_reproducible_and_resume_exactly():
     # With prefetch k the gather of step s carries the times of steps <= s - 1 - k, whatever
     # the threads' timing: two runs schedule identically, and a resumed run continues exactly.

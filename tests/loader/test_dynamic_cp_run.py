@@ -58,6 +58,7 @@ def exchange_reference(plan, cp, rank):
     st.sampled_from([(4, 1), (2, 2), (1, 4), (2, 4), (3, 2)]),
     st.integers(0, 2**31),
 )
+@pytest.mark.slow
 def test_the_exchange_plan_matches_a_slow_reference(lengths, mesh, seed):
     dp, cp = mesh
     counts = np.random.default_rng(seed).multinomial(len(lengths), [1 / dp] * dp)
@@ -97,6 +98,7 @@ def test_a_static_shaped_group_moves_nothing():
 
 
 @given(st.lists(st.integers(1, 90), min_size=1, max_size=6), st.sampled_from([1, 2, 3, 4]), st.integers(1, 3))
+@pytest.mark.slow
 def test_dualchunk_runs_are_the_partition_of_each_sequence(lengths, size, pad):
     multiple = group_pad_multiple(size, pad)
     samples = [{"input_ids": torch.arange(n) + 1000 * i} for i, n in enumerate(lengths)]

@@ -52,6 +52,7 @@ def _sample(rng: np.random.Generator, n: int, *, labels: bool, mask: bool, hf: b
     st.none() | st.integers(1, 20),
     st.integers(0, 2**32 - 1),
 )
+@pytest.mark.slow
 def test_loss_token_counts_equal_the_packed_count_of_each_truncated_sequence(lengths, labels, mask, cut, seed):
     rng = np.random.default_rng(seed)
     pool = [_sample(rng, n, labels=labels, mask=mask) for n in lengths]
@@ -64,6 +65,7 @@ def test_loss_token_counts_equal_the_packed_count_of_each_truncated_sequence(len
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(1, 25), min_size=1, max_size=6), st.booleans(), st.booleans(), st.integers(0, 2**32 - 1))
+@pytest.mark.slow
 def test_unshifted_labels_converted_at_read_pack_like_pack_sequences_unshifted(lengths, labels, mask, seed):
     rng = np.random.default_rng(seed)
     samples = [_sample(rng, n, labels=labels, mask=mask, hf=True) for n in lengths]
@@ -223,6 +225,7 @@ def test_oversize_sequences_count_as_trained(on_oversize):
 
 
 @pytest.mark.parametrize("label_format", ["shifted", "unshifted"])
+@pytest.mark.slow
 def test_deferred_samples_are_counted_in_the_step_that_trains_them_also_after_resume(label_format):
     from wrapper_data import ScatterScheduler
 

@@ -71,6 +71,7 @@ def test_every_sequence_arrives_once_packed_exactly_with_exact_stats():
 
 
 @pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.slow
 def test_end_of_data(drop_last):
     it = _wrap(items(SEED, 0, 20), drop_last=drop_last)
     steps = _run(it)
@@ -149,6 +150,7 @@ def test_the_wrapper_and_a_stateful_source_are_torch_stateful():
 
 
 @pytest.mark.parametrize("stateful", [False, True])
+@pytest.mark.slow
 def test_resume_reproduces_the_next_steps_with_deferred_samples(stateful):
     def fresh():
         data = StatefulItems(30) if stateful else items(SEED, 0, 30)
@@ -374,6 +376,7 @@ def _fresh_defer(k, count=30, stateful=False):
 
 
 @pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.slow
 def test_prefetch_gives_the_same_steps_as_the_synchronous_wrapper(k):
     reference = _run(_fresh_defer(0))
     it = _fresh_defer(k)
@@ -384,6 +387,7 @@ def test_prefetch_gives_the_same_steps_as_the_synchronous_wrapper(k):
     assert it._bg.prefetcher is not None and not it._bg.prefetcher._thread.is_alive()  # ended with the data
 
 
+@pytest.mark.slow
 def test_the_thread_reads_ahead_but_state_dict_describes_the_steps_handed_over():
     source = StatefulItems(60)
     it = _wrap(source, scheduler=ScatterScheduler(defer_longest=True), prefetch=3)
@@ -412,6 +416,7 @@ def test_the_thread_reads_ahead_but_state_dict_describes_the_steps_handed_over()
     drop_last=st.booleans(),
     stateful=st.booleans(),
 )
+@pytest.mark.slow
 def test_prefetch_never_changes_the_data_across_a_resume(
     k_reference, k_saved, k_resumed, count, resume_after, drop_last, stateful
 ):
@@ -488,6 +493,7 @@ def test_close_stops_the_thread_and_the_iterator_but_keeps_its_state():
     it.close(timeout=0)
 
 
+@pytest.mark.slow
 def test_an_iterator_dropped_without_close_ends_its_thread():
     it = _wrap(items(SEED, 0, 60), prefetch=2)
     next(it)
@@ -576,6 +582,8 @@ print("exiting with the thread busy", flush=True)
 """
 
 
+@pytest.mark.slow
+@pytest.mark.processes
 def test_interpreter_exit_while_the_thread_runs_torch_code_is_clean():
     # Without the wrapper's exit hook this aborts every time on torch 2.13 ("terminate called
     # without an active exception": the thread ran torch code while C++ statics were torn down).
@@ -638,6 +646,7 @@ def test_prefetch_is_bounded_and_typed(value, kind, message):
         _wrap(items(SEED, 0, 12), prefetch=value)
 
 
+@pytest.mark.slow
 def test_prefetch_stops_at_its_memory_budget():
     loader = Endless()
     it = _wrap(loader, prefetch=16, prefetch_bytes=1)  # every prepared step is over budget
@@ -651,6 +660,7 @@ def test_prefetch_stops_at_its_memory_budget():
     it.close()
 
 
+@pytest.mark.slow
 def test_close_stops_a_single_rank_thread_promptly():
     loader = Endless()
     it = _wrap(loader, prefetch=16)
@@ -710,6 +720,7 @@ class _PayloadRecorder(BalancedScheduler):
 
 @pytest.mark.parametrize("minibatches", [1, 2])
 @pytest.mark.parametrize("loss_mask", [True, False])
+@pytest.mark.slow
 def test_the_scheduler_is_told_the_bytes_per_token_the_exchange_carries(minibatches, loss_mask):
     recorder = _PayloadRecorder()
     steps = _run(_wrap(items(SEED, 0, 12, loss_mask=loss_mask), scheduler=recorder, minibatches=minibatches))

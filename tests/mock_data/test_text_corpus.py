@@ -36,6 +36,7 @@ def test_stdlib_corpus_is_real_and_lossless(tmp_path):
     assert np.array_equal(ds.lengths(), table.column("length").to_numpy())
 
 
+@pytest.mark.slow
 def test_real_stdlib_has_a_heavy_tailed_length_distribution():
     table = stdlib_corpus(max_files=120, max_len=8192)
     lengths = table.column("length").to_numpy()

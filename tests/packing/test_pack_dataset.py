@@ -63,6 +63,7 @@ def test_rows_are_packed_once_within_max_tokens(label_format):
 
 @pytest.mark.parametrize("label_format", ["shifted", "unshifted"])
 @pytest.mark.parametrize(("labels", "mask"), [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.slow
 def test_labels_equal_pack_sequences(label_format, labels, mask):
     rows = _rows(30, seed=2, labels=labels and label_format == "unshifted", mask=mask)
     packed = seqpack.pack_dataset(rows, 50, label_format=label_format)

@@ -51,6 +51,7 @@ def check_packing(packing, lengths, max_tokens):
     lengths=st.lists(st.integers(1, 64), min_size=0, max_size=60),
     max_tokens=st.integers(64, 160),
 )
+@pytest.mark.slow
 def test_kernel_equals_the_reference(lengths, max_tokens):
     for use_table in (True, False):
         pack_of, num_packs = kernel.pack_sizes(np.array(lengths, dtype=np.int64), max_tokens, use_table)
@@ -60,6 +61,7 @@ def test_kernel_equals_the_reference(lengths, max_tokens):
 
 @settings(max_examples=150 if not small() else 40, deadline=None)
 @given(data=st.data(), max_tokens=st.integers(1, 10**6))
+@pytest.mark.slow
 def test_invariants(data, max_tokens):
     lengths = data.draw(st.lists(st.integers(1, max_tokens), min_size=0, max_size=80))
     packing = pack_lengths(lengths, max_tokens)
@@ -90,6 +92,7 @@ def test_huge_max_tokens_uses_no_table():
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
+@pytest.mark.slow
 def test_the_token_bound_or_one_more_at_10k(name):
     dist, params, max_tokens = WORKLOADS[name]
     for seed in range(3):

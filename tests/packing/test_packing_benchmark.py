@@ -4,9 +4,12 @@ import importlib.util
 import pathlib
 import sys
 
+import pytest
+
 PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "packing.py"
 
 
+@pytest.mark.slow
 def test_quick_run_measures_every_packer(capsys):
     spec = importlib.util.spec_from_file_location("seqpack_benchmark_packing", PATH)
     module = importlib.util.module_from_spec(spec)

@@ -172,6 +172,7 @@ def test_equal_lengths_are_perfectly_balanced():
     rounds=st.integers(1, 2),
     capacity=st.integers(12, 20),
 )
+@pytest.mark.slow
 def test_against_brute_force_on_tiny_inputs(lengths, dp, rounds, capacity):
     """Lower bounds hold against the true optimum; balanced stays near it."""
     lengths = np.array(lengths, dtype=np.int64)

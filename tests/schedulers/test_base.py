@@ -127,6 +127,7 @@ def test_validate_catches_violations():
     cp=st.sampled_from([1, 2]),
     cap=st.integers(16, 96),
 )
+@pytest.mark.slow
 def test_empty_scheduler_invariants(lengths, dp, cp, cap):
     pm = 2 * cp if cp > 1 else 1
     s = get_scheduler("empty").schedule(

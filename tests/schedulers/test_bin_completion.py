@@ -37,6 +37,7 @@ def _complete(sizes, bins, capacity, work=10_000_000):
 
 @settings(max_examples=150, deadline=None)
 @given(sizes=st.lists(st.integers(1, 60), min_size=1, max_size=10), capacity=st.integers(60, 100))
+@pytest.mark.slow
 def test_complete_bins_against_brute_force(sizes, capacity):
     best = min_bins_reference(sizes, capacity)
     status, s, bin_of = _complete(sizes, best, capacity)
@@ -48,6 +49,7 @@ def test_complete_bins_against_brute_force(sizes, capacity):
 
 @settings(max_examples=100, deadline=None)
 @given(sizes=st.lists(st.integers(18, 34), min_size=2, max_size=11), capacity=st.integers(60, 100))
+@pytest.mark.slow
 def test_complete_bins_many_equal_sizes_against_brute_force(sizes, capacity):
     # Narrow sizes: many equal items (counted, not named) and sets that leave a size out
     # (the dominance rules: none left out may fit the room, or fit in place of a smaller one).

@@ -31,6 +31,7 @@ COSTS = st.sampled_from(
     capacity=st.integers(16, 40),
     cost=COSTS,
 )
+@pytest.mark.slow
 def test_never_above_the_brute_force_optimum(lengths, ranks, capacity, cost):
     sizes = allowed_group_sizes(ranks, "pow2").tolist()
     if max(lengths) > longest_held(capacity, sizes):
@@ -50,6 +51,7 @@ def test_never_above_the_brute_force_optimum(lengths, ranks, capacity, cost):
     sync=st.sampled_from(["lockstep", "replica"]),
     sizes=st.sampled_from(["pow2", "any"]),
 )
+@pytest.mark.slow
 def test_never_above_a_plan(lengths, ranks, capacity, pad, cost, sync, sizes):
     plan = plan_dynamic_cp(lengths, dp_size=ranks, max_tokens_per_rank=capacity, pad_multiple=pad, cost=cost,
                            sync=sync, group_sizes=sizes, on_oversize="drop")  # fmt: skip

@@ -143,6 +143,7 @@ def _replica_sums_reference(plan, cost):
     cp=st.sampled_from([1, 2, 4]),
     pad=st.sampled_from([1, 8]),
 )
+@pytest.mark.slow
 def test_replica_sums_match_reference(lengths, dp, cp, pad):
     cost = GroupCost(CostModel(1.0, 0.01, 2.0), ring_step=3.0, ring_token=0.1, ranks_per_node=2)
     plan = plan_dynamic_cp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=64, pad_multiple=pad, cost=cost,
@@ -192,6 +193,7 @@ def _per_rank_reference(plan, cost, seconds_of_rank):
 
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**16), dp=st.sampled_from([1, 2, 3]), cp=st.sampled_from([1, 2, 4]))
+@pytest.mark.slow
 def test_per_rank_ledger_observes_every_group_once_with_its_slowest_rank(seed, dp, cp):
     """Issue 22: each CP rank's times travel in their own column (ABSENT elsewhere; the
     copies' MAX fills them in), so the calibrator sees every group of every round once, with

@@ -19,6 +19,7 @@ COST = GroupCost(CostModel(7e-7, 8e-11, 0.02), ring_step=2.4e-4, ring_token=5.5e
     sizes=st.lists(st.integers(1, 64), min_size=1, max_size=20),
     data=st.data(),
 )
+@pytest.mark.slow
 def test_time_is_features_times_coefficients(sizes, data):
     packs = [data.draw(st.lists(st.integers(1, 40000), min_size=1, max_size=6)) for _ in sizes]
     s = np.array([sum(p) for p in packs], dtype=np.float64)
@@ -88,6 +89,7 @@ def test_bad_costs():
     sync=st.sampled_from(["lockstep", "replica"]),
     sizes=st.sampled_from(["pow2", "any"]),
 )
+@pytest.mark.slow
 def test_predicted_step_time_matches_reference(lengths, ranks, sync, sizes):
     plan = plan_dynamic_cp(lengths, dp_size=ranks, max_tokens_per_rank=16384, pad_multiple=8, cost=COST,
                            sync=sync, group_sizes=sizes, on_oversize="drop")  # fmt: skip

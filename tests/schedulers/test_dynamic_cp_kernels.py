@@ -38,6 +38,7 @@ COEF = st.sampled_from(
     coef=COEF,
     height=st.floats(0.0, 50.0),
 )
+@pytest.mark.slow
 def test_choose_sizes_matches_reference(lengths, ranks, mode, capacity, pad, coef, height):
     sizes = allowed_group_sizes(ranks, mode)
     size_of, time_of = _kernels.choose_sizes(np.array(lengths, dtype=np.int64), sizes, coef, 4, capacity, pad, height)
@@ -61,6 +62,7 @@ def test_shelf_matches_reference(widths, ranks):
     mode=st.sampled_from(["pow2", "any"]),
     coef=COEF,
 )
+@pytest.mark.slow
 def test_widen_matches_reference(lengths, ranks, mode, coef):
     sizes = allowed_group_sizes(ranks, mode)
     capacity, pad = 64, 2
@@ -82,6 +84,7 @@ def test_widen_matches_reference(lengths, ranks, mode, coef):
     coef=COEF,
     pad=st.sampled_from([1, 4]),
 )
+@pytest.mark.slow
 def test_lpt_matches_reference(lengths, bins, coef, pad):
     lengths = sorted(lengths, reverse=True)
     size = np.array([b[0] for b in bins], dtype=np.int64)
@@ -117,6 +120,7 @@ def test_lpt_saw_parking_and_failure():
     groups=st.lists(st.tuples(st.integers(0, 3), st.sampled_from([1, 1, 1, 2, 3, 5, 8, 12])), max_size=30),
     rpn=st.sampled_from([4, 8]),
 )
+@pytest.mark.slow
 def test_layouts_match_reference(groups, rpn):
     ranks = 24
     # keep each round within the ranks
@@ -153,6 +157,7 @@ def test_layout_in_nodes_keeps_small_groups_in_a_node():
     times=st.lists(st.floats(0.1, 5.0), min_size=20, max_size=20),
     ranks=st.sampled_from([16, 24, 32]),
 )
+@pytest.mark.slow
 def test_place_blocks_matches_reference(widths, times, ranks):
     widths = sorted(widths, reverse=True)
     times = times[: len(widths)]
@@ -171,6 +176,7 @@ def test_place_blocks_matches_reference(widths, times, ranks):
     coef=COEF,
     pad=st.sampled_from([1, 4]),
 )
+@pytest.mark.slow
 def test_lpt_ranks_matches_reference(lengths, load, depth, look, coef, pad):
     lengths = sorted(lengths, reverse=True)
     busy = np.array(load)

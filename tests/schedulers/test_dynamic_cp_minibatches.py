@@ -28,6 +28,7 @@ LIMITS = {"cp_size": 2, "max_tokens_per_rank": 64, "pad_multiple": 2}
     seed=st.integers(0, 2**16),
     policy=st.sampled_from(["truncate", "drop"]),
 )
+@pytest.mark.slow
 def test_each_minibatch_is_its_own_plan(counts, k, seed, policy):
     rng = np.random.default_rng(seed)
     n = sum(counts)
@@ -85,6 +86,7 @@ def test_minibatches_through_the_wrapper_on_one_rank():
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**16), k=st.integers(1, 2), cp=st.sampled_from([1, 2]))
+@pytest.mark.slow
 def test_groups_stay_on_one_replica_block(seed, k, cp):
     rng = np.random.default_rng(seed)
     dp, n = 2, 16

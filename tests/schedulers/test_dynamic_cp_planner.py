@@ -37,6 +37,7 @@ COSTS = st.sampled_from(
     sync=st.sampled_from(["lockstep", "replica"]),
     sizes=st.sampled_from(["pow2", "any"]),
 )
+@pytest.mark.slow
 def test_plan_invariants_and_objective(lengths, dp, cp, capacity, pad, cost, sync, sizes):
     ranks = dp * cp
     plan = plan_dynamic_cp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=capacity, pad_multiple=pad,
@@ -61,6 +62,7 @@ def test_plan_invariants_and_objective(lengths, dp, cp, capacity, pad, cost, syn
     capacity=st.integers(16, 40),
     cost=COSTS,
 )
+@pytest.mark.slow
 def test_never_better_than_the_brute_force_optimum(lengths, ranks, capacity, cost):
     sizes = allowed_group_sizes(ranks, "pow2").tolist()
     if max(lengths) > longest_held(capacity, sizes):
@@ -72,6 +74,7 @@ def test_never_better_than_the_brute_force_optimum(lengths, ranks, capacity, cos
     assert predicted <= 2.0 * best  # a heuristic, but never far off on tiny steps
 
 
+@pytest.mark.slow
 def test_brute_force_gap_is_small_on_average():
     """Over many tiny steps the planner is within a few percent of the optimum on average
     (and the brute force really found better plans than the planner now and then)."""
@@ -176,6 +179,7 @@ def test_bad_arguments(kwargs, error, text):
         plan_dynamic_cp(lengths, **args)
 
 
+@pytest.mark.slow
 def test_the_longest_sequences_time_on_each_size_is_tried(monkeypatch):
     """Replica sync, a Pareto tail on 16 ranks: trying the longest sequence's time on every
     group size (the anchors) finds a faster plan on some steps and is never slower on these

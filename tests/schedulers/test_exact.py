@@ -64,6 +64,7 @@ def test_other_schedulers_are_unchanged_by_the_exact_search():
             assert get_scheduler(name).schedule(TIGHT, dp_size=1, max_tokens_per_rank=300).num_microbatches >= 7
 
 
+@pytest.mark.slow
 def test_random_small_instances_against_an_exact_packer():
     """Every instance: the search finds a packing at the optimum and proves one bin fewer
     infeasible, the bound never exceeds the optimum, and balanced reaches it."""
@@ -95,6 +96,7 @@ def test_random_small_instances_against_an_exact_packer():
     capacity=st.integers(60, 120),
     dp=st.integers(1, 3),
 )
+@pytest.mark.slow
 def test_forcing_a_feasible_count_never_raises(sizes, capacity, dp):
     best = min_bins_reference(sizes, capacity)
     m = -(-best // dp)

@@ -33,6 +33,7 @@ def grouped_steps(draw):
 
 
 @given(grouped_steps())
+@pytest.mark.slow
 def test_groups_stay_on_one_replica_every_sequence_once_capacity_held(case):
     lengths, groups, grouped, dp, pad, name, together = case
     scheduler = get_scheduler("balanced", order="pipeline") if name == "pipeline" else get_scheduler(name)
@@ -154,6 +155,7 @@ def test_group_balanced_partitions_refusals_and_scattered_uids():
 
 
 @given(grouped_steps(), st.integers(1, 4))
+@pytest.mark.slow
 def test_equal_counts_gives_every_replica_as_many_sequences(case, group_size):
     lengths, _, _, dp, pad, _, together = case
     n = (lengths.shape[0] // (group_size * dp)) * group_size * dp

@@ -76,6 +76,7 @@ def _module_level_names(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("path", kernel_sources(), ids=lambda p: p.stem)
+@pytest.mark.slow
 def test_a_kernel_reads_only_its_own_module(path: Path) -> None:
     """Every global an njit function loads is numpy, a builtin, or defined in the function's
     own module (an njit function or a constant): numba stamps a kernel's disk cache with its

@@ -10,8 +10,8 @@ would take too long (grid_lpt over tens of thousands of bins) or none exists (th
 rule depends on its own list order), the call is checked for what the kernel promises
 (bookkeeping equal to a recount, capacity, monotone totals, valid packings).
 
-Under ``./dev test-kernels`` the same tests run with numba's bounds checks and as plain
-Python on small shapes (tests/kernel_tier.py): an index past an array's end fails here.
+They run under ``./dev test-kernels`` only, with numba's bounds checks and as plain Python on
+small shapes (tests/kernel_tier.py): an index past an array's end fails here.
 """
 
 from __future__ import annotations
@@ -60,7 +60,12 @@ from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.minibatches import schedule_minibatches
 from seqpack.schedulers.sample_groups import schedule_groups
 
-pytestmark = pytest.mark.kernels
+# The fuzz's worth is its checked runs: compiled without bounds checks (./dev test) it would
+# compare the same calls with the same references, so it runs under ./dev test-kernels only.
+pytestmark = [
+    pytest.mark.kernels,
+    pytest.mark.skipif(not TIER, reason="the scheduler fuzz runs under ./dev test-kernels (checked and plain Python)"),
+]
 
 Args = dict[str, Any]
 
@@ -412,6 +417,7 @@ _FUZZ = settings(max_examples=40 if small() else 120, deadline=None, suppress_he
 @_FUZZ
 @given(step=steps(max_dp=4 if small() else 12, max_per_replica=8 if small() else 24), options=_OPTIONS,
        name=st.sampled_from(["balanced", "balanced", "dp_balanced", "empty"]))  # fmt: skip
+@pytest.mark.slow
 def test_random_steps_every_scheduler(step, options, name):
     with checked_kernels():
         _schedule_and_validate(name, options if name == "balanced" else {}, step)
@@ -429,6 +435,7 @@ _MOCK = settings(max_examples=6 if small() else 16, deadline=None, suppress_heal
     objective=st.sampled_from(["both", "rounds", "replicas"]),
     cost=st.sampled_from(["default", "fitted"]),
 )
+@pytest.mark.slow
 def test_mock_workloads_at_scale(dp, per_replica, dist, seed, objective, cost):
     """The mock generators at 16-64 sequences per replica into up to 256 replicas, default
     and fitted costs: the shapes where the locality pass wrote past its arrival list."""
@@ -441,6 +448,7 @@ def test_mock_workloads_at_scale(dp, per_replica, dist, seed, objective, cost):
 
 
 @large
+@pytest.mark.slow
 def test_issue_29_home_swaps_arrivals_stay_in_bounds():
     """The step of issue 29: the home swaps of one pass logged more arrivals (two per pair
     swap) than their list held (one per sequence), writing past it; repeated calls aborted
@@ -475,6 +483,7 @@ _GROUP_COSTS = st.sampled_from(
     sync=st.sampled_from(["lockstep", "replica"]),
     sizes=st.sampled_from(["pow2", "any"]),
 )
+@pytest.mark.slow
 def test_random_dynamic_cp_plans(lengths, dp, cp, capacity, pad, cost, sync, sizes):
     with checked_kernels():
         plan = plan_dynamic_cp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=capacity, pad_multiple=pad,
@@ -489,6 +498,7 @@ def test_random_dynamic_cp_plans(lengths, dp, cp, capacity, pad, cost, sync, siz
     together=st.booleans(),
     minibatches=st.sampled_from([None, 2]),
 )
+@pytest.mark.slow
 def test_random_groups_and_minibatches(step, group_size, together, minibatches):
     n = step["lengths"].shape[0]
     if step["sync"] is None:
@@ -541,6 +551,7 @@ def _reaching_steps() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
 
 
 @large
+@pytest.mark.slow
 def test_fixed_steps_reach_and_compare_every_kernel():
     ring = GroupCost(CostModel(0.1, 0.01, 0.0), ring_step=0.5, ring_token=0.05, ranks_per_node=4)
     with checked_kernels() as log:

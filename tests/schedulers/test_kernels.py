@@ -29,6 +29,7 @@ pytestmark = pytest.mark.kernels
     quadratic=st.sampled_from([0.0, 0.05]),
     equal_targets=st.booleans(),
 )
+@pytest.mark.slow
 def test_grid_lpt_matches_reference(lengths, n_bins, capacity, mode, quadratic, equal_targets):
     lengths = np.array(lengths, dtype=np.int64)
     costs = lengths * (1.0 + quadratic * lengths)
@@ -57,6 +58,7 @@ def test_grid_lpt_matches_reference(lengths, n_bins, capacity, mode, quadratic, 
     share=st.integers(20, 130),
     fill=st.sampled_from([1.0, 0.8, 0.5]),
 )
+@pytest.mark.slow
 def test_grid_local_matches_reference(lengths, dp, rounds, capacity, quadratic, seed, share, fill):
     lengths = np.array(lengths, dtype=np.int64)
     costs = lengths * (1.0 + quadratic * lengths)
@@ -89,6 +91,7 @@ def test_grid_lpt_is_lpt_with_equal_targets():
 
 
 @given(lengths=st.lists(st.integers(1, 30), max_size=50), capacity=st.integers(30, 90))
+@pytest.mark.slow
 def test_next_fit_matches_reference(lengths, capacity):
     arr = np.array(lengths, dtype=np.int64)
     assert [g.tolist() for g in next_fit(arr, capacity)] == next_fit_reference(lengths, capacity)
@@ -100,6 +103,7 @@ def test_next_fit_matches_reference(lengths, capacity):
     dp=st.integers(1, 8),
     multiple=st.integers(1, 3),
 )
+@pytest.mark.slow
 def test_megatron_groups_match_reference(lengths, capacity, dp, multiple):
     got = megatron_groups(np.array(lengths, dtype=np.int64), capacity, dp, multiple)
     ref = megatron_groups_reference(lengths, capacity, dp, multiple)
@@ -186,6 +190,7 @@ def _improving_changes(round_of, replica_of, costs, lengths, capacity, rounds, d
     rounds=st.integers(1, 3),
     seed=st.integers(0, 3),
 )
+@pytest.mark.slow
 def test_repair_is_monotone_and_stops_at_a_local_optimum(lengths, dp, rounds, seed):
     lengths = np.array(lengths, dtype=np.int64)
     capacity = max(int(lengths.max()), -(-int(lengths.sum()) // (dp * rounds)) + 10)
@@ -223,6 +228,7 @@ def test_repair_is_monotone_and_stops_at_a_local_optimum(lengths, dp, rounds, se
     assert any(not _improving_changes(r2, p2, costs, lengths, capacity, rounds, dp, 2, d1) for d1 in busiest)
 
 
+@pytest.mark.slow
 def test_repair_moves_an_item_when_it_helps():
     # Round 0: replica 0 holds 5+1, replica 1 holds 6 (max 6); round 1: replica 0 holds
     # 3+1, replica 1 holds 1 (max 4). Totals 10 vs 7: one sequence of cost 1 moves over.
@@ -268,6 +274,7 @@ def test_greedy_matching_takes_pairs_in_the_given_order():
     p=st.integers(0, 40),
     end=st.integers(0, 40),
 )
+@pytest.mark.slow
 def test_home_tree_finds_every_open_leaf_in_order(keys, edits, cx, tx, p, end):
     """_next_open walks exactly the leaves of [p, end) whose two keys both pass, in order,
     after leaves change (_set_leaf) as a brute-force scan does."""
@@ -342,6 +349,7 @@ def test_home_swaps_small_sorts_sort_the_entries_by_cost_in_place(costs, spare):
     costs=st.lists(st.sampled_from([1.0, 2.0, 2.5, 3.0, 7.0, -1.0]), min_size=0, max_size=300),
     spare=st.integers(0, 3),
 )
+@pytest.mark.slow
 def test_home_swaps_large_sorts_sort_the_entries_by_cost_in_place(costs, spare):
     # Above SMALL_SORT entries home_swaps orders a home's cache and pairs by a merge sort
     # (_order_by, stable) and moves the entries along the cycles of that order
@@ -369,6 +377,7 @@ def test_home_swaps_large_sorts_sort_the_entries_by_cost_in_place(costs, spare):
     k=st.integers(0, 40),
     v=st.sampled_from([0.5, 1.0, 2.0, 2.5, 2.7, 7.0, 9.0]),
 )
+@pytest.mark.slow
 def test_home_swaps_searches_are_numpys_searchsorted(values, k, v):
     from seqpack.schedulers._kernels.locality_swaps import _count_at_most, _count_below
 

@@ -141,6 +141,7 @@ def test_padded_lengths_refuses_what_would_wrap():
 
 
 @given(st.lists(st.integers(0, INT64_MAX), max_size=40), st.booleans())
+@pytest.mark.slow
 def test_exact_sum_matches_python(values, squares):
     arr = np.array(values, dtype=np.int64)
     expected = sum(v * v for v in values) if squares else sum(values)

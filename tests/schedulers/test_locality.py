@@ -40,6 +40,7 @@ def _wait(schedule, objective):
 
 
 @large
+@pytest.mark.slow
 def test_the_16k_plan_is_valid_and_keeps_data_home():
     dp = 16_384
     lengths = _sft(4 * dp)
@@ -57,6 +58,7 @@ def test_the_16k_plan_is_valid_and_keeps_data_home():
 @large
 @pytest.mark.parametrize("objective", ["both", "rounds", "replicas"])
 @pytest.mark.parametrize("dp, per_replica", [(64, 64), (256, 16), (1024, 16)])
+@pytest.mark.slow
 def test_locality_costs_at_most_the_tolerance_and_moves_less(objective, dp, per_replica):
     kept = 0
     for seed in range(3):
@@ -82,6 +84,7 @@ def test_locality_costs_at_most_the_tolerance_and_moves_less(objective, dp, per_
     objective=st.sampled_from(["both", "rounds", "replicas"]),
     seed=st.integers(0, 1000),
 )
+@pytest.mark.slow
 def test_locality_never_changes_which_sequences_a_step_holds(lengths, dp, capacity, objective, seed):
     lengths = np.array(lengths, dtype=np.int64)
     origin = np.sort(np.random.default_rng(seed).integers(0, dp, lengths.shape[0]))
@@ -151,6 +154,7 @@ def test_break_even_grows_with_replicas_and_falls_with_longer_sequences():
 
 
 @pytest.mark.parametrize("objective", ["both", "replicas"])
+@pytest.mark.slow
 def test_locality_auto_plans_as_off_below_the_break_even_and_as_on_above(objective):
     dp, lengths = 64, _sft(4096)
     args = dict(dp_size=dp, max_tokens_per_rank=16384, cost=COST)
@@ -210,6 +214,7 @@ def _swap_case(dp, rounds, n, seed, slack, ties):
     ties=st.booleans(),
     passes=st.integers(1, 3),
 )
+@pytest.mark.slow
 def test_home_swaps_match_reference_and_keep_every_cap(dp, rounds, n, seed, slack, ties, passes):
     lengths, costs, origin, round_of, replica_of, capacity, round_cap, replica_cap, order = _swap_case(
         dp, rounds, n, seed, slack, ties
@@ -283,6 +288,7 @@ def test_replicas_keeps_whichever_layout_moves_less():
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.slow
 def test_home_swaps_match_reference_on_larger_homes(seed):
     """Hundreds of sequences per home and 64 rounds, so home_swaps walks its trees
     (locality_swaps.py; from HOME_TREE_MIN sequences) over several levels while keys change

@@ -92,6 +92,7 @@ def lpt_reference(order, sizes, costs, dp, rounds, capacity):
     rounds=st.integers(1, 4),
     capacity=st.integers(100, 200),
 )
+@pytest.mark.slow
 def test_replica_first_matches_the_reference(sizes, dp, rounds, capacity):
     sizes = np.array(sizes, dtype=np.int64)
     costs = COST.cost(sizes)
@@ -132,6 +133,7 @@ def test_verl_tight_batches_use_six_microbatches(seed):
 
 @settings(max_examples=80, deadline=None)
 @given(sizes=st.lists(st.integers(18, 32), min_size=1, max_size=10), capacity=st.integers(60, 100))
+@pytest.mark.slow
 def test_exact_search_with_many_equal_sizes_against_reference(sizes, capacity):
     # Narrow sizes: many equal items (the symmetry rule) and bins holding 2-5 items (the
     # one- and two-item waste bounds).

@@ -16,6 +16,7 @@ def _plain(costs, dp):
     return max(float(costs.sum()) / dp, float(costs.max()))
 
 
+@pytest.mark.slow
 def test_bound_never_exceeds_the_optimum_on_tiny_instances():
     rng = np.random.default_rng(0)
     stronger = 0

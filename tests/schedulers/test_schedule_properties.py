@@ -1,6 +1,7 @@
 """Invariants every scheduler keeps, on random instances (hypothesis)."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -47,6 +48,7 @@ def test_all_schedulers_are_covered():
 
 @settings(max_examples=60)
 @given(inst=instances, name=st.sampled_from(SCHEDULERS))
+@pytest.mark.slow
 def test_invariants(inst, name):
     s, pm = _run(name, inst)
     lengths = np.array(inst["lengths"], dtype=np.int64)
@@ -79,6 +81,7 @@ def test_invariants(inst, name):
 
 @settings(max_examples=30)
 @given(inst=instances)
+@pytest.mark.slow
 def test_balanced_uses_the_token_lower_bound_when_it_is_loose(inst):
     """Sequences of at most 1/8 of a microbatch that fill at most 3/4 of the token lower
     bound's microbatches always fit there: cost-first bins cannot run out of room."""
@@ -92,6 +95,7 @@ def test_balanced_uses_the_token_lower_bound_when_it_is_loose(inst):
         assert stats.num_microbatches == stats.min_microbatches
 
 
+@pytest.mark.slow
 def test_validate_on_thousands_of_random_instances():
     """A seeded sweep (no shrinking, cheap): 1000 instances per scheduler."""
     rng = np.random.default_rng(2024)

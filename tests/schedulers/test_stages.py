@@ -73,6 +73,7 @@ def test_every_stage_has_a_step_where_it_acts():
 
 
 @pytest.mark.parametrize("stage", sorted(stages.STAGES))
+@pytest.mark.slow
 def test_switching_a_stage_off_removes_it(stage):
     lengths, kwargs, options = CASES[stage]
     sched = get_scheduler("balanced", **options)

@@ -41,6 +41,7 @@ def _step_time_reference(schedule, cost, sync):
     name=st.sampled_from(["balanced", "dp_balanced", "empty"]),
     constant=st.sampled_from([0.0, 0.02]),
 )
+@pytest.mark.slow
 def test_predicted_step_time_matches_the_reference(seed, n, dp, pad, name, constant):
     lengths = np.random.default_rng(seed).integers(1, 2048, n)
     cost = CostModel(7.32e-7, 7.84e-11, constant)
@@ -132,6 +133,7 @@ HEAVY_TAILED = [
 
 
 @pytest.mark.parametrize("workload", HEAVY_TAILED, ids=["pareto", "long-tail", "bimodal-32k"])
+@pytest.mark.slow
 def test_replica_sync_reaches_within_2_percent_of_the_bound(workload):
     """constant = 0 (FLOPs), capacity-tight heavy tails: per-replica cost <= 1.02x its bound."""
     dist, params, n, dp, mt, cp = workload

@@ -44,6 +44,7 @@ cu_strategy = st.tuples(
 
 
 @given(cu_strategy)
+@pytest.mark.slow
 def test_partition_equals_te_kernel_and_definition(case):
     cp, chunks = case
     lengths = [2 * cp * c for c in chunks]
@@ -79,6 +80,7 @@ def test_partition_errors():
     lengths=st.lists(st.integers(1, 50), min_size=1, max_size=10),
     seed=st.integers(0, 1000),
 )
+@pytest.mark.slow
 def test_shard_unshard_roundtrip(cp, lengths, seed):
     g = torch.Generator().manual_seed(seed)
     samples = [{"input_ids": torch.randint(1, 100, (n,), generator=g)} for n in lengths]
@@ -137,6 +139,7 @@ def test_chunk_ids_example_cp2():
 
 
 @given(cp=st.sampled_from([1, 2, 4]), chunks=st.lists(st.integers(1, 4), min_size=1, max_size=6))
+@pytest.mark.slow
 def test_dualchunk_sequential_and_gather_order(cp, chunks):
     lengths = [2 * cp * c for c in chunks]
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
@@ -225,6 +228,7 @@ def test_contiguous_example():
 
 
 @given(cp=st.sampled_from([1, 2, 3, 4, 8]), chunks=st.lists(st.integers(0, 6), min_size=1, max_size=8))
+@pytest.mark.slow
 def test_contiguous_partition_equals_definition(cp, chunks):
     cu = np.concatenate([[0], np.cumsum([cp * c for c in chunks])]).tolist()  # padded lengths: multiples of cp
     total = cu[-1]
@@ -243,6 +247,7 @@ def test_contiguous_partition_equals_definition(cp, chunks):
     layout=st.sampled_from(list(CpLayout)),
     seed=st.integers(0, 1000),
 )
+@pytest.mark.slow
 def test_shard_unshard_roundtrip_both_layouts(cp, lengths, layout, seed):
     g = torch.Generator().manual_seed(seed)
     samples = [{"input_ids": torch.randint(1, 100, (n,), generator=g)} for n in lengths]

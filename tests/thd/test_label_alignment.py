@@ -143,6 +143,7 @@ def _refused(sample, label_format) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_on_real_text_the_guard_is_quiet_in_the_declared_alignment_and_loud_in_the_other(stdlib_documents):
     rng = np.random.default_rng(0)
     quiet = loud = judged = with_repeats = 0

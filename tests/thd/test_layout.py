@@ -70,12 +70,14 @@ layouts = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 4)), min_size=0, 
 @given(pairs=layouts, tail=st.integers(0, 5), cut=st.integers(0, 6), with_real=st.booleans())
 @example(pairs=[(3, 1), (0, 0), (2, 0), (0, 3)], tail=2, cut=0, with_real=True)
 @example(pairs=[], tail=4, cut=0, with_real=True)
+@pytest.mark.slow
 def test_token_layout_matches_reference(pairs, tail, cut, with_real):
     cu_real, cu_padded = _offsets(pairs)
     total = max(0, cu_padded[-1] + tail - cut)  # tail > 0: unclaimed tokens; cut: a prefix
     _check(cu_padded, cu_real if with_real else None, total)
 
 
+@pytest.mark.slow
 def test_token_layout_random_sweep_covers_every_case():
     rng = np.random.default_rng(0)
     seen = dict.fromkeys(["pads_between", "empty_slot", "all_pad_slot", "tail", "prefix", "real_only"], 0)
@@ -110,6 +112,7 @@ def test_token_layout_documented_example():
     cp=st.sampled_from([2, 3, 4, 8]),
     chunks=st.lists(st.integers(0, 4), min_size=1, max_size=8),
 )
+@pytest.mark.slow
 def test_partition_and_gather_order_built_on_the_layout_match_te_with_empty_sequences(cp, chunks):
     cu = [0]
     for c in chunks:

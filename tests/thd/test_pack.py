@@ -142,6 +142,7 @@ def test_pack_bad_input(samples, kwargs, error, match):
     with_labels=st.booleans(),
     seed=st.integers(0, 2**16),
 )
+@pytest.mark.slow
 def test_pack_matches_reference(lengths, pad_multiple, extra, with_labels, seed):
     samples = _samples(lengths, seed, with_labels)
     padded = int(padded_lengths(lengths, pad_multiple).sum())
@@ -287,6 +288,7 @@ def _same_batch(a, b, tokens=True):
     tokens=st.booleans(),
     seed=st.integers(0, 100),
 )
+@pytest.mark.slow
 def test_batch_from_layout_equals_pack_and_shard(cp, lengths, positions, tokens, seed):
     g = torch.Generator().manual_seed(seed)
     samples = [{"input_ids": torch.randint(1, 50, (n,), generator=g)} for n in lengths]
@@ -378,6 +380,7 @@ def _labelled_samples(draw):
 
 
 @given(samples=_labelled_samples(), pad_multiple=st.sampled_from([1, 4]), fmt=st.sampled_from(["shifted", "unshifted"]))
+@pytest.mark.slow
 def test_packed_targets_follow_label_format_token_by_token(samples, pad_multiple, fmt):
     batch = pack_sequences(samples, pad_multiple=pad_multiple, label_format=fmt)
     real = ~batch.padding_mask
@@ -393,6 +396,7 @@ def test_packed_targets_follow_label_format_token_by_token(samples, pad_multiple
 
 
 @given(samples=_labelled_samples())
+@pytest.mark.slow
 def test_unshifted_and_shifted_labels_give_the_same_pack(samples):
     """HF-aligned labels and the same targets given as next-token labels pack identically."""
     shifted = []

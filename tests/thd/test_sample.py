@@ -28,6 +28,7 @@ def test_dtypes_of_the_contract():
 
 @pytest.mark.parametrize("key", ["input_ids", "labels", "position_ids"])
 @pytest.mark.parametrize("dtype", INT_TORCH + INT_NUMPY + ["list", "tuple"])
+@pytest.mark.slow
 def test_integer_fields_accept_every_integer_dtype(key, dtype):
     values = [0, 7, 100, 65535 if dtype not in (torch.int8, torch.int16, np.int8, np.int16) else 9]
     if dtype in (torch.uint8, np.uint8, torch.int8, np.int8):
@@ -88,6 +89,7 @@ def test_python_ints_past_int64_in_a_list_are_an_error():
         torch.tensor([1, 2, 3], dtype=torch.complex64),
     ],
 )
+@pytest.mark.slow
 def test_integer_fields_refuse_floats_bools_and_complex(key, value):
     sample = {"input_ids": torch.arange(3), key: value}
     message = rf"{WHERE}: '{key}' must hold integers, got (dtype|a list of Python floats)"
@@ -191,6 +193,7 @@ def test_zero_length_is_valid_here_but_not_for_packing():
     values=st.lists(st.integers(0, 65535), min_size=1, max_size=20),
     dtype=st.sampled_from([np.uint16, np.uint32, np.int32, np.int64, torch.int32, torch.uint16, "list"]),
 )
+@pytest.mark.slow
 def test_packing_tokenizer_dtypes_gives_the_same_batch_as_int64(values, dtype):
     if dtype == "list":
         ids = values

@@ -4,9 +4,12 @@ on the ones before it)."""
 import pathlib
 import re
 
+import pytest
+
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "thd.md"
 
 
+@pytest.mark.slow
 def test_doc_examples_run_in_order():
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
     assert len(blocks) >= 5
