@@ -31,9 +31,7 @@ from seqpack.errors import ConfigError
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.grouping import GROUP_KEY
 from seqpack.loader.phases import Gathered, Sample, carries_position_ids
-from seqpack.options import Sync
 from seqpack.schedulers import Schedule
-from seqpack.stats import StepStats, plan_stats
 from seqpack.thd import PackedBatch, batch_from_layout, group_padded_lengths, padding_only_batch
 from seqpack.topology import Topology
 
@@ -52,8 +50,6 @@ class DynamicCp:
     def __init__(self, config: PackingConfig, topology: Topology, groups: CpGroups) -> None:
         assert isinstance(config.group_cost, GroupCost) and config.pad_multiple is not None
         self.config, self.topology, self.groups = config, topology, groups
-        self.cost: GroupCost = config.group_cost
-        self.sync = config.sync or Sync.LOCKSTEP
 
     def exchange(self, pool: Sequence[Sample], plan: Schedule, gathered: Gathered) -> Exchanged:
         """Every piece of the step to the rank that runs it, over the plane group (a
@@ -125,8 +121,3 @@ class DynamicCp:
                 )
             out.append(dataclasses.replace(batch, cp_group=self.groups.group(start, batch.cp_size)))
         return out
-
-    def stats(self, plan: Schedule, empty_samples: int, cost: GroupCost | None = None) -> StepStats:
-        """The step's stats in the units of the group cost it was planned with (``cost``,
-        the calibrated one, else the config's), with its predicted step time."""
-        return plan_stats(plan, cost or self.cost, sync=self.sync, empty_samples=empty_samples)

@@ -54,7 +54,7 @@ from seqpack.loader.labels import misaligned_step_message
 from seqpack.loader.prefetch import DeviceCopy, Progress, Ready, tensors_of
 from seqpack.loader.resume import ResumeState
 from seqpack.loader.step import Step, StepTrace
-from seqpack.options import Axis, DataOwner
+from seqpack.options import Axis, DataOwner, Sync
 from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.minibatches import minibatch_loss_tokens
 from seqpack.stats import StepStats
@@ -347,11 +347,12 @@ class StepProducer:
         if isinstance(msg, StepEnd):
             return Ready(msg.step, message=msg, progress=self.progress())
         plan = msg.schedule
-        if self.dynamic is not None:
-            group_cost = trace.model if isinstance(trace.model, GroupCost) else None
-            stats = self.dynamic.stats(plan, msg.empty_samples, group_cost)
-        else:
-            stats = StepStats.from_schedule(plan, self.stats_cost, empty_samples=msg.empty_samples)
+        # A calibrated group cost (dynamic CP's) is the unit the step was planned in; a fitted
+        # CostModel is not what static stats are measured in (the config's cost is).
+        cost = trace.model if isinstance(trace.model, GroupCost) else self.stats_cost
+        stats = StepStats.from_schedule(
+            plan, cost, empty_samples=msg.empty_samples, sync=self.config.sync or Sync.LOCKSTEP
+        )
         self.calibration.fill_stats(stats, plan, trace, self.stats_cost)
         if self.config.flops_fn is not None:
             stats.flops = float(self.config.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
