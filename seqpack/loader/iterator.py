@@ -48,7 +48,7 @@ from seqpack.collective import (
     StepError,
     agree_axes,
 )
-from seqpack.collective.cp_groups import CpGroups, new_cp_groups
+from seqpack.collective.cp_groups import CpGroups, new_cp_groups, static_cp_groups
 from seqpack.collective.groups import new_axis_groups, this_rank
 from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import (
@@ -106,8 +106,9 @@ class PackingIterator(Iterator[Step], Stateful):
     wrapper's own process groups (an iterator that reaches its end or fails frees them
     itself).
 
-    Under ``dynamic_cp``, :attr:`cp_groups` holds this rank's dynamic-CP process groups (the
-    model's group of every block a plan can use; batches carry theirs as ``cp_group``).
+    :attr:`cp_groups` holds this rank's CP process groups, the model's group of every block a
+    plan can use: under ``dynamic_cp`` one per block of the plane, under static CP the
+    topology's CP group. Every CP-sharded batch carries its block's as ``cp_group``.
     """
 
     cp_groups: CpGroups | None = None
@@ -163,6 +164,8 @@ class PackingIterator(Iterator[Step], Stateful):
             self.cp_groups = new_cp_groups(topology, self.config.cp_group_sizes, timeout=timeout)
             owned += self.cp_groups.owned()
             dynamic = DynamicCp(self.config, topology, self.cp_groups)
+        else:
+            self.cp_groups = static_cp_groups(topology)
         self._bg = Background(owned, alone=all(topology.size(axis) == 1 for axis in AXES), cp_groups=self.cp_groups)
         self._finalizer = weakref.finalize(self, self._bg.release, 0.0)
         self._finalizer.atexit = False  # the thread is a daemon: nothing to wait for at exit
@@ -178,6 +181,7 @@ class PackingIterator(Iterator[Step], Stateful):
             resolved_cost(self.config, scheduler),
             reads=self._reads,
             copy=DeviceCopy(self._device, self._pin_memory, background=self.config.prefetch > 0),
+            cp_groups=self.cp_groups,
             dynamic=dynamic,
             calibration_lag=max_prefetch,
         )

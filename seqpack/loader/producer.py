@@ -43,6 +43,7 @@ from seqpack.collective import (
     broadcast_pp,
     broadcast_tp,
 )
+from seqpack.collective.cp_groups import CpGroups
 from seqpack.collective.groups import this_rank
 from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, SampleError, ScheduleError, StepFailed
@@ -77,6 +78,8 @@ class StepProducer:
         stats_cost: The cost model stats are measured in.
         reads: This rank reads data.
         copy: Pins and copies the step's tensors to the device.
+        cp_groups: The model's CP process groups (:attr:`StepIterator.cp_groups`), which the
+            step's CP-sharded batches carry as ``cp_group``.
         calibration_lag: The largest ``prefetch`` of any rank (default: this rank's).
     """
 
@@ -91,6 +94,7 @@ class StepProducer:
         *,
         reads: bool,
         copy: DeviceCopy,
+        cp_groups: CpGroups,
         dynamic: DynamicCp | None = None,
         calibration_lag: int | None = None,
     ) -> None:
@@ -100,6 +104,7 @@ class StepProducer:
         self.reads = reads
         self.edge_stage = topology.is_first_stage or topology.is_last_stage
         self.copy = copy
+        self.cp_groups = cp_groups
         self.source = data_iterator
         self.reader = phases.Reader(data_iterator, config.label_format) if data_iterator is not None else None
         self.steps = 0  # steps prepared
@@ -357,7 +362,7 @@ class StepProducer:
         if self.config.flops_fn is not None:
             stats.flops = float(self.config.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
         self.steps += 1
-        batches, copied = self.copy.place(msg.microbatches, trace)
+        batches, copied = self.copy.place(self._with_groups(plan, msg.microbatches), trace)
         step = Step(
             num_microbatches=plan.num_microbatches,
             microbatches=batches,
@@ -377,6 +382,18 @@ class StepProducer:
         )
         nbytes = sum(t.numel() * t.element_size() for batch in batches for t in tensors_of(batch))
         return Ready(msg.step, step=step, progress=self.progress(), copied=copied, nbytes=nbytes)
+
+    def _with_groups(self, plan: Schedule, batches: list[PackedBatch]) -> list[PackedBatch]:
+        """Every CP-sharded batch with the model's process group of its block in its round
+        (a static plan's: this replica's CP group), where it carries none yet: the compute
+        stages take the group from the batch under either CP."""
+        starts = plan.group_start[plan.rank_group()[:, self.cp_groups.plane_rank]].tolist()
+        return [
+            batch
+            if batch.cp_group is not None or batch.cp_size == 1
+            else dataclasses.replace(batch, cp_group=self.cp_groups.blocks.get((start, batch.cp_size)))
+            for batch, start in zip(batches, starts, strict=True)
+        ]
 
     def progress(self) -> Progress:
         reader = self.reader

@@ -1,0 +1,67 @@
+"""Static CP on gloo: every CP-sharded batch of the wrapper carries the topology's CP group as
+``cp_group`` (readers, TP receivers), and a model built without a group computes on it what
+one process computes on the whole pack."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from dynamic_cp_data import CAPACITY, SPR, Probe, samples_of
+from wrapper_data import mesh_topology
+
+from seqpack.loader import wrap_data_iterator
+from seqpack.schedulers import Schedule
+from seqpack.thd import pack_sequences
+from seqpack.thd.cp import unshard_from_cp
+
+TOL = 1e-10
+LONG = 100  # fits a replica's CP group of 2 (2 x CAPACITY)
+LAYOUTS = {"dp2cp2": (("dp", 2), ("cp", 2)), "cp2tp2": (("cp", 2), ("tp", 2))}
+
+
+def run_static_step(name: str, prefetch: int) -> dict:
+    topo = mesh_topology(LAYOUTS[name])
+    data = iter(samples_of(topo.dp_rank, long=LONG)) if topo.tp_rank == 0 else None
+    steps = wrap_data_iterator(data, topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY, prefetch=prefetch)
+    with steps:
+        step = next(steps)
+        mine = topo.group("cp")
+        probe = Probe()
+        return {
+            "dp_rank": topo.dp_rank,
+            "cp_rank": topo.cp_rank,
+            "tp_rank": topo.tp_rank,
+            "plan": step.schedule.to_arrays(),
+            "groups": [
+                (b.cp_group is mine, dist.get_process_group_ranks(b.cp_group), b.cp_size, b.cp_rank)
+                for b in step.microbatches
+            ],
+            "cp_ranks": topo.global_ranks("cp"),
+            "probe": [(o.numpy(), g) for o, g in (probe.loss(b) for b in step.microbatches)],
+        }
+
+
+@pytest.mark.parametrize("name, prefetch", [("dp2cp2", 0), ("dp2cp2", 1), ("cp2tp2", 0)])
+def test_batches_carry_the_cp_group_and_a_model_without_one_runs_on_it(dist_pools, name, prefetch):
+    results = dist_pools.get(4).run(run_static_step, name, prefetch, timeout=600)
+    plan = Schedule.from_arrays(results[0]["plan"])
+    samples = [s for d in range(plan.dp_size) for s in samples_of(d, long=LONG)]
+    probe = Probe()
+    worst = 0.0
+    for r in results:  # the topology's CP group itself, on every rank (TP receivers too)
+        assert r["groups"] and all(g == (True, r["cp_ranks"], 2, r["cp_rank"]) for g in r["groups"])
+    for tp in {r["tp_rank"] for r in results}:
+        for d in range(plan.dp_size):
+            lane = sorted((r for r in results if (r["dp_rank"], r["tp_rank"]) == (d, tp)), key=lambda r: r["cp_rank"])
+            for m, ids in enumerate(row[d] for row in plan.assignment):
+                if ids.size == 0:
+                    continue
+                whole = pack_sequences([samples[i] for i in ids], pad_multiple=plan.pad_multiple, sample_ids=ids)
+                out, grads = probe.loss(whole)
+                got = unshard_from_cp([torch.from_numpy(x["probe"][m][0]) for x in lane], whole.cu_seqlens_padded, 2)
+                worst = max(worst, float((got - out).abs().max()))
+                for key, grad in grads.items():
+                    worst = max(worst, float(np.abs(sum(x["probe"][m][1][key] for x in lane) - grad).max()))
+    assert worst < TOL, worst
