@@ -197,16 +197,35 @@ def new_cp_groups(
 
 def static_cp_groups(topology: Topology) -> CpGroups:
     """Static CP's groups: every round, this rank's group is its DP replica's CP block
-    ``[dp_rank * cp, (dp_rank + 1) * cp)``, whose process group is the topology's CP group
-    (the model's own; external, so never destroyed here). Creates no group."""
-    cp = topology.cp_size
+    ``[dp_rank * cp, (dp_rank + 1) * cp)``, whose process group is the topology's CP group;
+    and the whole plane's group, which ``Step.to_origin`` runs on: the topology's DP (or CP)
+    group when the other axis is 1, else a group of the model's backend created here.
+
+    The topology's groups are external (held, never destroyed here). Creating the plane
+    group is collective over the default group (every rank calls ``new_group`` for every
+    plane, in the same order), which holds when every rank builds its wrapper.
+    """
+    cp, dp = topology.cp_size, topology.dp_size
     out = CpGroups(
         plane_rank=topology.dp_rank * cp + topology.cp_rank,
-        num_ranks=topology.dp_size * cp,
+        num_ranks=dp * cp,
         group_sizes=GroupSizes.STATIC,
     )
-    group = topology.group("cp") if cp > 1 else None
-    if group is not None:
-        out.blocks[(topology.dp_rank * cp, cp)] = group
-        out.external.append(group)
+    own = topology.group("cp") if cp > 1 else None
+    if own is not None:
+        out.blocks[(topology.dp_rank * cp, cp)] = own
+        out.external.append(own)
+    if dp > 1 and cp == 1 and topology.group("dp") is not None:
+        out.blocks[(0, dp)] = topology.group("dp")
+        out.external.append(out.blocks[(0, dp)])
+    if dp > 1 and cp > 1 and own is not None and topology.group("dp") is not None:
+        # This plane's global ranks, DP-major, from the DP peers' CP lanes; then every plane.
+        lanes = all_gather_objects(topology.global_ranks("cp"), topology.group("dp"))
+        plane = [int(rank) for lane in lanes for rank in lane]
+        planes = sorted({tuple(p) for p in all_gather_objects(plane, dist.group.WORLD)})
+        for ranks in planes:
+            group = _new_group(list(ranks), None, None)
+            if list(ranks) == plane:
+                out.blocks[(0, dp * cp)] = group
+        logger.info("static CP: created %d plane process groups of %d ranks", len(planes), dp * cp)
     return out

@@ -108,7 +108,8 @@ class PackingIterator(Iterator[Step], Stateful):
 
     :attr:`cp_groups` holds this rank's CP process groups, the model's group of every block a
     plan can use: under ``dynamic_cp`` one per block of the plane, under static CP the
-    topology's CP group. Every CP-sharded batch carries its block's as ``cp_group``.
+    topology's CP group; and the whole plane's, which ``Step.to_origin`` runs on. Every
+    CP-sharded batch carries its block's as ``cp_group``.
     """
 
     cp_groups: CpGroups | None = None
@@ -164,8 +165,9 @@ class PackingIterator(Iterator[Step], Stateful):
             self.cp_groups = new_cp_groups(topology, self.config.cp_group_sizes, timeout=timeout)
             owned += self.cp_groups.owned()
             dynamic = DynamicCp(self.config, topology, self.cp_groups)
-        else:
+        else:  # collective where it creates the plane group (DP and CP both above 1)
             self.cp_groups = static_cp_groups(topology)
+            owned += self.cp_groups.owned()
         self._bg = Background(owned, alone=all(topology.size(axis) == 1 for axis in AXES), cp_groups=self.cp_groups)
         self._finalizer = weakref.finalize(self, self._bg.release, 0.0)
         self._finalizer.atexit = False  # the thread is a daemon: nothing to wait for at exit

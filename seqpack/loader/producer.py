@@ -377,7 +377,7 @@ class StepProducer:
             exchange_bytes=trace.traffic,
             _recorder=self.calibration.record if self.calibration.enabled else None,
             _topology=self.topology,
-            _cp_groups=self.dynamic.groups if self.dynamic is not None else None,
+            _cp_groups=self.cp_groups,
             _empty_at=msg.empty_at,
         )
         nbytes = sum(t.numel() * t.element_size() for batch in batches for t in tensors_of(batch))
