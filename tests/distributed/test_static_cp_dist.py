@@ -14,7 +14,7 @@ from wrapper_data import mesh_topology
 from seqpack.loader import wrap_data_iterator
 from seqpack.schedulers import Schedule
 from seqpack.thd import pack_sequences
-from seqpack.thd.cp import unshard_from_cp
+from seqpack.thd.cp import shard_for_cp, unshard_from_cp
 
 TOL = 1e-10
 LONG = 100  # fits a replica's CP group of 2 (2 x CAPACITY)
@@ -65,3 +65,62 @@ def test_batches_carry_the_cp_group_and_a_model_without_one_runs_on_it(dist_pool
                 for key, grad in grads.items():
                     worst = max(worst, float(np.abs(sum(x["probe"][m][1][key] for x in lane) - grad).max()))
     assert worst < TOL, worst
+
+
+FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "seq_idx", "padding_mask", "cu_seqlens",
+          "cu_seqlens_padded", "sample_ids")  # fmt: skip
+
+
+def run_static_batches(layout: str) -> dict:
+    topo = mesh_topology(LAYOUTS["dp2cp2"])
+    steps = wrap_data_iterator(
+        iter(samples_of(topo.dp_rank, steps=2, long=LONG)), topo, samples_per_rank=SPR,
+        max_tokens_per_rank=CAPACITY, cp_layout=layout, prefetch=0,
+    )  # fmt: skip
+    out: dict = {"dp_rank": topo.dp_rank, "cp_rank": topo.cp_rank, "steps": []}
+    with steps:
+        for step in steps:
+            out["steps"].append(
+                {
+                    "plan": step.schedule.to_arrays(),
+                    "batches": [
+                        {
+                            **{name: getattr(b, name).numpy().copy() for name in FIELDS},
+                            "meta": (b.cp_size, b.cp_rank, b.cp_layout.value, b.max_seqlen, b.num_loss_tokens),
+                        }
+                        for b in step.microbatches
+                    ],
+                }
+            )
+    return out
+
+
+@pytest.mark.parametrize("layout", ["dualchunk", "contiguous"])
+def test_every_rank_gets_its_shard_of_its_replicas_pack_bit_for_bit(dist_pools, layout):
+    """Each rank's batch of every step and round is, field by field and bit for bit, its CP
+    shard (in the config's layout) of its replica's microbatch packed alone; an empty cell is
+    a padding-only filler."""
+    results = dist_pools.get(4).run(run_static_batches, layout, timeout=600)
+    samples = [
+        [s for d in range(2) for s in samples_of(d, steps=2, long=LONG)[SPR * k : SPR * (k + 1)]] for k in range(2)
+    ]
+    checked = 0
+    for r in results:
+        assert len(r["steps"]) == 2
+        for k, step in enumerate(r["steps"]):
+            plan = Schedule.from_arrays(step["plan"])
+            assert len(step["batches"]) == plan.num_microbatches
+            for m, got in enumerate(step["batches"]):
+                ids = plan.assignment[m][r["dp_rank"]]
+                if ids.size == 0:
+                    assert got["sample_ids"].tolist() == [-1] and not got["loss_mask"].any()
+                    continue
+                whole = pack_sequences([samples[k][i] for i in ids], pad_multiple=plan.pad_multiple, sample_ids=ids)
+                want = shard_for_cp(whole, 2, r["cp_rank"], layout=layout)
+                for name in FIELDS:
+                    a, b = got[name], getattr(want, name).numpy()
+                    assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (k, m, name)
+                meta = (2, r["cp_rank"], layout, want.max_seqlen, whole.num_loss_tokens)
+                assert got["meta"] == meta
+                checked += 1
+    assert checked >= 8
