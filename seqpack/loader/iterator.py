@@ -48,7 +48,7 @@ from seqpack.collective import (
     StepError,
     agree_axes,
 )
-from seqpack.collective.cp_groups import CpGroups, new_cp_groups, static_cp_groups
+from seqpack.collective.cp_groups import CpGroups
 from seqpack.collective.groups import new_axis_groups, this_rank
 from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import (
@@ -68,7 +68,7 @@ from seqpack.loader.construction import (
     construction_words,
     warn_if_alone,
 )
-from seqpack.loader.dynamic import DynamicCp
+from seqpack.loader.placement import placement
 from seqpack.loader.prefetch import (
     Background,
     DeviceCopy,
@@ -159,15 +159,11 @@ class PackingIterator(Iterator[Step], Stateful):
             owned = [group for group in groups.values() if group is not None]
             if owned:
                 self._comm = topology.with_groups(groups)
-        dynamic = None
-        if self.config.dynamic_cp:
-            # Collective too (every rank: the config, dynamic_cp included, was agreed above).
-            self.cp_groups = new_cp_groups(topology, self.config.cp_group_sizes, timeout=timeout)
-            owned += self.cp_groups.owned()
-            dynamic = DynamicCp(self.config, topology, self.cp_groups)
-        else:  # collective where it creates the plane group (DP and CP both above 1)
-            self.cp_groups = static_cp_groups(topology)
-            owned += self.cp_groups.owned()
+        # Collective too (every rank: the config, dynamic_cp included, was agreed above);
+        # static CP creates a group only for a plane of DP and CP both above 1.
+        stages = placement(self.config, topology, self._comm, timeout=timeout)
+        self.cp_groups = stages.groups
+        owned += self.cp_groups.owned()
         self._bg = Background(owned, alone=all(topology.size(axis) == 1 for axis in AXES), cp_groups=self.cp_groups)
         self._finalizer = weakref.finalize(self, self._bg.release, 0.0)
         self._finalizer.atexit = False  # the thread is a daemon: nothing to wait for at exit
@@ -183,8 +179,7 @@ class PackingIterator(Iterator[Step], Stateful):
             resolved_cost(self.config, scheduler),
             reads=self._reads,
             copy=DeviceCopy(self._device, self._pin_memory, background=self.config.prefetch > 0),
-            cp_groups=self.cp_groups,
-            dynamic=dynamic,
+            placement=stages,
             calibration_lag=max_prefetch,
         )
         self._finished = False
