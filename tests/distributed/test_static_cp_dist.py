@@ -124,3 +124,31 @@ def test_every_rank_gets_its_shard_of_its_replicas_pack_bit_for_bit(dist_pools, 
                 assert got["meta"] == meta
                 checked += 1
     assert checked >= 8
+
+
+def run_after_the_end(name: str) -> dict:
+    topo = mesh_topology({"dp2": (("dp", 2),), "dp2cp2": LAYOUTS["dp2cp2"]}[name])
+    steps = wrap_data_iterator(
+        iter(samples_of(topo.dp_rank, long=LONG * topo.cp_size // 2)), topo, samples_per_rank=SPR,
+        max_tokens_per_rank=CAPACITY,
+    )  # fmt: skip
+    held = list(steps)  # the iterator ended: it freed the groups it created
+    values = [b.input_ids.to(torch.float64) for b in held[-1].microbatches]
+    try:
+        return {"back": [t.tolist() for t in held[-1].to_origin(values)]}
+    except Exception as exc:  # the test compares what every rank raised
+        return {"raised": (type(exc).__name__, str(exc))}
+
+
+@pytest.mark.parametrize("name", ["dp2", "dp2cp2"])
+def test_to_origin_after_the_end(dist_pools, name):
+    """The plane group the iterator created (dp and cp above 1) is freed with it: a held step's
+    to_origin says so on every rank; on the topology's own group (cp 1) it still runs."""
+    results = dist_pools.get(4 if name == "dp2cp2" else 2).run(run_after_the_end, name, timeout=600)
+    if name == "dp2":
+        assert all("back" in r and r["back"] for r in results)
+        return
+    raised = {r.get("raised") for r in results}
+    assert len(raised) == 1, raised
+    kind, message = raised.pop()
+    assert kind == "ConfigError" and "to_origin of step 0 after its iterator ended or was closed" in message
