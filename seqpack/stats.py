@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqpack.cost import GroupCost, check_cost_model
+from seqpack.cost import GroupCost, as_group_cost, check_cost_model
 from seqpack.errors import SeqpackTypeError
 from seqpack.options import SAMPLE_BYTES_PER_TOKEN, Sync
 from seqpack.schedulers.dynamic_cp.pieces import plan_pieces
@@ -37,7 +37,6 @@ __all__ = [
     "microbatch_costs",
     "moved_pieces",
     "moved_tokens",
-    "plan_stats",
     "round_lower_bound",
     "round_sum_lower_bound",
     "step_objective",
@@ -151,67 +150,101 @@ class StepStats:
         flops: float | None = None,
         empty_samples: int = 0,
         bytes_per_token: float = SAMPLE_BYTES_PER_TOKEN,
+        sync: str = "lockstep",
     ) -> StepStats:
-        """Account a schedule. Empty microbatches count a padding-only filler of
-        ``pad_multiple`` tokens, as the wrapper sends one. Moved tokens are counted against
-        ``schedule.origin``; ``bytes_per_token`` converts them to bytes."""
+        """Account a schedule, static or dynamic CP, in ``cost``'s units (padded tokens
+        without one).
+
+        The unit costs are balanced over is the one whose finish the step waits for: a static
+        plan's DP replica (its CP ranks run every microbatch together; ``cost`` of a
+        :class:`~seqpack.cost.GroupCost` is its cost on the replicas' CP groups), a dynamic
+        plan's plane rank (:func:`~seqpack.schedulers.step_time.rank_times`, CP ring
+        included). ``replica_cost`` holds one total per unit; ``imbalance``,
+        ``round_imbalance`` and ``bound_ratio`` are over units. ``lower_bound`` is the mean
+        unit's total, for a static plan at least its costliest sequence's microbatch
+        (``round_lower_bound`` is 1 for a dynamic plan, whose groups adapt to such a
+        sequence). A padding-only filler of ``pad_multiple`` tokens counts for every empty
+        static microbatch and every idle rank of a dynamic round, as the wrapper hands them
+        out. Moved tokens are what the step's exchange carries off the rank holding them
+        (``schedule.origin``): whole sequences between DP replicas for a static plan, the
+        CP shards that cross the wire for a dynamic one (:func:`moved_pieces`);
+        ``bytes_per_token`` converts them to bytes. With a cost, ``predicted_step_time`` is
+        :func:`~seqpack.schedulers.predicted_step_time` under ``sync`` and ``cost_model``
+        the compute model a microbatch costs.
+        """
         if not isinstance(schedule, Schedule):
             raise SeqpackTypeError(f"schedule must be a seqpack.Schedule, got {type(schedule).__name__}")
-        if isinstance(cost, GroupCost):  # a static plan's microbatches cost it on the replicas' CP groups
-            cost = cost.at(schedule.cp_size)
-        check_cost_model("cost", cost)
+        plan = schedule
+        mode = check_choice("sync", sync, Sync)
         flops = None if flops is None else check_number("flops", flops)
         empty_samples = check_int("empty_samples", empty_samples, minimum=0)
         bytes_per_token = check_number("bytes_per_token", bytes_per_token, minimum=0)
-        lengths = schedule.lengths
-        assigned, counts = schedule.assigned, schedule.group_counts
+        lengths, assigned = plan.lengths, plan.assigned
         real = lengths[assigned]
-        padded = schedule.padded_assigned()
-        empties = int(np.count_nonzero(counts == 0))
+        padded = plan.padded_assigned()
         padded_sum = exact_sum(padded)
-        padded_tokens = padded_sum + empties * schedule.pad_multiple
-        costs = microbatch_costs(schedule, cost)
-        replica = costs.sum(axis=0) if costs.size else np.zeros(schedule.dp_size)
-        total = float(replica.sum())
-        mean = total / schedule.dp_size if schedule.dp_size else 0.0
-        per_seq = padded.astype(np.float64) if cost is None else cost.cost(padded)
-        constant = 0.0 if cost is None else cost.constant
-        largest = float(per_seq.max()) + constant if per_seq.size else 0.0
-        lower = max(mean, largest)
-        round_mean = costs.mean(axis=1).sum() if costs.size else 0.0
-        round_max = costs.max(axis=1).sum() if costs.size else 0.0
-        orig = schedule.original_lengths
+        model: CostModel | None
+        if plan.is_static:  # unit: the DP replica
+            model = cost.at(plan.cp_size) if isinstance(cost, GroupCost) else cost
+            check_cost_model("cost", model)
+            costs = microbatch_costs(plan, model)
+            units = plan.dp_size
+            per_seq = padded.astype(np.float64) if model is None else model.cost(padded)
+            fillers = int(np.count_nonzero(plan.group_counts == 0))  # one filler per empty microbatch
+            per_id, sent, received = moved_tokens(plan)
+        else:  # unit: the plane rank
+            if cost is None:
+                raise SeqpackTypeError(
+                    "cost must be a seqpack.CostModel or GroupCost for a dynamic-CP schedule (its groups' costs "
+                    "include the CP ring), got None"
+                )
+            model = as_group_cost(cost, plan.cp_size).compute
+            costs = rank_times(plan, cost)
+            units = plan.num_ranks
+            fillers = int(plan.group_size[plan.group_counts == 0].sum())  # one filler per idle rank
+            per_id, sent, received = moved_pieces(plan)
+        per_unit = costs.sum(axis=0) if costs.size else np.zeros(units)
+        total = float(per_unit.sum())
+        mean = total / units if units else 0.0
+        lower, round_bound = mean, 1.0
+        if plan.is_static:
+            constant = 0.0 if model is None else model.constant
+            lower = max(mean, float(per_seq.max()) + constant if per_seq.size else 0.0)
+            round_bound = round_lower_bound(padded, per_seq, plan.dp_size, plan.capacity, total)
+        round_mean = float(costs.mean(axis=1).sum()) if costs.size else 0.0
+        round_max = float(costs.max(axis=1).sum()) if costs.size else 0.0
+        padded_tokens = padded_sum + fillers * plan.pad_multiple
+        orig = plan.original_lengths
         # Truncated ids trained this step: a deferred one is counted when it is trained.
         trained = np.zeros(orig.shape[0], dtype=bool)
         trained[assigned] = True
-        truncated = schedule.truncated[trained[schedule.truncated]]
-        truncated_tokens = exact_sum(orig[truncated] - lengths[truncated])
+        truncated = plan.truncated[trained[plan.truncated]]
         real_sum = exact_sum(real)
-        per_id, sent, received = moved_tokens(schedule)
         moved = exact_sum(per_id)
         busiest = int(max(sent.max(initial=0), received.max(initial=0)))
+        predicted = None if cost is None else predicted_step_time(plan, cost, sync=mode)
         return cls(
             num_sequences=int(assigned.shape[0]),
-            num_microbatches=schedule.num_microbatches,
-            min_microbatches=-(-padded_sum // (schedule.dp_size * schedule.capacity)) if padded.size else 0,
-            dp_size=schedule.dp_size,
-            cp_size=schedule.cp_size,
+            num_microbatches=plan.num_microbatches,
+            min_microbatches=-(-padded_sum // (plan.num_ranks * plan.max_tokens_per_rank)) if padded.size else 0,
+            dp_size=plan.dp_size,
+            cp_size=plan.cp_size,
             real_tokens=real_sum,
             padded_tokens=padded_tokens,
             seqlen_sum=real_sum,
             seqlen_sq_sum=exact_sum(real, squares=True),
-            replica_cost=[float(v) for v in replica],
-            imbalance=float(replica.max() / mean) if mean > 0 else 1.0,
-            round_imbalance=float(round_max / round_mean) if round_mean > 0 else 1.0,
+            replica_cost=[float(v) for v in per_unit],
+            imbalance=float(per_unit.max() / mean) if mean > 0 else 1.0,
+            round_imbalance=round_max / round_mean if round_mean > 0 else 1.0,
             lower_bound=lower,
-            bound_ratio=float(replica.max() / lower) if lower > 0 else 1.0,
-            round_lower_bound=round_lower_bound(padded, per_seq, schedule.dp_size, schedule.capacity, total),
+            bound_ratio=float(per_unit.max() / lower) if lower > 0 else 1.0,
+            round_lower_bound=round_bound,
             pad_fraction=1.0 - real_sum / padded_tokens if padded_tokens else 0.0,
-            dropped_sequences=int(schedule.dropped.shape[0]),
-            dropped_tokens=exact_sum(orig[schedule.dropped]),
+            dropped_sequences=int(plan.dropped.shape[0]),
+            dropped_tokens=exact_sum(orig[plan.dropped]),
             truncated_sequences=int(truncated.shape[0]),
-            truncated_tokens=truncated_tokens,
-            deferred_sequences=int(schedule.deferred.shape[0]),
+            truncated_tokens=exact_sum(orig[truncated] - lengths[truncated]),
+            deferred_sequences=int(plan.deferred.shape[0]),
             empty_samples=int(empty_samples),
             flops=flops,
             moved_sequences=int(np.count_nonzero(per_id)),
@@ -220,6 +253,8 @@ class StepStats:
             max_rank_moved_tokens=busiest,
             moved_bytes=float(moved * bytes_per_token),
             max_rank_moved_bytes=float(busiest * bytes_per_token),
+            cost_model=model,
+            predicted_step_time=predicted,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -235,74 +270,3 @@ def moved_pieces(plan: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     sent = np.bincount(p.src, weights=tokens, minlength=plan.num_ranks).astype(np.int64)
     received = np.bincount(p.dst, weights=tokens, minlength=plan.num_ranks).astype(np.int64)
     return per_id, sent, received
-
-
-def plan_stats(
-    plan: Schedule,
-    cost: GroupCost,
-    *,
-    sync: str = "lockstep",
-    empty_samples: int = 0,
-    bytes_per_token: float = SAMPLE_BYTES_PER_TOKEN,
-) -> StepStats:
-    """Account a dynamic-CP plan in ``cost``'s units.
-
-    ``replica_cost`` holds every plane rank's total; ``imbalance`` and ``bound_ratio`` are
-    over ranks; ``round_imbalance`` is ``sum_m max_r / sum_m mean_r``; ``lower_bound`` is the
-    mean rank's total; ``padded_tokens`` count a filler of ``pad_multiple`` for every idle rank
-    of a round; moved tokens are the shard tokens that cross the wire
-    (:func:`moved_pieces`); ``predicted_step_time`` is
-    :func:`~seqpack.schedulers.predicted_step_time` under ``sync``.
-    """
-    mode = check_choice("sync", sync, Sync)
-    assigned = plan.assigned
-    real = plan.lengths[assigned]
-    padded_sum = exact_sum(plan.group_tokens())
-    idle = int(plan.group_size[plan.group_counts == 0].sum())
-    padded_tokens = padded_sum + idle * plan.pad_multiple
-    times = rank_times(plan, cost)
-    per_rank = times.sum(axis=0) if times.size else np.zeros(plan.num_ranks)
-    mean = float(per_rank.mean()) if per_rank.size else 0.0
-    round_mean = float(times.mean(axis=1).sum()) if times.size else 0.0
-    round_max = float(times.max(axis=1).sum()) if times.size else 0.0
-    orig = plan.original_lengths
-    trained = np.zeros(orig.shape[0], dtype=bool)
-    trained[assigned] = True
-    truncated = plan.truncated[trained[plan.truncated]]
-    real_sum = exact_sum(real)
-    per_id, sent, received = moved_pieces(plan)
-    moved = exact_sum(per_id)
-    busiest = int(max(sent.max(initial=0), received.max(initial=0)))
-    capacity = plan.num_ranks * plan.max_tokens_per_rank
-    stats = StepStats(
-        num_sequences=int(assigned.shape[0]),
-        num_microbatches=plan.num_microbatches,
-        min_microbatches=-(-padded_sum // capacity) if assigned.size else 0,
-        dp_size=plan.dp_size,
-        cp_size=plan.cp_size,
-        real_tokens=real_sum,
-        padded_tokens=padded_tokens,
-        seqlen_sum=real_sum,
-        seqlen_sq_sum=exact_sum(real, squares=True),
-        replica_cost=[float(v) for v in per_rank],
-        imbalance=float(per_rank.max() / mean) if mean > 0 else 1.0,
-        round_imbalance=round_max / round_mean if round_mean > 0 else 1.0,
-        lower_bound=mean,
-        bound_ratio=float(per_rank.max() / mean) if mean > 0 else 1.0,
-        pad_fraction=1.0 - real_sum / padded_tokens if padded_tokens else 0.0,
-        dropped_sequences=int(plan.dropped.shape[0]),
-        dropped_tokens=exact_sum(orig[plan.dropped]),
-        truncated_sequences=int(truncated.shape[0]),
-        truncated_tokens=exact_sum(orig[truncated] - plan.lengths[truncated]),
-        deferred_sequences=int(plan.deferred.shape[0]),
-        empty_samples=int(empty_samples),
-        moved_sequences=int(np.count_nonzero(per_id)),
-        moved_tokens=moved,
-        moved_fraction=moved / real_sum if real_sum else 0.0,
-        max_rank_moved_tokens=busiest,
-        moved_bytes=float(moved * bytes_per_token),
-        max_rank_moved_bytes=float(busiest * bytes_per_token),
-        cost_model=cost.compute,
-        predicted_step_time=predicted_step_time(plan, cost, sync=mode),
-    )
-    return stats

@@ -45,6 +45,18 @@ def test_hand_computed_step():
     # Without a cost model: padded tokens.
     assert StepStats.from_schedule(s).replica_cost == [12.0, 8.0]
     assert set(stats.as_dict()) >= {"replica_cost", "round_lower_bound", "bound_ratio"}
+    # One round waits for 42, the other for 14; one replica's total under "replica".
+    assert stats.predicted_step_time == 56.0 and stats.cost_model == QUAD
+    assert StepStats.from_schedule(s, QUAD, sync="replica").predicted_step_time == 44.0
+    assert StepStats.from_schedule(s).predicted_step_time is None
+
+
+def test_a_dynamic_plan_needs_a_cost():
+    from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
+
+    plan = plan_dynamic_cp(np.array([50, 10]), dp_size=1, cp_size=2, max_tokens_per_rank=64, pad_multiple=1, cost=QUAD)
+    with pytest.raises(TypeError, match="cost must be a seqpack.CostModel or GroupCost for a dynamic-CP schedule"):
+        StepStats.from_schedule(plan)
 
 
 def test_microbatch_costs_against_a_loop():

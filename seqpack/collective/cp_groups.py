@@ -1,10 +1,12 @@
-"""Process groups of dynamic context parallelism: one per block of ranks a plan can use.
+"""Process groups of context parallelism: one per block of ranks a plan can use.
 
 Under dynamic CP (docs/dynamic_cp.md) the ``R = dp x cp`` ranks of one TP/PP lane, the
 *plane*, are numbered DP-major (plane rank ``d * cp + k`` is CP rank ``k`` of DP replica
 ``d``) and re-cut into CP groups every microbatch round. A group is a contiguous block
 ``[start, start + size)`` of plane ranks; :func:`plane_blocks` lists every block a plan may use
 (aligned powers of two and the whole plane under ``"pow2"``; every block under ``"any"``).
+Static CP is the case whose groups are the DP replicas' CP blocks in every round
+(:func:`static_cp_groups`: the topology's CP group).
 
 :func:`new_cp_groups` creates, once, collectively over the default group and in the same
 order on every rank:
@@ -37,7 +39,7 @@ from seqpack.validation import check_choice, check_positive_int
 if TYPE_CHECKING:
     from seqpack.topology import Topology
 
-__all__ = ["MAX_CP_GROUPS", "CpGroups", "new_cp_groups", "plane_blocks"]
+__all__ = ["MAX_CP_GROUPS", "CpGroups", "new_cp_groups", "plane_blocks", "static_cp_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,8 @@ class CpGroups:
             the plane is one rank).
         blocks: ``(start, size)`` to process group, for every block of size > 1 holding
             this rank.
+        external: Groups among ``blocks`` that the topology owns (static CP's replica
+            group): held, never destroyed with the rest.
         released: The groups were destroyed (the iterator that made them ended or was
             closed).
     """
@@ -82,6 +86,7 @@ class CpGroups:
     group_sizes: GroupSizes = GroupSizes.POW2
     plane: Any = None
     blocks: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
+    external: list[Any] = dataclasses.field(default_factory=list)
     released: bool = False
 
     def group(self, start: int, size: int) -> Any:
@@ -101,8 +106,9 @@ class CpGroups:
         return group
 
     def owned(self) -> list[Any]:
-        """Every group this rank holds (to destroy them)."""
-        return [group for group in (self.plane, *self.blocks.values()) if group is not None]
+        """Every group this rank created and holds (to destroy them)."""
+        groups = (self.plane, *self.blocks.values())
+        return [g for g in groups if g is not None and not any(g is e for e in self.external)]
 
 
 def _planes(topology: Topology) -> dict[tuple[int, int], list[int]]:
@@ -186,4 +192,40 @@ def new_cp_groups(
             if mine and start <= plane_rank < start + size:
                 out.blocks[(start, size)] = group
     logger.info("dynamic CP: created %d process groups (%d planes of %d ranks)", count, len(planes), num_ranks)
+    return out
+
+
+def static_cp_groups(topology: Topology) -> CpGroups:
+    """Static CP's groups: every round, this rank's group is its DP replica's CP block
+    ``[dp_rank * cp, (dp_rank + 1) * cp)``, whose process group is the topology's CP group;
+    and the whole plane's group, which ``Step.to_origin`` runs on: the topology's DP (or CP)
+    group when the other axis is 1, else a group of the model's backend created here.
+
+    The topology's groups are external (held, never destroyed here). Creating the plane
+    group is collective over the default group (every rank calls ``new_group`` for every
+    plane, in the same order), which holds when every rank builds its wrapper.
+    """
+    cp, dp = topology.cp_size, topology.dp_size
+    out = CpGroups(
+        plane_rank=topology.dp_rank * cp + topology.cp_rank,
+        num_ranks=dp * cp,
+        group_sizes=GroupSizes.STATIC,
+    )
+    own = topology.group("cp") if cp > 1 else None
+    if own is not None:
+        out.blocks[(topology.dp_rank * cp, cp)] = own
+        out.external.append(own)
+    if dp > 1 and cp == 1 and topology.group("dp") is not None:
+        out.blocks[(0, dp)] = topology.group("dp")
+        out.external.append(out.blocks[(0, dp)])
+    if dp > 1 and cp > 1 and own is not None and topology.group("dp") is not None:
+        # This plane's global ranks, DP-major, from the DP peers' CP lanes; then every plane.
+        lanes = all_gather_objects(topology.global_ranks("cp"), topology.group("dp"))
+        plane = [int(rank) for lane in lanes for rank in lane]
+        planes = sorted({tuple(p) for p in all_gather_objects(plane, dist.group.WORLD)})
+        for ranks in planes:
+            group = _new_group(list(ranks), None, None)
+            if list(ranks) == plane:
+                out.blocks[(0, dp * cp)] = group
+        logger.info("static CP: created %d plane process groups of %d ranks", len(planes), dp * cp)
     return out

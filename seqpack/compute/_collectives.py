@@ -48,8 +48,8 @@ def check_cp_shard(batch: PackedBatch, cp_size: int, cp_rank: int, layout: CpLay
 
 
 def check_batch_group(batch: PackedBatch) -> None:
-    """Raise :class:`~seqpack.errors.SeqpackError` unless ``batch.cp_group`` (set: dynamic
-    CP) has ``batch.cp_size`` ranks with this rank at ``batch.cp_rank``."""
+    """Raise :class:`~seqpack.errors.SeqpackError` unless ``batch.cp_group`` (set) has
+    ``batch.cp_size`` ranks with this rank at ``batch.cp_rank``."""
     group = batch.cp_group
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     if (size, rank) != (batch.cp_size, batch.cp_rank):

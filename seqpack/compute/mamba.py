@@ -218,8 +218,9 @@ class Mamba2Mixer(nn.Module):
             shard, in either CP layout (the mixer follows ``batch.cp_layout``). Needs
             ``nheads % cp == 0`` and ``ngroups % cp == 0`` or ``cp % ngroups == 0`` (then each
             rank uses the one group its heads belong to). A batch that carries its own
-            ``cp_group`` (dynamic CP) runs on that group instead, with its ``cp_size`` /
-            ``cp_rank`` (the same divisibility needed for every size it comes in).
+            ``cp_group`` (every CP-sharded batch of the wrapper, static or dynamic CP) runs on
+            that group instead, with its ``cp_size`` / ``cp_rank`` (the same divisibility
+            needed for every size it comes in); the module needs no group then.
             Parameters must be identical on all CP ranks; their gradients are partial per
             rank and sum over the CP group (as with data parallelism).
         chunk_size: Scan chunk; default 256 for the mamba_ssm kernel, 64 for the torch scan.
@@ -282,7 +283,7 @@ class Mamba2Mixer(nn.Module):
         self.register_buffer(
             "head_parallel_channels", self._head_parallel_channels(device, self.cp_size), persistent=False
         )
-        # Dynamic CP: batches with their own cp_group, of other sizes; (size, device) -> channels.
+        # Batches with their own cp_group, of other sizes (dynamic CP); (size, device) -> channels.
         self._channels: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def _init_parameters(
@@ -398,7 +399,7 @@ class Mamba2Mixer(nn.Module):
 
     def cp_of(self, batch: PackedBatch) -> tuple[dist.ProcessGroup | None, int, int]:
         """``(group, size, rank)`` this batch runs on: its own ``cp_group`` when it carries one
-        (dynamic CP), else the module's."""
+        (the wrapper's batches under CP), else the module's."""
         if batch.cp_group is not None:
             return batch.cp_group, batch.cp_size, batch.cp_rank
         return self.cp_group, self.cp_size, self.cp_rank

@@ -6,9 +6,9 @@ Entry points: :func:`wrap_data_iterator`, :class:`PackingIterator`, :class:`Pack
 - :mod:`~seqpack.loader.config`: :class:`PackingConfig` (frozen, validated, fingerprinted).
 - :mod:`~seqpack.loader.phases`: the phases of one step on a rank that reads data (read,
   gather lengths, schedule, exchange, pack + CP shard), each a short function.
-- :mod:`~seqpack.loader.dynamic`: the dynamic-CP stages (plan, shard exchange, per-round
-  packing with each microbatch's CP group) the producer runs instead of phases 3-5 under
-  ``PackingConfig(dynamic_cp=True)``.
+- :mod:`~seqpack.loader.placement`: the exchange and pack stages behind one interface,
+  chosen once per iterator: static CP (phases 4-5) or dynamic CP (shard exchange over the
+  plane, per-round packing with each microbatch's CP group).
 - :mod:`~seqpack.loader.grouping`: the ``group_id`` sample field (read beside the tokens,
   carried in the gather; groups then stay on one replica).
 - :mod:`~seqpack.loader.labels`: labels where samples are read (``label_format`` checked and

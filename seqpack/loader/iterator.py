@@ -47,7 +47,7 @@ from seqpack.collective import (
     StepError,
     agree_axes,
 )
-from seqpack.collective.cp_groups import CpGroups, new_cp_groups
+from seqpack.collective.cp_groups import CpGroups
 from seqpack.collective.groups import new_axis_groups, this_rank
 from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import (
@@ -67,7 +67,7 @@ from seqpack.loader.construction import (
     construction_words,
     warn_if_alone,
 )
-from seqpack.loader.dynamic import DynamicCp
+from seqpack.loader.placement import placement
 from seqpack.loader.prefetch import (
     Background,
     DeviceCopy,
@@ -105,8 +105,10 @@ class PackingIterator(Iterator[Step], Stateful):
     wrapper's own process groups (an iterator that reaches its end or fails frees them
     itself).
 
-    Under ``dynamic_cp``, :attr:`cp_groups` holds this rank's dynamic-CP process groups (the
-    model's group of every block a plan can use; batches carry theirs as ``cp_group``).
+    :attr:`cp_groups` holds this rank's CP process groups, the model's group of every block a
+    plan can use: under ``dynamic_cp`` one per block of the plane, under static CP the
+    topology's CP group; and the whole plane's, which ``Step.to_origin`` runs on. Every
+    CP-sharded batch carries its block's as ``cp_group``.
     """
 
     cp_groups: CpGroups | None = None
@@ -156,12 +158,11 @@ class PackingIterator(Iterator[Step], Stateful):
             owned = [group for group in groups.values() if group is not None]
             if owned:
                 self._comm = topology.with_groups(groups)
-        dynamic = None
-        if self.config.dynamic_cp:
-            # Collective too (every rank: the config, dynamic_cp included, was agreed above).
-            self.cp_groups = new_cp_groups(topology, self.config.cp_group_sizes, timeout=timeout)
-            owned += self.cp_groups.owned()
-            dynamic = DynamicCp(self.config, topology, self.cp_groups)
+        # Collective too (every rank: the config, dynamic_cp included, was agreed above);
+        # static CP creates a group only for a plane of DP and CP both above 1.
+        stages = placement(self.config, topology, self._comm, timeout=timeout)
+        self.cp_groups = stages.groups
+        owned += self.cp_groups.owned()
         self._bg = Background(owned, alone=all(topology.size(axis) == 1 for axis in AXES), cp_groups=self.cp_groups)
         self._finalizer = weakref.finalize(self, self._bg.release, 0.0)
         self._finalizer.atexit = False  # the thread is a daemon: nothing to wait for at exit
@@ -177,7 +178,7 @@ class PackingIterator(Iterator[Step], Stateful):
             resolved_cost(self.config, scheduler),
             reads=self._reads,
             copy=DeviceCopy(self._device, self._pin_memory, background=self.config.prefetch > 0),
-            dynamic=dynamic,
+            placement=stages,
             calibration_lag=max_prefetch,
         )
         self._finished = False

@@ -1,19 +1,27 @@
 """Outputs back to where their samples came from: :func:`to_origin`, behind ``Step.to_origin``.
 
 A forward pass over packed, rebalanced microbatches produces per-token values (log-probs,
-values, rewards) in the order of the packs on the replica that ran them. An RL loop needs them
-on the rank that read each sample, in the order it read them. :func:`to_origin` cuts each
-microbatch's values into its sequences, sends every sequence back to its origin DP rank in one
-``all_to_all_single`` (the reverse of the step's exchange, :func:`~seqpack.collective.exchange.
-plan_return`), puts the CP shards of a sequence back together (one all-gather over the CP
-group) and strips the padding.
+values, rewards) in the order of the packs on the ranks that ran them. An RL loop needs them
+on the rank that read each sample, in the order it read them.
 
-It runs on the model's process groups (the topology's), on the training thread, like any
-collective of the model: every rank of the DP x CP lanes calls it for the same step.
+Every plan is rounds of CP groups over the plane's ``R = dp x cp`` ranks (static CP: the
+replicas' CP blocks). Plane rank ``p`` runs, every round, shard ``p - start`` of each
+sequence of its group ``[start, start + c)`` (padded by the plan's rule:
+:meth:`~seqpack.schedulers.Schedule.padded_assigned`). :func:`to_origin` sends every shard
+(with ``per_sequence``: the row of CP rank 0 of the group only) to every CP rank of the DP
+replica that read the sequence, in one ``all_to_all_single`` over the model's process group of
+the whole plane (:attr:`~seqpack.collective.cp_groups.CpGroups`), then each rank puts the
+``c`` shards of each of its sequences back together (``unshard_from_cp``, in the batches' CP
+layout) and strips the padding. What each rank sends and receives is computed from the plan
+every rank holds (:func:`outgoing`, before any collective): no size exchange.
+
+It runs on the model's process groups, on the training thread, like any collective of the
+model: every rank of the plane calls it for the same step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,23 +29,20 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from seqpack.collective.agree import Status, agree, agree_axes
-from seqpack.collective.exchange import plan_return, return_values
+from seqpack.collective.agree import Status, agree_axes
+from seqpack.collective.cp_groups import CpGroups
 from seqpack.collective.groups import collective, comm_device, this_rank
 from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError, from_typed_message, typed_message
-from seqpack.loader.origin_dynamic import dynamic_to_origin, outgoing, plane_group
-from seqpack.options import fingerprint_text
+from seqpack.options import CpLayout, fingerprint_text
 from seqpack.schedulers.schedule import Schedule
-from seqpack.thd import padded_lengths
 from seqpack.thd.cp import unshard_from_cp
 
 if TYPE_CHECKING:
-    from seqpack.collective.cp_groups import CpGroups
     from seqpack.loader.step import Step
-    from seqpack.schedulers import Schedule
+    from seqpack.thd import PackedBatch
     from seqpack.topology import Topology
 
-__all__ = ["origin_ids", "origin_slots", "to_origin"]
+__all__ = ["Outgoing", "origin_ids", "origin_slots", "outgoing", "plane_group", "return_pieces", "to_origin"]
 
 
 def origin_ids(schedule: Schedule, dp_rank: int) -> np.ndarray:
@@ -66,35 +71,30 @@ def to_origin(
     step: Step,
     values: Sequence[torch.Tensor],
     topology: Topology,
+    cp_groups: CpGroups,
     *,
     per_sequence: bool = False,
-    cp_groups: CpGroups | None = None,
     empty_at: Sequence[int] = (),
 ) -> list[torch.Tensor]:
-    """See :meth:`seqpack.loader.step.Step.to_origin` (``cp_groups``: the iterator's dynamic-CP
-    process groups, for a :class:`Schedule`; ``empty_at``: the pool index of each
+    """See :meth:`seqpack.loader.step.Step.to_origin` (``cp_groups``: the iterator's CP
+    process groups, the whole plane's among them; ``empty_at``: the pool index of each
     zero-length sequence this DP rank read, :func:`origin_slots`)."""
     schedule, batches = step.schedule, step.microbatches
     if schedule is None:
         raise ConfigError("to_origin needs the step's schedule (a Step from wrap_data_iterator)")
-    dynamic = cp_groups is not None  # the wrapper runs dynamic CP
-    plane = plane_group(cp_groups, step.step) if dynamic else None  # the same answer on every rank
+    plane = plane_group(cp_groups, step.step)  # the same answer on every rank
     error: SeqpackError | None = None
     like: torch.Tensor | None = None
     out = None
     try:
         like = _check_values(values, batches, per_sequence)
-        if dynamic:
-            out = outgoing(schedule, batches, values, like, topology, per_sequence=per_sequence)
+        out = outgoing(schedule, batches, values, like, topology, per_sequence=per_sequence)
     except SeqpackError as exc:
         error = exc
-    _agree(step.step, error, like, per_sequence, topology, plane, dynamic)
-    assert like is not None
-    if dynamic:
-        assert out is not None
-        got = dynamic_to_origin(schedule, out, like, cp_groups, per_sequence=per_sequence)
-    else:
-        got = _static_to_origin(schedule, batches, values, like, topology, per_sequence)
+    _agree(step.step, error, like, per_sequence, topology)
+    assert like is not None and out is not None
+    layout = batches[0].cp_layout if batches else CpLayout.DUALCHUNK
+    got = _returned(schedule, out, like, plane, per_sequence=per_sequence, layout=layout)
     empty = like.new_empty((0, *like.shape[1:]))
     # Zero-length samples (-1) and sequences dropped for their length (ran nowhere) get `empty`.
     return [got.get(gid, empty) for gid in origin_slots(schedule, topology.dp_rank, empty_at).tolist()]
@@ -106,8 +106,6 @@ def _agree(
     like: torch.Tensor | None,
     per_sequence: bool,
     topology: Topology,
-    plane: Any,
-    dynamic: bool,
 ) -> None:
     """Every rank of the return agrees, in one small all-reduce per group, that every rank's
     values are fine and describe the same step the same way (dtype, trailing shape,
@@ -133,45 +131,9 @@ def _agree(
         }
         fingerprint = fingerprint_text(repr(sorted(details.items())))
     status = Status.ERROR if error is not None else Status.OK
-    what = "to_origin calls"
-    if dynamic:
-        agreed = agree(status, message, plane, fingerprint=fingerprint, axis="plane", what=what, details=details)
-    else:
-        agreed = agree_axes(topology, ("dp", "cp"), status, message, fingerprint, what=what, details=details)
+    agreed = agree_axes(topology, ("dp", "cp"), status, message, fingerprint, what="to_origin calls", details=details)
     if agreed.status == Status.ERROR:
         raise from_typed_message(agreed.message or "") from error
-
-
-def _static_to_origin(
-    schedule: Schedule,
-    batches: Sequence,
-    values: Sequence[torch.Tensor],
-    like: torch.Tensor,
-    topology: Topology,
-    per_sequence: bool,
-) -> dict[int, torch.Tensor]:
-    """The values of every sequence this DP rank read that ran this step, by global id: one
-    all-to-all over DP and, under CP, one all-gather over CP."""
-    cp = topology.cp_size
-    pieces: dict[int, torch.Tensor] = {}
-    for m, batch in enumerate(batches):
-        local = batch.cu_seqlens_padded.to(torch.int64) // cp  # this rank's rows of each sequence
-        for i, gid in enumerate(batch.sample_ids.tolist()):
-            if gid >= 0:
-                pieces[gid] = values[m][i : i + 1] if per_sequence else values[m][int(local[i]) : int(local[i + 1])]
-    replica = schedule.placement()[0]
-    padded = padded_lengths(schedule.lengths, schedule.pad_multiple)
-    sizes = np.ones_like(padded) if per_sequence else padded // cp
-    assert schedule.origin is not None  # Schedule fills it in __post_init__
-    plan = plan_return(replica, schedule.origin, sizes, topology.dp_rank, topology.dp_size)
-    got = return_values(pieces, plan, sizes, topology.group("dp"), like=like)
-    mine = origin_ids(schedule, topology.dp_rank)
-    ran = mine[replica[mine] >= 0]
-    if not per_sequence and cp > 1:
-        got = _join_cp_shards(got, ran, padded, topology, like)
-    if per_sequence:
-        return {gid: got[gid][0] for gid in ran.tolist()}
-    return {gid: got[gid][: int(schedule.lengths[gid])] for gid in ran.tolist()}
 
 
 def _check_values(values: Sequence[torch.Tensor], batches: Sequence, per_sequence: bool) -> torch.Tensor:
@@ -200,19 +162,144 @@ def _check_values(values: Sequence[torch.Tensor], batches: Sequence, per_sequenc
     return values[0]
 
 
-def _join_cp_shards(
-    got: dict[int, torch.Tensor], ids: np.ndarray, padded: np.ndarray, topology: Topology, like: torch.Tensor
+def return_pieces(plan: Schedule, per_sequence: bool) -> list[tuple[int, int, int, int, int]]:
+    """Every piece of the step's values, in send order: ``(sender plane rank, round, global
+    id, shard j, rows)`` ordered by sender, then round, then pack order; every piece goes to
+    each CP rank of replica ``origin[id]``."""
+    out = []
+    rank_group = plan.rank_group()
+    padded_all = np.zeros(plan.num_sequences, dtype=np.int64)
+    padded_all[plan.assigned] = plan.padded_assigned()
+    for p in range(plan.num_ranks):
+        for m in range(plan.num_microbatches):
+            g = int(rank_group[m, p])
+            c, j = int(plan.group_size[g]), p - int(plan.group_start[g])
+            if per_sequence and j:
+                continue
+            for gid in plan.group_ids(g).tolist():
+                out.append((p, m, gid, j, 1 if per_sequence else int(padded_all[gid]) // c))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Outgoing:
+    """What this rank sends in the return's all-to-all and what it receives (:func:`outgoing`)."""
+
+    send: torch.Tensor  # this rank's rows, destination by destination (plane rank order)
+    send_rows: np.ndarray  # int64 [R]: rows to each plane rank
+    recv_rows: np.ndarray  # int64 [R]: rows from each plane rank
+    received: list[tuple[int, int, int]]  # (global id, shard, rows) in arrival order
+
+
+def outgoing(
+    plan: Schedule,
+    batches: Sequence[PackedBatch],
+    values: Sequence[torch.Tensor],
+    like: torch.Tensor,
+    topology: Topology,
+    *,
+    per_sequence: bool,
+) -> Outgoing:
+    """This rank's part of the return, computed from the plan alone (no collective);
+    ``values`` are checked against ``batches`` already.
+
+    Raises:
+        ConfigError: A microbatch that holds another number of rows of a sequence than the
+            plan gives it (batches that are not this step's).
+    """
+    cp = topology.cp_size
+    me = topology.dp_rank * cp + topology.cp_rank
+    replica = me // cp
+    assert plan.origin is not None
+    parts: list[list[torch.Tensor]] = [[] for _ in range(plan.num_ranks)]
+    offsets = {}
+    for m, batch in enumerate(batches):
+        local = batch.cu_seqlens_padded.to(torch.int64) // batch.cp_size
+        for i, gid in enumerate(batch.sample_ids.tolist()):
+            if gid >= 0:
+                offsets[(m, gid)] = (i, i + 1) if per_sequence else (int(local[i]), int(local[i + 1]))
+    send_rows = np.zeros(plan.num_ranks, dtype=np.int64)
+    recv_rows = np.zeros(plan.num_ranks, dtype=np.int64)
+    received: list[tuple[int, int, int]] = []
+    for p, m, gid, j, rows in return_pieces(plan, per_sequence):
+        d = int(plan.origin[gid])
+        if p == me:
+            lo, hi = offsets.get((m, gid), (0, 0))
+            if hi - lo != rows:
+                raise ConfigError(f"microbatch {m} holds {hi - lo} rows of sample {gid}, the plan gives it {rows}")
+            for q in range(d * cp, (d + 1) * cp):
+                parts[q].append(values[m][lo:hi])
+                send_rows[q] += rows
+        if d == replica:
+            received.append((gid, j, rows))  # by sender, then in its send order: the all-to-all's order
+            recv_rows[p] += rows
+    empty = like.new_empty((0, *like.shape[1:]))
+    send = torch.cat([t for dest in parts for t in dest]) if int(send_rows.sum()) else empty
+    return Outgoing(send, send_rows, recv_rows, received)
+
+
+def _returned(
+    plan: Schedule, out: Outgoing, like: torch.Tensor, plane: Any, *, per_sequence: bool, layout: CpLayout
 ) -> dict[int, torch.Tensor]:
-    """Every CP rank of a replica holds its shard of the same sequences: all-gather them and
-    undo the CP partition, giving each sequence's padded values in token order."""
-    if not ids.size:  # nothing of this DP rank ran: nor of its CP peers' (the same ids), none gathers
-        return {}
-    group, cp = topology.group("cp"), topology.cp_size
-    mine = torch.cat([got[int(g)] for g in ids.tolist()])
+    """Run the return (module docstring): the values of every sequence this rank's DP
+    replica read that ran this step, by global id (pads removed, shards joined)."""
+    got = _all_to_all(out.send, out.send_rows, out.recv_rows, plane, like)
+    shards: dict[int, dict[int, torch.Tensor]] = {}
+    row = 0
+    for gid, j, rows in out.received:
+        shards.setdefault(gid, {})[j] = got[row : row + rows]
+        row += rows
+    whole = {}
+    for gid, parts in shards.items():
+        if per_sequence:
+            whole[gid] = parts[0][0]
+        else:
+            c = len(parts)
+            whole[gid] = (parts[0] if c == 1 else _unshard(parts, c, layout))[: int(plan.lengths[gid])]
+    return whole
+
+
+def plane_group(groups: CpGroups, step: int) -> Any:
+    """The model's process group of the whole plane the return runs on (``None`` for one
+    rank).
+
+    Raises:
+        ConfigError: The iterator ended or was closed, which freed the plane group it
+            created (the topology's own groups stay).
+    """
+    if groups.num_ranks == 1:
+        return None
+    group = groups.blocks.get((0, groups.num_ranks))
+    created = group is not None and not any(group is e for e in groups.external)
+    if created and (groups.released or not dist.is_initialized()):
+        raise ConfigError(
+            f"to_origin of step {step} after its iterator ended or was closed: the plane process group it runs on "
+            "is freed then; call to_origin before the next() that ends the data, or before close()"
+        )
+    return groups.group(0, groups.num_ranks)
+
+
+def _unshard(parts: dict[int, torch.Tensor], c: int, layout: CpLayout) -> torch.Tensor:
+    padded = parts[0].shape[0] * c
+    offsets = torch.tensor([0, padded], dtype=torch.int64)
+    return unshard_from_cp([parts[j] for j in range(c)], offsets, c, layout=layout)
+
+
+def _all_to_all(
+    send: torch.Tensor, send_rows: np.ndarray, recv_rows: np.ndarray, group: Any, like: torch.Tensor
+) -> torch.Tensor:
+    """One ``all_to_all_single`` over the model's group of the whole plane (rows in plane-rank
+    order); a one-rank plane keeps what it sends."""
+    if group is None:
+        return send
     device = comm_device(group)
-    parts = [torch.empty_like(mine, device=device) for _ in range(cp)]
-    collective(dist.all_gather, parts, mine.to(device), group=group)
-    offsets = np.zeros(ids.shape[0] + 1, dtype=np.int64)
-    np.cumsum(padded[ids], out=offsets[1:])
-    whole = unshard_from_cp([part.to(like.device) for part in parts], torch.from_numpy(offsets), cp)
-    return {int(g): whole[int(offsets[i]) : int(offsets[i + 1])] for i, g in enumerate(ids.tolist())}
+    out = torch.empty((int(recv_rows.sum()), *send.shape[1:]), dtype=send.dtype, device=device)
+    collective(
+        dist.all_to_all_single,
+        out,
+        send.to(device),
+        output_split_sizes=recv_rows.tolist(),
+        input_split_sizes=send_rows.tolist(),
+        group=group,
+    )
+    return out.to(like.device)

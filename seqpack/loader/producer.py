@@ -47,12 +47,12 @@ from seqpack.errors import ConfigError, SampleError, ScheduleError, StepFailed
 from seqpack.loader import phases
 from seqpack.loader.calibration import StepCalibration
 from seqpack.loader.config import PackingConfig
-from seqpack.loader.dynamic import DynamicCp
 from seqpack.loader.labels import misaligned_step_message
+from seqpack.loader.placement import Placement
 from seqpack.loader.prefetch import DeviceCopy, Progress, Ready, tensors_of
 from seqpack.loader.resume import ResumeState, Stateful
 from seqpack.loader.step import Step, StepTrace
-from seqpack.options import Axis, DataOwner
+from seqpack.options import Axis, DataOwner, Sync
 from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.minibatches import minibatch_loss_tokens
 from seqpack.stats import StepStats
@@ -75,6 +75,9 @@ class StepProducer:
         stats_cost: The cost model stats are measured in.
         reads: This rank reads data.
         copy: Pins and copies the step's tensors to the device.
+        placement: The exchange and pack stages of the config's CP mode
+            (:func:`~seqpack.loader.placement.placement`), with the model's CP process
+            groups, which the step's CP-sharded batches carry as ``cp_group``.
         calibration_lag: The largest ``prefetch`` of any rank (default: this rank's).
     """
 
@@ -89,15 +92,16 @@ class StepProducer:
         *,
         reads: bool,
         copy: DeviceCopy,
-        dynamic: DynamicCp | None = None,
+        placement: Placement,
         calibration_lag: int | None = None,
     ) -> None:
         self.topology, self.comm, self.config = topology, comm, config
-        self.dynamic = dynamic  # dynamic CP's stages (PackingConfig.dynamic_cp), else None
+        self.placement = placement
         self.scheduler, self.stats_cost = scheduler, stats_cost
         self.reads = reads
         self.edge_stage = topology.is_first_stage or topology.is_last_stage
         self.copy = copy
+        self.cp_groups = placement.groups
         self.source = data_iterator
         self.reader = phases.Reader(data_iterator, config.label_format) if data_iterator is not None else None
         self.steps = 0  # steps prepared
@@ -191,7 +195,7 @@ class StepProducer:
         if isinstance(batches, StepError):
             return batches
         loss_tokens = phases.step_loss_tokens(plan, gathered.loss_tokens)
-        starts = self.dynamic.group_starts(plan) if self.dynamic is not None else None
+        starts = self.placement.group_starts(plan)
         minibatches: dict[str, Any] = {}
         if bounds is not None and len(bounds) > 2:  # mini-batches: their bounds and counts travel with the step
             counts = minibatch_loss_tokens(plan, bounds, gathered.loss_tokens)
@@ -213,14 +217,9 @@ class StepProducer:
     ) -> list[PackedBatch] | StepError:
         """Exchange and pack: this rank's microbatches of the step (its CP shards), or the
         step's error when packing failed here."""
-        t, config, step = self.comm, self.config, self.steps
-        positions = phases.carries_position_ids(gathered.key_mask)
-        exchanged = None
+        step = self.steps
         with trace.phase("exchange"):
-            if self.dynamic is not None:
-                exchanged = self.dynamic.exchange(pool, plan, gathered)
-            elif not t.is_middle_stage or positions:
-                exchanged = phases.exchange(pool, plan, gathered, t)
+            exchanged = self.placement.exchange(pool, plan, gathered)
             if exchanged is not None:
                 trace.traffic.update(
                     sent=exchanged.bytes_sent,
@@ -230,10 +229,7 @@ class StepProducer:
                 )
         with trace.phase("pack"):
             try:
-                if self.dynamic is not None:
-                    assert exchanged is not None
-                    return self.dynamic.pack(plan, exchanged, gathered.loss_tokens)
-                return phases.pack(plan, exchanged, t, config.pad_multiple or 1, gathered.loss_tokens, config.cp_layout)
+                return self.placement.pack(plan, exchanged, gathered)
             except Exception as exc:  # local; CP/TP/PP peers hear of it in the status agreement
                 return self._error(
                     step, f"step {step}: packing failed on {self._who()}: {type(exc).__name__}: {exc}", exc
@@ -278,8 +274,7 @@ class StepProducer:
         if t.tp_size > 1 and self.edge_stage:
             msg = broadcast_tp(msg if t.tp_rank == 0 else None, t.group("tp"), timings=trace.timings)
             if t.tp_rank > 0 and isinstance(msg, StepOk) and msg.group_starts is not None:
-                assert self.dynamic is not None  # the config, dynamic_cp included, is agreed on every rank
-                msg = dataclasses.replace(msg, microbatches=self.dynamic.attach(msg.microbatches, msg.group_starts))
+                msg = dataclasses.replace(msg, microbatches=self.placement.attach(msg.microbatches, msg.group_starts))
         if t.pp_size > 1:
             msg = self._pipeline(msg, trace)
         assert msg is not None
@@ -317,9 +312,8 @@ class StepProducer:
             if t.is_middle_stage:
                 assert got is not None
                 if isinstance(got, StepOk) and got.group_starts is not None:
-                    assert self.dynamic is not None  # the config, dynamic_cp included, is agreed on every rank
                     return dataclasses.replace(
-                        got, microbatches=self.dynamic.attach(got.microbatches, got.group_starts)
+                        got, microbatches=self.placement.attach(got.microbatches, got.group_starts)
                     )
                 if isinstance(got, StepOk) and got.microbatches and got.microbatches[0].cp_rank != t.cp_rank:
                     sender = got.microbatches[0].cp_rank
@@ -345,16 +339,17 @@ class StepProducer:
         if isinstance(msg, StepEnd):
             return Ready(msg.step, message=msg, progress=self.progress())
         plan = msg.schedule
-        if self.dynamic is not None:
-            group_cost = trace.model if isinstance(trace.model, GroupCost) else None
-            stats = self.dynamic.stats(plan, msg.empty_samples, group_cost)
-        else:
-            stats = StepStats.from_schedule(plan, self.stats_cost, empty_samples=msg.empty_samples)
+        # A calibrated group cost (dynamic CP's) is the unit the step was planned in; a fitted
+        # CostModel is not what static stats are measured in (the config's cost is).
+        cost = trace.model if isinstance(trace.model, GroupCost) else self.stats_cost
+        stats = StepStats.from_schedule(
+            plan, cost, empty_samples=msg.empty_samples, sync=self.config.sync or Sync.LOCKSTEP
+        )
         self.calibration.fill_stats(stats, plan, trace, self.stats_cost)
         if self.config.flops_fn is not None:
             stats.flops = float(self.config.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
         self.steps += 1
-        batches, copied = self.copy.place(msg.microbatches, trace)
+        batches, copied = self.copy.place(self._with_groups(plan, msg.microbatches), trace)
         step = Step(
             num_microbatches=plan.num_microbatches,
             microbatches=batches,
@@ -369,11 +364,23 @@ class StepProducer:
             exchange_bytes=trace.traffic,
             _recorder=self.calibration.record if self.calibration.enabled else None,
             _topology=self.topology,
-            _cp_groups=self.dynamic.groups if self.dynamic is not None else None,
+            _cp_groups=self.cp_groups,
             _empty_at=msg.empty_at,
         )
         nbytes = sum(t.numel() * t.element_size() for batch in batches for t in tensors_of(batch))
         return Ready(msg.step, step=step, progress=self.progress(), copied=copied, nbytes=nbytes)
+
+    def _with_groups(self, plan: Schedule, batches: list[PackedBatch]) -> list[PackedBatch]:
+        """Every CP-sharded batch with the model's process group of its block in its round
+        (a static plan's: this replica's CP group), where it carries none yet: the compute
+        stages take the group from the batch under either CP."""
+        starts = plan.group_start[plan.rank_group()[:, self.cp_groups.plane_rank]].tolist()
+        return [
+            batch
+            if batch.cp_group is not None or batch.cp_size == 1
+            else dataclasses.replace(batch, cp_group=self.cp_groups.blocks.get((start, batch.cp_size)))
+            for batch, start in zip(batches, starts, strict=True)
+        ]
 
     def progress(self) -> Progress:
         reader = self.reader

@@ -72,7 +72,7 @@ class Step:
         default=None, repr=False, compare=False
     )
     _topology: Topology | None = dataclasses.field(default=None, repr=False, compare=False)
-    _cp_groups: CpGroups | None = dataclasses.field(default=None, repr=False, compare=False)  # dynamic CP's CpGroups
+    _cp_groups: CpGroups | None = dataclasses.field(default=None, repr=False, compare=False)  # the iterator's CP groups
     # Pool index of each zero-length sequence this DP rank read this step (never scheduled).
     _empty_at: tuple[int, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
@@ -97,9 +97,10 @@ class Step:
     def to_origin(self, values: Sequence[torch.Tensor], *, per_sequence: bool = False) -> list[torch.Tensor]:
         """Values computed on this step's microbatches, back on the rank that read each sample.
 
-        Collective over the model's DP and CP groups (the topology's, not the wrapper's; under
-        ``dynamic_cp`` the iterator's plane group): every rank that received this step calls
-        it, with values of one dtype and trailing shape. The ranks first agree on their
+        Collective over the model's process group of the DP x CP plane (the topology's DP or
+        CP group when the other is 1, else the iterator's plane group; never the wrapper's):
+        every rank that received this step calls it, with values of one dtype and trailing
+        shape. The ranks first agree on their
         values (one small all-reduce), so a mistake on one rank raises the same error on all.
 
         Args:
@@ -121,14 +122,15 @@ class Step:
             ConfigError: Not one tensor per microbatch, rows that do not match the
                 microbatch, tensors of different dtype, trailing shape or device, ranks
                 that disagree on the step, dtype, trailing shape or ``per_sequence`` (the
-                same error on every rank, naming the rank), or under ``dynamic_cp`` a call
-                after the iterator ended or was closed (its process groups are freed).
+                same error on every rank, naming the rank), or, where the iterator created
+                the plane group (dynamic CP, or static CP with DP and CP both above 1), a
+                call after the iterator ended or was closed (the group is freed).
             SeqpackTypeError: ``values`` is not a list of tensors.
         """
-        if self._topology is None:
+        if self._topology is None or self._cp_groups is None:
             raise ConfigError("to_origin needs a Step from wrap_data_iterator")
         return to_origin(
-            self, values, self._topology, per_sequence=per_sequence, cp_groups=self._cp_groups, empty_at=self._empty_at
+            self, values, self._topology, self._cp_groups, per_sequence=per_sequence, empty_at=self._empty_at
         )
 
     def record_times(self, seconds_per_microbatch: Sequence[float] | np.ndarray) -> None:

@@ -44,11 +44,13 @@ class PackedBatch:
     (:func:`~seqpack.thd.pack_sequences` counts it once, on the host; CP shards and copies keep
     it) and ``None`` where the builder was not told it.
 
-    ``cp_group`` is the process group this shard's CP ranks share when it is not the model's
-    own CP group: under dynamic CP (``PackingConfig(dynamic_cp=True)``) every microbatch has
-    its group, and ``ThdAttention`` / ``Mamba2Mixer`` use it (with ``cp_size`` / ``cp_rank``)
-    instead of theirs; ``None`` otherwise, and always for a rank alone (``cp_size`` 1). It is
-    not serialised (the wire carries the group's block; receivers map it to their own group).
+    ``cp_group`` is the process group this shard's CP ranks share: the wrapper sets it on every
+    CP-sharded batch (static CP: the topology's CP group; dynamic CP,
+    ``PackingConfig(dynamic_cp=True)``: the group of the microbatch's block), and
+    ``ThdAttention`` / ``Mamba2Mixer`` use it (with ``cp_size`` / ``cp_rank``) instead of
+    their own; ``None`` for a batch built by hand without one, and always for a rank alone
+    (``cp_size`` 1). It is not serialised (the wire carries the group's block; receivers map
+    it to their own group).
     """
 
     input_ids: torch.Tensor | None  # int64 [T]
@@ -65,7 +67,7 @@ class PackedBatch:
     cp_rank: int = 0
     num_loss_tokens: int | None = None  # supervised tokens of the whole microbatch (all CP ranks)
     cp_layout: CpLayout = CpLayout.DUALCHUNK  # how the token fields were cut (meaningless at cp_size 1)
-    cp_group: ProcessGroup | None = dataclasses.field(default=None, compare=False, repr=False)  # dynamic CP
+    cp_group: ProcessGroup | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Types only (cheap: one per microbatch); the layout itself is the builders' job.

@@ -112,7 +112,7 @@ def run_mistake(name: str, after_the_end: bool) -> dict:
     ("after_the_end", "pattern"),
     [
         (False, r"to_origin of step 0 on DP rank 1, CP rank 1 \(global rank 3\): values holds \d+ tensors but"),
-        (True, rf"to_origin of step {STEPS - 1} under dynamic_cp after its iterator ended or was closed"),
+        (True, rf"to_origin of step {STEPS - 1} after its iterator ended or was closed: the plane process group"),
     ],
 )
 def test_a_mistake_is_one_named_error_on_every_rank(dist_pools, after_the_end, pattern):

@@ -27,7 +27,7 @@ def _origin_of(first_token: int) -> tuple[int, int, int]:
     return first_token // 10**7, (first_token % 10**7) // 10**4, (first_token % 10**4) // 10**3
 
 
-def run_to_origin(layout, scheduler: str, prefetch: int):
+def run_to_origin(layout, scheduler: str, prefetch: int, cp_layout: str = "dualchunk"):
     topo = mesh_topology(layout)
     cp = topo.cp_size
     sched = ScatterScheduler(defer_longest=True) if scheduler == "scatter_defer" else scheduler
@@ -40,6 +40,7 @@ def run_to_origin(layout, scheduler: str, prefetch: int):
         pad_multiple=None if cp > 1 else 4,
         prefetch=prefetch,
         drop_last=False,
+        cp_layout=cp_layout,
     )
     out = {"rank": dist.get_rank(), "dp_rank": topo.dp_rank, "steps": [], "moved": 0}
     for step in it:
@@ -84,22 +85,25 @@ def _reads(rank: int, k: int) -> list[tuple[int, int, int] | None]:
 
 
 @pytest.mark.parametrize(
-    "name, scheduler, prefetch",
+    "name, scheduler, prefetch, cp_layout",
     [
-        ("dp2", "test_scatter", 0),
-        ("dp2", "scatter_defer", 1),
-        ("dp2cp2", "balanced", 0),
-        ("dp2cp2", "balanced", 2),
-        ("dp2tp2", "scatter_defer", 0),
+        ("dp2", "test_scatter", 0, "dualchunk"),
+        ("dp2", "scatter_defer", 1, "dualchunk"),
+        ("dp2cp2", "balanced", 0, "dualchunk"),
+        ("dp2cp2", "balanced", 2, "dualchunk"),
+        ("dp2cp2", "balanced", 0, "contiguous"),
+        ("dp2tp2", "scatter_defer", 0, "dualchunk"),
     ],
 )
-def test_values_come_back_to_their_origin_in_read_order_exactly_once(dist_pools, name, scheduler, prefetch):
+def test_values_come_back_to_their_origin_in_read_order_exactly_once(dist_pools, name, scheduler, prefetch, cp_layout):
     from wrapper_data import expected_sequences
 
     layout = LAYOUTS[name]
     if scheduler == "test_scatter":
         scheduler = ScatterScheduler()
-    results = dist_pools.get(int(np.prod([s for _, s in layout]))).run(run_to_origin, layout, scheduler, prefetch)
+    results = dist_pools.get(int(np.prod([s for _, s in layout]))).run(
+        run_to_origin, layout, scheduler, prefetch, cp_layout, timeout=600
+    )
     late = []  # per rank: some sequence came back after one read later (held back a step)
     for result in results:
         rank = result["dp_rank"]

@@ -200,9 +200,11 @@ def run_close_and_rebuild(layout, owner):
     again, _ = _wrap(topo, owner, 2, 18)
     steps = [s.step for s in again]
     # Users may bring their own groups (here: the topology's, which this loop never uses
-    # concurrently); the wrapper then creates none.
+    # concurrently); the wrapper then creates none for its collectives, only the model's
+    # plane group Step.to_origin runs on (dp and cp both above 1).
     own, _ = _wrap(topo, owner, 2, 18, wrapper_groups=topo)
-    assert own._bg.groups == [] and own._comm.group("dp") is topo.group("dp")
+    assert own._bg.groups == own.cp_groups.owned() and own._comm.group("dp") is topo.group("dp")
+    assert len(own.cp_groups.owned()) == (topo.dp_size > 1 and topo.cp_size > 1)
     own_steps = [s.step for s in own]
     return {
         "seconds": seconds,

@@ -19,7 +19,7 @@ from seqpack.errors import ConfigError
 from seqpack.schedulers import Schedule, predicted_step_time
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp.pieces import plan_pieces, shard_layout
-from seqpack.stats import moved_pieces, plan_stats
+from seqpack.stats import StepStats, moved_pieces
 from seqpack.thd import group_pad_multiple, pack_sequences
 from seqpack.thd.cp import partition_indices, shard_for_cp
 from seqpack.topology import Topology
@@ -136,10 +136,11 @@ def test_cp_groups_lookup_and_single_rank():
         groups.group(0, 4)
 
 
-def test_plan_stats():
+def test_stats_of_a_dynamic_plan():
+    """StepStats.from_schedule accounts a dynamic plan per plane rank, in the group cost."""
     lengths = np.array([300, 40, 30, 20, 20, 10, 5, 5])
     plan = a_plan(lengths, 2, 2, capacity=100, counts=[4, 4])
-    stats = plan_stats(plan, COST, sync="lockstep", empty_samples=2)
+    stats = StepStats.from_schedule(plan, COST, sync="lockstep", empty_samples=2)
     assert stats.num_sequences == 8 and stats.real_tokens == int(lengths.sum()) == stats.seqlen_sum
     assert stats.seqlen_sq_sum == int((lengths**2).sum()) and stats.empty_samples == 2
     assert stats.padded_tokens >= int(plan.group_tokens().sum()) and len(stats.replica_cost) == 4

@@ -70,10 +70,11 @@ class ThdAttention(nn.Module):
             reads key/value head ``h // (num_heads // num_kv_heads)``.
         backend: ``"auto"``, ``"te"`` or ``"torch"`` (an :class:`~seqpack.options.AttentionBackend`
             or its string; see the package docstring).
-        cp_group: Context-parallel group; the batch must be this rank's CP shard
-            (``seqpack.thd.shard_for_cp``) with ``cp_size`` / ``cp_rank`` of this group. A
-            batch that carries its own ``cp_group`` (dynamic CP) runs on that group instead,
-            with its ``cp_size`` / ``cp_rank``: build the module with ``cp_group=None`` then.
+        cp_group: Context-parallel group for batches that carry none (built by hand); the
+            batch must be this rank's CP shard (``seqpack.thd.shard_for_cp``) with
+            ``cp_size`` / ``cp_rank`` of this group. A batch that carries its own ``cp_group``
+            (every CP-sharded batch of the wrapper, static or dynamic CP) runs on that group,
+            with its ``cp_size`` / ``cp_rank``: the module needs none then.
         causal: Keys after the query are never attended (default).
         window: ``(left, right)``, TE's ``window_size``: query ``i`` sees keys ``i-left ..
             i+right`` of its sequence, -1 = unbounded; ``(W, 0)`` with ``causal=True`` is a
@@ -137,7 +138,7 @@ class ThdAttention(nn.Module):
         check_te_options(te_options)
 
         self.te_attention: nn.Module | None = None
-        # Dynamic CP under TE: the group TE's CP is set to now, each group's ranks, the
+        # Batches' own groups under TE: the group TE's CP is set to now, each group's ranks, the
         # CP stream, and the CP sizes whose TE rules were checked.
         self._te_group: dist.ProcessGroup | None = cp_group
         self._te_ranks: dict[int, list[int]] = {}
@@ -212,7 +213,7 @@ class ThdAttention(nn.Module):
 
     def cp_of(self, batch: PackedBatch) -> tuple[dist.ProcessGroup | None, int, int]:
         """``(group, size, rank)`` this batch runs on: its own ``cp_group`` when it carries one
-        (dynamic CP), else the module's."""
+        (the wrapper's batches under CP), else the module's."""
         if batch.cp_group is not None:
             return batch.cp_group, batch.cp_size, batch.cp_rank
         return self.cp_group, self.cp_size, self.cp_rank

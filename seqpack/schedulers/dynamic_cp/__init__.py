@@ -16,9 +16,9 @@ A plan is a :class:`seqpack.schedulers.Schedule` whose ``group_sizes`` is ``"pow
   planner as the registered scheduler ``"dynamic_cp"`` (it imports
   ``seqpack.schedulers.base``, so this ``__init__`` does not import it).
 - ``pieces``: the shards a step's exchange moves (one per sequence and rank of its group) and
-  who cuts each. A plan's :class:`~seqpack.stats.StepStats`: :func:`seqpack.stats.plan_stats`;
+  who cuts each. A plan's :class:`~seqpack.stats.StepStats`: :meth:`seqpack.stats.StepStats.from_schedule`;
   its calibrator: :class:`seqpack.calibrate.GroupCostCalibrator`. Running a plan:
-  ``seqpack.loader.dynamic``.
+  ``seqpack.loader.placement``.
 - Private: ``_candidate`` (a plan while it is built, and its exact score), ``_rounds``
   (the lockstep builder and static CP), ``_replica`` (the replica-sync builder);
   their numba kernels are ``seqpack.schedulers._kernels.cp_planner``.
