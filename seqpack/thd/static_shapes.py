@@ -147,9 +147,14 @@ class StaticShapes:
         buckets = self.buckets(capacity)
         index = int(np.searchsorted(np.asarray(buckets, dtype=np.int64), num_tokens))
         if index == len(buckets):
+            which = (
+                f"the capacity {buckets[-1]} (token_buckets='capacity')"
+                if self.token_buckets == CAPACITY
+                else f"the largest token bucket {buckets[-1]} (token_buckets={_shown(buckets)})"
+            )
             raise ConfigError(
-                f"a pack of {num_tokens} padded tokens is larger than the largest token bucket {buckets[-1]} "
-                f"(token_buckets={_shown(buckets)}): pack fewer tokens or add a larger bucket"
+                f"a pack of num_tokens={num_tokens} padded tokens is larger than {which}: "
+                "pack fewer tokens or add a larger bucket"
             )
         return buckets[index]
 
@@ -211,7 +216,7 @@ def _check_buckets(value: object) -> tuple[int, ...] | Literal["capacity"]:
         if value != CAPACITY:
             raise ConfigError(f"token_buckets must be 'capacity' or a tuple of token counts, got {value!r}")
         return CAPACITY
-    if not isinstance(value, (Sequence, np.ndarray)):
+    if isinstance(value, (bytes, bytearray)) or not isinstance(value, (Sequence, np.ndarray)):
         raise SeqpackTypeError(
             f"token_buckets must be 'capacity' or a tuple of token counts, got {type(value).__name__}"
         )
@@ -229,4 +234,4 @@ def _check_buckets(value: object) -> tuple[int, ...] | Literal["capacity"]:
 
 
 def _shown(buckets: tuple[int, ...]) -> str:
-    return f"({', '.join(map(str, buckets[:8]))}{', ...' if len(buckets) > 8 else ''})"
+    return str(buckets) if len(buckets) <= 8 else f"({', '.join(map(str, buckets[:8]))}, ...)"

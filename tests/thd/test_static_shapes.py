@@ -136,7 +136,7 @@ def test_bad_types_are_refused():
 
 def test_packs_that_do_not_fit_are_refused_by_name():
     shapes = StaticShapes(token_buckets=(16, 32), max_sequences=3)
-    with pytest.raises(ConfigError, match="a pack of 40 padded tokens is larger than the largest token bucket 32"):
+    with pytest.raises(ConfigError, match="a pack of num_tokens=40 padded tokens is larger than the largest token bucket 32"):
         pack_sequences(_samples([20, 20]), static_shapes=shapes)
     # append_dummy_seq: one of the 3 slots is the tail's.
     with pytest.raises(ConfigError, match=r"3 sequences does not fit max_sequences=3 slots \(one of them is the tail"):
