@@ -15,6 +15,7 @@ from seqpack.thd import (
     BATCH_TOKEN_FIELDS,
     IGNORE_INDEX,
     StaticShapes,
+    batch_from_layout,
     pack_sequences,
     pad_multiple_for,
     partition_indices,
@@ -136,7 +137,7 @@ def test_bad_types_are_refused():
 
 def test_packs_that_do_not_fit_are_refused_by_name():
     shapes = StaticShapes(token_buckets=(16, 32), max_sequences=3)
-    with pytest.raises(ConfigError, match="a pack of num_tokens=40 padded tokens is larger than the largest token bucket 32"):
+    with pytest.raises(ConfigError, match="num_tokens=40 padded tokens is larger than the largest token bucket 32"):
         pack_sequences(_samples([20, 20]), static_shapes=shapes)
     # append_dummy_seq: one of the 3 slots is the tail's.
     with pytest.raises(ConfigError, match=r"3 sequences does not fit max_sequences=3 slots \(one of them is the tail"):
@@ -225,3 +226,20 @@ def test_offsets_are_the_documented_layout():
     assert [a.tolist() for a in dummy.offsets(lengths, padded, 16)] == [[0, 5, 8, 8, 8], [0, 8, 12, 16, 16]]
     extend = StaticShapes(token_buckets=(16,), max_sequences=4, tail_padding="extend_last")
     assert [a.tolist() for a in extend.offsets(lengths, padded, 16)] == [[0, 5, 8, 8, 8], [0, 8, 16, 16, 16]]
+
+
+@pytest.mark.parametrize("tail_padding", POLICIES)
+@pytest.mark.parametrize("cp_size", [1, 2])
+def test_layout_alone_rebuilds_a_static_pack(tail_padding, cp_size):
+    """What the wire decoder and middle pipeline stages rebuild from the offsets alone
+    (batch_from_layout) is the packed batch's layout, slots and tail included."""
+    shapes = StaticShapes(token_buckets=(32, 64), max_sequences=6, tail_padding=tail_padding)
+    static = pack_sequences(_samples([7, 1, 12]), pad_multiple=4, static_shapes=shapes)
+    for rank in range(cp_size):
+        shard = shard_for_cp(static, cp_size, rank)
+        rebuilt = batch_from_layout(
+            static.cu_seqlens, static.cu_seqlens_padded, static.max_seqlen, static.sample_ids, cp_size, rank
+        )
+        for name in ("position_ids", "seq_idx", "padding_mask", "cu_seqlens", "cu_seqlens_padded", "sample_ids"):
+            assert torch.equal(getattr(rebuilt, name), getattr(shard, name)), name
+        assert rebuilt.max_seqlen == 32 and rebuilt.num_tokens == 32 // cp_size
