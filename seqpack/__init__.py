@@ -40,7 +40,7 @@ from seqpack.loader import PackingConfig, PackingIterator, Step, wrap_data_itera
 from seqpack.packing import pack_dataset
 from seqpack.schedulers import Schedule, Scheduler, get_scheduler, predicted_step_time
 from seqpack.stats import StepStats
-from seqpack.thd import PackedBatch, pack_sequences, pad_multiple_for, shard_for_cp, unshard_from_cp
+from seqpack.thd import PackedBatch, StaticShapes, pack_sequences, pad_multiple_for, shard_for_cp, unshard_from_cp
 from seqpack.topology import Topology
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "Schedule",
     "Scheduler",
     "SeqpackError",
+    "StaticShapes",
     "Step",
     "StepFailed",
     "StepStats",

@@ -32,6 +32,7 @@ __all__ = [
     "OnOversize",
     "Order",
     "Sync",
+    "TailPadding",
     "fingerprint_text",
 ]
 
@@ -155,6 +156,14 @@ class CpLayout(_Option):
 
     DUALCHUNK = "dualchunk"  # 2*cp chunks, rank r holds r and 2cp-1-r (TE's DualChunkSwap)
     CONTIGUOUS = "contiguous"  # cp chunks, rank r holds chunk r (local or linear attention, Mamba)
+
+
+class TailPadding(_Option):
+    """Where a fixed-shape pack's tail (bucket minus the pack's padded tokens) lives
+    (:class:`seqpack.thd.StaticShapes`; Megatron-LM's ``thd_tail_padding_policy``)."""
+
+    APPEND_DUMMY_SEQ = "append_dummy_seq"  # one more sequence slot: real length 0, padded length the tail
+    EXTEND_LAST = "extend_last"  # more padding at the end of the last real sequence
 
 
 class GroupSizes(_Option):

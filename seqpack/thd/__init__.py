@@ -16,6 +16,8 @@ Modules, in the order data flows through them:
     pack: :func:`pack_sequences` (samples to a PackedBatch), :func:`batch_from_layout`
         (a PackedBatch from offsets alone), :func:`pad_multiple_for`, :func:`padded_lengths`,
         :func:`split_packed_sample` / :func:`sample_sequences` (pre-packed samples).
+    static_shapes: :class:`StaticShapes` (token buckets, a fixed number of sequence slots
+        and the tail's place: fixed shapes for ``torch.compile`` and CUDA graphs).
     cp: context parallelism, DualChunkSwap (:func:`partition_indices`, :func:`shard_for_cp`,
         :func:`unshard_from_cp`, :func:`gather_order`, chunk reorders).
 
@@ -62,12 +64,14 @@ from seqpack.thd.sample import (
     next_token_targets,
     normalize_sample,
 )
+from seqpack.thd.static_shapes import StaticShapes
 
 __all__ = [
     "BATCH_TOKEN_FIELDS",
     "IGNORE_INDEX",
     "SAMPLES_NOT_BATCHES",
     "SAMPLE_DTYPES",
+    "StaticShapes",
     "TOKEN_KEYS",
     "PackedBatch",
     "TokenLayout",

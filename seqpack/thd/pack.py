@@ -28,6 +28,7 @@ from seqpack.thd.sample import (
     next_token_targets,
     normalize_sample,
 )
+from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import (
     INT32_MAX,
     INT64_MAX,
@@ -100,6 +101,7 @@ def pack_sequences(
     pad_token_id: int = 0,
     sample_ids: Sequence[int] | np.ndarray | torch.Tensor | None = None,
     label_format: LabelFormat | str = LabelFormat.SHIFTED,
+    static_shapes: StaticShapes | None = None,
 ) -> PackedBatch:
     """Pack samples into one THD microbatch.
 
@@ -124,6 +126,13 @@ def pack_sequences(
             TRL), shifted here within each sequence, whose last token gets -100;
             ``"position_aligned"``: each position's own target (a bidirectional model),
             used as given like ``"shifted"`` and never refused for equalling ``input_ids``.
+        static_shapes: Fixed shapes (:class:`~seqpack.thd.StaticShapes`): the pack's token
+            fields get the length of the smallest token bucket that holds it, ``cu_seqlens*``
+            ``max_sequences + 1`` entries, ``max_seqlen`` the bucket and ``sample_ids`` -1 in
+            the slots no sample fills. The real tokens, labels, loss mask and positions of
+            every sequence are those of the pack without it; only the tail and the slots
+            differ. ``pad_to`` is then the capacity of ``token_buckets="capacity"`` (and
+            refused beside a tuple of buckets).
 
     Raises:
         SeqpackTypeError, SampleError: A sample that breaks the sample contract (a
@@ -132,7 +141,9 @@ def pack_sequences(
             ``input_ids`` as ``"shifted"``, next tokens as ``"unshifted"``
             (:func:`seqpack.thd.sample.check_label_format`).
         ConfigError: Empty ``samples``, a pack longer than ``pad_to``, bad padding arguments,
-            an unknown ``label_format`` or ``sample_ids`` of the wrong length.
+            an unknown ``label_format`` or ``sample_ids`` of the wrong length; under
+            ``static_shapes``, a pack larger than the largest bucket or of more sequences than
+            it allows, or a bucket that is not a multiple of ``pad_multiple``.
     """
     # A pack's token count is int32 (cu_seqlens): so is one sequence's padding multiple.
     pad_multiple = check_positive_int("pad_multiple", pad_multiple, maximum=INT32_MAX)
@@ -145,18 +156,28 @@ def pack_sequences(
         raise ConfigError("pack_sequences needs at least one sample, got an empty list")
     if pad_to is not None and pad_to % pad_multiple != 0:
         raise ConfigError(f"pad_to={pad_to} must be a multiple of pad_multiple={pad_multiple}")
+    if static_shapes is not None:
+        _check_static_shapes(static_shapes, pad_multiple, pad_to)
 
     sequences = [normalize_sample(sample, where=f"sample {index}") for index, sample in enumerate(samples)]
     lengths = np.fromiter((sequence["input_ids"].numel() for sequence in sequences), np.int64, len(sequences))
     if not lengths.all():
         raise SampleError(f"sample {int(np.argmin(lengths))} has a zero-length sequence")
-    padded = _padded_sizes(lengths, pad_multiple, pad_to)
-    cu_real = np.zeros(len(sequences) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=cu_real[1:])
-    cu_padded = np.zeros(len(sequences) + 1, dtype=np.int64)
-    np.cumsum(padded, out=cu_padded[1:])
+    if static_shapes is None:
+        padded = _padded_sizes(lengths, pad_multiple, pad_to)
+        cu_real = np.zeros(len(sequences) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=cu_real[1:])
+        cu_padded = np.zeros(len(sequences) + 1, dtype=np.int64)
+        np.cumsum(padded, out=cu_padded[1:])
+        max_seqlen = int(padded.max())
+    else:
+        static_shapes.check_sequences(len(sequences))
+        padded = _padded_sizes(lengths, pad_multiple, None)
+        max_seqlen = static_shapes.bucket_for(int(padded.sum()), pad_to)
+        check_fits_memory(f"a pack of {max_seqlen} tokens", 40 * max_seqlen)
+        cu_real, cu_padded = static_shapes.offsets(lengths, padded, max_seqlen)
 
-    stream = _real_stream(sequences, cu_real, label_format)
+    stream = _real_stream(sequences, cu_real[: len(sequences) + 1], label_format)
     tokens = _place_tokens(stream, sequences, cu_real, cu_padded, pad_token_id)
     cu_seqlens = torch.from_numpy(cu_real.astype(np.int32))
     if np.array_equal(cu_real, cu_padded):
@@ -167,10 +188,30 @@ def pack_sequences(
         **tokens,
         cu_seqlens=cu_seqlens,
         cu_seqlens_padded=cu_seqlens_padded,
-        max_seqlen=int(padded.max()),
-        sample_ids=_as_sample_ids(sample_ids, len(sequences)),
+        max_seqlen=max_seqlen,
+        sample_ids=_slot_ids(_as_sample_ids(sample_ids, len(sequences)), cu_real.shape[0] - 1),
         num_loss_tokens=stream.num_loss_tokens,
     )
+
+
+def _check_static_shapes(static_shapes: object, pad_multiple: int, pad_to: int | None) -> None:
+    if not isinstance(static_shapes, StaticShapes):
+        raise SeqpackTypeError(
+            f"static_shapes must be a seqpack.StaticShapes or None, got {type(static_shapes).__name__}"
+        )
+    if pad_to is not None and static_shapes.token_buckets != "capacity":
+        raise ConfigError(
+            f"pad_to={pad_to} and token_buckets={static_shapes.token_buckets} both fix the pack's token count: "
+            "give one (pad_to is the capacity of token_buckets='capacity')"
+        )
+    static_shapes.check_pad_multiple(pad_multiple, pad_to)
+
+
+def _slot_ids(sample_ids: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """One id per slot: the samples' ids, then -1 for the tail's slot and unused slots."""
+    if sample_ids.shape[0] == num_slots:
+        return sample_ids
+    return torch.cat([sample_ids, sample_ids.new_full((num_slots - sample_ids.shape[0],), -1)])
 
 
 def _padded_sizes(lengths: np.ndarray, pad_multiple: int, pad_to: int | None) -> np.ndarray:
@@ -265,7 +306,13 @@ def _place_tokens(
     cu_padded: np.ndarray,
     pad_token_id: int,
 ) -> _TokenFields:
-    """The token fields of the pack: real tokens at their slots, pads around them."""
+    """The token fields of the pack: real tokens at their slots, pads around them.
+
+    ``cu_real`` / ``cu_padded`` may hold more slots than ``sequences`` (a fixed-shape pack's
+    tail slot and unused slots, :class:`~seqpack.thd.StaticShapes`): those hold only pads.
+    """
+    num_seqs = len(sequences)
+    cu_seq = cu_real[: num_seqs + 1]  # the samples' own sequences
     padded_total = int(cu_padded[-1])
     no_padding = padded_total == int(cu_real[-1])
     # Without padding the real offsets say nothing more (and the pad test would be wasted).
@@ -274,7 +321,7 @@ def _place_tokens(
     position_ids = layout.position
     if no_padding:  # the real stream is the pack
         if has_positions:
-            _override(position_ids, sequences, "position_ids", cu_real)
+            _override(position_ids, sequences, "position_ids", cu_seq)
         return _TokenFields(
             input_ids=stream.input_ids,
             labels=stream.labels,
@@ -287,10 +334,12 @@ def _place_tokens(
     dest = torch.from_numpy(np.flatnonzero(~layout.padding_mask.numpy()))  # [R]
     if has_positions:
         pos_real = position_ids.index_select(0, dest)
-        _override(pos_real, sequences, "position_ids", cu_real)
-        # Pads keep counting from their sequence's last real position.
-        lengths = torch.from_numpy(cu_real[1:] - cu_real[:-1])
+        _override(pos_real, sequences, "position_ids", cu_seq)
+        # Pads keep counting from their sequence's last real position; slots past the
+        # samples' sequences (a fixed-shape pack's tail slot) count from 0.
+        lengths = torch.from_numpy(cu_seq[1:] - cu_seq[:-1])
         shift_pos = pos_real[stream.last] - (lengths - 1)  # [N]
+        shift_pos = torch.cat([shift_pos, shift_pos.new_zeros(cu_padded.shape[0] - num_seqs)])  # [slots + 1]
         position_ids = position_ids + shift_pos[layout.seq_idx]
         position_ids.scatter_(0, dest, pos_real)
     return _TokenFields(

@@ -1,0 +1,237 @@
+"""Fixed shapes for compiled training: token buckets and a fixed number of sequence slots.
+
+``torch.compile`` and CUDA graphs want the same tensor shapes every step, but a THD pack's
+token count, sequence count and ``max_seqlen`` change every microbatch. Under
+:class:`StaticShapes` every pack (:func:`seqpack.thd.pack_sequences` with ``static_shapes=``)
+has:
+
+- a token count that is one of ``token_buckets`` (the smallest that holds the pack);
+- ``cu_seqlens`` / ``cu_seqlens_padded`` of exactly ``max_sequences + 1`` entries: the real
+  sequences first, then the tail's slot under ``"append_dummy_seq"``, then unused slots as
+  zero-length sequences (both offsets repeat their last value);
+- ``max_seqlen`` equal to the bucket, the one value no sequence of the bucket can exceed (under
+  ``"extend_last"`` the last sequence may grow to the whole bucket), so it never changes
+  within a bucket;
+- ``sample_ids`` of ``max_sequences`` entries, -1 for the tail's slot and unused slots.
+
+The tail (the bucket's tokens past the pack's padded tokens) always belongs to a sequence,
+never to no sequence: FlashAttention leaves the output rows of tokens outside every sequence
+unwritten (Transformer Engine zero-fills them only in its fused path, TE #2898), and TE's CP
+partition (``thd_get_partitioned_indices``) maps such tokens onto the last sequence.
+Zero-length sequences at the end are what Megatron-LM pads ``cu_seqlens`` with for THD CUDA
+graphs (``thd_max_packed_sequences``); TE's attention and FlashAttention's varlen kernels
+accept them (a zero-length sequence launches no work; TE #2599 notes its RoPE kernel slows
+down with many of them, so keep ``max_sequences`` near the real need).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.options import INT32_MAX, TailPadding
+from seqpack.validation import check_choice, check_int, check_optional_int, check_positive_int
+
+__all__ = ["CAPACITY", "StaticShapes"]
+
+CAPACITY: Literal["capacity"] = "capacity"
+"""``token_buckets="capacity"``: one bucket, the microbatch's token capacity (Megatron's
+``--pad-packed-seq-alignment max``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StaticShapes:
+    """The fixed shapes of every pack: token buckets and sequence slots.
+
+    Attributes:
+        token_buckets: Token counts a pack may have, strictly ascending positive ints (a
+            pack takes the smallest that holds its padded tokens), or ``"capacity"``: one
+            bucket, the capacity the packer is given (``pad_to`` of ``pack_sequences``).
+            Every bucket must be a multiple of the packer's ``pad_multiple`` (so under CP
+            every shard has ``bucket / cp_size`` tokens and the tail cuts like any sequence).
+        max_sequences: Sequence slots of every pack: ``cu_seqlens`` has ``max_sequences + 1``
+            entries. Under ``"append_dummy_seq"`` one slot is the tail's, so a pack holds at
+            most ``max_sequences - 1`` real sequences (:attr:`max_real_sequences`), as in
+            Megatron-LM, whose ``thd_max_packed_sequences`` counts the dummy too.
+        tail_padding: Where the tail lives (:class:`~seqpack.options.TailPadding`, the values
+            of Megatron-LM's ``thd_tail_padding_policy``). ``"append_dummy_seq"`` (default):
+            a slot of its own after the real sequences, real length 0 and padded length the
+            tail (0 when the pack fills its bucket), so the real sequences' offsets are those
+            of the pack without buckets. ``"extend_last"``: padding at the end of the last
+            real sequence (its padded length grows; no slot is spent on the tail).
+
+    Both policies keep the tail's tokens inside a sequence, with label -100, loss mask 0 and
+    ``padding_mask`` True: no token counts in the loss that was not real. For a CUDA graph
+    the attention's ``pad_between_seqs`` must not change between replays: pass
+    ``batch.te_kwargs(padded_as_real=True)`` (pads attended as real tokens of their
+    sequence: exact for causal attention, every backend) or ``pad_between_seqs=True``
+    (Megatron's choice; FusedAttention only).
+
+    Raises:
+        SeqpackTypeError: ``token_buckets`` neither ``"capacity"`` nor a sequence of ints.
+        ConfigError: An empty, unsorted or repeated bucket list, a bucket that is not a
+            positive int32, ``max_sequences`` below 1 (below 2 under ``"append_dummy_seq"``),
+            or an unknown ``tail_padding``.
+    """
+
+    token_buckets: tuple[int, ...] | Literal["capacity"] = CAPACITY
+    max_sequences: int
+    tail_padding: TailPadding = TailPadding.APPEND_DUMMY_SEQ
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_buckets", _check_buckets(self.token_buckets))
+        tail = check_choice("tail_padding", self.tail_padding, TailPadding)
+        object.__setattr__(self, "tail_padding", tail)
+        fewest = 2 if tail == TailPadding.APPEND_DUMMY_SEQ else 1
+        slots = check_int("max_sequences", self.max_sequences, minimum=1, maximum=INT32_MAX)
+        if slots < fewest:
+            raise ConfigError(
+                f"max_sequences={slots} leaves no slot for a real sequence: under "
+                f"tail_padding='append_dummy_seq' one slot is the tail's (use max_sequences >= 2, "
+                "or tail_padding='extend_last')"
+            )
+        object.__setattr__(self, "max_sequences", slots)
+
+    @classmethod
+    def multiples_of(
+        cls,
+        step: int,
+        capacity: int,
+        *,
+        max_sequences: int,
+        tail_padding: TailPadding | str = TailPadding.APPEND_DUMMY_SEQ,
+    ) -> StaticShapes:
+        """Buckets ``step, 2*step, ..., capacity`` (Megatron's ``--pad-packed-seq-alignment
+        step``, with the capacity the top); ``capacity`` must be a multiple of ``step``."""
+        step = check_positive_int("step", step, maximum=INT32_MAX)
+        capacity = check_positive_int("capacity", capacity, maximum=INT32_MAX)
+        if capacity % step:
+            raise ConfigError(f"capacity={capacity} is not a multiple of step={step}")
+        buckets = tuple(range(step, capacity + 1, step))
+        return cls(token_buckets=buckets, max_sequences=max_sequences, tail_padding=TailPadding(tail_padding))
+
+    @property
+    def max_real_sequences(self) -> int:
+        """Most real sequences one pack may hold (a hard limit, like the token capacity)."""
+        dummy = self.tail_padding == TailPadding.APPEND_DUMMY_SEQ
+        return self.max_sequences - 1 if dummy else self.max_sequences
+
+    def buckets(self, capacity: int | None = None) -> tuple[int, ...]:
+        """The buckets, ``"capacity"`` resolved to ``(capacity,)``.
+
+        Raises:
+            ConfigError: ``"capacity"`` without a ``capacity``.
+        """
+        capacity = check_optional_int("capacity", capacity, minimum=1, maximum=INT32_MAX)
+        if isinstance(self.token_buckets, tuple):
+            return self.token_buckets
+        if capacity is None:
+            raise ConfigError(
+                "token_buckets='capacity' needs the microbatch's capacity: pass pad_to=<capacity> "
+                "to pack_sequences, or give token_buckets as a tuple of token counts"
+            )
+        return (capacity,)
+
+    def bucket_for(self, num_tokens: int, capacity: int | None = None) -> int:
+        """The smallest bucket that holds ``num_tokens`` padded tokens.
+
+        Raises:
+            ConfigError: ``num_tokens`` above the largest bucket (named with it), or
+                ``"capacity"`` without a ``capacity``.
+        """
+        num_tokens = check_int("num_tokens", num_tokens, minimum=0)
+        buckets = self.buckets(capacity)
+        index = int(np.searchsorted(np.asarray(buckets, dtype=np.int64), num_tokens))
+        if index == len(buckets):
+            which = (
+                f"the capacity {buckets[-1]} (token_buckets='capacity')"
+                if self.token_buckets == CAPACITY
+                else f"the largest token bucket {buckets[-1]} (token_buckets={_shown(buckets)})"
+            )
+            raise ConfigError(
+                f"a pack of num_tokens={num_tokens} padded tokens is larger than {which}: "
+                "pack fewer tokens or add a larger bucket"
+            )
+        return buckets[index]
+
+    def check_pad_multiple(self, pad_multiple: int, capacity: int | None = None) -> None:
+        """Refuse a bucket that is not a multiple of ``pad_multiple`` (``2*cp_size`` and more
+        under CP: :func:`~seqpack.thd.pad_multiple_for`).
+
+        Raises:
+            ConfigError: The first such bucket, named with the nearest valid sizes.
+        """
+        pad_multiple = check_positive_int("pad_multiple", pad_multiple, maximum=INT32_MAX)
+        for bucket in self.buckets(capacity):
+            if bucket % pad_multiple:
+                low = bucket // pad_multiple * pad_multiple
+                raise ConfigError(
+                    f"token bucket {bucket} is not a multiple of pad_multiple={pad_multiple} "
+                    f"(token_buckets={_shown(self.buckets(capacity))}); every bucket must be, so that each "
+                    f"sequence and the tail keep the multiple (under CP each shard has bucket / cp_size "
+                    f"tokens): use {low or pad_multiple} or {low + pad_multiple}"
+                )
+
+    def check_sequences(self, num_sequences: int) -> None:
+        """Refuse a pack of more real sequences than :attr:`max_real_sequences`.
+
+        Raises:
+            ConfigError: Named with the count and the limit.
+        """
+        if num_sequences > self.max_real_sequences:
+            dummy = " (one of them is the tail's, tail_padding='append_dummy_seq')"
+            raise ConfigError(
+                f"a pack of {num_sequences} sequences does not fit max_sequences={self.max_sequences} slots"
+                f"{dummy if self.tail_padding == TailPadding.APPEND_DUMMY_SEQ else ''}: at most "
+                f"{self.max_real_sequences} real sequences per pack; pack fewer or raise max_sequences"
+            )
+
+    def offsets(self, lengths: np.ndarray, padded: np.ndarray, bucket: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(cu_seqlens, cu_seqlens_padded)`` (int64, ``max_sequences + 1`` entries each) of a
+        pack of real ``lengths`` in slots of ``padded`` lengths, its tail filling ``bucket``.
+
+        The inputs are the packer's, already checked: ``lengths <= padded``, at most
+        :attr:`max_real_sequences` sequences, ``padded.sum() <= bucket``.
+        """
+        n, slots = lengths.shape[0], self.max_sequences
+        assert 0 < n <= self.max_real_sequences and int(padded.sum()) <= bucket, (n, int(padded.sum()), bucket)
+        cu_real = np.zeros(slots + 1, dtype=np.int64)
+        cu_padded = np.zeros(slots + 1, dtype=np.int64)
+        np.cumsum(lengths, out=cu_real[1 : n + 1])
+        np.cumsum(padded, out=cu_padded[1 : n + 1])
+        # The tail's slot (append_dummy_seq: slot n, real length 0) or the last sequence's end.
+        # Either way every later offset is the bucket: unused slots are zero-length sequences.
+        cu_real[n + 1 :] = cu_real[n]
+        first_at_bucket = n + 1 if self.tail_padding == TailPadding.APPEND_DUMMY_SEQ else n
+        cu_padded[first_at_bucket:] = bucket
+        return cu_real, cu_padded
+
+
+def _check_buckets(value: object) -> tuple[int, ...] | Literal["capacity"]:
+    if isinstance(value, str):
+        if value != CAPACITY:
+            raise ConfigError(f"token_buckets must be 'capacity' or a tuple of token counts, got {value!r}")
+        return CAPACITY
+    if isinstance(value, (bytes, bytearray)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise SeqpackTypeError(
+            f"token_buckets must be 'capacity' or a tuple of token counts, got {type(value).__name__}"
+        )
+    buckets = tuple(check_positive_int(f"token_buckets[{i}]", b, maximum=INT32_MAX) for i, b in enumerate(value))
+    if not buckets:
+        raise ConfigError("token_buckets is empty: give at least one token count, or 'capacity'")
+    for i in range(1, len(buckets)):
+        if buckets[i] <= buckets[i - 1]:
+            raise ConfigError(
+                f"token_buckets must be strictly ascending, got {_shown(buckets)} "
+                f"(token_buckets[{i}]={buckets[i]} after {buckets[i - 1]}); "
+                f"sorted and without repeats: {_shown(tuple(sorted(set(buckets))))}"
+            )
+    return buckets
+
+
+def _shown(buckets: tuple[int, ...]) -> str:
+    return str(buckets) if len(buckets) <= 8 else f"({', '.join(map(str, buckets[:8]))}, ...)"
