@@ -203,7 +203,7 @@ class GridScheduler(Scheduler):
         pad_multiple: int,
         cost: CostModel | None,
         origin: np.ndarray,
-    ) -> tuple[list[list[np.ndarray]], np.ndarray]:
+    ) -> tuple[Sequence[Sequence[np.ndarray]], np.ndarray]:
         """Return (``rounds[m][d]`` id arrays, deferred ids) for ``ids`` with ``lengths``
         (``origin[i]``: DP rank holding ``ids[i]``). Every padded microbatch must fit
         ``capacity``; every round must list ``dp_size`` arrays (empty ones allowed)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import typing
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
@@ -83,6 +84,44 @@ def static_groups(num_microbatches: int, dp_size: int, cp_size: int) -> tuple[np
     d`` is replica ``d``'s CP block in round ``m``."""
     g = np.arange(num_microbatches * dp_size, dtype=np.int64)
     return g // max(dp_size, 1), (g % max(dp_size, 1)) * cp_size, np.full(g.shape[0], cp_size, dtype=np.int64)
+
+
+class Grid(Sequence[list[np.ndarray]]):
+    """A static plan's grid held flat, as a planner that sorts ids by microbatch has it:
+    ``ids`` cell after cell, cell ``m * dp_size + d`` (microbatch ``m`` of replica ``d``)
+    holding ``counts[m * dp_size + d]`` of them, in pack order.
+
+    It reads as ``grid[m][d]`` (views of ``ids``), what :meth:`GridScheduler._plan
+    <seqpack.schedulers.base.GridScheduler._plan>` returns, and :meth:`Schedule.from_assignment`
+    takes ``ids`` and ``counts`` as they are: at a million sequences the per-cell arrays
+    would cost more than the plan's bookkeeping (one Python object per microbatch).
+    """
+
+    def __init__(self, ids: np.ndarray, counts: np.ndarray, dp_size: int) -> None:
+        self.ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        self.counts = np.ascontiguousarray(counts, dtype=np.int64).reshape(-1)
+        self.dp_size = int(dp_size)
+        if self.dp_size < 1 or self.counts.shape[0] % self.dp_size or int(self.counts.sum()) != self.ids.shape[0]:
+            raise ScheduleError(
+                f"a grid of {self.counts.shape[0]} cells holding {int(self.counts.sum())} ids does not hold "
+                f"{self.ids.shape[0]} ids in rows of dp_size={dp_size}"
+            )
+        self._ends = np.cumsum(self.counts)
+
+    def __len__(self) -> int:
+        return self.counts.shape[0] // self.dp_size
+
+    @typing.overload
+    def __getitem__(self, index: int) -> list[np.ndarray]: ...
+    @typing.overload
+    def __getitem__(self, index: slice) -> list[list[np.ndarray]]: ...
+    def __getitem__(self, index: int | slice) -> list[np.ndarray] | list[list[np.ndarray]]:
+        if isinstance(index, slice):
+            return [self[m] for m in range(len(self))[index]]
+        m = range(len(self))[index]  # IndexError past the rows, negative indices from the end
+        ends = self._ends[m * self.dp_size : (m + 1) * self.dp_size].tolist()
+        starts = [ends[0] - int(self.counts[m * self.dp_size]), *ends[:-1]]
+        return [self.ids[a:b] for a, b in zip(starts, ends, strict=True)]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -173,25 +212,29 @@ class Schedule:
         origin: np.ndarray | None = None,
     ) -> Schedule:
         """A static plan from its grid: ``assignment[m][d]`` the ids (in pack order) of
-        microbatch ``m`` of replica ``d``.
+        microbatch ``m`` of replica ``d`` (a :class:`Grid` of ``dp_size`` is taken flat, as it is).
 
         Raises:
             ScheduleError: A round that does not list ``dp_size`` replicas.
         """
-        rows = list(assignment)
-        for m, row in enumerate(rows):
-            if len(row) != dp_size:
-                raise ScheduleError(f"microbatch {m} has {len(row)} replicas, expected dp_size={dp_size}")
-        cells = [np.ascontiguousarray(ids, dtype=np.int64).reshape(-1) for row in rows for ids in row]
-        counts = np.fromiter((c.shape[0] for c in cells), dtype=np.int64, count=len(cells))
-        rounds, starts, sizes = static_groups(len(rows), dp_size, cp_size)
+        if isinstance(assignment, Grid) and assignment.dp_size == dp_size:
+            num_rounds, counts, assigned = len(assignment), assignment.counts, assignment.ids
+        else:
+            rows = list(assignment)
+            for m, row in enumerate(rows):
+                if len(row) != dp_size:
+                    raise ScheduleError(f"microbatch {m} has {len(row)} replicas, expected dp_size={dp_size}")
+            cells = [np.ascontiguousarray(ids, dtype=np.int64).reshape(-1) for row in rows for ids in row]
+            counts = np.fromiter((c.shape[0] for c in cells), dtype=np.int64, count=len(cells))
+            num_rounds, assigned = len(rows), np.concatenate(cells) if cells else _empty()
+        rounds, starts, sizes = static_groups(num_rounds, dp_size, cp_size)
         return cls(
-            num_microbatches=len(rows),
+            num_microbatches=num_rounds,
             group_round=rounds,
             group_start=starts,
             group_size=sizes,
             group_counts=counts,
-            assigned=np.concatenate(cells) if cells else _empty(),
+            assigned=assigned,
             lengths=lengths,
             original_lengths=original_lengths,
             dp_size=dp_size,

@@ -97,3 +97,39 @@ def test_one_predicted_step_time_for_static_and_dynamic_plans():
     rounds = [max(model.microbatch_cost(s.lengths[ids]) for ids in row) for row in s.assignment]
     assert predicted_step_time(s, model) == pytest.approx(sum(rounds), rel=1e-12)
     assert predicted_step_time(s, GroupCost.from_static(model, 1)) == predicted_step_time(s, model)
+
+
+def test_a_flat_grid_is_the_same_schedule_as_its_rows():
+    from seqpack.schedulers.schedule import Grid
+
+    grid = Grid(np.array([4, 0, 2, 5, 1, 3]), np.array([2, 0, 1, 3]), dp_size=2)
+    assert len(grid) == 2
+    assert [[c.tolist() for c in row] for row in grid] == [[[4, 0], []], [[2], [5, 1, 3]]]
+    assert [[c.tolist() for c in row] for row in grid[-1:]] == [[[2], [5, 1, 3]]]
+    with pytest.raises(IndexError):
+        grid[2]
+    keywords = dict(
+        lengths=np.arange(1, 7), original_lengths=np.arange(1, 7), dp_size=2, cp_size=1, max_tokens_per_rank=16,
+        pad_multiple=1,
+    )  # fmt: skip
+    flat = Schedule.from_assignment(grid, **keywords)
+    rows = Schedule.from_assignment([[list(c) for c in row] for row in grid], **keywords)
+    assert flat.fingerprint() == rows.fingerprint() and flat.group_counts.tolist() == [2, 0, 1, 3]
+    flat.validate(np.arange(1, 7))
+    with pytest.raises(ScheduleError, match="does not hold 6 ids in rows of dp_size=4"):
+        Grid(np.arange(6), np.array([2, 0, 1, 3, 0, 0]), dp_size=4)
+    with pytest.raises(ScheduleError, match="microbatch 0 has 2 replicas, expected dp_size=3"):
+        Schedule.from_assignment(grid, **dict(keywords, dp_size=3))
+
+
+def test_balanced_hands_its_plan_over_flat():
+    from seqpack.schedulers.balanced.scheduler import BalancedScheduler
+    from seqpack.schedulers.schedule import Grid
+
+    ids = np.arange(40, dtype=np.int64)
+    lengths = (np.arange(40) * 37 % 900 + 50).astype(np.int64)
+    rounds, _ = BalancedScheduler()._plan(
+        ids, lengths, dp_size=4, capacity=2048, pad_multiple=1, cost=None, origin=ids % 4
+    )  # fmt: skip
+    assert isinstance(rounds, Grid)
+    assert sorted(np.concatenate([c for row in rounds for c in row]).tolist()) == ids.tolist()

@@ -183,17 +183,12 @@ def _best_move(
     """The best move of one of ``d1``'s items ``mine[:k1]`` (sorted by cost) to one of the
     ``candidates`` lightest replicas ``light``, if it beats the best change so far (gain, i,
     j, d2, m2). Returns the best change and the work count."""
-    tried = 0
-    for kk in range(light.shape[0]):
-        if tried >= candidates:
+    kk, tried = 0, 0
+    while True:
+        kk, d2, gap = _partner(light, kk, d1, candidates, tried, total, best_gain)
+        if d2 < 0:
             break
-        d2 = light[kk]
-        if d2 == d1:
-            continue
         tried += 1
-        gap = total[d1] - total[d2]
-        if gap / 2 <= best_gain:
-            break
         right = first_cost_above(mine, k1, costs, gap / 2)
         left = right - 1
         checked = 0
@@ -247,17 +242,12 @@ def _best_swap(
     """The best swap of one of ``d1``'s items with a cheaper one of one of the
     ``candidates`` lightest replicas, if it beats the best change so far (as
     :func:`_best_move`)."""
-    tried = 0
-    for kk in range(light.shape[0]):
-        if tried >= candidates:
+    kk, tried = 0, 0
+    while True:
+        kk, d2, gap = _partner(light, kk, d1, candidates, tried, total, best_gain)
+        if d2 < 0:
             break
-        d2 = light[kk]
-        if d2 == d1:
-            continue
         tried += 1
-        gap = total[d1] - total[d2]
-        if gap / 2 <= best_gain:
-            break
         k2 = _sorted_members(head[d2], nxt, costs, theirs, tmp)
         for t in range(k1):
             i = mine[t]
@@ -281,6 +271,27 @@ def _best_swap(
                     best_gain, best_i, best_j, best_d2, best_m2 = gain, i, j, d2, m2
                     break
     return best_gain, best_i, best_j, best_d2, best_m2, work
+
+
+@no_refcount
+def _partner(
+    light: IntArray, kk: int, d1: int, candidates: int, tried: int, total: FloatArray, best_gain: float
+) -> tuple[int, int, float]:
+    """The next partner replica of ``d1`` from ``light[kk:]``: ``(next kk, d2, gap)``, ``d2``
+    -1 once ``candidates`` were tried or the gap leaves no gain above ``best_gain``. The
+    partner loop of :func:`_best_move` and :func:`_best_swap` (measured: no compile or run
+    time against the loop written out in each). Bounds: reads ``light[kk]`` only while
+    ``kk < len(light)``."""
+    while kk < light.shape[0] and tried < candidates:
+        d2 = light[kk]
+        kk += 1
+        if d2 == d1:
+            continue
+        gap = total[d1] - total[d2]
+        if gap / 2 <= best_gain:
+            return kk, -1, 0.0
+        return kk, d2, gap
+    return kk, -1, 0.0
 
 
 @no_refcount

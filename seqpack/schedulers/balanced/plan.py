@@ -68,7 +68,7 @@ def _plan_at(
         # of the optimal bins): search exactly, within a bounded amount of work.
         if not stages.enabled("exact_search"):
             return None
-        status, bin_of = _exact.pack_bins(padded, dp_size * num_rounds, capacity)
+        status, bin_of = _exact.pack_bins(padded, dp_size * num_rounds, capacity, found_only=True)
         if status != _exact.FOUND:
             return None
         logger.debug(

@@ -13,6 +13,7 @@ from seqpack.options import Objective, Order, Sync
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.objective import round_sum_lower_bound, step_objective
+from seqpack.schedulers.schedule import Grid
 from seqpack.validation import check_choice
 
 ORDERS = tuple(Order)
@@ -167,20 +168,18 @@ def _round_sum(load: np.ndarray) -> float:
     return float(load.max(axis=1).sum()) if load.size else 0.0
 
 
-def _rounds(ids: np.ndarray, cell: np.ndarray, m_count: int, dp_size: int) -> list[list[np.ndarray]]:
+def _rounds(ids: np.ndarray, cell: np.ndarray, m_count: int, dp_size: int) -> Grid:
     """``rounds[m][d]``: the ids whose ``cell`` is ``m * dp_size + d``, ascending (pack order
-    inside a microbatch is dataloader order; ``ids`` ascend). Views of one sorted array."""
+    inside a microbatch is dataloader order; ``ids`` ascend), as a :class:`Grid` (one sorted
+    array and the count of every cell)."""
     n = ids.shape[0]
     cells = m_count * dp_size
     # Unique int64 keys (cell, position): the fast sort gives the stable order.
     by_cell = (
         np.argsort(cell * n + np.arange(n, dtype=np.int64)) if cells * n < 2**62 else np.argsort(cell, kind="stable")
     )
-    ends = np.cumsum(np.bincount(cell, minlength=cells) if n else np.zeros(cells, np.int64)).tolist()
-    sorted_ids = ids[by_cell]
-    starts = [0, *ends[:-1]] if ends else []
-    pieces = [sorted_ids[a:b] for a, b in zip(starts, ends, strict=True)]  # np.split is 10x slower
-    return [pieces[m * dp_size : (m + 1) * dp_size] for m in range(m_count)]
+    counts = np.bincount(cell, minlength=cells) if n else np.zeros(cells, np.int64)
+    return Grid(ids[by_cell], counts, dp_size)
 
 
 def relabel_replicas(replica_of: np.ndarray, origin: np.ndarray, weight: np.ndarray, dp_size: int) -> np.ndarray:

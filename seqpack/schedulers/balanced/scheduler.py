@@ -17,6 +17,7 @@ from seqpack.schedulers.balanced.plan import plan_balanced
 from seqpack.schedulers.balanced.rounds import _rounds, objective_for, relabel_replicas, round_position
 from seqpack.schedulers.base import GridScheduler
 from seqpack.schedulers.request import check_microbatches
+from seqpack.schedulers.schedule import Grid
 from seqpack.thd import padded_lengths
 from seqpack.validation import (
     INT64_MAX,
@@ -114,7 +115,7 @@ class BalancedScheduler(GridScheduler):
         origin: np.ndarray,
         sync: str | None = None,
         bytes_per_token: float | None = None,
-    ) -> tuple[list[list[np.ndarray]], np.ndarray]:
+    ) -> tuple[Grid, np.ndarray]:
         model = default_cost_model() if cost is None else cost  # a GroupCost was made this one by the base
         if ids.size or self.num_microbatches:
             check_microbatches(
