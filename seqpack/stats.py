@@ -174,54 +174,24 @@ class StepStats:
         """
         if not isinstance(schedule, Schedule):
             raise SeqpackTypeError(f"schedule must be a seqpack.Schedule, got {type(schedule).__name__}")
-        plan = schedule
-        mode = check_choice("sync", sync, Sync)
+        plan, mode = schedule, check_choice("sync", sync, Sync)
         flops = None if flops is None else check_number("flops", flops)
         empty_samples = check_int("empty_samples", empty_samples, minimum=0)
         bytes_per_token = check_number("bytes_per_token", bytes_per_token, minimum=0)
-        lengths, assigned = plan.lengths, plan.assigned
+        lengths, assigned, orig = plan.lengths, plan.assigned, plan.original_lengths
         real = lengths[assigned]
         padded = plan.padded_assigned()
         padded_sum = exact_sum(padded)
-        model: CostModel | None
-        if plan.is_static:  # unit: the DP replica
-            model = cost.at(plan.cp_size) if isinstance(cost, GroupCost) else cost
-            check_cost_model("cost", model)
-            costs = microbatch_costs(plan, model)
-            units = plan.dp_size
-            per_seq = padded.astype(np.float64) if model is None else model.cost(padded)
-            fillers = int(np.count_nonzero(plan.group_counts == 0))  # one filler per empty microbatch
-            per_id, sent, received = moved_tokens(plan)
-        else:  # unit: the plane rank
-            if cost is None:
-                raise SeqpackTypeError(
-                    "cost must be a seqpack.CostModel or GroupCost for a dynamic-CP schedule (its groups' costs "
-                    "include the CP ring), got None"
-                )
-            model = as_group_cost(cost, plan.cp_size).compute
-            costs = rank_times(plan, cost)
-            units = plan.num_ranks
-            fillers = int(plan.group_size[plan.group_counts == 0].sum())  # one filler per idle rank
-            per_id, sent, received = moved_pieces(plan)
+        model, costs, fillers, (per_id, sent, received), (lower, round_bound) = _units(plan, cost, padded)
+        units = plan.dp_size if plan.is_static else plan.num_ranks
         per_unit = costs.sum(axis=0) if costs.size else np.zeros(units)
-        total = float(per_unit.sum())
-        mean = total / units if units else 0.0
-        lower, round_bound = mean, 1.0
-        if plan.is_static:
-            constant = 0.0 if model is None else model.constant
-            lower = max(mean, float(per_seq.max()) + constant if per_seq.size else 0.0)
-            round_bound = round_lower_bound(padded, per_seq, plan.dp_size, plan.capacity, total)
+        mean = float(per_unit.sum()) / units if units else 0.0
         round_mean = float(costs.mean(axis=1).sum()) if costs.size else 0.0
         round_max = float(costs.max(axis=1).sum()) if costs.size else 0.0
         padded_tokens = padded_sum + fillers * plan.pad_multiple
-        orig = plan.original_lengths
         # Truncated ids trained this step: a deferred one is counted when it is trained.
-        trained = np.zeros(orig.shape[0], dtype=bool)
-        trained[assigned] = True
-        truncated = plan.truncated[trained[plan.truncated]]
+        truncated = plan.truncated[np.isin(plan.truncated, assigned)]
         real_sum = exact_sum(real)
-        moved = exact_sum(per_id)
-        busiest = int(max(sent.max(initial=0), received.max(initial=0)))
         predicted = None if cost is None else predicted_step_time(plan, cost, sync=mode)
         return cls(
             num_sequences=int(assigned.shape[0]),
@@ -247,18 +217,63 @@ class StepStats:
             deferred_sequences=int(plan.deferred.shape[0]),
             empty_samples=int(empty_samples),
             flops=flops,
-            moved_sequences=int(np.count_nonzero(per_id)),
-            moved_tokens=moved,
-            moved_fraction=moved / real_sum if real_sum else 0.0,
-            max_rank_moved_tokens=busiest,
-            moved_bytes=float(moved * bytes_per_token),
-            max_rank_moved_bytes=float(busiest * bytes_per_token),
+            **_moved(per_id, sent, received, real_sum, bytes_per_token),
             cost_model=model,
             predicted_step_time=predicted,
         )
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _moved(
+    per_id: np.ndarray, sent: np.ndarray, received: np.ndarray, real_sum: int, bytes_per_token: float
+) -> dict[str, Any]:
+    """:class:`StepStats`' moved-token fields from the tokens each id moves and each rank
+    sends and receives."""
+    moved = exact_sum(per_id)
+    busiest = int(max(sent.max(initial=0), received.max(initial=0)))
+    return dict(
+        moved_sequences=int(np.count_nonzero(per_id)),
+        moved_tokens=moved,
+        moved_fraction=moved / real_sum if real_sum else 0.0,
+        max_rank_moved_tokens=busiest,
+        moved_bytes=float(moved * bytes_per_token),
+        max_rank_moved_bytes=float(busiest * bytes_per_token),
+    )
+
+
+def _units(
+    plan: Schedule, cost: CostModel | GroupCost | None, padded: np.ndarray
+) -> tuple[CostModel | None, np.ndarray, int, tuple[np.ndarray, np.ndarray, np.ndarray], tuple[float, float]]:
+    """:meth:`StepStats.from_schedule`'s units: the compute model, the cost ``[rounds, units]``
+    of every unit (a static plan's DP replica, a dynamic plan's plane rank), the filler count,
+    the moved tokens ``(per id, sent, received)`` and ``(lower bound, round lower bound)``."""
+    if plan.is_static:  # unit: the DP replica
+        model = cost.at(plan.cp_size) if isinstance(cost, GroupCost) else cost
+        check_cost_model("cost", model)
+        costs = microbatch_costs(plan, model)
+        fillers = int(np.count_nonzero(plan.group_counts == 0))  # one filler per empty microbatch
+        moved = moved_tokens(plan)
+    else:  # unit: the plane rank
+        if cost is None:
+            raise SeqpackTypeError(
+                "cost must be a seqpack.CostModel or GroupCost for a dynamic-CP schedule (its groups' costs "
+                "include the CP ring), got None"
+            )
+        model = as_group_cost(cost, plan.cp_size).compute
+        costs = rank_times(plan, cost)
+        fillers = int(plan.group_size[plan.group_counts == 0].sum())  # one filler per idle rank
+        moved = moved_pieces(plan)
+    units = plan.dp_size if plan.is_static else plan.num_ranks
+    total = float(costs.sum(axis=0).sum()) if costs.size else 0.0  # summed as from_schedule sums units
+    lower, round_bound = (total / units if units else 0.0), 1.0
+    if plan.is_static:
+        per_seq = padded.astype(np.float64) if model is None else model.cost(padded)
+        constant = 0.0 if model is None else model.constant
+        lower = max(lower, float(per_seq.max()) + constant if per_seq.size else 0.0)
+        round_bound = round_lower_bound(padded, per_seq, plan.dp_size, plan.capacity, total)
+    return model, costs, fillers, moved, (lower, round_bound)
 
 
 def moved_pieces(plan: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -39,6 +39,7 @@ def pytest_configure(config):
 _NOT_QUICK = ("slow", "processes", "gpu")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         pools = "dist_pools" in getattr(item, "fixturenames", ())

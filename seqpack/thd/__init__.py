@@ -49,9 +49,8 @@ from seqpack.thd.pack import (
     pack_sequences,
     pad_multiple_for,
     padded_lengths,
-    sample_sequences,
-    split_packed_sample,
 )
+from seqpack.thd.prepacked import sample_sequences, split_packed_sample
 from seqpack.thd.sample import (
     IGNORE_INDEX,
     SAMPLE_DTYPES,

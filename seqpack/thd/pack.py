@@ -19,7 +19,6 @@ from seqpack.thd.cp import check_cp, partition_indices
 from seqpack.thd.layout import Offsets, as_offsets, token_layout
 from seqpack.thd.sample import (
     IGNORE_INDEX,
-    TOKEN_KEYS,
     default_labels,
     label_alignment_counts,
     looks_misaligned,
@@ -36,7 +35,6 @@ from seqpack.validation import (
     check_choice,
     check_fits_memory,
     check_int,
-    check_mapping,
     check_optional_int,
     check_positive_int,
     int64_array,
@@ -47,8 +45,6 @@ __all__ = [
     "pack_sequences",
     "pad_multiple_for",
     "padded_lengths",
-    "sample_sequences",
-    "split_packed_sample",
 ]
 
 
@@ -145,37 +141,15 @@ def pack_sequences(
             ``static_shapes``, a pack larger than the largest bucket or of more sequences than
             it allows, or a bucket that is not a multiple of ``pad_multiple``.
     """
-    # A pack's token count is int32 (cu_seqlens): so is one sequence's padding multiple.
-    pad_multiple = check_positive_int("pad_multiple", pad_multiple, maximum=INT32_MAX)
-    pad_to = check_optional_int("pad_to", pad_to, minimum=0, maximum=INT64_MAX)
+    pad_multiple, pad_to = _check_padding(samples, pad_multiple, pad_to, static_shapes)
     pad_token_id = check_int("pad_token_id", pad_token_id, minimum=-INT64_MAX - 1, maximum=INT64_MAX)
     label_format = check_choice("label_format", label_format, LabelFormat)
-    if not isinstance(samples, Sequence) or isinstance(samples, (str, bytes)):
-        raise SeqpackTypeError(f"samples must be a list of sample mappings, got {type(samples).__name__}")
-    if len(samples) == 0:
-        raise ConfigError("pack_sequences needs at least one sample, got an empty list")
-    if pad_to is not None and pad_to % pad_multiple != 0:
-        raise ConfigError(f"pad_to={pad_to} must be a multiple of pad_multiple={pad_multiple}")
-    if static_shapes is not None:
-        _check_static_shapes(static_shapes, pad_multiple, pad_to)
 
     sequences = [normalize_sample(sample, where=f"sample {index}") for index, sample in enumerate(samples)]
     lengths = np.fromiter((sequence["input_ids"].numel() for sequence in sequences), np.int64, len(sequences))
     if not lengths.all():
         raise SampleError(f"sample {int(np.argmin(lengths))} has a zero-length sequence")
-    if static_shapes is None:
-        padded = _padded_sizes(lengths, pad_multiple, pad_to)
-        cu_real = np.zeros(len(sequences) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=cu_real[1:])
-        cu_padded = np.zeros(len(sequences) + 1, dtype=np.int64)
-        np.cumsum(padded, out=cu_padded[1:])
-        max_seqlen = int(padded.max())
-    else:
-        static_shapes.check_sequences(len(sequences))
-        padded = _padded_sizes(lengths, pad_multiple, None)
-        max_seqlen = static_shapes.bucket_for(int(padded.sum()), pad_to)
-        check_fits_memory(f"a pack of {max_seqlen} tokens", 40 * max_seqlen)
-        cu_real, cu_padded = static_shapes.offsets(lengths, padded, max_seqlen)
+    cu_real, cu_padded, max_seqlen = _layout(lengths, pad_multiple, pad_to, static_shapes)
 
     stream = _real_stream(sequences, cu_real[: len(sequences) + 1], label_format)
     tokens = _place_tokens(stream, sequences, cu_real, cu_padded, pad_token_id)
@@ -192,6 +166,45 @@ def pack_sequences(
         sample_ids=_slot_ids(_as_sample_ids(sample_ids, len(sequences)), cu_real.shape[0] - 1),
         num_loss_tokens=stream.num_loss_tokens,
     )
+
+
+def _check_padding(
+    samples: object, pad_multiple: int, pad_to: int | None, static_shapes: StaticShapes | None
+) -> tuple[int, int | None]:
+    """:func:`pack_sequences`' samples list and padding arguments, checked."""
+    # A pack's token count is int32 (cu_seqlens): so is one sequence's padding multiple.
+    pad_multiple = check_positive_int("pad_multiple", pad_multiple, maximum=INT32_MAX)
+    pad_to = check_optional_int("pad_to", pad_to, minimum=0, maximum=INT64_MAX)
+    if not isinstance(samples, Sequence) or isinstance(samples, (str, bytes)):
+        raise SeqpackTypeError(f"samples must be a list of sample mappings, got {type(samples).__name__}")
+    if len(samples) == 0:
+        raise ConfigError("pack_sequences needs at least one sample, got an empty list")
+    if pad_to is not None and pad_to % pad_multiple != 0:
+        raise ConfigError(f"pad_to={pad_to} must be a multiple of pad_multiple={pad_multiple}")
+    if static_shapes is not None:
+        _check_static_shapes(static_shapes, pad_multiple, pad_to)
+    return pad_multiple, pad_to
+
+
+def _layout(
+    lengths: np.ndarray, pad_multiple: int, pad_to: int | None, static_shapes: StaticShapes | None
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The pack's ``cu_seqlens``, ``cu_seqlens_padded`` (int64) and ``max_seqlen``: each
+    sequence padded to ``pad_multiple`` and the tail to ``pad_to``, or the fixed layout of
+    ``static_shapes``' bucket."""
+    if static_shapes is None:
+        padded = _padded_sizes(lengths, pad_multiple, pad_to)
+        cu_real = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=cu_real[1:])
+        cu_padded = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(padded, out=cu_padded[1:])
+        return cu_real, cu_padded, int(padded.max())
+    static_shapes.check_sequences(lengths.shape[0])
+    padded = _padded_sizes(lengths, pad_multiple, None)
+    max_seqlen = static_shapes.bucket_for(int(padded.sum()), pad_to)
+    check_fits_memory(f"a pack of {max_seqlen} tokens", 40 * max_seqlen)
+    cu_real, cu_padded = static_shapes.offsets(lengths, padded, max_seqlen)
+    return cu_real, cu_padded, max_seqlen
 
 
 def _check_static_shapes(static_shapes: object, pad_multiple: int, pad_to: int | None) -> None:
@@ -451,77 +464,3 @@ def batch_from_layout(
         cp_rank=cp_rank,
         cp_layout=cp_layout,
     )
-
-
-def _flat_offsets(value: Any, name: str) -> torch.Tensor:
-    """A pre-packed sample's offsets, flattened (a collate may give them as ``[1, N+1]``)."""
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        return as_offsets(value.reshape(-1), name)
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple)):
-        return as_offsets(np.asarray(value).reshape(-1), name)
-    return as_offsets(value, name)
-
-
-def split_packed_sample(
-    sample: Mapping[str, Any], *, keys: Sequence[str] = TOKEN_KEYS
-) -> list[dict[str, torch.Tensor]]:
-    """Split a pre-packed sample (one carrying ``cu_seqlens``) into its sequences.
-
-    ``cu_seqlens`` gives real lengths; ``cu_seqlens_padded`` (optional) the offsets. Pad
-    tokens between sequences are dropped: seqpack re-pads after scheduling.
-
-    Raises:
-        SeqpackTypeError: Offsets that are not integers (never truncated).
-        SampleError: No ``cu_seqlens``, offsets of unequal length or not starting at 0, a
-            real length outside its slot, or a slot past the end of ``input_ids``.
-    """
-    check_mapping("sample", sample)
-    if "cu_seqlens" not in sample:
-        raise SampleError("split_packed_sample needs a 'cu_seqlens' field")
-    cu = _flat_offsets(sample["cu_seqlens"], "cu_seqlens").cpu()
-    padded = sample.get("cu_seqlens_padded")
-    cu_padded = cu if padded is None else _flat_offsets(padded, "cu_seqlens_padded").cpu()
-    if cu.shape != cu_padded.shape:
-        raise SampleError(f"cu_seqlens has {cu.numel()} entries but cu_seqlens_padded has {cu_padded.numel()}")
-    for name, offsets in (("cu_seqlens", cu), ("cu_seqlens_padded", cu_padded)):
-        if offsets.numel() and int(offsets[0]) != 0:
-            raise SampleError(f"{name} must start at 0, got {offsets[:4].tolist()}")
-    starts, ends = cu_padded[:-1], cu_padded[1:]
-    lens = cu[1:] - cu[:-1]
-    bad = torch.nonzero((lens < 0) | (starts + lens > ends) | (starts < 0)).flatten()
-    if bad.numel():
-        i = int(bad[0])
-        raise SampleError(
-            f"inconsistent pack layout: real length {int(lens[i])} in slot [{int(starts[i])}, {int(ends[i])})"
-        )
-    if not isinstance(sample.get("input_ids"), torch.Tensor) or sample["input_ids"].dim() != 1:
-        raise SampleError("a pre-packed sample needs 'input_ids' as a 1-D tensor (normalize_sample it first)")
-    total = int(sample["input_ids"].shape[0])
-    if ends.numel() and int(ends[-1]) > total:
-        raise SampleError(f"cu_seqlens_padded ends at {int(ends[-1])} but input_ids has {total} tokens")
-    present = [key for key in keys if sample.get(key) is not None]
-    return [
-        {key: sample[key][start : start + length] for key in present}
-        for start, length in zip(starts.tolist(), lens.tolist(), strict=True)
-    ]
-
-
-def sample_sequences(sample: Any, *, where: str = "sample") -> list[dict[str, torch.Tensor]]:
-    """The sequences of one dataloader sample, each under the sample contract.
-
-    A sample carrying ``cu_seqlens`` (and optionally ``cu_seqlens_padded``) is pre-packed: it
-    is normalised as a whole (:func:`~seqpack.thd.normalize_sample`), then split into its
-    sequences by :func:`split_packed_sample`. Any other sample is one sequence.
-
-    Raises:
-        SeqpackTypeError, SampleError: As :func:`~seqpack.thd.normalize_sample`; a
-            pre-packed sample with a bad layout is a ``SampleError`` naming it.
-    """
-    normalized = normalize_sample(sample, where=where)
-    if "cu_seqlens" not in sample:
-        return [normalized]
-    offsets = {key: sample[key] for key in ("cu_seqlens", "cu_seqlens_padded") if sample.get(key) is not None}
-    try:
-        return split_packed_sample({**normalized, **offsets})
-    except (ValueError, TypeError, IndexError) as exc:
-        raise SampleError(f"{where} is pre-packed with a bad layout: {exc}") from None
