@@ -39,29 +39,12 @@ def pytest_configure(config):
 _NOT_QUICK = ("slow", "processes", "gpu")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        pools = "dist_pools" in getattr(item, "fixturenames", ())
-        if pools:
-            # Under ./dev test's xdist workers, one worker holds the gloo pools (memory: a
-            # pool of 8 ranks is 8 processes of ~0.5 GB) and runs every test that uses them.
-            item.add_marker(pytest.mark.xdist_group("gloo_pools"))
-        elif _module_scoped(item):
-            # One worker runs the module, so its module-scoped fixture (a cold numba compile,
-            # a model load) is set up once, not once per worker.
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-        if pools or "distributed" in item.path.parts:
+        if "dist_pools" in getattr(item, "fixturenames", ()) or "distributed" in item.path.parts:
             item.add_marker(pytest.mark.processes)
         if not any(item.get_closest_marker(name) for name in _NOT_QUICK):
             item.add_marker(pytest.mark.quick)
-
-
-def _module_scoped(item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    return any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
 
 
 def _refuse(what):
