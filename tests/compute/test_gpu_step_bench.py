@@ -1,25 +1,15 @@
 """benchmarks/gpu_step.py runs end to end on the CPU at toy sizes (the GPU run uses the same code)."""
 
-import importlib.util
 import json
-import pathlib
-import sys
 
 import pytest
-
-PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_step.py"
+from benchmark_module import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def gpu_step():
-    spec = importlib.util.spec_from_file_location("seqpack_benchmark_gpu_step", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("gpu_step") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 @pytest.mark.parametrize("model", ["transformer", "hybrid"])

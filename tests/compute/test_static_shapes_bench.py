@@ -1,25 +1,14 @@
 """benchmarks/static_shapes.py runs end to end at a toy size: with buckets dynamo compiles at
 most one graph per bucket, without them one per token count (dynamic=False)."""
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
-
-PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "static_shapes.py"
+from benchmark_module import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("seqpack_benchmark_static_shapes", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("static_shapes") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 @pytest.mark.slow  # ~40 s of dynamo tracing on a loaded 2-core machine

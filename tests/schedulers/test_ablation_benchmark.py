@@ -1,29 +1,18 @@
 """benchmarks/ablation.py runs end to end at toy sizes (--quick), so that it cannot rot: every
 stage of balanced switched off on every kind of workload, the summary and the locality tables."""
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
+from benchmark_module import benchmark_module
 
 from seqpack.schedulers.balanced import stages
 
 pytestmark = pytest.mark.slow  # ~10 s: 16 variants of the planner on 25 toy workloads
 
-PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "ablation.py"
-
 
 @pytest.fixture(scope="module")
 def ablation():
-    spec = importlib.util.spec_from_file_location("seqpack_benchmark_ablation", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("ablation") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_quick_run_reports_every_stage_on_every_workload(ablation, tmp_path, capsys):
