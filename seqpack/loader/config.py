@@ -38,7 +38,7 @@ from seqpack.options import (
 )
 from seqpack.schedulers import Scheduler, get_scheduler
 from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
-from seqpack.thd import pad_multiple_for
+from seqpack.thd import StaticShapes, pad_multiple_for
 from seqpack.topology import Topology
 from seqpack.validation import (
     check_bool,
@@ -166,6 +166,13 @@ class PackingConfig:
     microbatches are theirs in order (``Step.minibatch_bounds``, ``Step.minibatches``,
     ``Step.minibatch_loss_tokens``). At most ``samples_per_rank``. Under ``dynamic_cp`` each
     mini-batch is planned alone over all ``dp x cp`` ranks (its own CP groups and rounds)."""
+    static_shapes: StaticShapes | None = None
+    """Fixed shapes for compiled training (:class:`~seqpack.thd.StaticShapes`, docs/thd.md):
+    every microbatch's token count is one of ``token_buckets`` (``"capacity"``: the
+    microbatch's capacity ``max_tokens_per_rank * cp_size``, whose largest bucket it must be)
+    and its ``cu_seqlens`` have ``max_sequences + 1`` entries; the scheduler never puts more
+    than ``max_real_sequences`` sequences in a microbatch. Not with ``dynamic_cp`` (a group's
+    pack size depends on its size)."""
 
     def __post_init__(self) -> None:
         for name in ("samples_per_rank", "max_tokens_per_rank"):
@@ -204,6 +211,7 @@ class PackingConfig:
         self._check_calibrate()
         self._check_dynamic_cp(named)
         self._check_minibatches()
+        self._check_static_shapes()
 
     def _check_calibrate(self) -> None:
         if not isinstance(self.calibrate, (bool, CostCalibrator, GroupCostCalibrator)):
@@ -213,6 +221,17 @@ class PackingConfig:
             )
         if isinstance(self.calibrate, GroupCostCalibrator) and not self.dynamic_cp:
             raise ConfigError("calibrate=GroupCostCalibrator(...) fits a dynamic CP group cost: pass dynamic_cp=True")
+
+    def _check_static_shapes(self) -> None:
+        if self.static_shapes is not None and not isinstance(self.static_shapes, StaticShapes):
+            raise SeqpackTypeError(
+                f"static_shapes must be a seqpack.StaticShapes or None, got {type(self.static_shapes).__name__}"
+            )
+        if self.static_shapes is not None and self.dynamic_cp:
+            raise ConfigError(
+                "static_shapes is not supported with dynamic_cp=True: a CP group's pack holds up to its size times "
+                "max_tokens_per_rank tokens, so one set of token buckets cannot fix every rank's shard; use static CP"
+            )
 
     def _check_minibatches(self) -> None:
         object.__setattr__(self, "minibatches", check_positive_int("minibatches", self.minibatches, maximum=INT64_MAX))
@@ -349,7 +368,20 @@ class PackingConfig:
                 f"max_tokens_per_rank({self.max_tokens_per_rank}) * cp({cp}) = {capacity} is smaller than "
                 f"pad_multiple={pad}: no sequence fits a microbatch"
             )
+        if self.static_shapes is not None:
+            self._check_buckets(self.static_shapes, capacity, cp, pad)
         return dataclasses.replace(self, pad_multiple=int(pad))
+
+    def _check_buckets(self, shapes: StaticShapes, capacity: int, cp: int, pad: int) -> None:
+        """The buckets fit this topology: multiples of ``pad``, the largest the capacity."""
+        shapes.check_pad_multiple(pad, capacity)
+        top = shapes.buckets(capacity)[-1]
+        if top != capacity:
+            raise ConfigError(
+                f"the largest token bucket {top} (static_shapes.token_buckets) must be the microbatch's capacity "
+                f"max_tokens_per_rank({self.max_tokens_per_rank}) * cp({cp}) = {capacity}: add {capacity} as the "
+                f"largest bucket, or set max_tokens_per_rank to {top // cp if top % cp == 0 else 'it / cp'}"
+            )
 
     def _resolve_dynamic(self, topology: Topology) -> PackingConfig:
         """``resolve`` under dynamic CP: ``pad_multiple`` is a sequence's alone on one rank
@@ -392,6 +424,7 @@ class PackingConfig:
             **({"group_microbatch": "True"} if self.group_microbatch else {}),
             **({"equal_samples_per_replica": "True"} if self.equal_samples_per_replica else {}),
             **({"minibatches": str(self.minibatches)} if self.minibatches != 1 else {}),
+            **({"static_shapes": repr(self.static_shapes)} if self.static_shapes is not None else {}),
             **(
                 {"dynamic_cp": "True", "group_cost": repr(self.group_cost), "cp_group_sizes": str(self.cp_group_sizes)}
                 if self.dynamic_cp

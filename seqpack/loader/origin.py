@@ -33,16 +33,25 @@ from seqpack.collective.agree import Status, agree_axes
 from seqpack.collective.cp_groups import CpGroups
 from seqpack.collective.groups import collective, comm_device, this_rank
 from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError, from_typed_message, typed_message
-from seqpack.options import CpLayout, fingerprint_text
+from seqpack.options import CpLayout, TailPadding, fingerprint_text
 from seqpack.schedulers.schedule import Schedule
 from seqpack.thd.cp import unshard_from_cp
 
 if TYPE_CHECKING:
     from seqpack.loader.step import Step
-    from seqpack.thd import PackedBatch
+    from seqpack.thd import PackedBatch, StaticShapes
     from seqpack.topology import Topology
 
-__all__ = ["Outgoing", "origin_ids", "origin_slots", "outgoing", "plane_group", "return_pieces", "to_origin"]
+__all__ = [
+    "Outgoing",
+    "origin_ids",
+    "origin_slots",
+    "outgoing",
+    "packed_spans",
+    "plane_group",
+    "return_pieces",
+    "to_origin",
+]
 
 
 def origin_ids(schedule: Schedule, dp_rank: int) -> np.ndarray:
@@ -75,10 +84,12 @@ def to_origin(
     *,
     per_sequence: bool = False,
     empty_at: Sequence[int] = (),
+    static_shapes: StaticShapes | None = None,
 ) -> list[torch.Tensor]:
     """See :meth:`seqpack.loader.step.Step.to_origin` (``cp_groups``: the iterator's CP
     process groups, the whole plane's among them; ``empty_at``: the pool index of each
-    zero-length sequence this DP rank read, :func:`origin_slots`)."""
+    zero-length sequence this DP rank read, :func:`origin_slots`; ``static_shapes``: the
+    config's, whose ``"extend_last"`` tail lengthens each pack's last sequence)."""
     schedule, batches = step.schedule, step.microbatches
     if schedule is None:
         raise ConfigError("to_origin needs the step's schedule (a Step from wrap_data_iterator)")
@@ -88,7 +99,8 @@ def to_origin(
     out = None
     try:
         like = _check_values(values, batches, per_sequence)
-        out = outgoing(schedule, batches, values, like, topology, per_sequence=per_sequence)
+        spans = packed_spans(schedule, static_shapes)
+        out = outgoing(schedule, batches, values, like, topology, per_sequence=per_sequence, spans=spans)
     except SeqpackError as exc:
         error = exc
     _agree(step.step, error, like, per_sequence, topology)
@@ -162,14 +174,32 @@ def _check_values(values: Sequence[torch.Tensor], batches: Sequence, per_sequenc
     return values[0]
 
 
-def return_pieces(plan: Schedule, per_sequence: bool) -> list[tuple[int, int, int, int, int]]:
+def packed_spans(plan: Schedule, static_shapes: StaticShapes | None = None) -> np.ndarray:
+    """Tokens every sequence spans in its pack, int64 ``[N]`` (0 where not assigned): its
+    padded length, and under ``static_shapes`` with ``tail_padding="extend_last"`` the tail
+    of its bucket on each pack's last sequence."""
+    spans = np.zeros(plan.num_sequences, dtype=np.int64)
+    spans[plan.assigned] = plan.padded_assigned()
+    if static_shapes is None or static_shapes.tail_padding != TailPadding.EXTEND_LAST:
+        return spans
+    capacity = plan.max_tokens_per_rank * plan.cp_size
+    for g, tokens in enumerate(plan.group_tokens().tolist()):
+        ids = plan.group_ids(g)
+        if ids.size:
+            spans[ids[-1]] += static_shapes.bucket_for(tokens, capacity) - tokens
+    return spans
+
+
+def return_pieces(
+    plan: Schedule, per_sequence: bool, spans: np.ndarray | None = None
+) -> list[tuple[int, int, int, int, int]]:
     """Every piece of the step's values, in send order: ``(sender plane rank, round, global
     id, shard j, rows)`` ordered by sender, then round, then pack order; every piece goes to
-    each CP rank of replica ``origin[id]``."""
+    each CP rank of replica ``origin[id]`` (``spans``: :func:`packed_spans`, by default the
+    plan's padded lengths)."""
     out = []
     rank_group = plan.rank_group()
-    padded_all = np.zeros(plan.num_sequences, dtype=np.int64)
-    padded_all[plan.assigned] = plan.padded_assigned()
+    padded_all = packed_spans(plan) if spans is None else spans
     for p in range(plan.num_ranks):
         for m in range(plan.num_microbatches):
             g = int(rank_group[m, p])
@@ -199,9 +229,10 @@ def outgoing(
     topology: Topology,
     *,
     per_sequence: bool,
+    spans: np.ndarray | None = None,
 ) -> Outgoing:
     """This rank's part of the return, computed from the plan alone (no collective);
-    ``values`` are checked against ``batches`` already.
+    ``values`` are checked against ``batches`` already; ``spans``: :func:`packed_spans`.
 
     Raises:
         ConfigError: A microbatch that holds another number of rows of a sequence than the
@@ -221,7 +252,7 @@ def outgoing(
     send_rows = np.zeros(plan.num_ranks, dtype=np.int64)
     recv_rows = np.zeros(plan.num_ranks, dtype=np.int64)
     received: list[tuple[int, int, int]] = []
-    for p, m, gid, j, rows in return_pieces(plan, per_sequence):
+    for p, m, gid, j, rows in return_pieces(plan, per_sequence, spans):
         d = int(plan.origin[gid])
         if p == me:
             lo, hi = offsets.get((m, gid), (0, 0))

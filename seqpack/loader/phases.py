@@ -37,6 +37,7 @@ from seqpack.schedulers.sample_groups import schedule_groups
 from seqpack.thd import (
     SAMPLE_DTYPES,
     PackedBatch,
+    StaticShapes,
     batch_from_layout,
     pack_sequences,
     padded_lengths,
@@ -388,22 +389,24 @@ def pack(
     pad_multiple: int,
     loss_tokens: np.ndarray,
     cp_layout: CpLayout = CpLayout.DUALCHUNK,
+    static_shapes: StaticShapes | None = None,
 ) -> list[PackedBatch]:
     """This replica's microbatches, CP-sharded; metadata-only on middle pipeline stages.
 
-    Empty cells get a padding-only filler of ``pad_multiple`` tokens, so every rank runs the
-    same number of microbatches. Without ``exchanged`` (a middle stage that reads under
-    ``data_owner="all"``) the batches are built from the layout alone. Every batch's
-    ``num_loss_tokens`` is the sum of ``loss_tokens`` (int64 ``[N]``, the gathered counts)
-    over its ids.
+    Empty cells get a padding-only filler of ``pad_multiple`` tokens (the smallest bucket
+    under ``static_shapes``), so every rank runs the same number of microbatches. Without
+    ``exchanged`` (a middle stage that reads under ``data_owner="all"``) the batches are
+    built from the layout alone. Every batch's ``num_loss_tokens`` is the sum of
+    ``loss_tokens`` (int64 ``[N]``, the gathered counts) over its ids.
 
     Raises:
         ScheduleError: A packed microbatch whose own count differs from the gathered one
             (a scheduler that truncated a sequence to another length than the capacity).
     """
+    shapes = _Shapes(pad_multiple, cp_layout, static_shapes, plan.max_tokens_per_rank * topology.cp_size)
     batches = []
     for m in range(plan.num_microbatches):
-        batch = _microbatch(plan, m, exchanged, topology, pad_multiple, cp_layout)
+        batch = _microbatch(plan, m, exchanged, topology, shapes)
         expected = int(loss_tokens[plan.assignment[m][topology.dp_rank]].sum())
         if batch.num_loss_tokens is not None and batch.num_loss_tokens != expected:
             raise ScheduleError(
@@ -414,20 +417,48 @@ def pack(
     return batches
 
 
-def _microbatch(
-    plan: Schedule, m: int, exchanged: Exchanged | None, topology: Topology, pad_multiple: int, cp_layout: CpLayout
-) -> PackedBatch:
-    t = topology
+@dataclasses.dataclass(frozen=True)
+class _Shapes:
+    """How :func:`pack` lays out a microbatch: ``capacity`` is its token capacity (the
+    ``"capacity"`` bucket)."""
+
+    pad_multiple: int
+    cp_layout: CpLayout
+    static: StaticShapes | None
+    capacity: int
+
+    @property
+    def pad_to(self) -> int | None:
+        """``pack_sequences``' ``pad_to``: the capacity for ``token_buckets="capacity"``."""
+        return self.capacity if self.static is not None and self.static.token_buckets == "capacity" else None
+
+    def layout(self, lengths: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+        """``(cu_seqlens, cu_seqlens_padded, max_seqlen, sample_ids)`` of a pack of ``lengths``."""
+        if self.static is not None:
+            cu, cu_padded, bucket = self.static.layout(lengths, self.pad_multiple, self.capacity)
+            slot_ids = np.full(self.static.max_sequences, -1, dtype=np.int64)
+            slot_ids[: ids.shape[0]] = ids
+            return cu, cu_padded, bucket, slot_ids
+        padded = padded_lengths(lengths, self.pad_multiple)
+        cu = np.concatenate([[0], np.cumsum(lengths)])
+        return cu, np.concatenate([[0], np.cumsum(padded)]), int(padded.max()), ids
+
+    def filler(self) -> PackedBatch:
+        """A padding-only microbatch of the smallest size (bucket)."""
+        if self.static is None:
+            return padding_only_batch(self.pad_multiple)
+        return padding_only_batch(self.static.buckets(self.capacity)[0], slots=self.static.max_sequences)
+
+
+def _microbatch(plan: Schedule, m: int, exchanged: Exchanged | None, t: Topology, shapes: _Shapes) -> PackedBatch:
     ids = plan.assignment[m][t.dp_rank]
     if exchanged is None:  # the layout is all a middle stage needs
         if ids.size == 0:
-            cu, cu_padded, max_seqlen = np.array([0, 0]), np.array([0, pad_multiple]), pad_multiple
-            ids = np.array([-1])
+            filler = shapes.filler()
+            cu, cu_padded = filler.cu_seqlens.numpy(), filler.cu_seqlens_padded.numpy()
+            max_seqlen, ids = filler.max_seqlen, filler.sample_ids.numpy()
         else:
-            padded = padded_lengths(plan.lengths[ids], pad_multiple)
-            cu = np.concatenate([[0], np.cumsum(plan.lengths[ids])])
-            cu_padded = np.concatenate([[0], np.cumsum(padded)])
-            max_seqlen = int(padded.max())
+            cu, cu_padded, max_seqlen, ids = shapes.layout(plan.lengths[ids], ids)
         return batch_from_layout(
             np.asarray(cu, np.int64),
             np.asarray(cu_padded, np.int64),
@@ -435,17 +466,22 @@ def _microbatch(
             ids,
             t.cp_size,
             t.cp_rank,
-            cp_layout=cp_layout,
+            cp_layout=shapes.cp_layout,
         )
     if ids.size == 0:
-        batch = padding_only_batch(pad_multiple)
+        batch = shapes.filler()
     else:
         samples = [exchanged.samples[g] for g in ids.tolist()]
         # Labels were checked and brought to seqpack's form where read: packed as given.
         batch = pack_sequences(
-            samples, pad_multiple=pad_multiple, sample_ids=ids, label_format=LabelFormat.POSITION_ALIGNED
+            samples,
+            pad_multiple=shapes.pad_multiple,
+            pad_to=shapes.pad_to,
+            sample_ids=ids,
+            label_format=LabelFormat.POSITION_ALIGNED,
+            static_shapes=shapes.static,
         )
-    batch = shard_for_cp(batch, t.cp_size, t.cp_rank, layout=cp_layout)
+    batch = shard_for_cp(batch, t.cp_size, t.cp_rank, layout=shapes.cp_layout)
     if t.is_middle_stage:
         batch = dataclasses.replace(batch, input_ids=None, labels=None, loss_mask=None)
     return batch

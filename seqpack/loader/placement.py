@@ -112,7 +112,15 @@ class StaticCp(Placement):
 
     def pack(self, plan: Schedule, exchanged: Exchanged | None, gathered: Gathered) -> list[PackedBatch]:
         config = self.config
-        return phases.pack(plan, exchanged, self.comm, config.pad_multiple or 1, gathered.loss_tokens, config.cp_layout)
+        return phases.pack(
+            plan,
+            exchanged,
+            self.comm,
+            config.pad_multiple or 1,
+            gathered.loss_tokens,
+            config.cp_layout,
+            config.static_shapes,
+        )
 
 
 class DynamicCp(Placement):

@@ -366,6 +366,7 @@ class StepProducer:
             _topology=self.topology,
             _cp_groups=self.cp_groups,
             _empty_at=msg.empty_at,
+            _static_shapes=self.config.static_shapes,
         )
         nbytes = sum(t.numel() * t.element_size() for batch in batches for t in tensors_of(batch))
         return Ready(msg.step, step=step, progress=self.progress(), copied=copied, nbytes=nbytes)

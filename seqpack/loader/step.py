@@ -17,7 +17,7 @@ from seqpack.errors import ConfigError
 from seqpack.loader.origin import origin_slots, to_origin
 from seqpack.schedulers import Schedule
 from seqpack.stats import StepStats
-from seqpack.thd import PackedBatch
+from seqpack.thd import PackedBatch, StaticShapes
 from seqpack.topology import Topology
 
 __all__ = ["Step", "StepTrace"]
@@ -75,6 +75,7 @@ class Step:
     _cp_groups: CpGroups | None = dataclasses.field(default=None, repr=False, compare=False)  # the iterator's CP groups
     # Pool index of each zero-length sequence this DP rank read this step (never scheduled).
     _empty_at: tuple[int, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    _static_shapes: StaticShapes | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def minibatches(self) -> list[list[PackedBatch]]:
@@ -130,7 +131,13 @@ class Step:
         if self._topology is None or self._cp_groups is None:
             raise ConfigError("to_origin needs a Step from wrap_data_iterator")
         return to_origin(
-            self, values, self._topology, self._cp_groups, per_sequence=per_sequence, empty_at=self._empty_at
+            self,
+            values,
+            self._topology,
+            self._cp_groups,
+            per_sequence=per_sequence,
+            empty_at=self._empty_at,
+            static_shapes=self._static_shapes,
         )
 
     def record_times(self, seconds_per_microbatch: Sequence[float] | np.ndarray) -> None:

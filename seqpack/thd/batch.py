@@ -193,15 +193,20 @@ def _only_tail_differs(cu_real: torch.Tensor, cu_padded: torch.Tensor) -> bool:
     return bool(torch.equal(cu_real[:-1], cu_padded[:-1]))
 
 
-def padding_only_batch(num_tokens: int, *, pad_token_id: int = 0) -> PackedBatch:
+def padding_only_batch(num_tokens: int, *, pad_token_id: int = 0, slots: int = 1) -> PackedBatch:
     """A microbatch with no real token: one empty sequence padded to ``num_tokens``.
 
     Used when a replica has nothing scheduled in a microbatch round but must still run the
-    step (FSDP and pipeline schedules need every rank to take part). Its ``sample_ids`` is
-    ``[-1]``, its loss mask is all zero (``num_loss_tokens`` 0).
+    step (FSDP and pipeline schedules need every rank to take part). Its loss mask is all
+    zero (``num_loss_tokens`` 0). ``slots``: the sequence slots (``cu_seqlens`` has
+    ``slots + 1`` entries, for :class:`~seqpack.thd.StaticShapes`' ``max_sequences``): the
+    first holds the padding, the others are zero-length; ``sample_ids`` is -1 for each.
     """
     n = check_positive_int("num_tokens", num_tokens, maximum=INT32_MAX)  # cu_seqlens are int32
     pad_token_id = check_int("pad_token_id", pad_token_id, minimum=-INT64_MAX - 1, maximum=INT64_MAX)
+    slots = check_positive_int("slots", slots, maximum=INT32_MAX)
+    cu_padded = torch.full((slots + 1,), n, dtype=torch.int32)
+    cu_padded[0] = 0
     return PackedBatch(
         input_ids=torch.full((n,), pad_token_id, dtype=torch.int64),
         labels=torch.full((n,), IGNORE_INDEX, dtype=torch.int64),
@@ -209,10 +214,10 @@ def padding_only_batch(num_tokens: int, *, pad_token_id: int = 0) -> PackedBatch
         position_ids=torch.arange(n, dtype=torch.int64),
         seq_idx=torch.zeros(n, dtype=torch.int32),
         padding_mask=torch.ones(n, dtype=torch.bool),
-        cu_seqlens=torch.tensor([0, 0], dtype=torch.int32),
-        cu_seqlens_padded=torch.tensor([0, n], dtype=torch.int32),
+        cu_seqlens=torch.zeros(slots + 1, dtype=torch.int32),
+        cu_seqlens_padded=cu_padded,
         max_seqlen=n,
-        sample_ids=torch.tensor([-1], dtype=torch.int64),
+        sample_ids=torch.full((slots,), -1, dtype=torch.int64),
         num_loss_tokens=0,
     )
 

@@ -199,11 +199,9 @@ def _layout(
         cu_padded = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
         np.cumsum(padded, out=cu_padded[1:])
         return cu_real, cu_padded, int(padded.max())
-    static_shapes.check_sequences(lengths.shape[0])
-    padded = _padded_sizes(lengths, pad_multiple, None)
-    max_seqlen = static_shapes.bucket_for(int(padded.sum()), pad_to)
+    # The largest bucket is an int32: bucket_for refuses any pack above it.
+    cu_real, cu_padded, max_seqlen = static_shapes.layout(lengths, pad_multiple, pad_to)
     check_fits_memory(f"a pack of {max_seqlen} tokens", 40 * max_seqlen)
-    cu_real, cu_padded = static_shapes.offsets(lengths, padded, max_seqlen)
     return cu_real, cu_padded, max_seqlen
 
 

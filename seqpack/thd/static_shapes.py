@@ -190,6 +190,23 @@ class StaticShapes:
                 f"{self.max_real_sequences} real sequences per pack; pack fewer or raise max_sequences"
             )
 
+    def layout(
+        self, lengths: np.ndarray, pad_multiple: int, capacity: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(cu_seqlens, cu_seqlens_padded, bucket)`` of a pack of real ``lengths`` (int64,
+        each sequence padded to ``pad_multiple``): the smallest bucket that holds it, which is
+        also its ``max_seqlen``.
+
+        Raises:
+            ConfigError: More real sequences than :attr:`max_real_sequences`, or a pack above
+                the largest bucket.
+        """
+        self.check_sequences(lengths.shape[0])
+        padded = -(-lengths // pad_multiple) * pad_multiple
+        bucket = self.bucket_for(int(padded.sum()), capacity)
+        cu_real, cu_padded = self.offsets(lengths, padded, bucket)
+        return cu_real, cu_padded, bucket
+
     def offsets(self, lengths: np.ndarray, padded: np.ndarray, bucket: int) -> tuple[np.ndarray, np.ndarray]:
         """``(cu_seqlens, cu_seqlens_padded)`` (int64, ``max_sequences + 1`` entries each) of a
         pack of real ``lengths`` in slots of ``padded`` lengths, its tail filling ``bucket``.

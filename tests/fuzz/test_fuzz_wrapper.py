@@ -30,6 +30,7 @@ from wrapper_data import EMPTY_EVERY, ScatterScheduler, expected_sequences, iden
 
 from seqpack.errors import ResumeError, StepFailed
 from seqpack.loader import wrap_data_iterator
+from seqpack.thd import StaticShapes
 from seqpack.thd.cp import unshard_from_cp
 
 SEED = 23
@@ -42,6 +43,7 @@ LAYOUTS = {
     "dp2cp2": (("dp", 2), ("cp", 2)),
     "dp2tp2": (("dp", 2), ("tp", 2)),
 }
+TAILS = ("append_dummy_seq", "extend_last")
 BAD_KINDS = ("missing_input_ids", "unequal_lengths", "not_a_mapping", "oversize")
 
 # --- worker side ---------------------------------------------------------------------------
@@ -65,7 +67,8 @@ def _summary(step) -> dict[str, Any]:
                                                        "truncated_sequences", "truncated_tokens", "empty_samples")},
         "mbs": [
             {"input_ids": b.input_ids.numpy().copy(), "cu": b.cu_seqlens.numpy().copy(),
-             "cu_padded": b.cu_seqlens_padded.numpy().copy(), "filler": b.sample_ids.tolist() == [-1]}
+             "cu_padded": b.cu_seqlens_padded.numpy().copy(), "filler": bool((b.sample_ids < 0).all()),
+             "shape": (b.num_tokens, b.cu_seqlens.shape[0], b.max_seqlen)}
             for b in step.microbatches
         ],
     }  # fmt: skip
@@ -76,6 +79,16 @@ def _roundtrip(state):
     torch.save(state, buffer)
     buffer.seek(0)
     return torch.load(buffer, weights_only=True)
+
+
+def static_shapes(cfg) -> StaticShapes | None:
+    """The scenario's fixed shapes: one bucket (the capacity) or two (half of it too)."""
+    if cfg["static"] is None:
+        return None
+    buckets, slots, tail = cfg["static"]
+    capacity = cfg["max_tokens"]
+    ladder = "capacity" if buckets == 1 else (capacity // 2, capacity)
+    return StaticShapes(token_buckets=ladder, max_sequences=slots, tail_padding=tail)
 
 
 def run_scenario(layout, cfg) -> dict[str, Any]:
@@ -90,7 +103,7 @@ def run_scenario(layout, cfg) -> dict[str, Any]:
         it = wrap_data_iterator(
             data, topo, samples_per_rank=cfg["spr"], max_tokens_per_rank=cfg["max_tokens"] // topo.cp_size,
             scheduler=scheduler, drop_last=cfg["drop_last"], on_oversize=cfg["on_oversize"],
-            pad_multiple=4 if topo.cp_size == 1 else None,
+            pad_multiple=4 if topo.cp_size == 1 else None, static_shapes=static_shapes(cfg),
         )  # fmt: skip
         return it, data
 
@@ -129,10 +142,11 @@ def _sizes(layout) -> dict[str, int]:
     return {"dp": 1, "cp": 1, "tp": 1, **dict(layout)}
 
 
-def _delivered(results, layout, key: str, first: int = 0) -> list[tuple[tuple[int, int, int], int, int]]:
+def _delivered(results, layout, cfg, key: str, first: int = 0) -> list[tuple[tuple[int, int, int], int, int]]:
     """(identity, delivered length, step) of every sequence in ``result[key]`` steps, tokens
     checked, CP shards reassembled; TP copies must equal TP rank 0's."""
     sizes = _sizes(layout)
+    shapes = static_shapes(cfg)
     by = {r["coords"]: r for r in results}
     out = []
     steps = len(by[(0, 0, 0)][key])
@@ -143,6 +157,12 @@ def _delivered(results, layout, key: str, first: int = 0) -> list[tuple[tuple[in
                 twin = by[(d, 0, t)][key][k]["mbs"]
                 assert all(np.array_equal(a["input_ids"], b["input_ids"]) for a, b in zip(twin, mbs[0], strict=True))
             for m in range(len(mbs[0])):
+                if shapes is not None:  # fixed shapes on every CP rank, fillers too: a bucket, max_sequences slots
+                    for c in range(sizes["cp"]):
+                        tokens, offsets, max_seqlen = mbs[c][m]["shape"]
+                        bucket = tokens * sizes["cp"]
+                        assert bucket in shapes.buckets(cfg["max_tokens"]) and max_seqlen == bucket
+                        assert offsets == shapes.max_sequences + 1
                 if mbs[0][m]["filler"]:  # a padding-only microbatch of a replica with nothing to run
                     continue
                 parts = [torch.from_numpy(mbs[c][m]["input_ids"]) for c in range(sizes["cp"])]
@@ -151,6 +171,8 @@ def _delivered(results, layout, key: str, first: int = 0) -> list[tuple[tuple[in
                 for s in range(cu.shape[0] - 1):
                     n = int(cu[s + 1] - cu[s])
                     start = int(cu_padded[s])
+                    if n == 0:  # a fixed-shape pack's tail slot or unused slots
+                        continue
                     who = identity(ids[start])
                     # Tokens intact: sequence tokens count up from their first.
                     assert np.array_equal(ids[start : start + n], ids[start] + np.arange(n)), who
@@ -168,8 +190,8 @@ def check_scenario(results, layout, cfg) -> dict[str, int]:
     failures = {repr(r["failure"]) for r in results}
     assert len(failures) == 1, failures  # every rank: the same outcome, the same message
     failure = results[0]["failure"]
-    before = _delivered(results, layout, "steps")
-    after = _delivered(results, layout, "after", first=len(results[0]["steps"])) if failure else []
+    before = _delivered(results, layout, cfg, "steps")
+    after = _delivered(results, layout, cfg, "after", first=len(results[0]["steps"])) if failure else []
     delivered = before + after
     keys = ["steps", "after"] if failure else ["steps"]
     # What the readers consumed, in item indices (skips on resume included).
@@ -196,7 +218,7 @@ def check_scenario(results, layout, cfg) -> dict[str, int]:
         expected[w] - n for w, n in truncated
     )
     if failure is None and cfg["resume_at"] is not None and "replayed" in results[0]:
-        replayed = _delivered(results, layout, "replayed", first=cfg["resume_at"])
+        replayed = _delivered(results, layout, cfg, "replayed", first=cfg["resume_at"])
         assert [(w, n, k) for w, n, k in delivered if k >= cfg["resume_at"]] == replayed
     return {"delivered": len(who), "missing": len(missing), "failed": int(failure is not None),
             "truncated": len(truncated), "empties": empties}  # fmt: skip
@@ -217,6 +239,8 @@ def scenarios(draw):
         "max_tokens": 48 if on_oversize == "error" else draw(st.sampled_from([24, 32, 48])),
         "bad": None,
         "resume_at": draw(st.none() | st.integers(0, 3)),
+        # Fixed shapes: (buckets, max_sequences, tail_padding).
+        "static": draw(st.none() | st.tuples(st.sampled_from([1, 2]), st.just(30), st.sampled_from(TAILS))),
     }
     if draw(st.booleans()):
         d = draw(st.integers(0, dp - 1))
@@ -228,7 +252,7 @@ def scenarios(draw):
 
 
 def test_every_sequence_read_is_delivered_once_or_counted_as_dropped(dist_pools):
-    seen = {"delivered": 0, "missing": 0, "failed": 0, "truncated": 0, "empties": 0, "resumed": 0}
+    seen = {"delivered": 0, "missing": 0, "failed": 0, "truncated": 0, "empties": 0, "resumed": 0, "static": 0}
 
     @settings(max_examples=EXAMPLES, suppress_health_check=list(HealthCheck))
     @given(scenarios())
@@ -240,9 +264,10 @@ def test_every_sequence_read_is_delivered_once_or_counted_as_dropped(dist_pools)
         for key, value in check_scenario(results, layout, cfg).items():
             seen[key] += value
         seen["resumed"] += int("replayed" in results[0] or results[0]["failure"] is not None)
+        seen["static"] += int(cfg["static"] is not None)
 
     one()
-    # Not vacuous: the runs delivered, dropped, truncated, failed and resumed.
+    # Not vacuous: the runs delivered, dropped, truncated, failed and resumed, some with fixed shapes.
     assert all(seen[key] > 0 for key in seen), seen
 
 
@@ -254,7 +279,8 @@ def run_probe(layout) -> int:
 def test_each_layout_runs(dist_pools, name):
     layout = LAYOUTS[name]
     cfg = {"items": [9] * _sizes(layout)["dp"], "spr": 3, "scheduler": "balanced", "drop_last": False,
-           "on_oversize": "truncate", "max_tokens": 24, "bad": None, "resume_at": 1}  # fmt: skip
+           "on_oversize": "truncate", "max_tokens": 24, "bad": None, "resume_at": 1,
+           "static": (2, 30, "extend_last")}  # fmt: skip
     world = int(np.prod([size for _, size in layout]))
     results = dist_pools.get(world).run(run_scenario, layout, cfg)
     seen = check_scenario(results, layout, cfg)

@@ -8,6 +8,7 @@ from seqpack.cost import CostModel, model_preset
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader import PackingConfig
 from seqpack.options import DataOwner, OnOversize
+from seqpack.thd import StaticShapes
 from seqpack.topology import Topology
 
 
@@ -80,6 +81,8 @@ def test_fingerprint_covers_every_field_that_changes_the_data():
         {"scheduler": "dp_balanced"},
         {"cost": CostModel(1.0, 0.0)},
         {"minibatches": 2},
+        {"static_shapes": StaticShapes(max_sequences=4)},
+        {"static_shapes": StaticShapes(max_sequences=4, tail_padding="extend_last")},
     ):
         assert base.replace(**change).fingerprint() != base.fingerprint(), change
 
@@ -96,3 +99,23 @@ def test_resolve_pad_multiple_against_the_topology():
         _config(pad_multiple=3).resolve(topo)
     with pytest.raises(ConfigError, match=r"max_tokens_per_rank\(1\) \* cp\(2\) = 2 is smaller than pad_multiple=4"):
         _config(max_tokens_per_rank=1).resolve(topo)
+
+
+def test_static_shapes_are_checked_against_the_topology():
+    topo = Topology(dp_size=1, cp_size=2, world_size=2, groups={"cp": object()})
+    ladder = StaticShapes(token_buckets=(32, 64, 128), max_sequences=4)
+    assert _config(static_shapes=ladder).resolve(topo).static_shapes is ladder  # capacity 64 * 2 = 128
+    assert _config(static_shapes=StaticShapes(max_sequences=4)).resolve(topo).pad_multiple == 4
+    with pytest.raises(ConfigError, match=r"largest token bucket 64 .* must be the microbatch's capacity"):
+        _config(static_shapes=StaticShapes(token_buckets=(32, 64), max_sequences=4)).resolve(topo)
+    with pytest.raises(ConfigError, match=r"largest token bucket 256 .* capacity .* = 128"):
+        _config(static_shapes=StaticShapes(token_buckets=(128, 256), max_sequences=4)).resolve(topo)
+    with pytest.raises(ConfigError, match="token bucket 30 is not a multiple of pad_multiple=4"):
+        _config(static_shapes=StaticShapes(token_buckets=(30, 128), max_sequences=4)).resolve(topo)
+
+
+def test_static_shapes_refusals_name_the_value():
+    with pytest.raises(SeqpackTypeError, match="static_shapes must be a seqpack.StaticShapes or None, got dict"):
+        _config(static_shapes={"max_sequences": 4})
+    with pytest.raises(ConfigError, match="static_shapes is not supported with dynamic_cp=True"):
+        _config(static_shapes=StaticShapes(max_sequences=4), dynamic_cp=True)
