@@ -255,3 +255,25 @@ def test_position_ids_hf_would_misread_and_weighted_masks_are_refused():
     # A padding-only filler goes through (no supervised token, positions 0..n-1).
     filler = to_hf(padding_only_batch(8))
     assert (filler["shift_labels"] == IGNORE_INDEX).all() and filler["cu_seq_lens_q"].tolist() == [0, 8]
+
+
+@pytest.mark.parametrize("tail", ["append_dummy_seq", "extend_last"])
+def test_fixed_shapes_keep_the_bucket_and_the_logits_of_the_plain_pack(models, tail):
+    """A StaticShapes pack through to_hf: inputs of the bucket's length, cu_seq_lens of
+    max_sequences + 1 entries, and on the real tokens the plain pack's logits and loss."""
+    from seqpack.thd import StaticShapes
+
+    model = models["llama"]
+    model.set_attn_implementation("sdpa")
+    samples = _samples()
+    shapes = StaticShapes(token_buckets=(64, 128, 192), max_sequences=9, tail_padding=tail)
+    plain = pack_sequences(samples, pad_multiple=8)
+    fixed = pack_sequences(samples, pad_multiple=8, static_shapes=shapes)
+    kwargs = to_hf(fixed)
+    assert kwargs["input_ids"].shape == (1, 128) and kwargs["cu_seq_lens_q"].shape == (10,)
+    assert kwargs["max_length_q"] == 128 and fixed.padding_mask[plain.num_tokens :].all()
+    with torch.no_grad():
+        a, b = model(**to_hf(plain)), model(**kwargs)
+    real = ~plain.padding_mask
+    assert (a.logits[0][real] - b.logits[0][: plain.num_tokens][real]).abs().max().item() < TOL
+    assert abs(a.loss.item() - b.loss.item()) < TOL
