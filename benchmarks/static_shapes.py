@@ -1,9 +1,10 @@
 """torch.compile with and without token buckets: compilations, step time and tokens/s (CPU).
 
-The tiny LM of :mod:`seqpack.compute.tiny_lm` (attention blocks only) is fed microbatches
-packed by :func:`seqpack.thd.pack_sequences` from a lognormal length stream
-(:func:`seqpack.mock_data.lognormal_lengths`, next-fit into a token capacity and at most
-``max_sequences - 1`` sequences a pack), once per mode:
+The tiny LM of :mod:`seqpack.compute.tiny_lm` (attention blocks only) is fed the microbatches
+:func:`seqpack.wrap_data_iterator` makes in one process from a lognormal length stream
+(:func:`seqpack.mock_data.lognormal_lengths`; ``--steps`` steps of ``--samples-per-rank``
+samples, microbatches of ``--capacity`` tokens), plain and with
+``static_shapes=StaticShapes(token_buckets=..., max_sequences=...)``, once per mode:
 
 * ``eager``: no compile, plain packs (the baseline of every ratio); ``eager + buckets``: the
   bucketed packs (what their tail padding costs);
@@ -14,7 +15,7 @@ packed by :func:`seqpack.thd.pack_sequences` from a lognormal length stream
 * ``compile dynamic=False + buckets`` and ``compile default + buckets``: the same with
   ``static_shapes=StaticShapes(token_buckets=...)``: at most one graph per bucket.
 
-Every mode runs the same packs (the bucketed ones carry their tail padding) and the same
+Every mode runs the same sequences (the bucketed packs carry their tail padding) and the same
 weights, forward and loss (``--train``: and backward plus an SGD step), in two passes. The
 first runs each mode over every pack (every compile happens there): graphs dynamo compiled
 (``counters["stats"]["unique_graphs"]``; each mode has a code object, hence a cache and a
@@ -59,8 +60,10 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from seqpack.compute.tiny_lm import TinyConfig, TinyHybridLM  # noqa: E402
+from seqpack.loader import wrap_data_iterator  # noqa: E402
 from seqpack.mock_data import lognormal_lengths  # noqa: E402
-from seqpack.thd import PackedBatch, StaticShapes, pack_sequences  # noqa: E402
+from seqpack.thd import PackedBatch, StaticShapes  # noqa: E402
+from seqpack.topology import Topology  # noqa: E402
 
 MODES = (
     "eager",
@@ -100,26 +103,28 @@ def make_model(cfg: TinyConfig, seed: int) -> TinyHybridLM:
     return model
 
 
-def pack_stream(
-    num_packs: int, capacity: int, max_real: int, mean: float, sigma: float, seed: int
-) -> list[list[dict[str, torch.Tensor]]]:
-    """``num_packs`` packs of samples, next-fit over a lognormal stream (at most ``capacity``
-    tokens and ``max_real`` sequences a pack)."""
-    # Every pack takes at most max_real lengths: num_packs * max_real + 1 always make num_packs.
-    lengths = lognormal_lengths(num_packs * max_real + 1, min_seq_len=8, max_seq_len=capacity,
+def wrapper_packs(
+    steps: int,
+    samples_per_rank: int,
+    capacity: int,
+    shapes: StaticShapes | None,
+    mean: float,
+    sigma: float,
+    seed: int,
+) -> list[PackedBatch]:
+    """Every microbatch of ``steps`` steps of :func:`seqpack.wrap_data_iterator` (one process,
+    ``samples_per_rank`` samples a step, microbatches of ``capacity`` tokens) over a
+    lognormal stream, with ``static_shapes=shapes``."""
+    lengths = lognormal_lengths(steps * samples_per_rank, min_seq_len=8, max_seq_len=capacity,
                                 mean_seq_len=mean, sigma=sigma, seed=seed)  # fmt: skip
     g = torch.Generator().manual_seed(seed)
-    packs: list[list[dict[str, torch.Tensor]]] = [[]]
-    used = 0
-    for n in lengths.tolist():
-        if used + n > capacity or len(packs[-1]) == max_real:
-            if len(packs) == num_packs:
-                break
-            packs.append([])
-            used = 0
-        packs[-1].append({"input_ids": torch.randint(1, 256, (n,), generator=g)})
-        used += n
-    return packs
+    stream = [{"input_ids": torch.randint(1, 256, (n,), generator=g)} for n in lengths.tolist()]
+    it = wrap_data_iterator(
+        iter(stream), Topology.single(), samples_per_rank=samples_per_rank, max_tokens_per_rank=capacity,
+        static_shapes=shapes, prefetch=0,
+    )  # fmt: skip
+    with it:
+        return [batch for step in it for batch in step.microbatches]
 
 
 @dataclasses.dataclass
@@ -258,6 +263,7 @@ def check_attention(cfg: TinyConfig, batch: PackedBatch, seed: int) -> float:
 def run(
     *,
     steps: int = 200,
+    samples_per_rank: int = 4,
     capacity: int = 256,
     buckets: Sequence[int] = (64, 128, 192, 256),
     max_sequences: int = 16,
@@ -273,9 +279,8 @@ def run(
     """Run every mode on one stream; returns the results and the stream's facts."""
     cfg = TinyConfig(d_model=d_model, pattern=pattern, num_heads=4, num_kv_heads=2)
     shapes = StaticShapes(token_buckets=tuple(buckets), max_sequences=max_sequences)
-    packs = pack_stream(steps, capacity, shapes.max_real_sequences, mean, sigma, seed)
-    plain = [pack_sequences(samples) for samples in packs]
-    bucketed = [pack_sequences(samples, static_shapes=shapes) for samples in packs]
+    plain = wrapper_packs(steps, samples_per_rank, capacity, None, mean, sigma, seed)
+    bucketed = wrapper_packs(steps, samples_per_rank, capacity, shapes, mean, sigma, seed)
     diff = max(check_attention(cfg, batch, seed) for batch in (plain[0], bucketed[0]))
     assert diff < 1e-9, f"the dense attention differs from the reference by {diff}"
     import torch._dynamo
@@ -286,10 +291,13 @@ def run(
     ]
     results = time_modes(prepared)
     real = sum(b.num_real_tokens for b in plain)
+    assert real == sum(b.num_real_tokens for b in bucketed)  # the same sequences, packed either way
     facts = {
-        "real_tokens_per_pack": real / steps,
+        "microbatches": len(plain),
+        "microbatches_buckets": len(bucketed),
+        "real_tokens_per_pack": real / len(plain),
         "padding_fraction_buckets": 1 - real / sum(b.num_tokens for b in bucketed),
-        "sequences_per_pack": sum(b.num_sequences for b in plain) / steps,
+        "sequences_per_pack": sum(b.num_sequences for b in plain) / len(plain),
         "reference_diff": diff,
     }
     return results, facts
@@ -314,6 +322,7 @@ def table(results: Sequence[ModeResult]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--samples-per-rank", type=int, default=4, help="samples the wrapper reads a step")
     parser.add_argument("--capacity", type=int, default=256)
     parser.add_argument("--buckets", default="64,128,192,256", help="comma-separated token buckets")
     parser.add_argument("--max-sequences", type=int, default=16)
@@ -331,15 +340,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     buckets = tuple(int(b) for b in args.buckets.split(","))
     modes = [m.strip() for m in args.modes.split(",")]
     results, facts = run(
-        steps=args.steps, capacity=args.capacity, buckets=buckets, max_sequences=args.max_sequences,
-        d_model=args.d_model, pattern=args.pattern, mean=args.mean, sigma=args.sigma, train=args.train,
+        steps=args.steps, samples_per_rank=args.samples_per_rank, capacity=args.capacity, buckets=buckets,
+        max_sequences=args.max_sequences, d_model=args.d_model, pattern=args.pattern, mean=args.mean,
+        sigma=args.sigma, train=args.train,
         backend=args.backend, modes=modes, seed=args.seed,
     )  # fmt: skip
     print(
         f"tiny LM (pattern {args.pattern!r}, d_model {args.d_model}, dense masked attention), "
         f"{'forward+backward+SGD' if args.train else 'forward+loss (no grad)'}, torch {torch.__version__}, "
-        f"backend {args.backend!r}, {torch.get_num_threads()} threads; {args.steps} microbatches next-fit from a "
-        f"lognormal stream (mean {args.mean:g}, sigma {args.sigma:g}) into capacity {args.capacity}, "
+        f"backend {args.backend!r}, {torch.get_num_threads()} threads; {args.steps} wrapper steps of "
+        f"{args.samples_per_rank} samples from a lognormal stream (mean {args.mean:g}, sigma {args.sigma:g}), "
+        f"microbatches of capacity {args.capacity}: {facts['microbatches']:.0f} plain and "
+        f"{facts['microbatches_buckets']:.0f} bucketed microbatches, "
         f"{facts['sequences_per_pack']:.1f} sequences and {facts['real_tokens_per_pack']:.0f} real tokens a pack; "
         f"buckets {buckets} (padding {100 * facts['padding_fraction_buckets']:.1f}% of bucketed tokens), "
         f"max_sequences {args.max_sequences}; dense attention vs reference on real tokens: "
