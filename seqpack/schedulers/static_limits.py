@@ -1,0 +1,311 @@
+"""What :class:`~seqpack.thd.StaticShapes` asks of a static plan: at most
+``max_real_sequences`` sequences and at most the largest token bucket in every microbatch
+(hard limits, like the token capacity), and what its bucket padding costs.
+
+Every static-CP scheduler (:class:`~seqpack.schedulers.base.GridScheduler`) plans at the
+capacity ``min(capacity, largest bucket)`` and then :func:`fit_sequence_limit` repairs its
+plan: the excess sequences of an over-full microbatch (its shortest ones) move into the
+least loaded microbatch of the same round with room for them (a free slot and the tokens),
+else of any round, else into added rounds. ``balanced`` also starts its count search at
+``ceil(N / (dp * max_real_sequences))`` and compares counts on the bucket-inclusive cost
+(:class:`BucketPrice`), so it seldom leaves anything to repair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from seqpack.cost import CostModel, GroupCost, as_group_cost, default_cost_model
+from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
+from seqpack.options import INT32_MAX, Sync, TailPadding
+from seqpack.schedulers.request import as_lengths
+from seqpack.thd.static_shapes import StaticShapes
+from seqpack.validation import check_choice, check_int, check_positive_int
+
+if TYPE_CHECKING:
+    from seqpack.schedulers.base import Scheduler
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BucketPrice",
+    "as_static_shapes",
+    "bucket_capacity",
+    "fit_sequence_limit",
+    "group_buckets",
+    "ladder_for",
+    "shapes_by_cost",
+]
+
+
+def as_static_shapes(value: object) -> StaticShapes | None:
+    """``value`` when a :class:`~seqpack.thd.StaticShapes` or None.
+
+    Raises:
+        SeqpackTypeError: Anything else.
+    """
+    if value is None or isinstance(value, StaticShapes):
+        return value
+    raise SeqpackTypeError(f"static_shapes must be a seqpack.StaticShapes or None, got {type(value).__name__}")
+
+
+def refuse_dynamic(static_shapes: object, what: str) -> None:
+    """Refuse ``static_shapes`` for a dynamic-CP plan (``what`` names the caller).
+
+    Raises:
+        ConfigError: ``static_shapes`` given.
+    """
+    if as_static_shapes(static_shapes) is not None:
+        raise ConfigError(
+            f"static_shapes is not supported by {what}: a dynamic-CP group's pack size depends on the group's size "
+            "(its tokens are split over 1..dp*cp ranks), so no fixed token bucket fits every rank; use a static-CP "
+            "scheduler ('balanced', 'dp_balanced', 'empty') with static_shapes"
+        )
+
+
+def bucket_capacity(static_shapes: StaticShapes, capacity: int) -> int:
+    """The most padded tokens a microbatch may hold: ``capacity``, or the largest bucket when
+    smaller (``"capacity"``: the capacity itself)."""
+    return min(capacity, static_shapes.buckets(capacity)[-1])
+
+
+def group_buckets(static_shapes: StaticShapes, tokens: np.ndarray, capacity: int) -> np.ndarray:
+    """int64: the bucket of each microbatch of ``tokens`` padded tokens (an empty one's
+    filler included by the caller).
+
+    Raises:
+        ScheduleError: A microbatch larger than the largest bucket (a plan made without
+            these shapes), named with it.
+    """
+    buckets = np.asarray(static_shapes.buckets(capacity), dtype=np.int64)
+    tokens = np.asarray(tokens, dtype=np.int64)
+    index = np.searchsorted(buckets, tokens)
+    over = np.flatnonzero(index == buckets.shape[0])
+    if over.size:
+        g = int(over[0])
+        raise ScheduleError(
+            f"microbatch (group) {g} holds {int(tokens[g])} padded tokens, more than the largest token bucket "
+            f"{int(buckets[-1])}: the schedule was not made with these static_shapes (pass static_shapes= to "
+            "schedule())"
+        )
+    return buckets[index]
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPrice:
+    """The linear cost of the tokens a microbatch's bucket adds beyond its padded tokens:
+    ``linear * (bucket - tokens)`` (an empty microbatch: its whole smallest bucket)."""
+
+    buckets: np.ndarray
+    linear: float
+
+    @classmethod
+    def of(cls, static_shapes: StaticShapes | None, capacity: int, linear: float) -> BucketPrice | None:
+        """The price for ``static_shapes`` at ``capacity`` (None without shapes or when the
+        padding costs nothing: ``linear == 0``)."""
+        if static_shapes is None or linear <= 0:
+            return None
+        return cls(np.asarray(static_shapes.buckets(capacity), dtype=np.int64), float(linear))
+
+    def extra(self, tokens: np.ndarray) -> np.ndarray:
+        """float64, shaped as ``tokens``: the bucket padding's cost of microbatches holding
+        ``tokens`` (each at most the largest bucket)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        index = np.minimum(np.searchsorted(self.buckets, tokens), self.buckets.shape[0] - 1)
+        return self.linear * np.maximum(self.buckets[index] - tokens, 0).astype(np.float64)
+
+
+def fit_sequence_limit(
+    rounds: Sequence[Sequence[np.ndarray]],
+    padded: np.ndarray,
+    weight: np.ndarray,
+    *,
+    limit: int,
+    capacity: int,
+    keep_replica: bool = False,
+    round_multiple: int = 1,
+    fixed_rounds: int | None = None,
+) -> list[list[np.ndarray]]:
+    """``rounds`` (``rounds[m][d]`` global ids) with at most ``limit`` ids per microbatch.
+
+    The excess of every over-full microbatch (its shortest ids, ties the larger id) moves,
+    longest first, to the least loaded (``weight``) microbatch with a free slot and room for
+    its ``padded`` tokens within ``capacity``: of the same round first, then of any round,
+    then of rounds added at the end (in multiples of ``round_multiple``). With
+    ``keep_replica`` an id only moves between microbatches of its own replica (groups, or
+    a scheduler that never moves samples). ``padded`` and ``weight`` are indexed by global
+    id. A plan within the limit comes back unchanged (same arrays, same order).
+
+    Raises:
+        ScheduleError: ``fixed_rounds`` given and the ids need more rounds.
+    """
+    grid = [[np.asarray(ids, dtype=np.int64) for ids in row] for row in rounds]
+    if all(ids.shape[0] <= limit for row in grid for ids in row):
+        return grid
+    dp = len(grid[0])
+    counts = np.array([[ids.shape[0] for ids in row] for row in grid], dtype=np.int64).reshape(-1, dp)
+    tokens = np.array([[int(padded[ids].sum()) for ids in row] for row in grid], dtype=np.int64).reshape(-1, dp)
+    load = np.array([[float(weight[ids].sum()) for ids in row] for row in grid], dtype=np.float64).reshape(-1, dp)
+    members: list[list[list[int]]] = [[ids.tolist() for ids in row] for row in grid]
+    pending: list[tuple[int, int, int]] = []  # (id, round, replica) of the excess
+    for m, row in enumerate(members):
+        for d, ids in enumerate(row):
+            if len(ids) <= limit:
+                continue
+            shortest_first = sorted(ids, key=lambda i: (int(padded[i]), -i))
+            excess = shortest_first[: len(ids) - limit]
+            for i in excess:
+                ids.remove(i)
+                pending.append((i, m, d))
+                counts[m, d] -= 1
+                tokens[m, d] -= int(padded[i])
+                load[m, d] -= float(weight[i])
+    pending.sort(key=lambda item: (-int(padded[item[0]]), item[0]))
+    for i, m, d in pending:
+        size = int(padded[i])
+        room = (counts < limit) & (tokens + size <= capacity)
+        if keep_replica:
+            room[:, np.arange(dp) != d] = False
+        where = _least_loaded(room[m], load[m])
+        if where is not None:
+            target = (m, where)
+        else:
+            flat = _least_loaded(room.reshape(-1), load.reshape(-1))
+            if flat is None:
+                if fixed_rounds is not None:
+                    raise ScheduleError(
+                        f"num_microbatches={fixed_rounds} cannot hold the step's sequences at most {limit} per "
+                        f"microbatch (static_shapes' max_real_sequences) within {capacity} tokens: raise "
+                        "num_microbatches or max_sequences"
+                    )
+                added = round_multiple
+                counts = np.vstack([counts, np.zeros((added, dp), np.int64)])
+                tokens = np.vstack([tokens, np.zeros((added, dp), np.int64)])
+                load = np.vstack([load, np.zeros((added, dp))])
+                members.extend([[] for _ in range(dp)] for _ in range(added))
+                flat = (counts.shape[0] - added) * dp + (d if keep_replica else 0)
+            target = divmod(flat, dp)
+        tm, td = target
+        members[tm][td].append(i)
+        counts[tm, td] += 1
+        tokens[tm, td] += size
+        load[tm, td] += float(weight[i])
+    return [[np.sort(np.asarray(ids, dtype=np.int64)) for ids in row] for row in members]
+
+
+def _least_loaded(room: np.ndarray, load: np.ndarray) -> int | None:
+    """The index of the least ``load`` where ``room`` (ties: the lowest index), or None."""
+    candidates = np.flatnonzero(room)
+    if not candidates.size:
+        return None
+    return int(candidates[np.argmin(load[candidates])])
+
+
+def ladder_for(tokens: np.ndarray, *, buckets: int, unit: int, top: int) -> tuple[int, ...]:
+    """At most ``buckets`` token counts, multiples of ``unit``, the largest ``top``, that
+    minimise the summed bucket padding ``sum(bucket(t) - t)`` of microbatches holding
+    ``tokens`` (each at most ``top``): exact, by a dynamic program over the distinct
+    candidate sizes (every optimal ladder's buckets are ``tokens`` rounded up to ``unit``).
+    """
+    t = np.asarray(tokens, dtype=np.int64)
+    candidates, where = np.unique(np.clip(-(-t // unit) * unit, unit, top), return_inverse=True)
+    if not candidates.size or candidates[-1] != top:
+        candidates = np.append(candidates, top)
+    k = candidates.shape[0]
+    counts = np.bincount(where, minlength=k).astype(np.float64)
+    sums = np.bincount(where, weights=t.astype(np.float64), minlength=k)
+    n_prefix = np.concatenate([[0.0], np.cumsum(counts)])  # n_prefix[j + 1]: counts of candidates 0..j
+    s_prefix = np.concatenate([[0.0], np.cumsum(sums)])
+    size = candidates.astype(np.float64)
+    # best[j]: the least padding of every candidate 0..j with the last bucket at candidate j.
+    best = size * n_prefix[1:] - s_prefix[1:]
+    choices: list[np.ndarray] = []
+    for _ in range(1, min(buckets, k)):
+        nxt, arg = best.copy(), np.full(k, -1, dtype=np.int64)
+        for j in range(1, k):  # the previous bucket at i < j; candidates i+1..j take bucket j
+            covered = n_prefix[j + 1] - n_prefix[1 : j + 1]
+            total = best[:j] + size[j] * covered - (s_prefix[j + 1] - s_prefix[1 : j + 1])
+            i = int(np.argmin(total))
+            if total[i] < nxt[j]:
+                nxt[j], arg[j] = total[i], i
+        choices.append(arg)
+        best = nxt
+    ladder, j = [int(candidates[-1])], k - 1
+    for arg in reversed(choices):
+        if arg[j] >= 0:
+            j = int(arg[j])
+            ladder.append(int(candidates[j]))
+    return tuple(sorted(set(ladder)))
+
+
+def shapes_by_cost(
+    steps: Sequence[Sequence[int] | np.ndarray],
+    *,
+    buckets: int,
+    max_sequences: int,
+    max_tokens_per_rank: int,
+    dp_size: int,
+    cp_size: int,
+    pad_multiple: int,
+    cost: CostModel | GroupCost | None,
+    scheduler: str | Scheduler,
+    sync: str,
+    tail_padding: TailPadding | str,
+    refits: int,
+) -> StaticShapes:
+    """:meth:`StaticShapes.by_cost <seqpack.thd.StaticShapes.by_cost>`."""
+    from seqpack.schedulers import get_scheduler, predicted_step_time  # the package imports this module
+
+    buckets = check_positive_int("buckets", buckets, maximum=INT32_MAX)
+    refits = check_int("refits", refits, minimum=0, maximum=16)
+    mode = check_choice("sync", sync, Sync)
+    planner = get_scheduler(scheduler)
+    pad_multiple = check_positive_int("pad_multiple", pad_multiple)
+    capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank) * check_positive_int("cp_size", cp_size)
+    top = capacity // pad_multiple * pad_multiple
+    if top < 1:
+        raise ConfigError(
+            f"max_tokens_per_rank={max_tokens_per_rank} x cp_size={cp_size} = {capacity} tokens holds no multiple of "
+            f"pad_multiple={pad_multiple}: no token bucket fits the capacity"
+        )
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence) or not len(steps):
+        raise ConfigError(
+            "steps must be a non-empty list of the steps' lengths (one int array per step, e.g. the first steps "
+            f"of the data), got {steps!r:.80}"
+        )
+    step_lengths = [as_lengths(lengths) for lengths in steps]
+    model = planner.resolve_cost(cost)
+    family = as_group_cost(model or default_cost_model(), cp_size)
+    limits: dict[str, Any] = dict(
+        dp_size=dp_size, cp_size=cp_size, max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple
+    )
+
+    def make(ladder: tuple[int, ...]) -> StaticShapes:
+        return StaticShapes(token_buckets=ladder, max_sequences=max_sequences, tail_padding=TailPadding(tail_padding))
+
+    def evaluate(shapes: StaticShapes) -> tuple[float, np.ndarray]:
+        times, tokens = [], []
+        for lengths in step_lengths:
+            plan = planner.schedule(lengths, cost=cost, sync=mode, static_shapes=shapes, **limits)
+            times.append(predicted_step_time(plan, family, sync=mode, static_shapes=shapes))
+            tokens.append(np.where(plan.group_counts > 0, plan.group_tokens(padded=True), pad_multiple))
+        return float(np.mean(times)), np.concatenate(tokens)
+
+    best = make((top,))
+    best_time, tokens = evaluate(best)
+    logger.info("by_cost: one bucket %d: mean predicted step %.6g", top, best_time)
+    for _ in range(refits + 1):
+        shapes = make(ladder_for(tokens, buckets=buckets, unit=pad_multiple, top=top))
+        if shapes == best:
+            break
+        mean, tokens = evaluate(shapes)  # re-planned with the ladder: the next ladder fits these plans
+        logger.info("by_cost: buckets %s: mean predicted step %.6g", shapes.token_buckets, mean)
+        if mean >= best_time:
+            break
+        best, best_time = shapes, mean
+    return best
