@@ -14,7 +14,7 @@ import numpy as np
 from seqpack.errors import ScheduleError
 from seqpack.options import GroupSizes
 from seqpack.schedulers.group_sizes import allowed_group_sizes
-from seqpack.schedulers.static_limits import as_static_shapes
+from seqpack.schedulers.static_limits import as_static_shapes, resolved_buckets
 from seqpack.validation import check_positive_int
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ def check_static_shapes(schedule: Schedule, static_shapes: StaticShapes) -> None
     assert shapes is not None
     if not schedule.is_static:
         raise ScheduleError("static_shapes holds for static-CP schedules only; this one is dynamic CP")
-    limit, largest = shapes.max_real_sequences, shapes.buckets(schedule.capacity)[-1]
+    limit, largest = shapes.max_real_sequences, resolved_buckets(shapes, schedule.capacity)[-1]
     counts, tokens = schedule.group_counts, schedule.group_tokens(padded=True)
     for name, values, bound in (("sequences", counts, limit), ("padded tokens", tokens, largest)):
         over = np.flatnonzero(values > bound)

@@ -38,6 +38,7 @@ __all__ = [
     "bucket_capacity",
     "fit_sequence_limit",
     "group_buckets",
+    "resolved_buckets",
     "ladder_for",
     "shapes_by_cost",
 ]
@@ -68,10 +69,16 @@ def refuse_dynamic(static_shapes: object, what: str) -> None:
         )
 
 
+def resolved_buckets(static_shapes: StaticShapes, capacity: int) -> tuple[int, ...]:
+    """The buckets of a plan of ``capacity`` tokens a microbatch: ``"capacity"`` is the
+    capacity, at most the largest int32 (a pack's token count is one)."""
+    return static_shapes.buckets(min(capacity, INT32_MAX))
+
+
 def bucket_capacity(static_shapes: StaticShapes, capacity: int) -> int:
     """The most padded tokens a microbatch may hold: ``capacity``, or the largest bucket when
     smaller (``"capacity"``: the capacity itself)."""
-    return min(capacity, static_shapes.buckets(capacity)[-1])
+    return min(capacity, resolved_buckets(static_shapes, capacity)[-1])
 
 
 def group_buckets(static_shapes: StaticShapes, tokens: np.ndarray, capacity: int) -> np.ndarray:
@@ -82,7 +89,7 @@ def group_buckets(static_shapes: StaticShapes, tokens: np.ndarray, capacity: int
         ScheduleError: A microbatch larger than the largest bucket (a plan made without
             these shapes), named with it.
     """
-    buckets = np.asarray(static_shapes.buckets(capacity), dtype=np.int64)
+    buckets = np.asarray(resolved_buckets(static_shapes, capacity), dtype=np.int64)
     tokens = np.asarray(tokens, dtype=np.int64)
     index = np.searchsorted(buckets, tokens)
     over = np.flatnonzero(index == buckets.shape[0])
@@ -110,7 +117,7 @@ class BucketPrice:
         padding costs nothing: ``linear == 0``)."""
         if static_shapes is None or linear <= 0:
             return None
-        return cls(np.asarray(static_shapes.buckets(capacity), dtype=np.int64), float(linear))
+        return cls(np.asarray(resolved_buckets(static_shapes, capacity), dtype=np.int64), float(linear))
 
     def extra(self, tokens: np.ndarray) -> np.ndarray:
         """float64, shaped as ``tokens``: the bucket padding's cost of microbatches holding
@@ -267,7 +274,7 @@ def shapes_by_cost(
     planner = get_scheduler(scheduler)
     pad_multiple = check_positive_int("pad_multiple", pad_multiple)
     capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank) * check_positive_int("cp_size", cp_size)
-    top = capacity // pad_multiple * pad_multiple
+    top = min(capacity, INT32_MAX) // pad_multiple * pad_multiple  # a bucket is an int32 token count
     if top < 1:
         raise ConfigError(
             f"max_tokens_per_rank={max_tokens_per_rank} x cp_size={cp_size} = {capacity} tokens holds no multiple of "

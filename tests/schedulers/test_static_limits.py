@@ -32,7 +32,7 @@ def short_lengths(n: int = 200, seed: int = 0) -> np.ndarray:
 def slow_limits_held(plan, shapes: StaticShapes) -> None:
     """Every microbatch, read from the assignment: at most max_real_sequences ids and the
     largest bucket's padded tokens; every id once in assigned, deferred or dropped."""
-    largest = shapes.buckets(plan.capacity)[-1]
+    largest = shapes.buckets(min(plan.capacity, 2**31 - 1))[-1]
     seen: list[int] = []
     for row in plan.assignment:
         for ids in row:
@@ -262,3 +262,14 @@ def test_by_cost_refuses_by_name(kwargs, match):
     base = dict(steps=[[5, 6, 7]], buckets=2, max_sequences=4, max_tokens_per_rank=64, dp_size=1)
     with pytest.raises(ConfigError, match=match):
         StaticShapes.by_cost(**{**base, **kwargs})
+
+
+def test_a_capacity_past_int32_keeps_the_buckets():
+    # "capacity" resolves to at most the largest int32 token count (a pack's); a ladder is as given.
+    for shapes, largest in ((SHAPES, 256), (StaticShapes(max_sequences=4), 2**31 - 1)):
+        plan = get_scheduler("balanced").schedule(
+            short_lengths(), dp_size=2, max_tokens_per_rank=2**31, static_shapes=shapes
+        )
+        slow_limits_held(plan, shapes)
+        assert predicted_step_time(plan, COST, static_shapes=shapes) > 0
+        assert plan.group_tokens().max() <= largest
