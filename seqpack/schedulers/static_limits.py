@@ -29,6 +29,7 @@ from seqpack.validation import check_choice, check_int, check_positive_int
 
 if TYPE_CHECKING:
     from seqpack.schedulers.base import Scheduler
+    from seqpack.schedulers.schedule import Schedule
 
 logger = logging.getLogger(__name__)
 
@@ -250,6 +251,91 @@ def ladder_for(tokens: np.ndarray, *, buckets: int, unit: int, top: int) -> tupl
     return tuple(sorted(set(ladder)))
 
 
+@dataclasses.dataclass(frozen=True)
+class FixedPlans:
+    """Static plans whose predicted step time is evaluated for any ladder without
+    re-planning: every microbatch's time without buckets (``base``, ``[M, dp]`` per plan),
+    its padded tokens (a filler's for an empty one) and the per-token cost of its bucket's
+    extra tokens (``rate``)."""
+
+    base: list[np.ndarray]
+    grid_tokens: list[np.ndarray]
+    rate: float
+    sync: str
+
+    @classmethod
+    def of(cls, plans: Sequence[Schedule], family: GroupCost, sync: str) -> FixedPlans:
+        from seqpack.schedulers.step_time import group_times
+
+        base, tokens = [], []
+        rate = 0.0
+        for plan in plans:
+            times = np.where(plan.group_counts > 0, group_times(plan, family), family.compute.constant)
+            held = np.where(plan.group_counts > 0, plan.group_tokens(padded=True), plan.pad_multiple)
+            where = (plan.group_round, plan.leading_replica())
+            grid_time = np.zeros((plan.num_microbatches, plan.dp_size))
+            grid_tokens = np.zeros((plan.num_microbatches, plan.dp_size), dtype=np.int64)
+            np.add.at(grid_time, where, times)
+            np.add.at(grid_tokens, where, held)
+            base.append(grid_time)
+            tokens.append(grid_tokens)
+            rate = family.at(plan.cp_size).linear
+        return cls(base, tokens, rate, sync)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Every microbatch's padded tokens, all plans."""
+        return np.concatenate([t.reshape(-1) for t in self.grid_tokens]) if self.grid_tokens else np.zeros(0, np.int64)
+
+    def mean_time(self, ladder: tuple[int, ...]) -> float:
+        """The plans' mean predicted step time with ``ladder``'s bucket padding."""
+        buckets = np.asarray(ladder, dtype=np.int64)
+        total = 0.0
+        for base, tokens in zip(self.base, self.grid_tokens, strict=True):
+            index = np.minimum(np.searchsorted(buckets, tokens), buckets.shape[0] - 1)
+            times = base + self.rate * (buckets[index] - tokens)
+            if times.size:
+                total += float(times.max(axis=1).sum() if self.sync == Sync.LOCKSTEP else times.sum(axis=0).max())
+        return total / max(len(self.base), 1)
+
+    def descend(self, starts: Sequence[tuple[int, ...]], sweeps: int = 3, candidates: int = 128) -> tuple[int, ...]:
+        """The best ladder found by moving one bucket at a time (the largest stays) to the
+        size, among the plans' microbatch sizes (``candidates`` quantiles at most), that
+        lowers :meth:`mean_time` most, from each of ``starts``."""
+        top = starts[0][-1]
+        sizes = np.unique(self.tokens)
+        sizes = sizes[(sizes > 0) & (sizes < top)]
+        if sizes.shape[0] > candidates:
+            sizes = np.unique(np.quantile(sizes, np.linspace(0, 1, candidates), method="higher").astype(np.int64))
+        best, best_time = starts[0], self.mean_time(starts[0])
+        for start in starts:
+            ladder, now = list(start), self.mean_time(start)
+            for _ in range(sweeps):
+                moved = False
+                for i in range(len(ladder) - 1):  # sorted: the largest (the capacity) stays
+                    rest = ladder[:i] + ladder[i + 1 :]
+                    chosen, chosen_time = None, now
+                    for size in sizes.tolist():
+                        if size not in rest:
+                            t = self.mean_time(tuple(sorted([*rest, size])))
+                            if t < chosen_time:
+                                chosen, chosen_time = size, t
+                    if chosen is not None:
+                        ladder, now, moved = sorted([*rest, chosen]), chosen_time, True
+                if not moved:
+                    break
+            if now < best_time:
+                best, best_time = tuple(ladder), now
+        return best
+
+
+def even_ladder(buckets: int, unit: int, top: int) -> tuple[int, ...]:
+    """``buckets`` evenly spaced sizes up to ``top``, each rounded up to a multiple of
+    ``unit`` (fewer where they coincide)."""
+    step = top / buckets
+    return tuple(sorted({min(top, -(-round(step * k) // unit) * unit) for k in range(1, buckets + 1)} - {0}))
+
+
 def shapes_by_cost(
     steps: Sequence[Sequence[int] | np.ndarray],
     *,
@@ -295,24 +381,37 @@ def shapes_by_cost(
     def make(ladder: tuple[int, ...]) -> StaticShapes:
         return StaticShapes(token_buckets=ladder, max_sequences=max_sequences, tail_padding=TailPadding(tail_padding))
 
-    def evaluate(shapes: StaticShapes) -> tuple[float, np.ndarray]:
-        times, tokens = [], []
+    def evaluate(shapes: StaticShapes) -> tuple[float, FixedPlans]:
+        times, plans = [], []
         for lengths in step_lengths:
             plan = planner.schedule(lengths, cost=cost, sync=mode, static_shapes=shapes, **limits)
             times.append(predicted_step_time(plan, family, sync=mode, static_shapes=shapes))
-            tokens.append(np.where(plan.group_counts > 0, plan.group_tokens(padded=True), pad_multiple))
-        return float(np.mean(times)), np.concatenate(tokens)
+            plans.append(plan)
+        return float(np.mean(times)), FixedPlans.of(plans, family, mode)
 
     best = make((top,))
-    best_time, tokens = evaluate(best)
+    best_time, fixed = evaluate(best)
     logger.info("by_cost: one bucket %d: mean predicted step %.6g", top, best_time)
+    tried = {best}
+    starts = [even_ladder(buckets, pad_multiple, top)]
     for _ in range(refits + 1):
-        shapes = make(ladder_for(tokens, buckets=buckets, unit=pad_multiple, top=top))
-        if shapes == best:
+        # On these plans: the least summed padding (exact), then the least predicted step
+        # time (a microbatch past a bucket edge can set its round's or replica's time).
+        ladder = fixed.descend([ladder_for(fixed.tokens, buckets=buckets, unit=pad_multiple, top=top), *starts])
+        starts = []
+        shapes = make(ladder)
+        if shapes in tried:
             break
-        mean, tokens = evaluate(shapes)  # re-planned with the ladder: the next ladder fits these plans
+        tried.add(shapes)
+        mean, fixed = evaluate(shapes)  # re-planned with the ladder: the next ladder fits these plans
         logger.info("by_cost: buckets %s: mean predicted step %.6g", shapes.token_buckets, mean)
-        if mean >= best_time:
-            break
-        best, best_time = shapes, mean
+        if mean < best_time:
+            best, best_time = shapes, mean
+    # Evenly spaced buckets too: a ladder fitted to a few plans' microbatches may not fit others.
+    even = make(even_ladder(buckets, pad_multiple, top))
+    if even not in tried:
+        mean, _ = evaluate(even)
+        logger.info("by_cost: even buckets %s: mean predicted step %.6g", even.token_buckets, mean)
+        if mean < best_time:
+            best, best_time = even, mean
     return best

@@ -145,10 +145,13 @@ class StaticShapes:
         found exactly (a dynamic program over their padded token counts: for a fixed plan,
         the bucket padding's linear cost is the only thing buckets change). The steps are
         re-planned with that ladder (the plans move towards its buckets) and a ladder is
-        fitted to the new plans, ``refits`` times at most; the ladder kept is the one whose
-        plans predict the least mean step time under ``sync``
+        fitted to the new plans, ``refits`` times at most. ``buckets`` evenly spaced
+        sizes are tried too (a ladder fitted to a few plans' microbatches may fit other
+        steps worse). The ladder kept (one bucket among them) is the one whose plans predict
+        the least mean step time under ``sync``
         (:func:`~seqpack.schedulers.predicted_step_time` with ``static_shapes``); the
-        log (``seqpack.schedulers.static_limits``, INFO) reports each.
+        log (``seqpack.schedulers.static_limits``, INFO) reports each. Give it many steps
+        (the more microbatches, the better the ladder fits the next steps).
 
         Args:
             steps: One int array of real lengths per step (global order, as ``schedule``).
