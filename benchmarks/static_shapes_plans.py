@@ -4,7 +4,7 @@ On the workloads of ``benchmarks/schedulers.py`` (imported from there), ``balanc
 every step under each sync (``lockstep``, ``replica``) with
 
 * no buckets (every pack its own padded size: what eager training runs);
-* buckets chosen by cost (:meth:`seqpack.thd.StaticShapes.by_cost`, 4 and 8 buckets,
+* buckets chosen by cost (:func:`seqpack.schedulers.static_shapes_by_cost`, 4 and 8 buckets,
   chosen on held-out steps of the workload: seeds 100, 101, ...), and 8 chosen on the measured
   steps themselves (``in-sample``: what the choice reaches when the sample is the data);
 * the multiples ladder ``capacity/8, 2*capacity/8, ..., capacity``
@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 
 from seqpack.cost import CostModel, model_preset  # noqa: E402
 from seqpack.mock_data import generate_lengths  # noqa: E402
-from seqpack.schedulers import get_scheduler, predicted_step_time  # noqa: E402
+from seqpack.schedulers import get_scheduler, predicted_step_time, static_shapes_by_cost  # noqa: E402
 from seqpack.stats import StepStats  # noqa: E402
 from seqpack.thd import StaticShapes  # noqa: E402
 
@@ -123,9 +123,9 @@ def run(steps: int, model: str, quick: bool) -> list[dict[str, object]]:
             )  # fmt: skip
             configs: list[tuple[str, StaticShapes | None]] = [
                 ("unbucketed", None),
-                ("by cost, 4", StaticShapes.by_cost(sample, buckets=4, **limits)),  # type: ignore[arg-type]
-                ("by cost, 8", StaticShapes.by_cost(sample, buckets=8, **limits)),  # type: ignore[arg-type]
-                ("in-sample, 8", StaticShapes.by_cost(measured, buckets=8, **limits)),  # type: ignore[arg-type]
+                ("by cost, 4", static_shapes_by_cost(sample, buckets=4, **limits)),  # type: ignore[arg-type]
+                ("by cost, 8", static_shapes_by_cost(sample, buckets=8, **limits)),  # type: ignore[arg-type]
+                ("in-sample, 8", static_shapes_by_cost(measured, buckets=8, **limits)),  # type: ignore[arg-type]
                 ("multiples c/8", StaticShapes.multiples_of(capacity // 8, capacity, max_sequences=slots)),
                 ("capacity", StaticShapes(token_buckets="capacity", max_sequences=slots)),
             ]
@@ -155,7 +155,7 @@ def _shown(shapes: StaticShapes, capacity: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=3, help="steps per workload (seeds 0..steps-1; by_cost: 100..)")
+    parser.add_argument("--steps", type=int, default=3, help="steps per workload (seeds 0..steps-1; by cost: 100..)")
     parser.add_argument("--model", default="llama3-8b")
     parser.add_argument("--quick", action="store_true", help="1 step, workloads at 1/16 of their size")
     args = parser.parse_args(argv)

@@ -41,7 +41,7 @@ __all__ = [
     "group_buckets",
     "resolved_buckets",
     "ladder_for",
-    "shapes_by_cost",
+    "static_shapes_by_cost",
 ]
 
 
@@ -336,22 +336,56 @@ def even_ladder(buckets: int, unit: int, top: int) -> tuple[int, ...]:
     return tuple(sorted({min(top, -(-round(step * k) // unit) * unit) for k in range(1, buckets + 1)} - {0}))
 
 
-def shapes_by_cost(
+def static_shapes_by_cost(
     steps: Sequence[Sequence[int] | np.ndarray],
     *,
     buckets: int,
     max_sequences: int,
     max_tokens_per_rank: int,
     dp_size: int,
-    cp_size: int,
-    pad_multiple: int,
-    cost: CostModel | GroupCost | None,
-    scheduler: str | Scheduler,
-    sync: str,
-    tail_padding: TailPadding | str,
-    refits: int,
+    cp_size: int = 1,
+    pad_multiple: int = 1,
+    cost: CostModel | GroupCost | None = None,
+    scheduler: str | Scheduler = "balanced",
+    sync: str = "lockstep",
+    tail_padding: TailPadding | str = TailPadding.APPEND_DUMMY_SEQ,
+    refits: int = 2,
 ) -> StaticShapes:
-    """:meth:`StaticShapes.by_cost <seqpack.thd.StaticShapes.by_cost>`."""
+    """A :class:`~seqpack.thd.StaticShapes` of at most ``buckets`` token buckets chosen for
+    the least predicted step time of the plans of ``steps``.
+
+    Every step of ``steps`` (e.g. the lengths of the data's first steps, or mock ones)
+    is planned by ``scheduler`` with one bucket, the capacity rounded down to
+    ``pad_multiple``. On those plans the ladder (multiples of ``pad_multiple``, the largest
+    that capacity) with the least summed bucket padding is found exactly (a dynamic program
+    over the microbatches' padded token counts, :func:`ladder_for`), then improved one bucket
+    at a time for the plans' predicted step time (a microbatch just past a bucket edge can
+    set its round's or replica's time; :class:`FixedPlans`). The steps are re-planned with
+    that ladder and a ladder is fitted to the new plans, ``refits`` times at most; evenly
+    spaced buckets are tried too (a ladder fitted to a few plans' microbatches may fit
+    other steps worse). The ladder kept (one bucket among them) is the one whose plans
+    predict the least mean step time under ``sync``
+    (:func:`~seqpack.schedulers.predicted_step_time` with ``static_shapes``); the log
+    (``seqpack.schedulers.static_limits``, INFO) reports each. Give it many steps of the
+    real data: the ladder fits the next steps as well as their microbatches resemble the
+    sample's (docs/thd.md, "What buckets cost the plans").
+
+    Args:
+        steps: One int array of real lengths per step (global order, as ``schedule``).
+        buckets: Most buckets (fewer when fewer pay off).
+        max_sequences, tail_padding: As :class:`~seqpack.thd.StaticShapes`'.
+        max_tokens_per_rank, dp_size, cp_size, cost, sync: As
+            :meth:`Scheduler.schedule <seqpack.schedulers.Scheduler.schedule>` (the
+            training run's).
+        pad_multiple: The packer's (``2 * cp_size`` and more under CP:
+            :func:`~seqpack.thd.pad_multiple_for`): every bucket is a multiple of it.
+        scheduler: The scheduler (or its name) that plans the steps.
+        refits: Re-plans after the first ladder (0: the first ladder is kept).
+
+    Raises:
+        ConfigError: ``steps`` empty or not a list, ``buckets`` below 1, a capacity
+            below ``pad_multiple``, or what the scheduler refuses.
+    """
     from seqpack.schedulers import get_scheduler, predicted_step_time  # the package imports this module
 
     buckets = check_positive_int("buckets", buckets, maximum=INT32_MAX)

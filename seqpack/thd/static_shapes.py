@@ -28,17 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, TailPadding
 from seqpack.validation import check_choice, check_int, check_optional_int, check_positive_int
-
-if TYPE_CHECKING:
-    from seqpack.cost import CostModel, GroupCost
-    from seqpack.schedulers.base import Scheduler
 
 __all__ = ["CAPACITY", "StaticShapes"]
 
@@ -117,74 +113,6 @@ class StaticShapes:
             raise ConfigError(f"capacity={capacity} is not a multiple of step={step}")
         buckets = tuple(range(step, capacity + 1, step))
         return cls(token_buckets=buckets, max_sequences=max_sequences, tail_padding=TailPadding(tail_padding))
-
-    @classmethod
-    def by_cost(
-        cls,
-        steps: Sequence[Sequence[int] | np.ndarray],
-        *,
-        buckets: int,
-        max_sequences: int,
-        max_tokens_per_rank: int,
-        dp_size: int,
-        cp_size: int = 1,
-        pad_multiple: int = 1,
-        cost: CostModel | GroupCost | None = None,
-        scheduler: str | Scheduler = "balanced",
-        sync: str = "lockstep",
-        tail_padding: TailPadding | str = TailPadding.APPEND_DUMMY_SEQ,
-        refits: int = 2,
-    ) -> StaticShapes:
-        """At most ``buckets`` token buckets chosen for the least predicted step time of the
-        plans of ``steps``.
-
-        Every step of ``steps`` (e.g. the lengths of the data's first steps, or mock ones)
-        is planned by ``scheduler`` with one bucket, the capacity rounded down to
-        ``pad_multiple``; then the ladder (multiples of ``pad_multiple``, the largest that
-        capacity) that minimises the summed bucket padding of those plans' microbatches is
-        found exactly (a dynamic program over their padded token counts: for a fixed plan,
-        the bucket padding's linear cost is the only thing buckets change). The steps are
-        re-planned with that ladder (the plans move towards its buckets) and a ladder is
-        fitted to the new plans, ``refits`` times at most. ``buckets`` evenly spaced
-        sizes are tried too (a ladder fitted to a few plans' microbatches may fit other
-        steps worse). The ladder kept (one bucket among them) is the one whose plans predict
-        the least mean step time under ``sync``
-        (:func:`~seqpack.schedulers.predicted_step_time` with ``static_shapes``); the
-        log (``seqpack.schedulers.static_limits``, INFO) reports each. Give it many steps
-        (the more microbatches, the better the ladder fits the next steps).
-
-        Args:
-            steps: One int array of real lengths per step (global order, as ``schedule``).
-            buckets: Most buckets (fewer when fewer pay off).
-            max_sequences, tail_padding: As the constructor's.
-            max_tokens_per_rank, dp_size, cp_size, cost, sync: As
-                :meth:`Scheduler.schedule <seqpack.schedulers.Scheduler.schedule>` (the
-                training run's).
-            pad_multiple: The packer's (``2 * cp_size`` and more under CP:
-                :func:`~seqpack.thd.pad_multiple_for`): every bucket is a multiple of it.
-            scheduler: The scheduler (or its name) that plans the steps.
-            refits: Re-plans after the first ladder (0: the first ladder is kept).
-
-        Raises:
-            ConfigError: ``steps`` empty or not a list, ``buckets`` below 1, a capacity
-                below ``pad_multiple``, or what the scheduler refuses.
-        """
-        from seqpack.schedulers.static_limits import shapes_by_cost  # schedulers import this module
-
-        return shapes_by_cost(
-            steps,
-            buckets=buckets,
-            max_sequences=max_sequences,
-            max_tokens_per_rank=max_tokens_per_rank,
-            dp_size=dp_size,
-            cp_size=cp_size,
-            pad_multiple=pad_multiple,
-            cost=cost,
-            scheduler=scheduler,
-            sync=sync,
-            tail_padding=tail_padding,
-            refits=refits,
-        )
 
     @property
     def max_real_sequences(self) -> int:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from seqpack.cost import CostModel
 from seqpack.errors import ScheduleError
-from seqpack.schedulers import get_scheduler, predicted_step_time
+from seqpack.schedulers import get_scheduler, predicted_step_time, static_shapes_by_cost
 from seqpack.schedulers.minibatches import schedule_minibatches
 from seqpack.schedulers.sample_groups import schedule_groups
 from seqpack.stats import StepStats
@@ -40,8 +40,8 @@ TARGETS = [
         {"static_shapes": "any"},
     ),
     Target(
-        "StaticShapes.by_cost",
-        StaticShapes.by_cost,
+        "static_shapes_by_cost",
+        static_shapes_by_cost,
         lambda: {"steps": [[3, 4, 5]], "buckets": 2, "max_sequences": 3, "max_tokens_per_rank": 16, "dp_size": 2},
         {"buckets": "int", "max_sequences": "int", "max_tokens_per_rank": "int", "dp_size": "int", "steps": "any"},
     ),

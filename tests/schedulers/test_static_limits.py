@@ -1,7 +1,7 @@
 """Static shapes on the scheduler side (seqpack.schedulers.static_limits): ``max_sequences``
 and the largest token bucket as hard limits of every scheduler's plans, bucket padding
 priced in the predicted step time and StepStats (against slow references computed from the
-plan's microbatches), and buckets chosen by cost (StaticShapes.by_cost)."""
+plan's microbatches), and buckets chosen by cost (static_shapes_by_cost)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
-from seqpack.schedulers import get_scheduler, predicted_step_time
+from seqpack.schedulers import get_scheduler, predicted_step_time, static_shapes_by_cost
 from seqpack.schedulers.balanced import plan_balanced
 from seqpack.schedulers.minibatches import schedule_minibatches
 from seqpack.schedulers.objective import step_objective
@@ -235,7 +235,7 @@ def test_by_cost_picks_buckets_no_slower_than_one_bucket():
     rng = np.random.default_rng(2)
     steps = [rng.integers(16, 900, size=96) for _ in range(2)]
     limits = dict(max_tokens_per_rank=1000, dp_size=4, pad_multiple=8)
-    shapes = StaticShapes.by_cost(steps, buckets=4, max_sequences=6, cost=COST, **limits)
+    shapes = static_shapes_by_cost(steps, buckets=4, max_sequences=6, cost=COST, **limits)
     assert isinstance(shapes.token_buckets, tuple) and 1 <= len(shapes.token_buckets) <= 4
     assert shapes.token_buckets[-1] == 1000 and all(b % 8 == 0 for b in shapes.token_buckets)
     assert shapes.max_sequences == 6
@@ -261,7 +261,7 @@ def test_by_cost_picks_buckets_no_slower_than_one_bucket():
 def test_by_cost_refuses_by_name(kwargs, match):
     base = dict(steps=[[5, 6, 7]], buckets=2, max_sequences=4, max_tokens_per_rank=64, dp_size=1)
     with pytest.raises(ConfigError, match=match):
-        StaticShapes.by_cost(**{**base, **kwargs})
+        static_shapes_by_cost(**{**base, **kwargs})
 
 
 def test_a_capacity_past_int32_keeps_the_buckets():
