@@ -26,7 +26,13 @@ from seqpack.schedulers.request import (
     check_step_tokens,
 )
 from seqpack.schedulers.schedule import Schedule
-from seqpack.schedulers.static_limits import as_static_shapes, bucket_capacity, fit_sequence_limit
+from seqpack.schedulers.static_limits import (
+    BucketPrice,
+    as_static_shapes,
+    bucket_capacity,
+    fit_sequence_limit,
+    trim_to_buckets,
+)
 from seqpack.thd import padded_lengths
 from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import check_choice, check_number, check_positive_int
@@ -191,6 +197,19 @@ class GridScheduler(Scheduler):
                 round_multiple=self._round_multiple(),
                 fixed_rounds=self._fixed_rounds(),
             )
+            model = self.resolve_cost(cost)
+            price = None if not isinstance(model, CostModel) else BucketPrice.of(shapes, capacity, model.linear)
+            if self.uses_static_shapes and price is not None and isinstance(model, CostModel):
+                rounds = trim_to_buckets(
+                    rounds,
+                    padded,
+                    model.cost(padded),
+                    price=price,
+                    limit=shapes.max_real_sequences,
+                    capacity=capacity,
+                    constant=model.constant,
+                    sync=sync,
+                )
         return Schedule.from_assignment(
             rounds,
             lengths=effective,
@@ -210,7 +229,9 @@ class GridScheduler(Scheduler):
     ``static_shapes`` repair then moves sequences only between its own microbatches."""
     uses_static_shapes: ClassVar[bool] = False
     """Whether :meth:`_plan` takes ``static_shapes`` (plans for its limits and bucket
-    padding itself); every grid plan is repaired to its limits anyway."""
+    padding itself; its plan is then trimmed to the buckets,
+    :func:`~seqpack.schedulers.static_limits.trim_to_buckets`); every grid plan is repaired
+    to its limits anyway."""
 
     def _round_multiple(self) -> int:
         """The multiple the microbatch count keeps (rounds the ``static_shapes`` repair adds

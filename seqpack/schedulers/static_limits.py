@@ -120,12 +120,17 @@ class BucketPrice:
             return None
         return cls(np.asarray(resolved_buckets(static_shapes, capacity), dtype=np.int64), float(linear))
 
+    def bucket_of(self, tokens: np.ndarray) -> np.ndarray:
+        """int64, shaped as ``tokens``: the bucket of microbatches holding ``tokens`` (the
+        largest for more)."""
+        index = np.minimum(np.searchsorted(self.buckets, tokens), self.buckets.shape[0] - 1)
+        return self.buckets[index]
+
     def extra(self, tokens: np.ndarray) -> np.ndarray:
         """float64, shaped as ``tokens``: the bucket padding's cost of microbatches holding
         ``tokens`` (each at most the largest bucket)."""
         tokens = np.asarray(tokens, dtype=np.int64)
-        index = np.minimum(np.searchsorted(self.buckets, tokens), self.buckets.shape[0] - 1)
-        return self.linear * np.maximum(self.buckets[index] - tokens, 0).astype(np.float64)
+        return self.linear * np.maximum(self.bucket_of(tokens) - tokens, 0).astype(np.float64)
 
 
 def fit_sequence_limit(
@@ -449,3 +454,152 @@ def static_shapes_by_cost(
         if mean < best_time:
             best, best_time = even, mean
     return best
+
+
+def trim_to_buckets(
+    rounds: Sequence[Sequence[np.ndarray]],
+    padded: np.ndarray,
+    weight: np.ndarray,
+    *,
+    price: BucketPrice,
+    limit: int,
+    capacity: int,
+    constant: float,
+    sync: str | None,
+) -> list[list[np.ndarray]]:
+    """``rounds`` with microbatches just past a bucket edge brought below it where that
+    predicts a shorter step.
+
+    A microbatch of ``t`` tokens in bucket ``b_k`` pays ``b_k - t`` tokens of padding; one
+    sequence of at least ``t - b_(k-1)`` tokens (the shortest such, of 3 tried) moved to
+    another microbatch of the same round that keeps its own bucket (within ``capacity``, and
+    with a free slot) drops it to ``b_(k-1)``. A move is made when the step objective
+    (:func:`step_objective` of ``sync``: microbatch costs ``weight`` summed, ``constant``,
+    and the bucket padding's ``price``) drops, to the target that lowers it most. Only
+    microbatches that set the step's time are tried (a round's slowest under lockstep, the
+    slowest replica's under replica), until none moves. ``padded`` and ``weight`` are
+    indexed by global id; cells no move touched come back as they were.
+    """
+    grid = [[np.asarray(ids, dtype=np.int64) for ids in row] for row in rounds]
+    if not grid or not grid[0]:
+        return grid
+    shape = (len(grid), len(grid[0]))
+    flat = [ids for row in grid for ids in row]
+    sizes = np.array([ids.shape[0] for ids in flat], dtype=np.int64)
+    every = np.concatenate(flat)
+    cell = np.repeat(np.arange(sizes.shape[0]), sizes)
+    count = sizes.shape[0]
+    state = _TrimState(
+        tokens=np.bincount(cell, weights=padded[every], minlength=count).astype(np.int64).reshape(shape),
+        load=np.bincount(cell, weights=weight[every], minlength=count).reshape(shape) + constant,
+        counts=sizes.reshape(shape).copy(),
+        price=price,
+        lockstep=sync in (None, Sync.LOCKSTEP),
+        replica=sync in (None, Sync.REPLICA),
+    )
+    members: dict[tuple[int, int], list[int]] = {}  # the cells a move touched, as lists
+
+    def ids_of(m: int, d: int) -> list[int]:
+        if (m, d) not in members:
+            members[m, d] = grid[m][d].tolist()
+        return members[m, d]
+
+    def trim(m: int, d: int) -> bool:
+        move = state.best_trim(m, d, ids_of(m, d), padded, weight, limit, capacity)
+        if move is not None:
+            i, target = move
+            state.move(m, d, target, int(padded[i]), float(weight[i]))
+            ids_of(m, d).remove(i)
+            ids_of(m, target).append(i)
+        return move is not None
+
+    # Only a round's slowest microbatch can shorten a lockstep step, only the slowest
+    # replica's a replica step: those are tried, until none moves.
+    rounds_count = state.tokens.shape[0]
+    if state.lockstep:
+        for m in range(rounds_count):
+            for _ in range(8):
+                if not trim(m, int(np.argmax(state.times[m]))):
+                    break
+    if state.replica:
+        for _ in range(8 * rounds_count):
+            d = int(np.argmax(state.column))
+            if not any(trim(m, d) for m in np.argsort(-state.times[:, d]).tolist()):
+                break
+    for (m, d), ids in members.items():
+        grid[m][d] = np.sort(np.asarray(ids, dtype=np.int64))
+    return grid
+
+
+@dataclasses.dataclass
+class _TrimState:
+    """The grid :func:`trim_to_buckets` works on: tokens, costs (constant included) and
+    counts of every microbatch ``[M, dp]``, their times with the bucket padding, and each
+    replica's total."""
+
+    tokens: np.ndarray
+    load: np.ndarray
+    counts: np.ndarray
+    price: BucketPrice
+    lockstep: bool
+    replica: bool
+
+    def __post_init__(self) -> None:
+        self.times = self.load + self.price.extra(self.tokens)
+        self.column = self.times.sum(axis=0)
+
+    def move(self, m: int, source: int, target: int, size: int, cost: float) -> None:
+        for cell, sign in ((source, -1), (target, 1)):
+            self.tokens[m, cell] += sign * size
+            self.load[m, cell] += sign * cost
+            self.counts[m, cell] += sign
+        row = self.load[m] + self.price.extra(self.tokens[m])
+        self.column += row - self.times[m]
+        self.times[m] = row
+
+    def best_trim(
+        self, m: int, d: int, ids: list[int], padded: np.ndarray, weight: np.ndarray, limit: int, capacity: int
+    ) -> tuple[int, int] | None:
+        """``(id, target replica)`` of the move that lowers the objective most, or None."""
+        t, edges = int(self.tokens[m, d]), self.price.buckets
+        k = int(np.searchsorted(edges, t))
+        if k == 0 or t == 0:
+            return None
+        need = t - int(edges[k - 1])
+        candidates = sorted((i for i in ids if int(padded[i]) >= need), key=lambda i: (int(padded[i]), i))[:3]
+        row, tokens = self.times[m], self.tokens[m]
+        held = np.minimum(self.price.bucket_of(tokens), capacity)
+        best, best_gain = None, 1e-9 * float(row.max())
+        for i in candidates:
+            size, cost = int(padded[i]), float(weight[i])
+            after = tokens + size
+            fits = (after <= held) & (self.counts[m] < limit)  # the target keeps its bucket
+            fits[d] = False
+            if not fits.any():
+                continue
+            new_row = row.copy()
+            new_row[d] = self.load[m, d] - cost + float(self.price.extra(np.array([t - size]))[0])
+            target = self.load[m] + cost + self.price.extra(after)  # [dp]: each replica as the target
+            gain = np.zeros(row.shape[0])
+            if self.lockstep:  # the round's new maximum with each target: the largest of the others
+                gain += float(row.max()) - np.maximum(_largest_but(new_row), target)
+            if self.replica:  # the largest replica total with each target
+                column = self.column.copy()
+                column[d] += new_row[d] - row[d]
+                gain += float(self.column.max()) - np.maximum(_largest_but(column), column + target - row)
+            gain[~fits] = -np.inf
+            j = int(np.argmax(gain))
+            if gain[j] > best_gain:
+                best, best_gain = (i, j), float(gain[j])
+        return best
+
+
+def _largest_but(values: np.ndarray) -> np.ndarray:
+    """For every index, the largest of the other values (-inf alone)."""
+    if values.shape[0] == 1:
+        return np.full(1, -np.inf)
+    first = int(np.argmax(values))
+    rest = np.delete(values, first)
+    out = np.full(values.shape[0], float(values[first]))
+    out[first] = float(rest.max())
+    return out

@@ -17,7 +17,7 @@ from seqpack.schedulers.balanced import plan_balanced
 from seqpack.schedulers.minibatches import schedule_minibatches
 from seqpack.schedulers.objective import step_objective
 from seqpack.schedulers.sample_groups import schedule_groups
-from seqpack.schedulers.static_limits import BucketPrice, fit_sequence_limit, ladder_for
+from seqpack.schedulers.static_limits import BucketPrice, fit_sequence_limit, ladder_for, trim_to_buckets
 from seqpack.stats import StepStats
 from seqpack.thd import StaticShapes, padded_lengths
 
@@ -273,3 +273,50 @@ def test_a_capacity_past_int32_keeps_the_buckets():
         slow_limits_held(plan, shapes)
         assert predicted_step_time(plan, COST, static_shapes=shapes) > 0
         assert plan.group_tokens().max() <= largest
+
+
+def test_trim_brings_a_microbatch_below_its_bucket_edge():
+    price = BucketPrice(np.array([64, 128]), 1.0)
+    padded = np.array([40, 20, 10, 20])  # replica 0: 70 tokens (bucket 128), replica 1: 20 (bucket 64)
+    rounds = [[np.array([0, 1, 2]), np.array([3])]]
+    for sync in ("lockstep", "replica", None):
+        out = trim_to_buckets(rounds, padded, padded * 1.0, price=price, limit=4, capacity=128, constant=0.0, sync=sync)
+        assert [[a.tolist() for a in row] for row in out] == [[[0, 1], [2, 3]]]  # 60 | 30: both in 64
+    # Without a free slot in the target, nothing moves.
+    out = trim_to_buckets(rounds, padded, padded * 1.0, price=price, limit=1, capacity=128, constant=0.0, sync=None)
+    assert out[0][1].tolist() == [3] and out[0][0].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("sync", ["lockstep", "replica", None])
+def test_trim_never_lengthens_the_step_and_keeps_every_id(sync):
+    rng = np.random.default_rng(11)
+    price = BucketPrice(np.array([32, 48, 64, 96, 128]), 1.0)
+    for _ in range(40):
+        dp, m = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        padded = rng.integers(1, 40, size=60)
+        weight = padded + 0.01 * padded**2
+        order = rng.permutation(60)
+        rounds, start = [], 0
+        for _r in range(m):
+            row = []
+            for _d in range(dp):
+                ids, used = [], 0
+                while start < 60 and used + padded[order[start]] <= 128 and len(ids) < 6:
+                    used += padded[order[start]]
+                    ids.append(int(order[start]))
+                    start += 1
+                row.append(np.sort(np.array(ids, dtype=np.int64)))
+            rounds.append(row)
+
+        def objective(grid, padded=padded, weight=weight):
+            tokens = np.array([[int(padded[ids].sum()) for ids in row] for row in grid])
+            load = np.array([[float(weight[ids].sum()) for ids in row] for row in grid]) + 2.0
+            return step_objective(load + price.extra(tokens), sync)
+
+        out = trim_to_buckets(rounds, padded, weight, price=price, limit=6, capacity=128, constant=2.0, sync=sync)
+        assert objective(out) <= objective(rounds) + 1e-9
+        before = sorted(int(i) for row in rounds for ids in row for i in ids)
+        assert sorted(int(i) for row in out for ids in row for i in ids) == before
+        for row_in, row_out in zip(rounds, out, strict=True):  # moves stay within their round
+            assert sorted(np.concatenate(row_in).tolist()) == sorted(np.concatenate(row_out).tolist())
+        assert all(len(ids) <= 6 and int(padded[ids].sum()) <= 128 for row in out for ids in row)
