@@ -320,3 +320,36 @@ def test_trim_never_lengthens_the_step_and_keeps_every_id(sync):
         for row_in, row_out in zip(rounds, out, strict=True):  # moves stay within their round
             assert sorted(np.concatenate(row_in).tolist()) == sorted(np.concatenate(row_out).tolist())
         assert all(len(ids) <= 6 and int(padded[ids].sum()) <= 128 for row in out for ids in row)
+
+
+def test_pricing_the_buckets_chooses_the_count(monkeypatch):
+    # sft-long-tail of benchmarks/schedulers.py, step 1, one bucket (the capacity): without the
+    # price `balanced` plans 3 microbatches whose third round pads to the capacity.
+    from seqpack.cost import model_preset
+    from seqpack.mock_data import generate_lengths
+    from seqpack.schedulers.balanced import scheduler as balanced_module
+
+    lengths = generate_lengths(
+        "lognormal", 4096, min_seq_len=128, max_seq_len=32768, mean_seq_len=4096, sigma=1.1, seed=1
+    )
+    cost = model_preset("llama3-8b").cost_model()
+    shapes = StaticShapes(max_sequences=200)
+    limits = dict(dp_size=256, cp_size=2, max_tokens_per_rank=16384, pad_multiple=4, cost=cost, sync="replica")
+    priced = get_scheduler("balanced").schedule(lengths, static_shapes=shapes, **limits)
+    monkeypatch.setattr(balanced_module.BucketPrice, "of", classmethod(lambda cls, *args: None))
+    unpriced = get_scheduler("balanced").schedule(lengths, static_shapes=shapes, **limits)
+    assert (priced.num_microbatches, unpriced.num_microbatches) == (2, 3)
+    ratio = predicted_step_time(priced, cost, sync="replica", static_shapes=shapes) / predicted_step_time(
+        unpriced, cost, sync="replica", static_shapes=shapes
+    )
+    assert ratio < 0.75  # 0.729
+
+
+def test_schedule_groups_under_dynamic_cp_refuses_static_shapes():
+    scheduler = get_scheduler("dynamic_cp", group_cost=GroupCost(COST, ring_step=1.0))
+    lengths = short_lengths(20)
+    with pytest.raises(ConfigError, match="static_shapes is not supported by schedule_groups under dynamic CP"):
+        schedule_groups(
+            scheduler, lengths, np.zeros(20), np.ones(20, bool), dp_size=2, cp_size=2, max_tokens_per_rank=256,
+            static_shapes=SHAPES,
+        )  # fmt: skip
