@@ -8,7 +8,12 @@ plan: the excess sequences of an over-full microbatch (its shortest ones) move i
 least loaded microbatch of the same round with room for them (a free slot and the tokens),
 else of any round, else into added rounds. ``balanced`` also starts its count search at
 ``ceil(N / (dp * max_real_sequences))`` and compares counts on the bucket-inclusive cost
-(:class:`BucketPrice`), so it seldom leaves anything to repair.
+(:class:`BucketPrice`), so it seldom leaves anything to repair, and then trims the
+microbatches that set the step's time to the buckets (:func:`trim_to_buckets`).
+
+:func:`static_shapes_by_cost` chooses the buckets: the least-padding ladder of sample plans
+(:func:`ladder_for`, exact), improved for their predicted step time (:class:`FixedPlans`),
+re-planned, and kept by the mean predicted step time.
 """
 
 from __future__ import annotations
