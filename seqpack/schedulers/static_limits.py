@@ -166,35 +166,44 @@ def fit_sequence_limit(
     if all(ids.shape[0] <= limit for row in grid for ids in row):
         return grid
     dp = len(grid[0])
-    counts = np.array([[ids.shape[0] for ids in row] for row in grid], dtype=np.int64).reshape(-1, dp)
-    tokens = np.array([[int(padded[ids].sum()) for ids in row] for row in grid], dtype=np.int64).reshape(-1, dp)
-    load = np.array([[float(weight[ids].sum()) for ids in row] for row in grid], dtype=np.float64).reshape(-1, dp)
-    members: list[list[list[int]]] = [[ids.tolist() for ids in row] for row in grid]
-    pending: list[tuple[int, int, int]] = []  # (id, round, replica) of the excess
-    for m, row in enumerate(members):
-        for d, ids in enumerate(row):
-            if len(ids) <= limit:
-                continue
-            shortest_first = sorted(ids, key=lambda i: (int(padded[i]), -i))
-            excess = shortest_first[: len(ids) - limit]
-            for i in excess:
-                ids.remove(i)
-                pending.append((i, m, d))
-                counts[m, d] -= 1
-                tokens[m, d] -= int(padded[i])
-                load[m, d] -= float(weight[i])
-    pending.sort(key=lambda item: (-int(padded[item[0]]), item[0]))
-    for i, m, d in pending:
+    flat = [ids for row in grid for ids in row]
+    sizes = np.array([ids.shape[0] for ids in flat], dtype=np.int64)
+    every = np.concatenate(flat)
+    cell = np.repeat(np.arange(sizes.shape[0]), sizes)
+    # The excess of every over-full microbatch: its shortest ids (ties: the larger id).
+    order = np.lexsort((-every, padded[every], cell))
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.shape[0]) - starts[cell[order]]
+    excess = rank < (sizes - limit)[cell]
+    kept = ~excess
+    shape = (len(grid), dp)
+    counts = np.bincount(cell[kept], minlength=sizes.shape[0]).astype(np.int64).reshape(shape)
+    tokens = np.bincount(cell[kept], weights=padded[every[kept]], minlength=sizes.shape[0]).astype(np.int64)
+    tokens = tokens.reshape(shape)
+    load = np.bincount(cell[kept], weights=weight[every[kept]], minlength=sizes.shape[0]).reshape(shape)
+    members: list[list[list[int] | np.ndarray]] = [list(row) for row in grid]
+    for c in np.unique(cell[excess]).tolist():
+        m, d = divmod(c, dp)
+        members[m][d] = grid[m][d][kept[starts[c] : starts[c] + sizes[c]]].tolist()
+    pending = every[excess]
+    pending_cell = cell[excess]
+    moving = np.lexsort((pending, -padded[pending]))  # longest first, ties the lower id
+    for i, c in zip(pending[moving].tolist(), pending_cell[moving].tolist(), strict=True):
+        m, d = divmod(c, dp)
         size = int(padded[i])
-        room = (counts < limit) & (tokens + size <= capacity)
+        row_room = (counts[m] < limit) & (tokens[m] + size <= capacity)
         if keep_replica:
-            room[:, np.arange(dp) != d] = False
-        where = _least_loaded(room[m], load[m])
+            row_room[np.arange(dp) != d] = False
+        where = _least_loaded(row_room, load[m])
         if where is not None:
-            target = (m, where)
+            tm, td = m, where
         else:
-            flat = _least_loaded(room.reshape(-1), load.reshape(-1))
-            if flat is None:
+            room = (counts < limit) & (tokens + size <= capacity)
+            if keep_replica:
+                room[:, np.arange(dp) != d] = False
+            found = _least_loaded(room.reshape(-1), load.reshape(-1))
+            if found is None:
                 if fixed_rounds is not None:
                     raise ScheduleError(
                         f"num_microbatches={fixed_rounds} cannot hold the step's sequences at most {limit} per "
@@ -206,14 +215,19 @@ def fit_sequence_limit(
                 tokens = np.vstack([tokens, np.zeros((added, dp), np.int64)])
                 load = np.vstack([load, np.zeros((added, dp))])
                 members.extend([[] for _ in range(dp)] for _ in range(added))
-                flat = (counts.shape[0] - added) * dp + (d if keep_replica else 0)
-            target = divmod(flat, dp)
-        tm, td = target
-        members[tm][td].append(i)
+                found = (counts.shape[0] - added) * dp + (d if keep_replica else 0)
+            tm, td = divmod(found, dp)
+        target = members[tm][td]
+        if isinstance(target, np.ndarray):
+            target = members[tm][td] = target.tolist()
+        target.append(i)
         counts[tm, td] += 1
         tokens[tm, td] += size
         load[tm, td] += float(weight[i])
-    return [[np.sort(np.asarray(ids, dtype=np.int64)) for ids in row] for row in members]
+    return [
+        [ids if isinstance(ids, np.ndarray) else np.sort(np.asarray(ids, dtype=np.int64)) for ids in row]
+        for row in members
+    ]
 
 
 def _least_loaded(room: np.ndarray, load: np.ndarray) -> int | None:
