@@ -353,3 +353,20 @@ def test_schedule_groups_under_dynamic_cp_refuses_static_shapes():
             scheduler, lengths, np.zeros(20), np.ones(20, bool), dp_size=2, cp_size=2, max_tokens_per_rank=256,
             static_shapes=SHAPES,
         )  # fmt: skip
+
+
+def test_stats_without_a_cost_count_bucket_tokens_in_the_replica_totals():
+    lengths = short_lengths(90, seed=12)
+    plan = get_scheduler("dp_balanced").schedule(lengths, dp_size=3, max_tokens_per_rank=128, static_shapes=SHAPES)
+    stats = StepStats.from_schedule(plan, static_shapes=SHAPES)
+    buckets = SHAPES.buckets(plan.capacity)
+    per_replica = [0] * 3
+    for row in plan.assignment:
+        for d, ids in enumerate(row):
+            tokens = int(plan.lengths[ids].sum()) if ids.size else 1  # an empty one: its 1-token filler
+            # The pack's tokens (a filler costs nothing without a model) plus the bucket's padding.
+            per_replica[d] += next(b for b in buckets if b >= tokens) - (0 if ids.size else 1)
+    assert stats.replica_cost == [float(v) for v in per_replica]
+    empty = int(np.count_nonzero(plan.group_counts == 0))
+    assert stats.predicted_step_time is None
+    assert stats.bucket_tokens == sum(per_replica) + empty - stats.padded_tokens
