@@ -494,7 +494,9 @@ def trim_to_buckets(
     another microbatch of the same round that keeps its own bucket (within ``capacity``, and
     with a free slot) drops it to ``b_(k-1)``. A move is made when the step objective
     (:func:`step_objective` of ``sync``: microbatch costs ``weight`` summed, ``constant``,
-    and the bucket padding's ``price``) drops, to the target that lowers it most. Only
+    and the bucket padding's ``price``) drops, to the target that lowers it most; under
+    ``sync="replica"`` the target may also be another round's microbatch of the same replica
+    (its total then changes only by the buckets' padding). Only
     microbatches that set the step's time are tried (a round's slowest under lockstep, the
     slowest replica's under replica), until none moves. ``padded`` and ``weight`` are
     indexed by global id; cells no move touched come back as they were.
@@ -524,13 +526,17 @@ def trim_to_buckets(
         return members[m, d]
 
     def trim(m: int, d: int) -> bool:
-        move = state.best_trim(m, d, ids_of(m, d), padded, weight, limit, capacity)
-        if move is not None:
-            i, target = move
-            state.move(m, d, target, int(padded[i]), float(weight[i]))
-            ids_of(m, d).remove(i)
-            ids_of(m, target).append(i)
-        return move is not None
+        moves = [state.best_trim(m, d, ids_of(m, d), padded, weight, limit, capacity)]
+        if not state.lockstep:  # replica alone: a replica's rounds may trade sequences too
+            moves.append(state.best_shift(m, d, ids_of(m, d), padded, weight, limit, capacity))
+        found = [move for move in moves if move is not None]
+        if not found:
+            return False
+        i, (tm, td), _ = max(found, key=lambda move: move[2])
+        state.move((m, d), (tm, td), int(padded[i]), float(weight[i]))
+        ids_of(m, d).remove(i)
+        ids_of(tm, td).append(i)
+        return True
 
     # Only a round's slowest microbatch can shorten a lockstep step, only the slowest
     # replica's a replica step: those are tried, until none moves.
@@ -567,29 +573,60 @@ class _TrimState:
         self.times = self.load + self.price.extra(self.tokens)
         self.column = self.times.sum(axis=0)
 
-    def move(self, m: int, source: int, target: int, size: int, cost: float) -> None:
+    def move(self, source: tuple[int, int], target: tuple[int, int], size: int, cost: float) -> None:
         for cell, sign in ((source, -1), (target, 1)):
-            self.tokens[m, cell] += sign * size
-            self.load[m, cell] += sign * cost
-            self.counts[m, cell] += sign
-        row = self.load[m] + self.price.extra(self.tokens[m])
-        self.column += row - self.times[m]
-        self.times[m] = row
+            self.tokens[cell] += sign * size
+            self.load[cell] += sign * cost
+            self.counts[cell] += sign
+        for m in {source[0], target[0]}:
+            row = self.load[m] + self.price.extra(self.tokens[m])
+            self.column += row - self.times[m]
+            self.times[m] = row
 
-    def best_trim(
-        self, m: int, d: int, ids: list[int], padded: np.ndarray, weight: np.ndarray, limit: int, capacity: int
-    ) -> tuple[int, int] | None:
-        """``(id, target replica)`` of the move that lowers the objective most, or None."""
+    def _candidates(self, m: int, d: int, ids: list[int], padded: np.ndarray) -> list[int]:
+        """The 3 shortest ids of microbatch ``(m, d)`` whose leaving drops it a bucket."""
         t, edges = int(self.tokens[m, d]), self.price.buckets
         k = int(np.searchsorted(edges, t))
         if k == 0 or t == 0:
-            return None
+            return []
         need = t - int(edges[k - 1])
-        candidates = sorted((i for i in ids if int(padded[i]) >= need), key=lambda i: (int(padded[i]), i))[:3]
+        return sorted((i for i in ids if int(padded[i]) >= need), key=lambda i: (int(padded[i]), i))[:3]
+
+    def best_shift(
+        self, m: int, d: int, ids: list[int], padded: np.ndarray, weight: np.ndarray, limit: int, capacity: int
+    ) -> tuple[int, tuple[int, int], float] | None:
+        """``(id, target cell, gain)`` of the move to another round of replica ``d`` that
+        lowers the largest replica total most (the replica objective), or None."""
+        times, tokens = self.times[:, d], self.tokens[:, d]
+        held = np.minimum(self.price.bucket_of(tokens), capacity)
+        others = float(_largest_but(self.column)[d])
+        best, best_gain = None, 1e-9 * float(self.column.max())
+        for i in self._candidates(m, d, ids, padded):
+            size, cost = int(padded[i]), float(weight[i])
+            after = tokens + size
+            fits = (after <= held) & (self.counts[:, d] < limit)
+            fits[m] = False
+            if not fits.any():
+                continue
+            source = self.load[m, d] - cost + float(self.price.extra(np.array([tokens[m] - size]))[0])
+            total = self.column[d] + (source - times[m]) + (self.load[:, d] + cost + self.price.extra(after) - times)
+            gain = float(self.column.max()) - np.maximum(others, total)
+            gain[~fits] = -np.inf
+            j = int(np.argmax(gain))
+            if gain[j] > best_gain:
+                best, best_gain = (i, (j, d), float(gain[j])), float(gain[j])
+        return best
+
+    def best_trim(
+        self, m: int, d: int, ids: list[int], padded: np.ndarray, weight: np.ndarray, limit: int, capacity: int
+    ) -> tuple[int, tuple[int, int], float] | None:
+        """``(id, target cell, gain)`` of the move to another replica of round ``m`` that
+        lowers the objective most, or None."""
+        t = int(self.tokens[m, d])
         row, tokens = self.times[m], self.tokens[m]
         held = np.minimum(self.price.bucket_of(tokens), capacity)
         best, best_gain = None, 1e-9 * float(row.max())
-        for i in candidates:
+        for i in self._candidates(m, d, ids, padded):
             size, cost = int(padded[i]), float(weight[i])
             after = tokens + size
             fits = (after <= held) & (self.counts[m] < limit)  # the target keeps its bucket
@@ -609,7 +646,7 @@ class _TrimState:
             gain[~fits] = -np.inf
             j = int(np.argmax(gain))
             if gain[j] > best_gain:
-                best, best_gain = (i, j), float(gain[j])
+                best, best_gain = (i, (m, j), float(gain[j])), float(gain[j])
         return best
 
 
