@@ -491,8 +491,8 @@ def trim_to_buckets(
 
     A microbatch of ``t`` tokens in bucket ``b_k`` pays ``b_k - t`` tokens of padding; one
     sequence of at least ``t - b_(k-1)`` tokens (the shortest such, of 3 tried) moved to
-    another microbatch of the same round that keeps its own bucket (within ``capacity``, and
-    with a free slot) drops it to ``b_(k-1)``. A move is made when the step objective
+    another microbatch of the same round (with a free slot, within ``capacity``; its own
+    bucket may grow) drops it to ``b_(k-1)``. A move is made when the step objective
     (:func:`step_objective` of ``sync``: microbatch costs ``weight`` summed, ``constant``,
     and the bucket padding's ``price``) drops, to the target that lowers it most; under
     ``sync="replica"`` the target may also be another round's microbatch of the same replica
@@ -546,7 +546,7 @@ def trim_to_buckets(
             for _ in range(8):
                 if not trim(m, int(np.argmax(state.times[m]))):
                     break
-    if state.replica:
+    if state.replica:  # each move lowers the largest total; 8 a round at most (plan time)
         for _ in range(8 * rounds_count):
             d = int(np.argmax(state.column))
             if not any(trim(m, d) for m in np.argsort(-state.times[:, d]).tolist()):
@@ -598,13 +598,13 @@ class _TrimState:
         """``(id, target cell, gain)`` of the move to another round of replica ``d`` that
         lowers the largest replica total most (the replica objective), or None."""
         times, tokens = self.times[:, d], self.tokens[:, d]
-        held = np.minimum(self.price.bucket_of(tokens), capacity)
+        largest = min(capacity, int(self.price.buckets[-1]))
         others = float(_largest_but(self.column)[d])
         best, best_gain = None, 1e-9 * float(self.column.max())
         for i in self._candidates(m, d, ids, padded):
             size, cost = int(padded[i]), float(weight[i])
             after = tokens + size
-            fits = (after <= held) & (self.counts[:, d] < limit)
+            fits = (after <= largest) & (self.counts[:, d] < limit)
             fits[m] = False
             if not fits.any():
                 continue
@@ -624,12 +624,12 @@ class _TrimState:
         lowers the objective most, or None."""
         t = int(self.tokens[m, d])
         row, tokens = self.times[m], self.tokens[m]
-        held = np.minimum(self.price.bucket_of(tokens), capacity)
+        largest = min(capacity, int(self.price.buckets[-1]))
         best, best_gain = None, 1e-9 * float(row.max())
         for i in self._candidates(m, d, ids, padded):
             size, cost = int(padded[i]), float(weight[i])
             after = tokens + size
-            fits = (after <= held) & (self.counts[m] < limit)  # the target keeps its bucket
+            fits = (after <= largest) & (self.counts[m] < limit)
             fits[d] = False
             if not fits.any():
                 continue
