@@ -355,7 +355,12 @@ def test_pricing_the_buckets_chooses_the_count(monkeypatch):
     shapes = StaticShapes(max_sequences=200)
     limits = dict(dp_size=256, cp_size=2, max_tokens_per_rank=16384, pad_multiple=4, cost=cost, sync="replica")
     priced = get_scheduler("balanced").schedule(lengths, static_shapes=shapes, **limits)
-    monkeypatch.setattr(balanced_module.BucketPrice, "of", classmethod(lambda cls, *args: None))
+    class Unpriced(BucketPrice):
+        @classmethod
+        def of(cls, *args):
+            return None
+
+    monkeypatch.setattr(balanced_module, "BucketPrice", Unpriced)  # the count search alone
     unpriced = get_scheduler("balanced").schedule(lengths, static_shapes=shapes, **limits)
     assert (priced.num_microbatches, unpriced.num_microbatches) == (2, 3)
     ratio = predicted_step_time(priced, cost, sync="replica", static_shapes=shapes) / predicted_step_time(
