@@ -355,6 +355,7 @@ def test_pricing_the_buckets_chooses_the_count(monkeypatch):
     shapes = StaticShapes(max_sequences=200)
     limits = dict(dp_size=256, cp_size=2, max_tokens_per_rank=16384, pad_multiple=4, cost=cost, sync="replica")
     priced = get_scheduler("balanced").schedule(lengths, static_shapes=shapes, **limits)
+
     class Unpriced(BucketPrice):
         @classmethod
         def of(cls, *args):
