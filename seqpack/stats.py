@@ -24,7 +24,8 @@ from seqpack.schedulers.objective import (
     step_objective,
 )
 from seqpack.schedulers.schedule import Schedule
-from seqpack.schedulers.step_time import predicted_step_time, rank_times
+from seqpack.schedulers.step_time import bucket_padding, predicted_step_time, rank_times
+from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import check_choice, check_int, check_number
 
 if TYPE_CHECKING:
@@ -78,6 +79,10 @@ class StepStats:
             capacity (:func:`round_lower_bound`); above 1 when one sequence outweighs a full
             microbatch of shorter ones.
         pad_fraction: ``1 - real_tokens / padded_tokens``.
+        bucket_tokens: Under ``static_shapes``, the tokens every microbatch's token bucket
+            adds beyond its padded tokens (fillers' included), summed; 0 without.
+        bucket_fraction: ``bucket_tokens / (padded_tokens + bucket_tokens)``: the share of
+            the step's tokens (as the packs hold them) that only fill buckets.
         dropped_sequences, dropped_tokens: Removed by ``on_oversize="drop"``.
         truncated_sequences, truncated_tokens: Tokens cut by ``on_oversize="truncate"`` from
             the sequences trained this step (a deferred one counts when it is trained).
@@ -121,6 +126,8 @@ class StepStats:
     bound_ratio: float = 1.0
     round_lower_bound: float = 1.0
     pad_fraction: float = 0.0
+    bucket_tokens: int = 0
+    bucket_fraction: float = 0.0
     dropped_sequences: int = 0
     dropped_tokens: int = 0
     truncated_sequences: int = 0
@@ -151,6 +158,7 @@ class StepStats:
         empty_samples: int = 0,
         bytes_per_token: float = SAMPLE_BYTES_PER_TOKEN,
         sync: str = "lockstep",
+        static_shapes: StaticShapes | None = None,
     ) -> StepStats:
         """Account a schedule, static or dynamic CP, in ``cost``'s units (padded tokens
         without one).
@@ -170,7 +178,11 @@ class StepStats:
         CP shards that cross the wire for a dynamic one (:func:`moved_pieces`);
         ``bytes_per_token`` converts them to bytes. With a cost, ``predicted_step_time`` is
         :func:`~seqpack.schedulers.predicted_step_time` under ``sync`` and ``cost_model``
-        the compute model a microbatch costs.
+        the compute model a microbatch costs. With ``static_shapes`` (a static plan made
+        with them), ``bucket_tokens`` and ``bucket_fraction`` report the bucket padding,
+        and ``replica_cost`` and ``predicted_step_time`` include its linear cost
+        (:func:`~seqpack.schedulers.step_time.bucket_padding`); ``padded_tokens`` and
+        ``pad_fraction`` stay the packs' own.
         """
         if not isinstance(schedule, Schedule):
             raise SeqpackTypeError(f"schedule must be a seqpack.Schedule, got {type(schedule).__name__}")
@@ -183,6 +195,14 @@ class StepStats:
         padded = plan.padded_assigned()
         padded_sum = exact_sum(padded)
         model, costs, fillers, (per_id, sent, received), (lower, round_bound) = _units(plan, cost, padded)
+        bucket = 0
+        if static_shapes is not None:
+            extra = bucket_padding(plan, static_shapes)  # refuses a dynamic plan
+            bucket = exact_sum(extra)
+            if costs.size:  # the bucket's tokens at the model's linear rate (tokens without one)
+                rate = 1.0 if model is None else model.linear
+                costs = costs.copy()
+                np.add.at(costs, (plan.group_round, plan.leading_replica()), rate * extra.astype(np.float64))
         units = plan.dp_size if plan.is_static else plan.num_ranks
         per_unit = costs.sum(axis=0) if costs.size else np.zeros(units)
         mean = float(per_unit.sum()) / units if units else 0.0
@@ -192,7 +212,7 @@ class StepStats:
         # Truncated ids trained this step: a deferred one is counted when it is trained.
         truncated = plan.truncated[np.isin(plan.truncated, assigned)]
         real_sum = exact_sum(real)
-        predicted = None if cost is None else predicted_step_time(plan, cost, sync=mode)
+        predicted = None if cost is None else predicted_step_time(plan, cost, sync=mode, static_shapes=static_shapes)
         return cls(
             num_sequences=int(assigned.shape[0]),
             num_microbatches=plan.num_microbatches,
@@ -210,6 +230,8 @@ class StepStats:
             bound_ratio=float(per_unit.max() / lower) if lower > 0 else 1.0,
             round_lower_bound=round_bound,
             pad_fraction=1.0 - real_sum / padded_tokens if padded_tokens else 0.0,
+            bucket_tokens=bucket,
+            bucket_fraction=bucket / (padded_tokens + bucket) if bucket else 0.0,
             dropped_sequences=int(plan.dropped.shape[0]),
             dropped_tokens=exact_sum(orig[plan.dropped]),
             truncated_sequences=int(truncated.shape[0]),

@@ -33,6 +33,7 @@ from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.schedulers.empty import EmptyScheduler
 from seqpack.schedulers.request import ON_OVERSIZE, apply_oversize, as_lengths
 from seqpack.schedulers.schedule import Schedule, ScheduleLimits
+from seqpack.schedulers.static_limits import static_shapes_by_cost
 from seqpack.schedulers.step_time import predicted_step_time
 
 _REGISTRY: dict[str, type[Scheduler]] = {}
@@ -103,4 +104,5 @@ __all__ = [
     "plan_dynamic_cp",
     "predicted_step_time",
     "register_scheduler",
+    "static_shapes_by_cost",
 ]

@@ -26,6 +26,15 @@ from seqpack.schedulers.request import (
     check_step_tokens,
 )
 from seqpack.schedulers.schedule import Schedule
+from seqpack.schedulers.static_limits import (
+    BucketPrice,
+    as_static_shapes,
+    bucket_capacity,
+    fit_sequence_limit,
+    trim_to_buckets,
+)
+from seqpack.thd import padded_lengths
+from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import check_choice, check_number, check_positive_int
 
 __all__ = ["GridScheduler", "Scheduler"]
@@ -61,6 +70,7 @@ class Scheduler(ABC):
         origin: Sequence[int] | np.ndarray | None = None,
         sync: str | None = None,
         bytes_per_token: float | None = None,
+        static_shapes: StaticShapes | None = None,
     ) -> Schedule:
         """Assign every sequence to a microbatch and the ranks that run it.
 
@@ -87,6 +97,10 @@ class Scheduler(ABC):
             bytes_per_token: Bytes a sample's token carries through the exchange (the wrapper
                 passes its samples'; ``None``: 20, token ids, labels and a loss mask), for
                 schedulers that weigh it against their plan time (``balanced``'s locality).
+            static_shapes: Fixed pack shapes (:class:`~seqpack.thd.StaticShapes`, the
+                packer's): no microbatch holds more than its ``max_real_sequences``
+                sequences or more padded tokens than its largest bucket (hard limits, like
+                the capacity; :mod:`seqpack.schedulers.static_limits`). ``None``: no limit.
 
         Raises:
             ValueError: Bad sizes, non-positive lengths, or an oversize sequence under
@@ -137,6 +151,7 @@ class GridScheduler(Scheduler):
         origin: Sequence[int] | np.ndarray | None = None,
         sync: str | None = None,
         bytes_per_token: float | None = None,
+        static_shapes: StaticShapes | None = None,
     ) -> Schedule:
         """A static plan (:meth:`Scheduler.schedule`)."""
         original = as_lengths(lengths)
@@ -148,12 +163,17 @@ class GridScheduler(Scheduler):
         if isinstance(cost, GroupCost):
             cost = cost.at(cp_size)
         capacity = max_tokens_per_rank * cp_size
+        shapes = as_static_shapes(static_shapes)
+        if shapes is not None:
+            capacity = bucket_capacity(shapes, capacity)
         check_request(original.shape[0], dp_size=dp_size, cp_size=cp_size, capacity=capacity, cost=cost)
         effective, dropped, truncated = apply_oversize(original, capacity, pad_multiple, on_oversize)
         check_step_tokens(effective, pad_multiple)
         origin_arr = as_origin(origin, original.shape[0], dp_size)
         active = np.flatnonzero(effective > 0).astype(np.int64)
         options = self._plan_options(sync, bytes_per_token)
+        if shapes is not None and self.uses_static_shapes:
+            options["static_shapes"] = shapes
         rounds, deferred = self._plan(
             active,
             effective[active],
@@ -164,6 +184,32 @@ class GridScheduler(Scheduler):
             origin=origin_arr[active],
             **options,
         )
+        if shapes is not None:
+            padded = padded_lengths(effective, pad_multiple)
+            weight = padded.astype(np.float64) if cost is None else cost.cost(padded)
+            rounds = fit_sequence_limit(
+                rounds,
+                padded,
+                weight,
+                limit=shapes.max_real_sequences,
+                capacity=capacity,
+                keep_replica=self.keeps_origin,
+                round_multiple=self._round_multiple(),
+                fixed_rounds=self._fixed_rounds(),
+            )
+            model = self.resolve_cost(cost)
+            price = None if not isinstance(model, CostModel) else BucketPrice.of(shapes, capacity, model.linear)
+            if self.uses_static_shapes and price is not None and isinstance(model, CostModel):
+                rounds = trim_to_buckets(
+                    rounds,
+                    padded,
+                    model.cost(padded),
+                    price=price,
+                    limit=shapes.max_real_sequences,
+                    capacity=capacity,
+                    constant=model.constant,
+                    sync=sync,
+                )
         return Schedule.from_assignment(
             rounds,
             lengths=effective,
@@ -177,6 +223,24 @@ class GridScheduler(Scheduler):
             truncated=truncated,
             origin=origin_arr,
         )
+
+    keeps_origin: ClassVar[bool] = False
+    """Whether every sample stays on the DP rank that read it (``"empty"``): the
+    ``static_shapes`` repair then moves sequences only between its own microbatches."""
+    uses_static_shapes: ClassVar[bool] = False
+    """Whether :meth:`_plan` takes ``static_shapes`` (plans for its limits and bucket
+    padding itself; its plan is then trimmed to the buckets,
+    :func:`~seqpack.schedulers.static_limits.trim_to_buckets`); every grid plan is repaired
+    to its limits anyway."""
+
+    def _round_multiple(self) -> int:
+        """The multiple the microbatch count keeps (rounds the ``static_shapes`` repair adds
+        come in multiples of it)."""
+        return int(getattr(self, "microbatch_multiple", 1))
+
+    def _fixed_rounds(self) -> int | None:
+        """A microbatch count the plan must keep (the repair may not add rounds), or None."""
+        return None
 
     def _plan_options(self, sync: str | None, bytes_per_token: float | None) -> dict[str, object]:
         """The keywords :meth:`_plan` takes besides the request (``uses_sync``,

@@ -26,6 +26,7 @@ class EmptyScheduler(GridScheduler):
     ones (the wrapper fills them with padding so every rank runs the same step)."""
 
     name = "empty"
+    keeps_origin = True
 
     def _plan(
         self,

@@ -26,6 +26,7 @@ from seqpack.schedulers.join import join_plans
 from seqpack.schedulers.request import as_lengths, as_origin
 from seqpack.schedulers.sample_groups import group_units, schedule_groups
 from seqpack.schedulers.schedule import Schedule
+from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import check_positive_int
 
 __all__ = ["minibatch_loss_tokens", "minibatch_of", "schedule_minibatches"]
@@ -68,6 +69,7 @@ def schedule_minibatches(
     equal_counts: bool = False,
     sync: str | None = None,
     bytes_per_token: float | None = None,
+    static_shapes: StaticShapes | None = None,
 ) -> tuple[Schedule, list[int]]:
     """One schedule of ``minibatches`` mini-batches, each planned alone (module docstring),
     static or dynamic CP as ``scheduler`` plans.
@@ -75,7 +77,8 @@ def schedule_minibatches(
     ``equal_counts`` (every replica trains as many sequences in each mini-batch) and
     ``together`` are :func:`~seqpack.schedulers.sample_groups.schedule_groups`'s; ``sync`` is
     passed to the scheduler when set, and so is ``bytes_per_token`` where the mini-batch holds
-    no groups (groups plan each replica alone: nothing is kept home there).
+    no groups (groups plan each replica alone: nothing is kept home there). ``static_shapes``
+    (passed when set) holds in every mini-batch's microbatches.
 
     Returns:
         ``(schedule, starts)``: ``starts`` (``minibatches + 1`` values) bounds each
@@ -102,6 +105,8 @@ def schedule_minibatches(
         common: dict[str, Any] = dict(cost=cost, on_oversize=on_oversize, origin=origin_arr[mine], **limits)
         if sync is not None:  # only when set: a custom scheduler overriding schedule() may predate it
             common["sync"] = sync
+        if static_shapes is not None:  # only when set, as sync
+            common["static_shapes"] = static_shapes
         if has_groups or equal_counts:
             part = schedule_groups(
                 scheduler, original[mine], gids[mine], flags[mine], together=together, equal_counts=equal_counts,

@@ -41,7 +41,9 @@ from seqpack.schedulers.group_sizes import allowed_group_sizes
 from seqpack.schedulers.join import join_plans
 from seqpack.schedulers.request import apply_oversize, as_lengths, as_origin
 from seqpack.schedulers.schedule import Schedule
+from seqpack.schedulers.static_limits import as_static_shapes, bucket_capacity, fit_sequence_limit, refuse_dynamic
 from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
+from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import check_bool, check_positive_int
 
 __all__ = ["assign_units", "group_units", "pack_units", "schedule_groups"]
@@ -217,6 +219,7 @@ def schedule_groups(
     sync: str | None = None,
     together: bool = False,
     equal_counts: bool = False,
+    static_shapes: StaticShapes | None = None,
 ) -> Schedule:
     """A :class:`Schedule` keeping every group on one replica (module docstring), planned by
     ``scheduler``: a static-CP one plans every replica's microbatches; a dynamic-CP one the
@@ -231,6 +234,8 @@ def schedule_groups(
         equal_counts: Every replica trains the same number of sequences (verl's
             ``equal_size``): all groups must be equally large and ``dp_size`` must divide
             their number.
+        static_shapes: As :meth:`Scheduler.schedule` (static CP only): every replica's
+            microbatches keep its limits, sequences moving only within their replica.
         Others: as :meth:`Scheduler.schedule`.
 
     Raises:
@@ -246,7 +251,9 @@ def schedule_groups(
         raise SampleError(f"group_ids and grouped must hold one value per length ({n})")
     dp_size, cp_size = check_positive_int("dp_size", dp_size), check_positive_int("cp_size", cp_size)
     pad_multiple = check_positive_int("pad_multiple", pad_multiple)
+    shapes = as_static_shapes(static_shapes)
     if scheduler.group_sizes != GroupSizes.STATIC:
+        refuse_dynamic(shapes, "schedule_groups under dynamic CP")
         for name, value in (("together", together), ("equal_counts", equal_counts)):
             if check_bool(name, value):
                 raise ConfigError(
@@ -262,7 +269,7 @@ def schedule_groups(
         scheduler, original, group_ids, grouped, dp_size=dp_size, cp_size=cp_size,
         max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple, cost=cost, on_oversize=on_oversize,
         origin=origin, sync=sync, together=check_bool("together", together),
-        equal_counts=check_bool("equal_counts", equal_counts),
+        equal_counts=check_bool("equal_counts", equal_counts), static_shapes=shapes,
     )  # fmt: skip
 
 
@@ -282,11 +289,15 @@ def _static_with_groups(
     sync: str | None,
     together: bool,
     equal_counts: bool,
+    static_shapes: StaticShapes | None = None,
 ) -> Schedule:
     """:func:`schedule_groups` under static CP: groups to replicas by cost, then each
     replica's microbatches by ``scheduler`` (arguments checked by the caller)."""
     n = original.shape[0]
     capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank) * cp_size
+    full_capacity = capacity
+    if static_shapes is not None:
+        capacity = bucket_capacity(static_shapes, capacity)
     effective, dropped, truncated = apply_oversize(original, capacity, pad_multiple, on_oversize)
     origin_arr = as_origin(origin, n, dp_size)
     active = np.flatnonzero(effective > 0).astype(np.int64)
@@ -304,16 +315,30 @@ def _static_with_groups(
         _check_equal(np.bincount(unit) if active.size else np.zeros(0, np.int64), dp_size)
     replica_of_unit = assign_units(unit_costs, unit_tokens, dp_size, budget, equal=equal_counts)
     replica = relabel_replicas(replica_of_unit[unit], origin_arr[active], padded, dp_size)
-    planner = _ReplicaPlanner(scheduler, effective, capacity, cp_size, pad_multiple, cost, sync, together)
+    planner = _ReplicaPlanner(
+        scheduler, effective, full_capacity, cp_size, pad_multiple, cost, sync, together, static_shapes
+    )
     per_replica = planner.plan_all(active, replica, unit, padded, costs, dp_size)
     count = len(per_replica[0]) if per_replica else 0
+    grid = [[np.sort(per_replica[d][m]) for d in range(dp_size)] for m in range(count)]
+    if static_shapes is not None and grid:  # `together` packs whole groups, by tokens alone
+        every = padded_lengths(effective, pad_multiple)
+        grid = fit_sequence_limit(
+            grid,
+            every,
+            model.cost(every),
+            limit=static_shapes.max_real_sequences,
+            capacity=capacity,
+            keep_replica=True,
+            round_multiple=int(getattr(scheduler, "microbatch_multiple", 1)),
+        )
     return Schedule.from_assignment(
-        [[np.sort(per_replica[d][m]) for d in range(dp_size)] for m in range(count)],
+        grid,
         lengths=effective,
         original_lengths=original,
         dp_size=dp_size,
         cp_size=cp_size,
-        max_tokens_per_rank=capacity // cp_size,
+        max_tokens_per_rank=full_capacity // cp_size,
         pad_multiple=pad_multiple,
         dropped=dropped,
         truncated=truncated,
@@ -374,6 +399,7 @@ class _ReplicaPlanner:
     cost: CostModel | GroupCost | None
     sync: str | None
     together: bool
+    static_shapes: StaticShapes | None = None
 
     def plan_all(
         self, active: np.ndarray, replica: np.ndarray, unit: np.ndarray, padded: np.ndarray, costs: np.ndarray, dp: int
@@ -396,12 +422,17 @@ class _ReplicaPlanner:
         """Global ids of each microbatch of one replica holding ``ids``."""
         if not ids.size:
             return []
+        capacity = self.capacity
+        if self.static_shapes is not None:
+            capacity = bucket_capacity(self.static_shapes, capacity)
         if self.together:
             unit_tokens = np.bincount(unit, weights=padded)
-            whole = np.where(unit_tokens[unit] <= self.capacity, unit, unit.max() + 1 + np.arange(unit.shape[0]))
+            whole = np.where(unit_tokens[unit] <= capacity, unit, unit.max() + 1 + np.arange(unit.shape[0]))
             order = getattr(scheduler, "order", "heavy_first")
-            return [ids[pos] for pos in pack_units(whole, padded, costs, self.capacity, order)]
+            return [ids[pos] for pos in pack_units(whole, padded, costs, capacity, order)]
         options: dict[str, Any] = {} if self.sync is None else {"sync": self.sync}
+        if self.static_shapes is not None:  # only when set, as sync
+            options["static_shapes"] = self.static_shapes
         plan = scheduler.schedule(
             self.effective[ids],
             dp_size=1,

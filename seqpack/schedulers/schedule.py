@@ -29,6 +29,7 @@ from seqpack.options import GroupSizes
 from seqpack.schedulers import schedule_checks
 from seqpack.schedulers.request import _empty, as_lengths, default_origin
 from seqpack.thd import group_padded_lengths, padded_lengths
+from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import check_choice, int64_array
 
 __all__ = ["Schedule", "ScheduleLimits"]
@@ -446,6 +447,7 @@ class Schedule:
         cp_size: int | None = None,
         max_tokens_per_rank: int | None = None,
         pad_multiple: int | None = None,
+        static_shapes: StaticShapes | None = None,
     ) -> None:
         """Raise :class:`~seqpack.errors.ScheduleError` naming the first violated invariant.
 
@@ -453,9 +455,13 @@ class Schedule:
         blocks by the plan's rule (static: each replica's CP block; ``"pow2"``: aligned
         powers of two or the whole R); every id appears exactly once in assigned, deferred
         or dropped; lengths changed only by truncation or dropping; the padded tokens of
-        every group fit ``size * max_tokens_per_rank``. One check per invariant, in
+        every group fit ``size * max_tokens_per_rank``; with ``static_shapes`` (a static plan),
+        every microbatch holds at most its ``max_real_sequences`` sequences and its largest
+        bucket's padded tokens. One check per invariant, in
         :mod:`seqpack.schedulers.schedule_checks`.
         """
         expected = {"dp_size": dp_size, "cp_size": cp_size, "max_tokens_per_rank": max_tokens_per_rank}
         expected["pad_multiple"] = pad_multiple
         schedule_checks.check_all(self, None if lengths is None else as_lengths(lengths), expected)
+        if static_shapes is not None:
+            schedule_checks.check_static_shapes(self, static_shapes)

@@ -14,12 +14,14 @@ import numpy as np
 from seqpack.errors import ScheduleError
 from seqpack.options import GroupSizes
 from seqpack.schedulers.group_sizes import allowed_group_sizes
+from seqpack.schedulers.static_limits import as_static_shapes, resolved_buckets
 from seqpack.validation import check_positive_int
 
 if TYPE_CHECKING:
     from seqpack.schedulers.schedule import Schedule
+    from seqpack.thd.static_shapes import StaticShapes
 
-__all__ = ["check_all"]
+__all__ = ["check_all", "check_static_shapes"]
 
 
 def check_all(schedule: Schedule, lengths: np.ndarray | None, expected: dict[str, int | None]) -> None:
@@ -206,3 +208,29 @@ def check_capacity(schedule: Schedule) -> None:
         f"group {g} of round {int(schedule.group_round[g])} ({size} ranks) holds {int(tokens[g])} padded tokens > "
         f"capacity {cap} ({size} x max_tokens_per_rank={schedule.max_tokens_per_rank})"
     )
+
+
+def check_static_shapes(schedule: Schedule, static_shapes: StaticShapes) -> None:
+    """Every microbatch of a static plan holds at most ``static_shapes.max_real_sequences``
+    sequences and at most its largest bucket's padded tokens (``"capacity"``: the plan's
+    capacity).
+
+    Raises:
+        ScheduleError: A dynamic-CP plan, or the first microbatch past a limit.
+        SeqpackTypeError: ``static_shapes`` not a :class:`~seqpack.thd.StaticShapes`.
+    """
+    shapes = as_static_shapes(static_shapes)
+    assert shapes is not None
+    if not schedule.is_static:
+        raise ScheduleError("static_shapes holds for static-CP schedules only; this one is dynamic CP")
+    limit, largest = shapes.max_real_sequences, resolved_buckets(shapes, schedule.capacity)[-1]
+    counts, tokens = schedule.group_counts, schedule.group_tokens(padded=True)
+    for name, values, bound in (("sequences", counts, limit), ("padded tokens", tokens, largest)):
+        over = np.flatnonzero(values > bound)
+        if over.size:
+            m, d = divmod(int(over[0]), schedule.dp_size)
+            which = "max_real_sequences" if name == "sequences" else "the largest token bucket"
+            raise ScheduleError(
+                f"microbatch {m} of replica {d} holds {int(values[over[0]])} {name} > {bound} "
+                f"({which} of static_shapes={shapes})"
+            )

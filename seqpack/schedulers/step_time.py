@@ -16,9 +16,11 @@ from seqpack.cost import CostModel, GroupCost, as_group_cost, spans_nodes
 from seqpack.errors import ScheduleError, SeqpackTypeError
 from seqpack.options import Sync
 from seqpack.schedulers.schedule import Schedule
+from seqpack.schedulers.static_limits import as_static_shapes, group_buckets
+from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import check_choice
 
-__all__ = ["group_sums", "group_times", "predicted_step_time", "rank_times", "replica_sums"]
+__all__ = ["bucket_padding", "group_sums", "group_times", "predicted_step_time", "rank_times", "replica_sums"]
 
 
 def _check(plan: object) -> Schedule:
@@ -55,7 +57,50 @@ def rank_times(plan: Schedule, cost: GroupCost | CostModel) -> np.ndarray:
     return times[plan.rank_group()]
 
 
-def predicted_step_time(plan: Schedule, cost: GroupCost | CostModel, *, sync: str = "lockstep") -> float:
+def bucket_padding(plan: Schedule, static_shapes: StaticShapes) -> np.ndarray:
+    """int64 ``[G]``: the tokens each microbatch's token bucket adds beyond its padded tokens
+    (an empty microbatch: beyond its ``pad_multiple`` filler), for a static ``plan`` made
+    with ``static_shapes``.
+
+    Raises:
+        ScheduleError: A dynamic-CP plan, or a microbatch larger than the largest bucket.
+        SeqpackTypeError: ``static_shapes`` of the wrong type.
+    """
+    shapes = as_static_shapes(static_shapes)
+    assert shapes is not None
+    if not plan.is_static:
+        raise ScheduleError(
+            "static_shapes holds for static-CP schedules only (a dynamic-CP group's tokens are split over its size)"
+        )
+    tokens = plan.group_tokens(padded=True)
+    tokens = np.where(plan.group_counts > 0, tokens, plan.pad_multiple)
+    return group_buckets(shapes, tokens, plan.capacity) - tokens
+
+
+def _priced_times(plan: Schedule, family: GroupCost, static_shapes: StaticShapes | None) -> np.ndarray:
+    """float64 ``[G]``: every group's time, an idle one's ``constant``, plus with
+    ``static_shapes`` the linear cost of its bucket padding (compute and CP ring)."""
+    times = np.where(plan.group_counts > 0, group_times(plan, family), family.compute.constant)
+    if static_shapes is None:
+        return times
+    extra = bucket_padding(plan, static_shapes).astype(np.float64)
+    spans = spans_nodes(plan.group_start, plan.group_size, family.ranks_per_node)
+    per_token = family.compute.linear * family.compute_scale(plan.group_size)
+    return (
+        times
+        + extra * per_token
+        + family.ring(plan.group_size, extra, spans)
+        - family.ring(plan.group_size, np.zeros_like(extra), spans)
+    )
+
+
+def predicted_step_time(
+    plan: Schedule,
+    cost: GroupCost | CostModel,
+    *,
+    sync: str = "lockstep",
+    static_shapes: StaticShapes | None = None,
+) -> float:
     """The step time ``cost`` predicts for ``plan`` (in ``cost``'s units: seconds for a
     fitted model, FLOPs for :meth:`~seqpack.cost.CostModel.from_transformer`).
 
@@ -69,10 +114,15 @@ def predicted_step_time(plan: Schedule, cost: GroupCost | CostModel, *, sync: st
             finished their previous round; with static groups this is the slowest replica's
             total. Under both an idle group runs a padding-only filler costing ``constant``
             (what the wrapper hands its ranks).
+        static_shapes: The packs' fixed shapes (:class:`~seqpack.thd.StaticShapes`, static
+            plans): every microbatch also pays the linear (per-token) cost of the tokens
+            its bucket adds beyond its padded tokens (:func:`bucket_padding`; an idle one's
+            bucket holds its filler). ``None``: packs of their padded size.
 
     Raises:
-        SeqpackTypeError: ``plan`` or ``cost`` of the wrong type.
-        ScheduleError: A plan built for other lengths.
+        SeqpackTypeError: ``plan``, ``cost`` or ``static_shapes`` of the wrong type.
+        ScheduleError: A plan built for other lengths; with ``static_shapes``, a dynamic-CP
+            plan or a microbatch larger than the largest bucket.
         ConfigError: Unknown ``sync``.
     """
     plan = _check(plan)
@@ -80,7 +130,7 @@ def predicted_step_time(plan: Schedule, cost: GroupCost | CostModel, *, sync: st
     mode = check_choice("sync", sync, Sync)
     if plan.num_groups == 0:
         return 0.0
-    times = np.where(plan.group_counts > 0, group_times(plan, family), family.compute.constant)
+    times = _priced_times(plan, family, static_shapes)
     if mode == Sync.LOCKSTEP:
         heights = np.full(plan.num_microbatches, -np.inf)
         np.maximum.at(heights, plan.group_round, times)

@@ -31,6 +31,7 @@ from seqpack.schedulers.balanced.rounds import (
     round_targets,
 )
 from seqpack.schedulers.objective import round_sum_lower_bound
+from seqpack.schedulers.static_limits import BucketPrice
 from seqpack.validation import check_choice
 
 logger = logging.getLogger(__name__)
@@ -48,10 +49,12 @@ def _plan_at(
     objective: str = "both",
     sync: str | None = None,
     forced: bool = False,
+    price: BucketPrice | None = None,
 ) -> BalancedPlan | None:
     """The plan with exactly ``num_rounds`` rounds, or None when neither a bin rule nor
     the exact search (:func:`seqpack.schedulers.balanced.exact.pack_bins`) packs the sequences.
-    ``forced``: the count was given (no count search follows; :func:`keep_lighter`)."""
+    ``forced``: the count was given (no count search follows; :func:`keep_lighter`).
+    ``price``: the objective includes each microbatch's bucket padding (``static_shapes``)."""
     if stages.enabled("round_targets"):
         targets = np.repeat(round_targets(costs[order], dp_size, num_rounds), dp_size)
     else:
@@ -111,8 +114,9 @@ def _plan_at(
         replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
         round_bound = round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
         gap = max(float(load.sum(axis=0).max()) / replica_bound, float(load.max(axis=1).sum()) / round_bound) - 1.0
+    priced = load if price is None else load + price.extra(tokens)
     return BalancedPlan(
-        num_rounds, round_of, replica_of, load, tokens, mode, moves, _objective(load, constant, sync), gap
+        num_rounds, round_of, replica_of, load, tokens, mode, moves, _objective(priced, constant, sync), gap
     )
 
 
@@ -130,6 +134,7 @@ def plan_balanced(
     objective: str = "both",
     origin: np.ndarray | None = None,
     sync: str | None = None,
+    price: BucketPrice | None = None,
 ) -> BalancedPlan:
     """Assign sequences to ``[rounds, replicas]`` (module docstring, steps 1-4).
 
@@ -152,6 +157,9 @@ def plan_balanced(
             ``"lockstep"``, ``"replica"``, or ``None`` (their sum). A given sync also sets
             the repair: ``"lockstep"`` repairs as ``objective="rounds"``, ``"replica"``
             as ``"replicas"``.
+        price: Under ``static_shapes``, the bucket padding's cost
+            (:class:`~seqpack.schedulers.static_limits.BucketPrice`): added to every
+            microbatch's cost where counts are compared.
 
     Raises:
         ValueError: A sequence longer than ``capacity``, or ``num_microbatches`` too small
@@ -173,7 +181,18 @@ def plan_balanced(
     fewest = -(-bins_needed // dp_size)
     if num_microbatches is not None:
         plan = _plan_at(
-            padded, costs, order, dp_size, capacity, num_microbatches, constant, repair, objective, sync, forced=True
+            padded,
+            costs,
+            order,
+            dp_size,
+            capacity,
+            num_microbatches,
+            constant,
+            repair,
+            objective,
+            sync,
+            forced=True,
+            price=price,
         )
         if plan is None:
             raise _cannot_hold(padded, dp_size, capacity, num_microbatches, bins_needed)
@@ -183,12 +202,12 @@ def plan_balanced(
     lower = max(fewest, min_microbatches, 1)
     m = -(-lower // microbatch_multiple) * microbatch_multiple
     while True:
-        plan = _plan_at(padded, costs, order, dp_size, capacity, m, constant, repair, objective, sync)
+        plan = _plan_at(padded, costs, order, dp_size, capacity, m, constant, repair, objective, sync, price=price)
         if plan is not None:
             break
         m += microbatch_multiple
     plan = _more_rounds(
-        plan, padded, costs, order, dp_size, capacity, constant, repair, objective, sync, microbatch_multiple
+        plan, padded, costs, order, dp_size, capacity, constant, repair, objective, sync, microbatch_multiple, price
     )
     return dataclasses.replace(plan, bin_lower_bound=fewest)
 
@@ -224,6 +243,7 @@ def _more_rounds(
     objective: str,
     sync: str | None,
     step: int,
+    price: BucketPrice | None = None,
 ) -> BalancedPlan:
     """The microbatch count with the shortest predicted step (module docstring).
 
@@ -248,7 +268,16 @@ def _more_rounds(
         if not fallback and plan.gap <= _GAP_FOR_MORE:
             return plan
         more = _plan_at(
-            padded, costs, order, dp_size, capacity, plan.num_microbatches + step, constant, repair, objective
+            padded,
+            costs,
+            order,
+            dp_size,
+            capacity,
+            plan.num_microbatches + step,
+            constant,
+            repair,
+            objective,
+            price=price,
         )
         if more is None:
             return plan
@@ -261,7 +290,7 @@ def _more_rounds(
         greedy = best.mode == _kernels.MODE_COST
         if m > limit or (greedy and best.objective <= (base + per_round * m * constant) * (1 + _GAP_FOR_MORE)):
             break
-        candidate = _plan_at(padded, costs, order, dp_size, capacity, m, constant, repair, objective, sync)
+        candidate = _plan_at(padded, costs, order, dp_size, capacity, m, constant, repair, objective, sync, price=price)
         if candidate is None:
             break
         if candidate.objective < best.objective * (1.0 - _BETTER_BY if greedy else 1.0):

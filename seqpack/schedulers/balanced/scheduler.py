@@ -18,7 +18,9 @@ from seqpack.schedulers.balanced.rounds import _rounds, objective_for, relabel_r
 from seqpack.schedulers.base import GridScheduler
 from seqpack.schedulers.request import check_microbatches
 from seqpack.schedulers.schedule import Grid
+from seqpack.schedulers.static_limits import BucketPrice
 from seqpack.thd import padded_lengths
+from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import (
     INT64_MAX,
     check_choice,
@@ -91,6 +93,10 @@ class BalancedScheduler(GridScheduler):
 
     uses_sync = True
     uses_bytes_per_token = True
+    uses_static_shapes = True
+
+    def _fixed_rounds(self) -> int | None:
+        return self.num_microbatches
 
     def uses_locality(self, *, sequences: int, tokens: int, dp_size: int, bytes_per_token: float | None) -> bool:
         """Whether a plan of ``sequences`` of ``tokens`` padded tokens in all into
@@ -115,8 +121,15 @@ class BalancedScheduler(GridScheduler):
         origin: np.ndarray,
         sync: str | None = None,
         bytes_per_token: float | None = None,
+        static_shapes: StaticShapes | None = None,
     ) -> tuple[Grid, np.ndarray]:
         model = default_cost_model() if cost is None else cost  # a GroupCost was made this one by the base
+        # Under static_shapes: at least ceil(N / (dp * max_real_sequences)) microbatches, and
+        # counts compared with each microbatch's bucket padding priced (static_limits).
+        min_microbatches = self.min_microbatches
+        price = BucketPrice.of(static_shapes, capacity, model.linear)
+        if static_shapes is not None:
+            min_microbatches = max(min_microbatches, -(-ids.shape[0] // (dp_size * static_shapes.max_real_sequences)))
         if ids.size or self.num_microbatches:
             check_microbatches(
                 dp_size,
@@ -131,7 +144,7 @@ class BalancedScheduler(GridScheduler):
         if not np.isfinite(step_cost):
             raise ConfigError(f"the step's total cost under {model!r} is past float64: scale the coefficients down")
         if dp_size == 1 and self.num_microbatches is None and ids.size:
-            single = _single_rank(padded, costs, capacity, self.min_microbatches, self.microbatch_multiple)
+            single = _single_rank(padded, costs, capacity, min_microbatches, self.microbatch_multiple, static_shapes)
             if single is not None:
                 round_of, load = single
                 position = round_position(load, self.order)
@@ -142,13 +155,14 @@ class BalancedScheduler(GridScheduler):
             dp_size=dp_size,
             capacity=capacity,
             constant=model.constant,
-            min_microbatches=self.min_microbatches,
+            min_microbatches=min_microbatches,
             microbatch_multiple=self.microbatch_multiple,
             num_microbatches=self.num_microbatches,
             max_repair_moves=self.max_repair_moves,
             objective=self.objective,
             origin=origin,
             sync=sync,
+            price=price,
         )
         replica = relabel_replicas(plan.replica_of, origin, padded, dp_size)
         # Locality is judged by the step time the plan was made for: the sync's when given.
@@ -186,7 +200,12 @@ class BalancedScheduler(GridScheduler):
 
 
 def _single_rank(
-    padded: np.ndarray, costs: np.ndarray, capacity: int, min_microbatches: int, microbatch_multiple: int
+    padded: np.ndarray,
+    costs: np.ndarray,
+    capacity: int,
+    min_microbatches: int,
+    microbatch_multiple: int,
+    static_shapes: StaticShapes | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """One replica's plan from the single-rank packer (:func:`seqpack.packing.pack_lengths`):
     ``(round_of, load[M, 1])`` when it packs into the fewest microbatches any plan can have
@@ -194,8 +213,9 @@ def _single_rank(
     ``min_microbatches`` and ``microbatch_multiple``; else None (the plan runs). With one
     replica every round's cost is its microbatch's, so the step costs the same for every
     packing at a count: only the count matters. With a stage switched off (the ablation)
-    the plan runs, so that the ablation measures the plan."""
-    if not all(stages.enabled(name) for name in stages.STAGES):
+    the plan runs, so that the ablation measures the plan. Under ``static_shapes`` the plan
+    runs too (it prices bucket padding and counts sequences; the packer does neither)."""
+    if static_shapes is not None or not all(stages.enabled(name) for name in stages.STAGES):
         return None
     packing = pack_lengths(padded, capacity)
     count = packing.num_packs

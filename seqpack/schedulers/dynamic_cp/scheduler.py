@@ -23,6 +23,8 @@ from seqpack.schedulers.dynamic_cp.planner import plan_dynamic_cp
 from seqpack.schedulers.group_sizes import longest_sequence
 from seqpack.schedulers.request import as_origin
 from seqpack.schedulers.schedule import Schedule
+from seqpack.schedulers.static_limits import refuse_dynamic
+from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import check_choice
 
 __all__ = ["DynamicCpScheduler"]
@@ -73,6 +75,7 @@ class DynamicCpScheduler(Scheduler):
         origin: Sequence[int] | np.ndarray | None = None,
         sync: str | None = None,
         bytes_per_token: float | None = None,
+        static_shapes: StaticShapes | None = None,
     ) -> Schedule:
         """The step's dynamic-CP plan over the ``dp_size * cp_size`` ranks.
 
@@ -87,11 +90,15 @@ class DynamicCpScheduler(Scheduler):
                 equal blocks); carried by the plan (``Step.to_origin``).
             sync: ``"lockstep"`` (default) or ``"replica"``: the step time minimised.
             bytes_per_token: Not used (the planner does not trade plan time for locality).
+            static_shapes: Refused: a group's pack size depends on the group's size, so
+                no token bucket fits every rank (use a static-CP scheduler).
 
         Raises:
-            ConfigError: No cost (neither ``cost`` nor ``group_cost``), or bad arguments.
+            ConfigError: No cost (neither ``cost`` nor ``group_cost``), ``static_shapes``
+                given, or bad arguments.
             ScheduleError: An oversize sequence under ``on_oversize="error"``.
         """
+        refuse_dynamic(static_shapes, "scheduler 'dynamic_cp'")
         chosen = cost if cost is not None else self.group_cost
         if chosen is None:
             raise ConfigError(
