@@ -52,6 +52,7 @@ class StepCalibration:
         self.topology = topology
         self.prefetch = config.prefetch if lag is None else lag
         self.sync = config.sync
+        self.static_shapes = config.static_shapes
         self.ledger: TimingLedger | None = None
         if not self.enabled or not (reads or topology.tp_rank == 0):
             return
@@ -165,7 +166,9 @@ class StepCalibration:
         stats.calibrated = trace.fitted
         model = trace.model if trace.model is not None else stats_cost
         stats.cost_model = model
-        stats.predicted_step_time = predicted_step_time(plan, model, sync=self.sync or Sync.LOCKSTEP)
+        stats.predicted_step_time = predicted_step_time(
+            plan, model, sync=self.sync or Sync.LOCKSTEP, static_shapes=self.static_shapes
+        )
         last = self.last
         if last is not None:
             stats.measured_step, stats.measured_step_time = last.step, last.measured

@@ -317,6 +317,8 @@ def schedule(
         origin=lengths.origin(),
         **options,
     )
+    if config.static_shapes is not None:  # only when set: a scheduler of one's own may not take it
+        common["static_shapes"] = config.static_shapes
     group_args: dict[str, Any] = dict(
         group_ids=SAMPLE_COLUMNS.column(columns, "group_id"),
         grouped=grouped.astype(bool),

@@ -343,7 +343,11 @@ class StepProducer:
         # CostModel is not what static stats are measured in (the config's cost is).
         cost = trace.model if isinstance(trace.model, GroupCost) else self.stats_cost
         stats = StepStats.from_schedule(
-            plan, cost, empty_samples=msg.empty_samples, sync=self.config.sync or Sync.LOCKSTEP
+            plan,
+            cost,
+            empty_samples=msg.empty_samples,
+            sync=self.config.sync or Sync.LOCKSTEP,
+            static_shapes=self.config.static_shapes,
         )
         self.calibration.fill_stats(stats, plan, trace, self.stats_cost)
         if self.config.flops_fn is not None:

@@ -72,3 +72,17 @@ def test_a_state_saved_with_static_shapes_resumes_only_under_them():
     resumed.load_state_dict(state)
     a, b = next(first), next(resumed)
     assert all(torch.equal(x.input_ids, y.input_ids) for x, y in zip(a.microbatches, b.microbatches, strict=True))
+
+
+@pytest.mark.parametrize("tail", ["append_dummy_seq", "extend_last"])
+def test_the_scheduler_keeps_max_sequences_and_the_stats_count_the_bucket_tail(tail):
+    shapes = StaticShapes(token_buckets=(64, 128, 192, 256), max_sequences=3, tail_padding=tail)
+    data = samples(3, seed=1)
+    for k, step in enumerate(wrapped(data, shapes)):
+        real = [int((b.sample_ids >= 0).sum()) for b in step.microbatches]
+        assert max(real) <= shapes.max_real_sequences and sum(real) == SPR  # more microbatches, none over
+        ids = [int(i) for b in step.microbatches for i in b.sample_ids if i >= 0]
+        lengths = [data[SPR * k + i]["input_ids"].numel() for i in ids]
+        assert step.stats.padded_tokens == sum(lengths)  # pad_multiple 1: the plain packs' tokens
+        assert step.stats.bucket_tokens == sum(b.num_tokens for b in step.microbatches) - step.stats.padded_tokens
+        assert step.stats.bucket_tokens > 0
