@@ -125,6 +125,10 @@ def _contiguous_runs(base: np.ndarray, length: np.ndarray, size: np.ndarray, j: 
     return _runs(base + j * share, share)
 
 
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     offsets = np.cumsum(lengths) - lengths
     return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
@@ -161,7 +165,7 @@ class _Source:
                 self._pack(samples, offset, chosen, plan, m, None)
         for gid in longer.tolist():
             self._pack(samples, offset, np.array([gid]), plan, int(multiple[gid]), int(spans[gid]))
-        self.fields = {key: torch.cat(values) for key, values in self._parts.items() if values}
+        self.fields = {key: _joined(values) for key, values in self._parts.items() if values}
         self._runs = _dualchunk_runs if layout == CpLayout.DUALCHUNK else _contiguous_runs
 
     def _pack(
@@ -244,10 +248,15 @@ def exchange_shards(
     source = _Source(samples, offset, produced, plan, spans, keys, check_choice("layout", layout, CpLayout))
     received: dict[int, dict[str, torch.Tensor]] = {}
     keep = exchange.keep_ids
-    if keep.size:
-        index = source.indices(keep, tokens, size, rank - start[keep])
-        cut = {key: torch.split(source.fields[key].index_select(0, index), tokens[keep].tolist()) for key in keys}
-        for i, gid in enumerate(keep.tolist()):
+    whole = keep[size[keep] == 1]  # a group of one: its piece is the whole run, a view
+    for gid, n in zip(whole.tolist(), tokens[whole].tolist(), strict=True):
+        at = source.base[gid]
+        received[gid] = {key: source.fields[key][at : at + n] for key in keys}
+    cut_here = keep[size[keep] > 1]
+    if cut_here.size:
+        index = source.indices(cut_here, tokens, size, rank - start[cut_here])
+        cut = {key: torch.split(source.fields[key].index_select(0, index), tokens[cut_here].tolist()) for key in keys}
+        for i, gid in enumerate(cut_here.tolist()):
             received[gid] = {key: cut[key][i] for key in keys}
     token_bytes = sum(dtype.itemsize for key, dtype in SHARD_KEYS if key in keys)
     kept = int(tokens[keep].sum()) * token_bytes
