@@ -1,16 +1,19 @@
-"""The sample exchange of dynamic CP: every rank of a sequence's CP group gets its shard.
+"""The wrapper's sample exchange: every rank of a sequence's CP group gets its shard.
 
-Under dynamic CP (docs/dynamic_cp.md) a sequence runs on a CP group, a block of the
-``R = dp x cp`` plane ranks (DP-major); each rank of the group needs one DualChunkSwap shard
-of it, a *piece*, cut and sent by one CP rank of the DP replica that read it
-(:mod:`seqpack.schedulers.dynamic_cp.pieces`: who cuts which piece).
+Every plan is rounds of CP groups, blocks of the ``R = dp x cp`` plane ranks (DP-major;
+static CP: the replicas' CP blocks). Each rank of a sequence's group needs one shard of it, a
+*piece*: DualChunkSwap chunks ``j`` and ``2c - 1 - j`` of ``2c`` (or slice ``j`` of ``c`` in the
+contiguous layout) of the sequence padded to its span (``Schedule.packed_spans``), cut and
+sent by the CP rank of the same index of the DP replica that read it
+(:mod:`seqpack.schedulers.dynamic_cp.pieces`: who cuts which piece). A static plan's pieces
+never leave their CP lane.
 
 :func:`plan_shard_exchange` (pure) says who sends which piece to whom, from the plan and the
 gathered counts that every rank has; :func:`exchange_shards` packs this rank's outgoing
-sequences (:func:`~seqpack.thd.pack_sequences`, one call per group size, so every piece is
-exactly what packing the whole microbatch and sharding it would give), cuts the pieces and
-runs one ``all_to_all_single`` per dtype over the plane group. A receiver concatenates its
-pieces in pack order: that is its shard of the microbatch.
+sequences (:func:`~seqpack.thd.pack_sequences`, one call per padding multiple, so every piece
+is exactly what packing the whole microbatch and sharding it would give), cuts the pieces and
+runs one ``all_to_all_single`` per dtype over the plane group (or the CP lane). A receiver
+concatenates its pieces in pack order: that is its shard of the microbatch.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from torch.distributed import ProcessGroup
 from seqpack.collective.exchange import Exchanged, ExchangePlan
 from seqpack.collective.groups import collective, comm_device
 from seqpack.errors import ConfigError, SampleError
-from seqpack.options import LabelFormat
+from seqpack.options import CpLayout, LabelFormat
 from seqpack.schedulers import Schedule
 from seqpack.schedulers.dynamic_cp.pieces import Pieces, shard_layout
-from seqpack.thd import group_pad_multiple, pack_sequences
+from seqpack.thd import pack_sequences
+from seqpack.validation import check_choice
 
 __all__ = ["SHARD_KEYS", "exchange_shards", "plan_shard_exchange"]
 
@@ -111,13 +115,30 @@ def _dualchunk_runs(base: np.ndarray, length: np.ndarray, size: np.ndarray, j: n
     second_len = np.where(alone, 0, chunk)
     starts = np.stack([first, second], axis=1).reshape(-1)
     lengths = np.stack([first_len, second_len], axis=1).reshape(-1)
+    return _runs(starts, lengths)
+
+
+def _contiguous_runs(base: np.ndarray, length: np.ndarray, size: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Source indices of pieces back to back: piece ``i`` is slice ``j`` of ``c`` equal slices
+    of the ``length[i]`` tokens at ``base[i]`` (``cp_layout="contiguous"``)."""
+    share = length // size
+    return _runs(base + j * share, share)
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     offsets = np.cumsum(lengths) - lengths
     return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 class _Source:
-    """This rank's outgoing sequences packed per group size (one ``pack_sequences`` each),
-    concatenated: every packed token field, and where each id's padded tokens start."""
+    """This rank's outgoing sequences, each padded to its span (one ``pack_sequences`` per
+    padding multiple, and one per sequence whose span is longer: a fixed-shape pack's last
+    sequence under ``"extend_last"``), concatenated: every packed token field, and where each
+    id's tokens start."""
 
     def __init__(
         self,
@@ -125,36 +146,56 @@ class _Source:
         offset: int,
         ids: np.ndarray,
         plan: Schedule,
-        size: np.ndarray,
+        spans: np.ndarray,
         keys: Sequence[str],
+        layout: CpLayout,
     ) -> None:
         self.base: dict[int, int] = {}
-        parts: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
-        at = 0
-        for c in np.unique(size[ids]).tolist():
-            chosen = ids[size[ids] == c]
-            truncated = []
-            for gid in chosen.tolist():
-                sample, n = samples[gid - offset], int(plan.lengths[gid])
-                if sample["input_ids"].shape[0] < n:
-                    raise SampleError(f"global sample {gid} has {sample['input_ids'].shape[0]} tokens, scheduled {n}")
-                truncated.append({key: value[:n] for key, value in sample.items()})
-            # Labels were checked and brought to seqpack's form where read: packed as given.
-            batch = pack_sequences(
-                truncated,
-                pad_multiple=group_pad_multiple(c, plan.pad_multiple),
-                label_format=LabelFormat.POSITION_ALIGNED,
-            )
-            cu = batch.cu_seqlens_padded.to(torch.int64).numpy()
-            self.base.update(zip(chosen.tolist(), (at + cu[:-1]).tolist(), strict=True))
-            for key in keys:
-                parts[key].append(getattr(batch, key))
-            at += int(cu[-1])
-        self.fields = {key: torch.cat(values) for key, values in parts.items() if values}
+        self._parts: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
+        self._at = 0
+        size = np.maximum(plan.per_id(plan.group_size), 1)
+        # Each id's padding multiple: the plan's alone, 2c times it in a dynamic group of c.
+        pad = plan.pad_multiple
+        multiple = np.full_like(size, pad) if plan.is_static else np.where(size > 1, 2 * size * pad, pad)
+        plain = -(-plan.lengths // multiple) * multiple
+        longer = ids[spans[ids] > plain[ids]]
+        for m in np.unique(multiple[ids]).tolist():
+            chosen = ids[(multiple[ids] == m) & (spans[ids] == plain[ids])]
+            if chosen.size:
+                self._pack(samples, offset, chosen, plan, m, None)
+        for gid in longer.tolist():
+            self._pack(samples, offset, np.array([gid]), plan, int(multiple[gid]), int(spans[gid]))
+        self.fields = {key: _joined(values) for key, values in self._parts.items() if values}
+        self._runs = _dualchunk_runs if layout == CpLayout.DUALCHUNK else _contiguous_runs
+
+    def _pack(
+        self,
+        samples: Sequence[Mapping[str, torch.Tensor]],
+        offset: int,
+        chosen: np.ndarray,
+        plan: Schedule,
+        multiple: int,
+        pad_to: int | None,
+    ) -> None:
+        truncated = []
+        for gid in chosen.tolist():
+            sample, n = samples[gid - offset], int(plan.lengths[gid])
+            if sample["input_ids"].shape[0] < n:
+                raise SampleError(f"global sample {gid} has {sample['input_ids'].shape[0]} tokens, scheduled {n}")
+            truncated.append({key: value[:n] for key, value in sample.items()})
+        # Labels were checked and brought to seqpack's form where read: packed as given.
+        batch = pack_sequences(
+            truncated, pad_multiple=multiple, pad_to=pad_to, label_format=LabelFormat.POSITION_ALIGNED
+        )
+        cu = batch.cu_seqlens_padded.to(torch.int64).numpy()
+        self.base.update(zip(chosen.tolist(), (self._at + cu[:-1]).tolist(), strict=True))
+        for key, parts in self._parts.items():
+            parts.append(getattr(batch, key))
+        self._at += int(cu[-1])
 
     def indices(self, gids: np.ndarray, tokens: np.ndarray, size: np.ndarray, j: np.ndarray) -> torch.Tensor:
         base = np.array([self.base[g] for g in gids.tolist()], dtype=np.int64)
-        return torch.from_numpy(_dualchunk_runs(base, tokens[gids] * size[gids], size[gids], j))
+        return torch.from_numpy(self._runs(base, tokens[gids] * size[gids], size[gids], j))
 
 
 def exchange_shards(
@@ -165,6 +206,9 @@ def exchange_shards(
     *,
     rank: int,
     position_ids: bool = False,
+    spans: np.ndarray | None = None,
+    layout: CpLayout | str = CpLayout.DUALCHUNK,
+    lane: bool = False,
 ) -> Exchanged:
     """Send every piece of the step where it runs (module docstring); every plane rank calls it.
 
@@ -173,9 +217,16 @@ def exchange_shards(
             every CP rank of the replica.
         plan: The step's plan (``plan.lengths``: truncated lengths).
         counts: Samples per DP rank (``GatheredLengths.counts``).
-        group: The plane group (plane-rank order; ``None`` when the plane is one rank).
+        group: The plane group (plane-rank order; ``None`` when the plane is one rank), or
+            with ``lane`` this rank's CP lane over DP (the DP group, replica order).
         rank: This plane rank.
         position_ids: The samples carry their own ``position_ids`` (sent too).
+        spans: Tokens each id spans in its pack (``Schedule.packed_spans``; by default its
+            padded length in its group).
+        layout: How a sequence is cut into its group's shards (``"dualchunk"``: chunks ``j``
+            and ``2c-1-j`` of ``2c``; ``"contiguous"``: slice ``j`` of ``c``).
+        lane: Every piece moves within its CP lane (a static plan, whose groups are the
+            replicas' CP blocks): run the all-to-all over ``group``, the lane's ranks only.
 
     Returns:
         ``Exchanged.samples``: for every id whose group holds this rank, its shard for this
@@ -184,19 +235,28 @@ def exchange_shards(
     """
     counts = np.asarray(counts, dtype=np.int64)
     cp = plan.cp_size
-    start, size, tokens = shard_layout(plan)
+    spans = plan.packed_spans() if spans is None else np.asarray(spans, dtype=np.int64)
+    start, size, tokens = shard_layout(plan, spans)
     origin = np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts)
     exchange = plan_shard_exchange(start, size, tokens, origin, cp_size=cp, num_ranks=plan.num_ranks, rank=rank)
+    peers = np.arange(plan.num_ranks, dtype=np.int64)
+    if lane:
+        exchange, peers = _lane(exchange, rank, cp)
     keys = [key for key, _ in SHARD_KEYS if key != "position_ids" or position_ids]
     offset = int(counts[: rank // cp].sum())
     produced = np.unique(np.concatenate([*exchange.send_ids, exchange.keep_ids]))
-    source = _Source(samples, offset, produced, plan, size, keys)
+    source = _Source(samples, offset, produced, plan, spans, keys, check_choice("layout", layout, CpLayout))
     received: dict[int, dict[str, torch.Tensor]] = {}
     keep = exchange.keep_ids
-    if keep.size:
-        index = source.indices(keep, tokens, size, rank - start[keep])
-        cut = {key: torch.split(source.fields[key].index_select(0, index), tokens[keep].tolist()) for key in keys}
-        for i, gid in enumerate(keep.tolist()):
+    whole = keep[size[keep] == 1]  # a group of one: its piece is the whole run, a view
+    for gid, n in zip(whole.tolist(), tokens[whole].tolist(), strict=True):
+        at = source.base[gid]
+        received[gid] = {key: source.fields[key][at : at + n] for key in keys}
+    cut_here = keep[size[keep] > 1]
+    if cut_here.size:
+        index = source.indices(cut_here, tokens, size, rank - start[cut_here])
+        cut = {key: torch.split(source.fields[key].index_select(0, index), tokens[cut_here].tolist()) for key in keys}
+        for i, gid in enumerate(cut_here.tolist()):
             received[gid] = {key: cut[key][i] for key in keys}
     token_bytes = sum(dtype.itemsize for key, dtype in SHARD_KEYS if key in keys)
     kept = int(tokens[keep].sum()) * token_bytes
@@ -204,9 +264,32 @@ def exchange_shards(
     if exchange.moved_tokens:
         for dtype in (torch.int64, torch.float32):
             chosen = [key for key, kind in SHARD_KEYS if kind == dtype and key in keys]
-            a, b = _move(exchange, source, chosen, dtype, (start, size, tokens), received, group)
+            a, b = _move(exchange, source, chosen, dtype, (start, size, tokens), received, group, peers)
             sent, got = sent + a, got + b
     return Exchanged(received, bytes_sent=sent, bytes_received=got, bytes_kept=kept)
+
+
+def _lane(exchange: ExchangePlan, rank: int, cp: int) -> tuple[ExchangePlan, np.ndarray]:
+    """``exchange`` over this rank's CP lane (the plane ranks of its CP index, one per
+    replica), and those plane ranks.
+
+    Raises:
+        ConfigError: A piece to or from another lane (a plan that is not static).
+    """
+    peers = np.arange(rank % cp, exchange.send_tokens.shape[0], cp, dtype=np.int64)
+    others = np.setdiff1d(np.arange(exchange.send_tokens.shape[0]), peers)
+    if exchange.send_tokens[others].any() or exchange.recv_tokens[others].any():
+        raise ConfigError("a lane exchange got pieces that cross CP lanes: the plan is not static")
+    lane = ExchangePlan(
+        rank // cp,
+        [exchange.send_ids[p] for p in peers.tolist()],
+        [exchange.recv_ids[p] for p in peers.tolist()],
+        exchange.keep_ids,
+        exchange.send_tokens[peers],
+        exchange.recv_tokens[peers],
+        exchange.moved_tokens,
+    )
+    return lane, peers
 
 
 def _move(
@@ -217,14 +300,16 @@ def _move(
     layout: tuple[np.ndarray, np.ndarray, np.ndarray],
     received: dict[int, dict[str, torch.Tensor]],
     group: ProcessGroup | None,
+    peers: np.ndarray,
 ) -> tuple[int, int]:
-    """One ``all_to_all_single`` of the ``keys`` of one dtype. The block for each peer is
-    key-major: every key's tokens of all pieces for that peer (ids ascending)."""
+    """One ``all_to_all_single`` of the ``keys`` of one dtype over ``group`` (its ranks are
+    the plane ranks ``peers``). The block for each peer is key-major: every key's tokens of
+    all pieces for that peer (ids ascending)."""
     start, size, tokens = layout
     width = len(keys)
     stacked = torch.stack([source.fields[key] for key in keys]) if source.fields else None  # [K, S]
     blocks = []
-    for dst, ids in enumerate(exchange.send_ids):
+    for dst, ids in zip(peers.tolist(), exchange.send_ids, strict=True):
         if ids.size:
             assert stacked is not None
             index = source.indices(ids, tokens, size, dst - start[ids])

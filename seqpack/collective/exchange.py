@@ -1,13 +1,12 @@
-"""Sample exchange: move samples to the replica the schedule chose, and outputs back.
+"""Whole-sample exchange over DP: move samples to the replica the schedule chose.
 
 :func:`plan_exchange` (pure) computes who sends what to whom from the global lengths every
 rank already has, so no count is exchanged; :func:`exchange_samples` runs one
-``all_to_all_single`` per dtype over one DP group (the ranks of one CP lane), one flat buffer
-per dtype. Samples already on their replica do not travel.
-
-The way back: :func:`plan_return` (pure) and :func:`return_values` send per-sequence values
-(log-probs, rewards, ...) from the replica that computed them to the DP rank the sequence
-came from, in one ``all_to_all_single``.
+``all_to_all_single`` per dtype over one DP group, one flat buffer per dtype. Samples already
+on their replica do not travel. A piece for loops of one's own (docs/wrapper.md, "Using the
+pieces"); the wrapper sends every rank only its CP shard of each sequence
+(:mod:`seqpack.collective.cp_exchange`), whose :class:`Exchanged` and :class:`ExchangePlan`
+are these.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from seqpack.collective.groups import all_gather_objects, collective, comm_devic
 from seqpack.errors import ConfigError, SampleError
 from seqpack.schedulers.schedule import Schedule
 
-__all__ = ["ExchangePlan", "Exchanged", "exchange_samples", "plan_exchange", "plan_return", "return_values"]
+__all__ = ["ExchangePlan", "Exchanged", "exchange_samples", "plan_exchange"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,92 +257,3 @@ def _move(
             for j, key in enumerate(keys):
                 received[gid][key] = pieces[i * width + j]
     return send.numel() * send.element_size(), out.numel() * out.element_size()
-
-
-def plan_return(replica: np.ndarray, origin: np.ndarray, sizes: np.ndarray, rank: int, dp_size: int) -> ExchangePlan:
-    """Plan sending every id's values from the replica that ran it back to its origin (pure).
-
-    Args:
-        replica: int64 ``[N]`` replica each id ran on (``-1``: it ran nowhere this step).
-        origin: int64 ``[N]`` DP rank each id came from.
-        sizes: int64 ``[N]`` rows of values each id carries.
-        rank: This DP rank.
-        dp_size: DP ranks.
-
-    Returns:
-        An :class:`ExchangePlan` whose ``send_ids[d]`` are the ids run here that came from
-        ``d``, ``recv_ids[s]`` the ids from here that ran on ``s`` (both ascending), and
-        ``keep_ids`` the ids that ran where they came from.
-    """
-    replica, origin, sizes = (np.asarray(a, dtype=np.int64) for a in (replica, origin, sizes))
-    if not replica.shape == origin.shape == sizes.shape:
-        raise ConfigError(f"replica, origin and sizes must have one entry per id, got {replica.shape}, "
-                          f"{origin.shape}, {sizes.shape}")  # fmt: skip
-    if not 0 <= rank < dp_size:
-        raise ConfigError(f"rank={rank} is out of range for {dp_size} DP ranks")
-    ran = replica >= 0
-    moving = ran & (replica != origin)
-    outgoing = np.flatnonzero(moving & (replica == rank)).astype(np.int64)
-    outgoing = outgoing[np.argsort(origin[outgoing], kind="stable")]  # ids stay ascending per peer
-    send_bounds = np.searchsorted(origin[outgoing], np.arange(dp_size + 1, dtype=np.int64))
-    incoming = np.flatnonzero(moving & (origin == rank)).astype(np.int64)
-    incoming = incoming[np.argsort(replica[incoming], kind="stable")]
-    recv_bounds = np.searchsorted(replica[incoming], np.arange(dp_size + 1, dtype=np.int64))
-    return ExchangePlan(
-        rank,
-        [outgoing[send_bounds[d] : send_bounds[d + 1]] for d in range(dp_size)],
-        [incoming[recv_bounds[s] : recv_bounds[s + 1]] for s in range(dp_size)],
-        np.flatnonzero(ran & (replica == rank) & (origin == rank)).astype(np.int64),
-        _sums_between(sizes[outgoing], send_bounds),
-        _sums_between(sizes[incoming], recv_bounds),
-        int(sizes[moving].sum()),
-    )
-
-
-def return_values(
-    values: Mapping[int, torch.Tensor],
-    plan: ExchangePlan,
-    sizes: np.ndarray,
-    group: ProcessGroup | None = None,
-    *,
-    like: torch.Tensor,
-) -> dict[int, torch.Tensor]:
-    """Run a :func:`plan_return`.
-
-    Args:
-        values: ``[sizes[g], ...]`` for every id run here.
-        plan: This rank's :func:`plan_return`.
-        sizes: int64 ``[N]`` rows each id carries (as planned).
-        group: The DP group.
-        like: A tensor of the values' dtype, device and trailing shape (``like.shape[1:]``),
-            the same on every rank: a rank that ran no id still takes part.
-
-    Returns:
-        The values of every id that came from this rank (``plan.keep_ids`` and
-        ``plan.recv_ids``). One ``all_to_all_single`` over ``group``, skipped on every rank
-        when no row moves.
-    """
-    trailing = tuple(like.shape[1:])
-    out = {int(g): values[int(g)] for g in plan.keep_ids.tolist()}
-    incoming = [int(g) for ids in plan.recv_ids for g in ids.tolist()]
-    rows = np.asarray(sizes, dtype=np.int64)[incoming] if incoming else np.zeros(0, np.int64)
-    if plan.moved_tokens == 0:  # only empty rows would move: nobody calls the collective
-        out.update({g: like.new_empty((0, *trailing)) for g in incoming})
-        return out
-    width = int(np.prod(trailing, dtype=np.int64)) if trailing else 1
-    parts = [values[int(g)].reshape(-1) for ids in plan.send_ids for g in ids.tolist()]
-    send = torch.cat(parts) if parts else like.new_empty(0)
-    device = comm_device(group)
-    got = torch.empty(int(plan.recv_tokens.sum()) * width, dtype=like.dtype, device=device)
-    collective(
-        dist.all_to_all_single,
-        got,
-        send.to(device),
-        output_split_sizes=(plan.recv_tokens * width).tolist(),
-        input_split_sizes=(plan.send_tokens * width).tolist(),
-        group=group,
-    )
-    got = got.to(like.device)
-    for g, piece in zip(incoming, torch.split(got, (rows * width).tolist()), strict=True):
-        out[g] = piece.reshape(-1, *trailing)
-    return out

@@ -33,7 +33,7 @@ from seqpack.collective.agree import Status, agree_axes
 from seqpack.collective.cp_groups import CpGroups
 from seqpack.collective.groups import collective, comm_device, this_rank
 from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError, from_typed_message, typed_message
-from seqpack.options import CpLayout, TailPadding, fingerprint_text
+from seqpack.options import CpLayout, fingerprint_text
 from seqpack.schedulers.schedule import Schedule
 from seqpack.thd.cp import unshard_from_cp
 
@@ -47,7 +47,6 @@ __all__ = [
     "origin_ids",
     "origin_slots",
     "outgoing",
-    "packed_spans",
     "plane_group",
     "return_pieces",
     "to_origin",
@@ -99,7 +98,7 @@ def to_origin(
     out = None
     try:
         like = _check_values(values, batches, per_sequence)
-        spans = packed_spans(schedule, static_shapes)
+        spans = schedule.packed_spans(static_shapes)
         out = outgoing(schedule, batches, values, like, topology, per_sequence=per_sequence, spans=spans)
     except SeqpackError as exc:
         error = exc
@@ -174,32 +173,16 @@ def _check_values(values: Sequence[torch.Tensor], batches: Sequence, per_sequenc
     return values[0]
 
 
-def packed_spans(plan: Schedule, static_shapes: StaticShapes | None = None) -> np.ndarray:
-    """Tokens every sequence spans in its pack, int64 ``[N]`` (0 where not assigned): its
-    padded length, and under ``static_shapes`` with ``tail_padding="extend_last"`` the tail
-    of its bucket on each pack's last sequence."""
-    spans = np.zeros(plan.num_sequences, dtype=np.int64)
-    spans[plan.assigned] = plan.padded_assigned()
-    if static_shapes is None or static_shapes.tail_padding != TailPadding.EXTEND_LAST:
-        return spans
-    capacity = plan.max_tokens_per_rank * plan.cp_size
-    for g, tokens in enumerate(plan.group_tokens().tolist()):
-        ids = plan.group_ids(g)
-        if ids.size:
-            spans[ids[-1]] += static_shapes.bucket_for(tokens, capacity) - tokens
-    return spans
-
-
 def return_pieces(
     plan: Schedule, per_sequence: bool, spans: np.ndarray | None = None
 ) -> list[tuple[int, int, int, int, int]]:
     """Every piece of the step's values, in send order: ``(sender plane rank, round, global
     id, shard j, rows)`` ordered by sender, then round, then pack order; every piece goes to
-    each CP rank of replica ``origin[id]`` (``spans``: :func:`packed_spans`, by default the
-    plan's padded lengths)."""
+    each CP rank of replica ``origin[id]`` (``spans``: ``Schedule.packed_spans``, by default
+    the plan's padded lengths)."""
     out = []
     rank_group = plan.rank_group()
-    padded_all = packed_spans(plan) if spans is None else spans
+    padded_all = plan.packed_spans() if spans is None else spans
     for p in range(plan.num_ranks):
         for m in range(plan.num_microbatches):
             g = int(rank_group[m, p])
@@ -232,7 +215,7 @@ def outgoing(
     spans: np.ndarray | None = None,
 ) -> Outgoing:
     """This rank's part of the return, computed from the plan alone (no collective);
-    ``values`` are checked against ``batches`` already; ``spans``: :func:`packed_spans`.
+    ``values`` are checked against ``batches`` already; ``spans``: ``Schedule.packed_spans``.
 
     Raises:
         ConfigError: A microbatch that holds another number of rows of a sequence than the

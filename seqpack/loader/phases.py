@@ -7,8 +7,8 @@
    (:data:`SAMPLE_COLUMNS`: loss tokens) (a bad sample or end of data anywhere reaches every
    rank here), and agrees on the sample keys;
 3. :func:`schedule` computes the same :class:`~seqpack.schedulers.Schedule` on every rank;
-4. :func:`exchange` moves samples to their replica inside each CP lane;
-5. :func:`pack` packs this replica's microbatches and cuts its CP shard.
+4. and 5., the exchange (every rank gets its shard of each sequence it runs) and the pack,
+   are :mod:`seqpack.loader.placement`'s.
 
 The TP / PP broadcast is :mod:`seqpack.collective.broadcast`. A phase that fails raises; the
 orchestrator turns it into the step's agreed error.
@@ -23,28 +23,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from seqpack.collective import Exchanged, GatheredLengths, exchange_samples, gather_lengths
+from seqpack.collective import GatheredLengths, gather_lengths
 from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ResumeError, SampleError, ScheduleError
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.gather_fields import KEY_BITS, SAMPLE_COLUMNS, STEP_GATHER_FIELDS, keys_of, payload_bytes_per_token
 from seqpack.loader.grouping import GROUP_KEY, group_columns, group_id_of
 from seqpack.loader.labels import loss_token_counts, prepare_labels
-from seqpack.options import CpLayout, LabelFormat, OnOversize
+from seqpack.options import LabelFormat, OnOversize
 from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.minibatches import schedule_minibatches
 from seqpack.schedulers.sample_groups import schedule_groups
 from seqpack.thd import (
     SAMPLE_DTYPES,
-    PackedBatch,
-    StaticShapes,
-    batch_from_layout,
-    pack_sequences,
-    padded_lengths,
-    padding_only_batch,
     sample_sequences,
 )
-from seqpack.thd.cp import shard_for_cp
 from seqpack.topology import Topology
 
 __all__ = [
@@ -52,9 +45,7 @@ __all__ = [
     "Gathered",
     "ReadResult",
     "Reader",
-    "exchange",
     "gather",
-    "pack",
     "sample_columns",
     "schedule",
 ]
@@ -362,128 +353,14 @@ def deferred_samples(pool: Sequence[Sample], plan: Schedule, gathered: Gathered,
     return [pool[g - offset] for g in np.sort(ids).tolist()]
 
 
-# -- 4. exchange --------------------------------------------------------------------------
-
-
-def exchange(pool: Sequence[Sample], plan: Schedule, gathered: Gathered, topology: Topology) -> Exchanged:
-    """Move samples to the replicas ``plan`` chose, over this rank's DP group (one CP lane)."""
-    schema = [(key, SAMPLE_DTYPES[key]) for key in keys_of(gathered.key_mask)]
-    return exchange_samples(pool, plan, gathered.lengths.counts, topology.group("dp"), schema=schema)
+# -- 4 and 5, exchange and pack: seqpack.loader.placement ---------------------------------
 
 
 def carries_position_ids(mask: int) -> bool:
     return bool(mask & KEY_BITS["position_ids"])
 
 
-# -- 5. pack ------------------------------------------------------------------------------
-
-
 def step_loss_tokens(plan: Schedule, loss_tokens: np.ndarray) -> int:
     """Supervised tokens of the whole global step: the gathered counts of every id the
     schedule assigns (every replica, every microbatch; deferred and dropped ids add 0)."""
     return int(loss_tokens[plan.assigned].sum())
-
-
-def pack(
-    plan: Schedule,
-    exchanged: Exchanged | None,
-    topology: Topology,
-    pad_multiple: int,
-    loss_tokens: np.ndarray,
-    cp_layout: CpLayout = CpLayout.DUALCHUNK,
-    static_shapes: StaticShapes | None = None,
-) -> list[PackedBatch]:
-    """This replica's microbatches, CP-sharded; metadata-only on middle pipeline stages.
-
-    Empty cells get a padding-only filler of ``pad_multiple`` tokens (the smallest bucket
-    under ``static_shapes``), so every rank runs the same number of microbatches. Without
-    ``exchanged`` (a middle stage that reads under ``data_owner="all"``) the batches are
-    built from the layout alone. Every batch's ``num_loss_tokens`` is the sum of
-    ``loss_tokens`` (int64 ``[N]``, the gathered counts) over its ids.
-
-    Raises:
-        ScheduleError: A packed microbatch whose own count differs from the gathered one
-            (a scheduler that truncated a sequence to another length than the capacity).
-    """
-    shapes = _Shapes(pad_multiple, cp_layout, static_shapes, plan.max_tokens_per_rank * topology.cp_size)
-    batches = []
-    for m in range(plan.num_microbatches):
-        batch = _microbatch(plan, m, exchanged, topology, shapes)
-        expected = int(loss_tokens[plan.assignment[m][topology.dp_rank]].sum())
-        if batch.num_loss_tokens is not None and batch.num_loss_tokens != expected:
-            raise ScheduleError(
-                f"microbatch {m} packs {batch.num_loss_tokens} loss tokens but the length gather counted {expected}: "
-                "the scheduler truncated a sequence to another length than the capacity"
-            )
-        batches.append(dataclasses.replace(batch, num_loss_tokens=expected))
-    return batches
-
-
-@dataclasses.dataclass(frozen=True)
-class _Shapes:
-    """How :func:`pack` lays out a microbatch: ``capacity`` is its token capacity (the
-    ``"capacity"`` bucket)."""
-
-    pad_multiple: int
-    cp_layout: CpLayout
-    static: StaticShapes | None
-    capacity: int
-
-    @property
-    def pad_to(self) -> int | None:
-        """``pack_sequences``' ``pad_to``: the capacity for ``token_buckets="capacity"``."""
-        return self.capacity if self.static is not None and self.static.token_buckets == "capacity" else None
-
-    def layout(self, lengths: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
-        """``(cu_seqlens, cu_seqlens_padded, max_seqlen, sample_ids)`` of a pack of ``lengths``."""
-        if self.static is not None:
-            cu, cu_padded, bucket = self.static.layout(lengths, self.pad_multiple, self.capacity)
-            slot_ids = np.full(self.static.max_sequences, -1, dtype=np.int64)
-            slot_ids[: ids.shape[0]] = ids
-            return cu, cu_padded, bucket, slot_ids
-        padded = padded_lengths(lengths, self.pad_multiple)
-        cu = np.concatenate([[0], np.cumsum(lengths)])
-        return cu, np.concatenate([[0], np.cumsum(padded)]), int(padded.max()), ids
-
-    def filler(self) -> PackedBatch:
-        """A padding-only microbatch of the smallest size (bucket)."""
-        if self.static is None:
-            return padding_only_batch(self.pad_multiple)
-        return padding_only_batch(self.static.buckets(self.capacity)[0], slots=self.static.max_sequences)
-
-
-def _microbatch(plan: Schedule, m: int, exchanged: Exchanged | None, t: Topology, shapes: _Shapes) -> PackedBatch:
-    ids = plan.assignment[m][t.dp_rank]
-    if exchanged is None:  # the layout is all a middle stage needs
-        if ids.size == 0:
-            filler = shapes.filler()
-            cu, cu_padded = filler.cu_seqlens.numpy(), filler.cu_seqlens_padded.numpy()
-            max_seqlen, ids = filler.max_seqlen, filler.sample_ids.numpy()
-        else:
-            cu, cu_padded, max_seqlen, ids = shapes.layout(plan.lengths[ids], ids)
-        return batch_from_layout(
-            np.asarray(cu, np.int64),
-            np.asarray(cu_padded, np.int64),
-            max_seqlen,
-            ids,
-            t.cp_size,
-            t.cp_rank,
-            cp_layout=shapes.cp_layout,
-        )
-    if ids.size == 0:
-        batch = shapes.filler()
-    else:
-        samples = [exchanged.samples[g] for g in ids.tolist()]
-        # Labels were checked and brought to seqpack's form where read: packed as given.
-        batch = pack_sequences(
-            samples,
-            pad_multiple=shapes.pad_multiple,
-            pad_to=shapes.pad_to,
-            sample_ids=ids,
-            label_format=LabelFormat.POSITION_ALIGNED,
-            static_shapes=shapes.static,
-        )
-    batch = shard_for_cp(batch, t.cp_size, t.cp_rank, layout=shapes.cp_layout)
-    if t.is_middle_stage:
-        batch = dataclasses.replace(batch, input_ids=None, labels=None, loss_mask=None)
-    return batch

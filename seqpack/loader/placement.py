@@ -1,36 +1,33 @@
 """Where a step's samples go and how this rank packs them: the exchange and pack stages of a
-wrapper step, one interface (:class:`Placement`) for static and dynamic CP.
+wrapper step, one path for static and dynamic CP.
 
-The loader decides the mode once (:func:`placement`, when the iterator is built); the producer
-(:mod:`seqpack.loader.producer`) calls the same four methods either way:
+Every plan is rounds of CP groups over the plane's ``R = dp x cp`` ranks (static CP: the
+replicas' CP blocks in every round). Both stages are the same for both:
 
-- :meth:`Placement.exchange`: move the samples to the ranks that run them;
-- :meth:`Placement.pack`: this rank's microbatch of every round;
-- :meth:`Placement.group_starts`: the plane rank this rank's group starts at, every round,
-  when the wire must carry it (dynamic CP);
-- :meth:`Placement.attach`: batches decoded from the wire with this rank's process group of
-  each one's block (TP receivers, middle pipeline stages).
+- :meth:`Placement.exchange`: every rank gets, for each sequence its group runs, its shard
+  (:func:`~seqpack.collective.cp_exchange.exchange_shards`: DualChunkSwap or contiguous
+  slices of the sequence padded to its span, ``Schedule.packed_spans``), cut by the CP rank of
+  the same index of the replica that read it;
+- :meth:`Placement.pack`: this rank's shard of its group's microbatch in every round, from
+  those shards and the plan's layout (:class:`~seqpack.thd.StaticShapes` included), carrying
+  ``cp_size``, ``cp_rank`` and ``cp_group`` (the model's process group of the block; ``None``
+  alone). A rank whose group runs nothing gets a padding-only filler's shard. A middle pipeline
+  stage without position ids packs the layout alone.
 
-:class:`StaticCp` (every group a replica's CP block): the exchange of
-:func:`seqpack.loader.phases.exchange` over this rank's DP group (one CP lane), then
-:func:`seqpack.loader.phases.pack` cuts this rank's CP shard of its replica's microbatches in
-``config.cp_layout``; a middle pipeline stage without position ids packs the layout alone.
-
-:class:`DynamicCp` (``PackingConfig(dynamic_cp=True)``): every rank of a sequence's group
-gets its DualChunkSwap shard (:func:`~seqpack.collective.cp_exchange.exchange_shards`, on the
-wrapper's plane group); per round, this rank's shard of its group's microbatch, carrying
-``cp_size``, ``cp_rank`` and ``cp_group`` (the model's process group of that block; ``None``
-alone). An idle rank runs a padding-only filler alone. Receivers of the TP broadcast and
-middle pipeline stages get the groups from the wire header: each pipeline stage runs the same
-plan on its own plane's groups.
+The modes differ only in their process groups (:func:`placement` decides once, when the
+iterator is built): :class:`StaticCp`'s pieces never leave their CP lane, so its exchange runs
+over the wrapper's DP group; :class:`DynamicCp`'s (``PackingConfig(dynamic_cp=True)``) run
+over the wrapper's plane group, and its receivers of the TP broadcast and middle pipeline
+stages get their groups from the wire header (:meth:`Placement.group_starts`,
+:meth:`Placement.attach`): each pipeline stage runs the same plan on its own plane's groups.
 """
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import datetime
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,38 +35,82 @@ import torch
 from seqpack.collective import Exchanged
 from seqpack.collective.cp_exchange import exchange_shards
 from seqpack.collective.cp_groups import CpGroups, new_cp_groups, static_cp_groups
-from seqpack.cost import GroupCost
 from seqpack.errors import ConfigError
-from seqpack.loader import phases
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.grouping import GROUP_KEY
 from seqpack.loader.phases import Gathered, Sample, carries_position_ids
+from seqpack.options import CpLayout
 from seqpack.schedulers import Schedule
-from seqpack.thd import PackedBatch, batch_from_layout, group_padded_lengths, padding_only_batch
+from seqpack.thd import IGNORE_INDEX, PackedBatch, StaticShapes, batch_from_layout, padding_only_batch
+from seqpack.thd.cp import shard_for_cp
 from seqpack.topology import Topology
 
 __all__ = ["DynamicCp", "Placement", "StaticCp", "placement"]
 
 
-class Placement(abc.ABC):
+class Placement:
     """The exchange and pack stages of this rank's steps (module docstring).
 
-    Attributes:
+    Args:
+        config: The resolved config.
+        topology: The topology whose coordinates this rank has (the wrapper's own under
+            prefetch).
         groups: The model's CP process groups of every block the plans use (and the whole
             plane's), which the batches carry and ``Step.to_origin`` runs on.
+        exchange_group: The wrapper's group the exchange runs over: the plane's (``lane``
+            False) or this rank's CP lane (the DP group, ``lane`` True).
+        lane: Every piece stays in its CP lane (static plans).
     """
 
-    groups: CpGroups
+    def __init__(
+        self, config: PackingConfig, topology: Topology, groups: CpGroups, exchange_group: Any, *, lane: bool
+    ) -> None:
+        assert config.pad_multiple is not None
+        self.config, self.topology, self.groups = config, topology, groups
+        self.exchange_group, self.lane = exchange_group, lane
 
-    @abc.abstractmethod
     def exchange(self, pool: Sequence[Sample], plan: Schedule, gathered: Gathered) -> Exchanged | None:
-        """Every sample (or shard) of the step to the rank that runs it; ``None`` where this
-        rank needs none (a middle pipeline stage packing the layout alone)."""
+        """Every shard of the step to the rank that runs it; ``None`` on a middle pipeline
+        stage whose samples carry no position ids (it packs the layout alone; its whole plane
+        is the same stage). A sample's ``group_id`` is read at the gather and not moved."""
+        position_ids = carries_position_ids(gathered.key_mask)
+        if self.topology.is_middle_stage and not position_ids:
+            return None
+        if any(GROUP_KEY in sample for sample in pool):
+            pool = [{key: value for key, value in sample.items() if key != GROUP_KEY} for sample in pool]
+        return exchange_shards(
+            pool,
+            plan,
+            gathered.lengths.counts,
+            self.exchange_group,
+            rank=self.groups.plane_rank,
+            position_ids=position_ids,
+            spans=plan.packed_spans(self.config.static_shapes),
+            layout=self.config.cp_layout,
+            lane=self.lane,
+        )
 
-    @abc.abstractmethod
     def pack(self, plan: Schedule, exchanged: Exchanged | None, gathered: Gathered) -> list[PackedBatch]:
-        """This rank's microbatch of every round; ``num_loss_tokens`` of each is the gathered
-        count of its whole pack."""
+        """This rank's shard of its group's microbatch in every round (module docstring);
+        ``num_loss_tokens`` of each is the gathered count of its whole pack."""
+        config, me = self.config, self.groups.plane_rank
+        layout = _Layout(plan, config.static_shapes)
+        out = []
+        for g in plan.rank_group()[:, me].tolist():
+            ids = plan.group_ids(g)
+            start, size = int(plan.group_start[g]), int(plan.group_size[g])
+            if ids.size == 0:
+                batch = shard_for_cp(layout.filler(), size, me - start, layout=config.cp_layout)
+            elif exchanged is None:
+                batch = batch_from_layout(*layout.of(ids), size, me - start, cp_layout=config.cp_layout)
+            else:
+                shards = [exchanged.samples[gid] for gid in ids.tolist()]
+                batch = _from_shards(shards, layout.of(ids), size, me - start, config.cp_layout)
+            count = int(gathered.loss_tokens[ids].sum())
+            out.append(dataclasses.replace(batch, num_loss_tokens=count, cp_group=self.groups.group(start, size)))
+        if self.topology.is_middle_stage:  # the layout is all it needs
+            out = [dataclasses.replace(b, input_ids=None, labels=None, loss_mask=None) for b in out]
+        return out
 
     def group_starts(self, plan: Schedule) -> tuple[int, ...] | None:
         """The plane rank this rank's group starts at, every round, when the wire carries it."""
@@ -94,96 +135,19 @@ def placement(
 
 
 class StaticCp(Placement):
-    """Static CP's stages (module docstring).
-
-    Args:
-        config: The resolved config.
-        comm: The topology whose groups the exchange runs on (the wrapper's own under prefetch).
-        groups: Static CP's process groups (:func:`~seqpack.collective.cp_groups.static_cp_groups`).
-    """
+    """Static CP: every group is a replica's CP block, so every piece stays in its CP lane and
+    the exchange runs over the wrapper's DP group (``comm``'s)."""
 
     def __init__(self, config: PackingConfig, comm: Topology, groups: CpGroups) -> None:
-        self.config, self.comm, self.groups = config, comm, groups
-
-    def exchange(self, pool: Sequence[Sample], plan: Schedule, gathered: Gathered) -> Exchanged | None:
-        if self.comm.is_middle_stage and not carries_position_ids(gathered.key_mask):
-            return None  # the layout is all a middle stage needs
-        return phases.exchange(pool, plan, gathered, self.comm)
-
-    def pack(self, plan: Schedule, exchanged: Exchanged | None, gathered: Gathered) -> list[PackedBatch]:
-        config = self.config
-        return phases.pack(
-            plan,
-            exchanged,
-            self.comm,
-            config.pad_multiple or 1,
-            gathered.loss_tokens,
-            config.cp_layout,
-            config.static_shapes,
-        )
+        super().__init__(config, comm, groups, comm.group("dp"), lane=True)
 
 
 class DynamicCp(Placement):
-    """The dynamic-CP stages of this rank's steps (module docstring).
-
-    Args:
-        config: The resolved config (``dynamic_cp=True``).
-        topology: This rank's grid.
-        groups: The dynamic-CP process groups (:func:`~seqpack.collective.cp_groups.new_cp_groups`).
-    """
+    """Dynamic CP (``dynamic_cp=True``): the exchange runs over the wrapper's plane group, and
+    the wire carries each round's group start to TP receivers and middle stages."""
 
     def __init__(self, config: PackingConfig, topology: Topology, groups: CpGroups) -> None:
-        assert isinstance(config.group_cost, GroupCost) and config.pad_multiple is not None
-        self.config, self.topology, self.groups = config, topology, groups
-
-    def exchange(self, pool: Sequence[Sample], plan: Schedule, gathered: Gathered) -> Exchanged:
-        """Every piece of the step to the rank that runs it, over the plane group (a
-        sample's ``group_id`` is read at the gather and not moved)."""
-        if any(GROUP_KEY in sample for sample in pool):
-            pool = [{key: value for key, value in sample.items() if key != GROUP_KEY} for sample in pool]
-        return exchange_shards(
-            pool,
-            plan,
-            gathered.lengths.counts,
-            self.groups.plane,
-            rank=self.groups.plane_rank,
-            position_ids=carries_position_ids(gathered.key_mask),
-        )
-
-    def pack(self, plan: Schedule, exchanged: Exchanged | None, gathered: Gathered) -> list[PackedBatch]:
-        """This rank's microbatch of every round (module docstring); ``num_loss_tokens`` of
-        each is the gathered count of its whole group's pack."""
-        assert exchanged is not None  # every rank of the plane exchanges
-        me, pad, loss_tokens = self.groups.plane_rank, plan.pad_multiple, gathered.loss_tokens
-        out = []
-        for g in plan.rank_group()[:, me].tolist():
-            ids = plan.group_ids(g)
-            if ids.size == 0:
-                out.append(padding_only_batch(pad))
-                continue
-            start, size = int(plan.group_start[g]), int(plan.group_size[g])
-            lengths = plan.lengths[ids]
-            padded = group_padded_lengths(lengths, size, pad)
-            shards = [exchanged.samples[gid] for gid in ids.tolist()]
-            fields = {key: torch.cat([shard[key] for shard in shards]) for key in shards[0]}
-            batch = batch_from_layout(
-                np.concatenate([[0], np.cumsum(lengths)]),
-                np.concatenate([[0], np.cumsum(padded)]),
-                int(padded.max()),
-                ids,
-                size,
-                me - start,
-                input_ids=fields["input_ids"],
-                labels=fields["labels"],
-                loss_mask=fields["loss_mask"],
-                position_ids=fields.get("position_ids"),
-            )
-            group = self.groups.group(start, size)
-            count = int(loss_tokens[ids].sum())
-            out.append(dataclasses.replace(batch, num_loss_tokens=count, cp_group=group))
-        if self.topology.is_middle_stage:  # under data_owner="all": the layout is all it needs
-            out = [dataclasses.replace(b, input_ids=None, labels=None, loss_mask=None) for b in out]
-        return out
+        super().__init__(config, topology, groups, groups.plane, lane=False)
 
     def group_starts(self, plan: Schedule) -> tuple[int, ...]:
         """The plane rank this rank's group starts at, every round (what the wire carries)."""
@@ -207,3 +171,67 @@ class DynamicCp(Placement):
                 )
             out.append(dataclasses.replace(batch, cp_group=self.groups.group(start, batch.cp_size)))
         return out
+
+
+class _Layout:
+    """A plan's microbatch layouts: each sequence in its span (``Schedule.packed_spans``), in
+    ``static_shapes``' bucket and slots when given."""
+
+    def __init__(self, plan: Schedule, static: StaticShapes | None) -> None:
+        self.plan, self.static = plan, static
+        self.spans = plan.packed_spans()
+
+    def of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+        """``(cu_seqlens, cu_seqlens_padded, max_seqlen, sample_ids)`` of the pack of ``ids``."""
+        plan, lengths = self.plan, self.plan.lengths[ids]
+        if self.static is not None:
+            cu, cu_padded, bucket = self.static.layout(lengths, plan.pad_multiple, plan.capacity)
+            slot_ids = np.full(self.static.max_sequences, -1, dtype=np.int64)
+            slot_ids[: ids.shape[0]] = ids
+            return cu, cu_padded, bucket, slot_ids
+        spans = self.spans[ids]
+        cu = np.concatenate([[0], np.cumsum(lengths)])
+        return cu, np.concatenate([[0], np.cumsum(spans)]), int(spans.max()), ids
+
+    def filler(self) -> PackedBatch:
+        """A padding-only microbatch of the smallest size (bucket)."""
+        if self.static is None:
+            return padding_only_batch(self.plan.pad_multiple)
+        return padding_only_batch(self.static.buckets(self.plan.capacity)[0], slots=self.static.max_sequences)
+
+
+def _from_shards(
+    shards: Sequence[Mapping[str, torch.Tensor]],
+    layout: tuple[np.ndarray, np.ndarray, int, np.ndarray],
+    size: int,
+    rank: int,
+    cp_layout: CpLayout,
+) -> PackedBatch:
+    """CP rank ``rank``'s shard (of ``size``) of the pack in ``layout`` from each sequence's
+    shard, in pack order: a fixed shape's tail slot, which no sequence holds, is pads (label
+    -100, loss mask 0) at the end of every shard."""
+    cu, cu_padded, max_seqlen, slot_ids = layout
+    fields = {key: torch.cat([shard[key] for shard in shards]) for key in shards[0]}
+    have, local = int(fields["input_ids"].shape[0]), int(cu_padded[-1]) // size
+    if have < local:
+        tail = local - have
+        fields["input_ids"] = torch.cat([fields["input_ids"], fields["input_ids"].new_zeros(tail)])
+        fields["labels"] = torch.cat([fields["labels"], fields["labels"].new_full((tail,), IGNORE_INDEX)])
+        fields["loss_mask"] = torch.cat([fields["loss_mask"], fields["loss_mask"].new_zeros(tail)])
+    batch = batch_from_layout(
+        cu,
+        cu_padded,
+        max_seqlen,
+        slot_ids,
+        size,
+        rank,
+        cp_layout=cp_layout,
+        input_ids=fields["input_ids"],
+        labels=fields["labels"],
+        loss_mask=fields["loss_mask"],
+    )
+    if "position_ids" in fields:  # the samples' own; the tail slot's count from 0, as the layout's
+        positions = batch.position_ids.clone()
+        positions[:have] = fields["position_ids"]
+        batch = dataclasses.replace(batch, position_ids=positions)
+    return batch

@@ -25,12 +25,15 @@ from typing import ClassVar
 import numpy as np
 
 from seqpack.errors import ScheduleError, SeqpackTypeError
-from seqpack.options import GroupSizes
+from seqpack.options import GroupSizes, TailPadding
 from seqpack.schedulers import schedule_checks
 from seqpack.schedulers.request import _empty, as_lengths, default_origin
 from seqpack.thd import group_padded_lengths, padded_lengths
 from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import check_choice, int64_array
+
+if typing.TYPE_CHECKING:
+    from seqpack.thd import StaticShapes
 
 __all__ = ["Schedule", "ScheduleLimits"]
 
@@ -372,6 +375,21 @@ class Schedule:
         """Per global id: the DP replica whose CP block holds its group's first rank (a
         static plan: the replica that runs it), -1 when not assigned."""
         return self.per_id(self.leading_replica())
+
+    def packed_spans(self, static_shapes: StaticShapes | None = None) -> np.ndarray:
+        """Tokens every sequence spans in its pack, int64 ``[N]`` (0 where not assigned): its
+        padded length in its group, and under ``static_shapes`` with
+        ``tail_padding="extend_last"`` each pack's last sequence also spans the tail of the
+        pack's bucket (:class:`~seqpack.thd.StaticShapes`)."""
+        spans = np.zeros(self.num_sequences, dtype=np.int64)
+        spans[self.assigned] = self.padded_assigned()
+        if static_shapes is None or static_shapes.tail_padding != TailPadding.EXTEND_LAST:
+            return spans
+        for g, tokens in enumerate(self.group_tokens().tolist()):
+            ids = self.group_ids(g)
+            if ids.size:
+                spans[ids[-1]] += static_shapes.bucket_for(tokens, self.capacity) - tokens
+        return spans
 
     def per_id(self, group_values: np.ndarray) -> np.ndarray:
         """int64, per global id: ``group_values`` of the group that packs it, -1 when not

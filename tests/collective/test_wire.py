@@ -358,28 +358,6 @@ def test_docs_gather_tables_are_generated_from_their_declarations():
     assert text[text.index(begin) + len(begin) : text.index(end)] == gather_format_markdown()
 
 
-@given(st.integers(1, 5), st.lists(st.tuples(st.integers(-1, 4), st.integers(0, 4), st.integers(0, 5)), max_size=40))
-@pytest.mark.slow
-def test_plan_return_sends_every_value_home_exactly_once(dp, rows):
-    from seqpack.collective.exchange import plan_return
-
-    replica = np.array([min(r, dp - 1) for r, _, _ in rows], dtype=np.int64)
-    origin = np.array([o % dp for _, o, _ in rows], dtype=np.int64)
-    sizes = np.array([n for _, _, n in rows], dtype=np.int64)
-    plans = [plan_return(replica, origin, sizes, r, dp) for r in range(dp)]
-    arrived = {r: set(plans[r].keep_ids.tolist()) for r in range(dp)}
-    for sender in range(dp):
-        for dest in range(dp):
-            sent = plans[sender].send_ids[dest]
-            assert np.array_equal(sent, plans[dest].recv_ids[sender])  # both sides agree, ids ascending
-            assert np.all(np.diff(sent) > 0) and np.all(replica[sent] == sender) and np.all(origin[sent] == dest)
-            assert plans[sender].send_tokens[dest] == sizes[sent].sum() == plans[dest].recv_tokens[sender]
-            assert dest != sender or sent.size == 0
-            arrived[dest] |= set(sent.tolist())
-    for r in range(dp):  # every id that ran comes home exactly once; nothing else moves
-        assert arrived[r] == set(np.flatnonzero((origin == r) & (replica >= 0)).tolist())
-
-
 @pytest.mark.parametrize("kind", ["batch", "layout"])
 def test_the_cp_layout_travels_on_the_wire(kind):
     msg = _message(cp=2, cp_rank=1)

@@ -15,16 +15,16 @@ import dataclasses
 import numpy as np
 
 from seqpack.schedulers.schedule import Schedule
-from seqpack.thd import group_padded_lengths
 
 __all__ = ["Pieces", "plan_pieces", "shard_layout"]
 
 
-def shard_layout(plan: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def shard_layout(plan: Schedule, spans: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """int64 ``[N]`` each: every id's group's first plane rank and size (-1 when not
-    assigned), and the tokens of each of its shards (padded length / size; 0 unassigned)."""
+    assigned), and the tokens of each of its shards (``spans`` / size, by default its padded
+    length in its group, ``Schedule.packed_spans``; 0 unassigned)."""
     size, start = plan.per_id(plan.group_size), plan.per_id(plan.group_start)
-    padded = group_padded_lengths(plan.lengths, np.maximum(size, 1), plan.pad_multiple)
+    padded = plan.packed_spans() if spans is None else spans
     return start, size, np.where(size > 0, padded // np.maximum(size, 1), 0)
 
 
