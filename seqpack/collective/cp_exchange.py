@@ -90,13 +90,14 @@ def plan_shard_exchange(
     inc = np.flatnonzero(moving & (p.dst == rank))
     inc = inc[np.lexsort((p.gid[inc], p.src[inc]))]
     bounds = np.arange(num_ranks + 1, dtype=np.int64)
-    send_at = np.searchsorted(p.dst[out], bounds)
-    recv_at = np.searchsorted(p.src[inc], bounds)
+    send_at = np.searchsorted(p.dst[out], bounds).tolist()
+    recv_at = np.searchsorted(p.src[inc], bounds).tolist()
+    sent, got = p.gid[out], p.gid[inc]  # per peer: slices (views) of these
     piece_tokens = p.tokens
     return ExchangePlan(
         rank,
-        [p.gid[out[send_at[d] : send_at[d + 1]]] for d in range(num_ranks)],
-        [p.gid[inc[recv_at[s] : recv_at[s + 1]]] for s in range(num_ranks)],
+        [sent[send_at[d] : send_at[d + 1]] for d in range(num_ranks)],
+        [got[recv_at[s] : recv_at[s + 1]] for s in range(num_ranks)],
         np.sort(p.gid[(p.src == rank) & (p.dst == rank)]),
         np.bincount(p.dst[out], weights=piece_tokens[out], minlength=num_ranks).astype(np.int64),
         np.bincount(p.src[inc], weights=piece_tokens[inc], minlength=num_ranks).astype(np.int64),
