@@ -154,10 +154,7 @@ class _Source:
         self.base: dict[int, int] = {}
         self._parts: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
         self._at = 0
-        size = np.maximum(plan.per_id(plan.group_size), 1)
-        # Each id's padding multiple: the plan's alone, 2c times it in a dynamic group of c.
-        pad = plan.pad_multiple
-        multiple = np.full_like(size, pad) if plan.is_static else np.where(size > 1, 2 * size * pad, pad)
+        multiple = plan.pad_multiples()
         plain = -(-plan.lengths // multiple) * multiple
         longer = ids[spans[ids] > plain[ids]]
         for m in np.unique(multiple[ids]).tolist():

@@ -340,6 +340,15 @@ class Schedule:
             return padded_lengths(lengths, self.pad_multiple)
         return group_padded_lengths(lengths, self.group_size[self.group_of], self.pad_multiple)
 
+    def pad_multiples(self) -> np.ndarray:
+        """int64, per global id: what its padded length is a multiple of in its group
+        (``pad_multiple``; a dynamic-CP group of ``c > 1`` ranks: ``2 * c`` times it,
+        :func:`~seqpack.thd.group_pad_multiple`)."""
+        if self.is_static:
+            return np.full(self.num_sequences, self.pad_multiple, dtype=np.int64)
+        size = self.per_id(self.group_size)
+        return np.where(size > 1, 2 * size * self.pad_multiple, self.pad_multiple)
+
     def group_tokens(self, padded: bool = True) -> np.ndarray:
         """Tokens every group packs, int64 ``[G]`` (padded under its group's rule)."""
         per_seq = self.padded_assigned() if padded else self.lengths[self.assigned]
