@@ -6,11 +6,12 @@
   one small all-reduce.
 - :mod:`~seqpack.collective.length_gather`: :func:`gather_lengths`: every DP rank's lengths, with a
   per-rank header that turns one rank's bad input into an error on every rank.
+- :mod:`~seqpack.collective.cp_exchange`: the wrapper's exchange (every rank of a sequence's
+  CP group gets its shard; a pure plan and one all-to-all per dtype) for static and dynamic
+  CP; :mod:`~seqpack.collective.cp_groups`: the CP process groups (dynamic CP: one per block
+  a plan can use, created once).
 - :mod:`~seqpack.collective.exchange`: :func:`plan_exchange` (pure) and :func:`exchange_samples`:
-  the all-to-all that moves samples to their replica.
-- :mod:`~seqpack.collective.cp_groups` and :mod:`~seqpack.collective.cp_exchange`: dynamic
-  CP's process groups (one per block a plan can use, created once) and its exchange (every
-  rank of a sequence's CP group gets its DualChunkSwap shard; a pure plan and one all-to-all).
+  an all-to-all of whole samples to their replica, for loops of one's own.
 - :mod:`~seqpack.collective.wire`: the int64 wire format of a step (:class:`StepOk`,
   :class:`StepEnd`, :class:`StepError`; header declared once), as pure functions;
   :mod:`~seqpack.collective.wire_plan` the plan it carries (static or dynamic CP).
