@@ -73,34 +73,6 @@ def _json(run: dict) -> dict:
     return json.loads(run["out"][run["out"].index("{") :])
 
 
-@pytest.fixture(scope="module")
-def cold(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The cheap families' cold ``--warm --json``, then their plans, then ``--warm`` again,
-    each in a process of its own sharing a fresh NUMBA_CACHE_DIR."""
-    cache = tmp_path_factory.mktemp("numba_cache")
-    stats = tmp_path_factory.mktemp("stats") / "stats.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
-    env["NUMBA_CACHE_DIR"] = str(cache)
-    return {
-        "cache": cache,
-        "cold": _run(CHEAP, ["doctor", "--warm", "--json"], env, stats),
-        "plans": _run(CHEAP, ["plans"], env, stats),
-        "again": _run(CHEAP, ["doctor", "--warm"], env, stats),
-    }
-
-
-@pytest.fixture(scope="module")
-def full(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Every family's ``--warm --json``, then their plans, in the suite's numba cache."""
-    from numba.core import config
-
-    if config.DISABLE_JIT:
-        pytest.skip("NUMBA_DISABLE_JIT=1: nothing compiles")
-    stats = tmp_path_factory.mktemp("stats") / "stats.json"
-    env = dict(os.environ)
-    return {"warm": _run(None, ["doctor", "--warm", "--json"], env, stats), "plans": _run(None, ["plans"], env, stats)}
-
-
 def _decorated(path: Path) -> dict[str, tuple[bool, set[str]]]:
     """``path``'s functions decorated ``@njit`` or ``@no_refcount``: name -> (whether numba
     caches it on its own, i.e. not inlined into its callers by ``inline="always"``; the
@@ -132,29 +104,32 @@ def _every_kernel_function() -> list[tuple[Path, str]]:
     return found
 
 
-def test_a_cold_warm_compiles_and_the_plans_after_it_compile_nothing(cold):
-    assert NOTICE not in cold["cold"]["err"]  # the command says what compiles itself
-    assert cold["cold"]["misses"] > 0  # cold: it compiled
-    for run in ("plans", "again"):
-        assert cold[run]["hits"] > 0 and cold[run]["misses"] == 0, (run, cold[run])
-    assert NOTICE not in cold["plans"]["err"], cold["plans"]["err"]
-    assert cold["plans"]["err"].strip() == ""
-
-
-def test_a_second_warm_says_where(cold):
-    out = cold["again"]["out"]
-    for name in CHEAP:
-        assert name in out
-    lines = out.strip().splitlines()
-    assert lines[-1].startswith("done in ") and lines[-1].endswith(f"cache: {cold['cache']} (NUMBA_CACHE_DIR)")
-
-
-def test_warm_with_json_prints_only_json(cold):
-    report = _json(cold["cold"])
-    assert cold["cold"]["out"].lstrip().startswith("{")
+def test_a_cold_warm_compiles_and_the_processes_after_it_compile_nothing(tmp_path):
+    """The cheap families' cold ``--warm --json``, then their plans, then ``--warm`` again,
+    each in a process of its own sharing a fresh NUMBA_CACHE_DIR (one test: under xdist, a
+    fixture shared by several could run on both workers)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba_cache")
+    cold = _run(CHEAP, ["doctor", "--warm", "--json"], env, tmp_path / "cold.json")
+    plans = _run(CHEAP, ["plans"], env, tmp_path / "plans.json")
+    again = _run(CHEAP, ["doctor", "--warm"], env, tmp_path / "again.json")
+    # --json prints only JSON; the command says what compiles itself, not the notice.
+    report = _json(cold)
+    assert cold["out"].lstrip().startswith("{")
     assert [f["family"] for f in report["families"]] == list(CHEAP)
-    assert report["cache"] == f"{cold['cache']} (NUMBA_CACHE_DIR)"
+    assert report["cache"] == f"{tmp_path / 'numba_cache'} (NUMBA_CACHE_DIR)"
     assert report["cpu_seconds"] > 0 and all(f["seconds"] >= 0 for f in report["families"])
+    assert NOTICE not in cold["err"]
+    assert cold["misses"] > 0  # cold: it compiled
+    # A new process's first plans load every kernel they call, and say nothing.
+    assert plans["hits"] > 0 and plans["misses"] == 0, plans
+    assert plans["err"].strip() == "", plans["err"]
+    # A second --warm compiles nothing and says where the cache is.
+    assert again["hits"] > 0 and again["misses"] == 0, again
+    for name in CHEAP:
+        assert name in again["out"]
+    last = again["out"].strip().splitlines()[-1]
+    assert last.startswith("done in ") and last.endswith(f"cache: {tmp_path / 'numba_cache'} (NUMBA_CACHE_DIR)")
 
 
 def test_the_families_call_every_kernel_function():
@@ -198,7 +173,16 @@ print(json.dumps(sorted(called)))
     assert not missing, missing
 
 
-def test_warm_caches_every_kernel_function_and_a_first_plan_loads_them(full, monkeypatch):
+def test_warm_caches_every_kernel_function_and_a_first_plan_loads_them(tmp_path):
+    """Every family's ``--warm --json``, then their plans, in the suite's numba cache."""
+    from numba.core import config
+
+    if config.DISABLE_JIT:
+        pytest.skip("NUMBA_DISABLE_JIT=1: nothing compiles")
+    full = {
+        "warm": _run(None, ["doctor", "--warm", "--json"], dict(os.environ), tmp_path / "warm.json"),
+        "plans": _run(None, ["plans"], dict(os.environ), tmp_path / "plans.json"),
+    }
     report = _json(full["warm"])
     assert [f["family"] for f in report["families"]] == [f.name for f in FAMILIES]
     assert report["cache"] == compile_note.cache_location()
