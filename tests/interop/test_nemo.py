@@ -260,6 +260,8 @@ def test_thd_names_in_either_import_order():
         assert getattr(seqpack.thd, name) is not None, name
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         seqpack.thd.nope  # noqa: B018
-    for first in ("seqpack.interop.nemo", "seqpack.thd", "seqpack.thd.layout", "seqpack.thd.cp"):
+    # `import seqpack` imports seqpack.thd and its modules before any of them: one of them
+    # first is the same order as another (a process each would cost seconds for nothing).
+    for first in ("seqpack.interop.nemo", "seqpack.thd.cp"):
         code = f"import {first}; from seqpack.interop.nemo import process_input_for_thd, split_batch_into_thd_chunks"
         subprocess.run([sys.executable, "-c", code], check=True)

@@ -128,10 +128,9 @@ def test_a_change_to_the_kernels_module_recompiles_it_and_no_other(tmp_path: Pat
     module changes: numba's own stamp, the source file's content."""
     shutil.copytree(PACKAGE, tmp_path / "seqpack", ignore=shutil.ignore_patterns("__pycache__"))
     assert _run_child(tmp_path) == {"hits": 0, "misses": 1}
-    assert _run_child(tmp_path) == {"hits": 1, "misses": 0}
     other = tmp_path / "seqpack/schedulers/_kernels/grid.py"
     other.write_text(other.read_text() + "\n# another kernel changed\n")
-    assert _run_child(tmp_path) == {"hits": 1, "misses": 0}
+    assert _run_child(tmp_path) == {"hits": 1, "misses": 0}  # cached, and left so
     own = tmp_path / "seqpack/schedulers/_kernels/consecutive.py"
     own.write_text(own.read_text() + "\n# this kernel's module changed\n")
     assert _run_child(tmp_path) == {"hits": 0, "misses": 1}
