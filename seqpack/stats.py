@@ -160,29 +160,22 @@ class StepStats:
         sync: str = "lockstep",
         static_shapes: StaticShapes | None = None,
     ) -> StepStats:
-        """Account a schedule, static or dynamic CP, in ``cost``'s units (padded tokens
-        without one).
+        """Account a schedule, static or dynamic CP, in ``cost``'s units (padded tokens without one).
 
-        The unit costs are balanced over is the one whose finish the step waits for: a static
-        plan's DP replica (its CP ranks run every microbatch together; ``cost`` of a
-        :class:`~seqpack.cost.GroupCost` is its cost on the replicas' CP groups), a dynamic
-        plan's plane rank (:func:`~seqpack.schedulers.step_time.rank_times`, CP ring
-        included). ``replica_cost`` holds one total per unit; ``imbalance``,
-        ``round_imbalance`` and ``bound_ratio`` are over units. ``lower_bound`` is the mean
-        unit's total, for a static plan at least its costliest sequence's microbatch
-        (``round_lower_bound`` is 1 for a dynamic plan, whose groups adapt to such a
-        sequence). A padding-only filler of ``pad_multiple`` tokens counts for every empty
-        static microbatch and every idle rank of a dynamic round, as the wrapper hands them
-        out. Moved tokens are what the step's exchange carries off the rank holding them
-        (``schedule.origin``): whole sequences between DP replicas for a static plan, the
-        CP shards that cross the wire for a dynamic one (:func:`moved_pieces`);
-        ``bytes_per_token`` converts them to bytes. With a cost, ``predicted_step_time`` is
-        :func:`~seqpack.schedulers.predicted_step_time` under ``sync`` and ``cost_model``
-        the compute model a microbatch costs. With ``static_shapes`` (a static plan made
-        with them), ``bucket_tokens`` and ``bucket_fraction`` report the bucket padding,
-        and ``replica_cost`` and ``predicted_step_time`` include its linear cost
-        (:func:`~seqpack.schedulers.step_time.bucket_padding`); ``padded_tokens`` and
-        ``pad_fraction`` stay the packs' own.
+        Costs are balanced over the unit whose finish the step waits for: a static plan's DP
+        replica (a :class:`~seqpack.cost.GroupCost` at its CP group's size), a dynamic plan's
+        plane rank (:func:`~seqpack.schedulers.step_time.rank_times`, CP ring included);
+        ``replica_cost`` holds one total per unit, and ``imbalance``, ``round_imbalance`` and
+        ``bound_ratio`` are over units. ``lower_bound`` is the mean unit's total (a static
+        plan's: at least its costliest sequence's microbatch; ``round_lower_bound`` is 1 for
+        a dynamic plan). A padding-only filler of ``pad_multiple`` tokens counts for every
+        empty static microbatch and idle dynamic rank. Moved tokens: a static plan's sequences
+        that change replica (real tokens), a dynamic plan's CP shards crossing the wire
+        (:func:`moved_pieces`); in bytes at ``bytes_per_token``. With a cost,
+        ``predicted_step_time`` is :func:`~seqpack.schedulers.predicted_step_time` under
+        ``sync``. With ``static_shapes``, ``bucket_tokens`` / ``bucket_fraction`` report the
+        bucket padding, whose linear cost ``replica_cost`` and ``predicted_step_time``
+        include; ``padded_tokens`` and ``pad_fraction`` stay the packs' own.
         """
         if not isinstance(schedule, Schedule):
             raise SeqpackTypeError(f"schedule must be a seqpack.Schedule, got {type(schedule).__name__}")
@@ -195,14 +188,7 @@ class StepStats:
         padded = plan.padded_assigned()
         padded_sum = exact_sum(padded)
         model, costs, fillers, (per_id, sent, received), (lower, round_bound) = _units(plan, cost, padded)
-        bucket = 0
-        if static_shapes is not None:
-            extra = bucket_padding(plan, static_shapes)  # refuses a dynamic plan
-            bucket = exact_sum(extra)
-            if costs.size:  # the bucket's tokens at the model's linear rate (tokens without one)
-                rate = 1.0 if model is None else model.linear
-                costs = costs.copy()
-                np.add.at(costs, (plan.group_round, plan.leading_replica()), rate * extra.astype(np.float64))
+        bucket, costs = _with_buckets(plan, static_shapes, model, costs)
         units = plan.dp_size if plan.is_static else plan.num_ranks
         per_unit = costs.sum(axis=0) if costs.size else np.zeros(units)
         mean = float(per_unit.sum()) / units if units else 0.0
@@ -263,6 +249,21 @@ def _moved(
         moved_bytes=float(moved * bytes_per_token),
         max_rank_moved_bytes=float(busiest * bytes_per_token),
     )
+
+
+def _with_buckets(
+    plan: Schedule, static_shapes: StaticShapes | None, model: CostModel | None, costs: np.ndarray
+) -> tuple[int, np.ndarray]:
+    """The tokens ``static_shapes``' buckets add to ``plan``'s microbatches, and ``costs``
+    with them at the model's linear rate (tokens without one)."""
+    if static_shapes is None:
+        return 0, costs
+    extra = bucket_padding(plan, static_shapes)  # refuses a dynamic plan
+    if costs.size:
+        rate = 1.0 if model is None else model.linear
+        costs = costs.copy()
+        np.add.at(costs, (plan.group_round, plan.leading_replica()), rate * extra.astype(np.float64))
+    return exact_sum(extra), costs
 
 
 def _units(

@@ -168,11 +168,9 @@ class PackingConfig:
     mini-batch is planned alone over all ``dp x cp`` ranks (its own CP groups and rounds)."""
     static_shapes: StaticShapes | None = None
     """Fixed shapes for compiled training (:class:`~seqpack.thd.StaticShapes`, docs/thd.md):
-    every microbatch's token count is one of ``token_buckets`` (``"capacity"``: the
-    microbatch's capacity ``max_tokens_per_rank * cp_size``, whose largest bucket it must be)
-    and its ``cu_seqlens`` have ``max_sequences + 1`` entries; the scheduler never puts more
-    than ``max_real_sequences`` sequences in a microbatch. Not with ``dynamic_cp`` (a group's
-    pack size depends on its size)."""
+    every microbatch in one of ``token_buckets`` (the largest: the capacity
+    ``max_tokens_per_rank * cp_size``) with ``max_sequences + 1`` offsets, at most
+    ``max_real_sequences`` sequences. Not with ``dynamic_cp``."""
 
     def __post_init__(self) -> None:
         for name in ("samples_per_rank", "max_tokens_per_rank"):
@@ -223,11 +221,10 @@ class PackingConfig:
             raise ConfigError("calibrate=GroupCostCalibrator(...) fits a dynamic CP group cost: pass dynamic_cp=True")
 
     def _check_static_shapes(self) -> None:
-        if self.static_shapes is not None and not isinstance(self.static_shapes, StaticShapes):
-            raise SeqpackTypeError(
-                f"static_shapes must be a seqpack.StaticShapes or None, got {type(self.static_shapes).__name__}"
-            )
-        if self.static_shapes is not None and self.dynamic_cp:
+        shapes = self.static_shapes
+        if not isinstance(shapes, StaticShapes | None):
+            raise SeqpackTypeError(f"static_shapes must be a seqpack.StaticShapes or None, got {type(shapes).__name__}")
+        if shapes is not None and self.dynamic_cp:
             raise ConfigError(
                 "static_shapes is not supported with dynamic_cp=True: a CP group's pack holds up to its size times "
                 "max_tokens_per_rank tokens, so one set of token buckets cannot fix every rank's shard; use static CP"
@@ -373,10 +370,8 @@ class PackingConfig:
         return dataclasses.replace(self, pad_multiple=int(pad))
 
     def _check_buckets(self, shapes: StaticShapes, capacity: int, cp: int, pad: int) -> None:
-        """The buckets fit this topology: multiples of ``pad``, the largest the capacity."""
-        shapes.check_pad_multiple(pad, capacity)
-        top = shapes.buckets(capacity)[-1]
-        if top != capacity:
+        shapes.check_pad_multiple(pad, capacity)  # multiples of pad; the largest is the capacity:
+        if (top := shapes.buckets(capacity)[-1]) != capacity:
             raise ConfigError(
                 f"the largest token bucket {top} (static_shapes.token_buckets) must be the microbatch's capacity "
                 f"max_tokens_per_rank({self.max_tokens_per_rank}) * cp({cp}) = {capacity}: add {capacity} as the "

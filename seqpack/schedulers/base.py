@@ -185,31 +185,9 @@ class GridScheduler(Scheduler):
             **options,
         )
         if shapes is not None:
-            padded = padded_lengths(effective, pad_multiple)
-            weight = padded.astype(np.float64) if cost is None else cost.cost(padded)
-            rounds = fit_sequence_limit(
-                rounds,
-                padded,
-                weight,
-                limit=shapes.max_real_sequences,
-                capacity=capacity,
-                keep_replica=self.keeps_origin,
-                round_multiple=self._round_multiple(),
-                fixed_rounds=self._fixed_rounds(),
+            rounds = self._fit_static_shapes(
+                rounds, shapes, padded_lengths(effective, pad_multiple), capacity, cost, sync
             )
-            model = self.resolve_cost(cost)
-            price = None if not isinstance(model, CostModel) else BucketPrice.of(shapes, capacity, model.linear)
-            if self.uses_static_shapes and price is not None and isinstance(model, CostModel):
-                rounds = trim_to_buckets(
-                    rounds,
-                    padded,
-                    model.cost(padded),
-                    price=price,
-                    limit=shapes.max_real_sequences,
-                    capacity=capacity,
-                    constant=model.constant,
-                    sync=sync,
-                )
         return Schedule.from_assignment(
             rounds,
             lengths=effective,
@@ -223,6 +201,43 @@ class GridScheduler(Scheduler):
             truncated=truncated,
             origin=origin_arr,
         )
+
+    def _fit_static_shapes(
+        self,
+        rounds: Sequence[Sequence[np.ndarray]],
+        shapes: StaticShapes,
+        padded: np.ndarray,
+        capacity: int,
+        cost: CostModel | None,
+        sync: str | None,
+    ) -> Sequence[Sequence[np.ndarray]]:
+        """``rounds`` within ``shapes``' sequence limit (:func:`fit_sequence_limit`), then, for
+        schedulers that plan with the buckets, trimmed at bucket edges (:func:`trim_to_buckets`)."""
+        weight = padded.astype(np.float64) if cost is None else cost.cost(padded)
+        rounds = fit_sequence_limit(
+            rounds,
+            padded,
+            weight,
+            limit=shapes.max_real_sequences,
+            capacity=capacity,
+            keep_replica=self.keeps_origin,
+            round_multiple=self._round_multiple(),
+            fixed_rounds=self._fixed_rounds(),
+        )
+        model = self.resolve_cost(cost)
+        price = None if not isinstance(model, CostModel) else BucketPrice.of(shapes, capacity, model.linear)
+        if self.uses_static_shapes and price is not None and isinstance(model, CostModel):
+            rounds = trim_to_buckets(
+                rounds,
+                padded,
+                model.cost(padded),
+                price=price,
+                limit=shapes.max_real_sequences,
+                capacity=capacity,
+                constant=model.constant,
+                sync=sync,
+            )
+        return rounds
 
     keeps_origin: ClassVar[bool] = False
     """Whether every sample stays on the DP rank that read it (``"empty"``): the

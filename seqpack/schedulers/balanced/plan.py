@@ -55,35 +55,10 @@ def _plan_at(
     the exact search (:func:`seqpack.schedulers.balanced.exact.pack_bins`) packs the sequences.
     ``forced``: the count was given (no count search follows; :func:`keep_lighter`).
     ``price``: the objective includes each microbatch's bucket padding (``static_shapes``)."""
-    if stages.enabled("round_targets"):
-        targets = np.repeat(round_targets(costs[order], dp_size, num_rounds), dp_size)
-    else:
-        targets = np.full(dp_size * num_rounds, float(costs.sum()) / max(dp_size * num_rounds, 1))
-    rules = [_kernels.MODE_COST]
-    if stages.enabled("token_rules"):
-        rules += [_kernels.MODE_TOKENS, _kernels.MODE_FIRST_FIT]
-    for mode in rules:
-        ok, bin_of, bin_load, _ = _kernels.grid_lpt(order, padded, costs, targets, capacity, mode)
-        if ok:
-            break
-    else:
-        # Greedy rules can miss a packing that exists (first-fit decreasing may need 11/9
-        # of the optimal bins): search exactly, within a bounded amount of work.
-        if not stages.enabled("exact_search"):
-            return None
-        status, bin_of = _exact.pack_bins(padded, dp_size * num_rounds, capacity, found_only=True)
-        if status != _exact.FOUND:
-            return None
-        logger.debug(
-            "exact search packed %d sequences of %d tokens into %d x %d microbatches of %d tokens (greedy failed)",
-            padded.shape[0],
-            int(padded.sum()),
-            num_rounds,
-            dp_size,
-            capacity,
-        )
-        mode = _exact.MODE_EXACT
-        bin_load = np.bincount(bin_of, weights=costs, minlength=dp_size * num_rounds)
+    packed = _bins(padded, costs, order, dp_size, capacity, num_rounds)
+    if packed is None:
+        return None
+    mode, bin_of, bin_load = packed
     round_of_bin, replica_of_bin = _arrange(bin_load, dp_size, num_rounds)
     round_of = round_of_bin[bin_of]
     replica_of = replica_of_bin[bin_of]
@@ -118,6 +93,41 @@ def _plan_at(
     return BalancedPlan(
         num_rounds, round_of, replica_of, load, tokens, mode, moves, _objective(priced, constant, sync), gap
     )
+
+
+def _bins(
+    padded: np.ndarray, costs: np.ndarray, order: np.ndarray, dp_size: int, capacity: int, num_rounds: int
+) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """``(rule, bin of each sequence, cost of each bin)``: the first bin rule that packs the
+    sequences into ``dp_size * num_rounds`` microbatches, else the exact search; None when
+    neither does."""
+    if stages.enabled("round_targets"):
+        targets = np.repeat(round_targets(costs[order], dp_size, num_rounds), dp_size)
+    else:
+        targets = np.full(dp_size * num_rounds, float(costs.sum()) / max(dp_size * num_rounds, 1))
+    rules = [_kernels.MODE_COST]
+    if stages.enabled("token_rules"):
+        rules += [_kernels.MODE_TOKENS, _kernels.MODE_FIRST_FIT]
+    for mode in rules:
+        ok, bin_of, bin_load, _ = _kernels.grid_lpt(order, padded, costs, targets, capacity, mode)
+        if ok:
+            return mode, bin_of, bin_load
+    # Greedy rules can miss a packing that exists (first-fit decreasing may need 11/9 of the
+    # optimal bins): search exactly, within a bounded amount of work.
+    if not stages.enabled("exact_search"):
+        return None
+    status, bin_of = _exact.pack_bins(padded, dp_size * num_rounds, capacity, found_only=True)
+    if status != _exact.FOUND:
+        return None
+    logger.debug(
+        "exact search packed %d sequences of %d tokens into %d x %d microbatches of %d tokens (greedy failed)",
+        padded.shape[0],
+        int(padded.sum()),
+        num_rounds,
+        dp_size,
+        capacity,
+    )
+    return _exact.MODE_EXACT, bin_of, np.bincount(bin_of, weights=costs, minlength=dp_size * num_rounds)
 
 
 def plan_balanced(
@@ -165,14 +175,8 @@ def plan_balanced(
         ValueError: A sequence longer than ``capacity``, or ``num_microbatches`` too small
             to hold the sequences.
     """
-    padded = np.ascontiguousarray(padded, dtype=np.int64)
-    costs = np.ascontiguousarray(costs, dtype=np.float64)
+    padded, costs = _checked(padded, costs, capacity)
     n = padded.shape[0]
-    if costs.shape != padded.shape:
-        raise ConfigError(f"costs has shape {costs.shape}, lengths {padded.shape}")
-    if n and padded.max() > capacity:
-        i = int(np.argmax(padded))
-        raise ScheduleError(f"sequence {i} has {int(padded[i])} padded tokens > capacity {capacity}")
     sync = None if sync is None else check_choice("sync", sync, Sync)
     objective = objective_for(check_choice("objective", objective, Objective), sync)
     repair = repair_budget(max_repair_moves, dp_size)
@@ -180,20 +184,8 @@ def plan_balanced(
     bins_needed = _exact.bin_lower_bound(padded, capacity)
     fewest = -(-bins_needed // dp_size)
     if num_microbatches is not None:
-        plan = _plan_at(
-            padded,
-            costs,
-            order,
-            dp_size,
-            capacity,
-            num_microbatches,
-            constant,
-            repair,
-            objective,
-            sync,
-            forced=True,
-            price=price,
-        )
+        args = (padded, costs, order, dp_size, capacity, num_microbatches, constant, repair, objective, sync)
+        plan = _plan_at(*args, forced=True, price=price)
         if plan is None:
             raise _cannot_hold(padded, dp_size, capacity, num_microbatches, bins_needed)
         return dataclasses.replace(plan, bin_lower_bound=fewest)
@@ -210,6 +202,18 @@ def plan_balanced(
         plan, padded, costs, order, dp_size, capacity, constant, repair, objective, sync, microbatch_multiple, price
     )
     return dataclasses.replace(plan, bin_lower_bound=fewest)
+
+
+def _checked(padded: np.ndarray, costs: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """``plan_balanced``'s lengths and costs as contiguous arrays, checked."""
+    padded = np.ascontiguousarray(padded, dtype=np.int64)
+    costs = np.ascontiguousarray(costs, dtype=np.float64)
+    if costs.shape != padded.shape:
+        raise ConfigError(f"costs has shape {costs.shape}, lengths {padded.shape}")
+    if padded.shape[0] and padded.max() > capacity:
+        i = int(np.argmax(padded))
+        raise ScheduleError(f"sequence {i} has {int(padded[i])} padded tokens > capacity {capacity}")
+    return padded, costs
 
 
 def _cannot_hold(
