@@ -11,9 +11,8 @@ else of any round, else into added rounds. ``balanced`` also starts its count se
 (:class:`BucketPrice`), so it seldom leaves anything to repair, and then trims the
 microbatches that set the step's time to the buckets (:func:`trim_to_buckets`).
 
-:func:`static_shapes_by_cost` chooses the buckets: the least-padding ladder of sample plans
-(:func:`ladder_for`, exact), improved for their predicted step time (:class:`FixedPlans`),
-re-planned, and kept by the mean predicted step time.
+:func:`~seqpack.schedulers.bucket_ladder.static_shapes_by_cost` chooses the buckets by the
+plans' predicted step time (:mod:`seqpack.schedulers.bucket_ladder`).
 """
 
 from __future__ import annotations
@@ -21,20 +20,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqpack.cost import CostModel, GroupCost, as_group_cost, default_cost_model
 from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
-from seqpack.options import INT32_MAX, Sync, TailPadding
-from seqpack.schedulers.request import as_lengths
+from seqpack.options import INT32_MAX, Sync
 from seqpack.thd.static_shapes import StaticShapes
-from seqpack.validation import check_choice, check_int, check_positive_int
-
-if TYPE_CHECKING:
-    from seqpack.schedulers.base import Scheduler
-    from seqpack.schedulers.schedule import Schedule
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +36,6 @@ __all__ = [
     "fit_sequence_limit",
     "group_buckets",
     "resolved_buckets",
-    "ladder_for",
-    "static_shapes_by_cost",
 ]
 
 
@@ -192,31 +181,21 @@ def fit_sequence_limit(
     for i, c in zip(pending[moving].tolist(), pending_cell[moving].tolist(), strict=True):
         m, d = divmod(c, dp)
         size = int(padded[i])
-        row_room = (counts[m] < limit) & (tokens[m] + size <= capacity)
-        if keep_replica:
-            row_room[np.arange(dp) != d] = False
-        where = _least_loaded(row_room, load[m])
-        if where is not None:
-            tm, td = m, where
-        else:
-            room = (counts < limit) & (tokens + size <= capacity)
-            if keep_replica:
-                room[:, np.arange(dp) != d] = False
-            found = _least_loaded(room.reshape(-1), load.reshape(-1))
-            if found is None:
-                if fixed_rounds is not None:
-                    raise ScheduleError(
-                        f"num_microbatches={fixed_rounds} cannot hold the step's sequences at most {limit} per "
-                        f"microbatch (static_shapes' max_real_sequences) within {capacity} tokens: raise "
-                        "num_microbatches or max_sequences"
-                    )
-                added = round_multiple
-                counts = np.vstack([counts, np.zeros((added, dp), np.int64)])
-                tokens = np.vstack([tokens, np.zeros((added, dp), np.int64)])
-                load = np.vstack([load, np.zeros((added, dp))])
-                members.extend([[] for _ in range(dp)] for _ in range(added))
-                found = (counts.shape[0] - added) * dp + (d if keep_replica else 0)
-            tm, td = divmod(found, dp)
+        found = _room_for(counts, tokens, load, m, d, size, limit=limit, capacity=capacity, keep_replica=keep_replica)
+        if found is None:
+            if fixed_rounds is not None:
+                raise ScheduleError(
+                    f"num_microbatches={fixed_rounds} cannot hold the step's sequences at most {limit} per "
+                    f"microbatch (static_shapes' max_real_sequences) within {capacity} tokens: raise "
+                    "num_microbatches or max_sequences"
+                )
+            added = round_multiple
+            counts = np.vstack([counts, np.zeros((added, dp), np.int64)])
+            tokens = np.vstack([tokens, np.zeros((added, dp), np.int64)])
+            load = np.vstack([load, np.zeros((added, dp))])
+            members.extend([[] for _ in range(dp)] for _ in range(added))
+            found = (counts.shape[0] - added) * dp + (d if keep_replica else 0)
+        tm, td = divmod(found, dp)
         target = members[tm][td]
         if isinstance(target, np.ndarray):
             target = members[tm][td] = target.tolist()
@@ -230,249 +209,40 @@ def fit_sequence_limit(
     ]
 
 
+def _room_for(
+    counts: np.ndarray,
+    tokens: np.ndarray,
+    load: np.ndarray,
+    m: int,
+    d: int,
+    size: int,
+    *,
+    limit: int,
+    capacity: int,
+    keep_replica: bool,
+) -> int | None:
+    """The flat index (``round * dp + replica``) of the least loaded microbatch with a free
+    slot and room for ``size`` tokens: of round ``m`` first, then of any round (only replica
+    ``d``'s with ``keep_replica``), or None."""
+    dp = counts.shape[1]
+    row_room = (counts[m] < limit) & (tokens[m] + size <= capacity)
+    if keep_replica:
+        row_room[np.arange(dp) != d] = False
+    where = _least_loaded(row_room, load[m])
+    if where is not None:
+        return m * dp + where
+    room = (counts < limit) & (tokens + size <= capacity)
+    if keep_replica:
+        room[:, np.arange(dp) != d] = False
+    return _least_loaded(room.reshape(-1), load.reshape(-1))
+
+
 def _least_loaded(room: np.ndarray, load: np.ndarray) -> int | None:
     """The index of the least ``load`` where ``room`` (ties: the lowest index), or None."""
     candidates = np.flatnonzero(room)
     if not candidates.size:
         return None
     return int(candidates[np.argmin(load[candidates])])
-
-
-def ladder_for(tokens: np.ndarray, *, buckets: int, unit: int, top: int) -> tuple[int, ...]:
-    """At most ``buckets`` token counts, multiples of ``unit``, the largest ``top``, that
-    minimise the summed bucket padding ``sum(bucket(t) - t)`` of microbatches holding
-    ``tokens`` (each at most ``top``): exact, by a dynamic program over the distinct
-    candidate sizes (every optimal ladder's buckets are ``tokens`` rounded up to ``unit``).
-    """
-    t = np.asarray(tokens, dtype=np.int64)
-    candidates, where = np.unique(np.clip(-(-t // unit) * unit, unit, top), return_inverse=True)
-    if not candidates.size or candidates[-1] != top:
-        candidates = np.append(candidates, top)
-    k = candidates.shape[0]
-    counts = np.bincount(where, minlength=k).astype(np.float64)
-    sums = np.bincount(where, weights=t.astype(np.float64), minlength=k)
-    n_prefix = np.concatenate([[0.0], np.cumsum(counts)])  # n_prefix[j + 1]: counts of candidates 0..j
-    s_prefix = np.concatenate([[0.0], np.cumsum(sums)])
-    size = candidates.astype(np.float64)
-    # best[j]: the least padding of every candidate 0..j with the last bucket at candidate j.
-    best = size * n_prefix[1:] - s_prefix[1:]
-    choices: list[np.ndarray] = []
-    for _ in range(1, min(buckets, k)):
-        nxt, arg = best.copy(), np.full(k, -1, dtype=np.int64)
-        for j in range(1, k):  # the previous bucket at i < j; candidates i+1..j take bucket j
-            covered = n_prefix[j + 1] - n_prefix[1 : j + 1]
-            total = best[:j] + size[j] * covered - (s_prefix[j + 1] - s_prefix[1 : j + 1])
-            i = int(np.argmin(total))
-            if total[i] < nxt[j]:
-                nxt[j], arg[j] = total[i], i
-        choices.append(arg)
-        best = nxt
-    ladder, j = [int(candidates[-1])], k - 1
-    for arg in reversed(choices):
-        if arg[j] >= 0:
-            j = int(arg[j])
-            ladder.append(int(candidates[j]))
-    return tuple(sorted(set(ladder)))
-
-
-@dataclasses.dataclass(frozen=True)
-class FixedPlans:
-    """Static plans whose predicted step time is evaluated for any ladder without
-    re-planning: every microbatch's time without buckets (``base``, ``[M, dp]`` per plan),
-    its padded tokens (a filler's for an empty one) and the per-token cost of its bucket's
-    extra tokens (``rate``)."""
-
-    base: list[np.ndarray]
-    grid_tokens: list[np.ndarray]
-    rate: float
-    sync: str
-
-    @classmethod
-    def of(cls, plans: Sequence[Schedule], family: GroupCost, sync: str) -> FixedPlans:
-        from seqpack.schedulers.step_time import group_times
-
-        base, tokens = [], []
-        rate = 0.0
-        for plan in plans:
-            times = np.where(plan.group_counts > 0, group_times(plan, family), family.compute.constant)
-            held = np.where(plan.group_counts > 0, plan.group_tokens(padded=True), plan.pad_multiple)
-            where = (plan.group_round, plan.leading_replica())
-            grid_time = np.zeros((plan.num_microbatches, plan.dp_size))
-            grid_tokens = np.zeros((plan.num_microbatches, plan.dp_size), dtype=np.int64)
-            np.add.at(grid_time, where, times)
-            np.add.at(grid_tokens, where, held)
-            base.append(grid_time)
-            tokens.append(grid_tokens)
-            rate = family.at(plan.cp_size).linear
-        return cls(base, tokens, rate, sync)
-
-    @property
-    def tokens(self) -> np.ndarray:
-        """Every microbatch's padded tokens, all plans."""
-        return np.concatenate([t.reshape(-1) for t in self.grid_tokens]) if self.grid_tokens else np.zeros(0, np.int64)
-
-    def mean_time(self, ladder: tuple[int, ...]) -> float:
-        """The plans' mean predicted step time with ``ladder``'s bucket padding."""
-        buckets = np.asarray(ladder, dtype=np.int64)
-        total = 0.0
-        for base, tokens in zip(self.base, self.grid_tokens, strict=True):
-            index = np.minimum(np.searchsorted(buckets, tokens), buckets.shape[0] - 1)
-            times = base + self.rate * (buckets[index] - tokens)
-            if times.size:
-                total += float(times.max(axis=1).sum() if self.sync == Sync.LOCKSTEP else times.sum(axis=0).max())
-        return total / max(len(self.base), 1)
-
-    def descend(self, starts: Sequence[tuple[int, ...]], sweeps: int = 3, candidates: int = 128) -> tuple[int, ...]:
-        """The best ladder found by moving one bucket at a time (the largest stays) to the
-        size, among the plans' microbatch sizes (``candidates`` quantiles at most), that
-        lowers :meth:`mean_time` most, from each of ``starts``."""
-        top = starts[0][-1]
-        sizes = np.unique(self.tokens)
-        sizes = sizes[(sizes > 0) & (sizes < top)]
-        if sizes.shape[0] > candidates:
-            sizes = np.unique(np.quantile(sizes, np.linspace(0, 1, candidates), method="higher").astype(np.int64))
-        best, best_time = starts[0], self.mean_time(starts[0])
-        for start in starts:
-            ladder, now = list(start), self.mean_time(start)
-            for _ in range(sweeps):
-                moved = False
-                for i in range(len(ladder) - 1):  # sorted: the largest (the capacity) stays
-                    rest = ladder[:i] + ladder[i + 1 :]
-                    chosen, chosen_time = None, now
-                    for size in sizes.tolist():
-                        if size not in rest:
-                            t = self.mean_time(tuple(sorted([*rest, size])))
-                            if t < chosen_time:
-                                chosen, chosen_time = size, t
-                    if chosen is not None:
-                        ladder, now, moved = sorted([*rest, chosen]), chosen_time, True
-                if not moved:
-                    break
-            if now < best_time:
-                best, best_time = tuple(ladder), now
-        return best
-
-
-def even_ladder(buckets: int, unit: int, top: int) -> tuple[int, ...]:
-    """``buckets`` evenly spaced sizes up to ``top``, each rounded up to a multiple of
-    ``unit`` (fewer where they coincide)."""
-    step = top / buckets
-    return tuple(sorted({min(top, -(-round(step * k) // unit) * unit) for k in range(1, buckets + 1)} - {0}))
-
-
-def static_shapes_by_cost(
-    steps: Sequence[Sequence[int] | np.ndarray],
-    *,
-    buckets: int,
-    max_sequences: int,
-    max_tokens_per_rank: int,
-    dp_size: int,
-    cp_size: int = 1,
-    pad_multiple: int = 1,
-    cost: CostModel | GroupCost | None = None,
-    scheduler: str | Scheduler = "balanced",
-    sync: str = "lockstep",
-    tail_padding: TailPadding | str = TailPadding.APPEND_DUMMY_SEQ,
-    refits: int = 2,
-) -> StaticShapes:
-    """A :class:`~seqpack.thd.StaticShapes` of at most ``buckets`` token buckets chosen for
-    the least predicted step time of the plans of ``steps``.
-
-    Every step of ``steps`` (e.g. the lengths of the data's first steps, or mock ones)
-    is planned by ``scheduler`` with one bucket, the capacity rounded down to
-    ``pad_multiple``. On those plans the ladder (multiples of ``pad_multiple``, the largest
-    that capacity) with the least summed bucket padding is found exactly (a dynamic program
-    over the microbatches' padded token counts, :func:`ladder_for`), then improved one bucket
-    at a time for the plans' predicted step time (a microbatch just past a bucket edge can
-    set its round's or replica's time; :class:`FixedPlans`). The steps are re-planned with
-    that ladder and a ladder is fitted to the new plans, ``refits`` times at most; evenly
-    spaced buckets are tried too (a ladder fitted to a few plans' microbatches may fit
-    other steps worse). The ladder kept (one bucket among them) is the one whose plans
-    predict the least mean step time under ``sync``
-    (:func:`~seqpack.schedulers.predicted_step_time` with ``static_shapes``); the log
-    (``seqpack.schedulers.static_limits``, INFO) reports each. Give it many steps of the
-    real data: the ladder fits the next steps as well as their microbatches resemble the
-    sample's (docs/thd.md, "What buckets cost the plans").
-
-    Args:
-        steps: One int array of real lengths per step (global order, as ``schedule``).
-        buckets: Most buckets (fewer when fewer pay off).
-        max_sequences, tail_padding: As :class:`~seqpack.thd.StaticShapes`'.
-        max_tokens_per_rank, dp_size, cp_size, cost, sync: As
-            :meth:`Scheduler.schedule <seqpack.schedulers.Scheduler.schedule>` (the
-            training run's).
-        pad_multiple: The packer's (``2 * cp_size`` and more under CP:
-            :func:`~seqpack.thd.pad_multiple_for`): every bucket is a multiple of it.
-        scheduler: The scheduler (or its name) that plans the steps.
-        refits: Re-plans after the first ladder (0: the first ladder is kept).
-
-    Raises:
-        ConfigError: ``steps`` empty or not a list, ``buckets`` below 1, a capacity
-            below ``pad_multiple``, or what the scheduler refuses.
-    """
-    from seqpack.schedulers import get_scheduler, predicted_step_time  # the package imports this module
-
-    buckets = check_positive_int("buckets", buckets, maximum=INT32_MAX)
-    refits = check_int("refits", refits, minimum=0, maximum=16)
-    mode = check_choice("sync", sync, Sync)
-    planner = get_scheduler(scheduler)
-    pad_multiple = check_positive_int("pad_multiple", pad_multiple)
-    capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank) * check_positive_int("cp_size", cp_size)
-    top = min(capacity, INT32_MAX) // pad_multiple * pad_multiple  # a bucket is an int32 token count
-    if top < 1:
-        raise ConfigError(
-            f"max_tokens_per_rank={max_tokens_per_rank} x cp_size={cp_size} = {capacity} tokens holds no multiple of "
-            f"pad_multiple={pad_multiple}: no token bucket fits the capacity"
-        )
-    if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence) or not len(steps):
-        raise ConfigError(
-            "steps must be a non-empty list of the steps' lengths (one int array per step, e.g. the first steps "
-            f"of the data), got {steps!r:.80}"
-        )
-    step_lengths = [as_lengths(lengths) for lengths in steps]
-    model = planner.resolve_cost(cost)
-    family = as_group_cost(model or default_cost_model(), cp_size)
-    limits: dict[str, Any] = dict(
-        dp_size=dp_size, cp_size=cp_size, max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple
-    )
-
-    def make(ladder: tuple[int, ...]) -> StaticShapes:
-        return StaticShapes(token_buckets=ladder, max_sequences=max_sequences, tail_padding=TailPadding(tail_padding))
-
-    def evaluate(shapes: StaticShapes) -> tuple[float, FixedPlans]:
-        times, plans = [], []
-        for lengths in step_lengths:
-            plan = planner.schedule(lengths, cost=cost, sync=mode, static_shapes=shapes, **limits)
-            times.append(predicted_step_time(plan, family, sync=mode, static_shapes=shapes))
-            plans.append(plan)
-        return float(np.mean(times)), FixedPlans.of(plans, family, mode)
-
-    best = make((top,))
-    best_time, fixed = evaluate(best)
-    logger.info("by_cost: one bucket %d: mean predicted step %.6g", top, best_time)
-    tried = {best}
-    starts = [even_ladder(buckets, pad_multiple, top)]
-    for _ in range(refits + 1):
-        # On these plans: the least summed padding (exact), then the least predicted step
-        # time (a microbatch past a bucket edge can set its round's or replica's time).
-        ladder = fixed.descend([ladder_for(fixed.tokens, buckets=buckets, unit=pad_multiple, top=top), *starts])
-        starts = []
-        shapes = make(ladder)
-        if shapes in tried:
-            break
-        tried.add(shapes)
-        mean, fixed = evaluate(shapes)  # re-planned with the ladder: the next ladder fits these plans
-        logger.info("by_cost: buckets %s: mean predicted step %.6g", shapes.token_buckets, mean)
-        if mean < best_time:
-            best, best_time = shapes, mean
-    # Evenly spaced buckets too: a ladder fitted to a few plans' microbatches may not fit others.
-    even = make(even_ladder(buckets, pad_multiple, top))
-    if even not in tried:
-        mean, _ = evaluate(even)
-        logger.info("by_cost: even buckets %s: mean predicted step %.6g", even.token_buckets, mean)
-        if mean < best_time:
-            best, best_time = even, mean
-    return best
 
 
 def trim_to_buckets(

@@ -14,10 +14,11 @@ from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
 from seqpack.schedulers import get_scheduler, predicted_step_time, static_shapes_by_cost
 from seqpack.schedulers.balanced import plan_balanced
+from seqpack.schedulers.bucket_ladder import ladder_for
 from seqpack.schedulers.minibatches import schedule_minibatches
 from seqpack.schedulers.objective import step_objective
 from seqpack.schedulers.sample_groups import schedule_groups
-from seqpack.schedulers.static_limits import BucketPrice, fit_sequence_limit, ladder_for, trim_to_buckets
+from seqpack.schedulers.static_limits import BucketPrice, fit_sequence_limit, trim_to_buckets
 from seqpack.stats import StepStats
 from seqpack.thd import StaticShapes, padded_lengths
 

@@ -1,0 +1,308 @@
+"""Token buckets chosen by cost: :func:`static_shapes_by_cost`.
+
+The least-padding ladder of sample plans (:func:`ladder_for`, exact), improved for their
+predicted step time (:class:`FixedPlans`), re-planned, and kept by the mean predicted step
+time; evenly spaced buckets (:func:`even_ladder`) are tried too. What static shapes ask of
+a plan is :mod:`seqpack.schedulers.static_limits`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from seqpack.cost import CostModel, GroupCost, as_group_cost, default_cost_model
+from seqpack.errors import ConfigError
+from seqpack.options import INT32_MAX, Sync, TailPadding
+from seqpack.schedulers.registry import get_scheduler
+from seqpack.schedulers.request import as_lengths
+from seqpack.schedulers.step_time import group_times, predicted_step_time
+from seqpack.thd.static_shapes import StaticShapes
+from seqpack.validation import check_choice, check_int, check_positive_int
+
+if TYPE_CHECKING:
+    from seqpack.schedulers.base import Scheduler
+    from seqpack.schedulers.schedule import Schedule
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FixedPlans", "even_ladder", "ladder_for", "static_shapes_by_cost"]
+
+
+def ladder_for(tokens: np.ndarray, *, buckets: int, unit: int, top: int) -> tuple[int, ...]:
+    """At most ``buckets`` token counts, multiples of ``unit``, the largest ``top``, that
+    minimise the summed bucket padding ``sum(bucket(t) - t)`` of microbatches holding
+    ``tokens`` (each at most ``top``): exact, by a dynamic program over the distinct
+    candidate sizes (every optimal ladder's buckets are ``tokens`` rounded up to ``unit``).
+    """
+    t = np.asarray(tokens, dtype=np.int64)
+    candidates, where = np.unique(np.clip(-(-t // unit) * unit, unit, top), return_inverse=True)
+    if not candidates.size or candidates[-1] != top:
+        candidates = np.append(candidates, top)
+    k = candidates.shape[0]
+    counts = np.bincount(where, minlength=k).astype(np.float64)
+    sums = np.bincount(where, weights=t.astype(np.float64), minlength=k)
+    n_prefix = np.concatenate([[0.0], np.cumsum(counts)])  # n_prefix[j + 1]: counts of candidates 0..j
+    s_prefix = np.concatenate([[0.0], np.cumsum(sums)])
+    size = candidates.astype(np.float64)
+    # best[j]: the least padding of every candidate 0..j with the last bucket at candidate j.
+    best = size * n_prefix[1:] - s_prefix[1:]
+    choices: list[np.ndarray] = []
+    for _ in range(1, min(buckets, k)):
+        nxt, arg = best.copy(), np.full(k, -1, dtype=np.int64)
+        for j in range(1, k):  # the previous bucket at i < j; candidates i+1..j take bucket j
+            covered = n_prefix[j + 1] - n_prefix[1 : j + 1]
+            total = best[:j] + size[j] * covered - (s_prefix[j + 1] - s_prefix[1 : j + 1])
+            i = int(np.argmin(total))
+            if total[i] < nxt[j]:
+                nxt[j], arg[j] = total[i], i
+        choices.append(arg)
+        best = nxt
+    ladder, j = [int(candidates[-1])], k - 1
+    for arg in reversed(choices):
+        if arg[j] >= 0:
+            j = int(arg[j])
+            ladder.append(int(candidates[j]))
+    return tuple(sorted(set(ladder)))
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedPlans:
+    """Static plans whose predicted step time is evaluated for any ladder without
+    re-planning: every microbatch's time without buckets (``base``, ``[M, dp]`` per plan),
+    its padded tokens (a filler's for an empty one) and the per-token cost of its bucket's
+    extra tokens (``rate``)."""
+
+    base: list[np.ndarray]
+    grid_tokens: list[np.ndarray]
+    rate: float
+    sync: str
+
+    @classmethod
+    def of(cls, plans: Sequence[Schedule], family: GroupCost, sync: str) -> FixedPlans:
+        base, tokens = [], []
+        rate = 0.0
+        for plan in plans:
+            times = np.where(plan.group_counts > 0, group_times(plan, family), family.compute.constant)
+            held = np.where(plan.group_counts > 0, plan.group_tokens(padded=True), plan.pad_multiple)
+            where = (plan.group_round, plan.leading_replica())
+            grid_time = np.zeros((plan.num_microbatches, plan.dp_size))
+            grid_tokens = np.zeros((plan.num_microbatches, plan.dp_size), dtype=np.int64)
+            np.add.at(grid_time, where, times)
+            np.add.at(grid_tokens, where, held)
+            base.append(grid_time)
+            tokens.append(grid_tokens)
+            rate = family.at(plan.cp_size).linear
+        return cls(base, tokens, rate, sync)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Every microbatch's padded tokens, all plans."""
+        return np.concatenate([t.reshape(-1) for t in self.grid_tokens]) if self.grid_tokens else np.zeros(0, np.int64)
+
+    def mean_time(self, ladder: tuple[int, ...]) -> float:
+        """The plans' mean predicted step time with ``ladder``'s bucket padding."""
+        buckets = np.asarray(ladder, dtype=np.int64)
+        total = 0.0
+        for base, tokens in zip(self.base, self.grid_tokens, strict=True):
+            index = np.minimum(np.searchsorted(buckets, tokens), buckets.shape[0] - 1)
+            times = base + self.rate * (buckets[index] - tokens)
+            if times.size:
+                total += float(times.max(axis=1).sum() if self.sync == Sync.LOCKSTEP else times.sum(axis=0).max())
+        return total / max(len(self.base), 1)
+
+    def descend(self, starts: Sequence[tuple[int, ...]], sweeps: int = 3, candidates: int = 128) -> tuple[int, ...]:
+        """The best ladder found by moving one bucket at a time (the largest stays) to the
+        size, among the plans' microbatch sizes (``candidates`` quantiles at most), that
+        lowers :meth:`mean_time` most, from each of ``starts``."""
+        top = starts[0][-1]
+        sizes = np.unique(self.tokens)
+        sizes = sizes[(sizes > 0) & (sizes < top)]
+        if sizes.shape[0] > candidates:
+            sizes = np.unique(np.quantile(sizes, np.linspace(0, 1, candidates), method="higher").astype(np.int64))
+        best, best_time = starts[0], self.mean_time(starts[0])
+        for start in starts:
+            ladder, now = list(start), self.mean_time(start)
+            for _ in range(sweeps):
+                moved = False
+                for i in range(len(ladder) - 1):  # sorted: the largest (the capacity) stays
+                    rest = ladder[:i] + ladder[i + 1 :]
+                    chosen, chosen_time = None, now
+                    for size in sizes.tolist():
+                        if size not in rest:
+                            t = self.mean_time(tuple(sorted([*rest, size])))
+                            if t < chosen_time:
+                                chosen, chosen_time = size, t
+                    if chosen is not None:
+                        ladder, now, moved = sorted([*rest, chosen]), chosen_time, True
+                if not moved:
+                    break
+            if now < best_time:
+                best, best_time = tuple(ladder), now
+        return best
+
+
+def even_ladder(buckets: int, unit: int, top: int) -> tuple[int, ...]:
+    """``buckets`` evenly spaced sizes up to ``top``, each rounded up to a multiple of
+    ``unit`` (fewer where they coincide)."""
+    step = top / buckets
+    return tuple(sorted({min(top, -(-round(step * k) // unit) * unit) for k in range(1, buckets + 1)} - {0}))
+
+
+def static_shapes_by_cost(
+    steps: Sequence[Sequence[int] | np.ndarray],
+    *,
+    buckets: int,
+    max_sequences: int,
+    max_tokens_per_rank: int,
+    dp_size: int,
+    cp_size: int = 1,
+    pad_multiple: int = 1,
+    cost: CostModel | GroupCost | None = None,
+    scheduler: str | Scheduler = "balanced",
+    sync: str = "lockstep",
+    tail_padding: TailPadding | str = TailPadding.APPEND_DUMMY_SEQ,
+    refits: int = 2,
+) -> StaticShapes:
+    """A :class:`~seqpack.thd.StaticShapes` of at most ``buckets`` token buckets chosen for
+    the least predicted step time of the plans of ``steps``.
+
+    Every step of ``steps`` (e.g. the lengths of the data's first steps, or mock ones)
+    is planned by ``scheduler`` with one bucket, the capacity rounded down to
+    ``pad_multiple``. On those plans the ladder (multiples of ``pad_multiple``, the largest
+    that capacity) with the least summed bucket padding is found exactly (a dynamic program
+    over the microbatches' padded token counts, :func:`ladder_for`), then improved one bucket
+    at a time for the plans' predicted step time (a microbatch just past a bucket edge can
+    set its round's or replica's time; :class:`FixedPlans`). The steps are re-planned with
+    that ladder and a ladder is fitted to the new plans, ``refits`` times at most; evenly
+    spaced buckets are tried too (a ladder fitted to a few plans' microbatches may fit
+    other steps worse). The ladder kept (one bucket among them) is the one whose plans
+    predict the least mean step time under ``sync``
+    (:func:`~seqpack.schedulers.predicted_step_time` with ``static_shapes``); the log
+    (``seqpack.schedulers.bucket_ladder``, INFO) reports each. Give it many steps of the
+    real data: the ladder fits the next steps as well as their microbatches resemble the
+    sample's (docs/thd.md, "What buckets cost the plans").
+
+    Args:
+        steps: One int array of real lengths per step (global order, as ``schedule``).
+        buckets: Most buckets (fewer when fewer pay off).
+        max_sequences, tail_padding: As :class:`~seqpack.thd.StaticShapes`'.
+        max_tokens_per_rank, dp_size, cp_size, cost, sync: As
+            :meth:`Scheduler.schedule <seqpack.schedulers.Scheduler.schedule>` (the
+            training run's).
+        pad_multiple: The packer's (``2 * cp_size`` and more under CP:
+            :func:`~seqpack.thd.pad_multiple_for`): every bucket is a multiple of it.
+        scheduler: The scheduler (or its name) that plans the steps.
+        refits: Re-plans after the first ladder (0: the first ladder is kept).
+
+    Raises:
+        ConfigError: ``steps`` empty or not a list, ``buckets`` below 1, a capacity
+            below ``pad_multiple``, or what the scheduler refuses.
+    """
+    buckets = check_positive_int("buckets", buckets, maximum=INT32_MAX)
+    refits = check_int("refits", refits, minimum=0, maximum=16)
+    mode = check_choice("sync", sync, Sync)
+    planner = get_scheduler(scheduler)
+    pad_multiple = check_positive_int("pad_multiple", pad_multiple)
+    top = _top_bucket(max_tokens_per_rank, cp_size, pad_multiple)
+    step_lengths = _step_lengths(steps)
+    model = planner.resolve_cost(cost)
+    trial = _Trial(
+        planner=planner,
+        steps=step_lengths,
+        family=as_group_cost(model or default_cost_model(), cp_size),
+        sync=mode,
+        cost=cost,
+        limits=dict(
+            dp_size=dp_size, cp_size=cp_size, max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple
+        ),
+        max_sequences=max_sequences,
+        tail_padding=tail_padding,
+    )
+    return _search(trial, buckets=buckets, unit=pad_multiple, top=top, refits=refits)
+
+
+def _top_bucket(max_tokens_per_rank: int, cp_size: int, pad_multiple: int) -> int:
+    """The largest bucket: the capacity rounded down to ``pad_multiple`` (an int32 token
+    count); refuses a capacity that holds no multiple of it."""
+    capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank) * check_positive_int("cp_size", cp_size)
+    top = min(capacity, INT32_MAX) // pad_multiple * pad_multiple  # a bucket is an int32 token count
+    if top < 1:
+        raise ConfigError(
+            f"max_tokens_per_rank={max_tokens_per_rank} x cp_size={cp_size} = {capacity} tokens holds no multiple of "
+            f"pad_multiple={pad_multiple}: no token bucket fits the capacity"
+        )
+    return top
+
+
+def _step_lengths(steps: object) -> list[np.ndarray]:
+    """``steps`` as one checked length array per step; refuses an empty or non-list one."""
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence) or not len(steps):
+        raise ConfigError(
+            "steps must be a non-empty list of the steps' lengths (one int array per step, e.g. the first steps "
+            f"of the data), got {steps!r:.80}"
+        )
+    return [as_lengths(lengths) for lengths in steps]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trial:
+    """Plans the sample steps under a ladder and predicts their mean step time."""
+
+    planner: Scheduler
+    steps: list[np.ndarray]
+    family: GroupCost
+    sync: str
+    cost: CostModel | GroupCost | None
+    limits: dict[str, Any]
+    max_sequences: int
+    tail_padding: TailPadding | str
+
+    def make(self, ladder: tuple[int, ...]) -> StaticShapes:
+        return StaticShapes(
+            token_buckets=ladder, max_sequences=self.max_sequences, tail_padding=TailPadding(self.tail_padding)
+        )
+
+    def evaluate(self, shapes: StaticShapes) -> tuple[float, FixedPlans]:
+        """The steps' mean predicted step time planned with ``shapes``, and their plans."""
+        times, plans = [], []
+        for lengths in self.steps:
+            plan = self.planner.schedule(lengths, cost=self.cost, sync=self.sync, static_shapes=shapes, **self.limits)
+            times.append(predicted_step_time(plan, self.family, sync=self.sync, static_shapes=shapes))
+            plans.append(plan)
+        return float(np.mean(times)), FixedPlans.of(plans, self.family, self.sync)
+
+
+def _search(trial: _Trial, *, buckets: int, unit: int, top: int, refits: int) -> StaticShapes:
+    """:func:`static_shapes_by_cost`'s search: one bucket, the fitted ladders (re-planned
+    ``refits`` times at most) and the even one; the least mean predicted step time wins."""
+    best = trial.make((top,))
+    best_time, fixed = trial.evaluate(best)
+    logger.info("by_cost: one bucket %d: mean predicted step %.6g", top, best_time)
+    tried = {best}
+    starts = [even_ladder(buckets, unit, top)]
+    for _ in range(refits + 1):
+        # On these plans: the least summed padding (exact), then the least predicted step
+        # time (a microbatch past a bucket edge can set its round's or replica's time).
+        ladder = fixed.descend([ladder_for(fixed.tokens, buckets=buckets, unit=unit, top=top), *starts])
+        starts = []
+        shapes = trial.make(ladder)
+        if shapes in tried:
+            break
+        tried.add(shapes)
+        mean, fixed = trial.evaluate(shapes)  # re-planned with the ladder: the next ladder fits these plans
+        logger.info("by_cost: buckets %s: mean predicted step %.6g", shapes.token_buckets, mean)
+        if mean < best_time:
+            best, best_time = shapes, mean
+    # Evenly spaced buckets too: a ladder fitted to a few plans' microbatches may not fit others.
+    even = trial.make(even_ladder(buckets, unit, top))
+    if even not in tried:
+        mean, _ = trial.evaluate(even)
+        logger.info("by_cost: even buckets %s: mean predicted step %.6g", even.token_buckets, mean)
+        if mean < best_time:
+            best, best_time = even, mean
+    return best
