@@ -39,6 +39,7 @@ from seqpack.options import (
 from seqpack.schedulers import Scheduler, get_scheduler
 from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.thd import StaticShapes, pad_multiple_for
+from seqpack.thd.static_shapes import as_static_shapes
 from seqpack.topology import Topology
 from seqpack.validation import (
     check_bool,
@@ -221,10 +222,7 @@ class PackingConfig:
             raise ConfigError("calibrate=GroupCostCalibrator(...) fits a dynamic CP group cost: pass dynamic_cp=True")
 
     def _check_static_shapes(self) -> None:
-        shapes = self.static_shapes
-        if not isinstance(shapes, StaticShapes | None):
-            raise SeqpackTypeError(f"static_shapes must be a seqpack.StaticShapes or None, got {type(shapes).__name__}")
-        if shapes is not None and self.dynamic_cp:
+        if as_static_shapes(self.static_shapes) is not None and self.dynamic_cp:
             raise ConfigError(
                 "static_shapes is not supported with dynamic_cp=True: a CP group's pack holds up to its size times "
                 "max_tokens_per_rank tokens, so one set of token buckets cannot fix every rank's shard; use static CP"

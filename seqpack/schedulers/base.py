@@ -26,15 +26,9 @@ from seqpack.schedulers.request import (
     check_step_tokens,
 )
 from seqpack.schedulers.schedule import Schedule
-from seqpack.schedulers.static_limits import (
-    BucketPrice,
-    as_static_shapes,
-    bucket_capacity,
-    fit_sequence_limit,
-    trim_to_buckets,
-)
+from seqpack.schedulers.static_limits import BucketPrice, bucket_capacity, fit_sequence_limit, trim_to_buckets
 from seqpack.thd import padded_lengths
-from seqpack.thd.static_shapes import StaticShapes
+from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
 from seqpack.validation import check_choice, check_number, check_positive_int
 
 __all__ = ["GridScheduler", "Scheduler"]

@@ -43,9 +43,9 @@ from seqpack.schedulers.group_sizes import allowed_group_sizes
 from seqpack.schedulers.join import join_plans
 from seqpack.schedulers.request import apply_oversize, as_lengths, as_origin
 from seqpack.schedulers.schedule import Schedule
-from seqpack.schedulers.static_limits import as_static_shapes, bucket_capacity, fit_sequence_limit, refuse_dynamic
+from seqpack.schedulers.static_limits import bucket_capacity, fit_sequence_limit, refuse_dynamic
 from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
-from seqpack.thd.static_shapes import StaticShapes
+from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
 from seqpack.validation import check_bool, check_positive_int
 
 __all__ = ["assign_units", "group_units", "pack_units", "schedule_groups"]

@@ -23,31 +23,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
+from seqpack.errors import ConfigError, ScheduleError
 from seqpack.options import INT32_MAX, Sync
-from seqpack.thd.static_shapes import StaticShapes
+from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "BucketPrice",
-    "as_static_shapes",
     "bucket_capacity",
     "fit_sequence_limit",
     "group_buckets",
     "resolved_buckets",
 ]
-
-
-def as_static_shapes(value: object) -> StaticShapes | None:
-    """``value`` when a :class:`~seqpack.thd.StaticShapes` or None.
-
-    Raises:
-        SeqpackTypeError: Anything else.
-    """
-    if value is None or isinstance(value, StaticShapes):
-        return value
-    raise SeqpackTypeError(f"static_shapes must be a seqpack.StaticShapes or None, got {type(value).__name__}")
 
 
 def refuse_dynamic(static_shapes: object, what: str) -> None:

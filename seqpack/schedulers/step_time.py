@@ -16,8 +16,8 @@ from seqpack.cost import CostModel, GroupCost, as_group_cost, spans_nodes
 from seqpack.errors import ScheduleError, SeqpackTypeError
 from seqpack.options import Sync
 from seqpack.schedulers.schedule import Schedule
-from seqpack.schedulers.static_limits import as_static_shapes, group_buckets
-from seqpack.thd.static_shapes import StaticShapes
+from seqpack.schedulers.static_limits import group_buckets
+from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
 from seqpack.validation import check_choice
 
 __all__ = ["bucket_padding", "group_sums", "group_times", "predicted_step_time", "rank_times", "replica_sums"]

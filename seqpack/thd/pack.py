@@ -27,7 +27,7 @@ from seqpack.thd.sample import (
     next_token_targets,
     normalize_sample,
 )
-from seqpack.thd.static_shapes import StaticShapes
+from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
 from seqpack.validation import (
     INT32_MAX,
     INT64_MAX,
@@ -206,10 +206,8 @@ def _layout(
 
 
 def _check_static_shapes(static_shapes: object, pad_multiple: int, pad_to: int | None) -> None:
-    if not isinstance(static_shapes, StaticShapes):
-        raise SeqpackTypeError(
-            f"static_shapes must be a seqpack.StaticShapes or None, got {type(static_shapes).__name__}"
-        )
+    static_shapes = as_static_shapes(static_shapes)
+    assert static_shapes is not None  # the caller passes one
     if pad_to is not None and static_shapes.token_buckets != "capacity":
         raise ConfigError(
             f"pad_to={pad_to} and token_buckets={static_shapes.token_buckets} both fix the pack's token count: "

@@ -36,7 +36,7 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, TailPadding
 from seqpack.validation import check_choice, check_int, check_optional_int, check_positive_int
 
-__all__ = ["CAPACITY", "StaticShapes"]
+__all__ = ["CAPACITY", "StaticShapes", "as_static_shapes"]
 
 CAPACITY: Literal["capacity"] = "capacity"
 """``token_buckets="capacity"``: one bucket, the microbatch's token capacity (Megatron's
@@ -226,6 +226,17 @@ class StaticShapes:
         first_at_bucket = n + 1 if self.tail_padding == TailPadding.APPEND_DUMMY_SEQ else n
         cu_padded[first_at_bucket:] = bucket
         return cu_real, cu_padded
+
+
+def as_static_shapes(value: object) -> StaticShapes | None:
+    """``value`` when a :class:`StaticShapes` or None (what every ``static_shapes=`` takes).
+
+    Raises:
+        SeqpackTypeError: Anything else.
+    """
+    if value is None or isinstance(value, StaticShapes):
+        return value
+    raise SeqpackTypeError(f"static_shapes must be a seqpack.StaticShapes or None, got {type(value).__name__}")
 
 
 def _check_buckets(value: object) -> tuple[int, ...] | Literal["capacity"]:
