@@ -179,7 +179,7 @@ class _Layout:
 
     def __init__(self, plan: Schedule, static: StaticShapes | None) -> None:
         self.plan, self.static = plan, static
-        self.spans = plan.packed_spans()
+        self.spans = plan.packed_spans() if static is None else None  # fixed shapes lay out their own
 
     def of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
         """``(cu_seqlens, cu_seqlens_padded, max_seqlen, sample_ids)`` of the pack of ``ids``."""
@@ -189,6 +189,7 @@ class _Layout:
             slot_ids = np.full(self.static.max_sequences, -1, dtype=np.int64)
             slot_ids[: ids.shape[0]] = ids
             return cu, cu_padded, bucket, slot_ids
+        assert self.spans is not None
         spans = self.spans[ids]
         cu = np.concatenate([[0], np.cumsum(lengths)])
         return cu, np.concatenate([[0], np.cumsum(spans)]), int(spans.max()), ids
@@ -211,13 +212,14 @@ def _from_shards(
     shard, in pack order: a fixed shape's tail slot, which no sequence holds, is pads (label
     -100, loss mask 0) at the end of every shard."""
     cu, cu_padded, max_seqlen, slot_ids = layout
-    fields = {key: torch.cat([shard[key] for shard in shards]) for key in shards[0]}
-    have, local = int(fields["input_ids"].shape[0]), int(cu_padded[-1]) // size
-    if have < local:
-        tail = local - have
-        fields["input_ids"] = torch.cat([fields["input_ids"], fields["input_ids"].new_zeros(tail)])
-        fields["labels"] = torch.cat([fields["labels"], fields["labels"].new_full((tail,), IGNORE_INDEX)])
-        fields["loss_mask"] = torch.cat([fields["loss_mask"], fields["loss_mask"].new_zeros(tail)])
+    have = sum(int(shard["input_ids"].shape[0]) for shard in shards)
+    tail = int(cu_padded[-1]) // size - have
+    fields = {}
+    for key, pad in (("input_ids", 0), ("labels", IGNORE_INDEX), ("loss_mask", 0)):
+        parts = [shard[key] for shard in shards]
+        if tail:  # one concatenation with the tail's pads
+            parts.append(parts[0].new_full((tail,), pad))
+        fields[key] = torch.cat(parts)
     batch = batch_from_layout(
         cu,
         cu_padded,
@@ -230,8 +232,8 @@ def _from_shards(
         labels=fields["labels"],
         loss_mask=fields["loss_mask"],
     )
-    if "position_ids" in fields:  # the samples' own; the tail slot's count from 0, as the layout's
+    if "position_ids" in shards[0]:  # the samples' own; the tail slot's count from 0, as the layout's
         positions = batch.position_ids.clone()
-        positions[:have] = fields["position_ids"]
+        positions[:have] = torch.cat([shard["position_ids"] for shard in shards])
         batch = dataclasses.replace(batch, position_ids=positions)
     return batch

@@ -28,6 +28,7 @@ from seqpack.errors import ScheduleError, SeqpackTypeError
 from seqpack.options import GroupSizes, TailPadding
 from seqpack.schedulers import schedule_checks
 from seqpack.schedulers.request import _empty, as_lengths, default_origin
+from seqpack.schedulers.static_limits import group_buckets
 from seqpack.thd import group_padded_lengths, padded_lengths
 from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import check_choice, int64_array
@@ -391,13 +392,15 @@ class Schedule:
         ``tail_padding="extend_last"`` each pack's last sequence also spans the tail of the
         pack's bucket (:class:`~seqpack.thd.StaticShapes`)."""
         spans = np.zeros(self.num_sequences, dtype=np.int64)
-        spans[self.assigned] = self.padded_assigned()
+        padded = self.padded_assigned()
+        spans[self.assigned] = padded
         if static_shapes is None or static_shapes.tail_padding != TailPadding.EXTEND_LAST:
             return spans
-        for g, tokens in enumerate(self.group_tokens().tolist()):
-            ids = self.group_ids(g)
-            if ids.size:
-                spans[ids[-1]] += static_shapes.bucket_for(tokens, self.capacity) - tokens
+        ends = np.concatenate([[0], np.cumsum(padded)])
+        filled = self.group_counts > 0
+        tokens = (ends[self.offsets[1:]] - ends[self.offsets[:-1]])[filled]
+        last = self.assigned[self.offsets[1:][filled] - 1]  # each pack's last sequence
+        spans[last] += group_buckets(static_shapes, tokens, self.capacity) - tokens
         return spans
 
     def per_id(self, group_values: np.ndarray) -> np.ndarray:
