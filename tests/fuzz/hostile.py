@@ -156,3 +156,14 @@ def check_answer(target: Target, arg: str, value: Any, kwargs: dict[str, Any]) -
     kind = target.args[arg]
     assert KINDS[kind](value), f"{target.name} accepted {arg}={value!r} where a {kind} belongs: a silent change"
     return "ok"
+
+
+def spoil_one(target: Target, data: Any) -> str:
+    """Spoil one argument of ``target``'s valid call, drawn from ``data`` (hypothesis'
+    ``st.data()``) with a :data:`hostile_values` value, and check the answer
+    (:func:`check_answer`)."""
+    kwargs = target.valid()
+    arg = data.draw(st.sampled_from(sorted(target.args)))
+    value = data.draw(hostile_values)
+    kwargs[arg] = value
+    return check_answer(target, arg, value, kwargs)
