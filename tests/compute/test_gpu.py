@@ -42,12 +42,12 @@ needs_te = pytest.mark.skipif(not HAS_TE, reason="needs CUDA and Transformer Eng
 needs_mamba = pytest.mark.skipif(not HAS_MAMBA, reason="needs CUDA with mamba_ssm and causal_conv1d")
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |b| in float64 (0 when both are empty)."""
+def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-12) -> float:
+    """max |a - b| / max(max |b|, floor) in float64 (0 when both are empty)."""
     if b.numel() == 0:
         return 0.0
     a, b = a.detach().double(), b.detach().double()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+    return float((a - b).abs().max() / b.abs().max().clamp_min(floor))
 
 
 def randn(shape, seed, dtype=torch.float32):
@@ -102,7 +102,11 @@ def _te_vs_reference(batch, heads, kv_heads, head_dim, dtype, seed, causal=True,
     gy[batch.padding_mask] = 0  # pads carry no loss
     grads = torch.autograd.grad(out, inputs, gy.to(dtype))
     ref_grads = torch.autograd.grad(ref, reference_inputs, gy)
-    grad_errors = [rel_err(a, b) for a, b in zip(grads, ref_grads, strict=True)]
+    # A gradient the reference has exactly zero (under window (0, 0) every query sees only
+    # itself, and a softmax over one score has no gradient) is measured against 1% of the
+    # largest reference gradient: bf16 noise of ~2e-6 there is no error.
+    floor = 1e-2 * max(float(g.abs().max()) for g in ref_grads)
+    grad_errors = [rel_err(a, b, floor) for a, b in zip(grads, ref_grads, strict=True)]
     return rel_err(out, ref), grad_errors, out, grads
 
 
