@@ -69,14 +69,23 @@ def _count_microbatches(monkeypatch) -> list[int]:
     return counts
 
 
+RUN = dict(steps=20, batch_size=16, samples=512)
+
+
+@functools.cache
+def _trl_padding_free_run() -> tuple[list[float], torch.Tensor]:
+    """TRL's own padding-free run of RUN (losses, final parameters): the reference of both
+    tests below, run once per process."""
+    return example.run(max_tokens_per_rank=None, padding_free=True, **RUN)
+
+
 @pytest.mark.slow
 def test_20_steps_equal_trls_padding_free_run(monkeypatch):
     """fp32, AdamW, 16 rows a step packed into microbatches of at most 256 tokens, the
     gradient accumulated over them, against TRL's one padding-free batch per step."""
     counts = _count_microbatches(monkeypatch)
-    kwargs = dict(steps=20, batch_size=16, samples=512)
-    reference, reference_params = example.run(max_tokens_per_rank=None, padding_free=True, **kwargs)
-    losses, params = example.run(max_tokens_per_rank=256, **kwargs)
+    reference, reference_params = _trl_padding_free_run()
+    losses, params = example.run(max_tokens_per_rank=256, **RUN)
     assert len(losses) == 20 and len(counts) == 20 and min(counts) >= 2, counts  # several microbatches a step
     assert _max_diff(losses, reference) <= 1e-5
     assert float((params - reference_params).abs().max()) <= 1e-5
@@ -86,9 +95,8 @@ def test_20_steps_equal_trls_padding_free_run(monkeypatch):
 def test_one_microbatch_per_step_trains_as_trls_padding_free_run_bit_for_bit(monkeypatch):
     """With one microbatch per step the computation is TRL's padding-free batch's."""
     counts = _count_microbatches(monkeypatch)
-    kwargs = dict(steps=20, batch_size=16, samples=512)
-    reference, reference_params = example.run(max_tokens_per_rank=None, padding_free=True, **kwargs)
-    losses, params = example.run(max_tokens_per_rank=4096, **kwargs)
+    reference, reference_params = _trl_padding_free_run()
+    losses, params = example.run(max_tokens_per_rank=4096, **RUN)
     assert counts == [1] * 20
     assert _max_diff(losses, reference) <= 1e-6  # the log's float32 rounding of the summed loss
     assert torch.equal(params, reference_params)
