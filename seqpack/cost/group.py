@@ -38,7 +38,6 @@ import numpy as np
 from seqpack.cost.interconnect import DEFAULT_INTERCONNECT, Interconnect, get_interconnect
 from seqpack.cost.model import CostModel, ModelSpec
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.thd import group_padded_lengths
 from seqpack.validation import check_number, check_positive_int
 
 __all__ = ["FEATURES", "TE_P2P_TRANSFERS", "GroupCost", "as_group_cost", "spans_nodes"]
@@ -280,14 +279,6 @@ class GroupCost:
         ring = np.maximum(c - 1.0, 0.0)
         token = np.where(np.asarray(spans, dtype=bool), float(self.ring_token_inter or 0.0), self.ring_token)
         return ring * self.ring_step + token * (ring * np.asarray(seqlen_sum, dtype=np.float64) / c)
-
-    def sequence_time(self, lengths: np.ndarray, group_size: int, pad_multiple: int) -> np.ndarray:
-        """Cost of each sequence alone in an aligned group of ``group_size`` ranks."""
-        padded = group_padded_lengths(lengths, group_size, pad_multiple).astype(np.float64)
-        n = padded.shape[0]
-        sizes = np.full(n, group_size)
-        spans = np.full(n, group_size > self.ranks_per_node)
-        return self.time(sizes, padded, padded * padded, spans)
 
 
 def as_group_cost(cost: GroupCost | CostModel, cp_size: int) -> GroupCost:

@@ -137,12 +137,6 @@ class Reader:
         return result
 
 
-def normalize_item(item: Any, index: int) -> list[Sample]:
-    """Validate one sample against the sample contract (:mod:`seqpack.thd.sample`) and
-    split a pre-packed one into its sequences."""
-    return sample_sequences(item, where=f"sample {index} of this rank's data")
-
-
 def key_mask(pool: Sequence[Sample]) -> int:
     """Bit mask of the keys every sample of ``pool`` carries.
 
