@@ -11,13 +11,15 @@ import numbers
 import os
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, INT64_MAX, MAX_TOKENS
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "int64_array",
@@ -260,6 +262,8 @@ def check_path(name: str, value: object) -> str:
 
 def check_tensor(name: str, value: object, *, min_dim: int = 0) -> torch.Tensor:
     """``value`` as a ``torch.Tensor`` with at least ``min_dim`` dimensions."""
+    import torch  # here, not at the top: the layers above that plan (schedulers, cost, cli) need no torch
+
     if not isinstance(value, torch.Tensor):
         raise SeqpackTypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.dim() < min_dim:

@@ -19,42 +19,26 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, CpLayout
 from seqpack.thd.batch import BATCH_TOKEN_FIELDS, PackedBatch
 from seqpack.thd.layout import Offsets, as_offsets, check_offsets, seq_idx_from_cu_seqlens, token_layout
-from seqpack.validation import check_choice, check_int, check_positive_int, check_tensor
+from seqpack.thd.padding import _multiple, check_cp
+from seqpack.validation import check_choice, check_int, check_tensor
 
 __all__ = [
     "partition_indices",
     "gather_order",
     "shard_for_cp",
     "unshard_from_cp",
-    "cp_pad_multiple",
-    "group_pad_multiple",
-    "group_padded_lengths",
     "chunk_ids_before_attention",
     "chunk_ids_after_attention",
     "reorder_seq_chunks",
     "dualchunk_to_sequential",
     "sequential_to_dualchunk",
 ]
-
-
-MAX_CP_SIZE = 2**30
-"""Largest CP size: every sequence holds ``2*cp`` chunks, and a pack's token count is int32."""
-
-
-def check_cp(cp_size: object, cp_rank: object = 0) -> tuple[int, int]:
-    """``(cp_size, cp_rank)`` as ints: a positive size, a rank in ``[0, cp_size)``."""
-    size = check_positive_int("cp_size", cp_size, maximum=MAX_CP_SIZE)
-    rank = check_int("cp_rank", cp_rank)
-    if not 0 <= rank < size:
-        raise ConfigError(f"cp_rank={rank} is out of range for cp_size={size} (valid: 0..{size - 1})")
-    return size, rank
 
 
 def _kinds(value: object) -> str:
@@ -68,36 +52,6 @@ def _as_offsets(cu_seqlens_padded: Offsets) -> torch.Tensor:
     if cu.numel() < 2:
         raise ConfigError(f"cu_seqlens_padded must be 1-D with at least 2 entries, got shape {tuple(cu.shape)}")
     return cu
-
-
-def cp_pad_multiple(cp_size: int, layout: CpLayout | str = CpLayout.DUALCHUNK) -> int:
-    """What every padded sequence length must be a multiple of: ``2*cp`` (dualchunk), ``cp``
-    (contiguous), 1 without CP. ``pad_multiple_for(cp_size)`` (``2*cp``) suits both layouts."""
-    cp_size, _ = check_cp(cp_size)
-    return _multiple(cp_size, check_choice("layout", layout, CpLayout))
-
-
-def group_pad_multiple(group_size: int, pad_multiple: int) -> int:
-    """What a sequence of a dynamic-CP group of ``group_size`` ranks is padded to a multiple
-    of: ``pad_multiple`` alone, ``2 * group_size * pad_multiple`` in a group. DualChunkSwap
-    cuts it into ``2c`` chunks, each itself a multiple of ``pad_multiple``, so every rank's
-    shard meets what ``pad_multiple`` asks of a whole sequence on one rank (TP under sequence
-    parallelism, 16 under FP8)."""
-    return 2 * group_size * pad_multiple if group_size > 1 else pad_multiple
-
-
-def group_padded_lengths(lengths: np.ndarray, group_size: int | np.ndarray, pad_multiple: int) -> np.ndarray:
-    """Padded length of each sequence in a dynamic-CP group of ``group_size`` ranks
-    (:func:`group_pad_multiple`; int64, sizes broadcast against ``lengths``)."""
-    size = np.asarray(group_size, dtype=np.int64)
-    multiple = np.where(size > 1, 2 * size * pad_multiple, pad_multiple)
-    return -(-np.asarray(lengths, dtype=np.int64) // multiple) * multiple
-
-
-def _multiple(cp_size: int, layout: CpLayout) -> int:
-    if cp_size == 1:
-        return 1
-    return 2 * cp_size if layout == CpLayout.DUALCHUNK else cp_size
 
 
 def _check_divisible(cu: torch.Tensor, cp_size: int, layout: CpLayout) -> None:

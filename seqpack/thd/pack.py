@@ -5,7 +5,6 @@ padding arithmetic both follow (:func:`pad_multiple_for`, :func:`padded_lengths`
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
@@ -15,8 +14,9 @@ import torch
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
 from seqpack.options import LABEL_COPY_MIN_TOKENS, CpLayout, LabelFormat
 from seqpack.thd.batch import PackedBatch
-from seqpack.thd.cp import check_cp, partition_indices
+from seqpack.thd.cp import partition_indices
 from seqpack.thd.layout import Offsets, as_offsets, token_layout
+from seqpack.thd.padding import check_cp, padded_lengths
 from seqpack.thd.sample import (
     IGNORE_INDEX,
     default_labels,
@@ -31,62 +31,17 @@ from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
 from seqpack.validation import (
     INT32_MAX,
     INT64_MAX,
-    check_bool,
     check_choice,
     check_fits_memory,
     check_int,
     check_optional_int,
     check_positive_int,
-    int64_array,
 )
 
 __all__ = [
     "batch_from_layout",
     "pack_sequences",
-    "pad_multiple_for",
-    "padded_lengths",
 ]
-
-
-def pad_multiple_for(cp_size: int, tp_size: int = 1, sequence_parallel: bool = False, fp8: bool = False) -> int:
-    """The multiple every sequence's padded length must have.
-
-    ``2*cp`` under context parallelism (DualChunkSwap cuts each sequence in ``2*cp`` chunks),
-    times ``tp`` under sequence parallelism (the token axis is split over TP too), and a
-    multiple of 16 under FP8 (its GEMMs need 16-aligned token counts).
-    """
-    cp = check_positive_int("cp_size", cp_size, maximum=INT32_MAX)
-    tp = check_positive_int("tp_size", tp_size, maximum=INT32_MAX)
-    sequence_parallel = check_bool("sequence_parallel", sequence_parallel)
-    fp8 = check_bool("fp8", fp8)
-    multiple = 2 * cp if cp > 1 else 1
-    if sequence_parallel:
-        multiple *= tp
-    if fp8:
-        multiple = math.lcm(multiple, 16)
-    return multiple
-
-
-def padded_lengths(lengths: np.ndarray | Sequence[int], pad_multiple: int) -> np.ndarray:
-    """Smallest multiple of ``pad_multiple`` that holds each length (int64 array).
-
-    Raises:
-        SeqpackTypeError: Lengths that are not integers.
-        SampleError: A negative length, or one whose padded length does not fit int64.
-    """
-    pad_multiple = check_positive_int("pad_multiple", pad_multiple)
-    arr = lengths if isinstance(lengths, np.ndarray) and lengths.dtype == np.int64 else _int64_lengths(lengths)
-    if arr.size:
-        low, high = int(arr.min()), int(arr.max())
-        if low < 0:
-            raise SampleError(f"lengths must be >= 0, got {low}")
-        if high > INT64_MAX // pad_multiple * pad_multiple:  # its padded length would wrap negative
-            raise SampleError(f"length {high} padded to pad_multiple={pad_multiple} is too large (at most 2**63 - 1)")
-    return -(-arr // pad_multiple) * pad_multiple
-
-
-def _int64_lengths(lengths: np.ndarray | Sequence[int]) -> np.ndarray:
-    return int64_array("lengths", lengths, too_large=SampleError, integral_floats=True, element="length at {index} is")
 
 
 def pack_sequences(

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from seqpack.errors import ConfigError
 from seqpack.thd import BATCH_TOKEN_FIELDS, StaticShapes, pack_sequences, shard_for_cp, unshard_from_cp
-from seqpack.thd.pack import padded_lengths
+from seqpack.thd.padding import padded_lengths
 
 TARGETS = [
     Target(

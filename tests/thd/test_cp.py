@@ -13,7 +13,6 @@ from seqpack.thd import pack_sequences, pad_multiple_for
 from seqpack.thd.cp import (
     chunk_ids_after_attention,
     chunk_ids_before_attention,
-    cp_pad_multiple,
     dualchunk_to_sequential,
     gather_order,
     partition_indices,
@@ -22,6 +21,7 @@ from seqpack.thd.cp import (
     shard_for_cp,
     unshard_from_cp,
 )
+from seqpack.thd.padding import cp_pad_multiple
 
 
 def test_reference_example():

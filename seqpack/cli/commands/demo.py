@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 
 import seqpack.cli.demo as demo_package
-from seqpack.cli.demo.launch import launch
 from seqpack.cli.demo.settings import DemoSettings
 from seqpack.cli.flags import add_options, from_args
 
@@ -28,4 +27,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    from seqpack.cli.demo.launch import launch  # here: the demo trains with torch, the other commands need none
+
     return int(launch(from_args(DemoSettings, args)))

@@ -31,9 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     from seqpack.cli.commands.stats import length_summary
-    from seqpack.mock_data import MockSFTDataset, write_lengths
+    from seqpack.mock_data import write_lengths
     from seqpack.mock_data.io import file_format
-    from seqpack.mock_data.sft import MIN_VOCAB_SIZE
 
     out = args.output
     check_int("--num-samples", args.num_samples, minimum=0)
@@ -41,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dataset:
         if not out.endswith(".parquet"):
             raise CommandError(f"--dataset writes Parquet; -o {out!r} does not end in .parquet")
+        from seqpack.mock_data.sft import MIN_VOCAB_SIZE  # here: a dataset is torch tensors, lengths are not
+
         check_int("--vocab-size", args.vocab_size, minimum=MIN_VOCAB_SIZE)
     else:
         file_format(out)  # an unknown extension is refused before the lengths are drawn
@@ -48,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dataset:
         if lengths.size and lengths.min() < 1:
             raise CommandError(f"a mock dataset needs lengths >= 1; {source} gives {int(lengths.min())}")
+        from seqpack.mock_data.sft import MockSFTDataset
+
         dataset = MockSFTDataset(lengths, vocab_size=args.vocab_size, seed=args.seed)
         with Progress(len(dataset), "write", enabled=not args.quiet) as bar:
             dataset.write_parquet(out, progress=bar.update)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from seqpack.cli.demo.settings import DemoSettings
 from seqpack.errors import SampleError
-from seqpack.thd import PackedBatch
+
+if TYPE_CHECKING:
+    from seqpack.thd import PackedBatch
 
 __all__ = ["load_dataset", "padded_microbatches", "rank_indices", "sample_order"]
 

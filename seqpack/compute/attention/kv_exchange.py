@@ -26,7 +26,8 @@ import torch.distributed as dist
 from seqpack.compute._collectives import all_to_all_rows
 from seqpack.compute.attention.masks import AttentionMask, attention_mask, held_chunks, key_range
 from seqpack.options import CpLayout
-from seqpack.thd.cp import check_cp, gather_order
+from seqpack.thd.cp import gather_order
+from seqpack.thd.padding import check_cp
 from seqpack.validation import check_choice, check_positive_int
 
 __all__ = ["KvExchangePlan", "KvTraffic", "exchange_kv", "keys_in_reach", "kv_exchange_traffic", "plan_kv_exchange"]
