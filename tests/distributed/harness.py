@@ -111,7 +111,8 @@ def context() -> Any:
     spawned one does, and the fork server's modules and environment (as they were when the
     first pool started)."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "seqpack", "harness"])
+    # `import seqpack` alone imports nothing (its face is lazy): preload what the tasks run.
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "seqpack.loader", "seqpack.compute", "harness"])
     return ctx
 
 
