@@ -25,7 +25,7 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, CpLayout
 from seqpack.thd.batch import BATCH_TOKEN_FIELDS, PackedBatch
 from seqpack.thd.layout import Offsets, as_offsets, check_offsets, seq_idx_from_cu_seqlens, token_layout
-from seqpack.thd.padding import _multiple, check_cp
+from seqpack.thd.padding import check_cp, layout_multiple
 from seqpack.validation import check_choice, check_int, check_tensor
 
 __all__ = [
@@ -57,7 +57,7 @@ def _as_offsets(cu_seqlens_padded: Offsets) -> torch.Tensor:
 def _check_divisible(cu: torch.Tensor, cp_size: int, layout: CpLayout) -> None:
     # At cp=1 the partition is the identity and any padded length is fine (TE asserts even
     # lengths even there, but never partitions at cp=1). One host sync on a GPU: cu is [N+1].
-    multiple = _multiple(cp_size, layout)
+    multiple = layout_multiple(cp_size, layout)
     bad = torch.nonzero(cu % multiple != 0).flatten()
     if bad.numel():
         i = int(bad[0])

@@ -1,6 +1,6 @@
-"""Building THD microbatches: from samples (:func:`pack_sequences`), from a layout alone
-(:func:`batch_from_layout`, what the wire decoder and middle pipeline stages need), and the
-padding arithmetic both follow (:func:`pad_multiple_for`, :func:`padded_lengths`)."""
+"""Building THD microbatches: from samples (:func:`pack_sequences`) and from a layout alone
+(:func:`batch_from_layout`, what the wire decoder and middle pipeline stages need). Both pad
+by :mod:`seqpack.thd.padding`'s arithmetic."""
 
 from __future__ import annotations
 

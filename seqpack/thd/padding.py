@@ -5,7 +5,8 @@ that plan with it import no torch).
 - :func:`pad_multiple_for`: the multiple every padded length has (CP, TP under sequence
   parallelism, FP8); :func:`padded_lengths` pads an array of lengths to it.
 - :func:`cp_pad_multiple`: a CP layout's multiple (``2*cp`` DualChunkSwap, ``cp``
-  contiguous); :func:`check_cp` checks a CP size and rank.
+  contiguous; :func:`layout_multiple` without the checks); :func:`check_cp` checks a CP
+  size and rank.
 - :func:`group_pad_multiple` / :func:`group_padded_lengths`: the same in a CP group of any
   size (dynamic CP, where every sequence may run on a group of its own).
 """
@@ -56,7 +57,7 @@ def cp_pad_multiple(cp_size: int, layout: CpLayout | str = CpLayout.DUALCHUNK) -
     """What every padded sequence length must be a multiple of: ``2*cp`` (dualchunk), ``cp``
     (contiguous), 1 without CP. ``pad_multiple_for(cp_size)`` (``2*cp``) suits both layouts."""
     cp_size, _ = check_cp(cp_size)
-    return _multiple(cp_size, check_choice("layout", layout, CpLayout))
+    return layout_multiple(cp_size, check_choice("layout", layout, CpLayout))
 
 
 def group_pad_multiple(group_size: int, pad_multiple: int) -> int:
@@ -76,7 +77,9 @@ def group_padded_lengths(lengths: np.ndarray, group_size: int | np.ndarray, pad_
     return -(-np.asarray(lengths, dtype=np.int64) // multiple) * multiple
 
 
-def _multiple(cp_size: int, layout: CpLayout) -> int:
+def layout_multiple(cp_size: int, layout: CpLayout) -> int:
+    """:func:`cp_pad_multiple` for a checked size and layout (no checks: for callers that
+    checked them, on every pack)."""
     if cp_size == 1:
         return 1
     return 2 * cp_size if layout == CpLayout.DUALCHUNK else cp_size
