@@ -30,7 +30,7 @@ from seqpack.schedulers import schedule_checks
 from seqpack.schedulers.request import _empty, as_lengths, default_origin
 from seqpack.schedulers.static_limits import group_buckets
 from seqpack.thd import group_padded_lengths, padded_lengths
-from seqpack.thd.static_shapes import StaticShapes
+from seqpack.thd.padding import group_pad_multiples
 from seqpack.validation import check_choice, int64_array
 
 if typing.TYPE_CHECKING:
@@ -347,8 +347,7 @@ class Schedule:
         :func:`~seqpack.thd.group_pad_multiple`)."""
         if self.is_static:
             return np.full(self.num_sequences, self.pad_multiple, dtype=np.int64)
-        size = self.per_id(self.group_size)
-        return np.where(size > 1, 2 * size * self.pad_multiple, self.pad_multiple)
+        return group_pad_multiples(self.per_id(self.group_size), self.pad_multiple)
 
     def group_tokens(self, padded: bool = True) -> np.ndarray:
         """Tokens every group packs, int64 ``[G]`` (padded under its group's rule)."""

@@ -35,6 +35,7 @@ __all__ = [
     "check_cp",
     "cp_pad_multiple",
     "group_pad_multiple",
+    "group_pad_multiples",
     "group_padded_lengths",
     "pad_multiple_for",
     "padded_lengths",
@@ -69,11 +70,16 @@ def group_pad_multiple(group_size: int, pad_multiple: int) -> int:
     return 2 * group_size * pad_multiple if group_size > 1 else pad_multiple
 
 
+def group_pad_multiples(group_size: int | np.ndarray, pad_multiple: int) -> np.ndarray:
+    """:func:`group_pad_multiple` of every entry of ``group_size`` (int64 array)."""
+    size = np.asarray(group_size, dtype=np.int64)
+    return np.where(size > 1, 2 * size * pad_multiple, pad_multiple)
+
+
 def group_padded_lengths(lengths: np.ndarray, group_size: int | np.ndarray, pad_multiple: int) -> np.ndarray:
     """Padded length of each sequence in a dynamic-CP group of ``group_size`` ranks
     (:func:`group_pad_multiple`; int64, sizes broadcast against ``lengths``)."""
-    size = np.asarray(group_size, dtype=np.int64)
-    multiple = np.where(size > 1, 2 * size * pad_multiple, pad_multiple)
+    multiple = group_pad_multiples(group_size, pad_multiple)
     return -(-np.asarray(lengths, dtype=np.int64) // multiple) * multiple
 
 
