@@ -1,4 +1,9 @@
-"""The examples a user copies must keep working: run each one as a user would (torchrun)."""
+"""The examples a user copies must keep working: run each one as a user would.
+
+The multi-rank ones run as ``torchrun --standalone`` starts them (harness.run_script: the
+same environment, the script as ``__main__``), forked from the test fork server instead of
+paying torchrun's agent and a torch import per rank; tests/interop/test_hf_trainer.py runs
+examples/hf_trainer.py under torchrun itself."""
 
 import os
 import re
@@ -6,9 +11,10 @@ import subprocess
 import sys
 
 import pytest
+from harness import context, run_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+EXAMPLES = os.path.join(REPO, "examples")
 
 
 def _run(args, timeout=300):
@@ -20,12 +26,9 @@ def _run(args, timeout=300):
 
 @pytest.mark.processes
 def test_train_tiny_hybrid_trains_under_cp():
-    out = _run(
-        TORCHRUN
-        + [
-            "--nproc-per-node",
-            "4",
-            "examples/train_tiny_hybrid.py",
+    out = run_script(
+        os.path.join(EXAMPLES, "train_tiny_hybrid.py"),
+        [
             "--dp",
             "2",
             "--cp",
@@ -36,7 +39,8 @@ def test_train_tiny_hybrid_trains_under_cp():
             "8",
             "--max-tokens-per-rank",
             "1024",
-        ]
+        ],
+        nproc=4,
     )
     losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)", out)]
     assert len(losses) == 3 and losses[-1] < losses[0]
@@ -47,7 +51,7 @@ def test_train_tiny_hybrid_trains_under_cp():
 def test_hf_transformers_fsdp2_trains_on_packed_steps():
     pytest.importorskip("transformers")
     pytest.importorskip("datasets")
-    out = _run(TORCHRUN + ["--nproc-per-node", "2", "examples/hf_transformers.py", "--steps", "5"])
+    out = run_script(os.path.join(EXAMPLES, "hf_transformers.py"), ["--steps", "5"], nproc=2)
     losses = [float(v) for v in re.findall(r"loss (\d+\.\d+) over \d+ loss tokens", out)]
     assert len(losses) == 5 and losses[-1] < losses[0] - 0.5, out
     assert all(int(m) > 1 for m in re.findall(r"(\d+) microbatches", out))  # several per step
@@ -67,7 +71,7 @@ def test_megatron_style_broadcasts_and_middle_stage(layout):
     world = 1
     for size in layout[1::2]:
         world *= int(size)
-    out = _run(TORCHRUN + ["--nproc-per-node", str(world), "examples/megatron_style.py", *layout])
+    out = run_script(os.path.join(EXAMPLES, "megatron_style.py"), layout, nproc=world)
     lines = [line for line in out.splitlines() if line.startswith("rank ")]
     assert len(lines) == world * 2  # two steps per rank
     # The TP copies and pipeline stages of one DP replica saw the same layout each step.
@@ -85,20 +89,16 @@ def test_megatron_style_broadcasts_and_middle_stage(layout):
 
 
 @pytest.mark.processes
-def test_rl_rollouts_log_probs_come_back_exactly_once_and_equal_the_unpacked_ones():
-    out = _run(
-        [
-            sys.executable,
-            "examples/rl_rollouts.py",
-            "--prompts",
-            "6",
-            "--responses",
-            "3",
-            "--max-tokens",
-            "512",
-            "--group",
-        ]
-    )
+def test_rl_rollouts_log_probs_come_back_exactly_once_and_equal_the_unpacked_ones(monkeypatch, capsys):
+    """The example's main() as ``python examples/rl_rollouts.py`` runs it, its two ranks
+    started from the test fork server instead of the example's spawn context."""
+    monkeypatch.syspath_prepend(EXAMPLES)  # the ranks import the example by name
+    import rl_rollouts
+
+    forkserver = context()
+    monkeypatch.setattr(rl_rollouts.mp, "get_context", lambda method: forkserver)
+    rl_rollouts.main(["--prompts", "6", "--responses", "3", "--max-tokens", "512", "--group"])
+    out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("rank ")]
     assert len(lines) == 2 and all("exactly once in read order: True" in line for line in lines), out
     assert sum(int(re.search(r"(\d+) ran on the other rank", line).group(1)) for line in lines) > 0, out  # not vacuous

@@ -203,3 +203,87 @@ class PoolRegistry:
             if not pool.broken:
                 pool.close()
         self._pools.clear()
+
+
+# -- Scripts on N ranks, as torchrun starts them ----------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _script_rank(script: str, argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> None:
+    """One rank: the environment torchrun gives a worker, the output to files, then the
+    script as ``__main__`` with its arguments (as ``python script argv`` runs it)."""
+    import runpy
+    import sys
+
+    for fd, path in ((1, stdout), (2, stderr)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(target, fd)
+        os.close(target)
+    os.environ.update(env)
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+def run_script(script: str, argv: list[str], *, nproc: int, timeout: float = 300.0) -> str:
+    """Run ``script`` on ``nproc`` ranks the way ``torchrun --standalone --nproc-per-node
+    nproc`` does: each rank its own process, with RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, running the script as ``__main__``.
+
+    The processes are forked from the fork server (:func:`context`), which imported torch and
+    seqpack once, instead of each importing them again (torchrun's agent and every rank cost
+    about 3 s of CPU each before the script's first line). Returns the ranks' stdout in rank
+    order; raises AssertionError with each failing rank's output if a rank exits non-zero or
+    the run outlives ``timeout``."""
+    import time
+
+    ctx = context()
+    port = str(_free_port())
+    with tempfile.TemporaryDirectory(prefix="seqpack-script-") as folder:
+        outputs = [(os.path.join(folder, f"{r}.out"), os.path.join(folder, f"{r}.err")) for r in range(nproc)]
+        procs = []
+        for rank, (out, err) in enumerate(outputs):
+            env = {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(nproc),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                "GROUP_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "OMP_NUM_THREADS": "1",
+            }
+            proc = ctx.Process(target=_script_rank, args=(os.path.abspath(script), argv, env, out, err))
+            proc.start()
+            procs.append(proc)
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        hung = [rank for rank, proc in enumerate(procs) if proc.is_alive()]
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        texts = [(_read(out), _read(err)) for out, err in outputs]
+    failed = [rank for rank, proc in enumerate(procs) if proc.exitcode != 0]
+    if failed:
+        killed = " (killed after the timeout)"
+        report = "\n".join(
+            f"--- rank {rank}: exit code {procs[rank].exitcode}{killed if rank in hung else ''}\n"
+            f"{texts[rank][0][-2000:]}\n{texts[rank][1][-4000:]}"
+            for rank in failed
+        )
+        raise AssertionError(f"{script} failed on {len(failed)} of {nproc} ranks:\n{report}")
+    return "".join(out for out, _ in texts)
+
+
+def _read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
