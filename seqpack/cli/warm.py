@@ -11,6 +11,7 @@ tests/cli/test_cli_warm.py checks that together they compile every kernel functi
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -20,7 +21,7 @@ from seqpack.packing import pack_lengths
 from seqpack.schedulers import get_scheduler
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 
-__all__ = ["FAMILIES", "Family"]
+__all__ = ["FAMILIES", "Family", "plan_family"]
 
 # verl-like lengths (25 of 50-90 tokens, 300 per microbatch) that every greedy rule packs
 # into 7 microbatches where 6 hold them: the exact search runs, and hands over to bin
@@ -83,15 +84,29 @@ class Family:
     name: str
     kernels: str
     plan: Callable[[], None]
+    # Start order under `doctor --warm --jobs N`: the families that compile longest start
+    # first, so the others fill in beside them (docs/scale.md's table of cold compiles).
+    order: int
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("dp_balanced, empty", "next_fit", _next_fit),
+    Family("dp_balanced, empty", "next_fit", _next_fit, order=4),
     Family(
-        "balanced (locality, dp=4)", "grid_lpt, grid_local, home_swaps, repair_replicas, greedy_matching", _balanced
+        "balanced (locality, dp=4)",
+        "grid_lpt, grid_local, home_swaps, repair_replicas, greedy_matching",
+        _balanced,
+        order=0,
     ),
-    Family("balanced, exact search", "dfs, complete_bins", _exact),
-    Family("balanced, replica-first", "replica_lpt", _replica_first),
-    Family("dynamic_cp", "cp_planner", _dynamic_cp),
-    Family("packing (pack_dataset, balanced at dp=1)", "pack_sizes, group_by_pack", _packing),
+    Family("balanced, exact search", "dfs, complete_bins", _exact, order=1),
+    Family("balanced, replica-first", "replica_lpt", _replica_first, order=3),
+    Family("dynamic_cp", "cp_planner", _dynamic_cp, order=2),
+    Family("packing (pack_dataset, balanced at dp=1)", "pack_sizes, group_by_pack", _packing, order=5),
 )
+
+
+def plan_family(name: str) -> tuple[float, float]:
+    """Plan the step of the family called ``name`` in this process; its (wall, CPU) seconds."""
+    (family,) = (f for f in FAMILIES if f.name == name)
+    start, start_cpu = time.perf_counter(), time.process_time()
+    family.plan()
+    return time.perf_counter() - start, time.process_time() - start_cpu

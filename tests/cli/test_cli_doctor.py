@@ -24,3 +24,15 @@ def test_doctor_json_is_the_report(capsys):
     report = json.loads(capsys.readouterr().out)
     assert set(report) >= {"torch", "packages", "auto", "numba"}
     assert set(report["packages"]) == {"transformer_engine", "transformer_engine_torch", "mamba_ssm", "causal_conv1d"}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--warm", "--jobs", "0"], "--jobs must be a positive integer, got 0"),
+        (["--jobs", "2"], "--jobs=2 is for --warm: the report runs in one process"),
+    ],
+)
+def test_jobs_out_of_place_is_one_line_naming_it(capsys, args, message):
+    assert main(["doctor", *args]) == 2
+    assert capsys.readouterr().err == f"seqpack doctor: error: {message}\n"

@@ -132,6 +132,22 @@ def test_a_cold_warm_compiles_and_the_processes_after_it_compile_nothing(tmp_pat
     assert last.startswith("done in ") and last.endswith(f"cache: {tmp_path / 'numba_cache'} (NUMBA_CACHE_DIR)")
 
 
+def test_jobs_compile_the_families_in_other_processes_into_the_same_cache(tmp_path):
+    """``--warm --jobs 2`` with two cheap families, cold: this process compiles nothing, its
+    workers do, into the cache a new process's plans then load every kernel from."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba_cache")
+    cheap = (FAMILIES[0].name, FAMILIES[-1].name)  # next_fit; the packing kernels
+    cold = _run(cheap, ["doctor", "--warm", "--json", "--jobs", "2"], env, tmp_path / "cold.json")
+    plans = _run(cheap, ["plans"], env, tmp_path / "plans.json")
+    report = _json(cold)
+    assert report["jobs"] == 2 and [f["family"] for f in report["families"]] == list(cheap)
+    assert all(f["cpu_seconds"] > 0 for f in report["families"])
+    assert report["cpu_seconds"] == pytest.approx(sum(f["cpu_seconds"] for f in report["families"]))
+    assert cold["misses"] == 0 and NOTICE not in cold["err"]  # the workers compiled, not this process
+    assert plans["hits"] > 0 and plans["misses"] == 0, plans
+
+
 def test_the_families_call_every_kernel_function():
     """Every compiled function runs in some family's plan (so ``--warm`` compiles it), the
     locality kernels too: the families must not leave locality to "auto", which turns it

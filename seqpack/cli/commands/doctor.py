@@ -7,6 +7,9 @@ import argparse
 import json
 import time
 
+from seqpack.errors import ConfigError
+from seqpack.validation import check_int
+
 __all__ = ["add_parser", "run"]
 
 
@@ -29,12 +32,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="compile every scheduler kernel into numba's disk cache and exit (about a minute with an empty "
         "cache, a few seconds when it is warm); run it with the job's NUMBA_CACHE_DIR",
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="with --warm: compile the kernel families in this many processes at once (default 1; the "
+        "number of free cores compiles fastest)",
+    )
     return p
 
 
 def run(args: argparse.Namespace) -> int:
+    check_int("--jobs", args.jobs, minimum=1)
     if args.warm:
-        return _warm(as_json=args.json)
+        return _warm(as_json=args.json, jobs=args.jobs)
+    if args.jobs != 1:
+        raise ConfigError(f"--jobs={args.jobs} is for --warm: the report runs in one process")
     from seqpack.compute.backends import environment_report, format_environment_report
 
     report = environment_report()
@@ -42,9 +55,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warm(*, as_json: bool) -> int:
-    """Plan every kernel family's small step (:mod:`seqpack.cli.warm`), one line each."""
-    from seqpack.cli.warm import FAMILIES
+def _warm(*, as_json: bool, jobs: int) -> int:
+    """Plan every kernel family's small step (:mod:`seqpack.cli.warm`), one line each, in
+    ``jobs`` processes at once when ``jobs > 1``."""
+    from seqpack.cli.warm import FAMILIES, plan_family
     from seqpack.schedulers._kernels import compile_note
 
     compile_note.silence()  # the lines below say what compiles
@@ -52,29 +66,69 @@ def _warm(*, as_json: bool) -> int:
     if not as_json:
         print(
             f"compiling seqpack's scheduler kernels with numba (about {compile_note.COLD_COMPILE_SECONDS} s of CPU "
-            "with an empty cache, seconds when it is warm)",
+            f"with an empty cache, seconds when it is warm){f' in {jobs} processes' if jobs > 1 else ''}",
             flush=True,
         )
-    families = []
+    timings: dict[str, tuple[float, float]] = {}
     start, start_cpu = time.perf_counter(), time.process_time()
-    for family in FAMILIES:
-        if not as_json:
-            print(f"  {family.name + ':':<28} {family.kernels} ...", end="", flush=True)
-        took, took_cpu = time.perf_counter(), time.process_time()
-        try:
-            family.plan()
-        except BaseException:  # a broken numba (a ConfigError naming it) or Ctrl-C: end the line first
+    if jobs == 1:
+        for family in FAMILIES:
             if not as_json:
-                print(" failed", flush=True)
-            raise
-        took, took_cpu = time.perf_counter() - took, time.process_time() - took_cpu
-        families.append({"family": family.name, "kernels": family.kernels, "seconds": took, "cpu_seconds": took_cpu})
-        if not as_json:
-            print(f" {took:.1f} s", flush=True)
-    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
+                print(f"  {family.name + ':':<28} {family.kernels} ...", end="", flush=True)
+            try:
+                timings[family.name] = plan_family(family.name)
+            except BaseException:  # a broken numba (a ConfigError naming it) or Ctrl-C: end the line first
+                if not as_json:
+                    print(" failed", flush=True)
+                raise
+            if not as_json:
+                print(f" {timings[family.name][0]:.1f} s", flush=True)
+    else:
+        timings = _warm_in_processes(jobs, as_json=as_json)
+    seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - start_cpu if jobs == 1 else sum(cpu for _, cpu in timings.values())
+    families = [
+        {
+            "family": family.name,
+            "kernels": family.kernels,
+            "seconds": timings[family.name][0],
+            "cpu_seconds": timings[family.name][1],
+        }
+        for family in FAMILIES
+    ]
     if as_json:
-        summary = {"cache": where, "seconds": seconds, "cpu_seconds": cpu_seconds, "families": families}
+        summary = {"cache": where, "jobs": jobs, "seconds": seconds, "cpu_seconds": cpu_seconds, "families": families}
         print(json.dumps(summary, indent=1))
     else:
         print(f"done in {seconds:.1f} s ({cpu_seconds:.1f} s of CPU); cache: {where}")
     return 0
+
+
+def _warm_in_processes(jobs: int, *, as_json: bool) -> dict[str, tuple[float, float]]:
+    """Each family in a process of a pool of ``jobs`` (spawned: fresh interpreters, as
+    separate ``seqpack doctor --warm`` runs would be), the costliest first
+    (:attr:`~seqpack.cli.warm.Family.order`), a line as each one ends. numba writes each
+    cache file under a temporary name and renames it, so processes compiling a shared helper
+    at once leave a whole file."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from seqpack.cli.warm import FAMILIES, plan_family
+
+    timings: dict[str, tuple[float, float]] = {}
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_quiet) as pool:
+        families = sorted(FAMILIES, key=lambda family: family.order)
+        futures = {pool.submit(plan_family, family.name): family for family in families}
+        for future in as_completed(futures):
+            family = futures[future]
+            timings[family.name] = future.result()  # a family's error (a broken numba) propagates
+            if not as_json:
+                print(f"  {family.name + ':':<28} {family.kernels} ... {timings[family.name][0]:.1f} s", flush=True)
+    return timings
+
+
+def _quiet() -> None:
+    from seqpack.schedulers._kernels import compile_note
+
+    compile_note.silence()
