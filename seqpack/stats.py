@@ -36,27 +36,11 @@ __all__ = [
     "StepStats",
     "exact_sum",
     "microbatch_costs",
-    "moved_pieces",
     "moved_tokens",
     "round_lower_bound",
     "round_sum_lower_bound",
     "step_objective",
 ]
-
-
-def moved_tokens(schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Tokens the step's exchange moves (per id, scheduled length; 0 for ids that stay on
-    the DP rank holding them or are not assigned), and per DP rank the tokens it sends and
-    receives (int64 ``[dp]`` each)."""
-    replica = schedule.replica_of()
-    assert schedule.origin is not None  # set by Schedule.__post_init__
-    origin = np.asarray(schedule.origin, dtype=np.int64)
-    moves = (replica >= 0) & (replica != origin)
-    per_id = np.where(moves, schedule.lengths, 0).astype(np.int64)
-    dp = schedule.dp_size
-    sent = np.bincount(origin[moves], weights=per_id[moves], minlength=dp).astype(np.int64)
-    received = np.bincount(replica[moves], weights=per_id[moves], minlength=dp).astype(np.int64)
-    return per_id, sent, received
 
 
 @dataclasses.dataclass
@@ -91,11 +75,13 @@ class StepStats:
             this step on all DP ranks: never scheduled (not in ``num_sequences``);
             ``Step.to_origin`` gives each an empty value in its place.
         flops: Model training FLOPs of the step, when a model is known.
-        moved_sequences, moved_tokens: Sequences (and their real tokens) the exchange moves
-            off the DP rank that read them (``Schedule.origin``): the all-to-all's payload.
+        moved_sequences, moved_tokens: Sequences with a shard that the exchange moves off the
+            rank that cuts it (the CP rank of the DP replica that read it,
+            ``Schedule.origin``), and the tokens of those shards as packed (padding to the
+            sequence's multiple included): the all-to-all's payload.
         moved_fraction: ``moved_tokens / real_tokens``.
-        max_rank_moved_tokens: Tokens of the busiest rank in the exchange (the larger of
-            what it sends and what it receives): what the all-to-all waits for.
+        max_rank_moved_tokens: Tokens of the busiest plane rank in the exchange (the larger
+            of what it sends and what it receives): what the all-to-all waits for.
         moved_bytes, max_rank_moved_bytes: The same in bytes at ``bytes_per_token`` (default
             :data:`SAMPLE_BYTES_PER_TOKEN`, a plain SFT sample).
         cost_model: The cost model the step was scheduled with (under ``calibrate``, the
@@ -169,9 +155,9 @@ class StepStats:
         ``bound_ratio`` are over units. ``lower_bound`` is the mean unit's total (a static
         plan's: at least its costliest sequence's microbatch; ``round_lower_bound`` is 1 for
         a dynamic plan). A padding-only filler of ``pad_multiple`` tokens counts for every
-        empty static microbatch and idle dynamic rank. Moved tokens: a static plan's sequences
-        that change replica (real tokens), a dynamic plan's CP shards crossing the wire
-        (:func:`moved_pieces`); in bytes at ``bytes_per_token``. With a cost,
+        empty static microbatch and idle dynamic rank. Moved tokens: the CP shards that cross
+        the wire (:func:`moved_tokens`; without CP, whole sequences), per plane rank; in bytes
+        at ``bytes_per_token``. With a cost,
         ``predicted_step_time`` is :func:`~seqpack.schedulers.predicted_step_time` under
         ``sync``. With ``static_shapes``, ``bucket_tokens`` / ``bucket_fraction`` report the
         bucket padding, whose linear cost ``replica_cost`` and ``predicted_step_time``
@@ -277,7 +263,6 @@ def _units(
         check_cost_model("cost", model)
         costs = microbatch_costs(plan, model)
         fillers = int(np.count_nonzero(plan.group_counts == 0))  # one filler per empty microbatch
-        moved = moved_tokens(plan)
     else:  # unit: the plane rank
         if cost is None:
             raise SeqpackTypeError(
@@ -287,7 +272,7 @@ def _units(
         model = as_group_cost(cost, plan.cp_size).compute
         costs = rank_times(plan, cost)
         fillers = int(plan.group_size[plan.group_counts == 0].sum())  # one filler per idle rank
-        moved = moved_pieces(plan)
+    moved = moved_tokens(plan)
     units = plan.dp_size if plan.is_static else plan.num_ranks
     total = float(costs.sum(axis=0).sum()) if costs.size else 0.0  # summed as from_schedule sums units
     lower, round_bound = (total / units if units else 0.0), 1.0
@@ -299,8 +284,9 @@ def _units(
     return model, costs, fillers, moved, (lower, round_bound)
 
 
-def moved_pieces(plan: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The step's exchange (:mod:`seqpack.schedulers.dynamic_cp.pieces`): per id the shard tokens that cross the wire (0
+def moved_tokens(plan: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The step's exchange (:mod:`seqpack.schedulers.dynamic_cp.pieces`; a static plan's
+    shards stay in their CP lane): per id the tokens of its shards that cross the wire (0
     when none do), and per plane rank the tokens it sends and receives (int64 ``[R]`` each)."""
     p = plan_pieces(plan)
     tokens = np.where(p.moving, p.tokens, 0)

@@ -5,19 +5,19 @@ import pytest
 
 from seqpack.cost import CostModel
 from seqpack.schedulers import Schedule, get_scheduler
-from seqpack.stats import StepStats, microbatch_costs, round_lower_bound
+from seqpack.stats import StepStats, microbatch_costs, moved_tokens, round_lower_bound
 
 QUAD = CostModel(1.0, 0.5, constant=2.0)
 
 
-def _schedule(assignment, lengths, dp, cap=100, pad_multiple=1):
+def _schedule(assignment, lengths, dp, cap=100, pad_multiple=1, cp=1):
     lengths = np.array(lengths, dtype=np.int64)
     return Schedule.from_assignment(
         [[np.array(ids, dtype=np.int64) for ids in row] for row in assignment],
         lengths=lengths,
         original_lengths=lengths.copy(),
         dp_size=dp,
-        cp_size=1,
+        cp_size=cp,
         max_tokens_per_rank=cap,
         pad_multiple=pad_multiple,
     )
@@ -108,5 +108,17 @@ def test_moved_tokens_count_what_leaves_its_rank():
     assert StepStats.from_schedule(home).moved_tokens == 0
     back = Schedule.from_arrays(home.to_arrays())
     assert back.origin.tolist() == [0, 1, 0, 1] and back.fingerprint() == s.fingerprint()
+
+
+def test_moved_tokens_under_static_cp_are_the_shards_each_plane_rank_sends():
+    # dp=2 x cp=2, padded to multiples of 4: id 1 (6 -> 8 tokens) and id 2 (5 -> 8) change
+    # replica. Each CP rank of the reader sends its shard (4 tokens) to the same CP rank of
+    # the other replica, so the busiest plane rank moves 4 tokens, not a whole sequence.
+    s = _schedule([[[0, 2], [1, 3]]], [4, 6, 5, 2], dp=2, pad_multiple=4, cp=2)
+    stats = StepStats.from_schedule(s)
+    assert (stats.moved_sequences, stats.moved_tokens) == (2, 16)  # padded shards, as the wire carries them
+    assert stats.max_rank_moved_tokens == 4
+    per_id, sent, received = moved_tokens(s)
+    assert per_id.tolist() == [0, 8, 8, 0] and sent.tolist() == received.tolist() == [4, 4, 4, 4]
     with pytest.raises(ValueError, match=r"origin of sample 3 is DP rank 2, outside 0\.\.1"):
         dataclasses.replace(s, origin=np.array([0, 1, 0, 2])).validate()

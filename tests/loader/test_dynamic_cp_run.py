@@ -19,7 +19,7 @@ from seqpack.errors import ConfigError
 from seqpack.schedulers import Schedule, predicted_step_time
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp.pieces import plan_pieces, shard_layout
-from seqpack.stats import StepStats, moved_pieces
+from seqpack.stats import StepStats, moved_tokens
 from seqpack.thd import group_pad_multiple, pack_sequences
 from seqpack.thd.cp import partition_indices, shard_for_cp
 from seqpack.topology import Topology
@@ -75,7 +75,7 @@ def test_the_exchange_plan_matches_a_slow_reference(lengths, mesh, seed):
         assert got.recv_tokens.tolist() == [int(tokens[recv[s]].sum()) for s in range(plan.num_ranks)]
         moved += int(got.send_tokens.sum())
     # every piece once: kept or sent, and what one rank sends another receives
-    assert moved == got.moved_tokens == int(moved_pieces(plan)[0].sum())
+    assert moved == got.moved_tokens == int(moved_tokens(plan)[0].sum())
     pieces = plan_pieces(plan)
     assert pieces.gid.shape[0] == int(size[size > 0].sum())
 
@@ -91,10 +91,10 @@ def test_a_static_shaped_group_moves_nothing():
     )  # fmt: skip
     plan.validate(lengths)
     assert plan.origin.tolist() == [0, 0, 1, 1]
-    per_id, sent, received = moved_pieces(plan)
+    per_id, sent, received = moved_tokens(plan)
     assert per_id.sum() == sent.sum() == received.sum() == 0
     moved = dataclasses.replace(plan, origin=int64([1, 0, 1, 0]))  # ids 0 and 3 read by the other replica
-    assert moved_pieces(moved)[0].tolist() == [100, 0, 0, 80]  # both shards of each cross the wire
+    assert moved_tokens(moved)[0].tolist() == [100, 0, 0, 80]  # both shards of each cross the wire
 
 
 @given(st.lists(st.integers(1, 90), min_size=1, max_size=6), st.sampled_from([1, 2, 3, 4]), st.integers(1, 3))
@@ -147,7 +147,7 @@ def test_stats_of_a_dynamic_plan():
     assert stats.num_microbatches == plan.num_microbatches
     assert stats.predicted_step_time == predicted_step_time(plan, COST)
     assert stats.imbalance >= 1.0 and stats.cost_model == COST.compute
-    assert stats.moved_tokens == int(moved_pieces(plan)[0].sum())
+    assert stats.moved_tokens == int(moved_tokens(plan)[0].sum())
 
 
 def test_packed_batch_cp_group():
