@@ -111,9 +111,32 @@ def context() -> Any:
     spawned one does, and the fork server's modules and environment (as they were when the
     first pool started)."""
     ctx = mp.get_context("forkserver")
-    # `import seqpack` alone imports nothing (its face is lazy): preload what the tasks run.
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "seqpack.loader", "seqpack.compute", "harness"])
+    # `import seqpack` alone imports nothing (its face is lazy): preload what the tasks run,
+    # and the compiled kernels and FSDP2 (forkserver_preload).
+    ctx.set_forkserver_preload(
+        ["torch", "torch.distributed", "seqpack.loader", "seqpack.compute", "harness", "forkserver_preload"]
+    )
+    _start_fork_server()
     return ctx
+
+
+def _start_fork_server() -> None:
+    """Start the fork server (once) with the test folders on its PYTHONPATH: it is a new
+    interpreter that sees this process's environment but not its ``sys.path`` (Python 3.11's
+    ``multiprocessing.forkserver.main`` ignores the ``sys_path`` it is handed), and it skips
+    a preload module it cannot import without a word."""
+    from multiprocessing import forkserver
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([here, os.path.dirname(here)] + ([before] if before else []))
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 class WorkerPool:

@@ -51,3 +51,18 @@ def test_run_script_starts_ranks_as_torchrun_does_and_names_the_failing_rank(tmp
         run_script(str(script), ["--fail"], nproc=2)
     assert "failed on 1 of 2 ranks" in str(info.value) and "--- rank 1: exit code 1" in str(info.value)
     assert "rank 1 was told to fail" in str(info.value) and "--- rank 0" not in str(info.value)
+
+
+PRELOADED = ["harness", "forkserver_preload", "torch.distributed.fsdp", "numba"]
+
+
+def _preloaded():
+    import sys
+
+    return [name for name in PRELOADED if name in sys.modules]
+
+
+def test_the_fork_server_preloads_what_every_process_would_import(dist_pools):
+    """The pool's workers start from a fork server that imported these (harness.context):
+    a preload module it could not import would be skipped without a word."""
+    assert dist_pools.get(2).run(_preloaded) == [PRELOADED] * 2

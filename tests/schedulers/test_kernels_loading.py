@@ -111,6 +111,13 @@ def test_a_warm_cache_is_not_announced(cache, caplog, stamp):
     assert not [r for r in caplog.records if "compiling" in r.getMessage()]
 
 
+def test_cold_modules_are_every_kernel_module_but_the_warm_one(cache):
+    everything = compile_note.cold_modules()
+    assert GRID in everything and REPAIR in everything
+    _index(cache / f"grid._grid_lpt_sorted-30.{PY}.nbi", NUMBA, SHA)
+    assert compile_note.cold_modules() == [m for m in everything if m != GRID]
+
+
 @pytest.mark.parametrize(
     "name, version, stamp",
     [

@@ -191,6 +191,11 @@ def cache_is_cold(module: str) -> bool:
     return not any(_index_is_fresh(p, version, stamps) for p in indexes)
 
 
+def cold_modules() -> list[str]:
+    """The kernel modules (dotted names) whose cache is cold (:func:`cache_is_cold`)."""
+    return [module for module in sorted(_kernel_files()) if cache_is_cold(module)]
+
+
 def _jit_disabled() -> bool:
     return os.environ.get("NUMBA_DISABLE_JIT", "0").strip() not in ("", "0")
 
