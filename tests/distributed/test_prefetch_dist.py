@@ -309,7 +309,7 @@ def _peer(rank, world, store_path, scenario, results):
 
 
 def test_close_and_exit_are_bounded_when_a_peer_hangs_or_dies():
-    """"hang" runs in spawned interpreters, whose exit is the interpreter's own (atexit, the
+    """ "hang" runs in spawned interpreters, whose exit is the interpreter's own (atexit, the
     daemon threads at shutdown); "kill", whose rank 0 exits after its thread has ended, in
     processes from the test fork server (torch already imported: seconds less)."""
     import torch.multiprocessing as mp
