@@ -218,3 +218,21 @@ def _cache_stats() -> dict[str, int]:
                 hits += sum(value.stats.cache_hits.values())
                 misses += sum(value.stats.cache_misses.values())
     return {"hits": hits, "misses": misses}
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_warm_in_this_process_and_in_a_pool_prints_every_family_once(capsys, monkeypatch, jobs):
+    """``main(["doctor", "--warm", "--jobs", jobs])`` here, in the suite's numba cache (warm
+    under ``./dev test``): one line per family (as each ends, under ``--jobs 2``), then the
+    total and the cache."""
+    from seqpack.cli import main
+
+    monkeypatch.setattr(compile_note, "_announced", compile_note._announced)  # --warm silences the notice
+    assert main(["doctor", "--warm", "--jobs", str(jobs)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("compiling seqpack's scheduler kernels with numba")
+    assert lines[0].endswith(" in 2 processes") == (jobs == 2)
+    families = [line.split(":")[0].strip() for line in lines[1:-1]]
+    assert sorted(families) == sorted(f.name for f in FAMILIES)
+    assert all(line.endswith(" s") for line in lines[1:-1])
+    assert lines[-1].startswith("done in ") and lines[-1].endswith(f"cache: {compile_note.cache_location()}")
