@@ -109,7 +109,7 @@ def context() -> Any:
     torch and seqpack once, so that a process starts in a fraction of a second instead of
     importing them again (seconds of CPU each). A process gets the parent's ``sys.path`` as a
     spawned one does, and the fork server's modules and environment (as they were when the
-    first pool started)."""
+    first call started it; its PYTHONPATH holds the test folders)."""
     ctx = mp.get_context("forkserver")
     # `import seqpack` alone imports nothing (its face is lazy): preload what the tasks run,
     # and the compiled kernels and FSDP2 (forkserver_preload).

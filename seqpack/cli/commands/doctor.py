@@ -6,9 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import TYPE_CHECKING
 
 from seqpack.errors import ConfigError
 from seqpack.validation import check_int
+
+if TYPE_CHECKING:
+    from seqpack.cli.warm import Family
 
 __all__ = ["add_parser", "run"]
 
@@ -70,11 +74,11 @@ def _warm(*, as_json: bool, jobs: int) -> int:
             flush=True,
         )
     timings: dict[str, tuple[float, float]] = {}
-    start, start_cpu = time.perf_counter(), time.process_time()
+    start = time.perf_counter()
     if jobs == 1:
         for family in FAMILIES:
             if not as_json:
-                print(f"  {family.name + ':':<28} {family.kernels} ...", end="", flush=True)
+                print(_line(family), end="", flush=True)
             try:
                 timings[family.name] = plan_family(family.name)
             except BaseException:  # a broken numba (a ConfigError naming it) or Ctrl-C: end the line first
@@ -86,7 +90,7 @@ def _warm(*, as_json: bool, jobs: int) -> int:
     else:
         timings = _warm_in_processes(jobs, as_json=as_json)
     seconds = time.perf_counter() - start
-    cpu_seconds = time.process_time() - start_cpu if jobs == 1 else sum(cpu for _, cpu in timings.values())
+    cpu_seconds = sum(cpu for _, cpu in timings.values())  # the families', in every process
     families = [
         {
             "family": family.name,
@@ -124,8 +128,13 @@ def _warm_in_processes(jobs: int, *, as_json: bool) -> dict[str, tuple[float, fl
             family = futures[future]
             timings[family.name] = future.result()  # a family's error (a broken numba) propagates
             if not as_json:
-                print(f"  {family.name + ':':<28} {family.kernels} ... {timings[family.name][0]:.1f} s", flush=True)
+                print(f"{_line(family)} {timings[family.name][0]:.1f} s", flush=True)
     return timings
+
+
+def _line(family: Family) -> str:
+    """The start of ``family``'s line: its name and kernels (its time follows)."""
+    return f"  {family.name + ':':<28} {family.kernels} ..."
 
 
 def _quiet() -> None:
