@@ -163,9 +163,7 @@ class StepStats:
         bucket padding, whose linear cost ``replica_cost`` and ``predicted_step_time``
         include; ``padded_tokens`` and ``pad_fraction`` stay the packs' own.
         """
-        if not isinstance(schedule, Schedule):
-            raise SeqpackTypeError(f"schedule must be a seqpack.Schedule, got {type(schedule).__name__}")
-        plan, mode = schedule, check_choice("sync", sync, Sync)
+        plan, mode = _check_schedule("schedule", schedule), check_choice("sync", sync, Sync)
         flops = None if flops is None else check_number("flops", flops)
         empty_samples = check_int("empty_samples", empty_samples, minimum=0)
         bytes_per_token = check_number("bytes_per_token", bytes_per_token, minimum=0)
@@ -218,6 +216,14 @@ class StepStats:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _check_schedule(name: str, value: object) -> Schedule:
+    if not isinstance(value, Schedule):
+        raise SeqpackTypeError(
+            f"{name} must be a seqpack.Schedule (what a scheduler's schedule() returns), got {type(value).__name__}"
+        )
+    return value
 
 
 def _moved(
@@ -287,8 +293,12 @@ def _units(
 def moved_tokens(plan: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The step's exchange (:mod:`seqpack.schedulers.dynamic_cp.pieces`; a static plan's
     shards stay in their CP lane): per id the tokens of its shards that cross the wire (0
-    when none do), and per plane rank the tokens it sends and receives (int64 ``[R]`` each)."""
-    p = plan_pieces(plan)
+    when none do), and per plane rank the tokens it sends and receives (int64 ``[R]`` each).
+
+    Raises:
+        SeqpackTypeError: ``plan`` is not a :class:`~seqpack.schedulers.schedule.Schedule`.
+    """
+    p = plan_pieces(_check_schedule("plan", plan))
     tokens = np.where(p.moving, p.tokens, 0)
     per_id = np.bincount(p.gid, weights=tokens, minlength=plan.num_sequences).astype(np.int64)
     sent = np.bincount(p.src, weights=tokens, minlength=plan.num_ranks).astype(np.int64)

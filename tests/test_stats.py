@@ -110,6 +110,15 @@ def test_moved_tokens_count_what_leaves_its_rank():
     assert back.origin.tolist() == [0, 1, 0, 1] and back.fingerprint() == s.fingerprint()
 
 
+@pytest.mark.parametrize("plan", [None, "plan", np.zeros(3, np.int64)], ids=["None", "str", "array"])
+def test_moved_tokens_and_from_schedule_refuse_what_is_not_a_schedule(plan):
+    got = type(plan).__name__
+    with pytest.raises(TypeError, match=rf"^plan must be a seqpack.Schedule .*, got {got}$"):
+        moved_tokens(plan)
+    with pytest.raises(TypeError, match=rf"^schedule must be a seqpack.Schedule .*, got {got}$"):
+        StepStats.from_schedule(plan)
+
+
 def test_moved_tokens_under_static_cp_are_the_shards_each_plane_rank_sends():
     # dp=2 x cp=2, padded to multiples of 4: id 1 (6 -> 8 tokens) and id 2 (5 -> 8) change
     # replica. Each CP rank of the reader sends its shard (4 tokens) to the same CP rank of
