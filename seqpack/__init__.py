@@ -6,7 +6,7 @@ with an all-to-all, packs THD microbatches, cuts them for context parallelism, a
 them over tensor and pipeline parallel ranks.
 
 This module exports the main flow only; everything else lives in its subpackage:
-:mod:`seqpack.thd` (packing, CP partition, NeMo converters), :mod:`seqpack.schedulers`,
+:mod:`seqpack.thd` (packing, CP partition), :mod:`seqpack.schedulers`,
 :mod:`seqpack.cost`, :mod:`seqpack.calibrate`, :mod:`seqpack.loader` (the wrapper),
 :mod:`seqpack.collective` (the collectives), :mod:`seqpack.compute`, :mod:`seqpack.interop`,
 :mod:`seqpack.mock_data`, :mod:`seqpack.options` (option enums), :mod:`seqpack.errors`,
