@@ -128,9 +128,10 @@ def layout_reference(bin_round, bin_size):
 
 
 def layout_in_nodes_reference(bin_round, bin_size, rpn, ranks):
-    """Per round: bins of a node or more left to right; smaller ones into the first node
-    (from the end of the big ones) with room after what it already holds; singles into the
-    free ranks in order; a round where a small bin finds no node is laid out plainly."""
+    """Per round: bins of two ranks and a node or more left to right; smaller ones into the
+    first node (from the end of the big ones) with room after what it already holds; singles
+    (whatever ``rpn``) into the free ranks in order; a round where a small bin finds no node
+    is laid out plainly."""
     start = layout_reference(bin_round, bin_size)
     for m in sorted(set(bin_round)):
         members = sorted((b for b in range(len(bin_size)) if bin_round[b] == m), key=lambda b: (-bin_size[b], b))
@@ -139,10 +140,12 @@ def layout_in_nodes_reference(bin_round, bin_size, rpn, ranks):
         fill = [0] * nodes
         for b in members:
             c = bin_size[b]
+            if c == 1:  # a single rank, even a whole node of one, waits for the free ranks
+                continue
             if c >= rpn:
                 trial[b] = cursor
                 cursor += c
-            elif c > 1:
+            else:
                 for node in range(cursor // rpn, nodes):
                     seg = max(node * rpn, cursor)
                     if seg + fill[node] + c <= min((node + 1) * rpn, ranks):

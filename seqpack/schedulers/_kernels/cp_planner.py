@@ -327,14 +327,15 @@ def widen(
 def _round_in_nodes(
     members: np.ndarray, count: int, bin_size: np.ndarray, start: np.ndarray, ranks_per_node: int, num_ranks: int
 ) -> bool:
-    """Lay out one round's bins (``members[:count]``, largest first): bins of a node or more
-    left to right, smaller ones first-fit into the nodes' free ranks, single ranks in the
-    gaps. False when a small bin finds no node with room (the caller lays it out plainly).
+    """Lay out one round's bins (``members[:count]``, largest first): bins of two ranks and
+    a node or more left to right, smaller ones first-fit into the nodes' free ranks, single
+    ranks in the gaps. False when a small bin finds no node with room (the caller lays it
+    out plainly).
 
     Bounds: ``taken`` has one entry per rank, ``fill`` one per node. Requires the round's
-    widths to sum to at most ``num_ranks``: the bins of a node or more then end within the
-    ranks, and the single ranks find a free rank below ``num_ranks`` (the free ranks are at
-    least as many as the singles)."""
+    widths to sum to at most ``num_ranks``: the wider bins then end within the ranks, and
+    the single ranks, placed by the second loop only (whatever ``ranks_per_node``), find a
+    free rank below ``num_ranks`` (the free ranks are at least as many as the singles)."""
     taken = np.zeros(num_ranks, dtype=np.bool_)
     nodes = -(-num_ranks // ranks_per_node)
     fill = np.zeros(nodes, dtype=np.int64)  # ranks used from the left of each node
@@ -342,13 +343,13 @@ def _round_in_nodes(
     for k in range(count):
         b = members[k]
         c = bin_size[b]
+        if c == 1:  # single ranks (a node's worth when ranks_per_node is 1) wait for the gaps
+            break
         if c >= ranks_per_node:
             start[b] = cursor
             taken[cursor : cursor + c] = True
             cursor += c
             continue
-        if c == 1:
-            break
         placed = False
         for node in range(cursor // ranks_per_node, nodes):
             lo = max(node * ranks_per_node, cursor) + fill[node]
