@@ -154,10 +154,8 @@ def _layout(
         cu_padded = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
         np.cumsum(padded, out=cu_padded[1:])
         return cu_real, cu_padded, int(padded.max())
-    # The largest bucket is an int32: bucket_for refuses any pack above it.
-    cu_real, cu_padded, max_seqlen = static_shapes.layout(lengths, pad_multiple, pad_to)
-    check_fits_memory(f"a pack of {max_seqlen} tokens", 40 * max_seqlen)
-    return cu_real, cu_padded, max_seqlen
+    # The largest bucket is an int32: bucket_for refuses any pack above it; StaticShapes sizes its memory.
+    return static_shapes.layout(lengths, pad_multiple, pad_to)
 
 
 def _check_static_shapes(static_shapes: object, pad_multiple: int, pad_to: int | None) -> None:

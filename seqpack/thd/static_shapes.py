@@ -34,13 +34,20 @@ import numpy as np
 
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, TailPadding
-from seqpack.validation import check_choice, check_int, check_optional_int, check_positive_int
+from seqpack.validation import check_choice, check_fits_memory, check_int, check_optional_int, check_positive_int
 
 __all__ = ["CAPACITY", "StaticShapes", "as_static_shapes"]
 
 CAPACITY: Literal["capacity"] = "capacity"
 """``token_buckets="capacity"``: one bucket, the microbatch's token capacity (Megatron's
 ``--pad-packed-seq-alignment max``)."""
+
+# Bytes at the peak of one pack (pack_sequences), lower estimates: per token ~5 fields of 8
+# bytes; per slot cu_seqlens and cu_seqlens_padded as int64 then int32, sample_ids and its
+# copy; per bucket of the list, its Python int in two tuples while checked (~50 measured).
+_BYTES_PER_TOKEN = 40
+_BYTES_PER_SLOT = 40
+_BYTES_PER_BUCKET = 48
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,7 +82,8 @@ class StaticShapes:
         SeqpackTypeError: ``token_buckets`` neither ``"capacity"`` nor a sequence of ints.
         ConfigError: An empty, unsorted or repeated bucket list, a bucket that is not a
             positive int32, ``max_sequences`` below 1 (below 2 under ``"append_dummy_seq"``),
-            or an unknown ``tail_padding``.
+            an unknown ``tail_padding``, or shapes whose largest pack (its tokens and
+            ``max_sequences + 1`` slots) needs more memory than this machine has.
     """
 
     token_buckets: tuple[int, ...] | Literal["capacity"] = CAPACITY
@@ -87,7 +95,7 @@ class StaticShapes:
         tail = check_choice("tail_padding", self.tail_padding, TailPadding)
         object.__setattr__(self, "tail_padding", tail)
         fewest = 2 if tail == TailPadding.APPEND_DUMMY_SEQ else 1
-        slots = check_int("max_sequences", self.max_sequences, minimum=1, maximum=INT32_MAX)
+        slots = _check_slots(self.max_sequences)
         if slots < fewest:
             raise ConfigError(
                 f"max_sequences={slots} leaves no slot for a real sequence: under "
@@ -95,6 +103,7 @@ class StaticShapes:
                 "or tail_padding='extend_last')"
             )
         object.__setattr__(self, "max_sequences", slots)
+        _check_fits(self.token_buckets if isinstance(self.token_buckets, tuple) else (), slots)  # "capacity": in layout
 
     @classmethod
     def multiples_of(
@@ -111,8 +120,9 @@ class StaticShapes:
         capacity = check_positive_int("capacity", capacity, maximum=INT32_MAX)
         if capacity % step:
             raise ConfigError(f"capacity={capacity} is not a multiple of step={step}")
-        buckets = tuple(range(step, capacity + 1, step))
-        return cls(token_buckets=buckets, max_sequences=max_sequences, tail_padding=TailPadding(tail_padding))
+        buckets = range(step, capacity + 1, step)
+        _check_fits(buckets, _check_slots(max_sequences))  # before the tuple is built
+        return cls(token_buckets=tuple(buckets), max_sequences=max_sequences, tail_padding=TailPadding(tail_padding))
 
     @property
     def max_real_sequences(self) -> int:
@@ -198,12 +208,14 @@ class StaticShapes:
         also its ``max_seqlen``.
 
         Raises:
-            ConfigError: More real sequences than :attr:`max_real_sequences`, or a pack above
-                the largest bucket.
+            ConfigError: More real sequences than :attr:`max_real_sequences`, a pack above
+                the largest bucket, or under ``"capacity"`` a pack larger than memory.
         """
         self.check_sequences(lengths.shape[0])
         padded = -(-lengths // pad_multiple) * pad_multiple
         bucket = self.bucket_for(int(padded.sum()), capacity)
+        if self.token_buckets == CAPACITY:  # the one bucket construction could not size
+            _check_fits((bucket,), self.max_sequences)
         cu_real, cu_padded = self.offsets(lengths, padded, bucket)
         return cu_real, cu_padded, bucket
 
@@ -237,6 +249,21 @@ def as_static_shapes(value: object) -> StaticShapes | None:
     if value is None or isinstance(value, StaticShapes):
         return value
     raise SeqpackTypeError(f"static_shapes must be a seqpack.StaticShapes or None, got {type(value).__name__}")
+
+
+def _check_slots(max_sequences: object) -> int:
+    return check_int("max_sequences", max_sequences, minimum=1, maximum=INT32_MAX)
+
+
+def _check_fits(buckets: Sequence[int], max_sequences: int) -> None:
+    """Refuse shapes whose largest pack (the largest bucket's tokens, ``max_sequences + 1``
+    slots), with the bucket list, needs more memory than this machine has."""
+    largest = buckets[-1] if buckets else 0
+    what = f"a pack of max_sequences={max_sequences} slots"
+    if buckets:
+        what += f" and {largest} tokens (the largest token bucket{f' of {len(buckets):,}' if len(buckets) > 1 else ''})"
+    slots = max_sequences + 1
+    check_fits_memory(what, _BYTES_PER_TOKEN * largest + _BYTES_PER_SLOT * slots + _BYTES_PER_BUCKET * len(buckets))
 
 
 def _check_buckets(value: object) -> tuple[int, ...] | Literal["capacity"]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import seqpack
+from seqpack import validation
 from seqpack.compute.attention.reference import thd_attention
 from seqpack.compute.tiny_lm import TinyConfig, TinyHybridLM
 from seqpack.errors import ConfigError, SeqpackTypeError
@@ -122,6 +123,22 @@ def test_multiples_of_is_megatron_alignment():
 def test_bad_static_shapes_are_refused_by_name(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         StaticShapes(**kwargs)
+
+
+def test_shapes_larger_than_memory_are_refused_by_name_before_any_allocation(monkeypatch):
+    # A 2 GiB machine: every request below is a pack of more than that, refused with the field,
+    # its value and the memory; multiples_of before it builds 2**31 - 1 buckets.
+    monkeypatch.setattr(validation, "memory_limit", lambda: 2 * 2**30)
+    big = 2**31 - 1
+    with pytest.raises(ConfigError, match=rf"max_sequences={big} slots and 64 tokens .* needs at least 8\d\.\d GiB"):
+        StaticShapes(token_buckets=(64,), max_sequences=big)
+    with pytest.raises(ConfigError, match=rf"max_sequences=4 slots and {big} tokens \(the largest token bucket\) is"):
+        StaticShapes(token_buckets=(big,), max_sequences=4)
+    with pytest.raises(ConfigError, match=rf"{big} tokens \(the largest token bucket of {big:,}\) is too large"):
+        StaticShapes.multiples_of(1, big, max_sequences=4)
+    capacity = StaticShapes(max_sequences=4)  # "capacity": sized when the pack is laid out
+    with pytest.raises(ConfigError, match=rf"max_sequences=4 slots and {big} tokens .* needs at least"):
+        pack_sequences(_samples([3]), pad_to=big, static_shapes=capacity)
 
 
 def test_bad_types_are_refused():
