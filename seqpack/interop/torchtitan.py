@@ -26,14 +26,16 @@ attributes.
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
-from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
 from seqpack.loader.iterator import PackingIterator
 from seqpack.thd.batch import PackedBatch
 from seqpack.topology import Topology
@@ -79,7 +81,13 @@ def topology(parallel_dims: Any, *, shard_cp: bool = False) -> Topology:
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if not axes:
         return Topology.single(allow_distributed=world > 1)
-    mesh = parallel_dims.get_mesh(axes if len(axes) > 1 else axes[0])
+    names = axes if len(axes) > 1 else axes[0]
+    mesh = parallel_dims.get_mesh(names)
+    if not isinstance(mesh, DeviceMesh):
+        raise SeqpackTypeError(
+            f"parallel_dims.get_mesh({names!r}) returned a {type(mesh).__name__}, not a DeviceMesh: parallel_dims "
+            "must be torchtitan's ParallelDims with its meshes built (trainer.parallel_dims)"
+        )
     return Topology.from_device_mesh(mesh, partial=int(mesh.size()) < world)
 
 
@@ -87,6 +95,10 @@ def to_torchtitan(batch: PackedBatch) -> tuple[dict[str, torch.Tensor], torch.Te
     """A packed microbatch as torchtitan's trainer takes one: ``({"input": [1, T],
     "positions": [1, T]}, labels [1, T])``. ``positions`` restart at 0 per sequence (and keep
     counting through its pad), which is where torchtitan's document masks cut."""
+    if not isinstance(batch, PackedBatch):
+        raise SeqpackTypeError(
+            f"to_torchtitan takes a seqpack PackedBatch (a Step's microbatch), got {type(batch).__name__}"
+        )
     if batch.input_ids is None or batch.labels is None:
         raise ConfigError("to_torchtitan needs a microbatch with input_ids and labels (this rank holds no tokens)")
     return {"input": batch.input_ids[None], "positions": batch.position_ids[None]}, batch.labels[None]
@@ -158,17 +170,47 @@ class SeqpackDataLoader:
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict` (an empty one is valid: nothing to resume, as in
-        torchtitan). The loader must not have started iterating."""
+        torchtitan). The loader must not have started iterating.
+
+        Raises:
+            ResumeError: A state saved with another DP size, or not this loader's: not a
+                mapping, bytes that do not unpickle to its keys, or a ``microbatches_handed``
+                that is not an integer in ``[0, microbatches_per_step]``.
+        """
+        if not isinstance(state_dict, Mapping):
+            raise ResumeError(f"the dataloader state must be a mapping, got {type(state_dict).__name__}")
         if not state_dict:
             return
-        if self._rank_key not in state_dict:
-            raise ConfigError(
-                f"the dataloader state holds no {self._rank_key!r} (keys {sorted(state_dict)}): it was saved with "
+        key = self._rank_key
+        if key not in state_dict:
+            raise ResumeError(
+                f"the dataloader state holds no {key!r} (keys {sorted(map(str, state_dict))}): it was saved with "
                 f"another DP size ({state_dict.get(self.STATE_WORLD_SIZE)!r}, here {self.steps.topology.dp_size})"
             )
-        state = pickle.loads(state_dict[self._rank_key])  # noqa: S301  (the trainer's own checkpoint)
+        state = self._rank_state(key, state_dict[key])
         self.steps.load_state_dict(state[self.STATE_SEQPACK])
-        self._skip = int(state[self.STATE_HANDED])
+        self._skip = state[self.STATE_HANDED]
+
+    def _rank_state(self, key: str, blob: Any) -> dict[str, Any]:
+        """The state this rank saved under ``key``, checked before anything is restored."""
+        what = f"the dataloader state's {key!r}"
+        try:
+            state = pickle.loads(blob)  # noqa: S301  (the trainer's own checkpoint)
+        except Exception as error:  # bytes of anything else fail in many ways, all a corrupt state
+            raise ResumeError(
+                f"{what} is not a pickled SeqpackDataLoader state: {type(error).__name__}: {error}"
+            ) from error
+        fields = (self.STATE_SEQPACK, self.STATE_HANDED)
+        if not isinstance(state, dict) or not all(field in state for field in fields):
+            found = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+            raise ResumeError(f"{what} must hold {list(fields)}, got {found}")
+        handed, most = state[self.STATE_HANDED], self.microbatches_per_step
+        if not isinstance(handed, int) or isinstance(handed, bool) or not 0 <= handed <= most:
+            raise ResumeError(
+                f"{what}: {self.STATE_HANDED}={handed!r} must be an integer in [0, {most}] (the microbatches of "
+                "the step in progress already handed out)"
+            )
+        return state
 
 
 def install(trainer: Any, steps: PackingIterator) -> SeqpackDataLoader:
@@ -177,8 +219,18 @@ def install(trainer: Any, steps: PackingIterator) -> SeqpackDataLoader:
 
     Returns:
         The :class:`SeqpackDataLoader` installed.
+
+    Raises:
+        SeqpackTypeError: ``trainer`` without ``gradient_accumulation_steps`` and
+            ``num_pipeline_parallel_microbatches``, or either not an integer.
+        ConfigError: Either below 1.
     """
-    per_step = int(trainer.gradient_accumulation_steps) * int(trainer.num_pipeline_parallel_microbatches)
+    counts = ("gradient_accumulation_steps", "num_pipeline_parallel_microbatches")
+    if not all(hasattr(trainer, name) for name in counts):
+        raise SeqpackTypeError(
+            f"trainer must be torchtitan's Trainer (with {' and '.join(counts)}), got {type(trainer).__name__}"
+        )
+    per_step = math.prod(check_positive_int(f"trainer.{name}", getattr(trainer, name)) for name in counts)
     loader = SeqpackDataLoader(steps, per_step)
     trainer.dataloader = loader
     states = getattr(getattr(trainer, "checkpointer", None), "states", None)

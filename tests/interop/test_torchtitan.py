@@ -6,6 +6,7 @@ tests/distributed/test_torchtitan_dist.py."""
 
 from __future__ import annotations
 
+import pickle
 import re
 import types
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from seqpack import wrap_data_iterator
-from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
 from seqpack.interop import torchtitan as tt
 from seqpack.topology import Topology
 
@@ -80,8 +81,61 @@ def test_state_dict_round_trip_between_and_inside_steps(taken):
 def test_an_empty_state_loads_and_a_foreign_one_is_refused():
     loader = tt.SeqpackDataLoader(steps(), 3)
     loader.load_state_dict({})
-    with pytest.raises(ConfigError, match="no 'dp_rank_0'"):
+    with pytest.raises(ResumeError, match="no 'dp_rank_0'"):
         loader.load_state_dict({"dp_rank_3": b"", "world_size": 4})
+
+
+def _saved(taken: int = 1) -> dict:
+    """A loader's state after ``taken`` microbatches, unpickled: the fields a checkpoint holds."""
+    loader = tt.SeqpackDataLoader(steps(), 3)
+    it = iter(loader)
+    for _ in range(taken):
+        next(it)
+    return pickle.loads(loader.state_dict()["dp_rank_0"])
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"microbatches_handed": -1}, r"microbatches_handed=-1 must be an integer in \[0, 3\]"),
+        ({"microbatches_handed": 4}, r"microbatches_handed=4 must be an integer in \[0, 3\]"),
+        ({"microbatches_handed": 2.7}, r"microbatches_handed=2.7 must be an integer"),
+        ({"microbatches_handed": True}, r"microbatches_handed=True must be an integer"),
+        ({"microbatches_handed": None}, r"microbatches_handed=None must be an integer"),
+    ],
+)
+def test_a_loader_state_out_of_range_is_refused_by_key_and_value(change, words):
+    state = _saved() | change
+    loader = tt.SeqpackDataLoader(steps(), 3)
+    with pytest.raises(ResumeError, match=words):
+        loader.load_state_dict({"dp_rank_0": pickle.dumps(state), "world_size": 1})
+
+
+@pytest.mark.parametrize(
+    ("blob", "words"),
+    [
+        (pickle.dumps({"microbatches_handed": 1}), r"must hold \['seqpack', 'microbatches_handed'\], got \['micro"),
+        (pickle.dumps([1, 2]), r"must hold \['seqpack', 'microbatches_handed'\], got list"),
+        (b"not a pickle", r"'dp_rank_0' is not a pickled SeqpackDataLoader state: UnpicklingError"),
+        ({"seqpack": {}}, r"'dp_rank_0' is not a pickled SeqpackDataLoader state: TypeError"),
+    ],
+    ids=["missing-key", "not-a-dict", "not-a-pickle", "not-bytes"],
+)
+def test_a_corrupt_loader_state_is_a_resume_error_naming_what_is_wrong(blob, words):
+    loader = tt.SeqpackDataLoader(steps(), 3)
+    with pytest.raises(ResumeError, match=words):
+        loader.load_state_dict({"dp_rank_0": blob, "world_size": 1})
+    with pytest.raises(ResumeError, match="must be a mapping, got list"):
+        loader.load_state_dict([("dp_rank_0", blob)])  # type: ignore[arg-type]
+
+
+def test_a_state_at_the_end_of_a_step_resumes_at_the_next():
+    # microbatches_handed may be the whole step (the boundary the check keeps): that step is skipped.
+    whole = [labels for _, labels in tt.SeqpackDataLoader(steps(), 3)]
+    resumed = tt.SeqpackDataLoader(steps(), 3)
+    resumed.load_state_dict({"dp_rank_0": pickle.dumps(_saved(1) | {"microbatches_handed": 3}), "world_size": 1})
+    rest = [labels for _, labels in resumed]
+    assert len(rest) == len(whole) - 3 and all(torch.equal(a, b) for a, b in zip(rest, whole[3:], strict=True))
 
 
 def test_install_replaces_the_trainers_and_checkpointers_dataloader():
@@ -96,6 +150,31 @@ def test_install_replaces_the_trainers_and_checkpointers_dataloader():
     assert loader.microbatches_per_step == 3
 
 
+@pytest.mark.parametrize(
+    ("trainer", "words"),
+    [
+        (None, "trainer must be torchtitan's Trainer .* got NoneType"),
+        (types.SimpleNamespace(gradient_accumulation_steps=3), "got SimpleNamespace"),
+        (
+            types.SimpleNamespace(gradient_accumulation_steps=2.5, num_pipeline_parallel_microbatches=1),
+            r"trainer.gradient_accumulation_steps must be a positive integer, got 2.5",
+        ),
+        (
+            types.SimpleNamespace(gradient_accumulation_steps=2, num_pipeline_parallel_microbatches=True),
+            r"trainer.num_pipeline_parallel_microbatches must be a positive integer, got True",
+        ),
+    ],
+)
+def test_install_refuses_what_is_not_a_trainer_with_integer_counts(trainer, words):
+    with pytest.raises(SeqpackTypeError, match=words):
+        tt.install(trainer, steps())
+
+
+def test_to_torchtitan_refuses_what_is_not_a_packed_batch():
+    with pytest.raises(SeqpackTypeError, match="PackedBatch .*got NoneType"):
+        tt.to_torchtitan(None)  # type: ignore[arg-type]
+
+
 def test_topology_without_a_process_group_is_one_rank():
     class Dims:
         def get_optional_mesh(self, axis):
@@ -104,6 +183,18 @@ def test_topology_without_a_process_group_is_one_rank():
     assert tt.topology(Dims()) == Topology.single()
     with pytest.raises(SeqpackTypeError, match="ParallelDims"):
         tt.topology(object())
+
+
+def test_topology_refuses_a_get_mesh_that_returns_no_mesh():
+    class Dims:
+        def get_optional_mesh(self, axis):
+            return object()  # "enabled"
+
+        def get_mesh(self, names):
+            return None
+
+    with pytest.raises(SeqpackTypeError, match=r"get_mesh\('batch'\) returned a NoneType, not a DeviceMesh"):
+        tt.topology(Dims())
 
 
 def test_the_documented_snippet_runs():
