@@ -34,7 +34,7 @@ the sequences from a Pareto tail (``16384 * (1 + Pareto(1.2))``) clipped to 128K
 tokens (and to what all R ranks hold); ``bimodal256k``: body plus 1% at exactly 256K;
 ``short``: body only (no sequence needs CP).
 
-Lower bound (``bound s``): ``seqpack.schedulers.dynamic_cp.bound.step_time_lower_bound``, a
+Lower bound (``bound s``): ``dynamic_cp_bound.step_time_lower_bound`` (beside this script), a
 step time no plan (any group sizes) can beat: the busy rank-seconds spread evenly and the
 longest sequence alone (the ``(spread/alone)`` column: dynamic CP against those two only, the
 bound this benchmark used to report) and, under lockstep, the round that runs a long
@@ -64,6 +64,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
+from dynamic_cp_bound import step_time_lower_bound  # beside this script: python puts its folder first on sys.path
 
 from seqpack.cost import CostModel, GroupCost, spans_nodes
 from seqpack.mock_data import lognormal_lengths
@@ -71,7 +72,6 @@ from seqpack.schedulers import get_scheduler, predicted_step_time
 from seqpack.schedulers import predicted_step_time as dynamic_step_time
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp import planner as dynamic_planner
-from seqpack.schedulers.dynamic_cp.bound import step_time_lower_bound
 from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
 
 CLOCK = "/work/shared/data/h100_te_clock.json"
@@ -145,7 +145,7 @@ def static_cp(lengths: np.ndarray, ranks: int, cost: GroupCost, sync: str, longe
 
 
 def lower_bounds(lengths: np.ndarray, ranks: int, cost: GroupCost, sync: str) -> tuple[float, float]:
-    """(spread/alone bound, full bound): ``seqpack.schedulers.dynamic_cp.bound``'s
+    """(spread/alone bound, full bound): ``dynamic_cp_bound``'s
     ``step_time_lower_bound`` without and with its lockstep round bound (the first is what
     this benchmark reported before, less its replica-sync flaw)."""
     limits = {"num_ranks": ranks, "max_tokens_per_rank": CAPACITY, "pad_multiple": PAD, "cost": cost, "sync": sync}

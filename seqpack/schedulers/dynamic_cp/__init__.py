@@ -10,8 +10,6 @@ A plan is a :class:`seqpack.schedulers.Schedule` whose ``group_sizes`` is ``"pow
 :func:`seqpack.schedulers.predicted_step_time`, mini-batches and sample groups. Modules:
 
 - ``planner``: :func:`plan_dynamic_cp` (the search over heights and builders).
-- ``bound``: :func:`~seqpack.schedulers.dynamic_cp.bound.step_time_lower_bound`, a step time
-  no plan can beat (what benchmarks measure plans against; its proof in the docstring).
 - ``scheduler``: :class:`~seqpack.schedulers.dynamic_cp.scheduler.DynamicCpScheduler`, the
   planner as the registered scheduler ``"dynamic_cp"`` (it imports
   ``seqpack.schedulers.base``, so this ``__init__`` does not import it).

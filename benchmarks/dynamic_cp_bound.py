@@ -1,4 +1,5 @@
-"""A lower bound on the step time of any dynamic-CP plan (what benchmarks measure plans against).
+"""A lower bound on the step time of any dynamic-CP plan: what benchmarks/dynamic_cp.py measures
+plans against (a benchmark's yardstick, not part of the product).
 
 :func:`step_time_lower_bound` holds for every plan of the step, with any group sizes and
 layout, under the :class:`~seqpack.cost.GroupCost` model. Notation:
@@ -52,7 +53,7 @@ longest are given ``q_i = w_i`` and are always eligible (a larger knapsack, stil
 ``T`` is tried as each of the few longest lengths alone and as all sequences of the longest
 length (clipped tails have many).
 
-The benchmark and ``tests/schedulers/test_dynamic_cp_bound.py`` check it against the
+benchmarks/dynamic_cp.py and ``tests/schedulers/test_dynamic_cp_bound.py`` check it against the
 brute-force optimum of tiny steps.
 """
 
