@@ -6,7 +6,7 @@ counts 2-6 (a count the sequences do not fit is skipped). Printed: busiest repli
 ``max(total / dp, costliest sequence)`` (the plain bound) and the plan's CPU time (best of
 ``--repeats``), with the replica-first plan (after) and with it switched off, i.e. the
 repaired grid alone (before), interleaved in the same run; the capacity-aware bound
-(:func:`seqpack.schedulers.balanced.replicas.capacity_replica_bound`) over the plain one,
+(``capacity_replica_bound`` of benchmarks/replica_bound.py) over the plain one,
 and the plan over it; and LPT over replicas without capacity, for reference.
 
 Item 12: verl's ``test_seqlen_balancing_distributed_params`` batch of rank 1 (25 sequences of
@@ -34,6 +34,7 @@ from collections.abc import Iterator  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 
 import numpy as np  # noqa: E402
+from replica_bound import capacity_replica_bound  # noqa: E402  (beside this script)
 
 from seqpack.cost import CostModel  # noqa: E402
 from seqpack.errors import ScheduleError  # noqa: E402
@@ -41,7 +42,6 @@ from seqpack.schedulers import Schedule, get_scheduler  # noqa: E402
 from seqpack.schedulers.balanced import exact  # noqa: E402
 from seqpack.schedulers.balanced import plan as balanced_plan  # noqa: E402
 from seqpack.schedulers.balanced.exact import FOUND, bin_lower_bound, pack_bins  # noqa: E402
-from seqpack.schedulers.balanced.replicas import capacity_replica_bound  # noqa: E402
 
 COST = CostModel(24576.0, 1.0)
 DP, CAPACITY = 32, 32768
@@ -110,7 +110,7 @@ def item_11(seeds: int, repeats: int) -> None:
     print(
         "# item 11: busiest replica / plain bound max(total/dp, costliest) (plan CPU ms, best of "
         f"{repeats}, interleaved), sync='replica', forced microbatches;\n#   cap: the capacity-aware bound "
-        "(replicas.capacity_replica_bound) / the plain one; after/cap: busiest / the capacity-aware bound"
+        "(replica_bound.capacity_replica_bound) / the plain one; after/cap: busiest / the capacity-aware bound"
     )
     print(f"{'seed':>4} {'M':>2} {'fill':>5} {'before':>16} {'after':>16} {'cap':>7} {'after/cap':>9} {'LPT':>7}")
     worst = {"before": 1.0, "after": 1.0, "after/cap": 1.0}
