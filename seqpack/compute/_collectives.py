@@ -1,14 +1,13 @@
 """Autograd-aware collectives over the token axis (dim 0) of a CP group.
 
 All work with every torch.distributed backend (gloo included, on any supported torch):
-they use only ``all_gather`` and ``all_to_all_single`` (equal or given splits).
+they use only ``all_to_all_single`` (equal or given splits).
 
-Why not ``torch.distributed.nn.functional.all_gather`` / ``all_to_all_single``: they compute
-the same values and gradients (tests/distributed/test_compute_dist.py checks it on gloo), but
-torch 2.13 deprecates both (FutureWarning, pointing to the private
-``torch.distributed._functional_collectives``), and on gloo the all-gather's backward runs one
-``scatter`` per rank instead of one ``all_to_all_single``. These ~40 lines stay stable across
-the torch versions seqpack supports.
+Why not ``torch.distributed.nn.functional.all_to_all_single``: it computes the same values
+and gradients (tests/distributed/test_compute_dist.py checks it on gloo), but torch 2.13
+deprecates it (FutureWarning, pointing to the private
+``torch.distributed._functional_collectives``). These few lines stay stable across the torch
+versions seqpack supports.
 """
 
 from __future__ import annotations
@@ -68,29 +67,6 @@ def _all_to_all_equal(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor
     return out
 
 
-class _AllGather(torch.autograd.Function):
-    """``[rows, ...]`` on each rank -> ``[cp * rows, ...]`` rank-major on every rank.
-
-    Backward is a reduce-scatter, written as an all-to-all (each rank gets every rank's
-    gradient for its own rows) plus a local sum in rank order: the same traffic as a
-    reduce-scatter, deterministic, and available on gloo of every torch version.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        size = dist.get_world_size(group)
-        parts = [torch.empty_like(x) for _ in range(size)]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=0)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        size = dist.get_world_size(ctx.group)
-        received = _all_to_all_equal(grad, ctx.group)  # [cp * rows, ...]: rank i's grad of my rows
-        return received.view(size, -1, *grad.shape[1:]).sum(dim=0), None
-
-
 class _AllToAll(torch.autograd.Function):
     """Equal-split all-to-all along dim 0; with equal splits its adjoint is itself."""
 
@@ -125,12 +101,6 @@ class _AllToAllSplit(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         return _all_to_all_split(grad, ctx.recv_counts, ctx.send_counts, ctx.group), None, None, None
-
-
-def all_gather_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """Concatenate every rank's ``x`` along dim 0 in rank order; gradients reduce-scatter back."""
-    out: torch.Tensor = _AllGather.apply(x, group)
-    return out
 
 
 def all_to_all_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
