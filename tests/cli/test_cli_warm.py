@@ -220,18 +220,18 @@ def _cache_stats() -> dict[str, int]:
     return {"hits": hits, "misses": misses}
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("jobs", [1, 2, 2**31 - 1])
 def test_warm_in_this_process_and_in_a_pool_prints_every_family_once(capsys, monkeypatch, jobs):
     """``main(["doctor", "--warm", "--jobs", jobs])`` here, in the suite's numba cache (warm
     under ``./dev test``): one line per family (as each ends, under ``--jobs 2``), then the
-    total and the cache."""
+    total and the cache. More jobs than families run one process per family."""
     from seqpack.cli import main
 
     monkeypatch.setattr(compile_note, "_announced", compile_note._announced)  # --warm silences the notice
     assert main(["doctor", "--warm", "--jobs", str(jobs)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("compiling seqpack's scheduler kernels with numba")
-    assert lines[0].endswith(" in 2 processes") == (jobs == 2)
+    assert lines[0].endswith(f" in {min(jobs, len(FAMILIES))} processes" if jobs > 1 else "it is warm)")
     families = [line.split(":")[0].strip() for line in lines[1:-1]]
     assert sorted(families) == sorted(f.name for f in FAMILIES)
     assert all(line.endswith(" s") for line in lines[1:-1])

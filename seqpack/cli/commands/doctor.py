@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 import time
 from typing import TYPE_CHECKING
 
+from seqpack.cli.exit import CommandError
 from seqpack.errors import ConfigError
 from seqpack.validation import check_int
 
@@ -41,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         type=int,
         default=1,
         help="with --warm: compile the kernel families in this many processes at once (default 1; the "
-        "number of free cores compiles fastest)",
+        "number of free cores compiles fastest; more than one per family runs one per family)",
     )
     return p
 
@@ -66,7 +69,9 @@ def _warm(*, as_json: bool, jobs: int) -> int:
     from seqpack.schedulers._kernels import compile_note
 
     compile_note.silence()  # the lines below say what compiles
+    _check_cache()
     where = compile_note.cache_location()
+    jobs = min(jobs, len(FAMILIES))  # a process per family: more would idle (and overflow the pool's semaphore)
     if not as_json:
         print(
             f"compiling seqpack's scheduler kernels with numba (about {compile_note.COLD_COMPILE_SECONDS} s of CPU "
@@ -106,6 +111,26 @@ def _warm(*, as_json: bool, jobs: int) -> int:
     else:
         print(f"done in {seconds:.1f} s ({cpu_seconds:.1f} s of CPU); cache: {where}")
     return 0
+
+
+def _check_cache() -> None:
+    """Refuse, before compiling, a cache folder numba cannot create and write: it would
+    compile anyway and cache beside the sources, not in a ``NUMBA_CACHE_DIR`` it cannot use,
+    or fail with "no locator available" where no folder is writable."""
+    from seqpack.schedulers._kernels import compile_note
+    from seqpack.schedulers._kernels.sources import kernel_sources
+
+    for folder in sorted({compile_note.cache_dir(source.parent) for source in kernel_sources()}):
+        try:  # numba's own test of a cache folder
+            folder.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as err:
+            configured = os.environ.get("NUMBA_CACHE_DIR")
+            which = f"NUMBA_CACHE_DIR={configured}" if configured else "numba's kernel cache"
+            raise CommandError(
+                f"{which}: cannot create or write {folder} ({err.strerror or err}): set NUMBA_CACHE_DIR to a "
+                "directory this user can write, and run the job with the same NUMBA_CACHE_DIR"
+            ) from None
 
 
 def _warm_in_processes(jobs: int, *, as_json: bool) -> dict[str, tuple[float, float]]:
