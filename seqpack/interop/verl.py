@@ -458,13 +458,18 @@ def select_rows(batch: Any, rows: Sequence[int]) -> Any:
     that is indexed as a whole) by its own indexing, a mapping value by value into a dict."""
     index = torch.tensor(list(rows), dtype=torch.int64)
     if _indexed_whole(batch):
-        return batch[index]
+        # A nested tensor has no row indexing (aten.index.Tensor; tensordict before 0.15 does not
+        # work around it): its rows are rebuilt, the rest is indexed by the TensorDict itself.
+        nested = [key for key in batch.keys() if _is_nested(batch[key])]
+        selected = (batch.exclude(*nested) if nested else batch)[index]
+        for key in nested:
+            selected[key] = _nested_rows(batch[key], rows)
+        return selected
     out: dict[Any, Any] = {}
     for key in batch.keys():
         value = batch[key]
-        if isinstance(value, torch.Tensor) and value.is_nested:  # no row indexing: rebuilt from its rows
-            pieces = value.unbind()
-            out[key] = torch.nested.as_nested_tensor([pieces[i] for i in rows], layout=value.layout)
+        if _is_nested(value):
+            out[key] = _nested_rows(value, rows)
         elif isinstance(value, torch.Tensor):
             out[key] = value[index.to(value.device)]
         elif isinstance(value, np.ndarray):
@@ -476,6 +481,16 @@ def select_rows(batch: Any, rows: Sequence[int]) -> Any:
                 f"batch[{key!r}] is a {type(value).__name__}: values must be tensors, arrays or lists"
             )
     return out
+
+
+def _is_nested(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_nested
+
+
+def _nested_rows(value: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """A nested tensor of ``value``'s ``rows``, in its layout."""
+    pieces = value.unbind()
+    return torch.nested.as_nested_tensor([pieces[i] for i in rows], layout=value.layout)
 
 
 def _indexed_whole(batch: Any) -> bool:

@@ -218,3 +218,46 @@ def test_counts_against_verl(seed):
     assert max(int(lengths[ix].sum()) for ix in ours_ix) <= cap
     assert max(int(lengths[ix].sum()) for ix in theirs_ix) <= cap  # verl 0.9.1 holds the cap too
     assert len(ours) <= len(theirs)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(verl_balancing is None, reason="verl not installed")
+@pytest.mark.parametrize("mrope", [False, True], ids=["positions", "mrope-positions"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_verls_engine_call_site_with_its_no_padding_tensordict(monkeypatch, impl, mrope):
+    # verl's engines call rearrange_micro_batches from prepare_micro_batches with the TensorDict
+    # of left_right_2_no_padding: jagged nested input_ids and position_ids beside plain tensors
+    # and NonTensorData, which the drop-in must select as verl's index_select_tensor_dict does.
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine import utils as engine_utils
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    rows, width, response, cap = 12, 48, 16, 96
+    g = torch.Generator().manual_seed(int(mrope))
+    mask = create_random_mask(torch.zeros(rows, width), g)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    data = TensorDict(
+        {
+            "input_ids": torch.randint(0, 100, (rows, width), generator=g),
+            "attention_mask": mask,
+            "response_mask": mask[:, -response:],
+            "position_ids": positions[:, None].expand(-1, 4, -1) + torch.arange(4)[:, None] if mrope else positions,
+        },
+        batch_size=[rows],
+    )
+    data = left_right_2_no_padding(data)
+    tu.assign_non_tensor_data(data, "max_token_len_per_gpu", cap)
+    assert data["input_ids"].is_nested and data["position_ids"].is_nested  # not vacuous: jagged values
+    monkeypatch.setattr(engine_utils, "rearrange_micro_batches", module(impl).rearrange_micro_batches)
+    micro_batches, indices = engine_utils.prepare_micro_batches(data)
+    assert len(micro_batches) > 1 and sorted(itertools.chain.from_iterable(indices)) == list(range(rows))
+    whole = {key: data[key].unbind() for key in ("input_ids", "position_ids")}
+    for micro_batch, index in zip(micro_batches, indices, strict=True):
+        assert isinstance(micro_batch, TensorDict) and micro_batch.batch_size == torch.Size([len(index)])
+        assert sum(piece.shape[0] for piece in micro_batch["input_ids"].unbind()) <= cap
+        torch.testing.assert_close(micro_batch["loss_mask"], data["loss_mask"][index])
+        for key, pieces in whole.items():
+            got = micro_batch[key].unbind()
+            assert len(got) == len(index) and all(torch.equal(a, pieces[i]) for a, i in zip(got, index, strict=True))
+        assert micro_batch["max_seq_len"] == width and micro_batch["max_token_len_per_gpu"] == cap
