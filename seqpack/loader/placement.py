@@ -41,7 +41,14 @@ from seqpack.loader.grouping import GROUP_KEY
 from seqpack.loader.phases import Gathered, Sample, carries_position_ids
 from seqpack.options import CpLayout
 from seqpack.schedulers import Schedule
-from seqpack.thd import IGNORE_INDEX, PackedBatch, StaticShapes, batch_from_layout, padding_only_batch
+from seqpack.thd import (
+    IGNORE_INDEX,
+    PackedBatch,
+    StaticShapes,
+    batch_from_layout,
+    group_pad_multiple,
+    padding_only_batch,
+)
 from seqpack.thd.cp import shard_for_cp
 from seqpack.topology import Topology
 
@@ -100,7 +107,7 @@ class Placement:
             ids = plan.group_ids(g)
             start, size = int(plan.group_start[g]), int(plan.group_size[g])
             if ids.size == 0:
-                batch = shard_for_cp(layout.filler(), size, me - start, layout=config.cp_layout)
+                batch = shard_for_cp(layout.filler(size), size, me - start, layout=config.cp_layout)
             elif exchanged is None:
                 batch = batch_from_layout(*layout.of(ids), size, me - start, cp_layout=config.cp_layout)
             else:
@@ -194,10 +201,13 @@ class _Layout:
         cu = np.concatenate([[0], np.cumsum(lengths)])
         return cu, np.concatenate([[0], np.cumsum(spans)]), int(spans.max()), ids
 
-    def filler(self) -> PackedBatch:
-        """A padding-only microbatch of the smallest size (bucket)."""
+    def filler(self, size: int) -> PackedBatch:
+        """A padding-only microbatch of the smallest size (bucket) a group of ``size`` ranks
+        runs: under dynamic CP one sequence padded by its group's rule (a replica's block
+        runs a grouped part's empty microbatch)."""
         if self.static is None:
-            return padding_only_batch(self.plan.pad_multiple)
+            pad = self.plan.pad_multiple
+            return padding_only_batch(pad if self.plan.is_static else group_pad_multiple(size, pad))
         return padding_only_batch(self.static.buckets(self.plan.capacity)[0], slots=self.static.max_sequences)
 
 
