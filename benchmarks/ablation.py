@@ -1,8 +1,9 @@
 """Ablation of ``balanced``: what each stage of the planner buys (issue 30, item 5).
 
-Every stage of :data:`seqpack.schedulers.balanced.stages.STAGES` is switched off in turn
-(``stages.disabled``), and locality as a whole (``locality=False``), against the full
-planner (every stage on, ``locality=True``), on:
+Every stage of the plan seqpack runs (:data:`seqpack.schedulers.balanced.stages.DEFAULT`)
+is taken out in turn (:data:`ABLATIONS`: the same composition without it, or with a plainer
+stage in its place), and locality as a whole (``locality=False``), against the full planner
+(``DEFAULT``, ``locality=True``), on:
 
 * every workload of ``benchmarks/schedulers.py`` (``WORKLOADS``: 4,096 or 32,768 sequences
   into 256 replicas, Llama-3-8B training FLOPs), under each sync: ``None`` (the default,
@@ -49,9 +50,15 @@ import numpy as np  # noqa: E402
 
 from seqpack.cost import CostModel, model_preset  # noqa: E402
 from seqpack.mock_data import generate_lengths  # noqa: E402
+from seqpack.options import Objective  # noqa: E402
 from seqpack.schedulers import Schedule, get_scheduler  # noqa: E402
-from seqpack.schedulers.balanced import stages  # noqa: E402
+from seqpack.schedulers.balanced.bins import exact_search, first_fit, worst_fit  # noqa: E402
 from seqpack.schedulers.balanced.exact import FOUND, bin_lower_bound, pack_bins  # noqa: E402
+from seqpack.schedulers.balanced.locality import home_swaps, per_replica  # noqa: E402
+from seqpack.schedulers.balanced.repair import repair  # noqa: E402
+from seqpack.schedulers.balanced.replicas import replica_first_stage  # noqa: E402
+from seqpack.schedulers.balanced.rounds import placement_order  # noqa: E402
+from seqpack.schedulers.balanced.stages import DEFAULT, Stages  # noqa: E402
 from seqpack.schedulers.objective import microbatch_costs, round_sum_lower_bound, step_objective  # noqa: E402
 from seqpack.stats import StepStats  # noqa: E402
 from seqpack.thd import padded_lengths  # noqa: E402
@@ -71,6 +78,54 @@ def sibling(name: str) -> ModuleType:
     return module
 
 
+def _mean_targets(sorted_costs: np.ndarray, dp_size: int, num_rounds: int) -> np.ndarray:
+    """Every bin aims at the mean (no per-round targets)."""
+    return np.full(num_rounds, float(sorted_costs.sum()) / max(dp_size * num_rounds, 1))
+
+
+def _repair_without_bisection(seqs: Any, grid: Any, forced: bool) -> Any:
+    """The repair that never lets the rounds get slower, also under ``objective="both"``."""
+    strict = Objective.ROUNDS if seqs.objective == Objective.BOTH else seqs.objective
+    return repair(dataclasses.replace(seqs, objective=strict), grid, forced)
+
+
+def _item_search_only(seqs: Any, targets: np.ndarray, num_rounds: int) -> Any:
+    return exact_search(seqs, targets, num_rounds, bin_completion=False)
+
+
+def _without(stages: Stages, field: str, *dropped: Any) -> Stages:
+    return dataclasses.replace(stages, **{field: tuple(s for s in getattr(stages, field) if s not in dropped)})
+
+
+def _swap(stages: Stages, field: str, old: Any, new: Any) -> Stages:
+    return dataclasses.replace(stages, **{field: tuple(new if s is old else s for s in getattr(stages, field))})
+
+
+# stage -> the composition without it (applied to any composition, so that they stack).
+ABLATIONS: dict[str, Callable[[Stages], Stages]] = {
+    "round_targets": lambda s: dataclasses.replace(s, targets=_mean_targets),
+    "token_rules": lambda s: _without(s, "bin_rules", worst_fit, first_fit),
+    "exact_search": lambda s: _without(s, "bin_rules", exact_search),
+    "bin_completion": lambda s: _swap(s, "bin_rules", exact_search, _item_search_only),
+    "repair": lambda s: _without(s, "refine", repair),
+    "repair_bisection": lambda s: _swap(s, "refine", repair, _repair_without_bisection),
+    "replica_first": lambda s: _without(s, "refine", replica_first_stage),
+    "more_rounds": lambda s: dataclasses.replace(s, count_search=lambda plan, *_: plan),
+    "origin_order": lambda s: dataclasses.replace(s, order=lambda padded, origin: placement_order(padded, None)),
+    "relabel": lambda s: dataclasses.replace(s, relabel=lambda replica_of, *_: replica_of),
+    "per_replica": lambda s: _without(s, "locality", per_replica),
+    "home_swaps": lambda s: _without(s, "locality", home_swaps),
+}
+
+
+def composition(off: Sequence[str]) -> Stages:
+    """:data:`DEFAULT` without the stages ``off`` (keys of :data:`ABLATIONS`)."""
+    stages = DEFAULT
+    for name in off:
+        stages = ABLATIONS[name](stages)
+    return stages
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
     name: str
@@ -85,9 +140,9 @@ NO_LOCALITY = {"locality": False}
 HOME_STAGES = ("origin_order", "relabel")
 VARIANTS = [
     Variant("full", options={"locality": True}),
-    *(Variant(f"-{stage}", (stage,), {"locality": True}) for stage in stages.STAGES),
+    *(Variant(f"-{stage}", (stage,), {"locality": True}) for stage in ABLATIONS),
     Variant("-locality", options=NO_LOCALITY),
-    *(Variant(f"-locality-{s}", (s,), NO_LOCALITY, "-locality") for s in HOME_STAGES if s in stages.STAGES),
+    *(Variant(f"-locality-{s}", (s,), NO_LOCALITY, "-locality") for s in HOME_STAGES),
 ]
 LINK = 25e9  # bytes per second and rank of the exchange: 200 Gb/s InfiniBand
 
@@ -136,7 +191,7 @@ def bounds(lengths: np.ndarray, case: Case, cost: CostModel) -> tuple[float, flo
 
 def plan(case: Case, variant: Variant, lengths: np.ndarray) -> tuple[Schedule, float]:
     """One plan of ``lengths`` by ``variant`` and its CPU seconds."""
-    sched = get_scheduler("balanced", **{**case.options, **variant.options})
+    sched = get_scheduler("balanced", **{**case.options, **variant.options}, stages=composition(variant.off))
     kwargs: dict[str, Any] = dict(
         dp_size=case.dp,
         cp_size=case.cp,
@@ -145,11 +200,9 @@ def plan(case: Case, variant: Variant, lengths: np.ndarray) -> tuple[Schedule, f
         cost=case.cost,
         sync=case.sync,
     )
-    with stages.disabled(*variant.off):
-        t = time.process_time()
-        schedule = sched.schedule(lengths, **kwargs)
-        seconds = time.process_time() - t
-    return schedule, seconds
+    t = time.process_time()
+    schedule = sched.schedule(lengths, **kwargs)
+    return schedule, time.process_time() - t
 
 
 def run_case(case: Case, variants: Sequence[Variant]) -> dict[str, Measured]:

@@ -3,13 +3,15 @@ microbatches any plan can have (Martello-Toth's bound), and keeps its own plan o
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from seqpack.mock_data import generate_lengths
 from seqpack.packing import pack_lengths
 from seqpack.schedulers import get_scheduler
-from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.balanced.exact import bin_lower_bound
+from seqpack.schedulers.balanced.stages import DEFAULT
 
 LOGNORMAL = dict(min_seq_len=16, max_seq_len=8192, mean_seq_len=1000, sigma=1.1)
 
@@ -25,8 +27,9 @@ def test_balanced_at_one_replica_uses_the_packer():
     packing = pack_lengths(lengths, 8192)
     assert packing.num_packs == bin_lower_bound(lengths, 8192)  # the packer reached the bound
     assert _packs(schedule) == sorted(packing.pack(k).tolist() for k in range(packing.num_packs))
-    with stages.disabled("repair"):  # the ablation runs the plan: same count, its own packs
-        planned = get_scheduler("balanced").schedule(lengths, dp_size=1, max_tokens_per_rank=8192)
+    # Another composition (the ablation's) runs the plan: same count, its own packs.
+    other = dataclasses.replace(DEFAULT, refine=DEFAULT.refine[1:])
+    planned = get_scheduler("balanced", stages=other).schedule(lengths, dp_size=1, max_tokens_per_rank=8192)
     planned.validate(lengths)
     assert planned.num_microbatches == schedule.num_microbatches
     assert _packs(planned) != _packs(schedule)

@@ -1,11 +1,10 @@
 """step_time_lower_bound: never above the brute-force optimum of tiny steps nor above any plan
 the planner makes, and its round bound really tightens the spread/alone bound."""
 
-import sys
-
+import benchmark_module  # noqa: F401  (puts benchmarks/ on sys.path)
 import numpy as np
 import pytest
-from benchmark_module import BENCHMARKS
+from dynamic_cp_bound import _Model, _spread_alone, _tall_bound, step_time_lower_bound  # noqa: E402
 from dynamic_cp_reference import brute_force_lockstep, longest_held
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,9 +14,6 @@ from seqpack.errors import ConfigError
 from seqpack.options import Sync
 from seqpack.schedulers import predicted_step_time
 from seqpack.schedulers.dynamic_cp import allowed_group_sizes, plan_dynamic_cp
-
-sys.path.insert(0, str(BENCHMARKS))  # the bound is the benchmark's yardstick: benchmarks/dynamic_cp_bound.py
-from dynamic_cp_bound import _Model, _spread_alone, _tall_bound, step_time_lower_bound  # noqa: E402
 
 COSTS = st.sampled_from(
     [

@@ -3,19 +3,15 @@ force on tiny instances), above the plain bound where capacity binds, and the he
 plans at 2 microbatches within 1% of it. The bound lives in benchmarks/replica_bound.py:
 the planner does not use it."""
 
-import sys
-
+import benchmark_module  # noqa: F401  (puts benchmarks/ on sys.path)
 import numpy as np
 import pytest
-from benchmark_module import BENCHMARKS
+from replica_bound import capacity_replica_bound  # noqa: E402
 from sched_reference import brute_force_optimum
 from test_quality import COST, busiest_over_bound, heavy_tail
 
 from seqpack.cost import CostModel
 from seqpack.schedulers import get_scheduler
-
-sys.path.insert(0, str(BENCHMARKS))  # the bound is the benchmarks' yardstick: benchmarks/replica_bound.py
-from replica_bound import capacity_replica_bound  # noqa: E402
 
 
 def _plain(costs, dp):

@@ -1,15 +1,16 @@
-"""The ablation switches of the balanced planner (seqpack/schedulers/balanced/stages.py):
-each one removes its stage (the plan changes on a workload where the stage acts), and only
-inside its block."""
+"""The balanced planner as a composition of stages (seqpack/schedulers/balanced/stages.py):
+the scheduler runs the default composition, and each composition benchmarks/ablation.py
+builds without one stage plans differently on a workload where that stage acts."""
 
 import numpy as np
 import pytest
+from benchmark_module import benchmark_module
 
 from seqpack.cost import CostModel
-from seqpack.errors import ConfigError
+from seqpack.errors import SeqpackTypeError
 from seqpack.mock_data import lognormal_lengths
 from seqpack.schedulers import get_scheduler
-from seqpack.schedulers.balanced import stages
+from seqpack.schedulers.balanced.stages import DEFAULT
 
 COST = CostModel(24576.0, 1.0)
 
@@ -68,31 +69,31 @@ CASES = {
 }
 
 
-def test_every_stage_has_a_step_where_it_acts():
-    assert set(CASES) == set(stages.STAGES)
+@pytest.fixture(scope="module")
+def ablation():
+    with benchmark_module("ablation") as module:
+        yield module
 
 
-@pytest.mark.parametrize("stage", sorted(stages.STAGES))
+def test_every_stage_has_a_step_where_it_acts(ablation):
+    assert set(CASES) == set(ablation.ABLATIONS)
+    assert get_scheduler("balanced").stages is DEFAULT
+
+
+@pytest.mark.parametrize("stage", sorted(CASES))
 @pytest.mark.slow
-def test_switching_a_stage_off_removes_it(stage):
+def test_the_composition_without_a_stage_plans_without_it(ablation, stage):
     lengths, kwargs, options = CASES[stage]
-    sched = get_scheduler("balanced", **options)
-    full = sched.schedule(lengths, **kwargs)
-    with stages.disabled(stage):
-        assert not stages.enabled(stage)
-        off = sched.schedule(lengths, **kwargs)
+    full = get_scheduler("balanced", **options).schedule(lengths, **kwargs)
+    without = ablation.composition([stage])
+    assert without != DEFAULT and ablation.composition([]) is DEFAULT
+    off = get_scheduler("balanced", **options, stages=without).schedule(lengths, **kwargs)
     off.validate(lengths)
     assert (off.fingerprint(), off.num_microbatches) != (full.fingerprint(), full.num_microbatches)
-    again = sched.schedule(lengths, **kwargs)  # the block is over: the stage is back
-    assert stages.enabled(stage) and again.fingerprint() == full.fingerprint()
 
 
-def test_disabled_blocks_add_up_and_refuse_unknown_names():
-    with stages.disabled("repair"):
-        with stages.disabled("relabel", "home_swaps"):
-            assert not any(stages.enabled(s) for s in ("repair", "relabel", "home_swaps"))
-        assert not stages.enabled("repair") and stages.enabled("relabel")
-    assert all(stages.enabled(s) for s in stages.STAGES)
-    with pytest.raises(ConfigError, match=r"unknown balanced stage\(s\) \['repairs'\]; valid: round_targets, "):
-        with stages.disabled("repair", "repairs"):
-            pass
+def test_compositions_stack_and_stages_are_checked(ablation):
+    both = ablation.composition(["repair", "relabel"])
+    assert both.refine == ablation.composition(["repair"]).refine and both.relabel is not DEFAULT.relabel
+    with pytest.raises(SeqpackTypeError, match="stages must be a seqpack.schedulers.balanced.stages.Stages"):
+        get_scheduler("balanced", stages=("repair",))

@@ -51,8 +51,7 @@ replicas of 5,000-token sequences). Pack order inside a microbatch is ascending 
 for every packing at a count and only the count matters: ``balanced`` takes the single-rank
 packer's packs (:func:`seqpack.packing.pack_lengths`) when they reach ``L2`` below and meet
 ``min_microbatches`` and ``microbatch_multiple`` (and ``num_microbatches`` is not given),
-else runs the plan (``benchmarks/packing.py``, 1M lognormal lengths on a loaded 2-core VM:
-118,620 microbatches, the bound, in 3.0 s, where the plan took 26 s for 118,621).
+else runs the plan.
 
 5. **Order.** Rounds run heaviest first (a memory peak shows up at the first microbatch),
    or with ``order="pipeline"`` light rounds at both ends and heavy ones in the middle,
@@ -63,7 +62,7 @@ bin bound ``L2``, at least the token bound). If no bin has room for a sequence a
 fill unevenly because cost-balanced bins hold different token counts), the same ``M`` is
 retried balancing tokens (worst-fit), then first-fit, then with a bounded exact search
 (:mod:`seqpack.schedulers.balanced.exact`); only when all fail does ``M`` grow. Then
-(:func:`_more_rounds`):
+(:func:`~seqpack.schedulers.balanced.rounds.more_rounds`):
 
 * without a ``sync``, the plan at ``M`` is compared with the plan at ``M+1`` when it needed
   a fallback or ends more than 1% above its lower bounds (replica total or round sum), on
@@ -77,46 +76,24 @@ retried balancing tokens (worst-fit), then first-fit, then with a bounded exact 
   constant or calibrate (:mod:`seqpack.calibrate`). A given ``sync`` also sets the repair's
   objective (``"lockstep"``: rounds, ``"replica"``: replicas).
 
-**What each stage buys** (``benchmarks/ablation.py``, ``benchmarks/results/ablation.txt``:
-each stage switched off with :func:`seqpack.schedulers.balanced.stages.disabled` on the
-workloads of ``benchmarks/schedulers.py`` under each sync, the heavy tail and verl batches of
-``benchmarks/heavy_tail.py`` and the shapes of ``benchmarks/scale.py``; predicted step time
-without it, mean over a workload's steps; docs/schedulers.md has the table). A stage stays
-when it makes some workload's step at least 0.5% faster or guarantees capacity or the
-fewest microbatches, or, for those that keep samples home, by the tokens it keeps:
-
-* round targets (step 2): pretrain-pareto under lockstep +10.6% without them,
-  rl-bimodal-32k +6.7%, sft-long-tail +5.0% (and one more microbatch in one step of three);
-* worst-fit / first-fit bins: 1,048,576 sequences into 1,024 replicas need 211
-  microbatches without them, 205 with (the exact search gives up at that size);
-* the exact search: 1,116 of 2,000 verl-like batches get more microbatches than the
-  fewest that hold them without it; bin completion inside it: 12 of 2,000;
-* the repair: pretrain-pareto +3.2% (``objective="both"``), sft-long-tail +2.9%,
-  rl-bimodal-32k +1.7%; its bisection alone: +3.1%, +2.9%, +0.8%;
-* replica-first (``sync="replica"``): the heavy tail +0.50-0.55% at 2-6 microbatches
-  (worst step 1.0166x its bound without, 1.0015x with);
-* more microbatches than the fewest: sft-long-tail under ``sync="replica"`` +1.0%;
-* origin order and renaming replicas (no step-time effect; measured with locality off):
-  equal lengths move 93.8% of their tokens without the origin order, none with it;
-  renaming keeps 14-26 points of the tokens home (sft-lognormal: 99.8% -> 85.6% moved);
-* locality's per-replica layout: 45% -> 33% of the tokens moved (sft-lognormal,
-  ``sync="replica"``); its home swaps: 86% -> 46% (sft-lognormal), 99% -> 42% (1,048,576
-  into 1,024).
-
-Renumbering each replica's microbatches heaviest first after the repair (to lower
-``sum_m max_d``) changed no workload's predicted step by more than 0.01% (300 verl-like
-batches at dp=2: 0.002% on average) and was removed.
+**Stages.** The plan is the composition :data:`seqpack.schedulers.balanced.stages.DEFAULT`
+(:class:`~seqpack.schedulers.balanced.stages.Stages`): each step above is one stage
+function. ``benchmarks/ablation.py`` builds the composition without each stage to measure
+what it buys; docs/schedulers.md has the table, and a stage stays where some workload's step
+is at least 0.5% faster with it, or it guarantees capacity or the fewest microbatches, or it
+keeps samples home.
 
 Without a cost model, ``balanced`` balances the training FLOPs of a Llama-3-8B shaped
 model (:func:`seqpack.cost.default_cost_model`). Pass the same cost model to
 :meth:`seqpack.stats.StepStats.from_schedule` to account a schedule in the units it was
 balanced in (``scheduler.resolve_cost(cost)`` returns it).
 
-Modules: ``rounds`` (the plan's data, grid helpers, replica renaming, round order),
-``plan`` (steps 1-4 at a count, the search over counts), ``repair`` (step 4), ``exact``
-(the bounded exact bin search), ``replicas`` (the replica-first plan and the
-capacity-aware replica bound), ``locality`` (plans that keep samples home, and when they
-pay), ``stages`` (the ablation's switches), ``scheduler`` (:class:`BalancedScheduler`).
+Modules: ``rounds`` (the plan's data, grid helpers, the count search, replica renaming,
+round order), ``bins`` (the bin rules of step 2), ``exact`` (the bounded exact bin search),
+``repair`` (step 4), ``replicas`` (the replica-first plan), ``locality`` (plans that keep
+samples home, and when they pay), ``stages`` (the composition), ``plan`` (the stages at a
+count, and from the fewest microbatches to the best count), ``scheduler``
+(:class:`BalancedScheduler`).
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ from __future__ import annotations
 import numpy as np
 
 from seqpack._lazy import lazy_module
-from seqpack.schedulers.balanced import stages
 
 _search = lazy_module("seqpack.schedulers._kernels.bin_search")  # numba: imported on first use
 
@@ -79,7 +78,13 @@ def bin_lower_bound(sizes: np.ndarray, capacity: int) -> int:
 
 
 def pack_bins(
-    lengths: np.ndarray, num_bins: int, capacity: int, *, max_work: int = DEFAULT_WORK, found_only: bool = False
+    lengths: np.ndarray,
+    num_bins: int,
+    capacity: int,
+    *,
+    max_work: int = DEFAULT_WORK,
+    found_only: bool = False,
+    bin_completion: bool = True,
 ) -> tuple[int, np.ndarray]:
     """Pack ``lengths`` into ``num_bins`` bins of ``capacity`` tokens, exactly.
 
@@ -91,6 +96,8 @@ def pack_bins(
         found_only: Only a packing is wanted (the planner's case): a search that cannot
             find one within ``max_work`` is not run, so ``GAVE_UP`` may stand where it
             would have proved ``INFEASIBLE`` (:func:`_cannot_find`).
+        bin_completion: Run bin completion where the bins hold few items (module docs);
+            False: the item search alone.
 
     Returns:
         ``(status, bin_of)``: ``FOUND`` with every item's bin, ``INFEASIBLE`` when the
@@ -109,7 +116,7 @@ def pack_bins(
     order = _longest_first(lengths)
     sizes = lengths[order]
     # Bin completion takes positive sizes.
-    few = n <= FEW_PER_BIN * num_bins and int(sizes[-1]) > 0 and stages.enabled("bin_completion")
+    few = n <= FEW_PER_BIN * num_bins and int(sizes[-1]) > 0 and bin_completion
     skip = _cannot_find(sizes, num_bins, capacity, max_work) if found_only else (False, False)
     status, placed = _item_search(sizes, num_bins, capacity, min(max_work, FIRST_WORK) if few else max_work, skip[0])
     if status == GAVE_UP and few:

@@ -56,17 +56,19 @@ docs/scale.md has the measurements.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
+
 import numpy as np
 
 from seqpack.options import SAMPLE_BYTES_PER_TOKEN, Objective, Sync
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.balanced.repair import _repair
 from seqpack.schedulers.balanced.rounds import (
     _REPAIR_WORK,
     BalancedPlan,
     _grid,
-    _placement_order,
+    placement_order,
     relabel_replicas,
     repair_budget,
     round_targets,
@@ -94,8 +96,10 @@ __all__ = [
     "TOLERANCE",
     "break_even_bytes_per_token",
     "home_swapped",
+    "home_swaps",
     "locality_pays",
     "moved_tokens",
+    "per_replica",
     "plan_local",
     "step_time",
 ]
@@ -136,6 +140,32 @@ def step_time(load: np.ndarray, constant: float, objective: str) -> float:
     return step_objective(load + constant, _SYNC_OF.get(objective))
 
 
+Relabel = Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
+"""Plan replicas -> DP ranks (:func:`~seqpack.schedulers.balanced.relabel_replicas`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Local:
+    """What a locality stage builds from: the step, the reference plan and its renaming."""
+
+    padded: np.ndarray
+    costs: np.ndarray
+    origin: np.ndarray
+    reference: BalancedPlan
+    reference_ranks: np.ndarray
+    dp_size: int
+    capacity: int
+    constant: float
+    objective: str
+    max_repair_moves: int | None
+    tolerance: float
+    relabel: Relabel
+
+
+LocalStage = Callable[[Local], "tuple[BalancedPlan, np.ndarray] | None"]
+"""A candidate plan that keeps samples home and the DP rank of every sequence under it, or None."""
+
+
 def plan_local(
     padded: np.ndarray,
     costs: np.ndarray,
@@ -149,6 +179,8 @@ def plan_local(
     max_repair_moves: int | None = None,
     tolerance: float = TOLERANCE,
     reference_ranks: np.ndarray | None = None,
+    candidates: Sequence[LocalStage] | None = None,
+    relabel: Relabel = relabel_replicas,
 ) -> tuple[BalancedPlan, np.ndarray] | None:
     """A plan at ``reference``'s microbatch count that keeps sequences on their rank, or
     None when no candidate predicts at most ``tolerance`` (relative) more step time or
@@ -168,6 +200,10 @@ def plan_local(
         tolerance: Largest relative increase of the predicted step time accepted.
         reference_ranks: The DP rank of every sequence under ``reference`` once its
             replicas are renamed (computed when not given).
+        candidates: The locality stages, tried in turn (default :func:`per_replica`, then
+            :func:`home_swaps`); a candidate that moves at most a third of the tokens ends
+            the search.
+        relabel: Renames a candidate's replicas (:func:`relabel_replicas`).
 
     Returns:
         (plan, the DP rank of every sequence once the plan's replicas are renamed), or None.
@@ -176,27 +212,46 @@ def plan_local(
         return None
     limit = step_time(reference.load, constant, objective) * (1 + tolerance)
     if reference_ranks is None:
-        reference_ranks = relabel_replicas(reference.replica_of, origin, padded, dp_size)
+        reference_ranks = relabel(reference.replica_of, origin, padded, dp_size)
+    step = Local(
+        padded, costs, origin, reference, reference_ranks, dp_size, capacity, constant, objective,
+        max_repair_moves, tolerance, relabel,
+    )  # fmt: skip
     best = None
     to_beat = moved_tokens(reference_ranks, origin, padded)  # a candidate must move less
-    per_replica = objective == Objective.REPLICAS or reference.num_microbatches <= 2
-    if per_replica and stages.enabled("per_replica"):
-        plan = _per_replica(
-            padded, costs, origin, reference, dp_size, capacity, constant, objective, max_repair_moves, tolerance
-        )
-        if plan is not None and step_time(plan.load, constant, objective) <= limit:
-            ranks = relabel_replicas(plan.replica_of, origin, padded, dp_size)
-            moved = moved_tokens(ranks, origin, padded)
-            if moved < to_beat:
-                best, to_beat = (plan, ranks), moved
-                if moved <= _SWAPS_ABOVE * float(padded.sum()):
-                    return best
-    if not stages.enabled("home_swaps"):
-        return best
-    plan = home_swapped(padded, costs, origin, reference, reference_ranks, capacity, objective, tolerance * _SWAP_SLACK)
-    if step_time(plan.load, constant, objective) <= limit and moved_tokens(plan.replica_of, origin, padded) < to_beat:
-        best = plan, plan.replica_of
+    for stage in (per_replica, home_swaps) if candidates is None else candidates:
+        found = stage(step)
+        if found is None or step_time(found[0].load, constant, objective) > limit:
+            continue
+        moved = moved_tokens(found[1], origin, padded)
+        if moved < to_beat:
+            best, to_beat = found, moved
+            if moved <= _SWAPS_ABOVE * float(padded.sum()):
+                break
     return best
+
+
+def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
+    """The per-replica layout (module docs), where the step waits for replicas or runs one or
+    two microbatches; None elsewhere or when it finds no packing."""
+    if not (step.objective == Objective.REPLICAS or step.reference.num_microbatches <= 2):
+        return None
+    plan = _per_replica(
+        step.padded, step.costs, step.origin, step.reference, step.dp_size, step.capacity, step.constant,
+        step.objective, step.max_repair_moves, step.tolerance,
+    )  # fmt: skip
+    if plan is None:
+        return None
+    return plan, step.relabel(plan.replica_of, step.origin, step.padded, step.dp_size)
+
+
+def home_swaps(step: Local) -> tuple[BalancedPlan, np.ndarray]:
+    """The reference with sequences brought home by swaps (:func:`home_swapped`)."""
+    plan = home_swapped(
+        step.padded, step.costs, step.origin, step.reference, step.reference_ranks, step.capacity,
+        step.objective, step.tolerance * _SWAP_SLACK,
+    )  # fmt: skip
+    return plan, plan.replica_of
 
 
 def home_swapped(
@@ -267,7 +322,7 @@ def _per_replica(
 ) -> BalancedPlan | None:
     """The per-replica layout (module docs), or None when grid_local finds no packing."""
     m_count = reference.num_microbatches
-    order = _placement_order(padded, None)
+    order = placement_order(padded, None)
     if reference.mode == _kernels.MODE_COST:
         values = costs
         targets = np.repeat(round_targets(costs[order], dp_size, m_count), dp_size)

@@ -8,12 +8,12 @@ import numpy as np
 
 from seqpack.options import Objective
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.balanced.rounds import (
     _BISECTION_STEPS,
     _GOOD_ENOUGH,
     _REPAIR_WORK,
     _SWAP_CANDIDATES,
+    Sequences,
     _round_sum,
 )
 from seqpack.schedulers.objective import round_sum_lower_bound
@@ -71,7 +71,7 @@ def _repair(
     if objective == Objective.REPLICAS:
         return run(np.inf)[0]
     strict, replica, rounds = run(0.0)
-    if objective == Objective.ROUNDS or replica <= rounds + _GOOD_ENOUGH or not stages.enabled("repair_bisection"):
+    if objective == Objective.ROUNDS or replica <= rounds + _GOOD_ENOUGH:
         return strict
     # The goals conflict: find how much slower the rounds may get so that both end the same
     # distance from their bounds (bisection on the budget of sum_m max_d, up to where the
@@ -88,3 +88,22 @@ def _repair(
         else:
             high = budget
     return best
+
+
+def repair(seqs: Sequences, grid: Repaired, forced: bool) -> Repaired:
+    """The repair as a stage of the plan: :func:`_repair` of the dealt grid under the step's
+    objective and move budget (``forced`` does not change it)."""
+    round_of, replica_of, load, tokens, _ = grid
+    return _repair(
+        round_of,
+        replica_of,
+        load,
+        tokens,
+        seqs.padded,
+        seqs.costs,
+        seqs.order,
+        seqs.dp_size,
+        seqs.capacity,
+        seqs.max_repair_moves,
+        seqs.objective,
+    )

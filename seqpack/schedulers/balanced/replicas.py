@@ -20,11 +20,11 @@ import numpy as np
 from seqpack._lazy import lazy_module
 from seqpack.options import Objective
 from seqpack.schedulers.balanced.repair import Repaired, _repair
-from seqpack.schedulers.balanced.rounds import _GAP_FOR_MORE, _GOOD_ENOUGH, _grid
+from seqpack.schedulers.balanced.rounds import _GAP_FOR_MORE, _GOOD_ENOUGH, Sequences, _grid
 
 _kernel = lazy_module("seqpack.schedulers._kernels.replica_repair")  # numba: imported on first use
 
-__all__ = ["LPT_WORK", "keep_lighter", "replica_first"]
+__all__ = ["LPT_WORK", "keep_lighter", "replica_first", "replica_first_stage"]
 
 LPT_WORK = 50_000_000  # heap steps and bin scans before the replica-first pass gives up
 
@@ -80,7 +80,7 @@ def keep_lighter(
     above the bound.
 
     Within 1%: no larger microbatch count can then predict a step 1% faster, so the count
-    search (:func:`seqpack.schedulers.balanced.plan._more_rounds`) ends where it would have
+    search (:func:`seqpack.schedulers.balanced.rounds.more_rounds`) ends where it would have
     ended with a plan at the bound. A replica-first plan further off (capacity binds: its
     microbatches are nearly full) is not taken, so that the search still tries more
     microbatches, where the grid or the replica-first plan gets closer. With ``forced``
@@ -114,3 +114,13 @@ def keep_lighter(
     lighter = float(candidate[2].sum(axis=0).max())
     close = forced or lighter <= (1 + _GAP_FOR_MORE) * bound
     return candidate if lighter < busiest and close else grid
+
+
+def replica_first_stage(seqs: Sequences, grid: Repaired, forced: bool) -> Repaired:
+    """Heavy tails under ``objective="replicas"``: the repaired grid, or the replica-first plan
+    where it is lighter (:func:`keep_lighter`); other objectives keep the grid."""
+    if seqs.objective != Objective.REPLICAS:
+        return grid
+    return keep_lighter(
+        grid, seqs.padded, seqs.costs, seqs.order, seqs.dp_size, seqs.capacity, seqs.max_repair_moves, forced=forced
+    )

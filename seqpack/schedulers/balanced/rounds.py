@@ -1,19 +1,21 @@
-"""The balanced planner's data and grid helpers: :class:`BalancedPlan`, placement order,
-round targets, bins dealt into rounds, the objective and its bounds, replica renaming and
-round order.
+"""The balanced planner's data and grid helpers: :class:`Sequences` (what it plans),
+:class:`BalancedPlan` (what it makes), and the stages that need nothing else: placement
+order, round targets, bins dealt into rounds, the objective and its bounds, the count
+search, replica renaming and round order.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
 from seqpack.options import Objective, Order, Sync
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.objective import round_sum_lower_bound, step_objective
 from seqpack.schedulers.schedule import Grid
+from seqpack.schedulers.static_limits import BucketPrice
 from seqpack.validation import check_choice
 
 ORDERS = tuple(Order)
@@ -25,6 +27,33 @@ _BETTER_BY = 0.01  # ... and keeps it when the estimated step cost drops by 1% o
 _BISECTION_STEPS = 4  # repair budgets tried when replica and round balance conflict
 _REPAIR_WORK = 10_000_000  # candidate evaluations before the repair stops (~0.1-0.3 s)
 _MAX_EXTRA_ROUNDS = 16  # microbatch counts tried beyond the first feasible one
+
+
+@dataclasses.dataclass(frozen=True)
+class Sequences:
+    """One step's sequences as the balanced plan sees them, and the limits it plans under.
+
+    Attributes:
+        padded, costs: int64 padded lengths (each at most ``capacity``) and float64 costs
+            (without the per-microbatch constant).
+        order: Placement order, costliest first (the ``order`` stage's).
+        dp_size, capacity, constant: Replicas, padded tokens per microbatch, cost per microbatch.
+        max_repair_moves: Cap on the repair's moves.
+        objective: What the repair trades (:func:`objective_for`).
+        sync: The step time the count is chosen for (:func:`step_objective`).
+        price: Under ``static_shapes``, the bucket padding's cost of a microbatch.
+    """
+
+    padded: np.ndarray
+    costs: np.ndarray
+    order: np.ndarray
+    dp_size: int
+    capacity: int
+    constant: float
+    max_repair_moves: int
+    objective: str
+    sync: str | None
+    price: BucketPrice | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +89,7 @@ class BalancedPlan:
     bin_lower_bound: int = 0
 
 
-def _placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
+def placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
     """Longest first (cost grows with length). Equal lengths are interleaved by origin:
     the k-th sequence of every rank, rank by rank, then the (k+1)-th. Bins take equal items
     round-robin and are dealt to replicas in the same cyclic order, so equal sequences land
@@ -70,7 +99,7 @@ def _placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarra
         return np.zeros(0, dtype=np.int64)
     top = int(padded.max())
     index = np.arange(n, dtype=np.int64)
-    if origin is None or not stages.enabled("origin_order"):
+    if origin is None:
         if (top + 1) * n < 2**62:  # unique int64 keys: the fast (unstable) sort gives the stable order
             return np.argsort((top - padded) * n + index)
         return np.argsort(-padded, kind="stable")
@@ -195,7 +224,7 @@ def relabel_replicas(replica_of: np.ndarray, origin: np.ndarray, weight: np.ndar
     Returns:
         The DP rank of every sequence.
     """
-    if replica_of.size == 0 or dp_size == 1 or not stages.enabled("relabel"):
+    if replica_of.size == 0 or dp_size == 1:
         return replica_of
     replica_of = np.asarray(replica_of, dtype=np.int64)
     pair = replica_of * dp_size + np.asarray(origin, dtype=np.int64)  # < dp**2: exact in int64 for dp < 3e9
@@ -241,3 +270,52 @@ def round_position(load: np.ndarray, order: str = "heavy_first") -> np.ndarray:
             position[r] = right
             right -= 1
     return position
+
+
+def more_rounds(
+    plan: BalancedPlan, seqs: Sequences, step: int, plan_at: Callable[[int], BalancedPlan | None]
+) -> BalancedPlan:
+    """The count search: the microbatch count with the shortest predicted step, from ``plan``
+    at the fewest that fit (package docstring). ``plan_at(m)``: the plan at ``m`` rounds.
+
+    Without a ``sync``: ``M + step`` is tried once, when the plan needed a fallback bin rule
+    or ends more than 1% above its bounds, and kept when its estimate (the sum of both step
+    times) is at least 1% lower (any lower after a fallback).
+
+    With a ``sync``: counts ``M + step, M + 2*step, ...`` are tried while the predicted step
+    time keeps dropping, and the best kept, a larger count only when it predicts a step at
+    least 1% faster than the best smaller one (any faster while the best needed a fallback
+    bin rule). A count is tried only when it could be 1% faster: no plan with ``M'`` rounds
+    predicts less than ``base + per_round * M' * constant`` (:func:`_objective_bound`), which
+    grows with ``M'``, so the search stops for good once the best plan is within 1% of the
+    next count's bound (right away for most batches). At most ``_MAX_EXTRA_ROUNDS`` counts,
+    never more than one sequence per microbatch of every replica.
+    """
+    padded, costs = seqs.padded, seqs.costs
+    if not costs.size or float(costs.max()) <= 0:
+        return plan  # CostModel(0, 0, c): each microbatch only adds its constant
+    if seqs.sync is None:
+        fallback = plan.mode != _kernels.MODE_COST
+        if not fallback and plan.gap <= _GAP_FOR_MORE:
+            return plan
+        more = plan_at(plan.num_microbatches + step)
+        if more is None:
+            return plan
+        return more if more.objective < plan.objective * (1.0 if fallback else 1.0 - _BETTER_BY) else plan
+    base, per_round = _objective_bound(padded, costs, seqs.order, seqs.dp_size, seqs.capacity, seqs.sync)
+    limit = max(plan.num_microbatches, -(-padded.shape[0] // seqs.dp_size))
+    best = previous = plan
+    for _ in range(_MAX_EXTRA_ROUNDS):
+        m = previous.num_microbatches + step
+        greedy = best.mode == _kernels.MODE_COST
+        if m > limit or (greedy and best.objective <= (base + per_round * m * seqs.constant) * (1 + _GAP_FOR_MORE)):
+            break
+        candidate = plan_at(m)
+        if candidate is None:
+            break
+        if candidate.objective < best.objective * (1.0 - _BETTER_BY if greedy else 1.0):
+            best = candidate
+        if candidate.objective >= previous.objective:
+            break  # the prediction stopped dropping
+        previous = candidate
+    return best

@@ -10,11 +10,11 @@ from seqpack.cost import CostModel, GroupCost, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import Objective, Order
 from seqpack.packing.packer import pack_lengths
-from seqpack.schedulers.balanced import stages
 from seqpack.schedulers.balanced.exact import bin_lower_bound
 from seqpack.schedulers.balanced.locality import AUTO, TOLERANCE, locality_pays, plan_local
 from seqpack.schedulers.balanced.plan import plan_balanced
-from seqpack.schedulers.balanced.rounds import _rounds, objective_for, relabel_replicas, round_position
+from seqpack.schedulers.balanced.rounds import _rounds, objective_for, round_position
+from seqpack.schedulers.balanced.stages import DEFAULT, Stages
 from seqpack.schedulers.base import GridScheduler
 from seqpack.schedulers.request import check_microbatches
 from seqpack.schedulers.schedule import Grid
@@ -56,6 +56,8 @@ class BalancedScheduler(GridScheduler):
             rename replicas.
         locality_tolerance: Relative step-time increase a local plan may cost (default
             0.001, i.e. 0.1%).
+        stages: The plan's stages (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`;
+            ``benchmarks/ablation.py`` composes others).
     """
 
     name = "balanced"
@@ -71,6 +73,7 @@ class BalancedScheduler(GridScheduler):
         objective: str = "both",
         locality: bool | str = AUTO,
         locality_tolerance: float = TOLERANCE,
+        stages: Stages = DEFAULT,
     ) -> None:
         order = check_choice("order", order, Order)
         objective = check_choice("objective", objective, Objective)
@@ -86,6 +89,9 @@ class BalancedScheduler(GridScheduler):
         self.objective = objective
         self.locality: bool | str = _check_locality(locality)
         self.locality_tolerance = check_number("locality_tolerance", locality_tolerance, minimum=0.0)
+        if not isinstance(stages, Stages):
+            raise SeqpackTypeError(f"stages must be a seqpack.schedulers.balanced.stages.Stages, got {stages!r}")
+        self.stages = stages
 
     def resolve_cost(self, cost: CostModel | GroupCost | None) -> CostModel | GroupCost:
         """The cost model this scheduler balances: ``cost``, or the default model's FLOPs."""
@@ -143,7 +149,7 @@ class BalancedScheduler(GridScheduler):
             step_cost = float(costs.sum()) + model.constant * max(dp_size, 1)
         if not np.isfinite(step_cost):
             raise ConfigError(f"the step's total cost under {model!r} is past float64: scale the coefficients down")
-        if dp_size == 1 and self.num_microbatches is None and ids.size:
+        if dp_size == 1 and self.num_microbatches is None and ids.size and self.stages is DEFAULT:
             single = _single_rank(padded, costs, capacity, min_microbatches, self.microbatch_multiple, static_shapes)
             if single is not None:
                 round_of, load = single
@@ -163,8 +169,9 @@ class BalancedScheduler(GridScheduler):
             origin=origin,
             sync=sync,
             price=price,
+            stages=self.stages,
         )
-        replica = relabel_replicas(plan.replica_of, origin, padded, dp_size)
+        replica = self.stages.relabel(plan.replica_of, origin, padded, dp_size)
         # Locality is judged by the step time the plan was made for: the sync's when given.
         objective = objective_for(self.objective, sync)
         local_plan = self.uses_locality(
@@ -183,6 +190,8 @@ class BalancedScheduler(GridScheduler):
                 max_repair_moves=self.max_repair_moves,
                 tolerance=self.locality_tolerance,
                 reference_ranks=replica,
+                candidates=self.stages.locality,
+                relabel=self.stages.relabel,
             )
             if local is not None:
                 plan, replica = local
@@ -195,7 +204,9 @@ class BalancedScheduler(GridScheduler):
             f"BalancedScheduler(order={self.order!r}, objective={self.objective!r}, "
             f"min_microbatches={self.min_microbatches}, microbatch_multiple={self.microbatch_multiple}, "
             f"num_microbatches={self.num_microbatches}, max_repair_moves={self.max_repair_moves}, "
-            f"locality={self.locality!r}, locality_tolerance={self.locality_tolerance})"
+            f"locality={self.locality!r}, locality_tolerance={self.locality_tolerance}"
+            + ("" if self.stages is DEFAULT else f", stages={self.stages!r}")
+            + ")"
         )
 
 
@@ -212,10 +223,10 @@ def _single_rank(
     (Martello-Toth's bound, where the plan's count search starts) and that count meets
     ``min_microbatches`` and ``microbatch_multiple``; else None (the plan runs). With one
     replica every round's cost is its microbatch's, so the step costs the same for every
-    packing at a count: only the count matters. With a stage switched off (the ablation)
-    the plan runs, so that the ablation measures the plan. Under ``static_shapes`` the plan
-    runs too (it prices bucket padding and counts sequences; the packer does neither)."""
-    if static_shapes is not None or not all(stages.enabled(name) for name in stages.STAGES):
+    packing at a count: only the count matters. Under ``static_shapes`` the plan runs (it
+    prices bucket padding and counts sequences; the packer does neither), and with stages
+    other than the default (the ablation measures the plan)."""
+    if static_shapes is not None:
         return None
     packing = pack_lengths(padded, capacity)
     count = packing.num_packs

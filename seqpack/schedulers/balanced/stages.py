@@ -1,58 +1,74 @@
-"""Switches that turn single stages of the balanced planner off, for the ablation
-(``benchmarks/ablation.py``, docs/schedulers.md) and its tests.
+"""The balanced plan as a composition of stages (package docstring, steps 1-5).
 
-Every stage is on in normal use; nothing in the library turns one off. Inside
-``with stages.disabled("repair", ...)`` the planner skips the stages named, in this thread
-or task only (a :class:`~contextvars.ContextVar`), so a benchmark can measure what each one
-buys. :data:`STAGES` names them, each with what it is; the package docstring says what each
-is worth.
+:class:`Stages` names the function that runs each step of the plan, and :data:`DEFAULT` is
+the plan seqpack runs. ``benchmarks/ablation.py`` composes others (a stage left out, or
+replaced by a simpler one) to measure what each stage buys; nothing in the library plans
+with anything but :data:`DEFAULT`.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from contextvars import ContextVar
+import dataclasses
+from collections.abc import Callable
 
-from seqpack.errors import ConfigError
+import numpy as np
 
-__all__ = ["STAGES", "disabled", "enabled"]
+from seqpack.schedulers.balanced.bins import Packed, cost_targets, exact_search, first_fit, worst_fit
+from seqpack.schedulers.balanced.locality import LocalStage, Relabel, home_swaps, per_replica
+from seqpack.schedulers.balanced.repair import Repaired, repair
+from seqpack.schedulers.balanced.replicas import replica_first_stage
+from seqpack.schedulers.balanced.rounds import (
+    BalancedPlan,
+    Sequences,
+    more_rounds,
+    placement_order,
+    relabel_replicas,
+    round_targets,
+)
 
-STAGES: dict[str, str] = {
-    "round_targets": "per-round cost targets of the bins (step 2); off: every bin aims at the mean",
-    "token_rules": "worst-fit and first-fit bins when the cost targets leave a sequence no room",
-    "exact_search": "the bounded exact search when every bin rule fails at a microbatch count",
-    "bin_completion": "bin completion inside the exact search (few sequences per bin)",
-    "repair": "moves and swaps off the busiest replica (step 4)",
-    "repair_bisection": "objective='both': bisecting how much slower the rounds may get",
-    "replica_first": "sync='replica': the replica-first plan when the repaired grid is above its bound",
-    "more_rounds": "trying more microbatches than the fewest that fit",
-    "origin_order": "equally long sequences interleaved by the rank that holds them",
-    "relabel": "replicas renamed to the rank holding most of their tokens",
-    "per_replica": "locality: the per-replica layout",
-    "home_swaps": "locality: the home swaps",
-}
+__all__ = ["DEFAULT", "Stages"]
 
-_OFF: ContextVar[frozenset[str]] = ContextVar("seqpack_balanced_stages_off", default=frozenset())
-
-
-def enabled(stage: str) -> bool:
-    """Whether ``stage`` (a key of :data:`STAGES`) runs."""
-    return stage not in _OFF.get()
+BinRule = Callable[[Sequences, np.ndarray, int], "Packed | None"]
+Refine = Callable[[Sequences, Repaired, bool], Repaired]
+CountSearch = Callable[[BalancedPlan, Sequences, int, Callable[[int], "BalancedPlan | None"]], BalancedPlan]
 
 
-@contextlib.contextmanager
-def disabled(*names: str) -> Iterator[None]:
-    """Plan without the stages ``names`` inside the block (nested blocks add up).
+@dataclasses.dataclass(frozen=True)
+class Stages:
+    """The functions the balanced plan runs, in the order it runs them.
 
-    Raises:
-        ConfigError: A name that is not a key of :data:`STAGES`.
+    Attributes:
+        order: ``(padded, origin) -> order``: the placement order, costliest first
+            (equally long sequences interleaved by the rank holding them).
+        targets: ``(sorted costs, dp, M) -> target[M]``: the cost target of one bin of each
+            round (step 2).
+        bin_rules: Tried in turn at a microbatch count; the first that packs wins
+            (:mod:`seqpack.schedulers.balanced.bins`). None packs: ``M`` grows.
+        refine: Applied in turn to the grid dealt into rounds (step 4): the repair, then
+            replica-first where the step waits for replicas.
+        count_search: From the plan at the fewest microbatches to the best count
+            (:func:`~seqpack.schedulers.balanced.rounds.more_rounds`).
+        relabel: Plan replicas to DP ranks (the rank holding most of each one's tokens).
+        locality: Candidate plans that keep samples home, tried in turn where locality
+            runs (:func:`~seqpack.schedulers.balanced.locality.plan_local`).
     """
-    unknown = sorted(set(names) - set(STAGES))
-    if unknown:
-        raise ConfigError(f"unknown balanced stage(s) {unknown}; valid: {', '.join(STAGES)}")
-    token = _OFF.set(_OFF.get() | frozenset(names))
-    try:
-        yield
-    finally:
-        _OFF.reset(token)
+
+    order: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
+    targets: Callable[[np.ndarray, int, int], np.ndarray]
+    bin_rules: tuple[BinRule, ...]
+    refine: tuple[Refine, ...]
+    count_search: CountSearch
+    relabel: Relabel
+    locality: tuple[LocalStage, ...]
+
+
+DEFAULT = Stages(
+    order=placement_order,
+    targets=round_targets,
+    bin_rules=(cost_targets, worst_fit, first_fit, exact_search),
+    refine=(repair, replica_first_stage),
+    count_search=more_rounds,
+    relabel=relabel_replicas,
+    locality=(per_replica, home_swaps),
+)
+"""The plan seqpack runs: every stage that ``benchmarks/ablation.py`` shows buys something."""
