@@ -265,8 +265,7 @@ def _best_swap(
                 checked += 1
                 m2 = round_of[j]
                 fits = tok[m2, d2] + lengths[i] - lengths[j] <= capacity
-                if m2 != m:
-                    fits = fits and tok[m, d1] - lengths[i] + lengths[j] <= capacity
+                fits = fits and tok[m, d1] - lengths[i] + lengths[j] <= capacity
                 if fits and _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, ci - costs[j]) <= allow:
                     best_gain, best_i, best_j, best_d2, best_m2 = gain, i, j, d2, m2
                     break
