@@ -272,13 +272,15 @@ _DYNAMIC = {
     "place_blocks": _check_place_blocks,
     "lpt_ranks": _check_lpt_ranks,
 }
-KERNELS = [
-    *_BALANCED,
-    "exact.dfs",
-    "exact.complete_bins",
-    "replicas.replica_lpt",
-    *(f"dynamic_cp.{k}" for k in _DYNAMIC),
-]
+CHECKS: dict[str, Callable[[Args, Args, Any], bool]] = {
+    **_BALANCED,
+    "exact.dfs": _check_packing,
+    "exact.complete_bins": _check_packing,
+    "replicas.replica_lpt": _check_replica_first,
+    **{f"dynamic_cp.{k}": check for k, check in _DYNAMIC.items()},
+}
+"""Every kernel entry point's check ``(arguments before, after, output) -> compared``."""
+KERNELS = list(CHECKS)
 
 
 def _places() -> Iterator[tuple[Any, str, str, Callable[[Args, Args, Any], bool]]]:
