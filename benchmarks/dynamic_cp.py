@@ -41,9 +41,6 @@ bound this benchmark used to report) and, under lockstep, the round that runs a 
 sequence: its other ranks can only hold ``R * capacity`` tokens of work that runs within its
 height, so the round idles unless dense work is there to fill it.
 
-``before s``: dynamic CP (power-of-2 groups) with the planner's height search as it was
-before it also tried the longest sequence's time at every group size (``planner._ANCHORS =
-False``), in the same run; ``before/dyn`` > 1 is what that search gained.
 
     python benchmarks/dynamic_cp.py [--quick] [--out benchmarks/results/dynamic_cp.txt]
                                     [--plot docs/dynamic_cp.png]
@@ -52,7 +49,6 @@ False``), in the same run; ``before/dyn`` > 1 is what that search gained.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import heapq
 import json
@@ -61,7 +57,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 from dynamic_cp_bound import step_time_lower_bound  # beside this script: python puts its folder first on sys.path
@@ -71,7 +67,6 @@ from seqpack.mock_data import lognormal_lengths
 from seqpack.schedulers import get_scheduler, predicted_step_time
 from seqpack.schedulers import predicted_step_time as dynamic_step_time
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
-from seqpack.schedulers.dynamic_cp import planner as dynamic_planner
 from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
 
 CLOCK = "/work/shared/data/h100_te_clock.json"
@@ -322,17 +317,6 @@ def _timed(fn: Callable[[], object], repeat: int = 1) -> tuple[object, float]:
     return out, best
 
 
-@contextlib.contextmanager
-def search_as_before() -> Iterator[None]:
-    """The planner's height search as it was before it tried the longest sequence's time
-    at every size (``planner._ANCHORS``): the "before" column of the same run."""
-    dynamic_planner._ANCHORS = False
-    try:
-        yield
-    finally:
-        dynamic_planner._ANCHORS = True
-
-
 def measure(kind: str, ranks: int, cost: GroupCost, sync: str, seed: int) -> dict[str, float]:
     """Predicted step times (seconds) of one step planned every way."""
     lengths = workload(kind, ranks, seed)
@@ -357,11 +341,6 @@ def measure(kind: str, ranks: int, cost: GroupCost, sync: str, seed: int) -> dic
         plan.validate(lengths)
         row[sizes] = dynamic_step_time(plan, cost, sync=sync)
         row[f"{sizes}_s"] = seconds
-    with search_as_before():
-        before = plan_dynamic_cp(
-            lengths, dp_size=ranks, max_tokens_per_rank=CAPACITY, pad_multiple=PAD, cost=cost, sync=sync
-        )
-    row["before"] = dynamic_step_time(before, cost, sync=sync)
     row["longest"] = int(lengths.max())
     row["bound_simple"], row["bound"] = lower_bounds(lengths, ranks, cost, sync)
     return row
@@ -377,7 +356,7 @@ def sweep(cost: GroupCost, ranks: tuple[int, ...], syncs: tuple[str, ...], out: 
                 f"{'workload':<12} {'R':>5} {'longest':>8} {'cp':>3} {'static s':>9} {'(step)':>8} "
                 f"{'hybrid s':>9} {'(as run)':>9} {'dyn s':>8} {'any s':>8} {'static/dyn':>10} "
                 f"{'(step)':>6} {'hybrid/dyn':>10} {'pow2/any':>8} {'plan ms':>8} {'bound s':>8} "
-                f"{'static/bnd':>10} {'dyn/bnd':>7} {'(spread/alone)':>14} {'before s':>8} {'before/dyn':>10}"
+                f"{'static/bnd':>10} {'dyn/bnd':>7} {'(spread/alone)':>14}"
             )
             for kind in WORKLOADS:
                 for r in ranks:
@@ -391,8 +370,7 @@ def sweep(cost: GroupCost, ranks: tuple[int, ...], syncs: tuple[str, ...], out: 
                         f"{row['static_step'] / row['pow2']:>6.2f} {row['hybrid'] / row['pow2']:>10.2f} "
                         f"{row['pow2'] / row['any']:>8.3f} {1000 * row['pow2_s']:>8.1f} {row['bound']:>8.4f} "
                         f"{row['static'] / row['bound']:>10.2f} {row['pow2'] / row['bound']:>7.2f} "
-                        f"{row['pow2'] / row['bound_simple']:>14.2f} {row['before']:>8.4f} "
-                        f"{row['before'] / row['pow2']:>10.3f}"
+                        f"{row['pow2'] / row['bound_simple']:>14.2f}"
                     )
                     print(out[-1], file=sys.stderr, flush=True)
     return rows
@@ -418,13 +396,11 @@ def targets(rows: list[dict], plan_seconds: dict[str, float], out: list[str]) ->
                 sb = [r["static"] / r["bound"] for r in sel]
                 db = [r["pow2"] / r["bound"] for r in sel]
                 d0 = [r["pow2"] / r["bound_simple"] for r in sel]
-                ba = [r["before"] / r["pow2"] for r in sel]
                 out.append(
                     f"{sync:<9} x{scale:<4} {kind:<12} static/dyn {_gmean(st):5.2f} [{min(st):.2f}]  "
                     f"(per step {_gmean(ps):4.2f} [{min(ps):.2f}])  hybrid/dyn {_gmean(hy):5.2f} [{min(hy):.2f}]  "
                     f"pow2/any {_gmean(pa):.3f} [{min(pa):.3f}]  static/bound {_gmean(sb):4.2f}  "
-                    f"dyn/bound {_gmean(db):4.2f} (spread/alone {_gmean(d0):4.2f})  before/dyn {_gmean(ba):.3f} "
-                    f"[max {max(ba):.3f}]"
+                    f"dyn/bound {_gmean(db):4.2f} (spread/alone {_gmean(d0):4.2f})"
                 )
                 if kind != "short" and scale == 1.0:
                     verdict = (
@@ -452,11 +428,11 @@ def targets(rows: list[dict], plan_seconds: dict[str, float], out: list[str]) ->
     return ok_speedup and ok_hybrid and ok_time
 
 
-def plan_time(cost: GroupCost, repeat: int = 7) -> tuple[dict[str, float], dict[str, float], int]:
+def plan_time(cost: GroupCost, repeat: int = 7) -> tuple[dict[str, float], int]:
     """Best CPU seconds of ``repeat`` plans of the tail256k step at 1,024 ranks (after a
-    warm-up), per sync: (now, the search as before), the two interleaved."""
+    warm-up), per sync."""
     lengths = workload("tail256k", 1024, seed=1024)
-    now, before = {}, {}
+    now = {}
     for sync in ("lockstep", "replica"):
 
         def run(sync: str = sync) -> object:
@@ -465,12 +441,8 @@ def plan_time(cost: GroupCost, repeat: int = 7) -> tuple[dict[str, float], dict[
             )
 
         run()
-        now[sync], before[sync] = math.inf, math.inf
-        for _ in range(repeat):
-            now[sync] = min(now[sync], _timed(run)[1])
-            with search_as_before():
-                before[sync] = min(before[sync], _timed(run)[1])
-    return now, before, int(lengths.shape[0])
+        now[sync] = min(_timed(run)[1] for _ in range(repeat))
+    return now, int(lengths.shape[0])
 
 
 def node_sensitivity(cost: GroupCost, out: list[str]) -> None:
@@ -567,9 +539,9 @@ def main() -> int:
     rows = sweep(cost, ranks, syncs, out)
     if not args.quick:
         node_sensitivity(cost, out)
-    seconds, before, n = plan_time(cost)
-    times = ", ".join(f"{sync} {1000 * t:.0f} ms (before {1000 * before[sync]:.0f} ms)" for sync, t in seconds.items())
-    out.append(f"\nplan time, tail256k at 1,024 ranks ({n} sequences), CPU, best of 7 interleaved: {times}")
+    seconds, n = plan_time(cost)
+    times = ", ".join(f"{sync} {1000 * t:.0f} ms" for sync, t in seconds.items())
+    out.append(f"\nplan time, tail256k at 1,024 ranks ({n} sequences), CPU, best of 7: {times}")
     ok = targets(rows, seconds, out)
     text = "\n".join(out) + "\n"
     print(text)

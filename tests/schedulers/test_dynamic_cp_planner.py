@@ -177,28 +177,3 @@ def test_bad_arguments(kwargs, error, text):
     lengths = args.pop("lengths")
     with pytest.raises(error, match=text):
         plan_dynamic_cp(lengths, **args)
-
-
-@pytest.mark.slow
-def test_the_longest_sequences_time_on_each_size_is_tried(monkeypatch):
-    """Replica sync, a Pareto tail on 16 ranks: trying the longest sequence's time on every
-    group size (the anchors) finds a faster plan on some steps and is never slower on these
-    (an idle group costs its filler under either sync, so most grids already hit it)."""
-    import seqpack.schedulers.dynamic_cp.planner as planner
-
-    cost = GroupCost(CostModel(0.05, 1e-4, 1.0), ring_step=0.2, ring_token=0.002, ring_token_inter=0.02,
-                     ranks_per_node=4)  # fmt: skip
-    ratios = []
-    for seed in range(50, 66):
-        rng = np.random.default_rng(seed)
-        lengths = rng.integers(4, 64, size=128)
-        tail = rng.random(128) < 0.05
-        lengths = np.where(tail, np.minimum(64 * (1 + rng.pareto(1.2, 128)), 1024), lengths).astype(np.int64)
-        times = {}
-        for anchors in (False, True):
-            monkeypatch.setattr(planner, "_ANCHORS", anchors)
-            plan = plan_dynamic_cp(lengths, dp_size=16, max_tokens_per_rank=64, cost=cost, sync="replica")
-            plan.validate(lengths)
-            times[anchors] = predicted_step_time(plan, cost, sync="replica")
-        ratios.append(times[True] / times[False])
-    assert max(ratios) <= 1.0 + 1e-12 and min(ratios) < 0.999

@@ -49,7 +49,6 @@ __all__ = ["plan_dynamic_cp"]
 _COARSE = 24  # heights tried on the first pass of the search
 _FINE = 12  # heights tried between the best coarse height's neighbours
 _TOP = 64  # the longest sequences whose times make the grid (all that need a group too)
-_ANCHORS = True  # then the longest sequence's time at every size (False: the search as it was, for an A/B)
 
 
 def _height_grid(p: Problem, top_n: int | None = None) -> np.ndarray:
@@ -103,7 +102,7 @@ def _search_heights(p: Problem, replica: bool = False, coarse_n: int = _COARSE, 
             best = candidate
         elif not replica:
             break
-    if _ANCHORS and replica == (p.sync == Sync.REPLICA):  # the longest sequence's time at each size (the grid's
+    if replica == (p.sync == Sync.REPLICA):  # the longest sequence's time at each size (the grid's
         # picks can miss the best there); only in the builder made for the sync
         for height in _height_grid(p, top_n=1).tolist():
             if height >= best.score:
@@ -119,7 +118,7 @@ def _search(p: Problem) -> Bins:
     size is allowed: every such plan is one too) and static CP."""
     best = _search_heights(p)
     if p.sync == Sync.REPLICA:
-        coarse = _COARSE // 2 - (2 if _ANCHORS else 0)  # the anchors cost time: two fewer even picks
+        coarse = _COARSE // 2 - 2  # the anchors cost time: two fewer even picks
         candidate = _search_heights(p, replica=True, coarse_n=coarse, fine_n=_FINE // 2)
         best = candidate if candidate.score < best.score else best
     if p.in_nodes:
