@@ -199,6 +199,8 @@ def int64_array(
         raise error(f"{name} must be integers, got {value!r:.60}") from None
     if array.size == 0:
         return np.zeros(array.shape, dtype=np.int64)
+    if isinstance(value, (list, tuple)) and array.dtype.kind in "iu" and {bool, np.bool_} & set(map(type, value)):
+        array = np.asarray(value, dtype=object)  # [3, True] reads as [3, 1]: let the element scan name the bool
     flat = array.reshape(-1)
     if array.dtype.kind == "O":
         items = flat.tolist()

@@ -125,6 +125,8 @@ def test_an_oversize_length_is_refused_by_name():
         ([3, 0, 2], 10, SampleError, r"sequence 1 has length 0: every sequence needs at least one token"),
         ([3, -4], 10, SampleError, r"sequence 1 has length -4"),
         ([1.5, 2], 10, SeqpackTypeError, r"lengths must be integers"),
+        ([3, True], 10, SeqpackTypeError, r"lengths must be integers, got True \(sequence 1 has length not one\)"),
+        ((np.True_, 3), 10, SeqpackTypeError, r"got np.True_ \(sequence 0 has length not one\)"),
         ([[1, 2]], 10, ConfigError, r"lengths must be 1-D .* got shape \(1, 2\)"),
         ([2**64], 10, SampleError, r"sequence 0 has length 18446744073709551616, too large"),
         ([1], 0, ConfigError, r"max_tokens"),
