@@ -102,20 +102,21 @@ def schedule_minibatches(
         mine = np.flatnonzero(which == j)
         if not mine.size:
             raise ConfigError(f"mini-batch {j} of {minibatches} holds no sample: read more samples per step")
-        common: dict[str, Any] = dict(cost=cost, on_oversize=on_oversize, origin=origin_arr[mine], **limits)
-        if sync is not None:  # only when set: a custom scheduler overriding schedule() may predate it
-            common["sync"] = sync
-        if static_shapes is not None:  # only when set, as sync
-            common["static_shapes"] = static_shapes
+        common: dict[str, Any] = dict(
+            cost=cost,
+            on_oversize=on_oversize,
+            origin=origin_arr[mine],
+            sync=sync,
+            static_shapes=static_shapes,
+            **limits,
+        )
         if has_groups or equal_counts:
             part = schedule_groups(
                 scheduler, original[mine], gids[mine], flags[mine], together=together, equal_counts=equal_counts,
                 **common,
             )  # fmt: skip
         else:
-            if bytes_per_token is not None:  # only when set, as sync
-                common["bytes_per_token"] = bytes_per_token
-            part = scheduler.schedule(original[mine], **common)
+            part = scheduler.schedule(original[mine], bytes_per_token=bytes_per_token, **common)
         parts.append(part)
         ids.append(mine)
     starts = np.cumsum([0, *(p.num_microbatches for p in parts)]).tolist()
