@@ -4,7 +4,6 @@ and unreleased: a move is a rename recorded in CHANGELOG.md)."""
 from __future__ import annotations
 
 import ast
-import importlib
 import pathlib
 import re
 
@@ -13,33 +12,6 @@ import pytest
 import seqpack
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "seqpack"
-
-# Import paths that were shims before issue 30 removed them.
-REMOVED = [
-    "seqpack.config",
-    "seqpack.wrapper",
-    "seqpack.step",
-    "seqpack.prefetch",
-    "seqpack.resume",
-    "seqpack.online",
-    "seqpack.phases",
-    "seqpack.timing",
-    "seqpack.comm",
-    "seqpack.cp",
-    "seqpack.demo",
-    "seqpack.progress",
-    "seqpack.dist",
-    "seqpack.schedulers.locality",
-    "seqpack.schedulers._exact",
-    "seqpack._compat",
-]
-
-
-@pytest.mark.parametrize("module", REMOVED)
-def test_removed_import_paths_are_gone(module):
-    with pytest.raises(ModuleNotFoundError):
-        importlib.import_module(module)
-
 
 # Basenames that several modules share because they mean the same thing in each place.
 SHARED_BASENAMES = {
