@@ -30,6 +30,7 @@ it is mixed into.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -68,6 +69,10 @@ HF_KEYS: tuple[str, ...] = (
 ``num_items_in_batch`` too when given)."""
 
 HfValue = torch.Tensor | int | bool
+
+_TOKEN_MEAN_METRICS: tuple[str, ...] = ("mean_token_accuracy", "entropy")
+"""TRL's logged metrics that are means over a forward's supervised tokens: the mixin weights
+a step's microbatches by their tokens, as TRL's one batch a step would."""
 
 
 def to_hf(
@@ -213,6 +218,8 @@ class SeqpackTrainerMixin:
     (forward and backward each, the gradient reduction deferred to the last) with
     ``num_items_in_batch = step.num_loss_tokens``. The Trainer then clips and steps the
     optimizer once: the gradient is the step's token mean's, whatever the microbatch count.
+    TRL's token-mean metrics (``mean_token_accuracy``, ``entropy``) are logged over the step's
+    tokens, as over one batch.
 
     Args (keyword, besides the trainer's own):
         seqpack_config: A :class:`~seqpack.loader.config.PackingConfig`, or a mapping of its
@@ -224,7 +231,8 @@ class SeqpackTrainerMixin:
 
     Raises:
         ConfigError: A setting under which a step could not be one exact optimizer step, by
-            name (docs/errors.md, "Hugging Face Trainer"), or a batch that is not a whole step.
+            name (docs/errors.md, "Hugging Face Trainer"), a ``data_collator`` (training
+            batches are the mixin's), or a batch that is not a whole step.
     """
 
     # Set by the trainer this class is mixed into.
@@ -243,6 +251,14 @@ class SeqpackTrainerMixin:
         **kwargs: Any,
     ) -> None:
         trainer: Any = super()
+        collator = inspect.signature(trainer.__init__).bind_partial(*args, **kwargs).arguments.get("data_collator")
+        if collator is not None:
+            raise ConfigError(
+                f"SeqpackTrainerMixin: data_collator={type(collator).__name__} would not be used for training: the "
+                f"mixin makes each row a sample itself (its columns {', '.join(SAMPLE_COLUMNS)}) and packs them, and "
+                "a collator's padded batch cannot be split back into exact samples; put what it computes in the "
+                "dataset's columns (labels for your own mask) and leave data_collator out"
+            )
         trainer.__init__(*args, **kwargs)
         if seqpack_topology is not None and not isinstance(seqpack_topology, Topology):
             raise SeqpackTypeError(f"seqpack_topology must be a Topology, got {type(seqpack_topology).__name__}")
@@ -378,13 +394,30 @@ class SeqpackTrainerMixin:
             )
         trainer: Any = super()
         self.current_gradient_accumulation_steps = max(step.num_microbatches, 1)
+        logged = getattr(self, "_metrics", {}).get("train", {})  # TRL's lists, one entry per forward
+        before = {key: len(logged.get(key, ())) for key in _TOKEN_MEAN_METRICS}
         total = torch.zeros((), device=self.args.device)
         last = len(step.microbatches) - 1
         for i, batch in enumerate(step.microbatches):
             deferred = contextlib.nullcontext() if i == last else self.accelerator.no_sync(model)
             with deferred:
                 total = total + trainer.training_step(model, to_hf(batch), count)
+        if any(len(logged.get(key, ())) - start > 1 for key, start in before.items()):
+            self._merge_token_means(logged, before, step)
         return total
+
+    def _merge_token_means(self, logged: Mapping[str, list[float]], before: dict[str, int], step: Step) -> None:
+        """Replace TRL's per-microbatch token means of ``step`` by one mean over its tokens: each
+        microbatch's weighted by its supervised tokens on every process (one gather)."""
+        local = [batch.num_loss_tokens or 0 for batch in step.microbatches]
+        gathered = self.accelerator.gather(torch.tensor(local, device=self.args.device))
+        tokens = gathered.view(-1, len(local)).sum(dim=0).tolist()  # [M], every process's
+        total = sum(tokens)
+        for key, start in before.items():
+            means = logged.get(key, [])[start:]
+            if len(means) == len(tokens):
+                merged = sum(m * n for m, n in zip(means, tokens, strict=True)) / total if total else 0.0
+                logged[key][start:] = [merged]
 
     def floating_point_ops(self, inputs: Any) -> int:
         trainer: Any = super()
