@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -465,12 +466,16 @@ def test_issue_29_home_swaps_arrivals_stay_in_bounds():
     assert log.compared["home_swaps"] == 3
 
 
-_GROUP_COSTS = st.sampled_from(
-    [
-        GroupCost(CostModel(1.0, 0.0, 10.0)),
-        GroupCost(CostModel(1.0, 0.05, 5.0), ring_step=2.0, ring_token=0.2, ring_token_inter=1.0, ranks_per_node=2),
-        GroupCost(CostModel(0.1, 0.01, 0.0), ring_step=0.5, ring_token=0.05, ranks_per_node=4),
-    ]
+_GROUP_COSTS = st.builds(
+    dataclasses.replace,
+    st.sampled_from(
+        [
+            GroupCost(CostModel(1.0, 0.0, 10.0)),
+            GroupCost(CostModel(1.0, 0.05, 5.0), ring_step=2.0, ring_token=0.2, ring_token_inter=1.0),
+            GroupCost(CostModel(0.1, 0.01, 0.0), ring_step=0.5, ring_token=0.05),
+        ]
+    ),
+    ranks_per_node=st.integers(1, 9),  # one rank per node (issue 39) to nodes wider than the plane
 )
 
 
