@@ -6,7 +6,7 @@ counts 2-6 (a count the sequences do not fit is skipped). Printed: busiest repli
 ``max(total / dp, costliest sequence)`` (the plain bound) and the plan's CPU time (best of
 ``--repeats``), with the replica-first plan (after) and with it switched off, i.e. the
 repaired grid alone (before), interleaved in the same run; the capacity-aware bound
-(``capacity_replica_bound`` of benchmarks/replica_bound.py) over the plain one,
+(:func:`capacity_replica_bound` below) over the plain one,
 and the plan over it; and LPT over replicas without capacity, for reference.
 
 Item 12: verl's ``test_seqlen_balancing_distributed_params`` batch of rank 1 (25 sequences of
@@ -34,7 +34,6 @@ from collections.abc import Iterator  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 
 import numpy as np  # noqa: E402
-from replica_bound import capacity_replica_bound  # noqa: E402  (beside this script)
 
 from seqpack.cost import CostModel  # noqa: E402
 from seqpack.errors import ScheduleError  # noqa: E402
@@ -45,6 +44,68 @@ from seqpack.schedulers.balanced.exact import FOUND, bin_lower_bound, pack_bins 
 
 COST = CostModel(24576.0, 1.0)
 DP, CAPACITY = 32, 32768
+
+
+def _holds(padded: np.ndarray, costs: np.ndarray, dp_size: int, room: int, target: float) -> bool:
+    """False only when no plan keeps every replica at most ``target`` with ``room`` tokens
+    per replica (:func:`capacity_replica_bound`'s relaxation)."""
+    if float(costs.max()) > target or dp_size * target < float(costs.sum()):
+        return False
+    anchor = costs > target / 2  # two of them exceed the target together: one replica each
+    k = int(anchor.sum())
+    if k > dp_size:
+        return False
+    small = ~anchor & (padded > 0)
+    # Each small sequence's cost splits into rho tokens' worth and a token-free rest, both
+    # divisible: a relaxation in which the rest only needs the total-cost check above.
+    rho = float((costs[small] / padded[small]).min()) if small.any() else 0.0
+    tokens = np.full(dp_size, float(room))  # anchors in replicas 0..k-1, one each
+    budget = np.full(dp_size, target)
+    tokens[:k] -= padded[anchor]
+    budget[:k] -= costs[anchor]
+    takes = np.minimum(tokens, budget / rho) if rho > 0 else tokens
+    return float(takes.sum()) >= float(padded[~anchor].sum())
+
+
+def capacity_replica_bound(
+    padded: np.ndarray, costs: np.ndarray, dp_size: int, capacity: int, num_rounds: int, *, rel_tol: float = 1e-5
+) -> float:
+    """A lower bound on the busiest replica's cost over every plan with ``num_rounds``
+    microbatches of ``capacity`` tokens per replica: at least ``max(total / dp, costliest
+    sequence)``, larger where capacity binds (``inf`` when the tokens do not fit).
+
+    Certificate: a target ``B`` is impossible when the sequences costing more than ``B/2``
+    (one per replica at most) leave the other replicas too little room. Relaxed: each
+    replica holds at most ``num_rounds * capacity`` tokens (microbatch boundaries ignored),
+    and each other sequence is divisible, its cost split into ``rho`` per token (``rho``
+    the lowest cost per token among them) and a token-free rest. A replica with anchor cost
+    ``a`` and ``t`` anchor tokens then takes at most ``min(room - t, (B - a) / rho)`` of
+    the other tokens. Bisection keeps its lower end at a target so proven impossible (or
+    the plain bound), so the result is a bound whether or not the test is monotone in ``B``.
+
+    Args:
+        padded: int64 padded lengths. costs: float64 cost of each sequence.
+        dp_size, capacity, num_rounds: Replicas, tokens per microbatch, microbatches each.
+        rel_tol: Bisection stops when its ends are this close (relative).
+    """
+    padded = np.asarray(padded, dtype=np.int64)
+    costs = np.asarray(costs, dtype=np.float64)
+    if padded.size == 0:
+        return 0.0
+    room = int(num_rounds) * int(capacity)
+    if int(padded.sum()) > dp_size * room or int(padded.max()) > capacity:
+        return float("inf")
+    lo = max(float(costs.sum()) / dp_size, float(costs.max()))
+    hi = max(lo, 1e-300)
+    while not _holds(padded, costs, dp_size, room, hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > rel_tol * hi:
+        mid = 0.5 * (lo + hi)
+        if _holds(padded, costs, dp_size, room, mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
 
 
 def heavy_tail(seed: int) -> np.ndarray:
@@ -110,7 +171,7 @@ def item_11(seeds: int, repeats: int) -> None:
     print(
         "# item 11: busiest replica / plain bound max(total/dp, costliest) (plan CPU ms, best of "
         f"{repeats}, interleaved), sync='replica', forced microbatches;\n#   cap: the capacity-aware bound "
-        "(replica_bound.capacity_replica_bound) / the plain one; after/cap: busiest / the capacity-aware bound"
+        "(capacity_replica_bound) / the plain one; after/cap: busiest / the capacity-aware bound"
     )
     print(f"{'seed':>4} {'M':>2} {'fill':>5} {'before':>16} {'after':>16} {'cap':>7} {'after/cap':>9} {'LPT':>7}")
     worst = {"before": 1.0, "after": 1.0, "after/cap": 1.0}

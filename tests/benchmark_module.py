@@ -10,10 +10,17 @@ from collections.abc import Iterator
 from types import ModuleType
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
-# A benchmark imports the modules beside it by name, as when it runs as a script (python puts
-# the script's folder first on sys.path).
-if str(BENCHMARKS) not in sys.path:
-    sys.path.append(str(BENCHMARKS))
+
+
+def load(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module kept for the test session (a module of helpers
+    the tests import from, such as a benchmark's lower bound)."""
+    spec = importlib.util.spec_from_file_location(f"seqpack_benchmark_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @contextlib.contextmanager

@@ -1,10 +1,9 @@
 """step_time_lower_bound: never above the brute-force optimum of tiny steps nor above any plan
 the planner makes, and its round bound really tightens the spread/alone bound."""
 
-import benchmark_module  # noqa: F401  (puts benchmarks/ on sys.path)
 import numpy as np
 import pytest
-from dynamic_cp_bound import _Model, _spread_alone, _tall_bound, step_time_lower_bound  # noqa: E402
+from benchmark_module import load
 from dynamic_cp_reference import brute_force_lockstep, longest_held
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +13,12 @@ from seqpack.errors import ConfigError
 from seqpack.options import Sync
 from seqpack.schedulers import predicted_step_time
 from seqpack.schedulers.dynamic_cp import allowed_group_sizes, plan_dynamic_cp
+
+_bound = load("dynamic_cp_bound")  # the benchmarks' yardstick: benchmarks/dynamic_cp_bound.py
+_Model = _bound._Model
+_spread_alone = _bound._spread_alone
+_tall_bound = _bound._tall_bound
+step_time_lower_bound = _bound.step_time_lower_bound
 
 COSTS = st.sampled_from(
     [
