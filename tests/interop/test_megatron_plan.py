@@ -112,3 +112,15 @@ def test_the_model_spec_follows_the_transformer_config():
         with pytest.raises(ConfigError, match="pass cost=CostModel"):
             model_spec(transformer_config(**bad))
     assert np.isclose(spec.cost_model().quadratic, ModelSpec(256, 4, 8, 1024, 2).cost_model().quadratic)
+
+
+def test_importing_the_megatron_scheduler_without_megatron_names_what_is_missing():
+    try:
+        import megatron.core.datasets.data_schedule  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("Megatron-LM is installed here (tests/interop/test_megatron.py runs)")
+    with pytest.raises(ImportError, match="needs Megatron-LM with megatron/core/datasets/data_schedule.py") as info:
+        import seqpack.interop.megatron  # noqa: F401
+    assert type(info.value).__name__ == "MegatronUnavailableError" and isinstance(info.value, ConfigError)

@@ -1,0 +1,158 @@
+"""Megatron-LM's own ``wrap_data_iterator`` with seqpack's scheduler installed, on gloo ranks
+laid out by Megatron's ``parallel_state``: dp=2, dp=2 x cp=2, dp=2 x tp=2, and pp=2 with VPP
+(skipped where Megatron is not installed: tests/interop/megatron_venv.sh).
+
+Megatron's packing path hard-codes CUDA (at d98e8a64dd): data_schedule.py:705
+(``wrap_data_iterator``'s ``dev = torch.cuda.current_device()``) and data_schedule_utils.py:113,
+125, 149 (``.cuda()`` in ``_get_global_seqlens_and_ids``), 486, 491, 512
+(``torch.cuda.current_device()`` in ``reroute_samples_to_dcp_ranks``) and 608
+(``get_batch_and_global_seqlens``). :func:`cuda_on_cpu` points exactly those two calls at the
+CPU while a rank runs, so every line of Megatron's ``run`` runs unchanged on gloo.
+
+Checked on every rank: the microbatch count is agreed and a multiple of the VPP group size;
+the packs each rank gets equal Megatron's own ``build_packed_microbatches`` of seqpack's groups
+for that rank; and across the DP replicas every sequence arrives exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core.datasets.data_schedule")
+
+# (tp, pp, cp, vpp) on 4 ranks (dp=2 alone on 2); microbatch_group_size_per_vp_stage 3 under VPP.
+LAYOUTS = [(1, 1, 1, None, 2), (1, 1, 2, None, 4), (2, 1, 1, None, 4), (1, 2, 1, 2, 4)]
+MAX_SEQLEN_PER_DP_CP_RANK = 1024
+ITEMS_PER_RANK = 8
+
+
+@contextlib.contextmanager
+def cuda_on_cpu() -> Iterator[None]:
+    """``torch.cuda.current_device()`` is the CPU and ``Tensor.cuda()`` stays put (module docstring)."""
+    saved = torch.cuda.current_device, torch.Tensor.cuda
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        torch.cuda.current_device, torch.Tensor.cuda = saved
+
+
+def items(dp_rank: int) -> list[dict[str, torch.Tensor]]:
+    """DP rank ``dp_rank``'s pre-packed samples (Megatron's SFT form: 1 to 3 sequences each, padded
+    to 16); a token is ``sequence key * 10_000 + position``, so a pack says which sequences it holds."""
+    rng = random.Random(dp_rank)
+    out = []
+    for item in range(ITEMS_PER_RANK):
+        lengths = [16 * rng.randint(1, 40) for _ in range(rng.randint(1, 3))]
+        keys = [1000 * dp_rank + 10 * item + s for s in range(len(lengths))]
+        tokens = torch.cat([k * 10_000 + torch.arange(n) for k, n in zip(keys, lengths, strict=True)])
+        cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        positions = torch.cat([torch.arange(n) for n in lengths])
+        out.append(
+            {
+                "tokens": tokens,
+                "labels": tokens + 1,
+                "loss_mask": (positions % 3 > 0).float(),
+                "position_ids": positions,
+            }
+            | {"cu_seqlens": cu_seqlens}
+        )
+    return out
+
+
+def sequences(dp_size: int) -> list[dict[str, torch.Tensor]]:
+    """Every sequence of the step in Megatron's global order, in the unpacked form its packer takes."""
+    out = []
+    for dp_rank in range(dp_size):
+        for item in items(dp_rank):
+            cu = item["cu_seqlens"].tolist()
+            for a, b in zip(cu, cu[1:], strict=False):
+                piece = {k: item[k][a:b] for k in ("tokens", "labels", "loss_mask", "position_ids")}
+                out.append(piece | {"original_seq_len": torch.tensor([b - a]), "padded_seq_len": torch.tensor([b - a])})
+    return out
+
+
+def run_wrap(tp: int, pp: int, cp: int, vpp: int | None) -> dict[str, object]:
+    from megatron.core import parallel_state as ps
+    from megatron.core.datasets import data_schedule
+    from megatron.core.datasets.data_schedule_utils import build_packed_microbatches
+    from megatron.core.rerun_state_machine import RerunDataIterator
+
+    from seqpack.interop.megatron import SeqpackPackingScheduler, install
+
+    multiple = None if vpp is None else 3
+    config = SimpleNamespace(
+        max_seqlen_per_dp_cp_rank=MAX_SEQLEN_PER_DP_CP_RANK,
+        microbatch_group_size_per_vp_stage=multiple,
+        virtual_pipeline_model_parallel_size=vpp,
+        sequence_packing_scheduler="dp_balanced",
+    )
+    with cuda_on_cpu():
+        ps.initialize_model_parallel(tp, pp, vpp, context_parallel_size=cp, create_gloo_process_groups=False)
+        replaced = install()
+        try:
+            dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+            tp0 = ps.get_tensor_model_parallel_rank() == 0
+            first, last = (
+                ps.is_pipeline_first_stage(ignore_virtual=True),
+                ps.is_pipeline_last_stage(ignore_virtual=True),
+            )
+            reads = tp0 and (first or last)
+            iterator = RerunDataIterator(iter(items(dp_rank))) if reads else None
+            if vpp is not None and tp0:
+                iterator = [iterator if (v == 0 and first) or (v == vpp - 1 and last) else None for v in range(vpp)]
+            new_iterator, num_micro_batches, seqlen_sum, seqlen_sq_sum = data_schedule.wrap_data_iterator(
+                iterator, config, ITEMS_PER_RANK
+            )
+            dcp_rank = ps.get_data_parallel_group(with_context_parallel=True).rank()
+            cp_rank = ps.get_context_parallel_rank()
+        finally:
+            data_schedule.scheduler_map[data_schedule.PackingSchedulerEnum.DP_BALANCED] = replaced
+            ps.destroy_model_parallel()
+    step = sequences(dp_size)
+    seqlens = [(i, int(s["padded_seq_len"])) for i, s in enumerate(step)]
+    groups = SeqpackPackingScheduler(MAX_SEQLEN_PER_DP_CP_RANK, cp, dp_size, multiple).get_groups_and_subsamples(
+        seqlens
+    )
+    got_keys: list[int] = []
+    if reads:
+        if vpp is not None:
+            new_iterator = new_iterator[0 if first else -1]
+        got = [next(new_iterator) for _ in range(num_micro_batches)]
+        want = build_packed_microbatches([[step[i] for i in m[dcp_rank]] for m in groups], "cpu")
+        for g, w in zip(got, want, strict=True):
+            assert w.keys() <= g.keys(), sorted(w.keys() - g.keys())
+            for key in w:
+                assert torch.equal(g[key], w[key]), key
+            starts = g["cu_seqlens_padded"][:-1].long()
+            got_keys += (g["tokens"][starts] // 10_000).tolist()
+    return {
+        "num_micro_batches": num_micro_batches,
+        "planned": len(groups),
+        "seqlen_sum": (seqlen_sum, sum(n for _, n in seqlens)),
+        "seqlen_sq_sum": (seqlen_sq_sum, sum(n * n for _, n in seqlens)),
+        "replica": (dp_rank, cp_rank, first, reads),
+        "keys": got_keys,
+        "all_keys": [int(s["tokens"][0]) // 10_000 for s in step],
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("tp", "pp", "cp", "vpp", "world"), LAYOUTS)
+def test_megatrons_wrap_data_iterator_runs_seqpacks_plan(dist_pools, tp, pp, cp, vpp, world):
+    results = dist_pools.get(world).run(run_wrap, tp, pp, cp, vpp, timeout=600)
+    counts = {r["num_micro_batches"] for r in results}
+    assert len(counts) == 1 and counts == {results[0]["planned"]}
+    assert vpp is None or counts.pop() % 3 == 0
+    for r in results:
+        assert r["seqlen_sum"][0] == r["seqlen_sum"][1] and r["seqlen_sq_sum"][0] == r["seqlen_sq_sum"][1]
+    # Every sequence exactly once over the replicas, as read by one rank of each (CP rank 0 of the first stage).
+    seen = [k for r in results if r["replica"][1:] == (0, True, True) for k in r["keys"]]
+    assert sorted(seen) == sorted(results[0]["all_keys"]) and len(seen) > 2 * ITEMS_PER_RANK
