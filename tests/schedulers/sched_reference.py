@@ -353,3 +353,26 @@ def replica_first_reference(order, sizes, costs, dp, num_rounds, capacity):
         total[d] += costs[i]
         round_of[i], replica_of[i] = m, d
     return True, round_of, replica_of
+
+
+def first_cost_above_reference(items, k, costs, value):
+    """Position of the first of ``items[:k]`` costing more than ``value`` (``k`` if none)."""
+    return next((i for i in range(k) if costs[items[i]] > value), k)
+
+
+def walk_reference(items, k, costs, base, sign, gap, right):
+    """Every one of ``items[:k]`` with its gain, in the repair's walk order: the positions
+    left of ``right`` (leftwards) and from ``right`` on (rightwards), merged by gain, ties to
+    the left. ``delta = base + sign * cost``; the gain is ``delta`` on the left and ``gap -
+    delta`` on the right for a move (``sign = 1``), the other way round for a swap."""
+
+    def gain(i, on_left):
+        delta = base + sign * costs[items[i]]
+        return delta if on_left == (sign > 0) else gap - delta
+
+    lefts, rights, walk = list(range(right - 1, -1, -1)), list(range(right, k)), []
+    while lefts or rights:
+        take_left = bool(lefts) and (not rights or gain(lefts[0], True) >= gain(rights[0], False))
+        i = lefts.pop(0) if take_left else rights.pop(0)
+        walk.append((items[i], gain(i, take_left)))
+    return walk

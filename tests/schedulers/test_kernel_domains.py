@@ -26,7 +26,8 @@ from dynamic_cp_reference import choose_sizes_reference, pack_time, padded, shel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_tier import TIER, small
-from test_kernel_fuzz import CHECKS
+from sched_reference import first_cost_above_reference, walk_reference
+from test_kernel_fuzz import CHECKS, _grid
 
 pytestmark = pytest.mark.kernels
 fuzz = pytest.mark.skipif(not TIER, reason="the kernel fuzz runs under ./dev test-kernels (checked and plain Python)")
@@ -63,12 +64,6 @@ def _ints(draw: st.DrawFn, n: int, lo: int, hi: int) -> np.ndarray:
 def _sizes(draw: st.DrawFn, ranks: int) -> np.ndarray:
     """Allowed group sizes: any ascending set within the ranks (pow2 and "any" among them)."""
     return _i(sorted(draw(st.sets(st.integers(1, ranks), min_size=1))))
-
-
-def _grid(round_of: np.ndarray, replica_of: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    grid = np.zeros(shape, dtype=values.dtype)
-    np.add.at(grid, (round_of, replica_of), values)
-    return grid
 
 
 # --- balanced -------------------------------------------------------------------------------
@@ -389,7 +384,8 @@ def test_every_kernel_has_a_domain():
             if callable(value) and getattr(value, "__module__", "").endswith(module) and not name.startswith("_")
         }
         fuzzed = {n.rpartition(".")[2] for n, (m, _) in DOMAINS.items() if m == module}
-        assert public - fuzzed <= {"padded", "ring_per_token", "pack_time", "first_cost_above", "walk_next"}
+        helpers = {"padded", "ring_per_token", "pack_time", "first_cost_above", "walk_next"}  # tests of their own
+        assert public - fuzzed <= helpers
 
 
 _EXAMPLES = settings(max_examples=25 if small() else 80, deadline=None, suppress_health_check=list(HealthCheck))
@@ -421,12 +417,44 @@ def test_every_argument(name, data):
     coef=COEF,
 )
 def test_cost_helpers(length, size, pad, s, ss, spans, coef):
-    """The planner's scalar helpers (inlined by every kernel above) against the reference's."""
+    """The planner's scalar helpers (inlined by every planner kernel) against the reference's."""
     from seqpack.schedulers._kernels import cp_planner
 
     coef = _f(coef)
+    ring = (size - 1) * (coef[5] if spans else coef[4]) / size if size > 1 else 0.0
+    assert cp_planner.ring_per_token(size, spans, coef) == ring
     assert cp_planner.padded(length, size, pad) == padded(length, size, pad)
     assert cp_planner.pack_time(size, s, ss, spans, coef) == pack_time(size, s, ss, spans, coef)
+
+
+@fuzz
+@_EXAMPLES
+@given(
+    costs=st.lists(FLOAT, max_size=N),
+    data=st.data(),
+    value=st.floats(-10.0, 110.0),
+    base=st.floats(-100.0, 100.0),
+    sign=st.sampled_from([1.0, -1.0]),
+    gap=st.floats(0.0, 200.0),
+)
+def test_repair_walk(costs, data, value, base, sign, gap):
+    """The repair's candidate walk (first_cost_above, then walk_next to the end) over a
+    cost-sorted subset ``items[:k]`` of a longer list, from any start."""
+    from seqpack.schedulers._kernels.replica_repair import first_cost_above, walk_next
+
+    subset = data.draw(st.lists(st.sampled_from(range(len(costs))), unique=True) if costs else st.just([]))
+    items = _i(sorted(subset, key=lambda i: (costs[i], i)))
+    k, c = data.draw(st.integers(0, items.shape[0])), _f(costs)
+    assert first_cost_above(items, k, c, value) == first_cost_above_reference(items.tolist(), k, costs, value)
+    start = data.draw(st.sampled_from([first_cost_above(items, k, c, value), *range(k + 1)]))
+    walk, left, right = [], start - 1, start
+    while True:
+        item, gain, left, right = walk_next(items, k, c, base, sign, gap, left, right)
+        if item < 0:
+            break
+        walk.append((item, gain))
+    assert walk == walk_reference(items.tolist(), k, costs, base, sign, gap, start)
+    assert len(walk) == k
 
 
 def test_repair_swap_keeps_the_busier_replicas_bin_within_capacity():
