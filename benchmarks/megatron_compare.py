@@ -26,10 +26,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import importlib.util  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+from types import ModuleType  # noqa: E402
 
 import numpy as np  # noqa: E402
 from megatron.core.datasets.data_schedule import DpBalancedScheduler  # noqa: E402
@@ -41,8 +43,20 @@ from seqpack.schedulers import Schedule, predicted_step_time  # noqa: E402
 from seqpack.stats import StepStats  # noqa: E402
 from seqpack.thd import padded_lengths  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from schedulers import WORKLOADS, machine  # noqa: E402
+
+def _schedulers_benchmark() -> ModuleType:
+    """benchmarks/schedulers.py (its workloads and machine line), loaded by path (its
+    dataclasses resolve their annotations through ``sys.modules``)."""
+    name = "seqpack_benchmark_schedulers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("schedulers.py"))
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+WORKLOADS, machine = _schedulers_benchmark().WORKLOADS, _schedulers_benchmark().machine
 
 
 def as_schedule(groups: list[list[list[int]]], lengths: np.ndarray, dp: int, cp: int, capacity: int) -> Schedule:

@@ -11,12 +11,14 @@ ported: ``test_get_batch_on_this_rank_for_sequence_packing`` and the THD padding
 from __future__ import annotations
 
 import random
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 data_schedule = pytest.importorskip("megatron.core.datasets.data_schedule")
 
+from benchmark_module import benchmark_module  # noqa: E402
 from megatron.core.transformer import TransformerConfig  # noqa: E402
 
 from seqpack.cost import CostModel, ModelSpec  # noqa: E402
@@ -121,3 +123,15 @@ def test_the_cost_follows_megatrons_transformer_config():
         scheduler.run(iter([{}]), 1, OneRank(), OneRank(), OneRank(), OneRank(), "cpu", transformer)
     spec = ModelSpec(64, 2, 4, 256, num_query_groups=2, kv_channels=16, gated_linear_unit=False)
     assert scheduler.cost == spec.cost_model()
+
+
+@pytest.mark.slow
+def test_the_comparison_benchmark_runs_at_toy_size(capsys, monkeypatch):
+    with benchmark_module("megatron_compare") as bench:
+        monkeypatch.setattr(sys, "argv", ["megatron_compare.py", "--quick"])
+        assert bench.main() == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("  sft-lognormal")]
+    assert [int(r[0].split()[-1]) for r in rows] == [1, 2, 4]  # the VPP multiples
+    for _, megatron, seqpack in rows:
+        assert float(seqpack.split()[0]) <= float(megatron.split()[0])  # microbatches
+        assert float(seqpack.split()[3]) < 1  # predicted step time, seqpack's over Megatron's
