@@ -193,7 +193,7 @@ class StepStats:
             padded_tokens=padded_tokens,
             seqlen_sum=real_sum,
             seqlen_sq_sum=exact_sum(real, squares=True),
-            replica_cost=[float(v) for v in per_unit],
+            replica_cost=per_unit.tolist(),  # Python floats, in C (dp of them)
             imbalance=float(per_unit.max() / mean) if mean > 0 else 1.0,
             round_imbalance=round_max / round_mean if round_mean > 0 else 1.0,
             lower_bound=lower,

@@ -66,13 +66,14 @@ class Progress:
         self.close()
 
     def update(self, n: int = 1, **postfix: Any) -> None:
-        """``n`` more units done; ``postfix`` values are shown after the bar (``key=value``)."""
+        """``n`` more units done; ``postfix`` values are shown after the bar (``key=value``).
+        With ``n=0`` they say what the next unit is doing, drawn at once on a terminal."""
         self.count += n
         if postfix:
             self._postfix = " ".join(f"{k}={_fmt(v)}" for k, v in postfix.items())
         if self._bar is not None:
             if postfix:
-                self._bar.set_postfix_str(self._postfix, refresh=False)
+                self._bar.set_postfix_str(self._postfix, refresh=n == 0)
             self._bar.update(n)
             return
         now = time.perf_counter()

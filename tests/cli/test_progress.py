@@ -35,6 +35,15 @@ def test_progress_on_a_terminal_is_a_tqdm_bar():
     assert text.endswith("\n")  # the bar is left on its own line
 
 
+def test_progress_on_a_terminal_draws_what_starts_at_once():
+    out = _Terminal()
+    with Progress(2, "sim", stream=out) as bar:
+        bar.update(1, step=0)
+        bar.update(0, step=0, planning="empty")  # a unit that may take a minute
+        drawn = out.getvalue().rsplit("\r", 1)[-1]  # the bar as it stands
+        assert " 1/2 " in drawn and drawn.endswith("step=0 planning=empty")
+
+
 def test_progress_logs_sparsely_when_not_a_tty():
     out = io.StringIO()
     with Progress(1000, "slow", stream=out, log_every=3600.0) as bar:

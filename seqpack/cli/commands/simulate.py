@@ -153,12 +153,12 @@ def _schedule_steps(
             batch = batch[batch > 0]
             for name, sched in built.items():
                 payload: dict[str, Any] = {"bytes_per_token": bytes_per_token} if sched.uses_bytes_per_token else {}
+                bar.update(0, step=step, planning=name)  # what runs (a plan at dp=10**7 takes a minute)
                 with PeakMemory() as peak:
                     s = sched.schedule(batch, **limits, **payload)
                 st = StepStats.from_schedule(s, limits["cost"], empty_samples=empty, bytes_per_token=bytes_per_token)
                 if spec is not None:  # every term of the model (sliding-window layers included)
-                    ran = [ids for row in s.assignment for ids in row]
-                    st.flops = float(spec.sequence_flops(s.lengths[np.concatenate(ran)] if ran else []))
+                    st.flops = float(spec.sequence_flops(s.lengths[s.assigned]))  # O(sequences), not O(dp cells)
                 locality = _locality_row(sched, s, bytes_per_token)
                 if keep_first and step == 0:
                     first[name] = (s, st)
