@@ -44,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         type=int,
         default=1,
         help="with --warm: compile the kernel families in this many processes at once (default 1; the "
-        "number of free cores compiles fastest; more than one per family runs one per family)",
+        "number of free cores compiles fastest; a process compiles a family: more jobs than families run one each)",
     )
     return p
 
