@@ -1,5 +1,7 @@
 """Megatron-LM's own ``wrap_data_iterator`` with seqpack's scheduler installed, on gloo ranks
-laid out by Megatron's ``parallel_state``: dp=2, dp=2 x cp=2, dp=2 x tp=2, and pp=2 with VPP
+laid out by Megatron's ``parallel_state``: dp=2, dp=2 x cp=2, dp=2 x tp=2, and pp=2 with VPP,
+then the five layouts of Megatron's own ``test_wrap_dataloader`` (tests/unit_tests/
+test_sequence_packing.py) on 8 ranks, its checks (keys, counts, tokens kept) subsumed by these
 (skipped where Megatron is not installed: tests/interop/megatron_venv.sh).
 
 Megatron's packing path hard-codes CUDA (at d98e8a64dd): data_schedule.py:705
@@ -26,8 +28,12 @@ import torch
 
 pytest.importorskip("megatron.core.datasets.data_schedule")
 
-# (tp, pp, cp, vpp) on 4 ranks (dp=2 alone on 2); microbatch_group_size_per_vp_stage 3 under VPP.
-LAYOUTS = [(1, 1, 1, None, 2), (1, 1, 2, None, 4), (2, 1, 1, None, 4), (1, 2, 1, 2, 4)]
+# (tp, pp, cp, vpp, microbatch_group_size_per_vp_stage, world): dp=2 with cp=2, tp=2, pp=2 and
+# VPP; then Megatron's test_wrap_dataloader layouts on 8 ranks (its VPP group size is pp; pp=4
+# has middle stages, which get the packs' metadata only).
+LAYOUTS = [(1, 1, 1, None, None, 2), (1, 1, 2, None, None, 4), (2, 1, 1, None, None, 4), (1, 2, 1, 2, 3, 4)]
+LAYOUTS += [(1, 1, 8, None, None, 8), (2, 1, 4, None, None, 8), (2, 4, 1, None, None, 8), (2, 2, 1, None, None, 8)]
+LAYOUTS += [(1, 4, 1, 4, 4, 8)]
 MAX_SEQLEN_PER_DP_CP_RANK = 1024
 ITEMS_PER_RANK = 8
 
@@ -79,7 +85,7 @@ def sequences(dp_size: int) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def run_wrap(tp: int, pp: int, cp: int, vpp: int | None) -> dict[str, object]:
+def run_wrap(tp: int, pp: int, cp: int, vpp: int | None, multiple: int | None) -> dict[str, object]:
     from megatron.core import parallel_state as ps
     from megatron.core.datasets import data_schedule
     from megatron.core.datasets.data_schedule_utils import build_packed_microbatches
@@ -87,7 +93,6 @@ def run_wrap(tp: int, pp: int, cp: int, vpp: int | None) -> dict[str, object]:
 
     from seqpack.interop.megatron import SeqpackPackingScheduler, install
 
-    multiple = None if vpp is None else 3
     config = SimpleNamespace(
         max_seqlen_per_dp_cp_rank=MAX_SEQLEN_PER_DP_CP_RANK,
         microbatch_group_size_per_vp_stage=multiple,
@@ -145,14 +150,15 @@ def run_wrap(tp: int, pp: int, cp: int, vpp: int | None) -> dict[str, object]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("tp", "pp", "cp", "vpp", "world"), LAYOUTS)
-def test_megatrons_wrap_data_iterator_runs_seqpacks_plan(dist_pools, tp, pp, cp, vpp, world):
-    results = dist_pools.get(world).run(run_wrap, tp, pp, cp, vpp, timeout=600)
+@pytest.mark.parametrize(("tp", "pp", "cp", "vpp", "multiple", "world"), LAYOUTS)
+def test_megatrons_wrap_data_iterator_runs_seqpacks_plan(dist_pools, tp, pp, cp, vpp, multiple, world):
+    results = dist_pools.get(world).run(run_wrap, tp, pp, cp, vpp, multiple, timeout=600)
     counts = {r["num_micro_batches"] for r in results}
     assert len(counts) == 1 and counts == {results[0]["planned"]}
-    assert vpp is None or counts.pop() % 3 == 0
+    assert counts.pop() % (multiple or 1) == 0
     for r in results:
         assert r["seqlen_sum"][0] == r["seqlen_sum"][1] and r["seqlen_sq_sum"][0] == r["seqlen_sq_sum"][1]
     # Every sequence exactly once over the replicas, as read by one rank of each (CP rank 0 of the first stage).
-    seen = [k for r in results if r["replica"][1:] == (0, True, True) for k in r["keys"]]
-    assert sorted(seen) == sorted(results[0]["all_keys"]) and len(seen) > 2 * ITEMS_PER_RANK
+    readers = [r for r in results if r["replica"][1:] == (0, True, True)]
+    seen = [k for r in readers for k in r["keys"]]
+    assert sorted(seen) == sorted(results[0]["all_keys"]) and len(seen) > len(readers) * ITEMS_PER_RANK
