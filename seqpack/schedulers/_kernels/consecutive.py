@@ -20,7 +20,7 @@ def next_fit(lengths: IntArray, capacity: int) -> tuple[IntArray, int]:
     group = 0
     used = 0
     for i in range(n):
-        if used + lengths[i] > capacity and used > 0:
+        if used + lengths[i] > capacity and i > 0:  # a group of empty items closes too
             group += 1
             used = 0
         used += lengths[i]
