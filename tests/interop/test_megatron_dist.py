@@ -163,3 +163,38 @@ def test_megatrons_wrap_data_iterator_runs_seqpacks_plan(dist_pools, tp, pp, cp,
     readers = [r for r in results if r["replica"][1:] == (0, True, True)]
     seen = [k for r in readers for k in r["keys"]]
     assert sorted(seen) == sorted(results[0]["all_keys"]) and len(seen) > len(readers) * ITEMS_PER_RANK
+
+
+def run_example(tp: int, cp: int) -> list[list[int]]:
+    """examples/megatron_scheduler.py's loop (``run_steps``) on this rank, under :func:`cuda_on_cpu`."""
+    import importlib.util
+    from pathlib import Path
+
+    from megatron.core import parallel_state as ps
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "megatron_scheduler.py"
+    spec = importlib.util.spec_from_file_location("megatron_scheduler_example", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    args = SimpleNamespace(cp=cp, steps=2, samples_per_rank=8, max_seqlen_per_dp_cp_rank=4096)
+    with cuda_on_cpu():
+        ps.initialize_model_parallel(tp, 1, None, context_parallel_size=cp, create_gloo_process_groups=False)
+        from megatron.core.datasets import data_schedule
+
+        megatrons = data_schedule.scheduler_map[data_schedule.PackingSchedulerEnum.DP_BALANCED]
+        try:
+            return example.run_steps(args, torch.device("cpu"))
+        finally:
+            data_schedule.scheduler_map[data_schedule.PackingSchedulerEnum.DP_BALANCED] = megatrons
+            ps.destroy_model_parallel()
+
+
+@pytest.mark.slow
+def test_the_example_runs_megatrons_loop_with_seqpack(dist_pools):
+    results = dist_pools.get(4).run(run_example, 1, 2, timeout=600)  # dp=2 x cp=2
+    assert all(len(steps) == 2 for steps in results)
+    for step in range(2):
+        counts = {len(steps[step]) for steps in results}
+        assert len(counts) == 1 and counts.pop() >= 1
+        assert all(0 < tokens <= 4096 * 2 for steps in results for tokens in steps[step])

@@ -7,6 +7,9 @@ tests/interop/test_megatron.py."""
 from __future__ import annotations
 
 import re
+import runpy
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -124,3 +127,13 @@ def test_importing_the_megatron_scheduler_without_megatron_names_what_is_missing
     with pytest.raises(ImportError, match="needs Megatron-LM with megatron/core/datasets/data_schedule.py") as info:
         import seqpack.interop.megatron  # noqa: F401
     assert type(info.value).__name__ == "MegatronUnavailableError" and isinstance(info.value, ConfigError)
+
+
+def test_the_example_plans_a_step_without_megatron(capsys, monkeypatch):
+    example = Path(__file__).resolve().parents[2] / "examples" / "megatron_scheduler.py"
+    monkeypatch.setattr(sys, "argv", [str(example), "--plan", "--dp", "4"])
+    runpy.run_path(str(example), run_name="__main__")
+    out = capsys.readouterr().out
+    counts = [int(n) for n in re.findall(r"(\d+) microbatches", out)]
+    assert len(counts) == 2 and counts[1] <= counts[0]  # seqpack's never more than Megatron's next-fit here
+    assert float(re.search(r"step time: (\d\.\d+) x", out).group(1)) < 1
