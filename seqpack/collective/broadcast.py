@@ -17,6 +17,7 @@ from seqpack.collective.groups import collective, comm_device, global_rank, grou
 from seqpack.collective.wire import (
     PREFIX_WORDS,
     Kind,
+    StepError,
     StepMessage,
     WireBuffers,
     decode_prefix,
@@ -56,7 +57,14 @@ def broadcast_step(
     if me == src:
         if msg is None:
             raise ConfigError(f"group rank {src} is the broadcast source and must pass the message")
-        wire = encode_step(msg, kind=kind)
+        try:
+            wire = encode_step(msg, kind=kind)
+        except Exception as exc:  # the receivers wait in the broadcast: send them the failure instead
+            what = f"{type(exc).__name__}: {exc}"
+            msg = StepError(
+                msg.step, f"step {msg.step}: broadcast failed on global rank {src_global}: {what}", src_global
+            )
+            wire = encode_step(msg, kind=kind)
         collective(dist.broadcast, wire.prefix.to(device), src_global, group=group)
         collective(dist.broadcast, wire.ints.to(device), src_global, group=group)
         if wire.floats.numel():

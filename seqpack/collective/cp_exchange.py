@@ -243,19 +243,25 @@ def exchange_shards(
     keys = [key for key, _ in SHARD_KEYS if key != "position_ids" or position_ids]
     offset = int(counts[: rank // cp].sum())
     produced = np.unique(np.concatenate([*exchange.send_ids, exchange.keep_ids]))
-    source = _Source(samples, offset, produced, plan, spans, keys, check_choice("layout", layout, CpLayout))
     received: dict[int, dict[str, torch.Tensor]] = {}
     keep = exchange.keep_ids
-    whole = keep[size[keep] == 1]  # a group of one: its piece is the whole run, a view
-    for gid, n in zip(whole.tolist(), tokens[whole].tolist(), strict=True):
-        at = source.base[gid]
-        received[gid] = {key: source.fields[key][at : at + n] for key in keys}
-    cut_here = keep[size[keep] > 1]
-    if cut_here.size:
-        index = source.indices(cut_here, tokens, size, rank - start[cut_here])
-        cut = {key: torch.split(source.fields[key].index_select(0, index), tokens[cut_here].tolist()) for key in keys}
-        for i, gid in enumerate(cut_here.tolist()):
-            received[gid] = {key: cut[key][i] for key in keys}
+    failure, source = None, None
+    try:  # a failure here still sends (zeros) and raises after the all-to-all: no peer waits in it
+        source = _Source(samples, offset, produced, plan, spans, keys, check_choice("layout", layout, CpLayout))
+        whole = keep[size[keep] == 1]  # a group of one: its piece is the whole run, a view
+        for gid, n in zip(whole.tolist(), tokens[whole].tolist(), strict=True):
+            at = source.base[gid]
+            received[gid] = {key: source.fields[key][at : at + n] for key in keys}
+        cut_here = keep[size[keep] > 1]
+        if cut_here.size:
+            index = source.indices(cut_here, tokens, size, rank - start[cut_here])
+            cut = {
+                key: torch.split(source.fields[key].index_select(0, index), tokens[cut_here].tolist()) for key in keys
+            }
+            for i, gid in enumerate(cut_here.tolist()):
+                received[gid] = {key: cut[key][i] for key in keys}
+    except Exception as exc:
+        failure = exc
     token_bytes = sum(dtype.itemsize for key, dtype in SHARD_KEYS if key in keys)
     kept = int(tokens[keep].sum()) * token_bytes
     sent = got = 0
@@ -264,6 +270,8 @@ def exchange_shards(
             chosen = [key for key, kind in SHARD_KEYS if kind == dtype and key in keys]
             a, b = _move(exchange, source, chosen, dtype, (start, size, tokens), received, group, peers)
             sent, got = sent + a, got + b
+    if failure is not None:
+        raise failure
     return Exchanged(received, bytes_sent=sent, bytes_received=got, bytes_kept=kept)
 
 
@@ -292,7 +300,7 @@ def _lane(exchange: ExchangePlan, rank: int, cp: int) -> tuple[ExchangePlan, np.
 
 def _move(
     exchange: ExchangePlan,
-    source: _Source,
+    source: _Source | None,
     keys: list[str],
     dtype: torch.dtype,
     layout: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -302,16 +310,19 @@ def _move(
 ) -> tuple[int, int]:
     """One ``all_to_all_single`` of the ``keys`` of one dtype over ``group`` (its ranks are
     the plane ranks ``peers``). The block for each peer is key-major: every key's tokens of
-    all pieces for that peer (ids ascending)."""
+    all pieces for that peer (ids ascending); zeros of the same sizes without a ``source``
+    (this rank failed to cut its pieces)."""
     start, size, tokens = layout
     width = len(keys)
-    stacked = torch.stack([source.fields[key] for key in keys]) if source.fields else None  # [K, S]
-    blocks = []
-    for dst, ids in zip(peers.tolist(), exchange.send_ids, strict=True):
-        if ids.size:
-            assert stacked is not None
-            index = source.indices(ids, tokens, size, dst - start[ids])
-            blocks.append(stacked.index_select(1, index).reshape(-1))
+    blocks = [torch.zeros(int(exchange.send_tokens.sum()) * width, dtype=dtype)]
+    if source is not None:
+        stacked = torch.stack([source.fields[key] for key in keys]) if source.fields else None  # [K, S]
+        blocks = []
+        for dst, ids in zip(peers.tolist(), exchange.send_ids, strict=True):
+            if ids.size:
+                assert stacked is not None
+                index = source.indices(ids, tokens, size, dst - start[ids])
+                blocks.append(stacked.index_select(1, index).reshape(-1))
     send = torch.cat(blocks) if blocks else torch.zeros(0, dtype=dtype)
     device = comm_device(group)
     out = torch.empty(int(exchange.recv_tokens.sum()) * width, dtype=dtype, device=device)

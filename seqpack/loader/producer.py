@@ -5,13 +5,21 @@ A step runs these stages (every rank calls :meth:`StepProducer.produce` once per
 the same order, because every stage with a collective is collective):
 
 1. on ranks that read data, the phases of :mod:`seqpack.loader.phases`: read, gather lengths
-   over DP, schedule, exchange, pack + CP shard (:meth:`StepProducer._reader_step`);
+   over DP, schedule, an agreement over the exchange's group (every rank reaches it, also
+   when an earlier phase failed on it), exchange, pack + CP shard
+   (:meth:`StepProducer._reader_step`);
 2. the copies of a replica (CP ranks; under ``data_owner="all"`` also TP and PP) agree on
    the outcome and compare schedule fingerprints (:meth:`StepProducer._agree_copies`);
 3. under ``data_owner="tp0"``, the TP broadcast and the pipeline's agreement and layout
    broadcast to middle stages (:meth:`StepProducer._broadcast`);
 4. stats, the device copy and the resume bookkeeping as of this step
-   (:meth:`StepProducer._ready`).
+   (:meth:`StepProducer._ready`);
+5. every rank agrees on the outcome (:meth:`StepProducer._settle`).
+
+A phase that fails on one rank becomes a named error (the rank and the phase) that the next
+agreement carries; a phase holding a collective still takes part in it (the exchange sends
+zeros, a broadcast's source sends its failure), so no rank waits for a peer that left, and
+every rank raises the same ``StepFailed``.
 
 Online calibration is one stage object (:class:`~seqpack.loader.calibration.StepCalibration`)
 the producer consults at fixed points: the time words that ride the gather (1), the model the
@@ -52,7 +60,7 @@ from seqpack.loader.placement import Placement
 from seqpack.loader.prefetch import DeviceCopy, Progress, Ready, tensors_of
 from seqpack.loader.resume import ResumeState, Stateful
 from seqpack.loader.step import Step, StepTrace
-from seqpack.options import Axis, DataOwner, Sync
+from seqpack.options import AXES, Axis, DataOwner, Sync
 from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.minibatches import minibatch_loss_tokens
 from seqpack.stats import StepStats
@@ -60,6 +68,18 @@ from seqpack.thd import SAMPLES_NOT_BATCHES, PackedBatch
 from seqpack.topology import Topology
 
 __all__ = ["StepProducer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Planned:
+    """A step as this rank planned it, before the exchange."""
+
+    plan: Schedule
+    bounds: list[int]  # microbatch offsets of the mini-batches
+    fingerprint: int  # what the ranks compare (schedule, and the calibrated model)
+    pool: list[phases.Sample]
+    read: phases.ReadResult
+    gathered: phases.Gathered
 
 
 class StepProducer:
@@ -128,17 +148,68 @@ class StepProducer:
                 msg = self._agree_copies(self._reader_step(trace), trace)
             if self.config.data_owner == DataOwner.TP0:
                 with trace.phase("broadcast"):
-                    msg = self._broadcast(msg, trace)
+                    try:
+                        msg = self._broadcast(msg, trace)
+                    except Exception as exc:  # after the broadcasts' collectives (the steps between are guarded)
+                        msg = self._failed("broadcast", exc)
                 trace.timings["broadcast"] -= trace.timings.get("wait", 0.0)
             assert msg is not None
-            self.calibration.absorb(msg, trace)
-            trace.timings["total"] = time.perf_counter() - trace.start
-            return self._ready(msg, trace)
+            try:
+                self.calibration.absorb(msg, trace)
+                trace.timings["total"] = time.perf_counter() - trace.start
+                ready = self._ready(msg, trace)
+            except Exception as exc:  # delivery failed here: the closing agreement tells every rank
+                self.steps = index
+                ready = self._ready(self._failed("delivery", exc), trace)
+            return self._settle(ready)
         except BaseException as exc:  # raised by the next() of this step (Ctrl-C included), which fails the iterator
             return Ready(index, error=exc)
 
+    def _settle(self, ready: Ready) -> Ready:
+        """Every rank of the wrapper leaves the step with one outcome: a failure after the
+        last agreement (a broadcast's receiver, delivery) reaches every rank as the same error.
+        One small all-reduce per axis above one rank."""
+        msg = ready.message if isinstance(ready.message, StepError) else None
+        agreed = agree_axes(
+            self.comm,
+            AXES,
+            Status.OK if msg is None else Status.ERROR,
+            None if msg is None else msg.message,
+            None,
+            what="steps",
+            origin=None if msg is None else msg.rank,
+        )
+        if agreed.status != Status.ERROR or (
+            msg is not None and (msg.message, msg.rank) == (agreed.message, agreed.rank)
+        ):
+            return ready
+        if msg is None:
+            self.steps = ready.index  # the step is not handed over
+        mine = agreed.rank is not None and agreed.rank == this_rank()
+        failed = StepError(ready.index, agreed.message or "", agreed.rank)
+        return Ready(ready.index, message=failed, cause=self.local_cause if mine else None)
+
     def _reader_step(self, trace: StepTrace) -> StepMessage:
-        """Read, gather, schedule, exchange and pack this rank's share of the step."""
+        """Read, gather, schedule, exchange and pack this rank's share of the step. Every rank
+        that reads reaches the agreement before the exchange, also when an earlier phase
+        failed or ended the data here: no rank enters the exchange without its peers."""
+        planned = self._plan(trace)
+        msg = None if isinstance(planned, _Planned) else planned
+        fingerprint = planned.fingerprint if isinstance(planned, _Planned) and self.config.check_schedule else None
+        agreed = agree(
+            Status.OK if msg is None else msg.status,
+            msg.message if isinstance(msg, StepError) else None,
+            self.placement.exchange_group,
+            fingerprint=fingerprint,
+            axis="dp" if self.placement.lane else "plane",
+            origin=msg.rank if isinstance(msg, StepError) else None,
+        )
+        if isinstance(planned, _Planned) and agreed.status == Status.OK:
+            return self._place(planned, trace)
+        return _with_status(msg or StepEnd(self.steps), agreed.status, agreed.message, agreed.rank)
+
+    def _plan(self, trace: StepTrace) -> _Planned | StepEnd | StepError:
+        """Read, gather and schedule: the step's plan, or how the step ends on this rank."""
         t, step, config = self.comm, self.steps, self.config
         self.local_cause = self.shared_cause = None
         error = columns = None
@@ -163,6 +234,8 @@ class StepProducer:
                 return StepError(step, str(exc), exc.rank)
             except SampleError as exc:  # DP ranks disagree on keys: no single culprit
                 return StepError(step, f"{exc} at step {step}")
+            except Exception as exc:  # after the gather's collective: the next agreement carries it
+                return self._failed("gather", exc)
         misaligned = misaligned_step_message(
             step, gathered.label_checked, gathered.label_misaligned, config.label_format
         )
@@ -175,51 +248,31 @@ class StepProducer:
         if gathered.exhausted and (config.drop_last or total == 0):
             self.pool = []
             return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
-        bounds: list[int] | None = None
         with trace.phase("schedule"):
-            self.calibration.choose_model(trace)
             try:
+                self.calibration.choose_model(trace)
                 plan, bounds = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
+                fingerprint = self.calibration.fingerprint(plan, trace)
             except ScheduleError as exc:
                 return self._error(step, f"step {step}: {exc}", exc)
-            fingerprint = self.calibration.fingerprint(plan, trace)
-            if config.check_schedule and t.dp_size > 1:
-                agreed = agree(Status.OK, None, t.group("dp"), fingerprint=fingerprint, axis="dp")
-                if agreed.status == Status.ERROR:
-                    return StepError(step, f"step {step}: {agreed.message}")
+            except Exception as exc:
+                return self._failed("schedule", exc)
         if self.data_ended and not phases.num_assigned(plan):
             self.pool = []  # only deferred samples are left and the scheduler keeps deferring them
             return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
         self.pool = phases.deferred_samples(pool, plan, gathered, t)
-        batches = self._place(pool, plan, gathered, trace)
-        if isinstance(batches, StepError):
-            return batches
-        loss_tokens = phases.step_loss_tokens(plan, gathered.loss_tokens)
-        starts = self.placement.group_starts(plan)
-        minibatches: dict[str, Any] = {}
-        if bounds is not None and len(bounds) > 2:  # mini-batches: their bounds and counts travel with the step
-            counts = minibatch_loss_tokens(plan, bounds, gathered.loss_tokens)
-            minibatches = dict(minibatch_bounds=tuple(bounds), minibatch_loss_tokens=tuple(counts))
-        return StepOk(
-            step,
-            plan,
-            batches,
-            gathered.empty_samples,
-            phases.carries_position_ids(gathered.key_mask),
-            num_loss_tokens=loss_tokens,
-            group_starts=starts,
-            empty_at=tuple(read.empty_at),
-            **minibatches,
-        )
+        return _Planned(plan, bounds, fingerprint, pool, read, gathered)
 
-    def _place(
-        self, pool: list[phases.Sample], plan: Schedule, gathered: phases.Gathered, trace: StepTrace
-    ) -> list[PackedBatch] | StepError:
+    def _place(self, planned: _Planned, trace: StepTrace) -> StepMessage:
         """Exchange and pack: this rank's microbatches of the step (its CP shards), or the
-        step's error when packing failed here."""
-        step = self.steps
+        step's error when the exchange or packing failed here (after the exchange's
+        collectives: the agreements that follow carry it)."""
+        step, plan, gathered = self.steps, planned.plan, planned.gathered
         with trace.phase("exchange"):
-            exchanged = self.placement.exchange(pool, plan, gathered)
+            try:
+                exchanged = self.placement.exchange(planned.pool, plan, gathered)
+            except Exception as exc:
+                return self._failed("exchange", exc)
             if exchanged is not None:
                 trace.traffic.update(
                     sent=exchanged.bytes_sent,
@@ -229,11 +282,26 @@ class StepProducer:
                 )
         with trace.phase("pack"):
             try:
-                return self.placement.pack(plan, exchanged, gathered)
-            except Exception as exc:  # local; CP/TP/PP peers hear of it in the status agreement
-                return self._error(
-                    step, f"step {step}: packing failed on {self._who()}: {type(exc).__name__}: {exc}", exc
-                )
+                batches = self.placement.pack(plan, exchanged, gathered)
+                loss_tokens = phases.step_loss_tokens(plan, gathered.loss_tokens)
+                minibatches: dict[str, Any] = {}
+                bounds = planned.bounds
+                if len(bounds) > 2:  # mini-batches: their bounds and counts travel with the step
+                    counts = minibatch_loss_tokens(plan, bounds, gathered.loss_tokens)
+                    minibatches = dict(minibatch_bounds=tuple(bounds), minibatch_loss_tokens=tuple(counts))
+            except Exception as exc:
+                return self._failed("packing", exc)
+        return StepOk(
+            step,
+            plan,
+            batches,
+            gathered.empty_samples,
+            phases.carries_position_ids(gathered.key_mask),
+            num_loss_tokens=loss_tokens,
+            group_starts=self.placement.group_starts(plan),
+            empty_at=tuple(planned.read.empty_at),
+            **minibatches,
+        )
 
     def _who(self) -> str:
         return f"DP rank {self.topology.dp_rank} (global rank {this_rank()}, {self.topology.describe()})"
@@ -248,6 +316,11 @@ class StepProducer:
     def _error(self, step: int, message: str, cause: BaseException) -> StepError:
         self.local_cause = cause
         return StepError(step, message, this_rank())
+
+    def _failed(self, phase: str, exc: BaseException) -> StepError:
+        """This rank's failure in ``phase``, named, for the agreements that follow."""
+        step = self.steps
+        return self._error(step, f"step {step}: {phase} failed on {self._who()}: {type(exc).__name__}: {exc}", exc)
 
     def _agree_copies(self, msg: StepMessage, trace: StepTrace | None = None) -> StepMessage:
         """The copies of one replica (CP ranks; under "all" also TP and PP) agree on the
@@ -272,9 +345,14 @@ class StepProducer:
         the first stage sends its layout to the middle ones."""
         t = self.comm
         if t.tp_size > 1 and self.edge_stage:
-            msg = broadcast_tp(msg if t.tp_rank == 0 else None, t.group("tp"), timings=trace.timings)
-            if t.tp_rank > 0 and isinstance(msg, StepOk) and msg.group_starts is not None:
-                msg = dataclasses.replace(msg, microbatches=self.placement.attach(msg.microbatches, msg.group_starts))
+            try:  # a receiver that fails here still takes part in the pipeline's agreement
+                msg = broadcast_tp(msg if t.tp_rank == 0 else None, t.group("tp"), timings=trace.timings)
+                if t.tp_rank > 0 and isinstance(msg, StepOk) and msg.group_starts is not None:
+                    msg = dataclasses.replace(
+                        msg, microbatches=self.placement.attach(msg.microbatches, msg.group_starts)
+                    )
+            except Exception as exc:
+                msg = self._failed("broadcast", exc)
         if t.pp_size > 1:
             msg = self._pipeline(msg, trace)
         assert msg is not None
