@@ -32,11 +32,12 @@ from seqpack.cost import CostModel
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.base import GridScheduler
 from seqpack.schedulers.request import check_microbatches
+from seqpack.schedulers.schedule import Grid
 from seqpack.thd import padded_lengths
 from seqpack.validation import check_positive_int
 
 
-def megatron_groups(padded: np.ndarray, capacity: int, dp_size: int, microbatch_multiple: int = 1) -> list[np.ndarray]:
+def megatron_groups(padded: np.ndarray, capacity: int, dp_size: int, microbatch_multiple: int = 1) -> Grid:
     """Megatron's groups of positions (next-fit, then split to a multiple of ``dp * multiple``).
 
     Args:
@@ -45,28 +46,25 @@ def megatron_groups(padded: np.ndarray, capacity: int, dp_size: int, microbatch_
         dp_size, microbatch_multiple: The group count becomes a multiple of their product.
 
     Returns:
-        Position arrays, one per group; microbatch ``i`` of replica ``j`` is group ``i*dp + j``.
+        The positions as a :class:`Grid` of ``dp_size``: group ``i * dp + j`` is microbatch
+        ``i`` of replica ``j``.
     """
     padded = np.ascontiguousarray(padded, dtype=np.int64)
+    n = padded.shape[0]
     group_of, n_groups = _kernels.next_fit(padded, capacity)
-    starts = np.searchsorted(group_of, np.arange(n_groups), side="left")
-    ends = np.append(starts[1:], padded.shape[0]).astype(np.int64)
-    bounds = [[int(a), int(b)] for a, b in zip(starts, ends, strict=False)]
-    multiple = dp_size * microbatch_multiple
-    remainder = len(bounds) % multiple
-    if remainder:
-        to_move = multiple - remainder
-        i = len(bounds) - 1
-        while to_move > 0 and i >= 0:
-            start, end = bounds[i]
-            if end - start > 1:
-                bounds[i][1] = end - 1
-                bounds.append([end - 1, end])
-                to_move -= 1
-            else:
-                i -= 1
-        bounds.extend([[0, 0]] * to_move)
-    return [np.arange(a, b, dtype=np.int64) for a, b in bounds]
+    opens = np.diff(group_of, prepend=-1) > 0  # the positions that start a group
+    starts = np.flatnonzero(opens)
+    # The backward walk pops the last position of the group it stands on while that group
+    # holds more than one, each into a new group appended in pop order, then appends empty
+    # groups: it pops the `to_move` largest positions that start no group, and every
+    # position below the smallest of them stays where next-fit put it.
+    to_move = -n_groups % (dp_size * microbatch_multiple)
+    popped = np.flatnonzero(~opens)[::-1][:to_move]
+    first_popped = int(popped[-1]) if popped.size else n
+    kept = np.clip(first_popped, starts + 1, np.append(starts[1:], n)) - starts
+    positions = np.concatenate([np.arange(first_popped), starts[starts >= first_popped], popped])
+    counts = np.concatenate([kept, np.ones(popped.shape[0], np.int64), np.zeros(to_move - popped.shape[0], np.int64)])
+    return Grid(positions, counts, dp_size)
 
 
 class DpBalancedScheduler(GridScheduler):
@@ -92,14 +90,10 @@ class DpBalancedScheduler(GridScheduler):
         pad_multiple: int,
         cost: CostModel | None,
         origin: np.ndarray,
-    ) -> tuple[list[list[np.ndarray]], np.ndarray]:
+    ) -> tuple[Grid, np.ndarray]:
         check_microbatches(dp_size, microbatch_multiple=self.microbatch_multiple)
         groups = megatron_groups(padded_lengths(lengths, pad_multiple), capacity, dp_size, self.microbatch_multiple)
-        if not ids.size:
-            return [], np.zeros(0, dtype=np.int64)
-        m_count = len(groups) // dp_size
-        rounds = [[ids[groups[m * dp_size + d]] for d in range(dp_size)] for m in range(m_count)]
-        return rounds, np.zeros(0, dtype=np.int64)
+        return Grid(ids[groups.ids], groups.counts, dp_size), np.zeros(0, dtype=np.int64)
 
     def __repr__(self) -> str:
         return f"DpBalancedScheduler(microbatch_multiple={self.microbatch_multiple})"

@@ -8,17 +8,8 @@ import numpy as np
 from seqpack.cost import CostModel
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.base import GridScheduler
+from seqpack.schedulers.schedule import Grid
 from seqpack.thd import padded_lengths
-
-
-def next_fit(lengths: np.ndarray, capacity: int) -> list[np.ndarray]:
-    """Positions of ``lengths`` cut into consecutive groups of at most ``capacity`` tokens
-    (a group closes when the next length would overflow it)."""
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    group_of, n_groups = _kernels.next_fit(lengths, capacity)
-    return (
-        np.split(np.arange(lengths.shape[0], dtype=np.int64), np.flatnonzero(np.diff(group_of)) + 1) if n_groups else []
-    )
 
 
 class EmptyScheduler(GridScheduler):
@@ -38,16 +29,19 @@ class EmptyScheduler(GridScheduler):
         pad_multiple: int,
         cost: CostModel | None,
         origin: np.ndarray,
-    ) -> tuple[list[list[np.ndarray]], np.ndarray]:
-        padded = padded_lengths(lengths, pad_multiple)
+    ) -> tuple[Grid, np.ndarray]:
         # Samples grouped by the rank holding them, in dataloader order within each rank.
         by_rank = np.argsort(origin, kind="stable")
-        starts = np.searchsorted(origin[by_rank], np.arange(dp_size + 1))
-        per_replica = []
-        for d in range(dp_size):
-            mine = by_rank[starts[d] : starts[d + 1]]
-            per_replica.append([ids[mine[g]] for g in next_fit(padded[mine], capacity)])
-        rounds_needed = max((len(groups) for groups in per_replica), default=0)
-        empty = np.zeros(0, dtype=np.int64)
-        rounds = [[groups[m] if m < len(groups) else empty for groups in per_replica] for m in range(rounds_needed)]
-        return rounds, empty
+        rank = origin[by_rank]
+        starts = np.flatnonzero(np.diff(rank, prepend=-1))  # each holding rank's first sample
+        # One next-fit walk over all ranks (work in the samples, not dp): an item of `capacity`
+        # tokens before each rank's samples fills a group of its own (padded lengths are >= 1),
+        # so every rank's first sample opens a group; the items are taken out again.
+        walk = np.insert(padded_lengths(lengths[by_rank], pad_multiple), starts[1:], capacity)
+        group_of = np.delete(_kernels.next_fit(walk, capacity)[0], starts[1:] + np.arange(starts.shape[0] - 1))
+        microbatch = group_of - np.repeat(group_of[starts], np.diff(starts, append=rank.shape[0]))
+        cell = microbatch * dp_size + rank
+        num_rounds = int(microbatch.max()) + 1 if microbatch.size else 0
+        order = np.argsort(cell, kind="stable")
+        counts = np.bincount(cell, minlength=num_rounds * dp_size)
+        return Grid(ids[by_rank[order]], counts, dp_size), np.zeros(0, dtype=np.int64)

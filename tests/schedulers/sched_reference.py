@@ -43,6 +43,17 @@ def next_fit_reference(lengths, capacity):
     return groups
 
 
+def empty_reference(padded, origin, capacity, dp_size):
+    """The ``empty`` plan: each replica's own positions next-fit in order, replica by
+    replica; ``rounds[m][d]`` is replica ``d``'s ``m``-th group (empty past its last)."""
+    per_replica = []
+    for d in range(dp_size):
+        mine = [i for i in range(len(padded)) if origin[i] == d]
+        per_replica.append([[mine[j] for j in g] for g in next_fit_reference([padded[i] for i in mine], capacity)])
+    rounds = max((len(groups) for groups in per_replica), default=0)
+    return [[groups[m] if m < len(groups) else [] for groups in per_replica] for m in range(rounds)]
+
+
 def megatron_groups_reference(padded, capacity, dp_size, multiple=1):
     """Megatron-LM's DpBalancedScheduler grouping, written from its description, with
     seqpack's documented continuation where Megatron asserts."""

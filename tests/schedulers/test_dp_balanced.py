@@ -18,13 +18,13 @@ def test_next_fit_in_dataloader_order_then_replica_major_interleave():
 def test_split_from_the_back_to_a_multiple_of_dp():
     # 3 groups [0,1,2] [3,4] [5,6,7] with dp=4 -> 1 more: pop 7 off the last group.
     lengths = np.array([3, 3, 3, 5, 4, 2, 2, 2])
-    groups = megatron_groups(lengths, 10, 4)
-    assert [g.tolist() for g in groups] == [[0, 1, 2], [3, 4], [5, 6], [7]]
+    groups = [g.tolist() for row in megatron_groups(lengths, 10, 4) for g in row]
+    assert groups == [[0, 1, 2], [3, 4], [5, 6], [7]]
     # dp=8 needs 5 more: last group gives 7 and 6 (down to one), then the middle gives 4,
     # then the walk reaches group 0, which Megatron would refuse (assert i > 0).
-    groups = megatron_groups(lengths, 10, 8)
-    assert [g.tolist() for g in groups] == [[0], [3], [5], [7], [6], [4], [2], [1]]
-    assert [g.tolist() for g in groups] == megatron_groups_reference(lengths.tolist(), 10, 8)
+    groups = [g.tolist() for row in megatron_groups(lengths, 10, 8) for g in row]
+    assert groups == [[0], [3], [5], [7], [6], [4], [2], [1]]
+    assert groups == megatron_groups_reference(lengths.tolist(), 10, 8)
 
 
 def test_fewer_sequences_than_replicas_get_empty_microbatches():
