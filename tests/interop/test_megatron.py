@@ -3,9 +3,11 @@ its venv with tests/interop/megatron_venv.sh). One process here; Megatron's
 ``wrap_data_iterator`` on gloo ranks: tests/interop/test_megatron_dist.py.
 
 Ported from Megatron-LM's tests/unit_tests/test_sequence_packing.py: ``test_wrap_dataloader``
-(its layouts and workload, scheduled here; run end to end in test_megatron_dist.py). Not
-ported: ``test_get_batch_on_this_rank_for_sequence_packing`` and the THD padding-mask tests
-(the consumer of packed batches, no scheduler in them).
+(its layouts and workload, scheduled here; its layouts run end to end in
+test_megatron_dist.py, which also feeds seqpack's packs to Megatron's
+``get_batch_on_this_rank_for_sequence_packing`` without CP). Not ported: that function's own
+test with CP (TE's ``thd_get_partitioned_indices`` needs CUDA) and the THD padding-mask tests
+(no scheduler in them).
 """
 
 from __future__ import annotations

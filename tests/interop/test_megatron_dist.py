@@ -12,8 +12,11 @@ Megatron's packing path hard-codes CUDA (at d98e8a64dd): data_schedule.py:705
 CPU while a rank runs, so every line of Megatron's ``run`` runs unchanged on gloo.
 
 Checked on every rank: the microbatch count is agreed and a multiple of the VPP group size;
-the packs each rank gets equal Megatron's own ``build_packed_microbatches`` of seqpack's groups
-for that rank; and across the DP replicas every sequence arrives exactly once.
+the FLOPs sums are the step's; the packs each rank gets equal Megatron's own
+``build_packed_microbatches`` of seqpack's groups for that rank; without CP and VPP, Megatron's
+``get_batch_on_this_rank_for_sequence_packing`` turns them into the same tokens, labels and
+``PackedSeqParams`` on every TP rank and stage; and across the DP replicas every sequence
+arrives exactly once.
 """
 
 from __future__ import annotations
@@ -88,10 +91,9 @@ def sequences(dp_size: int) -> list[dict[str, torch.Tensor]]:
 def run_wrap(tp: int, pp: int, cp: int, vpp: int | None, multiple: int | None) -> dict[str, object]:
     from megatron.core import parallel_state as ps
     from megatron.core.datasets import data_schedule
-    from megatron.core.datasets.data_schedule_utils import build_packed_microbatches
     from megatron.core.rerun_state_machine import RerunDataIterator
 
-    from seqpack.interop.megatron import SeqpackPackingScheduler, install
+    from seqpack.interop.megatron import install
 
     config = SimpleNamespace(
         max_seqlen_per_dp_cp_rank=MAX_SEQLEN_PER_DP_CP_RANK,
@@ -103,12 +105,10 @@ def run_wrap(tp: int, pp: int, cp: int, vpp: int | None, multiple: int | None) -
         ps.initialize_model_parallel(tp, pp, vpp, context_parallel_size=cp, create_gloo_process_groups=False)
         replaced = install()
         try:
-            dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+            dp_rank = ps.get_data_parallel_rank()
             tp0 = ps.get_tensor_model_parallel_rank() == 0
-            first, last = (
-                ps.is_pipeline_first_stage(ignore_virtual=True),
-                ps.is_pipeline_last_stage(ignore_virtual=True),
-            )
+            first = ps.is_pipeline_first_stage(ignore_virtual=True)
+            last = ps.is_pipeline_last_stage(ignore_virtual=True)
             reads = tp0 and (first or last)
             iterator = RerunDataIterator(iter(items(dp_rank))) if reads else None
             if vpp is not None and tp0:
@@ -116,37 +116,60 @@ def run_wrap(tp: int, pp: int, cp: int, vpp: int | None, multiple: int | None) -
             new_iterator, num_micro_batches, seqlen_sum, seqlen_sq_sum = data_schedule.wrap_data_iterator(
                 iterator, config, ITEMS_PER_RANK
             )
-            dcp_rank = ps.get_data_parallel_group(with_context_parallel=True).rank()
-            cp_rank = ps.get_context_parallel_rank()
+            if vpp is not None and tp0:
+                new_iterator = new_iterator[-1 if last and not first else 0]
+            checked = check_packs(new_iterator, num_micro_batches, cp, multiple, reads, vpp)
         finally:
             data_schedule.scheduler_map[data_schedule.PackingSchedulerEnum.DP_BALANCED] = replaced
             ps.destroy_model_parallel()
-    step = sequences(dp_size)
+    return checked | {"num_micro_batches": num_micro_batches, "sums": (seqlen_sum, seqlen_sq_sum), "reads": reads}
+
+
+def check_packs(
+    new_iterator, num_micro_batches: int, cp: int, multiple: int | None, reads: bool, vpp: int | None
+) -> dict[str, object]:
+    """Compare this rank's packs with Megatron's ``build_packed_microbatches`` of seqpack's
+    groups (middle pipeline stages: the metadata ``broadcast_to_pp_group`` sends them); without
+    CP and VPP, also what Megatron's ``get_batch_on_this_rank_for_sequence_packing`` makes of
+    them on every rank (TE's CP partition needs CUDA)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.datasets.data_schedule import get_batch_on_this_rank_for_sequence_packing
+    from megatron.core.datasets.data_schedule_utils import build_packed_microbatches
+    from megatron.core.rerun_state_machine import RerunDataIterator
+
+    from seqpack.interop.megatron import SeqpackPackingScheduler
+
+    step = sequences(ps.get_data_parallel_world_size())
     seqlens = [(i, int(s["padded_seq_len"])) for i, s in enumerate(step)]
-    groups = SeqpackPackingScheduler(MAX_SEQLEN_PER_DP_CP_RANK, cp, dp_size, multiple).get_groups_and_subsamples(
-        seqlens
-    )
-    got_keys: list[int] = []
-    if tp0:  # middle pipeline stages get the packs' metadata (broadcast_to_pp_group)
-        if vpp is not None:
-            new_iterator = new_iterator[-1 if last and not first else 0]
-        got = [next(new_iterator) for _ in range(num_micro_batches)]
-        want = build_packed_microbatches([[step[i] for i in m[dcp_rank]] for m in groups], "cpu")
-        for g, w in zip(got, want, strict=True):
-            keys = w.keys() if reads else {"cu_seqlens", "cu_seqlens_padded", "max_seqlen"}
-            assert keys <= g.keys(), sorted(keys - g.keys())
-            for key in keys:
-                assert torch.equal(g[key], w[key]), key
-            if reads:
-                got_keys += (g["tokens"][g["cu_seqlens_padded"][:-1].long()] // 10_000).tolist()
+    scheduler = SeqpackPackingScheduler(MAX_SEQLEN_PER_DP_CP_RANK, cp, ps.get_data_parallel_world_size(), multiple)
+    groups = scheduler.get_groups_and_subsamples(seqlens)
+    dcp_rank = ps.get_data_parallel_group(with_context_parallel=True).rank()
+    want = build_packed_microbatches([[step[i] for i in m[dcp_rank]] for m in groups], "cpu")
+    got = [next(new_iterator) for _ in range(num_micro_batches)] if new_iterator is not None else []
+    keys_read: list[int] = []
+    for g, w in zip(got, want, strict=False):
+        keys = w.keys() if reads else {"cu_seqlens", "cu_seqlens_padded", "max_seqlen"}
+        assert keys <= g.keys(), sorted(keys - g.keys())
+        for key in keys:
+            assert torch.equal(g[key], w[key]), key
+        if reads:
+            keys_read += (g["tokens"][g["cu_seqlens_padded"][:-1].long()] // 10_000).tolist()
+    if cp == 1 and vpp is None:
+        replay = RerunDataIterator(iter(got)) if got else None
+        for w in want:
+            tokens, labels, _, _, _, params, _ = get_batch_on_this_rank_for_sequence_packing(replay)
+            assert torch.equal(params.cu_seqlens_q, w["cu_seqlens_padded"])
+            assert (tokens is not None) == ps.is_pipeline_first_stage()
+            assert (labels is not None) == ps.is_pipeline_last_stage()
+            assert tokens is None or torch.equal(tokens[0], w["tokens"])
+            assert labels is None or torch.equal(labels[0], w["labels"])
     return {
-        "num_micro_batches": num_micro_batches,
         "planned": len(groups),
-        "seqlen_sum": (seqlen_sum, sum(n for _, n in seqlens)),
-        "seqlen_sq_sum": (seqlen_sq_sum, sum(n * n for _, n in seqlens)),
-        "replica": (dp_rank, cp_rank, first, reads),
-        "keys": got_keys,
+        "want_sums": (sum(n for _, n in seqlens), sum(n * n for _, n in seqlens)),
+        "replica": (ps.get_data_parallel_rank(), ps.get_context_parallel_rank(), ps.is_pipeline_first_stage()),
+        "keys": keys_read,
         "all_keys": [int(s["tokens"][0]) // 10_000 for s in step],
+        "checked": len(got),
     }
 
 
@@ -157,10 +180,10 @@ def test_megatrons_wrap_data_iterator_runs_seqpacks_plan(dist_pools, tp, pp, cp,
     counts = {r["num_micro_batches"] for r in results}
     assert len(counts) == 1 and counts == {results[0]["planned"]}
     assert counts.pop() % (multiple or 1) == 0
-    for r in results:
-        assert r["seqlen_sum"][0] == r["seqlen_sum"][1] and r["seqlen_sq_sum"][0] == r["seqlen_sq_sum"][1]
+    assert all(r["sums"] == r["want_sums"] for r in results)  # Megatron's FLOPs sums
+    assert sum(r["checked"] for r in results) >= results[0]["planned"]  # not vacuous: packs were compared
     # Every sequence exactly once over the replicas, as read by one rank of each (CP rank 0 of the first stage).
-    readers = [r for r in results if r["replica"][1:] == (0, True, True)]
+    readers = [r for r in results if r["reads"] and r["replica"][1:] == (0, True)]
     seen = [k for r in readers for k in r["keys"]]
     assert sorted(seen) == sorted(results[0]["all_keys"]) and len(seen) > len(readers) * ITEMS_PER_RANK
 
