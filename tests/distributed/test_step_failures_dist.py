@@ -30,6 +30,8 @@ LAYOUTS = {
     "static": (("dp", 2), ("cp", 2)),
     "dp": (("dp", 4),),
     "tp": (("dp", 2), ("tp", 2)),
+    "pp": (("pp", 2), ("dp", 2)),
+    "pp4": (("pp", 4),),
 }
 
 
@@ -56,6 +58,7 @@ FAULTS: dict[str, tuple[str, Any, str, bool]] = {
     "exchange": ("exchange failed", cp_exchange, "_Source", False),
     "pack": ("packing failed", placement.Placement, "pack", False),
     "broadcast": ("broadcast failed", producer, "broadcast_tp", True),
+    "pp broadcast": ("broadcast failed", producer, "broadcast_pp", True),
     "encode": ("broadcast failed", broadcast, "encode_step", False),
     "delivery": ("delivery failed", prefetch.DeviceCopy, "place", False),
 }
@@ -78,7 +81,8 @@ def run_faults(layout: str, cases: list[tuple[str, int]]) -> list[list[str]]:
     out = []
     for phase, rank in cases:
         seen: list[str] = []
-        data = iter(samples_of(topo.dp_rank, steps=3, long=30)) if topo.tp_rank == 0 else None
+        reads = topo.tp_rank == 0 and not topo.is_middle_stage
+        data = iter(samples_of(topo.dp_rank, steps=3, long=30)) if reads else None
         it = wrap_data_iterator(
             data, topo, samples_per_rank=SPR, max_tokens_per_rank=48, dynamic_cp=layout == "dynamic"
         )
@@ -94,10 +98,13 @@ def run_faults(layout: str, cases: list[tuple[str, int]]) -> list[list[str]]:
 
 
 def _cases(layout: str) -> list[tuple[str, int]]:
-    phases_here = ["broadcast", "encode", "delivery", "read"] if layout == "tp" else list(FAULTS)[:5] + ["delivery"]
-    # Every rank fails some phase; the broadcast's receivers are TP rank 1, its sender TP rank 0.
-    ranks = {"broadcast": [1, 3], "encode": [0, 2]}
-    return [(p, r) for i, p in enumerate(phases_here) for r in ranks.get(p, [(i + 1) % 4, (i + 3) % 4])]
+    """(phase, failing global rank): each phase on two ranks, every rank failing some phase."""
+    if layout == "tp":  # the broadcast's source is TP rank 0, its receivers TP rank 1
+        return [("broadcast", 1), ("broadcast", 3), ("encode", 0), ("encode", 2), ("delivery", 1), ("read", 2)]
+    if layout == "pp4":  # stages 0 and 3 read, 1 and 2 receive the first stage's layout
+        edges = [(p, r) for p in ("read", "gather", "schedule", "pack") for r in (0, 3)]
+        return [*edges, ("pp broadcast", 1), ("pp broadcast", 2), ("encode", 0), ("delivery", 2)]
+    return [(p, r) for i, p in enumerate(list(FAULTS)[:5] + ["delivery"]) for r in ((i + 1) % 4, (i + 3) % 4)]
 
 
 @pytest.mark.slow
