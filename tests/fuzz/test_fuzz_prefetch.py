@@ -248,8 +248,9 @@ class StatefulCounted(Counted):
 def test_a_loader_whose_state_dict_raises_fails_that_step(k):
     it = _wrap(StatefulCounted(fail_state_at=SPR + 1), prefetch=k)
     assert next(it).step == 0
-    with pytest.raises(OSError, match="cannot be read"):
+    with pytest.raises(StepFailed, match="step 1: delivery failed on .*OSError: the loader's state") as failed:
         next(it)
+    assert isinstance(failed.value.__cause__, OSError)
     with pytest.raises(StepFailed, match="failed at step 1 and cannot continue.*OSError"):
         next(it)
     it.close()
