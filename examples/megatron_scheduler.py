@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from seqpack.cost import model_preset
-from seqpack.interop.megatron_plan import megatron_groups
+from seqpack.interop.megatron_plan import plan_groups
 from seqpack.mock_data import generate_lengths
 from seqpack.schedulers import Schedule, get_scheduler, predicted_step_time
 
@@ -88,7 +88,7 @@ def plan(args: argparse.Namespace) -> None:
     cost = model_preset("llama3-8b").cost_model()
     sizes = dict(dp_size=dp, cp_size=cp)
     pairs = list(enumerate(lengths.tolist()))
-    groups = megatron_groups(pairs, get_scheduler("balanced"), max_seqlen_per_dp_cp_rank=capacity, cost=cost, **sizes)
+    groups = plan_groups(pairs, get_scheduler("balanced"), max_seqlen_per_dp_cp_rank=capacity, cost=cost, **sizes)
     rounds = [[np.array(m[d * cp], dtype=np.int64) for d in range(dp)] for m in groups]
     sizes |= dict(max_tokens_per_rank=capacity)
     ours = Schedule.from_assignment(rounds, lengths=lengths, original_lengths=lengths, pad_multiple=1, **sizes)

@@ -21,7 +21,7 @@ from typing import Any
 
 from seqpack.cost import CostModel, GroupCost, check_cost_model
 from seqpack.errors import ConfigError
-from seqpack.interop.megatron_plan import HYBRID_CP_REFUSAL, check_config, check_sample, megatron_groups, model_spec
+from seqpack.interop.megatron_plan import HYBRID_CP_REFUSAL, check_config, check_sample, model_spec, plan_groups
 from seqpack.options import Sync
 from seqpack.schedulers import get_scheduler
 from seqpack.validation import check_choice, check_optional_int, check_positive_int
@@ -95,8 +95,8 @@ class SeqpackPackingScheduler(data_schedule.DpBalancedScheduler):
 
     def get_groups_and_subsamples(self, sample_id_seqlens: list[tuple[int, int]]) -> list[list[list[int]]]:
         """Megatron's groups: ``groups[m][j]``, the ids microbatch ``m`` of DP x CP rank ``j``
-        packs (:func:`~seqpack.interop.megatron_plan.megatron_groups`)."""
-        return megatron_groups(
+        packs (:func:`~seqpack.interop.megatron_plan.plan_groups`)."""
+        return plan_groups(
             sample_id_seqlens,
             self.scheduler,
             max_seqlen_per_dp_cp_rank=self.max_seqlen_per_dp_cp_rank,

@@ -27,7 +27,7 @@ from seqpack.cost import CostModel, GroupCost, ModelSpec
 from seqpack.errors import ConfigError, SampleError, ScheduleError
 from seqpack.schedulers import Scheduler
 
-__all__ = ["HYBRID_CP_REFUSAL", "REQUIRED_SAMPLE_KEYS", "check_config", "check_sample", "megatron_groups", "model_spec"]
+__all__ = ["HYBRID_CP_REFUSAL", "REQUIRED_SAMPLE_KEYS", "check_config", "check_sample", "plan_groups", "model_spec"]
 
 REQUIRED_SAMPLE_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 """Keys every sample handed to Megatron's packing scheduler carries, beside ``cu_seqlens`` (a
@@ -40,7 +40,7 @@ HYBRID_CP_REFUSAL = (
 )
 
 
-def megatron_groups(
+def plan_groups(
     sample_id_seqlens: Sequence[tuple[int, int]],
     scheduler: Scheduler,
     *,

@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 
 from seqpack.cost import ModelSpec
 from seqpack.errors import ConfigError, SampleError, ScheduleError
-from seqpack.interop.megatron_plan import check_config, check_sample, megatron_groups, model_spec
+from seqpack.interop.megatron_plan import check_config, check_sample, model_spec, plan_groups
 from seqpack.schedulers import get_scheduler
 
 
 def groups(lengths, *, capacity, cp=1, dp=1, multiple=1):
-    return megatron_groups(
+    return plan_groups(
         list(enumerate(lengths)),
         get_scheduler("balanced", microbatch_multiple=multiple),
         max_seqlen_per_dp_cp_rank=capacity,
