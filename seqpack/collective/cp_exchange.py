@@ -244,25 +244,14 @@ def exchange_shards(
     offset = int(counts[: rank // cp].sum())
     produced = np.unique(np.concatenate([*exchange.send_ids, exchange.keep_ids]))
     received: dict[int, dict[str, torch.Tensor]] = {}
-    keep = exchange.keep_ids
-    failure, source = None, None
-    try:  # a failure here still sends (zeros) and raises after the all-to-all: no peer waits in it
-        source = _Source(samples, offset, produced, plan, spans, keys, check_choice("layout", layout, CpLayout))
-        whole = keep[size[keep] == 1]  # a group of one: its piece is the whole run, a view
-        for gid, n in zip(whole.tolist(), tokens[whole].tolist(), strict=True):
-            at = source.base[gid]
-            received[gid] = {key: source.fields[key][at : at + n] for key in keys}
-        cut_here = keep[size[keep] > 1]
-        if cut_here.size:
-            index = source.indices(cut_here, tokens, size, rank - start[cut_here])
-            cut = {
-                key: torch.split(source.fields[key].index_select(0, index), tokens[cut_here].tolist()) for key in keys
-            }
-            for i, gid in enumerate(cut_here.tolist()):
-                received[gid] = {key: cut[key][i] for key in keys}
-    except Exception as exc:
-        failure = exc
+    try:
+        source: _Source | None = _Source(
+            samples, offset, produced, plan, spans, keys, check_choice("layout", layout, CpLayout)
+        )
+    except Exception as exc:  # send zeros, then raise: no peer is left waiting in the all-to-all
+        failure, source = exc, None
     token_bytes = sum(dtype.itemsize for key, dtype in SHARD_KEYS if key in keys)
+    keep = exchange.keep_ids
     kept = int(tokens[keep].sum()) * token_bytes
     sent = got = 0
     if exchange.moved_tokens:
@@ -270,8 +259,18 @@ def exchange_shards(
             chosen = [key for key, kind in SHARD_KEYS if kind == dtype and key in keys]
             a, b = _move(exchange, source, chosen, dtype, (start, size, tokens), received, group, peers)
             sent, got = sent + a, got + b
-    if failure is not None:
+    if source is None:
         raise failure
+    whole = keep[size[keep] == 1]  # a group of one: its piece is the whole run, a view
+    for gid, n in zip(whole.tolist(), tokens[whole].tolist(), strict=True):
+        at = source.base[gid]
+        received[gid] = {key: source.fields[key][at : at + n] for key in keys}
+    cut_here = keep[size[keep] > 1]
+    if cut_here.size:
+        index = source.indices(cut_here, tokens, size, rank - start[cut_here])
+        cut = {key: torch.split(source.fields[key].index_select(0, index), tokens[cut_here].tolist()) for key in keys}
+        for i, gid in enumerate(cut_here.tolist()):
+            received[gid] = {key: cut[key][i] for key in keys}
     return Exchanged(received, bytes_sent=sent, bytes_received=got, bytes_kept=kept)
 
 
