@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class StepStats:
     """What one step trains on and how evenly it is spread.
 
@@ -53,7 +53,8 @@ class StepStats:
         min_microbatches: Token lower bound ``ceil(padded tokens / (dp * capacity))``.
         real_tokens, padded_tokens: Tokens without and with padding (fillers included).
         seqlen_sum, seqlen_sq_sum: Exact sums of real lengths and squared real lengths.
-        replica_cost: Total cost per DP replica (what DDP / ZeRO-1 / pipeline steps wait for).
+        replica_cost: float64 ``[units]``: total cost per DP replica (what DDP / ZeRO-1 / pipeline
+            steps wait for).
         imbalance: ``max(replica_cost) / mean(replica_cost)``.
         round_imbalance: ``sum_m max_d cost[m, d] / sum_m mean_d cost[m, d]`` (what an FSDP
             step waits for: every microbatch round ends with its slowest replica).
@@ -105,7 +106,7 @@ class StepStats:
     padded_tokens: int = 0
     seqlen_sum: int = 0
     seqlen_sq_sum: int = 0
-    replica_cost: list[float] = dataclasses.field(default_factory=list)
+    replica_cost: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     imbalance: float = 1.0
     round_imbalance: float = 1.0
     lower_bound: float = 0.0
@@ -193,7 +194,7 @@ class StepStats:
             padded_tokens=padded_tokens,
             seqlen_sum=real_sum,
             seqlen_sq_sum=exact_sum(real, squares=True),
-            replica_cost=per_unit.tolist(),  # Python floats, in C (dp of them)
+            replica_cost=per_unit,
             imbalance=float(per_unit.max() / mean) if mean > 0 else 1.0,
             round_imbalance=round_max / round_mean if round_mean > 0 else 1.0,
             lower_bound=lower,
@@ -216,6 +217,13 @@ class StepStats:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def __eq__(self, other: object) -> bool:
+        """Field by field, arrays by value (a generated ``__eq__`` would ask an array for its truth)."""
+        if not isinstance(other, StepStats):
+            return NotImplemented
+        pairs = ((getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self))
+        return all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b for a, b in pairs)
 
 
 def _check_schedule(name: str, value: object) -> Schedule:

@@ -31,7 +31,7 @@ def test_hand_computed_step():
     # Padded: 4, 4, 8, 4. cost(p) = p + p^2/2 -> 12, 12, 40, 12; constant 2 per microbatch.
     costs = microbatch_costs(s, QUAD)
     assert costs.tolist() == [[26.0, 42.0], [14.0, 2.0]]
-    assert stats.replica_cost == [40.0, 44.0]
+    assert stats.replica_cost.tolist() == [40.0, 44.0]
     assert stats.imbalance == pytest.approx(44 / 42)
     assert stats.round_imbalance == pytest.approx((42 + 14) / (34 + 8))
     assert stats.lower_bound == 42.0  # max(84/2, 40 + 2)
@@ -43,12 +43,21 @@ def test_hand_computed_step():
     assert stats.min_microbatches == 1 and stats.num_microbatches == 2
     assert stats.num_sequences == 4 and stats.empty_samples == 3 and stats.flops == 123.0
     # Without a cost model: padded tokens.
-    assert StepStats.from_schedule(s).replica_cost == [12.0, 8.0]
+    assert StepStats.from_schedule(s).replica_cost.tolist() == [12.0, 8.0]
     assert set(stats.as_dict()) >= {"replica_cost", "round_lower_bound", "bound_ratio"}
     # One round waits for 42, the other for 14; one replica's total under "replica".
     assert stats.predicted_step_time == 56.0 and stats.cost_model == QUAD
     assert StepStats.from_schedule(s, QUAD, sync="replica").predicted_step_time == 44.0
     assert StepStats.from_schedule(s).predicted_step_time is None
+
+
+def test_replica_cost_is_one_array_and_stats_compare_by_value():
+    # One float64 total per replica in one array: no Python float per replica (dp can be millions).
+    s = _schedule([[[0, 1], [2]], [[3], []]], [4, 2, 6, 2], dp=2, pad_multiple=4)
+    stats = StepStats.from_schedule(s, QUAD)
+    assert isinstance(stats.replica_cost, np.ndarray) and stats.replica_cost.dtype == np.float64
+    assert stats == StepStats.from_schedule(s, QUAD) and stats != StepStats.from_schedule(s)
+    assert stats != dataclasses.replace(stats, replica_cost=stats.replica_cost[::-1])
 
 
 def test_a_dynamic_plan_needs_a_cost():

@@ -33,7 +33,7 @@ def test_quadratic_cost_changes_the_choice():
     groups = sorted(sorted(lengths[ids].tolist()) for ids in s.assignment[0])
     assert groups == [[200, 300, 300, 400], [200, 600]]
     stats = StepStats.from_schedule(s, QUAD)
-    assert stats.replica_cost == [4800.0, 5000.0] or stats.replica_cost == [5000.0, 4800.0]
+    assert sorted(stats.replica_cost.tolist()) == [4800.0, 5000.0]
     by_tokens = sched.schedule(lengths, dp_size=2, max_tokens_per_rank=1200, cost=CostModel.tokens())
     assert max(StepStats.from_schedule(by_tokens, QUAD).replica_cost) > 5000.0
 

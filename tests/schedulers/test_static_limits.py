@@ -392,7 +392,7 @@ def test_stats_without_a_cost_count_bucket_tokens_in_the_replica_totals():
             tokens = int(plan.lengths[ids].sum()) if ids.size else 1  # an empty one: its 1-token filler
             # The pack's tokens (a filler costs nothing without a model) plus the bucket's padding.
             per_replica[d] += next(b for b in buckets if b >= tokens) - (0 if ids.size else 1)
-    assert stats.replica_cost == [float(v) for v in per_replica]
+    assert stats.replica_cost.tolist() == [float(v) for v in per_replica]
     empty = int(np.count_nonzero(plan.group_counts == 0))
     assert stats.predicted_step_time is None
     assert stats.bucket_tokens == sum(per_replica) + empty - stats.padded_tokens

@@ -191,7 +191,7 @@ def _locality_row(sched: Scheduler, schedule: Schedule, bytes_per_token: float) 
 
 def _step_row(st: StepStats, peak: PeakMemory, dp_size: int) -> dict[str, Any]:
     """What :func:`simulate` keeps of one step of one scheduler (scalars only)."""
-    total = sum(st.replica_cost)
+    total = float(st.replica_cost.sum())
     return {
         "microbatches": st.num_microbatches,
         "min_microbatches": st.min_microbatches,
@@ -205,7 +205,7 @@ def _step_row(st: StepStats, peak: PeakMemory, dp_size: int) -> dict[str, Any]:
         "rank_moved_bytes": st.max_rank_moved_bytes,
         "peak_bytes": peak.bytes,
         "flops": st.flops,
-        "replica_wait": max(st.replica_cost),
+        "replica_wait": float(st.replica_cost.max()),
         "round_wait": st.round_imbalance * total / dp_size,
         "ideal": total / dp_size,
         "seconds": peak.seconds,
