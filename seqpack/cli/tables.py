@@ -69,30 +69,32 @@ def format_table(report: dict[str, Any]) -> str:
 
 def format_demo_summary(results: list[dict[str, Any]], settings: DemoSettings) -> str:
     """The summary ``seqpack demo`` prints after training: one row per mode, then notes."""
-    base = {r["mode"]: r["tokens_per_s"] for r in results}
+    by_mode = {r["mode"]: r for r in results}
+
+    def versus(r: dict[str, Any], key: str, base: str) -> str:
+        return f"{r[key] / by_mode[base][key]:.2f}x" if by_mode.get(base, {}).get(key) else "-"
+
     header = (
-        "mode", "real tok/s", "vs padded", "vs dp_bal", "pad %", "imbalance", "round imb", "mbs/step", "loss",
-        "GFLOP/s", "MFU",
+        "mode", "real tok/s", "vs padded", "vs dp_bal", "busy tok/s", "vs padded", "vs dp_bal", "pad %", "round imb",
+        "mbs/step", "loss", "MFU",
     )  # fmt: skip
     rows = []
     for r in results:
-        rel_pad = f"{r['tokens_per_s'] / base['padded']:.2f}x" if base.get("padded") else "-"
-        rel_dp = f"{r['tokens_per_s'] / base['dp_balanced']:.2f}x" if base.get("dp_balanced") else "-"
-        imb = f"{r['imbalance']:.3f}" if r["imbalance"] is not None else "n/a"
         rimb = f"{r['round_imbalance']:.3f}" if r["round_imbalance"] is not None else "n/a"
         mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] is not None else "-"
         rows.append(
             (
                 str(r["mode"]),
                 f"{r['tokens_per_s']:,.0f}",
-                rel_pad,
-                rel_dp,
+                versus(r, "tokens_per_s", "padded"),
+                versus(r, "tokens_per_s", "dp_balanced"),
+                f"{r['busy_tokens_per_s']:,.0f}",
+                versus(r, "busy_tokens_per_s", "padded"),
+                versus(r, "busy_tokens_per_s", "dp_balanced"),
                 f"{r['pad_fraction'] * 100:.1f}%",
-                imb,
                 rimb,
                 f"{r['microbatches_per_step']:.1f}",
                 f"{r['first_loss']:.3f}->{r['last_loss']:.3f}",
-                f"{r['model_flops_per_s'] / 1e9:.2f}",
                 mfu,
             )
         )
@@ -102,15 +104,16 @@ def format_demo_summary(results: list[dict[str, Any]], settings: DemoSettings) -
         render_table(header, rows),
     ]
     cores = usable_cores()
-    if settings.world_size > cores:
+    shared = time_shared(settings.world_size, cores, results[0].get("load_average") if results else None)
+    if shared:
         lines.append(
-            f"note: {settings.world_size} ranks share {cores} cores, so a rank waiting on a slower peer hands its core "
-            "to the others and tokens/s understates what balance buys; benchmarks/end_to_end.py runs one rank per core"
+            f"note: {shared}, so a rank waiting on a slower peer hands its CPU time to the others and real tok/s "
+            "understates what balance buys; busy tok/s does not depend on it"
         )
     lines.append(
-        "imbalance: busiest replica's cost / mean (what DDP waits for); round imb: sum over microbatch rounds of "
-        "the slowest replica / mean (what FSDP, which syncs every microbatch, waits for); costs in the scheduler's "
-        "cost model"
+        "real tok/s: wall clock; busy tok/s: per microbatch round the CPU time of the slowest rank, summed (what a "
+        "step takes with a core per rank, whatever else runs); round imb: sum over microbatch rounds of the slowest "
+        "replica / mean (what FSDP, which syncs every microbatch, waits for), in the scheduler's cost model"
     )
     for r in results:
         if r.get("cost_model") is not None:

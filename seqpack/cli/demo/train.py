@@ -180,7 +180,16 @@ class _Run:
         self.step: Any = None  # the current Step (packed modes)
         self.predictions: list[tuple[int, float, float]] = []  # (step, predicted, measured) seconds
         self.fitted_steps: set[int] = set()  # steps scheduled with a fitted model (not the prior)
-        self.totals = {"tokens": 0, "time": 0.0, "flops": 0.0, "pad": 0, "padded": 0, "mbs": 0, "measured": 0}
+        self.totals = {
+            "tokens": 0,
+            "time": 0.0,
+            "busy": 0.0,
+            "flops": 0.0,
+            "pad": 0,
+            "padded": 0,
+            "mbs": 0,
+            "measured": 0,
+        }
         self.imbalances: list[float] = []
         self.round_imbalances: list[float] = []
         self.losses: list[float] = []
@@ -226,31 +235,39 @@ class _Run:
         settings = self.settings
         world = settings.world_size
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         microbatches, real_tokens, sq_sum, padded_tokens, num_mbs, imbalance = self._batches()
         loss_tokens = torch.stack([mb.loss_mask.sum() for mb in microbatches if mb.loss_mask is not None])
         loss_tokens = loss_tokens.sum().reshape(1)
         dist.all_reduce(loss_tokens)
         total = torch.zeros(())
+        busy = []  # this rank's CPU seconds of every microbatch's forward+backward
         for m, mb in enumerate(microbatches):
+            c1 = time.thread_time()
             with self.timer.microbatch(self.step, m) if self.timer is not None else contextlib.nullcontext():
                 loss_sum, _ = self.model.loss_sum(mb)
                 # FSDP averages gradients over dp x cp; scaling by world makes them the gradient
                 # of the global mean loss (CP ranks hold disjoint tokens of the same sequences).
                 (loss_sum * world / loss_tokens).backward()
             total = total + loss_sum.detach()
+            busy.append(time.thread_time() - c1)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         dist.all_reduce(total)
-        elapsed = torch.tensor([time.perf_counter() - t0])
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        seconds = float(elapsed)
+        # [wall, CPU time outside the microbatches, CPU time of each round], each the slowest
+        # rank's: every rank runs as many rounds. Their CPU sum is the lockstep step time with
+        # a core per rank, which other work on the machine does not stretch.
+        c_end = time.thread_time()
+        times = torch.tensor([time.perf_counter() - t0, c_end - c0 - sum(busy), *busy], dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        seconds = float(times[0])
         loss = float(total / loss_tokens)
         measured = index >= settings.warmup_steps
         if measured:
             t = self.totals
             t["tokens"] += real_tokens
             t["time"] += seconds
+            t["busy"] += float(times[1:].sum())
             t["flops"] += float(self.spec.flops(real_tokens, sq_sum))
             t["pad"] += padded_tokens - real_tokens
             t["padded"] += padded_tokens
@@ -291,6 +308,7 @@ class _Run:
         return {
             "mode": self.mode,
             "tokens_per_s": t["tokens"] / t["time"] if t["time"] else 0.0,
+            "busy_tokens_per_s": t["tokens"] / t["busy"] if t["busy"] else 0.0,
             "pad_fraction": t["pad"] / t["padded"] if t["padded"] else 0.0,
             "imbalance": float(np.mean(self.imbalances)) if self.imbalances else None,
             "round_imbalance": float(np.mean(self.round_imbalances[self.settings.warmup_steps :]))
