@@ -77,6 +77,7 @@ def main() -> None:
         max_tokens_per_rank=args.max_tokens_per_rank,
         max_seq_len=args.max_seq_len,
         mean_seq_len=args.mean_seq_len,
+        sigma=1.1,
         cost=args.cost,
         quiet=not args.verbose,
     )

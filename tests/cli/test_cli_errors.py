@@ -215,7 +215,7 @@ def test_simulate_plot_into_a_missing_directory_fails_before_simulating(tmp_path
         (["--pattern", ""], ("--pattern", "''")),
         (["--d-model", "7"], ("--d-model 7",)),
         (["--d-model", "80"], ("--d-model 80",)),
-        (["--d-model", "8", "--pattern", "M"], ("--cp 2", "1 heads")),
+        (["--d-model", "8", "--pattern", "M", "--cp", "2"], ("--cp 2", "1 heads")),
         (["--cp", "3"], ("--cp 3", "divides 8")),
         (["--modes", "balanced,balanced"], ("--modes",)),
         (["--lr", "0"], ("--lr",)),

@@ -125,7 +125,7 @@ def test_settings_coerce_strings_and_refuse_mistakes_from_python_too():
     assert s.modes == (DemoMode.PADDED, DemoMode.BALANCED) and s.cost is CostSource.FLOPS
     with pytest.raises(ConfigError, match="--cost must be one of"):
         DemoSettings(cost="fast")
-    with pytest.raises(ConfigError, match="--dp must be a positive integer, got 0"):
-        DemoSettings(dp=0)
+    with pytest.raises(ConfigError, match="--dp must be an integer >= 0, got -1"):
+        DemoSettings(dp=-1)
     with pytest.raises(ConfigError, match="--cp 3"):
         DemoSettings(cp=3)

@@ -8,11 +8,16 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from seqpack.cli import main
+from seqpack.cli.demo import predict as gpu
+from seqpack.cli.demo import settings as demo_settings
 from seqpack.cli.demo.data import padded_microbatches
-from seqpack.cli.demo.settings import DemoSettings
+from seqpack.cli.demo.settings import GPU_CAPACITY, DemoSettings
+from seqpack.cost import CostModel
+from seqpack.schedulers import get_scheduler, predicted_step_time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,6 +54,8 @@ def test_demo_runs_all_modes_and_reports(tmp_path):
         "32",
         "--pattern",
         "AM",
+        "--predict-dp",
+        "4",
         "--json-out",
         str(out),
     ]
@@ -65,7 +72,11 @@ def test_demo_runs_all_modes_and_reports(tmp_path):
     assert losses["balanced"][1] == pytest.approx(losses["padded"][1], rel=1e-4)
     assert modes["padded"]["pad_fraction"] > modes["balanced"]["pad_fraction"]
     assert modes["padded"]["microbatches_per_step"] > modes["balanced"]["microbatches_per_step"]
-    assert all(r["tokens_per_s"] > 0 and r["steps"] == 2 for r in modes.values())
+    assert all(r["tokens_per_s"] > 0 and r["busy_tokens_per_s"] > 0 and r["steps"] == 2 for r in modes.values())
+    assert "busy tok/s" in proc.stdout and "predicted, not measured" in proc.stdout
+    assert {(r["gpu"], r["mode"]) for r in report["gpu_prediction"]} == {
+        (c.name, m) for c in gpu.GPU_CLOCKS for m in ("balanced", "dp_balanced", "padded")
+    }
     # Online calibration (the default cost): every trained step's prediction was checked
     # against its measured time (the last one after the end of data), and printed.
     for mode in ("balanced", "dp_balanced"):
@@ -79,8 +90,8 @@ def test_demo_runs_all_modes_and_reports(tmp_path):
 
 
 def test_demo_argument_errors(capsys, tmp_path):
-    assert main(["demo", "--dp", "0"]) == 2
-    assert "--dp must be a positive integer, got 0" in capsys.readouterr().err
+    assert main(["demo", "--dp", "-1"]) == 2
+    assert "--dp must be an integer >= 0, got -1" in capsys.readouterr().err
     assert main(["demo", "--data", str(tmp_path / "missing.parquet")]) == 2
     assert "no such file" in capsys.readouterr().err
     assert main(["demo", "--modes", "balanced,fast"]) == 2
@@ -156,3 +167,113 @@ def test_padded_baseline_pads_to_longest_and_attends_pads():
     assert batches[1].seq_lens_padded().tolist() == [8]
     assert torch.equal(batches[0].cu_seqlens, batches[0].cu_seqlens_padded)
     assert batches[0].num_real_tokens == 14
+
+
+def test_default_layout_is_one_rank_per_usable_core(monkeypatch):
+    monkeypatch.setattr(demo_settings, "usable_cores", lambda: 2)
+    assert (DemoSettings().dp, DemoSettings().cp) == (2, 1)
+    assert DemoSettings(cp=2).dp == 1  # two CP ranks fill the two cores
+    assert DemoSettings(dp=3).dp == 3  # an explicit --dp is kept
+    monkeypatch.setattr(demo_settings, "usable_cores", lambda: 64)
+    assert DemoSettings().dp == demo_settings.MAX_DEFAULT_DP
+    with pytest.raises(ValueError, match="--dp must be"):
+        DemoSettings(dp=-1)
+
+
+def test_prediction_settings_are_checked():
+    with pytest.raises(ValueError, match="--predict-dp must be"):
+        DemoSettings(predict_dp=-1)
+    with pytest.raises(ValueError, match="or pass --predict-dp 0"):
+        DemoSettings(max_seq_len=2 * GPU_CAPACITY, max_tokens_per_rank=2 * GPU_CAPACITY)
+    DemoSettings(max_seq_len=2 * GPU_CAPACITY, max_tokens_per_rank=2 * GPU_CAPACITY, predict_dp=0)
+
+
+def _padded_by_hand(lengths, dp, per_mb, clock):
+    """Lockstep time of fixed microbatches, each sequence padded to its microbatch's longest."""
+    total = 0.0
+    rows = np.asarray(lengths).reshape(dp, -1)
+    for start in range(0, rows.shape[1], per_mb):
+        worst = 0.0
+        for row in rows:
+            group = row[start : start + per_mb]
+            longest = -(-int(group.max()) // clock.pad_multiple) * clock.pad_multiple
+            worst = max(worst, clock.cost.microbatch_cost([longest] * len(group)))
+        total += worst
+    return total
+
+
+def test_gpu_prediction_prices_each_mode_s_plans_with_each_clock():
+    settings = DemoSettings(dp=2, predict_dp=4, steps=2, samples_per_rank=6, max_tokens_per_rank=2048, max_seq_len=1024)
+    rows = gpu.predict(settings)
+    batches = gpu.gpu_lengths(settings)
+    per_gpu = gpu.gpu_samples_per_rank(settings)
+    assert batches.shape == (2, 4 * per_gpu) and per_gpu == 6 * GPU_CAPACITY // 2048
+    assert batches.max() <= 1024 and len(np.unique(batches)) > 10
+    for clock in gpu.GPU_CLOCKS:
+        mine = {r["mode"]: r for r in rows if r["gpu"] == clock.name}
+        for mode in ("balanced", "dp_balanced"):
+            plans = [
+                get_scheduler(mode).schedule(
+                    b, dp_size=4, max_tokens_per_rank=GPU_CAPACITY, pad_multiple=clock.pad_multiple, cost=clock.cost,
+                    sync="lockstep",
+                )
+                for b in batches
+            ]  # fmt: skip
+            assert mine[mode]["step_s"] == pytest.approx(np.mean([predicted_step_time(p, clock.cost) for p in plans]))
+            assert mine[mode]["microbatches"] == np.mean([p.num_microbatches for p in plans])
+        per_mb = GPU_CAPACITY // 1024
+        by_hand = np.mean([_padded_by_hand(b, 4, per_mb, clock) for b in batches])
+        assert mine["padded"]["step_s"] == pytest.approx(by_hand)
+        assert mine["padded"]["microbatches"] == -(-per_gpu // per_mb)
+        assert mine["padded"]["step_s"] > mine["balanced"]["step_s"]  # not vacuous: the modes differ
+    table = gpu.format_prediction(rows, settings)
+    assert "predicted, not measured" in table and "dp=4 GPUs" in table
+    h200 = {r["mode"]: r["step_s"] for r in rows if r["gpu"] == "H200"}
+    assert f"{h200['dp_balanced'] / h200['balanced']:.2f}x" in table
+    assert f"{h200['balanced'] * 1e3:,.1f}" in table
+
+
+def _h200_rows():
+    path = os.path.join(REPO, "benchmarks/results/gpu/h200_2026-11-28/gpu_step_transformer.json")
+    with open(path) as f:
+        calibration = json.load(f)["calibration"]
+    return calibration["packs"], calibration["seconds"]
+
+
+def _h100_rows():
+    path = "/work/shared/data/h100_te_clock.json"
+    if not os.path.exists(path):
+        pytest.skip(f"{path} (the H100 measurements) is not on this machine")
+    with open(path) as f:
+        rows = json.load(f)["h2048x4"]["microbatches"]
+    return [r["lengths"] for r in rows], [r["seconds"] for r in rows]
+
+
+@pytest.mark.parametrize("name, rows", [("H100", _h100_rows), ("H200", _h200_rows)])
+def test_gpu_clocks_are_fits_of_the_measured_microbatches(name, rows):
+    clock = next(c for c in gpu.GPU_CLOCKS if c.name == name)
+    packs, seconds = rows()
+    padded = [[-(-n // clock.pad_multiple) * clock.pad_multiple for n in pack] for pack in packs]
+    fit = CostModel.fit(padded, seconds)
+    assert clock.cost.coefficients == pytest.approx(fit.coefficients, rel=1e-6)
+
+
+def test_default_data_gives_the_planner_choices():
+    """Every default step holds several microbatches per replica and a long tail, where
+    next-fit's rounds cost the tiny model >= 1.1x balanced's (its FLOPs, lockstep)."""
+    from seqpack.cli.demo.data import load_dataset, sample_order
+
+    settings = DemoSettings(dp=2)
+    dataset, vocab = load_dataset(settings)
+    cost = settings.tiny_config(vocab).model_spec().cost_model()
+    lengths = dataset.lengths[sample_order(settings, len(dataset))]
+    for batch in lengths.reshape(settings.total_steps, -1):
+        plans = {
+            mode: get_scheduler(mode).schedule(
+                batch, dp_size=2, max_tokens_per_rank=settings.max_tokens_per_rank, cost=cost, sync="lockstep"
+            )
+            for mode in ("balanced", "dp_balanced")
+        }
+        assert plans["balanced"].num_microbatches >= 2 and batch.max() > 4 * batch.mean()
+        step = {mode: predicted_step_time(plan, cost) for mode, plan in plans.items()}
+        assert step["dp_balanced"] >= 1.1 * step["balanced"]

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from seqpack.cli.demo.data import load_dataset
+from seqpack.cli.demo.predict import format_prediction, predict
 from seqpack.cli.demo.settings import DemoSettings
 from seqpack.cli.demo.train import worker
 from seqpack.cli.exit import CommandError, ExitCode, one_line
@@ -94,11 +95,15 @@ def _run_rank(settings: DemoSettings) -> None:
 
 
 def _finish(results: list[dict[str, Any]], settings: DemoSettings) -> None:
+    prediction = predict(settings) if settings.predict_dp else []
     if not settings.quiet:
         print(format_demo_summary(results, settings), flush=True)
+        if prediction:
+            print(format_prediction(prediction, settings), flush=True)
     if settings.json_out:
         with open(settings.json_out, "w") as f:
-            json.dump({"settings": dataclasses.asdict(settings), "results": results}, f, indent=2)
+            report = {"settings": dataclasses.asdict(settings), "results": results, "gpu_prediction": prediction}
+            json.dump(report, f, indent=2)
 
 
 def launch(settings: DemoSettings) -> int:

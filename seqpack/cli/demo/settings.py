@@ -13,13 +13,14 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from seqpack.cli.flags import flag_name, option
+from seqpack.cli.tables import usable_cores
 from seqpack.errors import ConfigError
 from seqpack.validation import check_choice, check_int, check_number, check_positive_int
 
 if TYPE_CHECKING:
     from seqpack.compute.tiny_lm import TinyConfig
 
-__all__ = ["COSTS", "MODES", "CostSource", "DemoMode", "DemoSettings", "FsdpUnits"]
+__all__ = ["COSTS", "GPU_CAPACITY", "MAX_DEFAULT_DP", "MODES", "CostSource", "DemoMode", "DemoSettings", "FsdpUnits"]
 
 
 class DemoMode(StrEnum):
@@ -50,15 +51,20 @@ COSTS: tuple[str, ...] = tuple(str(c) for c in CostSource)
 # The tiny model's shape beyond d_model (seqpack.cli.demo.train.tiny_config builds it).
 HEAD_SIZE = 16  # attention heads: max(1, d_model // 16); Mamba2 head size
 KV_HEADS_DIVISOR = 2
+MAX_DEFAULT_DP = 8  # --dp 0 starts one rank per usable core, up to this many
+GPU_CAPACITY = 16_384  # tokens per microbatch of the GPU clocks (seqpack.cli.demo.predict)
 
 
 @dataclasses.dataclass(frozen=True)
 class DemoSettings:
     """Everything a demo or benchmark run depends on (identical on every rank)."""
 
-    dp: int = option(2, help="data-parallel replicas")
-    cp: int = option(2, help="context-parallel ranks per replica")
-    steps: int = option(4, help="measured steps per mode")
+    dp: int = option(
+        0,
+        help=f"data-parallel replicas; 0: one rank per usable core (--cp ranks per replica), at most {MAX_DEFAULT_DP}",
+    )
+    cp: int = option(1, help="context-parallel ranks per replica")
+    steps: int = option(6, help="measured steps per mode")
     warmup_steps: int = option(1, help="unmeasured steps before them")
     modes: tuple[DemoMode, ...] = option(tuple(DemoMode), help="modes to train and compare")
     data: str = option(
@@ -67,12 +73,12 @@ class DemoSettings:
         "or a Parquet file with an input_ids or text column",
         metavar="mock|stdlib|FILE",
     )
-    samples_per_rank: int = option(16, help="samples each DP rank reads per step")
+    samples_per_rank: int = option(32, help="samples each DP rank reads per step")
     max_tokens_per_rank: int = option(4096, help="tokens per rank per microbatch")
     min_seq_len: int = option(16, help="mock data: shortest sequence")
-    mean_seq_len: int = option(320, help="mock data: mean of the lognormal")
-    max_seq_len: int = option(4096, help="longest sequence (mock data: clip; files: the limit)")
-    sigma: float = option(1.1, help="mock data: sigma of the lognormal")
+    mean_seq_len: int = option(256, help="mock data: mean of the lognormal")
+    max_seq_len: int = option(2048, help="longest sequence (mock data: clip; files: the limit)")
+    sigma: float = option(1.8, help="mock data: sigma of the lognormal")
     d_model: int = option(64, help="hidden size of the tiny model")
     pattern: str = option("AMAM", help="blocks: A = attention+MLP, M = Mamba2")
     lr: float = option(3e-3, help="AdamW learning rate")
@@ -84,15 +90,20 @@ class DemoSettings:
         "microbatch times, measured once, the tiny model's FLOPs, or tokens",
     )
     fsdp_units: FsdpUnits = option(FsdpUnits.MODEL, help="fully_shard the whole model as one unit or every block too")
+    predict_dp: int = option(
+        64, help="GPUs to predict the modes' step time on from H100/H200-measured clocks; 0: no prediction"
+    )
     port: int = option(0, help="rendezvous port (0 = pick a free one)")
     timeout_s: float = option(300.0, help="seconds a collective may wait before the run fails")
     json_out: str | None = option(None, help="write settings and results as JSON to this file", metavar="FILE")
     quiet: bool = option(False, help="print nothing but errors")
 
     def __post_init__(self) -> None:
-        for name in ("dp", "cp", "steps", "samples_per_rank", "max_tokens_per_rank", "d_model", "threads"):
+        for name in ("cp", "steps", "samples_per_rank", "max_tokens_per_rank", "d_model", "threads"):
             check_positive_int(flag_name(name), getattr(self, name))
-        for name in ("warmup_steps", "seed"):
+        if check_int("--dp", self.dp, minimum=0) == 0:
+            self._set("dp", max(1, min(MAX_DEFAULT_DP, usable_cores() // self.cp)))
+        for name in ("warmup_steps", "seed", "predict_dp"):
             check_int(flag_name(name), getattr(self, name), minimum=0)
         for name in ("min_seq_len", "mean_seq_len", "max_seq_len"):
             check_int(flag_name(name), getattr(self, name))
@@ -113,6 +124,11 @@ class DemoSettings:
                 f"--max-seq-len {self.max_seq_len} exceeds a microbatch (--max-tokens-per-rank "
                 f"{self.max_tokens_per_rank} x --cp {self.cp} = {self.max_tokens_per_rank * self.cp}); "
                 "raise --max-tokens-per-rank"
+            )
+        if self.predict_dp and self.max_seq_len > GPU_CAPACITY:
+            raise ConfigError(
+                f"--max-seq-len {self.max_seq_len} exceeds the GPU clocks' microbatch of {GPU_CAPACITY} tokens; "
+                "lower it or pass --predict-dp 0"
             )
         self._check_data()
         self._check_model()
