@@ -39,7 +39,7 @@ RULES = {_kernels.MODE_COST: "cost", _kernels.MODE_TOKENS: "tokens", _kernels.MO
 
 @njit(cache=True)
 def grid_lpt_heapq(lengths, costs, targets, capacity, mode):
-    """``_kernels._grid_lpt_sorted`` (from empty bins) with ``heapq`` for both heaps."""
+    """``_kernels.grid._grid_lpt_sorted`` (from empty bins) with ``heapq`` for both heaps."""
     n_bins = targets.shape[0]
     n = lengths.shape[0]
     key = np.empty(n_bins, dtype=np.float64)
@@ -120,12 +120,12 @@ def main() -> int:
     print(f"{'rule':<10} {'hand-written':>12} {'numba heapq':>12} {'heapq / hand':>13}  same placement")
     for mode, name in RULES.items():
         zeros = (np.zeros(dp * rounds), np.zeros(dp * rounds, dtype=np.int64))
-        _kernels._grid_lpt_sorted(sorted_lengths[:8], sorted_costs[:8], targets, capacity, mode, *zeros)
+        _kernels.grid._grid_lpt_sorted(sorted_lengths[:8], sorted_costs[:8], targets, capacity, mode, *zeros)
         grid_lpt_heapq(sorted_lengths[:8], sorted_costs[:8], targets, capacity, mode)
 
         def hand(mode=mode):
             fresh = (np.zeros(dp * rounds), np.zeros(dp * rounds, dtype=np.int64))
-            return _kernels._grid_lpt_sorted(sorted_lengths, sorted_costs, targets, capacity, mode, *fresh)
+            return _kernels.grid._grid_lpt_sorted(sorted_lengths, sorted_costs, targets, capacity, mode, *fresh)
 
         t_hand, (ok, bins, _, _) = best_cpu(hand)
         t_heapq, (ok_q, bins_q) = best_cpu(grid_lpt_heapq, sorted_lengths, sorted_costs, targets, capacity, mode)

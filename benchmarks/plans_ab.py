@@ -105,6 +105,8 @@ def _lazy_kernels() -> list[tuple[Any, list[tuple[str, str]]]]:
         from seqpack.schedulers.balanced import exact, replicas
     except ImportError:  # a tree from before the balanced package
         return found
+    if not hasattr(exact, "_search"):  # a tree that reaches them through _kernels (KERNELS)
+        return found
     found.append((exact._search, [("dfs", "dfs"), ("complete_bins", "complete_bins")]))
     if hasattr(exact, "_completion"):
         found.append((exact._completion, [("complete_bins", "complete_bins")]))
@@ -129,8 +131,9 @@ def worker() -> None:
 
         setattr(holder, name, run)
 
-    for name in KERNELS:
-        timed(_kernels, name, name)
+    for name in KERNELS + ("dfs", "complete_bins", "replica_lpt"):
+        if name in dir(_kernels):
+            timed(_kernels, name, name)
     for holder, names in _lazy_kernels():
         for name, label in names:
             if hasattr(holder, name):

@@ -1,10 +1,9 @@
-"""Modules imported on first attribute access, and package faces that import their names
-on first use.
-
-Some numba kernels are reached this way, so that ``import seqpack`` does not import numba
-(about a second, and a broken numba would otherwise break every command, ``seqpack doctor``
-included): the first call into a kernel imports its module, and numba with it. The proxy is
-not put in ``sys.modules`` (``inspect`` walks ``sys.modules`` and would load it early).
+"""Package faces that import their names (and submodules) on first use (PEP 562): the one
+way seqpack defers an import. ``import seqpack`` imports neither torch nor numba (about a
+second each, and a broken numba would otherwise break every command, ``seqpack doctor``
+included): the numba kernels are reached through the face of
+:mod:`seqpack.schedulers._kernels`, so the first call into a kernel imports its module, and
+numba with it.
 """
 
 from __future__ import annotations
@@ -12,30 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["LazyModule", "lazy_exports", "lazy_module"]
-
-
-class LazyModule:
-    """Stands for the module ``name`` and imports it when one of its attributes is first
-    read; each attribute is then kept on the proxy."""
-
-    def __init__(self, name: str) -> None:
-        self._lazy_name = name
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        value = getattr(importlib.import_module(self._lazy_name), attr)
-        setattr(self, attr, value)
-        return value
-
-    def __repr__(self) -> str:
-        return f"<lazy module {self._lazy_name!r}>"
-
-
-def lazy_module(name: str) -> Any:
-    """A :class:`LazyModule` for ``name`` (the import happens on first attribute access)."""
-    return LazyModule(name)
+__all__ = ["lazy_exports"]
 
 
 def lazy_exports(package: str, homes: dict[str, str]) -> tuple[Any, Any]:

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from seqpack._lazy import lazy_module
 from seqpack.errors import ConfigError, SampleError, ScheduleError
 from seqpack.options import INT64_MAX, MAX_TOKENS
 from seqpack.validation import check_fits_memory, check_positive_int, int64_array
@@ -18,7 +17,6 @@ __all__ = ["Packing", "pack_lengths", "token_lower_bound"]
 
 logger = logging.getLogger(__name__)
 
-_kernel = lazy_module("seqpack.packing._kernel")  # numba is imported on the first pack
 
 TABLE_LIMIT = 1 << 22
 """Longest length up to which the kernel counting-sorts the lengths and looks ranks up in a
@@ -107,6 +105,8 @@ def pack_lengths(lengths: Sequence[int] | np.ndarray, max_tokens: int) -> Packin
             f"sequence {i} has {longest} tokens > max_tokens={max_tokens}: a pack holds at most max_tokens tokens; "
             "raise max_tokens, or cut or leave out the sequence (pack_dataset's on_oversize='truncate' or 'drop')"
         )
+    from seqpack.packing import _kernel  # numba, imported on the first pack
+
     use_table = longest <= min(TABLE_LIMIT, 16 * n + 65536)
     pack_of, num_packs = _kernel.pack_sizes(array, max_tokens, use_table)
     order, cu_packs = _kernel.group_by_pack(pack_of, num_packs)

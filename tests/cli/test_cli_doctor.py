@@ -1,11 +1,12 @@
 """seqpack doctor: the environment report as text and JSON."""
 
 import json
+import logging
 
 import pytest
 
 from seqpack.cli import main
-from seqpack.schedulers._kernels import compile_note
+from seqpack.schedulers import _kernels
 
 
 @pytest.mark.slow
@@ -40,7 +41,7 @@ def test_jobs_out_of_place_is_one_line_naming_it(capsys, args, message):
 
 
 @pytest.mark.parametrize("configured", [True, False], ids=["NUMBA_CACHE_DIR", "numba's own choice"])
-def test_warm_refuses_a_cache_it_cannot_create_before_compiling(tmp_path, monkeypatch, capsys, configured):
+def test_warm_refuses_a_cache_it_cannot_create_before_compiling(tmp_path, monkeypatch, capsys, caplog, configured):
     """A cache folder under a file: numba would cache beside the sources instead of in
     NUMBA_CACHE_DIR (while the report named it), or, with the sources' folder read-only too,
     fail with "no locator available". Exit 2 with one line naming the folder and the fix."""
@@ -51,9 +52,9 @@ def test_warm_refuses_a_cache_it_cannot_create_before_compiling(tmp_path, monkey
     else:  # a read-only install (site-packages) and a user cache under a file
         monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
         monkeypatch.setenv("XDG_CACHE_HOME", str(unusable))
-        monkeypatch.setattr(compile_note, "_writable", lambda directory: False)
-    monkeypatch.setattr(compile_note, "_announced", compile_note._announced)  # --warm silences the notice
-    assert main(["doctor", "--warm"]) == 2
+        monkeypatch.setattr(_kernels, "_writable", lambda directory: False)
+    with caplog.at_level(logging.WARNING, logger="seqpack.schedulers._kernels"):  # --warm silences the notice
+        assert main(["doctor", "--warm"]) == 2
     out, err = capsys.readouterr()
     assert out == ""  # refused before the first family
     which = f"NUMBA_CACHE_DIR={unusable}" if configured else "numba's kernel cache"

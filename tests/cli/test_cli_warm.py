@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -26,8 +27,9 @@ from pathlib import Path
 import pytest
 
 import seqpack
+from seqpack.cli.commands.doctor import _check_cache
 from seqpack.cli.warm import FAMILIES
-from seqpack.schedulers._kernels import compile_note
+from seqpack.schedulers._kernels import cache_dir
 from seqpack.schedulers._kernels.sources import kernel_sources
 
 pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.timeout(3000)]
@@ -187,13 +189,13 @@ def test_warm_caches_every_kernel_function_and_a_first_plan_loads_them(tmp_path)
     }
     report = _json(full["warm"])
     assert [f["family"] for f in report["families"]] == [f.name for f in FAMILIES]
-    assert report["cache"] == compile_note.cache_location()
+    assert report["cache"] == _check_cache()
     plans = full["plans"]
     assert plans["hits"] > 0 and plans["misses"] == 0, plans
     assert NOTICE not in plans["err"] and plans["err"].strip() == "", plans["err"]
     missing = []
     for source, function in _every_kernel_function():
-        folder = compile_note.cache_dir(source.parent)
+        folder = cache_dir(source.parent)
         names = os.listdir(folder) if folder.is_dir() else []
         if not any(n.startswith(f"{source.stem}.{function}-") and n.endswith(".nbi") for n in names):
             missing.append(f"{source.name}:{function}")
@@ -221,18 +223,18 @@ def _cache_stats() -> dict[str, int]:
 
 
 @pytest.mark.parametrize("jobs", [1, 2, 2**31 - 1])
-def test_warm_in_this_process_and_in_a_pool_prints_every_family_once(capsys, monkeypatch, jobs):
+def test_warm_in_this_process_and_in_a_pool_prints_every_family_once(capsys, caplog, jobs):
     """``main(["doctor", "--warm", "--jobs", jobs])`` here, in the suite's numba cache (warm
     under ``./dev test``): one line per family (as each ends, under ``--jobs 2``), then the
     total and the cache. More jobs than families run one process per family."""
     from seqpack.cli import main
 
-    monkeypatch.setattr(compile_note, "_announced", compile_note._announced)  # --warm silences the notice
-    assert main(["doctor", "--warm", "--jobs", str(jobs)]) == 0
+    with caplog.at_level(logging.WARNING, logger="seqpack.schedulers._kernels"):  # --warm silences the notice
+        assert main(["doctor", "--warm", "--jobs", str(jobs)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("compiling seqpack's scheduler kernels with numba")
     assert lines[0].endswith(f" in {min(jobs, len(FAMILIES))} processes" if jobs > 1 else "it is warm)")
     families = [line.split(":")[0].strip() for line in lines[1:-1]]
     assert sorted(families) == sorted(f.name for f in FAMILIES)
     assert all(line.endswith(" s") for line in lines[1:-1])
-    assert lines[-1].startswith("done in ") and lines[-1].endswith(f"cache: {compile_note.cache_location()}")
+    assert lines[-1].startswith("done in ") and lines[-1].endswith(f"cache: {_check_cache()}")

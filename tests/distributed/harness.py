@@ -112,7 +112,7 @@ def context() -> Any:
     first call started it; its PYTHONPATH holds the test folders)."""
     ctx = mp.get_context("forkserver")
     # `import seqpack` alone imports nothing (its face is lazy): preload what the tasks run,
-    # and the compiled kernels and FSDP2 (forkserver_preload).
+    # and the default planner's kernels and FSDP2 (forkserver_preload).
     ctx.set_forkserver_preload(
         ["torch", "torch.distributed", "seqpack.loader", "seqpack.compute", "harness", "forkserver_preload"]
     )

@@ -9,7 +9,7 @@ from kernel_tier import large
 from sched_reference import min_bins_reference
 from test_quality import verl_lengths
 
-from seqpack.schedulers import get_scheduler
+from seqpack.schedulers import _kernels, get_scheduler
 from seqpack.schedulers._kernels.bin_search import complete_bins
 from seqpack.schedulers.balanced import exact
 from seqpack.schedulers.balanced.exact import FOUND, GAVE_UP, INFEASIBLE, pack_bins
@@ -95,7 +95,7 @@ def test_verl_batches_six_cannot_hold_are_proved_infeasible(seed):
 def test_zero_lengths_take_the_item_search(monkeypatch):
     # Bin completion takes positive sizes only; with a zero length the item search packs alone.
     called = []
-    monkeypatch.setattr(exact._search, "complete_bins", lambda *a: called.append(a) or (GAVE_UP, None))
+    monkeypatch.setattr(_kernels, "complete_bins", lambda *a: called.append(a) or (GAVE_UP, None))
     sizes = np.array([0, *verl_lengths(PACKABLE_IN_SIX[0]), 0])
     status, bin_of = pack_bins(sizes, 6, 300)
     assert not called and status in (FOUND, GAVE_UP)

@@ -117,7 +117,7 @@ def test_a_planner_skips_the_searches_that_cannot_find_a_packing(monkeypatch):
     # 2,000 sequences of 1,000 distinct sizes in 400 bins: the item search needs at least
     # 2 * 400 * 1,999 visits to place them, bin completion 2 * 1,000 * 400 steps; with a
     # budget of 100,000 neither can finish, so a caller that wants only a packing runs neither.
-    import seqpack.schedulers.balanced.exact as exact
+    from seqpack.schedulers import _kernels
 
     sizes = np.arange(1, 2001) % 1000 + 50
     bins = bin_lower_bound(sizes, 1500) + 5
@@ -125,8 +125,8 @@ def test_a_planner_skips_the_searches_that_cannot_find_a_packing(monkeypatch):
     def refuse(*args):
         raise AssertionError("a search that cannot finish ran")
 
-    monkeypatch.setattr(exact._search, "dfs", refuse)
-    monkeypatch.setattr(exact._search, "complete_bins", refuse)
+    monkeypatch.setattr(_kernels, "dfs", refuse)
+    monkeypatch.setattr(_kernels, "complete_bins", refuse)
     status, _ = pack_bins(sizes, bins, 1500, max_work=100_000, found_only=True)
     assert status == GAVE_UP
     with pytest.raises(AssertionError, match="cannot finish"):
@@ -135,12 +135,12 @@ def test_a_planner_skips_the_searches_that_cannot_find_a_packing(monkeypatch):
 
 def test_an_item_search_that_gives_up_at_its_first_placement_is_not_run(monkeypatch):
     # 2 * bins > max_work: dfs spends 2 * bins on its first placement and stops at the next check.
-    import seqpack.schedulers.balanced.exact as exact
+    from seqpack.schedulers import _kernels
 
     calls = []
-    real = exact._search.complete_bins
-    monkeypatch.setattr(exact._search, "dfs", lambda *a: calls.append(a[3]) or (GAVE_UP, np.full(len(a[0]), -1)))
-    monkeypatch.setattr(exact._search, "complete_bins", real)
+    real = _kernels.complete_bins
+    monkeypatch.setattr(_kernels, "dfs", lambda *a: calls.append(a[3]) or (GAVE_UP, np.full(len(a[0]), -1)))
+    monkeypatch.setattr(_kernels, "complete_bins", real)
     sizes = np.full(300, 10)
     pack_bins(sizes, 60_000, 10, max_work=110_000)
     assert calls == []  # the first search (FIRST_WORK = 100,000 < 2 * 60,000) is not run; bin completion finds

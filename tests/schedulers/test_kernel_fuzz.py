@@ -287,17 +287,14 @@ KERNELS = list(CHECKS)
 def _places() -> Iterator[tuple[Any, str, str, Callable[[Args, Args, Any], bool]]]:
     """(object holding the kernel, attribute, name in KERNELS, check) for every entry point."""
     from seqpack.schedulers import _kernels
-    from seqpack.schedulers.balanced import exact, replicas
-    from seqpack.schedulers.dynamic_cp import _candidate, _replica, _rounds
 
     for name, check in _BALANCED.items():
         yield _kernels, name, name, check
-    yield exact._search, "dfs", "exact.dfs", _check_packing
-    yield exact._search, "complete_bins", "exact.complete_bins", _check_packing
-    yield replicas._kernel, "replica_lpt", "replicas.replica_lpt", _check_replica_first
-    for proxy in (_candidate._kernels, _rounds._kernels, _replica._kernels):
-        for name, check in _DYNAMIC.items():
-            yield proxy, name, f"dynamic_cp.{name}", check
+    yield _kernels, "dfs", "exact.dfs", _check_packing
+    yield _kernels, "complete_bins", "exact.complete_bins", _check_packing
+    yield _kernels, "replica_lpt", "replicas.replica_lpt", _check_replica_first
+    for name, check in _DYNAMIC.items():
+        yield _kernels.cp_planner, name, f"dynamic_cp.{name}", check
 
 
 class KernelLog:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import tempfile
 import time
@@ -66,15 +67,14 @@ def _warm(*, as_json: bool, jobs: int) -> int:
     """Plan every kernel family's small step (:mod:`seqpack.cli.warm`), one line each, in
     ``jobs`` processes at once when ``jobs > 1``."""
     from seqpack.cli.warm import FAMILIES, plan_family
-    from seqpack.schedulers._kernels import compile_note
+    from seqpack.schedulers._kernels import COLD_COMPILE_SECONDS
 
-    compile_note.silence()  # the lines below say what compiles
-    _check_cache()
-    where = compile_note.cache_location()
+    _quiet()
+    where = _check_cache()
     jobs = min(jobs, len(FAMILIES))  # a process per family: more would idle (and overflow the pool's semaphore)
     if not as_json:
         print(
-            f"compiling seqpack's scheduler kernels with numba (about {compile_note.COLD_COMPILE_SECONDS} s of CPU "
+            f"compiling seqpack's scheduler kernels with numba (about {COLD_COMPILE_SECONDS} s of CPU "
             f"with an empty cache, seconds when it is warm){f' in {jobs} processes' if jobs > 1 else ''}",
             flush=True,
         )
@@ -113,14 +113,16 @@ def _warm(*, as_json: bool, jobs: int) -> int:
     return 0
 
 
-def _check_cache() -> None:
-    """Refuse, before compiling, a cache folder numba cannot create and write: it would
-    compile anyway and cache beside the sources, not in a ``NUMBA_CACHE_DIR`` it cannot use,
-    or fail with "no locator available" where no folder is writable."""
-    from seqpack.schedulers._kernels import compile_note
+def _check_cache() -> str:
+    """Where numba caches the kernels, in words (``NUMBA_CACHE_DIR`` when set, else every
+    kernel folder's cache); refuse, before compiling, a cache folder numba cannot create and
+    write: it would compile anyway and cache beside the sources, not in a ``NUMBA_CACHE_DIR``
+    it cannot use, or fail with "no locator available" where no folder is writable."""
+    from seqpack.schedulers._kernels import cache_dir
     from seqpack.schedulers._kernels.sources import kernel_sources
 
-    for folder in sorted({compile_note.cache_dir(source.parent) for source in kernel_sources()}):
+    folders = sorted({cache_dir(source.parent) for source in kernel_sources()})
+    for folder in folders:
         try:  # numba's own test of a cache folder
             folder.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=folder).close()
@@ -131,6 +133,8 @@ def _check_cache() -> None:
                 f"{which}: cannot create or write {folder} ({err.strerror or err}): set NUMBA_CACHE_DIR to a "
                 "directory this user can write, and run the job with the same NUMBA_CACHE_DIR"
             ) from None
+    configured = os.environ.get("NUMBA_CACHE_DIR")
+    return f"{configured} (NUMBA_CACHE_DIR)" if configured else ", ".join(map(str, folders))
 
 
 def _warm_in_processes(jobs: int, *, as_json: bool) -> dict[str, tuple[float, float]]:
@@ -163,6 +167,5 @@ def _line(family: Family) -> str:
 
 
 def _quiet() -> None:
-    from seqpack.schedulers._kernels import compile_note
-
-    compile_note.silence()
+    """No compile notice (:mod:`seqpack.schedulers._kernels`): ``--warm`` says what compiles."""
+    logging.getLogger("seqpack.schedulers._kernels").setLevel(logging.ERROR)

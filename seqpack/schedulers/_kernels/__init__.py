@@ -7,9 +7,10 @@ Ties are broken by integer keys (token counts, then indices), never by chance, s
 rank computes the same result.
 
 Importing this package is cheap: it imports neither numba nor a kernel. A kernel's module
-(which imports numba) is imported on first use of its name (``_kernels.grid_lpt``). Importing
-it puts :mod:`.compile_note`'s watcher on ``sys.meta_path``: the first import of any kernel
-module whose disk cache is cold warns once that numba is about to compile.
+(which imports numba) is imported on first use of its name (``_kernels.grid_lpt``) or of the
+module (``_kernels.cp_planner``), through :func:`seqpack._lazy.lazy_exports`. The first such
+import in a process whose numba cache holds no index for the module logs one WARNING: numba
+is about to compile.
 
 One module per kernel family, holding every njit function its kernels call and every
 constant they read (numba stamps a kernel's disk cache with the kernel's own file and
@@ -18,76 +19,141 @@ freezes the globals it reads, so a helper in another file could go stale in the 
 ``replica_repair`` (repair_replicas, and replica_lpt of the replica-first plan),
 ``matching`` (greedy_matching), ``consecutive`` (next_fit), ``bin_search`` (the exact
 search's dfs and complete_bins) and ``cp_planner`` (the dynamic-CP planner's kernels).
-Their callers reach ``bin_search``, ``cp_planner`` and ``replica_lpt`` through
-``seqpack._lazy.lazy_module``, the others by name here.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+import hashlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from seqpack._lazy import lazy_exports
 from seqpack.errors import ConfigError
-from seqpack.schedulers._kernels.compile_note import watch_imports
 
+if TYPE_CHECKING:
+    from seqpack.schedulers._kernels.bin_search import complete_bins, dfs
+    from seqpack.schedulers._kernels.consecutive import next_fit
+    from seqpack.schedulers._kernels.grid import (
+        GRID_LOCAL_SLICES,
+        MODE_COST,
+        MODE_FIRST_FIT,
+        MODE_TOKENS,
+        grid_local,
+        grid_lpt,
+    )
+    from seqpack.schedulers._kernels.locality_swaps import PAIR_BIN, home_swaps
+    from seqpack.schedulers._kernels.matching import greedy_matching
+    from seqpack.schedulers._kernels.replica_repair import repair_replicas, replica_lpt
+
+logger = logging.getLogger(__name__)
+
+# CPU seconds to compile every kernel (`seqpack doctor --warm` on an empty cache, docs/scale.md).
+COLD_COMPILE_SECONDS = 30
+
+# Where each kernel and constant is defined (each module imports numba: a caller reads a
+# constant only once it plans with that kernel). Other names of a kernel module, the module
+# itself: ``_kernels.cp_planner``, ``_kernels.grid._grid_lpt_sorted``.
+_HOMES = {
+    "GRID_LOCAL_SLICES": "seqpack.schedulers._kernels.grid",
+    "MODE_COST": "seqpack.schedulers._kernels.grid",
+    "MODE_FIRST_FIT": "seqpack.schedulers._kernels.grid",
+    "MODE_TOKENS": "seqpack.schedulers._kernels.grid",
+    "PAIR_BIN": "seqpack.schedulers._kernels.locality_swaps",
+    "complete_bins": "seqpack.schedulers._kernels.bin_search",
+    "dfs": "seqpack.schedulers._kernels.bin_search",
+    "greedy_matching": "seqpack.schedulers._kernels.matching",
+    "grid_local": "seqpack.schedulers._kernels.grid",
+    "grid_lpt": "seqpack.schedulers._kernels.grid",
+    "home_swaps": "seqpack.schedulers._kernels.locality_swaps",
+    "next_fit": "seqpack.schedulers._kernels.consecutive",
+    "repair_replicas": "seqpack.schedulers._kernels.replica_repair",
+    "replica_lpt": "seqpack.schedulers._kernels.replica_repair",
+}
 __all__ = [
     "GRID_LOCAL_SLICES",
     "MODE_COST",
     "MODE_FIRST_FIT",
     "MODE_TOKENS",
     "PAIR_BIN",
+    "complete_bins",
+    "dfs",
     "greedy_matching",
     "grid_local",
     "grid_lpt",
     "home_swaps",
     "next_fit",
     "repair_replicas",
+    "replica_lpt",
 ]
-
-# Where each kernel (and each constant or private helper a caller, test or benchmark reads)
-# is defined. A constant is read from its kernel's module, which imports numba: callers read
-# one only once they plan with that kernel.
-_HOME = {
-    "grid_lpt": "grid",
-    "_grid_lpt_sorted": "grid",
-    "grid_local": "grid",
-    "_home_pass": "grid",
-    "_slices": "grid",
-    "MODE_COST": "grid",
-    "MODE_TOKENS": "grid",
-    "MODE_FIRST_FIT": "grid",
-    "GRID_LOCAL_SLICES": "grid",
-    "home_swaps": "locality_swaps",
-    "PAIR_BIN": "locality_swaps",
-    "repair_replicas": "replica_repair",
-    "_lightest_into": "replica_repair",
-    "_total_down": "replica_repair",
-    "_total_up": "replica_repair",
-    "greedy_matching": "matching",
-    "next_fit": "consecutive",
-}
-
-
-watch_imports()  # every kernel module, however it is reached (through lazy_module too)
+_load, __dir__ = lazy_exports(__name__, _HOMES)
+_noted = False
 
 
 def __getattr__(name: str) -> Any:
-    """Import the kernel ``name``'s module on first use (numba with it) and keep the kernel."""
-    module_name = _HOME.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """The kernel (or kernel module) ``name``, its module imported on first use (numba with it)."""
+    module = _HOMES.get(name, f"{__name__}.{name}")
+    if module not in sys.modules:
+        _note_compile(module)
     try:
-        module = importlib.import_module(f"{__name__}.{module_name}")
+        return _load(name)
+    except AttributeError:
+        raise
     except Exception as err:  # numba's own errors (bad NUMBA_* settings, a broken install)
         raise ConfigError(
-            f"numba could not load the scheduler kernel {name!r} "
-            f"({__name__}.{module_name}): {type(err).__name__}: {str(err).rstrip('.')}; "
-            "`seqpack doctor` reports numba's state"
+            f"numba could not load the scheduler kernel {name!r} ({module}): "
+            f"{type(err).__name__}: {str(err).rstrip('.')}; `seqpack doctor` reports numba's state"
         ) from err
-    value = getattr(module, name)
-    globals()[name] = value
-    return value
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))
+def _note_compile(module: str) -> None:
+    """One WARNING a process, before the first kernel module with no index in numba's cache
+    loads: the first plans pause while numba compiles, which should not look like a hang."""
+    global _noted
+    source = Path(__file__).with_name(module.rpartition(".")[2] + ".py")
+    if _noted or not source.is_file() or os.environ.get("NUMBA_DISABLE_JIT", "0").strip() not in ("", "0"):
+        return
+    folder = cache_dir(source.parent)
+    if any(folder.glob(f"{source.stem}.*.nbi")):
+        return
+    _noted = True
+    logger.warning(
+        "numba is compiling seqpack's scheduler kernels (%s first): up to about %d s of CPU, once, cached in %s. "
+        "To compile ahead of a job, run `seqpack doctor --warm` with the job's NUMBA_CACHE_DIR (docs/scale.md)",
+        module,
+        COLD_COMPILE_SECONDS,
+        folder,
+    )
+
+
+def cache_dir(source_dir: Path) -> Path:
+    """Where numba caches the functions of files in ``source_dir``: the first of numba's
+    locators that applies, ``NUMBA_CACHE_DIR`` (a folder per source folder, named after it),
+    ``__pycache__`` beside the sources if writable, numba's user-wide cache."""
+    source_dir = Path(os.path.abspath(source_dir))  # not resolved: numba hashes the path as imported
+    subfolder = f"{source_dir.name}_{hashlib.sha1(str(source_dir).encode()).hexdigest()}"
+    configured = os.environ.get("NUMBA_CACHE_DIR")
+    if configured:
+        return Path(configured) / subfolder
+    in_tree = source_dir / "__pycache__"
+    return in_tree if _writable(in_tree) else _user_cache() / subfolder
+
+
+def _writable(directory: Path) -> bool:
+    """Whether ``directory`` is, or can be made, a writable directory."""
+    while not directory.exists():
+        if directory.parent == directory:
+            return False
+        directory = directory.parent
+    return directory.is_dir() and os.access(directory, os.W_OK | os.X_OK)
+
+
+def _user_cache() -> Path:
+    """numba's user-wide cache folder (its ``appdirs.user_cache_dir('numba')``)."""
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "numba"
+    if sys.platform == "win32":
+        return Path(os.environ.get("LOCALAPPDATA") or Path.home()) / "numba" / "Cache"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "numba"

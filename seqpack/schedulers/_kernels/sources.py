@@ -1,5 +1,5 @@
-"""The seqpack files numba compiles (no numba here: :mod:`.compile_note` reads them before
-numba is imported)."""
+"""The seqpack files numba compiles (no numba here: ``seqpack doctor --warm`` checks their
+cache folders before compiling)."""
 
 from __future__ import annotations
 

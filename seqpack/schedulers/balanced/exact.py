@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack._lazy import lazy_module
-
-_search = lazy_module("seqpack.schedulers._kernels.bin_search")  # numba: imported on first use
+from seqpack.schedulers import _kernels
 
 __all__ = ["FOUND", "GAVE_UP", "INFEASIBLE", "MODE_EXACT", "bin_lower_bound", "pack_bins"]
 
@@ -123,7 +121,7 @@ def pack_bins(
         if skip[1]:
             status = GAVE_UP
         else:
-            status, placed = _search.complete_bins(sizes, int(num_bins), int(capacity), int(max_work))
+            status, placed = _kernels.complete_bins(sizes, int(num_bins), int(capacity), int(max_work))
         if status == GAVE_UP and max_work > FIRST_WORK:  # whatever the item search alone packed, it still packs
             status, placed = _item_search(sizes, num_bins, capacity, max_work, skip[0])
     if status == FOUND:
@@ -153,7 +151,7 @@ def _item_search(
     n = sizes.shape[0]
     if futile or (n >= 2 and 2 * num_bins > max_work):
         return GAVE_UP, np.full(n, -1, dtype=np.int64)
-    status, placed = _search.dfs(sizes, int(num_bins), int(capacity), int(max_work))
+    status, placed = _kernels.dfs(sizes, int(num_bins), int(capacity), int(max_work))
     return int(status), placed
 
 

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack._lazy import lazy_module
 from seqpack.options import Objective
+from seqpack.schedulers import _kernels
 from seqpack.schedulers.balanced.repair import Repaired, _repair
 from seqpack.schedulers.balanced.rounds import _GAP_FOR_MORE, _GOOD_ENOUGH, Sequences, _grid
-
-_kernel = lazy_module("seqpack.schedulers._kernels.replica_repair")  # numba: imported on first use
 
 __all__ = ["LPT_WORK", "keep_lighter", "replica_first", "replica_first_stage"]
 
@@ -51,7 +49,7 @@ def replica_first(
     """
     if num_rounds <= 0 or dp_size <= 0 or padded.shape[0] == 0:
         return None
-    ok, round_of, replica_of = _kernel.replica_lpt(
+    ok, round_of, replica_of = _kernels.replica_lpt(
         np.ascontiguousarray(order, dtype=np.int64),
         np.ascontiguousarray(padded, dtype=np.int64),
         np.ascontiguousarray(costs, dtype=np.float64),

@@ -9,10 +9,8 @@ import math
 
 import numpy as np
 
-from seqpack._lazy import lazy_module
 from seqpack.options import Sync
-
-_kernels = lazy_module("seqpack.schedulers._kernels.cp_planner")  # numba: imported on first use
+from seqpack.schedulers import _kernels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,13 +96,15 @@ def score(p: Problem, bins: Bins) -> Bins:
     if bins.start is None:
         order = np.lexsort((np.arange(nb), -bins.size, bins.round))
         if p.in_nodes:
-            bins.start = _kernels.layout_in_nodes(order, bins.round, bins.size, p.ranks_per_node, p.num_ranks)
+            bins.start = _kernels.cp_planner.layout_in_nodes(
+                order, bins.round, bins.size, p.ranks_per_node, p.num_ranks
+            )
         else:
-            bins.start = _kernels.layout(order, bins.round, bins.size)
+            bins.start = _kernels.cp_planner.layout(order, bins.round, bins.size)
     start = bins.start
     count = np.bincount(bins.seq_bin[bins.seq_bin >= 0], minlength=nb)
     idle = float(p.coef[0])  # an idle group runs a padding-only filler under either sync
-    times = _kernels.bin_times(bins.size, start, count, bins.s, bins.ss, p.coef, p.ranks_per_node, idle)
+    times = _kernels.cp_planner.bin_times(bins.size, start, count, bins.s, bins.ss, p.coef, p.ranks_per_node, idle)
     rounds = int(bins.round.max()) + 1 if nb else 0
     heights = np.full(rounds, -np.inf)
     np.maximum.at(heights, bins.round, times)
@@ -117,5 +117,5 @@ def score(p: Problem, bins: Bins) -> Bins:
         bins.score = float(heights.sum())
     else:
         by_run = np.lexsort((start, bins.run_round))
-        bins.score = float(_kernels.replica_finish(by_run, bins.round, start, bins.size, times, p.num_ranks))
+        bins.score = float(_kernels.cp_planner.replica_finish(by_run, bins.round, start, bins.size, times, p.num_ranks))
     return bins

@@ -7,11 +7,9 @@ import dataclasses
 
 import numpy as np
 
-from seqpack._lazy import lazy_module
+from seqpack.schedulers import _kernels
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score, singles
 from seqpack.thd import group_padded_lengths
-
-_kernels = lazy_module("seqpack.schedulers._kernels.cp_planner")  # numba: imported on first use
 
 _LOOK = 2  # ranks a sequence alone chooses among: the least busy ones that can hold it
 
@@ -24,12 +22,12 @@ def build_replica(p: Problem, height: float, more: int = 0, widen: bool = True) 
     most one more microbatch per rank than their tokens need, plus ``more`` (``widen`` does
     not apply): ranks without groups take more than the average."""
     sizes = p.sizes[((p.sizes & (p.sizes - 1)) == 0) | (p.sizes == p.num_ranks)]
-    size_of, time_of = _kernels.choose_sizes(
+    size_of, time_of = _kernels.cp_planner.choose_sizes(
         p.lengths, sizes, p.coef, p.ranks_per_node, p.capacity, p.pad_multiple, height
     )
     grouped = np.flatnonzero(size_of > 1)
     order = grouped[np.lexsort((grouped, -time_of[grouped], -size_of[grouped]))]
-    start, rounds, load, depth = _kernels.place_blocks(size_of[order], time_of[order], p.num_ranks)
+    start, rounds, load, depth = _kernels.cp_planner.place_blocks(size_of[order], time_of[order], p.num_ranks)
     groups = Bins.empty(p.lengths.shape[0])
     padded = group_padded_lengths(p.lengths[order], size_of[order], p.pad_multiple).astype(np.float64)
     none = np.zeros(order.shape[0])
@@ -50,7 +48,7 @@ def _replica_fill(
     """:func:`_build_replica`'s plan with every rank's own microbatches after its groups
     (``slots`` per rank at most, more when they cannot hold the sequences)."""
     while True:
-        ok, rank_of, slot_of, count = _kernels.lpt_ranks(
+        ok, rank_of, slot_of, count = _kernels.cp_planner.lpt_ranks(
             p.lengths[shorts], load.copy(), p.capacity, p.pad_multiple, p.coef, slots, _LOOK
         )
         if ok:

@@ -7,11 +7,9 @@ import dataclasses
 
 import numpy as np
 
-from seqpack._lazy import lazy_module
+from seqpack.schedulers import _kernels
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, singles
 from seqpack.thd import group_padded_lengths
-
-_kernels = lazy_module("seqpack.schedulers._kernels.cp_planner")  # numba: imported on first use
 
 
 def _new_rounds(p: Problem, bins: Bins, first: int, count: int, size: int) -> None:
@@ -45,7 +43,7 @@ def _fill(p: Problem, bins: Bins, positions: np.ndarray, rounds_done: int, size:
     while True:
         trial = dataclasses.replace(bins, seq_bin=bins.seq_bin.copy())
         _new_rounds(p, trial, rounds_done, count, size)  # extending copies every bin array
-        ok, bin_of = _kernels.lpt(
+        ok, bin_of = _kernels.cp_planner.lpt(
             p.lengths[positions],
             trial.size,
             trial.room,
@@ -66,16 +64,16 @@ def _fill(p: Problem, bins: Bins, positions: np.ndarray, rounds_done: int, size:
 
 def build(p: Problem, height: float, more: int = 0, widen: bool = True) -> Bins:
     """The plan for one height ``H`` (module docstring, steps 1-3)."""
-    size_of, time_of = _kernels.choose_sizes(
+    size_of, time_of = _kernels.cp_planner.choose_sizes(
         p.lengths, p.sizes, p.coef, p.ranks_per_node, p.capacity, p.pad_multiple, height
     )
     grouped = np.flatnonzero(size_of > 1)
     order = grouped[np.lexsort((grouped, -size_of[grouped], -time_of[grouped]))]
-    round_of, used, rounds = _kernels.shelf(size_of[order], p.num_ranks)
+    round_of, used, rounds = _kernels.cp_planner.shelf(size_of[order], p.num_ranks)
     if widen:
         lengths = p.lengths[order]
         widths, times = size_of[order], time_of[order]
-        _kernels.widen(
+        _kernels.cp_planner.widen(
             round_of,
             widths,
             times,
