@@ -101,8 +101,8 @@ class PackingConfig:
     flops_fn: Callable[[int, int], float] | None = None
     """``flops_fn(seqlen_sum, seqlen_sq_sum) -> float`` fills ``StepStats.flops``."""
     check_schedule: bool = False
-    """Also compare schedule fingerprints over DP every step (CP, TP and PP copies are
-    always compared)."""
+    """Also compare schedule fingerprints over DP (under ``dynamic_cp``: the whole plane) every
+    step, in the agreement before the exchange (CP, TP and PP copies are always compared)."""
     validate_ranks: bool = True
     """Compare the arguments and iterator ownership of all ranks at construction (``False``
     compares only the settings every rank's plan and collectives are computed from, as plain

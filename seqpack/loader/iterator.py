@@ -12,9 +12,11 @@ stage, on every DP and CP rank (the CP ranks of one replica read identical sampl
 Megatron's samplers do); with ``"all"`` every rank reads identical data for its DP rank and
 nothing is broadcast. Others pass ``data_iterator=None``.
 
-Errors: a failure on any rank (a bad sample, the data iterator raising, an oversize
-sequence, a scheduler bug) becomes :class:`~seqpack.errors.StepFailed` with the same message
-on every rank; on the rank that failed the original exception is its ``__cause__``. The
+Errors: a failure on any rank in any phase of a step (a bad sample, the data iterator
+raising, an oversize sequence, a scheduler bug, the exchange, packing, a broadcast, the
+device copy or the data iterator's ``state_dict`` at delivery) becomes
+:class:`~seqpack.errors.StepFailed` with the same message on every rank, naming the rank and
+the phase; on the rank that failed the original exception is its ``__cause__``. The
 iterator is then failed: every later ``next()`` raises again and ``state_dict()`` refuses,
 so no sample read in the failed step is silently lost. Resume from a state saved before the
 failure.

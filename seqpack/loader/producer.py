@@ -5,8 +5,7 @@ A step runs these stages (every rank calls :meth:`StepProducer.produce` once per
 the same order, because every stage with a collective is collective):
 
 1. on ranks that read data, the phases of :mod:`seqpack.loader.phases`: read, gather lengths
-   over DP, schedule, an agreement over the exchange's group (every rank reaches it, also
-   when an earlier phase failed on it), exchange, pack + CP shard
+   over DP, schedule, agree over the exchange's group, exchange, pack + CP shard
    (:meth:`StepProducer._reader_step`);
 2. the copies of a replica (CP ranks; under ``data_owner="all"`` also TP and PP) agree on
    the outcome and compare schedule fingerprints (:meth:`StepProducer._agree_copies`);
@@ -16,10 +15,8 @@ the same order, because every stage with a collective is collective):
    (:meth:`StepProducer._ready`);
 5. every rank agrees on the outcome (:meth:`StepProducer._settle`).
 
-A phase that fails on one rank becomes a named error (the rank and the phase) that the next
-agreement carries; a phase holding a collective still takes part in it (the exchange sends
-zeros, a broadcast's source sends its failure), so no rank waits for a peer that left, and
-every rank raises the same ``StepFailed``.
+A phase that fails on one rank becomes an error naming the rank and the phase, which the next
+agreement carries to every rank; a phase holding a collective still takes part in it.
 
 Online calibration is one stage object (:class:`~seqpack.loader.calibration.StepCalibration`)
 the producer consults at fixed points: the time words that ride the gather (1), the model the
@@ -166,22 +163,12 @@ class StepProducer:
             return Ready(index, error=exc)
 
     def _settle(self, ready: Ready) -> Ready:
-        """Every rank of the wrapper leaves the step with one outcome: a failure after the
-        last agreement (a broadcast's receiver, delivery) reaches every rank as the same error.
-        One small all-reduce per axis above one rank."""
+        """Every rank leaves the step with one outcome: a failure after the last agreement (a
+        broadcast's receiver, delivery) reaches all. One small all-reduce per axis above 1."""
         msg = ready.message if isinstance(ready.message, StepError) else None
-        agreed = agree_axes(
-            self.comm,
-            AXES,
-            Status.OK if msg is None else Status.ERROR,
-            None if msg is None else msg.message,
-            None,
-            what="steps",
-            origin=None if msg is None else msg.rank,
-        )
-        if agreed.status != Status.ERROR or (
-            msg is not None and (msg.message, msg.rank) == (agreed.message, agreed.rank)
-        ):
+        status, message, origin = _outcome(msg)
+        agreed = agree_axes(self.comm, AXES, status, message, None, what="steps", origin=origin)
+        if agreed.status != Status.ERROR or (message, origin) == (agreed.message, agreed.rank):
             return ready
         if msg is None:
             self.steps = ready.index  # the step is not handed over
@@ -190,19 +177,15 @@ class StepProducer:
         return Ready(ready.index, message=failed, cause=self.local_cause if mine else None)
 
     def _reader_step(self, trace: StepTrace) -> StepMessage:
-        """Read, gather, schedule, exchange and pack this rank's share of the step. Every rank
-        that reads reaches the agreement before the exchange, also when an earlier phase
-        failed or ended the data here: no rank enters the exchange without its peers."""
+        """Read, gather, schedule, exchange and pack this rank's share of the step; every rank
+        that reads agrees before the exchange, so none enters it without its peers."""
         planned = self._plan(trace)
         msg = None if isinstance(planned, _Planned) else planned
         fingerprint = planned.fingerprint if isinstance(planned, _Planned) and self.config.check_schedule else None
+        status, message, origin = _outcome(msg)
+        axis = "dp" if self.placement.lane else "plane"
         agreed = agree(
-            Status.OK if msg is None else msg.status,
-            msg.message if isinstance(msg, StepError) else None,
-            self.placement.exchange_group,
-            fingerprint=fingerprint,
-            axis="dp" if self.placement.lane else "plane",
-            origin=msg.rank if isinstance(msg, StepError) else None,
+            status, message, self.placement.exchange_group, fingerprint=fingerprint, axis=axis, origin=origin
         )
         if isinstance(planned, _Planned) and agreed.status == Status.OK:
             return self._place(planned, trace)
@@ -330,11 +313,10 @@ class StepProducer:
         copy holds every copy's times."""
         axes = (Axis.CP,) if self.config.data_owner == DataOwner.TP0 else (Axis.CP, Axis.TP, Axis.PP)
         fingerprint = StepCalibration.message_fingerprint(msg, trace) if isinstance(msg, StepOk) else None
-        message = msg.message if isinstance(msg, StepError) else None
-        origin = msg.rank if isinstance(msg, StepError) else None
+        status, message, origin = _outcome(msg)
         payload = self.calibration.payload(trace)
         agreed = agree_axes(
-            self.comm, axes, msg.status, message, fingerprint, what="schedules", origin=origin, payload=payload
+            self.comm, axes, status, message, fingerprint, what="schedules", origin=origin, payload=payload
         )
         if trace is not None and payload is not None:
             trace.times = agreed.payload
@@ -361,10 +343,8 @@ class StepProducer:
     def _pipeline(self, msg: StepMessage | None, trace: StepTrace) -> StepMessage:
         """Agree with the other stages, then send the first stage's layout to the middle ones."""
         t, step = self.comm, self.steps
-        status = msg.status if msg is not None else Status.OK
         fingerprint = StepCalibration.message_fingerprint(msg, trace) if isinstance(msg, StepOk) else None
-        message = msg.message if isinstance(msg, StepError) else None
-        origin = msg.rank if isinstance(msg, StepError) else None
+        status, message, origin = _outcome(msg)
         payload = self.calibration.payload(trace)
         agreed = agree(
             status,
@@ -499,6 +479,14 @@ def _minibatch_counts(msg: StepOk) -> list[int] | None:
     if msg.minibatch_loss_tokens is not None:
         return list(msg.minibatch_loss_tokens)
     return None if msg.num_loss_tokens is None else [msg.num_loss_tokens]
+
+
+def _outcome(msg: StepMessage | None) -> tuple[Status, str | None, int | None]:
+    """What a rank brings to an agreement: ``msg``'s status (none yet: OK), and an error's
+    message and failing rank."""
+    if isinstance(msg, StepError):
+        return Status.ERROR, msg.message, msg.rank
+    return (Status.OK if msg is None else msg.status), None, None
 
 
 def _with_status(msg: StepMessage, status: Status, error: str | None, rank: int | None) -> StepMessage:
