@@ -19,8 +19,10 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from seqpack.cost import CostModel, GroupCost, check_cost_model
-from seqpack.errors import ConfigError
+from seqpack.errors import ConfigError, SampleError
 from seqpack.interop.megatron_plan import HYBRID_CP_REFUSAL, check_config, check_sample, model_spec, plan_groups
 from seqpack.options import Sync
 from seqpack.schedulers import get_scheduler
@@ -117,33 +119,47 @@ class SeqpackPackingScheduler(data_schedule.DpBalancedScheduler):
         dev: Any,
         config: Any,
     ) -> Any:
-        """Megatron's ``run``, after refusing a config seqpack cannot honour and with every
-        sample's keys checked as it is read.
+        """Megatron's ``run``, after refusing a config seqpack cannot honour and with this
+        rank's samples checked.
 
         Raises:
-            ConfigError: ``config`` asks for hybrid CP. SampleError: A sample lacks a key.
+            ConfigError: ``config`` asks for hybrid CP. SampleError: A sample of this step lacks
+                a key, on this DP rank or another (every rank of ``dp_group`` raises).
         """
         check_config(config)
         if self.cost is None and hasattr(config, "hidden_size"):
             self.cost = model_spec(config).cost_model()
-        if isinstance(data_iterator, list):  # interleaved pipelines: one iterator a virtual stage
-            data_iterator = [None if it is None else _checked(it) for it in data_iterator]
-        elif data_iterator is not None:
-            data_iterator = _checked(data_iterator)
+        # TP rank 0 of the first and last stage reads (under VPP from its stage's entry).
+        iterators = list(data_iterator) if isinstance(data_iterator, list) else [data_iterator]
+        for v, iterator in enumerate(iterators):
+            if iterator is not None:
+                iterators[v] = _read_checked(iterator, num_microbatches, dp_group, dev)
+        data_iterator = iterators if isinstance(data_iterator, list) else iterators[0]
         return super().run(data_iterator, num_microbatches, dp_group, tp_group, pp_group, dp_cp_group, dev, config)
 
 
-def _checked(data_iterator: Any) -> Iterator[Any]:
-    """``data_iterator``'s items (a sample, or a list of them), each sample checked; it needs
-    only ``__next__`` (Megatron's ``RerunDataIterator`` has no ``__iter__``)."""
-    while True:
-        try:
-            item = next(data_iterator)
-        except StopIteration:
-            return
-        for index, sample in enumerate(item if isinstance(item, list) else [item]):
+def _read_checked(data_iterator: Any, num_microbatches: int, dp_group: Any, dev: Any) -> Iterator[Any]:
+    """This rank's ``num_microbatches`` items (as many as Megatron reads; an item is a sample
+    or a list of them), every sample checked and the outcome agreed over ``dp_group``: a bad
+    sample fails every DP rank instead of leaving the others waiting in the length gather."""
+    items = [next(data_iterator) for _ in range(num_microbatches)]
+    samples = [sample for item in items for sample in (item if isinstance(item, list) else [item])]
+    error = None
+    try:
+        for index, sample in enumerate(samples):
             check_sample(sample, index)
-        yield item
+    except SampleError as exc:
+        error = exc
+    if dp_group.size() > 1:
+        failed = torch.tensor([error is not None], dtype=torch.int32, device=dev)
+        torch.distributed.all_reduce(failed, op=torch.distributed.ReduceOp.MAX, group=dp_group)
+        if error is None and failed.item():  # a host sync, once a step (Megatron's gather syncs too)
+            error = SampleError(
+                "a sample of this step on another DP rank lacks a key Megatron's packing scheduler needs"
+            )
+    if error is not None:
+        raise error
+    return iter(items)
 
 
 def install(**options: Any) -> Any:

@@ -221,3 +221,40 @@ def test_the_example_runs_megatrons_loop_with_seqpack(dist_pools):
         counts = {len(steps[step]) for steps in results}
         assert len(counts) == 1 and counts.pop() >= 1
         assert all(0 < tokens <= 4096 * 2 for steps in results for tokens in steps[step])
+
+
+def run_bad_sample(bad_rank: int) -> str:
+    """``wrap_data_iterator`` at dp=2 where DP rank ``bad_rank``'s item 3 lacks ``labels``: what each rank raises."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.datasets import data_schedule
+
+    from seqpack.errors import SampleError
+    from seqpack.interop.megatron import install
+
+    config = SimpleNamespace(
+        max_seqlen_per_dp_cp_rank=MAX_SEQLEN_PER_DP_CP_RANK,
+        microbatch_group_size_per_vp_stage=None,
+        virtual_pipeline_model_parallel_size=None,
+        sequence_packing_scheduler="dp_balanced",
+    )
+    with cuda_on_cpu():
+        ps.initialize_model_parallel(1, 1, None, create_gloo_process_groups=False)
+        replaced = install()
+        try:
+            step = items(ps.get_data_parallel_rank())
+            if ps.get_data_parallel_rank() == bad_rank:
+                del step[3]["labels"]
+            data_schedule.wrap_data_iterator(iter(step), config, ITEMS_PER_RANK)
+        except SampleError as exc:
+            return str(exc)
+        finally:
+            data_schedule.scheduler_map[data_schedule.PackingSchedulerEnum.DP_BALANCED] = replaced
+            ps.destroy_model_parallel()
+    return "no error"
+
+
+@pytest.mark.slow
+def test_a_sample_without_a_required_key_fails_every_dp_rank(dist_pools):
+    messages = dist_pools.get(2).run(run_bad_sample, 1, timeout=120)
+    assert "sample 3 of this rank's step lacks ['labels']" in messages[1]
+    assert "another DP rank lacks a key" in messages[0]
