@@ -147,8 +147,9 @@ def test_oversize_and_empty_rows_are_counted(on_oversize, caplog):
         packed = seqpack.pack_dataset(rows, 10, on_oversize=on_oversize)
     ids = sorted(i for row in packed for i in row["sample_ids"].tolist())
     assert ids == ([0, 1, 3] if on_oversize == "truncate" else [0, 3])
-    assert "1 empty rows left out" in caplog.text
-    counted = "1 rows truncated to max_tokens=10 (2 tokens" if on_oversize == "truncate" else "1 rows left out"
+    assert "1 empty sequences left out" in caplog.text
+    truncated = "1 sequences truncated to max_tokens=10 (2 tokens"
+    counted = truncated if on_oversize == "truncate" else "1 sequences left out"
     assert counted in caplog.text
 
 
@@ -181,3 +182,104 @@ def test_a_dataset_with_a_null_or_misaligned_column_is_refused_by_row():
     ds = datasets.Dataset.from_dict({"input_ids": [[1, 2], None]})
     with pytest.raises(SampleError, match=r"row 1: 'input_ids' is null"):
         seqpack.pack_dataset(ds, 10)
+
+
+# --- rows packed already, indices, the guard on the rows together ------------------------------
+
+
+def _prepacked(rows, gap=0):
+    """Rows 2k and 2k + 1 as one pre-packed row (``gap`` pad tokens after each sequence)."""
+    out = []
+    for a, b in zip(rows[::2], rows[1::2], strict=True):
+        pad = [0] * gap
+        ids = a["input_ids"] + pad + b["input_ids"] + pad
+        na, nb = len(a["input_ids"]), len(b["input_ids"])
+        row = {"input_ids": ids, "cu_seqlens": [0, na, na + nb]}
+        if gap:
+            row["cu_seqlens_padded"] = [0, na + gap, na + nb + 2 * gap]
+        if "labels" in a:
+            row["labels"] = a["labels"] + pad + b["labels"] + pad
+        row["position_ids"] = list(range(na)) + pad + list(range(nb)) + pad  # restarting, as packed rows carry
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("gap", [0, 2])
+@pytest.mark.parametrize("label_format", ["shifted", "unshifted"])
+def test_a_prepacked_row_is_split_into_its_sequences_as_the_wrapper_splits_it(label_format, gap):
+    datasets = pytest.importorskip("datasets")
+    rows = _rows(40, seed=6, labels=label_format == "unshifted")
+    prepacked = _prepacked(rows, gap)
+    want = seqpack.pack_dataset(rows, 64, label_format=label_format)
+    for got in (
+        seqpack.pack_dataset(prepacked, 64, label_format=label_format),
+        seqpack.pack_dataset(datasets.Dataset.from_list(prepacked), 64, label_format=label_format),
+    ):
+        assert len(got) == len(want) > 1
+        for g, w in zip(got, want, strict=True):
+            assert (torch.as_tensor(g["sample_ids"]) == w["sample_ids"] // 2).all()  # the pre-packed row
+            for key in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens", "seq_lengths"):
+                assert torch.as_tensor(g[key]).tolist() == w[key].tolist(), key
+    # The sequences are the wrapper's: split_packed_sample on the normalised row.
+    from seqpack.thd import normalize_sample, split_packed_sample
+
+    row = prepacked[0]
+    split = split_packed_sample({**normalize_sample(row), **{k: v for k, v in row.items() if k.startswith("cu_")}})
+    assert [s["input_ids"].tolist() for s in split] == [rows[0]["input_ids"], rows[1]["input_ids"]]
+
+
+@pytest.mark.parametrize(
+    ("row", "match"),
+    [
+        ({"input_ids": [1, 2, 3], "cu_seqlens": [1, 3]}, r"row 0 is pre-packed with a bad layout: .*start at 0"),
+        ({"input_ids": [1, 2, 3], "cu_seqlens": [0, 2, 5]}, r"row 0 is pre-packed with a bad layout"),
+        ({"input_ids": [1, 2, 3], "cu_seqlens": [0, 2], "position_ids": [0, 2, 0]},
+         r"row 0, sequence 0: 'position_ids' is 2 at token 1"),
+    ],
+)  # fmt: skip
+def test_a_bad_prepacked_row_is_refused_by_name_on_both_paths(row, match):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"input_ids": [4, 5], "cu_seqlens": [0, 2], "position_ids": [0, 1]}, {"position_ids": [0, 1, 2], **row}]
+    match = match.replace("row 0", "row 1")
+    with pytest.raises(SampleError, match=match):
+        seqpack.pack_dataset(rows, 10)
+    with pytest.raises(SampleError, match=match):
+        seqpack.pack_dataset(datasets.Dataset.from_list(rows), 10)
+
+
+def test_a_packed_row_index_that_is_no_integer_is_a_type_error_naming_it():
+    packed = seqpack.pack_dataset(_rows(10), 64)
+    with pytest.raises(TypeError, match=r"packed row indices must be integers or slices, got 1.0 \(float\)"):
+        packed[1.0]
+    assert packed[np.int64(0)]["input_ids"].tolist() == packed[0]["input_ids"].tolist()
+
+
+def _short_answers(n, supervised, hf, seed=0):
+    """Rows with an answer of ``supervised`` tokens: labels copies of input_ids (``hf``) or
+    the next tokens (next-token labels, the last one the first token after the row)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        ids = rng.permutation(1000)[:25] + 1  # no repeats: every supervised token is checked
+        labels = np.full(24, IGNORE_INDEX)
+        labels[-supervised:] = (ids[:-1] if hf else ids[1:])[-supervised:]
+        rows.append({"input_ids": ids[:-1].tolist(), "labels": labels.tolist()})
+    return rows
+
+
+@pytest.mark.parametrize("supervised", [2, 3, 7])
+def test_short_hf_answers_declared_shifted_are_refused_on_the_rows_together(supervised):
+    rows = _short_answers(1000, supervised, hf=True)
+    with pytest.raises(SampleError, match=rf"the rows together .*first misaligned is row 0.*on {supervised * 1000} of"):
+        seqpack.pack_dataset(rows, 128)
+    seqpack.pack_dataset(_short_answers(1000, supervised, hf=False), 128)  # next-token labels: no false positive
+    seqpack.pack_dataset(rows, 128, label_format="unshifted")  # declared right
+
+
+def test_the_guard_on_the_rows_together_needs_90_percent_of_their_checked_tokens():
+    # What the guard cannot see: short misaligned answers among rows in the declared alignment
+    # once they are under LABEL_COPY_FRACTION of the checked tokens (docs/packing.md).
+    wrong = _short_answers(900, 5, hf=True)  # 4,500 misaligned tokens
+    with pytest.raises(SampleError, match=r"the rows together .* on 4500 of 5000 supervised"):
+        seqpack.pack_dataset(wrong + _short_answers(100, 5, hf=False, seed=1), 128)
+    seqpack.pack_dataset(wrong + _short_answers(101, 5, hf=False, seed=1), 128)  # 4,500 of 5,005: passes
