@@ -13,7 +13,7 @@ from seqpack.packing.packer import pack_lengths
 from seqpack.schedulers.balanced.exact import bin_lower_bound
 from seqpack.schedulers.balanced.locality import AUTO, TOLERANCE, locality_pays, plan_local
 from seqpack.schedulers.balanced.plan import plan_balanced
-from seqpack.schedulers.balanced.rounds import _rounds, objective_for, round_position
+from seqpack.schedulers.balanced.rounds import BalancedPlan, _rounds, objective_for, round_position
 from seqpack.schedulers.balanced.stages import DEFAULT, Stages
 from seqpack.schedulers.base import GridScheduler
 from seqpack.schedulers.request import check_microbatches
@@ -172,32 +172,43 @@ class BalancedScheduler(GridScheduler):
             stages=self.stages,
         )
         replica = self.stages.relabel(plan.replica_of, origin, padded, dp_size)
-        # Locality is judged by the step time the plan was made for: the sync's when given.
-        objective = objective_for(self.objective, sync)
-        local_plan = self.uses_locality(
+        if self.uses_locality(
             sequences=padded.shape[0], tokens=int(padded.sum()), dp_size=dp_size, bytes_per_token=bytes_per_token
-        )
-        if local_plan:
-            local = plan_local(
-                padded,
-                costs,
-                origin,
-                plan,
-                dp_size=dp_size,
-                capacity=capacity,
-                constant=model.constant,
-                objective=objective,
-                max_repair_moves=self.max_repair_moves,
-                tolerance=self.locality_tolerance,
-                reference_ranks=replica,
-                candidates=self.stages.locality,
-                relabel=self.stages.relabel,
-            )
-            if local is not None:
-                plan, replica = local
+        ):
+            plan, replica = self._keep_home(plan, replica, padded, costs, origin, capacity, model.constant, sync)
         m_count = plan.num_microbatches
         position = round_position(plan.load, self.order)
         return _rounds(ids, position[plan.round_of] * dp_size + replica, m_count, dp_size), np.zeros(0, dtype=np.int64)
+
+    def _keep_home(
+        self,
+        plan: BalancedPlan,
+        replica: np.ndarray,
+        padded: np.ndarray,
+        costs: np.ndarray,
+        origin: np.ndarray,
+        capacity: int,
+        constant: float,
+        sync: str | None,
+    ) -> tuple[BalancedPlan, np.ndarray]:
+        """Locality (:func:`plan_local`): ``plan`` and the DP rank of each sequence, or a plan
+        that keeps more samples home, judged by the step time ``plan`` was made for."""
+        local = plan_local(
+            padded,
+            costs,
+            origin,
+            plan,
+            dp_size=plan.load.shape[1],
+            capacity=capacity,
+            constant=constant,
+            objective=objective_for(self.objective, sync),
+            max_repair_moves=self.max_repair_moves,
+            tolerance=self.locality_tolerance,
+            reference_ranks=replica,
+            candidates=self.stages.locality,
+            relabel=self.stages.relabel,
+        )
+        return (plan, replica) if local is None else local
 
     def __repr__(self) -> str:
         return (
