@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 from seqpack.errors import ConfigError
-from seqpack.interop.verl import effective_lengths, fewest_microbatches, rearrange_micro_batches
+from seqpack.interop.verl import fewest_microbatches, rearrange_micro_batches
+from seqpack.interop.verl_batch import effective_lengths
 
 try:
     import verl  # noqa: F401  (verl's own venv only: it pins transformers < 5.11)

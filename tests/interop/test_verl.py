@@ -21,12 +21,12 @@ import torch
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.interop.verl import (
     VERL_WORKLOAD,
-    effective_lengths,
     fewest_microbatches,
     get_group_balanced_partitions,
     get_seqlen_balanced_partitions,
     rearrange_micro_batches,
 )
+from seqpack.interop.verl_batch import effective_lengths
 
 
 def random_mask(input_ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
