@@ -13,8 +13,13 @@ Modules:
         ``get_seqlen_balanced_partitions`` and ``get_group_balanced_partitions``, planned by
         seqpack's scheduler, never over ``max_token_len`` (import them from
         ``seqpack.interop.verl``).
+    verl_batch: a verl batch's rows (real tokens, row checks, selection), TensorDicts included.
     torchtitan: torchtitan 0.3's ``ParallelDims`` as a ``Topology`` and a dataloader feeding
         its ``Trainer`` one seqpack step per optimizer step (``seqpack.interop.torchtitan``).
+    megatron: seqpack's scheduler behind Megatron-LM's own ``wrap_data_iterator``
+        (:func:`install`; importing it needs Megatron-LM).
+    megatron_plan: its pure part (Megatron's groups planned by seqpack, the checks, the cost
+        model from a ``TransformerConfig``), no Megatron import.
 """
 
 from __future__ import annotations
