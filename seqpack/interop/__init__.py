@@ -7,8 +7,9 @@ Modules:
         arguments of a causal LM's ``forward``, and ``SeqpackTrainerMixin``, one seqpack step
         per optimizer step of a ``Trainer`` / TRL ``SFTTrainer`` (transformers itself is not
         imported).
-    hf_rows: a ``Trainer``'s training rows (HF labels, TRL's ``completion_mask`` /
-        ``assistant_masks``) as seqpack samples.
+    hf_rows: what the Trainer mixin needs no trainer for: a ``Trainer``'s training rows (HF
+        labels, TRL's ``completion_mask`` / ``assistant_masks``) as seqpack samples, the loader
+        of steps the Trainer iterates, the mixin's ``PackingConfig``.
     verl: drop-ins for verl 0.9.1's ``rearrange_micro_batches``,
         ``get_seqlen_balanced_partitions`` and ``get_group_balanced_partitions``, planned by
         seqpack's scheduler, never over ``max_token_len`` (import them from

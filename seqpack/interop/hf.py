@@ -32,14 +32,22 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.interop.hf_rows import SAMPLE_COLUMNS, sample_of
+from seqpack.interop.hf_rows import (
+    SAMPLE_COLUMNS,
+    StepLoader,
+    check_step,
+    packing_config,
+    sample_of,
+    step_count,
+    token_ids,
+)
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.iterator import PackingIterator, wrap_data_iterator
 from seqpack.loader.step import Step
@@ -262,9 +270,9 @@ class SeqpackTrainerMixin:
         trainer.__init__(*args, **kwargs)
         if seqpack_topology is not None and not isinstance(seqpack_topology, Topology):
             raise SeqpackTypeError(f"seqpack_topology must be a Topology, got {type(seqpack_topology).__name__}")
-        self._seqpack_config = _packing_config(seqpack_config, self.args.per_device_train_batch_size)
+        self._seqpack_config = packing_config(seqpack_config, self.args.per_device_train_batch_size)
         self._seqpack_topology = seqpack_topology
-        self._seqpack_loader: _StepLoader | None = None
+        self._seqpack_loader: StepLoader | None = None
         self._seqpack_reading_rows = False
         self._check_seqpack_settings()
 
@@ -352,7 +360,7 @@ class SeqpackTrainerMixin:
 
         if self._seqpack_loader is not None:
             self._seqpack_loader.close()
-        self._seqpack_loader = _StepLoader(rows, steps_of)
+        self._seqpack_loader = StepLoader(rows, steps_of)
         return self._seqpack_loader
 
     def _remove_unused_columns(self, dataset: Any, description: str | None = None) -> Any:
@@ -378,15 +386,15 @@ class SeqpackTrainerMixin:
         step = next(epoch_iterator, None)
         if step is None:
             return [], None
-        _check_step(step)
-        return [step], _step_count(step)
+        check_step(step)
+        return [step], step_count(step)
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
         """Forward and backward over every microbatch of the step ``inputs``; the gradient
         reduction runs with the last one. Returns the step's loss (this rank's share times the
         process count, as the Trainer's own step does)."""
-        step = _check_step(inputs)
-        count = _step_count(step)
+        step = check_step(inputs)
+        count = step_count(step)
         if num_items_in_batch is not None and int(num_items_in_batch) != count:
             raise ConfigError(
                 f"SeqpackTrainerMixin: step {step.step} has {count} loss tokens but the Trainer passed "
@@ -423,11 +431,11 @@ class SeqpackTrainerMixin:
         trainer: Any = super()
         if not isinstance(inputs, Step):
             return int(trainer.floating_point_ops(inputs))
-        return sum((int(trainer.floating_point_ops({"input_ids": ids})) for ids in _token_ids(inputs)), 0)
+        return sum((int(trainer.floating_point_ops({"input_ids": ids})) for ids in token_ids(inputs)), 0)
 
     def _track_num_input_tokens(self, inputs: Any) -> None:
         trainer: Any = super()
-        for batch in _token_ids(inputs) if isinstance(inputs, Step) else [inputs]:
+        for batch in token_ids(inputs) if isinstance(inputs, Step) else [inputs]:
             trainer._track_num_input_tokens(batch if not isinstance(inputs, Step) else {"input_ids": batch})
 
     def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -443,70 +451,3 @@ class SeqpackTrainerMixin:
         finally:
             if self._seqpack_loader is not None:
                 self._seqpack_loader.close()
-
-
-class _StepLoader:
-    """What the Trainer iterates: the seqpack steps of its row loader, one per batch of rows
-    (``len`` and ``set_epoch`` are the row loader's)."""
-
-    def __init__(self, rows: Any, steps_of: Callable[[Iterator[Any]], PackingIterator]) -> None:
-        self.rows = rows
-        self.dataset = getattr(rows, "dataset", None)  # Trainer.num_examples reads it
-        self._steps_of = steps_of
-        self._steps: PackingIterator | None = None
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.rows, "set_epoch"):
-            self.rows.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[Step]:
-        self.close()  # the previous epoch's, if it was left early
-        self._steps = self._steps_of(iter(self.rows))
-        return self._steps
-
-    def close(self) -> None:
-        if self._steps is not None:
-            self._steps.close()
-            self._steps = None
-
-
-def _packing_config(given: object, batch_size: int) -> PackingConfig:
-    """``seqpack_config`` as a PackingConfig, with the mixin's defaults for a mapping."""
-    if isinstance(given, PackingConfig):
-        return given
-    if not isinstance(given, Mapping):
-        raise SeqpackTypeError(
-            f"seqpack_config must be a seqpack.PackingConfig or a mapping of its fields, got {type(given).__name__}"
-        )
-    fields = PackingConfig.field_names()
-    unknown = sorted(str(key) for key in set(given) - set(fields))
-    if unknown:
-        raise ConfigError(f"seqpack_config: unknown field(s) {unknown}; valid: {', '.join(fields)}")
-    if "max_tokens_per_rank" not in given:
-        raise ConfigError("SeqpackTrainerMixin: seqpack_config needs max_tokens_per_rank (tokens per microbatch)")
-    defaults = {"samples_per_rank": batch_size, "label_format": "unshifted", "drop_last": False}
-    return PackingConfig(**{**defaults, **given})
-
-
-def _check_step(inputs: object) -> Step:
-    if not isinstance(inputs, Step):
-        raise ConfigError(
-            f"SeqpackTrainerMixin: a training batch must be a whole seqpack Step, got {type(inputs).__name__}: "
-            "microbatches reach the model only through the step they belong to (leave get_train_dataloader and "
-            "get_batch_samples to the mixin)"
-        )
-    return inputs
-
-
-def _step_count(step: Step) -> int:
-    """The step's supervised tokens over every rank; 1 for a step without any, whose
-    token losses are all zero (``num_items_in_batch`` must be positive)."""
-    return max(step.num_loss_tokens or 0, 1)
-
-
-def _token_ids(step: Step) -> list[torch.Tensor]:
-    """Each microbatch's ``input_ids`` as ``[1, T]`` (what the Trainer counts FLOPs and tokens of)."""
-    return [batch.input_ids[None] for batch in step.microbatches if batch.input_ids is not None]

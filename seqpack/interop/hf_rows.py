@@ -1,14 +1,20 @@
-"""The rows of a Hugging Face ``Trainer``'s training set as seqpack samples, the way TRL turns
-them into labels (:class:`seqpack.interop.hf.SeqpackTrainerMixin` reads them)."""
+"""The parts of :class:`seqpack.interop.hf.SeqpackTrainerMixin` that need no trainer: a
+``Trainer``'s training rows as seqpack samples (the way TRL turns them into labels), the loader
+of seqpack steps the Trainer iterates, the mixin's ``PackingConfig`` and a step's counts."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["SAMPLE_COLUMNS", "sample_of"]
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.loader.config import PackingConfig
+from seqpack.loader.iterator import PackingIterator
+from seqpack.loader.step import Step
+
+__all__ = ["SAMPLE_COLUMNS", "StepLoader", "check_step", "packing_config", "sample_of", "step_count", "token_ids"]
 
 SAMPLE_COLUMNS: tuple[str, ...] = ("input_ids", "labels", "loss_mask", "completion_mask", "assistant_masks")
 """The dataset columns :class:`SeqpackTrainerMixin` reads from each training row (the others are
@@ -38,3 +44,70 @@ def sample_of(row: Mapping[str, Any], use_completion_mask: bool) -> dict[str, An
 def _host(value: Any) -> Any:
     """A row's field as seqpack reads it: lists as they are, tensors on the CPU."""
     return value.cpu() if isinstance(value, torch.Tensor) else value
+
+
+class StepLoader:
+    """What the Trainer iterates: the seqpack steps of its row loader, one per batch of rows
+    (``len`` and ``set_epoch`` are the row loader's)."""
+
+    def __init__(self, rows: Any, steps_of: Callable[[Iterator[Any]], PackingIterator]) -> None:
+        self.rows = rows
+        self.dataset = getattr(rows, "dataset", None)  # Trainer.num_examples reads it
+        self._steps_of = steps_of
+        self._steps: PackingIterator | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.rows, "set_epoch"):
+            self.rows.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Step]:
+        self.close()  # the previous epoch's, if it was left early
+        self._steps = self._steps_of(iter(self.rows))
+        return self._steps
+
+    def close(self) -> None:
+        if self._steps is not None:
+            self._steps.close()
+            self._steps = None
+
+
+def packing_config(given: object, batch_size: int) -> PackingConfig:
+    """``seqpack_config`` as a PackingConfig, with the mixin's defaults for a mapping."""
+    if isinstance(given, PackingConfig):
+        return given
+    if not isinstance(given, Mapping):
+        raise SeqpackTypeError(
+            f"seqpack_config must be a seqpack.PackingConfig or a mapping of its fields, got {type(given).__name__}"
+        )
+    fields = PackingConfig.field_names()
+    unknown = sorted(str(key) for key in set(given) - set(fields))
+    if unknown:
+        raise ConfigError(f"seqpack_config: unknown field(s) {unknown}; valid: {', '.join(fields)}")
+    if "max_tokens_per_rank" not in given:
+        raise ConfigError("SeqpackTrainerMixin: seqpack_config needs max_tokens_per_rank (tokens per microbatch)")
+    defaults = {"samples_per_rank": batch_size, "label_format": "unshifted", "drop_last": False}
+    return PackingConfig(**{**defaults, **given})
+
+
+def check_step(inputs: object) -> Step:
+    if not isinstance(inputs, Step):
+        raise ConfigError(
+            f"SeqpackTrainerMixin: a training batch must be a whole seqpack Step, got {type(inputs).__name__}: "
+            "microbatches reach the model only through the step they belong to (leave get_train_dataloader and "
+            "get_batch_samples to the mixin)"
+        )
+    return inputs
+
+
+def step_count(step: Step) -> int:
+    """The step's supervised tokens over every rank; 1 for a step without any, whose
+    token losses are all zero (``num_items_in_batch`` must be positive)."""
+    return max(step.num_loss_tokens or 0, 1)
+
+
+def token_ids(step: Step) -> list[torch.Tensor]:
+    """Each microbatch's ``input_ids`` as ``[1, T]`` (what the Trainer counts FLOPs and tokens of)."""
+    return [batch.input_ids[None] for batch in step.microbatches if batch.input_ids is not None]

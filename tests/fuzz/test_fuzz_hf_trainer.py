@@ -17,8 +17,8 @@ from hostile import Target, check_answer, hostile_values
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.interop.hf import _packing_config, to_hf
-from seqpack.interop.hf_rows import sample_of
+from seqpack.interop.hf import to_hf
+from seqpack.interop.hf_rows import packing_config, sample_of
 from seqpack.thd import IGNORE_INDEX, pack_sequences
 
 
@@ -81,7 +81,7 @@ def test_masks_remove_targets_where_trl_does() -> None:
 
 CONFIG = Target(
     name="SeqpackTrainerMixin(seqpack_config=...)",
-    call=lambda seqpack_config, max_tokens_per_rank: _packing_config(
+    call=lambda seqpack_config, max_tokens_per_rank: packing_config(
         seqpack_config if seqpack_config is not None else {"max_tokens_per_rank": max_tokens_per_rank}, 4
     ),
     valid=lambda: {"seqpack_config": None, "max_tokens_per_rank": 64},
