@@ -89,6 +89,21 @@ def test_demo_runs_all_modes_and_reports(tmp_path):
     assert "step 1: predicted" in proc.stdout and "online cost (balanced)" in proc.stdout
 
 
+@pytest.mark.processes
+def test_demo_context_parallel_on_one_replica(tmp_path):
+    """``--cp 2`` on two cores: one replica of two CP ranks, the hybrid model's CP path, and
+    online calibration with a single replica."""
+    out = tmp_path / "demo.json"
+    flags = {"--dp": 1, "--cp": 2, "--steps": 1, "--samples-per-rank": 6, "--max-tokens-per-rank": 512}
+    flags |= {"--max-seq-len": 512, "--mean-seq-len": 64, "--d-model": 32, "--pattern": "AM", "--predict-dp": 0}
+    cmd = [sys.executable, "-m", "seqpack.cli", "demo", *(str(a) for kv in flags.items() for a in kv)]
+    proc = subprocess.run([*cmd, "--json-out", str(out)], capture_output=True, text=True, timeout=600, env=_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    modes = {r["mode"]: r for r in json.loads(out.read_text())["results"]}
+    assert modes["balanced"]["last_loss"] == pytest.approx(modes["padded"]["last_loss"], rel=1e-4)
+    assert "dp=1 x cp=2" in proc.stdout
+
+
 def test_demo_argument_errors(capsys, tmp_path):
     assert main(["demo", "--dp", "-1"]) == 2
     assert "--dp must be an integer >= 0, got -1" in capsys.readouterr().err

@@ -161,7 +161,7 @@ class _Run:
             if self.online:
                 # The measured cost (seconds) is the prior; FSDP syncs every microbatch, so a
                 # step waits for the sum over rounds of the slowest replica ("lockstep").
-                calibrator = CostCalibrator(cost, window=256, min_points=2 * settings.dp, prior_in_seconds=True)
+                calibrator = CostCalibrator(cost, window=256, min_points=max(3, 2 * settings.dp), prior_in_seconds=True)
                 online = {"calibrate": calibrator, "sync": "lockstep"}
             self.steps = wrap_data_iterator(
                 self.samples,
