@@ -396,7 +396,10 @@ def _read_dataset(dataset: Any) -> _Sequences:
 
 
 def _integers(values: np.ndarray) -> bool:
-    return values.dtype.kind in "iu" and not (values.dtype == np.uint64 and values.size and values.max() > INT64_MAX)
+    """Integers in int64's range; no values at all (Arrow types a column of empty lists as null) pass."""
+    if not values.size:
+        return True
+    return values.dtype.kind in "iu" and not (values.dtype == np.uint64 and values.max() > INT64_MAX)
 
 
 def _split(lists: dict[str, tuple[np.ndarray, np.ndarray]], first: int) -> tuple[np.ndarray, ...]:
@@ -446,7 +449,7 @@ def _split(lists: dict[str, tuple[np.ndarray, np.ndarray]], first: int) -> tuple
 
 
 def _check_weights(values: np.ndarray, key: str, offsets: np.ndarray, first: int) -> None:
-    if values.dtype.kind not in "biuf":
+    if values.size and values.dtype.kind not in "biuf":
         raise SeqpackTypeError(f"the dataset's {key!r} column must hold numbers, got dtype {values.dtype}")
     if values.dtype.kind in "bu":
         return

@@ -91,3 +91,39 @@ def test_pack_dataset_invariants_or_a_named_refusal(rows, max_tokens, label_form
         i for i, r in enumerate(rows) if r["input_ids"] and (on_oversize != "drop" or len(r["input_ids"]) <= max_tokens)
     ]
     assert sorted(seen) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(row, min_size=1, max_size=24),
+    group=st.integers(1, 4),
+    gap=st.integers(0, 3),
+    max_tokens=st.integers(1, 60),
+    label_format=st.sampled_from(["shifted", "unshifted"]),
+)
+@pytest.mark.slow
+def test_prepacked_rows_pack_as_their_sequences_on_both_paths(rows, group, gap, max_tokens, label_format):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"input_ids": r["input_ids"], "completion_mask": r.get("completion_mask", [1] * len(r["input_ids"]))}
+            for r in rows]  # fmt: skip
+    prepacked = []  # rows [g * group, (g + 1) * group) as one row, `gap` pad tokens after each sequence
+    for g in range(0, len(rows), group):
+        members = rows[g : g + group]
+        ids, mask, cu, padded = [], [], [0], [0]
+        for m in members:
+            ids += m["input_ids"] + [0] * gap
+            mask += m["completion_mask"] + [0] * gap
+            cu.append(cu[-1] + len(m["input_ids"]))
+            padded.append(len(ids))
+        prepacked.append({"input_ids": ids, "completion_mask": mask, "cu_seqlens": cu, "cu_seqlens_padded": padded})
+    kwargs = dict(label_format=label_format, on_oversize="truncate")
+    want = seqpack.pack_dataset(rows, max_tokens, **kwargs)
+    for got in (
+        seqpack.pack_dataset(prepacked, max_tokens, **kwargs),
+        seqpack.pack_dataset(datasets.Dataset.from_list(prepacked), max_tokens, **kwargs),
+    ):
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert [i // group for i in w["sample_ids"].tolist()] == list(g["sample_ids"])
+            for key in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens", "seq_lengths"):
+                assert list(g[key]) == w[key].tolist(), key
