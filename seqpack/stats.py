@@ -216,7 +216,8 @@ class StepStats:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as plain Python values (arrays as lists): comparable and JSON-ready."""
+        return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in dataclasses.asdict(self).items()}
 
     def __eq__(self, other: object) -> bool:
         """Field by field, arrays by value (a generated ``__eq__`` would ask an array for its truth)."""

@@ -1,7 +1,7 @@
 """Every collective the wrapper uses, one module per job, each callable on its own.
 
 - :mod:`~seqpack.collective.groups`: group size / rank / device helpers (``None`` = one rank).
-- :mod:`~seqpack.collective.agree`: :func:`agree` / :func:`agree_status`: ranks settle on one
+- :mod:`~seqpack.collective.agree`: :func:`agree`: ranks settle on one
   status (ok / end / error, with the failing rank's message) and compare fingerprints, in
   one small all-reduce.
 - :mod:`~seqpack.collective.length_gather`: :func:`gather_lengths`: every DP rank's lengths, with a
@@ -21,14 +21,10 @@
 from __future__ import annotations
 
 from seqpack.collective.agree import (
-    STATUS_END,
-    STATUS_ERROR,
-    STATUS_OK,
     Agreement,
     Status,
     agree,
     agree_axes,
-    agree_status,
 )
 from seqpack.collective.broadcast import broadcast_pp, broadcast_step, broadcast_tp
 from seqpack.collective.exchange import Exchanged, ExchangePlan, exchange_samples, plan_exchange
@@ -49,9 +45,6 @@ from seqpack.collective.wire import (
 
 __all__ = [
     "FORMAT_VERSION",
-    "STATUS_END",
-    "STATUS_ERROR",
-    "STATUS_OK",
     "Agreement",
     "ExchangePlan",
     "Exchanged",
@@ -65,7 +58,6 @@ __all__ = [
     "WireBuffers",
     "agree",
     "agree_axes",
-    "agree_status",
     "broadcast_pp",
     "broadcast_step",
     "broadcast_tp",

@@ -21,7 +21,7 @@ from seqpack.collective.fields import Header
 from seqpack.collective.groups import all_gather_objects, collective, comm_device, global_rank, group_rank, group_size
 from seqpack.errors import ConfigError
 
-__all__ = ["Agreement", "Status", "agree", "agree_axes", "agree_status", "STATUS_END", "STATUS_ERROR", "STATUS_OK"]
+__all__ = ["Agreement", "Status", "agree", "agree_axes"]
 
 
 class Status(IntEnum):
@@ -32,7 +32,6 @@ class Status(IntEnum):
     ERROR = 2
 
 
-STATUS_OK, STATUS_END, STATUS_ERROR = Status.OK, Status.END, Status.ERROR
 _FP_MAX = (1 << 63) - 1
 
 AGREEMENT = Header(
@@ -163,20 +162,6 @@ def _disagreement(
         return f"ranks of the {axis or 'same'} group disagree on {what}: {listed}"
     listed = ", ".join(f"{who} rank {r}: {fp}" for r, (fp, _) in enumerate(reports) if fp is not None)
     return f"ranks of the {axis or 'same'} group disagree on {what} (fingerprints {listed})"
-
-
-def agree_status(
-    status: int,
-    message: str | None = None,
-    group: ProcessGroup | None = None,
-    *,
-    fingerprint: int | None = None,
-    axis: str = "",
-    what: str = "schedules",
-) -> tuple[int, str | None]:
-    """:func:`agree` as a ``(status, message)`` pair, identical on every rank of the group."""
-    result = agree(status, message, group, fingerprint=fingerprint, axis=axis, what=what)
-    return result.status, result.message if result.status == Status.ERROR else None
 
 
 def agree_axes(

@@ -409,20 +409,17 @@ class PackingConfig:
             # compute different schedules from the same lengths.
             "scheduler": repr(self.build_scheduler()),
             "cost": repr(self.cost),
-            # Listed only when set, so that states saved before these options existed resume.
-            **({"sync": str(self.sync)} if self.sync is not None else {}),
-            **({"calibrate": repr(self.calibrate)} if self.calibrate is not False else {}),
-            **({"label_format": str(self.label_format)} if self.label_format != LabelFormat.SHIFTED else {}),
-            **({"cp_layout": str(self.cp_layout)} if self.cp_layout != CpLayout.DUALCHUNK else {}),
-            **({"group_microbatch": "True"} if self.group_microbatch else {}),
-            **({"equal_samples_per_replica": "True"} if self.equal_samples_per_replica else {}),
-            **({"minibatches": str(self.minibatches)} if self.minibatches != 1 else {}),
-            **({"static_shapes": repr(self.static_shapes)} if self.static_shapes is not None else {}),
-            **(
-                {"dynamic_cp": "True", "group_cost": repr(self.group_cost), "cp_group_sizes": str(self.cp_group_sizes)}
-                if self.dynamic_cp
-                else {}
-            ),
+            "sync": str(self.sync),
+            "calibrate": repr(self.calibrate),
+            "label_format": str(self.label_format),
+            "cp_layout": str(self.cp_layout),
+            "group_microbatch": str(self.group_microbatch),
+            "equal_samples_per_replica": str(self.equal_samples_per_replica),
+            "minibatches": str(self.minibatches),
+            "static_shapes": repr(self.static_shapes),
+            "dynamic_cp": str(self.dynamic_cp),
+            "group_cost": repr(self.group_cost) if self.dynamic_cp else "None",
+            "cp_group_sizes": str(self.cp_group_sizes) if self.dynamic_cp else "None",
         }
 
     def fingerprint(self) -> int:

@@ -81,7 +81,7 @@ from seqpack.loader.prefetch import (
     check_timeout,
 )
 from seqpack.loader.producer import StepProducer
-from seqpack.loader.resume import ResumeState, Stateful, StateKey
+from seqpack.loader.resume import ResumeState, Stateful
 from seqpack.loader.step import Step
 from seqpack.options import AXES, DataOwner
 from seqpack.schedulers import Scheduler
@@ -115,18 +115,6 @@ class PackingIterator(Iterator[Step], Stateful):
 
     cp_groups: CpGroups | None = None
 
-    # Keys of the state dict, as class constants (declared once: seqpack.loader.resume.StateKey).
-    STATE_VERSION = StateKey.VERSION
-    STATE_TOPOLOGY = StateKey.TOPOLOGY
-    STATE_CONFIG = StateKey.CONFIG
-    STATE_STEPS = StateKey.STEPS
-    STATE_CONSUMED = StateKey.CONSUMED
-    STATE_DEFERRED = StateKey.DEFERRED_SAMPLES
-    STATE_ITERATOR = StateKey.ITERATOR
-    STATE_SCHEDULER = StateKey.SCHEDULER
-    STATE_FINISHED = StateKey.FINISHED
-    STATE_DROPPED_AT_END = StateKey.DROPPED_AT_END
-    STATE_CALIBRATION = StateKey.CALIBRATION
     VERSION = ResumeState.VERSION
 
     def __init__(
@@ -250,12 +238,6 @@ class PackingIterator(Iterator[Step], Stateful):
         return self._producer.stats_cost
 
     # -- configuration --------------------------------------------------------------------
-
-    def __getattr__(self, name: str) -> Any:
-        # Old attribute names (it.samples_per_rank, it.pad_multiple, ...) read the config.
-        if name != "config" and "config" in self.__dict__ and name in PackingConfig.field_names():
-            return getattr(self.config, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def last_measurement(self) -> Measurement | None:
@@ -407,7 +389,7 @@ class PackingIterator(Iterator[Step], Stateful):
                 steps.
         """
         saved = ResumeState.from_dict(state)
-        saved.check_fits(self.topology.signature(), self.config, type(self.scheduler).__name__)
+        saved.check_fits(self.topology.signature(), self.config)
         if self._producer.started or self._bg.prefetcher is not None:
             raise ResumeError("load_state_dict needs a fresh iterator (this one has already read data)")
         self._finished = saved.finished

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -16,8 +15,6 @@ from seqpack.options import AXES, INT64_MAX
 from seqpack.validation import check_int
 
 __all__ = ["ResumeState", "StateKey", "Stateful"]
-
-logger = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -47,12 +44,9 @@ class StateKey(StrEnum):
     SCHEDULER = "scheduler"
     FINISHED = "finished"
     DROPPED_AT_END = "dropped_at_end"
-    EMPTY_AT_END = "empty_at_end"  # optional: states saved before it existed lack it
+    EMPTY_AT_END = "empty_at_end"
     DATA_ENDED = "data_ended"
-    CALIBRATION = "calibration"  # optional: only under calibrate
-
-
-_OPTIONAL_KEYS = (StateKey.EMPTY_AT_END, StateKey.CALIBRATION)
+    CALIBRATION = "calibration"
 
 
 @dataclasses.dataclass
@@ -73,22 +67,11 @@ class ResumeState:
         empty_at_end: Zero-length samples read in the step that found the end of data.
         data_ended: Some rank's data ran out; no rank reads again.
         calibration: The online calibrator's state (``TimingLedger.state_dict()``) under
-            ``calibrate``; optional in the dict (states saved without it load).
+            ``calibrate``, else None.
     """
 
-    VERSION: ClassVar[int] = 2
-    # Keys every state of this version holds (the optional ones may be missing).
-    KEYS: ClassVar[tuple[str, ...]] = tuple(key.value for key in StateKey if key not in _OPTIONAL_KEYS)
-    _V1_KEYS: ClassVar[tuple[str, ...]] = (
-        "version",
-        "topology",
-        "config",
-        "steps",
-        "consumed",
-        "deferred_samples",
-        "iterator",
-        "finished",
-    )
+    VERSION: ClassVar[int] = 3
+    KEYS: ClassVar[tuple[str, ...]] = tuple(key.value for key in StateKey)
 
     topology: dict[str, int]
     config: dict[str, str]
@@ -111,7 +94,7 @@ class ResumeState:
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> ResumeState:
-        """Parse and check a saved state (this version, or version 1 of seqpack 0.1).
+        """Parse and check a saved state of this version.
 
         Raises:
             ResumeError: Not a mapping, missing keys, an unknown version, or negative counts.
@@ -119,16 +102,15 @@ class ResumeState:
         if not isinstance(state, Mapping):
             raise ResumeError(f"state must be a PackingIterator.state_dict() mapping, got {type(state).__name__}")
         version = state.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version not in (1, cls.VERSION):
-            raise ResumeError(f"state version {version!r:.40} is not {cls.VERSION} (or 1)")
-        keys = cls._V1_KEYS if version == 1 else cls.KEYS
-        missing = [k for k in keys if k not in state]
+        if not isinstance(version, int) or isinstance(version, bool) or version != cls.VERSION:
+            raise ResumeError(f"state version {version!r:.40} is not {cls.VERSION}")
+        missing = [k for k in cls.KEYS if k not in state]
         if missing:
             raise ResumeError(f"state is missing keys {missing}; expected a PackingIterator.state_dict()")
         counts = {}
         for name in ("steps", "consumed", "dropped_at_end", "empty_at_end"):
             try:
-                counts[name] = check_int(f"state[{name!r}]", state.get(name, 0), minimum=0)
+                counts[name] = check_int(f"state[{name!r}]", state[name], minimum=0)
             except ValueError as exc:
                 raise ResumeError(str(exc)) from None
         topology = state["topology"]
@@ -137,26 +119,20 @@ class ResumeState:
         config = state["config"]
         if not isinstance(config, Mapping):
             raise ResumeError(f"state['config'] is not a PackingConfig.summary(): {config!r:.60}")
-        fingerprint = state.get("config_fingerprint", -1)
-        if version != 1:
-            try:
-                fingerprint = check_int("state['config_fingerprint']", fingerprint, minimum=0, maximum=INT64_MAX)
-            except ValueError as exc:
-                raise ResumeError(str(exc)) from None
+        try:
+            saved = state["config_fingerprint"]
+            fingerprint = check_int("state['config_fingerprint']", saved, minimum=0, maximum=INT64_MAX)
+        except ValueError as exc:
+            raise ResumeError(str(exc)) from None
         flags = {}
         for name in ("finished", "data_ended"):
-            value = state.get(name, False)
+            value = state[name]
             if not isinstance(value, (bool, np.bool_)):
                 raise ResumeError(f"state[{name!r}] must be True or False, got {value!r:.40}")
             flags[name] = bool(value)
         deferred = state["deferred_samples"]
         if not isinstance(deferred, list) or not all(isinstance(s, Mapping) for s in deferred):
             raise ResumeError("state['deferred_samples'] must be a list of samples")
-        if version == 1:
-            logger.warning(
-                "loading a version-1 resume state: it does not record on_oversize, scheduler options or the "
-                "cost model, so a change of those cannot be detected"
-            )
         return cls(
             topology=dict(topology),
             config=dict(config),
@@ -165,33 +141,23 @@ class ResumeState:
             consumed=counts["consumed"],
             deferred_samples=[dict(s) for s in deferred],
             iterator=state["iterator"],
-            scheduler=state.get("scheduler"),
+            scheduler=state["scheduler"],
             finished=flags["finished"],
             dropped_at_end=counts["dropped_at_end"],
             empty_at_end=counts["empty_at_end"],
             data_ended=flags["data_ended"],
-            calibration=state.get("calibration"),
+            calibration=state["calibration"],
         )
 
-    @property
-    def is_version_1(self) -> bool:
-        return self.config_fingerprint < 0
-
-    def check_fits(self, topology: Mapping[str, int], config: Any, scheduler_name: str) -> None:
+    def check_fits(self, topology: Mapping[str, int], config: Any) -> None:
         """Raise :class:`ResumeError` unless this state was saved on ``topology`` (a
         ``Topology.signature()``) with a ``PackingConfig`` that makes the same data as
-        ``config`` (its fingerprint; version-1 states: the few fields they record)."""
+        ``config`` (its fingerprint)."""
         if self.topology != dict(topology):
             raise ResumeError(
                 f"state was saved on topology {_fmt(self.topology)} but this iterator runs on {_fmt(topology)}"
             )
         here = config.summary()
-        if self.is_version_1:
-            old = {k: here[k] for k in ("samples_per_rank", "max_tokens_per_rank", "pad_multiple", "data_owner")}
-            old["scheduler"] = scheduler_name
-            if {k: str(v) for k, v in self.config.items()} != old:
-                raise ResumeError(f"state was saved with {self.config} but this iterator has {old}")
-            return
         if self.config_fingerprint == config.fingerprint():
             return
         changed = "; ".join(

@@ -11,14 +11,12 @@ from wrapper_data import FIELDS  # the batch fields the wire carries
 
 from seqpack.collective import (
     FORMAT_VERSION,
-    STATUS_END,
-    STATUS_ERROR,
-    STATUS_OK,
+    Status,
     StepEnd,
     StepError,
     StepOk,
     WireBuffers,
-    agree_status,
+    agree,
     decode_prefix,
     decode_step,
     encode_step,
@@ -85,7 +83,7 @@ def test_batch_round_trip_is_exact(positions):
     assert wire.floats.dtype == torch.float32  # loss_mask only
     assert wire.floats.numel() == sum(b.num_tokens for b in msg.microbatches)
     got = decode_step(wire)
-    assert got.status == STATUS_OK and got.step == 7 and got.empty_samples == 2 and got.position_ids == positions
+    assert got.status == Status.OK and got.step == 7 and got.empty_samples == 2 and got.position_ids == positions
     assert got.schedule.fingerprint() == sched.fingerprint()
     for name in ("lengths", "original_lengths", "deferred", "dropped", "truncated"):
         assert np.array_equal(getattr(got.schedule, name), getattr(sched, name))
@@ -134,9 +132,9 @@ def test_counts_stay_exact_beyond_float32():
     assert stats.seqlen_sum == int(lengths.sum())
 
 
-@pytest.mark.parametrize("status", [STATUS_END, STATUS_ERROR])
+@pytest.mark.parametrize("status", [Status.END, Status.ERROR])
 def test_status_messages_round_trip(status):
-    if status == STATUS_END:
+    if status == Status.END:
         msg = StepEnd(3, dropped_at_end=11, empty_samples=2)
     else:
         msg = StepError(3, "bad input on DP rank 1: naïve", rank=5)
@@ -325,10 +323,10 @@ def test_single_rank_collectives_need_no_process_group():
     assert got.origin().tolist() == [0, 0, 0] and got.offsets.tolist() == [0, 3]
     with pytest.raises(ValueError, match="sample 2 is bad"):
         gather_lengths([3], None, error="sample 2 is bad")
-    assert agree_status(STATUS_END, None, None) == (STATUS_END, None)
-    assert agree_status(STATUS_ERROR, "boom", None) == (STATUS_ERROR, "boom")
+    ended, failed = agree(Status.END, None, None), agree(Status.ERROR, "boom", None)
+    assert (ended.status, failed.status, failed.message) == (Status.END, Status.ERROR, "boom")
     with pytest.raises(ValueError, match="status must be one of"):
-        agree_status(5, None, None)
+        agree(5, None, None)
 
 
 def test_wire_buffers_report_their_size():

@@ -22,6 +22,7 @@ from test_wrapper_dist import SEED, _check_run, _roundtrip, _scheduler, _summary
 from wrapper_data import items, mesh_topology, wait_until
 
 from seqpack.loader import wrap_data_iterator
+from seqpack.loader.resume import StateKey
 from seqpack.topology import Topology
 
 LAYOUTS = {
@@ -104,7 +105,7 @@ def run_depths(layout, owner):
     next(it), next(it)
     time.sleep(0.05)
     state = _roundtrip(it.state_dict())
-    out["state_steps"], out["state_deferred"] = state[it.STATE_STEPS], len(state[it.STATE_DEFERRED])
+    out["state_steps"], out["state_deferred"] = state[StateKey.STEPS], len(state[StateKey.DEFERRED_SAMPLES])
     it.close()
     resumed, _ = _wrap(topo, owner, 1, 30)
     resumed.load_state_dict(state)

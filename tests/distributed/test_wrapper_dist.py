@@ -32,6 +32,7 @@ from wrapper_data import (
 
 from seqpack.cost import CostModel
 from seqpack.loader import wrap_data_iterator
+from seqpack.loader.resume import StateKey
 from seqpack.schedulers import available_schedulers
 from seqpack.thd import pad_multiple_for
 from seqpack.thd.cp import unshard_from_cp
@@ -127,7 +128,7 @@ def run_wrapper(layout, cfg: dict) -> dict:
             out["steps"].append(_summary(step))
             if len(out["steps"]) == resume_at:
                 state = _roundtrip(it.state_dict())
-                out["deferred_in_state"] = len(state[it.STATE_DEFERRED])
+                out["deferred_in_state"] = len(state[StateKey.DEFERRED_SAMPLES])
         out["dropped_at_end"] = it.dropped_at_end
         if resume_at is not None:
             fresh = _wrapped(topo, cfg)

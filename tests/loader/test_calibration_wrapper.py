@@ -11,6 +11,7 @@ from seqpack.calibrate import CostCalibrator
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import StepFailed
 from seqpack.loader import wrap_data_iterator
+from seqpack.loader.resume import StateKey
 from seqpack.topology import Topology
 
 TRUTH = CostModel(1e-4, 1e-7, 0.01)  # seconds: a clock the scheduler is not told
@@ -141,7 +142,7 @@ def test_resume_restores_the_calibrator_and_pending_times():
     kwargs = dict(scheduler="balanced", sync="lockstep")
     full, _ = run(_wrap(**kwargs), None)
     head, state = run(_wrap(**kwargs), None, stop=7)
-    assert state[_wrap(**kwargs).STATE_CALIBRATION]["pending"]  # step 6's times wait in the state
+    assert state[StateKey.CALIBRATION]["pending"]  # step 6's times wait in the state
     fresh = _wrap(**kwargs)
     fresh.load_state_dict(state)
     tail, _ = run(fresh, None)

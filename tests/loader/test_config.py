@@ -87,9 +87,13 @@ def test_fingerprint_covers_every_field_that_changes_the_data():
         assert base.replace(**change).fingerprint() != base.fingerprint(), change
 
 
-def test_one_minibatch_keeps_the_fingerprint_of_states_saved_before_the_option():
-    assert "minibatches" not in _config().summary() and _config(minibatches=1).fingerprint() == _config().fingerprint()
+def test_every_option_that_changes_the_data_is_in_the_summary():
+    summary = _config().summary()
+    assert {"minibatches", "sync", "calibrate", "label_format", "cp_layout", "static_shapes", "dynamic_cp"} <= set(
+        summary
+    )
     assert _config(minibatches=3).summary()["minibatches"] == "3"
+    assert _config(minibatches=3).fingerprint() != _config().fingerprint()
 
 
 def test_resolve_pad_multiple_against_the_topology():

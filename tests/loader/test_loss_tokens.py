@@ -21,6 +21,7 @@ from seqpack.collective.wire import STEP_FIELDS, StepOk, decode_step, encode_ste
 from seqpack.errors import ResumeError, SampleError, SeqpackTypeError, StepFailed, WireError
 from seqpack.loader import PackingConfig, wrap_data_iterator
 from seqpack.loader.labels import loss_token_counts, misaligned_step_message, prepare_labels
+from seqpack.loader.resume import StateKey
 from seqpack.options import LABEL_COPY_MIN_TOKENS, LabelFormat
 from seqpack.schedulers import get_scheduler
 from seqpack.thd import IGNORE_INDEX, SAMPLES_NOT_BATCHES, count_loss_tokens, pack_sequences
@@ -245,7 +246,7 @@ def test_deferred_samples_are_counted_in_the_step_that_trains_them_also_after_re
     it = wrap()
     next(it)
     state = it.state_dict()
-    assert state[it.STATE_DEFERRED]
+    assert state[StateKey.DEFERRED_SAMPLES]
     resumed = wrap()
     resumed.load_state_dict(state)
     again = list(resumed)
@@ -255,9 +256,9 @@ def test_deferred_samples_are_counted_in_the_step_that_trains_them_also_after_re
             assert torch.equal(p.labels, q.labels) and torch.equal(p.loss_mask, q.loss_mask)
 
 
-def test_label_format_is_in_the_fingerprint_only_when_unshifted():
+def test_label_format_is_in_the_fingerprint():
     base = PackingConfig(samples_per_rank=6, max_tokens_per_rank=48)
-    assert "label_format" not in base.summary()  # resume states saved before it existed still load
+    assert base.summary()["label_format"] == "shifted"
     assert base.replace(label_format="shifted").fingerprint() == base.fingerprint()
     unshifted = base.replace(label_format=LabelFormat.UNSHIFTED)
     assert unshifted.summary()["label_format"] == "unshifted" and unshifted.fingerprint() != base.fingerprint()
@@ -269,7 +270,7 @@ def test_label_format_is_in_the_fingerprint_only_when_unshifted():
     it = _wrap(iter(data))
     next(it)
     state = it.state_dict()
-    with pytest.raises(ResumeError, match="label_format: None \\(saved\\) vs 'unshifted' \\(here\\)"):
+    with pytest.raises(ResumeError, match="label_format: 'shifted' \\(saved\\) vs 'unshifted' \\(here\\)"):
         _wrap(iter(data), label_format="unshifted").load_state_dict(state)
     again = _wrap(iter(data), label_format="shifted")  # the default, spelled out: the same data
     again.load_state_dict(state)

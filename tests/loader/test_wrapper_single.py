@@ -18,7 +18,8 @@ from wrapper_data import (
 )
 
 from seqpack.cost import CostModel
-from seqpack.loader import PackingIterator, Step, wrap_data_iterator
+from seqpack.loader import Step, wrap_data_iterator
+from seqpack.loader.resume import StateKey
 from seqpack.schedulers.balanced import BalancedScheduler
 from seqpack.topology import Topology
 
@@ -161,9 +162,9 @@ def test_resume_reproduces_the_next_steps_with_deferred_samples(stateful):
     first = fresh()
     head = [next(first), next(first)]
     state = _save_load(first.state_dict())
-    assert state[PackingIterator.STATE_STEPS] == 2 and state[PackingIterator.STATE_CONSUMED] == 12
-    assert len(state[PackingIterator.STATE_DEFERRED]) == 1  # not vacuous: a deferred sample travels
-    assert (state[PackingIterator.STATE_ITERATOR] is not None) == stateful
+    assert state[StateKey.STEPS] == 2 and state[StateKey.CONSUMED] == 12
+    assert len(state[StateKey.DEFERRED_SAMPLES]) == 1  # not vacuous: a deferred sample travels
+    assert (state[StateKey.ITERATOR] is not None) == stateful
     resumed = fresh()
     resumed.load_state_dict(state)
     if stateful:
@@ -171,7 +172,7 @@ def test_resume_reproduces_the_next_steps_with_deferred_samples(stateful):
     middle = next(resumed)
     # Resume again from the resumed iterator: its own bookkeeping must be right too.
     state = _save_load(resumed.state_dict())
-    assert state[PackingIterator.STATE_CONSUMED] == 18 and state[PackingIterator.STATE_STEPS] == 3
+    assert state[StateKey.CONSUMED] == 18 and state[StateKey.STEPS] == 3
     again = fresh()
     again.load_state_dict(state)
     _same_steps(head + [middle] + _run(again), reference)
@@ -351,7 +352,9 @@ def test_config_object_and_overrides():
     b = list(_wrap(items(SEED, 0, 18)))
     assert [s.schedule_fingerprint for s in a] == [s.schedule_fingerprint for s in b]
     c = wrap_data_iterator(items(SEED, 0, 18), Topology.single(), config, samples_per_rank=3)
-    assert c.config.samples_per_rank == 3 and c.samples_per_rank == 3
+    assert c.config.samples_per_rank == 3
+    with pytest.raises(AttributeError):  # the settings live in the config alone, under one name
+        c.samples_per_rank  # noqa: B018
     with pytest.raises(ValueError, match=r"unknown PackingConfig field\(s\) \['sample_per_rank'\]"):
         wrap_data_iterator(items(SEED, 0, 18), Topology.single(), config, sample_per_rank=3)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['foo'\]"):
@@ -395,9 +398,9 @@ def test_the_thread_reads_ahead_but_state_dict_describes_the_steps_handed_over()
     # Not vacuous: the thread really read three more steps of 6 samples from the source.
     assert wait_until(lambda: source.position == 30)
     state = _save_load(it.state_dict())
-    assert state[PackingIterator.STATE_STEPS] == 2 and state[PackingIterator.STATE_CONSUMED] == 12
-    assert state[PackingIterator.STATE_ITERATOR] == {"position": 12}  # a snapshot, not the live source
-    assert len(state[PackingIterator.STATE_DEFERRED]) == 1
+    assert state[StateKey.STEPS] == 2 and state[StateKey.CONSUMED] == 12
+    assert state[StateKey.ITERATOR] == {"position": 12}  # a snapshot, not the live source
+    assert len(state[StateKey.DEFERRED_SAMPLES]) == 1
     it.close()
     for k in (0, 2):  # resumed under another prefetch depth, it continues bit-identically
         resumed = _wrap(StatefulItems(60), scheduler=ScatterScheduler(defer_longest=True), prefetch=k)
@@ -488,7 +491,7 @@ def test_close_stops_the_thread_and_the_iterator_but_keeps_its_state():
     assert source.position == 18  # close() did not prepare more than the two slots
     with pytest.raises(SeqpackError, match="closed"):
         next(it)
-    assert it.state_dict()[PackingIterator.STATE_CONSUMED] == 6
+    assert it.state_dict()[StateKey.CONSUMED] == 6
     it.close()  # idempotent
     it.close(timeout=0)
 
