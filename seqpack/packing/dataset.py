@@ -241,7 +241,12 @@ def pack_dataset(
         # otherwise hash every packed token).
         key = f"{getattr(rows, '_fingerprint', None)} {max_tokens} {label_format} {on_oversize} {PACKED_KEYS}"
         fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
-        return _write_dataset(_packed_chunks(sequences, max_tokens, label_format), rows, fingerprint)
+        # Labels and positions stored as int32 where they fit (datasets reads integers as int64 tensors).
+        narrow = all(np.can_cast(sequences.values[key][0].dtype, np.int32) for key in ("input_ids", "labels")
+                     if key in sequences.values)  # fmt: skip
+        dtypes = dict(labels=np.int32 if narrow else np.int64, position_ids=np.int32)
+        chunks = _packed_chunks(sequences, max_tokens, label_format, CHUNK_TOKENS)
+        return _write_dataset(chunks, rows, fingerprint, dtypes)
     if isinstance(rows, (str, bytes, Mapping, torch.Tensor, np.ndarray)) or not isinstance(rows, Iterable):
         raise SeqpackTypeError(
             f"rows must be an iterable of mappings (one sequence each) or a datasets.Dataset, got {type(rows).__name__}"
@@ -249,7 +254,7 @@ def pack_dataset(
     if progress is None:
         progress = isinstance(rows, Sequence) and len(rows) >= PROGRESS_ROWS
     sequences = _fit(_read_rows(rows, progress), max_tokens, on_oversize)
-    return _packed_rows(_packed_chunks(sequences, max_tokens, label_format))
+    return _packed_rows(_packed_chunks(sequences, max_tokens, label_format, None))  # in memory anyway: one pass
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -529,18 +534,22 @@ def _targets(
     return target, weight.astype(np.float32, copy=False), counts
 
 
-def _packed_chunks(sequences: _Sequences, max_tokens: int, label_format: LabelFormat) -> Iterator[_Chunk]:
-    """The packed rows, :data:`CHUNK_TOKENS` tokens at a time: each chunk's fields as flat
-    arrays, the token offsets of its packed rows and their numbers of sequences ``k``
-    (``cu_seqlens`` holds ``k + 1`` entries per packed row, ``sample_ids`` and ``seq_lengths`` ``k``).
-    Refuses misaligned labels once every chunk is built."""
+def _packed_chunks(
+    sequences: _Sequences, max_tokens: int, label_format: LabelFormat, chunk_tokens: int | None
+) -> Iterator[_Chunk]:
+    """The packed rows, ``chunk_tokens`` tokens at a time (``None``: all at once): each chunk's
+    fields as flat arrays, the token offsets of its packed rows and their numbers of sequences
+    ``k`` (``cu_seqlens`` holds ``k + 1`` entries per packed row, ``sample_ids`` and
+    ``seq_lengths`` ``k``). Refuses misaligned labels once every chunk is built."""
     packing = pack_lengths(sequences.lengths, max_tokens)
     ends = np.cumsum(packing.tokens)
     counts = np.zeros((2, sequences.lengths.shape[0]), dtype=np.int64)
     p = 0
     while p < packing.num_packs:
         done = int(ends[p - 1]) if p else 0
-        q = max(p + 1, int(np.searchsorted(ends, done + CHUNK_TOKENS, side="right")))
+        q = packing.num_packs
+        if chunk_tokens is not None:
+            q = max(p + 1, int(np.searchsorted(ends, done + chunk_tokens, side="right")))
         seqs = packing.order[packing.cu_packs[p] : packing.cu_packs[q]]
         lengths = sequences.lengths[seqs]
         cu = np.zeros(seqs.shape[0] + 1, dtype=np.int64)
@@ -607,15 +616,18 @@ def _packed_rows(chunks: Iterator[_Chunk]) -> PackedRows:
     dtypes = dict(input_ids=np.int64, labels=np.int64, loss_mask=np.float32, position_ids=np.int64,
                   cu_seqlens=np.int32, sample_ids=np.int64, seq_lengths=np.int32)  # fmt: skip
     flat = {
-        key: np.concatenate([np.zeros(0, dtype), *parts[key]]).astype(dtype, copy=False)
+        key: (parts[key][0] if len(parts[key]) == 1 else np.concatenate([np.zeros(0, dtype), *parts[key]])).astype(
+            dtype, copy=False
+        )
         for key, dtype in dtypes.items()
     }
     token_offsets, seq_offsets = np.cumsum(np.concatenate(tokens)), np.cumsum(np.concatenate(per_row))
     return PackedRows(flat, token_offsets, seq_offsets + np.arange(seq_offsets.shape[0]), seq_offsets)
 
 
-def _write_dataset(chunks: Iterator[_Chunk], source: Any, fingerprint: str) -> Any:
-    """The chunks as Arrow batches in a cache file, memory-mapped back as a ``datasets.Dataset``."""
+def _write_dataset(chunks: Iterator[_Chunk], source: Any, fingerprint: str, dtypes: dict[str, Any]) -> Any:
+    """The chunks as Arrow batches in a cache file, memory-mapped back as a ``datasets.Dataset``
+    (the fields of ``dtypes`` stored in those types)."""
     import pyarrow as pa
 
     datasets = importlib.import_module("datasets")  # typed as Any: it ships no type hints
@@ -632,6 +644,7 @@ def _write_dataset(chunks: Iterator[_Chunk], source: Any, fingerprint: str) -> A
             for fields, token_offsets, per_pack in chunks:
                 starts = token_offsets.astype(np.int32)
                 seq_offsets = np.concatenate([[0], np.cumsum(per_pack)]).astype(np.int32)
+                fields.update({key: fields[key].astype(dtype) for key, dtype in dtypes.items()})
                 columns = {key: pa.ListArray.from_arrays(starts, fields[key]) for key in _TOKEN_FIELDS}
                 cu_offsets = seq_offsets + np.arange(per_pack.shape[0] + 1, dtype=np.int32)
                 columns["cu_seqlens"] = pa.ListArray.from_arrays(cu_offsets, fields["cu_seqlens"])

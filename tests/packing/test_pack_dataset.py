@@ -283,3 +283,25 @@ def test_the_guard_on_the_rows_together_needs_90_percent_of_their_checked_tokens
     with pytest.raises(SampleError, match=r"the rows together .* on 4500 of 5000 supervised"):
         seqpack.pack_dataset(wrong + _short_answers(100, 5, hf=False, seed=1), 128)
     seqpack.pack_dataset(wrong + _short_answers(101, 5, hf=False, seed=1), 128)  # 4,500 of 5,005: passes
+
+
+@pytest.mark.parametrize("label_format", ["shifted", "unshifted"])
+def test_a_dataset_of_several_arrow_batches_packed_in_small_chunks_gives_the_rows_packing(label_format, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    rows = _rows(60, seed=7, labels=label_format == "unshifted", mask=True)
+    int32 = datasets.List(datasets.Value("int32"))
+    parts = [datasets.Dataset.from_list(rows[i : i + 13]).cast_column("input_ids", int32) for i in range(0, 60, 13)]
+    ds = datasets.concatenate_datasets(parts)
+    assert len(ds.data.to_batches()) == len(parts) > 1  # the Arrow table is read batch by batch
+    monkeypatch.setattr(seqpack.packing.dataset, "CHUNK_TOKENS", 50)  # several chunks of packed rows
+    out = seqpack.pack_dataset(ds, 40, label_format=label_format)
+    expected = seqpack.pack_dataset(rows, 40, label_format=label_format)
+    assert out.num_rows == len(expected) > 5
+    assert len(out.data.to_batches()) > 1  # written chunk by chunk
+    types = {field.name: str(field.type.value_type) for field in out.data.schema}
+    assert types["input_ids"] == types["position_ids"] == "int32"  # the input's type; positions fit
+    assert types["labels"] == ("int64" if "labels" in ds.column_names else "int32")  # int64 labels given
+    assert out.with_format("torch")[0]["labels"].dtype == torch.int64
+    for got, want in zip(out, expected, strict=True):
+        for key in seqpack.packing.PACKED_KEYS:
+            assert got[key] == want[key].tolist(), key
