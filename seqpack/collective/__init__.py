@@ -6,12 +6,11 @@
   one small all-reduce.
 - :mod:`~seqpack.collective.length_gather`: :func:`gather_lengths`: every DP rank's lengths, with a
   per-rank header that turns one rank's bad input into an error on every rank.
-- :mod:`~seqpack.collective.cp_exchange`: the wrapper's exchange (every rank of a sequence's
-  CP group gets its shard; a pure plan and one all-to-all per dtype) for static and dynamic
-  CP; :mod:`~seqpack.collective.cp_groups`: the CP process groups (dynamic CP: one per block
-  a plan can use, created once).
-- :mod:`~seqpack.collective.exchange`: :func:`plan_exchange` (pure) and :func:`exchange_samples`:
-  an all-to-all of whole samples to their replica, for loops of one's own.
+- :mod:`~seqpack.collective.exchange`: the exchange (every rank of a sequence's CP group
+  gets its shard, whole samples without CP; a pure plan, :func:`plan_shard_exchange`, and one
+  all-to-all per dtype, :func:`exchange_shards`) for static and dynamic CP;
+  :mod:`~seqpack.collective.cp_groups`: the CP process groups (dynamic CP: one per block a
+  plan can use, created once).
 - :mod:`~seqpack.collective.wire`: the int64 wire format of a step (:class:`StepOk`,
   :class:`StepEnd`, :class:`StepError`; header declared once), as pure functions;
   :mod:`~seqpack.collective.wire_plan` the plan it carries (static or dynamic CP).
@@ -27,7 +26,7 @@ from seqpack.collective.agree import (
     agree_axes,
 )
 from seqpack.collective.broadcast import broadcast_pp, broadcast_step, broadcast_tp
-from seqpack.collective.exchange import Exchanged, ExchangePlan, exchange_samples, plan_exchange
+from seqpack.collective.exchange import Exchanged, ExchangePlan, exchange_shards, plan_shard_exchange
 from seqpack.collective.length_gather import GatheredLengths, gather_lengths
 from seqpack.collective.wire import (
     FORMAT_VERSION,
@@ -64,8 +63,8 @@ __all__ = [
     "decode_prefix",
     "decode_step",
     "encode_step",
-    "exchange_samples",
+    "exchange_shards",
     "gather_lengths",
-    "plan_exchange",
+    "plan_shard_exchange",
     "wire_format_markdown",
 ]

@@ -1,30 +1,49 @@
-"""Whole-sample exchange over DP: move samples to the replica the schedule chose.
+"""The wrapper's sample exchange: every rank of a sequence's CP group gets its shard.
 
-:func:`plan_exchange` (pure) computes who sends what to whom from the global lengths every
-rank already has, so no count is exchanged; :func:`exchange_samples` runs one
-``all_to_all_single`` per dtype over one DP group, one flat buffer per dtype. Samples already
-on their replica do not travel. A piece for loops of one's own (docs/wrapper.md, "Using the
-pieces"); the wrapper sends every rank only its CP shard of each sequence
-(:mod:`seqpack.collective.cp_exchange`), whose :class:`Exchanged` and :class:`ExchangePlan`
-are these.
+Every plan is rounds of CP groups, blocks of the ``R = dp x cp`` plane ranks (DP-major;
+static CP: the replicas' CP blocks). Each rank of a sequence's group needs one shard of it, a
+*piece*: DualChunkSwap chunks ``j`` and ``2c - 1 - j`` of ``2c`` (or slice ``j`` of ``c`` in the
+contiguous layout) of the sequence padded to its span (``Schedule.packed_spans``), cut and
+sent by the CP rank of the same index of the DP replica that read it
+(:mod:`seqpack.schedulers.dynamic_cp.pieces`: who cuts which piece). A static plan's pieces
+never leave their CP lane.
+
+:func:`plan_shard_exchange` (pure) says who sends which piece to whom, from the plan and the
+gathered counts that every rank has; :func:`exchange_shards` packs this rank's outgoing
+sequences (:func:`~seqpack.thd.pack_sequences`, one call per padding multiple, so every piece
+is exactly what packing the whole microbatch and sharding it would give), cuts the pieces and
+runs one ``all_to_all_single`` per dtype over the plane group (or the CP lane). A receiver
+concatenates its pieces in pack order: that is its shard of the microbatch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from seqpack.collective.groups import all_gather_objects, collective, comm_device, group_rank, group_size
+from seqpack.collective.groups import collective, comm_device
 from seqpack.errors import ConfigError, SampleError
-from seqpack.schedulers.schedule import Schedule
+from seqpack.options import CpLayout, LabelFormat
+from seqpack.schedulers import Schedule
+from seqpack.schedulers.dynamic_cp.pieces import Pieces, shard_layout
+from seqpack.thd import pack_sequences
+from seqpack.validation import check_choice
 
-__all__ = ["ExchangePlan", "Exchanged", "exchange_samples", "plan_exchange"]
+__all__ = ["SHARD_KEYS", "ExchangePlan", "Exchanged", "exchange_shards", "plan_shard_exchange"]
+
+SHARD_KEYS: tuple[tuple[str, torch.dtype], ...] = (
+    ("input_ids", torch.int64),
+    ("labels", torch.int64),
+    ("position_ids", torch.int64),
+    ("loss_mask", torch.float32),
+)
+"""The packed token fields a piece carries (``position_ids`` only when the samples carry
+their own; receivers rebuild it from the layout otherwise)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +51,7 @@ class ExchangePlan:
     """Who sends what to whom, computed identically and locally on every rank.
 
     Attributes:
-        rank: This rank's index in the DP group.
+        rank: This rank's index in the exchange's group.
         send_ids: Per destination replica, the global ids this rank sends (ascending; empty
             for itself).
         recv_ids: Per source replica, the global ids this rank receives (ascending).
@@ -50,62 +69,9 @@ class ExchangePlan:
     moved_tokens: int
 
 
-def plan_exchange(destination: np.ndarray, sizes: np.ndarray, counts: np.ndarray, rank: int) -> ExchangePlan:
-    """Plan the all-to-all of one step (pure).
-
-    Args:
-        destination: int64 ``[N]`` replica of every global id, ``-1`` for ids that go
-            nowhere (deferred, dropped).
-        sizes: int64 ``[N]`` tokens each id carries (per key).
-        counts: int64 ``[dp]`` samples held by each DP rank (global ids are contiguous
-            blocks in rank order).
-        rank: This rank.
-    """
-    destination = np.asarray(destination, dtype=np.int64)
-    sizes = np.asarray(sizes, dtype=np.int64)
-    counts = np.asarray(counts, dtype=np.int64)
-    dp = counts.shape[0]
-    if destination.shape != sizes.shape or destination.shape[0] != int(counts.sum()):
-        raise ConfigError(
-            f"destination ({destination.shape[0]}), sizes ({sizes.shape[0]}) and sum(counts) "
-            f"({int(counts.sum())}) must all be the number of samples"
-        )
-    if not 0 <= rank < dp:
-        raise ConfigError(f"rank={rank} is out of range for {dp} DP ranks")
-    if destination.size and (destination.min() < -1 or destination.max() >= dp):
-        raise ConfigError(f"destination must hold replicas in -1..{dp - 1}")
-    # O(N log N + dp): one sort of this rank's outgoing ids by destination, one scan for the
-    # incoming ones (ids are contiguous per origin, so they arrive grouped by source).
-    starts = np.zeros(dp + 1, dtype=np.int64)
-    np.cumsum(counts, out=starts[1:])
-    origin = np.repeat(np.arange(dp, dtype=np.int64), counts)
-    moving = (destination >= 0) & (destination != origin)
-    lo, hi = int(starts[rank]), int(starts[rank + 1])
-    block = np.arange(lo, hi, dtype=np.int64)
-    outgoing = block[moving[lo:hi]]
-    order = np.argsort(destination[outgoing], kind="stable")  # ids stay ascending per peer
-    outgoing = outgoing[order]
-    send_bounds = np.searchsorted(destination[outgoing], np.arange(dp + 1, dtype=np.int64))
-    incoming = np.flatnonzero(moving & (destination == rank)).astype(np.int64)
-    recv_bounds = np.searchsorted(incoming, starts)
-    send_ids = [outgoing[send_bounds[d] : send_bounds[d + 1]] for d in range(dp)]
-    recv_ids = [incoming[recv_bounds[s] : recv_bounds[s + 1]] for s in range(dp)]
-    keep_ids = block[destination[lo:hi] == rank]
-    send_tokens = _sums_between(sizes[outgoing], send_bounds)
-    recv_tokens = _sums_between(sizes[incoming], recv_bounds)
-    return ExchangePlan(rank, send_ids, recv_ids, keep_ids, send_tokens, recv_tokens, int(sizes[moving].sum()))
-
-
-def _sums_between(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """int64 sums of ``values[bounds[i]:bounds[i + 1]]`` for every ``i``."""
-    csum = np.zeros(values.shape[0] + 1, dtype=np.int64)
-    np.cumsum(values, out=csum[1:])
-    return csum[bounds[1:]] - csum[bounds[:-1]]
-
-
 @dataclasses.dataclass
 class Exchanged:
-    """What :func:`exchange_samples` delivered to this rank.
+    """What :func:`exchange_shards` delivered to this rank.
 
     Attributes:
         samples: Global id to sample (``{key: 1-D tensor}``) for every id scheduled on this
@@ -120,140 +86,302 @@ class Exchanged:
     bytes_kept: int = 0
 
 
-def _schema_of(sample: Mapping[str, Any]) -> list[tuple[str, torch.dtype]]:
-    return [(key, torch.as_tensor(value).dtype) for key, value in sorted(sample.items()) if value is not None]
-
-
-def exchange_samples(
-    samples: Sequence[Mapping[str, torch.Tensor]],
-    schedule: Schedule | np.ndarray,
-    counts: Sequence[int] | np.ndarray,
-    group: ProcessGroup | None = None,
+def plan_shard_exchange(
+    start: np.ndarray,
+    size: np.ndarray,
+    tokens: np.ndarray,
+    origin: np.ndarray,
     *,
-    schema: Sequence[tuple[str, torch.dtype]] | None = None,
-    sizes: np.ndarray | None = None,
-) -> Exchanged:
-    """Move this DP rank's samples to the replicas the schedule chose; all ranks call it.
-
-    One ``all_to_all_single`` per dtype over ``group`` (the DP group of one CP lane): the
-    keys of one dtype travel in one flat buffer, sample-major, ids ascending. Split sizes
-    come from the global lengths, which every rank knows; ranks that send or receive
-    nothing take part with empty buffers, and a dtype nothing crosses the wire for skips
-    its collective on every rank.
+    cp_size: int,
+    num_ranks: int,
+    rank: int,
+) -> ExchangePlan:
+    """Plan the pieces of one step (pure; module docstring).
 
     Args:
-        samples: This rank's samples, in local order (global ids ``offsets[rank]...``).
-        schedule: The step's ``Schedule``, or an int64 ``[N]`` array of destination
-            replicas (``-1``: goes nowhere).
-        counts: Samples per DP rank (``GatheredLengths.counts``).
-        group: The DP group (``None``: one rank).
-        schema: ``(key, dtype)`` pairs every rank moves, identical on all ranks. ``None``
-            agrees on it with an ``all_gather_object`` (one extra collective).
-        sizes: Tokens each id carries (default ``schedule.lengths``: truncated lengths).
+        start, size: int64 ``[N]`` first plane rank and size of each id's group (size ``-1``:
+            not assigned).
+        tokens: int64 ``[N]`` tokens of one shard of each id.
+        origin: int64 ``[N]`` DP rank that read each id.
+        cp_size: CP ranks per DP replica (plane rank ``d * cp + k``).
+        num_ranks: Plane ranks ``dp * cp``.
+        rank: This plane rank.
 
-    Raises:
-        SampleError: A sample shorter than its size, or ranks holding different keys.
+    Returns:
+        An :class:`~seqpack.collective.exchange.ExchangePlan` over plane ranks: ``send_ids[d]``
+        the ids whose shard for plane rank ``d`` this rank sends, ``recv_ids[s]`` the ids whose
+        shard for this rank comes from ``s`` (both ascending), ``keep_ids`` the ids whose shard
+        this rank cuts for itself; ``send_tokens`` / ``recv_tokens`` per peer.
+    """
+    start, size, tokens, origin = (np.asarray(a, dtype=np.int64) for a in (start, size, tokens, origin))
+    if not start.shape == size.shape == tokens.shape == origin.shape:
+        raise ConfigError("start, size, tokens and origin must have one entry per id")
+    if not 0 <= rank < num_ranks:
+        raise ConfigError(f"rank={rank} is out of range for {num_ranks} plane ranks")
+    assigned = size > 0
+    if assigned.any() and (start[assigned].min() < 0 or (start + size)[assigned].max() > num_ranks):
+        raise ConfigError(f"a group reaches outside the {num_ranks} plane ranks")
+    if origin.size and (origin.min() < 0 or (origin.max() + 1) * cp_size > num_ranks):
+        raise ConfigError(f"origin holds DP ranks outside 0..{num_ranks // cp_size - 1}")
+    p = Pieces.of(start, size, tokens, origin, cp_size)
+    moving = p.moving
+    out = np.flatnonzero(moving & (p.src == rank))
+    out = out[np.lexsort((p.gid[out], p.dst[out]))]
+    inc = np.flatnonzero(moving & (p.dst == rank))
+    inc = inc[np.lexsort((p.gid[inc], p.src[inc]))]
+    bounds = np.arange(num_ranks + 1, dtype=np.int64)
+    send_at = np.searchsorted(p.dst[out], bounds).tolist()
+    recv_at = np.searchsorted(p.src[inc], bounds).tolist()
+    sent, got = p.gid[out], p.gid[inc]  # per peer: slices (views) of these
+    piece_tokens = p.tokens
+    return ExchangePlan(
+        rank,
+        [sent[send_at[d] : send_at[d + 1]] for d in range(num_ranks)],
+        [got[recv_at[s] : recv_at[s + 1]] for s in range(num_ranks)],
+        np.sort(p.gid[(p.src == rank) & (p.dst == rank)]),
+        np.bincount(p.dst[out], weights=piece_tokens[out], minlength=num_ranks).astype(np.int64),
+        np.bincount(p.src[inc], weights=piece_tokens[inc], minlength=num_ranks).astype(np.int64),
+        int(piece_tokens[moving].sum()),
+    )
+
+
+def _dualchunk_runs(base: np.ndarray, length: np.ndarray, size: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Source indices of pieces back to back: piece ``i`` is chunks ``j`` and ``2c-1-j`` of the
+    ``length[i]`` tokens at ``base[i]`` (the whole run when ``c = 1``)."""
+    chunk = length // (2 * size)
+    alone = size == 1
+    first = np.where(alone, base, base + j * chunk)
+    first_len = np.where(alone, length, chunk)
+    second = base + (2 * size - 1 - j) * chunk
+    second_len = np.where(alone, 0, chunk)
+    starts = np.stack([first, second], axis=1).reshape(-1)
+    lengths = np.stack([first_len, second_len], axis=1).reshape(-1)
+    return _runs(starts, lengths)
+
+
+def _contiguous_runs(base: np.ndarray, length: np.ndarray, size: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Source indices of pieces back to back: piece ``i`` is slice ``j`` of ``c`` equal slices
+    of the ``length[i]`` tokens at ``base[i]`` (``cp_layout="contiguous"``)."""
+    share = length // size
+    return _runs(base + j * share, share)
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    offsets = np.cumsum(lengths) - lengths
+    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+class _Source:
+    """This rank's outgoing sequences, each padded to its span (one ``pack_sequences`` per
+    padding multiple, and one per sequence whose span is longer: a fixed-shape pack's last
+    sequence under ``"extend_last"``), concatenated: every packed token field, and where each
+    id's tokens start."""
+
+    def __init__(
+        self,
+        samples: Sequence[Mapping[str, torch.Tensor]],
+        offset: int,
+        ids: np.ndarray,
+        plan: Schedule,
+        spans: np.ndarray,
+        keys: Sequence[str],
+        layout: CpLayout,
+    ) -> None:
+        self.base: dict[int, int] = {}
+        self._parts: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
+        self._at = 0
+        multiple = plan.pad_multiples()
+        plain = -(-plan.lengths // multiple) * multiple
+        longer = ids[spans[ids] > plain[ids]]
+        for m in np.unique(multiple[ids]).tolist():
+            chosen = ids[(multiple[ids] == m) & (spans[ids] == plain[ids])]
+            if chosen.size:
+                self._pack(samples, offset, chosen, plan, m, None)
+        for gid in longer.tolist():
+            self._pack(samples, offset, np.array([gid]), plan, int(multiple[gid]), int(spans[gid]))
+        self.fields = {key: _joined(values) for key, values in self._parts.items() if values}
+        self._runs = _dualchunk_runs if layout == CpLayout.DUALCHUNK else _contiguous_runs
+
+    def _pack(
+        self,
+        samples: Sequence[Mapping[str, torch.Tensor]],
+        offset: int,
+        chosen: np.ndarray,
+        plan: Schedule,
+        multiple: int,
+        pad_to: int | None,
+    ) -> None:
+        truncated = []
+        for gid in chosen.tolist():
+            sample, n = samples[gid - offset], int(plan.lengths[gid])
+            if sample["input_ids"].shape[0] < n:
+                raise SampleError(f"global sample {gid} has {sample['input_ids'].shape[0]} tokens, scheduled {n}")
+            truncated.append({key: value[:n] for key, value in sample.items()})
+        # Labels were checked and brought to seqpack's form where read: packed as given.
+        batch = pack_sequences(
+            truncated, pad_multiple=multiple, pad_to=pad_to, label_format=LabelFormat.POSITION_ALIGNED
+        )
+        cu = batch.cu_seqlens_padded.to(torch.int64).numpy()
+        self.base.update(zip(chosen.tolist(), (self._at + cu[:-1]).tolist(), strict=True))
+        for key, parts in self._parts.items():
+            parts.append(getattr(batch, key))
+        self._at += int(cu[-1])
+
+    def indices(self, gids: np.ndarray, tokens: np.ndarray, size: np.ndarray, j: np.ndarray) -> torch.Tensor:
+        base = np.array([self.base[g] for g in gids.tolist()], dtype=np.int64)
+        return torch.from_numpy(self._runs(base, tokens[gids] * size[gids], size[gids], j))
+
+
+def exchange_shards(
+    samples: Sequence[Mapping[str, torch.Tensor]],
+    plan: Schedule,
+    counts: Sequence[int] | np.ndarray,
+    group: ProcessGroup | None,
+    *,
+    rank: int,
+    position_ids: bool = False,
+    spans: np.ndarray | None = None,
+    layout: CpLayout | str = CpLayout.DUALCHUNK,
+    lane: bool = False,
+) -> Exchanged:
+    """Send every piece of the step where it runs (module docstring); every plane rank calls it.
+
+    Args:
+        samples: This DP replica's samples (global ids ``offsets[dp_rank]...``), the same on
+            every CP rank of the replica.
+        plan: The step's plan (``plan.lengths``: truncated lengths).
+        counts: Samples per DP rank (``GatheredLengths.counts``).
+        group: The plane group (plane-rank order; ``None`` when the plane is one rank), or
+            with ``lane`` this rank's CP lane over DP (the DP group, replica order).
+        rank: This plane rank.
+        position_ids: The samples carry their own ``position_ids`` (sent too).
+        spans: Tokens each id spans in its pack (``Schedule.packed_spans``; by default its
+            padded length in its group).
+        layout: How a sequence is cut into its group's shards (``"dualchunk"``: chunks ``j``
+            and ``2c-1-j`` of ``2c``; ``"contiguous"``: slice ``j`` of ``c``).
+        lane: Every piece moves within its CP lane (a static plan, whose groups are the
+            replicas' CP blocks): run the all-to-all over ``group``, the lane's ranks only.
+
+    Returns:
+        ``Exchanged.samples``: for every id whose group holds this rank, its shard for this
+        rank (``input_ids``, ``labels``, ``loss_mask`` as packed, ``position_ids`` when
+        sent). One ``all_to_all_single`` per dtype, skipped on every rank when nothing moves.
     """
     counts = np.asarray(counts, dtype=np.int64)
-    rank = group_rank(group)
-    destination, sizes = _destinations(schedule, sizes)
-    if len(samples) != int(counts[rank]):
-        raise ConfigError(f"this rank holds {len(samples)} samples but counts[{rank}]={int(counts[rank])}")
-    if schema is None:
-        schema = _agreed_schema(samples, group)
-    plan = plan_exchange(destination, sizes, counts, rank)
-    take = _Taker(samples, sizes, offset=int(counts[:rank].sum()))
+    cp = plan.cp_size
+    spans = plan.packed_spans() if spans is None else np.asarray(spans, dtype=np.int64)
+    start, size, tokens = shard_layout(plan, spans)
+    origin = np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts)
+    exchange = plan_shard_exchange(start, size, tokens, origin, cp_size=cp, num_ranks=plan.num_ranks, rank=rank)
+    peers = np.arange(plan.num_ranks, dtype=np.int64)
+    if lane:
+        exchange, peers = _lane(exchange, rank, cp)
+    keys = [key for key, _ in SHARD_KEYS if key != "position_ids" or position_ids]
+    offset = int(counts[: rank // cp].sum())
+    produced = np.unique(np.concatenate([*exchange.send_ids, exchange.keep_ids]))
     received: dict[int, dict[str, torch.Tensor]] = {}
-    bytes_kept = 0
-    for gid in plan.keep_ids.tolist():
-        received[gid] = {key: take(gid, key, dtype) for key, dtype in schema}
-        bytes_kept += sum(t.numel() * t.element_size() for t in received[gid].values())
-    recv_order = np.concatenate(plan.recv_ids) if plan.recv_ids else np.zeros(0, np.int64)
-    for gid in recv_order.tolist():
-        received[gid] = {}
-    bytes_sent = bytes_received = 0
-    by_dtype: dict[torch.dtype, list[str]] = {}
-    for key, dtype in schema:
-        by_dtype.setdefault(dtype, []).append(key)
-    for dtype, keys in by_dtype.items():
-        if plan.moved_tokens == 0:
-            break  # nothing crosses the wire anywhere: every rank skips the collective
-        sent, got = _move(plan, take, recv_order, dtype, keys, received, group)
-        bytes_sent, bytes_received = bytes_sent + sent, bytes_received + got
-    for gid in recv_order.tolist():  # zero-token samples never touch a buffer
-        for key, dtype in schema:
-            received[gid].setdefault(key, torch.zeros(0, dtype=dtype))
-    return Exchanged(received, bytes_sent, bytes_received, bytes_kept)
+    try:
+        source: _Source | None = _Source(
+            samples, offset, produced, plan, spans, keys, check_choice("layout", layout, CpLayout)
+        )
+    except Exception as exc:  # send zeros, then raise: no peer is left waiting in the all-to-all
+        failure, source = exc, None
+    token_bytes = sum(dtype.itemsize for key, dtype in SHARD_KEYS if key in keys)
+    keep = exchange.keep_ids
+    kept = int(tokens[keep].sum()) * token_bytes
+    sent = got = 0
+    if exchange.moved_tokens:
+        for dtype in (torch.int64, torch.float32):
+            chosen = [key for key, kind in SHARD_KEYS if kind == dtype and key in keys]
+            a, b = _move(exchange, source, chosen, dtype, (start, size, tokens), received, group, peers)
+            sent, got = sent + a, got + b
+    if source is None:
+        raise failure
+    whole = keep[size[keep] == 1]  # a group of one: its piece is the whole run, a view
+    for gid, n in zip(whole.tolist(), tokens[whole].tolist(), strict=True):
+        at = source.base[gid]
+        received[gid] = {key: source.fields[key][at : at + n] for key in keys}
+    cut_here = keep[size[keep] > 1]
+    if cut_here.size:
+        index = source.indices(cut_here, tokens, size, rank - start[cut_here])
+        cut = {key: torch.split(source.fields[key].index_select(0, index), tokens[cut_here].tolist()) for key in keys}
+        for i, gid in enumerate(cut_here.tolist()):
+            received[gid] = {key: cut[key][i] for key in keys}
+    return Exchanged(received, bytes_sent=sent, bytes_received=got, bytes_kept=kept)
 
 
-def _destinations(schedule: Schedule | np.ndarray, sizes: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """The replica of every global id and the tokens it carries."""
-    if isinstance(schedule, Schedule):
-        destination = schedule.replica_of()
-        sizes = schedule.lengths if sizes is None else sizes
-    else:
-        destination = np.asarray(schedule, dtype=np.int64)
-        if sizes is None:
-            raise ConfigError("sizes is required when a destination array is given instead of a Schedule")
-    return destination, np.asarray(sizes, dtype=np.int64)
+def _lane(exchange: ExchangePlan, rank: int, cp: int) -> tuple[ExchangePlan, np.ndarray]:
+    """``exchange`` over this rank's CP lane (the plane ranks of its CP index, one per
+    replica), and those plane ranks.
 
-
-def _agreed_schema(
-    samples: Sequence[Mapping[str, torch.Tensor]], group: ProcessGroup | None
-) -> list[tuple[str, torch.dtype]]:
-    """The keys and dtypes every rank moves, agreed with one ``all_gather_object``."""
-    local = _schema_of(samples[0]) if samples else None
-    schemas = [local] if group_size(group) == 1 else all_gather_objects(local, group)
-    known = [s for s in schemas if s is not None]
-    if any(s != known[0] for s in known):
-        raise SampleError(f"DP ranks hold samples with different keys/dtypes: {schemas}")
-    return list(known[0]) if known else []
-
-
-class _Taker:
-    """The first ``sizes[gid]`` tokens of one key of this rank's sample ``gid``, in ``dtype``."""
-
-    def __init__(self, samples: Sequence[Mapping[str, torch.Tensor]], sizes: np.ndarray, offset: int) -> None:
-        self.samples, self.sizes, self.offset = samples, sizes, offset
-
-    def __call__(self, gid: int, key: str, dtype: torch.dtype) -> torch.Tensor:
-        value = self.samples[gid - self.offset][key]
-        n = int(self.sizes[gid])
-        if value.shape[0] < n:
-            raise SampleError(
-                f"global sample {gid} of this step has {value.shape[0]} tokens in {key!r} but is scheduled with {n}"
-            )
-        return value[:n].to(dtype)
+    Raises:
+        ConfigError: A piece to or from another lane (a plan that is not static).
+    """
+    peers = np.arange(rank % cp, exchange.send_tokens.shape[0], cp, dtype=np.int64)
+    others = np.setdiff1d(np.arange(exchange.send_tokens.shape[0]), peers)
+    if exchange.send_tokens[others].any() or exchange.recv_tokens[others].any():
+        raise ConfigError("a lane exchange got pieces that cross CP lanes: the plan is not static")
+    lane = ExchangePlan(
+        rank // cp,
+        [exchange.send_ids[p] for p in peers.tolist()],
+        [exchange.recv_ids[p] for p in peers.tolist()],
+        exchange.keep_ids,
+        exchange.send_tokens[peers],
+        exchange.recv_tokens[peers],
+        exchange.moved_tokens,
+    )
+    return lane, peers
 
 
 def _move(
-    plan: ExchangePlan,
-    take: _Taker,
-    recv_order: np.ndarray,
-    dtype: torch.dtype,
+    exchange: ExchangePlan,
+    source: _Source | None,
     keys: list[str],
+    dtype: torch.dtype,
+    layout: tuple[np.ndarray, np.ndarray, np.ndarray],
     received: dict[int, dict[str, torch.Tensor]],
     group: ProcessGroup | None,
+    peers: np.ndarray,
 ) -> tuple[int, int]:
-    """One ``all_to_all_single`` moving the ``keys`` of one dtype (sample-major, ids
-    ascending) into ``received``; returns the bytes sent and received."""
+    """One ``all_to_all_single`` of the ``keys`` of one dtype over ``group`` (its ranks are
+    the plane ranks ``peers``). The block for each peer is key-major: every key's tokens of
+    all pieces for that peer (ids ascending); zeros of the same sizes without a ``source``
+    (this rank failed to cut its pieces)."""
+    start, size, tokens = layout
     width = len(keys)
-    parts = [take(gid, key, dtype) for ids in plan.send_ids for gid in ids.tolist() for key in keys]
-    send = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
+    blocks = [torch.zeros(int(exchange.send_tokens.sum()) * width, dtype=dtype)]
+    if source is not None:
+        stacked = torch.stack([source.fields[key] for key in keys]) if source.fields else None  # [K, S]
+        blocks = []
+        for dst, ids in zip(peers.tolist(), exchange.send_ids, strict=True):
+            if ids.size:
+                assert stacked is not None
+                index = source.indices(ids, tokens, size, dst - start[ids])
+                blocks.append(stacked.index_select(1, index).reshape(-1))
+    send = torch.cat(blocks) if blocks else torch.zeros(0, dtype=dtype)
     device = comm_device(group)
-    out = torch.empty(int(plan.recv_tokens.sum()) * width, dtype=dtype, device=device)
+    out = torch.empty(int(exchange.recv_tokens.sum()) * width, dtype=dtype, device=device)
     collective(
         dist.all_to_all_single,
         out,
         send.to(device),
-        output_split_sizes=(plan.recv_tokens * width).tolist(),
-        input_split_sizes=(plan.send_tokens * width).tolist(),
+        output_split_sizes=(exchange.recv_tokens * width).tolist(),
+        input_split_sizes=(exchange.send_tokens * width).tolist(),
         group=group,
     )
     out = out.cpu()
-    if recv_order.size:
-        pieces = torch.split(out, np.repeat(take.sizes[recv_order], width).tolist())
-        for i, gid in enumerate(recv_order.tolist()):
-            for j, key in enumerate(keys):
-                received[gid][key] = pieces[i * width + j]
+    at = 0
+    for src, ids in enumerate(exchange.recv_ids):
+        n = int(exchange.recv_tokens[src])
+        if not ids.size:
+            continue
+        block = out[at : at + n * width].view(width, n)
+        at += n * width
+        for key, row in zip(keys, block, strict=True):
+            for gid, piece in zip(ids.tolist(), torch.split(row, tokens[ids].tolist()), strict=True):
+                received.setdefault(gid, {})[key] = piece
     return send.numel() * send.element_size(), out.numel() * out.element_size()

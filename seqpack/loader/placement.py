@@ -5,7 +5,7 @@ Every plan is rounds of CP groups over the plane's ``R = dp x cp`` ranks (static
 replicas' CP blocks in every round). Both stages are the same for both:
 
 - :meth:`Placement.exchange`: every rank gets, for each sequence its group runs, its shard
-  (:func:`~seqpack.collective.cp_exchange.exchange_shards`: DualChunkSwap or contiguous
+  (:func:`~seqpack.collective.exchange.exchange_shards`: DualChunkSwap or contiguous
   slices of the sequence padded to its span, ``Schedule.packed_spans``), cut by the CP rank of
   the same index of the replica that read it;
 - :meth:`Placement.pack`: this rank's shard of its group's microbatch in every round, from
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from seqpack.collective import Exchanged
-from seqpack.collective.cp_exchange import exchange_shards
+from seqpack.collective.exchange import exchange_shards
 from seqpack.collective.cp_groups import CpGroups, new_cp_groups, static_cp_groups
 from seqpack.errors import ConfigError
 from seqpack.loader.config import PackingConfig

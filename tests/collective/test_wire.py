@@ -1,4 +1,4 @@
-"""Wire format, exchange planning and layout rebuilding: pure, no processes."""
+"""Wire format and layout rebuilding: pure, no processes."""
 
 import dataclasses
 
@@ -21,7 +21,6 @@ from seqpack.collective import (
     decode_step,
     encode_step,
     gather_lengths,
-    plan_exchange,
 )
 from seqpack.collective.wire import MB_WORDS, MICROBATCH_FIELDS, PREFIX_WORDS, STEP_WORDS, Kind
 from seqpack.schedulers import get_scheduler
@@ -244,77 +243,6 @@ def test_layout_rebuild_of_filler_equals_padding_only_batch():
 def test_batch_from_layout_checks_token_counts():
     with pytest.raises(ValueError, match="input_ids has 3 tokens but the layout gives 4 to CP rank 0"):
         batch_from_layout([0, 5], [0, 8], 8, [0], 2, 0, input_ids=torch.zeros(3, dtype=torch.int64))
-
-
-# --- exchange planning ------------------------------------------------------------------
-
-
-@given(
-    dp=st.integers(1, 5),
-    data=st.data(),
-)
-@pytest.mark.slow
-def test_plan_exchange_is_consistent_across_ranks(dp, data):
-    counts = np.array(data.draw(st.lists(st.integers(0, 6), min_size=dp, max_size=dp)), dtype=np.int64)
-    n = int(counts.sum())
-    destination = np.array(data.draw(st.lists(st.integers(-1, dp - 1), min_size=n, max_size=n)), dtype=np.int64)
-    sizes = np.array(data.draw(st.lists(st.integers(0, 9), min_size=n, max_size=n)), dtype=np.int64)
-    plans = [plan_exchange(destination, sizes, counts, r) for r in range(dp)]
-    origin = np.repeat(np.arange(dp), counts)
-    delivered = []
-    for r, plan in enumerate(plans):
-        assert plan.send_ids[r].size == 0 and plan.recv_ids[r].size == 0  # nothing to itself
-        assert np.all(origin[plan.keep_ids] == r) and np.all(destination[plan.keep_ids] == r)
-        for s in range(dp):
-            # What s sends to r is what r expects from s, in the same order, same token count.
-            assert np.array_equal(plans[s].send_ids[r], plan.recv_ids[s])
-            assert plans[s].send_tokens[r] == plan.recv_tokens[s]
-        delivered += plan.keep_ids.tolist() + np.concatenate(plan.recv_ids).tolist()
-        assert plan.moved_tokens == plans[0].moved_tokens
-    # Every scheduled id arrives exactly once, at its destination; unscheduled ids nowhere.
-    assert sorted(delivered) == np.flatnonzero(destination >= 0).tolist()
-    assert sum(int(p.send_tokens.sum()) for p in plans) == plans[0].moved_tokens
-
-
-def _plan_exchange_reference(destination, sizes, counts, rank):
-    """The obvious O(N * dp) plan: one mask per peer."""
-    dp = counts.shape[0]
-    origin = np.repeat(np.arange(dp), counts)
-    ids = np.arange(destination.shape[0])
-    moving = (destination >= 0) & (destination != origin)
-    send = [ids[(origin == rank) & moving & (destination == d)] for d in range(dp)]
-    recv = [ids[(destination == rank) & moving & (origin == s)] for s in range(dp)]
-    keep = ids[(origin == rank) & (destination == rank)]
-    return send, recv, keep, [int(sizes[i].sum()) for i in send], [int(sizes[i].sum()) for i in recv]
-
-
-@given(dp=st.integers(1, 9), data=st.data())
-@pytest.mark.slow
-def test_plan_exchange_equals_the_per_peer_reference(dp, data):
-    counts = np.array(data.draw(st.lists(st.integers(0, 12), min_size=dp, max_size=dp)), dtype=np.int64)
-    n = int(counts.sum())
-    destination = np.array(data.draw(st.lists(st.integers(-1, dp - 1), min_size=n, max_size=n)), dtype=np.int64)
-    sizes = np.array(data.draw(st.lists(st.integers(0, 2**40), min_size=n, max_size=n)), dtype=np.int64)
-    for rank in range(dp):
-        plan = plan_exchange(destination, sizes, counts, rank)
-        send, recv, keep, send_tokens, recv_tokens = _plan_exchange_reference(destination, sizes, counts, rank)
-        assert [a.tolist() for a in plan.send_ids] == [a.tolist() for a in send]
-        assert [a.tolist() for a in plan.recv_ids] == [a.tolist() for a in recv]
-        assert plan.keep_ids.tolist() == keep.tolist()
-        assert plan.send_tokens.tolist() == send_tokens and plan.recv_tokens.tolist() == recv_tokens
-        assert plan.send_tokens.dtype == np.int64 and plan.keep_ids.dtype == np.int64
-
-
-def test_plan_exchange_errors():
-    with pytest.raises(ValueError, match=r"destination \(2\), sizes \(2\) and sum\(counts\) \(3\)"):
-        plan_exchange(np.array([0, 1]), np.array([1, 1]), np.array([1, 2]), 0)
-    with pytest.raises(ValueError, match="rank=2 is out of range for 2 DP ranks"):
-        plan_exchange(np.array([0, 1]), np.array([1, 1]), np.array([1, 1]), 2)
-    with pytest.raises(ValueError, match=r"destination must hold replicas in -1\.\.1"):
-        plan_exchange(np.array([0, 2]), np.array([1, 1]), np.array([1, 1]), 0)
-
-
-# --- single-rank behaviour of the collectives ------------------------------------------------
 
 
 def test_single_rank_collectives_need_no_process_group():

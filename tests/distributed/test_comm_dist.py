@@ -8,18 +8,15 @@ import torch
 import torch.distributed as dist
 from harness import TASK_CACHE
 from torch.distributed.device_mesh import init_device_mesh
-from wrapper_data import ScatterScheduler, batch_arrays
+from wrapper_data import batch_arrays
 
 from seqpack.collective import (
-    STATUS_END,
-    STATUS_ERROR,
-    STATUS_OK,
+    Status,
     StepEnd,
     StepOk,
-    agree_status,
+    agree,
     broadcast_pp,
     broadcast_tp,
-    exchange_samples,
     gather_lengths,
 )
 from seqpack.schedulers import get_scheduler
@@ -70,135 +67,31 @@ def test_gather_lengths_error_reaches_every_rank(dist_pools):
     assert dist_pools.get(4).run(gather_uneven, 2) == ["rank 2 saw a bad sample"] * 4
 
 
-# --- agree_status ----------------------------------------------------------------------------
+# --- agree ---------------------------------------------------------------------------------
 
 
 def agree_cases():
     group = _dp4().group("dp")
     rank = dist.get_rank()
-    out = [agree_status(STATUS_END if rank == 3 else STATUS_OK, None, group)]
-    out.append(agree_status(STATUS_ERROR if rank in (1, 2) else STATUS_END, f"from {rank}", group))
-    out.append(agree_status(STATUS_OK, None, group, fingerprint=5 if rank == 2 else 4, axis="dp"))
-    out.append(agree_status(STATUS_OK, None, group, fingerprint=None if rank == 0 else 9))
-    return out
+    out = [agree(Status.END if rank == 3 else Status.OK, None, group)]
+    out.append(agree(Status.ERROR if rank in (1, 2) else Status.END, f"from {rank}", group))
+    out.append(agree(Status.OK, None, group, fingerprint=5 if rank == 2 else 4, axis="dp"))
+    out.append(agree(Status.OK, None, group, fingerprint=None if rank == 0 else 9))
+    return [(int(r.status), r.message if r.status == Status.ERROR else None) for r in out]
 
 
-def test_agree_status(dist_pools):
+def test_agree(dist_pools):
     results = dist_pools.get(4).run(agree_cases)
     assert all(r == results[0] for r in results)
     end, error, mismatch, partial = results[0]
-    assert end == (STATUS_END, None)
-    assert error == (STATUS_ERROR, "from 1")  # the lowest failing rank's message
-    assert mismatch[0] == STATUS_ERROR
+    assert end == (Status.END, None)
+    assert error == (Status.ERROR, "from 1")  # the lowest failing rank's message
+    assert mismatch[0] == Status.ERROR
     assert (
         mismatch[1] == "ranks of the dp group disagree on schedules "
         "(fingerprints dp rank 0: 4, dp rank 1: 4, dp rank 2: 5, dp rank 3: 4)"
     )
-    assert partial == (STATUS_OK, None)  # ranks without a fingerprint do not count
-
-
-# --- exchange_samples ------------------------------------------------------------------------
-
-COUNTS = (3, 0, 4, 2)  # rank 1 holds nothing
-
-
-def _local_samples(rank):
-    out = []
-    for i in range(COUNTS[rank]):
-        n = 3 + 2 * i + rank
-        base = 1000 * rank + 100 * i
-        out.append(
-            {
-                "input_ids": torch.arange(base, base + n),
-                "labels": torch.arange(base, base + n, dtype=torch.int32) + 1,  # int32: its own buffer
-                "loss_mask": torch.full((n,), 0.5 + rank),
-            }
-        )
-    return out
-
-
-def _lengths():
-    return np.array([3 + 2 * i + r for r in range(4) for i in range(COUNTS[r])], dtype=np.int64)
-
-
-def exchange_case(kind, pass_schema):
-    rank = dist.get_rank()
-    samples = _local_samples(rank)
-    lengths = _lengths()
-    origin = np.repeat(np.arange(4), COUNTS)
-    if kind == "scatter":
-        schedule = ScatterScheduler(defer_longest=True).schedule(
-            lengths, dp_size=4, max_tokens_per_rank=64, origin=origin
-        )
-        destination = schedule.placement()[0]
-    elif kind == "stay":
-        schedule = get_scheduler("empty").schedule(lengths, dp_size=4, max_tokens_per_rank=64, origin=origin)
-        destination = schedule.placement()[0]
-    else:  # "to_rank0": rank 0 receives everything, the others receive nothing
-        destination = np.zeros(lengths.shape[0], dtype=np.int64)
-        schedule = destination
-    schema = (
-        [("input_ids", torch.int64), ("labels", torch.int32), ("loss_mask", torch.float32)] if pass_schema else None
-    )
-    got = exchange_samples(
-        samples, schedule, COUNTS, _dp4().group("dp"), schema=schema, sizes=None if kind != "to_rank0" else lengths
-    )
-    received = {gid: {k: v.tolist() for k, v in s.items()} for gid, s in got.samples.items()}
-    dtypes = {gid: {k: str(v.dtype) for k, v in s.items()} for gid, s in got.samples.items()}
-    return received, dtypes, got.bytes_sent, got.bytes_received, got.bytes_kept, destination.tolist()
-
-
-@pytest.mark.parametrize(
-    "kind, pass_schema", [("scatter", True), ("scatter", False), ("stay", True), ("to_rank0", False)]
-)
-def test_exchange_delivers_each_sample_once_to_its_replica(dist_pools, kind, pass_schema):
-    results = dist_pools.get(4).run(exchange_case, kind, pass_schema)
-    destination = np.array(results[0][5])
-    origin = np.repeat(np.arange(4), COUNTS)
-    everything = [s for r in range(4) for s in _local_samples(r)]
-    per_sample_bytes = [sum(t.numel() * t.element_size() for t in s.values()) for s in everything]
-    for rank, (received, dtypes, sent, got_bytes, kept, _) in enumerate(results):
-        assert sorted(received) == np.flatnonzero(destination == rank).tolist()
-        for gid, sample in received.items():
-            assert sample == {k: v.tolist() for k, v in everything[gid].items()}
-            assert dtypes[gid] == {"input_ids": "torch.int64", "labels": "torch.int32", "loss_mask": "torch.float32"}
-        # Samples already on their replica do not travel.
-        moving = (destination >= 0) & (destination != origin)
-        assert sent == sum(per_sample_bytes[g] for g in np.flatnonzero(moving & (origin == rank)))
-        assert got_bytes == sum(per_sample_bytes[g] for g in np.flatnonzero(moving & (destination == rank)))
-        assert kept == sum(per_sample_bytes[g] for g in np.flatnonzero((destination == rank) & (origin == rank)))
-    total_sent = sum(r[2] for r in results)
-    if kind == "stay":
-        assert total_sent == 0
-    else:
-        assert total_sent > 0
-    if kind == "scatter":
-        assert (destination == -1).sum() == 1  # the deferred sample went nowhere
-        assert results[1][0] and results[1][2] == 0  # rank 1 holds nothing, sends nothing, receives
-    if kind == "to_rank0":
-        assert all(results[r][0] == {} and results[r][3] == 0 for r in (1, 2, 3))  # receive nothing
-
-
-def exchange_zero_tokens():
-    rank = dist.get_rank()
-    lengths = _lengths()
-    got = exchange_samples(
-        _local_samples(rank),
-        np.zeros(lengths.shape[0], dtype=np.int64),
-        COUNTS,
-        _dp4().group("dp"),
-        sizes=np.zeros_like(lengths),
-    )
-    return {gid: {k: (v.numel(), str(v.dtype)) for k, v in s.items()} for gid, s in got.samples.items()}
-
-
-def test_exchange_of_zero_token_samples_skips_the_collective_but_delivers(dist_pools):
-    results = dist_pools.get(4).run(exchange_zero_tokens)
-    assert sorted(results[0]) == list(range(sum(COUNTS))) and all(r == {} for r in results[1:])
-    assert all(
-        s == {"input_ids": (0, "torch.int64"), "labels": (0, "torch.int32"), "loss_mask": (0, "torch.float32")}
-        for s in results[0].values()
-    )
+    assert partial == (Status.OK, None)  # ranks without a fingerprint do not count
 
 
 # --- TP / PP broadcast -----------------------------------------------------------------------
@@ -263,7 +156,7 @@ def test_tp_and_pp_broadcast(dist_pools, positions):
     for cp_rank, batches, fp, _, end in results:
         reference = _message(2, cp_rank, positions=positions)
         assert fp == reference.schedule.fingerprint()
-        assert end == (STATUS_END, 9, 5)
+        assert end == (Status.END, 9, 5)
         assert len(batches) == len(reference.microbatches) > 1
         for got, want in zip(batches, reference.microbatches, strict=True):
             want = batch_arrays(want)

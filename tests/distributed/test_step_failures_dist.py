@@ -21,7 +21,7 @@ from dynamic_cp_data import SPR, samples_of
 from harness import RankFailure
 from wrapper_data import mesh_topology
 
-from seqpack.collective import broadcast, cp_exchange
+from seqpack.collective import broadcast, exchange
 from seqpack.errors import StepFailed
 from seqpack.loader import phases, placement, prefetch, producer, wrap_data_iterator
 
@@ -55,7 +55,7 @@ FAULTS: dict[str, tuple[str, Any, str, bool]] = {
     "read": ("bad input", phases.Reader, "read", False),
     "gather": ("gather failed", phases, "gather_lengths", True),
     "schedule": ("schedule failed", phases, "schedule", False),
-    "exchange": ("exchange failed", cp_exchange, "_Source", False),
+    "exchange": ("exchange failed", exchange, "_Source", False),
     "pack": ("packing failed", placement.Placement, "pack", False),
     "broadcast": ("broadcast failed", producer, "broadcast_tp", True),
     "pp broadcast": ("broadcast failed", producer, "broadcast_pp", True),

@@ -5,7 +5,7 @@ Plane rank ``start + j`` of a sequence's group runs its DualChunkSwap shard ``j`
 piece is cut and sent by CP rank ``(start + j) % cp`` of the DP replica that read the sample
 (the CP ranks of a replica read identical samples): one sender per piece, and a group shaped
 like static CP, over a replica's own ranks, moves nothing. The exchange
-(``seqpack.collective.cp_exchange``) and the stats (:mod:`.stats`) read this one definition.
+(``seqpack.collective.exchange``) and the stats (:mod:`.stats`) read this one definition.
 """
 
 from __future__ import annotations
