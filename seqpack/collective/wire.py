@@ -67,10 +67,7 @@ __all__ = [
     "wire_format_markdown",
 ]
 
-FORMAT_VERSION = 9  # 2: error_rank; 3: schedule origin; 4: loss-token counts, per-sample gather columns; 5: CP layout;
-# 6: dynamic CP (plan_kind, the groups' counts, CP size / rank / group start per microbatch); 7: mini-batch and its
-# loss-token count per microbatch; 8: where the DP rank read its zero-length sequences (empty_at); 9: one plan
-# message for static and dynamic CP (every plan as groups; plan_kind gone, flag 8 for group starts)
+FORMAT_VERSION = 9  # every rank of a job speaks the same one; a peer of another version is refused by name
 
 
 class Kind(IntEnum):
