@@ -88,7 +88,7 @@ class _Sequences:
 
     lengths: np.ndarray  # int64 [S]
     rows: np.ndarray  # int64 [S]: the input row of each
-    part: np.ndarray | None  # int64 [S]: its index in a pre-packed row (None: no row is)
+    part: np.ndarray | None  # int64 [S]: its index in a pre-packed row, -1 in other rows (None: no row is one)
     chunk: np.ndarray  # int64 [S]
     start: np.ndarray  # int64 [S]
     values: dict[str, list[np.ndarray]]  # per field of _READ_KEYS present: its values, chunk by chunk
@@ -96,7 +96,7 @@ class _Sequences:
 
     def where(self, s: int) -> str:
         row = f"row {int(self.rows[s])}"
-        return row if self.part is None else f"{row}, sequence {int(self.part[s])}"
+        return row if self.part is None or self.part[s] < 0 else f"{row}, sequence {int(self.part[s])}"
 
     def select(self, keep: np.ndarray, lengths: np.ndarray) -> _Sequences:
         """The sequences ``keep`` (indices), each cut to ``lengths`` tokens (its first ones)."""
@@ -304,7 +304,7 @@ def _read_rows(rows: Iterable[Any], progress: bool) -> _Sequences:
             for key in _READ_KEYS:
                 parts[key].append(sequence[key].cpu().numpy() if key in sequence else None)
             row_of.append(i)
-            part.append(k)
+            part.append(k if prepacked else -1)
     ids = [a for a in parts["input_ids"] if a is not None]
     lengths = np.array([a.shape[0] for a in ids], dtype=np.int64)
     values = {"input_ids": [np.concatenate([np.zeros(0, np.int64), *ids])]}
@@ -515,6 +515,9 @@ def _targets(
         if label_format is not LabelFormat.POSITION_ALIGNED:
             counts = np.stack(label_alignment_counts(ids_t, labels, loss_mask, cu, label_format))
             counts[:, ~has_labels] = 0
+        if label_format is LabelFormat.SHIFTED and sequences.part is not None:
+            # In a pre-packed row the last token's next-token label is the next sequence's first token.
+            labels[last[sequences.part[seqs] >= 0]] = IGNORE_INDEX
         if not has_labels.all():
             per_token = torch.from_numpy(np.repeat(has_labels, np.diff(cu)))
             labels = torch.where(per_token, labels, default_labels(ids_t, last, label_format))

@@ -305,3 +305,17 @@ def test_a_dataset_of_several_arrow_batches_packed_in_small_chunks_gives_the_row
     for got, want in zip(out, expected, strict=True):
         for key in seqpack.packing.PACKED_KEYS:
             assert got[key] == want[key].tolist(), key
+
+
+def test_next_token_labels_of_a_prepacked_row_stop_at_each_sequence():
+    # A pre-packed row's next-token labels run across its documents: the first document's
+    # last label is the second's first token. Split, no document learns the next one's start.
+    datasets = pytest.importorskip("datasets")
+    rows = [{"input_ids": [1, 2, 3, 4, 5, 6], "labels": [2, 3, 4, 5, 6, -100], "cu_seqlens": [0, 3, 6]}]
+    for packed in (seqpack.pack_dataset(rows, 8), seqpack.pack_dataset(datasets.Dataset.from_list(rows), 8)):
+        (row,) = packed
+        assert list(row["labels"]) == [2, 3, IGNORE_INDEX, 5, 6, IGNORE_INDEX]
+        assert list(row["loss_mask"]) == [1, 1, 0, 1, 1, 0]
+    # A row of one sequence keeps its last label (a chunk's next token, outside the row).
+    (row,) = seqpack.pack_dataset([*rows, {"input_ids": [7, 8], "labels": [8, 9]}], 8)
+    assert row["labels"].tolist()[-2:] == [8, 9]
