@@ -11,9 +11,11 @@ each tree is printed, and every run's.
 
 Sets:
 
-* ``first``: the first ``balanced``, ``dp_balanced`` and ``empty`` plans at dp=4: 256
+* ``first``: the first ``balanced``, ``dp_balanced`` and ``empty`` plans at dp=8: 512
   lognormal sequences (``benchmarks/scale.py``'s workload, 64 per replica, capacity 16,384,
   cost ``24576*s + s**2``), locality on; each plan timed on its own too.
+* ``doctor``: ``seqpack doctor --warm``'s families (``seqpack.cli.warm.FAMILIES``) one after
+  the other in one process, as the command runs them; each family timed on its own.
 * ``full``: every kernel: ``balanced`` (locality, the repair, the layout's matching) and under
   ``objective="replicas"`` (grid_local), ``dp_balanced`` and ``empty`` (next_fit), tight
   packings (the exact search: the item search, and bin completion on a verl batch it gives up
@@ -63,8 +65,8 @@ def _first_plans() -> list[tuple[str, Callable[[], Any]]]:
     from seqpack.mock_data import lognormal_lengths
     from seqpack.schedulers import get_scheduler
 
-    lengths = lognormal_lengths(256, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096, sigma=1.1, seed=0)
-    step = dict(dp_size=4, max_tokens_per_rank=16384, cost=CostModel(24576.0, 1.0))
+    lengths = lognormal_lengths(512, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096, sigma=1.1, seed=0)
+    step = dict(dp_size=8, max_tokens_per_rank=16384, cost=CostModel(24576.0, 1.0))
     # Locality asked for: its default ("auto" since f4e3716, on before) leaves it off for
     # token ids, and trees before that would compile home_swaps where this one does not.
     options = {"balanced": {"locality": True}}
@@ -119,13 +121,19 @@ def _full_plans() -> list[tuple[str, Callable[[], Any]]]:
     ]
 
 
+def _doctor_plans() -> list[tuple[str, Callable[[], Any]]]:
+    from seqpack.cli.warm import FAMILIES
+
+    return [(family.name, family.plan) for family in FAMILIES]
+
+
 def child(which: str) -> None:
     """Time the plans of set ``which`` in this process; one JSON line."""
     import numba  # noqa: F401  (imported before timing, as seqpack is)
 
     import seqpack  # noqa: F401
 
-    plans = _first_plans() if which == "first" else _full_plans()
+    plans = {"first": _first_plans, "full": _full_plans, "doctor": _doctor_plans}[which]()
     parts, skipped = {}, []
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for name, run in plans:
@@ -162,7 +170,7 @@ def run_tree(tree: str, which: str) -> tuple[dict, dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tree", action="append", default=[], help="LABEL=PATH of a source tree (repeatable)")
-    parser.add_argument("--set", choices=("first", "full"), default="first")
+    parser.add_argument("--set", choices=("first", "full", "doctor"), default="first")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-now", action="store_true", help="leave out this tree")
     parser.add_argument("--child", help=argparse.SUPPRESS)

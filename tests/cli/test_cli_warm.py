@@ -76,7 +76,7 @@ def _json(run: dict) -> dict:
 
 
 def _decorated(path: Path) -> dict[str, tuple[bool, set[str]]]:
-    """``path``'s functions decorated ``@njit`` or ``@no_refcount``: name -> (whether numba
+    """``path``'s functions decorated ``@njit``, ``@helper`` or ``@no_refcount``: name -> (whether numba
     caches it on its own, i.e. not inlined into its callers by ``inline="always"``; the
     names its body reads)."""
     found = {}
@@ -89,7 +89,7 @@ def _decorated(path: Path) -> dict[str, tuple[bool, set[str]]]:
             inline = call is not None and any(
                 k.arg == "inline" and getattr(k.value, "value", None) == "always" for k in call.keywords
             )
-            if name in ("njit", "no_refcount"):
+            if name in ("njit", "helper", "no_refcount"):
                 reads = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
                 found[node.name] = (not inline, reads)
     return found

@@ -34,9 +34,10 @@ def test_every_numba_module_is_a_kernel_source() -> None:
     def matching(pattern: str) -> set[Path]:
         return {p for p in PACKAGE.rglob("*.py") if re.search(pattern, p.read_text(), re.M)}
 
-    readers = {PACKAGE / "compute/backends.py"}  # doctor reads numba's version
-    importing = matching(r"^\s*(from numba\b|import numba\b)") - readers
-    compiled = matching(r"^@(njit|no_refcount)\b")
+    # doctor reads numba's version; _jit holds the decorators the kernel modules import
+    readers = {PACKAGE / "compute/backends.py", PACKAGE / "schedulers/_kernels/_jit.py"}
+    importing = matching(r"^\s*(from numba\b|import numba\b|from seqpack\.schedulers\._kernels\._jit\b)") - readers
+    compiled = matching(r"^@(njit|helper|no_refcount)\b")
     assert compiled, "no kernel found: the pattern is wrong"
     assert importing == compiled == set(kernel_sources()), sorted(
         str(p.relative_to(PACKAGE)) for p in importing ^ set(kernel_sources())
@@ -135,3 +136,33 @@ def test_a_change_to_the_kernels_module_recompiles_it_and_no_other(tmp_path: Pat
     own.write_text(own.read_text() + "\n# this kernel's module changed\n")
     assert _run_child(tmp_path) == {"hits": 0, "misses": 1}
     assert _run_child(tmp_path) == {"hits": 1, "misses": 0}
+
+
+_PLAN_AND_LIST = """
+import json, sys
+import numpy as np
+from numba.core.registry import CPUDispatcher
+from seqpack.schedulers import get_scheduler
+lengths = np.minimum(np.random.default_rng(0).lognormal(8.2, 0.6, 512).astype(np.int64) + 1, 8192)
+get_scheduler("balanced", locality=True).schedule(lengths, dp_size=8, max_tokens_per_rank=16384)
+print(json.dumps({f"{m.__name__}.{k}": [str(s) for s in v.signatures]
+                  for m in list(sys.modules.values()) if m.__name__.startswith("seqpack.schedulers._kernels.")
+                  for k, v in vars(m).items() if isinstance(v, CPUDispatcher) and v.__module__ == m.__name__}))
+"""
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+def test_a_plan_compiles_each_kernel_function_once(tmp_path: Path) -> None:
+    """A first plan (empty cache) compiles every kernel function it reaches for one signature:
+    no second, literal specialisation for a constant argument (``_entry_down(..., 0)``) or a
+    variable first assigned one, which numba compiles beside the plain one
+    (seqpack/schedulers/_kernels/_jit.py)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env["NUMBA_CACHE_DIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", _PLAN_AND_LIST], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    signatures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sum(bool(s) for s in signatures.values()) > 40, signatures  # the helpers compiled: not vacuous
+    twice = {name: s for name, s in signatures.items() if len(s) > 1}
+    assert not twice, twice

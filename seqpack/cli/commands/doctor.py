@@ -37,7 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument(
         "--warm",
         action="store_true",
-        help="compile every scheduler kernel into numba's disk cache and exit (about a minute with an empty "
+        help="compile every scheduler kernel into numba's disk cache and exit (about half a minute with an empty "
         "cache, a few seconds when it is warm); run it with the job's NUMBA_CACHE_DIR",
     )
     p.add_argument(

@@ -17,7 +17,8 @@ kernel's disk cache with its own file only).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from seqpack.schedulers._kernels._jit import helper, njit
 
 _POOL_LIMIT = 1 << 22  # int64 entries (32 MiB) the candidate sets may take before the search gives up
 
@@ -96,7 +97,7 @@ def dfs(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) -> tuple[i
         i += 1
 
 
-@njit(cache=True)
+@helper
 def _largest_at_most(sizes: np.ndarray, start: int, limit: int) -> int:
     """The largest of ``sizes[start:]`` (sorted longest first) that is at most ``limit``
     (``limit`` is at least the last, smallest, size)."""
@@ -110,7 +111,7 @@ def _largest_at_most(sizes: np.ndarray, start: int, limit: int) -> int:
     return sizes[lo]
 
 
-@njit(cache=True)
+@helper
 def _best_pair_at_most(sizes: np.ndarray, start: int, limit: int) -> int:
     """The largest sum of one or two of ``sizes[start:]`` (sorted longest first) that is at
     most ``limit`` (``limit`` is at least the last, smallest, size)."""
@@ -145,15 +146,24 @@ def complete_bins(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) 
     bin_of = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return 0, bin_of
-    first = np.zeros(n, dtype=np.bool_)  # first item of each distinct size
-    first[0] = True
+    # The distinct sizes: vals[k] from item start[k] on, cnt[k] items of it (loops: numpy's
+    # flatnonzero, diff and fancy indexing compile for seconds).
+    nv = 1
     for i in range(1, n):
-        first[i] = sizes[i] != sizes[i - 1]
-    start = np.flatnonzero(first)
-    nv = start.shape[0]
-    vals = sizes[start].copy()
-    cnt = np.diff(np.append(start, n))
-    state = np.array([0, max_work], dtype=np.int64)
+        nv += sizes[i] != sizes[i - 1]
+    start = np.empty(nv, dtype=np.int64)
+    vals = np.empty(nv, dtype=np.int64)
+    cnt = np.empty(nv, dtype=np.int64)
+    total = 0
+    k = -1
+    for i in range(n):
+        if i == 0 or sizes[i] != sizes[i - 1]:
+            k += 1
+            start[k], vals[k], cnt[k] = i, sizes[i], 0
+        cnt[k] += 1
+        total += sizes[i]
+    state = np.empty(2, dtype=np.int64)
+    state[0], state[1] = 0, max_work
     pool = np.empty((64, nv + 1), dtype=np.int64)  # the candidate sets of every open bin
     top = 0
     lo = np.zeros(n_bins + 1, dtype=np.int64)  # bin b's sets: pool[lo[b]:hi[b]], next at pos[b]
@@ -161,7 +171,7 @@ def complete_bins(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) 
     pos = np.zeros(n_bins + 1, dtype=np.int64)
     largest = np.zeros(n_bins + 1, dtype=np.int64)  # the size index bin b opened with
     slack = np.zeros(n_bins + 1, dtype=np.int64)  # slack left before bin b
-    slack[0] = n_bins * capacity - sizes.sum()
+    slack[0] = n_bins * capacity - total
     level = 0
     opening = True
     while True:
@@ -184,8 +194,7 @@ def complete_bins(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) 
                 )
                 if not ok:
                     return 2, bin_of
-                order = np.argsort(pool[lo[level] : top, nv], kind="mergesort")  # least waste first
-                pool[lo[level] : top] = pool[lo[level] : top][order]
+                _by_waste(pool, lo[level], top, nv)  # least waste first
                 hi[level] = top
                 pos[level] = lo[level]
             else:
@@ -217,7 +226,7 @@ def complete_bins(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) 
     return 0, _bin_of(pool, pos, largest, level, start, n)
 
 
-@njit(cache=True)
+@helper
 def _sets(
     vals: np.ndarray,
     cnt: np.ndarray,
@@ -280,9 +289,12 @@ def _sets(
                     if pool.size >= _POOL_LIMIT:
                         return False, pool, top
                     grown = np.empty((2 * pool.shape[0], pool.shape[1]), dtype=np.int64)
-                    grown[:top] = pool[:top]
+                    for t in range(top):  # loops, not slice assignment: its shape checks compile for seconds
+                        for k in range(nv + 1):
+                            grown[t, k] = pool[t, k]
                     pool = grown
-                pool[top, :nv] = cur
+                for k in range(nv):
+                    pool[top, k] = cur[k]
                 pool[top, nv] = r
                 top += 1
                 state[0] += nv  # copying the row
@@ -292,7 +304,40 @@ def _sets(
         enter = True
 
 
-@njit(cache=True)
+@helper
+def _by_waste(pool: np.ndarray, lo: int, hi: int, nv: int) -> None:
+    """Sort the rows ``pool[lo:hi]`` by their waste (column ``nv``), equal wastes in their
+    order: a bottom-up merge sort of the row indices (``order``, ``buf``: ``hi - lo`` each),
+    then the rows copied through ``rows``."""
+    m = hi - lo
+    order = np.empty(m, dtype=np.int64)
+    buf = np.empty(m, dtype=np.int64)
+    for r in range(m):
+        order[r] = r
+    width = 1
+    while width < m:
+        for a in range(0, m, 2 * width):
+            mid, b = min(a + width, m), min(a + 2 * width, m)
+            i, j = a, mid
+            for t in range(a, b):
+                if j >= b or (i < mid and pool[lo + order[i], nv] <= pool[lo + order[j], nv]):
+                    buf[t] = order[i]
+                    i += 1
+                else:
+                    buf[t] = order[j]
+                    j += 1
+        order, buf = buf, order
+        width *= 2
+    rows = np.empty((m, nv + 1), dtype=np.int64)
+    for r in range(m):
+        for c in range(nv + 1):
+            rows[r, c] = pool[lo + order[r], c]
+    for r in range(m):
+        for c in range(nv + 1):
+            pool[lo + r, c] = rows[r, c]
+
+
+@helper
 def _bin_of(pool: np.ndarray, pos: np.ndarray, largest: np.ndarray, bins: int, start: np.ndarray, n: int) -> np.ndarray:
     """Each item's bin: bin ``b`` holds the set ``pool[pos[b] - 1]`` and one item of size
     index ``largest[b]``; the items of size index ``k`` start at ``start[k]``."""

@@ -12,17 +12,18 @@ stamps a kernel's disk cache with its own file only).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from seqpack.schedulers._kernels._jit import helper, njit
 
 
-@njit(cache=True)
+@helper
 def padded(length: int, size: int, pad_multiple: int) -> int:
     """Padded length of a sequence in a group of ``size`` ranks (padding.py's rule)."""
     multiple = 2 * size * pad_multiple if size > 1 else pad_multiple
     return -(-length // multiple) * multiple
 
 
-@njit(cache=True)
+@helper
 def ring_per_token(size: int, spans: bool, coef: np.ndarray) -> float:
     """Ring cost of one more token in a group of ``size`` ranks (0 alone)."""
     if size <= 1:
@@ -30,7 +31,7 @@ def ring_per_token(size: int, spans: bool, coef: np.ndarray) -> float:
     return (size - 1) * (coef[5] if spans else coef[4]) / size
 
 
-@njit(cache=True)
+@helper
 def pack_time(size: int, s: float, ss: float, spans: bool, coef: np.ndarray) -> float:
     """Cost of a microbatch of padded sums ``s``, ``ss`` on a group of ``size`` ranks."""
     t = coef[0] + (coef[1] * s + coef[2] * ss) / size
@@ -96,7 +97,7 @@ def shelf(widths: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np.ndarray, i
     return round_of, used[:rounds], rounds
 
 
-@njit(cache=True)
+@helper
 def _before(a: int, b: int, first: np.ndarray, second: np.ndarray, by_second: bool) -> bool:
     """Heap order: larger ``first``; then (``by_second``) smaller ``second``; then lower index."""
     if first[a] != first[b]:
@@ -106,7 +107,7 @@ def _before(a: int, b: int, first: np.ndarray, second: np.ndarray, by_second: bo
     return a < b
 
 
-@njit(cache=True)
+@helper
 def _push(heap: np.ndarray, size: int, b: int, first: np.ndarray, second: np.ndarray, by_second: bool) -> int:
     i = size
     heap[i] = b
@@ -119,7 +120,7 @@ def _push(heap: np.ndarray, size: int, b: int, first: np.ndarray, second: np.nda
     return size + 1
 
 
-@njit(cache=True)
+@helper
 def _pop(heap: np.ndarray, size: int, first: np.ndarray, second: np.ndarray, by_second: bool) -> tuple[int, int]:
     top = heap[0]
     size -= 1
@@ -138,7 +139,7 @@ def _pop(heap: np.ndarray, size: int, first: np.ndarray, second: np.ndarray, by_
     return top, size
 
 
-@njit(cache=True)
+@helper
 def _add(
     b: int,
     p: int,
@@ -276,7 +277,10 @@ def replica_finish(
             ready = max(ready, finish[r])
         for r in range(lo, hi):
             finish[r] = ready + times[b]
-    return finish.max() if num_ranks else 0.0
+    last = 0.0  # loops, not .max(): numpy's reductions compile for a second
+    for r in range(num_ranks):
+        last = max(last, finish[r]) if r else finish[r]
+    return last
 
 
 @njit(cache=True)
@@ -323,7 +327,7 @@ def widen(
                 break
 
 
-@njit(cache=True)
+@helper
 def _round_in_nodes(
     members: np.ndarray, count: int, bin_size: np.ndarray, start: np.ndarray, ranks_per_node: int, num_ranks: int
 ) -> bool:
@@ -414,16 +418,21 @@ def place_blocks(
         c = widths[i]
         best, best_load = 0, np.inf
         for lo in range(0, num_ranks - c + 1, c):
-            busy = load[lo : lo + c].max()
+            busy = load[lo]  # loops, not .max(): numpy's reductions compile for a second
+            for r in range(lo + 1, lo + c):
+                busy = max(busy, load[r])
             if busy < best_load:
                 best, best_load = lo, busy
-        start[i], rounds[i] = best, depth[best : best + c].max()
+        deepest = depth[best]
+        for r in range(best + 1, best + c):
+            deepest = max(deepest, depth[r])
+        start[i], rounds[i] = best, deepest
         load[best : best + c] = best_load + times[i]
         depth[best : best + c] = rounds[i] + 1
     return start, rounds, load, depth
 
 
-@njit(cache=True)
+@helper
 def _rank_choice(
     b: int, p: int, room: np.ndarray, count: np.ndarray, depth: int, load: np.ndarray, coef: np.ndarray
 ) -> tuple[int, float]:
@@ -440,7 +449,7 @@ def _rank_choice(
     return -1, np.inf
 
 
-@njit(cache=True)
+@helper
 def _rank_room(b: int, room: np.ndarray, count: np.ndarray, depth: int, capacity: int) -> int:
     """The longest padded sequence rank ``b`` can still take."""
     if count[b] < depth:

@@ -12,8 +12,8 @@ Ties are broken by index, never by chance.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from seqpack.schedulers._kernels._jit import njit, no_refcount
 from seqpack.schedulers._kernels._types import BoolArray, FloatArray, IntArray
 
 # Bin-choice rules of grid_lpt.
@@ -21,11 +21,6 @@ MODE_COST = 0  # most under its cost target (LPT with per-bin targets)
 MODE_TOKENS = 1  # fewest tokens (worst-fit decreasing on tokens)
 MODE_FIRST_FIT = 2  # lowest index with room (first-fit decreasing)
 GRID_LOCAL_SLICES = 8  # grid_local alternates home and LPT passes over 8 length classes
-
-# The heap steps, called once per item, run without numba's reference counting: numba counts
-# a reference (an atomic add) for every array argument a function binds and again when it
-# returns (see docs/scale.md). They allocate nothing; an allocation in one fails to compile.
-no_refcount = njit(cache=True, _nrt=False)  # type: ignore[call-overload]
 
 
 def grid_lpt(

@@ -33,20 +33,14 @@ sequences by round (linked lists ``bhead``, ``bnext``, ``bprev``) and the pairs 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from seqpack.schedulers._kernels._jit import helper, njit, no_refcount
 from seqpack.schedulers._kernels._types import BoolArray, FloatArray, IntArray
 
 PAIR_BIN = 16  # home_swaps pairs sequences of bins holding at most this many
 HOME_TREE_MIN = 256  # home_swaps walks trees over a home's sequences from this many (a turn's cache and own)
 SMALL_SORT = 32  # home_swaps sorts a home's cache and pairs by insertion up to this many, by merges above
 _NO_TOKENS = -(1 << 62)  # the token key of an empty leaf or a pair that moved
-
-# The helpers called once per candidate, sequence or change run without numba's reference
-# counting: numba counts a reference (an atomic add) for every array argument a function
-# binds and again when it returns, which in those loops cost more than the work (see
-# docs/scale.md). They allocate nothing; an allocation in one fails to compile.
-no_refcount = njit(cache=True, _nrt=False)  # type: ignore[call-overload]
 
 
 @njit(cache=True)
@@ -280,7 +274,7 @@ def home_swaps(
 # --- the checks of a change ---------------------------------------------------------------
 
 
-@njit(cache=True)
+@helper
 def _returned(t: int, o: int, here: int, home: int) -> int:
     """Tokens a sequence (``t`` tokens, home ``o``) sent from ``home`` to ``here`` brings
     home (``t`` if ``here`` is its home), or takes away (``-t`` if ``home`` was)."""
@@ -323,7 +317,7 @@ def _fits(
     )
 
 
-@njit(cache=True)
+@helper
 def _window(
     cx: float, room: float, spare: float, home_total: float, here_total: float, replica_cap: float
 ) -> tuple[float, float]:
@@ -358,7 +352,7 @@ def _shift(
 # --- who is where, the cache and the pairs of a home ----------------------------------------
 
 
-@njit(cache=True)
+@helper
 def _snapshot(
     replica_of: IntArray,
     dp: int,
@@ -384,7 +378,7 @@ def _snapshot(
     last_arrival[:] = -1
 
 
-@njit(cache=True)
+@helper
 def _fill_cache(
     home: int,
     round_of: IntArray,
@@ -428,7 +422,7 @@ def _fill_cache(
     return k
 
 
-@njit(cache=True)
+@helper
 def _sort_cache_small(
     k: int, cache_y: IntArray, cache_o: IntArray, cache_t: IntArray, cache_c: FloatArray, cache_m: IntArray
 ) -> None:
@@ -445,7 +439,7 @@ def _sort_cache_small(
         cache_y[u], cache_o[u], cache_t[u], cache_c[u], cache_m[u] = y, o, tt, c, m
 
 
-@njit(cache=True)
+@helper
 def _turn_pairs(
     k: int,
     rounds: int,
@@ -492,7 +486,7 @@ def _turn_pairs(
     return n_pairs
 
 
-@njit(cache=True)
+@helper
 def _sort_pairs_small(n_pairs: int, pair_c: FloatArray, pair_y1: IntArray, pair_y2: IntArray, pair_m: IntArray) -> None:
     """The first ``n_pairs`` pairs sorted by summed cost in place, by insertion (as
     :func:`_sort_cache_small`)."""
@@ -505,7 +499,7 @@ def _sort_pairs_small(n_pairs: int, pair_c: FloatArray, pair_y1: IntArray, pair_
         pair_c[u], pair_y1[u], pair_y2[u], pair_m[u] = c, y1, y2, m
 
 
-@njit(cache=True)
+@helper
 def _order_by(key: FloatArray, k: int) -> IntArray:
     """The positions ``0..k-1`` sorted by ``key`` (a stable merge sort: runs of 16 by
     insertion, then bottom-up merges). Equal keys may come in any order for home_swaps:
@@ -537,7 +531,7 @@ def _order_by(key: FloatArray, k: int) -> IntArray:
     return perm
 
 
-@njit(cache=True)
+@helper
 def _permute_cache(
     perm: IntArray, cache_y: IntArray, cache_o: IntArray, cache_t: IntArray, cache_c: FloatArray, cache_m: IntArray
 ) -> None:
@@ -560,7 +554,7 @@ def _permute_cache(
             q = p
 
 
-@njit(cache=True)
+@helper
 def _permute_pairs(perm: IntArray, pair_c: FloatArray, pair_y1: IntArray, pair_y2: IntArray, pair_m: IntArray) -> None:
     """Pair ``q`` takes pair ``perm[q]``, in place (as :func:`_permute_cache`)."""
     for s in range(perm.shape[0]):
@@ -670,7 +664,7 @@ def _cache_swap(
 # --- max trees -------------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@helper
 def _pow2_above(v: int) -> int:
     """The least power of two >= ``v``."""
     s = 1
@@ -679,7 +673,7 @@ def _pow2_above(v: int) -> int:
     return s
 
 
-@njit(cache=True)
+@helper
 def _cost_key(c: float, cap: float, load: float) -> float:
     """The most cost ``x`` may have to enter a bin (``load`` of ``cap``) that ``c`` leaves:
     ``c + cap - load``, widened by far more than the rounding of the exact check."""
@@ -701,7 +695,7 @@ def _set_leaf(t1: FloatArray, t2: IntArray, size: int, q: int, v1: float, v2: in
         i >>= 1
 
 
-@njit(cache=True)
+@helper
 def _build(t1: FloatArray, t2: IntArray, size: int, count: int) -> None:
     """Leaves ``[0, count)`` are set: empty the rest and fill the inner nodes."""
     for i in range(size + count, 2 * size):
@@ -736,7 +730,7 @@ def _next_open(t1: FloatArray, t2: IntArray, size: int, p: int, end: int, cx: fl
             return end
 
 
-@njit(cache=True)
+@helper
 def _turn_trees(
     k: int,
     n_pairs: int,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from seqpack.schedulers._kernels._jit import njit
 from seqpack.schedulers._kernels._types import IntArray
 
 

@@ -19,15 +19,9 @@ that gains too little.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from seqpack.schedulers._kernels._jit import njit, no_refcount
 from seqpack.schedulers._kernels._types import FloatArray, IntArray
-
-# The helpers called once per change, candidate or heap step run without numba's reference
-# counting: numba counts a reference (an atomic add) for every array argument a function
-# binds and again when it returns, which in those loops cost more than the work (see
-# docs/scale.md). They allocate nothing; an allocation in one fails to compile.
-no_refcount = njit(cache=True, _nrt=False)  # type: ignore[call-overload]
 
 
 @njit(cache=True)

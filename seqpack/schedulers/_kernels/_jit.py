@@ -1,0 +1,74 @@
+"""The decorators of the kernel modules: ``njit`` for a kernel that Python calls, ``helper``
+and ``no_refcount`` for a function only compiled code calls. Measured with
+benchmarks/compile_ab.py, they compile the kernels in about half the CPU time of plain
+``numba.njit(cache=True)``, to the same machine code:
+
+* No literal specialisations. numba types a constant argument
+  (``_entry_down(hk, ht, hb, size, 0)``), and a variable while type inference has seen only
+  its first, constant assignment, as a literal (``Literal[int](0)``), and compiles the callee
+  once more for it beside the plain specialisation: a third of the helpers compiled twice.
+  Here a call from compiled code compiles the callee for the plain types (``int64``,
+  ``bool``); LLVM still inlines it and folds the constant.
+* No Python entry for a helper. numba builds, optimises and caches a CPython wrapper for
+  every function it compiles (unboxing each argument), which for a helper no Python code
+  calls is a quarter of the compile. A helper's Python calls (tests call some) go to a twin
+  compiled with the wrapper, uncached, on first use.
+* ``no_refcount`` helpers also run without numba's reference counting: numba counts a
+  reference (an atomic add) for every array argument a function binds and again when it
+  returns, which in the loops that call them cost more than the work (docs/scale.md). They
+  allocate nothing; an allocation in one fails to compile.
+
+Under ``NUMBA_DISABLE_JIT=1`` each is the plain Python function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from numba import njit as _njit
+from numba import types
+from numba.core.registry import CPUDispatcher
+
+__all__ = ["helper", "njit", "no_refcount"]
+
+
+class _PlainArguments(CPUDispatcher):
+    def get_call_template(self, args: Any, kws: Any) -> Any:
+        """numba's typing of a call from compiled code: compile for the plain types."""
+        plain = [types.unliteral(a) for a in args]
+        return super().get_call_template(plain, {k: types.unliteral(v) for k, v in kws.items()})
+
+
+class _Helper(_PlainArguments):
+    _python_twin: Any = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """A call from Python (compiled code links the helper instead): the helper has no
+        Python entry, so its twin with one runs it."""
+        if self._python_twin is None:
+            options = {
+                k: v for k, v in self.targetoptions.items() if k not in ("cache", "nopython", "no_cpython_wrapper")
+            }
+            self._python_twin = _njit(**options)(self.py_func)
+        return self._python_twin(*args, **kwargs)
+
+
+def _decorator(cls: type, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    def decorate(func: Callable[..., Any]) -> Any:
+        dispatcher = _njit(**options)(func)
+        if isinstance(dispatcher, CPUDispatcher):  # not under NUMBA_DISABLE_JIT=1
+            dispatcher.__class__ = cls
+        return dispatcher
+
+    return decorate
+
+
+def njit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``numba.njit(**options)`` for a kernel Python calls: calls from compiled code compile
+    no literal specialisation."""
+    return _decorator(_PlainArguments, **options)
+
+
+helper = _decorator(_Helper, cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+no_refcount = _decorator(_Helper, cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True, _nrt=False)
