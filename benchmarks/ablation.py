@@ -6,8 +6,7 @@ stage in its place), and locality as a whole (``locality=False``), against the f
 (``DEFAULT``, ``locality=True``), on:
 
 * every workload of ``benchmarks/schedulers.py`` (``WORKLOADS``: 4,096 or 32,768 sequences
-  into 256 replicas, Llama-3-8B training FLOPs), under each sync: ``None`` (the default,
-  ``objective="both"``), ``"lockstep"`` and ``"replica"``;
+  into 256 replicas, Llama-3-8B training FLOPs), under each sync: ``"lockstep"`` (the default) and ``"replica"``;
 * ``benchmarks/heavy_tail.py``'s heavy tail (4,096 ``128 x (1 + Pareto(1.3))`` lengths into
   32 replicas, ``sync="replica"``, forced microbatch counts 2-6 and the free count) and its
   verl-like tight batches (25 sequences of 50-90 tokens, capacity 300, at least 4
@@ -16,7 +15,7 @@ stage in its place), and locality as a whole (``locality=False``), against the f
   65,536 and 1,048,576 sequences into 1,024 replicas, 1,048,576 into 16,384.
 
 Reported per variant: predicted step time under the sync the plan is made for
-(:func:`seqpack.schedulers.objective.step_objective`; ``None``: lockstep + replica) over its
+(:func:`seqpack.schedulers.objective.step_objective`) over its
 lower bound (lockstep: :func:`~seqpack.schedulers.objective.round_sum_lower_bound`;
 replica: ``max(total / dp, costliest sequence)``; constants at the fewest microbatches),
 both ratios, microbatches, tokens moved by the exchange, and plan CPU time
@@ -50,7 +49,6 @@ import numpy as np  # noqa: E402
 
 from seqpack.cost import CostModel, model_preset  # noqa: E402
 from seqpack.mock_data import generate_lengths  # noqa: E402
-from seqpack.options import Objective  # noqa: E402
 from seqpack.schedulers import Schedule, get_scheduler  # noqa: E402
 from seqpack.schedulers.balanced.bins import exact_search, first_fit, worst_fit  # noqa: E402
 from seqpack.schedulers.balanced.exact import FOUND, bin_lower_bound, pack_bins  # noqa: E402
@@ -83,12 +81,6 @@ def _mean_targets(sorted_costs: np.ndarray, dp_size: int, num_rounds: int) -> np
     return np.full(num_rounds, float(sorted_costs.sum()) / max(dp_size * num_rounds, 1))
 
 
-def _repair_without_bisection(seqs: Any, grid: Any, forced: bool) -> Any:
-    """The repair that never lets the rounds get slower, also under ``objective="both"``."""
-    strict = Objective.ROUNDS if seqs.objective == Objective.BOTH else seqs.objective
-    return repair(dataclasses.replace(seqs, objective=strict), grid, forced)
-
-
 def _item_search_only(seqs: Any, targets: np.ndarray, num_rounds: int) -> Any:
     return exact_search(seqs, targets, num_rounds, bin_completion=False)
 
@@ -108,7 +100,6 @@ ABLATIONS: dict[str, Callable[[Stages], Stages]] = {
     "exact_search": lambda s: _without(s, "bin_rules", exact_search),
     "bin_completion": lambda s: _swap(s, "bin_rules", exact_search, _item_search_only),
     "repair": lambda s: _without(s, "refine", repair),
-    "repair_bisection": lambda s: _swap(s, "refine", repair, _repair_without_bisection),
     "replica_first": lambda s: _without(s, "refine", replica_first_stage),
     "more_rounds": lambda s: dataclasses.replace(s, count_search=lambda plan, *_: plan),
     "origin_order": lambda s: dataclasses.replace(s, order=lambda padded, origin: placement_order(padded, None)),
@@ -153,7 +144,7 @@ class Case:
 
     group: str  # schedulers.py, heavy tail, verl, scale
     name: str
-    sync: str | None
+    sync: str
     steps: list[np.ndarray]
     dp: int
     max_tokens_per_rank: int
@@ -228,9 +219,7 @@ def run_case(case: Case, variants: Sequence[Variant]) -> dict[str, Measured]:
                 m.lockstep.append(lock / lock_bound)
                 m.replica.append(replica / replica_bound)
                 pred = step_objective(load, case.sync)
-                bound = {"lockstep": lock_bound, "replica": replica_bound}.get(
-                    case.sync or "", lock_bound + replica_bound
-                )
+                bound = {"lockstep": lock_bound, "replica": replica_bound}[case.sync]
                 m.pred.append(pred)
                 m.ratio.append(pred / bound)
                 m.microbatches.append(schedule.num_microbatches)
@@ -274,7 +263,7 @@ def scheduler_cases(steps: int, repeats: int, quick: bool) -> list[Case]:
             if wl.dist != "constant":
                 params["seed"] = seed
             lengths.append(generate_lengths(wl.dist, wl.sequences, **params))
-        for sync in (None, "lockstep", "replica"):
+        for sync in ("lockstep", "replica"):
             cases.append(
                 Case(
                     "schedulers.py",
@@ -321,7 +310,7 @@ def heavy_tail_cases(steps: int, repeats: int, verl: int, quick: bool) -> list[C
             Case(
                 "verl",
                 f"verl x{verl}",
-                None,
+                "lockstep",
                 batches,
                 1,
                 300,
@@ -348,7 +337,7 @@ def scale_cases(repeats: int, big: bool, quick: bool) -> list[Case]:
         Case(
             "scale",
             f"{n:,} into {dp:,}",
-            None,
+            "lockstep",
             [sc.lengths_for(n)],
             dp,
             sc.CAPACITY,
@@ -363,15 +352,14 @@ def scale_cases(repeats: int, big: bool, quick: bool) -> list[Case]:
 
 
 def label(case: Case) -> str:
-    sync = {None: "default", "lockstep": "lockstep", "replica": "replica"}[case.sync]
-    return f"{case.name} ({sync})" if case.group == "schedulers.py" else case.name
+    return f"{case.name} ({case.sync})" if case.group == "schedulers.py" else case.name
 
 
 def detail(case: Case, results: dict[str, Measured], write: Callable[[str], None]) -> None:
     full = results["full"]
     write(
         f"## {label(case)}: {len(case.steps)} step(s), dp={case.dp}, capacity "
-        f"{case.max_tokens_per_rank * case.cp:,}, plans for {case.sync or 'lockstep + replica'}"
+        f"{case.max_tokens_per_rank * case.cp:,}, plans for {case.sync}"
     )
     header = (
         f"{'variant':<24} {'pred/LB':>16} {'lockstep/LB':>11} {'replica/LB':>10} {'vs full':>8} "

@@ -12,9 +12,8 @@ time grows with N or dp; 1.0 = linear):
    reads the same share as the job grows.
 3. Locality on vs off at ~1,000 sequences per replica (1M into dp = 1,024) and at the 16K
    plan: CPU time of each, their ratio, and moved tokens.
-4. Moved tokens vs dp (as in 2), for ``balanced`` under each objective (``both``, the
-   default; ``rounds``, FSDP; ``replicas``, DDP), with locality on and off, and for
-   ``dp_balanced``.
+4. Moved tokens vs dp (as in 2), for ``balanced`` under each sync (``lockstep``, the
+   default: FSDP; ``replica``: DDP), with locality on and off, and for ``dp_balanced``.
 
 Time: wall clock and CPU time (``time.process_time``; the machine is shared, CPU time is the
 steadier figure) of ``Scheduler.schedule``, numba compiled beforehand, best of ``--repeat``.
@@ -72,7 +71,7 @@ def lengths_for(n: int, seed: int = 0) -> np.ndarray:
     return lognormal_lengths(n, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096, sigma=1.1, seed=seed)
 
 
-def measure(name: str, lengths: np.ndarray, dp: int, repeat: int, **options) -> dict:
+def measure(name: str, lengths: np.ndarray, dp: int, repeat: int, sync: str = "lockstep", **options) -> dict:
     """Best-of-``repeat`` wall and CPU time, the largest peak memory, and the step's stats."""
     sched = get_scheduler(name, **options)
     best_wall = best_cpu = float("inf")
@@ -82,7 +81,7 @@ def measure(name: str, lengths: np.ndarray, dp: int, repeat: int, **options) -> 
         gc.collect()
         cpu = time.process_time()
         with PeakMemory() as mem:
-            schedule = sched.schedule(lengths, dp_size=dp, max_tokens_per_rank=CAPACITY, cost=COST)
+            schedule = sched.schedule(lengths, dp_size=dp, max_tokens_per_rank=CAPACITY, cost=COST, sync=sync)
         best_cpu = min(best_cpu, time.process_time() - cpu)
         best_wall = min(best_wall, mem.seconds)
         peak = max(peak, mem.bytes or 0)
@@ -172,14 +171,13 @@ def sweep_table(title: str, key: str, points: list[int], fixed: dict, repeat: in
 def moved_table(points: list[int], repeat: int) -> dict:
     print(f"## moved tokens vs dp ({PER_REPLICA} sequences per replica)")
     variants = [
-        ("both", dict(objective="both", **LOCAL)),
-        ("rounds", dict(objective="rounds", **LOCAL)),
-        ("replicas", dict(objective="replicas", **LOCAL)),
-        ("both, locality off", dict(objective="both", locality=False)),
+        ("lockstep", dict(sync="lockstep", **LOCAL)),
+        ("replica", dict(sync="replica", **LOCAL)),
+        ("lockstep, locality off", dict(sync="lockstep", locality=False)),
     ]
     header = f"{'dp':>7} " + " ".join(f"{v:>22}" for v, _ in variants) + f" {'dp_balanced':>12}"
     print(
-        f"balanced, moved % (worst replica/LB, step time vs locality off under the same objective); mean of "
+        f"balanced, moved % (worst replica/LB, step time vs locality off under the same sync); mean of "
         f"{MOVED_SEEDS} draws up to dp=4,096, one beyond"
     )
     print(header)
@@ -194,12 +192,12 @@ def moved_table(points: list[int], repeat: int) -> dict:
         for seed in seeds:
             lengths = lengths_for(dp * PER_REPLICA, seed=seed + 1)
             off = {}
-            for objective in ("both", "rounds", "replicas"):
-                off[objective] = measure("balanced", lengths, dp, 1, objective=objective, locality=False)["stats"]
+            for sync in ("lockstep", "replica"):
+                off[sync] = measure("balanced", lengths, dp, 1, sync=sync, locality=False)["stats"]
             for name, options in variants:
                 st = measure("balanced", lengths, dp, 1, **options)["stats"]
-                objective = options["objective"]
-                wait = _wait(st, objective) / _wait(off[objective], objective) - 1
+                sync = options["sync"]
+                wait = _wait(st, sync) / _wait(off[sync], sync) - 1
                 samples[name].append((st.moved_fraction, st.bound_ratio, wait))
             ref = measure("dp_balanced", lengths, dp, 1)["stats"]
             samples["dp_balanced"].append((ref.moved_fraction, ref.bound_ratio, 0.0))
@@ -213,9 +211,8 @@ def moved_table(points: list[int], repeat: int) -> dict:
             cells.append(f"{100 * moved:5.1f} ({worst:.4f}, {100 * wait:+.2f}%)")
         print(f"{dp:>7,} " + " ".join(f"{c:>22}" for c in cells[:-1]) + f" {cells[-1][:5]:>12}", flush=True)
     print(
-        "step time: the objective's predicted wait (both: busiest replica + sum of round maxima; rounds: sum of\n"
-        "round maxima; replicas: busiest replica) relative to balanced without locality; locality keeps a plan\n"
-        "only within +0.10%."
+        "step time: the sync's predicted wait (lockstep: sum of round maxima; replica: busiest replica)\n"
+        "relative to balanced without locality; locality keeps a plan only within +0.10%."
     )
     print()
     return out
@@ -245,10 +242,10 @@ def locality_table(shapes: list[tuple[int, int]], repeat: int) -> list[tuple[str
     return checks
 
 
-def _wait(st: StepStats, objective: str) -> float:
-    replica = max(st.replica_cost)
-    rounds = st.round_imbalance * sum(st.replica_cost) / st.dp_size
-    return {"replicas": replica, "rounds": rounds}.get(objective, replica + rounds)
+def _wait(st: StepStats, sync: str) -> float:
+    if sync == "replica":
+        return float(np.max(st.replica_cost))
+    return st.round_imbalance * float(np.sum(st.replica_cost)) / st.dp_size
 
 
 def headline(repeat: int) -> list[tuple[str, bool, str]]:
@@ -316,10 +313,9 @@ def plot(path: str, n_rows: list[dict], dp_rows: list[dict], moved: dict) -> Non
     ax.legend()
     ax = axes[3]
     styles = (
-        ("both", "o-"),
-        ("rounds", "^-"),
-        ("replicas", "s-"),
-        ("both, locality off", "x--"),
+        ("lockstep", "o-"),
+        ("replica", "s-"),
+        ("lockstep, locality off", "x--"),
         ("dp_balanced", "d:"),
     )
     for name, style in styles:
@@ -362,7 +358,7 @@ def main() -> int:
     for dp in (64, 16_384):
         if dp in moved["dp"]:
             k = moved["dp"].index(dp)
-            for name in ("both", "rounds", "replicas"):
+            for name in ("lockstep", "replica"):
                 frac, balance, _ = moved[name][k]
                 ok = frac <= GOAL_MOVED and balance <= GOAL_BALANCE
                 label = f"dp={dp:,} {name}: moved <= 50% with replica/LB <= 1.005"

@@ -116,9 +116,8 @@ class Order(_Option):
 
 
 class Objective(_Option):
-    """What ``balanced``'s repair trades when replica and round balance conflict."""
+    """What ``balanced``'s repair balances: the rounds (a lockstep step) or the replicas."""
 
-    BOTH = "both"
     ROUNDS = "rounds"
     REPLICAS = "replicas"
 

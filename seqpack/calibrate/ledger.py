@@ -35,10 +35,10 @@ logger = logging.getLogger(__name__)
 _LOCAL_KEPT = 64  # recorded times kept per rank, in steps (for late snapshots under prefetch)
 
 
-def step_time(seconds: np.ndarray, sync: str | None) -> float:
-    """Step time of per-microbatch times ``[M, dp]``: ``sum_m max_d`` (lockstep, also for
-    ``None``) or ``max_d sum_m`` (replica)."""
-    return step_objective(seconds, Sync.LOCKSTEP if sync is None else sync)
+def step_time(seconds: np.ndarray, sync: str) -> float:
+    """Step time of per-microbatch times ``[M, dp]``: ``sum_m max_d`` (lockstep) or
+    ``max_d sum_m`` (replica)."""
+    return step_objective(seconds, sync)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +129,7 @@ class TimingLedger:
         dp_size: int,
         dp_rank: int,
         window: int = 2,
-        sync: str | None = None,
+        sync: str = Sync.LOCKSTEP,
         copies: int | None = None,
         copy_rank: int = 0,
     ) -> None:
@@ -137,7 +137,7 @@ class TimingLedger:
         self.dp_size = check_int("dp_size", dp_size, minimum=1)
         self.dp_rank = check_int("dp_rank", dp_rank, minimum=0)
         self.window = check_int("window", window, minimum=1)
-        self.sync = None if sync is None else check_choice("sync", sync, Sync)
+        self.sync = check_choice("sync", sync, Sync)
         # copies (dynamic CP: cp ranks per replica): each rank's times travel in their own
         # column (copy_rank; ABSENT in the others, which the copies' MAX ignores), so every
         # rank's time reaches every rank and the calibrator sees every group once

@@ -61,7 +61,7 @@ class SeqpackPackingScheduler(data_schedule.DpBalancedScheduler):
             ``"lockstep"`` (every microbatch round waits for its slowest replica).
         dynamic_cp: Per-microbatch CP groups: refused (Megatron's hybrid CP takes no packing
             scheduler, :func:`~seqpack.interop.megatron_plan.check_config`).
-        **options: ``balanced`` scheduler options (``order``, ``objective``, ...).
+        **options: ``balanced`` scheduler options (``order``, ``locality``, ...).
 
     Raises:
         ConfigError: A size or option out of range, ``dynamic_cp=True``, or

@@ -24,7 +24,7 @@ from seqpack.collective import StepError, StepMessage, StepOk
 from seqpack.cost import CostModel, GroupCost
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.step import StepTrace
-from seqpack.options import Sync, fingerprint_text
+from seqpack.options import fingerprint_text
 from seqpack.schedulers import Schedule, predicted_step_time
 from seqpack.stats import StepStats
 from seqpack.topology import Topology
@@ -166,9 +166,7 @@ class StepCalibration:
         stats.calibrated = trace.fitted
         model = trace.model if trace.model is not None else stats_cost
         stats.cost_model = model
-        stats.predicted_step_time = predicted_step_time(
-            plan, model, sync=self.sync or Sync.LOCKSTEP, static_shapes=self.static_shapes
-        )
+        stats.predicted_step_time = predicted_step_time(plan, model, sync=self.sync, static_shapes=self.static_shapes)
         last = self.last
         if last is not None:
             stats.measured_step, stats.measured_step_time = last.step, last.measured

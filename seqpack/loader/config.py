@@ -109,11 +109,11 @@ class PackingConfig:
     values: :func:`seqpack.loader.construction.compared_settings`; a bad argument on any rank,
     the prefetch flag and who passed ``wrapper_groups`` are agreed either way, in one small
     all-reduce per axis)."""
-    sync: Sync | None = None
-    """What a step waits for, so what the scheduler minimises (``Scheduler.schedule(sync=)``):
-    ``"lockstep"`` (FSDP, pipeline: every microbatch round waits for its slowest replica),
-    ``"replica"`` (DDP, ZeRO-1: the slowest replica's total), or ``None`` (the scheduler's
-    default). Also how measured step times are added up under ``calibrate``."""
+    sync: Sync = Sync.LOCKSTEP
+    """What a step waits for, so what the scheduler minimises (``Scheduler.schedule(sync=)``)
+    and what the stats and calibration report: ``"lockstep"`` (FSDP, pipeline: every
+    microbatch round waits for its slowest replica) or ``"replica"`` (DDP, ZeRO-1: the
+    slowest replica's total)."""
     calibrate: bool | CostCalibrator | GroupCostCalibrator = False
     """Fit the scheduler's cost model online from microbatch times the training loop reports
     (``Step.record_times`` or :class:`seqpack.calibrate.MicrobatchTimer`): ``True`` (a
@@ -205,8 +205,7 @@ class PackingConfig:
         object.__setattr__(self, "prefetch", check_int("prefetch", self.prefetch, minimum=0, maximum=MAX_PREFETCH))
         budget = check_positive_int("prefetch_bytes", self.prefetch_bytes, maximum=INT64_MAX)  # a byte count: int64
         object.__setattr__(self, "prefetch_bytes", budget)
-        if self.sync is not None:
-            object.__setattr__(self, "sync", check_choice("sync", self.sync, Sync))
+        object.__setattr__(self, "sync", check_choice("sync", self.sync, Sync))
         self._check_calibrate()
         self._check_dynamic_cp(named)
         self._check_minibatches()

@@ -282,8 +282,7 @@ def schedule(
     """
     lengths = gathered.lengths
     assert config.pad_multiple is not None  # resolved by the wrapper
-    # sync only when set: a custom scheduler overriding schedule() may predate it.
-    options: dict[str, Any] = {} if config.sync is None else {"sync": config.sync}
+    options: dict[str, Any] = {"sync": config.sync}
     # The exchange's payload, for schedulers that weigh it against their plan time (balanced's
     # locality="auto"); only those that say so get it, for the same reason.
     payload: dict[str, Any] = {}

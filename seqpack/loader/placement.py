@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from seqpack.collective import Exchanged
-from seqpack.collective.exchange import exchange_shards
 from seqpack.collective.cp_groups import CpGroups, new_cp_groups, static_cp_groups
+from seqpack.collective.exchange import exchange_shards
 from seqpack.errors import ConfigError
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.grouping import GROUP_KEY

@@ -57,7 +57,7 @@ from seqpack.loader.placement import Placement
 from seqpack.loader.prefetch import DeviceCopy, Progress, Ready, tensors_of
 from seqpack.loader.resume import ResumeState, Stateful
 from seqpack.loader.step import Step, StepTrace
-from seqpack.options import AXES, Axis, DataOwner, Sync
+from seqpack.options import AXES, Axis, DataOwner
 from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.minibatches import minibatch_loss_tokens
 from seqpack.stats import StepStats
@@ -404,7 +404,7 @@ class StepProducer:
             plan,
             cost,
             empty_samples=msg.empty_samples,
-            sync=self.config.sync or Sync.LOCKSTEP,
+            sync=self.config.sync,
             static_shapes=self.config.static_shapes,
         )
         self.calibration.fill_stats(stats, plan, trace, self.stats_cost)

@@ -62,7 +62,7 @@ class Scheduler(ABC):
         cost: CostModel | GroupCost | None = None,
         on_oversize: str = "error",
         origin: Sequence[int] | np.ndarray | None = None,
-        sync: str | None = None,
+        sync: str = Sync.LOCKSTEP,
         bytes_per_token: float | None = None,
         static_shapes: StaticShapes | None = None,
     ) -> Schedule:
@@ -143,7 +143,7 @@ class GridScheduler(Scheduler):
         cost: CostModel | GroupCost | None = None,
         on_oversize: str = "error",
         origin: Sequence[int] | np.ndarray | None = None,
-        sync: str | None = None,
+        sync: str = Sync.LOCKSTEP,
         bytes_per_token: float | None = None,
         static_shapes: StaticShapes | None = None,
     ) -> Schedule:
@@ -153,7 +153,7 @@ class GridScheduler(Scheduler):
         cp_size = check_positive_int("cp_size", cp_size)
         max_tokens_per_rank = check_positive_int("max_tokens_per_rank", max_tokens_per_rank)
         pad_multiple = check_positive_int("pad_multiple", pad_multiple)
-        sync = None if sync is None else check_choice("sync", sync, Sync)
+        sync = check_choice("sync", sync, Sync)
         if isinstance(cost, GroupCost):
             cost = cost.at(cp_size)
         capacity = max_tokens_per_rank * cp_size
@@ -203,7 +203,7 @@ class GridScheduler(Scheduler):
         padded: np.ndarray,
         capacity: int,
         cost: CostModel | None,
-        sync: str | None,
+        sync: str,
     ) -> Sequence[Sequence[np.ndarray]]:
         """``rounds`` within ``shapes``' sequence limit (:func:`fit_sequence_limit`), then, for
         schedulers that plan with the buckets, trimmed at bucket edges (:func:`trim_to_buckets`)."""
@@ -251,7 +251,7 @@ class GridScheduler(Scheduler):
         """A microbatch count the plan must keep (the repair may not add rounds), or None."""
         return None
 
-    def _plan_options(self, sync: str | None, bytes_per_token: float | None) -> dict[str, object]:
+    def _plan_options(self, sync: str, bytes_per_token: float | None) -> dict[str, object]:
         """The keywords :meth:`_plan` takes besides the request (``uses_sync``,
         ``uses_bytes_per_token``), ``bytes_per_token`` checked.
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError
+from seqpack.options import Sync
 from seqpack.schedulers.base import Scheduler
 from seqpack.schedulers.join import join_plans
 from seqpack.schedulers.request import as_lengths, as_origin
@@ -67,7 +68,7 @@ def schedule_minibatches(
     grouped: np.ndarray | None = None,
     together: bool = False,
     equal_counts: bool = False,
-    sync: str | None = None,
+    sync: str = Sync.LOCKSTEP,
     bytes_per_token: float | None = None,
     static_shapes: StaticShapes | None = None,
 ) -> tuple[Schedule, list[int]]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from seqpack.options import INT64_MAX, Sync
+from seqpack.validation import check_choice
 
 if TYPE_CHECKING:
     from seqpack.cost import CostModel
@@ -18,22 +19,20 @@ if TYPE_CHECKING:
 __all__ = ["exact_sum", "microbatch_costs", "round_lower_bound", "round_sum_lower_bound", "step_objective"]
 
 
-def step_objective(costs: np.ndarray, sync: str | None = None) -> float:
+def step_objective(costs: np.ndarray, sync: str = Sync.LOCKSTEP) -> float:
     """Predicted step time of microbatch costs ``[M, dp]`` (constants included).
 
     ``"lockstep"`` (FSDP, pipeline): every round waits for its slowest replica,
     ``sum_m max_d``. ``"replica"`` (DDP, ZeRO-1): the slowest replica's total,
-    ``max_d sum_m``. ``None``: the sum of both, a hedge when the sync is not known.
+    ``max_d sum_m``.
     """
+    if sync not in (Sync.LOCKSTEP, Sync.REPLICA):
+        check_choice("sync", sync, Sync)  # raises, naming the value
     if costs.size == 0:
         return 0.0
-    lockstep = float(costs.max(axis=1).sum())
-    replica = float(costs.sum(axis=0).max())
     if sync == Sync.LOCKSTEP:
-        return lockstep
-    if sync == Sync.REPLICA:
-        return replica
-    return lockstep + replica
+        return float(costs.max(axis=1).sum())
+    return float(costs.sum(axis=0).max())
 
 
 def microbatch_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:

@@ -35,7 +35,7 @@ import numpy as np
 
 from seqpack.cost import CostModel, GroupCost, as_group_cost, default_cost_model
 from seqpack.errors import ConfigError, SampleError, ScheduleError
-from seqpack.options import GroupSizes
+from seqpack.options import GroupSizes, Sync
 from seqpack.schedulers.balanced import BalancedScheduler, relabel_replicas
 from seqpack.schedulers.base import Scheduler
 from seqpack.schedulers.group_placement import assign_units, group_units, pack_units
@@ -64,7 +64,7 @@ def schedule_groups(
     cost: CostModel | GroupCost | None = None,
     on_oversize: str = "error",
     origin: np.ndarray | None = None,
-    sync: str | None = None,
+    sync: str = Sync.LOCKSTEP,
     together: bool = False,
     equal_counts: bool = False,
     static_shapes: StaticShapes | None = None,
@@ -134,7 +134,7 @@ def _static_with_groups(
     cost: CostModel | GroupCost | None,
     on_oversize: str,
     origin: np.ndarray | None,
-    sync: str | None,
+    sync: str,
     together: bool,
     equal_counts: bool,
     static_shapes: StaticShapes | None = None,
@@ -245,7 +245,7 @@ class _ReplicaPlanner:
     cp_size: int
     pad_multiple: int
     cost: CostModel | GroupCost | None
-    sync: str | None
+    sync: str
     together: bool
     static_shapes: StaticShapes | None = None
 
@@ -278,9 +278,6 @@ class _ReplicaPlanner:
             whole = np.where(unit_tokens[unit] <= capacity, unit, unit.max() + 1 + np.arange(unit.shape[0]))
             order = getattr(scheduler, "order", "heavy_first")
             return [ids[pos] for pos in pack_units(whole, padded, costs, capacity, order)]
-        options: dict[str, Any] = {} if self.sync is None else {"sync": self.sync}
-        if self.static_shapes is not None:  # only when set, as sync
-            options["static_shapes"] = self.static_shapes
         plan = scheduler.schedule(
             self.effective[ids],
             dp_size=1,
@@ -288,7 +285,8 @@ class _ReplicaPlanner:
             max_tokens_per_rank=self.capacity // self.cp_size,
             pad_multiple=self.pad_multiple,
             cost=self.cost,
-            **options,
+            sync=self.sync,
+            static_shapes=self.static_shapes,
         )
         return [ids[row[0]] for row in plan.assignment]
 
@@ -334,7 +332,7 @@ def _dynamic_with_groups(
         pad_multiple=group_pad_multiple(cp_size, pad_multiple),
         cost=static_cost,
         origin=origin[mine],
-        sync=options.get("sync"),
+        sync=options.get("sync", Sync.LOCKSTEP),
         **limits,
     )
     # The replicas' blocks are groups the dynamic plan may use, padded by its rule.

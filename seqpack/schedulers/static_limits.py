@@ -242,7 +242,7 @@ def trim_to_buckets(
     limit: int,
     capacity: int,
     constant: float,
-    sync: str | None,
+    sync: str,
 ) -> list[list[np.ndarray]]:
     """``rounds`` with microbatches just past a bucket edge brought below it where that
     predicts a shorter step.
@@ -273,8 +273,8 @@ def trim_to_buckets(
         load=np.bincount(cell, weights=weight[every], minlength=count).reshape(shape) + constant,
         counts=sizes.reshape(shape).copy(),
         price=price,
-        lockstep=sync in (None, Sync.LOCKSTEP),
-        replica=sync in (None, Sync.REPLICA),
+        lockstep=sync == Sync.LOCKSTEP,
+        replica=sync == Sync.REPLICA,
     )
     members: dict[tuple[int, int], list[int]] = {}  # the cells a move touched, as lists
 

@@ -87,8 +87,8 @@ def test_simulate_plot(tmp_path, capsys):
                 "--no-progress",
                 "--order",
                 "pipeline",
-                "--objective",
-                "replicas",
+                "--sync",
+                "replica",
             ]
         )
         == 0

@@ -446,7 +446,7 @@ def run_mismatched(layout, cfg):
     "cfg",
     [
         {"scheduler": "balanced", "options": {2: {"order": "pipeline"}}},
-        {"scheduler": "balanced", "options": {1: {"objective": "replicas"}}},
+        {"scheduler": "balanced", "options": {1: {"locality": True}}},
         {"scheduler": "balanced", "cost": {0: CostModel(1.0, 0.5)}},
     ],
 )

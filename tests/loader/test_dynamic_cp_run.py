@@ -12,8 +12,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack.collective.exchange import _dualchunk_runs, plan_shard_exchange
 from seqpack.collective.cp_groups import CpGroups, new_cp_groups, plane_blocks
+from seqpack.collective.exchange import _dualchunk_runs, plan_shard_exchange
 from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError
 from seqpack.schedulers import Schedule, predicted_step_time

@@ -196,26 +196,22 @@ def test_against_brute_force_on_tiny_inputs(lengths, dp, rounds, capacity):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_objectives_trade_replicas_against_rounds(seed):
+def test_each_sync_balances_what_it_waits_for(seed):
     # A long tail up to a whole microbatch: replica and round balance conflict.
     from seqpack.mock_data import lognormal_lengths
 
     lengths = lognormal_lengths(512, min_seq_len=128, max_seq_len=32768, mean_seq_len=4096, seed=seed)
     model = default_cost_model()
     ratios = {}
-    for objective in ("rounds", "both", "replicas"):
-        s = get_scheduler("balanced", objective=objective).schedule(
-            lengths, dp_size=32, max_tokens_per_rank=32768, cost=model
-        )
+    for sync in ("lockstep", "replica"):
+        s = get_scheduler("balanced").schedule(lengths, dp_size=32, max_tokens_per_rank=32768, cost=model, sync=sync)
         s.validate()
         st = StepStats.from_schedule(s, model)
-        ratios[objective] = (st.bound_ratio, st.round_imbalance / st.round_lower_bound)
-    assert ratios["rounds"][1] < 1.01 and ratios["replicas"][0] < 1.002  # each wins its own goal
-    assert ratios["rounds"][0] > 1.05 and ratios["replicas"][1] > ratios["both"][1]  # ... at a price
-    # "both" keeps its worse ratio below either extreme's worse ratio.
-    assert max(ratios["both"]) < min(max(ratios["rounds"]), max(ratios["replicas"])) + 1e-9
-    with pytest.raises(ValueError, match="objective must be one of"):
-        get_scheduler("balanced", objective="speed")
+        ratios[sync] = (st.bound_ratio, st.round_imbalance / st.round_lower_bound)
+    assert ratios["lockstep"][1] < 1.01 and ratios["replica"][0] < 1.002  # each wins its own goal
+    assert ratios["lockstep"][0] > 1.05 and ratios["replica"][1] > ratios["lockstep"][1]  # ... at a price
+    with pytest.raises(ValueError, match="unknown option"):
+        get_scheduler("balanced", objective="rounds")  # the sync says what to balance
 
 
 def test_equal_lengths_stay_on_their_rank():

@@ -24,7 +24,7 @@ LENGTHS = np.array([230, 40, 7, 33, 61, 5, 18, 64, 2, 50])
 def test_it_plans_what_plan_dynamic_cp_plans():
     assert "dynamic_cp" in available_schedulers(dynamic_cp=True) and "dynamic_cp" not in available_schedulers()
     args = {"dp_size": 2, "cp_size": 2, "max_tokens_per_rank": 64, "pad_multiple": 2}
-    for sizes, sync in [(None, None), ("any", "replica")]:
+    for sizes, sync in [(None, "lockstep"), ("any", "replica")]:
         scheduler = get_scheduler("dynamic_cp", group_sizes=sizes, group_cost=COST)
         origin = np.repeat([1, 0], 5)
         plan = scheduler.schedule(LENGTHS, origin=origin, sync=sync, **args)  # type: ignore[arg-type]

@@ -371,7 +371,6 @@ _COSTS: dict[str, Callable[[int], CostModel]] = {
 _OPTIONS = st.fixed_dictionaries(
     {},
     optional={
-        "objective": st.sampled_from(["both", "rounds", "replicas"]),
         "order": st.sampled_from(["heavy_first", "pipeline", "as_planned"]),
         "locality": st.sampled_from(["auto", True, False]),
         "max_repair_moves": st.sampled_from([0, 3, None]),
@@ -402,7 +401,7 @@ def steps(draw: st.DrawFn, max_dp: int, max_per_replica: int) -> dict[str, Any]:
         "pad_multiple": pad,
         "cost": _COSTS[draw(st.sampled_from(sorted(_COSTS)))](seed),
         "origin": None if origin == "blocks" else np.random.default_rng(seed).integers(0, dp, n),
-        "sync": draw(st.sampled_from([None, "lockstep", "replica"])),
+        "sync": draw(st.sampled_from(["lockstep", "replica"])),
     }
 
 
@@ -432,18 +431,18 @@ _MOCK = settings(max_examples=6 if small() else 16, deadline=None, suppress_heal
     per_replica=st.sampled_from([4, 16] if small() else [16, 32, 64]),
     dist=st.sampled_from(["lognormal", "pareto", "bimodal"]),
     seed=st.integers(0, 100),
-    objective=st.sampled_from(["both", "rounds", "replicas"]),
+    sync=st.sampled_from(["lockstep", "replica"]),
     cost=st.sampled_from(["default", "fitted"]),
 )
 @pytest.mark.slow
-def test_mock_workloads_at_scale(dp, per_replica, dist, seed, objective, cost):
+def test_mock_workloads_at_scale(dp, per_replica, dist, seed, sync, cost):
     """The mock generators at 16-64 sequences per replica into up to 256 replicas, default
     and fitted costs: the shapes where the locality pass wrote past its arrival list."""
     lengths = _lengths(dist, dp * per_replica, 16384, seed)
     with checked_kernels():
         _schedule_and_validate(
-            "balanced", {"objective": objective, "locality": True},
-            {"lengths": lengths, "dp_size": dp, "max_tokens_per_rank": 16384, "cost": _COSTS[cost](seed)},
+            "balanced", {"locality": True},
+            {"lengths": lengths, "dp_size": dp, "max_tokens_per_rank": 16384, "cost": _COSTS[cost](seed), "sync": sync},
         )  # fmt: skip
 
 
@@ -505,8 +504,6 @@ def test_random_dynamic_cp_plans(lengths, dp, cp, capacity, pad, cost, sync, siz
 @pytest.mark.slow
 def test_random_groups_and_minibatches(step, group_size, together, minibatches):
     n = step["lengths"].shape[0]
-    if step["sync"] is None:
-        step["sync"] = "lockstep"
     groups = np.arange(n) // group_size
     scheduler = get_scheduler("balanced")
     with checked_kernels():
@@ -534,8 +531,7 @@ def _reaching_steps() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
         step = {"dp_size": 4, "max_tokens_per_rank": 4096, "cost": cost}
         # Locality asked for: "auto" leaves it off for these token-id steps.
         yield "balanced", {"locality": True}, {"lengths": _lengths("lognormal", 96, 4096, seed), **step}
-        local = {"objective": "replicas", "locality": True}
-        yield "balanced", local, {"lengths": _lengths("pareto", 64, 4096, seed), **step}
+        yield "balanced", {"locality": True}, {"lengths": _lengths("pareto", 64, 4096, seed), **step, "sync": "replica"}
         yield "dp_balanced", {}, {"lengths": _lengths("lognormal", 40, 2048, seed), **step}
         yield "empty", {}, {"lengths": _lengths("lognormal", 40, 2048, seed), **step}
     # Tight packings: first-fit decreasing needs 7 bins for TIGHT, the item search finds 6

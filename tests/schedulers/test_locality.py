@@ -20,8 +20,8 @@ from seqpack.schedulers.balanced.locality import (
     break_even_bytes_per_token,
     locality_pays,
     plan_local,
-    step_time,
 )
+from seqpack.schedulers.objective import step_objective
 from seqpack.schedulers.request import default_origin
 from seqpack.stats import StepStats, microbatch_costs
 
@@ -34,9 +34,8 @@ def _sft(n, seed=0):
     return lognormal_lengths(n, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096, seed=seed)
 
 
-def _wait(schedule, objective):
-    costs = microbatch_costs(schedule, COST)
-    return step_time(costs, 0.0, objective)
+def _wait(schedule, sync):
+    return step_objective(microbatch_costs(schedule, COST), sync)
 
 
 @large
@@ -56,19 +55,19 @@ def test_the_16k_plan_is_valid_and_keeps_data_home():
 
 
 @large
-@pytest.mark.parametrize("objective", ["both", "rounds", "replicas"])
+@pytest.mark.parametrize("sync", ["lockstep", "replica"])
 @pytest.mark.parametrize("dp, per_replica", [(64, 64), (256, 16), (1024, 16)])
 @pytest.mark.slow
-def test_locality_costs_at_most_the_tolerance_and_moves_less(objective, dp, per_replica):
+def test_locality_costs_at_most_the_tolerance_and_moves_less(sync, dp, per_replica):
     kept = 0
     for seed in range(3):
         lengths = _sft(dp * per_replica, seed)
         args = dict(dp_size=dp, max_tokens_per_rank=16384, cost=COST)
-        on = get_scheduler("balanced", objective=objective, locality=True).schedule(lengths, **args)
-        off = get_scheduler("balanced", objective=objective, locality=False).schedule(lengths, **args)
+        on = get_scheduler("balanced", locality=True).schedule(lengths, **args, sync=sync)
+        off = get_scheduler("balanced", locality=False).schedule(lengths, **args, sync=sync)
         on.validate(lengths, dp_size=dp, max_tokens_per_rank=16384)
         assert on.num_microbatches == off.num_microbatches
-        assert _wait(on, objective) <= _wait(off, objective) * (1 + 1e-3) * (1 + 1e-12)
+        assert _wait(on, sync) <= _wait(off, sync) * (1 + 1e-3) * (1 + 1e-12)
         moved_on = StepStats.from_schedule(on, COST).moved_tokens
         moved_off = StepStats.from_schedule(off, COST).moved_tokens
         assert moved_on <= moved_off
@@ -81,16 +80,16 @@ def test_locality_costs_at_most_the_tolerance_and_moves_less(objective, dp, per_
     lengths=st.lists(st.integers(1, 300), min_size=0, max_size=60),
     dp=st.integers(1, 6),
     capacity=st.integers(300, 700),
-    objective=st.sampled_from(["both", "rounds", "replicas"]),
+    sync=st.sampled_from(["lockstep", "replica"]),
     seed=st.integers(0, 1000),
 )
 @pytest.mark.slow
-def test_locality_never_changes_which_sequences_a_step_holds(lengths, dp, capacity, objective, seed):
+def test_locality_never_changes_which_sequences_a_step_holds(lengths, dp, capacity, sync, seed):
     lengths = np.array(lengths, dtype=np.int64)
     origin = np.sort(np.random.default_rng(seed).integers(0, dp, lengths.shape[0]))
     args = dict(dp_size=dp, max_tokens_per_rank=capacity, cost=CostModel(1.0, 0.01), origin=origin)
-    on = get_scheduler("balanced", objective=objective, locality=True).schedule(lengths, **args)
-    off = get_scheduler("balanced", objective=objective, locality=False).schedule(lengths, **args)
+    on = get_scheduler("balanced", locality=True).schedule(lengths, **args, sync=sync)
+    off = get_scheduler("balanced", locality=False).schedule(lengths, **args, sync=sync)
     on.validate(lengths, dp_size=dp, max_tokens_per_rank=capacity)
     held_on = np.sort(np.concatenate([ids for row in on.assignment for ids in row] + [np.zeros(0, np.int64)]))
     held_off = np.sort(np.concatenate([ids for row in off.assignment for ids in row] + [np.zeros(0, np.int64)]))
@@ -153,15 +152,15 @@ def test_break_even_grows_with_replicas_and_falls_with_longer_sequences():
     assert not locality_pays(even[1] * 0.99, sequences=n, tokens=tokens, dp_size=64)
 
 
-@pytest.mark.parametrize("objective", ["both", "replicas"])
+@pytest.mark.parametrize("sync", ["lockstep", "replica"])
 @pytest.mark.slow
-def test_locality_auto_plans_as_off_below_the_break_even_and_as_on_above(objective):
+def test_locality_auto_plans_as_off_below_the_break_even_and_as_on_above(sync):
     dp, lengths = 64, _sft(4096)
-    args = dict(dp_size=dp, max_tokens_per_rank=16384, cost=COST)
-    on = get_scheduler("balanced", objective=objective, locality=True).schedule(lengths, **args)
-    off = get_scheduler("balanced", objective=objective, locality=False).schedule(lengths, **args)
+    args = dict(dp_size=dp, max_tokens_per_rank=16384, cost=COST, sync=sync)
+    on = get_scheduler("balanced", locality=True).schedule(lengths, **args)
+    off = get_scheduler("balanced", locality=False).schedule(lengths, **args)
     assert on.fingerprint() != off.fingerprint()  # locality acts here: the test can tell them apart
-    auto = get_scheduler("balanced", objective=objective)
+    auto = get_scheduler("balanced")
     assert auto.locality == "auto"
     even = break_even_bytes_per_token(sequences=lengths.shape[0], tokens=int(lengths.sum()), dp_size=dp)
     assert 20 < even < 4096  # token ids below, a 1K-float row per token above
@@ -173,15 +172,11 @@ def test_locality_auto_plans_as_off_below_the_break_even_and_as_on_above(objecti
     # A bool is what it says whatever the payload.
     for payload in (0, 1e9):
         assert (
-            get_scheduler("balanced", objective=objective, locality=True)
-            .schedule(lengths, **args, bytes_per_token=payload)
-            .fingerprint()
+            get_scheduler("balanced", locality=True).schedule(lengths, **args, bytes_per_token=payload).fingerprint()
             == on.fingerprint()
         )
         assert (
-            get_scheduler("balanced", objective=objective, locality=False)
-            .schedule(lengths, **args, bytes_per_token=payload)
-            .fingerprint()
+            get_scheduler("balanced", locality=False).schedule(lengths, **args, bytes_per_token=payload).fingerprint()
             == off.fingerprint()
         )
 
@@ -239,8 +234,8 @@ def test_home_swaps_match_reference_and_keep_every_cap(dp, rounds, n, seed, slac
 
 
 @large
-@pytest.mark.parametrize("objective", ["both", "rounds"])
-def test_lockstep_locality_moves_at_most_half_of_the_tokens(objective):
+@pytest.mark.parametrize("sync", ["lockstep"])
+def test_lockstep_locality_moves_at_most_half_of_the_tokens(sync):
     """Issue 12's workload at dp=64: lockstep plans keep more than half of the tokens home
     (the reference renamed moves ~93%) within 0.1% of its predicted step time."""
     dp = 64
@@ -249,9 +244,9 @@ def test_lockstep_locality_moves_at_most_half_of_the_tokens(objective):
             dp * 64, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096, sigma=1.1, seed=seed
         )
         args = dict(dp_size=dp, max_tokens_per_rank=16384, cost=COST)
-        on = get_scheduler("balanced", objective=objective, locality=True).schedule(lengths, **args)
-        off = get_scheduler("balanced", objective=objective, locality=False).schedule(lengths, **args)
-        assert _wait(on, objective) <= _wait(off, objective) * (1 + 1e-3) * (1 + 1e-12)
+        on = get_scheduler("balanced", locality=True).schedule(lengths, **args, sync=sync)
+        off = get_scheduler("balanced", locality=False).schedule(lengths, **args, sync=sync)
+        assert _wait(on, sync) <= _wait(off, sync) * (1 + 1e-3) * (1 + 1e-12)
         assert StepStats.from_schedule(on, COST).moved_fraction <= 0.5
         assert StepStats.from_schedule(off, COST).moved_fraction > 0.9
 
@@ -277,14 +272,14 @@ def test_replicas_keeps_whichever_layout_moves_less():
     lengths = pareto_lengths(dp * 32, min_seq_len=256, max_seq_len=cap, alpha=1.2, seed=1)
     costs = COST.cost(lengths)
     origin = default_origin(lengths.shape[0], dp)
-    ref = plan_balanced(lengths, costs, dp_size=dp, capacity=cap, objective="replicas", origin=origin)
-    per_replica = _per_replica(lengths, costs, origin, ref, dp, cap, 0.0, "replicas", None, 1e-3)
+    ref = plan_balanced(lengths, costs, dp_size=dp, capacity=cap, sync="replica", origin=origin)
+    per_replica = _per_replica(lengths, costs, origin, ref, dp, cap, 0.0, "replica", None, 1e-3)
     layout_moved = int(lengths[relabel_replicas(per_replica.replica_of, origin, lengths, dp) != origin].sum())
     assert layout_moved > lengths.sum() / 3
-    sched = get_scheduler("balanced", objective="replicas", locality=True)
-    s = sched.schedule(lengths, dp_size=dp, max_tokens_per_rank=cap, cost=COST)
+    sched = get_scheduler("balanced", locality=True)
+    s = sched.schedule(lengths, dp_size=dp, max_tokens_per_rank=cap, cost=COST, sync="replica")
     assert StepStats.from_schedule(s, COST).moved_tokens < layout_moved
-    assert _wait(s, "replicas") <= step_time(ref.load, 0.0, "replicas") * (1 + 1e-3) * (1 + 1e-12)
+    assert _wait(s, "replica") <= step_objective(ref.load, "replica") * (1 + 1e-3) * (1 + 1e-12)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

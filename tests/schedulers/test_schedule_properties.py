@@ -19,9 +19,7 @@ instances = st.fixed_dictionaries(
         "cap": st.integers(24, 256),
         "policy": st.sampled_from(["truncate", "drop"]),
         "quadratic": st.sampled_from([0.0, 1e-3, 0.1]),
-        "options": st.sampled_from(
-            [{}, {"order": "pipeline"}, {"microbatch_multiple": 2}, {"objective": "rounds"}, {"objective": "replicas"}]
-        ),
+        "options": st.sampled_from([{}, {"order": "pipeline"}, {"microbatch_multiple": 2}, {"locality": True}]),
     }
 )
 

@@ -28,13 +28,6 @@ def _sft(n=1024, dp=16):
     return lengths, {"dp_size": dp, "max_tokens_per_rank": 16384, "cost": COST}
 
 
-def _long_tail():
-    """benchmarks/schedulers.py's sft-long-tail at 1/16 of its size: one sequence can fill
-    a microbatch, so replica and round balance conflict."""
-    lengths = lognormal_lengths(256, min_seq_len=128, max_seq_len=32768, mean_seq_len=4096, sigma=1.1, seed=0)
-    return lengths, {"dp_size": 16, "cp_size": 2, "max_tokens_per_rank": 16384, "pad_multiple": 4}
-
-
 def _heavy_tail():
     """benchmarks/heavy_tail.py's lengths (seed 0) at 3 microbatches, sync='replica'."""
     rng = np.random.default_rng(0)
@@ -59,12 +52,11 @@ CASES = {
     "exact_search": (*_tight(70), {"locality": False}),
     "bin_completion": (*_verl(349), {"min_microbatches": 4}),  # 6 microbatches, 7 without
     "repair": (*_sft(4096, 256), {"locality": False}),
-    "repair_bisection": (*_long_tail(), {"locality": False}),
     "replica_first": (*_heavy_tail(), {"locality": False, "num_microbatches": 3}),
     "more_rounds": (*_tight(12), {"locality": False}),
     "origin_order": (np.full(512, 4096), _sft()[1], {"locality": False}),
     "relabel": (*_sft(), {"locality": False}),
-    "per_replica": (*_sft(), {"locality": True, "objective": "replicas"}),
+    "per_replica": (_sft()[0], {**_sft()[1], "sync": "replica"}, {"locality": True}),
     "home_swaps": (*_sft(), {"locality": True}),
 }
 

@@ -202,7 +202,7 @@ def test_balanced_compares_counts_with_the_bucket_padding_priced():
     padded = rng.integers(1, 200, size=300)
     costs = COST.cost(padded)
     price = BucketPrice(np.array([64, 128, 256, 512]), COST.linear)
-    for sync in ("lockstep", "replica", None):
+    for sync in ("lockstep", "replica"):
         plan = plan_balanced(padded, costs, dp_size=4, capacity=512, constant=5.0, sync=sync, price=price)
         priced = plan.load + price.extra(plan.tokens) + 5.0
         assert plan.objective == pytest.approx(step_objective(priced, sync))
@@ -295,15 +295,17 @@ def test_trim_brings_a_microbatch_below_its_bucket_edge():
     price = BucketPrice(np.array([64, 128]), 1.0)
     padded = np.array([40, 20, 10, 20])  # replica 0: 70 tokens (bucket 128), replica 1: 20 (bucket 64)
     rounds = [[np.array([0, 1, 2]), np.array([3])]]
-    for sync in ("lockstep", "replica", None):
+    for sync in ("lockstep", "replica"):
         out = trim_to_buckets(rounds, padded, padded * 1.0, price=price, limit=4, capacity=128, constant=0.0, sync=sync)
         assert [[a.tolist() for a in row] for row in out] == [[[0, 1], [2, 3]]]  # 60 | 30: both in 64
     # Without a free slot in the target, nothing moves.
-    out = trim_to_buckets(rounds, padded, padded * 1.0, price=price, limit=1, capacity=128, constant=0.0, sync=None)
+    out = trim_to_buckets(
+        rounds, padded, padded * 1.0, price=price, limit=1, capacity=128, constant=0.0, sync="lockstep"
+    )
     assert out[0][1].tolist() == [3] and out[0][0].tolist() == [0, 1, 2]
 
 
-@pytest.mark.parametrize("sync", ["lockstep", "replica", None])
+@pytest.mark.parametrize("sync", ["lockstep", "replica"])
 def test_trim_never_lengthens_the_step_and_keeps_every_id(sync):
     rng = np.random.default_rng(11)
     price = BucketPrice(np.array([32, 48, 64, 96, 128]), 1.0)

@@ -69,11 +69,13 @@ def test_schedule_sync_is_validated_and_accepted_by_every_scheduler():
     for name in available_schedulers():
         with pytest.raises(ValueError, match="sync must be one of"):
             get_scheduler(name).schedule([10, 20], dp_size=1, max_tokens_per_rank=64, sync="ddp")
-        for sync in (None, "lockstep", "replica"):
+        with pytest.raises(ValueError, match="sync must be one of"):  # no value that means two things
+            get_scheduler(name).schedule([10, 20], dp_size=1, max_tokens_per_rank=64, sync=None)
+        for sync in ("lockstep", "replica"):
             get_scheduler(name).schedule([10, 20], dp_size=1, max_tokens_per_rank=64, sync=sync).validate([10, 20])
 
 
-@pytest.mark.parametrize("sync", [None, "lockstep", "replica"])
+@pytest.mark.parametrize("sync", ["lockstep", "replica"])
 def test_balanced_plan_objective_is_the_predicted_step_time(sync):
     lengths = lognormal_lengths(256, min_seq_len=64, max_seq_len=16384, mean_seq_len=1024, seed=1)
     # Locality off: it may trade up to 0.1% of step time for fewer moved tokens (its own tests).
@@ -83,19 +85,14 @@ def test_balanced_plan_objective_is_the_predicted_step_time(sync):
     plan = plan_balanced(
         lengths, LAUNCH_BOUND.cost(lengths), dp_size=8, capacity=16384, constant=LAUNCH_BOUND.constant, sync=sync
     )
-    both = predicted_step_time(schedule, LAUNCH_BOUND) + predicted_step_time(schedule, LAUNCH_BOUND, sync="replica")
-    expected = both if sync is None else predicted_step_time(schedule, LAUNCH_BOUND, sync=sync)
+    expected = predicted_step_time(schedule, LAUNCH_BOUND, sync=sync)
     assert plan.num_microbatches == schedule.num_microbatches
     assert plan.objective == pytest.approx(expected, rel=1e-9)
     # With locality the step may cost at most 0.1% more than that plan.
     local = get_scheduler("balanced", locality=True).schedule(
         lengths, dp_size=8, max_tokens_per_rank=16384, cost=LAUNCH_BOUND, sync=sync
     )
-    cost = (
-        predicted_step_time(local, LAUNCH_BOUND) + predicted_step_time(local, LAUNCH_BOUND, sync="replica")
-        if sync is None
-        else predicted_step_time(local, LAUNCH_BOUND, sync=sync)
-    )
+    cost = predicted_step_time(local, LAUNCH_BOUND, sync=sync)
     assert local.num_microbatches == plan.num_microbatches and cost <= plan.objective * (1 + 1e-3) + 1e-12
 
 

@@ -61,6 +61,7 @@ def simulate(
     progress: bool = False,
     keep_first: bool = False,
     bytes_per_token: float | None = None,
+    sync: str = "lockstep",
 ) -> dict[str, Any]:
     """Schedule ``steps`` global batches of ``lengths`` with each scheduler and account them.
 
@@ -68,6 +69,7 @@ def simulate(
     when there are fewer). ``pad_multiple`` defaults to the wrapper's
     (:func:`~seqpack.thd.pad_multiple_for`: ``2*cp`` under CP) and follows its rule.
     Zero-length samples are dropped and counted, as the wrapper does.
+    Every scheduler plans for ``sync`` (what a step waits for) and is accounted under it.
     Every scheduler is fed the same cost model (the preset's training FLOPs; token counts
     when ``model`` is None) and accounted in it. Samples sit on DP ranks in contiguous
     equal blocks, as the wrapper reads them; moved tokens count what the exchange carries,
@@ -111,6 +113,7 @@ def simulate(
         "pad_multiple": pad_multiple,
         "cost": cost,
         "on_oversize": on_oversize,
+        "sync": sync,
     }
     per, first = _schedule_steps(
         built, lengths, global_batch, steps, limits, spec, bytes_per_token, keep_first=keep_first, progress=progress
@@ -156,7 +159,9 @@ def _schedule_steps(
                 bar.update(0, step=step, planning=name)  # what runs (a plan at dp=10**7 takes a minute)
                 with PeakMemory() as peak:
                     s = sched.schedule(batch, **limits, **payload)
-                st = StepStats.from_schedule(s, limits["cost"], empty_samples=empty, bytes_per_token=bytes_per_token)
+                st = StepStats.from_schedule(
+                    s, limits["cost"], empty_samples=empty, bytes_per_token=bytes_per_token, sync=limits["sync"]
+                )
                 if spec is not None:  # every term of the model (sliding-window layers included)
                     st.flops = float(spec.sequence_flops(s.lengths[s.assigned]))  # O(sequences), not O(dp cells)
                 locality = _locality_row(sched, s, bytes_per_token)
@@ -257,7 +262,7 @@ def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from seqpack.cost import DEFAULT_MODEL, MODEL_PRESETS
-    from seqpack.options import Objective, OnOversize, Order
+    from seqpack.options import OnOversize, Order, Sync
 
     p = subparsers.add_parser(
         "simulate",
@@ -284,10 +289,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     run_.add_argument("--schedulers", default="balanced,dp_balanced,empty", help="comma-separated names")
     run_.add_argument("--order", choices=[str(v) for v in Order], default="heavy_first", help="balanced's order")
     run_.add_argument(
-        "--objective",
-        choices=[str(v) for v in Objective],
-        default="both",
-        help="balanced's objective: both (default), rounds (FSDP), replicas (DDP/ZeRO-1/PP)",
+        "--sync",
+        choices=[str(v) for v in Sync],
+        default="lockstep",
+        help="what a step waits for, planned and reported: lockstep (FSDP, pipeline; default) or replica (DDP/ZeRO-1)",
     )
     run_.add_argument(
         "--model",
@@ -347,9 +352,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"{where}: no lengths in it, nothing to simulate")
     if not np.any(np.asarray(lengths) > 0):
         raise CommandError(f"{where}: all {len(lengths)} lengths are 0 (empty samples are dropped): nothing to do")
-    options: dict[str, dict[str, Any]] = {
-        "balanced": {"order": args.order, "objective": args.objective, "locality": _LOCALITY[args.locality]}
-    }
+    options: dict[str, dict[str, Any]] = {"balanced": {"order": args.order, "locality": _LOCALITY[args.locality]}}
     try:
         report = simulate(
             lengths,
@@ -366,6 +369,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             keep_first=bool(args.plot),
             bytes_per_token=args.bytes_per_token,
+            sync=args.sync,
         )
     except ValueError as err:  # the schedulers' refusals of these lengths and limits (e.g. an oversize sequence)
         hint = " (--on-oversize truncate or drop)" if "on_oversize" in str(err) else ""

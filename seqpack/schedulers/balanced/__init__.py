@@ -26,13 +26,9 @@ quadratic term included):
    holding a round-0 bin of one long sequence may get full bins in later rounds). The
    repair moves single sequences off the most loaded replica into any microbatch of a
    lighter one, or swaps one with a cheaper sequence of one of the 4 lightest replicas,
-   within capacity, whenever the pair's larger total drops. What it may cost the rounds is
-   the ``objective``: ``"rounds"`` never lets ``sum_m max_d`` grow; ``"replicas"`` ignores
-   it; ``"both"`` (default) first repairs without slowing the rounds and, only if the
-   busiest replica is then further from its bound than the rounds are from theirs
-   (:func:`seqpack.schedulers.objective.round_sum_lower_bound`), bisects on how much slower the rounds
-   may get, keeping the plan whose worse ratio to its bound is lowest. That happens when
-   a few sequences come close to a whole microbatch. The repair stops within 0.1% of the
+   within capacity, whenever the pair's larger total drops. Under ``sync="lockstep"`` (the
+   default: every round waits for its slowest replica) it never lets ``sum_m max_d`` grow;
+   under ``"replica"`` only the replica totals count. The repair stops within 0.1% of the
    replica bound, or after a bounded amount of work.
 Fewer bytes moved, at no cost in balance: equally long sequences are taken in an order
 interleaved by the rank that holds them (``origin``), which keeps them on that rank (with
@@ -62,19 +58,12 @@ bin bound ``L2``, at least the token bound). If no bin has room for a sequence a
 fill unevenly because cost-balanced bins hold different token counts), the same ``M`` is
 retried balancing tokens (worst-fit), then first-fit, then with a bounded exact search
 (:mod:`seqpack.schedulers.balanced.exact`); only when all fail does ``M`` grow. Then
-(:func:`~seqpack.schedulers.balanced.rounds.more_rounds`):
-
-* without a ``sync``, the plan at ``M`` is compared with the plan at ``M+1`` when it needed
-  a fallback or ends more than 1% above its lower bounds (replica total or round sum), on
-  the estimate ``max_d total_d + sum_m max_d cost[m, d]`` (constants included): ``M+1`` is
-  kept after a fallback if it is cheaper at all, otherwise only if it is at least 1% cheaper;
-* with a ``sync``, ``balanced`` looks for the count that minimises the predicted step time
-  of that sync (:func:`step_objective`: ``"lockstep"`` ``sum_m max_d``, ``"replica"``
-  ``max_d sum_m``), per-microbatch ``constant`` included: ``M+1, M+2, ...`` while the
-  prediction keeps dropping, a larger count kept when at least 1% faster. With FLOPs (no
-  constant) extra microbatches are free in the model, so on a launch-bound GPU pass a
-  constant or calibrate (:mod:`seqpack.calibrate`). A given ``sync`` also sets the repair's
-  objective (``"lockstep"``: rounds, ``"replica"``: replicas).
+(:func:`~seqpack.schedulers.balanced.rounds.more_rounds`) ``balanced`` looks for the count
+that minimises the predicted step time of the sync (:func:`step_objective`: ``"lockstep"``
+``sum_m max_d``, ``"replica"`` ``max_d sum_m``), per-microbatch ``constant`` included:
+``M+1, M+2, ...`` while the prediction keeps dropping, a larger count kept when at least 1%
+faster. With FLOPs (no constant) extra microbatches are free in the model, so on a
+launch-bound GPU pass a constant or calibrate (:mod:`seqpack.calibrate`).
 
 **Stages.** The plan is the composition :data:`seqpack.schedulers.balanced.stages.DEFAULT`
 (:class:`~seqpack.schedulers.balanced.stages.Stages`): each step above is one stage
@@ -100,7 +89,6 @@ from __future__ import annotations
 
 from seqpack.schedulers.balanced.plan import plan_balanced
 from seqpack.schedulers.balanced.rounds import (
-    OBJECTIVES,
     ORDERS,
     BalancedPlan,
     objective_for,
@@ -112,7 +100,6 @@ from seqpack.schedulers.balanced.rounds import (
 from seqpack.schedulers.balanced.scheduler import BalancedScheduler
 
 __all__ = [
-    "OBJECTIVES",
     "ORDERS",
     "BalancedPlan",
     "BalancedScheduler",

@@ -9,23 +9,23 @@ move the difference.
 
 :func:`plan_local` builds such plans at the microbatch count of the reference plan (the one
 ``balanced`` made for balance alone) and keeps one whose predicted step time
-(:func:`step_time`, under the objective the plan is made for) is within ``tolerance``
+(under the sync the plan is made for, :func:`~seqpack.schedulers.step_objective`) is within ``tolerance``
 (0.1%) of the reference's and which moves fewer tokens; otherwise the reference stands.
 Locality never changes which sequences a step holds or how many microbatches it runs, only
 where sequences run.
 
-* Per-replica layout (tried first for ``"replicas"``: DDP, ZeRO-1, pipeline, where the step
+* Per-replica layout (tried first under ``sync="replica"``: DDP, ZeRO-1, pipeline, where the step
   waits for the busiest replica; and for lockstep steps of one or two microbatches):
   :func:`seqpack.schedulers._kernels.grid_local` gives microbatch ``(m, d)`` to replica
   ``d``; sequences, longest first, go to their own rank's emptiest microbatch while it stays
   within ``home_fill`` (0.9) of its cost target and within the mean tokens, otherwise to the
   emptiest microbatch anywhere (LPT), which hands each rank's excess to ranks below their
   share. The replica repair evens out the rest, until the busiest replica is within half
-  the tolerance of the reference's. About a fifth of the tokens move. It cannot serve lockstep steps (``"rounds"``,
-  ``"both"``: FSDP, every round waits for its slowest replica): a replica's microbatches,
+  the tolerance of the reference's. About a fifth of the tokens move. It cannot serve lockstep steps
+  (FSDP: every round waits for its slowest replica): a replica's microbatches,
   a few sequences each, cannot all match the other replicas' within 0.1%, and at
   thousands of replicas some always miss (the rounds end 0.5-1.5% slower).
-* Home swaps (:func:`home_swapped`; lockstep steps, and for ``"replicas"`` when the
+* Home swaps (:func:`home_swapped`; lockstep steps, and under replica sync when the
   per-replica layout is over the tolerance or moves more than a third of the tokens, the
   plan that moves less is kept):
   start from the reference itself, replicas renamed, and bring sequences home one by one
@@ -61,19 +61,20 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from seqpack.options import SAMPLE_BYTES_PER_TOKEN, Objective, Sync
+from seqpack.options import SAMPLE_BYTES_PER_TOKEN, Sync
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.balanced.repair import _repair
 from seqpack.schedulers.balanced.rounds import (
     _REPAIR_WORK,
     BalancedPlan,
     _grid,
+    _objective,
+    objective_for,
     placement_order,
     relabel_replicas,
     repair_budget,
     round_targets,
 )
-from seqpack.schedulers.objective import step_objective
 
 TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than the reference
 AUTO = "auto"  # BalancedScheduler(locality=AUTO): on where locality_pays
@@ -85,8 +86,6 @@ _REPAIR_WORK_FACTOR = 3  # local layouts start further from balance: 3x the repa
 _SWAP_SLACK = 0.9  # home swaps may raise each cap by this share of the tolerance
 _SWAP_PASSES = 1  # passes of the home swaps over the sequences (a second: 35% -> 27% moved, +0.3 s at 16K)
 _SWAPS_ABOVE = 1 / 3  # the home swaps are also tried when the per-replica layout moves more
-
-_SYNC_OF: dict[str, Sync] = {Objective.ROUNDS: Sync.LOCKSTEP, Objective.REPLICAS: Sync.REPLICA}  # "both": None, the sum
 
 __all__ = [
     "AUTO",
@@ -101,7 +100,6 @@ __all__ = [
     "moved_tokens",
     "per_replica",
     "plan_local",
-    "step_time",
 ]
 
 
@@ -130,16 +128,6 @@ def locality_pays(bytes_per_token: float | None, *, sequences: int, tokens: int,
     return payload > break_even_bytes_per_token(sequences=sequences, tokens=tokens, dp_size=dp_size)
 
 
-def step_time(load: np.ndarray, constant: float, objective: str) -> float:
-    """Predicted step time of a plan's microbatch costs ``load[M, dp]``.
-
-    ``"replicas"``: the busiest replica's total (DDP, ZeRO-1, pipeline); ``"rounds"``: the
-    sum over rounds of the slowest replica (FSDP lockstep); ``"both"``: their sum.
-    ``constant`` is added per microbatch.
-    """
-    return step_objective(load + constant, _SYNC_OF.get(objective))
-
-
 Relabel = Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
 """Plan replicas -> DP ranks (:func:`~seqpack.schedulers.balanced.relabel_replicas`)."""
 
@@ -156,7 +144,7 @@ class Local:
     dp_size: int
     capacity: int
     constant: float
-    objective: str
+    sync: str
     max_repair_moves: int | None
     tolerance: float
     relabel: Relabel
@@ -175,7 +163,7 @@ def plan_local(
     dp_size: int,
     capacity: int,
     constant: float = 0.0,
-    objective: str = "both",
+    sync: str = Sync.LOCKSTEP,
     max_repair_moves: int | None = None,
     tolerance: float = TOLERANCE,
     reference_ranks: np.ndarray | None = None,
@@ -192,10 +180,10 @@ def plan_local(
         reference: The :class:`~seqpack.schedulers.balanced.BalancedPlan` made for balance
             alone; its microbatch count and bin rule are reused.
         dp_size, capacity, constant: As for ``plan_balanced``.
-        objective: What the step waits for (:func:`step_time`): ``"replicas"`` tries the
-            per-replica layout first, then the home swaps; ``"rounds"`` and ``"both"`` the
-            home swaps (with one or two microbatches the per-replica layout first; module
-            docs).
+        sync: What the step waits for (:func:`~seqpack.schedulers.step_objective`):
+            ``"replica"`` tries the per-replica layout first, then the home swaps;
+            ``"lockstep"`` the home swaps (with one or two microbatches the per-replica
+            layout first; module docs).
         max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
         tolerance: Largest relative increase of the predicted step time accepted.
         reference_ranks: The DP rank of every sequence under ``reference`` once its
@@ -210,18 +198,18 @@ def plan_local(
     """
     if padded.shape[0] == 0 or reference.num_microbatches == 0 or dp_size == 1:
         return None
-    limit = step_time(reference.load, constant, objective) * (1 + tolerance)
+    limit = _objective(reference.load, constant, sync) * (1 + tolerance)
     if reference_ranks is None:
         reference_ranks = relabel(reference.replica_of, origin, padded, dp_size)
     step = Local(
-        padded, costs, origin, reference, reference_ranks, dp_size, capacity, constant, objective,
+        padded, costs, origin, reference, reference_ranks, dp_size, capacity, constant, sync,
         max_repair_moves, tolerance, relabel,
     )  # fmt: skip
     best = None
     to_beat = moved_tokens(reference_ranks, origin, padded)  # a candidate must move less
     for stage in (per_replica, home_swaps) if candidates is None else candidates:
         found = stage(step)
-        if found is None or step_time(found[0].load, constant, objective) > limit:
+        if found is None or _objective(found[0].load, constant, sync) > limit:
             continue
         moved = moved_tokens(found[1], origin, padded)
         if moved < to_beat:
@@ -234,11 +222,11 @@ def plan_local(
 def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
     """The per-replica layout (module docs), where the step waits for replicas or runs one or
     two microbatches; None elsewhere or when it finds no packing."""
-    if not (step.objective == Objective.REPLICAS or step.reference.num_microbatches <= 2):
+    if not (step.sync == Sync.REPLICA or step.reference.num_microbatches <= 2):
         return None
     plan = _per_replica(
         step.padded, step.costs, step.origin, step.reference, step.dp_size, step.capacity, step.constant,
-        step.objective, step.max_repair_moves, step.tolerance,
+        step.sync, step.max_repair_moves, step.tolerance,
     )  # fmt: skip
     if plan is None:
         return None
@@ -249,7 +237,7 @@ def home_swaps(step: Local) -> tuple[BalancedPlan, np.ndarray]:
     """The reference with sequences brought home by swaps (:func:`home_swapped`)."""
     plan = home_swapped(
         step.padded, step.costs, step.origin, step.reference, step.reference_ranks, step.capacity,
-        step.objective, step.tolerance * _SWAP_SLACK,
+        step.sync, step.tolerance * _SWAP_SLACK,
     )  # fmt: skip
     return plan, plan.replica_of
 
@@ -261,7 +249,7 @@ def home_swapped(
     reference: BalancedPlan,
     reference_ranks: np.ndarray,
     capacity: int,
-    objective: str,
+    sync: str,
     slack: float,
 ) -> BalancedPlan:
     """``reference`` with its replicas renamed to ``reference_ranks``, then sequences brought
@@ -275,7 +263,7 @@ def home_swapped(
     replica_of = np.array(reference_ranks, dtype=np.int64)  # a copy: the kernel updates it
     shape = (m_count, dp_size)
     load = _grid(costs, round_of, replica_of, shape)
-    if objective == Objective.REPLICAS:
+    if sync == Sync.REPLICA:
         round_cap = np.full(m_count, np.inf)
     else:
         round_cap = load.max(axis=1) * (1 + slack)
@@ -297,7 +285,7 @@ def home_swapped(
     )
     load = _grid(costs, round_of, replica_of, shape)
     tokens = _grid(padded, round_of, replica_of, shape)
-    both = step_time(load, 0.0, Objective.BOTH)
+    both = _objective(load, 0.0, sync)
     return BalancedPlan(
         m_count, round_of, replica_of, load, tokens, reference.mode, reference.repair_moves + changes, both
     )
@@ -316,7 +304,7 @@ def _per_replica(
     dp_size: int,
     capacity: int,
     constant: float,
-    objective: str,
+    sync: str,
     max_repair_moves: int | None,
     tolerance: float,
 ) -> BalancedPlan | None:
@@ -358,11 +346,11 @@ def _per_replica(
             dp_size,
             capacity,
             repair,
-            objective,
+            objective_for(sync),
             stop_at,
             _REPAIR_WORK_FACTOR * _REPAIR_WORK,
         )
-    both = step_time(load, constant, Objective.BOTH)
+    both = _objective(load, constant, sync)
     return BalancedPlan(m_count, round_of, replica_of, load, tokens, reference.mode, moves, both)
 
 

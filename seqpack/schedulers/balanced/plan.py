@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from seqpack.errors import ConfigError, ScheduleError
-from seqpack.options import Objective, Sync
+from seqpack.options import Sync
 from seqpack.schedulers.balanced import exact as _exact
 from seqpack.schedulers.balanced.rounds import (
     BalancedPlan,
@@ -73,9 +73,8 @@ def plan_balanced(
     microbatch_multiple: int = 1,
     num_microbatches: int | None = None,
     max_repair_moves: int | None = None,
-    objective: str = "both",
     origin: np.ndarray | None = None,
-    sync: str | None = None,
+    sync: str = Sync.LOCKSTEP,
     price: BucketPrice | None = None,
     stages: Stages = DEFAULT,
 ) -> BalancedPlan:
@@ -91,15 +90,12 @@ def plan_balanced(
             ``microbatch_group_size_per_vp_stage`` under interleaved pipelines).
         num_microbatches: Use exactly this ``M``.
         max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
-        objective: What the repair trades (module docstring, step 4): ``"both"``,
-            ``"rounds"`` or ``"replicas"``; used when ``sync`` is ``None``.
         origin: DP rank holding each sequence. Only breaks ties between equally long
             sequences, so that they stay where they are when that costs nothing: with
             equal lengths, no sample moves.
-        sync: The step time ``M`` is chosen for (:func:`step_objective`):
-            ``"lockstep"``, ``"replica"``, or ``None`` (their sum). A given sync also sets
-            the repair: ``"lockstep"`` repairs as ``objective="rounds"``, ``"replica"``
-            as ``"replicas"``.
+        sync: The step time the plan is made for (:func:`step_objective`): ``"lockstep"``
+            (the repair never lets the rounds get slower) or ``"replica"`` (it balances
+            the replicas' totals).
         price: Under ``static_shapes``, the bucket padding's cost
             (:class:`~seqpack.schedulers.static_limits.BucketPrice`): added to every
             microbatch's cost where counts are compared.
@@ -112,8 +108,8 @@ def plan_balanced(
     """
     padded, costs = _checked(padded, costs, capacity)
     n = padded.shape[0]
-    sync = None if sync is None else check_choice("sync", sync, Sync)
-    objective = objective_for(check_choice("objective", objective, Objective), sync)
+    sync = check_choice("sync", sync, Sync)
+    objective = objective_for(sync)
     seqs = Sequences(
         padded, costs, stages.order(padded, origin), dp_size, capacity, constant,
         repair_budget(max_repair_moves, dp_size), objective, sync, price,

@@ -19,12 +19,10 @@ from seqpack.schedulers.static_limits import BucketPrice
 from seqpack.validation import check_choice
 
 ORDERS = tuple(Order)
-OBJECTIVES = tuple(Objective)
 _GOOD_ENOUGH = 1e-3  # the repair stops within 0.1% of the replica bound
 _SWAP_CANDIDATES = 4  # lightest replicas the repair tries swaps with
 _GAP_FOR_MORE = 0.01  # a plan this far (1%) from its bounds tries one more microbatch...
 _BETTER_BY = 0.01  # ... and keeps it when the estimated step cost drops by 1% or more
-_BISECTION_STEPS = 4  # repair budgets tried when replica and round balance conflict
 _REPAIR_WORK = 10_000_000  # candidate evaluations before the repair stops (~0.1-0.3 s)
 _MAX_EXTRA_ROUNDS = 16  # microbatch counts tried beyond the first feasible one
 
@@ -39,8 +37,8 @@ class Sequences:
         order: Placement order, costliest first (the ``order`` stage's).
         dp_size, capacity, constant: Replicas, padded tokens per microbatch, cost per microbatch.
         max_repair_moves: Cap on the repair's moves.
-        objective: What the repair trades (:func:`objective_for`).
-        sync: The step time the count is chosen for (:func:`step_objective`).
+        objective: What the repair balances (:func:`objective_for` of ``sync``).
+        sync: The step time the plan is made for (:func:`step_objective`).
         price: Under ``static_shapes``, the bucket padding's cost of a microbatch.
     """
 
@@ -52,7 +50,7 @@ class Sequences:
     constant: float
     max_repair_moves: int
     objective: str
-    sync: str | None
+    sync: str
     price: BucketPrice | None = None
 
 
@@ -158,43 +156,32 @@ def _grid(values: np.ndarray, round_of: np.ndarray, replica_of: np.ndarray, shap
     return sums.astype(values.dtype).reshape(shape)
 
 
-def _objective(load: np.ndarray, constant: float, sync: str | None = None) -> float:
+def _objective(load: np.ndarray, constant: float, sync: str) -> float:
     """:func:`step_objective` of a plan's ``load[M, dp]`` (costs without constants)."""
     return step_objective(load + constant, sync)
 
 
 def _objective_bound(
-    padded: np.ndarray, costs: np.ndarray, order: np.ndarray, dp_size: int, capacity: int, sync: str | None
-) -> tuple[float, int]:
-    """``(base, per_round)``: no plan with ``M`` rounds predicts a step faster than
-    ``base + per_round * M * constant`` (replica bound ``max(total / dp, costliest
-    sequence)``, round bound :func:`round_sum_lower_bound`; every replica runs ``M``
-    microbatches and every round waits ``constant`` at least)."""
-    replica = max(float(costs.sum()) / dp_size, float(costs.max()))
-    rounds = round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
+    padded: np.ndarray, costs: np.ndarray, order: np.ndarray, dp_size: int, capacity: int, sync: str
+) -> float:
+    """No plan with ``M`` rounds predicts a step faster than this ``+ M * constant``: the
+    round bound :func:`round_sum_lower_bound` under lockstep, the replica bound ``max(total
+    / dp, costliest sequence)`` under replica sync (every round, and every replica's ``M``
+    microbatches, wait ``constant`` at least)."""
     if sync == Sync.LOCKSTEP:
-        return rounds, 1
-    if sync == Sync.REPLICA:
-        return replica, 1
-    return replica + rounds, 2
+        return round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
+    return max(float(costs.sum()) / dp_size, float(costs.max()))
 
 
-def objective_for(objective: Objective, sync: str | None) -> Objective:
-    """What to balance: with a ``sync`` the step waits for rounds (lockstep) or for replicas
-    alone, and the plan is repaired for that; without one, ``objective``."""
-    if sync is None:
-        return objective
+def objective_for(sync: str) -> Objective:
+    """What to balance: a lockstep step waits for its rounds, a replica-sync step for its
+    busiest replica, and the plan is repaired for that."""
     return Objective.ROUNDS if check_choice("sync", sync, Sync) == Sync.LOCKSTEP else Objective.REPLICAS
 
 
 def repair_budget(max_repair_moves: int | None, dp_size: int) -> int:
     """Cap on repair moves: ``max_repair_moves``, by default ``8 * dp_size + 64``."""
     return 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
-
-
-def _round_sum(load: np.ndarray) -> float:
-    """``sum_m max_d load[m, d]``: what a lockstep step waits for (no constants)."""
-    return float(load.max(axis=1).sum()) if load.size else 0.0
 
 
 def _rounds(ids: np.ndarray, cell: np.ndarray, m_count: int, dp_size: int) -> Grid:
@@ -278,15 +265,11 @@ def more_rounds(
     """The count search: the microbatch count with the shortest predicted step, from ``plan``
     at the fewest that fit (package docstring). ``plan_at(m)``: the plan at ``m`` rounds.
 
-    Without a ``sync``: ``M + step`` is tried once, when the plan needed a fallback bin rule
-    or ends more than 1% above its bounds, and kept when its estimate (the sum of both step
-    times) is at least 1% lower (any lower after a fallback).
-
-    With a ``sync``: counts ``M + step, M + 2*step, ...`` are tried while the predicted step
+    Counts ``M + step, M + 2*step, ...`` are tried while the predicted step
     time keeps dropping, and the best kept, a larger count only when it predicts a step at
     least 1% faster than the best smaller one (any faster while the best needed a fallback
     bin rule). A count is tried only when it could be 1% faster: no plan with ``M'`` rounds
-    predicts less than ``base + per_round * M' * constant`` (:func:`_objective_bound`), which
+    predicts less than ``base + M' * constant`` (:func:`_objective_bound`), which
     grows with ``M'``, so the search stops for good once the best plan is within 1% of the
     next count's bound (right away for most batches). At most ``_MAX_EXTRA_ROUNDS`` counts,
     never more than one sequence per microbatch of every replica.
@@ -294,21 +277,13 @@ def more_rounds(
     padded, costs = seqs.padded, seqs.costs
     if not costs.size or float(costs.max()) <= 0:
         return plan  # CostModel(0, 0, c): each microbatch only adds its constant
-    if seqs.sync is None:
-        fallback = plan.mode != _kernels.MODE_COST
-        if not fallback and plan.gap <= _GAP_FOR_MORE:
-            return plan
-        more = plan_at(plan.num_microbatches + step)
-        if more is None:
-            return plan
-        return more if more.objective < plan.objective * (1.0 if fallback else 1.0 - _BETTER_BY) else plan
-    base, per_round = _objective_bound(padded, costs, seqs.order, seqs.dp_size, seqs.capacity, seqs.sync)
+    base = _objective_bound(padded, costs, seqs.order, seqs.dp_size, seqs.capacity, seqs.sync)
     limit = max(plan.num_microbatches, -(-padded.shape[0] // seqs.dp_size))
     best = previous = plan
     for _ in range(_MAX_EXTRA_ROUNDS):
         m = previous.num_microbatches + step
         greedy = best.mode == _kernels.MODE_COST
-        if m > limit or (greedy and best.objective <= (base + per_round * m * seqs.constant) * (1 + _GAP_FOR_MORE)):
+        if m > limit or (greedy and best.objective <= (base + m * seqs.constant) * (1 + _GAP_FOR_MORE)):
             break
         candidate = plan_at(m)
         if candidate is None:

@@ -8,12 +8,12 @@ import numpy as np
 
 from seqpack.cost import CostModel, GroupCost, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.options import Objective, Order
+from seqpack.options import Order, Sync
 from seqpack.packing.packer import pack_lengths
 from seqpack.schedulers.balanced.exact import bin_lower_bound
 from seqpack.schedulers.balanced.locality import AUTO, TOLERANCE, locality_pays, plan_local
 from seqpack.schedulers.balanced.plan import plan_balanced
-from seqpack.schedulers.balanced.rounds import BalancedPlan, _rounds, objective_for, round_position
+from seqpack.schedulers.balanced.rounds import BalancedPlan, _rounds, round_position
 from seqpack.schedulers.balanced.stages import DEFAULT, Stages
 from seqpack.schedulers.base import GridScheduler
 from seqpack.schedulers.request import check_microbatches
@@ -41,10 +41,6 @@ class BalancedScheduler(GridScheduler):
         microbatch_multiple: Microbatch count is a multiple of this.
         num_microbatches: Force exactly this many microbatches.
         max_repair_moves: Cap on the repair pass (default ``8 * dp + 64``; 0 disables it).
-        objective: ``"both"`` (default): balance replica totals and per-round maxima;
-            where they conflict, keep both equally close to their lower bounds.
-            ``"rounds"`` (FSDP): never make the rounds slower. ``"replicas"`` (DDP,
-            ZeRO-1, pipeline parallel: rounds do not sync): balance replica totals only.
         locality: Keep sequences on the DP rank that read them where that predicts at
             most ``locality_tolerance`` more step time, at the same microbatch count
             (:mod:`seqpack.schedulers.balanced.locality`). ``"auto"`` (default): only where
@@ -70,13 +66,11 @@ class BalancedScheduler(GridScheduler):
         microbatch_multiple: int = 1,
         num_microbatches: int | None = None,
         max_repair_moves: int | None = None,
-        objective: str = "both",
         locality: bool | str = AUTO,
         locality_tolerance: float = TOLERANCE,
         stages: Stages = DEFAULT,
     ) -> None:
         order = check_choice("order", order, Order)
-        objective = check_choice("objective", objective, Objective)
         check_int("min_microbatches", min_microbatches, minimum=0)
         check_positive_int("microbatch_multiple", microbatch_multiple)
         check_optional_int("num_microbatches", num_microbatches, minimum=0)
@@ -86,7 +80,6 @@ class BalancedScheduler(GridScheduler):
         self.microbatch_multiple = int(microbatch_multiple)
         self.num_microbatches = None if num_microbatches is None else int(num_microbatches)
         self.max_repair_moves = None if max_repair_moves is None else int(max_repair_moves)
-        self.objective = objective
         self.locality: bool | str = _check_locality(locality)
         self.locality_tolerance = check_number("locality_tolerance", locality_tolerance, minimum=0.0)
         if not isinstance(stages, Stages):
@@ -125,7 +118,7 @@ class BalancedScheduler(GridScheduler):
         pad_multiple: int,
         cost: CostModel | None,
         origin: np.ndarray,
-        sync: str | None = None,
+        sync: str = Sync.LOCKSTEP,
         bytes_per_token: float | None = None,
         static_shapes: StaticShapes | None = None,
     ) -> tuple[Grid, np.ndarray]:
@@ -165,7 +158,6 @@ class BalancedScheduler(GridScheduler):
             microbatch_multiple=self.microbatch_multiple,
             num_microbatches=self.num_microbatches,
             max_repair_moves=self.max_repair_moves,
-            objective=self.objective,
             origin=origin,
             sync=sync,
             price=price,
@@ -189,7 +181,7 @@ class BalancedScheduler(GridScheduler):
         origin: np.ndarray,
         capacity: int,
         constant: float,
-        sync: str | None,
+        sync: str,
     ) -> tuple[BalancedPlan, np.ndarray]:
         """Locality (:func:`plan_local`): ``plan`` and the DP rank of each sequence, or a plan
         that keeps more samples home, judged by the step time ``plan`` was made for."""
@@ -201,7 +193,7 @@ class BalancedScheduler(GridScheduler):
             dp_size=plan.load.shape[1],
             capacity=capacity,
             constant=constant,
-            objective=objective_for(self.objective, sync),
+            sync=sync,
             max_repair_moves=self.max_repair_moves,
             tolerance=self.locality_tolerance,
             reference_ranks=replica,
@@ -212,7 +204,7 @@ class BalancedScheduler(GridScheduler):
 
     def __repr__(self) -> str:
         return (
-            f"BalancedScheduler(order={self.order!r}, objective={self.objective!r}, "
+            f"BalancedScheduler(order={self.order!r}, "
             f"min_microbatches={self.min_microbatches}, microbatch_multiple={self.microbatch_multiple}, "
             f"num_microbatches={self.num_microbatches}, max_repair_moves={self.max_repair_moves}, "
             f"locality={self.locality!r}, locality_tolerance={self.locality_tolerance}"

@@ -73,7 +73,7 @@ class DynamicCpScheduler(Scheduler):
         cost: CostModel | GroupCost | None = None,
         on_oversize: str = "error",
         origin: Sequence[int] | np.ndarray | None = None,
-        sync: str | None = None,
+        sync: str = Sync.LOCKSTEP,
         bytes_per_token: float | None = None,
         static_shapes: StaticShapes | None = None,
     ) -> Schedule:
@@ -112,7 +112,7 @@ class DynamicCpScheduler(Scheduler):
             max_tokens_per_rank=max_tokens_per_rank,
             pad_multiple=pad_multiple,
             cost=chosen,
-            sync=Sync.LOCKSTEP if sync is None else sync,
+            sync=sync,
             group_sizes=self.group_sizes,
             on_oversize=on_oversize,
         )
