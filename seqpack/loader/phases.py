@@ -122,7 +122,7 @@ class Reader:
                 f"sample {index} of this rank's data (sequence {pooled + len(result.samples)} of its pool this step)"
             )
             group = group_id_of(item, where)
-            for sequence in sample_sequences(item, where=where):
+            for sequence in sample_sequences(item, where=where, label_format=self.label_format):
                 if group is not None:
                     sequence[GROUP_KEY] = torch.tensor(group, dtype=torch.int64)
                 if sequence["input_ids"].shape[0] == 0:

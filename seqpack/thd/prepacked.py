@@ -11,9 +11,10 @@ import numpy as np
 import torch
 
 from seqpack.errors import SampleError
+from seqpack.options import LabelFormat
 from seqpack.thd.layout import as_offsets
-from seqpack.thd.sample import TOKEN_KEYS, normalize_sample
-from seqpack.validation import check_mapping
+from seqpack.thd.sample import IGNORE_INDEX, TOKEN_KEYS, normalize_sample
+from seqpack.validation import check_choice, check_mapping
 
 __all__ = ["sample_sequences", "split_packed_sample"]
 
@@ -71,12 +72,17 @@ def split_packed_sample(
     ]
 
 
-def sample_sequences(sample: Any, *, where: str = "sample") -> list[dict[str, torch.Tensor]]:
+def sample_sequences(
+    sample: Any, *, where: str = "sample", label_format: LabelFormat | str = LabelFormat.SHIFTED
+) -> list[dict[str, torch.Tensor]]:
     """The sequences of one dataloader sample, each under the sample contract.
 
     A sample carrying ``cu_seqlens`` (and optionally ``cu_seqlens_padded``) is pre-packed: it
     is normalised as a whole (:func:`~seqpack.thd.normalize_sample`), then split into its
-    sequences by :func:`split_packed_sample`. Any other sample is one sequence.
+    sequences by :func:`split_packed_sample`. Any other sample is one sequence. Under
+    ``label_format="shifted"`` a split sequence's last label is the next sequence's first
+    token (the pack's next-token targets run across its documents): it becomes -100 (loss
+    mask 0), so that no document learns where the next one starts.
 
     Raises:
         SeqpackTypeError, SampleError: As :func:`~seqpack.thd.normalize_sample`; a
@@ -87,6 +93,15 @@ def sample_sequences(sample: Any, *, where: str = "sample") -> list[dict[str, to
         return [normalized]
     offsets = {key: sample[key] for key in ("cu_seqlens", "cu_seqlens_padded") if sample.get(key) is not None}
     try:
-        return split_packed_sample({**normalized, **offsets})
+        sequences = split_packed_sample({**normalized, **offsets})
     except (ValueError, TypeError, IndexError) as exc:
         raise SampleError(f"{where} is pre-packed with a bad layout: {exc}") from None
+    if check_choice("label_format", label_format, LabelFormat) is LabelFormat.SHIFTED:
+        for sequence in sequences:
+            if sequence["input_ids"].shape[0] and "labels" in sequence:
+                sequence["labels"] = sequence["labels"].clone()
+                sequence["labels"][-1] = IGNORE_INDEX
+                if "loss_mask" in sequence:
+                    sequence["loss_mask"] = sequence["loss_mask"].clone()
+                    sequence["loss_mask"][-1] = 0
+    return sequences

@@ -18,7 +18,7 @@ from wrapper_data import (
 )
 
 from seqpack.cost import CostModel
-from seqpack.loader import Step, wrap_data_iterator
+from seqpack.loader import PackingConfig, Step, wrap_data_iterator
 from seqpack.loader.resume import StateKey
 from seqpack.schedulers.balanced import BalancedScheduler
 from seqpack.topology import Topology
@@ -731,3 +731,22 @@ def test_the_scheduler_is_told_the_bytes_per_token_the_exchange_carries(minibatc
     # What travels: int64 input_ids, and a float32 loss_mask where the samples carry one
     # (these samples carry no labels: the wrapper makes them after the exchange).
     assert recorder.seen == [12 if loss_mask else 8] * (2 * minibatches)
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_next_token_labels_of_a_pre_packed_sample_stop_at_each_sequence(with_mask):
+    # A pre-packed sample's next-token labels run across its documents: the first document's
+    # last label is the second's first token. Split, no document learns the next one's start.
+    sample = {
+        "input_ids": torch.arange(1, 7),
+        "labels": torch.tensor([2, 3, 4, 5, 6, -100]),
+        "cu_seqlens": torch.tensor([0, 3, 6]),
+    }
+    if with_mask:
+        sample["loss_mask"] = torch.ones(6)
+    config = PackingConfig(samples_per_rank=1, max_tokens_per_rank=8, scheduler="empty")
+    (step,) = list(wrap_data_iterator(iter([sample]), Topology.single(), config))
+    (batch,) = step.microbatches
+    real = batch.padding_mask.logical_not()
+    assert batch.labels[real].tolist() == [2, 3, -100, 5, 6, -100]
+    assert batch.loss_mask[real].tolist() == [1, 1, 0, 1, 1, 0] and step.num_loss_tokens == 4
