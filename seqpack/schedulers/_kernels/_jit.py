@@ -1,22 +1,15 @@
-"""The decorators of the kernel modules: ``njit`` for a kernel that Python calls, ``helper``
-and ``no_refcount`` for a function only compiled code calls. Measured with
-benchmarks/compile_ab.py, they compile the kernels in about half the CPU time of plain
-``numba.njit(cache=True)``, to the same machine code:
+"""The kernel modules' decorators: ``njit`` for a kernel that Python calls, ``helper`` and
+``no_refcount`` for a function only compiled code calls. They compile the kernels in about
+0.6x the CPU time of ``numba.njit(cache=True)`` (docs/scale.md), to the same machine code:
 
-* No literal specialisations. numba types a constant argument
-  (``_entry_down(hk, ht, hb, size, 0)``), and a variable while type inference has seen only
-  its first, constant assignment, as a literal (``Literal[int](0)``), and compiles the callee
-  once more for it beside the plain specialisation: a third of the helpers compiled twice.
-  Here a call from compiled code compiles the callee for the plain types (``int64``,
-  ``bool``); LLVM still inlines it and folds the constant.
-* No Python entry for a helper. numba builds, optimises and caches a CPython wrapper for
-  every function it compiles (unboxing each argument), which for a helper no Python code
-  calls is a quarter of the compile. A helper's Python calls (tests call some) go to a twin
-  compiled with the wrapper, uncached, on first use.
-* ``no_refcount`` helpers also run without numba's reference counting: numba counts a
-  reference (an atomic add) for every array argument a function binds and again when it
-  returns, which in the loops that call them cost more than the work (docs/scale.md). They
-  allocate nothing; an allocation in one fails to compile.
+* A call from compiled code compiles the callee for the arguments' plain types. numba types a
+  constant argument (``_entry_down(..., 0)``), or a variable of which it has seen only a
+  constant assignment, as a literal and compiled a third of the helpers once more for it.
+* A helper has no CPython wrapper (numba builds one, unboxing every argument, for each
+  function). A Python call of a helper (tests make some) runs an uncached twin that has one.
+* ``no_refcount`` helpers also skip numba's reference counting, an atomic add for every
+  array argument bound and returned, which in the loops that call them cost more than the
+  work; they allocate nothing (an allocation fails to compile).
 
 Under ``NUMBA_DISABLE_JIT=1`` each is the plain Python function.
 """
