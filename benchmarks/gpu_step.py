@@ -82,7 +82,7 @@ class Settings:
     warmup: int = 1
     repeats: int = 2
     calib_packs: int = 16
-    sync: str = "lockstep"  # what balanced minimises (Scheduler.schedule(sync=)): "lockstep", "replica" or "none"
+    sync: str = "lockstep"  # what the schedulers plan for (Scheduler.schedule(sync=)): "lockstep" or "replica"
     device: str = "auto"  # "auto" (cuda when available), "cuda", "cpu"
     attention: str = "auto"  # "auto" (TE when it imports on CUDA), "te", "torch"
     mamba: str = "auto"  # Mamba2Mixer backend: "auto", "mamba_ssm", "torch"
@@ -280,10 +280,9 @@ class Timer:
 
 def schedule_cells(name: str, lengths: np.ndarray, s: Settings, cost: CostModel | None) -> list[list[list[int]]]:
     """``cells[m][d]``: the lengths packed into microbatch ``m`` of replica ``d``."""
-    sync = None if name != "balanced" or s.sync == "none" else s.sync
     schedule = get_scheduler(name).schedule(
         lengths, dp_size=s.dp, max_tokens_per_rank=s.max_tokens_per_rank, pad_multiple=s.pad_multiple, cost=cost,
-        sync=sync,
+        sync=s.sync,
     )  # fmt: skip
     if schedule.deferred.size or schedule.dropped.size:
         raise SystemExit(f"{name} deferred or dropped sequences; this benchmark expects every sequence scheduled")

@@ -59,7 +59,7 @@ def test_ranks_with_different_calibration_settings_all_raise_one_error_naming_bo
     assert kind == "ConfigError", results
     assert "calibrate: " in message and " on dp rank 0, " in message and " on dp rank 1" in message, message
     zero = repr(_setting(case, 0)) if case != "on_off" else "True"
-    one = repr(_setting(case, 1)) if case != "on_off" else "the default"  # False: PackingConfig.summary omits it
+    one = repr(_setting(case, 1)) if case != "on_off" else "False"
     assert f"calibrate: {zero} on dp rank 0, {one} on dp rank 1" in message or (
         # long values are shortened in the message, never dropped: both ranks' values show
         zero[:40] in message and one[:40] in message
