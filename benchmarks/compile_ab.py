@@ -17,7 +17,7 @@ Sets:
 * ``doctor``: ``seqpack doctor --warm``'s families (``seqpack.cli.warm.FAMILIES``) one after
   the other in one process, as the command runs them; each family timed on its own.
 * ``full``: every kernel: ``balanced`` (locality, the repair, the layout's matching) and under
-  ``objective="replicas"`` (grid_local), ``dp_balanced`` and ``empty`` (next_fit), tight
+  ``sync="replica"`` (grid_local), ``dp_balanced`` and ``empty`` (next_fit), tight
   packings (the exact search: the item search, and bin completion on a verl batch it gives up
   on), a heavy tail under ``sync="replica"`` (the replica-first LPT), and ``plan_dynamic_cp``
   under both syncs and both group-size rules (every dynamic-CP kernel). Trees from before
@@ -111,7 +111,7 @@ def _full_plans() -> list[tuple[str, Callable[[], Any]]]:
     replica = dict(dp_size=4, max_tokens_per_rank=8192, cost=CostModel(24576.0, 1.0), sync="replica")
     return [
         ("balanced", plan("balanced", lognormal, {"locality": True})),
-        ("balanced replicas", plan("balanced", pareto, {"objective": "replicas"})),
+        ("balanced replicas", plan("balanced", pareto, **step, sync="replica")),
         ("dp_balanced", plan("dp_balanced", lognormal)),
         ("empty", plan("empty", lognormal)),
         ("exact search", plan("balanced", tight, dp_size=1, max_tokens_per_rank=300)),

@@ -14,7 +14,7 @@ Shapes (``kind:args``):
 * ``scale:N:dp[:option=value...]``: ``benchmarks/scale.py``'s workload (lognormal SFT
   lengths, capacity 16,384, cost ``24576*s + s**2``), e.g. ``scale:65536:1024``,
   ``scale:1048576:1024:locality=True`` (the default is ``locality="auto"``, off for these
-  token-id samples), ``scale:65536:1024:objective=rounds``;
+  token-id samples), ``scale:65536:1024:locality=True``;
 * ``sched:WORKLOAD:SEED[:option=value...]``: a workload of ``benchmarks/schedulers.py``
   (llama3-8b cost);
 * ``ht:SEED[:SYNC[:M]]``: issue 24 item 11's heavy tail (4,096 Pareto(1.3) lengths, 32
