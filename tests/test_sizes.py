@@ -17,7 +17,7 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "seqpack"
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 500
-NUMBA_DECORATORS = {"njit", "no_refcount"}
+NUMBA_DECORATORS = {"njit", "helper", "no_refcount"}
 
 
 def _is_numba(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
