@@ -68,16 +68,15 @@ def simulate(
     Step ``k`` takes ``lengths[k*global_batch : (k+1)*global_batch]`` (the lengths repeat
     when there are fewer). ``pad_multiple`` defaults to the wrapper's
     (:func:`~seqpack.thd.pad_multiple_for`: ``2*cp`` under CP) and follows its rule.
-    Zero-length samples are dropped and counted, as the wrapper does.
-    Every scheduler plans for ``sync`` (what a step waits for) and is accounted under it.
-    Every scheduler is fed the same cost model (the preset's training FLOPs; token counts
-    when ``model`` is None) and accounted in it. Samples sit on DP ranks in contiguous
+    Zero-length samples are dropped and counted, as the wrapper does. Every scheduler plans
+    for ``sync`` with the same cost model (the preset's training FLOPs; token counts when
+    ``model`` is None) and is accounted under both. Samples sit on DP ranks in contiguous
     equal blocks, as the wrapper reads them; moved tokens count what the exchange carries,
     in bytes at ``bytes_per_token`` (default 20), which ``balanced``'s ``locality="auto"``
     also gets (each step's row says whether it ran locality, and above which bytes per
-    token it would). Each plan is timed (wall clock) and its
-    peak resident memory measured (:class:`~seqpack.cli.memory.PeakMemory`). Memory stays
-    ``O(global_batch + dp * microbatches)`` whatever the steps: only scalars are kept per step.
+    token it would). Each plan is timed (wall clock) and its peak resident memory measured
+    (:class:`~seqpack.cli.memory.PeakMemory`). Memory stays ``O(global_batch + dp *
+    microbatches)`` whatever the steps: only scalars are kept per step.
 
     Returns:
         ``{"config": ..., "results": {name: aggregates}}``; with ``keep_first`` each result
