@@ -65,9 +65,8 @@ def simulate(
 ) -> dict[str, Any]:
     """Schedule ``steps`` global batches of ``lengths`` with each scheduler and account them.
 
-    Step ``k`` takes ``lengths[k*global_batch : (k+1)*global_batch]`` (the lengths repeat
-    when there are fewer). ``pad_multiple`` defaults to the wrapper's
-    (:func:`~seqpack.thd.pad_multiple_for`: ``2*cp`` under CP) and follows its rule.
+    Step ``k`` takes ``lengths[k*global_batch : (k+1)*global_batch]`` (repeating).
+    ``pad_multiple`` defaults to the wrapper's (:func:`~seqpack.thd.pad_multiple_for`).
     Zero-length samples are dropped and counted, as the wrapper does. Every scheduler plans
     for ``sync`` with the same cost model (the preset's training FLOPs; token counts when
     ``model`` is None) and is accounted under both. Samples sit on DP ranks in contiguous
@@ -78,9 +77,8 @@ def simulate(
     (:class:`~seqpack.cli.memory.PeakMemory`). Memory stays ``O(global_batch + dp *
     microbatches)`` whatever the steps: only scalars are kept per step.
 
-    Returns:
-        ``{"config": ..., "results": {name: aggregates}}``; with ``keep_first`` each result
-        also holds ``"first"``: ``(schedule, StepStats)`` of step 0.
+    Returns ``{"config": ..., "results": {name: aggregates}}``; with ``keep_first`` each
+    result also holds ``"first"``: ``(schedule, StepStats)`` of step 0.
 
     Raises:
         ConfigError: No lengths, a non-positive ``global_batch`` or ``steps``, or a
