@@ -4,6 +4,7 @@ Modules:
     packer: :func:`pack_lengths` (lengths to a :class:`Packing`), the token lower bound.
     dataset: :func:`pack_dataset` (rows or a ``datasets.Dataset`` to packed rows with
         ``position_ids``, ``cu_seqlens`` and labels in the caller's convention).
+    rows: the rows (or a ``datasets.Dataset``'s Arrow columns) read into sequences.
     _kernel: the numba kernel behind :func:`pack_lengths`.
 """
 
