@@ -116,6 +116,18 @@ def lpt_reference(lengths, size, room, load, floor, tokens, s, ss, coef, rpn, pa
     return True, bin_of, (room, load, tokens, s, ss)
 
 
+def rounds_within(groups, ranks):
+    """``(bin_round, bin_size)`` of the drawn ``(round, size)`` groups that fit their round's
+    ``ranks``, in draw order: rounds as the planner forms them."""
+    used, rnd, size = {}, [], []
+    for m, c in groups:
+        if used.get(m, 0) + c <= ranks:
+            used[m] = used.get(m, 0) + c
+            rnd.append(m)
+            size.append(c)
+    return rnd, size
+
+
 def layout_reference(bin_round, bin_size):
     """Per round, bins by size descending (ties: index) left to right."""
     start = [0] * len(bin_size)

@@ -9,6 +9,7 @@ from dynamic_cp_reference import (
     lpt_ranks_reference,
     lpt_reference,
     place_blocks_reference,
+    rounds_within,
     shelf_reference,
     widen_reference,
 )
@@ -123,13 +124,7 @@ def test_lpt_saw_parking_and_failure():
 @pytest.mark.slow
 def test_layouts_match_reference(groups, rpn):
     ranks = 24
-    # keep each round within the ranks
-    used, rnd, size = {}, [], []
-    for m, c in groups:
-        if used.get(m, 0) + c <= ranks:
-            used[m] = used.get(m, 0) + c
-            rnd.append(m)
-            size.append(c)
+    rnd, size = rounds_within(groups, ranks)
     rnd_a, size_a = np.array(rnd, dtype=np.int64), np.array(size, dtype=np.int64)
     order = np.lexsort((np.arange(len(size)), -size_a, rnd_a))
     assert _kernels.layout(order, rnd_a, size_a).tolist() == layout_reference(rnd, size)

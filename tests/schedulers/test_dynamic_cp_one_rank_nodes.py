@@ -4,7 +4,7 @@ it searched for a free rank past the last one (issue 39)."""
 
 import numpy as np
 import pytest
-from dynamic_cp_reference import check_plan_reference, layout_in_nodes_reference, layout_reference
+from dynamic_cp_reference import check_plan_reference, layout_in_nodes_reference, layout_reference, rounds_within
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -30,12 +30,7 @@ def test_plans_on_one_rank_nodes_keep_every_group_in_the_ranks():
 @pytest.mark.slow
 @given(groups=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 6)), max_size=24), ranks=st.integers(1, 12))
 def test_node_layout_on_one_rank_nodes_is_the_plain_layout(groups, ranks):
-    rnd, size, used = [], [], {}
-    for m, c in groups:  # rounds within the ranks, as the planner forms them
-        if used.get(m, 0) + c <= ranks:
-            used[m] = used.get(m, 0) + c
-            rnd.append(m)
-            size.append(c)
+    rnd, size = rounds_within(groups, ranks)
     rnd_a, size_a = np.array(rnd, dtype=np.int64), np.array(size, dtype=np.int64)
     order = np.lexsort((np.arange(len(size)), -size_a, rnd_a))
     start = _kernels.layout_in_nodes(order, rnd_a, size_a, 1, ranks)
