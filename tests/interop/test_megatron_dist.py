@@ -41,6 +41,16 @@ MAX_SEQLEN_PER_DP_CP_RANK = 1024
 ITEMS_PER_RANK = 8
 
 
+def _config(multiple, vpp):
+    """The fields of Megatron's config that ``wrap_data_iterator`` and its scheduler read."""
+    return SimpleNamespace(
+        max_seqlen_per_dp_cp_rank=MAX_SEQLEN_PER_DP_CP_RANK,
+        microbatch_group_size_per_vp_stage=multiple,
+        virtual_pipeline_model_parallel_size=vpp,
+        sequence_packing_scheduler="dp_balanced",
+    )
+
+
 @contextlib.contextmanager
 def cuda_on_cpu() -> Iterator[None]:
     """``torch.cuda.current_device()`` is the CPU and ``Tensor.cuda()`` stays put (module docstring)."""
@@ -95,12 +105,7 @@ def run_wrap(tp: int, pp: int, cp: int, vpp: int | None, multiple: int | None) -
 
     from seqpack.interop.megatron import install
 
-    config = SimpleNamespace(
-        max_seqlen_per_dp_cp_rank=MAX_SEQLEN_PER_DP_CP_RANK,
-        microbatch_group_size_per_vp_stage=multiple,
-        virtual_pipeline_model_parallel_size=vpp,
-        sequence_packing_scheduler="dp_balanced",
-    )
+    config = _config(multiple, vpp)
     with cuda_on_cpu():
         ps.initialize_model_parallel(tp, pp, vpp, context_parallel_size=cp, create_gloo_process_groups=False)
         replaced = install()
@@ -231,12 +236,7 @@ def run_bad_sample(bad_rank: int) -> str:
     from seqpack.errors import SampleError
     from seqpack.interop.megatron import install
 
-    config = SimpleNamespace(
-        max_seqlen_per_dp_cp_rank=MAX_SEQLEN_PER_DP_CP_RANK,
-        microbatch_group_size_per_vp_stage=None,
-        virtual_pipeline_model_parallel_size=None,
-        sequence_packing_scheduler="dp_balanced",
-    )
+    config = _config(None, None)
     with cuda_on_cpu():
         ps.initialize_model_parallel(1, 1, None, create_gloo_process_groups=False)
         replaced = install()
