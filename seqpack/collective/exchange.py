@@ -32,6 +32,7 @@ from seqpack.options import CpLayout, LabelFormat
 from seqpack.schedulers import Schedule
 from seqpack.schedulers.dynamic_cp.pieces import Pieces, shard_layout
 from seqpack.thd import pack_sequences
+from seqpack.thd.cp import held_runs, run_indices
 from seqpack.validation import check_choice
 
 __all__ = ["SHARD_KEYS", "ExchangePlan", "Exchanged", "exchange_shards", "plan_shard_exchange"]
@@ -145,34 +146,8 @@ def plan_shard_exchange(
     )
 
 
-def _dualchunk_runs(base: np.ndarray, length: np.ndarray, size: np.ndarray, j: np.ndarray) -> np.ndarray:
-    """Source indices of pieces back to back: piece ``i`` is chunks ``j`` and ``2c-1-j`` of the
-    ``length[i]`` tokens at ``base[i]`` (the whole run when ``c = 1``)."""
-    chunk = length // (2 * size)
-    alone = size == 1
-    first = np.where(alone, base, base + j * chunk)
-    first_len = np.where(alone, length, chunk)
-    second = base + (2 * size - 1 - j) * chunk
-    second_len = np.where(alone, 0, chunk)
-    starts = np.stack([first, second], axis=1).reshape(-1)
-    lengths = np.stack([first_len, second_len], axis=1).reshape(-1)
-    return _runs(starts, lengths)
-
-
-def _contiguous_runs(base: np.ndarray, length: np.ndarray, size: np.ndarray, j: np.ndarray) -> np.ndarray:
-    """Source indices of pieces back to back: piece ``i`` is slice ``j`` of ``c`` equal slices
-    of the ``length[i]`` tokens at ``base[i]`` (``cp_layout="contiguous"``)."""
-    share = length // size
-    return _runs(base + j * share, share)
-
-
 def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    offsets = np.cumsum(lengths) - lengths
-    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 class _Source:
@@ -204,7 +179,7 @@ class _Source:
         for gid in longer.tolist():
             self._pack(samples, offset, np.array([gid]), plan, int(multiple[gid]), int(spans[gid]))
         self.fields = {key: _joined(values) for key, values in self._parts.items() if values}
-        self._runs = _dualchunk_runs if layout == CpLayout.DUALCHUNK else _contiguous_runs
+        self._layout = layout
 
     def _pack(
         self,
@@ -233,7 +208,7 @@ class _Source:
 
     def indices(self, gids: np.ndarray, tokens: np.ndarray, size: np.ndarray, j: np.ndarray) -> torch.Tensor:
         base = np.array([self.base[g] for g in gids.tolist()], dtype=np.int64)
-        return torch.from_numpy(self._runs(base, tokens[gids] * size[gids], size[gids], j))
+        return run_indices(*held_runs(base, tokens[gids] * size[gids], size[gids], j, self._layout))
 
 
 def exchange_shards(

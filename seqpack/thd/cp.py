@@ -19,17 +19,20 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, CpLayout
 from seqpack.thd.batch import BATCH_TOKEN_FIELDS, PackedBatch
-from seqpack.thd.layout import Offsets, as_offsets, check_offsets, seq_idx_from_cu_seqlens, token_layout
+from seqpack.thd.layout import Offsets, as_offsets, check_offsets, token_layout
 from seqpack.thd.padding import check_cp, layout_multiple
 from seqpack.validation import check_choice, check_int, check_tensor
 
 __all__ = [
     "partition_indices",
+    "held_runs",
+    "run_indices",
     "gather_order",
     "shard_for_cp",
     "unshard_from_cp",
@@ -119,36 +122,62 @@ def partition_indices(
     _check_layout(cu, total, cp_size, layout)
     if cp_size == 1:
         return torch.arange(total, dtype=torch.int64, device=cu.device)
-    # torch.full, not torch.tensor([cp_rank]): no host-to-device copy.
-    ranks = torch.full((1,), cp_rank, dtype=torch.int64, device=cu.device)
-    return _chunk_indices(cu, total, cp_size, ranks, layout)
+    return _chunk_indices(cu, cp_size, np.array([cp_rank]), layout)
 
 
-def _chunk_indices(cu: torch.Tensor, total: int, cp_size: int, ranks: torch.Tensor, layout: CpLayout) -> torch.Tensor:
-    """Global index of every token held by ``ranks``, rank-major (offsets already checked).
+def held_runs(
+    starts: np.ndarray | int,
+    lengths: np.ndarray | int,
+    cp_size: np.ndarray | int,
+    cp_rank: np.ndarray | int,
+    layout: CpLayout,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The CP index rule: which runs of its sequence a CP rank holds (inputs not checked).
 
-    The ranks' tokens are chunks (two per sequence per rank under dualchunk, one under
-    contiguous), back to back; ``local_cu`` is the layout of those chunks, and a token in
-    chunk ``k`` sits at global index (its index in the concatenation) + ``shift[k]``.
+    Every argument broadcasts against the others (numpy); sequence ``i`` spans
+    ``lengths[i]`` tokens from ``starts[i]``, cut for a group of ``cp_size[i]`` ranks, and
+    ``cp_rank[i]`` is the rank asking. Under ``"dualchunk"`` a rank holds chunk ``r`` then
+    chunk ``2c-1-r`` of ``2c`` equal chunks; under ``"contiguous"`` chunk ``r`` of ``c``. A
+    group of one holds the whole sequence (its first run; the second is empty under
+    dualchunk), whatever the length.
+
+    Returns:
+        int64 ``(run_starts, run_lengths)`` of the broadcast shape plus a last axis of the
+        runs in the rank's order: 2 (dualchunk) or 1 (contiguous).
     """
-    num_ranks, num_seqs = ranks.numel(), cu.numel() - 1
-    if layout == CpLayout.DUALCHUNK:
-        num_chunks = 2 * cp_size
-        held = torch.stack([ranks, 2 * cp_size - 1 - ranks], dim=1)  # [R, 2], chunks each rank holds
-    else:
-        num_chunks = cp_size
-        held = ranks.view(num_ranks, 1)  # [R, 1]
-    per_rank = held.shape[1]
-    chunk = (cu[1:] - cu[:-1]) // num_chunks  # [N], one chunk's length
-    lengths = chunk.view(1, num_seqs, 1).expand(num_ranks, num_seqs, per_rank).reshape(-1)  # [R*N*k]
-    source = cu[:-1].view(1, num_seqs, 1) + held.view(num_ranks, 1, per_rank) * chunk.view(1, num_seqs, 1)
-    source = source.reshape(-1)  # [R*N*k], global start of every held chunk
-    local_cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=cu.device)
-    torch.cumsum(lengths, dim=0, out=local_cu[1:])  # [R*N*k + 1]
-    shift = source - local_cu[:-1]
-    count = num_ranks * (total // cp_size)
-    chunk_of_token = seq_idx_from_cu_seqlens(local_cu, count)  # no tail: local_cu[-1] == count
-    return torch.arange(count, dtype=torch.int64, device=cu.device) + shift[chunk_of_token]
+    starts, lengths, size, rank = np.broadcast_arrays(
+        *(np.asarray(a, dtype=np.int64) for a in (starts, lengths, cp_size, cp_rank))
+    )
+    if layout == CpLayout.CONTIGUOUS:
+        share = lengths // size
+        return (starts + rank * share)[..., None], share[..., None]
+    whole = size == 1
+    chunk = np.where(whole, lengths, lengths // (2 * size))
+    first = starts + rank * chunk
+    second = starts + (2 * size - 1 - rank) * chunk  # past the end, empty, for a group of one
+    return np.stack([first, second], axis=-1), np.stack([chunk, np.where(whole, 0, chunk)], axis=-1)
+
+
+def run_indices(
+    run_starts: np.ndarray, run_lengths: np.ndarray, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """int64 indices of the runs ``(run_starts, run_lengths)`` back to back (flattened, C
+    order), on ``device`` (CPU by default; elsewhere only the per-run arrays are copied)."""
+    run_starts, run_lengths = run_starts.reshape(-1), run_lengths.reshape(-1)
+    count = int(run_lengths.sum())
+    shift = run_starts - (np.cumsum(run_lengths) - run_lengths)  # global minus concatenated start
+    if device is None or torch.device(device).type == "cpu":
+        return torch.from_numpy(np.repeat(shift, run_lengths) + np.arange(count, dtype=np.int64))
+    shift_t, lengths_t = torch.from_numpy(shift).to(device), torch.from_numpy(run_lengths).to(device)
+    index = torch.repeat_interleave(shift_t, lengths_t, output_size=count)
+    return index + torch.arange(count, dtype=torch.int64, device=device)
+
+
+def _chunk_indices(cu: torch.Tensor, cp_size: int, ranks: np.ndarray, layout: CpLayout) -> torch.Tensor:
+    """Global index of every token held by ``ranks``, rank-major (offsets already checked)."""
+    offsets = cu.cpu().numpy()
+    runs = held_runs(offsets[:-1], np.diff(offsets), cp_size, ranks[:, None], layout)  # [R, N, k]
+    return run_indices(*runs, device=cu.device)
 
 
 def gather_order(
@@ -176,7 +205,7 @@ def gather_order(
 def _gather_order(cu: torch.Tensor, total: int, cp_size: int, layout: CpLayout) -> torch.Tensor:
     if cp_size == 1:
         return torch.arange(total, dtype=torch.int64, device=cu.device)
-    return _chunk_indices(cu, total, cp_size, torch.arange(cp_size, dtype=torch.int64, device=cu.device), layout)
+    return _chunk_indices(cu, cp_size, np.arange(cp_size), layout)
 
 
 def shard_for_cp(

@@ -28,7 +28,7 @@ from seqpack.compute import backends
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.thd import pack_sequences, pad_multiple_for, shard_for_cp
-from seqpack.thd.cp import partition_indices
+from seqpack.thd.cp import gather_order, partition_indices
 
 pytestmark = pytest.mark.gpu
 
@@ -310,6 +310,23 @@ def test_te_partition_function_equals_partition_indices():
             assert torch.equal(theirs.cpu().long(), ours), (cu.tolist(), cp, rank)
             checked += 1
     assert checked > 2000
+
+
+@needs_cuda
+@pytest.mark.parametrize("layout", ["dualchunk", "contiguous"])
+def test_partition_indices_on_cuda_offsets_equal_the_cpu_ones(layout):
+    """Offsets on the GPU expand the runs there (run_indices' device path): same indices."""
+    rng = np.random.default_rng(40)
+    for cp in (1, 2, 3, 8):
+        multiple = 2 * cp if layout == "dualchunk" else cp
+        cu = torch.from_numpy(np.concatenate([[0], np.cumsum(rng.integers(0, 9, size=7) * multiple)]))
+        total = int(cu[-1])
+        for rank in range(cp):
+            ours = partition_indices(cu.to(DEVICE), total, cp, rank, layout=layout)
+            assert ours.device.type == "cuda"
+            assert torch.equal(ours.cpu(), partition_indices(cu, total, cp, rank, layout=layout))
+        on_gpu = gather_order(cu.to(DEVICE), total, cp, layout=layout)
+        assert torch.equal(on_gpu.cpu(), gather_order(cu, total, cp, layout=layout))
 
 
 # --- mamba_ssm / causal_conv1d kernels vs the torch reference -----------------------------------

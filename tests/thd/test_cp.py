@@ -15,13 +15,15 @@ from seqpack.thd.cp import (
     chunk_ids_before_attention,
     dualchunk_to_sequential,
     gather_order,
+    held_runs,
     partition_indices,
     reorder_seq_chunks,
+    run_indices,
     sequential_to_dualchunk,
     shard_for_cp,
     unshard_from_cp,
 )
-from seqpack.thd.padding import cp_pad_multiple
+from seqpack.thd.padding import cp_pad_multiple, layout_multiple
 
 
 def test_reference_example():
@@ -329,3 +331,36 @@ def test_unshard_messages_name_only_its_arguments():
     assert len(messages) == 5
     for message in messages:
         assert "total_tokens" not in message, message  # not an argument of unshard_from_cp
+
+
+# --- the one rule: held_runs, as the exchange calls it (a group size and rank per sequence) -----
+
+
+@given(
+    layout=st.sampled_from(list(CpLayout)),
+    seqs=st.lists(st.tuples(st.sampled_from([1, 2, 3, 4, 8]), st.integers(0, 5), st.integers(0, 7)), max_size=8),
+    data=st.data(),
+)
+@pytest.mark.slow
+def test_held_runs_per_sequence_equal_the_definitions(layout, seqs, data):
+    """Each sequence cut for its own group, by its own rank, equals the one-sequence definition
+    (``dualchunk_reference`` / ``contiguous_reference``); a group of one holds its whole
+    sequence whatever its length (odd too)."""
+    starts, lengths, sizes, ranks, expected = [], [], [], [], []
+    at = 0
+    for size, chunks, odd in seqs:
+        length = odd if size == 1 else chunks * layout_multiple(size, layout)
+        rank = data.draw(st.integers(0, size - 1))
+        if size == 1:
+            expected.extend(range(at, at + length))
+        elif layout == CpLayout.DUALCHUNK:
+            expected.extend(dualchunk_reference([at, at + length], size, rank).tolist())
+        else:
+            expected.extend(contiguous_reference([at, at + length], size, rank).tolist())
+        starts.append(at)
+        lengths.append(length)
+        sizes.append(size)
+        ranks.append(rank)
+        at += length + 3  # sequences need not touch
+    runs = held_runs(np.array(starts), np.array(lengths), np.array(sizes), np.array(ranks), layout)
+    assert run_indices(*runs).tolist() == expected

@@ -18,7 +18,7 @@ Pad queries output exactly 0 on both backends.
 
 Modules:
     masks: :class:`AttentionMask` (``(left, right)``), :func:`attention_mask`, key reach and
-        block masks, which chunks a CP rank holds.
+        block masks.
     reference: :func:`thd_attention` (functional torch reference) and its blockwise core.
     exchange: the CP K/V exchange (:func:`plan_kv_exchange`, :func:`exchange_kv`) and
         :func:`kv_exchange_traffic` (bytes moved against an all-gather).

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 from seqpack.compute._collectives import all_to_all_rows
-from seqpack.compute.attention.masks import AttentionMask, attention_mask, held_chunks, key_range
+from seqpack.compute.attention.masks import AttentionMask, attention_mask, key_range
 from seqpack.options import CpLayout
-from seqpack.thd.cp import gather_order
+from seqpack.thd.cp import gather_order, held_runs
 from seqpack.thd.padding import check_cp
 from seqpack.validation import check_choice, check_positive_int
 
@@ -60,17 +60,15 @@ def keys_in_reach(
     total = int(cu_padded[-1])
     seq_start = cu_padded[:-1]  # [N]
     real_end = seq_start + np.diff(cu_real)
-    num_chunks, _ = held_chunks(cp_size, 0, layout)
-    chunk = np.diff(cu_padded) // num_chunks  # [N]
     diff = np.zeros((cp_size, total + 1), dtype=np.int64)  # +1 at a run's start, -1 past its end
     for rank in range(cp_size):
-        for c in held_chunks(cp_size, rank, layout)[1]:
-            q_start = seq_start + c * chunk
-            q_end = np.minimum(q_start + chunk, real_end)  # real queries only
-            lo, hi = key_range(q_start, q_end, seq_start, real_end, mask)
-            has_queries = q_end > q_start
-            np.add.at(diff[rank], np.asarray(lo)[has_queries], 1)
-            np.add.at(diff[rank], np.asarray(hi)[has_queries], -1)
+        q_start, q_len = held_runs(seq_start, np.diff(cu_padded), cp_size, rank, layout)  # [N, k]
+        starts, ends = (np.broadcast_to(a[:, None], q_start.shape) for a in (seq_start, real_end))
+        q_end = np.minimum(q_start + q_len, ends)  # real queries only
+        lo, hi = key_range(q_start, q_end, starts, ends, mask)
+        has_queries = q_end > q_start
+        np.add.at(diff[rank], np.asarray(lo)[has_queries], 1)
+        np.add.at(diff[rank], np.asarray(hi)[has_queries], -1)
     return np.cumsum(diff[:, :total], axis=1) > 0
 
 

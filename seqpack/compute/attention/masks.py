@@ -1,4 +1,4 @@
-"""Which keys a query sees inside its packed sequence, and which chunks a CP rank holds.
+"""Which keys a query sees inside its packed sequence.
 
 A mask is Transformer Engine's ``window_size=(left, right)``: the query at position ``i`` of a
 sequence attends the keys at ``i - left .. i + right`` of the same sequence (inclusive), ``-1``
@@ -18,10 +18,9 @@ import numpy as np
 import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.options import CpLayout
 from seqpack.validation import check_bool, check_window
 
-__all__ = ["AttentionMask", "attention_mask", "block_mask", "held_chunks", "key_range"]
+__all__ = ["AttentionMask", "attention_mask", "block_mask", "key_range"]
 
 IntOrArray = int | np.ndarray
 
@@ -113,12 +112,3 @@ def block_mask(
     if left_bounds:
         allowed = allowed.triu(-mask.left + q_start - k_start)  # key - query >= -left
     return allowed
-
-
-def held_chunks(cp_size: int, cp_rank: int, layout: CpLayout) -> tuple[int, tuple[int, ...]]:
-    """``(chunks per sequence, the chunks rank cp_rank holds, in its order)``; ``(1, (0,))`` without CP."""
-    if cp_size == 1:
-        return 1, (0,)
-    if layout == CpLayout.DUALCHUNK:
-        return 2 * cp_size, (cp_rank, 2 * cp_size - 1 - cp_rank)
-    return cp_size, (cp_rank,)

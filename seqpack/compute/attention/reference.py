@@ -17,27 +17,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from seqpack.compute.attention.masks import AttentionMask, attention_mask, block_mask, held_chunks, key_range
+from seqpack.compute.attention.masks import AttentionMask, attention_mask, block_mask, key_range
 from seqpack.errors import SeqpackError
 from seqpack.options import CpLayout
+from seqpack.thd.cp import held_runs
+from seqpack.thd.padding import layout_multiple
 from seqpack.validation import check_choice
 
-__all__ = ["MAX_SCORE_BLOCK", "attend", "segments", "thd_attention"]
+__all__ = ["MAX_SCORE_BLOCK", "attend", "thd_attention"]
 
 # Largest score block (elements) one SDPA call builds: long sequences are cut into query
 # blocks so that memory stays bounded and buffers stay below glibc's mmap threshold (32 MB),
 # where freed memory is reused instead of being returned to the OS and faulted in again on
 # every call (that alone doubled step times of long sequences on some CPU VMs).
 MAX_SCORE_BLOCK = 1 << 21
-
-
-def segments(start: int, end: int, cp_size: int, cp_rank: int, layout: CpLayout) -> list[tuple[int, int, int]]:
-    """``(local_row, global_position, length)`` of this rank's pieces of one padded sequence
-    occupying global ``[start, end)``; its local rows start at ``start // cp_size``."""
-    num_chunks, held = held_chunks(cp_size, cp_rank, layout)
-    chunk = (end - start) // num_chunks
-    local = start // cp_size
-    return [(local + i * chunk, start + c * chunk, chunk) for i, c in enumerate(held)]
 
 
 # Fewest query rows of a windowed block: smaller blocks waste fewer masked scores, but each
@@ -130,16 +123,21 @@ def attend(
     """
     pieces = []
     heads, dv = q.shape[1], v.shape[-1]
-    for i in range(len(padded) - 1):
-        start, end = padded[i], padded[i + 1]
-        real_end = start + (real[i + 1] - real[i])
-        for row, position, length in segments(start, end, cp_size, cp_rank, layout):
-            num_real = min(max(real_end - position, 0), length)  # real queries: a prefix of the piece
-            if num_real:
-                queries = q[row : row + num_real]
-                pieces.append(_attend_queries(queries, k, v, key_positions, position, start, real_end, mask, scale))
-            if num_real < length:
-                pieces.append(q.new_zeros(length - num_real, heads, dv))
+    offsets = np.asarray(padded, dtype=np.int64)
+    positions, lengths = held_runs(offsets[:-1], np.diff(offsets), cp_size, cp_rank, layout)  # [N, k]
+    per_seq = positions.shape[-1]
+    rows = np.cumsum(lengths) - lengths.reshape(-1)  # this rank's runs sit back to back
+    for run, (position, length, row) in enumerate(
+        zip(positions.reshape(-1).tolist(), lengths.reshape(-1).tolist(), rows.tolist(), strict=True)
+    ):
+        i = run // per_seq
+        start, real_end = padded[i], padded[i] + (real[i + 1] - real[i])
+        num_real = min(max(real_end - position, 0), length)  # real queries: a prefix of the run
+        if num_real:
+            queries = q[row : row + num_real]
+            pieces.append(_attend_queries(queries, k, v, key_positions, position, start, real_end, mask, scale))
+        if num_real < length:
+            pieces.append(q.new_zeros(length - num_real, heads, dv))
     out = torch.cat(pieces) if pieces else q.new_zeros(0, heads, dv)  # (T_local, H, Dv)
     # Keep q, k, v in the graph (an exact +0) even when every query is a pad: a padding-only
     # microbatch must still give its inputs (zero) gradients, and under CP the K/V exchange's
@@ -191,7 +189,7 @@ def thd_attention(
             f"cu_seqlens_padded ends at {padded[-1]} but k has {k.shape[0]} tokens and q has "
             f"{q.shape[0]} x cp_size={cp_size}; all three must be the pack's token count"
         )
-    multiple, _ = held_chunks(cp_size, cp_rank, layout)
+    multiple = layout_multiple(cp_size, layout)
     if cp_size > 1 and any(offset % multiple for offset in padded):
         if layout == CpLayout.DUALCHUNK:
             what = f"2*cp_size={multiple} for DualChunkSwap"
