@@ -39,7 +39,6 @@ from seqpack.collective.wire import (
     decode_prefix,
     decode_step,
     encode_step,
-    wire_format_markdown,
 )
 
 __all__ = [
@@ -66,5 +65,4 @@ __all__ = [
     "exchange_shards",
     "gather_lengths",
     "plan_shard_exchange",
-    "wire_format_markdown",
 ]

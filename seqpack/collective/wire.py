@@ -5,15 +5,14 @@ A step travels over TP (tokens and layout) or PP (layout only) as one of three m
 int64; floats only carry float data (``loss_mask``). No sentinel values: every
 variable-length field has its length in the header, and the header is declared once, here
 (:data:`PREFIX_FIELDS`, :data:`STEP_FIELDS`, :data:`MICROBATCH_FIELDS`, as numpy structured
-dtypes); :func:`wire_format_markdown` renders the table in docs/wrapper.md from them.
+dtypes); the tables in docs/wrapper.md are rendered from them (a test keeps them equal).
 
 A message is up to four buffers, broadcast in this order:
 
 1. ``prefix``: int64, :data:`PREFIX_FIELDS`, fixed size, so a receiver knows what to allocate;
 2. ``ints``: int64, the step header (:data:`STEP_FIELDS`), one :data:`MICROBATCH_FIELDS`
    row per microbatch, then the int64 payload: the plan's ``to_arrays()``
-   (:mod:`~seqpack.collective.wire_plan`: a ``Schedule``, or under dynamic CP a
-   ``Schedule``), ``empty_at[E]`` (the pool index of each zero-length sequence the
+   (:mod:`~seqpack.collective.wire_plan`), ``empty_at[E]`` (the pool index of each zero-length sequence the
    DP rank read: ``Step.to_origin`` gives each an empty value), then per microbatch
    ``cu_seqlens[n_m+1]``,
    ``cu_seqlens_padded[n_m+1]``, ``sample_ids[n_m]``; then, with flag 1, ``input_ids`` and
@@ -40,7 +39,6 @@ import numpy as np
 import torch
 
 from seqpack.collective.agree import Status
-from seqpack.collective.fields import Header, headers_markdown
 from seqpack.collective.messages import StepEnd, StepError, StepMessage, StepOk
 from seqpack.collective.wire_minibatches import decode_minibatches, minibatch_rows
 from seqpack.collective.wire_plan import decode_plan, plan_header, plan_payload
@@ -64,7 +62,6 @@ __all__ = [
     "decode_prefix",
     "decode_step",
     "encode_step",
-    "wire_format_markdown",
 ]
 
 FORMAT_VERSION = 9  # every rank of a job speaks the same one; a peer of another version is refused by name
@@ -138,18 +135,6 @@ MICROBATCH = _dtype(MICROBATCH_FIELDS)
 PREFIX_WORDS = len(PREFIX_FIELDS)
 STEP_WORDS = len(STEP_FIELDS)
 MB_WORDS = len(MICROBATCH_FIELDS)
-
-
-WIRE_HEADERS = (
-    Header("prefix (int64, fixed size)", PREFIX_FIELDS),
-    Header("step header (int64, after the prefix)", STEP_FIELDS),
-    Header("per microbatch (int64, after the step header)", MICROBATCH_FIELDS),
-)
-
-
-def wire_format_markdown() -> str:
-    """The header tables of docs/wrapper.md, rendered from the field declarations."""
-    return headers_markdown(WIRE_HEADERS)
 
 
 @dataclasses.dataclass

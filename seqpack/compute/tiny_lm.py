@@ -48,14 +48,6 @@ class TinyConfig:
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
 
-    @property
-    def num_attention_layers(self) -> int:
-        return self.pattern.count("A")
-
-    @property
-    def num_mamba_layers(self) -> int:
-        return self.pattern.count("M")
-
     def model_spec(self) -> ModelSpec:
         """The :class:`~seqpack.cost.ModelSpec` of this model, for FLOPs and the scheduler's
         cost model (an ``A`` block is Megatron's ``*-``: attention then MLP)."""
