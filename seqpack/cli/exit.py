@@ -1,6 +1,6 @@
 """How the ``seqpack`` command ends: exit codes, and one line on stderr for a user's mistake.
 
-The rule (issue 13): every user mistake (a bad flag, a bad file, a bad value) exits with
+The rule: every user mistake (a bad flag, a bad file, a bad value) exits with
 :attr:`ExitCode.USAGE` and one line that names the flag or file and the value; only bugs
 end in a traceback (:attr:`ExitCode.FAILED`, Python's own status for an uncaught exception).
 """

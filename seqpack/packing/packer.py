@@ -68,10 +68,8 @@ def pack_lengths(lengths: Sequence[int] | np.ndarray, max_tokens: int) -> Packin
 
     Every length above ``max_tokens // 2`` gets a pack of its own; those packs, then new
     ones, are filled one at a time with the lengths that fill them exactly or leave room
-    the remaining lengths can fill (:mod:`seqpack.packing._kernel`). On lognormal, Pareto
-    and bimodal lengths it reaches the token lower bound or one more pack
-    (``benchmarks/packing.py``: 1M lengths in 0.23-0.39 s, 10K in under 1 ms, on a loaded
-    2-core VM).
+    the remaining lengths can fill (:mod:`seqpack.packing._kernel`); docs/packing.md has
+    how close to the token lower bound it gets, and how fast.
 
     Args:
         lengths: Token count of each sequence (integers >= 1).

@@ -115,7 +115,7 @@ def _segment_lengths_numpy(cu_padded: np.ndarray, total: int) -> np.ndarray:
 def _layout_numpy(
     cu_padded: np.ndarray, real: np.ndarray | None, total: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # CPU: numpy's repeat is ~3x faster than torch.repeat_interleave and ~8x searchsorted.
+    # CPU: numpy's repeat beats torch.repeat_interleave and searchsorted (docs/thd.md).
     n = cu_padded.shape[0] - 1
     seg = _segment_lengths_numpy(cu_padded, total)  # [N+1]
     seq_idx = np.repeat(np.arange(n + 1, dtype=np.int32), seg)  # [T]
@@ -130,8 +130,7 @@ def _layout_numpy(
 def _layout_torch(
     cu_padded: torch.Tensor, real: torch.Tensor | None, total: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # Any device, no host sync. On a GPU one binary search per token beats repeat_interleave
-    # (H100, 4M tokens in 4000 sequences: 117 us against 260 us for seq_idx).
+    # Any device, no host sync; on a GPU one binary search per token beats repeat_interleave.
     tokens = torch.arange(total, dtype=torch.int64, device=cu_padded.device)  # [T]
     seq = _seq_of_tokens(cu_padded, tokens)  # [T], int64 in [0, N]
     position = tokens - cu_padded[seq]

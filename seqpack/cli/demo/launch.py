@@ -22,9 +22,9 @@ from seqpack.errors import SeqpackError
 __all__ = ["MALLOC_ENV", "launch", "preflight"]
 
 # glibc returns freed memory to the OS past these thresholds and faults it back in on the
-# next step; on CPU VMs that doubled the time of microbatches with long sequences and made
-# timings depend on allocation history instead of on work. Ranks the demo spawns keep their
-# heap (set them yourself under torchrun: they are read when a process starts).
+# next step, which makes timings depend on allocation history instead of on work
+# (docs/compute.md). Ranks the demo spawns keep their heap (set them yourself under
+# torchrun: they are read when a process starts).
 MALLOC_ENV = {
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
     "MALLOC_TRIM_THRESHOLD_": str(4 << 30),

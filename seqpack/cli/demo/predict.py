@@ -4,9 +4,8 @@ H100 and an H200, not measured here.
 The demo's length distribution is planned at ``--predict-dp`` GPUs by each mode's scheduler
 (``padded``: its fixed microbatches), and every microbatch is priced by a GPU's clock: a cost
 model fitted (:meth:`~seqpack.cost.CostModel.fit`) to forward+backward times of 4 Transformer
-Engine layers (hidden 2048, 16/4 heads, ffn 5632, bf16) on packs of up to 16,384 tokens. The
-fits leave up to 31% (H100) and 32% (H200) error on single microbatches (launch-bound below
-~8K tokens); communication is not counted.
+Engine layers (hidden 2048, 16/4 heads, ffn 5632, bf16) on packs of up to 16,384 tokens
+(their error: docs/demo.md); communication is not counted.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ __all__ = ["MAX_SCORE_BLOCK", "attend", "thd_attention"]
 # Largest score block (elements) one SDPA call builds: long sequences are cut into query
 # blocks so that memory stays bounded and buffers stay below glibc's mmap threshold (32 MB),
 # where freed memory is reused instead of being returned to the OS and faulted in again on
-# every call (that alone doubled step times of long sequences on some CPU VMs).
+# every call.
 MAX_SCORE_BLOCK = 1 << 21
 
 
