@@ -1,4 +1,4 @@
-"""A verl batch's rows: their real tokens (:func:`effective_lengths`), the check that every
+"""A verl batch's rows: their real tokens (:func:`row_lengths`), the check that every
 value has one row per sample, and a batch at some rows (:func:`select_rows`), for a TensorDict
 (jagged nested tensors included) or a mapping of tensors, arrays and lists
 (:mod:`seqpack.interop.verl`'s drop-ins read and split batches with these)."""
@@ -13,13 +13,7 @@ import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
 
-__all__ = ["check_rows", "effective_lengths", "row_lengths", "select_rows"]
-
-
-def effective_lengths(batch: Any) -> np.ndarray:
-    """Real tokens of every row of ``batch`` (int64): ``attention_mask.sum(-1)``, or the
-    lengths of nested ``input_ids``. One host copy."""
-    return row_lengths(batch)[1]
+__all__ = ["check_rows", "row_lengths", "select_rows"]
 
 
 def row_lengths(batch: Any) -> tuple[str, np.ndarray]:

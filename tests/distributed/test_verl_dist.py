@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from seqpack.errors import ConfigError
 from seqpack.interop.verl import fewest_microbatches, rearrange_micro_batches
-from seqpack.interop.verl_batch import effective_lengths
+from seqpack.interop.verl_batch import row_lengths
 
 try:
     import verl  # noqa: F401  (verl's own venv only: it pins transformers < 5.11)
@@ -37,7 +37,7 @@ def run_rearrange(same_micro_num_in_dp: bool, min_mb: int | None):
     micros, indices = rearrange_micro_batches(
         batch, 300, dp_group=dist.group.WORLD, same_micro_num_in_dp=same_micro_num_in_dp, min_num_micro_batch=min_mb
     )
-    lengths = effective_lengths(batch)
+    _, lengths = row_lengths(batch)
     local, _ = fewest_microbatches(lengths, 300)  # the fewest that fit, verl's count when it does
     verl_local = min(rows, -(-int(lengths.sum()) // 300))
     order = list(itertools.chain.from_iterable(indices))

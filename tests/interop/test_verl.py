@@ -26,7 +26,12 @@ from seqpack.interop.verl import (
     get_seqlen_balanced_partitions,
     rearrange_micro_batches,
 )
-from seqpack.interop.verl_batch import effective_lengths
+from seqpack.interop.verl_batch import row_lengths
+
+
+def effective_lengths(batch) -> np.ndarray:
+    """Real tokens of every row (what the drop-ins plan with)."""
+    return row_lengths(batch)[1]
 
 
 def random_mask(input_ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
