@@ -5,8 +5,8 @@ A pack of ``N`` sequences is described by two offset arrays: ``cu_seqlens_padded
 lengths; a sequence's real tokens open its slot, its pads close it). Every consumer needs the
 same per-token view of that description: which sequence a token is in, its offset in its
 slot, and whether it is a pad. :func:`token_layout` is the one function that derives it; the
-packer, the wire decoder (:func:`seqpack.thd.batch_from_layout`), Mamba's ``seq_idx``, the CP
-partition and NeMo's padding mask all read it.
+packer, the wire decoder (:func:`seqpack.thd.batch_from_layout`), Mamba's ``seq_idx`` and
+NeMo's padding mask all read it.
 
 Tokens at or past ``cu_seqlens_padded[-1]`` (a pack tail no sequence claims) form one more
 segment, index ``N``: pads, with offsets counted from ``cu_seqlens_padded[-1]``. This is
@@ -202,7 +202,7 @@ def seq_idx_from_cu_seqlens(cu_seqlens_padded: Offsets, total_tokens: int) -> to
     """Sequence index of every token of the pack (int32 ``[T]``), pads included.
 
     The token at ``cu_seqlens_padded[i]`` opens sequence ``i`` (one token late would leak
-    Mamba state across sequences, a bug NeMo fixed); tokens past the last offset are sequence
+    Mamba state across sequences); tokens past the last offset are sequence
     ``N``. Offsets are not checked: this runs in every Mamba layer, where a check costs a
     host sync; :func:`token_layout` checks.
     """

@@ -20,7 +20,7 @@ Modules:
     masks: :class:`AttentionMask` (``(left, right)``), :func:`attention_mask`, key reach and
         block masks.
     reference: :func:`thd_attention` (functional torch reference) and its blockwise core.
-    exchange: the CP K/V exchange (:func:`plan_kv_exchange`, :func:`exchange_kv`) and
+    kv_exchange: the CP K/V exchange (:func:`plan_kv_exchange`, :func:`exchange_kv`) and
         :func:`kv_exchange_traffic` (bytes moved against an all-gather).
     te: TE's mask arguments and rules (:func:`check_te_rules`).
     module: :class:`ThdAttention`, :func:`select_backend`.

@@ -82,7 +82,7 @@ class ThdAttention(nn.Module):
         softmax_scale: Defaults to ``1/sqrt(head_dim)``.
         cp_comm_type: TE's CP communication: ``"p2p"``, ``"all_gather"``, ``"a2a"`` or
             ``"a2a+p2p"`` (then ``cp_subgroups=(a2a_group, p2p_group)`` is required). The torch
-            backend always exchanges just the keys in reach (``attention.exchange``).
+            backend always exchanges just the keys in reach (``attention.kv_exchange``).
         cp_subgroups: TE's hierarchical groups for ``"a2a+p2p"``.
         cp_layout: The CP layout batches must come in (``"dualchunk"`` or ``"contiguous"``);
             None follows each batch's ``cp_layout`` (TE takes ``"dualchunk"`` only).
