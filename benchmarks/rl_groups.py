@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from seqpack.cost import default_cost_model  # noqa: E402
 from seqpack.mock_data import lognormal_lengths  # noqa: E402
 from seqpack.schedulers import get_scheduler  # noqa: E402
+from seqpack.schedulers.request import Request
 from seqpack.schedulers.sample_groups import schedule_groups  # noqa: E402
 from seqpack.stats import StepStats  # noqa: E402
 
@@ -57,7 +58,9 @@ def plan(name: str, scheduler, lengths: np.ndarray, groups: np.ndarray, dp: int,
         return scheduler.schedule(lengths, dp_size=dp, max_tokens_per_rank=cap)
     grouped = np.ones(lengths.shape[0], dtype=bool)
     together = name == "groups+together"
-    return schedule_groups(scheduler, lengths, groups, grouped, dp_size=dp, max_tokens_per_rank=cap, together=together)
+    return schedule_groups(
+        scheduler, Request.of(lengths, dp_size=dp, max_tokens_per_rank=cap), groups, grouped, together=together
+    )
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ about ``(dp-1)/dp`` of the payload moves, a high-traffic reference; ``empty`` mo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import statistics
@@ -42,12 +43,10 @@ def _round_robin():
     class RoundRobin(GridScheduler):
         name = "round_robin"
 
-        def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
+        def _plan(self, request):
             # "empty" packs every sample where it sits: tell it sample k sits on replica k % dp.
-            replica = np.arange(ids.size, dtype=np.int64) % dp_size
-            return EmptyScheduler()._plan(
-                ids, lengths, dp_size=dp_size, capacity=capacity, pad_multiple=pad_multiple, cost=cost, origin=replica
-            )
+            replica = np.arange(request.num_sequences, dtype=np.int64) % request.dp_size
+            return EmptyScheduler()._plan(dataclasses.replace(request, origin=replica))
 
     return RoundRobin()
 

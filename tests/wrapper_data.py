@@ -112,18 +112,17 @@ class ScatterScheduler(GridScheduler):
     def __init__(self, defer_longest: bool = False):
         self.defer_longest = defer_longest
 
-    def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
+    def _plan(self, request):
+        ids = np.arange(request.num_sequences, dtype=np.int64)
         deferred = np.zeros(0, dtype=np.int64)
         if self.defer_longest and ids.size > 1:
-            j = int(np.argmax(lengths))
+            j = int(np.argmax(request.lengths))
             deferred = ids[j : j + 1]
-            ids, lengths = np.delete(ids, j), np.delete(lengths, j)
+            ids = np.delete(ids, j)
         # "empty" packs every sample on the replica it sits on: tell it they sit elsewhere.
-        replica = (np.arange(ids.size, dtype=np.int64) * 3 + 1) % dp_size
-        rounds, _ = EmptyScheduler()._plan(
-            ids, lengths, dp_size=dp_size, capacity=capacity, pad_multiple=pad_multiple, cost=cost, origin=replica
-        )
-        return rounds, deferred
+        replica = (np.arange(ids.size, dtype=np.int64) * 3 + 1) % request.dp_size
+        rounds, _ = EmptyScheduler()._plan(request.subset(ids, origin=replica))
+        return [[ids[cell] for cell in row] for row in rounds], deferred
 
 
 class BrokenScheduler(GridScheduler):
@@ -131,7 +130,7 @@ class BrokenScheduler(GridScheduler):
 
     name = "test_broken"
 
-    def _plan(self, ids, lengths, *, dp_size, capacity, pad_multiple, cost, origin):
+    def _plan(self, request):
         raise RuntimeError("index 7 out of bounds in a scheduler bug")
 
 

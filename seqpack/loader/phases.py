@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from seqpack.collective import GatheredLengths, gather_lengths
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.errors import ResumeError, SampleError, ScheduleError
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.gather_fields import KEY_BITS, SAMPLE_COLUMNS, STEP_GATHER_FIELDS, keys_of, payload_bytes_per_token
@@ -33,6 +33,7 @@ from seqpack.loader.labels import loss_token_counts, prepare_labels
 from seqpack.options import LabelFormat, OnOversize
 from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.minibatches import schedule_minibatches
+from seqpack.schedulers.request import Request
 from seqpack.schedulers.sample_groups import schedule_groups
 from seqpack.thd import (
     SAMPLE_DTYPES,
@@ -266,11 +267,11 @@ def schedule(
     config: PackingConfig,
     topology: Topology,
     gathered: Gathered,
-    cost: CostModel | GroupCost | None = None,
+    cost: CostModel | None = None,
 ) -> tuple[Schedule, list[int]]:
     """The step's schedule, identical on every rank, static or dynamic CP as ``scheduler``
     plans (``cost``: the calibrated model, which replaces the config's
-    :attr:`~PackingConfig.planning_cost`; ``config.sync`` says what the step waits for), and the
+    :attr:`~PackingConfig.cost`; ``config.sync`` says what the step waits for), and the
     microbatch offsets of its ``config.minibatches`` mini-batches (``[0, M]`` for one):
     with mini-batches, every DP rank's sequences are cut in read order into contiguous
     mini-batches, each planned alone (:func:`~seqpack.schedulers.minibatches.schedule_minibatches`).
@@ -282,27 +283,9 @@ def schedule(
     """
     lengths = gathered.lengths
     assert config.pad_multiple is not None  # resolved by the wrapper
-    options: dict[str, Any] = {"sync": config.sync}
-    # The exchange's payload, for schedulers that weigh it against their plan time (balanced's
-    # locality="auto"); only those that say so get it, for the same reason.
-    payload: dict[str, Any] = {}
-    if getattr(scheduler, "uses_bytes_per_token", False):
-        payload["bytes_per_token"] = payload_bytes_per_token(gathered.key_mask)
     columns = lengths.columns
     assert columns is not None
     grouped = SAMPLE_COLUMNS.column(columns, "grouped")
-    common: dict[str, Any] = dict(
-        dp_size=topology.dp_size,
-        cp_size=topology.cp_size,
-        max_tokens_per_rank=config.max_tokens_per_rank,
-        pad_multiple=config.pad_multiple,
-        cost=config.planning_cost if cost is None else cost,
-        on_oversize=config.on_oversize,
-        origin=lengths.origin(),
-        **options,
-    )
-    if config.static_shapes is not None:  # only when set: a scheduler of one's own may not take it
-        common["static_shapes"] = config.static_shapes
     group_args: dict[str, Any] = dict(
         group_ids=SAMPLE_COLUMNS.column(columns, "group_id"),
         grouped=grouped.astype(bool),
@@ -310,14 +293,25 @@ def schedule(
         equal_counts=config.equal_samples_per_replica,
     )
     try:
+        request = Request.of(
+            lengths.lengths,
+            dp_size=topology.dp_size,
+            cp_size=topology.cp_size,
+            max_tokens_per_rank=config.max_tokens_per_rank,
+            pad_multiple=config.pad_multiple,
+            cost=config.cost if cost is None else cost,
+            on_oversize=config.on_oversize,
+            origin=lengths.origin(),
+            sync=config.sync,
+            bytes_per_token=payload_bytes_per_token(gathered.key_mask),  # what the exchange carries
+            static_shapes=config.static_shapes,
+        )
         if config.minibatches > 1:
-            return schedule_minibatches(
-                scheduler, lengths.lengths, minibatches=config.minibatches, **group_args, **common, **payload
-            )
+            return schedule_minibatches(scheduler, request, minibatches=config.minibatches, **group_args)
         if grouped.any() or config.equal_samples_per_replica:  # keep groups on one replica
-            plan = schedule_groups(scheduler, lengths.lengths, **group_args, **common)
+            plan = schedule_groups(scheduler, request, **group_args)
         else:
-            plan = scheduler.schedule(lengths.lengths, **common, **payload)
+            plan = scheduler.plan(request)
         return plan, [0, plan.num_microbatches]
     except ValueError as exc:  # ConfigError included: a mini-batch without samples
         raise ScheduleError(f"{exc}{_locate_oversize(scheduler, config, topology, lengths)}") from exc

@@ -11,15 +11,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from seqpack.cost import CostModel, GroupCost, as_group_cost, default_cost_model
+from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError
 from seqpack.options import INT32_MAX, Sync, TailPadding
 from seqpack.schedulers.registry import get_scheduler
-from seqpack.schedulers.request import as_lengths
+from seqpack.schedulers.request import Request
 from seqpack.schedulers.step_time import group_times, predicted_step_time
 from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import check_choice, check_int, check_positive_int
@@ -83,11 +83,11 @@ class FixedPlans:
     sync: str
 
     @classmethod
-    def of(cls, plans: Sequence[Schedule], family: GroupCost, sync: str) -> FixedPlans:
+    def of(cls, plans: Sequence[Schedule], family: CostModel, sync: str) -> FixedPlans:
         base, tokens = [], []
         rate = 0.0
         for plan in plans:
-            times = np.where(plan.group_counts > 0, group_times(plan, family), family.compute.constant)
+            times = np.where(plan.group_counts > 0, group_times(plan, family), family.constant)
             held = np.where(plan.group_counts > 0, plan.group_tokens(padded=True), plan.pad_multiple)
             where = (plan.group_round, plan.leading_replica())
             grid_time = np.zeros((plan.num_microbatches, plan.dp_size))
@@ -162,7 +162,7 @@ def static_shapes_by_cost(
     dp_size: int,
     cp_size: int = 1,
     pad_multiple: int = 1,
-    cost: CostModel | GroupCost | None = None,
+    cost: CostModel | None = None,
     scheduler: str | Scheduler = "balanced",
     sync: str = "lockstep",
     tail_padding: TailPadding | str = TailPadding.APPEND_DUMMY_SEQ,
@@ -213,13 +213,20 @@ def static_shapes_by_cost(
     model = planner.resolve_cost(cost)
     trial = _Trial(
         planner=planner,
-        steps=step_lengths,
-        family=as_group_cost(model or default_cost_model(), cp_size),
+        steps=[
+            Request.of(
+                n,
+                dp_size=dp_size,
+                cp_size=cp_size,
+                max_tokens_per_rank=max_tokens_per_rank,
+                pad_multiple=pad_multiple,
+                cost=cost,
+                sync=mode,
+            )
+            for n in step_lengths
+        ],  # fmt: skip
+        family=model or default_cost_model(),
         sync=mode,
-        cost=cost,
-        limits=dict(
-            dp_size=dp_size, cp_size=cp_size, max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple
-        ),
         max_sequences=max_sequences,
         tail_padding=tail_padding,
     )
@@ -239,14 +246,14 @@ def _top_bucket(max_tokens_per_rank: int, cp_size: int, pad_multiple: int) -> in
     return top
 
 
-def _step_lengths(steps: object) -> list[np.ndarray]:
-    """``steps`` as one checked length array per step; refuses an empty or non-list one."""
+def _step_lengths(steps: object) -> Sequence[Sequence[int] | np.ndarray]:
+    """``steps``, refused when empty or not a list."""
     if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence) or not len(steps):
         raise ConfigError(
             "steps must be a non-empty list of the steps' lengths (one int array per step, e.g. the first steps "
             f"of the data), got {steps!r:.80}"
         )
-    return [as_lengths(lengths) for lengths in steps]
+    return steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,11 +261,9 @@ class _Trial:
     """Plans the sample steps under a ladder and predicts their mean step time."""
 
     planner: Scheduler
-    steps: list[np.ndarray]
-    family: GroupCost
+    steps: list[Request]
+    family: CostModel
     sync: str
-    cost: CostModel | GroupCost | None
-    limits: dict[str, Any]
     max_sequences: int
     tail_padding: TailPadding | str
 
@@ -270,8 +275,8 @@ class _Trial:
     def evaluate(self, shapes: StaticShapes) -> tuple[float, FixedPlans]:
         """The steps' mean predicted step time planned with ``shapes``, and their plans."""
         times, plans = [], []
-        for lengths in self.steps:
-            plan = self.planner.schedule(lengths, cost=self.cost, sync=self.sync, static_shapes=shapes, **self.limits)
+        for request in self.steps:
+            plan = self.planner.plan(dataclasses.replace(request, static_shapes=shapes))
             times.append(predicted_step_time(plan, self.family, sync=self.sync, static_shapes=shapes))
             plans.append(plan)
         return float(np.mean(times)), FixedPlans.of(plans, self.family, self.sync)

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.cost import CostModel
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.base import GridScheduler
-from seqpack.schedulers.request import check_microbatches
+from seqpack.schedulers.request import Request, check_microbatches
 from seqpack.schedulers.schedule import Grid
 from seqpack.thd import padded_lengths
 from seqpack.validation import check_positive_int
+
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 def megatron_groups(padded: np.ndarray, capacity: int, dp_size: int, microbatch_multiple: int = 1) -> Grid:
@@ -80,20 +81,10 @@ class DpBalancedScheduler(GridScheduler):
     def __init__(self, *, microbatch_multiple: int = 1) -> None:
         self.microbatch_multiple = check_positive_int("microbatch_multiple", microbatch_multiple)
 
-    def _plan(
-        self,
-        ids: np.ndarray,
-        lengths: np.ndarray,
-        *,
-        dp_size: int,
-        capacity: int,
-        pad_multiple: int,
-        cost: CostModel | None,
-        origin: np.ndarray,
-    ) -> tuple[Grid, np.ndarray]:
-        check_microbatches(dp_size, microbatch_multiple=self.microbatch_multiple)
-        groups = megatron_groups(padded_lengths(lengths, pad_multiple), capacity, dp_size, self.microbatch_multiple)
-        return Grid(ids[groups.ids], groups.counts, dp_size), np.zeros(0, dtype=np.int64)
+    def _plan(self, request: Request) -> tuple[Grid, np.ndarray]:
+        check_microbatches(request.dp_size, microbatch_multiple=self.microbatch_multiple)
+        padded = padded_lengths(request.lengths, request.pad_multiple)
+        return megatron_groups(padded, request.capacity, request.dp_size, self.microbatch_multiple), _NONE
 
     def __repr__(self) -> str:
         return f"DpBalancedScheduler(microbatch_multiple={self.microbatch_multiple})"

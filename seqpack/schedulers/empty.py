@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.cost import CostModel
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.base import GridScheduler
+from seqpack.schedulers.request import Request
 from seqpack.schedulers.schedule import Grid
 from seqpack.thd import padded_lengths
 
@@ -19,17 +19,8 @@ class EmptyScheduler(GridScheduler):
     name = "empty"
     keeps_origin = True
 
-    def _plan(
-        self,
-        ids: np.ndarray,
-        lengths: np.ndarray,
-        *,
-        dp_size: int,
-        capacity: int,
-        pad_multiple: int,
-        cost: CostModel | None,
-        origin: np.ndarray,
-    ) -> tuple[Grid, np.ndarray]:
+    def _plan(self, request: Request) -> tuple[Grid, np.ndarray]:
+        origin, dp_size, capacity = request.origin, request.dp_size, request.capacity
         # Samples grouped by the rank holding them, in dataloader order within each rank.
         by_rank = np.argsort(origin, kind="stable")
         rank = origin[by_rank]
@@ -37,11 +28,11 @@ class EmptyScheduler(GridScheduler):
         # One next-fit walk over all ranks (work in the samples, not dp): an item of `capacity`
         # tokens before each rank's samples fills a group of its own (padded lengths are >= 1),
         # so every rank's first sample opens a group; the items are taken out again.
-        walk = np.insert(padded_lengths(lengths[by_rank], pad_multiple), starts[1:], capacity)
+        walk = np.insert(padded_lengths(request.lengths[by_rank], request.pad_multiple), starts[1:], capacity)
         group_of = np.delete(_kernels.next_fit(walk, capacity)[0], starts[1:] + np.arange(starts.shape[0] - 1))
         microbatch = group_of - np.repeat(group_of[starts], np.diff(starts, append=rank.shape[0]))
         cell = microbatch * dp_size + rank
         num_rounds = int(microbatch.max()) + 1 if microbatch.size else 0
         order = np.argsort(cell, kind="stable")
         counts = np.bincount(cell, minlength=num_rounds * dp_size)
-        return Grid(ids[by_rank[order]], counts, dp_size), np.zeros(0, dtype=np.int64)
+        return Grid(by_rank[order], counts, dp_size), np.zeros(0, dtype=np.int64)

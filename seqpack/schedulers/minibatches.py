@@ -15,19 +15,15 @@ one microbatch per round, so the bounds are the same in every rank's microbatche
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError
-from seqpack.options import Sync
 from seqpack.schedulers.base import Scheduler
 from seqpack.schedulers.join import join_plans
-from seqpack.schedulers.request import as_lengths, as_origin
+from seqpack.schedulers.request import Request
 from seqpack.schedulers.sample_groups import group_units, schedule_groups
 from seqpack.schedulers.schedule import Schedule
-from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import check_positive_int
 
 __all__ = ["minibatch_loss_tokens", "minibatch_of", "schedule_minibatches"]
@@ -54,32 +50,21 @@ def minibatch_of(origin: np.ndarray, minibatches: int, unit: np.ndarray | None =
 
 def schedule_minibatches(
     scheduler: Scheduler,
-    lengths: np.ndarray,
+    request: Request,
     *,
     minibatches: int,
-    dp_size: int,
-    max_tokens_per_rank: int,
-    cp_size: int = 1,
-    pad_multiple: int = 1,
-    cost: CostModel | GroupCost | None = None,
-    on_oversize: str = "error",
-    origin: np.ndarray | None = None,
     group_ids: np.ndarray | None = None,
     grouped: np.ndarray | None = None,
     together: bool = False,
     equal_counts: bool = False,
-    sync: str = Sync.LOCKSTEP,
-    bytes_per_token: float | None = None,
-    static_shapes: StaticShapes | None = None,
 ) -> tuple[Schedule, list[int]]:
-    """One schedule of ``minibatches`` mini-batches, each planned alone (module docstring),
-    static or dynamic CP as ``scheduler`` plans.
+    """One schedule of ``request`` in ``minibatches`` mini-batches, each planned alone
+    (module docstring), static or dynamic CP as ``scheduler`` plans.
 
-    ``equal_counts`` (every replica trains as many sequences in each mini-batch) and
-    ``together`` are :func:`~seqpack.schedulers.sample_groups.schedule_groups`'s; ``sync`` is
-    passed to the scheduler when set, and so is ``bytes_per_token`` where the mini-batch holds
-    no groups (groups plan each replica alone: nothing is kept home there). ``static_shapes``
-    (passed when set) holds in every mini-batch's microbatches.
+    ``group_ids``, ``grouped``, ``together`` and ``equal_counts`` (every replica trains as
+    many sequences in each mini-batch) are
+    :func:`~seqpack.schedulers.sample_groups.schedule_groups`'s. ``static_shapes`` holds in
+    every mini-batch's microbatches.
 
     Returns:
         ``(schedule, starts)``: ``starts`` (``minibatches + 1`` values) bounds each
@@ -88,40 +73,25 @@ def schedule_minibatches(
     Raises:
         ConfigError: A mini-batch without samples (fewer samples on a rank than mini-batches).
     """
-    original = as_lengths(lengths)
-    n = original.shape[0]
-    origin_arr = as_origin(origin, n, check_positive_int("dp_size", dp_size))
+    n = request.num_sequences
     has_groups = grouped is not None and np.asarray(grouped).any()
     gids = np.zeros(n, np.int64) if group_ids is None else np.asarray(group_ids, np.int64)
     flags = np.zeros(n, bool) if grouped is None else np.asarray(grouped, bool)
-    which = minibatch_of(origin_arr, minibatches, group_units(gids, flags) if has_groups else None)
-    limits: dict[str, Any] = dict(
-        dp_size=dp_size, cp_size=cp_size, max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple
-    )
+    which = minibatch_of(request.origin, minibatches, group_units(gids, flags) if has_groups else None)
     parts, ids = [], []
     for j in range(minibatches):
         mine = np.flatnonzero(which == j)
         if not mine.size:
             raise ConfigError(f"mini-batch {j} of {minibatches} holds no sample: read more samples per step")
-        common: dict[str, Any] = dict(
-            cost=cost,
-            on_oversize=on_oversize,
-            origin=origin_arr[mine],
-            sync=sync,
-            static_shapes=static_shapes,
-            **limits,
-        )
+        part = request.subset(mine)
         if has_groups or equal_counts:
-            part = schedule_groups(
-                scheduler, original[mine], gids[mine], flags[mine], together=together, equal_counts=equal_counts,
-                **common,
-            )  # fmt: skip
+            grouping = dict(together=together, equal_counts=equal_counts)
+            parts.append(schedule_groups(scheduler, part, gids[mine], flags[mine], **grouping))
         else:
-            part = scheduler.schedule(original[mine], bytes_per_token=bytes_per_token, **common)
-        parts.append(part)
+            parts.append(scheduler.plan(part))
         ids.append(mine)
     starts = np.cumsum([0, *(p.num_microbatches for p in parts)]).tolist()
-    return join_plans(parts, ids, original), [int(s) for s in starts]
+    return join_plans(parts, ids, request.lengths), [int(s) for s in starts]
 
 
 def minibatch_loss_tokens(plan: Schedule, starts: Sequence[int], loss_tokens: np.ndarray) -> list[int]:

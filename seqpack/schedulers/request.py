@@ -1,29 +1,42 @@
-"""What a scheduler checks before planning: lengths, origins, sizes, the oversize policy.
+"""One step's scheduling :class:`Request`, and what a scheduler checks before planning:
+lengths, origins, sizes, the oversize policy.
 
-The public :meth:`~seqpack.schedulers.base.Scheduler.schedule` runs these at the boundary;
-the planners behind it trust their inputs.
+The public :meth:`~seqpack.schedulers.base.Scheduler.schedule` builds the request once
+(:meth:`Request.of`); the planners behind it take it and trust it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
-from seqpack.cost import check_cost_model
+from seqpack.cost import CostModel, check_cost_model
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
-from seqpack.options import OnOversize
+from seqpack.options import OnOversize, Sync
 from seqpack.schedulers.objective import exact_sum
+from seqpack.schedulers.static_limits import bucket_capacity
 from seqpack.thd import padded_lengths
-from seqpack.validation import INT64_MAX, MAX_TOKENS, check_choice, check_fits_memory, int64_array
+from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
+from seqpack.validation import (
+    INT64_MAX,
+    MAX_TOKENS,
+    check_choice,
+    check_fits_memory,
+    check_number,
+    check_positive_int,
+    int64_array,
+)
 
 __all__ = [
     "ON_OVERSIZE",
+    "Request",
     "apply_oversize",
     "as_lengths",
     "as_origin",
     "check_microbatches",
-    "check_request",
+    "check_capacity",
     "check_step_tokens",
     "default_origin",
 ]
@@ -83,18 +96,106 @@ def as_origin(origin: Sequence[int] | np.ndarray | None, num_samples: int, dp_si
     return arr
 
 
-def check_request(num_samples: int, *, dp_size: int, cp_size: int, capacity: int, cost: object) -> None:
-    """Refuse, before planning, what no schedule can hold: a microbatch past
-    :data:`~seqpack.validation.MAX_TOKENS`, more replicas than memory holds, a cost that is
-    not a :class:`~seqpack.cost.CostModel`."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class Request:
+    """One step's scheduling request, checked (build it with :meth:`of`).
+
+    Attributes:
+        lengths: int64 ``[N]`` real lengths, global order (DP rank 0's samples first), >= 1.
+        dp_size, cp_size: Data-parallel replicas, context-parallel ranks per replica.
+        max_tokens_per_rank: Padded tokens one rank holds in one microbatch.
+        pad_multiple: Every sequence is padded to a multiple of this.
+        cost: The cost model the plan balances (None: the scheduler's default).
+        on_oversize: :class:`~seqpack.options.OnOversize` policy.
+        origin: int64 ``[N]``: the DP rank holding each sample.
+        sync: :class:`~seqpack.options.Sync`: what a step waits for.
+        bytes_per_token: Bytes a token carries through the exchange (None: the default).
+        static_shapes: Fixed pack shapes, or None.
+    """
+
+    lengths: np.ndarray
+    dp_size: int
+    cp_size: int
+    max_tokens_per_rank: int
+    pad_multiple: int
+    cost: CostModel | None
+    on_oversize: OnOversize
+    origin: np.ndarray
+    sync: Sync
+    bytes_per_token: float | None
+    static_shapes: StaticShapes | None
+
+    @classmethod
+    def of(
+        cls,
+        lengths: Sequence[int] | np.ndarray,
+        *,
+        dp_size: int,
+        cp_size: int = 1,
+        max_tokens_per_rank: int,
+        pad_multiple: int = 1,
+        cost: CostModel | None = None,
+        on_oversize: str = OnOversize.ERROR,
+        origin: Sequence[int] | np.ndarray | None = None,
+        sync: str = Sync.LOCKSTEP,
+        bytes_per_token: float | None = None,
+        static_shapes: StaticShapes | None = None,
+    ) -> Request:
+        """The checked request (arguments as :meth:`~seqpack.schedulers.Scheduler.schedule`).
+
+        Raises:
+            SampleError, SeqpackTypeError: Bad lengths (:func:`as_lengths`).
+            ConfigError: A size not a positive int, more replicas than memory holds, an
+                unknown ``sync`` or ``on_oversize``, a bad ``origin`` (:func:`as_origin`),
+                ``bytes_per_token`` negative, a ``cost`` not a :class:`~seqpack.cost.CostModel`.
+        """
+        checked = as_lengths(lengths)
+        dp_size = check_positive_int("dp_size", dp_size)
+        # Every round of a schedule holds one id array per replica (~112 bytes each).
+        check_fits_memory(f"dp_size={dp_size} for {checked.shape[0]} samples", 64 * checked.shape[0] + 112 * dp_size)
+        if bytes_per_token is not None:
+            bytes_per_token = check_number("bytes_per_token", bytes_per_token, minimum=0.0)
+        return cls(
+            lengths=checked,
+            dp_size=dp_size,
+            cp_size=check_positive_int("cp_size", cp_size),
+            max_tokens_per_rank=check_positive_int("max_tokens_per_rank", max_tokens_per_rank),
+            pad_multiple=check_positive_int("pad_multiple", pad_multiple),
+            cost=check_cost_model("cost", cost),
+            on_oversize=check_choice("on_oversize", on_oversize, OnOversize),
+            origin=as_origin(origin, checked.shape[0], dp_size),
+            sync=check_choice("sync", sync, Sync),
+            bytes_per_token=None
+            if bytes_per_token is None
+            else check_number("bytes_per_token", bytes_per_token, minimum=0.0),
+            static_shapes=as_static_shapes(static_shapes),
+        )
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        """Padded tokens a static microbatch holds: ``max_tokens_per_rank * cp_size``, or the
+        largest bucket of ``static_shapes`` when smaller."""
+        full = self.max_tokens_per_rank * self.cp_size
+        return full if self.static_shapes is None else bucket_capacity(self.static_shapes, full)
+
+    def subset(self, ids: np.ndarray, **changes: object) -> Request:
+        """The request for the samples ``ids`` only, with ``changes`` to its fields (e.g.
+        ``lengths`` after the oversize policy; trusted: not checked again)."""
+        fields: dict[str, object] = {"lengths": self.lengths[ids], "origin": self.origin[ids], **changes}
+        return dataclasses.replace(self, **fields)  # type: ignore[arg-type]
+
+
+def check_capacity(capacity: int, cp_size: int) -> None:
+    """Refuse, before planning, a microbatch past :data:`~seqpack.validation.MAX_TOKENS`."""
     if capacity > MAX_TOKENS:
         raise ConfigError(
             f"max_tokens_per_rank={capacity // cp_size} x cp_size={cp_size} = {capacity} tokens per microbatch is too "
             f"large (at most 2**53 = {MAX_TOKENS})"
         )
-    # Every round of a schedule holds one id array per replica (~112 bytes each).
-    check_fits_memory(f"dp_size={dp_size} for {num_samples} samples", 64 * num_samples + 112 * dp_size)
-    check_cost_model("cost", cost)
 
 
 def check_microbatches(dp_size: int, **least: int | None) -> None:

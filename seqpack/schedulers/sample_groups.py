@@ -33,125 +33,93 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.cost import CostModel, GroupCost, as_group_cost, default_cost_model
+from seqpack.cost import default_cost_model
 from seqpack.errors import ConfigError, SampleError, ScheduleError
-from seqpack.options import GroupSizes, Sync
+from seqpack.options import GroupSizes, OnOversize
 from seqpack.schedulers.balanced import BalancedScheduler, relabel_replicas
 from seqpack.schedulers.base import Scheduler
 from seqpack.schedulers.group_placement import assign_units, group_units, pack_units
 from seqpack.schedulers.group_sizes import allowed_group_sizes
 from seqpack.schedulers.join import join_plans
-from seqpack.schedulers.request import apply_oversize, as_lengths, as_origin
+from seqpack.schedulers.request import Request, apply_oversize
 from seqpack.schedulers.schedule import Schedule
-from seqpack.schedulers.static_limits import bucket_capacity, fit_sequence_limit, refuse_dynamic
+from seqpack.schedulers.static_limits import fit_sequence_limit, refuse_dynamic
 from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
-from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
-from seqpack.validation import check_bool, check_positive_int
+from seqpack.validation import check_bool
 
 __all__ = ["assign_units", "group_units", "pack_units", "schedule_groups"]
 
 
 def schedule_groups(
     scheduler: Scheduler,
-    lengths: np.ndarray,
+    request: Request,
     group_ids: np.ndarray,
     grouped: np.ndarray,
     *,
-    dp_size: int,
-    cp_size: int = 1,
-    max_tokens_per_rank: int,
-    pad_multiple: int = 1,
-    cost: CostModel | GroupCost | None = None,
-    on_oversize: str = "error",
-    origin: np.ndarray | None = None,
-    sync: str = Sync.LOCKSTEP,
     together: bool = False,
     equal_counts: bool = False,
-    static_shapes: StaticShapes | None = None,
 ) -> Schedule:
-    """A :class:`Schedule` keeping every group on one replica (module docstring), planned by
-    ``scheduler``: a static-CP one plans every replica's microbatches; a dynamic-CP one the
-    sequences without a group (:func:`_dynamic_with_groups`).
+    """A :class:`Schedule` of ``request`` keeping every group on one replica (module
+    docstring), planned by ``scheduler``: a static-CP one plans every replica's microbatches;
+    a dynamic-CP one the sequences without a group (:func:`_dynamic_with_groups`).
 
     Args:
         scheduler: Plans each replica's microbatches.
-        lengths: int64 ``[N]`` real lengths in global order.
+        request: The step (:class:`~seqpack.schedulers.request.Request`).
         group_ids: int64 ``[N]`` group of every sequence (read where ``grouped``).
         grouped: bool ``[N]``: the sequence carries a group id (else it is a group of one).
         together: Also keep every group that fits one microbatch in one microbatch.
         equal_counts: Every replica trains the same number of sequences (verl's
             ``equal_size``): all groups must be equally large and ``dp_size`` must divide
             their number.
-        static_shapes: As :meth:`Scheduler.schedule` (static CP only): every replica's
-            microbatches keep its limits, sequences moving only within their replica.
-        Others: as :meth:`Scheduler.schedule`.
 
     Raises:
         ScheduleError: A group larger than a replica holds (fixed microbatch count); under
             ``equal_counts`` groups of different sizes or a count ``dp_size`` does not divide.
         SampleError: ``group_ids`` / ``grouped`` not one per length.
+        ConfigError: ``together``, ``equal_counts`` or ``static_shapes`` under dynamic CP.
     """
-    original = as_lengths(lengths)
-    n = original.shape[0]
+    n = request.num_sequences
     group_ids = np.asarray(group_ids, dtype=np.int64).reshape(-1)
     grouped = np.asarray(grouped, dtype=bool).reshape(-1)
     if group_ids.shape[0] != n or grouped.shape[0] != n:
         raise SampleError(f"group_ids and grouped must hold one value per length ({n})")
-    dp_size, cp_size = check_positive_int("dp_size", dp_size), check_positive_int("cp_size", cp_size)
-    pad_multiple = check_positive_int("pad_multiple", pad_multiple)
-    shapes = as_static_shapes(static_shapes)
     if scheduler.group_sizes != GroupSizes.STATIC:
-        refuse_dynamic(shapes, "schedule_groups under dynamic CP")
+        refuse_dynamic(request.static_shapes, "schedule_groups under dynamic CP")
         for name, value in (("together", together), ("equal_counts", equal_counts)):
             if check_bool(name, value):
                 raise ConfigError(
                     f"{name}=True is not supported with dynamic CP: its plans place sequences on CP groups, not in "
                     "a replica's microbatches (group_id works: a group stays on one replica's own CP ranks)"
                 )
-        return _dynamic_with_groups(
-            scheduler, original, group_ids, grouped, dp_size=dp_size, cp_size=cp_size,
-            max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple, cost=cost, on_oversize=on_oversize,
-            origin=as_origin(origin, n, dp_size), sync=sync,
-        )  # fmt: skip
+        return _dynamic_with_groups(scheduler, request, group_ids, grouped)
     return _static_with_groups(
-        scheduler, original, group_ids, grouped, dp_size=dp_size, cp_size=cp_size,
-        max_tokens_per_rank=max_tokens_per_rank, pad_multiple=pad_multiple, cost=cost, on_oversize=on_oversize,
-        origin=origin, sync=sync, together=check_bool("together", together),
-        equal_counts=check_bool("equal_counts", equal_counts), static_shapes=shapes,
-    )  # fmt: skip
+        scheduler,
+        request,
+        group_ids,
+        grouped,
+        check_bool("together", together),
+        check_bool("equal_counts", equal_counts),
+    )
 
 
 def _static_with_groups(
     scheduler: Scheduler,
-    original: np.ndarray,
+    request: Request,
     group_ids: np.ndarray,
     grouped: np.ndarray,
-    *,
-    dp_size: int,
-    cp_size: int,
-    max_tokens_per_rank: int,
-    pad_multiple: int,
-    cost: CostModel | GroupCost | None,
-    on_oversize: str,
-    origin: np.ndarray | None,
-    sync: str,
     together: bool,
     equal_counts: bool,
-    static_shapes: StaticShapes | None = None,
 ) -> Schedule:
     """:func:`schedule_groups` under static CP: groups to replicas by cost, then each
     replica's microbatches by ``scheduler`` (arguments checked by the caller)."""
-    n = original.shape[0]
-    capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank) * cp_size
-    full_capacity = capacity
-    if static_shapes is not None:
-        capacity = bucket_capacity(static_shapes, capacity)
-    effective, dropped, truncated = apply_oversize(original, capacity, pad_multiple, on_oversize)
-    origin_arr = as_origin(origin, n, dp_size)
+    dp_size, cp_size, pad_multiple = request.dp_size, request.cp_size, request.pad_multiple
+    capacity = request.capacity
+    effective, dropped, truncated = apply_oversize(request.lengths, capacity, pad_multiple, request.on_oversize)
     active = np.flatnonzero(effective > 0).astype(np.int64)
     padded = padded_lengths(effective[active], pad_multiple)
-    resolved = scheduler.resolve_cost(cost) or default_cost_model()
-    model = as_group_cost(resolved, cp_size).at(cp_size)
+    resolved = scheduler.resolve_cost(request.cost) or default_cost_model()
+    model = resolved.at(cp_size)
     costs = model.cost(padded)
     unit = group_units(group_ids[active], grouped[active])
     unit_tokens = np.bincount(unit, weights=padded).astype(np.int64) if active.size else np.zeros(0, np.int64)
@@ -162,20 +130,18 @@ def _static_with_groups(
     if equal_counts:
         _check_equal(np.bincount(unit) if active.size else np.zeros(0, np.int64), dp_size)
     replica_of_unit = assign_units(unit_costs, unit_tokens, dp_size, budget, equal=equal_counts)
-    replica = relabel_replicas(replica_of_unit[unit], origin_arr[active], padded, dp_size)
-    planner = _ReplicaPlanner(
-        scheduler, effective, full_capacity, cp_size, pad_multiple, cost, sync, together, static_shapes
-    )
+    replica = relabel_replicas(replica_of_unit[unit], request.origin[active], padded, dp_size)
+    planner = _ReplicaPlanner(scheduler, dataclasses.replace(request, lengths=effective), together)
     per_replica = planner.plan_all(active, replica, unit, padded, costs, dp_size)
     count = len(per_replica[0]) if per_replica else 0
     grid = [[np.sort(per_replica[d][m]) for d in range(dp_size)] for m in range(count)]
-    if static_shapes is not None and grid:  # `together` packs whole groups, by tokens alone
+    if request.static_shapes is not None and grid:  # `together` packs whole groups, by tokens alone
         every = padded_lengths(effective, pad_multiple)
         grid = fit_sequence_limit(
             grid,
             every,
             model.cost(every),
-            limit=static_shapes.max_real_sequences,
+            limit=request.static_shapes.max_real_sequences,
             capacity=capacity,
             keep_replica=True,
             round_multiple=int(getattr(scheduler, "microbatch_multiple", 1)),
@@ -183,21 +149,21 @@ def _static_with_groups(
     return Schedule.from_assignment(
         grid,
         lengths=effective,
-        original_lengths=original,
+        original_lengths=request.lengths,
         dp_size=dp_size,
         cp_size=cp_size,
-        max_tokens_per_rank=full_capacity // cp_size,
+        max_tokens_per_rank=request.max_tokens_per_rank,
         pad_multiple=pad_multiple,
         dropped=dropped,
         truncated=truncated,
-        origin=origin_arr,
+        origin=request.origin,
     )
 
 
 def _balanced_at(scheduler: BalancedScheduler, count: int) -> Scheduler:
     """``scheduler``'s settings at exactly ``count`` microbatches."""
     options: dict[str, Any] = {"num_microbatches": count, "locality": False}
-    for name in ("order", "objective", "max_repair_moves"):
+    for name in ("order", "max_repair_moves"):
         if getattr(scheduler, name, None) is not None:
             options[name] = getattr(scheduler, name)
     return BalancedScheduler(**options)
@@ -237,17 +203,12 @@ def _check_budget(
 
 @dataclasses.dataclass(frozen=True)
 class _ReplicaPlanner:
-    """Plans each replica's microbatches (module docstring, step 2)."""
+    """Plans each replica's microbatches (module docstring, step 2); ``request.lengths``
+    after the oversize policy."""
 
     scheduler: Scheduler
-    effective: np.ndarray
-    capacity: int
-    cp_size: int
-    pad_multiple: int
-    cost: CostModel | GroupCost | None
-    sync: str
+    request: Request
     together: bool
-    static_shapes: StaticShapes | None = None
 
     def plan_all(
         self, active: np.ndarray, replica: np.ndarray, unit: np.ndarray, padded: np.ndarray, costs: np.ndarray, dp: int
@@ -270,40 +231,21 @@ class _ReplicaPlanner:
         """Global ids of each microbatch of one replica holding ``ids``."""
         if not ids.size:
             return []
-        capacity = self.capacity
-        if self.static_shapes is not None:
-            capacity = bucket_capacity(self.static_shapes, capacity)
+        capacity = self.request.capacity
         if self.together:
             unit_tokens = np.bincount(unit, weights=padded)
             whole = np.where(unit_tokens[unit] <= capacity, unit, unit.max() + 1 + np.arange(unit.shape[0]))
             order = getattr(scheduler, "order", "heavy_first")
             return [ids[pos] for pos in pack_units(whole, padded, costs, capacity, order)]
-        plan = scheduler.schedule(
-            self.effective[ids],
-            dp_size=1,
-            cp_size=self.cp_size,
-            max_tokens_per_rank=self.capacity // self.cp_size,
-            pad_multiple=self.pad_multiple,
-            cost=self.cost,
-            sync=self.sync,
-            static_shapes=self.static_shapes,
+        alone = self.request.subset(
+            ids, dp_size=1, origin=np.zeros(ids.shape[0], np.int64), on_oversize=OnOversize.ERROR, bytes_per_token=None
         )
+        plan = scheduler.plan(alone)
         return [ids[row[0]] for row in plan.assignment]
 
 
 def _dynamic_with_groups(
-    scheduler: Scheduler,
-    original: np.ndarray,
-    group_ids: np.ndarray,
-    grouped: np.ndarray,
-    *,
-    dp_size: int,
-    cp_size: int,
-    max_tokens_per_rank: int,
-    pad_multiple: int,
-    cost: CostModel | GroupCost | None,
-    origin: np.ndarray,
-    **options: Any,
+    scheduler: Scheduler, request: Request, group_ids: np.ndarray, grouped: np.ndarray
 ) -> Schedule:
     """Groups under dynamic CP: one DP replica is its own block of ranks, ``d * cp .. d * cp
     + cp - 1`` (the CP group static CP would use), and every sequence of a group runs on it,
@@ -318,31 +260,27 @@ def _dynamic_with_groups(
         ScheduleError: A grouped sequence longer than ``cp_size`` ranks hold.
         ConfigError: ``cp_size`` not a group size the scheduler may use.
     """
-    mode = scheduler.group_sizes
+    mode, original, cp_size = scheduler.group_sizes, request.lengths, request.cp_size
     mine, free = np.flatnonzero(grouped), np.flatnonzero(~grouped)
-    _check_grouped(original, mine, cp_size, dp_size, max_tokens_per_rank, pad_multiple, mode)
-    limits: dict[str, Any] = dict(dp_size=dp_size, cp_size=cp_size, max_tokens_per_rank=max_tokens_per_rank)
-    chosen = cost if cost is not None else scheduler.resolve_cost(None)
-    static_cost = None if chosen is None else as_group_cost(chosen, cp_size).at(cp_size)
+    _check_grouped(original, mine, cp_size, request.dp_size, request.max_tokens_per_rank, request.pad_multiple, mode)
+    chosen = request.cost if request.cost is not None else scheduler.resolve_cost(None)
+    static_cost = None if chosen is None else chosen.at(cp_size)
     static = schedule_groups(
         BalancedScheduler(),
-        original[mine],
+        request.subset(
+            mine,
+            pad_multiple=group_pad_multiple(cp_size, request.pad_multiple),
+            cost=static_cost,
+            on_oversize=OnOversize.ERROR,
+            bytes_per_token=None,
+        ),
         group_ids[mine],
         np.ones(mine.shape[0], dtype=bool),
-        pad_multiple=group_pad_multiple(cp_size, pad_multiple),
-        cost=static_cost,
-        origin=origin[mine],
-        sync=options.get("sync", Sync.LOCKSTEP),
-        **limits,
     )
     # The replicas' blocks are groups the dynamic plan may use, padded by its rule.
-    parts, ids = [dataclasses.replace(static, group_sizes=mode, pad_multiple=pad_multiple)], [mine]
+    parts, ids = [dataclasses.replace(static, group_sizes=mode, pad_multiple=request.pad_multiple)], [mine]
     if free.size:
-        parts.append(
-            scheduler.schedule(
-                original[free], pad_multiple=pad_multiple, cost=cost, origin=origin[free], **limits, **options
-            )
-        )
+        parts.append(scheduler.plan(request.subset(free)))
         ids.append(free)
     return join_plans(parts, ids, original)
 
@@ -353,7 +291,7 @@ def _check_grouped(
     """Every grouped sequence fits its replica's ``cp`` ranks, and ``cp`` is a size the plan
     may use (else an error naming it)."""
     if cp not in allowed_group_sizes(dp * cp, mode).tolist():
-        raise ConfigError(f"group_id under dynamic CP needs cp_size={cp} a power of 2 or cp_group_sizes='any'")
+        raise ConfigError(f"group_id under dynamic CP needs cp_size={cp} a power of 2 or group_sizes='any'")
     padded = group_padded_lengths(lengths[ids], cp, pad)
     over = np.flatnonzero(padded > cp * capacity)
     if over.size:

@@ -18,6 +18,7 @@ from seqpack.cost import CostModel
 from seqpack.errors import ScheduleError
 from seqpack.schedulers import get_scheduler, predicted_step_time, static_shapes_by_cost
 from seqpack.schedulers.minibatches import schedule_minibatches
+from seqpack.schedulers.request import Request
 from seqpack.schedulers.sample_groups import schedule_groups
 from seqpack.stats import StepStats
 from seqpack.thd import StaticShapes
@@ -138,12 +139,12 @@ def test_every_plan_keeps_the_limits_and_places_every_id_once(request):
         elif r["how"] in ("groups", "together"):
             groups = np.random.default_rng(r["seed"]).integers(0, max(1, n // 3 + 1), size=n)
             plan = schedule_groups(
-                scheduler, lengths, groups, np.ones(n, bool), together=r["how"] == "together", **common
+                scheduler, Request.of(lengths, **common), groups, np.ones(n, bool), together=r["how"] == "together"
             )
         else:
             if n < r["dp"] * 2:
                 return
-            plan, _ = schedule_minibatches(scheduler, lengths, minibatches=2, **common)
+            plan, _ = schedule_minibatches(scheduler, Request.of(lengths, **common), minibatches=2)
     except ScheduleError as exc:
         # Only a step too small for the pad multiple, or a bucket ladder whose largest size
         # the pad multiple leaves no room in, may be refused.

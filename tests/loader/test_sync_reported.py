@@ -22,9 +22,9 @@ class _Recording(BalancedScheduler):
         super().__init__()
         self.planned_for: list[str] = []
 
-    def schedule(self, lengths, **kwargs):  # type: ignore[no-untyped-def]
-        self.planned_for.append(kwargs["sync"])
-        return super().schedule(lengths, **kwargs)
+    def plan(self, request):  # type: ignore[no-untyped-def]
+        self.planned_for.append(request.sync)
+        return super().plan(request)
 
 
 def test_the_default_is_lockstep_and_none_is_refused():

@@ -716,9 +716,9 @@ class _PayloadRecorder(BalancedScheduler):
         super().__init__()
         self.seen = []
 
-    def _plan(self, ids, lengths, **kwargs):
-        self.seen.append(kwargs["bytes_per_token"])
-        return super()._plan(ids, lengths, **kwargs)
+    def _plan(self, request):
+        self.seen.append(request.bytes_per_token)
+        return super()._plan(request)
 
 
 @pytest.mark.parametrize("minibatches", [1, 2])

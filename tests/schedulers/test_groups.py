@@ -15,6 +15,7 @@ from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, ScheduleError
 from seqpack.interop.verl import get_group_balanced_partitions
 from seqpack.schedulers import get_scheduler
+from seqpack.schedulers.request import Request
 from seqpack.schedulers.sample_groups import assign_units, group_units, schedule_groups
 from seqpack.thd import padded_lengths
 
@@ -38,7 +39,11 @@ def test_groups_stay_on_one_replica_every_sequence_once_capacity_held(case):
     lengths, groups, grouped, dp, pad, name, together = case
     scheduler = get_scheduler("balanced", order="pipeline") if name == "pipeline" else get_scheduler(name)
     plan = schedule_groups(
-        scheduler, lengths, groups, grouped, dp_size=dp, max_tokens_per_rank=128, pad_multiple=pad, together=together
+        scheduler,
+        Request.of(lengths, dp_size=dp, max_tokens_per_rank=128, pad_multiple=pad),
+        groups,
+        grouped,
+        together=together,
     )
     plan.validate(lengths, dp_size=dp, max_tokens_per_rank=128, pad_multiple=pad)  # once, capacity, limits
     replica, micro, _ = plan.placement()
@@ -55,9 +60,11 @@ def test_no_groups_and_all_groups_of_one_plan_the_same():
     lengths = rng.integers(1, 500, size=64)
     scheduler = get_scheduler("balanced")
     ones = schedule_groups(
-        scheduler, lengths, np.arange(64), np.ones(64, bool), dp_size=4, max_tokens_per_rank=1024
+        scheduler, Request.of(lengths, dp_size=4, max_tokens_per_rank=1024), np.arange(64), np.ones(64, bool)
     )  # every group a single sequence
-    none = schedule_groups(scheduler, lengths, np.zeros(64), np.zeros(64, bool), dp_size=4, max_tokens_per_rank=1024)
+    none = schedule_groups(
+        scheduler, Request.of(lengths, dp_size=4, max_tokens_per_rank=1024), np.zeros(64), np.zeros(64, bool)
+    )
     assert ones.fingerprint() == none.fingerprint()
 
 
@@ -88,7 +95,7 @@ def test_fixed_count_refuses_a_group_too_big_for_a_replica():
         match=r"group 5 holds 300 padded tokens in 3 sequence\(s\).*num_microbatches=2 x 128 tokens = 256",
     ):
         schedule_groups(
-            scheduler, lengths, np.array([5, 5, 5, 1]), np.ones(4, bool), dp_size=2, max_tokens_per_rank=128
+            scheduler, Request.of(lengths, dp_size=2, max_tokens_per_rank=128), np.array([5, 5, 5, 1]), np.ones(4, bool)
         )
 
 
@@ -97,12 +104,9 @@ def test_replicas_planned_again_at_the_common_count_spread_their_work():
     lengths = np.array([120, 120, 120, 10, 10, 10])
     plan = schedule_groups(
         get_scheduler("balanced"),
-        lengths,
+        Request.of(lengths, dp_size=2, max_tokens_per_rank=128, cost=CostModel(1.0, 0.0)),
         np.array([0, 0, 0, 1, 2, 3]),
         np.ones(6, bool),
-        dp_size=2,
-        max_tokens_per_rank=128,
-        cost=CostModel(1.0, 0.0),
     )
     assert plan.num_microbatches == 3
     light = 1 - plan.placement()[0][0]
@@ -164,9 +168,13 @@ def test_equal_counts_gives_every_replica_as_many_sequences(case, group_size):
     lengths = lengths[:n]
     groups = np.repeat(np.arange(n // group_size), group_size)
     plan = schedule_groups(
-        get_scheduler("balanced"), lengths, groups, np.ones(n, bool), dp_size=dp, max_tokens_per_rank=128,
-        pad_multiple=pad, together=together, equal_counts=True,
-    )  # fmt: skip
+        get_scheduler("balanced"),
+        Request.of(lengths, dp_size=dp, max_tokens_per_rank=128, pad_multiple=pad),
+        groups,
+        np.ones(n, bool),
+        together=together,
+        equal_counts=True,
+    )
     plan.validate(lengths)
     replica = plan.placement()[0]
     assert np.bincount(replica, minlength=dp).tolist() == [n // dp] * dp
@@ -183,9 +191,12 @@ def test_equal_counts_balances_like_the_unconstrained_plan_on_grpo_shapes():
     bound = costs.sum() / 8
     for equal in (False, True):
         plan = schedule_groups(
-            get_scheduler("balanced"), lengths, groups, np.ones(256, bool), dp_size=8, max_tokens_per_rank=16384,
-            cost=cost, equal_counts=equal,
-        )  # fmt: skip
+            get_scheduler("balanced"),
+            Request.of(lengths, dp_size=8, max_tokens_per_rank=16384, cost=cost),
+            groups,
+            np.ones(256, bool),
+            equal_counts=equal,
+        )
         busiest = np.bincount(plan.placement()[0], weights=costs, minlength=8).max()
         assert busiest / bound < 1.02, (equal, busiest / bound)
 
@@ -193,9 +204,12 @@ def test_equal_counts_balances_like_the_unconstrained_plan_on_grpo_shapes():
 def test_equal_counts_refuses_what_cannot_be_equal():
     with pytest.raises(ScheduleError, match="3 groups of 1..2 sequences for dp_size=2"):
         schedule_groups(
-            get_scheduler("balanced"), np.array([5, 5, 5, 5]), np.array([0, 0, 1, 2]), np.ones(4, bool),
-            dp_size=2, max_tokens_per_rank=64, equal_counts=True,
-        )  # fmt: skip
+            get_scheduler("balanced"),
+            Request.of(np.array([5, 5, 5, 5]), dp_size=2, max_tokens_per_rank=64),
+            np.array([0, 0, 1, 2]),
+            np.ones(4, bool),
+            equal_counts=True,
+        )
 
 
 def test_min_and_multiple_microbatches_and_order_hold_with_groups():
@@ -203,7 +217,9 @@ def test_min_and_multiple_microbatches_and_order_hold_with_groups():
     lengths = rng.integers(10, 300, size=48)
     groups = np.repeat(np.arange(12), 4)
     scheduler = get_scheduler("balanced", min_microbatches=5, microbatch_multiple=2, order="pipeline")
-    plan = schedule_groups(scheduler, lengths, groups, np.ones(48, bool), dp_size=2, max_tokens_per_rank=1024)
+    plan = schedule_groups(
+        scheduler, Request.of(lengths, dp_size=2, max_tokens_per_rank=1024), groups, np.ones(48, bool)
+    )
     plan.validate(lengths)
     assert plan.num_microbatches >= 5 and plan.num_microbatches % 2 == 0
     cost = scheduler.resolve_cost(None)
@@ -224,9 +240,12 @@ def test_minibatches_each_balanced_alone_no_sample_crossing(with_groups):
     grouped = np.ones(96, bool) if with_groups else None
     scheduler = get_scheduler("balanced")
     plan, starts = schedule_minibatches(
-        scheduler, lengths, minibatches=3, dp_size=4, max_tokens_per_rank=1024, origin=origin,
-        group_ids=groups, grouped=grouped,
-    )  # fmt: skip
+        scheduler,
+        Request.of(lengths, dp_size=4, max_tokens_per_rank=1024, origin=origin),
+        minibatches=3,
+        group_ids=groups,
+        grouped=grouped,
+    )
     plan.validate(lengths, dp_size=4, max_tokens_per_rank=1024)
     which = minibatch_of(origin, 3)
     assert len(starts) == 4 and starts[0] == 0 and starts[-1] == plan.num_microbatches
@@ -239,4 +258,6 @@ def test_minibatches_each_balanced_alone_no_sample_crossing(with_groups):
         if not with_groups:
             assert starts[j + 1] - starts[j] == alone.num_microbatches
     with pytest.raises(ConfigError, match="mini-batch 2 of 3 holds no sample"):
-        schedule_minibatches(scheduler, np.array([5, 6, 7, 8]), minibatches=3, dp_size=2, max_tokens_per_rank=64)
+        schedule_minibatches(
+            scheduler, Request.of(np.array([5, 6, 7, 8]), dp_size=2, max_tokens_per_rank=64), minibatches=3
+        )

@@ -55,13 +55,14 @@ from test_exact import TIGHT
 from test_quality import verl_lengths
 
 from seqpack.cli.warm import plan_family
-from seqpack.cost import CostModel, GroupCost, default_cost_model
+from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError
 from seqpack.mock_data import lognormal_lengths
 from seqpack.mock_data.lengths import bimodal_lengths, pareto_lengths, uniform_lengths
 from seqpack.schedulers import get_scheduler
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.minibatches import schedule_minibatches
+from seqpack.schedulers.request import Request
 from seqpack.schedulers.sample_groups import schedule_groups
 
 # The fuzz's worth is its checked runs: compiled without bounds checks (./dev test) it would
@@ -481,9 +482,9 @@ _GROUP_COSTS = st.builds(
     dataclasses.replace,
     st.sampled_from(
         [
-            GroupCost(CostModel(1.0, 0.0, 10.0)),
-            GroupCost(CostModel(1.0, 0.05, 5.0), ring_step=2.0, ring_token=0.2, ring_token_inter=1.0),
-            GroupCost(CostModel(0.1, 0.01, 0.0), ring_step=0.5, ring_token=0.05),
+            CostModel(1.0, 0.0, 10.0, reference_size=1),
+            CostModel(1.0, 0.05, 5.0, ring_step=2.0, ring_token=0.2, ring_token_inter=1.0, reference_size=1),
+            CostModel(0.1, 0.01, 0.0, ring_step=0.5, ring_token=0.05, reference_size=1),
         ]
     ),
     ranks_per_node=st.integers(1, 9),  # one rank per node (issue 39) to nodes wider than the plane
@@ -523,13 +524,19 @@ def test_random_groups_and_minibatches(step, group_size, together, minibatches):
     scheduler = get_scheduler("balanced")
     with checked_kernels():
         if minibatches is None or n < minibatches * step["dp_size"]:
-            schedule = schedule_groups(scheduler, step.pop("lengths"), groups, np.ones(n, bool), together=together,
-                                       **step)  # fmt: skip
+            schedule = schedule_groups(
+                scheduler, Request.of(step.pop("lengths"), **step), groups, np.ones(n, bool), together=together
+            )
         else:
             try:
-                schedule, _ = schedule_minibatches(scheduler, step.pop("lengths"), minibatches=minibatches,
-                                                   group_ids=groups, grouped=np.ones(n, bool), together=together,
-                                                   **step)  # fmt: skip
+                schedule, _ = schedule_minibatches(
+                    scheduler,
+                    Request.of(step.pop("lengths"), **step),
+                    minibatches=minibatches,
+                    group_ids=groups,
+                    grouped=np.ones(n, bool),
+                    together=together,
+                )
             except ConfigError as exc:  # a rank holding fewer (whole) groups than mini-batches: refused by name
                 assert "holds no sample: read more samples per step" in str(exc)
                 return
@@ -572,7 +579,7 @@ def _reaching_steps() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
 @large
 @pytest.mark.slow
 def test_fixed_steps_reach_and_compare_every_kernel():
-    ring = GroupCost(CostModel(0.1, 0.01, 0.0), ring_step=0.5, ring_token=0.05, ranks_per_node=4)
+    ring = CostModel(0.1, 0.01, 0.0, ring_step=0.5, ring_token=0.05, ranks_per_node=4, reference_size=1)
     with checked_kernels() as log:
         for name, options, step in _reaching_steps():
             _schedule_and_validate(name, options, step)

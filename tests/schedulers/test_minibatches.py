@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from seqpack.schedulers import get_scheduler
+from seqpack.schedulers.request import Request
 
 
 def test_minibatches_with_equal_counts_give_every_replica_as_many_in_each():
@@ -15,9 +16,11 @@ def test_minibatches_with_equal_counts_give_every_replica_as_many_in_each():
     lengths = rng.integers(5, 400, size=48)
     origin = np.repeat(np.arange(4), 12)
     plan, starts = schedule_minibatches(
-        get_scheduler("balanced"), lengths, minibatches=2, dp_size=4, max_tokens_per_rank=1024, origin=origin,
+        get_scheduler("balanced"),
+        Request.of(lengths, dp_size=4, max_tokens_per_rank=1024, origin=origin),
+        minibatches=2,
         equal_counts=True,
-    )  # fmt: skip
+    )
     for a, b in zip(starts[:-1], starts[1:], strict=True):
         per_replica = [sum(int(row[r].size) for row in plan.assignment[a:b]) for r in range(4)]
         assert per_replica == [6] * 4  # 24 sequences per mini-batch over 4 replicas

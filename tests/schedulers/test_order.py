@@ -8,6 +8,7 @@ import pytest
 
 from seqpack.schedulers import get_scheduler
 from seqpack.schedulers.balanced import round_position
+from seqpack.schedulers.request import Request
 from seqpack.schedulers.sample_groups import schedule_groups
 
 
@@ -51,11 +52,9 @@ def test_as_planned_with_groups_keeps_groups_whole():
     groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])
     sched = schedule_groups(
         get_scheduler("balanced", order="as_planned"),
-        lengths,
+        Request.of(lengths, dp_size=2, max_tokens_per_rank=64),
         groups,
         np.ones(8, bool),
-        dp_size=2,
-        max_tokens_per_rank=64,
         together=True,
     )
     replica, micro, _ = sched.placement()

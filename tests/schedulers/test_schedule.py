@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.errors import SampleError, ScheduleError, SeqpackTypeError
 from seqpack.options import GroupSizes
 from seqpack.schedulers import Schedule, ScheduleLimits, get_scheduler, plan_dynamic_cp, predicted_step_time
@@ -84,19 +84,19 @@ def test_predicted_step_time_refuses_a_schedule_of_other_lengths():
 
 
 def test_one_predicted_step_time_for_static_and_dynamic_plans():
-    cost = GroupCost(CostModel(1e-6, 1e-12, 1e-4), ring_step=1e-4, ring_token=1e-8)
+    cost = CostModel(1e-6, 1e-12, 1e-4, ring_step=1e-4, ring_token=1e-8, reference_size=1)
     plan = plan_dynamic_cp([9000, 300, 200, 100], dp_size=2, cp_size=2, max_tokens_per_rank=4096, cost=cost)
     assert isinstance(plan, Schedule) and plan.group_sizes == GroupSizes.POW2
     assert predicted_step_time(plan, cost) > 0
-    with pytest.raises(SeqpackTypeError, match="must be a seqpack CostModel or GroupCost"):
+    with pytest.raises(SeqpackTypeError, match="cost must be a seqpack.CostModel, got str"):
         predicted_step_time(plan, "flops")
     # A plain CostModel is a microbatch's cost on the static group: a static plan's time is
-    # its microbatches' costs, and GroupCost.from_static of it gives the same figure.
+    # its microbatches' costs, and the same model with its reference size given agrees.
     s = _schedule()
     model = CostModel(1.0, 0.01, 2.0)
     rounds = [max(model.microbatch_cost(s.lengths[ids]) for ids in row) for row in s.assignment]
     assert predicted_step_time(s, model) == pytest.approx(sum(rounds), rel=1e-12)
-    assert predicted_step_time(s, GroupCost.from_static(model, 1)) == predicted_step_time(s, model)
+    assert predicted_step_time(s, dataclasses.replace(model, reference_size=1)) == predicted_step_time(s, model)
 
 
 def test_a_flat_grid_is_the_same_schedule_as_its_rows():
@@ -128,8 +128,9 @@ def test_balanced_hands_its_plan_over_flat():
 
     ids = np.arange(40, dtype=np.int64)
     lengths = (np.arange(40) * 37 % 900 + 50).astype(np.int64)
-    rounds, _ = BalancedScheduler()._plan(
-        ids, lengths, dp_size=4, capacity=2048, pad_multiple=1, cost=None, origin=ids % 4
-    )  # fmt: skip
+    from seqpack.schedulers.request import Request
+
+    request = Request.of(lengths, dp_size=4, max_tokens_per_rank=2048, origin=ids % 4)
+    rounds, _ = BalancedScheduler()._plan(request)
     assert isinstance(rounds, Grid)
     assert sorted(np.concatenate([c for row in rounds for c in row]).tolist()) == ids.tolist()

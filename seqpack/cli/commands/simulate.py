@@ -152,10 +152,9 @@ def _schedule_steps(
             empty = int(np.count_nonzero(batch == 0))
             batch = batch[batch > 0]
             for name, sched in built.items():
-                payload: dict[str, Any] = {"bytes_per_token": bytes_per_token} if sched.uses_bytes_per_token else {}
                 bar.update(0, step=step, planning=name)  # what runs (a plan at dp=10**7 takes a minute)
                 with PeakMemory() as peak:
-                    s = sched.schedule(batch, **limits, **payload)
+                    s = sched.schedule(batch, **limits, bytes_per_token=bytes_per_token)
                 st = StepStats.from_schedule(
                     s, limits["cost"], empty_samples=empty, bytes_per_token=bytes_per_token, sync=limits["sync"]
                 )

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.cost import CostModel, GroupCost, default_cost_model
+from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.options import Order, Sync
+from seqpack.options import Order
 from seqpack.packing.packer import pack_lengths
 from seqpack.schedulers.balanced.exact import bin_lower_bound
 from seqpack.schedulers.balanced.locality import AUTO, TOLERANCE, locality_pays, plan_local
@@ -16,7 +16,7 @@ from seqpack.schedulers.balanced.plan import plan_balanced
 from seqpack.schedulers.balanced.rounds import BalancedPlan, _rounds, round_position
 from seqpack.schedulers.balanced.stages import DEFAULT, Stages
 from seqpack.schedulers.base import GridScheduler
-from seqpack.schedulers.request import check_microbatches
+from seqpack.schedulers.request import Request, check_microbatches
 from seqpack.schedulers.schedule import Grid
 from seqpack.schedulers.static_limits import BucketPrice
 from seqpack.thd import padded_lengths
@@ -86,12 +86,10 @@ class BalancedScheduler(GridScheduler):
             raise SeqpackTypeError(f"stages must be a seqpack.schedulers.balanced.stages.Stages, got {stages!r}")
         self.stages = stages
 
-    def resolve_cost(self, cost: CostModel | GroupCost | None) -> CostModel | GroupCost:
+    def resolve_cost(self, cost: CostModel | None) -> CostModel:
         """The cost model this scheduler balances: ``cost``, or the default model's FLOPs."""
         return default_cost_model() if cost is None else cost
 
-    uses_sync = True
-    uses_bytes_per_token = True
     uses_static_shapes = True
 
     def _fixed_rounds(self) -> int | None:
@@ -108,21 +106,11 @@ class BalancedScheduler(GridScheduler):
             return bool(self.locality)
         return locality_pays(bytes_per_token, sequences=sequences, tokens=tokens, dp_size=dp_size)
 
-    def _plan(  # takes sync (uses_sync)
-        self,
-        ids: np.ndarray,
-        lengths: np.ndarray,
-        *,
-        dp_size: int,
-        capacity: int,
-        pad_multiple: int,
-        cost: CostModel | None,
-        origin: np.ndarray,
-        sync: str = Sync.LOCKSTEP,
-        bytes_per_token: float | None = None,
-        static_shapes: StaticShapes | None = None,
-    ) -> tuple[Grid, np.ndarray]:
-        model = default_cost_model() if cost is None else cost  # a GroupCost was made this one by the base
+    def _plan(self, request: Request) -> tuple[Grid, np.ndarray]:
+        ids, lengths, origin = np.arange(request.num_sequences, dtype=np.int64), request.lengths, request.origin
+        dp_size, capacity, sync, static_shapes = request.dp_size, request.capacity, request.sync, request.static_shapes
+        cost = request.cost
+        model = default_cost_model() if cost is None else cost  # the base took it at the static CP group
         # Under static_shapes: at least ceil(N / (dp * max_real_sequences)) microbatches, and
         # counts compared with each microbatch's bucket padding priced (static_limits).
         min_microbatches = self.min_microbatches
@@ -136,7 +124,7 @@ class BalancedScheduler(GridScheduler):
                 microbatch_multiple=self.microbatch_multiple,
                 num_microbatches=self.num_microbatches,
             )
-        padded = padded_lengths(lengths, pad_multiple)
+        padded = padded_lengths(lengths, request.pad_multiple)
         costs = model.cost(padded)
         with np.errstate(over="ignore"):
             step_cost = float(costs.sum()) + model.constant * max(dp_size, 1)
@@ -165,7 +153,10 @@ class BalancedScheduler(GridScheduler):
         )
         replica = self.stages.relabel(plan.replica_of, origin, padded, dp_size)
         if self.uses_locality(
-            sequences=padded.shape[0], tokens=int(padded.sum()), dp_size=dp_size, bytes_per_token=bytes_per_token
+            sequences=padded.shape[0],
+            tokens=int(padded.sum()),
+            dp_size=dp_size,
+            bytes_per_token=request.bytes_per_token,
         ):
             plan, replica = self._keep_home(plan, replica, padded, costs, origin, capacity, model.constant, sync)
         m_count = plan.num_microbatches
