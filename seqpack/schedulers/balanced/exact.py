@@ -1,32 +1,16 @@
-"""Tight packings: a lower bound on the number of bins and a bounded exact search.
+"""Tight packings: a lower bound on the number of bins and a bounded exact search, which
+``balanced`` asks before adding a microbatch when every greedy bin rule fails at ``M``.
 
-``balanced`` packs with greedy rules (cost-targeted LPT, worst-fit, first-fit decreasing).
-When every rule fails at ``M`` rounds although the tokens would fit, the sequences may still
-fit: first-fit decreasing can need up to 11/9 of the optimal number of bins. Before adding a
-microbatch, ``balanced`` asks this module:
+* :func:`bin_lower_bound`: Martello and Toth's ``L2`` bound on the bins of ``capacity``
+  tokens any packing needs (at least ``ceil(sum / capacity)``).
+* :func:`pack_bins`: a depth-first search, longest sequence first, one bin per distinct
+  free room, pruned when the room no remaining sequence can use exceeds the slack. It finds
+  a packing, proves that none exists, or gives up after ``max_work`` bin visits. Where the
+  bins hold at most ``FEW_PER_BIN`` items on average it first gets ``FIRST_WORK`` visits,
+  then bin completion (:func:`seqpack.schedulers._kernels.bin_search.complete_bins`) gets
+  ``max_work`` steps, then the item search its whole budget.
 
-* :func:`bin_lower_bound`: Martello and Toth's ``L2`` bound on the number of bins of
-  ``capacity`` tokens any packing needs (at least the token bound ``ceil(sum / capacity)``;
-  larger when many sequences exceed half a bin and cannot share one), so ``M`` starts where
-  it can possibly fit;
-* :func:`pack_bins`: a depth-first search that places sequences longest first, each into a
-  bin of each distinct free room in turn (best fit first; bins with equal room are
-  interchangeable, so only one of them is tried; a sequence as long as the previous one
-  goes to a bin of no lower index), pruning a branch as soon as the room no remaining
-  sequence can use exceeds the slack (a bin's whole room below the shortest sequence; in a
-  bin that can take one or two more at most, the room the fullest such fill would leave).
-  It finds a packing, proves that none exists, or gives up after a bounded amount of work
-  (``max_work`` bin visits, ~1-10 ms).
-
-When the bins hold few items each (at most ``FEW_PER_BIN`` on average), the item search
-first gets ``FIRST_WORK`` visits only; where it gives up, bin completion
-(:func:`seqpack.schedulers._kernels.bin_search.complete_bins`: one bin at a time, undominated sets
-wasting the least first) gets ``max_work`` steps, and where that gives up too, the item
-search its whole budget (so every packing it found alone, it still finds). On verl-style
-tight batches (25 sequences of 50-90 tokens in bins of 300, 2,000 seeds) this packs every
-batch into the fewest bins that hold it (the item search alone missed 12).
-
-Every result is deterministic (no randomness, ties by index).
+Deterministic (ties by index). docs/cost_models.md ("Tight packings") has the measurements.
 """
 
 from __future__ import annotations
@@ -131,7 +115,7 @@ def pack_bins(
 
 def _longest_first(lengths: np.ndarray) -> np.ndarray:
     """Positions of ``lengths`` longest first, ties by index: a stable sort of ``max - length``,
-    numpy's radix sort when that fits 16 bits (4-5x a comparison sort at a million)."""
+    numpy's radix sort when that fits 16 bits."""
     top = int(lengths.max())
     if 0 <= int(lengths.min()) and top < 1 << 16:
         return np.argsort((top - lengths).astype(np.uint16), kind="stable").astype(np.int64)
@@ -164,9 +148,6 @@ def _cannot_find(sizes: np.ndarray, num_bins: int, capacity: int, max_work: int)
       least ``2 * num_bins * (n - 1)``;
     * bin completion adds ``2 * nv`` (``nv`` distinct sizes) and checks before it fills
       each bin, and a packing fills at least ``ceil(sum / capacity)`` of them.
-
-    A million sequences in 200,000 bins: neither can place them within 4,000,000 steps, and
-    running both to give up cost 40-50 ms of a plan (docs/scale.md).
     """
     n = sizes.shape[0]
     distinct = int(np.count_nonzero(sizes[1:] != sizes[:-1])) + 1

@@ -1,57 +1,23 @@
 """Locality: plans that leave samples on the DP rank that read them, at no cost in step time.
 
-Every DP rank reads its own samples; whatever the schedule places elsewhere crosses the
-network in the step's all-to-all. ``balanced`` packs for balance alone and then renames
-replicas (:func:`~seqpack.schedulers.balanced.relabel_replicas`), which keeps only what
-happens to overlap: at scale nearly all of the payload moves. Each rank's samples are close
-to a fair share in expectation, so a plan that starts from where samples are only needs to
-move the difference.
+:func:`plan_local` builds plans at the reference plan's microbatch count (the one
+``balanced`` made for balance alone) and keeps one whose predicted step time under the
+sync (:func:`~seqpack.schedulers.step_objective`) is within ``tolerance`` of the
+reference's and which moves fewer tokens; otherwise the reference stands. It never changes
+which sequences a step holds or how many microbatches it runs, only where they run.
 
-:func:`plan_local` builds such plans at the microbatch count of the reference plan (the one
-``balanced`` made for balance alone) and keeps one whose predicted step time
-(under the sync the plan is made for, :func:`~seqpack.schedulers.step_objective`) is within ``tolerance``
-(0.1%) of the reference's and which moves fewer tokens; otherwise the reference stands.
-Locality never changes which sequences a step holds or how many microbatches it runs, only
-where sequences run.
+* Per-replica layout (:func:`seqpack.schedulers._kernels.grid_local`; first under
+  ``sync="replica"`` and for lockstep steps of one or two microbatches): each sequence,
+  longest first, to its own rank's emptiest microbatch while within ``home_fill`` of its
+  cost target and the mean tokens, else LPT; then the replica repair.
+* Home swaps (:func:`home_swapped`): from the reference, replicas renamed, sequences come
+  home by moves and same-cost swaps (one for one, or for two) while every microbatch stays
+  within ``1 + 0.9 * tolerance`` of its round's heaviest and every replica of the busiest.
 
-* Per-replica layout (tried first under ``sync="replica"``: DDP, ZeRO-1, pipeline, where the step
-  waits for the busiest replica; and for lockstep steps of one or two microbatches):
-  :func:`seqpack.schedulers._kernels.grid_local` gives microbatch ``(m, d)`` to replica
-  ``d``; sequences, longest first, go to their own rank's emptiest microbatch while it stays
-  within ``home_fill`` (0.9) of its cost target and within the mean tokens, otherwise to the
-  emptiest microbatch anywhere (LPT), which hands each rank's excess to ranks below their
-  share. The replica repair evens out the rest, until the busiest replica is within half
-  the tolerance of the reference's. About a fifth of the tokens move. It cannot serve lockstep steps
-  (FSDP: every round waits for its slowest replica): a replica's microbatches,
-  a few sequences each, cannot all match the other replicas' within 0.1%, and at
-  thousands of replicas some always miss (the rounds end 0.5-1.5% slower).
-* Home swaps (:func:`home_swapped`; lockstep steps, and under replica sync when the
-  per-replica layout is over the tolerance or moves more than a third of the tokens, the
-  plan that moves less is kept):
-  start from the reference itself, replicas renamed, and bring sequences home one by one
-  (:func:`seqpack.schedulers._kernels.home_swaps`, one pass): a sequence away from its rank
-  moves into one of its rank's microbatches, or trades places with a sequence there of
-  about the same cost, or else with two sequences of one microbatch there that together
-  cost about the same, when both microbatches stay within ``1 + 0.9 * tolerance`` of their
-  round's heaviest in the reference and both replicas within that of the busiest. The
-  reference's balance is kept by construction (every cap holds after every change), so
-  the predicted step time grows by at most 0.09%. About a third of the tokens still move,
-  against 93-96% in the reference.
-
-When it pays (``BalancedScheduler(locality="auto")``, the default): every rank plans the
-whole step, so locality costs each rank its plan time, about :data:`PLAN_SECONDS_PER_SEQUENCE`
-(1 us) per sequence of the step (``benchmarks/ablation.py``: 0.5-3.9 us on a loaded 2-core
-VM, 0.76 us at 16,384 replicas on a quiet one), and saves it sending the tokens it keeps
-home, about :data:`KEPT_HOME` (half) of the rank's share (measured 17-69 points of all
-tokens), over a link of :data:`LINK_BYTES_PER_SECOND` (25 GB/s,
-200 Gb/s InfiniBand). :func:`locality_pays` runs it where the second is larger at the
-samples' bytes per token (:func:`break_even_bytes_per_token`: ``5e4 * dp / mean tokens per
-sequence`` bytes per token): 12,500 for 4K-token sequences at 1,024 replicas, 780 at 64,
-so never for token ids (8-28 bytes a token) beyond two replicas of 5,000-token sequences;
-per-token payloads of hundreds or thousands of bytes (embeddings, teacher logits) turn it on
-at small dp.
-
-docs/scale.md has the measurements.
+:func:`locality_pays` (``locality="auto"``) runs it where the bytes it keeps home
+(:data:`KEPT_HOME` of a rank's share, over :data:`LINK_BYTES_PER_SECOND`) outweigh the
+plan time (:data:`PLAN_SECONDS_PER_SEQUENCE` per sequence): above
+:func:`break_even_bytes_per_token` bytes per token. docs/scale.md has the measurements.
 """
 
 from __future__ import annotations

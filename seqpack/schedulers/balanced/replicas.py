@@ -1,16 +1,8 @@
-"""Replica-first planning for ``objective="replicas"`` (``sync="replica"``): when the
-grid plan (bins first, then replicas, then the repair) leaves the busiest replica above
-its bound, partition the sequences into replicas first and pack each replica's
-microbatches as it goes, and keep it when its busiest replica is lighter and within 1% of
-the bound (:func:`keep_lighter`).
-
-Why: the grid deals whole bins to replicas, and the repair then moves single sequences off
-the busiest replica within a bounded number of moves. Under heavy tails (a few sequences
-that fill a microbatch and cost as much as a whole replica's share) each replica holding
-one of them also gets full bins in its other rounds, and the repair must move hundreds of
-short sequences one at a time; it stops at its move budget ~10% above the bound.
-Longest-processing-time over replicas (each sequence, costliest first, to the lightest
-replica with a microbatch it fits, best fit inside) reaches the bound there directly.
+"""Replica-first planning (``sync="replica"``): when the grid plan (bins first, then
+replicas, then the repair) leaves the busiest replica above its bound, partition the
+sequences into replicas first (each, costliest first, to the lightest replica with a
+microbatch it fits, best fit inside) and keep that plan when its busiest replica is lighter
+and within 1% of the bound (:func:`keep_lighter`). Heavy tails need it (docs/schedulers.md).
 """
 
 from __future__ import annotations
