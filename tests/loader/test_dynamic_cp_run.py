@@ -13,15 +13,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack.collective.cp_groups import CpGroups, new_cp_groups, plane_blocks
-from seqpack.collective.exchange import _dualchunk_runs, plan_shard_exchange
+from seqpack.collective.exchange import plan_shard_exchange
 from seqpack.cost import CostModel, GroupCost
 from seqpack.errors import ConfigError
+from seqpack.options import CpLayout
 from seqpack.schedulers import Schedule, predicted_step_time
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp.pieces import plan_pieces, shard_layout
 from seqpack.stats import StepStats, moved_tokens
 from seqpack.thd import group_pad_multiple, pack_sequences
-from seqpack.thd.cp import partition_indices, shard_for_cp
+from seqpack.thd.cp import held_runs, partition_indices, run_indices, shard_for_cp
 from seqpack.topology import Topology
 
 COST = GroupCost(CostModel(1.0, 1e-3, 1e-5), ring_step=0.5, ring_token=2e-3, ranks_per_node=4)
@@ -106,7 +107,7 @@ def test_dualchunk_runs_are_the_partition_of_each_sequence(lengths, size, pad):
     cu = whole.cu_seqlens_padded.to(torch.int64).numpy()
     for j in range(size):
         base, length = cu[:-1], cu[1:] - cu[:-1]
-        index = _dualchunk_runs(base, length, np.full(len(lengths), size), np.full(len(lengths), j))
+        index = run_indices(*held_runs(base, length, size, j, CpLayout.DUALCHUNK)).numpy()
         expected = partition_indices(whole.cu_seqlens_padded, int(cu[-1]), size, j)
         assert index.tolist() == expected.tolist()
         assert torch.equal(whole.input_ids[torch.from_numpy(index)], shard_for_cp(whole, size, j).input_ids)
