@@ -113,7 +113,7 @@ def test_token_layout_documented_example():
     chunks=st.lists(st.integers(0, 4), min_size=1, max_size=8),
 )
 @pytest.mark.slow
-def test_partition_and_gather_order_built_on_the_layout_match_te_with_empty_sequences(cp, chunks):
+def test_partition_and_gather_order_match_te_with_empty_sequences(cp, chunks):
     cu = [0]
     for c in chunks:
         cu.append(cu[-1] + 2 * cp * c)
