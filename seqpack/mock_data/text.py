@@ -2,8 +2,7 @@
 
 ``stdlib_corpus()`` reads them through pyarrow's filesystem layer, byte-tokenizes them and
 cuts them into documents at module- and class-level definitions (functions, methods,
-classes), so the
-length distribution is real rather than drawn from a formula. ``TokenDataset`` serves any
+classes), so the length distribution is real rather than drawn from a formula. ``TokenDataset`` serves any
 table with an ``input_ids`` list column (or a ``text`` string column) as map-style samples,
 including a user's own Parquet file.
 """
