@@ -1,29 +1,18 @@
 """Groups that stay together: every sequence of a group on one DP replica (and, with
-``together``, in one microbatch when the group fits one).
+``together``, in one microbatch when the group fits one), for RL batches whose groups must
+not be split (GRPO responses of one prompt, DPO pairs). :func:`schedule_groups` plans them
+on top of any :class:`~seqpack.schedulers.Scheduler`:
 
-RL batches come in groups that must not be split: the responses of one prompt (GRPO, prefix
-sharing, group-normalised advantages), chosen / rejected pairs (DPO, reward models).
-:func:`schedule_groups` plans them on top of any :class:`~seqpack.schedulers.Scheduler`:
+1. **Replicas.** Whole groups (a sequence without a group is a group of one) to replicas by
+   LPT on cost, refined by moves and swaps (:func:`~seqpack.schedulers.group_placement.assign_units`);
+   with a fixed microbatch count a replica holds at most ``num_microbatches * capacity``.
+2. **Microbatches.** The scheduler plans each replica alone (``dp_size=1``), every replica
+   at the largest count any needs (``"balanced"`` plans the others again at that count;
+   other schedulers get empty microbatches). ``together`` packs the groups that fit one
+   microbatch whole (:func:`~seqpack.schedulers.group_placement.pack_units`).
+3. **Locality.** Replicas are renamed to the DP rank already holding most of their tokens.
 
-1. **Replicas.** Groups (a sequence without a group is a group of one) are assigned whole to
-   replicas by LPT on their cost (costliest first, each to the replica with the least cost so
-   far), then refined by moving one group, or swapping two, between the busiest replica and
-   another (lightest first) while the busier of the two gets lighter
-   (:func:`~seqpack.schedulers.group_placement.assign_units`). With a fixed
-   microbatch count (the scheduler's ``num_microbatches``) a replica holds at most
-   ``num_microbatches * capacity`` padded tokens: a group larger than that is an error naming
-   it, and LPT places a group only where it fits while some replica has room.
-2. **Microbatches.** The scheduler plans each replica's sequences alone (``dp_size=1``).
-   Every replica runs the largest count any of them needs: with ``"balanced"`` the others are
-   planned again at that count (their work spread over as many microbatches); other
-   schedulers get empty microbatches appended (padding-only fillers). With ``together``,
-   the groups that fit one microbatch are packed whole instead, by LPT on cost into the
-   fewest microbatches that hold them (:func:`~seqpack.schedulers.group_placement.pack_units`);
-   larger groups are split into their sequences.
-3. **Locality.** Replicas are renamed so that each runs on the DP rank already holding most
-   of its tokens (:func:`~seqpack.schedulers.balanced.relabel_replicas`).
-
-The balance this costs is measured in docs/rl.md (64 prompts x 8 responses).
+docs/rl.md describes it and measures what it costs.
 """
 
 from __future__ import annotations

@@ -43,13 +43,10 @@ class BalancedScheduler(GridScheduler):
         max_repair_moves: Cap on the repair pass (default ``8 * dp + 64``; 0 disables it).
         locality: Keep sequences on the DP rank that read them where that predicts at
             most ``locality_tolerance`` more step time, at the same microbatch count
-            (:mod:`seqpack.schedulers.balanced.locality`). ``"auto"`` (default): only where
-            the bytes it keeps home are worth its plan time
-            (:func:`~seqpack.schedulers.balanced.locality.locality_pays`, from the
-            ``bytes_per_token`` of the samples the wrapper passes to ``schedule``: token
-            ids, labels and a loss mask, ~20 bytes a token, keep it off beyond a few
-            replicas). ``True``: always; ``False``: plan for balance alone, then only
-            rename replicas.
+            (:mod:`seqpack.schedulers.balanced.locality`). ``"auto"`` (default): where the
+            request's ``bytes_per_token`` make it pay
+            (:func:`~seqpack.schedulers.balanced.locality.locality_pays`). ``True``:
+            always; ``False``: plan for balance alone, then only rename replicas.
         locality_tolerance: Relative step-time increase a local plan may cost (default
             0.001, i.e. 0.1%).
         stages: The plan's stages (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`;
