@@ -19,6 +19,8 @@ Modules, in the order data flows through them:
     padding: the length arithmetic, numpy only (no torch: the schedulers plan with it):
         :func:`pad_multiple_for`, :func:`padded_lengths`, :func:`cp_pad_multiple`,
         :func:`group_pad_multiple`, :func:`group_padded_lengths`.
+    vision, mrope: vision-language samples (:mod:`seqpack.thd.vision`: pixels, grids, their
+        checks) and their mRoPE positions (:class:`MRopeSpec`, ``pack_sequences(mrope=)``).
     static_shapes: :class:`StaticShapes` (token buckets, a fixed number of sequence slots
         and the tail's place: fixed shapes for ``torch.compile`` and CUDA graphs).
     cp: context parallelism, DualChunkSwap (:func:`partition_indices`, :func:`shard_for_cp`,
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
         unshard_from_cp,
     )
     from seqpack.thd.layout import TokenLayout, seq_idx_from_cu_seqlens, token_layout
+    from seqpack.thd.mrope import MRopeSpec
     from seqpack.thd.pack import batch_from_layout, pack_sequences
     from seqpack.thd.padding import (
         cp_pad_multiple,
@@ -89,6 +92,7 @@ _HOMES = {
     "TokenLayout": "seqpack.thd.layout",
     "seq_idx_from_cu_seqlens": "seqpack.thd.layout",
     "token_layout": "seqpack.thd.layout",
+    "MRopeSpec": "seqpack.thd.mrope",
     "batch_from_layout": "seqpack.thd.pack",
     "pack_sequences": "seqpack.thd.pack",
     "cp_pad_multiple": "seqpack.thd.padding",
@@ -115,6 +119,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 __all__ = [
     "BATCH_TOKEN_FIELDS",
     "IGNORE_INDEX",
+    "MRopeSpec",
     "SAMPLES_NOT_BATCHES",
     "SAMPLE_DTYPES",
     "StaticShapes",

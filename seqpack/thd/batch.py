@@ -21,12 +21,21 @@ from seqpack.validation import check_choice, check_int, check_positive_int
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["BATCH_TOKEN_FIELDS", "PackedBatch", "map_tensors", "padding_only_batch"]
+__all__ = ["BATCH_TOKEN_FIELDS", "VISION_BATCH_FIELDS", "PackedBatch", "map_tensors", "padding_only_batch"]
 
 BATCH_TOKEN_FIELDS: tuple[str, ...] = (*TOKEN_KEYS, "seq_idx", "padding_mask")
 """The per-token fields of a :class:`PackedBatch` (what CP sharding cuts)."""
 _REQUIRED_TENSORS = ("position_ids", "seq_idx", "padding_mask", "cu_seqlens", "cu_seqlens_padded", "sample_ids")
 _TOKEN_FIELDS = ("input_ids", "labels", "loss_mask", "seq_idx", "padding_mask")
+VISION_BATCH_FIELDS: tuple[str, ...] = (
+    "mrope_position_ids",
+    "mm_token_type_ids",
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+)
+"""The fields of a vision-language pack (``None`` on a text-only one)."""
 
 
 @dataclasses.dataclass
@@ -51,6 +60,13 @@ class PackedBatch:
     their own; ``None`` for a batch built by hand without one, and always for a rank alone
     (``cp_size`` 1). It is not serialised (the wire carries the group's block; receivers map
     it to their own group).
+
+    A vision-language pack (:func:`~seqpack.thd.pack_sequences` with ``mrope=``,
+    :mod:`seqpack.thd.vision`) also carries ``mrope_position_ids`` (mRoPE's t, h, w rows, each
+    sequence's own restarting with it), ``mm_token_type_ids`` and, where its samples have them,
+    the pixel tensors and grid rows of its images and videos concatenated in sequence order;
+    they are ``None`` on a text-only pack and move with ``.to(device)``. CP shards of such a
+    pack are not supported yet.
     """
 
     input_ids: torch.Tensor | None  # int64 [T]
@@ -68,6 +84,13 @@ class PackedBatch:
     num_loss_tokens: int | None = None  # supervised tokens of the whole microbatch (all CP ranks)
     cp_layout: CpLayout = CpLayout.DUALCHUNK  # how the token fields were cut (meaningless at cp_size 1)
     cp_group: ProcessGroup | None = dataclasses.field(default=None, compare=False, repr=False)
+    # Vision-language packs only (None otherwise); see seqpack.thd.vision.
+    mrope_position_ids: torch.Tensor | None = None  # int64 [3, T], t/h/w rows, restart per sequence
+    mm_token_type_ids: torch.Tensor | None = None  # int64 [T], 0 text and pads, 1 image, 2 video placeholder
+    pixel_values: torch.Tensor | None = None  # float [image patches, D], in sequence order
+    image_grid_thw: torch.Tensor | None = None  # int64 [images, 3]
+    pixel_values_videos: torch.Tensor | None = None  # float [video patches, D]
+    video_grid_thw: torch.Tensor | None = None  # int64 [videos, 3]
 
     def __post_init__(self) -> None:
         # Types only (cheap: one per microbatch); the layout itself is the builders' job.
@@ -107,6 +130,13 @@ class PackedBatch:
         self.cp_layout = check_choice("PackedBatch.cp_layout", self.cp_layout, CpLayout)
         if self.cp_group is not None and self.cp_size == 1:
             raise ConfigError("PackedBatch.cp_group is set on a batch with cp_size=1: a rank alone has no CP group")
+        if any(getattr(self, name) is not None for name in VISION_BATCH_FIELDS):
+            _check_vision(self)
+
+    @property
+    def has_vision(self) -> bool:
+        """Whether this is a vision-language pack (it carries mRoPE positions)."""
+        return self.mrope_position_ids is not None
 
     @property
     def num_tokens(self) -> int:
@@ -186,6 +216,41 @@ class PackedBatch:
             kwargs["qkv_format"] = "thd"
             kwargs["attn_mask_type"] = "padding_causal"
         return kwargs
+
+
+def _check_vision(batch: PackedBatch) -> None:
+    """A vision-language pack's fields: types and shapes (no values read)."""
+    for name in VISION_BATCH_FIELDS:
+        value = getattr(batch, name)
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise SeqpackTypeError(f"PackedBatch.{name} must be a tensor or None, got {type(value).__name__}")
+    if batch.cp_size > 1:
+        raise ConfigError(
+            f"PackedBatch: a vision-language pack cannot be CP-sharded yet (cp_size={batch.cp_size}); pack it for "
+            "cp_size=1"
+        )
+    tokens = tuple(batch.position_ids.shape)
+    positions, types = batch.mrope_position_ids, batch.mm_token_type_ids
+    if positions is None or types is None:
+        raise ConfigError(
+            "PackedBatch: vision fields need both mrope_position_ids [3, T] and mm_token_type_ids [T] (the positions "
+            "and placeholders of the pack's images and videos)"
+        )
+    if tuple(positions.shape) != (3, *tokens) or tuple(types.shape) != tokens:
+        raise ConfigError(
+            f"PackedBatch.mrope_position_ids has shape {tuple(positions.shape)} and mm_token_type_ids "
+            f"{tuple(types.shape)}; expected (3, {tokens[0]}) and ({tokens[0]},)"
+        )
+    for pixel_name, grid_name in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+        pixels, grid = getattr(batch, pixel_name), getattr(batch, grid_name)
+        if (pixels is None) != (grid is None):
+            missing = grid_name if grid is None else pixel_name
+            raise ConfigError(f"PackedBatch.{pixel_name} and {grid_name} go together; {missing} is None")
+        if grid is not None and (grid.dim() != 2 or grid.shape[1] != 3 or pixels.dim() != 2):
+            raise ConfigError(
+                f"PackedBatch.{grid_name} has shape {tuple(grid.shape)} and {pixel_name} {tuple(pixels.shape)}; "
+                "expected [n, 3] and [patches, D]"
+            )
 
 
 def _only_tail_differs(cu_real: torch.Tensor, cu_padded: torch.Tensor) -> bool:

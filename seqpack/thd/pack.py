@@ -16,6 +16,7 @@ from seqpack.options import LABEL_COPY_MIN_TOKENS, CpLayout, LabelFormat
 from seqpack.thd.batch import PackedBatch
 from seqpack.thd.cp import partition_indices
 from seqpack.thd.layout import Offsets, as_offsets, token_layout
+from seqpack.thd.mrope import MRopeSpec
 from seqpack.thd.padding import check_cp, padded_lengths
 from seqpack.thd.sample import (
     IGNORE_INDEX,
@@ -28,6 +29,7 @@ from seqpack.thd.sample import (
     normalize_sample,
 )
 from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
+from seqpack.thd.vision import has_vision, normalize_vision, pack_vision, text_part
 from seqpack.validation import (
     INT32_MAX,
     INT64_MAX,
@@ -53,15 +55,15 @@ def pack_sequences(
     sample_ids: Sequence[int] | np.ndarray | torch.Tensor | None = None,
     label_format: LabelFormat | str = LabelFormat.SHIFTED,
     static_shapes: StaticShapes | None = None,
+    mrope: MRopeSpec | None = None,
 ) -> PackedBatch:
     """Pack samples into one THD microbatch.
 
-    Each sequence is padded at its end to a multiple of ``pad_multiple``; ``pad_to`` then
-    pads the pack's tail, absorbed into the last sequence's padding so every token belongs to
-    a sequence. Pads carry ``pad_token_id``, label ``-100`` and loss mask 0; ``position_ids``
+    Each sequence is padded at its end to a multiple of ``pad_multiple``; ``pad_to`` then pads
+    the pack's tail, absorbed into the last sequence's padding so every token belongs to a
+    sequence. Pads carry ``pad_token_id``, label ``-100`` and loss mask 0; ``position_ids``
     restart at 0 for every sequence and keep counting through its padding. The packed labels
-    are next-token targets whatever ``label_format`` the samples use; the loss mask is 0
-    wherever the label is -100.
+    are next-token targets whatever the ``label_format``; the loss mask is 0 where they are -100.
 
     Args:
         samples: Samples of the sample contract (:func:`seqpack.thd.normalize_sample`):
@@ -73,34 +75,36 @@ def pack_sequences(
         pad_token_id: Token id written into pad slots.
         sample_ids: Global id of every sample (default ``0..N-1``).
         label_format: ``"shifted"``: ``labels`` (and ``loss_mask``) are next-token targets
-            (Megatron, NeMo); ``"unshifted"``: aligned with ``input_ids`` (Hugging Face,
-            TRL), shifted here within each sequence, whose last token gets -100;
-            ``"position_aligned"``: each position's own target (a bidirectional model),
-            used as given like ``"shifted"`` and never refused for equalling ``input_ids``.
-        static_shapes: Fixed shapes (:class:`~seqpack.thd.StaticShapes`): the pack's token
-            fields get the length of the smallest token bucket that holds it, ``cu_seqlens*``
-            ``max_sequences + 1`` entries, ``max_seqlen`` the bucket and ``sample_ids`` -1 in
-            the slots no sample fills. The real tokens, labels, loss mask and positions of
-            every sequence are those of the pack without it; only the tail and the slots
-            differ. ``pad_to`` is then the capacity of ``token_buckets="capacity"`` (and
-            refused beside a tuple of buckets).
+            (Megatron, NeMo); ``"unshifted"``: aligned with ``input_ids`` (Hugging Face, TRL),
+            shifted here within each sequence, whose last token gets -100;
+            ``"position_aligned"``: each position's own target (a bidirectional model), used
+            as given like ``"shifted"`` and never refused for equalling ``input_ids``.
+        static_shapes: Fixed shapes (:class:`~seqpack.thd.StaticShapes`): token fields as long
+            as the smallest bucket that holds the pack, ``cu_seqlens*`` ``max_sequences + 1``
+            entries, ``max_seqlen`` the bucket, ``sample_ids`` -1 in unfilled slots; every
+            sequence's real tokens, labels, loss mask and positions as without it. ``pad_to``
+            is then the capacity of ``token_buckets="capacity"`` (refused beside buckets).
+        mrope: A vision-language model's ``MRopeSpec.from_hf(model.config)``, for samples with
+            images or videos (:mod:`seqpack.thd.vision`): the batch then carries their pixels,
+            grids, ``mm_token_type_ids`` and mRoPE positions.
 
     Raises:
         SeqpackTypeError, SampleError: A sample that breaks the sample contract (a
-            ``loss_mask`` weight that is negative or not finite included); a zero-length
-            sequence; labels aligned the other way than ``label_format`` says: copies of
-            ``input_ids`` as ``"shifted"``, next tokens as ``"unshifted"``
-            (:func:`seqpack.thd.sample.check_label_format`).
+            ``loss_mask`` weight that is negative or not finite included; under ``mrope``,
+            :mod:`seqpack.thd.vision`'s); a zero-length sequence; labels aligned the other
+            way than ``label_format`` says: copies of ``input_ids`` as ``"shifted"``, next
+            tokens as ``"unshifted"`` (:func:`seqpack.thd.sample.check_label_format`).
         ConfigError: Empty ``samples``, a pack longer than ``pad_to``, bad padding arguments,
-            an unknown ``label_format`` or ``sample_ids`` of the wrong length; under
-            ``static_shapes``, a pack larger than the largest bucket or of more sequences than
+            an unknown ``label_format`` or wrong-length ``sample_ids``; images without ``mrope``;
+            under ``static_shapes``, a pack above the largest bucket or of more sequences than
             it allows, or a bucket that is not a multiple of ``pad_multiple``.
     """
     pad_multiple, pad_to = _check_padding(samples, pad_multiple, pad_to, static_shapes)
     pad_token_id = check_int("pad_token_id", pad_token_id, minimum=-INT64_MAX - 1, maximum=INT64_MAX)
     label_format = check_choice("label_format", label_format, LabelFormat)
 
-    sequences = [normalize_sample(sample, where=f"sample {index}") for index, sample in enumerate(samples)]
+    texts = _text_samples(samples, mrope)  # without multi-row positions
+    sequences = [normalize_sample(sample, where=f"sample {i}") for i, sample in enumerate(texts)]
     lengths = np.fromiter((sequence["input_ids"].numel() for sequence in sequences), np.int64, len(sequences))
     if not lengths.all():
         raise SampleError(f"sample {int(np.argmin(lengths))} has a zero-length sequence")
@@ -115,12 +119,53 @@ def pack_sequences(
         cu_seqlens_padded = torch.from_numpy(cu_padded.astype(np.int32))
     return PackedBatch(
         **tokens,
+        **_vision_fields(samples, sequences, mrope, cu_real, cu_padded),
         cu_seqlens=cu_seqlens,
         cu_seqlens_padded=cu_seqlens_padded,
         max_seqlen=max_seqlen,
         sample_ids=_slot_ids(_as_sample_ids(sample_ids, len(sequences)), cu_real.shape[0] - 1),
         num_loss_tokens=stream.num_loss_tokens,
     )
+
+
+def _text_samples(samples: Sequence[Any], mrope: MRopeSpec | None) -> Sequence[Any]:
+    """The samples for :func:`normalize_sample`; without ``mrope``, vision-language samples are
+    refused (their checks and positions are the model's)."""
+    if mrope is not None:
+        if not isinstance(mrope, MRopeSpec):
+            raise SeqpackTypeError(
+                f"mrope must be an MRopeSpec (MRopeSpec.from_hf(config)), got {type(mrope).__name__}"
+            )
+        return [text_part(sample) if isinstance(sample, Mapping) else sample for sample in samples]
+    for index, sample in enumerate(samples):
+        if (type(sample) is dict or isinstance(sample, Mapping)) and has_vision(sample):  # type(): the fast case
+            keys = sorted(str(key) for key in sample if key not in ("input_ids", "labels", "loss_mask"))
+            raise ConfigError(
+                f"sample {index} is a vision-language sample ({', '.join(keys)}) but pack_sequences got no mrope=: "
+                "pass mrope=MRopeSpec.from_hf(model.config) (seqpack.thd.mrope) so that its placeholders are checked "
+                "and its positions packed"
+            )
+    return samples
+
+
+def _vision_fields(
+    samples: Sequence[Mapping[str, Any]],
+    sequences: Sequence[Mapping[str, torch.Tensor]],
+    mrope: MRopeSpec | None,
+    cu_real: np.ndarray,
+    cu_padded: np.ndarray,
+) -> dict[str, Any]:
+    """The batch's vision fields, every sample checked (none for a pack without ``mrope``)."""
+    if mrope is None:
+        return {}
+    vision = [
+        normalize_vision(
+            sample, sequence["input_ids"], mrope, text_positions=sequence.get("position_ids"), where=f"sample {i}"
+        )
+        for i, (sample, sequence) in enumerate(zip(samples, sequences, strict=True))
+    ]
+    layout = token_layout(cu_padded, cu_real, total_tokens=int(cu_padded[-1]), validate=False)
+    return pack_vision(vision, cu_real, layout)
 
 
 def _check_padding(
