@@ -23,6 +23,9 @@ sum over ``num_items_in_batch``). How each part gets there:
   seqpack's ``loss_mask`` is 0. ``shift_labels`` also keeps a target at the pack's very last
   token, which the ``labels`` convention cannot express.
 
+Vision-language packs (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) get their pixels, grids and 4-row
+positions instead of the flash-attention offsets: :mod:`seqpack.interop.hf_vision`.
+
 transformers itself is never imported here: the mixin calls only the methods of the trainer
 it is mixed into.
 """
@@ -48,6 +51,7 @@ from seqpack.interop.hf_rows import (
     step_count,
     token_ids,
 )
+from seqpack.interop.hf_vision import HF_VISION_KEYS, vision_kwargs
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.iterator import PackingIterator, wrap_data_iterator
 from seqpack.loader.step import Step
@@ -57,7 +61,7 @@ from seqpack.thd.sample import IGNORE_INDEX
 from seqpack.topology import Topology
 from seqpack.validation import check_positive_int
 
-__all__ = ["HF_KEYS", "SAMPLE_COLUMNS", "SeqpackTrainerMixin", "to_hf"]
+__all__ = ["HF_KEYS", "HF_VISION_KEYS", "SAMPLE_COLUMNS", "SeqpackTrainerMixin", "to_hf"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +112,10 @@ def to_hf(
         ``input_ids``, ``position_ids`` (int64 ``[1, T]``), ``labels`` and ``shift_labels``
         (int64 ``[1, T]``, when the batch has labels), ``cu_seq_lens_q`` / ``_k`` (int32
         ``[N+1]``), ``max_length_q`` / ``_k`` (int), ``seq_idx`` (int32 ``[1, T]``),
-        ``use_cache=False`` and ``num_items_in_batch`` when given.
+        ``use_cache=False`` and ``num_items_in_batch`` when given. For a vision-language pack
+        (:data:`HF_VISION_KEYS`): ``position_ids`` int64 ``[4, 1, T]`` (the text row, then the
+        mRoPE rows), ``mm_token_type_ids`` ``[1, T]``, the pixels and grids as packed, and no
+        ``cu_seq_lens_*``, ``max_length_*`` or ``seq_idx`` (see the module docs).
 
     Raises:
         ConfigError: A CP shard, a batch without ``input_ids``, a ``num_items_in_batch``
@@ -141,6 +148,11 @@ def to_hf(
         aligned[1:] = targets[:-1]
         kwargs["labels"] = aligned[None]  # [1, T]
         kwargs["shift_labels"] = targets[None]  # [1, T]
+    if batch.has_vision:
+        kwargs.update(vision_kwargs(batch), use_cache=False)
+        if num_items_in_batch is not None:
+            kwargs["num_items_in_batch"] = num_items_in_batch
+        return kwargs
     # Every token, pads included, sits in its sequence's padded slot (see the module docs).
     cu = batch.cu_seqlens_padded.to(torch.int32)
     kwargs.update(
