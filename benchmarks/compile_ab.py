@@ -82,10 +82,18 @@ def _full_plans() -> list[tuple[str, Callable[[], Any]]]:
     from seqpack.schedulers import get_scheduler
 
     try:
-        from seqpack.cost import GroupCost
         from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
     except ImportError:  # a tree before dynamic CP's one plan (its plans are skipped)
-        GroupCost, plan_dynamic_cp = None, None  # type: ignore[assignment,misc]
+        plan_dynamic_cp = None  # type: ignore[assignment]
+    ring: Any = None
+    if plan_dynamic_cp is not None:
+        figures = dict(ring_step=0.5, ring_token=0.05, ranks_per_node=4)
+        try:  # a tree before the one cost type: the ring on a GroupCost
+            from seqpack.cost import GroupCost  # type: ignore[attr-defined]
+
+            ring = GroupCost(CostModel(0.1, 0.01, 0.0), **figures)
+        except ImportError:
+            ring = CostModel(0.1, 0.01, 0.0, **figures, reference_size=1)  # type: ignore[arg-type]
 
     rng = np.random.default_rng(0)
     lognormal = lognormal_lengths(96, min_seq_len=16, max_seq_len=4096, mean_seq_len=1024, sigma=1.1, seed=0)
@@ -97,7 +105,6 @@ def _full_plans() -> list[tuple[str, Callable[[], Any]]]:
         [86, 61, 60, 68, 86, 54, 60, 71, 59, 66, 64, 52, 51, 54, 77, 90, 88, 78, 87, 68, 72, 76, 66, 61, 78]
     )
     step = dict(dp_size=4, max_tokens_per_rank=4096, cost=default_cost_model())
-    ring = GroupCost and GroupCost(CostModel(0.1, 0.01, 0.0), ring_step=0.5, ring_token=0.05, ranks_per_node=4)
 
     def plan(name: str, lengths: np.ndarray, options: dict | None = None, **kw: Any) -> Callable[[], Any]:
         return lambda: get_scheduler(name, **(options or {})).schedule(lengths, **(kw or step))

@@ -6,7 +6,7 @@ time a measured H100 cost model predicts:
 
 * **static CP**: CP sized for the step's longest sequence (the smallest power of two that
   holds it, padded to ``2 * cp * 8``), seqpack's ``balanced`` scheduler over
-  ``dp = R / cp`` replicas with that group's cost (``GroupCost.at(cp)``) and the sync;
+  ``dp = R / cp`` replicas with that group's cost (``CostModel.at(cp)``) and the sync;
 * **hybrid CP**: Megatron-LM's ``BalancedCPScheduler`` (``hybrid_cp_schedule.py`` on main),
   re-implemented from its description: each sequence on a power-of-2 group of at least
   ``ceil(s / capacity)`` ranks, workload ``s**2 / cp``, buckets by CP size within 10%, a
@@ -20,7 +20,7 @@ time a measured H100 cost model predicts:
 Cost: ``CostModel.fit`` (exact NNLS on ``1, S, SS`` of the padded lengths) of the 160 H100
 microbatches of ``h2048x4`` in ``/work/shared/data/h100_te_clock.json`` (4 TE layers, hidden
 2048, 16 heads / 4 KV heads of 128, bf16, capacity 16K; see that file's README), plus the CP
-ring of Transformer Engine's ``p2p`` (``GroupCost.from_te_p2p``: 3 (c-1) K/V-sized transfers
+ring of Transformer Engine's ``p2p`` (``CostModel.from_te_p2p``: 3 (c-1) K/V-sized transfers
 per attention layer and step, 2 KiB of K/V per token per layer) at 450 GB/s within a node
 (NVLink 4: 18 links x 25 GB/s per direction, NVIDIA H100 SXM datasheet: 900 GB/s
 bidirectional), 50 GB/s across nodes (one ConnectX-7 NDR 400 Gb/s InfiniBand port per GPU,
@@ -62,7 +62,7 @@ from collections.abc import Callable
 import numpy as np
 from dynamic_cp_bound import step_time_lower_bound  # beside this script: python puts its folder first on sys.path
 
-from seqpack.cost import CostModel, GroupCost, spans_nodes
+from seqpack.cost import CostModel, spans_nodes
 from seqpack.mock_data import lognormal_lengths
 from seqpack.schedulers import get_scheduler, predicted_step_time
 from seqpack.schedulers import predicted_step_time as dynamic_step_time
@@ -83,13 +83,13 @@ MODEL = {"attention_layers": 4, "num_query_groups": 4, "head_dim": 128}
 # -- cost and workloads -------------------------------------------------------------------
 
 
-def fitted_cost(path: str) -> tuple[GroupCost, CostModel]:
+def fitted_cost(path: str) -> tuple[CostModel, CostModel]:
     """The H100 microbatch fit of ``h2048x4`` and the TE p2p ring on top of it."""
     with open(path) as f:
         rows = json.load(f)["h2048x4"]["microbatches"]
     packs = [padded_lengths(np.array(r["lengths"]), PAD) for r in rows]
     fit = CostModel.fit(packs, [r["seconds"] for r in rows])
-    return GroupCost.from_te_p2p(fit, **MODEL, **LINKS), fit
+    return CostModel.from_te_p2p(fit, **MODEL, **LINKS), fit
 
 
 def workload(kind: str, ranks: int, seed: int) -> np.ndarray:
@@ -118,7 +118,7 @@ def workload_longest(kind: str, ranks: int) -> int:
     return min(top, ranks * CAPACITY)
 
 
-def static_cp(lengths: np.ndarray, ranks: int, cost: GroupCost, sync: str, longest: int) -> tuple[float, int]:
+def static_cp(lengths: np.ndarray, ranks: int, cost: CostModel, sync: str, longest: int) -> tuple[float, int]:
     """Predicted step time of static CP sized for a ``longest``-token sequence (the smallest
     power of two holding it), ``balanced`` over ``dp = R / cp`` replicas."""
     cp = 1
@@ -139,7 +139,7 @@ def static_cp(lengths: np.ndarray, ranks: int, cost: GroupCost, sync: str, longe
 # -- lower bounds on any plan's step time -------------------------------------------------
 
 
-def lower_bounds(lengths: np.ndarray, ranks: int, cost: GroupCost, sync: str) -> tuple[float, float]:
+def lower_bounds(lengths: np.ndarray, ranks: int, cost: CostModel, sync: str) -> tuple[float, float]:
     """(spread/alone bound, full bound): ``dynamic_cp_bound``'s
     ``step_time_lower_bound`` without and with its lockstep round bound (the first is what
     this benchmark reported before, less its replica-sync flaw)."""
@@ -287,7 +287,7 @@ def _ffd(lengths: np.ndarray, size: int) -> list[np.ndarray]:
     return [np.array(p, dtype=np.float64) for p in packs]
 
 
-def hybrid_step_time(rounds: list, lengths: np.ndarray, cost: GroupCost, packed: bool) -> float:
+def hybrid_step_time(rounds: list, lengths: np.ndarray, cost: CostModel, packed: bool) -> float:
     """Sum over rounds of the busiest group's time: every sequence its own microbatch
     (``packed=False``, as Megatron runs it) or the group's sequences packed by FFD."""
     total = 0.0
@@ -317,7 +317,7 @@ def _timed(fn: Callable[[], object], repeat: int = 1) -> tuple[object, float]:
     return out, best
 
 
-def measure(kind: str, ranks: int, cost: GroupCost, sync: str, seed: int) -> dict[str, float]:
+def measure(kind: str, ranks: int, cost: CostModel, sync: str, seed: int) -> dict[str, float]:
     """Predicted step times (seconds) of one step planned every way."""
     lengths = workload(kind, ranks, seed)
     static, cp = static_cp(lengths, ranks, cost, sync, workload_longest(kind, ranks))
@@ -346,7 +346,7 @@ def measure(kind: str, ranks: int, cost: GroupCost, sync: str, seed: int) -> dic
     return row
 
 
-def sweep(cost: GroupCost, ranks: tuple[int, ...], syncs: tuple[str, ...], out: list[str]) -> list[dict]:
+def sweep(cost: CostModel, ranks: tuple[int, ...], syncs: tuple[str, ...], out: list[str]) -> list[dict]:
     rows = []
     for sync in syncs:
         for scale in SCALES:
@@ -428,7 +428,7 @@ def targets(rows: list[dict], plan_seconds: dict[str, float], out: list[str]) ->
     return ok_speedup and ok_hybrid and ok_time
 
 
-def plan_time(cost: GroupCost, repeat: int = 7) -> tuple[dict[str, float], int]:
+def plan_time(cost: CostModel, repeat: int = 7) -> tuple[dict[str, float], int]:
     """Best CPU seconds of ``repeat`` plans of the tail256k step at 1,024 ranks (after a
     warm-up), per sync."""
     lengths = workload("tail256k", 1024, seed=1024)
@@ -445,7 +445,7 @@ def plan_time(cost: GroupCost, repeat: int = 7) -> tuple[dict[str, float], int]:
     return now, int(lengths.shape[0])
 
 
-def node_sensitivity(cost: GroupCost, out: list[str]) -> None:
+def node_sensitivity(cost: CostModel, out: list[str]) -> None:
     """Lockstep, 1x ring: fewer DP x CP ranks per node (TP > 1 on 8-GPU nodes) put static
     CP groups across nodes sooner. Per-rank compute and K/V bytes both shrink with TP, so
     the per-rank costs are kept as measured; only the node boundary moves."""
@@ -465,7 +465,7 @@ def node_sensitivity(cost: GroupCost, out: list[str]) -> None:
             out.append(f"{kind:<12} {ranks:>5} " + " ".join(f"{r:>7.2f}" for r in ratios))
 
 
-def plot(cost: GroupCost, rows: list[dict], path: str) -> None:
+def plot(cost: CostModel, rows: list[dict], path: str) -> None:
     """Left: the groups of one step (64 ranks, tail256k); right: speedups against R."""
     import matplotlib
 

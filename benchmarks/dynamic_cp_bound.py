@@ -2,7 +2,7 @@
 plans against (a benchmark's yardstick, not part of the product).
 
 :func:`step_time_lower_bound` holds for every plan of the step, with any group sizes and
-layout, under the :class:`~seqpack.cost.GroupCost` model. Notation:
+layout, under the group cost model (:mod:`seqpack.cost.ring`). Notation:
 ``p_i`` is sequence ``i`` padded alone (``pad_multiple``; in a group it is padded to at least
 that), ``k, a, b`` the compute coefficients, ``cap`` the tokens of one rank, ``R`` the ranks,
 ``tok(c)`` the ring cost per token of a group of ``c`` ranks (``ring_token_inter`` above a node,
@@ -63,7 +63,7 @@ import math
 
 import numpy as np
 
-from seqpack.cost import GroupCost
+from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.options import Sync
 from seqpack.schedulers.request import as_lengths
@@ -83,8 +83,8 @@ _TALL = 256  # the longest sequences (all of one length) tried together, as roun
 class _Model:
     """The step's padded lengths and the cost, with the bound's per-sequence quantities."""
 
-    def __init__(self, lengths: np.ndarray, ranks: int, capacity: int, pad_multiple: int, cost: GroupCost) -> None:
-        self.k, self.a, self.b, self.step, tok, inter = (float(v) for v in cost.coefficients)
+    def __init__(self, lengths: np.ndarray, ranks: int, capacity: int, pad_multiple: int, cost: CostModel) -> None:
+        self.k, self.a, self.b, self.step, tok, inter = (float(v) for v in cost.group_coefficients(1))
         self.intra, self.inter = min(tok, inter), inter
         self.rpn, self.ranks, self.capacity = cost.ranks_per_node, ranks, capacity
         self.lengths, self.pad_multiple = lengths, pad_multiple
@@ -259,7 +259,7 @@ def step_time_lower_bound(
     num_ranks: int,
     max_tokens_per_rank: int,
     pad_multiple: int = 1,
-    cost: GroupCost,
+    cost: CostModel,
     sync: str = "lockstep",
     round_bound: bool = True,
 ) -> float:

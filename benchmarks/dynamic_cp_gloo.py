@@ -14,9 +14,9 @@ turns step by step so that the machine's noise falls on both:
 
 Before training, every rank times forward+backward of packs of equal-length sequences on CP
 groups of every power-of-2 size (all groups of a size at once, as in a round) and the six
-coefficients of :class:`~seqpack.cost.GroupCost` (compute, CP ring) are
-fitted to those times (``nnls_fit`` of ``GroupCost.features``): both planners use this
-measured cost (static CP its ``GroupCost.at(R)``). A step's time is the slowest rank's, from
+coefficients of the group cost (:class:`~seqpack.cost.CostModel`: compute, CP ring) are
+fitted to those times (``nnls_fit`` of ``group_features``): both planners use this
+measured cost (static CP its ``CostModel.at(R)``). A step's time is the slowest rank's, from
 ``next()`` (plan, exchange, pack) to after the gradient all-reduce.
 
     python benchmarks/dynamic_cp_gloo.py [--ranks 4] [--steps 6] [--out benchmarks/results/dynamic_cp_gloo.txt]
@@ -39,7 +39,7 @@ import torch.multiprocessing as mp
 
 from seqpack.collective.cp_groups import new_cp_groups
 from seqpack.compute.tiny_lm import TinyConfig, TinyHybridLM
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel, group_features
 from seqpack.cost.fit import nnls_fit
 from seqpack.loader import Step, wrap_data_iterator
 from seqpack.schedulers import predicted_step_time
@@ -59,9 +59,9 @@ def long_tail(rng: np.random.Generator, count: int, capacity: int, ranks: int) -
     return [int(v) for v in body]
 
 
-def fit_group_cost(topology: Topology, capacity: int, repeats: int = 3) -> GroupCost:
+def fit_group_cost(topology: Topology, capacity: int, repeats: int = 3) -> CostModel:
     """Time packs on groups of every power-of-2 size (all blocks of a size busy at once) and
-    fit GroupCost's six coefficients; identical on every rank (rank 0's fit, broadcast)."""
+    fit the group cost's six coefficients; identical on every rank (rank 0's fit, broadcast)."""
     ranks = topology.cp_size
     groups = new_cp_groups(topology)
     model = TinyHybridLM(CFG)
@@ -94,23 +94,23 @@ def fit_group_cost(topology: Topology, capacity: int, repeats: int = 3) -> Group
             times.append(best)
         size *= 2
     sizes, s, ss = (np.array(col) for col in zip(*rows, strict=True))
-    features = GroupCost(CostModel(1.0, 0.0)).features(sizes, s, ss, np.zeros(len(rows), dtype=bool))
+    features = group_features(sizes, s, ss, np.zeros(len(rows), dtype=bool))
     coef = torch.tensor(nnls_fit(features, np.array(times)), dtype=torch.float64)
     dist.broadcast(coef, src=0)
-    return GroupCost.from_coefficients(coef.numpy(), ranks_per_node=ranks)
+    return CostModel.from_group_coefficients(coef.numpy(), ranks_per_node=ranks)
 
 
 class Run:
     """One mode's model, optimizer and iterator."""
 
-    def __init__(self, name: str, topology: Topology, data: list, capacity: int, per_step: int, cost: GroupCost):
+    def __init__(self, name: str, topology: Topology, data: list, capacity: int, per_step: int, cost: CostModel):
         self.name = name
         dynamic = name == "dynamic CP"
         torch.manual_seed(0)
         self.model = TinyHybridLM(CFG, cp_group=None if dynamic else topology.group("cp"))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-2)
         self.cost = cost
-        options = {"dynamic_cp": True, "group_cost": cost} if dynamic else {"cost": cost.at(topology.cp_size)}
+        options = {"dynamic_cp": True, "cost": cost} if dynamic else {"cost": cost.at(topology.cp_size)}
         self.steps = wrap_data_iterator(
             iter(data), topology, samples_per_rank=per_step, max_tokens_per_rank=capacity, prefetch=0,
             sync="lockstep", **options,
@@ -183,7 +183,7 @@ def worker(rank: int, world: int, store_path: str, args: argparse.Namespace, out
 
 def report(result: dict, args: argparse.Namespace) -> str:
     cost = result["cost"]
-    k, a, b, step, token, _ = cost.coefficients
+    k, a, b, step, token, _ = cost.group_coefficients(1)
     lines = [
         f"dynamic vs static CP on gloo: {args.ranks} CPU ranks (1 torch thread each) on {os.cpu_count()} cores, "
         f"{platform.processor() or platform.machine()}, torch {torch.__version__}",
@@ -191,7 +191,7 @@ def report(result: dict, args: argparse.Namespace) -> str:
         f"{args.per_step} sequences per step (lognormal body, 1 in 12 up to {args.ranks}x capacity); "
         f"{args.steps} measured steps after 1 warm-up, modes alternating; a step's time: its loader next() plus the "
         f"best of {args.repeats} runs of its forward+backward and gradient all-reduce (slowest rank)",
-        f"measured GroupCost: {k * 1e3:.2f} ms + {a * 1e6:.3f} us*S/c + {b * 1e9:.4f} ns*SS/c "
+        f"measured group cost: {k * 1e3:.2f} ms + {a * 1e6:.3f} us*S/c + {b * 1e9:.4f} ns*SS/c "
         f"+ (c-1) * ({step * 1e3:.2f} ms + {token * 1e6:.3f} us*S/c)",
         "",
         f"{'mode':<11} {'step s (mean)':>13} {'min':>7} {'max':>7} {'loader s':>8} {'mbs':>5} {'real tok/s':>11} "

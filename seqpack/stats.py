@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqpack.cost import GroupCost, as_group_cost, check_cost_model
+from seqpack.cost import check_cost_model
 from seqpack.errors import SeqpackTypeError
 from seqpack.options import SAMPLE_BYTES_PER_TOKEN, Sync
 from seqpack.schedulers.dynamic_cp.pieces import plan_pieces
@@ -128,7 +128,7 @@ class StepStats:
     max_rank_moved_tokens: int = 0
     moved_bytes: float = 0.0
     max_rank_moved_bytes: float = 0.0
-    cost_model: CostModel | GroupCost | None = None
+    cost_model: CostModel | None = None
     calibrated: bool = False
     predicted_step_time: float | None = None
     measured_step: int | None = None
@@ -139,7 +139,7 @@ class StepStats:
     def from_schedule(
         cls,
         schedule: Schedule,
-        cost: CostModel | GroupCost | None = None,
+        cost: CostModel | None = None,
         *,
         flops: float | None = None,
         empty_samples: int = 0,
@@ -150,7 +150,7 @@ class StepStats:
         """Account a schedule, static or dynamic CP, in ``cost``'s units (padded tokens without one).
 
         Costs are balanced over the unit whose finish the step waits for: a static plan's DP
-        replica (a :class:`~seqpack.cost.GroupCost` at its CP group's size), a dynamic plan's
+        replica (the cost at its CP group's size, :meth:`~seqpack.cost.CostModel.at`), a dynamic plan's
         plane rank (:func:`~seqpack.schedulers.step_time.rank_times`, CP ring included);
         ``replica_cost`` holds one total per unit, and ``imbalance``, ``round_imbalance`` and
         ``bound_ratio`` are over units. ``lower_bound`` is the mean unit's total (a static
@@ -268,24 +268,24 @@ def _with_buckets(
 
 
 def _units(
-    plan: Schedule, cost: CostModel | GroupCost | None, padded: np.ndarray
+    plan: Schedule, cost: CostModel | None, padded: np.ndarray
 ) -> tuple[CostModel | None, np.ndarray, int, tuple[np.ndarray, np.ndarray, np.ndarray], tuple[float, float]]:
     """:meth:`StepStats.from_schedule`'s units: the compute model, the cost ``[rounds, units]``
     of every unit (a static plan's DP replica, a dynamic plan's plane rank), the filler count,
     the moved tokens ``(per id, sent, received)`` and ``(lower bound, round lower bound)``."""
     if plan.is_static:  # unit: the DP replica
-        model = cost.at(plan.cp_size) if isinstance(cost, GroupCost) else cost
-        check_cost_model("cost", model)
+        model = check_cost_model("cost", cost)
+        model = None if model is None else model.at(plan.cp_size)
         costs = microbatch_costs(plan, model)
         fillers = int(np.count_nonzero(plan.group_counts == 0))  # one filler per empty microbatch
     else:  # unit: the plane rank
-        if cost is None:
+        model = check_cost_model("cost", cost)
+        if model is None:
             raise SeqpackTypeError(
-                "cost must be a seqpack.CostModel or GroupCost for a dynamic-CP schedule (its groups' costs "
-                "include the CP ring), got None"
+                "cost must be a seqpack.CostModel for a dynamic-CP schedule (its groups' costs include the CP "
+                "ring), got None"
             )
-        model = as_group_cost(cost, plan.cp_size).compute
-        costs = rank_times(plan, cost)
+        costs = rank_times(plan, model)
         fillers = int(plan.group_size[plan.group_counts == 0].sum())  # one filler per idle rank
     moved = moved_tokens(plan)
     units = plan.dp_size if plan.is_static else plan.num_ranks

@@ -230,6 +230,11 @@ class Calibrator(Generic[ModelT]):
         """How a caller computes :meth:`schedule_sums` (for messages)."""
         return f"{type(self).__name__}.schedule_sums(schedule)"
 
+    def predict_sums(self, model: ModelT, sums: np.ndarray) -> np.ndarray:
+        """float64 ``[...]``: what ``model`` predicts for microbatches given as sums
+        (:meth:`schedule_sums`' last axis)."""
+        raise NotImplementedError
+
     def model_to_list(self, model: ModelT) -> list[float]:
         """A model as plain floats for a resume state."""
         raise NotImplementedError

@@ -171,6 +171,9 @@ class CostCalibrator(Calibrator[CostModel]):
     def sums_hint(self) -> str:
         return f"microbatch_sums(schedule, window={self.prior.window})"
 
+    def predict_sums(self, model: CostModel, sums: np.ndarray) -> np.ndarray:
+        return model.predict_sums(sums)
+
     def model_to_list(self, model: CostModel) -> list[float]:
         """``[linear, quadratic, constant]``, and ``windowed, window`` with a window."""
         values = [model.linear, model.quadratic, model.constant]

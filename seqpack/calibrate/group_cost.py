@@ -1,9 +1,9 @@
-"""GroupCostCalibrator: a dynamic-CP :class:`~seqpack.cost.GroupCost` fitted online to
+"""GroupCostCalibrator: a dynamic-CP :class:`~seqpack.cost.CostModel` fitted online to
 measured microbatch times (``PackingConfig(dynamic_cp=True, calibrate=True)``).
 
 The dynamic-CP twin of :class:`~seqpack.calibrate.CostCalibrator`. Each timed microbatch is
 reduced to the exact integers of its group: size ``c``, padded ``S``, ``SS`` and whether the
-group spans nodes; the fit is ``seconds ~ GroupCost.features(c, S, SS, spans) @ coefficients``
+group spans nodes; the fit is ``seconds ~ group_features(c, S, SS, spans) @ coefficients``
 (:data:`~seqpack.cost.FEATURES`: constant, ``S/c``, ``SS/c``, ``c-1`` and the
 ring's ``(c-1) S/c`` within a node and across nodes) by the same exact, outlier-resistant
 NNLS, so the CP communication term is fitted like the compute terms. A coefficient whose
@@ -22,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 
 from seqpack.calibrate.base import MAX_STEP, Calibrator, check_seconds
-from seqpack.cost import FEATURES, GroupCost, nnls_fit, robust_weights_fit
+from seqpack.cost import FEATURES, CostModel, group_features, nnls_fit, robust_weights_fit
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.schedulers.schedule import Schedule
 from seqpack.schedulers.step_time import group_sums, replica_sums
@@ -34,8 +34,9 @@ GROUP_SUMS: tuple[str, ...] = ("size", "seqlen_sum", "seqlen_sq_sum", "spans")
 """The integers one timed microbatch is reduced to (what the ledger keeps per microbatch)."""
 
 
-class GroupCostCalibrator(Calibrator[GroupCost]):
-    """A :class:`GroupCost` fitted online to measured microbatch times (module docstring).
+class GroupCostCalibrator(Calibrator[CostModel]):
+    """A CP group's :class:`~seqpack.cost.CostModel` fitted online to measured microbatch
+    times (module docstring); a prior without ``reference_size`` is taken on one rank.
 
     Args:
         prior: The model used until ``min_points`` timings are in (and whose ring
@@ -48,8 +49,8 @@ class GroupCostCalibrator(Calibrator[GroupCost]):
     """
 
     KIND: ClassVar[str | None] = "group"
-    prior_type: ClassVar[type] = GroupCost
-    prior_name: ClassVar[str] = "seqpack GroupCost"
+    prior_type: ClassVar[type] = CostModel
+    prior_name: ClassVar[str] = "seqpack CostModel"
     terms: ClassVar[tuple[str, ...]] = FEATURES
     num_sums: ClassVar[int] = len(GROUP_SUMS)
 
@@ -79,17 +80,20 @@ class GroupCostCalibrator(Calibrator[GroupCost]):
         groups = schedule.rank_group()  # [rounds, dp*cp]
         return group_sums(schedule, self.prior.ranks_per_node)[groups], groups
 
-    @staticmethod
-    def model_to_list(model: GroupCost) -> list[float]:
-        """A model as plain floats for a resume state (its 6 coefficients and ``ranks_per_node``)."""
-        return [*(float(c) for c in model.coefficients), float(model.ranks_per_node)]
+    def predict_sums(self, model: CostModel, sums: np.ndarray) -> np.ndarray:
+        return model.predict_group_sums(sums, 1)
 
     @staticmethod
-    def model_from_list(values: Sequence[float]) -> GroupCost:
+    def model_to_list(model: CostModel) -> list[float]:
+        """A model as plain floats for a resume state (its 6 coefficients and ``ranks_per_node``)."""
+        return [*(float(c) for c in model.group_coefficients(1)), float(model.ranks_per_node)]
+
+    @staticmethod
+    def model_from_list(values: Sequence[float]) -> CostModel:
         """Inverse of :meth:`model_to_list`."""
         if len(values) != 7:
             raise ValueError(f"a saved group cost has 7 values, got {len(values)}")
-        return GroupCost.from_coefficients(np.array(values[:6], dtype=np.float64), int(values[6]))
+        return CostModel.from_group_coefficients(np.array(values[:6], dtype=np.float64), int(values[6]))
 
     def observe(
         self,
@@ -135,24 +139,24 @@ class GroupCostCalibrator(Calibrator[GroupCost]):
             return f"size {size}, S {s}, SS {ss}, spans {spans}"
         return None
 
-    def _fit(self) -> GroupCost:
+    def _fit(self) -> CostModel:
         sums = np.array([p[0] for p in self._points], dtype=np.int64)
         y = np.array([p[1] for p in self._points], dtype=np.float64)
-        features = self.prior.features(sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3].astype(bool))
+        features = group_features(sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3].astype(bool))
         active = np.flatnonzero(np.any(features != 0.0, axis=0))
         x = features[:, active]
         if self.robust:
             coef, weights = robust_weights_fit(x, y)
         else:
             coef, weights = nnls_fit(x, y), np.ones_like(y)
-        prior = self.prior.coefficients
+        prior = self.prior.group_coefficients(1)
         p = features @ prior  # elementwise per row: the same bits on every rank
         base = weights / (y * y)
         denominator = math.fsum((base * p * p).tolist())
         alpha = math.fsum((base * p * y).tolist()) / denominator if denominator > 0 else 1.0
         out = prior * (alpha if math.isfinite(alpha) and alpha > 0 else 1.0)
         out[active] = coef
-        return GroupCost.from_coefficients(out, self.prior.ranks_per_node)
+        return CostModel.from_group_coefficients(out, self.prior.ranks_per_node)
 
 
 def _column(name: str, value: object, where: str) -> np.ndarray:

@@ -280,7 +280,7 @@ class TimingLedger:
         seconds[~((seconds >= MIN_SECONDS) & (seconds <= MAX_SECONDS))] = np.nan
         predicted = None
         if slot.model is not None:
-            predicted_times = slot.model.predict_sums(slot.sums)
+            predicted_times = self.calibrator.predict_sums(slot.model, slot.sums)
             if k > 1:
                 predicted_times = predicted_times.reshape(m, self.dp_size, k).max(axis=2)
             predicted = step_time(predicted_times, self.sync)

@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 MAX_CP_GROUPS = 8192
 """Most process groups :func:`new_cp_groups` creates over the whole world (every rank calls
-``new_group`` for each); ``cp_group_sizes="any"`` on large planes exceeds it."""
+``new_group`` for each); dynamic CP's ``group_sizes="any"`` on large planes exceeds it."""
 
 
 def plane_blocks(num_ranks: int, group_sizes: GroupSizes | str) -> list[tuple[int, int]]:
@@ -177,8 +177,8 @@ def new_cp_groups(
     count = len(planes) * (len(blocks) + 1)
     if count > MAX_CP_GROUPS:
         raise ConfigError(
-            f"cp_group_sizes={mode.value!r} over {num_ranks} ranks needs {count} process groups (more than "
-            f"{MAX_CP_GROUPS}); use cp_group_sizes='pow2'"
+            f"dynamic CP's group_sizes={mode.value!r} over {num_ranks} ranks needs {count} process groups (more "
+            f"than {MAX_CP_GROUPS}); use scheduler_options={{'group_sizes': 'pow2'}}"
         )
     me = dist.get_rank()
     for key in sorted(planes):

@@ -1,9 +1,9 @@
 """Named interconnects: the links a CP ring runs over, as priors for a dynamic-CP group cost.
 
-A :class:`GroupCost` needs the CP ring's cost in the units of its compute model. Where no
-measured figures exist, :meth:`GroupCost.from_model` derives them from a model's shape
-(:class:`~seqpack.cost.ModelSpec`: attention layers, K/V heads, head width) and one of these
-presets. The figures are vendor peak rates, so the prior is optimistic about the links and
+A dynamic-CP :class:`~seqpack.cost.CostModel` needs the CP ring's cost in the units of its
+compute terms. Where no measured figures exist, :meth:`CostModel.from_model` derives them
+from a model's shape (:class:`~seqpack.cost.ModelSpec`: attention layers, K/V heads, head
+width) and one of these presets. The figures are vendor peak rates, so the prior is optimistic about the links and
 pessimistic about nothing; ``calibrate=True`` refits every coefficient to measured times.
 
 * ``intra_node_bandwidth``: bytes per second one GPU sends to its ring neighbour inside a

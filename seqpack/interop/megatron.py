@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from seqpack.cost import CostModel, GroupCost, check_cost_model
+from seqpack.cost import CostModel, check_cost_model
 from seqpack.errors import ConfigError, SampleError
 from seqpack.interop.megatron_plan import HYBRID_CP_REFUSAL, check_config, check_sample, model_spec, plan_groups
 from seqpack.options import Sync
@@ -52,8 +52,8 @@ class SeqpackPackingScheduler(data_schedule.DpBalancedScheduler):
         max_seqlen_per_dp_cp_rank, cp_size, dp_size, microbatch_group_size_per_vp_stage:
             Megatron's, as its ``wrap_data_iterator`` passes them (the last ``None`` without
             interleaved pipelines).
-        cost: What the plan balances (a :class:`~seqpack.cost.CostModel` or
-            :class:`~seqpack.cost.GroupCost`). ``None``: the model of the ``config`` that
+        cost: What the plan balances (a :class:`~seqpack.cost.CostModel`). ``None``: the
+            model of the ``config`` that
             ``run`` gets (:func:`~seqpack.interop.megatron_plan.model_spec`), or seqpack's
             default model where that config has no model fields.
         sync: ``"replica"`` (default: Megatron's DDP and distributed optimizer reduce
@@ -75,7 +75,7 @@ class SeqpackPackingScheduler(data_schedule.DpBalancedScheduler):
         dp_size: int,
         microbatch_group_size_per_vp_stage: int | None = None,
         *,
-        cost: CostModel | GroupCost | None = None,
+        cost: CostModel | None = None,
         sync: str = "replica",
         dynamic_cp: bool = False,
         **options: Any,
@@ -90,7 +90,7 @@ class SeqpackPackingScheduler(data_schedule.DpBalancedScheduler):
             raise ConfigError(f"dynamic_cp=True: {HYBRID_CP_REFUSAL}")
         if "microbatch_multiple" in options:
             raise ConfigError("microbatch_multiple is Megatron's microbatch_group_size_per_vp_stage here: set that")
-        self.cost = cost if isinstance(cost, GroupCost) else check_cost_model("cost", cost)
+        self.cost = check_cost_model("cost", cost)
         self.sync = check_choice("sync", sync, Sync).value
         multiple = microbatch_group_size_per_vp_stage or 1
         self.scheduler = get_scheduler("balanced", microbatch_multiple=multiple, **options)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.cost import CostModel, GroupCost, ModelSpec
+from seqpack.cost import CostModel, ModelSpec
 from seqpack.errors import ConfigError, SampleError, ScheduleError
 from seqpack.schedulers import Scheduler
 
@@ -47,7 +47,7 @@ def plan_groups(
     max_seqlen_per_dp_cp_rank: int,
     cp_size: int,
     dp_size: int,
-    cost: CostModel | GroupCost | None = None,
+    cost: CostModel | None = None,
     sync: str = "replica",
 ) -> list[list[list[int]]]:
     """Megatron's ``get_groups_and_subsamples`` planned by ``scheduler``.

@@ -13,6 +13,7 @@ docs/cost_models.md.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -21,7 +22,7 @@ import numpy as np
 from seqpack.calibrate import ABSENT, CostCalibrator, GroupCostCalibrator, Measurement, TimingLedger
 from seqpack.calibrate.ledger import check_times
 from seqpack.collective import StepError, StepMessage, StepOk
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.step import StepTrace
 from seqpack.options import fingerprint_text
@@ -39,7 +40,7 @@ class StepCalibration:
         self,
         config: PackingConfig,
         topology: Topology,
-        prior: CostModel | GroupCost,
+        prior: CostModel,
         reads: bool,
         *,
         lag: int | None = None,
@@ -59,7 +60,9 @@ class StepCalibration:
         calibrator: CostCalibrator | GroupCostCalibrator
         if isinstance(config.calibrate, (CostCalibrator, GroupCostCalibrator)):
             calibrator = config.calibrate.copy()
-        elif isinstance(prior, GroupCost):  # dynamic CP: fit the group cost, ring included
+        elif config.dynamic_cp:  # fit the group cost, ring included
+            if prior.reference_size is None:  # its compute terms are the cost on the static CP group
+                prior = dataclasses.replace(prior, reference_size=topology.cp_size)
             calibrator = GroupCostCalibrator(prior)
         else:
             calibrator = CostCalibrator(prior)
@@ -120,14 +123,7 @@ class StepCalibration:
         model = trace.model
         if model is not None:
             words: tuple[object, ...]
-            if isinstance(model, GroupCost):
-                words = (*(float(c).hex() for c in model.coefficients), model.ranks_per_node)
-            else:
-                words = (model.linear.hex(), model.quadratic.hex(), model.constant.hex())
-            if (
-                isinstance(model, CostModel) and model.window is not None
-            ):  # a windowed model: every coefficient and the window
-                words = (*(float(c).hex() for c in model.coefficients), model.window)
+            words = tuple(v.hex() if isinstance(v, float) else v for v in dataclasses.astuple(model))
             trace.fingerprint = fingerprint_text(repr((plan.fingerprint(), *words)))
         return trace.fingerprint if trace.fingerprint is not None else plan.fingerprint()
 
@@ -160,7 +156,7 @@ class StepCalibration:
         if isinstance(msg, StepOk):
             ledger.add_schedule(msg.step, msg.schedule, trace.model if in_seconds else None)
 
-    def fill_stats(self, stats: StepStats, plan: Schedule, trace: StepTrace, stats_cost: CostModel | GroupCost) -> None:
+    def fill_stats(self, stats: StepStats, plan: Schedule, trace: StepTrace, stats_cost: CostModel) -> None:
         """The model in use, its prediction for this step, and its error on the last
         measured one."""
         stats.calibrated = trace.fitted

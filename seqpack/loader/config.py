@@ -12,16 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from seqpack.calibrate import CostCalibrator, GroupCostCalibrator
-from seqpack.cost import (
-    DEFAULT_INTERCONNECT,
-    DEFAULT_MODEL,
-    CostModel,
-    GroupCost,
-    ModelSpec,
-    check_cost_model,
-    default_cost_model,
-    model_preset,
-)
+from seqpack.cost import DEFAULT_INTERCONNECT, DEFAULT_MODEL, CostModel, check_cost_model, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import (
     DEFAULT_PREFETCH_BYTES,
@@ -30,7 +21,6 @@ from seqpack.options import (
     MAX_TOKENS,
     CpLayout,
     DataOwner,
-    GroupSizes,
     LabelFormat,
     OnOversize,
     Sync,
@@ -48,7 +38,7 @@ from seqpack.validation import (
     check_positive_int,
 )
 
-__all__ = ["PackingConfig", "dynamic_group_cost", "resolved_cost"]
+__all__ = ["PackingConfig", "resolved_cost"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +59,11 @@ class PackingConfig:
     """Padded tokens one rank holds in one microbatch; a microbatch holds
     ``max_tokens_per_rank * cp_size`` tokens before CP sharding."""
     scheduler: str | Scheduler = "balanced"
-    """Scheduler name (``"balanced"``, ``"dp_balanced"``, ``"empty"``, ...) or instance."""
+    """Scheduler name (``"balanced"``, ``"dp_balanced"``, ``"empty"``, ...) or instance
+    (under ``dynamic_cp``: left as it is, or a :class:`~seqpack.schedulers.DynamicCpScheduler`)."""
     scheduler_options: Mapping[str, Any] | None = dataclasses.field(default_factory=dict)
-    """Keyword arguments of the scheduler named by ``scheduler`` (``None``: none)."""
+    """Keyword arguments of the scheduler named by ``scheduler`` (``None``: none); under
+    ``dynamic_cp``, of the dynamic-CP scheduler (``{"group_sizes": "any"}``)."""
     data_owner: DataOwner = DataOwner.TP0
     """Who reads data: ``"tp0"`` (Megatron) or ``"all"`` (see :class:`DataOwner`)."""
     on_oversize: OnOversize = OnOversize.ERROR
@@ -97,7 +89,10 @@ class PackingConfig:
     """FP8 GEMMs need 16-aligned token counts (padding multiple of 16)."""
     cost: CostModel | None = None
     """A :class:`seqpack.cost.CostModel` for the scheduler and the stats (``None``: the
-    scheduler's own, else the default FLOPs model)."""
+    scheduler's own, else the default FLOPs model). Under ``dynamic_cp`` it prices CP groups:
+    its ring terms (``CostModel.from_te_p2p``, ``CostModel.from_model``, or ``ring_step`` /
+    ``ring_token`` given in its units); ``None``: the default model's FLOPs and its ring over
+    :data:`~seqpack.cost.DEFAULT_INTERCONNECT`, a prior that ``calibrate=True`` refits."""
     flops_fn: Callable[[int, int], float] | None = None
     """``flops_fn(seqlen_sum, seqlen_sq_sum) -> float`` fills ``StepStats.flops``."""
     check_schedule: bool = False
@@ -119,9 +114,8 @@ class PackingConfig:
     (``Step.record_times`` or :class:`seqpack.calibrate.MicrobatchTimer`): ``True`` (a
     :class:`seqpack.calibrate.CostCalibrator` whose prior is ``cost``, else the scheduler's
     cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``. Under
-    ``dynamic_cp``: ``True`` fits the whole ``group_cost``, CP ring included (a
-    :class:`seqpack.calibrate.GroupCostCalibrator` whose prior is ``group_cost``), or
-    pass a ``GroupCostCalibrator``."""
+    ``dynamic_cp``: ``True`` fits the whole cost, CP ring included (a
+    :class:`seqpack.calibrate.GroupCostCalibrator`), or pass a ``GroupCostCalibrator``."""
     prefetch: int = 1
     """Steps a background thread prepares ahead of the training loop (0: each step is
     prepared inside ``next()``; at most :data:`~seqpack.options.MAX_PREFETCH`). Never changes
@@ -130,28 +124,14 @@ class PackingConfig:
     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
     """The prefetch thread prepares no further step while the steps waiting for ``next()``
     hold this many tensor bytes or more (one step always may wait)."""
-    dynamic_cp: bool | None = None
-    """Dynamic context parallelism (docs/dynamic_cp.md): per microbatch round the ``dp x cp``
-    ranks of every TP/PP lane form CP groups, planned by
-    :func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` (``scheduler="dynamic_cp"``, its
-    registered scheduler, is the same switch; ``None``, the default, means on exactly when
-    ``scheduler`` is it, and ``False`` with it is refused); each microbatch carries its group
+    dynamic_cp: bool = False
+    """Dynamic context parallelism (docs/dynamic_cp.md), the one way to ask for it: per
+    microbatch round the ``dp x cp`` ranks of every TP/PP lane form CP groups, planned by the
+    scheduler ``"dynamic_cp"`` (:class:`~seqpack.schedulers.DynamicCpScheduler`; its options,
+    e.g. the group sizes, are ``scheduler_options``); each microbatch carries its group
     (``PackedBatch.cp_group``, ``cp_size``, ``cp_rank``), which ``ThdAttention`` and
-    ``Mamba2Mixer`` use. Its cost is ``group_cost``. ``max_tokens_per_rank`` is per rank as always;
-    one sequence may hold up to ``dp * cp`` ranks' worth. Always a bool once built."""
-    group_cost: GroupCost | ModelSpec | Mapping[str, float] | None = None
-    """Under ``dynamic_cp``: what a CP group's microbatch costs, the planner's objective. A
-    :class:`~seqpack.cost.GroupCost` (compute and the CP ring, e.g.
-    ``GroupCost.from_te_p2p``); a :class:`~seqpack.cost.ModelSpec` (its FLOPs and the ring
-    over the default interconnect, :meth:`GroupCost.from_model`); the ring's figures as a
-    mapping (``ring_step``, ``ring_token``, ``ring_token_inter``, ``ranks_per_node``) added to
-    ``cost`` (its units); or ``None``: without ``cost``, the default model's FLOPs and its
-    ring over :data:`~seqpack.cost.DEFAULT_INTERCONNECT` (H100 NVLink + 400 Gb/s IB), a prior
-    that ``calibrate=True`` refits to measured times."""
-    cp_group_sizes: GroupSizes = GroupSizes.POW2
-    """Under ``dynamic_cp``: the CP group sizes a plan may use: ``"pow2"`` (aligned powers of
-    two and the whole ``dp * cp``: about ``dp * cp`` process groups per lane) or ``"any"``
-    (every contiguous block: about ``(dp * cp)**2 / 2`` process groups per lane)."""
+    ``Mamba2Mixer`` use. ``max_tokens_per_rank`` is per rank as always; one sequence may hold
+    up to ``dp * cp`` ranks' worth."""
 
     group_microbatch: bool = False
     """Samples carrying a ``group_id`` (seqpack.loader.grouping) always stay on one DP
@@ -197,9 +177,10 @@ class PackingConfig:
         if not isinstance(self.scheduler_options, Mapping):
             raise SeqpackTypeError(f"scheduler_options must be a mapping, got {type(self.scheduler_options).__name__}")
         object.__setattr__(self, "scheduler_options", dict(self.scheduler_options))
-        # Unknown names and bad options fail here, not at the first step.
-        named = get_scheduler(self.scheduler, **(self.scheduler_options or {}))
         check_cost_model("cost", self.cost)
+        object.__setattr__(self, "dynamic_cp", check_bool("dynamic_cp", self.dynamic_cp))
+        # Unknown names and bad options fail here, not at the first step.
+        named = self.build_scheduler()
         if self.flops_fn is not None and not callable(self.flops_fn):
             raise SeqpackTypeError(f"flops_fn must be callable, got {type(self.flops_fn).__name__}")
         object.__setattr__(self, "prefetch", check_int("prefetch", self.prefetch, minimum=0, maximum=MAX_PREFETCH))
@@ -236,40 +217,28 @@ class PackingConfig:
             )
 
     def _check_dynamic_cp(self, named: Scheduler) -> None:
-        """The dynamic-CP options (``named``: the scheduler ``scheduler`` names); what it does
-        not combine with yet is refused by name."""
-        dynamic = isinstance(named, DynamicCpScheduler)
-        if self.dynamic_cp is None:
-            object.__setattr__(self, "dynamic_cp", dynamic)
-        object.__setattr__(self, "dynamic_cp", check_bool("dynamic_cp", self.dynamic_cp))
-        object.__setattr__(self, "cp_group_sizes", check_choice("cp_group_sizes", self.cp_group_sizes, GroupSizes))
-        if self.cp_group_sizes == GroupSizes.STATIC:
-            raise ConfigError(
-                "cp_group_sizes='static' is plain static CP: pass dynamic_cp=False, or cp_group_sizes='pow2' or 'any'"
-            )
-        if dynamic and not self.dynamic_cp:
-            raise ConfigError(
-                f"scheduler={self.scheduler!r} plans with dynamic CP but dynamic_cp=False: pass dynamic_cp=True "
-                "(or leave it unset), or another scheduler"
-            )
+        """The dynamic-CP options (``named``: the scheduler :meth:`build_scheduler` gives);
+        what dynamic CP does not combine with yet is refused by name."""
         if not self.dynamic_cp:
-            if self.group_cost is not None or self.cp_group_sizes != GroupSizes.POW2:
-                name = "group_cost" if self.group_cost is not None else "cp_group_sizes"
-                raise ConfigError(f"{name} is an option of dynamic CP: pass dynamic_cp=True with it")
+            if isinstance(named, DynamicCpScheduler):
+                raise ConfigError(
+                    f"scheduler={self.scheduler!r} plans with dynamic CP: pass dynamic_cp=True instead (its options, "
+                    "e.g. scheduler_options={'group_sizes': 'any'}, are the dynamic-CP scheduler's)"
+                )
             return
-        if isinstance(named, DynamicCpScheduler):
-            self._fold_dynamic_scheduler(named)
-        elif self.scheduler != "balanced" or self.scheduler_options:
-            raise ConfigError(
-                f"dynamic_cp=True plans with scheduler 'dynamic_cp', so scheduler={self.scheduler!r} (options "
-                f"{dict(self.scheduler_options or {})}) would not be used: leave scheduler at 'balanced' with no "
-                "scheduler_options, or pass scheduler='dynamic_cp'"
+        cost = self.cost
+        if cost is None:
+            logger.info(
+                "dynamic CP plans with %s's FLOPs and a CP ring over %s (a prior: calibrate=True fits it)",
+                DEFAULT_MODEL,
+                DEFAULT_INTERCONNECT,
             )
-        object.__setattr__(self, "group_cost", dynamic_group_cost(self.group_cost, self.cost))
-        if isinstance(named, DynamicCpScheduler) and named.group_cost not in (None, self.group_cost):
+        elif not cost.has_ring and cost.reference_size is None:
             raise ConfigError(
-                f"scheduler 'dynamic_cp' has group_cost={named.group_cost!r} but the config's is {self.group_cost!r}: "
-                "pass one of them"
+                f"dynamic_cp=True with cost={cost!r}: without a CP ring term every CP group would look free; give "
+                "its ring figures in the units of that cost (CostModel(..., ring_step=2e-4, ring_token=5e-8), "
+                "CostModel.from_te_p2p(cost, ...) for seconds, CostModel.from_model(spec, interconnect) for FLOPs), "
+                "or leave cost unset for the default model's FLOPs and ring"
             )
         if isinstance(self.calibrate, CostCalibrator):
             raise ConfigError(
@@ -288,20 +257,6 @@ class PackingConfig:
                 "shard every sequence by DualChunkSwap ('dualchunk')"
             )
 
-    def _fold_dynamic_scheduler(self, named: DynamicCpScheduler) -> None:
-        """``scheduler="dynamic_cp"``: its options fill ``cp_group_sizes`` and ``group_cost``
-        (a different ``cp_group_sizes`` than the default is refused)."""
-        requested = named.requested_group_sizes
-        if requested is not None:
-            if self.cp_group_sizes not in (GroupSizes.POW2, requested):
-                raise ConfigError(
-                    f"scheduler 'dynamic_cp' has group_sizes={requested.value!r} but cp_group_sizes="
-                    f"{self.cp_group_sizes.value!r}: pass one of them"
-                )
-            object.__setattr__(self, "cp_group_sizes", requested)
-        if self.group_cost is None:
-            object.__setattr__(self, "group_cost", named.group_cost)
-
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
@@ -313,23 +268,26 @@ class PackingConfig:
             raise ConfigError(f"unknown PackingConfig field(s) {unknown}; valid: {', '.join(self.field_names())}")
         return dataclasses.replace(self, **changes)
 
-    @property
-    def planning_cost(self) -> CostModel | GroupCost | None:
-        """The cost the step's scheduler plans with: ``group_cost`` under dynamic CP (its
-        ring included), else ``cost``."""
-        return self.group_cost if self.dynamic_cp and isinstance(self.group_cost, GroupCost) else self.cost
-
     def build_scheduler(self) -> Scheduler:
         """The :class:`~seqpack.schedulers.Scheduler` this config names (a new one per call
-        for names; the instance itself when one was given). Under ``dynamic_cp``: a
-        :class:`~seqpack.schedulers.DynamicCpScheduler` with ``cp_group_sizes`` and
-        ``group_cost`` (the instance given, when one was), however dynamic CP was turned on."""
-        if self.dynamic_cp:
-            if isinstance(self.scheduler, DynamicCpScheduler) and type(self.scheduler) is not DynamicCpScheduler:
-                return self.scheduler  # a subclass: its own planning (the plain class is rebuilt: one repr)
-            assert isinstance(self.group_cost, GroupCost)
-            return DynamicCpScheduler(group_sizes=self.cp_group_sizes, group_cost=self.group_cost)
-        return get_scheduler(self.scheduler, **(self.scheduler_options or {}))
+        for names; the instance itself when one was given). Under ``dynamic_cp``: the
+        scheduler ``"dynamic_cp"`` with ``scheduler_options``, or the
+        :class:`~seqpack.schedulers.DynamicCpScheduler` given as ``scheduler``.
+
+        Raises:
+            ConfigError: Under ``dynamic_cp``, another scheduler named or given.
+        """
+        if not self.dynamic_cp:
+            return get_scheduler(self.scheduler, **(self.scheduler_options or {}))
+        if isinstance(self.scheduler, DynamicCpScheduler) and not self.scheduler_options:
+            return self.scheduler
+        if self.scheduler != "balanced":
+            raise ConfigError(
+                f"dynamic_cp=True plans with the dynamic-CP scheduler, so scheduler={self.scheduler!r} would not be "
+                "used: leave scheduler unset (its options go in scheduler_options, e.g. {'group_sizes': 'any'}), "
+                "or pass a DynamicCpScheduler instance without scheduler_options"
+            )
+        return get_scheduler("dynamic_cp", **(self.scheduler_options or {}))
 
     def resolve(self, topology: Topology) -> PackingConfig:
         """This config with ``pad_multiple`` resolved for ``topology`` and checked against it.
@@ -417,8 +375,6 @@ class PackingConfig:
             "minibatches": str(self.minibatches),
             "static_shapes": repr(self.static_shapes),
             "dynamic_cp": str(self.dynamic_cp),
-            "group_cost": repr(self.group_cost) if self.dynamic_cp else "None",
-            "cp_group_sizes": str(self.cp_group_sizes) if self.dynamic_cp else "None",
         }
 
     def fingerprint(self) -> int:
@@ -426,69 +382,9 @@ class PackingConfig:
         return fingerprint_text(repr(sorted(self.summary().items())))
 
 
-def resolved_cost(config: PackingConfig, scheduler: Scheduler) -> CostModel | GroupCost:
+def resolved_cost(config: PackingConfig, scheduler: Scheduler) -> CostModel:
     """The cost model a wrapper's steps are measured in and calibration starts from: the
-    config's planning cost (``group_cost`` under dynamic CP), else the one its scheduler
-    balances, else the default FLOPs model (so that ``"dp_balanced"`` and ``"balanced"``
+    config's ``cost``, else the one its scheduler balances (under dynamic CP, the prior with
+    its ring), else the default FLOPs model (so that ``"dp_balanced"`` and ``"balanced"``
     report imbalance in the same unit)."""
-    return scheduler.resolve_cost(config.planning_cost) or default_cost_model()
-
-
-_RING_FIGURES = ("ring_step", "ring_token", "ring_token_inter", "ranks_per_node")
-
-
-def dynamic_group_cost(group_cost: object, cost: CostModel | None) -> GroupCost:
-    """``PackingConfig.group_cost`` as a :class:`GroupCost` (a mapping of ring figures is
-    added to ``cost``, else to the default FLOPs model; a ``ModelSpec`` or ``None`` give
-    :meth:`GroupCost.from_model`'s prior).
-
-    A ``GroupCost`` is taken as it is (a fitted one may find the ring free); figures without
-    a ring term (``{}``, ``ranks_per_node`` alone, zeros) are refused.
-
-    Raises:
-        ConfigError: ``None`` or a ``ModelSpec`` beside a ``cost`` of other units or shape,
-            figures without a ring term, unknown figures, or a ``GroupCost`` whose compute
-            part differs from ``cost``.
-    """
-    if group_cost is None or isinstance(group_cost, ModelSpec):
-        spec = model_preset(DEFAULT_MODEL) if group_cost is None else group_cost
-        prior = GroupCost.from_model(spec, DEFAULT_INTERCONNECT)
-        if cost is not None and cost != prior.compute:
-            raise ConfigError(
-                f"dynamic_cp=True with cost={cost!r} needs group_cost in the units of that cost: a "
-                "seqpack.cost.GroupCost (e.g. GroupCost.from_te_p2p(cost, ...) for seconds, or GroupCost.from_model("
-                "spec, interconnect) for FLOPs), or the ring's figures, e.g. group_cost={'ring_step': 2e-4, "
-                "'ring_token': 5e-8}"
-            )
-        logger.info(
-            "dynamic CP plans with %s's FLOPs and a CP ring over %s (a prior; calibrate=True fits it to your times)",
-            spec.name or "the given model",
-            DEFAULT_INTERCONNECT,
-        )
-        return prior
-    if isinstance(group_cost, GroupCost):
-        if cost is not None and cost != group_cost.compute:
-            raise ConfigError(
-                f"group_cost.compute={group_cost.compute!r} differs from cost={cost!r}: pass one of them (the "
-                "group cost's compute part is what the plan and the stats use)"
-            )
-        return group_cost
-    if not isinstance(group_cost, Mapping):
-        raise SeqpackTypeError(
-            f"group_cost must be a GroupCost or a mapping of ring figures, got {type(group_cost).__name__}"
-        )
-    unknown = sorted(set(group_cost) - set(_RING_FIGURES))
-    if unknown:
-        raise ConfigError(f"unknown group_cost figure(s) {unknown}; valid: {', '.join(_RING_FIGURES)}")
-    try:
-        built = GroupCost(cost if cost is not None else default_cost_model(), **group_cost)
-    except TypeError as exc:
-        raise SeqpackTypeError(f"group_cost figures: {exc}") from None
-    if not (built.ring_step or built.ring_token or built.ring_token_inter):
-        raise ConfigError(
-            f"group_cost={dict(group_cost)!r} has no ring term (ring_step, ring_token and ring_token_inter are all "
-            "0 or missing): without one every CP group would look free; pass the ring's figures in the units of "
-            "cost, e.g. group_cost={'ring_step': 2e-4, 'ring_token': 5e-8}, or a "
-            "seqpack.cost.GroupCost"
-        )
-    return built
+    return scheduler.resolve_cost(config.cost) or default_cost_model()

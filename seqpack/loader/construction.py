@@ -91,7 +91,7 @@ def compared_settings(topology: Topology, config: PackingConfig) -> tuple[int, d
     return fingerprint_text(repr(sorted(details.items()))), details
 
 
-_NOT_COMPARED = frozenset({"samples_per_rank", "scheduler", "cost", "calibrate", "group_cost"})
+_NOT_COMPARED = frozenset({"samples_per_rank", "scheduler", "cost", "calibrate"})
 
 
 def warn_if_alone(topology: Topology) -> bool:

@@ -51,7 +51,7 @@ from seqpack.collective import (
 )
 from seqpack.collective.cp_groups import CpGroups
 from seqpack.collective.groups import new_axis_groups, this_rank
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.errors import (
     ConfigError,
     ResumeError,
@@ -233,7 +233,7 @@ class PackingIterator(Iterator[Step], Stateful):
         return self._producer.scheduler
 
     @property
-    def stats_cost(self) -> CostModel | GroupCost:
+    def stats_cost(self) -> CostModel:
         """The cost model every step's stats are measured in (:func:`resolved_cost`)."""
         return self._producer.stats_cost
 

@@ -137,7 +137,8 @@ def placement(
     over the default group where it creates groups (every rank, the same config); ``comm``: the
     topology whose groups the wrapper's collectives use; ``timeout``: of the wrapper's groups."""
     if config.dynamic_cp:
-        return DynamicCp(config, topology, new_cp_groups(topology, config.cp_group_sizes, timeout=timeout))
+        groups = new_cp_groups(topology, config.build_scheduler().group_sizes, timeout=timeout)
+        return DynamicCp(config, topology, groups)
     return StaticCp(config, comm, static_cp_groups(topology))
 
 

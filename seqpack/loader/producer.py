@@ -47,7 +47,7 @@ from seqpack.collective import (
     broadcast_tp,
 )
 from seqpack.collective.groups import this_rank
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SampleError, ScheduleError, StepFailed
 from seqpack.loader import phases
 from seqpack.loader.calibration import StepCalibration
@@ -105,7 +105,7 @@ class StepProducer:
         comm: Topology,
         config: PackingConfig,
         scheduler: Scheduler,
-        stats_cost: CostModel | GroupCost,
+        stats_cost: CostModel,
         *,
         reads: bool,
         copy: DeviceCopy,
@@ -397,9 +397,9 @@ class StepProducer:
         if isinstance(msg, StepEnd):
             return Ready(msg.step, message=msg, progress=self.progress())
         plan = msg.schedule
-        # A calibrated group cost (dynamic CP's) is the unit the step was planned in; a fitted
-        # CostModel is not what static stats are measured in (the config's cost is).
-        cost = trace.model if isinstance(trace.model, GroupCost) else self.stats_cost
+        # A calibrated dynamic-CP cost is the unit the step was planned in; a fitted static
+        # one is not what static stats are measured in (the config's cost is).
+        cost = trace.model if trace.model is not None and not plan.is_static else self.stats_cost
         stats = StepStats.from_schedule(
             plan,
             cost,

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from seqpack.collective.cp_groups import CpGroups
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.loader.origin import origin_slots, to_origin
 from seqpack.schedulers import Schedule
@@ -170,7 +170,7 @@ class StepTrace:
         self.traffic: dict[str, int] = {}
         # Calibration (seqpack.calibrate): the model this step is scheduled with, the
         # fingerprint of schedule and model, and the microbatch-time words being combined.
-        self.model: CostModel | GroupCost | None = None
+        self.model: CostModel | None = None
         self.fitted = False  # the model is fitted to measured times
         self.fingerprint: int | None = None
         self.times: np.ndarray | None = None

@@ -1,18 +1,18 @@
 """What a plan's microbatches cost, and the step time a cost model predicts for it: one path
 for every :class:`~seqpack.schedulers.schedule.Schedule`, static or dynamic CP.
 
-Every group runs one microbatch; its time on each of its ranks is its cost in the one cost
-family (:class:`~seqpack.cost.GroupCost`): the compute of its padded sequences split over its
-ranks, plus the CP ring. A plain :class:`~seqpack.cost.CostModel` is the cost of a microbatch
-on the plan's static CP group (:meth:`~seqpack.cost.GroupCost.from_static`), so a static plan's
-figures are the model's own, microbatch by microbatch.
+Every group runs one microbatch; its time on each of its ranks is its
+:class:`~seqpack.cost.CostModel` cost on the group (:mod:`seqpack.cost.ring`): the compute of
+its padded sequences split over its ranks, plus the CP ring. A model without a
+``reference_size`` and ring terms is the cost of a microbatch on the plan's static CP group,
+so a static plan's figures are the model's own, microbatch by microbatch.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from seqpack.cost import CostModel, GroupCost, as_group_cost, spans_nodes
+from seqpack.cost import CostModel, spans_nodes
 from seqpack.errors import ScheduleError, SeqpackTypeError
 from seqpack.options import Sync
 from seqpack.schedulers.schedule import Schedule
@@ -35,25 +35,31 @@ def _check(plan: object) -> Schedule:
     return plan
 
 
-def group_times(plan: Schedule, cost: GroupCost | CostModel) -> np.ndarray:
+def _model(cost: object) -> CostModel:
+    if not isinstance(cost, CostModel):
+        raise SeqpackTypeError(f"cost must be a seqpack.CostModel, got {type(cost).__name__}")
+    return cost
+
+
+def group_times(plan: Schedule, cost: CostModel) -> np.ndarray:
     """float64 ``[G]``: each group's microbatch cost on its ranks (an idle group: as if it ran
     an empty pack, ``constant`` plus its ring's fixed steps)."""
-    family = as_group_cost(cost, plan.cp_size)
+    cost = _model(cost)
     padded = plan.padded_assigned()
-    compute = np.bincount(plan.group_of, weights=family.compute.cost(padded), minlength=plan.num_groups)
+    compute = np.bincount(plan.group_of, weights=cost.cost(padded), minlength=plan.num_groups)
     tokens = np.bincount(plan.group_of, weights=padded.astype(np.float64), minlength=plan.num_groups)
-    spans = spans_nodes(plan.group_start, plan.group_size, family.ranks_per_node)
-    ring = family.ring(plan.group_size, tokens, spans)
-    return family.compute.constant + compute * family.compute_scale(plan.group_size) + ring
+    spans = spans_nodes(plan.group_start, plan.group_size, cost.ranks_per_node)
+    ring = cost.ring(plan.group_size, tokens, spans)
+    return cost.constant + compute * cost.compute_scale(plan.group_size, plan.cp_size) + ring
 
 
-def rank_times(plan: Schedule, cost: GroupCost | CostModel) -> np.ndarray:
+def rank_times(plan: Schedule, cost: CostModel) -> np.ndarray:
     """float64 ``[num_microbatches, R]``: what every rank's microbatch of every round costs
     (its group's time; an idle rank runs a padding-only filler costing ``constant``)."""
-    family = as_group_cost(cost, plan.cp_size)
+    cost = _model(cost)
     if not plan.num_groups:
         return np.zeros((0, plan.num_ranks))
-    times = np.where(plan.group_counts > 0, group_times(plan, family), family.compute.constant)
+    times = np.where(plan.group_counts > 0, group_times(plan, cost), cost.constant)
     return times[plan.rank_group()]
 
 
@@ -77,15 +83,15 @@ def bucket_padding(plan: Schedule, static_shapes: StaticShapes) -> np.ndarray:
     return group_buckets(shapes, tokens, plan.capacity) - tokens
 
 
-def _priced_times(plan: Schedule, family: GroupCost, static_shapes: StaticShapes | None) -> np.ndarray:
+def _priced_times(plan: Schedule, family: CostModel, static_shapes: StaticShapes | None) -> np.ndarray:
     """float64 ``[G]``: every group's time, an idle one's ``constant``, plus with
     ``static_shapes`` the linear cost of its bucket padding (compute and CP ring)."""
-    times = np.where(plan.group_counts > 0, group_times(plan, family), family.compute.constant)
+    times = np.where(plan.group_counts > 0, group_times(plan, family), family.constant)
     if static_shapes is None:
         return times
     extra = bucket_padding(plan, static_shapes).astype(np.float64)
     spans = spans_nodes(plan.group_start, plan.group_size, family.ranks_per_node)
-    per_token = family.compute.linear * family.compute_scale(plan.group_size)
+    per_token = family.linear * family.compute_scale(plan.group_size, plan.cp_size)
     return (
         times
         + extra * per_token
@@ -96,7 +102,7 @@ def _priced_times(plan: Schedule, family: GroupCost, static_shapes: StaticShapes
 
 def predicted_step_time(
     plan: Schedule,
-    cost: GroupCost | CostModel,
+    cost: CostModel,
     *,
     sync: str = "lockstep",
     static_shapes: StaticShapes | None = None,
@@ -106,8 +112,7 @@ def predicted_step_time(
 
     Args:
         plan: A step's schedule (static or dynamic CP).
-        cost: A :class:`~seqpack.cost.CostModel` (a microbatch's cost on the plan's static
-            CP group) or a :class:`~seqpack.cost.GroupCost` (CP ring included).
+        cost: A :class:`~seqpack.cost.CostModel` (its CP ring terms included).
         sync: ``"lockstep"`` (FSDP, pipeline: every round waits for its slowest group):
             ``sum_m max_g time[g]``. ``"replica"`` (DDP, ZeRO-1: no barrier between rounds):
             the last rank's finish time, where a group starts once all its ranks have
@@ -126,7 +131,7 @@ def predicted_step_time(
         ConfigError: Unknown ``sync``.
     """
     plan = _check(plan)
-    family = as_group_cost(cost, plan.cp_size)
+    family = _model(cost)
     mode = check_choice("sync", sync, Sync)
     if plan.num_groups == 0:
         return 0.0
@@ -168,14 +173,14 @@ def group_sums(plan: Schedule, ranks_per_node: int) -> np.ndarray:
     )  # [G, 4]
 
 
-def replica_sums(plan: Schedule, cost: GroupCost | CostModel) -> np.ndarray:
+def replica_sums(plan: Schedule, cost: CostModel) -> np.ndarray:
     """int64 ``[num_microbatches, dp_size, 4]``: per round and DP replica (ranks ``d*cp ..
     d*cp+cp-1``), the ``(size, S, SS, spans)`` (:func:`group_sums`) of the group among its
     ranks' that ``cost`` predicts slowest: what the replica's measured time (the slowest of
     its CP ranks) times."""
-    family = as_group_cost(cost, plan.cp_size)
+    family = _model(cost)
     rows = group_sums(plan, family.ranks_per_node)
-    times = family.predict_sums(rows)
+    times = family.predict_group_sums(rows, plan.cp_size)
     per_rank = plan.rank_group().reshape(plan.num_microbatches, plan.dp_size, plan.cp_size)
     slowest = np.take_along_axis(per_rank, np.argmax(times[per_rank], axis=2)[..., None], axis=2)[..., 0]
     return rows[slowest]

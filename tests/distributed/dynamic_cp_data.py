@@ -14,7 +14,7 @@ from torch import nn
 
 from seqpack.compute.attention import ThdAttention
 from seqpack.compute.mamba import Mamba2Mixer
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.thd import IGNORE_INDEX, PackedBatch
 
 CAPACITY = 64  # max_tokens_per_rank
@@ -23,9 +23,9 @@ SPR = 6  # samples per DP rank per step
 VOCAB = 64
 # Cost per token (and a little attention) with a small cost per ring step: the long sequence
 # spreads wide, short ones are packed alone.
-GROUP_COST = GroupCost(CostModel(1.0, 1e-3, 0.0), ring_step=0.5, ring_token=2e-3)
+GROUP_COST = CostModel(1.0, 1e-3, 0.0, ring_step=0.5, ring_token=2e-3, reference_size=1)
 # A costly ring step: a group no wider than a sequence needs.
-NARROW_COST = GroupCost(CostModel(1.0, 1e-3, 0.0), ring_step=30.0)
+NARROW_COST = CostModel(1.0, 1e-3, 0.0, ring_step=30.0, reference_size=1)
 LAYOUTS = {"dp4": (("dp", 4),), "dp2cp2": (("dp", 2), ("cp", 2))}
 
 

@@ -18,13 +18,13 @@ from dynamic_cp_data import CAPACITY, LAYOUTS, SPR, samples_of
 from wrapper_data import mesh_topology
 
 from seqpack.calibrate import GroupCostCalibrator
-from seqpack.cost import CostModel, GroupCost, spans_nodes
+from seqpack.cost import CostModel, spans_nodes
 from seqpack.loader import wrap_data_iterator
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.thd import group_padded_lengths
 
-PRIOR = GroupCost(CostModel(1.0, 1e-3, 0.0), ring_step=0.5, ring_token=2e-3)
-TRUTH = GroupCost(CostModel(2e-4, 3e-6, 4e-3), ring_step=2e-3, ring_token=1e-4)
+PRIOR = CostModel(1.0, 1e-3, 0.0, ring_step=0.5, ring_token=2e-3, reference_size=1)
+TRUTH = CostModel(2e-4, 3e-6, 4e-3, ring_step=2e-3, ring_token=1e-4, reference_size=1)
 
 
 def _times(plan, me: int) -> list[float]:
@@ -38,7 +38,7 @@ def _times(plan, me: int) -> list[float]:
             padded = np.array([plan.pad_multiple])
         spans = spans_nodes(int(plan.group_start[g]), c, TRUTH.ranks_per_node)
         row = np.array([[c, int(padded.sum()), int((padded * padded).sum()), int(spans)]])
-        out.append(float(TRUTH.predict_sums(row)[0]))
+        out.append(float(TRUTH.predict_group_sums(row, 1)[0]))
     return out
 
 
@@ -52,7 +52,7 @@ def run_calibrated(name: str, prefetch: int, steps: int) -> dict:
     me = topo.dp_rank * topo.cp_size + topo.cp_rank
     it = wrap_data_iterator(
         iter(samples_of(topo.dp_rank, steps=steps)), topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY,
-        dynamic_cp=True, group_cost=PRIOR, prefetch=prefetch, check_schedule=True,
+        dynamic_cp=True, cost=PRIOR, prefetch=prefetch, check_schedule=True,
         calibrate=GroupCostCalibrator(PRIOR, min_points=8),
     )  # fmt: skip
     out: dict = {"steps": []}
@@ -67,7 +67,7 @@ def run_calibrated(name: str, prefetch: int, steps: int) -> dict:
                     "pad": plan.pad_multiple,
                     "plan": {k: v.tolist() for k, v in plan.to_arrays().items() if k != "origin"},
                     "calibrated": step.stats.calibrated,
-                    "model": it.calibrator.model.coefficients.tolist(),
+                    "model": it.calibrator.model.group_coefficients(1).tolist(),
                 }
             )
         assert it.calibrator is not None
@@ -87,10 +87,10 @@ def test_every_rank_fits_the_same_group_cost_and_plans_with_it(dist_pools, name,
     steps = first["steps"]
     assert len(steps) == steps_run and not steps[0]["calibrated"] and steps[-1]["calibrated"]
     assert len(first["points"]) >= 8
-    final = GroupCost.from_coefficients(np.array(steps[-1]["model"]))
+    final = CostModel.from_group_coefficients(np.array(steps[-1]["model"]))
     points = np.array(first["points"])[:, :4].astype(np.int64)
     measured = np.array(first["points"])[:, 4]
-    error = np.abs(final.predict_sums(points) / measured - 1)
+    error = np.abs(final.predict_group_sums(points, 1) / measured - 1)
     assert error.max() < 1e-6  # every point is one group with its own time: the fit is exact
     assert (points[:, 0] > 1).any()  # groups were timed: the ring term is fitted with the rest
     # Every group of every observed round is one point, once (idle ranks: a lone filler each).
@@ -101,7 +101,7 @@ def test_every_rank_fits_the_same_group_cost_and_plans_with_it(dist_pools, name,
     # Without prefetch the model after step k-1 is the one step k was planned with.
     replanned = 0
     for before, step in zip(steps, steps[1:], strict=False):
-        cost = GroupCost.from_coefficients(np.array(before["model"]))
+        cost = CostModel.from_group_coefficients(np.array(before["model"]))
         plan = plan_dynamic_cp(step["lengths"], dp_size=4, max_tokens_per_rank=CAPACITY, pad_multiple=step["pad"],
                                cost=cost)  # fmt: skip
         assert {k: v.tolist() for k, v in plan.to_arrays().items() if k != "origin"} == step["plan"]

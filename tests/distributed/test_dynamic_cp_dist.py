@@ -40,7 +40,7 @@ def _steps(name: str, *, steps: int = 1, prefetch: int = 1, data_steps: int | No
     data = samples_of(topo.dp_rank, steps=data_steps or steps)
     it = wrap_data_iterator(
         iter(data), topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY, dynamic_cp=True,
-        group_cost=GROUP_COST, prefetch=prefetch,
+        cost=GROUP_COST, prefetch=prefetch,
     )  # fmt: skip
     return topo, it
 
@@ -153,7 +153,7 @@ def run_any_size_step() -> dict:
     data = samples_of(topo.dp_rank, long=180)  # 180 tokens fit 3 ranks (padded to 6: 180 <= 3 x 64)
     steps = wrap_data_iterator(
         iter(data), topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY, dynamic_cp=True,
-        group_cost=NARROW_COST, cp_group_sizes="any",
+        cost=NARROW_COST, scheduler_options={"group_sizes": "any"},
     )  # fmt: skip
     with steps:
         step = next(steps)
@@ -222,7 +222,7 @@ def run_tp_step() -> dict:
     topo = mesh_topology((("dp", 2), ("tp", 2)))
     data = samples_of(topo.dp_rank, long=100) if topo.tp_rank == 0 else None  # 100 tokens need 2 ranks
     steps = wrap_data_iterator(
-        data, topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY, dynamic_cp=True, group_cost=GROUP_COST
+        data, topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY, dynamic_cp=True, cost=GROUP_COST
     )
     with steps:
         step = next(steps)
@@ -264,7 +264,7 @@ def run_pp_step(name: str) -> dict:
     reads = topo.is_first_stage or topo.is_last_stage
     data = samples_of(topo.dp_rank, long=100 if topo.dp_size == 2 else 60) if reads else None
     steps = wrap_data_iterator(
-        data, topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY, dynamic_cp=True, group_cost=GROUP_COST
+        data, topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY, dynamic_cp=True, cost=GROUP_COST
     )
     with steps:
         step = next(steps)

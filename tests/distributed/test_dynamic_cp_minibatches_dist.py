@@ -30,7 +30,7 @@ def run_minibatches(groups: bool) -> dict:
     data = _grouped(topo.dp_rank) if groups else samples_of(topo.dp_rank, steps=STEPS)
     it = wrap_data_iterator(
         iter(data), topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY,
-        scheduler="dynamic_cp", group_cost=GROUP_COST, minibatches=K, prefetch=1,
+        dynamic_cp=True, cost=GROUP_COST, minibatches=K, prefetch=1,
     )  # fmt: skip
     out: dict = {"dp_rank": topo.dp_rank, "steps": [], "tokens": []}
     with it:

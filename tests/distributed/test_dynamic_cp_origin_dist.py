@@ -33,7 +33,7 @@ def read_by(dp_rank: int) -> list[dict[str, torch.Tensor]]:
 def _wrap(topo, prefetch: int):
     return wrap_data_iterator(
         iter(read_by(topo.dp_rank)), topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY, dynamic_cp=True,
-        group_cost=GROUP_COST, prefetch=prefetch,
+        cost=GROUP_COST, prefetch=prefetch,
     )  # fmt: skip
 
 

@@ -790,7 +790,7 @@ def test_fuzz_values_cover_the_edges():
     assert np.isnan(dict(HOSTILE)["nan"]())
 
 
-# --- attention windows and dynamic CP's group_cost: the whole range of values -----------------
+# --- attention windows and dynamic CP's ring figures: the whole range of values -----------------
 
 WINDOW_EDGES = [-(2**63), -2, -1, 0, 1, 2**31 - 2, 2**31 - 1, 2**31, 2**62, 2**63 - 1, 2**63, 2**64]
 window_bounds = st.one_of(st.integers(-3, 40), st.sampled_from(WINDOW_EDGES), hostile_values)
@@ -860,28 +860,25 @@ RING_FIGURES = ("ring_step", "ring_token", "ring_token_inter")
 
 
 @pytest.mark.slow
-def test_group_cost_figures_need_a_ring_term_or_are_refused_by_name():
+def test_ring_figures_are_refused_by_name_and_a_free_ring_under_dynamic_cp():
     outcomes = collections.Counter()
     figure_values = st.one_of(st.sampled_from([0, 0.0, 1e-4, 2e-8, 3]), hostile_values)
 
     @settings(max_examples=120)
-    @given(
-        figures=st.dictionaries(st.sampled_from((*RING_FIGURES, "ranks_per_node", "ring_latency")), figure_values),
-    )
+    @given(figures=st.dictionaries(st.sampled_from((*RING_FIGURES, "ranks_per_node")), figure_values))
     def spoil(figures):
         try:
-            config = PackingConfig(samples_per_rank=4, max_tokens_per_rank=64, dynamic_cp=True, group_cost=figures)
+            cost = CostModel(1.0, 0.0, **figures)
+            config = PackingConfig(samples_per_rank=4, max_tokens_per_rank=64, dynamic_cp=True, cost=cost)
         except SeqpackError as exc:
             message = str(exc)
-            assert "group_cost" in message or any(name in message for name in figures), (figures, message)
+            assert "ring term" in message or any(name in message for name in figures), (figures, message)
             outcomes["refused"] += 1
             return
-        ring = config.group_cost
-        assert ring.ring_step > 0 or ring.ring_token > 0 or ring.ring_token_inter > 0, figures  # never free
-        assert "ring_latency" not in figures
+        assert config.cost is not None and config.cost.has_ring, figures  # never free
         outcomes["ok"] += 1
 
     spoil()
     assert outcomes["ok"] and outcomes["refused"], outcomes
-    with pytest.raises(SeqpackError, match=r"group_cost=\{\} has no ring term"):
-        PackingConfig(samples_per_rank=4, max_tokens_per_rank=64, dynamic_cp=True, group_cost={})
+    with pytest.raises(SeqpackError, match="without a CP ring term every CP group would look free"):
+        PackingConfig(samples_per_rank=4, max_tokens_per_rank=64, dynamic_cp=True, cost=CostModel(1.0, 0.0))

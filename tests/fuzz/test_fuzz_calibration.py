@@ -27,13 +27,13 @@ from wrapper_data import items
 
 from seqpack._logging import reset_warn_once
 from seqpack.calibrate import CostCalibrator, GroupCostCalibrator
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SeqpackError, StepFailed
 from seqpack.loader import wrap_data_iterator
 from seqpack.topology import Topology
 
 TRUTH = CostModel(2e-4, 3e-7, 0.01)
-GROUP_PRIOR = GroupCost(CostModel(1.0, 1e-4, 0.0), ring_step=10.0, ring_token=0.1, ranks_per_node=2)
+GROUP_PRIOR = CostModel(1.0, 1e-4, 0.0, ring_step=10.0, ring_token=0.1, ranks_per_node=2, reference_size=1)
 MBS = [[100, 20], [300], [50, 60, 70], [400, 10]]
 SECONDS = [0.05, 0.09, 0.06, 0.12]
 

@@ -14,6 +14,7 @@ microbatches."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -23,12 +24,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from wrapper_data import ScatterScheduler, mesh_topology
 
+from seqpack.cost import default_cost_model
 from seqpack.errors import SeqpackError
 from seqpack.loader import wrap_data_iterator
 from seqpack.topology import Topology
 
 EXAMPLES = int(os.environ.get("SEQPACK_FUZZ_EXAMPLES", "40"))
-RING = {"ring_step": 0.5, "ring_token": 2e-3}
+RING = dataclasses.replace(default_cost_model(), ring_step=0.5, ring_token=2e-3, reference_size=1)
 DTYPES = (torch.float64, torch.float32, torch.int64)
 
 # A sequence of the data: (item, sub) and its length; token j of it is item*1000 + sub*100 + j + 1.
@@ -126,7 +128,7 @@ def test_one_value_per_sequence_read_in_read_order(lengths, spr, plan, on_oversi
     options: dict = dict(samples_per_rank=spr, max_tokens_per_rank=capacity, on_oversize=on_oversize, prefetch=0,
                          drop_last=False)  # fmt: skip
     if plan == "dynamic":
-        options.update(dynamic_cp=True, group_cost=RING)
+        options.update(dynamic_cp=True, cost=RING)
     else:
         options.update(scheduler=ScatterScheduler(defer_longest=True) if plan == "test_defer" else "empty",
                        pad_multiple=4)  # fmt: skip
@@ -200,7 +202,7 @@ WRONG = {
 @pytest.mark.slow
 def test_wrong_values_are_a_seqpack_error_naming_values(lengths, wrong, dynamic):
     options: dict = dict(samples_per_rank=len(lengths), max_tokens_per_rank=48, prefetch=0, drop_last=False)
-    options.update(dict(dynamic_cp=True, group_cost=RING) if dynamic else dict(scheduler="empty", pad_multiple=4))
+    options.update(dict(dynamic_cp=True, cost=RING) if dynamic else dict(scheduler="empty", pad_multiple=4))
     step = next(wrap_data_iterator(iter(items_of([[n] for n in lengths])), Topology.single(), **options), None)
     if step is None or not step.microbatches:
         return  # nothing ran: no values to get wrong
@@ -231,7 +233,7 @@ def run_gloo(layout, lengths: list[list[list[int]]], spr: int, plan: str, on_ove
     options: dict = dict(samples_per_rank=spr, max_tokens_per_rank=capacity // cp, prefetch=0, drop_last=False,
                          on_oversize=on_oversize)  # fmt: skip
     if plan == "dynamic":
-        options.update(dynamic_cp=True, group_cost=RING)
+        options.update(dynamic_cp=True, cost=RING)
     else:
         options.update(scheduler=ScatterScheduler(defer_longest=plan == "test_defer"),
                        pad_multiple=None if cp > 1 else 4)  # fmt: skip

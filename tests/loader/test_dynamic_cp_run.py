@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from seqpack.collective.cp_groups import CpGroups, new_cp_groups, plane_blocks
 from seqpack.collective.exchange import plan_shard_exchange
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.options import CpLayout
 from seqpack.schedulers import Schedule, predicted_step_time
@@ -25,7 +25,7 @@ from seqpack.thd import group_pad_multiple, pack_sequences
 from seqpack.thd.cp import held_runs, partition_indices, run_indices, shard_for_cp
 from seqpack.topology import Topology
 
-COST = GroupCost(CostModel(1.0, 1e-3, 1e-5), ring_step=0.5, ring_token=2e-3, ranks_per_node=4)
+COST = CostModel(1.0, 1e-3, 1e-5, ring_step=0.5, ring_token=2e-3, ranks_per_node=4, reference_size=1)
 
 
 def a_plan(lengths, dp, cp, capacity=64, pad=1, counts=None):
@@ -147,7 +147,7 @@ def test_stats_of_a_dynamic_plan():
     assert stats.padded_tokens >= int(plan.group_tokens().sum()) and len(stats.replica_cost) == 4
     assert stats.num_microbatches == plan.num_microbatches
     assert stats.predicted_step_time == predicted_step_time(plan, COST)
-    assert stats.imbalance >= 1.0 and stats.cost_model == COST.compute
+    assert stats.imbalance >= 1.0 and stats.cost_model == COST
     assert stats.moved_tokens == int(moved_tokens(plan)[0].sum())
 
 
@@ -166,7 +166,7 @@ def test_one_rank_runs_every_sequence_alone_through_the_wrapper():
 
     rng = np.random.default_rng(0)
     data = [{"input_ids": torch.from_numpy(rng.integers(0, 50, int(n)))} for n in rng.integers(1, 60, 12)]
-    options = {"samples_per_rank": 6, "max_tokens_per_rank": 64, "group_cost": COST, "prefetch": 0}
+    options = {"samples_per_rank": 6, "max_tokens_per_rank": 64, "cost": COST, "prefetch": 0}
     steps = list(wrap_data_iterator(iter(data), Topology.single(), dynamic_cp=True, **options))
     assert len(steps) == 2
     for k, step in enumerate(steps):
@@ -229,7 +229,7 @@ def test_oversize_sequences_are_cut_or_dropped_and_counted(policy):
 
     lengths = [10, 100, 30, 7]  # 100 > one rank's 64 tokens, and one rank is all there is
     data = [{"input_ids": torch.arange(n) % 50} for n in lengths]
-    options = {"samples_per_rank": 4, "max_tokens_per_rank": 64, "group_cost": COST, "on_oversize": policy}
+    options = {"samples_per_rank": 4, "max_tokens_per_rank": 64, "cost": COST, "on_oversize": policy}
     (step,) = list(wrap_data_iterator(iter(data), Topology.single(), dynamic_cp=True, **options))
     packed = {}
     for b in step.microbatches:

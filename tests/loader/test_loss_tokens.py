@@ -18,6 +18,7 @@ from wrapper_data import repeating_items
 from seqpack.collective import gather_lengths
 from seqpack.collective.fields import Header
 from seqpack.collective.wire import STEP_FIELDS, StepOk, decode_step, encode_step
+from seqpack.cost import default_cost_model
 from seqpack.errors import ResumeError, SampleError, SeqpackTypeError, StepFailed, WireError
 from seqpack.loader import PackingConfig, wrap_data_iterator
 from seqpack.loader.labels import loss_token_counts, misaligned_step_message, prepare_labels
@@ -312,7 +313,14 @@ def test_labels_in_the_other_alignment_are_refused_per_sample_and_per_step_whate
 @pytest.mark.parametrize("dynamic_cp", [False, True])
 def test_position_aligned_labels_through_the_wrapper_are_trained_as_given(dynamic_cp):
     items = list(repeating_items(6, 20, 3, next_token=False))
-    dynamic = {"dynamic_cp": True, "group_cost": {"ring_step": 2e-4, "ring_token": 5e-8}} if dynamic_cp else {}
+    dynamic = (
+        {
+            "dynamic_cp": True,
+            "cost": dataclasses.replace(default_cost_model(), ring_step=2e-4, ring_token=5e-8, reference_size=1),
+        }
+        if dynamic_cp
+        else {}
+    )
     (step,) = _wrap(iter(items), label_format="position_aligned", max_tokens_per_rank=128, **dynamic)
     assert step.num_loss_tokens == 6 * 20 == sum(mb.num_loss_tokens for mb in step.microbatches)
     got = sorted(

@@ -5,22 +5,25 @@ tests/distributed/test_origin_dist.py and test_dynamic_cp_origin_dist.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from wrapper_data import ScatterScheduler
 
+from seqpack.cost import default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader import wrap_data_iterator
 from seqpack.topology import Topology
 
-RING = {"ring_step": 0.5, "ring_token": 2e-3}
+RING = dataclasses.replace(default_cost_model(), ring_step=0.5, ring_token=2e-3, reference_size=1)
 
 
 def _wrap(data, dynamic: bool, **kwargs):
     options = dict(samples_per_rank=6, max_tokens_per_rank=32, prefetch=0, drop_last=False)
     options.update(kwargs)
     if dynamic:
-        options.update(dynamic_cp=True, group_cost=RING)
+        options.update(dynamic_cp=True, cost=RING)
     else:
         options.setdefault("scheduler", "empty")
     return wrap_data_iterator(iter(data), Topology.single(), **options)

@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 
-from seqpack.cost import GroupCost
+from seqpack.cost import CostModel
 from seqpack.schedulers import Schedule
 
 
@@ -18,7 +18,7 @@ def padded(length, size, pad_multiple):
 
 
 def pack_time(size, s, ss, spans, coef):
-    """Cost of one microbatch (the formula of seqpack.cost.GroupCost)."""
+    """Cost of one microbatch (the formula of seqpack.cost.ring)."""
     t = coef[0] + (coef[1] * s + coef[2] * ss) / size
     if size > 1:
         t += (size - 1) * coef[3] + (size - 1) * (coef[5] if spans else coef[4]) / size * s
@@ -181,9 +181,9 @@ def layout_in_nodes_reference(bin_round, bin_size, rpn, ranks):
     return start
 
 
-def step_time_reference(plan: Schedule, cost: GroupCost, sync: str) -> float:
+def step_time_reference(plan: Schedule, cost: CostModel, sync: str) -> float:
     """The step time, group by group and rank by rank."""
-    coef = cost.coefficients
+    coef = cost.group_coefficients(plan.cp_size)
     ranks = plan.dp_size * plan.cp_size
     finish = [0.0] * ranks
     total = 0.0
@@ -210,7 +210,7 @@ def static_reference(lengths, ranks, capacity, pad_multiple, cost, sizes):
     """Static CP the obvious way: every round cut into groups of the smallest allowed size
     holding the longest sequence (the rest of the ranks single), rounds added until
     :func:`lpt_reference` places every sequence (longest first) into them."""
-    coef, lengths = cost.coefficients, [int(x) for x in lengths]
+    coef, lengths = cost.group_coefficients(1), [int(x) for x in lengths]
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     longest = lengths[order[0]] if order else 1
     c = next(c for c in sizes if padded(longest, c, pad_multiple) <= c * capacity)
@@ -267,7 +267,7 @@ def brute_force_lockstep(lengths, ranks, capacity, pad_multiple, cost, sizes):
     """The least lockstep step time of any plan on aligned power-of-2 groups: every
     partition of the sequences into microbatches, every allowed size of each, every
     partition of those into rounds of at most ``ranks`` ranks (tiny steps only)."""
-    coef, rpn = cost.coefficients, cost.ranks_per_node
+    coef, rpn = cost.group_coefficients(1), cost.ranks_per_node
     best = np.inf
     for bins in _set_partitions(list(range(len(lengths)))):
         options = []

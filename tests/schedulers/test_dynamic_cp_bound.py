@@ -8,7 +8,7 @@ from dynamic_cp_reference import brute_force_lockstep, longest_held
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.options import Sync
 from seqpack.schedulers import predicted_step_time
@@ -22,10 +22,12 @@ step_time_lower_bound = _bound.step_time_lower_bound
 
 COSTS = st.sampled_from(
     [
-        GroupCost(CostModel(1.0, 0.0, 10.0)),
-        GroupCost(CostModel(1.0, 0.05, 5.0), ring_step=2.0, ring_token=0.2, ring_token_inter=1.0, ranks_per_node=2),
-        GroupCost(CostModel(0.1, 0.01, 0.0), ring_step=0.5, ring_token=0.05, ranks_per_node=4),
-        GroupCost(CostModel(0.0, 0.0, 1.0), ring_token=0.5, ring_token_inter=0.1, ranks_per_node=1),
+        CostModel(1.0, 0.0, 10.0, reference_size=1),
+        CostModel(
+            1.0, 0.05, 5.0, ring_step=2.0, ring_token=0.2, ring_token_inter=1.0, ranks_per_node=2, reference_size=1
+        ),
+        CostModel(0.1, 0.01, 0.0, ring_step=0.5, ring_token=0.05, ranks_per_node=4, reference_size=1),
+        CostModel(0.0, 0.0, 1.0, ring_token=0.5, ring_token_inter=0.1, ranks_per_node=1, reference_size=1),
     ]
 )
 
@@ -70,7 +72,7 @@ def test_never_above_a_plan(lengths, ranks, capacity, pad, cost, sync, sizes):
 def test_the_round_of_a_long_sequence_tightens_the_bound_to_the_optimum():
     """[30, 10, 10] on 2 ranks of 16: 30 takes both ranks for a round, the 10s need a round
     of their own. Spread and alone miss that; the round bound finds the optimum."""
-    cost = GroupCost(CostModel(0.01, 0.001, 1.0), ring_step=0.5, ring_token=0.05)
+    cost = CostModel(0.01, 0.001, 1.0, ring_step=0.5, ring_token=0.05, reference_size=1)
     lengths = np.array([30, 10, 10])
     best = brute_force_lockstep(lengths.tolist(), 2, 16, 1, cost, [1, 2])
     old = _spread_alone(_Model(lengths, 2, 16, 1, cost), Sync.LOCKSTEP)
@@ -84,7 +86,7 @@ def test_replica_spread_counts_only_microbatches_that_run():
     """Replica sync: [10, 6, 5] on 2 ranks of 10, a launch-bound cost. One rank runs 10, the
     other 6 then 5: step 2k. Charging k for ceil(21 / 20) = 2 rounds *and* the average work
     would claim more than that."""
-    cost = GroupCost(CostModel(0.0, 0.0, 1.0))
+    cost = CostModel(0.0, 0.0, 1.0, reference_size=1)
     plan = plan_dynamic_cp([10, 6, 5], dp_size=2, max_tokens_per_rank=10, cost=cost, sync="replica")
     bound = step_time_lower_bound(np.array([10, 6, 5]), num_ranks=2, max_tokens_per_rank=10, cost=cost,
                                   sync="replica")  # fmt: skip
@@ -93,7 +95,7 @@ def test_replica_spread_counts_only_microbatches_that_run():
 
 
 def test_empty_step_and_oversize():
-    cost = GroupCost(CostModel(1.0, 0.0, 0.0))
+    cost = CostModel(1.0, 0.0, 0.0, reference_size=1)
     assert step_time_lower_bound(np.zeros(0, dtype=np.int64), num_ranks=2, max_tokens_per_rank=8, cost=cost) == 0.0
     with pytest.raises(ConfigError, match="sample 1 has 17 tokens"):
         step_time_lower_bound(np.array([3, 17]), num_ranks=2, max_tokens_per_rank=8, cost=cost)
@@ -102,7 +104,7 @@ def test_empty_step_and_oversize():
 def test_rounds_that_share_the_longest_sequences_tighten_it_further():
     """[30, 30, 4] on 2 ranks of 16: each 30 fills both ranks, so two rounds at its height.
     One long sequence at a time cannot see that; the two together can."""
-    cost = GroupCost(CostModel(0.01, 0.001, 1.0), ring_step=0.5, ring_token=0.05)
+    cost = CostModel(0.01, 0.001, 1.0, ring_step=0.5, ring_token=0.05, reference_size=1)
     lengths = np.array([30, 30, 4])
     best = brute_force_lockstep(lengths.tolist(), 2, 16, 1, cost, [1, 2])
     model = _Model(lengths, 2, 16, 1, cost)

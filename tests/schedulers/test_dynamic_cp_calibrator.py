@@ -9,16 +9,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack.calibrate import MISSING, GroupCostCalibrator, TimingLedger, encode_seconds
-from seqpack.cost import CostModel, GroupCost, spans_nodes
+from seqpack.cost import CostModel, spans_nodes
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.step_time import group_times, replica_sums
 from seqpack.thd import group_padded_lengths
 
-TRUTH = GroupCost(
-    CostModel(2e-6, 3e-11, 1e-3), ring_step=4e-4, ring_token=5e-7, ring_token_inter=2e-6, ranks_per_node=8
+TRUTH = CostModel(
+    2e-6, 3e-11, 1e-3, ring_step=4e-4, ring_token=5e-7, ring_token_inter=2e-6, ranks_per_node=8, reference_size=1
 )
-PRIOR = GroupCost(CostModel(1.0, 1e-4, 0.0), ring_step=10.0, ring_token=0.1, ranks_per_node=8)  # FLOP-ish units
+PRIOR = CostModel(1.0, 1e-4, 0.0, ring_step=10.0, ring_token=0.1, ranks_per_node=8, reference_size=1)  # FLOP-ish units
+
+
+def gtime(model, sizes, s, ss, spans):
+    """The cost of microbatches on groups of ``sizes`` (:meth:`CostModel.predict_group_sums`)."""
+    sums = np.stack([np.asarray(sizes), np.asarray(s), np.asarray(ss), np.asarray(spans, dtype=np.int64)], axis=-1)
+    return model.predict_group_sums(sums, 1)
 
 
 def _microbatches(rng: np.random.Generator, n: int, sizes=(1, 2, 4, 8, 16)):
@@ -34,12 +40,12 @@ def _microbatches(rng: np.random.Generator, n: int, sizes=(1, 2, 4, 8, 16)):
 def test_recovers_a_known_group_cost_from_its_times():
     rng = np.random.default_rng(0)
     size, s, ss, spans = _microbatches(rng, 200)
-    seconds = TRUTH.time(size, s, ss, spans)
+    seconds = gtime(TRUTH, size, s, ss, spans)
     cal = GroupCostCalibrator(PRIOR, min_points=32, warmup_steps=0)
     assert cal.model is PRIOR and not cal.fitted
     assert cal.observe(size, s, ss, spans, seconds, step=3) == 200
     assert cal.fitted and cal.in_seconds and cal.last_step == 3
-    np.testing.assert_allclose(cal.model.coefficients, TRUTH.coefficients, rtol=1e-6)
+    np.testing.assert_allclose(cal.model.group_coefficients(1), TRUTH.group_coefficients(1), rtol=1e-6)
 
 
 def test_noisy_times_predict_within_a_few_percent():
@@ -48,13 +54,13 @@ def test_noisy_times_predict_within_a_few_percent():
     noise = 1.0 + 0.02 * rng.standard_normal(size.shape[0])
     noise[::37] = 3.0  # outliers (a GC pause): the robust fit rejects them
     cal = GroupCostCalibrator(PRIOR, warmup_steps=0)
-    cal.observe(size, s, ss, spans, TRUTH.time(size, s, ss, spans) * noise)
+    cal.observe(size, s, ss, spans, gtime(TRUTH, size, s, ss, spans) * noise)
     test = _microbatches(np.random.default_rng(2), 200)
-    predicted, truth = cal.model.time(*test), TRUTH.time(*test)
+    predicted, truth = gtime(cal.model, *test), gtime(TRUTH, *test)
     assert np.max(np.abs(predicted / truth - 1)) < 0.05
     # The ring term itself is fitted: a wide group's extra cost over the compute split.
-    ring = cal.model.time(*(np.array([16]), np.array([1 << 16]), np.array([1 << 32]), np.array([True])))
-    assert ring[0] == pytest.approx(TRUTH.time(np.array([16]), np.array([1 << 16]), np.array([1 << 32]),
+    ring = gtime(cal.model, *(np.array([16]), np.array([1 << 16]), np.array([1 << 32]), np.array([True])))
+    assert ring[0] == pytest.approx(gtime(TRUTH, np.array([16]), np.array([1 << 16]), np.array([1 << 32]),
                                                np.array([True]))[0], rel=0.05)  # fmt: skip
 
 
@@ -65,11 +71,11 @@ def test_unobserved_terms_keep_the_prior_rescaled():
     size, s, ss, _ = _microbatches(rng, 100, sizes=(1, 2, 4))
     spans = np.zeros_like(size, dtype=bool)
     cal = GroupCostCalibrator(PRIOR, min_points=8, warmup_steps=0, robust=False)
-    cal.observe(size, s, ss, spans, TRUTH.time(size, s, ss, spans))
+    cal.observe(size, s, ss, spans, gtime(TRUTH, size, s, ss, spans))
     model = cal.model
-    np.testing.assert_allclose(model.coefficients[:5], TRUTH.coefficients[:5], rtol=1e-6)
-    p = PRIOR.time(size, s, ss, spans)
-    y = TRUTH.time(size, s, ss, spans)
+    np.testing.assert_allclose(model.group_coefficients(1)[:5], TRUTH.group_coefficients(1)[:5], rtol=1e-6)
+    p = gtime(PRIOR, size, s, ss, spans)
+    y = gtime(TRUTH, size, s, ss, spans)
     alpha = np.sum(p * y / y**2) / np.sum(p * p / y**2)
     assert model.ring_token_inter == pytest.approx(alpha * PRIOR.ring_token_inter, rel=1e-9)
 
@@ -79,19 +85,19 @@ def test_state_round_trip_copy_and_determinism():
     cal = GroupCostCalibrator(PRIOR, min_points=8, window=50)
     for step in range(4):
         size, s, ss, spans = _microbatches(rng, 20)
-        cal.observe(size, s, ss, spans, TRUTH.time(size, s, ss, spans), step=step)
+        cal.observe(size, s, ss, spans, gtime(TRUTH, size, s, ss, spans), step=step)
     assert cal.num_points == 50 and cal.observed == 60  # step 0 is the warm-up
     other = GroupCostCalibrator(PRIOR, min_points=8, window=50)
     other.load_state_dict(cal.state_dict())
-    assert other.model.coefficients.tobytes() == cal.model.coefficients.tobytes()
-    assert cal.copy().model.coefficients.tobytes() == cal.model.coefficients.tobytes()
+    assert other.model.group_coefficients(1).tobytes() == cal.model.group_coefficients(1).tobytes()
+    assert cal.copy().model.group_coefficients(1).tobytes() == cal.model.group_coefficients(1).tobytes()
     assert "GroupCostCalibrator(prior=" in repr(cal)
 
 
 @pytest.mark.parametrize(
     ("call", "error", "text"),
     [
-        (lambda: GroupCostCalibrator(TRUTH.compute), SeqpackTypeError, "GroupCost"),
+        (lambda: GroupCostCalibrator("flops"), SeqpackTypeError, "CostModel"),
         (lambda: GroupCostCalibrator(PRIOR, min_points=9, window=8), ConfigError, "larger than window"),
         (lambda: GroupCostCalibrator(PRIOR).observe([1], [2, 3], [4], [0], [1.0]), ConfigError, "differ in length"),
         (lambda: GroupCostCalibrator(PRIOR).observe([0], [2], [4], [0], [1.0]), ConfigError, "size 0"),
@@ -123,8 +129,8 @@ def _replica_sums_reference(plan, cost):
                 ids = plan.group_ids(g)
                 c = int(plan.group_size[g])
                 if ids.size == 0:
-                    row, t = (1, plan.pad_multiple, plan.pad_multiple**2, 0), cost.compute.constant
-                    t = float(cost.time(np.array([1]), np.array([row[1]]), np.array([row[2]]), np.array([False]))[0])
+                    row, t = (1, plan.pad_multiple, plan.pad_multiple**2, 0), cost.constant
+                    t = float(gtime(cost, np.array([1]), np.array([row[1]]), np.array([row[2]]), np.array([False]))[0])
                 else:
                     padded = group_padded_lengths(plan.lengths[ids], c, plan.pad_multiple).astype(int).tolist()
                     spans = bool(spans_nodes(lo, c, cost.ranks_per_node))
@@ -145,7 +151,7 @@ def _replica_sums_reference(plan, cost):
 )
 @pytest.mark.slow
 def test_replica_sums_match_reference(lengths, dp, cp, pad):
-    cost = GroupCost(CostModel(1.0, 0.01, 2.0), ring_step=3.0, ring_token=0.1, ranks_per_node=2)
+    cost = CostModel(1.0, 0.01, 2.0, ring_step=3.0, ring_token=0.1, ranks_per_node=2, reference_size=1)
     plan = plan_dynamic_cp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=64, pad_multiple=pad, cost=cost,
                            on_oversize="drop")  # fmt: skip
     np.testing.assert_array_equal(replica_sums(plan, cost), _replica_sums_reference(plan, cost))
@@ -158,7 +164,7 @@ def test_ledger_observes_dynamic_plans_and_resumes():
     ledger = TimingLedger(cal, dp_size=2, dp_rank=0, window=2)
     ledger.add_schedule(0, plan, TRUTH)
     sums = replica_sums(plan, PRIOR)
-    seconds = TRUTH.predict_sums(sums)  # [M, dp]
+    seconds = TRUTH.predict_group_sums(sums, 1)  # [M, dp]
     saved = TimingLedger(GroupCostCalibrator(PRIOR, min_points=3, warmup_steps=0), dp_size=2, dp_rank=0)
     saved.load_state_dict(ledger.state_dict())
     assert saved.pending() == [0]
@@ -243,6 +249,6 @@ def test_per_rank_ledger_resumes_its_slots_and_old_per_replica_ones():
     mixed = ledger()
     mixed.load_state_dict(old.state_dict())
     assert mixed.width() == plan.num_microbatches
-    seconds = TRUTH.predict_sums(replica_sums(plan, TRUTH))  # [M, dp]
+    seconds = TRUTH.predict_group_sums(replica_sums(plan, TRUTH), 1)  # [M, dp]
     done = mixed.incoming(1, np.stack([encode_seconds(seconds[:, d]) for d in range(2)]))
     assert [m.step for m in done] == [0] and mixed.calibrator.num_points == seconds.size

@@ -1,5 +1,5 @@
-"""GroupCost: its features, its static-CP CostModel, TE's ring figures, fitting, and the
-predicted step time of a plan against a loop-by-loop reference."""
+"""A CostModel on CP groups: its features, its static-CP model, TE's ring figures, fitting,
+and the predicted step time of a plan against a loop-by-loop reference."""
 
 import numpy as np
 import pytest
@@ -7,12 +7,12 @@ from dynamic_cp_reference import pack_time, step_time_reference
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack.cost import FEATURES, CostModel, GroupCost, spans_nodes
+from seqpack.cost import FEATURES, CostModel, group_features, spans_nodes
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.schedulers import predicted_step_time
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 
-COST = GroupCost(CostModel(7e-7, 8e-11, 0.02), ring_step=2.4e-4, ring_token=5.5e-8, ring_token_inter=4.9e-7)
+COST = CostModel(7e-7, 8e-11, 0.02, ring_step=2.4e-4, ring_token=5.5e-8, ring_token_inter=4.9e-7, reference_size=1)
 
 
 @given(
@@ -25,8 +25,9 @@ def test_time_is_features_times_coefficients(sizes, data):
     s = np.array([sum(p) for p in packs], dtype=np.float64)
     ss = np.array([sum(x * x for x in p) for p in packs], dtype=np.float64)
     spans = np.array([c > 8 for c in sizes])
-    times = COST.time(np.array(sizes), s, ss, spans)
-    expected = [pack_time(c, a, b, sp, COST.coefficients) for c, a, b, sp in zip(sizes, s, ss, spans, strict=True)]
+    times = group_features(np.array(sizes), s, ss, spans) @ COST.group_coefficients(1)
+    coef = COST.group_coefficients(1)
+    expected = [pack_time(c, a, b, sp, coef) for c, a, b, sp in zip(sizes, s, ss, spans, strict=True)]
     assert times == pytest.approx(expected, rel=1e-12)
     for c, pack, t in zip(sizes, packs, times, strict=True):  # the static-CP CostModel agrees
         assert COST.at(c).microbatch_cost(pack) == pytest.approx(t, rel=1e-12)
@@ -41,15 +42,17 @@ def test_features_are_named_and_fit_back():
     s = rng.integers(1000, 16384, n) * sizes
     ss = s.astype(np.float64) ** 2 / rng.integers(1, 8, n)
     spans = spans_nodes(0, sizes, 8)
-    x = COST.features(sizes, s, ss, spans)
+    x = group_features(sizes, s, ss, spans)
     assert x.shape == (n, len(FEATURES)) == (n, 6)
-    coef, *_ = np.linalg.lstsq(x, COST.time(sizes, s, ss, spans), rcond=None)
-    assert coef == pytest.approx(COST.coefficients, rel=1e-6)
-    assert GroupCost.from_coefficients(coef).coefficients == pytest.approx(COST.coefficients, rel=1e-6)
+    sums = np.stack([sizes, s, ss.astype(np.int64), spans.astype(np.int64)], axis=1)
+    assert COST.predict_group_sums(sums, 1) == pytest.approx(x @ COST.group_coefficients(1), rel=1e-8)
+    coef, *_ = np.linalg.lstsq(x, x @ COST.group_coefficients(1), rcond=None)
+    assert coef == pytest.approx(COST.group_coefficients(1), rel=1e-6)
+    assert CostModel.from_group_coefficients(coef).group_coefficients(1) == pytest.approx(coef, rel=1e-12)
 
 
 def test_at_one_rank_is_the_compute_model_and_spans_nodes_above_a_node():
-    assert COST.at(1) == COST.compute
+    assert COST.at(1) == CostModel(7e-7, 8e-11, 0.02)  # the compute terms alone
     assert COST.at(16).linear == pytest.approx((7e-7 + 15 * 4.9e-7) / 16)
     assert COST.at(8).linear == pytest.approx((7e-7 + 7 * 5.5e-8) / 8)
     assert COST.at(8, spans=True).linear == pytest.approx((7e-7 + 7 * 4.9e-7) / 8)
@@ -57,7 +60,7 @@ def test_at_one_rank_is_the_compute_model_and_spans_nodes_above_a_node():
 
 
 def test_from_te_p2p_counts_three_transfers_per_step_and_layer():
-    cost = GroupCost.from_te_p2p(
+    cost = CostModel.from_te_p2p(
         CostModel(1e-6, 0.0), attention_layers=4, num_query_groups=4, head_dim=128,
         intra_node_bandwidth=450e9, inter_node_bandwidth=50e9, step_latency=20e-6,
     )  # fmt: skip
@@ -66,18 +69,18 @@ def test_from_te_p2p_counts_three_transfers_per_step_and_layer():
     assert cost.ring_token_inter == pytest.approx(3 * 4 * kv_bytes / 50e9)
     assert cost.ring_step == pytest.approx(3 * 4 * 20e-6)
     half = cost.scaled_ring(0.5)
-    assert half.ring_token_inter == pytest.approx(cost.ring_token_inter / 2) and half.compute == cost.compute
+    assert half.ring_token_inter == pytest.approx(cost.ring_token_inter / 2) and half.at(1) == cost.at(1)
 
 
 def test_bad_costs():
     with pytest.raises(SeqpackTypeError):
-        GroupCost("flops")  # type: ignore[arg-type]
+        CostModel(1, 0, ring_step="flops")  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
-        GroupCost(CostModel(1, 0), ring_token=-1.0)
+        CostModel(1, 0, ring_token=-1.0, reference_size=1)
     with pytest.raises(SeqpackTypeError):
         predicted_step_time("plan", COST)  # type: ignore[arg-type]
     plan = plan_dynamic_cp([5], dp_size=1, max_tokens_per_rank=8, cost=COST)
-    with pytest.raises(SeqpackTypeError, match="CostModel or GroupCost"):
+    with pytest.raises(SeqpackTypeError, match="cost must be a seqpack.CostModel, got str"):
         predicted_step_time(plan, "flops")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="sync"):
         predicted_step_time(plan, COST, sync="sometimes")
@@ -109,8 +112,8 @@ def test_replica_waits_for_a_group_to_assemble():
         group_sizes="any",
     )  # fmt: skip
     plan.validate()
-    cost = GroupCost(CostModel(1.0, 0.0, 0.0))
+    cost = CostModel(1.0, 0.0, 0.0, reference_size=1)
     assert predicted_step_time(plan, cost, sync="replica") == pytest.approx(100 + 100)
     assert predicted_step_time(plan, cost, sync="lockstep") == pytest.approx(100 + 100)
-    idle_cost = GroupCost(CostModel(1.0, 0.0, 7.0))  # an idle rank's filler costs constant under lockstep
+    idle_cost = CostModel(1.0, 0.0, 7.0, reference_size=1)  # an idle rank's filler costs constant under lockstep
     assert predicted_step_time(plan, idle_cost, sync="lockstep") == pytest.approx(107 + 107)

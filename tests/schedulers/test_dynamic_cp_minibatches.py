@@ -10,14 +10,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.schedulers import DynamicCpScheduler
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.minibatches import minibatch_loss_tokens, minibatch_of, schedule_minibatches
+from seqpack.schedulers.request import Request
 from seqpack.topology import Topology
 
-COST = GroupCost(CostModel(1.0, 1e-3, 1e-5), ring_step=0.5, ring_token=2e-3, ranks_per_node=4)
+COST = CostModel(1.0, 1e-3, 1e-5, ring_step=0.5, ring_token=2e-3, ranks_per_node=4, reference_size=1)
 LIMITS = {"cp_size": 2, "max_tokens_per_rank": 64, "pad_multiple": 2}
 
 
@@ -35,9 +36,9 @@ def test_each_minibatch_is_its_own_plan(counts, k, seed, policy):
     lengths = rng.integers(1, 80, n)
     lengths[rng.integers(0, n)] = int(rng.integers(100, 300))  # a sequence needing a group (or cut)
     origin = np.repeat(np.arange(2), counts)
-    scheduler = DynamicCpScheduler(group_cost=COST)
-    opts = {"dp_size": 2, "on_oversize": policy, **LIMITS}
-    plan, starts = schedule_minibatches(scheduler, lengths, minibatches=k, origin=origin, **opts)
+    scheduler = DynamicCpScheduler()
+    opts = {"dp_size": 2, "on_oversize": policy, "cost": COST, **LIMITS}
+    plan, starts = schedule_minibatches(scheduler, Request.of(lengths, origin=origin, **opts), minibatches=k)
     plan.validate(lengths, dp_size=2, **LIMITS)
     assert plan.origin.tolist() == origin.tolist() and starts[0] == 0 and starts[-1] == plan.num_microbatches
     which = minibatch_of(origin, k)
@@ -45,9 +46,7 @@ def test_each_minibatch_is_its_own_plan(counts, k, seed, policy):
     slow = [0] * k
     for j in range(k):
         mine = np.flatnonzero(which == j)
-        alone = plan_dynamic_cp(
-            lengths[mine], cost=COST, **{o: v for o, v in opts.items() if o != "dp_size"}, dp_size=2
-        )
+        alone = plan_dynamic_cp(lengths[mine], **{o: v for o, v in opts.items() if o != "dp_size"}, dp_size=2)
         in_rounds = [g for g in range(plan.num_groups) if starts[j] <= plan.group_round[g] < starts[j + 1]]
         assert starts[j + 1] - starts[j] == alone.num_microbatches
         assert plan.group_size[in_rounds].tolist() == alone.group_size.tolist()
@@ -62,7 +61,7 @@ def test_each_minibatch_is_its_own_plan(counts, k, seed, policy):
 
 def test_a_minibatch_without_samples_is_named():
     with pytest.raises(ConfigError, match="mini-batch 1 of 2 holds no sample"):
-        schedule_minibatches(DynamicCpScheduler(group_cost=COST), [5, 6], minibatches=2, dp_size=2, **LIMITS)
+        schedule_minibatches(DynamicCpScheduler(), Request.of([5, 6], dp_size=2, **LIMITS), minibatches=2)
 
 
 def test_minibatches_through_the_wrapper_on_one_rank():
@@ -71,8 +70,8 @@ def test_minibatches_through_the_wrapper_on_one_rank():
     rng = np.random.default_rng(2)
     lengths = [150, *rng.integers(3, 60, 11).tolist()]  # 150 > one rank's 64: cut under truncate
     data = [{"input_ids": torch.arange(n) % 50 + 1} for n in lengths]
-    options = {"samples_per_rank": 12, "max_tokens_per_rank": 64, "group_cost": COST, "prefetch": 0}
-    (step,) = wrap_data_iterator(iter(data), Topology.single(), scheduler="dynamic_cp", minibatches=3,
+    options = {"samples_per_rank": 12, "max_tokens_per_rank": 64, "cost": COST, "prefetch": 0}
+    (step,) = wrap_data_iterator(iter(data), Topology.single(), dynamic_cp=True, minibatches=3,
                                  on_oversize="truncate", **options)  # fmt: skip
     bounds = step.minibatch_bounds
     assert len(bounds) == 4 and bounds[-1] == step.num_microbatches == step.schedule.num_microbatches
@@ -97,9 +96,9 @@ def test_groups_stay_on_one_replica_block(seed, k, cp):
     group_ids = rng.integers(0, 4, n)
     origin = np.repeat(np.arange(dp), n // dp)
     limits = {"dp_size": dp, "cp_size": cp, "max_tokens_per_rank": 64, "pad_multiple": 2}
-    scheduler = DynamicCpScheduler(group_cost=COST)
+    scheduler = DynamicCpScheduler()
     plan, starts = schedule_minibatches(
-        scheduler, lengths, minibatches=k, origin=origin, group_ids=group_ids, grouped=grouped, **limits
+        scheduler, Request.of(lengths, origin=origin, **limits), minibatches=k, group_ids=group_ids, grouped=grouped
     )
     plan.validate(lengths, **limits)
     replica_of = {}
@@ -119,13 +118,16 @@ def test_a_grouped_sequence_must_fit_its_replica():
 
     args = {"dp_size": 2, "cp_size": 2, "max_tokens_per_rank": 64, "pad_multiple": 2}
     with pytest.raises(ScheduleError, match="sample 1 carries a group_id and has 200 tokens, more than its"):
-        schedule_groups(DynamicCpScheduler(group_cost=COST), np.array([5, 200]), np.zeros(2), np.ones(2), **args)
-    with pytest.raises(ConfigError, match="needs cp_size=3 a power of 2 or cp_group_sizes='any'"):
+        schedule_groups(DynamicCpScheduler(), Request.of(np.array([5, 200]), **args), np.zeros(2), np.ones(2))
+    with pytest.raises(ConfigError, match="needs cp_size=3 a power of 2 or group_sizes='any'"):
         schedule_groups(
-            DynamicCpScheduler(group_cost=COST), np.array([5, 6]), np.zeros(2), np.ones(2), **args | {"cp_size": 3}
+            DynamicCpScheduler(),
+            Request.of(np.array([5, 6]), **args | {"cp_size": 3}),
+            np.zeros(2),
+            np.ones(2),
         )
     plan = schedule_groups(
-        DynamicCpScheduler("any", COST), np.array([5, 6]), np.zeros(2), np.ones(2), **args | {"cp_size": 3}
+        DynamicCpScheduler("any"), Request.of(np.array([5, 6]), **args | {"cp_size": 3}), np.zeros(2), np.ones(2)
     )
     assert set(plan.group_size.tolist()) == {3}
 
@@ -137,7 +139,7 @@ def test_groups_through_the_wrapper_on_one_rank():
     data = [
         {"input_ids": torch.arange(n) % 50 + 1, **({"group_id": i // 2} if i else {})} for i, n in enumerate(lengths)
     ]
-    options = {"samples_per_rank": 6, "max_tokens_per_rank": 64, "group_cost": COST, "prefetch": 0}
+    options = {"samples_per_rank": 6, "max_tokens_per_rank": 64, "cost": COST, "prefetch": 0}
     (step,) = wrap_data_iterator(iter(data), Topology.single(), dynamic_cp=True, **options)
     ran = sorted(int(g) for mb in step.microbatches for g in mb.sample_ids.tolist() if g >= 0)
     assert ran == list(range(6)) and step.schedule.num_microbatches >= 2  # the grouped part, then the rest

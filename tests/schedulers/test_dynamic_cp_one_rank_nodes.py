@@ -8,7 +8,7 @@ from dynamic_cp_reference import check_plan_reference, layout_in_nodes_reference
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.schedulers._kernels import cp_planner as _kernels
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 
@@ -17,7 +17,7 @@ LENGTHS = [900, 500, 300, 120, 90, 60, 30, 20, 10, 5]
 
 @pytest.mark.slow
 def test_plans_on_one_rank_nodes_keep_every_group_in_the_ranks():
-    cost = GroupCost(CostModel(0.1, 0.01, 0.0), ring_step=0.5, ring_token=0.05, ranks_per_node=1)
+    cost = CostModel(0.1, 0.01, 0.0, ring_step=0.5, ring_token=0.05, ranks_per_node=1, reference_size=1)
     for sync in ("lockstep", "replica"):
         for _ in range(3):  # repeated plans aborted the process ("double free or corruption")
             plan = plan_dynamic_cp(LENGTHS, dp_size=4, cp_size=2, max_tokens_per_rank=128, cost=cost, sync=sync,

@@ -13,16 +13,18 @@ from dynamic_cp_reference import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
 from seqpack.schedulers import predicted_step_time
 from seqpack.schedulers.dynamic_cp import allowed_group_sizes, plan_dynamic_cp
 
 COSTS = st.sampled_from(
     [
-        GroupCost(CostModel(1.0, 0.0, 10.0)),  # launch-bound-ish, no ring cost
-        GroupCost(CostModel(1.0, 0.05, 5.0), ring_step=2.0, ring_token=0.2, ring_token_inter=1.0, ranks_per_node=2),
-        GroupCost(CostModel(0.1, 0.01, 0.0), ring_step=0.5, ring_token=0.05, ranks_per_node=4),
+        CostModel(1.0, 0.0, 10.0, reference_size=1),  # launch-bound-ish, no ring cost
+        CostModel(
+            1.0, 0.05, 5.0, ring_step=2.0, ring_token=0.2, ring_token_inter=1.0, ranks_per_node=2, reference_size=1
+        ),
+        CostModel(0.1, 0.01, 0.0, ring_step=0.5, ring_token=0.05, ranks_per_node=4, reference_size=1),
     ]
 )
 
@@ -83,8 +85,8 @@ def test_brute_force_gap_is_small_on_average():
     for _ in range(150):
         ranks = int(rng.choice([2, 4]))
         lengths = rng.integers(1, 60, size=int(rng.integers(2, 5))).tolist()
-        cost = GroupCost(CostModel(1.0, 0.05, 5.0), ring_step=2.0, ring_token=0.2, ring_token_inter=1.0,
-                         ranks_per_node=2)  # fmt: skip
+        ring = {"ring_step": 2.0, "ring_token": 0.2, "ring_token_inter": 1.0, "ranks_per_node": 2}
+        cost = CostModel(1.0, 0.05, 5.0, **ring, reference_size=1)  # type: ignore[arg-type]
         plan = plan_dynamic_cp(lengths, dp_size=ranks, max_tokens_per_rank=32, cost=cost)
         best = brute_force_lockstep(lengths, ranks, 32, 1, cost, allowed_group_sizes(ranks, "pow2").tolist())
         ratios.append(predicted_step_time(plan, cost) / best)
@@ -93,7 +95,7 @@ def test_brute_force_gap_is_small_on_average():
 
 
 def test_long_sequence_spreads_and_short_ones_stay_alone():
-    cost = GroupCost(CostModel(1.0, 0.001, 1.0), ring_step=2.0, ring_token=0.5, ranks_per_node=8)
+    cost = CostModel(1.0, 0.001, 1.0, ring_step=2.0, ring_token=0.5, ranks_per_node=8, reference_size=1)
     lengths = [900] + [50] * 30  # 900 needs 8 ranks of 128
     plan = plan_dynamic_cp(lengths, dp_size=8, max_tokens_per_rank=128, cost=cost)
     sizes = plan.group_size[plan.id_groups()]
@@ -103,16 +105,16 @@ def test_long_sequence_spreads_and_short_ones_stay_alone():
 
 def test_a_lone_sequence_widens_onto_idle_ranks():
     """Quadratic cost, no ring cost: a sequence needing 4 ranks runs on all 8 (widened)."""
-    cost = GroupCost(CostModel(0.0, 1.0, 0.0))
+    cost = CostModel(0.0, 1.0, 0.0, reference_size=1)
     plan = plan_dynamic_cp([60], dp_size=8, max_tokens_per_rank=16, cost=cost)
     assert plan.group_size.tolist() == [8] and plan.group_ids(0).tolist() == [0]
 
 
 def test_a_short_sequence_takes_a_group_when_that_shortens_the_step():
-    cost = GroupCost(CostModel(0.0, 1.0, 0.0), ring_step=1.0)  # attention dominates; the ring is cheap
+    cost = CostModel(0.0, 1.0, 0.0, ring_step=1.0, reference_size=1)  # attention dominates; the ring is cheap
     plan = plan_dynamic_cp([100], dp_size=4, max_tokens_per_rank=128, cost=cost)
     assert plan.group_size.tolist() == [4]
-    assert predicted_step_time(plan, cost) < cost.compute.cost([100])[0]
+    assert predicted_step_time(plan, cost) < cost.cost([100])[0]
 
 
 def test_replica_plans_never_wait():
@@ -120,11 +122,11 @@ def test_replica_plans_never_wait():
     busiest rank's total, nobody waits for a group to assemble."""
     rng = np.random.default_rng(3)
     lengths = np.concatenate([rng.integers(10, 120, 200), [900, 700, 500, 400, 300]])
-    cost = GroupCost(CostModel(1.0, 0.01, 2.0), ring_step=1.0, ring_token=0.1, ranks_per_node=4)
+    cost = CostModel(1.0, 0.01, 2.0, ring_step=1.0, ring_token=0.1, ranks_per_node=4, reference_size=1)
     plan = plan_dynamic_cp(lengths, dp_size=16, max_tokens_per_rank=128, cost=cost, sync="replica")
     from seqpack.schedulers.step_time import group_times
 
-    times = np.where(plan.group_counts > 0, group_times(plan, cost), cost.compute.constant)
+    times = np.where(plan.group_counts > 0, group_times(plan, cost), cost.constant)
     per_rank = np.zeros(16)
     for g in range(plan.num_groups):
         per_rank[plan.group_start[g] : plan.group_start[g] + plan.group_size[g]] += times[g]
@@ -135,7 +137,7 @@ def test_replica_plans_never_wait():
 def test_empty_step():
     plan = plan_dynamic_cp([], dp_size=2, cp_size=2, max_tokens_per_rank=8, cost=CostModel(1.0, 0.0))
     plan.validate([])
-    assert plan.num_microbatches == 0 and predicted_step_time(plan, GroupCost(CostModel(1.0, 0.0))) == 0.0
+    assert plan.num_microbatches == 0 and predicted_step_time(plan, CostModel(1.0, 0.0, reference_size=1)) == 0.0
 
 
 def test_oversize_error_names_the_sample_and_the_limits():
@@ -162,7 +164,7 @@ def test_oversize_truncate_and_drop_are_counted():
     ("kwargs", "error", "text"),
     [
         ({"dp_size": 0}, ConfigError, "dp_size"),
-        ({"cost": "flops"}, SeqpackTypeError, "CostModel or GroupCost"),
+        ({"cost": "flops"}, SeqpackTypeError, "must be a seqpack.CostModel"),
         ({"sync": "async"}, ConfigError, "sync"),
         ({"group_sizes": "odd"}, ConfigError, "group_sizes"),
         ({"on_oversize": "ignore"}, ConfigError, "on_oversize"),

@@ -36,7 +36,7 @@ N = 12 if small() else 40  # sequences per call
 R = 8 if small() else 16  # ranks, replicas, bins
 LENGTH = st.integers(1, 400)
 FLOAT = st.one_of(st.sampled_from([0.0, 0.5, 1.0]), st.floats(0.0, 100.0))
-# GroupCost.coefficients: (constant, linear, quadratic, ring_step, ring_token, ring_token_inter), each >= 0
+# CostModel.group_coefficients: (constant, linear, quadratic, ring_step, ring_token, ring_token_inter), each >= 0
 COEF = st.lists(st.one_of(st.just(0.0), st.floats(0.0, 10.0)), min_size=6, max_size=6)
 CAP = st.one_of(st.just(np.inf), FLOAT)  # a cost cap or budget: any non-negative float, or none
 

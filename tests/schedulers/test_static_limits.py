@@ -5,18 +5,20 @@ plan's microbatches), and buckets chosen by cost (static_shapes_by_cost)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
 import pytest
 
-from seqpack.cost import CostModel, GroupCost
+from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
 from seqpack.schedulers import get_scheduler, predicted_step_time, static_shapes_by_cost
 from seqpack.schedulers.balanced import plan_balanced
 from seqpack.schedulers.bucket_ladder import ladder_for
 from seqpack.schedulers.minibatches import schedule_minibatches
 from seqpack.schedulers.objective import step_objective
+from seqpack.schedulers.request import Request
 from seqpack.schedulers.sample_groups import schedule_groups
 from seqpack.schedulers.static_limits import BucketPrice, fit_sequence_limit, trim_to_buckets
 from seqpack.stats import StepStats
@@ -94,7 +96,7 @@ def test_forced_count_too_small_for_the_slots_is_refused_by_name():
 
 
 def test_dynamic_cp_refuses_static_shapes():
-    scheduler = get_scheduler("dynamic_cp", group_cost=GroupCost(COST, ring_step=1.0))
+    scheduler = get_scheduler("dynamic_cp")
     with pytest.raises(ConfigError, match="static_shapes is not supported by scheduler 'dynamic_cp'"):
         scheduler.schedule(short_lengths(), dp_size=2, cp_size=2, max_tokens_per_rank=256, static_shapes=SHAPES)
 
@@ -109,9 +111,12 @@ def test_groups_stay_on_one_replica_within_the_limits(together):
     lengths = short_lengths(120, seed=4)
     groups = np.arange(120) // 6  # groups of 6 sequences: more than 3 a microbatch
     plan = schedule_groups(
-        get_scheduler("balanced"), lengths, groups, np.ones(120, bool), dp_size=3, max_tokens_per_rank=256,
-        together=together, static_shapes=SHAPES,
-    )  # fmt: skip
+        get_scheduler("balanced"),
+        Request.of(lengths, dp_size=3, max_tokens_per_rank=256, static_shapes=SHAPES),
+        groups,
+        np.ones(120, bool),
+        together=together,
+    )
     plan.validate(lengths, static_shapes=SHAPES)
     slow_limits_held(plan, SHAPES)
     replica = plan.replica_of()
@@ -122,7 +127,9 @@ def test_groups_stay_on_one_replica_within_the_limits(together):
 def test_minibatches_pass_static_shapes_to_every_part():
     lengths = short_lengths(160, seed=5)
     plan, starts = schedule_minibatches(
-        get_scheduler("balanced"), lengths, minibatches=2, dp_size=4, max_tokens_per_rank=256, static_shapes=SHAPES
+        get_scheduler("balanced"),
+        Request.of(lengths, dp_size=4, max_tokens_per_rank=256, static_shapes=SHAPES),
+        minibatches=2,
     )
     slow_limits_held(plan, SHAPES)
     assert len(starts) == 3
@@ -182,7 +189,7 @@ def test_predicted_step_time_and_stats_price_bucket_padding_as_the_slow_referenc
 
 def test_cp_ring_tokens_of_the_bucket_are_priced_too():
     lengths = short_lengths(80, seed=8)
-    family = GroupCost(COST, ring_step=2.0, ring_token=0.5, reference_size=2)
+    family = dataclasses.replace(COST, ring_step=2.0, ring_token=0.5, reference_size=2)
     plan = get_scheduler("balanced").schedule(
         lengths, dp_size=2, cp_size=2, max_tokens_per_rank=64, pad_multiple=4, cost=family, static_shapes=SHAPES
     )
@@ -374,13 +381,15 @@ def test_pricing_the_buckets_chooses_the_count(monkeypatch):
 
 
 def test_schedule_groups_under_dynamic_cp_refuses_static_shapes():
-    scheduler = get_scheduler("dynamic_cp", group_cost=GroupCost(COST, ring_step=1.0))
+    scheduler = get_scheduler("dynamic_cp")
     lengths = short_lengths(20)
     with pytest.raises(ConfigError, match="static_shapes is not supported by schedule_groups under dynamic CP"):
         schedule_groups(
-            scheduler, lengths, np.zeros(20), np.ones(20, bool), dp_size=2, cp_size=2, max_tokens_per_rank=256,
-            static_shapes=SHAPES,
-        )  # fmt: skip
+            scheduler,
+            Request.of(lengths, dp_size=2, cp_size=2, max_tokens_per_rank=256, static_shapes=SHAPES),
+            np.zeros(20),
+            np.ones(20, bool),
+        )
 
 
 def test_stats_without_a_cost_count_bucket_tokens_in_the_replica_totals():

@@ -3,7 +3,7 @@
 coerces their inputs (contiguous int64 / float64 arrays) and calls these. Every kernel has a slow,
 obvious twin in ``tests/schedulers/dynamic_cp_reference.py`` it is checked against.
 
-``coef`` is :attr:`GroupCost.coefficients` (``constant, linear, quadratic, ring_step,
+``coef`` is :meth:`CostModel.group_coefficients` (``constant, linear, quadratic, ring_step,
 ring_token, ring_token_inter``). Ties are broken by indices, never by chance, so every rank
 computes the same plan. Every njit function a kernel calls is defined in this module (numba
 stamps a kernel's disk cache with its own file only).

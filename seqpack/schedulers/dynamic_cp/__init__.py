@@ -6,7 +6,7 @@ step); short ones stay on one rank and pay no CP communication.
 A plan is a :class:`seqpack.schedulers.Schedule` whose ``group_sizes`` is ``"pow2"`` or
 ``"any"``, and everything that runs static plans runs it: its groups, the padding of a group
 (:func:`seqpack.thd.group_padded_lengths`), the allowed sizes
-(:mod:`seqpack.schedulers.group_sizes`), the one cost family (:class:`seqpack.cost.GroupCost`),
+(:mod:`seqpack.schedulers.group_sizes`), the one cost type (:class:`seqpack.cost.CostModel`, its ring terms),
 :func:`seqpack.schedulers.predicted_step_time`, mini-batches and sample groups. Modules:
 
 - ``planner``: :func:`plan_dynamic_cp` (the search over heights and builders).

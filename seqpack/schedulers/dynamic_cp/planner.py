@@ -32,8 +32,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from seqpack.cost import CostModel, GroupCost, as_group_cost
-from seqpack.errors import ConfigError, ScheduleError
+from seqpack.cost import CostModel, check_cost_model
+from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
 from seqpack.options import MAX_TOKENS, GroupSizes, OnOversize, Sync
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score
 from seqpack.schedulers.dynamic_cp._replica import build_replica
@@ -187,7 +187,7 @@ def plan_dynamic_cp(
     cp_size: int = 1,
     max_tokens_per_rank: int,
     pad_multiple: int = 1,
-    cost: GroupCost | CostModel,
+    cost: CostModel,
     sync: str = "lockstep",
     group_sizes: str = "pow2",
     on_oversize: str = "error",
@@ -203,8 +203,8 @@ def plan_dynamic_cp(
         dp_size, cp_size: The DP x CP mesh whose ``R = dp_size * cp_size`` ranks are planned.
         max_tokens_per_rank: Padded tokens one rank may hold in one microbatch.
         pad_multiple: Padding of a sequence alone on a rank (groups pad to ``2c`` times it).
-        cost: The group cost (a plain CostModel is a microbatch's cost on a static group of
-            ``cp_size`` ranks, with no CP communication cost).
+        cost: The cost of a microbatch on its group (a model without ``reference_size`` is
+            the cost on a group of ``cp_size`` ranks; without ring terms, CP groups look free).
         sync: ``"lockstep"`` (FSDP) or ``"replica"`` (DDP): the step time minimised.
         group_sizes: ``"pow2"`` (aligned powers of two, and all R) or ``"any"``.
         on_oversize: ``"error"``, ``"truncate"`` or ``"drop"`` for a sequence longer than
@@ -223,7 +223,8 @@ def plan_dynamic_cp(
     sizes_mode = check_choice("group_sizes", group_sizes, GroupSizes)
     if sizes_mode == GroupSizes.STATIC:
         raise ConfigError("plan_dynamic_cp takes group_sizes='pow2' or 'any': static plans are the other schedulers'")
-    cost = as_group_cost(cost, cp_size)
+    if check_cost_model("cost", cost) is None:
+        raise SeqpackTypeError("cost must be a seqpack.CostModel, got None")
     ranks = dp_size * cp_size
     if ranks * capacity > MAX_TOKENS:
         raise ConfigError(f"{ranks} ranks x max_tokens_per_rank={capacity} tokens is too large (at most 2**53)")
@@ -235,7 +236,7 @@ def plan_dynamic_cp(
         active,
         effective[active],
         sizes,
-        cost.coefficients,
+        cost.group_coefficients(cp_size),
         cost.ranks_per_node,
         ranks,
         capacity,
