@@ -95,8 +95,8 @@ def typed_message(exc: BaseException) -> str:
     return f"{name}: {exc}"
 
 
-def from_typed_message(message: str, default: type[SeqpackError] = ConfigError) -> SeqpackError:
-    """The exception a :func:`typed_message` describes (``default`` for other text)."""
+def from_typed_message(message: str) -> SeqpackError:
+    """The exception a :func:`typed_message` describes (a :class:`ConfigError` for other text)."""
     name, sep, text = message.partition(": ")
     cls = _BY_NAME.get(name) if sep else None
-    return cls(text) if cls is not None else default(message)
+    return cls(text) if cls is not None else ConfigError(message)

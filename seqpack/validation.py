@@ -110,20 +110,17 @@ def check_optional_int(
     return None if value is None else check_int(name, value, minimum=minimum, maximum=maximum)
 
 
-def check_number(
-    name: str, value: object, *, minimum: float | None = None, allow_zero: bool = True, finite: bool = True
-) -> float:
-    """``value`` as a ``float`` (ints and numpy numbers accepted, bools refused).
+def check_number(name: str, value: object, *, minimum: float | None = None, allow_zero: bool = True) -> float:
+    """``value`` as a finite ``float`` (ints and numpy numbers accepted, bools refused).
 
     Raises:
         SeqpackTypeError: Not a real number.
-        ConfigError: NaN or infinite (when ``finite``), below ``minimum``, or zero when
-            ``allow_zero`` is false.
+        ConfigError: NaN or infinite, below ``minimum``, or zero when ``allow_zero`` is false.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise SeqpackTypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     number = float(value)
-    if finite and not math.isfinite(number):
+    if not math.isfinite(number):
         raise ConfigError(f"{name} must be finite, got {value!r}")
     if minimum is not None and number < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {value!r}")

@@ -19,12 +19,12 @@ if TYPE_CHECKING:
 __all__ = ["format_demo_summary", "format_table", "render_table", "time_shared", "usable_cores"]
 
 
-def render_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, first_left: bool = True) -> str:
+def render_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """``rows`` of preformatted cells under ``header``: the first column left-aligned, the
     others right-aligned, a rule under the header; no trailing blanks."""
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="")
     for index, name in enumerate(header):
-        table.add_column(name, justify="left" if first_left and index == 0 else "right", no_wrap=True)
+        table.add_column(name, justify="left" if index == 0 else "right", no_wrap=True)
     for row in rows:
         table.add_row(*row)
     buffer = io.StringIO()

@@ -35,7 +35,6 @@ def broadcast_step(
     *,
     kind: int = Kind.BATCH,
     src: int = 0,
-    verify: bool = True,
     decode: bool = True,
     timings: dict[str, float] | None = None,
 ) -> StepMessage | None:
@@ -88,14 +87,14 @@ def broadcast_step(
         collective(dist.broadcast, message, src_global, group=group)
     if not decode:
         return None
-    return decode_step(WireBuffers(prefix.cpu(), ints.cpu(), floats.cpu(), message.cpu()), verify=verify)
+    return decode_step(WireBuffers(prefix.cpu(), ints.cpu(), floats.cpu(), message.cpu()))
 
 
 def broadcast_tp(
-    msg: StepMessage | None, group: ProcessGroup | None, *, verify: bool = True, timings: dict[str, float] | None = None
+    msg: StepMessage | None, group: ProcessGroup | None, *, timings: dict[str, float] | None = None
 ) -> StepMessage:
     """TP broadcast: TP rank 0's microbatches (tokens and layout) to the other TP ranks."""
-    out = broadcast_step(msg, group, kind=Kind.BATCH, src=0, verify=verify, timings=timings)
+    out = broadcast_step(msg, group, kind=Kind.BATCH, src=0, timings=timings)
     assert out is not None  # decode=True always returns the message
     return out
 
@@ -104,11 +103,10 @@ def broadcast_pp(
     msg: StepMessage | None,
     group: ProcessGroup | None,
     *,
-    verify: bool = True,
     decode: bool = True,
     timings: dict[str, float] | None = None,
 ) -> StepMessage | None:
     """PP broadcast: the first stage's layout to the other stages (receivers get batches
     whose ``input_ids``, ``labels`` and ``loss_mask`` are ``None``; the last stage, which
     reads its own data, passes ``decode=False``)."""
-    return broadcast_step(msg, group, kind=Kind.LAYOUT, src=0, verify=verify, decode=decode, timings=timings)
+    return broadcast_step(msg, group, kind=Kind.LAYOUT, src=0, decode=decode, timings=timings)

@@ -341,16 +341,12 @@ class _Cursor:
         return out
 
 
-def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
-    """Rebuild a message from its buffers (pure).
-
-    Args:
-        buffers: The four buffers as sent.
-        verify: Recompute the schedule fingerprint and compare it with the header's.
+def decode_step(buffers: WireBuffers) -> StepMessage:
+    """Rebuild a message from its buffers (pure; the four buffers as sent).
 
     Raises:
         WireError: Version mismatch, truncated or oversized buffers, inconsistent counts,
-            or (``verify``) a fingerprint mismatch.
+            or a schedule whose recomputed fingerprint differs from the header's.
     """
     p = decode_prefix(buffers.prefix)
     ints = buffers.ints.reshape(-1).to(torch.int64).cpu()
@@ -368,7 +364,7 @@ def decode_step(buffers: WireBuffers, *, verify: bool = True) -> StepMessage:
     if Flag.TOKENS in flags and p.kind != Kind.BATCH:
         raise WireError("a layout message must not carry tokens")
     per_mb = cur.take(MB_WORDS * p.num_microbatches, "microbatch header").numpy().view(MICROBATCH)
-    schedule = decode_plan(lambda n, name: cur.take(n, name).numpy(), step, p.num_microbatches, verify)
+    schedule = decode_plan(lambda n, name: cur.take(n, name).numpy(), step, p.num_microbatches)
     empty_at = _decode_empty_at(cur, step)
     if not 0 <= int(step["cp_layout"]) < len(CpLayout):
         raise WireError(f"cp_layout code {int(step['cp_layout'])} is not one of 0..{len(CpLayout) - 1}")

@@ -57,13 +57,12 @@ def _lengths(step: np.void) -> dict[str, int]:
     }
 
 
-def decode_plan(take: Callable[[int, str], np.ndarray], step: np.void, num_microbatches: int, verify: bool) -> Schedule:
+def decode_plan(take: Callable[[int, str], np.ndarray], step: np.void, num_microbatches: int) -> Schedule:
     """Rebuild the plan from the step header and the payload (``take(n, name)`` returns the
-    next ``n`` int64 words); ``verify`` compares its fingerprint with the header's.
+    next ``n`` int64 words), and check its fingerprint against the header's.
 
     Raises:
-        WireError: Arrays that do not add up, an unknown group rule, or (``verify``) another
-            fingerprint.
+        WireError: Arrays that do not add up, an unknown group rule, or another fingerprint.
     """
     counts = _lengths(step)
     arrays = {name: take(counts[name], name) for name in Schedule.ARRAY_FIELDS}
@@ -74,7 +73,7 @@ def decode_plan(take: Callable[[int, str], np.ndarray], step: np.void, num_micro
         plan = Schedule.from_arrays(arrays)
     except ValueError as exc:
         raise WireError(f"corrupt schedule in wire message: {exc}") from exc
-    if verify and plan.fingerprint() != int(step["fingerprint"]):
+    if plan.fingerprint() != int(step["fingerprint"]):
         raise WireError(
             f"schedule fingerprint {plan.fingerprint()} of the decoded message differs from the sent "
             f"{int(step['fingerprint'])}: the message was corrupted"

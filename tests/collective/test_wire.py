@@ -348,7 +348,7 @@ def test_bad_minibatch_bounds_are_refused():
     field = [name for name, _ in MICROBATCH_FIELDS].index("minibatch")
     ints[STEP_WORDS + MB_WORDS * 1 + field] = 2  # microbatch 1 claims mini-batch 2: a skipped number
     with pytest.raises(ValueError, match="do not run 0, 1"):
-        decode_step(dataclasses.replace(wire, ints=ints), verify=False)
+        decode_step(dataclasses.replace(wire, ints=ints))
 
 
 @pytest.mark.parametrize("kind", [Kind.BATCH, Kind.LAYOUT])
