@@ -83,14 +83,16 @@ class MRopeSpec:
 
     @classmethod
     def from_hf(cls, config: Any) -> MRopeSpec:
-        """The spec of a Hugging Face vision-language config (``model.config``), read by
-        attribute: ``model_type``, ``image_token_id``, ``video_token_id`` and the vision
+        """The spec of a Hugging Face vision-language config (``model.config``, or the model),
+        read by attribute: ``model_type``, ``image_token_id``, ``video_token_id`` and the vision
         config's ``spatial_merge_size`` (and ``tokens_per_second`` where it has one).
 
         Raises:
             SampleError: A model type whose positions seqpack does not know.
             ConfigError: A config without a vision config or placeholder token ids.
         """
+        if getattr(config, "model_type", None) is None and hasattr(config, "config"):
+            config = config.config  # a model given for its config
         model_type = getattr(config, "model_type", None)
         vision = getattr(config, "vision_config", None)
         if model_type in MROPE_MODEL_TYPES and vision is None:
@@ -103,7 +105,7 @@ class MRopeSpec:
             image_token_id=getattr(config, "image_token_id", 0),
             video_token_id=getattr(config, "video_token_id", 1),
             spatial_merge_size=getattr(vision, "spatial_merge_size", 2),
-            tokens_per_second=float(getattr(vision, "tokens_per_second", 1.0) or 1.0),
+            tokens_per_second=getattr(vision, "tokens_per_second", None) or 1.0,
         )
 
     @property

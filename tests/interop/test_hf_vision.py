@@ -77,6 +77,7 @@ def test_positions_equal_the_models_get_rope_index_on_each_sample_alone(model):
 
 def test_given_position_ids_are_used_as_given(model):
     spec = MRopeSpec.from_hf(model.config)
+    assert MRopeSpec.from_hf(model) == spec
     samples = mixed_samples(spec.model_type)
     given = [{**sample, "position_ids": _rope_index(model, sample)} for sample in samples]
     computed = pack_sequences(samples, mrope=spec, pad_multiple=4, label_format="unshifted")
