@@ -28,7 +28,6 @@ __all__ = [
     "GroupSizes",
     "LabelFormat",
     "MambaBackend",
-    "Objective",
     "OnOversize",
     "Order",
     "Sync",
@@ -113,13 +112,6 @@ class Order(_Option):
     HEAVY_FIRST = "heavy_first"  # a memory peak shows up at the first microbatch
     PIPELINE = "pipeline"  # light at both ends, heavy in the middle: shorter bubbles
     AS_PLANNED = "as_planned"  # the planner's own round order
-
-
-class Objective(_Option):
-    """What ``balanced``'s repair balances: the rounds (a lockstep step) or the replicas."""
-
-    ROUNDS = "rounds"
-    REPLICAS = "replicas"
 
 
 class Sync(_Option):

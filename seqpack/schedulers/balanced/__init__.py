@@ -19,7 +19,6 @@ from seqpack.schedulers.balanced.plan import plan_balanced
 from seqpack.schedulers.balanced.rounds import (
     ORDERS,
     BalancedPlan,
-    objective_for,
     relabel_replicas,
     repair_budget,
     round_position,
@@ -31,7 +30,6 @@ __all__ = [
     "ORDERS",
     "BalancedPlan",
     "BalancedScheduler",
-    "objective_for",
     "plan_balanced",
     "relabel_replicas",
     "repair_budget",

@@ -35,7 +35,6 @@ from seqpack.schedulers.balanced.rounds import (
     BalancedPlan,
     _grid,
     _objective,
-    objective_for,
     placement_order,
     relabel_replicas,
     repair_budget,
@@ -312,7 +311,7 @@ def _per_replica(
             dp_size,
             capacity,
             repair,
-            objective_for(sync),
+            sync,
             stop_at,
             _REPAIR_WORK_FACTOR * _REPAIR_WORK,
         )

@@ -18,7 +18,6 @@ from seqpack.schedulers.balanced.rounds import (
     _arrange,
     _grid,
     _objective,
-    objective_for,
     repair_budget,
 )
 from seqpack.schedulers.balanced.stages import DEFAULT, Stages
@@ -109,10 +108,9 @@ def plan_balanced(
     padded, costs = _checked(padded, costs, capacity)
     n = padded.shape[0]
     sync = check_choice("sync", sync, Sync)
-    objective = objective_for(sync)
     seqs = Sequences(
         padded, costs, stages.order(padded, origin), dp_size, capacity, constant,
-        repair_budget(max_repair_moves, dp_size), objective, sync, price,
+        repair_budget(max_repair_moves, dp_size), sync, price,
     )  # fmt: skip
     bins_needed = _exact.bin_lower_bound(padded, capacity)
     fewest = -(-bins_needed // dp_size)

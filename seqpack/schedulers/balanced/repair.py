@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.options import Objective
+from seqpack.options import Sync
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.balanced.rounds import (
     _GOOD_ENOUGH,
@@ -30,7 +30,7 @@ def _repair(
     dp_size: int,
     capacity: int,
     max_moves: int,
-    objective: str,
+    sync: str,
     stop_at: float | None = None,
     max_work: int = _REPAIR_WORK,
 ) -> Repaired:
@@ -43,7 +43,7 @@ def _repair(
     if stop_at is None:
         stop_at = (1 + _GOOD_ENOUGH) * replica_bound
     # How much slower the rounds may get: not at all under lockstep, freely for replicas.
-    rounds_budget = np.inf if objective == Objective.REPLICAS else 0.0
+    rounds_budget = np.inf if sync == Sync.REPLICA else 0.0
     state = (round_of.copy(), replica_of.copy(), load.copy(), tokens.copy())
     moves = _kernels.repair_replicas(
         state[0],
@@ -65,7 +65,7 @@ def _repair(
 
 def repair(seqs: Sequences, grid: Repaired, forced: bool) -> Repaired:
     """The repair as a stage of the plan: :func:`_repair` of the dealt grid under the step's
-    objective and move budget (``forced`` does not change it)."""
+    sync and move budget (``forced`` does not change it)."""
     round_of, replica_of, load, tokens, _ = grid
     return _repair(
         round_of,
@@ -78,5 +78,5 @@ def repair(seqs: Sequences, grid: Repaired, forced: bool) -> Repaired:
         seqs.dp_size,
         seqs.capacity,
         seqs.max_repair_moves,
-        seqs.objective,
+        seqs.sync,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.options import Objective
+from seqpack.options import Sync
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.balanced.repair import Repaired, _repair
 from seqpack.schedulers.balanced.rounds import _GAP_FOR_MORE, _GOOD_ENOUGH, Sequences, _grid
@@ -99,7 +99,7 @@ def keep_lighter(
         dp_size,
         capacity,
         max_moves,
-        Objective.REPLICAS,
+        Sync.REPLICA,
     )
     lighter = float(candidate[2].sum(axis=0).max())
     close = forced or lighter <= (1 + _GAP_FOR_MORE) * bound
@@ -107,9 +107,9 @@ def keep_lighter(
 
 
 def replica_first_stage(seqs: Sequences, grid: Repaired, forced: bool) -> Repaired:
-    """Heavy tails under ``objective="replicas"``: the repaired grid, or the replica-first plan
-    where it is lighter (:func:`keep_lighter`); other objectives keep the grid."""
-    if seqs.objective != Objective.REPLICAS:
+    """Heavy tails under ``sync="replica"``: the repaired grid, or the replica-first plan
+    where it is lighter (:func:`keep_lighter`); lockstep keeps the grid."""
+    if seqs.sync != Sync.REPLICA:
         return grid
     return keep_lighter(
         grid, seqs.padded, seqs.costs, seqs.order, seqs.dp_size, seqs.capacity, seqs.max_repair_moves, forced=forced

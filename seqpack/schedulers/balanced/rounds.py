@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from seqpack.options import Objective, Order, Sync
+from seqpack.options import Order, Sync
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.objective import round_sum_lower_bound, step_objective
 from seqpack.schedulers.schedule import Grid
@@ -37,8 +37,8 @@ class Sequences:
         order: Placement order, costliest first (the ``order`` stage's).
         dp_size, capacity, constant: Replicas, padded tokens per microbatch, cost per microbatch.
         max_repair_moves: Cap on the repair's moves.
-        objective: What the repair balances (:func:`objective_for` of ``sync``).
-        sync: The step time the plan is made for (:func:`step_objective`).
+        sync: The step time the plan is made for (:func:`step_objective`); the repair
+            balances the rounds under lockstep, the replicas under replica sync.
         price: Under ``static_shapes``, the bucket padding's cost of a microbatch.
     """
 
@@ -49,7 +49,6 @@ class Sequences:
     capacity: int
     constant: float
     max_repair_moves: int
-    objective: str
     sync: str
     price: BucketPrice | None = None
 
@@ -171,12 +170,6 @@ def _objective_bound(
     if sync == Sync.LOCKSTEP:
         return round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
     return max(float(costs.sum()) / dp_size, float(costs.max()))
-
-
-def objective_for(sync: str) -> Objective:
-    """What to balance: a lockstep step waits for its rounds, a replica-sync step for its
-    busiest replica, and the plan is repaired for that."""
-    return Objective.ROUNDS if check_choice("sync", sync, Sync) == Sync.LOCKSTEP else Objective.REPLICAS
 
 
 def repair_budget(max_repair_moves: int | None, dp_size: int) -> int:
