@@ -171,21 +171,13 @@ def static_shapes_by_cost(
     """A :class:`~seqpack.thd.StaticShapes` of at most ``buckets`` token buckets chosen for
     the least predicted step time of the plans of ``steps``.
 
-    Every step of ``steps`` (e.g. the lengths of the data's first steps, or mock ones)
-    is planned by ``scheduler`` with one bucket, the capacity rounded down to
-    ``pad_multiple``. On those plans the ladder (multiples of ``pad_multiple``, the largest
-    that capacity) with the least summed bucket padding is found exactly (a dynamic program
-    over the microbatches' padded token counts, :func:`ladder_for`), then improved one bucket
-    at a time for the plans' predicted step time (a microbatch just past a bucket edge can
-    set its round's or replica's time; :class:`FixedPlans`). The steps are re-planned with
-    that ladder and a ladder is fitted to the new plans, ``refits`` times at most; evenly
-    spaced buckets are tried too (a ladder fitted to a few plans' microbatches may fit
-    other steps worse). The ladder kept (one bucket among them) is the one whose plans
-    predict the least mean step time under ``sync``
-    (:func:`~seqpack.schedulers.predicted_step_time` with ``static_shapes``); the log
-    (``seqpack.schedulers.bucket_ladder``, INFO) reports each. Give it many steps of the
-    real data: the ladder fits the next steps as well as their microbatches resemble the
-    sample's (docs/thd.md, "What buckets cost the plans").
+    Every step is planned by ``scheduler`` with one bucket (the capacity rounded down to
+    ``pad_multiple``); a ladder is fitted to the plans (:func:`ladder_for`, then
+    :class:`FixedPlans`) and the steps re-planned with it, ``refits`` times at most; evenly
+    spaced buckets are tried too. The ladder kept (one bucket among them) predicts the least
+    mean step time under ``sync`` (:func:`~seqpack.schedulers.predicted_step_time`); the log
+    (INFO) reports each. Give it many steps of the real data (docs/thd.md, "What buckets
+    cost the plans").
 
     Args:
         steps: One int array of real lengths per step (global order, as ``schedule``).
