@@ -11,7 +11,10 @@ Two layouts (:class:`~seqpack.options.CpLayout`), both sequence by sequence:
   ``cp`` chunks of ``L/cp`` tokens; rank ``r`` holds chunk ``r``. For models whose attention is
   local or linear (sliding windows, Mamba): a rank's keys are its own plus a window's reach.
 
-Everything here is index arithmetic on whole tensors: no Python loop per token or per sequence.
+One rule says which runs of a sequence a rank holds, :func:`held_runs` (numpy, a group size
+and rank per sequence), and :func:`run_indices` expands runs into token indices; everything
+that cuts CP shards (this module, the wrapper's exchange, the attention reference) uses them.
+Everything here is index arithmetic on whole arrays: no Python loop per token or per sequence.
 """
 
 from __future__ import annotations
