@@ -8,9 +8,9 @@ ones). Modules:
   the case whose groups are the replicas' CP blocks) and :class:`ScheduleLimits`;
   ``schedule_checks``: its invariants, one check each; ``group_sizes``: the sizes a
   dynamic-CP group may have.
-- ``request``: what :meth:`Scheduler.schedule` checks before planning (lengths, origins,
-  sizes, the oversize policy); ``base``: the :class:`Scheduler` and :class:`GridScheduler`
-  (static-CP planners) base classes.
+- ``request``: the :class:`Request` every planner takes (built and checked once by
+  :meth:`Scheduler.schedule`) and the oversize policy; ``base``: the :class:`Scheduler` and
+  :class:`GridScheduler` (static-CP planners) base classes.
 - ``step_time``: what a plan's microbatches cost and :func:`predicted_step_time`;
   ``objective``: the reductions of a plan's costs under each sync and their lower bounds.
 - ``balanced`` (package): the default FLOPs-aware planner; ``dp_balanced``, ``empty``.
@@ -34,7 +34,7 @@ from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.schedulers.empty import EmptyScheduler
 from seqpack.schedulers.registry import available_schedulers, get_scheduler, register_scheduler
-from seqpack.schedulers.request import ON_OVERSIZE, apply_oversize, as_lengths
+from seqpack.schedulers.request import ON_OVERSIZE, Request, apply_oversize, as_lengths
 from seqpack.schedulers.schedule import Schedule, ScheduleLimits
 from seqpack.schedulers.step_time import predicted_step_time
 
@@ -46,6 +46,7 @@ register_scheduler(DynamicCpScheduler)
 __all__ = [
     "ON_OVERSIZE",
     "GridScheduler",
+    "Request",
     "Schedule",
     "ScheduleLimits",
     "Scheduler",
