@@ -77,7 +77,7 @@ def plan_balanced(
     price: BucketPrice | None = None,
     stages: Stages = DEFAULT,
 ) -> BalancedPlan:
-    """Assign sequences to ``[rounds, replicas]`` (module docstring, steps 1-4).
+    """Assign sequences to ``[rounds, replicas]`` (docs/schedulers.md, steps 1-4).
 
     Args:
         padded: int64 padded lengths, each at most ``capacity``.

@@ -34,7 +34,7 @@ def _repair(
     stop_at: float | None = None,
     max_work: int = _REPAIR_WORK,
 ) -> Repaired:
-    """Step 4 of the module docstring. Returns the repaired (round_of, replica_of, load,
+    """The repair (module docstring). Returns the repaired (round_of, replica_of, load,
     tokens, moves). ``stop_at``: busiest replica's cost at which to stop (default 0.1%
     above the bound); ``max_work``: candidate evaluations before it stops."""
     replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))

@@ -114,7 +114,7 @@ def placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray
 
 
 def round_targets(sorted_costs: np.ndarray, dp_size: int, num_rounds: int) -> np.ndarray:
-    """Per-round cost target of one microbatch (see the module docstring, step 2).
+    """Per-round cost target of one microbatch (docs/schedulers.md, step 2).
 
     Args:
         sorted_costs: Sequence costs, costliest first.
@@ -256,7 +256,7 @@ def more_rounds(
     plan: BalancedPlan, seqs: Sequences, step: int, plan_at: Callable[[int], BalancedPlan | None]
 ) -> BalancedPlan:
     """The count search: the microbatch count with the shortest predicted step, from ``plan``
-    at the fewest that fit (package docstring). ``plan_at(m)``: the plan at ``m`` rounds.
+    at the fewest that fit (docs/schedulers.md). ``plan_at(m)``: the plan at ``m`` rounds.
 
     Counts ``M + step, M + 2*step, ...`` are tried while the predicted step
     time keeps dropping, and the best kept, a larger count only when it predicts a step at

@@ -1,5 +1,5 @@
 """The ``"balanced"`` scheduler: validates its options and runs the plan, locality and
-round order (package docstring).
+round order (docs/schedulers.md).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from seqpack.validation import (
 
 
 class BalancedScheduler(GridScheduler):
-    """FLOPs-aware scheduler balancing replica totals and per-round maxima (module docs).
+    """FLOPs-aware scheduler balancing replica totals and per-round maxima (docs/schedulers.md).
 
     Args:
         order: ``"heavy_first"`` (default), ``"pipeline"`` (light microbatches at both

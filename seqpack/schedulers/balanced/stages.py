@@ -1,4 +1,4 @@
-"""The balanced plan as a composition of stages (package docstring, steps 1-5).
+"""The balanced plan as a composition of stages (docs/schedulers.md, steps 1-5).
 
 :class:`Stages` names the function that runs each step of the plan, and :data:`DEFAULT` is
 the plan seqpack runs. ``benchmarks/ablation.py`` composes others (a stage left out, or
