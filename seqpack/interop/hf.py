@@ -23,8 +23,8 @@ sum over ``num_items_in_batch``). How each part gets there:
   seqpack's ``loss_mask`` is 0. ``shift_labels`` also keeps a target at the pack's very last
   token, which the ``labels`` convention cannot express.
 
-Vision-language packs (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) get their pixels, grids and 4-row
-positions instead of the flash-attention offsets: :mod:`seqpack.interop.hf_vision`.
+Vision-language packs (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) also get their pixels, grids and
+``mm_token_type_ids``, and 4-row positions: :mod:`seqpack.interop.hf_vision`.
 
 transformers itself is never imported here: the mixin calls only the methods of the trainer
 it is mixed into.
@@ -51,7 +51,7 @@ from seqpack.interop.hf_rows import (
     step_count,
     token_ids,
 )
-from seqpack.interop.hf_vision import HF_VISION_KEYS, vision_kwargs
+from seqpack.interop.hf_vision import VISION_KEYS, vision_kwargs
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.iterator import PackingIterator, wrap_data_iterator
 from seqpack.loader.step import Step
@@ -79,6 +79,10 @@ HF_KEYS: tuple[str, ...] = (
 )
 """The keys :func:`to_hf` returns (``labels`` and ``shift_labels`` only for a batch with labels;
 ``num_items_in_batch`` too when given)."""
+
+HF_VISION_KEYS: tuple[str, ...] = (*HF_KEYS, *VISION_KEYS)
+"""The keys :func:`to_hf` returns for a vision-language pack (each modality's pixels and grid
+where it has some)."""
 
 HfValue = torch.Tensor | int | bool
 
@@ -112,10 +116,10 @@ def to_hf(
         ``input_ids``, ``position_ids`` (int64 ``[1, T]``), ``labels`` and ``shift_labels``
         (int64 ``[1, T]``, when the batch has labels), ``cu_seq_lens_q`` / ``_k`` (int32
         ``[N+1]``), ``max_length_q`` / ``_k`` (int), ``seq_idx`` (int32 ``[1, T]``),
-        ``use_cache=False`` and ``num_items_in_batch`` when given. For a vision-language pack
-        (:data:`HF_VISION_KEYS`): ``position_ids`` int64 ``[4, 1, T]`` (the text row, then the
-        mRoPE rows), ``mm_token_type_ids`` ``[1, T]``, the pixels and grids as packed, and no
-        ``cu_seq_lens_*``, ``max_length_*`` or ``seq_idx`` (see the module docs).
+        ``use_cache=False`` and ``num_items_in_batch`` when given. A vision-language pack
+        (:data:`HF_VISION_KEYS`) also gets ``mm_token_type_ids`` ``[1, T]`` and the pixels and
+        grids as packed, and its ``position_ids`` are int64 ``[4, 1, T]``: the text row, then
+        the mRoPE rows.
 
     Raises:
         ConfigError: A CP shard, a batch without ``input_ids``, a ``num_items_in_batch``
@@ -148,11 +152,6 @@ def to_hf(
         aligned[1:] = targets[:-1]
         kwargs["labels"] = aligned[None]  # [1, T]
         kwargs["shift_labels"] = targets[None]  # [1, T]
-    if batch.has_vision:
-        kwargs.update(vision_kwargs(batch), use_cache=False)
-        if num_items_in_batch is not None:
-            kwargs["num_items_in_batch"] = num_items_in_batch
-        return kwargs
     # Every token, pads included, sits in its sequence's padded slot (see the module docs).
     cu = batch.cu_seqlens_padded.to(torch.int32)
     kwargs.update(
@@ -163,6 +162,8 @@ def to_hf(
         seq_idx=batch.seq_idx.to(torch.int32)[None],  # [1, T]
         use_cache=False,
     )
+    if batch.has_vision:  # position_ids [4, 1, T], mm_token_type_ids, pixels and grids
+        kwargs.update(vision_kwargs(batch))
     if num_items_in_batch is not None:
         kwargs["num_items_in_batch"] = num_items_in_batch
     return kwargs

@@ -10,16 +10,20 @@ Read from transformers 5.24's ``modeling_qwen2_vl.py`` / ``modeling_qwen2_5_vl.p
   not the previous one plus 1), and flash attention finds its sequences in it. Given only the
   three mRoPE rows (``[3, 1, T]``) the models drop the text row and attend across the
   documents of the pack (transformers #39400; axolotl #3817); given ``[1, T]``, Qwen2-VL and
-  Qwen2.5-VL do the same. The mRoPE rows are each sequence's own, as ``get_rope_index`` gives
-  them for the sample alone: the model computes them only when ``position_ids`` is ``None``,
-  and then over the whole pack as one sample (transformers #38007).
+  Qwen2.5-VL do the same, and so does the model's own ``get_rope_index`` when
+  ``position_ids`` is ``None`` (three rows, over the pack as one sample; transformers
+  #38007). The mRoPE rows are each sequence's own, as ``get_rope_index`` gives them for the
+  sample alone (rows that count on through the pack would move each sequence by one offset,
+  which rotary attention within a sequence does not see; text positions on them would not).
 - ``pixel_values`` / ``image_grid_thw`` (and the video pair) hold every image of the pack in
   sequence order, so ``masked_scatter`` puts each image's embeddings on its own placeholders;
   the vision tower attends within each image (each frame, or window), so packing does not
   change what it computes.
-- No ``cu_seq_lens_*``, ``max_length_*`` or ``seq_idx``: the models pass their keyword
-  arguments on to the vision tower, whose flash-attention call sets ``cu_seq_lens_q`` itself
-  (a second value is a ``TypeError``), and the text row already says where sequences start.
+- ``cu_seq_lens_*`` / ``max_length_*`` as for text (flash attention's offsets of the text's
+  sequences): the models pass their keyword arguments on to the vision tower, but
+  ``accepts_precomputed_kwargs`` on ``get_image_features`` / ``get_video_features`` drops
+  these four there, so the tower's flash call keeps its own per-image offsets
+  (tests/interop/test_hf_vision.py checks it with a flash-style attention stand-in on CPU).
 - ``mm_token_type_ids`` is passed as the processors give it; with ``position_ids`` given the
   models do not need it, but their generation path and future versions read it.
 """
@@ -31,23 +35,17 @@ import torch
 from seqpack.errors import ConfigError
 from seqpack.thd.batch import PackedBatch
 
-__all__ = ["HF_VISION_KEYS", "vision_kwargs"]
+__all__ = ["VISION_KEYS", "vision_kwargs"]
 
-HF_VISION_KEYS: tuple[str, ...] = (
-    "input_ids",
-    "position_ids",
-    "labels",
-    "shift_labels",
+VISION_KEYS: tuple[str, ...] = (
     "mm_token_type_ids",
     "pixel_values",
     "image_grid_thw",
     "pixel_values_videos",
     "video_grid_thw",
-    "use_cache",
 )
-"""The keys :func:`~seqpack.interop.hf.to_hf` returns for a vision-language pack (``labels``
-and ``shift_labels`` when it has labels, each modality's pixels and grid where it has some,
-``num_items_in_batch`` when given)."""
+"""What :func:`~seqpack.interop.hf.to_hf` adds to a text pack's keys for a vision-language pack
+(each modality's pixels and grid where it has some)."""
 
 
 def vision_kwargs(batch: PackedBatch) -> dict[str, torch.Tensor]:

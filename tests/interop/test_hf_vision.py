@@ -139,9 +139,8 @@ def test_a_pack_gives_each_token_its_loss_and_the_summed_gradients_of_the_sample
     samples = mixed_samples(family)
     batch = _pack(model, samples)
     kwargs = to_hf(batch)
-    assert set(kwargs) == set(HF_VISION_KEYS)
+    assert set(kwargs) == set(HF_VISION_KEYS) and set(HF_KEYS) < set(HF_VISION_KEYS)
     assert kwargs["position_ids"].shape == (4, 1, batch.num_tokens)
-    assert not set(kwargs) & {"cu_seq_lens_q", "max_length_q", "seq_idx"}
     alone_losses, alone_grads = _alone(model, samples)
     losses, grads, hf_loss = _packed(model, kwargs)
 
@@ -195,9 +194,59 @@ def test_a_text_only_pack_needs_the_text_row_on_qwen2_vl():
     losses, _, _ = _packed(model, with_rows)
     torch.testing.assert_close(losses, alone_losses, rtol=TOL, atol=TOL)
     # [1, T] positions: Qwen2-VL expands them to the three mRoPE rows and builds no packed mask.
-    plain = {key: value for key, value in plain.items() if not key.startswith(("cu_seq", "max_length", "seq_idx"))}
     losses, _, _ = _packed(model, plain)
     assert float((losses - alone_losses).abs().max()) > BROKEN
+
+
+def _flash_standin(module, query, key, value, attention_mask, *, scaling=None, is_causal=None, **kwargs):
+    """Flash attention's varlen semantics on CPU: the sequences of ``cu_seq_lens_q`` where given,
+    else those of ``position_ids`` (a position not the previous one plus 1 starts one, as
+    transformers' flash path finds them), else one; causal unless the module says otherwise."""
+    total = query.shape[2]  # [1, heads, T, head_dim]
+    cu, positions = kwargs.get("cu_seq_lens_q"), kwargs.get("position_ids")
+    if cu is None and positions is not None:
+        positions = positions.reshape(-1)
+        starts = torch.nonzero(positions[1:] != positions[:-1] + 1).flatten() + 1
+        cu = torch.cat([torch.tensor([0]), starts, torch.tensor([total])])
+    bounds = [0, total] if cu is None else cu.tolist()
+    _FLASH_CALLS.append((type(module).__name__, bounds))
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    parts = [
+        F.scaled_dot_product_attention(
+            query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=causal, scale=scaling, enable_gqa=True
+        )
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+    return torch.cat(parts, dim=2).transpose(1, 2), None  # [1, T, heads, head_dim]
+
+
+_FLASH_CALLS: list[tuple[str, list[int]]] = []
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_flash_style_attention_is_exact_and_the_vision_tower_keeps_its_own_offsets(family):
+    # A name with "flash" in it sends transformers down its flash paths (no mask built; the
+    # vision tower's varlen call); set on every sub-config, as set_attn_implementation would
+    # after importing flash-attn, which this machine has not.
+    transformers.AttentionInterface.register("seqpack_flash_standin", _flash_standin)
+    model = tiny_vlm(family)
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None:
+            config._attn_implementation_internal = "seqpack_flash_standin"
+    samples = mixed_samples(family)
+    batch = _pack(model, samples)
+    alone_losses, alone_grads = _alone(model, samples)
+    _FLASH_CALLS.clear()
+    losses, grads, _ = _packed(model, to_hf(batch))
+    torch.testing.assert_close(losses, alone_losses, rtol=TOL, atol=TOL * float(alone_losses.abs().max()))
+    assert max(_relative(grads[name], alone_grads[name]) for name in grads) <= TOL
+    text = batch.cu_seqlens_padded.tolist()
+    patches = int(batch.image_grid_thw.prod(1).sum())  # the images' encoder call
+    vision = [bounds for name, bounds in _FLASH_CALLS if "Vision" in name]
+    assert vision and all(bounds[-1] in (patches, int(batch.video_grid_thw.prod(1).sum())) for bounds in vision)
+    assert all(bounds == text for name, bounds in _FLASH_CALLS if "Vision" not in name)
+    assert len(_FLASH_CALLS) > len(vision)  # the text model's calls too
 
 
 def test_the_docs_example_runs():
