@@ -1,7 +1,9 @@
 """The sample contract: what one dataloader sample may hold, and its one normalisation.
 
 A sample is a mapping with ``input_ids`` (required) and optionally ``labels``,
-``loss_mask`` and ``position_ids``; other keys are ignored. Every field is 1-D and as long
+``loss_mask`` and ``position_ids``; other keys are ignored, except the image and video fields
+of :data:`VISION_KEYS`, which only ``pack_sequences(..., mrope=)`` carries
+(:mod:`seqpack.thd.vision`) and which are refused here rather than dropped. Every field is 1-D and as long
 as ``input_ids``. Integer fields (``input_ids``, ``labels``, ``position_ids``) accept
 tensors, numpy arrays and lists of any integer dtype (numpy ``uint16`` / ``uint32`` as
 tokenizers emit them, torch ``uint8`` ... ``uint64``) and become int64; values past int64
@@ -43,6 +45,7 @@ __all__ = [
     "SAMPLES_NOT_BATCHES",
     "SAMPLE_DTYPES",
     "TOKEN_KEYS",
+    "VISION_KEYS",
     "check_label_format",
     "count_loss_tokens",
     "default_labels",
@@ -70,6 +73,11 @@ TOKEN_KEYS: tuple[str, ...] = tuple(SAMPLE_DTYPES)
 INTEGER_KEYS: frozenset[str] = frozenset(key for key, dtype in SAMPLE_DTYPES.items() if dtype == torch.int64)
 
 _OPTIONAL_KEYS = TOKEN_KEYS[1:]
+
+VISION_KEYS: frozenset[str] = frozenset(
+    {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
+)
+"""The fields that make a sample a vision-language one (:mod:`seqpack.thd.vision`)."""
 
 SAMPLES_NOT_BATCHES = "give seqpack samples, not batches: DataLoader(batch_size=None)"
 """The hint for a collated batch where seqpack expects one sample (seqpack packs samples itself)."""
@@ -129,6 +137,9 @@ def _check_fits_int64(value: np.ndarray, key: str, where: str) -> None:
         )
 
 
+_MROPE_HINT = " (mRoPE's t, h, w rows: pack_sequences(..., mrope=MRopeSpec.from_hf(config)) takes them)"
+
+
 def _batch_hint(tensor: torch.Tensor) -> str:
     """What a 2-D field most likely is: one row with a batch dim, or a collated batch."""
     if tensor.dim() != 2:
@@ -143,7 +154,8 @@ def _normalize_field(value: Any, key: str, where: str) -> torch.Tensor:
     dtype = SAMPLE_DTYPES[key]
     tensor = _as_tensor(value, key, where)
     if tensor.dim() != 1:
-        raise SampleError(f"{where}: {key!r} must be 1-D, got shape {tuple(tensor.shape)}{_batch_hint(tensor)}")
+        hint = _MROPE_HINT if key == "position_ids" and tensor.dim() == 2 and tensor.shape[0] == 3 else ""
+        raise SampleError(f"{where}: {key!r} must be 1-D, got shape {tuple(tensor.shape)}{hint or _batch_hint(tensor)}")
     if tensor.dtype == dtype and key in INTEGER_KEYS:
         return tensor  # already int64: nothing to check or convert
     if key in INTEGER_KEYS:
@@ -181,7 +193,8 @@ def normalize_sample(sample: Any, *, where: str = "sample") -> dict[str, torch.T
 
     Args:
         sample: A mapping with ``input_ids`` and optionally ``labels``, ``loss_mask``,
-            ``position_ids`` (``None`` counts as absent); other keys are ignored.
+            ``position_ids`` (``None`` counts as absent); other keys are ignored, but not
+            those of :data:`VISION_KEYS`.
         where: How error messages name the sample (``"sample 4 of this rank's data"``).
 
     Returns:
@@ -193,7 +206,8 @@ def normalize_sample(sample: Any, *, where: str = "sample") -> dict[str, torch.T
         SeqpackTypeError: Not a mapping; a field that is not a tensor, array or list, or of
             the wrong dtype (floats, bools for integer fields).
         SampleError: No ``input_ids``; a field not 1-D, not as long as ``input_ids``,
-            past int64, or a ``loss_mask`` weight that is negative or not finite.
+            past int64, or a ``loss_mask`` weight that is negative or not finite; images or
+            videos (:data:`VISION_KEYS`).
     """
     if type(sample) is not dict and not isinstance(sample, Mapping):  # type(): the fast, common case
         raise SeqpackTypeError(f"{where} must be a mapping of 1-D tensors, got {type(sample).__name__}")
@@ -207,6 +221,12 @@ def normalize_sample(sample: Any, *, where: str = "sample") -> dict[str, torch.T
     out = {"input_ids": ids}
     if len(sample) == 1:  # input_ids alone (the packer's hot loop sees this most)
         return out
+    if not VISION_KEYS.isdisjoint(sample):
+        raise SampleError(
+            f"{where} carries images or videos ({', '.join(sorted(VISION_KEYS.intersection(sample)))}), which only "
+            "pack_sequences(..., mrope=MRopeSpec.from_hf(config)) packs (docs/multimodal.md); dropping them would "
+            "train on the placeholder tokens alone"
+        )
     length = ids.shape[0]
     for key in _OPTIONAL_KEYS:
         value = sample.get(key)

@@ -30,15 +30,11 @@ import torch
 from seqpack.errors import SampleError, SeqpackTypeError
 from seqpack.thd.layout import TokenLayout
 from seqpack.thd.mrope import IMAGE, TEXT, VIDEO, MRopeSpec, mrope_positions, placeholder_runs
+from seqpack.thd.sample import VISION_KEYS
 
-__all__ = ["VISION_KEYS", "VisionSample", "has_vision", "normalize_vision", "pack_vision"]
+__all__ = ["VisionSample", "has_vision", "normalize_vision", "pack_vision", "text_part"]
 
 _MEDIA = {IMAGE: ("pixel_values", "image_grid_thw", "image"), VIDEO: ("pixel_values_videos", "video_grid_thw", "video")}
-
-VISION_KEYS: frozenset[str] = frozenset(
-    {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
-)
-"""The keys that make a sample a vision-language one (``second_per_grid_ts`` goes with them)."""
 
 
 @dataclasses.dataclass
@@ -60,12 +56,13 @@ def has_vision(sample: Mapping[str, Any]) -> bool:
 
 
 def text_part(sample: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``sample`` for :func:`~seqpack.thd.normalize_sample`: without multi-row ``position_ids``
-    (the text row of a vision sample is its own ``arange``)."""
-    positions = sample.get("position_ids")
-    if positions is None or getattr(positions, "ndim", 1) != 2:
+    """``sample`` for :func:`~seqpack.thd.normalize_sample`: without its vision fields and
+    multi-row ``position_ids`` (the text row of a vision sample is its own ``arange``)."""
+    if not has_vision(sample):
         return sample
-    return {key: value for key, value in sample.items() if key != "position_ids"}
+    positions = sample.get("position_ids")
+    drop = VISION_KEYS | {"second_per_grid_ts"} | ({"position_ids"} if getattr(positions, "ndim", 1) == 2 else set())
+    return {key: value for key, value in sample.items() if key not in drop}
 
 
 def normalize_vision(

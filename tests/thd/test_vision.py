@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from seqpack.errors import ConfigError, SampleError
-from seqpack.thd import StaticShapes, pack_sequences, shard_for_cp
+from seqpack.thd import StaticShapes, normalize_sample, pack_sequences, sample_sequences, shard_for_cp
 from seqpack.thd.mrope import MRopeSpec
 
 IMG, VID, START, END = 120, 121, 122, 123
@@ -197,3 +197,17 @@ def test_fixed_shapes_keep_each_sequence_and_count_the_tail_from_zero():
     assert fixed.num_tokens == 32
     assert torch.equal(fixed.mrope_position_ids[:, :14], plain.mrope_position_ids)
     assert torch.equal(fixed.mrope_position_ids[:, 14:], torch.arange(18).expand(3, -1))  # the tail slot
+
+
+def test_paths_that_cannot_carry_images_refuse_them_rather_than_drop_them():
+    # normalize_sample serves the wrapper (sample_sequences) and pack_dataset: dropping the
+    # pixels would train on the placeholders alone.
+    with pytest.raises(
+        SampleError, match=r"sample 3 carries images or videos \(image_grid_thw, pixel_values\), which only"
+    ):
+        normalize_sample(_image(), where="sample 3")
+    with pytest.raises(SampleError, match="carries images or videos"):
+        sample_sequences({**_image(), "cu_seqlens": torch.tensor([0, 9])}, where="row 2")
+    rows = {"input_ids": torch.arange(4), "position_ids": torch.zeros(3, 4, dtype=torch.int64)}
+    with pytest.raises(SampleError, match=r"must be 1-D, got shape \(3, 4\) \(mRoPE's t, h, w rows: pack_sequences"):
+        normalize_sample(rows)
