@@ -9,6 +9,7 @@ schedule. Every planner takes one checked :class:`~seqpack.schedulers.request.Re
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
@@ -142,12 +143,16 @@ class GridScheduler(Scheduler):
         check_capacity(capacity, request.cp_size)
         effective, dropped, truncated = apply_oversize(request.lengths, capacity, pad_multiple, request.on_oversize)
         check_step_tokens(effective, pad_multiple)
-        active = np.flatnonzero(effective > 0).astype(np.int64)
-        rounds, deferred = self._plan(request.subset(active, lengths=effective[active], cost=cost))
-        if isinstance(rounds, Grid):
-            rounds = Grid(active[rounds.ids], rounds.counts, rounds.dp_size)
-        else:
-            rounds = [[active[np.asarray(cell, dtype=np.int64)] for cell in row] for row in rounds]
+        placed = dataclasses.replace(request, lengths=effective, cost=cost)
+        active = np.flatnonzero(effective > 0).astype(np.int64) if dropped.size else None
+        rounds, deferred = self._plan(placed if active is None else placed.subset(active))
+        deferred = np.ascontiguousarray(deferred, dtype=np.int64)
+        if active is not None:  # positions index the sequences left: back to ids
+            deferred = active[deferred]
+            if isinstance(rounds, Grid):
+                rounds = Grid(active[rounds.ids], rounds.counts, rounds.dp_size)
+            else:
+                rounds = [[active[np.asarray(cell, dtype=np.int64)] for cell in row] for row in rounds]
         if request.static_shapes is not None:
             padded = padded_lengths(effective, pad_multiple)
             rounds = self._fit_static_shapes(rounds, request.static_shapes, padded, capacity, cost, request.sync)
@@ -159,7 +164,7 @@ class GridScheduler(Scheduler):
             cp_size=request.cp_size,
             max_tokens_per_rank=request.max_tokens_per_rank,
             pad_multiple=pad_multiple,
-            deferred=active[np.asarray(deferred, dtype=np.int64)],
+            deferred=deferred,
             dropped=dropped,
             truncated=truncated,
             origin=request.origin,

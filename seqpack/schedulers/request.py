@@ -185,8 +185,10 @@ class Request:
     def subset(self, ids: np.ndarray, **changes: object) -> Request:
         """The request for the samples ``ids`` only, with ``changes`` to its fields (e.g.
         ``lengths`` after the oversize policy; trusted: not checked again)."""
-        fields: dict[str, object] = {"lengths": self.lengths[ids], "origin": self.origin[ids], **changes}
-        return dataclasses.replace(self, **fields)  # type: ignore[arg-type]
+        changes.setdefault("origin", self.origin[ids])
+        if "lengths" not in changes:
+            changes["lengths"] = self.lengths[ids]
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
 def check_capacity(capacity: int, cp_size: int) -> None:
