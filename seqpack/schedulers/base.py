@@ -194,7 +194,7 @@ class GridScheduler(Scheduler):
         )
         model = self.resolve_cost(cost)
         price = None if not isinstance(model, CostModel) else BucketPrice.of(shapes, capacity, model.linear)
-        if self.uses_static_shapes and price is not None and isinstance(model, CostModel):
+        if self.plans_buckets and price is not None and isinstance(model, CostModel):
             rounds = trim_to_buckets(
                 rounds,
                 padded,
@@ -210,11 +210,10 @@ class GridScheduler(Scheduler):
     keeps_origin: ClassVar[bool] = False
     """Whether every sample stays on the DP rank that read it (``"empty"``): the
     ``static_shapes`` repair then moves sequences only between its own microbatches."""
-    uses_static_shapes: ClassVar[bool] = False
-    """Whether :meth:`_plan` plans for the request's ``static_shapes`` (its limits and
-    bucket padding): its plan is then trimmed to the buckets (
-    :func:`~seqpack.schedulers.static_limits.trim_to_buckets`); every grid plan is repaired
-    to its limits anyway."""
+    plans_buckets: ClassVar[bool] = False
+    """Whether :meth:`_plan` prices the request's ``static_shapes`` buckets itself: its plan
+    is then trimmed to the buckets (:func:`~seqpack.schedulers.static_limits.trim_to_buckets`);
+    every grid plan is repaired to the shapes' limits anyway."""
 
     def _round_multiple(self) -> int:
         """The multiple the microbatch count keeps (rounds the ``static_shapes`` repair adds

@@ -87,7 +87,7 @@ class BalancedScheduler(GridScheduler):
         """The cost model this scheduler balances: ``cost``, or the default model's FLOPs."""
         return default_cost_model() if cost is None else cost
 
-    uses_static_shapes = True
+    plans_buckets = True
 
     def _fixed_rounds(self) -> int | None:
         return self.num_microbatches
