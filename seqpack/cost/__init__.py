@@ -13,20 +13,20 @@ Modules, lowest first:
 * :mod:`~seqpack.cost.shapes`: published model shapes as data, the hybrid pattern's letters.
 * :mod:`~seqpack.cost.flops`: FLOPs formulas per layer kind (exact ints), :func:`mamba2_flops`.
 * :mod:`~seqpack.cost.fit`: the exact, reproducible, scale-invariant NNLS fits.
-* :mod:`~seqpack.cost.spec`: :class:`ModelSpec` (a model's shape, exact training FLOPs,
-  FLOPs cost model).
 * :mod:`~seqpack.cost.interconnect`: named interconnects (:data:`INTERCONNECTS`), the links
   a dynamic-CP ring prior is derived from.
 * :mod:`~seqpack.cost.ring`: what a microbatch costs on a CP group of ``c`` ranks (its
-  compute split over the group plus the CP ring), :func:`group_features`, :func:`spans_nodes`.
+  compute split over the group plus the CP ring), :func:`group_features`, :func:`spans_nodes`,
+  Transformer Engine's ring figures (:func:`~seqpack.cost.ring.te_p2p_ring`).
 * :mod:`~seqpack.cost.model`: :class:`CostModel`, the one cost type (coefficients,
   per-sequence costs, the fit to measured times, the CP ring's terms: zero for static CP,
-  :meth:`CostModel.from_model` for a dynamic-CP prior); :func:`check_cost_model`.
+  :meth:`CostModel.from_model` for a dynamic-CP prior), and :class:`ModelSpec` (a model's
+  shape, exact training FLOPs, FLOPs cost model), which build each other;
+  :func:`check_cost_model`.
 * :mod:`~seqpack.cost.presets`: :data:`MODEL_PRESETS`, :func:`default_cost_model`,
   :func:`transformer_flops`.
 
-Each module imports only modules listed before it (``spec`` builds its cost model with a
-local import of ``model``); nothing here imports the schedulers,
+Each module imports only modules listed before it; nothing here imports the schedulers,
 the calibrator or the loader.
 """
 
@@ -35,10 +35,9 @@ from __future__ import annotations
 from seqpack.cost.fit import nnls_fit, robust_nnls_fit, robust_weights_fit
 from seqpack.cost.flops import mamba2_flops
 from seqpack.cost.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS, Interconnect, get_interconnect
-from seqpack.cost.model import CostModel, check_cost_model
+from seqpack.cost.model import CostModel, ModelSpec, check_cost_model
 from seqpack.cost.presets import DEFAULT_MODEL, MODEL_PRESETS, default_cost_model, model_preset, transformer_flops
 from seqpack.cost.ring import FEATURES, group_features, spans_nodes
-from seqpack.cost.spec import ModelSpec
 from seqpack.cost.terms import causal_window_pairs, length_features, window_feature
 
 __all__ = [

@@ -16,7 +16,7 @@ from seqpack.errors import ConfigError
 from seqpack.validation import check_int
 
 if TYPE_CHECKING:
-    from seqpack.cost.spec import ModelSpec
+    from seqpack.cost.model import ModelSpec
 
 __all__ = [
     "FMA",

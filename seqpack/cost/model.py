@@ -1,14 +1,17 @@
-"""CostModel: what a microbatch costs to run on its CP group, from its lengths.
+"""CostModel and ModelSpec: what a microbatch costs to run on its CP group, from its lengths.
 
 A microbatch of sequences ``s_i`` costs ``constant + sum(linear*s_i + quadratic*s_i**2)``,
-plus ``windowed * sum(w(s_i, W))`` for sliding-window attention (the terms:
-:mod:`seqpack.cost.terms`): dense layers (projections, MLP, logits, Mamba mixers) scale with
-tokens, full attention with the square of each sequence's length, windowed attention with
-``s**2`` up to the window and linearly beyond. On a CP group of ``c`` ranks the compute is
-split ``c`` ways and the CP ring adds its terms (``ring_step``, ``ring_token``,
-``ring_token_inter``; zero by default, so a static plan's figures are the compute terms'
-own): :mod:`seqpack.cost.ring`. :class:`~seqpack.cost.ModelSpec` (a model's shape) gives
-the FLOPs model (:meth:`CostModel.from_transformer`, :meth:`CostModel.from_model`).
+plus ``windowed * sum(w(s_i, W))`` for sliding-window attention (:class:`CostModel`; the
+terms: :mod:`seqpack.cost.terms`): dense layers (projections, MLP, logits, Mamba mixers)
+scale with tokens, full attention with the square of each sequence's length, windowed
+attention with ``s**2`` up to the window and linearly beyond. On CP groups the CP ring adds
+its terms (zero by default: a static plan's figures are the compute terms'): :mod:`seqpack.cost.ring`.
+
+:class:`ModelSpec` describes a dense or hybrid (Mamba2 + attention) model, with full and
+sliding-window attention layers, and gives its exact training FLOPs (formulas:
+:mod:`seqpack.cost.flops`) and its FLOPs cost model. The two types build each other
+(:meth:`ModelSpec.cost_model`, :meth:`CostModel.from_transformer`, :meth:`CostModel.from_preset`),
+so they share this module; :mod:`seqpack.cost.presets` builds one per published shape.
 """
 
 from __future__ import annotations
@@ -21,25 +24,239 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from seqpack.cost.fit import check_timings, nnls_fit, robust_nnls_fit
-from seqpack.cost.interconnect import DEFAULT_INTERCONNECT, Interconnect, get_interconnect
-from seqpack.cost.ring import TE_P2P_TRANSFERS, group_features
-from seqpack.cost.shapes import ShapeOptions, preset_shape
-from seqpack.cost.spec import ModelSpec
-from seqpack.cost.terms import as_lengths, feature_names, window_feature, window_ratio
+from seqpack.cost.flops import (
+    TRAIN,
+    attention_projection_forward,
+    attention_score_forward,
+    logits_forward,
+    mamba2_forward_per_token,
+    mlp_forward,
+    parameter_count,
+)
+from seqpack.cost.ring import GroupTerms
+from seqpack.cost.shapes import ShapeOptions, check_layer_pattern, preset_shape
+from seqpack.cost.terms import as_lengths, exact_sums, feature_names, window_feature, window_ratio
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.validation import check_bool, check_number, check_positive_int, check_window
+from seqpack.validation import check_bool, check_int, check_window
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["CostModel", "check_cost_model"]
+__all__ = ["CostModel", "ModelSpec", "check_cost_model"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a dense transformer or a Mamba2/attention hybrid, for FLOPs and cost.
+
+    Attributes:
+        hidden_size: Model width ``h``.
+        num_layers: Transformer layers (each attention + MLP), or, with
+            ``hybrid_layer_pattern``, the pattern's length.
+        num_attention_heads: Query heads.
+        ffn_hidden_size: MLP inner width (per projection; ``intermediate_size`` in HF).
+        num_query_groups: Key/value heads (GQA); ``None`` means multi-head attention.
+        vocab_size: Output vocabulary; ``None`` leaves the logits layer out.
+        kv_channels: Head dimension; default ``hidden_size // num_attention_heads``.
+        gated_linear_unit: SwiGLU-style MLP with three projections (default, as in Llama,
+            Qwen, Mistral); ``False`` for two (GELU, squared ReLU).
+        causal: Causal attention computes half of the score and value products.
+        hybrid_layer_pattern: Megatron's hybrid pattern, one character per layer: ``M``
+            Mamba2, ``*`` attention, ``-`` MLP, and seqpack's ``W``: sliding-window attention
+            (window ``window_size``; :data:`~seqpack.cost.shapes.LAYER_TYPES`). A dense model
+            with mixed windows is written as a pattern too (``"W-*-"``: a windowed then a
+            full transformer layer).
+        mamba_state_dim, mamba_head_dim, mamba_num_groups, mamba_num_heads, mamba_expand:
+            Mamba2 mixer shape (``d_state``, ``headdim``, ``ngroups``, ``nheads`` (default
+            ``expand*h/headdim``), ``expand``).
+        name: A label for tables.
+        window_size: Sliding-window attention's left window ``W`` (Transformer Engine's and
+            Megatron's ``window_size=(W, 0)``: a query attends itself and the ``W`` tokens
+            before it; bidirectional layers ``(W, W)``). Without a pattern every attention
+            layer is windowed; with one, its ``W`` layers are. ``0 <= W <= 2**31 - 1``
+            (:data:`seqpack.validation.MAX_WINDOW`: the widest window ``ThdAttention`` runs).
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    num_query_groups: int | None = None
+    vocab_size: int | None = None
+    kv_channels: int | None = None
+    gated_linear_unit: bool = True
+    causal: bool = True
+    hybrid_layer_pattern: str | None = None
+    mamba_state_dim: int = 128
+    mamba_head_dim: int = 64
+    mamba_num_groups: int = 8
+    mamba_num_heads: int | None = None
+    mamba_expand: int = 2
+    name: str = ""
+    window_size: int | None = None
+
+    def __post_init__(self) -> None:
+        # Stored as Python ints: numpy ints (np.int32(4096)) would overflow the FLOPs products.
+        for field in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size"):
+            object.__setattr__(self, field, check_int(field, getattr(self, field), minimum=1))
+        for field in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_expand"):
+            object.__setattr__(self, field, check_int(field, getattr(self, field), minimum=1))
+        for field in ("num_query_groups", "vocab_size", "kv_channels", "mamba_num_heads"):
+            if getattr(self, field) is not None:
+                object.__setattr__(self, field, check_int(field, getattr(self, field), minimum=1))
+        if self.window_size is not None:
+            object.__setattr__(self, "window_size", check_window("window_size", self.window_size))
+        for field in ("gated_linear_unit", "causal"):
+            check_bool(field, getattr(self, field))
+        groups = self.query_groups
+        if self.num_attention_heads % groups:
+            raise ConfigError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of num_query_groups={groups}"
+            )
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}; "
+                "pass kv_channels"
+            )
+        pattern = self.hybrid_layer_pattern
+        if pattern is not None:
+            check_layer_pattern(pattern, self.num_layers, self.window_size)
+            if "M" in pattern and self.mamba_inner % self.mamba_head_dim and self.mamba_num_heads is None:
+                raise ConfigError(
+                    f"mamba_expand*hidden_size={self.mamba_inner} is not divisible by "
+                    f"mamba_head_dim={self.mamba_head_dim}; pass mamba_num_heads"
+                )
+
+    # -- shape helpers -------------------------------------------------------------------
+    @property
+    def query_groups(self) -> int:
+        return self.num_attention_heads if self.num_query_groups is None else self.num_query_groups
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def attention_kinds(self) -> tuple[int, int]:
+        """``(full, windowed)`` attention layer counts."""
+        p = self.hybrid_layer_pattern
+        if p is not None:
+            return p.count("*"), p.count("W")
+        return (self.num_layers, 0) if self.window_size is None else (0, self.num_layers)
+
+    @property
+    def layer_counts(self) -> tuple[int, int, int]:
+        """``(attention, mlp, mamba)`` layer counts (attention: full and windowed)."""
+        if self.hybrid_layer_pattern is None:
+            return self.num_layers, self.num_layers, 0
+        p = self.hybrid_layer_pattern
+        return p.count("*") + p.count("W"), p.count("-"), p.count("M")
+
+    @property
+    def mamba_inner(self) -> int:
+        return self.mamba_expand * self.hidden_size
+
+    @property
+    def mamba_heads(self) -> int:
+        if self.mamba_num_heads is not None:
+            return self.mamba_num_heads
+        return self.mamba_inner // self.mamba_head_dim
+
+    @property
+    def query_width(self) -> int:
+        """``num_attention_heads * head_dim``."""
+        return self.num_attention_heads * self.head_dim
+
+    # -- training FLOPs per token (linear), per s**2 (quadratic), per w(s, W) (windowed) -----
+    @property
+    def linear_flops(self) -> int:
+        """Training FLOPs per token (everything that scales with ``seqlen_sum``)."""
+        attention, mlp, mamba = self.layer_counts
+        kv_width = self.query_groups * self.head_dim
+        forward = (
+            attention * attention_projection_forward(self.hidden_size, self.query_width, kv_width)
+            + mlp * mlp_forward(self.hidden_size, self.ffn_hidden_size, self.gated_linear_unit)
+            + mamba
+            * mamba2_forward_per_token(
+                self.hidden_size, self.mamba_inner, self.mamba_state_dim, self.mamba_num_groups, self.mamba_heads
+            )
+            + logits_forward(self.hidden_size, self.vocab_size)
+        )
+        return TRAIN * forward
+
+    @property
+    def quadratic_flops(self) -> int:
+        """Training FLOPs per squared sequence length of the full attention layers (scales
+        with ``seqlen_sq_sum``)."""
+        full, _ = self.attention_kinds
+        return TRAIN * full * attention_score_forward(self.query_width, self.causal)
+
+    @property
+    def windowed_flops(self) -> int:
+        """Training FLOPs per unit of :func:`~seqpack.cost.terms.window_feature` of the
+        sliding-window layers (scales with ``seqlen_window_sum``): per unit the same as a full
+        layer per ``s**2``."""
+        _, windowed = self.attention_kinds
+        return TRAIN * windowed * attention_score_forward(self.query_width, self.causal)
+
+    def flops(self, seqlen_sum: int, seqlen_sq_sum: int, seqlen_window_sum: int | None = None) -> int:
+        """Training FLOPs (forward + backward) of sequences with these length sums.
+
+        Args:
+            seqlen_sum: ``sum(s_i)`` over the sequences (real lengths for exact accounting;
+                Megatron feeds padded ones).
+            seqlen_sq_sum: ``sum(s_i**2)``.
+            seqlen_window_sum: ``sum(window_feature(s_i, window_size))``; needed when the
+                model has sliding-window layers (:meth:`sequence_flops` takes lengths).
+
+        Returns:
+            Exact FLOPs as a Python int.
+
+        Raises:
+            ConfigError: Sliding-window layers and no ``seqlen_window_sum``.
+        """
+        seqlen_sum = check_int("seqlen_sum", seqlen_sum, minimum=0)
+        seqlen_sq_sum = check_int("seqlen_sq_sum", seqlen_sq_sum, minimum=0)
+        total = self.linear_flops * seqlen_sum + self.quadratic_flops * seqlen_sq_sum
+        if self.attention_kinds[1]:
+            if seqlen_window_sum is None:
+                raise ConfigError(
+                    f"{self.name or 'this model'} has sliding-window layers: pass seqlen_window_sum "
+                    "(or call sequence_flops(lengths))"
+                )
+            total += self.windowed_flops * check_int("seqlen_window_sum", seqlen_window_sum, minimum=0)
+        return total
+
+    def sequence_flops(self, lengths: Sequence[int] | np.ndarray) -> int:
+        """Exact training FLOPs of sequences of these ``lengths`` (every term)."""
+        sums = exact_sums(lengths, self.window_size if self.attention_kinds[1] else None, "lengths")
+        return self.flops(*sums)
+
+    def cost_model(self, constant: float = 0.0) -> CostModel:
+        """A :class:`CostModel` in training FLOPs: ``linear`` per token, ``quadratic`` per
+        ``s**2`` and, with sliding-window layers, ``windowed`` per ``w(s, window_size)``."""
+        if not self.attention_kinds[1]:
+            return CostModel(float(self.linear_flops), float(self.quadratic_flops), constant)
+        return CostModel(
+            float(self.linear_flops),
+            float(self.quadratic_flops),
+            constant,
+            windowed=float(self.windowed_flops),
+            window=self.window_size,
+        )
+
+    def num_parameters(self) -> int:
+        """Parameter count (bias-free linears, RMSNorm weights, untied embedding and output).
+
+        A check against published model sizes; FLOPs do not depend on it.
+        """
+        return parameter_count(self)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class CostModel:
+class CostModel(GroupTerms):
     """``cost(s) = linear*s + quadratic*s**2 (+ windowed*w(s, window))``; a microbatch adds
-    ``constant`` once, and on a CP group of ``c`` ranks the CP ring's terms
-    (:mod:`seqpack.cost.ring`).
+    ``constant`` once (and on CP groups the ring's terms: :class:`~seqpack.cost.ring.GroupTerms`).
 
     Units are whatever the coefficients are in: training FLOPs for
     :meth:`from_transformer`, tokens for ``CostModel(1, 0)``, seconds for :meth:`fit`.
@@ -52,17 +269,7 @@ class CostModel:
     :data:`seqpack.validation.MAX_WINDOW`). A model without a window (``window=None``,
     ``windowed=0``) has the three terms ``(constant, linear, quadratic)``.
 
-    The ring fields price a microbatch on CP groups of varying size (dynamic CP):
-
-    * ``ring_step``: cost per ring step of a microbatch (all attention layers, forward and
-      backward), times ``c - 1``.
-    * ``ring_token``: cost per token per ring step within a node, times ``(c-1) S/c``;
-      ``ring_token_inter`` the same for a group spanning nodes (``None``: ``ring_token``).
-    * ``ranks_per_node``: DP x CP ranks on one node (8 GPUs per node / TP size).
-    * ``reference_size``: the group size the compute terms are the cost on (1: one rank
-      alone); ``None``: the plan's static CP group (``cp_size`` ranks).
-
-    With them at their defaults the model costs, prints and compares exactly as
+    At the ring fields' defaults the model costs, prints and compares exactly as
     ``CostModel(linear, quadratic, constant)``: a static plan's figures are its own.
     """
 
@@ -95,23 +302,13 @@ class CostModel:
         if self.linear == 0 and self.quadratic == 0 and self.constant == 0 and self.windowed == 0:
             which = "all three" if self.window is None else "all four (with windowed)"
             raise ConfigError(f"CostModel needs linear > 0 or quadratic > 0, or constant > 0 (got {which} 0)")
-        for name in ("ring_step", "ring_token"):
-            object.__setattr__(self, name, check_number(f"CostModel.{name}", getattr(self, name), minimum=0.0))
-        inter = self.ring_token if self.ring_token_inter is None else self.ring_token_inter
-        object.__setattr__(self, "ring_token_inter", check_number("CostModel.ring_token_inter", inter, minimum=0.0))
-        object.__setattr__(self, "ranks_per_node", check_positive_int("ranks_per_node", self.ranks_per_node))
-        if self.reference_size is not None:
-            object.__setattr__(self, "reference_size", check_positive_int("reference_size", self.reference_size))
+        self._check_ring()
 
     def __repr__(self) -> str:
         text = f"CostModel(linear={self.linear!r}, quadratic={self.quadratic!r}, constant={self.constant!r}"
         if self.window is not None:
             text += f", windowed={self.windowed!r}, window={self.window!r}"
-        for field in dataclasses.fields(self)[5:]:
-            value = getattr(self, field.name)
-            if value != (self.ring_token if field.name == "ring_token_inter" else field.default):
-                text += f", {field.name}={value!r}"
-        return text + ")"
+        return text + self._ring_repr() + ")"
 
     @property
     def terms(self) -> tuple[str, ...]:
@@ -281,168 +478,6 @@ class CostModel:
         if self.window is not None:
             out = out + self.windowed * sums[..., 2]
         return np.asarray(out, dtype=np.float64)
-
-    # -- CP groups: the compute split over a group of c ranks, plus the CP ring -------------
-    @property
-    def has_ring(self) -> bool:
-        """Whether any ring coefficient is positive (else every CP group looks free)."""
-        return bool(self.ring_step > 0 or self.ring_token > 0 or (self.ring_token_inter or 0.0) > 0)
-
-    def _reference(self, cp_size: int) -> int:
-        return cp_size if self.reference_size is None else self.reference_size
-
-    def compute_scale(self, group_size: np.ndarray | int, cp_size: int) -> np.ndarray:
-        """float64: what the compute terms are multiplied by on a group of each size
-        (``reference_size / c``, a model without one on a plan of ``cp_size``: exactly 1 at
-        the reference size)."""
-        r = self._reference(cp_size)
-        c = np.asarray(group_size, dtype=np.float64)
-        return np.where(c == r, 1.0, r / c)
-
-    def group_coefficients(self, cp_size: int) -> np.ndarray:
-        """float64 ``[6]`` in :data:`~seqpack.cost.ring.FEATURES` order: the compute on one
-        rank (``linear`` and ``quadratic`` times the reference size, :meth:`compute_scale`)
-        and the ring; a windowed term is not among them."""
-        r = self._reference(cp_size)
-        ring = (self.ring_step, self.ring_token, self.ring_token_inter)
-        return np.array((self.constant, self.linear * r, self.quadratic * r, *ring), dtype=np.float64)
-
-    @classmethod
-    def from_group_coefficients(cls, coefficients: np.ndarray, ranks_per_node: int = 8) -> CostModel:
-        """The model whose :meth:`group_coefficients` are ``coefficients`` (a fit of
-        :func:`~seqpack.cost.ring.group_features` against measured seconds): compute on one
-        rank (``reference_size=1``)."""
-        k, a, b, step, token, inter = (float(v) for v in np.asarray(coefficients, dtype=np.float64))
-        return cls(a, b, k, ring_step=step, ring_token=token, ring_token_inter=inter, ranks_per_node=ranks_per_node,
-                   reference_size=1)  # fmt: skip
-
-    def scaled_ring(self, factor: float) -> CostModel:
-        """The same model with every ring coefficient times ``factor`` (sensitivity runs)."""
-        factor = check_number("factor", factor, minimum=0.0)
-        inter = float(self.ring_token_inter or 0.0) * factor
-        return dataclasses.replace(
-            self, ring_step=self.ring_step * factor, ring_token=self.ring_token * factor, ring_token_inter=inter
-        )
-
-    def at(self, group_size: int, *, spans: bool | None = None) -> CostModel:
-        """The ring-free model of every microbatch on a CP group of ``group_size`` ranks
-        (static CP): what ``balanced`` balances when each replica is such a group. A model
-        without a ``reference_size`` is the cost on that group already (plus its ring).
-
-        ``spans`` defaults to ``group_size > ranks_per_node`` (aligned blocks).
-        """
-        c = check_positive_int("group_size", group_size)
-        r = self._reference(c)
-        if c == r and (c == 1 or not self.has_ring):
-            return CostModel(self.linear, self.quadratic, self.constant, self.windowed, self.window)
-        spans = c > self.ranks_per_node if spans is None else spans
-        token = float(self.ring_token_inter if spans else self.ring_token)  # type: ignore[arg-type]
-        return CostModel(
-            linear=(self.linear * r + (c - 1) * token) / c,
-            quadratic=self.quadratic * r / c,
-            constant=self.constant + (c - 1) * self.ring_step,
-            windowed=self.windowed * r / c,
-            window=self.window,
-        )
-
-    def ring(self, group_size: np.ndarray, seqlen_sum: np.ndarray, spans: np.ndarray) -> np.ndarray:
-        """float64: the CP ring's cost of microbatches on groups of ``group_size`` ranks
-        holding ``seqlen_sum`` padded tokens (0 alone)."""
-        c = np.asarray(group_size, dtype=np.float64)
-        ring = np.maximum(c - 1.0, 0.0)
-        token = np.where(np.asarray(spans, dtype=bool), float(self.ring_token_inter or 0.0), self.ring_token)
-        return ring * self.ring_step + token * (ring * np.asarray(seqlen_sum, dtype=np.float64) / c)
-
-    def predict_group_sums(self, sums: np.ndarray, cp_size: int) -> np.ndarray:
-        """float64 ``[...]``: the cost of microbatches given as ``(size, S, SS, spans)``
-        integers in the last axis (:func:`~seqpack.schedulers.step_time.group_sums`) on a
-        plan of ``cp_size``."""
-        a = np.asarray(sums, dtype=np.int64)
-        flat = a.reshape(-1, 4)
-        features = group_features(flat[:, 0], flat[:, 1], flat[:, 2], flat[:, 3] != 0)
-        return (features @ self.group_coefficients(cp_size)).reshape(a.shape[:-1])
-
-    @classmethod
-    def from_te_p2p(
-        cls,
-        compute: CostModel,
-        *,
-        attention_layers: int,
-        num_query_groups: int,
-        head_dim: int,
-        intra_node_bandwidth: float,
-        inter_node_bandwidth: float,
-        step_latency: float,
-        dtype_bytes: int = 2,
-        ranks_per_node: int = 8,
-    ) -> CostModel:
-        """``compute`` (seconds of a microbatch on one rank) with the ring coefficients of
-        Transformer Engine's ``p2p`` CP, from the model's shape and the links.
-
-        Args:
-            compute: Seconds of a microbatch on one rank (``reference_size=1``).
-            attention_layers: Attention layers of the model (of this pipeline stage).
-            num_query_groups, head_dim: K/V heads and their width.
-            intra_node_bandwidth, inter_node_bandwidth: Bytes per second one rank sends to
-                its ring neighbour within a node and across nodes.
-            step_latency: Seconds of fixed cost per ring transfer (launch, handshake).
-            dtype_bytes: Bytes per K/V element (2 for bf16).
-            ranks_per_node: DP x CP ranks per node.
-        """
-        if not isinstance(compute, CostModel):
-            raise SeqpackTypeError(f"compute must be a seqpack CostModel, got {type(compute).__name__}")
-        kv_bytes = (
-            2
-            * check_positive_int("num_query_groups", num_query_groups)
-            * check_positive_int("head_dim", head_dim)
-            * check_positive_int("dtype_bytes", dtype_bytes)
-        )
-        transfers = TE_P2P_TRANSFERS * check_positive_int("attention_layers", attention_layers)
-        intra = check_number("intra_node_bandwidth", intra_node_bandwidth, minimum=0.0, allow_zero=False)
-        inter = check_number("inter_node_bandwidth", inter_node_bandwidth, minimum=0.0, allow_zero=False)
-        return dataclasses.replace(
-            compute,
-            ring_step=transfers * check_number("step_latency", step_latency, minimum=0.0),
-            ring_token=transfers * kv_bytes / intra,
-            ring_token_inter=transfers * kv_bytes / inter,
-            ranks_per_node=ranks_per_node,
-            reference_size=1,
-        )
-
-    @classmethod
-    def from_model(
-        cls, spec: ModelSpec, interconnect: str | Interconnect = DEFAULT_INTERCONNECT, *, dtype_bytes: int = 2
-    ) -> CostModel:
-        """A dynamic-CP prior in training FLOPs: ``spec``'s FLOPs cost model on one rank plus
-        Transformer Engine's ``p2p`` ring (:meth:`from_te_p2p`) over a named interconnect,
-        its seconds expressed in FLOPs at the interconnect's ``device_flops``
-        (:mod:`seqpack.cost.interconnect`). Calibration refits every coefficient.
-
-        Raises:
-            ConfigError: ``spec`` has no attention layer (Mamba's CP exchange is not a
-                ring: give its ring figures on the CostModel), or an unknown interconnect.
-        """
-        if not isinstance(spec, ModelSpec):
-            raise SeqpackTypeError(f"spec must be a seqpack.cost.ModelSpec, got {type(spec).__name__}")
-        links = get_interconnect(interconnect)
-        attention_layers = spec.layer_counts[0]
-        if attention_layers == 0:
-            raise ConfigError(
-                f"model {spec.name or spec!r} has no attention layer, so its CP communication is not a ring: "
-                "pass cost=seqpack.CostModel(..., ring_step=..., ring_token=...) with its figures"
-            )
-        seconds = cls.from_te_p2p(
-            spec.cost_model(),
-            attention_layers=attention_layers,
-            num_query_groups=spec.num_query_groups or spec.num_attention_heads,
-            head_dim=spec.kv_channels or spec.hidden_size // spec.num_attention_heads,
-            intra_node_bandwidth=links.intra_node_bandwidth,
-            inter_node_bandwidth=links.inter_node_bandwidth,
-            step_latency=links.step_latency,
-            dtype_bytes=dtype_bytes,
-            ranks_per_node=links.ranks_per_node,
-        )
-        return seconds.scaled_ring(links.device_flops)
 
     @classmethod
     def from_preset(cls, name: str, constant: float = 0.0) -> CostModel:

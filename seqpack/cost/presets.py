@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from seqpack.cost.model import CostModel
+from seqpack.cost.model import CostModel, ModelSpec
 from seqpack.cost.shapes import DEFAULT_MODEL, PRESET_SHAPES, FlopsOptions, preset_shape
-from seqpack.cost.spec import ModelSpec
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
