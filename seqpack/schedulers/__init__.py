@@ -18,9 +18,8 @@ ones). Modules:
   ``scheduler`` module registers them as ``"dynamic_cp"`` (a :class:`DynamicCpScheduler`).
 - ``static_limits``: what static shapes ask of a plan (the sequence limit, the buckets);
   ``bucket_ladder``: :func:`static_shapes_by_cost` (buckets chosen by predicted step time).
-- ``sample_groups``: RL groups kept on one replica (``group_placement``: where whole groups
-  go); ``minibatches``: one step of several optimizer steps; ``join``: plans run one after
-  the other.
+- ``sample_groups``: RL groups kept on one replica; ``minibatches``: one step of several
+  optimizer steps; ``join``: plans run one after the other.
 - ``_kernels``: the numba kernels behind them (private; compiled once, cached on disk).
 """
 
