@@ -20,7 +20,7 @@ from seqpack.cost import CostModel
 from seqpack.options import GroupSizes, Sync
 from seqpack.schedulers.request import Request, apply_oversize, check_capacity, check_step_tokens
 from seqpack.schedulers.schedule import Grid, Schedule
-from seqpack.schedulers.static_limits import BucketPrice, fit_sequence_limit, trim_to_buckets
+from seqpack.schedulers.static_shapes import BucketPrice, fit_sequence_limit, trim_to_buckets
 from seqpack.thd import padded_lengths
 from seqpack.thd.static_shapes import StaticShapes
 
@@ -80,7 +80,7 @@ class Scheduler(ABC):
             static_shapes: Fixed pack shapes (:class:`~seqpack.thd.StaticShapes`): no
                 microbatch holds more than its ``max_real_sequences`` sequences or more
                 padded tokens than its largest bucket
-                (:mod:`seqpack.schedulers.static_limits`). ``None``: no limit.
+                (:mod:`seqpack.schedulers.static_shapes`). ``None``: no limit.
 
         Raises:
             ValueError: Bad sizes, non-positive lengths, or an oversize sequence under
@@ -212,7 +212,7 @@ class GridScheduler(Scheduler):
     ``static_shapes`` repair then moves sequences only between its own microbatches."""
     plans_buckets: ClassVar[bool] = False
     """Whether :meth:`_plan` prices the request's ``static_shapes`` buckets itself: its plan
-    is then trimmed to the buckets (:func:`~seqpack.schedulers.static_limits.trim_to_buckets`);
+    is then trimmed to the buckets (:func:`~seqpack.schedulers.static_shapes.trim_to_buckets`);
     every grid plan is repaired to the shapes' limits anyway."""
 
     def _round_multiple(self) -> int:

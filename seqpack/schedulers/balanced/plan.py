@@ -22,7 +22,7 @@ from seqpack.schedulers.balanced.rounds import (
 )
 from seqpack.schedulers.balanced.stages import DEFAULT, Stages
 from seqpack.schedulers.objective import round_sum_lower_bound
-from seqpack.schedulers.static_limits import BucketPrice
+from seqpack.schedulers.static_shapes import BucketPrice
 from seqpack.validation import check_choice
 
 
@@ -96,7 +96,7 @@ def plan_balanced(
             (the repair never lets the rounds get slower) or ``"replica"`` (it balances
             the replicas' totals).
         price: Under ``static_shapes``, the bucket padding's cost
-            (:class:`~seqpack.schedulers.static_limits.BucketPrice`): added to every
+            (:class:`~seqpack.schedulers.static_shapes.BucketPrice`): added to every
             microbatch's cost where counts are compared.
         stages: The stages the plan runs (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`;
             benchmarks/ablation.py composes others).
