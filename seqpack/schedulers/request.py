@@ -153,8 +153,6 @@ class Request:
         dp_size = check_positive_int("dp_size", dp_size)
         # Every round of a schedule holds one id array per replica (~112 bytes each).
         check_fits_memory(f"dp_size={dp_size} for {checked.shape[0]} samples", 64 * checked.shape[0] + 112 * dp_size)
-        if bytes_per_token is not None:
-            bytes_per_token = check_number("bytes_per_token", bytes_per_token, minimum=0.0)
         return cls(
             lengths=checked,
             dp_size=dp_size,

@@ -425,7 +425,8 @@ class Schedule:
         checks the invariants).
 
         Raises:
-            ScheduleError: Missing arrays, or arrays whose counts do not add up.
+            ScheduleError: Missing arrays, or arrays whose shapes or counts do not add up
+                (:func:`~seqpack.schedulers.schedule_checks.check_arrays`, ``check_origin``).
         """
         if not isinstance(arrays, Mapping):
             raise SeqpackTypeError(f"schedule arrays must be a mapping, got {type(arrays).__name__}")
@@ -434,27 +435,11 @@ class Schedule:
             raise ScheduleError(f"schedule arrays are missing {missing}")
         limits = ScheduleLimits.from_array(_int64_array("limits", arrays["limits"]))
         got = {k: _int64_array(k, arrays[k]) for k in cls.ARRAY_FIELDS}
-        groups = got["group_size"].shape[0]
-        if any(got[k].shape[0] != groups for k in ("group_round", "group_start", "group_counts")):
-            raise ScheduleError("schedule group arrays differ in length")
-        counts = got["group_counts"]
-        if int(counts.sum()) != got["assigned"].shape[0] or (counts.size and counts.min() < 0):
-            raise ScheduleError(
-                f"schedule group_counts sum to {int(counts.sum())} but {got['assigned'].shape[0]} ids are assigned"
-            )
-        if got["origin"].shape[0] != got["original_lengths"].shape[0]:
-            raise ScheduleError(
-                f"schedule origin holds {got['origin'].shape[0]} ranks for {got['original_lengths'].shape[0]} ids"
-            )
-        return cls(
-            num_microbatches=limits.num_microbatches,
-            dp_size=limits.dp_size,
-            cp_size=limits.cp_size,
-            max_tokens_per_rank=limits.max_tokens_per_rank,
-            pad_multiple=limits.pad_multiple,
-            group_sizes=limits.group_sizes,
-            **got,
-        )
+        fields: dict[str, object] = {**dataclasses.asdict(limits), **got}
+        plan = cls(**fields)  # type: ignore[arg-type]
+        schedule_checks.check_arrays(plan)
+        schedule_checks.check_origin(plan)
+        return plan
 
     def fingerprint(self) -> int:
         """A 63-bit hash of the whole schedule, equal on ranks that computed the same one."""

@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from seqpack.errors import ConfigError, ScheduleError
+from seqpack.errors import ScheduleError
 from seqpack.options import Sync
 from seqpack.schedulers.balanced import exact as _exact
 from seqpack.schedulers.balanced.rounds import (
@@ -23,7 +23,6 @@ from seqpack.schedulers.balanced.rounds import (
 from seqpack.schedulers.balanced.stages import DEFAULT, Stages
 from seqpack.schedulers.objective import round_sum_lower_bound
 from seqpack.schedulers.static_shapes import BucketPrice
-from seqpack.validation import check_choice
 
 
 def _plan_at(seqs: Sequences, num_rounds: int, stages: Stages, forced: bool = False) -> BalancedPlan | None:
@@ -80,7 +79,7 @@ def plan_balanced(
     """Assign sequences to ``[rounds, replicas]`` (docs/schedulers.md, steps 1-4).
 
     Args:
-        padded: int64 padded lengths, each at most ``capacity``.
+        padded: int64 padded lengths, each at most ``capacity`` (trusted).
         costs: float64 cost of each sequence (without the per-microbatch constant).
         dp_size, capacity: Replicas and padded tokens per microbatch.
         constant: Per-microbatch cost, used when comparing microbatch counts.
@@ -102,12 +101,12 @@ def plan_balanced(
             benchmarks/ablation.py composes others).
 
     Raises:
-        ValueError: A sequence longer than ``capacity``, or ``num_microbatches`` too small
-            to hold the sequences.
+        ScheduleError: ``num_microbatches`` too small to hold the sequences (the caller
+            checked each length against ``capacity`` and ``sync``).
     """
-    padded, costs = _checked(padded, costs, capacity)
+    padded = np.ascontiguousarray(padded, dtype=np.int64)
+    costs = np.ascontiguousarray(costs, dtype=np.float64)
     n = padded.shape[0]
-    sync = check_choice("sync", sync, Sync)
     seqs = Sequences(
         padded, costs, stages.order(padded, origin), dp_size, capacity, constant,
         repair_budget(max_repair_moves, dp_size), sync, price,
@@ -128,18 +127,6 @@ def plan_balanced(
         m += microbatch_multiple
     plan = stages.count_search(plan, seqs, microbatch_multiple, lambda rounds: _plan_at(seqs, rounds, stages))
     return dataclasses.replace(plan, bin_lower_bound=fewest)
-
-
-def _checked(padded: np.ndarray, costs: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    """``plan_balanced``'s lengths and costs as contiguous arrays, checked."""
-    padded = np.ascontiguousarray(padded, dtype=np.int64)
-    costs = np.ascontiguousarray(costs, dtype=np.float64)
-    if costs.shape != padded.shape:
-        raise ConfigError(f"costs has shape {costs.shape}, lengths {padded.shape}")
-    if padded.shape[0] and padded.max() > capacity:
-        i = int(np.argmax(padded))
-        raise ScheduleError(f"sequence {i} has {int(padded[i])} padded tokens > capacity {capacity}")
-    return padded, costs
 
 
 def _cannot_hold(
