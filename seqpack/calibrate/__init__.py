@@ -8,32 +8,31 @@ travel and the lag: docs/cost_models.md.
 
 Modules:
 
-* :mod:`~seqpack.calibrate.base`: :class:`Calibrator`, what every calibrator shares (the window
-  of points, the time filter, warm-up steps, the cached fit, counters, resume state, copy);
-  :class:`GroupCostCalibrator` is one too.
-* :mod:`~seqpack.calibrate.calibrator`: :class:`CostCalibrator` (exact robust NNLS fit of a
-  :class:`~seqpack.cost.CostModel`, prior until enough timings).
-* :mod:`~seqpack.calibrate.group_cost`: :class:`GroupCostCalibrator` (the same fit of a
-  dynamic-CP :class:`~seqpack.cost.GroupCost`, its CP ring terms included).
+* :mod:`~seqpack.calibrate.points`: what a timed microbatch is reduced to (its exact integer
+  sums, :func:`microbatch_sums`) and the checks of times and counts.
+* :mod:`~seqpack.calibrate.fits`: the two fits, of a static plan's cost terms and of a CP
+  group's cost (dynamic CP, its ring terms included).
+* :mod:`~seqpack.calibrate.calibrator`: :class:`CostCalibrator`, the one calibrator (the
+  window of points, the time filter, warm-up steps, the cached fit, counters, resume state,
+  copy; prior until enough timings).
 * :mod:`~seqpack.calibrate.ledger`: :class:`TimingLedger` (from ``record`` to ``observe``, with
-  resume state), :class:`Measurement`, :func:`microbatch_sums`, :func:`step_time`.
+  resume state), :class:`Measurement`, :func:`step_time`.
 * :mod:`~seqpack.calibrate.words`: the int64 words a time travels as (:func:`encode_seconds`,
   :data:`MISSING`, :data:`INVALID`, :data:`ABSENT`).
 * :mod:`~seqpack.calibrate.timer`: :class:`MicrobatchTimer` (CUDA events or
   ``perf_counter``, no host sync on the hot path).
 
-Layering: ``words``, ``timer`` and ``base`` import no other calibrate module; ``calibrator``
-and ``group_cost`` import ``base``, :mod:`seqpack.cost` (and ``group_cost`` the plan of
-:mod:`seqpack.schedulers`); ``ledger`` imports ``base``, ``calibrator`` and
+Layering: ``words``, ``timer`` and ``points`` import no other calibrate module; ``fits``
+imports ``points`` and :mod:`seqpack.cost`; ``calibrator`` imports those and the plan of
+:mod:`seqpack.schedulers`; ``ledger`` imports ``points``, ``calibrator`` and
 :mod:`seqpack.stats`. Nothing here imports the collectives or the loader.
 """
 
 from __future__ import annotations
 
-from seqpack.calibrate.base import Calibrator
 from seqpack.calibrate.calibrator import CostCalibrator
-from seqpack.calibrate.group_cost import GroupCostCalibrator
-from seqpack.calibrate.ledger import Measurement, TimingLedger, microbatch_sums, step_time
+from seqpack.calibrate.ledger import Measurement, TimingLedger, step_time
+from seqpack.calibrate.points import microbatch_sums
 from seqpack.calibrate.timer import MicrobatchTimer
 from seqpack.calibrate.words import ABSENT, INVALID, MISSING, decode_seconds, encode_seconds
 
@@ -41,9 +40,7 @@ __all__ = [
     "ABSENT",
     "INVALID",
     "MISSING",
-    "Calibrator",
     "CostCalibrator",
-    "GroupCostCalibrator",
     "Measurement",
     "MicrobatchTimer",
     "TimingLedger",

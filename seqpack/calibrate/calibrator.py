@@ -1,48 +1,75 @@
-"""CostCalibrator: a cost model fitted online to measured microbatch times.
+"""CostCalibrator: the cost model fitted online to measured microbatch times.
 
-:class:`CostCalibrator` keeps a sliding window of timed microbatches (each reduced to its
-exact length sums ``S = sum(s)`` and ``SS = sum(s**2)``, and ``SW`` when the prior has a
-sliding-window term: :mod:`seqpack.cost.terms`) and fits
-``seconds ~ constant + linear*S + quadratic*SS (+ windowed*SW)`` with :meth:`CostModel.fit
-<seqpack.cost.CostModel.fit>`'s exact, outlier-resistant NNLS. Until it holds
-``min_points`` timings its model is the prior (e.g. the FLOPs model). The fit is a pure
-function of the observations, bit for bit (see :func:`seqpack.cost.nnls_fit`), so ranks
-that observe the same timings hold the same model.
+:class:`CostCalibrator` keeps a sliding window of timed microbatches, each reduced to exact
+integers (:mod:`seqpack.calibrate.points`), and fits its prior's terms to them
+(:mod:`seqpack.calibrate.fits`): a static plan's cost (a prior without ``reference_size``) as
+``seconds ~ constant + linear*S + quadratic*SS (+ windowed*SW)``; a dynamic-CP cost (a prior
+with ``reference_size``: :meth:`CostModel.from_model <seqpack.cost.CostModel.from_model>`,
+:meth:`~seqpack.cost.CostModel.from_te_p2p`, a fitted group cost) with its CP ring terms, from
+each microbatch's group size, ``S``, ``SS`` and whether its group spans nodes. Until it holds
+``min_points`` timings its model is the prior. The fit is a pure function of the
+observations, bit for bit (see :func:`seqpack.cost.nnls_fit`), so ranks that observe the same
+timings hold the same model.
 
 Observations are keyed by step: ``observe(lengths, seconds, step=s)`` says "these are the
 times of step ``s``"; ``last_step`` says the newest step it has seen, however late a step
 arrives.
+
+State (plain Python values, one format)::
+
+    {"version": 2, "sums": [names], "window": W | None, "points": [[*sums, seconds, step], ...],
+     "skipped": int, "observed": int, "last_step": int | None}
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from seqpack.calibrate.base import MAX_SECONDS, MAX_STEP, MIN_SECONDS, Calibrator, check_lengths_count, check_seconds
-from seqpack.cost import CostModel, nnls_fit, robust_weights_fit
-from seqpack.cost.terms import exact_sums, sequence_features
-from seqpack.errors import ConfigError, ResumeError
-from seqpack.validation import check_bool, check_int
+from seqpack._logging import warn_once
+from seqpack.calibrate.fits import fit_groups, fit_terms
+from seqpack.calibrate.points import (
+    GROUP_SUMS,
+    MAX_SECONDS,
+    MAX_STEP,
+    MAX_WINDOW,
+    MIN_SECONDS,
+    Point,
+    check_lengths_count,
+    check_seconds,
+    microbatch_sums,
+    parse_count,
+    parse_point,
+)
+from seqpack.cost import CostModel
+from seqpack.cost.terms import exact_sums
+from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
+from seqpack.schedulers.schedule import Schedule
+from seqpack.schedulers.step_time import group_sums, replica_sums
+from seqpack.validation import check_bool, check_int, int64_array
 
-__all__ = ["MAX_SECONDS", "MIN_SECONDS", "CostCalibrator", "microbatch_sums"]
+__all__ = ["CostCalibrator"]
 
 logger = logging.getLogger(__name__)
 
 
-class CostCalibrator(Calibrator[CostModel]):
-    """A cost model fitted online to measured microbatch times.
+class CostCalibrator:
+    """A cost model fitted online to measured microbatch times (the module docstring).
 
     Args:
         prior: The model used until ``min_points`` timings are in (any units: FLOPs for
-            :meth:`CostModel.from_transformer`, seconds for a model fitted offline).
-        window: Keep the newest this many timed microbatches (older ones drop out, so the
-            model follows a drifting clock).
-        min_points: Fit once this many valid timings are in (at least 3).
+            :meth:`CostModel.from_transformer`, seconds for a model fitted offline). With a
+            ``reference_size`` (a dynamic-CP cost) the calibrator fits CP groups, its ring
+            terms included; ring terms need one.
+        window: Keep the newest this many timed microbatches (at least 3; older ones drop
+            out, so the model follows a drifting clock).
+        min_points: Fit once this many valid timings are in (at least 3, at most ``window``).
         robust: Fit with outlier rejection (``CostModel.fit(..., robust=True)``): a
             compile step or a GC pause 3x slower does not drag the model.
         prior_in_seconds: The prior predicts seconds (e.g. ``CostModel.fit`` on an offline
@@ -50,25 +77,17 @@ class CostCalibrator(Calibrator[CostModel]):
             error) before the first fit too. Default: its units are unknown (FLOPs).
         warmup_steps: Ignore the times of steps ``0 .. warmup_steps-1`` (observations that
             name their ``step``): the first step compiles and warms allocators up (3x slower
-            is common), and as half of the first fit's points no robust fit could reject
-            it. (After a resume the first step compiles again, but the window is full by
-            then and the robust fit rejects it.)
-        keep_prior_shape: Once fitted, use the prior rescaled to the timings (one
-            coefficient) unless the full fit explains them significantly better (an F-test,
-            ``F > 4`` with 2 extra coefficients, ``F > 3.3`` with 3 (a windowed prior):
-            about 2% false alarms). When
-            the clock is the prior's shape (FLOPs on a compute-bound GPU), the schedules
-            then stay exactly the prior's instead of following noise in the fit.
-
-    The terms fitted are the prior's (:attr:`CostModel.terms`): a prior with a sliding-window
-    term makes the calibrator fit ``(1, S, SS, SW)`` for its window. The window, time filter,
-    counters, state and copy are :class:`~seqpack.calibrate.base.Calibrator`'s.
+            is common), and as half of the first fit's points no robust fit could reject it.
+        keep_prior_shape: Static fits: once fitted, use the prior rescaled to the timings
+            (one coefficient) unless the full fit explains them significantly better (an
+            F-test, ``F > 4`` with 2 extra coefficients, ``F > 3.3`` with 3: about 2% false
+            alarms), so a clock of the prior's shape keeps the prior's schedules. A group
+            fit keeps the prior, rescaled, only for the terms no timing exercised.
 
     Deterministic: the same observations, in the same order, give the same model.
     """
 
-    prior_type: ClassVar[type] = CostModel
-    prior_name: ClassVar[str] = "seqpack.CostModel"
+    STATE_VERSION = 2
 
     def __init__(
         self,
@@ -81,30 +100,95 @@ class CostCalibrator(Calibrator[CostModel]):
         warmup_steps: int = 1,
         keep_prior_shape: bool = True,
     ) -> None:
-        super().__init__(
-            prior,
-            window=window,
-            min_points=min_points,
-            robust=robust,
-            prior_in_seconds=prior_in_seconds,
-            warmup_steps=warmup_steps,
-        )
+        if not isinstance(prior, CostModel):
+            raise SeqpackTypeError(f"prior must be a seqpack.CostModel, got {type(prior).__name__}")
+        if prior.has_ring and prior.reference_size is None:
+            raise ConfigError(
+                f"prior={prior!r} has ring terms but no reference_size: give the CP group size its compute terms "
+                "are the cost on (1: one rank), so that groups of every size are priced"
+            )
+        self.prior = prior
+        self.window = check_int("window", window, minimum=3, maximum=MAX_WINDOW)
+        self.min_points = check_int("min_points", min_points, minimum=3)
+        if self.min_points > self.window:
+            raise ConfigError(f"min_points={self.min_points} is larger than window={self.window}")
+        self.robust = check_bool("robust", robust)
+        self.prior_in_seconds = check_bool("prior_in_seconds", prior_in_seconds)
+        self.warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
         self.keep_prior_shape = check_bool("keep_prior_shape", keep_prior_shape)
-        self.shape = "prior"  # after a fit: "prior" (the prior rescaled) or "fitted" (every coefficient)
+        self._points: collections.deque[Point] = collections.deque(maxlen=self.window)
+        self.skipped = 0  # timings that were NaN, infinite, <= 0 or outside [MIN_SECONDS, MAX_SECONDS]
+        self.observed = 0  # valid timings ever observed (also those that left the window)
+        self.last_step: int | None = None
+        self.shape = "prior"  # after a static fit: "prior" (the prior rescaled) or "fitted" (every coefficient)
+        self._model: CostModel | None = None  # cache of the fit; None = refit on demand
 
     def settings(self) -> dict[str, Any]:
-        return {**super().settings(), "keep_prior_shape": self.keep_prior_shape}
+        """The keyword arguments (after ``prior``) that rebuild this calibrator, in order."""
+        return {
+            "window": self.window,
+            "min_points": self.min_points,
+            "robust": self.robust,
+            "prior_in_seconds": self.prior_in_seconds,
+            "warmup_steps": self.warmup_steps,
+            "keep_prior_shape": self.keep_prior_shape,
+        }
+
+    def __repr__(self) -> str:
+        # Settings only (what PackingConfig fingerprints: keep it stable), not the observations.
+        words = ", ".join(f"{name}={value}" for name, value in self.settings().items())
+        return f"{type(self).__name__}(prior={self.prior!r}, {words})"
 
     @property
-    def terms(self) -> tuple[str, ...]:
-        """The terms fitted: the prior's (``("constant", "linear", "quadratic")``, and
-        ``"windowed"`` for a prior with a window)."""
-        return self.prior.terms
+    def fits_groups(self) -> bool:
+        """Whether it fits CP groups (its prior has a ``reference_size``: dynamic CP)."""
+        return self.prior.reference_size is not None
+
+    @property
+    def sum_names(self) -> tuple[str, ...]:
+        """The integers one timed microbatch is reduced to: :data:`GROUP_SUMS` when it fits
+        groups, else ``S``, ``SS`` and, with a windowed prior, ``SW``."""
+        if self.fits_groups:
+            return GROUP_SUMS
+        return ("seqlen_sum", "seqlen_sq_sum", *(("seqlen_window_sum",) if self.prior.window is not None else ()))
 
     @property
     def num_sums(self) -> int:
-        """2 (``S``, ``SS``), 3 with a windowed prior (and ``SW``)."""
-        return len(self.prior.terms) - 1
+        return len(self.sum_names)
+
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """The prior's compute terms (:attr:`CostModel.terms`)."""
+        return self.prior.terms
+
+    @property
+    def num_points(self) -> int:
+        """Timings in the window."""
+        return len(self._points)
+
+    @property
+    def fitted(self) -> bool:
+        """Whether :attr:`model` is fitted (else it is the prior)."""
+        return len(self._points) >= self.min_points
+
+    @property
+    def in_seconds(self) -> bool:
+        """Whether :attr:`model` predicts seconds (fitted, or a prior in seconds)."""
+        return self.fitted or self.prior_in_seconds
+
+    @property
+    def model(self) -> CostModel:
+        """The fitted model once :attr:`fitted`, else the prior."""
+        if not self.fitted:
+            return self.prior
+        if self._model is None:
+            if self.fits_groups:
+                self._model = fit_groups(self.prior, self._points, self.robust)
+            else:
+                self._model, self.shape = fit_terms(self.prior, self._points, self.robust, self.keep_prior_shape)
+        return self._model
+
+    # -- observations -------------------------------------------------------------------------
 
     def observe(
         self,
@@ -112,6 +196,8 @@ class CostCalibrator(Calibrator[CostModel]):
         seconds: Sequence[float] | np.ndarray,
         *,
         step: int | None = None,
+        group_sizes: Sequence[int] | np.ndarray | None = None,
+        spans: Sequence[bool] | np.ndarray | None = None,
     ) -> int:
         """Add timed microbatches.
 
@@ -122,144 +208,241 @@ class CostCalibrator(Calibrator[CostModel]):
                 skipped and counted in :attr:`skipped`.
             step: The training step these times belong to (for :attr:`last_step`; steps
                 below ``warmup_steps`` are left out).
+            group_sizes, spans: When it :attr:`fits_groups` (and only then): per microbatch
+                its CP group's size, and whether the group spans nodes (default: none does).
 
         Returns:
             How many timings were kept (0 for a warm-up step).
 
         Raises:
-            SeqpackTypeError: A time that is no real number (a string, a bool), or lengths
-                that are not integers.
-            ConfigError: ``microbatch_lengths`` and ``seconds`` differ in length, or a
-                negative length.
+            SeqpackTypeError: A time that is no real number, lengths or sizes that are not
+                integers.
+            ConfigError: Arguments of different lengths, a negative length, a size < 1,
+                group sizes missing or given as this calibrator's mode asks.
         """
-        if step is not None:
-            step = check_int("step", step, minimum=0, maximum=MAX_STEP)
-        where = "" if step is None else f" (observe of step {step})"
-        times = check_seconds("seconds", seconds, where)
+        step, where, times = self._check_call(step, seconds)
         count = check_lengths_count("microbatch_lengths", microbatch_lengths, where)
         if count != times.shape[0]:
             raise ConfigError(
                 f"{count} microbatches (microbatch_lengths) but {times.shape[0]} timings (seconds){where}"
             )
-        window = self.prior.window
-        rows = [exact_sums(mb, window, f"microbatch {i}") for i, mb in enumerate(microbatch_lengths)]
-        return self._add(rows, times.tolist(), step)
+        if not self.fits_groups:
+            if group_sizes is not None or spans is not None:
+                raise ConfigError("group_sizes and spans are for a prior that prices CP groups (its reference_size)")
+            window = self.prior.window
+            rows = [exact_sums(mb, window, f"microbatch {i}") for i, mb in enumerate(microbatch_lengths)]
+            return self._add(rows, times.tolist(), step)
+        if group_sizes is None:
+            raise ConfigError(f"this calibrator fits CP groups (prior {self.prior!r}): pass group_sizes={where}")
+        sizes = _column("group_sizes", group_sizes, where)
+        flags = np.zeros(count, dtype=np.int64) if spans is None else _column("spans", spans, where)
+        if sizes.shape[0] != count or flags.shape[0] != count:
+            given = f"{sizes.shape[0]} group_sizes and {flags.shape[0]} spans"
+            raise ConfigError(f"{count} microbatches but {given}{where}")
+        sums = [exact_sums(mb, None, f"microbatch {i}") for i, mb in enumerate(microbatch_lengths)]
+        rows = [(int(c), s, ss, int(f)) for c, (s, ss), f in zip(sizes.tolist(), sums, flags.tolist(), strict=True)]
+        return self._add(self._checked(rows, where), times.tolist(), step)
 
-    def _fit(self) -> CostModel:
-        points = list(self._points)
-        features = np.array([(1.0, *(float(v) for v in sums)) for sums, _, _ in points], dtype=np.float64)
-        y = np.array([t for _, t, _ in points], dtype=np.float64)
-        if self.robust:
-            coef, weights = robust_weights_fit(features, y)
-        else:
-            coef, weights = nnls_fit(features, y), np.ones_like(y)
-        self.shape = "fitted"
-        full = CostModel.from_coefficients(coef, window=self.prior.window)
-        if self.keep_prior_shape:
-            scaled = _scaled_prior(self.prior, features, y, weights, coef)
-            if scaled is not None:
-                self.shape = "prior"
-                return scaled
-        return full
+    def observe_sums(
+        self,
+        sums: Sequence[Sequence[int]] | np.ndarray,
+        seconds: Sequence[float] | np.ndarray,
+        *,
+        step: int | None = None,
+    ) -> int:
+        """:meth:`observe` of microbatches given as their integer sums, one row each in
+        :attr:`sum_names` order (e.g. :func:`~seqpack.schedulers.step_time.group_sums`).
 
-    # -- what the ledger asks -------------------------------------------------------------------
+        Raises:
+            SeqpackTypeError: Sums that are no integers (bools pass for ``spans``).
+            ConfigError: Rows of the wrong width or count, a negative sum, a size < 1 or
+                spans not 0 or 1 (named by microbatch).
+        """
+        step, where, times = self._check_call(step, seconds)
+        table = np.asarray(sums)
+        table = table.astype(np.int64) if table.dtype == np.bool_ else int64_array("sums", sums)
+        if table.ndim != 2 or table.shape != (times.shape[0], self.num_sums):
+            raise ConfigError(
+                f"sums must be one row of {self.sum_names} per timing ({times.shape[0]}){where}, got shape "
+                f"{table.shape}"
+            )
+        rows = [tuple(int(v) for v in row) for row in table.tolist()]
+        return self._add(self._checked(rows, where), times.tolist(), step)
+
+    def _check_call(self, step: int | None, seconds: object) -> tuple[int | None, str, np.ndarray]:
+        if step is not None:
+            step = check_int("step", step, minimum=0, maximum=MAX_STEP)
+        where = "" if step is None else f" (observe of step {step})"
+        return step, where, check_seconds("seconds", seconds, where)
+
+    def _checked(self, rows: list[tuple[int, ...]], where: str) -> list[tuple[int, ...]]:
+        for i, row in enumerate(rows):
+            problem = self._check_sums(row)
+            if problem is not None:
+                raise ConfigError(f"microbatch {i}{where}: {problem}")
+        return rows
+
+    def _check_sums(self, sums: tuple[int, ...]) -> str | None:
+        """What is wrong with one point's sums (``None``: nothing)."""
+        if not self.fits_groups:
+            return None if min(sums) >= 0 else "a negative length sum"
+        size, s, ss, spans = sums
+        if size < 1 or s < 0 or ss < 0 or spans not in (0, 1):
+            return f"size {size}, S {s}, SS {ss}, spans {spans} (sizes >= 1, sums >= 0, spans 0 or 1)"
+        return None
+
+    def _add(self, rows: Sequence[tuple[int, ...]], times: Sequence[float], step: int | None) -> int:
+        """Observe microbatches given as exact sums (what :meth:`observe` and the ledger
+        call). NaN, infinite and non-positive times (an untimed microbatch) are skipped and
+        counted; a positive time outside ``[MIN_SECONDS, MAX_SECONDS]`` also, with a
+        warning (once). Returns how many timings were kept."""
+        if step is not None and (self.last_step is None or step > self.last_step):
+            self.last_step = step
+        if step is not None and step < self.warmup_steps:
+            return 0
+        kept = 0
+        for sums, t in zip(rows, times, strict=True):
+            if not (math.isfinite(t) and MIN_SECONDS <= t <= MAX_SECONDS):
+                self.skipped += 1
+                if math.isfinite(t) and t > 0:
+                    warn_once(
+                        logger,
+                        "absurd-time:CostCalibrator",
+                        "step %s: a microbatch time of %r s is outside [%.2g, %.2g] s; it is skipped (counted in "
+                        "CostCalibrator.skipped); further ones are not reported",
+                        step,
+                        t,
+                        MIN_SECONDS,
+                        MAX_SECONDS,
+                    )
+                continue
+            self._points.append((tuple(int(v) for v in sums), float(t), -1 if step is None else step))
+            kept += 1
+        if kept:
+            self.observed += kept
+            self._model = None
+        return kept
+
+    # -- what the ledger asks ---------------------------------------------------------------------
 
     def schedule_sums(self, schedule: Any) -> np.ndarray:
-        """:func:`microbatch_sums` of ``schedule`` for the prior's window."""
-        return microbatch_sums(schedule, self.prior.window)
+        """int64 ``[M, dp, num_sums]``: the sums of every microbatch of a scheduled step:
+        :func:`~seqpack.calibrate.points.microbatch_sums` for the prior's window, or when it
+        fits groups, per round and DP replica the ``(size, S, SS, spans)`` of the group its
+        slowest CP rank runs under the current model
+        (:func:`~seqpack.schedulers.step_time.replica_sums`)."""
+        if not self.fits_groups:
+            return microbatch_sums(schedule, self.prior.window)
+        return replica_sums(_plan(schedule), self.model)
+
+    def rank_sums(self, schedule: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Per round and plane rank (``d*cp + c``), the ``(size, S, SS, spans)`` of its group
+        (int64 ``[num_microbatches, dp*cp, 4]``) and the group's index (``[num_microbatches,
+        dp*cp]``): what the ledger keeps when every CP rank's time travels on its own, so that
+        the fit sees every group (its slowest rank's time). Only when it fits groups."""
+        if not self.fits_groups:
+            raise ConfigError("rank_sums is for a calibrator that fits CP groups (a prior with reference_size)")
+        plan = _plan(schedule)
+        groups = plan.rank_group()  # [rounds, dp*cp]
+        return group_sums(plan, self.prior.ranks_per_node)[groups], groups
 
     def sums_hint(self) -> str:
-        return f"microbatch_sums(schedule, window={self.prior.window})"
+        """How a caller computes :meth:`schedule_sums` (for messages)."""
+        return f"CostCalibrator.schedule_sums(schedule): {self.sum_names}"
 
     def predict_sums(self, model: CostModel, sums: np.ndarray) -> np.ndarray:
+        """float64 ``[...]``: what ``model`` predicts for microbatches given as sums (the last
+        axis in :attr:`sum_names` order)."""
+        if self.fits_groups:
+            return model.predict_group_sums(sums, 1)  # models of this mode have their reference size
         return model.predict_sums(sums)
 
-    def model_to_list(self, model: CostModel) -> list[float]:
-        """``[linear, quadratic, constant]``, and ``windowed, window`` with a window."""
-        values = [model.linear, model.quadratic, model.constant]
-        return values if model.window is None else [*values, model.windowed, float(model.window)]
+    @staticmethod
+    def model_to_list(model: CostModel) -> list[Any]:
+        """A model as plain values for a resume state: every field in order."""
+        return list(dataclasses.astuple(model))
 
-    def model_from_list(self, values: Sequence[float]) -> CostModel:
+    @staticmethod
+    def model_from_list(values: Sequence[Any]) -> CostModel:
         """Inverse of :meth:`model_to_list`."""
-        if len(values) not in (3, 5):
-            raise ValueError(f"a saved cost model has 3 or 5 values, got {len(values)}")
-        linear, quadratic, constant = values[:3]
-        if len(values) == 3:
-            return CostModel(linear, quadratic, constant)
-        return CostModel(linear, quadratic, constant, windowed=values[3], window=int(values[4]))
+        fields = dataclasses.fields(CostModel)
+        if len(values) != len(fields):
+            raise ValueError(f"a saved cost model has {len(fields)} values, got {len(values)}")
+        return CostModel(*values)
 
-    # -- Stateful ---------------------------------------------------------------------------
+    # -- Stateful -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Observations and counters (plain Python values). Each point is
-        ``[S, SS, seconds, step]``, or ``[S, SS, SW, seconds, step]`` with the prior's
-        ``"window"`` saved beside them."""
-        state = super().state_dict()
-        if self.prior.window is not None:
-            state["window"] = self.prior.window
-        return state
+        """Observations (``[*sums, seconds, step]`` each) and counters, plain Python values."""
+        return {
+            "version": self.STATE_VERSION,
+            "sums": list(self.sum_names),
+            "window": self.prior.window,
+            "points": [[*sums, t, k] for sums, t, k in self._points],
+            "skipped": self.skipped,
+            "observed": self.observed,
+            "last_step": self.last_step,
+        }
 
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        if state.get("window") != self.prior.window:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (the settings stay this calibrator's; a smaller window
+        keeps the newest points).
+
+        Raises:
+            ResumeError: Another version, sums of another kind (a group cost's into a static
+                one's or back), another sliding window, or a malformed state (named).
+        """
+        if not isinstance(state, Mapping):
+            what = type(state).__name__
+            raise ResumeError(f"calibrator state must be a CostCalibrator.state_dict() (a mapping), got {what}")
+        if state.get("version") != self.STATE_VERSION:
+            raise ResumeError(f"calibrator state version {state.get('version')!r} is not {self.STATE_VERSION}")
+        names, window = tuple(state.get("sums") or ()), state.get("window")
+        if names != self.sum_names or window != self.prior.window:
             raise ResumeError(
-                f"calibrator state was saved for a prior with window={state.get('window')!r}, this calibrator's "
-                f"prior has window={self.prior.window!r}: its length sums do not fit"
+                f"calibrator state holds sums {names} for window={window!r}; this calibrator keeps "
+                f"{self.sum_names} for window={self.prior.window!r} (its prior {self.prior!r})"
             )
+        try:
+            points = [parse_point(item, self.num_sums) for item in state["points"]]
+            skipped, observed = parse_count(state["skipped"]), parse_count(state["observed"])
+            last = state.get("last_step")
+            last_step = None if last is None else int(last)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResumeError(f"CostCalibrator state is malformed: {exc}") from None
+        for i, (sums, t, _) in enumerate(points):
+            problem = self._check_sums(sums) if math.isfinite(t) and t > 0 else f"the time {t!r}"
+            if problem is not None:
+                raise ResumeError(f"CostCalibrator state is malformed: point {i} ({[*sums, t]}) has {problem}")
+        self._points = collections.deque(points, maxlen=self.window)
+        self.skipped, self.observed, self.last_step = skipped, observed, last_step
+        self._model = None
+
+    def copy(self) -> CostCalibrator:
+        """A calibrator with the same settings and observations."""
+        other = CostCalibrator(self.prior, **self.settings())
+        other.load_state_dict(self.state_dict())
+        return other
 
 
-def microbatch_sums(schedule: Any, window: int | None = None) -> np.ndarray:
-    """int64 ``[M, dp, 2]``: ``S`` and ``SS`` of every microbatch's padded lengths, as the
-    rank runs it, or ``[M, dp, 3]`` with ``SW`` for a sliding ``window``
-    (:mod:`seqpack.cost.terms`): an empty cell runs a padding-only filler of
-    ``pad_multiple`` tokens (exact while ``capacity**2 < 2**63``)."""
-    padded = schedule.padded_assigned().astype(np.int64)
-    counts = schedule.group_counts
-    per_sequence = sequence_features(padded, window)  # [n, k]
-    out = np.zeros((counts.shape[0], per_sequence.shape[1]), dtype=np.int64)
-    for j in range(per_sequence.shape[1]):
-        np.add.at(out[:, j], schedule.group_of, per_sequence[:, j])
-    out[counts == 0] = sequence_features(np.array([schedule.pad_multiple]), window)[0]
-    return out.reshape(schedule.num_microbatches, schedule.dp_size, per_sequence.shape[1])
+def _plan(schedule: object) -> Schedule:
+    if not isinstance(schedule, Schedule):
+        raise ConfigError(f"a group cost's calibrator times seqpack Schedules, got a {type(schedule).__name__}")
+    return schedule
 
 
-# F(extra coefficients, many) beyond which the full fit is significantly better than the
-# rescaled prior (p ~ 0.02).
-_F_CRITICAL = {2: 4.0, 3: 3.3, 4: 2.9}
-
-
-def _combine(coefficients: Sequence[float] | np.ndarray, features: np.ndarray) -> np.ndarray:
-    """``features @ coefficients`` column by column, left to right (the same bits on every CPU)."""
-    out = coefficients[0] * features[:, 0]
-    for j in range(1, features.shape[1]):
-        out = out + coefficients[j] * features[:, j]
-    return np.asarray(out, dtype=np.float64)
-
-
-def _scaled_prior(
-    prior: CostModel, features: np.ndarray, y: np.ndarray, weights: np.ndarray, coef: np.ndarray
-) -> CostModel | None:
-    """The prior times ``alpha`` (relative least squares under the fit's robust weights),
-    unless the full fit ``coef`` beats it significantly (F-test on the extra coefficients);
-    ``None`` then. Sums are ``math.fsum``: the same bits on every rank."""
-    p = _combine(prior.coefficients, features)
-    base = weights / (y * y)
-    denominator = math.fsum(base * p * p)
-    if denominator <= 0:
-        return None
-    alpha = math.fsum(base * p * y) / denominator
-    if not (math.isfinite(alpha) and alpha > 0):
-        return None
-    full = _combine(coef, features)
-    sse_scaled = math.fsum(weights * ((y - alpha * p) / y) ** 2)
-    sse_full = math.fsum(weights * ((y - full) / y) ** 2)
-    k = features.shape[1]
-    dof = int(np.count_nonzero(weights > 0)) - k
-    if dof <= 0:
-        return None
-    if sse_full <= 0:
-        f_value = math.inf if sse_scaled > 1e-24 else 0.0
-    else:
-        f_value = ((sse_scaled - sse_full) / (k - 1)) / (sse_full / dof)
-    if f_value > _F_CRITICAL.get(k - 1, min(_F_CRITICAL.values())):
-        return None
-    return CostModel.from_coefficients([alpha * c for c in prior.coefficients], window=prior.window)
+def _column(name: str, value: object, where: str) -> np.ndarray:
+    """One integer per microbatch (bools pass for ``spans``)."""
+    if name == "spans":
+        arr = np.asarray(value) if not isinstance(value, (str, bytes)) else np.asarray([value])
+        if arr.dtype == np.bool_:
+            if arr.ndim > 1:
+                raise SeqpackTypeError(f"spans must be one flag per microbatch (1-D){where}, got shape {arr.shape}")
+            return arr.reshape(-1).astype(np.int64)
+    try:
+        arr = int64_array(name, value)
+    except SeqpackTypeError as exc:
+        raise SeqpackTypeError(f"{exc}{where}") from None
+    if arr.ndim > 1:
+        raise SeqpackTypeError(f"{name} must be one integer per microbatch (1-D){where}, got shape {arr.shape}")
+    return arr.reshape(-1)

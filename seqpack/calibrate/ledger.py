@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from seqpack._logging import warn_once
-from seqpack.calibrate.base import MAX_SECONDS, MIN_SECONDS, Calibrator, check_seconds
-from seqpack.calibrate.calibrator import microbatch_sums
+from seqpack.calibrate.calibrator import CostCalibrator
+from seqpack.calibrate.points import MAX_SECONDS, MIN_SECONDS, check_seconds, microbatch_sums
 from seqpack.calibrate.words import ABSENT, MISSING, decode_seconds, encode_seconds
 from seqpack.errors import ConfigError, ResumeError, SeqpackError
 from seqpack.options import Sync
@@ -58,7 +58,7 @@ class Measurement:
     seconds: np.ndarray
     measured: float | None
     predicted: float | None
-    model: Any  # CostModel | GroupCost | None
+    model: Any  # CostModel | None
 
     @property
     def error(self) -> float | None:
@@ -74,8 +74,9 @@ class _Slot:
 
     step: int
     sums: np.ndarray  # int64 [M, dp, num_sums]: S, SS (and SW) of microbatch m of replica d (padded lengths),
-    # or under dynamic CP the (size, S, SS, spans) of its group (GroupCostCalibrator); per rank: [M, dp*copies, 4]
-    model: Any  # the model it was scheduled with, when fitted (CostModel, or a dynamic CP GroupCost)
+    # or under dynamic CP the (size, S, SS, spans) of its group (a calibrator fitting groups); per rank:
+    # [M, dp*copies, 4]
+    model: Any  # the CostModel it was scheduled with, when it predicts seconds
     groups: np.ndarray | None = None  # per rank: int64 [M, dp*copies], the group of each rank (None: per replica)
     copies: int = 1  # time columns per replica and microbatch: 1, or cp when each CP rank's time travels
 
@@ -124,7 +125,7 @@ class TimingLedger:
 
     def __init__(
         self,
-        calibrator: Calibrator[Any],  # a CostCalibrator, or dynamic CP's GroupCostCalibrator
+        calibrator: CostCalibrator,
         *,
         dp_size: int,
         dp_rank: int,
@@ -157,7 +158,7 @@ class TimingLedger:
     @property
     def num_sums(self) -> int:
         """Length sums per microbatch: 2 (``S``, ``SS``), 3 when the calibrator's prior has a
-        sliding window (and ``SW``); dynamic CP's ``GroupCostCalibrator``: 4 (``size, S, SS,
+        sliding window (and ``SW``); a calibrator fitting CP groups: 4 (``size, S, SS,
         spans``)."""
         return self.calibrator.num_sums
 
@@ -165,7 +166,7 @@ class TimingLedger:
         """Register a scheduled step (``sums``: :func:`microbatch_sums` of its schedule, with
         the prior's window) and the model it was scheduled with (``None`` when it does not
         predict seconds). With ``copies``: ``sums`` per rank ``[M, dp*copies, num_sums]``
-        and ``groups`` ``[M, dp*copies]`` (``GroupCostCalibrator.rank_sums``)."""
+        and ``groups`` ``[M, dp*copies]`` (``CostCalibrator.rank_sums``)."""
         sums = np.asarray(sums, dtype=np.int64)
         if groups is not None:
             groups = np.asarray(groups, dtype=np.int64)
@@ -190,7 +191,7 @@ class TimingLedger:
         """:meth:`add_step` with the calibrator's ``schedule_sums`` of ``schedule`` (with
         ``copies`` its ``rank_sums``)."""
         if self.per_rank:
-            sums, groups = self.calibrator.rank_sums(schedule)  # type: ignore[attr-defined]
+            sums, groups = self.calibrator.rank_sums(schedule)
             self.add_step(step, sums, model, groups)
         else:
             self.add_step(step, self.calibrator.schedule_sums(schedule), model)
@@ -400,12 +401,15 @@ class TimingLedger:
             for item in state.get("pending", []):
                 step = int(item["step"])
                 model = _model_from(item.get("model"), self.calibrator)
-                if item.get("groups") is not None:  # per rank (copies > 1)
+                if (item.get("groups") is not None) != self.per_rank:
+                    layout = "per rank" if item.get("groups") is not None else "per replica"
+                    raise ValueError(f"pending step {step} is laid out {layout}, this ledger's steps are not")
+                if self.per_rank:
                     ranks = self.dp_size * self.copies
                     groups = np.asarray(item["groups"], dtype=np.int64).reshape(-1, ranks)
                     sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, ranks, self.num_sums)
                     slots[step] = _Slot(step, sums, model, groups, self.copies)
-                else:  # per replica (also a state saved before times travelled per rank)
+                else:
                     sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, self.dp_size, self.num_sums)
                     slots[step] = _Slot(step, sums, model)
                 if item.get("local") is not None:
@@ -451,8 +455,8 @@ def _group_points(
     return rows, times
 
 
-def _model_from(values: Any, calibrator: Calibrator[Any]) -> Any:
-    """``calibrator.model_from_list`` of saved floats (``None`` stays ``None``)."""
+def _model_from(values: Any, calibrator: CostCalibrator) -> Any:
+    """``calibrator.model_from_list`` of saved values (``None`` stays ``None``)."""
     if values is None:
         return None
-    return calibrator.model_from_list([float(v) for v in values])
+    return calibrator.model_from_list(list(values))

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
-from seqpack.calibrate import ABSENT, CostCalibrator, GroupCostCalibrator, Measurement, TimingLedger
+from seqpack.calibrate import ABSENT, CostCalibrator, Measurement, TimingLedger
 from seqpack.calibrate.ledger import check_times
 from seqpack.collective import StepError, StepMessage, StepOk
 from seqpack.cost import CostModel
@@ -57,20 +57,19 @@ class StepCalibration:
         self.ledger: TimingLedger | None = None
         if not self.enabled or not (reads or topology.tp_rank == 0):
             return
-        calibrator: CostCalibrator | GroupCostCalibrator
-        if isinstance(config.calibrate, (CostCalibrator, GroupCostCalibrator)):
+        if isinstance(config.calibrate, CostCalibrator):
             calibrator = config.calibrate.copy()
         elif config.dynamic_cp:  # fit the group cost, ring included
             if prior.reference_size is None:  # its compute terms are the cost on the static CP group
                 prior = dataclasses.replace(prior, reference_size=topology.cp_size)
-            calibrator = GroupCostCalibrator(prior)
-        else:
             calibrator = CostCalibrator(prior)
+        else:  # a static plan's cost: the one balanced on the static group
+            calibrator = CostCalibrator(prior.at(topology.cp_size))
         # Steps prepared ahead (prefetch k) are scheduled k steps before the training loop
         # reports the times they wait for: wait that much longer for them.
         # Under dynamic CP each CP rank's times travel in their own column, so the fit sees
         # every group once with its own time (not each replica's slowest rank's).
-        copies = topology.cp_size if isinstance(calibrator, GroupCostCalibrator) else None
+        copies = topology.cp_size if calibrator.fits_groups else None
         self.ledger = TimingLedger(
             calibrator,
             dp_size=topology.dp_size,
@@ -82,10 +81,10 @@ class StepCalibration:
         )
 
     @property
-    def calibrator(self) -> CostCalibrator | GroupCostCalibrator | None:
+    def calibrator(self) -> CostCalibrator | None:
         if self.ledger is None:
             return None
-        return cast("CostCalibrator | GroupCostCalibrator", self.ledger.calibrator)  # the one built above
+        return self.ledger.calibrator
 
     @property
     def last(self) -> Measurement | None:

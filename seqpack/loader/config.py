@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from seqpack.calibrate import CostCalibrator, GroupCostCalibrator
+from seqpack.calibrate import CostCalibrator
 from seqpack.cost import DEFAULT_INTERCONNECT, DEFAULT_MODEL, CostModel, check_cost_model, default_cost_model
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import (
@@ -109,13 +109,13 @@ class PackingConfig:
     and what the stats and calibration report: ``"lockstep"`` (FSDP, pipeline: every
     microbatch round waits for its slowest replica) or ``"replica"`` (DDP, ZeRO-1: the
     slowest replica's total)."""
-    calibrate: bool | CostCalibrator | GroupCostCalibrator = False
+    calibrate: bool | CostCalibrator = False
     """Fit the scheduler's cost model online from microbatch times the training loop reports
     (``Step.record_times`` or :class:`seqpack.calibrate.MicrobatchTimer`): ``True`` (a
     :class:`seqpack.calibrate.CostCalibrator` whose prior is ``cost``, else the scheduler's
     cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``. Under
-    ``dynamic_cp``: ``True`` fits the whole cost, CP ring included (a
-    :class:`seqpack.calibrate.GroupCostCalibrator`), or pass a ``GroupCostCalibrator``."""
+    ``dynamic_cp`` it fits the whole cost, CP ring included (a given calibrator's prior must
+    price CP groups: a ``reference_size``)."""
     prefetch: int = 1
     """Steps a background thread prepares ahead of the training loop (0: each step is
     prepared inside ``next()``; at most :data:`~seqpack.options.MAX_PREFETCH`). Never changes
@@ -193,13 +193,21 @@ class PackingConfig:
         self._check_static_shapes()
 
     def _check_calibrate(self) -> None:
-        if not isinstance(self.calibrate, (bool, CostCalibrator, GroupCostCalibrator)):
+        if not isinstance(self.calibrate, (bool, CostCalibrator)):
             raise SeqpackTypeError(
-                "calibrate must be True, False, a seqpack.calibrate.CostCalibrator or (under dynamic_cp) a "
-                f"GroupCostCalibrator, got {self.calibrate!r}"
+                f"calibrate must be True, False or a seqpack.calibrate.CostCalibrator, got {self.calibrate!r}"
             )
-        if isinstance(self.calibrate, GroupCostCalibrator) and not self.dynamic_cp:
-            raise ConfigError("calibrate=GroupCostCalibrator(...) fits a dynamic CP group cost: pass dynamic_cp=True")
+        if not isinstance(self.calibrate, CostCalibrator) or self.calibrate.fits_groups == self.dynamic_cp:
+            return
+        if self.dynamic_cp:
+            raise ConfigError(
+                "calibrate=CostCalibrator(...) with a static plan's prior fits (1, S, SS), not a dynamic CP group "
+                "cost: give it a prior with a reference_size (CostModel.from_model, from_te_p2p), or calibrate=True"
+            )
+        raise ConfigError(
+            "calibrate=CostCalibrator(...) with a prior that prices CP groups (a reference_size) fits a dynamic CP "
+            "cost: pass dynamic_cp=True"
+        )
 
     def _check_static_shapes(self) -> None:
         if as_static_shapes(self.static_shapes) is not None and self.dynamic_cp:
@@ -239,11 +247,6 @@ class PackingConfig:
                 "its ring figures in the units of that cost (CostModel(..., ring_step=2e-4, ring_token=5e-8), "
                 "CostModel.from_te_p2p(cost, ...) for seconds, CostModel.from_model(spec, interconnect) for FLOPs), "
                 "or leave cost unset for the default model's FLOPs and ring"
-            )
-        if isinstance(self.calibrate, CostCalibrator):
-            raise ConfigError(
-                "calibrate=CostCalibrator(...) fits (1, S, SS) of a CostModel, not a dynamic CP group cost: pass "
-                "calibrate=True or a seqpack.calibrate.GroupCostCalibrator with dynamic_cp=True"
             )
         for name in ("group_microbatch", "equal_samples_per_replica"):
             if getattr(self, name):

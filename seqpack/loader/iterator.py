@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.calibrate import CostCalibrator, GroupCostCalibrator, Measurement
+from seqpack.calibrate import CostCalibrator, Measurement
 from seqpack.collective import (
     Status,
     StepEnd,
@@ -246,7 +246,7 @@ class PackingIterator(Iterator[Step], Stateful):
         return self._producer.calibration.last
 
     @property
-    def calibrator(self) -> CostCalibrator | GroupCostCalibrator | None:
+    def calibrator(self) -> CostCalibrator | None:
         """The online cost calibrator (``None`` without ``calibrate`` or on ranks that do not
         keep it: TP ranks > 0 under ``data_owner="tp0"``)."""
         return self._producer.calibration.calibrator

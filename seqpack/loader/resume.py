@@ -70,7 +70,7 @@ class ResumeState:
             ``calibrate``, else None.
     """
 
-    VERSION: ClassVar[int] = 3
+    VERSION: ClassVar[int] = 4  # 4: one calibrator state format (CostCalibrator's version 2)
     KEYS: ClassVar[tuple[str, ...]] = tuple(key.value for key in StateKey)
 
     topology: dict[str, int]

@@ -109,7 +109,7 @@ def test_deterministic_and_resumable_bit_for_bit():
     c = CostCalibrator(default_cost_model(), window=128)
     c.load_state_dict(a.state_dict())
     assert c.model == a.model and c.num_points == 128 and c.last_step == 20 and c.observed == 200
-    with pytest.raises(ValueError, match="version 1"):
+    with pytest.raises(ValueError, match="version 7 is not 2"):
         c.load_state_dict({"version": 7})
 
 

@@ -1,7 +1,8 @@
-"""One calibrator base (issue 19): CostCalibrator and dynamic CP's GroupCostCalibrator share
-seqpack.calibrate.base.Calibrator. States saved by the code before the base (commit 7646089,
-frozen below as literals) load and fit the same model, bit for bit; each calibrator refuses
-the other's state by name; a malformed state is refused with the point named."""
+"""One calibrator (issue 40): CostCalibrator fits a static plan's cost and, with a prior that
+prices CP groups (a reference_size), a dynamic-CP group cost. The points observed by the two
+calibrators before (commit 7646089, frozen below as literals, in today's one state format) fit
+the same models, bit for bit; a state of the other kind, of an old version or with an
+impossible point is refused by name."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ import numpy as np
 import pytest
 
 from seqpack._logging import reset_warn_once
-from seqpack.calibrate import CostCalibrator, GroupCostCalibrator, TimingLedger
-from seqpack.calibrate.base import Calibrator
+from seqpack.calibrate import CostCalibrator, TimingLedger
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
 
-# -- states saved by main's code (7646089), frozen -------------------------------------------
+# -- points observed by main's code (7646089), frozen -------------------------------------------
 
 COST_PRIOR = CostModel(2e-4, 3e-7, 0.01)
 COST_STATE = {
-    "version": 1,
+    "version": 2,
+    "sums": ["seqlen_sum", "seqlen_sq_sum"],
+    "window": None,
     "points": [
         [656, 202378, 0.20297762747118064, 1],
         [743, 243529, 0.2208811491185678, 1],
@@ -39,7 +41,9 @@ COST_MODEL = [0.009698249010475113, 0.00019396498020950227, 2.909474703142534e-0
 
 WINDOWED_PRIOR = CostModel(2e-4, 3e-7, 0.01, windowed=1e-7, window=128)
 WINDOWED_STATE = {
-    "version": 1,
+    "version": 2,
+    "sums": ["seqlen_sum", "seqlen_sq_sum", "seqlen_window_sum"],
+    "window": 128,
     "points": [
         [1108, 414894, 235220, 0.38080074682229165, 1],
         [717, 205889, 136065, 0.214760202920589, 1],
@@ -51,14 +55,14 @@ WINDOWED_STATE = {
     "skipped": 0,
     "observed": 6,
     "last_step": 2,
-    "window": 128,
 }
 WINDOWED_MODEL = [0.0764798457145337, 0.0, 6.432580659664667e-07, 1.1100025865251716e-07]
 
 GROUP_PRIOR = CostModel(1.0, 1e-4, 0.0, ring_step=10.0, ring_token=0.1, ranks_per_node=2, reference_size=1)
 GROUP_STATE = {
-    "version": 1,
-    "kind": "group",
+    "version": 2,
+    "sums": ["size", "seqlen_sum", "seqlen_sq_sum", "spans"],
+    "window": None,
     "points": [
         [1, 227, 102604, 0, 0.05765566203034276, 1],
         [3, 543, 488157, 1, 0.05165843091692411, 1],
@@ -85,7 +89,9 @@ GROUP_MODEL = [
 
 LEDGER_STATE = {
     "calibrator": {
-        "version": 1,
+        "version": 2,
+        "sums": ["seqlen_sum", "seqlen_sq_sum"],
+        "window": None,
         "points": [[440, 77888, 0.1, 0], [456, 71744, 0.1, 0], [440, 76096, 0.2, 0], [448, 72832, 0.2, 0]],
         "skipped": 0,
         "observed": 4,
@@ -99,7 +105,12 @@ LEDGER_STATE = {
             "local": [0.2, 0.2],
         }
     ],
-    "last": {"step": 0, "measured": 1.0, "predicted": 0.48408320000000005, "model": [0.0002, 3e-07, 0.01]},
+    "last": {
+        "step": 0,
+        "measured": 1.0,
+        "predicted": 0.48408320000000005,
+        "model": [0.0002, 3e-07, 0.01, 0.0, None, 0.0, 0.0, 0.0, 8, None],
+    },
 }
 
 
@@ -111,7 +122,7 @@ def _calibrators():
             WINDOWED_STATE,
             WINDOWED_MODEL,
         ),
-        (GroupCostCalibrator(GROUP_PRIOR, window=16, min_points=6), GROUP_STATE, GROUP_MODEL),
+        (CostCalibrator(GROUP_PRIOR, window=16, min_points=6), GROUP_STATE, GROUP_MODEL),
     ]
 
 
@@ -121,20 +132,20 @@ def _coefficients(model):
 
 
 @pytest.mark.parametrize("index", [0, 1, 2])
-def test_old_states_load_round_trip_and_fit_the_same_model_bit_for_bit(index):
+def test_states_round_trip_and_fit_the_same_model_bit_for_bit(index):
     cal, state, model = _calibrators()[index]
-    assert isinstance(cal, Calibrator)
     cal.load_state_dict(state)
-    assert cal.state_dict() == state  # the format did not change: key for key, value for value
+    assert cal.state_dict() == state  # key for key, value for value
     assert list(cal.state_dict()) == list(state)  # and in the same order
     assert cal.fitted and cal.num_points == len(state["points"])
-    assert _coefficients(cal.model) == model
+    assert cal.fits_groups is (index == 2)
+    assert _coefficients(cal.model) == model  # what the two calibrators fitted before
     other = cal.copy()
     assert type(other) is type(cal) and repr(other) == repr(cal)
     assert other.state_dict() == state and _coefficients(other.model) == model
 
 
-def test_old_ledger_state_loads_with_its_models():
+def test_ledger_state_loads_with_its_models():
     ledger = TimingLedger(CostCalibrator(COST_PRIOR, min_points=3, warmup_steps=0), dp_size=2, dp_rank=0)
     ledger.load_state_dict(LEDGER_STATE)
     assert ledger.pending() == [1] and ledger.last is not None
@@ -142,25 +153,31 @@ def test_old_ledger_state_loads_with_its_models():
     assert ledger.state_dict() == LEDGER_STATE
 
 
-def test_reprs_are_unchanged():
+def test_repr_is_the_settings():
     """PackingConfig fingerprints the calibrator's repr: resume compares it with the saved one."""
     assert repr(CostCalibrator(COST_PRIOR)) == (
         f"CostCalibrator(prior={COST_PRIOR!r}, window=1024, min_points=32, robust=True, prior_in_seconds=False, "
         "warmup_steps=1, keep_prior_shape=True)"
     )
-    assert repr(GroupCostCalibrator(GROUP_PRIOR, window=64)) == (
-        f"GroupCostCalibrator(prior={GROUP_PRIOR!r}, window=64, min_points=32, robust=True, prior_in_seconds=False, "
-        "warmup_steps=1)"
-    )
 
 
-def test_each_calibrator_refuses_the_others_state_by_name():
-    with pytest.raises(ResumeError, match="must be a CostCalibrator.state_dict.* got a GroupCostCalibrator's"):
+def test_a_state_of_the_other_kind_or_an_old_version_is_refused_by_name():
+    with pytest.raises(ResumeError, match=r"holds sums \('size', .*this calibrator keeps \('seqlen_sum'"):
         CostCalibrator(COST_PRIOR).load_state_dict(GROUP_STATE)
-    with pytest.raises(ResumeError, match="must be a GroupCostCalibrator.state_dict.* got a CostCalibrator's"):
-        GroupCostCalibrator(GROUP_PRIOR).load_state_dict(COST_STATE)
-    with pytest.raises(ResumeError, match="version 2"):
-        CostCalibrator(COST_PRIOR).load_state_dict({**COST_STATE, "version": 2})
+    with pytest.raises(ResumeError, match=r"holds sums \('seqlen_sum', 'seqlen_sq_sum'\).* keeps \('size'"):
+        CostCalibrator(GROUP_PRIOR).load_state_dict(COST_STATE)
+    with pytest.raises(ResumeError, match="for window=None; .* window=128"):
+        CostCalibrator(WINDOWED_PRIOR).load_state_dict({**WINDOWED_STATE, "window": None})
+    old = {key: value for key, value in COST_STATE.items() if key not in ("sums", "window")}
+    with pytest.raises(ResumeError, match="calibrator state version 1 is not 2"):
+        CostCalibrator(COST_PRIOR).load_state_dict({**old, "version": 1})
+
+
+def test_ring_terms_need_a_reference_size():
+    with pytest.raises(ConfigError, match="has ring terms but no reference_size"):
+        CostCalibrator(CostModel(1.0, 0.0, ring_step=1.0))
+    with pytest.raises(SeqpackTypeError, match="prior must be a seqpack.CostModel"):
+        CostCalibrator("flops")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -174,10 +191,9 @@ def test_each_calibrator_refuses_the_others_state_by_name():
     ],
 )
 def test_a_group_state_with_an_impossible_point_is_refused_naming_it(point, problem):
-    """Before the base, a GroupCostCalibrator loaded these and fitted on them."""
     state = {**GROUP_STATE, "points": [*GROUP_STATE["points"][:2], point]}
     with pytest.raises(ResumeError, match=rf"point 2 .* has .*{problem}"):
-        GroupCostCalibrator(GROUP_PRIOR).load_state_dict(state)
+        CostCalibrator(GROUP_PRIOR).load_state_dict(state)
 
 
 def test_negative_counters_and_a_string_point_are_refused():
@@ -187,33 +203,38 @@ def test_negative_counters_and_a_string_point_are_refused():
         CostCalibrator(COST_PRIOR).load_state_dict({**COST_STATE, "points": ["abcd"]})
 
 
-def test_both_calibrators_skip_and_warn_alike_on_an_absurd_time(caplog):
+def test_both_kinds_skip_and_warn_alike_on_an_absurd_time(caplog):
     """One time filter: NaN, inf and <= 0 (an untimed microbatch) are skipped and counted
-    silently; a positive time no clock measures is skipped, counted and warned once, in the
-    same words, naming the step, the time and the calibrator."""
+    silently; a positive time no clock measures is skipped, counted and warned once, naming
+    the step and the time."""
     reset_warn_once()
     cost = CostCalibrator(COST_PRIOR, warmup_steps=0)
-    group = GroupCostCalibrator(GROUP_PRIOR, warmup_steps=0)
+    group = CostCalibrator(GROUP_PRIOR, warmup_steps=0)
+    times = [float("nan"), -1.0, 1e300, 0.5]
     with caplog.at_level(logging.WARNING):
-        cost.observe([[10], [20], [30], [40]], [float("nan"), -1.0, 1e300, 0.5], step=4)
-        group.observe([1] * 4, [10, 20, 30, 40], [100] * 4, [0] * 4, [float("nan"), -1.0, 1e300, 0.5], step=4)
+        cost.observe([[10], [20], [30], [40]], times, step=4)
+        group.observe([[10], [20], [30], [40]], times, step=4, group_sizes=[1] * 4)
     assert (cost.skipped, cost.num_points, group.skipped, group.num_points) == (3, 1, 3, 1)
     messages = [r.getMessage() for r in caplog.records]
-    assert len(messages) == 2, messages
-    for name, message in zip(("CostCalibrator", "GroupCostCalibrator"), messages, strict=True):
-        assert message.startswith("step 4: a microbatch time of 1e+300 s is outside") and f"{name}.skipped" in message
+    assert len(messages) == 1, messages  # once per process
+    assert messages[0].startswith("step 4: a microbatch time of 1e+300 s is outside") and "skipped" in messages[0]
 
 
-def test_group_observe_refuses_sums_that_are_no_integers():
-    """Before the base, 1.5 became 1 and '3' became 3, silently."""
-    group = GroupCostCalibrator(GROUP_PRIOR)
-    with pytest.raises(SeqpackTypeError, match=r"sizes must be integers.*observe of step 2"):
-        group.observe([1.5, 2], [10, 20], [100, 400], [0, 0], [0.1, 0.2], step=2)
-    with pytest.raises(SeqpackTypeError, match="seqlen_sum must be integers"):
-        group.observe([1, 2], ["3", 20], [100, 400], [0, 0], [0.1, 0.2])
+def test_group_observations_refuse_what_is_no_group():
+    group = CostCalibrator(GROUP_PRIOR)
+    with pytest.raises(SeqpackTypeError, match=r"group_sizes must be integers.*observe of step 2"):
+        group.observe([[10], [20]], [0.1, 0.2], step=2, group_sizes=[1.5, 2])
     with pytest.raises(ConfigError, match=r"microbatch 1: size 2, S 20, SS 400, spans 3"):
-        group.observe([1, 2], [10, 20], [100, 400], [0, 3], [0.1, 0.2])
-    with pytest.raises(ConfigError, match=r"differ in length: \{'sizes': 2, 'seqlen_sum': 2, .*'seconds': 3\}"):
-        group.observe([1, 2], [10, 20], [100, 400], [0, 0], [0.1, 0.2, 0.3])
+        group.observe([[10], [20]], [0.1, 0.2], group_sizes=[1, 2], spans=[0, 3])
+    with pytest.raises(ConfigError, match="pass group_sizes="):
+        group.observe([[10], [20]], [0.1, 0.2])
+    with pytest.raises(ConfigError, match="group_sizes and spans are for a prior that prices CP groups"):
+        CostCalibrator(COST_PRIOR).observe([[10]], [0.1], group_sizes=[1])
+    with pytest.raises(SeqpackTypeError, match="sums must be integers"):
+        group.observe_sums([[1, "3", 9, 0]], [0.1])
+    with pytest.raises(ConfigError, match=r"sums must be one row of \('size', .* per timing \(2\)"):
+        group.observe_sums([[1, 3, 9, 0]], [0.1, 0.2])
     assert group.num_points == 0
-    assert group.observe(np.array([1, 2]), [10, 20], [100, 400], np.array([False, True]), [0.1, 0.2]) == 2
+    assert group.observe([[10], [4, 4]], [0.1, 0.2], group_sizes=np.array([1, 2]), spans=[False, True]) == 2
+    assert group.observe_sums(np.array([[1, 10, 100, 0], [2, 8, 32, 1]]), [0.1, 0.2]) == 2
+    assert [p[0] for p in group._points] == [(1, 10, 100, 0), (2, 8, 32, 1)] * 2

@@ -47,7 +47,7 @@ def test_windowed_prior_shape_is_kept_when_the_clock_follows_it():
     assert model.windowed / model.linear == pytest.approx(prior.windowed / prior.linear, rel=1e-12)
 
 
-def test_windowed_state_round_trips_and_old_states_still_load():
+def test_windowed_state_round_trips_and_another_window_is_refused():
     rng = np.random.default_rng(2)
     mbs = _microbatches(rng, 40)
     times = [TRUTH.microbatch_cost(mb) for mb in mbs]
@@ -59,15 +59,15 @@ def test_windowed_state_round_trips_and_old_states_still_load():
     again.load_state_dict(state)
     assert again.model == cal.model and again.num_points == 40
     plain = CostCalibrator(CostModel(1.0, 0.0), min_points=8)
-    with pytest.raises(ResumeError, match="saved for a prior with window=128, this calibrator's prior has window=None"):
+    with pytest.raises(ResumeError, match="for window=128; this calibrator keeps .* for window=None"):
         plain.load_state_dict(state)
-    # A state written before windows existed: version 1, [S, SS, seconds, step] points.
-    old = {"version": 1, "points": [[100, 10000, 0.5, 2], [50, 2500, 0.25, 2]], "skipped": 1, "observed": 2,
-           "last_step": 2}  # fmt: skip
-    plain.load_state_dict(old)
-    assert plain.num_points == 2 and plain.state_dict() == old
-    with pytest.raises(ResumeError, match="window=None, this calibrator's prior has window=128"):
-        again.load_state_dict(old)
+    points = [[100, 10000, 0.5, 2], [50, 2500, 0.25, 2]]
+    unwindowed = {"version": 2, "sums": ["seqlen_sum", "seqlen_sq_sum"], "window": None, "points": points}
+    unwindowed.update(skipped=1, observed=2, last_step=2)
+    plain.load_state_dict(unwindowed)
+    assert plain.num_points == 2 and plain.state_dict() == unwindowed
+    with pytest.raises(ResumeError, match="for window=None; this calibrator keeps .* for window=128"):
+        again.load_state_dict(unwindowed)
 
 
 def _schedule(seed, dp=2):
@@ -94,7 +94,7 @@ def test_ledger_carries_the_window_sums_and_predicts_with_them():
     cal = CostCalibrator(TRUTH, min_points=3, warmup_steps=0, prior_in_seconds=True)
     ledger = TimingLedger(cal, dp_size=2, dp_rank=0)
     schedule = _schedule(1)
-    with pytest.raises(ValueError, match=r"shape \[M, 2, 3\] \(microbatch_sums\(schedule, window=128\)\)"):
+    with pytest.raises(ValueError, match=r"shape \[M, 2, 3\] \(CostCalibrator.schedule_sums\(schedule\): .*window_sum"):
         ledger.add_step(0, microbatch_sums(schedule), TRUTH)
     ledger.add_schedule(0, schedule, TRUTH)
     sums = microbatch_sums(schedule, WINDOW)

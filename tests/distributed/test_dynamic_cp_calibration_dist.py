@@ -17,7 +17,7 @@ import torch.distributed as dist
 from dynamic_cp_data import CAPACITY, LAYOUTS, SPR, samples_of
 from wrapper_data import mesh_topology
 
-from seqpack.calibrate import GroupCostCalibrator
+from seqpack.calibrate import CostCalibrator
 from seqpack.cost import CostModel, spans_nodes
 from seqpack.loader import wrap_data_iterator
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
@@ -53,7 +53,7 @@ def run_calibrated(name: str, prefetch: int, steps: int) -> dict:
     it = wrap_data_iterator(
         iter(samples_of(topo.dp_rank, steps=steps)), topo, samples_per_rank=SPR, max_tokens_per_rank=CAPACITY,
         dynamic_cp=True, cost=PRIOR, prefetch=prefetch, check_schedule=True,
-        calibrate=GroupCostCalibrator(PRIOR, min_points=8),
+        calibrate=CostCalibrator(PRIOR, min_points=8),
     )  # fmt: skip
     out: dict = {"steps": []}
     with it:

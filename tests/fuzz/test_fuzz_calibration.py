@@ -1,5 +1,5 @@
 """Fuzz the closed loop's inputs (issue 24): hostile types and extreme times into
-``CostModel.fit``, ``CostCalibrator`` / ``GroupCostCalibrator`` (constructors, ``observe``,
+``CostModel.fit``, ``CostCalibrator`` of a static and of a group cost (constructors, ``observe``,
 ``load_state_dict``), ``wrap_data_iterator(calibrate=...)`` and ``Step.record_times``, and
 ``record_times`` called out of order.
 
@@ -26,7 +26,7 @@ from hostile import HOSTILE, Target, check_answer
 from wrapper_data import items
 
 from seqpack._logging import reset_warn_once
-from seqpack.calibrate import CostCalibrator, GroupCostCalibrator
+from seqpack.calibrate import CostCalibrator
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SeqpackError, StepFailed
 from seqpack.loader import wrap_data_iterator
@@ -88,8 +88,10 @@ def _observe(**kw: Any) -> Any:
 
 
 def _group_observe(**kw: Any) -> Any:
-    cal = GroupCostCalibrator(GROUP_PRIOR, min_points=3, warmup_steps=0)
-    cal.observe(kw["sizes"], kw["seqlen_sum"], kw["seqlen_sq_sum"], kw["spans"], kw["seconds"], step=kw["step"])
+    cal = CostCalibrator(GROUP_PRIOR, min_points=3, warmup_steps=0)
+    cal.observe(
+        kw["microbatch_lengths"], kw["seconds"], step=kw["step"], group_sizes=kw["group_sizes"], spans=kw["spans"]
+    )
     return cal.model
 
 
@@ -159,25 +161,17 @@ TARGETS = [
         aliases={"microbatch_lengths": ("microbatch",)},
     ),
     Target(
-        "GroupCostCalibrator.observe",
+        "CostCalibrator (groups).observe",
         _group_observe,
         lambda: {
-            "sizes": [1, 2, 1, 2],
-            "seqlen_sum": [10, 20, 30, 40],
-            "seqlen_sq_sum": [100, 400, 900, 1600],
+            "microbatch_lengths": MBS,
+            "group_sizes": [1, 2, 1, 2],
             "spans": [0, 1, 0, 0],
             "seconds": SECONDS,
             "step": 3,
         },
-        {
-            "sizes": "any",
-            "seqlen_sum": "any",
-            "seqlen_sq_sum": "any",
-            "spans": "any",
-            "seconds": "any",
-            "step": "opt_int",
-        },
-        aliases={"seqlen_sum": ("microbatch",), "seqlen_sq_sum": ("microbatch",), "sizes": ("microbatch",)},
+        {"microbatch_lengths": "any", "group_sizes": "any", "spans": "any", "seconds": "any", "step": "opt_int"},
+        aliases={"microbatch_lengths": ("microbatch",), "group_sizes": ("microbatch",), "spans": ("microbatch",)},
     ),
     Target(
         "CostCalibrator",
@@ -185,11 +179,11 @@ TARGETS = [
         lambda: {"min_points": 3},
         {**SETTINGS, "keep_prior_shape": "bool"},
     ),
-    Target("GroupCostCalibrator", _make(GroupCostCalibrator, GROUP_PRIOR), lambda: {"min_points": 3}, SETTINGS),
+    Target("CostCalibrator (groups)", _make(CostCalibrator, GROUP_PRIOR), lambda: {"min_points": 3}, SETTINGS),
     Target("CostCalibrator.load_state_dict", _load(CostCalibrator, TRUTH), lambda: {"state": {}}, {"state": "any"}),
     Target(
-        "GroupCostCalibrator.load_state_dict",
-        _load(GroupCostCalibrator, GROUP_PRIOR),
+        "CostCalibrator (groups).load_state_dict",
+        _load(CostCalibrator, GROUP_PRIOR),
         lambda: {"state": {}},
         {"state": "any"},
     ),
@@ -206,7 +200,7 @@ TARGETS = [
 ACCEPTS: dict[tuple[str, str], Callable[[Any], bool]] = {
     ("CostModel.fit", "seconds"): _seconds_kind,
     ("CostCalibrator.observe", "seconds"): _seconds_kind,
-    ("GroupCostCalibrator.observe", "seconds"): _seconds_kind,
+    ("CostCalibrator (groups).observe", "seconds"): _seconds_kind,
     ("Step.record_times", "seconds"): _seconds_kind,
 }
 
@@ -240,7 +234,7 @@ def test_every_hostile_value_is_refused_by_name_or_used_as_meant(target, arg):
 
 
 @pytest.mark.parametrize("name", [n for n, _ in SHAPES])
-@pytest.mark.parametrize("target", ["CostModel.fit", "CostCalibrator.observe", "GroupCostCalibrator.observe"])
+@pytest.mark.parametrize("target", ["CostModel.fit", "CostCalibrator.observe", "CostCalibrator (groups).observe"])
 def test_times_of_the_wrong_shape_are_refused_naming_the_shape_or_count(target, name):
     by_name = {t.name: t for t in TARGETS}
     value = dict(SHAPES)[name]
@@ -263,8 +257,8 @@ def test_extreme_times_are_kept_or_skipped_and_counted_never_a_warning(name, val
             warnings.simplefilter("error")
             cal = CostCalibrator(TRUTH, min_points=3, warmup_steps=0)
             kept = cal.observe(MBS, seconds, step=3)
-            group = GroupCostCalibrator(GROUP_PRIOR, min_points=3, warmup_steps=0)
-            group_kept = group.observe([1, 2, 1, 2], [10, 20, 30, 40], [100, 400, 900, 1600], [0, 1, 0, 0], seconds)
+            group = CostCalibrator(GROUP_PRIOR, min_points=3, warmup_steps=0)
+            group_kept = group.observe(MBS, seconds, group_sizes=[1, 2, 1, 2], spans=[0, 1, 0, 0])
             models = [cal.model, group.model]
         assert kept + cal.skipped == 4 and group_kept + group.skipped == 4
         t = float(value)

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from seqpack.calibrate import CostCalibrator, GroupCostCalibrator
+from seqpack.calibrate import CostCalibrator
 from seqpack.cost import DEFAULT_MODEL, INTERCONNECTS, CostModel, ModelSpec, get_interconnect, model_preset
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader import PackingConfig
@@ -55,7 +55,7 @@ def test_the_cost_is_the_one_cost_and_group_sizes_are_the_schedulers_option():
             ConfigError,
             "without scheduler_options",
         ),
-        ({"calibrate": CostCalibrator(CostModel(1.0, 0.0, 0.0))}, ConfigError, "not a dynamic CP group cost"),
+        ({"calibrate": CostCalibrator(CostModel(1.0, 0.0, 0.0))}, ConfigError, "fits \\(1, S, SS\\), not a dynamic CP"),
         ({"cp_layout": "contiguous"}, ConfigError, "cp_layout='contiguous' is not supported with dynamic_cp=True"),
         ({"group_microbatch": True}, ConfigError, "group_microbatch=True is not supported with dynamic_cp=True"),
         ({"equal_samples_per_replica": True}, ConfigError, "equal_samples_per_replica=True is not supported"),
@@ -92,9 +92,9 @@ def test_resolve_uses_the_single_rank_padding():
 
 def test_calibrate_under_dynamic_cp_fits_the_group_cost():
     assert dynamic(calibrate=True).calibrate is True
-    cal = GroupCostCalibrator(dataclasses.replace(COST, reference_size=1))
-    assert dynamic(calibrate=cal, cost=cal.prior).calibrate is cal
-    with pytest.raises(ConfigError, match="pass dynamic_cp=True"):
+    cal = CostCalibrator(dataclasses.replace(COST, reference_size=1))
+    assert cal.fits_groups and dynamic(calibrate=cal, cost=cal.prior).calibrate is cal
+    with pytest.raises(ConfigError, match="prices CP groups .* pass dynamic_cp=True"):
         PackingConfig(samples_per_rank=4, max_tokens_per_rank=64, calibrate=cal)
 
 

@@ -1,4 +1,4 @@
-"""GroupCostCalibrator: the dynamic-CP group cost (compute and CP ring) fitted to measured
+"""CostCalibrator with a group cost's prior: the dynamic-CP cost (compute and CP ring) fitted to measured
 times; replica_sums against a slow reference; the ledger with dynamic CP plans."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.calibrate import MISSING, GroupCostCalibrator, TimingLedger, encode_seconds
+from seqpack.calibrate import MISSING, CostCalibrator, TimingLedger, encode_seconds
 from seqpack.cost import CostModel, spans_nodes
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
@@ -19,6 +19,11 @@ TRUTH = CostModel(
     2e-6, 3e-11, 1e-3, ring_step=4e-4, ring_token=5e-7, ring_token_inter=2e-6, ranks_per_node=8, reference_size=1
 )
 PRIOR = CostModel(1.0, 1e-4, 0.0, ring_step=10.0, ring_token=0.1, ranks_per_node=8, reference_size=1)  # FLOP-ish units
+
+
+def rows(sizes, s, ss, spans):
+    """``(size, S, SS, spans)`` rows: what :meth:`CostCalibrator.observe_sums` takes of groups."""
+    return np.stack([np.asarray(sizes), np.asarray(s), np.asarray(ss), np.asarray(spans, dtype=np.int64)], axis=-1)
 
 
 def gtime(model, sizes, s, ss, spans):
@@ -41,9 +46,9 @@ def test_recovers_a_known_group_cost_from_its_times():
     rng = np.random.default_rng(0)
     size, s, ss, spans = _microbatches(rng, 200)
     seconds = gtime(TRUTH, size, s, ss, spans)
-    cal = GroupCostCalibrator(PRIOR, min_points=32, warmup_steps=0)
+    cal = CostCalibrator(PRIOR, min_points=32, warmup_steps=0)
     assert cal.model is PRIOR and not cal.fitted
-    assert cal.observe(size, s, ss, spans, seconds, step=3) == 200
+    assert cal.observe_sums(rows(size, s, ss, spans), seconds, step=3) == 200
     assert cal.fitted and cal.in_seconds and cal.last_step == 3
     np.testing.assert_allclose(cal.model.group_coefficients(1), TRUTH.group_coefficients(1), rtol=1e-6)
 
@@ -53,8 +58,8 @@ def test_noisy_times_predict_within_a_few_percent():
     size, s, ss, spans = _microbatches(rng, 400)
     noise = 1.0 + 0.02 * rng.standard_normal(size.shape[0])
     noise[::37] = 3.0  # outliers (a GC pause): the robust fit rejects them
-    cal = GroupCostCalibrator(PRIOR, warmup_steps=0)
-    cal.observe(size, s, ss, spans, gtime(TRUTH, size, s, ss, spans) * noise)
+    cal = CostCalibrator(PRIOR, warmup_steps=0)
+    cal.observe_sums(rows(size, s, ss, spans), gtime(TRUTH, size, s, ss, spans) * noise)
     test = _microbatches(np.random.default_rng(2), 200)
     predicted, truth = gtime(cal.model, *test), gtime(TRUTH, *test)
     assert np.max(np.abs(predicted / truth - 1)) < 0.05
@@ -70,8 +75,8 @@ def test_unobserved_terms_keep_the_prior_rescaled():
     rng = np.random.default_rng(3)
     size, s, ss, _ = _microbatches(rng, 100, sizes=(1, 2, 4))
     spans = np.zeros_like(size, dtype=bool)
-    cal = GroupCostCalibrator(PRIOR, min_points=8, warmup_steps=0, robust=False)
-    cal.observe(size, s, ss, spans, gtime(TRUTH, size, s, ss, spans))
+    cal = CostCalibrator(PRIOR, min_points=8, warmup_steps=0, robust=False)
+    cal.observe_sums(rows(size, s, ss, spans), gtime(TRUTH, size, s, ss, spans))
     model = cal.model
     np.testing.assert_allclose(model.group_coefficients(1)[:5], TRUTH.group_coefficients(1)[:5], rtol=1e-6)
     p = gtime(PRIOR, size, s, ss, spans)
@@ -82,26 +87,26 @@ def test_unobserved_terms_keep_the_prior_rescaled():
 
 def test_state_round_trip_copy_and_determinism():
     rng = np.random.default_rng(4)
-    cal = GroupCostCalibrator(PRIOR, min_points=8, window=50)
+    cal = CostCalibrator(PRIOR, min_points=8, window=50)
     for step in range(4):
         size, s, ss, spans = _microbatches(rng, 20)
-        cal.observe(size, s, ss, spans, gtime(TRUTH, size, s, ss, spans), step=step)
+        cal.observe_sums(rows(size, s, ss, spans), gtime(TRUTH, size, s, ss, spans), step=step)
     assert cal.num_points == 50 and cal.observed == 60  # step 0 is the warm-up
-    other = GroupCostCalibrator(PRIOR, min_points=8, window=50)
+    other = CostCalibrator(PRIOR, min_points=8, window=50)
     other.load_state_dict(cal.state_dict())
     assert other.model.group_coefficients(1).tobytes() == cal.model.group_coefficients(1).tobytes()
     assert cal.copy().model.group_coefficients(1).tobytes() == cal.model.group_coefficients(1).tobytes()
-    assert "GroupCostCalibrator(prior=" in repr(cal)
+    assert "CostCalibrator(prior=" in repr(cal) and cal.fits_groups
 
 
 @pytest.mark.parametrize(
     ("call", "error", "text"),
     [
-        (lambda: GroupCostCalibrator("flops"), SeqpackTypeError, "CostModel"),
-        (lambda: GroupCostCalibrator(PRIOR, min_points=9, window=8), ConfigError, "larger than window"),
-        (lambda: GroupCostCalibrator(PRIOR).observe([1], [2, 3], [4], [0], [1.0]), ConfigError, "differ in length"),
-        (lambda: GroupCostCalibrator(PRIOR).observe([0], [2], [4], [0], [1.0]), ConfigError, "size 0"),
-        (lambda: GroupCostCalibrator(PRIOR).load_state_dict({"version": 1}), ResumeError, "GroupCostCalibrator"),
+        (lambda: CostCalibrator("flops"), SeqpackTypeError, "CostModel"),
+        (lambda: CostCalibrator(PRIOR, min_points=9, window=8), ConfigError, "larger than window"),
+        (lambda: CostCalibrator(PRIOR).observe([[2], [3]], [1.0], group_sizes=[1, 1]), ConfigError, "2 microbatches"),
+        (lambda: CostCalibrator(PRIOR).observe_sums([[0, 2, 4, 0]], [1.0]), ConfigError, "size 0"),
+        (lambda: CostCalibrator(PRIOR).load_state_dict({"version": 1}), ResumeError, "version 1 is not 2"),
     ],
 )
 def test_bad_inputs(call, error, text):
@@ -110,8 +115,8 @@ def test_bad_inputs(call, error, text):
 
 
 def test_invalid_times_are_skipped_and_counted():
-    cal = GroupCostCalibrator(PRIOR, warmup_steps=0)
-    assert cal.observe([1, 1, 1], [8, 8, 8], [64, 64, 64], [0, 0, 0], [float("nan"), -1.0, 0.5]) == 1
+    cal = CostCalibrator(PRIOR, warmup_steps=0)
+    assert cal.observe([[8]] * 3, [float("nan"), -1.0, 0.5], group_sizes=[1, 1, 1]) == 1
     assert cal.skipped == 2
 
 
@@ -160,12 +165,12 @@ def test_replica_sums_match_reference(lengths, dp, cp, pad):
 def test_ledger_observes_dynamic_plans_and_resumes():
     lengths = [200, 30, 20, 50, 10, 60, 40, 5]
     plan = plan_dynamic_cp(lengths, dp_size=2, cp_size=2, max_tokens_per_rank=64, cost=TRUTH)
-    cal = GroupCostCalibrator(PRIOR, min_points=3, warmup_steps=0)
+    cal = CostCalibrator(PRIOR, min_points=3, warmup_steps=0)
     ledger = TimingLedger(cal, dp_size=2, dp_rank=0, window=2)
     ledger.add_schedule(0, plan, TRUTH)
     sums = replica_sums(plan, PRIOR)
     seconds = TRUTH.predict_group_sums(sums, 1)  # [M, dp]
-    saved = TimingLedger(GroupCostCalibrator(PRIOR, min_points=3, warmup_steps=0), dp_size=2, dp_rank=0)
+    saved = TimingLedger(CostCalibrator(PRIOR, min_points=3, warmup_steps=0), dp_size=2, dp_rank=0)
     saved.load_state_dict(ledger.state_dict())
     assert saved.pending() == [0]
     done = ledger.incoming(1, np.stack([encode_seconds(seconds[:, d]) for d in range(2)]))
@@ -173,7 +178,7 @@ def test_ledger_observes_dynamic_plans_and_resumes():
     assert done[0].measured == pytest.approx(seconds.max(axis=1).sum())
     assert done[0].predicted == pytest.approx(done[0].measured)
     assert cal.num_points == seconds.size
-    with pytest.raises(ConfigError, match="dynamic CP plans"):
+    with pytest.raises(ConfigError, match="calibrator times seqpack Schedules, got a object"):
         ledger.add_schedule(1, object(), None)
 
 
@@ -210,7 +215,7 @@ def test_per_rank_ledger_observes_every_group_once_with_its_slowest_rank(seed, d
     seconds = rng.uniform(0.01, 1.0, (plan.num_microbatches, dp * cp))  # [rounds, plane rank]
     ledgers = []
     for rank in range(dp * cp):
-        cal = GroupCostCalibrator(PRIOR, min_points=3, warmup_steps=0)
+        cal = CostCalibrator(PRIOR, min_points=3, warmup_steps=0)
         ledger = TimingLedger(cal, dp_size=dp, dp_rank=rank // cp, copies=cp, copy_rank=rank % cp)
         ledger.add_schedule(0, plan, TRUTH)
         ledger.record(0, seconds[:, rank], plan.num_microbatches)
@@ -229,11 +234,11 @@ def test_per_rank_ledger_observes_every_group_once_with_its_slowest_rank(seed, d
         assert done[0].seconds.shape == (plan.num_microbatches, dp)
 
 
-def test_per_rank_ledger_resumes_its_slots_and_old_per_replica_ones():
+def test_per_rank_ledger_resumes_its_slots():
     plan = plan_dynamic_cp([200, 30, 20, 50, 10, 60, 40, 5], dp_size=2, cp_size=2, max_tokens_per_rank=64, cost=TRUTH)
 
     def ledger(rank=0):
-        cal = GroupCostCalibrator(PRIOR, min_points=3, warmup_steps=0)
+        cal = CostCalibrator(PRIOR, min_points=3, warmup_steps=0)
         return TimingLedger(cal, dp_size=2, dp_rank=rank // 2, copies=2, copy_rank=rank % 2)
 
     new = ledger()
@@ -243,12 +248,8 @@ def test_per_rank_ledger_resumes_its_slots_and_old_per_replica_ones():
     again = ledger()
     again.load_state_dict(state)
     assert again.state_dict() == state and again.width() == plan.num_microbatches * 2
-    # A pending step saved per replica (before times travelled per rank) is observed per replica.
-    old = TimingLedger(GroupCostCalibrator(PRIOR, min_points=3, warmup_steps=0), dp_size=2, dp_rank=0)
+    # A pending step laid out per replica is not a per-rank ledger's (one format).
+    old = TimingLedger(CostCalibrator(PRIOR, min_points=3, warmup_steps=0), dp_size=2, dp_rank=0)
     old.add_schedule(0, plan, TRUTH)
-    mixed = ledger()
-    mixed.load_state_dict(old.state_dict())
-    assert mixed.width() == plan.num_microbatches
-    seconds = TRUTH.predict_group_sums(replica_sums(plan, TRUTH), 1)  # [M, dp]
-    done = mixed.incoming(1, np.stack([encode_seconds(seconds[:, d]) for d in range(2)]))
-    assert [m.step for m in done] == [0] and mixed.calibrator.num_points == seconds.size
+    with pytest.raises(ResumeError, match="laid out per replica"):
+        ledger().load_state_dict(old.state_dict())

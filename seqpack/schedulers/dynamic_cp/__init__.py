@@ -15,7 +15,7 @@ A plan is a :class:`seqpack.schedulers.Schedule` whose ``group_sizes`` is ``"pow
   ``seqpack.schedulers.base``, so this ``__init__`` does not import it).
 - ``pieces``: the shards a step's exchange moves (one per sequence and rank of its group) and
   who cuts each. A plan's :class:`~seqpack.stats.StepStats`: :meth:`seqpack.stats.StepStats.from_schedule`;
-  its calibrator: :class:`seqpack.calibrate.GroupCostCalibrator`. Running a plan:
+  its calibrator: :class:`seqpack.calibrate.CostCalibrator` (of a group cost). Running a plan:
   ``seqpack.loader.placement``.
 - Private: ``_candidate`` (a plan while it is built, and its exact score), ``_rounds``
   (the lockstep builder and static CP), ``_replica`` (the replica-sync builder);
