@@ -18,6 +18,10 @@ Modules, lowest first:
 * :mod:`~seqpack.cost.ring`: what a microbatch costs on a CP group of ``c`` ranks (its
   compute split over the group plus the CP ring), :func:`group_features`, :func:`spans_nodes`,
   Transformer Engine's ring figures (:func:`~seqpack.cost.ring.te_p2p_ring`).
+* :mod:`~seqpack.cost.vision_encoder`: :class:`VisionSpec`, a vision encoder's shape and its
+  training FLOPs per image, video and sample.
+* :mod:`~seqpack.cost.vision_language`: :class:`ModelSpec`'s vision-language half (its
+  ``vision`` field, :meth:`ModelSpec.from_hf` for HF configs, :meth:`ModelSpec.sample_flops`).
 * :mod:`~seqpack.cost.model`: :class:`CostModel`, the one cost type (coefficients,
   per-sequence costs, the fit to measured times, the CP ring's terms: zero for static CP,
   :meth:`CostModel.from_model` for a dynamic-CP prior), and :class:`ModelSpec` (a model's
@@ -39,6 +43,7 @@ from seqpack.cost.model import CostModel, ModelSpec, check_cost_model
 from seqpack.cost.presets import DEFAULT_MODEL, MODEL_PRESETS, default_cost_model, model_preset, transformer_flops
 from seqpack.cost.ring import FEATURES, group_features, spans_nodes
 from seqpack.cost.terms import causal_window_pairs, length_features, window_feature
+from seqpack.cost.vision_encoder import VisionSpec
 
 __all__ = [
     "DEFAULT_INTERCONNECT",
@@ -62,5 +67,6 @@ __all__ = [
     "robust_nnls_fit",
     "robust_weights_fit",
     "transformer_flops",
+    "VisionSpec",
     "window_feature",
 ]

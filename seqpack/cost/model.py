@@ -36,6 +36,7 @@ from seqpack.cost.flops import (
 from seqpack.cost.ring import GroupTerms
 from seqpack.cost.shapes import ShapeOptions, check_layer_pattern, preset_shape
 from seqpack.cost.terms import as_lengths, exact_sums, feature_names, window_feature, window_ratio
+from seqpack.cost.vision_language import VisionLanguageTerms
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.validation import check_bool, check_int, check_window
 
@@ -46,8 +47,8 @@ __all__ = ["CostModel", "ModelSpec", "check_cost_model"]
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """Shape of a dense transformer or a Mamba2/attention hybrid, for FLOPs and cost.
+class ModelSpec(VisionLanguageTerms):
+    """Shape of a dense transformer or a Mamba2/attention hybrid (and ``vision`` encoder), for FLOPs and cost.
 
     Attributes:
         hidden_size: Model width ``h``.
@@ -96,6 +97,7 @@ class ModelSpec:
     window_size: int | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # ``vision``
         # Stored as Python ints: numpy ints (np.int32(4096)) would overflow the FLOPs products.
         for field in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size"):
             object.__setattr__(self, field, check_int(field, getattr(self, field), minimum=1))
