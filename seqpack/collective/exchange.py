@@ -79,12 +79,15 @@ class Exchanged:
             replica, truncated to its scheduled length.
         bytes_sent, bytes_received: Over the wire, this rank.
         bytes_kept: Payload of samples that stayed on this rank (not sent).
+        payloads: Global id to the sample's payload beside its tokens (a vision-language
+            sample's, :mod:`seqpack.loader.vision_payload`), for every id run here that has one.
     """
 
     samples: dict[int, dict[str, torch.Tensor]]
     bytes_sent: int = 0
     bytes_received: int = 0
     bytes_kept: int = 0
+    payloads: dict[int, dict[str, torch.Tensor]] = dataclasses.field(default_factory=dict)
 
 
 def plan_shard_exchange(

@@ -28,7 +28,7 @@ from seqpack.options import (
 )
 from seqpack.schedulers import Scheduler, get_scheduler
 from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
-from seqpack.thd import StaticShapes, pad_multiple_for
+from seqpack.thd import MRopeSpec, StaticShapes, pad_multiple_for
 from seqpack.thd.static_shapes import as_static_shapes
 from seqpack.topology import Topology
 from seqpack.validation import (
@@ -152,6 +152,12 @@ class PackingConfig:
     every microbatch in one of ``token_buckets`` (the largest: the capacity
     ``max_tokens_per_rank * cp_size``) with ``max_sequences + 1`` offsets, at most
     ``max_real_sequences`` sequences. Not with ``dynamic_cp``."""
+    mrope: MRopeSpec | None = None
+    """A vision-language model's ``MRopeSpec.from_hf(model.config)`` (docs/multimodal.md):
+    samples may then carry images and videos, which travel with them through the exchange,
+    and every microbatch carries the vision fields of ``pack_sequences(mrope=)`` (text-only
+    packs too: their mRoPE rows). Without it such samples are refused. Not with CP > 1,
+    ``dynamic_cp``, pipeline parallelism, or TP > 1 under ``data_owner="tp0"``."""
 
     def __post_init__(self) -> None:
         for name in ("samples_per_rank", "max_tokens_per_rank"):
@@ -191,6 +197,10 @@ class PackingConfig:
         self._check_dynamic_cp(named)
         self._check_minibatches()
         self._check_static_shapes()
+        if self.mrope is not None and not isinstance(self.mrope, MRopeSpec):
+            raise SeqpackTypeError(f"mrope must be an MRopeSpec (MRopeSpec.from_hf(config)), got {self.mrope!r:.80}")
+        if self.mrope is not None and self.dynamic_cp:
+            raise ConfigError("mrope is not supported with dynamic_cp=True: a vision-language pack is not CP-sharded")
 
     def _check_calibrate(self) -> None:
         if not isinstance(self.calibrate, (bool, CostCalibrator)):
@@ -378,6 +388,7 @@ class PackingConfig:
             "minibatches": str(self.minibatches),
             "static_shapes": repr(self.static_shapes),
             "dynamic_cp": str(self.dynamic_cp),
+            **({"mrope": repr(self.mrope)} if self.mrope is not None else {}),  # text configs' fingerprints unchanged
         }
 
     def fingerprint(self) -> int:

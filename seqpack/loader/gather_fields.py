@@ -4,6 +4,8 @@ its header (:data:`STEP_GATHER_FIELDS`), the per-sample columns beside each leng
 
 from __future__ import annotations
 
+import numpy as np
+
 from seqpack.collective.agree import AGREEMENT
 from seqpack.collective.fields import Header, headers_markdown
 from seqpack.collective.length_gather import GATHER_HEADER
@@ -16,6 +18,7 @@ __all__ = [
     "gather_format_markdown",
     "keys_of",
     "payload_bytes_per_token",
+    "step_bytes_per_token",
 ]
 
 KEY_BITS = {key: 1 << i for i, key in enumerate(SAMPLE_DTYPES)}
@@ -50,6 +53,11 @@ SAMPLE_COLUMNS = Header(
         ),
         ("grouped", "1 when the sequence's sample carries a group_id (seqpack.loader.grouping), else 0"),
         ("group_id", "that group_id (0 when not grouped): sequences with equal ids stay on one DP replica"),
+        (
+            "vision_bytes",
+            "bytes of the sequence's images and videos through the exchange (pixels, grid rows, mRoPE rows, "
+            "seqpack.loader.vision_payload; 0 for text): they size the payload all-to-all and price locality",
+        ),
     ),
 )
 """What every DP rank learns about every sequence of the step, beside its length; a new
@@ -71,3 +79,13 @@ def payload_bytes_per_token(mask: int) -> int:
     """Bytes one token of the samples a key bit mask names carries through the exchange
     (``input_ids``, ``labels`` and ``loss_mask``: 8 + 8 + 4 = 20)."""
     return sum(SAMPLE_DTYPES[key].itemsize for key in keys_of(mask))
+
+
+def step_bytes_per_token(mask: int, lengths: np.ndarray, columns: np.ndarray) -> float:
+    """Bytes one token of the step carries through the exchange on average: its token fields
+    (:func:`payload_bytes_per_token`) plus the step's ``vision_bytes`` spread over its tokens
+    (what ``locality="auto"`` prices)."""
+    tokens = int(np.asarray(lengths, dtype=np.int64).sum())
+    extra = int(SAMPLE_COLUMNS.column(columns, "vision_bytes").sum())
+    base = payload_bytes_per_token(mask)
+    return base + extra / tokens if tokens and extra else base

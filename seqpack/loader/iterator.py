@@ -83,6 +83,7 @@ from seqpack.loader.prefetch import (
 from seqpack.loader.producer import StepProducer
 from seqpack.loader.resume import ResumeState, Stateful
 from seqpack.loader.step import Step
+from seqpack.loader.vision_payload import check_topology
 from seqpack.options import AXES, DataOwner
 from seqpack.schedulers import Scheduler
 from seqpack.topology import Topology
@@ -202,6 +203,7 @@ class PackingIterator(Iterator[Step], Stateful):
             if wrapper_groups is not None:
                 comm = topology.with_groups(wrapper_groups)
             check_covers_job(topology, self.config, wrapper_groups is not None)
+            check_topology(topology, self.config.mrope, self.config.data_owner)
             fingerprint, details = compared_settings(topology, self.config)
         except SeqpackError as exc:
             error = exc

@@ -27,18 +27,16 @@ from seqpack.collective import GatheredLengths, gather_lengths
 from seqpack.cost import CostModel
 from seqpack.errors import ResumeError, SampleError, ScheduleError
 from seqpack.loader.config import PackingConfig
-from seqpack.loader.gather_fields import KEY_BITS, SAMPLE_COLUMNS, STEP_GATHER_FIELDS, keys_of, payload_bytes_per_token
+from seqpack.loader.gather_fields import KEY_BITS, SAMPLE_COLUMNS, STEP_GATHER_FIELDS, keys_of, step_bytes_per_token
 from seqpack.loader.grouping import GROUP_KEY, group_columns, group_id_of
 from seqpack.loader.labels import loss_token_counts, prepare_labels
+from seqpack.loader.vision_payload import PAYLOAD_KEYS, read_sequences, vision_columns
 from seqpack.options import LabelFormat, OnOversize
 from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.minibatches import schedule_minibatches
 from seqpack.schedulers.request import Request
 from seqpack.schedulers.sample_groups import schedule_groups
-from seqpack.thd import (
-    SAMPLE_DTYPES,
-    sample_sequences,
-)
+from seqpack.thd import SAMPLE_DTYPES, MRopeSpec
 from seqpack.topology import Topology
 
 __all__ = [
@@ -74,11 +72,18 @@ class ReadResult:
 
 class Reader:
     """Pulls samples from the user's iterator, counts what it consumed (for resume) and
-    brings labels in ``label_format`` to next-token targets."""
+    brings labels in ``label_format`` to next-token targets; under ``mrope`` checks each
+    sample's images and videos and keeps them in it (:mod:`seqpack.loader.vision_payload`)."""
 
-    def __init__(self, source: Iterable[Mapping[str, Any]], label_format: LabelFormat = LabelFormat.SHIFTED) -> None:
+    def __init__(
+        self,
+        source: Iterable[Mapping[str, Any]],
+        label_format: LabelFormat = LabelFormat.SHIFTED,
+        mrope: MRopeSpec | None = None,
+    ) -> None:
         self.source = source
         self.label_format = label_format
+        self.mrope = mrope
         self._it: Iterator[Mapping[str, Any]] | None = None
         self.consumed = 0  # samples taken from the iterator
         self.skip = 0  # samples to fast-forward past before the next read (resume without state)
@@ -123,7 +128,7 @@ class Reader:
                 f"sample {index} of this rank's data (sequence {pooled + len(result.samples)} of its pool this step)"
             )
             group = group_id_of(item, where)
-            for sequence in sample_sequences(item, where=where, label_format=self.label_format):
+            for sequence in read_sequences(item, self.mrope, where=where, label_format=self.label_format):
                 if group is not None:
                     sequence[GROUP_KEY] = torch.tensor(group, dtype=torch.int64)
                 if sequence["input_ids"].shape[0] == 0:
@@ -146,9 +151,10 @@ def key_mask(pool: Sequence[Sample]) -> int:
     """
     if not pool:
         return 0
-    first = set(pool[0]) - {GROUP_KEY}  # a group id is not a token key: samples may or may not carry one
+    others = {GROUP_KEY, *PAYLOAD_KEYS}  # not token keys: samples may or may not carry a group id or images
+    first = set(pool[0]) - others
     for i, sample in enumerate(pool):
-        if set(sample) - {GROUP_KEY} != first:
+        if set(sample) - others != first:
             raise SampleError(
                 f"sequence {i} of this rank's pool this step has keys {sorted(sample)} but sequence 0 of it has "
                 f"{sorted(first)}; all samples must carry "
@@ -203,9 +209,13 @@ def sample_columns(
     pool: Sequence[Sample], scheduler: Scheduler, config: PackingConfig, topology: Topology
 ) -> np.ndarray:
     """This rank's :data:`SAMPLE_COLUMNS` table (int64 ``[len(pool), k]``) for the gather."""
-    loss_tokens = loss_token_counts(pool, truncation_length(scheduler, config, topology))
+    truncate_to = truncation_length(scheduler, config, topology)
+    loss_tokens = loss_token_counts(pool, truncate_to)
     grouped, group_id = group_columns(pool)
-    return SAMPLE_COLUMNS.rows(len(pool), loss_tokens=loss_tokens, grouped=grouped, group_id=group_id)
+    vision_bytes = vision_columns(pool, truncate_to)
+    return SAMPLE_COLUMNS.rows(
+        len(pool), loss_tokens=loss_tokens, grouped=grouped, group_id=group_id, vision_bytes=vision_bytes
+    )
 
 
 def gather(
@@ -303,7 +313,7 @@ def schedule(
             on_oversize=config.on_oversize,
             origin=lengths.origin(),
             sync=config.sync,
-            bytes_per_token=payload_bytes_per_token(gathered.key_mask),  # what the exchange carries
+            bytes_per_token=step_bytes_per_token(gathered.key_mask, lengths.lengths, columns),  # what moves
             static_shapes=config.static_shapes,
         )
         if config.minibatches > 1:

@@ -35,12 +35,16 @@ import torch
 from seqpack.collective import Exchanged
 from seqpack.collective.cp_groups import CpGroups, new_cp_groups, static_cp_groups
 from seqpack.collective.exchange import exchange_shards
+from seqpack.collective.payloads import exchange_payloads
 from seqpack.errors import ConfigError
 from seqpack.loader.config import PackingConfig
+from seqpack.loader.gather_fields import SAMPLE_COLUMNS
 from seqpack.loader.grouping import GROUP_KEY
 from seqpack.loader.phases import Gathered, Sample, carries_position_ids
+from seqpack.loader.vision_payload import decode, encode, split_payload, with_vision
 from seqpack.options import CpLayout
 from seqpack.schedulers import Schedule
+from seqpack.schedulers.dynamic_cp.pieces import shard_layout
 from seqpack.thd import (
     IGNORE_INDEX,
     PackedBatch,
@@ -50,6 +54,7 @@ from seqpack.thd import (
     padding_only_batch,
 )
 from seqpack.thd.cp import shard_for_cp
+from seqpack.thd.mrope import MRopeSpec
 from seqpack.topology import Topology
 
 __all__ = ["DynamicCp", "Placement", "StaticCp", "placement"]
@@ -85,6 +90,26 @@ class Placement:
             return None
         if any(GROUP_KEY in sample for sample in pool):
             pool = [{key: value for key, value in sample.items() if key != GROUP_KEY} for sample in pool]
+        payloads: list[dict[str, torch.Tensor]] = []
+        if self.config.mrope is not None:  # pixels travel beside the tokens (seqpack.loader.vision_payload)
+            split = [split_payload(sample) for sample in pool]
+            pool, payloads = [tokens for tokens, _ in split], [payload for _, payload in split]
+        try:
+            exchanged = self._exchange_tokens(pool, plan, gathered, position_ids)
+        except Exception as exc:  # the payloads' all-to-all still runs on this rank: no peer waits in it
+            failure: Exception | None = exc
+            exchanged = Exchanged({})
+        else:
+            failure = None
+        if self.config.mrope is not None:
+            self._move_payloads(exchanged, payloads, plan, gathered)
+        if failure is not None:
+            raise failure
+        return exchanged
+
+    def _exchange_tokens(
+        self, pool: Sequence[Sample], plan: Schedule, gathered: Gathered, position_ids: bool
+    ) -> Exchanged:
         return exchange_shards(
             pool,
             plan,
@@ -96,6 +121,35 @@ class Placement:
             layout=self.config.cp_layout,
             lane=self.lane,
         )
+
+    def _move_payloads(
+        self, exchanged: Exchanged, payloads: Sequence[Mapping[str, torch.Tensor]], plan: Schedule, gathered: Gathered
+    ) -> None:
+        """Every vision payload to the rank that runs its sample (CP 1: DP rank = plane rank),
+        into ``exchanged.payloads``, its bytes counted in the traffic."""
+        counts = np.asarray(gathered.lengths.counts, dtype=np.int64)
+        me = self.groups.plane_rank
+        offset = int(counts[:me].sum())
+        assert gathered.lengths.columns is not None
+        sizes = SAMPLE_COLUMNS.column(gathered.lengths.columns, "vision_bytes")
+        src = np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts)
+        start, size, _ = shard_layout(plan, plan.packed_spans(self.config.static_shapes))
+        dst = np.where(size > 0, start, -1)
+        received, sent, got = exchange_payloads(
+            lambda gid: encode(payloads[gid - offset]),
+            sizes,
+            src,
+            dst,
+            self.exchange_group,
+            rank=me,
+            num_ranks=counts.shape[0],
+        )
+        kept = np.flatnonzero((src == me) & (dst == me) & (sizes > 0))
+        exchanged.payloads = {gid: decode(data) for gid, data in received.items()}
+        exchanged.payloads.update((gid, dict(payloads[gid - offset])) for gid in kept.tolist())
+        exchanged.bytes_sent += sent
+        exchanged.bytes_received += got
+        exchanged.bytes_kept += int(sizes[kept].sum())
 
     def pack(self, plan: Schedule, exchanged: Exchanged | None, gathered: Gathered) -> list[PackedBatch]:
         """This rank's shard of its group's microbatch in every round (module docstring);
@@ -113,6 +167,8 @@ class Placement:
             else:
                 shards = [exchanged.samples[gid] for gid in ids.tolist()]
                 batch = _from_shards(shards, layout.of(ids), size, me - start, config.cp_layout)
+            if config.mrope is not None:  # CP 1 (seqpack.loader.vision_payload.check_topology)
+                batch = _with_vision(batch, ids, plan, exchanged, config.mrope)
             count = int(gathered.loss_tokens[ids].sum())
             out.append(dataclasses.replace(batch, num_loss_tokens=count, cp_group=self.groups.group(start, size)))
         if self.topology.is_middle_stage:  # the layout is all it needs
@@ -179,6 +235,18 @@ class DynamicCp(Placement):
                 )
             out.append(dataclasses.replace(batch, cp_group=self.groups.group(start, batch.cp_size)))
         return out
+
+
+def _with_vision(
+    batch: PackedBatch, ids: np.ndarray, plan: Schedule, exchanged: Exchanged | None, spec: MRopeSpec
+) -> PackedBatch:
+    """``batch`` with the vision fields of the sequences ``ids`` (pack order)."""
+    if exchanged is None:
+        raise ConfigError("a vision-language pack needs its samples exchanged (not a middle pipeline stage)")
+    gids = ids.tolist()
+    shards = [exchanged.samples[gid] for gid in gids]
+    payloads = [exchanged.payloads.get(gid, {}) for gid in gids]
+    return with_vision(batch, shards, payloads, plan.lengths[ids].tolist(), spec)
 
 
 class _Layout:

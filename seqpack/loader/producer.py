@@ -120,7 +120,7 @@ class StepProducer:
         self.copy = copy
         self.cp_groups = placement.groups
         self.source = data_iterator
-        self.reader = phases.Reader(data_iterator, config.label_format) if data_iterator is not None else None
+        self.reader = None if data_iterator is None else phases.Reader(data_iterator, config.label_format, config.mrope)
         self.steps = 0  # steps prepared
         self.pool: list[phases.Sample] = []  # samples read and held back for the next step
         self.data_ended = False
