@@ -2,11 +2,12 @@
 
 A sample is a mapping with ``input_ids`` (required) and optionally ``labels``,
 ``loss_mask`` and ``position_ids``; other keys are ignored, except the image and video fields
-of :data:`VISION_KEYS`, which only ``pack_sequences(..., mrope=)`` carries
-(:mod:`seqpack.thd.vision`) and which are refused here rather than dropped. Every field is 1-D and as long
-as ``input_ids``. Integer fields (``input_ids``, ``labels``, ``position_ids``) accept
-tensors, numpy arrays and lists of any integer dtype (numpy ``uint16`` / ``uint32`` as
-tokenizers emit them, torch ``uint8`` ... ``uint64``) and become int64; values past int64
+of :data:`VISION_KEYS`, which only ``pack_sequences(..., mrope=)`` and the wrapper under
+``PackingConfig(mrope=)`` carry (:mod:`seqpack.thd.vision`) and which are refused here
+rather than dropped. Every field is 1-D and as long as ``input_ids``. Integer fields
+(``input_ids``, ``labels``, ``position_ids``) accept tensors, numpy arrays and lists of any
+integer dtype (numpy ``uint16`` / ``uint32`` as tokenizers emit them, torch ``uint8`` ...
+``uint64``) and become int64; values past int64
 are an error, and so are float arrays, even integral ones (a float label is a bug upstream,
 never silently truncated). ``loss_mask`` accepts any bool, integer or float dtype, becomes
 float32 and must be finite and >= 0. :func:`normalize_sample` applies the contract
@@ -224,8 +225,8 @@ def normalize_sample(sample: Any, *, where: str = "sample") -> dict[str, torch.T
     if not VISION_KEYS.isdisjoint(sample):
         raise SampleError(
             f"{where} carries images or videos ({', '.join(sorted(VISION_KEYS.intersection(sample)))}), which only "
-            "pack_sequences(..., mrope=MRopeSpec.from_hf(config)) packs (docs/multimodal.md); dropping them would "
-            "train on the placeholder tokens alone"
+            "pack_sequences(..., mrope=MRopeSpec.from_hf(config)) and wrap_data_iterator(..., mrope=...) pack "
+            "(docs/multimodal.md); dropping them would train on the placeholder tokens alone"
         )
     length = ids.shape[0]
     for key in _OPTIONAL_KEYS:
