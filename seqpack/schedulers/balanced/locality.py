@@ -234,7 +234,7 @@ def home_swapped(
         round_cap = load.max(axis=1) * (1 + slack)
     replica_cap = float(load.sum(axis=0).max()) * (1 + slack)
     order = _by_home_longest_first(padded, origin, dp_size)
-    changes = _kernels.home_swaps(
+    _kernels.home_swaps(
         round_of,
         replica_of,
         padded,
@@ -251,9 +251,7 @@ def home_swapped(
     load = _grid(costs, round_of, replica_of, shape)
     tokens = _grid(padded, round_of, replica_of, shape)
     both = _objective(load, 0.0, sync)
-    return BalancedPlan(
-        m_count, round_of, replica_of, load, tokens, reference.mode, reference.repair_moves + changes, both
-    )
+    return BalancedPlan(m_count, round_of, replica_of, load, tokens, reference.mode, both)
 
 
 def moved_tokens(replica_of: np.ndarray, origin: np.ndarray, padded: np.ndarray) -> int:
@@ -294,20 +292,18 @@ def _per_replica(
     shape = (m_count, dp_size)
     load = _grid(costs, round_of, replica_of, shape)
     tokens = _grid(padded, round_of, replica_of, shape)
-    moves = 0
     repair = repair_budget(max_repair_moves, dp_size)
     if repair > 0:
         # Close to the reference's busiest replica, and no closer: every repair move moves a
         # sequence.
         stop_at = float(reference.load.sum(axis=0).max()) * (1 + tolerance * 0.5)
-        round_of, replica_of, load, tokens, moves = _repair(
+        round_of, replica_of, load, tokens = _repair(
             round_of,
             replica_of,
             load,
             tokens,
             padded,
             costs,
-            order,
             dp_size,
             capacity,
             repair,
@@ -316,7 +312,7 @@ def _per_replica(
             _REPAIR_WORK_FACTOR * _REPAIR_WORK,
         )
     both = _objective(load, constant, sync)
-    return BalancedPlan(m_count, round_of, replica_of, load, tokens, reference.mode, moves, both)
+    return BalancedPlan(m_count, round_of, replica_of, load, tokens, reference.mode, both)
 
 
 def _by_home_longest_first(padded: np.ndarray, origin: np.ndarray, dp_size: int) -> np.ndarray:

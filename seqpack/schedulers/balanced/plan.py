@@ -21,7 +21,6 @@ from seqpack.schedulers.balanced.rounds import (
     repair_budget,
 )
 from seqpack.schedulers.balanced.stages import DEFAULT, Stages
-from seqpack.schedulers.objective import round_sum_lower_bound
 from seqpack.schedulers.static_shapes import BucketPrice
 
 
@@ -43,20 +42,15 @@ def _plan_at(seqs: Sequences, num_rounds: int, stages: Stages, forced: bool = Fa
     replica_of = replica_of_bin[bin_of]
     shape = (num_rounds, dp_size)
     load, tokens = _grid(costs, round_of, replica_of, shape), _grid(padded, round_of, replica_of, shape)
-    grid = (round_of, replica_of, load, tokens, 0)
+    grid = (round_of, replica_of, load, tokens)
     balances = bool(costs.size) and float(costs.max()) > 0  # CostModel(0, 0, c): nothing to balance
     if seqs.max_repair_moves > 0 and dp_size > 1 and balances:
         for refine in stages.refine:
             grid = refine(seqs, grid, forced)
-    round_of, replica_of, load, tokens, moves = grid
-    gap = 0.0
-    if balances and num_rounds:
-        replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
-        round_bound = round_sum_lower_bound(padded, costs, dp_size, seqs.capacity, order=seqs.order)
-        gap = max(float(load.sum(axis=0).max()) / replica_bound, float(load.max(axis=1).sum()) / round_bound) - 1.0
+    round_of, replica_of, load, tokens = grid
     priced = load if seqs.price is None else load + seqs.price.extra(tokens)
     return BalancedPlan(
-        num_rounds, round_of, replica_of, load, tokens, mode, moves, _objective(priced, seqs.constant, seqs.sync), gap
+        num_rounds, round_of, replica_of, load, tokens, mode, _objective(priced, seqs.constant, seqs.sync)
     )
 
 
@@ -117,7 +111,7 @@ def plan_balanced(
         plan = _plan_at(seqs, num_microbatches, stages, forced=True)
         if plan is None:
             raise _cannot_hold(padded, dp_size, capacity, num_microbatches, bins_needed)
-        return dataclasses.replace(plan, bin_lower_bound=fewest)
+        return plan
     if n == 0:
         plan = _plan_at(dataclasses.replace(seqs, max_repair_moves=0), 0, stages)
         assert plan is not None  # no sequences: every rule packs them
@@ -125,8 +119,7 @@ def plan_balanced(
     m = -(-max(fewest, min_microbatches, 1) // microbatch_multiple) * microbatch_multiple
     while (plan := _plan_at(seqs, m, stages)) is None:
         m += microbatch_multiple
-    plan = stages.count_search(plan, seqs, microbatch_multiple, lambda rounds: _plan_at(seqs, rounds, stages))
-    return dataclasses.replace(plan, bin_lower_bound=fewest)
+    return stages.count_search(plan, seqs, microbatch_multiple, lambda rounds: _plan_at(seqs, rounds, stages))
 
 
 def _cannot_hold(

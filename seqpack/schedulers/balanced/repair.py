@@ -15,8 +15,8 @@ from seqpack.schedulers.balanced.rounds import (
     Sequences,
 )
 
-Repaired = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]
-"""(round_of, replica_of, load, tokens, moves) after the repair."""
+Repaired = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""(round_of, replica_of, load, tokens) after the repair."""
 
 
 def _repair(
@@ -26,7 +26,6 @@ def _repair(
     tokens: np.ndarray,
     padded: np.ndarray,
     costs: np.ndarray,
-    order: np.ndarray,
     dp_size: int,
     capacity: int,
     max_moves: int,
@@ -34,18 +33,18 @@ def _repair(
     stop_at: float | None = None,
     max_work: int = _REPAIR_WORK,
 ) -> Repaired:
-    """The repair (module docstring). Returns the repaired (round_of, replica_of, load,
-    tokens, moves). ``stop_at``: busiest replica's cost at which to stop (default 0.1%
-    above the bound); ``max_work``: candidate evaluations before it stops."""
+    """The repair (module docstring): repaired copies of the grid. ``stop_at``: busiest
+    replica's cost at which to stop (default 0.1% above the bound); ``max_work``: candidate
+    evaluations before it stops."""
     replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
     if replica_bound <= 0:  # CostModel(0, 0, c): sequences cost nothing, there is nothing to balance
-        return round_of, replica_of, load, tokens, 0
+        return round_of, replica_of, load, tokens
     if stop_at is None:
         stop_at = (1 + _GOOD_ENOUGH) * replica_bound
     # How much slower the rounds may get: not at all under lockstep, freely for replicas.
     rounds_budget = np.inf if sync == Sync.REPLICA else 0.0
     state = (round_of.copy(), replica_of.copy(), load.copy(), tokens.copy())
-    moves = _kernels.repair_replicas(
+    _kernels.repair_replicas(
         state[0],
         state[1],
         costs,
@@ -60,13 +59,13 @@ def _repair(
         rounds_budget,
         max_work,
     )
-    return (*state, int(moves))
+    return state
 
 
 def repair(seqs: Sequences, grid: Repaired, forced: bool) -> Repaired:
     """The repair as a stage of the plan: :func:`_repair` of the dealt grid under the step's
     sync and move budget (``forced`` does not change it)."""
-    round_of, replica_of, load, tokens, _ = grid
+    round_of, replica_of, load, tokens = grid
     return _repair(
         round_of,
         replica_of,
@@ -74,7 +73,6 @@ def repair(seqs: Sequences, grid: Repaired, forced: bool) -> Repaired:
         tokens,
         seqs.padded,
         seqs.costs,
-        seqs.order,
         seqs.dp_size,
         seqs.capacity,
         seqs.max_repair_moves,

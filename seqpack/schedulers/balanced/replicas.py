@@ -76,7 +76,7 @@ def keep_lighter(
     microbatches, where the grid or the replica-first plan gets closer. With ``forced``
     (``num_microbatches`` given: there is no count search), any lighter plan is taken.
     """
-    round_of, replica_of, load, _, _ = grid
+    round_of, replica_of, load, _ = grid
     bound = max(float(costs.sum()) / dp_size, float(costs.max()))
     busiest = float(load.sum(axis=0).max())
     if busiest <= (1 + _GOOD_ENOUGH) * bound:
@@ -95,7 +95,6 @@ def keep_lighter(
         new_tokens,
         padded,
         costs,
-        order,
         dp_size,
         capacity,
         max_moves,

@@ -64,14 +64,8 @@ class BalancedPlan:
         tokens: Padded tokens of every microbatch ``[M, dp]``.
         mode: Bin rule that succeeded: 0 cost targets, 1 tokens (worst-fit), 2 first-fit,
             3 the exact search (:mod:`seqpack.schedulers.balanced.exact`).
-        repair_moves: Sequences moved by the repair pass.
         objective: Predicted step time (constants included) under the ``sync`` the plan was
             made for (:func:`step_objective`).
-        gap: How far the worse of replica total and round sum is from its lower bound
-            (0.01 = 1% above).
-        bin_lower_bound: Fewest microbatches any packing needs, per replica:
-            ``ceil(L2 / dp)`` with Martello-Toth's bin bound ``L2`` (at least the token
-            bound ``ceil(padded tokens / (dp * capacity))``).
     """
 
     num_microbatches: int
@@ -80,10 +74,7 @@ class BalancedPlan:
     load: np.ndarray
     tokens: np.ndarray
     mode: int
-    repair_moves: int
     objective: float
-    gap: float = 0.0
-    bin_lower_bound: int = 0
 
 
 def placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
