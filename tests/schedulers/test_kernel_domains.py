@@ -320,11 +320,10 @@ def bin_times(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def replica_finish(draw: st.DrawFn) -> dict[str, Any]:
     ranks = draw(st.integers(0, R))
-    order, rnd, size = draw(_rounds(ranks)) if ranks else (_i([]), _i([]), _i([]))
+    order, _, size = draw(_rounds(ranks)) if ranks else (_i([]), _i([]), _i([]))
     start = _i([draw(st.integers(0, ranks - c)) for c in size.tolist()])  # every block inside the ranks
     return {
         "order": order,
-        "bin_round": rnd,
         "bin_start": start,
         "bin_size": size,
         "times": _floats(draw, size.shape[0]),

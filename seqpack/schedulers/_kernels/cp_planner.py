@@ -259,7 +259,6 @@ def bin_times(
 @njit(cache=True)
 def replica_finish(
     order: np.ndarray,
-    bin_round: np.ndarray,
     bin_start: np.ndarray,
     bin_size: np.ndarray,
     times: np.ndarray,

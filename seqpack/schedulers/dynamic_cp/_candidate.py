@@ -117,5 +117,5 @@ def score(p: Problem, bins: Bins) -> Bins:
         bins.score = float(heights.sum())
     else:
         by_run = np.lexsort((start, bins.run_round))
-        bins.score = float(_kernels.cp_planner.replica_finish(by_run, bins.round, start, bins.size, times, p.num_ranks))
+        bins.score = float(_kernels.cp_planner.replica_finish(by_run, start, bins.size, times, p.num_ranks))
     return bins
