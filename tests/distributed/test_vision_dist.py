@@ -86,7 +86,7 @@ def _exact_dp2(family: str, scheduler: str) -> dict:
         mrope=spec,
     )
     steps = list(it)
-    seen, worst_loss, grids = [], 0.0, 0
+    seen, worst_loss, grids, moved_pixels = [], 0.0, 0, 0
     for step in steps:
         values = []
         for batch in step.microbatches:
@@ -95,7 +95,10 @@ def _exact_dp2(family: str, scheduler: str) -> dict:
             losses = _token_losses(model(**kwargs).logits[0], batch.labels)
             losses.sum().backward()
             values.append(losses.detach())
-            seen += [int(g) for g in batch.sample_ids.tolist() if g >= 0]
+            ids = [int(g) for g in batch.sample_ids.tolist() if g >= 0]
+            seen += ids
+            # One step of 3 samples a rank: ids 0-2 read by rank 0, 3-5 by rank 1; the first two carry pixels.
+            moved_pixels += sum(1 for g in ids if g // 3 != rank and g % 3 < 2)
             grids += 0 if batch.image_grid_thw is None else int(batch.image_grid_thw.shape[0])
         for got, want in zip(step.to_origin(values), alone[rank], strict=True):
             assert got.shape == want.shape
@@ -118,6 +121,7 @@ def _exact_dp2(family: str, scheduler: str) -> dict:
         vision_grad=vision_grad,
         images=grids,
         sent=moved,
+        moved_pixels=moved_pixels,
     )
 
 
@@ -132,8 +136,8 @@ def test_dp2_packs_give_each_token_its_loss_and_the_summed_gradients_alone(dist_
         assert result["loss"] < TOL and result["grad"] < TOL
         assert result["vision_grad"] > 0  # the vision tower's gradients are checked, not absent
     assert sum(result["images"] for result in results) == 4  # two two-image samples
-    if scheduler == "test_scatter":
-        assert sum(result["sent"] for result in results) > 0
+    if scheduler == "test_scatter":  # samples with images or a video ran on the rank that did not read them
+        assert sum(result["moved_pixels"] for result in results) > 0 and sum(r["sent"] for r in results) > 0
 
 
 class _Recording(BalancedScheduler):

@@ -5,6 +5,8 @@ token locality prices. dp=2 gloo, exactness on the models: tests/distributed/tes
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -185,3 +187,59 @@ class _Sizes:
 
     def describe(self) -> str:
         return f"dp={self.dp_size} cp={self.cp_size} tp={self.tp_size} pp={self.pp_size}"
+
+
+def _fields(steps) -> list[dict]:
+    return [
+        {key: getattr(batch, key) for key in VISION_FIELDS} | {"ids": batch.sample_ids}
+        for step in steps
+        for batch in step.microbatches
+    ]
+
+
+def _same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        for key, value in x.items():
+            assert (value is None) == (y[key] is None), key
+            if value is not None:
+                assert torch.equal(value, y[key]), key
+
+
+def test_resume_carries_deferred_samples_with_their_pixels():
+    from wrapper_data import ScatterScheduler
+
+    samples = [s for seed in range(4) for s in mixed_samples("qwen2_vl", seed=seed)]
+
+    def fresh():
+        return _wrap(samples, _spec(), scheduler=ScatterScheduler(defer_longest=True))
+
+    reference = list(fresh())
+    first = fresh()
+    head = [next(first)]
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)  # plain data and tensors, pixels included
+    assert any("pixel_values" in s for s in state["deferred_samples"])  # not vacuous: pixels travel
+    resumed = fresh()
+    resumed.load_state_dict(state)
+    _same(_fields(head + list(resumed)), _fields(reference))
+
+
+def test_static_shapes_packs_carry_the_vision_fields():
+    from seqpack.thd import StaticShapes
+
+    samples = mixed_samples("qwen2_vl", seed=2)
+    shapes = StaticShapes(token_buckets=(32, 64), max_sequences=4)
+    (step,) = list(_wrap(samples, _spec(), static_shapes=shapes))
+    for batch in step.microbatches:
+        ids = [int(g) for g in batch.sample_ids.tolist() if g >= 0]
+        want = pack_sequences(
+            [samples[g] for g in ids], mrope=_spec(), label_format="unshifted", pad_multiple=4, static_shapes=shapes
+        )
+        for key in VISION_FIELDS:
+            got, expected = getattr(batch, key), getattr(want, key)
+            assert (got is None) == (expected is None), key
+            if got is not None:
+                assert torch.equal(got, expected), key
