@@ -206,3 +206,32 @@ def _refused_under_cp() -> str:
 def test_cp2_is_refused_by_name(dist_pools):
     for message in dist_pools.get(2).run(_refused_under_cp):
         assert "mrope" in message and "CP-sharded" in message
+
+
+def _payloads(broken: bool) -> tuple[dict, str]:
+    """Ids 0, 1 read by rank 0, id 2 by rank 1; 0 and 2 swap ranks, 1 stays home."""
+    import numpy as np
+
+    from seqpack.collective.payloads import exchange_payloads
+
+    rank = dist.get_rank()
+    sizes, src, dst = np.array([5, 3, 4]), np.array([0, 0, 1]), np.array([1, 0, 0])
+
+    def encode(gid: int) -> torch.Tensor:
+        n = int(sizes[gid]) - (1 if broken and rank == 0 else 0)
+        return torch.full((n,), gid + 10, dtype=torch.uint8)
+
+    try:
+        got, sent, received = exchange_payloads(encode, sizes, src, dst, None, rank=rank, num_ranks=2)
+    except ConfigError as exc:
+        return {}, str(exc)
+    return {gid: data.tolist() for gid, data in got.items()} | {"sent": sent, "received": received}, ""
+
+
+def test_payloads_reach_the_rank_that_runs_them_and_a_bad_size_strands_no_peer(dist_pools):
+    pool = dist_pools.get(2)
+    (zero, _), (one, _) = pool.run(_payloads, False)
+    assert zero == {2: [12] * 4, "sent": 5, "received": 4}
+    assert one == {0: [10] * 5, "sent": 4, "received": 5}
+    (_, error), (_, fine) = pool.run(_payloads, True)
+    assert "global sample 0 encodes to 4 bytes" in error and "announced 5" in error and fine == ""
