@@ -17,10 +17,12 @@ from seqpack.errors import SeqpackTypeError
 from seqpack.options import SAMPLE_BYTES_PER_TOKEN, Sync
 from seqpack.schedulers.dynamic_cp.pieces import plan_pieces
 from seqpack.schedulers.objective import (
+    density_order,
     exact_sum,
     microbatch_costs,
     round_lower_bound,
     round_sum_lower_bound,
+    sequence_costs,
     step_objective,
 )
 from seqpack.schedulers.schedule import Schedule
@@ -162,7 +164,9 @@ class StepStats:
         ``predicted_step_time`` is :func:`~seqpack.schedulers.predicted_step_time` under
         ``sync``. With ``static_shapes``, ``bucket_tokens`` / ``bucket_fraction`` report the
         bucket padding, whose linear cost ``replica_cost`` and ``predicted_step_time``
-        include; ``padded_tokens`` and ``pad_fraction`` stay the packs' own.
+        include; ``padded_tokens`` and ``pad_fraction`` stay the packs' own. With a cost, the
+        plan's ``sample_cost`` (e.g. the vision encoder's) adds to its sequences'
+        microbatches: ``replica_cost``, the bounds and ``predicted_step_time`` include it.
         """
         plan, mode = _check_schedule("schedule", schedule), check_choice("sync", sync, Sync)
         flops = None if flops is None else check_number("flops", flops)
@@ -292,10 +296,11 @@ def _units(
     total = float(costs.sum(axis=0).sum()) if costs.size else 0.0  # summed as from_schedule sums units
     lower, round_bound = (total / units if units else 0.0), 1.0
     if plan.is_static:
-        per_seq = padded.astype(np.float64) if model is None else model.cost(padded)
+        per_seq = sequence_costs(plan, model)  # with the plan's sample_cost under a model
         constant = 0.0 if model is None else model.constant
         lower = max(lower, float(per_seq.max()) + constant if per_seq.size else 0.0)
-        round_bound = round_lower_bound(padded, per_seq, plan.dp_size, plan.capacity, total)
+        order = None if model is None or plan.sample_cost is None else density_order(padded, per_seq)
+        round_bound = round_lower_bound(padded, per_seq, plan.dp_size, plan.capacity, total, order=order)
     return model, costs, fillers, moved, (lower, round_bound)
 
 

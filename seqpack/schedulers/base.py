@@ -51,6 +51,7 @@ class Scheduler(ABC):
         sync: str = Sync.LOCKSTEP,
         bytes_per_token: float | None = None,
         static_shapes: StaticShapes | None = None,
+        sample_cost: Sequence[float] | np.ndarray | None = None,
     ) -> Schedule:
         """Assign every sequence to a microbatch and the ranks that run it: :meth:`plan` of
         the checked :meth:`Request.of <seqpack.schedulers.request.Request.of>`.
@@ -81,6 +82,11 @@ class Scheduler(ABC):
                 microbatch holds more than its ``max_real_sequences`` sequences or more
                 padded tokens than its largest bucket
                 (:mod:`seqpack.schedulers.static_shapes`). ``None``: no limit.
+            sample_cost: float64 ``[N]``: each sample's cost beside its tokens' (the vision
+                encoder's over its images, in ``cost``'s units), added to its microbatch's
+                cost. ``balanced`` balances the sum; every plan carries it
+                (:attr:`Schedule.sample_cost <seqpack.schedulers.schedule.Schedule.sample_cost>`),
+                so its predicted step time and ``StepStats`` include it. ``None``: none.
 
         Raises:
             ValueError: Bad sizes, non-positive lengths, or an oversize sequence under
@@ -98,6 +104,7 @@ class Scheduler(ABC):
             sync=sync,
             bytes_per_token=bytes_per_token,
             static_shapes=static_shapes,
+            sample_cost=sample_cost,
         )
         return self.plan(request)
 
@@ -155,7 +162,9 @@ class GridScheduler(Scheduler):
                 rounds = [[active[np.asarray(cell, dtype=np.int64)] for cell in row] for row in rounds]
         if request.static_shapes is not None:
             padded = padded_lengths(effective, pad_multiple)
-            rounds = self._fit_static_shapes(rounds, request.static_shapes, padded, capacity, cost, request.sync)
+            rounds = self._fit_static_shapes(
+                rounds, request.static_shapes, padded, capacity, cost, request.sync, request.sample_cost
+            )
         return Schedule.from_assignment(
             rounds,
             lengths=effective,
@@ -168,6 +177,7 @@ class GridScheduler(Scheduler):
             dropped=dropped,
             truncated=truncated,
             origin=request.origin,
+            sample_cost=request.sample_cost,
         )
 
     def _fit_static_shapes(
@@ -178,10 +188,13 @@ class GridScheduler(Scheduler):
         capacity: int,
         cost: CostModel | None,
         sync: str,
+        sample_cost: np.ndarray | None = None,
     ) -> Sequence[Sequence[np.ndarray]]:
         """``rounds`` within ``shapes``' sequence limit (:func:`fit_sequence_limit`), then, for
-        schedulers that plan with the buckets, trimmed at bucket edges (:func:`trim_to_buckets`)."""
-        weight = padded.astype(np.float64) if cost is None else cost.cost(padded)
+        schedulers that plan with the buckets, trimmed at bucket edges (:func:`trim_to_buckets`);
+        each sequence weighed by its cost plus its ``sample_cost``."""
+        extra = 0.0 if sample_cost is None else sample_cost
+        weight = padded.astype(np.float64) if cost is None else cost.cost(padded) + extra
         rounds = fit_sequence_limit(
             rounds,
             padded,
@@ -198,7 +211,7 @@ class GridScheduler(Scheduler):
             rounds = trim_to_buckets(
                 rounds,
                 padded,
-                model.cost(padded),
+                model.cost(padded) + extra,
                 price=price,
                 limit=shapes.max_real_sequences,
                 capacity=capacity,

@@ -32,6 +32,12 @@ def join_plans(parts: Sequence[Schedule], ids: Sequence[np.ndarray], original: n
         assert p.origin is not None
         effective[where] = p.lengths
         origin[where] = p.origin
+    sample_cost = None
+    if any(p.sample_cost is not None for p in parts):  # each part's, at its ids
+        sample_cost = np.zeros(original.shape[0], dtype=np.float64)
+        for p, where in zip(parts, ids, strict=True):
+            if p.sample_cost is not None:
+                sample_cost[where] = p.sample_cost
 
     def joined(name: str) -> np.ndarray:
         return np.concatenate([where[getattr(p, name)] for p, where in zip(parts, ids, strict=True)]).astype(np.int64)
@@ -54,4 +60,5 @@ def join_plans(parts: Sequence[Schedule], ids: Sequence[np.ndarray], original: n
         dropped=np.sort(joined("dropped")),
         truncated=np.sort(joined("truncated")),
         origin=origin,
+        sample_cost=sample_cost,
     )

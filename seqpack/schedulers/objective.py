@@ -9,14 +9,26 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from seqpack.errors import ConfigError
 from seqpack.options import INT64_MAX, Sync
-from seqpack.validation import check_choice
+from seqpack.validation import check_choice, check_numbers
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from seqpack.cost import CostModel
     from seqpack.schedulers.schedule import Schedule
 
-__all__ = ["exact_sum", "microbatch_costs", "round_lower_bound", "round_sum_lower_bound", "step_objective"]
+__all__ = [
+    "as_sample_cost",
+    "density_order",
+    "exact_sum",
+    "microbatch_costs",
+    "round_lower_bound",
+    "round_sum_lower_bound",
+    "sequence_costs",
+    "step_objective",
+]
 
 
 def step_objective(costs: np.ndarray, sync: str = Sync.LOCKSTEP) -> float:
@@ -35,14 +47,49 @@ def step_objective(costs: np.ndarray, sync: str = Sync.LOCKSTEP) -> float:
     return float(costs.sum(axis=0).max())
 
 
+def as_sample_cost(sample_cost: Sequence[float] | np.ndarray | None, num_samples: int) -> np.ndarray | None:
+    """A step's per-sample extra cost (e.g. the vision encoder's, in the cost model's units)
+    as float64 ``[num_samples]``, or None when none is given.
+
+    Raises:
+        SeqpackTypeError: Not numbers.
+        ConfigError: Not one value per sample, or a value negative, NaN or infinite (named).
+    """
+    if sample_cost is None:
+        return None
+    arr = check_numbers("sample_cost", sample_cost)
+    if np.ndim(sample_cost) != 1 or arr.shape != (num_samples,):
+        raise ConfigError(
+            f"sample_cost must hold one cost per sample ({num_samples}), got shape {np.shape(sample_cost)}"
+        )
+    bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise ConfigError(f"sample_cost of sample {i} is {float(arr[i])!r}; a sample's cost must be finite and >= 0")
+    return arr
+
+
+def sequence_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
+    """float64, one per entry of ``schedule.assigned``: its padded length's cost under
+    ``cost`` plus its ``schedule.sample_cost`` (padded tokens without a cost model: the
+    sample cost, in a cost model's units, is then left out)."""
+    padded = schedule.padded_assigned()
+    if cost is None:
+        return padded.astype(np.float64)
+    per_seq = cost.cost(padded)
+    if schedule.sample_cost is not None:
+        per_seq = per_seq + schedule.sample_cost[schedule.assigned]
+    return per_seq
+
+
 def microbatch_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
-    """Cost of every microbatch, float64 ``[num_microbatches, dp_size]``.
+    """Cost of every microbatch, float64 ``[num_microbatches, dp_size]`` (its sequences'
+    :func:`sequence_costs`: ``schedule.sample_cost`` included).
 
     Without a cost model the cost is padded tokens. Empty microbatches cost ``constant``
     (the rank still runs the step on a padding-only filler).
     """
-    padded = schedule.padded_assigned()
-    per_seq = padded.astype(np.float64) if cost is None else cost.cost(padded)
+    per_seq = sequence_costs(schedule, cost)
     constant = 0.0 if cost is None else cost.constant
     groups = np.bincount(schedule.group_of, weights=per_seq, minlength=schedule.num_groups) + constant
     out = np.zeros((schedule.num_microbatches, schedule.dp_size), dtype=np.float64)
@@ -64,13 +111,16 @@ def round_sum_lower_bound(
     at most what ``dp_size`` microbatches of ``capacity`` tokens can hold: cost per token
     grows with length, so at most the cost ``K`` of the longest sequences filling
     ``dp_size * capacity`` tokens (fractional knapsack). The other rounds wait at least for
-    their mean. Hence ``sum_m max_d >= total/dp + max(0, largest - K/dp)``.
+    their mean. Hence ``sum_m max_d >= total/dp + max(0, largest - K/dp)``. With costs that
+    do not grow per token with length (a sample cost beside the tokens'), pass ``order`` by
+    cost per token, costliest first (:func:`density_order`): the knapsack then holds.
 
     Args:
         padded: Padded lengths.
         per_seq_cost: Their costs (without the per-microbatch constant).
         dp_size, capacity: Replicas and tokens per microbatch.
-        order: ``padded`` sorted longest first, if already at hand.
+        order: The knapsack's order: ``padded`` sorted longest first (the default), or by
+            cost per token (:func:`density_order`).
     """
     if padded.size == 0:
         return 0.0
@@ -88,8 +138,20 @@ def round_sum_lower_bound(
     return mean + max(0.0, float(per_seq_cost.max()) - knapsack / dp_size)
 
 
+def density_order(padded: np.ndarray, per_seq_cost: np.ndarray) -> np.ndarray:
+    """Sequences by cost per padded token, costliest first (:func:`round_sum_lower_bound`'s
+    order when a sample cost is added to the tokens')."""
+    return np.argsort(-(per_seq_cost / np.maximum(padded, 1)), kind="stable")
+
+
 def round_lower_bound(
-    padded: np.ndarray, per_seq_cost: np.ndarray, dp_size: int, capacity: int, total_cost: float
+    padded: np.ndarray,
+    per_seq_cost: np.ndarray,
+    dp_size: int,
+    capacity: int,
+    total_cost: float,
+    *,
+    order: np.ndarray | None = None,
 ) -> float:
     """Smallest ``round_imbalance`` any schedule of these sequences can reach.
 
@@ -101,11 +163,13 @@ def round_lower_bound(
         per_seq_cost: Their costs (without the per-microbatch constant).
         dp_size, capacity: Replicas and tokens per microbatch.
         total_cost: Cost of the whole step, constants included (``sum_m sum_d cost[m, d]``).
+        order: As :func:`round_sum_lower_bound`'s.
     """
     if padded.size == 0 or total_cost <= 0:
         return 1.0
     mean = total_cost / dp_size
-    gap = round_sum_lower_bound(padded, per_seq_cost, dp_size, capacity) - float(per_seq_cost.sum()) / dp_size
+    bound = round_sum_lower_bound(padded, per_seq_cost, dp_size, capacity, order=order)
+    gap = bound - float(per_seq_cost.sum()) / dp_size
     return (mean + gap) / mean
 
 

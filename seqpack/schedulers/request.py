@@ -15,7 +15,7 @@ import numpy as np
 from seqpack.cost import CostModel, check_cost_model
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
 from seqpack.options import OnOversize, Sync
-from seqpack.schedulers.objective import exact_sum
+from seqpack.schedulers.objective import as_sample_cost, exact_sum
 from seqpack.schedulers.static_shapes import bucket_capacity
 from seqpack.thd import padded_lengths
 from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
@@ -111,6 +111,8 @@ class Request:
         sync: :class:`~seqpack.options.Sync`: what a step waits for.
         bytes_per_token: Bytes a token carries through the exchange (None: the default).
         static_shapes: Fixed pack shapes, or None.
+        sample_cost: float64 ``[N]``: each sample's extra cost beside its tokens' (e.g. the
+            vision encoder's, in the cost model's units), or None.
     """
 
     lengths: np.ndarray
@@ -124,6 +126,7 @@ class Request:
     sync: Sync
     bytes_per_token: float | None
     static_shapes: StaticShapes | None
+    sample_cost: np.ndarray | None = None
 
     @classmethod
     def of(
@@ -140,6 +143,7 @@ class Request:
         sync: str = Sync.LOCKSTEP,
         bytes_per_token: float | None = None,
         static_shapes: StaticShapes | None = None,
+        sample_cost: Sequence[float] | np.ndarray | None = None,
     ) -> Request:
         """The checked request (arguments as :meth:`~seqpack.schedulers.Scheduler.schedule`).
 
@@ -147,7 +151,9 @@ class Request:
             SampleError, SeqpackTypeError: Bad lengths (:func:`as_lengths`).
             ConfigError: A size not a positive int, more replicas than memory holds, an
                 unknown ``sync`` or ``on_oversize``, a bad ``origin`` (:func:`as_origin`),
-                ``bytes_per_token`` negative, a ``cost`` not a :class:`~seqpack.cost.CostModel`.
+                ``bytes_per_token`` negative, a ``cost`` not a :class:`~seqpack.cost.CostModel`,
+                a ``sample_cost`` not one finite value >= 0 per sample
+                (:func:`~seqpack.schedulers.objective.as_sample_cost`).
         """
         checked = as_lengths(lengths)
         dp_size = check_positive_int("dp_size", dp_size)
@@ -167,6 +173,7 @@ class Request:
             if bytes_per_token is None
             else check_number("bytes_per_token", bytes_per_token, minimum=0.0),
             static_shapes=as_static_shapes(static_shapes),
+            sample_cost=as_sample_cost(sample_cost, checked.shape[0]),
         )
 
     @property
@@ -184,6 +191,7 @@ class Request:
         """The request for the samples ``ids`` only, with ``changes`` to its fields (e.g.
         ``lengths`` after the oversize policy; trusted: not checked again)."""
         changes.setdefault("origin", self.origin[ids])
+        changes.setdefault("sample_cost", None if self.sample_cost is None else self.sample_cost[ids])
         if "lengths" not in changes:
             changes["lengths"] = self.lengths[ids]
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

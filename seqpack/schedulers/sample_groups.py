@@ -109,6 +109,8 @@ def _static_with_groups(
     resolved = scheduler.resolve_cost(request.cost) or default_cost_model()
     model = resolved.at(cp_size)
     costs = model.cost(padded)
+    if request.sample_cost is not None:  # groups weigh their samples' own costs too
+        costs = costs + request.sample_cost[active]
     unit = group_units(group_ids[active], grouped[active])
     unit_tokens = np.bincount(unit, weights=padded).astype(np.int64) if active.size else np.zeros(0, np.int64)
     fixed = getattr(scheduler, "num_microbatches", None)
@@ -145,6 +147,7 @@ def _static_with_groups(
         dropped=dropped,
         truncated=truncated,
         origin=request.origin,
+        sample_cost=request.sample_cost,
     )
 
 

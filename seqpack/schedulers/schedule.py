@@ -160,6 +160,10 @@ class Schedule:
             equal blocks); what :class:`~seqpack.stats.StepStats` counts moved tokens
             against. Not part of the fingerprint: the same placement is the same schedule
             wherever samples came from.
+        sample_cost: float64 ``[N]`` or None: each id's extra cost beside its tokens' (the
+            ``sample_cost`` the scheduler was given, e.g. the vision encoder's), which the
+            step time, round and replica costs and ``StepStats`` add to its microbatch.
+            Not part of the fingerprint nor of :meth:`to_arrays` (the plan's placement is).
     """
 
     num_microbatches: int
@@ -179,6 +183,7 @@ class Schedule:
     dropped: np.ndarray = dataclasses.field(default_factory=_empty)
     truncated: np.ndarray = dataclasses.field(default_factory=_empty)
     origin: np.ndarray | None = None
+    sample_cost: np.ndarray | None = None
 
     # Arrays of :meth:`to_arrays`, in wire order after ``limits``.
     ARRAY_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -215,6 +220,7 @@ class Schedule:
         dropped: np.ndarray | None = None,
         truncated: np.ndarray | None = None,
         origin: np.ndarray | None = None,
+        sample_cost: np.ndarray | None = None,
     ) -> Schedule:
         """A static plan from its grid: ``assignment[m][d]`` the ids (in pack order) of
         microbatch ``m`` of replica ``d`` (a :class:`Grid` of ``dp_size`` is taken flat, as it is).
@@ -250,6 +256,7 @@ class Schedule:
             dropped=_empty() if dropped is None else dropped,
             truncated=_empty() if truncated is None else truncated,
             origin=origin,
+            sample_cost=sample_cost,
         )
 
     # -- shape -----------------------------------------------------------------------------

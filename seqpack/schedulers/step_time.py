@@ -43,14 +43,18 @@ def _model(cost: object) -> CostModel:
 
 def group_times(plan: Schedule, cost: CostModel) -> np.ndarray:
     """float64 ``[G]``: each group's microbatch cost on its ranks (an idle group: as if it ran
-    an empty pack, ``constant`` plus its ring's fixed steps)."""
+    an empty pack, ``constant`` plus its ring's fixed steps), plus its sequences'
+    ``plan.sample_cost`` as given (their cost on the group that runs them)."""
     cost = _model(cost)
     padded = plan.padded_assigned()
     compute = np.bincount(plan.group_of, weights=cost.cost(padded), minlength=plan.num_groups)
     tokens = np.bincount(plan.group_of, weights=padded.astype(np.float64), minlength=plan.num_groups)
     spans = spans_nodes(plan.group_start, plan.group_size, cost.ranks_per_node)
     ring = cost.ring(plan.group_size, tokens, spans)
-    return cost.constant + compute * cost.compute_scale(plan.group_size, plan.cp_size) + ring
+    times = cost.constant + compute * cost.compute_scale(plan.group_size, plan.cp_size) + ring
+    if plan.sample_cost is None:
+        return times
+    return times + np.bincount(plan.group_of, weights=plan.sample_cost[plan.assigned], minlength=plan.num_groups)
 
 
 def rank_times(plan: Schedule, cost: CostModel) -> np.ndarray:
@@ -111,7 +115,8 @@ def predicted_step_time(
     fitted model, FLOPs for :meth:`~seqpack.cost.CostModel.from_transformer`).
 
     Args:
-        plan: A step's schedule (static or dynamic CP).
+        plan: A step's schedule (static or dynamic CP); its ``sample_cost`` (the extra cost
+            of each sample the scheduler was given) is added to its microbatch.
         cost: A :class:`~seqpack.cost.CostModel` (its CP ring terms included).
         sync: ``"lockstep"`` (FSDP, pipeline: every round waits for its slowest group):
             ``sum_m max_g time[g]``. ``"replica"`` (DDP, ZeRO-1: no barrier between rounds):

@@ -123,6 +123,8 @@ class BalancedScheduler(GridScheduler):
             )
         padded = padded_lengths(lengths, request.pad_multiple)
         costs = model.cost(padded)
+        if request.sample_cost is not None:  # the sum is balanced: tokens' cost plus each sample's own
+            costs = costs + request.sample_cost
         with np.errstate(over="ignore"):
             step_cost = float(costs.sum()) + model.constant * max(dp_size, 1)
         if not np.isfinite(step_cost):

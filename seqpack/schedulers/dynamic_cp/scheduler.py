@@ -61,10 +61,18 @@ class DynamicCpScheduler(Scheduler):
         prior); ``origin`` is carried by the plan; ``bytes_per_token`` is not used.
 
         Raises:
-            ConfigError: ``static_shapes`` given, or bad arguments.
+            ConfigError: ``static_shapes`` given, a ``sample_cost`` other than zeros (its
+                planner balances tokens' costs on groups only), or bad arguments.
             ScheduleError: An oversize sequence under ``on_oversize="error"``.
         """
         refuse_dynamic(request.static_shapes, "scheduler 'dynamic_cp'")
+        if request.sample_cost is not None and request.sample_cost.any():
+            i = int(request.sample_cost.nonzero()[0][0])
+            value = float(request.sample_cost[i])
+            raise ConfigError(
+                f"scheduler 'dynamic_cp' does not plan a sample_cost (sample {i}'s is {value!r}): "
+                "balance it with a static-CP scheduler ('balanced')"
+            )
         chosen = self.resolve_cost(request.cost)
         plan = plan_dynamic_cp(
             request.lengths,
