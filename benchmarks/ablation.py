@@ -53,7 +53,6 @@ from seqpack.schedulers import Schedule, get_scheduler  # noqa: E402
 from seqpack.schedulers.balanced.bins import exact_search, first_fit, worst_fit  # noqa: E402
 from seqpack.schedulers.balanced.exact import FOUND, bin_lower_bound, pack_bins  # noqa: E402
 from seqpack.schedulers.balanced.locality import home_swaps, per_replica  # noqa: E402
-from seqpack.schedulers.balanced.repair import repair  # noqa: E402
 from seqpack.schedulers.balanced.replicas import replica_first_stage  # noqa: E402
 from seqpack.schedulers.balanced.rounds import placement_order  # noqa: E402
 from seqpack.schedulers.balanced.stages import DEFAULT, Stages  # noqa: E402
@@ -99,7 +98,6 @@ ABLATIONS: dict[str, Callable[[Stages], Stages]] = {
     "token_rules": lambda s: _without(s, "bin_rules", worst_fit, first_fit),
     "exact_search": lambda s: _without(s, "bin_rules", exact_search),
     "bin_completion": lambda s: _swap(s, "bin_rules", exact_search, _item_search_only),
-    "repair": lambda s: _without(s, "refine", repair),
     "replica_first": lambda s: _without(s, "refine", replica_first_stage),
     "more_rounds": lambda s: dataclasses.replace(s, count_search=lambda plan, *_: plan),
     "origin_order": lambda s: dataclasses.replace(s, order=lambda padded, origin: placement_order(padded, None)),

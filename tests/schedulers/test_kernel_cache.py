@@ -163,6 +163,6 @@ def test_a_plan_compiles_each_kernel_function_once(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", _PLAN_AND_LIST], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     signatures = json.loads(out.stdout.strip().splitlines()[-1])
-    assert sum(bool(s) for s in signatures.values()) > 40, signatures  # the helpers compiled: not vacuous
+    assert sum(bool(s) for s in signatures.values()) > 30, signatures  # the helpers compiled: not vacuous
     twice = {name: s for name, s in signatures.items() if len(s) > 1}
     assert not twice, twice

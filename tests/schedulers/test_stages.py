@@ -48,10 +48,9 @@ def _verl(seed):
 # stage -> (lengths, schedule() arguments, BalancedScheduler options): a step where it acts.
 CASES = {
     "round_targets": (*_tight(0), {"locality": False}),
-    "token_rules": (*_tight(15), {"locality": False}),
+    "token_rules": (*_tight(91), {"locality": False}),
     "exact_search": (*_tight(70), {"locality": False}),
     "bin_completion": (*_verl(349), {"min_microbatches": 4}),  # 6 microbatches, 7 without
-    "repair": (*_sft(4096, 256), {"locality": False}),
     "replica_first": (*_heavy_tail(), {"locality": False, "num_microbatches": 3}),
     "more_rounds": (*_tight(12), {"locality": False}),
     "origin_order": (np.full(512, 4096), _sft()[1], {"locality": False}),
@@ -85,7 +84,7 @@ def test_the_composition_without_a_stage_plans_without_it(ablation, stage):
 
 
 def test_compositions_stack_and_stages_are_checked(ablation):
-    both = ablation.composition(["repair", "relabel"])
-    assert both.refine == ablation.composition(["repair"]).refine and both.relabel is not DEFAULT.relabel
+    both = ablation.composition(["replica_first", "relabel"])
+    assert both.refine == ablation.composition(["replica_first"]).refine and both.relabel is not DEFAULT.relabel
     with pytest.raises(SeqpackTypeError, match="stages must be a seqpack.schedulers.balanced.stages.Stages"):
         get_scheduler("balanced", stages=("repair",))

@@ -4,8 +4,8 @@ Minimises the predicted step time of the ``sync``
 (:func:`~seqpack.schedulers.objective.step_objective`: ``"lockstep"`` ``sum_m max_d
 cost[m, d]``, ``"replica"`` ``max_d sum_m cost[m, d]``) within the token capacity, from the
 fewest microbatches any packing needs, by a composition of stages
-(:data:`~seqpack.schedulers.balanced.stages.DEFAULT`): round targets, bins, rounds, repair,
-exact search, locality, replica-first where it pays. docs/schedulers.md describes each
+(:data:`~seqpack.schedulers.balanced.stages.DEFAULT`): round targets, bins, rounds, exact
+search, replica-first (repaired) where it pays, locality. docs/schedulers.md describes each
 stage and what it buys. Deterministic: ties break by index, on every rank alike.
 
 Modules: ``rounds`` (the plan's data, the count search, replica renaming, round order),

@@ -1,5 +1,7 @@
-"""Step 4 of the balanced plan: the replica repair (moves and swaps of single sequences
-off the busiest replica), without slowing the rounds under lockstep.
+"""The replica repair: moves and swaps of single sequences off the busiest replica, without
+slowing the rounds under lockstep. The replica-first plan
+(:mod:`~seqpack.schedulers.balanced.replicas`) and locality's per-replica layout repair their
+grids with it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from seqpack.schedulers.balanced.rounds import (
     _GOOD_ENOUGH,
     _REPAIR_WORK,
     _SWAP_CANDIDATES,
-    Sequences,
 )
 
 Repaired = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -60,21 +61,3 @@ def _repair(
         max_work,
     )
     return state
-
-
-def repair(seqs: Sequences, grid: Repaired, forced: bool) -> Repaired:
-    """The repair as a stage of the plan: :func:`_repair` of the dealt grid under the step's
-    sync and move budget (``forced`` does not change it)."""
-    round_of, replica_of, load, tokens = grid
-    return _repair(
-        round_of,
-        replica_of,
-        load,
-        tokens,
-        seqs.padded,
-        seqs.costs,
-        seqs.dp_size,
-        seqs.capacity,
-        seqs.max_repair_moves,
-        seqs.sync,
-    )

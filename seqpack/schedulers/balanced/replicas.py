@@ -1,8 +1,9 @@
 """Replica-first planning (``sync="replica"``): when the grid plan (bins first, then
-replicas, then the repair) leaves the busiest replica above its bound, partition the
-sequences into replicas first (each, costliest first, to the lightest replica with a
-microbatch it fits, best fit inside) and keep that plan when its busiest replica is lighter
-and within 1% of the bound (:func:`keep_lighter`). Heavy tails need it (docs/schedulers.md).
+replicas) leaves the busiest replica above its bound, partition the sequences into replicas
+first (each, costliest first, to the lightest replica with a microbatch it fits, best fit
+inside), repair that plan (:mod:`~seqpack.schedulers.balanced.repair`) and keep it when its
+busiest replica is lighter and within 1% of the bound (:func:`keep_lighter`). Heavy tails
+need it (docs/schedulers.md).
 """
 
 from __future__ import annotations
@@ -64,10 +65,9 @@ def keep_lighter(
     *,
     forced: bool = False,
 ) -> Repaired:
-    """The repaired grid plan ``grid``, or the replica-first plan (repaired the same way)
-    when its busiest replica is lighter and within 1% of the bound ``max(total / dp,
-    costliest sequence)``. Tried only when the grid's busiest replica is more than 0.1%
-    above the bound.
+    """The grid plan ``grid``, or the replica-first plan (repaired) when its busiest replica
+    is lighter and within 1% of the bound ``max(total / dp, costliest sequence)``. Tried only
+    when the grid's busiest replica is more than 0.1% above the bound.
 
     Within 1%: no larger microbatch count can then predict a step 1% faster, so the count
     search (:func:`seqpack.schedulers.balanced.rounds.more_rounds`) ends where it would have
@@ -106,7 +106,7 @@ def keep_lighter(
 
 
 def replica_first_stage(seqs: Sequences, grid: Repaired, forced: bool) -> Repaired:
-    """Heavy tails under ``sync="replica"``: the repaired grid, or the replica-first plan
+    """Heavy tails under ``sync="replica"``: the grid, or the replica-first plan
     where it is lighter (:func:`keep_lighter`); lockstep keeps the grid."""
     if seqs.sync != Sync.REPLICA:
         return grid

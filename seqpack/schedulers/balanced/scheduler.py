@@ -40,7 +40,8 @@ class BalancedScheduler(GridScheduler):
         min_microbatches: At least this many microbatches (e.g. pipeline stages).
         microbatch_multiple: Microbatch count is a multiple of this.
         num_microbatches: Force exactly this many microbatches.
-        max_repair_moves: Cap on the repair pass (default ``8 * dp + 64``; 0 disables it).
+        max_repair_moves: Cap on the repair of a replica-first or locality per-replica plan
+            (default ``8 * dp + 64``; 0 turns off replica-first and the repair).
         locality: Keep sequences on the DP rank that read them where that predicts at
             most ``locality_tolerance`` more step time, at the same microbatch count
             (:mod:`seqpack.schedulers.balanced.locality`). ``"auto"`` (default): where the

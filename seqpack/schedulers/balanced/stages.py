@@ -15,7 +15,7 @@ import numpy as np
 
 from seqpack.schedulers.balanced.bins import Packed, cost_targets, exact_search, first_fit, worst_fit
 from seqpack.schedulers.balanced.locality import LocalStage, Relabel, home_swaps, per_replica
-from seqpack.schedulers.balanced.repair import Repaired, repair
+from seqpack.schedulers.balanced.repair import Repaired
 from seqpack.schedulers.balanced.replicas import replica_first_stage
 from seqpack.schedulers.balanced.rounds import (
     BalancedPlan,
@@ -44,8 +44,8 @@ class Stages:
             round (step 2).
         bin_rules: Tried in turn at a microbatch count; the first that packs wins
             (:mod:`seqpack.schedulers.balanced.bins`). None packs: ``M`` grows.
-        refine: Applied in turn to the grid dealt into rounds (step 4): the repair, then
-            replica-first where the step waits for replicas.
+        refine: Applied in turn to the grid dealt into rounds (step 4): replica-first where
+            the step waits for replicas.
         count_search: From the plan at the fewest microbatches to the best count
             (:func:`~seqpack.schedulers.balanced.rounds.more_rounds`).
         relabel: Plan replicas to DP ranks (the rank holding most of each one's tokens).
@@ -66,7 +66,7 @@ DEFAULT = Stages(
     order=placement_order,
     targets=round_targets,
     bin_rules=(cost_targets, worst_fit, first_fit, exact_search),
-    refine=(repair, replica_first_stage),
+    refine=(replica_first_stage,),
     count_search=more_rounds,
     relabel=relabel_replicas,
     locality=(per_replica, home_swaps),
