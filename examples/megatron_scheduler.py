@@ -2,12 +2,14 @@
 
 With Megatron-LM main on the path, one GPU per rank:
 
-    torchrun --standalone --nproc-per-node 8 examples/megatron_scheduler.py --tp 2 --cp 2 --steps 3
+    torchrun --standalone --nproc-per-node 8 examples/megatron_scheduler.py --tp 2 --cp 2 --steps 3 [--prefetch]
 
 Every rank lays out Megatron's ``parallel_state``, calls ``seqpack.interop.megatron``'s
 ``install()``, and then runs Megatron's loop as it is: TP rank 0 of the first and last
-pipeline stage read mock SFT samples, ``wrap_data_iterator`` plans with seqpack, reroutes,
-packs and broadcasts, and the rank prints the packs it got.
+pipeline stage read mock SFT samples from one data iterator, ``wrap_data_iterator`` plans
+with seqpack, reroutes, packs and broadcasts, and the rank prints the packs it got. With
+``--prefetch`` (``install(prefetch=1)``) each call also plans the next step in seqpack's
+planning process while the step trains.
 
 Without Megatron or GPUs, ``--plan`` prints what ``install`` changes for one step: the groups
 seqpack plans against Megatron's next-fit (seqpack's ``dp_balanced``, its twin) on the same
@@ -59,7 +61,7 @@ def run_steps(args: argparse.Namespace, device: torch.device) -> list[list[int]]
 
     from seqpack.interop import megatron
 
-    megatron.install()  # the one call
+    megatron.install(prefetch=int(args.prefetch))  # the one call
     config = SimpleNamespace(  # the fields wrap_data_iterator reads (your TransformerConfig, in training)
         sequence_packing_scheduler="dp_balanced",
         max_seqlen_per_dp_cp_rank=args.max_seqlen_per_dp_cp_rank,
@@ -69,11 +71,16 @@ def run_steps(args: argparse.Namespace, device: torch.device) -> list[list[int]]
     reads = ps.get_tensor_model_parallel_rank() == 0 and (
         ps.is_pipeline_first_stage(ignore_virtual=True) or ps.is_pipeline_last_stage(ignore_virtual=True)
     )
+    dp_rank = ps.get_data_parallel_rank()
+    pad = 2 * args.cp
+    data = (  # one iterator for the whole run, as a training loop's (prefetch reads it a step ahead)
+        sample
+        for step in range(args.steps)
+        for sample in samples(step_lengths(dp_rank, step, args.samples_per_rank, pad), 1000 * step + dp_rank, device)
+    )
+    iterator = data if reads else None
     packed = []
     for step in range(args.steps):
-        seed = 1000 * step + ps.get_data_parallel_rank()
-        lengths = step_lengths(ps.get_data_parallel_rank(), step, args.samples_per_rank, 2 * args.cp)
-        iterator = iter(samples(lengths, seed, device)) if reads else None
         new_iterator, num_microbatches, _, _ = wrap_data_iterator(iterator, config, args.samples_per_rank)
         packs = [next(new_iterator) for _ in range(num_microbatches)] if reads else []
         packed.append([int(p["cu_seqlens_padded"][-1]) for p in packs])
@@ -110,6 +117,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--samples-per-rank", type=int, default=16)
     parser.add_argument("--max-seqlen-per-dp-cp-rank", type=int, default=16384)
+    parser.add_argument("--prefetch", action="store_true", help="plan each step during the step before")
     parser.add_argument("--plan", action="store_true", help="print one step's groups on CPU, without Megatron")
     args = parser.parse_args()
     if args.plan:

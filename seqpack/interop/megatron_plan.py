@@ -18,16 +18,28 @@ installed. The contract kept is Megatron-LM's ``megatron/core/datasets/data_sche
 
 from __future__ import annotations
 
+import os
+import pickle
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from seqpack.cost import CostModel, ModelSpec
 from seqpack.errors import ConfigError, SampleError, ScheduleError
-from seqpack.schedulers import Scheduler
+from seqpack.schedulers import Scheduler, get_scheduler
 
-__all__ = ["HYBRID_CP_REFUSAL", "REQUIRED_SAMPLE_KEYS", "check_config", "check_sample", "plan_groups", "model_spec"]
+__all__ = [
+    "HYBRID_CP_REFUSAL",
+    "REQUIRED_SAMPLE_KEYS",
+    "check_config",
+    "check_sample",
+    "model_spec",
+    "plan_groups",
+    "plan_lengths",
+    "serve",
+]
 
 REQUIRED_SAMPLE_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 """Keys every sample handed to Megatron's packing scheduler carries, beside ``cu_seqlens`` (a
@@ -83,6 +95,36 @@ def plan_groups(
     _fill_empty([g for r in rounds for g in r], lengths)
     # The CP ranks of a replica get the same list, as in Megatron.
     return [[group for group in ([ids[i] for i in g] for g in r) for _ in range(cp_size)] for r in rounds]
+
+
+def plan_lengths(lengths: np.ndarray, options: Mapping[str, Any], **sizes: Any) -> list[list[list[int]]]:
+    """:func:`plan_groups` of the pairs ``(i, lengths[i])`` (Megatron's global ids are the
+    positions in its gather) by ``get_scheduler("balanced", **options)``: what the planning
+    process of ``prefetch=1`` runs. The scheduler is built here, not sent: a pickled one
+    loses the identity of its default stages, which its one-replica path checks, and plans
+    that case differently."""
+    return plan_groups(list(enumerate(lengths.tolist())), get_scheduler("balanced", **options), **sizes)
+
+
+def serve(jobs: BinaryIO, answers: BinaryIO) -> None:
+    """The planning process of ``prefetch=1`` (``python -m seqpack.interop.megatron_plan
+    JOBS_FD ANSWERS_FD``): read pickled ``(lengths, options, sizes)`` jobs from ``jobs`` and
+    write ``(True, groups)`` or ``(False, the exception)`` for each to ``answers``, in order,
+    until ``jobs`` ends (the training process closed it or died)."""
+    while True:
+        try:
+            lengths, options, sizes = pickle.load(jobs)
+        except EOFError:
+            return
+        try:
+            answer: tuple[bool, Any] = (True, plan_lengths(lengths, options, **sizes))
+        except Exception as exc:  # noqa: BLE001 - raised by the step the plan was for
+            answer = (False, exc)
+        try:
+            pickle.dump(answer, answers)
+            answers.flush()
+        except BrokenPipeError:  # the training process is gone
+            return
 
 
 def _fill_empty(groups: list[list[int]], lengths: np.ndarray) -> None:
@@ -154,3 +196,7 @@ def model_spec(config: Any) -> ModelSpec:
         gated_linear_unit=config.gated_linear_unit,
         window_size=None if window is None else window[0],
     )
+
+
+if __name__ == "__main__":
+    serve(os.fdopen(int(sys.argv[1]), "rb"), os.fdopen(int(sys.argv[2]), "wb"))

@@ -16,6 +16,7 @@ import random
 import sys
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 data_schedule = pytest.importorskip("megatron.core.datasets.data_schedule")
@@ -24,8 +25,9 @@ from benchmark_module import benchmark_module  # noqa: E402
 from megatron.core.transformer import TransformerConfig  # noqa: E402
 
 from seqpack.cost import CostModel, ModelSpec  # noqa: E402
-from seqpack.errors import ConfigError, SampleError, SeqpackTypeError  # noqa: E402
+from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError  # noqa: E402
 from seqpack.interop.megatron import SeqpackPackingScheduler, install  # noqa: E402
+from seqpack.interop.megatron_plan import plan_lengths  # noqa: E402
 
 # Megatron's test_wrap_dataloader: (tp, pp, cp, vpp) on 8 ranks, 64 sequences of 2048 to 8192
 # tokens padded to 16, max_seqlen_per_dp_cp_rank 8192, microbatch_group_size_per_vp_stage = pp.
@@ -86,6 +88,8 @@ def test_bad_options_are_refused_at_install_by_name():
         ({"cost": ModelSpec(64, 2, 4, 256)}, SeqpackTypeError, "cost_model"),
         ({"dynamic_cp": True}, ConfigError, "dynamic_cp=True: Megatron's hybrid CP"),
         ({"microbatch_multiple": 2}, ConfigError, "microbatch_group_size_per_vp_stage"),
+        ({"prefetch": 2}, ConfigError, r"prefetch=2 is too large \(at most 1\)"),
+        ({"prefetch": "yes"}, SeqpackTypeError, "prefetch must be an integer >= 0"),
     ]:
         with pytest.raises(error, match=match):
             install(**options)
@@ -116,6 +120,39 @@ def test_run_refuses_hybrid_cp_and_a_sample_without_a_required_key():
     sample = {"tokens": 1, "loss_mask": 1, "position_ids": 1, "cu_seqlens": 1}
     with pytest.raises(SampleError, match=r"sample 0 of this rank's step lacks \['labels'\]"):
         scheduler.run(iter([sample]), 1, *groups, config())
+
+
+def test_prefetch_refuses_what_it_cannot_read_ahead_from_before_reading():
+    scheduler = SeqpackPackingScheduler(64, 1, 1, None, prefetch=1)
+    groups = (OneRank(), OneRank(), OneRank(), OneRank(), "cpu")
+    sample = {"tokens": 1, "labels": 1, "loss_mask": 1, "position_ids": 1, "padded_seq_len": 1}
+    data = iter([sample])  # a list iterator cannot be weakly referenced
+    with pytest.raises(ConfigError, match="prefetch=1 needs a data iterator that can be weakly referenced"):
+        scheduler.run(data, 1, *groups, config())
+    assert next(data) is sample  # nothing was read
+
+
+def test_the_planning_process_answers_in_order_and_its_end_falls_back_to_planning_here(caplog):
+    from seqpack.interop.megatron import _Planner, _PlannerGone, _ReadAhead
+
+    planner = _Planner()
+    lengths, options = np.array([5, 9, 3, 7, 12, 2], dtype=np.int64), {"microbatch_multiple": 1}
+    sizes = {"max_seqlen_per_dp_cp_rank": 16, "cp_size": 1, "dp_size": 2}
+    first = planner.submit(lengths, options, sizes)
+    second = planner.submit(np.array([99, 1], dtype=np.int64), options, sizes)  # 99 > the capacity
+    assert first.result(120) == plan_lengths(lengths, options, **sizes)
+    with pytest.raises(ScheduleError):
+        second.result(120)
+    planner.process.kill()
+    planner.process.wait()
+    gone = planner.submit(lengths, options, sizes)
+    with pytest.raises(_PlannerGone, match="seqpack's planning process ended"):
+        gone.result(120)
+    scheduler = SeqpackPackingScheduler(16, 1, 2, None)
+    pairs = list(enumerate(lengths.tolist()))
+    scheduler._ahead = _ReadAhead([], pairs=pairs, plan=gone)
+    assert scheduler.get_groups_and_subsamples(pairs) == first.result()  # planned here instead
+    assert "planning this step here" in caplog.text
 
 
 def test_the_cost_follows_megatrons_transformer_config():

@@ -22,6 +22,7 @@ arrives exactly once.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import random
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -63,12 +64,12 @@ def cuda_on_cpu() -> Iterator[None]:
         torch.cuda.current_device, torch.Tensor.cuda = saved
 
 
-def items(dp_rank: int) -> list[dict[str, torch.Tensor]]:
+def items(dp_rank: int, count: int = ITEMS_PER_RANK) -> list[dict[str, torch.Tensor]]:
     """DP rank ``dp_rank``'s pre-packed samples (Megatron's SFT form: 1 to 3 sequences each, padded
     to 16); a token is ``sequence key * 10_000 + position``, so a pack says which sequences it holds."""
     rng = random.Random(dp_rank)
     out = []
-    for item in range(ITEMS_PER_RANK):
+    for item in range(count):
         lengths = [16 * rng.randint(1, 40) for _ in range(rng.randint(1, 3))]
         keys = [1000 * dp_rank + 10 * item + s for s in range(len(lengths))]
         tokens = torch.cat([k * 10_000 + torch.arange(n) for k, n in zip(keys, lengths, strict=True)])
@@ -193,7 +194,7 @@ def test_megatrons_wrap_data_iterator_runs_seqpacks_plan(dist_pools, tp, pp, cp,
     assert sorted(seen) == sorted(results[0]["all_keys"]) and len(seen) > len(readers) * ITEMS_PER_RANK
 
 
-def run_example(tp: int, cp: int) -> list[list[int]]:
+def run_example(tp: int, cp: int, prefetch: bool) -> list[list[int]]:
     """examples/megatron_scheduler.py's loop (``run_steps``) on this rank, under :func:`cuda_on_cpu`."""
     import importlib.util
     from pathlib import Path
@@ -205,7 +206,7 @@ def run_example(tp: int, cp: int) -> list[list[int]]:
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    args = SimpleNamespace(cp=cp, steps=2, samples_per_rank=8, max_seqlen_per_dp_cp_rank=4096)
+    args = SimpleNamespace(cp=cp, steps=2, samples_per_rank=8, max_seqlen_per_dp_cp_rank=4096, prefetch=prefetch)
     with cuda_on_cpu():
         ps.initialize_model_parallel(tp, 1, None, context_parallel_size=cp, create_gloo_process_groups=False)
         from megatron.core.datasets import data_schedule
@@ -219,8 +220,9 @@ def run_example(tp: int, cp: int) -> list[list[int]]:
 
 
 @pytest.mark.slow
-def test_the_example_runs_megatrons_loop_with_seqpack(dist_pools):
-    results = dist_pools.get(4).run(run_example, 1, 2, timeout=600)  # dp=2 x cp=2
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_the_example_runs_megatrons_loop_with_seqpack(dist_pools, prefetch):
+    results = dist_pools.get(4).run(run_example, 1, 2, prefetch, timeout=600)  # dp=2 x cp=2
     assert all(len(steps) == 2 for steps in results)
     for step in range(2):
         counts = {len(steps[step]) for steps in results}
@@ -258,3 +260,121 @@ def test_a_sample_without_a_required_key_fails_every_dp_rank(dist_pools):
     messages = dist_pools.get(2).run(run_bad_sample, 1, timeout=120)
     assert "sample 3 of this rank's step lacks ['labels']" in messages[1]
     assert "another DP rank lacks a key" in messages[0]
+
+
+# Microbatches read per step: the third step reads fewer (a batch-size ramp), so the plan made
+# ahead for it (for 8) is not used and two items read ahead wait for the fourth step.
+PREFETCH_STEPS = (8, 8, 6, 6)
+
+
+def run_steps(tp: int, pp: int, cp: int, vpp: int | None, multiple: int | None, prefetch: int) -> dict[str, object]:
+    """``wrap_data_iterator`` for each count of :data:`PREFETCH_STEPS` on one data iterator of
+    this rank, seqpack installed with ``prefetch``, then (where every rank reads: a rank that
+    does not would wait for the readers' broadcast) once more past the end of the data. Returns
+    each step's microbatch count, this rank's packs and the sequences in them, and how many
+    plans were made ahead."""
+    import logging
+
+    from megatron.core import parallel_state as ps
+    from megatron.core.datasets import data_schedule
+    from megatron.core.rerun_state_machine import RerunDataIterator
+
+    from seqpack.interop.megatron import install
+
+    made_ahead: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: made_ahead.append(record.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger("seqpack.interop.megatron")
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    config = _config(multiple, vpp)
+    steps, keys, ended = [], [], "not asked"
+    with cuda_on_cpu():
+        ps.initialize_model_parallel(tp, pp, vpp, context_parallel_size=cp, create_gloo_process_groups=False)
+        replaced = install(prefetch=prefetch)
+        try:
+            tp0 = ps.get_tensor_model_parallel_rank() == 0
+            first = ps.is_pipeline_first_stage(ignore_virtual=True)
+            last = ps.is_pipeline_last_stage(ignore_virtual=True)
+            reads = tp0 and (first or last)
+            dp = (ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), ps.get_context_parallel_rank())
+            iterator = RerunDataIterator(iter(items(dp[0], sum(PREFETCH_STEPS)))) if reads else None
+            if vpp is not None and tp0:
+                iterator = [iterator if (v == 0 and first) or (v == vpp - 1 and last) else None for v in range(vpp)]
+            for count in PREFETCH_STEPS:
+                new_iterator, num_micro_batches, *_ = data_schedule.wrap_data_iterator(iterator, config, count)
+                if vpp is not None and tp0:
+                    new_iterator = new_iterator[-1 if last and not first else 0]
+                packs = [next(new_iterator) for _ in range(num_micro_batches)] if new_iterator is not None else []
+                steps.append((num_micro_batches, [{k: v.tolist() for k, v in p.items()} for p in packs]))
+                starts = [p["tokens"][p["cu_seqlens_padded"][:-1].long()] for p in packs if first and "tokens" in p]
+                keys.append([k // 10_000 for s in starts for k in s.tolist()])
+            if tp * pp == 1:
+                try:
+                    data_schedule.wrap_data_iterator(iterator, config, PREFETCH_STEPS[-1])
+                    ended = "no end"
+                except StopIteration:
+                    ended = "StopIteration"
+        finally:
+            data_schedule.scheduler_map[data_schedule.PackingSchedulerEnum.DP_BALANCED] = replaced
+            ps.destroy_model_parallel()
+            log.removeHandler(handler)
+    return {"steps": steps, "keys": keys, "ended": ended, "made_ahead": len(made_ahead), "reads": reads, "dp": dp}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("tp", "pp", "cp", "vpp", "multiple", "world"), LAYOUTS[:4])
+def test_prefetch_plans_each_step_ahead_into_the_same_packs(dist_pools, tp, pp, cp, vpp, multiple, world):
+    pool = dist_pools.get(world)
+    synchronous = pool.run(run_steps, tp, pp, cp, vpp, multiple, 0, timeout=600)
+    ahead = pool.run(run_steps, tp, pp, cp, vpp, multiple, 1, timeout=600)
+    assert [r["steps"] for r in ahead] == [r["steps"] for r in synchronous]  # same groups, same packs
+    # Steps 2 and 4 took the plan made during the step before; step 3 (fewer microbatches) did not.
+    assert [r["made_ahead"] for r in ahead] == [2 if r["reads"] else 0 for r in ahead]
+    assert all(r["made_ahead"] == 0 for r in synchronous)
+    # Past the end of the data, Megatron's StopIteration, read ahead or not (every rank reads).
+    assert {r["ended"] for r in ahead + synchronous} == {"StopIteration" if tp * pp == 1 else "not asked"}
+    # Each step holds every sequence its items hold, once, over the replicas (CP rank 0 of the first stage).
+    readers = [r for r in ahead if r["reads"] and r["dp"][2] == 0 and r["keys"][0]]
+    assert len(readers) == readers[0]["dp"][1]
+    bounds = [0, *itertools.accumulate(PREFETCH_STEPS)]
+    for step in range(len(PREFETCH_STEPS)):
+        want = []
+        for dp_rank in range(readers[0]["dp"][1]):
+            for item in items(dp_rank, bounds[-1])[bounds[step] : bounds[step + 1]]:
+                want += [int(item["tokens"][a]) // 10_000 for a in item["cu_seqlens"][:-1].tolist()]
+        assert sorted(k for r in readers for k in r["keys"][step]) == sorted(want)
+
+
+def run_too_few(vpp: int, multiple: int) -> str:
+    """``wrap_data_iterator`` at dp=2 x pp=2 under VPP where each DP rank reads one sequence: what each rank raises."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.datasets import data_schedule
+
+    from seqpack.errors import ScheduleError
+    from seqpack.interop.megatron import install
+
+    positions = torch.arange(32)
+    sample = {"tokens": positions, "labels": positions + 1, "loss_mask": torch.ones(32), "position_ids": positions}
+    sample["cu_seqlens"] = torch.tensor([0, 32], dtype=torch.int32)
+    with cuda_on_cpu():
+        ps.initialize_model_parallel(1, 2, vpp, create_gloo_process_groups=False)
+        replaced = install()
+        try:
+            first = ps.is_pipeline_first_stage(ignore_virtual=True)
+            iterator = [iter([sample]) if v == (0 if first else vpp - 1) else None for v in range(vpp)]
+            data_schedule.wrap_data_iterator(iterator, _config(multiple, vpp), 1)
+        except ScheduleError as exc:
+            return str(exc)
+        finally:
+            data_schedule.scheduler_map[data_schedule.PackingSchedulerEnum.DP_BALANCED] = replaced
+            ps.destroy_model_parallel()
+    return "no error"
+
+
+@pytest.mark.slow
+def test_a_vpp_multiple_the_step_cannot_fill_is_named_on_every_planning_rank(dist_pools):
+    messages = dist_pools.get(4).run(run_too_few, 2, 3, timeout=120)  # every rank reads: stage 0 or 1
+    for message in messages:
+        assert "2 sequences cannot fill 3 microbatches on each of 2 DP replicas" in message
+        assert "microbatch_group_size_per_vp_stage=3" in message

@@ -6,6 +6,7 @@ tests/interop/test_megatron.py."""
 
 from __future__ import annotations
 
+import pickle
 import re
 import runpy
 import sys
@@ -19,7 +20,8 @@ from hypothesis import strategies as st
 
 from seqpack.cost import ModelSpec
 from seqpack.errors import ConfigError, SampleError, ScheduleError
-from seqpack.interop.megatron_plan import check_config, check_sample, model_spec, plan_groups
+from seqpack.interop.megatron_plan import check_config, check_sample, model_spec, plan_groups, plan_lengths
+from seqpack.mock_data import generate_lengths
 from seqpack.schedulers import get_scheduler
 
 
@@ -56,6 +58,19 @@ def test_groups_keep_megatrons_contract(lengths, cp, dp, multiple, capacity):
             group = m[r * cp]
             assert all(m[r * cp + c] is group for c in range(cp))  # one list for the replica's CP ranks
             assert group and sum(lengths[i] for i in group) <= (capacity // cp) * cp
+
+
+@pytest.mark.parametrize("dp", [1, 4])
+def test_the_planning_process_plans_what_the_step_would(dp):
+    # prefetch=1 sends lengths and the scheduler's options to a process (pickled, as here);
+    # a pickled scheduler planned these lengths at dp=1 in 127 microbatches instead of 126.
+    shape = dict(min_seq_len=64, max_seq_len=4096, mean_seq_len=512, sigma=1.1, seed=0)
+    lengths = generate_lengths("lognormal", 8 * 16384, **shape)[7 * 16384 :]
+    sizes = dict(max_seqlen_per_dp_cp_rank=65536, cp_size=1, dp_size=dp, cost=None, sync="replica")
+    options = {"microbatch_multiple": 1}
+    sent = pickle.loads(pickle.dumps((np.asarray(lengths, dtype=np.int64), options, sizes)))
+    here = plan_groups(list(enumerate(lengths.tolist())), get_scheduler("balanced", **options), **sizes)
+    assert plan_lengths(*sent[:2], **sent[2]) == here
 
 
 def test_an_empty_microbatch_of_the_plan_gets_a_sequence():
