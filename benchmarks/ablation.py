@@ -54,7 +54,7 @@ from seqpack.schedulers.balanced.bins import exact_search, first_fit, worst_fit 
 from seqpack.schedulers.balanced.exact import FOUND, bin_lower_bound, pack_bins  # noqa: E402
 from seqpack.schedulers.balanced.locality import home_swaps, per_replica  # noqa: E402
 from seqpack.schedulers.balanced.replicas import replica_first_stage  # noqa: E402
-from seqpack.schedulers.balanced.rounds import placement_order  # noqa: E402
+from seqpack.schedulers.balanced.rounds import fill_order  # noqa: E402
 from seqpack.schedulers.balanced.stages import DEFAULT, Stages  # noqa: E402
 from seqpack.schedulers.objective import microbatch_costs, round_sum_lower_bound, step_objective  # noqa: E402
 from seqpack.stats import StepStats  # noqa: E402
@@ -100,7 +100,7 @@ ABLATIONS: dict[str, Callable[[Stages], Stages]] = {
     "bin_completion": lambda s: _swap(s, "bin_rules", exact_search, _item_search_only),
     "replica_first": lambda s: _without(s, "refine", replica_first_stage),
     "more_rounds": lambda s: dataclasses.replace(s, count_search=lambda plan, *_: plan),
-    "origin_order": lambda s: dataclasses.replace(s, order=lambda padded, origin: placement_order(padded, None)),
+    "origin_order": lambda s: dataclasses.replace(s, fill_order=lambda padded, origin: fill_order(padded, None)),
     "relabel": lambda s: dataclasses.replace(s, relabel=lambda replica_of, *_: replica_of),
     "per_replica": lambda s: _without(s, "locality", per_replica),
     "home_swaps": lambda s: _without(s, "locality", home_swaps),

@@ -32,7 +32,7 @@ from numba import njit  # noqa: E402
 from seqpack.cost import CostModel  # noqa: E402
 from seqpack.mock_data import lognormal_lengths  # noqa: E402
 from seqpack.schedulers import _kernels  # noqa: E402
-from seqpack.schedulers.balanced.rounds import placement_order, round_targets  # noqa: E402
+from seqpack.schedulers.balanced.rounds import fill_order, round_targets  # noqa: E402
 
 RULES = {_kernels.MODE_COST: "cost", _kernels.MODE_TOKENS: "tokens", _kernels.MODE_FIRST_FIT: "first-fit"}
 
@@ -112,7 +112,7 @@ def main() -> int:
     n, dp, capacity = args.sequences, args.replicas, 16384
     lengths = lognormal_lengths(n, min_seq_len=1024, max_seq_len=8192, mean_seq_len=4096, seed=0)
     costs = CostModel(24576.0, 1.0).cost(lengths)
-    order = placement_order(lengths, None)
+    order = fill_order(lengths, None)
     rounds = -(-int(lengths.sum()) // (dp * capacity)) + 1
     targets = np.repeat(round_targets(costs[order], dp, rounds), dp)
     sorted_lengths, sorted_costs = lengths[order], costs[order]

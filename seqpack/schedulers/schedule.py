@@ -377,8 +377,8 @@ class Schedule:
         return group
 
     def placement(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per global id: replica (:meth:`replica_of`), microbatch (round) and position in
-        its pack, -1 when not assigned."""
+        """Per global id, its placement: replica (:meth:`replica_of`), round and slot in its
+        pack, -1 when not assigned."""
         n = self.num_sequences
         rounds = np.full(n, -1, dtype=np.int64)
         slot = np.full(n, -1, dtype=np.int64)

@@ -12,7 +12,7 @@ from seqpack.cost import CostModel
 from seqpack.schedulers import get_scheduler
 from seqpack.schedulers.balanced.exact import FOUND, INFEASIBLE, pack_bins
 from seqpack.schedulers.balanced.replicas import replica_first
-from seqpack.schedulers.balanced.rounds import placement_order
+from seqpack.schedulers.balanced.rounds import fill_order
 
 COST = CostModel(24576.0, 1.0)  # issue 24's cost: 24576*s + s**2
 
@@ -96,7 +96,7 @@ def lpt_reference(order, sizes, costs, dp, rounds, capacity):
 def test_replica_first_matches_the_reference(sizes, dp, rounds, capacity):
     sizes = np.array(sizes, dtype=np.int64)
     costs = COST.cost(sizes)
-    order = placement_order(sizes, None)
+    order = fill_order(sizes, None)
     expected = lpt_reference(order.tolist(), sizes.tolist(), costs.tolist(), dp, rounds, capacity)
     got = replica_first(sizes, costs, order, dp, capacity, rounds)
     if expected is None:

@@ -34,7 +34,7 @@ def grid_lpt(
     ``capacity``. Items must come longest first (``order``), so a bin too full for one item
     is parked until the items get short enough for it.
 
-    The kernel reads items in placement order from arrays gathered here: read through
+    The kernel reads items in fill order from arrays gathered here: read through
     ``order``, every item would be a cache miss (half of the time at a million items).
 
     Returns:
@@ -60,7 +60,7 @@ def _grid_lpt_sorted(
     load: FloatArray,
     tok: IntArray,
 ) -> tuple[bool, IntArray, FloatArray, IntArray]:
-    """:func:`grid_lpt` on items already in placement order; ``bin_of`` in that order.
+    """:func:`grid_lpt` on items already in fill order; ``bin_of`` in that order.
     Bins start with ``load`` and ``tok`` (updated in place).
 
     Bounds: ``key``, ``room``, ``park`` and the heap ``(hk, ht, hb)`` have one entry per bin,
@@ -187,7 +187,7 @@ def grid_local(
     home = np.zeros(n, dtype=np.bool_)
     ok = True
     for lo, hi in _slices(n, GRID_LOCAL_SLICES):
-        # This slice's positions grouped by rank, in placement order within a rank.
+        # This slice's positions grouped by rank, in fill order within a rank.
         origin_slice = origin_placed[lo:hi]
         count = hi - lo
         if dp_size * count < 2**62:

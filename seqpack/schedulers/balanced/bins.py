@@ -28,7 +28,7 @@ Packed = tuple[int, np.ndarray, np.ndarray]
 
 
 def _greedy(seqs: Sequences, targets: np.ndarray, mode: int) -> Packed | None:
-    ok, bin_of, bin_load, _ = _kernels.grid_lpt(seqs.order, seqs.padded, seqs.costs, targets, seqs.capacity, mode)
+    ok, bin_of, bin_load, _ = _kernels.grid_lpt(seqs.fill_order, seqs.padded, seqs.costs, targets, seqs.capacity, mode)
     return (mode, bin_of, bin_load) if ok else None
 
 

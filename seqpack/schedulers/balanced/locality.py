@@ -35,7 +35,7 @@ from seqpack.schedulers.balanced.rounds import (
     BalancedPlan,
     _grid,
     _objective,
-    placement_order,
+    fill_order,
     relabel_replicas,
     repair_budget,
     round_targets,
@@ -273,7 +273,7 @@ def _per_replica(
 ) -> BalancedPlan | None:
     """The per-replica layout (module docs), or None when grid_local finds no packing."""
     m_count = reference.num_microbatches
-    order = placement_order(padded, None)
+    order = fill_order(padded, None)
     if reference.mode == _kernels.MODE_COST:
         values = costs
         targets = np.repeat(round_targets(costs[order], dp_size, m_count), dp_size)

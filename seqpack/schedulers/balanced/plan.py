@@ -29,7 +29,7 @@ def _plan_at(seqs: Sequences, num_rounds: int, stages: Stages, forced: bool = Fa
     sequences. ``forced``: the count was given (no count search follows; the refine stages
     may take any lighter plan)."""
     padded, costs, dp_size = seqs.padded, seqs.costs, seqs.dp_size
-    targets = np.repeat(stages.targets(costs[seqs.order], dp_size, num_rounds), dp_size)
+    targets = np.repeat(stages.targets(costs[seqs.fill_order], dp_size, num_rounds), dp_size)
     for rule in stages.bin_rules:
         packed = rule(seqs, targets, num_rounds)
         if packed is not None:
@@ -102,7 +102,7 @@ def plan_balanced(
     costs = np.ascontiguousarray(costs, dtype=np.float64)
     n = padded.shape[0]
     seqs = Sequences(
-        padded, costs, stages.order(padded, origin), dp_size, capacity, constant,
+        padded, costs, stages.fill_order(padded, origin), dp_size, capacity, constant,
         repair_budget(max_repair_moves, dp_size), sync, price,
     )  # fmt: skip
     bins_needed = _exact.bin_lower_bound(padded, capacity)

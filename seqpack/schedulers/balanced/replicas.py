@@ -36,7 +36,7 @@ def replica_first(
     Args:
         padded: int64 padded lengths, each at most ``capacity``.
         costs: float64 cost of each sequence.
-        order: Placement order, costliest first (longest first: cost grows with length).
+        order: Fill order, costliest first (longest first: cost grows with length).
         dp_size, capacity, num_rounds: Replicas, tokens per microbatch, microbatches each.
         max_work: Heap steps and bin scans before giving up.
     """
@@ -111,5 +111,6 @@ def replica_first_stage(seqs: Sequences, grid: Repaired, forced: bool) -> Repair
     if seqs.sync != Sync.REPLICA:
         return grid
     return keep_lighter(
-        grid, seqs.padded, seqs.costs, seqs.order, seqs.dp_size, seqs.capacity, seqs.max_repair_moves, forced=forced
-    )
+        grid, seqs.padded, seqs.costs, seqs.fill_order, seqs.dp_size, seqs.capacity, seqs.max_repair_moves,
+        forced=forced,
+    )  # fmt: skip

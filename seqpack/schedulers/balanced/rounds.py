@@ -1,5 +1,5 @@
 """The balanced planner's data and grid helpers: :class:`Sequences` (what it plans),
-:class:`BalancedPlan` (what it makes), and the stages that need nothing else: placement
+:class:`BalancedPlan` (what it makes), and the stages that need nothing else: fill
 order, round targets, bins dealt into rounds, the objective and its bounds, the count
 search, replica renaming and round order.
 """
@@ -34,17 +34,17 @@ class Sequences:
     Attributes:
         padded, costs: int64 padded lengths (each at most ``capacity``) and float64 costs
             (without the per-microbatch constant).
-        order: Placement order, costliest first (the ``order`` stage's).
+        fill_order: The order the bin rules take the sequences, costliest first (the
+            ``fill_order`` stage's).
         dp_size, capacity, constant: Replicas, padded tokens per microbatch, cost per microbatch.
         max_repair_moves: Cap on the repair's moves.
-        sync: The step time the plan is made for (:func:`step_objective`); the repair
-            balances the rounds under lockstep, the replicas under replica sync.
+        sync: The step time the plan is made for (:func:`step_objective`).
         price: Under ``static_shapes``, the bucket padding's cost of a microbatch.
     """
 
     padded: np.ndarray
     costs: np.ndarray
-    order: np.ndarray
+    fill_order: np.ndarray
     dp_size: int
     capacity: int
     constant: float
@@ -77,7 +77,7 @@ class BalancedPlan:
     objective: float
 
 
-def placement_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
+def fill_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
     """Longest first (cost grows with length). Equal lengths are interleaved by origin:
     the k-th sequence of every rank, rank by rank, then the (k+1)-th. Bins take equal items
     round-robin and are dealt to replicas in the same cyclic order, so equal sequences land
@@ -261,7 +261,7 @@ def more_rounds(
     padded, costs = seqs.padded, seqs.costs
     if not costs.size or float(costs.max()) <= 0:
         return plan  # CostModel(0, 0, c): each microbatch only adds its constant
-    base = _objective_bound(padded, costs, seqs.order, seqs.dp_size, seqs.capacity, seqs.sync)
+    base = _objective_bound(padded, costs, seqs.fill_order, seqs.dp_size, seqs.capacity, seqs.sync)
     limit = max(plan.num_microbatches, -(-padded.shape[0] // seqs.dp_size))
     best = previous = plan
     for _ in range(_MAX_EXTRA_ROUNDS):

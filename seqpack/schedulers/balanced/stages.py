@@ -20,8 +20,8 @@ from seqpack.schedulers.balanced.replicas import replica_first_stage
 from seqpack.schedulers.balanced.rounds import (
     BalancedPlan,
     Sequences,
+    fill_order,
     more_rounds,
-    placement_order,
     relabel_replicas,
     round_targets,
 )
@@ -38,8 +38,8 @@ class Stages:
     """The functions the balanced plan runs, in the order it runs them.
 
     Attributes:
-        order: ``(padded, origin) -> order``: the placement order, costliest first
-            (equally long sequences interleaved by the rank holding them).
+        fill_order: ``(padded, origin) -> order``: the order the bin rules take the
+            sequences, costliest first (equally long ones interleaved by the rank holding them).
         targets: ``(sorted costs, dp, M) -> target[M]``: the cost target of one bin of each
             round (step 2).
         bin_rules: Tried in turn at a microbatch count; the first that packs wins
@@ -53,7 +53,7 @@ class Stages:
             runs (:func:`~seqpack.schedulers.balanced.locality.plan_local`).
     """
 
-    order: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
+    fill_order: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
     targets: Callable[[np.ndarray, int, int], np.ndarray]
     bin_rules: tuple[BinRule, ...]
     refine: tuple[Refine, ...]
@@ -63,7 +63,7 @@ class Stages:
 
 
 DEFAULT = Stages(
-    order=placement_order,
+    fill_order=fill_order,
     targets=round_targets,
     bin_rules=(cost_targets, worst_fit, first_fit, exact_search),
     refine=(replica_first_stage,),
