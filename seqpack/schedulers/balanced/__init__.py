@@ -9,7 +9,7 @@ search, replica-first (repaired) where it pays, locality. docs/schedulers.md des
 stage and what it buys. Deterministic: ties break by index, on every rank alike.
 
 Modules: ``rounds`` (the plan's data, the count search, replica renaming, round order),
-``bins``, ``exact``, ``repair``, ``replicas``, ``locality``, ``stages``, ``plan`` (the
+``bins``, ``exact``, ``replicas`` (replica-first and the repair), ``locality``, ``stages``, ``plan`` (the
 stages at a count, and the count search), ``scheduler`` (:class:`BalancedScheduler`).
 """
 

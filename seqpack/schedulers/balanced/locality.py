@@ -29,7 +29,7 @@ import numpy as np
 
 from seqpack.options import SAMPLE_BYTES_PER_TOKEN, Sync
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.balanced.repair import _repair
+from seqpack.schedulers.balanced.replicas import repair
 from seqpack.schedulers.balanced.rounds import (
     _REPAIR_WORK,
     BalancedPlan,
@@ -292,12 +292,12 @@ def _per_replica(
     shape = (m_count, dp_size)
     load = _grid(costs, round_of, replica_of, shape)
     tokens = _grid(padded, round_of, replica_of, shape)
-    repair = repair_budget(max_repair_moves, dp_size)
-    if repair > 0:
+    moves = repair_budget(max_repair_moves, dp_size)
+    if moves > 0:
         # Close to the reference's busiest replica, and no closer: every repair move moves a
         # sequence.
         stop_at = float(reference.load.sum(axis=0).max()) * (1 + tolerance * 0.5)
-        round_of, replica_of, load, tokens = _repair(
+        round_of, replica_of, load, tokens = repair(
             round_of,
             replica_of,
             load,
@@ -306,7 +306,7 @@ def _per_replica(
             costs,
             dp_size,
             capacity,
-            repair,
+            moves,
             sync,
             stop_at,
             _REPAIR_WORK_FACTOR * _REPAIR_WORK,

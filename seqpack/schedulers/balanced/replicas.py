@@ -1,9 +1,12 @@
 """Replica-first planning (``sync="replica"``): when the grid plan (bins first, then
 replicas) leaves the busiest replica above its bound, partition the sequences into replicas
 first (each, costliest first, to the lightest replica with a microbatch it fits, best fit
-inside), repair that plan (:mod:`~seqpack.schedulers.balanced.repair`) and keep it when its
-busiest replica is lighter and within 1% of the bound (:func:`keep_lighter`). Heavy tails
-need it (docs/schedulers.md).
+inside), repair that plan (:func:`repair`) and keep it when its busiest replica is lighter
+and within 1% of the bound (:func:`keep_lighter`). Heavy tails need it (docs/schedulers.md).
+
+The replica repair moves and swaps single sequences off the busiest replica (without
+slowing the rounds under lockstep); locality's per-replica layout repairs its plans with it
+too.
 """
 
 from __future__ import annotations
@@ -12,12 +15,64 @@ import numpy as np
 
 from seqpack.options import Sync
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.balanced.repair import Repaired, _repair
-from seqpack.schedulers.balanced.rounds import _GAP_FOR_MORE, _GOOD_ENOUGH, Sequences, _grid
+from seqpack.schedulers.balanced.rounds import (
+    _GAP_FOR_MORE,
+    _GOOD_ENOUGH,
+    _REPAIR_WORK,
+    _SWAP_CANDIDATES,
+    Sequences,
+    _grid,
+)
 
-__all__ = ["LPT_WORK", "keep_lighter", "replica_first", "replica_first_stage"]
+__all__ = ["LPT_WORK", "Repaired", "keep_lighter", "repair", "replica_first", "replica_first_stage"]
 
 LPT_WORK = 50_000_000  # heap steps and bin scans before the replica-first pass gives up
+
+Repaired = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""(round_of, replica_of, load, tokens) after the repair."""
+
+
+def repair(
+    round_of: np.ndarray,
+    replica_of: np.ndarray,
+    load: np.ndarray,
+    tokens: np.ndarray,
+    padded: np.ndarray,
+    costs: np.ndarray,
+    dp_size: int,
+    capacity: int,
+    max_moves: int,
+    sync: str,
+    stop_at: float | None = None,
+    max_work: int = _REPAIR_WORK,
+) -> Repaired:
+    """The replica repair (module docstring): repaired copies of the grid. ``stop_at``: busiest
+    replica's cost at which to stop (default 0.1% above the bound); ``max_work``: candidate
+    evaluations before it stops."""
+    replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
+    if replica_bound <= 0:  # CostModel(0, 0, c): sequences cost nothing, there is nothing to balance
+        return round_of, replica_of, load, tokens
+    if stop_at is None:
+        stop_at = (1 + _GOOD_ENOUGH) * replica_bound
+    # How much slower the rounds may get: not at all under lockstep, freely for replicas.
+    rounds_budget = np.inf if sync == Sync.REPLICA else 0.0
+    state = (round_of.copy(), replica_of.copy(), load.copy(), tokens.copy())
+    _kernels.repair_replicas(
+        state[0],
+        state[1],
+        costs,
+        padded,
+        state[2],
+        state[3],
+        capacity,
+        max_moves,
+        1e-9,
+        stop_at,
+        _SWAP_CANDIDATES,
+        rounds_budget,
+        max_work,
+    )
+    return state
 
 
 def replica_first(
@@ -88,7 +143,7 @@ def keep_lighter(
     shape = load.shape
     new_load = _grid(costs, new_round, new_replica, shape)
     new_tokens = _grid(padded, new_round, new_replica, shape)
-    candidate = _repair(
+    candidate = repair(
         new_round,
         new_replica,
         new_load,

@@ -15,8 +15,7 @@ import numpy as np
 
 from seqpack.schedulers.balanced.bins import Packed, cost_targets, exact_search, first_fit, worst_fit
 from seqpack.schedulers.balanced.locality import LocalStage, Relabel, home_swaps, per_replica
-from seqpack.schedulers.balanced.repair import Repaired
-from seqpack.schedulers.balanced.replicas import replica_first_stage
+from seqpack.schedulers.balanced.replicas import Repaired, replica_first_stage
 from seqpack.schedulers.balanced.rounds import (
     BalancedPlan,
     Sequences,
