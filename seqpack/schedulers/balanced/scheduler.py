@@ -130,7 +130,7 @@ class BalancedScheduler(GridScheduler):
             step_cost = float(costs.sum()) + model.constant * max(dp_size, 1)
         if not np.isfinite(step_cost):
             raise ConfigError(f"the step's total cost under {model!r} is past float64: scale the coefficients down")
-        if dp_size == 1 and self.num_microbatches is None and ids.size and self.stages is DEFAULT:
+        if dp_size == 1 and self.num_microbatches is None and ids.size and self.stages == DEFAULT:
             single = _single_rank(padded, costs, capacity, min_microbatches, self.microbatch_multiple, static_shapes)
             if single is not None:
                 round_of, load = single
@@ -199,7 +199,7 @@ class BalancedScheduler(GridScheduler):
             f"min_microbatches={self.min_microbatches}, microbatch_multiple={self.microbatch_multiple}, "
             f"num_microbatches={self.num_microbatches}, max_repair_moves={self.max_repair_moves}, "
             f"locality={self.locality!r}, locality_tolerance={self.locality_tolerance}"
-            + ("" if self.stages is DEFAULT else f", stages={self.stages!r}")
+            + ("" if self.stages == DEFAULT else f", stages={self.stages!r}")
             + ")"
         )
 
