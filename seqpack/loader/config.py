@@ -12,7 +12,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from seqpack.calibrate import CostCalibrator
-from seqpack.cost import DEFAULT_INTERCONNECT, DEFAULT_MODEL, CostModel, check_cost_model, default_cost_model
+from seqpack.cost import (
+    DEFAULT_INTERCONNECT,
+    DEFAULT_MODEL,
+    CostModel,
+    ModelSpec,
+    check_cost_model,
+    default_cost_model,
+)
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import (
     DEFAULT_PREFETCH_BYTES,
@@ -158,6 +165,12 @@ class PackingConfig:
     and every microbatch carries the vision fields of ``pack_sequences(mrope=)`` (text-only
     packs too: their mRoPE rows). Without it such samples are refused. Not with CP > 1,
     ``dynamic_cp``, pipeline parallelism, or TP > 1 under ``data_owner="tp0"``."""
+    model: ModelSpec | None = None
+    """The model's shape (``ModelSpec.from_hf(model.config)``): with a vision encoder
+    (``ModelSpec.vision``), each sample's encoder FLOPs are computed where it is read, gathered
+    and balanced with its tokens (the scheduler's ``sample_cost``, at the cost model's price of
+    a language-model FLOP: docs/multimodal.md). ``None``: samples with images are planned on
+    their tokens (logged once)."""
 
     def __post_init__(self) -> None:
         for name in ("samples_per_rank", "max_tokens_per_rank"):
@@ -201,6 +214,8 @@ class PackingConfig:
             raise SeqpackTypeError(f"mrope must be an MRopeSpec (MRopeSpec.from_hf(config)), got {self.mrope!r:.80}")
         if self.mrope is not None and self.dynamic_cp:
             raise ConfigError("mrope is not supported with dynamic_cp=True: a vision-language pack is not CP-sharded")
+        if self.model is not None and not isinstance(self.model, ModelSpec):
+            raise SeqpackTypeError(f"model must be a ModelSpec (ModelSpec.from_hf(config)), got {self.model!r:.80}")
 
     def _check_calibrate(self) -> None:
         if not isinstance(self.calibrate, (bool, CostCalibrator)):
@@ -389,6 +404,7 @@ class PackingConfig:
             "static_shapes": repr(self.static_shapes),
             "dynamic_cp": str(self.dynamic_cp),
             **({"mrope": repr(self.mrope)} if self.mrope is not None else {}),  # text configs' fingerprints unchanged
+            **({"model": repr(self.model)} if self.model is not None else {}),
         }
 
     def fingerprint(self) -> int:

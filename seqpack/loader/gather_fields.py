@@ -58,6 +58,11 @@ SAMPLE_COLUMNS = Header(
             "bytes of the sequence's images and videos through the exchange (pixels, grid rows, mRoPE rows, "
             "seqpack.loader.vision_payload; 0 for text): they size the payload all-to-all and price locality",
         ),
+        (
+            "vision_flops",
+            "the vision encoder's training FLOPs over the sequence's images and videos (PackingConfig(model=) "
+            "with a VisionSpec; else 0): the scheduler's sample_cost, at the cost model's price of a FLOP",
+        ),
     ),
 )
 """What every DP rank learns about every sequence of the step, beside its length; a new

@@ -26,10 +26,11 @@ import torch
 from seqpack.collective import GatheredLengths, gather_lengths
 from seqpack.cost import CostModel
 from seqpack.errors import ResumeError, SampleError, ScheduleError
-from seqpack.loader.config import PackingConfig
+from seqpack.loader.config import PackingConfig, resolved_cost
 from seqpack.loader.gather_fields import KEY_BITS, SAMPLE_COLUMNS, STEP_GATHER_FIELDS, keys_of, step_bytes_per_token
 from seqpack.loader.grouping import GROUP_KEY, group_columns, group_id_of
 from seqpack.loader.labels import loss_token_counts, prepare_labels
+from seqpack.loader.sample_cost import step_sample_cost, vision_flops_column
 from seqpack.loader.vision_payload import PAYLOAD_KEYS, read_sequences, vision_columns
 from seqpack.options import LabelFormat, OnOversize
 from seqpack.schedulers import Schedule, Scheduler
@@ -214,7 +215,12 @@ def sample_columns(
     grouped, group_id = group_columns(pool)
     vision_bytes = vision_columns(pool, truncate_to)
     return SAMPLE_COLUMNS.rows(
-        len(pool), loss_tokens=loss_tokens, grouped=grouped, group_id=group_id, vision_bytes=vision_bytes
+        len(pool),
+        loss_tokens=loss_tokens,
+        grouped=grouped,
+        group_id=group_id,
+        vision_bytes=vision_bytes,
+        vision_flops=vision_flops_column(pool, config.model),
     )
 
 
@@ -302,6 +308,13 @@ def schedule(
         together=config.group_microbatch,
         equal_counts=config.equal_samples_per_replica,
     )
+    chosen = config.cost if cost is None else cost
+    sample_cost = step_sample_cost(
+        SAMPLE_COLUMNS.column(columns, "vision_flops"),
+        SAMPLE_COLUMNS.column(columns, "vision_bytes"),
+        resolved_cost(config, scheduler) if chosen is None else chosen,
+        config.model,
+    )
     try:
         request = Request.of(
             lengths.lengths,
@@ -309,12 +322,13 @@ def schedule(
             cp_size=topology.cp_size,
             max_tokens_per_rank=config.max_tokens_per_rank,
             pad_multiple=config.pad_multiple,
-            cost=config.cost if cost is None else cost,
+            cost=chosen,
             on_oversize=config.on_oversize,
             origin=lengths.origin(),
             sync=config.sync,
             bytes_per_token=step_bytes_per_token(gathered.key_mask, lengths.lengths, columns),  # what moves
             static_shapes=config.static_shapes,
+            sample_cost=sample_cost,  # the vision encoder's, balanced with the tokens'
         )
         if config.minibatches > 1:
             return schedule_minibatches(scheduler, request, minibatches=config.minibatches, **group_args)

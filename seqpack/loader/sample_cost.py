@@ -1,0 +1,60 @@
+"""The vision encoder's cost of each sample in the wrapper (docs/multimodal.md, "The encoder's
+cost in the plan").
+
+Where a sample is read, :func:`vision_flops_column` computes its encoder's training FLOPs from
+its grid rows (:meth:`~seqpack.cost.VisionSpec.flops`; ``PackingConfig(model=ModelSpec(...,
+vision=...))``); the length gather carries them to every DP rank (``SAMPLE_COLUMNS.vision_flops``),
+and :func:`step_sample_cost` turns them into the request's ``sample_cost`` in the units of the
+step's cost model: the FLOPs at that model's price of one language-model FLOP
+(``cost.linear / model.linear_flops``). Without a vision encoder known, vision samples are
+planned on their tokens, and the log says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from seqpack._logging import warn_once
+from seqpack.cost import CostModel, ModelSpec
+
+__all__ = ["step_sample_cost", "vision_flops_column"]
+
+logger = logging.getLogger(__name__)
+
+_GRIDS = ("image_grid_thw", "video_grid_thw")
+
+
+def vision_flops_column(pool: Sequence[Mapping[str, torch.Tensor]], model: ModelSpec | None) -> np.ndarray:
+    """int64 ``[len(pool)]``: each sequence's vision encoder training FLOPs (0 for text, and
+    for every sequence when ``model`` has no vision encoder)."""
+    out = np.zeros(len(pool), dtype=np.int64)
+    if model is None or model.vision is None:
+        return out
+    for i, sample in enumerate(pool):
+        if any(key in sample for key in _GRIDS):
+            out[i] = model.vision.flops(sample.get("image_grid_thw"), sample.get("video_grid_thw"))
+    return out
+
+
+def step_sample_cost(
+    vision_flops: np.ndarray, vision_bytes: np.ndarray, cost: CostModel, model: ModelSpec | None
+) -> np.ndarray | None:
+    """The step's ``sample_cost`` (float64 ``[N]``) from the gathered ``vision_flops`` column, in
+    ``cost``'s units; ``None`` when no sequence has encoder work (text steps plan as before)
+    or no vision encoder is known (``vision_bytes`` then say whether to log it, once)."""
+    if model is None or model.vision is None:
+        if np.any(vision_bytes > 0):
+            warn_once(
+                logger,
+                "no-vision-spec",
+                "samples with images or videos are planned on their tokens alone: pass "
+                "PackingConfig(model=ModelSpec.from_hf(config)) to balance the vision encoder's work too",
+            )
+        return None
+    if not np.any(vision_flops > 0):
+        return None
+    return vision_flops.astype(np.float64) * (cost.linear / float(model.linear_flops))
