@@ -16,7 +16,7 @@ ones). Modules:
 - ``balanced`` (package): the default FLOPs-aware planner; ``dp_balanced``, ``empty``.
 - ``dynamic_cp`` (package): plans whose CP groups change per microbatch round; its
   ``scheduler`` module registers them as ``"dynamic_cp"`` (a :class:`DynamicCpScheduler`).
-- ``static_shapes``: what static shapes ask of a plan (the sequence limit, the buckets);
+- ``shape_limits``: what static shapes ask of a plan (the sequence limit, the buckets);
   ``bucket_ladder``: :func:`static_shapes_by_cost` (buckets chosen by predicted step time).
 - ``sample_groups``: RL groups kept on one replica; ``minibatches``: one step of several
   optimizer steps; ``join``: plans run one after the other.

@@ -20,7 +20,7 @@ from seqpack.cost import CostModel
 from seqpack.options import GroupSizes, Sync
 from seqpack.schedulers.request import Request, apply_oversize, check_capacity, check_step_tokens
 from seqpack.schedulers.schedule import Grid, Schedule
-from seqpack.schedulers.static_shapes import BucketPrice, fit_sequence_limit, trim_to_buckets
+from seqpack.schedulers.shape_limits import BucketPrice, fit_sequence_limit, trim_to_buckets
 from seqpack.thd import padded_lengths
 from seqpack.thd.static_shapes import StaticShapes
 
@@ -81,7 +81,7 @@ class Scheduler(ABC):
             static_shapes: Fixed pack shapes (:class:`~seqpack.thd.StaticShapes`): no
                 microbatch holds more than its ``max_real_sequences`` sequences or more
                 padded tokens than its largest bucket
-                (:mod:`seqpack.schedulers.static_shapes`). ``None``: no limit.
+                (:mod:`seqpack.schedulers.shape_limits`). ``None``: no limit.
             sample_cost: float64 ``[N]``: each sample's cost beside its tokens' (the vision
                 encoder's over its images, in ``cost``'s units), added to its microbatch's
                 cost. ``balanced`` balances the sum; every plan carries it
@@ -225,7 +225,7 @@ class GridScheduler(Scheduler):
     ``static_shapes`` repair then moves sequences only between its own microbatches."""
     plans_buckets: ClassVar[bool] = False
     """Whether :meth:`_plan` prices the request's ``static_shapes`` buckets itself: its plan
-    is then trimmed to the buckets (:func:`~seqpack.schedulers.static_shapes.trim_to_buckets`);
+    is then trimmed to the buckets (:func:`~seqpack.schedulers.shape_limits.trim_to_buckets`);
     every grid plan is repaired to the shapes' limits anyway."""
 
     def _round_multiple(self) -> int:

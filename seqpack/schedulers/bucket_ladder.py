@@ -3,7 +3,7 @@
 The least-padding ladder of sample plans (:func:`ladder_for`, exact), improved for their
 predicted step time (:class:`FixedPlans`), re-planned, and kept by the mean predicted step
 time; evenly spaced buckets (:func:`even_ladder`) are tried too. What static shapes ask of
-a plan is :mod:`seqpack.schedulers.static_shapes`.
+a plan is :mod:`seqpack.schedulers.shape_limits`.
 """
 
 from __future__ import annotations

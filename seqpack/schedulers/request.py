@@ -16,7 +16,7 @@ from seqpack.cost import CostModel, check_cost_model
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
 from seqpack.options import OnOversize, Sync
 from seqpack.schedulers.objective import as_sample_cost, exact_sum
-from seqpack.schedulers.static_shapes import bucket_capacity
+from seqpack.schedulers.shape_limits import bucket_capacity
 from seqpack.thd import padded_lengths
 from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
 from seqpack.validation import (

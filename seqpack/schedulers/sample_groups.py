@@ -31,7 +31,7 @@ from seqpack.schedulers.group_sizes import allowed_group_sizes
 from seqpack.schedulers.join import join_plans
 from seqpack.schedulers.request import Request, apply_oversize
 from seqpack.schedulers.schedule import Schedule
-from seqpack.schedulers.static_shapes import fit_sequence_limit, refuse_dynamic
+from seqpack.schedulers.shape_limits import fit_sequence_limit, refuse_dynamic
 from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
 from seqpack.validation import check_bool
 

@@ -28,7 +28,7 @@ from seqpack.errors import ScheduleError, SeqpackTypeError
 from seqpack.options import GroupSizes, TailPadding
 from seqpack.schedulers import schedule_checks
 from seqpack.schedulers.request import _empty, as_lengths, default_origin
-from seqpack.schedulers.static_shapes import group_buckets
+from seqpack.schedulers.shape_limits import group_buckets
 from seqpack.thd import group_padded_lengths, padded_lengths
 from seqpack.thd.padding import group_pad_multiples
 from seqpack.validation import check_choice, int64_array

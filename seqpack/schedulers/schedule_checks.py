@@ -14,7 +14,7 @@ import numpy as np
 from seqpack.errors import ScheduleError
 from seqpack.options import GroupSizes
 from seqpack.schedulers.group_sizes import allowed_group_sizes
-from seqpack.schedulers.static_shapes import resolved_buckets
+from seqpack.schedulers.shape_limits import resolved_buckets
 from seqpack.thd.static_shapes import as_static_shapes
 from seqpack.validation import check_positive_int
 

@@ -16,7 +16,7 @@ from seqpack.cost import CostModel, spans_nodes
 from seqpack.errors import ScheduleError, SeqpackTypeError
 from seqpack.options import Sync
 from seqpack.schedulers.schedule import Schedule
-from seqpack.schedulers.static_shapes import group_buckets
+from seqpack.schedulers.shape_limits import group_buckets
 from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
 from seqpack.validation import check_choice
 

@@ -1,4 +1,4 @@
-"""Fuzz plans under static shapes (seqpack.schedulers.static_shapes): random lengths, dp, cp,
+"""Fuzz plans under static shapes (seqpack.schedulers.shape_limits): random lengths, dp, cp,
 pad multiples, token buckets, max_sequences, tail policies, oversize policies and syncs,
 through every static-CP scheduler, schedule_groups and schedule_minibatches. Every plan holds
 at most ``max_real_sequences`` sequences and the largest bucket's padded tokens in every

@@ -21,7 +21,7 @@ from seqpack.schedulers.balanced.rounds import (
     repair_budget,
 )
 from seqpack.schedulers.balanced.stages import DEFAULT, Stages
-from seqpack.schedulers.static_shapes import BucketPrice
+from seqpack.schedulers.shape_limits import BucketPrice
 
 
 def _plan_at(seqs: Sequences, num_rounds: int, stages: Stages, forced: bool = False) -> BalancedPlan | None:
@@ -89,7 +89,7 @@ def plan_balanced(
             (the repair never lets the rounds get slower) or ``"replica"`` (it balances
             the replicas' totals).
         price: Under ``static_shapes``, the bucket padding's cost
-            (:class:`~seqpack.schedulers.static_shapes.BucketPrice`): added to every
+            (:class:`~seqpack.schedulers.shape_limits.BucketPrice`): added to every
             microbatch's cost where counts are compared.
         stages: The stages the plan runs (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`;
             benchmarks/ablation.py composes others).

@@ -15,7 +15,7 @@ from seqpack.options import Order, Sync
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.objective import round_sum_lower_bound, step_objective
 from seqpack.schedulers.schedule import Grid
-from seqpack.schedulers.static_shapes import BucketPrice
+from seqpack.schedulers.shape_limits import BucketPrice
 from seqpack.validation import check_choice
 
 ORDERS = tuple(Order)

@@ -18,7 +18,7 @@ from seqpack.schedulers.balanced.stages import DEFAULT, Stages
 from seqpack.schedulers.base import GridScheduler
 from seqpack.schedulers.request import Request, check_microbatches
 from seqpack.schedulers.schedule import Grid
-from seqpack.schedulers.static_shapes import BucketPrice
+from seqpack.schedulers.shape_limits import BucketPrice
 from seqpack.thd import padded_lengths
 from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import (
@@ -110,7 +110,7 @@ class BalancedScheduler(GridScheduler):
         cost = request.cost
         model = default_cost_model() if cost is None else cost  # the base took it at the static CP group
         # Under static_shapes: at least ceil(N / (dp * max_real_sequences)) microbatches, and
-        # counts compared with each microbatch's bucket padding priced (schedulers.static_shapes).
+        # counts compared with each microbatch's bucket padding priced (schedulers.shape_limits).
         min_microbatches = self.min_microbatches
         price = BucketPrice.of(static_shapes, capacity, model.linear)
         if static_shapes is not None:

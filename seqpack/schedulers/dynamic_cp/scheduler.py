@@ -21,7 +21,7 @@ from seqpack.schedulers.dynamic_cp.planner import plan_dynamic_cp
 from seqpack.schedulers.group_sizes import longest_sequence
 from seqpack.schedulers.request import Request
 from seqpack.schedulers.schedule import Schedule
-from seqpack.schedulers.static_shapes import refuse_dynamic
+from seqpack.schedulers.shape_limits import refuse_dynamic
 from seqpack.validation import check_choice
 
 __all__ = ["DynamicCpScheduler"]

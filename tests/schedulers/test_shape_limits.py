@@ -1,4 +1,4 @@
-"""Static shapes on the scheduler side (seqpack.schedulers.static_shapes): ``max_sequences``
+"""Static shapes on the scheduler side (seqpack.schedulers.shape_limits): ``max_sequences``
 and the largest token bucket as hard limits of every scheduler's plans, bucket padding
 priced in the predicted step time and StepStats (against slow references computed from the
 plan's microbatches), and buckets chosen by cost (static_shapes_by_cost)."""
@@ -20,7 +20,7 @@ from seqpack.schedulers.minibatches import schedule_minibatches
 from seqpack.schedulers.objective import step_objective
 from seqpack.schedulers.request import Request
 from seqpack.schedulers.sample_groups import schedule_groups
-from seqpack.schedulers.static_shapes import BucketPrice, fit_sequence_limit, trim_to_buckets
+from seqpack.schedulers.shape_limits import BucketPrice, fit_sequence_limit, trim_to_buckets
 from seqpack.stats import StepStats
 from seqpack.thd import StaticShapes, padded_lengths
 
