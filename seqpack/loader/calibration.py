@@ -1,14 +1,22 @@
-"""Online calibration inside the wrapper: what one :class:`~seqpack.loader.PackingIterator`
-does with the microbatch times the training loop reports.
+"""Online calibration inside the wrapper, as data: what a step takes in and what it gives back.
 
-:class:`StepCalibration` owns the :class:`~seqpack.calibrate.TimingLedger` on the ranks that
-keep the model (those that read data, and under ``data_owner="tp0"`` the middle pipeline
-stages of TP rank 0, which take part in the pipeline's agreement) and gives the wrapper's
-step production what it needs: the time words to send with a step's length gather, the
-model to schedule with, the fingerprint that covers schedule and model, the words for the
-copies' agreements, the absorption of the combined times, and the stats. Every method is a
-no-op (or returns ``None``) without ``calibrate``. How the times travel and the lag:
-docs/cost_models.md.
+:class:`CalibrationState` holds the :class:`~seqpack.calibrate.TimingLedger` on the ranks
+that keep the model (those that read data, and under ``data_owner="tp0"`` the middle
+pipeline stages of TP rank 0, which take part in the pipeline's agreement). Between steps,
+and only there, the producer
+
+- takes a :class:`StepInput` before a step (:meth:`CalibrationState.take`): the model to plan
+  with, the time words this rank sends with the length gather, the ``ABSENT`` words it brings
+  to the agreements until it holds gathered ones, and a refused ``record_times`` to fail the
+  step with;
+- gives back, once the step's agreements are done, the combined time words every rank holds
+  (:meth:`CalibrationState.absorb`), which the calibrator absorbs, and gets the last
+  :class:`~seqpack.calibrate.Measurement` for the step's stats (:func:`fill_stats`).
+
+The step itself only carries these values (the words ride the gather and the agreements'
+payloads; :meth:`StepInput.fingerprint` covers schedule and model). Without ``calibrate`` a
+step's input is empty (every field ``None``) and nothing is absorbed: no phase asks whether
+calibration is on. How the times travel and the lag: docs/cost_models.md.
 """
 
 from __future__ import annotations
@@ -24,17 +32,45 @@ from seqpack.calibrate.ledger import check_times
 from seqpack.collective import StepError, StepMessage, StepOk
 from seqpack.cost import CostModel
 from seqpack.loader.config import PackingConfig
-from seqpack.loader.step import StepTrace
-from seqpack.options import fingerprint_text
+from seqpack.options import Sync, fingerprint_text
 from seqpack.schedulers import Schedule, predicted_step_time
 from seqpack.stats import StepStats
+from seqpack.thd import StaticShapes
 from seqpack.topology import Topology
 
-__all__ = ["StepCalibration"]
+__all__ = ["CalibrationState", "StepInput", "fill_stats"]
 
 
-class StepCalibration:
-    """The wrapper's side of online calibration (see the module docstring)."""
+@dataclasses.dataclass(frozen=True)
+class StepInput:
+    """What one step takes from the calibration state (all ``None`` without a ledger).
+
+    Attributes:
+        model: The model to plan with (``None``: the config's cost).
+        fitted: ``model`` is fitted to measured times (else it is the prior).
+        words: This rank's time words for the length gather (ranks that read).
+        blank: ``ABSENT`` words ``[dp * width]``: this rank's share of the agreements' MAX
+            while it holds no gathered words (never counted by the MAX).
+        error: A refused ``record_times`` of this rank: the step fails with it everywhere.
+    """
+
+    model: CostModel | None = None
+    fitted: bool = False
+    words: np.ndarray | None = None
+    blank: np.ndarray | None = None
+    error: str | None = None
+
+    def fingerprint(self, plan: Schedule) -> int:
+        """What ranks compare: the schedule, and with a model the model that made it (ranks
+        must also agree on the model they fitted)."""
+        if self.model is None:
+            return plan.fingerprint()
+        words = tuple(v.hex() if isinstance(v, float) else v for v in dataclasses.astuple(self.model))
+        return fingerprint_text(repr((plan.fingerprint(), *words)))
+
+
+class CalibrationState:
+    """The wrapper's calibration state: the ledger and its calibrator (module docstring)."""
 
     def __init__(
         self,
@@ -48,14 +84,13 @@ class StepCalibration:
         """``prior``: the model a new calibrator starts from (the step's resolved cost).
         ``lag``: the largest ``prefetch`` of any rank (default: this rank's): every rank
         sends the times of the same steps, so ranks may differ in prefetch."""
-        self.enabled = config.calibrate is not False
         self.reads = reads
         self.topology = topology
         self.prefetch = config.prefetch if lag is None else lag
-        self.sync = config.sync
-        self.static_shapes = config.static_shapes
         self.ledger: TimingLedger | None = None
-        if not self.enabled or not (reads or topology.tp_rank == 0):
+        # What Step.record_times calls (None: the iterator does not calibrate).
+        self.recorder = None if config.calibrate is False else self.record
+        if config.calibrate is False or not (reads or topology.tp_rank == 0):
             return
         if isinstance(config.calibrate, CostCalibrator):
             calibrator = config.calibrate.copy()
@@ -98,74 +133,44 @@ class StepCalibration:
         # This rank's times are not used; they are still checked (types and count).
         check_times(seconds, num_microbatches, step=step, dp_rank=self.topology.dp_rank)
 
-    def outgoing(self, step: int) -> tuple[np.ndarray | None, str | None]:
-        """The time words to send with step ``step``'s length gather, and a bad
-        ``record_times`` of this rank to fail the step with (on every rank).
+    def take(self, step: int) -> StepInput:
+        """What step ``step`` takes in: the calibrator's model, this rank's time words and
+        its refused ``record_times`` (ranks that read), and the ``ABSENT`` words of every
+        pending step (the same count on every rank: every ledger has the same steps).
 
         Only times of steps up to ``step - 1 - prefetch`` go: what the training loop has
         surely recorded (it records a step before asking for the next), whatever the timing
         of the threads, so a calibrated run is reproducible.
         """
-        if self.ledger is None:
-            return None, None
-        return self.ledger.outgoing(upto=step - 1 - self.prefetch), self.ledger.take_error()
-
-    def choose_model(self, trace: StepTrace) -> None:
-        """Put the model this step is scheduled with into ``trace``."""
-        if self.ledger is not None:
-            calibrator = self.ledger.calibrator
-            trace.model, trace.fitted = calibrator.model, calibrator.fitted
-
-    def fingerprint(self, plan: Schedule, trace: StepTrace) -> int:
-        """What ranks compare: the schedule, and under calibration the model that made it
-        (ranks must also agree on the model they fitted)."""
-        model = trace.model
-        if model is not None:
-            words: tuple[object, ...]
-            words = tuple(v.hex() if isinstance(v, float) else v for v in dataclasses.astuple(model))
-            trace.fingerprint = fingerprint_text(repr((plan.fingerprint(), *words)))
-        return trace.fingerprint if trace.fingerprint is not None else plan.fingerprint()
-
-    @staticmethod
-    def message_fingerprint(msg: StepOk, trace: StepTrace | None) -> int:
-        return trace.fingerprint if trace is not None and trace.fingerprint is not None else msg.fingerprint
-
-    def payload(self, trace: StepTrace | None) -> np.ndarray | None:
-        """This rank's time words for an agreement: the DP-gathered table on ranks that
-        read, ``ABSENT`` (never counted by the MAX) on the others (same length: every
-        ledger has the same steps)."""
-        if self.ledger is None or trace is None:
-            return None
-        if trace.times is not None:
-            return trace.times.reshape(-1)
-        return np.full(self.topology.dp_size * self.ledger.width(), ABSENT, dtype=np.int64)
-
-    def absorb(self, msg: StepMessage, trace: StepTrace) -> None:
-        """After the agreements every rank holds the same combined times: feed them to the
-        calibrator, then register this step's layout for its own times. At the end of data
-        the last times are still taken (``PackingIterator.last_measurement``)."""
         ledger = self.ledger
-        if ledger is None or isinstance(msg, StepError) or trace.times is None:
-            return
+        if ledger is None:
+            return StepInput()
+        words = error = None
+        if self.reads:
+            words, error = ledger.outgoing(upto=step - 1 - self.prefetch), ledger.take_error()
+        blank = np.full(self.topology.dp_size * ledger.width(), ABSENT, dtype=np.int64)
         calibrator = ledger.calibrator
-        if trace.model is None:  # a middle stage: the model its peers scheduled with is this one
-            trace.model, trace.fitted = calibrator.model, calibrator.fitted
-        in_seconds = trace.fitted or calibrator.prior_in_seconds
-        ledger.incoming(msg.step, trace.times.reshape(self.topology.dp_size, -1))
-        if isinstance(msg, StepOk):
-            ledger.add_schedule(msg.step, msg.schedule, trace.model if in_seconds else None)
+        return StepInput(calibrator.model, calibrator.fitted, words, blank, error)
 
-    def fill_stats(self, stats: StepStats, plan: Schedule, trace: StepTrace, stats_cost: CostModel) -> None:
-        """The model in use, its prediction for this step, and its error on the last
-        measured one."""
-        stats.calibrated = trace.fitted
-        model = trace.model if trace.model is not None else stats_cost
-        stats.cost_model = model
-        stats.predicted_step_time = predicted_step_time(plan, model, sync=self.sync, static_shapes=self.static_shapes)
-        last = self.last
-        if last is not None:
-            stats.measured_step, stats.measured_step_time = last.step, last.measured
-            stats.prediction_error = None if last.error is None else float(last.error)
+    def absorb(self, msg: StepMessage, taken: StepInput, times: np.ndarray | None) -> Measurement | None:
+        """Feed the calibrator the combined time words ``times`` every rank holds after the
+        step's agreements (not those of a failed step), then register the
+        step's layout for its own times (``taken``: what the step was planned with). At the
+        end of data the last times are still taken (``PackingIterator.last_measurement``).
+
+        Returns:
+            The last measured step, for the step's stats (``None`` before one).
+        """
+        ledger = self.ledger
+        if ledger is None:
+            return None
+        if times is not None and not isinstance(msg, StepError):
+            calibrator = ledger.calibrator
+            in_seconds = taken.fitted or calibrator.prior_in_seconds
+            ledger.incoming(msg.step, times.reshape(self.topology.dp_size, -1))
+            if isinstance(msg, StepOk):
+                ledger.add_schedule(msg.step, msg.schedule, taken.model if in_seconds else None)
+        return ledger.last
 
     def snapshot(self) -> Any:
         return self.ledger.snapshot() if self.ledger is not None else None
@@ -176,3 +181,24 @@ class StepCalibration:
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
         if state is not None and self.ledger is not None:
             self.ledger.load_state_dict(state)
+
+
+def fill_stats(
+    stats: StepStats,
+    plan: Schedule,
+    taken: StepInput,
+    last: Measurement | None,
+    stats_cost: CostModel,
+    *,
+    sync: Sync,
+    static_shapes: StaticShapes | None,
+) -> None:
+    """The model the step was planned with (``stats_cost`` without one), its prediction for
+    the step, and ``last``: the last measured step and the error of its prediction."""
+    stats.calibrated = taken.fitted
+    model = taken.model if taken.model is not None else stats_cost
+    stats.cost_model = model
+    stats.predicted_step_time = predicted_step_time(plan, model, sync=sync, static_shapes=static_shapes)
+    if last is not None:
+        stats.measured_step, stats.measured_step_time = last.step, last.measured
+        stats.prediction_error = None if last.error is None else float(last.error)

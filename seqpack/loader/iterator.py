@@ -61,6 +61,7 @@ from seqpack.errors import (
     from_typed_message,
     typed_message,
 )
+from seqpack.loader.calibration import CalibrationState
 from seqpack.loader.config import PackingConfig, resolved_cost
 from seqpack.loader.construction import (
     check_covers_job,
@@ -160,17 +161,20 @@ class PackingIterator(Iterator[Step], Stateful):
         self._closed = False
         self._delivered: Progress | None = None  # as of the last step handed over
         scheduler = self.config.build_scheduler()
+        stats_cost = resolved_cost(self.config, scheduler)
+        # Every rank sends the times of the same steps: they wait for the deepest prefetch.
+        self._calibration = CalibrationState(self.config, topology, stats_cost, self._reads, lag=max_prefetch)
         self._producer = StepProducer(
             data_iterator,
             topology,
             self._comm,
             self.config,
             scheduler,
-            resolved_cost(self.config, scheduler),
+            stats_cost,
             reads=self._reads,
             copy=DeviceCopy(self._device, self._pin_memory, background=self.config.prefetch > 0),
             placement=stages,
-            calibration_lag=max_prefetch,
+            calibration=self._calibration,
         )
         self._finished = False
         self._failure: StepFailed | None = None
@@ -245,13 +249,13 @@ class PackingIterator(Iterator[Step], Stateful):
     def last_measurement(self) -> Measurement | None:
         """Under ``calibrate``: the last step whose microbatch times every rank holds (its
         measured and predicted step time); ``None`` before one, or without a calibrator."""
-        return self._producer.calibration.last
+        return self._calibration.last
 
     @property
     def calibrator(self) -> CostCalibrator | None:
         """The online cost calibrator (``None`` without ``calibrate`` or on ranks that do not
         keep it: TP ranks > 0 under ``data_owner="tp0"``)."""
-        return self._producer.calibration.calibrator
+        return self._calibration.calibrator
 
     # -- iteration ------------------------------------------------------------------------
 
@@ -375,7 +379,7 @@ class PackingIterator(Iterator[Step], Stateful):
             dropped_at_end=self.dropped_at_end,
             empty_at_end=self.empty_at_end,
             data_ended=progress.data_ended,
-            calibration=self._producer.calibration.state_dict(progress.calibration),
+            calibration=self._calibration.state_dict(progress.calibration),
         ).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -398,6 +402,7 @@ class PackingIterator(Iterator[Step], Stateful):
         self.dropped_at_end = saved.dropped_at_end
         self.empty_at_end = saved.empty_at_end
         self._producer.restore(saved)
+        self._calibration.load_state_dict(saved.calibration)
 
 
 def wrap_data_iterator(

@@ -18,11 +18,13 @@ the same order, because every stage with a collective is collective):
 A phase that fails on one rank becomes an error naming the rank and the phase, which the next
 agreement carries to every rank; a phase holding a collective still takes part in it.
 
-Online calibration is one stage object (:class:`~seqpack.loader.calibration.StepCalibration`)
-the producer consults at fixed points: the time words that ride the gather (1), the model the
-step is scheduled with and the fingerprint covering both (1), the words combined in the
-agreements (2, 3), absorbing the combined times once every rank holds them and the stats
-(4). Without ``calibrate`` each of those is a no-op.
+Calibration is data (:mod:`seqpack.loader.calibration`): before the stages a step takes a
+:class:`~seqpack.loader.calibration.StepInput` (the model to plan with, the time words that
+ride the gather and the agreements' payloads), and after them it gives the combined words
+back, absorbed once, between steps, by
+:meth:`~seqpack.loader.calibration.CalibrationState.absorb`, which returns the last
+measurement for the stats. Without ``calibrate`` the input is empty and the stages carry
+``None``.
 
 :meth:`StepProducer.produce` never raises: a failure becomes the step's agreed error, or an
 exception carried in the ``Ready`` and raised by the ``next()`` of that step.
@@ -35,6 +37,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from seqpack.calibrate import Measurement
 from seqpack.collective import (
     Status,
     StepEnd,
@@ -50,7 +53,7 @@ from seqpack.collective.groups import this_rank
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SampleError, ScheduleError, StepFailed
 from seqpack.loader import phases
-from seqpack.loader.calibration import StepCalibration
+from seqpack.loader.calibration import CalibrationState, StepInput, fill_stats
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.labels import misaligned_step_message
 from seqpack.loader.placement import Placement
@@ -95,7 +98,8 @@ class StepProducer:
         placement: The exchange and pack stages of the config's CP mode
             (:func:`~seqpack.loader.placement.placement`), with the model's CP process
             groups, which the step's CP-sharded batches carry as ``cp_group``.
-        calibration_lag: The largest ``prefetch`` of any rank (default: this rank's).
+        calibration: The calibration state each step takes its :class:`StepInput` from and
+            gives its combined times back to.
     """
 
     def __init__(
@@ -110,7 +114,7 @@ class StepProducer:
         reads: bool,
         copy: DeviceCopy,
         placement: Placement,
-        calibration_lag: int | None = None,
+        calibration: CalibrationState,
     ) -> None:
         self.topology, self.comm, self.config = topology, comm, config
         self.placement = placement
@@ -126,7 +130,8 @@ class StepProducer:
         self.data_ended = False
         self.local_cause: BaseException | None = None  # this rank's own exception behind a step error
         self.shared_cause: BaseException | None = None  # the exception behind an error every rank decided alike
-        self.calibration = StepCalibration(config, topology, stats_cost, reads, lag=calibration_lag)
+        self.calibration = calibration
+        self.recorder = calibration.recorder
 
     @property
     def started(self) -> bool:
@@ -139,25 +144,26 @@ class StepProducer:
         background thread under prefetch, else inside ``next()``; never raises."""
         index = self.steps
         try:
-            trace = StepTrace()
+            taken = self.calibration.take(index)  # the model to plan with, the time words to send
+            trace = StepTrace(taken.blank)
             msg: StepMessage | None = None
             if self.reads:
-                msg = self._agree_copies(self._reader_step(trace), trace)
+                msg = self._agree_copies(self._reader_step(taken, trace), taken, trace)
             if self.config.data_owner == DataOwner.TP0:
                 with trace.phase("broadcast"):
                     try:
-                        msg = self._broadcast(msg, trace)
+                        msg = self._broadcast(msg, taken, trace)
                     except Exception as exc:  # after the broadcasts' collectives (the steps between are guarded)
                         msg = self._failed("broadcast", exc)
                 trace.timings["broadcast"] -= trace.timings.get("wait", 0.0)
             assert msg is not None
             try:
-                self.calibration.absorb(msg, trace)
+                last = self.calibration.absorb(msg, taken, trace.times)  # the combined times, between steps
                 trace.timings["total"] = time.perf_counter() - trace.start
-                ready = self._ready(msg, trace)
+                ready = self._ready(msg, trace, taken, last)
             except Exception as exc:  # delivery failed here: the closing agreement tells every rank
                 self.steps = index
-                ready = self._ready(self._failed("delivery", exc), trace)
+                ready = self._ready(self._failed("delivery", exc), trace, taken, None)
             return self._settle(ready)
         except BaseException as exc:  # raised by the next() of this step (Ctrl-C included), which fails the iterator
             return Ready(index, error=exc)
@@ -176,10 +182,10 @@ class StepProducer:
         failed = StepError(ready.index, agreed.message or "", agreed.rank)
         return Ready(ready.index, message=failed, cause=self.local_cause if mine else None)
 
-    def _reader_step(self, trace: StepTrace) -> StepMessage:
+    def _reader_step(self, taken: StepInput, trace: StepTrace) -> StepMessage:
         """Read, gather, schedule, exchange and pack this rank's share of the step; every rank
         that reads agrees before the exchange, so none enters it without its peers."""
-        planned = self._plan(trace)
+        planned = self._plan(taken, trace)
         msg = None if isinstance(planned, _Planned) else planned
         fingerprint = planned.fingerprint if isinstance(planned, _Planned) and self.config.check_schedule else None
         status, message, origin = _outcome(msg)
@@ -191,8 +197,9 @@ class StepProducer:
             return self._place(planned, trace)
         return _with_status(msg or StepEnd(self.steps), agreed.status, agreed.message, agreed.rank)
 
-    def _plan(self, trace: StepTrace) -> _Planned | StepEnd | StepError:
-        """Read, gather and schedule: the step's plan, or how the step ends on this rank."""
+    def _plan(self, taken: StepInput, trace: StepTrace) -> _Planned | StepEnd | StepError:
+        """Read, gather (with ``taken``'s time words) and schedule (with its model): the
+        step's plan, or how the step ends on this rank."""
         t, step, config = self.comm, self.steps, self.config
         self.local_cause = self.shared_cause = None
         error = columns = None
@@ -208,11 +215,10 @@ class StepProducer:
             except BaseException as exc:  # the user's iterator or data, Ctrl-C too: every rank hears of it
                 pool, mask = [], 0
                 error = self._bad_input(exc, step)
-        times, bad_times = self.calibration.outgoing(step)
-        error = error or bad_times  # a bad record_times fails the step everywhere
+        error = error or taken.error  # a bad record_times fails the step everywhere
         with trace.phase("gather"):
             try:
-                gathered = phases.gather(pool, read, mask, t, error, times, columns)
+                gathered = phases.gather(pool, read, mask, t, error, taken.words, columns)
             except StepFailed as exc:
                 return StepError(step, str(exc), exc.rank)
             except SampleError as exc:  # DP ranks disagree on keys: no single culprit
@@ -226,16 +232,16 @@ class StepProducer:
             self.shared_cause = SampleError(misaligned)
             return StepError(step, misaligned)
         total = gathered.num_sequences
-        trace.times = gathered.timings  # combined with the copies' in the agreements that follow
+        if gathered.timings is not None:  # combined with the copies' in the agreements that follow
+            trace.times = gathered.timings.reshape(-1)
         self.data_ended = self.data_ended or gathered.exhausted
         if gathered.exhausted and (config.drop_last or total == 0):
             self.pool = []
             return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
         with trace.phase("schedule"):
             try:
-                self.calibration.choose_model(trace)
-                plan, bounds = phases.schedule(self.scheduler, config, t, gathered, cost=trace.model)
-                fingerprint = self.calibration.fingerprint(plan, trace)
+                plan, bounds = phases.schedule(self.scheduler, config, t, gathered, cost=taken.model)
+                fingerprint = taken.fingerprint(plan)
             except ScheduleError as exc:
                 return self._error(step, f"step {step}: {exc}", exc)
             except Exception as exc:
@@ -305,24 +311,22 @@ class StepProducer:
         step = self.steps
         return self._error(step, f"step {step}: {phase} failed on {self._who()}: {type(exc).__name__}: {exc}", exc)
 
-    def _agree_copies(self, msg: StepMessage, trace: StepTrace | None = None) -> StepMessage:
+    def _agree_copies(self, msg: StepMessage, taken: StepInput, trace: StepTrace) -> StepMessage:
         """The copies of one replica (CP ranks; under "all" also TP and PP) agree on the
         outcome. The schedule fingerprint rides on the status all-reduce that happens
-        anyway: copies that read different data are caught every step. Under calibration
-        the microbatch times gathered over DP ride on it too (an int64 MAX), so that every
-        copy holds every copy's times."""
+        anyway: copies that read different data are caught every step. The step's time
+        words (``trace.times``; none without calibrate) ride on it too (an int64 MAX), so
+        that every copy holds every copy's times."""
         axes = (Axis.CP,) if self.config.data_owner == DataOwner.TP0 else (Axis.CP, Axis.TP, Axis.PP)
-        fingerprint = StepCalibration.message_fingerprint(msg, trace) if isinstance(msg, StepOk) else None
+        fingerprint = taken.fingerprint(msg.schedule) if isinstance(msg, StepOk) else None
         status, message, origin = _outcome(msg)
-        payload = self.calibration.payload(trace)
         agreed = agree_axes(
-            self.comm, axes, status, message, fingerprint, what="schedules", origin=origin, payload=payload
+            self.comm, axes, status, message, fingerprint, what="schedules", origin=origin, payload=trace.times
         )
-        if trace is not None and payload is not None:
-            trace.times = agreed.payload
+        trace.times = agreed.payload
         return _with_status(msg, agreed.status, agreed.message, agreed.rank)
 
-    def _broadcast(self, msg: StepMessage | None, trace: StepTrace) -> StepMessage:
+    def _broadcast(self, msg: StepMessage | None, taken: StepInput, trace: StepTrace) -> StepMessage:
         """data_owner="tp0": TP rank 0 sends to the other TP ranks; the pipeline agrees and
         the first stage sends its layout to the middle ones."""
         t = self.comm
@@ -336,16 +340,15 @@ class StepProducer:
             except Exception as exc:
                 msg = self._failed("broadcast", exc)
         if t.pp_size > 1:
-            msg = self._pipeline(msg, trace)
+            msg = self._pipeline(msg, taken, trace)
         assert msg is not None
         return msg
 
-    def _pipeline(self, msg: StepMessage | None, trace: StepTrace) -> StepMessage:
+    def _pipeline(self, msg: StepMessage | None, taken: StepInput, trace: StepTrace) -> StepMessage:
         """Agree with the other stages, then send the first stage's layout to the middle ones."""
         t, step = self.comm, self.steps
-        fingerprint = StepCalibration.message_fingerprint(msg, trace) if isinstance(msg, StepOk) else None
+        fingerprint = taken.fingerprint(msg.schedule) if isinstance(msg, StepOk) else None
         status, message, origin = _outcome(msg)
-        payload = self.calibration.payload(trace)
         agreed = agree(
             status,
             message,
@@ -354,10 +357,9 @@ class StepProducer:
             axis="pp",
             what="schedules (first and last stage)",
             origin=origin,
-            payload=payload,
+            payload=trace.times,
         )
-        if payload is not None:
-            trace.times = agreed.payload
+        trace.times = agreed.payload
         if agreed.status == Status.ERROR:
             return StepError(step, agreed.message or "", agreed.rank)
         if t.pp_size > 2:
@@ -383,9 +385,10 @@ class StepProducer:
             return StepEnd(step) if agreed.status == Status.END else StepError(step, agreed.message or "")
         return msg
 
-    def _ready(self, msg: StepMessage, trace: StepTrace) -> Ready:
+    def _ready(self, msg: StepMessage, trace: StepTrace, taken: StepInput, last: Measurement | None) -> Ready:
         """The step's agreed outcome as next() will hand it over, built on the producer's
-        side: stats, device copy, and the resume bookkeeping as of this step."""
+        side: stats (``taken``: what the step was planned with; ``last``: the last measured
+        step), device copy, and the resume bookkeeping as of this step."""
         if isinstance(msg, StepError):
             # The failing rank's own exception; an error every reading rank decided alike
             # from the gathered sums carries the exception each of them made of it.
@@ -399,17 +402,14 @@ class StepProducer:
         plan = msg.schedule
         # A calibrated dynamic-CP cost is the unit the step was planned in; a fitted static
         # one is not what static stats are measured in (the config's cost is).
-        cost = trace.model if trace.model is not None and not plan.is_static else self.stats_cost
+        config = self.config
+        cost = taken.model if taken.model is not None and not plan.is_static else self.stats_cost
         stats = StepStats.from_schedule(
-            plan,
-            cost,
-            empty_samples=msg.empty_samples,
-            sync=self.config.sync,
-            static_shapes=self.config.static_shapes,
+            plan, cost, empty_samples=msg.empty_samples, sync=config.sync, static_shapes=config.static_shapes
         )
-        self.calibration.fill_stats(stats, plan, trace, self.stats_cost)
-        if self.config.flops_fn is not None:
-            stats.flops = float(self.config.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
+        fill_stats(stats, plan, taken, last, self.stats_cost, sync=config.sync, static_shapes=config.static_shapes)
+        if config.flops_fn is not None:
+            stats.flops = float(config.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
         self.steps += 1
         batches, copied = self.copy.place(self._with_groups(plan, msg.microbatches), trace)
         step = Step(
@@ -424,7 +424,7 @@ class StepProducer:
             schedule_fingerprint=plan.fingerprint(),
             timings=trace.timings,
             exchange_bytes=trace.traffic,
-            _recorder=self.calibration.record if self.calibration.enabled else None,
+            _recorder=self.recorder,
             _topology=self.topology,
             _cp_groups=self.cp_groups,
             _empty_at=msg.empty_at,
@@ -471,7 +471,6 @@ class StepProducer:
             self.reader.consumed = saved.consumed - self.reader.skip
         if saved.scheduler is not None and isinstance(self.scheduler, Stateful):
             self.scheduler.load_state_dict(saved.scheduler)
-        self.calibration.load_state_dict(saved.calibration)
 
 
 def _minibatch_counts(msg: StepOk) -> list[int] | None:

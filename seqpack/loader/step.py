@@ -1,5 +1,5 @@
 """What one wrapper step hands over: :class:`Step`, and :class:`StepTrace`, the timings and
-exchange bytes (and, under calibration, the model) gathered while the step is prepared."""
+exchange bytes (and, under calibration, the time words) gathered while the step is prepared."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from seqpack.collective.cp_groups import CpGroups
-from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.loader.origin import origin_slots, to_origin
 from seqpack.schedulers import Schedule
@@ -164,16 +163,13 @@ class Step:
 class StepTrace:
     """Seconds per phase and exchange bytes of one step on this rank."""
 
-    def __init__(self) -> None:
+    def __init__(self, times: np.ndarray | None = None) -> None:
         self.start = time.perf_counter()
         self.timings: dict[str, float] = {}
         self.traffic: dict[str, int] = {}
-        # Calibration (seqpack.calibrate): the model this step is scheduled with, the
-        # fingerprint of schedule and model, and the microbatch-time words being combined.
-        self.model: CostModel | None = None
-        self.fitted = False  # the model is fitted to measured times
-        self.fingerprint: int | None = None
-        self.times: np.ndarray | None = None
+        # The microbatch-time words the step carries (seqpack.loader.calibration; None without
+        # calibrate): StepInput.blank, the gathered table once gathered, the agreements' MAX.
+        self.times = times
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
