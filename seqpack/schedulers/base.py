@@ -202,12 +202,12 @@ class GridScheduler(Scheduler):
             limit=shapes.max_real_sequences,
             capacity=capacity,
             keep_replica=self.keeps_origin,
-            round_multiple=self._round_multiple(),
-            fixed_rounds=self._fixed_rounds(),
+            round_multiple=int(getattr(self, "microbatch_multiple", 1)),  # rounds added keep the multiple
+            fixed_rounds=getattr(self, "num_microbatches", None),  # a forced count: no rounds added
         )
         model = self.resolve_cost(cost)
-        price = None if not isinstance(model, CostModel) else BucketPrice.of(shapes, capacity, model.linear)
-        if self.plans_buckets and price is not None and isinstance(model, CostModel):
+        price = None if model is None else BucketPrice.of(shapes, capacity, model.linear)
+        if self.plans_buckets and model is not None and price is not None:
             rounds = trim_to_buckets(
                 rounds,
                 padded,
@@ -227,15 +227,6 @@ class GridScheduler(Scheduler):
     """Whether :meth:`_plan` prices the request's ``static_shapes`` buckets itself: its plan
     is then trimmed to the buckets (:func:`~seqpack.schedulers.shape_limits.trim_to_buckets`);
     every grid plan is repaired to the shapes' limits anyway."""
-
-    def _round_multiple(self) -> int:
-        """The multiple the microbatch count keeps (rounds the ``static_shapes`` repair adds
-        come in multiples of it)."""
-        return int(getattr(self, "microbatch_multiple", 1))
-
-    def _fixed_rounds(self) -> int | None:
-        """A microbatch count the plan must keep (the repair may not add rounds), or None."""
-        return None
 
     @abstractmethod
     def _plan(self, request: Request) -> tuple[Sequence[Sequence[np.ndarray]], np.ndarray]:

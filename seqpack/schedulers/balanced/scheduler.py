@@ -4,6 +4,9 @@ round order (docs/schedulers.md).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import numpy as np
 
 from seqpack.cost import CostModel, default_cost_model
@@ -90,9 +93,6 @@ class BalancedScheduler(GridScheduler):
 
     plans_buckets = True
 
-    def _fixed_rounds(self) -> int | None:
-        return self.num_microbatches
-
     def uses_locality(self, *, sequences: int, tokens: int, dp_size: int, bytes_per_token: float | None) -> bool:
         """Whether a plan of ``sequences`` of ``tokens`` padded tokens in all into
         ``dp_size`` replicas runs locality: ``locality`` itself when a bool; under
@@ -124,8 +124,11 @@ class BalancedScheduler(GridScheduler):
             )
         padded = padded_lengths(lengths, request.pad_multiple)
         costs = model.cost(padded)
+        stages = self.stages
         if request.sample_cost is not None:  # the sum is balanced: tokens' cost plus each sample's own
             costs = costs + request.sample_cost
+            # The longest is no longer the costliest: bins are filled costliest first.
+            stages = dataclasses.replace(stages, fill_order=_costliest_first(costs, stages.fill_order))
         with np.errstate(over="ignore"):
             step_cost = float(costs.sum()) + model.constant * max(dp_size, 1)
         if not np.isfinite(step_cost):
@@ -149,7 +152,7 @@ class BalancedScheduler(GridScheduler):
             origin=origin,
             sync=sync,
             price=price,
-            stages=self.stages,
+            stages=stages,
         )
         replica = self.stages.relabel(plan.replica_of, origin, padded, dp_size)
         if self.uses_locality(
@@ -228,6 +231,22 @@ def _single_rank(
         return None
     load = np.bincount(packing.pack_of, weights=costs, minlength=count).reshape(count, 1)
     return packing.pack_of, load
+
+
+def _costliest_first(
+    costs: np.ndarray, fill_order: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
+) -> Callable[[np.ndarray, np.ndarray | None], np.ndarray]:
+    """A fill order by ``costs``, costliest first, ties in ``fill_order``'s order (equal
+    lengths interleaved by origin): for costs that do not grow with length alone (a request's
+    ``sample_cost``)."""
+
+    def order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
+        base = fill_order(padded, origin)
+        position = np.empty_like(base)
+        position[base] = np.arange(base.shape[0], dtype=base.dtype)
+        return np.lexsort((position, -costs))
+
+    return order
 
 
 def _check_locality(value: object) -> bool | str:
