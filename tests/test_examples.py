@@ -105,3 +105,19 @@ def test_rl_rollouts_log_probs_come_back_exactly_once_and_equal_the_unpacked_one
     diffs = [float(re.search(r"alone: ([0-9.e+-]+)", line).group(1)) for line in lines]
     assert max(diffs) < 1e-10, out
     assert all("groups split over replicas: 0" in line for line in lines), out  # each prompt's responses together
+
+
+@pytest.mark.processes
+def test_vlm_sft_trains_a_tiny_qwen2_vl_on_two_ranks_exactly():
+    """examples/vlm_sft.py on 2 gloo ranks: images, two-image samples, a video and text through
+    the wrapper; the first step's loss equals its samples run alone (the model's own
+    positions), every sample runs once a step, and the loss falls."""
+    pytest.importorskip("transformers")
+    out = run_script(os.path.join(EXAMPLES, "vlm_sft.py"), ["--steps", "5", "--check"], nproc=2)
+    lines = [line for line in out.splitlines() if line.startswith("step ") and "tokens, loss" in line]
+    losses = [float(re.search(r"loss (\d+\.\d+)", line).group(1)) for line in lines]
+    assert len(losses) == 5 and losses[-1] < losses[0] - 0.5, out
+    assert all("every sample once: True" in line for line in lines), out
+    assert all(re.search(r"encoder imbalance \d+\.\d+", line) for line in lines), out
+    diff = float(re.search(r"unpacked: \|diff\| ([0-9.e+-]+)", out).group(1))
+    assert diff < 1e-5, out
