@@ -1,0 +1,179 @@
+"""Encoder rebalancing's route: a microbatch round's images encoded on other DP ranks and their
+embeddings brought back, differentiably.
+
+Every rank of the round calls, in this order:
+
+1. :func:`gather_grids`: every rank's image grids (int64, two small all-gathers), so every
+   rank computes the same :func:`~seqpack.schedulers.encoder_plan.plan_encoders` plan;
+2. :func:`plan_route` (pure): the split sizes and row orders of the plan on this rank;
+3. :func:`move_patches`: each image's patches to its encoding rank (one ``all_to_all_single``;
+   pixels carry no gradient);
+4. the vision tower over the images it encodes, in :attr:`RoutePlan.encode_grids` order;
+5. :func:`route_back`: the embeddings to the rank and order that needs them (an
+   ``all_to_all_single``) as an autograd function whose backward sends the gradients back the
+   reverse way, so the tower's gradient lands on the encoding rank.
+
+Local images are in the order the rank gives their grids (the HF model's: images, then videos);
+every rank's items go through the all-to-alls, its own included, so one code path serves all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+from seqpack.collective.groups import collective, comm_device
+
+__all__ = ["RoutePlan", "gather_grids", "move_patches", "plan_route", "route_back"]
+
+
+def gather_grids(grids: torch.Tensor, group: ProcessGroup | None, num_ranks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's grids ``[n_r, 3]`` (int64) in rank order, and the rank each row came from.
+
+    Returns:
+        int64 ``[N, 3]`` and int64 ``[N]`` (the home rank of each image).
+    """
+    device = comm_device(group)
+    local = grids.detach().to(device=device, dtype=torch.int64).reshape(-1, 3)
+    count = torch.tensor([local.shape[0]], dtype=torch.int64, device=device)
+    counts = [torch.empty_like(count) for _ in range(num_ranks)]
+    collective(dist.all_gather, counts, count, group=group)
+    sizes = [int(c) for c in torch.cat(counts).cpu().tolist()]
+    width = max(sizes, default=0)
+    if width == 0:
+        return np.zeros((0, 3), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    padded = torch.zeros(width, 3, dtype=torch.int64, device=device)
+    padded[: local.shape[0]] = local
+    rows = [torch.empty_like(padded) for _ in range(num_ranks)]
+    collective(dist.all_gather, rows, padded, group=group)
+    every = np.concatenate([r.cpu().numpy()[:n] for r, n in zip(rows, sizes, strict=True)])
+    home = np.repeat(np.arange(num_ranks, dtype=np.int64), sizes)
+    return every.astype(np.int64), home
+
+
+def _rows(order: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Row indices of items ``order`` (each ``counts[i]`` consecutive rows, items stored in
+    index order), concatenated."""
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    n = counts[order]
+    if n.sum() == 0:
+        return np.zeros(0, dtype=np.int64)
+    before = np.concatenate([[0], np.cumsum(n)[:-1]])
+    return np.repeat(starts[order] - before, n) + np.arange(int(n.sum()), dtype=np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutePlan:
+    """One rank's part of a round's route (all counts int64, lists for the collectives).
+
+    Attributes:
+        send_patches, recv_patches: Patch rows this rank sends to / receives from each rank.
+        send_patch_rows: Local patch rows in send order (by encoder, then local order).
+        encode_grids: int64 ``[k, 3]`` the grids this rank encodes, in received order (by home
+            rank, then that rank's order).
+        send_embeds, recv_embeds: Embedding rows this rank sends to / receives from each rank.
+        local_embed_rows: For each local embedding row (local order), its row in the received
+            embeddings (by encoder, then local order).
+    """
+
+    send_patches: list[int]
+    recv_patches: list[int]
+    send_patch_rows: np.ndarray
+    encode_grids: np.ndarray
+    send_embeds: list[int]
+    recv_embeds: list[int]
+    local_embed_rows: np.ndarray
+
+
+def plan_route(
+    grids: np.ndarray, home: np.ndarray, encoder: np.ndarray, rank: int, num_ranks: int, merge: int
+) -> RoutePlan:
+    """This rank's :class:`RoutePlan` for a round's ``grids`` ``[N, 3]`` (rank order), each
+    image's ``home`` and ``encoder`` rank, and the tower's ``spatial_merge_size`` ``merge``."""
+    patches = grids.prod(axis=1).astype(np.int64)
+    embeds = patches // (merge * merge)
+    index = np.arange(home.size)
+    mine = np.flatnonzero(home == rank)  # local order
+    local_patches, local_embeds = patches[mine], embeds[mine]
+    by_encoder = np.lexsort((np.arange(mine.size), encoder[mine]))  # local positions, by encoder
+    encoded = np.flatnonzero(encoder == rank)
+    encoded = encoded[np.lexsort((index[encoded], home[encoded]))]  # by home, then home's order
+    received_order = _rows(by_encoder, local_embeds)  # received row -> local row
+    local_rows = np.empty_like(received_order)
+    local_rows[received_order] = np.arange(received_order.size)
+    return RoutePlan(
+        send_patches=np.bincount(encoder[mine], weights=local_patches, minlength=num_ranks).astype(np.int64).tolist(),
+        recv_patches=np.bincount(home[encoded], weights=patches[encoded], minlength=num_ranks)
+        .astype(np.int64)
+        .tolist(),
+        send_patch_rows=_rows(by_encoder, local_patches),
+        encode_grids=grids[encoded],
+        send_embeds=np.bincount(home[encoded], weights=embeds[encoded], minlength=num_ranks).astype(np.int64).tolist(),
+        recv_embeds=np.bincount(encoder[mine], weights=local_embeds, minlength=num_ranks).astype(np.int64).tolist(),
+        local_embed_rows=local_rows,
+    )
+
+
+def _all_to_all(
+    send: torch.Tensor, send_split: list[int], recv_split: list[int], group: ProcessGroup | None
+) -> torch.Tensor:
+    """Rows of ``send`` (dim 0) to each rank by ``send_split``; what arrives, by rank."""
+    device = comm_device(group)
+    out = torch.empty((sum(recv_split), *send.shape[1:]), dtype=send.dtype, device=device)
+    collective(
+        dist.all_to_all_single,
+        out,
+        send.contiguous().to(device),
+        output_split_sizes=recv_split,
+        input_split_sizes=send_split,
+        group=group,
+    )
+    return out.to(send.device)
+
+
+def move_patches(pixels: torch.Tensor, route: RoutePlan, group: ProcessGroup | None) -> torch.Tensor:
+    """This rank's local patches ``[P, D]`` to their encoding ranks; returns the patches it
+    encodes ``[P', D]``, in :attr:`RoutePlan.encode_grids` order. No gradient flows."""
+    rows = torch.as_tensor(route.send_patch_rows, device=pixels.device)
+    return _all_to_all(pixels.detach()[rows], route.send_patches, route.recv_patches, group)
+
+
+class _RouteBack(torch.autograd.Function):
+    """Encoded embeddings (encoder order) -> the embeddings this rank needs (local order);
+    backward: their gradients back to the encoders."""
+
+    @staticmethod
+    def forward(ctx: Any, encoded: torch.Tensor, anchor: torch.Tensor, route: RoutePlan, group: Any) -> torch.Tensor:
+        ctx.route, ctx.group, ctx.anchor_shape = route, group, anchor.shape
+        received = _all_to_all(encoded, route.send_embeds, route.recv_embeds, group)
+        rows = torch.as_tensor(route.local_embed_rows, device=received.device)
+        return received[rows]  # [local rows, E]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        route: RoutePlan = ctx.route
+        order = torch.empty_like(torch.as_tensor(route.local_embed_rows, device=grad.device))
+        order[torch.as_tensor(route.local_embed_rows, device=grad.device)] = torch.arange(
+            order.numel(), device=grad.device
+        )
+        back = _all_to_all(grad.contiguous()[order], route.recv_embeds, route.send_embeds, ctx.group)
+        return back, grad.new_zeros(ctx.anchor_shape), None, None
+
+
+def route_back(encoded: torch.Tensor, route: RoutePlan, group: ProcessGroup | None) -> torch.Tensor:
+    """The embeddings ``encoded`` ``[rows, E]`` (this rank's images, :attr:`RoutePlan.encode_grids`
+    order) to the ranks that need them; returns this rank's ``[local rows, E]`` in local order.
+
+    Differentiable, and collective in both directions: the result always requires grad when
+    grad mode is on (so every rank's backward reaches the all-to-all, even one that encodes
+    nothing); every rank must backpropagate through it (see
+    :func:`seqpack.interop.hf_vision.rebalance_encoder`, which ties it into the loss).
+    """
+    anchor = torch.zeros(0, device=encoded.device, dtype=encoded.dtype, requires_grad=torch.is_grad_enabled())
+    out: torch.Tensor = _RouteBack.apply(encoded, anchor, route, group)
+    return out

@@ -1,0 +1,253 @@
+"""Encoder rebalancing for a Hugging Face Qwen2-VL-family model, with no change to its code.
+
+:func:`rebalance_encoder` hooks the model (transformers 5.24's Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+Qwen3-VL-MoE): every forward is a microbatch round of the DP group, in which
+
+- a forward pre-hook on the module owning the vision tower (``model.model``) reads the
+  forward's ``image_grid_thw`` / ``video_grid_thw``, gathers every rank's grids
+  (:func:`~seqpack.collective.encoder_route.gather_grids`), plans where each image is encoded
+  (:func:`~seqpack.schedulers.encoder_plan.plan_encoders` on the encoder's FLOPs,
+  :meth:`seqpack.cost.VisionSpec.grid_flops`), and, where images move, moves their patches,
+  runs the tower over the images this rank encodes and routes the embeddings back
+  (:func:`~seqpack.collective.encoder_route.route_back`, differentiable);
+- the tower's ``forward`` then serves the routed embeddings when the model asks for its
+  images' and videos' features (the tower runs as usual in rounds where nothing moves);
+- a forward pre-hook on the language model ties the routed embeddings into its
+  ``inputs_embeds`` with a zero gradient, so every rank's backward reaches the route's
+  all-to-all, a rank without images of its own included.
+
+Every rank of the group must run the same number of forwards (and of backwards, in the same
+order): one per microbatch, as DP training does. The route's collectives run on ``group``;
+under DDP/FSDP give it a group of its own (``dist.new_group(ranks)``) so they never interleave
+with the gradient all-reduces. Parameter names do not change (the tower is not replaced).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+
+from seqpack.collective.encoder_route import RoutePlan, gather_grids, move_patches, plan_route, route_back
+from seqpack.collective.groups import group_rank, group_size
+from seqpack.cost.vision_encoder import VisionSpec
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.schedulers.balanced.locality import LINK_BYTES_PER_SECOND
+from seqpack.schedulers.encoder_plan import DEFAULT_SECONDS_PER_FLOP, EncoderPlan, plan_encoders, rebalance_pays
+
+__all__ = ["EncoderRebalance", "RoundRecord", "rebalance_encoder"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundRecord:
+    """What the last round decided (the same on every rank).
+
+    Attributes:
+        plan: The plan (``None``: no image in the round).
+        routed: Whether images moved (``False``: every image encoded where its sequence runs).
+    """
+
+    plan: EncoderPlan | None
+    routed: bool
+
+
+class _Tie(torch.autograd.Function):
+    """``embeds`` unchanged; ``routed`` gets a zero gradient (it joins the loss's graph)."""
+
+    @staticmethod
+    def forward(ctx: Any, embeds: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        ctx.routed_shape, ctx.routed_dtype = routed.shape, routed.dtype
+        return embeds.view_as(embeds)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad, grad.new_zeros(ctx.routed_shape, dtype=ctx.routed_dtype)
+
+
+def _owner(model: nn.Module) -> nn.Module:
+    for candidate in (model, getattr(model, "model", None)):
+        if isinstance(candidate, nn.Module) and isinstance(getattr(candidate, "visual", None), nn.Module):
+            if isinstance(getattr(candidate, "language_model", None), nn.Module):
+                return candidate
+    raise SeqpackTypeError(
+        f"rebalance_encoder needs a Qwen2-VL-family model (a module with .visual and .language_model, or its "
+        f".model), got {type(model).__name__}"
+    )
+
+
+class EncoderRebalance:
+    """The hooks :func:`rebalance_encoder` installs; :meth:`remove` takes them off.
+
+    Attributes:
+        last: The last round's :class:`RoundRecord`.
+        rounds, routed_rounds, moved_images: Counts over the rounds so far.
+    """
+
+    def __init__(
+        self, model: nn.Module, group: ProcessGroup | None, mode: bool | str, spec: VisionSpec, **price: float
+    ) -> None:
+        self.owner = _owner(model)
+        self.tower = self.owner.get_submodule("visual")
+        self.group, self.mode, self.spec, self.price = group, mode, spec, price
+        self.num_ranks, self.rank = group_size(group), group_rank(group)
+        self.deepstack = len(getattr(self.tower, "deepstack_visual_indexes", ()) or ())
+        module = sys.modules[type(self.tower).__module__]
+        self.output_type = (
+            getattr(module, "BaseModelOutputWithDeepstackFeatures", None) or module.BaseModelOutputWithPooling
+        )
+        self.last: RoundRecord | None = None
+        self.rounds = self.routed_rounds = self.moved_images = 0
+        self._served: list[tuple[torch.Tensor, torch.Tensor]] = []  # (grid, embeddings) per modality
+        self._pending: torch.Tensor | None = None
+        self._original = self.tower.forward
+        # An instance attribute, not a new module: parameter names and the state dict stay.
+        self.tower.forward = self._tower_forward
+        self._handles = [
+            self.owner.register_forward_pre_hook(self._before, with_kwargs=True),
+            self.owner.get_submodule("language_model").register_forward_pre_hook(self._tie, with_kwargs=True),
+        ]
+
+    def remove(self) -> None:
+        """Restore the model."""
+        for handle in self._handles:
+            handle.remove()
+        del self.tower.forward
+        self._handles = []
+
+    # -- a round ---------------------------------------------------------------------------
+    def _before(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._served, self._pending = [], None
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (pixels, grid) of images, then videos
+        for name, grid_name in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+            pixels, grid = kwargs.get(name), kwargs.get(grid_name)
+            if pixels is not None and grid is not None:
+                parts.append((pixels, grid.reshape(-1, 3)))
+        local = torch.cat([grid.cpu().long() for _, grid in parts]) if parts else torch.zeros(0, 3, dtype=torch.long)
+        grids, home = gather_grids(local, self.group, self.num_ranks)
+        self.rounds += 1
+        if grids.shape[0] == 0:
+            self.last = RoundRecord(plan=None, routed=False)
+            return
+        plan = self._plan(grids, home)
+        self.last = RoundRecord(plan=plan, routed=bool(plan.moved.any()))
+        if not self.last.routed:
+            return
+        self.routed_rounds += 1
+        self.moved_images += int(plan.moved.sum())
+        route = plan_route(grids, home, plan.encoder, self.rank, self.num_ranks, self.spec.spatial_merge_size)
+        embeds = self._encode(parts, route)
+        self._pending = embeds
+        start = 0
+        for _, grid in parts:
+            rows = int(grid.prod(dim=1).sum()) // self.spec.spatial_merge_size**2
+            self._served.append((grid, embeds[start : start + rows]))
+            start += rows
+
+    def _plan(self, grids: np.ndarray, home: np.ndarray) -> EncoderPlan:
+        plan = plan_encoders(self.spec.grid_flops(grids), home, self.num_ranks)
+        if self.mode != "auto" or not plan.moved.any():
+            return plan
+        patches = grids.prod(axis=1).astype(np.float64)
+        itemsize = torch.empty(0, dtype=self._dtype()).element_size()
+        pixel_dim = self.spec.in_channels * self.spec.temporal_patch_size * self.spec.patch_size**2
+        width = self.spec.out_hidden_size * (1 + self.deepstack)
+        embed_bytes = patches / self.spec.spatial_merge_size**2 * width * itemsize
+        if rebalance_pays(plan, patches * pixel_dim * itemsize, embed_bytes, **self.price):
+            return plan
+        return plan_encoders(np.zeros(home.size), home, self.num_ranks)  # the home plan
+
+    def _dtype(self) -> torch.dtype:
+        return next(self.tower.parameters()).dtype
+
+    def _encode(self, parts: list[tuple[torch.Tensor, torch.Tensor]], route: RoutePlan) -> torch.Tensor:
+        """Move the patches, encode this rank's images, route the embeddings back: this
+        rank's ``[rows, out_hidden * (1 + deepstack)]``, images then videos."""
+        device, dtype = next(self.tower.parameters()).device, self._dtype()
+        width = self.spec.out_hidden_size * (1 + self.deepstack)
+        pixel_dim = self.spec.in_channels * self.spec.temporal_patch_size * self.spec.patch_size**2
+        pixels = [p.to(device=device, dtype=dtype).reshape(-1, pixel_dim) for p, _ in parts]
+        local = torch.cat(pixels) if pixels else torch.zeros(0, pixel_dim, device=device, dtype=dtype)
+        patches = move_patches(local, route, self.group)
+        if patches.shape[0]:
+            grid = torch.as_tensor(route.encode_grids, device=device)
+            out = self._original(patches, grid_thw=grid, return_dict=True)
+            features = [out.pooler_output, *(getattr(out, "deepstack_features", None) or [])]
+            encoded = torch.cat(features, dim=1)
+        else:
+            encoded = torch.zeros(0, width, device=device, dtype=dtype)
+        return route_back(encoded, route, self.group)
+
+    def _tower_forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor, **kwargs: Any) -> Any:
+        if not self._served:
+            return self._original(hidden_states, grid_thw, **kwargs)
+        grid, embeds = self._served.pop(0)  # the model asks for images, then videos
+        if not torch.equal(grid.cpu(), grid_thw.reshape(-1, 3).cpu()):
+            raise ConfigError(
+                f"rebalance_encoder: the vision tower was called with grids {grid_thw.tolist()} but the forward's "
+                f"were {grid.tolist()} (a model that calls its tower other than get_image_features / "
+                "get_video_features once each)"
+            )
+        width = self.spec.out_hidden_size
+        fields: dict[str, Any] = {"last_hidden_state": None, "pooler_output": embeds[:, :width]}
+        if self.deepstack:
+            fields["deepstack_features"] = list(embeds[:, width:].split(width, dim=1))
+        return self.output_type(**fields)
+
+    def _tie(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        pending, self._pending = self._pending, None
+        if pending is None or not pending.requires_grad:
+            return None
+        embeds = kwargs.get("inputs_embeds")
+        if embeds is None:
+            raise ConfigError("rebalance_encoder: the language model was called without inputs_embeds")
+        return args, {**kwargs, "inputs_embeds": _Tie.apply(embeds, pending)}
+
+
+def rebalance_encoder(
+    model: nn.Module,
+    group: ProcessGroup | None,
+    *,
+    mode: bool | str = "auto",
+    vision: VisionSpec | None = None,
+    seconds_per_flop: float = DEFAULT_SECONDS_PER_FLOP,
+    bytes_per_second: float = LINK_BYTES_PER_SECOND,
+) -> EncoderRebalance:
+    """Encode each microbatch round's images across the DP ``group`` (see the module docstring).
+
+    Args:
+        model: A transformers Qwen2-VL-family model (``...ForConditionalGeneration`` or its
+            ``.model``).
+        group: The DP group whose ranks run the same microbatch rounds (``None``: one rank,
+            where nothing moves).
+        mode: ``"auto"``: route a round only where the encoder time it saves on the busiest
+            rank exceeds its exchange time; ``True``: wherever the plan moves an image
+            (``PackingConfig(encoder_rebalance=)``'s values; ``False`` installs nothing and is
+            refused here).
+        vision: The tower's :class:`~seqpack.cost.VisionSpec` (default: from the model's config).
+        seconds_per_flop: The encoder's seconds per training FLOP (a calibrated cost's, where
+            one exists).
+        bytes_per_second: One rank's exchange bandwidth.
+
+    Returns:
+        The installed :class:`EncoderRebalance` (``.remove()`` restores the model).
+
+    Raises:
+        ConfigError: ``mode`` not ``"auto"`` or ``True``; a model type VisionSpec does not read.
+    """
+    if mode is not True and mode != "auto":
+        raise ConfigError(f"rebalance_encoder: mode must be 'auto' or True, got {mode!r}")
+    for name, value in (("seconds_per_flop", seconds_per_flop), ("bytes_per_second", bytes_per_second)):
+        if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
+            raise ConfigError(f"rebalance_encoder: {name} must be a positive number, got {value!r}")
+    spec = vision if vision is not None else VisionSpec.from_hf(_owner(model).config)
+    return EncoderRebalance(
+        model, group, mode, spec, seconds_per_cost=float(seconds_per_flop), bytes_per_second=float(bytes_per_second)
+    )

@@ -1,0 +1,192 @@
+"""Encoder rebalancing's plan: which DP rank of a microbatch round encodes each image.
+
+Pure and deterministic: every rank of the round computes it from the same gathered grids and
+gets the same answer, so no plan is broadcast. :func:`plan_encoders` balances the round's
+encoder cost over its ranks while keeping images where their sequence runs ("home") unless
+moving them lowers the round's heaviest encoder load: it takes the better of two LPT
+schedules (home-first under plain LPT's makespan, and plain LPT with ties broken toward
+home), sends each moved image back home where that keeps the makespan, and keeps the home
+plan unless the gain exceeds ``tolerance`` of it. Its makespan is never above plain LPT's,
+so within ``4/3 - 1/(3R)`` of the optimum (Graham 1969), and never above the home plan's.
+
+:func:`rebalance_pays` prices a plan as ``encoder_rebalance="auto"`` does: the encoder time it
+saves on the round's busiest rank (FLOPs at ``seconds_per_flop``) against the time its
+exchange takes on the busiest link (patches there, embeddings back, their gradients back
+again, at :data:`~seqpack.schedulers.balanced.locality.LINK_BYTES_PER_SECOND` a rank, as
+locality prices bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from seqpack.errors import ConfigError
+from seqpack.schedulers.balanced.locality import LINK_BYTES_PER_SECOND
+
+__all__ = [
+    "DEFAULT_SECONDS_PER_FLOP",
+    "EncoderPlan",
+    "NEAR_TIE",
+    "plan_encoders",
+    "rebalance_pays",
+    "route_bytes",
+]
+
+NEAR_TIE = 0.01
+"""A plan whose heaviest encoder load is within this share of the home plan's keeps every
+image home: nothing moves without a gain."""
+DEFAULT_SECONDS_PER_FLOP = 1.0 / 400e12
+"""The encoder's rate where no calibrated cost gives one: 400 TFLOP/s, an H100's dense bf16
+peak (989 TFLOP/s) at 40% utilisation."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderPlan:
+    """Where each image of a round is encoded.
+
+    Attributes:
+        encoder: int64 ``[N]`` the rank that encodes each image.
+        home: int64 ``[N]`` the rank whose sequence needs it.
+        home_load, load: float64 ``[R]`` each rank's encoder cost with every image home, and
+            under ``encoder``.
+        lower_bound: ``max(max cost, total / R)``: no plan's makespan is below it.
+    """
+
+    encoder: np.ndarray
+    home: np.ndarray
+    home_load: np.ndarray
+    load: np.ndarray
+    lower_bound: float
+
+    @property
+    def moved(self) -> np.ndarray:
+        """bool ``[N]``: images encoded away from home."""
+        return self.encoder != self.home
+
+    @property
+    def gain(self) -> float:
+        """The round's heaviest encoder load, home plan minus this plan (cost units)."""
+        return float(self.home_load.max(initial=0.0) - self.load.max(initial=0.0))
+
+
+def _check(costs: np.ndarray, home: np.ndarray, num_ranks: int) -> None:
+    if num_ranks < 1:
+        raise ConfigError(f"num_ranks must be at least 1, got {num_ranks}")
+    if costs.shape != home.shape or costs.ndim != 1:
+        raise ConfigError(f"costs {costs.shape} and home {home.shape} must be 1-D of one length")
+    if not np.isfinite(costs).all() or (costs < 0).any():
+        raise ConfigError(f"encoder costs must be finite and non-negative, got {costs[~(costs >= 0)][:3]}")
+    if ((home < 0) | (home >= num_ranks)).any():
+        raise ConfigError(f"home ranks must lie in [0, {num_ranks}), got {home[(home < 0) | (home >= num_ranks)][:3]}")
+
+
+def _lpt(costs: np.ndarray, home: np.ndarray, order: np.ndarray, num_ranks: int, cap: float | None) -> np.ndarray:
+    """LPT in ``order``; with ``cap``: home while home stays within it. Ties go home, then
+    to the lowest rank."""
+    load = np.zeros(num_ranks)
+    out = np.empty(costs.size, dtype=np.int64)
+    for i in order.tolist():
+        c, h = costs[i], int(home[i])
+        if cap is not None and load[h] + c <= cap:
+            rank = h
+        else:
+            least = load.min()
+            rank = h if load[h] == least else int(np.argmax(load == least))
+        out[i] = rank
+        load[rank] += c
+    return out
+
+
+def _loads(costs: np.ndarray, ranks: np.ndarray, num_ranks: int) -> np.ndarray:
+    return np.bincount(ranks, weights=costs, minlength=num_ranks).astype(np.float64)
+
+
+def _send_home(costs: np.ndarray, home: np.ndarray, encoder: np.ndarray, order: np.ndarray, num_ranks: int) -> None:
+    """Moved images go back home, largest first, where the makespan stays (in place)."""
+    load = _loads(costs, encoder, num_ranks)
+    makespan = load.max(initial=0.0)
+    for i in order.tolist():
+        h = int(home[i])
+        if encoder[i] != h and load[h] + costs[i] <= makespan:
+            load[encoder[i]] -= costs[i]
+            load[h] += costs[i]
+            encoder[i] = h
+
+
+def plan_encoders(costs: ArrayLike, home: ArrayLike, num_ranks: int, *, near_tie: float = NEAR_TIE) -> EncoderPlan:
+    """Assign each image of a round to an encoding rank (see the module docstring).
+
+    Args:
+        costs: float ``[N]`` each image's encoder cost (FLOPs or seconds).
+        home: int ``[N]`` the rank whose sequence needs each image.
+        num_ranks: The round's ranks.
+        near_tie: Keep every image home unless the heaviest load falls by more than this share.
+
+    Returns:
+        The :class:`EncoderPlan`; the same on every rank for the same inputs.
+
+    Raises:
+        ConfigError: Costs negative or not finite, a home outside ``[0, num_ranks)``.
+    """
+    costs = np.asarray(costs, dtype=np.float64)
+    home = np.asarray(home, dtype=np.int64)
+    _check(costs, home, num_ranks)
+    home_load = _loads(costs, home, num_ranks)
+    total = float(costs.sum())
+    bound = max(float(costs.max(initial=0.0)), total / num_ranks)
+    order = np.lexsort((np.arange(costs.size), -costs))  # largest first, then by index: deterministic
+    plain = _lpt(costs, home, order, num_ranks, None)
+    plain_max = _loads(costs, plain, num_ranks).max(initial=0.0)
+    best = min(
+        (_lpt(costs, home, order, num_ranks, plain_max), plain),
+        key=lambda ranks: _loads(costs, ranks, num_ranks).max(initial=0.0),
+    )
+    _send_home(costs, home, best, order, num_ranks)
+    load = _loads(costs, best, num_ranks)
+    if load.max(initial=0.0) >= home_load.max(initial=0.0) * (1.0 - near_tie):
+        best, load = home.copy(), home_load
+    return EncoderPlan(encoder=best, home=home, home_load=home_load, load=load, lower_bound=bound)
+
+
+def route_bytes(plan: EncoderPlan, pixel_bytes: ArrayLike, embedding_bytes: ArrayLike, num_ranks: int) -> np.ndarray:
+    """Bytes each rank sends or receives (the larger) for ``plan``'s moved images: their
+    pixels to the encoder, their embeddings back, and the embeddings' gradients the other way.
+
+    Args:
+        pixel_bytes, embedding_bytes: ``[N]`` each image's pixel bytes and embedding bytes.
+
+    Returns:
+        float64 ``[R]``.
+    """
+    moved = plan.moved
+    pixels = np.asarray(pixel_bytes, dtype=np.float64) * moved
+    embeds = np.asarray(embedding_bytes, dtype=np.float64) * moved
+    # A home sends pixels and gradients and receives embeddings; an encoder the reverse.
+    at_home = _loads(pixels + embeds, plan.home, num_ranks), _loads(embeds, plan.home, num_ranks)
+    at_encoder = _loads(embeds, plan.encoder, num_ranks), _loads(pixels + embeds, plan.encoder, num_ranks)
+    sent = at_home[0] + at_encoder[0]
+    received = at_home[1] + at_encoder[1]
+    return np.maximum(sent, received)
+
+
+def rebalance_pays(
+    plan: EncoderPlan,
+    pixel_bytes: ArrayLike,
+    embedding_bytes: ArrayLike,
+    *,
+    seconds_per_cost: float,
+    bytes_per_second: float = LINK_BYTES_PER_SECOND,
+) -> bool:
+    """Whether ``plan`` saves more encoder time than its exchange takes.
+
+    The gain is :attr:`EncoderPlan.gain` times ``seconds_per_cost`` (the seconds of one unit
+    of the plan's cost: :data:`DEFAULT_SECONDS_PER_FLOP` for FLOPs where nothing is
+    calibrated); the price is the busiest rank's :func:`route_bytes` over ``bytes_per_second``.
+    """
+    if not plan.moved.any():
+        return False
+    exchange = float(route_bytes(plan, pixel_bytes, embedding_bytes, plan.load.size).max()) / bytes_per_second
+    return plan.gain * seconds_per_cost > exchange
