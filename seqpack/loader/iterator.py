@@ -71,19 +71,10 @@ from seqpack.loader.construction import (
     warn_if_alone,
 )
 from seqpack.loader.placement import placement
-from seqpack.loader.prefetch import (
-    Background,
-    DeviceCopy,
-    Prefetcher,
-    Progress,
-    Ready,
-    check_device,
-    check_seconds,
-    check_timeout,
-)
+from seqpack.loader.prefetch import Background, Prefetcher, check_seconds, check_timeout
 from seqpack.loader.producer import StepProducer
 from seqpack.loader.resume import ResumeState, Stateful
-from seqpack.loader.step import Step
+from seqpack.loader.step import DeviceCopy, Progress, Ready, Step, check_device
 from seqpack.loader.vision_payload import check_topology
 from seqpack.options import AXES, DataOwner
 from seqpack.schedulers import Scheduler

@@ -1,86 +1,37 @@
-"""Prefetch: a daemon thread that prepares a wrapper's next steps ahead of ``next()``.
+"""Prefetch: a daemon thread that runs a wrapper's step production ahead of ``next()``.
 
-:class:`Prefetcher` runs the iterator's step production on a thread, at most ``depth`` steps
-ahead, and hands prepared steps over in order (:class:`Ready`, with the resume bookkeeping
-as of that step: :class:`Progress`). :class:`Background` owns what an iterator must release
-(the thread, the process groups made for it); an exit hook lets running threads finish the
-step in progress before the interpreter tears torch down. :class:`DeviceCopy` pins and copies
-the prepared steps to the accelerator in the background.
+:class:`Prefetcher` is a thread runner, not a stage of the step: it calls the iterator's
+``produce`` (one step, :class:`~seqpack.loader.step.Ready`) on a thread, at most ``depth``
+steps ahead, and hands prepared steps over in order. :class:`Background` owns what an
+iterator must release (the thread, the process groups made for it); an exit hook lets
+running threads finish the step in progress before the interpreter tears torch down.
 """
 
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import datetime
-import logging
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from seqpack._logging import warn_once
-from seqpack.collective import StepMessage
 from seqpack.collective.cp_groups import CpGroups
 from seqpack.collective.groups import abandonable, destroy_groups
 from seqpack.errors import ConfigError, SeqpackError
-from seqpack.loader import phases
-from seqpack.loader.step import Step, StepTrace
-from seqpack.thd import PackedBatch
-from seqpack.thd.batch import map_tensors
-from seqpack.validation import check_bool, check_number
+from seqpack.loader.step import Ready
+from seqpack.validation import check_number
 
 __all__ = [
     "Background",
-    "DeviceCopy",
     "Prefetcher",
-    "Progress",
-    "Ready",
-    "check_device",
     "check_seconds",
     "check_timeout",
 ]
-
-logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Progress:
-    """The producer's resume bookkeeping right after one step: what ``state_dict()``
-    reports once that step has been handed over (not before: later steps may be prepared
-    already)."""
-
-    steps: int
-    consumed: int
-    deferred: list[phases.Sample]
-    iterator: Any
-    scheduler: Any
-    data_ended: bool
-    calibration: Any = None  # TimingLedger.snapshot() under calibrate
-
-
-@dataclasses.dataclass
-class Ready:
-    """One prepared step on its way to ``next()``: the :class:`Step`, or how the step ended
-    (``message``: end of data or the agreed error, with this rank's own ``cause``), or an
-    exception that escaped the preparation (``error``: a communication failure, a bug)."""
-
-    index: int
-    step: Step | None = None
-    message: StepMessage | None = None
-    cause: BaseException | None = None
-    error: BaseException | None = None
-    progress: Progress | None = None
-    copied: Any = None  # CUDA event recorded after the device copy
-    nbytes: int = 0  # tensor bytes of the step's microbatches (the prefetch memory budget)
-
-    @property
-    def last(self) -> bool:
-        return self.step is None
 
 
 class Prefetcher:
@@ -226,40 +177,6 @@ class Background:
         return stopped
 
 
-def tensors_of(batch: PackedBatch) -> Iterator[torch.Tensor]:
-    for field in dataclasses.fields(batch):
-        value = getattr(batch, field.name)
-        if isinstance(value, torch.Tensor):
-            yield value
-
-
-def pinned(batch: PackedBatch) -> PackedBatch:
-    """``batch`` with every tensor in page-locked memory (a shared ``cu_seqlens`` kept shared)."""
-    return map_tensors(batch, lambda tensor: tensor if tensor.is_pinned() else tensor.pin_memory())
-
-
-def check_device(device: Any, pin_memory: Any) -> tuple[torch.device | None, bool]:
-    """The device steps are copied to (``None``: stay on the CPU) and whether to pin."""
-    pin = check_bool("pin_memory", pin_memory)
-    target = None
-    if device is not None:
-        try:
-            target = torch.device(device)
-        except (RuntimeError, TypeError, ValueError) as exc:
-            raise ConfigError(f"device must be a torch.device or a device string, got {device!r} ({exc})") from None
-        if target.type == "cpu":
-            target = None  # CPU runs skip the copy
-        elif target.type == "cuda":
-            if not torch.cuda.is_available():
-                raise ConfigError(f"device={device!r} but CUDA is not available")
-            if target.index is None:
-                target = torch.device("cuda", torch.cuda.current_device())
-    if pin and not torch.cuda.is_available():
-        warn_once(logger, "pin_memory", "pin_memory=True ignored: CUDA is not available")
-        pin = False
-    return target, pin
-
-
 def check_seconds(name: str, seconds: Any) -> float:
     """``seconds`` as a float in ``[0, threading.TIMEOUT_MAX]`` (the longest wait Python's
     locks take; past it ``join`` raises OverflowError)."""
@@ -280,42 +197,3 @@ def check_timeout(timeout: Any) -> datetime.timedelta | None:
         raise ConfigError(f"group_timeout must be a positive number of seconds, got {timeout!r}")
     check_seconds("group_timeout", seconds)
     return datetime.timedelta(seconds=seconds)
-
-
-class DeviceCopy:
-    """Pins a step's tensors and copies them to ``device`` where they are prepared. On CUDA
-    under prefetch the copy runs on a side stream (``non_blocking`` from pinned memory) and
-    :meth:`place` returns an event that :meth:`hand_over` orders before the caller's work."""
-
-    def __init__(self, device: torch.device | None, pin_memory: bool, background: bool) -> None:
-        self.device, self.pin_memory, self.background = device, pin_memory, background
-        self._stream: Any = None
-
-    def place(self, batches: list[PackedBatch], trace: StepTrace) -> tuple[list[PackedBatch], Any]:
-        device = self.device
-        if device is None and not self.pin_memory:
-            return batches, None
-        with trace.phase("copy"):
-            if self.pin_memory:
-                batches = [pinned(batch) for batch in batches]
-            if device is None:
-                return batches, None
-            if device.type != "cuda" or not self.background:
-                return [batch.to(device, non_blocking=self.pin_memory) for batch in batches], None
-            if self._stream is None:
-                self._stream = torch.cuda.Stream(device=device)
-            with torch.cuda.stream(self._stream):
-                moved = [batch.to(device, non_blocking=self.pin_memory) for batch in batches]
-                event = torch.cuda.Event()
-                event.record(self._stream)
-            return moved, event
-
-    @staticmethod
-    def hand_over(step: Step, copied: Any) -> None:
-        """On the calling thread: make its stream wait for the copy, and keep the caching
-        allocator from reusing the memory while that stream's work runs."""
-        stream = torch.cuda.current_stream(copied.device)
-        stream.wait_event(copied)
-        for batch in step.microbatches:
-            for tensor in tensors_of(batch):
-                tensor.record_stream(stream)

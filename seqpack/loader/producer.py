@@ -1,5 +1,5 @@
 """StepProducer: one step of the wrapper on this rank, from reading samples to the
-:class:`~seqpack.loader.prefetch.Ready` that ``next()`` hands over.
+:class:`~seqpack.loader.step.Ready` that ``next()`` hands over.
 
 A step runs these stages (every rank calls :meth:`StepProducer.produce` once per step, in
 the same order, because every stage with a collective is collective):
@@ -57,9 +57,8 @@ from seqpack.loader.calibration import CalibrationState, StepInput, fill_stats
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.labels import misaligned_step_message
 from seqpack.loader.placement import Placement
-from seqpack.loader.prefetch import DeviceCopy, Progress, Ready, tensors_of
 from seqpack.loader.resume import ResumeState, Stateful
-from seqpack.loader.step import Step, StepTrace
+from seqpack.loader.step import DeviceCopy, Progress, Ready, Step, StepTrace, tensors_of
 from seqpack.options import AXES, Axis, DataOwner
 from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.minibatches import minibatch_loss_tokens

@@ -1,25 +1,36 @@
-"""What one wrapper step hands over: :class:`Step`, and :class:`StepTrace`, the timings and
-exchange bytes (and, under calibration, the time words) gathered while the step is prepared."""
+"""What one wrapper step hands over: :class:`Step`; :class:`StepTrace`, the timings and
+exchange bytes (and, under calibration, the time words) gathered while the step is prepared;
+and the hand-over from the producer to ``next()``: :class:`Ready` (the step or how it ended),
+:class:`Progress` (the resume bookkeeping as of the step) and :class:`DeviceCopy` (pins and
+copies the step's tensors to the device where the step is prepared)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from seqpack._logging import warn_once
+from seqpack.collective import StepMessage
 from seqpack.collective.cp_groups import CpGroups
 from seqpack.errors import ConfigError
 from seqpack.loader.origin import origin_slots, to_origin
 from seqpack.schedulers import Schedule
 from seqpack.stats import StepStats
 from seqpack.thd import PackedBatch, StaticShapes
+from seqpack.thd.batch import map_tensors
 from seqpack.topology import Topology
+from seqpack.validation import check_bool
 
-__all__ = ["Step", "StepTrace"]
+__all__ = ["DeviceCopy", "Progress", "Ready", "Step", "StepTrace", "check_device", "tensors_of"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -178,3 +189,111 @@ class StepTrace:
             yield
         finally:
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - tick
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """The producer's resume bookkeeping right after one step: what ``state_dict()``
+    reports once that step has been handed over (not before: later steps may be prepared
+    already)."""
+
+    steps: int
+    consumed: int
+    deferred: list[dict[str, torch.Tensor]]
+    iterator: Any
+    scheduler: Any
+    data_ended: bool
+    calibration: Any = None  # TimingLedger.snapshot() under calibrate
+
+
+@dataclasses.dataclass
+class Ready:
+    """One prepared step on its way to ``next()``: the :class:`Step`, or how the step ended
+    (``message``: end of data or the agreed error, with this rank's own ``cause``), or an
+    exception that escaped the preparation (``error``: a communication failure, a bug)."""
+
+    index: int
+    step: Step | None = None
+    message: StepMessage | None = None
+    cause: BaseException | None = None
+    error: BaseException | None = None
+    progress: Progress | None = None
+    copied: Any = None  # CUDA event recorded after the device copy
+    nbytes: int = 0  # tensor bytes of the step's microbatches (the prefetch memory budget)
+
+    @property
+    def last(self) -> bool:
+        return self.step is None
+
+
+def tensors_of(batch: PackedBatch) -> Iterator[torch.Tensor]:
+    for field in dataclasses.fields(batch):
+        value = getattr(batch, field.name)
+        if isinstance(value, torch.Tensor):
+            yield value
+
+
+def pinned(batch: PackedBatch) -> PackedBatch:
+    """``batch`` with every tensor in page-locked memory (a shared ``cu_seqlens`` kept shared)."""
+    return map_tensors(batch, lambda tensor: tensor if tensor.is_pinned() else tensor.pin_memory())
+
+
+def check_device(device: Any, pin_memory: Any) -> tuple[torch.device | None, bool]:
+    """The device steps are copied to (``None``: stay on the CPU) and whether to pin."""
+    pin = check_bool("pin_memory", pin_memory)
+    target = None
+    if device is not None:
+        try:
+            target = torch.device(device)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise ConfigError(f"device must be a torch.device or a device string, got {device!r} ({exc})") from None
+        if target.type == "cpu":
+            target = None  # CPU runs skip the copy
+        elif target.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ConfigError(f"device={device!r} but CUDA is not available")
+            if target.index is None:
+                target = torch.device("cuda", torch.cuda.current_device())
+    if pin and not torch.cuda.is_available():
+        warn_once(logger, "pin_memory", "pin_memory=True ignored: CUDA is not available")
+        pin = False
+    return target, pin
+
+
+class DeviceCopy:
+    """Pins a step's tensors and copies them to ``device`` where they are prepared. On CUDA
+    under prefetch the copy runs on a side stream (``non_blocking`` from pinned memory) and
+    :meth:`place` returns an event that :meth:`hand_over` orders before the caller's work."""
+
+    def __init__(self, device: torch.device | None, pin_memory: bool, background: bool) -> None:
+        self.device, self.pin_memory, self.background = device, pin_memory, background
+        self._stream: Any = None
+
+    def place(self, batches: list[PackedBatch], trace: StepTrace) -> tuple[list[PackedBatch], Any]:
+        device = self.device
+        if device is None and not self.pin_memory:
+            return batches, None
+        with trace.phase("copy"):
+            if self.pin_memory:
+                batches = [pinned(batch) for batch in batches]
+            if device is None:
+                return batches, None
+            if device.type != "cuda" or not self.background:
+                return [batch.to(device, non_blocking=self.pin_memory) for batch in batches], None
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=device)
+            with torch.cuda.stream(self._stream):
+                moved = [batch.to(device, non_blocking=self.pin_memory) for batch in batches]
+                event = torch.cuda.Event()
+                event.record(self._stream)
+            return moved, event
+
+    @staticmethod
+    def hand_over(step: Step, copied: Any) -> None:
+        """On the calling thread: make its stream wait for the copy, and keep the caching
+        allocator from reusing the memory while that stream's work runs."""
+        stream = torch.cuda.current_stream(copied.device)
+        stream.wait_event(copied)
+        for batch in step.microbatches:
+            for tensor in tensors_of(batch):
+                tensor.record_stream(stream)

@@ -23,7 +23,8 @@ from wrapper_data import mesh_topology
 
 from seqpack.collective import broadcast, exchange
 from seqpack.errors import StepFailed
-from seqpack.loader import phases, placement, prefetch, producer, wrap_data_iterator
+from seqpack.loader import phases, placement, producer, wrap_data_iterator
+from seqpack.loader.step import DeviceCopy
 
 LAYOUTS = {
     "dynamic": (("dp", 2), ("cp", 2)),
@@ -60,7 +61,7 @@ FAULTS: dict[str, tuple[str, Any, str, bool]] = {
     "broadcast": ("broadcast failed", producer, "broadcast_tp", True),
     "pp broadcast": ("broadcast failed", producer, "broadcast_pp", True),
     "encode": ("broadcast failed", broadcast, "encode_step", False),
-    "delivery": ("delivery failed", prefetch.DeviceCopy, "place", False),
+    "delivery": ("delivery failed", DeviceCopy, "place", False),
 }
 
 
