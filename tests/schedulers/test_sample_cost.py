@@ -141,3 +141,19 @@ def test_dynamic_cp_refuses_a_sample_cost_by_name():
         scheduler.schedule([10, 20, 30], **limits, sample_cost=[0.0, 3.0, 0.0])
     zeros = scheduler.schedule([10, 20, 30], **limits, sample_cost=np.zeros(3))
     assert zeros.fingerprint() == scheduler.schedule([10, 20, 30], **limits).fingerprint()
+
+
+def test_minibatches_and_groups_carry_each_samples_cost():
+    from seqpack.schedulers.minibatches import schedule_minibatches
+    from seqpack.schedulers.sample_groups import schedule_groups
+
+    rng = np.random.default_rng(2)
+    sample_cost = rng.uniform(0.0, 500.0, 16)
+    request = Request.of(
+        rng.integers(1, 100, 16), dp_size=2, max_tokens_per_rank=256, cost=COST, sample_cost=sample_cost
+    )
+    joined, _ = schedule_minibatches(get_scheduler("balanced"), request, minibatches=2)
+    grouped = schedule_groups(get_scheduler("balanced"), request, np.arange(16) // 2, np.ones(16, bool))
+    for plan in (joined, grouped):
+        assert plan.sample_cost is not None and plan.sample_cost.tolist() == sample_cost.tolist()
+        assert predicted_step_time(plan, COST) == pytest.approx(_by_hand(plan, COST, sample_cost))
