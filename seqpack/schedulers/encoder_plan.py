@@ -3,11 +3,13 @@
 Pure and deterministic: every rank of the round computes it from the same gathered grids and
 gets the same answer, so no plan is broadcast. :func:`plan_encoders` balances the round's
 encoder cost over its ranks while keeping images where their sequence runs ("home") unless
-moving them lowers the round's heaviest encoder load: it takes the better of two LPT
-schedules (home-first under plain LPT's makespan, and plain LPT with ties broken toward
-home), sends each moved image back home where that keeps the makespan, and keeps the home
-plan unless the gain exceeds ``tolerance`` of it. Its makespan is never above plain LPT's,
-so within ``4/3 - 1/(3R)`` of the optimum (Graham 1969), and never above the home plan's.
+moving them lowers the round's heaviest encoder load. Its candidates are plain LPT (ties
+broken toward home) and two keep-first schedules (each rank keeps its own images, largest or
+smallest first, while they fit under plain LPT's makespan; the rest go LPT to the least loaded
+rank); in each, moved images go back home, largest first, where the makespan stays. It takes
+the lowest makespan, then the least cost moved, and keeps the home plan unless that gains more
+than ``near_tie`` of it. Its makespan is never above plain LPT's, so within ``4/3 - 1/(3R)``
+of the optimum (Graham 1969), and never above the home plan's.
 
 :func:`rebalance_pays` prices a plan as ``encoder_rebalance="auto"`` does: the encoder time it
 saves on the round's busiest rank (FLOPs at ``seconds_per_flop``) against the time its
@@ -83,20 +85,32 @@ def _check(costs: np.ndarray, home: np.ndarray, num_ranks: int) -> None:
         raise ConfigError(f"home ranks must lie in [0, {num_ranks}), got {home[(home < 0) | (home >= num_ranks)][:3]}")
 
 
-def _lpt(costs: np.ndarray, home: np.ndarray, order: np.ndarray, num_ranks: int, cap: float | None) -> np.ndarray:
-    """LPT in ``order``; with ``cap``: home while home stays within it. Ties go home, then
-    to the lowest rank."""
+def _lpt(costs: np.ndarray, home: np.ndarray, order: np.ndarray, num_ranks: int) -> np.ndarray:
+    """Plain LPT in ``order`` (largest first): each image to the least loaded rank, ties
+    home, then the lowest rank."""
     load = np.zeros(num_ranks)
     out = np.empty(costs.size, dtype=np.int64)
     for i in order.tolist():
-        c, h = costs[i], int(home[i])
-        if cap is not None and load[h] + c <= cap:
-            rank = h
-        else:
-            least = load.min()
-            rank = h if load[h] == least else int(np.argmax(load == least))
+        least = load.min()
+        rank = int(home[i]) if load[home[i]] == least else int(np.argmax(load == least))
         out[i] = rank
-        load[rank] += c
+        load[rank] += costs[i]
+    return out
+
+
+def _keep_first(costs: np.ndarray, home: np.ndarray, order: np.ndarray, num_ranks: int, cap: float) -> np.ndarray:
+    """Each rank keeps its own images in ``order`` while they fit under ``cap``; the others
+    go, largest first, to the least loaded rank."""
+    load = np.zeros(num_ranks)
+    out = np.full(costs.size, -1, dtype=np.int64)
+    for i in order.tolist():
+        if load[home[i]] + costs[i] <= cap:
+            out[i] = home[i]
+            load[home[i]] += costs[i]
+    for i in order[np.argsort(-costs[order], kind="stable")].tolist():
+        if out[i] < 0:
+            out[i] = int(np.argmin(load))
+            load[out[i]] += costs[i]
     return out
 
 
@@ -138,13 +152,16 @@ def plan_encoders(costs: ArrayLike, home: ArrayLike, num_ranks: int, *, near_tie
     total = float(costs.sum())
     bound = max(float(costs.max(initial=0.0)), total / num_ranks)
     order = np.lexsort((np.arange(costs.size), -costs))  # largest first, then by index: deterministic
-    plain = _lpt(costs, home, order, num_ranks, None)
-    plain_max = _loads(costs, plain, num_ranks).max(initial=0.0)
+    plain = _lpt(costs, home, order, num_ranks)
+    cap = _loads(costs, plain, num_ranks).max(initial=0.0)
+    candidates = [plain, *(_keep_first(costs, home, keep, num_ranks, cap) for keep in (order, order[::-1]))]
+    for ranks in candidates:
+        _send_home(costs, home, ranks, order, num_ranks)
+    # The lowest makespan; among those the least cost moved (a proxy for the bytes), then the first.
     best = min(
-        (_lpt(costs, home, order, num_ranks, plain_max), plain),
-        key=lambda ranks: _loads(costs, ranks, num_ranks).max(initial=0.0),
+        candidates,
+        key=lambda ranks: (_loads(costs, ranks, num_ranks).max(initial=0.0), float(costs[ranks != home].sum())),
     )
-    _send_home(costs, home, best, order, num_ranks)
     load = _loads(costs, best, num_ranks)
     if load.max(initial=0.0) >= home_load.max(initial=0.0) * (1.0 - near_tie):
         best, load = home.copy(), home_load
