@@ -38,6 +38,7 @@ from seqpack.collective.encoder_route import RoutePlan, gather_grids, move_patch
 from seqpack.collective.groups import group_rank, group_size
 from seqpack.cost.vision_encoder import VisionSpec
 from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.loader.encoder_option import EncoderRebalanceMode, encoder_rebalance_mode
 from seqpack.schedulers.balanced.locality import LINK_BYTES_PER_SECOND
 from seqpack.schedulers.encoder_plan import DEFAULT_SECONDS_PER_FLOP, EncoderPlan, plan_encoders, rebalance_pays
 
@@ -92,7 +93,7 @@ class EncoderRebalance:
     """
 
     def __init__(
-        self, model: nn.Module, group: ProcessGroup | None, mode: bool | str, spec: VisionSpec, **price: float
+        self, model: nn.Module, group: ProcessGroup | None, mode: EncoderRebalanceMode, spec: VisionSpec, **price: float
     ) -> None:
         self.owner = _owner(model)
         self.tower = self.owner.get_submodule("visual")
@@ -215,11 +216,11 @@ def rebalance_encoder(
     model: nn.Module,
     group: ProcessGroup | None,
     *,
-    mode: bool | str = "auto",
+    mode: EncoderRebalanceMode = "auto",
     vision: VisionSpec | None = None,
     seconds_per_flop: float = DEFAULT_SECONDS_PER_FLOP,
     bytes_per_second: float = LINK_BYTES_PER_SECOND,
-) -> EncoderRebalance:
+) -> EncoderRebalance | None:
     """Encode each microbatch round's images across the DP ``group`` (see the module docstring).
 
     Args:
@@ -228,22 +229,27 @@ def rebalance_encoder(
         group: The DP group whose ranks run the same microbatch rounds (``None``: one rank,
             where nothing moves).
         mode: ``"auto"``: route a round only where the encoder time it saves on the busiest
-            rank exceeds its exchange time; ``True``: wherever the plan moves an image
-            (``PackingConfig(encoder_rebalance=)``'s values; ``False`` installs nothing and is
-            refused here).
+            rank exceeds its exchange time; ``True``: wherever the plan moves an image;
+            ``False``: nothing is installed (``PackingConfig(encoder_rebalance=)``'s values).
         vision: The tower's :class:`~seqpack.cost.VisionSpec` (default: from the model's config).
         seconds_per_flop: The encoder's seconds per training FLOP (a calibrated cost's, where
             one exists).
         bytes_per_second: One rank's exchange bandwidth.
 
     Returns:
-        The installed :class:`EncoderRebalance` (``.remove()`` restores the model).
+        The installed :class:`EncoderRebalance` (``.remove()`` restores the model); ``None``
+        for ``mode=False``.
 
     Raises:
-        ConfigError: ``mode`` not ``"auto"`` or ``True``; a model type VisionSpec does not read.
+        ConfigError: ``mode`` not ``"auto"``, ``True`` or ``False``; ``True`` on one rank; a
+            model type VisionSpec does not read.
     """
-    if mode is not True and mode != "auto":
-        raise ConfigError(f"rebalance_encoder: mode must be 'auto' or True, got {mode!r}")
+    if encoder_rebalance_mode(mode) is False:
+        return None
+    if mode is True and group_size(group) < 2:
+        raise ConfigError(
+            "rebalance_encoder: mode=True on one rank (group None or of size 1) has nowhere to move images"
+        )
     for name, value in (("seconds_per_flop", seconds_per_flop), ("bytes_per_second", bytes_per_second)):
         if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
             raise ConfigError(f"rebalance_encoder: {name} must be a positive number, got {value!r}")

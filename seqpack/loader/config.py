@@ -21,6 +21,7 @@ from seqpack.cost import (
     default_cost_model,
 )
 from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.loader.encoder_option import EncoderRebalanceMode, check_encoder_rebalance
 from seqpack.options import (
     DEFAULT_PREFETCH_BYTES,
     INT64_MAX,
@@ -171,6 +172,12 @@ class PackingConfig:
     and balanced with its tokens (the scheduler's ``sample_cost``, at the cost model's price of
     a language-model FLOP: docs/multimodal.md). ``None``: samples with images are planned on
     their tokens (logged once)."""
+    encoder_rebalance: EncoderRebalanceMode = "auto"
+    """Whether a microbatch round's images may be encoded on other DP ranks, their embeddings
+    routed back (docs/multimodal.md, "Encoder rebalancing"; the model runs it:
+    ``seqpack.interop.hf_encoder.rebalance_encoder(model, group, mode=config.encoder_rebalance)``).
+    ``"auto"``: where the encoder time saved pays for the exchange; ``True``: wherever the plan
+    moves an image (needs ``mrope``, DP > 1, no CP or pipeline stages); ``False``: never."""
 
     def __post_init__(self) -> None:
         for name in ("samples_per_rank", "max_tokens_per_rank"):
@@ -214,6 +221,7 @@ class PackingConfig:
             raise SeqpackTypeError(f"mrope must be an MRopeSpec (MRopeSpec.from_hf(config)), got {self.mrope!r:.80}")
         if self.mrope is not None and self.dynamic_cp:
             raise ConfigError("mrope is not supported with dynamic_cp=True: a vision-language pack is not CP-sharded")
+        object.__setattr__(self, "encoder_rebalance", check_encoder_rebalance(self.encoder_rebalance, mrope=self.mrope))
         if self.model is not None and not isinstance(self.model, ModelSpec):
             raise SeqpackTypeError(f"model must be a ModelSpec (ModelSpec.from_hf(config)), got {self.model!r:.80}")
 
@@ -326,6 +334,7 @@ class PackingConfig:
         """
         if not isinstance(topology, Topology):
             raise SeqpackTypeError(f"topology must be a seqpack.Topology, got {type(topology).__name__}")
+        check_encoder_rebalance(self.encoder_rebalance, mrope=self.mrope, topology=topology)
         if self.dynamic_cp:
             return self._resolve_dynamic(topology)
         cp = topology.cp_size

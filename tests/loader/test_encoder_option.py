@@ -1,0 +1,62 @@
+"""PackingConfig(encoder_rebalance=): "auto" (the default), True or False; True where the route
+cannot run is refused by name (no images without mrope, one DP rank, CP, pipeline stages), and
+"auto" there is simply off. rebalance_encoder takes the same values."""
+
+from __future__ import annotations
+
+import pytest
+
+from seqpack.errors import ConfigError
+from seqpack.loader import PackingConfig
+from seqpack.thd import MRopeSpec
+from seqpack.topology import Topology
+
+SPEC = MRopeSpec(model_type="qwen2_vl", image_token_id=120, video_token_id=121)
+
+
+def _config(**options) -> PackingConfig:
+    return PackingConfig(samples_per_rank=2, max_tokens_per_rank=64, **options)
+
+
+def test_values_and_the_default():
+    assert _config().encoder_rebalance == "auto"
+    assert _config(mrope=SPEC, encoder_rebalance=True).encoder_rebalance is True
+    assert _config(encoder_rebalance=False).encoder_rebalance is False
+    for bad in ("on", 1, None):
+        with pytest.raises(ConfigError, match=r"encoder_rebalance must be 'auto', True or False, got"):
+            _config(encoder_rebalance=bad)
+    with pytest.raises(ConfigError, match="encoder_rebalance=True needs mrope"):
+        _config(encoder_rebalance=True)
+    # Not part of the data: text configs' fingerprints stay.
+    assert _config(encoder_rebalance=False).fingerprint() == _config().fingerprint()
+
+
+def test_true_where_the_route_cannot_run_is_refused_and_auto_is_off():
+    dp2 = Topology(dp_size=2, dp_rank=0, world_size=2, groups={"dp": object()})
+    cp2 = Topology(dp_size=2, cp_size=2, world_size=4, groups={"dp": object(), "cp": object()})
+    forced = _config(mrope=SPEC, encoder_rebalance=True)
+    assert forced.resolve(dp2).encoder_rebalance is True
+    with pytest.raises(ConfigError, match="one DP rank has no other rank to encode on"):
+        forced.resolve(Topology.single())
+    with pytest.raises(ConfigError, match="without CP or pipeline stages"):
+        forced.resolve(cp2)
+    assert _config(mrope=SPEC).resolve(Topology.single()).encoder_rebalance == "auto"
+
+
+def test_rebalance_encoder_takes_the_same_values():
+    pytest.importorskip("transformers")
+    from vlm_data import tiny_vlm
+
+    from seqpack.interop.hf_encoder import rebalance_encoder
+
+    model = tiny_vlm("qwen2_vl")
+    assert rebalance_encoder(model, None, mode=False) is None
+    with pytest.raises(ConfigError, match="mode=True on one rank"):
+        rebalance_encoder(model, None, mode=True)
+    with pytest.raises(ConfigError, match="encoder_rebalance must be"):
+        rebalance_encoder(model, None, mode="yes")
+    hooks = rebalance_encoder(model, None)  # "auto" on one rank: nothing ever moves
+    assert hooks is not None
+    forward = model.model.visual.forward
+    hooks.remove()
+    assert model.model.visual.forward != forward  # the tower's own forward again
