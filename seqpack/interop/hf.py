@@ -50,6 +50,7 @@ from seqpack.interop.hf_rows import (
     sample_of,
     step_count,
     token_ids,
+    with_model_mrope,
 )
 from seqpack.interop.hf_vision import VISION_KEYS, vision_kwargs
 from seqpack.loader.config import PackingConfig
@@ -246,14 +247,18 @@ class SeqpackTrainerMixin:
         seqpack_config: A :class:`~seqpack.loader.config.PackingConfig`, or a mapping of its
             fields (``max_tokens_per_rank`` required; ``samples_per_rank`` defaults to
             ``per_device_train_batch_size``, ``label_format`` to ``"unshifted"`` (HF labels),
-            ``drop_last`` to ``False``).
+            ``drop_last`` to ``False``). For a vision-language model seqpack positions
+            (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) ``mrope`` is the model's
+            (``MRopeSpec.from_hf(model.config)``) and the rows' vision fields go with them
+            (docs/multimodal.md, "Trainer").
         seqpack_topology: The ranks to balance over; default: every process of the process
             group accelerate / torchrun set up, as DP ranks (one process: a single rank).
 
     Raises:
         ConfigError: A setting under which a step could not be one exact optimizer step, by
             name (docs/errors.md, "Hugging Face Trainer"), a ``data_collator`` (training
-            batches are the mixin's), or a batch that is not a whole step.
+            batches are the mixin's), a ``mrope`` other than the model's, or a batch that is
+            not a whole step.
     """
 
     # Set by the trainer this class is mixed into.
@@ -283,7 +288,8 @@ class SeqpackTrainerMixin:
         trainer.__init__(*args, **kwargs)
         if seqpack_topology is not None and not isinstance(seqpack_topology, Topology):
             raise SeqpackTypeError(f"seqpack_topology must be a Topology, got {type(seqpack_topology).__name__}")
-        self._seqpack_config = packing_config(seqpack_config, self.args.per_device_train_batch_size)
+        config = packing_config(seqpack_config, self.args.per_device_train_batch_size)
+        self._seqpack_config = with_model_mrope(config, getattr(self, "model", None))
         self._seqpack_topology = seqpack_topology
         self._seqpack_loader: StepLoader | None = None
         self._seqpack_reading_rows = False

@@ -4,6 +4,7 @@ of seqpack steps the Trainer iterates, the mixin's ``PackingConfig`` and a step'
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -13,23 +14,58 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.iterator import PackingIterator
 from seqpack.loader.step import Step
+from seqpack.thd.mrope import MROPE_MODEL_TYPES, MRopeSpec
 
-__all__ = ["SAMPLE_COLUMNS", "StepLoader", "check_step", "packing_config", "sample_of", "step_count", "token_ids"]
+__all__ = [
+    "SAMPLE_COLUMNS",
+    "VISION_COLUMNS",
+    "StepLoader",
+    "check_step",
+    "packing_config",
+    "sample_of",
+    "step_count",
+    "token_ids",
+    "with_model_mrope",
+]
 
-SAMPLE_COLUMNS: tuple[str, ...] = ("input_ids", "labels", "loss_mask", "completion_mask", "assistant_masks")
+VISION_COLUMNS: tuple[str, ...] = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+    "mm_token_type_ids",
+)
+"""A vision-language row's fields as its processor gives them (docs/multimodal.md, "The sample
+contract"), passed on to the sample (a list, as a dataset's row holds it, as a tensor: float32
+pixels, int64 grids); a row's ``None`` (a text-only row of a mixed dataset) is left out."""
+
+SAMPLE_COLUMNS: tuple[str, ...] = (
+    "input_ids",
+    "labels",
+    "loss_mask",
+    "completion_mask",
+    "assistant_masks",
+    *VISION_COLUMNS,
+)
 """The dataset columns :class:`SeqpackTrainerMixin` reads from each training row (the others are
 dropped): ``input_ids``; HF-style ``labels``, else TRL's ``completion_mask`` /
-``assistant_masks`` (1 on the tokens to learn); a seqpack ``loss_mask``."""
+``assistant_masks`` (1 on the tokens to learn); a seqpack ``loss_mask``; and the vision fields
+(:data:`VISION_COLUMNS`)."""
 
 
 def sample_of(row: Mapping[str, Any], use_completion_mask: bool) -> dict[str, Any]:
     """A seqpack sample from a training row: ``input_ids``, its ``labels`` and ``loss_mask``
     when given, else the product of TRL's masks (``completion_mask`` when
-    ``use_completion_mask``, ``assistant_masks``) as ``loss_mask``, as TRL builds labels."""
+    ``use_completion_mask``, ``assistant_masks``) as ``loss_mask``, as TRL builds labels; and
+    its vision fields (:data:`VISION_COLUMNS`)."""
     sample = {"input_ids": _host(row["input_ids"])}
     for key in ("labels", "loss_mask"):
         if row.get(key) is not None:
             sample[key] = _host(row[key])
+    for key in VISION_COLUMNS:
+        if row.get(key) is not None:
+            sample[key] = _host(row[key]) if isinstance(row[key], torch.Tensor) else torch.as_tensor(row[key])
     if "labels" in sample:
         return sample
     masks = [key for key in ("completion_mask", "assistant_masks") if row.get(key) is not None]
@@ -90,6 +126,30 @@ def packing_config(given: object, batch_size: int) -> PackingConfig:
         raise ConfigError("SeqpackTrainerMixin: seqpack_config needs max_tokens_per_rank (tokens per microbatch)")
     defaults = {"samples_per_rank": batch_size, "label_format": "unshifted", "drop_last": False}
     return PackingConfig(**{**defaults, **given})
+
+
+def with_model_mrope(config: PackingConfig, model: Any) -> PackingConfig:
+    """``config`` with ``mrope=MRopeSpec.from_hf(model.config)`` when ``model`` is a
+    vision-language model whose positions seqpack knows (:data:`~seqpack.thd.mrope.MROPE_MODEL_TYPES`):
+    its packs need their sequences' own mRoPE rows and its pixels, text-only packs too (without
+    them Qwen2-VL and Qwen2.5-VL attend across the pack's documents: docs/multimodal.md). Other
+    models: ``config`` as given.
+
+    Raises:
+        ConfigError: A given ``mrope`` other than the model's.
+    """
+    model_config = getattr(model, "config", None)
+    if getattr(model_config, "model_type", None) not in MROPE_MODEL_TYPES:
+        return config
+    spec = MRopeSpec.from_hf(model_config)
+    if config.mrope is None:
+        return dataclasses.replace(config, mrope=spec)
+    if config.mrope != spec:
+        raise ConfigError(
+            f"SeqpackTrainerMixin: seqpack_config has mrope={config.mrope!r} but the model's config gives {spec!r}: "
+            "the positions and placeholders must be the model's; leave mrope out (the mixin reads it from the model)"
+        )
+    return config
 
 
 def check_step(inputs: object) -> Step:
