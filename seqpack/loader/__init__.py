@@ -6,20 +6,21 @@ Entry points: :func:`wrap_data_iterator`, :class:`PackingIterator`, :class:`Pack
 - :mod:`~seqpack.loader.config`: :class:`PackingConfig` (frozen, validated, fingerprinted).
 - :mod:`~seqpack.loader.phases`: the phases of one step on a rank that reads data (read,
   gather lengths, schedule, exchange, pack + CP shard), each a short function.
-- :mod:`~seqpack.loader.placement`: the exchange and pack stages behind one interface,
-  chosen once per iterator: static CP (phases 4-5) or dynamic CP (shard exchange over the
-  plane, per-round packing with each microbatch's CP group).
+- :mod:`~seqpack.loader.cp_mode`: the exchange and pack phases behind one interface, the CP
+  mode chosen once per iterator: static CP (phases 4-5) or dynamic CP (shard exchange over
+  the plane, per-round packing with each microbatch's CP group).
 - :mod:`~seqpack.loader.grouping`: the ``group_id`` sample field (read beside the tokens,
   carried in the gather; groups then stay on one replica).
 - :mod:`~seqpack.loader.labels`: labels where samples are read (``label_format`` checked and
   brought to next-token targets) and the per-sequence loss-token counts that ride the gather.
-- :mod:`~seqpack.loader.calibration`: online calibration as a stage of the step (the time
-  words that ride the gather, the model a step is scheduled with, absorbing measured times).
+- :mod:`~seqpack.loader.calibration`: online calibration as data: what a step takes in (the
+  model to plan with, the time words that ride the gather) and gives back (the combined
+  times, absorbed once between steps).
 - :mod:`~seqpack.loader.producer`: :class:`StepProducer` runs one step on every rank (phases,
   agreements, TP/PP broadcast, stats) and never raises.
-- :mod:`~seqpack.loader.prefetch`: the background thread that runs the producer ahead, and
-  the device copy.
-- :mod:`~seqpack.loader.step`: :class:`Step`, what ``next()`` hands over.
+- :mod:`~seqpack.loader.prefetch`: the background thread that runs the producer ahead.
+- :mod:`~seqpack.loader.step`: :class:`Step`, what ``next()`` hands over, and the hand-over
+  itself (the prepared step, its resume bookkeeping, the device copy).
 - :mod:`~seqpack.loader.resume`: :class:`ResumeState`, the versioned resume state.
 - :mod:`~seqpack.loader.construction`: what the constructor checks and agrees on besides the
   config (iterator ownership, a topology over part of the job, the settings compared under

@@ -70,7 +70,7 @@ from seqpack.loader.construction import (
     construction_words,
     warn_if_alone,
 )
-from seqpack.loader.placement import placement
+from seqpack.loader.cp_mode import cp_mode
 from seqpack.loader.prefetch import Background, Prefetcher, check_seconds, check_timeout
 from seqpack.loader.producer import StepProducer
 from seqpack.loader.resume import ResumeState, Stateful
@@ -143,8 +143,8 @@ class PackingIterator(Iterator[Step], Stateful):
                 self._comm = topology.with_groups(groups)
         # Collective too (every rank: the config, dynamic_cp included, was agreed above);
         # static CP creates a group only for a plane of DP and CP both above 1.
-        stages = placement(self.config, topology, self._comm, timeout=timeout)
-        self.cp_groups = stages.groups
+        mode = cp_mode(self.config, topology, self._comm, timeout=timeout)
+        self.cp_groups = mode.groups
         owned += self.cp_groups.owned()
         self._bg = Background(owned, alone=all(topology.size(axis) == 1 for axis in AXES), cp_groups=self.cp_groups)
         self._finalizer = weakref.finalize(self, self._bg.release, 0.0)
@@ -164,7 +164,7 @@ class PackingIterator(Iterator[Step], Stateful):
             stats_cost,
             reads=self._reads,
             copy=DeviceCopy(self._device, self._pin_memory, background=self.config.prefetch > 0),
-            placement=stages,
+            cp_mode=mode,
             calibration=self._calibration,
         )
         self._finished = False

@@ -1,5 +1,5 @@
 """The phases of one wrapper step, each a short function the orchestrator
-(:mod:`seqpack.loader.iterator`) calls in turn on the ranks that read data:
+(:mod:`seqpack.loader.producer`) calls in turn on the ranks that read data:
 
 1. :class:`Reader` pulls this rank's samples, checks them against the sample contract and
    brings their labels to next-token targets (:mod:`seqpack.loader.labels`);
@@ -8,7 +8,7 @@
    rank here), and agrees on the sample keys;
 3. :func:`schedule` computes the same :class:`~seqpack.schedulers.Schedule` on every rank;
 4. and 5., the exchange (every rank gets its shard of each sequence it runs) and the pack,
-   are :mod:`seqpack.loader.placement`'s.
+   are the methods of the iterator's CP mode (:mod:`seqpack.loader.cp_mode`).
 
 The TP / PP broadcast is :mod:`seqpack.collective.broadcast`. A phase that fails raises; the
 orchestrator turns it into the step's agreed error.
@@ -364,7 +364,7 @@ def deferred_samples(pool: Sequence[Sample], plan: Schedule, gathered: Gathered,
     return [pool[g - offset] for g in np.sort(ids).tolist()]
 
 
-# -- 4 and 5, exchange and pack: seqpack.loader.placement ---------------------------------
+# -- 4 and 5, exchange and pack: seqpack.loader.cp_mode -----------------------------------
 
 
 def carries_position_ids(mask: int) -> bool:

@@ -55,8 +55,8 @@ from seqpack.errors import ConfigError, SampleError, ScheduleError, StepFailed
 from seqpack.loader import phases
 from seqpack.loader.calibration import CalibrationState, StepInput, fill_stats
 from seqpack.loader.config import PackingConfig
+from seqpack.loader.cp_mode import CpMode
 from seqpack.loader.labels import misaligned_step_message
-from seqpack.loader.placement import Placement
 from seqpack.loader.resume import ResumeState, Stateful
 from seqpack.loader.step import DeviceCopy, Progress, Ready, Step, StepTrace, tensors_of
 from seqpack.options import AXES, Axis, DataOwner
@@ -94,9 +94,9 @@ class StepProducer:
         stats_cost: The cost model stats are measured in.
         reads: This rank reads data.
         copy: Pins and copies the step's tensors to the device.
-        placement: The exchange and pack stages of the config's CP mode
-            (:func:`~seqpack.loader.placement.placement`), with the model's CP process
-            groups, which the step's CP-sharded batches carry as ``cp_group``.
+        cp_mode: The config's CP mode (:func:`~seqpack.loader.cp_mode.cp_mode`): the
+            exchange and pack phases, with the model's CP process groups, which the step's
+            CP-sharded batches carry as ``cp_group``.
         calibration: The calibration state each step takes its :class:`StepInput` from and
             gives its combined times back to.
     """
@@ -112,16 +112,16 @@ class StepProducer:
         *,
         reads: bool,
         copy: DeviceCopy,
-        placement: Placement,
+        cp_mode: CpMode,
         calibration: CalibrationState,
     ) -> None:
         self.topology, self.comm, self.config = topology, comm, config
-        self.placement = placement
+        self.cp_mode = cp_mode
         self.scheduler, self.stats_cost = scheduler, stats_cost
         self.reads = reads
         self.edge_stage = topology.is_first_stage or topology.is_last_stage
         self.copy = copy
-        self.cp_groups = placement.groups
+        self.cp_groups = cp_mode.groups
         self.source = data_iterator
         self.reader = None if data_iterator is None else phases.Reader(data_iterator, config.label_format, config.mrope)
         self.steps = 0  # steps prepared
@@ -188,10 +188,8 @@ class StepProducer:
         msg = None if isinstance(planned, _Planned) else planned
         fingerprint = planned.fingerprint if isinstance(planned, _Planned) and self.config.check_schedule else None
         status, message, origin = _outcome(msg)
-        axis = "dp" if self.placement.lane else "plane"
-        agreed = agree(
-            status, message, self.placement.exchange_group, fingerprint=fingerprint, axis=axis, origin=origin
-        )
+        axis = "dp" if self.cp_mode.lane else "plane"
+        agreed = agree(status, message, self.cp_mode.exchange_group, fingerprint=fingerprint, axis=axis, origin=origin)
         if isinstance(planned, _Planned) and agreed.status == Status.OK:
             return self._place(planned, trace)
         return _with_status(msg or StepEnd(self.steps), agreed.status, agreed.message, agreed.rank)
@@ -258,7 +256,7 @@ class StepProducer:
         step, plan, gathered = self.steps, planned.plan, planned.gathered
         with trace.phase("exchange"):
             try:
-                exchanged = self.placement.exchange(planned.pool, plan, gathered)
+                exchanged = self.cp_mode.exchange(planned.pool, plan, gathered)
             except Exception as exc:
                 return self._failed("exchange", exc)
             if exchanged is not None:
@@ -270,7 +268,7 @@ class StepProducer:
                 )
         with trace.phase("pack"):
             try:
-                batches = self.placement.pack(plan, exchanged, gathered)
+                batches = self.cp_mode.pack(plan, exchanged, gathered)
                 loss_tokens = phases.step_loss_tokens(plan, gathered.loss_tokens)
                 minibatches: dict[str, Any] = {}
                 bounds = planned.bounds
@@ -286,7 +284,7 @@ class StepProducer:
             gathered.empty_samples,
             phases.carries_position_ids(gathered.key_mask),
             num_loss_tokens=loss_tokens,
-            group_starts=self.placement.group_starts(plan),
+            group_starts=self.cp_mode.group_starts(plan),
             empty_at=tuple(planned.read.empty_at),
             **minibatches,
         )
@@ -333,9 +331,7 @@ class StepProducer:
             try:  # a receiver that fails here still takes part in the pipeline's agreement
                 msg = broadcast_tp(msg if t.tp_rank == 0 else None, t.group("tp"), timings=trace.timings)
                 if t.tp_rank > 0 and isinstance(msg, StepOk) and msg.group_starts is not None:
-                    msg = dataclasses.replace(
-                        msg, microbatches=self.placement.attach(msg.microbatches, msg.group_starts)
-                    )
+                    msg = dataclasses.replace(msg, microbatches=self.cp_mode.attach(msg.microbatches, msg.group_starts))
             except Exception as exc:
                 msg = self._failed("broadcast", exc)
         if t.pp_size > 1:
@@ -372,7 +368,7 @@ class StepProducer:
                 assert got is not None
                 if isinstance(got, StepOk) and got.group_starts is not None:
                     return dataclasses.replace(
-                        got, microbatches=self.placement.attach(got.microbatches, got.group_starts)
+                        got, microbatches=self.cp_mode.attach(got.microbatches, got.group_starts)
                     )
                 if isinstance(got, StepOk) and got.microbatches and got.microbatches[0].cp_rank != t.cp_rank:
                     sender = got.microbatches[0].cp_rank

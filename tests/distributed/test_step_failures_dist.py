@@ -23,7 +23,7 @@ from wrapper_data import mesh_topology
 
 from seqpack.collective import broadcast, exchange
 from seqpack.errors import StepFailed
-from seqpack.loader import phases, placement, producer, wrap_data_iterator
+from seqpack.loader import cp_mode, phases, producer, wrap_data_iterator
 from seqpack.loader.step import DeviceCopy
 
 LAYOUTS = {
@@ -57,7 +57,7 @@ FAULTS: dict[str, tuple[str, Any, str, bool]] = {
     "gather": ("gather failed", phases, "gather_lengths", True),
     "schedule": ("schedule failed", phases, "schedule", False),
     "exchange": ("exchange failed", exchange, "_Source", False),
-    "pack": ("packing failed", placement.Placement, "pack", False),
+    "pack": ("packing failed", cp_mode.CpMode, "pack", False),
     "broadcast": ("broadcast failed", producer, "broadcast_tp", True),
     "pp broadcast": ("broadcast failed", producer, "broadcast_pp", True),
     "encode": ("broadcast failed", broadcast, "encode_step", False),

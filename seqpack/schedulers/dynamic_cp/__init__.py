@@ -16,7 +16,7 @@ A plan is a :class:`seqpack.schedulers.Schedule` whose ``group_sizes`` is ``"pow
 - ``pieces``: the shards a step's exchange moves (one per sequence and rank of its group) and
   who cuts each. A plan's :class:`~seqpack.stats.StepStats`: :meth:`seqpack.stats.StepStats.from_schedule`;
   its calibrator: :class:`seqpack.calibrate.CostCalibrator` (of a group cost). Running a plan:
-  ``seqpack.loader.placement``.
+  ``seqpack.loader.cp_mode``.
 - Private: ``_candidate`` (a plan while it is built, and its exact score), ``_rounds``
   (the lockstep builder and static CP), ``_replica`` (the replica-sync builder);
   their numba kernels are ``seqpack.schedulers._kernels.cp_planner``.

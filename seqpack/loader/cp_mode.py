@@ -1,25 +1,26 @@
-"""Where a step's samples go and how this rank packs them: the exchange and pack stages of a
-wrapper step, one path for static and dynamic CP.
+"""The iterator's CP mode: where a step's samples go and how this rank packs them (the
+exchange and pack phases of a wrapper step), one path for static and dynamic CP, with the
+CP process groups the mode decides once.
 
 Every plan is rounds of CP groups over the plane's ``R = dp x cp`` ranks (static CP: the
 replicas' CP blocks in every round). Both stages are the same for both:
 
-- :meth:`Placement.exchange`: every rank gets, for each sequence its group runs, its shard
+- :meth:`CpMode.exchange`: every rank gets, for each sequence its group runs, its shard
   (:func:`~seqpack.collective.exchange.exchange_shards`: DualChunkSwap or contiguous
   slices of the sequence padded to its span, ``Schedule.packed_spans``), cut by the CP rank of
   the same index of the replica that read it;
-- :meth:`Placement.pack`: this rank's shard of its group's microbatch in every round, from
+- :meth:`CpMode.pack`: this rank's shard of its group's microbatch in every round, from
   those shards and the plan's layout (:class:`~seqpack.thd.StaticShapes` included), carrying
   ``cp_size``, ``cp_rank`` and ``cp_group`` (the model's process group of the block; ``None``
   alone). A rank whose group runs nothing gets a padding-only filler's shard. A middle pipeline
   stage without position ids packs the layout alone.
 
-The modes differ only in their process groups (:func:`placement` decides once, when the
+The modes differ only in their process groups (:func:`cp_mode` decides once, when the
 iterator is built): :class:`StaticCp`'s pieces never leave their CP lane, so its exchange runs
 over the wrapper's DP group; :class:`DynamicCp`'s (``PackingConfig(dynamic_cp=True)``) run
 over the wrapper's plane group, and its receivers of the TP broadcast and middle pipeline
-stages get their groups from the wire header (:meth:`Placement.group_starts`,
-:meth:`Placement.attach`): each pipeline stage runs the same plan on its own plane's groups.
+stages get their groups from the wire header (:meth:`CpMode.group_starts`,
+:meth:`CpMode.attach`): each pipeline stage runs the same plan on its own plane's groups.
 """
 
 from __future__ import annotations
@@ -57,11 +58,11 @@ from seqpack.thd.cp import shard_for_cp
 from seqpack.thd.mrope import MRopeSpec
 from seqpack.topology import Topology
 
-__all__ = ["DynamicCp", "Placement", "StaticCp", "placement"]
+__all__ = ["CpMode", "DynamicCp", "StaticCp", "cp_mode"]
 
 
-class Placement:
-    """The exchange and pack stages of this rank's steps (module docstring).
+class CpMode:
+    """The exchange and pack phases of this rank's steps (module docstring).
 
     Args:
         config: The resolved config.
@@ -184,10 +185,10 @@ class Placement:
         return list(batches)
 
 
-def placement(
+def cp_mode(
     config: PackingConfig, topology: Topology, comm: Topology, *, timeout: datetime.timedelta | None = None
-) -> Placement:
-    """The stages ``config`` runs on this rank, with their CP process groups: :class:`DynamicCp`
+) -> CpMode:
+    """The CP mode ``config`` runs on this rank, with its CP process groups: :class:`DynamicCp`
     under ``dynamic_cp`` (:func:`~seqpack.collective.cp_groups.new_cp_groups`), else
     :class:`StaticCp` (:func:`~seqpack.collective.cp_groups.static_cp_groups`). Collective
     over the default group where it creates groups (every rank, the same config); ``comm``: the
@@ -198,7 +199,7 @@ def placement(
     return StaticCp(config, comm, static_cp_groups(topology))
 
 
-class StaticCp(Placement):
+class StaticCp(CpMode):
     """Static CP: every group is a replica's CP block, so every piece stays in its CP lane and
     the exchange runs over the wrapper's DP group (``comm``'s)."""
 
@@ -206,7 +207,7 @@ class StaticCp(Placement):
         super().__init__(config, comm, groups, comm.group("dp"), lane=True)
 
 
-class DynamicCp(Placement):
+class DynamicCp(CpMode):
     """Dynamic CP (``dynamic_cp=True``): the exchange runs over the wrapper's plane group, and
     the wire carries each round's group start to TP receivers and middle stages."""
 
