@@ -251,7 +251,7 @@ def rebalance_encoder(
             "rebalance_encoder: mode=True on one rank (group None or of size 1) has nowhere to move images"
         )
     for name, value in (("seconds_per_flop", seconds_per_flop), ("bytes_per_second", bytes_per_second)):
-        if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
             raise ConfigError(f"rebalance_encoder: {name} must be a positive number, got {value!r}")
     spec = vision if vision is not None else VisionSpec.from_hf(_owner(model).config)
     return EncoderRebalance(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from seqpack.errors import ConfigError
+from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.thd.mrope import MRopeSpec
 from seqpack.topology import Topology
 
@@ -22,12 +22,17 @@ def encoder_rebalance_mode(value: object) -> EncoderRebalanceMode:
     """``value`` as a mode.
 
     Raises:
-        ConfigError: A value other than ``"auto"``, ``True``, ``False``.
+        SeqpackTypeError: Neither a string nor a bool.
+        ConfigError: Another string.
     """
     if value is True or value is False:
         return value
+    if not isinstance(value, str):
+        raise SeqpackTypeError(
+            f"encoder_rebalance must be 'auto', True or False, got {type(value).__name__} {value!r:.60}"
+        )
     if value != AUTO:
-        raise ConfigError(f"encoder_rebalance must be 'auto', True or False, got {value!r}")
+        raise ConfigError(f"encoder_rebalance must be 'auto', True or False, got {value!r:.60}")
     return "auto"
 
 

@@ -4,9 +4,10 @@ cannot run is refused by name (no images without mrope, one DP rank, CP, pipelin
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from seqpack.errors import ConfigError
+from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader import PackingConfig
 from seqpack.thd import MRopeSpec
 from seqpack.topology import Topology
@@ -22,8 +23,10 @@ def test_values_and_the_default():
     assert _config().encoder_rebalance == "auto"
     assert _config(mrope=SPEC, encoder_rebalance=True).encoder_rebalance is True
     assert _config(encoder_rebalance=False).encoder_rebalance is False
-    for bad in ("on", 1, None):
-        with pytest.raises(ConfigError, match=r"encoder_rebalance must be 'auto', True or False, got"):
+    with pytest.raises(ConfigError, match=r"encoder_rebalance must be 'auto', True or False, got 'on'"):
+        _config(encoder_rebalance="on")
+    for bad in (1, None, np.array([1, 2])):  # 1 is not True
+        with pytest.raises(SeqpackTypeError, match=r"encoder_rebalance must be 'auto', True or False, got"):
             _config(encoder_rebalance=bad)
     with pytest.raises(ConfigError, match="encoder_rebalance=True needs mrope"):
         _config(encoder_rebalance=True)
@@ -55,6 +58,8 @@ def test_rebalance_encoder_takes_the_same_values():
         rebalance_encoder(model, None, mode=True)
     with pytest.raises(ConfigError, match="encoder_rebalance must be"):
         rebalance_encoder(model, None, mode="yes")
+    with pytest.raises(ConfigError, match="seconds_per_flop must be a positive number, got True"):
+        rebalance_encoder(model, None, seconds_per_flop=True)
     hooks = rebalance_encoder(model, None)  # "auto" on one rank: nothing ever moves
     assert hooks is not None
     forward = model.model.visual.forward
