@@ -1,12 +1,15 @@
 """SeqpackTrainerMixin with a vision-language model: a tiny random-init Qwen2-VL
 (tests/vlm_data.py, built from a config of the installed transformers) trained by
-``transformers.Trainer`` on one process from a ``datasets.Dataset`` of processor-style rows
-(images of several sizes, two-image rows, a video, text-only rows). Each step's logged loss and
-the final parameters (language model and vision tower) equal an unpacked reference that runs
-every row alone, the model computing its own positions; the mixin takes ``mrope`` from the
-model's config."""
+``transformers.Trainer`` and by TRL's ``SFTTrainer`` on one process from a ``datasets.Dataset``
+of processor-style rows (images of several sizes, two-image rows, a video, text-only rows).
+Each step's logged loss and the final parameters (language model and vision tower) equal an
+unpacked reference that runs every row alone, the model computing its own positions; the mixin
+takes ``mrope`` from the model's config. TRL's own ``padding_free`` on the same rows drops the
+pixels and trains something else."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -91,6 +94,11 @@ def _args(tmp_path, **overrides) -> TrainingArguments:
     return TrainingArguments(**{**settings, **overrides})
 
 
+@functools.cache
+def _reference_run() -> tuple[list[float], torch.Tensor]:
+    return _reference(_rows(STEPS * BATCH))
+
+
 def _reference(rows: list[dict]) -> tuple[list[float], torch.Tensor]:
     """The Trainer's run unpacked: each step's rows one by one, the model computing its own
     positions, HF's loss over the step's supervised tokens; AdamW and the gradient clipping of
@@ -137,7 +145,7 @@ def test_trainer_steps_on_a_vlm_equal_the_rows_run_alone(tmp_path):
     )
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    reference, reference_params = _reference(rows)
+    reference, reference_params = _reference_run()
     assert len(losses) == STEPS and len(counts) == STEPS and min(counts) >= 2, counts  # several microbatches
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) <= 1e-5, (losses, reference)
     assert float((_params(trainer.model) - reference_params).abs().max()) <= 1e-5
@@ -155,3 +163,42 @@ def test_a_given_mrope_must_be_the_models(tmp_path):
             train_dataset=_dataset(_rows(4)),
             seqpack_config={"max_tokens_per_rank": 48, "mrope": other},
         )
+
+
+def test_trls_sft_trainer_with_the_mixin_is_exact_where_its_padding_free_drops_the_pixels(tmp_path):
+    """TRL 1.16 refuses padding_free for datasets of raw images; given the processor's rows it
+    runs, but its collator keeps only the text fields (no pixels: the placeholders train as
+    text) with one ``[1, T]`` row of positions. The mixin in TRL's SFTTrainer (its dataset
+    preparation, gradient checkpointing and loss) is exact on the same rows."""
+    trl = pytest.importorskip("trl", reason="trl is not installed (pip install 'seqpack[hf-test]')")
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    class PackedSFTTrainer(SeqpackTrainerMixin, trl.SFTTrainer):
+        pass
+
+    vocab = {"<pad>": 0, "<eos>": 1, **{f"t{i}": i for i in range(2, 128)}}
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<pad>")), pad_token="<pad>", eos_token="<eos>"
+    )
+    rows = _rows(STEPS * BATCH)
+    reference, reference_params = _reference_run()
+    runs = {}
+    for padding_free in (False, True):
+        settings = _args(tmp_path).to_dict()
+        settings.update(bf16=False, max_length=None, padding_free=padding_free)
+        common = dict(args=trl.SFTConfig(**settings), train_dataset=_dataset(rows), processing_class=tokenizer)
+        if padding_free:
+            trainer = trl.SFTTrainer(model=tiny_vlm("qwen2_vl"), **common)
+            batch = trainer.data_collator([trainer.train_dataset[i] for i in range(BATCH)])
+            assert "pixel_values" not in batch and batch["position_ids"].shape[0] == 1  # what TRL's path gives
+        else:
+            trainer = PackedSFTTrainer(model=tiny_vlm("qwen2_vl"), seqpack_config={"max_tokens_per_rank": 48}, **common)
+        trainer.train()
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        runs[padding_free] = (losses, _params(trainer.model))
+    losses, params = runs[False]
+    assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) <= 1e-5, (losses, reference)
+    assert float((params - reference_params).abs().max()) <= 1e-5
+    trl_losses = runs[True][0]
+    assert max(abs(a - b) for a, b in zip(trl_losses, reference, strict=True)) > 1e-2, (trl_losses, reference)
