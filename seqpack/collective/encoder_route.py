@@ -38,6 +38,9 @@ def gather_grids(grids: torch.Tensor, group: ProcessGroup | None, num_ranks: int
     Returns:
         int64 ``[N, 3]`` and int64 ``[N]`` (the home rank of each image).
     """
+    if num_ranks == 1:  # no collective on one rank
+        local_rows = grids.detach().cpu().to(torch.int64).reshape(-1, 3).numpy()
+        return local_rows, np.zeros(local_rows.shape[0], dtype=np.int64)
     device = comm_device(group)
     local = grids.detach().to(device=device, dtype=torch.int64).reshape(-1, 3)
     count = torch.tensor([local.shape[0]], dtype=torch.int64, device=device)
