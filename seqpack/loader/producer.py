@@ -1,12 +1,19 @@
 """StepProducer: one step of the wrapper on this rank, from reading samples to the
 :class:`~seqpack.loader.step.Ready` that ``next()`` hands over.
 
+A step's backbone is four modules: :mod:`~seqpack.loader.iterator` (``next()``; under
+prefetch :mod:`~seqpack.loader.prefetch`'s thread runs :meth:`StepProducer.produce`, a
+runner, not a stage) -> this producer -> :mod:`~seqpack.loader.phases` (read, gather,
+schedule; exchange and pack are the methods of the iterator's
+:class:`~seqpack.loader.cp_mode.CpMode`) -> :mod:`~seqpack.loader.step` (the ``Step`` and
+the hand-over). The CP mode and the calibration state are values the iterator builds once
+and hands in.
+
 A step runs these stages (every rank calls :meth:`StepProducer.produce` once per step, in
 the same order, because every stage with a collective is collective):
 
-1. on ranks that read data, the phases of :mod:`seqpack.loader.phases`: read, gather lengths
-   over DP, schedule, agree over the exchange's group, exchange, pack + CP shard
-   (:meth:`StepProducer._reader_step`);
+1. on ranks that read data, the phases: read, gather lengths over DP, schedule, agree over
+   the exchange's group, exchange, pack + CP shard (:meth:`StepProducer._reader_step`);
 2. the copies of a replica (CP ranks; under ``data_owner="all"`` also TP and PP) agree on
    the outcome and compare schedule fingerprints (:meth:`StepProducer._agree_copies`);
 3. under ``data_owner="tp0"``, the TP broadcast and the pipeline's agreement and layout
@@ -18,13 +25,10 @@ the same order, because every stage with a collective is collective):
 A phase that fails on one rank becomes an error naming the rank and the phase, which the next
 agreement carries to every rank; a phase holding a collective still takes part in it.
 
-Calibration is data (:mod:`seqpack.loader.calibration`): before the stages a step takes a
-:class:`~seqpack.loader.calibration.StepInput` (the model to plan with, the time words that
-ride the gather and the agreements' payloads), and after them it gives the combined words
-back, absorbed once, between steps, by
-:meth:`~seqpack.loader.calibration.CalibrationState.absorb`, which returns the last
-measurement for the stats. Without ``calibrate`` the input is empty and the stages carry
-``None``.
+Calibration is data (:mod:`seqpack.loader.calibration`): a step takes a ``StepInput`` before
+the stages (the model to plan with, the time words that ride the gather and the agreements)
+and gives the combined words back after them, absorbed once, between steps; without
+``calibrate`` the input is empty.
 
 :meth:`StepProducer.produce` never raises: a failure becomes the step's agreed error, or an
 exception carried in the ``Ready`` and raised by the ``next()`` of that step.
