@@ -7,7 +7,9 @@ With mode=True the plan moves images off the busy rank (asserted): each supervis
 equals its loss with the sample run alone, and every parameter's gradient (language model and
 vision tower), summed over the ranks, equals the sum of the samples' alone, within 1e-5
 relative. mode="auto" keeps the tiny model's images home (its encoder time is far below the
-exchange's), with the same losses.
+exchange's), with the same losses. Through the wrapper (wrap_data_iterator with
+PackingConfig(mrope=, encoder_rebalance=True), the route on the DP group's ranks): the same,
+per token via Step.to_origin.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import torch.nn.functional as F
 pytest.importorskip("transformers")
 
 from vlm_data import IGNORE, alone_kwargs, text_sample, tiny_vlm, two_image_sample, video_sample  # noqa: E402
+from wrapper_data import mesh_topology  # noqa: E402
 
 from seqpack.interop.hf import to_hf  # noqa: E402
 from seqpack.interop.hf_encoder import rebalance_encoder  # noqa: E402
+from seqpack.loader import PackingConfig, wrap_data_iterator  # noqa: E402
 from seqpack.thd import MRopeSpec, pack_sequences  # noqa: E402
 
 TOL = 1e-5
@@ -133,3 +137,61 @@ def test_rebalanced_encoder_gives_each_token_its_loss_and_the_summed_gradients_a
         assert result["auto"] == (False, False) and result["auto_loss"] < TOL
     # Images encoded away from home: ranks without images of their own got tower gradients.
     assert all(result["own_tower_grad"] for result in results)
+
+
+def _wrapped(family: str) -> dict:
+    """dp=2 through the wrapper: rank 0 reads a four-image sample and a text one, rank 1 text."""
+    rank = dist.get_rank()
+    topology = mesh_topology((("dp", 2),))
+    model = tiny_vlm(family)
+    spec = MRopeSpec.from_hf(model.config)
+
+    def data(r: int) -> list[dict]:
+        gen = torch.Generator().manual_seed(20 + r)
+        if r == 0:
+            return [two_image_sample(gen, ((1, 8, 8), (1, 8, 12), (1, 8, 8), (1, 4, 8))), text_sample(gen, 9)]
+        return [text_sample(gen, 11), text_sample(gen, 6)]
+
+    every = [data(r) for r in range(2)]
+    alone = [[_alone(model, s) for s in samples] for samples in every]
+    reference = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    config = PackingConfig(
+        samples_per_rank=2,
+        max_tokens_per_rank=128,
+        pad_multiple=4,
+        label_format="unshifted",
+        mrope=spec,
+        encoder_rebalance=True,
+    )
+    route_group = dist.new_group(topology.global_ranks("dp"))
+    hooks = rebalance_encoder(model, route_group, mode=config.encoder_rebalance)
+    worst_loss, rounds = 0.0, 0
+    for step in wrap_data_iterator(data(rank), topology, config):
+        values = []
+        for batch in step.microbatches:
+            kwargs = {k: v for k, v in to_hf(batch).items() if k not in ("labels", "shift_labels")}
+            losses = _token_losses(model(**kwargs).logits[0], batch.labels)
+            losses.sum().backward()
+            values.append(losses.detach())
+            rounds += 1
+        for got, want in zip(step.to_origin(values), alone[rank], strict=True):
+            worst_loss = max(worst_loss, float((got - want).abs().max() / want.abs().max()))
+    moved = hooks.moved_images
+    hooks.remove()
+    worst_grad = 0.0
+    for name, p in model.named_parameters():
+        grad = torch.zeros_like(p) if p.grad is None else p.grad.clone()
+        dist.all_reduce(grad)
+        if name in reference:
+            want = reference[name]
+            worst_grad = max(worst_grad, float((grad - want).norm() / want.norm().clamp_min(1e-30)))
+    return dict(loss=worst_loss, grad=worst_grad, moved=moved, rounds=rounds)
+
+
+def test_through_the_wrapper_with_encoder_rebalance_true(dist_pools):
+    results = dist_pools.get(2).run(_wrapped, "qwen2_vl")
+    for result in results:
+        assert result["loss"] < TOL and result["grad"] < TOL, result
+        assert result["moved"] > 0 and result["rounds"] >= 1
+    assert results[0]["rounds"] == results[1]["rounds"]  # one forward per round on every rank
