@@ -58,9 +58,14 @@ def _refuse(what):
 def _quick_tier_starts_no_process(request, monkeypatch):
     if request.config.getoption("markexpr") == "quick":
         import multiprocessing.process
+        import platform
         import subprocess
 
         import torch.distributed
+
+        # The standard library's platform.platform() runs `uname -p` once and caches it: run
+        # it here, so a test asking for it is not taken for one that starts processes.
+        platform.platform()
 
         monkeypatch.setattr(subprocess.Popen, "__init__", _refuse("a subprocess"))
         monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("a process"))
