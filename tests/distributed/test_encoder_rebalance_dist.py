@@ -7,7 +7,7 @@ With mode=True the plan moves images off the busy rank (asserted): each supervis
 equals its loss with the sample run alone, and every parameter's gradient (language model and
 vision tower), summed over the ranks, equals the sum of the samples' alone, within 1e-5
 relative. mode="auto" keeps the tiny model's images home (its encoder time is far below the
-exchange's), with the same losses. Through the wrapper (wrap_data_iterator with
+exchange's) and routes them at a second per FLOP, with the same losses. Through the wrapper (wrap_data_iterator with
 PackingConfig(mrope=, encoder_rebalance=True), the route on the DP group's ranks): the same,
 per token via Step.to_origin.
 """
@@ -113,6 +113,11 @@ def _exact(family: str) -> dict:
     auto_loss = _worst(_packed_round(model, spec, every[rank][0]), alone[0])
     auto = (hooks.last.routed, hooks.last.plan is not None and bool(hooks.last.plan.moved.any()))
     hooks.remove()
+    # "auto" at a second per FLOP: the same round's gain now pays for its exchange.
+    hooks = rebalance_encoder(model, group, seconds_per_flop=1.0)
+    paid_loss = _worst(_packed_round(model, spec, every[rank][0]), alone[0])
+    paid = hooks.last.routed
+    hooks.remove()
     model.zero_grad(set_to_none=True)
     return dict(
         loss=worst_loss,
@@ -123,6 +128,8 @@ def _exact(family: str) -> dict:
         own_tower_grad=own_tower_grad,
         auto=auto,
         auto_loss=auto_loss,
+        paid=paid,
+        paid_loss=paid_loss,
     )
 
 
@@ -135,6 +142,7 @@ def test_rebalanced_encoder_gives_each_token_its_loss_and_the_summed_gradients_a
         assert result["routed"] == [True, True, False]  # rounds 1 and 2 move images; round 3 has none
         assert result["moved"] > 0
         assert result["auto"] == (False, False) and result["auto_loss"] < TOL
+        assert result["paid"] and result["paid_loss"] < TOL
     # Images encoded away from home: ranks without images of their own got tower gradients.
     assert all(result["own_tower_grad"] for result in results)
 
