@@ -16,7 +16,7 @@ Modules:
   window of points, the time filter, warm-up steps, the cached fit, counters, resume state,
   copy; prior until enough timings).
 * :mod:`~seqpack.calibrate.ledger`: :class:`TimingLedger` (from ``record`` to ``observe``, with
-  resume state), :class:`Measurement`, :func:`step_time`.
+  resume state), :class:`Measurement`.
 * :mod:`~seqpack.calibrate.words`: the int64 words a time travels as (:func:`encode_seconds`,
   :data:`MISSING`, :data:`INVALID`, :data:`ABSENT`).
 * :mod:`~seqpack.calibrate.timer`: :class:`MicrobatchTimer` (CUDA events or
@@ -31,7 +31,7 @@ imports ``points`` and :mod:`seqpack.cost`; ``calibrator`` imports those and the
 from __future__ import annotations
 
 from seqpack.calibrate.calibrator import CostCalibrator
-from seqpack.calibrate.ledger import Measurement, TimingLedger, step_time
+from seqpack.calibrate.ledger import Measurement, TimingLedger
 from seqpack.calibrate.points import microbatch_sums
 from seqpack.calibrate.timer import MicrobatchTimer
 from seqpack.calibrate.words import ABSENT, INVALID, MISSING, decode_seconds, encode_seconds
@@ -47,5 +47,4 @@ __all__ = [
     "decode_seconds",
     "encode_seconds",
     "microbatch_sums",
-    "step_time",
 ]

@@ -28,17 +28,11 @@ from seqpack.options import Sync
 from seqpack.stats import step_objective
 from seqpack.validation import check_choice, check_int
 
-__all__ = ["Measurement", "TimingLedger", "check_times", "microbatch_sums", "step_time"]
+__all__ = ["Measurement", "TimingLedger", "check_times", "microbatch_sums"]
 
 logger = logging.getLogger(__name__)
 
 _LOCAL_KEPT = 64  # recorded times kept per rank, in steps (for late snapshots under prefetch)
-
-
-def step_time(seconds: np.ndarray, sync: str) -> float:
-    """Step time of per-microbatch times ``[M, dp]``: ``sum_m max_d`` (lockstep) or
-    ``max_d sum_m`` (replica)."""
-    return step_objective(seconds, sync)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,11 +278,11 @@ class TimingLedger:
             predicted_times = self.calibrator.predict_sums(slot.model, slot.sums)
             if k > 1:
                 predicted_times = predicted_times.reshape(m, self.dp_size, k).max(axis=2)
-            predicted = step_time(predicted_times, self.sync)
+            predicted = step_objective(predicted_times, self.sync)
         if k > 1:  # a replica's microbatch takes as long as its slowest rank (NaN stays NaN)
             seconds = seconds.reshape(m, self.dp_size, k).max(axis=2)
         complete = bool(np.isfinite(seconds).all())
-        measured = step_time(seconds, self.sync) if complete else None
+        measured = step_objective(seconds, self.sync) if complete else None
         if not complete:
             missing = int(np.count_nonzero(~np.isfinite(seconds)))
             warn_once(

@@ -17,10 +17,10 @@ from seqpack.calibrate import (
     decode_seconds,
     encode_seconds,
     microbatch_sums,
-    step_time,
 )
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.schedulers import get_scheduler
+from seqpack.schedulers.objective import step_objective
 
 TRUTH = CostModel(7.32e-7, 7.84e-11, 0.020)
 
@@ -161,10 +161,10 @@ def test_max_of_encoded_words_is_the_largest_time(rows):
     assert encode_seconds([0.0, -1.0, np.inf, np.nan]).tolist() == [INVALID] * 4
 
 
-def test_step_time_lockstep_and_replica():
-    times = np.array([[1.0, 3.0], [2.0, 1.0]])  # [M, dp]
-    assert step_time(times, "lockstep") == 5.0
-    assert step_time(times, "replica") == 4.0
+def test_step_objective_of_times_lockstep_and_replica():
+    times = np.array([[1.0, 3.0], [2.0, 1.0]])  # [M, dp]: the ledger's measured and predicted step times
+    assert step_objective(times, "lockstep") == 5.0
+    assert step_objective(times, "replica") == 4.0
 
 
 def _schedule(seed, dp=2):
