@@ -16,8 +16,7 @@ Modules, lowest first:
 * :mod:`~seqpack.cost.interconnect`: named interconnects (:data:`INTERCONNECTS`), the links
   a dynamic-CP ring prior is derived from.
 * :mod:`~seqpack.cost.ring`: what a microbatch costs on a CP group of ``c`` ranks (its
-  compute split over the group plus the CP ring), :func:`group_features`, :func:`spans_nodes`,
-  Transformer Engine's ring figures (:func:`~seqpack.cost.ring.te_p2p_ring`).
+  compute split over the group plus the CP ring), :func:`group_features`, :func:`spans_nodes`.
 * :mod:`~seqpack.cost.vision_encoder`: :class:`VisionSpec`, a vision encoder's shape and its
   training FLOPs per image, video and sample.
 * :mod:`~seqpack.cost.vision_language`: :class:`ModelSpec`'s vision-language half (its
@@ -42,7 +41,7 @@ from seqpack.cost.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS, Inter
 from seqpack.cost.model import CostModel, ModelSpec, check_cost_model
 from seqpack.cost.presets import DEFAULT_MODEL, MODEL_PRESETS, default_cost_model, model_preset, transformer_flops
 from seqpack.cost.ring import FEATURES, group_features, spans_nodes
-from seqpack.cost.terms import causal_window_pairs, length_features, window_feature
+from seqpack.cost.terms import length_features, window_feature
 from seqpack.cost.vision_encoder import VisionSpec
 
 __all__ = [
@@ -57,7 +56,6 @@ __all__ = [
     "MODEL_PRESETS",
     "CostModel",
     "ModelSpec",
-    "causal_window_pairs",
     "check_cost_model",
     "default_cost_model",
     "length_features",

@@ -460,19 +460,14 @@ class CostModel(GroupTerms):
             return cls(linear, quadratic, constant)
         return cls(linear, quadratic, constant, windowed=values[3], window=window)
 
-    def predict(self, seqlen_sum: float, seqlen_sq_sum: float, seqlen_window_sum: float | None = None) -> float:
-        """Cost of one microbatch from its length sums ``S``, ``SS`` and, with a window,
-        ``SW`` (:func:`~seqpack.cost.terms.exact_sums`)."""
-        total = self.constant + self.linear * seqlen_sum + self.quadratic * seqlen_sq_sum
-        if self.window is not None:
-            if seqlen_window_sum is None:
-                raise ConfigError(f"{self!r} has a windowed term: pass seqlen_window_sum")
-            total += self.windowed * seqlen_window_sum
-        return float(total)
-
     def predict_sums(self, sums: np.ndarray) -> np.ndarray:
         """float64 cost of microbatches from their sums ``[..., len(terms) - 1]`` (``S``,
-        ``SS`` and, with a window, ``SW``: the terms after the constant, in order)."""
+        ``SS`` and, with a window, ``SW``: the terms after the constant, in order;
+        :func:`~seqpack.cost.terms.exact_sums`).
+
+        Raises:
+            ConfigError: The last axis does not hold one sum per term after the constant.
+        """
         sums = np.asarray(sums)
         if sums.shape[-1:] != (len(self.terms) - 1,):
             raise ConfigError(f"{self!r} needs sums of {self.terms[1:]} in the last axis, got shape {sums.shape}")

@@ -34,7 +34,6 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 
 __all__ = [
     "as_lengths",
-    "causal_window_pairs",
     "exact_sums",
     "feature_names",
     "length_features",
@@ -46,26 +45,10 @@ __all__ = [
 BASE_TERMS = ("constant", "linear", "quadratic")
 
 
-def causal_window_pairs(length: int, window: int) -> int:
-    """(query, key) pairs that causal attention with a left window of ``window`` computes
-    over one sequence of ``length`` tokens.
-
-    Query ``i`` attends keys ``max(0, i - W) .. i`` (Transformer Engine's
-    ``window_size=(W, 0)``): ``min(i + 1, W + 1)`` keys. Summed over ``i < s``::
-
-        P(s, W) = s*(s+1)/2               if s <= W + 1
-                = (W+1)*(2*s - W)/2       otherwise
-
-    (both sides agree at ``s = W + 1``; ``(W+1)*(2s-W)`` is always even).
-    """
-    s, w = int(length), int(window)
-    if s <= w + 1:
-        return s * (s + 1) // 2
-    return (w + 1) * (2 * s - w) // 2
-
-
 def window_feature(length: int, window: int) -> int:
-    """The windowed term's per-sequence feature ``w(s, W) = 2*P(s, W) - s``.
+    """The windowed term's per-sequence feature ``w(s, W) = 2*P(s, W) - s``, with ``P`` the
+    (query, key) pairs of causal attention with a left window ``W`` (Transformer Engine's
+    ``window_size=(W, 0)``; derivation: docs/cost_models.md).
 
     It is ``s**2`` up to ``s = W + 1`` and ``(2W+1)*s - W*(W+1)`` beyond (linear in ``s``):
     the number of (query, key) pairs of a symmetric window ``(W, W)``, the same way ``s**2``

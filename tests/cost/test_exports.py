@@ -33,7 +33,6 @@ CALIBRATE_NAMES = [
     "decode_seconds",
     "encode_seconds",
     "microbatch_sums",
-    "step_time",
 ]
 
 
@@ -45,3 +44,12 @@ def test_every_cost_name_of_the_old_module_is_exported(name):
 @pytest.mark.parametrize("name", CALIBRATE_NAMES)
 def test_every_calibrate_name_of_the_old_module_is_exported(name):
     assert name in seqpack.calibrate.__all__ and getattr(seqpack.calibrate, name) is not None
+
+
+@pytest.mark.parametrize(
+    ("owner", "name"),
+    [(seqpack.calibrate, "step_time"), (seqpack.cost, "causal_window_pairs"), (seqpack.cost.CostModel, "predict")],
+)
+def test_removed_names_are_gone(owner, name):
+    with pytest.raises(AttributeError):
+        getattr(owner, name)

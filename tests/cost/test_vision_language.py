@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from seqpack.cost import ModelSpec, VisionSpec, causal_window_pairs
+from seqpack.cost import ModelSpec, VisionSpec, window_feature
 from seqpack.cost.vision_language import TEXT_MODEL_TYPES, VISION_LANGUAGE_MODEL_TYPES, model_fields_from_hf
 from seqpack.errors import ConfigError, SeqpackTypeError
 
@@ -154,7 +154,7 @@ def test_sliding_window_layers_are_read_as_the_hf_mask_has_them():
         pairs = sum(
             bool(causal_mask_function(0, 0, q, k) and window(0, 0, q, k)) for q in range(length) for k in range(length)
         )
-        assert pairs == causal_window_pairs(length, spec.window_size)
+        assert 2 * pairs - length == window_feature(length, spec.window_size)  # w(s, W) = 2 P(s, W) - s
     plain = transformers.Qwen2Config(**TEXT, use_sliding_window=False, max_window_layers=0)
     assert ModelSpec.from_hf(plain).window_size is None  # sliding_attention layer types, but no window
 

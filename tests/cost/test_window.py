@@ -13,7 +13,6 @@ from naive import nnls_kkt_violation
 from seqpack.cost import (
     CostModel,
     ModelSpec,
-    causal_window_pairs,
     length_features,
     model_preset,
     nnls_fit,
@@ -39,7 +38,6 @@ def test_window_pairs_match_a_brute_force_count_of_the_mask(window):
     seen_beyond = False
     for s in range(0, 41):
         causal = _mask_pairs(s, window, 0)  # TE window_size=(W, 0): keys i-W .. i
-        assert causal_window_pairs(s, window) == causal
         assert window_feature(s, window) == _mask_pairs(s, window, window) == 2 * causal - s
         if s <= window + 1:
             assert causal == s * (s + 1) // 2 and window_feature(s, window) == s * s
@@ -147,10 +145,9 @@ def test_windowed_cost_is_linear_quadratic_and_windowed_terms():
     assert model.terms == ("constant", "linear", "quadratic", "windowed")
     assert model.coefficients == (7.0, 3.0, 0.5, 2.0)
     assert CostModel.from_coefficients(model.coefficients, window=4) == model
-    assert model.predict(23, 9 + 400, window_feature(3, 4) + window_feature(20, 4)) == model.microbatch_cost([3, 20])
     assert model.predict_sums(np.array([[23, 409, 9 + 160]])).tolist() == [model.microbatch_cost([3, 20])]
-    with pytest.raises(ConfigError, match="pass seqlen_window_sum"):
-        model.predict(23, 409)
+    with pytest.raises(ConfigError, match="needs sums of"):
+        model.predict_sums(np.array([23, 409]))
     assert window_feature(3, 4) == 9 and window_feature(20, 4) == 9 * 20 - 4 * 5 == 160
     share = model.quadratic_share(20)
     assert share == pytest.approx((0.5 * 400 + 2.0 * 160) / (60 + 0.5 * 400 + 2.0 * 160))

@@ -278,7 +278,7 @@ def test_fit_fits_or_names_the_bad_time_never_a_warning(name, value):
                 assert "seconds[" in str(exc), exc  # the bad time, by index and value
                 continue
         assert all(math.isfinite(float(c)) and c >= 0 for c in model.coefficients)
-        assert model.predict(1, 1) > 0
+        assert model.predict_sums(np.array([1, 1])) > 0
 
 
 def test_fit_near_the_largest_double_is_the_fit_in_seconds_scaled():
