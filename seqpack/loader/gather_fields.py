@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.collective.agree import AGREEMENT
-from seqpack.collective.fields import Header, headers_markdown
-from seqpack.collective.length_gather import GATHER_HEADER
+from seqpack.collective.fields import Header
 from seqpack.thd import SAMPLE_DTYPES
 
 __all__ = [
     "KEY_BITS",
     "SAMPLE_COLUMNS",
     "STEP_GATHER_FIELDS",
-    "gather_format_markdown",
     "keys_of",
     "payload_bytes_per_token",
     "step_bytes_per_token",
@@ -67,12 +64,6 @@ SAMPLE_COLUMNS = Header(
 )
 """What every DP rank learns about every sequence of the step, beside its length; a new
 column is one more field here, filled in :func:`seqpack.loader.phases.sample_columns`."""
-
-
-def gather_format_markdown() -> str:
-    """The tables of the length gather's header, its per-sample columns and the agreement
-    vector in docs/wrapper.md, rendered from their declarations."""
-    return headers_markdown((GATHER_HEADER, STEP_GATHER_FIELDS, SAMPLE_COLUMNS, AGREEMENT))
 
 
 def keys_of(mask: int) -> list[str]:
