@@ -35,6 +35,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import inspect  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
@@ -110,10 +111,16 @@ def _full_plans() -> list[tuple[str, Callable[[], Any]]]:
         return lambda: get_scheduler(name, **(options or {})).schedule(lengths, **(kw or step))
 
     def dynamic() -> None:
+        lengths = [900, 500, 300, 120, 90, 60, 30, 20, 10, 5]
         for sync in ("lockstep", "replica"):
             for sizes in ("pow2", "any"):
-                plan_dynamic_cp([900, 500, 300, 120, 90, 60, 30, 20, 10, 5], dp_size=4, cp_size=2,
-                                max_tokens_per_rank=128, cost=ring, sync=sync, group_sizes=sizes)  # fmt: skip
+                step = dict(dp_size=4, cp_size=2, max_tokens_per_rank=128, cost=ring, sync=sync)
+                if "request" in inspect.signature(plan_dynamic_cp).parameters:  # it takes the one Request
+                    from seqpack.schedulers import Request
+
+                    plan_dynamic_cp(Request.of(lengths, **step), group_sizes=sizes)
+                else:  # a tree before it did: the scheduler's keywords
+                    plan_dynamic_cp(lengths, **step, group_sizes=sizes)
 
     replica = dict(dp_size=4, max_tokens_per_rank=8192, cost=CostModel(24576.0, 1.0), sync="replica")
     return [

@@ -64,7 +64,7 @@ from dynamic_cp_bound import step_time_lower_bound  # beside this script: python
 
 from seqpack.cost import CostModel, spans_nodes
 from seqpack.mock_data import lognormal_lengths
-from seqpack.schedulers import get_scheduler, predicted_step_time
+from seqpack.schedulers import Request, Schedule, get_scheduler, predicted_step_time
 from seqpack.schedulers import predicted_step_time as dynamic_step_time
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
@@ -317,6 +317,14 @@ def _timed(fn: Callable[[], object], repeat: int = 1) -> tuple[object, float]:
     return out, best
 
 
+def dynamic_plan(
+    lengths: np.ndarray, ranks: int, cost: CostModel, sync: str = "lockstep", sizes: str = "pow2"
+) -> Schedule:
+    """The dynamic-CP plan of one step over ``ranks`` ranks (``CAPACITY`` each, ``PAD``)."""
+    request = Request.of(lengths, dp_size=ranks, max_tokens_per_rank=CAPACITY, pad_multiple=PAD, cost=cost, sync=sync)
+    return plan_dynamic_cp(request, group_sizes=sizes)
+
+
 def measure(kind: str, ranks: int, cost: CostModel, sync: str, seed: int) -> dict[str, float]:
     """Predicted step times (seconds) of one step planned every way."""
     lengths = workload(kind, ranks, seed)
@@ -327,17 +335,7 @@ def measure(kind: str, ranks: int, cost: CostModel, sync: str, seed: int) -> dic
     packed = hybrid_step_time(rounds, lengths, cost, packed=True)
     row = {"static": static, "cp": cp, "static_step": per_step, "hybrid": min(as_run, packed), "hybrid_as_run": as_run}
     for sizes in ("pow2", "any"):
-        plan, seconds = _timed(
-            lambda sizes=sizes: plan_dynamic_cp(
-                lengths,
-                dp_size=ranks,
-                max_tokens_per_rank=CAPACITY,
-                pad_multiple=PAD,
-                cost=cost,
-                sync=sync,
-                group_sizes=sizes,
-            )
-        )
+        plan, seconds = _timed(lambda sizes=sizes: dynamic_plan(lengths, ranks, cost, sync, sizes))
         plan.validate(lengths)
         row[sizes] = dynamic_step_time(plan, cost, sync=sync)
         row[f"{sizes}_s"] = seconds
@@ -436,9 +434,7 @@ def plan_time(cost: CostModel, repeat: int = 7) -> tuple[dict[str, float], int]:
     for sync in ("lockstep", "replica"):
 
         def run(sync: str = sync) -> object:
-            return plan_dynamic_cp(
-                lengths, dp_size=1024, max_tokens_per_rank=CAPACITY, pad_multiple=PAD, cost=cost, sync=sync
-            )
+            return dynamic_plan(lengths, 1024, cost, sync)
 
         run()
         now[sync] = min(_timed(run)[1] for _ in range(repeat))
@@ -458,9 +454,7 @@ def node_sensitivity(cost: CostModel, out: list[str]) -> None:
                 node_cost = dataclasses.replace(cost, ranks_per_node=per_node)
                 lengths = workload(kind, ranks, seed=ranks)
                 static, _ = static_cp(lengths, ranks, node_cost, "lockstep", workload_longest(kind, ranks))
-                plan = plan_dynamic_cp(
-                    lengths, dp_size=ranks, max_tokens_per_rank=CAPACITY, pad_multiple=PAD, cost=node_cost
-                )
+                plan = dynamic_plan(lengths, ranks, node_cost)
                 ratios.append(static / dynamic_step_time(plan, node_cost))
             out.append(f"{kind:<12} {ranks:>5} " + " ".join(f"{r:>7.2f}" for r in ratios))
 
@@ -475,7 +469,7 @@ def plot(cost: CostModel, rows: list[dict], path: str) -> None:
 
     ranks = 64
     lengths = workload("tail256k", ranks, seed=ranks)
-    plan = plan_dynamic_cp(lengths, dp_size=ranks, max_tokens_per_rank=CAPACITY, pad_multiple=PAD, cost=cost)
+    plan = dynamic_plan(lengths, ranks, cost)
     grid = np.full((plan.num_microbatches, ranks), np.nan)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [1.5, 1]})
     palette = ListedColormap(plt.get_cmap("tab20").colors)

@@ -61,9 +61,10 @@ def test_replica_cost_is_one_array_and_stats_compare_by_value():
 
 
 def test_a_dynamic_plan_needs_a_cost():
+    from seqpack.schedulers import Request
     from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 
-    plan = plan_dynamic_cp(np.array([50, 10]), dp_size=1, cp_size=2, max_tokens_per_rank=64, pad_multiple=1, cost=QUAD)
+    plan = plan_dynamic_cp(Request.of(np.array([50, 10]), dp_size=1, cp_size=2, max_tokens_per_rank=64, cost=QUAD))
     with pytest.raises(TypeError, match="cost must be a seqpack.CostModel for a dynamic-CP schedule"):
         StepStats.from_schedule(plan)
 

@@ -19,7 +19,6 @@ import numpy as np
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.packing import pack_lengths
 from seqpack.schedulers import get_scheduler
-from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 
 __all__ = ["FAMILIES", "Family", "plan_family"]
 
@@ -65,9 +64,8 @@ def _dynamic_cp() -> None:
     lengths = _lognormal(256, 8192)
     cost = dataclasses.replace(default_cost_model(), ranks_per_node=4, reference_size=1)
     for sync, sizes in (("lockstep", "pow2"), ("replica", "any")):
-        plan_dynamic_cp(
-            lengths, dp_size=4, cp_size=2, max_tokens_per_rank=2048, cost=cost, sync=sync, group_sizes=sizes
-        )
+        sched = get_scheduler("dynamic_cp", group_sizes=sizes)
+        sched.schedule(lengths, dp_size=4, cp_size=2, max_tokens_per_rank=2048, cost=cost, sync=sync)
 
 
 def _packing() -> None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from seqpack.cost import CostModel
 from seqpack.options import GroupSizes, Sync
-from seqpack.schedulers.request import Request, apply_oversize, check_capacity, check_step_tokens
+from seqpack.schedulers.request import Request, apply_static_oversize, check_capacity, check_step_tokens
 from seqpack.schedulers.schedule import Grid, Schedule
 from seqpack.schedulers.shape_limits import BucketPrice, fit_sequence_limit, trim_to_buckets
 from seqpack.thd import padded_lengths
@@ -148,7 +148,7 @@ class GridScheduler(Scheduler):
         cost = None if request.cost is None else request.cost.at(request.cp_size)  # its cost on the static group
         capacity, pad_multiple = request.capacity, request.pad_multiple
         check_capacity(capacity, request.cp_size)
-        effective, dropped, truncated = apply_oversize(request.lengths, capacity, pad_multiple, request.on_oversize)
+        effective, dropped, truncated = apply_static_oversize(request)
         check_step_tokens(effective, pad_multiple)
         placed = dataclasses.replace(request, lengths=effective, cost=cost)
         active = np.flatnonzero(effective > 0).astype(np.int64) if dropped.size else None

@@ -7,6 +7,7 @@ import numpy as np
 
 from seqpack.errors import ConfigError
 from seqpack.options import GroupSizes
+from seqpack.thd.padding import group_pad_multiples
 from seqpack.validation import check_choice
 
 __all__ = ["allowed_group_sizes", "group_holds", "longest_sequence"]
@@ -36,7 +37,7 @@ def group_holds(sizes: np.ndarray, max_tokens_per_rank: int, pad_multiple: int) 
     """int64: the longest sequence a group of each size holds alone (``size *
     max_tokens_per_rank`` rounded down to the size's padding multiple)."""
     sizes = np.asarray(sizes, dtype=np.int64)
-    multiple = np.where(sizes > 1, 2 * sizes * pad_multiple, pad_multiple)
+    multiple = group_pad_multiples(sizes, pad_multiple)
     return (sizes * max_tokens_per_rank // multiple) * multiple
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "ON_OVERSIZE",
     "Request",
     "apply_oversize",
+    "apply_static_oversize",
     "as_lengths",
     "as_origin",
     "check_microbatches",
@@ -197,11 +198,12 @@ class Request:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
-def check_capacity(capacity: int, cp_size: int) -> None:
-    """Refuse, before planning, a microbatch past :data:`~seqpack.validation.MAX_TOKENS`."""
+def check_capacity(capacity: int, ranks: int, ranks_name: str = "cp_size") -> None:
+    """Refuse, before planning, a microbatch of ``capacity`` tokens on ``ranks`` ranks (the
+    ``ranks_name``) past :data:`~seqpack.validation.MAX_TOKENS`."""
     if capacity > MAX_TOKENS:
         raise ConfigError(
-            f"max_tokens_per_rank={capacity // cp_size} x cp_size={cp_size} = {capacity} tokens per microbatch is too "
+            f"max_tokens_per_rank={capacity // ranks} x {ranks_name}={ranks} = {capacity} tokens per microbatch is too "
             f"large (at most 2**53 = {MAX_TOKENS})"
         )
 
@@ -224,29 +226,48 @@ def check_step_tokens(lengths: np.ndarray, pad_multiple: int) -> None:
 
 
 def apply_oversize(
-    lengths: np.ndarray, capacity: int, pad_multiple: int, on_oversize: str
+    lengths: np.ndarray, on_oversize: OnOversize, *, fits: int, multiple: int, limit: str, remedy: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Apply the oversize policy. Returns (lengths to pack with, dropped ids, truncated ids)."""
-    on_oversize = check_choice("on_oversize", on_oversize, OnOversize)
-    if capacity < pad_multiple:
-        raise ConfigError(f"capacity {capacity} is smaller than pad_multiple {pad_multiple}: no sequence fits")
-    # Longest length whose padded length fits (compared unpadded: padding a length near
-    # 2**63 would wrap int64).
-    fits = (capacity // pad_multiple) * pad_multiple
-    over = np.flatnonzero(lengths > fits)
+    """Apply the oversize policy to the sequences longer than ``fits`` (the longest a plan
+    holds, padded to ``multiple``); ``limit`` says what holds them and ``remedy`` what raises
+    it, for the errors. Returns (lengths to pack with, dropped ids, truncated ids).
+
+    Raises:
+        ConfigError: ``fits`` below 1 (nothing fits).
+        ScheduleError: A longer sequence under ``on_oversize="error"``, named.
+    """
+    if fits < 1:
+        raise ConfigError(
+            f"nothing fits: {limit}, at most 0 once padded to a multiple of {multiple}. "
+            f"Raise {remedy}, or lower pad_multiple"
+        )
+    over = np.flatnonzero(lengths > fits)  # compared unpadded: padding a length near 2**63 would wrap
     effective = lengths.copy()
     if over.size == 0:
         return effective, _empty(), _empty()
     if on_oversize == OnOversize.ERROR:
         i = int(over[0])
-        padded = -(-int(lengths[i]) // pad_multiple) * pad_multiple
         raise ScheduleError(
-            f"sample {i} has {int(lengths[i])} tokens ({padded} padded to a multiple of {pad_multiple}), "
-            f"more than one microbatch holds: capacity {capacity} tokens; {over.size} sample(s) are too long. "
-            "Raise max_tokens_per_rank or cp_size, or pass on_oversize='truncate' or 'drop'"
+            f"sample {i} has {int(lengths[i])} tokens, more than {limit}, at most {fits} once padded to a multiple "
+            f"of {multiple}; {over.size} sample(s) are too long. Raise {remedy}, or pass on_oversize='truncate' or "
+            "'drop'"
         )
-    if on_oversize == "drop":
+    if on_oversize == OnOversize.DROP:
         effective[over] = 0
         return effective, over.astype(np.int64), _empty()
     effective[over] = fits
     return effective, _empty(), over.astype(np.int64)
+
+
+def apply_static_oversize(request: Request) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`apply_oversize` for a static plan: a sequence fits one microbatch of
+    ``request.capacity`` tokens once padded to ``request.pad_multiple``."""
+    capacity, pad_multiple = request.capacity, request.pad_multiple
+    return apply_oversize(
+        request.lengths,
+        request.on_oversize,
+        fits=(capacity // pad_multiple) * pad_multiple,
+        multiple=pad_multiple,
+        limit=f"one microbatch holds: capacity {capacity} tokens",
+        remedy="max_tokens_per_rank or cp_size",
+    )

@@ -29,7 +29,7 @@ from seqpack.schedulers.balanced import BalancedScheduler, relabel_replicas, rou
 from seqpack.schedulers.base import Scheduler
 from seqpack.schedulers.group_sizes import allowed_group_sizes
 from seqpack.schedulers.join import join_plans
-from seqpack.schedulers.request import Request, apply_oversize
+from seqpack.schedulers.request import Request, apply_static_oversize
 from seqpack.schedulers.schedule import Schedule
 from seqpack.schedulers.shape_limits import fit_sequence_limit, refuse_dynamic
 from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
@@ -103,7 +103,7 @@ def _static_with_groups(
     replica's microbatches by ``scheduler`` (arguments checked by the caller)."""
     dp_size, cp_size, pad_multiple = request.dp_size, request.cp_size, request.pad_multiple
     capacity = request.capacity
-    effective, dropped, truncated = apply_oversize(request.lengths, capacity, pad_multiple, request.on_oversize)
+    effective, dropped, truncated = apply_static_oversize(request)
     active = np.flatnonzero(effective > 0).astype(np.int64)
     padded = padded_lengths(effective[active], pad_multiple)
     resolved = scheduler.resolve_cost(request.cost) or default_cost_model()

@@ -11,6 +11,8 @@ lost, and a wrong model picked the wrong group for a replica's time).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch.distributed as dist
@@ -20,6 +22,7 @@ from wrapper_data import mesh_topology
 from seqpack.calibrate import CostCalibrator
 from seqpack.cost import CostModel, spans_nodes
 from seqpack.loader import wrap_data_iterator
+from seqpack.schedulers import Request
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.thd import group_padded_lengths
 
@@ -102,10 +105,9 @@ def test_every_rank_fits_the_same_group_cost_and_plans_with_it(dist_pools, name,
     replanned = 0
     for before, step in zip(steps, steps[1:], strict=False):
         cost = CostModel.from_group_coefficients(np.array(before["model"]))
-        plan = plan_dynamic_cp(step["lengths"], dp_size=4, max_tokens_per_rank=CAPACITY, pad_multiple=step["pad"],
-                               cost=cost)  # fmt: skip
+        request = Request.of(step["lengths"], dp_size=4, max_tokens_per_rank=CAPACITY, pad_multiple=step["pad"])
+        plan = plan_dynamic_cp(dataclasses.replace(request, cost=cost))
         assert {k: v.tolist() for k, v in plan.to_arrays().items() if k != "origin"} == step["plan"]
-        prior_plan = plan_dynamic_cp(step["lengths"], dp_size=4, max_tokens_per_rank=CAPACITY, pad_multiple=step["pad"],
-                                     cost=PRIOR)  # fmt: skip
+        prior_plan = plan_dynamic_cp(dataclasses.replace(request, cost=PRIOR))
         replanned += prior_plan.fingerprint() != plan.fingerprint()
     assert replanned > 0  # the fitted cost changed some plans

@@ -17,7 +17,7 @@ from seqpack.collective.exchange import plan_shard_exchange
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.options import CpLayout
-from seqpack.schedulers import Schedule, predicted_step_time
+from seqpack.schedulers import Request, Schedule, predicted_step_time
 from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp.pieces import plan_pieces, shard_layout
 from seqpack.stats import StepStats, moved_tokens
@@ -29,7 +29,8 @@ COST = CostModel(1.0, 1e-3, 1e-5, ring_step=0.5, ring_token=2e-3, ranks_per_node
 
 
 def a_plan(lengths, dp, cp, capacity=64, pad=1, counts=None):
-    plan = plan_dynamic_cp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=capacity, pad_multiple=pad, cost=COST)
+    request = Request.of(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=capacity, pad_multiple=pad, cost=COST)
+    plan = plan_dynamic_cp(request)
     if counts is not None:
         plan = dataclasses.replace(plan, origin=np.repeat(np.arange(dp), counts))
     return plan

@@ -9,7 +9,8 @@ import itertools
 import numpy as np
 
 from seqpack.cost import CostModel
-from seqpack.schedulers import Schedule
+from seqpack.schedulers import Request, Schedule
+from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 
 
 def padded(length, size, pad_multiple):
@@ -379,3 +380,9 @@ def replica_finish_reference(order, bin_start, bin_size, times, ranks):
         for r in block:
             finish[r] = ready + times[b]
     return max(finish, default=0.0)
+
+
+def plan_dcp(lengths, *, group_sizes="pow2", **request):
+    """``plan_dynamic_cp`` of ``Request.of(lengths, **request)``: one plan from the
+    scheduler's keywords (the tests' shorthand)."""
+    return plan_dynamic_cp(Request.of(lengths, **request), group_sizes=group_sizes)

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack.schedulers import Schedule, available_schedulers, get_scheduler
-from seqpack.schedulers.request import apply_oversize, as_lengths, default_origin
+from seqpack.schedulers.request import Request, as_lengths, default_origin
 from seqpack.stats import StepStats
 
 
@@ -39,7 +39,7 @@ def test_empty_uneven_replicas_get_empty_microbatches():
 
 def test_oversize_policies():
     lengths = np.array([3, 50, 7])
-    with pytest.raises(ValueError, match=r"sample 1 has 50 tokens .*capacity 16"):
+    with pytest.raises(ValueError, match=r"sample 1 has 50 tokens, .*capacity 16"):
         get_scheduler("empty").schedule(lengths, dp_size=1, cp_size=2, max_tokens_per_rank=8, pad_multiple=4)
     s = get_scheduler("empty").schedule(
         lengths, dp_size=1, cp_size=2, max_tokens_per_rank=8, pad_multiple=4, on_oversize="drop"
@@ -57,7 +57,7 @@ def test_oversize_policies():
     assert stats.truncated_sequences == 1 and stats.truncated_tokens == 34
     assert stats.seqlen_sum == 26 and stats.seqlen_sq_sum == 9 + 256 + 49
     with pytest.raises(ValueError, match="on_oversize must be one of"):
-        apply_oversize(lengths, 16, 4, "ignore")
+        Request.of(lengths, dp_size=1, max_tokens_per_rank=16, on_oversize="ignore")
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ the planner makes, and its round bound really tightens the spread/alone bound.""
 import numpy as np
 import pytest
 from benchmark_module import load
-from dynamic_cp_reference import brute_force_lockstep, longest_held
+from dynamic_cp_reference import brute_force_lockstep, longest_held, plan_dcp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,7 +12,7 @@ from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.options import Sync
 from seqpack.schedulers import predicted_step_time
-from seqpack.schedulers.dynamic_cp import allowed_group_sizes, plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp import allowed_group_sizes
 
 _bound = load("dynamic_cp_bound")  # the benchmarks' yardstick: benchmarks/dynamic_cp_bound.py
 _Model = _bound._Model
@@ -61,8 +61,8 @@ def test_never_above_the_brute_force_optimum(lengths, ranks, capacity, cost):
 )
 @pytest.mark.slow
 def test_never_above_a_plan(lengths, ranks, capacity, pad, cost, sync, sizes):
-    plan = plan_dynamic_cp(lengths, dp_size=ranks, max_tokens_per_rank=capacity, pad_multiple=pad, cost=cost,
-                           sync=sync, group_sizes=sizes, on_oversize="drop")  # fmt: skip
+    plan = plan_dcp(lengths, dp_size=ranks, max_tokens_per_rank=capacity, pad_multiple=pad, cost=cost,
+                    sync=sync, group_sizes=sizes, on_oversize="drop")  # fmt: skip
     kept = plan.lengths[plan.lengths > 0]
     bound = step_time_lower_bound(kept, num_ranks=ranks, max_tokens_per_rank=capacity, pad_multiple=pad,
                                   cost=cost, sync=sync)  # fmt: skip
@@ -87,7 +87,7 @@ def test_replica_spread_counts_only_microbatches_that_run():
     other 6 then 5: step 2k. Charging k for ceil(21 / 20) = 2 rounds *and* the average work
     would claim more than that."""
     cost = CostModel(0.0, 0.0, 1.0, reference_size=1)
-    plan = plan_dynamic_cp([10, 6, 5], dp_size=2, max_tokens_per_rank=10, cost=cost, sync="replica")
+    plan = plan_dcp([10, 6, 5], dp_size=2, max_tokens_per_rank=10, cost=cost, sync="replica")
     bound = step_time_lower_bound(np.array([10, 6, 5]), num_ranks=2, max_tokens_per_rank=10, cost=cost,
                                   sync="replica")  # fmt: skip
     assert bound <= predicted_step_time(plan, cost, sync="replica") + 1e-12

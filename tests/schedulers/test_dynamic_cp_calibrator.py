@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dynamic_cp_reference import plan_dcp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack.calibrate import MISSING, CostCalibrator, TimingLedger, encode_seconds
 from seqpack.cost import CostModel, spans_nodes
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
-from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.step_time import group_times, replica_sums
 from seqpack.thd import group_padded_lengths
 
@@ -157,14 +157,14 @@ def _replica_sums_reference(plan, cost):
 @pytest.mark.slow
 def test_replica_sums_match_reference(lengths, dp, cp, pad):
     cost = CostModel(1.0, 0.01, 2.0, ring_step=3.0, ring_token=0.1, ranks_per_node=2, reference_size=1)
-    plan = plan_dynamic_cp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=64, pad_multiple=pad, cost=cost,
-                           on_oversize="drop")  # fmt: skip
+    plan = plan_dcp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=64, pad_multiple=pad, cost=cost,
+                    on_oversize="drop")  # fmt: skip
     np.testing.assert_array_equal(replica_sums(plan, cost), _replica_sums_reference(plan, cost))
 
 
 def test_ledger_observes_dynamic_plans_and_resumes():
     lengths = [200, 30, 20, 50, 10, 60, 40, 5]
-    plan = plan_dynamic_cp(lengths, dp_size=2, cp_size=2, max_tokens_per_rank=64, cost=TRUTH)
+    plan = plan_dcp(lengths, dp_size=2, cp_size=2, max_tokens_per_rank=64, cost=TRUTH)
     cal = CostCalibrator(PRIOR, min_points=3, warmup_steps=0)
     ledger = TimingLedger(cal, dp_size=2, dp_rank=0, window=2)
     ledger.add_schedule(0, plan, TRUTH)
@@ -211,7 +211,7 @@ def test_per_rank_ledger_observes_every_group_once_with_its_slowest_rank(seed, d
     the slowest of its ranks' times, instead of each replica's slowest rank only."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 200, rng.integers(1, 12)).tolist()
-    plan = plan_dynamic_cp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=64, cost=TRUTH, on_oversize="drop")
+    plan = plan_dcp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=64, cost=TRUTH, on_oversize="drop")
     seconds = rng.uniform(0.01, 1.0, (plan.num_microbatches, dp * cp))  # [rounds, plane rank]
     ledgers = []
     for rank in range(dp * cp):
@@ -235,7 +235,7 @@ def test_per_rank_ledger_observes_every_group_once_with_its_slowest_rank(seed, d
 
 
 def test_per_rank_ledger_resumes_its_slots():
-    plan = plan_dynamic_cp([200, 30, 20, 50, 10, 60, 40, 5], dp_size=2, cp_size=2, max_tokens_per_rank=64, cost=TRUTH)
+    plan = plan_dcp([200, 30, 20, 50, 10, 60, 40, 5], dp_size=2, cp_size=2, max_tokens_per_rank=64, cost=TRUTH)
 
     def ledger(rank=0):
         cal = CostCalibrator(PRIOR, min_points=3, warmup_steps=0)

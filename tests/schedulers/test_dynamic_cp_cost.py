@@ -3,14 +3,13 @@ and the predicted step time of a plan against a loop-by-loop reference."""
 
 import numpy as np
 import pytest
-from dynamic_cp_reference import pack_time, step_time_reference
+from dynamic_cp_reference import pack_time, plan_dcp, step_time_reference
 from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack.cost import FEATURES, CostModel, group_features, spans_nodes
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.schedulers import predicted_step_time
-from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 
 COST = CostModel(7e-7, 8e-11, 0.02, ring_step=2.4e-4, ring_token=5.5e-8, ring_token_inter=4.9e-7, reference_size=1)
 
@@ -79,7 +78,7 @@ def test_bad_costs():
         CostModel(1, 0, ring_token=-1.0, reference_size=1)
     with pytest.raises(SeqpackTypeError):
         predicted_step_time("plan", COST)  # type: ignore[arg-type]
-    plan = plan_dynamic_cp([5], dp_size=1, max_tokens_per_rank=8, cost=COST)
+    plan = plan_dcp([5], dp_size=1, max_tokens_per_rank=8, cost=COST)
     with pytest.raises(SeqpackTypeError, match="cost must be a seqpack.CostModel, got str"):
         predicted_step_time(plan, "flops")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="sync"):
@@ -94,8 +93,8 @@ def test_bad_costs():
 )
 @pytest.mark.slow
 def test_predicted_step_time_matches_reference(lengths, ranks, sync, sizes):
-    plan = plan_dynamic_cp(lengths, dp_size=ranks, max_tokens_per_rank=16384, pad_multiple=8, cost=COST,
-                           sync=sync, group_sizes=sizes, on_oversize="drop")  # fmt: skip
+    plan = plan_dcp(lengths, dp_size=ranks, max_tokens_per_rank=16384, pad_multiple=8, cost=COST,
+                    sync=sync, group_sizes=sizes, on_oversize="drop")  # fmt: skip
     assert predicted_step_time(plan, COST, sync=sync) == pytest.approx(step_time_reference(plan, COST, sync), rel=1e-9)
 
 

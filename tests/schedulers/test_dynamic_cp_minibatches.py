@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from dynamic_cp_reference import plan_dcp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError
 from seqpack.schedulers import DynamicCpScheduler
-from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.minibatches import minibatch_loss_tokens, minibatch_of, schedule_minibatches
 from seqpack.schedulers.request import Request
 from seqpack.topology import Topology
@@ -46,7 +46,7 @@ def test_each_minibatch_is_its_own_plan(counts, k, seed, policy):
     slow = [0] * k
     for j in range(k):
         mine = np.flatnonzero(which == j)
-        alone = plan_dynamic_cp(lengths[mine], **{o: v for o, v in opts.items() if o != "dp_size"}, dp_size=2)
+        alone = plan_dcp(lengths[mine], **{o: v for o, v in opts.items() if o != "dp_size"}, dp_size=2)
         in_rounds = [g for g in range(plan.num_groups) if starts[j] <= plan.group_round[g] < starts[j + 1]]
         assert starts[j + 1] - starts[j] == alone.num_microbatches
         assert plan.group_size[in_rounds].tolist() == alone.group_size.tolist()

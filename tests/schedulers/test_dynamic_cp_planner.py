@@ -7,6 +7,7 @@ from dynamic_cp_reference import (
     brute_force_lockstep,
     check_plan_reference,
     longest_held,
+    plan_dcp,
     static_reference,
     step_time_reference,
 )
@@ -16,7 +17,8 @@ from hypothesis import strategies as st
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
 from seqpack.schedulers import predicted_step_time
-from seqpack.schedulers.dynamic_cp import allowed_group_sizes, plan_dynamic_cp
+from seqpack.schedulers.dynamic_cp import allowed_group_sizes
+from seqpack.thd import StaticShapes
 
 COSTS = st.sampled_from(
     [
@@ -42,8 +44,8 @@ COSTS = st.sampled_from(
 @pytest.mark.slow
 def test_plan_invariants_and_objective(lengths, dp, cp, capacity, pad, cost, sync, sizes):
     ranks = dp * cp
-    plan = plan_dynamic_cp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=capacity, pad_multiple=pad,
-                           cost=cost, sync=sync, group_sizes=sizes, on_oversize="drop")  # fmt: skip
+    plan = plan_dcp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=capacity, pad_multiple=pad,
+                    cost=cost, sync=sync, group_sizes=sizes, on_oversize="drop")  # fmt: skip
     plan.validate(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=capacity, pad_multiple=pad)
     check_plan_reference(plan, lengths, ranks, capacity, pad, aligned=sizes == "pow2")
     predicted = predicted_step_time(plan, cost, sync=sync)
@@ -53,8 +55,8 @@ def test_plan_invariants_and_objective(lengths, dp, cp, capacity, pad, cost, syn
         allowed = allowed_group_sizes(ranks, sizes).tolist()
         static = static_reference(kept, ranks, capacity, pad, cost, allowed)
         assert predicted <= step_time_reference(static, cost, sync) * (1 + 1e-9) + 1e-12
-    again = plan_dynamic_cp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=capacity, pad_multiple=pad,
-                            cost=cost, sync=sync, group_sizes=sizes, on_oversize="drop")  # fmt: skip
+    again = plan_dcp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=capacity, pad_multiple=pad,
+                     cost=cost, sync=sync, group_sizes=sizes, on_oversize="drop")  # fmt: skip
     assert again.fingerprint() == plan.fingerprint()
 
 
@@ -69,7 +71,7 @@ def test_never_better_than_the_brute_force_optimum(lengths, ranks, capacity, cos
     sizes = allowed_group_sizes(ranks, "pow2").tolist()
     if max(lengths) > longest_held(capacity, sizes):
         return
-    plan = plan_dynamic_cp(lengths, dp_size=ranks, max_tokens_per_rank=capacity, cost=cost)
+    plan = plan_dcp(lengths, dp_size=ranks, max_tokens_per_rank=capacity, cost=cost)
     best = brute_force_lockstep(lengths, ranks, capacity, 1, cost, sizes)
     predicted = predicted_step_time(plan, cost)
     assert predicted >= best * (1 - 1e-9)
@@ -87,7 +89,7 @@ def test_brute_force_gap_is_small_on_average():
         lengths = rng.integers(1, 60, size=int(rng.integers(2, 5))).tolist()
         ring = {"ring_step": 2.0, "ring_token": 0.2, "ring_token_inter": 1.0, "ranks_per_node": 2}
         cost = CostModel(1.0, 0.05, 5.0, **ring, reference_size=1)  # type: ignore[arg-type]
-        plan = plan_dynamic_cp(lengths, dp_size=ranks, max_tokens_per_rank=32, cost=cost)
+        plan = plan_dcp(lengths, dp_size=ranks, max_tokens_per_rank=32, cost=cost)
         best = brute_force_lockstep(lengths, ranks, 32, 1, cost, allowed_group_sizes(ranks, "pow2").tolist())
         ratios.append(predicted_step_time(plan, cost) / best)
     assert np.mean(ratios) < 1.05
@@ -97,7 +99,7 @@ def test_brute_force_gap_is_small_on_average():
 def test_long_sequence_spreads_and_short_ones_stay_alone():
     cost = CostModel(1.0, 0.001, 1.0, ring_step=2.0, ring_token=0.5, ranks_per_node=8, reference_size=1)
     lengths = [900] + [50] * 30  # 900 needs 8 ranks of 128
-    plan = plan_dynamic_cp(lengths, dp_size=8, max_tokens_per_rank=128, cost=cost)
+    plan = plan_dcp(lengths, dp_size=8, max_tokens_per_rank=128, cost=cost)
     sizes = plan.group_size[plan.id_groups()]
     assert sizes[0] == 8
     assert (sizes[1:] == 1).sum() > 20  # most short ones pay no ring
@@ -106,13 +108,13 @@ def test_long_sequence_spreads_and_short_ones_stay_alone():
 def test_a_lone_sequence_widens_onto_idle_ranks():
     """Quadratic cost, no ring cost: a sequence needing 4 ranks runs on all 8 (widened)."""
     cost = CostModel(0.0, 1.0, 0.0, reference_size=1)
-    plan = plan_dynamic_cp([60], dp_size=8, max_tokens_per_rank=16, cost=cost)
+    plan = plan_dcp([60], dp_size=8, max_tokens_per_rank=16, cost=cost)
     assert plan.group_size.tolist() == [8] and plan.group_ids(0).tolist() == [0]
 
 
 def test_a_short_sequence_takes_a_group_when_that_shortens_the_step():
     cost = CostModel(0.0, 1.0, 0.0, ring_step=1.0, reference_size=1)  # attention dominates; the ring is cheap
-    plan = plan_dynamic_cp([100], dp_size=4, max_tokens_per_rank=128, cost=cost)
+    plan = plan_dcp([100], dp_size=4, max_tokens_per_rank=128, cost=cost)
     assert plan.group_size.tolist() == [4]
     assert predicted_step_time(plan, cost) < cost.cost([100])[0]
 
@@ -123,7 +125,7 @@ def test_replica_plans_never_wait():
     rng = np.random.default_rng(3)
     lengths = np.concatenate([rng.integers(10, 120, 200), [900, 700, 500, 400, 300]])
     cost = CostModel(1.0, 0.01, 2.0, ring_step=1.0, ring_token=0.1, ranks_per_node=4, reference_size=1)
-    plan = plan_dynamic_cp(lengths, dp_size=16, max_tokens_per_rank=128, cost=cost, sync="replica")
+    plan = plan_dcp(lengths, dp_size=16, max_tokens_per_rank=128, cost=cost, sync="replica")
     from seqpack.schedulers.step_time import group_times
 
     times = np.where(plan.group_counts > 0, group_times(plan, cost), cost.constant)
@@ -135,14 +137,14 @@ def test_replica_plans_never_wait():
 
 
 def test_empty_step():
-    plan = plan_dynamic_cp([], dp_size=2, cp_size=2, max_tokens_per_rank=8, cost=CostModel(1.0, 0.0))
+    plan = plan_dcp([], dp_size=2, cp_size=2, max_tokens_per_rank=8, cost=CostModel(1.0, 0.0))
     plan.validate([])
     assert plan.num_microbatches == 0 and predicted_step_time(plan, CostModel(1.0, 0.0, reference_size=1)) == 0.0
 
 
 def test_oversize_error_names_the_sample_and_the_limits():
     with pytest.raises(ScheduleError) as err:
-        plan_dynamic_cp([10, 1000, 3000], dp_size=2, max_tokens_per_rank=100, pad_multiple=8, cost=CostModel(1, 0))
+        plan_dcp([10, 1000, 3000], dp_size=2, max_tokens_per_rank=100, pad_multiple=8, cost=CostModel(1, 0))
     message = str(err.value)
     assert "sample 1 has 1000 tokens" in message
     assert "2 x max_tokens_per_rank=100 = 200" in message and "2 sample(s)" in message
@@ -151,11 +153,11 @@ def test_oversize_error_names_the_sample_and_the_limits():
 
 def test_oversize_truncate_and_drop_are_counted():
     cost = CostModel(1.0, 0.0)
-    cut = plan_dynamic_cp([10, 1000], dp_size=2, max_tokens_per_rank=100, pad_multiple=8, cost=cost,
-                          on_oversize="truncate")  # fmt: skip
+    cut = plan_dcp([10, 1000], dp_size=2, max_tokens_per_rank=100, pad_multiple=8, cost=cost,
+                   on_oversize="truncate")  # fmt: skip
     cut.validate([10, 1000])
     assert cut.truncated.tolist() == [1] and cut.lengths[1] == 192  # 2 x 100 tokens, multiples of 2*2*8
-    gone = plan_dynamic_cp([10, 1000], dp_size=2, max_tokens_per_rank=100, cost=cost, on_oversize="drop")
+    gone = plan_dcp([10, 1000], dp_size=2, max_tokens_per_rank=100, cost=cost, on_oversize="drop")
     gone.validate([10, 1000])
     assert gone.dropped.tolist() == [1] and gone.assigned.tolist() == [0]
 
@@ -165,6 +167,9 @@ def test_oversize_truncate_and_drop_are_counted():
     [
         ({"dp_size": 0}, ConfigError, "dp_size"),
         ({"cost": "flops"}, SeqpackTypeError, "must be a seqpack.CostModel"),
+        ({"cost": None}, SeqpackTypeError, "cost must be a seqpack.CostModel, got None"),
+        ({"static_shapes": StaticShapes(token_buckets=(64,), max_sequences=4)}, ConfigError, "static_shapes is not"),
+        ({"sample_cost": [0.0, 2.0]}, ConfigError, r"sample 1's is 2.0"),
         ({"sync": "async"}, ConfigError, "sync"),
         ({"group_sizes": "odd"}, ConfigError, "group_sizes"),
         ({"on_oversize": "ignore"}, ConfigError, "on_oversize"),
@@ -178,4 +183,4 @@ def test_bad_arguments(kwargs, error, text):
     args = {"lengths": [5, 6], "dp_size": 2, "max_tokens_per_rank": 16, "cost": CostModel(1.0, 0.0)} | kwargs
     lengths = args.pop("lengths")
     with pytest.raises(error, match=text):
-        plan_dynamic_cp(lengths, **args)
+        plan_dcp(lengths, **args)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from dynamic_cp_reference import plan_dcp
 
 from seqpack.cost import DEFAULT_MODEL, CostModel, model_preset
 from seqpack.errors import ConfigError
 from seqpack.loader import PackingConfig
 from seqpack.options import GroupSizes
 from seqpack.schedulers import DynamicCpScheduler, Schedule, available_schedulers, get_scheduler
-from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.topology import Topology
 
 COMPUTE = CostModel(1.0, 1e-3, 1e-5)
@@ -30,11 +30,11 @@ def test_it_plans_what_plan_dynamic_cp_plans():
         plan = scheduler.schedule(LENGTHS, origin=origin, sync=sync, cost=COST, **args)  # type: ignore[arg-type]
         assert isinstance(plan, Schedule) and plan.origin.tolist() == origin.tolist()
         plan.validate()
-        same = plan_dynamic_cp(LENGTHS, cost=COST, sync=sync, group_sizes=sizes, **args)  # type: ignore[arg-type]
+        same = plan_dcp(LENGTHS, cost=COST, sync=sync, group_sizes=sizes, **args)  # type: ignore[arg-type]
         assert plan.fingerprint() == same.fingerprint() and plan.group_sizes == sizes
     # Any cost plans (a ring-free one makes every CP group look free: the caller's choice).
     free = get_scheduler("dynamic_cp").schedule(LENGTHS, cost=COMPUTE, **args)
-    assert free.fingerprint() == plan_dynamic_cp(LENGTHS, cost=COMPUTE, **args).fingerprint()
+    assert free.fingerprint() == plan_dcp(LENGTHS, cost=COMPUTE, **args).fingerprint()
 
 
 def test_without_a_cost_it_plans_with_the_default_models_flops_and_ring():
@@ -43,7 +43,7 @@ def test_without_a_cost_it_plans_with_the_default_models_flops_and_ring():
     assert scheduler.resolve_cost(None) == prior and scheduler.resolve_cost(COST) is COST  # stats in its units
     args = {"dp_size": 4, "max_tokens_per_rank": 64}
     plan = scheduler.schedule(LENGTHS, **args)
-    assert plan.fingerprint() == plan_dynamic_cp(LENGTHS, cost=prior, **args).fingerprint()
+    assert plan.fingerprint() == plan_dcp(LENGTHS, cost=prior, **args).fingerprint()
     assert repr(scheduler) == "DynamicCpScheduler(group_sizes='pow2')"
 
 

@@ -35,6 +35,7 @@ from dynamic_cp_reference import (
     lpt_ranks_reference,
     lpt_reference,
     place_blocks_reference,
+    plan_dcp,
     replica_finish_reference,
     shelf_reference,
     widen_reference,
@@ -60,7 +61,6 @@ from seqpack.errors import ConfigError
 from seqpack.mock_data import lognormal_lengths
 from seqpack.mock_data.lengths import bimodal_lengths, pareto_lengths, uniform_lengths
 from seqpack.schedulers import get_scheduler
-from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.minibatches import schedule_minibatches
 from seqpack.schedulers.request import Request
 from seqpack.schedulers.sample_groups import schedule_groups
@@ -505,8 +505,8 @@ _GROUP_COSTS = st.builds(
 @pytest.mark.slow
 def test_random_dynamic_cp_plans(lengths, dp, cp, capacity, pad, cost, sync, sizes):
     with checked_kernels():
-        plan = plan_dynamic_cp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=capacity, pad_multiple=pad,
-                               cost=cost, sync=sync, group_sizes=sizes, on_oversize="drop")  # fmt: skip
+        plan = plan_dcp(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=capacity, pad_multiple=pad,
+                        cost=cost, sync=sync, group_sizes=sizes, on_oversize="drop")  # fmt: skip
     plan.validate(lengths, dp_size=dp, cp_size=cp, max_tokens_per_rank=capacity, pad_multiple=pad)
 
 
@@ -585,8 +585,8 @@ def test_fixed_steps_reach_and_compare_every_kernel():
             _schedule_and_validate(name, options, step)
         for sync in ("lockstep", "replica"):
             for sizes in ("pow2", "any"):
-                plan_dynamic_cp([900, 500, 300, 120, 90, 60, 30, 20, 10, 5], dp_size=4, cp_size=2,
-                                max_tokens_per_rank=128, cost=ring, sync=sync, group_sizes=sizes)  # fmt: skip
+                plan_dcp([900, 500, 300, 120, 90, 60, 30, 20, 10, 5], dp_size=4, cp_size=2,
+                         max_tokens_per_rank=128, cost=ring, sync=sync, group_sizes=sizes)  # fmt: skip
     missing = [k for k in KERNELS if log.compared[k] == 0]
     assert not missing, f"never compared with a reference: {missing} (calls: {dict(log.calls)})"
 

