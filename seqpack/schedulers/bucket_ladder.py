@@ -22,7 +22,7 @@ from seqpack.schedulers.registry import get_scheduler
 from seqpack.schedulers.request import Request
 from seqpack.schedulers.step_time import group_times, predicted_step_time
 from seqpack.thd.static_shapes import StaticShapes
-from seqpack.validation import check_choice, check_int, check_positive_int
+from seqpack.validation import check_int, check_positive_int
 
 if TYPE_CHECKING:
     from seqpack.schedulers.base import Scheduler
@@ -197,43 +197,40 @@ def static_shapes_by_cost(
     """
     buckets = check_positive_int("buckets", buckets, maximum=INT32_MAX)
     refits = check_int("refits", refits, minimum=0, maximum=16)
-    mode = check_choice("sync", sync, Sync)
     planner = get_scheduler(scheduler)
-    pad_multiple = check_positive_int("pad_multiple", pad_multiple)
-    top = _top_bucket(max_tokens_per_rank, cp_size, pad_multiple)
-    step_lengths = _step_lengths(steps)
-    model = planner.resolve_cost(cost)
+    requests = [
+        Request.of(
+            n,
+            dp_size=dp_size,
+            cp_size=cp_size,
+            max_tokens_per_rank=max_tokens_per_rank,
+            pad_multiple=pad_multiple,
+            cost=cost,
+            sync=sync,
+        )
+        for n in _step_lengths(steps)
+    ]
+    first = requests[0]
     trial = _Trial(
         planner=planner,
-        steps=[
-            Request.of(
-                n,
-                dp_size=dp_size,
-                cp_size=cp_size,
-                max_tokens_per_rank=max_tokens_per_rank,
-                pad_multiple=pad_multiple,
-                cost=cost,
-                sync=mode,
-            )
-            for n in step_lengths
-        ],  # fmt: skip
-        family=model or default_cost_model(),
-        sync=mode,
+        steps=requests,
+        family=planner.resolve_cost(first.cost) or default_cost_model(),
+        sync=first.sync,
         max_sequences=max_sequences,
         tail_padding=tail_padding,
     )
-    return _search(trial, buckets=buckets, unit=pad_multiple, top=top, refits=refits)
+    return _search(trial, buckets=buckets, unit=first.pad_multiple, top=_top_bucket(first), refits=refits)
 
 
-def _top_bucket(max_tokens_per_rank: int, cp_size: int, pad_multiple: int) -> int:
+def _top_bucket(request: Request) -> int:
     """The largest bucket: the capacity rounded down to ``pad_multiple`` (an int32 token
     count); refuses a capacity that holds no multiple of it."""
-    capacity = check_positive_int("max_tokens_per_rank", max_tokens_per_rank) * check_positive_int("cp_size", cp_size)
+    capacity, pad_multiple = request.max_tokens_per_rank * request.cp_size, request.pad_multiple
     top = min(capacity, INT32_MAX) // pad_multiple * pad_multiple  # a bucket is an int32 token count
     if top < 1:
         raise ConfigError(
-            f"max_tokens_per_rank={max_tokens_per_rank} x cp_size={cp_size} = {capacity} tokens holds no multiple of "
-            f"pad_multiple={pad_multiple}: no token bucket fits the capacity"
+            f"max_tokens_per_rank={request.max_tokens_per_rank} x cp_size={request.cp_size} = {capacity} tokens holds "
+            f"no multiple of pad_multiple={pad_multiple}: no token bucket fits the capacity"
         )
     return top
 
