@@ -44,7 +44,7 @@ from seqpack.schedulers.balanced.rounds import (
 TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than the reference
 AUTO = "auto"  # BalancedScheduler(locality=AUTO): on where locality_pays
 LINK_BYTES_PER_SECOND = 25e9  # one rank's exchange bandwidth: 200 Gb/s InfiniBand
-PLAN_SECONDS_PER_SEQUENCE = 1e-6  # plan time locality adds per sequence of the step (0.5-3.9 us measured)
+PLAN_SECONDS_PER_SEQUENCE = 1e-6  # plan time locality adds per sequence of the step (docs/scale.md)
 KEPT_HOME = 0.5  # share of the step's tokens locality keeps home that the plain plan moves (0.17-0.69)
 _REPLICAS_FILL = 0.9  # home_fill of the per-replica layout
 _REPAIR_WORK_FACTOR = 3  # local layouts start further from balance: 3x the repair's work budget
