@@ -1,7 +1,6 @@
 """Step accounting: tokens, padding, balance and FLOPs of one schedule.
 
-Counts are exact Python ints (``seqlen_sq_sum`` overflows float32's exact range at a single
-4K sequence squared times 1000 sequences; Megatron's float32 broadcast rounds it). Costs are
+Counts are exact Python ints (``seqlen_sq_sum`` passes float32's exact range). Costs are
 float64, evaluated on padded lengths: pads run through the dense layers like real tokens.
 """
 
@@ -91,8 +90,8 @@ class StepStats:
             calibrator's model in use; otherwise the one the stats are measured in).
         calibrated: ``cost_model`` is fitted to measured microbatch times (seconds).
         predicted_step_time: What ``cost_model`` predicts this step takes
-            (:func:`seqpack.schedulers.predicted_step_time` under the configured sync,
-            lockstep when none), in its units.
+            (:func:`seqpack.schedulers.predicted_step_time` under the configured sync), in
+            its units.
         measured_step, measured_step_time, prediction_error: The last step whose
             microbatch times every rank holds (under ``calibrate``): its measured step time
             and ``predicted / measured - 1`` of the model it was scheduled with (``None``
@@ -155,18 +154,13 @@ class StepStats:
         replica (the cost at its CP group's size, :meth:`~seqpack.cost.CostModel.at`), a dynamic plan's
         plane rank (:func:`~seqpack.schedulers.step_time.rank_times`, CP ring included);
         ``replica_cost`` holds one total per unit, and ``imbalance``, ``round_imbalance`` and
-        ``bound_ratio`` are over units. ``lower_bound`` is the mean unit's total (a static
-        plan's: at least its costliest sequence's microbatch; ``round_lower_bound`` is 1 for
-        a dynamic plan). A padding-only filler of ``pad_multiple`` tokens counts for every
-        empty static microbatch and idle dynamic rank. Moved tokens: the CP shards that cross
-        the wire (:func:`moved_tokens`; without CP, whole sequences), per plane rank; in bytes
-        at ``bytes_per_token``. With a cost,
-        ``predicted_step_time`` is :func:`~seqpack.schedulers.predicted_step_time` under
-        ``sync``. With ``static_shapes``, ``bucket_tokens`` / ``bucket_fraction`` report the
-        bucket padding, whose linear cost ``replica_cost`` and ``predicted_step_time``
-        include; ``padded_tokens`` and ``pad_fraction`` stay the packs' own. With a cost, the
-        plan's ``sample_cost`` (e.g. the vision encoder's) adds to its sequences'
-        microbatches: ``replica_cost``, the bounds and ``predicted_step_time`` include it.
+        ``bound_ratio`` are over units (``round_lower_bound`` is 1 for a dynamic plan). A
+        padding-only filler of ``pad_multiple`` tokens counts for every empty static
+        microbatch and idle dynamic rank. Moved tokens: :func:`moved_tokens`, in bytes at
+        ``bytes_per_token``. With ``static_shapes`` the buckets' linear cost is in
+        ``replica_cost`` and ``predicted_step_time``; ``padded_tokens`` and ``pad_fraction``
+        stay the packs' own. With a cost, the plan's ``sample_cost`` (e.g. the vision
+        encoder's) adds to its sequences' microbatches, bounds and predictions included.
         """
         plan, mode = _check_schedule("schedule", schedule), check_choice("sync", sync, Sync)
         flops = None if flops is None else check_number("flops", flops)
@@ -277,13 +271,12 @@ def _units(
     """:meth:`StepStats.from_schedule`'s units: the compute model, the cost ``[rounds, units]``
     of every unit (a static plan's DP replica, a dynamic plan's plane rank), the filler count,
     the moved tokens ``(per id, sent, received)`` and ``(lower bound, round lower bound)``."""
+    model = check_cost_model("cost", cost)
     if plan.is_static:  # unit: the DP replica
-        model = check_cost_model("cost", cost)
         model = None if model is None else model.at(plan.cp_size)
         costs = microbatch_costs(plan, model)
         fillers = int(np.count_nonzero(plan.group_counts == 0))  # one filler per empty microbatch
     else:  # unit: the plane rank
-        model = check_cost_model("cost", cost)
         if model is None:
             raise SeqpackTypeError(
                 "cost must be a seqpack.CostModel for a dynamic-CP schedule (its groups' costs include the CP "
