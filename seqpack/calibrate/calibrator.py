@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from seqpack._logging import warn_once
-from seqpack.calibrate.fits import fit_groups, fit_terms
+from seqpack.calibrate.fits import fit_encoder_terms, fit_groups, fit_terms
 from seqpack.calibrate.points import (
     GROUP_SUMS,
     MAX_SECONDS,
@@ -41,8 +41,11 @@ from seqpack.calibrate.points import (
     MAX_WINDOW,
     MIN_SECONDS,
     Point,
+    add_encoder_flops,
+    check_encoder_price,
     check_lengths_count,
     check_seconds,
+    microbatch_encoder_flops,
     microbatch_sums,
     parse_count,
     parse_point,
@@ -83,6 +86,11 @@ class CostCalibrator:
             F-test, ``F > 4`` with 2 extra coefficients, ``F > 3.3`` with 3: about 2% false
             alarms), so a clock of the prior's shape keeps the prior's schedules. A group
             fit keeps the prior, rescaled, only for the terms no timing exercised.
+        encoder_price: The prior's price of one vision-encoder training FLOP, in its units
+            (``prior.linear / model.linear_flops`` for a ``ModelSpec`` prior). Given, each
+            timed microbatch's encoder FLOPs are a feature of a static fit (the last sum,
+            ``vision_flops_sum``) and :attr:`encoder_price` is fitted with the model: the
+            price of the plans' ``sample_cost``. ``None``: text fits, as before.
 
     Deterministic: the same observations, in the same order, give the same model.
     """
@@ -99,6 +107,7 @@ class CostCalibrator:
         prior_in_seconds: bool = False,
         warmup_steps: int = 1,
         keep_prior_shape: bool = True,
+        encoder_price: float | None = None,
     ) -> None:
         if not isinstance(prior, CostModel):
             raise SeqpackTypeError(f"prior must be a seqpack.CostModel, got {type(prior).__name__}")
@@ -116,16 +125,23 @@ class CostCalibrator:
         self.prior_in_seconds = check_bool("prior_in_seconds", prior_in_seconds)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
         self.keep_prior_shape = check_bool("keep_prior_shape", keep_prior_shape)
+        self.prior_encoder_price = check_encoder_price(encoder_price)
+        if self.prior_encoder_price is not None and self.fits_groups:
+            raise ConfigError(
+                f"encoder_price={encoder_price!r} with a prior that prices CP groups ({prior!r}): dynamic CP plans "
+                "no sample_cost, so a group fit has no encoder term"
+            )
         self._points: collections.deque[Point] = collections.deque(maxlen=self.window)
         self.skipped = 0  # timings that were NaN, infinite, <= 0 or outside [MIN_SECONDS, MAX_SECONDS]
         self.observed = 0  # valid timings ever observed (also those that left the window)
         self.last_step: int | None = None
         self.shape = "prior"  # after a static fit: "prior" (the prior rescaled) or "fitted" (every coefficient)
         self._model: CostModel | None = None  # cache of the fit; None = refit on demand
+        self._encoder_price: float | None = None  # the fitted price of an encoder FLOP, with _model
 
     def settings(self) -> dict[str, Any]:
-        """The keyword arguments (after ``prior``) that rebuild this calibrator, in order."""
-        return {
+        """The keyword arguments after ``prior`` that rebuild it, in order (``encoder_price`` when given)."""
+        out: dict[str, Any] = {
             "window": self.window,
             "min_points": self.min_points,
             "robust": self.robust,
@@ -133,6 +149,9 @@ class CostCalibrator:
             "warmup_steps": self.warmup_steps,
             "keep_prior_shape": self.keep_prior_shape,
         }
+        if self.prior_encoder_price is not None:
+            out["encoder_price"] = self.prior_encoder_price
+        return out
 
     def __repr__(self) -> str:
         # Settings only (what PackingConfig fingerprints: keep it stable), not the observations.
@@ -147,10 +166,13 @@ class CostCalibrator:
     @property
     def sum_names(self) -> tuple[str, ...]:
         """The integers one timed microbatch is reduced to: :data:`GROUP_SUMS` when it fits
-        groups, else ``S``, ``SS`` and, with a windowed prior, ``SW``."""
+        groups, else ``S``, ``SS`` and, with a windowed prior, ``SW``, and with an
+        ``encoder_price`` the encoder FLOPs ``E`` last."""
         if self.fits_groups:
             return GROUP_SUMS
-        return ("seqlen_sum", "seqlen_sq_sum", *(("seqlen_window_sum",) if self.prior.window is not None else ()))
+        window = ("seqlen_window_sum",) if self.prior.window is not None else ()
+        encoder = ("vision_flops_sum",) if self.prior_encoder_price is not None else ()
+        return ("seqlen_sum", "seqlen_sq_sum", *window, *encoder)
 
     @property
     def num_sums(self) -> int:
@@ -184,9 +206,22 @@ class CostCalibrator:
         if self._model is None:
             if self.fits_groups:
                 self._model = fit_groups(self.prior, self._points, self.robust)
+            elif self.prior_encoder_price is not None:
+                self._model, self._encoder_price, self.shape = fit_encoder_terms(
+                    self.prior, self.prior_encoder_price, self._points, self.robust, self.keep_prior_shape
+                )
             else:
                 self._model, self.shape = fit_terms(self.prior, self._points, self.robust, self.keep_prior_shape)
         return self._model
+
+    @property
+    def encoder_price(self) -> float | None:
+        """The price of one vision-encoder training FLOP in :attr:`model`'s units (the
+        prior's ``encoder_price`` until :attr:`fitted`; ``None`` without one)."""
+        if self.prior_encoder_price is None or not self.fitted:
+            return self.prior_encoder_price
+        self.model  # noqa: B018 - fits the price with the model
+        return self._encoder_price
 
     # -- observations -------------------------------------------------------------------------
 
@@ -198,6 +233,7 @@ class CostCalibrator:
         step: int | None = None,
         group_sizes: Sequence[int] | np.ndarray | None = None,
         spans: Sequence[bool] | np.ndarray | None = None,
+        encoder_flops: Sequence[int] | np.ndarray | None = None,
     ) -> int:
         """Add timed microbatches.
 
@@ -210,6 +246,8 @@ class CostCalibrator:
                 below ``warmup_steps`` are left out).
             group_sizes, spans: When it :attr:`fits_groups` (and only then): per microbatch
                 its CP group's size, and whether the group spans nodes (default: none does).
+            encoder_flops: With an ``encoder_price`` (and only then): per microbatch its
+                vision encoder's training FLOPs (default: none).
 
         Returns:
             How many timings were kept (0 for a warm-up step).
@@ -231,6 +269,10 @@ class CostCalibrator:
                 raise ConfigError("group_sizes and spans are for a prior that prices CP groups (its reference_size)")
             window = self.prior.window
             rows = [exact_sums(mb, window, f"microbatch {i}") for i, mb in enumerate(microbatch_lengths)]
+            if self.prior_encoder_price is not None:
+                rows = self._checked(add_encoder_flops(rows, encoder_flops, where), where)
+            elif encoder_flops is not None:
+                raise ConfigError("encoder_flops are for a calibrator with an encoder_price")
             return self._add(rows, times.tolist(), step)
         if group_sizes is None:
             raise ConfigError(f"this calibrator fits CP groups (prior {self.prior!r}): pass group_sizes={where}")
@@ -320,20 +362,25 @@ class CostCalibrator:
             kept += 1
         if kept:
             self.observed += kept
-            self._model = None
+            self._model = self._encoder_price = None
         return kept
 
     # -- what the ledger asks ---------------------------------------------------------------------
 
-    def schedule_sums(self, schedule: Any) -> np.ndarray:
+    def schedule_sums(self, schedule: Any, encoder_price: float | None = None) -> np.ndarray:
         """int64 ``[M, dp, num_sums]``: the sums of every microbatch of a scheduled step:
         :func:`~seqpack.calibrate.points.microbatch_sums` for the prior's window, or when it
         fits groups, per round and DP replica the ``(size, S, SS, spans)`` of the group its
         slowest CP rank runs under the current model
-        (:func:`~seqpack.schedulers.step_time.replica_sums`)."""
-        if not self.fits_groups:
-            return microbatch_sums(schedule, self.prior.window)
-        return replica_sums(_plan(schedule), self.model)
+        (:func:`~seqpack.schedulers.step_time.replica_sums`). With an encoder term, the encoder
+        FLOPs last (:func:`~seqpack.calibrate.points.microbatch_encoder_flops` at ``encoder_price``)."""
+        if self.fits_groups:
+            return replica_sums(_plan(schedule), self.model)
+        sums = microbatch_sums(schedule, self.prior.window)
+        if self.prior_encoder_price is None:
+            return sums
+        flops = microbatch_encoder_flops(schedule, encoder_price)
+        return np.concatenate([sums, flops[..., None]], axis=-1)
 
     def rank_sums(self, schedule: Any) -> tuple[np.ndarray, np.ndarray]:
         """Per round and plane rank (``d*cp + c``), the ``(size, S, SS, spans)`` of its group
@@ -350,12 +397,17 @@ class CostCalibrator:
         """How a caller computes :meth:`schedule_sums` (for messages)."""
         return f"CostCalibrator.schedule_sums(schedule): {self.sum_names}"
 
-    def predict_sums(self, model: CostModel, sums: np.ndarray) -> np.ndarray:
+    def predict_sums(self, model: CostModel, sums: np.ndarray, encoder_price: float | None = None) -> np.ndarray:
         """float64 ``[...]``: what ``model`` predicts for microbatches given as sums (the last
-        axis in :attr:`sum_names` order)."""
+        axis in :attr:`sum_names` order); with an encoder term the encoder FLOPs at
+        ``encoder_price``, the model's (``None``: priced 0)."""
         if self.fits_groups:
             return model.predict_group_sums(sums, 1)  # models of this mode have their reference size
-        return model.predict_sums(sums)
+        if self.prior_encoder_price is None:
+            return model.predict_sums(sums)
+        sums = np.asarray(sums)
+        price = 0.0 if encoder_price is None else encoder_price
+        return model.predict_sums(sums[..., :-1]) + price * sums[..., -1].astype(np.float64)
 
     @staticmethod
     def model_to_list(model: CostModel) -> list[Any]:
@@ -416,7 +468,7 @@ class CostCalibrator:
                 raise ResumeError(f"CostCalibrator state is malformed: point {i} ({[*sums, t]}) has {problem}")
         self._points = collections.deque(points, maxlen=self.window)
         self.skipped, self.observed, self.last_step = skipped, observed, last_step
-        self._model = None
+        self._model = self._encoder_price = None
 
     def copy(self) -> CostCalibrator:
         """A calibrator with the same settings and observations."""

@@ -1,9 +1,11 @@
 """The two fits of :class:`~seqpack.calibrate.CostCalibrator`, pure functions of its points.
 
 * :func:`fit_terms`: a static plan's cost (a prior without ``reference_size``):
-  ``seconds ~ constant + linear*S + quadratic*SS (+ windowed*SW)`` by :meth:`CostModel.fit
-  <seqpack.cost.CostModel.fit>`'s exact, outlier-resistant NNLS, kept as the prior rescaled
-  unless the full fit explains the times significantly better.
+  ``seconds ~ constant + linear*S + quadratic*SS (+ windowed*SW) (+ encoder*E)`` by
+  :meth:`CostModel.fit <seqpack.cost.CostModel.fit>`'s exact, outlier-resistant NNLS, kept as
+  the prior rescaled unless the full fit explains the times significantly better. ``E``, the
+  microbatch's vision-encoder training FLOPs, is a feature only when the calibrator prices the
+  encoder (``encoder_price``); its coefficient is the price of one encoder FLOP.
 * :func:`fit_groups`: a CP group's cost (dynamic CP: a prior with ``reference_size``), the six
   coefficients of :func:`~seqpack.cost.group_features` (constant, ``S/c``, ``SS/c``, ring step
   ``c-1``, ring token ``(c-1) S/c`` within a node and across nodes) by the same NNLS; a
@@ -22,7 +24,7 @@ import numpy as np
 from seqpack.calibrate.points import Point
 from seqpack.cost import CostModel, group_features, nnls_fit, robust_weights_fit
 
-__all__ = ["fit_groups", "fit_terms"]
+__all__ = ["fit_encoder_terms", "fit_groups", "fit_terms"]
 
 
 def _solve(features: np.ndarray, y: np.ndarray, robust: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -38,10 +40,32 @@ def fit_terms(prior: CostModel, points: Sequence[Point], robust: bool, keep_prio
     y = np.array([t for _, t, _ in points], dtype=np.float64)
     coef, weights = _solve(features, y, robust)
     if keep_prior_shape:
-        scaled = _scaled_prior(prior, features, y, weights, coef)
+        scaled = _scaled_prior(prior.coefficients, features, y, weights, coef)
         if scaled is not None:
-            return scaled, "prior"
+            return CostModel.from_coefficients(scaled, window=prior.window), "prior"
     return CostModel.from_coefficients(coef, window=prior.window), "fitted"
+
+
+def fit_encoder_terms(
+    prior: CostModel, encoder_price: float, points: Sequence[Point], robust: bool, keep_prior_shape: bool
+) -> tuple[CostModel, float, str]:
+    """:func:`fit_terms` with the encoder: each point's sums end with its microbatch's
+    encoder FLOPs ``E``, and ``encoder_price`` is the prior's price of one (in its units).
+    Returns the fitted terms, the fitted price of an encoder FLOP and how (``"prior"``: both
+    the prior's rescaled by one factor). While no point has encoder work the price follows
+    the language model's: the prior's times the fitted ``linear`` over the prior's."""
+    if not any(sums[-1] for sums, _, _ in points):
+        model, shape = fit_terms(prior, [(sums[:-1], t, k) for sums, t, k in points], robust, keep_prior_shape)
+        ratio = model.linear / prior.linear if prior.linear > 0 else 1.0
+        return model, encoder_price * ratio, shape
+    features = np.array([(1.0, *(float(v) for v in sums)) for sums, _, _ in points], dtype=np.float64)
+    y = np.array([t for _, t, _ in points], dtype=np.float64)
+    coef, weights = _solve(features, y, robust)
+    if keep_prior_shape:
+        scaled = _scaled_prior((*prior.coefficients, encoder_price), features, y, weights, coef)
+        if scaled is not None:
+            return CostModel.from_coefficients(scaled[:-1], window=prior.window), scaled[-1], "prior"
+    return CostModel.from_coefficients(coef[:-1], window=prior.window), float(coef[-1]), "fitted"
 
 
 def fit_groups(prior: CostModel, points: Sequence[Point], robust: bool) -> CostModel:
@@ -75,12 +99,12 @@ def _combine(coefficients: Sequence[float] | np.ndarray, features: np.ndarray) -
 
 
 def _scaled_prior(
-    prior: CostModel, features: np.ndarray, y: np.ndarray, weights: np.ndarray, coef: np.ndarray
-) -> CostModel | None:
-    """The prior times ``alpha`` (relative least squares under the fit's robust weights),
-    unless the full fit ``coef`` beats it significantly (F-test on the extra coefficients);
-    ``None`` then. Sums are ``math.fsum``: the same bits on every rank."""
-    p = _combine(prior.coefficients, features)
+    prior: Sequence[float], features: np.ndarray, y: np.ndarray, weights: np.ndarray, coef: np.ndarray
+) -> list[float] | None:
+    """The prior's coefficients times ``alpha`` (relative least squares under the fit's robust
+    weights), unless the full fit ``coef`` beats it significantly (F-test on the extra
+    coefficients); ``None`` then. Sums are ``math.fsum``: the same bits on every rank."""
+    p = _combine(prior, features)
     base = weights / (y * y)
     denominator = math.fsum(base * p * p)
     if denominator <= 0:
@@ -101,4 +125,4 @@ def _scaled_prior(
         f_value = ((sse_scaled - sse_full) / (k - 1)) / (sse_full / dof)
     if f_value > _F_CRITICAL.get(k - 1, min(_F_CRITICAL.values())):
         return None
-    return CostModel.from_coefficients([alpha * c for c in prior.coefficients], window=prior.window)
+    return [alpha * c for c in prior]

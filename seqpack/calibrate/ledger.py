@@ -73,6 +73,7 @@ class _Slot:
     model: Any  # the CostModel it was scheduled with, when it predicts seconds
     groups: np.ndarray | None = None  # per rank: int64 [M, dp*copies], the group of each rank (None: per replica)
     copies: int = 1  # time columns per replica and microbatch: 1, or cp when each CP rank's time travels
+    encoder_price: float | None = None  # the price of an encoder FLOP it was scheduled at (an encoder term)
 
 
 def check_times(seconds: object, num_microbatches: int, *, step: int, dp_rank: int) -> np.ndarray:
@@ -156,11 +157,19 @@ class TimingLedger:
         spans``)."""
         return self.calibrator.num_sums
 
-    def add_step(self, step: int, sums: np.ndarray, model: Any, groups: np.ndarray | None = None) -> None:
+    def add_step(
+        self,
+        step: int,
+        sums: np.ndarray,
+        model: Any,
+        groups: np.ndarray | None = None,
+        encoder_price: float | None = None,
+    ) -> None:
         """Register a scheduled step (``sums``: :func:`microbatch_sums` of its schedule, with
         the prior's window) and the model it was scheduled with (``None`` when it does not
-        predict seconds). With ``copies``: ``sums`` per rank ``[M, dp*copies, num_sums]``
-        and ``groups`` ``[M, dp*copies]`` (``CostCalibrator.rank_sums``)."""
+        predict seconds), with an encoder term the price of an encoder FLOP it was scheduled
+        at. With ``copies``: ``sums`` per rank ``[M, dp*copies, num_sums]`` and ``groups``
+        ``[M, dp*copies]`` (``CostCalibrator.rank_sums``)."""
         sums = np.asarray(sums, dtype=np.int64)
         if groups is not None:
             groups = np.asarray(groups, dtype=np.int64)
@@ -179,16 +188,18 @@ class TimingLedger:
                 f"{sums.shape}"
             )
         with self._lock:
-            self._slots[step] = _Slot(step, sums, model)
+            self._slots[step] = _Slot(step, sums, model, encoder_price=encoder_price)
 
-    def add_schedule(self, step: int, schedule: Any, model: Any) -> None:
+    def add_schedule(self, step: int, schedule: Any, model: Any, encoder_price: float | None = None) -> None:
         """:meth:`add_step` with the calibrator's ``schedule_sums`` of ``schedule`` (with
-        ``copies`` its ``rank_sums``)."""
+        ``copies`` its ``rank_sums``; ``encoder_price``: what its ``sample_cost`` was priced
+        at, :attr:`CostCalibrator.encoder_price` when it was planned)."""
         if self.per_rank:
             sums, groups = self.calibrator.rank_sums(schedule)
             self.add_step(step, sums, model, groups)
         else:
-            self.add_step(step, self.calibrator.schedule_sums(schedule), model)
+            sums = self.calibrator.schedule_sums(schedule, encoder_price)
+            self.add_step(step, sums, model, encoder_price=encoder_price)
 
     def pending(self) -> list[int]:
         with self._lock:
@@ -275,7 +286,7 @@ class TimingLedger:
         seconds[~((seconds >= MIN_SECONDS) & (seconds <= MAX_SECONDS))] = np.nan
         predicted = None
         if slot.model is not None:
-            predicted_times = self.calibrator.predict_sums(slot.model, slot.sums)
+            predicted_times = self.calibrator.predict_sums(slot.model, slot.sums, slot.encoder_price)
             if k > 1:
                 predicted_times = predicted_times.reshape(m, self.dp_size, k).max(axis=2)
             predicted = step_objective(predicted_times, self.sync)
@@ -349,6 +360,7 @@ class TimingLedger:
                     "sums": slot.sums.tolist(),
                     **({} if slot.groups is None else {"groups": slot.groups.tolist()}),
                     "model": None if slot.model is None else self.calibrator.model_to_list(slot.model),
+                    **({} if slot.encoder_price is None else {"encoder_price": slot.encoder_price}),
                 }
                 for slot in (self._slots[t] for t in sorted(self._slots))
             ]
@@ -405,7 +417,8 @@ class TimingLedger:
                     slots[step] = _Slot(step, sums, model, groups, self.copies)
                 else:
                     sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, self.dp_size, self.num_sums)
-                    slots[step] = _Slot(step, sums, model)
+                    price = item.get("encoder_price")
+                    slots[step] = _Slot(step, sums, model, encoder_price=None if price is None else float(price))
                 if item.get("local") is not None:
                     local[step] = np.asarray(item["local"], dtype=np.float64).reshape(-1)
             last = state.get("last")

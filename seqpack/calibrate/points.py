@@ -3,29 +3,36 @@
 A :class:`~seqpack.calibrate.CostCalibrator` reduces every timed microbatch to a fixed number
 of exact integers, its *sums* (``S, SS[, SW]`` of its padded lengths, or under dynamic CP
 ``size, S, SS, spans`` of its CP group: :data:`GROUP_SUMS`), and keeps them with its seconds
-and step (a :data:`Point`). :func:`microbatch_sums` reduces a scheduled step's microbatches.
+and step (a :data:`Point`). :func:`microbatch_sums` reduces a scheduled step's microbatches;
+a calibrator that prices the vision encoder adds each microbatch's encoder FLOPs
+(:func:`microbatch_encoder_flops`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
 
 from seqpack.cost.terms import sequence_features
-from seqpack.errors import SeqpackTypeError
-from seqpack.validation import check_numbers
+from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.validation import check_numbers, int64_array
 
 __all__ = [
     "GROUP_SUMS",
+    "MAX_EXACT_FLOPS",
     "MAX_SECONDS",
     "MAX_STEP",
     "MAX_WINDOW",
     "MIN_SECONDS",
+    "add_encoder_flops",
+    "check_encoder_price",
     "check_lengths_count",
     "check_seconds",
+    "microbatch_encoder_flops",
     "microbatch_sums",
     "parse_count",
     "parse_point",
@@ -83,6 +90,38 @@ def check_seconds(name: str, values: object, where: str = "") -> np.ndarray:
     return check_numbers(name, values, where=where)
 
 
+def check_encoder_price(value: object) -> float | None:
+    """A calibrator's ``encoder_price``: ``None`` or a positive finite number.
+
+    Raises:
+        SeqpackTypeError: Not a number (a bool, a string).
+        ConfigError: Not positive and finite.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise SeqpackTypeError(f"encoder_price must be a positive number or None, got {type(value).__name__}")
+    price = float(value)
+    if not (math.isfinite(price) and price > 0):
+        raise ConfigError(f"encoder_price must be a positive finite number, got {value!r}")
+    return price
+
+
+def add_encoder_flops(rows: list[tuple[int, ...]], encoder_flops: object, where: str = "") -> list[tuple[int, ...]]:
+    """``rows`` (one microbatch's sums each) with its encoder FLOPs appended (``None``: 0).
+
+    Raises:
+        SeqpackTypeError: FLOPs that are no integers.
+        ConfigError: Not one per microbatch (1-D).
+    """
+    if encoder_flops is None:
+        return [(*row, 0) for row in rows]
+    flops = int64_array("encoder_flops", encoder_flops)
+    if flops.shape != (len(rows),):
+        raise ConfigError(f"{len(rows)} microbatches but encoder_flops of shape {flops.shape}{where}")
+    return [(*row, int(e)) for row, e in zip(rows, flops.tolist(), strict=True)]
+
+
 def parse_point(item: Sequence[Any], width: int) -> Point:
     """A saved ``[*sums, seconds, step]`` with ``width`` sums."""
     if isinstance(item, (str, bytes)) or len(item) != width + 2:
@@ -111,3 +150,35 @@ def microbatch_sums(schedule: Any, window: int | None = None) -> np.ndarray:
         np.add.at(out[:, j], schedule.group_of, per_sequence[:, j])
     out[counts == 0] = sequence_features(np.array([schedule.pad_multiple]), window)[0]
     return out.reshape(schedule.num_microbatches, schedule.dp_size, per_sequence.shape[1])
+
+
+MAX_EXACT_FLOPS = 1 << 50
+"""The most encoder FLOPs one sample may have for :func:`microbatch_encoder_flops` to read
+them back exactly from a plan's ``sample_cost`` (a float64 product and quotient each round by
+half a unit in the last place: below ``2**51`` the nearest integer is the count)."""
+
+
+def microbatch_encoder_flops(schedule: Any, price: float | None) -> np.ndarray:
+    """int64 ``[M, dp]``: the vision encoder's training FLOPs of every microbatch of a static
+    plan, read back from its ``sample_cost`` (each sample's FLOPs at ``price``, the price per
+    FLOP the step was planned at: :func:`seqpack.loader.sample_cost.step_sample_cost`) as
+    the nearest integers, so that every rank sums the same exact counts; zeros for a plan
+    without ``sample_cost`` (a text step) or without a ``price``.
+
+    Raises:
+        ConfigError: A sample whose FLOPs are not below :data:`MAX_EXACT_FLOPS` (named).
+    """
+    out = np.zeros((schedule.num_microbatches, schedule.dp_size), dtype=np.int64)
+    cost = schedule.sample_cost
+    if cost is None or price is None or not schedule.assigned.size:
+        return out
+    flops = np.rint(cost[schedule.assigned] / price)
+    if flops.size and not flops.max() < MAX_EXACT_FLOPS:
+        i = int(np.argmax(flops))
+        raise ConfigError(
+            f"sample {int(schedule.assigned[i])} has {flops[i]:.3g} vision encoder FLOPs, more than the calibrator "
+            f"counts exactly ({MAX_EXACT_FLOPS:.3g})"
+        )
+    per_group = np.zeros(schedule.group_counts.shape[0], dtype=np.int64)
+    np.add.at(per_group, schedule.group_of, flops.astype(np.int64))
+    return per_group.reshape(schedule.num_microbatches, schedule.dp_size)

@@ -22,6 +22,7 @@ calibration is on. How the times travel and the lag: docs/cost_models.md.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,7 +33,8 @@ from seqpack.calibrate.ledger import check_times
 from seqpack.collective import StepError, StepMessage, StepOk
 from seqpack.cost import CostModel
 from seqpack.loader.config import PackingConfig
-from seqpack.options import Sync, fingerprint_text
+from seqpack.loader.sample_cost import encoder_price
+from seqpack.options import DataOwner, Sync, fingerprint_text
 from seqpack.schedulers import Schedule, predicted_step_time
 from seqpack.stats import StepStats
 from seqpack.thd import StaticShapes
@@ -52,6 +54,9 @@ class StepInput:
         blank: ``ABSENT`` words ``[dp * width]``: this rank's share of the agreements' MAX
             while it holds no gathered words (never counted by the MAX).
         error: A refused ``record_times`` of this rank: the step fails with it everywhere.
+        encoder_price: The price of one vision-encoder FLOP to plan the step's
+            ``sample_cost`` at (the calibrator's, fitted with ``model``; ``None``: no encoder
+            term, the cost's price of a language-model FLOP).
     """
 
     model: CostModel | None = None
@@ -59,13 +64,16 @@ class StepInput:
     words: np.ndarray | None = None
     blank: np.ndarray | None = None
     error: str | None = None
+    encoder_price: float | None = None
 
     def fingerprint(self, plan: Schedule) -> int:
         """What ranks compare: the schedule, and with a model the model that made it (ranks
-        must also agree on the model they fitted)."""
+        must also agree on the model they fitted, and its encoder price)."""
         if self.model is None:
             return plan.fingerprint()
         words = tuple(v.hex() if isinstance(v, float) else v for v in dataclasses.astuple(self.model))
+        if self.encoder_price is not None:
+            words = (*words, self.encoder_price.hex())
         return fingerprint_text(repr((plan.fingerprint(), *words)))
 
 
@@ -98,8 +106,9 @@ class CalibrationState:
             if prior.reference_size is None:  # its compute terms are the cost on the static CP group
                 prior = dataclasses.replace(prior, reference_size=topology.cp_size)
             calibrator = CostCalibrator(prior)
-        else:  # a static plan's cost: the one balanced on the static group
-            calibrator = CostCalibrator(prior.at(topology.cp_size))
+        else:  # a static plan's cost: the one balanced on the static group, the encoder's too
+            static = prior.at(topology.cp_size)
+            calibrator = CostCalibrator(static, encoder_price=_encoder_price(config, topology, static))
         # Steps prepared ahead (prefetch k) are scheduled k steps before the training loop
         # reports the times they wait for: wait that much longer for them.
         # Under dynamic CP each CP rank's times travel in their own column, so the fit sees
@@ -150,7 +159,7 @@ class CalibrationState:
             words, error = ledger.outgoing(upto=step - 1 - self.prefetch), ledger.take_error()
         blank = np.full(self.topology.dp_size * ledger.width(), ABSENT, dtype=np.int64)
         calibrator = ledger.calibrator
-        return StepInput(calibrator.model, calibrator.fitted, words, blank, error)
+        return StepInput(calibrator.model, calibrator.fitted, words, blank, error, calibrator.encoder_price)
 
     def absorb(self, msg: StepMessage, taken: StepInput, times: np.ndarray | None) -> Measurement | None:
         """Feed the calibrator the combined time words ``times`` every rank holds after the
@@ -169,7 +178,8 @@ class CalibrationState:
             in_seconds = taken.fitted or calibrator.prior_in_seconds
             ledger.incoming(msg.step, times.reshape(self.topology.dp_size, -1))
             if isinstance(msg, StepOk):
-                ledger.add_schedule(msg.step, msg.schedule, taken.model if in_seconds else None)
+                model = taken.model if in_seconds else None
+                ledger.add_schedule(msg.step, msg.schedule, model, encoder_price=taken.encoder_price)
         return ledger.last
 
     def snapshot(self) -> Any:
@@ -181,6 +191,20 @@ class CalibrationState:
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
         if state is not None and self.ledger is not None:
             self.ledger.load_state_dict(state)
+
+
+def _encoder_price(config: PackingConfig, topology: Topology, prior: CostModel) -> float | None:
+    """The prior's price of a vision-encoder FLOP where the calibrator fits the encoder: a
+    vision model (``config.model``) and every rank that keeps the model reads the plan's
+    ``sample_cost`` (not the middle pipeline stages of ``data_owner="tp0"``, which receive
+    plans without it); ``None`` elsewhere."""
+    model = config.model
+    if model is None or model.vision is None or model.linear_flops <= 0:
+        return None
+    if topology.pp_size > 1 and config.data_owner != DataOwner.ALL:
+        return None
+    price = encoder_price(prior, model)
+    return price if math.isfinite(price) and price > 0 else None
 
 
 def fill_stats(

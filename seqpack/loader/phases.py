@@ -284,10 +284,12 @@ def schedule(
     topology: Topology,
     gathered: Gathered,
     cost: CostModel | None = None,
+    encoder_price: float | None = None,
 ) -> tuple[Schedule, list[int]]:
     """The step's schedule, identical on every rank, static or dynamic CP as ``scheduler``
     plans (``cost``: the calibrated model, which replaces the config's
-    :attr:`~PackingConfig.cost`; ``config.sync`` says what the step waits for), and the
+    :attr:`~PackingConfig.cost`; ``encoder_price``: its price of a vision-encoder FLOP;
+    ``config.sync`` says what the step waits for), and the
     microbatch offsets of its ``config.minibatches`` mini-batches (``[0, M]`` for one):
     with mini-batches, every DP rank's sequences are cut in read order into contiguous
     mini-batches, each planned alone (:func:`~seqpack.schedulers.minibatches.schedule_minibatches`).
@@ -314,6 +316,7 @@ def schedule(
         SAMPLE_COLUMNS.column(columns, "vision_bytes"),
         resolved_cost(config, scheduler) if chosen is None else chosen,
         config.model,
+        encoder_price,
     )
     try:
         request = Request.of(

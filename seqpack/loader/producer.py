@@ -241,7 +241,9 @@ class StepProducer:
             return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
         with trace.phase("schedule"):
             try:
-                plan, bounds = phases.schedule(self.scheduler, config, t, gathered, cost=taken.model)
+                plan, bounds = phases.schedule(
+                    self.scheduler, config, t, gathered, cost=taken.model, encoder_price=taken.encoder_price
+                )
                 fingerprint = taken.fingerprint(plan)
             except ScheduleError as exc:
                 return self._error(step, f"step {step}: {exc}", exc)

@@ -6,8 +6,10 @@ its grid rows (:meth:`~seqpack.cost.VisionSpec.flops`; ``PackingConfig(model=Mod
 vision=...))``); the length gather carries them to every DP rank (``SAMPLE_COLUMNS.vision_flops``),
 and :func:`step_sample_cost` turns them into the request's ``sample_cost`` in the units of the
 step's cost model: the FLOPs at that model's price of one language-model FLOP
-(``cost.linear / model.linear_flops``). Without a vision encoder known, vision samples are
-planned on their tokens, and the log says so once.
+(``cost.linear / model.linear_flops``), or under ``calibrate`` at the calibrator's price of
+one encoder FLOP (:attr:`CostCalibrator.encoder_price <seqpack.calibrate.CostCalibrator.encoder_price>`,
+fitted to the measured times). Without a vision encoder known, vision samples are planned
+on their tokens, and the log says so once.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from seqpack._logging import warn_once
 from seqpack.cost import CostModel, ModelSpec
 
-__all__ = ["step_sample_cost", "vision_flops_column"]
+__all__ = ["encoder_price", "step_sample_cost", "vision_flops_column"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +43,17 @@ def vision_flops_column(pool: Sequence[Mapping[str, torch.Tensor]], model: Model
 
 
 def step_sample_cost(
-    vision_flops: np.ndarray, vision_bytes: np.ndarray, cost: CostModel, model: ModelSpec | None
+    vision_flops: np.ndarray,
+    vision_bytes: np.ndarray,
+    cost: CostModel,
+    model: ModelSpec | None,
+    price: float | None = None,
 ) -> np.ndarray | None:
     """The step's ``sample_cost`` (float64 ``[N]``) from the gathered ``vision_flops`` column, in
-    ``cost``'s units; ``None`` when no sequence has encoder work (text steps plan as before)
-    or no vision encoder is known (``vision_bytes`` then say whether to log it, once)."""
+    ``cost``'s units: the FLOPs times ``price`` (a calibrated price of one encoder FLOP), by
+    default ``cost``'s price of a language-model FLOP. ``None`` when no sequence has encoder
+    work (text steps plan as before) or no vision encoder is known (``vision_bytes`` then say
+    whether to log it, once)."""
     if model is None or model.vision is None:
         if np.any(vision_bytes > 0):
             warn_once(
@@ -57,4 +65,12 @@ def step_sample_cost(
         return None
     if not np.any(vision_flops > 0):
         return None
-    return vision_flops.astype(np.float64) * (cost.linear / float(model.linear_flops))
+    if price is None:
+        price = encoder_price(cost, model)
+    return vision_flops.astype(np.float64) * price
+
+
+def encoder_price(cost: CostModel, model: ModelSpec) -> float:
+    """``cost``'s price of one vision-encoder training FLOP: its price of a language-model
+    FLOP, ``cost.linear / model.linear_flops`` (what a calibrator starts from)."""
+    return cost.linear / float(model.linear_flops)
