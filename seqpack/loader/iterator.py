@@ -1,11 +1,7 @@
 """wrap_data_iterator: the per-step composition of seqpack's pieces, resumable.
 
-Every ``next()`` is collective over the whole topology (call it on every rank). Ranks that
-read data run the phases of :mod:`seqpack.loader.phases` (read, gather lengths, schedule, exchange,
-pack + CP shard); the CP copies of a replica (and, under ``data_owner="all"``, the TP and
-PP copies) then agree on the outcome and compare schedule fingerprints; under
-``data_owner="tp0"`` the step is broadcast over TP and to middle pipeline stages
-(:mod:`seqpack.collective.broadcast`, in the int64 wire format).
+Every ``next()`` is collective over the whole topology (call it on every rank): one step of
+:class:`~seqpack.loader.producer.StepProducer` (its stages: that module).
 
 Who reads data: with ``data_owner="tp0"`` TP rank 0 of the first and the last pipeline
 stage, on every DP and CP rank (the CP ranks of one replica read identical samples, as
@@ -80,11 +76,9 @@ from seqpack.options import AXES, DataOwner
 from seqpack.schedulers import Scheduler
 from seqpack.topology import Topology
 
-__all__ = ["DATA_OWNERS", "PackingIterator", "Step", "wrap_data_iterator"]
+__all__ = ["PackingIterator", "wrap_data_iterator"]
 
 logger = logging.getLogger(__name__)
-
-DATA_OWNERS = tuple(DataOwner)
 
 
 class PackingIterator(Iterator[Step], Stateful):
@@ -107,8 +101,6 @@ class PackingIterator(Iterator[Step], Stateful):
     """
 
     cp_groups: CpGroups | None = None
-
-    VERSION = ResumeState.VERSION
 
     def __init__(
         self,
@@ -247,6 +239,17 @@ class PackingIterator(Iterator[Step], Stateful):
         """The online cost calibrator (``None`` without ``calibrate`` or on ranks that do not
         keep it: TP ranks > 0 under ``data_owner="tp0"``)."""
         return self._calibration.calibrator
+
+    def rebalance_encoder(self, model: Any) -> Any:
+        """Hook a transformers Qwen2-VL-family ``model`` so its microbatch rounds' images are
+        encoded across the DP ranks as ``config.encoder_rebalance`` asks, at the calibrator's
+        encoder price under ``calibrate`` (docs/multimodal.md, "Encoder rebalancing").
+        Collective: every rank, once, before the first forward. Returns the hooks
+        (:class:`seqpack.interop.hf_encoder.EncoderRebalance`; ``.remove()``), ``None`` where off."""
+        from seqpack.interop.hf_encoder import calibrated_seconds_per_flop, rebalance_for_config
+
+        price = lambda: calibrated_seconds_per_flop(self.calibrator)  # noqa: E731 - read at each round
+        return rebalance_for_config(model, self.topology, self.config, price)
 
     # -- iteration ------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ class Stateful(Protocol):
 
 class StateKey(StrEnum):
     """The keys of a resume state's dict form, declared once (``ResumeState``'s fields are
-    these, checked below; ``PackingIterator.STATE_*`` are these members)."""
+    these but ``VERSION``, checked below)."""
 
     VERSION = "version"
     TOPOLOGY = "topology"
@@ -70,7 +70,7 @@ class ResumeState:
             ``calibrate``, else None.
     """
 
-    VERSION: ClassVar[int] = 4  # 4: one calibrator state format (CostCalibrator's version 2)
+    VERSION: ClassVar[int] = 4
     KEYS: ClassVar[tuple[str, ...]] = tuple(key.value for key in StateKey)
 
     topology: dict[str, int]
