@@ -3,8 +3,9 @@ embeddings brought back, differentiably.
 
 Every rank of the round calls, in this order:
 
-1. :func:`gather_grids`: every rank's image grids (int64, two small all-gathers), so every
-   rank computes the same :func:`~seqpack.schedulers.encoder_plan.plan_encoders` plan;
+1. :func:`gather_grids`: every rank's image grids (int64, two small all-gathers) and the first
+   rank's price, so every rank computes the same
+   :func:`~seqpack.schedulers.encoder_plan.plan_encoders` plan and routing decision;
 2. :func:`plan_route` (pure): the split sizes and row orders of the plan on this rank;
 3. :func:`move_patches`: each image's patches to its encoding rank (one ``all_to_all_single``;
    pixels carry no gradient);
@@ -32,31 +33,38 @@ from seqpack.collective.groups import collective, comm_device
 __all__ = ["RoutePlan", "gather_grids", "move_patches", "plan_route", "route_back"]
 
 
-def gather_grids(grids: torch.Tensor, group: ProcessGroup | None, num_ranks: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every rank's grids ``[n_r, 3]`` (int64) in rank order, and the rank each row came from.
+def gather_grids(
+    grids: torch.Tensor, group: ProcessGroup | None, num_ranks: int, price: float = 0.0
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Every rank's grids ``[n_r, 3]`` (int64) in rank order, the rank each row came from, and
+    the group's first rank's ``price`` (it travels with the counts: every rank then prices the
+    round alike, even where their own prices differ, e.g. calibrators a step apart).
 
     Returns:
-        int64 ``[N, 3]`` and int64 ``[N]`` (the home rank of each image).
+        int64 ``[N, 3]``, int64 ``[N]`` (the home rank of each image) and a float.
     """
     if num_ranks == 1:  # no collective on one rank
         local_rows = grids.detach().cpu().to(torch.int64).reshape(-1, 3).numpy()
-        return local_rows, np.zeros(local_rows.shape[0], dtype=np.int64)
+        return local_rows, np.zeros(local_rows.shape[0], dtype=np.int64), float(price)
     device = comm_device(group)
     local = grids.detach().to(device=device, dtype=torch.int64).reshape(-1, 3)
-    count = torch.tensor([local.shape[0]], dtype=torch.int64, device=device)
+    bits = int(np.float64(price).view(np.int64))
+    count = torch.tensor([local.shape[0], bits], dtype=torch.int64, device=device)
     counts = [torch.empty_like(count) for _ in range(num_ranks)]
     collective(dist.all_gather, counts, count, group=group)
-    sizes = [int(c) for c in torch.cat(counts).cpu().tolist()]
+    table = torch.stack(counts).cpu().numpy()
+    sizes = [int(n) for n in table[:, 0]]
+    first_price = float(table[0, 1:2].view(np.float64)[0])
     width = max(sizes, default=0)
     if width == 0:
-        return np.zeros((0, 3), dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.zeros((0, 3), dtype=np.int64), np.zeros(0, dtype=np.int64), first_price
     padded = torch.zeros(width, 3, dtype=torch.int64, device=device)
     padded[: local.shape[0]] = local
     rows = [torch.empty_like(padded) for _ in range(num_ranks)]
     collective(dist.all_gather, rows, padded, group=group)
     every = np.concatenate([r.cpu().numpy()[:n] for r, n in zip(rows, sizes, strict=True)])
     home = np.repeat(np.arange(num_ranks, dtype=np.int64), sizes)
-    return every.astype(np.int64), home
+    return every.astype(np.int64), home, first_price
 
 
 def _rows(order: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -175,7 +183,7 @@ def route_back(encoded: torch.Tensor, route: RoutePlan, group: ProcessGroup | No
     Differentiable, and collective in both directions: the result always requires grad when
     grad mode is on (so every rank's backward reaches the all-to-all, even one that encodes
     nothing); every rank must backpropagate through it (see
-    :func:`seqpack.interop.hf_vision.rebalance_encoder`, which ties it into the loss).
+    :func:`seqpack.interop.hf_encoder.rebalance_encoder`, which ties it into the loss).
     """
     anchor = torch.zeros(0, device=encoded.device, dtype=encoded.dtype, requires_grad=torch.is_grad_enabled())
     out: torch.Tensor = _RouteBack.apply(encoded, anchor, route, group)

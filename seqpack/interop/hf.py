@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.interop.hf_encoder import EncoderRebalance, calibrated_seconds_per_flop, rebalance_for_config
 from seqpack.interop.hf_rows import (
     SAMPLE_COLUMNS,
     StepLoader,
@@ -250,7 +251,10 @@ class SeqpackTrainerMixin:
             ``drop_last`` to ``False``). For a vision-language model seqpack positions
             (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) ``mrope`` is the model's
             (``MRopeSpec.from_hf(model.config)``) and the rows' vision fields go with them
-            (docs/multimodal.md, "Trainer").
+            (docs/multimodal.md, "Trainer"); on more than one process, unless
+            ``encoder_rebalance=False``, the model's images are encoded across the DP ranks
+            (``PackingIterator.rebalance_encoder``'s hooks, at the calibrator's encoder price
+            under ``calibrate``; :attr:`seqpack_encoder_rebalance`).
         seqpack_topology: The ranks to balance over; default: every process of the process
             group accelerate / torchrun set up, as DP ranks (one process: a single rank).
 
@@ -262,6 +266,7 @@ class SeqpackTrainerMixin:
     """
 
     # Set by the trainer this class is mixed into.
+    model: Any
     args: Any
     accelerator: Any
     model_accepts_loss_kwargs: bool
@@ -293,6 +298,10 @@ class SeqpackTrainerMixin:
         self._seqpack_topology = seqpack_topology
         self._seqpack_loader: StepLoader | None = None
         self._seqpack_reading_rows = False
+        self._seqpack_hooked = False
+        self.seqpack_encoder_rebalance: EncoderRebalance | None = None
+        """The encoder-rebalancing hooks on the model, once the first training loader is made
+        (``None``: off, or not yet)."""
         self._check_seqpack_settings()
 
     def _check_seqpack_settings(self) -> None:
@@ -380,7 +389,20 @@ class SeqpackTrainerMixin:
         if self._seqpack_loader is not None:
             self._seqpack_loader.close()
         self._seqpack_loader = StepLoader(rows, steps_of)
+        if not self._seqpack_hooked:  # collective: every process makes its first loader here
+            self._seqpack_hooked = True
+            self.seqpack_encoder_rebalance = self._seqpack_rebalance(topology, config)
         return self._seqpack_loader
+
+    def _seqpack_rebalance(self, topology: Topology, config: PackingConfig) -> EncoderRebalance | None:
+        """Hook the model for ``config.encoder_rebalance`` (off on one process), priced by the
+        current epoch's calibrator."""
+
+        def price() -> float:
+            steps = self._seqpack_loader.steps if self._seqpack_loader is not None else None
+            return calibrated_seconds_per_flop(steps.calibrator if steps is not None else None)
+
+        return rebalance_for_config(self.model, topology, config, price)
 
     def _remove_unused_columns(self, dataset: Any, description: str | None = None) -> Any:
         if self._seqpack_reading_rows:  # keep what the samples are made of

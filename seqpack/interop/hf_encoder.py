@@ -20,29 +20,48 @@ Every rank of the group must run the same number of forwards (and of backwards, 
 order): one per microbatch, as DP training does. The route's collectives run on ``group``;
 under DDP/FSDP give it a group of its own (``dist.new_group(ranks)``) so they never interleave
 with the gradient all-reduces. Parameter names do not change (the tower is not replaced).
+
+:func:`rebalance_for_config` hooks a model as a :class:`~seqpack.loader.config.PackingConfig`'s
+``encoder_rebalance`` asks, on a group of its own over the topology's DP ranks: what
+``PackingIterator.rebalance_encoder(model)`` and :class:`~seqpack.interop.hf.SeqpackTrainerMixin`
+call.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
 from seqpack.collective.encoder_route import RoutePlan, gather_grids, move_patches, plan_route, route_back
-from seqpack.collective.groups import group_rank, group_size
+from seqpack.collective.groups import group_rank, group_size, new_axis_groups
 from seqpack.cost.vision_encoder import VisionSpec
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.loader.encoder_option import EncoderRebalanceMode, encoder_rebalance_mode
+from seqpack.loader.encoder_option import EncoderRebalanceMode, check_encoder_rebalance, encoder_rebalance_mode
 from seqpack.schedulers.balanced.locality import LINK_BYTES_PER_SECOND
 from seqpack.schedulers.encoder_plan import DEFAULT_SECONDS_PER_FLOP, EncoderPlan, plan_encoders, rebalance_pays
+from seqpack.topology import Topology
 
-__all__ = ["EncoderRebalance", "RoundRecord", "rebalance_encoder"]
+if TYPE_CHECKING:
+    from seqpack.calibrate import CostCalibrator
+    from seqpack.loader.config import PackingConfig
+
+__all__ = [
+    "EncoderRebalance",
+    "RoundRecord",
+    "calibrated_seconds_per_flop",
+    "rebalance_encoder",
+    "rebalance_for_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -90,14 +109,23 @@ class EncoderRebalance:
     Attributes:
         last: The last round's :class:`RoundRecord`.
         rounds, routed_rounds, moved_images: Counts over the rounds so far.
+        group: The DP group the route runs on.
     """
 
     def __init__(
-        self, model: nn.Module, group: ProcessGroup | None, mode: EncoderRebalanceMode, spec: VisionSpec, **price: float
+        self,
+        model: nn.Module,
+        group: ProcessGroup | None,
+        mode: EncoderRebalanceMode,
+        spec: VisionSpec,
+        *,
+        seconds_per_flop: Callable[[], float],
+        bytes_per_second: float,
     ) -> None:
         self.owner = _owner(model)
         self.tower = self.owner.get_submodule("visual")
-        self.group, self.mode, self.spec, self.price = group, mode, spec, price
+        self.group, self.mode, self.spec = group, mode, spec
+        self._seconds_per_flop, self._bytes_per_second = seconds_per_flop, bytes_per_second
         self.num_ranks, self.rank = group_size(group), group_rank(group)
         self.deepstack = len(getattr(self.tower, "deepstack_visual_indexes", ()) or ())
         module = sys.modules[type(self.tower).__module__]
@@ -132,12 +160,13 @@ class EncoderRebalance:
             if pixels is not None and grid is not None:
                 parts.append((pixels, grid.reshape(-1, 3)))
         local = torch.cat([grid.cpu().long() for _, grid in parts]) if parts else torch.zeros(0, 3, dtype=torch.long)
-        grids, home = gather_grids(local, self.group, self.num_ranks)
+        price = self._seconds_per_flop() if self.mode == "auto" else 0.0  # the group prices at its first rank's
+        grids, home, price = gather_grids(local, self.group, self.num_ranks, price)
         self.rounds += 1
         if grids.shape[0] == 0:
             self.last = RoundRecord(plan=None, routed=False)
             return
-        plan = self._plan(grids, home)
+        plan = self._plan(grids, home, price)
         self.last = RoundRecord(plan=plan, routed=bool(plan.moved.any()))
         if not self.last.routed:
             return
@@ -152,7 +181,7 @@ class EncoderRebalance:
             self._served.append((grid, embeds[start : start + rows]))
             start += rows
 
-    def _plan(self, grids: np.ndarray, home: np.ndarray) -> EncoderPlan:
+    def _plan(self, grids: np.ndarray, home: np.ndarray, seconds_per_flop: float) -> EncoderPlan:
         plan = plan_encoders(self.spec.grid_flops(grids), home, self.num_ranks)
         if self.mode != "auto" or not plan.moved.any():
             return plan
@@ -161,7 +190,8 @@ class EncoderRebalance:
         pixel_dim = self.spec.in_channels * self.spec.temporal_patch_size * self.spec.patch_size**2
         width = self.spec.out_hidden_size * (1 + self.deepstack)
         embed_bytes = patches / self.spec.spatial_merge_size**2 * width * itemsize
-        if rebalance_pays(plan, patches * pixel_dim * itemsize, embed_bytes, **self.price):
+        price = {"seconds_per_cost": seconds_per_flop, "bytes_per_second": self._bytes_per_second}
+        if rebalance_pays(plan, patches * pixel_dim * itemsize, embed_bytes, **price):
             return plan
         return plan_encoders(np.zeros(home.size), home, self.num_ranks)  # the home plan
 
@@ -254,6 +284,49 @@ def rebalance_encoder(
         if isinstance(value, bool) or not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
             raise ConfigError(f"rebalance_encoder: {name} must be a positive number, got {value!r}")
     spec = vision if vision is not None else VisionSpec.from_hf(_owner(model).config)
+    price = float(seconds_per_flop)
     return EncoderRebalance(
-        model, group, mode, spec, seconds_per_cost=float(seconds_per_flop), bytes_per_second=float(bytes_per_second)
+        model, group, mode, spec, seconds_per_flop=lambda: price, bytes_per_second=float(bytes_per_second)
     )
+
+
+def rebalance_for_config(
+    model: nn.Module,
+    topology: Topology,
+    config: PackingConfig,
+    seconds_per_flop: Callable[[], float] = lambda: DEFAULT_SECONDS_PER_FLOP,
+) -> EncoderRebalance | None:
+    """Hook ``model`` as ``config.encoder_rebalance`` asks, over ``topology``'s DP ranks.
+
+    Off (``None``, nothing created) for ``False``, and for ``"auto"`` without ``config.mrope``,
+    on one DP rank, or with CP or pipeline stages. Otherwise collective over the whole default
+    group (every rank calls it, once, before the first forward): the route gets DP groups of
+    its own, on the default backend (:func:`~seqpack.collective.groups.new_axis_groups`), so
+    it never interleaves with DDP's or FSDP's gradient collectives. The vision encoder is
+    ``config.model.vision`` where given, else the model's config's.
+
+    Args:
+        seconds_per_flop: The encoder's seconds per training FLOP, read at every round that
+            ``"auto"`` prices (a calibrator's: :func:`calibrated_seconds_per_flop`); the group
+            uses its first rank's value, so ranks may read it a step apart.
+
+    Raises:
+        ConfigError: ``encoder_rebalance=True`` on a topology the route cannot run on.
+    """
+    mode = check_encoder_rebalance(config.encoder_rebalance, mrope=config.mrope, topology=topology)
+    if mode is False or config.mrope is None or topology.dp_size < 2 or topology.cp_size > 1 or topology.pp_size > 1:
+        return None
+    vision = config.model.vision if config.model is not None and config.model.vision is not None else None
+    spec = vision if vision is not None else VisionSpec.from_hf(_owner(model).config)
+    group = new_axis_groups(topology, backend=dist.get_backend())["dp"]
+    return EncoderRebalance(
+        model, group, mode, spec, seconds_per_flop=seconds_per_flop, bytes_per_second=LINK_BYTES_PER_SECOND
+    )
+
+
+def calibrated_seconds_per_flop(calibrator: CostCalibrator | None) -> float:
+    """A calibrator's fitted seconds per vision-encoder FLOP (its ``encoder_price`` once it
+    predicts seconds); :data:`~seqpack.schedulers.encoder_plan.DEFAULT_SECONDS_PER_FLOP`
+    without a calibrator, before its first fit, or without an encoder term."""
+    price = calibrator.encoder_price if calibrator is not None and calibrator.in_seconds else None
+    return price if price is not None and math.isfinite(price) and price > 0 else DEFAULT_SECONDS_PER_FLOP

@@ -95,6 +95,11 @@ class StepLoader:
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def steps(self) -> PackingIterator | None:
+        """The current epoch's step iterator (``None`` before the first or once closed)."""
+        return self._steps
+
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.rows, "set_epoch"):
             self.rows.set_epoch(epoch)

@@ -8,8 +8,8 @@ equals its loss with the sample run alone, and every parameter's gradient (langu
 vision tower), summed over the ranks, equals the sum of the samples' alone, within 1e-5
 relative. mode="auto" keeps the tiny model's images home (its encoder time is far below the
 exchange's) and routes them at a second per FLOP, with the same losses. Through the wrapper (wrap_data_iterator with
-PackingConfig(mrope=, encoder_rebalance=True), the route on the DP group's ranks): the same,
-per token via Step.to_origin.
+PackingConfig(mrope=, encoder_rebalance=True) and PackingIterator.rebalance_encoder(model), which
+hooks the model on a DP group of its own): the same, per token via Step.to_origin.
 """
 
 from __future__ import annotations
@@ -172,10 +172,11 @@ def _wrapped(family: str) -> dict:
         mrope=spec,
         encoder_rebalance=True,
     )
-    route_group = dist.new_group(topology.global_ranks("dp"))
-    hooks = rebalance_encoder(model, route_group, mode=config.encoder_rebalance)
+    steps = wrap_data_iterator(data(rank), topology, config)
+    hooks = steps.rebalance_encoder(model)
+    own_group = hooks.group is not None and hooks.group is not dist.group.WORLD and hooks.mode is True
     worst_loss, rounds = 0.0, 0
-    for step in wrap_data_iterator(data(rank), topology, config):
+    for step in steps:
         values = []
         for batch in step.microbatches:
             kwargs = {k: v for k, v in to_hf(batch).items() if k not in ("labels", "shift_labels")}
@@ -194,12 +195,12 @@ def _wrapped(family: str) -> dict:
         if name in reference:
             want = reference[name]
             worst_grad = max(worst_grad, float((grad - want).norm() / want.norm().clamp_min(1e-30)))
-    return dict(loss=worst_loss, grad=worst_grad, moved=moved, rounds=rounds)
+    return dict(loss=worst_loss, grad=worst_grad, moved=moved, rounds=rounds, own_group=own_group)
 
 
 def test_through_the_wrapper_with_encoder_rebalance_true(dist_pools):
     results = dist_pools.get(2).run(_wrapped, "qwen2_vl")
     for result in results:
         assert result["loss"] < TOL and result["grad"] < TOL, result
-        assert result["moved"] > 0 and result["rounds"] >= 1
+        assert result["moved"] > 0 and result["rounds"] >= 1 and result["own_group"]
     assert results[0]["rounds"] == results[1]["rounds"]  # one forward per round on every rank

@@ -151,6 +151,36 @@ def test_trainer_steps_on_a_vlm_equal_the_rows_run_alone(tmp_path):
     assert float((_params(trainer.model) - reference_params).abs().max()) <= 1e-5
     moved = {name for name, p in trainer.model.named_parameters() if not torch.equal(p.detach(), start[name])}
     assert any("visual" in name for name in moved) and any("language_model" in name for name in moved)
+    assert trainer.seqpack_encoder_rebalance is None  # "auto" on one process: no hooks
+
+
+def test_the_mixin_hooks_the_model_with_its_config_topology_and_calibrated_price(tmp_path, monkeypatch):
+    import seqpack.interop.hf as hf
+    from seqpack.schedulers.encoder_plan import DEFAULT_SECONDS_PER_FLOP
+
+    calls, hooks = [], object()
+
+    def rebalance_for_config(model, topology, config, price):
+        calls.append((model, topology, config, price()))
+        return hooks
+
+    monkeypatch.setattr(hf, "rebalance_for_config", rebalance_for_config)
+    model = tiny_vlm("qwen2_vl")
+    for mode in ("auto", False):
+        trainer = PackedTrainer(
+            model=model,
+            args=_args(tmp_path),
+            train_dataset=_dataset(_rows(BATCH)),
+            seqpack_config={"max_tokens_per_rank": 48, "encoder_rebalance": mode},
+        )
+        assert trainer.seqpack_encoder_rebalance is None  # not before the first loader
+        trainer.get_train_dataloader()
+        trainer.get_train_dataloader()  # hooked once
+        assert trainer.seqpack_encoder_rebalance is hooks
+        (got, topology, config, price), *more = calls
+        assert not more and got is model and topology.dp_size == 1 and config.encoder_rebalance == mode
+        assert config.mrope == MRopeSpec.from_hf(model.config) and price == DEFAULT_SECONDS_PER_FLOP
+        calls.clear()
 
 
 def test_a_given_mrope_must_be_the_models(tmp_path):

@@ -1,6 +1,8 @@
 """PackingConfig(encoder_rebalance=): "auto" (the default), True or False; True where the route
 cannot run is refused by name (no images without mrope, one DP rank, CP, pipeline stages), and
-"auto" there is simply off. rebalance_encoder takes the same values."""
+"auto" there is simply off. rebalance_encoder takes the same values; rebalance_for_config (what
+PackingIterator.rebalance_encoder and the Trainer mixin call) installs nothing where the config
+is off, and prices at a calibrator's fitted encoder price."""
 
 from __future__ import annotations
 
@@ -65,3 +67,39 @@ def test_rebalance_encoder_takes_the_same_values():
     forward = model.model.visual.forward
     hooks.remove()
     assert model.model.visual.forward != forward  # the tower's own forward again
+
+
+def test_rebalance_for_config_is_off_where_the_config_is():
+    pytest.importorskip("transformers")
+    from vlm_data import tiny_vlm
+
+    from seqpack.interop.hf_encoder import rebalance_for_config
+
+    model = tiny_vlm("qwen2_vl")
+    forward = model.model.visual.forward
+    dp2 = Topology(dp_size=2, dp_rank=0, world_size=2, groups={"dp": object()})
+    cp2 = Topology(dp_size=2, cp_size=2, world_size=4, groups={"dp": object(), "cp": object()})
+    for config, topology in (
+        (_config(mrope=SPEC), Topology.single()),  # one DP rank
+        (_config(mrope=SPEC), cp2),  # CP
+        (_config(), dp2),  # no mrope: text
+        (_config(mrope=SPEC, encoder_rebalance=False), dp2),
+    ):
+        assert rebalance_for_config(model, topology, config) is None  # nothing created, no collective
+    assert model.model.visual.forward == forward
+    with pytest.raises(ConfigError, match="one DP rank has no other rank to encode on"):
+        rebalance_for_config(model, Topology.single(), _config(mrope=SPEC, encoder_rebalance=True))
+
+
+def test_the_calibrated_price():
+    from seqpack.calibrate import CostCalibrator
+    from seqpack.cost import CostModel
+    from seqpack.interop.hf_encoder import calibrated_seconds_per_flop
+    from seqpack.schedulers.encoder_plan import DEFAULT_SECONDS_PER_FLOP
+
+    assert calibrated_seconds_per_flop(None) == DEFAULT_SECONDS_PER_FLOP
+    prior = CostModel(linear=1.0, quadratic=0.0)
+    # Not fitted: the prior's units are not seconds; no encoder term: no price.
+    assert calibrated_seconds_per_flop(CostCalibrator(prior, encoder_price=2.0)) == DEFAULT_SECONDS_PER_FLOP
+    assert calibrated_seconds_per_flop(CostCalibrator(prior, prior_in_seconds=True)) == DEFAULT_SECONDS_PER_FLOP
+    assert calibrated_seconds_per_flop(CostCalibrator(prior, prior_in_seconds=True, encoder_price=2e-15)) == 2e-15
