@@ -43,10 +43,8 @@ class Step:
             pipeline stages.
         stats: Tokens, padding, balance and FLOPs of the whole global batch.
         step: Step index (0-based).
-        schedule: The step's schedule (identical on every rank): a
-            :class:`~seqpack.schedulers.Schedule`, or under ``dynamic_cp`` a
-            :class:`~seqpack.schedulers.dynamic_cp.Schedule` (per round, the CP
-            groups of the ``dp x cp`` ranks; ``num_microbatches`` is its rounds).
+        schedule: The step's :class:`~seqpack.schedulers.Schedule` (identical on every
+            rank; under ``dynamic_cp`` its rounds' CP groups vary).
         schedule_fingerprint: ``schedule.fingerprint()``.
         timings: Seconds spent in ``read``, ``gather``, ``schedule``, ``exchange``,
             ``pack`` (pack + CP shard), ``broadcast`` (TP + PP, without ``wait``), ``wait``
