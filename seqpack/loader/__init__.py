@@ -16,7 +16,7 @@ Entry points: :func:`wrap_data_iterator`, :class:`PackingIterator`, :class:`Pack
 - :mod:`~seqpack.loader.calibration`: online calibration as data: what a step takes in (the
   model to plan with, the time words that ride the gather) and gives back (the combined
   times, absorbed once between steps).
-- :mod:`~seqpack.loader.producer`: :class:`StepProducer` runs one step on every rank (phases,
+- :mod:`~seqpack.loader.producer`: :class:`~seqpack.loader.producer.StepProducer` runs one step on every rank (phases,
   agreements, TP/PP broadcast, stats) and never raises.
 - :mod:`~seqpack.loader.prefetch`: the background thread that runs the producer ahead.
 - :mod:`~seqpack.loader.step`: :class:`Step`, what ``next()`` hands over, and the hand-over

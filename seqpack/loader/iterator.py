@@ -18,10 +18,10 @@ so no sample read in the failed step is silently lost. Resume from a state saved
 failure.
 
 Prefetch: with ``prefetch=k > 0`` (the default is 1) a daemon thread on every rank prepares
-up to ``k`` steps ahead (:meth:`PackingIterator._produce`, the work of one synchronous
-``next()``), on process groups created for the wrapper alone
-(:func:`seqpack.collective.groups.new_axis_groups`), so its collectives never interleave with the
-model's. ``next()`` hands over the next prepared step; an error is raised by the ``next()``
+up to ``k`` steps ahead (:meth:`~seqpack.loader.producer.StepProducer.produce`, the work of
+one synchronous ``next()``), on process groups created for the wrapper alone
+(:func:`seqpack.collective.groups.new_axis_groups`), so its collectives never interleave
+with the model's. ``next()`` hands over the next prepared step; an error is raised by the ``next()``
 of the step it belongs to; ``state_dict()`` describes the steps handed over, never the
 prepared ones (the reader's bookkeeping is snapshotted with every prepared step).
 ``close()`` (or leaving a ``with`` block) stops the thread and frees the groups.
