@@ -16,16 +16,22 @@ NCCL. What it shows, in order:
 3. ``wrap_data_iterator`` with ``PackingConfig(mrope=MRopeSpec.from_hf(config))``: each sample's
    pixels travel with it to the rank that runs it, and each microbatch carries its pixels,
    grids and per-sequence mRoPE positions; ``model=ModelSpec.from_hf(config)`` balances the
-   vision encoder's FLOPs beside the tokens';
+   vision encoder's FLOPs beside the tokens'; ``steps.rebalance_encoder(model)`` then lets each
+   microbatch round encode its images on any DP rank of the round (``encoder_rebalance``:
+   ``True`` here, where the plan moves an image; ``"auto"``, the default, only where the encoder
+   time saved pays for the exchange, which this tiny tower's never does), the embeddings
+   routed back, differentiably;
 4. ``model(**to_hf(batch, num_items_in_batch=step.num_loss_tokens))``: HF's loss is then this
    microbatch's token losses over the step's supervised tokens on every rank, so summing the
    gradients over the ranks (one all-reduce a step) gives the step's token-mean gradient
    (docs/integrations.md, "The loss contract"; under DDP / FSDP, which average, multiply the
    loss by the DP size instead);
-5. per step: the tokens, the loss, and the encoder imbalance (the largest rank's encoder
-   FLOPs over the mean). ``--check`` also runs the first step's samples one by one, unpacked,
-   with the model computing its own positions, and prints how far the packed step's loss is
-   from theirs.
+5. per step: the tokens, the loss, the encoder imbalance (the largest rank's encoder FLOPs
+   over the mean, over the step) and, over the step's microbatch rounds, the encoder imbalance
+   with every image encoded where its sequence runs and after rebalancing (the busiest rank's
+   encoder FLOPs over the mean, summed over the rounds), and the images moved. ``--check``
+   also runs the first step's samples one by one, unpacked, with the model computing its own
+   positions, and prints how far the packed step's loss is from theirs.
 """
 
 from __future__ import annotations
@@ -182,12 +188,24 @@ def encoder_imbalance(step) -> float:
     return float(per_rank.max() / per_rank.mean()) if per_rank.mean() > 0 else 1.0
 
 
+def round_loads(hooks) -> tuple[float, float, float]:
+    """The last round's busiest rank's encoder FLOPs, home and rebalanced, and their mean (zeros
+    without hooks or images)."""
+    plan = None if hooks is None or hooks.last is None else hooks.last.plan
+    if plan is None:
+        return 0.0, 0.0, 0.0
+    load = plan.load if hooks.last.routed else plan.home_load  # "auto" may keep a moving plan home
+    return float(plan.home_load.max()), float(load.max()), float(plan.home_load.mean())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--samples-per-rank", type=int, default=10)
     parser.add_argument("--max-tokens-per-rank", type=int, default=256)
     parser.add_argument("--check", action="store_true", help="compare step 0 with its samples run alone")
+    choices = {"true": True, "auto": "auto", "false": False}
+    parser.add_argument("--encoder-rebalance", choices=choices, default="true", help="PackingConfig.encoder_rebalance")
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -217,8 +235,11 @@ def main() -> None:
         label_format="unshifted",  # HF-style labels
         mrope=MRopeSpec.from_hf(model.config),
         model=ModelSpec.from_hf(model.config),
+        encoder_rebalance=choices[args.encoder_rebalance],
     )
     steps = wrap_data_iterator(shard, topology, config, device=device)
+    # Each microbatch round's images encoded on any DP rank (None when off). Collective.
+    hooks = steps.rebalance_encoder(model)
 
     # 4. The step's token-mean loss: each rank's share, gradients summed over the ranks.
     for step in steps:
@@ -229,10 +250,13 @@ def main() -> None:
             dist.all_reduce(alone)
         total = torch.zeros((), device=device)
         ids = []
+        loads = np.zeros(3)  # busiest rank's encoder FLOPs home / rebalanced, and the mean, summed over rounds
+        moved = hooks.moved_images if hooks is not None else 0
         for batch in step.microbatches:  # the same number on every rank
             out = model(**to_hf(batch, num_items_in_batch=step.num_loss_tokens))
             out.loss.backward()
             total += out.loss.detach()
+            loads += round_loads(hooks)
             ids += [int(i) for i in batch.sample_ids.tolist() if i >= 0]
         sum_gradients(model)
         optimizer.step()
@@ -243,10 +267,13 @@ def main() -> None:
         expected = list(range(topology.dp_size * args.samples_per_rank))  # a step's ids, every rank's
         once = sorted(i for seen in everyone for i in seen or []) == expected
         if dist.get_rank() == 0:
+            home, rebalanced = (loads[0] / loads[2], loads[1] / loads[2]) if loads[2] > 0 else (1.0, 1.0)
+            moved = (hooks.moved_images if hooks is not None else 0) - moved
             print(
                 f"step {step.step}: {step.stats.real_tokens} tokens, loss {float(total):.4f} over "
                 f"{step.num_loss_tokens} loss tokens, {step.num_microbatches} microbatches, "
-                f"encoder imbalance {encoder_imbalance(step):.3f}, every sample once: {once}",
+                f"encoder imbalance {encoder_imbalance(step):.3f}, per round {home:.3f} -> {rebalanced:.3f} "
+                f"rebalanced, images moved {moved}, every sample once: {once}",
                 flush=True,
             )
             if args.check and step.step == 0:

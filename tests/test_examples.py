@@ -110,8 +110,10 @@ def test_rl_rollouts_log_probs_come_back_exactly_once_and_equal_the_unpacked_one
 @pytest.mark.processes
 def test_vlm_sft_trains_a_tiny_qwen2_vl_on_two_ranks_exactly():
     """examples/vlm_sft.py on 2 gloo ranks: images, two-image samples, a video and text through
-    the wrapper; the first step's loss equals its samples run alone (the model's own
-    positions), every sample runs once a step, and the loss falls."""
+    the wrapper, each round's images encoded across the ranks (encoder_rebalance=True); the
+    first step's loss equals its samples run alone (the model's own positions), every sample
+    runs once a step, the loss falls, and images move where a round's encoder work is uneven,
+    never raising its busiest rank's load."""
     pytest.importorskip("transformers")
     out = run_script(os.path.join(EXAMPLES, "vlm_sft.py"), ["--steps", "5", "--check"], nproc=2)
     lines = [line for line in out.splitlines() if line.startswith("step ") and "tokens, loss" in line]
@@ -119,5 +121,9 @@ def test_vlm_sft_trains_a_tiny_qwen2_vl_on_two_ranks_exactly():
     assert len(losses) == 5 and losses[-1] < losses[0] - 0.5, out
     assert all("every sample once: True" in line for line in lines), out
     assert all(re.search(r"encoder imbalance \d+\.\d+", line) for line in lines), out
+    rounds = [re.search(r"per round (\d+\.\d+) -> (\d+\.\d+) rebalanced, images moved (\d+)", line) for line in lines]
+    assert all(rounds), out
+    assert all(float(m.group(2)) <= float(m.group(1)) + 1e-9 for m in rounds), out
+    assert sum(int(m.group(3)) for m in rounds) > 0, out
     diff = float(re.search(r"unpacked: \|diff\| ([0-9.e+-]+)", out).group(1))
     assert diff < 1e-5, out
