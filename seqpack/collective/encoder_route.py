@@ -3,8 +3,8 @@ embeddings brought back, differentiably.
 
 Every rank of the round calls, in this order:
 
-1. :func:`gather_grids`: every rank's image grids (int64, two small all-gathers) and the first
-   rank's price, so every rank computes the same
+1. :func:`gather_grids`: every rank's image grids (int64, two small all-gathers), the first
+   rank's price and every rank's language-model work, so every rank computes the same
    :func:`~seqpack.schedulers.encoder_plan.plan_encoders` plan and routing decision;
 2. :func:`plan_route` (pure): the split sizes and row orders of the plan on this rank;
 3. :func:`move_patches`: each image's patches to its encoding rank (one ``all_to_all_single``;
@@ -30,41 +30,57 @@ from torch.distributed import ProcessGroup
 
 from seqpack.collective.groups import collective, comm_device
 
-__all__ = ["RoutePlan", "gather_grids", "move_patches", "plan_route", "route_back"]
+__all__ = ["GatheredRound", "RoutePlan", "gather_grids", "move_patches", "plan_route", "route_back"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GatheredRound:
+    """What every rank of a round knows after :func:`gather_grids`.
+
+    Attributes:
+        grids: int64 ``[N, 3]`` every rank's grids, in rank order.
+        home: int64 ``[N]`` the rank each grid came from.
+        price: The group's first rank's ``price``.
+        work: float64 ``[R]`` each rank's ``work``.
+    """
+
+    grids: np.ndarray
+    home: np.ndarray
+    price: float
+    work: np.ndarray
 
 
 def gather_grids(
-    grids: torch.Tensor, group: ProcessGroup | None, num_ranks: int, price: float = 0.0
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """Every rank's grids ``[n_r, 3]`` (int64) in rank order, the rank each row came from, and
-    the group's first rank's ``price`` (it travels with the counts: every rank then prices the
-    round alike, even where their own prices differ, e.g. calibrators a step apart).
-
-    Returns:
-        int64 ``[N, 3]``, int64 ``[N]`` (the home rank of each image) and a float.
-    """
+    grids: torch.Tensor, group: ProcessGroup | None, num_ranks: int, price: float = 0.0, work: float = 0.0
+) -> GatheredRound:
+    """Every rank's grids ``[n_r, 3]`` (int64) in rank order and the rank each row came from;
+    the group's first rank's ``price`` (every rank then prices the round alike, even where
+    their own prices differ, e.g. calibrators a step apart) and every rank's ``work`` (its
+    language model's, in the round), which travel with the counts."""
     if num_ranks == 1:  # no collective on one rank
         local_rows = grids.detach().cpu().to(torch.int64).reshape(-1, 3).numpy()
-        return local_rows, np.zeros(local_rows.shape[0], dtype=np.int64), float(price)
+        home = np.zeros(local_rows.shape[0], dtype=np.int64)
+        return GatheredRound(local_rows, home, float(price), np.array([work], dtype=np.float64))
     device = comm_device(group)
     local = grids.detach().to(device=device, dtype=torch.int64).reshape(-1, 3)
-    bits = int(np.float64(price).view(np.int64))
-    count = torch.tensor([local.shape[0], bits], dtype=torch.int64, device=device)
+    bits = np.array([price, work], dtype=np.float64).view(np.int64).tolist()
+    count = torch.tensor([local.shape[0], *bits], dtype=torch.int64, device=device)
     counts = [torch.empty_like(count) for _ in range(num_ranks)]
     collective(dist.all_gather, counts, count, group=group)
     table = torch.stack(counts).cpu().numpy()
     sizes = [int(n) for n in table[:, 0]]
-    first_price = float(table[0, 1:2].view(np.float64)[0])
+    floats = np.ascontiguousarray(table[:, 1:]).view(np.float64)  # [R, 2]
+    first_price, works = float(floats[0, 0]), floats[:, 1].copy()
     width = max(sizes, default=0)
     if width == 0:
-        return np.zeros((0, 3), dtype=np.int64), np.zeros(0, dtype=np.int64), first_price
+        return GatheredRound(np.zeros((0, 3), dtype=np.int64), np.zeros(0, dtype=np.int64), first_price, works)
     padded = torch.zeros(width, 3, dtype=torch.int64, device=device)
     padded[: local.shape[0]] = local
     rows = [torch.empty_like(padded) for _ in range(num_ranks)]
     collective(dist.all_gather, rows, padded, group=group)
     every = np.concatenate([r.cpu().numpy()[:n] for r, n in zip(rows, sizes, strict=True)])
     home = np.repeat(np.arange(num_ranks, dtype=np.int64), sizes)
-    return every.astype(np.int64), home, first_price
+    return GatheredRound(every.astype(np.int64), home, first_price, works)
 
 
 def _rows(order: np.ndarray, counts: np.ndarray) -> np.ndarray:

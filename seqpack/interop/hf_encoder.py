@@ -44,6 +44,7 @@ from torch.distributed import ProcessGroup
 
 from seqpack.collective.encoder_route import RoutePlan, gather_grids, move_patches, plan_route, route_back
 from seqpack.collective.groups import group_rank, group_size, new_axis_groups
+from seqpack.cost import CostModel, ModelSpec
 from seqpack.cost.vision_encoder import VisionSpec
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader.encoder_option import EncoderRebalanceMode, check_encoder_rebalance, encoder_rebalance_mode
@@ -121,10 +122,14 @@ class EncoderRebalance:
         *,
         seconds_per_flop: Callable[[], float],
         bytes_per_second: float,
+        language: CostModel | None = None,
     ) -> None:
         self.owner = _owner(model)
         self.tower = self.owner.get_submodule("visual")
         self.group, self.mode, self.spec = group, mode, spec
+        if language is None and mode == "auto":  # the language model's FLOPs per microbatch
+            language = ModelSpec.from_hf(self.owner.config).cost_model()
+        self.language = language
         self._seconds_per_flop, self._bytes_per_second = seconds_per_flop, bytes_per_second
         self.num_ranks, self.rank = group_size(group), group_rank(group)
         self.deepstack = len(getattr(self.tower, "deepstack_visual_indexes", ()) or ())
@@ -160,13 +165,14 @@ class EncoderRebalance:
             if pixels is not None and grid is not None:
                 parts.append((pixels, grid.reshape(-1, 3)))
         local = torch.cat([grid.cpu().long() for _, grid in parts]) if parts else torch.zeros(0, 3, dtype=torch.long)
-        price = self._seconds_per_flop() if self.mode == "auto" else 0.0  # the group prices at its first rank's
-        grids, home, price = gather_grids(local, self.group, self.num_ranks, price)
+        price, work = (self._seconds_per_flop(), self._work(kwargs)) if self.mode == "auto" else (0.0, 0.0)
+        gathered = gather_grids(local, self.group, self.num_ranks, price, work)  # the first rank's price
+        grids, home = gathered.grids, gathered.home
         self.rounds += 1
         if grids.shape[0] == 0:
             self.last = RoundRecord(plan=None, routed=False)
             return
-        plan = self._plan(grids, home, price)
+        plan = self._plan(grids, home, gathered.price, gathered.work)
         self.last = RoundRecord(plan=plan, routed=bool(plan.moved.any()))
         if not self.last.routed:
             return
@@ -181,7 +187,20 @@ class EncoderRebalance:
             self._served.append((grid, embeds[start : start + rows]))
             start += rows
 
-    def _plan(self, grids: np.ndarray, home: np.ndarray, seconds_per_flop: float) -> EncoderPlan:
+    def _work(self, kwargs: dict) -> float:
+        """This rank's language-model FLOPs in the round: its sequences' (``cu_seq_lens_q``,
+        as :func:`~seqpack.interop.hf.to_hf` passes them; else each row one sequence)."""
+        assert self.language is not None
+        cu = kwargs.get("cu_seq_lens_q")
+        if isinstance(cu, torch.Tensor) and cu.numel() > 1:
+            lengths = np.diff(cu.detach().cpu().numpy().astype(np.int64))
+        else:
+            ids = kwargs.get("input_ids")
+            shape = ids.shape if isinstance(ids, torch.Tensor) else kwargs["inputs_embeds"].shape[:-1]
+            lengths = np.full(int(np.prod(shape[:-1])), shape[-1], dtype=np.int64)
+        return float(np.sum(self.language.cost(lengths)))
+
+    def _plan(self, grids: np.ndarray, home: np.ndarray, seconds_per_flop: float, work: np.ndarray) -> EncoderPlan:
         plan = plan_encoders(self.spec.grid_flops(grids), home, self.num_ranks)
         if self.mode != "auto" or not plan.moved.any():
             return plan
@@ -191,7 +210,7 @@ class EncoderRebalance:
         width = self.spec.out_hidden_size * (1 + self.deepstack)
         embed_bytes = patches / self.spec.spatial_merge_size**2 * width * itemsize
         price = {"seconds_per_cost": seconds_per_flop, "bytes_per_second": self._bytes_per_second}
-        if rebalance_pays(plan, patches * pixel_dim * itemsize, embed_bytes, **price):
+        if rebalance_pays(plan, patches * pixel_dim * itemsize, embed_bytes, other_load=work, **price):
             return plan
         return plan_encoders(np.zeros(home.size), home, self.num_ranks)  # the home plan
 
@@ -258,12 +277,15 @@ def rebalance_encoder(
             ``.model``).
         group: The DP group whose ranks run the same microbatch rounds (``None``: one rank,
             where nothing moves).
-        mode: ``"auto"``: route a round only where the encoder time it saves on the busiest
-            rank exceeds its exchange time; ``True``: wherever the plan moves an image;
-            ``False``: nothing is installed (``PackingConfig(encoder_rebalance=)``'s values).
+        mode: ``"auto"``: route a round only where the round time it saves exceeds its
+            exchange time (:func:`~seqpack.schedulers.encoder_plan.rebalance_pays` with each
+            rank's language-model FLOPs, from ``ModelSpec.from_hf(config)``: the route puts a
+            barrier between the encoder and the language model); ``True``: wherever the plan
+            moves an image; ``False``: nothing is installed (``PackingConfig(encoder_rebalance=)``'s
+            values).
         vision: The tower's :class:`~seqpack.cost.VisionSpec` (default: from the model's config).
         seconds_per_flop: The encoder's seconds per training FLOP (a calibrated cost's, where
-            one exists).
+            one exists); the language model's FLOPs are priced alike.
         bytes_per_second: One rank's exchange bandwidth.
 
     Returns:
@@ -316,11 +338,18 @@ def rebalance_for_config(
     mode = check_encoder_rebalance(config.encoder_rebalance, mrope=config.mrope, topology=topology)
     if mode is False or config.mrope is None or topology.dp_size < 2 or topology.cp_size > 1 or topology.pp_size > 1:
         return None
-    vision = config.model.vision if config.model is not None and config.model.vision is not None else None
-    spec = vision if vision is not None else VisionSpec.from_hf(_owner(model).config)
+    given = config.model
+    spec = given.vision if given is not None and given.vision is not None else VisionSpec.from_hf(_owner(model).config)
+    language = given.cost_model() if given is not None else None
     group = new_axis_groups(topology, backend=dist.get_backend())["dp"]
     return EncoderRebalance(
-        model, group, mode, spec, seconds_per_flop=seconds_per_flop, bytes_per_second=LINK_BYTES_PER_SECOND
+        model,
+        group,
+        mode,
+        spec,
+        seconds_per_flop=seconds_per_flop,
+        bytes_per_second=LINK_BYTES_PER_SECOND,
+        language=language,
     )
 
 

@@ -14,7 +14,8 @@ __all__ = ["AUTO", "EncoderRebalanceMode", "check_encoder_rebalance", "encoder_r
 
 AUTO = "auto"
 EncoderRebalanceMode = Literal["auto"] | bool
-"""``"auto"``: route a round's images where the encoder time saved pays for the exchange;
+"""``"auto"``: route a round's images where the round time saved (the route puts a barrier between
+the encoder and the language model) pays for the exchange;
 ``True``: wherever the plan moves an image; ``False``: every image encoded where its sequence runs."""
 
 

@@ -11,11 +11,14 @@ the lowest makespan, then the least cost moved, and keeps the home plan unless t
 than ``near_tie`` of it. Its makespan is never above plain LPT's, so within ``4/3 - 1/(3R)``
 of the optimum (Graham 1969), and never above the home plan's.
 
-:func:`rebalance_pays` prices a plan as ``encoder_rebalance="auto"`` does: the encoder time it
-saves on the round's busiest rank (FLOPs at ``seconds_per_flop``) against the time its
-exchange takes on the busiest link (patches there, embeddings back, their gradients back
-again, at :data:`~seqpack.schedulers.balanced.locality.LINK_BYTES_PER_SECOND` a rank, as
-locality prices bytes).
+:func:`rebalance_pays` prices a plan as ``encoder_rebalance="auto"`` does: the round time it
+saves (FLOPs at ``seconds_per_flop``) against the time its exchange takes on the busiest link
+(patches there, embeddings back, their gradients back again, at
+:data:`~seqpack.schedulers.balanced.locality.LINK_BYTES_PER_SECOND` a rank, as locality prices
+bytes). The route's all-to-alls sit between the encoder and the language model, so a routed
+round costs its busiest encoder load plus its busiest language-model work, where a round at
+home costs its busiest sum of the two (:func:`round_gain`): on a plan that already balanced
+the sum (``sample_cost``) routing can lose.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ __all__ = [
     "NEAR_TIE",
     "plan_encoders",
     "rebalance_pays",
+    "round_gain",
     "route_bytes",
 ]
 
@@ -196,14 +200,34 @@ def rebalance_pays(
     *,
     seconds_per_cost: float,
     bytes_per_second: float = LINK_BYTES_PER_SECOND,
+    other_load: ArrayLike | None = None,
 ) -> bool:
-    """Whether ``plan`` saves more encoder time than its exchange takes.
+    """Whether ``plan`` saves more round time than its exchange takes.
 
-    The gain is :attr:`EncoderPlan.gain` times ``seconds_per_cost`` (the seconds of one unit
-    of the plan's cost: :data:`DEFAULT_SECONDS_PER_FLOP` for FLOPs where nothing is
-    calibrated); the price is the busiest rank's :func:`route_bytes` over ``bytes_per_second``.
+    The gain is :func:`round_gain` (with ``other_load``, each rank's language-model work in
+    the round, in the plan's cost units; ``None``: none) times ``seconds_per_cost`` (the
+    seconds of one unit of the plan's cost: :data:`DEFAULT_SECONDS_PER_FLOP` for FLOPs where
+    nothing is calibrated); the price is the busiest rank's :func:`route_bytes` over
+    ``bytes_per_second``.
     """
     if not plan.moved.any():
         return False
     exchange = float(route_bytes(plan, pixel_bytes, embedding_bytes, plan.load.size).max()) / bytes_per_second
-    return plan.gain * seconds_per_cost > exchange
+    return round_gain(plan, other_load) * seconds_per_cost > exchange
+
+
+def round_gain(plan: EncoderPlan, other_load: ArrayLike | None = None) -> float:
+    """The round time ``plan`` saves, exchange aside (cost units): ``max(home_load + other)``
+    at home against ``max(load) + max(other)`` routed (the route's barrier between the encoder
+    and the language model); :attr:`EncoderPlan.gain` without ``other_load``.
+
+    Raises:
+        ConfigError: ``other_load`` not one finite value per rank.
+    """
+    if other_load is None:
+        return plan.gain
+    other = np.asarray(other_load, dtype=np.float64)
+    if other.shape != plan.load.shape or not np.isfinite(other).all():
+        raise ConfigError(f"other_load must be {plan.load.size} finite values, one per rank, got shape {other.shape}")
+    home = float((plan.home_load + other).max(initial=0.0))
+    return home - float(plan.load.max(initial=0.0)) - float(other.max(initial=0.0))

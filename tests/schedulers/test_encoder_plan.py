@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack.errors import ConfigError
-from seqpack.schedulers.encoder_plan import NEAR_TIE, plan_encoders, rebalance_pays, route_bytes
+from seqpack.schedulers.encoder_plan import NEAR_TIE, plan_encoders, rebalance_pays, round_gain, route_bytes
 
 
 def _makespan(costs, ranks, num_ranks) -> float:
@@ -117,3 +117,15 @@ def test_route_bytes_and_the_price():
     assert not rebalance_pays(plan, pixels, embeds, seconds_per_cost=1.0, bytes_per_second=10.0)
     home = plan_encoders([1.0], [0], 2)
     assert not rebalance_pays(home, [5], [5], seconds_per_cost=1e9)  # nothing moves: nothing to pay for
+
+
+def test_the_round_gain_counts_the_barrier_before_the_language_model():
+    plan = plan_encoders([8.0, 6.0, 4.0, 1.0], [0, 0, 0, 1], 2)  # loads [18, 1] -> [10, 9]
+    assert round_gain(plan) == plan.gain == 8.0
+    # Rank 1's language model busy for 17: home max(18 + 0, 1 + 17) = 18, routed 10 + 17 = 27.
+    assert round_gain(plan, [0.0, 17.0]) == -9.0
+    assert not rebalance_pays(plan, [1, 0, 0, 0], [1, 0, 0, 0], seconds_per_cost=1e9, other_load=[0.0, 17.0])
+    # Even language-model work: the encoder's gain is the round's.
+    assert round_gain(plan, [5.0, 5.0]) == 8.0
+    with pytest.raises(ConfigError, match="one per rank"):
+        round_gain(plan, [1.0])
