@@ -37,11 +37,10 @@ from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.minibatches import schedule_minibatches
 from seqpack.schedulers.request import Request
 from seqpack.schedulers.sample_groups import schedule_groups
-from seqpack.thd import SAMPLE_DTYPES, MRopeSpec
+from seqpack.thd import MRopeSpec
 from seqpack.topology import Topology
 
 __all__ = [
-    "SAMPLE_DTYPES",
     "Gathered",
     "ReadResult",
     "Reader",
@@ -353,11 +352,6 @@ def _locate_oversize(scheduler: Scheduler, config: PackingConfig, topology: Topo
     g = int(over[0])
     r = int(gathered.origin()[g])
     return f" [global sample {g} is sequence {g - int(gathered.offsets[r])} of DP rank {r}'s pool this step]"
-
-
-def num_assigned(plan: Schedule) -> int:
-    """Ids the plan trains this step."""
-    return int(plan.assigned.shape[0])
 
 
 def deferred_samples(pool: Sequence[Sample], plan: Schedule, gathered: Gathered, topology: Topology) -> list[Sample]:

@@ -249,7 +249,7 @@ class StepProducer:
                 return self._error(step, f"step {step}: {exc}", exc)
             except Exception as exc:
                 return self._failed("schedule", exc)
-        if self.data_ended and not phases.num_assigned(plan):
+        if self.data_ended and not plan.assigned.size:
             self.pool = []  # only deferred samples are left and the scheduler keeps deferring them
             return StepEnd(step, dropped_at_end=total, empty_samples=gathered.empty_samples)
         self.pool = phases.deferred_samples(pool, plan, gathered, t)
