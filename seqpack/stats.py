@@ -20,9 +20,7 @@ from seqpack.schedulers.objective import (
     exact_sum,
     microbatch_costs,
     round_lower_bound,
-    round_sum_lower_bound,
     sequence_costs,
-    step_objective,
 )
 from seqpack.schedulers.schedule import Schedule
 from seqpack.schedulers.step_time import bucket_padding, predicted_step_time, rank_times
@@ -32,16 +30,7 @@ from seqpack.validation import check_choice, check_int, check_number
 if TYPE_CHECKING:
     from seqpack.cost import CostModel
 
-__all__ = [
-    "SAMPLE_BYTES_PER_TOKEN",
-    "StepStats",
-    "exact_sum",
-    "microbatch_costs",
-    "moved_tokens",
-    "round_lower_bound",
-    "round_sum_lower_bound",
-    "step_objective",
-]
+__all__ = ["SAMPLE_BYTES_PER_TOKEN", "StepStats", "moved_tokens"]
 
 
 @dataclasses.dataclass(eq=False)

@@ -5,7 +5,8 @@ import pytest
 
 from seqpack.cost import CostModel
 from seqpack.schedulers import Schedule, get_scheduler
-from seqpack.stats import StepStats, microbatch_costs, moved_tokens, round_lower_bound
+from seqpack.schedulers.objective import microbatch_costs, round_lower_bound
+from seqpack.stats import StepStats, moved_tokens
 
 QUAD = CostModel(1.0, 0.5, constant=2.0)
 

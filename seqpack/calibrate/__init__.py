@@ -24,8 +24,8 @@ Modules:
 
 Layering: ``words``, ``timer`` and ``points`` import no other calibrate module; ``fits``
 imports ``points`` and :mod:`seqpack.cost`; ``calibrator`` imports those and the plan of
-:mod:`seqpack.schedulers`; ``ledger`` imports ``points``, ``calibrator`` and
-:mod:`seqpack.stats`. Nothing here imports the collectives or the loader.
+:mod:`seqpack.schedulers`; ``ledger`` imports ``points``, ``calibrator`` and the
+plan's objective. Nothing here imports the collectives or the loader.
 """
 
 from __future__ import annotations

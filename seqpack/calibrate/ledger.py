@@ -25,7 +25,7 @@ from seqpack.calibrate.points import MAX_SECONDS, MIN_SECONDS, check_seconds, mi
 from seqpack.calibrate.words import ABSENT, MISSING, decode_seconds, encode_seconds
 from seqpack.errors import ConfigError, ResumeError, SeqpackError
 from seqpack.options import Sync
-from seqpack.stats import step_objective
+from seqpack.schedulers.objective import step_objective
 from seqpack.validation import check_choice, check_int
 
 __all__ = ["Measurement", "TimingLedger", "check_times", "microbatch_sums"]

@@ -82,7 +82,7 @@ def replica_loads(report: dict[str, Any], path: str, fmt: str = DEFAULT_FORMAT) 
     """Per-replica load of step 0 for each scheduler of a ``simulate(..., keep_first=True)``
     report, relative to the lower bound."""
     from seqpack.cost import CostModel
-    from seqpack.stats import microbatch_costs
+    from seqpack.schedulers.objective import microbatch_costs
 
     plt = _pyplot()
     cfg = report["config"]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from seqpack.cli import main
 from seqpack.mock_data import write_lengths
-from seqpack.stats import exact_sum
+from seqpack.schedulers.objective import exact_sum
 
 
 def _error_line(capsys) -> str:

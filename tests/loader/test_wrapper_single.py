@@ -283,7 +283,7 @@ def test_an_exception_inside_the_data_iterator_becomes_the_agreed_error():
 
 def test_stats_cost_is_one_unit_for_every_scheduler():
     from seqpack.cost import default_cost_model
-    from seqpack.stats import microbatch_costs
+    from seqpack.schedulers.objective import microbatch_costs
 
     given = CostModel(1.0, 0.5)
     assert _wrap(items(SEED, 0, 6), cost=given).stats_cost == given

@@ -8,7 +8,8 @@ from seqpack.cost import CostModel, default_cost_model
 from seqpack.mock_data import lognormal_lengths
 from seqpack.schedulers import BalancedScheduler, available_schedulers, get_scheduler
 from seqpack.schedulers.balanced import plan_balanced, round_position, round_targets
-from seqpack.stats import StepStats, microbatch_costs
+from seqpack.schedulers.objective import microbatch_costs
+from seqpack.stats import StepStats
 
 QUAD = CostModel(1.0, 0.01)
 

@@ -13,8 +13,9 @@ from seqpack.cost import ModelSpec, model_preset
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
 from seqpack.options import INT64_MAX, MAX_TOKENS
 from seqpack.schedulers import available_schedulers, get_scheduler
+from seqpack.schedulers.objective import exact_sum
 from seqpack.schedulers.request import as_lengths
-from seqpack.stats import StepStats, exact_sum
+from seqpack.stats import StepStats
 from seqpack.thd import padded_lengths
 from seqpack.validation import check_fits_memory, memory_limit
 

@@ -21,9 +21,9 @@ from seqpack.schedulers.balanced.locality import (
     locality_pays,
     plan_local,
 )
-from seqpack.schedulers.objective import step_objective
+from seqpack.schedulers.objective import microbatch_costs, step_objective
 from seqpack.schedulers.request import default_origin
-from seqpack.stats import StepStats, microbatch_costs
+from seqpack.stats import StepStats
 
 pytestmark = pytest.mark.kernels
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from seqpack.cli.exit import CommandError
 from seqpack.cli.length_sources import column_arg
-from seqpack.stats import exact_sum
+from seqpack.schedulers.objective import exact_sum
 from seqpack.validation import check_int
 
 __all__ = ["PERCENTILES", "add_parser", "length_summary", "run"]
