@@ -9,14 +9,29 @@ time (:func:`seqpack.schedulers.predicted_step_time`, training FLOPs) of
   frameworks do today), reported with each sample's encoder cost added to its microbatch;
 - **summed**: the plan balancing language model + encoder (``sample_cost=`` the encoder's
   FLOPs, :meth:`seqpack.cost.VisionSpec.sample_flops`);
-- **rebalanced**: encoder rebalancing (issue 41 item 4) is not built yet: ``n/a``;
+- **rebal**: the summed plan with encoder rebalancing (issue 41 item 4) as
+  ``encoder_rebalance="auto"`` runs it: in every microbatch round,
+  :func:`~seqpack.schedulers.encoder_plan.plan_encoders` places the round's images on its DP
+  ranks by encoder FLOPs (home first), and the round is routed where
+  :func:`~seqpack.schedulers.encoder_plan.rebalance_pays` says so (each rank's language-model
+  FLOPs as ``other_load``, at the default 400 TFLOP/s and 25 GB/s a rank; bf16 patches and
+  embeddings). The route's all-to-alls put a barrier between the encoder and the language
+  model, so a routed round costs its busiest encoder load plus its busiest language-model
+  cost plus the exchange (in FLOPs at that rate), a round at home ``max_d (enc_d + lm_d)``;
+- **forced**: the same with ``encoder_rebalance=True``: every round whose plan moves an image
+  is routed;
+- **tok+rebal**: ``"auto"`` over the token-only plan (no encoder cost in the plan);
 
 each over the **lower bound** :func:`seqpack.schedulers.objective.round_sum_lower_bound` of the
 summed costs (knapsack in cost-per-token order, :func:`~seqpack.schedulers.objective.density_order`):
 ``total / dp + max(0, costliest sample - K / dp)``, which no plan of ``sum_m max_d`` beats at any
 microbatch count; and the **encoder imbalance** of each plan: the largest DP rank's encoder
 FLOPs over the mean (the rank that stalls the others at the next collective when the encoder
-runs where its sequence runs). Figures are means over ``--steps`` steps (seeds 0..steps-1).
+runs where its sequence runs; after forced rebalancing, each rank's encoder FLOPs of the
+images it encodes), and the share of rounds ``"auto"`` routes over each plan. For a routed
+round the bound's ``total / dp`` part still holds (``max enc + max lm`` is at least the
+round's mean); its knapsack part assumes a sample's images stay with it. Figures are means
+over ``--steps`` steps (seeds 0..steps-1).
 
 Models (published shapes): Qwen2-VL-7B (Qwen2-7B language model: h 3584, 28 layers, 28 heads,
 4 KV heads, SwiGLU 18944, vocab 152064; ViT: 1280 wide, 32 blocks, 16 heads, MLP 5120, full
@@ -69,8 +84,16 @@ import numpy as np  # noqa: E402
 
 from seqpack.cost import ModelSpec, VisionSpec  # noqa: E402
 from seqpack.schedulers import get_scheduler, predicted_step_time  # noqa: E402
+from seqpack.schedulers.balanced.locality import LINK_BYTES_PER_SECOND  # noqa: E402
+from seqpack.schedulers.encoder_plan import (  # noqa: E402
+    DEFAULT_SECONDS_PER_FLOP,
+    plan_encoders,
+    rebalance_pays,
+    route_bytes,
+)
 from seqpack.schedulers.objective import density_order, round_sum_lower_bound  # noqa: E402
 from seqpack.schedulers.schedule import Schedule  # noqa: E402
+from seqpack.schedulers.step_time import rank_times  # noqa: E402
 
 PATCH, MERGE, TEMPORAL = 14, 2, 2
 MIN_PIXELS, MAX_PIXELS = 56 * 56, 28 * 28 * 16384
@@ -185,6 +208,37 @@ def encoder_imbalance(plan: Schedule, encoder: np.ndarray) -> float:
     return float(per_rank.max()) / mean if mean > 0 else 1.0
 
 
+BYTES = 2  # bf16 patches and embeddings
+
+
+def rebalanced(plan: Schedule, cost, step: Step, vision: VisionSpec, forced: bool) -> tuple[float, float, float]:
+    """``plan``'s lockstep step time with each round's images placed by plan_encoders, routed
+    where ``"auto"`` pays (``forced``: wherever the plan moves one); the encoder imbalance after
+    it (max/mean of each rank's encoder FLOPs over the step); the share of rounds routed."""
+    lm = rank_times(dataclasses.replace(plan, sample_cost=None), cost)  # [M, dp]
+    replica, rounds, _ = plan.placement()
+    home, image_round = replica[step.owner], rounds[step.owner]
+    image_flops = vision.grid_flops(step.grids)
+    patches = step.grids.prod(axis=1).astype(np.float64)
+    pixel_bytes = patches * vision.in_channels * vision.temporal_patch_size * vision.patch_size**2 * BYTES
+    embed_bytes = patches / vision.spatial_merge_size**2 * vision.out_hidden_size * BYTES
+    per_rank, total, routed = np.zeros(plan.dp_size), 0.0, 0
+    for m in range(plan.num_microbatches):
+        images = image_round == m
+        enc = plan_encoders(image_flops[images], home[images], plan.dp_size)
+        price = dict(seconds_per_cost=DEFAULT_SECONDS_PER_FLOP, other_load=lm[m])
+        if enc.moved.any() and (forced or rebalance_pays(enc, pixel_bytes[images], embed_bytes[images], **price)):
+            exchange = route_bytes(enc, pixel_bytes[images], embed_bytes[images], plan.dp_size).max()
+            total += float(lm[m].max() + enc.load.max()) + exchange / LINK_BYTES_PER_SECOND / DEFAULT_SECONDS_PER_FLOP
+            per_rank += enc.load
+            routed += 1
+        else:
+            total += float((lm[m] + enc.home_load).max())
+            per_rank += enc.home_load
+    mean = float(per_rank.mean())
+    return total, float(per_rank.max()) / mean if mean > 0 else 1.0, routed / max(plan.num_microbatches, 1)
+
+
 def measure(
     model: str, mix: str, dp: int, per_rank: int, capacity: int, seed: int, max_pixels: int = MAX_PIXELS
 ) -> dict[str, float]:
@@ -201,11 +255,20 @@ def measure(
     summed = scheduler.schedule(step.lengths, **limits, sample_cost=encoder)
     per_seq = cost.cost(step.lengths) + encoder
     bound = round_sum_lower_bound(step.lengths, per_seq, dp, capacity, order=density_order(step.lengths, per_seq))
+    rebal, _, routed = rebalanced(summed, cost, step, spec.vision, forced=False)
+    forced, enc_rebal, _ = rebalanced(summed, cost, step, spec.vision, forced=True)
+    tok_rebal, _, tok_routed = rebalanced(tokens, cost, step, spec.vision, forced=False)
     return {
         "tokens": predicted_step_time(tokens, cost) / bound,
         "summed": predicted_step_time(summed, cost) / bound,
+        "rebal": rebal / bound,
+        "forced": forced / bound,
+        "tok_rebal": tok_rebal / bound,
+        "routed": routed,
+        "tok_routed": tok_routed,
         "enc_tokens": encoder_imbalance(tokens, encoder),
         "enc_summed": encoder_imbalance(summed, encoder),
+        "enc_rebal": enc_rebal,
         "encoder_share": float(encoder.sum() / per_seq.sum()),
         "bound_pflops": bound / 1e15,
         "microbatches": float(summed.num_microbatches),
@@ -214,14 +277,17 @@ def measure(
 
 HEAD = (
     f"{'model':<14}{'mix':<6}{'dp':>6}{'enc share':>10}{'bound PF':>10}{'M':>5}"
-    f"{'tokens/LB':>11}{'summed/LB':>11}{'rebal/LB':>10}{'enc imb tok':>13}{'enc imb sum':>13}"
+    f"{'tokens/LB':>11}{'summed/LB':>11}{'rebal/LB':>10}{'forced/LB':>11}{'tok+reb/LB':>12}"
+    f"{'routed':>8}{'tok routed':>12}{'enc imb tok':>13}{'enc imb sum':>13}{'enc imb forced':>16}"
 )
 
 
 def row(model: str, mix: str, dp: int, f: dict[str, float]) -> str:
     return (
         f"{model:<14}{mix:<6}{dp:>6}{f['encoder_share']:>10.1%}{f['bound_pflops']:>10.1f}{f['microbatches']:>5.1f}"
-        f"{f['tokens']:>11.3f}{f['summed']:>11.3f}{'n/a':>10}{f['enc_tokens']:>13.2f}{f['enc_summed']:>13.2f}"
+        f"{f['tokens']:>11.3f}{f['summed']:>11.3f}{f['rebal']:>10.3f}{f['forced']:>11.3f}{f['tok_rebal']:>12.3f}"
+        f"{f['routed']:>8.0%}{f['tok_routed']:>12.0%}{f['enc_tokens']:>13.2f}{f['enc_summed']:>13.2f}"
+        f"{f['enc_rebal']:>16.2f}"
     )
 
 

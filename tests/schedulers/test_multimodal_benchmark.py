@@ -1,5 +1,7 @@
-"""benchmarks/multimodal.py at toy size: its resize is transformers', its bound holds, and the
-plan balancing the summed cost beats the token-only plan reported with the encoder's work."""
+"""benchmarks/multimodal.py at toy size: its resize is transformers', its bound holds, the
+plan balancing the summed cost beats the token-only plan reported with the encoder's work, and
+encoder rebalancing as "auto" runs it is never slower than the plan it routes (forced routing
+can be: the route's barrier)."""
 
 import numpy as np
 import pytest
@@ -27,6 +29,10 @@ def test_summed_balancing_is_near_the_bound(multimodal, mix):
     assert 1.0 <= figures["summed"] <= figures["tokens"] + 1e-9
     assert figures["summed"] < 1.05 and 0.0 < figures["encoder_share"] < 1.0
     assert figures["enc_tokens"] >= 1.0 and figures["enc_summed"] >= 1.0
+    # "auto" routes a round only where it gains: never above the plan it rebalances.
+    assert 1.0 <= figures["rebal"] <= figures["summed"] + 1e-9
+    assert 1.0 <= figures["tok_rebal"] <= figures["tokens"] + 1e-9
+    assert figures["forced"] >= 1.0 and 0.0 <= figures["routed"] <= 1.0 and figures["enc_rebal"] >= 1.0
 
 
 def test_every_sample_fits_a_microbatch(multimodal):
