@@ -63,6 +63,10 @@ def test_the_cost_is_the_one_cost_and_group_sizes_are_the_schedulers_option():
         ({"dynamic_cp": None}, SeqpackTypeError, "dynamic_cp must be True or False"),
         ({"dynamic_cp": False, "scheduler": "dynamic_cp"}, ConfigError, "pass dynamic_cp=True instead"),
         ({"dynamic_cp": False, "scheduler": DynamicCpScheduler()}, ConfigError, "pass dynamic_cp=True instead"),
+        # asked one way: the cost is `cost`, the group sizes a scheduler option
+        ({"group_cost": COST}, TypeError, "unexpected keyword argument 'group_cost'"),
+        ({"cp_group_sizes": "any"}, TypeError, "unexpected keyword argument 'cp_group_sizes'"),
+        ({"planning_cost": COST}, TypeError, "unexpected keyword argument 'planning_cost'"),
     ],
 )
 def test_refusals_name_the_option(kw, error, message):

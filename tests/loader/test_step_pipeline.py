@@ -90,3 +90,26 @@ def test_removed_names_are_gone():
     calibration = importlib.import_module("seqpack.loader.calibration")
     with pytest.raises(AttributeError):
         calibration.StepCalibration  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("seqpack.loader.iterator", "DATA_OWNERS"),  # seqpack.options.DataOwner is the one
+        ("seqpack.collective", "agree_status"),  # agree() is the one agreement
+        ("seqpack.collective.agree", "agree_status"),
+        ("seqpack.collective.agree", "STATUS_OK"),  # Status.OK
+        ("seqpack.options", "Objective"),  # the sync says what a plan balances
+    ],
+)
+def test_old_aliases_are_gone(module, name):
+    with pytest.raises(AttributeError):
+        getattr(importlib.import_module(module), name)
+
+
+@pytest.mark.parametrize("name", ["VERSION", "STATE_VERSION", "STATE_CONFIG", "STATE_CALIBRATION"])
+def test_the_iterator_has_no_state_aliases(name):
+    from seqpack.loader.iterator import PackingIterator
+
+    with pytest.raises(AttributeError):  # seqpack.loader.resume.StateKey / ResumeState.VERSION are the ones
+        getattr(PackingIterator, name)
