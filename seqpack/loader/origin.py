@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Outgoing",
-    "origin_ids",
     "origin_slots",
     "outgoing",
     "plane_group",
@@ -53,20 +52,12 @@ __all__ = [
 ]
 
 
-def origin_ids(schedule: Schedule, dp_rank: int) -> np.ndarray:
-    """Global ids of the sequences DP rank ``dp_rank`` contributed to this step and gets back
-    from :func:`to_origin`: its pool in pool order (samples read this step, pre-packed ones
-    split into their sequences, after any held back from the previous step), without those
-    held back for the next step."""
-    assert schedule.origin is not None  # both plans fill it in __post_init__
-    ids = np.flatnonzero(schedule.origin == dp_rank).astype(np.int64)
-    return ids[~np.isin(ids, schedule.deferred)]
-
-
 def origin_slots(schedule: Schedule, dp_rank: int, empty_at: Sequence[int] = ()) -> np.ndarray:
-    """What :func:`to_origin` returns on DP rank ``dp_rank``, in order: :func:`origin_ids`
-    with ``-1`` wherever a zero-length sequence was read (``empty_at``: the pool index of
-    each, ascending; one that no sequence follows is ``len(pool)``)."""
+    """What :func:`to_origin` returns on DP rank ``dp_rank``, in order: the global ids of its
+    pool in pool order (samples read this step, pre-packed ones split into their sequences,
+    after any held back from the previous step; not those held back for the next step), with
+    ``-1`` wherever a zero-length sequence was read (``empty_at``: the pool index of each,
+    ascending; one that no sequence follows is ``len(pool)``)."""
     assert schedule.origin is not None
     pool = np.flatnonzero(schedule.origin == dp_rank).astype(np.int64)
     at = np.asarray(empty_at, dtype=np.int64).reshape(-1)
