@@ -138,13 +138,19 @@ def test_without_mrope_images_are_refused():
                                 max_tokens_per_rank=64, label_format="unshifted"))  # fmt: skip
 
 
-def test_truncating_a_sample_with_images_is_refused():
+def test_oversize_samples_with_images_are_dropped_counted_or_named_and_never_truncated():
     gen = torch.Generator().manual_seed(0)
     samples = [two_image_sample(gen) for _ in range(3)]
     message = _failure(samples, _spec(), max_tokens_per_rank=16, on_oversize="truncate")
     assert "images or videos" in message and "'drop'" in message
     steps = list(_wrap(samples, _spec(), max_tokens_per_rank=16, on_oversize="drop"))
     assert all(not step.microbatches or step.num_loss_tokens == 0 for step in steps)
+    # Dropped, and counted: the three samples of 21 tokens each.
+    assert sum(step.stats.dropped_sequences for step in steps) == 3
+    assert sum(step.stats.dropped_tokens for step in steps) == 63
+    # "error" (the default) names the first sample too long.
+    message = _failure(samples, _spec(), max_tokens_per_rank=16)
+    assert "sample 0 has 21 tokens, more than one microbatch holds" in message
 
 
 def test_a_pre_packed_sample_with_images_is_refused():
