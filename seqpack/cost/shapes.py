@@ -79,10 +79,6 @@ class FlopsOptions(ShapeOptions, total=False):
     causal: bool
 
 
-def _alternating(pattern: str, repeats: int, tail: str = "") -> str:
-    return pattern * repeats + tail
-
-
 PRESET_SHAPES: dict[str, dict[str, object]] = {
     "llama3-8b": dict(
         hidden_size=4096, num_layers=32, num_attention_heads=32, ffn_hidden_size=14336,
@@ -112,14 +108,14 @@ PRESET_SHAPES: dict[str, dict[str, object]] = {
     "gpt-oss-20b": dict(
         hidden_size=2880, num_layers=48, num_attention_heads=64, ffn_hidden_size=4 * 2880,
         num_query_groups=8, vocab_size=201088, kv_channels=64,
-        hybrid_layer_pattern=_alternating("W-*-", 12), window_size=128,
+        hybrid_layer_pattern="W-*-" * 12, window_size=128,
     ),
     # Gemma 3 27B: 62 transformer layers, 5 local (window 1024) : 1 global (HF: layer i is
     # global when (i + 1) % 6 == 0), gated-GELU MLP, 262208-token vocabulary.
     "gemma3-27b": dict(
         hidden_size=5376, num_layers=124, num_attention_heads=32, ffn_hidden_size=21504,
         num_query_groups=16, vocab_size=262208, kv_channels=128,
-        hybrid_layer_pattern=_alternating("W-W-W-W-W-*-", 10, "W-W-"), window_size=1024,
+        hybrid_layer_pattern="W-W-W-W-W-*-" * 10 + "W-W-", window_size=1024,
     ),
 }  # fmt: skip
 """Published shapes (model cards and ``config.json``): Llama 3 (8B/70B/405B), Qwen2.5-7B,
