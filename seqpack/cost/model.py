@@ -421,10 +421,6 @@ class CostModel(GroupTerms):
         same"). It is scale-invariant: times in any unit, even around 1e-200 or 1e200, fit
         the same model scaled.
 
-        Useful when kernels are not equally efficient: on CPU, attention runs far below GEMM
-        speed, so its real cost is more quadratic than its FLOPs say; on a launch-bound GPU
-        a microbatch costs a large constant.
-
         Args:
             microbatches: Per microbatch, the (padded) lengths of its sequences.
             seconds: Measured time of each microbatch (real numbers).

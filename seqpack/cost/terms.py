@@ -12,16 +12,11 @@ quadratic   ``quadratic``                  ``SS = sum(s_i**2)``
 windowed    ``windowed`` (with ``window``) ``SW = sum(window_feature(s_i, window))``
 =========== ============================== ==========================================
 
-The windowed term exists only in a model with a ``window`` (sliding-window attention), so a
-model without one has exactly the three terms it always had. Features are summed as exact
-Python ints; :func:`length_features` gives them as float64 rows for a fit.
-
-Adding a term (for example a context-parallel communication term per CP group size): give
-:class:`~seqpack.cost.CostModel` a coefficient field (default 0) and the parameter its
-feature needs, add the feature to :func:`feature_names`, :func:`exact_sums` and
-:func:`sequence_features` here and to ``CostModel.cost``. The fit (any number of columns),
-the calibrator (it stores feature sums), the timing ledger (``[M, dp, terms - 1]`` sums) and
-their states carry the extra column without further change.
+The windowed term exists only in a model with a ``window`` (sliding-window attention).
+Features are summed as exact Python ints; :func:`length_features` gives them as float64 rows
+for a fit. A new term is a :class:`~seqpack.cost.CostModel` coefficient (default 0) and its
+feature in :func:`feature_names`, :func:`exact_sums`, :func:`sequence_features` and
+``CostModel.cost``; the fit, the calibrator and the ledger carry any number of columns.
 """
 
 from __future__ import annotations
