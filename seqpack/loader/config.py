@@ -174,9 +174,9 @@ class PackingConfig:
     their tokens (logged once)."""
     encoder_rebalance: EncoderRebalanceMode = "auto"
     """Whether a microbatch round's images may be encoded on other DP ranks, their embeddings
-    routed back (docs/multimodal.md, "Encoder rebalancing"; the model runs it:
-    ``seqpack.interop.hf_encoder.rebalance_encoder(model, group, mode=config.encoder_rebalance)``).
-    ``"auto"``: where the encoder time saved pays for the exchange; ``True``: wherever the plan
+    routed back (docs/multimodal.md, "Encoder rebalancing"; the model runs it, hooked by
+    ``PackingIterator.rebalance_encoder(model)``, or by the Trainer mixin itself).
+    ``"auto"``: where the round time saved pays for the exchange; ``True``: wherever the plan
     moves an image (needs ``mrope``, DP > 1, no CP or pipeline stages); ``False``: never."""
 
     def __post_init__(self) -> None:
