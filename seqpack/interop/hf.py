@@ -63,7 +63,7 @@ from seqpack.thd.sample import IGNORE_INDEX
 from seqpack.topology import Topology
 from seqpack.validation import check_positive_int
 
-__all__ = ["HF_KEYS", "HF_VISION_KEYS", "SAMPLE_COLUMNS", "SeqpackTrainerMixin", "to_hf"]
+__all__ = ["HF_KEYS", "HF_VISION_KEYS", "SeqpackTrainerMixin", "to_hf"]
 
 logger = logging.getLogger(__name__)
 
