@@ -77,7 +77,7 @@ def compared_settings(topology: Topology, config: PackingConfig) -> tuple[int, d
     computed from, as plain values: ranks that differ in one would wait in, or crash, the
     first step's exchange. Left out then: ``samples_per_rank`` (each rank reads its own
     count; the length gather carries it) and the objects whose text may differ on equal
-    settings (the scheduler's options, the cost model, the calibrator, the group cost).
+    settings (the scheduler's options, the cost model, the calibrator).
     """
     sizes = {f"{axis}_size": str(topology.size(axis)) for axis in AXES} | {"validate_ranks": str(config.validate_ranks)}
     if config.validate_ranks:
