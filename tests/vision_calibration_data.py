@@ -6,30 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from vlm_data import END, IMAGE, PATCH_DIM, START
+from vlm_data import COST, COST_MODEL, COST_VISION, QWEN2_SPEC, image_sample
 
 from seqpack.calibrate import CostCalibrator
-from seqpack.cost import CostModel, ModelSpec, VisionSpec
 from seqpack.loader import PackingConfig, wrap_data_iterator
-from seqpack.thd import MRopeSpec
 from seqpack.topology import Topology
 
-VISION = VisionSpec(
-    hidden_size=256,
-    num_layers=8,
-    num_attention_heads=4,
-    ffn_hidden_size=1024,
-    patch_size=2,
-    temporal_patch_size=2,
-    spatial_merge_size=2,
-    out_hidden_size=64,
-)
-MODEL = ModelSpec(64, 2, 4, 128, vision=VISION)
-COST = CostModel(1.0, 0.01, 2.0)
-PRICE = COST.linear / MODEL.linear_flops  # the prior's price of an encoder FLOP
+PRICE = COST.linear / COST_MODEL.linear_flops  # the prior's price of an encoder FLOP
 SECONDS = 1e-4  # seconds per unit of COST
 K = 6.0  # the encoder is 6 times dearer per FLOP than the prior says
-SPEC = MRopeSpec(model_type="qwen2_vl", image_token_id=IMAGE, video_token_id=121)
 
 
 def samples(seed: int, count: int) -> list[dict]:
@@ -42,14 +27,7 @@ def samples(seed: int, count: int) -> list[dict]:
             out.append({"input_ids": text})
             continue
         h, w = (int(v) * 2 for v in torch.randint(2, 5, (2,), generator=gen))
-        run = torch.cat([torch.tensor([START]), torch.full((h * w // 4,), IMAGE), torch.tensor([END])])
-        out.append(
-            {
-                "input_ids": torch.cat([text[:3], run, text[3:]]),
-                "pixel_values": torch.randn(h * w, PATCH_DIM, generator=gen),
-                "image_grid_thw": torch.tensor([[1, h, w]]),
-            }
-        )
+        out.append(image_sample(gen, (1, h, w), text[:3], text[3:]))
     return out
 
 
@@ -60,12 +38,12 @@ def clock(step) -> list[float]:
     for batch in step.microbatches:
         padded = (batch.cu_seqlens_padded[1:] - batch.cu_seqlens_padded[:-1]).tolist()
         real = padded if batch.sample_ids[0] >= 0 else [int(batch.cu_seqlens_padded[-1])]
-        flops = VISION.flops(batch.image_grid_thw, batch.video_grid_thw) if batch.image_grid_thw is not None else 0
+        flops = COST_VISION.flops(batch.image_grid_thw, batch.video_grid_thw) if batch.image_grid_thw is not None else 0
         out.append(SECONDS * (COST.microbatch_cost(real) + K * PRICE * flops))
     return out
 
 
-ALLOWED = np.array(sorted({VISION.flops(torch.tensor([[1, h, w]])) for h in (4, 6, 8) for w in (4, 6, 8)}))
+ALLOWED = np.array(sorted({COST_VISION.flops(torch.tensor([[1, h, w]])) for h in (4, 6, 8) for w in (4, 6, 8)}))
 
 
 def priced_at(sample_cost: np.ndarray, price: float) -> bool:
@@ -82,8 +60,8 @@ def run(topology: Topology, data: list[dict], steps: int) -> tuple[list, CostCal
         max_tokens_per_rank=96,
         pad_multiple=2,
         cost=COST,
-        mrope=SPEC,
-        model=MODEL,
+        mrope=QWEN2_SPEC,
+        model=COST_MODEL,
         calibrate=True,
         check_schedule=True,  # ranks compare the schedule, the model and its encoder price every step
     )

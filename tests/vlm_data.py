@@ -7,11 +7,32 @@ from __future__ import annotations
 
 import torch
 
+from seqpack.cost import CostModel, ModelSpec, VisionSpec
+from seqpack.thd import MRopeSpec
+
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 VOCAB = 128
 IMAGE, VIDEO, START, END = 120, 121, 122, 123  # placeholder and vision-start / -end token ids
 PATCH_DIM = 3 * 2 * 2 * 2  # channels * temporal_patch * patch**2
 IGNORE = -100
+QWEN2_SPEC = MRopeSpec(model_type="qwen2_vl", image_token_id=IMAGE, video_token_id=VIDEO)
+
+# The cost tests' model (tests/loader/test_sample_cost_wrapper.py,
+# tests/distributed/test_vision_cost_dist.py, tests/vision_calibration_data.py): a language
+# model 64 wide under an encoder 256 wide and 8 blocks deep, so that an image's encoder work
+# outweighs its placeholder tokens'; COST is the plans' cost model.
+COST_VISION = VisionSpec(
+    hidden_size=256,
+    num_layers=8,
+    num_attention_heads=4,
+    ffn_hidden_size=1024,
+    patch_size=2,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    out_hidden_size=64,
+)
+COST_MODEL = ModelSpec(64, 2, 4, 128, vision=COST_VISION)
+COST = CostModel(1.0, 0.01, 2.0)
 
 
 def tiny_vlm(family: str):
@@ -75,6 +96,18 @@ def _labelled(sample: dict, prompt: int = 2) -> dict:
     labels[:prompt] = IGNORE
     labels[(labels == IMAGE) | (labels == VIDEO)] = IGNORE
     return {**sample, "labels": labels}
+
+
+def image_sample(gen: torch.Generator, grid, before: torch.Tensor, after: torch.Tensor | None = None) -> dict:
+    """``before``, one image of ``grid`` (t, h, w) in patches, ``after``: its placeholders
+    between vision-start and -end, its pixels drawn from ``gen``; no labels."""
+    t, h, w = grid
+    parts = [before, _vision(IMAGE, t * h * w // 4)] + ([] if after is None else [after])
+    return {
+        "input_ids": torch.cat(parts),
+        "pixel_values": torch.randn(t * h * w, PATCH_DIM, generator=gen),
+        "image_grid_thw": torch.tensor([list(grid)]),
+    }
 
 
 def two_image_sample(gen: torch.Generator, grids=((1, 4, 4), (1, 4, 6))) -> dict:

@@ -14,50 +14,29 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from vlm_data import END, IMAGE, PATCH_DIM, START
+from vlm_data import COST, COST_MODEL, COST_VISION, QWEN2_SPEC, image_sample
 from wrapper_data import mesh_topology
 
-from seqpack.cost import CostModel, ModelSpec, VisionSpec
 from seqpack.loader import wrap_data_iterator
 from seqpack.schedulers import predicted_step_time
-from seqpack.thd import MRopeSpec
 
 DP2 = (("dp", 2),)
 GRID = (1, 8, 8)  # 16 placeholders
-VISION = VisionSpec(
-    hidden_size=256,
-    num_layers=8,
-    num_attention_heads=4,
-    ffn_hidden_size=1024,
-    patch_size=2,
-    temporal_patch_size=2,
-    spatial_merge_size=2,
-    out_hidden_size=64,
-)
-MODEL = ModelSpec(64, 2, 4, 128, vision=VISION)
-COST = CostModel(1.0, 0.01, 2.0)
-ENCODER = VISION.flops(torch.tensor([GRID])) * COST.linear / MODEL.linear_flops  # in COST's units
+ENCODER = COST_VISION.flops(torch.tensor([GRID])) * COST.linear / COST_MODEL.linear_flops  # in COST's units
 
 
 def _sample(gen: torch.Generator, image: bool) -> dict:
     text = torch.randint(2, 100, (4,), generator=gen)
     if not image:
         return {"input_ids": torch.randint(2, 100, (4 + 18 + 4,), generator=gen)}
-    t, h, w = GRID
-    placeholders = torch.cat([torch.tensor([START]), torch.full((t * h * w // 4,), IMAGE), torch.tensor([END])])
-    return {
-        "input_ids": torch.cat([text, placeholders, text]),
-        "pixel_values": torch.randn(t * h * w, PATCH_DIM, generator=gen),
-        "image_grid_thw": torch.tensor([GRID]),
-    }
+    return image_sample(gen, GRID, text, text)
 
 
 def _run(with_model: bool) -> dict:
     rank = dist.get_rank()
     gen = torch.Generator().manual_seed(rank)
     samples = [_sample(gen, image=rank == 0) for _ in range(2)]
-    spec = MRopeSpec(model_type="qwen2_vl", image_token_id=IMAGE, video_token_id=121)
-    options = {"model": MODEL} if with_model else {}
+    options = {"model": COST_MODEL} if with_model else {}
     steps = list(
         wrap_data_iterator(
             samples,
@@ -66,7 +45,7 @@ def _run(with_model: bool) -> dict:
             max_tokens_per_rank=64,
             pad_multiple=2,
             cost=COST,
-            mrope=spec,
+            mrope=QWEN2_SPEC,
             **options,
         )
     )
