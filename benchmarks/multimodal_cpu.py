@@ -1,8 +1,8 @@
 """Issue 41 item 5, measured: step time of a tiny Qwen2-VL on gloo dp=2, one rank per core.
 
 Two processes (gloo, ``torch.set_num_threads(1)``, each pinned to its own core where the
-machine has two) train three copies of the same random-init Qwen2-VL side by side, one step
-of each in turn (the order rotates every step, so load that comes and goes hits all three):
+machine has two) train four copies of the same random-init Qwen2-VL side by side, one step
+of each in turn (the order rotates every step, so load that comes and goes hits all four):
 
 - **tokens**: ``PackingConfig`` without ``model=``: ``balanced`` plans on the language model's
   tokens alone (what frameworks do today);
@@ -17,7 +17,7 @@ A step is timed on each rank from a barrier to the end of the optimizer step (fo
 backward of every microbatch, the gradients' all-reduce, AdamW); the step time is the larger
 of the two ranks', and the table gives its median over the steps after ``--warmup``, with
 the median over the steps of each step's time over the token-only plan's time of the same
-step (the three plans run the same samples), the encoder imbalance (the larger rank's
+step (the four plans run the same samples), the encoder imbalance (the larger rank's
 encoder FLOPs over the mean, where the sequences run, before rebalancing) and the steps'
 mean tokens. The machine's load average is printed before and after: on a shared machine
 other processes share the two cores, and the spread says how much. The batches are made before the clock
