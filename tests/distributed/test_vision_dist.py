@@ -20,7 +20,7 @@ from wrapper_data import ScatterScheduler, mesh_topology
 
 pytest.importorskip("transformers")
 
-from vlm_data import FAMILIES, IGNORE, IMAGE, PATCH_DIM, mixed_samples, tiny_vlm  # noqa: E402
+from vlm_data import FAMILIES, IGNORE, IMAGE, PATCH_DIM, QWEN2_SPEC, mixed_samples, tiny_vlm  # noqa: E402
 
 from seqpack.errors import ConfigError  # noqa: E402
 from seqpack.interop.hf import to_hf  # noqa: E402
@@ -169,7 +169,6 @@ def _heavy(gen: torch.Generator, pixels: bool) -> dict:
 
 
 def _locality(pixels: bool) -> list[bool]:
-    spec = MRopeSpec(model_type="qwen2_vl", image_token_id=IMAGE, video_token_id=121)
     gen = torch.Generator().manual_seed(dist.get_rank())
     scheduler = _Recording()
     it = wrap_data_iterator(
@@ -179,7 +178,7 @@ def _locality(pixels: bool) -> list[bool]:
         max_tokens_per_rank=2048,
         pad_multiple=4,
         scheduler=scheduler,
-        mrope=spec,
+        mrope=QWEN2_SPEC,
     )
     for step in it:
         assert len(step.microbatches) >= 1
@@ -195,9 +194,9 @@ def test_locality_auto_decides_from_the_pixels_bytes(dist_pools):
 
 
 def _refused_under_cp() -> str:
-    spec = MRopeSpec(model_type="qwen2_vl", image_token_id=IMAGE, video_token_id=121)
     try:
-        wrap_data_iterator([], mesh_topology((("cp", 2),)), samples_per_rank=1, max_tokens_per_rank=64, mrope=spec)
+        topology = mesh_topology((("cp", 2),))
+        wrap_data_iterator([], topology, samples_per_rank=1, max_tokens_per_rank=64, mrope=QWEN2_SPEC)
     except ConfigError as exc:
         return str(exc)
     return ""
