@@ -16,7 +16,7 @@ NCCL. What it shows, in order:
 3. ``wrap_data_iterator`` with ``PackingConfig(mrope=MRopeSpec.from_hf(config))``: each sample's
    pixels travel with it to the rank that runs it, and each microbatch carries its pixels,
    grids and per-sequence mRoPE positions; ``model=ModelSpec.from_hf(config)`` balances the
-   vision encoder's FLOPs beside the tokens'; ``steps.rebalance_encoder(model)`` then lets each
+   vision encoder's FLOPs beside the tokens'; ``rebalance_for_steps(model, steps)`` then lets each
    microbatch round encode its images on any DP rank of the round (``encoder_rebalance``:
    ``True`` here, where the plan moves an image; ``"auto"``, the default, only where the encoder
    time saved pays for the exchange, which this tiny tower's never does), the embeddings
@@ -49,6 +49,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from seqpack import PackingConfig, Topology, wrap_data_iterator
 from seqpack.cost import ModelSpec
 from seqpack.interop.hf import to_hf
+from seqpack.interop.hf_encoder import rebalance_for_steps
 from seqpack.thd import MRopeSpec
 
 VOCAB = 128
@@ -239,7 +240,7 @@ def main() -> None:
     )
     steps = wrap_data_iterator(shard, topology, config, device=device)
     # Each microbatch round's images encoded on any DP rank (None when off). Collective.
-    hooks = steps.rebalance_encoder(model)
+    hooks = rebalance_for_steps(model, steps)
 
     # 4. The step's token-mean loss: each rank's share, gradients summed over the ranks.
     for step in steps:

@@ -253,7 +253,7 @@ class SeqpackTrainerMixin:
             (``MRopeSpec.from_hf(model.config)``) and the rows' vision fields go with them
             (docs/multimodal.md, "Trainer"); on more than one process, unless
             ``encoder_rebalance=False``, the model's images are encoded across the DP ranks
-            (``PackingIterator.rebalance_encoder``'s hooks, at the calibrator's encoder price
+            (:func:`~seqpack.interop.hf_encoder.rebalance_for_steps`' hooks, at the calibrator's encoder price
             under ``calibrate``; :attr:`seqpack_encoder_rebalance`).
         seqpack_topology: The ranks to balance over; default: every process of the process
             group accelerate / torchrun set up, as DP ranks (one process: a single rank).

@@ -21,10 +21,11 @@ order): one per microbatch, as DP training does. The route's collectives run on 
 under DDP/FSDP give it a group of its own (``dist.new_group(ranks)``) so they never interleave
 with the gradient all-reduces. Parameter names do not change (the tower is not replaced).
 
-:func:`rebalance_for_config` hooks a model as a :class:`~seqpack.loader.config.PackingConfig`'s
-``encoder_rebalance`` asks, on a group of its own over the topology's DP ranks: what
-``PackingIterator.rebalance_encoder(model)`` and :class:`~seqpack.interop.hf.SeqpackTrainerMixin`
-call.
+:func:`rebalance_for_steps` hooks a model as the wrapper's config asks
+(``encoder_rebalance``, on a group of its own over the topology's DP ranks, at the
+calibrator's price): one call after ``wrap_data_iterator``.
+:class:`~seqpack.interop.hf.SeqpackTrainerMixin` does the same through
+:func:`rebalance_for_config`.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from seqpack.topology import Topology
 if TYPE_CHECKING:
     from seqpack.calibrate import CostCalibrator
     from seqpack.loader.config import PackingConfig
+    from seqpack.loader.iterator import PackingIterator
 
 __all__ = [
     "EncoderRebalance",
@@ -62,6 +64,7 @@ __all__ = [
     "calibrated_seconds_per_flop",
     "rebalance_encoder",
     "rebalance_for_config",
+    "rebalance_for_steps",
 ]
 
 logger = logging.getLogger(__name__)
@@ -350,6 +353,21 @@ def rebalance_for_config(
         seconds_per_flop=seconds_per_flop,
         bytes_per_second=LINK_BYTES_PER_SECOND,
         language=language,
+    )
+
+
+def rebalance_for_steps(model: nn.Module, steps: PackingIterator) -> EncoderRebalance | None:
+    """Hook ``model`` so each microbatch round's images are encoded across the DP ranks as
+    ``steps``' config says (:func:`rebalance_for_config` with its topology and config), at its
+    calibrator's encoder price under ``calibrate`` (:func:`calibrated_seconds_per_flop`, read
+    at each round). Collective: every rank, once, after ``wrap_data_iterator`` and before the
+    first forward.
+
+    Returns:
+        The hooks (``.remove()`` restores the model); ``None`` where the config is off.
+    """
+    return rebalance_for_config(
+        model, steps.topology, steps.config, lambda: calibrated_seconds_per_flop(steps.calibrator)
     )
 
 

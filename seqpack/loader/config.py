@@ -175,7 +175,7 @@ class PackingConfig:
     encoder_rebalance: EncoderRebalanceMode = "auto"
     """Whether a microbatch round's images may be encoded on other DP ranks, their embeddings
     routed back (docs/multimodal.md, "Encoder rebalancing"; the model runs it, hooked by
-    ``PackingIterator.rebalance_encoder(model)``, or by the Trainer mixin itself).
+    ``seqpack.interop.hf_encoder.rebalance_for_steps(model, steps)``, or by the Trainer mixin).
     ``"auto"``: where the round time saved pays for the exchange; ``True``: wherever the plan
     moves an image (needs ``mrope``, DP > 1, no CP or pipeline stages); ``False``: never."""
 

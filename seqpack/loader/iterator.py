@@ -240,17 +240,6 @@ class PackingIterator(Iterator[Step], Stateful):
         keep it: TP ranks > 0 under ``data_owner="tp0"``)."""
         return self._calibration.calibrator
 
-    def rebalance_encoder(self, model: Any) -> Any:
-        """Hook a transformers Qwen2-VL-family ``model`` so its microbatch rounds' images are
-        encoded across the DP ranks as ``config.encoder_rebalance`` asks, at the calibrator's
-        encoder price under ``calibrate`` (docs/multimodal.md, "Encoder rebalancing").
-        Collective: every rank, once, before the first forward. Returns the hooks
-        (:class:`seqpack.interop.hf_encoder.EncoderRebalance`; ``.remove()``), ``None`` where off."""
-        from seqpack.interop.hf_encoder import calibrated_seconds_per_flop, rebalance_for_config
-
-        price = lambda: calibrated_seconds_per_flop(self.calibrator)  # noqa: E731 - read at each round
-        return rebalance_for_config(model, self.topology, self.config, price)
-
     # -- iteration ------------------------------------------------------------------------
 
     def __iter__(self) -> PackingIterator:

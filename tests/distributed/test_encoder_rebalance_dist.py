@@ -8,7 +8,7 @@ equals its loss with the sample run alone, and every parameter's gradient (langu
 vision tower), summed over the ranks, equals the sum of the samples' alone, within 1e-5
 relative. mode="auto" keeps the tiny model's images home (its encoder time is far below the
 exchange's) and routes them at a second per FLOP, with the same losses. Through the wrapper (wrap_data_iterator with
-PackingConfig(mrope=, encoder_rebalance=True) and PackingIterator.rebalance_encoder(model), which
+PackingConfig(mrope=, encoder_rebalance=True) and rebalance_for_steps(model, steps), which
 hooks the model on a DP group of its own): the same, per token via Step.to_origin.
 """
 
@@ -25,7 +25,7 @@ from vlm_data import IGNORE, alone_kwargs, text_sample, tiny_vlm, two_image_samp
 from wrapper_data import mesh_topology  # noqa: E402
 
 from seqpack.interop.hf import to_hf  # noqa: E402
-from seqpack.interop.hf_encoder import rebalance_encoder  # noqa: E402
+from seqpack.interop.hf_encoder import rebalance_encoder, rebalance_for_steps  # noqa: E402
 from seqpack.loader import PackingConfig, wrap_data_iterator  # noqa: E402
 from seqpack.thd import MRopeSpec, pack_sequences  # noqa: E402
 
@@ -173,7 +173,7 @@ def _wrapped(family: str) -> dict:
         encoder_rebalance=True,
     )
     steps = wrap_data_iterator(data(rank), topology, config)
-    hooks = steps.rebalance_encoder(model)
+    hooks = rebalance_for_steps(model, steps)
     own_group = hooks.group is not None and hooks.group is not dist.group.WORLD and hooks.mode is True
     worst_loss, rounds = 0.0, 0
     for step in steps:

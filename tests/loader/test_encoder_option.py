@@ -1,7 +1,7 @@
 """PackingConfig(encoder_rebalance=): "auto" (the default), True or False; True where the route
 cannot run is refused by name (no images without mrope, one DP rank, CP, pipeline stages), and
 "auto" there is simply off. rebalance_encoder takes the same values; rebalance_for_config (what
-PackingIterator.rebalance_encoder and the Trainer mixin call) installs nothing where the config
+rebalance_for_steps and the Trainer mixin call) installs nothing where the config
 is off, and prices at a calibrator's fitted encoder price."""
 
 from __future__ import annotations
