@@ -335,8 +335,6 @@ class _Run:
             return {}
         calibrator = self.steps.calibrator
         model = calibrator.model if calibrator is not None else None
-        if model is not None and not isinstance(model, CostModel):  # a dynamic CP group cost: its compute part
-            model = model.compute
         errors: dict[bool, list[float]] = {True: [], False: []}  # by whether the step was scheduled with a fitted model
         for step, predicted, measured in self.predictions:
             if measured > 0:
