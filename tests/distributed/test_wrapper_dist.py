@@ -350,7 +350,7 @@ BAD_CASES = [
     # (layout, where the bad sample is, kind, expected message fragment)
     ("dp4", {"dp": 2}, "missing_input_ids", r"bad input on DP rank 2 .* has no 'input_ids'"),
     ("dp4", {"dp": 3}, "unequal_lengths", r"bad input on DP rank 3 .*'labels' has \d+ tokens but 'input_ids' has"),
-    ("dp4", {"dp": 1}, "oversize", r"sample \d+ has 500 tokens .* capacity 48 tokens.*of DP rank 1's pool"),
+    ("dp4", {"dp": 1}, "oversize", r"sample \d+ has 500 tokens.* capacity 48 tokens.*of DP rank 1's pool"),
     ("dp2cp2", {"dp": 1, "cp": 1}, "unequal_lengths", r"bad input on DP rank 1 \(global rank \d, dp=1/2 cp=1/2"),
     ("dp2tp2-tp0", {"dp": 1, "tp": 0}, "missing_input_ids", r"bad input on DP rank 1 .* tp=0/2"),
     ("tp2dp2-all", {"dp": 0, "tp": 1}, "unequal_lengths", r"bad input on DP rank 0 .* tp=1/2"),

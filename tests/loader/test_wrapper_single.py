@@ -236,7 +236,7 @@ def test_oversize_policies():
     bad = {"index": 8, "kind": "oversize", "length": 60}
     with pytest.raises(
         ValueError,
-        match=r"step 1: sample \d+ has 60 tokens .* capacity 48 tokens"
+        match=r"step 1: sample \d+ has 60 tokens.* capacity 48 tokens"
         r".*\[global sample \d+ is sequence \d+ of DP rank 0's pool",
     ):
         _run(_wrap(items(SEED, 0, 18, bad=bad)))
