@@ -16,6 +16,12 @@ Every rank of the round calls, in this order:
 
 Local images are in the order the rank gives their grids (the HF model's: images, then videos);
 every rank's items go through the all-to-alls, its own included, so one code path serves all.
+
+seqpack keeps its own autograd function rather than torch's differentiable
+``torch.distributed.nn.functional.all_to_all_single`` (which would serve, exactly, with uneven
+splits on gloo) because torch deprecates that function, pointing to the private
+``torch.distributed._functional_collectives``, and both issue the collective themselves, outside
+:func:`~seqpack.collective.groups.collective` (no polling under ``abandonable``).
 """
 
 from __future__ import annotations
