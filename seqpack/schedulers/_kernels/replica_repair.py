@@ -119,14 +119,12 @@ def repair_replicas(
         k1 = _sorted_members(head[d1], nxt, costs, mine, tmp)
         # The best change: (gain, i, j or -1 for a move, d2, m2), i -1 for none.
         best_gain, best_i, best_j, best_d2, best_m2 = rel_tol * total[d1], -1, -1, -1, -1
-        best_gain, best_i, best_j, best_d2, best_m2, work = _best_move(
-            d1, light, move_candidates, total, mine, k1, costs, lengths, round_of, load, tok, top_val, top_idx,
-            capacity, allow, scan_limit, best_gain, best_i, best_j, best_d2, best_m2, work,
-        )  # fmt: skip
-        best_gain, best_i, best_j, best_d2, best_m2, work = _best_swap(
-            d1, light, swap_candidates, total, mine, k1, head, nxt, theirs, tmp, costs, lengths, round_of, load,
-            tok, top_val, top_idx, capacity, allow, scan_limit, best_gain, best_i, best_j, best_d2, best_m2, work,
-        )  # fmt: skip
+        for swap in (False, True):
+            best_gain, best_i, best_j, best_d2, best_m2, work = _best_change(
+                swap, d1, light, swap_candidates if swap else move_candidates, total, mine, k1, head, nxt, theirs,
+                tmp, costs, lengths, round_of, load, tok, top_val, top_idx, capacity, allow, scan_limit, best_gain,
+                best_i, best_j, best_d2, best_m2, work,
+            )  # fmt: skip
         if best_i < 0:
             break
         # The change: i moves from (its round, d1) to (m2, d2); in a swap j moves the other way.
@@ -150,62 +148,8 @@ def repair_replicas(
 
 
 @no_refcount
-def _best_move(
-    d1: int,
-    light: IntArray,
-    candidates: int,
-    total: FloatArray,
-    mine: IntArray,
-    k1: int,
-    costs: FloatArray,
-    lengths: IntArray,
-    round_of: IntArray,
-    load: FloatArray,
-    tok: IntArray,
-    top_val: FloatArray,
-    top_idx: IntArray,
-    capacity: int,
-    allow: float,
-    limit: int,
-    best_gain: float,
-    best_i: int,
-    best_j: int,
-    best_d2: int,
-    best_m2: int,
-    work: int,
-) -> tuple[float, int, int, int, int, int]:
-    """The best move of one of ``d1``'s items ``mine[:k1]`` (sorted by cost) to one of the
-    ``candidates`` lightest replicas ``light``, if it beats the best change so far (gain, i,
-    j, d2, m2). Returns the best change and the work count."""
-    kk, tried = 0, 0
-    while True:
-        kk, d2, gap = _partner(light, kk, d1, candidates, tried, total, best_gain)
-        if d2 < 0:
-            break
-        tried += 1
-        right = first_cost_above(mine, k1, costs, gap / 2)
-        left = right - 1
-        checked = 0
-        found = False
-        while checked < limit * 4 and not found:
-            i, gain, left, right = walk_next(mine, k1, costs, 0.0, 1.0, gap, left, right)
-            if i < 0 or gain <= best_gain:
-                break
-            checked += 1
-            m = round_of[i]
-            for m2 in range(load.shape[0]):
-                work += 1
-                if tok[m2, d2] + lengths[i] > capacity:
-                    continue
-                if _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, costs[i]) <= allow:
-                    best_gain, best_i, best_j, best_d2, best_m2 = gain, i, -1, d2, m2
-                    found = True
-                    break
-    return best_gain, best_i, best_j, best_d2, best_m2, work
-
-
-@no_refcount
-def _best_swap(
+def _best_change(
+    swap: bool,
     d1: int,
     light: IntArray,
     candidates: int,
@@ -233,15 +177,38 @@ def _best_swap(
     best_m2: int,
     work: int,
 ) -> tuple[float, int, int, int, int, int]:
-    """The best swap of one of ``d1``'s items with a cheaper one of one of the
-    ``candidates`` lightest replicas, if it beats the best change so far (as
-    :func:`_best_move`)."""
+    """The best move (``swap`` False) of one of ``d1``'s items ``mine[:k1]`` (sorted by cost)
+    to one of the ``candidates`` lightest replicas ``light``, or the best swap of one with a
+    cheaper item of one of them, if it beats the best change so far (gain, i, j or -1 for a
+    move, d2, m2). A move checks up to ``4 * limit`` items per partner, a swap ``limit``
+    partners per item. Returns the best change and the work count."""
     kk, tried = 0, 0
     while True:
         kk, d2, gap = _partner(light, kk, d1, candidates, tried, total, best_gain)
         if d2 < 0:
             break
         tried += 1
+        if not swap:  # a move: d1's items from the ideal cost gap / 2 outwards, into any round of d2
+            right = first_cost_above(mine, k1, costs, gap / 2)
+            left = right - 1
+            checked = 0
+            found = False
+            while checked < limit * 4 and not found:
+                i, gain, left, right = walk_next(mine, k1, costs, 0.0, 1.0, gap, left, right)
+                if i < 0 or gain <= best_gain:
+                    break
+                checked += 1
+                m = round_of[i]
+                for m2 in range(load.shape[0]):
+                    work += 1
+                    if tok[m2, d2] + lengths[i] > capacity:
+                        continue
+                    if _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, costs[i]) <= allow:
+                        best_gain, best_i, best_j, best_d2, best_m2 = gain, i, -1, d2, m2
+                        found = True
+                        break
+            continue
+        # A swap: for each of d1's items, d2's items from the ideal cost outwards.
         k2 = _sorted_members(head[d2], nxt, costs, theirs, tmp)
         for t in range(k1):
             i = mine[t]
@@ -272,8 +239,7 @@ def _partner(
 ) -> tuple[int, int, float]:
     """The next partner replica of ``d1`` from ``light[kk:]``: ``(next kk, d2, gap)``, ``d2``
     -1 once ``candidates`` were tried or the gap leaves no gain above ``best_gain``. The
-    partner loop of :func:`_best_move` and :func:`_best_swap` (measured: no compile or run
-    time against the loop written out in each). Bounds: reads ``light[kk]`` only while
+    partner loop of :func:`_best_change`. Bounds: reads ``light[kk]`` only while
     ``kk < len(light)``."""
     while kk < light.shape[0] and tried < candidates:
         d2 = light[kk]
