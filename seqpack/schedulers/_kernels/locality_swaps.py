@@ -27,7 +27,9 @@ cache's (``c1`` cost keys, ``c2`` token keys, ``csize`` leaves), the pairs' (``p
 finds the first bin ``x`` can move into and the most room of any bin without reading every
 round); beside them each cache entry's position (``cpos``, by sequence), the cache's
 sequences by round (linked lists ``bhead``, ``bnext``, ``bprev``) and the pairs by round
-(``plist[pseg[m]:pseg[m + 1]]``).
+(``plist[pseg[m]:pseg[m + 1]]``). The helpers that build and update them take the trees as
+one tuple ``trees = (c1, c2, p1, p2, r1, r2)`` and the lists as ``lists = (cpos, bhead,
+bnext, bprev, pseg, plist)``.
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ def home_swaps(
     bprev = np.empty(n, dtype=np.int64)
     pseg = np.empty(rounds + 1, dtype=np.int64)
     plist = np.empty(n_pairs_max, dtype=np.int64)
+    lists = (cpos, bhead, bnext, bprev, pseg, plist)
     clock = 0  # changes so far: moved_at[y] is the change that last moved y
     changes = 0
     for _ in range(passes):
@@ -173,10 +176,10 @@ def home_swaps(
                 if 2 * csize > c1.shape[0]:
                     c1 = np.empty(2 * csize, dtype=np.float64)
                     c2 = np.empty(2 * csize, dtype=np.int64)
+            trees = (c1, c2, p1, p2, r1, r2)
             _turn_trees(
                 k, n_pairs, home, lengths, load, tok, round_cap, capacity, dp, rounds, cache_y, cache_t, cache_c,
-                cache_m, pair_c, pair_y1, pair_y2, pair_m, c1, c2, csize, p1, p2, psize, r1, r2, cpos, bhead, bnext,
-                bprev, pseg, plist,
+                cache_m, pair_c, pair_y1, pair_y2, pair_m, trees, csize, psize, lists,
             )  # fmt: skip
             turn = clock
             for g in range(i, j):
@@ -260,8 +263,8 @@ def home_swaps(
                 _cache_enter(x, home, tx, cx, best_m, slot, k, cache_y, cache_o, cache_t, cache_c, cache_m)
                 _trees_after_change(
                     x, best_y, best_y2, best_m, k_before, k, home, turn, lengths, costs, load, tok, round_cap,
-                    capacity, dp, moved_at, cache_y, cache_t, cache_c, cache_m, pair_c, pair_y1, pair_y2, c1, c2, csize,
-                    p1, p2, psize, r1, r2, cpos, bhead, bnext, bprev, pseg, plist,
+                    capacity, dp, moved_at, cache_y, cache_t, cache_c, cache_m, pair_c, pair_y1, pair_y2, trees, csize,
+                    psize, lists,
                 )  # fmt: skip
                 made += 1
             i = j
@@ -750,23 +753,15 @@ def _turn_trees(
     pair_y1: IntArray,
     pair_y2: IntArray,
     pair_m: IntArray,
-    c1: FloatArray,
-    c2: IntArray,
+    trees: tuple[FloatArray, IntArray, FloatArray, IntArray, FloatArray, IntArray],
     csize: int,
-    p1: FloatArray,
-    p2: IntArray,
     psize: int,
-    r1: FloatArray,
-    r2: IntArray,
-    cpos: IntArray,
-    bhead: IntArray,
-    bnext: IntArray,
-    bprev: IntArray,
-    pseg: IntArray,
-    plist: IntArray,
+    lists: tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray],
 ) -> None:
     """At a turn's start: the bins' tree, and for a large home (``csize > 0``) the cache's
     and the pairs' trees, the entries' positions and lists by round, the pairs by round."""
+    c1, c2, p1, p2, r1, r2 = trees
+    cpos, bhead, bnext, bprev, pseg, plist = lists
     rsize = r1.shape[0] // 2
     for m in range(rounds):
         r1[rsize + m] = _cost_key(0.0, round_cap[m], load[m * dp + home])
@@ -846,24 +841,16 @@ def _trees_after_change(
     pair_c: FloatArray,
     pair_y1: IntArray,
     pair_y2: IntArray,
-    c1: FloatArray,
-    c2: IntArray,
+    trees: tuple[FloatArray, IntArray, FloatArray, IntArray, FloatArray, IntArray],
     csize: int,
-    p1: FloatArray,
-    p2: IntArray,
     psize: int,
-    r1: FloatArray,
-    r2: IntArray,
-    cpos: IntArray,
-    bhead: IntArray,
-    bnext: IntArray,
-    bprev: IntArray,
-    pseg: IntArray,
-    plist: IntArray,
+    lists: tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray],
 ) -> None:
     """``x`` entered bin ``(m, home)`` for ``y1`` (and ``y2``), or moved there (``y1 <
     0``): the bin's leaf, and for a large home the entries that changed place, the entries
     and pairs of that bin."""
+    c1, c2, p1, p2, r1, r2 = trees
+    cpos, bhead, bnext, bprev, pseg, plist = lists
     b = m * dp + home
     _set_leaf(r1, r2, r1.shape[0] // 2, m, _cost_key(0.0, round_cap[m], load[b]), capacity - tok[b])
     if csize == 0:
