@@ -26,6 +26,7 @@ import itertools
 import random
 from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -62,6 +63,29 @@ def cuda_on_cpu() -> Iterator[None]:
         yield
     finally:
         torch.cuda.current_device, torch.Tensor.cuda = saved
+
+
+@contextlib.contextmanager
+def megatron_layout(tp: int, pp: int, vpp: int | None, cp: int = 1, **install_options: Any) -> Iterator[None]:
+    """Megatron's ``parallel_state`` laid out (under :func:`cuda_on_cpu`), seqpack installed with
+    ``install_options`` (``install=False``: the code under test installs it), and afterwards
+    Megatron's own scheduler back in ``scheduler_map`` and the layout destroyed."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.datasets import data_schedule
+
+    from seqpack.interop.megatron import install
+
+    key = data_schedule.PackingSchedulerEnum.DP_BALANCED
+    with cuda_on_cpu():
+        ps.initialize_model_parallel(tp, pp, vpp, context_parallel_size=cp, create_gloo_process_groups=False)
+        megatrons = data_schedule.scheduler_map[key]
+        try:
+            if install_options.pop("install", True):
+                install(**install_options)
+            yield
+        finally:
+            data_schedule.scheduler_map[key] = megatrons
+            ps.destroy_model_parallel()
 
 
 def items(dp_rank: int, count: int = ITEMS_PER_RANK) -> list[dict[str, torch.Tensor]]:
@@ -104,30 +128,22 @@ def run_wrap(tp: int, pp: int, cp: int, vpp: int | None, multiple: int | None) -
     from megatron.core.datasets import data_schedule
     from megatron.core.rerun_state_machine import RerunDataIterator
 
-    from seqpack.interop.megatron import install
-
     config = _config(multiple, vpp)
-    with cuda_on_cpu():
-        ps.initialize_model_parallel(tp, pp, vpp, context_parallel_size=cp, create_gloo_process_groups=False)
-        replaced = install()
-        try:
-            dp_rank = ps.get_data_parallel_rank()
-            tp0 = ps.get_tensor_model_parallel_rank() == 0
-            first = ps.is_pipeline_first_stage(ignore_virtual=True)
-            last = ps.is_pipeline_last_stage(ignore_virtual=True)
-            reads = tp0 and (first or last)
-            iterator = RerunDataIterator(iter(items(dp_rank))) if reads else None
-            if vpp is not None and tp0:
-                iterator = [iterator if (v == 0 and first) or (v == vpp - 1 and last) else None for v in range(vpp)]
-            new_iterator, num_micro_batches, seqlen_sum, seqlen_sq_sum = data_schedule.wrap_data_iterator(
-                iterator, config, ITEMS_PER_RANK
-            )
-            if vpp is not None and tp0:
-                new_iterator = new_iterator[-1 if last and not first else 0]
-            checked = check_packs(new_iterator, num_micro_batches, cp, multiple, reads, vpp)
-        finally:
-            data_schedule.scheduler_map[data_schedule.PackingSchedulerEnum.DP_BALANCED] = replaced
-            ps.destroy_model_parallel()
+    with megatron_layout(tp, pp, vpp, cp):
+        dp_rank = ps.get_data_parallel_rank()
+        tp0 = ps.get_tensor_model_parallel_rank() == 0
+        first = ps.is_pipeline_first_stage(ignore_virtual=True)
+        last = ps.is_pipeline_last_stage(ignore_virtual=True)
+        reads = tp0 and (first or last)
+        iterator = RerunDataIterator(iter(items(dp_rank))) if reads else None
+        if vpp is not None and tp0:
+            iterator = [iterator if (v == 0 and first) or (v == vpp - 1 and last) else None for v in range(vpp)]
+        new_iterator, num_micro_batches, seqlen_sum, seqlen_sq_sum = data_schedule.wrap_data_iterator(
+            iterator, config, ITEMS_PER_RANK
+        )
+        if vpp is not None and tp0:
+            new_iterator = new_iterator[-1 if last and not first else 0]
+        checked = check_packs(new_iterator, num_micro_batches, cp, multiple, reads, vpp)
     return checked | {"num_micro_batches": num_micro_batches, "sums": (seqlen_sum, seqlen_sq_sum), "reads": reads}
 
 
@@ -199,24 +215,14 @@ def run_example(tp: int, cp: int, prefetch: bool) -> list[list[int]]:
     import importlib.util
     from pathlib import Path
 
-    from megatron.core import parallel_state as ps
-
     path = Path(__file__).resolve().parents[2] / "examples" / "megatron_scheduler.py"
     spec = importlib.util.spec_from_file_location("megatron_scheduler_example", path)
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     args = SimpleNamespace(cp=cp, steps=2, samples_per_rank=8, max_seqlen_per_dp_cp_rank=4096, prefetch=prefetch)
-    with cuda_on_cpu():
-        ps.initialize_model_parallel(tp, 1, None, context_parallel_size=cp, create_gloo_process_groups=False)
-        from megatron.core.datasets import data_schedule
-
-        megatrons = data_schedule.scheduler_map[data_schedule.PackingSchedulerEnum.DP_BALANCED]
-        try:
-            return example.run_steps(args, torch.device("cpu"))
-        finally:
-            data_schedule.scheduler_map[data_schedule.PackingSchedulerEnum.DP_BALANCED] = megatrons
-            ps.destroy_model_parallel()
+    with megatron_layout(tp, 1, None, cp, install=False):  # the example installs seqpack itself
+        return example.run_steps(args, torch.device("cpu"))
 
 
 @pytest.mark.slow
@@ -236,22 +242,16 @@ def run_bad_sample(bad_rank: int) -> str:
     from megatron.core.datasets import data_schedule
 
     from seqpack.errors import SampleError
-    from seqpack.interop.megatron import install
 
     config = _config(None, None)
-    with cuda_on_cpu():
-        ps.initialize_model_parallel(1, 1, None, create_gloo_process_groups=False)
-        replaced = install()
+    with megatron_layout(1, 1, None):
+        step = items(ps.get_data_parallel_rank())
+        if ps.get_data_parallel_rank() == bad_rank:
+            del step[3]["labels"]
         try:
-            step = items(ps.get_data_parallel_rank())
-            if ps.get_data_parallel_rank() == bad_rank:
-                del step[3]["labels"]
             data_schedule.wrap_data_iterator(iter(step), config, ITEMS_PER_RANK)
         except SampleError as exc:
             return str(exc)
-        finally:
-            data_schedule.scheduler_map[data_schedule.PackingSchedulerEnum.DP_BALANCED] = replaced
-            ps.destroy_model_parallel()
     return "no error"
 
 
@@ -279,8 +279,6 @@ def run_steps(tp: int, pp: int, cp: int, vpp: int | None, multiple: int | None, 
     from megatron.core.datasets import data_schedule
     from megatron.core.rerun_state_machine import RerunDataIterator
 
-    from seqpack.interop.megatron import install
-
     made_ahead: list[str] = []
     handler = logging.Handler(logging.DEBUG)
     handler.emit = lambda record: made_ahead.append(record.getMessage())  # type: ignore[method-assign]
@@ -289,10 +287,8 @@ def run_steps(tp: int, pp: int, cp: int, vpp: int | None, multiple: int | None, 
     log.setLevel(logging.DEBUG)
     config = _config(multiple, vpp)
     steps, keys, ended = [], [], "not asked"
-    with cuda_on_cpu():
-        ps.initialize_model_parallel(tp, pp, vpp, context_parallel_size=cp, create_gloo_process_groups=False)
-        replaced = install(prefetch=prefetch)
-        try:
+    try:
+        with megatron_layout(tp, pp, vpp, cp, prefetch=prefetch):
             tp0 = ps.get_tensor_model_parallel_rank() == 0
             first = ps.is_pipeline_first_stage(ignore_virtual=True)
             last = ps.is_pipeline_last_stage(ignore_virtual=True)
@@ -315,10 +311,8 @@ def run_steps(tp: int, pp: int, cp: int, vpp: int | None, multiple: int | None, 
                     ended = "no end"
                 except StopIteration:
                     ended = "StopIteration"
-        finally:
-            data_schedule.scheduler_map[data_schedule.PackingSchedulerEnum.DP_BALANCED] = replaced
-            ps.destroy_model_parallel()
-            log.removeHandler(handler)
+    finally:
+        log.removeHandler(handler)
     return {"steps": steps, "keys": keys, "ended": ended, "made_ahead": len(made_ahead), "reads": reads, "dp": dp}
 
 
@@ -352,23 +346,17 @@ def run_too_few(vpp: int, multiple: int) -> str:
     from megatron.core.datasets import data_schedule
 
     from seqpack.errors import ScheduleError
-    from seqpack.interop.megatron import install
 
     positions = torch.arange(32)
     sample = {"tokens": positions, "labels": positions + 1, "loss_mask": torch.ones(32), "position_ids": positions}
     sample["cu_seqlens"] = torch.tensor([0, 32], dtype=torch.int32)
-    with cuda_on_cpu():
-        ps.initialize_model_parallel(1, 2, vpp, create_gloo_process_groups=False)
-        replaced = install()
+    with megatron_layout(1, 2, vpp):
+        first = ps.is_pipeline_first_stage(ignore_virtual=True)
+        iterator = [iter([sample]) if v == (0 if first else vpp - 1) else None for v in range(vpp)]
         try:
-            first = ps.is_pipeline_first_stage(ignore_virtual=True)
-            iterator = [iter([sample]) if v == (0 if first else vpp - 1) else None for v in range(vpp)]
             data_schedule.wrap_data_iterator(iterator, _config(multiple, vpp), 1)
         except ScheduleError as exc:
             return str(exc)
-        finally:
-            data_schedule.scheduler_map[data_schedule.PackingSchedulerEnum.DP_BALANCED] = replaced
-            ps.destroy_model_parallel()
     return "no error"
 
 
