@@ -127,7 +127,7 @@ class BalancedScheduler(GridScheduler):
         stages = self.stages
         if request.sample_cost is not None:  # the sum is balanced: tokens' cost plus each sample's own
             costs = costs + request.sample_cost
-            # The longest is no longer the costliest: bins are filled costliest first.
+            # With a per-sample cost the longest need not be the costliest: bins are filled costliest first.
             stages = dataclasses.replace(stages, fill_order=_costliest_first(costs, stages.fill_order))
         with np.errstate(over="ignore"):
             step_cost = float(costs.sum()) + model.constant * max(dp_size, 1)
