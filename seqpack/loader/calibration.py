@@ -1,22 +1,11 @@
 """Online calibration inside the wrapper, as data: what a step takes in and what it gives back.
 
-:class:`CalibrationState` holds the :class:`~seqpack.calibrate.TimingLedger` on the ranks
-that keep the model (those that read data, and under ``data_owner="tp0"`` the middle
-pipeline stages of TP rank 0, which take part in the pipeline's agreement). Between steps,
-and only there, the producer
-
-- takes a :class:`StepInput` before a step (:meth:`CalibrationState.take`): the model to plan
-  with, the time words this rank sends with the length gather, the ``ABSENT`` words it brings
-  to the agreements until it holds gathered ones, and a refused ``record_times`` to fail the
-  step with;
-- gives back, once the step's agreements are done, the combined time words every rank holds
-  (:meth:`CalibrationState.absorb`), which the calibrator absorbs, and gets the last
-  :class:`~seqpack.calibrate.Measurement` for the step's stats (:func:`fill_stats`).
-
-The step itself only carries these values (the words ride the gather and the agreements'
-payloads; :meth:`StepInput.fingerprint` covers schedule and model). Without ``calibrate`` a
-step's input is empty (every field ``None``) and nothing is absorbed: no phase asks whether
-calibration is on. How the times travel and the lag: docs/cost_models.md.
+:class:`CalibrationState` holds the :class:`~seqpack.calibrate.TimingLedger` on the ranks that
+keep the model. Between steps, and only there, the producer takes a :class:`StepInput` (the
+model to plan with, the time words that ride the gather, a refused ``record_times``) and
+gives back the combined time words every rank holds (:meth:`CalibrationState.absorb`).
+Without ``calibrate`` a step's input is empty and nothing is absorbed. How the times travel
+and the lag: docs/cost_models.md.
 """
 
 from __future__ import annotations
@@ -90,8 +79,7 @@ class CalibrationState:
         lag: int | None = None,
     ) -> None:
         """``prior``: the model a new calibrator starts from (the step's resolved cost).
-        ``lag``: the largest ``prefetch`` of any rank (default: this rank's): every rank
-        sends the times of the same steps, so ranks may differ in prefetch."""
+        ``lag``: the largest ``prefetch`` of any rank (default: this rank's)."""
         self.reads = reads
         self.topology = topology
         self.prefetch = config.prefetch if lag is None else lag
@@ -109,10 +97,8 @@ class CalibrationState:
         else:  # a static plan's cost: the one balanced on the static group, the encoder's too
             static = prior.at(topology.cp_size)
             calibrator = CostCalibrator(static, encoder_price=_encoder_price(config, topology, static))
-        # Steps prepared ahead (prefetch k) are scheduled k steps before the training loop
-        # reports the times they wait for: wait that much longer for them.
         # Under dynamic CP each CP rank's times travel in their own column, so the fit sees
-        # every group once with its own time (not each replica's slowest rank's).
+        # every group once with its own time.
         copies = topology.cp_size if calibrator.fits_groups else None
         self.ledger = TimingLedger(
             calibrator,
@@ -143,14 +129,9 @@ class CalibrationState:
         check_times(seconds, num_microbatches, step=step, dp_rank=self.topology.dp_rank)
 
     def take(self, step: int) -> StepInput:
-        """What step ``step`` takes in: the calibrator's model, this rank's time words and
-        its refused ``record_times`` (ranks that read), and the ``ABSENT`` words of every
-        pending step (the same count on every rank: every ledger has the same steps).
-
-        Only times of steps up to ``step - 1 - prefetch`` go: what the training loop has
-        surely recorded (it records a step before asking for the next), whatever the timing
-        of the threads, so a calibrated run is reproducible.
-        """
+        """What step ``step`` takes in. Only times of steps up to ``step - 1 - prefetch`` go:
+        what the training loop has surely recorded whatever the threads' timing, so a
+        calibrated run is reproducible."""
         ledger = self.ledger
         if ledger is None:
             return StepInput()
@@ -162,14 +143,9 @@ class CalibrationState:
         return StepInput(calibrator.model, calibrator.fitted, words, blank, error, calibrator.encoder_price)
 
     def absorb(self, msg: StepMessage, taken: StepInput, times: np.ndarray | None) -> Measurement | None:
-        """Feed the calibrator the combined time words ``times`` every rank holds after the
-        step's agreements (not those of a failed step), then register the
-        step's layout for its own times (``taken``: what the step was planned with). At the
-        end of data the last times are still taken (``PackingIterator.last_measurement``).
-
-        Returns:
-            The last measured step, for the step's stats (``None`` before one).
-        """
+        """Feed the calibrator the combined time words ``times`` (not a failed step's), then
+        register the step's layout for its own times. Returns the last measured step
+        (``None`` before one)."""
         ledger = self.ledger
         if ledger is None:
             return None
@@ -194,10 +170,8 @@ class CalibrationState:
 
 
 def _encoder_price(config: PackingConfig, topology: Topology, prior: CostModel) -> float | None:
-    """The prior's price of a vision-encoder FLOP where the calibrator fits the encoder: a
-    vision model (``config.model``) and every rank that keeps the model reads the plan's
-    ``sample_cost`` (not the middle pipeline stages of ``data_owner="tp0"``, which receive
-    plans without it); ``None`` elsewhere."""
+    """The prior's price of a vision-encoder FLOP where the calibrator fits the encoder (a
+    vision model, and no middle pipeline stage that receives plans without ``sample_cost``)."""
     model = config.model
     if model is None or model.vision is None or model.linear_flops <= 0:
         return None

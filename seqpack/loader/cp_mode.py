@@ -1,26 +1,15 @@
-"""The iterator's CP mode: where a step's samples go and how this rank packs them (the
-exchange and pack phases of a wrapper step), one path for static and dynamic CP, with the
-CP process groups the mode decides once.
+"""The iterator's CP mode: the exchange and pack phases of a wrapper step, one path for
+static and dynamic CP, with the CP process groups the mode decides once.
 
 Every plan is rounds of CP groups over the plane's ``R = dp x cp`` ranks (static CP: the
-replicas' CP blocks in every round). Both stages are the same for both:
-
-- :meth:`CpMode.exchange`: every rank gets, for each sequence its group runs, its shard
-  (:func:`~seqpack.collective.exchange.exchange_shards`: DualChunkSwap or contiguous
-  slices of the sequence padded to its span, ``Schedule.packed_spans``), cut by the CP rank of
-  the same index of the replica that read it;
-- :meth:`CpMode.pack`: this rank's shard of its group's microbatch in every round, from
-  those shards and the plan's layout (:class:`~seqpack.thd.StaticShapes` included), carrying
-  ``cp_size``, ``cp_rank`` and ``cp_group`` (the model's process group of the block; ``None``
-  alone). A rank whose group runs nothing gets a padding-only filler's shard. A middle pipeline
-  stage without position ids packs the layout alone.
-
-The modes differ only in their process groups (:func:`cp_mode` decides once, when the
-iterator is built): :class:`StaticCp`'s pieces never leave their CP lane, so its exchange runs
-over the wrapper's DP group; :class:`DynamicCp`'s (``PackingConfig(dynamic_cp=True)``) run
-over the wrapper's plane group, and its receivers of the TP broadcast and middle pipeline
-stages get their groups from the wire header (:meth:`CpMode.group_starts`,
-:meth:`CpMode.attach`): each pipeline stage runs the same plan on its own plane's groups.
+replicas' CP blocks in every round). :meth:`CpMode.exchange` gets every rank its shard of
+each sequence its group runs; :meth:`CpMode.pack` builds this rank's shard of its group's
+microbatch in every round (a padding-only filler's when the group runs nothing), carrying
+``cp_size``, ``cp_rank`` and ``cp_group``. The modes differ only in their process groups:
+:class:`StaticCp`'s pieces never leave their CP lane (the exchange runs over the wrapper's DP
+group); :class:`DynamicCp`'s run over the plane, and the wire carries each round's group
+start to TP receivers and middle pipeline stages (:meth:`CpMode.group_starts`,
+:meth:`CpMode.attach`).
 """
 
 from __future__ import annotations
@@ -84,8 +73,7 @@ class CpMode:
 
     def exchange(self, pool: Sequence[Sample], plan: Schedule, gathered: Gathered) -> Exchanged | None:
         """Every shard of the step to the rank that runs it; ``None`` on a middle pipeline
-        stage whose samples carry no position ids (it packs the layout alone; its whole plane
-        is the same stage). A sample's ``group_id`` is read at the gather and not moved."""
+        stage whose samples carry no position ids (it packs the layout alone)."""
         position_ids = carries_position_ids(gathered.key_mask)
         if self.topology.is_middle_stage and not position_ids:
             return None
@@ -96,7 +84,17 @@ class CpMode:
             split = [split_payload(sample) for sample in pool]
             pool, payloads = [tokens for tokens, _ in split], [payload for _, payload in split]
         try:
-            exchanged = self._exchange_tokens(pool, plan, gathered, position_ids)
+            exchanged = exchange_shards(
+                pool,
+                plan,
+                gathered.lengths.counts,
+                self.exchange_group,
+                rank=self.groups.plane_rank,
+                position_ids=position_ids,
+                spans=plan.packed_spans(self.config.static_shapes),
+                layout=self.config.cp_layout,
+                lane=self.lane,
+            )
         except Exception as exc:  # the payloads' all-to-all still runs on this rank: no peer waits in it
             failure: Exception | None = exc
             exchanged = Exchanged({})
@@ -107,21 +105,6 @@ class CpMode:
         if failure is not None:
             raise failure
         return exchanged
-
-    def _exchange_tokens(
-        self, pool: Sequence[Sample], plan: Schedule, gathered: Gathered, position_ids: bool
-    ) -> Exchanged:
-        return exchange_shards(
-            pool,
-            plan,
-            gathered.lengths.counts,
-            self.exchange_group,
-            rank=self.groups.plane_rank,
-            position_ids=position_ids,
-            spans=plan.packed_spans(self.config.static_shapes),
-            layout=self.config.cp_layout,
-            lane=self.lane,
-        )
 
     def _move_payloads(
         self, exchanged: Exchanged, payloads: Sequence[Mapping[str, torch.Tensor]], plan: Schedule, gathered: Gathered
@@ -153,8 +136,8 @@ class CpMode:
         exchanged.bytes_kept += int(sizes[kept].sum())
 
     def pack(self, plan: Schedule, exchanged: Exchanged | None, gathered: Gathered) -> list[PackedBatch]:
-        """This rank's shard of its group's microbatch in every round (module docstring);
-        ``num_loss_tokens`` of each is the gathered count of its whole pack."""
+        """This rank's shard of its group's microbatch in every round; ``num_loss_tokens``
+        of each is the gathered count of its whole pack."""
         config, me = self.config, self.groups.plane_rank
         layout = _Layout(plan, config.static_shapes)
         out = []
@@ -188,11 +171,8 @@ class CpMode:
 def cp_mode(
     config: PackingConfig, topology: Topology, comm: Topology, *, timeout: datetime.timedelta | None = None
 ) -> CpMode:
-    """The CP mode ``config`` runs on this rank, with its CP process groups: :class:`DynamicCp`
-    under ``dynamic_cp`` (:func:`~seqpack.collective.cp_groups.new_cp_groups`), else
-    :class:`StaticCp` (:func:`~seqpack.collective.cp_groups.static_cp_groups`). Collective
-    over the default group where it creates groups (every rank, the same config); ``comm``: the
-    topology whose groups the wrapper's collectives use; ``timeout``: of the wrapper's groups."""
+    """The CP mode ``config`` runs on this rank, with its CP process groups (collective where
+    it creates groups); ``comm``: the topology whose groups the wrapper's collectives use."""
     if config.dynamic_cp:
         groups = new_cp_groups(topology, config.build_scheduler().group_sizes, timeout=timeout)
         return DynamicCp(config, topology, groups)
@@ -200,16 +180,14 @@ def cp_mode(
 
 
 class StaticCp(CpMode):
-    """Static CP: every group is a replica's CP block, so every piece stays in its CP lane and
-    the exchange runs over the wrapper's DP group (``comm``'s)."""
+    """Static CP: every group is a replica's CP block; the exchange runs over ``comm``'s DP group."""
 
     def __init__(self, config: PackingConfig, comm: Topology, groups: CpGroups) -> None:
         super().__init__(config, comm, groups, comm.group("dp"), lane=True)
 
 
 class DynamicCp(CpMode):
-    """Dynamic CP (``dynamic_cp=True``): the exchange runs over the wrapper's plane group, and
-    the wire carries each round's group start to TP receivers and middle stages."""
+    """Dynamic CP (``dynamic_cp=True``): the exchange runs over the wrapper's plane group."""
 
     def __init__(self, config: PackingConfig, topology: Topology, groups: CpGroups) -> None:
         super().__init__(config, topology, groups, groups.plane, lane=False)
@@ -220,8 +198,7 @@ class DynamicCp(CpMode):
         return tuple(int(v) for v in plan.group_start[rounds])
 
     def attach(self, batches: Sequence[PackedBatch], starts: Sequence[int]) -> list[PackedBatch]:
-        """Batches decoded from the wire with this rank's process group of each one's block
-        (``starts``: the plane rank each group begins at, from the header).
+        """Batches decoded from the wire with this rank's process group of each one's block.
 
         Raises:
             ConfigError: A shard that is not this plane rank's (the TP group pairs ranks at
@@ -273,8 +250,7 @@ class _Layout:
 
     def filler(self, size: int) -> PackedBatch:
         """A padding-only microbatch of the smallest size (bucket) a group of ``size`` ranks
-        runs: under dynamic CP one sequence padded by its group's rule (a replica's block
-        runs a grouped part's empty microbatch)."""
+        runs (under dynamic CP padded by its group's rule)."""
         if self.static is None:
             pad = self.plan.pad_multiple
             return padding_only_batch(pad if self.plan.is_static else group_pad_multiple(size, pad))

@@ -1,30 +1,18 @@
 """wrap_data_iterator: the per-step composition of seqpack's pieces, resumable.
 
 Every ``next()`` is collective over the whole topology (call it on every rank): one step of
-:class:`~seqpack.loader.producer.StepProducer` (its stages: that module).
+:class:`~seqpack.loader.producer.StepProducer`. Who reads data: with ``data_owner="tp0"`` TP
+rank 0 of the first and the last pipeline stage, on every DP and CP rank; with ``"all"``
+every rank. Others pass ``data_iterator=None``.
 
-Who reads data: with ``data_owner="tp0"`` TP rank 0 of the first and the last pipeline
-stage, on every DP and CP rank (the CP ranks of one replica read identical samples, as
-Megatron's samplers do); with ``"all"`` every rank reads identical data for its DP rank and
-nothing is broadcast. Others pass ``data_iterator=None``.
-
-Errors: a failure on any rank in any phase of a step (a bad sample, the data iterator
-raising, an oversize sequence, a scheduler bug, the exchange, packing, a broadcast, the
-device copy or the data iterator's ``state_dict`` at delivery) becomes
+Errors: a failure on any rank in any phase of a step becomes
 :class:`~seqpack.errors.StepFailed` with the same message on every rank, naming the rank and
-the phase; on the rank that failed the original exception is its ``__cause__``. The
-iterator is then failed: every later ``next()`` raises again and ``state_dict()`` refuses,
-so no sample read in the failed step is silently lost. Resume from a state saved before the
-failure.
+the phase (the original exception is its ``__cause__`` on the rank that failed). The
+iterator is then failed: later ``next()`` calls raise and ``state_dict()`` refuses.
 
-Prefetch: with ``prefetch=k > 0`` (the default is 1) a daemon thread on every rank prepares
-up to ``k`` steps ahead (:meth:`~seqpack.loader.producer.StepProducer.produce`, the work of
-one synchronous ``next()``), on process groups created for the wrapper alone
-(:func:`seqpack.collective.groups.new_axis_groups`), so its collectives never interleave
-with the model's. ``next()`` hands over the next prepared step; an error is raised by the ``next()``
-of the step it belongs to; ``state_dict()`` describes the steps handed over, never the
-prepared ones (the reader's bookkeeping is snapshotted with every prepared step).
-``close()`` (or leaving a ``with`` block) stops the thread and frees the groups.
+Prefetch: with ``prefetch=k > 0`` a daemon thread prepares up to ``k`` steps ahead, on
+process groups created for the wrapper alone, so its collectives never interleave with the
+model's; ``state_dict()`` describes the steps handed over, never the prepared ones.
 """
 
 from __future__ import annotations
@@ -94,10 +82,8 @@ class PackingIterator(Iterator[Step], Stateful):
     wrapper's own process groups (an iterator that reaches its end or fails frees them
     itself).
 
-    :attr:`cp_groups` holds this rank's CP process groups, the model's group of every block a
-    plan can use: under ``dynamic_cp`` one per block of the plane, under static CP the
-    topology's CP group; and the whole plane's, which ``Step.to_origin`` runs on. Every
-    CP-sharded batch carries its block's as ``cp_group``.
+    :attr:`cp_groups` holds this rank's CP process groups (the model's group of every block a
+    plan can use, and the whole plane's); every CP-sharded batch carries its block's.
     """
 
     cp_groups: CpGroups | None = None
@@ -175,9 +161,7 @@ class PackingIterator(Iterator[Step], Stateful):
     ) -> tuple[Topology | None, datetime.timedelta | None, int]:
         """Check this rank's arguments, then agree on them with every rank (one error for
         all, the fields that differ named). Returns the wrapper groups' topology (when given),
-        the groups' timeout, and the largest prefetch of any rank: ranks may differ in
-        prefetch; the wrapper's own groups are created when any rank prefetches, and
-        calibration times wait for the deepest rank's steps."""
+        the groups' timeout, and the largest prefetch of any rank (ranks may differ in it)."""
         topology = self.topology
         error: SeqpackError | None = None
         fingerprint, details = None, None
@@ -282,12 +266,9 @@ class PackingIterator(Iterator[Step], Stateful):
     def close(self, timeout: float = 10.0) -> None:
         """Stop the background producer and free the wrapper's own process groups.
 
-        Returns within about ``timeout`` seconds, also when a peer has died or hangs: the
-        thread first finishes the steps it may still prepare (at most ``prefetch``; the
-        other ranks' threads take part in them), and one still stuck in a collective after
-        ``timeout`` is left behind (a daemon thread; its collective fails at the groups'
-        timeout). ``next()`` then raises; ``state_dict()`` still describes the steps handed
-        over. Idempotent.
+        Returns within about ``timeout`` seconds, also when a peer has died or hangs (a
+        thread still stuck in a collective is left behind as a daemon). ``next()`` then
+        raises; ``state_dict()`` still describes the steps handed over. Idempotent.
         """
         self._closed = True
         self._release(check_seconds("timeout", timeout))
@@ -346,8 +327,7 @@ class PackingIterator(Iterator[Step], Stateful):
                 f"cannot save the state of an iterator that failed at step {self._failure.step}: save states before "
                 "the failure and resume from those"
             )
-        # Under prefetch the reader may be steps ahead: report the bookkeeping as of the
-        # last step handed over (live only before the background thread has started).
+        # Under prefetch the reader may be steps ahead: report the last step handed over.
         progress = self._delivered if self._delivered is not None else self._producer.progress()
         return ResumeState(
             topology=self.topology.signature(),
@@ -366,11 +346,9 @@ class PackingIterator(Iterator[Step], Stateful):
         ).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict` into this fresh iterator over the same data.
-
-        The data iterator is restored with its own ``load_state_dict`` when both it and the
-        state have one; otherwise it is fast-forwarded by the consumed count on the next
-        step.
+        """Resume from :meth:`state_dict` into this fresh iterator over the same data (the
+        data iterator through its own ``load_state_dict`` when both have one, else
+        fast-forwarded by the consumed count).
 
         Raises:
             ResumeError: Missing keys, another state version, a different topology or

@@ -1,37 +1,19 @@
 """StepProducer: one step of the wrapper on this rank, from reading samples to the
 :class:`~seqpack.loader.step.Ready` that ``next()`` hands over.
 
-A step's backbone is four modules: :mod:`~seqpack.loader.iterator` (``next()``; under
-prefetch :mod:`~seqpack.loader.prefetch`'s thread runs :meth:`StepProducer.produce`, a
-runner, not a stage) -> this producer -> :mod:`~seqpack.loader.phases` (read, gather,
-schedule; exchange and pack are the methods of the iterator's
-:class:`~seqpack.loader.cp_mode.CpMode`) -> :mod:`~seqpack.loader.step` (the ``Step`` and
-the hand-over). The CP mode and the calibration state are values the iterator builds once
-and hands in.
+Every rank calls :meth:`StepProducer.produce` once per step; its stages, in order, each
+collective where it has a collective:
 
-A step runs these stages (every rank calls :meth:`StepProducer.produce` once per step, in
-the same order, because every stage with a collective is collective):
-
-1. on ranks that read data, the phases: read, gather lengths over DP, schedule, agree over
-   the exchange's group, exchange, pack + CP shard (:meth:`StepProducer._reader_step`);
-2. the copies of a replica (CP ranks; under ``data_owner="all"`` also TP and PP) agree on
-   the outcome and compare schedule fingerprints (:meth:`StepProducer._agree_copies`);
-3. under ``data_owner="tp0"``, the TP broadcast and the pipeline's agreement and layout
-   broadcast to middle stages (:meth:`StepProducer._broadcast`);
-4. stats, the device copy and the resume bookkeeping as of this step
-   (:meth:`StepProducer._ready`);
+1. on ranks that read data, the phases (read, gather, schedule, agree, exchange, pack);
+2. the copies of a replica agree on the outcome and compare schedule fingerprints;
+3. under ``data_owner="tp0"``, the TP broadcast and the pipeline's agreement and broadcast;
+4. stats, the device copy and the resume bookkeeping (:meth:`StepProducer._ready`);
 5. every rank agrees on the outcome (:meth:`StepProducer._settle`).
 
 A phase that fails on one rank becomes an error naming the rank and the phase, which the next
-agreement carries to every rank; a phase holding a collective still takes part in it.
-
-Calibration is data (:mod:`seqpack.loader.calibration`): a step takes a ``StepInput`` before
-the stages (the model to plan with, the time words that ride the gather and the agreements)
-and gives the combined words back after them, absorbed once, between steps; without
-``calibrate`` the input is empty.
-
-:meth:`StepProducer.produce` never raises: a failure becomes the step's agreed error, or an
-exception carried in the ``Ready`` and raised by the ``next()`` of that step.
+agreement carries to every rank. Calibration is data (:mod:`seqpack.loader.calibration`): a
+``StepInput`` taken before the stages, the combined time words absorbed after them.
+:meth:`StepProducer.produce` never raises.
 """
 
 from __future__ import annotations
@@ -90,7 +72,7 @@ class StepProducer:
 
     Args:
         data_iterator: The user's samples on ranks that read, else ``None``.
-        topology: This rank's topology (its ranks and sizes).
+        topology: This rank's topology.
         comm: The topology whose groups the per-step collectives run on (the wrapper's own
             groups under prefetch).
         config: The resolved :class:`PackingConfig`.
@@ -98,11 +80,8 @@ class StepProducer:
         stats_cost: The cost model stats are measured in.
         reads: This rank reads data.
         copy: Pins and copies the step's tensors to the device.
-        cp_mode: The config's CP mode (:func:`~seqpack.loader.cp_mode.cp_mode`): the
-            exchange and pack phases, with the model's CP process groups, which the step's
-            CP-sharded batches carry as ``cp_group``.
-        calibration: The calibration state each step takes its :class:`StepInput` from and
-            gives its combined times back to.
+        cp_mode: The exchange and pack phases, with the model's CP process groups.
+        calibration: What each step takes its :class:`StepInput` from and gives its times to.
     """
 
     def __init__(
@@ -142,9 +121,8 @@ class StepProducer:
         return self.steps > 0 or (self.reader is not None and self.reader.started)
 
     def produce(self) -> Ready:
-        """Prepare the next step: the work of one ``next()`` without the hand-over (read,
-        gather, schedule, exchange, pack, agree, broadcast, stats, device copy). Runs on the
-        background thread under prefetch, else inside ``next()``; never raises."""
+        """Prepare the next step (the work of one ``next()`` without the hand-over), on the
+        prefetch thread or inside ``next()``; never raises."""
         index = self.steps
         try:
             taken = self.calibration.take(index)  # the model to plan with, the time words to send
@@ -257,8 +235,7 @@ class StepProducer:
 
     def _place(self, planned: _Planned, trace: StepTrace) -> StepMessage:
         """Exchange and pack: this rank's microbatches of the step (its CP shards), or the
-        step's error when the exchange or packing failed here (after the exchange's
-        collectives: the agreements that follow carry it)."""
+        step's error when the exchange or packing failed here."""
         step, plan, gathered = self.steps, planned.plan, planned.gathered
         with trace.phase("exchange"):
             try:
@@ -316,10 +293,7 @@ class StepProducer:
 
     def _agree_copies(self, msg: StepMessage, taken: StepInput, trace: StepTrace) -> StepMessage:
         """The copies of one replica (CP ranks; under "all" also TP and PP) agree on the
-        outcome. The schedule fingerprint rides on the status all-reduce that happens
-        anyway: copies that read different data are caught every step. The step's time
-        words (``trace.times``; none without calibrate) ride on it too (an int64 MAX), so
-        that every copy holds every copy's times."""
+        outcome; the schedule fingerprint and the step's time words ride on that all-reduce."""
         axes = (Axis.CP,) if self.config.data_owner == DataOwner.TP0 else (Axis.CP, Axis.TP, Axis.PP)
         fingerprint = taken.fingerprint(msg.schedule) if isinstance(msg, StepOk) else None
         status, message, origin = _outcome(msg)
@@ -387,9 +361,8 @@ class StepProducer:
         return msg
 
     def _ready(self, msg: StepMessage, trace: StepTrace, taken: StepInput, last: Measurement | None) -> Ready:
-        """The step's agreed outcome as next() will hand it over, built on the producer's
-        side: stats (``taken``: what the step was planned with; ``last``: the last measured
-        step), device copy, and the resume bookkeeping as of this step."""
+        """The step's agreed outcome as next() will hand it over: stats (``taken``: what the
+        step was planned with; ``last``: the last measured step), device copy, resume bookkeeping."""
         if isinstance(msg, StepError):
             # The failing rank's own exception; an error every reading rank decided alike
             # from the gathered sums carries the exception each of them made of it.
@@ -401,8 +374,8 @@ class StepProducer:
         if isinstance(msg, StepEnd):
             return Ready(msg.step, message=msg, progress=self.progress())
         plan = msg.schedule
-        # A calibrated dynamic-CP cost is the unit the step was planned in; a fitted static
-        # one is not what static stats are measured in (the config's cost is).
+        # A calibrated dynamic-CP cost is the unit the step was planned in; static stats
+        # stay in the config's cost.
         config = self.config
         cost = taken.model if taken.model is not None and not plan.is_static else self.stats_cost
         stats = StepStats.from_schedule(
@@ -435,9 +408,8 @@ class StepProducer:
         return Ready(msg.step, step=step, progress=self.progress(), copied=copied, nbytes=nbytes)
 
     def _with_groups(self, plan: Schedule, batches: list[PackedBatch]) -> list[PackedBatch]:
-        """Every CP-sharded batch with the model's process group of its block in its round
-        (a static plan's: this replica's CP group), where it carries none yet: the compute
-        stages take the group from the batch under either CP."""
+        """Every CP-sharded batch with the model's process group of its block in its round,
+        where it carries none yet (a static plan's, received over TP or PP)."""
         starts = plan.group_start[plan.rank_group()[:, self.cp_groups.plane_rank]].tolist()
         return [
             batch
