@@ -1,16 +1,10 @@
 """The :class:`Schedule` a scheduler returns and the :class:`ScheduleLimits` it was made for.
 
-A schedule says, for one training step, which global sample ids each microbatch packs and
-which ranks run it. It is pure data computed from lengths alone, so every rank computes the
-same one without talking to the others.
-
 The ``R = dp_size * cp_size`` ranks are numbered DP-major (rank ``d * cp_size + k`` is CP rank
 ``k`` of DP replica ``d``). Every microbatch round cuts them into contiguous blocks, the
-*groups*; each group runs one packed microbatch whose sequences use the group's size as their
-CP size. Static CP (and plain data parallelism) is the case where the groups of every round
-are the DP replicas' CP blocks (``group_sizes="static"``): group ``m * dp_size + d`` is
-microbatch ``m`` of replica ``d``, and :attr:`Schedule.assignment` lists them as a grid. Dynamic CP
-(``"pow2"``, ``"any"``: :mod:`seqpack.schedulers.dynamic_cp`) lets each round choose its groups.
+*groups*; each runs one packed microbatch with the group's size as its CP size. Static CP is
+the case whose groups are the replicas' CP blocks (group ``m * dp_size + d`` is microbatch
+``m`` of replica ``d``); dynamic CP lets each round choose its groups (docs/schedulers.md).
 """
 
 from __future__ import annotations
@@ -78,28 +72,11 @@ class ScheduleLimits:
         return cls(m, dp, cp, per_rank, pad, _GROUP_SIZES[code])
 
 
-def _int64_array(name: str, value: object) -> np.ndarray:
-    """One array of :meth:`Schedule.from_arrays` as a flat int64 copy (never wrapped, never
-    truncated)."""
-    return int64_array(f"schedule array {name!r}", value, error=ScheduleError).reshape(-1)
-
-
-def static_groups(num_microbatches: int, dp_size: int, cp_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(round, first rank, size)`` of the groups of a static plan: group ``m * dp_size +
-    d`` is replica ``d``'s CP block in round ``m``."""
-    g = np.arange(num_microbatches * dp_size, dtype=np.int64)
-    return g // max(dp_size, 1), (g % max(dp_size, 1)) * cp_size, np.full(g.shape[0], cp_size, dtype=np.int64)
-
-
 class Grid(Sequence[list[np.ndarray]]):
-    """A static plan's grid held flat, as a planner that sorts ids by microbatch has it:
-    ``ids`` cell after cell, cell ``m * dp_size + d`` (microbatch ``m`` of replica ``d``)
-    holding ``counts[m * dp_size + d]`` of them, in pack order.
-
-    It reads as ``grid[m][d]`` (views of ``ids``), what :meth:`GridScheduler._plan
-    <seqpack.schedulers.base.GridScheduler._plan>` returns, and :meth:`Schedule.from_assignment`
-    takes ``ids`` and ``counts`` as they are: at a million sequences the per-cell arrays
-    would cost more than the plan's bookkeeping (one Python object per microbatch).
+    """A static plan's grid held flat: ``ids`` cell after cell, cell ``m * dp_size + d``
+    (microbatch ``m`` of replica ``d``) holding ``counts[m * dp_size + d]`` of them, in pack
+    order. It reads as ``grid[m][d]`` (views of ``ids``); :meth:`Schedule.from_assignment`
+    takes it as it is, without one array per microbatch.
     """
 
     def __init__(self, ids: np.ndarray, counts: np.ndarray, dp_size: int) -> None:
@@ -134,9 +111,7 @@ class Schedule:
     """Where every sequence of one step goes, and on which ranks (module docstring).
 
     Groups are listed round by round, and within a round by their first rank; the groups of
-    a round partition the ranks ``0..R-1``. A group with no ids is an idle block (under
-    lockstep it runs a padding-only filler). Static plans are usually built with
-    :meth:`from_assignment`.
+    a round partition the ranks ``0..R-1``. A group with no ids runs a padding-only filler.
 
     Attributes:
         num_microbatches: Microbatch rounds of the step (every rank runs one microbatch per
@@ -157,13 +132,10 @@ class Schedule:
         dropped: Ids removed because they exceed capacity under ``on_oversize="drop"``.
         truncated: Ids cut to capacity under ``on_oversize="truncate"`` (still assigned).
         origin: DP rank holding each id before the step's exchange (default: contiguous
-            equal blocks); what :class:`~seqpack.stats.StepStats` counts moved tokens
-            against. Not part of the fingerprint: the same placement is the same schedule
-            wherever samples came from.
-        sample_cost: float64 ``[N]`` or None: each id's extra cost beside its tokens' (the
-            ``sample_cost`` the scheduler was given, e.g. the vision encoder's), which the
-            step time, round and replica costs and ``StepStats`` add to its microbatch.
-            Not part of the fingerprint nor of :meth:`to_arrays` (the plan's placement is).
+            equal blocks). Not part of the fingerprint.
+        sample_cost: float64 ``[N]`` or None: each id's extra cost beside its tokens' (e.g.
+            the vision encoder's), added to its microbatch's cost. Not part of the
+            fingerprint nor of :meth:`to_arrays`.
     """
 
     num_microbatches: int
@@ -238,12 +210,12 @@ class Schedule:
             cells = [np.ascontiguousarray(ids, dtype=np.int64).reshape(-1) for row in rows for ids in row]
             counts = np.fromiter((c.shape[0] for c in cells), dtype=np.int64, count=len(cells))
             num_rounds, assigned = len(rows), np.concatenate(cells) if cells else _empty()
-        rounds, starts, sizes = static_groups(num_rounds, dp_size, cp_size)
+        g = np.arange(num_rounds * dp_size, dtype=np.int64)  # group m * dp + d: replica d's CP block
         return cls(
             num_microbatches=num_rounds,
-            group_round=rounds,
-            group_start=starts,
-            group_size=sizes,
+            group_round=g // dp_size,
+            group_start=g % dp_size * cp_size,
+            group_size=np.full(g.shape[0], cp_size, dtype=np.int64),
             group_counts=counts,
             assigned=assigned,
             lengths=lengths,
@@ -263,14 +235,7 @@ class Schedule:
     @property
     def limits(self) -> ScheduleLimits:
         """The limits the schedule was made for (the head of :meth:`to_arrays`)."""
-        return ScheduleLimits(
-            self.num_microbatches,
-            self.dp_size,
-            self.cp_size,
-            self.max_tokens_per_rank,
-            self.pad_multiple,
-            self.group_sizes,
-        )
+        return ScheduleLimits(*(getattr(self, f.name) for f in dataclasses.fields(ScheduleLimits)))
 
     @property
     def is_static(self) -> bool:
@@ -363,29 +328,12 @@ class Schedule:
         np.add.at(sums, self.group_of, per_seq)
         return sums
 
-    def microbatch_tokens(self, padded: bool = True) -> np.ndarray:
-        """Tokens of every round and replica, int64 ``[num_microbatches, dp_size]``, by
-        :meth:`leading_replica` (a static plan: every microbatch's)."""
-        out = np.zeros((self.num_microbatches, self.dp_size), dtype=np.int64)
-        np.add.at(out, (self.group_round, self.leading_replica()), self.group_tokens(padded))
-        return out
-
-    def id_groups(self) -> np.ndarray:
-        """Per global id: the group that packs it (-1 when not assigned)."""
-        group = np.full(self.num_sequences, -1, dtype=np.int64)
-        group[self.assigned] = self.group_of
-        return group
-
     def placement(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per global id, its placement: replica (:meth:`replica_of`), round and slot in its
         pack, -1 when not assigned."""
-        n = self.num_sequences
-        rounds = np.full(n, -1, dtype=np.int64)
-        slot = np.full(n, -1, dtype=np.int64)
-        if self.assigned.size:
-            rounds[self.assigned] = self.group_round[self.group_of]
-            slot[self.assigned] = np.arange(self.assigned.shape[0], dtype=np.int64) - self.offsets[self.group_of]
-        return self.replica_of(), rounds, slot
+        slot = np.full(self.num_sequences, -1, dtype=np.int64)
+        slot[self.assigned] = np.arange(self.assigned.shape[0], dtype=np.int64) - self.offsets[self.group_of]
+        return self.replica_of(), self.per_id(self.group_round), slot
 
     def replica_of(self) -> np.ndarray:
         """Per global id: the DP replica whose CP block holds its group's first rank (a
@@ -440,9 +388,11 @@ class Schedule:
         missing = [k for k in ("limits", *cls.ARRAY_FIELDS) if k not in arrays]
         if missing:
             raise ScheduleError(f"schedule arrays are missing {missing}")
-        limits = ScheduleLimits.from_array(_int64_array("limits", arrays["limits"]))
-        got = {k: _int64_array(k, arrays[k]) for k in cls.ARRAY_FIELDS}
-        fields: dict[str, object] = {**dataclasses.asdict(limits), **got}
+        got = {
+            k: int64_array(f"schedule array {k!r}", arrays[k], error=ScheduleError).reshape(-1)
+            for k in ("limits", *cls.ARRAY_FIELDS)
+        }
+        fields: dict[str, object] = {**dataclasses.asdict(ScheduleLimits.from_array(got.pop("limits"))), **got}
         plan = cls(**fields)  # type: ignore[arg-type]
         schedule_checks.check_arrays(plan)
         schedule_checks.check_origin(plan)
@@ -473,13 +423,11 @@ class Schedule:
         """Raise :class:`~seqpack.errors.ScheduleError` naming the first violated invariant.
 
         The limits match; the groups of every round partition the ranks into contiguous
-        blocks by the plan's rule (static: each replica's CP block; ``"pow2"``: aligned
-        powers of two or the whole R); every id appears exactly once in assigned, deferred
-        or dropped; lengths changed only by truncation or dropping; the padded tokens of
-        every group fit ``size * max_tokens_per_rank``; with ``static_shapes`` (a static plan),
-        every microbatch holds at most its ``max_real_sequences`` sequences and its largest
-        bucket's padded tokens. One check per invariant, in
-        :mod:`seqpack.schedulers.schedule_checks`.
+        blocks by the plan's rule; every id appears exactly once in assigned, deferred or
+        dropped; lengths changed only by truncation or dropping; the padded tokens of every
+        group fit ``size * max_tokens_per_rank``; with ``static_shapes`` (a static plan),
+        every microbatch holds at most ``max_real_sequences`` sequences and its largest
+        bucket's padded tokens. One check each, in :mod:`seqpack.schedulers.schedule_checks`.
         """
         expected = {"dp_size": dp_size, "cp_size": cp_size, "max_tokens_per_rank": max_tokens_per_rank}
         expected["pad_multiple"] = pad_multiple

@@ -76,7 +76,7 @@ def test_capacity_and_microbatch_limits():
     )
     s.validate()
     assert s.num_microbatches >= 9 and s.num_microbatches % 4 == 0
-    assert s.microbatch_tokens().max() <= cap
+    assert s.group_tokens().max() <= cap
     forced = get_scheduler("balanced", num_microbatches=40).schedule(lengths, dp_size=8, max_tokens_per_rank=cap)
     forced.validate()
     assert forced.num_microbatches == 40

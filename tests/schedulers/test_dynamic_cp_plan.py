@@ -29,7 +29,7 @@ def test_a_plan_holds_a_group_and_singles():
     plan = a_plan()
     plan.validate(LENGTHS, dp_size=2, cp_size=2, max_tokens_per_rank=100, pad_multiple=2)
     assert plan.num_ranks == 4 and plan.group_size.max() == 4  # 300 tokens need all 4 ranks
-    group = plan.id_groups()
+    group = plan.per_id(np.arange(plan.num_groups))
     assert plan.group_size[group[0]] == 4 and (group >= 0).all()
     assert plan.rank_group().shape == (plan.num_microbatches, 4)
     assert plan.group_tokens().max() <= 4 * 100

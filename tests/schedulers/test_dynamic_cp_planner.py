@@ -100,7 +100,7 @@ def test_long_sequence_spreads_and_short_ones_stay_alone():
     cost = CostModel(1.0, 0.001, 1.0, ring_step=2.0, ring_token=0.5, ranks_per_node=8, reference_size=1)
     lengths = [900] + [50] * 30  # 900 needs 8 ranks of 128
     plan = plan_dcp(lengths, dp_size=8, max_tokens_per_rank=128, cost=cost)
-    sizes = plan.group_size[plan.id_groups()]
+    sizes = plan.per_id(plan.group_size)
     assert sizes[0] == 8
     assert (sizes[1:] == 1).sum() > 20  # most short ones pay no ring
 

@@ -56,7 +56,7 @@ def test_invariants(inst, name):
     assert s.num_microbatches == len(s.assignment)
     assert all(len(row) == inst["dp"] for row in s.assignment)
     if s.num_microbatches:
-        assert s.microbatch_tokens().max() <= capacity
+        assert s.group_tokens().max() <= capacity
     ids = np.concatenate([c for row in s.assignment for c in row] + [s.deferred, s.dropped]).astype(np.int64)
     assert np.array_equal(np.sort(ids), np.arange(len(lengths)))
     # Oversize policies count exactly what was cut.
