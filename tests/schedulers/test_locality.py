@@ -11,11 +11,12 @@ from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.mock_data import lognormal_lengths, pareto_lengths
 from seqpack.schedulers import _kernels, get_scheduler
-from seqpack.schedulers.balanced import locality, plan_balanced, relabel_replicas
+from seqpack.schedulers.balanced import plan_balanced, relabel_replicas
 from seqpack.schedulers.balanced.locality import (
     KEPT_HOME,
     LINK_BYTES_PER_SECOND,
     PLAN_SECONDS_PER_SEQUENCE,
+    _per_replica,
     break_even_bytes_per_token,
     locality_pays,
     plan_local,
@@ -255,8 +256,8 @@ def test_lightest_reads_a_heap_in_order():
     total = rng.integers(0, 5, 40).astype(float)  # ties: lower index first
     heap = np.arange(40, dtype=np.int64)
     pos = np.arange(40, dtype=np.int64)
-    for i in range(40):
-        _kernels.replica_repair._total_sift(heap, pos, i + 1, i, total, 1.0)
+    for i in range(19, -1, -1):
+        _kernels.replica_repair._total_down(heap, pos, 40, i, total, 1.0)
     out = np.empty(9, dtype=np.int64)
     _kernels.replica_repair._lightest_into(heap, 40, total, out, np.empty(2 * 9 + 1, dtype=np.int64))
     assert out.tolist() == np.lexsort((np.arange(40), total))[:9].tolist()
@@ -272,11 +273,8 @@ def test_replicas_keeps_whichever_layout_moves_less():
     costs = COST.cost(lengths)
     origin = default_origin(lengths.shape[0], dp)
     ref = plan_balanced(lengths, costs, dp_size=dp, capacity=cap, sync="replica", origin=origin)
-    ranks = relabel_replicas(ref.replica_of, origin, lengths, dp)
-    step = locality.Local(lengths, costs, origin, ref, ranks, dp, cap, 0.0, "replica", None, 1e-3, relabel_replicas)
-    layout = locality.per_replica(step)
-    assert layout is not None
-    layout_moved = int(lengths[layout[1] != origin].sum())
+    per_replica = _per_replica(lengths, costs, origin, ref, dp, cap, 0.0, "replica", None, 1e-3)
+    layout_moved = int(lengths[relabel_replicas(per_replica.replica_of, origin, lengths, dp) != origin].sum())
     assert layout_moved > lengths.sum() / 3
     sched = get_scheduler("balanced", locality=True)
     s = sched.schedule(lengths, dp_size=dp, max_tokens_per_rank=cap, cost=COST, sync="replica")
