@@ -4,31 +4,12 @@ A microbatch in THD format is every sequence of the pack concatenated along one 
 with the boundaries in ``cu_seqlens`` (real lengths) and ``cu_seqlens_padded`` (memory
 offsets when each sequence is padded at its end). Pure functions: no process groups.
 
-Modules, in the order data flows through them:
-    sample: the sample contract (:func:`normalize_sample`): accepted keys, dtypes, checks;
-        :data:`IGNORE_INDEX`, :data:`SAMPLE_DTYPES`, :data:`TOKEN_KEYS`; label alignment
-        (:func:`next_token_targets`), the alignment guard (:func:`check_label_format`,
-        :func:`label_alignment_counts`, :func:`looks_misaligned`), :func:`count_loss_tokens`.
-    layout: the one derivation of the per-token layout (:func:`token_layout`: sequence,
-        offset in its padded slot, pad flag) and Mamba's :func:`seq_idx_from_cu_seqlens`.
-    batch: :class:`PackedBatch` (one THD microbatch), its ``te_kwargs()`` for Transformer
-        Engine, :func:`padding_only_batch`.
-    pack: :func:`pack_sequences` (samples to a PackedBatch), :func:`batch_from_layout`
-        (a PackedBatch from offsets alone); prepacked: :func:`split_packed_sample` /
-        :func:`sample_sequences` (pre-packed samples).
-    padding: the length arithmetic, numpy only (no torch: the schedulers plan with it):
-        :func:`pad_multiple_for`, :func:`padded_lengths`, :func:`cp_pad_multiple`,
-        :func:`group_pad_multiple`, :func:`group_padded_lengths`.
-    vision, mrope: vision-language samples (:mod:`seqpack.thd.vision`: pixels, grids, their
-        checks) and their mRoPE positions (:class:`MRopeSpec`, ``pack_sequences(mrope=)``).
-    static_shapes: :class:`StaticShapes` (token buckets, a fixed number of sequence slots
-        and the tail's place: fixed shapes for ``torch.compile`` and CUDA graphs).
-    cp: context parallelism, DualChunkSwap (:func:`partition_indices`, :func:`shard_for_cp`,
-        :func:`unshard_from_cp`, :func:`gather_order`, chunk reorders).
-
-NeMo Automodel's converters (``process_input_for_thd``, ``split_batch_into_thd_chunks``)
-live in :mod:`seqpack.interop.nemo`, Hugging Face's kwargs (``to_hf``) in
-:mod:`seqpack.interop.hf`: interop builds on this package, never the other way.
+Modules, in the order data flows through them: ``sample`` (the sample contract and label
+alignment), ``layout`` (the one per-token layout), ``batch`` (:class:`PackedBatch`),
+``pack`` and ``prepacked`` (samples to a batch), ``padding`` (length arithmetic, numpy only:
+the schedulers plan with it), ``vision`` and ``mrope`` (vision-language samples),
+``static_shapes`` (fixed shapes for ``torch.compile`` and CUDA graphs), ``cp`` (context
+parallel layouts).
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""The THD microbatch: :class:`PackedBatch` and its Transformer Engine keyword arguments.
-
-A microbatch in THD format is every sequence of the pack concatenated along one token axis,
-with the boundaries in ``cu_seqlens`` (real lengths) and ``cu_seqlens_padded`` (memory
-offsets when each sequence is padded at its end).
-"""
+"""The THD microbatch: :class:`PackedBatch` and its Transformer Engine keyword arguments."""
 
 from __future__ import annotations
 
@@ -42,31 +37,20 @@ VISION_BATCH_FIELDS: tuple[str, ...] = (
 class PackedBatch:
     """One THD microbatch (or this CP rank's shard of it).
 
-    Token fields (``input_ids`` ... ``padding_mask``) hold this rank's tokens; under CP they
-    are this rank's shard (``T / cp_size`` tokens) in the layout ``cp_layout`` names
-    (``"dualchunk"``, TE's DualChunkSwap, or ``"contiguous"``; see :mod:`seqpack.thd.cp`), while
-    ``cu_seqlens*`` and ``max_seqlen`` stay global, as Transformer Engine expects. Middle
-    pipeline stages get ``input_ids``, ``labels`` and ``loss_mask`` as ``None``.
+    Token fields (``input_ids`` ... ``padding_mask``) hold this rank's tokens: under CP its
+    shard (``T / cp_size`` tokens) in the layout ``cp_layout`` names, while ``cu_seqlens*`` and
+    ``max_seqlen`` stay global, as Transformer Engine expects. Middle pipeline stages get
+    ``input_ids``, ``labels`` and ``loss_mask`` as ``None``.
 
-    ``num_loss_tokens`` counts the tokens of the whole microbatch (every CP rank's share) that
-    carry loss: label not -100 and ``loss_mask`` > 0. It is set by the builders
-    (:func:`~seqpack.thd.pack_sequences` counts it once, on the host; CP shards and copies keep
-    it) and ``None`` where the builder was not told it.
+    ``num_loss_tokens`` counts the tokens of the whole microbatch (every CP rank's share)
+    whose label is not -100 and ``loss_mask`` > 0; ``None`` where the builder was not told it.
 
-    ``cp_group`` is the process group this shard's CP ranks share: the wrapper sets it on every
-    CP-sharded batch (static CP: the topology's CP group; dynamic CP,
-    ``PackingConfig(dynamic_cp=True)``: the group of the microbatch's block), and
-    ``ThdAttention`` / ``Mamba2Mixer`` use it (with ``cp_size`` / ``cp_rank``) instead of
-    their own; ``None`` for a batch built by hand without one, and always for a rank alone
-    (``cp_size`` 1). It is not serialised (the wire carries the group's block; receivers map
-    it to their own group).
+    ``cp_group`` is the process group this shard's CP ranks share (set by the wrapper on every
+    CP-sharded batch; ``ThdAttention`` and ``Mamba2Mixer`` use it instead of their own);
+    ``None`` for a rank alone. It is not serialised.
 
-    A vision-language pack (:func:`~seqpack.thd.pack_sequences` with ``mrope=``,
-    :mod:`seqpack.thd.vision`) also carries ``mrope_position_ids`` (mRoPE's t, h, w rows, each
-    sequence's own restarting with it), ``mm_token_type_ids`` and, where its samples have them,
-    the pixel tensors and grid rows of its images and videos concatenated in sequence order;
-    they are ``None`` on a text-only pack and move with ``.to(device)``. CP shards of such a
-    pack are not supported yet.
+    A vision-language pack (:mod:`seqpack.thd.vision`) also carries the fields of
+    :data:`VISION_BATCH_FIELDS`, ``None`` on a text-only pack; it cannot be CP-sharded yet.
     """
 
     input_ids: torch.Tensor | None  # int64 [T]
@@ -93,7 +77,7 @@ class PackedBatch:
     video_grid_thw: torch.Tensor | None = None  # int64 [videos, 3]
 
     def __post_init__(self) -> None:
-        # Types only (cheap: one per microbatch); the layout itself is the builders' job.
+        # Types and shapes only, never values (that would read device memory).
         for name in _REQUIRED_TENSORS:
             if not isinstance(getattr(self, name), torch.Tensor):
                 raise SeqpackTypeError(f"PackedBatch.{name} must be a tensor, got {type(getattr(self, name)).__name__}")
@@ -101,8 +85,6 @@ class PackedBatch:
             value = getattr(self, name)
             if value is not None and not isinstance(value, torch.Tensor):
                 raise SeqpackTypeError(f"PackedBatch.{name} must be a tensor or None, got {type(value).__name__}")
-        # Shapes only (no values: that would read device memory): a field of another length
-        # would otherwise surface as an index error deep inside attention or the loss.
         tokens = self.position_ids.shape
         for name in _TOKEN_FIELDS:
             value = getattr(self, name)
@@ -182,18 +164,15 @@ class PackedBatch:
     ) -> dict[str, Any]:
         """Keyword arguments for TE ``DotProductAttention.forward`` in THD.
 
-        ``pad_between_seqs`` is always stated (TE issue #3331: left to TE, real lengths that
-        are not multiples of ``2*cp`` give silently wrong attention). When the only padding is
-        the pack's tail, it is absorbed into the last sequence and the same tensor object is
-        passed as ``cu_seqlens`` and ``cu_seqlens_padded`` (TE #3487 decides the fast path
-        by identity). That is exact for causal attention: pads sit after every real token of
-        their sequence and carry no loss.
+        ``pad_between_seqs`` is always stated (left to TE, real lengths that are not multiples
+        of ``2*cp`` give silently wrong attention). When the only padding is the pack's tail,
+        the same tensor object is passed as ``cu_seqlens`` and ``cu_seqlens_padded`` (TE picks
+        its fast path by identity); exact for causal attention, as pads end their sequence.
 
         Args:
             pad_between_seqs: Override the derived flag (rarely right to change).
             padded_as_real: Pass padded offsets as the real lengths too (NeMo Automodel's CP
-                path): every pad token is attended as if real, exact for causal attention
-                because pads sit at the end of their sequence and carry no loss.
+                path): pads are attended as real tokens, exact for causal attention.
             include_format: Include ``qkv_format="thd"`` and
                 ``attn_mask_type="padding_causal"``.
         """
@@ -261,10 +240,8 @@ def _only_tail_differs(cu_real: torch.Tensor, cu_padded: torch.Tensor) -> bool:
 def padding_only_batch(num_tokens: int, *, pad_token_id: int = 0, slots: int = 1) -> PackedBatch:
     """A microbatch with no real token: one empty sequence padded to ``num_tokens``.
 
-    Used when a replica has nothing scheduled in a microbatch round but must still run the
-    step (FSDP and pipeline schedules need every rank to take part). Its loss mask is all
-    zero (``num_loss_tokens`` 0). ``slots``: the sequence slots (``cu_seqlens`` has
-    ``slots + 1`` entries, for :class:`~seqpack.thd.StaticShapes`' ``max_sequences``): the
+    For a replica with nothing scheduled in a microbatch round that must still run the step.
+    ``slots``: the sequence slots (:class:`~seqpack.thd.StaticShapes`' ``max_sequences``): the
     first holds the padding, the others are zero-length; ``sample_ids`` is -1 for each.
     """
     n = check_positive_int("num_tokens", num_tokens, maximum=INT32_MAX)  # cu_seqlens are int32

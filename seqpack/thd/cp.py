@@ -1,20 +1,11 @@
 """Context parallelism: how a THD pack is cut over the ranks of a CP group.
 
-Two layouts (:class:`~seqpack.options.CpLayout`), both sequence by sequence:
-
-- ``"dualchunk"`` (DualChunkSwap, the default and Transformer Engine's): each sequence of padded
-  length ``L`` (a multiple of ``2*cp``) is cut into ``2*cp`` chunks of ``L/(2*cp)`` tokens; CP
-  rank ``r`` holds chunks ``r`` and ``2*cp-1-r``, so causal attention costs the same on every
-  rank. :func:`partition_indices` returns exactly the token indices of TE's
-  ``thd_get_partitioned_indices``.
-- ``"contiguous"``: each sequence of padded length ``L`` (a multiple of ``cp``) is cut into
-  ``cp`` chunks of ``L/cp`` tokens; rank ``r`` holds chunk ``r``. For models whose attention is
-  local or linear (sliding windows, Mamba): a rank's keys are its own plus a window's reach.
-
-One rule says which runs of a sequence a rank holds, :func:`held_runs` (numpy, a group size
-and rank per sequence), and :func:`run_indices` expands runs into token indices; everything
-that cuts CP shards (this module, the wrapper's exchange, the attention reference) uses them.
-Everything here is index arithmetic on whole arrays: no Python loop per token or per sequence.
+Two layouts (:class:`~seqpack.options.CpLayout`), sequence by sequence: ``"dualchunk"``
+(DualChunkSwap, the default and Transformer Engine's: rank ``r`` holds chunks ``r`` and
+``2*cp-1-r`` of ``2*cp``, so causal attention costs the same on every rank) and
+``"contiguous"`` (rank ``r`` holds chunk ``r`` of ``cp``: for local or linear attention).
+One rule, :func:`held_runs`, says which runs of a sequence a rank holds; everything that
+cuts CP shards (this module, the wrapper's exchange, the attention reference) uses it.
 """
 
 from __future__ import annotations
@@ -105,9 +96,6 @@ def partition_indices(
         cu_seqlens_padded: Global padded offsets ``[N+1]`` (integers), each divisible by
             ``2*cp_size`` (dualchunk) or ``cp_size`` (contiguous) when ``cp_size > 1``.
         total_tokens: Tokens in the pack; must equal ``cu_seqlens_padded[-1]``.
-        cp_size: Context-parallel world size.
-        cp_rank: This rank's index in the CP group.
-        layout: A :class:`~seqpack.options.CpLayout` or its string.
 
     Returns:
         int64 tensor of ``total_tokens // cp_size`` increasing indices, on
@@ -139,10 +127,8 @@ def held_runs(
 
     Every argument broadcasts against the others (numpy); sequence ``i`` spans
     ``lengths[i]`` tokens from ``starts[i]``, cut for a group of ``cp_size[i]`` ranks, and
-    ``cp_rank[i]`` is the rank asking. Under ``"dualchunk"`` a rank holds chunk ``r`` then
-    chunk ``2c-1-r`` of ``2c`` equal chunks; under ``"contiguous"`` chunk ``r`` of ``c``. A
-    group of one holds the whole sequence (its first run; the second is empty under
-    dualchunk), whatever the length.
+    ``cp_rank[i]`` is the rank asking. A group of one holds the whole sequence, whatever the
+    length.
 
     Returns:
         int64 ``(run_starts, run_lengths)`` of the broadcast shape plus a last axis of the
@@ -193,9 +179,8 @@ def gather_order(
     """Global token index of every row of the rank-major concatenation of all CP shards.
 
     ``torch.cat(shards)[i]`` is global token ``gather_order(...)[i]``: scatter with it to undo
-    the layout and re-interleave sequences in one step (what Mamba's hidden-parallel CP
-    needs after its all-to-all), gather with it to redo both. Equals
-    ``torch.cat([partition_indices(..., r, layout=layout) for r in range(cp_size)])``, in one pass.
+    the layout, gather with it to redo it. Equals ``torch.cat([partition_indices(..., r,
+    layout=layout) for r in range(cp_size)])``.
     """
     cp_size, _ = check_cp(cp_size)
     layout = check_choice("layout", layout, CpLayout)
@@ -276,9 +261,8 @@ def unshard_from_cp(
                 "dtype, device and trailing shape"
             )
     cu = _as_offsets(cu_seqlens_padded)
-    _check_divisible(cu, cp_size, layout)
-    check_offsets(cu, None)
     total = int(cu[-1])
+    _check_layout(cu, total, cp_size, layout)
     for rank, part in enumerate(parts):
         if part.shape[0] != total // cp_size:
             raise ConfigError(

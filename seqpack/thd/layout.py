@@ -1,18 +1,12 @@
 """The token layout of a THD pack, derived once.
 
-A pack of ``N`` sequences is described by two offset arrays: ``cu_seqlens_padded[N+1]``
-(where each sequence's slot starts in memory) and ``cu_seqlens[N+1]`` (cumulative real
-lengths; a sequence's real tokens open its slot, its pads close it). Every consumer needs the
-same per-token view of that description: which sequence a token is in, its offset in its
-slot, and whether it is a pad. :func:`token_layout` is the one function that derives it; the
-packer, the wire decoder (:func:`seqpack.thd.batch_from_layout`), Mamba's ``seq_idx`` and
-NeMo's padding mask all read it.
+A pack of ``N`` sequences is described by ``cu_seqlens_padded[N+1]`` (where each sequence's
+slot starts) and ``cu_seqlens[N+1]`` (cumulative real lengths; a sequence's real tokens open
+its slot, its pads close it). :func:`token_layout` derives the per-token view every consumer
+reads: sequence, offset in the slot, pad flag.
 
-Tokens at or past ``cu_seqlens_padded[-1]`` (a pack tail no sequence claims) form one more
-segment, index ``N``: pads, with offsets counted from ``cu_seqlens_padded[-1]``. This is
-Mamba's convention (``searchsorted(..., right=True)``: the tail's state resets) and NeMo's
-(the tail is padding). :class:`~seqpack.thd.PackedBatch` never has such a tail: the packer
-absorbs it into the last sequence and the CP partition refuses it.
+Tokens at or past ``cu_seqlens_padded[-1]`` form one more segment, index ``N``, all pads
+(Mamba's and NeMo's convention); :class:`~seqpack.thd.PackedBatch` never has such a tail.
 """
 
 from __future__ import annotations
@@ -47,10 +41,7 @@ class TokenLayout:
 
 
 def as_offsets(value: Offsets, name: str = "cu_seqlens_padded") -> torch.Tensor:
-    """``value`` (tensor, numpy array or list of integers) as a 1-D int64 tensor.
-
-    The device of a tensor is kept. Only integer dtypes are accepted: float offsets would be
-    truncated silently.
+    """``value`` (tensor, numpy array or list of integers) as a 1-D int64 tensor on its device.
 
     Raises:
         SeqpackTypeError: Not a tensor, array or list; not of an integer dtype.
@@ -159,12 +150,7 @@ def token_layout(
     total_tokens: int | None = None,
     validate: bool = True,
 ) -> TokenLayout:
-    """Sequence, offset and pad flag of every token of a pack.
-
-    Token ``t`` lies in the slot ``i`` with ``cu_seqlens_padded[i] <= t <
-    cu_seqlens_padded[i+1]`` (empty slots hold no token); its ``position`` is
-    ``t - cu_seqlens_padded[i]`` and it is a pad when ``position >= cu_seqlens[i+1] -
-    cu_seqlens[i]``. Tokens past the last slot are segment ``N``, all pads (module docstring).
+    """Sequence, offset in its slot and pad flag of every token of a pack (module docstring).
 
     Args:
         cu_seqlens_padded: Slot offsets ``[N+1]``, from 0, non-decreasing (integers).
@@ -175,9 +161,8 @@ def token_layout(
             ``False``.
 
     Returns:
-        A :class:`TokenLayout` on ``cu_seqlens_padded``'s device. No Python loop per
-        sequence or token; on a GPU no host sync unless ``validate`` or ``total_tokens`` is
-        left to be read from the offsets.
+        A :class:`TokenLayout` on ``cu_seqlens_padded``'s device; on a GPU no host sync unless
+        ``validate`` or ``total_tokens`` is left to be read from the offsets.
 
     Raises:
         SeqpackTypeError: Offsets that are not integers.
@@ -201,10 +186,8 @@ def token_layout(
 def seq_idx_from_cu_seqlens(cu_seqlens_padded: Offsets, total_tokens: int) -> torch.Tensor:
     """Sequence index of every token of the pack (int32 ``[T]``), pads included.
 
-    The token at ``cu_seqlens_padded[i]`` opens sequence ``i`` (one token late would leak
-    Mamba state across sequences); tokens past the last offset are sequence
-    ``N``. Offsets are not checked: this runs in every Mamba layer, where a check costs a
-    host sync; :func:`token_layout` checks.
+    Tokens past the last offset are sequence ``N``. Offsets are not checked: this runs in
+    every Mamba layer, where a check costs a host sync.
     """
     cu_padded = as_offsets(cu_seqlens_padded, "cu_seqlens_padded")
     total = _check_total(total_tokens)

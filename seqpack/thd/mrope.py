@@ -1,21 +1,14 @@
 """Multimodal RoPE (mRoPE) positions of vision-language samples, for the model families seqpack
 knows: Qwen2-VL, Qwen2.5-VL and Qwen3-VL (Qwen3-VL-MoE positions like Qwen3-VL).
 
-Every token of such a model has three positions (temporal, height, width). A text token has
-its running position on all three rows; the placeholder tokens of an image or video (one per
-merged patch, ``t*h*w / spatial_merge_size**2`` of them, in row-major ``(t, h, w)`` order) get
-the start position plus their grid coordinates, and the running position then moves on by
-``max(h, w) / spatial_merge_size``. :func:`mrope_positions` is that rule, as transformers 5.24's
-``get_rope_index`` computes it for one sample alone (tests/interop/test_hf_vision.py checks it
-equals the installed transformers' on each family). It lives in :mod:`seqpack.thd` rather than
-with the Hugging Face interop because :func:`~seqpack.thd.pack_sequences` computes it, and the
-rule is the model's (the positions its checkpoints were trained with), not an HF API: nothing
-here imports transformers; :meth:`MRopeSpec.from_hf` only reads a config's attributes.
-
-Family differences: Qwen2.5-VL spaces a video's temporal positions by
-``tokens_per_second * second_per_grid_ts`` (the sample's seconds per temporal grid step,
-default 1); Qwen3-VL separates a video's frames by timestamp text, so each frame of its grid
-is its own placeholder run of ``h*w / merge**2`` tokens.
+Every token has three positions (temporal, height, width). A text token has its running
+position on all three rows; the placeholders of an image or video (``t*h*w /
+spatial_merge_size**2``, row-major) get the start position plus their grid coordinates, and
+the running position then moves on by ``max(h, w) / spatial_merge_size``.
+:func:`mrope_positions` is that rule, as transformers' ``get_rope_index`` computes it for one
+sample alone; nothing here imports transformers. Qwen2.5-VL spaces a video's temporal
+positions by ``tokens_per_second * second_per_grid_ts``; Qwen3-VL makes each video frame its
+own placeholder run.
 """
 
 from __future__ import annotations
@@ -38,7 +31,6 @@ TEXT, IMAGE, VIDEO = 0, 1, 2
 """``mm_token_type_ids`` values (the processors' convention)."""
 
 _FRAME_RUNS = frozenset({"qwen3_vl", "qwen3_vl_moe"})  # one placeholder run per video frame
-_TIMED_VIDEOS = frozenset({"qwen2_5_vl"})  # tokens_per_second * second_per_grid_ts
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,5 @@
 """Building THD microbatches: from samples (:func:`pack_sequences`) and from a layout alone
-(:func:`batch_from_layout`, what the wire decoder and middle pipeline stages need). Both pad
-by :mod:`seqpack.thd.padding`'s arithmetic."""
+(:func:`batch_from_layout`, what the wire decoder and middle pipeline stages need)."""
 
 from __future__ import annotations
 
@@ -74,30 +73,22 @@ def pack_sequences(
         pad_to: Total token count of the pack (a multiple of ``pad_multiple``).
         pad_token_id: Token id written into pad slots.
         sample_ids: Global id of every sample (default ``0..N-1``).
-        label_format: ``"shifted"``: ``labels`` (and ``loss_mask``) are next-token targets
-            (Megatron, NeMo); ``"unshifted"``: aligned with ``input_ids`` (Hugging Face, TRL),
-            shifted here within each sequence, whose last token gets -100;
-            ``"position_aligned"``: each position's own target (a bidirectional model), used
-            as given like ``"shifted"`` and never refused for equalling ``input_ids``.
-        static_shapes: Fixed shapes (:class:`~seqpack.thd.StaticShapes`): token fields as long
-            as the smallest bucket that holds the pack, ``cu_seqlens*`` ``max_sequences + 1``
-            entries, ``max_seqlen`` the bucket, ``sample_ids`` -1 in unfilled slots; every
-            sequence's real tokens, labels, loss mask and positions as without it. ``pad_to``
-            is then the capacity of ``token_buckets="capacity"`` (refused beside buckets).
+        label_format: The alignment of ``labels`` (:class:`~seqpack.options.LabelFormat`):
+            ``"shifted"`` (next-token targets, Megatron, NeMo), ``"unshifted"`` (Hugging Face,
+            shifted here within each sequence) or ``"position_aligned"`` (used as given).
+        static_shapes: Fixed shapes (:class:`~seqpack.thd.StaticShapes`); ``pad_to`` is then
+            the capacity of ``token_buckets="capacity"`` (refused beside buckets).
         mrope: A vision-language model's ``MRopeSpec.from_hf(model.config)``, for samples with
-            images or videos (:mod:`seqpack.thd.vision`): the batch then carries their pixels,
-            grids, ``mm_token_type_ids`` and mRoPE positions.
+            images or videos (:mod:`seqpack.thd.vision`).
 
     Raises:
-        SeqpackTypeError, SampleError: A sample that breaks the sample contract (a
-            ``loss_mask`` weight that is negative or not finite included; under ``mrope``,
-            :mod:`seqpack.thd.vision`'s); a zero-length sequence; labels aligned the other
-            way than ``label_format`` says: copies of ``input_ids`` as ``"shifted"``, next
-            tokens as ``"unshifted"`` (:func:`seqpack.thd.sample.check_label_format`).
+        SeqpackTypeError, SampleError: A sample that breaks the sample contract (under
+            ``mrope``, also :mod:`seqpack.thd.vision`'s); a zero-length sequence; labels
+            aligned the other way than ``label_format`` says
+            (:func:`seqpack.thd.sample.check_label_format`).
         ConfigError: Empty ``samples``, a pack longer than ``pad_to``, bad padding arguments,
             an unknown ``label_format`` or wrong-length ``sample_ids``; images without ``mrope``;
-            under ``static_shapes``, a pack above the largest bucket or of more sequences than
-            it allows, or a bucket that is not a multiple of ``pad_multiple``.
+            a pack that ``static_shapes`` refuses.
     """
     pad_multiple, pad_to = _check_padding(samples, pad_multiple, pad_to, static_shapes)
     pad_token_id = check_int("pad_token_id", pad_token_id, minimum=-INT64_MAX - 1, maximum=INT64_MAX)
@@ -130,7 +121,7 @@ def pack_sequences(
 
 def _text_samples(samples: Sequence[Any], mrope: MRopeSpec | None) -> Sequence[Any]:
     """The samples for :func:`normalize_sample`; without ``mrope``, vision-language samples are
-    refused (their checks and positions are the model's)."""
+    refused."""
     if mrope is not None:
         if not isinstance(mrope, MRopeSpec):
             raise SeqpackTypeError(
@@ -172,7 +163,6 @@ def _check_padding(
     samples: object, pad_multiple: int, pad_to: int | None, static_shapes: StaticShapes | None
 ) -> tuple[int, int | None]:
     """:func:`pack_sequences`' samples list and padding arguments, checked."""
-    # A pack's token count is int32 (cu_seqlens): so is one sequence's padding multiple.
     pad_multiple = check_positive_int("pad_multiple", pad_multiple, maximum=INT32_MAX)
     pad_to = check_optional_int("pad_to", pad_to, minimum=0, maximum=INT64_MAX)
     if not isinstance(samples, Sequence) or isinstance(samples, (str, bytes)):
@@ -199,7 +189,6 @@ def _layout(
         cu_padded = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
         np.cumsum(padded, out=cu_padded[1:])
         return cu_real, cu_padded, int(padded.max())
-    # The largest bucket is an int32: bucket_for refuses any pack above it; StaticShapes sizes its memory.
     return static_shapes.layout(lengths, pad_multiple, pad_to)
 
 
@@ -272,8 +261,7 @@ def _real_stream(
     if "labels" in optional and label_format is not LabelFormat.POSITION_ALIGNED:
         _refuse_misaligned_labels(flat_ids, labels, mask, last, cu_real, label_format)
     labels, mask = next_token_targets(labels, mask, last, label_format)
-    # The mask is 0 wherever the label is -100. One host sync when samples live on a device;
-    # packing normally runs on the CPU.
+    # The mask is 0 wherever the label is -100.
     num_loss_tokens = int((mask > 0).sum())
     return _RealStream(flat_ids, labels, mask, last, num_loss_tokens)
 
@@ -313,16 +301,12 @@ def _place_tokens(
     cu_padded: np.ndarray,
     pad_token_id: int,
 ) -> _TokenFields:
-    """The token fields of the pack: real tokens at their slots, pads around them.
-
-    ``cu_real`` / ``cu_padded`` may hold more slots than ``sequences`` (a fixed-shape pack's
-    tail slot and unused slots, :class:`~seqpack.thd.StaticShapes`): those hold only pads.
-    """
+    """The token fields of the pack: real tokens at their slots, pads around them (also in the
+    slots past ``sequences`` of a fixed-shape pack)."""
     num_seqs = len(sequences)
     cu_seq = cu_real[: num_seqs + 1]  # the samples' own sequences
     padded_total = int(cu_padded[-1])
     no_padding = padded_total == int(cu_real[-1])
-    # Without padding the real offsets say nothing more (and the pad test would be wasted).
     layout = token_layout(cu_padded, None if no_padding else cu_real, total_tokens=padded_total, validate=False)
     has_positions = any("position_ids" in sequence for sequence in sequences)
     position_ids = layout.position
@@ -337,7 +321,7 @@ def _place_tokens(
             seq_idx=layout.seq_idx,
             padding_mask=layout.padding_mask,
         )
-    # Destination of every real token (scatter_ is ~2x faster than index_copy_ on CPU).
+    # Destination of every real token.
     dest = torch.from_numpy(np.flatnonzero(~layout.padding_mask.numpy()))  # [R]
     if has_positions:
         pos_real = position_ids.index_select(0, dest)
@@ -414,12 +398,10 @@ def batch_from_layout(
 ) -> PackedBatch:
     """A (CP-sharded) ``PackedBatch`` whose layout fields are rebuilt from ``cu_seqlens*``.
 
-    ``position_ids`` (unless given), ``seq_idx`` and ``padding_mask`` follow from the
-    layout (:func:`~seqpack.thd.token_layout`) exactly as :func:`pack_sequences` builds
-    them, then this CP rank's shard in ``cp_layout`` is taken (DualChunkSwap by default).
-    Token tensors, when given, must already be the shard. Without them the batch is metadata-only (what middle pipeline
-    stages get). Its ``num_loss_tokens`` is ``None``: a caller that knows the count sets it
-    (``dataclasses.replace``).
+    ``position_ids`` (unless given), ``seq_idx`` and ``padding_mask`` follow from the layout
+    as :func:`pack_sequences` builds them, cut to this CP rank's shard in ``cp_layout``.
+    Token tensors, when given, must already be the shard; without them the batch is
+    metadata-only (middle pipeline stages). ``num_loss_tokens`` is ``None``.
 
     Raises:
         SeqpackTypeError: Offsets or sample ids that are not integers.

@@ -1,15 +1,6 @@
 """How long a sequence is once padded: the length arithmetic of packing and context
-parallelism, on numpy arrays and ints (no torch, so the schedulers and the command line
-that plan with it import no torch).
-
-- :func:`pad_multiple_for`: the multiple every padded length has (CP, TP under sequence
-  parallelism, FP8); :func:`padded_lengths` pads an array of lengths to it.
-- :func:`cp_pad_multiple`: a CP layout's multiple (``2*cp`` DualChunkSwap, ``cp``
-  contiguous; :func:`layout_multiple` without the checks); :func:`check_cp` checks a CP
-  size and rank.
-- :func:`group_pad_multiple` / :func:`group_padded_lengths`: the same in a CP group of any
-  size (dynamic CP, where every sequence may run on a group of its own).
-"""
+parallelism (static, and dynamic CP's groups of any size), on numpy arrays and ints (no
+torch, so the schedulers that plan with it import no torch)."""
 
 from __future__ import annotations
 
@@ -63,10 +54,8 @@ def cp_pad_multiple(cp_size: int, layout: CpLayout | str = CpLayout.DUALCHUNK) -
 
 def group_pad_multiple(group_size: int, pad_multiple: int) -> int:
     """What a sequence of a dynamic-CP group of ``group_size`` ranks is padded to a multiple
-    of: ``pad_multiple`` alone, ``2 * group_size * pad_multiple`` in a group. DualChunkSwap
-    cuts it into ``2c`` chunks, each itself a multiple of ``pad_multiple``, so every rank's
-    shard meets what ``pad_multiple`` asks of a whole sequence on one rank (TP under sequence
-    parallelism, 16 under FP8)."""
+    of: ``pad_multiple`` alone, ``2 * group_size * pad_multiple`` in a group (each of the
+    ``2c`` DualChunkSwap chunks is itself a multiple of ``pad_multiple``)."""
     return 2 * group_size * pad_multiple if group_size > 1 else pad_multiple
 
 
@@ -84,8 +73,7 @@ def group_padded_lengths(lengths: np.ndarray, group_size: int | np.ndarray, pad_
 
 
 def layout_multiple(cp_size: int, layout: CpLayout) -> int:
-    """:func:`cp_pad_multiple` for a checked size and layout (no checks: for callers that
-    checked them, on every pack)."""
+    """:func:`cp_pad_multiple` for a checked size and layout."""
     if cp_size == 1:
         return 1
     return 2 * cp_size if layout == CpLayout.DUALCHUNK else cp_size
@@ -94,8 +82,7 @@ def layout_multiple(cp_size: int, layout: CpLayout) -> int:
 def pad_multiple_for(cp_size: int, tp_size: int = 1, sequence_parallel: bool = False, fp8: bool = False) -> int:
     """The multiple every sequence's padded length must have.
 
-    ``2*cp`` under context parallelism (DualChunkSwap cuts each sequence in ``2*cp`` chunks),
-    times ``tp`` under sequence parallelism (the token axis is split over TP too), and a
+    ``2*cp`` under context parallelism, times ``tp`` under sequence parallelism, and a
     multiple of 16 under FP8 (its GEMMs need 16-aligned token counts).
     """
     cp = check_positive_int("cp_size", cp_size, maximum=INT32_MAX)

@@ -77,12 +77,10 @@ def sample_sequences(
 ) -> list[dict[str, torch.Tensor]]:
     """The sequences of one dataloader sample, each under the sample contract.
 
-    A sample carrying ``cu_seqlens`` (and optionally ``cu_seqlens_padded``) is pre-packed: it
-    is normalised as a whole (:func:`~seqpack.thd.normalize_sample`), then split into its
-    sequences by :func:`split_packed_sample`. Any other sample is one sequence. Under
-    ``label_format="shifted"`` a split sequence's last label is the next sequence's first
-    token (the pack's next-token targets run across its documents): it becomes -100 (loss
-    mask 0), so that no document learns where the next one starts.
+    A sample carrying ``cu_seqlens`` is pre-packed: normalised as a whole, then split by
+    :func:`split_packed_sample`. Any other sample is one sequence. Under
+    ``label_format="shifted"`` each split sequence's last label (the next document's first
+    token) becomes -100, so that no document learns where the next one starts.
 
     Raises:
         SeqpackTypeError, SampleError: As :func:`~seqpack.thd.normalize_sample`; a

@@ -1,29 +1,16 @@
 """The sample contract: what one dataloader sample may hold, and its one normalisation.
 
 A sample is a mapping with ``input_ids`` (required) and optionally ``labels``,
-``loss_mask`` and ``position_ids``; other keys are ignored, except the image and video fields
-of :data:`VISION_KEYS`, which only ``pack_sequences(..., mrope=)`` and the wrapper under
-``PackingConfig(mrope=)`` carry (:mod:`seqpack.thd.vision`) and which are refused here
-rather than dropped. Every field is 1-D and as long as ``input_ids``. Integer fields
-(``input_ids``, ``labels``, ``position_ids``) accept tensors, numpy arrays and lists of any
-integer dtype (numpy ``uint16`` / ``uint32`` as tokenizers emit them, torch ``uint8`` ...
-``uint64``) and become int64; values past int64
-are an error, and so are float arrays, even integral ones (a float label is a bug upstream,
-never silently truncated). ``loss_mask`` accepts any bool, integer or float dtype, becomes
-float32 and must be finite and >= 0. :func:`normalize_sample` applies the contract
-(:func:`seqpack.thd.sample_sequences` also splits a pre-packed sample first).
+``loss_mask`` and ``position_ids``, each 1-D and as long as ``input_ids``; other keys are
+ignored, except the vision-language fields of :data:`VISION_KEYS`, which are refused rather
+than dropped. Integer fields of any integer dtype become int64 (floats are refused, never
+truncated); ``loss_mask`` becomes float32, finite and >= 0: a weight on each token's loss.
 
 Labels come in one of three alignments (:class:`~seqpack.options.LabelFormat`):
-``"shifted"`` (next-token targets, seqpack's own form: ``labels[t]`` is what token ``t``
-predicts), ``"unshifted"`` (Hugging Face's: aligned with ``input_ids``, the model shifts) or
-``"position_aligned"`` (each position's own target, used as given: a bidirectional model).
-:func:`next_token_targets` turns each into seqpack's form; :func:`check_label_format`
-refuses labels aligned the other way than declared (copies of ``input_ids`` as
-``"shifted"``, next tokens as ``"unshifted"``); :func:`count_loss_tokens` counts what a
-sample adds to a microbatch's ``num_loss_tokens``. A token carries loss when its label is
-not :data:`IGNORE_INDEX` and its ``loss_mask`` is > 0; the mask is a weight on such tokens
-(a loss may multiply each token's loss by it; ``num_loss_tokens`` counts the tokens, not
-the weights) and is 0 wherever the label is :data:`IGNORE_INDEX`.
+``"shifted"`` (next-token targets, seqpack's own form), ``"unshifted"`` (Hugging Face's:
+aligned with ``input_ids``) or ``"position_aligned"`` (each position's own target, used as
+given). A token carries loss when its label is not :data:`IGNORE_INDEX` and its
+``loss_mask`` is > 0.
 """
 
 from __future__ import annotations
@@ -120,8 +107,7 @@ def _check_python_ints_fit(values: list[Any] | tuple[Any, ...], key: str, where:
 
 
 def _refuse_python_floats(values: list[Any] | tuple[Any, ...], key: str, where: str) -> None:
-    # A float column of a datasets.Dataset (float32 or not) arrives as Python floats: name
-    # what was given, not the float64 numpy would make of it.
+    # Name the Python floats given, not the float64 numpy would make of them.
     for index, item in enumerate(values):
         if isinstance(item, float):
             raise SeqpackTypeError(
@@ -200,8 +186,7 @@ def normalize_sample(sample: Any, *, where: str = "sample") -> dict[str, torch.T
 
     Returns:
         The present contract keys, as 1-D tensors of :data:`SAMPLE_DTYPES` on the sample's
-        device (int64 tensors pass through uncopied). A zero-length sample is valid here;
-        packing refuses it, the wrapper drops and counts it.
+        device (int64 tensors pass through uncopied). A zero-length sample is valid here.
 
     Raises:
         SeqpackTypeError: Not a mapping; a field that is not a tensor, array or list, or of
@@ -274,21 +259,12 @@ def next_token_targets(
     last: torch.Tensor,
     label_format: LabelFormat | str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Labels and loss mask of concatenated sequences in seqpack's form (the packed targets).
+    """Labels (int64 ``[L]``, not modified) and loss mask (float32 ``[L]`` or ``None``) of
+    concatenated sequences ending at ``last`` (int64 ``[N]``), in seqpack's form.
 
-    Under ``"unshifted"`` the labels (and a given ``loss_mask``, aligned with them) move one
-    token left within each sequence; each sequence's last token gets -100. Under
-    ``"shifted"`` and ``"position_aligned"`` they stay as given. The loss mask is the given
-    one (else 1) where the label is not -100, and 0 elsewhere.
-
-    Args:
-        labels: int64 ``[L]`` in ``label_format``'s alignment (not modified).
-        loss_mask: float32 ``[L]`` aligned with ``labels``, or ``None``.
-        last: Index of every sequence's last token (int64 ``[N]``).
-        label_format: ``"shifted"``, ``"unshifted"`` or ``"position_aligned"``.
-
-    Returns:
-        ``(labels, loss_mask)``: int64 and float32 ``[L]``.
+    Under ``"unshifted"`` both move one token left within each sequence; each sequence's last
+    token gets -100. The loss mask returned is the given one (else 1) where the label is not
+    -100, and 0 elsewhere.
     """
     if check_choice("label_format", label_format, LabelFormat) is LabelFormat.UNSHIFTED:
         labels = _shift_left(labels, IGNORE_INDEX)
@@ -311,19 +287,10 @@ def misaligned_labels(
     target of the other alignment than ``label_format`` (bool ``[L]`` each).
 
     A supervised token (label not -100, ``loss_mask`` > 0 when given) is *checked* unless its
-    label equals both its own token and the next one: inside a run ``a a`` the label ``a``
-    fits either alignment and says nothing. A checked token is *misaligned* when its label is
-    its own token under ``"shifted"`` (Hugging Face's labels read as next-token targets: the
-    model would learn to copy its input), or the next token under ``"unshifted"``
-    (next-token labels shifted again: each token would learn the one two ahead). Labels in
-    the declared alignment have no misaligned token, on any text; ``"position_aligned"``
-    labels are never misaligned.
-
-    Args:
-        input_ids, labels: int64 ``[L]``, the sequences concatenated; labels as given.
-        loss_mask: float32 ``[L]`` or ``None``; a token with mask 0 is not supervised.
-        last: Index of every sequence's last token (int64 ``[N]``).
-        label_format: The alignment the caller declared.
+    label equals both its own token and the next one (it fits either alignment). A checked
+    token is *misaligned* when its label is its own token under ``"shifted"`` or the next
+    token under ``"unshifted"``; ``"position_aligned"`` labels are never misaligned. Inputs
+    are :func:`next_token_targets`' plus ``input_ids`` (int64 ``[L]``).
     """
     label_format = check_choice("label_format", label_format, LabelFormat)
     own = labels == input_ids
@@ -343,18 +310,9 @@ def label_alignment_counts(
     cu_seqlens: np.ndarray,
     label_format: LabelFormat | str = LabelFormat.SHIFTED,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per sequence: its checked tokens and how many of them are misaligned
-    (:func:`misaligned_labels`).
-
-    Args:
-        input_ids, labels: int64 ``[L]``, the sequences concatenated; labels as given.
-        loss_mask: float32 ``[L]`` or ``None``.
-        cu_seqlens: int64 ``[N+1]`` offsets of the (non-empty) sequences in the stream.
-        label_format: The alignment the caller declared.
-
-    Returns:
-        ``(checked, misaligned)``: int64 ``[N]`` each.
-    """
+    """Per sequence of the stream (``cu_seqlens``: int64 ``[N+1]`` offsets of non-empty
+    sequences): ``(checked, misaligned)`` token counts, int64 ``[N]`` each
+    (:func:`misaligned_labels`)."""
     last = torch.from_numpy(np.asarray(cu_seqlens[1:], dtype=np.int64) - 1).to(labels.device)
     checked, misaligned = misaligned_labels(input_ids, labels, loss_mask, last, label_format)
     running = torch.stack([checked, misaligned]).to(torch.int64).cumsum(dim=1).cpu().numpy()  # [2, L]
@@ -398,17 +356,11 @@ def misaligned_labels_message(where: str, checked: int, misaligned: int, label_f
 def check_label_format(
     sample: Mapping[str, torch.Tensor], label_format: LabelFormat | str, *, where: str = "sample"
 ) -> None:
-    """Refuse labels aligned the other way than ``label_format`` says (:func:`looks_misaligned`):
-    copies of ``input_ids`` under ``"shifted"``, the next tokens under ``"unshifted"``.
-
-    Args:
-        sample: One sequence as :func:`normalize_sample` returns it.
-        label_format: How the caller declared its labels; ``"position_aligned"`` is never
-            refused.
-        where: How the error names the sample.
+    """Refuse the labels of ``sample`` (as :func:`normalize_sample` returns it) when aligned
+    the other way than ``label_format`` says (:func:`looks_misaligned`).
 
     Raises:
-        SampleError: Naming ``label_format``, the sample and the counts.
+        SampleError: Naming ``label_format``, the sample (``where``) and the counts.
     """
     label_format = check_choice("label_format", label_format, LabelFormat)
     labels = sample.get("labels")
@@ -422,12 +374,8 @@ def check_label_format(
 
 
 def count_loss_tokens(sample: Mapping[str, torch.Tensor], label_format: LabelFormat | str = "shifted") -> int:
-    """Tokens of one sequence that carry loss once packed (what it adds to ``num_loss_tokens``).
-
-    Args:
-        sample: One sequence as :func:`normalize_sample` returns it.
-        label_format: The alignment of its ``labels`` (and ``loss_mask``).
-    """
+    """Tokens of one sequence (as :func:`normalize_sample` returns it, labels in
+    ``label_format``) that carry loss once packed."""
     ids = sample["input_ids"]
     if ids.shape[0] == 0:
         return 0

@@ -1,27 +1,14 @@
 """Fixed shapes for compiled training: token buckets and a fixed number of sequence slots.
 
-``torch.compile`` and CUDA graphs want the same tensor shapes every step, but a THD pack's
-token count, sequence count and ``max_seqlen`` change every microbatch. Under
-:class:`StaticShapes` every pack (:func:`seqpack.thd.pack_sequences` with ``static_shapes=``)
-has:
+Under :class:`StaticShapes` every pack (:func:`seqpack.thd.pack_sequences` with
+``static_shapes=``) has a token count from ``token_buckets``; ``cu_seqlens`` /
+``cu_seqlens_padded`` of exactly ``max_sequences + 1`` entries (the real sequences, then the
+tail's slot under ``"append_dummy_seq"``, then unused slots as zero-length sequences, as
+Megatron-LM pads them for THD CUDA graphs); ``max_seqlen`` equal to the bucket; and
+``sample_ids`` of ``max_sequences`` entries, -1 for the tail's slot and unused slots.
 
-- a token count that is one of ``token_buckets`` (the smallest that holds the pack);
-- ``cu_seqlens`` / ``cu_seqlens_padded`` of exactly ``max_sequences + 1`` entries: the real
-  sequences first, then the tail's slot under ``"append_dummy_seq"``, then unused slots as
-  zero-length sequences (both offsets repeat their last value);
-- ``max_seqlen`` equal to the bucket, the one value no sequence of the bucket can exceed (under
-  ``"extend_last"`` the last sequence may grow to the whole bucket), so it never changes
-  within a bucket;
-- ``sample_ids`` of ``max_sequences`` entries, -1 for the tail's slot and unused slots.
-
-The tail (the bucket's tokens past the pack's padded tokens) always belongs to a sequence,
-never to no sequence: FlashAttention leaves the output rows of tokens outside every sequence
-unwritten (Transformer Engine zero-fills them only in its fused path, TE #2898), and TE's CP
-partition (``thd_get_partitioned_indices``) maps such tokens onto the last sequence.
-Zero-length sequences at the end are what Megatron-LM pads ``cu_seqlens`` with for THD CUDA
-graphs (``thd_max_packed_sequences``); TE's attention and FlashAttention's varlen kernels
-accept them (a zero-length sequence launches no work; TE #2599 notes its RoPE kernel slows
-down with many of them, so keep ``max_sequences`` near the real need).
+The tail always belongs to a sequence: FlashAttention leaves the output rows of tokens
+outside every sequence unwritten, and TE's CP partition maps them onto the last sequence.
 """
 
 from __future__ import annotations
@@ -42,9 +29,7 @@ CAPACITY: Literal["capacity"] = "capacity"
 """``token_buckets="capacity"``: one bucket, the microbatch's token capacity (Megatron's
 ``--pad-packed-seq-alignment max``)."""
 
-# Bytes at the peak of one pack (pack_sequences), lower estimates: per token ~5 fields of 8
-# bytes; per slot cu_seqlens and cu_seqlens_padded as int64 then int32, sample_ids and its
-# copy; per bucket of the list, its Python int in two tuples while checked (~50 measured).
+# Bytes at the peak of one pack (pack_sequences), lower estimates: per token, per slot, per bucket.
 _BYTES_PER_TOKEN = 40
 _BYTES_PER_SLOT = 40
 _BYTES_PER_BUCKET = 48
@@ -58,25 +43,18 @@ class StaticShapes:
         token_buckets: Token counts a pack may have, strictly ascending positive ints (a
             pack takes the smallest that holds its padded tokens), or ``"capacity"``: one
             bucket, the capacity the packer is given (``pad_to`` of ``pack_sequences``).
-            Every bucket must be a multiple of the packer's ``pad_multiple`` (so under CP
-            every shard has ``bucket / cp_size`` tokens and the tail cuts like any sequence).
+            Every bucket must be a multiple of the packer's ``pad_multiple``.
         max_sequences: Sequence slots of every pack: ``cu_seqlens`` has ``max_sequences + 1``
-            entries. Under ``"append_dummy_seq"`` one slot is the tail's, so a pack holds at
-            most ``max_sequences - 1`` real sequences (:attr:`max_real_sequences`), as in
-            Megatron-LM, whose ``thd_max_packed_sequences`` counts the dummy too.
-        tail_padding: Where the tail lives (:class:`~seqpack.options.TailPadding`, the values
-            of Megatron-LM's ``thd_tail_padding_policy``). ``"append_dummy_seq"`` (default):
-            a slot of its own after the real sequences, real length 0 and padded length the
-            tail (0 when the pack fills its bucket), so the real sequences' offsets are those
-            of the pack without buckets. ``"extend_last"``: padding at the end of the last
-            real sequence (its padded length grows; no slot is spent on the tail).
+            entries. Under ``"append_dummy_seq"`` one slot is the tail's
+            (:attr:`max_real_sequences`), as Megatron-LM's ``thd_max_packed_sequences`` counts.
+        tail_padding: Where the tail lives (:class:`~seqpack.options.TailPadding`, Megatron-LM's
+            ``thd_tail_padding_policy``): ``"append_dummy_seq"`` (default), a slot of its own
+            after the real sequences (real length 0); ``"extend_last"``, padding at the end of
+            the last real sequence.
 
-    Both policies keep the tail's tokens inside a sequence, with label -100, loss mask 0 and
-    ``padding_mask`` True: no token counts in the loss that was not real. For a CUDA graph
-    the attention's ``pad_between_seqs`` must not change between replays: pass
-    ``batch.te_kwargs(padded_as_real=True)`` (pads attended as real tokens of their
-    sequence: exact for causal attention, every backend) or ``pad_between_seqs=True``
-    (Megatron's choice; FusedAttention only).
+    The tail's tokens carry label -100, loss mask 0 and ``padding_mask`` True. For a CUDA
+    graph pass ``batch.te_kwargs(padded_as_real=True)`` so that ``pad_between_seqs`` does not
+    change between replays.
 
     Raises:
         SeqpackTypeError: ``token_buckets`` neither ``"capacity"`` nor a sequence of ints.
@@ -221,19 +199,14 @@ class StaticShapes:
 
     def offsets(self, lengths: np.ndarray, padded: np.ndarray, bucket: int) -> tuple[np.ndarray, np.ndarray]:
         """``(cu_seqlens, cu_seqlens_padded)`` (int64, ``max_sequences + 1`` entries each) of a
-        pack of real ``lengths`` in slots of ``padded`` lengths, its tail filling ``bucket``.
-
-        The inputs are the packer's, already checked: ``lengths <= padded``, at most
-        :attr:`max_real_sequences` sequences, ``padded.sum() <= bucket``.
-        """
+        pack of real ``lengths`` in slots of ``padded`` lengths (already checked), its tail
+        filling ``bucket``."""
         n, slots = lengths.shape[0], self.max_sequences
         assert 0 < n <= self.max_real_sequences and int(padded.sum()) <= bucket, (n, int(padded.sum()), bucket)
         cu_real = np.zeros(slots + 1, dtype=np.int64)
         cu_padded = np.zeros(slots + 1, dtype=np.int64)
         np.cumsum(lengths, out=cu_real[1 : n + 1])
         np.cumsum(padded, out=cu_padded[1 : n + 1])
-        # The tail's slot (append_dummy_seq: slot n, real length 0) or the last sequence's end.
-        # Either way every later offset is the bucket: unused slots are zero-length sequences.
         cu_real[n + 1 :] = cu_real[n]
         first_at_bucket = n + 1 if self.tail_padding == TailPadding.APPEND_DUMMY_SEQ else n
         cu_padded[first_at_bucket:] = bucket

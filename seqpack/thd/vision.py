@@ -1,21 +1,12 @@
 """The vision-language sample contract and the packing of its vision fields.
 
-A vision-language sample is what a Hugging Face processor returns for one example, beside the
-text fields of :func:`~seqpack.thd.normalize_sample`:
-
-- ``input_ids`` holding the model's placeholder tokens (one per merged patch);
-- ``pixel_values`` [patches, D] with ``image_grid_thw`` [images, 3], and videos the same way
-  (``pixel_values_videos``, ``video_grid_thw``; Qwen2.5-VL also ``second_per_grid_ts``
-  [videos]);
-- optionally ``mm_token_type_ids`` [L] (0 text, 1 image, 2 video; checked against the
-  placeholders) and ``position_ids`` [3, L] (mRoPE's t, h, w rows as the model's
-  ``get_rope_index`` gives them for the sample alone; otherwise seqpack computes them,
-  :func:`~seqpack.thd.mrope.mrope_positions`).
-
-Text-only samples mix freely with these. :func:`normalize_vision` checks one sample (each
-failure a :class:`~seqpack.errors.SampleError` naming the sample and the values) and
-:func:`pack_vision` concatenates the pixel tensors and grid rows in sequence order and lays the
-positions out on the pack's token axis, restarting per sequence.
+A vision-language sample is what a Hugging Face processor returns for one example: beside
+the text fields, ``input_ids`` holding the placeholder tokens, ``pixel_values`` [patches, D]
+with ``image_grid_thw`` [images, 3], videos the same way (Qwen2.5-VL also
+``second_per_grid_ts``), optionally ``mm_token_type_ids`` [L] and ``position_ids`` [3, L]
+(else computed, :func:`~seqpack.thd.mrope.mrope_positions`). Text-only samples mix freely
+with these. :func:`normalize_vision` checks one sample; :func:`pack_vision` lays a pack's
+vision fields out on its token axis.
 """
 
 from __future__ import annotations
@@ -84,11 +75,9 @@ def normalize_vision(
         where: How errors name the sample.
 
     Raises:
-        SampleError: Pixels without a grid or a grid without its pixels; a patch count other
-            than the grids' ``sum(t*h*w)``; a grid side not a multiple of the merge size; a
-            placeholder run whose length is not its grid's ``t*h*w / merge**2`` (or more or
-            fewer runs than grid rows); ``mm_token_type_ids`` that disagree with the
-            placeholders; ``position_ids`` not ``[3, L]``.
+        SampleError: Pixels and grids that disagree with each other or with the placeholder
+            runs; ``mm_token_type_ids`` that disagree with the placeholders; ``position_ids``
+            not ``[3, L]``.
         SeqpackTypeError: A field of the wrong type or dtype.
     """
     length = int(input_ids.shape[0])
@@ -247,9 +236,8 @@ def pack_vision(
     """The :class:`~seqpack.thd.PackedBatch` vision fields of a pack: pixels and grid rows
     concatenated in sequence order, ``mm_token_type_ids`` and the mRoPE rows on the token axis.
 
-    Each sequence's mRoPE rows restart with it (its own positions, as alone); its pads count on
-    from its largest position + 1, and slots without a sample (a fixed-shape pack's tail) from
-    0, like text. Pads are text (type 0).
+    Each sequence's mRoPE rows restart with it; its pads count on from its largest position + 1,
+    slots without a sample from 0. Pads are text (type 0).
 
     Args:
         parts: Every sample's :func:`normalize_vision`, in pack order.
