@@ -3,10 +3,8 @@ replicas), and the heaps of bins they keep.
 
 ``grid_lpt`` places items longest first, each into the best bin with room (LPT by cost
 target, fewest tokens, or first fit: ``MODE_*``); ``grid_local`` first lets every rank keep
-what fits into its own share, then places the rest as ``grid_lpt`` does. Every njit function
-these kernels call, and every constant they read, is defined in this module: numba stamps a
-kernel's disk cache with its own file, and freezes the globals it reads when it compiles.
-Ties are broken by index, never by chance.
+what fits into its own share, then places the rest as ``grid_lpt`` does. Ties are broken by
+index, never by chance.
 """
 
 from __future__ import annotations
@@ -34,9 +32,6 @@ def grid_lpt(
     ``capacity``. Items must come longest first (``order``), so a bin too full for one item
     is parked until the items get short enough for it.
 
-    The kernel reads items in fill order from arrays gathered here: read through
-    ``order``, every item would be a cache miss (half of the time at a million items).
-
     Returns:
         (ok, bin_of[n], load[bins], tokens[bins]); ``ok`` is False when some item found no
         bin with room (the other outputs are then partial).
@@ -63,8 +58,8 @@ def _grid_lpt_sorted(
     """:func:`grid_lpt` on items already in fill order; ``bin_of`` in that order.
     Bins start with ``load`` and ``tok`` (updated in place).
 
-    Bounds: ``key``, ``room``, ``park`` and the heap ``(hk, ht, hb)`` have one entry per bin,
-    ``bin_of`` one per item. Every bin is in exactly one of the heap, the park or neither
+    Bounds: ``key``, ``room``, the heap ``(hk, ht, hb)`` and the park ``(pk, pt, pb)`` have
+    one entry per bin, ``bin_of`` one per item. Every bin is in exactly one of the heap, the park or neither
     (retired): a bin enters the park only as it leaves the heap and the heap only as it
     leaves the park, so heap and park together never hold more than ``n_bins`` and a bin
     pushed back writes below ``n_bins``. ``targets``, ``load`` and ``tok`` are read at bin
@@ -83,15 +78,18 @@ def _grid_lpt_sorted(
             key[b] = float(tok[b])
         else:
             key[b] = float(b)
-    # A 4-ary heap whose entries carry their (key, tokens, bin): a sift reads four siblings
-    # from one or two cache lines instead of chasing bin indices (25% faster at 4M items).
+    # 4-ary heaps whose entries carry their (key, tokens, bin): a sift reads four siblings
+    # from one or two cache lines instead of chasing bin indices. Parked bins are entries
+    # (-room, 0, bin): the most room first, ties to the lower bin.
     hk = key.copy()
     ht = tok.copy()
     hb = np.arange(n_bins, dtype=np.int64)
     size = n_bins
     for i in range((size - 2) // 4, -1, -1):
         _entry_down(hk, ht, hb, size, i)
-    park = np.empty(n_bins, dtype=np.int64)
+    pk = np.empty(n_bins, dtype=np.float64)
+    pt = np.zeros(n_bins, dtype=np.int64)
+    pb = np.empty(n_bins, dtype=np.int64)
     parked = 0
     min_len = capacity
     for j in range(n):
@@ -99,23 +97,19 @@ def _grid_lpt_sorted(
             min_len = lengths[j]
     for j in range(n):
         p = lengths[j]
-        # Parked bins with room for this item come back.
-        while parked > 0 and room[park[0]] >= p:
-            b, parked = _park_pop(park, parked, room)
-            hk[size], ht[size], hb[size] = key[b], tok[b], b
-            _entry_up(hk, ht, hb, size)
-            size += 1
+        while parked > 0 and room[pb[0]] >= p:  # parked bins with room for this item come back
+            b = pb[0]
+            parked = _entry_pop(pk, pt, pb, parked)
+            size = _entry_push(hk, ht, hb, size, key[b], tok[b], b)
         placed = -1
         while size > 0:
             b = hb[0]
             if room[b] >= p:
                 placed = b
                 break
-            size -= 1
-            hk[0], ht[0], hb[0] = hk[size], ht[size], hb[size]
-            _entry_down(hk, ht, hb, size, 0)
+            size = _entry_pop(hk, ht, hb, size)
             if room[b] >= min_len:  # else no item ever fits again: retired
-                parked = _park_push(park, parked, b, room)
+                parked = _entry_push(pk, pt, pb, parked, -float(room[b]), 0, b)
         if placed < 0:
             return False, bin_of, load, tok
         bin_of[j] = placed
@@ -127,11 +121,10 @@ def _grid_lpt_sorted(
         elif mode == MODE_TOKENS:
             key[placed] = float(tok[placed])
         if room[placed] < min_len:
-            size -= 1
-            hk[0], ht[0], hb[0] = hk[size], ht[size], hb[size]
+            size = _entry_pop(hk, ht, hb, size)
         else:
             hk[0], ht[0] = key[placed], tok[placed]
-        _entry_down(hk, ht, hb, size, 0)
+            _entry_down(hk, ht, hb, size, 0)
     return True, bin_of, load, tok
 
 
@@ -161,11 +154,8 @@ def grid_local(
     2. The slice's waiting items, in order, go to the best bin anywhere that has room, as
        :func:`grid_lpt` in ``MODE_COST`` does, starting from the current loads.
 
-    Home placements never push a bin over its target and the LPT passes even out the rest,
-    so the bins end about as even as LPT leaves them while each rank keeps most of its own.
     Slices keep the LPT passes close to longest first, which tight packings need (one home
-    pass over everything leaves no room for the long items that wait). The home pass is
-    independent per rank, so it runs rank by rank (cache friendly).
+    pass over everything leaves no room for the long items that wait).
 
     Requires ``len(targets) == rounds * dp_size`` with ``rounds >= 1`` when there are items,
     and ``0 <= origin < dp_size`` (bounds of :func:`_home_pass`).
@@ -237,111 +227,39 @@ def _home_pass(
     """Step 1 of :func:`grid_local` for the items ``by_rank`` (grouped by rank): sets
     ``placed`` (bin, or -1 to wait) and updates ``load`` and ``tok`` of the bins.
 
-    Bounds: the heap of one replica's rounds (``key``, ``own_tok``, ``heap``) has ``rounds``
+    Bounds: the heap of one replica's rounds (``hk``, ``ht``, ``hm``) has ``rounds``
     entries and is read at its top only when an item exists, so it needs ``rounds >= 1``
     whenever ``by_rank`` is not empty; bin ``m * dp + d`` is below ``rounds * dp`` (the length
     of ``targets``, ``load``, ``tok``) for ``0 <= origin < dp``.
     """
     n = by_rank.shape[0]
-    # One replica at a time: its rounds in a small heap of (key, tokens, round).
-    key = np.empty(rounds, dtype=np.float64)
-    own_tok = np.zeros(rounds, dtype=np.int64)
-    heap = np.empty(rounds, dtype=np.int64)
+    # One replica at a time: its rounds in a heap of entries (key, tokens, round).
+    hk = np.empty(rounds, dtype=np.float64)
+    ht = np.empty(rounds, dtype=np.int64)
+    hm = np.empty(rounds, dtype=np.int64)
     k = 0
     while k < n:
         d = origin[by_rank[k]]
         for m in range(rounds):
             b = m * dp + d
-            key[m] = load[b] - targets[b]
-            own_tok[m] = tok[b]
-            heap[m] = m
-        for i in range(rounds // 2 - 1, -1, -1):
-            _sift_down(heap, rounds, i, key, own_tok)
+            hk[m], ht[m], hm[m] = load[b] - targets[b], tok[b], m
+        for i in range((rounds - 2) // 4, -1, -1):
+            _entry_down(hk, ht, hm, rounds, i)
         while k < n and origin[by_rank[k]] == d:
             j = by_rank[k]
             k += 1
-            m = heap[0]
-            b = m * dp + d
-            if own_tok[m] + lengths[j] <= share and load[b] + values[j] <= fill * targets[b]:
+            b = hm[0] * dp + d
+            if ht[0] + lengths[j] <= share and load[b] + values[j] <= fill * targets[b]:
                 placed[j] = b
                 load[b] += values[j]
-                own_tok[m] += lengths[j]
-                key[m] = load[b] - targets[b]
-                _sift_down(heap, rounds, 0, key, own_tok)
-        for m in range(rounds):
-            tok[m * dp + d] = own_tok[m]
+                ht[0] += lengths[j]
+                hk[0] = load[b] - targets[b]
+                _entry_down(hk, ht, hm, rounds, 0)
+        for e in range(rounds):
+            tok[hm[e] * dp + d] = ht[e]
 
 
 # --- heaps of bins -----------------------------------------------------------------------
-
-
-@no_refcount
-def _before(key: FloatArray, tok: IntArray, a: int, b: int) -> bool:
-    """Heap order of bins: smaller key, then fewer tokens, then lower index."""
-    if key[a] != key[b]:
-        return key[a] < key[b]
-    if tok[a] != tok[b]:
-        return tok[a] < tok[b]
-    return a < b
-
-
-@no_refcount
-def _sift_down(heap: IntArray, size: int, i: int, key: FloatArray, tok: IntArray) -> None:
-    while True:
-        left = 2 * i + 1
-        if left >= size:
-            return
-        child = left
-        right = left + 1
-        if right < size and _before(key, tok, heap[right], heap[left]):
-            child = right
-        if _before(key, tok, heap[child], heap[i]):
-            heap[i], heap[child] = heap[child], heap[i]
-            i = child
-        else:
-            return
-
-
-@no_refcount
-def _park_push(park: IntArray, size: int, b: int, room: IntArray) -> int:
-    """Push bin ``b`` on a max-heap of bins by free room (ties: lower index). Writes
-    ``park[size]``: the caller keeps ``size < len(park)``."""
-    i = size
-    park[i] = b
-    while i > 0:
-        parent = (i - 1) // 2
-        a, q = park[i], park[parent]
-        if room[a] > room[q] or (room[a] == room[q] and a < q):
-            park[i], park[parent] = q, a
-            i = parent
-        else:
-            break
-    return size + 1
-
-
-@no_refcount
-def _park_pop(park: IntArray, size: int, room: IntArray) -> tuple[int, int]:
-    top = park[0]
-    size -= 1
-    park[0] = park[size]
-    i = 0
-    while True:
-        left = 2 * i + 1
-        if left >= size:
-            break
-        child = left
-        right = left + 1
-        if right < size and (
-            room[park[right]] > room[park[left]] or (room[park[right]] == room[park[left]] and park[right] < park[left])
-        ):
-            child = right
-        a, c = park[i], park[child]
-        if room[c] > room[a] or (room[c] == room[a] and c < a):
-            park[i], park[child] = c, a
-            i = child
-        else:
-            break
-    return top, size
 
 
 @no_refcount
@@ -375,9 +293,10 @@ def _entry_down(hk: FloatArray, ht: IntArray, hb: IntArray, size: int, i: int) -
 
 
 @no_refcount
-def _entry_up(hk: FloatArray, ht: IntArray, hb: IntArray, i: int) -> None:
-    """Sift entry ``i`` up the 4-ary heap ``(hk, ht, hb)``."""
-    k, t, b = hk[i], ht[i], hb[i]
+def _entry_push(hk: FloatArray, ht: IntArray, hb: IntArray, size: int, k: float, t: int, b: int) -> int:
+    """Push the entry ``(k, t, b)`` on the 4-ary heap ``(hk, ht, hb)[:size]``; returns the new
+    size. Writes entry ``size``: the caller keeps ``size < len(hk)``."""
+    i = size
     while i > 0:
         parent = (i - 1) // 4
         if _entry_before(k, t, b, hk[parent], ht[parent], hb[parent]):
@@ -386,3 +305,13 @@ def _entry_up(hk: FloatArray, ht: IntArray, hb: IntArray, i: int) -> None:
         else:
             break
     hk[i], ht[i], hb[i] = k, t, b
+    return size + 1
+
+
+@no_refcount
+def _entry_pop(hk: FloatArray, ht: IntArray, hb: IntArray, size: int) -> int:
+    """Drop the top entry of the 4-ary heap ``(hk, ht, hb)[:size]``; returns the new size."""
+    size -= 1
+    hk[0], ht[0], hb[0] = hk[size], ht[size], hb[size]
+    _entry_down(hk, ht, hb, size, 0)
+    return size
