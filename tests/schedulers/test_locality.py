@@ -256,8 +256,8 @@ def test_lightest_reads_a_heap_in_order():
     total = rng.integers(0, 5, 40).astype(float)  # ties: lower index first
     heap = np.arange(40, dtype=np.int64)
     pos = np.arange(40, dtype=np.int64)
-    for i in range(19, -1, -1):
-        _kernels.replica_repair._total_down(heap, pos, 40, i, total, 1.0)
+    for i in range(40):
+        _kernels.replica_repair._total_sift(heap, pos, i + 1, i, total, 1.0)
     out = np.empty(9, dtype=np.int64)
     _kernels.replica_repair._lightest_into(heap, 40, total, out, np.empty(2 * 9 + 1, dtype=np.int64))
     assert out.tolist() == np.lexsort((np.arange(40), total))[:9].tolist()

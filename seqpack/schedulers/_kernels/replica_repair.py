@@ -3,17 +3,13 @@ replicas by total they share.
 
 ``repair_replicas`` evens out replica totals by moves and swaps that keep the rounds fast;
 ``replica_lpt`` (replica-first planning, :func:`seqpack.schedulers.balanced.replicas.replica_first`)
-places sequences costliest first on the lightest replica with a microbatch they fit. Every
-njit function these kernels call is defined in this module: numba stamps a kernel's disk
-cache with its own file only. Ties are broken by index, never by chance.
+places sequences costliest first on the lightest replica with a microbatch they fit. Ties are
+broken by index, never by chance.
 
-The repair's scans walk candidates from the ideal cost outwards (:func:`walk_next`): a
-change sends ``delta = base + sign * costs[item]`` from the busier replica to the lighter
-one, ``gap`` apart; it leaves the pair's larger total ``min(delta, gap - delta)`` lower (its
-*gain*), best at ``delta = gap / 2``. ``items`` is sorted by cost, so ``delta`` runs
-monotonically along it: walking outwards from the ideal item, always taking the side with
-the larger gain, yields candidates best first, and a walk can stop at the first candidate
-that gains too little.
+A change sends ``delta`` from the busier replica to the lighter one, ``gap`` apart, and
+lowers the pair's larger total by ``min(delta, gap - delta)`` (its *gain*), best at ``delta =
+gap / 2``. Candidates sorted by cost are walked from that ideal outwards, best first
+(:func:`walk_next`), so a walk stops at the first that gains too little.
 """
 
 from __future__ import annotations
@@ -48,17 +44,14 @@ def repair_replicas(
     its sequences into any microbatch (any round) of one of the ``move_candidates``
     lightest replicas ``d2``, or swapping one of its sequences with a cheaper one of one of
     the ``swap_candidates`` lightest replicas. A change is allowed when both microbatches
-    stay within ``capacity``, the pair's larger total drops (``max(R_d1, R_d2)`` strictly
-    decreases), and the sum of round maxima ``S = sum_m max_d load[m, d]`` stays at most
-    ``max(S, round_budget)``: 0 never lets the rounds get slower, ``inf`` ignores them.
-    "Best" is the largest drop of the pair's maximum; candidates are scanned from the
-    ideal cost difference ``(R_d1 - R_d2) / 2`` outwards, so the first allowed one is the
-    best for its replica (ties: lighter replica, cheaper item, lower round); at most
-    ``scan_limit`` partners are checked per sequence and replica. Stops when no
-    change helps, after ``max_moves`` changes, once the busiest replica is at most
-    ``stop_at``, or after about ``max_work`` candidate checks (a deterministic time cap).
-    Updates ``round_of``, ``replica_of``, ``load`` and ``tok`` (``[rounds, replicas]``) in
-    place.
+    stay within ``capacity``, ``max(R_d1, R_d2)`` strictly decreases, and the sum of round
+    maxima ``S = sum_m max_d load[m, d]`` stays at most ``max(S, round_budget)`` (0 never
+    lets the rounds get slower, ``inf`` ignores them). "Best" is the largest drop of the
+    pair's maximum (ties: lighter replica, cheaper item, lower round); at most
+    ``scan_limit`` partners are checked per sequence and replica. Stops when no change
+    helps, after ``max_moves`` changes, once the busiest replica is at most ``stop_at``,
+    or after about ``max_work`` candidate checks (a deterministic time cap). Updates
+    ``round_of``, ``replica_of``, ``load`` and ``tok`` (``[rounds, replicas]``) in place.
 
     Bounds: ``mine``, ``theirs`` and the merge scratch have one entry per sequence (a
     replica's members are at most all of them); ``light`` holds ``min(dp, max(move_candidates,
@@ -83,7 +76,7 @@ def repair_replicas(
     for m in range(n_rounds):
         _top3(load, m, top_val, top_idx)
     round_sum = _round_sum(top_val)
-    # Items of every replica as doubly linked lists (moves are O(1)).
+    # Items of every replica as doubly linked lists.
     head = np.full(dp, -1, dtype=np.int64)
     nxt = np.full(n, -1, dtype=np.int64)
     prv = np.full(n, -1, dtype=np.int64)
@@ -93,15 +86,14 @@ def repair_replicas(
         if head[d] >= 0:
             prv[head[d]] = i
         head[d] = i
-    # The busiest replica and the few lightest are read from heaps in O(log dp) per change,
-    # not from a sort of all dp totals: a min-heap and a max-heap of totals, with positions.
+    # A min-heap and a max-heap of the totals, with positions.
     lo = np.arange(dp, dtype=np.int64)
     lo_pos = np.arange(dp, dtype=np.int64)
     hi = np.arange(dp, dtype=np.int64)
     hi_pos = np.arange(dp, dtype=np.int64)
-    for i in range(dp // 2 - 1, -1, -1):
-        _total_down(lo, lo_pos, dp, i, total, 1.0)
-        _total_down(hi, hi_pos, dp, i, total, -1.0)
+    for i in range(dp):
+        _total_sift(lo, lo_pos, i + 1, i, total, 1.0)
+        _total_sift(hi, hi_pos, i + 1, i, total, -1.0)
     light = np.empty(min(dp, max(move_candidates, swap_candidates) + 1), dtype=np.int64)
     frontier = np.empty(2 * light.shape[0] + 1, dtype=np.int64)
     mine = np.empty(n, dtype=np.int64)
@@ -135,10 +127,8 @@ def repair_replicas(
                 best_j, best_d2, best_m2, d1, m, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of
             )
         for d in (d1, best_d2):
-            _total_up(lo, lo_pos, lo_pos[d], total, 1.0)
-            _total_down(lo, lo_pos, dp, lo_pos[d], total, 1.0)
-            _total_up(hi, hi_pos, hi_pos[d], total, -1.0)
-            _total_down(hi, hi_pos, dp, hi_pos[d], total, -1.0)
+            _total_sift(lo, lo_pos, dp, lo_pos[d], total, 1.0)
+            _total_sift(hi, hi_pos, dp, hi_pos[d], total, -1.0)
         _top3(load, m, top_val, top_idx)
         if best_m2 != m:
             _top3(load, best_m2, top_val, top_idx)
@@ -238,9 +228,8 @@ def _partner(
     light: IntArray, kk: int, d1: int, candidates: int, tried: int, total: FloatArray, best_gain: float
 ) -> tuple[int, int, float]:
     """The next partner replica of ``d1`` from ``light[kk:]``: ``(next kk, d2, gap)``, ``d2``
-    -1 once ``candidates`` were tried or the gap leaves no gain above ``best_gain``. The
-    partner loop of :func:`_best_change`. Bounds: reads ``light[kk]`` only while
-    ``kk < len(light)``."""
+    -1 once ``candidates`` were tried or the gap leaves no gain above ``best_gain``.
+    Bounds: reads ``light[kk]`` only while ``kk < len(light)``."""
     while kk < light.shape[0] and tried < candidates:
         d2 = light[kk]
         kk += 1
@@ -303,8 +292,7 @@ def _sorted_members(head: int, nxt: IntArray, costs: FloatArray, buf: IntArray, 
         buf[k] = i
         k += 1
         i = nxt[i]
-    # Runs of 16 by insertion, then bottom-up merges: stable, so the order is the one any
-    # stable sort by cost gives.
+    # Runs of 16 by insertion, then bottom-up merges.
     for lo in range(0, k, 16):
         for t in range(lo + 1, min(lo + 16, k)):
             v = buf[t]
@@ -362,8 +350,7 @@ def _move(
     replica_of: IntArray,
     round_of: IntArray,
 ) -> None:
-    """Move sequence ``i`` from microbatch ``(m_from, d_from)`` to ``(m_to, d_to)``: unlink it
-    from ``d_from``'s list, push it on ``d_to``'s, and update every load and token count."""
+    """Move sequence ``i`` from microbatch ``(m_from, d_from)`` to ``(m_to, d_to)``."""
     if prv[i] >= 0:
         nxt[prv[i]] = nxt[i]
     else:
@@ -416,10 +403,10 @@ def walk_next(
     both sides are used up. Start with ``right`` the first item past the ideal cost
     (:func:`first_cost_above`) and ``left = right - 1``.
 
-    ``sign = 1`` (a move, ``delta = costs[item]``): items left of the ideal send at most half
-    the gap (gain ``delta``), items right of it more (gain ``gap - delta``). ``sign = -1`` (a
-    swap, ``delta = base - costs[item]``): the other way round. Ties go left. Reads
-    ``items[left]`` only while ``left >= 0`` and ``items[right]`` while ``right < k``.
+    ``sign = 1`` (a move, ``delta = costs[item]``): items left of the ideal gain ``delta``,
+    items right of it ``gap - delta``. ``sign = -1`` (a swap, ``delta = base -
+    costs[item]``): the other way round. Ties go left. Reads ``items[left]`` only while
+    ``left >= 0`` and ``items[right]`` while ``right < k``.
     """
     if left < 0 and right >= k:
         return -1, -np.inf, left, right
@@ -434,9 +421,6 @@ def walk_next(
     if gain_left >= gain_right:
         return items[left], gain_left, left - 1, right
     return items[right], gain_right, left, right + 1
-
-
-# --- replica-first LPT -------------------------------------------------------------------
 
 
 @njit(cache=True)
@@ -483,13 +467,13 @@ def replica_lpt(
             if widest[top] >= size:
                 d = top
                 break
-            # Does not fit this replica: set it aside (pop) and look at the next lightest.
+            # Fits no bin of this replica: set it aside (pop), try the next lightest.
             aside[n_aside] = top
             n_aside += 1
             size_heap -= 1
             heap[0] = heap[size_heap]
             heap[size_heap] = top
-            _total_down(heap, pos, size_heap, 0, total, 1.0)
+            _total_sift(heap, pos, size_heap, 0, total, 1.0)
         if d < 0 or work > max_work:
             return False, round_of, replica_of
         best = -1
@@ -506,16 +490,13 @@ def replica_lpt(
         round_of[i] = best
         replica_of[i] = d
         total[d] += costs[i]
-        _total_down(heap, pos, size_heap, 0, total, 1.0)
+        _total_sift(heap, pos, size_heap, 0, total, 1.0)
         # Put the set-aside replicas back (their totals did not change).
         for j in range(n_aside):
             heap[size_heap] = aside[j]
             size_heap += 1
-            _total_up(heap, pos, size_heap - 1, total, 1.0)
+            _total_sift(heap, pos, size_heap, size_heap - 1, total, 1.0)
     return True, round_of, replica_of
-
-
-# --- heaps of replicas by total -----------------------------------------------------------
 
 
 @no_refcount
@@ -528,34 +509,29 @@ def _total_before(total: FloatArray, a: int, b: int, sign: float) -> bool:
 
 
 @no_refcount
-def _total_down(heap: IntArray, pos: IntArray, size: int, i: int, total: FloatArray, sign: float) -> None:
+def _total_sift(heap: IntArray, pos: IntArray, size: int, i: int, total: FloatArray, sign: float) -> None:
+    """Restore the heap ``heap[:size]`` after the total of entry ``i`` changed: up, then down.
+    ``pos`` (each replica's place in the heap) follows."""
+    while i > 0:
+        parent = (i - 1) // 2
+        a, q = heap[i], heap[parent]
+        if not _total_before(total, a, q, sign):
+            break
+        heap[i], heap[parent] = q, a
+        pos[q], pos[a] = i, parent
+        i = parent
     while True:
         child = 2 * i + 1
         if child >= size:
             return
-        right = child + 1
-        if right < size and _total_before(total, heap[right], heap[child], sign):
-            child = right
+        if child + 1 < size and _total_before(total, heap[child + 1], heap[child], sign):
+            child += 1
         a, c = heap[i], heap[child]
-        if _total_before(total, c, a, sign):
-            heap[i], heap[child] = c, a
-            pos[c], pos[a] = i, child
-            i = child
-        else:
+        if not _total_before(total, c, a, sign):
             return
-
-
-@no_refcount
-def _total_up(heap: IntArray, pos: IntArray, i: int, total: FloatArray, sign: float) -> None:
-    while i > 0:
-        parent = (i - 1) // 2
-        a, q = heap[i], heap[parent]
-        if _total_before(total, a, q, sign):
-            heap[i], heap[parent] = q, a
-            pos[q], pos[a] = i, parent
-            i = parent
-        else:
-            return
+        heap[i], heap[child] = c, a
+        pos[c], pos[a] = i, child
+        i = child
 
 
 @no_refcount
