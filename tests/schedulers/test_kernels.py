@@ -378,9 +378,9 @@ def test_home_swaps_large_sorts_sort_the_entries_by_cost_in_place(costs, spare):
 )
 @pytest.mark.slow
 def test_home_swaps_searches_are_numpys_searchsorted(values, k, v):
-    from seqpack.schedulers._kernels.locality_swaps import _count_at_most, _count_below
+    from seqpack.schedulers._kernels.locality_swaps import _count
 
     a = np.array(sorted(values) + [0.0], dtype=np.float64)  # an entry past k the searches must not read
     k = min(k, len(values))
-    assert _count_below(a, k, v) == np.searchsorted(a[:k], v, side="left")
-    assert _count_at_most(a, k, v) == np.searchsorted(a[:k], v, side="right")
+    assert _count(a, k, v, False) == np.searchsorted(a[:k], v, side="left")
+    assert _count(a, k, v, True) == np.searchsorted(a[:k], v, side="right")

@@ -1,10 +1,6 @@
 """home_swaps: bring sequences home by moves and swaps that keep every cap (the locality
 pass of ``balanced``).
 
-Every njit function the kernel calls, and every constant it reads, is defined in this
-module: numba stamps a kernel's disk cache with its own file only, and freezes the globals
-it reads when it compiles.
-
 Bin ``(m, d)`` is index ``m * dp + d``. The kernel keeps the cost and tokens of every bin
 (``load``, ``tok``) and the cost of every replica (``total``); who is on which replica (a
 snapshot per pass and the arrivals since); the *cache*, the sequences on the current home
@@ -12,24 +8,18 @@ sorted by cost (``cache_y``: the sequence, ``cache_o`` its home, ``cache_t`` its
 ``cache_c`` its cost, ``cache_m`` its round); and the *pairs* of the current turn, by
 summed cost (``pair_c``, ``pair_y1 < pair_y2``, ``pair_m``).
 
-Max trees: which cache entries and pairs of the current home can fit at all, so that a scan
-skips the rest without reading them. A swap puts ``x`` (cost ``cx``, ``tx`` tokens) into
-bin ``b`` of the home in exchange for what returns from it (``cy``, ``ty``); bin ``b`` keeps
-its caps only if ``cx <= cy + round_cap[m] - load[b]`` and ``tx <= ty + capacity - tok[b]``.
-Each entry's two right-hand sides are its *keys* (the cost key widened against rounding, so
-that it never rejects what the exact check in :func:`_fits` accepts); a tree over the
-entries in scan order (cost order) keeps the largest of each key per subtree, and
-:func:`_next_open` walks to the next entry whose keys both pass, skipping every subtree
-where one cannot. The keys of a bin's entries change when the bin does; the scan's results
-are those of a full scan (every entry skipped would fail the exact check). The trees: the
-cache's (``c1`` cost keys, ``c2`` token keys, ``csize`` leaves), the pairs' (``p1``,
-``p2``, ``psize``) and the home's bins' (``r1``, ``r2``: the room each bin has left, which
-finds the first bin ``x`` can move into and the most room of any bin without reading every
-round); beside them each cache entry's position (``cpos``, by sequence), the cache's
-sequences by round (linked lists ``bhead``, ``bnext``, ``bprev``) and the pairs by round
-(``plist[pseg[m]:pseg[m + 1]]``). The helpers that build and update them take the trees as
-one tuple ``trees = (c1, c2, p1, p2, r1, r2)`` and the lists as ``lists = (cpos, bhead,
-bnext, bprev, pseg, plist)``.
+Max trees let a scan skip the cache entries and pairs that cannot fit without reading them.
+A swap puts ``x`` (cost ``cx``, ``tx`` tokens) into bin ``b`` of the home in exchange for
+what returns from it (``cy``, ``ty``); bin ``b`` keeps its caps only if ``cx <= cy +
+round_cap[m] - load[b]`` and ``tx <= ty + capacity - tok[b]``. Each entry's two right-hand
+sides are its *keys* (the cost key widened against rounding, so that it never rejects what
+the exact check in :func:`_fits` accepts); a tree over the entries in scan order keeps the
+largest of each key per subtree, so :func:`_next_open` skips only entries the exact check
+would reject. The trees (``trees = (c1, c2, p1, p2, r1, r2)``): the cache's (``csize``
+leaves), the pairs' (``psize``) and the home's bins' (``r1``, ``r2``: each bin's room left).
+Beside them (``lists = (cpos, bhead, bnext, bprev, pseg, plist)``): each cache entry's
+position by sequence, the cache's sequences by round (linked lists) and the pairs by round
+(``plist[pseg[m]:pseg[m + 1]]``).
 """
 
 from __future__ import annotations
@@ -78,14 +68,10 @@ def home_swaps(
 
     A swap keeps both bins under their caps only if what returns costs about what ``x``
     does, so while ``h``'s turn runs its sequences are kept sorted by cost, and its pairs by
-    their summed cost, and only that window of costs is read (checked against a full scan in
-    the tests). Within the window, max trees (module docstring) skip every entry whose bin
-    has too little cost or token room left to take ``x``, and find the first bin ``x`` can
-    move into, so a scan reads the few entries that can fit rather than the whole window;
-    the result is the full scan's. A home of fewer than ``HOME_TREE_MIN`` sequences (its
-    cache and its own) is scanned without cache and pair trees, and fewer than
-    ``HOME_TREE_MIN // 4`` rounds without the bins' tree: their upkeep would cost more than
-    the scans they save.
+    their summed cost, and only that window of costs is read, through the max trees (module
+    docstring); the result is a full scan's. A home of fewer than ``HOME_TREE_MIN``
+    sequences (its cache and its own), or fewer than ``HOME_TREE_MIN // 4`` rounds for the
+    bins' tree, is scanned without trees: their upkeep would cost more than they save.
 
     Bounds (every buffer, from an invariant): the cache holds exactly the sequences on the
     current home (at most ``n``; ``n + 1`` entries); a turn's pairs come from rounds of at
@@ -112,10 +98,9 @@ def home_swaps(
         load[b] += costs[i]
         tok[b] += lengths[i]
         total[replica_of[i]] += costs[i]
-    # Who is on which replica: a snapshot by replica taken at the start of each pass (a
-    # counting sort: start, snap), the sequences that changed replica since (skipped there),
-    # the arrivals of the pass, a list per replica (an entry counts if it is its sequence's
-    # last), and the change that last moved each sequence.
+    # Who is on which replica: a snapshot by replica per pass (start, snap), the sequences
+    # that changed replica since, the pass's arrivals (a list per replica; an entry counts
+    # if it is its sequence's last) and the change that last moved each sequence.
     start = np.zeros(dp + 1, dtype=np.int64)
     snap = np.empty(n, dtype=np.int64)
     changed = np.zeros(n, dtype=np.bool_)
@@ -170,7 +155,7 @@ def home_swaps(
                 arrival_seq, arrival_next, cache_y, cache_o, cache_t, cache_c, cache_m,
             )  # fmt: skip
             n_pairs = _turn_pairs(k, rounds, cache_y, cache_c, cache_m, seg, by_round, pair_c, pair_y1, pair_y2, pair_m)
-            csize, psize = 0, 0  # no cache and pair trees for a small home: plain scans are cheaper
+            csize, psize = 0, 0  # a small home: no cache and pair trees
             if k + j - i >= HOME_TREE_MIN:
                 csize, psize = _pow2_above(min(k + j - i, n) + 1), _pow2_above(n_pairs + 1)
                 if 2 * csize > c1.shape[0]:
@@ -202,8 +187,8 @@ def home_swaps(
                         m = _next_open(r1, r2, rsize, m + 1, rounds, cx, tx)
                 # A swap with one sequence of home whose cost lies in the window.
                 lo, hi = _window(cx, r1[1], round_cap[ra] - load[a], total[home], total[here], replica_cap)
-                end = _count_at_most(cache_c, k, hi)
-                c = _next_open(c1, c2, csize, _count_below(cache_c, k, lo), end, cx, tx)
+                end = _count(cache_c, k, hi, True)
+                c = _next_open(c1, c2, csize, _count(cache_c, k, lo, False), end, cx, tx)
                 while c < end:
                     ty, cy, m, y = cache_t[c], cache_c[c], cache_m[c], cache_y[c]
                     gain = tx + _returned(ty, cache_o[c], here, home)
@@ -217,8 +202,8 @@ def home_swaps(
                         best, best_y, best_m = gain, y, m
                 # Neither: a swap with a pair that has not moved since the turn began.
                 if best_m < 0 and n_pairs > 0:
-                    end = _count_at_most(pair_c, n_pairs, hi)
-                    c = _next_open(p1, p2, psize, _count_below(pair_c, n_pairs, lo), end, cx, tx)
+                    end = _count(pair_c, n_pairs, hi, True)
+                    c = _next_open(p1, p2, psize, _count(pair_c, n_pairs, lo, False), end, cx, tx)
                     while c < end:
                         y1, y2, m, cy = pair_y1[c], pair_y2[c], pair_m[c], pair_c[c]
                         c = _next_open(p1, p2, psize, c + 1, end, cx, tx)
@@ -430,8 +415,7 @@ def _sort_cache_small(
     k: int, cache_y: IntArray, cache_o: IntArray, cache_t: IntArray, cache_c: FloatArray, cache_m: IntArray
 ) -> None:
     """The cache's first ``k`` entries sorted by cost in place, by insertion (no allocation:
-    most homes hold a few sequences, and two sorted copies per home were the set-up's cost).
-    Equal costs may come in any order: every reader breaks ties by sequence id."""
+    most homes hold a few sequences)."""
     for t in range(1, k):
         y, o, tt, c, m = cache_y[t], cache_o[t], cache_t[t], cache_c[t], cache_m[t]
         u = t
@@ -505,8 +489,7 @@ def _sort_pairs_small(n_pairs: int, pair_c: FloatArray, pair_y1: IntArray, pair_
 @helper
 def _order_by(key: FloatArray, k: int) -> IntArray:
     """The positions ``0..k-1`` sorted by ``key`` (a stable merge sort: runs of 16 by
-    insertion, then bottom-up merges). Equal keys may come in any order for home_swaps:
-    every reader breaks ties by sequence id."""
+    insertion, then bottom-up merges)."""
     perm = np.arange(k, dtype=np.int64)
     tmp = np.empty(k, dtype=np.int64)
     for lo in range(0, k, 16):
@@ -576,25 +559,13 @@ def _permute_pairs(perm: IntArray, pair_c: FloatArray, pair_y1: IntArray, pair_y
 
 
 @no_refcount
-def _count_below(a: FloatArray, k: int, v: float) -> int:
-    """How many of ``a[:k]`` (sorted) are below ``v``: the first position ``v`` could take."""
+def _count(a: FloatArray, k: int, v: float, or_equal: bool) -> int:
+    """How many of ``a[:k]`` (sorted) are below ``v`` (``or_equal``: at most ``v``): the
+    first (last) position ``v`` could take."""
     lo, hi = 0, k
     while lo < hi:
         mid = (lo + hi) // 2
-        if a[mid] < v:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@no_refcount
-def _count_at_most(a: FloatArray, k: int, v: float) -> int:
-    """How many of ``a[:k]`` (sorted) are at most ``v``: the position after the last ``v``."""
-    lo, hi = 0, k
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if a[mid] <= v:
+        if a[mid] < v or (or_equal and a[mid] == v):
             lo = mid + 1
         else:
             hi = mid
@@ -615,7 +586,7 @@ def _cache_leave(
 ) -> tuple[int, int]:
     """``y`` left the home: the first to leave frees its entry for ``x`` (``slot``), the
     second's entry is dropped. Returns (slot, cache size)."""
-    c = _count_below(cache_c, k, cy)
+    c = _count(cache_c, k, cy, False)
     while cache_y[c] != y:
         c += 1
     if slot < 0:
@@ -855,7 +826,7 @@ def _trees_after_change(
     _set_leaf(r1, r2, r1.shape[0] // 2, m, _cost_key(0.0, round_cap[m], load[b]), capacity - tok[b])
     if csize == 0:
         return
-    lo_q = _count_below(cache_c, k, costs[x])
+    lo_q = _count(cache_c, k, costs[x], False)
     while cache_y[lo_q] != x:
         lo_q += 1
     hi_q = lo_q
