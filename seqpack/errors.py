@@ -70,11 +70,8 @@ class StepFailed(SeqpackError):
         self.rank = rank
         self.reason = message
 
-    def __reduce__(
-        self,
-    ) -> tuple[
-        Any, tuple[str, int | None, int | None]
-    ]:  # keep step and rank through pickling (all_gather_object, spawn)
+    def __reduce__(self) -> tuple[Any, tuple[str, int | None, int | None]]:
+        """Keep ``step`` and ``rank`` through pickling (``all_gather_object``, spawn)."""
         return (_rebuild_step_failed, (self.reason, self.step, self.rank))
 
 

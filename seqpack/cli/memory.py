@@ -28,9 +28,10 @@ BYTES_PER_CELL = 512
 BYTES_BASE = 64 << 20
 
 
-def _status_kib(field: str) -> int | None:
+def _status_kib(field: str, path: Path = _STATUS) -> int | None:
+    """``field``'s value in KiB from a ``/proc`` file of ``Name:  123 kB`` lines, or None."""
     try:
-        match = re.search(rf"^{field}:\s+(\d+) kB", _STATUS.read_text(), re.MULTILINE)
+        match = re.search(rf"^{field}:\s+(\d+) kB", path.read_text(), re.MULTILINE)
     except OSError:
         return None
     return int(match.group(1)) if match else None
@@ -67,12 +68,9 @@ class PeakMemory:
 
 def available_bytes() -> int | None:
     """Memory the OS can give this process now (``MemAvailable``), or None if unknown."""
-    try:
-        match = re.search(r"^MemAvailable:\s+(\d+) kB", _MEMINFO.read_text(), re.MULTILINE)
-    except OSError:
-        match = None
-    if match:
-        return int(match.group(1)) * 1024
+    kib = _status_kib("MemAvailable", _MEMINFO)
+    if kib is not None:
+        return kib * 1024
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):

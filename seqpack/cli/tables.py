@@ -118,7 +118,7 @@ def format_demo_summary(results: list[dict[str, Any]], settings: DemoSettings) -
     for r in results:
         if r.get("cost_model") is not None:
             shared = time_shared(settings.world_size, cores, r.get("load_average"))
-            lines.append(_online_cost_line(r, shared, settings.world_size, cores))
+            lines.append(_online_cost_line(r, shared))
     peak = results[0].get("peak_gemm_flops_per_process") if results else None
     if peak:
         lines.append(
@@ -147,7 +147,7 @@ def time_shared(world: int, cores: int, load: float | None) -> str | None:
     return None
 
 
-def _online_cost_line(r: dict[str, Any], shared: str | bool | None, world: int, cores: int) -> str:
+def _online_cost_line(r: dict[str, Any], shared: str | None) -> str:
     """The calibrated model and how well it predicted the measured step times. When ranks
     share cores (``shared``: why, see :func:`time_shared`) the measured times include waiting
     for a core, so the error is no verdict on the model and the line says so before giving it."""
@@ -162,9 +162,8 @@ def _online_cost_line(r: dict[str, Any], shared: str | bool | None, world: int, 
         return head + "no step's prediction checked yet"
     measured = f"mean |error| {err * 100:.1f}% over {checked} steps" + _fitted_error(r)
     if shared:
-        why = shared if isinstance(shared, str) else f"{world} ranks time-share {cores} cores"
         return head + (
-            f"predicted vs measured step time is not a measure of the model here: {why}, so every microbatch "
+            f"predicted vs measured step time is not a measure of the model here: {shared}, so every microbatch "
             f"time includes waiting for a core ({measured}); benchmarks/calibration.py measures the calibration's "
             "accuracy"
         )

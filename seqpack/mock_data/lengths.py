@@ -47,8 +47,6 @@ def _count(n: object) -> int:
 
 def _bounds(min_seq_len: object, max_seq_len: object) -> tuple[int, int]:
     for name, value in (("min_seq_len", min_seq_len), ("max_seq_len", max_seq_len)):
-        if not _is_int(value):
-            raise SeqpackTypeError(f"{name} must be a positive integer, got {value!r}")
         check_int(name, value, minimum=1, maximum=INT64_MAX)
     if min_seq_len > max_seq_len:  # type: ignore[operator]
         raise ConfigError(f"min_seq_len={min_seq_len} is larger than max_seq_len={max_seq_len}")

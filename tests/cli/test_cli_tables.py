@@ -52,12 +52,12 @@ def test_demo_prediction_error_is_not_a_verdict_when_ranks_share_cores():
 
     r = {"mode": "balanced", "cost_model": (1e-6, 1e-9, 1e-3), "calibrated": True, "prediction_error_mean_abs": 1.12,
          "predictions": [[0, 1, 1]] * 4, "predicted_by_fitted": 4, "prediction_error_fitted": 1.12}  # fmt: skip
-    shared = _online_cost_line(r, shared=True, world=4, cores=2)
+    shared = _online_cost_line(r, shared="4 ranks time-share 2 cores")
     assert "not a measure of the model here: 4 ranks time-share 2 cores" in shared
     assert shared.index("not a measure") < shared.index("112.0%")  # the caveat comes before the figure
-    alone = _online_cost_line(r, shared=False, world=2, cores=2)
+    alone = _online_cost_line(r, shared=None)
     assert "not a measure" not in alone and "mean |error| 112.0% over 4 steps" in alone
-    assert "no step's prediction checked yet" in _online_cost_line(dict(r, prediction_error_mean_abs=None), True, 4, 2)
+    assert "no step's prediction checked yet" in _online_cost_line(dict(r, prediction_error_mean_abs=None), "busy")
 
 
 def test_demo_time_sharing_counts_usable_cores_and_a_busy_machine(monkeypatch):
@@ -72,6 +72,6 @@ def test_demo_time_sharing_counts_usable_cores_and_a_busy_machine(monkeypatch):
     assert busy == "the machine is time-shared (1-minute load average 11.0 on 2 usable cores)"
     r = {"mode": "balanced", "cost_model": (1e-6, 1e-9, 1e-3), "calibrated": True, "prediction_error_mean_abs": 0.6,
          "predictions": [[0, 1, 1]] * 4, "predicted_by_fitted": 4, "prediction_error_fitted": 0.6}  # fmt: skip
-    line = tables._online_cost_line(r, busy, 2, 2)
+    line = tables._online_cost_line(r, busy)
     assert "not a measure of the model here: the machine is time-shared (1-minute load average 11.0" in line
     assert line.index("not a measure") < line.index("60.0%")

@@ -14,7 +14,21 @@ from seqpack.errors import SampleError
 if TYPE_CHECKING:
     from seqpack.thd import PackedBatch
 
-__all__ = ["load_dataset", "padded_microbatches", "rank_indices", "sample_order"]
+__all__ = ["load_dataset", "mock_lengths", "padded_microbatches", "rank_indices", "sample_order"]
+
+
+def mock_lengths(settings: DemoSettings, n: int) -> np.ndarray:
+    """``n`` lengths of the mock data's lognormal (int64)."""
+    from seqpack.mock_data import lognormal_lengths
+
+    return lognormal_lengths(
+        n,
+        min_seq_len=settings.min_seq_len,
+        max_seq_len=settings.max_seq_len,
+        mean_seq_len=settings.mean_seq_len,
+        sigma=settings.sigma,
+        seed=settings.seed,
+    )
 
 
 def load_dataset(settings: DemoSettings) -> tuple[Any, int]:
@@ -24,20 +38,14 @@ def load_dataset(settings: DemoSettings) -> tuple[Any, int]:
         SampleError: A file that is not a token table, holds too few documents for the run,
             or documents longer than ``--max-seq-len``.
     """
-    from seqpack.mock_data import MockSFTDataset, lognormal_lengths
+    from seqpack.mock_data import MockSFTDataset
     from seqpack.mock_data.text import BYTE_VOCAB_SIZE, TokenDataset, stdlib_corpus
 
     needed = settings.total_steps * settings.dp * settings.samples_per_rank
     if settings.data == "mock":
-        lengths = lognormal_lengths(
-            needed,
-            min_seq_len=settings.min_seq_len,
-            max_seq_len=settings.max_seq_len,
-            mean_seq_len=settings.mean_seq_len,
-            sigma=settings.sigma,
-            seed=settings.seed,
-        )
-        return MockSFTDataset(lengths, vocab_size=BYTE_VOCAB_SIZE, seed=settings.seed), BYTE_VOCAB_SIZE
+        return MockSFTDataset(
+            mock_lengths(settings, needed), vocab_size=BYTE_VOCAB_SIZE, seed=settings.seed
+        ), BYTE_VOCAB_SIZE
     if settings.data == "stdlib":
         dataset = TokenDataset(stdlib_corpus(max_len=settings.max_seq_len))
         vocab = BYTE_VOCAB_SIZE

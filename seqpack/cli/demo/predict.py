@@ -59,20 +59,11 @@ def gpu_samples_per_rank(settings: DemoSettings) -> int:
 def gpu_lengths(settings: DemoSettings) -> np.ndarray:
     """int64 ``[steps, predict_dp * samples per GPU]``: global batches of the demo's lengths
     (mock: drawn from its lognormal; a corpus: drawn from its documents' lengths)."""
-    from seqpack.mock_data import lognormal_lengths
+    from seqpack.cli.demo.data import load_dataset, mock_lengths
 
     shape = (settings.steps, settings.predict_dp * gpu_samples_per_rank(settings))
     if settings.data == "mock":
-        return lognormal_lengths(
-            shape[0] * shape[1],
-            min_seq_len=settings.min_seq_len,
-            max_seq_len=settings.max_seq_len,
-            mean_seq_len=settings.mean_seq_len,
-            sigma=settings.sigma,
-            seed=settings.seed,
-        ).reshape(shape)
-    from seqpack.cli.demo.data import load_dataset
-
+        return mock_lengths(settings, shape[0] * shape[1]).reshape(shape)
     dataset, _ = load_dataset(settings)
     return np.random.default_rng(settings.seed).choice(dataset.lengths(), size=shape).astype(np.int64)
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from seqpack.compute.tiny_lm import TinyConfig
-    from seqpack.cost import CostModel, ModelSpec
+    from seqpack.cost import ModelSpec
     from seqpack.thd import PackedBatch
     from seqpack.topology import Topology
 
@@ -57,7 +57,6 @@ def calibrate_cost(cfg: TinyConfig, max_len: int, tokens: int = 4096, repeats: i
     the FLOPs count says; this is what a rank actually waits for.
     """
     from seqpack.compute.tiny_lm import TinyHybridLM
-    from seqpack.cost import CostModel
     from seqpack.thd import pack_sequences
 
     model = TinyHybridLM(cfg)
@@ -106,8 +105,6 @@ def resolve_cost(settings: DemoSettings, cfg: TinyConfig, spec: ModelSpec) -> Co
     """The scheduler's cost model, identical on every rank (rank 0 measures, all receive)."""
     import torch.distributed as dist
 
-    from seqpack.cost import CostModel
-
     if settings.cost == "flops":
         return spec.cost_model()
     if settings.cost == "tokens":
@@ -122,8 +119,7 @@ def resolve_cost(settings: DemoSettings, cfg: TinyConfig, spec: ModelSpec) -> Co
 
 
 class _Run:
-    """One mode's model, optimizer and batches; trained one step at a time so that modes
-    interleave and share the machine's noise fairly."""
+    """One mode's model, optimizer and batches, trained one step at a time (the modes take turns)."""
 
     def __init__(
         self,
@@ -180,16 +176,10 @@ class _Run:
         self.step: Any = None  # the current Step (packed modes)
         self.predictions: list[tuple[int, float, float]] = []  # (step, predicted, measured) seconds
         self.fitted_steps: set[int] = set()  # steps scheduled with a fitted model (not the prior)
-        self.totals = {
-            "tokens": 0,
-            "time": 0.0,
-            "busy": 0.0,
-            "flops": 0.0,
-            "pad": 0,
-            "padded": 0,
-            "mbs": 0,
-            "measured": 0,
-        }
+        # Every sum starts at 0 (an int): the real-valued ones turn float at the first measured step.
+        self.totals: dict[str, Any] = dict.fromkeys(
+            ("tokens", "time", "busy", "flops", "pad", "padded", "mbs", "measured"), 0
+        )
         self.imbalances: list[float] = []
         self.round_imbalances: list[float] = []
         self.losses: list[float] = []
@@ -421,8 +411,6 @@ def worker(settings: DemoSettings) -> list[dict[str, Any]] | None:
         )
     log = _log_step if rank == 0 and not settings.quiet else _quiet_log
     runs = [_Run(mode, settings, mesh, topology, dataset, order, vocab, spec, cost) for mode in settings.modes]
-    # Modes take turns step by step, so that warm-up and the noise of a shared machine fall
-    # on all of them alike.
     for index in range(settings.total_steps):
         for run_ in runs:
             run_.train_step(index, log)
