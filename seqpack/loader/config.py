@@ -1,7 +1,5 @@
 """The wrapper's :class:`PackingConfig`: every setting that decides what it yields, frozen,
-validated at construction and fingerprinted.
-
-The option enums it uses live in :mod:`seqpack.options`.
+validated at construction and fingerprinted (option enums: :mod:`seqpack.options`).
 """
 
 from __future__ import annotations
@@ -97,10 +95,9 @@ class PackingConfig:
     """FP8 GEMMs need 16-aligned token counts (padding multiple of 16)."""
     cost: CostModel | None = None
     """A :class:`seqpack.cost.CostModel` for the scheduler and the stats (``None``: the
-    scheduler's own, else the default FLOPs model). Under ``dynamic_cp`` it prices CP groups:
-    its ring terms (``CostModel.from_te_p2p``, ``CostModel.from_model``, or ``ring_step`` /
-    ``ring_token`` given in its units); ``None``: the default model's FLOPs and its ring over
-    :data:`~seqpack.cost.DEFAULT_INTERCONNECT`, a prior that ``calibrate=True`` refits."""
+    scheduler's own, else the default FLOPs model). Under ``dynamic_cp`` its ring terms price
+    CP groups (``None``: the default model with a ring over
+    :data:`~seqpack.cost.DEFAULT_INTERCONNECT`, a prior that ``calibrate=True`` refits)."""
     flops_fn: Callable[[int, int], float] | None = None
     """``flops_fn(seqlen_sum, seqlen_sq_sum) -> float`` fills ``StepStats.flops``."""
     check_schedule: bool = False
@@ -108,10 +105,8 @@ class PackingConfig:
     step, in the agreement before the exchange (CP, TP and PP copies are always compared)."""
     validate_ranks: bool = True
     """Compare the arguments and iterator ownership of all ranks at construction (``False``
-    compares only the settings every rank's plan and collectives are computed from, as plain
-    values: :func:`seqpack.loader.construction.compared_settings`; a bad argument on any rank,
-    the prefetch flag and who passed ``wrapper_groups`` are agreed either way, in one small
-    all-reduce per axis)."""
+    compares only the settings every rank's plan and collectives are computed from:
+    :func:`seqpack.loader.construction.compared_settings`)."""
     sync: Sync = Sync.LOCKSTEP
     """What a step waits for, so what the scheduler minimises (``Scheduler.schedule(sync=)``)
     and what the stats and calibration report: ``"lockstep"`` (FSDP, pipeline: every
@@ -121,25 +116,21 @@ class PackingConfig:
     """Fit the scheduler's cost model online from microbatch times the training loop reports
     (``Step.record_times`` or :class:`seqpack.calibrate.MicrobatchTimer`): ``True`` (a
     :class:`seqpack.calibrate.CostCalibrator` whose prior is ``cost``, else the scheduler's
-    cost), a ``CostCalibrator`` (copied: its settings and observations), or ``False``. Under
-    ``dynamic_cp`` it fits the whole cost, CP ring included (a given calibrator's prior must
-    price CP groups: a ``reference_size``)."""
+    cost), a ``CostCalibrator`` (copied), or ``False``. Under ``dynamic_cp`` it fits the CP
+    ring too (a given calibrator's prior needs a ``reference_size``)."""
     prefetch: int = 1
     """Steps a background thread prepares ahead of the training loop (0: each step is
     prepared inside ``next()``; at most :data:`~seqpack.options.MAX_PREFETCH`). Never changes
-    the data, so it is not in :meth:`summary`: ranks may differ in it and a state saved with
-    one value resumes under any other."""
+    the data, so ranks may differ in it and a state resumes under any value."""
     prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
     """The prefetch thread prepares no further step while the steps waiting for ``next()``
     hold this many tensor bytes or more (one step always may wait)."""
     dynamic_cp: bool = False
     """Dynamic context parallelism (docs/dynamic_cp.md), the one way to ask for it: per
-    microbatch round the ``dp x cp`` ranks of every TP/PP lane form CP groups, planned by the
-    scheduler ``"dynamic_cp"`` (:class:`~seqpack.schedulers.DynamicCpScheduler`; its options,
-    e.g. the group sizes, are ``scheduler_options``); each microbatch carries its group
-    (``PackedBatch.cp_group``, ``cp_size``, ``cp_rank``), which ``ThdAttention`` and
-    ``Mamba2Mixer`` use. ``max_tokens_per_rank`` is per rank as always; one sequence may hold
-    up to ``dp * cp`` ranks' worth."""
+    microbatch round the ``dp x cp`` ranks of every TP/PP lane form CP groups, planned by
+    :class:`~seqpack.schedulers.DynamicCpScheduler` (its options in ``scheduler_options``);
+    each microbatch carries its group (``PackedBatch.cp_group``, ``cp_size``, ``cp_rank``).
+    One sequence may hold up to ``dp * cp`` ranks' worth of ``max_tokens_per_rank``."""
 
     group_microbatch: bool = False
     """Samples carrying a ``group_id`` (seqpack.loader.grouping) always stay on one DP
@@ -151,10 +142,8 @@ class PackingConfig:
     minibatches: int = 1
     """Mini-batches per step (PPO / GRPO optimizer steps over one rollout batch, verl's
     ``keep_minibatch``): every DP rank's sequences are cut in read order into this many
-    contiguous mini-batches, each balanced over DP on its own, no sample crossing; a Step's
-    microbatches are theirs in order (``Step.minibatch_bounds``, ``Step.minibatches``,
-    ``Step.minibatch_loss_tokens``). At most ``samples_per_rank``. Under ``dynamic_cp`` each
-    mini-batch is planned alone over all ``dp x cp`` ranks (its own CP groups and rounds)."""
+    contiguous mini-batches, each planned alone; a Step's microbatches are theirs in order
+    (``Step.minibatch_bounds``, ``Step.minibatches``). At most ``samples_per_rank``."""
     static_shapes: StaticShapes | None = None
     """Fixed shapes for compiled training (:class:`~seqpack.thd.StaticShapes`, docs/thd.md):
     every microbatch in one of ``token_buckets`` (the largest: the capacity
@@ -162,22 +151,18 @@ class PackingConfig:
     ``max_real_sequences`` sequences. Not with ``dynamic_cp``."""
     mrope: MRopeSpec | None = None
     """A vision-language model's ``MRopeSpec.from_hf(model.config)`` (docs/multimodal.md):
-    samples may then carry images and videos, which travel with them through the exchange,
-    and every microbatch carries the vision fields of ``pack_sequences(mrope=)`` (text-only
-    packs too: their mRoPE rows). Without it such samples are refused. Not with CP > 1,
+    samples may then carry images and videos, and every microbatch carries the vision fields
+    of ``pack_sequences(mrope=)``. Without it such samples are refused. Not with CP > 1,
     ``dynamic_cp``, pipeline parallelism, or TP > 1 under ``data_owner="tp0"``."""
     model: ModelSpec | None = None
     """The model's shape (``ModelSpec.from_hf(model.config)``): with a vision encoder
-    (``ModelSpec.vision``), each sample's encoder FLOPs are computed where it is read, gathered
-    and balanced with its tokens (the scheduler's ``sample_cost``, at the cost model's price of
-    a language-model FLOP: docs/multimodal.md). ``None``: samples with images are planned on
-    their tokens (logged once)."""
+    (``ModelSpec.vision``), each sample's encoder FLOPs are balanced with its tokens
+    (docs/multimodal.md). ``None``: samples with images are planned on their tokens (logged once)."""
     encoder_rebalance: EncoderRebalanceMode = "auto"
     """Whether a microbatch round's images may be encoded on other DP ranks, their embeddings
-    routed back (docs/multimodal.md, "Encoder rebalancing"; the model runs it, hooked by
-    ``seqpack.interop.hf_encoder.rebalance_for_steps(model, steps)``, or by the Trainer mixin).
-    ``"auto"``: where the round time saved pays for the exchange; ``True``: wherever the plan
-    moves an image (needs ``mrope``, DP > 1, no CP or pipeline stages); ``False``: never."""
+    routed back (docs/multimodal.md, "Encoder rebalancing"). ``"auto"``: where the round time
+    saved pays for the exchange; ``True``: wherever the plan moves an image (needs ``mrope``,
+    DP > 1, no CP or pipeline stages); ``False``: never."""
 
     def __post_init__(self) -> None:
         for name in ("samples_per_rank", "max_tokens_per_rank"):
@@ -306,9 +291,8 @@ class PackingConfig:
 
     def build_scheduler(self) -> Scheduler:
         """The :class:`~seqpack.schedulers.Scheduler` this config names (a new one per call
-        for names; the instance itself when one was given). Under ``dynamic_cp``: the
-        scheduler ``"dynamic_cp"`` with ``scheduler_options``, or the
-        :class:`~seqpack.schedulers.DynamicCpScheduler` given as ``scheduler``.
+        for names; the instance itself when one was given; under ``dynamic_cp`` the
+        dynamic-CP scheduler).
 
         Raises:
             ConfigError: Under ``dynamic_cp``, another scheduler named or given.
@@ -423,7 +407,5 @@ class PackingConfig:
 
 def resolved_cost(config: PackingConfig, scheduler: Scheduler) -> CostModel:
     """The cost model a wrapper's steps are measured in and calibration starts from: the
-    config's ``cost``, else the one its scheduler balances (under dynamic CP, the prior with
-    its ring), else the default FLOPs model (so that ``"dp_balanced"`` and ``"balanced"``
-    report imbalance in the same unit)."""
+    config's ``cost``, else the one its scheduler balances, else the default FLOPs model."""
     return scheduler.resolve_cost(config.cost) or default_cost_model()

@@ -1,8 +1,6 @@
-"""What the wrapper checks at construction besides the configuration: who must hold a data
-iterator, that the topology covers the whole initialised job, the settings ranks compare
-under ``validate_ranks=False``, the words the construction agreement reduces (who
-prefetches, who passed ``wrapper_groups``), and the warning for a one-rank topology among
-several initialised ranks."""
+"""What the wrapper checks and agrees on at construction besides the configuration: iterator
+ownership, a topology over part of the job, the settings compared under
+``validate_ranks=False``, the construction agreement's words, a one-rank topology."""
 
 from __future__ import annotations
 
@@ -33,14 +31,9 @@ def construction_words(prefetch: Any, has_groups: bool) -> np.ndarray:
 
 
 def check_covers_job(topology: Topology, config: PackingConfig, has_groups: bool) -> None:
-    """Refuse a topology over part of the initialised job, unless built with ``partial=True``.
-
-    Ranks outside it run their own wrapper on their own copy of the grid: data keyed by DP
-    rank is delivered once per copy, and an axis the grid leaves out (CP, TP) gets batches
-    not cut for it. A one-rank topology is :func:`warn_if_alone`'s. A deliberate partial
-    topology still cannot have groups created over the whole job: under prefetch it needs
-    ``wrapper_groups``, and dynamic CP is refused.
-    """
+    """Refuse a topology over part of the initialised job, unless built with ``partial=True``
+    (and then one that would need groups created over the whole job). A one-rank topology is
+    :func:`warn_if_alone`'s."""
     if not (dist.is_available() and dist.is_initialized()):
         return
     world, spans = dist.get_world_size(), topology.world_size or 1  # set by __post_init__
@@ -71,13 +64,10 @@ def check_covers_job(topology: Topology, config: PackingConfig, has_groups: bool
 
 def compared_settings(topology: Topology, config: PackingConfig) -> tuple[int, dict[str, str]]:
     """The fingerprint and fields (what a mismatch names) the construction agreement compares:
-    every field of the config's summary, the axis sizes and ``validate_ranks``.
-
-    Under ``validate_ranks=False``, only the settings every rank's plan and collectives are
-    computed from, as plain values: ranks that differ in one would wait in, or crash, the
-    first step's exchange. Left out then: ``samples_per_rank`` (each rank reads its own
-    count; the length gather carries it) and the objects whose text may differ on equal
-    settings (the scheduler's options, the cost model, the calibrator).
+    every field of the config's summary, the axis sizes and ``validate_ranks``. Under
+    ``validate_ranks=False``, only the settings every rank's plan and collectives are computed
+    from, as plain values (not ``samples_per_rank``, nor the scheduler's options, cost model or
+    calibrator, whose text may differ on equal settings).
     """
     sizes = {f"{axis}_size": str(topology.size(axis)) for axis in AXES} | {"validate_ranks": str(config.validate_ranks)}
     if config.validate_ranks:
@@ -96,10 +86,8 @@ _NOT_COMPARED = frozenset({"samples_per_rank", "scheduler", "cost", "calibrate"}
 
 def warn_if_alone(topology: Topology) -> bool:
     """Warn (once per process) when ``topology`` has one rank while a process group of
-    several is initialised: each rank would schedule its own data alone, with microbatch
-    counts that differ between ranks (an FSDP/DDP loop goes out of step). Not when the
-    topology was built with ``Topology.single(allow_distributed=True)`` (or ``partial=True``).
-    True when it warned."""
+    several is initialised, unless it was built with ``allow_distributed=True`` (or
+    ``partial=True``). True when it warned."""
     if topology.world_size != 1 or topology.partial:
         return False
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:

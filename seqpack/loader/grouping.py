@@ -1,12 +1,8 @@
 """The ``group_id`` sample field: sequences of one group stay on one DP replica.
 
-A sample may carry ``group_id``, any integer (a Python or numpy int, or a one-element integer
-tensor / array): the responses of one prompt, a chosen / rejected pair. Samples without it
-are groups of one; samples of every DP rank with the same id form one group. The reader keeps
-the id beside the sample's tokens (:data:`GROUP_KEY`, a 0-d int64 tensor; a pre-packed
-sample's sequences share it), the length gather carries it in two per-sample columns
-(``grouped``, ``group_id``) and the schedule phase plans with
-:func:`seqpack.schedulers.sample_groups.schedule_groups` when any sequence of the step carries one.
+A sample may carry ``group_id``, any integer (the responses of one prompt, a chosen / rejected
+pair); samples of every DP rank with the same id form one group. The reader keeps it as
+:data:`GROUP_KEY`, the length gather carries it in the ``grouped`` and ``group_id`` columns.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Labels in the wrapper: the convention checked and converted where samples are read, and
-the loss tokens of every sequence, which ride the length gather.
-
-Every sequence leaves :func:`prepare_labels` in seqpack's own form (the target of each
-position: next-token targets, or ``"position_aligned"`` ones as given), so truncation, the
-exchange and packing see one convention; the packer takes them as given, the alignment
-having been checked here.
-:func:`loss_token_counts` then counts what each sequence adds to ``num_loss_tokens`` once it
-is packed (truncated first under ``on_oversize="truncate"``): the same count
-:func:`seqpack.thd.pack_sequences` makes, for every DP rank's sequences on every rank.
+"""Labels in the wrapper: the convention checked and converted where samples are read
+(:func:`prepare_labels`, to seqpack's own form, so truncation, the exchange and packing see
+one convention), and the loss tokens of every sequence once packed (:func:`loss_token_counts`,
+the count :func:`seqpack.thd.pack_sequences` makes), which ride the length gather.
 """
 
 from __future__ import annotations
@@ -40,13 +34,10 @@ def prepare_labels(
     """Check and convert the (non-empty) sequences of one read.
 
     A sequence whose labels are aligned the other way than ``label_format`` says
-    (:func:`~seqpack.thd.looks_misaligned`: copies of ``input_ids`` under ``"shifted"``, the
-    next tokens under ``"unshifted"``) is refused. Under ``"unshifted"`` a sequence that
-    carries ``labels`` or ``loss_mask`` then gets both moved one token left within it
-    (:func:`~seqpack.thd.sample.next_token_targets`; its last token -100): labels always,
-    ``loss_mask`` when it had one. Sequences with neither are left alone (their default
-    labels are the next tokens under every convention); ``"position_aligned"`` labels are
-    neither checked nor moved.
+    (:func:`~seqpack.thd.looks_misaligned`) is refused. Under ``"unshifted"`` a sequence that
+    carries ``labels`` or ``loss_mask`` gets them moved one token left within it (its last
+    token -100); sequences with neither are left alone, and ``"position_aligned"`` labels
+    are neither checked nor moved.
 
     Args:
         sequences: Normalised sequences (:func:`~seqpack.thd.sample_sequences`), none empty.
@@ -122,10 +113,7 @@ def _check_alignment(
 
 def misaligned_step_message(step: int, checked: int, misaligned: int, label_format: LabelFormat | str) -> str | None:
     """The error for a step whose labels, summed over every DP rank, are aligned the other way
-    than ``label_format`` says (:func:`~seqpack.thd.looks_misaligned` on the sums), else
-    ``None``.
-
-    Catches data whose supervised spans are each too short for the per-sample check."""
+    than ``label_format`` says, else ``None`` (catches spans each too short to judge alone)."""
     if not looks_misaligned(np.array([checked]), np.array([misaligned]))[0]:
         return None
     return misaligned_labels_message(f"step {step} (the samples of every DP rank)", checked, misaligned, label_format)

@@ -1,22 +1,12 @@
 """Outputs back to where their samples came from: :func:`to_origin`, behind ``Step.to_origin``.
 
-A forward pass over packed, rebalanced microbatches produces per-token values (log-probs,
-values, rewards) in the order of the packs on the ranks that ran them. An RL loop needs them
-on the rank that read each sample, in the order it read them.
-
-Every plan is rounds of CP groups over the plane's ``R = dp x cp`` ranks (static CP: the
-replicas' CP blocks). Plane rank ``p`` runs, every round, shard ``p - start`` of each
-sequence of its group ``[start, start + c)`` (padded by the plan's rule:
-:meth:`~seqpack.schedulers.Schedule.padded_assigned`). :func:`to_origin` sends every shard
-(with ``per_sequence``: the row of CP rank 0 of the group only) to every CP rank of the DP
-replica that read the sequence, in one ``all_to_all_single`` over the model's process group of
-the whole plane (:attr:`~seqpack.collective.cp_groups.CpGroups`), then each rank puts the
-``c`` shards of each of its sequences back together (``unshard_from_cp``, in the batches' CP
-layout) and strips the padding. What each rank sends and receives is computed from the plan
-every rank holds (:func:`outgoing`, before any collective): no size exchange.
-
-It runs on the model's process groups, on the training thread, like any collective of the
-model: every rank of the plane calls it for the same step.
+An RL loop needs the per-token values of a forward pass over packed, rebalanced microbatches
+on the rank that read each sample, in read order. Plane rank ``p`` runs shard ``p - start``
+of each sequence of its group ``[start, start + c)``; :func:`to_origin` sends every shard to
+every CP rank of the DP replica that read the sequence in one ``all_to_all_single`` over the
+model's plane group, then joins each sequence's shards and strips the padding. What each rank
+sends and receives follows from the plan every rank holds (:func:`outgoing`): no size
+exchange.
 """
 
 from __future__ import annotations
@@ -42,14 +32,7 @@ if TYPE_CHECKING:
     from seqpack.thd import PackedBatch, StaticShapes
     from seqpack.topology import Topology
 
-__all__ = [
-    "Outgoing",
-    "origin_slots",
-    "outgoing",
-    "plane_group",
-    "return_pieces",
-    "to_origin",
-]
+__all__ = ["origin_slots", "to_origin"]
 
 
 def origin_slots(schedule: Schedule, dp_rank: int, empty_at: Sequence[int] = ()) -> np.ndarray:
@@ -76,10 +59,8 @@ def to_origin(
     empty_at: Sequence[int] = (),
     static_shapes: StaticShapes | None = None,
 ) -> list[torch.Tensor]:
-    """See :meth:`seqpack.loader.step.Step.to_origin` (``cp_groups``: the iterator's CP
-    process groups, the whole plane's among them; ``empty_at``: the pool index of each
-    zero-length sequence this DP rank read, :func:`origin_slots`; ``static_shapes``: the
-    config's, whose ``"extend_last"`` tail lengthens each pack's last sequence)."""
+    """See :meth:`seqpack.loader.step.Step.to_origin` (``cp_groups``: the iterator's, the
+    plane's among them; ``empty_at``: as :func:`origin_slots` takes it)."""
     schedule, batches = step.schedule, step.microbatches
     if schedule is None:
         raise ConfigError("to_origin needs the step's schedule (a Step from wrap_data_iterator)")
@@ -109,10 +90,8 @@ def _agree(
     per_sequence: bool,
     topology: Topology,
 ) -> None:
-    """Every rank of the return agrees, in one small all-reduce per group, that every rank's
-    values are fine and describe the same step the same way (dtype, trailing shape,
-    ``per_sequence``) before any rank enters its collectives: a mistake on one rank raises
-    the same error, naming that rank, on all of them instead of leaving them in a collective.
+    """Every rank of the return agrees that every rank's values are fine and describe the same
+    step the same way before any rank enters its collectives (one small all-reduce per group).
 
     Raises:
         ConfigError, SeqpackTypeError: Some rank's values were refused (its error), or the
@@ -246,8 +225,8 @@ def outgoing(
 def _returned(
     plan: Schedule, out: Outgoing, like: torch.Tensor, plane: Any, *, per_sequence: bool, layout: CpLayout
 ) -> dict[int, torch.Tensor]:
-    """Run the return (module docstring): the values of every sequence this rank's DP
-    replica read that ran this step, by global id (pads removed, shards joined)."""
+    """The values of every sequence this rank's DP replica read that ran this step, by global
+    id (pads removed, shards joined)."""
     got = _all_to_all(out.send, out.send_rows, out.recv_rows, plane, like)
     shards: dict[int, dict[int, torch.Tensor]] = {}
     row = 0
@@ -293,8 +272,7 @@ def _unshard(parts: dict[int, torch.Tensor], c: int, layout: CpLayout) -> torch.
 def _all_to_all(
     send: torch.Tensor, send_rows: np.ndarray, recv_rows: np.ndarray, group: Any, like: torch.Tensor
 ) -> torch.Tensor:
-    """One ``all_to_all_single`` over the model's group of the whole plane (rows in plane-rank
-    order); a one-rank plane keeps what it sends."""
+    """One ``all_to_all_single`` over ``group`` (``None``: a one-rank plane keeps what it sends)."""
     if group is None:
         return send
     device = comm_device(group)

@@ -1,17 +1,9 @@
-"""The phases of one wrapper step, each a short function the orchestrator
-(:mod:`seqpack.loader.producer`) calls in turn on the ranks that read data:
-
-1. :class:`Reader` pulls this rank's samples, checks them against the sample contract and
-   brings their labels to next-token targets (:mod:`seqpack.loader.labels`);
-2. :func:`gather` all-gathers lengths over DP, each with its per-sample columns
-   (:data:`SAMPLE_COLUMNS`: loss tokens) (a bad sample or end of data anywhere reaches every
-   rank here), and agrees on the sample keys;
-3. :func:`schedule` computes the same :class:`~seqpack.schedulers.Schedule` on every rank;
-4. and 5., the exchange (every rank gets its shard of each sequence it runs) and the pack,
-   are the methods of the iterator's CP mode (:mod:`seqpack.loader.cp_mode`).
-
-The TP / PP broadcast is :mod:`seqpack.collective.broadcast`. A phase that fails raises; the
-orchestrator turns it into the step's agreed error.
+"""The phases of one wrapper step on the ranks that read data, each a short function the
+producer (:mod:`seqpack.loader.producer`) calls in turn: 1. :class:`Reader` (read and check
+samples, labels to next-token targets), 2. :func:`gather` (lengths and per-sample columns
+over DP), 3. :func:`schedule` (the same plan on every rank); 4. and 5., exchange and pack,
+are :mod:`seqpack.loader.cp_mode`'s. A phase that fails raises; the producer turns it into
+the step's agreed error.
 """
 
 from __future__ import annotations
@@ -72,8 +64,8 @@ class ReadResult:
 
 class Reader:
     """Pulls samples from the user's iterator, counts what it consumed (for resume) and
-    brings labels in ``label_format`` to next-token targets; under ``mrope`` checks each
-    sample's images and videos and keeps them in it (:mod:`seqpack.loader.vision_payload`)."""
+    brings labels in ``label_format`` to next-token targets (under ``mrope`` with their
+    images and videos, :mod:`seqpack.loader.vision_payload`)."""
 
     def __init__(
         self,
@@ -93,8 +85,7 @@ class Reader:
         return self._it is not None
 
     def read(self, count: int, pooled: int = 0) -> ReadResult:
-        """Pull up to ``count`` samples (``pooled``: samples already in this step's pool, which
-        messages count from).
+        """Pull up to ``count`` samples (``pooled``: samples already in this step's pool).
 
         Raises:
             SampleError, SeqpackTypeError: A sample breaking the contract (named by index),
@@ -197,19 +188,12 @@ def longest_sequence(scheduler: Scheduler, config: PackingConfig, topology: Topo
     )
 
 
-def truncation_length(scheduler: Scheduler, config: PackingConfig, topology: Topology) -> int | None:
-    """The length a sequence is cut to under ``on_oversize="truncate"`` (the longest the
-    plan holds, :func:`longest_sequence`), else ``None``."""
-    if config.on_oversize != OnOversize.TRUNCATE:
-        return None
-    return longest_sequence(scheduler, config, topology)
-
-
 def sample_columns(
     pool: Sequence[Sample], scheduler: Scheduler, config: PackingConfig, topology: Topology
 ) -> np.ndarray:
     """This rank's :data:`SAMPLE_COLUMNS` table (int64 ``[len(pool), k]``) for the gather."""
-    truncate_to = truncation_length(scheduler, config, topology)
+    truncate = config.on_oversize == OnOversize.TRUNCATE
+    truncate_to = longest_sequence(scheduler, config, topology) if truncate else None
     loss_tokens = loss_token_counts(pool, truncate_to)
     grouped, group_id = group_columns(pool)
     vision_bytes = vision_columns(pool, truncate_to)
@@ -234,11 +218,9 @@ def gather(
 ) -> Gathered:
     """All-gather the lengths of ``pool`` over DP and agree on keys, end of data, empties.
 
-    ``columns``: this rank's :data:`SAMPLE_COLUMNS` table (:func:`sample_columns`; ignored
-    with ``error``). ``timings``: this rank's microbatch times of earlier steps as int64 words
-    (:meth:`seqpack.calibrate.TimingLedger.outgoing`, the same count on every DP rank); they
-    ride in the same header all-gather (no extra collective) and come back as
-    ``Gathered.timings``.
+    ``columns``: this rank's :data:`SAMPLE_COLUMNS` table (ignored with ``error``).
+    ``timings``: this rank's microbatch time words (the same count on every DP rank), which
+    ride in the same all-gather and come back as ``Gathered.timings``.
 
     Raises:
         StepFailed: Some DP rank passed ``error`` (every rank raises it).
@@ -285,13 +267,9 @@ def schedule(
     cost: CostModel | None = None,
     encoder_price: float | None = None,
 ) -> tuple[Schedule, list[int]]:
-    """The step's schedule, identical on every rank, static or dynamic CP as ``scheduler``
-    plans (``cost``: the calibrated model, which replaces the config's
-    :attr:`~PackingConfig.cost`; ``encoder_price``: its price of a vision-encoder FLOP;
-    ``config.sync`` says what the step waits for), and the
-    microbatch offsets of its ``config.minibatches`` mini-batches (``[0, M]`` for one):
-    with mini-batches, every DP rank's sequences are cut in read order into contiguous
-    mini-batches, each planned alone (:func:`~seqpack.schedulers.minibatches.schedule_minibatches`).
+    """The step's schedule, identical on every rank, and the microbatch offsets of its
+    ``config.minibatches`` mini-batches (``[0, M]`` for one). ``cost``: the calibrated model,
+    which replaces the config's; ``encoder_price``: its price of a vision-encoder FLOP.
 
     Raises:
         ScheduleError: The scheduler refused the lengths (an oversize sequence is located in
@@ -361,14 +339,10 @@ def deferred_samples(pool: Sequence[Sample], plan: Schedule, gathered: Gathered,
     return [pool[g - offset] for g in np.sort(ids).tolist()]
 
 
-# -- 4 and 5, exchange and pack: seqpack.loader.cp_mode -----------------------------------
-
-
 def carries_position_ids(mask: int) -> bool:
     return bool(mask & KEY_BITS["position_ids"])
 
 
 def step_loss_tokens(plan: Schedule, loss_tokens: np.ndarray) -> int:
-    """Supervised tokens of the whole global step: the gathered counts of every id the
-    schedule assigns (every replica, every microbatch; deferred and dropped ids add 0)."""
+    """Supervised tokens of the whole global step: the gathered counts of every assigned id."""
     return int(loss_tokens[plan.assigned].sum())

@@ -1,10 +1,8 @@
 """Prefetch: a daemon thread that runs a wrapper's step production ahead of ``next()``.
 
-:class:`Prefetcher` is a thread runner, not a stage of the step: it calls the iterator's
-``produce`` (one step, :class:`~seqpack.loader.step.Ready`) on a thread, at most ``depth``
-steps ahead, and hands prepared steps over in order. :class:`Background` owns what an
-iterator must release (the thread, the process groups made for it); an exit hook lets
-running threads finish the step in progress before the interpreter tears torch down.
+:class:`Prefetcher` runs the producer on a thread, at most ``depth`` steps ahead, and hands
+prepared steps over in order. :class:`Background` owns what an iterator must release (the
+thread, the process groups made for it).
 """
 
 from __future__ import annotations
@@ -140,10 +138,7 @@ _EXIT_SECONDS = 5.0
 @atexit.register
 def _stop_at_exit() -> None:
     # A daemon thread still running torch code while the interpreter and its C++ statics are
-    # torn down can abort the process ("terminate called without an active exception"):
-    # stop every producer first, for a bounded time. One waiting in a collective for a dead
-    # or hung peer leaves it within milliseconds (collectives poll under `abandonable`); one
-    # stuck in the user's own iterator is left behind (pure Python: it ends quietly).
+    # torn down can abort the process: stop every producer first, for a bounded time.
     live = list(_LIVE)
     for prefetcher in live:
         prefetcher.stop(0.0, now=True)
@@ -154,12 +149,8 @@ def _stop_at_exit() -> None:
 
 class Background:
     """What an iterator must release: its producer thread and the process groups it
-    created. Shared with a ``weakref.finalize``, so that an iterator dropped without
-    ``close()`` still releases them.
-
-    ``alone``: no other rank takes part in the steps (one process), so the thread may stop
-    after the step in progress instead of preparing the steps its peers would wait for.
-    ``cp_groups``: dynamic CP's groups (among ``groups``), marked released with them.
+    created (shared with a ``weakref.finalize``). ``alone``: no other rank takes part, so the
+    thread may stop after the step in progress. ``cp_groups``: marked released with ``groups``.
     """
 
     def __init__(self, groups: list[Any], *, alone: bool = False, cp_groups: CpGroups | None = None) -> None:

@@ -1,15 +1,7 @@
 """The vision encoder's cost of each sample in the wrapper (docs/multimodal.md, "The encoder's
-cost in the plan").
-
-Where a sample is read, :func:`vision_flops_column` computes its encoder's training FLOPs from
-its grid rows (:meth:`~seqpack.cost.VisionSpec.flops`; ``PackingConfig(model=ModelSpec(...,
-vision=...))``); the length gather carries them to every DP rank (``SAMPLE_COLUMNS.vision_flops``),
-and :func:`step_sample_cost` turns them into the request's ``sample_cost`` in the units of the
-step's cost model: the FLOPs at that model's price of one language-model FLOP
-(``cost.linear / model.linear_flops``), or under ``calibrate`` at the calibrator's price of
-one encoder FLOP (:attr:`CostCalibrator.encoder_price <seqpack.calibrate.CostCalibrator.encoder_price>`,
-fitted to the measured times). Without a vision encoder known, vision samples are planned
-on their tokens, and the log says so once.
+cost in the plan"): its training FLOPs computed where the sample is read
+(:func:`vision_flops_column`), gathered, and turned into the request's ``sample_cost`` in the
+step's cost units (:func:`step_sample_cost`).
 """
 
 from __future__ import annotations
@@ -49,11 +41,9 @@ def step_sample_cost(
     model: ModelSpec | None,
     price: float | None = None,
 ) -> np.ndarray | None:
-    """The step's ``sample_cost`` (float64 ``[N]``) from the gathered ``vision_flops`` column, in
-    ``cost``'s units: the FLOPs times ``price`` (a calibrated price of one encoder FLOP), by
-    default ``cost``'s price of a language-model FLOP. ``None`` when no sequence has encoder
-    work (text steps plan as before) or no vision encoder is known (``vision_bytes`` then say
-    whether to log it, once)."""
+    """The step's ``sample_cost`` (float64 ``[N]``, in ``cost``'s units): the gathered
+    ``vision_flops`` times ``price`` (default :func:`encoder_price`). ``None`` when no sequence
+    has encoder work or no vision encoder is known (logged once when ``vision_bytes`` show images)."""
     if model is None or model.vision is None:
         if np.any(vision_bytes > 0):
             warn_once(

@@ -106,11 +106,10 @@ class Step:
     def to_origin(self, values: Sequence[torch.Tensor], *, per_sequence: bool = False) -> list[torch.Tensor]:
         """Values computed on this step's microbatches, back on the rank that read each sample.
 
-        Collective over the model's process group of the DP x CP plane (the topology's DP or
-        CP group when the other is 1, else the iterator's plane group; never the wrapper's):
+        Collective over the model's process group of the DP x CP plane (never the wrapper's):
         every rank that received this step calls it, with values of one dtype and trailing
-        shape. The ranks first agree on their
-        values (one small all-reduce), so a mistake on one rank raises the same error on all.
+        shape. The ranks first agree on their values, so a mistake on one rank raises the same
+        error on all.
 
         Args:
             values: One tensor per microbatch of this rank, aligned with its tokens on the
@@ -130,10 +129,8 @@ class Step:
         Raises:
             ConfigError: Not one tensor per microbatch, rows that do not match the
                 microbatch, tensors of different dtype, trailing shape or device, ranks
-                that disagree on the step, dtype, trailing shape or ``per_sequence`` (the
-                same error on every rank, naming the rank), or, where the iterator created
-                the plane group (dynamic CP, or static CP with DP and CP both above 1), a
-                call after the iterator ended or was closed (the group is freed).
+                that disagree on them or on ``per_sequence`` (naming the rank), or a call
+                after the iterator ended or was closed where it created the plane group.
             SeqpackTypeError: ``values`` is not a list of tensors.
         """
         if self._topology is None or self._cp_groups is None:
@@ -153,13 +150,12 @@ class Step:
         microbatch order), for ``wrap_data_iterator(..., calibrate=True)``.
 
         The times travel with a later step's length gather; every rank's calibrator fits
-        the same model from them (:mod:`seqpack.calibrate`). Times that are NaN, infinite
-        or <= 0 are skipped and counted. :class:`seqpack.calibrate.MicrobatchTimer` calls this.
+        the same model from them. Times that are NaN, infinite or <= 0 are skipped and
+        counted. :class:`seqpack.calibrate.MicrobatchTimer` calls this.
 
         Raises:
-            ConfigError: The iterator does not calibrate, or not one time per microbatch.
-                On ranks whose times the calibrator uses (ranks that read data), a wrong
-                count also fails the next step on every rank with that message.
+            ConfigError: The iterator does not calibrate, or not one time per microbatch (on
+                ranks that read data, that also fails the next step on every rank).
         """
         if self._recorder is None:
             raise ConfigError(
@@ -176,8 +172,7 @@ class StepTrace:
         self.start = time.perf_counter()
         self.timings: dict[str, float] = {}
         self.traffic: dict[str, int] = {}
-        # The microbatch-time words the step carries (seqpack.loader.calibration; None without
-        # calibrate): StepInput.blank, the gathered table once gathered, the agreements' MAX.
+        # The microbatch-time words the step carries (None without calibrate).
         self.times = times
 
     @contextlib.contextmanager
@@ -192,8 +187,7 @@ class StepTrace:
 @dataclasses.dataclass(frozen=True)
 class Progress:
     """The producer's resume bookkeeping right after one step: what ``state_dict()``
-    reports once that step has been handed over (not before: later steps may be prepared
-    already)."""
+    reports once that step has been handed over."""
 
     steps: int
     consumed: int
@@ -231,11 +225,6 @@ def tensors_of(batch: PackedBatch) -> Iterator[torch.Tensor]:
             yield value
 
 
-def pinned(batch: PackedBatch) -> PackedBatch:
-    """``batch`` with every tensor in page-locked memory (a shared ``cu_seqlens`` kept shared)."""
-    return map_tensors(batch, lambda tensor: tensor if tensor.is_pinned() else tensor.pin_memory())
-
-
 def check_device(device: Any, pin_memory: Any) -> tuple[torch.device | None, bool]:
     """The device steps are copied to (``None``: stay on the CPU) and whether to pin."""
     pin = check_bool("pin_memory", pin_memory)
@@ -259,9 +248,9 @@ def check_device(device: Any, pin_memory: Any) -> tuple[torch.device | None, boo
 
 
 class DeviceCopy:
-    """Pins a step's tensors and copies them to ``device`` where they are prepared. On CUDA
-    under prefetch the copy runs on a side stream (``non_blocking`` from pinned memory) and
-    :meth:`place` returns an event that :meth:`hand_over` orders before the caller's work."""
+    """Pins a step's tensors and copies them to ``device`` where they are prepared (on CUDA
+    under prefetch on a side stream, with an event :meth:`hand_over` orders before the
+    caller's work)."""
 
     def __init__(self, device: torch.device | None, pin_memory: bool, background: bool) -> None:
         self.device, self.pin_memory, self.background = device, pin_memory, background
@@ -273,7 +262,7 @@ class DeviceCopy:
             return batches, None
         with trace.phase("copy"):
             if self.pin_memory:
-                batches = [pinned(batch) for batch in batches]
+                batches = [map_tensors(b, lambda t: t if t.is_pinned() else t.pin_memory()) for b in batches]
             if device is None:
                 return batches, None
             if device.type != "cuda" or not self.background:

@@ -1,22 +1,12 @@
-"""Vision-language samples in the wrapper (``PackingConfig(mrope=MRopeSpec.from_hf(config))``,
-docs/multimodal.md).
+"""Vision-language samples in the wrapper (``PackingConfig(mrope=...)``, docs/multimodal.md).
 
-Under ``mrope`` the reader checks every sample against the vision contract where it is read
-(:func:`read_sequences`: :func:`~seqpack.thd.vision.normalize_vision`, each failure a
-:class:`~seqpack.errors.SampleError` naming it) and keeps a sample's images and videos in its
-dict beside its token fields, under :data:`PAYLOAD_KEYS`: pixel rows and grid rows per
-modality and its mRoPE rows ``[3, L]``. A text-only sample carries none (its rows are its text
-positions). The payload of a sample is one byte string on the wire (:func:`encode`:
-:data:`HEADER_WORDS` int64 words of shapes and dtypes, then the tensors' bytes), whose size
-(:func:`payload_bytes`) every DP rank learns in the length gather (the ``vision_bytes``
-column): it prices the exchange (the request's ``bytes_per_token``) and sizes the payload
-all-to-all (:func:`seqpack.collective.payloads.exchange_payloads`) that moves each sample's
-payload with its tokens. :func:`with_vision` adds a microbatch's vision fields, in sequence
-order, from the samples that arrived.
-
-Not supported (refused by name, :func:`check_topology`): CP > 1 (a vision pack is not
-CP-sharded), pipeline parallelism, and TP > 1 under ``data_owner="tp0"`` (the broadcasts do
-not carry pixels); a truncation that cuts a sample with images or videos.
+Under ``mrope`` the reader checks every sample against the vision contract
+(:func:`read_sequences`) and keeps its images and videos in its dict under
+:data:`PAYLOAD_KEYS`. A sample's payload is one byte string on the wire (:func:`encode`),
+whose size every DP rank learns in the length gather (the ``vision_bytes`` column): it prices
+the exchange and sizes the payload all-to-all. :func:`with_vision` adds a microbatch's vision
+fields from the samples that arrived. Unsupported topologies are refused by name
+(:func:`check_topology`).
 """
 
 from __future__ import annotations
@@ -89,8 +79,7 @@ def check_topology(topology: Topology, mrope: MRopeSpec | None, data_owner: Data
 
 def read_sequences(item: Any, spec: MRopeSpec | None, *, where: str, label_format: LabelFormat) -> list[Sample]:
     """The sequences of one dataloader sample (:func:`~seqpack.thd.sample_sequences`), each
-    under ``spec`` checked against the vision contract, with its payload when it has images
-    or videos.
+    under ``spec`` checked against the vision contract and carrying its payload.
 
     Raises:
         SampleError, SeqpackTypeError: As :func:`~seqpack.thd.normalize_sample` and
@@ -202,14 +191,8 @@ def with_vision(
     spec: MRopeSpec,
 ) -> PackedBatch:
     """``batch`` (one rank's whole microbatch, CP 1) with the vision fields of
-    ``pack_sequences(mrope=spec)``: each sequence's mRoPE rows, token types, and its pixels
-    and grid rows in sequence order.
-
-    Args:
-        shards: Each sequence's packed token fields as exchanged, in pack order.
-        payloads: Each sequence's payload (empty: text only), in pack order.
-        lengths: Each sequence's real length.
-    """
+    ``pack_sequences(mrope=spec)``, from each sequence's exchanged token fields, payload
+    (empty: text only) and real length, in pack order."""
     if batch.cp_size != 1:
         raise ConfigError(f"a vision-language pack cannot be CP-sharded (cp_size={batch.cp_size})")
     assert batch.position_ids is not None and batch.input_ids is not None
