@@ -11,12 +11,11 @@ from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.mock_data import lognormal_lengths, pareto_lengths
 from seqpack.schedulers import _kernels, get_scheduler
-from seqpack.schedulers.balanced import plan_balanced, relabel_replicas
+from seqpack.schedulers.balanced import locality, plan_balanced, relabel_replicas
 from seqpack.schedulers.balanced.locality import (
     KEPT_HOME,
     LINK_BYTES_PER_SECOND,
     PLAN_SECONDS_PER_SEQUENCE,
-    _per_replica,
     break_even_bytes_per_token,
     locality_pays,
     plan_local,
@@ -273,8 +272,11 @@ def test_replicas_keeps_whichever_layout_moves_less():
     costs = COST.cost(lengths)
     origin = default_origin(lengths.shape[0], dp)
     ref = plan_balanced(lengths, costs, dp_size=dp, capacity=cap, sync="replica", origin=origin)
-    per_replica = _per_replica(lengths, costs, origin, ref, dp, cap, 0.0, "replica", None, 1e-3)
-    layout_moved = int(lengths[relabel_replicas(per_replica.replica_of, origin, lengths, dp) != origin].sum())
+    ranks = relabel_replicas(ref.replica_of, origin, lengths, dp)
+    step = locality.Local(lengths, costs, origin, ref, ranks, dp, cap, 0.0, "replica", None, 1e-3, relabel_replicas)
+    layout = locality.per_replica(step)
+    assert layout is not None
+    layout_moved = int(lengths[layout[1] != origin].sum())
     assert layout_moved > lengths.sum() / 3
     sched = get_scheduler("balanced", locality=True)
     s = sched.schedule(lengths, dp_size=dp, max_tokens_per_rank=cap, cost=COST, sync="replica")

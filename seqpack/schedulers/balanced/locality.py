@@ -1,23 +1,19 @@
 """Locality: plans that leave samples on the DP rank that read them, at no cost in step time.
 
-:func:`plan_local` builds plans at the reference plan's microbatch count (the one
-``balanced`` made for balance alone) and keeps one whose predicted step time under the
-sync (:func:`~seqpack.schedulers.step_objective`) is within ``tolerance`` of the
-reference's and which moves fewer tokens; otherwise the reference stands. It never changes
-which sequences a step holds or how many microbatches it runs, only where they run.
+:func:`plan_local` builds candidate plans at the reference plan's microbatch count (the one
+``balanced`` made for balance alone) and keeps one that predicts at most ``tolerance`` more
+step time under the sync and moves fewer tokens; otherwise the reference stands. It changes
+only where sequences run, never which sequences a step holds or how many microbatches it runs.
 
-* Per-replica layout (:func:`seqpack.schedulers._kernels.grid_local`; first under
-  ``sync="replica"`` and for lockstep steps of one or two microbatches): each sequence,
-  longest first, to its own rank's emptiest microbatch while within ``home_fill`` of its
-  cost target and the mean tokens, else LPT; then the replica repair.
-* Home swaps (:func:`home_swapped`): from the reference, replicas renamed, sequences come
-  home by moves and same-cost swaps (one for one, or for two) while every microbatch stays
-  within ``1 + 0.9 * tolerance`` of its round's heaviest and every replica of the busiest.
+* :func:`per_replica` (first under ``sync="replica"`` and for lockstep steps of one or two
+  microbatches): each sequence, longest first, to its own rank's emptiest microbatch while
+  within ``home_fill`` of its cost target and the mean tokens, else LPT; then the replica repair.
+* :func:`home_swaps`: from the reference, replicas renamed, sequences come home by moves and
+  same-cost swaps while every microbatch stays within ``1 + 0.9 * tolerance`` of its round's
+  heaviest and every replica of the busiest.
 
-:func:`locality_pays` (``locality="auto"``) runs it where the bytes it keeps home
-(:data:`KEPT_HOME` of a rank's share, over :data:`LINK_BYTES_PER_SECOND`) outweigh the
-plan time (:data:`PLAN_SECONDS_PER_SEQUENCE` per sequence): above
-:func:`break_even_bytes_per_token` bytes per token. docs/scale.md has the measurements.
+:func:`locality_pays` (``locality="auto"``) runs it where the exchange time it saves outweighs
+its plan time (docs/scale.md has the measurements).
 """
 
 from __future__ import annotations
@@ -59,7 +55,6 @@ __all__ = [
     "PLAN_SECONDS_PER_SEQUENCE",
     "TOLERANCE",
     "break_even_bytes_per_token",
-    "home_swapped",
     "home_swaps",
     "locality_pays",
     "moved_tokens",
@@ -70,16 +65,10 @@ __all__ = [
 
 def break_even_bytes_per_token(*, sequences: int, tokens: int, dp_size: int) -> float:
     """Bytes per token above which locality saves more exchange time than it costs plan
-    time (``inf`` where it saves nothing: one replica, or no tokens).
-
-    Every rank plans the whole step, so locality costs each rank
-    :data:`PLAN_SECONDS_PER_SEQUENCE` per sequence of the step; it keeps
-    :data:`KEPT_HOME` of each rank's share of the tokens home, which would otherwise cross
-    the network at :data:`LINK_BYTES_PER_SECOND`. It pays when
+    time (``inf`` where it saves nothing: one replica, or no tokens): where
     ``KEPT_HOME * tokens / dp_size * bytes_per_token / LINK_BYTES_PER_SECOND`` exceeds
-    ``PLAN_SECONDS_PER_SEQUENCE * sequences``. The break-even grows with ``dp_size`` (the plan
-    is paid for the whole step, the saving per rank) and falls with longer sequences.
-    """
+    ``PLAN_SECONDS_PER_SEQUENCE * sequences`` (every rank plans the whole step, and saves
+    its own share of the exchange)."""
     if dp_size <= 1 or tokens <= 0:
         return float("inf")
     return PLAN_SECONDS_PER_SEQUENCE * sequences * dp_size * LINK_BYTES_PER_SECOND / (KEPT_HOME * tokens)
@@ -99,7 +88,8 @@ Relabel = Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
 
 @dataclasses.dataclass(frozen=True)
 class Local:
-    """What a locality stage builds from: the step, the reference plan and its renaming."""
+    """What a locality stage builds from: the step, the reference plan and its renaming
+    (arguments as :func:`plan_local`)."""
 
     padded: np.ndarray
     costs: np.ndarray
@@ -136,26 +126,20 @@ def plan_local(
     relabel: Relabel = relabel_replicas,
 ) -> tuple[BalancedPlan, np.ndarray] | None:
     """A plan at ``reference``'s microbatch count that keeps sequences on their rank, or
-    None when no candidate predicts at most ``tolerance`` (relative) more step time or
+    None when no candidate predicts at most ``tolerance`` (relative) more step time and
     moves fewer tokens than the reference.
 
     Args:
-        padded, costs: Padded lengths and costs of the sequences (as for ``plan_balanced``).
+        padded, costs, dp_size, capacity, constant, sync: As for ``plan_balanced``.
         origin: DP rank holding each sequence.
         reference: The :class:`~seqpack.schedulers.balanced.BalancedPlan` made for balance
             alone; its microbatch count and bin rule are reused.
-        dp_size, capacity, constant: As for ``plan_balanced``.
-        sync: What the step waits for (:func:`~seqpack.schedulers.step_objective`):
-            ``"replica"`` tries the per-replica layout first, then the home swaps;
-            ``"lockstep"`` the home swaps (with one or two microbatches the per-replica
-            layout first; module docs).
         max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
         tolerance: Largest relative increase of the predicted step time accepted.
         reference_ranks: The DP rank of every sequence under ``reference`` once its
             replicas are renamed (computed when not given).
         candidates: The locality stages, tried in turn (default :func:`per_replica`, then
-            :func:`home_swaps`); a candidate that moves at most a third of the tokens ends
-            the search.
+            :func:`home_swaps`); one that moves at most a third of the tokens ends the search.
         relabel: Renames a candidate's replicas (:func:`relabel_replicas`).
 
     Returns:
@@ -185,94 +169,12 @@ def plan_local(
 
 
 def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
-    """The per-replica layout (module docs), where the step waits for replicas or runs one or
-    two microbatches; None elsewhere or when it finds no packing."""
-    if not (step.sync == Sync.REPLICA or step.reference.num_microbatches <= 2):
-        return None
-    plan = _per_replica(
-        step.padded, step.costs, step.origin, step.reference, step.dp_size, step.capacity, step.constant,
-        step.sync, step.max_repair_moves, step.tolerance,
-    )  # fmt: skip
-    if plan is None:
-        return None
-    return plan, step.relabel(plan.replica_of, step.origin, step.padded, step.dp_size)
-
-
-def home_swaps(step: Local) -> tuple[BalancedPlan, np.ndarray]:
-    """The reference with sequences brought home by swaps (:func:`home_swapped`)."""
-    plan = home_swapped(
-        step.padded, step.costs, step.origin, step.reference, step.reference_ranks, step.capacity,
-        step.sync, step.tolerance * _SWAP_SLACK,
-    )  # fmt: skip
-    return plan, plan.replica_of
-
-
-def home_swapped(
-    padded: np.ndarray,
-    costs: np.ndarray,
-    origin: np.ndarray,
-    reference: BalancedPlan,
-    reference_ranks: np.ndarray,
-    capacity: int,
-    sync: str,
-    slack: float,
-) -> BalancedPlan:
-    """``reference`` with its replicas renamed to ``reference_ranks``, then sequences brought
-    home by :func:`~seqpack.schedulers._kernels.home_swaps` within caps ``1 + slack`` times
-    the reference's: every round's heaviest microbatch (not for ``"replicas"``, whose step
-    does not wait for rounds) and the busiest replica. The predicted step time grows by at
-    most ``slack`` (relative), the microbatch count and every microbatch's capacity hold.
-    """
-    m_count, dp_size = reference.load.shape
-    round_of = reference.round_of.copy()
-    replica_of = np.array(reference_ranks, dtype=np.int64)  # a copy: the kernel updates it
-    shape = (m_count, dp_size)
-    load = _grid(costs, round_of, replica_of, shape)
-    if sync == Sync.REPLICA:
-        round_cap = np.full(m_count, np.inf)
-    else:
-        round_cap = load.max(axis=1) * (1 + slack)
-    replica_cap = float(load.sum(axis=0).max()) * (1 + slack)
-    order = _by_home_longest_first(padded, origin, dp_size)
-    _kernels.home_swaps(
-        round_of,
-        replica_of,
-        padded,
-        costs,
-        origin,
-        dp_size,
-        m_count,
-        capacity,
-        round_cap,
-        replica_cap,
-        order,
-        _SWAP_PASSES,
-    )
-    load = _grid(costs, round_of, replica_of, shape)
-    tokens = _grid(padded, round_of, replica_of, shape)
-    both = _objective(load, 0.0, sync)
-    return BalancedPlan(m_count, round_of, replica_of, load, tokens, reference.mode, both)
-
-
-def moved_tokens(replica_of: np.ndarray, origin: np.ndarray, padded: np.ndarray) -> int:
-    """Padded tokens of the sequences placed on another replica than the one holding them."""
-    return int(padded[replica_of != origin].sum())
-
-
-def _per_replica(
-    padded: np.ndarray,
-    costs: np.ndarray,
-    origin: np.ndarray,
-    reference: BalancedPlan,
-    dp_size: int,
-    capacity: int,
-    constant: float,
-    sync: str,
-    max_repair_moves: int | None,
-    tolerance: float,
-) -> BalancedPlan | None:
-    """The per-replica layout (module docs), or None when grid_local finds no packing."""
+    """The per-replica layout (module docs) and its DP ranks, where the step waits for
+    replicas or runs one or two microbatches; None elsewhere or when it finds no packing."""
+    padded, costs, dp_size, reference = step.padded, step.costs, step.dp_size, step.reference
     m_count = reference.num_microbatches
+    if not (step.sync == Sync.REPLICA or m_count <= 2):
+        return None
     order = fill_order(padded, None)
     if reference.mode == _kernels.MODE_COST:
         values = costs
@@ -284,7 +186,7 @@ def _per_replica(
     # token) sequences leaves room for the cost its microbatches still lack.
     share = int(np.ceil(float(padded.sum()) / (dp_size * m_count)))
     ok, bin_of, _ = _kernels.grid_local(
-        order, padded, values, targets, _REPLICAS_FILL, share, capacity, origin, dp_size
+        order, padded, values, targets, _REPLICAS_FILL, share, step.capacity, step.origin, dp_size
     )
     if not ok:
         return None
@@ -292,11 +194,11 @@ def _per_replica(
     shape = (m_count, dp_size)
     load = _grid(costs, round_of, replica_of, shape)
     tokens = _grid(padded, round_of, replica_of, shape)
-    moves = repair_budget(max_repair_moves, dp_size)
+    moves = repair_budget(step.max_repair_moves, dp_size)
     if moves > 0:
         # Close to the reference's busiest replica, and no closer: every repair move moves a
         # sequence.
-        stop_at = float(reference.load.sum(axis=0).max()) * (1 + tolerance * 0.5)
+        stop_at = float(reference.load.sum(axis=0).max()) * (1 + step.tolerance * 0.5)
         round_of, replica_of, load, tokens = repair(
             round_of,
             replica_of,
@@ -305,14 +207,57 @@ def _per_replica(
             padded,
             costs,
             dp_size,
-            capacity,
+            step.capacity,
             moves,
-            sync,
+            step.sync,
             stop_at,
             _REPAIR_WORK_FACTOR * _REPAIR_WORK,
         )
-    both = _objective(load, constant, sync)
-    return BalancedPlan(m_count, round_of, replica_of, load, tokens, reference.mode, both)
+    plan = BalancedPlan(
+        m_count, round_of, replica_of, load, tokens, reference.mode, _objective(load, step.constant, step.sync)
+    )
+    return plan, step.relabel(plan.replica_of, step.origin, padded, dp_size)
+
+
+def home_swaps(step: Local) -> tuple[BalancedPlan, np.ndarray]:
+    """The reference with its replicas renamed, then sequences brought home by
+    :func:`~seqpack.schedulers._kernels.home_swaps` within caps ``1 + slack`` times the
+    reference's (``slack``: ``_SWAP_SLACK`` of the tolerance): every round's heaviest
+    microbatch (not under ``sync="replica"``, whose step does not wait for rounds) and the
+    busiest replica. The microbatch count and every microbatch's capacity hold."""
+    padded, costs, sync, reference = step.padded, step.costs, step.sync, step.reference
+    slack = step.tolerance * _SWAP_SLACK
+    m_count, dp_size = reference.load.shape
+    round_of = reference.round_of.copy()
+    replica_of = np.array(step.reference_ranks, dtype=np.int64)  # a copy: the kernel updates it
+    shape = (m_count, dp_size)
+    load = _grid(costs, round_of, replica_of, shape)
+    round_cap = np.full(m_count, np.inf) if sync == Sync.REPLICA else load.max(axis=1) * (1 + slack)
+    replica_cap = float(load.sum(axis=0).max()) * (1 + slack)
+    order = _by_home_longest_first(padded, step.origin, dp_size)
+    _kernels.home_swaps(
+        round_of,
+        replica_of,
+        padded,
+        costs,
+        step.origin,
+        dp_size,
+        m_count,
+        step.capacity,
+        round_cap,
+        replica_cap,
+        order,
+        _SWAP_PASSES,
+    )
+    load = _grid(costs, round_of, replica_of, shape)
+    tokens = _grid(padded, round_of, replica_of, shape)
+    plan = BalancedPlan(m_count, round_of, replica_of, load, tokens, reference.mode, _objective(load, 0.0, sync))
+    return plan, plan.replica_of
+
+
+def moved_tokens(replica_of: np.ndarray, origin: np.ndarray, padded: np.ndarray) -> int:
+    """Padded tokens of the sequences placed on another replica than the one holding them."""
+    return int(padded[replica_of != origin].sum())
 
 
 def _by_home_longest_first(padded: np.ndarray, origin: np.ndarray, dp_size: int) -> np.ndarray:

@@ -1,12 +1,10 @@
-"""Replica-first planning (``sync="replica"``): when the grid plan (bins first, then
-replicas) leaves the busiest replica above its bound, partition the sequences into replicas
-first (each, costliest first, to the lightest replica with a microbatch it fits, best fit
-inside), repair that plan (:func:`repair`) and keep it when its busiest replica is lighter
-and within 1% of the bound (:func:`keep_lighter`). Heavy tails need it (docs/schedulers.md).
+"""Replica-first planning (``sync="replica"``, :func:`replica_first_stage`): when the grid
+plan leaves the busiest replica above its bound, partition the sequences into replicas first
+(each, costliest first, to the lightest replica with a microbatch it fits, best fit inside),
+repair that plan and keep it where it is lighter. Heavy tails need it (docs/schedulers.md).
 
-The replica repair moves and swaps single sequences off the busiest replica (without
-slowing the rounds under lockstep); locality's per-replica layout repairs its plans with it
-too.
+:func:`repair` moves and swaps single sequences off the busiest replica (without slowing the
+rounds under lockstep); locality's per-replica layout uses it too.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from seqpack.schedulers.balanced.rounds import (
     _grid,
 )
 
-__all__ = ["LPT_WORK", "Repaired", "keep_lighter", "repair", "replica_first", "replica_first_stage"]
+__all__ = ["LPT_WORK", "Repaired", "repair", "replica_first", "replica_first_stage"]
 
 LPT_WORK = 50_000_000  # heap steps and bin scans before the replica-first pass gives up
 
@@ -109,40 +107,31 @@ def replica_first(
     return (round_of, replica_of) if ok else None
 
 
-def keep_lighter(
-    grid: Repaired,
-    padded: np.ndarray,
-    costs: np.ndarray,
-    order: np.ndarray,
-    dp_size: int,
-    capacity: int,
-    max_moves: int,
-    *,
-    forced: bool = False,
-) -> Repaired:
-    """The grid plan ``grid``, or the replica-first plan (repaired) when its busiest replica
-    is lighter and within 1% of the bound ``max(total / dp, costliest sequence)``. Tried only
-    when the grid's busiest replica is more than 0.1% above the bound.
+def replica_first_stage(seqs: Sequences, grid: Repaired, forced: bool) -> Repaired:
+    """Heavy tails under ``sync="replica"``: the grid plan ``grid``, or the replica-first plan
+    (repaired) when its busiest replica is lighter and within 1% of the bound ``max(total /
+    dp, costliest sequence)``; tried only when the grid's busiest replica is more than 0.1%
+    above the bound. Lockstep keeps the grid.
 
-    Within 1%: no larger microbatch count can then predict a step 1% faster, so the count
-    search (:func:`seqpack.schedulers.balanced.rounds.more_rounds`) ends where it would have
-    ended with a plan at the bound. A replica-first plan further off (capacity binds: its
-    microbatches are nearly full) is not taken, so that the search still tries more
-    microbatches, where the grid or the replica-first plan gets closer. With ``forced``
-    (``num_microbatches`` given: there is no count search), any lighter plan is taken.
+    Within 1%, no larger microbatch count can predict a step 1% faster, so the count search
+    ends where it would have with a plan at the bound; a replica-first plan further off is
+    not taken, so that the search still tries more microbatches. With ``forced``
+    (``num_microbatches`` given: no count search), any lighter plan is taken.
     """
-    round_of, replica_of, load, _ = grid
+    if seqs.sync != Sync.REPLICA:
+        return grid
+    padded, costs, dp_size, capacity = seqs.padded, seqs.costs, seqs.dp_size, seqs.capacity
+    load = grid[2]
     bound = max(float(costs.sum()) / dp_size, float(costs.max()))
     busiest = float(load.sum(axis=0).max())
     if busiest <= (1 + _GOOD_ENOUGH) * bound:
         return grid
-    found = replica_first(padded, costs, order, dp_size, capacity, load.shape[0])
+    found = replica_first(padded, costs, seqs.fill_order, dp_size, capacity, load.shape[0])
     if found is None:
         return grid
     new_round, new_replica = found
-    shape = load.shape
-    new_load = _grid(costs, new_round, new_replica, shape)
-    new_tokens = _grid(padded, new_round, new_replica, shape)
+    new_load = _grid(costs, new_round, new_replica, load.shape)
+    new_tokens = _grid(padded, new_round, new_replica, load.shape)
     candidate = repair(
         new_round,
         new_replica,
@@ -152,20 +141,9 @@ def keep_lighter(
         costs,
         dp_size,
         capacity,
-        max_moves,
+        seqs.max_repair_moves,
         Sync.REPLICA,
     )
     lighter = float(candidate[2].sum(axis=0).max())
     close = forced or lighter <= (1 + _GAP_FOR_MORE) * bound
     return candidate if lighter < busiest and close else grid
-
-
-def replica_first_stage(seqs: Sequences, grid: Repaired, forced: bool) -> Repaired:
-    """Heavy tails under ``sync="replica"``: the grid, or the replica-first plan
-    where it is lighter (:func:`keep_lighter`); lockstep keeps the grid."""
-    if seqs.sync != Sync.REPLICA:
-        return grid
-    return keep_lighter(
-        grid, seqs.padded, seqs.costs, seqs.fill_order, seqs.dp_size, seqs.capacity, seqs.max_repair_moves,
-        forced=forced,
-    )  # fmt: skip

@@ -16,7 +16,7 @@ from seqpack.packing.packer import pack_lengths
 from seqpack.schedulers.balanced.exact import bin_lower_bound
 from seqpack.schedulers.balanced.locality import AUTO, TOLERANCE, locality_pays, plan_local
 from seqpack.schedulers.balanced.plan import plan_balanced
-from seqpack.schedulers.balanced.rounds import BalancedPlan, _rounds, round_position
+from seqpack.schedulers.balanced.rounds import _rounds, round_position
 from seqpack.schedulers.balanced.stages import DEFAULT, Stages
 from seqpack.schedulers.base import GridScheduler
 from seqpack.schedulers.request import Request, check_microbatches
@@ -105,10 +105,9 @@ class BalancedScheduler(GridScheduler):
         return locality_pays(bytes_per_token, sequences=sequences, tokens=tokens, dp_size=dp_size)
 
     def _plan(self, request: Request) -> tuple[Grid, np.ndarray]:
-        ids, lengths, origin = np.arange(request.num_sequences, dtype=np.int64), request.lengths, request.origin
+        ids, origin = np.arange(request.num_sequences, dtype=np.int64), request.origin
         dp_size, capacity, sync, static_shapes = request.dp_size, request.capacity, request.sync, request.static_shapes
-        cost = request.cost
-        model = default_cost_model() if cost is None else cost  # the base took it at the static CP group
+        model = self.resolve_cost(request.cost)  # the base took it at the static CP group
         # Under static_shapes: at least ceil(N / (dp * max_real_sequences)) microbatches, and
         # counts compared with each microbatch's bucket padding priced (schedulers.shape_limits).
         min_microbatches = self.min_microbatches
@@ -122,7 +121,7 @@ class BalancedScheduler(GridScheduler):
                 microbatch_multiple=self.microbatch_multiple,
                 num_microbatches=self.num_microbatches,
             )
-        padded = padded_lengths(lengths, request.pad_multiple)
+        padded = padded_lengths(request.lengths, request.pad_multiple)
         costs = model.cost(padded)
         stages = self.stages
         if request.sample_cost is not None:  # the sum is balanced: tokens' cost plus each sample's own
@@ -161,40 +160,25 @@ class BalancedScheduler(GridScheduler):
             dp_size=dp_size,
             bytes_per_token=request.bytes_per_token,
         ):
-            plan, replica = self._keep_home(plan, replica, padded, costs, origin, capacity, model.constant, sync)
-        m_count = plan.num_microbatches
+            local = plan_local(
+                padded,
+                costs,
+                origin,
+                plan,
+                dp_size=dp_size,
+                capacity=capacity,
+                constant=model.constant,
+                sync=sync,
+                max_repair_moves=self.max_repair_moves,
+                tolerance=self.locality_tolerance,
+                reference_ranks=replica,
+                candidates=self.stages.locality,
+                relabel=self.stages.relabel,
+            )
+            plan, replica = (plan, replica) if local is None else local
         position = round_position(plan.load, self.order)
-        return _rounds(ids, position[plan.round_of] * dp_size + replica, m_count, dp_size), np.zeros(0, dtype=np.int64)
-
-    def _keep_home(
-        self,
-        plan: BalancedPlan,
-        replica: np.ndarray,
-        padded: np.ndarray,
-        costs: np.ndarray,
-        origin: np.ndarray,
-        capacity: int,
-        constant: float,
-        sync: str,
-    ) -> tuple[BalancedPlan, np.ndarray]:
-        """Locality (:func:`plan_local`): ``plan`` and the DP rank of each sequence, or a plan
-        that keeps more samples home, judged by the step time ``plan`` was made for."""
-        local = plan_local(
-            padded,
-            costs,
-            origin,
-            plan,
-            dp_size=plan.load.shape[1],
-            capacity=capacity,
-            constant=constant,
-            sync=sync,
-            max_repair_moves=self.max_repair_moves,
-            tolerance=self.locality_tolerance,
-            reference_ranks=replica,
-            candidates=self.stages.locality,
-            relabel=self.stages.relabel,
-        )
-        return (plan, replica) if local is None else local
+        cell = position[plan.round_of] * dp_size + replica
+        return _rounds(ids, cell, plan.num_microbatches, dp_size), np.zeros(0, dtype=np.int64)
 
     def __repr__(self) -> str:
         return (
