@@ -28,6 +28,11 @@ class Problem:
     sync: Sync
     in_nodes: bool  # lay groups smaller than a node inside one (any size); else plainly (aligned powers of 2)
 
+    @property
+    def pow2_sizes(self) -> np.ndarray:
+        """The allowed sizes that are powers of two, and ``num_ranks``."""
+        return self.sizes[((self.sizes & (self.sizes - 1)) == 0) | (self.sizes == self.num_ranks)]
+
 
 @dataclasses.dataclass
 class Bins:
@@ -54,39 +59,25 @@ class Bins:
 
     def extend(
         self,
-        size: np.ndarray,
+        size: np.ndarray | int,
         round_: np.ndarray,
-        room: np.ndarray,
-        load: np.ndarray,
-        floor: np.ndarray,
-        tokens: np.ndarray,
-        s: np.ndarray,
-        ss: np.ndarray,
+        *,
+        room: np.ndarray | int = 0,
+        load: np.ndarray | float = 0.0,
+        floor: np.ndarray | float = 0.0,
+        tokens: np.ndarray | int = 0,
+        s: np.ndarray | float = 0.0,
+        ss: np.ndarray | float = 0.0,
     ) -> None:
-        """Append bins (arrays of one entry per new bin)."""
+        """Append one bin per entry of ``round_`` (a scalar field: the same for every new bin)."""
         for name, value in zip(
             ("size", "round", "room", "load", "floor", "tokens", "s", "ss"),
             (size, round_, room, load, floor, tokens, s, ss),
             strict=True,
         ):
             old = getattr(self, name)
-            setattr(self, name, np.concatenate([old, np.asarray(value, dtype=old.dtype)]))
-
-
-def singles(p: Problem, rounds: np.ndarray, floor: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Bin arrays of empty one-rank bins in ``rounds`` with ``floor``."""
-    n = rounds.shape[0]
-    zeros = np.zeros(n, dtype=np.float64)
-    return (
-        np.ones(n, dtype=np.int64),
-        rounds,
-        np.full(n, p.capacity, dtype=np.int64),
-        zeros,
-        floor,
-        np.zeros(n, dtype=np.int64),
-        zeros,
-        zeros,
-    )
+            new = np.broadcast_to(np.asarray(value, dtype=old.dtype), round_.shape)
+            setattr(self, name, np.concatenate([old, new]))
 
 
 def score(p: Problem, bins: Bins) -> Bins:

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score, singles
+from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score
 from seqpack.thd import group_padded_lengths
 
 _LOOK = 2  # ranks a sequence alone chooses among: the least busy ones that can hold it
@@ -21,19 +21,15 @@ def build_replica(p: Problem, height: float, more: int = 0, widen: bool = True) 
     the sequences alone on a rank, longest first, on the rank that ends least busy, in at
     most one more microbatch per rank than their tokens need, plus ``more`` (``widen`` does
     not apply): ranks without groups take more than the average."""
-    sizes = p.sizes[((p.sizes & (p.sizes - 1)) == 0) | (p.sizes == p.num_ranks)]
     size_of, time_of = _kernels.cp_planner.choose_sizes(
-        p.lengths, sizes, p.coef, p.ranks_per_node, p.capacity, p.pad_multiple, height
+        p.lengths, p.pow2_sizes, p.coef, p.ranks_per_node, p.capacity, p.pad_multiple, height
     )
     grouped = np.flatnonzero(size_of > 1)
     order = grouped[np.lexsort((grouped, -time_of[grouped], -size_of[grouped]))]
     start, rounds, load, depth = _kernels.cp_planner.place_blocks(size_of[order], time_of[order], p.num_ranks)
     groups = Bins.empty(p.lengths.shape[0])
     padded = group_padded_lengths(p.lengths[order], size_of[order], p.pad_multiple).astype(np.float64)
-    none = np.zeros(order.shape[0])
-    groups.extend(
-        size_of[order], rounds, none.astype(np.int64), none, none, padded.astype(np.int64), padded, padded * padded
-    )
+    groups.extend(size_of[order], rounds, tokens=padded, s=padded, ss=padded * padded)
     groups.seq_bin[order] = np.arange(order.shape[0], dtype=np.int64)
     groups.start = start
     shorts = np.flatnonzero(size_of == 1)
@@ -61,19 +57,10 @@ def _replica_fill(
     n_mb = int(count.sum())
     s = np.bincount(flat, weights=sp, minlength=n_mb)
     bins.seq_bin[shorts] = groups.size.shape[0] + flat
-    bins.extend(
-        np.ones(n_mb, dtype=np.int64),
-        _ranges(depth, count),
-        np.zeros(n_mb, dtype=np.int64),
-        np.zeros(n_mb),
-        np.zeros(n_mb),
-        s.astype(np.int64),
-        s,
-        np.bincount(flat, weights=sp * sp, minlength=n_mb),
-    )
+    bins.extend(1, _ranges(depth, count), tokens=s, s=s, ss=np.bincount(flat, weights=sp * sp, minlength=n_mb))
     busy = depth + count
     gaps = int(busy.max(initial=0)) - busy  # rounds each rank sits idle at the end
-    bins.extend(*singles(p, _ranges(busy, gaps), np.zeros(int(gaps.sum()))))
+    bins.extend(1, _ranges(busy, gaps), room=p.capacity)
     ranks = np.arange(p.num_ranks, dtype=np.int64)
     assert groups.start is not None
     bins.start = np.concatenate([groups.start, np.repeat(ranks, count), np.repeat(ranks, gaps)])

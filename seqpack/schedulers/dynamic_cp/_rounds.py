@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, singles
+from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem
 from seqpack.thd import group_padded_lengths
 
 
@@ -17,21 +17,10 @@ def _new_rounds(p: Problem, bins: Bins, first: int, count: int, size: int) -> No
     ``size`` ranks, the rest single ranks; floor 0."""
     rounds = np.arange(first, first + count, dtype=np.int64)
     if size > 1:
-        g = np.repeat(rounds, p.num_ranks // size)
-        n = g.shape[0]
-        ring = np.full(n, (size - 1) * float(p.coef[3]))  # the ring's fixed cost, paid once a sequence lands
-        bins.extend(
-            np.full(n, size),
-            g,
-            np.full(n, size * p.capacity),
-            ring,
-            np.zeros(n),
-            np.zeros(n, dtype=np.int64),
-            np.zeros(n),
-            np.zeros(n),
-        )
+        ring = (size - 1) * float(p.coef[3])  # the ring's fixed cost, paid once a sequence lands
+        bins.extend(size, np.repeat(rounds, p.num_ranks // size), room=size * p.capacity, load=ring)
     alone = np.repeat(rounds, p.num_ranks % size if size > 1 else p.num_ranks)
-    bins.extend(*singles(p, alone, np.zeros(alone.shape[0])))
+    bins.extend(1, alone, room=p.capacity)
 
 
 def _fill(p: Problem, bins: Bins, positions: np.ndarray, rounds_done: int, size: int, more: int) -> Bins:
@@ -96,16 +85,16 @@ def build(p: Problem, height: float, more: int = 0, widen: bool = True) -> Bins:
     bins.extend(
         size_of[order],
         round_of,
-        size_of[order] * p.capacity - padded,
-        time_of[order] - k,
-        heights[round_of] - k,
-        padded,
-        fp,
-        fp * fp,
+        room=size_of[order] * p.capacity - padded,
+        load=time_of[order] - k,
+        floor=heights[round_of] - k,
+        tokens=padded,
+        s=fp,
+        ss=fp * fp,
     )
     bins.seq_bin[order] = np.arange(order.shape[0], dtype=np.int64)
     free = np.repeat(np.arange(rounds, dtype=np.int64), p.num_ranks - used)
-    bins.extend(*singles(p, free, heights[free] - k))
+    bins.extend(1, free, room=p.capacity, floor=heights[free] - k)
     return _fill(p, bins, np.flatnonzero(size_of == 1), rounds, 1, more)
 
 

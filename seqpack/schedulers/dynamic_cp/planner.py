@@ -58,10 +58,9 @@ def _height_grid(p: Problem, top_n: int | None = None) -> np.ndarray:
         return np.zeros(0, dtype=np.float64)
     need_group = int(np.count_nonzero(group_padded_lengths(p.lengths, 1, p.pad_multiple) > p.capacity))
     top = p.lengths[: max(_TOP, need_group) if top_n is None else top_n]
-    sizes = p.sizes[((p.sizes & (p.sizes - 1)) == 0) | (p.sizes == p.num_ranks)]
     out = []
     k, a, b, step, token, inter = (float(v) for v in p.coef)
-    for c in sizes.tolist():
+    for c in p.pow2_sizes.tolist():
         padded = group_padded_lengths(top, c, p.pad_multiple)
         s = padded[padded <= c * p.capacity].astype(np.float64)
         ring = (c - 1) * (step + (inter if c > p.ranks_per_node else token) * s / c) if c > 1 else 0.0
@@ -121,8 +120,7 @@ def _search(p: Problem) -> Bins:
         candidate = _search_heights(p, replica=True, coarse_n=coarse, fine_n=_FINE // 2)
         best = candidate if candidate.score < best.score else best
     if p.in_nodes:
-        pow2 = p.sizes[((p.sizes & (p.sizes - 1)) == 0) | (p.sizes == p.num_ranks)]
-        candidate = _search_heights(dataclasses.replace(p, sizes=pow2))
+        candidate = _search_heights(dataclasses.replace(p, sizes=p.pow2_sizes))
         best = candidate if candidate.score < best.score else best
     static = score(p, build_static(p))
     return static if static.score < best.score else best
@@ -171,18 +169,15 @@ def plan_dynamic_cp(request: Request, *, group_sizes: str | GroupSizes = GroupSi
     """Plan one step with dynamic context parallelism: per microbatch round, the
     ``dp_size * cp_size`` ranks split into CP groups, each running one packed microbatch.
 
-    Pure and deterministic (same input, same plan, on every rank). Every sequence that fits
-    on all ranks together is scheduled; capacity per rank is never exceeded.
+    Pure and deterministic. Every sequence that fits on all ranks together is scheduled;
+    capacity per rank is never exceeded.
 
     Args:
-        request: The checked step (:meth:`Request.of <seqpack.schedulers.request.Request.of>`):
-            its ``dp_size * cp_size`` ranks are planned, ``max_tokens_per_rank`` each;
+        request: The checked step (:meth:`Request.of <seqpack.schedulers.request.Request.of>`);
             ``pad_multiple`` pads a sequence alone on a rank (a group of ``c`` ranks pads to
-            ``2c`` times it); ``cost`` is the cost of a microbatch on its group, required (a
-            model without ``reference_size`` is the cost on a group of ``cp_size`` ranks;
-            without ring terms, CP groups look free); ``sync`` picks the step time minimised;
-            ``on_oversize`` takes a sequence longer than one sequence may hold on all ranks;
-            the plan carries ``origin``. ``bytes_per_token`` is not used.
+            ``2c`` times it); ``cost``, required, is a microbatch's cost on its group (a model
+            without ``reference_size`` is the cost on ``cp_size`` ranks; without ring terms,
+            CP groups look free). ``bytes_per_token`` is not used.
         group_sizes: ``"pow2"`` (aligned powers of two, and all R) or ``"any"``.
 
     Raises:

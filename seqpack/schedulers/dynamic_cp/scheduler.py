@@ -1,12 +1,5 @@
-"""``"dynamic_cp"``: dynamic context parallelism as a registered scheduler.
-
-``get_scheduler("dynamic_cp", group_sizes=...)`` returns a
-:class:`DynamicCpScheduler`; its :meth:`~DynamicCpScheduler.schedule` takes the arguments of
-every scheduler and returns a :class:`~seqpack.schedulers.Schedule` whose groups change per
-microbatch round (:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp`).
-``PackingConfig(dynamic_cp=True)`` plans with it (its ``scheduler_options`` are this
-scheduler's; docs/dynamic_cp.md).
-"""
+"""``"dynamic_cp"``: dynamic context parallelism as a registered scheduler
+(``get_scheduler("dynamic_cp", group_sizes=...)``; docs/dynamic_cp.md)."""
 
 from __future__ import annotations
 
@@ -53,15 +46,8 @@ class DynamicCpScheduler(Scheduler):
         return self._group_sizes
 
     def plan(self, request: Request) -> Schedule:
-        """The step's dynamic-CP plan over the ``dp_size * cp_size`` ranks
-        (:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` under :meth:`resolve_cost`
-        of ``request.cost``: the cost of a microbatch on its group, CP ring included).
-
-        Raises:
-            ConfigError: What :func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` refuses
-                (``static_shapes``, a ``sample_cost`` other than zeros).
-            ScheduleError: An oversize sequence under ``on_oversize="error"``.
-        """
+        """:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` of ``request`` under
+        :meth:`resolve_cost` of ``request.cost`` (its errors)."""
         resolved = dataclasses.replace(request, cost=self.resolve_cost(request.cost))
         return plan_dynamic_cp(resolved, group_sizes=self.group_sizes)
 
