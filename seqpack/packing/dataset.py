@@ -1,29 +1,13 @@
 """Offline packing of a whole dataset (:func:`pack_dataset`): the rows' sequences to packed
-rows of at most ``max_tokens`` tokens, packed once by :func:`~seqpack.packing.pack_lengths`.
+rows of at most ``max_tokens`` tokens, packed once by :func:`~seqpack.packing.pack_lengths`
+(the packed row's fields and label conventions: docs/packing.md).
 
-A row is one sequence, or several when it carries ``cu_seqlens`` (a row packed already): it
-is split into its sequences as the wrapper splits such a sample
-(:func:`seqpack.thd.split_packed_sample`). A packed row holds its sequences back to back:
-
-* ``input_ids`` (``[T]``), ``position_ids`` (int64 ``[T]``, restarting at 0 at every
-  sequence), ``cu_seqlens`` (int32 ``[k + 1]``, the sequences' offsets), ``sample_ids``
-  (int64 ``[k]``, the input row of each sequence), ``seq_lengths`` (int32 ``[k]``, the
-  sequences' lengths: the column TRL's padding-free collator reads);
-* ``labels`` (int64 ``[T]``) and ``loss_mask`` (float32 ``[T]``, the weight of each label,
-  0 wherever the label is -100) in the ``label_format`` the rows came in: ``"unshifted"``
-  (Hugging Face, TRL: aligned with ``input_ids``, the model shifts; -100 at the first token
-  of every sequence, so no sequence is trained to predict the next one's start),
-  ``"shifted"`` (Megatron, NeMo: next-token targets, -100 at every sequence's last token)
-  or ``"position_aligned"`` (each position's own target, as given).
-
-The labels go through seqpack's own form on the way (:func:`seqpack.thd.next_token_targets`),
-so a row's ``labels`` / ``loss_mask`` follow the sample contract and the alignment guard of
-the wrapper; TRL's ``completion_mask`` and ``assistant_masks`` (1 on the tokens to learn,
-aligned with ``input_ids``) set the label of every other token to -100.
-
-The sequences are read once into index arrays (where each one's tokens are); the packed
-rows are then built :data:`CHUNK_TOKENS` tokens at a time, so a ``datasets.Dataset`` is
-packed from its Arrow buffers into Arrow batches without a Python loop over rows.
+A row packed already (``cu_seqlens``) is split into its sequences as the wrapper splits such
+a sample. Labels go through seqpack's own form on the way, so packed rows follow the sample
+contract and the wrapper's alignment guard. The sequences are read once into index arrays;
+the packed rows are then built :data:`CHUNK_TOKENS` tokens at a time, so a
+``datasets.Dataset`` is packed from its Arrow buffers into Arrow batches without a Python
+loop over rows.
 """
 
 from __future__ import annotations
@@ -108,10 +92,6 @@ class PackedRows(Sequence[dict[str, torch.Tensor]]):
             row[key] = torch.from_numpy(self._flat[key][self._seqs[k] : self._seqs[k + 1]])
         return row
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        for k in range(len(self)):
-            yield self[k]
-
 
 @overload
 def pack_dataset(
@@ -141,9 +121,8 @@ def pack_dataset(
     on_oversize: OnOversize | str = OnOversize.ERROR,
     progress: bool | None = None,
 ) -> Any:
-    """Pack a dataset's sequences into rows of at most ``max_tokens`` tokens (module
-    docstring), as few as :func:`~seqpack.packing.pack_lengths` finds; deterministic. Packed
-    rows come longest sequences first; shuffle them for training if the order matters.
+    """Pack a dataset's sequences into as few rows of at most ``max_tokens`` tokens as
+    :func:`~seqpack.packing.pack_lengths` finds; deterministic, longest sequences first.
 
     Args:
         rows: An iterable of mappings: ``input_ids`` and optionally ``labels`` and
@@ -165,10 +144,8 @@ def pack_dataset(
 
     Returns:
         :class:`PackedRows` (a sequence of dicts of tensors, :data:`PACKED_KEYS`), or, when
-        ``rows`` is a ``datasets.Dataset``, a ``datasets.Dataset`` with those columns
-        (``input_ids`` of the input's integer type), written batch by batch to an Arrow file
-        beside the input's cache files (else in datasets' temporary cache directory) and
-        memory-mapped, as ``Dataset.map`` writes its results.
+        ``rows`` is a ``datasets.Dataset``, a memory-mapped ``datasets.Dataset`` with those
+        columns, written to an Arrow file beside the input's cache files.
 
     Raises:
         SampleError: A row that breaks the sample contract or carries a bad ``cu_seqlens``
@@ -281,9 +258,8 @@ def _packed_chunks(
     sequences: Sequences, max_tokens: int, label_format: LabelFormat, chunk_tokens: int | None
 ) -> Iterator[_Chunk]:
     """The packed rows, ``chunk_tokens`` tokens at a time (``None``: all at once): each chunk's
-    fields as flat arrays, the token offsets of its packed rows and their numbers of sequences
-    ``k`` (``cu_seqlens`` holds ``k + 1`` entries per packed row, ``sample_ids`` and
-    ``seq_lengths`` ``k``). Refuses misaligned labels once every chunk is built."""
+    fields as flat arrays, the token offsets of its packed rows and their numbers of
+    sequences. Refuses misaligned labels once every chunk is built."""
     packing = pack_lengths(sequences.lengths, max_tokens)
     ends = np.cumsum(packing.tokens)
     counts = np.zeros((2, sequences.lengths.shape[0]), dtype=np.int64)
@@ -331,9 +307,7 @@ def _packed_chunks(
 
 def _refuse_misaligned(sequences: Sequences, counts: np.ndarray, label_format: LabelFormat) -> None:
     """Refuse the first sequence whose labels are aligned the other way than ``label_format``,
-    then the rows together: answers too short to judge alone (fewer than
-    :data:`~seqpack.options.LABEL_COPY_MIN_TOKENS` checked tokens each) are judged on their sums,
-    as the wrapper judges a step's."""
+    then the rows together (sequences too short to judge alone are judged on their sums)."""
     checked, misaligned = counts
     refused = np.flatnonzero(looks_misaligned(checked, misaligned))
     if refused.size:

@@ -275,6 +275,3 @@ def _check_weights(values: np.ndarray, key: str, offsets: np.ndarray, first: int
         raise SampleError(
             f"row {first + row}: {key!r} must be >= 0 and finite, got {values[t]!r} at token {t - offsets[row]}"
         )
-
-
-# --- packing ---------------------------------------------------------------------------------
