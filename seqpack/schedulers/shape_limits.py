@@ -2,17 +2,9 @@
 ``max_real_sequences`` sequences and at most the largest token bucket in every microbatch
 (hard limits, like the token capacity), and what its bucket padding costs.
 
-Every static-CP scheduler (:class:`~seqpack.schedulers.base.GridScheduler`) plans at the
-capacity ``min(capacity, largest bucket)`` and then :func:`fit_sequence_limit` repairs its
-plan: the excess sequences of an over-full microbatch (its shortest ones) move into the
-least loaded microbatch of the same round with room for them (a free slot and the tokens),
-else of any round, else into added rounds. ``balanced`` also starts its count search at
-``ceil(N / (dp * max_real_sequences))`` and compares counts on the bucket-inclusive cost
-(:class:`BucketPrice`), so it seldom leaves anything to repair, and then trims the
-microbatches that set the step's time to the buckets (:func:`trim_to_buckets`).
-
-:func:`~seqpack.schedulers.bucket_ladder.static_shapes_by_cost` chooses the buckets by the
-plans' predicted step time (:mod:`seqpack.schedulers.bucket_ladder`).
+A static-CP scheduler plans at ``min(capacity, largest bucket)``; :func:`fit_sequence_limit`
+then repairs the sequence limit and, for ``balanced``, :func:`trim_to_buckets` brings the
+microbatches that set the step's time below a bucket edge (docs/schedulers.md).
 """
 
 from __future__ import annotations
@@ -132,9 +124,8 @@ def fit_sequence_limit(
     longest first, to the least loaded (``weight``) microbatch with a free slot and room for
     its ``padded`` tokens within ``capacity``: of the same round first, then of any round,
     then of rounds added at the end (in multiples of ``round_multiple``). With
-    ``keep_replica`` an id only moves between microbatches of its own replica (groups, or
-    a scheduler that never moves samples). ``padded`` and ``weight`` are indexed by global
-    id. A plan within the limit comes back unchanged (same arrays, same order).
+    ``keep_replica`` an id only moves within its own replica. ``padded`` and ``weight`` are
+    indexed by global id. A plan within the limit comes back unchanged.
 
     Raises:
         ScheduleError: ``fixed_rounds`` given and the ids need more rounds.
@@ -147,7 +138,6 @@ def fit_sequence_limit(
     sizes = np.array([ids.shape[0] for ids in flat], dtype=np.int64)
     every = np.concatenate(flat)
     cell = np.repeat(np.arange(sizes.shape[0]), sizes)
-    # The excess of every over-full microbatch: its shortest ids (ties: the larger id).
     order = np.lexsort((-every, padded[every], cell))
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     rank = np.empty_like(order)
@@ -247,17 +237,14 @@ def trim_to_buckets(
     """``rounds`` with microbatches just past a bucket edge brought below it where that
     predicts a shorter step.
 
-    A microbatch of ``t`` tokens in bucket ``b_k`` pays ``b_k - t`` tokens of padding; one
-    sequence of at least ``t - b_(k-1)`` tokens (the shortest such, of 3 tried) moved to
-    another microbatch of the same round (with a free slot, within ``capacity``; its own
-    bucket may grow) drops it to ``b_(k-1)``. A move is made when the step objective
-    (:func:`step_objective` of ``sync``: microbatch costs ``weight`` summed, ``constant``,
-    and the bucket padding's ``price``) drops, to the target that lowers it most; under
-    ``sync="replica"`` the target may also be another round's microbatch of the same replica
-    (its total then changes only by the buckets' padding). Only
-    microbatches that set the step's time are tried (a round's slowest under lockstep, the
-    slowest replica's under replica), until none moves. ``padded`` and ``weight`` are
-    indexed by global id; cells no move touched come back as they were.
+    A microbatch of ``t`` tokens in bucket ``b_k`` drops to ``b_(k-1)`` when one sequence of
+    at least ``t - b_(k-1)`` tokens (the shortest such, of 3 tried) moves to another
+    microbatch of the same round with a free slot and room within ``capacity`` (under
+    ``sync="replica"`` also to another round of the same replica). A move is made when the
+    step objective (``weight`` summed, plus ``constant`` and the bucket padding's ``price``)
+    drops, to the target that lowers it most. Only microbatches that set the step's time are
+    tried, until none moves. ``padded`` and ``weight`` are indexed by global id; cells no
+    move touched come back as they were.
     """
     grid = [[np.asarray(ids, dtype=np.int64) for ids in row] for row in rounds]
     if not grid or not grid[0]:
@@ -274,7 +261,6 @@ def trim_to_buckets(
         counts=sizes.reshape(shape).copy(),
         price=price,
         lockstep=sync == Sync.LOCKSTEP,
-        replica=sync == Sync.REPLICA,
     )
     members: dict[tuple[int, int], list[int]] = {}  # the cells a move touched, as lists
 
@@ -284,9 +270,8 @@ def trim_to_buckets(
         return members[m, d]
 
     def trim(m: int, d: int) -> bool:
-        moves = [state.best_trim(m, d, ids_of(m, d), padded, weight, limit, capacity)]
-        if not state.lockstep:  # replica alone: a replica's rounds may trade sequences too
-            moves.append(state.best_shift(m, d, ids_of(m, d), padded, weight, limit, capacity))
+        shifts = (False,) if state.lockstep else (False, True)  # replica: a replica's rounds may trade too
+        moves = [state.best_move(m, d, ids_of(m, d), padded, weight, limit, capacity, shift) for shift in shifts]
         found = [move for move in moves if move is not None]
         if not found:
             return False
@@ -297,14 +282,14 @@ def trim_to_buckets(
         return True
 
     # Only a round's slowest microbatch can shorten a lockstep step, only the slowest
-    # replica's a replica step: those are tried, until none moves.
+    # replica's a replica step; 8 moves a round at most (plan time).
     rounds_count = state.tokens.shape[0]
     if state.lockstep:
         for m in range(rounds_count):
             for _ in range(8):
                 if not trim(m, int(np.argmax(state.times[m]))):
                     break
-    if state.replica:  # each move lowers the largest total; 8 a round at most (plan time)
+    else:
         for _ in range(8 * rounds_count):
             d = int(np.argmax(state.column))
             if not any(trim(m, d) for m in np.argsort(-state.times[:, d]).tolist()):
@@ -324,8 +309,7 @@ class _TrimState:
     load: np.ndarray
     counts: np.ndarray
     price: BucketPrice
-    lockstep: bool
-    replica: bool
+    lockstep: bool  # else replica sync
 
     def __post_init__(self) -> None:
         self.times = self.load + self.price.extra(self.tokens)
@@ -350,61 +334,50 @@ class _TrimState:
         need = t - int(edges[k - 1])
         return sorted((i for i in ids if int(padded[i]) >= need), key=lambda i: (int(padded[i]), i))[:3]
 
-    def best_shift(
-        self, m: int, d: int, ids: list[int], padded: np.ndarray, weight: np.ndarray, limit: int, capacity: int
+    def best_move(
+        self,
+        m: int,
+        d: int,
+        ids: list[int],
+        padded: np.ndarray,
+        weight: np.ndarray,
+        limit: int,
+        capacity: int,
+        shift: bool,
     ) -> tuple[int, tuple[int, int], float] | None:
-        """``(id, target cell, gain)`` of the move to another round of replica ``d`` that
-        lowers the largest replica total most (the replica objective), or None."""
-        times, tokens = self.times[:, d], self.tokens[:, d]
+        """``(id, target cell, gain)`` of the move out of microbatch ``(m, d)`` that lowers the
+        objective most, or None: to another replica of round ``m``, or with ``shift`` (replica
+        sync) to another round of replica ``d``."""
+        line = (slice(None), d) if shift else (m, slice(None))  # the candidate targets
+        own = m if shift else d  # the source's index on that line
+        times, tokens = self.times[line], self.tokens[line]
         largest = min(capacity, int(self.price.buckets[-1]))
-        others = float(_largest_but(self.column)[d])
-        best, best_gain = None, 1e-9 * float(self.column.max())
+        best, best_gain = None, 1e-9 * float((self.column if shift else times).max())
         for i in self._candidates(m, d, ids, padded):
             size, cost = int(padded[i]), float(weight[i])
             after = tokens + size
-            fits = (after <= largest) & (self.counts[:, d] < limit)
-            fits[m] = False
+            fits = (after <= largest) & (self.counts[line] < limit)
+            fits[own] = False
             if not fits.any():
                 continue
-            source = self.load[m, d] - cost + float(self.price.extra(np.array([tokens[m] - size]))[0])
-            total = self.column[d] + (source - times[m]) + (self.load[:, d] + cost + self.price.extra(after) - times)
-            gain = float(self.column.max()) - np.maximum(others, total)
+            source = self.load[m, d] - cost + float(self.price.extra(np.array([tokens[own] - size]))[0])
+            target = self.load[line] + cost + self.price.extra(after)  # each cell of the line as the target
+            if shift:  # replica d's new total with each target round; the others' largest
+                total = self.column[d] + (source - times[m]) + (target - times)
+                gain = float(self.column.max()) - np.maximum(float(_largest_but(self.column)[d]), total)
+            else:
+                new_row = times.copy()
+                new_row[d] = source
+                if self.lockstep:  # the round's new maximum with each target: the largest of the others
+                    gain = float(times.max()) - np.maximum(_largest_but(new_row), target)
+                else:  # the largest replica total with each target
+                    column = self.column.copy()
+                    column[d] += new_row[d] - times[d]
+                    gain = float(self.column.max()) - np.maximum(_largest_but(column), column + target - times)
             gain[~fits] = -np.inf
             j = int(np.argmax(gain))
             if gain[j] > best_gain:
-                best, best_gain = (i, (j, d), float(gain[j])), float(gain[j])
-        return best
-
-    def best_trim(
-        self, m: int, d: int, ids: list[int], padded: np.ndarray, weight: np.ndarray, limit: int, capacity: int
-    ) -> tuple[int, tuple[int, int], float] | None:
-        """``(id, target cell, gain)`` of the move to another replica of round ``m`` that
-        lowers the objective most, or None."""
-        t = int(self.tokens[m, d])
-        row, tokens = self.times[m], self.tokens[m]
-        largest = min(capacity, int(self.price.buckets[-1]))
-        best, best_gain = None, 1e-9 * float(row.max())
-        for i in self._candidates(m, d, ids, padded):
-            size, cost = int(padded[i]), float(weight[i])
-            after = tokens + size
-            fits = (after <= largest) & (self.counts[m] < limit)
-            fits[d] = False
-            if not fits.any():
-                continue
-            new_row = row.copy()
-            new_row[d] = self.load[m, d] - cost + float(self.price.extra(np.array([t - size]))[0])
-            target = self.load[m] + cost + self.price.extra(after)  # [dp]: each replica as the target
-            gain = np.zeros(row.shape[0])
-            if self.lockstep:  # the round's new maximum with each target: the largest of the others
-                gain += float(row.max()) - np.maximum(_largest_but(new_row), target)
-            if self.replica:  # the largest replica total with each target
-                column = self.column.copy()
-                column[d] += new_row[d] - row[d]
-                gain += float(self.column.max()) - np.maximum(_largest_but(column), column + target - row)
-            gain[~fits] = -np.inf
-            j = int(np.argmax(gain))
-            if gain[j] > best_gain:
-                best, best_gain = (i, (m, j), float(gain[j])), float(gain[j])
+                best, best_gain = (i, (j, d) if shift else (m, j), float(gain[j])), float(gain[j])
         return best
 
 
