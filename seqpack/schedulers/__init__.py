@@ -1,26 +1,13 @@
-"""Schedulers: which sequence goes to which DP replica and microbatch.
+"""Schedulers: which sequence goes to which DP replica, microbatch and CP group.
 
-``get_scheduler(name, **options)`` returns a :class:`Scheduler`; ``register_scheduler``
-adds one under a new name (both live in ``registry``; this package registers the built-in
-ones). Modules:
-
-- ``schedule``: :class:`Schedule` (one step's plan: rounds x CP groups x ids; static CP is
-  the case whose groups are the replicas' CP blocks) and :class:`ScheduleLimits`;
-  ``schedule_checks``: its invariants, one check each; ``group_sizes``: the sizes a
-  dynamic-CP group may have.
-- ``request``: the :class:`Request` every planner takes (built and checked once by
-  :meth:`Scheduler.schedule`) and the oversize policy; ``base``: the :class:`Scheduler` and
-  :class:`GridScheduler` (static-CP planners) base classes.
-- ``step_time``: what a plan's microbatches cost and :func:`predicted_step_time`;
-  ``objective``: the reductions of a plan's costs under each sync and their lower bounds.
-- ``balanced`` (package): the default FLOPs-aware planner; ``dp_balanced``, ``empty``.
-- ``dynamic_cp`` (package): plans whose CP groups change per microbatch round; its
-  ``scheduler`` module registers them as ``"dynamic_cp"`` (a :class:`DynamicCpScheduler`).
-- ``shape_limits``: what static shapes ask of a plan (the sequence limit, the buckets);
-  ``bucket_ladder``: :func:`static_shapes_by_cost` (buckets chosen by predicted step time).
-- ``sample_groups``: RL groups kept on one replica; ``minibatches``: one step of several
-  optimizer steps; ``join``: plans run one after the other.
-- ``_kernels``: the numba kernels behind them (private; compiled once, cached on disk).
+``get_scheduler(name, **options)`` returns a :class:`Scheduler` (``registry``; this package
+registers the built-in ones). A plan is a :class:`Schedule` (``schedule``; its invariants in
+``schedule_checks``) made from one checked :class:`Request` (``request``). Planners:
+``balanced`` (the default), ``dp_balanced``, ``empty`` (static CP, on ``base``'s
+:class:`GridScheduler`) and ``dynamic_cp`` (CP groups per microbatch round). Around them:
+``step_time`` and ``objective`` (what a plan costs under each sync), ``shape_limits`` and
+``bucket_ladder`` (static shapes), ``sample_groups``, ``minibatches`` and ``join`` (RL), and
+``_kernels`` (the numba kernels, private).
 """
 
 from __future__ import annotations

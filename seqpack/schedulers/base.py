@@ -1,11 +1,6 @@
-"""The scheduler base classes.
-
-A scheduler turns one step's lengths into a :class:`~seqpack.schedulers.schedule.Schedule`
-(:meth:`Scheduler.schedule`). :class:`GridScheduler` is the base of the static-CP planners
-(``balanced``, ``dp_balanced``, ``empty``, yours): they place sequences into
-``num_microbatches x dp_size`` microbatches (:meth:`GridScheduler._plan`) and it builds the
-schedule. Every planner takes one checked :class:`~seqpack.schedulers.request.Request`.
-"""
+"""The scheduler base classes: :class:`Scheduler` (one step's lengths to a
+:class:`~seqpack.schedulers.schedule.Schedule`) and :class:`GridScheduler`, the base of the
+static-CP planners (``balanced``, ``dp_balanced``, ``empty``, yours)."""
 
 from __future__ import annotations
 
@@ -83,10 +78,8 @@ class Scheduler(ABC):
                 padded tokens than its largest bucket
                 (:mod:`seqpack.schedulers.shape_limits`). ``None``: no limit.
             sample_cost: float64 ``[N]``: each sample's cost beside its tokens' (the vision
-                encoder's over its images, in ``cost``'s units), added to its microbatch's
-                cost. ``balanced`` balances the sum; every plan carries it
-                (:attr:`Schedule.sample_cost <seqpack.schedulers.schedule.Schedule.sample_cost>`),
-                so its predicted step time and ``StepStats`` include it. ``None``: none.
+                encoder's, in ``cost``'s units), added to its microbatch's cost; every plan
+                carries it, so its predicted step time and ``StepStats`` include it.
 
         Raises:
             ValueError: Bad sizes, non-positive lengths, or an oversize sequence under
@@ -137,10 +130,9 @@ class Scheduler(ABC):
 class GridScheduler(Scheduler):
     """A static-CP planner: every microbatch runs on one DP replica's CP block.
 
-    :meth:`plan` checks the request, applies the oversize policy and hands the remaining
-    sequences to :meth:`_plan`, which places them into ``num_microbatches`` rounds of
-    ``dp_size`` microbatches. A cost is balanced as its cost on the static group
-    (:meth:`~seqpack.cost.CostModel.at` ``cp_size``: the CP ring included).
+    :meth:`plan` applies the oversize policy and hands the remaining sequences to
+    :meth:`_plan`, which places them into rounds of ``dp_size`` microbatches, with the cost
+    taken on the static group (:meth:`~seqpack.cost.CostModel.at` ``cp_size``).
     """
 
     def plan(self, request: Request) -> Schedule:
@@ -161,10 +153,7 @@ class GridScheduler(Scheduler):
             else:
                 rounds = [[active[np.asarray(cell, dtype=np.int64)] for cell in row] for row in rounds]
         if request.static_shapes is not None:
-            padded = padded_lengths(effective, pad_multiple)
-            rounds = self._fit_static_shapes(
-                rounds, request.static_shapes, padded, capacity, cost, request.sync, request.sample_cost
-            )
+            rounds = self._fit_static_shapes(rounds, placed, request.static_shapes)
         return Schedule.from_assignment(
             rounds,
             lengths=effective,
@@ -181,19 +170,15 @@ class GridScheduler(Scheduler):
         )
 
     def _fit_static_shapes(
-        self,
-        rounds: Sequence[Sequence[np.ndarray]],
-        shapes: StaticShapes,
-        padded: np.ndarray,
-        capacity: int,
-        cost: CostModel | None,
-        sync: str,
-        sample_cost: np.ndarray | None = None,
+        self, rounds: Sequence[Sequence[np.ndarray]], request: Request, shapes: StaticShapes
     ) -> Sequence[Sequence[np.ndarray]]:
-        """``rounds`` within ``shapes``' sequence limit (:func:`fit_sequence_limit`), then, for
+        """``rounds`` of ``request`` (lengths after the oversize policy, cost on the static
+        group) within ``shapes``' sequence limit (:func:`fit_sequence_limit`), then, for
         schedulers that plan with the buckets, trimmed at bucket edges (:func:`trim_to_buckets`);
         each sequence weighed by its cost plus its ``sample_cost``."""
-        extra = 0.0 if sample_cost is None else sample_cost
+        capacity, cost = request.capacity, request.cost
+        padded = padded_lengths(request.lengths, request.pad_multiple)
+        extra = 0.0 if request.sample_cost is None else request.sample_cost
         weight = padded.astype(np.float64) if cost is None else cost.cost(padded) + extra
         rounds = fit_sequence_limit(
             rounds,
@@ -216,7 +201,7 @@ class GridScheduler(Scheduler):
                 limit=shapes.max_real_sequences,
                 capacity=capacity,
                 constant=model.constant,
-                sync=sync,
+                sync=request.sync,
             )
         return rounds
 

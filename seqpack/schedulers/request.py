@@ -1,9 +1,6 @@
-"""One step's scheduling :class:`Request`, and what a scheduler checks before planning:
-lengths, origins, sizes, the oversize policy.
-
-The public :meth:`~seqpack.schedulers.base.Scheduler.schedule` builds the request once
-(:meth:`Request.of`); the planners behind it take it and trust it.
-"""
+"""One step's scheduling :class:`Request`, checked once (:meth:`Request.of`) and trusted by
+the planners behind :meth:`~seqpack.schedulers.base.Scheduler.schedule`, and the checks and
+oversize policy they apply before planning."""
 
 from __future__ import annotations
 
@@ -43,11 +40,10 @@ __all__ = [
 ]
 
 ON_OVERSIZE = tuple(OnOversize)
-_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 def _empty() -> np.ndarray:
-    return _EMPTY.copy()
+    return np.zeros(0, dtype=np.int64)
 
 
 def default_origin(num_samples: int, dp_size: int) -> np.ndarray:
@@ -99,22 +95,9 @@ def as_origin(origin: Sequence[int] | np.ndarray | None, num_samples: int, dp_si
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Request:
-    """One step's scheduling request, checked (build it with :meth:`of`).
-
-    Attributes:
-        lengths: int64 ``[N]`` real lengths, global order (DP rank 0's samples first), >= 1.
-        dp_size, cp_size: Data-parallel replicas, context-parallel ranks per replica.
-        max_tokens_per_rank: Padded tokens one rank holds in one microbatch.
-        pad_multiple: Every sequence is padded to a multiple of this.
-        cost: The cost model the plan balances (None: the scheduler's default).
-        on_oversize: :class:`~seqpack.options.OnOversize` policy.
-        origin: int64 ``[N]``: the DP rank holding each sample.
-        sync: :class:`~seqpack.options.Sync`: what a step waits for.
-        bytes_per_token: Bytes a token carries through the exchange (None: the default).
-        static_shapes: Fixed pack shapes, or None.
-        sample_cost: float64 ``[N]``: each sample's extra cost beside its tokens' (e.g. the
-            vision encoder's, in the cost model's units), or None.
-    """
+    """One step's scheduling request, checked (build it with :meth:`of`; fields as the
+    arguments of :meth:`~seqpack.schedulers.base.Scheduler.schedule`, ``origin`` filled in,
+    ``on_oversize`` and ``sync`` as their enums)."""
 
     lengths: np.ndarray
     dp_size: int

@@ -1,16 +1,8 @@
-"""Tight packings: a lower bound on the number of bins and a bounded exact search, which
-``balanced`` asks before adding a microbatch when every greedy bin rule fails at ``M``.
-
-* :func:`bin_lower_bound`: Martello and Toth's ``L2`` bound on the bins of ``capacity``
-  tokens any packing needs (at least ``ceil(sum / capacity)``).
-* :func:`pack_bins`: a depth-first search, longest sequence first, one bin per distinct
-  free room, pruned when the room no remaining sequence can use exceeds the slack. It finds
-  a packing, proves that none exists, or gives up after ``max_work`` bin visits. Where the
-  bins hold at most ``FEW_PER_BIN`` items on average it first gets ``FIRST_WORK`` visits,
-  then bin completion (:func:`seqpack.schedulers._kernels.bin_search.complete_bins`) gets
-  ``max_work`` steps, then the item search its whole budget.
-
-Deterministic (ties by index). docs/cost_models.md ("Tight packings") has the measurements.
+"""Tight packings, which ``balanced`` asks before adding a microbatch when every greedy bin
+rule fails: :func:`bin_lower_bound` (Martello and Toth's ``L2``) and :func:`pack_bins`, a
+bounded exact search (a depth-first item search, and bin completion where bins hold few
+items). Deterministic (ties by index); docs/cost_models.md ("Tight packings") has the
+measurements.
 """
 
 from __future__ import annotations
@@ -29,14 +21,10 @@ FEW_PER_BIN = 8  # at most this many items per bin on average: bin completion's 
 
 
 def bin_lower_bound(sizes: np.ndarray, capacity: int) -> int:
-    """Martello-Toth ``L2``: fewest bins of ``capacity`` any packing of ``sizes`` needs.
-
-    For a threshold ``k <= capacity/2``: items larger than ``capacity - k`` need a bin
-    each and share it with nothing of size ``>= k``; items in ``(capacity/2, capacity - k]``
-    need a bin each too; items in ``[k, capacity/2]`` fill the room those leave and then
-    whole bins. The bound is the best threshold's count, and never below
-    ``ceil(sum / capacity)``.
-    """
+    """Martello-Toth ``L2``: fewest bins of ``capacity`` any packing of ``sizes`` needs (at
+    least ``ceil(sum / capacity)``). For each threshold ``k <= capacity/2``, items above
+    ``capacity/2`` need a bin each and items in ``[k, capacity/2]`` fill the room left beside
+    those at most ``capacity - k``, then whole bins; the bound is the best threshold's count."""
     sizes = np.asarray(sizes, dtype=np.int64)
     if sizes.size == 0:
         return 0
@@ -68,7 +56,11 @@ def pack_bins(
     found_only: bool = False,
     bin_completion: bool = True,
 ) -> tuple[int, np.ndarray]:
-    """Pack ``lengths`` into ``num_bins`` bins of ``capacity`` tokens, exactly.
+    """Pack ``lengths`` into ``num_bins`` bins of ``capacity`` tokens, exactly: the item
+    search (longest first, one bin per distinct free room, pruned when the room no remaining
+    item can use exceeds the slack); where bins hold at most ``FEW_PER_BIN`` items on
+    average it gets ``FIRST_WORK`` visits first, then bin completion ``max_work`` steps, then
+    the item search its whole budget.
 
     Args:
         lengths: int64 item sizes (each at most ``capacity``).
@@ -78,8 +70,8 @@ def pack_bins(
         found_only: Only a packing is wanted (the planner's case): a search that cannot
             find one within ``max_work`` is not run, so ``GAVE_UP`` may stand where it
             would have proved ``INFEASIBLE`` (:func:`_cannot_find`).
-        bin_completion: Run bin completion where the bins hold few items (module docs);
-            False: the item search alone.
+        bin_completion: Run bin completion where the bins hold few items; False: the item
+            search alone.
 
     Returns:
         ``(status, bin_of)``: ``FOUND`` with every item's bin, ``INFEASIBLE`` when the
@@ -126,12 +118,9 @@ def _item_search(
     sizes: np.ndarray, num_bins: int, capacity: int, max_work: int, futile: bool = False
 ) -> tuple[int, np.ndarray]:
     """:func:`~seqpack.schedulers._kernels.bin_search.dfs` with ``max_work`` visits, or
-    ``(GAVE_UP, unplaced)`` without running it where it gives up for certain: every
-    placement but the last scans all bins twice (``2 * num_bins`` visits, the fit and the
-    waste), so the first placement of two or more items already spends ``2 * num_bins``, and
-    the work check before the next one stops it when that exceeds ``max_work``. ``futile``:
-    the caller wants a packing only and none can be found within ``max_work``
-    (:func:`_cannot_find`)."""
+    ``(GAVE_UP, unplaced)`` without running it where it gives up for certain: the first of
+    two or more placements already spends ``2 * num_bins`` visits, or ``futile`` (no packing
+    can be found within ``max_work``: :func:`_cannot_find`)."""
     n = sizes.shape[0]
     if futile or (n >= 2 and 2 * num_bins > max_work):
         return GAVE_UP, np.full(n, -1, dtype=np.int64)
@@ -141,14 +130,9 @@ def _item_search(
 
 def _cannot_find(sizes: np.ndarray, num_bins: int, capacity: int, max_work: int) -> tuple[bool, bool]:
     """Whether the item search and bin completion cannot find a packing of ``sizes`` (sorted
-    longest first, ``n >= 1``) within ``max_work``, from the least work a packing costs each:
-
-    * the item search checks its work before placing each item, and each placement but the
-      last adds ``2 * num_bins`` (the fit and the waste scan), so a packing costs it at
-      least ``2 * num_bins * (n - 1)``;
-    * bin completion adds ``2 * nv`` (``nv`` distinct sizes) and checks before it fills
-      each bin, and a packing fills at least ``ceil(sum / capacity)`` of them.
-    """
+    longest first, ``n >= 1``) within ``max_work``: a packing costs the item search at least
+    ``2 * num_bins * (n - 1)`` visits (a fit and a waste scan per placement but the last),
+    and bin completion ``2 * distinct sizes`` per bin over ``ceil(sum / capacity)`` bins."""
     n = sizes.shape[0]
     distinct = int(np.count_nonzero(sizes[1:] != sizes[:-1])) + 1
     least_bins = -(-int(sizes.sum()) // capacity)

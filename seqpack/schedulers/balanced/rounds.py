@@ -183,18 +183,10 @@ def _rounds(ids: np.ndarray, cell: np.ndarray, m_count: int, dp_size: int) -> Gr
 
 
 def relabel_replicas(replica_of: np.ndarray, origin: np.ndarray, weight: np.ndarray, dp_size: int) -> np.ndarray:
-    """Rename replicas so that each plan replica runs on the DP rank already holding most of
-    its tokens (greedy matching over the (replica, rank) pairs that share tokens, heaviest
-    overlap first; ties: lower replica, then lower rank).
-
-    Renaming replicas changes no cost, no balance figure and no microbatch: only which rank
-    runs which replica's work, so fewer tokens cross the network in the exchange. Only
-    pairs that share a sequence are candidates (at most one per sequence): time and memory
-    are ``O(N log N + dp)``, never ``dp * dp``.
-
-    Returns:
-        The DP rank of every sequence.
-    """
+    """The DP rank of every sequence once each plan replica runs on the rank already holding
+    most of its tokens (greedy matching over the (replica, rank) pairs that share a sequence,
+    heaviest overlap first; ties: lower replica, then lower rank). Changes no cost and no
+    microbatch, only how many tokens cross the network; ``O(N log N + dp)``, never ``dp * dp``."""
     if replica_of.size == 0 or dp_size == 1:
         return replica_of
     replica_of = np.asarray(replica_of, dtype=np.int64)
@@ -249,14 +241,11 @@ def more_rounds(
     """The count search: the microbatch count with the shortest predicted step, from ``plan``
     at the fewest that fit (docs/schedulers.md). ``plan_at(m)``: the plan at ``m`` rounds.
 
-    Counts ``M + step, M + 2*step, ...`` are tried while the predicted step
-    time keeps dropping, and the best kept, a larger count only when it predicts a step at
-    least 1% faster than the best smaller one (any faster while the best needed a fallback
-    bin rule). A count is tried only when it could be 1% faster: no plan with ``M'`` rounds
-    predicts less than ``base + M' * constant`` (:func:`_objective_bound`), which
-    grows with ``M'``, so the search stops for good once the best plan is within 1% of the
-    next count's bound (right away for most batches). At most ``_MAX_EXTRA_ROUNDS`` counts,
-    never more than one sequence per microbatch of every replica.
+    Counts ``M + step, M + 2*step, ...`` are tried while the predicted step time drops; a
+    larger count is kept only when it predicts a step at least 1% faster than the best
+    smaller one (any faster while the best needed a fallback bin rule), and tried only while
+    it could be (:func:`_objective_bound` grows with the count). At most
+    ``_MAX_EXTRA_ROUNDS`` counts, never more than one sequence per microbatch of every replica.
     """
     padded, costs = seqs.padded, seqs.costs
     if not costs.size or float(costs.max()) <= 0:

@@ -71,16 +71,11 @@ class BalancedScheduler(GridScheduler):
         locality_tolerance: float = TOLERANCE,
         stages: Stages = DEFAULT,
     ) -> None:
-        order = check_choice("order", order, Order)
-        check_int("min_microbatches", min_microbatches, minimum=0)
-        check_positive_int("microbatch_multiple", microbatch_multiple)
-        check_optional_int("num_microbatches", num_microbatches, minimum=0)
-        check_optional_int("max_repair_moves", max_repair_moves, minimum=0, maximum=INT64_MAX)
-        self.order = order
-        self.min_microbatches = int(min_microbatches)
-        self.microbatch_multiple = int(microbatch_multiple)
-        self.num_microbatches = None if num_microbatches is None else int(num_microbatches)
-        self.max_repair_moves = None if max_repair_moves is None else int(max_repair_moves)
+        self.order = check_choice("order", order, Order)
+        self.min_microbatches = check_int("min_microbatches", min_microbatches, minimum=0)
+        self.microbatch_multiple = check_positive_int("microbatch_multiple", microbatch_multiple)
+        self.num_microbatches = check_optional_int("num_microbatches", num_microbatches, minimum=0)
+        self.max_repair_moves = check_optional_int("max_repair_moves", max_repair_moves, minimum=0, maximum=INT64_MAX)
         self.locality: bool | str = _check_locality(locality)
         self.locality_tolerance = check_number("locality_tolerance", locality_tolerance, minimum=0.0)
         if not isinstance(stages, Stages):
@@ -201,12 +196,10 @@ def _single_rank(
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """One replica's plan from the single-rank packer (:func:`seqpack.packing.pack_lengths`):
     ``(round_of, load[M, 1])`` when it packs into the fewest microbatches any plan can have
-    (Martello-Toth's bound, where the plan's count search starts) and that count meets
-    ``min_microbatches`` and ``microbatch_multiple``; else None (the plan runs). With one
-    replica every round's cost is its microbatch's, so the step costs the same for every
-    packing at a count: only the count matters. Under ``static_shapes`` the plan runs (it
-    prices bucket padding and counts sequences; the packer does neither), and with stages
-    other than the default (the ablation measures the plan)."""
+    (Martello-Toth's bound) and that count meets ``min_microbatches`` and
+    ``microbatch_multiple``; else None (the plan runs; always under ``static_shapes``, whose
+    bucket padding and sequence counts the packer ignores). With one replica only the count
+    matters: every packing at a count costs the same."""
     if static_shapes is not None:
         return None
     packing = pack_lengths(padded, capacity)
