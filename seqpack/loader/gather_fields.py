@@ -14,7 +14,6 @@ __all__ = [
     "SAMPLE_COLUMNS",
     "STEP_GATHER_FIELDS",
     "keys_of",
-    "payload_bytes_per_token",
     "step_bytes_per_token",
 ]
 
@@ -71,17 +70,11 @@ def keys_of(mask: int) -> list[str]:
     return [key for key, bit in KEY_BITS.items() if mask & bit]
 
 
-def payload_bytes_per_token(mask: int) -> int:
-    """Bytes one token of the samples a key bit mask names carries through the exchange
-    (``input_ids``, ``labels`` and ``loss_mask``: 8 + 8 + 4 = 20)."""
-    return sum(SAMPLE_DTYPES[key].itemsize for key in keys_of(mask))
-
-
 def step_bytes_per_token(mask: int, lengths: np.ndarray, columns: np.ndarray) -> float:
     """Bytes one token of the step carries through the exchange on average: its token fields
-    (:func:`payload_bytes_per_token`) plus the step's ``vision_bytes`` spread over its tokens
+    (those of the key bit ``mask``) plus the step's ``vision_bytes`` spread over its tokens
     (what ``locality="auto"`` prices)."""
     tokens = int(np.asarray(lengths, dtype=np.int64).sum())
     extra = int(SAMPLE_COLUMNS.column(columns, "vision_bytes").sum())
-    base = payload_bytes_per_token(mask)
+    base = sum(SAMPLE_DTYPES[key].itemsize for key in keys_of(mask))
     return base + extra / tokens if tokens and extra else base

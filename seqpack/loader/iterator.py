@@ -210,8 +210,6 @@ class PackingIterator(Iterator[Step], Stateful):
         """The cost model every step's stats are measured in (:func:`resolved_cost`)."""
         return self._producer.stats_cost
 
-    # -- configuration --------------------------------------------------------------------
-
     @property
     def last_measurement(self) -> Measurement | None:
         """Under ``calibrate``: the last step whose microbatch times every rank holds (its
@@ -223,8 +221,6 @@ class PackingIterator(Iterator[Step], Stateful):
         """The online cost calibrator (``None`` without ``calibrate`` or on ranks that do not
         keep it: TP ranks > 0 under ``data_owner="tp0"``)."""
         return self._calibration.calibrator
-
-    # -- iteration ------------------------------------------------------------------------
 
     def __iter__(self) -> PackingIterator:
         return self
@@ -313,8 +309,6 @@ class PackingIterator(Iterator[Step], Stateful):
         step.timings["blocked"] = blocked
         self._delivered = ready.progress
         return step
-
-    # -- resume ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's resume state (:class:`~seqpack.loader.resume.ResumeState` as a dict).

@@ -143,16 +143,12 @@ def _check_values(values: Sequence[torch.Tensor], batches: Sequence, per_sequenc
     return values[0]
 
 
-def return_pieces(
-    plan: Schedule, per_sequence: bool, spans: np.ndarray | None = None
-) -> list[tuple[int, int, int, int, int]]:
+def return_pieces(plan: Schedule, per_sequence: bool, spans: np.ndarray) -> list[tuple[int, int, int, int, int]]:
     """Every piece of the step's values, in send order: ``(sender plane rank, round, global
     id, shard j, rows)`` ordered by sender, then round, then pack order; every piece goes to
-    each CP rank of replica ``origin[id]`` (``spans``: ``Schedule.packed_spans``, by default
-    the plan's padded lengths)."""
+    each CP rank of replica ``origin[id]`` (``spans``: ``Schedule.packed_spans``)."""
     out = []
     rank_group = plan.rank_group()
-    padded_all = plan.packed_spans() if spans is None else spans
     for p in range(plan.num_ranks):
         for m in range(plan.num_microbatches):
             g = int(rank_group[m, p])
@@ -160,7 +156,7 @@ def return_pieces(
             if per_sequence and j:
                 continue
             for gid in plan.group_ids(g).tolist():
-                out.append((p, m, gid, j, 1 if per_sequence else int(padded_all[gid]) // c))
+                out.append((p, m, gid, j, 1 if per_sequence else int(spans[gid]) // c))
     return out
 
 
@@ -182,7 +178,7 @@ def outgoing(
     topology: Topology,
     *,
     per_sequence: bool,
-    spans: np.ndarray | None = None,
+    spans: np.ndarray,
 ) -> Outgoing:
     """This rank's part of the return, computed from the plan alone (no collective);
     ``values`` are checked against ``batches`` already; ``spans``: ``Schedule.packed_spans``.

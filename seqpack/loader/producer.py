@@ -102,9 +102,7 @@ class StepProducer:
         self.cp_mode = cp_mode
         self.scheduler, self.stats_cost = scheduler, stats_cost
         self.reads = reads
-        self.edge_stage = topology.is_first_stage or topology.is_last_stage
         self.copy = copy
-        self.cp_groups = cp_mode.groups
         self.source = data_iterator
         self.reader = None if data_iterator is None else phases.Reader(data_iterator, config.label_format, config.mrope)
         self.steps = 0  # steps prepared
@@ -307,7 +305,7 @@ class StepProducer:
         """data_owner="tp0": TP rank 0 sends to the other TP ranks; the pipeline agrees and
         the first stage sends its layout to the middle ones."""
         t = self.comm
-        if t.tp_size > 1 and self.edge_stage:
+        if t.tp_size > 1 and (t.is_first_stage or t.is_last_stage):
             try:  # a receiver that fails here still takes part in the pipeline's agreement
                 msg = broadcast_tp(msg if t.tp_rank == 0 else None, t.group("tp"), timings=trace.timings)
                 if t.tp_rank > 0 and isinstance(msg, StepOk) and msg.group_starts is not None:
@@ -400,7 +398,7 @@ class StepProducer:
             exchange_bytes=trace.traffic,
             _recorder=self.recorder,
             _topology=self.topology,
-            _cp_groups=self.cp_groups,
+            _cp_groups=self.cp_mode.groups,
             _empty_at=msg.empty_at,
             _static_shapes=self.config.static_shapes,
         )
@@ -410,11 +408,12 @@ class StepProducer:
     def _with_groups(self, plan: Schedule, batches: list[PackedBatch]) -> list[PackedBatch]:
         """Every CP-sharded batch with the model's process group of its block in its round,
         where it carries none yet (a static plan's, received over TP or PP)."""
-        starts = plan.group_start[plan.rank_group()[:, self.cp_groups.plane_rank]].tolist()
+        groups = self.cp_mode.groups
+        starts = plan.group_start[plan.rank_group()[:, groups.plane_rank]].tolist()
         return [
             batch
             if batch.cp_group is not None or batch.cp_size == 1
-            else dataclasses.replace(batch, cp_group=self.cp_groups.blocks.get((start, batch.cp_size)))
+            else dataclasses.replace(batch, cp_group=groups.blocks.get((start, batch.cp_size)))
             for batch, start in zip(batches, starts, strict=True)
         ]
 

@@ -107,10 +107,11 @@ class ResumeState:
         missing = [k for k in cls.KEYS if k not in state]
         if missing:
             raise ResumeError(f"state is missing keys {missing}; expected a PackingIterator.state_dict()")
-        counts = {}
-        for name in ("steps", "consumed", "dropped_at_end", "empty_at_end"):
+        fields: dict[str, Any] = {name: state[name] for name in cls.KEYS if name != StateKey.VERSION}
+        for name in ("steps", "consumed", "dropped_at_end", "empty_at_end", "config_fingerprint"):
+            maximum = INT64_MAX if name == "config_fingerprint" else None
             try:
-                counts[name] = check_int(f"state[{name!r}]", state[name], minimum=0)
+                fields[name] = check_int(f"state[{name!r}]", state[name], minimum=0, maximum=maximum)
             except ValueError as exc:
                 raise ResumeError(str(exc)) from None
         topology = state["topology"]
@@ -119,35 +120,16 @@ class ResumeState:
         config = state["config"]
         if not isinstance(config, Mapping):
             raise ResumeError(f"state['config'] is not a PackingConfig.summary(): {config!r:.60}")
-        try:
-            saved = state["config_fingerprint"]
-            fingerprint = check_int("state['config_fingerprint']", saved, minimum=0, maximum=INT64_MAX)
-        except ValueError as exc:
-            raise ResumeError(str(exc)) from None
-        flags = {}
         for name in ("finished", "data_ended"):
             value = state[name]
             if not isinstance(value, (bool, np.bool_)):
                 raise ResumeError(f"state[{name!r}] must be True or False, got {value!r:.40}")
-            flags[name] = bool(value)
+            fields[name] = bool(value)
         deferred = state["deferred_samples"]
         if not isinstance(deferred, list) or not all(isinstance(s, Mapping) for s in deferred):
             raise ResumeError("state['deferred_samples'] must be a list of samples")
-        return cls(
-            topology=dict(topology),
-            config=dict(config),
-            config_fingerprint=int(fingerprint),
-            steps=counts["steps"],
-            consumed=counts["consumed"],
-            deferred_samples=[dict(s) for s in deferred],
-            iterator=state["iterator"],
-            scheduler=state["scheduler"],
-            finished=flags["finished"],
-            dropped_at_end=counts["dropped_at_end"],
-            empty_at_end=counts["empty_at_end"],
-            data_ended=flags["data_ended"],
-            calibration=state["calibration"],
-        )
+        fields.update(topology=dict(topology), config=dict(config), deferred_samples=[dict(s) for s in deferred])
+        return cls(**fields)
 
     def check_fits(self, topology: Mapping[str, int], config: Any) -> None:
         """Raise :class:`ResumeError` unless this state was saved on ``topology`` (a
