@@ -17,7 +17,8 @@ import numpy as np
 
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError
-from seqpack.options import INT32_MAX, Sync, TailPadding
+from seqpack.options import INT32_MAX, TailPadding
+from seqpack.schedulers.objective import step_objective
 from seqpack.schedulers.registry import get_scheduler
 from seqpack.schedulers.request import Request
 from seqpack.schedulers.step_time import group_times, predicted_step_time
@@ -84,18 +85,13 @@ class FixedPlans:
 
     @classmethod
     def of(cls, plans: Sequence[Schedule], family: CostModel, sync: str) -> FixedPlans:
+        """``plans``: static plans (group ``m * dp + d`` is cell ``(m, d)``)."""
         base, tokens = [], []
         rate = 0.0
         for plan in plans:
-            times = np.where(plan.group_counts > 0, group_times(plan, family), family.constant)
-            held = np.where(plan.group_counts > 0, plan.group_tokens(padded=True), plan.pad_multiple)
-            where = (plan.group_round, plan.leading_replica())
-            grid_time = np.zeros((plan.num_microbatches, plan.dp_size))
-            grid_tokens = np.zeros((plan.num_microbatches, plan.dp_size), dtype=np.int64)
-            np.add.at(grid_time, where, times)
-            np.add.at(grid_tokens, where, held)
-            base.append(grid_time)
-            tokens.append(grid_tokens)
+            busy, shape = plan.group_counts > 0, (plan.num_microbatches, plan.dp_size)
+            base.append(np.where(busy, group_times(plan, family), family.constant).reshape(shape))
+            tokens.append(np.where(busy, plan.group_tokens(padded=True), plan.pad_multiple).reshape(shape))
             rate = family.at(plan.cp_size).linear
         return cls(base, tokens, rate, sync)
 
@@ -110,9 +106,7 @@ class FixedPlans:
         total = 0.0
         for base, tokens in zip(self.base, self.grid_tokens, strict=True):
             index = np.minimum(np.searchsorted(buckets, tokens), buckets.shape[0] - 1)
-            times = base + self.rate * (buckets[index] - tokens)
-            if times.size:
-                total += float(times.max(axis=1).sum() if self.sync == Sync.LOCKSTEP else times.sum(axis=0).max())
+            total += step_objective(base + self.rate * (buckets[index] - tokens), self.sync)
         return total / max(len(self.base), 1)
 
     def descend(self, starts: Sequence[tuple[int, ...]], sweeps: int = 3, candidates: int = 128) -> tuple[int, ...]:
@@ -172,12 +166,10 @@ def static_shapes_by_cost(
     the least predicted step time of the plans of ``steps``.
 
     Every step is planned by ``scheduler`` with one bucket (the capacity rounded down to
-    ``pad_multiple``); a ladder is fitted to the plans (:func:`ladder_for`, then
-    :class:`FixedPlans`) and the steps re-planned with it, ``refits`` times at most; evenly
-    spaced buckets are tried too. The ladder kept (one bucket among them) predicts the least
-    mean step time under ``sync`` (:func:`~seqpack.schedulers.predicted_step_time`); the log
-    (INFO) reports each. Give it many steps of the real data (docs/thd.md, "What buckets
-    cost the plans").
+    ``pad_multiple``); a ladder is fitted to the plans and the steps re-planned with it,
+    ``refits`` times at most; evenly spaced buckets are tried too. The ladder kept predicts
+    the least mean step time under ``sync``; the log (INFO) reports each. Give it many steps
+    of the real data (docs/thd.md, "What buckets cost the plans").
 
     Args:
         steps: One int array of real lengths per step (global order, as ``schedule``).

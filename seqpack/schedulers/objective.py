@@ -83,12 +83,8 @@ def sequence_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
 
 
 def microbatch_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
-    """Cost of every microbatch, float64 ``[num_microbatches, dp_size]`` (its sequences'
-    :func:`sequence_costs`: ``schedule.sample_cost`` included).
-
-    Without a cost model the cost is padded tokens. Empty microbatches cost ``constant``
-    (the rank still runs the step on a padding-only filler).
-    """
+    """Cost of every microbatch, float64 ``[num_microbatches, dp_size]``: its sequences'
+    :func:`sequence_costs` plus ``constant`` (an empty one runs a padding-only filler)."""
     per_seq = sequence_costs(schedule, cost)
     constant = 0.0 if cost is None else cost.constant
     groups = np.bincount(schedule.group_of, weights=per_seq, minlength=schedule.num_groups) + constant
@@ -105,22 +101,15 @@ def round_sum_lower_bound(
     *,
     order: np.ndarray | None = None,
 ) -> float:
-    """Lower bound on ``sum_m max_d cost[m, d]`` (per-microbatch constants left out).
+    """Lower bound on ``sum_m max_d cost[m, d]`` of sequences of ``padded`` lengths and
+    ``per_seq_cost`` costs (per-microbatch constants left out), ``capacity`` tokens a
+    microbatch: ``total/dp + max(0, largest - K/dp)``.
 
-    The round holding the costliest sequence waits for it, while the mean of that round is
-    at most what ``dp_size`` microbatches of ``capacity`` tokens can hold: cost per token
-    grows with length, so at most the cost ``K`` of the longest sequences filling
-    ``dp_size * capacity`` tokens (fractional knapsack). The other rounds wait at least for
-    their mean. Hence ``sum_m max_d >= total/dp + max(0, largest - K/dp)``. With costs that
-    do not grow per token with length (a sample cost beside the tokens'), pass ``order`` by
-    cost per token, costliest first (:func:`density_order`): the knapsack then holds.
-
-    Args:
-        padded: Padded lengths.
-        per_seq_cost: Their costs (without the per-microbatch constant).
-        dp_size, capacity: Replicas and tokens per microbatch.
-        order: The knapsack's order: ``padded`` sorted longest first (the default), or by
-            cost per token (:func:`density_order`).
+    The round holding the costliest sequence waits for it, while its mean is at most the
+    cost ``K`` of the costliest ``dp_size * capacity`` tokens (a fractional knapsack in
+    ``order``: longest first by default, which holds while cost per token grows with length;
+    :func:`density_order` when a sample cost is added); the other rounds wait at least for
+    their mean.
     """
     if padded.size == 0:
         return 0.0
@@ -153,17 +142,9 @@ def round_lower_bound(
     *,
     order: np.ndarray | None = None,
 ) -> float:
-    """Smallest ``round_imbalance`` any schedule of these sequences can reach.
-
-    :func:`round_sum_lower_bound` over the mean round sum. It exceeds 1 when one sequence
-    costs more than a full microbatch of shorter ones can; no scheduler can do better.
-
-    Args:
-        padded: Padded lengths of the assigned sequences.
-        per_seq_cost: Their costs (without the per-microbatch constant).
-        dp_size, capacity: Replicas and tokens per microbatch.
-        total_cost: Cost of the whole step, constants included (``sum_m sum_d cost[m, d]``).
-        order: As :func:`round_sum_lower_bound`'s.
+    """Smallest ``round_imbalance`` any schedule of these sequences can reach:
+    :func:`round_sum_lower_bound` (same arguments) over the mean round sum, with
+    ``total_cost`` the whole step's cost, constants included (``sum_m sum_d cost[m, d]``).
     """
     if padded.size == 0 or total_cost <= 0:
         return 1.0

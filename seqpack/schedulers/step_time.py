@@ -1,11 +1,7 @@
-"""What a plan's microbatches cost, and the step time a cost model predicts for it: one path
-for every :class:`~seqpack.schedulers.schedule.Schedule`, static or dynamic CP.
-
-Every group runs one microbatch; its time on each of its ranks is its
-:class:`~seqpack.cost.CostModel` cost on the group (:mod:`seqpack.cost.ring`): the compute of
-its padded sequences split over its ranks, plus the CP ring. A model without a
-``reference_size`` and ring terms is the cost of a microbatch on the plan's static CP group,
-so a static plan's figures are the model's own, microbatch by microbatch.
+"""What a plan's microbatches cost, and the step time a cost model predicts for it, for
+every :class:`~seqpack.schedulers.schedule.Schedule`, static or dynamic CP: each group's
+time on its ranks is its :class:`~seqpack.cost.CostModel` cost on the group (compute split
+over its ranks plus the CP ring, :mod:`seqpack.cost.ring`).
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ from seqpack.validation import check_choice
 __all__ = ["bucket_padding", "group_sums", "group_times", "predicted_step_time", "rank_times", "replica_sums"]
 
 
-def _check(plan: object) -> Schedule:
+def _check(plan: object, cost: object) -> tuple[Schedule, CostModel]:
     if not isinstance(plan, Schedule):
         raise SeqpackTypeError(f"schedule must be a seqpack Schedule, got {type(plan).__name__}")
     ids, n = plan.assigned, plan.lengths.shape[0]
@@ -32,20 +28,15 @@ def _check(plan: object) -> Schedule:
             f"schedule assigns sample ids up to {int(ids.max())} but holds {n} lengths: "
             "it was built for other lengths (check it with Schedule.validate)"
         )
-    return plan
-
-
-def _model(cost: object) -> CostModel:
     if not isinstance(cost, CostModel):
         raise SeqpackTypeError(f"cost must be a seqpack.CostModel, got {type(cost).__name__}")
-    return cost
+    return plan, cost
 
 
 def group_times(plan: Schedule, cost: CostModel) -> np.ndarray:
     """float64 ``[G]``: each group's microbatch cost on its ranks (an idle group: as if it ran
     an empty pack, ``constant`` plus its ring's fixed steps), plus its sequences'
     ``plan.sample_cost`` as given (their cost on the group that runs them)."""
-    cost = _model(cost)
     padded = plan.padded_assigned()
     compute = np.bincount(plan.group_of, weights=cost.cost(padded), minlength=plan.num_groups)
     tokens = np.bincount(plan.group_of, weights=padded.astype(np.float64), minlength=plan.num_groups)
@@ -60,7 +51,6 @@ def group_times(plan: Schedule, cost: CostModel) -> np.ndarray:
 def rank_times(plan: Schedule, cost: CostModel) -> np.ndarray:
     """float64 ``[num_microbatches, R]``: what every rank's microbatch of every round costs
     (its group's time; an idle rank runs a padding-only filler costing ``constant``)."""
-    cost = _model(cost)
     if not plan.num_groups:
         return np.zeros((0, plan.num_ranks))
     times = np.where(plan.group_counts > 0, group_times(plan, cost), cost.constant)
@@ -135,8 +125,7 @@ def predicted_step_time(
             plan or a microbatch larger than the largest bucket.
         ConfigError: Unknown ``sync``.
     """
-    plan = _check(plan)
-    family = _model(cost)
+    plan, family = _check(plan, cost)
     mode = check_choice("sync", sync, Sync)
     if plan.num_groups == 0:
         return 0.0
@@ -183,9 +172,8 @@ def replica_sums(plan: Schedule, cost: CostModel) -> np.ndarray:
     d*cp+cp-1``), the ``(size, S, SS, spans)`` (:func:`group_sums`) of the group among its
     ranks' that ``cost`` predicts slowest: what the replica's measured time (the slowest of
     its CP ranks) times."""
-    family = _model(cost)
-    rows = group_sums(plan, family.ranks_per_node)
-    times = family.predict_group_sums(rows, plan.cp_size)
+    rows = group_sums(plan, cost.ranks_per_node)
+    times = cost.predict_group_sums(rows, plan.cp_size)
     per_rank = plan.rank_group().reshape(plan.num_microbatches, plan.dp_size, plan.cp_size)
     slowest = np.take_along_axis(per_rank, np.argmax(times[per_rank], axis=2)[..., None], axis=2)[..., 0]
     return rows[slowest]
