@@ -1,12 +1,8 @@
 """Fitting a cost model to measured times: exact, reproducible non-negative least squares.
 
-:func:`check_timings` turns timed microbatches into feature rows (:mod:`seqpack.cost.terms`)
-and targets; :func:`nnls_fit` solves ``seconds ~ features @ coef`` with every coefficient
->= 0, exactly and bit-for-bit the same on every machine; :func:`robust_nnls_fit` and
-:func:`robust_weights_fit` resist outlier timings. The fits are scale-invariant: targets
-(and weights) are divided by a power of two before fitting and the coefficients multiplied
-back, which changes no bit of the result and keeps squares of times around 1e-200 or 1e200
-seconds inside float64.
+The fits are scale-invariant: targets (and weights) are divided by a power of two before
+fitting and the coefficients multiplied back, which changes no bit of the result and keeps
+squares of times around 1e-200 or 1e200 seconds inside float64.
 """
 
 from __future__ import annotations
@@ -22,27 +18,26 @@ from seqpack.cost.terms import length_features
 from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
 from seqpack.validation import check_numbers
 
-__all__ = ["check_timings", "nnls_fit", "robust_nnls_fit", "robust_weights_fit"]
+__all__ = ["check_timings", "nnls_fit", "predict", "robust_weights_fit"]
 
 _MAX_SPAN = 2.0**500  # largest/smallest timing: beyond it 1/y**2 (robust weights) leaves float64
 _TIE = 1e-12  # residual improvements below this fraction of |y|^2 are rounding
 _HUBER = 1.345  # Huber's constant (95% efficiency under Gaussian noise)
 _BISQUARE = 4.685  # Tukey's bisquare constant (95% efficiency)
-_MIN_SCALE = 0.1  # relative-residual scale floor (see robust_nnls_fit)
+_MIN_SCALE = 0.1  # relative-residual scale floor (see robust_weights_fit)
 _IRLS_STEPS = 20  # per weight rule
 
 
 @functools.cache
 def _supports(k: int) -> tuple[tuple[int, ...], ...]:
-    """Every support (non-empty subset of ``k`` coefficients) an NNLS solution can have,
-    smallest first: a larger support must beat a smaller one by more than rounding to win."""
+    """Every non-empty subset of ``k`` coefficients, smallest first (a larger support must
+    beat a smaller one by more than rounding to win)."""
     return tuple(support for size in range(1, k + 1) for support in itertools.combinations(range(k), size))
 
 
 def _power_of_two(values: np.ndarray) -> float:
-    """``2**e`` with ``max|values| / 2**e`` in ``[0.5, 1)`` (1 for no or zero values; ``e``
-    at most 1023, the largest power of two a float64 holds: times near ``1.8e308`` end in
-    ``[0.5, 2)``): dividing by it changes no significand."""
+    """``2**e`` with ``max|values| / 2**e`` in ``[0.5, 1)`` (1 for no or zero values, ``e``
+    at most 1023): dividing by it changes no significand."""
     largest = float(np.max(np.abs(values))) if values.size else 0.0
     if largest == 0 or not math.isfinite(largest):
         return 1.0
@@ -52,8 +47,8 @@ def _power_of_two(values: np.ndarray) -> float:
 def check_timings(
     microbatches: Sequence[Sequence[int] | np.ndarray], seconds: object, window: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Feature rows (:func:`~seqpack.cost.terms.length_features`) and float64 targets of
-    timed microbatches, checked as :meth:`CostModel.fit <seqpack.cost.CostModel.fit>` says."""
+    """Feature rows and float64 targets of timed microbatches, checked as
+    :meth:`CostModel.fit <seqpack.cost.CostModel.fit>` says."""
     for name, value in (("microbatches", microbatches), ("seconds", seconds)):
         if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or getattr(value, "ndim", 1) == 0:
             raise SeqpackTypeError(f"{name} must be a list (one entry per microbatch), got {type(value).__name__}")
@@ -93,19 +88,15 @@ def check_timings(
 def nnls_fit(features: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """Exact non-negative least squares of ``y ~ features @ coef`` with ``coef >= 0``.
 
-    With ``k`` unknowns every one of the ``2**k - 1`` supports is solved by unconstrained
-    least squares (columns scaled to 1) and the feasible solution with the smallest
-    (weighted) residual kept: the NNLS optimum is the least-squares solution on its own
-    support, so this is exact. Of solutions equally good up to rounding, the one with fewer
-    coefficients wins (flat timings give exactly ``(constant, 0, 0)``).
-
-    Bit-for-bit reproducible on any machine: the normal equations are summed with
-    ``math.fsum`` (correctly rounded, whatever the order) and solved in Python floats, so
-    ranks that fit the same data get the same model (no BLAS, whose summation order
-    depends on the CPU).
+    Every one of the ``2**k - 1`` supports is solved by unconstrained least squares (columns
+    scaled to 1) and the feasible solution with the smallest (weighted) residual kept: the
+    NNLS optimum is the least-squares solution on its own support, so this is exact. Of
+    solutions equally good up to rounding the one with fewer coefficients wins (flat timings
+    give exactly ``(constant, 0, 0)``). Bit-for-bit the same on every machine: the normal
+    equations are summed with ``math.fsum`` and solved in Python floats (no BLAS).
 
     Args:
-        features: ``[n, k]`` (:func:`~seqpack.cost.terms.length_features`; ``k`` of 3 or 4).
+        features: ``[n, k]`` (:func:`~seqpack.cost.terms.length_features`).
         y: ``[n]`` targets.
         weights: Optional ``[n]`` non-negative row weights (weighted least squares).
 
@@ -114,13 +105,10 @@ def nnls_fit(features: np.ndarray, y: np.ndarray, weights: np.ndarray | None = N
     """
     x = np.asarray(features, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
-    w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=np.float64)
     y_scale = _power_of_two(y)
-    return _nnls(x, y / y_scale, w / _power_of_two(w)) * y_scale
-
-
-def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """:func:`nnls_fit` on targets and weights of magnitude at most 1."""
+    y = y / y_scale
+    w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=np.float64)
+    w = w / _power_of_two(w)
     k = x.shape[1]
     scale = np.abs(x).max(axis=0) if x.size else np.ones(k)
     scale[scale == 0] = 1.0
@@ -141,7 +129,7 @@ def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
             best, best_residual = [0.0] * k, value
             for c, i in zip(sol, support, strict=True):
                 best[i] = c
-    return np.array(best, dtype=np.float64) / scale
+    return np.array(best, dtype=np.float64) / scale * y_scale
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -166,38 +154,26 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
     return out
 
 
-def robust_nnls_fit(features: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Outlier-resistant NNLS on relative errors ``r = (y - pred) / y``.
-
-    Rows are weighted ``w(r/s) / y**2`` (relative least squares: a 5% miss counts the same on
-    a 10 ms and a 100 ms microbatch) with robust weights ``w`` from the median absolute
-    deviation ``s`` of ``r`` (times 1.4826, at least 10%: a model that cannot follow every
-    bump of a real clock must not reject its points): Huber's first (convex, so the start
-    does not matter), then Tukey's bisquare, which gives weight 0 to points more than
-    4.685 scales off (at least ~47%: a 3x-slow compile step or GC pause has ``r = 0.67``).
-    Outliers are ignored as long as they are fewer than the rest.
-    """
-    return robust_weights_fit(features, y)[0]
-
-
 def robust_weights_fit(features: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`robust_nnls_fit`'s coefficients and its final robust weights ``w`` (0 for
-    rejected points; the row weights were ``w / y**2``)."""
+    """Outlier-resistant NNLS on relative errors ``r = (y - pred) / y``: the coefficients and
+    the final robust weights ``w`` (0 for rejected points).
+
+    Rows are weighted ``w(r/s) / y**2`` (a 5% miss counts the same on a 10 ms and a 100 ms
+    microbatch) with ``s`` the median absolute deviation of ``r`` (times 1.4826, at least
+    10%): Huber's weights first (convex, so the start does not matter), then Tukey's
+    bisquare, which gives weight 0 to points more than 4.685 scales off. Outliers are
+    ignored as long as they are fewer than the rest.
+    """
     x = np.asarray(features, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     y_scale = _power_of_two(y)
-    coef, weights = _robust(x, y / y_scale)
-    return coef * y_scale, weights
-
-
-def _robust(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`robust_weights_fit` on targets of magnitude at most 1."""
+    y = y / y_scale
     base = 1.0 / (y * y)
     coef = nnls_fit(x, y, base)
     weights = np.ones_like(y)
     for rule in ("huber", "bisquare"):
         for _ in range(_IRLS_STEPS):
-            r = (y - _predict(x, coef)) / y
+            r = (y - predict(x, coef)) / y
             s = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), _MIN_SCALE)
             u = np.abs(r) / s
             if rule == "huber":
@@ -205,17 +181,17 @@ def _robust(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             else:
                 w = np.where(u < _BISQUARE, (1 - (u / _BISQUARE) ** 2) ** 2, 0.0)
             if np.count_nonzero(w) < x.shape[1]:
-                return coef, weights
+                return coef * y_scale, weights
             new = nnls_fit(x, y, w * base)
             done = np.allclose(new, coef, rtol=1e-9, atol=1e-300)
             coef, weights = new, w
             if done:
                 break
-    return coef, weights
+    return coef * y_scale, weights
 
 
-def _predict(x: np.ndarray, coef: np.ndarray) -> np.ndarray:
-    """``x @ coef`` column by column (no BLAS: the same bits on every CPU)."""
+def predict(x: np.ndarray, coef: Sequence[float] | np.ndarray) -> np.ndarray:
+    """float64 ``x @ coef`` column by column (no BLAS: the same bits on every CPU)."""
     out = np.zeros(x.shape[0], dtype=np.float64)
     for j in range(x.shape[1]):
         out = out + x[:, j] * coef[j]

@@ -1,17 +1,6 @@
-"""CostModel and ModelSpec: what a microbatch costs to run on its CP group, from its lengths.
-
-A microbatch of sequences ``s_i`` costs ``constant + sum(linear*s_i + quadratic*s_i**2)``,
-plus ``windowed * sum(w(s_i, W))`` for sliding-window attention (:class:`CostModel`; the
-terms: :mod:`seqpack.cost.terms`): dense layers (projections, MLP, logits, Mamba mixers)
-scale with tokens, full attention with the square of each sequence's length, windowed
-attention with ``s**2`` up to the window and linearly beyond. On CP groups the CP ring adds
-its terms (zero by default: a static plan's figures are the compute terms'): :mod:`seqpack.cost.ring`.
-
-:class:`ModelSpec` describes a dense or hybrid (Mamba2 + attention) model, with full and
-sliding-window attention layers, and gives its exact training FLOPs (formulas:
-:mod:`seqpack.cost.flops`) and its FLOPs cost model. The two types build each other
-(:meth:`ModelSpec.cost_model`, :meth:`CostModel.from_transformer`, :meth:`CostModel.from_preset`),
-so they share this module; :mod:`seqpack.cost.presets` builds one per published shape.
+"""CostModel (what a microbatch costs, from its lengths; terms: :mod:`seqpack.cost.terms`,
+CP ring: :mod:`seqpack.cost.ring`) and ModelSpec (a dense or hybrid model's shape and exact
+training FLOPs). The two build each other, so they share this module.
 """
 
 from __future__ import annotations
@@ -23,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from seqpack.cost.fit import check_timings, nnls_fit, robust_nnls_fit
+from seqpack.cost.fit import check_timings, nnls_fit, robust_weights_fit
 from seqpack.cost.flops import (
     TRAIN,
     attention_projection_forward,
@@ -62,20 +51,15 @@ class ModelSpec(VisionLanguageTerms):
         gated_linear_unit: SwiGLU-style MLP with three projections (default, as in Llama,
             Qwen, Mistral); ``False`` for two (GELU, squared ReLU).
         causal: Causal attention computes half of the score and value products.
-        hybrid_layer_pattern: Megatron's hybrid pattern, one character per layer: ``M``
-            Mamba2, ``*`` attention, ``-`` MLP, and seqpack's ``W``: sliding-window attention
-            (window ``window_size``; :data:`~seqpack.cost.shapes.LAYER_TYPES`). A dense model
-            with mixed windows is written as a pattern too (``"W-*-"``: a windowed then a
-            full transformer layer).
+        hybrid_layer_pattern: One letter per layer (:data:`~seqpack.cost.shapes.LAYER_TYPES`:
+            ``M`` Mamba2, ``*`` attention, ``-`` MLP, ``W`` sliding-window attention); a dense
+            model with mixed windows is a pattern too (``"W-*-"``).
         mamba_state_dim, mamba_head_dim, mamba_num_groups, mamba_num_heads, mamba_expand:
-            Mamba2 mixer shape (``d_state``, ``headdim``, ``ngroups``, ``nheads`` (default
-            ``expand*h/headdim``), ``expand``).
+            Mamba2 mixer shape (``nheads`` defaults to ``expand*h/headdim``).
         name: A label for tables.
-        window_size: Sliding-window attention's left window ``W`` (Transformer Engine's and
-            Megatron's ``window_size=(W, 0)``: a query attends itself and the ``W`` tokens
-            before it; bidirectional layers ``(W, W)``). Without a pattern every attention
-            layer is windowed; with one, its ``W`` layers are. ``0 <= W <= 2**31 - 1``
-            (:data:`seqpack.validation.MAX_WINDOW`: the widest window ``ThdAttention`` runs).
+        window_size: Sliding-window attention's left window ``W`` (TE's ``window_size=(W,
+            0)``), ``0 <= W <= 2**31 - 1``: every attention layer without a pattern, the
+            ``W`` layers with one.
     """
 
     hidden_size: int
@@ -129,7 +113,6 @@ class ModelSpec(VisionLanguageTerms):
                     f"mamba_head_dim={self.mamba_head_dim}; pass mamba_num_heads"
                 )
 
-    # -- shape helpers -------------------------------------------------------------------
     @property
     def query_groups(self) -> int:
         return self.num_attention_heads if self.num_query_groups is None else self.num_query_groups
@@ -169,7 +152,6 @@ class ModelSpec(VisionLanguageTerms):
         """``num_attention_heads * head_dim``."""
         return self.num_attention_heads * self.head_dim
 
-    # -- training FLOPs per token (linear), per s**2 (quadratic), per w(s, W) (windowed) -----
     @property
     def linear_flops(self) -> int:
         """Training FLOPs per token (everything that scales with ``seqlen_sum``)."""
@@ -188,16 +170,14 @@ class ModelSpec(VisionLanguageTerms):
 
     @property
     def quadratic_flops(self) -> int:
-        """Training FLOPs per squared sequence length of the full attention layers (scales
-        with ``seqlen_sq_sum``)."""
+        """Training FLOPs per ``s**2`` of the full attention layers."""
         full, _ = self.attention_kinds
         return TRAIN * full * attention_score_forward(self.query_width, self.causal)
 
     @property
     def windowed_flops(self) -> int:
         """Training FLOPs per unit of :func:`~seqpack.cost.terms.window_feature` of the
-        sliding-window layers (scales with ``seqlen_window_sum``): per unit the same as a full
-        layer per ``s**2``."""
+        sliding-window layers (per unit the same as a full layer per ``s**2``)."""
         _, windowed = self.attention_kinds
         return TRAIN * windowed * attention_score_forward(self.query_width, self.causal)
 
@@ -205,14 +185,12 @@ class ModelSpec(VisionLanguageTerms):
         """Training FLOPs (forward + backward) of sequences with these length sums.
 
         Args:
-            seqlen_sum: ``sum(s_i)`` over the sequences (real lengths for exact accounting;
-                Megatron feeds padded ones).
+            seqlen_sum: ``sum(s_i)`` over the sequences.
             seqlen_sq_sum: ``sum(s_i**2)``.
             seqlen_window_sum: ``sum(window_feature(s_i, window_size))``; needed when the
                 model has sliding-window layers (:meth:`sequence_flops` takes lengths).
 
-        Returns:
-            Exact FLOPs as a Python int.
+        Returns exact FLOPs as a Python int.
 
         Raises:
             ConfigError: Sliding-window layers and no ``seqlen_window_sum``.
@@ -235,8 +213,7 @@ class ModelSpec(VisionLanguageTerms):
         return self.flops(*sums)
 
     def cost_model(self, constant: float = 0.0) -> CostModel:
-        """A :class:`CostModel` in training FLOPs: ``linear`` per token, ``quadratic`` per
-        ``s**2`` and, with sliding-window layers, ``windowed`` per ``w(s, window_size)``."""
+        """A :class:`CostModel` in training FLOPs (the windowed term with sliding-window layers)."""
         if not self.attention_kinds[1]:
             return CostModel(float(self.linear_flops), float(self.quadratic_flops), constant)
         return CostModel(
@@ -248,10 +225,8 @@ class ModelSpec(VisionLanguageTerms):
         )
 
     def num_parameters(self) -> int:
-        """Parameter count (bias-free linears, RMSNorm weights, untied embedding and output).
-
-        A check against published model sizes; FLOPs do not depend on it.
-        """
+        """Parameter count (bias-free linears, RMSNorm weights, untied embedding and output),
+        a check against published model sizes."""
         return parameter_count(self)
 
 
@@ -260,19 +235,11 @@ class CostModel(GroupTerms):
     """``cost(s) = linear*s + quadratic*s**2 (+ windowed*w(s, window))``; a microbatch adds
     ``constant`` once (and on CP groups the ring's terms: :class:`~seqpack.cost.ring.GroupTerms`).
 
-    Units are whatever the coefficients are in: training FLOPs for
-    :meth:`from_transformer`, tokens for ``CostModel(1, 0)``, seconds for :meth:`fit`.
-    ``CostModel(0, 0, constant)`` with ``constant > 0`` is valid: every microbatch costs the
-    same whatever it holds (a launch-bound GPU).
-
-    ``windowed`` with ``window=W`` is sliding-window attention: per sequence
-    ``w(s, W)`` (:func:`~seqpack.cost.terms.window_feature`), which is ``s**2`` up to
-    ``s = W + 1`` and grows linearly beyond (``0 <= W <= 2**31 - 1``,
-    :data:`seqpack.validation.MAX_WINDOW`). A model without a window (``window=None``,
-    ``windowed=0``) has the three terms ``(constant, linear, quadratic)``.
-
-    At the ring fields' defaults the model costs, prints and compares exactly as
-    ``CostModel(linear, quadratic, constant)``: a static plan's figures are its own.
+    Units are the coefficients': training FLOPs for :meth:`from_transformer`, tokens for
+    ``CostModel(1, 0)``, seconds for :meth:`fit`. ``CostModel(0, 0, constant > 0)`` is valid
+    (every microbatch costs the same). ``windowed`` needs a ``window`` ``W`` (per sequence
+    :func:`~seqpack.cost.terms.window_feature`). At the ring fields' defaults the model costs,
+    prints and compares exactly as ``CostModel(linear, quadratic, constant)``.
     """
 
     linear: float
@@ -315,13 +282,12 @@ class CostModel(GroupTerms):
     @property
     def terms(self) -> tuple[str, ...]:
         """The model's terms in feature order: ``("constant", "linear", "quadratic")``, and
-        ``"windowed"`` with a window (:mod:`seqpack.cost.terms`)."""
+        ``"windowed"`` with a window."""
         return feature_names(self.window)
 
     @property
     def coefficients(self) -> tuple[float, ...]:
-        """The coefficients of :attr:`terms`, in that order (what :meth:`from_coefficients`
-        takes back)."""
+        """The coefficients of :attr:`terms`, in that order."""
         return tuple(float(getattr(self, name)) for name in self.terms)
 
     def cost(self, lengths: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -349,8 +315,7 @@ class CostModel(GroupTerms):
         return total
 
     def quadratic_share(self, length: int) -> float:
-        """Fraction of one ``length``-token sequence's cost spent in attention (the quadratic
-        and windowed terms)."""
+        """Fraction of one ``length``-token sequence's cost in its quadratic and windowed terms."""
         q = self.quadratic * float(length) ** 2
         if self.window is not None:
             q += self.windowed * float(window_feature(int(length), self.window))
@@ -376,30 +341,11 @@ class CostModel(GroupTerms):
         constant: float = 0.0,
         **options: Unpack[ShapeOptions],
     ) -> CostModel:
-        """Coefficients from a transformer's training FLOPs (GQA aware; causal halves the
-        attention scores and values; ``window_size`` gives the windowed term).
-
-        Args:
-            hidden_size, num_layers, num_attention_heads, ffn_hidden_size,
-                num_query_groups, vocab_size, causal: Model shape (see :class:`ModelSpec`).
-            constant: Per-microbatch overhead in FLOPs.
-            **options: Further :class:`ModelSpec` fields.
-
-        Returns:
-            :meth:`ModelSpec.cost_model`: ``linear`` = FLOPs per token, ``quadratic`` = FLOPs
-            per ``s**2``, ``windowed`` = FLOPs per ``w(s, W)``, and ``constant``.
-        """
-        spec = ModelSpec(
-            hidden_size,
-            num_layers,
-            num_attention_heads,
-            ffn_hidden_size,
-            num_query_groups,
-            vocab_size,
-            causal=causal,
-            **options,
-        )
-        return spec.cost_model(constant)
+        """:meth:`ModelSpec.cost_model` of this shape (the arguments and ``**options`` are
+        :class:`ModelSpec` fields): coefficients in training FLOPs, ``constant`` the
+        per-microbatch overhead in FLOPs."""
+        shape = (hidden_size, num_layers, num_attention_heads, ffn_hidden_size, num_query_groups, vocab_size)
+        return ModelSpec(*shape, causal=causal, **options).cost_model(constant)
 
     @classmethod
     def fit(
@@ -410,24 +356,18 @@ class CostModel(GroupTerms):
         robust: bool = False,
         window: int | None = None,
     ) -> CostModel:
-        """A measured cost model: ``seconds ~ constant + linear*S + quadratic*SS`` over
-        microbatches (``S``/``SS``: sum of lengths / of squared lengths), every coefficient
-        >= 0; with a ``window``, ``+ windowed*SW`` (``SW``: sum of ``w(s, window)``).
+        """A measured cost model: ``seconds ~ constant + linear*S + quadratic*SS (+
+        windowed*SW with a window)`` over microbatches, every coefficient >= 0.
 
-        The fit is exact non-negative least squares (:func:`nnls_fit`: every support of the
-        coefficients is solved and the best feasible one kept), so it never fails on
-        finite positive timings: timings that do not grow with length give a
-        constant-only model, ``CostModel(0, 0, constant)`` ("every microbatch costs the
-        same"). It is scale-invariant: times in any unit, even around 1e-200 or 1e200, fit
-        the same model scaled.
+        The fit is exact, scale-invariant non-negative least squares (:func:`nnls_fit`), so it
+        never fails on finite positive timings: timings that do not grow with length give
+        ``CostModel(0, 0, constant)``.
 
         Args:
             microbatches: Per microbatch, the (padded) lengths of its sequences.
             seconds: Measured time of each microbatch (real numbers).
-            robust: Resist outlier timings (a first-step compile, a GC pause): fit relative
-                errors (``(seconds - model) / model``), downweighting points far from the
-                rest (iteratively reweighted NNLS, Huber then Tukey's bisquare on a MAD
-                scale; :func:`robust_nnls_fit`).
+            robust: Resist outlier timings (a first-step compile, a GC pause):
+                :func:`robust_weights_fit`.
             window: Fit the windowed term too, for sliding-window attention of this window.
 
         Raises:
@@ -439,14 +379,13 @@ class CostModel(GroupTerms):
         check_bool("robust", robust)
         window = None if window is None else check_window("window", window)
         features, y = check_timings(microbatches, seconds, window)
-        coef = robust_nnls_fit(features, y) if robust else nnls_fit(features, y)
+        coef = robust_weights_fit(features, y)[0] if robust else nnls_fit(features, y)
         return cls.from_coefficients(coef, window=window)
 
     @classmethod
     def from_coefficients(cls, coefficients: Sequence[float] | np.ndarray, *, window: int | None = None) -> CostModel:
-        """``CostModel`` from the coefficients of its :attr:`terms` (``(constant, linear,
-        quadratic)``, and ``windowed`` with a ``window``) as :func:`nnls_fit` returns them
-        (tiny negative rounding clipped to 0)."""
+        """``CostModel`` from the coefficients of its :attr:`terms` as :func:`nnls_fit`
+        returns them (tiny negative rounding clipped to 0)."""
         values = [max(float(c), 0.0) for c in coefficients]
         names = feature_names(window)
         if len(values) != len(names):
@@ -457,9 +396,8 @@ class CostModel(GroupTerms):
         return cls(linear, quadratic, constant, windowed=values[3], window=window)
 
     def predict_sums(self, sums: np.ndarray) -> np.ndarray:
-        """float64 cost of microbatches from their sums ``[..., len(terms) - 1]`` (``S``,
-        ``SS`` and, with a window, ``SW``: the terms after the constant, in order;
-        :func:`~seqpack.cost.terms.exact_sums`).
+        """float64 cost of microbatches from their sums ``[..., len(terms) - 1]`` (the
+        features of the terms after the constant: :func:`~seqpack.cost.terms.exact_sums`).
 
         Raises:
             ConfigError: The last axis does not hold one sum per term after the constant.

@@ -17,9 +17,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     name: ModelSpec(**shape, name=name)  # type: ignore[arg-type]
     for name, shape in PRESET_SHAPES.items()
 }
-"""Published shapes (:data:`seqpack.cost.shapes.PRESET_SHAPES`): Llama 3 (8B/70B/405B),
-Qwen2.5-7B, Nemotron-H-8B (Mamba2/attention hybrid), gpt-oss-20b and Gemma 3 27B
-(sliding-window and full attention)."""
+"""A :class:`ModelSpec` per published shape (:data:`seqpack.cost.shapes.PRESET_SHAPES`)."""
 
 
 def model_preset(name: str) -> ModelSpec:
@@ -33,8 +31,7 @@ def model_preset(name: str) -> ModelSpec:
 
 
 def default_cost_model() -> CostModel:
-    """Training FLOPs of :data:`DEFAULT_MODEL` (Llama-3-8B shaped): what ``balanced`` uses
-    when ``cost=None``. Attention is 12.5% of an 8K-token sequence's cost under it."""
+    """Training FLOPs of :data:`DEFAULT_MODEL`: what ``balanced`` uses when ``cost=None``."""
     return MODEL_PRESETS[DEFAULT_MODEL].cost_model()
 
 
@@ -53,18 +50,8 @@ def transformer_flops(
 ) -> int:
     """Training FLOPs (forward + backward) of a transformer over packed sequences.
 
-    Args:
-        hidden_size, num_layers, num_attention_heads, ffn_hidden_size, num_query_groups,
-            vocab_size: Model shape (see :class:`ModelSpec`).
-        seqlen_sum: ``sum(s_i)``.
-        seqlen_sq_sum: ``sum(s_i**2)``.
-        seqlen_window_sum: ``sum(window_feature(s_i, window_size))`` (sliding-window layers).
-        **options: Further :class:`ModelSpec` fields (``causal``, ``gated_linear_unit``,
-            ``kv_channels``, ``hybrid_layer_pattern``, ``window_size`` and the ``mamba_*``
-            shape).
-
-    Returns:
-        Exact FLOPs (Python int).
+    The shape arguments and ``**options`` are :class:`ModelSpec` fields; the sums are
+    :meth:`ModelSpec.flops`'s. Returns exact FLOPs (Python int).
     """
     spec = ModelSpec(
         hidden_size, num_layers, num_attention_heads, ffn_hidden_size, num_query_groups, vocab_size, **options
