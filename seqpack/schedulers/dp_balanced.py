@@ -1,27 +1,20 @@
 """``"dp_balanced"``: Megatron-LM's sequence-packing scheduler, for parity and as a baseline.
 
 Behaviour matched (Megatron-LM ``megatron/core/datasets/data_schedule.py``,
-``DpBalancedScheduler.get_groups_and_subsamples``, and the lengths it is given by
-``get_batch_and_global_seqlens``):
+``DpBalancedScheduler.get_groups_and_subsamples``):
 
-* It schedules *padded* lengths, in global order (DP rank 0's samples first).
-* Next-fit in that order: a group takes sequences while their sum stays within
-  ``max_seqlen_per_dp_cp_rank * cp_size`` (here ``max_tokens_per_rank * cp_size``), else a new
-  group starts. No sorting, no cost model.
-* If the number of groups is not a multiple of ``dp_size * microbatch_group_size_per_vp_stage``
-  (``microbatch_multiple`` here; 1 without interleaved pipelines), it splits groups: starting
-  from the last group and walking backwards, while a group holds more than one sequence its
-  last sequence is popped into a new one-sequence group appended at the end; a group of one
-  moves the walk to the previous group.
-* Microbatch ``i`` of DP replica ``j`` is group ``i * dp_size + j`` (all CP ranks of a replica
-  share it).
+* Next-fit over the *padded* lengths in global order: a group takes sequences while their
+  sum stays within ``max_tokens_per_rank * cp_size``, else a new group starts.
+* While the group count is not a multiple of ``dp_size * microbatch_multiple`` (Megatron's
+  ``microbatch_group_size_per_vp_stage``), walking back from the last group, a group of more
+  than one sequence has its last one popped into a new group appended at the end; a group of
+  one moves the walk to the previous group.
+* Microbatch ``i`` of DP replica ``j`` is group ``i * dp_size + j``.
 
-Where Megatron asserts, seqpack continues, documented here: Megatron never splits the first
-group (``assert i > 0``); seqpack splits it too when it must, and when even one sequence per
-group leaves the count short of a multiple (fewer sequences than replicas), it appends empty
-groups (the wrapper fills them with padding) instead of failing. On every input Megatron
-accepts, the result is identical. Megatron also rounds the per-rank capacity down to its
-padding alignment; pass a ``max_tokens_per_rank`` that is already a multiple of it.
+Where Megatron asserts, seqpack continues: it splits the first group too when it must, and
+appends empty groups (padding) when even one sequence per group leaves the count short. On
+every input Megatron accepts, the result is identical. Megatron also rounds the per-rank
+capacity down to its padding alignment; pass a ``max_tokens_per_rank`` already a multiple of it.
 """
 
 from __future__ import annotations
@@ -39,17 +32,9 @@ _NONE = np.zeros(0, dtype=np.int64)
 
 
 def megatron_groups(padded: np.ndarray, capacity: int, dp_size: int, microbatch_multiple: int = 1) -> Grid:
-    """Megatron's groups of positions (next-fit, then split to a multiple of ``dp * multiple``).
-
-    Args:
-        padded: Padded lengths in global order, each at most ``capacity``.
-        capacity: Tokens per group.
-        dp_size, microbatch_multiple: The group count becomes a multiple of their product.
-
-    Returns:
-        The positions as a :class:`Grid` of ``dp_size``: group ``i * dp + j`` is microbatch
-        ``i`` of replica ``j``.
-    """
+    """Megatron's groups (module docstring) of ``padded`` (global order, each at most
+    ``capacity``) as a :class:`Grid` of positions: group ``i * dp + j`` is microbatch ``i`` of
+    replica ``j``."""
     padded = np.ascontiguousarray(padded, dtype=np.int64)
     n = padded.shape[0]
     group_of, n_groups = _kernels.next_fit(padded, capacity)

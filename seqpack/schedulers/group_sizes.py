@@ -10,7 +10,19 @@ from seqpack.options import GroupSizes
 from seqpack.thd.padding import group_pad_multiples
 from seqpack.validation import check_choice
 
-__all__ = ["allowed_group_sizes", "group_holds", "longest_sequence"]
+__all__ = ["allowed_group_sizes", "dynamic_group_sizes", "group_holds"]
+
+
+def dynamic_group_sizes(group_sizes: object, who: str) -> GroupSizes:
+    """``group_sizes`` as ``"pow2"`` or ``"any"`` for ``who`` (named in the error).
+
+    Raises:
+        ConfigError: Another value, or ``"static"`` (its groups are the replicas' CP blocks).
+    """
+    mode = check_choice("group_sizes", group_sizes, GroupSizes)
+    if mode == GroupSizes.STATIC:
+        raise ConfigError(f"{who} takes group_sizes='pow2' or 'any': static groups are the other schedulers'")
+    return mode
 
 
 def allowed_group_sizes(num_ranks: int, group_sizes: str) -> np.ndarray:
@@ -39,9 +51,3 @@ def group_holds(sizes: np.ndarray, max_tokens_per_rank: int, pad_multiple: int) 
     sizes = np.asarray(sizes, dtype=np.int64)
     multiple = group_pad_multiples(sizes, pad_multiple)
     return (sizes * max_tokens_per_rank // multiple) * multiple
-
-
-def longest_sequence(num_ranks: int, group_sizes: str, max_tokens_per_rank: int, pad_multiple: int) -> int:
-    """The longest sequence a plan over ``num_ranks`` ranks schedules (what
-    ``on_oversize="truncate"`` cuts a longer one to): the most any allowed group holds."""
-    return int(group_holds(allowed_group_sizes(num_ranks, group_sizes), max_tokens_per_rank, pad_multiple).max())

@@ -1,15 +1,9 @@
 """Mini-batches: one global batch that is ``k`` optimizer steps (PPO / GRPO epochs over a
 rollout batch, verl's ``keep_minibatch``), each balanced on its own, no sample crossing.
 
-:func:`minibatch_of` cuts every DP rank's samples, in the order read, into ``k`` contiguous
-chunks; chunk ``j`` of every rank is mini-batch ``j`` (with groups, a group belongs to the
-mini-batch of its first sequence). :func:`schedule_minibatches` schedules each mini-batch
-alone (with :func:`~seqpack.schedulers.sample_groups.schedule_groups` when group ids are given) and
-puts their microbatches one after the other: microbatches ``starts[j]:starts[j + 1]`` are
-mini-batch ``j``'s, run before its optimizer step. Under dynamic CP each mini-batch is
-planned alone over all ``dp x cp`` ranks (its own CP groups, rounds and fillers) and the
-plans are joined the same way (:func:`~seqpack.schedulers.join.join_plans`); every rank runs
-one microbatch per round, so the bounds are the same in every rank's microbatches.
+:func:`schedule_minibatches` plans each mini-batch (:func:`minibatch_of`) alone, static or
+dynamic CP, and joins the plans (:func:`~seqpack.schedulers.join.join_plans`): microbatches
+``starts[j]:starts[j + 1]`` are mini-batch ``j``'s, run before its optimizer step.
 """
 
 from __future__ import annotations
@@ -58,13 +52,9 @@ def schedule_minibatches(
     together: bool = False,
     equal_counts: bool = False,
 ) -> tuple[Schedule, list[int]]:
-    """One schedule of ``request`` in ``minibatches`` mini-batches, each planned alone
-    (module docstring), static or dynamic CP as ``scheduler`` plans.
-
-    ``group_ids``, ``grouped``, ``together`` and ``equal_counts`` (every replica trains as
-    many sequences in each mini-batch) are
-    :func:`~seqpack.schedulers.sample_groups.schedule_groups`'s. ``static_shapes`` holds in
-    every mini-batch's microbatches.
+    """One schedule of ``request`` in ``minibatches`` mini-batches, each planned alone.
+    ``group_ids``, ``grouped``, ``together`` and ``equal_counts`` are
+    :func:`~seqpack.schedulers.sample_groups.schedule_groups`'s.
 
     Returns:
         ``(schedule, starts)``: ``starts`` (``minibatches + 1`` values) bounds each

@@ -1,10 +1,6 @@
 """The schedulers by name: :func:`register_scheduler` adds one, :func:`get_scheduler`
-builds one, :func:`available_schedulers` lists them.
-
-The package :mod:`seqpack.schedulers` registers the built-in ones (``balanced``,
-``dp_balanced``, ``empty``, ``dynamic_cp``) when it is imported, which any import of this
-module does first; modules inside the package import from here, not from the package face.
-"""
+builds one, :func:`available_schedulers` lists them (the package :mod:`seqpack.schedulers`,
+imported first, registers the built-in ones)."""
 
 from __future__ import annotations
 

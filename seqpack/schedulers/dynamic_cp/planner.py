@@ -36,12 +36,11 @@ from seqpack.options import GroupSizes, Sync
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score
 from seqpack.schedulers.dynamic_cp._replica import build_replica
 from seqpack.schedulers.dynamic_cp._rounds import build, build_static
-from seqpack.schedulers.group_sizes import allowed_group_sizes, group_holds
+from seqpack.schedulers.group_sizes import allowed_group_sizes, dynamic_group_sizes, group_holds
 from seqpack.schedulers.request import Request, apply_oversize, check_capacity
 from seqpack.schedulers.schedule import Schedule
 from seqpack.schedulers.shape_limits import refuse_dynamic
 from seqpack.thd import group_pad_multiple, group_padded_lengths
-from seqpack.validation import check_choice
 
 __all__ = ["plan_dynamic_cp"]
 
@@ -187,9 +186,7 @@ def plan_dynamic_cp(request: Request, *, group_sizes: str | GroupSizes = GroupSi
             only), a capacity nothing fits or past 2**53 over all ranks.
         SeqpackTypeError: ``request.cost`` None.
     """
-    sizes_mode = check_choice("group_sizes", group_sizes, GroupSizes)
-    if sizes_mode == GroupSizes.STATIC:
-        raise ConfigError("plan_dynamic_cp takes group_sizes='pow2' or 'any': static plans are the other schedulers'")
+    sizes_mode = dynamic_group_sizes(group_sizes, "plan_dynamic_cp")
     refuse_dynamic(request.static_shapes, "scheduler 'dynamic_cp'")
     if request.sample_cost is not None and request.sample_cost.any():
         i = int(request.sample_cost.nonzero()[0][0])

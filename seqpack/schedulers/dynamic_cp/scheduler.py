@@ -7,14 +7,12 @@ import dataclasses
 import functools
 
 from seqpack.cost import DEFAULT_MODEL, CostModel, model_preset
-from seqpack.errors import ConfigError
 from seqpack.options import GroupSizes
 from seqpack.schedulers.base import Scheduler
 from seqpack.schedulers.dynamic_cp.planner import plan_dynamic_cp
-from seqpack.schedulers.group_sizes import longest_sequence
+from seqpack.schedulers.group_sizes import allowed_group_sizes, dynamic_group_sizes, group_holds
 from seqpack.schedulers.request import Request
 from seqpack.schedulers.schedule import Schedule
-from seqpack.validation import check_choice
 
 __all__ = ["DynamicCpScheduler"]
 
@@ -34,12 +32,7 @@ class DynamicCpScheduler(Scheduler):
     name = "dynamic_cp"
 
     def __init__(self, group_sizes: str | GroupSizes = GroupSizes.POW2) -> None:
-        mode = check_choice("group_sizes", group_sizes, GroupSizes)
-        if mode == GroupSizes.STATIC:
-            raise ConfigError(
-                "scheduler 'dynamic_cp' takes group_sizes='pow2' or 'any'; static groups are the other schedulers'"
-            )
-        self._group_sizes = mode
+        self._group_sizes = dynamic_group_sizes(group_sizes, "scheduler 'dynamic_cp'")
 
     @property
     def group_sizes(self) -> GroupSizes:
@@ -53,7 +46,8 @@ class DynamicCpScheduler(Scheduler):
 
     def longest_sequence(self, dp_size: int, cp_size: int, max_tokens_per_rank: int, pad_multiple: int) -> int:
         """The longest sequence one group of the ``dp_size * cp_size`` ranks holds."""
-        return longest_sequence(dp_size * cp_size, self.group_sizes, max_tokens_per_rank, pad_multiple)
+        sizes = allowed_group_sizes(dp_size * cp_size, self.group_sizes)
+        return int(group_holds(sizes, max_tokens_per_rank, pad_multiple).max())
 
     def resolve_cost(self, cost: CostModel | None) -> CostModel:
         """``cost``, else the prior ``PackingConfig(dynamic_cp=True)`` alone plans with: the
