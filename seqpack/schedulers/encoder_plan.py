@@ -1,24 +1,9 @@
-"""Encoder rebalancing's plan: which DP rank of a microbatch round encodes each image.
+"""Encoder rebalancing's plan: which DP rank of a microbatch round encodes each image
+(:func:`plan_encoders`), and whether routing them pays (:func:`rebalance_pays`).
 
-Pure and deterministic: every rank of the round computes it from the same gathered grids and
-gets the same answer, so no plan is broadcast. :func:`plan_encoders` balances the round's
-encoder cost over its ranks while keeping images where their sequence runs ("home") unless
-moving them lowers the round's heaviest encoder load. Its candidates are plain LPT (ties
-broken toward home) and two keep-first schedules (each rank keeps its own images, largest or
-smallest first, while they fit under plain LPT's makespan; the rest go LPT to the least loaded
-rank); in each, moved images go back home, largest first, where the makespan stays. It takes
-the lowest makespan, then the least cost moved, and keeps the home plan unless that gains more
-than ``near_tie`` of it. Its makespan is never above plain LPT's, so within ``4/3 - 1/(3R)``
-of the optimum (Graham 1969), and never above the home plan's.
-
-:func:`rebalance_pays` prices a plan as ``encoder_rebalance="auto"`` does: the round time it
-saves (FLOPs at ``seconds_per_flop``) against the time its exchange takes on the busiest link
-(patches there, embeddings back, their gradients back again, at
-:data:`~seqpack.schedulers.balanced.locality.LINK_BYTES_PER_SECOND` a rank, as locality prices
-bytes). The route's all-to-alls sit between the encoder and the language model, so a routed
-round costs its busiest encoder load plus its busiest language-model work, where a round at
-home costs its busiest sum of the two (:func:`round_gain`): on a plan that already balanced
-the sum (``sample_cost``) routing can lose.
+Pure and deterministic: every rank of the round computes the same plan from the same
+gathered grids, so no plan is broadcast. docs/multimodal.md ("Encoder rebalancing")
+describes the candidates, their bound and the price of the exchange.
 """
 
 from __future__ import annotations
@@ -43,10 +28,9 @@ __all__ = [
 
 NEAR_TIE = 0.01
 """A plan whose heaviest encoder load is within this share of the home plan's keeps every
-image home: nothing moves without a gain."""
+image home."""
 DEFAULT_SECONDS_PER_FLOP = 1.0 / 400e12
-"""The encoder's rate where no calibrated cost gives one: 400 TFLOP/s, an H100's dense bf16
-peak (989 TFLOP/s) at 40% utilisation."""
+"""The encoder's rate where no calibrated cost gives one (an H100's dense bf16 peak at 40%)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +119,11 @@ def _send_home(costs: np.ndarray, home: np.ndarray, encoder: np.ndarray, order: 
 
 
 def plan_encoders(costs: ArrayLike, home: ArrayLike, num_ranks: int, *, near_tie: float = NEAR_TIE) -> EncoderPlan:
-    """Assign each image of a round to an encoding rank (see the module docstring).
+    """Assign each image of a round to an encoding rank: the best of plain LPT (ties toward
+    home) and two keep-first schedules (each rank keeps its own images, largest or smallest
+    first, while they fit under LPT's makespan), each with moved images sent back home where
+    the makespan stays; the lowest makespan wins, then the least cost moved. Its makespan is
+    never above plain LPT's (within ``4/3 - 1/(3R)`` of the optimum) nor the home plan's.
 
     Args:
         costs: float ``[N]`` each image's encoder cost (FLOPs or seconds).
@@ -186,10 +174,8 @@ def route_bytes(plan: EncoderPlan, pixel_bytes: ArrayLike, embedding_bytes: Arra
     pixels = np.asarray(pixel_bytes, dtype=np.float64) * moved
     embeds = np.asarray(embedding_bytes, dtype=np.float64) * moved
     # A home sends pixels and gradients and receives embeddings; an encoder the reverse.
-    at_home = _loads(pixels + embeds, plan.home, num_ranks), _loads(embeds, plan.home, num_ranks)
-    at_encoder = _loads(embeds, plan.encoder, num_ranks), _loads(pixels + embeds, plan.encoder, num_ranks)
-    sent = at_home[0] + at_encoder[0]
-    received = at_home[1] + at_encoder[1]
+    sent = _loads(pixels + embeds, plan.home, num_ranks) + _loads(embeds, plan.encoder, num_ranks)
+    received = _loads(embeds, plan.home, num_ranks) + _loads(pixels + embeds, plan.encoder, num_ranks)
     return np.maximum(sent, received)
 
 
@@ -202,12 +188,9 @@ def rebalance_pays(
     bytes_per_second: float = LINK_BYTES_PER_SECOND,
     other_load: ArrayLike | None = None,
 ) -> bool:
-    """Whether ``plan`` saves more round time than its exchange takes.
-
-    The gain is :func:`round_gain` (with ``other_load``, each rank's language-model work in
-    the round, in the plan's cost units; ``None``: none) times ``seconds_per_cost`` (the
-    seconds of one unit of the plan's cost: :data:`DEFAULT_SECONDS_PER_FLOP` for FLOPs where
-    nothing is calibrated); the price is the busiest rank's :func:`route_bytes` over
+    """Whether ``plan`` saves more round time than its exchange takes: :func:`round_gain`
+    (``other_load``: each rank's language-model work in the round, in the plan's cost units)
+    times ``seconds_per_cost``, against the busiest rank's :func:`route_bytes` over
     ``bytes_per_second``.
     """
     if not plan.moved.any():
