@@ -33,6 +33,10 @@ PAIR_BIN = 16  # home_swaps pairs sequences of bins holding at most this many
 HOME_TREE_MIN = 256  # home_swaps walks trees over a home's sequences from this many (a turn's cache and own)
 SMALL_SORT = 32  # home_swaps sorts a home's cache and pairs by insertion up to this many, by merges above
 _NO_TOKENS = -(1 << 62)  # the token key of an empty leaf or a pair that moved
+Cache = tuple[IntArray, IntArray, IntArray, FloatArray, IntArray]  # (cache_y, cache_o, cache_t, cache_c, cache_m)
+Pairs = tuple[FloatArray, IntArray, IntArray, IntArray]  # (pair_c, pair_y1, pair_y2, pair_m)
+Trees = tuple[FloatArray, IntArray, FloatArray, IntArray, FloatArray, IntArray]  # (c1, c2, p1, p2, r1, r2)
+Lists = tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray]  # (cpos, bhead, bnext, bprev, pseg, plist)
 
 
 @njit(cache=True)
@@ -120,6 +124,8 @@ def home_swaps(
     pair_y1 = np.empty(n_pairs_max, dtype=np.int64)
     pair_y2 = np.empty(n_pairs_max, dtype=np.int64)
     pair_m = np.empty(n_pairs_max, dtype=np.int64)
+    cache = (cache_y, cache_o, cache_t, cache_c, cache_m)
+    pairs = (pair_c, pair_y1, pair_y2, pair_m)
     seg = np.empty(rounds + 1, dtype=np.int64)
     by_round = np.empty(n + 1, dtype=np.int64)
     # The max trees (module docstring) and the lists beside them.
@@ -152,9 +158,9 @@ def home_swaps(
             # The turn of home: its sequences by cost, their pairs, and the trees.
             k = _fill_cache(
                 home, round_of, replica_of, lengths, costs, origin, start, snap, changed, last_arrival, arrivals,
-                arrival_seq, arrival_next, cache_y, cache_o, cache_t, cache_c, cache_m,
+                arrival_seq, arrival_next, cache,
             )  # fmt: skip
-            n_pairs = _turn_pairs(k, rounds, cache_y, cache_c, cache_m, seg, by_round, pair_c, pair_y1, pair_y2, pair_m)
+            n_pairs = _turn_pairs(k, rounds, cache, seg, by_round, pairs)
             csize, psize = 0, 0  # a small home: no cache and pair trees
             if k + j - i >= HOME_TREE_MIN:
                 csize, psize = _pow2_above(min(k + j - i, n) + 1), _pow2_above(n_pairs + 1)
@@ -163,8 +169,8 @@ def home_swaps(
                     c2 = np.empty(2 * csize, dtype=np.int64)
             trees = (c1, c2, p1, p2, r1, r2)
             _turn_trees(
-                k, n_pairs, home, lengths, load, tok, round_cap, capacity, dp, rounds, cache_y, cache_t, cache_c,
-                cache_m, pair_c, pair_y1, pair_y2, pair_m, trees, csize, psize, lists,
+                k, n_pairs, home, lengths, load, tok, round_cap, capacity, dp, rounds, cache, pairs, trees, csize,
+                psize, lists,
             )  # fmt: skip
             turn = clock
             for g in range(i, j):
@@ -241,15 +247,14 @@ def home_swaps(
                     last_arrival[y] = n_arrivals
                     n_arrivals += 1
                     round_of[y], replica_of[y] = ra, here
-                    slot, k = _cache_leave(y, costs[y], slot, k, cache_y, cache_o, cache_t, cache_c, cache_m)
+                    slot, k = _cache_leave(y, costs[y], slot, k, cache)
                 if slot < 0:
                     slot = k
                     k += 1
-                _cache_enter(x, home, tx, cx, best_m, slot, k, cache_y, cache_o, cache_t, cache_c, cache_m)
+                _cache_enter(x, home, tx, cx, best_m, slot, k, cache)
                 _trees_after_change(
                     x, best_y, best_y2, best_m, k_before, k, home, turn, lengths, costs, load, tok, round_cap,
-                    capacity, dp, moved_at, cache_y, cache_t, cache_c, cache_m, pair_c, pair_y1, pair_y2, trees, csize,
-                    psize, lists,
+                    capacity, dp, moved_at, cache, pairs, trees, csize, psize, lists,
                 )  # fmt: skip
                 made += 1
             i = j
@@ -381,14 +386,11 @@ def _fill_cache(
     arrivals: IntArray,
     arrival_seq: IntArray,
     arrival_next: IntArray,
-    cache_y: IntArray,
-    cache_o: IntArray,
-    cache_t: IntArray,
-    cache_c: FloatArray,
-    cache_m: IntArray,
+    cache: Cache,
 ) -> int:
     """The cache: the sequences on ``home`` (those of the snapshot that did not move since,
     and those that arrived last there), sorted by cost. Returns how many."""
+    cache_y, cache_o, cache_t, cache_c, cache_m = cache
     k = 0
     for q in range(start[home], start[home + 1]):
         y = snap[q]
@@ -403,19 +405,17 @@ def _fill_cache(
             k += 1
         e = arrival_next[e]
     if k <= SMALL_SORT:
-        _sort_cache_small(k, cache_y, cache_o, cache_t, cache_c, cache_m)
+        _sort_cache_small(k, cache)
         return k
-    perm = _order_by(cache_c, k)
-    _permute_cache(perm, cache_y, cache_o, cache_t, cache_c, cache_m)
+    _permute_cache(_order_by(cache_c, k), cache)
     return k
 
 
 @helper
-def _sort_cache_small(
-    k: int, cache_y: IntArray, cache_o: IntArray, cache_t: IntArray, cache_c: FloatArray, cache_m: IntArray
-) -> None:
+def _sort_cache_small(k: int, cache: Cache) -> None:
     """The cache's first ``k`` entries sorted by cost in place, by insertion (no allocation:
     most homes hold a few sequences)."""
+    cache_y, cache_o, cache_t, cache_c, cache_m = cache
     for t in range(1, k):
         y, o, tt, c, m = cache_y[t], cache_o[t], cache_t[t], cache_c[t], cache_m[t]
         u = t
@@ -430,19 +430,16 @@ def _sort_cache_small(
 def _turn_pairs(
     k: int,
     rounds: int,
-    cache_y: IntArray,
-    cache_c: FloatArray,
-    cache_m: IntArray,
+    cache: Cache,
     seg: IntArray,
     by_round: IntArray,
-    pair_c: FloatArray,
-    pair_y1: IntArray,
-    pair_y2: IntArray,
-    pair_m: IntArray,
+    pairs: Pairs,
 ) -> int:
     """The pairs of a home's turn: every two sequences of the cache's first ``k`` entries
     that share a round holding at most ``PAIR_BIN`` of them, sorted by summed cost. Returns
     their number."""
+    cache_y, _, _, cache_c, cache_m = cache
+    pair_c, pair_y1, pair_y2, pair_m = pairs
     seg[:] = 0
     for q in range(k):
         seg[cache_m[q] + 1] += 1
@@ -466,17 +463,17 @@ def _turn_pairs(
                     n_pairs += 1
         begin = seg[m]
     if n_pairs <= SMALL_SORT:
-        _sort_pairs_small(n_pairs, pair_c, pair_y1, pair_y2, pair_m)
+        _sort_pairs_small(n_pairs, pairs)
         return n_pairs
-    perm = _order_by(pair_c, n_pairs)
-    _permute_pairs(perm, pair_c, pair_y1, pair_y2, pair_m)
+    _permute_pairs(_order_by(pair_c, n_pairs), pairs)
     return n_pairs
 
 
 @helper
-def _sort_pairs_small(n_pairs: int, pair_c: FloatArray, pair_y1: IntArray, pair_y2: IntArray, pair_m: IntArray) -> None:
+def _sort_pairs_small(n_pairs: int, pairs: Pairs) -> None:
     """The first ``n_pairs`` pairs sorted by summed cost in place, by insertion (as
     :func:`_sort_cache_small`)."""
+    pair_c, pair_y1, pair_y2, pair_m = pairs
     for t in range(1, n_pairs):
         c, y1, y2, m = pair_c[t], pair_y1[t], pair_y2[t], pair_m[t]
         u = t
@@ -518,11 +515,10 @@ def _order_by(key: FloatArray, k: int) -> IntArray:
 
 
 @helper
-def _permute_cache(
-    perm: IntArray, cache_y: IntArray, cache_o: IntArray, cache_t: IntArray, cache_c: FloatArray, cache_m: IntArray
-) -> None:
+def _permute_cache(perm: IntArray, cache: Cache) -> None:
     """Cache entry ``q`` takes entry ``perm[q]`` (for ``q < len(perm)``), in place, cycle by
     cycle; ``perm`` is marked while it is followed (``~p``) and left marked."""
+    cache_y, cache_o, cache_t, cache_c, cache_m = cache
     for s in range(perm.shape[0]):
         if perm[s] < 0:
             continue
@@ -541,8 +537,9 @@ def _permute_cache(
 
 
 @helper
-def _permute_pairs(perm: IntArray, pair_c: FloatArray, pair_y1: IntArray, pair_y2: IntArray, pair_m: IntArray) -> None:
+def _permute_pairs(perm: IntArray, pairs: Pairs) -> None:
     """Pair ``q`` takes pair ``perm[q]``, in place (as :func:`_permute_cache`)."""
+    pair_c, pair_y1, pair_y2, pair_m = pairs
     for s in range(perm.shape[0]):
         if perm[s] < 0:
             continue
@@ -578,14 +575,11 @@ def _cache_leave(
     cy: float,
     slot: int,
     k: int,
-    cache_y: IntArray,
-    cache_o: IntArray,
-    cache_t: IntArray,
-    cache_c: FloatArray,
-    cache_m: IntArray,
+    cache: Cache,
 ) -> tuple[int, int]:
     """``y`` left the home: the first to leave frees its entry for ``x`` (``slot``), the
     second's entry is dropped. Returns (slot, cache size)."""
+    cache_y, cache_o, cache_t, cache_c, cache_m = cache
     c = _count(cache_c, k, cy, False)
     while cache_y[c] != y:
         c += 1
@@ -606,28 +600,24 @@ def _cache_enter(
     m: int,
     slot: int,
     k: int,
-    cache_y: IntArray,
-    cache_o: IntArray,
-    cache_t: IntArray,
-    cache_c: FloatArray,
-    cache_m: IntArray,
+    cache: Cache,
 ) -> None:
     """``x`` takes entry ``slot``, then slides to its place by cost among the first ``k``
     (it costs about what it replaced)."""
+    cache_y, cache_o, cache_t, cache_c, cache_m = cache
     cache_y[slot], cache_o[slot], cache_t[slot], cache_c[slot], cache_m[slot] = x, home, tx, cx, m
     while slot > 0 and cache_c[slot - 1] > cx:
-        _cache_swap(slot, slot - 1, cache_y, cache_o, cache_t, cache_c, cache_m)
+        _cache_swap(slot, slot - 1, cache)
         slot -= 1
     while slot + 1 < k and cache_c[slot + 1] < cx:
-        _cache_swap(slot, slot + 1, cache_y, cache_o, cache_t, cache_c, cache_m)
+        _cache_swap(slot, slot + 1, cache)
         slot += 1
 
 
 @no_refcount
-def _cache_swap(
-    p: int, q: int, cache_y: IntArray, cache_o: IntArray, cache_t: IntArray, cache_c: FloatArray, cache_m: IntArray
-) -> None:
+def _cache_swap(p: int, q: int, cache: Cache) -> None:
     """Exchange entries ``p`` and ``q``."""
+    cache_y, cache_o, cache_t, cache_c, cache_m = cache
     cache_y[p], cache_y[q] = cache_y[q], cache_y[p]
     cache_o[p], cache_o[q] = cache_o[q], cache_o[p]
     cache_t[p], cache_t[q] = cache_t[q], cache_t[p]
@@ -716,21 +706,17 @@ def _turn_trees(
     capacity: int,
     dp: int,
     rounds: int,
-    cache_y: IntArray,
-    cache_t: IntArray,
-    cache_c: FloatArray,
-    cache_m: IntArray,
-    pair_c: FloatArray,
-    pair_y1: IntArray,
-    pair_y2: IntArray,
-    pair_m: IntArray,
-    trees: tuple[FloatArray, IntArray, FloatArray, IntArray, FloatArray, IntArray],
+    cache: Cache,
+    pairs: Pairs,
+    trees: Trees,
     csize: int,
     psize: int,
-    lists: tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray],
+    lists: Lists,
 ) -> None:
     """At a turn's start: the bins' tree, and for a large home (``csize > 0``) the cache's
     and the pairs' trees, the entries' positions and lists by round, the pairs by round."""
+    cache_y, _, cache_t, cache_c, cache_m = cache
+    pair_c, pair_y1, pair_y2, pair_m = pairs
     c1, c2, p1, p2, r1, r2 = trees
     cpos, bhead, bnext, bprev, pseg, plist = lists
     rsize = r1.shape[0] // 2
@@ -805,21 +791,18 @@ def _trees_after_change(
     capacity: int,
     dp: int,
     moved_at: IntArray,
-    cache_y: IntArray,
-    cache_t: IntArray,
-    cache_c: FloatArray,
-    cache_m: IntArray,
-    pair_c: FloatArray,
-    pair_y1: IntArray,
-    pair_y2: IntArray,
-    trees: tuple[FloatArray, IntArray, FloatArray, IntArray, FloatArray, IntArray],
+    cache: Cache,
+    pairs: Pairs,
+    trees: Trees,
     csize: int,
     psize: int,
-    lists: tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray],
+    lists: Lists,
 ) -> None:
     """``x`` entered bin ``(m, home)`` for ``y1`` (and ``y2``), or moved there (``y1 <
     0``): the bin's leaf, and for a large home the entries that changed place, the entries
     and pairs of that bin."""
+    cache_y, _, _, cache_c, _ = cache
+    pair_c, pair_y1, pair_y2, _ = pairs
     c1, c2, p1, p2, r1, r2 = trees
     cpos, bhead, bnext, bprev, pseg, plist = lists
     b = m * dp + home
@@ -841,13 +824,13 @@ def _trees_after_change(
     for q in range(lo_q, hi_q + 1):
         if q < k:
             cpos[cache_y[q]] = q
-            _entry_leaf(q, home, load, tok, round_cap, capacity, dp, cache_t, cache_c, cache_m, c1, c2, csize)
+            _entry_leaf(q, home, load, tok, round_cap, capacity, dp, cache, c1, c2, csize)
         else:
             _set_leaf(c1, c2, csize, q, -np.inf, _NO_TOKENS)
     _push(x, m, bhead, bnext, bprev)
     y = bhead[m]
     while y >= 0:
-        _entry_leaf(cpos[y], home, load, tok, round_cap, capacity, dp, cache_t, cache_c, cache_m, c1, c2, csize)
+        _entry_leaf(cpos[y], home, load, tok, round_cap, capacity, dp, cache, c1, c2, csize)
         y = bnext[y]
     for u in range(pseg[m], pseg[m + 1]):
         c = plist[u]
@@ -868,14 +851,13 @@ def _entry_leaf(
     round_cap: FloatArray,
     capacity: int,
     dp: int,
-    cache_t: IntArray,
-    cache_c: FloatArray,
-    cache_m: IntArray,
+    cache: Cache,
     c1: FloatArray,
     c2: IntArray,
     csize: int,
 ) -> None:
     """Leaf ``q`` of the cache's tree from cache entry ``q`` and its bin."""
+    _, _, cache_t, cache_c, cache_m = cache
     m = cache_m[q]
     b = m * dp + home
     _set_leaf(c1, c2, csize, q, _cost_key(cache_c[q], round_cap[m], load[b]), cache_t[q] + capacity - tok[b])
