@@ -1,24 +1,16 @@
-"""numba kernels behind the schedulers. Private: the public functions of ``balanced``,
-``dp_balanced``, ``empty`` and ``dynamic_cp`` validate and coerce their inputs (contiguous int64 / float64 arrays) and
-call these. Every kernel has a slow, obvious twin in ``tests/schedulers/`` it is checked
-against.
+"""numba kernels behind the schedulers. Private: the schedulers validate and coerce their
+inputs (contiguous int64 / float64 arrays) and call these; every kernel has a slow, obvious
+twin in ``tests/schedulers/`` it is checked against. Ties are broken by integer keys (token
+counts, then indices), never by chance, so every rank computes the same result.
 
-Ties are broken by integer keys (token counts, then indices), never by chance, so every
-rank computes the same result.
+Importing this package imports neither numba nor a kernel: a kernel's module is imported on
+first use of its name (``_kernels.grid_lpt``) or of the module (``_kernels.cp_planner``),
+with one WARNING a process when numba's cache holds no index for it (numba is about to
+compile).
 
-Importing this package is cheap: it imports neither numba nor a kernel. A kernel's module
-(which imports numba) is imported on first use of its name (``_kernels.grid_lpt``) or of the
-module (``_kernels.cp_planner``), through :func:`seqpack._lazy.lazy_exports`. The first such
-import in a process whose numba cache holds no index for the module logs one WARNING: numba
-is about to compile.
-
-One module per kernel family, holding every njit function its kernels call and every
-constant they read (numba stamps a kernel's disk cache with the kernel's own file and
-freezes the globals it reads, so a helper in another file could go stale in the cache):
-``grid`` (grid_lpt, grid_local, the ``MODE_*`` rules), ``locality_swaps`` (home_swaps),
-``replica_repair`` (repair_replicas, and replica_lpt of the replica-first plan),
-``matching`` (greedy_matching), ``consecutive`` (next_fit), ``bin_search`` (the exact
-search's dfs and complete_bins) and ``cp_planner`` (the dynamic-CP planner's kernels).
+One module per kernel family holds every njit function its kernels call and every constant
+they read: numba stamps a kernel's disk cache with the kernel's own file and freezes the
+globals it reads, so a helper in another file could go stale in the cache.
 """
 
 from __future__ import annotations
@@ -53,9 +45,7 @@ logger = logging.getLogger(__name__)
 # CPU seconds to compile every kernel (`seqpack doctor --warm` on an empty cache, docs/scale.md).
 COLD_COMPILE_SECONDS = 30
 
-# Where each kernel and constant is defined (each module imports numba: a caller reads a
-# constant only once it plans with that kernel). Other names of a kernel module, the module
-# itself: ``_kernels.cp_planner``, ``_kernels.grid._grid_lpt_sorted``.
+# Where each kernel and constant is defined; a kernel module is an attribute too.
 _HOMES = {
     "GRID_LOCAL_SLICES": "seqpack.schedulers._kernels.grid",
     "MODE_COST": "seqpack.schedulers._kernels.grid",

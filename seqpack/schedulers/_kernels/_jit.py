@@ -1,15 +1,14 @@
 """The kernel modules' decorators: ``njit`` for a kernel that Python calls, ``helper`` and
-``no_refcount`` for a function only compiled code calls. They compile the kernels in about
-0.6x the CPU time of ``numba.njit(cache=True)`` (docs/scale.md), to the same machine code:
+``no_refcount`` for a function only compiled code calls. Same machine code as
+``numba.njit(cache=True)``, compiled in less CPU time (docs/scale.md):
 
-* A call from compiled code compiles the callee for the arguments' plain types. numba types a
-  constant argument (``_entry_down(..., 0)``), or a variable of which it has seen only a
-  constant assignment, as a literal and compiled a third of the helpers once more for it.
-* A helper has no CPython wrapper (numba builds one, unboxing every argument, for each
-  function). A Python call of a helper (tests make some) runs an uncached twin that has one.
-* ``no_refcount`` helpers also skip numba's reference counting, an atomic add for every
-  array argument bound and returned, which in the loops that call them cost more than the
-  work; they allocate nothing (an allocation fails to compile).
+* A call from compiled code compiles the callee for the arguments' plain types (numba would
+  compile a helper once more for a literal argument such as ``_entry_down(..., 0)``).
+* A helper has no CPython wrapper; a Python call of one (tests make some) runs an uncached
+  twin that has one.
+* ``no_refcount`` helpers also skip numba's reference counting (an atomic add for every
+  array argument, which in hot loops costs more than the work); they allocate nothing (an
+  allocation fails to compile).
 
 Under ``NUMBA_DISABLE_JIT=1`` each is the plain Python function.
 """

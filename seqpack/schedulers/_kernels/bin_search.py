@@ -1,5 +1,4 @@
-"""dfs and complete_bins: the exact bin searches of :func:`seqpack.schedulers.balanced.exact.pack_bins`
-(private; loaded on first use so that ``import seqpack`` does not import numba).
+"""dfs and complete_bins: the exact bin searches of :func:`seqpack.schedulers.balanced.exact.pack_bins`.
 
 ``dfs`` places items longest first, one at a time, into the bins of each distinct free room
 (best fit first), backtracking. ``complete_bins`` is bin completion (Korf, "An improved
@@ -10,8 +9,7 @@ place of a smaller item it takes (in any packing that item can be swapped in); a
 undone as soon as the room it leaves, plus that of the bins before it, exceeds the slack
 ``bins * capacity - total``. Equal items are counted, not named, so no two branches place the
 same multiset. Both are iterative (explicit stacks): numba's cache does not load recursive
-functions reliably. Every njit function they call is defined in this module (numba stamps a
-kernel's disk cache with its own file only).
+functions reliably.
 """
 
 from __future__ import annotations
@@ -128,9 +126,6 @@ def _best_pair_at_most(sizes: np.ndarray, start: int, limit: int) -> int:
     return best
 
 
-# --- bin completion ---------------------------------------------------------------------
-
-
 @njit(cache=True)
 def complete_bins(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) -> tuple[int, np.ndarray]:
     """Pack ``sizes`` (sorted longest first, each positive and at most ``capacity``, total at most
@@ -146,8 +141,8 @@ def complete_bins(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) 
     bin_of = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return 0, bin_of
-    # The distinct sizes: vals[k] from item start[k] on, cnt[k] items of it (loops: numpy's
-    # flatnonzero, diff and fancy indexing compile for seconds).
+    # The distinct sizes: vals[k] from item start[k] on, cnt[k] items of it (loops compile
+    # faster than numpy's flatnonzero, diff and fancy indexing).
     nv = 1
     for i in range(1, n):
         nv += sizes[i] != sizes[i - 1]
@@ -307,8 +302,7 @@ def _sets(
 @helper
 def _by_waste(pool: np.ndarray, lo: int, hi: int, nv: int) -> None:
     """Sort the rows ``pool[lo:hi]`` by their waste (column ``nv``), equal wastes in their
-    order: a bottom-up merge sort of the row indices (``order``, ``buf``: ``hi - lo`` each),
-    then the rows copied through ``rows``."""
+    order (a bottom-up merge sort of the row indices)."""
     m = hi - lo
     order = np.empty(m, dtype=np.int64)
     buf = np.empty(m, dtype=np.int64)

@@ -1,12 +1,8 @@
-"""numba kernels of the dynamic-CP planner. Private: the planner
-(``seqpack.schedulers.dynamic_cp``: ``_rounds``, ``_replica``, ``_candidate``) validates and
-coerces their inputs (contiguous int64 / float64 arrays) and calls these. Every kernel has a slow,
-obvious twin in ``tests/schedulers/dynamic_cp_reference.py`` it is checked against.
+"""numba kernels of the dynamic-CP planner (``seqpack.schedulers.dynamic_cp``), each checked
+against its twin in ``tests/schedulers/dynamic_cp_reference.py``.
 
 ``coef`` is :meth:`CostModel.group_coefficients` (``constant, linear, quadratic, ring_step,
-ring_token, ring_token_inter``). Ties are broken by indices, never by chance, so every rank
-computes the same plan. Every njit function a kernel calls is defined in this module (numba
-stamps a kernel's disk cache with its own file only).
+ring_token, ring_token_inter``). Ties are broken by indices, never by chance.
 """
 
 from __future__ import annotations
