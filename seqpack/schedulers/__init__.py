@@ -20,7 +20,7 @@ from seqpack.schedulers.dynamic_cp import plan_dynamic_cp
 from seqpack.schedulers.dynamic_cp.scheduler import DynamicCpScheduler
 from seqpack.schedulers.empty import EmptyScheduler
 from seqpack.schedulers.registry import available_schedulers, get_scheduler, register_scheduler
-from seqpack.schedulers.request import ON_OVERSIZE, Request, apply_oversize, as_lengths
+from seqpack.schedulers.request import Request, apply_oversize, as_lengths
 from seqpack.schedulers.schedule import Schedule, ScheduleLimits
 from seqpack.schedulers.step_time import predicted_step_time
 
@@ -30,7 +30,6 @@ register_scheduler(EmptyScheduler)
 register_scheduler(DynamicCpScheduler)
 
 __all__ = [
-    "ON_OVERSIZE",
     "GridScheduler",
     "Request",
     "Schedule",

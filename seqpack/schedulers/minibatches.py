@@ -35,9 +35,9 @@ def minibatch_of(origin: np.ndarray, minibatches: int, unit: np.ndarray | None =
         for j, chunk in enumerate(np.array_split(ids, k)):
             out[chunk] = j
     if unit is not None and unit.size:
-        first = np.full(int(unit.max()) + 1, -1, dtype=np.int64)
-        for i in range(unit.shape[0] - 1, -1, -1):
-            first[unit[i]] = i
+        first = np.zeros(int(unit.max()) + 1, dtype=np.int64)
+        values, index = np.unique(unit, return_index=True)  # each unit's first id
+        first[values] = index
         out = out[first[unit]]
     return out
 

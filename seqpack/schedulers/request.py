@@ -27,7 +27,6 @@ from seqpack.validation import (
 )
 
 __all__ = [
-    "ON_OVERSIZE",
     "Request",
     "apply_oversize",
     "apply_static_oversize",
@@ -38,8 +37,6 @@ __all__ = [
     "check_step_tokens",
     "default_origin",
 ]
-
-ON_OVERSIZE = tuple(OnOversize)
 
 
 def _empty() -> np.ndarray:

@@ -16,23 +16,13 @@ stages at a count, and the count search), ``scheduler`` (:class:`BalancedSchedul
 from __future__ import annotations
 
 from seqpack.schedulers.balanced.plan import plan_balanced
-from seqpack.schedulers.balanced.rounds import (
-    ORDERS,
-    BalancedPlan,
-    relabel_replicas,
-    repair_budget,
-    round_position,
-    round_targets,
-)
+from seqpack.schedulers.balanced.rounds import relabel_replicas, round_position, round_targets
 from seqpack.schedulers.balanced.scheduler import BalancedScheduler
 
 __all__ = [
-    "ORDERS",
-    "BalancedPlan",
     "BalancedScheduler",
     "plan_balanced",
     "relabel_replicas",
-    "repair_budget",
     "round_position",
     "round_targets",
 ]

@@ -18,7 +18,6 @@ from seqpack.schedulers.schedule import Grid
 from seqpack.schedulers.shape_limits import BucketPrice
 from seqpack.validation import check_choice
 
-ORDERS = tuple(Order)
 _GOOD_ENOUGH = 1e-3  # the repair stops within 0.1% of the replica bound
 _SWAP_CANDIDATES = 4  # lightest replicas the repair tries swaps with
 _GAP_FOR_MORE = 0.01  # a plan this far (1%) from its bounds tries one more microbatch...
@@ -223,15 +222,8 @@ def round_position(load: np.ndarray, order: str = "heavy_first") -> np.ndarray:
     if order == Order.HEAVY_FIRST:
         position[heavy_first] = np.arange(m_count)
         return position
-    light_first = heavy_first[::-1]
-    left, right = 0, m_count - 1
-    for k, r in enumerate(light_first):
-        if k % 2 == 0:
-            position[r] = left
-            left += 1
-        else:
-            position[r] = right
-            right -= 1
+    k = np.arange(m_count)
+    position[heavy_first[::-1]] = np.where(k % 2 == 0, k // 2, m_count - 1 - k // 2)
     return position
 
 
