@@ -1,11 +1,6 @@
-"""Training FLOPs formulas of the layer kinds a :class:`~seqpack.cost.ModelSpec` is made of.
-
-Each function gives exact Python ints: forward FLOPs per token (everything that scales with
-``seqlen_sum``) or per squared sequence length (attention scores and values). Training is
-forward + backward, and backward costs two forwards (:data:`TRAIN` = 3); a multiply-add is
-2 FLOPs (:data:`FMA`). The terms follow Megatron-LM's ``num_floating_point_operations``:
-causal attention counts half of the ``QK^T`` and ``(QK^T)V`` products, a Mamba2 mixer counts
-its in/out projections and a ``7*d_inner*d_state`` scan per token.
+"""Training FLOPs formulas of the layer kinds a :class:`~seqpack.cost.ModelSpec` is made of,
+as exact Python ints, following Megatron-LM's ``num_floating_point_operations``: forward FLOPs
+per token or per squared sequence length; training is :data:`TRAIN` forwards.
 """
 
 from __future__ import annotations
@@ -79,11 +74,8 @@ def mamba2_flops(
     num_heads: int | None = None,
     expand: int = 2,
 ) -> int:
-    """Training FLOPs of ``num_layers`` Mamba2 mixers over ``seqlen_sum`` tokens.
-
-    Linear in tokens: in_proj ``2h(2*d_inner + 2*groups*state + heads)``, the SSD scan
-    ``7*d_inner*state`` and out_proj ``2*d_inner*h`` per token, times 3 for training.
-    """
+    """Training FLOPs of ``num_layers`` Mamba2 mixers over ``seqlen_sum`` tokens
+    (:func:`mamba2_forward_per_token`)."""
     seqlen_sum = check_int("seqlen_sum", seqlen_sum, minimum=0)
     # Python ints: numpy ints would overflow the products below.
     hidden_size = check_int("hidden_size", hidden_size, minimum=1)
@@ -103,8 +95,7 @@ def mamba2_flops(
 
 
 def parameter_count(spec: ModelSpec) -> int:
-    """Parameters of ``spec``: bias-free linears, RMSNorm weights, untied embedding and
-    output (:meth:`ModelSpec.num_parameters <seqpack.cost.ModelSpec.num_parameters>`)."""
+    """:meth:`ModelSpec.num_parameters <seqpack.cost.ModelSpec.num_parameters>`."""
     h = spec.hidden_size
     q = spec.query_width
     kv = spec.query_groups * spec.head_dim

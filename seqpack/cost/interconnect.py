@@ -1,18 +1,6 @@
-"""Named interconnects: the links a CP ring runs over, as priors for a dynamic-CP group cost.
-
-A dynamic-CP :class:`~seqpack.cost.CostModel` needs the CP ring's cost in the units of its
-compute terms. Where no measured figures exist, :meth:`CostModel.from_model` derives them
-from a model's shape (:class:`~seqpack.cost.ModelSpec`: attention layers, K/V heads, head
-width) and one of these presets. The figures are vendor peak rates, so the prior is optimistic about the links and
-pessimistic about nothing; ``calibrate=True`` refits every coefficient to measured times.
-
-* ``intra_node_bandwidth``: bytes per second one GPU sends to its ring neighbour inside a
-  node (NVLink: half the bidirectional figure).
-* ``inter_node_bandwidth``: the same across nodes (one NIC per GPU).
-* ``step_latency``: seconds of fixed cost per ring transfer (launch and handshake).
-* ``device_flops``: training FLOPs per second one GPU sustains (dense bf16 peak times
-  :data:`ASSUMED_MFU`): what turns the ring's seconds into FLOPs, the unit of
-  :meth:`ModelSpec.cost_model`.
+"""Named interconnects: the links a CP ring runs over, as priors for a dynamic-CP cost
+(:meth:`CostModel.from_model <seqpack.cost.CostModel.from_model>`). The figures are vendor peak
+rates, so the prior is optimistic about the links; calibration refits every coefficient.
 """
 
 from __future__ import annotations
@@ -30,7 +18,15 @@ ASSUMED_MFU = 0.4
 
 @dataclasses.dataclass(frozen=True)
 class Interconnect:
-    """The links of one cluster kind and its GPUs' sustained rate (module docstring)."""
+    """The links of one cluster kind and its GPUs' sustained rate.
+
+    * ``intra_node_bandwidth``, ``inter_node_bandwidth``: bytes per second one GPU sends to
+      its ring neighbour inside a node (NVLink: half the bidirectional figure), and across
+      nodes (one NIC per GPU).
+    * ``step_latency``: seconds of fixed cost per ring transfer.
+    * ``device_flops``: training FLOPs per second one GPU sustains (dense bf16 peak times
+      :data:`ASSUMED_MFU`), which turns the ring's seconds into FLOPs.
+    """
 
     name: str
     intra_node_bandwidth: float

@@ -1,33 +1,13 @@
 """What a :class:`~seqpack.cost.CostModel`'s microbatch costs on a CP group of ``c`` ranks:
-its compute split over the group, plus the context-parallel ring.
-
-A group of ``c`` ranks running a pack of padded lengths ``s_i`` (``S = sum s_i``,
-``SS = sum s_i**2``) takes, on each of its ranks::
+its compute split over the group, plus the context-parallel ring (Transformer Engine's
+``p2p`` CP). On each rank of the group, for a pack of padded lengths with sums ``S``, ``SS``::
 
     constant + compute(S, SS) * reference_size / c                     compute, split c ways
              + (c - 1) * (ring_step + ring_token(spans) * S / c)      CP ring (c > 1 only)
 
-``compute(S, SS)`` is the model's compute terms (``linear``, ``quadratic``): a microbatch's
-cost on a group of ``reference_size`` ranks (1: one rank alone, as the priors of
-:meth:`~seqpack.cost.CostModel.from_model` and fitted group costs say). A model without a
-``reference_size`` (the default) is the cost of a microbatch on the plan's static CP group
-(``cp_size`` ranks: what calibration measures and ``balanced`` balances), and its ring
-terms are zero by default, so on static plans every figure is the model's own.
-DualChunkSwap gives each rank ``1/c`` of the tokens and of the causal attention work.
-
-The ring part follows Transformer Engine's ``p2p`` CP (``AttnFuncWithCPAndKVP2P``): per
-attention layer the forward pass sends the local K/V chunk ``c - 1`` times around the ring
-and the backward pass sends K/V and dK/dV ``c - 1`` times each, so ``3 (c - 1)`` transfers of
-``S/c`` tokens x ``2 * kv_heads * head_dim * dtype_bytes`` bytes per layer and step, plus a
-fixed cost per ring step (launch and handshake). ``ring_token`` is seconds per token per ring
-step over all attention layers, forward and backward; ``ring_token_inter`` replaces it when
-the group spans nodes (its ring then crosses the inter-node link). TE overlaps each transfer
-with the previous step's attention, so these terms are the *exposed* communication: a
-calibrator fits them from measured times.
-
-Features, for a calibrator (linear in the coefficients, so NNLS fits them like the
-``(1, S, SS)`` of :meth:`CostModel.fit`): :data:`FEATURES` names them and
-:func:`group_features` computes them per microbatch.
+Without a ``reference_size`` (the default) the compute terms are the cost on the plan's
+static CP group and the ring terms are zero, so on static plans every figure is the model's
+own. The derivation and the calibrator's features: docs/dynamic_cp.md, "The cost of a group".
 """
 
 from __future__ import annotations
@@ -50,9 +30,7 @@ FEATURES: tuple[str, ...] = ("constant", "linear", "quadratic", "ring_step", "ri
 """Coefficient names of :func:`group_features`' columns: ``1``, ``S/c``, ``SS/c``, ``c-1``,
 ``(c-1) S/c`` (within a node) and ``(c-1) S/c`` (spanning nodes)."""
 
-# Transformer Engine's p2p ring, per attention layer and training step: forward sends K/V
-# c-1 times; backward sends K/V c-1 times and dK/dV c-1 times.
-TE_P2P_TRANSFERS = 3
+TE_P2P_TRANSFERS = 3  # per attention layer and step: forward K/V, backward K/V and dK/dV, c-1 times each
 
 
 def spans_nodes(start: np.ndarray | int, size: np.ndarray | int, ranks_per_node: int) -> np.ndarray:
@@ -88,13 +66,12 @@ class GroupTerms:
     """The CP-group half of :class:`~seqpack.cost.CostModel` (its base; CostModel holds the
     fields): what its microbatch costs on a group of ``c`` ranks (module docstring).
 
-    * ``ring_step``: cost per ring step of a microbatch (all attention layers, forward and
-      backward), times ``c - 1``.
+    * ``ring_step``: cost per ring step of a microbatch, times ``c - 1``.
     * ``ring_token``: cost per token per ring step within a node, times ``(c-1) S/c``;
       ``ring_token_inter`` the same for a group spanning nodes (``None``: ``ring_token``).
-    * ``ranks_per_node``: DP x CP ranks on one node (8 GPUs per node / TP size).
+    * ``ranks_per_node``: DP x CP ranks on one node.
     * ``reference_size``: the group size the compute terms are the cost on (1: one rank
-      alone); ``None``: the plan's static CP group (``cp_size`` ranks).
+      alone); ``None``: the plan's static CP group.
     """
 
     linear: float
@@ -132,24 +109,22 @@ class GroupTerms:
         return cp_size if self.reference_size is None else self.reference_size
 
     def compute_scale(self, group_size: np.ndarray | int, cp_size: int) -> np.ndarray:
-        """float64: what the compute terms are multiplied by on a group of each size
-        (``reference_size / c``, a model without one on a plan of ``cp_size``: exactly 1 at
-        the reference size)."""
+        """float64 ``reference_size / c`` (``cp_size`` for a model without one): what the
+        compute terms are multiplied by on a group of each size, exactly 1 at the reference."""
         r = self._reference(cp_size)
         c = np.asarray(group_size, dtype=np.float64)
         return np.where(c == r, 1.0, r / c)
 
     def group_coefficients(self, cp_size: int) -> np.ndarray:
-        """float64 ``[6]`` in :data:`FEATURES` order: the compute on one rank (``linear`` and
-        ``quadratic`` times the reference size) and the ring; a windowed term is not among them."""
+        """float64 ``[6]`` in :data:`FEATURES` order: the compute on one rank and the ring (a
+        windowed term is not among them)."""
         r = self._reference(cp_size)
         ring = (self.ring_step, self.ring_token, self.ring_token_inter)
         return np.array((self.constant, self.linear * r, self.quadratic * r, *ring), dtype=np.float64)
 
     @classmethod
     def from_group_coefficients(cls, coefficients: np.ndarray, ranks_per_node: int = 8) -> Self:
-        """The model whose :meth:`group_coefficients` are ``coefficients`` (a fit of
-        :func:`group_features` against measured seconds): compute on one rank."""
+        """The model (compute on one rank) whose :meth:`group_coefficients` are ``coefficients``."""
         k, a, b, step, token, inter = (float(v) for v in np.asarray(coefficients, dtype=np.float64))
         ring = {"ring_step": step, "ring_token": token, "ring_token_inter": inter, "ranks_per_node": ranks_per_node}
         return cls(a, b, k, **ring, reference_size=1)  # type: ignore[call-arg]
@@ -168,11 +143,11 @@ class GroupTerms:
         dtype_bytes: int = 2,
         ranks_per_node: int = 8,
     ) -> CostModel:
-        """``compute`` (seconds of a microbatch on one rank) with the ring coefficients of
-        Transformer Engine's ``p2p`` CP (module docstring), from the model's shape and the links.
+        """``compute`` with the ring coefficients of Transformer Engine's ``p2p`` CP, from the
+        model's shape and the links.
 
         Args:
-            compute: Seconds of a microbatch on one rank (``reference_size=1``).
+            compute: Seconds of a microbatch on one rank.
             attention_layers: Attention layers of the model (of this pipeline stage).
             num_query_groups, head_dim: K/V heads and their width.
             intra_node_bandwidth, inter_node_bandwidth: Bytes per second one rank sends to
@@ -206,9 +181,7 @@ class GroupTerms:
         cls, spec: ModelSpec, interconnect: str | Interconnect = DEFAULT_INTERCONNECT, *, dtype_bytes: int = 2
     ) -> CostModel:
         """A dynamic-CP prior in training FLOPs: ``spec``'s FLOPs cost model on one rank plus
-        Transformer Engine's ``p2p`` ring (:meth:`from_te_p2p`) over a named interconnect, its
-        seconds expressed in FLOPs at the interconnect's ``device_flops``
-        (:mod:`seqpack.cost.interconnect`). Calibration refits every coefficient.
+        :meth:`from_te_p2p`'s ring over a named interconnect, in FLOPs at its ``device_flops``.
 
         Raises:
             ConfigError: ``spec`` has no attention layer (Mamba's CP exchange is not a
@@ -244,9 +217,7 @@ class GroupTerms:
 
     def at(self, group_size: int, *, spans: bool | None = None) -> Self:
         """The ring-free model of every microbatch on a CP group of ``group_size`` ranks
-        (static CP): what ``balanced`` balances when each replica is such a group. A model
-        without a ``reference_size`` is the cost on that group already (plus its ring).
-        ``spans`` defaults to ``group_size > ranks_per_node`` (aligned blocks)."""
+        (static CP). ``spans`` defaults to ``group_size > ranks_per_node`` (aligned blocks)."""
         c = check_positive_int("group_size", group_size)
         r = self._reference(c)
         if c == r and (c == 1 or not self.has_ring):

@@ -1,8 +1,5 @@
 """Model shapes as data: published configurations, the keyword arguments of
 :class:`~seqpack.cost.ModelSpec`, and the letters of a hybrid layer pattern.
-
-A leaf (no seqpack import but the errors): :mod:`seqpack.cost.model` builds a ``ModelSpec``
-from these, :mod:`seqpack.cost.presets` one per published shape.
 """
 
 from __future__ import annotations
@@ -22,10 +19,8 @@ __all__ = [
 ]
 
 LAYER_TYPES = {"M": "Mamba2", "*": "attention", "W": "sliding-window attention", "-": "MLP"}
-"""The letters of ``hybrid_layer_pattern``, one per layer. ``M``, ``*`` and ``-`` are
-Megatron-LM's (``mamba_hybrid_layer_allocation.Symbols``, which also has ``E`` for MoE and
-``/`` for MTP, not modelled here); ``W`` is seqpack's: Megatron has no window letter (its
-``window_attn_skip_freq`` interleaves windows by frequency)."""
+"""The letters of ``hybrid_layer_pattern``, one per layer: Megatron-LM's ``M``, ``*`` and
+``-``, and seqpack's ``W`` (Megatron has no window letter)."""
 
 
 def check_layer_pattern(pattern: object, num_layers: int, window_size: int | None) -> str:
@@ -118,9 +113,7 @@ PRESET_SHAPES: dict[str, dict[str, object]] = {
         hybrid_layer_pattern="W-W-W-W-W-*-" * 10 + "W-W-", window_size=1024,
     ),
 }  # fmt: skip
-"""Published shapes (model cards and ``config.json``): Llama 3 (8B/70B/405B), Qwen2.5-7B,
-Nemotron-H-8B (Mamba2/attention hybrid), gpt-oss-20b and Gemma 3 27B (sliding-window and full
-attention; windows in Megatron's ``window_size=(W, 0)`` form with W the published
+"""Published shapes (model cards and ``config.json``; windows are the published
 ``sliding_window``)."""
 
 DEFAULT_MODEL = "llama3-8b"

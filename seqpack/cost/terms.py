@@ -1,22 +1,10 @@
 """The terms of a cost model: which feature of a microbatch each coefficient multiplies.
 
-A microbatch holding sequences of lengths ``s_i`` costs the sum of its terms, each a
-:class:`~seqpack.cost.CostModel` coefficient times a feature of the microbatch:
-
-=========== ============================== ==========================================
-term        coefficient                    feature
-=========== ============================== ==========================================
-constant    ``constant``                   1 (once per microbatch)
-linear      ``linear``                     ``S = sum(s_i)``
-quadratic   ``quadratic``                  ``SS = sum(s_i**2)``
-windowed    ``windowed`` (with ``window``) ``SW = sum(window_feature(s_i, window))``
-=========== ============================== ==========================================
-
-The windowed term exists only in a model with a ``window`` (sliding-window attention).
-Features are summed as exact Python ints; :func:`length_features` gives them as float64 rows
-for a fit. A new term is a :class:`~seqpack.cost.CostModel` coefficient (default 0) and its
-feature in :func:`feature_names`, :func:`exact_sums`, :func:`sequence_features` and
-``CostModel.cost``; the fit, the calibrator and the ledger carry any number of columns.
+A microbatch of lengths ``s_i`` costs ``constant * 1 + linear * S + quadratic * SS`` (``S =
+sum(s_i)``, ``SS = sum(s_i**2)``), plus ``windowed * SW`` (``SW = sum(window_feature(s_i,
+window))``) in a model with a ``window``. Features are summed as exact Python ints. A new term
+is a :class:`~seqpack.cost.CostModel` coefficient (default 0) and its feature in
+:func:`feature_names`, :func:`exact_sums`, :func:`sequence_features` and ``CostModel.cost``.
 """
 
 from __future__ import annotations
@@ -42,22 +30,16 @@ BASE_TERMS = ("constant", "linear", "quadratic")
 
 def window_feature(length: int, window: int) -> int:
     """The windowed term's per-sequence feature ``w(s, W) = 2*P(s, W) - s``, with ``P`` the
-    (query, key) pairs of causal attention with a left window ``W`` (Transformer Engine's
-    ``window_size=(W, 0)``; derivation: docs/cost_models.md).
-
-    It is ``s**2`` up to ``s = W + 1`` and ``(2W+1)*s - W*(W+1)`` beyond (linear in ``s``):
-    the number of (query, key) pairs of a symmetric window ``(W, W)``, the same way ``s**2``
-    counts those of full bidirectional attention. Causal attention computes half of either
-    (the diagonal counted half, Megatron's convention), so a windowed layer and a full one
-    share one coefficient per unit and cost exactly the same below the window.
+    (query, key) pairs of causal attention with a left window ``W`` (derivation:
+    docs/cost_models.md): ``s**2`` up to ``s = W + 1``, ``(2W+1)*s - W*(W+1)`` beyond, so a
+    windowed layer and a full one share one coefficient per unit.
     """
     s, w = int(length), int(window)
     return s * s if s <= w + 1 else (2 * w + 1) * s - w * (w + 1)
 
 
 def feature_names(window: int | None) -> tuple[str, ...]:
-    """The terms of a model with this ``window``, in feature order (the first is the
-    constant)."""
+    """The terms of a model with this ``window``, in feature order."""
     return BASE_TERMS if window is None else (*BASE_TERMS, "windowed")
 
 

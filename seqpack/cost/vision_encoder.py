@@ -1,29 +1,16 @@
-"""VisionSpec: the shape of a vision-language model's vision encoder, and its training FLOPs per
-image, video and sample.
+"""VisionSpec: the shape of a vision-language model's vision encoder (Qwen2-VL, Qwen2.5-VL,
+Qwen3-VL, as transformers 5.24 builds them), and its training FLOPs per image, video and sample.
 
-The encoders of Qwen2-VL, Qwen2.5-VL and Qwen3-VL (transformers 5.24) cut an image of grid
-``(t, h, w)`` into ``t*h*w`` patches (a Conv3d of kernel ``temporal_patch_size x patch_size**2``),
-run ``num_layers`` bidirectional transformer blocks over them, and merge each
-``spatial_merge_size**2`` block of patches into one language token (the patch merger: an MLP of
-width ``hidden_size * spatial_merge_size**2``; Qwen3-VL's deepstack mergers are more of them).
-So one image costs
+An image of grid ``(t, h, w)`` costs::
 
     linear_flops * t*h*w                                   patches, MLPs, projections, mergers
     + full_flops * t * (h*w)**2                            full-attention blocks, per frame
     + window_flops * t * m**4 * S(h/m, k) * S(w/m, k)      window-attention blocks (Qwen2.5-VL)
 
-where ``m = spatial_merge_size`` and ``S(n, k) = (n // k) * k**2 + (n % k)**2`` sums the squared
-sizes of the windows along one axis: transformers' ``get_vision_window_index`` tiles each frame's
-``(h/m) x (w/m)`` merged patches into windows of ``k = window_size // m // patch_size`` merged
-patches a side (the last row and column of windows cut short), and a window of ``a x b`` merged
-patches holds ``a*b*m**2`` patches that attend each other. Full attention runs over each frame's
-``h*w`` patches (transformers' ``cu_seqlens``: one segment per frame). The FLOPs are training
-FLOPs (forward + backward, :data:`~seqpack.cost.flops.TRAIN` times the forward) as in
-:func:`~seqpack.cost.transformer_flops`, but for the patch embedding, whose input (the pixels)
-needs no gradient (twice its forward); norms, activations, biases and rotary and position
-embeddings are left out as there. They equal the matrix-product FLOPs PyTorch's
-``FlopCounterMode`` counts over the HF encoder's forward and backward with eager attention
-(tests/cost/test_vision_encoder.py).
+with ``m = spatial_merge_size``, ``k`` the window's side in merged patches and
+``S(n, k)`` :func:`window_pairs`. The derivation, and what is left out as in
+:func:`~seqpack.cost.transformer_flops`: docs/multimodal.md, "Cost"; the FLOPs equal what
+PyTorch's ``FlopCounterMode`` counts over the HF encoder (tests/cost/test_vision_encoder.py).
 """
 
 from __future__ import annotations
@@ -37,12 +24,10 @@ from seqpack.cost.flops import FMA, TRAIN, attention_projection_forward, attenti
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
 from seqpack.validation import check_bool, check_int, int64_array
 
-__all__ = ["GRID_FEATURES", "VISION_MODEL_TYPES", "VisionSpec", "window_pairs"]
+__all__ = ["VISION_MODEL_TYPES", "VisionSpec", "window_pairs"]
 
 VISION_MODEL_TYPES: tuple[str, ...] = ("qwen2_vl_vision", "qwen2_5_vl_vision", "qwen3_vl_vision")
 """The HF vision ``model_type`` values :meth:`VisionSpec.from_hf` reads."""
-GRID_FEATURES: tuple[str, ...] = ("patches", "full_pairs", "window_pairs")
-"""The per-image sums :meth:`VisionSpec.grid_features` gives, in order."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,21 +125,9 @@ class VisionSpec:
 
     @classmethod
     def from_hf(cls, config: Any) -> VisionSpec:
-        """The spec of a Hugging Face vision config (a VL config's ``vision_config``; the VL
-        config itself is read for its ``vision_config``), by attribute as transformers 5.24's
-        encoders build their layers:
-
-        - ``qwen2_vl_vision``: ``embed_dim``, ``depth``, ``num_heads``, ``mlp_ratio`` (MLP
-          ``embed_dim * mlp_ratio``, two projections), ``hidden_size`` (the merger's output);
-        - ``qwen2_5_vl_vision``: ``hidden_size``, ``depth``, ``num_heads``,
-          ``intermediate_size`` (SwiGLU), ``out_hidden_size``, ``window_size``,
-          ``fullatt_block_indexes``;
-        - ``qwen3_vl_vision``: ``hidden_size``, ``depth``, ``num_heads``, ``intermediate_size``
-          (two projections), ``out_hidden_size``, ``deepstack_visual_indexes`` (one more merger
-          each);
-
-        and each one's ``patch_size``, ``temporal_patch_size``, ``spatial_merge_size``,
-        ``in_channels``.
+        """The spec of a Hugging Face vision config (a VL config is read for its
+        ``vision_config``), by attribute as transformers 5.24's encoders build their layers
+        (the attributes read per model type: docs/multimodal.md, "Cost").
 
         Raises:
             ConfigError: Another model type (named), or a config without one of these.
@@ -199,7 +172,6 @@ class VisionSpec:
             )
         return cls(read("hidden_size"), num_mergers=1 + len(read("deepstack_visual_indexes")), **shape)
 
-    # -- shape helpers -------------------------------------------------------------------
     @property
     def window_units(self) -> int | None:
         """The window's side in merged patches (``window_size // spatial_merge_size //
@@ -216,7 +188,6 @@ class VisionSpec:
         full = len(self.full_attention_layers or ())
         return full, self.num_layers - full
 
-    # -- training FLOPs per patch and per attention pair ---------------------------------
     @property
     def linear_flops(self) -> int:
         """Training FLOPs per patch: the patch embedding (forward and weight gradient), every
@@ -248,7 +219,6 @@ class VisionSpec:
         :meth:`grid_features`' columns."""
         return self.linear_flops, self.full_flops, self.window_flops
 
-    # -- per image, per sample -----------------------------------------------------------
     def grid_features(self, grid_thw: Any) -> np.ndarray:
         """Per grid row ``(t, h, w)``: its patches ``t*h*w``, full-attention pairs
         ``t*(h*w)**2`` and window-attention pairs (0 without windows), int64 ``[k, 3]``.
@@ -292,8 +262,8 @@ class VisionSpec:
         return total
 
     def sample_flops(self, grid_thw: Any, sample_index: Any, num_samples: int) -> np.ndarray:
-        """Training FLOPs of the encoder per sample, float64 ``[num_samples]`` (0 for a
-        sample without images): the vectorised :meth:`flops` over many samples.
+        """:meth:`flops` of many samples at once, float64 ``[num_samples]`` (0 for a sample
+        without images).
 
         Args:
             grid_thw: ``[k, 3]`` grid rows of all samples' images and videos.

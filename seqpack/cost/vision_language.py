@@ -1,10 +1,7 @@
 """The vision-language half of :class:`~seqpack.cost.ModelSpec` (its base class
-:class:`VisionLanguageTerms`): the ``vision`` encoder field, a sample's FLOPs (the language
-model over all its tokens plus the encoder over its images and videos), and
-:meth:`~VisionLanguageTerms.from_hf`, which reads a Hugging Face config object: text configs
-(Llama, Qwen2, Qwen3) and vision-language configs (Qwen2-VL, Qwen2.5-VL, Qwen3-VL: their
-``text_config`` and ``vision_config``). Configs are read by attribute, so transformers is not
-imported here; the attribute names are transformers 5.24's.
+:class:`VisionLanguageTerms`): the ``vision`` encoder field, a sample's FLOPs, and
+:meth:`~VisionLanguageTerms.from_hf` for Hugging Face text and vision-language configs, read by
+attribute (transformers 5.24's names; transformers is not imported).
 """
 
 from __future__ import annotations
@@ -58,8 +55,7 @@ class VisionLanguageTerms:
 
     def sample_flops(self, length: int, image_grid_thw: Any = None, video_grid_thw: Any = None) -> int:
         """Exact training FLOPs of one sample: the language model over its ``length`` tokens
-        (placeholders included: :meth:`~seqpack.cost.ModelSpec.sequence_flops`) plus the vision
-        encoder over its images and videos (:meth:`VisionSpec.flops`).
+        (placeholders included) plus the vision encoder over its images and videos.
 
         Raises:
             ConfigError: Grids given to a model without a vision encoder.
@@ -76,15 +72,10 @@ class VisionLanguageTerms:
 def model_fields_from_hf(config: Any) -> dict[str, Any]:
     """The :class:`~seqpack.cost.ModelSpec` keyword arguments of an HF config (or of a model,
     read for its ``config``); ``vision`` is a :class:`~seqpack.cost.VisionSpec` for a
-    vision-language config and ``None`` for a text one.
-
-    The text model: ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
-    ``intermediate_size`` (a SwiGLU MLP), ``num_key_value_heads``, ``vocab_size``, ``head_dim``
-    where the config has one, and the sliding-window layers: a layer whose ``layer_types`` entry
-    is ``"sliding_attention"`` while ``sliding_window`` is set (transformers sets it only with
-    ``use_sliding_window``) attends the ``sliding_window`` keys up to itself, seqpack's window
-    ``sliding_window - 1``; such a model is written as a ``hybrid_layer_pattern`` (``"*-"`` a
-    full layer, ``"W-"`` a windowed one).
+    vision-language config and ``None`` for a text one. The attributes read:
+    docs/multimodal.md, "Cost"; a layer whose ``layer_types`` entry is ``"sliding_attention"``
+    while ``sliding_window`` is set is a ``W`` layer of window ``sliding_window - 1`` (HF's
+    mask: the ``sliding_window`` keys up to the query).
 
     Raises:
         ConfigError: A model type seqpack does not read (named), or a config without one of
