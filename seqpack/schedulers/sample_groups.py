@@ -1,18 +1,9 @@
-"""Groups that stay together: every sequence of a group on one DP replica (and, with
+"""Sample groups that stay together: every sequence of a group on one DP replica (and, with
 ``together``, in one microbatch when the group fits one), for RL batches whose groups must
-not be split (GRPO responses of one prompt, DPO pairs). :func:`schedule_groups` plans them
-on top of any :class:`~seqpack.schedulers.Scheduler`:
-
-1. **Replicas.** Whole groups (a sequence without a group is a group of one) to replicas by
-   LPT on cost, refined by moves and swaps (:func:`assign_units`);
-   with a fixed microbatch count a replica holds at most ``num_microbatches * capacity``.
-2. **Microbatches.** The scheduler plans each replica alone (``dp_size=1``), every replica
-   at the largest count any needs (``"balanced"`` plans the others again at that count;
-   other schedulers get empty microbatches). ``together`` packs the groups that fit one
-   microbatch whole (:func:`pack_units`).
-3. **Locality.** Replicas are renamed to the DP rank already holding most of their tokens.
-
-docs/rl.md describes it and measures what it costs.
+not be split (GRPO responses of one prompt, DPO pairs). :func:`schedule_groups` plans whole
+groups to replicas (:func:`assign_units`), then each replica's microbatches by any
+scheduler (``together``: :func:`pack_units`), and renames the replicas to the DP ranks
+already holding most of their tokens. docs/rl.md describes it and measures what it costs.
 """
 
 from __future__ import annotations
@@ -114,11 +105,23 @@ def _static_with_groups(
     unit = group_units(group_ids[active], grouped[active])
     unit_tokens = np.bincount(unit, weights=padded).astype(np.int64) if active.size else np.zeros(0, np.int64)
     fixed = getattr(scheduler, "num_microbatches", None)
-    budget = None if fixed is None else int(fixed) * capacity
-    _check_budget(unit_tokens, budget, unit, active, group_ids, fixed, capacity)
+    budget = None if fixed is None else int(fixed) * capacity  # a fixed count: a replica holds at most this
+    if budget is not None and unit_tokens.size and int(unit_tokens.max()) > budget:
+        u = int(np.argmax(unit_tokens))
+        members = active[unit == u]
+        raise ScheduleError(
+            f"group {int(group_ids[members[0]])} holds {int(unit_tokens[u])} padded tokens in {members.size} "
+            f"sequence(s) (global ids {members[:8].tolist()}{'...' if members.size > 8 else ''}), more than one "
+            f"replica holds this step: num_microbatches={fixed} x {capacity} tokens = {budget}. Raise "
+            "max_tokens_per_rank or num_microbatches, or split the group"
+        )
     unit_costs = np.bincount(unit, weights=costs) if active.size else np.zeros(0)
-    if equal_counts:
-        _check_equal(np.bincount(unit) if active.size else np.zeros(0, np.int64), dp_size)
+    sizes = np.bincount(unit) if active.size else np.zeros(0, np.int64)
+    if equal_counts and sizes.size and (sizes.min() != sizes.max() or sizes.size % dp_size):
+        raise ScheduleError(
+            f"equal_counts needs groups of one size, as many on every replica: got {sizes.size} groups of "
+            f"{int(sizes.min())}..{int(sizes.max())} sequences for dp_size={dp_size}"
+        )
     replica_of_unit = assign_units(unit_costs, unit_tokens, dp_size, budget, equal=equal_counts)
     replica = relabel_replicas(replica_of_unit[unit], request.origin[active], padded, dp_size)
     planner = _ReplicaPlanner(scheduler, dataclasses.replace(request, lengths=effective), together)
@@ -160,42 +163,11 @@ def _balanced_at(scheduler: BalancedScheduler, count: int) -> Scheduler:
     return BalancedScheduler(**options)
 
 
-def _check_equal(sizes: np.ndarray, dp_size: int) -> None:
-    """Refuse ``equal_counts`` where no assignment of whole groups gives every replica as
-    many sequences."""
-    if sizes.size and (sizes.min() != sizes.max() or sizes.size % dp_size):
-        raise ScheduleError(
-            f"equal_counts needs groups of one size, as many on every replica: got {sizes.size} groups of "
-            f"{int(sizes.min())}..{int(sizes.max())} sequences for dp_size={dp_size}"
-        )
-
-
-def _check_budget(
-    unit_tokens: np.ndarray,
-    budget: int | None,
-    unit: np.ndarray,
-    active: np.ndarray,
-    group_ids: np.ndarray,
-    fixed: int | None,
-    capacity: int,
-) -> None:
-    """Refuse a group larger than one replica holds (only with a fixed microbatch count)."""
-    if budget is None or not unit_tokens.size or int(unit_tokens.max()) <= budget:
-        return
-    u = int(np.argmax(unit_tokens))
-    members = active[unit == u]
-    raise ScheduleError(
-        f"group {int(group_ids[members[0]])} holds {int(unit_tokens[u])} padded tokens in {members.size} "
-        f"sequence(s) (global ids {members[:8].tolist()}{'...' if members.size > 8 else ''}), more than one "
-        f"replica holds this step: num_microbatches={fixed} x {capacity} tokens = {budget}. Raise "
-        "max_tokens_per_rank or num_microbatches, or split the group"
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class _ReplicaPlanner:
-    """Plans each replica's microbatches (module docstring, step 2); ``request.lengths``
-    after the oversize policy."""
+    """Plans each replica's microbatches alone (``dp_size=1``), every replica at the largest
+    count any needs (``"balanced"`` plans the others again at that count; other schedulers
+    get empty microbatches); ``request.lengths`` after the oversize policy."""
 
     scheduler: Scheduler
     request: Request
@@ -238,14 +210,11 @@ class _ReplicaPlanner:
 def _dynamic_with_groups(
     scheduler: Scheduler, request: Request, group_ids: np.ndarray, grouped: np.ndarray
 ) -> Schedule:
-    """Groups under dynamic CP: one DP replica is its own block of ranks, ``d * cp .. d * cp
-    + cp - 1`` (the CP group static CP would use), and every sequence of a group runs on it,
-    so whatever a loss needs from the whole group (DPO pairs, group-normalised advantages)
-    lies on one replica as without dynamic CP. The step is planned in two parts run one after
-    the other (:func:`~seqpack.schedulers.join.join_plans`): the grouped sequences as static
-    CP by ``"balanced"`` (a sequence may hold at most ``cp`` ranks' worth: a longer one is an
-    error naming it), then the others by ``scheduler`` over all ``dp x cp`` ranks. Groups
-    therefore gain nothing from dynamic CP; the sequences without a group do.
+    """Groups under dynamic CP: every sequence of a group runs on its replica's own CP ranks
+    ``d * cp .. d * cp + cp - 1``, as without dynamic CP. The step is planned in two parts
+    run one after the other (:func:`~seqpack.schedulers.join.join_plans`): the grouped
+    sequences as static CP by ``"balanced"``, then the others by ``scheduler`` over all
+    ``dp x cp`` ranks.
 
     Raises:
         ScheduleError: A grouped sequence longer than ``cp_size`` ranks hold.
@@ -300,20 +269,11 @@ _REFINE_ROUNDS = 4  # refinement moves per unit at most
 def group_units(group_ids: np.ndarray, grouped: np.ndarray) -> np.ndarray:
     """Unit of every sequence: sequences with ``grouped`` set and equal ``group_ids`` share
     one; every other sequence is a unit of its own. Units are numbered by first appearance."""
-    n = group_ids.shape[0]
-    key = np.where(grouped, group_ids, 0)
-    unit = np.empty(n, dtype=np.int64)
-    first: dict[int, int] = {}
-    count = 0
-    for i, (g, has) in enumerate(zip(key.tolist(), grouped.tolist(), strict=True)):
-        if has and g in first:
-            unit[i] = first[g]
-            continue
-        unit[i] = count
-        if has:
-            first[g] = count
-        count += 1
-    return unit
+    first = np.arange(group_ids.shape[0], dtype=np.int64)  # the first sequence of each one's unit
+    where = np.flatnonzero(grouped)
+    _, first_of, inverse = np.unique(group_ids[where], return_index=True, return_inverse=True)
+    first[where] = where[first_of[inverse]]
+    return np.cumsum(first == np.arange(first.shape[0]), dtype=np.int64)[first] - 1
 
 
 def assign_units(
