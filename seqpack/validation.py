@@ -87,11 +87,7 @@ def check_window(name: str, value: object, *, unbounded: bool = False) -> int:
         raise SeqpackTypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
     number = int(value)  # type: ignore[call-overload]
     if not (0 <= number <= MAX_WINDOW or (unbounded and number == -1)):
-        valid = (
-            f"-1 (unbounded) or an integer 0 <= w <= {MAX_WINDOW}"
-            if unbounded
-            else f"an integer 0 <= w <= {MAX_WINDOW}"
-        )
+        valid = ("-1 (unbounded) or " if unbounded else "") + f"an integer 0 <= w <= {MAX_WINDOW}"
         raise ConfigError(
             f"{name} must be {valid}, got {number} (2**31 - 1 already reaches every key of an int32-addressed pack)"
         )

@@ -16,7 +16,7 @@ from seqpack.cli.commands import demo, doctor, mock, simulate, stats
 from seqpack.cli.exit import ExitCode, one_line
 from seqpack.errors import SeqpackError
 
-__all__ = ["COMMANDS", "Command", "build_parser", "main", "run_command"]
+__all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
 
 class Command(Protocol):
@@ -57,11 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return ExitCode.OK
-    return run_command(args)
-
-
-def run_command(args: argparse.Namespace) -> int:
-    """Run the subcommand ``args`` were parsed for; map a user's mistake to exit 2."""
     try:
         return int(args._run(args))
     except BrokenPipeError:  # stdout closed early (`seqpack ... | head`): not an error to report
@@ -76,7 +71,3 @@ def run_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"seqpack {args.command}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
-
-
-if __name__ == "__main__":
-    sys.exit(main())

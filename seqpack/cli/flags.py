@@ -34,22 +34,18 @@ _META = "seqpack.cli"
 @dataclasses.dataclass(frozen=True)
 class _Option:
     help: str
-    flag: str | None
     metavar: str | None
 
 
-def option(default: Any, *, help: str, flag: str | None = None, metavar: str | None = None) -> Any:
-    """A dataclass field with a default and the help text (and optionally the flag name and
-    metavar) of its command-line flag."""
-    return dataclasses.field(default=default, metadata={_META: _Option(help=help, flag=flag, metavar=metavar)})
+def option(default: Any, *, help: str, metavar: str | None = None) -> Any:
+    """A dataclass field with a default and the help text (and optionally the metavar) of its
+    command-line flag."""
+    return dataclasses.field(default=default, metadata={_META: _Option(help=help, metavar=metavar)})
 
 
 def flag_name(field: dataclasses.Field[Any] | str) -> str:
-    """``--max-seq-len`` for the field ``max_seq_len`` (or the flag its metadata names)."""
-    if isinstance(field, str):
-        return "--" + field.replace("_", "-")
-    meta = field.metadata.get(_META)
-    return meta.flag if meta is not None and meta.flag else flag_name(field.name)
+    """``--max-seq-len`` for the field ``max_seq_len``."""
+    return "--" + (field if isinstance(field, str) else field.name).replace("_", "-")
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:

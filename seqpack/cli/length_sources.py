@@ -25,8 +25,7 @@ DIST_DEFAULTS: dict[str, dict[str, Any]] = {
                 "long_fraction": 0.25},
     "constant": {"length": 4096},
 }  # fmt: skip
-DIST_ARGS = ("min_seq_len", "max_seq_len", "mean_seq_len", "sigma", "alpha", "short_mean", "long_mean",
-             "long_fraction", "length")  # fmt: skip
+DIST_ARGS = tuple(dict.fromkeys(key for params in DIST_DEFAULTS.values() for key in params))
 
 
 def add_source_args(p: argparse.ArgumentParser, *, allow_file: bool) -> None:

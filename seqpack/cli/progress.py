@@ -28,7 +28,6 @@ class Progress:
         desc: Label in front of the bar.
         stream: Where to draw (default stderr).
         enabled: ``False`` draws nothing.
-        width: Characters of the bar itself.
         log_every: Seconds between plain lines when ``stream`` is not a terminal.
     """
 
@@ -38,18 +37,17 @@ class Progress:
         desc: str = "",
         *,
         stream: IO[str] | None = None,
-        enabled: bool | None = None,
-        width: int = 28,
+        enabled: bool = True,
         log_every: float = 10.0,
     ) -> None:
         self.total = max(int(total), 0)
         self.desc = desc
         self.stream = stream if stream is not None else sys.stderr
-        self.enabled = True if enabled is None else bool(enabled)
+        self.enabled = enabled
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.log_every = log_every
         self.count = 0
-        self._format = f"{{desc}} [{{bar:{width}}}] {{n_fmt}}/{{total_fmt}} {{elapsed}} eta {{remaining}}{{postfix}}"
+        self._format = "{desc} [{bar:28}] {n_fmt}/{total_fmt} {elapsed} eta {remaining}{postfix}"
         self._postfix = ""
         self._start = time.perf_counter()
         self._last_line = self._start

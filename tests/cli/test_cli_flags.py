@@ -24,7 +24,7 @@ class Color(StrEnum):
 class Toy:
     count: int = option(3, help="how many")
     ratio: float = option(0.5, help="a share, 50% by default")
-    name: str = option("x", help="a name", flag="--label")
+    name: str = option("x", help="a name")
     color: Color = option(Color.RED, help="a color")
     colors: tuple[Color, ...] = option((Color.RED,), help="colors")
     sizes: tuple[int, ...] = option((1, 2), help="sizes")
@@ -43,11 +43,11 @@ def test_every_field_becomes_a_flag_with_its_default():
     assert _parse(Toy, []) == Toy()
     got = _parse(
         Toy,
-        ["--count", "7", "--ratio", "0.25", "--label", "y", "--color", "blue", "--colors", "blue,red",
+        ["--count", "7", "--ratio", "0.25", "--name", "y", "--color", "blue", "--colors", "blue,red",
          "--sizes", "4, 5,", "--out", "f.json", "--loud", "--no-fancy"],
     )  # fmt: skip
     assert got == Toy(7, 0.25, "y", Color.BLUE, (Color.BLUE, Color.RED), (4, 5), "f.json", True, False)
-    assert flag_name(dataclasses.fields(Toy)[2]) == "--label" and flag_name("max_seq_len") == "--max-seq-len"
+    assert flag_name(dataclasses.fields(Toy)[2]) == "--name" and flag_name("max_seq_len") == "--max-seq-len"
 
 
 def test_help_names_defaults_and_choices(capsys):

@@ -122,18 +122,17 @@ def _check_cache() -> str:
     from seqpack.schedulers._kernels.sources import kernel_sources
 
     folders = sorted({cache_dir(source.parent) for source in kernel_sources()})
+    configured = os.environ.get("NUMBA_CACHE_DIR")
     for folder in folders:
         try:  # numba's own test of a cache folder
             folder.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=folder).close()
         except OSError as err:
-            configured = os.environ.get("NUMBA_CACHE_DIR")
             which = f"NUMBA_CACHE_DIR={configured}" if configured else "numba's kernel cache"
             raise CommandError(
                 f"{which}: cannot create or write {folder} ({err.strerror or err}): set NUMBA_CACHE_DIR to a "
                 "directory this user can write, and run the job with the same NUMBA_CACHE_DIR"
             ) from None
-    configured = os.environ.get("NUMBA_CACHE_DIR")
     return f"{configured} (NUMBA_CACHE_DIR)" if configured else ", ".join(map(str, folders))
 
 
