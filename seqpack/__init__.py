@@ -5,14 +5,8 @@ lengths, computes one deterministic schedule over DP replicas and microbatches, 
 with an all-to-all, packs THD microbatches, cuts them for context parallelism, and broadcasts
 them over tensor and pipeline parallel ranks.
 
-This module exports the main flow only; everything else lives in its subpackage:
-:mod:`seqpack.thd` (packing, CP partition), :mod:`seqpack.schedulers`,
-:mod:`seqpack.cost`, :mod:`seqpack.calibrate`, :mod:`seqpack.loader` (the wrapper),
-:mod:`seqpack.collective` (the collectives), :mod:`seqpack.compute`, :mod:`seqpack.interop`,
-:mod:`seqpack.mock_data`, :mod:`seqpack.options` (option enums), :mod:`seqpack.errors`,
-:mod:`seqpack.packing` (offline packing of a whole dataset, :func:`pack_dataset`).
-
-The subpackages form layers; each imports only layers below its own (every import counts,
+This module exports the main flow only; everything else lives in its subpackage. The
+subpackages form layers; each imports only layers below its own (every import counts,
 function-level ones too; ``tests/test_package_layout.py`` checks this list):
 
     1. errors, options, _logging, _lazy, _version

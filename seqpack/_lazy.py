@@ -1,9 +1,6 @@
 """Package faces that import their names (and submodules) on first use (PEP 562): the one
-way seqpack defers an import. ``import seqpack`` imports neither torch nor numba (about a
-second each, and a broken numba would otherwise break every command, ``seqpack doctor``
-included): the numba kernels are reached through the face of
-:mod:`seqpack.schedulers._kernels`, so the first call into a kernel imports its module, and
-numba with it.
+way seqpack defers an import, so that ``import seqpack`` imports neither torch nor numba (a
+broken numba would otherwise break every command, ``seqpack doctor`` included).
 """
 
 from __future__ import annotations
@@ -15,11 +12,9 @@ __all__ = ["lazy_exports"]
 
 
 def lazy_exports(package: str, homes: dict[str, str]) -> tuple[Any, Any]:
-    """``(__getattr__, __dir__)`` for the package ``package`` (PEP 562): each name of ``homes``
-    (name -> the module that defines it) is imported from its module when first read, and a
-    submodule of the package is imported when read as an attribute. A face built this way
-    imports nothing of its own, so ``import seqpack`` and the torch-free layers (schedulers,
-    costs, the command line's planning commands) do not pay for torch."""
+    """``(__getattr__, __dir__)`` for the package ``package``: each name of ``homes`` (name ->
+    the module that defines it) is imported from its module when first read, and a submodule
+    of the package is imported when read as an attribute."""
     namespace = importlib.import_module(package).__dict__
 
     def __getattr__(name: str) -> Any:

@@ -52,10 +52,8 @@ SAMPLE_BYTES_PER_TOKEN = 20
 
 LABEL_COPY_FRACTION = 0.9
 """Labels are refused as aligned the other way than ``label_format`` says when at least this
-fraction of a sample's checked tokens carry the other alignment's target: their own token
-under ``"shifted"`` (Hugging Face's labels), the next token under ``"unshifted"``
-(next-token labels). A supervised token is checked unless its label equals both its own
-token and the next one (a repeated token fits either alignment)."""
+fraction of a sample's checked tokens (supervised, and not fitting both alignments) carry the
+other alignment's target ..."""
 LABEL_COPY_MIN_TOKENS = 8
 """... and the sample has at least this many checked tokens (a short answer that matches the
 other alignment by chance is never refused)."""
@@ -92,9 +90,8 @@ class LabelFormat(_Option):
 
     SHIFTED = "shifted"  # next-token targets: labels[t] is predicted at token t (Megatron, NeMo; seqpack's own)
     UNSHIFTED = "unshifted"  # aligned with input_ids: labels[t] is token t's own id; the model shifts (HF, TRL)
-    # Targets of each position, used as given like "shifted" but never refused for equalling
-    # input_ids: a bidirectional model with a loss on every token, trained on purpose to
-    # predict the token at its own position.
+    # Used as given like "shifted" but never refused for equalling input_ids (a model trained
+    # on purpose to predict the token at its own position).
     POSITION_ALIGNED = "position_aligned"
 
 
@@ -158,12 +155,8 @@ class TailPadding(_Option):
 
 
 class GroupSizes(_Option):
-    """The CP groups a plan's microbatches run on (:class:`seqpack.schedulers.Schedule`).
-
-    ``static``: every microbatch runs on one DP replica's own CP block (static CP, and plain
-    data parallelism at ``cp_size=1``); ``pow2`` and ``any`` are dynamic CP
-    (``seqpack.schedulers.dynamic_cp``): per microbatch round the DP x CP ranks form groups.
-    """
+    """The CP groups a plan's microbatches run on (:class:`seqpack.schedulers.Schedule`);
+    ``pow2`` and ``any`` are dynamic CP: per microbatch round the DP x CP ranks form groups."""
 
     STATIC = "static"  # group (m, d) is replica d's CP block in every round m
     POW2 = "pow2"  # powers of two on aligned blocks (start % size == 0), and the whole R

@@ -3,15 +3,8 @@
 seqpack never computes a peer's global rank from its own: every collective runs on the
 process group of one axis (``topology.group("cp")``), and where a global rank is needed
 (the source of a broadcast) it is read from the group's membership
-(``topology.global_ranks("tp")[0]``).
-
-Axes:
-    dp: data-parallel replicas (without CP: the DP group of a rank holds the ranks of the
-        same CP lane, same TP rank and same pipeline stage, as Megatron's
-        ``get_data_parallel_group(with_context_parallel=False)``).
-    cp: context-parallel ranks of one replica (they read identical samples).
-    tp: tensor-parallel ranks (identical data; only TP rank 0 reads under ``data_owner="tp0"``).
-    pp: pipeline stages (first and last read data; middle stages need layout metadata only).
+(``topology.global_ranks("tp")[0]``). The DP group holds one CP lane (Megatron's
+``get_data_parallel_group(with_context_parallel=False)``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Memory for the commands: how much a block of work took at its peak, and how much a
 simulated step will need (to refuse what cannot fit before trying).
 
-Peak memory is the process's resident set (``VmHWM`` in ``/proc/self/status``, reset by
-writing 5 to ``/proc/self/clear_refs``): it counts numpy, Python and numba allocations alike,
-which ``tracemalloc`` does not (numba's arrays bypass it) and which would double the plan
-time besides. Where ``/proc`` is missing (macOS) the peak is ``None``.
+Peak memory is the process's resident set (``VmHWM``, reset through ``/proc/self/clear_refs``):
+unlike ``tracemalloc`` it counts numba's arrays. Where ``/proc`` is missing (macOS) it is ``None``.
 """
 
 from __future__ import annotations

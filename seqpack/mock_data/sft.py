@@ -105,20 +105,14 @@ class MockSFTDataset(torch.utils.data.Dataset):
         rows_per_group: int = 4096,
         progress: bool | Callable[[int], object] = False,
     ) -> None:
-        """Write ``length`` (int64) and ``input_ids`` (list of int32 or int64) per sample.
-
-        Streams ``rows_per_group`` samples at a time, so datasets larger than memory work.
-        ``lengths_from_file(path)`` reads the lengths back.
+        """Write ``length`` (int64) and ``input_ids`` (list of int32 or int64) per sample, a row
+        group of ``rows_per_group`` samples at a time (datasets larger than memory work);
+        ``lengths_from_file(path)`` reads the lengths back. ``input_ids`` is a ``large_list``
+        (int64 offsets) when a row group holds 2**31 tokens or more.
 
         Args:
-            path: The Parquet file.
-            rows_per_group: Samples per row group.
             progress: A callable, called with the number of samples after each row group
                 (e.g. a progress bar's ``update``); ``True`` logs each row group at INFO.
-
-        ``input_ids`` is a ``large_list`` (int64 offsets) when a row group holds 2**31
-        tokens or more, which a ``list`` (int32 offsets) cannot address; readers see the
-        same values either way.
 
         Raises:
             IsADirectoryError: ``path`` is a directory.

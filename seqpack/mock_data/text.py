@@ -1,11 +1,6 @@
-"""Real text that ships with every Python install: the standard library's source files.
-
-``stdlib_corpus()`` reads them through pyarrow's filesystem layer, byte-tokenizes them and
-cuts them into documents at module- and class-level definitions (functions, methods,
-classes), so the length distribution is real rather than drawn from a formula. ``TokenDataset`` serves any
-table with an ``input_ids`` list column (or a ``text`` string column) as map-style samples,
-including a user's own Parquet file.
-"""
+"""Real text that ships with every Python install (the standard library's source files, cut
+into byte-tokenized documents: a real length distribution), and map-style samples of any
+token table or Parquet file."""
 
 from __future__ import annotations
 
@@ -142,8 +137,7 @@ class TokenDataset(torch.utils.data.Dataset):
             try:
                 table = pq.read_table(where)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as err:
-                first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                raise SampleError(f"{where}: cannot read as Parquet: {first}") from None
+                raise SampleError(f"{where}: cannot read as Parquet: {io._first_line(err)}") from None
         if "input_ids" in table.column_names:
             column = table.column("input_ids").combine_chunks()
             if not pa.types.is_list(column.type) and not pa.types.is_large_list(column.type):
