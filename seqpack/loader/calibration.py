@@ -69,20 +69,12 @@ class StepInput:
 class CalibrationState:
     """The wrapper's calibration state: the ledger and its calibrator (module docstring)."""
 
-    def __init__(
-        self,
-        config: PackingConfig,
-        topology: Topology,
-        prior: CostModel,
-        reads: bool,
-        *,
-        lag: int | None = None,
-    ) -> None:
+    def __init__(self, config: PackingConfig, topology: Topology, prior: CostModel, reads: bool, *, lag: int) -> None:
         """``prior``: the model a new calibrator starts from (the step's resolved cost).
-        ``lag``: the largest ``prefetch`` of any rank (default: this rank's)."""
+        ``lag``: the largest ``prefetch`` of any rank."""
         self.reads = reads
         self.topology = topology
-        self.prefetch = config.prefetch if lag is None else lag
+        self.prefetch = lag
         self.ledger: TimingLedger | None = None
         # What Step.record_times calls (None: the iterator does not calibrate).
         self.recorder = None if config.calibrate is False else self.record

@@ -51,17 +51,9 @@ __all__ = ["CpMode", "DynamicCp", "StaticCp", "cp_mode"]
 
 
 class CpMode:
-    """The exchange and pack phases of this rank's steps (module docstring).
-
-    Args:
-        config: The resolved config.
-        topology: The topology whose coordinates this rank has (the wrapper's own under
-            prefetch).
-        groups: The model's CP process groups of every block the plans use (and the whole
-            plane's), which the batches carry and ``Step.to_origin`` runs on.
-        exchange_group: The wrapper's group the exchange runs over: the plane's (``lane``
-            False) or this rank's CP lane (the DP group, ``lane`` True).
-        lane: Every piece stays in its CP lane (static plans).
+    """The exchange and pack phases of this rank's steps (module docstring): ``groups``, the
+    model's CP process groups the batches carry; ``exchange_group``, the wrapper's group the
+    exchange runs over (the plane's, or the DP group when every piece stays in its CP ``lane``).
     """
 
     def __init__(

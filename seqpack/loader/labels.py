@@ -129,13 +129,11 @@ def loss_token_counts(pool: Sequence[Sample], truncate_to: int | None = None) ->
     Args:
         pool: Non-empty sequences in seqpack's form (:func:`prepare_labels`).
         truncate_to: Count each sequence's first ``truncate_to`` tokens only, as packed
-            under ``on_oversize="truncate"`` (its labels cut there, default labels of the
-            cut sequence); ``None``: whole sequences.
+            under ``on_oversize="truncate"``; ``None``: whole sequences.
     """
-    cut = None if truncate_to is None else int(truncate_to)
     lengths = np.fromiter((seq["input_ids"].shape[0] for seq in pool), np.int64, len(pool))
-    if cut is not None:
-        lengths = np.minimum(lengths, cut)
+    if truncate_to is not None:
+        lengths = np.minimum(lengths, truncate_to)
     if not any("labels" in seq or "loss_mask" in seq for seq in pool):
         return lengths - 1  # default labels: every token but the last
     cu = _offsets(lengths.tolist())

@@ -44,9 +44,6 @@ __all__ = [
 Sample = dict[str, torch.Tensor]
 
 
-# -- 1. read ------------------------------------------------------------------------------
-
-
 @dataclasses.dataclass
 class ReadResult:
     """What one read pulled: sequences (pre-packed samples split), end of data, and the
@@ -154,9 +151,6 @@ def key_mask(pool: Sequence[Sample]) -> int:
     return sum(KEY_BITS[k] for k in first)
 
 
-# -- 2. gather ----------------------------------------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class Gathered:
     """The step's global view after the length gather, identical on every DP rank."""
@@ -254,9 +248,6 @@ def gather(
         label_checked=int(STEP_GATHER_FIELDS.column(table, "label_checked").sum()),
         label_misaligned=int(STEP_GATHER_FIELDS.column(table, "label_misaligned").sum()),
     )
-
-
-# -- 3. schedule --------------------------------------------------------------------------
 
 
 def schedule(

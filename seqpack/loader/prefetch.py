@@ -40,9 +40,7 @@ class Prefetcher:
     otherwise), so an iterator dropped without ``close()`` is still garbage collected.
     """
 
-    def __init__(
-        self, produce: Callable[[], Ready], depth: int, name: str, max_bytes: int | None = None, *, first: int = 0
-    ) -> None:
+    def __init__(self, produce: Callable[[], Ready], depth: int, name: str, max_bytes: int, *, first: int = 0) -> None:
         self._produce = weakref.WeakMethod(produce)
         self._index = first  # the step the thread prepares next (names a failure outside produce)
         self._depth = depth
@@ -97,8 +95,7 @@ class Prefetcher:
                 self._cond.notify_all()
 
     def _full(self) -> bool:
-        over_budget = self._max_bytes is not None and bool(self._ready) and self._bytes >= self._max_bytes
-        return len(self._ready) >= self._depth or over_budget
+        return len(self._ready) >= self._depth or (bool(self._ready) and self._bytes >= self._max_bytes)
 
     def take(self) -> Ready:
         """The next prepared step, waiting for it if needed."""
@@ -153,7 +150,7 @@ class Background:
     thread may stop after the step in progress. ``cp_groups``: marked released with ``groups``.
     """
 
-    def __init__(self, groups: list[Any], *, alone: bool = False, cp_groups: CpGroups | None = None) -> None:
+    def __init__(self, groups: list[Any], *, alone: bool, cp_groups: CpGroups) -> None:
         self.groups = groups
         self.alone = alone
         self.cp_groups = cp_groups
@@ -162,8 +159,7 @@ class Background:
     def release(self, timeout: float) -> bool:
         stopped = self.prefetcher.stop(timeout, now=self.alone) if self.prefetcher is not None else True
         groups, self.groups = self.groups, []
-        if self.cp_groups is not None:
-            self.cp_groups.released = True  # a held Step's to_origin says so instead of torch's error
+        self.cp_groups.released = True  # a held Step's to_origin says so instead of torch's error
         destroy_groups(groups)
         return stopped
 

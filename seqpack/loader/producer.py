@@ -68,21 +68,9 @@ class _Planned:
 
 
 class StepProducer:
-    """Prepares this rank's steps one at a time (see the module docstring).
-
-    Args:
-        data_iterator: The user's samples on ranks that read, else ``None``.
-        topology: This rank's topology.
-        comm: The topology whose groups the per-step collectives run on (the wrapper's own
-            groups under prefetch).
-        config: The resolved :class:`PackingConfig`.
-        scheduler: The scheduler ``config`` names.
-        stats_cost: The cost model stats are measured in.
-        reads: This rank reads data.
-        copy: Pins and copies the step's tensors to the device.
-        cp_mode: The exchange and pack phases, with the model's CP process groups.
-        calibration: What each step takes its :class:`StepInput` from and gives its times to.
-    """
+    """Prepares this rank's steps one at a time (see the module docstring). ``comm``: the
+    topology whose groups the per-step collectives run on (the wrapper's own under prefetch);
+    ``config``: resolved; ``stats_cost``: the cost model stats are measured in."""
 
     def __init__(
         self,

@@ -184,9 +184,6 @@ def pack_dataset(
     return _packed_rows(_packed_chunks(sequences, max_tokens, label_format, None))  # in memory anyway: one pass
 
 
-# --- reading ---------------------------------------------------------------------------------
-
-
 def _fit(sequences: Sequences, max_tokens: int, on_oversize: OnOversize) -> Sequences:
     """Leave out empty sequences and apply ``on_oversize``, counting what changed in a warning."""
     lengths = sequences.lengths
