@@ -110,12 +110,18 @@ def test_plan_local_declines_what_it_cannot_improve():
     lengths = _sft(64)
     costs = COST.cost(lengths)
     ref = plan_balanced(lengths, costs, dp_size=1, capacity=16384)
-    assert plan_local(lengths, costs, np.zeros(64, np.int64), ref, dp_size=1, capacity=16384) is None
+    assert plan_local(_local(lengths, costs, np.zeros(64, np.int64), ref, dp=1, cap=16384)) is None
     # Equal lengths read in rank order already stay home in the reference: nothing to gain.
     equal = np.full(256, 4096, dtype=np.int64)
     origin = default_origin(256, 8)
     ref = plan_balanced(equal, COST.cost(equal), dp_size=8, capacity=16384, origin=origin)
-    assert plan_local(equal, COST.cost(equal), origin, ref, dp_size=8, capacity=16384) is None
+    assert plan_local(_local(equal, COST.cost(equal), origin, ref, dp=8, cap=16384)) is None
+
+
+def _local(lengths, costs, origin, ref, *, dp, cap, sync="lockstep"):
+    """The locality stages' view of a step planned as ``ref``."""
+    ranks = relabel_replicas(ref.replica_of, origin, lengths, dp)
+    return locality.Local(lengths, costs, origin, ref, ranks, dp, cap, 0.0, sync, None, 1e-3, relabel_replicas)
 
 
 def test_locality_options_are_checked():
@@ -272,9 +278,7 @@ def test_replicas_keeps_whichever_layout_moves_less():
     costs = COST.cost(lengths)
     origin = default_origin(lengths.shape[0], dp)
     ref = plan_balanced(lengths, costs, dp_size=dp, capacity=cap, sync="replica", origin=origin)
-    ranks = relabel_replicas(ref.replica_of, origin, lengths, dp)
-    step = locality.Local(lengths, costs, origin, ref, ranks, dp, cap, 0.0, "replica", None, 1e-3, relabel_replicas)
-    layout = locality.per_replica(step)
+    layout = locality.per_replica(_local(lengths, costs, origin, ref, dp=dp, cap=cap, sync="replica"))
     assert layout is not None
     layout_moved = int(lengths[layout[1] != origin].sum())
     assert layout_moved > lengths.sum() / 3

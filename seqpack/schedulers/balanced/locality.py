@@ -32,7 +32,6 @@ from seqpack.schedulers.balanced.rounds import (
     _grid,
     _objective,
     fill_order,
-    relabel_replicas,
     repair_budget,
     round_targets,
 )
@@ -88,8 +87,17 @@ Relabel = Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
 
 @dataclasses.dataclass(frozen=True)
 class Local:
-    """What a locality stage builds from: the step, the reference plan and its renaming
-    (arguments as :func:`plan_local`)."""
+    """One step as the locality stages see it.
+
+    Attributes:
+        padded, costs, dp_size, capacity, constant, sync: As for ``plan_balanced``.
+        origin: DP rank holding each sequence.
+        reference: The plan made for balance alone; its microbatch count and bin rule are reused.
+        reference_ranks: The DP rank of every sequence under ``reference``, replicas renamed.
+        max_repair_moves: Cap on repair moves (None: ``8 * dp_size + 64``).
+        tolerance: Largest relative increase of the predicted step time accepted.
+        relabel: Renames a candidate's replicas (:func:`~seqpack.schedulers.balanced.relabel_replicas`).
+    """
 
     padded: np.ndarray
     costs: np.ndarray
@@ -107,65 +115,6 @@ class Local:
 
 LocalStage = Callable[[Local], "tuple[BalancedPlan, np.ndarray] | None"]
 """A candidate plan that keeps samples home and the DP rank of every sequence under it, or None."""
-
-
-def plan_local(
-    padded: np.ndarray,
-    costs: np.ndarray,
-    origin: np.ndarray,
-    reference: BalancedPlan,
-    *,
-    dp_size: int,
-    capacity: int,
-    constant: float = 0.0,
-    sync: str = Sync.LOCKSTEP,
-    max_repair_moves: int | None = None,
-    tolerance: float = TOLERANCE,
-    reference_ranks: np.ndarray | None = None,
-    candidates: Sequence[LocalStage] | None = None,
-    relabel: Relabel = relabel_replicas,
-) -> tuple[BalancedPlan, np.ndarray] | None:
-    """A plan at ``reference``'s microbatch count that keeps sequences on their rank, or
-    None when no candidate predicts at most ``tolerance`` (relative) more step time and
-    moves fewer tokens than the reference.
-
-    Args:
-        padded, costs, dp_size, capacity, constant, sync: As for ``plan_balanced``.
-        origin: DP rank holding each sequence.
-        reference: The :class:`~seqpack.schedulers.balanced.BalancedPlan` made for balance
-            alone; its microbatch count and bin rule are reused.
-        max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
-        tolerance: Largest relative increase of the predicted step time accepted.
-        reference_ranks: The DP rank of every sequence under ``reference`` once its
-            replicas are renamed (computed when not given).
-        candidates: The locality stages, tried in turn (default :func:`per_replica`, then
-            :func:`home_swaps`); one that moves at most a third of the tokens ends the search.
-        relabel: Renames a candidate's replicas (:func:`relabel_replicas`).
-
-    Returns:
-        (plan, the DP rank of every sequence once the plan's replicas are renamed), or None.
-    """
-    if padded.shape[0] == 0 or reference.num_microbatches == 0 or dp_size == 1:
-        return None
-    limit = _objective(reference.load, constant, sync) * (1 + tolerance)
-    if reference_ranks is None:
-        reference_ranks = relabel(reference.replica_of, origin, padded, dp_size)
-    step = Local(
-        padded, costs, origin, reference, reference_ranks, dp_size, capacity, constant, sync,
-        max_repair_moves, tolerance, relabel,
-    )  # fmt: skip
-    best = None
-    to_beat = moved_tokens(reference_ranks, origin, padded)  # a candidate must move less
-    for stage in (per_replica, home_swaps) if candidates is None else candidates:
-        found = stage(step)
-        if found is None or _objective(found[0].load, constant, sync) > limit:
-            continue
-        moved = moved_tokens(found[1], origin, padded)
-        if moved < to_beat:
-            best, to_beat = found, moved
-            if moved <= _SWAPS_ABOVE * float(padded.sum()):
-                break
-    return best
 
 
 def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
@@ -258,6 +207,31 @@ def home_swaps(step: Local) -> tuple[BalancedPlan, np.ndarray]:
 def moved_tokens(replica_of: np.ndarray, origin: np.ndarray, padded: np.ndarray) -> int:
     """Padded tokens of the sequences placed on another replica than the one holding them."""
     return int(padded[replica_of != origin].sum())
+
+
+def plan_local(
+    step: Local, candidates: Sequence[LocalStage] = (per_replica, home_swaps)
+) -> tuple[BalancedPlan, np.ndarray] | None:
+    """A plan at the reference's microbatch count that keeps sequences on their rank, and the
+    DP rank of every sequence under it; None when no candidate (tried in turn; one that
+    moves at most a third of the tokens ends the search) predicts at most ``tolerance``
+    (relative) more step time and moves fewer tokens than the reference."""
+    padded, origin, reference = step.padded, step.origin, step.reference
+    if padded.shape[0] == 0 or reference.num_microbatches == 0 or step.dp_size == 1:
+        return None
+    limit = _objective(reference.load, step.constant, step.sync) * (1 + step.tolerance)
+    best = None
+    to_beat = moved_tokens(step.reference_ranks, origin, padded)  # a candidate must move less
+    for stage in candidates:
+        found = stage(step)
+        if found is None or _objective(found[0].load, step.constant, step.sync) > limit:
+            continue
+        moved = moved_tokens(found[1], origin, padded)
+        if moved < to_beat:
+            best, to_beat = found, moved
+            if moved <= _SWAPS_ABOVE * float(padded.sum()):
+                break
+    return best
 
 
 def _by_home_longest_first(padded: np.ndarray, origin: np.ndarray, dp_size: int) -> np.ndarray:

@@ -14,7 +14,7 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import Order
 from seqpack.packing.packer import pack_lengths
 from seqpack.schedulers.balanced.exact import bin_lower_bound
-from seqpack.schedulers.balanced.locality import AUTO, TOLERANCE, locality_pays, plan_local
+from seqpack.schedulers.balanced.locality import AUTO, TOLERANCE, Local, locality_pays, plan_local
 from seqpack.schedulers.balanced.plan import plan_balanced
 from seqpack.schedulers.balanced.rounds import _rounds, round_position
 from seqpack.schedulers.balanced.stages import DEFAULT, Stages
@@ -155,21 +155,21 @@ class BalancedScheduler(GridScheduler):
             dp_size=dp_size,
             bytes_per_token=request.bytes_per_token,
         ):
-            local = plan_local(
+            step = Local(
                 padded,
                 costs,
                 origin,
                 plan,
-                dp_size=dp_size,
-                capacity=capacity,
-                constant=model.constant,
-                sync=sync,
-                max_repair_moves=self.max_repair_moves,
-                tolerance=self.locality_tolerance,
-                reference_ranks=replica,
-                candidates=self.stages.locality,
-                relabel=self.stages.relabel,
+                replica,
+                dp_size,
+                capacity,
+                model.constant,
+                sync,
+                self.max_repair_moves,
+                self.locality_tolerance,
+                self.stages.relabel,
             )
+            local = plan_local(step, self.stages.locality)
             plan, replica = (plan, replica) if local is None else local
         position = round_position(plan.load, self.order)
         cell = position[plan.round_of] * dp_size + replica

@@ -52,7 +52,7 @@ def _fill(p: Problem, bins: Bins, positions: np.ndarray, rounds_done: int, size:
 
 
 def build(p: Problem, height: float, more: int = 0, widen: bool = True) -> Bins:
-    """The plan for one height ``H`` (module docstring, steps 1-3)."""
+    """The plan for one height ``H`` (docs/dynamic_cp.md, steps 1-3)."""
     size_of, time_of = _kernels.cp_planner.choose_sizes(
         p.lengths, p.sizes, p.coef, p.ranks_per_node, p.capacity, p.pad_multiple, height
     )

@@ -1,27 +1,11 @@
 """``plan_dynamic_cp``: one step's sequences onto CP groups of the DP x CP ranks.
 
 The planner searches one number, the *height* ``H``: the longest a sequence may run alone.
-For a given ``H`` (``_rounds.build``):
-
-1. **Sizes.** Every sequence gets the smallest allowed group size that holds it and runs it
-   within ``H`` (the fastest size that holds it when none does): long sequences spread over
-   as many ranks as they need, and more when that shortens them to ``H``; short ones stay
-   on one rank unless even they exceed ``H`` (Megatron dev's dynamic-CP idea).
-2. **Group rounds.** Sequences on more than one rank become groups, placed tallest first
-   into the first round with enough free ranks (first-fit decreasing height); a round's
-   height is its tallest group's time.
-3. **Fill.** Sequences on one rank go, longest first, into the bin furthest below its
-   *floor* among those with room: the free ranks of the group rounds (floor: the round's
-   height, so filling them up to it is free), the room left in the groups themselves, and
-   as few new rounds of single ranks as the tokens need (floor 0; one more when the bins
-   cannot hold them).
-
-Each plan is then laid out (every round's groups left to right, largest first, which puts
-powers of two on aligned blocks) and scored exactly under the sync
-(:func:`~seqpack.schedulers.predicted_step_time`; ``_candidate.score``). ``H`` is tried on a grid
-of the times the longest sequences take at each allowed size, refined around the best, and
-with one or two more rounds at the best; a static-CP plan (every round cut into equal
-groups sized for the longest sequence) is also scored, so the result is never worse than it.
+Each ``H`` gives a plan (group sizes, group rounds, the fill: ``_rounds.build``; under
+``sync="replica"`` also ``_replica.build_replica``), laid out and scored exactly
+(``_candidate.score``); ``H`` runs over a grid of the longest sequences' times, refined
+around the best, and a static-CP plan is scored too, so the result is never worse than it.
+docs/dynamic_cp.md ("The planner") describes each step.
 """
 
 from __future__ import annotations
