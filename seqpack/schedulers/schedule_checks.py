@@ -1,9 +1,6 @@
-"""The invariants of a :class:`~seqpack.schedulers.schedule.Schedule`, one check each.
-
-:meth:`Schedule.validate` runs them in order (:func:`check_all`); each raises
-:class:`~seqpack.errors.ScheduleError` naming the first thing it finds wrong. Later checks
-trust the shapes the earlier ones established.
-"""
+"""The invariants of a :class:`~seqpack.schedulers.schedule.Schedule`, one check each, run
+in order by :func:`check_all` (later checks trust the shapes earlier ones established); each
+raises :class:`~seqpack.errors.ScheduleError` naming the first thing it finds wrong."""
 
 from __future__ import annotations
 
@@ -28,7 +25,10 @@ __all__ = ["check_all", "check_static_shapes"]
 def check_all(schedule: Schedule, lengths: np.ndarray | None, expected: dict[str, int | None]) -> None:
     """Every check below, in order: ``lengths`` (when given) and the ``expected`` limits
     (those not None) first, then the schedule's own consistency."""
-    check_lengths_given(schedule, lengths)
+    if lengths is not None and (
+        lengths.shape != schedule.original_lengths.shape or not np.array_equal(lengths, schedule.original_lengths)
+    ):
+        raise ScheduleError("schedule was computed for different lengths than the ones given")
     check_limits(schedule, expected)
     check_arrays(schedule)
     check_partition(schedule)
@@ -36,14 +36,6 @@ def check_all(schedule: Schedule, lengths: np.ndarray | None, expected: dict[str
     check_origin(schedule)
     check_scheduled_lengths(schedule)
     check_capacity(schedule)
-
-
-def check_lengths_given(schedule: Schedule, lengths: np.ndarray | None) -> None:
-    """The schedule was computed for ``lengths``."""
-    if lengths is None:
-        return
-    if lengths.shape != schedule.original_lengths.shape or not np.array_equal(lengths, schedule.original_lengths):
-        raise ScheduleError("schedule was computed for different lengths than the ones given")
 
 
 def check_limits(schedule: Schedule, expected: dict[str, int | None]) -> None:
@@ -213,8 +205,7 @@ def check_capacity(schedule: Schedule) -> None:
 
 def check_static_shapes(schedule: Schedule, static_shapes: StaticShapes) -> None:
     """Every microbatch of a static plan holds at most ``static_shapes.max_real_sequences``
-    sequences and at most its largest bucket's padded tokens (``"capacity"``: the plan's
-    capacity).
+    sequences and at most its largest bucket's padded tokens.
 
     Raises:
         ScheduleError: A dynamic-CP plan, or the first microbatch past a limit.

@@ -200,27 +200,17 @@ def _room_for(
     keep_replica: bool,
 ) -> int | None:
     """The flat index (``round * dp + replica``) of the least loaded microbatch with a free
-    slot and room for ``size`` tokens: of round ``m`` first, then of any round (only replica
-    ``d``'s with ``keep_replica``), or None."""
+    slot and room for ``size`` tokens (ties: the lowest index): of round ``m`` first, then of
+    any round (only replica ``d``'s with ``keep_replica``), or None."""
     dp = counts.shape[1]
-    row_room = (counts[m] < limit) & (tokens[m] + size <= capacity)
-    if keep_replica:
-        row_room[np.arange(dp) != d] = False
-    where = _least_loaded(row_room, load[m])
-    if where is not None:
-        return m * dp + where
     room = (counts < limit) & (tokens + size <= capacity)
     if keep_replica:
         room[:, np.arange(dp) != d] = False
-    return _least_loaded(room.reshape(-1), load.reshape(-1))
-
-
-def _least_loaded(room: np.ndarray, load: np.ndarray) -> int | None:
-    """The index of the least ``load`` where ``room`` (ties: the lowest index), or None."""
-    candidates = np.flatnonzero(room)
-    if not candidates.size:
-        return None
-    return int(candidates[np.argmin(load[candidates])])
+    for offset, where, cost in ((m * dp, room[m], load[m]), (0, room.reshape(-1), load.reshape(-1))):
+        candidates = np.flatnonzero(where)
+        if candidates.size:
+            return offset + int(candidates[np.argmin(cost[candidates])])
+    return None
 
 
 def trim_to_buckets(

@@ -154,17 +154,9 @@ def group_sums(plan: Schedule, ranks_per_node: int) -> np.ndarray:
     np.add.at(s, plan.group_of, padded)
     np.add.at(ss, plan.group_of, padded * padded)
     spans = spans_nodes(plan.group_start, plan.group_size, ranks_per_node).astype(np.int64)
-    pad = plan.pad_multiple
-    busy = plan.group_counts > 0
-    return np.stack(
-        [
-            np.where(busy, plan.group_size, 1),
-            np.where(busy, s, pad),
-            np.where(busy, ss, pad * pad),
-            np.where(busy, spans, 0),
-        ],
-        axis=1,
-    )  # [G, 4]
+    pad, busy = plan.pad_multiple, plan.group_counts > 0
+    idle = (1, pad, pad * pad, 0)  # a pad_multiple filler alone
+    return np.stack([np.where(busy, v, i) for v, i in zip((plan.group_size, s, ss, spans), idle, strict=True)], axis=1)
 
 
 def replica_sums(plan: Schedule, cost: CostModel) -> np.ndarray:
