@@ -84,22 +84,15 @@ def agree(
 ) -> Agreement:
     """Make the ranks of ``group`` agree on a status; all ranks must call it.
 
-    ``origin`` is the global rank an error comes from when it was relayed (default: this
-    rank); the agreement carries it, so every rank can name where a failure happened.
+    One int64 all-reduce (MAX) of the :data:`AGREEMENT` vector; on error every rank fetches
+    the messages and keeps the lowest failing group rank's. Ranks that pass a fingerprint must
+    all pass the same one, else the agreement is an error naming, field by field from
+    ``details`` where given, how they differ (``what`` says what was fingerprinted).
 
-    One int64 all-reduce (MAX) of the :data:`AGREEMENT` vector (status and fingerprint words).
-    On error every rank fetches the messages (``all_gather_object``, on this path only) and
-    keeps the one of the lowest group rank that failed. Ranks that pass a fingerprint must
-    all pass the same one, else the agreement is an error naming every rank's fingerprint
-    (``what`` says what was fingerprinted).
-
-    ``payload``: int64 words every rank passes the same number of (or every rank ``None``),
-    reduced by element-wise MAX in the same all-reduce (the calibrator's microbatch times
-    ride on it: :mod:`seqpack.calibrate`).
-
-    ``details``: what the fingerprint covers, field by field (e.g. a config's summary); when
-    fingerprints disagree, the error names the fields that differ and each rank's value
-    instead of the fingerprints.
+    Args:
+        origin: Global rank a relayed error comes from (default: this rank).
+        payload: int64 words every rank passes the same number of (or every rank ``None``),
+            reduced by element-wise MAX in the same all-reduce.
     """
     status = _status(status)
     words = None if payload is None else np.ascontiguousarray(payload, dtype=np.int64).reshape(-1)
@@ -125,8 +118,7 @@ def agree(
     collective(dist.all_reduce, vec, op=dist.ReduceOp.MAX, group=group)
     reduced = vec.cpu().numpy()
     agreed, fp_max, fp_min_c, any_fp = (int(v) for v in reduced[: AGREEMENT.words])
-    # The payload comes back on every path, errors included: agree_axes passes it on to the
-    # next axis, whose all-reduce needs the same number of words on every rank.
+    # Returned on every path, errors included: agree_axes passes it on to the next axis.
     reduced_payload = None if words is None else reduced[AGREEMENT.words :].copy()
     if agreed == Status.ERROR:
         me = global_rank(group, group_rank(group)) if origin is None else origin

@@ -41,10 +41,8 @@ def broadcast_step(
     """Broadcast one step from group rank ``src`` to the rest of ``group``; all ranks call it.
 
     The source passes its message and gets it back unchanged; receivers pass ``None`` and
-    get the decoded message. Up to four broadcasts: the fixed prefix, the int64 buffer,
-    then (only when non-empty) the float32 payload and the error text. A receiver that only
-    has to take part (``decode=False``) gets ``None``. ``timings``, when given, accumulates
-    ``"wait"``: seconds a receiver spent in the prefix broadcast, i.e. waiting for the source.
+    get the decoded message (``None`` with ``decode=False``). ``timings``, when given,
+    accumulates ``"wait"``: seconds a receiver spent waiting for the source.
     """
     if group_size(group) == 1:
         if msg is None:

@@ -1,25 +1,15 @@
 """Process groups of context parallelism: one per block of ranks a plan can use.
 
 Under dynamic CP (docs/dynamic_cp.md) the ``R = dp x cp`` ranks of one TP/PP lane, the
-*plane*, are numbered DP-major (plane rank ``d * cp + k`` is CP rank ``k`` of DP replica
-``d``) and re-cut into CP groups every microbatch round. A group is a contiguous block
-``[start, start + size)`` of plane ranks; :func:`plane_blocks` lists every block a plan may use
-(aligned powers of two and the whole plane under ``"pow2"``; every block under ``"any"``).
-Static CP is the case whose groups are the DP replicas' CP blocks in every round
-(:func:`static_cp_groups`: the topology's CP group).
+*plane*, are numbered DP-major (plane rank ``d * cp + k``) and re-cut into CP groups, blocks
+``[start, start + size)`` of plane ranks, every microbatch round. Static CP's groups are the
+DP replicas' CP blocks in every round (:func:`static_cp_groups`).
 
-:func:`new_cp_groups` creates, once, collectively over the default group and in the same
-order on every rank:
-
-- one process group per block of size > 1 of every plane, on the model's backend (the
-  default group's unless told otherwise), for the compute stages (``PackedBatch.cp_group``);
-- one gloo group per plane for the wrapper's own collective (the sample exchange, which
-  runs on the producer thread under prefetch and must never interleave with the model's).
-
-Every rank calls ``new_group`` for every group (names come from the world-wide counter, the
-same on every rank), and keeps the ones it belongs to, as :func:`~seqpack.collective.groups.
-new_axis_groups` does. Members are read from an all-gather of every rank's coordinates,
-never computed from global ranks.
+:func:`new_cp_groups` creates, once and collectively over the default group, one process group
+per block of size > 1 of every plane (on the model's backend, for the compute stages) and one
+gloo group per plane for the wrapper's own exchange (which must never interleave with the
+model's collectives). Members are read from an all-gather of every rank's coordinates, never
+computed from global ranks.
 """
 
 from __future__ import annotations
@@ -31,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from seqpack.collective.groups import all_gather_objects
+from seqpack.collective.groups import all_gather_objects, new_group
 from seqpack.errors import ConfigError
 from seqpack.options import GroupSizes
 from seqpack.validation import check_choice, check_positive_int
@@ -132,12 +122,6 @@ def _planes(topology: Topology) -> dict[tuple[int, int], list[int]]:
     return out
 
 
-def _new_group(ranks: list[int], backend: str | None, timeout: datetime.timedelta | None) -> Any:
-    # new_group sorts the ranks unless told not to: keep plane order (older torch needs asking).
-    order: dict[str, Any] = {} if ranks == sorted(ranks) else {"sort_ranks": False}
-    return dist.new_group(ranks, timeout=timeout, backend=backend, **order)
-
-
 def new_cp_groups(
     topology: Topology,
     group_sizes: GroupSizes | str = GroupSizes.POW2,
@@ -145,13 +129,9 @@ def new_cp_groups(
     backend: str | None = None,
     timeout: datetime.timedelta | None = None,
 ) -> CpGroups:
-    """Create the dynamic-CP groups (module docstring); collective over the default group.
-
-    Args:
-        topology: This rank's grid; it must span the whole default group.
-        group_sizes: The blocks plans may use (``"pow2"`` or ``"any"``).
-        backend: Backend of the model's block groups (``None``: the default group's).
-        timeout: Timeout of the wrapper's gloo plane groups (``None``: torch's default).
+    """Create the dynamic-CP groups (module docstring) for the blocks of ``group_sizes``;
+    collective over the default group, which ``topology`` must span. ``backend`` is the block
+    groups' (``None``: the default group's), ``timeout`` the gloo plane groups'.
 
     Raises:
         ConfigError: ``torch.distributed`` not initialised while the plane has several
@@ -184,11 +164,11 @@ def new_cp_groups(
     for key in sorted(planes):
         ranks = planes[key]
         mine = me in ranks
-        group = _new_group(ranks, "gloo", timeout)
+        group = new_group(ranks, "gloo", timeout)
         if mine:
             out.plane = group
         for start, size in blocks:
-            group = _new_group(ranks[start : start + size], backend, None)
+            group = new_group(ranks[start : start + size], backend, None)
             if mine and start <= plane_rank < start + size:
                 out.blocks[(start, size)] = group
     logger.info("dynamic CP: created %d process groups (%d planes of %d ranks)", count, len(planes), num_ranks)
@@ -196,14 +176,10 @@ def new_cp_groups(
 
 
 def static_cp_groups(topology: Topology) -> CpGroups:
-    """Static CP's groups: every round, this rank's group is its DP replica's CP block
-    ``[dp_rank * cp, (dp_rank + 1) * cp)``, whose process group is the topology's CP group;
-    and the whole plane's group, which ``Step.to_origin`` runs on: the topology's DP (or CP)
-    group when the other axis is 1, else a group of the model's backend created here.
-
-    The topology's groups are external (held, never destroyed here). Creating the plane
-    group is collective over the default group (every rank calls ``new_group`` for every
-    plane, in the same order), which holds when every rank builds its wrapper.
+    """Static CP's groups: this rank's DP replica's CP block (the topology's CP group) and
+    the whole plane's group, which ``Step.to_origin`` runs on (the topology's DP group when
+    cp is 1, else one created here, collectively over the default group). The topology's
+    groups are external: held, never destroyed here.
     """
     cp, dp = topology.cp_size, topology.dp_size
     out = CpGroups(
@@ -224,7 +200,7 @@ def static_cp_groups(topology: Topology) -> CpGroups:
         plane = [int(rank) for lane in lanes for rank in lane]
         planes = sorted({tuple(p) for p in all_gather_objects(plane, dist.group.WORLD)})
         for ranks in planes:
-            group = _new_group(list(ranks), None, None)
+            group = new_group(list(ranks), None, None)
             if list(ranks) == plane:
                 out.blocks[(0, dp * cp)] = group
         logger.info("static CP: created %d plane process groups of %d ranks", len(planes), dp * cp)

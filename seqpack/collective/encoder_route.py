@@ -1,27 +1,15 @@
 """Encoder rebalancing's route: a microbatch round's images encoded on other DP ranks and their
 embeddings brought back, differentiably.
 
-Every rank of the round calls, in this order:
-
-1. :func:`gather_grids`: every rank's image grids (int64, two small all-gathers), the first
-   rank's price and every rank's language-model work, so every rank computes the same
-   :func:`~seqpack.schedulers.encoder_plan.plan_encoders` plan and routing decision;
-2. :func:`plan_route` (pure): the split sizes and row orders of the plan on this rank;
-3. :func:`move_patches`: each image's patches to its encoding rank (one ``all_to_all_single``;
-   pixels carry no gradient);
-4. the vision tower over the images it encodes, in :attr:`RoutePlan.encode_grids` order;
-5. :func:`route_back`: the embeddings to the rank and order that needs them (an
-   ``all_to_all_single``) as an autograd function whose backward sends the gradients back the
-   reverse way, so the tower's gradient lands on the encoding rank.
-
-Local images are in the order the rank gives their grids (the HF model's: images, then videos);
-every rank's items go through the all-to-alls, its own included, so one code path serves all.
-
-seqpack keeps its own autograd function rather than torch's differentiable
-``torch.distributed.nn.functional.all_to_all_single`` (which would serve, exactly, with uneven
-splits on gloo) because torch deprecates that function, pointing to the private
-``torch.distributed._functional_collectives``, and both issue the collective themselves, outside
-:func:`~seqpack.collective.groups.collective` (no polling under ``abandonable``).
+Every rank of the round calls, in this order: :func:`gather_grids` (every rank's image grids,
+so every rank computes the same :func:`~seqpack.schedulers.encoder_plan.plan_encoders` plan);
+:func:`plan_route` (pure: this rank's split sizes and row orders); :func:`move_patches` (each
+image's patches to its encoding rank); the vision tower over the images it encodes, in
+:attr:`RoutePlan.encode_grids` order; :func:`route_back` (the embeddings back to the rank and
+order that needs them, differentiably: the tower's gradient lands on the encoding rank).
+Local images are in the order the rank gives their grids (the HF model's: images, then
+videos). seqpack keeps its own autograd function because torch deprecates its differentiable
+``all_to_all_single``.
 """
 
 from __future__ import annotations
@@ -31,10 +19,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from seqpack.collective.groups import collective, comm_device
+from seqpack.collective.groups import all_gather, all_gather_rows, all_to_all
 
 __all__ = ["GatheredRound", "RoutePlan", "gather_grids", "move_patches", "plan_route", "route_back"]
 
@@ -60,33 +47,20 @@ def gather_grids(
     grids: torch.Tensor, group: ProcessGroup | None, num_ranks: int, price: float = 0.0, work: float = 0.0
 ) -> GatheredRound:
     """Every rank's grids ``[n_r, 3]`` (int64) in rank order and the rank each row came from;
-    the group's first rank's ``price`` (every rank then prices the round alike, even where
-    their own prices differ, e.g. calibrators a step apart) and every rank's ``work`` (its
-    language model's, in the round), which travel with the counts."""
+    the group's first rank's ``price`` (so every rank prices the round alike) and every rank's
+    ``work`` (its language model's, in the round)."""
     if num_ranks == 1:  # no collective on one rank
         local_rows = grids.detach().cpu().to(torch.int64).reshape(-1, 3).numpy()
         home = np.zeros(local_rows.shape[0], dtype=np.int64)
         return GatheredRound(local_rows, home, float(price), np.array([work], dtype=np.float64))
-    device = comm_device(group)
-    local = grids.detach().to(device=device, dtype=torch.int64).reshape(-1, 3)
+    local = grids.detach().cpu().to(torch.int64).reshape(-1, 3)
     bits = np.array([price, work], dtype=np.float64).view(np.int64).tolist()
-    count = torch.tensor([local.shape[0], *bits], dtype=torch.int64, device=device)
-    counts = [torch.empty_like(count) for _ in range(num_ranks)]
-    collective(dist.all_gather, counts, count, group=group)
-    table = torch.stack(counts).cpu().numpy()
+    table = all_gather(torch.tensor([local.shape[0], *bits], dtype=torch.int64), group).numpy()
     sizes = [int(n) for n in table[:, 0]]
     floats = np.ascontiguousarray(table[:, 1:]).view(np.float64)  # [R, 2]
-    first_price, works = float(floats[0, 0]), floats[:, 1].copy()
-    width = max(sizes, default=0)
-    if width == 0:
-        return GatheredRound(np.zeros((0, 3), dtype=np.int64), np.zeros(0, dtype=np.int64), first_price, works)
-    padded = torch.zeros(width, 3, dtype=torch.int64, device=device)
-    padded[: local.shape[0]] = local
-    rows = [torch.empty_like(padded) for _ in range(num_ranks)]
-    collective(dist.all_gather, rows, padded, group=group)
-    every = np.concatenate([r.cpu().numpy()[:n] for r, n in zip(rows, sizes, strict=True)])
+    every = all_gather_rows(local, sizes, group).numpy()
     home = np.repeat(np.arange(num_ranks, dtype=np.int64), sizes)
-    return GatheredRound(every.astype(np.int64), home, first_price, works)
+    return GatheredRound(every, home, float(floats[0, 0]), floats[:, 1].copy())
 
 
 def _rows(order: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -152,28 +126,11 @@ def plan_route(
     )
 
 
-def _all_to_all(
-    send: torch.Tensor, send_split: list[int], recv_split: list[int], group: ProcessGroup | None
-) -> torch.Tensor:
-    """Rows of ``send`` (dim 0) to each rank by ``send_split``; what arrives, by rank."""
-    device = comm_device(group)
-    out = torch.empty((sum(recv_split), *send.shape[1:]), dtype=send.dtype, device=device)
-    collective(
-        dist.all_to_all_single,
-        out,
-        send.contiguous().to(device),
-        output_split_sizes=recv_split,
-        input_split_sizes=send_split,
-        group=group,
-    )
-    return out.to(send.device)
-
-
 def move_patches(pixels: torch.Tensor, route: RoutePlan, group: ProcessGroup | None) -> torch.Tensor:
     """This rank's local patches ``[P, D]`` to their encoding ranks; returns the patches it
     encodes ``[P', D]``, in :attr:`RoutePlan.encode_grids` order. No gradient flows."""
     rows = torch.as_tensor(route.send_patch_rows, device=pixels.device)
-    return _all_to_all(pixels.detach()[rows], route.send_patches, route.recv_patches, group)
+    return all_to_all(pixels.detach()[rows], route.send_patches, route.recv_patches, group)
 
 
 class _RouteBack(torch.autograd.Function):
@@ -183,7 +140,7 @@ class _RouteBack(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, encoded: torch.Tensor, anchor: torch.Tensor, route: RoutePlan, group: Any) -> torch.Tensor:
         ctx.route, ctx.group, ctx.anchor_shape = route, group, anchor.shape
-        received = _all_to_all(encoded, route.send_embeds, route.recv_embeds, group)
+        received = all_to_all(encoded, route.send_embeds, route.recv_embeds, group)
         rows = torch.as_tensor(route.local_embed_rows, device=received.device)
         return received[rows]  # [local rows, E]
 
@@ -194,7 +151,7 @@ class _RouteBack(torch.autograd.Function):
         order[torch.as_tensor(route.local_embed_rows, device=grad.device)] = torch.arange(
             order.numel(), device=grad.device
         )
-        back = _all_to_all(grad.contiguous()[order], route.recv_embeds, route.send_embeds, ctx.group)
+        back = all_to_all(grad.contiguous()[order], route.recv_embeds, route.send_embeds, ctx.group)
         return back, grad.new_zeros(ctx.anchor_shape), None, None
 
 
@@ -203,9 +160,8 @@ def route_back(encoded: torch.Tensor, route: RoutePlan, group: ProcessGroup | No
     order) to the ranks that need them; returns this rank's ``[local rows, E]`` in local order.
 
     Differentiable, and collective in both directions: the result always requires grad when
-    grad mode is on (so every rank's backward reaches the all-to-all, even one that encodes
-    nothing); every rank must backpropagate through it (see
-    :func:`seqpack.interop.hf_encoder.rebalance_encoder`, which ties it into the loss).
+    grad mode is on, and every rank must backpropagate through it
+    (:func:`seqpack.interop.hf_encoder.rebalance_encoder` ties it into the loss).
     """
     anchor = torch.zeros(0, device=encoded.device, dtype=encoded.dtype, requires_grad=torch.is_grad_enabled())
     out: torch.Tensor = _RouteBack.apply(encoded, anchor, route, group)

@@ -1,19 +1,13 @@
 """The wrapper's sample exchange: every rank of a sequence's CP group gets its shard.
 
-Every plan is rounds of CP groups, blocks of the ``R = dp x cp`` plane ranks (DP-major;
-static CP: the replicas' CP blocks). Each rank of a sequence's group needs one shard of it, a
-*piece*: DualChunkSwap chunks ``j`` and ``2c - 1 - j`` of ``2c`` (or slice ``j`` of ``c`` in the
-contiguous layout) of the sequence padded to its span (``Schedule.packed_spans``), cut and
-sent by the CP rank of the same index of the DP replica that read it
-(:mod:`seqpack.schedulers.dynamic_cp.pieces`: who cuts which piece). A static plan's pieces
-never leave their CP lane.
-
-:func:`plan_shard_exchange` (pure) says who sends which piece to whom, from the plan and the
-gathered counts that every rank has; :func:`exchange_shards` packs this rank's outgoing
-sequences (:func:`~seqpack.thd.pack_sequences`, one call per padding multiple, so every piece
-is exactly what packing the whole microbatch and sharding it would give), cuts the pieces and
-runs one ``all_to_all_single`` per dtype over the plane group (or the CP lane). A receiver
-concatenates its pieces in pack order: that is its shard of the microbatch.
+Every plan is rounds of CP groups, blocks of the ``R = dp x cp`` plane ranks (DP-major).
+Each rank of a sequence's group needs one shard of it, a *piece*, cut from the sequence
+padded to its span (``Schedule.packed_spans``) by the CP rank of the same index of the DP
+replica that read it (:mod:`seqpack.schedulers.dynamic_cp.pieces`). :func:`plan_shard_exchange`
+(pure) says who sends which piece to whom; :func:`exchange_shards` packs this rank's outgoing
+sequences (so every piece is exactly what packing the whole microbatch and sharding it would
+give), cuts the pieces and runs one ``all_to_all_single`` per dtype. A receiver concatenates
+its pieces in pack order: that is its shard of the microbatch.
 """
 
 from __future__ import annotations
@@ -23,10 +17,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from seqpack.collective.groups import collective, comm_device
+from seqpack.collective.groups import all_to_all
 from seqpack.errors import ConfigError, SampleError
 from seqpack.options import CpLayout, LabelFormat
 from seqpack.schedulers import Schedule
@@ -112,10 +105,7 @@ def plan_shard_exchange(
         rank: This plane rank.
 
     Returns:
-        An :class:`~seqpack.collective.exchange.ExchangePlan` over plane ranks: ``send_ids[d]``
-        the ids whose shard for plane rank ``d`` this rank sends, ``recv_ids[s]`` the ids whose
-        shard for this rank comes from ``s`` (both ascending), ``keep_ids`` the ids whose shard
-        this rank cuts for itself; ``send_tokens`` / ``recv_tokens`` per peer.
+        An :class:`ExchangePlan` over plane ranks.
     """
     start, size, tokens, origin = (np.asarray(a, dtype=np.int64) for a in (start, size, tokens, origin))
     if not start.shape == size.shape == tokens.shape == origin.shape:
@@ -155,9 +145,8 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
 
 class _Source:
     """This rank's outgoing sequences, each padded to its span (one ``pack_sequences`` per
-    padding multiple, and one per sequence whose span is longer: a fixed-shape pack's last
-    sequence under ``"extend_last"``), concatenated: every packed token field, and where each
-    id's tokens start."""
+    padding multiple, and one per sequence whose span is longer), concatenated: every packed
+    token field, and where each id's tokens start."""
 
     def __init__(
         self,
@@ -237,17 +226,14 @@ def exchange_shards(
             with ``lane`` this rank's CP lane over DP (the DP group, replica order).
         rank: This plane rank.
         position_ids: The samples carry their own ``position_ids`` (sent too).
-        spans: Tokens each id spans in its pack (``Schedule.packed_spans``; by default its
-            padded length in its group).
-        layout: How a sequence is cut into its group's shards (``"dualchunk"``: chunks ``j``
-            and ``2c-1-j`` of ``2c``; ``"contiguous"``: slice ``j`` of ``c``).
-        lane: Every piece moves within its CP lane (a static plan, whose groups are the
-            replicas' CP blocks): run the all-to-all over ``group``, the lane's ranks only.
+        spans: Tokens each id spans in its pack (default ``Schedule.packed_spans()``).
+        layout: How a sequence is cut into its group's shards (:class:`~seqpack.options.CpLayout`).
+        lane: Every piece moves within its CP lane (a static plan): run the all-to-all over
+            ``group``, the lane's ranks only.
 
     Returns:
         ``Exchanged.samples``: for every id whose group holds this rank, its shard for this
-        rank (``input_ids``, ``labels``, ``loss_mask`` as packed, ``position_ids`` when
-        sent). One ``all_to_all_single`` per dtype, skipped on every rank when nothing moves.
+        rank. The all-to-alls are skipped on every rank when nothing moves.
     """
     counts = np.asarray(counts, dtype=np.int64)
     cp = plan.cp_size
@@ -341,17 +327,7 @@ def _move(
                 index = source.indices(ids, tokens, size, dst - start[ids])
                 blocks.append(stacked.index_select(1, index).reshape(-1))
     send = torch.cat(blocks) if blocks else torch.zeros(0, dtype=dtype)
-    device = comm_device(group)
-    out = torch.empty(int(exchange.recv_tokens.sum()) * width, dtype=dtype, device=device)
-    collective(
-        dist.all_to_all_single,
-        out,
-        send.to(device),
-        output_split_sizes=(exchange.recv_tokens * width).tolist(),
-        input_split_sizes=(exchange.send_tokens * width).tolist(),
-        group=group,
-    )
-    out = out.cpu()
+    out = all_to_all(send, (exchange.send_tokens * width).tolist(), (exchange.recv_tokens * width).tolist(), group)
     at = 0
     for src, ids in enumerate(exchange.recv_ids):
         n = int(exchange.recv_tokens[src])

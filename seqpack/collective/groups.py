@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 __all__ = [
     "CollectiveAbandoned",
     "abandonable",
+    "all_gather",
     "all_gather_objects",
+    "all_gather_rows",
+    "all_to_all",
     "collective",
     "comm_device",
     "destroy_groups",
@@ -42,6 +45,7 @@ __all__ = [
     "group_rank",
     "group_size",
     "new_axis_groups",
+    "new_group",
     "this_rank",
 ]
 
@@ -59,10 +63,8 @@ def abandonable(should_stop: Callable[[], bool]) -> Iterator[None]:
     """Within it, this thread's :func:`collective` calls poll their work and raise
     :class:`CollectiveAbandoned` once ``should_stop()`` is true.
 
-    Why: a daemon thread blocked inside a torch collective returns into Python when a peer
-    finally exits; if that happens while the interpreter shuts down, CPython ends the thread
-    from inside pybind11's GIL guard and the process aborts ("terminate called without an
-    active exception"). A thread that only polls can always be stopped before shutdown.
+    Why: a daemon thread blocked inside a torch collective that returns while the interpreter
+    shuts down aborts the process; a thread that only polls can always be stopped first.
     """
     previous = getattr(_THREAD, "should_stop", None)
     _THREAD.should_stop = should_stop
@@ -119,27 +121,64 @@ def comm_device(group: ProcessGroup | None) -> torch.device:
     return torch.device("cpu")
 
 
+def all_gather(tensor: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
+    """Every rank's ``tensor`` (one shape on every rank), stacked in group-rank order on the CPU."""
+    mine = tensor.to(comm_device(group))
+    parts = [torch.empty_like(mine) for _ in range(group_size(group))]
+    collective(dist.all_gather, parts, mine, group=group)
+    return torch.stack(parts).cpu()
+
+
+def all_gather_rows(rows: torch.Tensor, counts: list[int], group: ProcessGroup | None) -> torch.Tensor:
+    """Every rank's ``rows`` (``counts[r]`` rows on group rank ``r``, one trailing shape),
+    concatenated in group-rank order on the CPU: one all-gather of the rows padded to the
+    largest count, none when every count is 0."""
+    width = max(counts, default=0)
+    if width == 0:
+        return rows.new_zeros((0, *rows.shape[1:])).cpu()
+    padded = rows.new_zeros((width, *rows.shape[1:]))
+    padded[: rows.shape[0]] = rows
+    table = all_gather(padded, group)  # [R, width, ...]
+    return torch.cat([table[r, :n] for r, n in enumerate(counts)])
+
+
+def all_to_all(
+    send: torch.Tensor, send_split: list[int], recv_split: list[int], group: ProcessGroup | None
+) -> torch.Tensor:
+    """Rows of ``send`` (dim 0) to each group rank by ``send_split``; what arrives
+    (``recv_split[r]`` rows from rank ``r``), in rank order on ``send``'s device."""
+    device = comm_device(group)
+    out = torch.empty((sum(recv_split), *send.shape[1:]), dtype=send.dtype, device=device)
+    collective(
+        dist.all_to_all_single,
+        out,
+        send.contiguous().to(device),
+        output_split_sizes=recv_split,
+        input_split_sizes=send_split,
+        group=group,
+    )
+    return out.to(send.device)
+
+
 def all_gather_objects(obj: Any, group: ProcessGroup | None) -> list[Any]:
     """Every rank's ``obj`` in group-rank order (pickled; use off the hot path only).
 
     Two :func:`collective` all-gathers (sizes, then the padded bytes) rather than
     ``dist.all_gather_object``, so that a producer thread can abandon it too.
     """
-    size = group_size(group)
-    if group is None or size == 1:
+    if group is None or group_size(group) == 1:
         return [obj]
-    data = pickle.dumps(obj)
-    device = comm_device(group)
-    mine = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    sizes = [torch.empty_like(mine) for _ in range(size)]
-    collective(dist.all_gather, sizes, mine, group=group)
-    counts = [int(t) for t in sizes]
-    buffer = torch.zeros(max(counts), dtype=torch.uint8)
-    buffer[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    buffer = buffer.to(device)
-    parts = [torch.empty_like(buffer) for _ in range(size)]
-    collective(dist.all_gather, parts, buffer, group=group)
-    return [pickle.loads(part[:count].cpu().numpy().tobytes()) for part, count in zip(parts, counts, strict=True)]
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    counts = all_gather(torch.tensor([data.numel()], dtype=torch.int64), group)[:, 0].tolist()
+    parts = torch.split(all_gather_rows(data, counts, group), counts)
+    return [pickle.loads(part.numpy().tobytes()) for part in parts]
+
+
+def new_group(ranks: list[int], backend: str | None, timeout: datetime.timedelta | None) -> Any:
+    """``dist.new_group`` over ``ranks`` in their given order (collective over the default group)."""
+    # new_group sorts the ranks unless told not to; ask only when it matters (older torch).
+    order: dict[str, Any] = {} if ranks == sorted(ranks) else {"sort_ranks": False}
+    return dist.new_group(ranks, timeout=timeout, backend=backend, **order)
 
 
 def new_axis_groups(
@@ -149,11 +188,8 @@ def new_axis_groups(
     groups of ``topology`` (axes of size 1 get ``None``).
 
     Collective over the whole default group, like ``torch.distributed.new_group``: every
-    rank calls it, in the same order relative to its other group creations. One
-    ``all_gather_objects`` of two integers per axis and rank tells every rank the members of
-    every group; then every rank calls ``new_group`` for every group of every axis (the
-    world-wide counter names groups alike on every rank, which the hashed names of
-    ``use_local_synchronization`` do not guarantee) and keeps the ones it belongs to.
+    rank calls ``new_group`` for every group of every axis (the world-wide counter names
+    groups alike on every rank) and keeps the ones it belongs to.
 
     Args:
         topology: The grid; it must span the whole default group.
@@ -197,10 +233,7 @@ def new_axis_groups(
                     f"the {axis} groups do not form a grid: the group led by rank {leader} has ranks {ranks}, "
                     f"not {topology.size(axis)}"
                 )
-            # new_group sorts the ranks unless told not to; keep the axis group's order
-            # (pipeline stages are ordered), and ask only when it matters (older torch).
-            order: dict[str, Any] = {} if ranks == sorted(ranks) else {"sort_ranks": False}
-            group = dist.new_group(ranks, timeout=timeout, backend=backend, **order)
+            group = new_group(ranks, backend, timeout)  # in the axis group's order: pipeline stages are ordered
             if me in ranks:
                 out[axis] = group
     return out

@@ -1,10 +1,8 @@
 """Length gathering: every DP rank's sequence lengths, in global order, on every DP rank.
 
-A fixed-size int64 header per rank (format version, status, count, caller fields) goes
-first, so that a rank with bad input or no data makes *every* rank raise or stop instead of
-leaving one waiting in a collective; then the lengths, padded to the largest count, each
-with the caller's per-sample int64 columns (declared by name by the caller, e.g. the
-loader's ``SAMPLE_COLUMNS``: loss tokens per sample), in the same all-gather.
+A fixed-size int64 header per rank goes first, so that a rank with bad input makes *every*
+rank raise instead of leaving one waiting in a collective; then the lengths, each with the
+caller's per-sample int64 columns, in one all-gather.
 """
 
 from __future__ import annotations
@@ -15,12 +13,18 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from seqpack.collective.agree import Status
 from seqpack.collective.fields import Header
-from seqpack.collective.groups import all_gather_objects, collective, comm_device, global_rank, group_size, this_rank
+from seqpack.collective.groups import (
+    all_gather,
+    all_gather_objects,
+    all_gather_rows,
+    global_rank,
+    group_size,
+    this_rank,
+)
 from seqpack.collective.wire import FORMAT_VERSION
 from seqpack.errors import SeqpackTypeError, StepFailed, WireError
 from seqpack.validation import int64_array
@@ -102,18 +106,14 @@ def gather_lengths(
 ) -> GatheredLengths:
     """All-gather every DP rank's lengths over ``group``; all ranks must call it.
 
-    Validate local samples *before* calling and pass the problem as ``error``: then no rank
-    is left in a collective, every rank raises.
-
     Args:
         lengths: This rank's sample lengths.
         group: The DP group (``None``: a single rank).
-        error: This rank's bad-input message, or ``None``.
+        error: This rank's bad-input message (found before calling), or ``None``.
         extras: Caller fields (ints) every rank passes the same number of, returned per
             rank in ``GatheredLengths.extras``.
-        columns: int64 ``[len(lengths), c]``: ``c`` per-sample values every rank passes the
-            same number of (the table's width), returned in global order in
-            ``GatheredLengths.columns``. They travel in the lengths' all-gather.
+        columns: int64 ``[len(lengths), c]``, ``c`` the same on every rank, returned in
+            global order in ``GatheredLengths.columns``.
 
     Raises:
         StepFailed: On every rank when any rank passed ``error`` (the lowest failing DP
@@ -132,16 +132,11 @@ def gather_lengths(
         column_words=table.shape[1],
     )
     header = np.concatenate([fields, extra])
-    size = group_size(group)
-    if size == 1:
+    if group_size(group) == 1:
         if error is not None:
             raise StepFailed(error, rank=this_rank())
         return GatheredLengths(local.copy(), np.array([local.shape[0]], np.int64), extra[None, :].copy(), table.copy())
-    device = comm_device(group)
-    mine = torch.from_numpy(header).to(device)
-    parts = [torch.empty_like(mine) for _ in range(size)]
-    collective(dist.all_gather, parts, mine, group=group)
-    headers = torch.stack(parts).cpu().numpy()
+    headers = all_gather(torch.from_numpy(header), group).numpy()
     versions, extra_words = GATHER_HEADER.column(headers, "version"), GATHER_HEADER.column(headers, "extra_words")
     column_words = GATHER_HEADER.column(headers, "column_words")
     if (
@@ -161,23 +156,8 @@ def gather_lengths(
             messages[first] or "a rank reported an error without a message", rank=global_rank(group, first)
         )
     counts = GATHER_HEADER.column(headers, "count").copy()
-    gathered = _gather_rows(np.concatenate([local[:, None], table], axis=1), counts, group, device)  # [N, 1 + c]
+    rows = torch.from_numpy(np.concatenate([local[:, None], table], axis=1))  # [n, 1 + c]
+    gathered = all_gather_rows(rows, counts.tolist(), group).numpy()
     return GatheredLengths(
         gathered[:, 0].copy(), counts, headers[:, GATHER_HEADER.words :].copy(), gathered[:, 1:].copy()
     )
-
-
-def _gather_rows(rows: np.ndarray, counts: np.ndarray, group: ProcessGroup | None, device: torch.device) -> np.ndarray:
-    """Every rank's int64 ``[counts[r], w]`` rows, concatenated in rank order (one
-    all-gather of the rows padded to the largest count)."""
-    width = int(counts.max(initial=0))
-    words = rows.shape[1]
-    if width == 0:
-        return np.zeros((0, words), dtype=np.int64)
-    padded = torch.zeros(width, words, dtype=torch.int64)
-    padded[: rows.shape[0]] = torch.from_numpy(rows)
-    padded = padded.to(device)
-    parts = [torch.empty_like(padded) for _ in range(counts.shape[0])]
-    collective(dist.all_gather, parts, padded, group=group)
-    table = torch.stack(parts).cpu().numpy()  # [dp, width, w]
-    return np.concatenate([table[r, : counts[r]] for r in range(counts.shape[0])])

@@ -1,11 +1,6 @@
 """Per-sample byte payloads through the exchange: what a sample carries beside its tokens (a
-vision-language sample's pixels, grid rows and mRoPE rows, :mod:`seqpack.loader.vision_payload`)
-goes to the rank that runs it, in one ``all_to_all_single`` of bytes.
-
-Every rank knows every payload's size (the length gather carries it), where each sample was
-read and where it runs, so the split sizes need no extra collective: :func:`exchange_payloads`
-is called by every rank of the group with the same ``sizes``, ``src`` and ``dst``.
-"""
+vision-language sample's, :mod:`seqpack.loader.vision_payload`) goes to the rank that runs it,
+in one ``all_to_all_single`` of bytes whose split sizes every rank already knows."""
 
 from __future__ import annotations
 
@@ -13,10 +8,9 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from seqpack.collective.groups import collective, comm_device
+from seqpack.collective.groups import all_to_all
 from seqpack.errors import ConfigError
 
 __all__ = ["exchange_payloads"]
@@ -32,7 +26,8 @@ def exchange_payloads(
     rank: int,
     num_ranks: int,
 ) -> tuple[dict[int, torch.Tensor], int, int]:
-    """Send every payload from the rank that holds it to the rank that runs it.
+    """Send every payload from the rank that holds it to the rank that runs it; every rank of
+    the group calls it with the same ``sizes``, ``src`` and ``dst``.
 
     Args:
         encode: A payload's bytes (uint8 ``[sizes[gid]]``) by global id, on its ``src`` rank.
@@ -73,19 +68,9 @@ def exchange_payloads(
         parts.append(data)
     total = int(send_split.sum())
     send = torch.cat(parts) if parts and failure is None else torch.zeros(total, dtype=torch.uint8)
-    device = comm_device(group)
-    received = torch.empty(int(recv_split.sum()), dtype=torch.uint8, device=device)
-    collective(
-        dist.all_to_all_single,
-        received,
-        send.to(device),
-        output_split_sizes=recv_split.tolist(),
-        input_split_sizes=send_split.tolist(),
-        group=group,
-    )
+    received = all_to_all(send, send_split.tolist(), recv_split.tolist(), group)
     if failure is not None:
         raise failure
-    received = received.cpu()
     pieces = torch.split(received, sizes[in_ids].tolist())
     out: Mapping[int, torch.Tensor] = dict(zip(in_ids.tolist(), pieces, strict=True))
     return dict(out), total, int(received.numel())

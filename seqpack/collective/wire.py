@@ -7,27 +7,13 @@ variable-length field has its length in the header, and the header is declared o
 (:data:`PREFIX_FIELDS`, :data:`STEP_FIELDS`, :data:`MICROBATCH_FIELDS`, as numpy structured
 dtypes); the tables in docs/wrapper.md are rendered from them (a test keeps them equal).
 
-A message is up to four buffers, broadcast in this order:
-
-1. ``prefix``: int64, :data:`PREFIX_FIELDS`, fixed size, so a receiver knows what to allocate;
-2. ``ints``: int64, the step header (:data:`STEP_FIELDS`), one :data:`MICROBATCH_FIELDS`
-   row per microbatch, then the int64 payload: the plan's ``to_arrays()``
-   (:mod:`~seqpack.collective.wire_plan`), ``empty_at[E]`` (the pool index of each zero-length sequence the
-   DP rank read: ``Step.to_origin`` gives each an empty value), then per microbatch
-   ``cu_seqlens[n_m+1]``,
-   ``cu_seqlens_padded[n_m+1]``, ``sample_ids[n_m]``; then, with flag 1, ``input_ids`` and
-   ``labels`` of this rank's shards (``sum T_m / cp_m`` each), and with flag 2 ``position_ids``;
-3. ``floats``: float32 ``loss_mask`` of the shards (flag 1 only);
-4. ``message``: uint8, the UTF-8 error text (status 2 only).
-
-``position_ids`` (unless samples carry their own), ``seq_idx`` and ``padding_mask`` are not
-sent: receivers rebuild them from ``cu_seqlens*`` and cut their CP shard. A layout message
-(kind 2, to middle pipeline stages) carries no tokens and yields batches whose ``input_ids``,
-``labels``, ``loss_mask`` are ``None``. With flag 4 the headers' ``num_loss_tokens`` carry the
-step's and each microbatch's loss-token counts. Under dynamic CP each microbatch row says
-where its CP group starts (``StepOk.group_starts``); a receiver maps it to its own group.
-Each microbatch row also names its mini-batch and that mini-batch's loss-token count
-(``StepOk.minibatch_bounds``, ``minibatch_loss_tokens``).
+A message is up to four buffers, broadcast in this order: ``prefix`` (int64, fixed size, so
+a receiver knows what to allocate); ``ints`` (int64: the step header, one microbatch row per
+microbatch, then the plan's ``to_arrays()``, ``empty_at``, each microbatch's
+``cu_seqlens*`` and ``sample_ids``, and with flag 1 the tokens of this rank's shards);
+``floats`` (float32 ``loss_mask``, flag 1 only); ``message`` (the UTF-8 error text). docs/wrapper.md
+lays it out in full. ``seq_idx``, ``padding_mask`` and (unless samples carry their own)
+``position_ids`` are rebuilt by receivers from ``cu_seqlens*``.
 """
 
 from __future__ import annotations
