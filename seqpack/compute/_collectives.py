@@ -1,13 +1,7 @@
 """Autograd-aware collectives over the token axis (dim 0) of a CP group.
 
-All work with every torch.distributed backend (gloo included, on any supported torch):
-they use only ``all_to_all_single`` (equal or given splits).
-
-Why not ``torch.distributed.nn.functional.all_to_all_single``: it computes the same values
-and gradients (tests/distributed/test_compute_dist.py checks it on gloo), but torch 2.13
-deprecates it (FutureWarning, pointing to the private
-``torch.distributed._functional_collectives``). These few lines stay stable across the torch
-versions seqpack supports.
+They use only ``all_to_all_single``, so they work with every backend, gloo included; seqpack
+keeps its own because torch deprecates ``torch.distributed.nn.functional.all_to_all_single``.
 """
 
 from __future__ import annotations
@@ -58,28 +52,6 @@ def check_batch_group(batch: PackedBatch) -> None:
         )
 
 
-def _all_to_all_equal(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    # Row block j of x (dim 0 cut in group-size equal blocks) goes to rank j; row block i of
-    # the result came from rank i.
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    dist.all_to_all_single(out, x, group=group)
-    return out
-
-
-class _AllToAll(torch.autograd.Function):
-    """Equal-split all-to-all along dim 0; with equal splits its adjoint is itself."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        return _all_to_all_equal(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _all_to_all_equal(grad, ctx.group), None
-
-
 def _all_to_all_split(
     x: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: dist.ProcessGroup
 ) -> torch.Tensor:
@@ -104,9 +76,11 @@ class _AllToAllSplit(torch.autograd.Function):
 
 
 def all_to_all_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """Send row block ``j`` of ``x`` to rank ``j``; return the blocks received, in rank order."""
-    out: torch.Tensor = _AllToAll.apply(x, group)
-    return out
+    """Send row block ``j`` of ``x`` (dim 0 cut in equal blocks) to rank ``j``; return the
+    blocks received, in rank order."""
+    size = dist.get_world_size(group)
+    counts = [x.shape[0] // size] * size
+    return all_to_all_rows(x, counts, counts, group)
 
 
 def all_to_all_rows(
@@ -132,8 +106,7 @@ def cp_token_orders(
 
     ``order[i]`` is the global token index of row ``i`` (``seqpack.thd.cp.gather_order``), so
     ``rank_major.index_select(0, to_global)`` is the pack in global order and
-    ``global_order.index_select(0, order)`` goes back. ``index_select`` keeps both directions
-    differentiable (its backward is a scatter-add).
+    ``global_order.index_select(0, order)`` goes back, both differentiable.
     """
     order = gather_order(cu_seqlens_padded, total_tokens, cp_size, layout=layout).to(device)
     to_global = torch.empty_like(order)

@@ -1,23 +1,11 @@
 """Which fast path each compute stage runs, why, and the environment report behind ``seqpack doctor``.
 
-The fast paths are optional packages: Transformer Engine (TE) for attention, ``mamba_ssm`` and
-``causal_conv1d`` for the Mamba2 mixer. They are imported by a probe that keeps the import
-error, so that nothing falls back silently:
-
-- ``backend="te"`` / ``"mamba_ssm"``: the module's constructor raises
-  :class:`BackendUnavailableError` (an ``ImportError`` and a seqpack ``ConfigError``) whose
-  message carries the import error, which is also its ``__cause__``.
-- ``backend="auto"``: when a forward call gets inputs the fast path would have taken (attention:
-  fp16/bf16 on CUDA; Mamba: fp32/fp16/bf16 on CUDA) and the fast path does not import, the
-  torch reference runs and a WARNING is logged once per process (``seqpack._logging.warn_once``)
-  naming the package and the import error. CUDA inputs in a dtype the fast path does not take
-  (attention fp32/fp64, Mamba fp64) log a separate one-time warning: the reference is slow
-  there too. CPU inputs log nothing: the reference is the expected path on CPU.
-- ``backend="torch"`` never imports the fast paths and never warns.
-
-:func:`environment_report` collects what decides this (torch, CUDA, GPUs, package versions,
-whether each imports, what ``auto`` picks on bf16 CUDA inputs, numba); and
-:func:`format_environment_report` renders it as text. Neither prints.
+The fast paths are optional packages (Transformer Engine for attention, ``mamba_ssm`` and
+``causal_conv1d`` for Mamba2), imported by a probe that keeps the import error, so that nothing
+falls back silently: ``backend="te"`` / ``"mamba_ssm"`` raise :class:`BackendUnavailableError`
+at construction; ``backend="auto"`` runs the torch reference on CUDA inputs the fast path
+cannot take, logging a WARNING once (:func:`reference_warning`; nothing on CPU);
+``backend="torch"`` never imports the fast paths.
 """
 
 from __future__ import annotations
@@ -385,26 +373,18 @@ def _notes(torch_info: dict[str, Any], packages: dict[str, dict[str, Any]]) -> l
 def environment_report(*, isolate: bool = True) -> dict[str, Any]:
     """What decides which compute path seqpack runs here; a JSON-serialisable dict.
 
-    Keys: ``python``, ``platform``, ``seqpack``; ``torch`` (version, CUDA version, cuDNN,
-    ``devices``: name, capability, memory); ``packages`` (``transformer_engine``,
-    ``transformer_engine_torch``, ``mamba_ssm``, ``causal_conv1d``: installed version from
-    ``importlib.metadata``, whether the module seqpack needs imports, the error if not);
-    ``auto`` (the backend ``"auto"`` picks for attention and Mamba on bf16 CUDA inputs, and
-    why); ``numba`` (version, active and available threading layers); ``notes`` (likely
-    install problems). Importing the optional packages is part of the check, so the first
-    call can take seconds on a GPU machine.
+    Keys: ``python``, ``platform``, ``seqpack``, ``torch``, ``packages`` (the optional fast
+    paths: version, whether each imports, the error if not), ``auto`` (what ``"auto"`` picks on
+    bf16 CUDA inputs, and why), ``numba`` and ``notes`` (likely install problems).
 
-    With ``isolate`` (the default, and what ``seqpack doctor`` does) every optional or native
-    package is imported in a child process first (:func:`probe_import`), so one that raises
-    ``SystemExit``, aborts or crashes on import is reported instead of ending the report;
-    ``isolate=False`` imports them here (what the compute stages would see).
+    With ``isolate`` (the default, what ``seqpack doctor`` does) every optional or native
+    package is imported in a child process first (:func:`probe_import`), so one that aborts on
+    import is reported instead of ending the report; ``isolate=False`` imports them here.
     """
     from seqpack._version import __version__
 
     packages: dict[str, dict[str, Any]] = {}
-    # transformer_engine.pytorch first: it loads transformer_engine_torch itself. The packages
-    # are probed before torch initialises its cuDNN (as a training script importing TE at
-    # the top does): TE built against another cuDNN fails to import after it (docs/gpu.md).
+    # Probed before torch initialises its cuDNN: TE built against another cuDNN fails to import after it.
     probes = _probe_all() if isolate else None
     for key, distributions, module in _PACKAGES:
         packages[key] = _package_info(key, distributions, module, probes[module] if probes else None)

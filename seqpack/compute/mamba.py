@@ -7,18 +7,13 @@ at every sequence of the pack (``seq_idx``), so packed sequences never see each 
 Parameter names and shapes follow ``mamba_ssm.modules.mamba2.Mamba2``.
 
 Under CP (hidden-parallel, as NeMo's ``mamba_cp``) each rank holds ``T/cp`` tokens in the
-batch's CP layout (``batch.cp_layout``: DualChunkSwap or contiguous). ``in_proj`` runs on them,
-an all-to-all trades tokens for heads (``[T/cp, X] -> [T, X/cp]``, rank-major), one index op
-puts the pack in sequence order (``seqpack.thd.cp.gather_order`` of that layout), the conv and
-the scan run over the whole pack for this rank's heads with the matching slices of ``conv1d``,
-``dt_bias``, ``A_log`` and ``D`` (sliced in the forward, so gradients reach the full
-parameters), and the inverse path brings the full ``d_inner`` of this rank's tokens back for
-the norm and ``out_proj``.
+batch's CP layout; an all-to-all trades tokens for heads (``[T/cp, X] -> [T, X/cp]``), the conv
+and the scan run over the whole pack in sequence order for this rank's heads (the parameters
+sliced in the forward, so gradients reach them whole), and the inverse path brings the full
+``d_inner`` of this rank's tokens back for the norm and ``out_proj``.
 
 On CUDA with ``mamba_ssm`` and ``causal_conv1d`` installed the conv and the scan use their
-kernels (with ``seq_idx``); otherwise the exact torch functions :func:`causal_conv1d` and
-:func:`ssd_scan` below. ``backend="auto"`` never falls back silently on CUDA
-(:mod:`seqpack.compute.backends` says when it warns).
+kernels; otherwise the exact torch functions :func:`causal_conv1d` and :func:`ssd_scan`.
 """
 
 from __future__ import annotations
@@ -77,11 +72,8 @@ def causal_conv1d(
 
 
 def _segsum(a: torch.Tensor) -> torch.Tensor:
-    """``out[..., i, j] = a[..., j+1] + ... + a[..., i]`` for ``i >= j``, ``-inf`` above.
-
-    Built from masked cumulative sums (no difference of large cumsums), as Mamba2's
-    reference does, so it stays exact for long sequences.
-    """
+    """``out[..., i, j] = a[..., j+1] + ... + a[..., i]`` for ``i >= j``, ``-inf`` above (from
+    masked cumulative sums, as Mamba2's reference: exact for long sequences)."""
     n = a.shape[-1]
     x = a[..., None].expand(*a.shape, n)  # (..., n, n): x[..., i, j] = a[..., i]
     below = torch.ones(n, n, dtype=torch.bool, device=a.device).tril(-1)
@@ -155,10 +147,7 @@ def ssd_scan(
 
 class GatedRMSNorm(nn.Module):
     """``rmsnorm(y * silu(z)) * weight``, normalised over groups of ``group_size`` channels
-    (``mamba_ssm``'s ``RMSNormGated`` with ``norm_before_gate=False``).
-
-    The per-group statistics are torch's ``F.rms_norm`` (no weight: it would span one group,
-    the learned weight spans all ``dim`` channels), computed in at least fp32.
+    (``mamba_ssm``'s ``RMSNormGated`` with ``norm_before_gate=False``), statistics in >= fp32.
     """
 
     def __init__(
@@ -215,14 +204,10 @@ class Mamba2Mixer(nn.Module):
         headdim: Channels per SSM head ``P``.
         ngroups: B/C groups ``G`` (heads per group: ``nheads // ngroups``).
         cp_group: Context-parallel group (hidden-parallel); the batch must be this rank's
-            shard, in either CP layout (the mixer follows ``batch.cp_layout``). Needs
-            ``nheads % cp == 0`` and ``ngroups % cp == 0`` or ``cp % ngroups == 0`` (then each
-            rank uses the one group its heads belong to). A batch that carries its own
-            ``cp_group`` (every CP-sharded batch of the wrapper, static or dynamic CP) runs on
-            that group instead, with its ``cp_size`` / ``cp_rank`` (the same divisibility
-            needed for every size it comes in); the module needs no group then.
-            Parameters must be identical on all CP ranks; their gradients are partial per
-            rank and sum over the CP group (as with data parallelism).
+            shard, in either CP layout. Needs ``nheads % cp == 0`` and ``ngroups % cp == 0``
+            or ``cp % ngroups == 0``. A batch that carries its own ``cp_group`` runs on that
+            group instead. Parameters must be identical on all CP ranks; their gradients are
+            partial per rank and sum over the CP group (as with data parallelism).
         chunk_size: Scan chunk; default 256 for the mamba_ssm kernel, 64 for the torch scan.
         backend: ``"auto"`` (kernels for CUDA fp32/fp16/bf16 inputs when they import),
             ``"mamba_ssm"`` or ``"torch"`` (a :class:`~seqpack.options.MambaBackend` or its string).
@@ -431,7 +416,7 @@ class Mamba2Mixer(nn.Module):
         xBC, dt = xbcdt.split([heads * P + 2 * ngroups * N, heads], dim=-1)
         compute = torch.promote_types(xbcdt.dtype, torch.float32)
         A = -torch.exp(A_log.to(compute))  # (heads,)
-        kernels = self._kernels(xbcdt)
+        kernels = self._kernels_for(xbcdt.device, xbcdt.dtype)
         if kernels is not None:
             conv_fn, scan_fn = kernels
             # causal_conv1d takes seq_idx only in channel-last layout: [1, C, T] with stride 1 on C.
@@ -456,11 +441,8 @@ class Mamba2Mixer(nn.Module):
         y = y + x.to(compute) * D.to(compute)[:, None]  # D skip
         return y.to(xbcdt.dtype).reshape(T, heads * P)
 
-    def _kernels(self, x: torch.Tensor) -> tuple[Any, Any] | None:
-        """``(causal_conv1d_fn, mamba_chunk_scan_combined)`` for inputs like ``x``, or None: the reference."""
-        return self._kernels_for(x.device, x.dtype)
-
     def _kernels_for(self, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any] | None:
+        """``(causal_conv1d_fn, mamba_chunk_scan_combined)`` for such inputs, or None: the reference."""
         if self.backend == MambaBackend.TORCH:
             return None
         if self.backend == MambaBackend.AUTO:

@@ -38,9 +38,6 @@ sys.stdout.flush()
 def probe_import(module: str, attrs: tuple[str, ...] = (), timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
     """Import ``module`` in a child Python and report what happened, whatever it does.
 
-    A package that raises, calls ``sys.exit``, aborts or segfaults on import (a broken native
-    build) is reported instead of taking the caller down.
-
     Returns:
         ``{"imports": bool, "error": str | None, "version": str | None, "attrs": {name: bool}}``;
         ``error`` says how the child died when it did (the signal, or the exit status and the

@@ -2,28 +2,12 @@
 
 The mask is causal (default), bidirectional (``causal=False``) or a sliding window
 (``window=(left, right)``, Transformer Engine's convention, -1 = unbounded). Two backends with
-the same semantics:
-
-- ``"torch"``: an exact reference that runs anywhere (CPU, float64), query block by query
-  block against only the keys each block reaches, so memory is bounded by blocks, never
-  ``T x T``. Under context parallelism (either CP layout) each rank receives just the K/V rows
-  its queries reach, in one all-to-all whose backward returns the key gradients to their owners.
-- ``"te"``: Transformer Engine ``DotProductAttention`` in THD (``attn_mask_type``
-  ``"padding_causal"`` / ``"padding"``, ``window_size``) with ``pad_between_seqs`` stated
-  explicitly (TE issue #3331) and TE's own CP; TE's rules are checked when the module is built.
-
-``"auto"`` uses TE for fp16/bf16 CUDA inputs when TE imports, the torch reference otherwise;
-it never falls back silently (:mod:`seqpack.compute.backends` says when it warns).
-Pad queries output exactly 0 on both backends.
-
-Modules:
-    masks: :class:`AttentionMask` (``(left, right)``), :func:`attention_mask`, key reach and
-        block masks.
-    reference: :func:`thd_attention` (functional torch reference) and its blockwise core.
-    kv_exchange: the CP K/V exchange (:func:`plan_kv_exchange`, :func:`exchange_kv`) and
-        :func:`kv_exchange_traffic` (bytes moved against an all-gather).
-    te: TE's mask arguments and rules (:func:`check_te_rules`).
-    module: :class:`ThdAttention`, :func:`select_backend`.
+the same semantics, pad queries outputting exactly 0 on both: ``"torch"`` (``reference``, an
+exact reference that runs anywhere, with its own CP K/V exchange, ``kv_exchange``) and ``"te"``
+(Transformer Engine's ``DotProductAttention`` in THD with TE's own CP; its rules, ``te``, are
+checked when the module is built). ``"auto"`` uses TE for fp16/bf16 CUDA inputs when TE
+imports, the torch reference otherwise, never silently (:mod:`seqpack.compute.backends`).
+``masks`` holds :class:`AttentionMask`; ``module`` :class:`ThdAttention`.
 """
 
 from __future__ import annotations

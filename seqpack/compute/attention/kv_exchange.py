@@ -1,16 +1,10 @@
 """The CP key/value exchange of the torch attention: each rank receives only the keys in reach.
 
-A CP rank's queries are its chunks of every sequence (:mod:`seqpack.thd.cp`). Under a mask
-(:mod:`~seqpack.compute.attention.masks`) a chunk of real queries reaches one run of real keys
-of its sequence: all keys up to its last query when causal, ``W`` keys before it with a window
-``(W, 0)``, the whole real sequence when bidirectional. Pads are never keys. So instead of an
-all-gather of every rank's K/V (each rank receives ``(cp-1) T / cp`` rows), every rank sends
-each other rank just the rows that rank needs, in one all-to-all with uneven splits; its
-backward is the all-to-all back, so every key's gradient returns to the rank that owns it.
-
-The plan (:func:`plan_kv_exchange`) is pure index arithmetic on the global offsets, the same on
-every rank, computed with numpy on the host and cached per pack. :func:`kv_exchange_traffic`
-counts the rows and bytes it moves against the all-gather's.
+Under a mask a chunk of real queries reaches one run of real keys of its sequence, so instead
+of an all-gather of every rank's K/V, every rank sends each other rank just the rows that rank
+needs, in one all-to-all with uneven splits whose backward returns every key's gradient to its
+owner. The plan (:func:`plan_kv_exchange`) is pure index arithmetic on the global offsets,
+cached per pack; :func:`kv_exchange_traffic` counts what it moves against the all-gather.
 """
 
 from __future__ import annotations
@@ -108,9 +102,11 @@ def plan_kv_exchange(
     """
     cp_size, cp_rank = check_cp(cp_size, cp_rank)
     layout = check_choice("cp_layout", layout, CpLayout)
-    real = tuple(cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)
-    padded = tuple(cu_seqlens_padded.tolist() if isinstance(cu_seqlens_padded, torch.Tensor) else cu_seqlens_padded)
-    return _plan(real, padded, cp_size, cp_rank, layout, mask)
+    return _plan(_host(cu_seqlens), _host(cu_seqlens_padded), cp_size, cp_rank, layout, mask)
+
+
+def _host(offsets: torch.Tensor | Sequence[int]) -> tuple[int, ...]:
+    return tuple(offsets.tolist() if isinstance(offsets, torch.Tensor) else offsets)
 
 
 def exchange_kv(
@@ -184,8 +180,7 @@ def kv_exchange_traffic(
     mask = attention_mask(causal, window)
     per_row = 2 * check_positive_int("num_kv_heads", num_kv_heads) * check_positive_int("head_dim", head_dim)
     per_row *= check_positive_int("element_size", element_size)
-    real = tuple(cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)
-    padded = tuple(cu_seqlens_padded.tolist() if isinstance(cu_seqlens_padded, torch.Tensor) else cu_seqlens_padded)
+    real, padded = _host(cu_seqlens), _host(cu_seqlens_padded)
     total = padded[-1]
     owned = gather_order(torch.tensor(padded), total, cp_size, layout=layout).numpy().reshape(cp_size, -1)
     need = keys_in_reach(real, padded, cp_size, layout, mask)

@@ -47,8 +47,7 @@ def select_backend(
     """The backend one forward call runs: ``"te"`` or ``"torch"``.
 
     ``"auto"`` picks TE only when a TE module was built (CUDA and TE present at
-    construction) and the inputs are fp16/bf16 on a CUDA device (TE's THD kernels take no
-    fp32/fp64; those run the exact reference).
+    construction) and the inputs are fp16/bf16 on a CUDA device.
 
     Raises:
         ConfigError: ``backend`` is not one of ``"auto"``, ``"te"``, ``"torch"``.
@@ -71,10 +70,8 @@ class ThdAttention(nn.Module):
         backend: ``"auto"``, ``"te"`` or ``"torch"`` (an :class:`~seqpack.options.AttentionBackend`
             or its string; see the package docstring).
         cp_group: Context-parallel group for batches that carry none (built by hand); the
-            batch must be this rank's CP shard (``seqpack.thd.shard_for_cp``) with
-            ``cp_size`` / ``cp_rank`` of this group. A batch that carries its own ``cp_group``
-            (every CP-sharded batch of the wrapper, static or dynamic CP) runs on that group,
-            with its ``cp_size`` / ``cp_rank``: the module needs none then.
+            batch must be this rank's CP shard (``seqpack.thd.shard_for_cp``). A batch that
+            carries its own ``cp_group`` runs on that group.
         causal: Keys after the query are never attended (default).
         window: ``(left, right)``, TE's ``window_size``: query ``i`` sees keys ``i-left ..
             i+right`` of its sequence, -1 = unbounded; ``(W, 0)`` with ``causal=True`` is a
@@ -92,8 +89,7 @@ class ThdAttention(nn.Module):
     Raises:
         ConfigError: Bad head counts, backend, mask, ``cp_comm_type`` or ``cp_layout`` (a
             ``ValueError``), or a configuration Transformer Engine cannot run when TE may run
-            (``backend="te"``, or ``"auto"`` with CUDA and TE): a sliding window with another
-            ``cp_comm_type`` than ``"all_gather"`` / ``"a2a"``, heads not divisible for ``a2a``, ...
+            (``backend="te"``, or ``"auto"`` with CUDA and TE; :func:`check_te_rules`).
         BackendUnavailableError: ``backend="te"`` and Transformer Engine does not import (an
             ``ImportError``; the import error is its ``__cause__``).
     """

@@ -1,11 +1,9 @@
 """The exact torch reference of THD attention: masked attention inside each packed sequence.
 
-Work goes query block by query block: a block of a sequence's real queries against only the
-keys its mask lets it reach (:func:`~seqpack.compute.attention.masks.key_range`), so scores
-stay at most ``MAX_SCORE_BLOCK`` elements (never ``T x T``), and a sliding window costs
-``s * W``, not ``s^2``. Under CP the queries are this rank's chunks of every sequence and the
-keys are either the whole pack (:func:`thd_attention`) or only the keys within reach that the
-CP exchange brought (``key_positions``, see :mod:`~seqpack.compute.attention.kv_exchange`).
+Work goes query block by query block against only the keys each block's mask reaches, so
+scores stay at most ``MAX_SCORE_BLOCK`` elements (never ``T x T``) and a sliding window costs
+``s * W``, not ``s^2``. Under CP the keys are the whole pack (:func:`thd_attention`) or those
+the CP exchange brought (``key_positions``, :mod:`~seqpack.compute.attention.kv_exchange`).
 """
 
 from __future__ import annotations
@@ -26,15 +24,11 @@ from seqpack.validation import check_choice
 
 __all__ = ["MAX_SCORE_BLOCK", "attend", "thd_attention"]
 
-# Largest score block (elements) one SDPA call builds: long sequences are cut into query
-# blocks so that memory stays bounded and buffers stay below glibc's mmap threshold (32 MB),
-# where freed memory is reused instead of being returned to the OS and faulted in again on
-# every call.
+# Largest score block (elements) one SDPA call builds: bounded memory, and buffers below
+# glibc's mmap threshold, so freed memory is reused rather than faulted in again every call.
 MAX_SCORE_BLOCK = 1 << 21
 
-
-# Fewest query rows of a windowed block: smaller blocks waste fewer masked scores, but each
-# block is one SDPA call (and its backward); 128 rows keep the per-call cost in the noise.
+# Fewest query rows of a windowed block: each block is one SDPA call (and its backward).
 MIN_WINDOW_ROWS = 128
 
 
@@ -139,9 +133,8 @@ def attend(
         if num_real < length:
             pieces.append(q.new_zeros(length - num_real, heads, dv))
     out = torch.cat(pieces) if pieces else q.new_zeros(0, heads, dv)  # (T_local, H, Dv)
-    # Keep q, k, v in the graph (an exact +0) even when every query is a pad: a padding-only
-    # microbatch must still give its inputs (zero) gradients, and under CP the K/V exchange's
-    # backward is a collective that every rank has to enter.
+    # Keep q, k, v in the graph (an exact +0) even when every query is a pad: under CP the K/V
+    # exchange's backward is a collective that every rank has to enter.
     return out + (q[:0].sum() + k[:0].sum() + v[:0].sum())
 
 
@@ -182,7 +175,6 @@ def thd_attention(
     num_heads, num_kv_heads = q.shape[1], k.shape[1]
     if num_heads % num_kv_heads != 0:
         raise SeqpackError(f"query heads ({num_heads}) must be a multiple of key/value heads ({num_kv_heads})")
-    # cu_seqlens are tiny ([N+1]); reading them on the host costs one sync per call on a GPU.
     real, padded = cu_seqlens.tolist(), cu_seqlens_padded.tolist()
     if padded[-1] != k.shape[0] or padded[-1] != q.shape[0] * cp_size:
         raise SeqpackError(

@@ -1,14 +1,9 @@
 """The Transformer Engine backend of ``ThdAttention``: its mask arguments and its rules.
 
-TE's ``DotProductAttention`` in THD takes the mask as ``attn_mask_type`` (``"padding_causal"``
-or ``"padding"``) plus ``window_size=(left, right)``. Under context parallelism it has rules
-(shared/REFERENCE.md, TE main): a sliding window works only with ``cp_comm_type``
-``"all_gather"`` or ``"a2a"``; THD + CP takes only the ``padding`` / ``padding_causal`` masks;
-``a2a`` splits heads, so heads and GQA groups must divide by the a2a group size; every padded
-sequence must be divisible by ``2*cp`` (DualChunkSwap, TE's only THD layout under CP). Without
-causality TE takes ``(-1, -1)`` or two real bounds, never one. :func:`te_rule_violation` states
-them as pure Python, so a module that breaks one fails when it is built (a ``ConfigError``
-naming ``cp_comm_type`` and the choices that work), never inside a kernel.
+TE's ``DotProductAttention`` in THD takes the mask as ``attn_mask_type`` plus
+``window_size=(left, right)``, and under context parallelism has rules (shared/REFERENCE.md).
+:func:`te_rule_violation` states them as pure Python, so a module that breaks one fails when
+it is built, never inside a kernel.
 """
 
 from __future__ import annotations
@@ -96,12 +91,8 @@ def check_te_rules(
     a2a_size: int | None = None,
     cp_layout: CpLayout | None = None,
 ) -> None:
-    """Raise :class:`~seqpack.errors.ConfigError` when TE cannot run this configuration.
-
-    The message names the rule, ``cp_comm_type`` and the communication types that would work
-    here (or says that none does), and points to ``backend='torch'``, which runs every mask
-    under every layout.
-    """
+    """Raise :class:`~seqpack.errors.ConfigError` naming the rule and the ``cp_comm_type``
+    choices that work when TE cannot run this configuration."""
 
     def violation(choice: CpCommType, a2a: int | None) -> str | None:
         return te_rule_violation(
@@ -185,9 +176,8 @@ def te_forward_kwargs(batch: PackedBatch, mask: AttentionMask) -> dict[str, Any]
     """The THD keyword arguments of TE's forward for this batch and mask.
 
     ``batch.te_kwargs()`` may pass the padded offsets as real lengths when only the pack's tail
-    is padding (TE #3487's fast path): exact when causal, since pads follow every real token of
-    their sequence. A mask that reaches right would attend those pads, so it gets the real
-    lengths and ``pad_between_seqs=True``.
+    is padding (exact when causal); a mask that reaches right would attend those pads, so it
+    gets the real lengths and ``pad_between_seqs=True``.
     """
     kwargs = batch.te_kwargs(include_format=False)
     if not mask.causal and kwargs["cu_seqlens_q"] is not batch.cu_seqlens:
