@@ -10,6 +10,7 @@ process group of one axis (``topology.group("cp")``), and where a global rank is
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -229,15 +230,13 @@ class Topology:
             kwargs[f"{axis}_size"] = len(ranks)
             kwargs[f"{axis}_rank"] = ranks.index(me)
             members[axis] = set(ranks)
-        axes = list(members)
-        for i, a in enumerate(axes):
-            for b in axes[i + 1 :]:
-                shared = members[a] & members[b]
-                if shared != {me}:
-                    raise ConfigError(
-                        f"the {a} group {sorted(members[a])} and the {b} group {sorted(members[b])} share ranks "
-                        f"{sorted(shared)}; axis groups must meet only in this rank ({me})"
-                    )
+        for a, b in itertools.combinations(members, 2):
+            shared = members[a] & members[b]
+            if shared != {me}:
+                raise ConfigError(
+                    f"the {a} group {sorted(members[a])} and the {b} group {sorted(members[b])} share ranks "
+                    f"{sorted(shared)}; axis groups must meet only in this rank ({me})"
+                )
         if world_size is None:
             world_size = dist.get_world_size() if dist.is_initialized() else 1
         groups = {k: v for k, v in given.items() if v is not None}

@@ -14,20 +14,7 @@ from __future__ import annotations
 
 from seqpack.cli.app import COMMANDS, build_parser, main
 from seqpack.cli.commands.simulate import simulate
-from seqpack.cli.commands.stats import PERCENTILES, length_summary
+from seqpack.cli.commands.stats import length_summary
 from seqpack.cli.exit import CommandError, ExitCode
-from seqpack.cli.length_sources import DIST_DEFAULTS
-from seqpack.cli.tables import format_table
 
-__all__ = [
-    "COMMANDS",
-    "DIST_DEFAULTS",
-    "PERCENTILES",
-    "CommandError",
-    "ExitCode",
-    "build_parser",
-    "format_table",
-    "length_summary",
-    "main",
-    "simulate",
-]
+__all__ = ["COMMANDS", "CommandError", "ExitCode", "build_parser", "length_summary", "main", "simulate"]

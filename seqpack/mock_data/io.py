@@ -26,17 +26,10 @@ LENGTH_COLUMNS = ("length", "lengths", "seq_len", "seqlen", "seq_length", "num_t
 """Column names picked automatically when a file has several columns."""
 
 _FORMATS = {
-    ".csv": "csv",
-    ".tsv": "csv",
-    ".txt": "csv",
-    ".parquet": "parquet",
-    ".pq": "parquet",
-    ".arrow": "arrow",
-    ".feather": "arrow",
-    ".ipc": "arrow",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".json": "jsonl",
+    **dict.fromkeys((".csv", ".tsv", ".txt"), "csv"),
+    **dict.fromkeys((".parquet", ".pq"), "parquet"),
+    **dict.fromkeys((".arrow", ".feather", ".ipc"), "arrow"),
+    **dict.fromkeys((".jsonl", ".ndjson", ".json"), "jsonl"),
 }
 
 
@@ -273,10 +266,7 @@ def _as_lengths(col: pa.Array) -> tuple[np.ndarray, int | None, str]:
         big = np.flatnonzero(raw >= 2.0**63)  # integers past int64 parse as floats
         if big.size:
             return raw, int(big[0]), f"length {_shown(float(raw[big[0]]))} is too large (at most 2**63 - 1)"
-        if raw.size and raw.min() < 0:
-            row = int(np.argmin(raw))
-            return raw, row, f"negative length {_shown(float(raw[row]))}"
-        values = raw.astype(np.int64)
+        values = raw.astype(np.int64)  # a negative one is found below
     else:
         texts = col.to_pylist()
         values = np.empty(len(texts), dtype=np.int64)

@@ -114,10 +114,8 @@ def _warm(*, as_json: bool, jobs: int) -> int:
 
 
 def _check_cache() -> str:
-    """Where numba caches the kernels, in words (``NUMBA_CACHE_DIR`` when set, else every
-    kernel folder's cache); refuse, before compiling, a cache folder numba cannot create and
-    write: it would compile anyway and cache beside the sources, not in a ``NUMBA_CACHE_DIR``
-    it cannot use, or fail with "no locator available" where no folder is writable."""
+    """Where numba caches the kernels, in words; refuse, before compiling, a cache folder numba
+    cannot create and write (it would cache elsewhere, or fail with "no locator available")."""
     from seqpack.schedulers._kernels import cache_dir
     from seqpack.schedulers._kernels.sources import kernel_sources
 
@@ -137,11 +135,10 @@ def _check_cache() -> str:
 
 
 def _warm_in_processes(jobs: int, *, as_json: bool) -> dict[str, tuple[float, float]]:
-    """Each family in a process of a pool of ``jobs`` (spawned: fresh interpreters, as
-    separate ``seqpack doctor --warm`` runs would be), the costliest first
-    (:attr:`~seqpack.cli.warm.Family.order`), a line as each one ends. numba writes each
-    cache file under a temporary name and renames it, so processes compiling a shared helper
-    at once leave a whole file."""
+    """Each family in a spawned process of a pool of ``jobs``, the costliest first
+    (:attr:`~seqpack.cli.warm.Family.order`), a line as each one ends (numba writes a cache
+    file under a temporary name and renames it, so processes compiling one helper at once
+    leave a whole file)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 

@@ -389,12 +389,9 @@ def run(args: argparse.Namespace) -> int:
 def check_fits(
     dp_size: int, cp_size: int, max_tokens_per_rank: int, global_batch: int, steps: int, default_batch: bool
 ) -> None:
-    """Refuse, before any work, a run whose one step cannot fit in this machine's memory.
-
-    A step holds ``O(global_batch + dp * microbatches)``: the sequences, and one array per
-    (microbatch, replica) cell of the schedule; the lengths of all steps are read up front.
-    Microbatches are estimated at the token lower bound for sequences of a quarter of the
-    capacity (a tenth of the global batch per replica at least fills one).
+    """Refuse, before any work, a run whose one step (``O(global_batch + dp * microbatches)``,
+    microbatches estimated for sequences of a quarter of the capacity) and whose lengths of
+    all steps cannot fit in this machine's memory.
 
     Raises:
         CommandError: Naming ``--dp``, ``--global-batch`` and ``--steps`` with the estimate.

@@ -49,9 +49,8 @@ def _check_port(port: int) -> None:
 
 
 def preflight(settings: DemoSettings) -> None:
-    """Refuse, before any process starts, what would otherwise fail in every rank (with a
-    traceback each) or only after training: an unwritable ``--json-out``, a ``--data`` file
-    that is not a token table or is too small for the run, a busy ``--port``.
+    """Refuse, before any process starts, what would fail in every rank or only after
+    training: an unwritable ``--json-out``, a bad or too small ``--data`` file, a busy ``--port``.
 
     Raises:
         CommandError, SampleError: Naming the flag and the value.

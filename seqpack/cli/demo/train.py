@@ -66,11 +66,7 @@ def calibrate_cost(cfg: TinyConfig, max_len: int, tokens: int = 4096, repeats: i
         sizes.append(length)
         length *= 2
     sizes.append(max_len)
-    packs = []
-    for length in sizes:
-        for total in (tokens // 2, tokens):
-            count = max(1, total // length)
-            packs.append([length] * count)
+    packs = [[n] * max(1, total // n) for n in sizes for total in (tokens // 2, tokens)]
     times = []
     for lengths in packs:
         batch = pack_sequences([{"input_ids": torch.randint(1, cfg.vocab_size, (n,), generator=gen)} for n in lengths])
