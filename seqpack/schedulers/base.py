@@ -31,6 +31,9 @@ class Scheduler(ABC):
     """
 
     name: ClassVar[str] = ""
+    group_sizes: GroupSizes = GroupSizes.STATIC
+    """The CP groups this scheduler's plans use: ``"static"`` (every microbatch on one
+    replica's CP block), or a dynamic-CP rule."""
 
     def schedule(
         self,
@@ -54,25 +57,22 @@ class Scheduler(ABC):
         Args:
             lengths: int64 ``[N]`` real lengths in global order (DP rank 0's samples first).
             dp_size: Data-parallel replicas.
-            cp_size: Context-parallel ranks per replica; a static microbatch holds up to
-                ``max_tokens_per_rank * cp_size`` padded tokens.
-            max_tokens_per_rank: Token capacity of one rank for one microbatch.
+            cp_size: Context-parallel ranks per replica.
+            max_tokens_per_rank: Padded tokens one rank holds in one microbatch (a static
+                microbatch: ``max_tokens_per_rank * cp_size``).
             pad_multiple: Every sequence is padded to a multiple of this (a dynamic-CP
                 group of ``c > 1`` ranks to ``2 * c`` times it).
-            cost: Cost model: a :class:`~seqpack.cost.CostModel` (a microbatch's cost on its
-                CP group, CP ring included).
+            cost: A microbatch's cost on its CP group, ring included (:class:`~seqpack.cost.CostModel`).
             on_oversize: ``"error"`` (default), ``"truncate"`` or ``"drop"`` for sequences
                 longer than the largest microbatch.
-            origin: DP rank each sample currently sits on (default: ``N`` split into
-                ``dp_size`` contiguous, equal blocks). Schedulers may use it to keep samples
-                where they are; ``"empty"`` never moves them.
+            origin: DP rank each sample sits on (default: ``N`` split into ``dp_size``
+                contiguous, equal blocks).
             sync: What a step waits for, so what the scheduler minimises
-                (:func:`~seqpack.schedulers.predicted_step_time`): ``"lockstep"`` (FSDP,
-                pipeline: every microbatch round waits for its slowest group) or
-                ``"replica"`` (DDP, ZeRO-1: the slowest rank's total).
-            bytes_per_token: Bytes a sample's token carries through the exchange (``None``:
-                20, token ids, labels and a loss mask), for schedulers that weigh it against
-                their plan time (``balanced``'s locality).
+                (:func:`~seqpack.schedulers.predicted_step_time`): ``"lockstep"`` (every
+                microbatch round waits for its slowest group: FSDP, pipelines) or ``"replica"``
+                (the slowest rank's total: DDP, ZeRO-1).
+            bytes_per_token: Bytes a token carries through the exchange (``None``: 20), for
+                ``balanced``'s locality.
             static_shapes: Fixed pack shapes (:class:`~seqpack.thd.StaticShapes`): no
                 microbatch holds more than its ``max_real_sequences`` sequences or more
                 padded tokens than its largest bucket
@@ -105,12 +105,6 @@ class Scheduler(ABC):
     def plan(self, request: Request) -> Schedule:
         """The schedule for ``request`` (:meth:`schedule`)."""
 
-    @property
-    def group_sizes(self) -> GroupSizes:
-        """The CP groups this scheduler's plans use (:class:`~seqpack.options.GroupSizes`):
-        ``"static"`` (every microbatch on one replica's CP block), or a dynamic-CP rule."""
-        return GroupSizes.STATIC
-
     def longest_sequence(self, dp_size: int, cp_size: int, max_tokens_per_rank: int, pad_multiple: int) -> int:
         """The longest sequence this scheduler's plans hold (what ``on_oversize="truncate"``
         cuts a longer one to): the most a static microbatch of ``max_tokens_per_rank *
@@ -118,9 +112,8 @@ class Scheduler(ABC):
         return (max_tokens_per_rank * cp_size // pad_multiple) * pad_multiple
 
     def resolve_cost(self, cost: CostModel | None) -> CostModel | None:
-        """The cost model this scheduler balances for ``cost``; pass it to
-        ``StepStats.from_schedule`` so stats are in the units the schedule was balanced in.
-        Schedulers that ignore cost return ``cost`` unchanged."""
+        """The cost model this scheduler balances for ``cost`` (unchanged where it ignores cost):
+        the units its plans' stats are in."""
         return cost
 
     def __repr__(self) -> str:

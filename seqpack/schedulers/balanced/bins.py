@@ -1,13 +1,8 @@
-"""Step 2 of the balanced plan: bin rules. Each packs the sequences into ``dp * M`` bins of
-``capacity`` tokens, or returns None; the plan tries them in turn at a microbatch count.
-
-A rule takes the step's :class:`~seqpack.schedulers.balanced.rounds.Sequences`, the cost
-target of every bin and ``M``, and returns ``(rule, bin of each sequence, cost of each
-bin)``. The greedy rules are one kernel
-(:func:`~seqpack.schedulers._kernels.grid_lpt`): each sequence, longest first, into the bin
-furthest below its cost target (:func:`cost_targets`), the bin with the fewest tokens
-(:func:`worst_fit`) or the first with room (:func:`first_fit`). Greedy rules can miss a
-packing that exists (first-fit decreasing may need 11/9 of the optimal bins):
+"""Step 2 of the balanced plan: bin rules, tried in turn at a microbatch count ``M``. A rule
+takes the step's :class:`~seqpack.schedulers.balanced.rounds.Sequences`, the cost target of
+every bin and ``M``, and packs the sequences into ``dp * M`` bins of ``capacity`` tokens:
+``(rule, bin of each sequence, cost of each bin)``, or None. The greedy rules are one
+kernel (:func:`~seqpack.schedulers._kernels.grid_lpt`) and can miss a packing that exists;
 :func:`exact_search` searches exactly, within a bounded amount of work.
 """
 

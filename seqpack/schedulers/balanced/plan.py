@@ -1,7 +1,6 @@
-"""Steps 1-4 of the balanced plan at a microbatch count, and the search over counts
-(:func:`plan_balanced`), each step the stage :class:`~seqpack.schedulers.balanced.stages.Stages`
-names.
-"""
+"""Steps 1-4 of the balanced plan (:func:`plan_balanced`): the stages of
+:class:`~seqpack.schedulers.balanced.stages.Stages` at a microbatch count, and the search
+over counts."""
 
 from __future__ import annotations
 
@@ -82,17 +81,13 @@ def plan_balanced(
             ``microbatch_group_size_per_vp_stage`` under interleaved pipelines).
         num_microbatches: Use exactly this ``M``.
         max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
-        origin: DP rank holding each sequence. Only breaks ties between equally long
-            sequences, so that they stay where they are when that costs nothing: with
-            equal lengths, no sample moves.
-        sync: The step time the plan is made for (:func:`step_objective`): ``"lockstep"``
-            (the repair never lets the rounds get slower) or ``"replica"`` (it balances
-            the replicas' totals).
+        origin: DP rank holding each sequence; breaks ties between equally long sequences
+            so that they stay where they are (with equal lengths, no sample moves).
+        sync: The step time the plan is made for (:func:`step_objective`).
         price: Under ``static_shapes``, the bucket padding's cost
-            (:class:`~seqpack.schedulers.shape_limits.BucketPrice`): added to every
+            (:class:`~seqpack.schedulers.shape_limits.BucketPrice`), added to every
             microbatch's cost where counts are compared.
-        stages: The stages the plan runs (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`;
-            benchmarks/ablation.py composes others).
+        stages: The stages the plan runs.
 
     Raises:
         ScheduleError: ``num_microbatches`` too small to hold the sequences (the caller

@@ -1,10 +1,6 @@
-"""The balanced plan as a composition of stages (docs/schedulers.md, steps 1-5).
-
-:class:`Stages` names the function that runs each step of the plan, and :data:`DEFAULT` is
-the plan seqpack runs. ``benchmarks/ablation.py`` composes others (a stage left out, or
-replaced by a simpler one) to measure what each stage buys; nothing in the library plans
-with anything but :data:`DEFAULT`.
-"""
+"""The balanced plan as a composition of stages (docs/schedulers.md, steps 1-5):
+:data:`DEFAULT` is the plan seqpack runs; ``benchmarks/ablation.py`` composes others to
+measure what each stage buys."""
 
 from __future__ import annotations
 

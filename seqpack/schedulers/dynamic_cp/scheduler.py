@@ -32,11 +32,7 @@ class DynamicCpScheduler(Scheduler):
     name = "dynamic_cp"
 
     def __init__(self, group_sizes: str | GroupSizes = GroupSizes.POW2) -> None:
-        self._group_sizes = dynamic_group_sizes(group_sizes, "scheduler 'dynamic_cp'")
-
-    @property
-    def group_sizes(self) -> GroupSizes:
-        return self._group_sizes
+        self.group_sizes = dynamic_group_sizes(group_sizes, "scheduler 'dynamic_cp'")
 
     def plan(self, request: Request) -> Schedule:
         """:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` of ``request`` under
