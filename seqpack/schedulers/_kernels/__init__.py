@@ -28,15 +28,8 @@ from seqpack.errors import ConfigError
 if TYPE_CHECKING:
     from seqpack.schedulers._kernels.bin_search import complete_bins, dfs
     from seqpack.schedulers._kernels.consecutive import next_fit
-    from seqpack.schedulers._kernels.grid import (
-        GRID_LOCAL_SLICES,
-        MODE_COST,
-        MODE_FIRST_FIT,
-        MODE_TOKENS,
-        grid_local,
-        grid_lpt,
-    )
-    from seqpack.schedulers._kernels.locality_swaps import PAIR_BIN, home_swaps
+    from seqpack.schedulers._kernels.grid import MODE_COST, MODE_FIRST_FIT, MODE_TOKENS, grid_local, grid_lpt
+    from seqpack.schedulers._kernels.locality_swaps import home_swaps
     from seqpack.schedulers._kernels.matching import greedy_matching
     from seqpack.schedulers._kernels.replica_repair import repair_replicas, replica_lpt
 
@@ -47,11 +40,9 @@ COLD_COMPILE_SECONDS = 30
 
 # Where each kernel and constant is defined; a kernel module is an attribute too.
 _HOMES = {
-    "GRID_LOCAL_SLICES": "seqpack.schedulers._kernels.grid",
     "MODE_COST": "seqpack.schedulers._kernels.grid",
     "MODE_FIRST_FIT": "seqpack.schedulers._kernels.grid",
     "MODE_TOKENS": "seqpack.schedulers._kernels.grid",
-    "PAIR_BIN": "seqpack.schedulers._kernels.locality_swaps",
     "complete_bins": "seqpack.schedulers._kernels.bin_search",
     "dfs": "seqpack.schedulers._kernels.bin_search",
     "greedy_matching": "seqpack.schedulers._kernels.matching",
@@ -63,11 +54,9 @@ _HOMES = {
     "replica_lpt": "seqpack.schedulers._kernels.replica_repair",
 }
 __all__ = [
-    "GRID_LOCAL_SLICES",
     "MODE_COST",
     "MODE_FIRST_FIT",
     "MODE_TOKENS",
-    "PAIR_BIN",
     "complete_bins",
     "dfs",
     "greedy_matching",
