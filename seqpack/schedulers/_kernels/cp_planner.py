@@ -135,29 +135,6 @@ def _pop(heap: np.ndarray, size: int, first: np.ndarray, second: np.ndarray, by_
     return top, size
 
 
-@helper
-def _add(
-    b: int,
-    p: int,
-    bin_size: np.ndarray,
-    bin_room: np.ndarray,
-    bin_load: np.ndarray,
-    bin_tokens: np.ndarray,
-    bin_s: np.ndarray,
-    bin_ss: np.ndarray,
-    coef: np.ndarray,
-    ranks_per_node: int,
-) -> None:
-    """Put a sequence of padded length ``p`` into bin ``b``."""
-    c = bin_size[b]
-    fp = float(p)
-    bin_load[b] += (coef[1] * fp + coef[2] * fp * fp) / c + ring_per_token(c, c > ranks_per_node, coef) * fp
-    bin_s[b] += fp
-    bin_ss[b] += fp * fp
-    bin_room[b] -= p
-    bin_tokens[b] += p
-
-
 @njit(cache=True)
 def lpt(
     lengths: np.ndarray,
@@ -205,7 +182,12 @@ def lpt(
             b, in_main = _pop(main, in_main, key, bin_tokens, True)
             p = padded(lengths[j], bin_size[b], pad_multiple)
             if p <= bin_room[b]:
-                _add(b, p, bin_size, bin_room, bin_load, bin_tokens, bin_s, bin_ss, coef, ranks_per_node)
+                c, fp = bin_size[b], float(p)
+                bin_load[b] += (coef[1] * fp + coef[2] * fp * fp) / c + ring_per_token(c, c > ranks_per_node, coef) * fp
+                bin_s[b] += fp
+                bin_ss[b] += fp * fp
+                bin_room[b] -= p
+                bin_tokens[b] += p
                 key[b] = bin_floor[b] - bin_load[b]
                 bin_of[j] = b
                 if bin_room[b] >= smallest:
@@ -444,17 +426,6 @@ def _rank_choice(
     return -1, np.inf
 
 
-@helper
-def _rank_room(b: int, room: np.ndarray, count: np.ndarray, depth: int, capacity: int) -> int:
-    """The longest padded sequence rank ``b`` can still take."""
-    if count[b] < depth:
-        return capacity
-    best = 0
-    for k in range(depth):
-        best = max(best, room[b, k])
-    return best
-
-
 @njit(cache=True)
 def lpt_ranks(
     lengths: np.ndarray, load: np.ndarray, capacity: int, pad_multiple: int, coef: np.ndarray, depth: int, look: int
@@ -503,7 +474,10 @@ def lpt_ranks(
         count[best] = max(count[best], best_slot + 1)
         room[best, best_slot] -= p
         load[best], neg[best] = best_t, -best_t
-        free[best] = _rank_room(best, room, count, depth, capacity)
+        free[best] = capacity if count[best] < depth else 0  # the longest sequence it can still take
+        if count[best] == depth:
+            for slot in range(depth):
+                free[best] = max(free[best], room[best, slot])
         rank_of[j], slot_of[j] = best, best_slot
         for q in range(used):
             size = _push(heap, size, popped[q], neg, neg, False)

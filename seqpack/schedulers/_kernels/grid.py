@@ -176,7 +176,10 @@ def grid_local(
     placed = np.full(n, -1, dtype=np.int64)
     home = np.zeros(n, dtype=np.bool_)
     ok = True
-    for lo, hi in _slices(n, GRID_LOCAL_SLICES):
+    bounds = [(n * s) // GRID_LOCAL_SLICES for s in range(GRID_LOCAL_SLICES + 1)]
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        if hi == lo:
+            continue
         # This slice's positions grouped by rank, in fill order within a rank.
         origin_slice = origin_placed[lo:hi]
         count = hi - lo
@@ -201,12 +204,6 @@ def grid_local(
     at_home = np.zeros(lengths.shape[0], dtype=np.bool_)
     at_home[order] = home
     return ok, bin_of, at_home
-
-
-def _slices(n: int, count: int) -> list[tuple[int, int]]:
-    """``count`` consecutive (start, end) ranges covering ``0..n`` (empty ones left out)."""
-    bounds = [(n * k) // count for k in range(count + 1)]
-    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
 @njit(cache=True)
