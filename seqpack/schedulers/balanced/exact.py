@@ -83,9 +83,9 @@ def pack_bins(
     bin_of = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return FOUND, bin_of
-    if num_bins <= 0 or int(lengths.max()) > capacity:
+    if num_bins <= 0 or int(lengths.max()) > capacity or int(lengths.sum()) > num_bins * capacity:
         return INFEASIBLE, bin_of
-    if int(lengths.sum()) > num_bins * capacity or bin_lower_bound(lengths, capacity) > num_bins:
+    if bin_lower_bound(lengths, capacity) > num_bins:
         return INFEASIBLE, bin_of
     order = _longest_first(lengths)
     sizes = lengths[order]
@@ -94,9 +94,7 @@ def pack_bins(
     skip = _cannot_find(sizes, num_bins, capacity, max_work) if found_only else (False, False)
     status, placed = _item_search(sizes, num_bins, capacity, min(max_work, FIRST_WORK) if few else max_work, skip[0])
     if status == GAVE_UP and few:
-        if skip[1]:
-            status = GAVE_UP
-        else:
+        if not skip[1]:
             status, placed = _kernels.complete_bins(sizes, int(num_bins), int(capacity), int(max_work))
         if status == GAVE_UP and max_work > FIRST_WORK:  # whatever the item search alone packed, it still packs
             status, placed = _item_search(sizes, num_bins, capacity, max_work, skip[0])

@@ -40,11 +40,11 @@ TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than th
 AUTO = "auto"  # BalancedScheduler(locality=AUTO): on where locality_pays
 LINK_BYTES_PER_SECOND = 25e9  # one rank's exchange bandwidth: 200 Gb/s InfiniBand
 PLAN_SECONDS_PER_SEQUENCE = 1e-6  # plan time locality adds per sequence of the step (docs/scale.md)
-KEPT_HOME = 0.5  # share of the step's tokens locality keeps home that the plain plan moves (0.17-0.69)
+KEPT_HOME = 0.5  # share of the step's tokens locality keeps home that the plain plan moves
 _REPLICAS_FILL = 0.9  # home_fill of the per-replica layout
 _REPAIR_WORK_FACTOR = 3  # local layouts start further from balance: 3x the repair's work budget
 _SWAP_SLACK = 0.9  # home swaps may raise each cap by this share of the tolerance
-_SWAP_PASSES = 1  # passes of the home swaps over the sequences (a second: 35% -> 27% moved, +0.3 s at 16K)
+_SWAP_PASSES = 1  # passes of the home swaps over the sequences
 _SWAPS_ABOVE = 1 / 3  # the home swaps are also tried when the per-replica layout moves more
 
 __all__ = [
