@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,6 +21,7 @@ from seqpack.options import INT32_MAX, TailPadding
 from seqpack.schedulers.objective import step_objective
 from seqpack.schedulers.registry import get_scheduler
 from seqpack.schedulers.request import Request
+from seqpack.schedulers.shape_limits import BucketPrice
 from seqpack.schedulers.step_time import group_times, predicted_step_time
 from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import check_int, check_positive_int
@@ -102,12 +103,9 @@ class FixedPlans:
 
     def mean_time(self, ladder: tuple[int, ...]) -> float:
         """The plans' mean predicted step time with ``ladder``'s bucket padding."""
-        buckets = np.asarray(ladder, dtype=np.int64)
-        total = 0.0
-        for base, tokens in zip(self.base, self.grid_tokens, strict=True):
-            index = np.minimum(np.searchsorted(buckets, tokens), buckets.shape[0] - 1)
-            total += step_objective(base + self.rate * (buckets[index] - tokens), self.sync)
-        return total / max(len(self.base), 1)
+        price = BucketPrice(np.asarray(ladder, dtype=np.int64), self.rate)
+        plans = zip(self.base, self.grid_tokens, strict=True)
+        return sum(step_objective(b + price.extra(t), self.sync) for b, t in plans) / max(len(self.base), 1)
 
     def descend(self, starts: Sequence[tuple[int, ...]], sweeps: int = 3, candidates: int = 128) -> tuple[int, ...]:
         """The best ladder found by moving one bucket at a time (the largest stays) to the
@@ -203,15 +201,16 @@ def static_shapes_by_cost(
         for n in _step_lengths(steps)
     ]
     first = requests[0]
-    trial = _Trial(
-        planner=planner,
-        steps=requests,
-        family=planner.resolve_cost(first.cost) or default_cost_model(),
-        sync=first.sync,
-        max_sequences=max_sequences,
-        tail_padding=tail_padding,
-    )
-    return _search(trial, buckets=buckets, unit=first.pad_multiple, top=_top_bucket(first), refits=refits)
+    family = planner.resolve_cost(first.cost) or default_cost_model()
+
+    def evaluate(ladder: tuple[int, ...]) -> tuple[StaticShapes, float, FixedPlans]:
+        """The steps planned with ``ladder``: its shapes, their mean predicted step time, their plans."""
+        shapes = StaticShapes(token_buckets=ladder, max_sequences=max_sequences, tail_padding=TailPadding(tail_padding))
+        plans = [planner.plan(dataclasses.replace(request, static_shapes=shapes)) for request in requests]
+        times = [predicted_step_time(plan, family, sync=first.sync, static_shapes=shapes) for plan in plans]
+        return shapes, float(np.mean(times)), FixedPlans.of(plans, family, first.sync)
+
+    return _search(evaluate, buckets=buckets, unit=first.pad_multiple, top=_top_bucket(first), refits=refits)
 
 
 def _top_bucket(request: Request) -> int:
@@ -237,58 +236,37 @@ def _step_lengths(steps: object) -> Sequence[Sequence[int] | np.ndarray]:
     return steps
 
 
-@dataclasses.dataclass(frozen=True)
-class _Trial:
-    """Plans the sample steps under a ladder and predicts their mean step time."""
-
-    planner: Scheduler
-    steps: list[Request]
-    family: CostModel
-    sync: str
-    max_sequences: int
-    tail_padding: TailPadding | str
-
-    def make(self, ladder: tuple[int, ...]) -> StaticShapes:
-        return StaticShapes(
-            token_buckets=ladder, max_sequences=self.max_sequences, tail_padding=TailPadding(self.tail_padding)
-        )
-
-    def evaluate(self, shapes: StaticShapes) -> tuple[float, FixedPlans]:
-        """The steps' mean predicted step time planned with ``shapes``, and their plans."""
-        times, plans = [], []
-        for request in self.steps:
-            plan = self.planner.plan(dataclasses.replace(request, static_shapes=shapes))
-            times.append(predicted_step_time(plan, self.family, sync=self.sync, static_shapes=shapes))
-            plans.append(plan)
-        return float(np.mean(times)), FixedPlans.of(plans, self.family, self.sync)
-
-
-def _search(trial: _Trial, *, buckets: int, unit: int, top: int, refits: int) -> StaticShapes:
+def _search(
+    evaluate: Callable[[tuple[int, ...]], tuple[StaticShapes, float, FixedPlans]],
+    *,
+    buckets: int,
+    unit: int,
+    top: int,
+    refits: int,
+) -> StaticShapes:
     """:func:`static_shapes_by_cost`'s search: one bucket, the fitted ladders (re-planned
     ``refits`` times at most) and the even one; the least mean predicted step time wins."""
-    best = trial.make((top,))
-    best_time, fixed = trial.evaluate(best)
+    best, best_time, fixed = evaluate((top,))
     logger.info("by_cost: one bucket %d: mean predicted step %.6g", top, best_time)
-    tried = {best}
+    tried: set[tuple[int, ...]] = {(top,)}
     starts = [even_ladder(buckets, unit, top)]
     for _ in range(refits + 1):
         # On these plans: the least summed padding (exact), then the least predicted step
         # time (a microbatch past a bucket edge can set its round's or replica's time).
         ladder = fixed.descend([ladder_for(fixed.tokens, buckets=buckets, unit=unit, top=top), *starts])
         starts = []
-        shapes = trial.make(ladder)
-        if shapes in tried:
+        if ladder in tried:
             break
-        tried.add(shapes)
-        mean, fixed = trial.evaluate(shapes)  # re-planned with the ladder: the next ladder fits these plans
+        tried.add(ladder)
+        shapes, mean, fixed = evaluate(ladder)  # re-planned with the ladder: the next ladder fits these plans
         logger.info("by_cost: buckets %s: mean predicted step %.6g", shapes.token_buckets, mean)
         if mean < best_time:
             best, best_time = shapes, mean
     # Evenly spaced buckets too: a ladder fitted to a few plans' microbatches may not fit others.
-    even = trial.make(even_ladder(buckets, unit, top))
+    even = even_ladder(buckets, unit, top)
     if even not in tried:
-        mean, _ = trial.evaluate(even)
-        logger.info("by_cost: even buckets %s: mean predicted step %.6g", even.token_buckets, mean)
+        shapes, mean, _ = evaluate(even)
+        logger.info("by_cost: even buckets %s: mean predicted step %.6g", shapes.token_buckets, mean)
         if mean < best_time:
-            best, best_time = even, mean
+            best, best_time = shapes, mean
     return best

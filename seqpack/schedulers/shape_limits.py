@@ -94,17 +94,12 @@ class BucketPrice:
             return None
         return cls(np.asarray(resolved_buckets(static_shapes, capacity), dtype=np.int64), float(linear))
 
-    def bucket_of(self, tokens: np.ndarray) -> np.ndarray:
-        """int64, shaped as ``tokens``: the bucket of microbatches holding ``tokens`` (the
-        largest for more)."""
-        index = np.minimum(np.searchsorted(self.buckets, tokens), self.buckets.shape[0] - 1)
-        return self.buckets[index]
-
     def extra(self, tokens: np.ndarray) -> np.ndarray:
         """float64, shaped as ``tokens``: the bucket padding's cost of microbatches holding
-        ``tokens`` (each at most the largest bucket)."""
+        ``tokens`` (0 past the largest bucket)."""
         tokens = np.asarray(tokens, dtype=np.int64)
-        return self.linear * np.maximum(self.bucket_of(tokens) - tokens, 0).astype(np.float64)
+        index = np.minimum(np.searchsorted(self.buckets, tokens), self.buckets.shape[0] - 1)
+        return self.linear * np.maximum(self.buckets[index] - tokens, 0).astype(np.float64)
 
 
 def fit_sequence_limit(
