@@ -1,11 +1,9 @@
 """``seqpack doctor --warm``: compile every scheduler kernel ahead of a job.
 
-numba compiles a kernel on its first call and caches the machine code on disk
-(docs/scale.md), so the first step of a job on a machine with an empty cache pauses for up to
-half a minute. Each family below plans a small step that calls every kernel of its family with
-the argument types real plans use (the planners coerce to int64 / float64 before calling a
-kernel), so that a job started afterwards with the same cache loads them instead.
-tests/cli/test_cli_warm.py checks that together they compile every kernel function.
+numba compiles a kernel on its first call and caches it on disk (docs/scale.md). Each family
+below plans a small step that calls every kernel of its family with the argument types real
+plans use, so that a job started afterwards with the same cache loads them instead
+(tests/cli/test_cli_warm.py checks that together they compile every kernel function).
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import sysconfig
-from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -60,21 +59,14 @@ def split_documents(data: bytes, max_len: int) -> list[bytes]:
     return docs
 
 
-def stdlib_corpus(
-    root: str | None = None,
-    *,
-    max_len: int = 4096,
-    max_files: int | None = None,
-    suffixes: Sequence[str] = (".py",),
-) -> pa.Table:
-    """Byte-tokenized documents from the standard library's source files.
+def stdlib_corpus(root: str | None = None, *, max_len: int = 4096, max_files: int | None = None) -> pa.Table:
+    """Byte-tokenized documents from the standard library's ``.py`` files.
 
     Args:
         root: Directory to read (default: this interpreter's stdlib; ``site-packages`` and
             test data directories are skipped).
         max_len: Longest document in tokens (bytes); longer blocks are cut.
         max_files: Read at most this many files (sorted by path, for reproducibility).
-        suffixes: File name endings to read.
 
     Returns:
         A table with columns ``path`` (string), ``input_ids`` (list<uint8>) and ``length``
@@ -87,12 +79,12 @@ def stdlib_corpus(
     paths = sorted(
         f.path
         for f in info
-        if f.type == pafs.FileType.File and f.path.endswith(tuple(suffixes)) and not any(s in f.path for s in skip)
+        if f.type == pafs.FileType.File and f.path.endswith(".py") and not any(s in f.path for s in skip)
     )
     if max_files is not None:
         paths = paths[:max_files]
     if not paths:
-        raise ConfigError(f"no {'/'.join(suffixes)} files under {root!r}")
+        raise ConfigError(f"no .py files under {root!r}")
     doc_paths: list[str] = []
     chunks: list[np.ndarray] = []
     for path in paths:

@@ -1,11 +1,7 @@
-"""What the demo's plans would take on GPUs: predicted from microbatch times measured on an
-H100 and an H200, not measured here.
-
-The demo's length distribution is planned at ``--predict-dp`` GPUs by each mode's scheduler
-(``padded``: its fixed microbatches), and every microbatch is priced by a GPU's clock: a cost
-model fitted (:meth:`~seqpack.cost.CostModel.fit`) to forward+backward times of 4 Transformer
-Engine layers (hidden 2048, 16/4 heads, ffn 5632, bf16) on packs of up to 16,384 tokens
-(their error: docs/demo.md); communication is not counted.
+"""What the demo's plans would take on GPUs, not measured here: the demo's length distribution
+planned at ``--predict-dp`` GPUs by each mode's scheduler (``padded``: its fixed microbatches),
+every microbatch priced by a cost model fitted to a GPU's measured microbatch times
+(:data:`GPU_CLOCKS`; the clocks and their error: docs/demo.md); communication is not counted.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from seqpack.validation import check_choice, check_int, check_number, check_posi
 if TYPE_CHECKING:
     from seqpack.compute.tiny_lm import TinyConfig
 
-__all__ = ["COSTS", "GPU_CAPACITY", "MAX_DEFAULT_DP", "MODES", "CostSource", "DemoMode", "DemoSettings", "FsdpUnits"]
+__all__ = ["GPU_CAPACITY", "MAX_DEFAULT_DP", "MODES", "CostSource", "DemoMode", "DemoSettings", "FsdpUnits"]
 
 
 class DemoMode(StrEnum):
@@ -46,7 +46,6 @@ class FsdpUnits(StrEnum):
 
 
 MODES: tuple[str, ...] = tuple(str(m) for m in DemoMode)
-COSTS: tuple[str, ...] = tuple(str(c) for c in CostSource)
 
 # The tiny model's shape beyond d_model (seqpack.cli.demo.train.tiny_config builds it).
 HEAD_SIZE = 16  # attention heads: max(1, d_model // 16); Mamba2 head size
