@@ -1,19 +1,11 @@
 """CostCalibrator: the cost model fitted online to measured microbatch times.
 
-:class:`CostCalibrator` keeps a sliding window of timed microbatches, each reduced to exact
-integers (:mod:`seqpack.calibrate.points`), and fits its prior's terms to them
-(:mod:`seqpack.calibrate.fits`): a static plan's cost (a prior without ``reference_size``) as
-``seconds ~ constant + linear*S + quadratic*SS (+ windowed*SW)``; a dynamic-CP cost (a prior
-with ``reference_size``: :meth:`CostModel.from_model <seqpack.cost.CostModel.from_model>`,
-:meth:`~seqpack.cost.CostModel.from_te_p2p`, a fitted group cost) with its CP ring terms, from
-each microbatch's group size, ``S``, ``SS`` and whether its group spans nodes. Until it holds
+It keeps a sliding window of timed microbatches, each reduced to exact integers
+(:mod:`seqpack.calibrate.points`), and fits its prior's terms to them
+(:mod:`seqpack.calibrate.fits`): a static plan's compute terms, or, for a prior with a
+``reference_size`` (dynamic CP), a CP group's cost with its ring terms. Until it holds
 ``min_points`` timings its model is the prior. The fit is a pure function of the
-observations, bit for bit (see :func:`seqpack.cost.nnls_fit`), so ranks that observe the same
-timings hold the same model.
-
-Observations are keyed by step: ``observe(lengths, seconds, step=s)`` says "these are the
-times of step ``s``"; ``last_step`` says the newest step it has seen, however late a step
-arrives.
+observations, bit for bit, so ranks that observe the same timings hold the same model.
 
 State (plain Python values, one format)::
 
@@ -24,7 +16,6 @@ State (plain Python values, one format)::
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -66,31 +57,24 @@ class CostCalibrator:
     """A cost model fitted online to measured microbatch times (the module docstring).
 
     Args:
-        prior: The model used until ``min_points`` timings are in (any units: FLOPs for
-            :meth:`CostModel.from_transformer`, seconds for a model fitted offline). With a
+        prior: The model used until ``min_points`` timings are in (any units). With a
             ``reference_size`` (a dynamic-CP cost) the calibrator fits CP groups, its ring
             terms included; ring terms need one.
         window: Keep the newest this many timed microbatches (at least 3; older ones drop
             out, so the model follows a drifting clock).
         min_points: Fit once this many valid timings are in (at least 3, at most ``window``).
-        robust: Fit with outlier rejection (``CostModel.fit(..., robust=True)``): a
-            compile step or a GC pause 3x slower does not drag the model.
-        prior_in_seconds: The prior predicts seconds (e.g. ``CostModel.fit`` on an offline
-            measurement), so its predictions are compared with measured times (prediction
-            error) before the first fit too. Default: its units are unknown (FLOPs).
+        robust: Fit with outlier rejection (``CostModel.fit(..., robust=True)``).
+        prior_in_seconds: The prior predicts seconds, so its predictions are compared with
+            measured times before the first fit too. Default: its units are unknown (FLOPs).
         warmup_steps: Ignore the times of steps ``0 .. warmup_steps-1`` (observations that
-            name their ``step``): the first step compiles and warms allocators up (3x slower
-            is common), and as half of the first fit's points no robust fit could reject it.
+            name their ``step``): the first step compiles and warms allocators up.
         keep_prior_shape: Static fits: once fitted, use the prior rescaled to the timings
             (one coefficient) unless the full fit explains them significantly better (an
-            F-test, ``F > 4`` with 2 extra coefficients, ``F > 3.3`` with 3: about 2% false
-            alarms), so a clock of the prior's shape keeps the prior's schedules. A group
-            fit keeps the prior, rescaled, only for the terms no timing exercised.
-        encoder_price: The prior's price of one vision-encoder training FLOP, in its units
-            (``prior.linear / model.linear_flops`` for a ``ModelSpec`` prior). Given, each
-            timed microbatch's encoder FLOPs are a feature of a static fit (the last sum,
-            ``vision_flops_sum``) and :attr:`encoder_price` is fitted with the model: the
-            price of the plans' ``sample_cost``. ``None``: text fits, as before.
+            F-test at about 2% false alarms). A group fit keeps the prior, rescaled, only for
+            the terms no timing exercised.
+        encoder_price: The prior's price of one vision-encoder training FLOP, in its units.
+            Given, each timed microbatch's encoder FLOPs are the last feature of a static fit
+            and :attr:`encoder_price` is fitted with the model. ``None``: text fits.
 
     Deterministic: the same observations, in the same order, give the same model.
     """
@@ -166,8 +150,8 @@ class CostCalibrator:
     @property
     def sum_names(self) -> tuple[str, ...]:
         """The integers one timed microbatch is reduced to: :data:`GROUP_SUMS` when it fits
-        groups, else ``S``, ``SS`` and, with a windowed prior, ``SW``, and with an
-        ``encoder_price`` the encoder FLOPs ``E`` last."""
+        groups, else ``S``, ``SS`` (``SW`` with a windowed prior, encoder FLOPs last with an
+        ``encoder_price``)."""
         if self.fits_groups:
             return GROUP_SUMS
         window = ("seqlen_window_sum",) if self.prior.window is not None else ()
@@ -222,8 +206,6 @@ class CostCalibrator:
             return self.prior_encoder_price
         self.model  # noqa: B018 - fits the price with the model
         return self._encoder_price
-
-    # -- observations -------------------------------------------------------------------------
 
     def observe(
         self,
@@ -293,7 +275,7 @@ class CostCalibrator:
         step: int | None = None,
     ) -> int:
         """:meth:`observe` of microbatches given as their integer sums, one row each in
-        :attr:`sum_names` order (e.g. :func:`~seqpack.schedulers.step_time.group_sums`).
+        :attr:`sum_names` order.
 
         Raises:
             SeqpackTypeError: Sums that are no integers (bools pass for ``spans``).
@@ -334,10 +316,9 @@ class CostCalibrator:
         return None
 
     def _add(self, rows: Sequence[tuple[int, ...]], times: Sequence[float], step: int | None) -> int:
-        """Observe microbatches given as exact sums (what :meth:`observe` and the ledger
-        call). NaN, infinite and non-positive times (an untimed microbatch) are skipped and
-        counted; a positive time outside ``[MIN_SECONDS, MAX_SECONDS]`` also, with a
-        warning (once). Returns how many timings were kept."""
+        """Observe microbatches given as exact sums; times outside ``[MIN_SECONDS,
+        MAX_SECONDS]`` are skipped and counted (a positive one with a warning, once). Returns
+        how many timings were kept."""
         if step is not None and (self.last_step is None or step > self.last_step):
             self.last_step = step
         if step is not None and step < self.warmup_steps:
@@ -365,15 +346,10 @@ class CostCalibrator:
             self._model = self._encoder_price = None
         return kept
 
-    # -- what the ledger asks ---------------------------------------------------------------------
-
     def schedule_sums(self, schedule: Any, encoder_price: float | None = None) -> np.ndarray:
-        """int64 ``[M, dp, num_sums]``: the sums of every microbatch of a scheduled step:
-        :func:`~seqpack.calibrate.points.microbatch_sums` for the prior's window, or when it
-        fits groups, per round and DP replica the ``(size, S, SS, spans)`` of the group its
-        slowest CP rank runs under the current model
-        (:func:`~seqpack.schedulers.step_time.replica_sums`). With an encoder term, the encoder
-        FLOPs last (:func:`~seqpack.calibrate.points.microbatch_encoder_flops` at ``encoder_price``)."""
+        """int64 ``[M, dp, num_sums]``: the sums of every microbatch of a scheduled step (when
+        it fits groups, per round and DP replica those of the group its slowest CP rank runs
+        under the current model); with an encoder term, the encoder FLOPs at ``encoder_price`` last."""
         if self.fits_groups:
             return replica_sums(_plan(schedule), self.model)
         sums = microbatch_sums(schedule, self.prior.window)
@@ -385,17 +361,13 @@ class CostCalibrator:
     def rank_sums(self, schedule: Any) -> tuple[np.ndarray, np.ndarray]:
         """Per round and plane rank (``d*cp + c``), the ``(size, S, SS, spans)`` of its group
         (int64 ``[num_microbatches, dp*cp, 4]``) and the group's index (``[num_microbatches,
-        dp*cp]``): what the ledger keeps when every CP rank's time travels on its own, so that
-        the fit sees every group (its slowest rank's time). Only when it fits groups."""
+        dp*cp]``): what the ledger keeps when every CP rank's time travels on its own. Only
+        when it fits groups."""
         if not self.fits_groups:
             raise ConfigError("rank_sums is for a calibrator that fits CP groups (a prior with reference_size)")
         plan = _plan(schedule)
         groups = plan.rank_group()  # [rounds, dp*cp]
         return group_sums(plan, self.prior.ranks_per_node)[groups], groups
-
-    def sums_hint(self) -> str:
-        """How a caller computes :meth:`schedule_sums` (for messages)."""
-        return f"CostCalibrator.schedule_sums(schedule): {self.sum_names}"
 
     def predict_sums(self, model: CostModel, sums: np.ndarray, encoder_price: float | None = None) -> np.ndarray:
         """float64 ``[...]``: what ``model`` predicts for microbatches given as sums (the last
@@ -408,21 +380,6 @@ class CostCalibrator:
         sums = np.asarray(sums)
         price = 0.0 if encoder_price is None else encoder_price
         return model.predict_sums(sums[..., :-1]) + price * sums[..., -1].astype(np.float64)
-
-    @staticmethod
-    def model_to_list(model: CostModel) -> list[Any]:
-        """A model as plain values for a resume state: every field in order."""
-        return list(dataclasses.astuple(model))
-
-    @staticmethod
-    def model_from_list(values: Sequence[Any]) -> CostModel:
-        """Inverse of :meth:`model_to_list`."""
-        fields = dataclasses.fields(CostModel)
-        if len(values) != len(fields):
-            raise ValueError(f"a saved cost model has {len(fields)} values, got {len(values)}")
-        return CostModel(*values)
-
-    # -- Stateful -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """Observations (``[*sums, seconds, step]`` each) and counters, plain Python values."""

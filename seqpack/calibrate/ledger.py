@@ -1,11 +1,6 @@
 """TimingLedger: the wrapper's bookkeeping of microbatch times, from ``record_times`` to the
-calibrator.
-
-The wrapper (``wrap_data_iterator(..., calibrate=True)``) feeds its calibrator with a lag:
-the times of step ``t`` travel with a later step's length gather (as int64 words,
-:mod:`seqpack.calibrate.words`) and are observed once every rank holds them. A
-:class:`Measurement` is one step whose times every rank holds: its measured step time and
-the time the model it was scheduled with predicted.
+calibrator; :class:`Measurement`, one step whose times every rank holds. How the times
+travel, and the lag: docs/cost_models.md, "How the times travel, and the lag".
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ from seqpack._logging import warn_once
 from seqpack.calibrate.calibrator import CostCalibrator
 from seqpack.calibrate.points import MAX_SECONDS, MIN_SECONDS, check_seconds, microbatch_sums
 from seqpack.calibrate.words import ABSENT, MISSING, decode_seconds, encode_seconds
+from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, ResumeError, SeqpackError
 from seqpack.options import Sync
 from seqpack.schedulers.objective import step_objective
@@ -97,23 +93,13 @@ def check_times(seconds: object, num_microbatches: int, *, step: int, dp_rank: i
 class TimingLedger:
     """The wrapper's bookkeeping of microbatch times, between ``record`` and ``observe``.
 
-    Per scheduled step ``t`` it keeps the microbatch layout (from the schedule every rank
-    holds). This rank's times of step ``t`` arrive with :meth:`record` (from
-    ``Step.record_times``, on the training thread). Every later step ``s`` sends, for each
-    pending step ``t``, this rank's times as int64 words (:meth:`outgoing`, one row of
-    ``sum_t M_t`` words); the ranks combine them (DP gather, then an int64 MAX over the
-    copies of each replica) and :meth:`incoming` hands the combined ``[dp, words]`` table
-    back: a step all of whose microbatches are timed, or that has waited ``window``
-    steps, is observed by the calibrator and leaves the ledger. Every rank sees the same
-    table, so every rank's calibrator makes the same observations.
-
-    Lag: with times recorded before the next ``next()``, step ``t``'s times travel with
-    step ``t+1`` and the calibrator holds them once step ``t+1`` is scheduled: the
-    schedule of step ``n+1`` uses the model fitted through step ``n-1``. Times recorded
-    later (a :class:`~seqpack.calibrate.MicrobatchTimer` reads CUDA events one step late) wait
-    up to ``window`` steps. With prefetch ``k``, step ``s`` is produced while the training
-    loop is ``k`` steps behind: pass ``window >= k + 2``, take a :meth:`snapshot` with every
-    prepared step and save ``state_dict(snapshot_of_the_last_step_handed_over)``.
+    Per scheduled step it keeps the microbatch layout; :meth:`record` takes this rank's times
+    (``Step.record_times``, on the training thread); :meth:`outgoing` gives this rank's words
+    for every pending step and :meth:`incoming` takes the combined ``[dp, words]`` table back,
+    observing every step that is fully timed or ``window`` steps old. Every rank sees the same
+    table, so every rank's calibrator makes the same observations. With prefetch ``k`` pass
+    ``window >= k + 2``, take a :meth:`snapshot` with every prepared step and save
+    ``state_dict(snapshot_of_the_last_step_handed_over)``.
 
     Thread-safe: :meth:`record` runs on the training thread, the rest where steps are made.
     """
@@ -135,9 +121,8 @@ class TimingLedger:
         self.window = check_int("window", window, minimum=1)
         self.sync = check_choice("sync", sync, Sync)
         # copies (dynamic CP: cp ranks per replica): each rank's times travel in their own
-        # column (copy_rank; ABSENT in the others, which the copies' MAX ignores), so every
-        # rank's time reaches every rank and the calibrator sees every group once
-        # (rank_sums); None: one column per replica, the copies' slowest time.
+        # column (copy_rank; ABSENT in the others); None: one column per replica, the copies'
+        # slowest time.
         self.per_rank = copies is not None
         self.copies = 1 if copies is None else check_int("copies", copies, minimum=1)
         self.copy_rank = check_int("copy_rank", copy_rank, minimum=0, maximum=self.copies - 1)
@@ -148,13 +133,8 @@ class TimingLedger:
         self.last: Measurement | None = None
         self.late = 0  # times recorded for a step that had already left the ledger
 
-    # -- producer side (the thread that makes steps) --------------------------------------------
-
     @property
     def num_sums(self) -> int:
-        """Length sums per microbatch: 2 (``S``, ``SS``), 3 when the calibrator's prior has a
-        sliding window (and ``SW``); a calibrator fitting CP groups: 4 (``size, S, SS,
-        spans``)."""
         return self.calibrator.num_sums
 
     def add_step(
@@ -165,11 +145,10 @@ class TimingLedger:
         groups: np.ndarray | None = None,
         encoder_price: float | None = None,
     ) -> None:
-        """Register a scheduled step (``sums``: :func:`microbatch_sums` of its schedule, with
-        the prior's window) and the model it was scheduled with (``None`` when it does not
-        predict seconds), with an encoder term the price of an encoder FLOP it was scheduled
-        at. With ``copies``: ``sums`` per rank ``[M, dp*copies, num_sums]`` and ``groups``
-        ``[M, dp*copies]`` (``CostCalibrator.rank_sums``)."""
+        """Register a scheduled step (``sums``: ``CostCalibrator.schedule_sums`` of its
+        schedule) and the model it was scheduled with (``None`` when it does not predict
+        seconds), with an encoder term the price of an encoder FLOP it was scheduled at. With
+        ``copies``: ``sums`` and ``groups`` per rank (``CostCalibrator.rank_sums``)."""
         sums = np.asarray(sums, dtype=np.int64)
         if groups is not None:
             groups = np.asarray(groups, dtype=np.int64)
@@ -184,16 +163,15 @@ class TimingLedger:
             return
         if sums.ndim != 3 or sums.shape[1:] != (self.dp_size, self.num_sums):
             raise ConfigError(
-                f"sums must have shape [M, {self.dp_size}, {self.num_sums}] ({self.calibrator.sums_hint()}), got "
-                f"{sums.shape}"
+                f"sums must have shape [M, {self.dp_size}, {self.num_sums}] (CostCalibrator.schedule_sums(schedule): "
+                f"{self.calibrator.sum_names}), got {sums.shape}"
             )
         with self._lock:
             self._slots[step] = _Slot(step, sums, model, encoder_price=encoder_price)
 
     def add_schedule(self, step: int, schedule: Any, model: Any, encoder_price: float | None = None) -> None:
-        """:meth:`add_step` with the calibrator's ``schedule_sums`` of ``schedule`` (with
-        ``copies`` its ``rank_sums``; ``encoder_price``: what its ``sample_cost`` was priced
-        at, :attr:`CostCalibrator.encoder_price` when it was planned)."""
+        """:meth:`add_step` with the calibrator's ``schedule_sums`` (or ``rank_sums``) of
+        ``schedule``."""
         if self.per_rank:
             sums, groups = self.calibrator.rank_sums(schedule)
             self.add_step(step, sums, model, groups)
@@ -210,10 +188,8 @@ class TimingLedger:
 
         Args:
             upto: Send times of steps ``<= upto`` only (later ones as missing, even when
-                already recorded). Under prefetch the training thread records step ``t``'s
-                times while the producer may already gather step ``t + 1 + k``: sending only
-                steps ``<= s - 1 - k`` with step ``s`` makes what travels independent of that
-                race, so a run calibrates the same way whatever the threads' timing.
+                already recorded): under prefetch this makes what travels independent of the
+                training thread's timing.
         """
         with self._lock:
             parts = []
@@ -307,8 +283,6 @@ class TimingLedger:
             )
         return Measurement(slot.step, seconds, measured, predicted, slot.model)
 
-    # -- training side ------------------------------------------------------------------------
-
     def record(self, step: int, seconds: Sequence[float] | np.ndarray, num_microbatches: int) -> None:
         """This rank's times of ``step``, one per microbatch (:func:`check_times`), once.
 
@@ -346,20 +320,16 @@ class TimingLedger:
                     step,
                 )
 
-    # -- resume -------------------------------------------------------------------------------
-
     def snapshot(self) -> dict[str, Any]:
         """The producer side of :meth:`state_dict` (calibrator, pending steps, last
-        measurement), without this rank's recorded times. Under prefetch, take one with
-        every prepared step and pass the one of the last step handed over to
-        :meth:`state_dict`: the ledger itself is ahead of the training loop."""
+        measurement), without this rank's recorded times."""
         with self._lock:
             slots = [
                 {
                     "step": slot.step,
                     "sums": slot.sums.tolist(),
                     **({} if slot.groups is None else {"groups": slot.groups.tolist()}),
-                    "model": None if slot.model is None else self.calibrator.model_to_list(slot.model),
+                    "model": _model_to_list(slot.model),
                     **({} if slot.encoder_price is None else {"encoder_price": slot.encoder_price}),
                 }
                 for slot in (self._slots[t] for t in sorted(self._slots))
@@ -374,14 +344,13 @@ class TimingLedger:
                 "step": last.step,
                 "measured": last.measured,
                 "predicted": last.predicted,
-                "model": None if last.model is None else self.calibrator.model_to_list(last.model),
+                "model": _model_to_list(last.model),
             },
         }
 
     def state_dict(self, snapshot: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The calibrator's state, the steps still waiting for their times with this rank's
-        own times of them (those recorded so far) and the last measurement: a resumed
-        iterator sends and observes exactly what this one would have.
+        """The calibrator's state, the pending steps with this rank's times of them and the
+        last measurement: a resumed iterator sends and observes exactly what this one would have.
 
         Args:
             snapshot: A :meth:`snapshot` taken earlier (prefetch); default: now.
@@ -406,7 +375,7 @@ class TimingLedger:
             slots, local = {}, {}
             for item in state.get("pending", []):
                 step = int(item["step"])
-                model = _model_from(item.get("model"), self.calibrator)
+                model = _model_from(item.get("model"))
                 if (item.get("groups") is not None) != self.per_rank:
                     layout = "per rank" if item.get("groups") is not None else "per replica"
                     raise ValueError(f"pending step {step} is laid out {layout}, this ledger's steps are not")
@@ -429,7 +398,7 @@ class TimingLedger:
                     np.zeros((0, self.dp_size)),
                     last.get("measured"),
                     last.get("predicted"),
-                    _model_from(last.get("model"), self.calibrator),
+                    _model_from(last.get("model")),
                 )
         except (KeyError, TypeError, ValueError) as exc:
             raise ResumeError(f"calibration state is malformed: {exc}") from None
@@ -444,9 +413,8 @@ def _group_points(
     groups: np.ndarray, sums: np.ndarray, seconds: np.ndarray, present: np.ndarray
 ) -> tuple[list[tuple[int, ...]], list[float]]:
     """One observation per round and group from per-rank ``[M, ranks]`` tables: the group's
-    sums and its slowest rank's time (NaN, skipped and counted, when one of its ranks sent
-    no valid time); a group none of whose ranks reported is left out. Round by round, groups
-    in index order: the same on every rank."""
+    sums and its slowest rank's time (NaN when one of its ranks sent no valid time); a group
+    none of whose ranks reported is left out. The same order on every rank."""
     rows: list[tuple[int, ...]] = []
     times: list[float] = []
     for r in range(groups.shape[0]):
@@ -462,8 +430,16 @@ def _group_points(
     return rows, times
 
 
-def _model_from(values: Any, calibrator: CostCalibrator) -> Any:
-    """``calibrator.model_from_list`` of saved values (``None`` stays ``None``)."""
+def _model_to_list(model: CostModel | None) -> list[Any] | None:
+    """A model as plain values for a resume state (every field in order; ``None`` stays)."""
+    return None if model is None else list(dataclasses.astuple(model))
+
+
+def _model_from(values: Any) -> CostModel | None:
+    """Inverse of :func:`_model_to_list`."""
     if values is None:
         return None
-    return calibrator.model_from_list(list(values))
+    fields = dataclasses.fields(CostModel)
+    if len(values) != len(fields):
+        raise ValueError(f"a saved cost model has {len(fields)} values, got {len(values)}")
+    return CostModel(*values)

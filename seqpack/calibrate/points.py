@@ -1,11 +1,6 @@
-"""What a calibrator keeps of a timed microbatch, and the checks it passes.
-
-A :class:`~seqpack.calibrate.CostCalibrator` reduces every timed microbatch to a fixed number
-of exact integers, its *sums* (``S, SS[, SW]`` of its padded lengths, or under dynamic CP
-``size, S, SS, spans`` of its CP group: :data:`GROUP_SUMS`), and keeps them with its seconds
-and step (a :data:`Point`). :func:`microbatch_sums` reduces a scheduled step's microbatches;
-a calibrator that prices the vision encoder adds each microbatch's encoder FLOPs
-(:func:`microbatch_encoder_flops`).
+"""What a calibrator keeps of a timed microbatch (a :data:`Point`: its exact integer sums,
+seconds and step), :func:`microbatch_sums` of a scheduled step, and the checks of times and
+counts.
 """
 
 from __future__ import annotations
@@ -46,9 +41,8 @@ MAX_STEP = (1 << 63) - 1  # steps travel and are saved as int64
 
 MIN_SECONDS = 2.0**-120
 MAX_SECONDS = 2.0**120
-"""Times the calibrators fit (about 7.5e-37 to 1.3e36 s): beyond them no clock measured a
-microbatch, and their squares (relative weights) would leave float64. Others are skipped
-and counted like NaN."""
+"""Times the calibrator fits: beyond them no clock measured a microbatch, and their squares
+would leave float64. Others are skipped and counted like NaN."""
 
 # One observation: the microbatch's exact sums, its seconds, its step (-1: none).
 Point: TypeAlias = tuple[tuple[int, ...], float, int]
@@ -59,8 +53,7 @@ GROUP_SUMS: tuple[str, ...] = ("size", "seqlen_sum", "seqlen_sq_sum", "spans")
 
 
 def check_lengths_count(name: str, values: object, where: str = "") -> int:
-    """How many microbatches a per-microbatch argument holds (``len``), refusing what has
-    none (a string, a number, a 0-d array or tensor).
+    """How many microbatches a per-microbatch argument holds (``len``).
 
     Raises:
         SeqpackTypeError: ``values`` is no sequence, named with its type.
@@ -78,8 +71,7 @@ def check_seconds(name: str, values: object, where: str = "") -> np.ndarray:
 
     Raises:
         SeqpackTypeError: An element that is no real number (a string, a bool, ``None``),
-            named with its index, or an array of 2 or more dimensions (its shape named:
-            which axis is the microbatch is a guess seqpack does not make).
+            named with its index, or an array of 2 or more dimensions.
     """
     try:
         shape = np.asarray(values).shape
@@ -139,9 +131,8 @@ def parse_count(value: Any) -> int:
 
 def microbatch_sums(schedule: Any, window: int | None = None) -> np.ndarray:
     """int64 ``[M, dp, 2]``: ``S`` and ``SS`` of every microbatch's padded lengths, as the
-    rank runs it, or ``[M, dp, 3]`` with ``SW`` for a sliding ``window``
-    (:mod:`seqpack.cost.terms`): an empty cell runs a padding-only filler of
-    ``pad_multiple`` tokens (exact while ``capacity**2 < 2**63``)."""
+    rank runs it (an empty cell runs a ``pad_multiple``-token filler), or ``[M, dp, 3]`` with
+    ``SW`` for a sliding ``window``."""
     padded = schedule.padded_assigned().astype(np.int64)
     counts = schedule.group_counts
     per_sequence = sequence_features(padded, window)  # [n, k]
@@ -154,16 +145,14 @@ def microbatch_sums(schedule: Any, window: int | None = None) -> np.ndarray:
 
 MAX_EXACT_FLOPS = 1 << 50
 """The most encoder FLOPs one sample may have for :func:`microbatch_encoder_flops` to read
-them back exactly from a plan's ``sample_cost`` (a float64 product and quotient each round by
-half a unit in the last place: below ``2**51`` the nearest integer is the count)."""
+them back exactly from a plan's ``sample_cost``."""
 
 
 def microbatch_encoder_flops(schedule: Any, price: float | None) -> np.ndarray:
     """int64 ``[M, dp]``: the vision encoder's training FLOPs of every microbatch of a static
-    plan, read back from its ``sample_cost`` (each sample's FLOPs at ``price``, the price per
-    FLOP the step was planned at: :func:`seqpack.loader.sample_cost.step_sample_cost`) as
-    the nearest integers, so that every rank sums the same exact counts; zeros for a plan
-    without ``sample_cost`` (a text step) or without a ``price``.
+    plan, read back from its ``sample_cost`` (each sample's FLOPs at ``price``) as the
+    nearest integers, so that every rank sums the same exact counts; zeros for a plan
+    without ``sample_cost`` or without a ``price``.
 
     Raises:
         ConfigError: A sample whose FLOPs are not below :data:`MAX_EXACT_FLOPS` (named).

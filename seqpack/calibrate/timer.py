@@ -1,10 +1,6 @@
 """MicrobatchTimer: measure each microbatch of a training step and report the times to the
-step (``Step.record_times``) without a host sync on the hot path.
-
-On CUDA it records a pair of CUDA events around each microbatch (``Event.record`` is
-asynchronous) and reads them later, once ``Event.query()`` says the GPU has passed the last
-one: in practice during the next step. On CPU (or ``device="cpu"``) it reads
-``time.perf_counter`` and reports a step as soon as its last microbatch ends.
+step (``Step.record_times``) without a host sync on the hot path: CUDA events read once the
+GPU has passed them (in practice during the next step), or ``time.perf_counter`` on CPU.
 
 Usage (any training loop)::
 
@@ -147,8 +143,7 @@ class MicrobatchTimer:
 
 
 def _finished(mark: _Mark | None, *, wait: bool = False) -> bool:
-    """Whether the GPU has passed the end of ``mark`` (a CPU mark is always finished);
-    ``wait`` blocks until it has."""
+    """Whether the GPU has passed the end of ``mark``; ``wait`` blocks until it has."""
     end = None if mark is None else mark[1]
     if not isinstance(end, torch.cuda.Event):
         return True
@@ -158,7 +153,6 @@ def _finished(mark: _Mark | None, *, wait: bool = False) -> bool:
 
 
 def _elapsed(mark: _Mark) -> float:
-    """Seconds between the two ends of ``mark``."""
     start, end = mark
     if isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event):
         return start.elapsed_time(end) / 1e3

@@ -22,9 +22,8 @@ ABSENT = -(1 << 63)  # this rank keeps no times (e.g. a middle pipeline stage)
 
 
 def encode_seconds(seconds: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Times as int64 words for the wire: the IEEE-754 bits of a valid time (positive
-    doubles order like their bits, so an int64 MAX reduce picks the largest time),
-    :data:`INVALID` for NaN, infinite or <= 0, :data:`MISSING` stays missing."""
+    """Times as int64 words for the wire: the IEEE-754 bits of a valid time, :data:`INVALID`
+    for NaN, infinite or <= 0."""
     values = np.asarray(seconds, dtype=np.float64).reshape(-1)
     valid = np.isfinite(values) & (values > 0)
     words = np.where(valid, values, 1.0).view(np.int64).copy()
