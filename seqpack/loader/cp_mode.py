@@ -211,8 +211,7 @@ def _with_vision(
     batch: PackedBatch, ids: np.ndarray, plan: Schedule, exchanged: Exchanged | None, spec: MRopeSpec
 ) -> PackedBatch:
     """``batch`` with the vision fields of the sequences ``ids`` (pack order)."""
-    if exchanged is None:
-        raise ConfigError("a vision-language pack needs its samples exchanged (not a middle pipeline stage)")
+    assert exchanged is not None  # mrope refuses pipeline stages: every rank exchanges
     gids = ids.tolist()
     shards = [exchanged.samples[gid] for gid in gids]
     payloads = [exchanged.payloads.get(gid, {}) for gid in gids]

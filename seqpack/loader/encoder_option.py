@@ -10,9 +10,8 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.thd.mrope import MRopeSpec
 from seqpack.topology import Topology
 
-__all__ = ["AUTO", "EncoderRebalanceMode", "check_encoder_rebalance", "encoder_rebalance_mode"]
+__all__ = ["EncoderRebalanceMode", "check_encoder_rebalance", "encoder_rebalance_mode"]
 
-AUTO = "auto"
 EncoderRebalanceMode = Literal["auto"] | bool
 """``"auto"``: route a round's images where the round time saved (the route puts a barrier between
 the encoder and the language model) pays for the exchange;
@@ -32,7 +31,7 @@ def encoder_rebalance_mode(value: object) -> EncoderRebalanceMode:
         raise SeqpackTypeError(
             f"encoder_rebalance must be 'auto', True or False, got {type(value).__name__} {value!r:.60}"
         )
-    if value != AUTO:
+    if value != "auto":
         raise ConfigError(f"encoder_rebalance must be 'auto', True or False, got {value!r:.60}")
     return "auto"
 

@@ -105,8 +105,7 @@ class PackingIterator(Iterator[Step], Stateful):
             raise SeqpackTypeError(f"config must be a seqpack.PackingConfig, got {type(config).__name__}")
         t = self.topology = topology
         warn_if_alone(topology)
-        self._edge_stage = t.is_first_stage or t.is_last_stage
-        self._reads = config.data_owner == DataOwner.ALL or (t.tp_rank == 0 and self._edge_stage)
+        self._reads = config.data_owner == DataOwner.ALL or (t.tp_rank == 0 and (t.is_first_stage or t.is_last_stage))
         self._comm = topology  # whose groups the per-step collectives run on
         comm, timeout, max_prefetch = self._check_and_agree(data_iterator, config, device, pin_memory,
                                                              wrapper_groups, group_timeout)  # fmt: skip

@@ -36,11 +36,8 @@ __all__ = ["origin_slots", "to_origin"]
 
 
 def origin_slots(schedule: Schedule, dp_rank: int, empty_at: Sequence[int] = ()) -> np.ndarray:
-    """What :func:`to_origin` returns on DP rank ``dp_rank``, in order: the global ids of its
-    pool in pool order (samples read this step, pre-packed ones split into their sequences,
-    after any held back from the previous step; not those held back for the next step), with
-    ``-1`` wherever a zero-length sequence was read (``empty_at``: the pool index of each,
-    ascending; one that no sequence follows is ``len(pool)``)."""
+    """``Step.origin_ids`` of DP rank ``dp_rank`` (``empty_at``: the pool index of each
+    zero-length sequence, ascending; one that no sequence follows is ``len(pool)``)."""
     assert schedule.origin is not None
     pool = np.flatnonzero(schedule.origin == dp_rank).astype(np.int64)
     at = np.asarray(empty_at, dtype=np.int64).reshape(-1)

@@ -87,7 +87,7 @@ class Prefetcher:
                     self._ready.append(item)
                     self._bytes += item.nbytes
                     self._cond.notify_all()
-                if item.last:
+                if item.step is None:  # the end of data or a failure: no step follows
                     return
         finally:
             with self._cond:

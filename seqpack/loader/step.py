@@ -213,10 +213,6 @@ class Ready:
     copied: Any = None  # CUDA event recorded after the device copy
     nbytes: int = 0  # tensor bytes of the step's microbatches (the prefetch memory budget)
 
-    @property
-    def last(self) -> bool:
-        return self.step is None
-
 
 def tensors_of(batch: PackedBatch) -> Iterator[torch.Tensor]:
     for field in dataclasses.fields(batch):

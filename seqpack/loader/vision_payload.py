@@ -193,9 +193,7 @@ def with_vision(
     """``batch`` (one rank's whole microbatch, CP 1) with the vision fields of
     ``pack_sequences(mrope=spec)``, from each sequence's exchanged token fields, payload
     (empty: text only) and real length, in pack order."""
-    if batch.cp_size != 1:
-        raise ConfigError(f"a vision-language pack cannot be CP-sharded (cp_size={batch.cp_size})")
-    assert batch.position_ids is not None and batch.input_ids is not None
+    assert batch.cp_size == 1 and batch.position_ids is not None and batch.input_ids is not None
     if not shards:  # a padding-only filler: text positions on every row, no pixels
         rows = batch.position_ids.to(torch.int64).expand(3, -1).clone()
         types = torch.zeros(batch.position_ids.shape[0], dtype=torch.int64)

@@ -1,23 +1,13 @@
 """The packing kernel behind :func:`seqpack.packing.pack_lengths` (contiguous int64 in, trusted).
 
-Items are handled by size, not one by one: sequences of equal length are interchangeable, so
-the kernel keeps a count per distinct length and a presence tree over those lengths (a
-segment tree over their ranks: the largest length <= x, the smallest present, in O(log d)
-for d distinct lengths). It fills one pack at a time:
-
-1. Every length above ``max_tokens // 2`` opens a pack of its own (no two fit together),
-   longest first.
-2. Those packs are filled in that order (tightest room first), then new packs are opened
-   until no length is left. Room ``g`` is filled by, in turn: a length equal to ``g``; two
-   lengths summing to ``g`` (a few candidates); the largest length that leaves room for at
-   least two of the shortest lengths left and that the lengths left can still cover
-   (``k`` of them between the shortest and the longest); the largest that leaves room for
-   one; else the largest that fits (its leftover is too small for anything).
-
+Sequences of equal length are interchangeable, so the kernel keeps a count per distinct
+length and a presence tree over their ranks (the largest length <= x, the smallest present,
+in O(log d) for d distinct lengths). Every length above ``max_tokens // 2`` opens a pack of
+its own; those packs, then new ones, are filled one at a time: by a length equal to the room,
+else two lengths summing to it, else the largest length that leaves room the lengths left can
+still cover (``k`` of them between the shortest and the longest), else the largest that fits.
 Taking the largest length that leaves room keeps short lengths for the ends of packs, where
-only they fit; checking that the lengths left can cover the rest avoids ending a pack with
-room that none of them adds up to (at a million lengths the last packs hold only a few
-distinct short lengths).
+only they fit.
 """
 
 from __future__ import annotations

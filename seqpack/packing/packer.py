@@ -66,10 +66,8 @@ def pack_lengths(lengths: Sequence[int] | np.ndarray, max_tokens: int) -> Packin
     """Pack sequences of ``lengths`` tokens into packs of at most ``max_tokens`` tokens, as
     few as it finds, deterministically.
 
-    Every length above ``max_tokens // 2`` gets a pack of its own; those packs, then new
-    ones, are filled one at a time with the lengths that fill them exactly or leave room
-    the remaining lengths can fill (:mod:`seqpack.packing._kernel`); docs/packing.md has
-    how close to the token lower bound it gets, and how fast.
+    The algorithm: :mod:`seqpack.packing._kernel`; how close to the token lower bound it
+    gets, and how fast: docs/packing.md.
 
     Args:
         lengths: Token count of each sequence (integers >= 1).
