@@ -58,11 +58,10 @@ def _search_heights(p: Problem, replica: bool = False, coarse_n: int = _COARSE, 
     first found."""
     tried: dict[tuple[float, int, bool], Bins] = {}
 
-    builder = build_replica if replica else build
-
     def attempt(height: float, more: int = 0, widen: bool = True) -> Bins:
         if (height, more, widen) not in tried:
-            tried[(height, more, widen)] = score(p, builder(p, height, more, widen))
+            built = build_replica(p, height, more) if replica else build(p, height, more, widen)
+            tried[(height, more, widen)] = score(p, built)
         return tried[(height, more, widen)]
 
     grid = _height_grid(p)
