@@ -9,7 +9,6 @@ already holding most of their tokens. docs/rl.md describes it and measures what 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
@@ -154,15 +153,6 @@ def _static_with_groups(
     )
 
 
-def _balanced_at(scheduler: BalancedScheduler, count: int) -> Scheduler:
-    """``scheduler``'s settings at exactly ``count`` microbatches."""
-    options: dict[str, Any] = {"num_microbatches": count, "locality": False}
-    for name in ("order", "max_repair_moves"):
-        if getattr(scheduler, name, None) is not None:
-            options[name] = getattr(scheduler, name)
-    return BalancedScheduler(**options)
-
-
 @dataclasses.dataclass(frozen=True)
 class _ReplicaPlanner:
     """Plans each replica's microbatches alone (``dp_size=1``), every replica at the largest
@@ -180,10 +170,13 @@ class _ReplicaPlanner:
         masks = [replica == d for d in range(dp)]
         rounds = [self.rounds(self.scheduler, active[m], unit[m], padded[m], costs[m]) for m in masks]
         count = max((len(r) for r in rounds), default=0)
-        respread = isinstance(self.scheduler, BalancedScheduler) and not self.together
+        balanced = self.scheduler if isinstance(self.scheduler, BalancedScheduler) and not self.together else None
         for d, m in enumerate(masks):
-            if respread and 0 < len(rounds[d]) < count:  # spread this replica's work over `count` too
-                again = _balanced_at(self.scheduler, count)  # type: ignore[arg-type]
+            if balanced is not None and 0 < len(rounds[d]) < count:  # spread this replica's work over `count` too
+                moves = balanced.max_repair_moves
+                again = BalancedScheduler(
+                    num_microbatches=count, locality=False, order=balanced.order, max_repair_moves=moves
+                )
                 rounds[d] = self.rounds(again, active[m], unit[m], padded[m], costs[m])
             rounds[d] = rounds[d] + [np.zeros(0, dtype=np.int64)] * (count - len(rounds[d]))
         return rounds
