@@ -285,17 +285,6 @@ def _as_lengths(col: pa.Array) -> tuple[np.ndarray, int | None, str]:
     return values, None, ""
 
 
-def _lengths_to_write(lengths: object) -> np.ndarray:
-    """``lengths`` as a 1-D int64 array of non-negative integers (zeros are empty samples)."""
-    arr = int64_array("lengths", lengths, too_large=SampleError, element="sample {index} has length")
-    if arr.ndim != 1:
-        raise SeqpackTypeError(f"lengths must be a 1-D sequence of integers, got {lengths!r:.60}")
-    if arr.size and arr.min() < 0:
-        i = int(np.argmin(arr))
-        raise SampleError(f"lengths must be >= 0: sample {i} has length {int(arr[i])}")
-    return arr
-
-
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
@@ -316,7 +305,12 @@ def write_lengths(path: str | os.PathLike, lengths: Sequence[int] | np.ndarray, 
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path}: is a directory; give a file name")
     kind = file_format(path)
-    arr = _lengths_to_write(lengths)
+    arr = int64_array("lengths", lengths, too_large=SampleError, element="sample {index} has length")
+    if arr.ndim != 1:
+        raise SeqpackTypeError(f"lengths must be a 1-D sequence of integers, got {lengths!r:.60}")
+    if arr.size and arr.min() < 0:  # zeros are empty samples
+        i = int(np.argmin(arr))
+        raise SampleError(f"lengths must be >= 0: sample {i} has length {int(arr[i])}")
     if kind == "csv":
         sep = "\t" if path.lower().endswith(".tsv") else ","
         with open(path, "w", encoding="utf-8") as f:

@@ -92,18 +92,8 @@ def lognormal_lengths(
     seed: int = 0,
 ) -> np.ndarray:
     """Megatron's mock SFT lengths: lognormal with ``mu = ln(mean) - sigma**2 / 2`` (so the
-    unclipped mean is ``mean_seq_len``), rounded and clipped to ``[min_seq_len, max_seq_len]``.
-
-    Args:
-        n: How many lengths.
-        min_seq_len, max_seq_len: Clip range (inclusive).
-        mean_seq_len: Mean of the unclipped distribution.
-        sigma: Standard deviation of ``log(length)``.
-        seed: Seed of this call's own generator.
-
-    Returns:
-        int64 ``[n]``.
-    """
+    unclipped mean is ``mean_seq_len``; ``sigma`` is the standard deviation of ``log(length)``),
+    rounded and clipped to ``[min_seq_len, max_seq_len]``: int64 ``[n]``."""
     n = _count(n)
     low, high = _bounds(min_seq_len, max_seq_len)
     mean = _positive("mean_seq_len", mean_seq_len)

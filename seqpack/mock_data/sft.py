@@ -29,15 +29,9 @@ class MockSFTDataset(torch.utils.data.Dataset):
     dataset with the same arguments reads the same tokens, in any order. Token ids are drawn
     from ``[1, vocab_size)`` (0 stays free for padding).
 
-    Each sample is ``{"input_ids", "labels", "loss_mask"}`` (1-D tensors of equal length):
-    ``labels`` are next-token targets with ``-100`` on the last token and on the prompt
-    (the first ``prompt_fraction`` of the tokens), where ``loss_mask`` is 0.
-
-    Args:
-        lengths: Length of every sample (each >= 1).
-        vocab_size: Token ids are below this.
-        seed: Dataset seed.
-        prompt_fraction: Share of each sequence treated as an unsupervised prompt.
+    Each sample (``lengths``: each >= 1) is ``{"input_ids", "labels", "loss_mask"}`` (1-D
+    tensors of equal length): ``labels`` are next-token targets with ``-100`` on the last token
+    and on the prompt (the first ``prompt_fraction`` of the tokens), where ``loss_mask`` is 0.
     """
 
     def __init__(

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["calibrate_cost", "measure_gemm_flops", "resolve_cost", "warm_up", "worker"]
 
 
-def measure_gemm_flops(threads: int, size: int = 384, repeats: int = 5) -> float:
+def measure_gemm_flops(size: int = 384, repeats: int = 5) -> float:
     """fp32 GEMM FLOP/s of this process (the 'peak' that MFU is measured against)."""
     a = torch.randn(size, size)
     b = torch.randn(size, size)
@@ -393,7 +393,7 @@ def worker(settings: DemoSettings) -> list[dict[str, Any]] | None:
     cost = resolve_cost(settings, cfg, spec)
     # The GEMM 'peak' is measured by rank 0 while the others wait, so that ranks sharing a
     # core do not halve it.
-    peak_t = torch.tensor([measure_gemm_flops(settings.threads) if rank == 0 else 0.0], dtype=torch.float64)
+    peak_t = torch.tensor([measure_gemm_flops() if rank == 0 else 0.0], dtype=torch.float64)
     dist.broadcast(peak_t, src=0)
     peak = float(peak_t)
     if rank == 0 and not settings.quiet:
