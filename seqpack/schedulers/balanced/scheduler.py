@@ -23,7 +23,6 @@ from seqpack.schedulers.request import Request, check_microbatches
 from seqpack.schedulers.schedule import Grid
 from seqpack.schedulers.shape_limits import BucketPrice
 from seqpack.thd import padded_lengths
-from seqpack.thd.static_shapes import StaticShapes
 from seqpack.validation import (
     INT64_MAX,
     check_choice,
@@ -89,10 +88,9 @@ class BalancedScheduler(GridScheduler):
     plans_buckets = True
 
     def uses_locality(self, *, sequences: int, tokens: int, dp_size: int, bytes_per_token: float | None) -> bool:
-        """Whether a plan of ``sequences`` of ``tokens`` padded tokens in all into
-        ``dp_size`` replicas runs locality: ``locality`` itself when a bool; under
-        ``"auto"``, whether it pays at ``bytes_per_token`` (None: the token-id payload,
-        :data:`~seqpack.stats.SAMPLE_BYTES_PER_TOKEN`)."""
+        """Whether a plan of ``sequences`` (``tokens`` padded tokens) into ``dp_size`` replicas
+        runs locality: ``locality`` itself when a bool; under ``"auto"``, whether it pays
+        (:func:`~seqpack.schedulers.balanced.locality.locality_pays`)."""
         if dp_size <= 1:
             return False
         if self.locality != AUTO:
@@ -127,8 +125,11 @@ class BalancedScheduler(GridScheduler):
             step_cost = float(costs.sum()) + model.constant * max(dp_size, 1)
         if not np.isfinite(step_cost):
             raise ConfigError(f"the step's total cost under {model!r} is past float64: scale the coefficients down")
-        if dp_size == 1 and self.num_microbatches is None and ids.size and self.stages == DEFAULT:
-            single = _single_rank(padded, costs, capacity, min_microbatches, self.microbatch_multiple, static_shapes)
+        # One replica: the single-rank packer where it reaches the fewest microbatches; not
+        # under static_shapes (bucket padding, sequence counts) or stages other than DEFAULT.
+        single_rank = dp_size == 1 and self.num_microbatches is None and static_shapes is None
+        if single_rank and ids.size and self.stages == DEFAULT:
+            single = _single_rank(padded, costs, capacity, min_microbatches, self.microbatch_multiple)
             if single is not None:
                 round_of, load = single
                 position = round_position(load, self.order)
@@ -192,16 +193,12 @@ def _single_rank(
     capacity: int,
     min_microbatches: int,
     microbatch_multiple: int,
-    static_shapes: StaticShapes | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """One replica's plan from the single-rank packer (:func:`seqpack.packing.pack_lengths`):
     ``(round_of, load[M, 1])`` when it packs into the fewest microbatches any plan can have
     (Martello-Toth's bound) and that count meets ``min_microbatches`` and
-    ``microbatch_multiple``; else None (the plan runs; always under ``static_shapes``, whose
-    bucket padding and sequence counts the packer ignores). With one replica only the count
-    matters: every packing at a count costs the same."""
-    if static_shapes is not None:
-        return None
+    ``microbatch_multiple``; else None. With one replica only the count matters: every
+    packing at a count costs the same."""
     packing = pack_lengths(padded, capacity)
     count = packing.num_packs
     if count < min_microbatches or count % microbatch_multiple or count != bin_lower_bound(padded, capacity):
