@@ -1,9 +1,5 @@
-"""How the ``seqpack`` command ends: exit codes, and one line on stderr for a user's mistake.
-
-The rule: every user mistake (a bad flag, a bad file, a bad value) exits with
-:attr:`ExitCode.USAGE` and one line that names the flag or file and the value; only bugs
-end in a traceback (:attr:`ExitCode.FAILED`, Python's own status for an uncaught exception).
-"""
+"""How the ``seqpack`` command ends: every user mistake (a bad flag, file or value) exits with
+:attr:`ExitCode.USAGE` and one line naming it; only bugs end in a traceback."""
 
 from __future__ import annotations
 
