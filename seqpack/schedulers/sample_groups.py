@@ -292,18 +292,16 @@ def assign_units(
             replica[chunk] = targets
             np.add.at(load, targets, costs[chunk])
             np.add.at(held, targets, tokens[chunk])
-        if dp_size > 1:
-            _refine(replica, costs, tokens, load, held, budget, swaps_only=True)
-        return replica
-    for u in by_cost.tolist():
-        room = np.flatnonzero(held + tokens[u] <= budget) if budget is not None else np.arange(dp_size)
-        pool = room if room.size else np.arange(dp_size)
-        d = int(pool[np.argmin(load[pool])])
-        replica[u] = d
-        load[d] += costs[u]
-        held[d] += tokens[u]
+    else:
+        for u in by_cost.tolist():
+            room = np.flatnonzero(held + tokens[u] <= budget) if budget is not None else np.arange(dp_size)
+            pool = room if room.size else np.arange(dp_size)
+            d = int(pool[np.argmin(load[pool])])
+            replica[u] = d
+            load[d] += costs[u]
+            held[d] += tokens[u]
     if dp_size > 1:
-        _refine(replica, costs, tokens, load, held, budget)
+        _refine(replica, costs, tokens, load, held, budget, swaps_only=equal)
     return replica
 
 
@@ -322,11 +320,8 @@ def _refine(
     limit = np.iinfo(np.int64).max if budget is None else budget
     for _ in range(_REFINE_ROUNDS * replica.shape[0]):
         hi = int(np.argmax(load))
-        for lo in np.argsort(load, kind="stable").tolist():
-            if lo == hi or not _improve(replica, costs, tokens, load, held, hi, lo, limit, swaps_only):
-                continue
-            break
-        else:
+        lows = np.argsort(load, kind="stable").tolist()
+        if not any(lo != hi and _improve(replica, costs, tokens, load, held, hi, lo, limit, swaps_only) for lo in lows):
             return
 
 
