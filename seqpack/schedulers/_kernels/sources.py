@@ -9,8 +9,8 @@ __all__ = ["KERNEL_SOURCES", "kernel_sources"]
 
 _PACKAGE = Path(__file__).resolve().parents[2]  # the seqpack directory
 
-# Every seqpack file numba compiles, relative to the package: a glob or a path. The offline
-# packer's kernel sits below the schedulers (seqpack/__init__'s layers), in its own package.
+# Every seqpack file numba compiles, relative to the package. The offline packer's kernel
+# sits below the schedulers (seqpack/__init__'s layers), in its own package.
 KERNEL_SOURCES = (
     "packing/_kernel.py",
     "schedulers/_kernels/bin_search.py",
@@ -23,9 +23,6 @@ KERNEL_SOURCES = (
 )
 
 
-def kernel_sources(package: Path = _PACKAGE) -> list[Path]:
-    """The files of :data:`KERNEL_SOURCES` under ``package``, sorted."""
-    found: set[Path] = set()
-    for pattern in KERNEL_SOURCES:
-        found.update(package.glob(pattern))
-    return sorted(found)
+def kernel_sources() -> list[Path]:
+    """The files of :data:`KERNEL_SOURCES`, sorted."""
+    return sorted(_PACKAGE / path for path in KERNEL_SOURCES)
