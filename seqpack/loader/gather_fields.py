@@ -9,13 +9,7 @@ import numpy as np
 from seqpack.collective.fields import Header
 from seqpack.thd import SAMPLE_DTYPES
 
-__all__ = [
-    "KEY_BITS",
-    "SAMPLE_COLUMNS",
-    "STEP_GATHER_FIELDS",
-    "keys_of",
-    "step_bytes_per_token",
-]
+__all__ = ["KEY_BITS", "SAMPLE_COLUMNS", "STEP_GATHER_FIELDS", "keys_of", "step_bytes_per_token"]
 
 KEY_BITS = {key: 1 << i for i, key in enumerate(SAMPLE_DTYPES)}
 """The bit of each sample key in a key mask (``STEP_GATHER_FIELDS.key_mask``)."""

@@ -29,7 +29,7 @@ from seqpack.thd.cp import unshard_from_cp
 
 if TYPE_CHECKING:
     from seqpack.loader.step import Step
-    from seqpack.thd import PackedBatch, StaticShapes
+    from seqpack.thd import PackedBatch
     from seqpack.topology import Topology
 
 __all__ = ["origin_slots", "to_origin"]
@@ -46,28 +46,19 @@ def origin_slots(schedule: Schedule, dp_rank: int, empty_at: Sequence[int] = ())
     return slots[~np.isin(slots, schedule.deferred)]
 
 
-def to_origin(
-    step: Step,
-    values: Sequence[torch.Tensor],
-    topology: Topology,
-    cp_groups: CpGroups,
-    *,
-    per_sequence: bool = False,
-    empty_at: Sequence[int] = (),
-    static_shapes: StaticShapes | None = None,
-) -> list[torch.Tensor]:
-    """See :meth:`seqpack.loader.step.Step.to_origin` (``cp_groups``: the iterator's, the
-    plane's among them; ``empty_at``: as :func:`origin_slots` takes it)."""
-    schedule, batches = step.schedule, step.microbatches
-    if schedule is None:
-        raise ConfigError("to_origin needs the step's schedule (a Step from wrap_data_iterator)")
+def to_origin(step: Step, values: Sequence[torch.Tensor], *, per_sequence: bool = False) -> list[torch.Tensor]:
+    """:meth:`seqpack.loader.step.Step.to_origin` (it reads the step's topology, CP groups,
+    zero-length slots and static shapes, which the iterator set)."""
+    schedule, batches, topology, cp_groups = step.schedule, step.microbatches, step._topology, step._cp_groups
+    if schedule is None or topology is None or cp_groups is None:
+        raise ConfigError("to_origin needs a Step from wrap_data_iterator")
     plane = plane_group(cp_groups, step.step)  # the same answer on every rank
     error: SeqpackError | None = None
     like: torch.Tensor | None = None
     out = None
     try:
         like = _check_values(values, batches, per_sequence)
-        spans = schedule.packed_spans(static_shapes)
+        spans = schedule.packed_spans(step._static_shapes)
         out = outgoing(schedule, batches, values, like, topology, per_sequence=per_sequence, spans=spans)
     except SeqpackError as exc:
         error = exc
@@ -77,7 +68,7 @@ def to_origin(
     got = _returned(schedule, out, like, plane, per_sequence=per_sequence, layout=layout)
     empty = like.new_empty((0, *like.shape[1:]))
     # Zero-length samples (-1) and sequences dropped for their length (ran nowhere) get `empty`.
-    return [got.get(gid, empty) for gid in origin_slots(schedule, topology.dp_rank, empty_at).tolist()]
+    return [got.get(gid, empty) for gid in origin_slots(schedule, topology.dp_rank, step._empty_at).tolist()]
 
 
 def _agree(

@@ -32,14 +32,7 @@ from seqpack.schedulers.sample_groups import schedule_groups
 from seqpack.thd import MRopeSpec
 from seqpack.topology import Topology
 
-__all__ = [
-    "Gathered",
-    "ReadResult",
-    "Reader",
-    "gather",
-    "sample_columns",
-    "schedule",
-]
+__all__ = ["Gathered", "ReadResult", "Reader", "gather", "sample_columns", "schedule"]
 
 Sample = dict[str, torch.Tensor]
 
@@ -145,8 +138,7 @@ def key_mask(pool: Sequence[Sample]) -> int:
         if set(sample) - others != first:
             raise SampleError(
                 f"sequence {i} of this rank's pool this step has keys {sorted(sample)} but sequence 0 of it has "
-                f"{sorted(first)}; all samples must carry "
-                "the same keys"
+                f"{sorted(first)}; all samples must carry the same keys"
             )
     return sum(KEY_BITS[k] for k in first)
 
@@ -188,15 +180,13 @@ def sample_columns(
     """This rank's :data:`SAMPLE_COLUMNS` table (int64 ``[len(pool), k]``) for the gather."""
     truncate = config.on_oversize == OnOversize.TRUNCATE
     truncate_to = longest_sequence(scheduler, config, topology) if truncate else None
-    loss_tokens = loss_token_counts(pool, truncate_to)
     grouped, group_id = group_columns(pool)
-    vision_bytes = vision_columns(pool, truncate_to)
     return SAMPLE_COLUMNS.rows(
         len(pool),
-        loss_tokens=loss_tokens,
+        loss_tokens=loss_token_counts(pool, truncate_to),
         grouped=grouped,
         group_id=group_id,
-        vision_bytes=vision_bytes,
+        vision_bytes=vision_columns(pool, truncate_to),
         vision_flops=vision_flops_column(pool, config.model),
     )
 

@@ -24,12 +24,7 @@ from seqpack.errors import ConfigError, SeqpackError
 from seqpack.loader.step import Ready
 from seqpack.validation import check_number
 
-__all__ = [
-    "Background",
-    "Prefetcher",
-    "check_seconds",
-    "check_timeout",
-]
+__all__ = ["Background", "Prefetcher", "check_seconds", "check_timeout"]
 
 
 class Prefetcher:

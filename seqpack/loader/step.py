@@ -133,17 +133,7 @@ class Step:
                 after the iterator ended or was closed where it created the plane group.
             SeqpackTypeError: ``values`` is not a list of tensors.
         """
-        if self._topology is None or self._cp_groups is None:
-            raise ConfigError("to_origin needs a Step from wrap_data_iterator")
-        return to_origin(
-            self,
-            values,
-            self._topology,
-            self._cp_groups,
-            per_sequence=per_sequence,
-            empty_at=self._empty_at,
-            static_shapes=self._static_shapes,
-        )
+        return to_origin(self, values, per_sequence=per_sequence)
 
     def record_times(self, seconds_per_microbatch: Sequence[float] | np.ndarray) -> None:
         """Report how long each of this rank's microbatches of this step took (seconds, in
