@@ -127,7 +127,7 @@ class Schedule:
         group_sizes: The groups' rule (:class:`~seqpack.options.GroupSizes`): ``"static"``
             (every group a replica's CP block; sequences padded to ``pad_multiple``),
             ``"pow2"`` or ``"any"`` (dynamic CP; a group of ``c > 1`` ranks pads to ``2 * c *
-            pad_multiple``: :mod:`seqpack.schedulers.group_padding`).
+            pad_multiple``: :func:`~seqpack.thd.group_pad_multiple`).
         deferred: Ids held back for the next step (empty unless the scheduler defers).
         dropped: Ids removed because they exceed capacity under ``on_oversize="drop"``.
         truncated: Ids cut to capacity under ``on_oversize="truncate"`` (still assigned).
@@ -302,7 +302,7 @@ class Schedule:
         grid: list[list[list[np.ndarray]]] = [[[] for _ in range(self.dp_size)] for _ in range(self.num_microbatches)]
         lead = self.leading_replica().tolist()
         for g, (m, d) in enumerate(zip(self.group_round.tolist(), lead, strict=True)):
-            grid[m][d].append(self.assigned[self.offsets[g] : self.offsets[g + 1]])
+            grid[m][d].append(self.group_ids(g))
         return [[parts[0] if len(parts) == 1 else np.concatenate(parts or [_empty()]) for parts in row] for row in grid]
 
     # -- padding and tokens ----------------------------------------------------------------

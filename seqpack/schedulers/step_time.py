@@ -105,19 +105,16 @@ def predicted_step_time(
     fitted model, FLOPs for :meth:`~seqpack.cost.CostModel.from_transformer`).
 
     Args:
-        plan: A step's schedule (static or dynamic CP); its ``sample_cost`` (the extra cost
-            of each sample the scheduler was given) is added to its microbatch.
+        plan: A step's schedule (static or dynamic CP); its ``sample_cost`` is added to its
+            microbatch.
         cost: A :class:`~seqpack.cost.CostModel` (its CP ring terms included).
         sync: ``"lockstep"`` (FSDP, pipeline: every round waits for its slowest group):
             ``sum_m max_g time[g]``. ``"replica"`` (DDP, ZeRO-1: no barrier between rounds):
-            the last rank's finish time, where a group starts once all its ranks have
-            finished their previous round; with static groups this is the slowest replica's
-            total. Under both an idle group runs a padding-only filler costing ``constant``
-            (what the wrapper hands its ranks).
-        static_shapes: The packs' fixed shapes (:class:`~seqpack.thd.StaticShapes`, static
-            plans): every microbatch also pays the linear (per-token) cost of the tokens
-            its bucket adds beyond its padded tokens (:func:`bucket_padding`; an idle one's
-            bucket holds its filler). ``None``: packs of their padded size.
+            the last rank's finish time, a group starting once all its ranks have finished
+            their previous round (static groups: the slowest replica's total). An idle group
+            runs a padding-only filler costing ``constant``.
+        static_shapes: The packs' fixed shapes (static plans): every microbatch also pays
+            the linear cost of the tokens its bucket adds (:func:`bucket_padding`).
 
     Raises:
         SeqpackTypeError: ``plan``, ``cost`` or ``static_shapes`` of the wrong type.
