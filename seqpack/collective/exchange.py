@@ -139,10 +139,6 @@ def plan_shard_exchange(
     )
 
 
-def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
 class _Source:
     """This rank's outgoing sequences, each padded to its span (one ``pack_sequences`` per
     padding multiple, and one per sequence whose span is longer), concatenated: every packed
@@ -170,7 +166,9 @@ class _Source:
                 self._pack(samples, offset, chosen, plan, m, None)
         for gid in longer.tolist():
             self._pack(samples, offset, np.array([gid]), plan, int(multiple[gid]), int(spans[gid]))
-        self.fields = {key: _joined(values) for key, values in self._parts.items() if values}
+        self.fields = {
+            key: torch.cat(values) if len(values) > 1 else values[0] for key, values in self._parts.items() if values
+        }
         self._layout = layout
 
     def _pack(

@@ -20,7 +20,11 @@ from seqpack.thd.cp import gather_order
 
 def check_cp_shard(batch: PackedBatch, cp_size: int, cp_rank: int, layout: CpLayout | None = None) -> None:
     """Raise :class:`~seqpack.errors.SeqpackError` unless ``batch`` is CP shard ``cp_rank`` of
-    ``cp_size`` (and, when ``layout`` is given and ``cp_size > 1``, cut in that layout)."""
+    ``cp_size`` (a module's; the batch's own when it carries a ``cp_group``, which must then be
+    the group of its shard) and, when ``layout`` is given and ``cp_size > 1``, cut in it."""
+    if batch.cp_group is not None:
+        _check_batch_group(batch)
+        cp_size, cp_rank = batch.cp_size, batch.cp_rank
     if cp_size == 1 < batch.cp_size:  # neither the module nor the batch has a CP group
         raise SeqpackError(
             f"batch is CP shard {batch.cp_rank} of {batch.cp_size} but this module has no CP group (built with "
@@ -40,9 +44,7 @@ def check_cp_shard(batch: PackedBatch, cp_size: int, cp_rank: int, layout: CpLay
         )
 
 
-def check_batch_group(batch: PackedBatch) -> None:
-    """Raise :class:`~seqpack.errors.SeqpackError` unless ``batch.cp_group`` (set) has
-    ``batch.cp_size`` ranks with this rank at ``batch.cp_rank``."""
+def _check_batch_group(batch: PackedBatch) -> None:
     group = batch.cp_group
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     if (size, rank) != (batch.cp_size, batch.cp_rank):

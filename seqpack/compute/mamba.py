@@ -30,7 +30,7 @@ from torch import nn
 
 from seqpack._logging import warn_once
 from seqpack.compute import backends
-from seqpack.compute._collectives import all_to_all_tokens, check_batch_group, check_cp_shard, cp_token_orders
+from seqpack.compute._collectives import all_to_all_tokens, check_cp_shard, cp_token_orders
 from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
 from seqpack.options import MambaBackend
 from seqpack.thd import PackedBatch
@@ -474,7 +474,4 @@ class Mamba2Mixer(nn.Module):
             raise SeqpackTypeError(
                 f"hidden has dtype {hidden.dtype} but the parameters are {self.in_proj.weight.dtype}"
             )
-        _, cp_size, cp_rank = self.cp_of(batch)
-        if batch.cp_group is not None:
-            check_batch_group(batch)
-        check_cp_shard(batch, cp_size, cp_rank)
+        check_cp_shard(batch, self.cp_size, self.cp_rank)

@@ -81,7 +81,7 @@ class PackedBatch:
         for name in _REQUIRED_TENSORS:
             if not isinstance(getattr(self, name), torch.Tensor):
                 raise SeqpackTypeError(f"PackedBatch.{name} must be a tensor, got {type(getattr(self, name)).__name__}")
-        for name in ("input_ids", "labels", "loss_mask"):
+        for name in ("input_ids", "labels", "loss_mask", *VISION_BATCH_FIELDS):
             value = getattr(self, name)
             if value is not None and not isinstance(value, torch.Tensor):
                 raise SeqpackTypeError(f"PackedBatch.{name} must be a tensor or None, got {type(value).__name__}")
@@ -177,11 +177,10 @@ class PackedBatch:
                 ``attn_mask_type="padding_causal"``.
         """
         cu_real, cu_padded = self.cu_seqlens, self.cu_seqlens_padded
-        if padded_as_real or cu_padded is cu_real or _only_tail_differs(cu_real, cu_padded):
+        # Only the tail differs: on a GPU one host sync per call, on [N+1] tensors.
+        derived = not (padded_as_real or cu_padded is cu_real or torch.equal(cu_real[:-1], cu_padded[:-1]))
+        if not derived:
             cu_real = cu_padded
-            derived = False
-        else:
-            derived = True
         kwargs: dict[str, Any] = {
             "cu_seqlens_q": cu_real,
             "cu_seqlens_kv": cu_real,
@@ -198,11 +197,7 @@ class PackedBatch:
 
 
 def _check_vision(batch: PackedBatch) -> None:
-    """A vision-language pack's fields: types and shapes (no values read)."""
-    for name in VISION_BATCH_FIELDS:
-        value = getattr(batch, name)
-        if value is not None and not isinstance(value, torch.Tensor):
-            raise SeqpackTypeError(f"PackedBatch.{name} must be a tensor or None, got {type(value).__name__}")
+    """A vision-language pack's fields: shapes (no values read)."""
     if batch.cp_size > 1:
         raise ConfigError(
             f"PackedBatch: a vision-language pack cannot be CP-sharded yet (cp_size={batch.cp_size}); pack it for "
@@ -230,11 +225,6 @@ def _check_vision(batch: PackedBatch) -> None:
                 f"PackedBatch.{grid_name} has shape {tuple(grid.shape)} and {pixel_name} {tuple(pixels.shape)}; "
                 "expected [n, 3] and [patches, D]"
             )
-
-
-def _only_tail_differs(cu_real: torch.Tensor, cu_padded: torch.Tensor) -> bool:
-    # cu_seqlens are tiny ([N+1]); on a GPU this comparison is one host sync per call.
-    return bool(torch.equal(cu_real[:-1], cu_padded[:-1]))
 
 
 def padding_only_batch(num_tokens: int, *, pad_token_id: int = 0, slots: int = 1) -> PackedBatch:

@@ -13,7 +13,7 @@ from torch import nn
 
 from seqpack._logging import warn_once
 from seqpack.compute import backends
-from seqpack.compute._collectives import check_batch_group, check_cp_shard
+from seqpack.compute._collectives import check_cp_shard
 from seqpack.compute.attention.kv_exchange import exchange_kv, plan_kv_exchange
 from seqpack.compute.attention.masks import attention_mask
 from seqpack.compute.attention.reference import attend, thd_attention
@@ -293,7 +293,4 @@ class ThdAttention(nn.Module):
             raise SeqpackTypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
         if k.device != q.device or v.device != q.device:
             raise SeqpackError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-        _, cp_size, cp_rank = self.cp_of(batch)
-        if batch.cp_group is not None:
-            check_batch_group(batch)
-        check_cp_shard(batch, cp_size, cp_rank, self.cp_layout)
+        check_cp_shard(batch, self.cp_size, self.cp_rank, self.cp_layout)
