@@ -32,6 +32,7 @@ from seqpack.schedulers.balanced.rounds import (
     _grid,
     _objective,
     fill_order,
+    laid_out,
     repair_budget,
     round_targets,
 )
@@ -139,32 +140,15 @@ def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
     )
     if not ok:
         return None
-    round_of, replica_of = bin_of // dp_size, bin_of % dp_size
-    shape = (m_count, dp_size)
-    load = _grid(costs, round_of, replica_of, shape)
-    tokens = _grid(padded, round_of, replica_of, shape)
+    grid = laid_out(padded, costs, bin_of // dp_size, bin_of % dp_size, (m_count, dp_size))
     moves = repair_budget(step.max_repair_moves, dp_size)
     if moves > 0:
         # Close to the reference's busiest replica, and no closer: every repair move moves a
         # sequence.
         stop_at = float(reference.load.sum(axis=0).max()) * (1 + step.tolerance * 0.5)
-        round_of, replica_of, load, tokens = repair(
-            round_of,
-            replica_of,
-            load,
-            tokens,
-            padded,
-            costs,
-            dp_size,
-            step.capacity,
-            moves,
-            step.sync,
-            stop_at,
-            _REPAIR_WORK_FACTOR * _REPAIR_WORK,
-        )
-    plan = BalancedPlan(
-        m_count, round_of, replica_of, load, tokens, reference.mode, _objective(load, step.constant, step.sync)
-    )
+        work = _REPAIR_WORK_FACTOR * _REPAIR_WORK
+        grid = repair(grid, padded, costs, dp_size, step.capacity, moves, step.sync, stop_at, work)
+    plan = BalancedPlan(m_count, *grid, reference.mode, _objective(grid[2], step.constant, step.sync))
     return plan, step.relabel(plan.replica_of, step.origin, padded, dp_size)
 
 
@@ -198,9 +182,8 @@ def home_swaps(step: Local) -> tuple[BalancedPlan, np.ndarray]:
         order,
         _SWAP_PASSES,
     )
-    load = _grid(costs, round_of, replica_of, shape)
-    tokens = _grid(padded, round_of, replica_of, shape)
-    plan = BalancedPlan(m_count, round_of, replica_of, load, tokens, reference.mode, _objective(load, 0.0, sync))
+    grid = laid_out(padded, costs, round_of, replica_of, shape)
+    plan = BalancedPlan(m_count, *grid, reference.mode, _objective(grid[2], 0.0, sync))
     return plan, plan.replica_of
 
 

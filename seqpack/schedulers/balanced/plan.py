@@ -15,8 +15,8 @@ from seqpack.schedulers.balanced.rounds import (
     BalancedPlan,
     Sequences,
     _arrange,
-    _grid,
     _objective,
+    laid_out,
     repair_budget,
 )
 from seqpack.schedulers.balanced.stages import DEFAULT, Stages
@@ -37,20 +37,14 @@ def _plan_at(seqs: Sequences, num_rounds: int, stages: Stages, forced: bool = Fa
         return None
     mode, bin_of, bin_load = packed
     round_of_bin, replica_of_bin = _arrange(bin_load, dp_size, num_rounds)
-    round_of = round_of_bin[bin_of]
-    replica_of = replica_of_bin[bin_of]
-    shape = (num_rounds, dp_size)
-    load, tokens = _grid(costs, round_of, replica_of, shape), _grid(padded, round_of, replica_of, shape)
-    grid = (round_of, replica_of, load, tokens)
+    grid = laid_out(padded, costs, round_of_bin[bin_of], replica_of_bin[bin_of], (num_rounds, dp_size))
     balances = bool(costs.size) and float(costs.max()) > 0  # CostModel(0, 0, c): nothing to balance
     if seqs.max_repair_moves > 0 and dp_size > 1 and balances:
         for refine in stages.refine:
             grid = refine(seqs, grid, forced)
-    round_of, replica_of, load, tokens = grid
+    load, tokens = grid[2], grid[3]
     priced = load if seqs.price is None else load + seqs.price.extra(tokens)
-    return BalancedPlan(
-        num_rounds, round_of, replica_of, load, tokens, mode, _objective(priced, seqs.constant, seqs.sync)
-    )
+    return BalancedPlan(num_rounds, *grid, mode, _objective(priced, seqs.constant, seqs.sync))
 
 
 def plan_balanced(

@@ -18,23 +18,18 @@ from seqpack.schedulers.balanced.rounds import (
     _GOOD_ENOUGH,
     _REPAIR_WORK,
     _SWAP_CANDIDATES,
+    Layout,
     Sequences,
-    _grid,
+    laid_out,
 )
 
-__all__ = ["LPT_WORK", "Repaired", "repair", "replica_first", "replica_first_stage"]
+__all__ = ["LPT_WORK", "repair", "replica_first", "replica_first_stage"]
 
 LPT_WORK = 50_000_000  # heap steps and bin scans before the replica-first pass gives up
 
-Repaired = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-"""(round_of, replica_of, load, tokens) after the repair."""
-
 
 def repair(
-    round_of: np.ndarray,
-    replica_of: np.ndarray,
-    load: np.ndarray,
-    tokens: np.ndarray,
+    grid: Layout,
     padded: np.ndarray,
     costs: np.ndarray,
     dp_size: int,
@@ -43,25 +38,25 @@ def repair(
     sync: str,
     stop_at: float | None = None,
     max_work: int = _REPAIR_WORK,
-) -> Repaired:
-    """The replica repair (module docstring): repaired copies of the grid. ``stop_at``: busiest
+) -> Layout:
+    """The replica repair (module docstring): a repaired copy of ``grid``. ``stop_at``: busiest
     replica's cost at which to stop (default 0.1% above the bound); ``max_work``: candidate
     evaluations before it stops."""
     replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
     if replica_bound <= 0:  # CostModel(0, 0, c): sequences cost nothing, there is nothing to balance
-        return round_of, replica_of, load, tokens
+        return grid
     if stop_at is None:
         stop_at = (1 + _GOOD_ENOUGH) * replica_bound
     # How much slower the rounds may get: not at all under lockstep, freely for replicas.
     rounds_budget = np.inf if sync == Sync.REPLICA else 0.0
-    state = (round_of.copy(), replica_of.copy(), load.copy(), tokens.copy())
+    round_of, replica_of, load, tokens = (a.copy() for a in grid)
     _kernels.repair_replicas(
-        state[0],
-        state[1],
+        round_of,
+        replica_of,
         costs,
         padded,
-        state[2],
-        state[3],
+        load,
+        tokens,
         capacity,
         max_moves,
         1e-9,
@@ -70,7 +65,7 @@ def repair(
         rounds_budget,
         max_work,
     )
-    return state
+    return round_of, replica_of, load, tokens
 
 
 def replica_first(
@@ -107,7 +102,7 @@ def replica_first(
     return (round_of, replica_of) if ok else None
 
 
-def replica_first_stage(seqs: Sequences, grid: Repaired, forced: bool) -> Repaired:
+def replica_first_stage(seqs: Sequences, grid: Layout, forced: bool) -> Layout:
     """Heavy tails under ``sync="replica"``: the grid plan ``grid``, or the replica-first plan
     (repaired) when its busiest replica is lighter and within 1% of the bound ``max(total /
     dp, costliest sequence)``; tried only when the grid's busiest replica is more than 0.1%
@@ -129,14 +124,8 @@ def replica_first_stage(seqs: Sequences, grid: Repaired, forced: bool) -> Repair
     found = replica_first(padded, costs, seqs.fill_order, dp_size, capacity, load.shape[0])
     if found is None:
         return grid
-    new_round, new_replica = found
-    new_load = _grid(costs, new_round, new_replica, load.shape)
-    new_tokens = _grid(padded, new_round, new_replica, load.shape)
     candidate = repair(
-        new_round,
-        new_replica,
-        new_load,
-        new_tokens,
+        laid_out(padded, costs, *found, load.shape),
         padded,
         costs,
         dp_size,

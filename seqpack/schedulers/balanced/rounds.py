@@ -145,6 +145,18 @@ def _grid(values: np.ndarray, round_of: np.ndarray, replica_of: np.ndarray, shap
     return sums.astype(values.dtype).reshape(shape)
 
 
+Layout = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""``(round_of, replica_of, load, tokens)``: every sequence's round and replica, and every
+microbatch's cost and padded tokens ``[M, dp]``."""
+
+
+def laid_out(
+    padded: np.ndarray, costs: np.ndarray, round_of: np.ndarray, replica_of: np.ndarray, shape: tuple[int, int]
+) -> Layout:
+    """The :data:`Layout` of sequences placed at ``round_of`` and ``replica_of``."""
+    return round_of, replica_of, _grid(costs, round_of, replica_of, shape), _grid(padded, round_of, replica_of, shape)
+
+
 def _objective(load: np.ndarray, constant: float, sync: str) -> float:
     """:func:`step_objective` of a plan's ``load[M, dp]`` (costs without constants)."""
     return step_objective(load + constant, sync)

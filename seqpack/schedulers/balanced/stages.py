@@ -11,9 +11,10 @@ import numpy as np
 
 from seqpack.schedulers.balanced.bins import Packed, cost_targets, exact_search, first_fit, worst_fit
 from seqpack.schedulers.balanced.locality import LocalStage, Relabel, home_swaps, per_replica
-from seqpack.schedulers.balanced.replicas import Repaired, replica_first_stage
+from seqpack.schedulers.balanced.replicas import replica_first_stage
 from seqpack.schedulers.balanced.rounds import (
     BalancedPlan,
+    Layout,
     Sequences,
     fill_order,
     more_rounds,
@@ -24,7 +25,7 @@ from seqpack.schedulers.balanced.rounds import (
 __all__ = ["DEFAULT", "Stages"]
 
 BinRule = Callable[[Sequences, np.ndarray, int], "Packed | None"]
-Refine = Callable[[Sequences, Repaired, bool], Repaired]
+Refine = Callable[[Sequences, Layout, bool], Layout]
 CountSearch = Callable[[BalancedPlan, Sequences, int, Callable[[int], "BalancedPlan | None"]], BalancedPlan]
 
 
