@@ -105,10 +105,7 @@ def padded_lengths(lengths: np.ndarray | Sequence[int], pad_multiple: int) -> np
         SampleError: A negative length, or one whose padded length does not fit int64.
     """
     pad_multiple = check_positive_int("pad_multiple", pad_multiple)
-    arr = lengths
-    if not (isinstance(lengths, np.ndarray) and lengths.dtype == np.int64):
-        element = "length at {index} is"
-        arr = int64_array("lengths", lengths, too_large=SampleError, integral_floats=True, element=element)
+    arr = lengths if isinstance(lengths, np.ndarray) and lengths.dtype == np.int64 else _int64_lengths(lengths)
     if arr.size:
         low, high = int(arr.min()), int(arr.max())
         if low < 0:
@@ -117,3 +114,6 @@ def padded_lengths(lengths: np.ndarray | Sequence[int], pad_multiple: int) -> np
             raise SampleError(f"length {high} padded to pad_multiple={pad_multiple} is too large (at most 2**63 - 1)")
     return -(-arr // pad_multiple) * pad_multiple
 
+
+def _int64_lengths(lengths: np.ndarray | Sequence[int]) -> np.ndarray:
+    return int64_array("lengths", lengths, too_large=SampleError, integral_floats=True, element="length at {index} is")
