@@ -99,8 +99,7 @@ def check_partition(schedule: Schedule) -> None:
             f"group {g} of round {int(rounds[g])} starts at rank {int(start[g])}, expected {int(expected_start[g])}: "
             "the groups of a round must be contiguous blocks covering every rank once"
         )
-    last = np.ones(rounds.shape[0], dtype=bool)
-    last[:-1] = rounds[1:] != rounds[:-1]
+    last = np.append(first[1:], True)  # the last group of its round
     short = np.flatnonzero(last & (end != ranks))
     if short.size:
         g = int(short[0])
