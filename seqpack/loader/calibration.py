@@ -43,9 +43,8 @@ class StepInput:
         blank: ``ABSENT`` words ``[dp * width]``: this rank's share of the agreements' MAX
             while it holds no gathered words (never counted by the MAX).
         error: A refused ``record_times`` of this rank: the step fails with it everywhere.
-        encoder_price: The price of one vision-encoder FLOP to plan the step's
-            ``sample_cost`` at (the calibrator's, fitted with ``model``; ``None``: no encoder
-            term, the cost's price of a language-model FLOP).
+        encoder_price: The calibrator's price of one vision-encoder FLOP, fitted with
+            ``model`` (``None``: the cost's price of a language-model FLOP).
     """
 
     model: CostModel | None = None

@@ -390,14 +390,10 @@ def wrap_data_iterator(
             host-to-device copies); ignored, with a warning, without CUDA.
         wrapper_groups: Process groups for the wrapper's per-step collectives (axis name to
             group, or a :class:`Topology`), over the same ranks in the same order as the
-            topology's. Default: the topology's own groups with ``prefetch=0``; new gloo
-            groups created for the wrapper alone (one per axis of size > 1) with
-            ``prefetch > 0``.
+            topology's. Default: the topology's own with ``prefetch=0``, else new gloo groups.
         group_timeout: Seconds (or a ``timedelta``) a collective on the groups the wrapper
             creates waits for its peers before failing (default: torch's, 30 minutes).
-        **overrides: :class:`~seqpack.loader.config.PackingConfig` fields (``samples_per_rank``,
-            ``max_tokens_per_rank``, ``scheduler``, ``data_owner``, ``on_oversize``,
-            ``drop_last``, ``pad_multiple``, ``cost``, ``prefetch``, ...), applied on top of
+        **overrides: :class:`~seqpack.loader.config.PackingConfig` fields, applied on top of
             ``config``.
 
     Returns:

@@ -31,7 +31,8 @@ def _offsets(lengths: Sequence[int]) -> np.ndarray:
 def prepare_labels(
     sequences: list[Sample], wheres: Sequence[str], label_format: LabelFormat | str
 ) -> tuple[list[Sample], int, int]:
-    """Check and convert the (non-empty) sequences of one read.
+    """Check and convert the normalised, non-empty ``sequences`` of one read (``wheres``: how
+    an error names each).
 
     A sequence whose labels are aligned the other way than ``label_format`` says
     (:func:`~seqpack.thd.looks_misaligned`) is refused. Under ``"unshifted"`` a sequence that
@@ -39,15 +40,10 @@ def prepare_labels(
     token -100); sequences with neither are left alone, and ``"position_aligned"`` labels
     are neither checked nor moved.
 
-    Args:
-        sequences: Normalised sequences (:func:`~seqpack.thd.sample_sequences`), none empty.
-        wheres: How an error names each sequence (``"sample 4 of this rank's data"``).
-        label_format: How the samples' labels are aligned.
-
     Returns:
         ``(sequences, checked, misaligned)``: the sequences in seqpack's form, and the
-        checked tokens of those carrying labels and how many of them are misaligned
-        (:func:`~seqpack.thd.label_alignment_counts` summed, for the step's guard).
+        checked tokens of those carrying labels and how many of them are misaligned (the
+        step's guard sums them).
 
     Raises:
         SampleError: Labels aligned the other way than declared, naming the sample and

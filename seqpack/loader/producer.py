@@ -99,7 +99,6 @@ class StepProducer:
         self.local_cause: BaseException | None = None  # this rank's own exception behind a step error
         self.shared_cause: BaseException | None = None  # the exception behind an error every rank decided alike
         self.calibration = calibration
-        self.recorder = calibration.recorder
 
     @property
     def started(self) -> bool:
@@ -384,7 +383,7 @@ class StepProducer:
             schedule_fingerprint=plan.fingerprint(),
             timings=trace.timings,
             exchange_bytes=trace.traffic,
-            _recorder=self.recorder,
+            _recorder=self.calibration.recorder,
             _topology=self.topology,
             _cp_groups=self.cp_mode.groups,
             _empty_at=msg.empty_at,

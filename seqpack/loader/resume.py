@@ -19,10 +19,8 @@ __all__ = ["ResumeState", "StateKey", "Stateful"]
 
 @runtime_checkable
 class Stateful(Protocol):
-    """What ``torch.distributed.checkpoint`` saves and loads: ``state_dict()`` and
-    ``load_state_dict()``. The same structural protocol as torch's own ``Stateful``, declared
-    here because importing ``torch.distributed.checkpoint`` costs about a second, as long as
-    ``import seqpack`` without it."""
+    """What ``torch.distributed.checkpoint`` saves and loads: torch's own ``Stateful``
+    protocol, declared here because importing ``torch.distributed.checkpoint`` is slow."""
 
     def state_dict(self) -> dict[str, Any]: ...
 
