@@ -63,9 +63,8 @@ def pack_bins(
     the item search its whole budget.
 
     Args:
-        lengths: int64 item sizes (each at most ``capacity``).
-        num_bins: Bins available.
-        capacity: Room of each bin.
+        lengths: int64 item sizes.
+        num_bins, capacity: Bins available and the room of each.
         max_work: Bin visits (each search's) before giving up.
         found_only: Only a packing is wanted (the planner's case): a search that cannot
             find one within ``max_work`` is not run, so ``GAVE_UP`` may stand where it

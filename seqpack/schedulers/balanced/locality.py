@@ -5,15 +5,10 @@
 step time under the sync and moves fewer tokens; otherwise the reference stands. It changes
 only where sequences run, never which sequences a step holds or how many microbatches it runs.
 
-* :func:`per_replica` (first under ``sync="replica"`` and for lockstep steps of one or two
-  microbatches): each sequence, longest first, to its own rank's emptiest microbatch while
-  within ``home_fill`` of its cost target and the mean tokens, else LPT; then the replica repair.
-* :func:`home_swaps`: from the reference, replicas renamed, sequences come home by moves and
-  same-cost swaps while every microbatch stays within ``1 + 0.9 * tolerance`` of its round's
-  heaviest and every replica of the busiest.
-
-:func:`locality_pays` (``locality="auto"``) runs it where the exchange time it saves outweighs
-its plan time (docs/scale.md has the measurements).
+The candidates: :func:`per_replica` (a layout that fills each rank's own microbatches first,
+then the replica repair) and :func:`home_swaps` (the reference with sequences brought home by
+moves and same-cost swaps). :func:`locality_pays` (``locality="auto"``) runs it where the
+exchange time it saves outweighs its plan time (docs/scale.md has the measurements).
 """
 
 from __future__ import annotations
@@ -119,8 +114,10 @@ LocalStage = Callable[[Local], "tuple[BalancedPlan, np.ndarray] | None"]
 
 
 def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
-    """The per-replica layout (module docs) and its DP ranks, where the step waits for
-    replicas or runs one or two microbatches; None elsewhere or when it finds no packing."""
+    """The per-replica layout and its DP ranks, where the step waits for replicas or runs
+    one or two microbatches (None elsewhere, or when it finds no packing): each sequence,
+    longest first, to its own rank's emptiest microbatch while within ``_REPLICAS_FILL`` of
+    its cost target and the mean tokens, else LPT; then the replica repair."""
     padded, costs, dp_size, reference = step.padded, step.costs, step.dp_size, step.reference
     m_count = reference.num_microbatches
     if not (step.sync == Sync.REPLICA or m_count <= 2):

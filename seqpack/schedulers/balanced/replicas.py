@@ -75,19 +75,10 @@ def replica_first(
     dp_size: int,
     capacity: int,
     num_rounds: int,
-    *,
-    max_work: int = LPT_WORK,
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(round_of, replica_of)`` of the replica-first plan at ``num_rounds`` microbatches per
-    replica, or None when a sequence fits no microbatch left (or the work ran out).
-
-    Args:
-        padded: int64 padded lengths, each at most ``capacity``.
-        costs: float64 cost of each sequence.
-        order: Fill order, costliest first (longest first: cost grows with length).
-        dp_size, capacity, num_rounds: Replicas, tokens per microbatch, microbatches each.
-        max_work: Heap steps and bin scans before giving up.
-    """
+    """``(round_of, replica_of)`` of the replica-first plan of ``padded`` (each at most
+    ``capacity``) taken in ``order`` (costliest first) at ``num_rounds`` microbatches per
+    replica, or None when a sequence fits no microbatch left (or ``LPT_WORK`` ran out)."""
     if num_rounds <= 0 or dp_size <= 0 or padded.shape[0] == 0:
         return None
     ok, round_of, replica_of = _kernels.replica_lpt(
@@ -97,7 +88,7 @@ def replica_first(
         int(dp_size),
         int(num_rounds),
         int(capacity),
-        int(max_work),
+        LPT_WORK,
     )
     return (round_of, replica_of) if ok else None
 

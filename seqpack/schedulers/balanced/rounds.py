@@ -104,12 +104,8 @@ def fill_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
 
 
 def round_targets(sorted_costs: np.ndarray, dp_size: int, num_rounds: int) -> np.ndarray:
-    """Per-round cost target of one microbatch (docs/schedulers.md, step 2).
-
-    Args:
-        sorted_costs: Sequence costs, costliest first.
-        dp_size, num_rounds: Grid shape.
-    """
+    """Per-round cost target of one microbatch of a ``[num_rounds, dp_size]`` grid, from the
+    sequences' ``sorted_costs`` (costliest first; docs/schedulers.md, step 2)."""
     targets = np.zeros(num_rounds, dtype=np.float64)
     remaining = float(sorted_costs.sum()) / dp_size
     n = sorted_costs.shape[0]
