@@ -319,39 +319,12 @@ def test_sorted_members_is_a_stable_sort_by_cost(costs, seed):
 
 
 @given(
-    costs=st.lists(st.sampled_from([1.0, 2.0, 2.5, 3.0, 7.0]), min_size=0, max_size=40),
-    spare=st.integers(0, 3),
-)
-def test_home_swaps_small_sorts_sort_the_entries_by_cost_in_place(costs, spare):
-    # home_swaps sorts a home's cache and pairs by insertion up to SMALL_SORT entries; each
-    # entry's fields must travel together, the first k come out sorted by cost (ties stay
-    # in order: insertion is stable), and nothing past k is touched.
-    from seqpack.schedulers._kernels.locality_swaps import _sort_cache_small, _sort_pairs_small
-
-    k = len(costs)
-    c = np.array(costs + [-1.0] * spare, dtype=np.float64)
-    ids = np.arange(k + spare, dtype=np.int64)
-    cache = (ids.copy(), ids + 1000, ids + 2000, c.copy(), ids + 3000)
-    _sort_cache_small(k, cache)
-    order = np.argsort(c[:k], kind="stable")
-    expected = np.concatenate([order, np.arange(k, k + spare)]).astype(np.int64)
-    assert cache[0].tolist() == expected.tolist()
-    assert cache[1].tolist() == (expected + 1000).tolist() and cache[2].tolist() == (expected + 2000).tolist()
-    assert cache[3].tolist() == c[expected].tolist() and cache[4].tolist() == (expected + 3000).tolist()
-    pairs = (c.copy(), ids.copy(), ids + 500, ids + 3000)
-    _sort_pairs_small(k, pairs)
-    assert pairs[0].tolist() == c[expected].tolist() and pairs[3].tolist() == (expected + 3000).tolist()
-    assert pairs[1].tolist() == expected.tolist() and pairs[2].tolist() == (expected + 500).tolist()
-
-
-@given(
     costs=st.lists(st.sampled_from([1.0, 2.0, 2.5, 3.0, 7.0, -1.0]), min_size=0, max_size=300),
     spare=st.integers(0, 3),
 )
-@pytest.mark.slow
-def test_home_swaps_large_sorts_sort_the_entries_by_cost_in_place(costs, spare):
-    # Above SMALL_SORT entries home_swaps orders a home's cache and pairs by a merge sort
-    # (_order_by, stable) and moves the entries along the cycles of that order
+def test_home_swaps_sorts_sort_the_entries_by_cost_in_place(costs, spare):
+    # home_swaps orders a home's cache and pairs by a merge sort (_order_by, stable, in
+    # buffers of its own) and moves the entries along the cycles of that order
     # (_permute_cache, _permute_pairs): every field travels with its entry, nothing past k.
     from seqpack.schedulers._kernels.locality_swaps import _order_by, _permute_cache, _permute_pairs
 
@@ -359,14 +332,18 @@ def test_home_swaps_large_sorts_sort_the_entries_by_cost_in_place(costs, spare):
     c = np.array(costs + [-5.0] * spare, dtype=np.float64)
     ids = np.arange(k + spare, dtype=np.int64)
     expected = np.concatenate([np.argsort(c[:k], kind="stable"), np.arange(k, k + spare)]).astype(np.int64)
-    assert _order_by(c, k).tolist() == expected[:k].tolist()
+
+    def order() -> np.ndarray:
+        return _order_by(c, k, (np.full(k + spare, -9, dtype=np.int64), np.full(k + spare, -9, dtype=np.int64)))
+
+    assert order()[:k].tolist() == expected[:k].tolist()
     cache = (ids.copy(), ids + 1000, ids + 2000, c.copy(), ids + 3000)
-    _permute_cache(_order_by(c, k), cache)
+    _permute_cache(order(), k, cache)
     for field, offset in zip((0, 1, 2, 4), (0, 1000, 2000, 3000), strict=True):
         assert cache[field].tolist() == (expected + offset).tolist()
     assert cache[3].tolist() == c[expected].tolist()
     pairs = (c.copy(), ids.copy(), ids + 500, ids + 3000)
-    _permute_pairs(_order_by(c, k), pairs)
+    _permute_pairs(order(), k, pairs)
     assert pairs[0].tolist() == c[expected].tolist() and pairs[3].tolist() == (expected + 3000).tolist()
     assert pairs[1].tolist() == expected.tolist() and pairs[2].tolist() == (expected + 500).tolist()
 

@@ -31,7 +31,6 @@ from seqpack.schedulers._kernels._types import BoolArray, FloatArray, IntArray
 
 PAIR_BIN = 16  # home_swaps pairs sequences of bins holding at most this many
 HOME_TREE_MIN = 256  # home_swaps walks trees over a home's sequences from this many (a turn's cache and own)
-SMALL_SORT = 32  # home_swaps sorts a home's cache and pairs by insertion up to this many, by merges above
 _NO_TOKENS = -(1 << 62)  # the token key of an empty leaf or a pair that moved
 Cache = tuple[IntArray, IntArray, IntArray, FloatArray, IntArray]  # (cache_y, cache_o, cache_t, cache_c, cache_m)
 Pairs = tuple[FloatArray, IntArray, IntArray, IntArray]  # (pair_c, pair_y1, pair_y2, pair_m)
@@ -79,16 +78,16 @@ def home_swaps(
 
     Bounds (every buffer, from an invariant): the cache holds exactly the sequences on the
     current home (at most ``n``; ``n + 1`` entries); a turn's pairs come from rounds of at
-    most ``PAIR_BIN`` of them, at most ``rounds * PAIR_BIN * (PAIR_BIN - 1) / 2``; the
-    cache's tree has a leaf for every entry the turn can reach (the cache grows by one per
-    move and the turn makes at most one change per sequence of its run: ``k + j - i``,
-    capped at ``n``); ``snap``, ``changed``, ``last_arrival`` and ``moved_at`` have one entry
-    per sequence and ``start`` ``dp + 1``; the arrival list gets an entry for every sequence a
-    change sends away from a home, two for a pair swap, and is reset at every pass, in which each sequence of
-    ``order`` has one turn and makes at most one change: at most ``2 * len(order)`` entries
-    (one per sequence is not enough: a sequence can be sent away, come back and be sent away
-    again in one pass). Requires ``0 <= round_of < rounds``, ``0 <= replica_of, origin <
-    dp``, ``order`` a permutation of the sequences grouped by origin.
+    most ``PAIR_BIN`` of them, at most ``rounds * PAIR_BIN * (PAIR_BIN - 1) / 2``; the sort
+    buffers hold either; the cache's tree has a leaf for every entry the turn can reach (the
+    cache grows by one per move and the turn makes at most one change per sequence of its
+    run: ``k + j - i``, capped at ``n``); ``snap``, ``changed``, ``last_arrival`` and
+    ``moved_at`` have one entry per sequence and ``start`` ``dp + 1``; the arrival list gets
+    an entry for every sequence a change sends away from a home, two for a pair swap, and is
+    reset at every pass, in which each sequence of ``order`` has one turn and makes at most
+    one change: at most ``2 * len(order)`` entries (a sequence can be sent away, come back
+    and be sent away again in one pass). Requires ``0 <= round_of < rounds``, ``0 <=
+    replica_of, origin < dp``, ``order`` a permutation of the sequences grouped by origin.
 
     Returns:
         The number of changes made.
@@ -128,6 +127,10 @@ def home_swaps(
     pairs = (pair_c, pair_y1, pair_y2, pair_m)
     seg = np.empty(rounds + 1, dtype=np.int64)
     by_round = np.empty(n + 1, dtype=np.int64)
+    sort_buffers = (
+        np.empty(max(n + 1, n_pairs_max), dtype=np.int64),
+        np.empty(max(n + 1, n_pairs_max), dtype=np.int64),
+    )
     # The max trees (module docstring) and the lists beside them.
     c1 = np.empty(2, dtype=np.float64)  # grown per turn
     c2 = np.empty(2, dtype=np.int64)
@@ -158,9 +161,9 @@ def home_swaps(
             # The turn of home: its sequences by cost, their pairs, and the trees.
             k = _fill_cache(
                 home, round_of, replica_of, lengths, costs, origin, start, snap, changed, last_arrival, arrivals,
-                arrival_seq, arrival_next, cache,
+                arrival_seq, arrival_next, cache, sort_buffers,
             )  # fmt: skip
-            n_pairs = _turn_pairs(k, rounds, cache, seg, by_round, pairs)
+            n_pairs = _turn_pairs(k, rounds, cache, seg, by_round, pairs, sort_buffers)
             csize, psize = 0, 0  # a small home: no cache and pair trees
             if k + j - i >= HOME_TREE_MIN:
                 csize, psize = _pow2_above(min(k + j - i, n) + 1), _pow2_above(n_pairs + 1)
@@ -387,6 +390,7 @@ def _fill_cache(
     arrival_seq: IntArray,
     arrival_next: IntArray,
     cache: Cache,
+    sort_buffers: tuple[IntArray, IntArray],
 ) -> int:
     """The cache: the sequences on ``home`` (those of the snapshot that did not move since,
     and those that arrived last there), sorted by cost. Returns how many."""
@@ -404,26 +408,8 @@ def _fill_cache(
             cache_y[k], cache_o[k], cache_t[k], cache_c[k], cache_m[k] = y, origin[y], lengths[y], costs[y], round_of[y]
             k += 1
         e = arrival_next[e]
-    if k <= SMALL_SORT:
-        _sort_cache_small(k, cache)
-        return k
-    _permute_cache(_order_by(cache_c, k), cache)
+    _permute_cache(_order_by(cache_c, k, sort_buffers), k, cache)
     return k
-
-
-@helper
-def _sort_cache_small(k: int, cache: Cache) -> None:
-    """The cache's first ``k`` entries sorted by cost in place, by insertion (no allocation:
-    most homes hold a few sequences)."""
-    cache_y, cache_o, cache_t, cache_c, cache_m = cache
-    for t in range(1, k):
-        y, o, tt, c, m = cache_y[t], cache_o[t], cache_t[t], cache_c[t], cache_m[t]
-        u = t
-        while u > 0 and cache_c[u - 1] > c:
-            cache_y[u], cache_o[u], cache_t[u] = cache_y[u - 1], cache_o[u - 1], cache_t[u - 1]
-            cache_c[u], cache_m[u] = cache_c[u - 1], cache_m[u - 1]
-            u -= 1
-        cache_y[u], cache_o[u], cache_t[u], cache_c[u], cache_m[u] = y, o, tt, c, m
 
 
 @helper
@@ -434,6 +420,7 @@ def _turn_pairs(
     seg: IntArray,
     by_round: IntArray,
     pairs: Pairs,
+    sort_buffers: tuple[IntArray, IntArray],
 ) -> int:
     """The pairs of a home's turn: every two sequences of the cache's first ``k`` entries
     that share a round holding at most ``PAIR_BIN`` of them, sorted by summed cost. Returns
@@ -462,33 +449,18 @@ def _turn_pairs(
                     pair_m[n_pairs] = m
                     n_pairs += 1
         begin = seg[m]
-    if n_pairs <= SMALL_SORT:
-        _sort_pairs_small(n_pairs, pairs)
-        return n_pairs
-    _permute_pairs(_order_by(pair_c, n_pairs), pairs)
+    _permute_pairs(_order_by(pair_c, n_pairs, sort_buffers), n_pairs, pairs)
     return n_pairs
 
 
 @helper
-def _sort_pairs_small(n_pairs: int, pairs: Pairs) -> None:
-    """The first ``n_pairs`` pairs sorted by summed cost in place, by insertion (as
-    :func:`_sort_cache_small`)."""
-    pair_c, pair_y1, pair_y2, pair_m = pairs
-    for t in range(1, n_pairs):
-        c, y1, y2, m = pair_c[t], pair_y1[t], pair_y2[t], pair_m[t]
-        u = t
-        while u > 0 and pair_c[u - 1] > c:
-            pair_c[u], pair_y1[u], pair_y2[u], pair_m[u] = pair_c[u - 1], pair_y1[u - 1], pair_y2[u - 1], pair_m[u - 1]
-            u -= 1
-        pair_c[u], pair_y1[u], pair_y2[u], pair_m[u] = c, y1, y2, m
-
-
-@helper
-def _order_by(key: FloatArray, k: int) -> IntArray:
-    """The positions ``0..k-1`` sorted by ``key`` (a stable merge sort: runs of 16 by
-    insertion, then bottom-up merges)."""
-    perm = np.arange(k, dtype=np.int64)
-    tmp = np.empty(k, dtype=np.int64)
+def _order_by(key: FloatArray, k: int, buffers: tuple[IntArray, IntArray]) -> IntArray:
+    """The positions ``0..k-1`` sorted by ``key``, in the first ``k`` entries of one of the
+    two ``buffers`` (returned): a stable merge sort (runs of 16 by insertion, then bottom-up
+    merges) that allocates nothing, as most homes hold a few sequences."""
+    perm, tmp = buffers
+    for t in range(k):
+        perm[t] = t
     for lo in range(0, k, 16):
         for t in range(lo + 1, min(lo + 16, k)):
             v = perm[t]
@@ -515,11 +487,11 @@ def _order_by(key: FloatArray, k: int) -> IntArray:
 
 
 @helper
-def _permute_cache(perm: IntArray, cache: Cache) -> None:
-    """Cache entry ``q`` takes entry ``perm[q]`` (for ``q < len(perm)``), in place, cycle by
-    cycle; ``perm`` is marked while it is followed (``~p``) and left marked."""
+def _permute_cache(perm: IntArray, k: int, cache: Cache) -> None:
+    """Cache entry ``q`` takes entry ``perm[q]`` (for ``q < k``), in place, cycle by cycle;
+    ``perm`` is marked while it is followed (``~p``) and left marked."""
     cache_y, cache_o, cache_t, cache_c, cache_m = cache
-    for s in range(perm.shape[0]):
+    for s in range(k):
         if perm[s] < 0:
             continue
         y, o, t, c, m = cache_y[s], cache_o[s], cache_t[s], cache_c[s], cache_m[s]
@@ -537,10 +509,10 @@ def _permute_cache(perm: IntArray, cache: Cache) -> None:
 
 
 @helper
-def _permute_pairs(perm: IntArray, pairs: Pairs) -> None:
+def _permute_pairs(perm: IntArray, k: int, pairs: Pairs) -> None:
     """Pair ``q`` takes pair ``perm[q]``, in place (as :func:`_permute_cache`)."""
     pair_c, pair_y1, pair_y2, pair_m = pairs
-    for s in range(perm.shape[0]):
+    for s in range(k):
         if perm[s] < 0:
             continue
         c, y1, y2, m = pair_c[s], pair_y1[s], pair_y2[s], pair_m[s]
