@@ -28,16 +28,13 @@ def join_plans(parts: Sequence[Schedule], ids: Sequence[np.ndarray], original: n
     rounds = np.cumsum([0, *(p.num_microbatches for p in parts)])
     effective = np.zeros_like(original)
     origin = np.zeros(original.shape[0], dtype=np.int64)
+    sample_cost = np.zeros(original.shape[0]) if any(p.sample_cost is not None for p in parts) else None
     for p, where in zip(parts, ids, strict=True):
         assert p.origin is not None
         effective[where] = p.lengths
         origin[where] = p.origin
-    sample_cost = None
-    if any(p.sample_cost is not None for p in parts):  # each part's, at its ids
-        sample_cost = np.zeros(original.shape[0], dtype=np.float64)
-        for p, where in zip(parts, ids, strict=True):
-            if p.sample_cost is not None:
-                sample_cost[where] = p.sample_cost
+        if sample_cost is not None and p.sample_cost is not None:
+            sample_cost[where] = p.sample_cost
 
     def joined(name: str) -> np.ndarray:
         return np.concatenate([where[getattr(p, name)] for p, where in zip(parts, ids, strict=True)]).astype(np.int64)
