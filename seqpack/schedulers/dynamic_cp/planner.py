@@ -28,8 +28,8 @@ from seqpack.thd import group_pad_multiple, group_padded_lengths
 
 __all__ = ["plan_dynamic_cp"]
 
-_COARSE = 24  # heights tried on the first pass of the search
-_FINE = 12  # heights tried between the best coarse height's neighbours
+_COARSE = 24  # heights tried on the first pass of the search (the replica builder: 10)
+_FINE = 12  # heights tried between the best coarse height's neighbours (the replica builder: 6)
 _TOP = 64  # the longest sequences whose times make the grid (all that need a group too)
 
 
@@ -51,7 +51,7 @@ def _height_grid(p: Problem, top_n: int | None = None) -> np.ndarray:
     return np.unique(np.concatenate(out))
 
 
-def _search_heights(p: Problem, replica: bool = False, coarse_n: int = _COARSE, fine_n: int = _FINE) -> Bins:
+def _search_heights(p: Problem, replica: bool = False) -> Bins:
     """The best plan over the height grid (coarse, then refined around the best), then
     at the best height without widening and with one or two more rounds (replica: one
     fewer or one more), then at the longest sequence's time on each size; ties keep the
@@ -65,6 +65,7 @@ def _search_heights(p: Problem, replica: bool = False, coarse_n: int = _COARSE, 
         return tried[(height, more, widen)]
 
     grid = _height_grid(p)
+    coarse_n, fine_n = (_COARSE // 2 - 2, _FINE // 2) if replica else (_COARSE, _FINE)
     picks = np.unique(np.linspace(0, grid.shape[0] - 1, min(coarse_n, grid.shape[0])).round().astype(np.int64))
     coarse = [*grid[picks].tolist(), math.inf]
     best_i = min(range(len(coarse)), key=lambda i: (attempt(coarse[i]).score, i))
@@ -98,8 +99,7 @@ def _search(p: Problem) -> Bins:
     size is allowed: every such plan is one too) and static CP."""
     best = _search_heights(p)
     if p.sync == Sync.REPLICA:
-        coarse = _COARSE // 2 - 2  # the anchors cost time: two fewer even picks
-        candidate = _search_heights(p, replica=True, coarse_n=coarse, fine_n=_FINE // 2)
+        candidate = _search_heights(p, replica=True)
         best = candidate if candidate.score < best.score else best
     if p.in_nodes:
         candidate = _search_heights(dataclasses.replace(p, sizes=p.pow2_sizes))
