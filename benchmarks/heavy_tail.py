@@ -38,8 +38,7 @@ import numpy as np  # noqa: E402
 from seqpack.cost import CostModel  # noqa: E402
 from seqpack.errors import ScheduleError  # noqa: E402
 from seqpack.schedulers import Schedule, get_scheduler  # noqa: E402
-from seqpack.schedulers.balanced import exact  # noqa: E402
-from seqpack.schedulers.balanced import plan as balanced_plan  # noqa: E402
+from seqpack.schedulers.balanced import exact, replicas  # noqa: E402
 from seqpack.schedulers.balanced.exact import FOUND, bin_lower_bound, pack_bins  # noqa: E402
 
 COST = CostModel(24576.0, 1.0)
@@ -124,15 +123,12 @@ def busiest(schedule: Schedule, costs: np.ndarray) -> float:
 @contextmanager
 def grid_only() -> Iterator[None]:
     """The plan before the change: the repaired grid, no replica-first plan."""
-    original = getattr(balanced_plan, "keep_lighter", None)
-    if original is None:  # the tree before the change has no replica-first plan
-        yield
-        return
-    balanced_plan.keep_lighter = lambda grid, *args, **kwargs: grid  # type: ignore[assignment]
+    original = replicas.replica_first
+    replicas.replica_first = lambda *args: None  # type: ignore[assignment]
     try:
         yield
     finally:
-        balanced_plan.keep_lighter = original
+        replicas.replica_first = original
 
 
 def plan_ratio(lengths: np.ndarray, m: int, bound: float, costs: np.ndarray) -> tuple[float, float]:
