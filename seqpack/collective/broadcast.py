@@ -62,12 +62,9 @@ def broadcast_step(
                 msg.step, f"step {msg.step}: broadcast failed on global rank {src_global}: {what}", src_global
             )
             wire = encode_step(msg, kind=kind)
-        collective(dist.broadcast, wire.prefix.to(device), src_global, group=group)
-        collective(dist.broadcast, wire.ints.to(device), src_global, group=group)
-        if wire.floats.numel():
-            collective(dist.broadcast, wire.floats.to(device), src_global, group=group)
-        if wire.message.numel():
-            collective(dist.broadcast, wire.message.to(device), src_global, group=group)
+        for buffer in (wire.prefix, wire.ints, wire.floats, wire.message):  # the header makes ints non-empty
+            if buffer.numel():
+                collective(dist.broadcast, buffer.to(device), src_global, group=group)
         return msg
     prefix = torch.empty(PREFIX_WORDS, dtype=torch.int64, device=device)
     tick = time.perf_counter()
@@ -76,13 +73,11 @@ def broadcast_step(
         timings["wait"] = timings.get("wait", 0.0) + time.perf_counter() - tick
     p = decode_prefix(prefix)
     ints = torch.empty(p.ints_len, dtype=torch.int64, device=device)
-    collective(dist.broadcast, ints, src_global, group=group)
     floats = torch.empty(p.float_words, dtype=torch.float32, device=device)
-    if p.float_words:
-        collective(dist.broadcast, floats, src_global, group=group)
     message = torch.empty(p.message_bytes, dtype=torch.uint8, device=device)
-    if p.message_bytes:
-        collective(dist.broadcast, message, src_global, group=group)
+    for buffer in (ints, floats, message):
+        if buffer.numel():
+            collective(dist.broadcast, buffer, src_global, group=group)
     if not decode:
         return None
     return decode_step(WireBuffers(prefix.cpu(), ints.cpu(), floats.cpu(), message.cpu()))
