@@ -14,7 +14,7 @@ from seqpack._logging import warn_once
 from seqpack.collective.groups import this_rank
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader.config import PackingConfig
-from seqpack.options import AXES, MAX_PREFETCH, DataOwner, fingerprint_text
+from seqpack.options import AXES, DataOwner, fingerprint_text
 from seqpack.topology import Topology
 
 __all__ = ["check_covers_job", "check_ownership", "compared_settings", "construction_words", "warn_if_alone"]
@@ -22,12 +22,11 @@ __all__ = ["check_covers_job", "check_ownership", "compared_settings", "construc
 logger = logging.getLogger(__name__)
 
 
-def construction_words(prefetch: Any, has_groups: bool) -> np.ndarray:
-    """The int64 words the construction agreement reduces by MAX: this rank's prefetch,
-    whether it passed ``wrapper_groups`` and whether it did not (both set after the MAX: the
-    ranks differ)."""
-    depth = prefetch if isinstance(prefetch, int) and 0 <= prefetch <= MAX_PREFETCH else 0
-    return np.array([depth, int(has_groups), int(not has_groups)], dtype=np.int64)
+def construction_words(prefetch: int, has_groups: bool) -> np.ndarray:
+    """The int64 words the construction agreement reduces by MAX: this rank's (validated)
+    prefetch, whether it passed ``wrapper_groups`` and whether it did not (both set after the
+    MAX: the ranks differ)."""
+    return np.array([prefetch, int(has_groups), int(not has_groups)], dtype=np.int64)
 
 
 def check_covers_job(topology: Topology, config: PackingConfig, has_groups: bool) -> None:

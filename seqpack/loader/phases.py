@@ -322,8 +322,3 @@ def deferred_samples(pool: Sequence[Sample], plan: Schedule, gathered: Gathered,
 
 def carries_position_ids(mask: int) -> bool:
     return bool(mask & KEY_BITS["position_ids"])
-
-
-def step_loss_tokens(plan: Schedule, loss_tokens: np.ndarray) -> int:
-    """Supervised tokens of the whole global step: the gathered counts of every assigned id."""
-    return int(loss_tokens[plan.assigned].sum())

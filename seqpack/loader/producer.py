@@ -237,7 +237,7 @@ class StepProducer:
         with trace.phase("pack"):
             try:
                 batches = self.cp_mode.pack(plan, exchanged, gathered)
-                loss_tokens = phases.step_loss_tokens(plan, gathered.loss_tokens)
+                loss_tokens = int(gathered.loss_tokens[plan.assigned].sum())  # of the whole global step
                 minibatches: dict[str, Any] = {}
                 bounds = planned.bounds
                 if len(bounds) > 2:  # mini-batches: their bounds and counts travel with the step
