@@ -37,11 +37,9 @@ from seqpack.thd import PackedBatch
 from seqpack.thd.layout import seq_idx_from_cu_seqlens
 from seqpack.validation import check_choice, check_fits_memory, check_optional_int, check_positive_int
 
-__all__ = ["Mamba2Mixer", "GatedRMSNorm", "causal_conv1d", "ssd_scan", "seq_idx_from_cu_seqlens", "MAMBA_BACKENDS"]
+__all__ = ["Mamba2Mixer", "GatedRMSNorm", "causal_conv1d", "ssd_scan", "seq_idx_from_cu_seqlens"]
 
 logger = logging.getLogger(__name__)
-
-MAMBA_BACKENDS: tuple[str, ...] = tuple(member.value for member in MambaBackend)
 
 
 def causal_conv1d(

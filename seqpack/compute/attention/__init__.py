@@ -14,13 +14,11 @@ from __future__ import annotations
 
 from seqpack.compute.attention.kv_exchange import KvTraffic, kv_exchange_traffic, plan_kv_exchange
 from seqpack.compute.attention.masks import AttentionMask, attention_mask
-from seqpack.compute.attention.module import BACKENDS, CP_COMM_TYPES, ThdAttention, select_backend
+from seqpack.compute.attention.module import ThdAttention, select_backend
 from seqpack.compute.attention.reference import MAX_SCORE_BLOCK, thd_attention
 from seqpack.compute.attention.te import check_te_rules
 
 __all__ = [
-    "BACKENDS",
-    "CP_COMM_TYPES",
     "MAX_SCORE_BLOCK",
     "AttentionMask",
     "KvTraffic",

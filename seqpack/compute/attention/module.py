@@ -29,12 +29,9 @@ from seqpack.options import AttentionBackend, CpCommType, CpLayout
 from seqpack.thd.batch import PackedBatch
 from seqpack.validation import check_choice, check_number, check_positive_int
 
-__all__ = ["BACKENDS", "CP_COMM_TYPES", "ThdAttention", "select_backend"]
+__all__ = ["ThdAttention", "select_backend"]
 
 logger = logging.getLogger("seqpack.compute.attention")  # one logger name for the package
-
-BACKENDS: tuple[str, ...] = tuple(member.value for member in AttentionBackend)
-CP_COMM_TYPES: tuple[str, ...] = tuple(member.value for member in CpCommType)
 
 
 def select_backend(
