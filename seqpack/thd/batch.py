@@ -134,11 +134,6 @@ class PackedBatch:
     def num_sequences(self) -> int:
         return int(self.cu_seqlens.shape[0] - 1)
 
-    @property
-    def total_tokens(self) -> int:
-        """Tokens of the whole (unsharded) pack."""
-        return self.num_tokens * self.cp_size
-
     def seq_lens(self) -> torch.Tensor:
         """Real length of every sequence (int64 [N])."""
         return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
