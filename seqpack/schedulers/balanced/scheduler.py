@@ -45,15 +45,11 @@ class BalancedScheduler(GridScheduler):
         max_repair_moves: Cap on the repair of a replica-first or locality per-replica plan
             (default ``8 * dp + 64``; 0 turns off replica-first and the repair).
         locality: Keep sequences on the DP rank that read them where that predicts at
-            most ``locality_tolerance`` more step time, at the same microbatch count
-            (:mod:`seqpack.schedulers.balanced.locality`). ``"auto"`` (default): where the
-            request's ``bytes_per_token`` make it pay
-            (:func:`~seqpack.schedulers.balanced.locality.locality_pays`). ``True``:
-            always; ``False``: plan for balance alone, then only rename replicas.
-        locality_tolerance: Relative step-time increase a local plan may cost (default
-            0.001, i.e. 0.1%).
-        stages: The plan's stages (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`;
-            ``benchmarks/ablation.py`` composes others).
+            most ``locality_tolerance`` more step time (:mod:`~seqpack.schedulers.balanced.locality`):
+            ``"auto"`` (default) where the request's ``bytes_per_token`` make it pay, ``True``
+            always, ``False`` never (replicas are still renamed).
+        locality_tolerance: Relative step-time increase a local plan may cost (default 0.1%).
+        stages: The plan's stages (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`).
     """
 
     name = "balanced"
