@@ -123,14 +123,10 @@ class FixedPlans:
                 moved = False
                 for i in range(len(ladder) - 1):  # sorted: the largest (the capacity) stays
                     rest = ladder[:i] + ladder[i + 1 :]
-                    chosen, chosen_time = None, now
-                    for size in sizes.tolist():
-                        if size not in rest:
-                            t = self.mean_time(tuple(sorted([*rest, size])))
-                            if t < chosen_time:
-                                chosen, chosen_time = size, t
-                    if chosen is not None:
-                        ladder, now, moved = sorted([*rest, chosen]), chosen_time, True
+                    trials = [(self.mean_time(tuple(sorted([*rest, s]))), s) for s in sizes.tolist() if s not in rest]
+                    t, size = min(trials, default=(now, 0))  # ties: the smallest size
+                    if t < now:
+                        ladder, now, moved = sorted([*rest, size]), t, True
                 if not moved:
                     break
             if now < best_time:
