@@ -36,6 +36,8 @@ Cache = tuple[IntArray, IntArray, IntArray, FloatArray, IntArray]  # (cache_y, c
 Pairs = tuple[FloatArray, IntArray, IntArray, IntArray]  # (pair_c, pair_y1, pair_y2, pair_m)
 Trees = tuple[FloatArray, IntArray, FloatArray, IntArray, FloatArray, IntArray]  # (c1, c2, p1, p2, r1, r2)
 Lists = tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray]  # (cpos, bhead, bnext, bprev, pseg, plist)
+# (start, snap, changed, last_arrival, arrivals, arrival_seq, arrival_next): who is on which replica
+Roster = tuple[IntArray, IntArray, BoolArray, IntArray, IntArray, IntArray, IntArray]
 
 
 @njit(cache=True)
@@ -111,6 +113,7 @@ def home_swaps(
     arrivals = np.full(dp, -1, dtype=np.int64)
     arrival_seq = np.empty(2 * order.shape[0] + 1, dtype=np.int64)
     arrival_next = np.empty(2 * order.shape[0] + 1, dtype=np.int64)
+    roster = (start, snap, changed, last_arrival, arrivals, arrival_seq, arrival_next)
     moved_at = np.zeros(n, dtype=np.int64)
     # The cache (the sequences on the current home, by cost) and the pairs of the turn.
     cache_y = np.empty(n + 1, dtype=np.int64)
@@ -149,7 +152,7 @@ def home_swaps(
     clock = 0  # changes so far: moved_at[y] is the change that last moved y
     changes = 0
     for _ in range(passes):
-        _snapshot(replica_of, dp, start, snap, changed, last_arrival, arrivals)
+        _snapshot(replica_of, dp, roster)
         n_arrivals = 0
         made = 0
         i = 0
@@ -159,10 +162,7 @@ def home_swaps(
             while j < order.shape[0] and origin[order[j]] == home:
                 j += 1
             # The turn of home: its sequences by cost, their pairs, and the trees.
-            k = _fill_cache(
-                home, round_of, replica_of, lengths, costs, origin, start, snap, changed, last_arrival, arrivals,
-                arrival_seq, arrival_next, cache, sort_buffers,
-            )  # fmt: skip
+            k = _fill_cache(home, round_of, replica_of, lengths, costs, origin, roster, cache, sort_buffers)
             n_pairs = _turn_pairs(k, rounds, cache, seg, by_round, pairs, sort_buffers)
             csize, psize = 0, 0  # a small home: no cache and pair trees
             if k + j - i >= HOME_TREE_MIN:
@@ -349,17 +349,10 @@ def _shift(
 
 
 @helper
-def _snapshot(
-    replica_of: IntArray,
-    dp: int,
-    start: IntArray,
-    snap: IntArray,
-    changed: BoolArray,
-    last_arrival: IntArray,
-    arrivals: IntArray,
-) -> None:
+def _snapshot(replica_of: IntArray, dp: int, roster: Roster) -> None:
     """Start a pass: the sequences by replica (``snap[start[d]:start[d + 1]]``), no changes
     and no arrivals yet. Bounds: ``start`` has ``dp + 1`` entries, ``snap`` one per sequence."""
+    start, snap, changed, last_arrival, arrivals, _, _ = roster
     start[:] = 0
     for i in range(replica_of.shape[0]):
         start[replica_of[i] + 1] += 1
@@ -382,18 +375,13 @@ def _fill_cache(
     lengths: IntArray,
     costs: FloatArray,
     origin: IntArray,
-    start: IntArray,
-    snap: IntArray,
-    changed: BoolArray,
-    last_arrival: IntArray,
-    arrivals: IntArray,
-    arrival_seq: IntArray,
-    arrival_next: IntArray,
+    roster: Roster,
     cache: Cache,
     sort_buffers: tuple[IntArray, IntArray],
 ) -> int:
     """The cache: the sequences on ``home`` (those of the snapshot that did not move since,
     and those that arrived last there), sorted by cost. Returns how many."""
+    start, snap, changed, last_arrival, arrivals, arrival_seq, arrival_next = roster
     cache_y, cache_o, cache_t, cache_c, cache_m = cache
     k = 0
     for q in range(start[home], start[home + 1]):
