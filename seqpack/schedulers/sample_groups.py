@@ -213,16 +213,25 @@ def _dynamic_with_groups(
         ScheduleError: A grouped sequence longer than ``cp_size`` ranks hold.
         ConfigError: ``cp_size`` not a group size the scheduler may use.
     """
-    mode, original, cp_size = scheduler.group_sizes, request.lengths, request.cp_size
+    mode, original, cp, pad = scheduler.group_sizes, request.lengths, request.cp_size, request.pad_multiple
     mine, free = np.flatnonzero(grouped), np.flatnonzero(~grouped)
-    _check_grouped(original, mine, cp_size, request.dp_size, request.max_tokens_per_rank, request.pad_multiple, mode)
+    if cp not in allowed_group_sizes(request.dp_size * cp, mode).tolist():
+        raise ConfigError(f"group_id under dynamic CP needs cp_size={cp} a power of 2 or group_sizes='any'")
+    over = np.flatnonzero(group_padded_lengths(original[mine], cp, pad) > cp * request.max_tokens_per_rank)
+    if over.size:
+        i, capacity = int(mine[over[0]]), request.max_tokens_per_rank
+        raise ScheduleError(
+            f"sample {i} carries a group_id and has {int(original[i])} tokens, more than its replica's {cp} rank(s) "
+            f"hold ({cp} x max_tokens_per_rank={capacity}, padded to a multiple of {group_pad_multiple(cp, pad)}): "
+            "under dynamic CP a group stays on one replica's own CP ranks"
+        )
     chosen = request.cost if request.cost is not None else scheduler.resolve_cost(None)
-    static_cost = None if chosen is None else chosen.at(cp_size)
+    static_cost = None if chosen is None else chosen.at(cp)
     static = schedule_groups(
         BalancedScheduler(),
         request.subset(
             mine,
-            pad_multiple=group_pad_multiple(cp_size, request.pad_multiple),
+            pad_multiple=group_pad_multiple(cp, pad),
             cost=static_cost,
             on_oversize=OnOversize.ERROR,
             bytes_per_token=None,
@@ -231,29 +240,11 @@ def _dynamic_with_groups(
         np.ones(mine.shape[0], dtype=bool),
     )
     # The replicas' blocks are groups the dynamic plan may use, padded by its rule.
-    parts, ids = [dataclasses.replace(static, group_sizes=mode, pad_multiple=request.pad_multiple)], [mine]
+    parts, ids = [dataclasses.replace(static, group_sizes=mode, pad_multiple=pad)], [mine]
     if free.size:
         parts.append(scheduler.plan(request.subset(free)))
         ids.append(free)
     return join_plans(parts, ids, original)
-
-
-def _check_grouped(
-    lengths: np.ndarray, ids: np.ndarray, cp: int, dp: int, capacity: int, pad: int, mode: GroupSizes
-) -> None:
-    """Every grouped sequence fits its replica's ``cp`` ranks, and ``cp`` is a size the plan
-    may use (else an error naming it)."""
-    if cp not in allowed_group_sizes(dp * cp, mode).tolist():
-        raise ConfigError(f"group_id under dynamic CP needs cp_size={cp} a power of 2 or group_sizes='any'")
-    padded = group_padded_lengths(lengths[ids], cp, pad)
-    over = np.flatnonzero(padded > cp * capacity)
-    if over.size:
-        i = int(ids[over[0]])
-        raise ScheduleError(
-            f"sample {i} carries a group_id and has {int(lengths[i])} tokens, more than its replica's {cp} rank(s) "
-            f"hold ({cp} x max_tokens_per_rank={capacity}, padded to a multiple of {group_pad_multiple(cp, pad)}): "
-            "under dynamic CP a group stays on one replica's own CP ranks"
-        )
 
 
 _REFINE_ROUNDS = 4  # refinement moves per unit at most
