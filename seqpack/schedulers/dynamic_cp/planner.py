@@ -2,7 +2,7 @@
 
 The planner searches one number, the *height* ``H``: the longest a sequence may run alone.
 Each ``H`` gives a plan (group sizes, group rounds, the fill: ``_rounds.build``; under
-``sync="replica"`` also ``_replica.build_replica``), laid out and scored exactly
+``sync="replica"`` also ``_rounds.build_replica``), laid out and scored exactly
 (``_candidate.score``); ``H`` runs over a grid of the longest sequences' times, refined
 around the best, and a static-CP plan is scored too, so the result is never worse than it.
 docs/dynamic_cp.md ("The planner") describes each step.
@@ -18,8 +18,7 @@ import numpy as np
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import GroupSizes, Sync
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score
-from seqpack.schedulers.dynamic_cp._replica import build_replica
-from seqpack.schedulers.dynamic_cp._rounds import build, build_static
+from seqpack.schedulers.dynamic_cp._rounds import build, build_replica, build_static
 from seqpack.schedulers.group_sizes import allowed_group_sizes, dynamic_group_sizes, group_holds
 from seqpack.schedulers.request import Request, apply_oversize, check_capacity
 from seqpack.schedulers.schedule import Schedule
