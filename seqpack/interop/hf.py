@@ -4,30 +4,10 @@ a causal LM's ``forward``, in the padding-free format of ``DataCollatorWithFlatt
 ``transformers.Trainer`` (or TRL's ``SFTTrainer``) one seqpack step.
 
 ``model(**to_hf(batch))`` attends within each sequence on sdpa, eager, flex_attention and
-flash_attention_2, and its ``.loss`` is the mean over the batch's supervised tokens (or their
-sum over ``num_items_in_batch``). How each part gets there:
-
-- No ``attention_mask`` and ``use_cache=False``: only then do sdpa / eager / flex find the
-  sequences from ``position_ids`` (``masking_utils.find_packed_sequence_indices``: a sequence
-  starts wherever a position is not the previous one plus 1). With a cache (the default, even
-  in ``train()``) they attend across documents.
-- Pads: seqpack pads each sequence at its end and its ``position_ids`` keep counting through
-  the pad, so a pad joins its own sequence, after every real token of it (causal attention
-  never lets a real token see it), and the next sequence still starts at 0. The pack's tail
-  pad is the last sequence's. ``cu_seq_lens_q/k`` (flash_attention_2) are the padded offsets
-  (``cu_seqlens_padded``), the same segmentation; ``max_length_q/k`` the largest padded
-  length. Pads carry no loss.
-- Labels: ``labels`` in HF's convention (aligned with ``input_ids``, -100 at each sequence's
-  first token, which nothing predicts) and ``shift_labels`` (the next-token targets HF's
-  ``ForCausalLMLoss`` uses as they are, without shifting ``labels``). Both carry -100 wherever
-  seqpack's ``loss_mask`` is 0. ``shift_labels`` also keeps a target at the pack's very last
-  token, which the ``labels`` convention cannot express.
-
-Vision-language packs (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) also get their pixels, grids and
-``mm_token_type_ids``, and 4-row positions: :mod:`seqpack.interop.hf_vision`.
-
-transformers itself is never imported here: the mixin calls only the methods of the trainer
-it is mixed into.
+flash_attention_2 only without ``attention_mask`` and with ``use_cache=False`` (sdpa / eager /
+flex find the sequences from ``position_ids``); pads join their own sequence; ``labels`` are
+HF-aligned and ``shift_labels`` the next-token targets. Why each part is so:
+docs/integrations.md, "Your own loop: to_hf". transformers itself is never imported here.
 """
 
 from __future__ import annotations
@@ -79,18 +59,15 @@ HF_KEYS: tuple[str, ...] = (
     "seq_idx",
     "use_cache",
 )
-"""The keys :func:`to_hf` returns (``labels`` and ``shift_labels`` only for a batch with labels;
-``num_items_in_batch`` too when given)."""
+"""The keys :func:`to_hf` returns (``labels`` and ``shift_labels`` only for a batch with labels)."""
 
 HF_VISION_KEYS: tuple[str, ...] = (*HF_KEYS, *VISION_KEYS)
-"""The keys :func:`to_hf` returns for a vision-language pack (each modality's pixels and grid
-where it has some)."""
+"""The keys :func:`to_hf` returns for a vision-language pack."""
 
 HfValue = torch.Tensor | int | bool
 
 _TOKEN_MEAN_METRICS: tuple[str, ...] = ("mean_token_accuracy", "entropy")
-"""TRL's logged metrics that are means over a forward's supervised tokens: the mixin weights
-a step's microbatches by their tokens, as TRL's one batch a step would."""
+"""TRL's logged metrics that are means over a forward's supervised tokens."""
 
 
 def to_hf(
@@ -105,23 +82,19 @@ def to_hf(
         batch: A whole microbatch (not a CP shard) with tokens (not a middle pipeline
             stage's metadata-only batch).
         num_items_in_batch: Passed on: HF's loss is then the sum of token losses divided by
-            it (give the step's supervised-token count to normalise over gradient
-            accumulation and DP ranks). A positive integer, or a 0-d integer tensor (as
-            HF's Trainer passes it, on any device). Left out, the loss is this batch's
-            token mean.
+            it. A positive integer, or a 0-d integer tensor (as HF's Trainer passes it). Left
+            out, the loss is this batch's token mean.
         check: Verify, with one host sync, that ``position_ids`` restart exactly at each
-            sequence (else sdpa / eager / flex would join or split documents), that
-            ``loss_mask`` is 0 or 1 (HF's loss cannot weight tokens) and that a tensor
-            ``num_items_in_batch`` is positive (without ``check`` its value is not read).
+            sequence, that ``loss_mask`` is 0 or 1 and that a tensor ``num_items_in_batch``
+            is positive.
 
     Returns:
         ``input_ids``, ``position_ids`` (int64 ``[1, T]``), ``labels`` and ``shift_labels``
         (int64 ``[1, T]``, when the batch has labels), ``cu_seq_lens_q`` / ``_k`` (int32
         ``[N+1]``), ``max_length_q`` / ``_k`` (int), ``seq_idx`` (int32 ``[1, T]``),
         ``use_cache=False`` and ``num_items_in_batch`` when given. A vision-language pack
-        (:data:`HF_VISION_KEYS`) also gets ``mm_token_type_ids`` ``[1, T]`` and the pixels and
-        grids as packed, and its ``position_ids`` are int64 ``[4, 1, T]``: the text row, then
-        the mRoPE rows.
+        also gets ``mm_token_type_ids``, the pixels and grids, and ``position_ids`` int64
+        ``[4, 1, T]`` (:mod:`seqpack.interop.hf_vision`).
 
     Raises:
         ConfigError: A CP shard, a batch without ``input_ids``, a ``num_items_in_batch``
@@ -172,8 +145,7 @@ def to_hf(
 
 
 def _count_argument(value: object) -> int | torch.Tensor | None:
-    """``num_items_in_batch`` as HF takes it: ``None``, an int >= 1 or a 0-d integer tensor
-    (whose value :func:`_check_for_hf` reads)."""
+    """``num_items_in_batch`` as HF takes it: ``None``, an int >= 1 or a 0-d integer tensor."""
     name = "to_hf: num_items_in_batch"
     if value is None:
         return None
@@ -234,29 +206,22 @@ class SeqpackTrainerMixin:
 
     Put it first in the bases: ``class T(SeqpackTrainerMixin, SFTTrainer)`` (or ``Trainer``),
     and construct ``T(..., seqpack_config={"max_tokens_per_rank": 4096})``. The Trainer's own
-    data loader (its sampler, seed and per-process shard) reads
-    ``per_device_train_batch_size`` rows per rank and step; seqpack balances them over the
-    ranks accelerate or torchrun launched and packs them into microbatches, however many; the
-    Trainer pulls each step as one batch, and :meth:`training_step` runs its microbatches
-    (forward and backward each, the gradient reduction deferred to the last) with
-    ``num_items_in_batch = step.num_loss_tokens``. The Trainer then clips and steps the
-    optimizer once: the gradient is the step's token mean's, whatever the microbatch count.
-    TRL's token-mean metrics (``mean_token_accuracy``, ``entropy``) are logged over the step's
-    tokens, as over one batch.
+    data loader reads ``per_device_train_batch_size`` rows per rank and step; seqpack balances
+    them over the ranks and packs them into microbatches; :meth:`training_step` runs them all
+    (the gradient reduction deferred to the last) with ``num_items_in_batch =
+    step.num_loss_tokens``, so the optimizer step's gradient is the step's token mean's. TRL's
+    token-mean metrics are logged over the step's tokens. docs/integrations.md, "Trainer".
 
     Args (keyword, besides the trainer's own):
         seqpack_config: A :class:`~seqpack.loader.config.PackingConfig`, or a mapping of its
             fields (``max_tokens_per_rank`` required; ``samples_per_rank`` defaults to
-            ``per_device_train_batch_size``, ``label_format`` to ``"unshifted"`` (HF labels),
-            ``drop_last`` to ``False``). For a vision-language model seqpack positions
-            (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) ``mrope`` is the model's
-            (``MRopeSpec.from_hf(model.config)``) and the rows' vision fields go with them
-            (docs/multimodal.md, "Trainer"); on more than one process, unless
-            ``encoder_rebalance=False``, the model's images are encoded across the DP ranks
-            (:func:`~seqpack.interop.hf_encoder.rebalance_for_steps`' hooks, at the calibrator's encoder price
-            under ``calibrate``; :attr:`seqpack_encoder_rebalance`).
+            ``per_device_train_batch_size``, ``label_format`` to ``"unshifted"``,
+            ``drop_last`` to ``False``). For a vision-language model seqpack positions,
+            ``mrope`` is the model's and, on more than one process unless
+            ``encoder_rebalance=False``, its images are encoded across the DP ranks
+            (:attr:`seqpack_encoder_rebalance`; docs/multimodal.md, "Trainer").
         seqpack_topology: The ranks to balance over; default: every process of the process
-            group accelerate / torchrun set up, as DP ranks (one process: a single rank).
+            group accelerate / torchrun set up, as DP ranks.
 
     Raises:
         ConfigError: A setting under which a step could not be one exact optimizer step, by
@@ -300,8 +265,7 @@ class SeqpackTrainerMixin:
         self._seqpack_reading_rows = False
         self._seqpack_hooked = False
         self.seqpack_encoder_rebalance: EncoderRebalance | None = None
-        """The encoder-rebalancing hooks on the model, once the first training loader is made
-        (``None``: off, or not yet)."""
+        """The encoder-rebalancing hooks on the model (``None``: off, or no loader yet)."""
         self._check_seqpack_settings()
 
     def _check_seqpack_settings(self) -> None:
@@ -368,8 +332,7 @@ class SeqpackTrainerMixin:
         return topology
 
     def get_train_dataloader(self) -> Any:
-        """The Trainer's own loader of raw rows (its sampler, seed and per-process shard),
-        as seqpack steps: one step per batch of rows."""
+        """The Trainer's own loader of raw rows as seqpack steps: one step per batch of rows."""
         self._check_seqpack_settings()
         trainer: Any = super()
         collator, self.data_collator = self.data_collator, list  # a batch is its rows
@@ -456,8 +419,8 @@ class SeqpackTrainerMixin:
         return total
 
     def _merge_token_means(self, logged: Mapping[str, list[float]], before: dict[str, int], step: Step) -> None:
-        """Replace TRL's per-microbatch token means of ``step`` by one mean over its tokens: each
-        microbatch's weighted by its supervised tokens on every process (one gather)."""
+        """Replace TRL's per-microbatch token means of ``step`` by one mean over its tokens
+        (one gather)."""
         local = [batch.num_loss_tokens or 0 for batch in step.microbatches]
         gathered = self.accelerator.gather(torch.tensor(local, device=self.args.device))
         tokens = gathered.view(-1, len(local)).sum(dim=0).tolist()  # [M], every process's

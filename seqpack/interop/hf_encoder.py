@@ -1,31 +1,13 @@
 """Encoder rebalancing for a Hugging Face Qwen2-VL-family model, with no change to its code.
 
 :func:`rebalance_encoder` hooks the model (transformers 5.24's Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
-Qwen3-VL-MoE): every forward is a microbatch round of the DP group, in which
-
-- a forward pre-hook on the module owning the vision tower (``model.model``) reads the
-  forward's ``image_grid_thw`` / ``video_grid_thw``, gathers every rank's grids
-  (:func:`~seqpack.collective.encoder_route.gather_grids`), plans where each image is encoded
-  (:func:`~seqpack.schedulers.encoder_plan.plan_encoders` on the encoder's FLOPs,
-  :meth:`seqpack.cost.VisionSpec.grid_flops`), and, where images move, moves their patches,
-  runs the tower over the images this rank encodes and routes the embeddings back
-  (:func:`~seqpack.collective.encoder_route.route_back`, differentiable);
-- the tower's ``forward`` then serves the routed embeddings when the model asks for its
-  images' and videos' features (the tower runs as usual in rounds where nothing moves);
-- a forward pre-hook on the language model ties the routed embeddings into its
-  ``inputs_embeds`` with a zero gradient, so every rank's backward reaches the route's
-  all-to-all, a rank without images of its own included.
-
-Every rank of the group must run the same number of forwards (and of backwards, in the same
-order): one per microbatch, as DP training does. The route's collectives run on ``group``;
-under DDP/FSDP give it a group of its own (``dist.new_group(ranks)``) so they never interleave
-with the gradient all-reduces. Parameter names do not change (the tower is not replaced).
-
-:func:`rebalance_for_steps` hooks a model as the wrapper's config asks
-(``encoder_rebalance``, on a group of its own over the topology's DP ranks, at the
-calibrator's price): one call after ``wrap_data_iterator``.
-:class:`~seqpack.interop.hf.SeqpackTrainerMixin` does the same through
-:func:`rebalance_for_config`.
+Qwen3-VL-MoE) so that every forward is a microbatch round of the DP group: a pre-hook on the
+module owning the vision tower gathers every rank's grids, plans where each image is encoded
+and routes patches and embeddings (differentiably); the tower's ``forward`` serves the routed
+embeddings; a pre-hook on the language model ties them into its ``inputs_embeds`` so every
+rank's backward reaches the route. Every rank of the group must run the same forwards and
+backwards, in the same order. :func:`rebalance_for_steps` and :func:`rebalance_for_config`
+hook a model as a wrapper's config asks. docs/multimodal.md, "Encoder rebalancing".
 """
 
 from __future__ import annotations
@@ -136,6 +118,8 @@ class EncoderRebalance:
         self._seconds_per_flop, self._bytes_per_second = seconds_per_flop, bytes_per_second
         self.num_ranks, self.rank = group_size(group), group_rank(group)
         self.deepstack = len(getattr(self.tower, "deepstack_visual_indexes", ()) or ())
+        self.width = spec.out_hidden_size * (1 + self.deepstack)  # an embedding row, deepstack features included
+        self.pixel_dim = spec.in_channels * spec.temporal_patch_size * spec.patch_size**2
         module = sys.modules[type(self.tower).__module__]
         self.output_type = (
             getattr(module, "BaseModelOutputWithDeepstackFeatures", None) or module.BaseModelOutputWithPooling
@@ -191,8 +175,8 @@ class EncoderRebalance:
             start += rows
 
     def _work(self, kwargs: dict) -> float:
-        """This rank's language-model FLOPs in the round: its sequences' (``cu_seq_lens_q``,
-        as :func:`~seqpack.interop.hf.to_hf` passes them; else each row one sequence)."""
+        """This rank's language-model FLOPs in the round (its sequences from ``cu_seq_lens_q``;
+        else each row one sequence)."""
         assert self.language is not None
         cu = kwargs.get("cu_seq_lens_q")
         if isinstance(cu, torch.Tensor) and cu.numel() > 1:
@@ -209,11 +193,9 @@ class EncoderRebalance:
             return plan
         patches = grids.prod(axis=1).astype(np.float64)
         itemsize = torch.empty(0, dtype=self._dtype()).element_size()
-        pixel_dim = self.spec.in_channels * self.spec.temporal_patch_size * self.spec.patch_size**2
-        width = self.spec.out_hidden_size * (1 + self.deepstack)
-        embed_bytes = patches / self.spec.spatial_merge_size**2 * width * itemsize
+        embed_bytes = patches / self.spec.spatial_merge_size**2 * self.width * itemsize
         price = {"seconds_per_cost": seconds_per_flop, "bytes_per_second": self._bytes_per_second}
-        if rebalance_pays(plan, patches * pixel_dim * itemsize, embed_bytes, other_load=work, **price):
+        if rebalance_pays(plan, patches * self.pixel_dim * itemsize, embed_bytes, other_load=work, **price):
             return plan
         return plan_encoders(np.zeros(home.size), home, self.num_ranks)  # the home plan
 
@@ -224,10 +206,8 @@ class EncoderRebalance:
         """Move the patches, encode this rank's images, route the embeddings back: this
         rank's ``[rows, out_hidden * (1 + deepstack)]``, images then videos."""
         device, dtype = next(self.tower.parameters()).device, self._dtype()
-        width = self.spec.out_hidden_size * (1 + self.deepstack)
-        pixel_dim = self.spec.in_channels * self.spec.temporal_patch_size * self.spec.patch_size**2
-        pixels = [p.to(device=device, dtype=dtype).reshape(-1, pixel_dim) for p, _ in parts]
-        local = torch.cat(pixels) if pixels else torch.zeros(0, pixel_dim, device=device, dtype=dtype)
+        pixels = [p.to(device=device, dtype=dtype).reshape(-1, self.pixel_dim) for p, _ in parts]
+        local = torch.cat(pixels) if pixels else torch.zeros(0, self.pixel_dim, device=device, dtype=dtype)
         patches = move_patches(local, route, self.group)
         if patches.shape[0]:
             grid = torch.as_tensor(route.encode_grids, device=device)
@@ -235,7 +215,7 @@ class EncoderRebalance:
             features = [out.pooler_output, *(getattr(out, "deepstack_features", None) or [])]
             encoded = torch.cat(features, dim=1)
         else:
-            encoded = torch.zeros(0, width, device=device, dtype=dtype)
+            encoded = torch.zeros(0, self.width, device=device, dtype=dtype)
         return route_back(encoded, route, self.group)
 
     def _tower_forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor, **kwargs: Any) -> Any:
@@ -281,14 +261,10 @@ def rebalance_encoder(
         group: The DP group whose ranks run the same microbatch rounds (``None``: one rank,
             where nothing moves).
         mode: ``"auto"``: route a round only where the round time it saves exceeds its
-            exchange time (:func:`~seqpack.schedulers.encoder_plan.rebalance_pays` with each
-            rank's language-model FLOPs, from ``ModelSpec.from_hf(config)``: the route puts a
-            barrier between the encoder and the language model); ``True``: wherever the plan
-            moves an image; ``False``: nothing is installed (``PackingConfig(encoder_rebalance=)``'s
-            values).
+            exchange time (:func:`~seqpack.schedulers.encoder_plan.rebalance_pays`); ``True``:
+            wherever the plan moves an image; ``False``: nothing is installed.
         vision: The tower's :class:`~seqpack.cost.VisionSpec` (default: from the model's config).
-        seconds_per_flop: The encoder's seconds per training FLOP (a calibrated cost's, where
-            one exists); the language model's FLOPs are priced alike.
+        seconds_per_flop: The encoder's (and the language model's) seconds per training FLOP.
         bytes_per_second: One rank's exchange bandwidth.
 
     Returns:
@@ -326,14 +302,11 @@ def rebalance_for_config(
     Off (``None``, nothing created) for ``False``, and for ``"auto"`` without ``config.mrope``,
     on one DP rank, or with CP or pipeline stages. Otherwise collective over the whole default
     group (every rank calls it, once, before the first forward): the route gets DP groups of
-    its own, on the default backend (:func:`~seqpack.collective.groups.new_axis_groups`), so
-    it never interleaves with DDP's or FSDP's gradient collectives. The vision encoder is
-    ``config.model.vision`` where given, else the model's config's.
+    its own, so it never interleaves with DDP's or FSDP's gradient collectives.
 
     Args:
         seconds_per_flop: The encoder's seconds per training FLOP, read at every round that
-            ``"auto"`` prices (a calibrator's: :func:`calibrated_seconds_per_flop`); the group
-            uses its first rank's value, so ranks may read it a step apart.
+            ``"auto"`` prices (the group uses its first rank's value).
 
     Raises:
         ConfigError: ``encoder_rebalance=True`` on a topology the route cannot run on.
@@ -357,11 +330,9 @@ def rebalance_for_config(
 
 
 def rebalance_for_steps(model: nn.Module, steps: PackingIterator) -> EncoderRebalance | None:
-    """Hook ``model`` so each microbatch round's images are encoded across the DP ranks as
-    ``steps``' config says (:func:`rebalance_for_config` with its topology and config), at its
-    calibrator's encoder price under ``calibrate`` (:func:`calibrated_seconds_per_flop`, read
-    at each round). Collective: every rank, once, after ``wrap_data_iterator`` and before the
-    first forward.
+    """:func:`rebalance_for_config` with ``steps``' topology and config, at its calibrator's
+    encoder price under ``calibrate``. Collective: every rank, once, after
+    ``wrap_data_iterator`` and before the first forward.
 
     Returns:
         The hooks (``.remove()`` restores the model); ``None`` where the config is off.
@@ -372,8 +343,7 @@ def rebalance_for_steps(model: nn.Module, steps: PackingIterator) -> EncoderReba
 
 
 def calibrated_seconds_per_flop(calibrator: CostCalibrator | None) -> float:
-    """A calibrator's fitted seconds per vision-encoder FLOP (its ``encoder_price`` once it
-    predicts seconds); :data:`~seqpack.schedulers.encoder_plan.DEFAULT_SECONDS_PER_FLOP`
-    without a calibrator, before its first fit, or without an encoder term."""
+    """A calibrator's ``encoder_price`` once it predicts seconds, else
+    :data:`~seqpack.schedulers.encoder_plan.DEFAULT_SECONDS_PER_FLOP`."""
     price = calibrator.encoder_price if calibrator is not None and calibrator.in_seconds else None
     return price if price is not None and math.isfinite(price) and price > 0 else DEFAULT_SECONDS_PER_FLOP

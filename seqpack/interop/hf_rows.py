@@ -37,8 +37,7 @@ VISION_COLUMNS: tuple[str, ...] = (
     "mm_token_type_ids",
 )
 """A vision-language row's fields as its processor gives them (docs/multimodal.md, "The sample
-contract"), passed on to the sample (a list, as a dataset's row holds it, as a tensor: float32
-pixels, int64 grids); a row's ``None`` (a text-only row of a mixed dataset) is left out."""
+contract"), passed on to the sample as tensors; a row's ``None`` is left out."""
 
 SAMPLE_COLUMNS: tuple[str, ...] = (
     "input_ids",
@@ -48,10 +47,8 @@ SAMPLE_COLUMNS: tuple[str, ...] = (
     "assistant_masks",
     *VISION_COLUMNS,
 )
-"""The dataset columns :class:`SeqpackTrainerMixin` reads from each training row (the others are
-dropped): ``input_ids``; HF-style ``labels``, else TRL's ``completion_mask`` /
-``assistant_masks`` (1 on the tokens to learn); a seqpack ``loss_mask``; and the vision fields
-(:data:`VISION_COLUMNS`)."""
+"""The dataset columns ``SeqpackTrainerMixin`` reads from each training row (the others are
+dropped)."""
 
 
 def sample_of(row: Mapping[str, Any], use_completion_mask: bool) -> dict[str, Any]:
@@ -135,10 +132,8 @@ def packing_config(given: object, batch_size: int) -> PackingConfig:
 
 def with_model_mrope(config: PackingConfig, model: Any) -> PackingConfig:
     """``config`` with ``mrope=MRopeSpec.from_hf(model.config)`` when ``model`` is a
-    vision-language model whose positions seqpack knows (:data:`~seqpack.thd.mrope.MROPE_MODEL_TYPES`):
-    its packs need their sequences' own mRoPE rows and its pixels, text-only packs too (without
-    them Qwen2-VL and Qwen2.5-VL attend across the pack's documents: docs/multimodal.md). Other
-    models: ``config`` as given.
+    vision-language model whose positions seqpack knows (even text-only packs need them:
+    docs/multimodal.md); other models: ``config`` as given.
 
     Raises:
         ConfigError: A given ``mrope`` other than the model's.

@@ -1,22 +1,12 @@
 """seqpack's scheduler behind Megatron-LM's own ``wrap_data_iterator``.
 
-Megatron-LM (``megatron/core/datasets/data_schedule.py``) picks a ``BasePackingScheduler``
-from ``scheduler_map`` by ``config.sequence_packing_scheduler`` and calls its ``run``: fetch
-each DP rank's samples, gather their lengths, ``get_groups_and_subsamples``, reroute, pack,
-broadcast over PP and TP. :class:`SeqpackPackingScheduler` is Megatron's
-``DpBalancedScheduler`` with seqpack's planner in ``get_groups_and_subsamples``: Megatron's
-``run`` does everything else, so the model gets Megatron's own packing of seqpack's groups.
-:func:`install` is the one call that makes ``wrap_data_iterator`` use it.
-
-``prefetch=1`` hides the plan behind the training step: each ``run`` also reads the next
-step's samples from the same data iterator, gathers their lengths with Megatron's own
-``get_batch_and_global_seqlens`` and hands them to a planning process while the step it
-returns trains; the next ``run`` takes those samples and that plan (see :class:`_ReadAhead`).
-A process, not a thread: seqpack's kernels hold the GIL, and a planning thread held the
-training loop's thread off for most of each plan (docs/integrations.md, :class:`_Planner`).
-
-The pure part (groups, checks, the cost of a ``TransformerConfig``) is
-:mod:`seqpack.interop.megatron_plan`. Importing this module without Megatron-LM raises
+:class:`SeqpackPackingScheduler` is Megatron's ``DpBalancedScheduler``
+(``megatron/core/datasets/data_schedule.py``) with seqpack's planner in
+``get_groups_and_subsamples``: Megatron's ``run`` does everything else (fetch, gather, reroute,
+pack, broadcast). :func:`install` makes ``wrap_data_iterator`` use it. ``prefetch=1`` plans
+each step in a planning process while the step before trains (a process, not a thread:
+seqpack's kernels hold the GIL); docs/integrations.md, "Plan time and prefetch". The pure part
+is :mod:`seqpack.interop.megatron_plan`. Importing this module without Megatron-LM raises
 :class:`MegatronUnavailableError`.
 """
 
@@ -79,17 +69,15 @@ class SeqpackPackingScheduler(data_schedule.DpBalancedScheduler):
             Megatron's, as its ``wrap_data_iterator`` passes them (the last ``None`` without
             interleaved pipelines).
         cost: What the plan balances (a :class:`~seqpack.cost.CostModel`). ``None``: the
-            model of the ``config`` that
-            ``run`` gets (:func:`~seqpack.interop.megatron_plan.model_spec`), or seqpack's
-            default model where that config has no model fields.
-        sync: ``"replica"`` (default: Megatron's DDP and distributed optimizer reduce
-            gradients once a step, so a step waits for the slowest replica's total) or
-            ``"lockstep"`` (every microbatch round waits for its slowest replica).
+            model of the ``config`` that ``run`` gets, or seqpack's default model where that
+            config has no model fields.
+        sync: ``"replica"`` (default: Megatron reduces gradients once a step) or
+            ``"lockstep"``.
         dynamic_cp: Per-microbatch CP groups: refused (Megatron's hybrid CP takes no packing
-            scheduler, :func:`~seqpack.interop.megatron_plan.check_config`).
-        prefetch: ``1``: plan each step during the step before (module docstring; the loop
-            must pass ``wrap_data_iterator`` the same data iterator object every step, and
-            every rank must install the same value); ``0`` (default): plan inside ``run``.
+            scheduler).
+        prefetch: ``1``: plan each step during the step before (the loop must pass
+            ``wrap_data_iterator`` the same data iterator object every step, and every rank
+            must install the same value); ``0`` (default): plan inside ``run``.
         **options: ``balanced`` scheduler options (``order``, ``locality``, ...).
 
     Raises:
@@ -202,7 +190,7 @@ class SeqpackPackingScheduler(data_schedule.DpBalancedScheduler):
                 raise error
             items = items + more
         if len(items) > count:  # fewer microbatches than the step before (a batch-size ramp)
-            _remember(source, _ReadAhead(items[count:]))
+            _AHEAD[source] = _ReadAhead(items[count:])
         return items[:count]
 
     def _read_ahead(self, source: Any, count: int, dp_group: Any, dev: Any) -> None:
@@ -222,16 +210,15 @@ class SeqpackPackingScheduler(data_schedule.DpBalancedScheduler):
             sizes |= {"dp_size": self.dp_size, "cost": self.cost, "sync": self.sync}
             # Megatron's global ids are the positions of the lengths in its gather.
             ahead.plan = _planner().submit(np.array(seqlens, dtype=np.int64), self.options, sizes)
-        _remember(source, ahead)
+        _AHEAD[source] = ahead
 
 
 @dataclasses.dataclass
 class _ReadAhead:
     """A data iterator's next step under ``prefetch=1``, read during the step before: its
     ``items`` (checked), the agreed ``error`` they gave, or the ``(global_id,
-    padded_seq_len)`` ``pairs`` gathered over DP and their ``plan`` in the making. The next
-    ``run`` with that iterator takes them, and uses the plan when Megatron's own gather
-    gives the same pairs (it does unless the microbatch count changed)."""
+    padded_seq_len)`` ``pairs`` gathered over DP and their ``plan`` in the making, used when
+    Megatron's own gather gives the same pairs."""
 
     items: list[Any]
     error: SampleError | None = None
@@ -250,10 +237,9 @@ class _PlannerGone(RuntimeError):
 class _Planner:
     """This rank's planning process: ``python -m seqpack.interop.megatron_plan`` (its
     ``serve`` loop) on two pipes of its own, fed by one thread here, one plan at a time, in
-    order. A fresh interpreter, not a ``multiprocessing`` child: the training process holds
-    CUDA and threads that ``fork`` must not copy, and ``spawn`` would import the training
-    script again (running it, where it lacks an ``if __name__ == "__main__"`` guard). It
-    ends when this process closes its end of the jobs pipe (at exit, or by dying)."""
+    order. A fresh interpreter, not a ``multiprocessing`` child: ``fork`` would copy CUDA and
+    threads, ``spawn`` would import the training script again. It ends when this process
+    closes its end of the jobs pipe."""
 
     def __init__(self) -> None:
         jobs_out, jobs_in = os.pipe()
@@ -312,10 +298,6 @@ def _recall(source: Any) -> _ReadAhead | None:
         ) from None
 
 
-def _remember(source: Any, ahead: _ReadAhead) -> None:
-    _AHEAD[source] = ahead
-
-
 def _reader_index(data_iterator: Any, pp_group: Any, config: Any) -> int | None:
     """Which iterator Megatron's ``run`` reads on this rank: ``-2`` the one given, ``0`` / ``-1``
     the first / last stage's entry of a VPP list, ``None`` none (TP rank > 0, a middle stage)."""
@@ -330,10 +312,9 @@ def _read_checked(
     data_iterator: Any, count: int, dp_group: Any, dev: Any, *, stop: bool
 ) -> tuple[list[Any], SampleError | None, bool]:
     """``count`` items of this rank (an item is a sample or a list of them), every sample
-    checked and the outcome agreed over ``dp_group``: a bad sample fails every DP rank instead
-    of leaving the others waiting in the length gather. With ``stop``, the end of the data is
-    caught and agreed too (returned as ``ended``, with the items read); without, it propagates
-    (as from Megatron's own read)."""
+    checked and the outcome agreed over ``dp_group`` (a bad sample fails every DP rank). With
+    ``stop``, the end of the data is caught and agreed too (returned as ``ended``); without,
+    it propagates."""
     items: list[Any] = []
     ended = False
     try:
@@ -364,10 +345,8 @@ def _read_checked(
 def install(**options: Any) -> Any:
     """Make Megatron's ``wrap_data_iterator`` plan with :class:`SeqpackPackingScheduler`.
 
-    Megatron picks its scheduler from ``data_schedule.scheduler_map`` by
-    ``config.sequence_packing_scheduler``, whose only choice is ``"dp_balanced"`` (an enum,
-    which cannot gain members): seqpack takes that entry, so a config that asks for
-    ``"dp_balanced"`` runs seqpack's planner. No Megatron file changes.
+    seqpack takes ``data_schedule.scheduler_map``'s ``"dp_balanced"`` entry (its only
+    choice, an enum), so a config that asks for ``"dp_balanced"`` runs seqpack's planner.
 
     Args:
         **options: :class:`SeqpackPackingScheduler`'s keyword options, checked now.

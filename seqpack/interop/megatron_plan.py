@@ -1,19 +1,14 @@
 """What seqpack's Megatron-LM packing scheduler computes, without Megatron: its groups, the
-checks on samples and configs, and the cost model of a Megatron ``TransformerConfig``.
+checks on samples and configs, and the cost model of a Megatron ``TransformerConfig``; pure,
+so tested where Megatron is not installed. The contract kept is Megatron-LM's
+``megatron/core/datasets/data_schedule.py``:
 
-:mod:`seqpack.interop.megatron` puts these behind Megatron's ``BasePackingScheduler``; they
-are pure (lengths and attributes in, values out), so they are tested where Megatron is not
-installed. The contract kept is Megatron-LM's ``megatron/core/datasets/data_schedule.py``
-(``DpBalancedScheduler`` and the ``run`` it drives):
-
-* The scheduler gets ``(global_id, padded_seq_len)`` pairs in global order (DP rank 0's
-  samples first) and returns ``groups[m][j]``: the ids that microbatch ``m`` of DP x CP rank
-  ``j`` packs, where rank ``j`` is CP rank ``j % cp_size`` of DP replica ``j // cp_size`` and
-  the CP ranks of one replica share one list.
+* The scheduler gets ``(global_id, padded_seq_len)`` pairs in global order and returns
+  ``groups[m][j]``: the ids that microbatch ``m`` of DP x CP rank ``j`` packs (CP rank
+  ``j % cp_size`` of DP replica ``j // cp_size``; the CP ranks of one replica share one list).
 * A replica's microbatch holds at most ``max_seqlen_per_dp_cp_rank * cp_size`` padded tokens.
 * With interleaved pipelines the microbatch count is a multiple of
-  ``microbatch_group_size_per_vp_stage``; no microbatch is empty (Megatron packs each group
-  with ``torch.cat`` and takes the largest length of it).
+  ``microbatch_group_size_per_vp_stage``; no microbatch is empty.
 """
 
 from __future__ import annotations
@@ -98,11 +93,9 @@ def plan_groups(
 
 
 def plan_lengths(lengths: np.ndarray, options: Mapping[str, Any], **sizes: Any) -> list[list[list[int]]]:
-    """:func:`plan_groups` of the pairs ``(i, lengths[i])`` (Megatron's global ids are the
-    positions in its gather) by ``get_scheduler("balanced", **options)``: what the planning
-    process of ``prefetch=1`` runs. The scheduler is built here, not sent: a pickled one
-    loses the identity of its default stages, which its one-replica path checks, and plans
-    that case differently."""
+    """:func:`plan_groups` of the pairs ``(i, lengths[i])`` by ``get_scheduler("balanced",
+    **options)``: what the planning process of ``prefetch=1`` runs. The scheduler is built
+    here, not sent: a pickled one loses the identity of its default stages."""
     return plan_groups(list(enumerate(lengths.tolist())), get_scheduler("balanced", **options), **sizes)
 
 
@@ -161,9 +154,7 @@ def check_config(config: Any) -> None:
     """Raise if Megatron's ``config`` asks for what seqpack's packing scheduler cannot honour.
 
     Raises:
-        ConfigError: ``hybrid_context_parallel=True``: Megatron's hybrid CP schedules through
-            ``HybridCPDataLoaderWrapper`` and its ``BalancedCPScheduler``, which take no
-            packing scheduler.
+        ConfigError: ``hybrid_context_parallel=True`` (:data:`HYBRID_CP_REFUSAL`).
     """
     if getattr(config, "hybrid_context_parallel", False):
         raise ConfigError(f"hybrid_context_parallel=True: {HYBRID_CP_REFUSAL}")

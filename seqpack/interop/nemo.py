@@ -26,12 +26,8 @@ __all__ = ["process_input_for_thd", "split_batch_into_thd_chunks"]
 def _layout_padding_mask(total_tokens: int, reals: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Padding mask from the pack layout: slot ``i`` spans ``slots[i]`` tokens, of which the
     first ``reals[i]`` are real; tokens past the last slot are trailing pack pad."""
-    cu_padded = torch.zeros(slots.numel() + 1, dtype=torch.int64, device=slots.device)
-    torch.cumsum(slots.long(), dim=0, out=cu_padded[1:])
-    cu_real = torch.zeros(reals.numel() + 1, dtype=torch.int64, device=reals.device)
-    torch.cumsum(reals.long(), dim=0, out=cu_real[1:])
     # _row_layout checked the lengths: 0 <= real <= slot, slots within the rows.
-    return token_layout(cu_padded, cu_real, total_tokens=total_tokens, validate=False).padding_mask
+    return token_layout(_offsets(slots), _offsets(reals), total_tokens=total_tokens, validate=False).padding_mask
 
 
 def _padding_mask_from_ids(input_ids: torch.Tensor, padding_token_id: int) -> torch.Tensor:
@@ -50,13 +46,9 @@ def _padding_mask_from_ids(input_ids: torch.Tensor, padding_token_id: int) -> to
 def _row_layout(
     seq_lens: torch.Tensor, seq_lens_padded: torch.Tensor, seq_len: int, sentinel: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Valid real and slot lengths across the rows, with each row's unlisted tail folded into
-    the row's last sequence when a later row still holds sequences.
-
-    NeMo assumes every row but the last is fully covered by its ``seq_lens_padded``; when it is
-    not, offsets of later rows would silently point at the wrong tokens. Folding the row tail
-    into the row's last slot keeps every sequence where its tokens are.
-    """
+    """Valid real and slot lengths (int64) across the rows, with each row's unlisted tail
+    folded into the row's last sequence when a later row still holds sequences (where NeMo
+    would point later rows' offsets at the wrong tokens)."""
     for name, value in (("seq_lens", seq_lens), ("seq_lens_padded", seq_lens_padded)):
         if not isinstance(value, torch.Tensor):
             raise SeqpackTypeError(f"{name} must be a tensor, got {type(value).__name__}")

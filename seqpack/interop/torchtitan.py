@@ -1,26 +1,9 @@
-"""torchtitan 0.3: a :class:`~seqpack.topology.Topology` from its ``ParallelDims`` and a
-dataloader that feeds seqpack steps to its ``Trainer``.
-
-torchtitan 0.3's meshes, as ``ParallelDims`` builds them: a 1-D ``world`` mesh, unflattened
-into a data-loading mesh ``("pp", "batch", "cp", "tp")`` (``batch`` = ``dp_replicate *
-dp_shard``) and a ``loss`` mesh (``batch`` x ``cp`` flattened, named ``loss_mesh``).
-``get_mesh(names)`` returns a sub-mesh only when every named axis has size > 1
-(``get_mesh(["pp", "batch", "cp", "tp"])`` is "not available" when pp and tp are 1), so
-:func:`topology` asks for the enabled axes only. The world and loss meshes fold DP and CP
-into one axis and are refused by :meth:`Topology.from_device_mesh`.
-
-The trainer's ``train_step`` pulls exactly ``gradient_accumulation_steps *
-num_pipeline_parallel_microbatches`` microbatches per optimizer step, each ``(input_dict,
-labels)`` with ``input_dict = {"input": [1, T], "positions": [1, T]}``, and normalises its
-loss by the supervised labels (``labels != -100``) summed over the ``batch`` mesh, which for
-a seqpack step is ``step.num_loss_tokens``. :class:`SeqpackDataLoader` hands one seqpack step
-per optimizer step and refuses a step of another microbatch count (pin it with
-``scheduler_options={"num_microbatches": M}``), so microbatches of two steps never meet in
-one optimizer step. Its ``state_dict`` carries seqpack's resume state, keyed by DP rank as
-torchtitan's own dataloader keys its state.
-
-torchtitan itself is never imported here: ``ParallelDims`` and the trainer are read by their
-attributes.
+"""torchtitan 0.3: a :class:`~seqpack.topology.Topology` from its ``ParallelDims``
+(:func:`topology`: DP is its ``batch`` mesh) and a dataloader that feeds its ``Trainer`` one
+seqpack step per optimizer step (:class:`SeqpackDataLoader`, :func:`install`): exactly
+``gradient_accumulation_steps * num_pipeline_parallel_microbatches`` microbatches, each
+``({"input": [1, T], "positions": [1, T]}, labels)``, with ``step.num_loss_tokens`` its loss
+normaliser. docs/integrations.md, "torchtitan". torchtitan itself is never imported here.
 """
 
 from __future__ import annotations
@@ -55,11 +38,9 @@ def topology(parallel_dims: Any, *, shard_cp: bool = False) -> Topology:
     Args:
         parallel_dims: torchtitan's ``ParallelDims`` (``trainer.parallel_dims``).
         shard_cp: ``False`` (for :class:`SeqpackDataLoader`): seqpack packs over the
-            ``batch`` mesh only; the CP and TP ranks of one batch rank read the same data and
-            pack the same steps, and torchtitan shards CP itself
-            (``post_dataloading_process``). ``True`` (your own loop, TE's THD contract): the
+            ``batch`` mesh only and torchtitan shards CP itself. ``True`` (your own loop): the
             enabled axes of ``(pp, batch, cp, tp)`` as seqpack's pp, dp, cp, tp, and seqpack
-            shards every sequence over CP (DualChunkSwap).
+            shards every sequence over CP.
 
     Returns:
         A :class:`Topology`; one rank (``Topology.single``) when no such axis is enabled,
@@ -109,13 +90,10 @@ class SeqpackDataLoader:
     ``state_dict`` / ``load_state_dict``) over a seqpack :class:`PackingIterator`.
 
     Each optimizer step of the trainer takes the microbatches of one seqpack step, in order;
-    a step of another count raises :class:`ConfigError` naming both.
-
-    The state is ``{"dp_rank_<r>": bytes, "world_size": dp}`` (torchtitan's own layout: DCP
-    keeps one copy per key, so each DP rank keys its own), the bytes a pickle of seqpack's
-    resume state as of the step in progress and how many of its microbatches were handed
-    out: a state saved mid-step resumes at the next microbatch. Taking that state costs one
-    ``PackingIterator.state_dict()`` per step.
+    a step of another count raises :class:`ConfigError` naming both. The state is
+    ``{"dp_rank_<r>": bytes, "world_size": dp}`` (torchtitan's own layout), the bytes a
+    pickle of seqpack's resume state as of the step in progress and how many of its
+    microbatches were handed out: a state saved mid-step resumes at the next microbatch.
     """
 
     STATE_SEQPACK = "seqpack"

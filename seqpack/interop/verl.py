@@ -1,33 +1,13 @@
-"""verl drop-ins: :func:`rearrange_micro_batches` and :func:`get_seqlen_balanced_partitions`
-with the signatures and return values of verl 0.9.1's ``verl/utils/seqlen_balancing.py``,
-planned by seqpack's ``balanced`` scheduler.
+"""verl drop-ins: :func:`rearrange_micro_batches`, :func:`get_seqlen_balanced_partitions` and
+:func:`get_group_balanced_partitions` with the signatures and return values of verl 0.9.1's
+``verl/utils/seqlen_balancing.py``, planned by seqpack's ``balanced`` scheduler on verl's
+workload, never over ``max_token_len``. What is the same and what differs on purpose (real
+lengths against the cap, a forced group weighed as one sequence, errors that name the value):
+docs/rl.md, "verl drop-in".
 
-What is the same as verl 0.9.1: the arguments (``force_group_size`` included: groups of that
-many consecutive rows stay in one micro-batch), the returned micro-batches and index lists
-(indices ascending inside each list), the count agreed with an all-reduce max over
-``dp_group`` only when one is given (``dp_group=None``: no collective, every rank its own
-count), ``min_num_micro_batch``, ``num_batches_divided_by``, the workload balanced (verl's
-``24576 * s + s**2``, a 7B model's FLOPs per sequence), no micro-batch over
-``max_token_len`` (verl grows its count until its partition fits; seqpack takes the fewest
-count its own plan fits) and, with ``use_dynamic_bsz_balance``, light micro-batches at both
-ends and heavy ones in the middle. A rank's refusal is agreed over ``dp_group`` before any
-rank raises, as in verl, so no rank is left in a collective.
-
-What differs, on purpose:
-
-* **Real lengths are checked against the cap**, not the padded width of ``attention_mask``
-  (verl refuses ``max_token_len`` below the width even when every sequence is shorter).
-* A forced group's workload is planned as one sequence of the group's tokens
-  (``24576 * S + S**2``; verl sums its rows' workloads): the cap is exact, the balance
-  weighs a group's attention as if its rows were one sequence.
-* Errors are ``ValueError`` subclasses naming the value, where verl asserts.
-
-``batch`` is a TensorDict or any mapping (anything with ``keys()`` and ``__getitem__``)
-whose values share a first (batch) dimension and that holds ``attention_mask`` (``[B, S]``
-of 0 and 1) or nested ``input_ids`` (verl's no-padding form: a nested tensor of ``B``
-sequences, jagged or strided, whose lengths are the real tokens); TensorDict itself is never
-imported. A mapping's values are tensors (nested ones too), numpy arrays or lists with one
-entry per row; a value of other rows is refused by key, never indexed.
+``batch`` is a TensorDict or any mapping whose values share a first (batch) dimension
+(tensors, nested tensors, numpy arrays or lists) and that holds ``attention_mask`` (``[B, S]``
+of 0 and 1) or nested ``input_ids`` (verl's no-padding form); TensorDict is never imported.
 """
 
 from __future__ import annotations
@@ -88,12 +68,9 @@ def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int
 
 def balanced_partitions(values: np.ndarray, k: int, *, equal_size: bool = False) -> list[list[int]]:
     """Partitions of ``values`` (int64, ``>= 0``, at least ``k`` of them) with balanced sums,
-    from the ``balanced`` scheduler: ``k`` replicas of one microbatch each, cost = the value.
-
-    With ``equal_size`` every value carries a bias larger than all values together, so a
-    partition with one item more always weighs more: the scheduler then balances the counts
-    first and the sums second (the bias verl's greedy partitioner uses). Zeros (which the
-    scheduler refuses as lengths) go to the partitions with the fewest items.
+    from the ``balanced`` scheduler (``k`` replicas of one microbatch each). With
+    ``equal_size`` every value carries a bias larger than all values together, so the counts
+    balance first (verl's bias); zeros go to the partitions with the fewest items.
     """
     n = values.shape[0]
     bias = int(values.sum()) + 1 if equal_size else 0
@@ -119,10 +96,8 @@ def get_group_balanced_partitions(
     seqlen_list: Sequence[int], uid_list: Sequence[Any], k_partitions: int
 ) -> list[list[int]]:
     """Split indices into ``k_partitions`` lists of balanced workload, samples of one uid in
-    one list, every list holding the same number of uids (verl's contract).
-
-    Unlike verl, samples of one uid need not be contiguous: equal uids anywhere form one group
-    (on contiguous uids, verl's input, the groups are the same).
+    one list, every list holding the same number of uids (verl's contract; equal uids need
+    not be contiguous).
 
     Returns:
         ``k_partitions`` lists of indices, ascending inside each list.
@@ -151,8 +126,8 @@ def get_group_balanced_partitions(
 
 
 def _uid(index: int, uid: Any) -> Any:
-    """``uid`` as a dict key equal to every uid of the same value: a one-element tensor or
-    array by its value (tensors hash by identity, arrays not at all)."""
+    """``uid`` as a dict key equal to every uid of the same value (a one-element tensor or
+    array by its value)."""
     if isinstance(uid, torch.Tensor) and uid.numel() == 1:
         uid = uid.item()
     elif isinstance(uid, np.ndarray) and uid.size == 1:
@@ -186,20 +161,16 @@ def rearrange_micro_batches(
     """Split ``batch`` into micro-batches of at most ``max_token_len`` real tokens each.
 
     Args:
-        batch: TensorDict or mapping with ``attention_mask`` ``[B, S]`` of 0 and 1, or
-            nested ``input_ids`` (``B`` sequences, jagged or strided); every value (tensor,
-            nested tensor, array or list) is indexed on its first dimension, which must
-            have ``B`` rows.
+        batch: TensorDict or mapping (module docstring).
         max_token_len: Real tokens one micro-batch may hold.
         dp_group: Process group over which ranks agree on the count (all-reduce max) when
-            ``same_micro_num_in_dp``. ``None``, as in verl: no agreement, no collective;
-            every rank takes its own count.
+            ``same_micro_num_in_dp``. ``None``, as in verl: no collective.
         num_batches_divided_by: The count is rounded up to a multiple of this (virtual
             pipeline stages).
         same_micro_num_in_dp: Agree on the count over ``dp_group``.
         min_num_micro_batch: At least this many micro-batches (pipeline stages).
-        use_dynamic_bsz_balance: Light micro-batches at both ends, heavy ones in the middle
-            (shorter pipeline warm-up and cool-down); otherwise heaviest first.
+        use_dynamic_bsz_balance: Light micro-batches at both ends, heavy ones in the middle;
+            otherwise heaviest first.
         force_group_size: Rows ``[g * size, (g + 1) * size)`` stay in one micro-batch
             (verl's reward-model pairs); ``B`` must be a multiple of it.
 
@@ -263,8 +234,7 @@ def _empty_micro_batch(count: int, units: int, size: int, agree: bool, least: An
 
 @dataclasses.dataclass(frozen=True)
 class _LocalPlan:
-    """One rank's checked arguments, group lengths and fewest fitting count, before the DP
-    agreement."""
+    """One rank's checked arguments, group lengths and fewest fitting count."""
 
     cap: int
     multiple: int
@@ -364,8 +334,7 @@ def _with_empty_rows(plan: Schedule, lengths: np.ndarray) -> list[list[int]]:
 
 def _agree(count: int, units: int, group: Any, failure: SeqpackError | None = None) -> tuple[int, int]:
     """Over ``group``, in one all-reduce: the largest ``count`` and the fewest ``units``; a
-    ``failure`` on any rank raised on every rank (its own error where it happened, one naming
-    the lowest failing rank elsewhere)."""
+    ``failure`` on any rank raised on every rank."""
     none = -(1 << 62)
     rank = dist.get_rank(group)
     values = torch.tensor([count, -units, -rank if failure is not None else none], dtype=torch.int64)

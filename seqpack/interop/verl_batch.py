@@ -1,7 +1,6 @@
-"""A verl batch's rows: their real tokens (:func:`row_lengths`), the check that every
-value has one row per sample, and a batch at some rows (:func:`select_rows`), for a TensorDict
-(jagged nested tensors included) or a mapping of tensors, arrays and lists
-(:mod:`seqpack.interop.verl`'s drop-ins read and split batches with these)."""
+"""A verl batch's rows: their real tokens (:func:`row_lengths`), the check that every value
+has one row per sample, and a batch at some rows (:func:`select_rows`), for a TensorDict or a
+mapping of tensors, arrays and lists."""
 
 from __future__ import annotations
 
