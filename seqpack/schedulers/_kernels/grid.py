@@ -180,13 +180,10 @@ def grid_local(
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         if hi == lo:
             continue
-        # This slice's positions grouped by rank, in fill order within a rank.
-        origin_slice = origin_placed[lo:hi]
+        # This slice's positions grouped by rank, in fill order within a rank (unique keys:
+        # dp_size * count stays far below 2**63).
         count = hi - lo
-        if dp_size * count < 2**62:
-            by_rank = lo + np.argsort(origin_slice * count + np.arange(count, dtype=np.int64))
-        else:
-            by_rank = lo + np.argsort(origin_slice, kind="stable")
+        by_rank = lo + np.argsort(origin_placed[lo:hi] * count + np.arange(count, dtype=np.int64))
         _home_pass(
             by_rank, lengths_placed, values_placed, origin_placed, targets, float(home_fill), share, dp_size, rounds,
             placed, load, tok,

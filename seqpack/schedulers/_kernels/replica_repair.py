@@ -110,13 +110,13 @@ def repair_replicas(
         allow = max(0.0, round_budget - round_sum) + eps * total[d1]
         k1 = _sorted_members(head[d1], nxt, costs, mine, tmp)
         # The best change: (gain, i, j or -1 for a move, d2, m2), i -1 for none.
-        best_gain, best_i, best_j, best_d2, best_m2 = rel_tol * total[d1], -1, -1, -1, -1
+        best = (rel_tol * total[d1], -1, -1, -1, -1)
         for swap in (False, True):
-            best_gain, best_i, best_j, best_d2, best_m2, work = _best_change(
+            best, work = _best_change(
                 swap, d1, light, swap_candidates if swap else move_candidates, total, mine, k1, head, nxt, theirs,
-                tmp, costs, lengths, round_of, load, tok, top_val, top_idx, capacity, allow, scan_limit, best_gain,
-                best_i, best_j, best_d2, best_m2, work,
+                tmp, costs, lengths, round_of, load, tok, top_val, top_idx, capacity, allow, scan_limit, best, work,
             )  # fmt: skip
+        _, best_i, best_j, best_d2, best_m2 = best
         if best_i < 0:
             break
         # The change: i moves from (its round, d1) to (m2, d2); in a swap j moves the other way.
@@ -160,18 +160,15 @@ def _best_change(
     capacity: int,
     allow: float,
     limit: int,
-    best_gain: float,
-    best_i: int,
-    best_j: int,
-    best_d2: int,
-    best_m2: int,
+    best: tuple[float, int, int, int, int],
     work: int,
-) -> tuple[float, int, int, int, int, int]:
+) -> tuple[tuple[float, int, int, int, int], int]:
     """The best move (``swap`` False) of one of ``d1``'s items ``mine[:k1]`` (sorted by cost)
     to one of the ``candidates`` lightest replicas ``light``, or the best swap of one with a
-    cheaper item of one of them, if it beats the best change so far (gain, i, j or -1 for a
-    move, d2, m2). A move checks up to ``4 * limit`` items per partner, a swap ``limit``
-    partners per item. Returns the best change and the work count."""
+    cheaper item of one of them, if it beats ``best``, the best change so far (gain, i, j or
+    -1 for a move, d2, m2). A move checks up to ``4 * limit`` items per partner, a swap
+    ``limit`` partners per item. Returns the best change and the work count."""
+    best_gain = best[0]
     kk, tried = 0, 0
     while True:
         kk, d2, gap = _partner(light, kk, d1, candidates, tried, total, best_gain)
@@ -194,7 +191,7 @@ def _best_change(
                     if tok[m2, d2] + lengths[i] > capacity:
                         continue
                     if _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, costs[i]) <= allow:
-                        best_gain, best_i, best_j, best_d2, best_m2 = gain, i, -1, d2, m2
+                        best_gain, best = gain, (gain, i, -1, d2, m2)
                         found = True
                         break
             continue
@@ -218,9 +215,9 @@ def _best_change(
                 fits = tok[m2, d2] + lengths[i] - lengths[j] <= capacity
                 fits = fits and tok[m, d1] - lengths[i] + lengths[j] <= capacity
                 if fits and _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, ci - costs[j]) <= allow:
-                    best_gain, best_i, best_j, best_d2, best_m2 = gain, i, j, d2, m2
+                    best_gain, best = gain, (gain, i, j, d2, m2)
                     break
-    return best_gain, best_i, best_j, best_d2, best_m2, work
+    return best, work
 
 
 @no_refcount
