@@ -62,17 +62,6 @@ class EncoderPlan:
         return float(self.home_load.max(initial=0.0) - self.load.max(initial=0.0))
 
 
-def _check(costs: np.ndarray, home: np.ndarray, num_ranks: int) -> None:
-    if num_ranks < 1:
-        raise ConfigError(f"num_ranks must be at least 1, got {num_ranks}")
-    if costs.shape != home.shape or costs.ndim != 1:
-        raise ConfigError(f"costs {costs.shape} and home {home.shape} must be 1-D of one length")
-    if not np.isfinite(costs).all() or (costs < 0).any():
-        raise ConfigError(f"encoder costs must be finite and non-negative, got {costs[~(costs >= 0)][:3]}")
-    if ((home < 0) | (home >= num_ranks)).any():
-        raise ConfigError(f"home ranks must lie in [0, {num_ranks}), got {home[(home < 0) | (home >= num_ranks)][:3]}")
-
-
 def _lpt(costs: np.ndarray, home: np.ndarray, order: np.ndarray, num_ranks: int) -> np.ndarray:
     """Plain LPT in ``order`` (largest first): each image to the least loaded rank, ties
     home, then the lowest rank."""
@@ -139,7 +128,14 @@ def plan_encoders(costs: ArrayLike, home: ArrayLike, num_ranks: int, *, near_tie
     """
     costs = np.asarray(costs, dtype=np.float64)
     home = np.asarray(home, dtype=np.int64)
-    _check(costs, home, num_ranks)
+    if num_ranks < 1:
+        raise ConfigError(f"num_ranks must be at least 1, got {num_ranks}")
+    if costs.shape != home.shape or costs.ndim != 1:
+        raise ConfigError(f"costs {costs.shape} and home {home.shape} must be 1-D of one length")
+    if not np.isfinite(costs).all() or (costs < 0).any():
+        raise ConfigError(f"encoder costs must be finite and non-negative, got {costs[~(costs >= 0)][:3]}")
+    if ((home < 0) | (home >= num_ranks)).any():
+        raise ConfigError(f"home ranks must lie in [0, {num_ranks}), got {home[(home < 0) | (home >= num_ranks)][:3]}")
     home_load = _loads(costs, home, num_ranks)
     total = float(costs.sum())
     bound = max(float(costs.max(initial=0.0)), total / num_ranks)

@@ -19,20 +19,6 @@ from seqpack.validation import check_choice
 __all__ = ["bucket_padding", "group_sums", "group_times", "predicted_step_time", "rank_times", "replica_sums"]
 
 
-def _check(plan: object, cost: object) -> tuple[Schedule, CostModel]:
-    if not isinstance(plan, Schedule):
-        raise SeqpackTypeError(f"schedule must be a seqpack Schedule, got {type(plan).__name__}")
-    ids, n = plan.assigned, plan.lengths.shape[0]
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
-        raise ScheduleError(
-            f"schedule assigns sample ids up to {int(ids.max())} but holds {n} lengths: "
-            "it was built for other lengths (check it with Schedule.validate)"
-        )
-    if not isinstance(cost, CostModel):
-        raise SeqpackTypeError(f"cost must be a seqpack.CostModel, got {type(cost).__name__}")
-    return plan, cost
-
-
 def group_times(plan: Schedule, cost: CostModel) -> np.ndarray:
     """float64 ``[G]``: each group's microbatch cost on its ranks (an idle group: as if it ran
     an empty pack, ``constant`` plus its ring's fixed steps), plus its sequences'
@@ -122,11 +108,20 @@ def predicted_step_time(
             plan or a microbatch larger than the largest bucket.
         ConfigError: Unknown ``sync``.
     """
-    plan, family = _check(plan, cost)
+    if not isinstance(plan, Schedule):
+        raise SeqpackTypeError(f"schedule must be a seqpack Schedule, got {type(plan).__name__}")
+    ids, n = plan.assigned, plan.lengths.shape[0]
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise ScheduleError(
+            f"schedule assigns sample ids up to {int(ids.max())} but holds {n} lengths: "
+            "it was built for other lengths (check it with Schedule.validate)"
+        )
+    if not isinstance(cost, CostModel):
+        raise SeqpackTypeError(f"cost must be a seqpack.CostModel, got {type(cost).__name__}")
     mode = check_choice("sync", sync, Sync)
     if plan.num_groups == 0:
         return 0.0
-    times = _priced_times(plan, family, static_shapes)
+    times = _priced_times(plan, cost, static_shapes)
     if mode == Sync.LOCKSTEP:
         heights = np.full(plan.num_microbatches, -np.inf)
         np.maximum.at(heights, plan.group_round, times)
