@@ -50,12 +50,11 @@ import numpy as np  # noqa: E402
 from seqpack.cost import CostModel, model_preset  # noqa: E402
 from seqpack.mock_data import generate_lengths  # noqa: E402
 from seqpack.schedulers import Schedule, get_scheduler  # noqa: E402
-from seqpack.schedulers.balanced.bins import exact_search, first_fit, worst_fit  # noqa: E402
 from seqpack.schedulers.balanced.exact import FOUND, bin_lower_bound, pack_bins  # noqa: E402
 from seqpack.schedulers.balanced.locality import home_swaps, per_replica  # noqa: E402
 from seqpack.schedulers.balanced.replicas import replica_first_stage  # noqa: E402
 from seqpack.schedulers.balanced.rounds import fill_order  # noqa: E402
-from seqpack.schedulers.balanced.stages import DEFAULT, Stages  # noqa: E402
+from seqpack.schedulers.balanced.stages import DEFAULT, Stages, exact_search, first_fit, worst_fit  # noqa: E402
 from seqpack.schedulers.objective import microbatch_costs, round_sum_lower_bound, step_objective  # noqa: E402
 from seqpack.stats import StepStats  # noqa: E402
 from seqpack.thd import padded_lengths  # noqa: E402

@@ -5,8 +5,9 @@ Minimises the predicted step time under the ``sync``
 fewest microbatches any packing needs, by a composition of stages
 (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`; docs/schedulers.md describes each and
 what it buys). Deterministic: ties break by index, on every rank alike. Modules: ``rounds``
-(the plan's data and grid helpers), ``bins``, ``exact``, ``replicas``, ``locality``,
-``stages``, ``plan`` (the stages at a count, the count search), ``scheduler``.
+(the plan's data and grid helpers), ``stages`` (their composition, and the bin rules),
+``exact``, ``replicas``, ``locality``, ``plan`` (the stages at a count, the count search),
+``scheduler``.
 """
 
 from __future__ import annotations
