@@ -5,16 +5,15 @@ Minimises the predicted step time under the ``sync``
 fewest microbatches any packing needs, by a composition of stages
 (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`; docs/schedulers.md describes each and
 what it buys). Deterministic: ties break by index, on every rank alike. Modules: ``rounds``
-(the plan's data and grid helpers), ``stages`` (their composition, and the bin rules),
-``exact``, ``replicas``, ``locality``, ``plan`` (the stages at a count, the count search),
-``scheduler``.
+(the plan's data and grid helpers), ``stages`` (their composition, the bin rules and
+:func:`plan_balanced`), ``exact``, ``replicas``, ``locality``, ``scheduler``.
 """
 
 from __future__ import annotations
 
-from seqpack.schedulers.balanced.plan import plan_balanced
 from seqpack.schedulers.balanced.rounds import relabel_replicas, round_position, round_targets
 from seqpack.schedulers.balanced.scheduler import BalancedScheduler
+from seqpack.schedulers.balanced.stages import plan_balanced
 
 __all__ = [
     "BalancedScheduler",

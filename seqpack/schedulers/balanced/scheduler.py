@@ -15,9 +15,8 @@ from seqpack.options import Order
 from seqpack.packing.packer import pack_lengths
 from seqpack.schedulers.balanced.exact import bin_lower_bound
 from seqpack.schedulers.balanced.locality import AUTO, TOLERANCE, Local, locality_pays, plan_local
-from seqpack.schedulers.balanced.plan import plan_balanced
 from seqpack.schedulers.balanced.rounds import _rounds, round_position
-from seqpack.schedulers.balanced.stages import DEFAULT, Stages
+from seqpack.schedulers.balanced.stages import DEFAULT, Stages, plan_balanced
 from seqpack.schedulers.base import GridScheduler
 from seqpack.schedulers.request import Request, check_microbatches
 from seqpack.schedulers.schedule import Grid
