@@ -1,17 +1,8 @@
 """MicrobatchTimer: measure each microbatch of a training step and report the times to the
 step (``Step.record_times``) without a host sync on the hot path: CUDA events read once the
 GPU has passed them (in practice during the next step), or ``time.perf_counter`` on CPU.
-
-Usage (any training loop)::
-
-    timer = MicrobatchTimer()
-    for step in packing_iterator:
-        for m, batch in enumerate(step.microbatches):
-            with timer.microbatch(step, m):
-                loss = model(batch).loss / step.num_microbatches
-                loss.backward()
-        optimizer.step()
-    timer.flush()  # the last steps' times (blocks until the GPU is done)
+Usage: ``with timer.microbatch(step, m):`` around each microbatch's forward and backward,
+``timer.flush()`` at the end (docs/cost_models.md, "Feeding times from the training loop").
 """
 
 from __future__ import annotations

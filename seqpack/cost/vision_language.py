@@ -44,13 +44,8 @@ class VisionLanguageTerms:
 
     @classmethod
     def from_hf(cls, config: Any) -> Self:
-        """The spec of a Hugging Face config object (or of a model, read for its ``config``):
-        the fields :func:`model_fields_from_hf` reads; ``vision`` ``None`` for a text config.
-
-        Raises:
-            ConfigError: A model type seqpack does not read (named), or a config without one
-                of the attributes it reads.
-        """
+        """The spec of a Hugging Face config object (or of a model, read for its ``config``), with
+        the fields (and the errors) of :func:`model_fields_from_hf`."""
         return cls(**model_fields_from_hf(config))
 
     def sample_flops(self, length: int, image_grid_thw: Any = None, video_grid_thw: Any = None) -> int:
