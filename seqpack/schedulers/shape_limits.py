@@ -10,7 +10,6 @@ microbatches that set the step's time below a bucket edge (docs/schedulers.md).
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,15 +18,7 @@ from seqpack.errors import ConfigError, ScheduleError
 from seqpack.options import INT32_MAX, Sync
 from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
 
-logger = logging.getLogger(__name__)
-
-__all__ = [
-    "BucketPrice",
-    "bucket_capacity",
-    "fit_sequence_limit",
-    "group_buckets",
-    "resolved_buckets",
-]
+__all__ = ["BucketPrice", "bucket_capacity", "fit_sequence_limit", "group_buckets", "resolved_buckets"]
 
 
 def refuse_dynamic(static_shapes: object, what: str) -> None:
@@ -244,7 +235,11 @@ def trim_to_buckets(
         tokens=np.bincount(cell, weights=padded[every], minlength=count).astype(np.int64).reshape(shape),
         load=np.bincount(cell, weights=weight[every], minlength=count).reshape(shape) + constant,
         counts=sizes.reshape(shape).copy(),
+        padded=padded,
+        weight=weight,
         price=price,
+        limit=limit,
+        largest=min(capacity, int(price.buckets[-1])),
         lockstep=sync == Sync.LOCKSTEP,
     )
     members: dict[tuple[int, int], list[int]] = {}  # the cells a move touched, as lists
@@ -256,14 +251,13 @@ def trim_to_buckets(
 
     def trim(m: int, d: int) -> bool:
         shifts = (False,) if state.lockstep else (False, True)  # replica: a replica's rounds may trade too
-        moves = [state.best_move(m, d, ids_of(m, d), padded, weight, limit, capacity, shift) for shift in shifts]
-        found = [move for move in moves if move is not None]
+        found = [move for move in (state.best_move(m, d, ids_of(m, d), shift) for shift in shifts) if move is not None]
         if not found:
             return False
-        i, (tm, td), _ = max(found, key=lambda move: move[2])
-        state.move((m, d), (tm, td), int(padded[i]), float(weight[i]))
+        i, target, _ = max(found, key=lambda move: move[2])
+        state.move((m, d), target, i)
         ids_of(m, d).remove(i)
-        ids_of(tm, td).append(i)
+        ids_of(*target).append(i)
         return True
 
     # Only a round's slowest microbatch can shorten a lockstep step, only the slowest
@@ -288,19 +282,25 @@ def trim_to_buckets(
 class _TrimState:
     """The grid :func:`trim_to_buckets` works on: tokens, costs (constant included) and
     counts of every microbatch ``[M, dp]``, their times with the bucket padding, and each
-    replica's total."""
+    replica's total; ``padded`` and ``weight`` by global id; ``largest``: the most tokens a
+    microbatch may hold."""
 
     tokens: np.ndarray
     load: np.ndarray
     counts: np.ndarray
+    padded: np.ndarray
+    weight: np.ndarray
     price: BucketPrice
+    limit: int
+    largest: int
     lockstep: bool  # else replica sync
 
     def __post_init__(self) -> None:
         self.times = self.load + self.price.extra(self.tokens)
         self.column = self.times.sum(axis=0)
 
-    def move(self, source: tuple[int, int], target: tuple[int, int], size: int, cost: float) -> None:
+    def move(self, source: tuple[int, int], target: tuple[int, int], i: int) -> None:
+        size, cost = int(self.padded[i]), float(self.weight[i])
         for cell, sign in ((source, -1), (target, 1)):
             self.tokens[cell] += sign * size
             self.load[cell] += sign * cost
@@ -310,38 +310,27 @@ class _TrimState:
             self.column += row - self.times[m]
             self.times[m] = row
 
-    def _candidates(self, m: int, d: int, ids: list[int], padded: np.ndarray) -> list[int]:
+    def _candidates(self, m: int, d: int, ids: list[int]) -> list[int]:
         """The 3 shortest ids of microbatch ``(m, d)`` whose leaving drops it a bucket."""
-        t, edges = int(self.tokens[m, d]), self.price.buckets
+        t, edges, padded = int(self.tokens[m, d]), self.price.buckets, self.padded
         k = int(np.searchsorted(edges, t))
         if k == 0 or t == 0:
             return []
         need = t - int(edges[k - 1])
         return sorted((i for i in ids if int(padded[i]) >= need), key=lambda i: (int(padded[i]), i))[:3]
 
-    def best_move(
-        self,
-        m: int,
-        d: int,
-        ids: list[int],
-        padded: np.ndarray,
-        weight: np.ndarray,
-        limit: int,
-        capacity: int,
-        shift: bool,
-    ) -> tuple[int, tuple[int, int], float] | None:
+    def best_move(self, m: int, d: int, ids: list[int], shift: bool) -> tuple[int, tuple[int, int], float] | None:
         """``(id, target cell, gain)`` of the move out of microbatch ``(m, d)`` that lowers the
         objective most, or None: to another replica of round ``m``, or with ``shift`` (replica
         sync) to another round of replica ``d``."""
         line = (slice(None), d) if shift else (m, slice(None))  # the candidate targets
         own = m if shift else d  # the source's index on that line
         times, tokens = self.times[line], self.tokens[line]
-        largest = min(capacity, int(self.price.buckets[-1]))
         best, best_gain = None, 1e-9 * float((self.column if shift else times).max())
-        for i in self._candidates(m, d, ids, padded):
-            size, cost = int(padded[i]), float(weight[i])
+        for i in self._candidates(m, d, ids):
+            size, cost = int(self.padded[i]), float(self.weight[i])
             after = tokens + size
-            fits = (after <= largest) & (self.counts[line] < limit)
+            fits = (after <= self.largest) & (self.counts[line] < self.limit)
             fits[own] = False
             if not fits.any():
                 continue
