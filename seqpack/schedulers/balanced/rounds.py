@@ -28,18 +28,9 @@ _MAX_EXTRA_ROUNDS = 16  # microbatch counts tried beyond the first feasible one
 
 @dataclasses.dataclass(frozen=True)
 class Sequences:
-    """One step's sequences as the balanced plan sees them, and the limits it plans under.
-
-    Attributes:
-        padded, costs: int64 padded lengths (each at most ``capacity``) and float64 costs
-            (without the per-microbatch constant).
-        fill_order: The order the bin rules take the sequences, costliest first (the
-            ``fill_order`` stage's).
-        dp_size, capacity, constant: Replicas, padded tokens per microbatch, cost per microbatch.
-        max_repair_moves: Cap on the repair's moves.
-        sync: The step time the plan is made for (:func:`step_objective`).
-        price: Under ``static_shapes``, the bucket padding's cost of a microbatch.
-    """
+    """One step's sequences as the balanced plan sees them: the arguments of
+    :func:`~seqpack.schedulers.balanced.plan_balanced` (``max_repair_moves`` resolved), and
+    ``fill_order``, the order the bin rules take the sequences (the ``fill_order`` stage's)."""
 
     padded: np.ndarray
     costs: np.ndarray

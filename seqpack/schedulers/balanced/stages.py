@@ -207,7 +207,7 @@ def plan_balanced(
 
     Raises:
         ScheduleError: ``num_microbatches`` too small to hold the sequences (the caller
-            checked each length against ``capacity`` and ``sync``).
+            checked each length against ``capacity``).
     """
     padded = np.ascontiguousarray(padded, dtype=np.int64)
     costs = np.ascontiguousarray(costs, dtype=np.float64)
