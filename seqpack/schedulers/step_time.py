@@ -37,8 +37,6 @@ def group_times(plan: Schedule, cost: CostModel) -> np.ndarray:
 def rank_times(plan: Schedule, cost: CostModel) -> np.ndarray:
     """float64 ``[num_microbatches, R]``: what every rank's microbatch of every round costs
     (its group's time; an idle rank runs a padding-only filler costing ``constant``)."""
-    if not plan.num_groups:
-        return np.zeros((0, plan.num_ranks))
     times = np.where(plan.group_counts > 0, group_times(plan, cost), cost.constant)
     return times[plan.rank_group()]
 
