@@ -12,7 +12,6 @@ of 0 and 1) or nested ``input_ids`` (verl's no-padding form); TensorDict is neve
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -196,29 +195,29 @@ def rearrange_micro_batches(
         and dist.is_available()
         and dist.is_initialized()
     )
-    try:
-        local = _local_plan(
-            batch, max_token_len, min_num_micro_batch, num_batches_divided_by, use_dynamic_bsz_balance, force_group_size
-        )
+    try:  # this rank's checked arguments, group lengths and fewest fitting count
+        cap = check_positive_int("max_token_len", max_token_len)
+        least = check_optional_int("min_num_micro_batch", min_num_micro_batch, minimum=0) or 0
+        multiple = check_optional_int("num_batches_divided_by", num_batches_divided_by, minimum=1) or 1
+        order = "pipeline" if check_bool("use_dynamic_bsz_balance", use_dynamic_bsz_balance) else "heavy_first"
+        size = check_positive_int("force_group_size", force_group_size)
+        units = _unit_lengths(batch, cap, size)  # int64 [B / size], tokens per group of rows
+        count, plan = fewest_microbatches(units, cap, least, order)
     except SeqpackError as error:
         if not agree:
             raise
         _agree(0, 0, dp_group, failure=error)  # raises on every rank
         raise AssertionError("unreachable") from error
-    count, fewest_units = (
-        _agree(local.count, local.units.shape[0], dp_group) if agree else (local.count, len(local.units))
-    )
-    count = -(-count // local.multiple) * local.multiple
+    count, fewest_units = _agree(count, units.shape[0], dp_group) if agree else (count, len(units))
+    count = -(-count // multiple) * multiple
     if count > fewest_units:
-        raise _empty_micro_batch(count, fewest_units, local.size, agree, min_num_micro_batch, num_batches_divided_by)
-    plan = local.plan
+        raise _empty_micro_batch(count, fewest_units, size, agree, min_num_micro_batch, num_batches_divided_by)
     if plan is None or plan.num_microbatches != count:
-        plan = _plan(local.units, local.cap, count, local.order)
+        plan = _plan(units, cap, count, order)
         assert plan is not None  # more microbatches than the fewest that fit always fit
-    size = local.size
     indices = [
         [row for unit in part for row in range(unit * size, (unit + 1) * size)]
-        for part in _with_empty_rows(plan, local.units)
+        for part in _with_empty_rows(plan, units)
     ]
     return [select_rows(batch, rows) for rows in indices], indices
 
@@ -230,37 +229,6 @@ def _empty_micro_batch(count: int, units: int, size: int, agree: bool, least: An
         f"rearrange_micro_batches: {count} micro-batches (after min_num_micro_batch={least}, the DP agreement and "
         f"num_batches_divided_by={multiple}) for {units} {what} ({where}): a micro-batch would be empty"
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class _LocalPlan:
-    """One rank's checked arguments, group lengths and fewest fitting count."""
-
-    cap: int
-    multiple: int
-    order: str
-    size: int
-    units: np.ndarray  # int64 [B / size], tokens per group of rows
-    count: int
-    plan: Schedule | None
-
-
-def _local_plan(
-    batch: Any,
-    max_token_len: Any,
-    min_num_micro_batch: Any,
-    num_batches_divided_by: Any,
-    use_dynamic_bsz_balance: Any,
-    force_group_size: Any,
-) -> _LocalPlan:
-    cap = check_positive_int("max_token_len", max_token_len)
-    least = check_optional_int("min_num_micro_batch", min_num_micro_batch, minimum=0) or 0
-    multiple = check_optional_int("num_batches_divided_by", num_batches_divided_by, minimum=1) or 1
-    order = "pipeline" if check_bool("use_dynamic_bsz_balance", use_dynamic_bsz_balance) else "heavy_first"
-    size = check_positive_int("force_group_size", force_group_size)
-    units = _unit_lengths(batch, cap, size)
-    count, plan = fewest_microbatches(units, cap, least, order)
-    return _LocalPlan(cap, multiple, order, size, units, count, plan)
 
 
 def _unit_lengths(batch: Any, cap: int, size: int) -> np.ndarray:
