@@ -149,18 +149,6 @@ def _objective(load: np.ndarray, constant: float, sync: str) -> float:
     return step_objective(load + constant, sync)
 
 
-def _objective_bound(
-    padded: np.ndarray, costs: np.ndarray, order: np.ndarray, dp_size: int, capacity: int, sync: str
-) -> float:
-    """No plan with ``M`` rounds predicts a step faster than this ``+ M * constant``: the
-    round bound :func:`round_sum_lower_bound` under lockstep, the replica bound ``max(total
-    / dp, costliest sequence)`` under replica sync (every round, and every replica's ``M``
-    microbatches, wait ``constant`` at least)."""
-    if sync == Sync.LOCKSTEP:
-        return round_sum_lower_bound(padded, costs, dp_size, capacity, order=order)
-    return max(float(costs.sum()) / dp_size, float(costs.max()))
-
-
 def repair_budget(max_repair_moves: int | None, dp_size: int) -> int:
     """Cap on repair moves: ``max_repair_moves``, by default ``8 * dp_size + 64``."""
     return 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
@@ -235,13 +223,16 @@ def more_rounds(
     Counts ``M + step, M + 2*step, ...`` are tried while the predicted step time drops; a
     larger count is kept only when it predicts a step at least 1% faster than the best
     smaller one (any faster while the best needed a fallback bin rule), and tried only while
-    it could be (:func:`_objective_bound` grows with the count). At most
+    it could be (no plan at ``M'`` rounds predicts less than ``base + M' * constant``). At most
     ``_MAX_EXTRA_ROUNDS`` counts, never more than one sequence per microbatch of every replica.
     """
     padded, costs = seqs.padded, seqs.costs
     if not costs.size or float(costs.max()) <= 0:
         return plan  # CostModel(0, 0, c): each microbatch only adds its constant
-    base = _objective_bound(padded, costs, seqs.fill_order, seqs.dp_size, seqs.capacity, seqs.sync)
+    if seqs.sync == Sync.LOCKSTEP:  # base: the round bound, or under replica sync the replica bound
+        base = round_sum_lower_bound(padded, costs, seqs.dp_size, seqs.capacity, order=seqs.fill_order)
+    else:
+        base = max(float(costs.sum()) / seqs.dp_size, float(costs.max()))
     limit = max(plan.num_microbatches, -(-padded.shape[0] // seqs.dp_size))
     best = previous = plan
     for _ in range(_MAX_EXTRA_ROUNDS):
