@@ -23,13 +23,6 @@ from seqpack.validation import check_int, check_mapping, check_positive_int
 __all__ = ["process_input_for_thd", "split_batch_into_thd_chunks"]
 
 
-def _layout_padding_mask(total_tokens: int, reals: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Padding mask from the pack layout: slot ``i`` spans ``slots[i]`` tokens, of which the
-    first ``reals[i]`` are real; tokens past the last slot are trailing pack pad."""
-    # _row_layout checked the lengths: 0 <= real <= slot, slots within the rows.
-    return token_layout(_offsets(slots), _offsets(reals), total_tokens=total_tokens, validate=False).padding_mask
-
-
 def _padding_mask_from_ids(input_ids: torch.Tensor, padding_token_id: int) -> torch.Tensor:
     """Only for batches without ``seq_lens``: pads must form one right-padded tail."""
     ids = input_ids if input_ids.dim() == 1 else input_ids.reshape(input_ids.shape[0], -1)[:, 0]
@@ -199,6 +192,9 @@ def _thd_layout(batch: Mapping[str, Any], seq_len: int, total_tokens: int, senti
             slots = None
     cu_seqlens = _offsets(reals)
     cu_seqlens_padded = None if slots is None else _offsets(slots)
+    # From the layout, before the tail is absorbed (_row_layout checked 0 <= real <= slot).
+    cu_slots = cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded
+    padding_mask = token_layout(cu_slots, cu_seqlens, total_tokens=total_tokens, validate=False).padding_mask
     # Only the pack's tail is padding: absorb it into the last sequence so the two arrays
     # agree and TE can skip its pad_between_seqs path.
     if cu_seqlens_padded is not None and cu_seqlens.numel() > 1:
@@ -207,7 +203,7 @@ def _thd_layout(batch: Mapping[str, Any], seq_len: int, total_tokens: int, senti
             cu_seqlens_padded = cu_seqlens.clone()
     out: dict[str, Any] = {
         "cu_seqlens": cu_seqlens.to(torch.int32),
-        "padding_mask": _layout_padding_mask(total_tokens, reals, reals if slots is None else slots),
+        "padding_mask": padding_mask,
     }
     if cu_seqlens_padded is not None and not torch.equal(cu_seqlens_padded, cu_seqlens):
         out["cu_seqlens_padded"] = cu_seqlens_padded.to(torch.int32)
