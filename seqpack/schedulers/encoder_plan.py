@@ -157,15 +157,9 @@ def plan_encoders(costs: ArrayLike, home: ArrayLike, num_ranks: int, *, near_tie
 
 
 def route_bytes(plan: EncoderPlan, pixel_bytes: ArrayLike, embedding_bytes: ArrayLike, num_ranks: int) -> np.ndarray:
-    """Bytes each rank sends or receives (the larger) for ``plan``'s moved images: their
-    pixels to the encoder, their embeddings back, and the embeddings' gradients the other way.
-
-    Args:
-        pixel_bytes, embedding_bytes: ``[N]`` each image's pixel bytes and embedding bytes.
-
-    Returns:
-        float64 ``[R]``.
-    """
+    """float64 ``[R]``: the bytes each rank sends or receives (the larger) for ``plan``'s
+    moved images (``pixel_bytes``, ``embedding_bytes``: ``[N]``, each image's): their pixels
+    to the encoder, their embeddings back, and the embeddings' gradients the other way."""
     moved = plan.moved
     pixels = np.asarray(pixel_bytes, dtype=np.float64) * moved
     embeds = np.asarray(embedding_bytes, dtype=np.float64) * moved
