@@ -209,20 +209,13 @@ class ModelSpec(VisionLanguageTerms):
 
     def sequence_flops(self, lengths: Sequence[int] | np.ndarray) -> int:
         """Exact training FLOPs of sequences of these ``lengths`` (every term)."""
-        sums = exact_sums(lengths, self.window_size if self.attention_kinds[1] else None, "lengths")
-        return self.flops(*sums)
+        return self.flops(*exact_sums(lengths, self.window_size, "lengths"))
 
     def cost_model(self, constant: float = 0.0) -> CostModel:
         """A :class:`CostModel` in training FLOPs (the windowed term with sliding-window layers)."""
-        if not self.attention_kinds[1]:
-            return CostModel(float(self.linear_flops), float(self.quadratic_flops), constant)
-        return CostModel(
-            float(self.linear_flops),
-            float(self.quadratic_flops),
-            constant,
-            windowed=float(self.windowed_flops),
-            window=self.window_size,
-        )
+        # A window_size means sliding-window layers (check_layer_pattern): windowed is 0 without.
+        terms = (float(self.linear_flops), float(self.quadratic_flops), constant, float(self.windowed_flops))
+        return CostModel(*terms, window=self.window_size)
 
     def num_parameters(self) -> int:
         """Parameter count (bias-free linears, RMSNorm weights, untied embedding and output),
