@@ -5,8 +5,8 @@ causal 128-token window) and the torch Mamba2 mixer, on one rank and under CP=2 
 processes on this machine, tokens/s of the whole pack, i.e. pack tokens / slowest rank's
 time); the Transformer Engine and mamba_ssm kernel paths when CUDA and the packages are present.
 
-Then the K/V bytes CP attention moves (``seqpack.compute.attention.kv_exchange_traffic``, pure
-arithmetic, no timing) for a long-context pack under CP=8, per mask and CP layout, against an
+Then the K/V bytes CP attention moves (``kv_traffic.kv_exchange_traffic``, beside this script:
+pure arithmetic, no timing) for a long-context pack under CP=8, per mask and CP layout, against an
 all-gather of K/V: the torch reference exchanges only the keys each rank's queries reach.
 
     python benchmarks/compute.py [--tokens 8192] [--repeats 3] [--threads 1]
@@ -26,8 +26,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from kv_traffic import kv_exchange_traffic  # beside this script: python puts its folder first on sys.path
 
-from seqpack.compute.attention import ThdAttention, kv_exchange_traffic
+from seqpack.compute.attention import ThdAttention
 from seqpack.compute.backends import import_mamba_kernels, import_te_attention
 from seqpack.compute.mamba import Mamba2Mixer
 from seqpack.mock_data import lognormal_lengths

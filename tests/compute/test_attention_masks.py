@@ -5,11 +5,12 @@ backward, GQA, both CP layouts, with whole-pack keys and with the CP exchange's 
 import numpy as np
 import pytest
 import torch
+from benchmark_module import load
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from masked_attention import brute_force, brute_force_mask
 
-from seqpack.compute.attention import ThdAttention, attention_mask, kv_exchange_traffic, thd_attention
+from seqpack.compute.attention import ThdAttention, attention_mask, thd_attention
 from seqpack.compute.attention.kv_exchange import keys_in_reach, plan_kv_exchange
 from seqpack.compute.attention.masks import AttentionMask, block_mask
 from seqpack.compute.attention.reference import attend
@@ -17,6 +18,8 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import CpLayout
 from seqpack.thd import pack_sequences, pad_multiple_for
 from seqpack.thd.cp import partition_indices
+
+kv_exchange_traffic = load("kv_traffic").kv_exchange_traffic  # benchmarks/kv_traffic.py
 
 F64 = torch.float64
 # (causal, window): full causal, bidirectional, causal windows (0, short, longer than any

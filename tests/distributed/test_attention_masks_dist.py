@@ -9,13 +9,16 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
+from benchmark_module import load
 from compute.masked_attention import brute_force
 from harness import RankFailure
 
-from seqpack.compute.attention import ThdAttention, kv_exchange_traffic
+from seqpack.compute.attention import ThdAttention
 from seqpack.errors import ConfigError
 from seqpack.thd import pack_sequences, pad_multiple_for
 from seqpack.thd.cp import partition_indices, shard_for_cp
+
+kv_exchange_traffic = load("kv_traffic").kv_exchange_traffic  # benchmarks/kv_traffic.py
 
 F64 = torch.float64
 LENGTHS = [13, 1, 22, 6, 3]  # uneven, with a length-1 sequence; padded to 2*cp

@@ -12,7 +12,7 @@ imports, the torch reference otherwise, never silently (:mod:`seqpack.compute.ba
 
 from __future__ import annotations
 
-from seqpack.compute.attention.kv_exchange import KvTraffic, kv_exchange_traffic, plan_kv_exchange
+from seqpack.compute.attention.kv_exchange import plan_kv_exchange
 from seqpack.compute.attention.masks import AttentionMask, attention_mask
 from seqpack.compute.attention.module import ThdAttention, select_backend
 from seqpack.compute.attention.reference import MAX_SCORE_BLOCK, thd_attention
@@ -21,11 +21,9 @@ from seqpack.compute.attention.te import check_te_rules
 __all__ = [
     "MAX_SCORE_BLOCK",
     "AttentionMask",
-    "KvTraffic",
     "ThdAttention",
     "attention_mask",
     "check_te_rules",
-    "kv_exchange_traffic",
     "plan_kv_exchange",
     "select_backend",
     "thd_attention",
