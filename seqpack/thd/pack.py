@@ -261,7 +261,6 @@ def _real_stream(
     if "labels" in optional and label_format is not LabelFormat.POSITION_ALIGNED:
         _refuse_misaligned_labels(flat_ids, labels, mask, last, cu_real, label_format)
     labels, mask = next_token_targets(labels, mask, last, label_format)
-    # The mask is 0 wherever the label is -100.
     num_loss_tokens = int((mask > 0).sum())
     return _RealStream(flat_ids, labels, mask, last, num_loss_tokens)
 
@@ -321,8 +320,7 @@ def _place_tokens(
             seq_idx=layout.seq_idx,
             padding_mask=layout.padding_mask,
         )
-    # Destination of every real token.
-    dest = torch.from_numpy(np.flatnonzero(~layout.padding_mask.numpy()))  # [R]
+    dest = torch.from_numpy(np.flatnonzero(~layout.padding_mask.numpy()))  # [R], where each real token goes
     if has_positions:
         pos_real = position_ids.index_select(0, dest)
         _override(pos_real, sequences, "position_ids", cu_seq)
