@@ -57,6 +57,11 @@ class Bins:
         z, f = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
         return cls(z, z, z, f, f, z, f, f, np.full(n, -1, dtype=np.int64))
 
+    @property
+    def fill_arrays(self) -> tuple[np.ndarray, ...]:
+        """The bin arrays the fill kernel (``cp_planner.lpt``) reads and updates, in its order."""
+        return self.size, self.room, self.load, self.floor, self.tokens, self.s, self.ss
+
     def extend(
         self,
         size: np.ndarray | int,

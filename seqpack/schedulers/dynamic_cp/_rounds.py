@@ -36,17 +36,7 @@ def _fill(p: Problem, bins: Bins, positions: np.ndarray, rounds_done: int, size:
         trial = dataclasses.replace(bins, seq_bin=bins.seq_bin.copy())
         _new_rounds(p, trial, rounds_done, count, size)  # extending copies every bin array
         ok, bin_of = _kernels.cp_planner.lpt(
-            p.lengths[positions],
-            trial.size,
-            trial.room,
-            trial.load,
-            trial.floor,
-            trial.tokens,
-            trial.s,
-            trial.ss,
-            p.coef,
-            p.ranks_per_node,
-            p.pad_multiple,
+            p.lengths[positions], *trial.fill_arrays, p.coef, p.ranks_per_node, p.pad_multiple
         )
         if ok:
             trial.seq_bin[positions] = bin_of
