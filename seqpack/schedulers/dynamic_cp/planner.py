@@ -96,15 +96,13 @@ def _search_heights(p: Problem, replica: bool = False) -> Bins:
 def _search(p: Problem) -> Bins:
     """The best of the height search, the same search with power-of-2 sizes only (when any
     size is allowed: every such plan is one too) and static CP."""
-    best = _search_heights(p)
+    candidates = [_search_heights(p)]
     if p.sync == Sync.REPLICA:
-        candidate = _search_heights(p, replica=True)
-        best = candidate if candidate.score < best.score else best
+        candidates.append(_search_heights(p, replica=True))
     if p.in_nodes:
-        candidate = _search_heights(dataclasses.replace(p, sizes=p.pow2_sizes))
-        best = candidate if candidate.score < best.score else best
-    static = score(p, build_static(p))
-    return static if static.score < best.score else best
+        candidates.append(_search_heights(dataclasses.replace(p, sizes=p.pow2_sizes)))
+    candidates.append(score(p, build_static(p)))
+    return min(candidates, key=lambda bins: bins.score)  # ties: the first
 
 
 def _apply_oversize(request: Request, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
