@@ -130,15 +130,13 @@ def process_input_for_thd(
     input_ids = _checked_bshd(batch)
     total_tokens = int(input_ids.shape[0]) * int(input_ids.shape[1])
     input_ids_thd = input_ids.reshape(total_tokens, *input_ids.shape[2:])
-    labels = batch.get("labels")
-    position_ids = batch.get("position_ids")
-    position_ids_thd: Any = position_ids
+    labels, position_ids = batch.get("labels"), batch.get("position_ids")
     if isinstance(position_ids, torch.Tensor):  # mRoPE [n_rope, B, S] -> [n_rope, 1, B*S]
-        position_ids_thd = position_ids.reshape(position_ids.shape[0], 1, -1) if position_ids.dim() == 3 else None
-        position_ids_thd = position_ids.reshape(-1) if position_ids_thd is None else position_ids_thd
+        rope = position_ids.dim() == 3
+        position_ids = position_ids.reshape(position_ids.shape[0], 1, -1) if rope else position_ids.reshape(-1)
     result: dict[str, Any] = {
         "input_ids": input_ids_thd,
-        "position_ids": position_ids_thd,
+        "position_ids": position_ids,
         "labels": labels.reshape(total_tokens) if isinstance(labels, torch.Tensor) else labels,
     }
     if batch.get("seq_lens") is None:
