@@ -151,14 +151,9 @@ def _count_argument(value: object) -> int | torch.Tensor | None:
         return None
     if not isinstance(value, torch.Tensor):
         return check_positive_int(name, value, maximum=INT64_MAX)
-    if value.dim() != 0:
-        raise SeqpackTypeError(
-            f"{name} must be a positive integer or a 0-d integer tensor, got a tensor of shape {tuple(value.shape)}"
-        )
-    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        raise SeqpackTypeError(
-            f"{name} must be a positive integer or a 0-d integer tensor, got a tensor of dtype {value.dtype}"
-        )
+    if value.dim() != 0 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        what = f"shape {tuple(value.shape)}" if value.dim() != 0 else f"dtype {value.dtype}"
+        raise SeqpackTypeError(f"{name} must be a positive integer or a 0-d integer tensor, got a tensor of {what}")
     return value
 
 
