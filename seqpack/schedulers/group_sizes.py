@@ -32,14 +32,11 @@ def allowed_group_sizes(num_ranks: int, group_sizes: str) -> np.ndarray:
     sequence may always use every rank); ``"any"``: ``1..num_ranks``.
 
     Raises:
-        ConfigError: ``"static"`` (its groups are the replicas' CP blocks, not a choice).
+        ConfigError: As :func:`dynamic_group_sizes`.
     """
-    mode = check_choice("group_sizes", group_sizes, GroupSizes)
-    if mode == GroupSizes.STATIC:
-        raise ConfigError("group_sizes='static' has no sizes to choose from: its groups are the replicas' CP blocks")
-    if mode == GroupSizes.ANY:
+    if dynamic_group_sizes(group_sizes, "allowed_group_sizes") == GroupSizes.ANY:
         return np.arange(1, num_ranks + 1, dtype=np.int64)
-    sizes = [1 << k for k in range(num_ranks.bit_length()) if (1 << k) <= num_ranks]
+    sizes = [1 << k for k in range(num_ranks.bit_length())]
     if sizes[-1] != num_ranks:
         sizes.append(num_ranks)
     return np.array(sizes, dtype=np.int64)
