@@ -169,12 +169,11 @@ def check_seconds(name: str, seconds: Any) -> float:
 
 
 def check_timeout(timeout: Any) -> datetime.timedelta | None:
-    if timeout is None or isinstance(timeout, datetime.timedelta):
-        seconds = None if timeout is None else timeout.total_seconds()
-    else:
-        seconds = check_number("group_timeout", timeout)
-    if seconds is None:
+    """``group_timeout`` (seconds or a ``timedelta``) as a ``timedelta``; ``None`` stays."""
+    if timeout is None:
         return None
+    delta = isinstance(timeout, datetime.timedelta)
+    seconds = timeout.total_seconds() if delta else check_number("group_timeout", timeout)
     if not seconds > 0:
         raise ConfigError(f"group_timeout must be a positive number of seconds, got {timeout!r}")
     check_seconds("group_timeout", seconds)

@@ -86,9 +86,7 @@ class ResumeState:
     calibration: Any = None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"version": self.VERSION}
-        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
-        return out
+        return {"version": self.VERSION, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> ResumeState:

@@ -222,11 +222,7 @@ def _part(
 
 def vision_columns(pool: Sequence[Mapping[str, torch.Tensor]], truncate_to: int | None) -> np.ndarray:
     """int64 ``[len(pool)]``: each sequence's payload bytes (the ``vision_bytes`` column)."""
-    return np.fromiter(
-        (
-            payload_bytes(sample, truncate_to, where=f"sequence {i} of this rank's pool")
-            for i, sample in enumerate(pool)
-        ),
-        np.int64,
-        len(pool),
+    return np.array(
+        [payload_bytes(s, truncate_to, where=f"sequence {i} of this rank's pool") for i, s in enumerate(pool)],
+        dtype=np.int64,
     )
