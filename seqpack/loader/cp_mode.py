@@ -44,7 +44,6 @@ from seqpack.thd import (
     padding_only_batch,
 )
 from seqpack.thd.cp import shard_for_cp
-from seqpack.thd.mrope import MRopeSpec
 from seqpack.topology import Topology
 
 __all__ = ["CpMode", "DynamicCp", "StaticCp", "cp_mode"]
@@ -143,8 +142,11 @@ class CpMode:
             else:
                 shards = [exchanged.samples[gid] for gid in ids.tolist()]
                 batch = _from_shards(shards, layout.of(ids), size, me - start, config.cp_layout)
-            if config.mrope is not None:  # CP 1 (seqpack.loader.vision_payload.check_topology)
-                batch = _with_vision(batch, ids, plan, exchanged, config.mrope)
+            if config.mrope is not None:  # CP 1, no pipeline stages (vision_payload.check_topology)
+                assert exchanged is not None
+                payloads = [exchanged.payloads.get(gid, {}) for gid in ids.tolist()]
+                shards = [exchanged.samples[gid] for gid in ids.tolist()]
+                batch = with_vision(batch, shards, payloads, plan.lengths[ids].tolist(), config.mrope)
             count = int(gathered.loss_tokens[ids].sum())
             out.append(dataclasses.replace(batch, num_loss_tokens=count, cp_group=self.groups.group(start, size)))
         if self.topology.is_middle_stage:  # the layout is all it needs
@@ -205,17 +207,6 @@ class DynamicCp(CpMode):
                 )
             out.append(dataclasses.replace(batch, cp_group=self.groups.group(start, batch.cp_size)))
         return out
-
-
-def _with_vision(
-    batch: PackedBatch, ids: np.ndarray, plan: Schedule, exchanged: Exchanged | None, spec: MRopeSpec
-) -> PackedBatch:
-    """``batch`` with the vision fields of the sequences ``ids`` (pack order)."""
-    assert exchanged is not None  # mrope refuses pipeline stages: every rank exchanges
-    gids = ids.tolist()
-    shards = [exchanged.samples[gid] for gid in gids]
-    payloads = [exchanged.payloads.get(gid, {}) for gid in gids]
-    return with_vision(batch, shards, payloads, plan.lengths[ids].tolist(), spec)
 
 
 class _Layout:
