@@ -130,15 +130,12 @@ class SeqpackPackingScheduler(data_schedule.DpBalancedScheduler):
             else:
                 logger.debug("plan made ahead; waited %.2f ms for it", 1e3 * (time.perf_counter() - start))
                 return groups
-        return plan_groups(
-            sample_id_seqlens,
-            self.scheduler,
-            max_seqlen_per_dp_cp_rank=self.max_seqlen_per_dp_cp_rank,
-            cp_size=self.cp_size,
-            dp_size=self.dp_size,
-            cost=self.cost,
-            sync=self.sync,
-        )
+        return plan_groups(sample_id_seqlens, self.scheduler, **self._sizes())
+
+    def _sizes(self) -> dict[str, Any]:
+        """:func:`~seqpack.interop.megatron_plan.plan_groups`' keyword arguments."""
+        sizes = {"max_seqlen_per_dp_cp_rank": self.max_seqlen_per_dp_cp_rank, "cp_size": self.cp_size}
+        return sizes | {"dp_size": self.dp_size, "cost": self.cost, "sync": self.sync}
 
     def run(
         self,
@@ -206,10 +203,8 @@ class SeqpackPackingScheduler(data_schedule.DpBalancedScheduler):
             _, ahead.pairs, _, _, seqlens = data_schedule.get_batch_and_global_seqlens(
                 iter(ahead.items), count, dp_group
             )
-            sizes = {"max_seqlen_per_dp_cp_rank": self.max_seqlen_per_dp_cp_rank, "cp_size": self.cp_size}
-            sizes |= {"dp_size": self.dp_size, "cost": self.cost, "sync": self.sync}
             # Megatron's global ids are the positions of the lengths in its gather.
-            ahead.plan = _planner().submit(np.array(seqlens, dtype=np.int64), self.options, sizes)
+            ahead.plan = _planner().submit(np.array(seqlens, dtype=np.int64), self.options, self._sizes())
         _AHEAD[source] = ahead
 
 
