@@ -76,14 +76,13 @@ class PackingConfig:
     """Sequences longer than a microbatch: ``"error"``, ``"truncate"`` or ``"drop"`` (counted)."""
     cp_layout: CpLayout = CpLayout.DUALCHUNK
     """How each microbatch is cut for context parallelism: ``"dualchunk"`` (TE's
-    DualChunkSwap, balanced causal attention; the default) or ``"contiguous"`` (one slice of
-    every sequence per CP rank, for local, windowed or linear attention and Mamba); the
-    compute stages follow ``PackedBatch.cp_layout``."""
+    DualChunkSwap, balanced causal attention) or ``"contiguous"`` (one slice of every sequence
+    per CP rank, for local, windowed or linear attention and Mamba)."""
     label_format: LabelFormat = LabelFormat.SHIFTED
     """How the samples' ``labels`` (and ``loss_mask``) are aligned: ``"shifted"``: next-token
     targets (Megatron, NeMo, torchtitan; labels that copy ``input_ids`` are refused),
-    ``"unshifted"``: aligned with ``input_ids`` (Hugging Face, TRL). Converted to next-token
-    targets where samples are read, so every microbatch carries those."""
+    ``"unshifted"``: aligned with ``input_ids`` (Hugging Face, TRL). Every microbatch carries
+    next-token targets."""
     drop_last: bool = True
     """Drop (and count) a partial last step instead of yielding it."""
     pad_multiple: int | None = None
@@ -108,10 +107,9 @@ class PackingConfig:
     compares only the settings every rank's plan and collectives are computed from:
     :func:`seqpack.loader.construction.compared_settings`)."""
     sync: Sync = Sync.LOCKSTEP
-    """What a step waits for, so what the scheduler minimises (``Scheduler.schedule(sync=)``)
-    and what the stats and calibration report: ``"lockstep"`` (FSDP, pipeline: every
-    microbatch round waits for its slowest replica) or ``"replica"`` (DDP, ZeRO-1: the
-    slowest replica's total)."""
+    """What a step waits for, so what the scheduler minimises and the stats and calibration
+    report: ``"lockstep"`` (FSDP, pipeline: every microbatch round waits for its slowest
+    replica) or ``"replica"`` (DDP, ZeRO-1: the slowest replica's total)."""
     calibrate: bool | CostCalibrator = False
     """Fit the scheduler's cost model online from microbatch times the training loop reports
     (``Step.record_times`` or :class:`seqpack.calibrate.MicrobatchTimer`): ``True`` (a
@@ -137,8 +135,7 @@ class PackingConfig:
     replica; with ``group_microbatch`` a group that fits one microbatch also stays in one."""
     equal_samples_per_replica: bool = False
     """Every DP replica trains the same number of sequences each step (verl's
-    ``equal_size``); with groups, as many groups of one size. A step where that cannot be
-    (a count ``dp`` does not divide, groups of different sizes) fails naming the counts."""
+    ``equal_size``); with groups, as many groups of one size (else the step fails)."""
     minibatches: int = 1
     """Mini-batches per step (PPO / GRPO optimizer steps over one rollout batch, verl's
     ``keep_minibatch``): every DP rank's sequences are cut in read order into this many

@@ -345,6 +345,7 @@ def _write_dataset(chunks: Iterator[_Chunk], source: Any, fingerprint: str, dtyp
     import pyarrow as pa
 
     datasets = importlib.import_module("datasets")  # typed as Any: it ships no type hints
+    tables = importlib.import_module("datasets.table")
     if source.cache_files:
         directory = os.path.dirname(source.cache_files[0]["filename"])
     else:
@@ -372,12 +373,9 @@ def _write_dataset(chunks: Iterator[_Chunk], source: Any, fingerprint: str, dtyp
                 writer.close()
         if writer is None:  # nothing packed
             empty = pa.table({key: pa.array([], pa.list_(pa.int64())) for key in PACKED_KEYS})
-            return datasets.Dataset(
-                importlib.import_module("datasets.table").InMemoryTable(empty), fingerprint=fingerprint
-            )
+            return datasets.Dataset(tables.InMemoryTable(empty), fingerprint=fingerprint)
         os.replace(partial, path)
     finally:
         if os.path.exists(partial):
             os.remove(partial)
-    table = importlib.import_module("datasets.table").MemoryMappedTable.from_file(path)
-    return datasets.Dataset(table, fingerprint=fingerprint)
+    return datasets.Dataset(tables.MemoryMappedTable.from_file(path), fingerprint=fingerprint)
