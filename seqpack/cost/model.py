@@ -190,7 +190,8 @@ class ModelSpec(VisionLanguageTerms):
             seqlen_window_sum: ``sum(window_feature(s_i, window_size))``; needed when the
                 model has sliding-window layers (:meth:`sequence_flops` takes lengths).
 
-        Returns exact FLOPs as a Python int.
+        Returns:
+            Exact FLOPs (Python int).
 
         Raises:
             ConfigError: Sliding-window layers and no ``seqlen_window_sum``.
