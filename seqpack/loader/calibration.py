@@ -103,9 +103,7 @@ class CalibrationState:
 
     @property
     def calibrator(self) -> CostCalibrator | None:
-        if self.ledger is None:
-            return None
-        return self.ledger.calibrator
+        return self.ledger.calibrator if self.ledger is not None else None
 
     @property
     def last(self) -> Measurement | None:

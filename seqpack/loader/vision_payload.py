@@ -139,18 +139,16 @@ def encode(payload: Mapping[str, torch.Tensor]) -> torch.Tensor:
     modality its pixels and grid rows, then the mRoPE rows."""
     header = []
     parts: list[torch.Tensor] = []
-    grids: list[torch.Tensor] = []
     for _, pixel_key, grid_key in _MEDIA:
         pixels, grid = payload.get(pixel_key), payload.get(grid_key)
         if pixels is None or grid is None:
             header += [0, 0, 0, 0]
             continue
         header += [pixels.shape[0], pixels.shape[1], _DTYPES.index(pixels.dtype), grid.shape[0]]
-        parts.append(_bytes(pixels))
-        grids.append(_bytes(grid.to(torch.int64)))
+        parts += [_bytes(pixels), _bytes(grid.to(torch.int64))]
     positions = payload[POSITIONS].to(torch.int64)
     header.append(positions.shape[1])
-    return torch.cat([_bytes(torch.tensor(header, dtype=torch.int64)), *parts, *grids, _bytes(positions)])
+    return torch.cat([_bytes(torch.tensor(header, dtype=torch.int64)), *parts, _bytes(positions)])
 
 
 def decode(data: torch.Tensor) -> Sample:
@@ -158,16 +156,12 @@ def decode(data: torch.Tensor) -> Sample:
     header = _view(data, 0, HEADER_WORDS, torch.int64).tolist()
     at = HEADER_WORDS * 8
     out: Sample = {}
-    shapes = []
-    for i, (_, pixel_key, _) in enumerate(_MEDIA):
+    for i, (_, pixel_key, grid_key) in enumerate(_MEDIA):
         rows, width, code, grid_rows = header[4 * i : 4 * i + 4]
         if grid_rows:
             dtype = _DTYPES[code]
             out[pixel_key] = _view(data, at, rows * width, dtype).view(rows, width)
             at += rows * width * dtype.itemsize
-        shapes.append(grid_rows)
-    for (_, _, grid_key), grid_rows in zip(_MEDIA, shapes, strict=True):
-        if grid_rows:
             out[grid_key] = _view(data, at, grid_rows * 3, torch.int64).view(grid_rows, 3)
             at += grid_rows * 24
     length = header[-1]
