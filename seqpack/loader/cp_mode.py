@@ -74,6 +74,7 @@ class CpMode:
         if self.config.mrope is not None:  # pixels travel beside the tokens (seqpack.loader.vision_payload)
             split = [split_payload(sample) for sample in pool]
             pool, payloads = [tokens for tokens, _ in split], [payload for _, payload in split]
+        failure: Exception | None = None
         try:
             exchanged = exchange_shards(
                 pool,
@@ -87,10 +88,7 @@ class CpMode:
                 lane=self.lane,
             )
         except Exception as exc:  # the payloads' all-to-all still runs on this rank: no peer waits in it
-            failure: Exception | None = exc
-            exchanged = Exchanged({})
-        else:
-            failure = None
+            failure, exchanged = exc, Exchanged({})
         if self.config.mrope is not None:
             self._move_payloads(exchanged, payloads, plan, gathered)
         if failure is not None:

@@ -45,8 +45,7 @@ class ReadResult:
     samples: list[Sample]
     exhausted: bool = False
     empty: int = 0
-    # Pool index of each zero-length sequence (the index the next sequence read gets), in
-    # read order: where Step.to_origin puts its empty value.
+    # Pool index of each zero-length sequence, in read order: where Step.to_origin puts it.
     empty_at: list[int] = dataclasses.field(default_factory=list)
     label_checked: int = 0  # labels read: checked tokens (the step's alignment guard)
     label_misaligned: int = 0  # ... and those aligned the other way than label_format

@@ -55,9 +55,7 @@ def step_sample_cost(
         return None
     if not np.any(vision_flops > 0):
         return None
-    if price is None:
-        price = encoder_price(cost, model)
-    return vision_flops.astype(np.float64) * price
+    return vision_flops.astype(np.float64) * (encoder_price(cost, model) if price is None else price)
 
 
 def encoder_price(cost: CostModel, model: ModelSpec) -> float:
