@@ -87,15 +87,10 @@ class StepLoader:
         self.rows = rows
         self.dataset = getattr(rows, "dataset", None)  # Trainer.num_examples reads it
         self._steps_of = steps_of
-        self._steps: PackingIterator | None = None
+        self.steps: PackingIterator | None = None  # the current epoch's (None before the first or once closed)
 
     def __len__(self) -> int:
         return len(self.rows)
-
-    @property
-    def steps(self) -> PackingIterator | None:
-        """The current epoch's step iterator (``None`` before the first or once closed)."""
-        return self._steps
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.rows, "set_epoch"):
@@ -103,13 +98,13 @@ class StepLoader:
 
     def __iter__(self) -> Iterator[Step]:
         self.close()  # the previous epoch's, if it was left early
-        self._steps = self._steps_of(iter(self.rows))
-        return self._steps
+        self.steps = self._steps_of(iter(self.rows))
+        return self.steps
 
     def close(self) -> None:
-        if self._steps is not None:
-            self._steps.close()
-            self._steps = None
+        if self.steps is not None:
+            self.steps.close()
+            self.steps = None
 
 
 def packing_config(given: object, batch_size: int) -> PackingConfig:
