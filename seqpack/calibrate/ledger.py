@@ -133,10 +133,6 @@ class TimingLedger:
         self.last: Measurement | None = None
         self.late = 0  # times recorded for a step that had already left the ledger
 
-    @property
-    def num_sums(self) -> int:
-        return self.calibrator.num_sums
-
     def add_step(
         self,
         step: int,
@@ -149,21 +145,21 @@ class TimingLedger:
         schedule) and the model it was scheduled with (``None`` when it does not predict
         seconds), with an encoder term the price of an encoder FLOP it was scheduled at. With
         ``copies``: ``sums`` and ``groups`` per rank (``CostCalibrator.rank_sums``)."""
-        sums = np.asarray(sums, dtype=np.int64)
+        sums, width = np.asarray(sums, dtype=np.int64), self.calibrator.num_sums
         if groups is not None:
             groups = np.asarray(groups, dtype=np.int64)
             ranks = self.dp_size * self.copies
-            if sums.ndim != 3 or sums.shape[1:] != (ranks, self.num_sums) or groups.shape != sums.shape[:2]:
+            if sums.ndim != 3 or sums.shape[1:] != (ranks, width) or groups.shape != sums.shape[:2]:
                 raise ConfigError(
-                    f"per-rank sums must have shape [M, {ranks}, {self.num_sums}] and groups [M, {ranks}], got "
+                    f"per-rank sums must have shape [M, {ranks}, {width}] and groups [M, {ranks}], got "
                     f"{sums.shape} and {groups.shape}"
                 )
             with self._lock:
                 self._slots[step] = _Slot(step, sums, model, groups, self.copies)
             return
-        if sums.ndim != 3 or sums.shape[1:] != (self.dp_size, self.num_sums):
+        if sums.ndim != 3 or sums.shape[1:] != (self.dp_size, width):
             raise ConfigError(
-                f"sums must have shape [M, {self.dp_size}, {self.num_sums}] (CostCalibrator.schedule_sums(schedule): "
+                f"sums must have shape [M, {self.dp_size}, {width}] (CostCalibrator.schedule_sums(schedule): "
                 f"{self.calibrator.sum_names}), got {sums.shape}"
             )
         with self._lock:
@@ -371,6 +367,7 @@ class TimingLedger:
         """
         if not isinstance(state, Mapping) or "calibrator" not in state:
             raise ResumeError("calibration state must be a TimingLedger.state_dict() (it has no 'calibrator')")
+        width = self.calibrator.num_sums
         try:
             slots, local = {}, {}
             for item in state.get("pending", []):
@@ -382,10 +379,10 @@ class TimingLedger:
                 if self.per_rank:
                     ranks = self.dp_size * self.copies
                     groups = np.asarray(item["groups"], dtype=np.int64).reshape(-1, ranks)
-                    sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, ranks, self.num_sums)
+                    sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, ranks, width)
                     slots[step] = _Slot(step, sums, model, groups, self.copies)
                 else:
-                    sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, self.dp_size, self.num_sums)
+                    sums = np.asarray(item["sums"], dtype=np.int64).reshape(-1, self.dp_size, width)
                     price = item.get("encoder_price")
                     slots[step] = _Slot(step, sums, model, encoder_price=None if price is None else float(price))
                 if item.get("local") is not None:
