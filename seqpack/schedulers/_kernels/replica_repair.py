@@ -169,10 +169,13 @@ def _best_change(
     -1 for a move, d2, m2). A move checks up to ``4 * limit`` items per partner, a swap
     ``limit`` partners per item. Returns the best change and the work count."""
     best_gain = best[0]
-    kk, tried = 0, 0
-    while True:
-        kk, d2, gap = _partner(light, kk, d1, candidates, tried, total, best_gain)
-        if d2 < 0:
+    tried = 0
+    for kk in range(light.shape[0]):
+        d2 = light[kk]
+        if d2 == d1:
+            continue
+        gap = total[d1] - total[d2]
+        if tried == candidates or gap / 2 <= best_gain:  # no partner left that could gain more
             break
         tried += 1
         if not swap:  # a move: d1's items from the ideal cost gap / 2 outwards, into any round of d2
@@ -218,25 +221,6 @@ def _best_change(
                     best_gain, best = gain, (gain, i, j, d2, m2)
                     break
     return best, work
-
-
-@no_refcount
-def _partner(
-    light: IntArray, kk: int, d1: int, candidates: int, tried: int, total: FloatArray, best_gain: float
-) -> tuple[int, int, float]:
-    """The next partner replica of ``d1`` from ``light[kk:]``: ``(next kk, d2, gap)``, ``d2``
-    -1 once ``candidates`` were tried or the gap leaves no gain above ``best_gain``.
-    Bounds: reads ``light[kk]`` only while ``kk < len(light)``."""
-    while kk < light.shape[0] and tried < candidates:
-        d2 = light[kk]
-        kk += 1
-        if d2 == d1:
-            continue
-        gap = total[d1] - total[d2]
-        if gap / 2 <= best_gain:
-            return kk, -1, 0.0
-        return kk, d2, gap
-    return kk, -1, 0.0
 
 
 @no_refcount
