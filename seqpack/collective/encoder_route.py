@@ -8,18 +8,20 @@ image's patches to its encoding rank); the vision tower over the images it encod
 :attr:`RoutePlan.encode_grids` order; :func:`route_back` (the embeddings back to the rank and
 order that needs them, differentiably: the tower's gradient lands on the encoding rank).
 Local images are in the order the rank gives their grids (the HF model's: images, then
-videos).
+videos). seqpack keeps its own autograd function because torch deprecates its differentiable
+``all_to_all_single``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import torch
 from torch.distributed import ProcessGroup
 
-from seqpack.collective.groups import all_gather, all_gather_rows, all_to_all, all_to_all_rows
+from seqpack.collective.groups import all_gather, all_gather_rows, all_to_all
 
 __all__ = ["GatheredRound", "RoutePlan", "gather_grids", "move_patches", "plan_route", "route_back"]
 
@@ -131,6 +133,28 @@ def move_patches(pixels: torch.Tensor, route: RoutePlan, group: ProcessGroup | N
     return all_to_all(pixels.detach()[rows], route.send_patches, route.recv_patches, group)
 
 
+class _RouteBack(torch.autograd.Function):
+    """Encoded embeddings (encoder order) -> the embeddings this rank needs (local order);
+    backward: their gradients back to the encoders."""
+
+    @staticmethod
+    def forward(ctx: Any, encoded: torch.Tensor, anchor: torch.Tensor, route: RoutePlan, group: Any) -> torch.Tensor:
+        ctx.route, ctx.group, ctx.anchor_shape = route, group, anchor.shape
+        received = all_to_all(encoded, route.send_embeds, route.recv_embeds, group)
+        rows = torch.as_tensor(route.local_embed_rows, device=received.device)
+        return received[rows]  # [local rows, E]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        route: RoutePlan = ctx.route
+        order = torch.empty_like(torch.as_tensor(route.local_embed_rows, device=grad.device))
+        order[torch.as_tensor(route.local_embed_rows, device=grad.device)] = torch.arange(
+            order.numel(), device=grad.device
+        )
+        back = all_to_all(grad.contiguous()[order], route.recv_embeds, route.send_embeds, ctx.group)
+        return back, grad.new_zeros(ctx.anchor_shape), None, None
+
+
 def route_back(encoded: torch.Tensor, route: RoutePlan, group: ProcessGroup | None) -> torch.Tensor:
     """The embeddings ``encoded`` ``[rows, E]`` (this rank's images, :attr:`RoutePlan.encode_grids`
     order) to the ranks that need them; returns this rank's ``[local rows, E]`` in local order.
@@ -139,7 +163,6 @@ def route_back(encoded: torch.Tensor, route: RoutePlan, group: ProcessGroup | No
     grad mode is on, and every rank must backpropagate through it
     (:func:`seqpack.interop.hf_encoder.rebalance_encoder` ties it into the loss).
     """
-    if torch.is_grad_enabled() and not encoded.requires_grad:  # every rank's backward reaches the all-to-all
-        encoded = encoded.detach().requires_grad_()
-    received = all_to_all_rows(encoded, route.send_embeds, route.recv_embeds, group)
-    return received[torch.as_tensor(route.local_embed_rows, device=received.device)]  # [local rows, E]
+    anchor = torch.zeros(0, device=encoded.device, dtype=encoded.dtype, requires_grad=torch.is_grad_enabled())
+    out: torch.Tensor = _RouteBack.apply(encoded, anchor, route, group)
+    return out

@@ -18,7 +18,7 @@ import logging
 import pickle
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,7 +38,6 @@ __all__ = [
     "all_gather_objects",
     "all_gather_rows",
     "all_to_all",
-    "all_to_all_rows",
     "collective",
     "comm_device",
     "destroy_groups",
@@ -159,29 +158,6 @@ def all_to_all(
         group=group,
     )
     return out.to(send.device)
-
-
-class _AllToAllRows(torch.autograd.Function):
-    """:func:`all_to_all` whose backward sends the gradients back (splits swapped)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, send_split: list[int], recv_split: list[int], group: Any) -> torch.Tensor:
-        ctx.group, ctx.send_split, ctx.recv_split = group, send_split, recv_split
-        return all_to_all(x, send_split, recv_split, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        return all_to_all(grad, ctx.recv_split, ctx.send_split, ctx.group), None, None, None
-
-
-def all_to_all_rows(
-    x: torch.Tensor, send_split: Sequence[int], recv_split: Sequence[int], group: ProcessGroup | None
-) -> torch.Tensor:
-    """:func:`all_to_all`, differentiable: gradients travel back the same way. Every rank of
-    ``group`` must call it with matching splits, also with nothing to send. (torch deprecates
-    its own, ``torch.distributed.nn.functional.all_to_all_single``.)"""
-    out: torch.Tensor = _AllToAllRows.apply(x, [int(n) for n in send_split], [int(n) for n in recv_split], group)
-    return out
 
 
 def all_gather_objects(obj: Any, group: ProcessGroup | None) -> list[Any]:

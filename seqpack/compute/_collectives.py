@@ -1,12 +1,17 @@
-"""The compute stages' CP helpers: shard checks, the token all-to-all and the token orders of
-hidden-parallel CP (differentiable, every backend, gloo included)."""
+"""Autograd-aware collectives over the token axis (dim 0) of a CP group.
+
+They use only ``all_to_all_single``, so they work with every backend, gloo included; seqpack
+keeps its own because torch deprecates ``torch.distributed.nn.functional.all_to_all_single``.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from seqpack.collective.groups import all_to_all_rows
 from seqpack.errors import SeqpackError
 from seqpack.options import CpLayout
 from seqpack.thd.batch import PackedBatch
@@ -49,12 +54,47 @@ def _check_batch_group(batch: PackedBatch) -> None:
         )
 
 
+def _all_to_all_split(
+    x: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: dist.ProcessGroup
+) -> torch.Tensor:
+    out = x.new_empty(sum(recv_counts), *x.shape[1:])
+    dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=group)
+    return out
+
+
+class _AllToAllSplit(torch.autograd.Function):
+    """All-to-all along dim 0 with given splits; its adjoint is the all-to-all back (splits swapped)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: dist.ProcessGroup
+    ) -> torch.Tensor:
+        ctx.group, ctx.send_counts, ctx.recv_counts = group, send_counts, recv_counts
+        return _all_to_all_split(x, send_counts, recv_counts, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return _all_to_all_split(grad, ctx.recv_counts, ctx.send_counts, ctx.group), None, None, None
+
+
 def all_to_all_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Send row block ``j`` of ``x`` (dim 0 cut in equal blocks) to rank ``j``; return the
     blocks received, in rank order."""
     size = dist.get_world_size(group)
     counts = [x.shape[0] // size] * size
     return all_to_all_rows(x, counts, counts, group)
+
+
+def all_to_all_rows(
+    x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int], group: dist.ProcessGroup
+) -> torch.Tensor:
+    """Send the next ``send_counts[j]`` rows of ``x`` to rank ``j``; return the rows received,
+    ``recv_counts[i]`` from rank ``i``, in rank order. Gradients travel back the same way.
+
+    Every rank of ``group`` must call it (with matching counts), also with nothing to send.
+    """
+    out: torch.Tensor = _AllToAllSplit.apply(x, [int(n) for n in send_counts], [int(n) for n in recv_counts], group)
+    return out
 
 
 def cp_token_orders(

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from seqpack.collective.groups import all_to_all_rows
+from seqpack.compute._collectives import all_to_all_rows
 from seqpack.compute.attention.masks import AttentionMask, key_range
 from seqpack.options import CpLayout
 from seqpack.thd.cp import gather_order, held_runs
