@@ -393,8 +393,8 @@ class PackingConfig:
             "minibatches": str(self.minibatches),
             "static_shapes": repr(self.static_shapes),
             "dynamic_cp": str(self.dynamic_cp),
-            **({"mrope": repr(self.mrope)} if self.mrope is not None else {}),  # text configs' fingerprints unchanged
-            **({"model": repr(self.model)} if self.model is not None else {}),
+            "mrope": repr(self.mrope),
+            "model": repr(self.model),
         }
 
     def fingerprint(self) -> int:
