@@ -2,6 +2,7 @@
 replicas: no Python loop over ``dp_size`` and no Python object per replica or microbatch
 (arrays of ``dp_size`` cells are the plan itself)."""
 
+import gc
 import sys
 
 import numpy as np
@@ -11,19 +12,22 @@ from seqpack.schedulers import get_scheduler
 
 
 def python_calls(fn) -> int:
-    """Python and C function calls made while ``fn()`` runs: a loop over replicas makes at
-    least one per replica."""
+    """Python and C function calls made while ``fn()`` runs, with the garbage collector off: a
+    loop over replicas makes at least one per replica."""
     calls = 0
 
     def count(frame, event, arg):
         nonlocal calls
         calls += event in ("call", "c_call")
 
+    gc.collect()  # no finalizer of an earlier test's garbage runs (and counts) inside fn
+    gc.disable()
     sys.setprofile(count)
     try:
         fn()
     finally:
         sys.setprofile(None)
+        gc.enable()
     return calls
 
 
