@@ -166,8 +166,12 @@ def test_config_refusals():
         PackingConfig(samples_per_rank=1, max_tokens_per_rank=8, mrope={"model_type": "qwen2_vl"})
     with pytest.raises(ConfigError, match="dynamic_cp"):
         PackingConfig(samples_per_rank=1, max_tokens_per_rank=8, mrope=_spec(), dynamic_cp=True)
-    assert "mrope" not in PackingConfig(samples_per_rank=1, max_tokens_per_rank=8).summary()
-    assert "qwen2_vl" in PackingConfig(samples_per_rank=1, max_tokens_per_rank=8, mrope=_spec()).summary()["mrope"]
+    text, vision = (
+        PackingConfig(samples_per_rank=1, max_tokens_per_rank=8),
+        PackingConfig(samples_per_rank=1, max_tokens_per_rank=8, mrope=_spec()),
+    )
+    assert text.summary()["mrope"] == "None" and "qwen2_vl" in vision.summary()["mrope"]
+    assert text.fingerprint() != vision.fingerprint()
 
 
 @pytest.mark.parametrize(
