@@ -266,7 +266,10 @@ def _as_lengths(col: pa.Array) -> tuple[np.ndarray, int | None, str]:
         big = np.flatnonzero(raw >= 2.0**63)  # integers past int64 parse as floats
         if big.size:
             return raw, int(big[0]), f"length {_shown(float(raw[big[0]]))} is too large (at most 2**63 - 1)"
-        values = raw.astype(np.int64)  # a negative one is found below
+        if raw.size and raw.min() < 0:  # before the cast: one below -2**63 would wrap
+            row = int(np.argmin(raw))
+            return raw, row, f"negative length {_shown(float(raw[row]))}"
+        values = raw.astype(np.int64)
     else:
         texts = col.to_pylist()
         values = np.empty(len(texts), dtype=np.int64)

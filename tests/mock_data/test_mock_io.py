@@ -72,6 +72,7 @@ def test_other_formats_with_named_columns(tmp_path):
         ("length\n5\n\n7.5\n", r"plain.csv: column 'length': non-integer length 7.5 at line 4"),
         ("length\n5\nabc\n", r"non-integer length 'abc' at line 3"),
         ("5\n-3\n", r"negative length -3 at line 2"),
+        ("length\n5\n-1e20\n", r"negative length -1e20 at line 3"),  # a float column, below -2**63
         ("id,length\na,5\nb,\n", r"missing value at line 3"),
     ],
 )
