@@ -59,7 +59,7 @@ def fit_groups(prior: CostModel, points: Sequence[Point], robust: bool) -> CostM
     active = np.flatnonzero(np.any(features != 0.0, axis=0))
     coef, weights = _solve(features[:, active], y, robust)
     start = prior.group_coefficients(1)  # a prior of this mode has its reference size
-    out = start * (_rescale(features @ start, y, weights) or 1.0)
+    out = start * (_rescale(predict(features, start), y, weights) or 1.0)
     out[active] = coef
     return CostModel.from_group_coefficients(out, prior.ranks_per_node)
 

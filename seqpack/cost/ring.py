@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Self
 
 import numpy as np
 
+from seqpack.cost.fit import predict
 from seqpack.cost.interconnect import DEFAULT_INTERCONNECT, Interconnect, get_interconnect
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.validation import check_number, check_positive_int
@@ -247,4 +248,4 @@ class GroupTerms:
         a = np.asarray(sums, dtype=np.int64)
         flat = a.reshape(-1, 4)
         features = group_features(flat[:, 0], flat[:, 1], flat[:, 2], flat[:, 3] != 0)
-        return (features @ self.group_coefficients(cp_size)).reshape(a.shape[:-1])
+        return predict(features, self.group_coefficients(cp_size)).reshape(a.shape[:-1])
