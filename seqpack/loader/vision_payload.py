@@ -23,7 +23,7 @@ from seqpack.options import DataOwner, LabelFormat
 from seqpack.thd import PackedBatch, sample_sequences
 from seqpack.thd.layout import token_layout
 from seqpack.thd.mrope import IMAGE, VIDEO, MRopeSpec
-from seqpack.thd.vision import VisionSample, has_vision, normalize_vision, pack_vision, text_part
+from seqpack.thd.vision import VisionSample, check_text_sample, has_vision, normalize_vision, pack_vision, text_part
 from seqpack.topology import Topology
 
 __all__ = [
@@ -92,12 +92,11 @@ def read_sequences(item: Any, spec: MRopeSpec | None, *, where: str, label_forma
         raise SampleError(f"{where} is pre-packed (cu_seqlens) and carries images or videos: give each sample alone")
     sequences = sample_sequences(text_part(item) if vision else item, where=where, label_format=label_format)
     for sequence in sequences:
+        if not vision:  # its mRoPE rows are its text positions, laid out when packed (_part)
+            check_text_sample(sequence["input_ids"], spec, where)
+            continue
         checked = normalize_vision(
-            item if vision else sequence,
-            sequence["input_ids"],
-            spec,
-            text_positions=sequence.get("position_ids"),
-            where=where,
+            item, sequence["input_ids"], spec, text_positions=sequence.get("position_ids"), where=where
         )
         if checked.grids:
             for kind, pixel_key, grid_key in _MEDIA:

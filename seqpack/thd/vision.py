@@ -23,7 +23,7 @@ from seqpack.thd.layout import TokenLayout
 from seqpack.thd.mrope import IMAGE, TEXT, VIDEO, MRopeSpec, mrope_positions, placeholder_runs
 from seqpack.thd.sample import VISION_KEYS
 
-__all__ = ["VisionSample", "has_vision", "normalize_vision", "pack_vision", "text_part"]
+__all__ = ["VisionSample", "check_text_sample", "has_vision", "normalize_vision", "pack_vision", "text_part"]
 
 _MEDIA = {IMAGE: ("pixel_values", "image_grid_thw", "image"), VIDEO: ("pixel_values_videos", "video_grid_thw", "video")}
 
@@ -87,13 +87,12 @@ def normalize_vision(
         _check_types(_as_tensor(given_types, "mm_token_type_ids", where), types, where)
     pixels: dict[int, torch.Tensor] = {}
     grids: dict[int, torch.Tensor] = {}
-    for kind, (pixel_key, grid_key, noun) in _MEDIA.items():
+    for kind, (pixel_key, grid_key, _) in _MEDIA.items():
         media = _media(sample, pixel_key, grid_key, spec, where)
         if media is not None:
             pixels[kind], grids[kind] = media
-        elif bool((types == kind).any()):
-            count = int((types == kind).sum())
-            raise SampleError(f"{where} has {count} {noun} placeholder tokens but no {grid_key}")
+        else:
+            _refuse_placeholders(types, kind, where)
     runs = placeholder_runs(types)
     run_grids = _match_runs(runs, grids, spec, where)
     positions = sample.get("position_ids")
@@ -110,6 +109,25 @@ def normalize_vision(
     else:
         mrope = mrope_positions(runs, run_grids, spec, _video_intervals(sample, grids.get(VIDEO), spec, where))
     return VisionSample(positions=mrope, token_types=types, pixels=pixels, grids=grids)
+
+
+def check_text_sample(input_ids: torch.Tensor, spec: MRopeSpec, where: str) -> None:
+    """Refuse a text-only sample (no vision field, :func:`has_vision` false) that carries image
+    or video placeholder tokens: the one check :func:`normalize_vision` makes of one.
+
+    Raises:
+        SampleError: Placeholder tokens without their grid.
+    """
+    types = spec.token_types(input_ids)
+    for kind in _MEDIA:
+        _refuse_placeholders(types, kind, where)
+
+
+def _refuse_placeholders(types: torch.Tensor, kind: int, where: str) -> None:
+    count = int((types == kind).sum())
+    if count:
+        _, grid_key, noun = _MEDIA[kind]
+        raise SampleError(f"{where} has {count} {noun} placeholder tokens but no {grid_key}")
 
 
 def _as_tensor(value: Any, key: str, where: str) -> torch.Tensor:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from vlm_data import IMAGE, VIDEO, mixed_samples, two_image_sample
 
-from seqpack.errors import ConfigError, SeqpackTypeError, StepFailed
+from seqpack.errors import ConfigError, SampleError, SeqpackTypeError, StepFailed
 from seqpack.loader import PackingConfig, wrap_data_iterator
 from seqpack.loader.gather_fields import KEY_BITS, SAMPLE_COLUMNS, step_bytes_per_token
 from seqpack.loader.vision_payload import (
@@ -104,6 +104,9 @@ def test_payload_round_trip_and_size():
 def test_a_text_only_sample_has_no_payload():
     (sequence,) = read_sequences({"input_ids": torch.arange(5)}, _spec(), where="s", label_format=LabelFormat.SHIFTED)
     assert PAYLOAD_KEYS[0] not in sequence and payload_bytes(sequence) == 0
+    stray = {"input_ids": torch.tensor([5, VIDEO, VIDEO, VIDEO, 6])}  # text only, but video placeholders
+    with pytest.raises(SampleError, match=r"s has 3 video placeholder tokens but no video_grid_thw"):
+        read_sequences(stray, _spec(), where="s", label_format=LabelFormat.SHIFTED)
 
 
 def test_bytes_per_token_adds_the_pixels():
