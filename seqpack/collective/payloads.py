@@ -4,7 +4,7 @@ in one ``all_to_all_single`` of bytes whose split sizes every rank already knows
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -72,5 +72,4 @@ def exchange_payloads(
     if failure is not None:
         raise failure
     pieces = torch.split(received, sizes[in_ids].tolist())
-    out: Mapping[int, torch.Tensor] = dict(zip(in_ids.tolist(), pieces, strict=True))
-    return dict(out), total, int(received.numel())
+    return dict(zip(in_ids.tolist(), pieces, strict=True)), total, int(received.numel())

@@ -62,7 +62,7 @@ def sample_of(row: Mapping[str, Any], use_completion_mask: bool) -> dict[str, An
             sample[key] = _host(row[key])
     for key in VISION_COLUMNS:
         if row.get(key) is not None:
-            sample[key] = _host(row[key]) if isinstance(row[key], torch.Tensor) else torch.as_tensor(row[key])
+            sample[key] = torch.as_tensor(_host(row[key]))
     if "labels" in sample:
         return sample
     masks = [key for key in ("completion_mask", "assistant_masks") if row.get(key) is not None]

@@ -10,17 +10,11 @@ from __future__ import annotations
 import torch
 
 from seqpack.errors import ConfigError
-from seqpack.thd.batch import PackedBatch
+from seqpack.thd.batch import VISION_BATCH_FIELDS, PackedBatch
 
 __all__ = ["VISION_KEYS", "vision_kwargs"]
 
-VISION_KEYS: tuple[str, ...] = (
-    "mm_token_type_ids",
-    "pixel_values",
-    "image_grid_thw",
-    "pixel_values_videos",
-    "video_grid_thw",
-)
+VISION_KEYS: tuple[str, ...] = VISION_BATCH_FIELDS[1:]  # mm_token_type_ids, then the pixels and grids
 """What :func:`~seqpack.interop.hf.to_hf` adds to a text pack's keys for a vision-language pack."""
 
 
@@ -33,7 +27,7 @@ def vision_kwargs(batch: PackedBatch) -> dict[str, torch.Tensor]:
         "position_ids": torch.cat([batch.position_ids[None], batch.mrope_position_ids])[:, None],  # [4, 1, T]
         "mm_token_type_ids": batch.mm_token_type_ids[None],  # [1, T]
     }
-    for name in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+    for name in VISION_KEYS[1:]:  # the pixels and grids
         value = getattr(batch, name)
         if value is not None:
             kwargs[name] = value
