@@ -37,8 +37,7 @@ def group_times(plan: Schedule, cost: CostModel) -> np.ndarray:
 def rank_times(plan: Schedule, cost: CostModel) -> np.ndarray:
     """float64 ``[num_microbatches, R]``: what every rank's microbatch of every round costs
     (its group's time; an idle rank runs a padding-only filler costing ``constant``)."""
-    times = np.where(plan.group_counts > 0, group_times(plan, cost), cost.constant)
-    return times[plan.rank_group()]
+    return _priced_times(plan, cost, None)[plan.rank_group()]
 
 
 def bucket_padding(plan: Schedule, static_shapes: StaticShapes) -> np.ndarray:
