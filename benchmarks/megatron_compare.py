@@ -46,7 +46,7 @@ from types import ModuleType  # noqa: E402
 import numpy as np  # noqa: E402
 from megatron.core.datasets.data_schedule import DpBalancedScheduler  # noqa: E402
 
-from seqpack.cost import model_preset  # noqa: E402
+from seqpack.cost import INTERCONNECTS, model_preset  # noqa: E402
 from seqpack.interop.megatron import SeqpackPackingScheduler  # noqa: E402
 from seqpack.mock_data import generate_lengths  # noqa: E402
 from seqpack.schedulers import Schedule, predicted_step_time  # noqa: E402
@@ -159,7 +159,7 @@ def print_row(workload: str, dp: int, multiple: int, rows: dict[str, list[tuple[
     print(f" | {ours[0]:>9.1f} {ours[1]:>6.3f} {ours[2]:>7.3f} {step:>13} {ours[3]:>7.2f}{note}")
 
 
-H100_SUSTAINED = 0.4 * 989e12  # FLOP/s: bf16 dense peak at 40% MFU (seqpack.cost.interconnect)
+H100_SUSTAINED = INTERCONNECTS["h100-nvlink-ib400"].device_flops  # FLOP/s: bf16 dense peak at its assumed MFU
 
 
 def scaling(quick: bool) -> int:

@@ -38,7 +38,7 @@ def clock(step) -> list[float]:
     for batch in step.microbatches:
         padded = (batch.cu_seqlens_padded[1:] - batch.cu_seqlens_padded[:-1]).tolist()
         real = padded if batch.sample_ids[0] >= 0 else [int(batch.cu_seqlens_padded[-1])]
-        flops = COST_VISION.flops(batch.image_grid_thw, batch.video_grid_thw) if batch.image_grid_thw is not None else 0
+        flops = COST_VISION.flops(batch.image_grid_thw, batch.video_grid_thw)  # no grids: 0
         out.append(SECONDS * (COST.microbatch_cost(real) + K * PRICE * flops))
     return out
 
