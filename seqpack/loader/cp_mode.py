@@ -75,6 +75,7 @@ class CpMode:
             split = [split_payload(sample) for sample in pool]
             pool, payloads = [tokens for tokens, _ in split], [payload for _, payload in split]
         failure: Exception | None = None
+        spans = plan.packed_spans(self.config.static_shapes)
         try:
             exchanged = exchange_shards(
                 pool,
@@ -83,20 +84,25 @@ class CpMode:
                 self.exchange_group,
                 rank=self.groups.plane_rank,
                 position_ids=position_ids,
-                spans=plan.packed_spans(self.config.static_shapes),
+                spans=spans,
                 layout=self.config.cp_layout,
                 lane=self.lane,
             )
         except Exception as exc:  # the payloads' all-to-all still runs on this rank: no peer waits in it
             failure, exchanged = exc, Exchanged({})
         if self.config.mrope is not None:
-            self._move_payloads(exchanged, payloads, plan, gathered)
+            self._move_payloads(exchanged, payloads, plan, spans, gathered)
         if failure is not None:
             raise failure
         return exchanged
 
     def _move_payloads(
-        self, exchanged: Exchanged, payloads: Sequence[Mapping[str, torch.Tensor]], plan: Schedule, gathered: Gathered
+        self,
+        exchanged: Exchanged,
+        payloads: Sequence[Mapping[str, torch.Tensor]],
+        plan: Schedule,
+        spans: np.ndarray,
+        gathered: Gathered,
     ) -> None:
         """Every vision payload to the rank that runs its sample (CP 1: DP rank = plane rank),
         into ``exchanged.payloads``, its bytes counted in the traffic."""
@@ -106,7 +112,7 @@ class CpMode:
         assert gathered.lengths.columns is not None
         sizes = SAMPLE_COLUMNS.column(gathered.lengths.columns, "vision_bytes")
         src = np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts)
-        start, size, _ = shard_layout(plan, plan.packed_spans(self.config.static_shapes))
+        start, size, _ = shard_layout(plan, spans)
         dst = np.where(size > 0, start, -1)
         received, sent, got = exchange_payloads(
             lambda gid: encode(payloads[gid - offset]),
