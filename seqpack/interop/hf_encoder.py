@@ -103,7 +103,7 @@ class EncoderRebalance:
         model: nn.Module,
         group: ProcessGroup | None,
         mode: EncoderRebalanceMode,
-        spec: VisionSpec,
+        spec: VisionSpec | None,
         *,
         seconds_per_flop: Callable[[], float],
         bytes_per_second: float,
@@ -111,6 +111,7 @@ class EncoderRebalance:
     ) -> None:
         self.owner = _owner(model)
         self.tower = self.owner.get_submodule("visual")
+        spec = VisionSpec.from_hf(self.owner.config) if spec is None else spec  # None: the model's own
         self.group, self.mode, self.spec = group, mode, spec
         if language is None and mode == "auto":  # the language model's FLOPs per microbatch
             language = ModelSpec.from_hf(self.owner.config).cost_model()
@@ -284,10 +285,9 @@ def rebalance_encoder(
     for name, value in (("seconds_per_flop", seconds_per_flop), ("bytes_per_second", bytes_per_second)):
         if isinstance(value, bool) or not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
             raise ConfigError(f"rebalance_encoder: {name} must be a positive number, got {value!r}")
-    spec = vision if vision is not None else VisionSpec.from_hf(_owner(model).config)
     price = float(seconds_per_flop)
     return EncoderRebalance(
-        model, group, mode, spec, seconds_per_flop=lambda: price, bytes_per_second=float(bytes_per_second)
+        model, group, mode, vision, seconds_per_flop=lambda: price, bytes_per_second=float(bytes_per_second)
     )
 
 
@@ -315,14 +315,13 @@ def rebalance_for_config(
     if mode is False or config.mrope is None or topology.dp_size < 2 or topology.cp_size > 1 or topology.pp_size > 1:
         return None
     given = config.model
-    spec = given.vision if given is not None and given.vision is not None else VisionSpec.from_hf(_owner(model).config)
     language = given.cost_model() if given is not None else None
     group = new_axis_groups(topology, backend=dist.get_backend())["dp"]
     return EncoderRebalance(
         model,
         group,
         mode,
-        spec,
+        None if given is None else given.vision,
         seconds_per_flop=seconds_per_flop,
         bytes_per_second=LINK_BYTES_PER_SECOND,
         language=language,
