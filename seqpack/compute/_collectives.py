@@ -18,13 +18,23 @@ from seqpack.thd.batch import PackedBatch
 from seqpack.thd.cp import gather_order
 
 
+def batch_cp(
+    batch: PackedBatch, group: dist.ProcessGroup | None, size: int, rank: int
+) -> tuple[dist.ProcessGroup | None, int, int]:
+    """``(group, size, rank)`` ``batch`` runs on: its own ``cp_group`` when it carries one (the
+    wrapper's batches under CP), else a module's ``group``, ``size`` and ``rank``."""
+    if batch.cp_group is not None:
+        return batch.cp_group, batch.cp_size, batch.cp_rank
+    return group, size, rank
+
+
 def check_cp_shard(batch: PackedBatch, cp_size: int, cp_rank: int, layout: CpLayout | None = None) -> None:
     """Raise :class:`~seqpack.errors.SeqpackError` unless ``batch`` is CP shard ``cp_rank`` of
     ``cp_size`` (a module's; the batch's own when it carries a ``cp_group``, which must then be
     the group of its shard) and, when ``layout`` is given and ``cp_size > 1``, cut in it."""
     if batch.cp_group is not None:
         _check_batch_group(batch)
-        cp_size, cp_rank = batch.cp_size, batch.cp_rank
+    _, cp_size, cp_rank = batch_cp(batch, None, cp_size, cp_rank)
     if cp_size == 1 < batch.cp_size:  # neither the module nor the batch has a CP group
         raise SeqpackError(
             f"batch is CP shard {batch.cp_rank} of {batch.cp_size} but this module has no CP group (built with "

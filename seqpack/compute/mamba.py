@@ -30,7 +30,7 @@ from torch import nn
 
 from seqpack._logging import warn_once
 from seqpack.compute import backends
-from seqpack.compute._collectives import all_to_all_tokens, check_cp_shard, cp_token_orders
+from seqpack.compute._collectives import all_to_all_tokens, batch_cp, check_cp_shard, cp_token_orders
 from seqpack.errors import ConfigError, SeqpackError, SeqpackTypeError
 from seqpack.options import MambaBackend
 from seqpack.thd import PackedBatch
@@ -383,9 +383,7 @@ class Mamba2Mixer(nn.Module):
     def cp_of(self, batch: PackedBatch) -> tuple[dist.ProcessGroup | None, int, int]:
         """``(group, size, rank)`` this batch runs on: its own ``cp_group`` when it carries one
         (the wrapper's batches under CP), else the module's."""
-        if batch.cp_group is not None:
-            return batch.cp_group, batch.cp_size, batch.cp_rank
-        return self.cp_group, self.cp_size, self.cp_rank
+        return batch_cp(batch, self.cp_group, self.cp_size, self.cp_rank)
 
     def _channels_for(self, cp: int, device: torch.device) -> torch.Tensor:
         """:meth:`_head_parallel_channels` for ``cp`` ranks on ``device`` (the buffer for the

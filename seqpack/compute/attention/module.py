@@ -13,7 +13,7 @@ from torch import nn
 
 from seqpack._logging import warn_once
 from seqpack.compute import backends
-from seqpack.compute._collectives import check_cp_shard
+from seqpack.compute._collectives import batch_cp, check_cp_shard
 from seqpack.compute.attention.kv_exchange import exchange_kv, plan_kv_exchange
 from seqpack.compute.attention.masks import attention_mask
 from seqpack.compute.attention.reference import attend, thd_attention
@@ -207,9 +207,7 @@ class ThdAttention(nn.Module):
     def cp_of(self, batch: PackedBatch) -> tuple[dist.ProcessGroup | None, int, int]:
         """``(group, size, rank)`` this batch runs on: its own ``cp_group`` when it carries one
         (the wrapper's batches under CP), else the module's."""
-        if batch.cp_group is not None:
-            return batch.cp_group, batch.cp_size, batch.cp_rank
-        return self.cp_group, self.cp_size, self.cp_rank
+        return batch_cp(batch, self.cp_group, self.cp_size, self.cp_rank)
 
     def _use_te_group(self, group: dist.ProcessGroup | None, size: int) -> None:
         """Point TE's CP at ``group`` (a batch's own, or the module's), only when it changes;
