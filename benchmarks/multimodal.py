@@ -91,7 +91,7 @@ from seqpack.schedulers.encoder_plan import (  # noqa: E402
     rebalance_pays,
     route_bytes,
 )
-from seqpack.schedulers.objective import density_order, round_sum_lower_bound  # noqa: E402
+from seqpack.schedulers.objective import round_sum_lower_bound  # noqa: E402
 from seqpack.schedulers.schedule import Schedule  # noqa: E402
 from seqpack.schedulers.step_time import rank_times  # noqa: E402
 
@@ -254,7 +254,7 @@ def measure(
     tokens = dataclasses.replace(tokens, sample_cost=encoder)  # reported with the encoder's work
     summed = scheduler.schedule(step.lengths, **limits, sample_cost=encoder)
     per_seq = cost.cost(step.lengths) + encoder
-    bound = round_sum_lower_bound(step.lengths, per_seq, dp, capacity, order=density_order(step.lengths, per_seq))
+    bound = round_sum_lower_bound(step.lengths, per_seq, dp, capacity)
     rebal, _, routed = rebalanced(summed, cost, step, spec.vision, forced=False)
     forced, enc_rebal, _ = rebalanced(summed, cost, step, spec.vision, forced=True)
     tok_rebal, _, tok_routed = rebalanced(tokens, cost, step, spec.vision, forced=False)

@@ -16,7 +16,6 @@ from seqpack.errors import SeqpackTypeError
 from seqpack.options import SAMPLE_BYTES_PER_TOKEN, Sync
 from seqpack.schedulers.dynamic_cp.pieces import plan_pieces
 from seqpack.schedulers.objective import (
-    density_order,
     exact_sum,
     microbatch_costs,
     round_lower_bound,
@@ -281,8 +280,7 @@ def _units(
         per_seq = sequence_costs(plan, model)  # with the plan's sample_cost under a model
         constant = 0.0 if model is None else model.constant
         lower = max(lower, float(per_seq.max()) + constant if per_seq.size else 0.0)
-        order = None if model is None or plan.sample_cost is None else density_order(padded, per_seq)
-        round_bound = round_lower_bound(padded, per_seq, plan.dp_size, plan.capacity, total, order=order)
+        round_bound = round_lower_bound(padded, per_seq, plan.dp_size, plan.capacity, total)
     return model, costs, fillers, moved, (lower, round_bound)
 
 

@@ -107,14 +107,14 @@ def round_sum_lower_bound(
 
     The round holding the costliest sequence waits for it, while its mean is at most the
     cost ``K`` of the costliest ``dp_size * capacity`` tokens (a fractional knapsack in
-    ``order``: longest first by default, which holds while cost per token grows with length;
-    :func:`density_order` when a sample cost is added); the other rounds wait at least for
+    ``order``, by default :func:`density_order`, the order that makes ``K`` the largest: with
+    cost per token growing with length, longest first); the other rounds wait at least for
     their mean.
     """
     if padded.size == 0:
         return 0.0
     if order is None:
-        order = np.argsort(-padded, kind="stable")
+        order = density_order(padded, per_seq_cost)
     tokens = np.cumsum(padded[order])
     budget = min(dp_size * capacity, INT64_MAX)  # token sums fit int64: beyond, everything fits
     full = int(np.searchsorted(tokens, budget, side="right"))
@@ -129,7 +129,7 @@ def round_sum_lower_bound(
 
 def density_order(padded: np.ndarray, per_seq_cost: np.ndarray) -> np.ndarray:
     """Sequences by cost per padded token, costliest first (:func:`round_sum_lower_bound`'s
-    order when a sample cost is added to the tokens')."""
+    order)."""
     return np.argsort(-(per_seq_cost / np.maximum(padded, 1)), kind="stable")
 
 
