@@ -22,6 +22,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 from seqpack.collective.groups import all_gather, all_gather_rows, all_to_all
+from seqpack.thd.padding import ranges
 
 __all__ = ["GatheredRound", "RoutePlan", "gather_grids", "move_patches", "plan_route", "route_back"]
 
@@ -66,12 +67,8 @@ def gather_grids(
 def _rows(order: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Row indices of items ``order`` (each ``counts[i]`` consecutive rows, items stored in
     index order), concatenated."""
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    n = counts[order]
-    if n.sum() == 0:
-        return np.zeros(0, dtype=np.int64)
-    before = np.concatenate([[0], np.cumsum(n)[:-1]])
-    return np.repeat(starts[order] - before, n) + np.arange(int(n.sum()), dtype=np.int64)
+    starts = np.cumsum(counts, dtype=np.int64) - counts
+    return ranges(starts[order], counts[order])
 
 
 @dataclasses.dataclass(frozen=True)

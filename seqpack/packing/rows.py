@@ -14,6 +14,7 @@ import torch
 
 from seqpack.errors import SampleError, SeqpackTypeError
 from seqpack.options import INT64_MAX
+from seqpack.thd.padding import ranges
 from seqpack.thd.prepacked import split_packed_sample
 from seqpack.thd.sample import normalize_sample
 
@@ -24,12 +25,6 @@ MASK_KEYS = ("completion_mask", "assistant_masks")
 READ_KEYS = ("input_ids", "labels", "loss_mask", *MASK_KEYS)
 """The per-token fields packing reads."""
 _OFFSET_KEYS = ("cu_seqlens", "cu_seqlens_padded")
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``starts[i], ..., starts[i] + lengths[i] - 1`` for every ``i``, concatenated (int64)."""
-    ends = np.cumsum(lengths, dtype=np.int64)
-    return np.repeat(starts - ends + lengths, lengths) + np.arange(int(ends[-1]) if ends.size else 0)
 
 
 @dataclasses.dataclass
@@ -60,13 +55,13 @@ class Sequences:
         """The tokens of ``seqs`` (indices) in field ``key``, back to back."""
         chunks, lengths, start = self.values[key], self.lengths[seqs], self.start[seqs]
         if len(chunks) == 1:
-            return chunks[0][_ranges(start, lengths)]
+            return chunks[0][ranges(start, lengths)]
         chunk = self.chunk[seqs]
         out = np.empty(int(lengths.sum()), dtype=chunks[0].dtype)
         at = np.cumsum(lengths) - lengths
         for c in np.unique(chunk).tolist():
             mine = chunk == c
-            out[_ranges(at[mine], lengths[mine])] = chunks[c][_ranges(start[mine], lengths[mine])]
+            out[ranges(at[mine], lengths[mine])] = chunks[c][ranges(start[mine], lengths[mine])]
         return out
 
 
@@ -178,7 +173,7 @@ def read_dataset(dataset: Any) -> Sequences:
                 )
             if not np.array_equal(key_offsets, offsets):  # stored apart: copied into input_ids' layout
                 aligned = np.zeros(ids.shape[0], dtype=key_values.dtype)
-                aligned[_ranges(offsets[:-1], row_lengths)] = key_values[_ranges(key_offsets[:-1], row_lengths)]
+                aligned[ranges(offsets[:-1], row_lengths)] = key_values[ranges(key_offsets[:-1], row_lengths)]
                 key_values = aligned
             used = key_values[offsets[0] : offsets[-1]]
             if key in ("input_ids", "labels", "position_ids") and not _integers(used):
@@ -188,7 +183,7 @@ def read_dataset(dataset: Any) -> Sequences:
             lists[key] = (offsets, key_values)
         lengths, rows, part, start = _split(lists, first)
         if "position_ids" in lists:
-            positions = lists["position_ids"][1][_ranges(start, lengths)]
+            positions = lists["position_ids"][1][ranges(start, lengths)]
             expected = np.arange(positions.shape[0]) - np.repeat(np.cumsum(lengths) - lengths, lengths)
             if (positions != expected).any():
                 s = int(np.searchsorted(np.cumsum(lengths), np.flatnonzero(positions != expected)[0], side="right"))

@@ -30,6 +30,7 @@ __all__ = [
     "group_padded_lengths",
     "pad_multiple_for",
     "padded_lengths",
+    "ranges",
 ]
 
 MAX_CP_SIZE = 2**30
@@ -117,3 +118,11 @@ def padded_lengths(lengths: np.ndarray | Sequence[int], pad_multiple: int) -> np
 
 def _int64_lengths(lengths: np.ndarray | Sequence[int]) -> np.ndarray:
     return int64_array("lengths", lengths, too_large=SampleError, integral_floats=True, element="length at {index} is")
+
+
+def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``starts[i], ..., starts[i] + counts[i] - 1`` for every ``i``, concatenated (int64): the
+    token (or row) indices of spans laid end to end."""
+    ends = np.cumsum(counts, dtype=np.int64)
+    first = np.asarray(starts, dtype=np.int64) - ends + counts
+    return np.repeat(first, counts) + np.arange(int(ends[-1]) if ends.size else 0, dtype=np.int64)

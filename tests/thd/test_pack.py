@@ -432,3 +432,14 @@ def test_label_format_is_checked():
         ConfigError, match=r"label_format must be one of \('shifted', 'unshifted', 'position_aligned'\), got 'HF'"
     ):
         pack_sequences([{"input_ids": torch.arange(3)}], label_format="HF")
+
+
+@given(st.lists(st.tuples(st.integers(-50, 50), st.integers(0, 6)), max_size=20))
+def test_ranges_lays_spans_end_to_end(spans):
+    from seqpack.thd.padding import ranges
+
+    starts = np.array([s for s, _ in spans], dtype=np.int64)
+    counts = np.array([c for _, c in spans], dtype=np.int64)
+    got = ranges(starts, counts)
+    assert got.dtype == np.int64
+    assert got.tolist() == [s + k for s, c in spans for k in range(c)]

@@ -11,6 +11,7 @@ import numpy as np
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem
 from seqpack.thd import group_padded_lengths
+from seqpack.thd.padding import ranges
 
 _LOOK = 2  # ranks a sequence alone chooses among: the least busy ones that can hold it
 
@@ -141,17 +142,11 @@ def build_replica(p: Problem, height: float, more: int = 0) -> Bins:
     sp = short_padded.astype(np.float64)
     s = np.bincount(flat, weights=sp, minlength=n_mb)
     bins.seq_bin[shorts] = num_groups + flat
-    bins.extend(1, _ranges(depth, count), tokens=s, s=s, ss=np.bincount(flat, weights=sp * sp, minlength=n_mb))
+    bins.extend(1, ranges(depth, count), tokens=s, s=s, ss=np.bincount(flat, weights=sp * sp, minlength=n_mb))
     busy = depth + count
     gaps = int(busy.max(initial=0)) - busy  # rounds each rank sits idle at the end
-    bins.extend(1, _ranges(busy, gaps), room=p.capacity)
+    bins.extend(1, ranges(busy, gaps), room=p.capacity)
     ranks = np.arange(p.num_ranks, dtype=np.int64)
     bins.start = np.concatenate([start, np.repeat(ranks, count), np.repeat(ranks, gaps)])
     bins.run_round = bins.round.copy()
     return bins
-
-
-def _ranges(first: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """``first[k], first[k]+1, ..., first[k]+counts[k]-1`` for every k, concatenated."""
-    offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    return np.repeat(first, counts) + offsets
