@@ -1,6 +1,6 @@
 """CostModel (what a microbatch costs, from its lengths; terms: :mod:`seqpack.cost.terms`,
-CP ring: :mod:`seqpack.cost.ring`) and ModelSpec (a dense or hybrid model's shape and exact
-training FLOPs). The two build each other, so they share this module.
+on a CP group: :mod:`seqpack.cost.ring`) and ModelSpec (a dense or hybrid model's shape,
+vision encoder and exact training FLOPs). The two build each other, so they share this module.
 """
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqpack.cost.fit import check_timings, nnls_fit, robust_weights_fit
+from seqpack.cost.fit import check_timings, nnls_fit, predict, robust_weights_fit
 from seqpack.cost.flops import (
     TRAIN,
     attention_projection_forward,
@@ -22,12 +22,14 @@ from seqpack.cost.flops import (
     mlp_forward,
     parameter_count,
 )
-from seqpack.cost.ring import GroupTerms
+from seqpack.cost.interconnect import DEFAULT_INTERCONNECT, Interconnect, get_interconnect
+from seqpack.cost.ring import TE_P2P_TRANSFERS, group_features
 from seqpack.cost.shapes import ShapeOptions, check_layer_pattern, preset_shape
 from seqpack.cost.terms import as_lengths, exact_sums, feature_names, window_feature, window_ratio
-from seqpack.cost.vision_language import VisionLanguageTerms
+from seqpack.cost.vision_encoder import VisionSpec
+from seqpack.cost.vision_language import model_fields_from_hf
 from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.validation import check_bool, check_int, check_window
+from seqpack.validation import check_bool, check_int, check_number, check_positive_int, check_window
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -36,7 +38,7 @@ __all__ = ["CostModel", "ModelSpec", "check_cost_model"]
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSpec(VisionLanguageTerms):
+class ModelSpec:
     """Shape of a dense transformer or a Mamba2/attention hybrid (and ``vision`` encoder), for FLOPs and cost.
 
     Attributes:
@@ -60,6 +62,8 @@ class ModelSpec(VisionLanguageTerms):
         window_size: Sliding-window attention's left window ``W`` (TE's ``window_size=(W,
             0)``), ``0 <= W <= 2**31 - 1``: every attention layer without a pattern, the
             ``W`` layers with one.
+        vision: The vision encoder (:class:`~seqpack.cost.VisionSpec`); ``None`` for a
+            text-only model. Keyword-only.
     """
 
     hidden_size: int
@@ -79,9 +83,11 @@ class ModelSpec(VisionLanguageTerms):
     mamba_expand: int = 2
     name: str = ""
     window_size: int | None = None
+    vision: VisionSpec | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # ``vision``
+        if self.vision is not None and not isinstance(self.vision, VisionSpec):
+            raise SeqpackTypeError(f"ModelSpec.vision must be a VisionSpec or None, got {type(self.vision).__name__}")
         # Stored as Python ints: numpy ints (np.int32(4096)) would overflow the FLOPs products.
         for field in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size"):
             object.__setattr__(self, field, check_int(field, getattr(self, field), minimum=1))
@@ -112,6 +118,12 @@ class ModelSpec(VisionLanguageTerms):
                     f"mamba_expand*hidden_size={self.mamba_inner} is not divisible by "
                     f"mamba_head_dim={self.mamba_head_dim}; pass mamba_num_heads"
                 )
+
+    @classmethod
+    def from_hf(cls, config: Any) -> ModelSpec:
+        """The spec of a Hugging Face config object (or of a model, read for its ``config``), with
+        the fields (and the errors) of :func:`~seqpack.cost.vision_language.model_fields_from_hf`."""
+        return cls(**model_fields_from_hf(config))
 
     @property
     def query_groups(self) -> int:
@@ -212,6 +224,20 @@ class ModelSpec(VisionLanguageTerms):
         """Exact training FLOPs of sequences of these ``lengths`` (every term)."""
         return self.flops(*exact_sums(lengths, self.window_size, "lengths"))
 
+    def sample_flops(self, length: int, image_grid_thw: Any = None, video_grid_thw: Any = None) -> int:
+        """Exact training FLOPs of one sample: the language model over its ``length`` tokens
+        (placeholders included) plus the vision encoder over its images and videos.
+
+        Raises:
+            ConfigError: Grids given to a model without a vision encoder.
+        """
+        text = self.sequence_flops([check_int("length", length, minimum=0)])
+        if self.vision is not None:
+            return text + self.vision.flops(image_grid_thw, video_grid_thw)
+        if any(grid is not None and len(grid) for grid in (image_grid_thw, video_grid_thw)):
+            raise ConfigError(f"{self.name or 'this model'} has no vision encoder (ModelSpec.vision) to cost images")
+        return text
+
     def cost_model(self, constant: float = 0.0) -> CostModel:
         """A :class:`CostModel` in training FLOPs (the windowed term with sliding-window layers)."""
         # A window_size means sliding-window layers (check_layer_pattern): windowed is 0 without.
@@ -225,15 +251,24 @@ class ModelSpec(VisionLanguageTerms):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class CostModel(GroupTerms):
+class CostModel:
     """``cost(s) = linear*s + quadratic*s**2 (+ windowed*w(s, window))``; a microbatch adds
-    ``constant`` once (and on CP groups the ring's terms: :class:`~seqpack.cost.ring.GroupTerms`).
+    ``constant`` once, and on a CP group of ``c`` ranks the ring's terms (:mod:`seqpack.cost.ring`).
 
     Units are the coefficients': training FLOPs for :meth:`from_transformer`, tokens for
     ``CostModel(1, 0)``, seconds for :meth:`fit`. ``CostModel(0, 0, constant > 0)`` is valid
     (every microbatch costs the same). ``windowed`` needs a ``window`` ``W`` (per sequence
     :func:`~seqpack.cost.terms.window_feature`). At the ring fields' defaults the model costs,
     prints and compares exactly as ``CostModel(linear, quadratic, constant)``.
+
+    The CP group's fields:
+
+    * ``ring_step``: cost per ring step of a microbatch, times ``c - 1``.
+    * ``ring_token``: cost per token per ring step within a node, times ``(c-1) S/c``;
+      ``ring_token_inter`` the same for a group spanning nodes (``None``: ``ring_token``).
+    * ``ranks_per_node``: DP x CP ranks on one node.
+    * ``reference_size``: the group size the compute terms are the cost on (1: one rank
+      alone); ``None``: the plan's static CP group.
     """
 
     linear: float
@@ -265,13 +300,22 @@ class CostModel(GroupTerms):
         if self.linear == 0 and self.quadratic == 0 and self.constant == 0 and self.windowed == 0:
             which = "all three" if self.window is None else "all four (with windowed)"
             raise ConfigError(f"CostModel needs linear > 0 or quadratic > 0, or constant > 0 (got {which} 0)")
-        self._check_ring()
+        for name in ("ring_step", "ring_token"):
+            object.__setattr__(self, name, check_number(f"CostModel.{name}", getattr(self, name), minimum=0.0))
+        inter = self.ring_token if self.ring_token_inter is None else self.ring_token_inter
+        object.__setattr__(self, "ring_token_inter", check_number("CostModel.ring_token_inter", inter, minimum=0.0))
+        object.__setattr__(self, "ranks_per_node", check_positive_int("ranks_per_node", self.ranks_per_node))
+        if self.reference_size is not None:
+            object.__setattr__(self, "reference_size", check_positive_int("reference_size", self.reference_size))
 
     def __repr__(self) -> str:
         text = f"CostModel(linear={self.linear!r}, quadratic={self.quadratic!r}, constant={self.constant!r}"
         if self.window is not None:
             text += f", windowed={self.windowed!r}, window={self.window!r}"
-        return text + self._ring_repr() + ")"
+        defaults: dict[str, object] = {"ring_step": 0.0, "ring_token": 0.0, "ring_token_inter": self.ring_token}
+        defaults.update(ranks_per_node=8, reference_size=None)
+        ring = (f", {name}={getattr(self, name)!r}" for name, d in defaults.items() if getattr(self, name) != d)
+        return text + "".join(ring) + ")"
 
     @property
     def terms(self) -> tuple[str, ...]:
@@ -408,6 +452,158 @@ class CostModel(GroupTerms):
     def from_preset(cls, name: str, constant: float = 0.0) -> CostModel:
         """The cost model of a :data:`~seqpack.cost.MODEL_PRESETS` entry (e.g. ``"llama3-8b"``)."""
         return ModelSpec(**preset_shape(name), name=name).cost_model(constant)  # type: ignore[arg-type]
+
+    # On a CP group of ``c`` ranks (:mod:`seqpack.cost.ring`).
+
+    @property
+    def has_ring(self) -> bool:
+        """Whether any ring coefficient is positive (else every CP group looks free)."""
+        return bool(self.ring_step > 0 or self.ring_token > 0 or (self.ring_token_inter or 0.0) > 0)
+
+    def _reference(self, cp_size: int) -> int:
+        return cp_size if self.reference_size is None else self.reference_size
+
+    def compute_scale(self, group_size: np.ndarray | int, cp_size: int) -> np.ndarray:
+        """float64 ``reference_size / c`` (``cp_size`` for a model without one): what the
+        compute terms are multiplied by on a group of each size, exactly 1 at the reference."""
+        r = self._reference(cp_size)
+        c = np.asarray(group_size, dtype=np.float64)
+        return np.where(c == r, 1.0, r / c)
+
+    def group_coefficients(self, cp_size: int) -> np.ndarray:
+        """float64 ``[6]`` in :data:`~seqpack.cost.ring.FEATURES` order: the compute on one
+        rank and the ring (a windowed term is not among them)."""
+        r = self._reference(cp_size)
+        ring = (self.ring_step, self.ring_token, self.ring_token_inter)
+        return np.array((self.constant, self.linear * r, self.quadratic * r, *ring), dtype=np.float64)
+
+    @classmethod
+    def from_group_coefficients(cls, coefficients: np.ndarray, ranks_per_node: int = 8) -> CostModel:
+        """The model (compute on one rank) whose :meth:`group_coefficients` are ``coefficients``."""
+        k, a, b, step, token, inter = (float(v) for v in np.asarray(coefficients, dtype=np.float64))
+        per_rank = cls(a, b, k, ring_step=step, ring_token=token, ring_token_inter=inter, reference_size=1)
+        return dataclasses.replace(per_rank, ranks_per_node=ranks_per_node)
+
+    @classmethod
+    def from_te_p2p(
+        cls,
+        compute: CostModel,
+        *,
+        attention_layers: int,
+        num_query_groups: int,
+        head_dim: int,
+        intra_node_bandwidth: float,
+        inter_node_bandwidth: float,
+        step_latency: float,
+        dtype_bytes: int = 2,
+        ranks_per_node: int = 8,
+    ) -> CostModel:
+        """``compute`` with the ring coefficients of Transformer Engine's ``p2p`` CP, from the
+        model's shape and the links.
+
+        Args:
+            compute: Seconds of a microbatch on one rank.
+            attention_layers: Attention layers of the model (of this pipeline stage).
+            num_query_groups, head_dim: K/V heads and their width.
+            intra_node_bandwidth, inter_node_bandwidth: Bytes per second one rank sends to
+                its ring neighbour within a node and across nodes.
+            step_latency: Seconds of fixed cost per ring transfer (launch, handshake).
+            dtype_bytes: Bytes per K/V element (2 for bf16).
+            ranks_per_node: DP x CP ranks per node.
+        """
+        if not isinstance(compute, CostModel):
+            raise SeqpackTypeError(f"compute must be a seqpack CostModel, got {type(compute).__name__}")
+        kv_bytes = (
+            2
+            * check_positive_int("num_query_groups", num_query_groups)
+            * check_positive_int("head_dim", head_dim)
+            * check_positive_int("dtype_bytes", dtype_bytes)
+        )
+        transfers = TE_P2P_TRANSFERS * check_positive_int("attention_layers", attention_layers)
+        intra = check_number("intra_node_bandwidth", intra_node_bandwidth, minimum=0.0, allow_zero=False)
+        inter = check_number("inter_node_bandwidth", inter_node_bandwidth, minimum=0.0, allow_zero=False)
+        return dataclasses.replace(
+            compute,
+            ring_step=transfers * check_number("step_latency", step_latency, minimum=0.0),
+            ring_token=transfers * kv_bytes / intra,
+            ring_token_inter=transfers * kv_bytes / inter,
+            ranks_per_node=ranks_per_node,
+            reference_size=1,
+        )
+
+    @classmethod
+    def from_model(
+        cls, spec: ModelSpec, interconnect: str | Interconnect = DEFAULT_INTERCONNECT, *, dtype_bytes: int = 2
+    ) -> CostModel:
+        """A dynamic-CP prior in training FLOPs: ``spec``'s FLOPs cost model on one rank plus
+        :meth:`from_te_p2p`'s ring over a named interconnect, in FLOPs at its ``device_flops``.
+
+        Raises:
+            ConfigError: ``spec`` has no attention layer (Mamba's CP exchange is not a
+                ring: give its ring figures on the CostModel), or an unknown interconnect.
+        """
+        if not isinstance(spec, ModelSpec):
+            raise SeqpackTypeError(f"spec must be a seqpack.cost.ModelSpec, got {type(spec).__name__}")
+        links = get_interconnect(interconnect)
+        if spec.layer_counts[0] == 0:
+            raise ConfigError(
+                f"model {spec.name or spec!r} has no attention layer, so its CP communication is not a ring: "
+                "pass cost=seqpack.CostModel(..., ring_step=..., ring_token=...) with its figures"
+            )
+        seconds = cls.from_te_p2p(
+            spec.cost_model(),
+            attention_layers=spec.layer_counts[0],
+            num_query_groups=spec.query_groups,
+            head_dim=spec.head_dim,
+            intra_node_bandwidth=links.intra_node_bandwidth,
+            inter_node_bandwidth=links.inter_node_bandwidth,
+            step_latency=links.step_latency,
+            dtype_bytes=dtype_bytes,
+            ranks_per_node=links.ranks_per_node,
+        )
+        return seconds.scaled_ring(links.device_flops)
+
+    def scaled_ring(self, factor: float) -> CostModel:
+        """The same model with every ring coefficient times ``factor`` (sensitivity runs)."""
+        factor = check_number("factor", factor, minimum=0.0)
+        inter = float(self.ring_token_inter or 0.0) * factor
+        return dataclasses.replace(
+            self, ring_step=self.ring_step * factor, ring_token=self.ring_token * factor, ring_token_inter=inter
+        )
+
+    def at(self, group_size: int, *, spans: bool | None = None) -> CostModel:
+        """The ring-free model of every microbatch on a CP group of ``group_size`` ranks
+        (static CP). ``spans`` defaults to ``group_size > ranks_per_node`` (aligned blocks)."""
+        c = check_positive_int("group_size", group_size)
+        r = self._reference(c)
+        if c == r and (c == 1 or not self.has_ring):
+            return CostModel(self.linear, self.quadratic, self.constant, self.windowed, self.window)
+        spans = c > self.ranks_per_node if spans is None else spans
+        token = float(self.ring_token_inter if spans else self.ring_token)  # type: ignore[arg-type]
+        return CostModel(
+            linear=(self.linear * r + (c - 1) * token) / c,
+            quadratic=self.quadratic * r / c,
+            constant=self.constant + (c - 1) * self.ring_step,
+            windowed=self.windowed * r / c,
+            window=self.window,
+        )
+
+    def ring(self, group_size: np.ndarray, seqlen_sum: np.ndarray, spans: np.ndarray) -> np.ndarray:
+        """float64: the CP ring's cost of microbatches on groups of ``group_size`` ranks
+        holding ``seqlen_sum`` padded tokens (0 alone)."""
+        c = np.asarray(group_size, dtype=np.float64)
+        ring = np.maximum(c - 1.0, 0.0)
+        token = np.where(np.asarray(spans, dtype=bool), float(self.ring_token_inter or 0.0), self.ring_token)
+        return ring * self.ring_step + token * (ring * np.asarray(seqlen_sum, dtype=np.float64) / c)
+
+    def predict_group_sums(self, sums: np.ndarray, cp_size: int) -> np.ndarray:
+        """float64 ``[...]``: the cost of microbatches given as ``(size, S, SS, spans)``
+        integers in the last axis (:func:`~seqpack.schedulers.step_time.group_sums`) on a
+        plan of ``cp_size``."""
+        a = np.asarray(sums, dtype=np.int64)
+        flat = a.reshape(-1, 4)
+        features = group_features(flat[:, 0], flat[:, 1], flat[:, 2], flat[:, 3] != 0)
+        return predict(features, self.group_coefficients(cp_size)).reshape(a.shape[:-1])
 
 
 def check_cost_model(name: str, value: object) -> CostModel | None:

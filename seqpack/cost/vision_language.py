@@ -1,67 +1,22 @@
-"""The vision-language half of :class:`~seqpack.cost.ModelSpec` (its base class
-:class:`VisionLanguageTerms`): the ``vision`` encoder field, a sample's FLOPs, and
-:meth:`~VisionLanguageTerms.from_hf` for Hugging Face text and vision-language configs, read by
-attribute (transformers 5.24's names; transformers is not imported).
+"""The :class:`~seqpack.cost.ModelSpec` fields of a Hugging Face text or vision-language config
+(:meth:`ModelSpec.from_hf <seqpack.cost.ModelSpec.from_hf>`), read by attribute
+(transformers 5.24's names; transformers is not imported).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from seqpack.cost.vision_encoder import VisionSpec
-from seqpack.errors import ConfigError, SeqpackTypeError
-from seqpack.validation import check_int
+from seqpack.errors import ConfigError
 
-if TYPE_CHECKING:
-    from typing import Self
-
-    from seqpack.cost.model import ModelSpec
-
-__all__ = ["TEXT_MODEL_TYPES", "VISION_LANGUAGE_MODEL_TYPES", "VisionLanguageTerms", "model_fields_from_hf"]
+__all__ = ["TEXT_MODEL_TYPES", "VISION_LANGUAGE_MODEL_TYPES", "model_fields_from_hf"]
 
 TEXT_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text")
 """HF text ``model_type`` values :meth:`ModelSpec.from_hf <seqpack.cost.ModelSpec.from_hf>` reads."""
 VISION_LANGUAGE_MODEL_TYPES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 """HF vision-language ``model_type`` values it reads (with the vision encoder)."""
 _LAYER_TYPES = {"full_attention": "*-", "sliding_attention": "W-"}
-
-
-@dataclasses.dataclass(frozen=True)
-class VisionLanguageTerms:
-    """:class:`~seqpack.cost.ModelSpec`'s vision encoder and what it adds to a sample's FLOPs.
-
-    Attributes:
-        vision: The vision encoder (:class:`~seqpack.cost.VisionSpec`); ``None`` for a
-            text-only model. Keyword-only.
-    """
-
-    vision: VisionSpec | None = dataclasses.field(default=None, kw_only=True)
-
-    def __post_init__(self) -> None:
-        if self.vision is not None and not isinstance(self.vision, VisionSpec):
-            raise SeqpackTypeError(f"ModelSpec.vision must be a VisionSpec or None, got {type(self.vision).__name__}")
-
-    @classmethod
-    def from_hf(cls, config: Any) -> Self:
-        """The spec of a Hugging Face config object (or of a model, read for its ``config``), with
-        the fields (and the errors) of :func:`model_fields_from_hf`."""
-        return cls(**model_fields_from_hf(config))
-
-    def sample_flops(self, length: int, image_grid_thw: Any = None, video_grid_thw: Any = None) -> int:
-        """Exact training FLOPs of one sample: the language model over its ``length`` tokens
-        (placeholders included) plus the vision encoder over its images and videos.
-
-        Raises:
-            ConfigError: Grids given to a model without a vision encoder.
-        """
-        spec = cast("ModelSpec", self)  # the only subclass
-        text = spec.sequence_flops([check_int("length", length, minimum=0)])
-        if self.vision is not None:
-            return text + self.vision.flops(image_grid_thw, video_grid_thw)
-        if any(grid is not None and len(grid) for grid in (image_grid_thw, video_grid_thw)):
-            raise ConfigError(f"{spec.name or 'this model'} has no vision encoder (ModelSpec.vision) to cost images")
-        return text
 
 
 def model_fields_from_hf(config: Any) -> dict[str, Any]:
