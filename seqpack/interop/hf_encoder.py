@@ -33,6 +33,7 @@ from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader.encoder_option import EncoderRebalanceMode, check_encoder_rebalance, encoder_rebalance_mode
 from seqpack.schedulers.balanced.locality import LINK_BYTES_PER_SECOND
 from seqpack.schedulers.encoder_plan import DEFAULT_SECONDS_PER_FLOP, EncoderPlan, plan_encoders, rebalance_pays
+from seqpack.thd.sample import MEDIA_FIELDS
 from seqpack.topology import Topology
 
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ class EncoderRebalance:
     def _before(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._served, self._pending = [], None
         parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (pixels, grid) of images, then videos
-        for name, grid_name in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+        for name, grid_name in MEDIA_FIELDS:
             pixels, grid = kwargs.get(name), kwargs.get(grid_name)
             if pixels is not None and grid is not None:
                 parts.append((pixels, grid.reshape(-1, 3)))

@@ -15,6 +15,7 @@ from seqpack.loader.config import PackingConfig
 from seqpack.loader.iterator import PackingIterator
 from seqpack.loader.step import Step
 from seqpack.thd.mrope import MROPE_MODEL_TYPES, MRopeSpec
+from seqpack.thd.sample import VISION_FIELDS
 
 __all__ = [
     "SAMPLE_COLUMNS",
@@ -28,14 +29,7 @@ __all__ = [
     "with_model_mrope",
 ]
 
-VISION_COLUMNS: tuple[str, ...] = (
-    "pixel_values",
-    "image_grid_thw",
-    "pixel_values_videos",
-    "video_grid_thw",
-    "second_per_grid_ts",
-    "mm_token_type_ids",
-)
+VISION_COLUMNS: tuple[str, ...] = (*VISION_FIELDS, "second_per_grid_ts")
 """A vision-language row's fields as its processor gives them (docs/multimodal.md, "The sample
 contract"), passed on to the sample as tensors; a row's ``None`` is left out."""
 

@@ -23,6 +23,7 @@ from seqpack.options import DataOwner, LabelFormat
 from seqpack.thd import PackedBatch, sample_sequences
 from seqpack.thd.layout import token_layout
 from seqpack.thd.mrope import IMAGE, VIDEO, MRopeSpec
+from seqpack.thd.sample import MEDIA_FIELDS
 from seqpack.thd.vision import VisionSample, check_text_sample, has_vision, normalize_vision, pack_vision, text_part
 from seqpack.topology import Topology
 
@@ -40,9 +41,9 @@ __all__ = [
 
 Sample = dict[str, torch.Tensor]
 
-_MEDIA = ((IMAGE, "pixel_values", "image_grid_thw"), (VIDEO, "pixel_values_videos", "video_grid_thw"))
+_MEDIA = ((IMAGE, *MEDIA_FIELDS[0]), (VIDEO, *MEDIA_FIELDS[1]))
 POSITIONS = "mrope_position_ids"
-PAYLOAD_KEYS: tuple[str, ...] = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", POSITIONS)
+PAYLOAD_KEYS: tuple[str, ...] = (*(key for pair in MEDIA_FIELDS for key in pair), POSITIONS)
 """The keys of a read sample's vision payload (beside its 1-D token fields)."""
 
 HEADER_WORDS = 9

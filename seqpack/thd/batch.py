@@ -10,7 +10,7 @@ import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, INT64_MAX, CpLayout
-from seqpack.thd.sample import IGNORE_INDEX, TOKEN_KEYS
+from seqpack.thd.sample import IGNORE_INDEX, MEDIA_FIELDS, TOKEN_KEYS, VISION_FIELDS
 from seqpack.validation import check_choice, check_int, check_positive_int
 
 if TYPE_CHECKING:
@@ -22,14 +22,7 @@ BATCH_TOKEN_FIELDS: tuple[str, ...] = (*TOKEN_KEYS, "seq_idx", "padding_mask")
 """The per-token fields of a :class:`PackedBatch` (what CP sharding cuts)."""
 _REQUIRED_TENSORS = ("position_ids", "seq_idx", "padding_mask", "cu_seqlens", "cu_seqlens_padded", "sample_ids")
 _TOKEN_FIELDS = ("input_ids", "labels", "loss_mask", "seq_idx", "padding_mask")
-VISION_BATCH_FIELDS: tuple[str, ...] = (
-    "mrope_position_ids",
-    "mm_token_type_ids",
-    "pixel_values",
-    "image_grid_thw",
-    "pixel_values_videos",
-    "video_grid_thw",
-)
+VISION_BATCH_FIELDS: tuple[str, ...] = ("mrope_position_ids", *VISION_FIELDS)
 """The fields of a vision-language pack (``None`` on a text-only one)."""
 
 
@@ -210,7 +203,7 @@ def _check_vision(batch: PackedBatch) -> None:
             f"PackedBatch.mrope_position_ids has shape {tuple(positions.shape)} and mm_token_type_ids "
             f"{tuple(types.shape)}; expected (3, {tokens[0]}) and ({tokens[0]},)"
         )
-    for pixel_name, grid_name in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+    for pixel_name, grid_name in MEDIA_FIELDS:
         pixels, grid = getattr(batch, pixel_name), getattr(batch, grid_name)
         if (pixels is None) != (grid is None):
             missing = grid_name if grid is None else pixel_name

@@ -32,7 +32,9 @@ __all__ = [
     "INTEGER_KEYS",
     "SAMPLES_NOT_BATCHES",
     "SAMPLE_DTYPES",
+    "MEDIA_FIELDS",
     "TOKEN_KEYS",
+    "VISION_FIELDS",
     "VISION_KEYS",
     "check_label_format",
     "count_loss_tokens",
@@ -62,10 +64,17 @@ INTEGER_KEYS: frozenset[str] = frozenset(key for key, dtype in SAMPLE_DTYPES.ite
 
 _OPTIONAL_KEYS = TOKEN_KEYS[1:]
 
-VISION_KEYS: frozenset[str] = frozenset(
-    {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids"}
+MEDIA_FIELDS: tuple[tuple[str, str], ...] = (
+    ("pixel_values", "image_grid_thw"),
+    ("pixel_values_videos", "video_grid_thw"),
 )
-"""The fields that make a sample a vision-language one (:mod:`seqpack.thd.vision`)."""
+"""Per medium, images then videos (``mm_token_type_ids`` 1 and 2: :mod:`seqpack.thd.mrope`),
+the field of its pixels ``[patches, D]`` and of its grids ``[n, 3]``."""
+VISION_FIELDS: tuple[str, ...] = ("mm_token_type_ids", *(key for pair in MEDIA_FIELDS for key in pair))
+"""The fields that make a sample a vision-language one (:mod:`seqpack.thd.vision`): the one
+declaration every list of them (batch fields, payload keys, HF columns) derives from."""
+VISION_KEYS: frozenset[str] = frozenset(VISION_FIELDS)
+""":data:`VISION_FIELDS` as a set."""
 
 SAMPLES_NOT_BATCHES = "give seqpack samples, not batches: DataLoader(batch_size=None)"
 """The hint for a collated batch where seqpack expects one sample (seqpack packs samples itself)."""

@@ -21,11 +21,11 @@ import torch
 from seqpack.errors import SampleError, SeqpackTypeError
 from seqpack.thd.layout import TokenLayout
 from seqpack.thd.mrope import IMAGE, TEXT, VIDEO, MRopeSpec, mrope_positions, placeholder_runs
-from seqpack.thd.sample import VISION_KEYS
+from seqpack.thd.sample import MEDIA_FIELDS, VISION_KEYS
 
 __all__ = ["VisionSample", "check_text_sample", "has_vision", "normalize_vision", "pack_vision", "text_part"]
 
-_MEDIA = {IMAGE: ("pixel_values", "image_grid_thw", "image"), VIDEO: ("pixel_values_videos", "video_grid_thw", "video")}
+_MEDIA = {IMAGE: (*MEDIA_FIELDS[0], "image"), VIDEO: (*MEDIA_FIELDS[1], "video")}
 
 
 @dataclasses.dataclass
