@@ -112,6 +112,8 @@ class Schedule:
 
     Groups are listed round by round, and within a round by their first rank; the groups of
     a round partition the ranks ``0..R-1``. A group with no ids runs a padding-only filler.
+    Its arrays are not written after construction: :attr:`offsets`, :attr:`group_of` and
+    :meth:`fingerprint` are computed once (``dataclasses.replace`` makes a new schedule).
 
     Attributes:
         num_microbatches: Microbatch rounds of the step (every rank runs one microbatch per
@@ -399,15 +401,14 @@ class Schedule:
         return plan
 
     def fingerprint(self) -> int:
-        """A 63-bit hash of the whole schedule, equal on ranks that computed the same one."""
-        digest = hashlib.blake2b(digest_size=8)
-        for name, array in self.to_arrays().items():
-            if name == "origin":  # where samples came from does not change the plan
-                continue
-            digest.update(name.encode())
-            digest.update(np.int64(array.shape[0]).tobytes())
-            digest.update(array.tobytes())
-        return int.from_bytes(digest.digest(), "little") >> 1
+        """A 63-bit hash of the whole schedule, equal on ranks that computed the same one.
+        Hashed once per schedule, at the first call (a schedule's arrays are never written
+        after construction); a pickled schedule carries it."""
+        return self._fingerprint
+
+    @functools.cached_property
+    def _fingerprint(self) -> int:
+        return _digest(self)
 
     # -- invariants ------------------------------------------------------------------------
     def validate(
@@ -434,3 +435,16 @@ class Schedule:
         schedule_checks.check_all(self, None if lengths is None else as_lengths(lengths), expected)
         if static_shapes is not None:
             schedule_checks.check_static_shapes(self, static_shapes)
+
+
+def _digest(plan: Schedule) -> int:
+    """:meth:`Schedule.fingerprint`: blake2b over every array of ``to_arrays()`` but
+    ``origin`` (where samples came from does not change the plan), each with its name and length."""
+    digest = hashlib.blake2b(digest_size=8)
+    for name, array in plan.to_arrays().items():
+        if name == "origin":
+            continue
+        digest.update(name.encode())
+        digest.update(np.int64(array.shape[0]).tobytes())
+        digest.update(array.tobytes())
+    return int.from_bytes(digest.digest(), "little") >> 1

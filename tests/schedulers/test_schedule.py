@@ -135,3 +135,22 @@ def test_balanced_hands_its_plan_over_flat():
     rounds, _ = BalancedScheduler()._plan(request)
     assert isinstance(rounds, Grid)
     assert sorted(np.concatenate([c for row in rounds for c in row]).tolist()) == ids.tolist()
+
+
+def test_the_fingerprint_is_hashed_once_per_schedule():
+    import pickle
+    from unittest import mock
+
+    from seqpack.schedulers import schedule as schedule_module
+
+    s = _schedule()
+    with mock.patch.object(schedule_module, "_digest", wraps=schedule_module._digest) as digest:
+        assert s.fingerprint() == s.fingerprint() == 792207500722211044  # the value cad467f hashed
+        assert digest.call_count == 1
+        back = pickle.loads(pickle.dumps(s))  # a pickled schedule carries it
+        assert back.fingerprint() == s.fingerprint() and digest.call_count == 1
+        lengths = s.lengths.copy()
+        lengths[0] -= 1
+        other = dataclasses.replace(s, lengths=lengths)  # a new schedule is hashed anew
+        assert other.fingerprint() != s.fingerprint() and digest.call_count == 2
+    assert Schedule.from_arrays(back.to_arrays()).fingerprint() == s.fingerprint()
