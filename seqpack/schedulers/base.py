@@ -166,30 +166,20 @@ class GridScheduler(Scheduler):
         self, rounds: Sequence[Sequence[np.ndarray]], request: Request, shapes: StaticShapes
     ) -> Sequence[Sequence[np.ndarray]]:
         """``rounds`` of ``request`` (lengths after the oversize policy, cost on the static
-        group) within ``shapes``' sequence limit (:func:`fit_sequence_limit`), then, for
-        schedulers that plan with the buckets, trimmed at bucket edges (:func:`trim_to_buckets`);
-        each sequence weighed by its cost plus its ``sample_cost``."""
-        capacity, cost = request.capacity, request.cost
-        padded = padded_lengths(request.lengths, request.pad_multiple)
-        extra = 0.0 if request.sample_cost is None else request.sample_cost
-        weight = padded.astype(np.float64) if cost is None else cost.cost(padded) + extra
-        rounds = fit_sequence_limit(
-            rounds,
-            padded,
-            weight,
-            limit=shapes.max_real_sequences,
-            capacity=capacity,
-            keep_replica=self.keeps_origin,
-            round_multiple=int(getattr(self, "microbatch_multiple", 1)),  # rounds added keep the multiple
-            fixed_rounds=getattr(self, "num_microbatches", None),  # a forced count: no rounds added
-        )
-        model = self.resolve_cost(cost)
+        group) within ``shapes``' sequence limit (:func:`fit_sequence_slots`, at this
+        scheduler's forced ``num_microbatches`` if any), then, for schedulers that plan with
+        the buckets, trimmed at bucket edges (:func:`trim_to_buckets`; each sequence weighed by
+        its cost plus its ``sample_cost``)."""
+        forced = getattr(self, "num_microbatches", None)
+        rounds = fit_sequence_slots(self, rounds, request, keep_replica=self.keeps_origin, fixed_rounds=forced)
+        capacity, model = request.capacity, self.resolve_cost(request.cost)
         price = None if model is None else BucketPrice.of(shapes, capacity, model.linear)
         if self.plans_buckets and model is not None and price is not None:
+            padded = padded_lengths(request.lengths, request.pad_multiple)
             rounds = trim_to_buckets(
                 rounds,
                 padded,
-                model.cost(padded) + extra,
+                model.cost(padded) + (0.0 if request.sample_cost is None else request.sample_cost),
                 price=price,
                 limit=shapes.max_real_sequences,
                 capacity=capacity,
@@ -213,3 +203,36 @@ class GridScheduler(Scheduler):
         none of them 0; ``request.cost`` a :class:`~seqpack.cost.CostModel` or None). Every
         padded microbatch must fit ``request.capacity``; every round must list ``dp_size``
         arrays (empty ones allowed)."""
+
+
+def fit_sequence_slots(
+    scheduler: Scheduler,
+    rounds: Sequence[Sequence[np.ndarray]],
+    request: Request,
+    *,
+    keep_replica: bool,
+    fixed_rounds: int | None,
+) -> list[list[np.ndarray]]:
+    """:func:`fit_sequence_limit` of ``rounds`` of ``request`` (lengths after the oversize
+    policy, cost on the static group) to its ``static_shapes``' sequence limit, each sequence
+    weighed by its cost plus its ``sample_cost`` (its padded tokens without a cost model),
+    rounds added in ``scheduler``'s ``microbatch_multiple``: the one repair of the static
+    plans (:class:`GridScheduler`, :func:`~seqpack.schedulers.sample_groups.schedule_groups`).
+
+    Raises:
+        ScheduleError: ``fixed_rounds`` (a forced count) given and the ids need more rounds.
+    """
+    assert request.static_shapes is not None
+    padded = padded_lengths(request.lengths, request.pad_multiple)
+    extra = 0.0 if request.sample_cost is None else request.sample_cost
+    weight = padded.astype(np.float64) if request.cost is None else request.cost.cost(padded) + extra
+    return fit_sequence_limit(
+        rounds,
+        padded,
+        weight,
+        limit=request.static_shapes.max_real_sequences,
+        capacity=request.capacity,
+        keep_replica=keep_replica,
+        round_multiple=int(getattr(scheduler, "microbatch_multiple", 1)),
+        fixed_rounds=fixed_rounds,
+    )

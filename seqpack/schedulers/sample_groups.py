@@ -16,12 +16,12 @@ from seqpack.cost import default_cost_model
 from seqpack.errors import ConfigError, SampleError, ScheduleError
 from seqpack.options import GroupSizes, OnOversize
 from seqpack.schedulers.balanced import BalancedScheduler, relabel_replicas, round_position
-from seqpack.schedulers.base import Scheduler
+from seqpack.schedulers.base import Scheduler, fit_sequence_slots
 from seqpack.schedulers.group_sizes import allowed_group_sizes
 from seqpack.schedulers.join import join_plans
 from seqpack.schedulers.request import Request, apply_static_oversize
 from seqpack.schedulers.schedule import Schedule
-from seqpack.schedulers.shape_limits import fit_sequence_limit, refuse_dynamic
+from seqpack.schedulers.shape_limits import refuse_dynamic
 from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
 from seqpack.validation import check_bool
 
@@ -127,17 +127,12 @@ def _static_with_groups(
     per_replica = planner.plan_all(active, replica, unit, padded, costs, dp_size)
     count = len(per_replica[0]) if per_replica else 0
     grid = [[np.sort(per_replica[d][m]) for d in range(dp_size)] for m in range(count)]
-    if request.static_shapes is not None and grid:  # `together` packs whole groups, by tokens alone
-        every = padded_lengths(effective, pad_multiple)
-        grid = fit_sequence_limit(
-            grid,
-            every,
-            model.cost(every),
-            limit=request.static_shapes.max_real_sequences,
-            capacity=capacity,
-            keep_replica=True,
-            round_multiple=int(getattr(scheduler, "microbatch_multiple", 1)),
-        )
+    if request.static_shapes is not None and grid:  # `together` packs whole groups, by tokens alone,
+        # at its own count (pack_units): rounds may be added. Other plans are each replica's
+        # own, repaired already (at any forced count).
+        on_group = None if request.cost is None else request.cost.at(cp_size)
+        placed = dataclasses.replace(request, lengths=effective, cost=on_group)
+        grid = fit_sequence_slots(scheduler, grid, placed, keep_replica=True, fixed_rounds=None)
     return Schedule.from_assignment(
         grid,
         lengths=effective,

@@ -124,6 +124,34 @@ def test_groups_stay_on_one_replica_within_the_limits(together):
         assert np.unique(replica[groups == g]).size == 1
 
 
+def test_groups_repair_weighs_the_sample_cost_as_every_static_plan():
+    """``together`` packs replica 0's microbatches [1] (50 tokens and an image costing 100),
+    [0] (70 tokens) and [4, 7, 8] (three sequences, two slots). The repair moves 7 (20 tokens)
+    to the least loaded of the two with a slot: [0], as GridScheduler's repair weighs it;
+    weighed by tokens alone, [1] (its round then the step's slowest: 576)."""
+    lengths = np.array([70, 50, 90, 20, 20, 80, 80, 20, 40])
+    groups = np.array([2, 2, 8, 8, 6, 1, 1, 6, 5])
+    shapes = StaticShapes(token_buckets=(50, 100), max_sequences=2, tail_padding="extend_last")
+    image = np.where(np.arange(9) == 1, 100.0, 0.0)
+    request = Request.of(
+        lengths, dp_size=2, max_tokens_per_rank=100, cost=COST, static_shapes=shapes, sample_cost=image
+    )
+    plan = schedule_groups(get_scheduler("balanced"), request, groups, np.ones(9, bool), together=True)
+    slow_limits_held(plan, shapes)
+    assert predicted_step_time(plan, COST, static_shapes=shapes) == pytest.approx(528.0)
+
+
+def test_groups_keep_a_forced_count_under_static_shapes():
+    lengths = short_lengths(120, seed=4)  # 40 sequences a replica: 14 microbatches of 3
+    request = Request.of(lengths, dp_size=3, max_tokens_per_rank=256, cost=COST, static_shapes=SHAPES)
+    groups = np.arange(120) // 6
+    plan = schedule_groups(get_scheduler("balanced", num_microbatches=14), request, groups, np.ones(120, bool))
+    assert plan.num_microbatches == 14
+    slow_limits_held(plan, SHAPES)
+    with pytest.raises(ScheduleError, match="num_microbatches=13"):
+        schedule_groups(get_scheduler("balanced", num_microbatches=13), request, groups, np.ones(120, bool))
+
+
 def test_minibatches_pass_static_shapes_to_every_part():
     lengths = short_lengths(160, seed=5)
     plan, starts = schedule_minibatches(
