@@ -135,6 +135,7 @@ class StepStats:
         bytes_per_token: float = SAMPLE_BYTES_PER_TOKEN,
         sync: str = "lockstep",
         static_shapes: StaticShapes | None = None,
+        predicted: float | None = None,
     ) -> StepStats:
         """Account a schedule, static or dynamic CP, in ``cost``'s units (padded tokens without one).
 
@@ -149,6 +150,9 @@ class StepStats:
         ``replica_cost`` and ``predicted_step_time``; ``padded_tokens`` and ``pad_fraction``
         stay the packs' own. With a cost, the plan's ``sample_cost`` (e.g. the vision
         encoder's) adds to its sequences' microbatches, bounds and predictions included.
+        ``predicted``: the step time the caller already predicted for this plan (with the
+        model it was planned with), kept as ``predicted_step_time`` instead of a prediction
+        from ``cost``.
         """
         plan, mode = _check_schedule("schedule", schedule), check_choice("sync", sync, Sync)
         flops = None if flops is None else check_number("flops", flops)
@@ -169,7 +173,8 @@ class StepStats:
         # Truncated ids trained this step: a deferred one is counted when it is trained.
         truncated = plan.truncated[np.isin(plan.truncated, assigned)]
         real_sum = exact_sum(real)
-        predicted = None if cost is None else predicted_step_time(plan, cost, sync=mode, static_shapes=static_shapes)
+        if predicted is None and cost is not None:
+            predicted = predicted_step_time(plan, cost, sync=mode, static_shapes=static_shapes)
         return cls(
             num_sequences=int(assigned.shape[0]),
             num_microbatches=plan.num_microbatches,

@@ -142,3 +142,18 @@ def test_moved_tokens_under_static_cp_are_the_shards_each_plane_rank_sends():
     assert per_id.tolist() == [0, 8, 8, 0] and sent.tolist() == received.tolist() == [4, 4, 4, 4]
     with pytest.raises(ValueError, match=r"origin of sample 3 is DP rank 2, outside 0\.\.1"):
         dataclasses.replace(s, origin=np.array([0, 1, 0, 2])).validate()
+
+
+def test_a_prediction_given_is_kept_not_made_again():
+    from unittest import mock
+
+    from seqpack.schedulers import predicted_step_time
+
+    plan = get_scheduler("balanced").schedule([5, 3, 8, 2, 7, 1], dp_size=2, max_tokens_per_rank=10)
+    cost = CostModel(linear=1.0, quadratic=0.5)
+    made = StepStats.from_schedule(plan, cost).predicted_step_time
+    assert made == predicted_step_time(plan, cost)
+    with mock.patch("seqpack.stats.predicted_step_time", wraps=predicted_step_time) as predict:
+        assert StepStats.from_schedule(plan, cost, predicted=2.5).predicted_step_time == 2.5
+        assert StepStats.from_schedule(plan, None, predicted=2.5).predicted_step_time == 2.5
+        assert predict.call_count == 0

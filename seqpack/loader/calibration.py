@@ -29,7 +29,7 @@ from seqpack.stats import StepStats
 from seqpack.thd import StaticShapes
 from seqpack.topology import Topology
 
-__all__ = ["CalibrationState", "StepInput", "fill_stats"]
+__all__ = ["CalibrationState", "StepInput", "fill_stats", "step_prediction"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,22 +170,20 @@ def _encoder_price(config: PackingConfig, topology: Topology, prior: CostModel) 
     return price if math.isfinite(price) and price > 0 else None
 
 
-def fill_stats(
-    stats: StepStats,
-    plan: Schedule,
-    taken: StepInput,
-    last: Measurement | None,
-    stats_cost: CostModel,
-    *,
-    sync: Sync,
-    static_shapes: StaticShapes | None,
-) -> None:
-    """The model the step was planned with (``stats_cost`` without one), its prediction for
-    the step, and ``last``: the last measured step and the error of its prediction."""
-    stats.calibrated = taken.fitted
+def step_prediction(
+    plan: Schedule, taken: StepInput, stats_cost: CostModel, *, sync: Sync, static_shapes: StaticShapes | None
+) -> tuple[CostModel, float]:
+    """The model the step was planned with (``stats_cost`` without one) and the step time it
+    predicts for ``plan`` (what ``StepStats.from_schedule(predicted=)`` records)."""
     model = taken.model if taken.model is not None else stats_cost
+    return model, predicted_step_time(plan, model, sync=sync, static_shapes=static_shapes)
+
+
+def fill_stats(stats: StepStats, taken: StepInput, last: Measurement | None, model: CostModel) -> None:
+    """The model the step was planned with (:func:`step_prediction`), whether it is fitted,
+    and ``last``: the last measured step and the error of its prediction."""
+    stats.calibrated = taken.fitted
     stats.cost_model = model
-    stats.predicted_step_time = predicted_step_time(plan, model, sync=sync, static_shapes=static_shapes)
     if last is not None:
         stats.measured_step, stats.measured_step_time = last.step, last.measured
         stats.prediction_error = None if last.error is None else float(last.error)

@@ -39,7 +39,7 @@ from seqpack.collective.groups import this_rank
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SampleError, ScheduleError, StepFailed
 from seqpack.loader import phases
-from seqpack.loader.calibration import CalibrationState, StepInput, fill_stats
+from seqpack.loader.calibration import CalibrationState, StepInput, fill_stats, step_prediction
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.cp_mode import CpMode
 from seqpack.loader.labels import misaligned_step_message
@@ -363,10 +363,12 @@ class StepProducer:
         # stay in the config's cost.
         config = self.config
         cost = taken.model if taken.model is not None and not plan.is_static else self.stats_cost
+        shapes = config.static_shapes
+        model, predicted = step_prediction(plan, taken, self.stats_cost, sync=config.sync, static_shapes=shapes)
         stats = StepStats.from_schedule(
-            plan, cost, empty_samples=msg.empty_samples, sync=config.sync, static_shapes=config.static_shapes
+            plan, cost, empty_samples=msg.empty_samples, sync=config.sync, static_shapes=shapes, predicted=predicted
         )
-        fill_stats(stats, plan, taken, last, self.stats_cost, sync=config.sync, static_shapes=config.static_shapes)
+        fill_stats(stats, taken, last, model)
         if config.flops_fn is not None:
             stats.flops = float(config.flops_fn(stats.seqlen_sum, stats.seqlen_sq_sum))
         self.steps += 1
