@@ -182,10 +182,14 @@ def new_group(ranks: list[int], backend: str | None, timeout: datetime.timedelta
 
 
 def new_axis_groups(
-    topology: Topology, *, backend: str = "gloo", timeout: datetime.timedelta | None = None
+    topology: Topology,
+    *,
+    backend: str = "gloo",
+    timeout: datetime.timedelta | None = None,
+    axes: Iterable[str] | None = None,
 ) -> dict[str, Any]:
     """New process groups over the same ranks, in the same group-rank order, as the axis
-    groups of ``topology`` (axes of size 1 get ``None``).
+    groups of ``topology`` (axes of size 1, and those not in ``axes``, get ``None``).
 
     Collective over the whole default group, like ``torch.distributed.new_group``: every
     rank calls ``new_group`` for every group of every axis (the world-wide counter names
@@ -197,14 +201,16 @@ def new_axis_groups(
             trains on NCCL).
         timeout: How long a collective on the new groups waits for its peers before
             failing (``None``: torch's default for the backend).
+        axes: The axes to create groups for (``None``: every axis); every rank passes the same.
 
     Raises:
         ConfigError: ``torch.distributed`` is not initialised or the topology spans fewer
             ranks than the default group.
     """
     names = [axis.value for axis in AXES]
-    axes = [axis for axis in names if topology.size(axis) > 1]
-    if not axes:
+    wanted = names if axes is None else [str(axis) for axis in axes]
+    made = [axis for axis in names if axis in wanted and topology.size(axis) > 1]
+    if not made:
         return dict.fromkeys(names)
     if not (dist.is_available() and dist.is_initialized()):
         raise ConfigError("new_axis_groups needs torch.distributed to be initialised")
@@ -217,11 +223,11 @@ def new_axis_groups(
         )
     # Per axis, the global rank of this rank's group leader (group rank 0) and this rank's
     # group rank: every group of the axis, with its members in order, follows.
-    mine = [(topology.global_ranks(axis)[0], topology.rank(axis)) for axis in axes]
+    mine = [(topology.global_ranks(axis)[0], topology.rank(axis)) for axis in made]
     everyone = all_gather_objects(mine, dist.group.WORLD)
     out: dict[str, Any] = dict.fromkeys(names)
     me = dist.get_rank()
-    for i, axis in enumerate(axes):
+    for i, axis in enumerate(made):
         members: dict[int, dict[int, int]] = {}
         for rank, entries in enumerate(everyone):
             leader, position = entries[i]

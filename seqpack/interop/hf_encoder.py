@@ -317,7 +317,7 @@ def rebalance_for_config(
         return None
     given = config.model
     language = given.cost_model() if given is not None else None
-    group = new_axis_groups(topology, backend=dist.get_backend())["dp"]
+    group = new_axis_groups(topology, backend=dist.get_backend(), axes=["dp"])["dp"]  # the route's alone
     return EncoderRebalance(
         model,
         group,

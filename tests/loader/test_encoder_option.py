@@ -103,3 +103,48 @@ def test_the_calibrated_price():
     assert calibrated_seconds_per_flop(CostCalibrator(prior, encoder_price=2.0)) == DEFAULT_SECONDS_PER_FLOP
     assert calibrated_seconds_per_flop(CostCalibrator(prior, prior_in_seconds=True)) == DEFAULT_SECONDS_PER_FLOP
     assert calibrated_seconds_per_flop(CostCalibrator(prior, prior_in_seconds=True, encoder_price=2e-15)) == 2e-15
+
+
+def test_rebalance_for_config_creates_the_dp_groups_alone():
+    """On dp=2 x tp=2 (4 ranks, this one rank 0), the route's groups are the DP groups only:
+    no TP group is created for it (torch.distributed faked, the grouping code real)."""
+    pytest.importorskip("transformers")
+    from unittest import mock
+
+    from vlm_data import tiny_vlm
+
+    from seqpack.collective import groups as groups_module
+    from seqpack.interop import hf_encoder
+    from seqpack.topology import dist as topology_dist
+
+    dp_group, tp_group = object(), object()
+    members = {id(dp_group): [0, 2], id(tp_group): [0, 1]}  # TP fastest: rank = 2 * dp_rank + tp_rank
+    topology = Topology(dp_size=2, tp_size=2, world_size=4, groups={"dp": dp_group, "tp": tp_group})
+    created: list[list[int]] = []
+
+    def new_group(ranks, backend, timeout):
+        created.append(list(ranks))
+        return f"group{ranks}"
+
+    def gathered(mine, group):  # what ranks 0..3 send: per created axis, (leader, position)
+        axes = {"dp": lambda r: (r % 2, r // 2), "tp": lambda r: (r - r % 2, r % 2)}
+        order = ["dp", "tp"][: len(mine)]
+        return [[axes[axis](r) for axis in order] for r in range(4)]
+
+    fake = mock.Mock(is_available=lambda: True, is_initialized=lambda: True)
+    fake.get_world_size.side_effect = lambda group=None: 4 if group is None else 2
+    fake.get_rank.side_effect = lambda group=None: 0
+    with (
+        mock.patch.object(groups_module, "dist", fake),
+        mock.patch.object(groups_module, "new_group", new_group),
+        mock.patch.object(groups_module, "all_gather_objects", gathered),
+        mock.patch.object(topology_dist, "get_process_group_ranks", lambda g: members[id(g)]),
+        mock.patch.object(topology_dist, "is_initialized", lambda: True),
+        mock.patch.object(hf_encoder.dist, "get_backend", lambda group=None: "gloo"),
+    ):
+        hooks = hf_encoder.rebalance_for_config(
+            tiny_vlm("qwen2_vl"), topology, _config(mrope=SPEC, data_owner="all", encoder_rebalance=True)
+        )
+    assert hooks is not None and hooks.group == "group[0, 2]"
+    assert created == [[0, 2], [1, 3]]  # every DP group (collective), no TP group
+    hooks.remove()
