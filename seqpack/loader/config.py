@@ -20,6 +20,7 @@ from seqpack.cost import (
 )
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader.encoder_option import EncoderRebalanceMode, check_encoder_rebalance
+from seqpack.loader.vision_payload import check_topology
 from seqpack.options import (
     DEFAULT_PREFETCH_BYTES,
     INT64_MAX,
@@ -310,12 +311,16 @@ class PackingConfig:
         """This config with ``pad_multiple`` resolved for ``topology`` and checked against it.
 
         Raises:
-            ConfigError: ``pad_multiple`` not a multiple of ``2*cp`` under CP, or a
-                microbatch (``max_tokens_per_rank * cp``) smaller than ``pad_multiple``.
+            ConfigError: ``pad_multiple`` not a multiple of ``2*cp`` under CP, a microbatch
+                (``max_tokens_per_rank * cp``) smaller than ``pad_multiple``, ``mrope`` on a
+                topology whose batches cannot carry the vision fields
+                (:func:`~seqpack.loader.vision_payload.check_topology`), or
+                ``encoder_rebalance=True`` where the route cannot run.
         """
         if not isinstance(topology, Topology):
             raise SeqpackTypeError(f"topology must be a seqpack.Topology, got {type(topology).__name__}")
         check_encoder_rebalance(self.encoder_rebalance, mrope=self.mrope, topology=topology)
+        check_topology(topology, self.mrope, self.data_owner)
         if self.dynamic_cp:
             return self._resolve_dynamic(topology)
         cp = topology.cp_size

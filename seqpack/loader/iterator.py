@@ -59,7 +59,6 @@ from seqpack.loader.prefetch import Background, Prefetcher, check_seconds, check
 from seqpack.loader.producer import StepProducer
 from seqpack.loader.resume import ResumeState, Stateful
 from seqpack.loader.step import DeviceCopy, Progress, Ready, Step, check_device
-from seqpack.loader.vision_payload import check_topology
 from seqpack.options import AXES, DataOwner
 from seqpack.schedulers import Scheduler
 from seqpack.topology import Topology
@@ -173,7 +172,6 @@ class PackingIterator(Iterator[Step], Stateful):
             if wrapper_groups is not None:
                 comm = topology.with_groups(wrapper_groups)
             check_covers_job(topology, self.config, wrapper_groups is not None)
-            check_topology(topology, self.config.mrope, self.config.data_owner)
             fingerprint, details = compared_settings(topology, self.config)
         except SeqpackError as exc:
             error = exc

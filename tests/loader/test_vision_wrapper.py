@@ -192,6 +192,23 @@ def test_topologies_that_cannot_carry_pixels_are_refused(sizes, owner, words):
     check_topology(_Sizes(dp_size=2, tp_size=2), _spec(), DataOwner.ALL)
 
 
+@pytest.mark.parametrize(
+    ("sizes", "owner", "words"),
+    [
+        (dict(cp_size=2), DataOwner.ALL, r"a vision-language pack cannot be CP-sharded yet"),
+        (dict(pp_size=2), DataOwner.ALL, r"pipeline stages do not get the vision fields yet; use pp_size=1"),
+        (dict(tp_size=2), DataOwner.TP0, r"under data_owner='tp0' the TP broadcast does not carry pixels"),
+    ],
+)
+def test_the_config_refuses_those_topologies_where_it_is_resolved(sizes, owner, words):
+    axes = [axis for axis in ("cp", "pp", "tp") if f"{axis}_size" in sizes]
+    topology = Topology(**sizes, world_size=2, groups={axis: object() for axis in axes})
+    config = PackingConfig(samples_per_rank=1, max_tokens_per_rank=8, mrope=_spec(), data_owner=owner)
+    with pytest.raises(ConfigError, match=rf"mrope \(qwen2_vl\) on .*: {words}"):
+        config.resolve(topology)
+    config.replace(mrope=None).resolve(topology)  # text: anything goes
+
+
 class _Sizes:
     """A topology's sizes alone (check_topology reads nothing else)."""
 
