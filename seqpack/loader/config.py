@@ -4,6 +4,7 @@ validated at construction and fingerprinted (option enums: :mod:`seqpack.options
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
@@ -345,7 +346,14 @@ class PackingConfig:
             )
         if self.static_shapes is not None:
             self._check_buckets(self.static_shapes, capacity, cp, pad)
-        return dataclasses.replace(self, pad_multiple=int(pad))
+        return self._with_pad_multiple(pad)
+
+    def _with_pad_multiple(self, pad: int) -> PackingConfig:
+        """A copy with ``pad_multiple=pad`` (checked by ``resolve``); every other field is as
+        validated at construction, so it is not validated again (nor the scheduler built)."""
+        resolved = copy.copy(self)
+        object.__setattr__(resolved, "pad_multiple", int(pad))
+        return resolved
 
     def _check_buckets(self, shapes: StaticShapes, capacity: int, cp: int, pad: int) -> None:
         shapes.check_pad_multiple(pad, capacity)  # multiples of pad; the largest is the capacity:
@@ -373,10 +381,14 @@ class PackingConfig:
                 f"max_tokens_per_rank={self.max_tokens_per_rank} is smaller than pad_multiple={pad}: no sequence "
                 "fits a rank"
             )
-        return dataclasses.replace(self, pad_multiple=int(pad))
+        return self._with_pad_multiple(pad)
 
-    def summary(self) -> dict[str, str]:
-        """Every field that changes the data, as text (what resume compares and reports)."""
+    def summary(self, scheduler: Scheduler | None = None) -> dict[str, str]:
+        """Every field that changes the data, as text (what resume compares and reports).
+        ``scheduler``: this config's :meth:`build_scheduler`, where the caller holds it
+        (``None``: built here)."""
+        if scheduler is None:
+            scheduler = self.build_scheduler()
         return {
             "samples_per_rank": str(self.samples_per_rank),
             "max_tokens_per_rank": str(self.max_tokens_per_rank),
@@ -387,7 +399,7 @@ class PackingConfig:
             "check_schedule": str(self.check_schedule),
             # The scheduler with its options, and the cost: ranks that differ in either
             # compute different schedules from the same lengths.
-            "scheduler": repr(self.build_scheduler()),
+            "scheduler": repr(scheduler),
             "cost": repr(self.cost),
             "sync": str(self.sync),
             "calibrate": repr(self.calibrate),
@@ -402,9 +414,9 @@ class PackingConfig:
             "model": repr(self.model),
         }
 
-    def fingerprint(self) -> int:
-        """A 63-bit hash of :meth:`summary`."""
-        return fingerprint_text(repr(sorted(self.summary().items())))
+    def fingerprint(self, scheduler: Scheduler | None = None) -> int:
+        """A 63-bit hash of :meth:`summary` (``scheduler``: as there)."""
+        return fingerprint_text(repr(sorted(self.summary(scheduler).items())))
 
 
 def resolved_cost(config: PackingConfig, scheduler: Scheduler) -> CostModel:

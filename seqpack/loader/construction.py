@@ -15,6 +15,7 @@ from seqpack.collective.groups import this_rank
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.loader.config import PackingConfig
 from seqpack.options import AXES, DataOwner, fingerprint_text
+from seqpack.schedulers import Scheduler
 from seqpack.topology import Topology
 
 __all__ = ["check_covers_job", "check_ownership", "compared_settings", "construction_words", "warn_if_alone"]
@@ -61,19 +62,19 @@ def check_covers_job(topology: Topology, config: PackingConfig, has_groups: bool
         raise ConfigError(f"{grid} (partial=True): dynamic_cp creates its process groups over the whole job")
 
 
-def compared_settings(topology: Topology, config: PackingConfig) -> tuple[int, dict[str, str]]:
+def compared_settings(topology: Topology, config: PackingConfig, scheduler: Scheduler) -> tuple[int, dict[str, str]]:
     """The fingerprint and fields (what a mismatch names) the construction agreement compares:
-    every field of the config's summary, the axis sizes and ``validate_ranks``. Under
+    every field of the config's summary, the axis sizes and ``validate_ranks`` (``scheduler``:
+    the config's :meth:`~seqpack.loader.config.PackingConfig.build_scheduler`). Under
     ``validate_ranks=False``, only the settings every rank's plan and collectives are computed
     from, as plain values (not ``samples_per_rank``, nor the scheduler's options, cost model or
     calibrator, whose text may differ on equal settings).
     """
     sizes = {f"{axis}_size": str(topology.size(axis)) for axis in AXES} | {"validate_ranks": str(config.validate_ranks)}
     if config.validate_ranks:
-        fingerprint = fingerprint_text(repr((config.fingerprint(), sorted(sizes.items()))))
-        return fingerprint, {**config.summary(), **sizes}
-    kept = {name: value for name, value in config.summary().items() if name not in _NOT_COMPARED}
-    scheduler = config.build_scheduler()
+        fingerprint = fingerprint_text(repr((config.fingerprint(scheduler), sorted(sizes.items()))))
+        return fingerprint, {**config.summary(scheduler), **sizes}
+    kept = {name: value for name, value in config.summary(scheduler).items() if name not in _NOT_COMPARED}
     kept["scheduler"] = scheduler.name or type(scheduler).__qualname__
     kept["calibrate"] = str(config.calibrate is not False)
     details = {**kept, **sizes}

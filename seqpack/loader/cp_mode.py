@@ -33,7 +33,7 @@ from seqpack.loader.grouping import GROUP_KEY
 from seqpack.loader.phases import Gathered, Sample, carries_position_ids
 from seqpack.loader.vision_payload import decode, encode, split_payload, with_vision
 from seqpack.options import CpLayout
-from seqpack.schedulers import Schedule
+from seqpack.schedulers import Schedule, Scheduler
 from seqpack.schedulers.dynamic_cp.pieces import shard_layout
 from seqpack.thd import (
     IGNORE_INDEX,
@@ -167,12 +167,18 @@ class CpMode:
 
 
 def cp_mode(
-    config: PackingConfig, topology: Topology, comm: Topology, *, timeout: datetime.timedelta | None = None
+    config: PackingConfig,
+    topology: Topology,
+    comm: Topology,
+    scheduler: Scheduler,
+    *,
+    timeout: datetime.timedelta | None = None,
 ) -> CpMode:
     """The CP mode ``config`` runs on this rank, with its CP process groups (collective where
-    it creates groups); ``comm``: the topology whose groups the wrapper's collectives use."""
+    it creates groups); ``comm``: the topology whose groups the wrapper's collectives use;
+    ``scheduler``: the config's :meth:`~seqpack.loader.config.PackingConfig.build_scheduler`."""
     if config.dynamic_cp:
-        groups = new_cp_groups(topology, config.build_scheduler().group_sizes, timeout=timeout)
+        groups = new_cp_groups(topology, scheduler.group_sizes, timeout=timeout)
         return DynamicCp(config, topology, groups)
     return StaticCp(config, comm, static_cp_groups(topology))
 

@@ -119,7 +119,7 @@ class PackingIterator(Iterator[Step], Stateful):
                 self._comm = topology.with_groups(groups)
         # Collective too (every rank: the config, dynamic_cp included, was agreed above);
         # static CP creates a group only for a plane of DP and CP both above 1.
-        mode = cp_mode(self.config, topology, self._comm, timeout=timeout)
+        mode = cp_mode(self.config, topology, self._comm, self._scheduler, timeout=timeout)
         self.cp_groups = mode.groups
         owned += self.cp_groups.owned()
         self._bg = Background(owned, alone=all(topology.size(axis) == 1 for axis in AXES), cp_groups=self.cp_groups)
@@ -127,7 +127,7 @@ class PackingIterator(Iterator[Step], Stateful):
         self._finalizer.atexit = False  # the thread is a daemon: nothing to wait for at exit
         self._closed = False
         self._delivered: Progress | None = None  # as of the last step handed over
-        scheduler = self.config.build_scheduler()
+        scheduler = self._scheduler
         stats_cost = resolved_cost(self.config, scheduler)
         # Every rank sends the times of the same steps: they wait for the deepest prefetch.
         self._calibration = CalibrationState(self.config, topology, stats_cost, self._reads, lag=max_prefetch)
@@ -166,13 +166,17 @@ class PackingIterator(Iterator[Step], Stateful):
         comm, timeout = None, None
         try:
             self.config = config.resolve(topology)
+            # Built once: the construction check, the CP groups, the steps and resume use it.
+            self._scheduler = self.config.build_scheduler()
+            self._summary = self.config.summary(self._scheduler)
+            self._config_fingerprint = self.config.fingerprint(self._scheduler)
             check_ownership(self.topology, self.config, self._reads, data_iterator)
             self._device, self._pin_memory = check_device(device, pin_memory)
             timeout = check_timeout(group_timeout)
             if wrapper_groups is not None:
                 comm = topology.with_groups(wrapper_groups)
             check_covers_job(topology, self.config, wrapper_groups is not None)
-            fingerprint, details = compared_settings(topology, self.config)
+            fingerprint, details = compared_settings(topology, self.config, self._scheduler)
         except SeqpackError as exc:
             error = exc
         # Every rank takes part even when its own arguments were bad, so that all ranks raise
@@ -322,8 +326,8 @@ class PackingIterator(Iterator[Step], Stateful):
         progress = self._delivered if self._delivered is not None else self._producer.progress()
         return ResumeState(
             topology=self.topology.signature(),
-            config=self.config.summary(),
-            config_fingerprint=self.config.fingerprint(),
+            config=dict(self._summary),
+            config_fingerprint=self._config_fingerprint,
             steps=progress.steps,
             consumed=progress.consumed,
             deferred_samples=[{k: v.clone() for k, v in s.items()} for s in progress.deferred],
@@ -347,7 +351,7 @@ class PackingIterator(Iterator[Step], Stateful):
                 steps.
         """
         saved = ResumeState.from_dict(state)
-        saved.check_fits(self.topology.signature(), self.config)
+        saved.check_fits(self.topology.signature(), self._summary, self._config_fingerprint)
         if self._producer.started or self._bg.prefetcher is not None:
             raise ResumeError("load_state_dict needs a fresh iterator (this one has already read data)")
         self._finished = saved.finished

@@ -127,17 +127,17 @@ class ResumeState:
         fields.update(topology=dict(topology), config=dict(config), deferred_samples=[dict(s) for s in deferred])
         return cls(**fields)
 
-    def check_fits(self, topology: Mapping[str, int], config: Any) -> None:
+    def check_fits(self, topology: Mapping[str, int], summary: Mapping[str, str], fingerprint: int) -> None:
         """Raise :class:`ResumeError` unless this state was saved on ``topology`` (a
-        ``Topology.signature()``) with a ``PackingConfig`` that makes the same data as
-        ``config`` (its fingerprint)."""
+        ``Topology.signature()``) with a ``PackingConfig`` that makes the same data as the
+        one of ``summary`` and ``fingerprint`` (its ``summary()`` and ``fingerprint()``)."""
         if self.topology != dict(topology):
             raise ResumeError(
                 f"state was saved on topology {_fmt(self.topology)} but this iterator runs on {_fmt(topology)}"
             )
-        here = config.summary()
-        if self.config_fingerprint == config.fingerprint():
+        if self.config_fingerprint == fingerprint:
             return
+        here = dict(summary)
         changed = "; ".join(
             f"{key}: {self.config.get(key)!r} (saved) vs {here.get(key)!r} (here)"
             for key in sorted(set(here) | set(self.config))
