@@ -107,21 +107,27 @@ def check_optional_int(
 
 
 def check_number(name: str, value: object, *, minimum: float | None = None, allow_zero: bool = True) -> float:
-    """``value`` as a finite ``float`` (ints and numpy numbers accepted, bools refused).
+    """``value`` as a finite ``float`` (ints and numpy numbers accepted, bools refused; -0.0
+    reads 0.0).
 
     Raises:
         SeqpackTypeError: Not a real number.
-        ConfigError: NaN or infinite, below ``minimum``, or zero when ``allow_zero`` is false.
+        ConfigError: NaN, infinite (an int past float64 included), below ``minimum``, or zero
+            when ``allow_zero`` is false (``minimum=0.0, allow_zero=False``: ``> 0``).
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise SeqpackTypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    number = float(value)
+    try:
+        number = float(value) + 0.0  # + 0.0: -0.0 is 0.0
+    except OverflowError:  # an int past float64
+        number = math.inf
     if not math.isfinite(number):
         raise ConfigError(f"{name} must be finite, got {value!r}")
-    if minimum is not None and number < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value!r}")
+    positive = minimum == 0 and not allow_zero
+    if minimum is not None and (number < minimum or (positive and number == 0)):
+        raise ConfigError(f"{name} must be {'> 0' if positive else f'>= {minimum}'}, got {value!r}")
     if not allow_zero and number == 0:
-        raise ConfigError(f"{name} must not be 0")
+        raise ConfigError(f"{name} must not be 0, got {value!r}")
     return number
 
 

@@ -33,7 +33,6 @@ from seqpack.calibrate.points import (
     MIN_SECONDS,
     Point,
     add_encoder_flops,
-    check_encoder_price,
     check_lengths_count,
     check_seconds,
     microbatch_encoder_flops,
@@ -46,7 +45,7 @@ from seqpack.cost.terms import exact_sums
 from seqpack.errors import ConfigError, ResumeError, SeqpackTypeError
 from seqpack.schedulers.schedule import Schedule
 from seqpack.schedulers.step_time import group_sums, replica_sums
-from seqpack.validation import check_bool, check_int, int64_array
+from seqpack.validation import check_bool, check_int, check_number, int64_array
 
 __all__ = ["CostCalibrator"]
 
@@ -109,7 +108,9 @@ class CostCalibrator:
         self.prior_in_seconds = check_bool("prior_in_seconds", prior_in_seconds)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
         self.keep_prior_shape = check_bool("keep_prior_shape", keep_prior_shape)
-        self.prior_encoder_price = check_encoder_price(encoder_price)
+        self.prior_encoder_price = None
+        if encoder_price is not None:
+            self.prior_encoder_price = check_number("encoder_price", encoder_price, minimum=0.0, allow_zero=False)
         if self.prior_encoder_price is not None and self.fits_groups:
             raise ConfigError(
                 f"encoder_price={encoder_price!r} with a prior that prices CP groups ({prior!r}): dynamic CP plans "

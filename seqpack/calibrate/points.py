@@ -6,7 +6,6 @@ counts.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
@@ -24,7 +23,6 @@ __all__ = [
     "MAX_WINDOW",
     "MIN_SECONDS",
     "add_encoder_flops",
-    "check_encoder_price",
     "check_lengths_count",
     "check_seconds",
     "microbatch_encoder_flops",
@@ -80,23 +78,6 @@ def check_seconds(name: str, values: object, where: str = "") -> np.ndarray:
     if len(shape) > 1:
         raise SeqpackTypeError(f"{name} must be one time per microbatch (1-D){where}, got an array of shape {shape}")
     return check_numbers(name, values, where=where)
-
-
-def check_encoder_price(value: object) -> float | None:
-    """A calibrator's ``encoder_price``: ``None`` or a positive finite number.
-
-    Raises:
-        SeqpackTypeError: Not a number (a bool, a string).
-        ConfigError: Not positive and finite.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise SeqpackTypeError(f"encoder_price must be a positive number or None, got {type(value).__name__}")
-    price = float(value)
-    if not (math.isfinite(price) and price > 0):
-        raise ConfigError(f"encoder_price must be a positive finite number, got {value!r}")
-    return price
 
 
 def add_encoder_flops(rows: list[tuple[int, ...]], encoder_flops: object, where: str = "") -> list[tuple[int, ...]]:

@@ -283,16 +283,8 @@ class CostModel:
     reference_size: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("linear", "quadratic", "constant", "windowed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise SeqpackTypeError(f"CostModel.{name} must be a number, got {value!r}")
-            try:
-                number = float(value)
-            except OverflowError:  # an int past float64
-                number = math.inf
-            if not math.isfinite(number) or number < 0:
-                raise ConfigError(f"CostModel.{name} must be finite and >= 0, got {value!r}")
+        for name in ("linear", "quadratic", "constant", "windowed"):  # checked, kept as given (repr, eq)
+            check_number(f"CostModel.{name}", getattr(self, name), minimum=0.0)
         if self.window is not None:
             object.__setattr__(self, "window", check_window("CostModel.window", self.window))
         elif self.windowed != 0:

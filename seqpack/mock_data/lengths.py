@@ -9,16 +9,15 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import numbers
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from seqpack.errors import ConfigError, SeqpackTypeError
+from seqpack.errors import ConfigError
 from seqpack.options import INT64_MAX
-from seqpack.validation import check_fits_memory, check_int
+from seqpack.validation import check_fits_memory, check_int, check_number
 
 __all__ = [
     "DISTRIBUTIONS",
@@ -32,34 +31,18 @@ __all__ = [
 ]
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _count(n: object) -> int:
-    if not _is_int(n):
-        raise SeqpackTypeError(f"n must be a non-negative integer, got {n!r}")
-    if n < 0:  # type: ignore[operator]
-        raise ConfigError(f"n must be a non-negative integer, got {n!r}")
-    check_fits_memory(f"n={n} lengths", 16 * int(n))  # type: ignore[call-overload]  # int64 out + float64 draw
-    return int(n)  # type: ignore[call-overload]
+    count = check_int("n", n, minimum=0)
+    check_fits_memory(f"n={count} lengths", 16 * count)  # int64 out + float64 draw
+    return count
 
 
 def _bounds(min_seq_len: object, max_seq_len: object) -> tuple[int, int]:
-    for name, value in (("min_seq_len", min_seq_len), ("max_seq_len", max_seq_len)):
-        check_int(name, value, minimum=1, maximum=INT64_MAX)
-    if min_seq_len > max_seq_len:  # type: ignore[operator]
-        raise ConfigError(f"min_seq_len={min_seq_len} is larger than max_seq_len={max_seq_len}")
-    return int(min_seq_len), int(max_seq_len)  # type: ignore[call-overload]
-
-
-def _positive(name: str, value: object, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise SeqpackTypeError(f"{name} must be a number, got {value!r}")
-    value = float(value) + 0.0  # + 0.0: -0.0 is 0 (numpy refuses a sigma of -0.0)
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value!r}")
-    return value
+    low = check_int("min_seq_len", min_seq_len, minimum=1, maximum=INT64_MAX)
+    high = check_int("max_seq_len", max_seq_len, minimum=1, maximum=INT64_MAX)
+    if low > high:
+        raise ConfigError(f"min_seq_len={low} is larger than max_seq_len={high}")
+    return low, high
 
 
 def _seed(seed: object) -> int | None:
@@ -96,8 +79,8 @@ def lognormal_lengths(
     rounded and clipped to ``[min_seq_len, max_seq_len]``: int64 ``[n]``."""
     n = _count(n)
     low, high = _bounds(min_seq_len, max_seq_len)
-    mean = _positive("mean_seq_len", mean_seq_len)
-    sigma = _positive("sigma", sigma, allow_zero=True)
+    mean = check_number("mean_seq_len", mean_seq_len, minimum=0.0, allow_zero=False)
+    sigma = check_number("sigma", sigma, minimum=0.0)  # -0.0 reads 0.0, a sigma numpy takes
     rng = np.random.default_rng(_seed(seed))
     mu = _mu(mean, sigma, "sigma")
     return _clip(rng.lognormal(mu, sigma, n), low, high)
@@ -116,7 +99,7 @@ def pareto_lengths(n: int, *, min_seq_len: int, max_seq_len: int, alpha: float =
     (``P(L > x) = (min_seq_len / x) ** alpha``; web text has ``alpha`` near 1-1.5)."""
     n = _count(n)
     low, high = _bounds(min_seq_len, max_seq_len)
-    alpha = _positive("alpha", alpha)
+    alpha = check_number("alpha", alpha, minimum=0.0, allow_zero=False)
     rng = np.random.default_rng(_seed(seed))
     return _clip(low * (1.0 + rng.pareto(alpha, n)), low, high)
 
@@ -138,13 +121,13 @@ def bimodal_lengths(
     parameterization); a sequence is long with probability ``long_fraction``."""
     n = _count(n)
     low, high = _bounds(min_seq_len, max_seq_len)
-    short_mean = _positive("short_mean", short_mean)
-    long_mean = _positive("long_mean", long_mean)
-    fraction = _positive("long_fraction", long_fraction, allow_zero=True)
+    short_mean = check_number("short_mean", short_mean, minimum=0.0, allow_zero=False)
+    long_mean = check_number("long_mean", long_mean, minimum=0.0, allow_zero=False)
+    fraction = check_number("long_fraction", long_fraction, minimum=0.0)
     if fraction > 1:
         raise ConfigError(f"long_fraction must be in [0, 1], got {long_fraction!r}")
-    short_sigma = _positive("short_sigma", short_sigma, allow_zero=True)
-    long_sigma = _positive("long_sigma", long_sigma, allow_zero=True)
+    short_sigma = check_number("short_sigma", short_sigma, minimum=0.0)
+    long_sigma = check_number("long_sigma", long_sigma, minimum=0.0)
     rng = np.random.default_rng(_seed(seed))
     is_long = rng.random(n) < fraction
     short = rng.lognormal(_mu(short_mean, short_sigma, "short_sigma"), short_sigma, n)

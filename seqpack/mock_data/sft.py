@@ -13,7 +13,7 @@ from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
 from seqpack.mock_data import io
 from seqpack.options import INT64_MAX
 from seqpack.thd.sample import IGNORE_INDEX
-from seqpack.validation import check_fits_memory, check_int, check_number, check_path
+from seqpack.validation import check_fits_memory, check_int, check_number, check_path, int64_array
 
 __all__ = ["IGNORE_INDEX", "MIN_VOCAB_SIZE", "MockSFTDataset"]
 
@@ -42,21 +42,18 @@ class MockSFTDataset(torch.utils.data.Dataset):
         *,
         prompt_fraction: float = 0.0,
     ) -> None:
-        arr = np.asarray(lengths)
-        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-            raise SeqpackTypeError(f"lengths must be a 1-D integer array, got dtype {arr.dtype} shape {arr.shape}")
+        arr = int64_array("lengths", lengths, too_large=SampleError, element="sample {index} has length")
+        if arr.ndim != 1:
+            raise SeqpackTypeError(f"lengths must be a 1-D integer array, got shape {arr.shape}")
         if arr.size and arr.min() < 1:
             i = int(np.argmin(arr))
             raise SampleError(f"sample {i} has length {int(arr[i])}; lengths must be >= 1")
-        if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
-            i = int(np.argmax(arr))
-            raise SampleError(f"sample {i} has length {int(arr[i])}, more than int64 holds")
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=MIN_VOCAB_SIZE, maximum=INT64_MAX)
         self.seed = check_int("seed", seed, minimum=0)
         self.prompt_fraction = check_number("prompt_fraction", prompt_fraction, minimum=0.0)
         if self.prompt_fraction >= 1.0:
             raise ConfigError(f"prompt_fraction must be in [0, 1), got {prompt_fraction!r}")
-        self.lengths = np.ascontiguousarray(arr, dtype=np.int64)
+        self.lengths = arr
 
     def __len__(self) -> int:
         return int(self.lengths.shape[0])

@@ -16,6 +16,7 @@ import torch
 
 from seqpack.errors import ConfigError, SampleError, SeqpackTypeError
 from seqpack.mock_data import io
+from seqpack.validation import check_int
 
 __all__ = ["BYTE_VOCAB_SIZE", "stdlib_corpus", "split_documents", "TokenDataset"]
 
@@ -46,8 +47,7 @@ def split_documents(data: bytes, max_len: int) -> list[bytes]:
     """Cut source text at module- and class-level definitions (a function, a method, a class
     header with its attributes); pieces longer than ``max_len`` are cut into ``max_len``-byte
     parts. Whitespace-only pieces are dropped."""
-    if max_len < 1:
-        raise ConfigError(f"max_len must be >= 1, got {max_len}")
+    max_len = check_int("max_len", max_len, minimum=1)
     docs: list[bytes] = []
     for block in _blocks(data):
         if not block.strip():

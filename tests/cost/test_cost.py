@@ -119,9 +119,10 @@ def test_cost_model_from_transformer_and_presets():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(linear=-1.0, quadratic=0.0), "linear must be finite and >= 0"),
+        (dict(linear=-1.0, quadratic=0.0), "CostModel.linear must be >= 0.0, got -1.0"),
         (dict(linear=0.0, quadratic=0.0), "linear > 0 or quadratic > 0"),
         (dict(linear=1.0, quadratic=float("nan")), "quadratic must be finite"),
+        (dict(linear=10**400, quadratic=0.0), "CostModel.linear must be finite"),
     ],
 )
 def test_cost_model_rejects(kwargs, match):

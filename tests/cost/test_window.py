@@ -172,7 +172,7 @@ def test_a_model_without_window_is_the_three_term_model_bit_for_bit():
         (dict(windowed=1.0, window=-1), ConfigError, "window must be an integer 0 <= w <= 2147483647"),
         (dict(windowed=1.0, window=2**64), ConfigError, f"window must be an integer 0 <= w <= 2147483647, got {2**64}"),
         (dict(windowed=1.0, window=True), SeqpackTypeError, "window must be"),
-        (dict(windowed=-1.0, window=4), ConfigError, "windowed must be finite and >= 0"),
+        (dict(windowed=-1.0, window=4), ConfigError, "CostModel.windowed must be >= 0.0, got -1.0"),
         (dict(windowed="1", window=4), SeqpackTypeError, "windowed must be a number"),
     ],
 )

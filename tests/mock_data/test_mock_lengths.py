@@ -68,7 +68,7 @@ def test_other_distributions():
     [
         (
             lambda: lognormal_lengths(-1, min_seq_len=1, max_seq_len=2, mean_seq_len=1),
-            "n must be a non-negative integer",
+            "n must be an integer >= 0, got -1",
         ),
         (
             lambda: lognormal_lengths(3, min_seq_len=9, max_seq_len=2, mean_seq_len=1),
@@ -76,7 +76,9 @@ def test_other_distributions():
         ),
         (lambda: lognormal_lengths(3, min_seq_len=1, max_seq_len=2, mean_seq_len=0), "mean_seq_len must be > 0"),
         (lambda: uniform_lengths(3, min_seq_len=0, max_seq_len=2), "min_seq_len must be a positive integer"),
-        (lambda: pareto_lengths(3, min_seq_len=1, max_seq_len=2, alpha=-1), "alpha must be > 0"),
+        (lambda: pareto_lengths(3, min_seq_len=1, max_seq_len=2, alpha=-1), "alpha must be > 0, got -1"),
+        (lambda: pareto_lengths(3, min_seq_len=1, max_seq_len=2, alpha=0), "alpha must be > 0, got 0"),
+        (lambda: lognormal_lengths(3, min_seq_len=1, max_seq_len=2, mean_seq_len=1, sigma=-1), "sigma must be >= 0"),
         (
             lambda: bimodal_lengths(3, min_seq_len=1, max_seq_len=9, short_mean=2, long_mean=5, long_fraction=2),
             "long_fraction must be in",
@@ -91,6 +93,11 @@ def test_other_distributions():
 def test_generator_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_a_sigma_of_minus_zero_is_zero():
+    lengths = lognormal_lengths(4, min_seq_len=1, max_seq_len=100, mean_seq_len=10, sigma=-0.0)
+    assert lengths.tolist() == [10] * 4
 
 
 def test_lengths_from_config_megatron_distribution(tmp_path):
