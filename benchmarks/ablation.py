@@ -50,6 +50,7 @@ import numpy as np  # noqa: E402
 from seqpack.cost import CostModel, model_preset  # noqa: E402
 from seqpack.mock_data import generate_lengths  # noqa: E402
 from seqpack.schedulers import Schedule, get_scheduler  # noqa: E402
+from seqpack.schedulers.balanced import exact  # noqa: E402
 from seqpack.schedulers.balanced.exact import FOUND, bin_lower_bound, pack_bins  # noqa: E402
 from seqpack.schedulers.balanced.locality import home_swaps, per_replica  # noqa: E402
 from seqpack.schedulers.balanced.replicas import replica_first_stage  # noqa: E402
@@ -80,7 +81,13 @@ def _mean_targets(sorted_costs: np.ndarray, dp_size: int, num_rounds: int) -> np
 
 
 def _item_search_only(seqs: Any, targets: np.ndarray, num_rounds: int) -> Any:
-    return exact_search(seqs, targets, num_rounds, bin_completion=False)
+    """The exact search without bin completion: with ``FEW_PER_BIN`` 0 no packing has few
+    sequences per bin, so ``pack_bins`` runs the item search alone, with its whole budget."""
+    saved, exact.FEW_PER_BIN = exact.FEW_PER_BIN, 0
+    try:
+        return exact_search(seqs, targets, num_rounds)
+    finally:
+        exact.FEW_PER_BIN = saved
 
 
 def _without(stages: Stages, field: str, *dropped: Any) -> Stages:

@@ -54,7 +54,6 @@ def pack_bins(
     *,
     max_work: int = DEFAULT_WORK,
     found_only: bool = False,
-    bin_completion: bool = True,
 ) -> tuple[int, np.ndarray]:
     """Pack ``lengths`` into ``num_bins`` bins of ``capacity`` tokens, exactly: the item
     search (longest first, one bin per distinct free room, pruned when the room no remaining
@@ -69,8 +68,6 @@ def pack_bins(
         found_only: Only a packing is wanted (the planner's case): a search that cannot
             find one within ``max_work`` is not run, so ``GAVE_UP`` may stand where it
             would have proved ``INFEASIBLE`` (:func:`_cannot_find`).
-        bin_completion: Run bin completion where the bins hold few items; False: the item
-            search alone.
 
     Returns:
         ``(status, bin_of)``: ``FOUND`` with every item's bin, ``INFEASIBLE`` when the
@@ -89,7 +86,7 @@ def pack_bins(
     order = _longest_first(lengths)
     sizes = lengths[order]
     # Bin completion takes positive sizes.
-    few = n <= FEW_PER_BIN * num_bins and int(sizes[-1]) > 0 and bin_completion
+    few = n <= FEW_PER_BIN * num_bins and int(sizes[-1]) > 0
     skip = _cannot_find(sizes, num_bins, capacity, max_work) if found_only else (False, False)
     status, placed = _item_search(sizes, num_bins, capacity, min(max_work, FIRST_WORK) if few else max_work, skip[0])
     if status == GAVE_UP and few:

@@ -77,15 +77,11 @@ def first_fit(seqs: Sequences, targets: np.ndarray, num_rounds: int) -> Packed |
     return _greedy(seqs, targets, _kernels.MODE_FIRST_FIT)
 
 
-def exact_search(
-    seqs: Sequences, targets: np.ndarray, num_rounds: int, *, bin_completion: bool = True
-) -> Packed | None:
+def exact_search(seqs: Sequences, targets: np.ndarray, num_rounds: int) -> Packed | None:
     """The bounded exact search (:func:`seqpack.schedulers.balanced.exact.pack_bins`, with
     bin completion where there are few sequences per bin)."""
     padded, dp_size, capacity = seqs.padded, seqs.dp_size, seqs.capacity
-    status, bin_of = _exact.pack_bins(
-        padded, dp_size * num_rounds, capacity, found_only=True, bin_completion=bin_completion
-    )
+    status, bin_of = _exact.pack_bins(padded, dp_size * num_rounds, capacity, found_only=True)
     if status != _exact.FOUND:
         return None
     logger.debug(
