@@ -227,7 +227,8 @@ def split_batch_into_thd_chunks(
 
     Each chunk goes through :func:`process_input_for_thd`; token tensors are stacked to
     ``[num_chunks, tokens_per_chunk, ...]``, ``cu_seqlens`` to ``[num_chunks, max_seqs + 1]``
-    right-padded with ``seq_lens_padding_value``, ``max_seqlen`` to ``[num_chunks]``.
+    right-padded with ``seq_lens_padding_value``, ``max_seqlen`` to ``[num_chunks]`` (0 for a
+    chunk without sequences).
     ``cu_seqlens_padded`` is emitted when any chunk emits it (other chunks contribute their
     ``cu_seqlens``). ``num_chunks == 1`` returns :func:`process_input_for_thd` unchanged.
 
@@ -264,13 +265,14 @@ def split_batch_into_thd_chunks(
             chunk["position_ids"] = position_ids[:, index * rows : (index + 1) * rows]
         chunks.append(process_input_for_thd(chunk, seq_lens_padding_value, padding_token_id))
 
+    if any("max_seqlen" in chunk for chunk in chunks):  # a chunk without sequences has none: 0
+        for chunk in chunks:
+            chunk.setdefault("max_seqlen", torch.zeros((), dtype=torch.int32, device=chunk["cu_seqlens"].device))
     result: dict[str, Any] = {}
     any_padded = any("cu_seqlens_padded" in chunk for chunk in chunks)
     for key in chunks[0]:
         if key == "cu_seqlens_padded":
             continue
-        if not all(key in chunk for chunk in chunks):
-            raise SampleError(f"THD chunks disagree on field {key!r}")
         values = [chunk[key] for chunk in chunks]
         if not all(isinstance(v, torch.Tensor) for v in values):
             result[key] = values[0]
