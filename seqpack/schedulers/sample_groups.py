@@ -46,14 +46,18 @@ def schedule_groups(
         request: The step (:class:`~seqpack.schedulers.request.Request`).
         group_ids: int64 ``[N]`` group of every sequence (read where ``grouped``).
         grouped: bool ``[N]``: the sequence carries a group id (else it is a group of one).
-        together: Also keep every group that fits one microbatch in one microbatch.
+        together: Also keep every group that fits one microbatch in one microbatch (at the
+            scheduler's ``num_microbatches``, ``min_microbatches`` and
+            ``microbatch_multiple`` where it has them).
         equal_counts: Every replica trains the same number of sequences (verl's
             ``equal_size``): all groups must be equally large and ``dp_size`` must divide
             their number.
 
     Raises:
-        ScheduleError: A group larger than a replica holds (fixed microbatch count); under
-            ``equal_counts`` groups of different sizes or a count ``dp_size`` does not divide.
+        ScheduleError: A group larger than a replica holds (fixed microbatch count), or with
+            ``together`` a replica's groups that need more than that count to stay whole (the
+            count they need named); under ``equal_counts`` groups of different sizes or a
+            count ``dp_size`` does not divide.
         SampleError: ``group_ids`` / ``grouped`` not one per length.
         ConfigError: ``together``, ``equal_counts`` or ``static_shapes`` under dynamic CP.
     """
@@ -127,12 +131,12 @@ def _static_with_groups(
     per_replica = planner.plan_all(active, replica, unit, padded, costs, dp_size)
     count = len(per_replica[0]) if per_replica else 0
     grid = [[np.sort(per_replica[d][m]) for d in range(dp_size)] for m in range(count)]
-    if request.static_shapes is not None and grid:  # `together` packs whole groups, by tokens alone,
-        # at its own count (pack_units): rounds may be added. Other plans are each replica's
-        # own, repaired already (at any forced count).
+    if request.static_shapes is not None and grid:  # `together` packs whole groups by tokens
+        # alone (pack_units): rounds may be added, none past a forced count. Other plans are
+        # each replica's own, repaired already.
         on_group = None if request.cost is None else request.cost.at(cp_size)
         placed = dataclasses.replace(request, lengths=effective, cost=on_group)
-        grid = fit_sequence_slots(scheduler, grid, placed, keep_replica=True, fixed_rounds=None)
+        grid = fit_sequence_slots(scheduler, grid, placed, keep_replica=True, fixed_rounds=fixed)
     return Schedule.from_assignment(
         grid,
         lengths=effective,
@@ -152,7 +156,8 @@ def _static_with_groups(
 class _ReplicaPlanner:
     """Plans each replica's microbatches alone (``dp_size=1``), every replica at the largest
     count any needs (``"balanced"`` plans the others again at that count; other schedulers
-    get empty microbatches); ``request.lengths`` after the oversize policy."""
+    get empty microbatches), or at the scheduler's forced ``num_microbatches``;
+    ``request.lengths`` after the oversize policy."""
 
     scheduler: Scheduler
     request: Request
@@ -161,10 +166,25 @@ class _ReplicaPlanner:
     def plan_all(
         self, active: np.ndarray, replica: np.ndarray, unit: np.ndarray, padded: np.ndarray, costs: np.ndarray, dp: int
     ) -> list[list[np.ndarray]]:
-        """Global ids of every microbatch of every replica, all at the same count."""
+        """Global ids of every microbatch of every replica, all at the same count.
+
+        Raises:
+            ScheduleError: ``together`` and a replica's groups need more microbatches than
+                the forced ``num_microbatches`` to stay whole.
+        """
         masks = [replica == d for d in range(dp)]
         rounds = [self.rounds(self.scheduler, active[m], unit[m], padded[m], costs[m]) for m in masks]
         count = max((len(r) for r in rounds), default=0)
+        forced = getattr(self.scheduler, "num_microbatches", None)
+        if forced is not None:
+            if count > forced:  # only `together` packs its own count; a plan holds a forced one
+                raise ScheduleError(
+                    f"num_microbatches={forced} cannot hold a replica's groups whole (together / group_microbatch): "
+                    f"they pack into {count} microbatches of {self.request.capacity} tokens. Raise num_microbatches "
+                    f"to {count} or max_tokens_per_rank, or drop together (group_microbatch): a group then stays "
+                    "on one replica only"
+                )
+            count = int(forced)
         balanced = self.scheduler if isinstance(self.scheduler, BalancedScheduler) and not self.together else None
         for d, m in enumerate(masks):
             if balanced is not None and 0 < len(rounds[d]) < count:  # spread this replica's work over `count` too
@@ -187,7 +207,11 @@ class _ReplicaPlanner:
             unit_tokens = np.bincount(unit, weights=padded)
             whole = np.where(unit_tokens[unit] <= capacity, unit, unit.max() + 1 + np.arange(unit.shape[0]))
             order = getattr(scheduler, "order", "heavy_first")
-            return [ids[pos] for pos in pack_units(whole, padded, costs, capacity, order)]
+            forced = getattr(scheduler, "num_microbatches", None)
+            fewest = int(getattr(scheduler, "min_microbatches", 1)) if forced is None else int(forced)
+            step = int(getattr(scheduler, "microbatch_multiple", 1)) if forced is None else 1
+            packs = pack_units(whole, padded, costs, capacity, order, fewest=fewest, step=step)
+            return [ids[pos] for pos in packs]
         alone = self.request.subset(
             ids, dp_size=1, origin=np.zeros(ids.shape[0], np.int64), on_oversize=OnOversize.ERROR, bytes_per_token=None
         )
@@ -355,17 +379,25 @@ def _improve(
 
 
 def pack_units(
-    unit_of: np.ndarray, padded: np.ndarray, costs: np.ndarray, capacity: int, order: str = "heavy_first"
+    unit_of: np.ndarray,
+    padded: np.ndarray,
+    costs: np.ndarray,
+    capacity: int,
+    order: str = "heavy_first",
+    *,
+    fewest: int = 1,
+    step: int = 1,
 ) -> list[np.ndarray]:
     """Positions of each microbatch when whole units go into the fewest microbatches of
     ``capacity`` padded tokens that LPT fits them in (costliest unit first, each to the
-    microbatch with the least cost that has room). A unit larger than ``capacity`` must have
-    been split by the caller. Positions ascend inside each microbatch."""
+    microbatch with the least cost that has room), at least ``fewest`` and a multiple of
+    ``step`` (empty ones allowed). A unit larger than ``capacity`` must have been split by
+    the caller. Positions ascend inside each microbatch."""
     units, unit_index = np.unique(unit_of, return_inverse=True)
     tokens = np.bincount(unit_index, weights=padded, minlength=units.size).astype(np.int64)
     unit_cost = np.bincount(unit_index, weights=costs, minlength=units.size)
     by_cost = np.lexsort((np.arange(units.size), -tokens, -unit_cost)).tolist()
-    count = max(1, -(-int(tokens.sum()) // capacity))
+    count = -(-max(1, fewest, -(-int(tokens.sum()) // capacity)) // step) * step
     while True:  # ends: one unit per microbatch always fits
         bin_of = np.full(units.size, -1, dtype=np.int64)
         load, held = np.zeros(count), np.zeros(count, dtype=np.int64)
@@ -377,7 +409,7 @@ def pack_units(
             bin_of[u], load[b], held[b] = b, load[b] + unit_cost[u], held[b] + tokens[u]
         else:
             break
-        count += 1
+        count += step
     position = round_position(load[:, None], order)
     where = position[bin_of[unit_index]]
     return [np.flatnonzero(where == m) for m in range(count)]

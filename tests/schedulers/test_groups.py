@@ -113,6 +113,29 @@ def test_replicas_planned_again_at_the_common_count_spread_their_work():
     assert all(plan.assignment[m][light].size == 1 for m in range(3))
 
 
+def test_together_keeps_a_forced_count_and_names_the_count_it_needs():
+    """57 sequences in 19 groups of 3 on 2 replicas pack whole into 4 microbatches a replica
+    (5,822 and 5,821 tokens): a forced 8 spreads them over 8, every group still whole; a
+    forced 3 holds the tokens (6,144 a replica) but not the groups whole, and is refused
+    naming the 4 they need (it planned 4 and 4 silently before)."""
+    lengths = np.random.default_rng(0).integers(20, 400, 57)
+    request = Request.of(lengths, dp_size=2, max_tokens_per_rank=2048)
+    groups = np.arange(57) // 3
+    plan = schedule_groups(
+        get_scheduler("balanced", num_microbatches=8), request, groups, np.ones(57, bool), together=True
+    )
+    plan.validate(lengths, dp_size=2, max_tokens_per_rank=2048)
+    assert plan.num_microbatches == 8
+    assert all(row[d].size for row in plan.assignment for d in range(2))  # spread, not padded
+    micro = plan.placement()[1]
+    assert all(np.unique(micro[groups == g]).size == 1 for g in range(19))
+    for forced in (2, 3):
+        with pytest.raises(ScheduleError, match=rf"num_microbatches={forced} cannot hold .* into 4 microbatches"):
+            schedule_groups(
+                get_scheduler("balanced", num_microbatches=forced), request, groups, np.ones(57, bool), together=True
+            )
+
+
 # -- verl tests/utils/test_seqlen_balancing.py: test_group_balanced_partitions* -------------
 
 
@@ -212,13 +235,18 @@ def test_equal_counts_refuses_what_cannot_be_equal():
         )
 
 
-def test_min_and_multiple_microbatches_and_order_hold_with_groups():
+@pytest.mark.parametrize("together", [False, True])
+def test_min_and_multiple_microbatches_and_order_hold_with_groups(together):
     rng = np.random.default_rng(5)
     lengths = rng.integers(10, 300, size=48)
     groups = np.repeat(np.arange(12), 4)
     scheduler = get_scheduler("balanced", min_microbatches=5, microbatch_multiple=2, order="pipeline")
     plan = schedule_groups(
-        scheduler, Request.of(lengths, dp_size=2, max_tokens_per_rank=1024), groups, np.ones(48, bool)
+        scheduler,
+        Request.of(lengths, dp_size=2, max_tokens_per_rank=1024),
+        groups,
+        np.ones(48, bool),
+        together=together,  # packs its own count (4 here) at min_microbatches and microbatch_multiple too
     )
     plan.validate(lengths)
     assert plan.num_microbatches >= 5 and plan.num_microbatches % 2 == 0

@@ -141,15 +141,21 @@ def test_groups_repair_weighs_the_sample_cost_as_every_static_plan():
     assert predicted_step_time(plan, COST, static_shapes=shapes) == pytest.approx(528.0)
 
 
-def test_groups_keep_a_forced_count_under_static_shapes():
+@pytest.mark.parametrize("together", [False, True])
+def test_groups_keep_a_forced_count_under_static_shapes(together):
+    """``together`` packs 14 microbatches of its own here: it once gave 14 for a forced 16
+    and for a forced 13 alike (the repair adding rounds past the count)."""
     lengths = short_lengths(120, seed=4)  # 40 sequences a replica: 14 microbatches of 3
     request = Request.of(lengths, dp_size=3, max_tokens_per_rank=256, cost=COST, static_shapes=SHAPES)
-    groups = np.arange(120) // 6
-    plan = schedule_groups(get_scheduler("balanced", num_microbatches=14), request, groups, np.ones(120, bool))
-    assert plan.num_microbatches == 14
-    slow_limits_held(plan, SHAPES)
+    groups, grouped = np.arange(120) // 6, np.ones(120, bool)
+    for forced in (14, 16):
+        plan = schedule_groups(
+            get_scheduler("balanced", num_microbatches=forced), request, groups, grouped, together=together
+        )
+        assert plan.num_microbatches == forced
+        slow_limits_held(plan, SHAPES)
     with pytest.raises(ScheduleError, match="num_microbatches=13"):
-        schedule_groups(get_scheduler("balanced", num_microbatches=13), request, groups, np.ones(120, bool))
+        schedule_groups(get_scheduler("balanced", num_microbatches=13), request, groups, grouped, together=together)
 
 
 def test_minibatches_pass_static_shapes_to_every_part():
