@@ -107,13 +107,19 @@ def round_sum_lower_bound(
 
     The round holding the costliest sequence waits for it, while its mean is at most the
     cost ``K`` of the costliest ``dp_size * capacity`` tokens (a fractional knapsack in
-    ``order``, by default :func:`density_order`, the order that makes ``K`` the largest: with
-    cost per token growing with length, longest first); the other rounds wait at least for
-    their mean.
+    :func:`density_order`, the order that makes ``K`` the largest); the other rounds wait at
+    least for their mean. Any other order can make ``K`` smaller and the bound more than the
+    optimum (a costliest-first order with a sample cost: a long sequence cheap per token
+    before short ones dear per token).
+
+    ``order``: a permutation the caller already has that may be a density order (with cost
+    per token growing with length, longest first), to save the sort: it is used only when
+    the cost per token never increases along it (checked, ``O(N)``), else
+    :func:`density_order` is.
     """
     if padded.size == 0:
         return 0.0
-    if order is None:
+    if order is None or not _is_density_order(padded, per_seq_cost, order):
         order = density_order(padded, per_seq_cost)
     tokens = np.cumsum(padded[order])
     budget = min(dp_size * capacity, INT64_MAX)  # token sums fit int64: beyond, everything fits
@@ -131,6 +137,15 @@ def density_order(padded: np.ndarray, per_seq_cost: np.ndarray) -> np.ndarray:
     """Sequences by cost per padded token, costliest first (:func:`round_sum_lower_bound`'s
     order)."""
     return np.argsort(-(per_seq_cost / np.maximum(padded, 1)), kind="stable")
+
+
+def _is_density_order(padded: np.ndarray, per_seq_cost: np.ndarray, order: np.ndarray) -> bool:
+    """Whether the permutation ``order`` (trusted) never increases the cost per padded token
+    along it: a :func:`density_order`, ties in any order (the same knapsack)."""
+    if order.shape != padded.shape:
+        return False
+    density = per_seq_cost[order] / np.maximum(padded[order], 1)
+    return bool(np.all(density[:-1] >= density[1:]))
 
 
 def round_lower_bound(

@@ -230,6 +230,8 @@ def more_rounds(
     if not costs.size or float(costs.max()) <= 0:
         return plan  # CostModel(0, 0, c): each microbatch only adds its constant
     if seqs.sync == Sync.LOCKSTEP:  # base: the round bound, or under replica sync the replica bound
+        # The fill order saves the bound's sort where it is a density order (the bound checks:
+        # costliest first with a sample cost need not be, and would overstate the bound).
         base = round_sum_lower_bound(padded, costs, seqs.dp_size, seqs.capacity, order=seqs.fill_order)
     else:
         base = max(float(costs.sum()) / seqs.dp_size, float(costs.max()))
