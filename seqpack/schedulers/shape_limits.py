@@ -148,10 +148,12 @@ def fit_sequence_limit(
         found = _room_for(counts, tokens, load, m, d, size, limit=limit, capacity=capacity, keep_replica=keep_replica)
         if found is None:
             if fixed_rounds is not None:
+                needed = len(fit_sequence_limit(rounds, padded, weight, limit=limit, capacity=capacity,
+                                                keep_replica=keep_replica, round_multiple=round_multiple))  # fmt: skip
                 raise ScheduleError(
                     f"num_microbatches={fixed_rounds} cannot hold the step's sequences at most {limit} per "
-                    f"microbatch (static_shapes' max_real_sequences) within {capacity} tokens: raise "
-                    "num_microbatches or max_sequences"
+                    f"microbatch (static_shapes' max_real_sequences) within {capacity} tokens: they take "
+                    f"{needed} microbatches; raise num_microbatches to {needed} or max_sequences"
                 )
             added = round_multiple
             counts = np.vstack([counts, np.zeros((added, dp), np.int64)])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -88,11 +89,15 @@ def test_empty_moves_no_sample_under_static_shapes():
     assert np.array_equal(plan.replica_of(), plan.origin)
 
 
-def test_forced_count_too_small_for_the_slots_is_refused_by_name():
-    with pytest.raises(ScheduleError, match="num_microbatches=2"):
-        get_scheduler("balanced", num_microbatches=2).schedule(
-            short_lengths(40), dp_size=2, max_tokens_per_rank=4096, static_shapes=SHAPES
-        )
+def test_forced_count_too_small_for_the_slots_is_refused_by_name_with_the_count_that_holds():
+    kwargs = {"dp_size": 2, "max_tokens_per_rank": 4096, "static_shapes": SHAPES}
+    with pytest.raises(ScheduleError, match=r"num_microbatches=2 .* take (\d+) microbatches") as refused:
+        get_scheduler("balanced", num_microbatches=2).schedule(np.full(40, 4), **kwargs)
+    needed = int(re.search(r"raise num_microbatches to (\d+)", str(refused.value)).group(1))
+    assert needed > 2
+    plan = get_scheduler("balanced", num_microbatches=needed).schedule(np.full(40, 4), **kwargs)
+    assert plan.num_microbatches == needed
+    slow_limits_held(plan, SHAPES)
 
 
 def test_dynamic_cp_refuses_static_shapes():
