@@ -33,13 +33,13 @@ from seqpack.interop.hf_rows import (
     token_ids,
     with_model_mrope,
 )
-from seqpack.interop.hf_vision import VISION_KEYS, vision_kwargs
+from seqpack.interop.hf_vision import vision_kwargs
 from seqpack.loader.config import PackingConfig
 from seqpack.loader.iterator import PackingIterator, wrap_data_iterator
 from seqpack.loader.step import Step
 from seqpack.options import INT64_MAX
 from seqpack.thd.batch import PackedBatch
-from seqpack.thd.sample import IGNORE_INDEX
+from seqpack.thd.sample import IGNORE_INDEX, VISION_FIELDS
 from seqpack.topology import Topology
 from seqpack.validation import check_positive_int
 
@@ -61,7 +61,7 @@ HF_KEYS: tuple[str, ...] = (
 )
 """The keys :func:`to_hf` returns (``labels`` and ``shift_labels`` only for a batch with labels)."""
 
-HF_VISION_KEYS: tuple[str, ...] = (*HF_KEYS, *VISION_KEYS)
+HF_VISION_KEYS: tuple[str, ...] = (*HF_KEYS, *VISION_FIELDS)
 """The keys :func:`to_hf` returns for a vision-language pack."""
 
 HfValue = torch.Tensor | int | bool

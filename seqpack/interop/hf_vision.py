@@ -10,12 +10,10 @@ from __future__ import annotations
 import torch
 
 from seqpack.errors import ConfigError
-from seqpack.thd.batch import VISION_BATCH_FIELDS, PackedBatch
+from seqpack.thd.batch import PackedBatch
+from seqpack.thd.sample import MEDIA_FIELDS
 
-__all__ = ["VISION_KEYS", "vision_kwargs"]
-
-VISION_KEYS: tuple[str, ...] = VISION_BATCH_FIELDS[1:]  # mm_token_type_ids, then the pixels and grids
-"""What :func:`~seqpack.interop.hf.to_hf` adds to a text pack's keys for a vision-language pack."""
+__all__ = ["vision_kwargs"]
 
 
 def vision_kwargs(batch: PackedBatch) -> dict[str, torch.Tensor]:
@@ -27,7 +25,7 @@ def vision_kwargs(batch: PackedBatch) -> dict[str, torch.Tensor]:
         "position_ids": torch.cat([batch.position_ids[None], batch.mrope_position_ids])[:, None],  # [4, 1, T]
         "mm_token_type_ids": batch.mm_token_type_ids[None],  # [1, T]
     }
-    for name in VISION_KEYS[1:]:  # the pixels and grids
+    for name in (key for pair in MEDIA_FIELDS for key in pair):  # the pixels and grids
         value = getattr(batch, name)
         if value is not None:
             kwargs[name] = value
