@@ -14,6 +14,10 @@ stage in its place), and locality as a whole (``locality=False``), against the f
 * ``benchmarks/scale.py``'s shapes (lognormal, capacity 16,384, ``24576*s + s**2``):
   65,536 and 1,048,576 sequences into 1,024 replicas, 1,048,576 into 16,384.
 
+Besides the stages, one part of a stage: ``-pair_swaps``, the home swaps without their swaps
+for a pair (the kernel module copied with ``PAIR_BIN = 1``, so that no bin offers a pair, and
+swapped in for the stage's call: the product has no switch for it).
+
 Reported per variant: predicted step time under the sync the plan is made for
 (:func:`seqpack.schedulers.objective.step_objective`) over its
 lower bound (lockstep: :func:`~seqpack.schedulers.objective.round_sum_lower_bound`;
@@ -39,7 +43,9 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import importlib.util  # noqa: E402
 import pathlib  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from types import ModuleType  # noqa: E402
@@ -49,7 +55,7 @@ import numpy as np  # noqa: E402
 
 from seqpack.cost import CostModel, model_preset  # noqa: E402
 from seqpack.mock_data import generate_lengths  # noqa: E402
-from seqpack.schedulers import Schedule, get_scheduler  # noqa: E402
+from seqpack.schedulers import Schedule, _kernels, get_scheduler  # noqa: E402
 from seqpack.schedulers.balanced import exact  # noqa: E402
 from seqpack.schedulers.balanced.exact import FOUND, bin_lower_bound, pack_bins  # noqa: E402
 from seqpack.schedulers.balanced.locality import home_swaps, per_replica  # noqa: E402
@@ -90,6 +96,34 @@ def _item_search_only(seqs: Any, targets: np.ndarray, num_rounds: int) -> Any:
         exact.FEW_PER_BIN = saved
 
 
+_PAIRS_OFF: list[Any] = []  # the kernel without pair swaps, once loaded
+
+
+def home_swaps_without_pairs(step: Any) -> Any:
+    """The home swaps stage, its kernel copied with ``PAIR_BIN = 1``: no bin offers a pair,
+    so that no sequence comes home by a swap with two (the rest of the kernel unchanged)."""
+    if not _PAIRS_OFF:
+        source = pathlib.Path(_kernels.__file__).with_name("locality_swaps.py").read_text()
+        copy, count = re.subn(r"^PAIR_BIN = \d+", "PAIR_BIN = 1", source, flags=re.M)
+        assert count == 1, "locality_swaps.PAIR_BIN not found"
+        path = pathlib.Path(tempfile.gettempdir()) / "seqpack_ablation" / "locality_swaps_pairs_off.py"
+        path.parent.mkdir(exist_ok=True)
+        if not path.is_file() or path.read_text() != copy:  # unchanged: numba's cache of it holds
+            path.write_text(copy)
+        spec = importlib.util.spec_from_file_location("seqpack_ablation_locality_swaps_pairs_off", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        _PAIRS_OFF.append(module.home_swaps)
+    saved = _kernels.home_swaps
+    _kernels.home_swaps = _PAIRS_OFF[0]
+    try:
+        return home_swaps(step)
+    finally:
+        _kernels.home_swaps = saved
+
+
 def _without(stages: Stages, field: str, *dropped: Any) -> Stages:
     return dataclasses.replace(stages, **{field: tuple(s for s in getattr(stages, field) if s not in dropped)})
 
@@ -110,6 +144,7 @@ ABLATIONS: dict[str, Callable[[Stages], Stages]] = {
     "relabel": lambda s: dataclasses.replace(s, relabel=lambda replica_of, *_: replica_of),
     "per_replica": lambda s: _without(s, "locality", per_replica),
     "home_swaps": lambda s: _without(s, "locality", home_swaps),
+    "pair_swaps": lambda s: _swap(s, "locality", home_swaps, home_swaps_without_pairs),
 }
 
 
@@ -494,7 +529,10 @@ def warm_up() -> None:
     """Load (or compile) every kernel the variants call before anything is timed: locality's,
     the exact search and bin completion (a verl batch), the replica-first pass (a heavy tail)."""
     ht = sibling("heavy_tail")
-    get_scheduler("balanced", locality=True).schedule(ht.heavy_tail(0)[:512], dp_size=4, max_tokens_per_rank=32768)
+    for off in ((), ("pair_swaps",)):  # the kernel without pair swaps is compiled too
+        get_scheduler("balanced", locality=True, stages=composition(off)).schedule(
+            ht.heavy_tail(0)[:512], dp_size=4, max_tokens_per_rank=32768
+        )
     get_scheduler("balanced", min_microbatches=4).schedule(ht.verl_lengths(349), dp_size=1, max_tokens_per_rank=300)
     get_scheduler("balanced", num_microbatches=3).schedule(
         ht.heavy_tail(0), dp_size=ht.DP, max_tokens_per_rank=ht.CAPACITY, cost=ht.COST, sync="replica"
