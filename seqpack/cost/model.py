@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqpack.cost.fit import check_timings, nnls_fit, predict, robust_weights_fit
+from seqpack.cost.fit import check_timings, nnls_fit, robust_weights_fit
 from seqpack.cost.flops import (
     TRAIN,
     attention_projection_forward,
@@ -23,7 +23,7 @@ from seqpack.cost.flops import (
     parameter_count,
 )
 from seqpack.cost.interconnect import DEFAULT_INTERCONNECT, Interconnect, get_interconnect
-from seqpack.cost.ring import TE_P2P_TRANSFERS, group_features
+from seqpack.cost.ring import GroupTerms
 from seqpack.cost.shapes import ShapeOptions, check_layer_pattern, preset_shape
 from seqpack.cost.terms import as_lengths, exact_sums, feature_names, window_feature, window_ratio
 from seqpack.cost.vision_encoder import VisionSpec
@@ -251,7 +251,7 @@ class ModelSpec:
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class CostModel:
+class CostModel(GroupTerms):
     """``cost(s) = linear*s + quadratic*s**2 (+ windowed*w(s, window))``; a microbatch adds
     ``constant`` once, and on a CP group of ``c`` ranks the ring's terms (:mod:`seqpack.cost.ring`).
 
@@ -445,84 +445,6 @@ class CostModel:
         """The cost model of a :data:`~seqpack.cost.MODEL_PRESETS` entry (e.g. ``"llama3-8b"``)."""
         return ModelSpec(**preset_shape(name), name=name).cost_model(constant)  # type: ignore[arg-type]
 
-    # On a CP group of ``c`` ranks (:mod:`seqpack.cost.ring`).
-
-    @property
-    def has_ring(self) -> bool:
-        """Whether any ring coefficient is positive (else every CP group looks free)."""
-        return bool(self.ring_step > 0 or self.ring_token > 0 or (self.ring_token_inter or 0.0) > 0)
-
-    def _reference(self, cp_size: int) -> int:
-        return cp_size if self.reference_size is None else self.reference_size
-
-    def compute_scale(self, group_size: np.ndarray | int, cp_size: int) -> np.ndarray:
-        """float64 ``reference_size / c`` (``cp_size`` for a model without one): what the
-        compute terms are multiplied by on a group of each size, exactly 1 at the reference."""
-        r = self._reference(cp_size)
-        c = np.asarray(group_size, dtype=np.float64)
-        return np.where(c == r, 1.0, r / c)
-
-    def group_coefficients(self, cp_size: int) -> np.ndarray:
-        """float64 ``[6]`` in :data:`~seqpack.cost.ring.FEATURES` order: the compute on one
-        rank and the ring (a windowed term is not among them)."""
-        r = self._reference(cp_size)
-        ring = (self.ring_step, self.ring_token, self.ring_token_inter)
-        return np.array((self.constant, self.linear * r, self.quadratic * r, *ring), dtype=np.float64)
-
-    @classmethod
-    def from_group_coefficients(cls, coefficients: np.ndarray, ranks_per_node: int = 8) -> CostModel:
-        """The model (compute on one rank) whose :meth:`group_coefficients` are ``coefficients``."""
-        k, a, b, step, token, inter = (float(v) for v in np.asarray(coefficients, dtype=np.float64))
-        per_rank = cls(a, b, k, ring_step=step, ring_token=token, ring_token_inter=inter, reference_size=1)
-        return dataclasses.replace(per_rank, ranks_per_node=ranks_per_node)
-
-    @classmethod
-    def from_te_p2p(
-        cls,
-        compute: CostModel,
-        *,
-        attention_layers: int,
-        num_query_groups: int,
-        head_dim: int,
-        intra_node_bandwidth: float,
-        inter_node_bandwidth: float,
-        step_latency: float,
-        dtype_bytes: int = 2,
-        ranks_per_node: int = 8,
-    ) -> CostModel:
-        """``compute`` with the ring coefficients of Transformer Engine's ``p2p`` CP, from the
-        model's shape and the links.
-
-        Args:
-            compute: Seconds of a microbatch on one rank.
-            attention_layers: Attention layers of the model (of this pipeline stage).
-            num_query_groups, head_dim: K/V heads and their width.
-            intra_node_bandwidth, inter_node_bandwidth: Bytes per second one rank sends to
-                its ring neighbour within a node and across nodes.
-            step_latency: Seconds of fixed cost per ring transfer (launch, handshake).
-            dtype_bytes: Bytes per K/V element (2 for bf16).
-            ranks_per_node: DP x CP ranks per node.
-        """
-        if not isinstance(compute, CostModel):
-            raise SeqpackTypeError(f"compute must be a seqpack CostModel, got {type(compute).__name__}")
-        kv_bytes = (
-            2
-            * check_positive_int("num_query_groups", num_query_groups)
-            * check_positive_int("head_dim", head_dim)
-            * check_positive_int("dtype_bytes", dtype_bytes)
-        )
-        transfers = TE_P2P_TRANSFERS * check_positive_int("attention_layers", attention_layers)
-        intra = check_number("intra_node_bandwidth", intra_node_bandwidth, minimum=0.0, allow_zero=False)
-        inter = check_number("inter_node_bandwidth", inter_node_bandwidth, minimum=0.0, allow_zero=False)
-        return dataclasses.replace(
-            compute,
-            ring_step=transfers * check_number("step_latency", step_latency, minimum=0.0),
-            ring_token=transfers * kv_bytes / intra,
-            ring_token_inter=transfers * kv_bytes / inter,
-            ranks_per_node=ranks_per_node,
-            reference_size=1,
-        )
-
     @classmethod
     def from_model(
         cls, spec: ModelSpec, interconnect: str | Interconnect = DEFAULT_INTERCONNECT, *, dtype_bytes: int = 2
@@ -554,48 +476,6 @@ class CostModel:
             ranks_per_node=links.ranks_per_node,
         )
         return seconds.scaled_ring(links.device_flops)
-
-    def scaled_ring(self, factor: float) -> CostModel:
-        """The same model with every ring coefficient times ``factor`` (sensitivity runs)."""
-        factor = check_number("factor", factor, minimum=0.0)
-        inter = float(self.ring_token_inter or 0.0) * factor
-        return dataclasses.replace(
-            self, ring_step=self.ring_step * factor, ring_token=self.ring_token * factor, ring_token_inter=inter
-        )
-
-    def at(self, group_size: int, *, spans: bool | None = None) -> CostModel:
-        """The ring-free model of every microbatch on a CP group of ``group_size`` ranks
-        (static CP). ``spans`` defaults to ``group_size > ranks_per_node`` (aligned blocks)."""
-        c = check_positive_int("group_size", group_size)
-        r = self._reference(c)
-        if c == r and (c == 1 or not self.has_ring):
-            return CostModel(self.linear, self.quadratic, self.constant, self.windowed, self.window)
-        spans = c > self.ranks_per_node if spans is None else spans
-        token = float(self.ring_token_inter if spans else self.ring_token)  # type: ignore[arg-type]
-        return CostModel(
-            linear=(self.linear * r + (c - 1) * token) / c,
-            quadratic=self.quadratic * r / c,
-            constant=self.constant + (c - 1) * self.ring_step,
-            windowed=self.windowed * r / c,
-            window=self.window,
-        )
-
-    def ring(self, group_size: np.ndarray, seqlen_sum: np.ndarray, spans: np.ndarray) -> np.ndarray:
-        """float64: the CP ring's cost of microbatches on groups of ``group_size`` ranks
-        holding ``seqlen_sum`` padded tokens (0 alone)."""
-        c = np.asarray(group_size, dtype=np.float64)
-        ring = np.maximum(c - 1.0, 0.0)
-        token = np.where(np.asarray(spans, dtype=bool), float(self.ring_token_inter or 0.0), self.ring_token)
-        return ring * self.ring_step + token * (ring * np.asarray(seqlen_sum, dtype=np.float64) / c)
-
-    def predict_group_sums(self, sums: np.ndarray, cp_size: int) -> np.ndarray:
-        """float64 ``[...]``: the cost of microbatches given as ``(size, S, SS, spans)``
-        integers in the last axis (:func:`~seqpack.schedulers.step_time.group_sums`) on a
-        plan of ``cp_size``."""
-        a = np.asarray(sums, dtype=np.int64)
-        flat = a.reshape(-1, 4)
-        features = group_features(flat[:, 0], flat[:, 1], flat[:, 2], flat[:, 3] != 0)
-        return predict(features, self.group_coefficients(cp_size)).reshape(a.shape[:-1])
 
 
 def check_cost_model(name: str, value: object) -> CostModel | None:

@@ -12,9 +12,19 @@ own. The derivation and the calibrator's features: docs/dynamic_cp.md, "The cost
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TYPE_CHECKING, Self
+
 import numpy as np
 
-__all__ = ["FEATURES", "TE_P2P_TRANSFERS", "group_features", "spans_nodes"]
+from seqpack.cost.fit import predict
+from seqpack.errors import SeqpackTypeError
+from seqpack.validation import check_number, check_positive_int
+
+if TYPE_CHECKING:
+    from seqpack.cost.model import CostModel
+
+__all__ = ["FEATURES", "TE_P2P_TRANSFERS", "GroupTerms", "group_features", "spans_nodes"]
 
 FEATURES: tuple[str, ...] = ("constant", "linear", "quadratic", "ring_step", "ring_token", "ring_token_inter")
 """Coefficient names of :func:`group_features`' columns: ``1``, ``S/c``, ``SS/c``, ``c-1``,
@@ -50,3 +60,137 @@ def group_features(
         ],
         axis=1,
     )
+
+
+class GroupTerms:
+    """The CP-group half of :class:`~seqpack.cost.CostModel` (its base, here for the module's
+    size; CostModel declares and checks the fields): what its microbatch costs on a group of
+    ``c`` ranks (module docstring)."""
+
+    linear: float
+    quadratic: float
+    constant: float
+    windowed: float
+    window: int | None
+    ring_step: float
+    ring_token: float
+    ring_token_inter: float | None
+    ranks_per_node: int
+    reference_size: int | None
+
+    @property
+    def has_ring(self) -> bool:
+        """Whether any ring coefficient is positive (else every CP group looks free)."""
+        return bool(self.ring_step > 0 or self.ring_token > 0 or (self.ring_token_inter or 0.0) > 0)
+
+    def _reference(self, cp_size: int) -> int:
+        return cp_size if self.reference_size is None else self.reference_size
+
+    def compute_scale(self, group_size: np.ndarray | int, cp_size: int) -> np.ndarray:
+        """float64 ``reference_size / c`` (``cp_size`` for a model without one): what the
+        compute terms are multiplied by on a group of each size, exactly 1 at the reference."""
+        r = self._reference(cp_size)
+        c = np.asarray(group_size, dtype=np.float64)
+        return np.where(c == r, 1.0, r / c)
+
+    def group_coefficients(self, cp_size: int) -> np.ndarray:
+        """float64 ``[6]`` in :data:`~seqpack.cost.ring.FEATURES` order: the compute on one
+        rank and the ring (a windowed term is not among them)."""
+        r = self._reference(cp_size)
+        ring = (self.ring_step, self.ring_token, self.ring_token_inter)
+        return np.array((self.constant, self.linear * r, self.quadratic * r, *ring), dtype=np.float64)
+
+    @classmethod
+    def from_group_coefficients(cls, coefficients: np.ndarray, ranks_per_node: int = 8) -> Self:
+        """The model (compute on one rank) whose :meth:`group_coefficients` are ``coefficients``."""
+        k, a, b, step, token, inter = (float(v) for v in np.asarray(coefficients, dtype=np.float64))
+        per_rank = cls(a, b, k, ring_step=step, ring_token=token, ring_token_inter=inter, reference_size=1)  # type: ignore[call-arg]
+        return dataclasses.replace(per_rank, ranks_per_node=ranks_per_node)  # type: ignore[type-var]
+
+    @classmethod
+    def from_te_p2p(
+        cls,
+        compute: CostModel,
+        *,
+        attention_layers: int,
+        num_query_groups: int,
+        head_dim: int,
+        intra_node_bandwidth: float,
+        inter_node_bandwidth: float,
+        step_latency: float,
+        dtype_bytes: int = 2,
+        ranks_per_node: int = 8,
+    ) -> CostModel:
+        """``compute`` with the ring coefficients of Transformer Engine's ``p2p`` CP, from the
+        model's shape and the links.
+
+        Args:
+            compute: Seconds of a microbatch on one rank.
+            attention_layers: Attention layers of the model (of this pipeline stage).
+            num_query_groups, head_dim: K/V heads and their width.
+            intra_node_bandwidth, inter_node_bandwidth: Bytes per second one rank sends to
+                its ring neighbour within a node and across nodes.
+            step_latency: Seconds of fixed cost per ring transfer (launch, handshake).
+            dtype_bytes: Bytes per K/V element (2 for bf16).
+            ranks_per_node: DP x CP ranks per node.
+        """
+        if not isinstance(compute, cls):
+            raise SeqpackTypeError(f"compute must be a seqpack CostModel, got {type(compute).__name__}")
+        kv_bytes = (
+            2
+            * check_positive_int("num_query_groups", num_query_groups)
+            * check_positive_int("head_dim", head_dim)
+            * check_positive_int("dtype_bytes", dtype_bytes)
+        )
+        transfers = TE_P2P_TRANSFERS * check_positive_int("attention_layers", attention_layers)
+        intra = check_number("intra_node_bandwidth", intra_node_bandwidth, minimum=0.0, allow_zero=False)
+        inter = check_number("inter_node_bandwidth", inter_node_bandwidth, minimum=0.0, allow_zero=False)
+        return dataclasses.replace(
+            compute,
+            ring_step=transfers * check_number("step_latency", step_latency, minimum=0.0),
+            ring_token=transfers * kv_bytes / intra,
+            ring_token_inter=transfers * kv_bytes / inter,
+            ranks_per_node=ranks_per_node,
+            reference_size=1,
+        )
+
+    def scaled_ring(self, factor: float) -> Self:
+        """The same model with every ring coefficient times ``factor`` (sensitivity runs)."""
+        factor = check_number("factor", factor, minimum=0.0)
+        inter = float(self.ring_token_inter or 0.0) * factor
+        ring = {"ring_step": self.ring_step * factor, "ring_token": self.ring_token * factor, "ring_token_inter": inter}
+        return dataclasses.replace(self, **ring)  # type: ignore[type-var]
+
+    def at(self, group_size: int, *, spans: bool | None = None) -> Self:
+        """The ring-free model of every microbatch on a CP group of ``group_size`` ranks
+        (static CP). ``spans`` defaults to ``group_size > ranks_per_node`` (aligned blocks)."""
+        c = check_positive_int("group_size", group_size)
+        r = self._reference(c)
+        if c == r and (c == 1 or not self.has_ring):
+            return type(self)(self.linear, self.quadratic, self.constant, self.windowed, self.window)  # type: ignore[call-arg]
+        spans = c > self.ranks_per_node if spans is None else spans
+        token = float(self.ring_token_inter if spans else self.ring_token)  # type: ignore[arg-type]
+        return type(self)(  # type: ignore[call-arg]
+            linear=(self.linear * r + (c - 1) * token) / c,
+            quadratic=self.quadratic * r / c,
+            constant=self.constant + (c - 1) * self.ring_step,
+            windowed=self.windowed * r / c,
+            window=self.window,
+        )
+
+    def ring(self, group_size: np.ndarray, seqlen_sum: np.ndarray, spans: np.ndarray) -> np.ndarray:
+        """float64: the CP ring's cost of microbatches on groups of ``group_size`` ranks
+        holding ``seqlen_sum`` padded tokens (0 alone)."""
+        c = np.asarray(group_size, dtype=np.float64)
+        ring = np.maximum(c - 1.0, 0.0)
+        token = np.where(np.asarray(spans, dtype=bool), float(self.ring_token_inter or 0.0), self.ring_token)
+        return ring * self.ring_step + token * (ring * np.asarray(seqlen_sum, dtype=np.float64) / c)
+
+    def predict_group_sums(self, sums: np.ndarray, cp_size: int) -> np.ndarray:
+        """float64 ``[...]``: the cost of microbatches given as ``(size, S, SS, spans)``
+        integers in the last axis (:func:`~seqpack.schedulers.step_time.group_sums`) on a
+        plan of ``cp_size``."""
+        a = np.asarray(sums, dtype=np.int64)
+        flat = a.reshape(-1, 4)
+        features = group_features(flat[:, 0], flat[:, 1], flat[:, 2], flat[:, 3] != 0)
+        return predict(features, self.group_coefficients(cp_size)).reshape(a.shape[:-1])
