@@ -31,3 +31,16 @@ def test_quick_run_reports_every_choice_on_every_workload(plans_benchmark, capsy
             # Buckets add padding (a bucketed plan may balance a little differently).
             for config in configs[1:]:
                 assert mine[config]["ratio"] >= 0.99 and mine[config]["pad"] >= mine["unbucketed"]["pad"] - 1e-3
+
+
+def test_quick_ablation_reports_every_part_against_the_whole_search(plans_benchmark, capsys):
+    # --ablate: static_shapes_by_cost's search re-run with one part off at a time; the whole
+    # search's replica must pick the product's ladder (ablate asserts it on every row).
+    rows = plans_benchmark.ablate(steps=1, model="llama3-8b", quick=True, seeds=[100], sample_steps=1)
+    plans_benchmark.ablation_report(rows)
+    out = capsys.readouterr().out
+    variants = ["full", *(f"-{part}" for part in plans_benchmark.PARTS)]
+    assert all(v in out for v in variants) and "buys at most" in out
+    cells = {(r["workload"], r["sync"], r["buckets"]) for r in rows}
+    assert len(rows) == len(cells) * len(variants) and {b for _, _, b in cells} == {4, 8}
+    assert all(r["time"] > 0 and r["seconds"] >= 0 for r in rows)
