@@ -52,7 +52,7 @@ PARTS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     ),
     "balanced: locality": (
         ("balanced/locality.py", "_kernels/locality_swaps.py"),
-        ("-locality", "-home_swaps", "-relabel", "-origin_order"),
+        ("-locality", "-home_swaps", "-pair_swaps", "-relabel", "-origin_order"),
         "ablation.txt, locality_trees.txt",
     ),
     "kernel loading and cache": (
