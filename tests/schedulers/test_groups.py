@@ -87,6 +87,21 @@ def test_assign_units_within_lpt_bound_and_near_brute_force():
         assert worst <= 4 / 3 * best + 1e-9
 
 
+def test_rl_groups_stages_take_each_stage_out_and_put_it_back():
+    # benchmarks/rl_groups.py --stages (why every stage stays) patches sample_groups from
+    # outside: a renamed stage fails here instead of measuring nothing there.
+    from benchmark_module import benchmark_module
+
+    from seqpack.schedulers import sample_groups
+
+    with benchmark_module("rl_groups") as bench:
+        shipped = {name: getattr(sample_groups, name) for _, names in bench.STAGES.values() for name in names}
+        got = bench.stage_step("grpo 64x8", 0, 16, "replica", False, "free count", 16384)
+    assert {name: getattr(sample_groups, name) for name in shipped} == shipped
+    assert set(got) == {None, *bench.STAGES}
+    assert got["refine"][0] > got[None][0] and got["relabel"][1] < got[None][1]  # slower; fewer tokens home
+
+
 def test_fixed_count_refuses_a_group_too_big_for_a_replica():
     lengths = np.array([100, 100, 100, 30])
     scheduler = get_scheduler("balanced", num_microbatches=2)
