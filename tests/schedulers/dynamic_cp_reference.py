@@ -298,11 +298,11 @@ def place_blocks_reference(widths, times, ranks):
     return start, rounds, load, depth
 
 
-def lpt_ranks_reference(lengths, load, capacity, pad_multiple, coef, depth, look):
-    """Each sequence (longest first) to the rank ending least busy among the ``look`` least
-    busy ranks (ties: lower rank) that can hold it: first fit into its microbatches, else a
-    new one (``constant`` more) while it has fewer than ``depth``. Ranks that cannot wait
-    for a shorter sequence; ranks with less room than the shortest sequence are done."""
+def lpt_ranks_reference(lengths, load, capacity, pad_multiple, coef, depth):
+    """Each sequence (longest first) to the least busy rank (ties: lower rank) that can hold
+    it: first fit into its microbatches, else a new one (``constant`` more) while it has
+    fewer than ``depth``. Ranks that cannot wait for a shorter sequence; ranks with less
+    room than the shortest sequence are done."""
     ranks, load = len(load), list(load)
     room = [[capacity] * depth for _ in range(ranks)]
     count = [0] * ranks
@@ -315,22 +315,20 @@ def lpt_ranks_reference(lengths, load, capacity, pad_multiple, coef, depth, look
         for b in [b for b in parked if free(b) >= p]:
             parked.discard(b)
             active.add(b)
-        usable = []
+        chosen = None
         for b in sorted(active, key=lambda b: (load[b], b)):
-            if len(usable) == look:
-                break
             fp = float(p)
             extra = coef[1] * fp + coef[2] * fp * fp
             k = next((k for k in range(count[b]) if room[b][k] >= p), count[b] if count[b] < depth else -1)
-            if k < 0:
-                active.discard(b)
-                if free(b) >= smallest:
-                    parked.add(b)
-                continue
-            usable.append((load[b] + extra + (coef[0] if k == count[b] else 0.0), b, k))
-        if not usable:
+            if k >= 0:
+                chosen = (load[b] + extra + (coef[0] if k == count[b] else 0.0), b, k)
+                break
+            active.discard(b)
+            if free(b) >= smallest:
+                parked.add(b)
+        if chosen is None:
             return False, rank_of, slot_of, count
-        t, b, k = min(usable)
+        t, b, k = chosen
         count[b] = max(count[b], k + 1)
         room[b][k] -= p
         load[b] = t

@@ -167,16 +167,14 @@ def test_place_blocks_matches_reference(widths, times, ranks):
     lengths=st.lists(st.integers(1, 120), max_size=50),
     load=st.lists(st.floats(0.0, 3.0), min_size=6, max_size=6),
     depth=st.integers(1, 4),
-    look=st.sampled_from([1, 2, 8]),
     coef=COEF,
     pad=st.sampled_from([1, 4]),
 )
 @pytest.mark.slow
-def test_lpt_ranks_matches_reference(lengths, load, depth, look, coef, pad):
+def test_lpt_ranks_matches_reference(lengths, load, depth, coef, pad):
     lengths = sorted(lengths, reverse=True)
     busy = np.array(load)
-    ok, rank_of, slot_of, count = _kernels.lpt_ranks(np.array(lengths, dtype=np.int64), busy, 128, pad, coef,
-                                                     depth, look)  # fmt: skip
-    ref = lpt_ranks_reference(lengths, load, 128, pad, coef, depth, look)
+    ok, rank_of, slot_of, count = _kernels.lpt_ranks(np.array(lengths, dtype=np.int64), busy, 128, pad, coef, depth)
+    ref = lpt_ranks_reference(lengths, load, 128, pad, coef, depth)
     assert ok == ref[0]
     assert (rank_of.tolist(), slot_of.tolist(), count.tolist()) == tuple(ref[1:])

@@ -348,7 +348,6 @@ def lpt_ranks(draw: st.DrawFn) -> dict[str, Any]:
         "pad_multiple": s["pad_multiple"],
         "coef": s["coef"],
         "depth": draw(st.integers(1, 4)),
-        "look": draw(st.integers(1, s["num_ranks"] + 1)),
     }
 
 

@@ -252,7 +252,7 @@ def _check_place_blocks(a: Args, after: Args, out: Any) -> bool:
 
 def _check_lpt_ranks(a: Args, after: Args, out: Any) -> bool:
     ref = lpt_ranks_reference(_rows(a["lengths"]), _rows(a["load"]), a["capacity"], a["pad_multiple"], a["coef"],
-                              a["depth"], a["look"])  # fmt: skip
+                              a["depth"])  # fmt: skip
     assert (out[0], out[1].tolist(), out[2].tolist(), out[3].tolist()) == (ref[0], ref[1], ref[2], ref[3])
     return True
 

@@ -428,17 +428,16 @@ def _rank_choice(
 
 @njit(cache=True)
 def lpt_ranks(
-    lengths: np.ndarray, load: np.ndarray, capacity: int, pad_multiple: int, coef: np.ndarray, depth: int, look: int
+    lengths: np.ndarray, load: np.ndarray, capacity: int, pad_multiple: int, coef: np.ndarray, depth: int
 ) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
-    """Sequences alone on a rank (longest first) onto the rank that ends least busy among
-    the ``look`` least busy ones that can hold it in one of their ``depth`` microbatches;
-    ranks too full for a sequence wait, by free room, for a shorter one. Updates ``load``.
-    Returns (every sequence placed, rank and microbatch of each sequence, microbatches per
-    rank).
+    """Sequences alone on a rank (longest first) onto the least busy rank that can hold it
+    in one of its ``depth`` microbatches; ranks too full for a sequence wait, by free room,
+    for a shorter one. Updates ``load``. Returns (every sequence placed, rank and microbatch
+    of each sequence, microbatches per rank).
 
-    Bounds: ``room`` is ``ranks x depth`` and read below ``count[b] <= depth``; the heap,
-    the park and ``popped`` have one entry per rank (a rank is in at most one of them, and a
-    sequence pops each rank at most once). Requires the sequences longest first.
+    Bounds: ``room`` is ``ranks x depth`` and read below ``count[b] <= depth``; the heap and
+    the park have one entry per rank (a rank is in at most one of them). Requires the
+    sequences longest first.
     """
     ranks, n = load.shape[0], lengths.shape[0]
     room = np.full((ranks, depth), capacity, dtype=np.int64)
@@ -446,7 +445,7 @@ def lpt_ranks(
     free = np.full(ranks, capacity, dtype=np.int64)
     rank_of = np.full(n, -1, dtype=np.int64)
     slot_of = np.full(n, -1, dtype=np.int64)
-    heap, park, popped = np.empty(ranks, np.int64), np.empty(ranks, np.int64), np.empty(ranks, np.int64)
+    heap, park = np.empty(ranks, np.int64), np.empty(ranks, np.int64)
     size, parked = 0, 0
     neg = -load  # the heap puts the larger first: the least busy rank comes first
     for b in range(ranks):
@@ -457,18 +456,14 @@ def lpt_ranks(
         while parked > 0 and free[park[0]] >= p:
             b, parked = _pop(park, parked, free, free, False)
             size = _push(heap, size, b, neg, neg, False)
-        used, best, best_slot, best_t = 0, -1, -1, np.inf
-        while used < look and size > 0:
+        best, best_slot, best_t = -1, -1, np.inf
+        while best < 0 and size > 0:
             b, size = _pop(heap, size, neg, neg, False)
             k, t = _rank_choice(b, p, room, count, depth, load, coef)
-            if k < 0:
-                if free[b] >= smallest:
-                    parked = _push(park, parked, b, free, free, False)
-                continue
-            popped[used] = b
-            used += 1
-            if t < best_t or (t == best_t and b < best):
+            if k >= 0:
                 best, best_slot, best_t = b, k, t
+            elif free[b] >= smallest:
+                parked = _push(park, parked, b, free, free, False)
         if best < 0:
             return False, rank_of, slot_of, count
         count[best] = max(count[best], best_slot + 1)
@@ -479,6 +474,5 @@ def lpt_ranks(
             for slot in range(depth):
                 free[best] = max(free[best], room[best, slot])
         rank_of[j], slot_of[j] = best, best_slot
-        for q in range(used):
-            size = _push(heap, size, popped[q], neg, neg, False)
+        size = _push(heap, size, best, neg, neg, False)
     return True, rank_of, slot_of, count

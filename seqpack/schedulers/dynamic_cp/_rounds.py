@@ -13,8 +13,6 @@ from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem
 from seqpack.thd import group_padded_lengths
 from seqpack.thd.padding import ranges
 
-_LOOK = 2  # ranks a sequence alone chooses among: the least busy ones that can hold it
-
 
 def _new_rounds(p: Problem, bins: Bins, first: int, count: int, size: int) -> None:
     """Append ``count`` rounds (numbered from ``first``) of ``R // size`` empty groups of
@@ -110,7 +108,7 @@ def build_replica(p: Problem, height: float, more: int = 0) -> Bins:
     """For replica sync: groups (power-of-2 sizes for height ``H``, as in ``_rounds.build``)
     largest first, each on the least busy aligned block after what the block already runs,
     so the ranks of a group always share their history and never wait for each other; then
-    the sequences alone on a rank, longest first, on the rank that ends least busy, in at
+    the sequences alone on a rank, longest first, on the least busy rank that holds them, in at
     most one more microbatch per rank than their tokens need, plus ``more``: ranks without
     groups take more than the average."""
     size_of, time_of = _kernels.cp_planner.choose_sizes(
@@ -131,7 +129,7 @@ def build_replica(p: Problem, height: float, more: int = 0) -> Bins:
     slots = max(1, 1 + more - (-int(short_padded.sum()) // (p.num_ranks * p.capacity)))
     while True:
         ok, rank_of, slot_of, count = _kernels.cp_planner.lpt_ranks(
-            p.lengths[shorts], load.copy(), p.capacity, p.pad_multiple, p.coef, slots, _LOOK
+            p.lengths[shorts], load.copy(), p.capacity, p.pad_multiple, p.coef, slots
         )
         if ok:
             break
