@@ -5,19 +5,20 @@ whole; this measures what is inside them, on its workloads (the same builders, b
 each part switched off by monkeypatching the kernel's arguments or a copy of its code from
 here (the product has no switches), against the full planner (``locality=True``):
 
-* ``-swaps``: the repair makes moves only (``swap_candidates = 0``);
-* ``-moves``: the repair makes swaps only (``move_candidates = 0``);
-* ``moves=4``: moves tried into the 4 lightest replicas, not 16 (as many as swaps);
-* ``scan=1`` / ``scan=all``: the walk checks 1 partner per item (moves: 4) / every one;
-* ``-round_budget``: the repair may slow the rounds under lockstep too (``round_budget = inf``);
 * ``-lpt_repair``: replica-first keeps its LPT plan unrepaired;
 * ``-local_repair``: the per-replica layout keeps its plan unrepaired;
+* ``swaps=1`` / ``swaps=16``: swaps with the 1 / 16 lightest replicas, not 4;
+* ``scan=1`` / ``scan=all``: the walk checks 1 partner per item / every one, not 16;
 * ``lpt_first_fit``: replica-first puts a sequence in the first round of its replica it fits,
   not the fullest (a copy of the kernel);
 * ``matching_rows``: the relabel matches replicas in index order, each to its heaviest free
-  rank, not the heaviest (replica, rank) overlaps first;
-* ``lean``: ``-moves``, ``-round_budget`` and ``-lpt_repair`` together;
-* ``lean-lockstep``: ``lean``, and the per-replica layout repaired only under ``sync="replica"``.
+  rank, not the heaviest (replica, rank) overlaps first.
+
+The workloads are ablation.py's (schedulers.py's under both syncs, the heavy tail, the scale
+shapes) and small batches, a few sequences a replica (:func:`small_cases`). This file's
+version of commit 28e3f7a (with ``small_cases`` added) also measured the parts since removed
+by the rule (benchmarks/results/repair_parts.txt): the repair's moves and its round budget
+under lockstep (the per-replica layout is now repaired under ``sync="replica"`` only).
 
 Reported as in ablation.py (its ``detail`` and ``summary``): predicted step time against the
 full planner, tokens moved, microbatches, plan CPU time.
@@ -65,8 +66,6 @@ def _load(name: str, path: pathlib.Path) -> ModuleType:
 
 ablation = _load("seqpack_benchmark_ablation", HERE / "ablation.py")
 REAL_REPAIR = replica_repair.repair_replicas
-REAL_LPT = replica_repair.replica_lpt
-REAL_LOCAL_REPAIR = locality.repair
 
 
 def _kernel_copy(old: str, new: str) -> ModuleType:
@@ -82,7 +81,7 @@ def _kernel_copy(old: str, new: str) -> ModuleType:
 @contextlib.contextmanager
 def repair_args(**changed: Any) -> Iterator[None]:
     """``repair_replicas`` called with some arguments changed (by position or name)."""
-    positions = {"swap_candidates": 10, "round_budget": 11}
+    positions = {"swap_candidates": 10, "max_work": 11}
 
     def wrapped(*args: Any, **kwargs: Any) -> int:
         args_list = list(args)
@@ -114,21 +113,7 @@ def _unrepaired(grid: Any, *args: Any, **kwargs: Any) -> Any:
     return grid
 
 
-def _replica_sync_only(grid: Any, *args: Any, **kwargs: Any) -> Any:
-    """locality's repair where the step waits for replicas only (``sync`` is its 7th argument)."""
-    sync = args[5] if len(args) > 5 else kwargs["sync"]
-    return REAL_LOCAL_REPAIR(grid, *args, **kwargs) if sync == "replica" else grid
-
-
 _FIRST_FIT = None
-
-
-@contextlib.contextmanager
-def _stacked(*managers: Any) -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        for manager in managers:
-            stack.enter_context(manager)
-        yield
 
 
 def first_fit_lpt() -> Any:
@@ -157,23 +142,13 @@ def relabel_rows(replica_of: np.ndarray, origin: np.ndarray, weight: np.ndarray,
 
 
 PATCHES: dict[str, Callable[[], Any]] = {
-    "-swaps": lambda: repair_args(swap_candidates=0),
-    "-moves": lambda: repair_args(move_candidates=0),
-    "moves=4": lambda: repair_args(move_candidates=4),
-    "scan=1": lambda: repair_args(scan_limit=1),
-    "scan=all": lambda: repair_args(scan_limit=1 << 40),
-    "-round_budget": lambda: repair_args(round_budget=np.inf),
     "-lpt_repair": lambda: patched(replicas, "repair", _unrepaired),
     "-local_repair": lambda: patched(locality, "repair", _unrepaired),
+    "swaps=1": lambda: repair_args(swap_candidates=1),
+    "swaps=16": lambda: repair_args(swap_candidates=16),
+    "scan=1": lambda: repair_args(scan_limit=1),
+    "scan=all": lambda: repair_args(scan_limit=1 << 40),
     "lpt_first_fit": first_fit_lpt,
-    "lean": lambda: _stacked(
-        repair_args(move_candidates=0, round_budget=np.inf), patched(replicas, "repair", _unrepaired)
-    ),
-    "lean-lockstep": lambda: _stacked(
-        repair_args(move_candidates=0, round_budget=np.inf),
-        patched(replicas, "repair", _unrepaired),
-        patched(locality, "repair", _replica_sync_only),
-    ),
 }
 ablation.ABLATIONS["matching_rows"] = lambda s: dataclasses.replace(s, relabel=relabel_rows)
 ON = {"locality": True}
@@ -195,6 +170,24 @@ ablation.VARIANTS = VARIANTS  # summary() reads them
 assert rounds.relabel_replicas is not relabel_rows
 
 
+def small_cases(seeds: int, repeats: int) -> list[Any]:
+    """Few sequences a replica (like the requests of the plan digests): ``k * dp``
+    lognormal(5.5, 1) lengths (mean about 400 tokens, at most 512) for ``k`` = 4 and 12, into
+    ``dp`` = 2, 8 and 16 replicas of 1,024 tokens a microbatch, the default cost, both syncs;
+    ``seeds`` steps each."""
+    cases = []
+    for dp in (2, 8, 16):
+        for k in (4, 12):
+            steps = [
+                np.clip(np.random.default_rng(seed).lognormal(5.5, 1.0, k * dp).astype(np.int64), 1, 512)
+                for seed in range(seeds)
+            ]
+            for sync in ("lockstep", "replica"):
+                name = f"small {k}/replica dp={dp} ({sync})"
+                cases.append(ablation.Case("small", name, sync, steps, dp, 1024, repeats=repeats))
+    return cases
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3)
@@ -211,10 +204,13 @@ def main(argv: list[str] | None = None) -> None:
         print(line, flush=True)
         lines.append(line)
 
-    ablation.warm_up()
-    for variant in VARIANTS:  # compile the kernel copies before anything is timed
+    tail = ablation.sibling("heavy_tail").heavy_tail(0)[:512]
+    for variant in VARIANTS:  # compile every kernel and kernel copy before anything is timed
         with PATCHES.get(variant.name, contextlib.nullcontext)():
             ablation.warm_up()
+            ablation.get_scheduler("balanced", locality=True).schedule(  # the repair (sync="replica" only)
+                tail, dp_size=4, max_tokens_per_rank=32768, sync="replica"
+            )
     write(f"# python benchmarks/repair_parts.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     write(f"# machine: {ablation.sibling('schedulers').machine()}; load average {os.getloadavg()[0]:.1f}")
     write(f"# {steps} step(s) per workload; plan CPU time best of {repeats}, variants interleaved")
@@ -222,6 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     cases = ablation.scheduler_cases(steps, repeats, args.quick) + ablation.heavy_tail_cases(
         steps, repeats, 0, args.quick
     )
+    cases += small_cases(2 if args.quick else 4 * steps, repeats)
     shapes = [(4_096, 64)] if args.quick else [(65_536, 1_024)] + ([(1_048_576, 1_024)] if args.big else [])
     sc = ablation.sibling("scale")
     for n, dp in shapes:

@@ -371,15 +371,15 @@ def first_cost_above_reference(items, k, costs, value):
     return next((i for i in range(k) if costs[items[i]] > value), k)
 
 
-def walk_reference(items, k, costs, base, sign, gap, right):
+def walk_reference(items, k, costs, base, gap, right):
     """Every one of ``items[:k]`` with its gain, in the repair's walk order: the positions
     left of ``right`` (leftwards) and from ``right`` on (rightwards), merged by gain, ties to
-    the left. ``delta = base + sign * cost``; the gain is ``delta`` on the left and ``gap -
-    delta`` on the right for a move (``sign = 1``), the other way round for a swap."""
+    the left. A swap sends ``delta = base - cost``: the gain is ``gap - delta`` on the left
+    and ``delta`` on the right."""
 
     def gain(i, on_left):
-        delta = base + sign * costs[items[i]]
-        return delta if on_left == (sign > 0) else gap - delta
+        delta = base - costs[items[i]]
+        return gap - delta if on_left else delta
 
     lefts, rights, walk = list(range(right - 1, -1, -1)), list(range(right, k)), []
     while lefts or rights:

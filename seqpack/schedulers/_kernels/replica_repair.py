@@ -1,14 +1,14 @@
 """repair_replicas and replica_lpt: the kernels that balance replica totals, and the heaps of
 replicas by total they share.
 
-``repair_replicas`` evens out replica totals by moves and swaps that keep the rounds fast;
+``repair_replicas`` evens out replica totals by swaps;
 ``replica_lpt`` (replica-first planning, :func:`seqpack.schedulers.balanced.replicas.replica_first`)
 places sequences costliest first on the lightest replica with a microbatch they fit. Ties are
 broken by index, never by chance.
 
-A change sends ``delta`` from the busier replica to the lighter one, ``gap`` apart, and
+A swap sends ``delta`` from the busier replica to the lighter one, ``gap`` apart, and
 lowers the pair's larger total by ``min(delta, gap - delta)`` (its *gain*), best at ``delta =
-gap / 2``. Candidates sorted by cost are walked from that ideal outwards, best first
+gap / 2``. Partners sorted by cost are walked from that ideal outwards, best first
 (:func:`walk_next`), so a walk stops at the first that gains too little.
 """
 
@@ -33,36 +33,33 @@ def repair_replicas(
     rel_tol: float,
     stop_at: float,
     swap_candidates: int,
-    round_budget: float = 0.0,
     max_work: int = 50_000_000,
-    move_candidates: int = 16,
     scan_limit: int = 16,
 ) -> int:
-    """Even out replica totals without making the rounds (much) slower.
+    """Even out replica totals by swapping sequences between replicas (the rounds may get
+    slower: for steps that wait for replicas, ``sync="replica"``).
 
-    Each step takes the most loaded replica ``d1`` and applies the best of: moving one of
-    its sequences into any microbatch (any round) of one of the ``move_candidates``
-    lightest replicas ``d2``, or swapping one of its sequences with a cheaper one of one of
-    the ``swap_candidates`` lightest replicas. A change is allowed when both microbatches
-    stay within ``capacity``, ``max(R_d1, R_d2)`` strictly decreases, and the sum of round
-    maxima ``S = sum_m max_d load[m, d]`` stays at most ``max(S, round_budget)`` (0 never
-    lets the rounds get slower, ``inf`` ignores them). "Best" is the largest drop of the
-    pair's maximum (ties: lighter replica, cheaper item, lower round); at most
-    ``scan_limit`` partners are checked per sequence and replica. Stops when no change
-    helps, after ``max_moves`` changes, once the busiest replica is at most ``stop_at``,
-    or after about ``max_work`` candidate checks (a deterministic time cap). Updates
-    ``round_of``, ``replica_of``, ``load`` and ``tok`` (``[rounds, replicas]``) in place.
+    Each step takes the most loaded replica ``d1`` and applies the best swap of one of its
+    sequences with a cheaper one of one of the ``swap_candidates`` lightest replicas ``d2``
+    (each takes the other's microbatch). A swap is allowed when both microbatches stay
+    within ``capacity`` and ``max(R_d1, R_d2)`` strictly decreases by more than ``rel_tol``
+    times ``R_d1``. "Best" is the largest drop of the pair's maximum (ties: lighter replica,
+    cheaper item of ``d1``); at most ``scan_limit`` partners are checked per sequence and
+    replica. Stops when no swap helps, after ``max_moves`` swaps, once the busiest replica
+    is at most ``stop_at``, or after about ``max_work`` candidate checks (a deterministic
+    time cap). Updates ``round_of``, ``replica_of``, ``load`` and ``tok`` (``[rounds,
+    replicas]``) in place.
 
     Bounds: ``mine``, ``theirs`` and the merge scratch have one entry per sequence (a
-    replica's members are at most all of them); ``light`` holds ``min(dp, max(move_candidates,
-    swap_candidates) + 1)`` replicas, never more than the heap it is read from; the walk that
-    reads them (:func:`_lightest_into`) keeps at most ``len(light) + 1`` heap positions
-    (each step takes one and adds two), within its ``2 * len(light) + 1``; the top-3 tables
-    have a row per round. Requires ``dp >= 1``, ``0 <= round_of < rounds``, ``0 <=
-    replica_of < dp`` and ``load`` / ``tok`` equal to the sums over the sequences.
+    replica's members are at most all of them); ``light`` holds ``min(dp, swap_candidates
+    + 1)`` replicas, never more than the heap it is read from; the walk that reads them
+    (:func:`_lightest_into`) keeps at most ``len(light) + 1`` heap positions (each step
+    takes one and adds two), within its ``2 * len(light) + 1``. Requires ``dp >= 1``, ``0
+    <= round_of < rounds``, ``0 <= replica_of < dp`` and ``load`` / ``tok`` equal to the
+    sums over the sequences.
 
     Returns:
-        Number of changes made.
+        Number of swaps made.
     """
     n_rounds, dp = load.shape
     n = round_of.shape[0]
@@ -70,12 +67,6 @@ def repair_replicas(
     for m in range(n_rounds):
         for d in range(dp):
             total[d] += load[m, d]
-    # The three largest loads of every round (the round maxima and what replaces them).
-    top_val = np.empty((n_rounds, 3), dtype=np.float64)
-    top_idx = np.empty((n_rounds, 3), dtype=np.int64)
-    for m in range(n_rounds):
-        _top3(load, m, top_val, top_idx)
-    round_sum = _round_sum(top_val)
     # Items of every replica as doubly linked lists.
     head = np.full(dp, -1, dtype=np.int64)
     nxt = np.full(n, -1, dtype=np.int64)
@@ -94,52 +85,40 @@ def repair_replicas(
     for i in range(dp):
         _total_sift(lo, lo_pos, i + 1, i, total, 1.0)
         _total_sift(hi, hi_pos, i + 1, i, total, -1.0)
-    light = np.empty(min(dp, max(move_candidates, swap_candidates) + 1), dtype=np.int64)
+    light = np.empty(min(dp, max(swap_candidates, 0) + 1), dtype=np.int64)
     frontier = np.empty(2 * light.shape[0] + 1, dtype=np.int64)
     mine = np.empty(n, dtype=np.int64)
     theirs = np.empty(n, dtype=np.int64)
     tmp = np.empty(n, dtype=np.int64)
-    eps = 1e-12
-    moves = 0
+    swaps = 0
     work = 0
-    while moves < max_moves and work < max_work:
+    while swaps < max_moves and work < max_work:
         d1 = hi[0]
         if total[d1] <= stop_at:
             break
         _lightest_into(lo, dp, total, light, frontier)
-        allow = max(0.0, round_budget - round_sum) + eps * total[d1]
         k1 = _sorted_members(head[d1], nxt, costs, mine, tmp)
-        # The best change: (gain, i, j or -1 for a move, d2, m2), i -1 for none.
-        best = (rel_tol * total[d1], -1, -1, -1, -1)
-        for swap in (False, True):
-            best, work = _best_change(
-                swap, d1, light, swap_candidates if swap else move_candidates, total, mine, k1, head, nxt, theirs,
-                tmp, costs, lengths, round_of, load, tok, top_val, top_idx, capacity, allow, scan_limit, best, work,
-            )  # fmt: skip
-        _, best_i, best_j, best_d2, best_m2 = best
+        # The best swap: (gain, i, j, d2), i -1 for none.
+        best, work = _best_swap(
+            d1, light, swap_candidates, total, mine, k1, head, nxt, theirs, tmp, costs, lengths, round_of, tok,
+            capacity, scan_limit, (rel_tol * total[d1], -1, -1, -1), work,
+        )  # fmt: skip
+        _, best_i, best_j, best_d2 = best
         if best_i < 0:
             break
-        # The change: i moves from (its round, d1) to (m2, d2); in a swap j moves the other way.
-        m = round_of[best_i]
-        _move(best_i, d1, m, best_d2, best_m2, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
-        if best_j >= 0:
-            _move(
-                best_j, best_d2, best_m2, d1, m, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of
-            )
+        # i moves from its microbatch (m, d1) to j's (m2, d2), and j the other way.
+        m, m2 = round_of[best_i], round_of[best_j]
+        _move(best_i, d1, m, best_d2, m2, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
+        _move(best_j, best_d2, m2, d1, m, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
         for d in (d1, best_d2):
             _total_sift(lo, lo_pos, dp, lo_pos[d], total, 1.0)
             _total_sift(hi, hi_pos, dp, hi_pos[d], total, -1.0)
-        _top3(load, m, top_val, top_idx)
-        if best_m2 != m:
-            _top3(load, best_m2, top_val, top_idx)
-        round_sum = _round_sum(top_val)
-        moves += 1
-    return moves
+        swaps += 1
+    return swaps
 
 
 @no_refcount
-def _best_change(
-    swap: bool,
+def _best_swap(
     d1: int,
     light: IntArray,
     candidates: int,
@@ -153,21 +132,16 @@ def _best_change(
     costs: FloatArray,
     lengths: IntArray,
     round_of: IntArray,
-    load: FloatArray,
     tok: IntArray,
-    top_val: FloatArray,
-    top_idx: IntArray,
     capacity: int,
-    allow: float,
     limit: int,
-    best: tuple[float, int, int, int, int],
+    best: tuple[float, int, int, int],
     work: int,
-) -> tuple[tuple[float, int, int, int, int], int]:
-    """The best move (``swap`` False) of one of ``d1``'s items ``mine[:k1]`` (sorted by cost)
-    to one of the ``candidates`` lightest replicas ``light``, or the best swap of one with a
-    cheaper item of one of them, if it beats ``best``, the best change so far (gain, i, j or
-    -1 for a move, d2, m2). A move checks up to ``4 * limit`` items per partner, a swap
-    ``limit`` partners per item. Returns the best change and the work count."""
+) -> tuple[tuple[float, int, int, int], int]:
+    """The best swap of one of ``d1``'s items ``mine[:k1]`` (sorted by cost) with a cheaper
+    item of one of the ``candidates`` lightest replicas ``light``, checking ``limit``
+    partners per item, if it beats ``best``, the best so far (gain, i, j, d2). Returns the
+    best swap and the work count."""
     best_gain = best[0]
     tried = 0
     for kk in range(light.shape[0]):
@@ -178,27 +152,7 @@ def _best_change(
         if tried == candidates or gap / 2 <= best_gain:  # no partner left that could gain more
             break
         tried += 1
-        if not swap:  # a move: d1's items from the ideal cost gap / 2 outwards, into any round of d2
-            right = first_cost_above(mine, k1, costs, gap / 2)
-            left = right - 1
-            checked = 0
-            found = False
-            while checked < limit * 4 and not found:
-                i, gain, left, right = walk_next(mine, k1, costs, 0.0, 1.0, gap, left, right)
-                if i < 0 or gain <= best_gain:
-                    break
-                checked += 1
-                m = round_of[i]
-                for m2 in range(load.shape[0]):
-                    work += 1
-                    if tok[m2, d2] + lengths[i] > capacity:
-                        continue
-                    if _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, costs[i]) <= allow:
-                        best_gain, best = gain, (gain, i, -1, d2, m2)
-                        found = True
-                        break
-            continue
-        # A swap: for each of d1's items, d2's items from the ideal cost outwards.
+        # For each of d1's items, d2's items from the ideal cost outwards.
         k2 = _sorted_members(head[d2], nxt, costs, theirs, tmp)
         for t in range(k1):
             i = mine[t]
@@ -209,57 +163,16 @@ def _best_change(
             left = right - 1
             checked = 0
             while checked < limit:
-                j, gain, left, right = walk_next(theirs, k2, costs, ci, -1.0, gap, left, right)
+                j, gain, left, right = walk_next(theirs, k2, costs, ci, gap, left, right)
                 if j < 0 or gain <= best_gain:
                     break
                 work += 1
                 checked += 1
-                m2 = round_of[j]
-                fits = tok[m2, d2] + lengths[i] - lengths[j] <= capacity
-                fits = fits and tok[m, d1] - lengths[i] + lengths[j] <= capacity
-                if fits and _round_sum_change(load, top_val, top_idx, m, d1, m2, d2, ci - costs[j]) <= allow:
-                    best_gain, best = gain, (gain, i, j, d2, m2)
+                shift = lengths[i] - lengths[j]  # tokens d2's microbatch gains, d1's loses
+                if tok[round_of[j], d2] + shift <= capacity and tok[m, d1] - shift <= capacity:
+                    best_gain, best = gain, (gain, i, j, d2)
                     break
     return best, work
-
-
-@no_refcount
-def _top3(load: FloatArray, m: int, top_val: FloatArray, top_idx: IntArray) -> None:
-    """Recompute the three largest loads of round ``m`` (ties: lower replica first)."""
-    v0 = v1 = v2 = -np.inf
-    i0 = i1 = i2 = -1
-    for d in range(load.shape[1]):
-        x = load[m, d]
-        if x > v0:
-            v2, i2, v1, i1, v0, i0 = v1, i1, v0, i0, x, d
-        elif x > v1:
-            v2, i2, v1, i1 = v1, i1, x, d
-        elif x > v2:
-            v2, i2 = x, d
-    top_val[m, 0], top_val[m, 1], top_val[m, 2] = v0, v1, v2
-    top_idx[m, 0], top_idx[m, 1], top_idx[m, 2] = i0, i1, i2
-
-
-@no_refcount
-def _max_without(top_val: FloatArray, top_idx: IntArray, m: int, a: int, b: int) -> float:
-    """Largest load of round ``m`` among replicas other than ``a`` and ``b``."""
-    for k in range(3):
-        if top_idx[m, k] != a and top_idx[m, k] != b:
-            return top_val[m, k]
-    return -np.inf
-
-
-@no_refcount
-def _round_sum_change(
-    load: FloatArray, top_val: FloatArray, top_idx: IntArray, m: int, d1: int, m2: int, d2: int, delta: float
-) -> float:
-    """Change of ``sum_m max_d load`` when ``delta`` moves from cell (m, d1) to (m2, d2)."""
-    if m2 != m:
-        new_m = max(load[m, d1] - delta, _max_without(top_val, top_idx, m, d1, -1))
-        new_m2 = max(top_val[m2, 0], load[m2, d2] + delta)
-        return (new_m - top_val[m, 0]) + (new_m2 - top_val[m2, 0])
-    new = max(load[m, d1] - delta, load[m, d2] + delta, _max_without(top_val, top_idx, m, d1, d2))
-    return new - top_val[m, 0]
 
 
 @no_refcount
@@ -354,15 +267,6 @@ def _move(
 
 
 @no_refcount
-def _round_sum(top_val: FloatArray) -> float:
-    """``S = sum_m max_d load[m, d]`` from the rounds' top loads."""
-    round_sum = 0.0
-    for m in range(top_val.shape[0]):
-        round_sum += top_val[m, 0]
-    return round_sum
-
-
-@no_refcount
 def first_cost_above(items: IntArray, k: int, costs: FloatArray, value: float) -> int:
     """Index of the first of ``items[:k]`` (sorted by cost) costing more than ``value``
     (``k`` if none; reads ``items`` below ``k <= len(items)`` only)."""
@@ -378,27 +282,24 @@ def first_cost_above(items: IntArray, k: int, costs: FloatArray, value: float) -
 
 @no_refcount
 def walk_next(
-    items: IntArray, k: int, costs: FloatArray, base: float, sign: float, gap: float, left: int, right: int
+    items: IntArray, k: int, costs: FloatArray, base: float, gap: float, left: int, right: int
 ) -> tuple[int, float, int, int]:
     """One step of the walk over ``items[:k]``: ``(item, gain, left, right)``, item -1 when
     both sides are used up. Start with ``right`` the first item past the ideal cost
     (:func:`first_cost_above`) and ``left = right - 1``.
 
-    ``sign = 1`` (a move, ``delta = costs[item]``): items left of the ideal gain ``delta``,
-    items right of it ``gap - delta``. ``sign = -1`` (a swap, ``delta = base -
-    costs[item]``): the other way round. Ties go left. Reads ``items[left]`` only while
-    ``left >= 0`` and ``items[right]`` while ``right < k``.
+    A swap sends ``delta = base - costs[item]``: items left of the ideal (cheaper) gain
+    ``gap - delta``, items right of it ``delta``. Ties go left. Reads ``items[left]`` only
+    while ``left >= 0`` and ``items[right]`` while ``right < k``.
     """
     if left < 0 and right >= k:
         return -1, -np.inf, left, right
     gain_left = -np.inf
     gain_right = -np.inf
     if left >= 0:
-        delta = base + sign * costs[items[left]]
-        gain_left = delta if sign > 0 else gap - delta
+        gain_left = gap - (base - costs[items[left]])
     if right < k:
-        delta = base + sign * costs[items[right]]
-        gain_right = gap - delta if sign > 0 else delta
+        gain_right = base - costs[items[right]]
     if gain_left >= gain_right:
         return items[left], gain_left, left - 1, right
     return items[right], gain_right, left, right + 1

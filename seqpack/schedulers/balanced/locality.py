@@ -117,7 +117,8 @@ def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
     """The per-replica layout and its DP ranks, where the step waits for replicas or runs
     one or two microbatches (None elsewhere, or when it finds no packing): each sequence,
     longest first, to its own rank's emptiest microbatch while within ``_REPLICAS_FILL`` of
-    its cost target and the mean tokens, else LPT; then the replica repair."""
+    its cost target and the mean tokens, else LPT; then, under ``sync="replica"``, the replica
+    repair."""
     padded, costs, dp_size, reference = step.padded, step.costs, step.dp_size, step.reference
     m_count = reference.num_microbatches
     if not (step.sync == Sync.REPLICA or m_count <= 2):
@@ -139,12 +140,12 @@ def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
         return None
     grid = laid_out(padded, costs, bin_of // dp_size, bin_of % dp_size, (m_count, dp_size))
     moves = repair_budget(step.max_repair_moves, dp_size)
-    if moves > 0:
+    if moves > 0 and step.sync == Sync.REPLICA:  # lockstep steps do not wait for replica totals
         # Close to the reference's busiest replica, and no closer: every repair move moves a
         # sequence.
         stop_at = float(reference.load.sum(axis=0).max()) * (1 + step.tolerance * 0.5)
         work = _REPAIR_WORK_FACTOR * _REPAIR_WORK
-        grid = repair(grid, padded, costs, dp_size, step.capacity, moves, step.sync, stop_at, work)
+        grid = repair(grid, padded, costs, dp_size, step.capacity, moves, stop_at, work)
     plan = BalancedPlan(m_count, *grid, reference.mode, _objective(grid[2], step.constant, step.sync))
     return plan, step.relabel(plan.replica_of, step.origin, padded, dp_size)
 

@@ -3,8 +3,8 @@ plan leaves the busiest replica above its bound, partition the sequences into re
 (each, costliest first, to the lightest replica with a microbatch it fits, best fit inside),
 repair that plan and keep it where it is lighter. Heavy tails need it (docs/schedulers.md).
 
-:func:`repair` moves and swaps single sequences off the busiest replica (without slowing the
-rounds under lockstep); locality's per-replica layout uses it too.
+:func:`repair` swaps single sequences between the busiest replica and light ones (the rounds
+may get slower); locality's per-replica layout uses it too, under ``sync="replica"``.
 """
 
 from __future__ import annotations
@@ -35,20 +35,14 @@ def repair(
     dp_size: int,
     capacity: int,
     max_moves: int,
-    sync: str,
-    stop_at: float | None = None,
-    max_work: int = _REPAIR_WORK,
+    stop_at: float,
+    max_work: int,
 ) -> Layout:
-    """The replica repair (module docstring): a repaired copy of ``grid``. ``stop_at``: busiest
-    replica's cost at which to stop (default 0.1% above the bound); ``max_work``: candidate
-    evaluations before it stops."""
-    replica_bound = max(float(costs.sum()) / dp_size, float(costs.max()))
-    if replica_bound <= 0:  # CostModel(0, 0, c): sequences cost nothing, there is nothing to balance
+    """The replica repair (module docstring): a repaired copy of ``grid``, after at most
+    ``max_moves`` swaps; ``stop_at``: busiest replica's cost at which to stop; ``max_work``:
+    candidate evaluations before it stops."""
+    if max(float(costs.sum()) / dp_size, float(costs.max())) <= 0:  # CostModel(0, 0, c): nothing to balance
         return grid
-    if stop_at is None:
-        stop_at = (1 + _GOOD_ENOUGH) * replica_bound
-    # How much slower the rounds may get: not at all under lockstep, freely for replicas.
-    rounds_budget = np.inf if sync == Sync.REPLICA else 0.0
     round_of, replica_of, load, tokens = (a.copy() for a in grid)
     _kernels.repair_replicas(
         round_of,
@@ -62,7 +56,6 @@ def repair(
         1e-9,
         stop_at,
         _SWAP_CANDIDATES,
-        rounds_budget,
         max_work,
     )
     return round_of, replica_of, load, tokens
@@ -115,14 +108,9 @@ def replica_first_stage(seqs: Sequences, grid: Layout, forced: bool) -> Layout:
     found = replica_first(padded, costs, seqs.fill_order, dp_size, capacity, load.shape[0])
     if found is None:
         return grid
+    first = laid_out(padded, costs, *found, load.shape)
     candidate = repair(
-        laid_out(padded, costs, *found, load.shape),
-        padded,
-        costs,
-        dp_size,
-        capacity,
-        seqs.max_repair_moves,
-        Sync.REPLICA,
+        first, padded, costs, dp_size, capacity, seqs.max_repair_moves, (1 + _GOOD_ENOUGH) * bound, _REPAIR_WORK
     )
     lighter = float(candidate[2].sum(axis=0).max())
     close = forced or lighter <= (1 + _GAP_FOR_MORE) * bound

@@ -41,8 +41,9 @@ class BalancedScheduler(GridScheduler):
         min_microbatches: At least this many microbatches (e.g. pipeline stages).
         microbatch_multiple: Microbatch count is a multiple of this.
         num_microbatches: Force exactly this many microbatches.
-        max_repair_moves: Cap on the repair of a replica-first or locality per-replica plan
-            (default ``8 * dp + 64``; 0 turns off replica-first and the repair).
+        max_repair_moves: Cap on the swaps that repair a replica-first plan or locality's
+            per-replica plan (``sync="replica"``; default ``8 * dp + 64``; 0 turns off
+            replica-first and the repair).
         locality: Keep sequences on the DP rank that read them where that predicts at
             most ``locality_tolerance`` more step time (:mod:`~seqpack.schedulers.balanced.locality`):
             ``"auto"`` (default) where the request's ``bytes_per_token`` make it pay, ``True``
