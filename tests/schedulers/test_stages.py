@@ -57,6 +57,7 @@ CASES = {
     "relabel": (*_sft(), {"locality": False}),
     "per_replica": (_sft()[0], {**_sft()[1], "sync": "replica"}, {"locality": True}),
     "home_swaps": (*_sft(), {"locality": True}),
+    "pair_swaps": (*_sft(512, 8), {"locality": True}),
 }
 
 
