@@ -64,10 +64,10 @@ PARTS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
         tuple(f"dynamic_cp/{p.name}" for p in sorted((PLANNER / "dynamic_cp").glob("*.py")))
         + ("_kernels/cp_planner.py", "group_sizes.py"),
         (),
-        "dynamic_cp.txt",
+        "dynamic_cp.txt, dynamic_cp_ablation.txt",
     ),
     "RL groups, mini-batches": (("sample_groups.py", "minibatches.py", "join.py"), (), "rl_groups.txt"),
-    "static shapes": (("shape_limits.py", "bucket_ladder.py"), (), "static_shapes_plans (docs/thd.md)"),
+    "static shapes": (("shape_limits.py", "bucket_ladder.py"), (), "static_shapes_ladder.txt, docs/thd.md"),
     "encoder plan (vision)": (("encoder_plan.py",), (), "encoder_plan.txt"),
 }
 
