@@ -24,7 +24,10 @@ predicted step time by >= 0.5%, guarantees capacity or fewer microbatches, or, f
 locality, keeps tokens home), each taken out by patching ``seqpack.schedulers.sample_groups``
 from here (:data:`STAGES`; the library has no switch), on :data:`MIXES` at dp 4..64, both
 syncs, with and without ``together``, free and forced microbatch counts, with and without
-per-sample costs unrelated to length (``sample_cost``, which decorrelates cost and tokens):
+per-sample costs unrelated to length (``sample_cost``, which decorrelates cost and tokens).
+Stage ``choose`` is the choice between a stage and its cheap alternative (refined or LPT
+alone; re-planned or padded with empty microbatches) by predicted step time: taken out,
+every plan is refined and re-planned, as before the choice existed:
 
     PYTHONPATH=. python benchmarks/rl_groups.py --stages [--seeds 5]
 """
@@ -97,7 +100,7 @@ MIXES = {
     "mixed 96x1..16": lambda seed: mixed_step(96, 16, seed),
     "mixed 64x1..64": lambda seed: mixed_step(64, 64, seed),
 }
-_IMPROVE, _ASSIGN = sample_groups._improve, sample_groups.assign_units
+_IMPROVE, _ASSIGN = sample_groups._improve, sample_groups._assign
 
 
 def _moves_only(*args):
@@ -111,6 +114,11 @@ def _moves_only(*args):
         replica[theirs] = lo
 
 
+def _never(*_) -> bool:
+    """``sample_groups._cheaper`` that never finds the alternative cheaper (nor tries it)."""
+    return False
+
+
 # stage -> (what is left without it, the sample_groups names patched to take it out).
 STAGES = {
     "refine": ("LPT alone, no refinement", {"_refine": lambda *a, **k: None}),
@@ -118,13 +126,14 @@ STAGES = {
     "moves": ("refinement by swaps alone", {"_improve": lambda *a: _IMPROVE(*a[:8], True)}),
     "budget": (
         "a forced count's token budget ignored by LPT and the refinement",
-        {"assign_units": lambda c, t, dp, budget=None, **k: _ASSIGN(c, t, dp, None, **k)},
+        {"_assign": lambda c, t, dp, budget, equal: _ASSIGN(c, t, dp, None, equal)},
     ),
     "replan": (
         "balanced's lighter replicas padded with empty microbatches, not planned again at the common count",
         {"BalancedScheduler": type("NotBalanced", (), {})},
     ),
     "relabel": ("replicas not renamed to the ranks holding their tokens", {"relabel_replicas": lambda r, *_: r}),
+    "choose": ("always refined and re-planned, not the cheaper of each and its alternative", {"_cheaper": _never}),
 }
 # setting -> (microbatches forced above the token bound, None: free; per-sample cost / mean sequence cost).
 SETTINGS = {"free count": (None, 0.0), "free count, sample_cost": (None, 3.0), "forced at the token bound": (0, 0.0)}

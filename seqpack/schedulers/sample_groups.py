@@ -3,7 +3,9 @@
 not be split (GRPO responses of one prompt, DPO pairs). :func:`schedule_groups` plans whole
 groups to replicas (:func:`assign_units`), then each replica's microbatches by any
 scheduler (``together``: :func:`pack_units`), and renames the replicas to the DP ranks
-already holding most of their tokens. docs/rl.md describes it and measures what it costs.
+already holding most of their tokens; where a stage has a cheap alternative, the plan
+keeps whichever predicts the faster step (:class:`_ReplicaPlanner`). docs/rl.md describes
+it and measures what it costs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from seqpack.schedulers.balanced import BalancedScheduler, relabel_replicas, rou
 from seqpack.schedulers.base import Scheduler, fit_sequence_slots
 from seqpack.schedulers.group_sizes import allowed_group_sizes
 from seqpack.schedulers.join import join_plans
+from seqpack.schedulers.objective import step_objective
 from seqpack.schedulers.request import Request, apply_static_oversize
 from seqpack.schedulers.schedule import Schedule
 from seqpack.schedulers.shape_limits import refuse_dynamic
@@ -100,8 +103,7 @@ def _static_with_groups(
     effective, dropped, truncated = apply_static_oversize(request)
     active = np.flatnonzero(effective > 0).astype(np.int64)
     padded = padded_lengths(effective[active], pad_multiple)
-    resolved = scheduler.resolve_cost(request.cost) or default_cost_model()
-    model = resolved.at(cp_size)
+    model = (scheduler.resolve_cost(request.cost) or default_cost_model()).at(cp_size)
     costs = model.cost(padded)
     if request.sample_cost is not None:  # groups weigh their samples' own costs too
         costs = costs + request.sample_cost[active]
@@ -125,12 +127,11 @@ def _static_with_groups(
             f"equal_counts needs groups of one size, as many on every replica: got {sizes.size} groups of "
             f"{int(sizes.min())}..{int(sizes.max())} sequences for dp_size={dp_size}"
         )
-    replica_of_unit = assign_units(unit_costs, unit_tokens, dp_size, budget, equal=equal_counts)
-    replica = relabel_replicas(replica_of_unit[unit], request.origin[active], padded, dp_size)
-    planner = _ReplicaPlanner(scheduler, dataclasses.replace(request, lengths=effective), together)
-    per_replica = planner.plan_all(active, replica, unit, padded, costs, dp_size)
-    count = len(per_replica[0]) if per_replica else 0
-    grid = [[np.sort(per_replica[d][m]) for d in range(dp_size)] for m in range(count)]
+    refined, alone = _assign(unit_costs, unit_tokens, dp_size, budget, equal_counts)
+    at_effective = dataclasses.replace(request, lengths=effective)
+    planner = _ReplicaPlanner(scheduler, at_effective, together, active, unit, padded, costs, model.constant)
+    per_replica = planner.cheaper_placement(refined, alone if request.static_shapes is None else refined)
+    grid = [[np.sort(rounds[m]) for rounds in per_replica] for m in range(len(per_replica[0]))]
     if request.static_shapes is not None and grid:  # `together` packs whole groups by tokens
         # alone (pack_units): rounds may be added, none past a forced count. Other plans are
         # each replica's own, repaired already.
@@ -154,26 +155,79 @@ def _static_with_groups(
 
 @dataclasses.dataclass(frozen=True)
 class _ReplicaPlanner:
-    """Plans each replica's microbatches alone (``dp_size=1``), every replica at the largest
-    count any needs (``"balanced"`` plans the others again at that count; other schedulers
-    get empty microbatches), or at the scheduler's forced ``num_microbatches``;
-    ``request.lengths`` after the oversize policy."""
+    """Plans each replica's microbatches alone (``dp_size=1``), all at the largest count any
+    needs or at a forced ``num_microbatches``: ``"balanced"`` plans the lighter replicas again
+    at that count so their work spreads, unless padding them with empty microbatches (as other
+    schedulers' are) predicts a strictly faster step under the request's sync (:meth:`objective`;
+    not with ``static_shapes``, whose bucket padding and slot repair it leaves out); so does
+    LPT's placement against the refined one. ``active``: the global ids placed (``unit``,
+    ``padded``, ``costs`` one each); ``request.lengths`` after the oversize policy."""
 
     scheduler: Scheduler
     request: Request
     together: bool
+    active: np.ndarray
+    unit: np.ndarray
+    padded: np.ndarray
+    costs: np.ndarray
+    constant: float
+    cache: dict[tuple[int, bytes], list[np.ndarray]] = dataclasses.field(default_factory=dict)
 
-    def plan_all(
-        self, active: np.ndarray, replica: np.ndarray, unit: np.ndarray, padded: np.ndarray, costs: np.ndarray, dp: int
-    ) -> list[list[np.ndarray]]:
-        """Global ids of every microbatch of every replica, all at the same count.
+    def cheaper_placement(self, refined: np.ndarray, alone: np.ndarray) -> list[list[np.ndarray]]:
+        """:meth:`plan_all` of the units placed at ``refined`` (replica of every unit), or at
+        ``alone`` where that is faster (tried where :meth:`lower_bound` leaves it a chance) or
+        ``refined`` cannot be planned.
+
+        Raises:
+            ScheduleError: Neither can be planned (``refined``'s error).
+        """
+        try:
+            best, value = self.plan_all(refined)
+        except ScheduleError as err:
+            if np.array_equal(alone, refined):
+                raise
+            try:
+                return self.plan_all(alone)[0]
+            except ScheduleError:
+                raise err from None
+        if np.array_equal(alone, refined) or not _cheaper(self.lower_bound(alone), value):
+            return best
+        try:
+            other, other_value = self.plan_all(alone)
+        except ScheduleError:
+            return best
+        return other if _cheaper(other_value, value) else best
+
+    def lower_bound(self, replica_of_unit: np.ndarray) -> float:
+        """What no plan of the units at ``replica_of_unit`` beats under either sync: the
+        busiest replica's cost plus the constant of every microbatch a replica needs at least."""
+        dp, of = self.request.dp_size, replica_of_unit[self.unit]
+        load, held = (np.bincount(of, weights=w, minlength=dp) for w in (self.costs, self.padded))
+        forced = getattr(self.scheduler, "num_microbatches", None)
+        count = int(forced) if forced is not None else -(-int(held.max()) // self.request.capacity)
+        return float(load.max()) + count * self.constant
+
+    def objective(self, per_replica: list[list[np.ndarray]]) -> float:
+        """:func:`step_objective` of ``per_replica`` under the request's sync: a microbatch
+        costs its sequences' costs plus ``constant`` (an empty one ``constant``)."""
+        by_id = np.zeros(self.request.num_sequences)
+        by_id[self.active] = self.costs
+        load = np.array([[by_id[ids].sum() for ids in rounds] for rounds in per_replica])
+        return step_objective(load.reshape(len(per_replica), -1).T + self.constant, self.request.sync)
+
+    def plan_all(self, replica_of_unit: np.ndarray) -> tuple[list[list[np.ndarray]], float]:
+        """Global ids of every microbatch of every replica, all at the same count, with the
+        units at ``replica_of_unit`` (replicas renamed to the ranks holding their tokens), and
+        its :meth:`objective`.
 
         Raises:
             ScheduleError: ``together`` and a replica's groups need more microbatches than
                 the forced ``num_microbatches`` to stay whole.
         """
+        dp = self.request.dp_size
+        replica = relabel_replicas(replica_of_unit[self.unit], self.request.origin[self.active], self.padded, dp)
         masks = [replica == d for d in range(dp)]
-        rounds = [self.rounds(self.scheduler, active[m], unit[m], padded[m], costs[m]) for m in masks]
+        rounds = [self.planned(0, m) for m in masks]
         count = max((len(r) for r in rounds), default=0)
         forced = getattr(self.scheduler, "num_microbatches", None)
         if forced is not None:
@@ -185,21 +239,38 @@ class _ReplicaPlanner:
                     "on one replica only"
                 )
             count = int(forced)
-        balanced = self.scheduler if isinstance(self.scheduler, BalancedScheduler) and not self.together else None
-        for d, m in enumerate(masks):
-            if balanced is not None and 0 < len(rounds[d]) < count:  # spread this replica's work over `count` too
-                moves = balanced.max_repair_moves
-                again = BalancedScheduler(
-                    num_microbatches=count, locality=False, order=balanced.order, max_repair_moves=moves
-                )
-                rounds[d] = self.rounds(again, active[m], unit[m], padded[m], costs[m])
-            rounds[d] = rounds[d] + [np.zeros(0, dtype=np.int64)] * (count - len(rounds[d]))
+        empty = np.zeros(0, dtype=np.int64)
+        filled = [r + [empty] * (count - len(r)) for r in rounds]
+        value = self.objective(filled)
+        spreads = isinstance(self.scheduler, BalancedScheduler) and not self.together
+        lighter = [d for d in range(dp) if 0 < len(rounds[d]) < count] if spreads else []
+        if not lighter:
+            return filled, value
+        spread = list(filled)
+        for d in lighter:  # spread this replica's work over `count` too
+            planned = self.planned(count, masks[d])
+            spread[d] = planned + [empty] * (count - len(planned))
+        spread_value = self.objective(spread)
+        padded_faster = self.request.static_shapes is None and _cheaper(value, spread_value)
+        return (filled, value) if padded_faster else (spread, spread_value)
+
+    def planned(self, count: int, mask: np.ndarray) -> list[np.ndarray]:
+        """:meth:`rounds` of the replica holding ``active[mask]`` by the scheduler (``count`` 0)
+        or by ``balanced`` again at ``count``; cached (both placements may share replicas)."""
+        key = (count, self.active[mask].tobytes())
+        if key in self.cache:
+            return self.cache[key]
+        scheduler = self.scheduler
+        if count:
+            assert isinstance(scheduler, BalancedScheduler)
+            order, moves = scheduler.order, scheduler.max_repair_moves
+            scheduler = BalancedScheduler(num_microbatches=count, locality=False, order=order, max_repair_moves=moves)
+        self.cache[key] = rounds = self.rounds(scheduler, mask)
         return rounds
 
-    def rounds(
-        self, scheduler: Scheduler, ids: np.ndarray, unit: np.ndarray, padded: np.ndarray, costs: np.ndarray
-    ) -> list[np.ndarray]:
-        """Global ids of each microbatch of one replica holding ``ids``."""
+    def rounds(self, scheduler: Scheduler, mask: np.ndarray) -> list[np.ndarray]:
+        """Global ids of each microbatch of the replica holding ``active[mask]``."""
+        ids, unit, padded, costs = self.active[mask], self.unit[mask], self.padded[mask], self.costs[mask]
         if not ids.size:
             return []
         capacity = self.request.capacity
@@ -267,6 +338,12 @@ def _dynamic_with_groups(
 
 
 _REFINE_ROUNDS = 4  # refinement moves per unit at most
+_TIE = 1e-9  # relative: step times closer than this are a tie (sums in another order)
+
+
+def _cheaper(alternative: float, current: float) -> bool:
+    """Whether ``alternative`` predicts a strictly faster step than ``current`` (not on a tie)."""
+    return alternative < current - _TIE * abs(current)
 
 
 def group_units(group_ids: np.ndarray, grouped: np.ndarray) -> np.ndarray:
@@ -290,6 +367,13 @@ def assign_units(
     units are dealt in rounds of ``dp_size``, the costliest to the least loaded replica, and
     refined by swaps only.
     """
+    return _assign(costs, tokens, dp_size, budget, equal)[0]
+
+
+def _assign(
+    costs: np.ndarray, tokens: np.ndarray, dp_size: int, budget: int | None, equal: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(replica of every unit refined, by LPT alone): :func:`assign_units`."""
     n = costs.shape[0]
     replica = np.zeros(n, dtype=np.int64)
     load = np.zeros(dp_size, dtype=np.float64)
@@ -310,9 +394,10 @@ def assign_units(
             replica[u] = d
             load[d] += costs[u]
             held[d] += tokens[u]
+    alone = replica.copy()
     if dp_size > 1:
         _refine(replica, costs, tokens, load, held, budget, swaps_only=equal)
-    return replica
+    return replica, alone
 
 
 def _refine(
