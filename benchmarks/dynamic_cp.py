@@ -299,7 +299,8 @@ def hybrid_step_time(rounds: list, lengths: np.ndarray, cost: CostModel, packed:
             s = np.array([p.sum() for p in packs])
             ss = np.array([(p * p).sum() for p in packs])
             spans = np.full(len(packs), bool(spans_nodes(start, size, cost.ranks_per_node)))
-            height = max(height, float(cost.time(np.full(len(packs), size), s, ss, spans).sum()))
+            sums = np.stack([np.full(len(packs), size), s, ss, spans], axis=-1).astype(np.int64)
+            height = max(height, float(cost.predict_group_sums(sums, 1).sum()))
         total += height
     return total
 
