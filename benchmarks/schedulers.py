@@ -189,7 +189,15 @@ def baseline_schedule(partition: Callable, lengths, *, dp_size, cp_size, max_tok
     costs = cost.cost(padded)
     parts = partition(costs.tolist(), dp_size)
     rounds = microbatch_partition(parts, padded, costs, max_tokens_per_rank * cp_size)
-    return Schedule(len(rounds), rounds, lengths, lengths.copy(), dp_size, cp_size, max_tokens_per_rank, pad_multiple)
+    return Schedule.from_assignment(
+        rounds,
+        lengths=lengths,
+        original_lengths=lengths.copy(),
+        dp_size=dp_size,
+        cp_size=cp_size,
+        max_tokens_per_rank=max_tokens_per_rank,
+        pad_multiple=pad_multiple,
+    )
 
 
 def seqpack_schedule(name):
