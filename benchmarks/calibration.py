@@ -313,6 +313,9 @@ def summarize(name: str, result: dict, targets: list[tuple[bool | None, str]]) -
     err = np.array([r["predicted"] / r["true"] - 1 for r in late if r["fitted"]])
     speedup = np.mean([r["flops"] for r in late]) / np.mean([r["true"] for r in late])
     per_step_vs_flops = np.array([r["true"] / r["flops"] for r in rows])  # every step: "never" slower
+    error = "no step fitted"  # a run too short for the calibrator's first fit
+    if err.size:
+        error = f"mean |e| {100 * np.mean(np.abs(err)):.1f}%, worst {100 * np.max(np.abs(err)):.1f}%"
     print(f"\n== clock {name} ==")
     print(
         f"{'step':>4} {'fitted':>6} {'predicted ms':>12} {'true ms':>9} {'pred err':>8} {'flops ms':>9} "
@@ -341,8 +344,7 @@ def summarize(name: str, result: dict, targets: list[tuple[bool | None, str]]) -
         f"dense-fit plan / oracle mean {ratio_dense.mean():.4f} (the best a model of these terms does); "
         f"flops / calibrated step time {speedup:.3f}x; calibrated / flops worst step (all steps) "
         f"{per_step_vs_flops.max():.4f}; "
-        f"prediction error of the step time: mean |e| {100 * np.mean(np.abs(err)):.1f}%, worst "
-        f"{100 * np.max(np.abs(err)):.1f}%; microbatches/step calibrated "
+        f"prediction error of the step time: {error}; microbatches/step calibrated "
         f"{np.mean([r['m_cal'] for r in late]):.2f}, flops {np.mean([r['m_flops'] for r in late]):.2f}"
     )
     summary = dict(cal=ratio_cal.mean(), speedup=speedup, worst_vs_flops=per_step_vs_flops.max())
@@ -361,6 +363,8 @@ def main() -> None:
     parser.add_argument("--clock-data", default=DEFAULT_DATA)
     parser.add_argument("--skip-cpu", action="store_true", help="leave out the clock measured on this CPU")
     args = parser.parse_args()
+    if args.steps <= FROM_STEP:
+        parser.error(f"--steps {args.steps}: the summary is over steps {FROM_STEP} on, so give more than {FROM_STEP}")
     torch.set_num_threads(1)
     print(
         f"# machine: {platform.processor() or platform.machine()}; {os.cpu_count()} logical CPUs; "
