@@ -519,6 +519,7 @@ def main() -> int:
     parser.add_argument("--clock-data", default=CLOCK)
     parser.add_argument("--out", default=None, help="also write the report here")
     parser.add_argument("--plot", default=None, help="write the figure (matplotlib) here")
+    parser.add_argument("--ranks", default=None, help="R values, comma-separated, instead (a smoke test's toy size)")
     args = parser.parse_args()
     cost, fit = fitted_cost(args.clock_data)
     out = [
@@ -530,6 +531,8 @@ def main() -> int:
         f"{cost.ring_token_inter * 1e9:.1f} ns (IB); capacity {CAPACITY}/rank, pad {PAD}, {PER_RANK} sequences/rank",
     ]
     ranks = (8, 64, 512) if args.quick else RANKS
+    if args.ranks:
+        ranks = tuple(int(r) for r in args.ranks.split(","))
     syncs = ("lockstep",) if args.quick else ("lockstep", "replica")
     rows = sweep(cost, ranks, syncs, out)
     if not args.quick:
