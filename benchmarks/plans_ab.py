@@ -160,7 +160,9 @@ def worker() -> None:
 
 class Worker:
     def __init__(self, tree: str, cache: str) -> None:
-        env = dict(os.environ, PYTHONPATH=tree, NUMBA_CACHE_DIR=cache, PYTHONWARNINGS="ignore")
+        env = dict(os.environ, PYTHONPATH=tree, PYTHONWARNINGS="ignore")
+        if cache:  # else the environment's: numba's cache beside the tree's sources unless NUMBA_CACHE_DIR is set
+            env["NUMBA_CACHE_DIR"] = cache
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker"]
         self.proc = subprocess.Popen(cmd, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -232,20 +234,24 @@ def main() -> int:
     parser.add_argument("--now", default=str(Path(__file__).resolve().parents[1]), help="this tree by default")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--ratio", action="store_true", help="locality on vs off in --now (shapes NxDP)")
-    parser.add_argument("--cache", default="/tmp/plans_ab_numba", help="NUMBA_CACHE_DIR prefix (one per tree)")
+    parser.add_argument(
+        "--cache",
+        default="/tmp/plans_ab_numba",
+        help="NUMBA_CACHE_DIR prefix (one per tree); '' keeps the environment's (a smoke test's warm cache)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker()
         return 0
     print(f"# CPU time, best of {args.repeat}, interleaved; machine: {os.cpu_count()} logical CPUs (shared)")
-    now = Worker(args.now, args.cache + "_now")
+    now = Worker(args.now, args.cache and args.cache + "_now")
     if args.ratio:
         ratios(now, args.shapes, args.repeat)
         return 0
     if not args.before:
         parser.error("--before PATH is needed (or --ratio)")
-    befores = [(Path(b).name, Worker(b, f"{args.cache}_{Path(b).name}")) for b in args.before]
+    befores = [(Path(b).name, Worker(b, args.cache and f"{args.cache}_{Path(b).name}")) for b in args.before]
     compare(befores, now, args.shapes, args.repeat)
     return 0
 
