@@ -3,7 +3,6 @@ a synthetic clock written here (the H100 clock it fits lives outside the reposit
 cannot rot again (its hybrid CP pricing raised AttributeError for a while and no test saw it):
 a row per workload and R under every ring scale, every step time finite, and the targets."""
 
-import functools
 import json
 import math
 import re
@@ -35,7 +34,7 @@ def test_toy_run_prices_every_plan_and_states_the_targets(monkeypatch, tmp_path,
     synthetic_clock(clock)
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # it imports benchmarks/dynamic_cp_bound.py
     with benchmark_module("dynamic_cp") as module:
-        monkeypatch.setattr(module, "plan_time", functools.partial(module.plan_time, repeat=1))
+        monkeypatch.setattr(module, "PLAN_REPEATS", 1)
         argv = ["dynamic_cp.py", "--quick", "--ranks", "8,16", "--clock-data", str(clock), "--out", str(out)]
         monkeypatch.setattr(sys, "argv", argv)
         module.main()  # exit status: its targets, which a toy clock need not meet
@@ -51,6 +50,7 @@ def test_toy_run_prices_every_plan_and_states_the_targets(monkeypatch, tmp_path,
         assert [(kind, int(r)) for kind, r, *_ in rows] == [(kind, r) for kind in workloads for r in (8, 16)]
         for *_, static, hybrid, dynamic in rows:
             assert all(math.isfinite(float(t)) and float(t) > 0 for t in (static, hybrid, dynamic))
-    assert re.search(r"^plan time, tail256k at 1,024 ranks .*: lockstep \d+ ms, replica \d+ ms$", text, re.M)
+    plan_line = r"^plan time, tail256k at 1,024 ranks .*, CPU, best of 1: lockstep \d+ ms, replica \d+ ms$"
+    assert re.search(plan_line, text, re.M)
     verdicts = re.findall(r"^(PASS|FAIL): (.+?) \(", text, flags=re.MULTILINE)
     assert len(verdicts) == 3
