@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # CPU seconds to compile every kernel (`seqpack doctor --warm` on an empty cache, docs/scale.md).
-COLD_COMPILE_SECONDS = 30
+COLD_COMPILE_SECONDS = 20
 
 # Where each kernel and constant is defined; a kernel module is an attribute too.
 _HOMES = {
