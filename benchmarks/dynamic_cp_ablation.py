@@ -16,7 +16,7 @@ product plans (checked on every step: the ``copy`` variant). One sub-stage off p
   that needs a group;
 * ``-lockstep_builder``: under ``sync="replica"`` only the replica builder's search runs;
 * ``-pow2_search``: under ``"any"`` the power-of-2-only search does not run;
-* ``-static``: no static-CP candidate;
+* ``-static``: no static-CP candidate (the fill's, nor under replica sync ``balanced``'s);
 * ``-run_order``: a candidate's rounds run in the order built, not heaviest first;
 * ``-in_nodes``: under ``"any"`` rounds are laid out left to right (``layout``), groups
   smaller than a node not kept inside one.
@@ -176,6 +176,8 @@ def search(on: frozenset[str]):  # noqa: ANN201
             candidates.append(_search_heights(dataclasses.replace(p, sizes=p.pow2_sizes), on))
         if "static" in on:
             candidates.append(_score(p, _rounds.build_static(p), on))
+            if p.sync == Sync.REPLICA:
+                candidates.extend(_score(p, bins, on) for bins in _rounds.build_balanced(p))
         return min(candidates, key=lambda bins: bins.score)
 
     return _search

@@ -7,6 +7,7 @@ from dynamic_cp_reference import (
     brute_force_lockstep,
     check_plan_reference,
     longest_held,
+    padded,
     plan_dcp,
     static_reference,
     step_time_reference,
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from seqpack.cost import CostModel
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
-from seqpack.schedulers import predicted_step_time
+from seqpack.schedulers import get_scheduler, predicted_step_time
 from seqpack.schedulers.dynamic_cp import allowed_group_sizes
 from seqpack.thd import StaticShapes
 
@@ -117,6 +118,35 @@ def test_a_short_sequence_takes_a_group_when_that_shortens_the_step():
     plan = plan_dcp([100], dp_size=4, max_tokens_per_rank=128, cost=cost)
     assert plan.group_size.tolist() == [4]
     assert predicted_step_time(plan, cost) < cost.cost([100])[0]
+
+
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=60),
+    ranks=st.sampled_from([2, 4, 6, 8, 12, 16]),
+    capacity=st.integers(40, 128),
+    pad=st.sampled_from([1, 2, 8]),
+    cost=COSTS,
+    sizes=st.sampled_from(["pow2", "any"]),
+)
+@pytest.mark.slow
+def test_replica_plan_never_slower_than_balanced_static_cp(lengths, ranks, capacity, pad, cost, sizes):
+    """Under replica sync, never slower than ``balanced`` (replica-first) static CP on the
+    smallest power of 2 dividing the ranks that holds the longest sequence (R itself
+    otherwise), priced as static plans are (``CostModel.at``): benchmarks/dynamic_cp.py's
+    baseline, stronger than the planner's own static-CP fill."""
+    multiple = 2 * ranks * pad
+    lengths = [min(s, ranks * capacity // multiple * multiple) for s in lengths]  # all R ranks hold each
+    longest = max(lengths)
+    plan = plan_dcp(lengths, dp_size=ranks, max_tokens_per_rank=capacity, pad_multiple=pad, cost=cost,
+                    sync="replica", group_sizes=sizes)  # fmt: skip
+    pow2 = [*(2**k for k in range(5)), ranks]
+    holds = [c for c in pow2 if ranks % c == 0 and padded(longest, c, pad) <= c * capacity]
+    c = holds[0]
+    static = get_scheduler("balanced").schedule(lengths, dp_size=ranks // c, cp_size=c, max_tokens_per_rank=capacity,
+                                                pad_multiple=pad if c == 1 else 2 * c * pad, cost=cost.at(c),
+                                                sync="replica")  # fmt: skip
+    expected = predicted_step_time(static, cost.at(c), sync="replica")
+    assert predicted_step_time(plan, cost, sync="replica") <= expected * (1 + 1e-9) + 1e-12
 
 
 def test_replica_plans_never_wait():

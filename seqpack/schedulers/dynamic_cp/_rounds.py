@@ -8,9 +8,11 @@ import dataclasses
 
 import numpy as np
 
+from seqpack.cost import CostModel
 from seqpack.schedulers import _kernels
+from seqpack.schedulers.balanced.scheduler import BalancedScheduler
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem
-from seqpack.thd import group_padded_lengths
+from seqpack.thd import group_pad_multiple, group_padded_lengths
 from seqpack.thd.padding import ranges
 
 
@@ -102,6 +104,59 @@ def build_static(p: Problem) -> Bins:
     """Static CP: every round cut into equal groups sized for the longest sequence."""
     positions = np.arange(p.lengths.shape[0], dtype=np.int64)
     return _fill(p, Bins.empty(positions.shape[0]), positions, 0, static_size(p), 0)
+
+
+def build_balanced(p: Problem) -> list[Bins]:
+    """Static CP as the ``balanced`` scheduler plans it (replica-first under replica sync),
+    on the smallest size that divides the ranks and holds the longest sequence among the
+    allowed sizes and among the powers of 2 (and R): one candidate per distinct size, the
+    smaller first; none for an empty step."""
+    if p.lengths.shape[0] == 0:
+        return []
+    out = []
+    for c in sorted({_divisor_size(p, p.sizes), _divisor_size(p, p.pow2_sizes)}):
+        bins = _balanced_at(p, c)
+        if bins is not None:
+            out.append(bins)
+    return out
+
+
+def _divisor_size(p: Problem, sizes: np.ndarray) -> int:
+    """The smallest of ``sizes`` (ascending, ``R`` among them) that divides the ranks and
+    holds the longest sequence."""
+    sizes = sizes[p.num_ranks % sizes == 0]
+    return int(sizes[np.argmax(group_padded_lengths(p.lengths[:1], sizes, p.pad_multiple) <= sizes * p.capacity)])
+
+
+def _balanced_at(p: Problem, c: int) -> Bins | None:
+    """``R / c`` replicas of ``c`` ranks, each running its own microbatches as ``balanced``
+    plans them under the static group's cost (``CostModel.at(c)`` of ``p.coef``), laid out
+    as they run. Sequences go to ``balanced`` in id order, as a caller of it would pass them;
+    None should it leave one out."""
+    by_id = np.argsort(p.ids, kind="stable")  # position (planning order) of every id, ascending
+    static = BalancedScheduler().schedule(
+        p.lengths[by_id],
+        dp_size=p.num_ranks // c,
+        cp_size=c,
+        max_tokens_per_rank=p.capacity,
+        pad_multiple=group_pad_multiple(c, p.pad_multiple),
+        cost=CostModel.from_group_coefficients(p.coef, p.ranks_per_node).at(c),
+        sync=p.sync,
+    )
+    if static.assigned.shape[0] != p.lengths.shape[0]:  # not seen (c holds the longest): kept exact
+        return None
+    groups = static.group_size.shape[0]
+    positions = by_id[static.assigned]
+    group_of = np.repeat(np.arange(groups, dtype=np.int64), static.group_counts)
+    seq_padded = group_padded_lengths(p.lengths[positions], c, p.pad_multiple).astype(np.float64)
+    s = np.bincount(group_of, weights=seq_padded, minlength=groups)
+    ss = np.bincount(group_of, weights=seq_padded * seq_padded, minlength=groups)
+    bins = Bins.empty(p.lengths.shape[0])
+    bins.extend(static.group_size, static.group_round, tokens=s.astype(np.int64), s=s, ss=ss)
+    bins.seq_bin[positions] = group_of
+    bins.start = static.group_start.copy()
+    bins.run_round = static.group_round.copy()
+    return bins
 
 
 def build_replica(p: Problem, height: float, more: int = 0) -> Bins:

@@ -18,7 +18,7 @@ import numpy as np
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import GroupSizes, Sync
 from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score
-from seqpack.schedulers.dynamic_cp._rounds import build, build_replica, build_static
+from seqpack.schedulers.dynamic_cp._rounds import build, build_balanced, build_replica, build_static
 from seqpack.schedulers.group_sizes import allowed_group_sizes, dynamic_group_sizes, group_holds
 from seqpack.schedulers.request import Request, apply_oversize, check_capacity
 from seqpack.schedulers.schedule import Schedule
@@ -95,13 +95,16 @@ def _search_heights(p: Problem, replica: bool = False) -> Bins:
 
 def _search(p: Problem) -> Bins:
     """The best of the height search, the same search with power-of-2 sizes only (when any
-    size is allowed: every such plan is one too) and static CP."""
+    size is allowed: every such plan is one too) and static CP (under replica sync also
+    ``balanced``'s static-CP plan, so the result is never worse than it)."""
     candidates = [_search_heights(p)]
     if p.sync == Sync.REPLICA:
         candidates.append(_search_heights(p, replica=True))
     if p.in_nodes:
         candidates.append(_search_heights(dataclasses.replace(p, sizes=p.pow2_sizes)))
     candidates.append(score(p, build_static(p)))
+    if p.sync == Sync.REPLICA:  # static CP as ``balanced`` plans it: replica-first beats the fill above
+        candidates.extend(score(p, bins) for bins in build_balanced(p))
     return min(candidates, key=lambda bins: bins.score)  # ties: the first
 
 
