@@ -92,12 +92,14 @@ def build(p: Problem, height: float, more: int = 0, widen: bool = True) -> Bins:
     return _fill(p, bins, np.flatnonzero(size_of == 1), rounds, 1, more)
 
 
-def static_size(p: Problem) -> int:
-    """The smallest allowed group size that holds the longest sequence."""
+def static_size(p: Problem, sizes: np.ndarray | None = None) -> int:
+    """The smallest of ``sizes`` (ascending; default the allowed group sizes) that holds the
+    longest sequence."""
+    sizes = p.sizes if sizes is None else sizes
     if p.lengths.shape[0] == 0:
         return 1
-    fits = group_padded_lengths(p.lengths[:1], p.sizes, p.pad_multiple) <= p.sizes * p.capacity
-    return int(p.sizes[np.argmax(fits)])
+    fits = group_padded_lengths(p.lengths[:1], sizes, p.pad_multiple) <= sizes * p.capacity
+    return int(sizes[np.argmax(fits)])
 
 
 def build_static(p: Problem) -> Bins:
@@ -114,18 +116,11 @@ def build_balanced(p: Problem) -> list[Bins]:
     if p.lengths.shape[0] == 0:
         return []
     out = []
-    for c in sorted({_divisor_size(p, p.sizes), _divisor_size(p, p.pow2_sizes)}):
+    for c in sorted({static_size(p, sizes[p.num_ranks % sizes == 0]) for sizes in (p.sizes, p.pow2_sizes)}):
         bins = _balanced_at(p, c)
         if bins is not None:
             out.append(bins)
     return out
-
-
-def _divisor_size(p: Problem, sizes: np.ndarray) -> int:
-    """The smallest of ``sizes`` (ascending, ``R`` among them) that divides the ranks and
-    holds the longest sequence."""
-    sizes = sizes[p.num_ranks % sizes == 0]
-    return int(sizes[np.argmax(group_padded_lengths(p.lengths[:1], sizes, p.pad_multiple) <= sizes * p.capacity)])
 
 
 def _balanced_at(p: Problem, c: int) -> Bins | None:
