@@ -14,12 +14,13 @@ import torch
 
 from seqpack._logging import warn_once
 from seqpack.cost import CostModel, ModelSpec
+from seqpack.thd.sample import MEDIA_FIELDS
 
 __all__ = ["encoder_price", "step_sample_cost", "vision_flops_column"]
 
 logger = logging.getLogger(__name__)
 
-_GRIDS = ("image_grid_thw", "video_grid_thw")
+_GRIDS = tuple(grid for _, grid in MEDIA_FIELDS)  # a sample with one of these has images or videos
 
 
 def vision_flops_column(pool: Sequence[Mapping[str, torch.Tensor]], model: ModelSpec | None) -> np.ndarray:
