@@ -23,7 +23,7 @@ from seqpack.options import DataOwner, LabelFormat
 from seqpack.thd import PackedBatch, sample_sequences
 from seqpack.thd.layout import token_layout
 from seqpack.thd.mrope import IMAGE, VIDEO, MRopeSpec
-from seqpack.thd.sample import MEDIA_FIELDS
+from seqpack.thd.sample import MEDIA_FIELDS, MROPE_POSITIONS
 from seqpack.thd.vision import VisionSample, check_text_sample, has_vision, normalize_vision, pack_vision, text_part
 from seqpack.topology import Topology
 
@@ -42,8 +42,7 @@ __all__ = [
 Sample = dict[str, torch.Tensor]
 
 _MEDIA = ((IMAGE, *MEDIA_FIELDS[0]), (VIDEO, *MEDIA_FIELDS[1]))
-POSITIONS = "mrope_position_ids"
-PAYLOAD_KEYS: tuple[str, ...] = (*(key for pair in MEDIA_FIELDS for key in pair), POSITIONS)
+PAYLOAD_KEYS: tuple[str, ...] = (*(key for pair in MEDIA_FIELDS for key in pair), MROPE_POSITIONS)
 """The keys of a read sample's vision payload (beside its 1-D token fields)."""
 
 HEADER_WORDS = 9
@@ -104,7 +103,7 @@ def read_sequences(item: Any, spec: MRopeSpec | None, *, where: str, label_forma
                 if kind in checked.grids:
                     sequence[pixel_key] = checked.pixels[kind].contiguous()
                     sequence[grid_key] = checked.grids[kind].contiguous()
-            sequence[POSITIONS] = checked.positions.contiguous()
+            sequence[MROPE_POSITIONS] = checked.positions.contiguous()
     return sequences
 
 
@@ -121,9 +120,9 @@ def payload_bytes(sample: Mapping[str, torch.Tensor], truncate_to: int | None = 
         SampleError: A sample with images or videos longer than ``truncate_to`` (a cut
             would leave placeholders without their pixels, or pixels without them).
     """
-    if POSITIONS not in sample:
+    if MROPE_POSITIONS not in sample:
         return 0
-    length = int(sample[POSITIONS].shape[1])
+    length = int(sample[MROPE_POSITIONS].shape[1])
     if truncate_to is not None and length > truncate_to:
         raise SampleError(
             f"{where or 'a sample'} has images or videos and {length} tokens, more than the {truncate_to} that "
@@ -146,7 +145,7 @@ def encode(payload: Mapping[str, torch.Tensor]) -> torch.Tensor:
             continue
         header += [pixels.shape[0], pixels.shape[1], _DTYPES.index(pixels.dtype), grid.shape[0]]
         parts += [_bytes(pixels), _bytes(grid.to(torch.int64))]
-    positions = payload[POSITIONS].to(torch.int64)
+    positions = payload[MROPE_POSITIONS].to(torch.int64)
     header.append(positions.shape[1])
     return torch.cat([_bytes(torch.tensor(header, dtype=torch.int64)), *parts, _bytes(positions)])
 
@@ -165,7 +164,7 @@ def decode(data: torch.Tensor) -> Sample:
             out[grid_key] = _view(data, at, grid_rows * 3, torch.int64).view(grid_rows, 3)
             at += grid_rows * 24
     length = header[-1]
-    out[POSITIONS] = _view(data, at, 3 * length, torch.int64).view(3, length)
+    out[MROPE_POSITIONS] = _view(data, at, 3 * length, torch.int64).view(3, length)
     return out
 
 
@@ -205,13 +204,13 @@ def _part(
 ) -> VisionSample:
     """One sequence's :class:`VisionSample` from its exchanged tokens and payload."""
     types = spec.token_types(shard["input_ids"][:n])
-    if POSITIONS not in payload:  # text only: its text positions on every row
+    if MROPE_POSITIONS not in payload:  # text only: its text positions on every row
         own = shard.get("position_ids")
         text = own[:n].to(torch.int64) if own is not None else torch.arange(n, dtype=torch.int64)
         return VisionSample(positions=text.expand(3, -1).clone(), token_types=types, pixels={}, grids={})
     pixels = {kind: payload[key] for kind, key, _ in _MEDIA if key in payload}
     grids = {kind: payload[key] for kind, _, key in _MEDIA if key in payload}
-    return VisionSample(positions=payload[POSITIONS][:, :n], token_types=types, pixels=pixels, grids=grids)
+    return VisionSample(positions=payload[MROPE_POSITIONS][:, :n], token_types=types, pixels=pixels, grids=grids)
 
 
 def vision_columns(pool: Sequence[Mapping[str, torch.Tensor]], truncate_to: int | None) -> np.ndarray:

@@ -10,7 +10,7 @@ import torch
 
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import INT32_MAX, INT64_MAX, CpLayout
-from seqpack.thd.sample import IGNORE_INDEX, MEDIA_FIELDS, TOKEN_KEYS, VISION_FIELDS
+from seqpack.thd.sample import IGNORE_INDEX, MEDIA_FIELDS, MROPE_POSITIONS, TOKEN_KEYS, VISION_FIELDS
 from seqpack.validation import check_choice, check_int, check_positive_int
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ BATCH_TOKEN_FIELDS: tuple[str, ...] = (*TOKEN_KEYS, "seq_idx", "padding_mask")
 """The per-token fields of a :class:`PackedBatch` (what CP sharding cuts)."""
 _REQUIRED_TENSORS = ("position_ids", "seq_idx", "padding_mask", "cu_seqlens", "cu_seqlens_padded", "sample_ids")
 _TOKEN_FIELDS = ("input_ids", "labels", "loss_mask", "seq_idx", "padding_mask")
-VISION_BATCH_FIELDS: tuple[str, ...] = ("mrope_position_ids", *VISION_FIELDS)
+VISION_BATCH_FIELDS: tuple[str, ...] = (MROPE_POSITIONS, *VISION_FIELDS)
 """The fields of a vision-language pack (``None`` on a text-only one)."""
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "SAMPLES_NOT_BATCHES",
     "SAMPLE_DTYPES",
     "MEDIA_FIELDS",
+    "MROPE_POSITIONS",
     "TOKEN_KEYS",
     "VISION_FIELDS",
     "VISION_KEYS",
@@ -75,6 +76,8 @@ VISION_FIELDS: tuple[str, ...] = ("mm_token_type_ids", *(key for pair in MEDIA_F
 declaration every list of them (batch fields, payload keys, HF columns) derives from."""
 VISION_KEYS: frozenset[str] = frozenset(VISION_FIELDS)
 """:data:`VISION_FIELDS` as a set."""
+MROPE_POSITIONS = "mrope_position_ids"
+"""The field of a vision-language sequence's or pack's mRoPE positions, int64 ``[3, tokens]``."""
 
 SAMPLES_NOT_BATCHES = "give seqpack samples, not batches: DataLoader(batch_size=None)"
 """The hint for a collated batch where seqpack expects one sample (seqpack packs samples itself)."""

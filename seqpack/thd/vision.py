@@ -21,7 +21,7 @@ import torch
 from seqpack.errors import SampleError, SeqpackTypeError
 from seqpack.thd.layout import TokenLayout
 from seqpack.thd.mrope import IMAGE, TEXT, VIDEO, MRopeSpec, mrope_positions, placeholder_runs
-from seqpack.thd.sample import MEDIA_FIELDS, VISION_KEYS
+from seqpack.thd.sample import MEDIA_FIELDS, MROPE_POSITIONS, VISION_KEYS
 
 __all__ = ["VisionSample", "check_text_sample", "has_vision", "normalize_vision", "pack_vision", "text_part"]
 
@@ -274,7 +274,7 @@ def pack_vision(
     positions[:, dest] = torch.cat([part.positions for part in parts], dim=1)
     types = torch.zeros(total, dtype=torch.int64)
     types[dest] = torch.cat([part.token_types for part in parts])
-    fields: dict[str, torch.Tensor | None] = {"mrope_position_ids": positions, "mm_token_type_ids": types}
+    fields: dict[str, torch.Tensor | None] = {MROPE_POSITIONS: positions, "mm_token_type_ids": types}
     for kind, (pixel_key, grid_key, _) in _MEDIA.items():
         fields[pixel_key], fields[grid_key] = _concat_media(parts, kind, pixel_key)
     return fields
