@@ -11,6 +11,7 @@ and the lag: docs/cost_models.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -59,10 +60,14 @@ class StepInput:
         must also agree on the model they fitted, and its encoder price)."""
         if self.model is None:
             return plan.fingerprint()
+        return fingerprint_text(repr((plan.fingerprint(), *self._model_words)))
+
+    @functools.cached_property
+    def _model_words(self) -> tuple[object, ...]:
+        """The model and encoder price as exact text (built once a step, compared 2-3 times)."""
+        assert self.model is not None  # fingerprint reads this only with a model
         words = tuple(v.hex() if isinstance(v, float) else v for v in dataclasses.astuple(self.model))
-        if self.encoder_price is not None:
-            words = (*words, self.encoder_price.hex())
-        return fingerprint_text(repr((plan.fingerprint(), *words)))
+        return words if self.encoder_price is None else (*words, self.encoder_price.hex())
 
 
 class CalibrationState:
