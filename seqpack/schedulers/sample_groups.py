@@ -1,11 +1,6 @@
-"""Sample groups that stay together: every sequence of a group on one DP replica (and, with
-``together``, in one microbatch when the group fits one), for RL batches whose groups must
-not be split (GRPO responses of one prompt, DPO pairs). :func:`schedule_groups` plans whole
-groups to replicas (:func:`assign_units`), then each replica's microbatches by any
-scheduler (``together``: :func:`pack_units`), and renames the replicas to the DP ranks
-already holding most of their tokens; where a stage has a cheap alternative, the plan
-keeps whichever predicts the faster step (:class:`_ReplicaPlanner`). docs/rl.md describes
-it and measures what it costs.
+"""Sample groups that stay together (GRPO responses of one prompt, DPO pairs): every
+sequence of a group on one DP replica and, with ``together``, in one microbatch when the
+group fits one. docs/rl.md ("Groups") describes the stages and measures what they cost.
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ from seqpack.schedulers.shape_limits import refuse_dynamic
 from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
 from seqpack.validation import check_bool
 
-__all__ = ["assign_units", "group_units", "pack_units", "schedule_groups"]
+__all__ = ["group_units", "pack_units", "schedule_groups"]
 
 
 def schedule_groups(
@@ -40,27 +35,22 @@ def schedule_groups(
     together: bool = False,
     equal_counts: bool = False,
 ) -> Schedule:
-    """A :class:`Schedule` of ``request`` keeping every group on one replica (module
-    docstring), planned by ``scheduler``: a static-CP one plans every replica's microbatches;
-    a dynamic-CP one the sequences without a group (:func:`_dynamic_with_groups`).
+    """A :class:`Schedule` of ``request`` keeping every group on one replica, planned by
+    ``scheduler`` (a dynamic-CP one plans the sequences without a group).
 
     Args:
-        scheduler: Plans each replica's microbatches.
-        request: The step (:class:`~seqpack.schedulers.request.Request`).
-        group_ids: int64 ``[N]`` group of every sequence (read where ``grouped``).
-        grouped: bool ``[N]``: the sequence carries a group id (else it is a group of one).
+        group_ids: Group of every sequence (read where ``grouped``).
+        grouped: The sequence carries a group id (else it is a group of one).
         together: Also keep every group that fits one microbatch in one microbatch (at the
             scheduler's ``num_microbatches``, ``min_microbatches`` and
             ``microbatch_multiple`` where it has them).
         equal_counts: Every replica trains the same number of sequences (verl's
-            ``equal_size``): all groups must be equally large and ``dp_size`` must divide
-            their number.
+            ``equal_size``): all groups equally large, ``dp_size`` dividing their number.
 
     Raises:
-        ScheduleError: A group larger than a replica holds (fixed microbatch count), or with
-            ``together`` a replica's groups that need more than that count to stay whole (the
-            count they need named); under ``equal_counts`` groups of different sizes or a
-            count ``dp_size`` does not divide.
+        ScheduleError: A group larger than a replica holds (fixed microbatch count), with
+            ``together`` a replica's groups needing more than that count, or under
+            ``equal_counts`` groups of different sizes or a count ``dp_size`` does not divide.
         SampleError: ``group_ids`` / ``grouped`` not one per length.
         ConfigError: ``together``, ``equal_counts`` or ``static_shapes`` under dynamic CP.
     """
@@ -69,37 +59,24 @@ def schedule_groups(
     grouped = np.asarray(grouped, dtype=bool).reshape(-1)
     if group_ids.shape[0] != n or grouped.shape[0] != n:
         raise SampleError(f"group_ids and grouped must hold one value per length ({n})")
-    if scheduler.group_sizes != GroupSizes.STATIC:
-        refuse_dynamic(request.static_shapes, "schedule_groups under dynamic CP")
-        for name, value in (("together", together), ("equal_counts", equal_counts)):
-            if check_bool(name, value):
-                raise ConfigError(
-                    f"{name}=True is not supported with dynamic CP: its plans place sequences on CP groups, not in "
-                    "a replica's microbatches (group_id works: a group stays on one replica's own CP ranks)"
-                )
-        return _dynamic_with_groups(scheduler, request, group_ids, grouped)
-    return _static_with_groups(
-        scheduler,
-        request,
-        group_ids,
-        grouped,
-        check_bool("together", together),
-        check_bool("equal_counts", equal_counts),
-    )
+    if scheduler.group_sizes == GroupSizes.STATIC:
+        together, equal_counts = check_bool("together", together), check_bool("equal_counts", equal_counts)
+        return _static_with_groups(scheduler, request, group_ids, grouped, together, equal_counts)
+    refuse_dynamic(request.static_shapes, "schedule_groups under dynamic CP")
+    for name, value in (("together", together), ("equal_counts", equal_counts)):
+        if check_bool(name, value):
+            raise ConfigError(
+                f"{name}=True is not supported with dynamic CP: its plans place sequences on CP groups, not in "
+                "a replica's microbatches (group_id works: a group stays on one replica's own CP ranks)"
+            )
+    return _dynamic_with_groups(scheduler, request, group_ids, grouped)
 
 
 def _static_with_groups(
-    scheduler: Scheduler,
-    request: Request,
-    group_ids: np.ndarray,
-    grouped: np.ndarray,
-    together: bool,
-    equal_counts: bool,
+    scheduler: Scheduler, request: Request, group_ids: np.ndarray, grouped: np.ndarray, together: bool, equal: bool
 ) -> Schedule:
-    """:func:`schedule_groups` under static CP: groups to replicas by cost, then each
-    replica's microbatches by ``scheduler`` (arguments checked by the caller)."""
-    dp_size, cp_size, pad_multiple = request.dp_size, request.cp_size, request.pad_multiple
-    capacity = request.capacity
+    """:func:`schedule_groups` under static CP (arguments checked by the caller)."""
+    dp_size, cp_size, pad_multiple, capacity = request.dp_size, request.cp_size, request.pad_multiple, request.capacity
     effective, dropped, truncated = apply_static_oversize(request)
     active = np.flatnonzero(effective > 0).astype(np.int64)
     padded = padded_lengths(effective[active], pad_multiple)
@@ -122,19 +99,17 @@ def _static_with_groups(
         )
     unit_costs = np.bincount(unit, weights=costs) if active.size else np.zeros(0)
     sizes = np.bincount(unit) if active.size else np.zeros(0, np.int64)
-    if equal_counts and sizes.size and (sizes.min() != sizes.max() or sizes.size % dp_size):
+    if equal and sizes.size and (sizes.min() != sizes.max() or sizes.size % dp_size):
         raise ScheduleError(
             f"equal_counts needs groups of one size, as many on every replica: got {sizes.size} groups of "
             f"{int(sizes.min())}..{int(sizes.max())} sequences for dp_size={dp_size}"
         )
-    refined, alone = _assign(unit_costs, unit_tokens, dp_size, budget, equal_counts)
+    refined, alone = _assign(unit_costs, unit_tokens, dp_size, budget, equal)
     at_effective = dataclasses.replace(request, lengths=effective)
     planner = _ReplicaPlanner(scheduler, at_effective, together, active, unit, padded, costs, model.constant)
     per_replica = planner.cheaper_placement(refined, alone if request.static_shapes is None else refined)
     grid = [[np.sort(rounds[m]) for rounds in per_replica] for m in range(len(per_replica[0]))]
-    if request.static_shapes is not None and grid:  # `together` packs whole groups by tokens
-        # alone (pack_units): rounds may be added, none past a forced count. Other plans are
-        # each replica's own, repaired already.
+    if request.static_shapes is not None and grid:  # `together`'s packs, by tokens alone, need it
         on_group = None if request.cost is None else request.cost.at(cp_size)
         placed = dataclasses.replace(request, lengths=effective, cost=on_group)
         grid = fit_sequence_slots(scheduler, grid, placed, keep_replica=True, fixed_rounds=fixed)
@@ -155,13 +130,8 @@ def _static_with_groups(
 
 @dataclasses.dataclass(frozen=True)
 class _ReplicaPlanner:
-    """Plans each replica's microbatches alone (``dp_size=1``), all at the largest count any
-    needs or at a forced ``num_microbatches``: ``"balanced"`` plans the lighter replicas again
-    at that count so their work spreads, unless padding them with empty microbatches (as other
-    schedulers' are) predicts a strictly faster step under the request's sync (:meth:`objective`;
-    not with ``static_shapes``, whose bucket padding and slot repair it leaves out); so does
-    LPT's placement against the refined one. ``active``: the global ids placed (``unit``,
-    ``padded``, ``costs`` one each); ``request.lengths`` after the oversize policy."""
+    """Plans each replica's microbatches alone, all at one count (docs/rl.md, "Groups").
+    ``active``: the global ids placed (``unit``, ``padded``, ``costs`` one each)."""
 
     scheduler: Scheduler
     request: Request
@@ -174,13 +144,8 @@ class _ReplicaPlanner:
     cache: dict[tuple[int, bytes], list[np.ndarray]] = dataclasses.field(default_factory=dict)
 
     def cheaper_placement(self, refined: np.ndarray, alone: np.ndarray) -> list[list[np.ndarray]]:
-        """:meth:`plan_all` of the units placed at ``refined`` (replica of every unit), or at
-        ``alone`` where that is faster (tried where :meth:`lower_bound` leaves it a chance) or
-        ``refined`` cannot be planned.
-
-        Raises:
-            ScheduleError: Neither can be planned (``refined``'s error).
-        """
+        """:meth:`plan_all` at ``refined`` (replica of every unit), or at ``alone`` where that
+        is faster or ``refined`` cannot be planned; raises ``refined``'s ScheduleError."""
         try:
             best, value = self.plan_all(refined)
         except ScheduleError as err:
@@ -199,8 +164,7 @@ class _ReplicaPlanner:
         return other if _cheaper(other_value, value) else best
 
     def lower_bound(self, replica_of_unit: np.ndarray) -> float:
-        """What no plan of the units at ``replica_of_unit`` beats under either sync: the
-        busiest replica's cost plus the constant of every microbatch a replica needs at least."""
+        """What no plan of the units at ``replica_of_unit`` beats under either sync."""
         dp, of = self.request.dp_size, replica_of_unit[self.unit]
         load, held = (np.bincount(of, weights=w, minlength=dp) for w in (self.costs, self.padded))
         forced = getattr(self.scheduler, "num_microbatches", None)
@@ -208,22 +172,16 @@ class _ReplicaPlanner:
         return float(load.max()) + count * self.constant
 
     def objective(self, per_replica: list[list[np.ndarray]]) -> float:
-        """:func:`step_objective` of ``per_replica`` under the request's sync: a microbatch
-        costs its sequences' costs plus ``constant`` (an empty one ``constant``)."""
+        """:func:`step_objective` of ``per_replica``, each microbatch plus ``constant``."""
         by_id = np.zeros(self.request.num_sequences)
         by_id[self.active] = self.costs
         load = np.array([[by_id[ids].sum() for ids in rounds] for rounds in per_replica])
         return step_objective(load.reshape(len(per_replica), -1).T + self.constant, self.request.sync)
 
     def plan_all(self, replica_of_unit: np.ndarray) -> tuple[list[list[np.ndarray]], float]:
-        """Global ids of every microbatch of every replica, all at the same count, with the
-        units at ``replica_of_unit`` (replicas renamed to the ranks holding their tokens), and
-        its :meth:`objective`.
-
-        Raises:
-            ScheduleError: ``together`` and a replica's groups need more microbatches than
-                the forced ``num_microbatches`` to stay whole.
-        """
+        """(global ids of every microbatch of every replica at one count, its :meth:`objective`)
+        with the units at ``replica_of_unit``, replicas renamed to the ranks holding their
+        tokens; ScheduleError where ``together`` needs more than a forced count."""
         dp = self.request.dp_size
         replica = relabel_replicas(replica_of_unit[self.unit], self.request.origin[self.active], self.padded, dp)
         masks = [replica == d for d in range(dp)]
@@ -246,63 +204,46 @@ class _ReplicaPlanner:
         lighter = [d for d in range(dp) if 0 < len(rounds[d]) < count] if spreads else []
         if not lighter:
             return filled, value
-        spread = list(filled)
-        for d in lighter:  # spread this replica's work over `count` too
-            planned = self.planned(count, masks[d])
-            spread[d] = planned + [empty] * (count - len(planned))
+        spread = [self.planned(count, masks[d]) if d in lighter else r for d, r in enumerate(rounds)]
+        spread = [r + [empty] * (count - len(r)) for r in spread]
         spread_value = self.objective(spread)
         padded_faster = self.request.static_shapes is None and _cheaper(value, spread_value)
         return (filled, value) if padded_faster else (spread, spread_value)
 
     def planned(self, count: int, mask: np.ndarray) -> list[np.ndarray]:
-        """:meth:`rounds` of the replica holding ``active[mask]`` by the scheduler (``count`` 0)
-        or by ``balanced`` again at ``count``; cached (both placements may share replicas)."""
-        key = (count, self.active[mask].tobytes())
-        if key in self.cache:
-            return self.cache[key]
-        scheduler = self.scheduler
+        """Global ids of each microbatch of the replica holding ``active[mask]``, planned by the
+        scheduler (``count`` 0) or by ``balanced`` again at ``count``; cached."""
+        ids, unit, padded, costs = self.active[mask], self.unit[mask], self.padded[mask], self.costs[mask]
+        key = (count, ids.tobytes())
+        if key in self.cache or not ids.size:
+            return self.cache.get(key, [])
+        scheduler, capacity = self.scheduler, self.request.capacity
         if count:
             assert isinstance(scheduler, BalancedScheduler)
             order, moves = scheduler.order, scheduler.max_repair_moves
             scheduler = BalancedScheduler(num_microbatches=count, locality=False, order=order, max_repair_moves=moves)
-        self.cache[key] = rounds = self.rounds(scheduler, mask)
-        return rounds
-
-    def rounds(self, scheduler: Scheduler, mask: np.ndarray) -> list[np.ndarray]:
-        """Global ids of each microbatch of the replica holding ``active[mask]``."""
-        ids, unit, padded, costs = self.active[mask], self.unit[mask], self.padded[mask], self.costs[mask]
-        if not ids.size:
-            return []
-        capacity = self.request.capacity
         if self.together:
             unit_tokens = np.bincount(unit, weights=padded)
             whole = np.where(unit_tokens[unit] <= capacity, unit, unit.max() + 1 + np.arange(unit.shape[0]))
-            order = getattr(scheduler, "order", "heavy_first")
+            pack_order = getattr(scheduler, "order", "heavy_first")
             forced = getattr(scheduler, "num_microbatches", None)
             fewest = int(getattr(scheduler, "min_microbatches", 1)) if forced is None else int(forced)
             step = int(getattr(scheduler, "microbatch_multiple", 1)) if forced is None else 1
-            packs = pack_units(whole, padded, costs, capacity, order, fewest=fewest, step=step)
-            return [ids[pos] for pos in packs]
-        alone = self.request.subset(
-            ids, dp_size=1, origin=np.zeros(ids.shape[0], np.int64), on_oversize=OnOversize.ERROR, bytes_per_token=None
-        )
-        plan = scheduler.plan(alone)
-        return [ids[row[0]] for row in plan.assignment]
+            packs = pack_units(whole, padded, costs, capacity, pack_order, fewest=fewest, step=step)
+            rounds = [ids[pos] for pos in packs]
+        else:
+            home = np.zeros_like(ids)  # one replica
+            alone = self.request.subset(ids, dp_size=1, origin=home, on_oversize=OnOversize.ERROR, bytes_per_token=None)
+            rounds = [ids[row[0]] for row in scheduler.plan(alone).assignment]
+        self.cache[key] = rounds
+        return rounds
 
 
 def _dynamic_with_groups(
     scheduler: Scheduler, request: Request, group_ids: np.ndarray, grouped: np.ndarray
 ) -> Schedule:
-    """Groups under dynamic CP: every sequence of a group runs on its replica's own CP ranks
-    ``d * cp .. d * cp + cp - 1``, as without dynamic CP. The step is planned in two parts
-    run one after the other (:func:`~seqpack.schedulers.join.join_plans`): the grouped
-    sequences as static CP by ``"balanced"``, then the others by ``scheduler`` over all
-    ``dp x cp`` ranks.
-
-    Raises:
-        ScheduleError: A grouped sequence longer than ``cp_size`` ranks hold.
-        ConfigError: ``cp_size`` not a group size the scheduler may use.
-    """
+    """Groups under dynamic CP (docs/dynamic_cp.md): the grouped sequences as static CP by
+    ``"balanced"`` on their replica's own CP ranks, then the others by ``scheduler``."""
     mode, original, cp, pad = scheduler.group_sizes, request.lengths, request.cp_size, request.pad_multiple
     mine, free = np.flatnonzero(grouped), np.flatnonzero(~grouped)
     if cp not in allowed_group_sizes(request.dp_size * cp, mode).tolist():
@@ -316,19 +257,9 @@ def _dynamic_with_groups(
             "under dynamic CP a group stays on one replica's own CP ranks"
         )
     chosen = request.cost if request.cost is not None else scheduler.resolve_cost(None)
-    static_cost = None if chosen is None else chosen.at(cp)
-    static = schedule_groups(
-        BalancedScheduler(),
-        request.subset(
-            mine,
-            pad_multiple=group_pad_multiple(cp, pad),
-            cost=static_cost,
-            on_oversize=OnOversize.ERROR,
-            bytes_per_token=None,
-        ),
-        group_ids[mine],
-        np.ones(mine.shape[0], dtype=bool),
-    )
+    on_ranks = dict(pad_multiple=group_pad_multiple(cp, pad), on_oversize=OnOversize.ERROR, bytes_per_token=None)
+    part = request.subset(mine, cost=None if chosen is None else chosen.at(cp), **on_ranks)
+    static = schedule_groups(BalancedScheduler(), part, group_ids[mine], np.ones(mine.shape[0], dtype=bool))
     # The replicas' blocks are groups the dynamic plan may use, padded by its rule.
     parts, ids = [dataclasses.replace(static, group_sizes=mode, pad_multiple=pad)], [mine]
     if free.size:
@@ -356,24 +287,12 @@ def group_units(group_ids: np.ndarray, grouped: np.ndarray) -> np.ndarray:
     return np.cumsum(first == np.arange(first.shape[0]), dtype=np.int64)[first] - 1
 
 
-def assign_units(
-    costs: np.ndarray, tokens: np.ndarray, dp_size: int, budget: int | None = None, *, equal: bool = False
-) -> np.ndarray:
-    """Replica of every unit: LPT on ``costs``, then refined (module docstring, step 1).
-
-    ``budget``: padded tokens a replica may hold; LPT places a unit only on a replica with
-    room while one has it (units no replica has room for go where the cost is least).
-    ``equal``: every replica gets the same number of units (``dp_size`` divides it): the
-    units are dealt in rounds of ``dp_size``, the costliest to the least loaded replica, and
-    refined by swaps only.
-    """
-    return _assign(costs, tokens, dp_size, budget, equal)[0]
-
-
 def _assign(
     costs: np.ndarray, tokens: np.ndarray, dp_size: int, budget: int | None, equal: bool
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(replica of every unit refined, by LPT alone): :func:`assign_units`."""
+    """(replica of every unit, LPT on ``costs`` then refined; by LPT alone). LPT places a unit
+    only on a replica with room within ``budget`` tokens while one has it; ``equal`` deals
+    units in rounds of ``dp_size`` (``dp_size`` divides their number), refined by swaps only."""
     n = costs.shape[0]
     replica = np.zeros(n, dtype=np.int64)
     load = np.zeros(dp_size, dtype=np.float64)
@@ -464,20 +383,11 @@ def _improve(
 
 
 def pack_units(
-    unit_of: np.ndarray,
-    padded: np.ndarray,
-    costs: np.ndarray,
-    capacity: int,
-    order: str = "heavy_first",
-    *,
-    fewest: int = 1,
-    step: int = 1,
+    unit_of: np.ndarray, padded: np.ndarray, costs: np.ndarray, capacity: int, order: str, *, fewest: int, step: int
 ) -> list[np.ndarray]:
-    """Positions of each microbatch when whole units go into the fewest microbatches of
-    ``capacity`` padded tokens that LPT fits them in (costliest unit first, each to the
-    microbatch with the least cost that has room), at least ``fewest`` and a multiple of
-    ``step`` (empty ones allowed). A unit larger than ``capacity`` must have been split by
-    the caller. Positions ascend inside each microbatch."""
+    """Ascending positions of each microbatch: whole units (none over ``capacity``) by LPT into
+    the fewest microbatches of ``capacity`` padded tokens that hold them, at least ``fewest``
+    and a multiple of ``step``."""
     units, unit_index = np.unique(unit_of, return_inverse=True)
     tokens = np.bincount(unit_index, weights=padded, minlength=units.size).astype(np.int64)
     unit_cost = np.bincount(unit_index, weights=costs, minlength=units.size)

@@ -17,7 +17,7 @@ from seqpack.interop.verl import get_group_balanced_partitions
 from seqpack.schedulers import get_scheduler, predicted_step_time
 from seqpack.schedulers.objective import microbatch_costs
 from seqpack.schedulers.request import Request
-from seqpack.schedulers.sample_groups import assign_units, group_units, schedule_groups
+from seqpack.schedulers.sample_groups import _assign, group_units, schedule_groups
 from seqpack.thd import StaticShapes, padded_lengths
 
 
@@ -74,12 +74,12 @@ def test_group_units_numbers_groups_by_first_appearance():
     assert unit.tolist() == [0, 1, 0, 2, 1, 3]
 
 
-def test_assign_units_within_lpt_bound_and_near_brute_force():
+def test_assign_within_lpt_bound_and_near_brute_force():
     rng = np.random.default_rng(1)
     for _ in range(40):
         n, dp = int(rng.integers(2, 9)), int(rng.integers(2, 4))
         costs = rng.integers(1, 100, size=n).astype(float)
-        replica = assign_units(costs, np.ones(n, np.int64), dp)
+        replica = _assign(costs, np.ones(n, np.int64), dp, None, False)[0]
         worst = np.bincount(replica, weights=costs, minlength=dp).max()
         assert worst <= costs.sum() / dp + costs.max() + 1e-9  # LPT's bound
         best = min(
@@ -127,7 +127,7 @@ def test_unrefined_placement_kept_where_it_predicts_a_faster_lockstep_step():
     # 260 / 230 pairs well (260). Replica sync keeps the refined 250.
     cost = CostModel(1.0, 0.0)
     lengths, sample_cost = np.array([60, 80, 10, 60, 20]), np.array([90.0, 30, 40, 40, 60])
-    assert assign_units(cost.cost(lengths) + sample_cost, lengths, 2).tolist() == [0, 1, 1, 0, 1]
+    assert _assign(cost.cost(lengths) + sample_cost, lengths, 2, None, False)[0].tolist() == [0, 1, 1, 0, 1]
     lockstep, replica = [[[1, 2], [0]], [[3], [4]]], [[[1, 4], [0]], [[2], [3]]]
     for sync, step, rows in (("lockstep", 260, lockstep), ("replica", 250, replica)):
         request = Request.of(lengths, dp_size=2, max_tokens_per_rank=100, cost=cost, sync=sync, sample_cost=sample_cost)
