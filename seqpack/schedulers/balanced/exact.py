@@ -1,8 +1,5 @@
-"""Tight packings, which ``balanced`` asks before adding a microbatch when every greedy bin
-rule fails: :func:`bin_lower_bound` (Martello and Toth's ``L2``) and :func:`pack_bins`, a
-bounded exact search (a depth-first item search, and bin completion where bins hold few
-items). Deterministic (ties by index); docs/cost_models.md ("Tight packings") has the
-measurements.
+"""Tight packings (docs/cost_models.md, "Tight packings"): :func:`bin_lower_bound` and
+:func:`pack_bins`, the bounded exact search ``balanced`` runs when every greedy bin rule fails.
 """
 
 from __future__ import annotations
@@ -15,16 +12,14 @@ __all__ = ["FOUND", "GAVE_UP", "INFEASIBLE", "MODE_EXACT", "bin_lower_bound", "p
 
 MODE_EXACT = 3  # bin rule of a plan whose bins came from pack_bins (after MODE_FIRST_FIT = 2)
 FOUND, INFEASIBLE, GAVE_UP = 0, 1, 2
-DEFAULT_WORK = 4_000_000  # bin visits (and bin-completion steps) before pack_bins gives up (a few ms)
-FIRST_WORK = 100_000  # bin visits of the item search before bin completion takes over (few items per bin)
-FEW_PER_BIN = 8  # at most this many items per bin on average: bin completion's sets stay few
+DEFAULT_WORK = 4_000_000  # bin visits (and bin-completion steps) before pack_bins gives up
+FIRST_WORK = 100_000  # bin visits of the item search before bin completion takes over
+FEW_PER_BIN = 8  # at most this many items per bin on average: bin completion runs
 
 
 def bin_lower_bound(sizes: np.ndarray, capacity: int) -> int:
-    """Martello-Toth ``L2``: fewest bins of ``capacity`` any packing of ``sizes`` needs (at
-    least ``ceil(sum / capacity)``). For each threshold ``k <= capacity/2``, items above
-    ``capacity/2`` need a bin each and items in ``[k, capacity/2]`` fill the room left beside
-    those at most ``capacity - k``, then whole bins; the bound is the best threshold's count."""
+    """Martello and Toth's ``L2``: a lower bound on the bins of ``capacity`` any packing of
+    ``sizes`` needs, at least ``ceil(sum / capacity)``."""
     sizes = np.asarray(sizes, dtype=np.int64)
     if sizes.size == 0:
         return 0
@@ -55,24 +50,19 @@ def pack_bins(
     max_work: int = DEFAULT_WORK,
     found_only: bool = False,
 ) -> tuple[int, np.ndarray]:
-    """Pack ``lengths`` into ``num_bins`` bins of ``capacity`` tokens, exactly: the item
-    search (longest first, one bin per distinct free room, pruned when the room no remaining
-    item can use exceeds the slack); where bins hold at most ``FEW_PER_BIN`` items on
-    average it gets ``FIRST_WORK`` visits first, then bin completion ``max_work`` steps, then
-    the item search its whole budget.
+    """Pack ``lengths`` into ``num_bins`` bins of ``capacity`` tokens exactly, by the item
+    search (:func:`~seqpack.schedulers._kernels.dfs`); where bins hold at most ``FEW_PER_BIN``
+    items on average, it gets ``FIRST_WORK`` visits, then bin completion
+    (:func:`~seqpack.schedulers._kernels.complete_bins`) ``max_work``, then the item search again.
 
     Args:
-        lengths: int64 item sizes.
-        num_bins, capacity: Bins available and the room of each.
         max_work: Bin visits (each search's) before giving up.
-        found_only: Only a packing is wanted (the planner's case): a search that cannot
-            find one within ``max_work`` is not run, so ``GAVE_UP`` may stand where it
-            would have proved ``INFEASIBLE`` (:func:`_cannot_find`).
+        found_only: Only a packing is wanted: a search that cannot find one within
+            ``max_work`` is not run, so ``GAVE_UP`` may stand where it would have proved ``INFEASIBLE``.
 
     Returns:
-        ``(status, bin_of)``: ``FOUND`` with every item's bin, ``INFEASIBLE`` when the
-        search proved no packing exists, ``GAVE_UP`` when it ran out of work (``bin_of``
-        is then meaningless).
+        ``(status, bin_of)``: ``FOUND`` with every item's bin, ``INFEASIBLE`` when no packing
+        exists, ``GAVE_UP`` when the work ran out (``bin_of`` is then meaningless).
     """
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     n = lengths.shape[0]
@@ -85,8 +75,7 @@ def pack_bins(
         return INFEASIBLE, bin_of
     order = _longest_first(lengths)
     sizes = lengths[order]
-    # Bin completion takes positive sizes.
-    few = n <= FEW_PER_BIN * num_bins and int(sizes[-1]) > 0
+    few = n <= FEW_PER_BIN * num_bins and int(sizes[-1]) > 0  # bin completion takes positive sizes
     skip = _cannot_find(sizes, num_bins, capacity, max_work) if found_only else (False, False)
     status, placed = _item_search(sizes, num_bins, capacity, min(max_work, FIRST_WORK) if few else max_work, skip[0])
     if status == GAVE_UP and few:
@@ -100,8 +89,7 @@ def pack_bins(
 
 
 def _longest_first(lengths: np.ndarray) -> np.ndarray:
-    """Positions of ``lengths`` longest first, ties by index: a stable sort of ``max - length``,
-    numpy's radix sort when that fits 16 bits."""
+    """Positions of ``lengths`` longest first, ties by index."""
     top = int(lengths.max())
     if 0 <= int(lengths.min()) and top < 1 << 16:
         return np.argsort((top - lengths).astype(np.uint16), kind="stable").astype(np.int64)
@@ -111,10 +99,8 @@ def _longest_first(lengths: np.ndarray) -> np.ndarray:
 def _item_search(
     sizes: np.ndarray, num_bins: int, capacity: int, max_work: int, futile: bool = False
 ) -> tuple[int, np.ndarray]:
-    """:func:`~seqpack.schedulers._kernels.bin_search.dfs` with ``max_work`` visits, or
-    ``(GAVE_UP, unplaced)`` without running it where it gives up for certain: the first of
-    two or more placements already spends ``2 * num_bins`` visits, or ``futile`` (no packing
-    can be found within ``max_work``: :func:`_cannot_find`)."""
+    """:func:`~seqpack.schedulers._kernels.dfs`, or ``(GAVE_UP, unplaced)`` without running it
+    where it gives up for certain (or ``futile``)."""
     n = sizes.shape[0]
     if futile or (n >= 2 and 2 * num_bins > max_work):
         return GAVE_UP, np.full(n, -1, dtype=np.int64)
@@ -123,10 +109,8 @@ def _item_search(
 
 
 def _cannot_find(sizes: np.ndarray, num_bins: int, capacity: int, max_work: int) -> tuple[bool, bool]:
-    """Whether the item search and bin completion cannot find a packing of ``sizes`` (sorted
-    longest first, ``n >= 1``) within ``max_work``: a packing costs the item search at least
-    ``2 * num_bins * (n - 1)`` visits (a fit and a waste scan per placement but the last),
-    and bin completion ``2 * distinct sizes`` per bin over ``ceil(sum / capacity)`` bins."""
+    """Whether the item search and bin completion cannot find a packing of ``sizes`` (longest
+    first) within ``max_work``: the least work a packing costs each is above it."""
     n = sizes.shape[0]
     distinct = int(np.count_nonzero(sizes[1:] != sizes[:-1])) + 1
     least_bins = -(-int(sizes.sum()) // capacity)

@@ -1,10 +1,5 @@
-"""Replica-first planning (``sync="replica"``, :func:`replica_first_stage`): when the grid
-plan leaves the busiest replica above its bound, partition the sequences into replicas first
-(each, costliest first, to the lightest replica with a microbatch it fits, best fit inside),
-repair that plan and keep it where it is lighter. Heavy tails need it (docs/schedulers.md).
-
-:func:`repair` swaps single sequences between the busiest replica and light ones (the rounds
-may get slower); locality's per-replica layout uses it too, under ``sync="replica"``.
+"""Replica-first planning (``sync="replica"``; docs/schedulers.md, step 4) and :func:`repair`,
+which swaps sequences between the busiest replica and light ones (locality uses it too).
 """
 
 from __future__ import annotations
@@ -38,26 +33,15 @@ def repair(
     stop_at: float,
     max_work: int,
 ) -> Layout:
-    """The replica repair (module docstring): a repaired copy of ``grid``, after at most
-    ``max_moves`` swaps; ``stop_at``: busiest replica's cost at which to stop; ``max_work``:
-    candidate evaluations before it stops."""
+    """A copy of ``grid`` repaired by :func:`~seqpack.schedulers._kernels.repair_replicas` (at most
+    ``max_moves`` swaps and ``max_work`` checks; stops once the busiest replica is at most ``stop_at``)."""
     if max(float(costs.sum()) / dp_size, float(costs.max())) <= 0:  # CostModel(0, 0, c): nothing to balance
         return grid
     round_of, replica_of, load, tokens = (a.copy() for a in grid)
     _kernels.repair_replicas(
-        round_of,
-        replica_of,
-        costs,
-        padded,
-        load,
-        tokens,
-        capacity,
-        max_moves,
-        1e-9,
-        stop_at,
-        _SWAP_CANDIDATES,
-        max_work,
-    )
+        round_of, replica_of, costs, padded, load, tokens, capacity, max_moves, 1e-9, stop_at,
+        _SWAP_CANDIDATES, max_work,
+    )  # fmt: skip
     return round_of, replica_of, load, tokens
 
 
@@ -69,9 +53,8 @@ def replica_first(
     capacity: int,
     num_rounds: int,
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(round_of, replica_of)`` of the replica-first plan of ``padded`` (each at most
-    ``capacity``) taken in ``order`` (costliest first) at ``num_rounds`` microbatches per
-    replica, or None when a sequence fits no microbatch left (or ``LPT_WORK`` ran out)."""
+    """``(round_of, replica_of)`` of the replica-first plan (:func:`~seqpack.schedulers._kernels.replica_lpt`)
+    of ``padded`` taken in ``order``, or None when a sequence fits no microbatch left."""
     if num_rounds <= 0 or dp_size <= 0 or padded.shape[0] == 0:
         return None
     ok, round_of, replica_of = _kernels.replica_lpt(
@@ -87,16 +70,8 @@ def replica_first(
 
 
 def replica_first_stage(seqs: Sequences, grid: Layout, forced: bool) -> Layout:
-    """Heavy tails under ``sync="replica"``: the grid plan ``grid``, or the replica-first plan
-    (repaired) when its busiest replica is lighter and within 1% of the bound ``max(total /
-    dp, costliest sequence)``; tried only when the grid's busiest replica is more than 0.1%
-    above the bound. Lockstep keeps the grid.
-
-    Within 1%, no larger microbatch count can predict a step 1% faster, so the count search
-    ends where it would have with a plan at the bound; a replica-first plan further off is
-    not taken, so that the search still tries more microbatches. With ``forced``
-    (``num_microbatches`` given: no count search), any lighter plan is taken.
-    """
+    """``grid``, or under ``sync="replica"`` the repaired replica-first plan where
+    docs/schedulers.md (step 4) takes it; with ``forced``, any lighter one."""
     if seqs.sync != Sync.REPLICA:
         return grid
     padded, costs, dp_size, capacity = seqs.padded, seqs.costs, seqs.dp_size, seqs.capacity

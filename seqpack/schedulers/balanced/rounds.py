@@ -1,7 +1,5 @@
-"""The balanced planner's data and grid helpers: :class:`Sequences` (what it plans),
-:class:`BalancedPlan` (what it makes), and the stages that need nothing else: fill
-order, round targets, bins dealt into rounds, the objective and its bounds, the count
-search, replica renaming and round order.
+"""The balanced planner's data (:class:`Sequences` in, :class:`BalancedPlan` out) and the
+stages that need nothing else (docs/schedulers.md, "balanced").
 """
 
 from __future__ import annotations
@@ -28,9 +26,8 @@ _MAX_EXTRA_ROUNDS = 16  # microbatch counts tried beyond the first feasible one
 
 @dataclasses.dataclass(frozen=True)
 class Sequences:
-    """One step's sequences as the balanced plan sees them: the arguments of
-    :func:`~seqpack.schedulers.balanced.plan_balanced` (``max_repair_moves`` resolved), and
-    ``fill_order``, the order the bin rules take the sequences (the ``fill_order`` stage's)."""
+    """The arguments of :func:`~seqpack.schedulers.balanced.plan_balanced` (``max_repair_moves``
+    resolved) and ``fill_order``, the order the bin rules take the sequences."""
 
     padded: np.ndarray
     costs: np.ndarray
@@ -45,18 +42,10 @@ class Sequences:
 
 @dataclasses.dataclass(frozen=True)
 class BalancedPlan:
-    """Where every sequence goes, before ids are turned into per-microbatch arrays.
-
-    Attributes:
-        num_microbatches: Rounds ``M``.
-        round_of, replica_of: Per sequence (position in the input), its round and replica.
-        load: Cost of every microbatch ``[M, dp]``, without the per-microbatch constant.
-        tokens: Padded tokens of every microbatch ``[M, dp]``.
-        mode: Bin rule that succeeded: 0 cost targets, 1 tokens (worst-fit), 2 first-fit,
-            3 the exact search (:mod:`seqpack.schedulers.balanced.exact`).
-        objective: Predicted step time (constants included) under the ``sync`` the plan was
-            made for (:func:`step_objective`).
-    """
+    """Where every sequence goes: ``round_of``, ``replica_of`` per sequence, ``load`` (cost
+    without constants) and ``tokens`` of every microbatch ``[M, dp]``, the bin rule that
+    packed it (``mode``: 0 cost targets, 1 worst-fit, 2 first-fit, 3 exact search) and its
+    predicted step time under the plan's ``sync`` (``objective``, constants included)."""
 
     num_microbatches: int
     round_of: np.ndarray
@@ -68,35 +57,35 @@ class BalancedPlan:
 
 
 def fill_order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
-    """Longest first (cost grows with length). Equal lengths are interleaved by origin:
-    the k-th sequence of every rank, rank by rank, then the (k+1)-th. Bins take equal items
-    round-robin and are dealt to replicas in the same cyclic order, so equal sequences land
-    on the replica that already holds them. Without origin, equal lengths keep input order."""
+    """Longest first; equal lengths interleaved by origin (the k-th sequence of every rank,
+    rank by rank, then the (k+1)-th), so that they land on the replica holding them; without
+    origin, in input order."""
     n = padded.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     top = int(padded.max())
-    index = np.arange(n, dtype=np.int64)
     if origin is None:
-        if (top + 1) * n < 2**62:  # unique int64 keys: the fast (unstable) sort gives the stable order
-            return np.argsort((top - padded) * n + index)
-        return np.argsort(-padded, kind="stable")
+        return _stable_argsort(top - padded, top)
     ranks = int(origin.max()) + 1
-    if ranks * n >= 2**62 or (top + 1) * n * ranks >= 2**62:
-        by_origin = np.argsort(origin, kind="stable")
-    else:
-        by_origin = np.argsort(origin * n + index)
     counts = np.bincount(origin, minlength=ranks)
     slot = np.empty(n, dtype=np.int64)
-    slot[by_origin] = index - np.repeat(np.cumsum(counts) - counts, counts)
+    slot[_stable_argsort(origin, ranks - 1)] = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)
     if (top + 1) * n * ranks < 2**62:  # one unique int64 key sorts faster than lexsort
         return np.argsort((top - padded) * (n * ranks) + slot * ranks + origin)
     return np.lexsort((origin, slot, -padded))
 
 
+def _stable_argsort(key: np.ndarray, top: int) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` of int64 ``key`` in ``[0, top]``, by one unique key where it fits."""
+    n = key.shape[0]
+    if (top + 1) * n < 2**62:
+        return np.argsort(key * n + np.arange(n, dtype=np.int64))
+    return np.argsort(key, kind="stable")
+
+
 def round_targets(sorted_costs: np.ndarray, dp_size: int, num_rounds: int) -> np.ndarray:
-    """Per-round cost target of one microbatch of a ``[num_rounds, dp_size]`` grid, from the
-    sequences' ``sorted_costs`` (costliest first; docs/schedulers.md, step 2)."""
+    """Cost target of one microbatch of each round, from ``sorted_costs`` (costliest first;
+    docs/schedulers.md, step 2)."""
     targets = np.zeros(num_rounds, dtype=np.float64)
     remaining = float(sorted_costs.sum()) / dp_size
     n = sorted_costs.shape[0]
@@ -110,7 +99,7 @@ def round_targets(sorted_costs: np.ndarray, dp_size: int, num_rounds: int) -> np
 
 def _arrange(load: np.ndarray, dp_size: int, num_rounds: int) -> tuple[np.ndarray, np.ndarray]:
     """Round and replica of every bin: sorted bins dealt into rounds, heaviest bin of a round
-    to the lightest replica so far (ties: lower bin index, lower replica index)."""
+    to the lightest replica so far (ties by index)."""
     n_bins = dp_size * num_rounds
     by_cost = np.lexsort((np.arange(n_bins), -load))
     round_of_bin = np.empty(n_bins, dtype=np.int64)
@@ -155,24 +144,15 @@ def repair_budget(max_repair_moves: int | None, dp_size: int) -> int:
 
 
 def _rounds(ids: np.ndarray, cell: np.ndarray, m_count: int, dp_size: int) -> Grid:
-    """``rounds[m][d]``: the ids whose ``cell`` is ``m * dp_size + d``, ascending (pack order
-    inside a microbatch is dataloader order; ``ids`` ascend), as a :class:`Grid` (one sorted
-    array and the count of every cell)."""
-    n = ids.shape[0]
+    """The :class:`Grid` whose cell ``m * dp_size + d`` holds the (ascending) ids whose ``cell`` is that."""
     cells = m_count * dp_size
-    # Unique int64 keys (cell, position): the fast sort gives the stable order.
-    by_cell = (
-        np.argsort(cell * n + np.arange(n, dtype=np.int64)) if cells * n < 2**62 else np.argsort(cell, kind="stable")
-    )
-    counts = np.bincount(cell, minlength=cells) if n else np.zeros(cells, np.int64)
-    return Grid(ids[by_cell], counts, dp_size)
+    counts = np.bincount(cell, minlength=cells) if ids.size else np.zeros(cells, np.int64)
+    return Grid(ids[_stable_argsort(cell, cells - 1)], counts, dp_size)
 
 
 def relabel_replicas(replica_of: np.ndarray, origin: np.ndarray, weight: np.ndarray, dp_size: int) -> np.ndarray:
     """The DP rank of every sequence once each plan replica runs on the rank already holding
-    most of its tokens (greedy matching over the (replica, rank) pairs that share a sequence,
-    heaviest overlap first; ties: lower replica, then lower rank). Changes no cost and no
-    microbatch, only how many tokens cross the network; ``O(N log N + dp)``, never ``dp * dp``."""
+    most of its tokens (greedy matching, heaviest overlap first; ties by replica, then rank)."""
     if replica_of.size == 0 or dp_size == 1:
         return replica_of
     replica_of = np.asarray(replica_of, dtype=np.int64)
@@ -182,23 +162,16 @@ def relabel_replicas(replica_of: np.ndarray, origin: np.ndarray, weight: np.ndar
     starts = np.flatnonzero(np.r_[True, sorted_pair[1:] != sorted_pair[:-1]])
     overlap = np.add.reduceat(np.asarray(weight, dtype=np.int64)[by_pair], starts)
     keys = sorted_pair[starts]  # ascending: (replica, rank) order
-    rows, cols = keys // dp_size, keys % dp_size
     top = int(overlap.max())
-    if (top + 1) * keys.shape[0] < 2**62:  # heaviest first, ties in (replica, rank) order
-        best_first = np.argsort((top - overlap) * keys.shape[0] + np.arange(keys.shape[0]))
-    else:
-        best_first = np.lexsort((cols, rows, -overlap))
-    rank_of_replica = _kernels.greedy_matching(rows[best_first], cols[best_first], dp_size)
+    best_first = keys[_stable_argsort(top - overlap, top)]  # heaviest first, ties in (replica, rank) order
+    rank_of_replica = _kernels.greedy_matching(best_first // dp_size, best_first % dp_size, dp_size)
     return rank_of_replica[replica_of]
 
 
 def round_position(load: np.ndarray, order: str = "heavy_first") -> np.ndarray:
-    """Position (microbatch index) of every round given ``load[M, dp]``.
-
-    ``"heavy_first"``: by round maximum, heaviest first. ``"pipeline"``: lightest rounds at
-    both ends, alternating (lightest first, second lightest last, ...), heaviest in the
-    middle. Ties keep round order. ``"as_planned"``: the planner's round order.
-    """
+    """Position (microbatch index) of every round given ``load[M, dp]``: ``"heavy_first"`` by
+    round maximum, heaviest first; ``"pipeline"`` lightest first, second lightest last, ...,
+    heaviest in the middle (ties keep round order); ``"as_planned"`` in round order."""
     order = check_choice("order", order, Order)
     m_count = load.shape[0]
     if m_count == 0 or order == Order.AS_PLANNED:
@@ -217,21 +190,13 @@ def round_position(load: np.ndarray, order: str = "heavy_first") -> np.ndarray:
 def more_rounds(
     plan: BalancedPlan, seqs: Sequences, step: int, plan_at: Callable[[int], BalancedPlan | None]
 ) -> BalancedPlan:
-    """The count search: the microbatch count with the shortest predicted step, from ``plan``
-    at the fewest that fit (docs/schedulers.md). ``plan_at(m)``: the plan at ``m`` rounds.
-
-    Counts ``M + step, M + 2*step, ...`` are tried while the predicted step time drops; a
-    larger count is kept only when it predicts a step at least 1% faster than the best
-    smaller one (any faster while the best needed a fallback bin rule), and tried only while
-    it could be (no plan at ``M'`` rounds predicts less than ``base + M' * constant``). At most
-    ``_MAX_EXTRA_ROUNDS`` counts, never more than one sequence per microbatch of every replica.
-    """
+    """The count search (docs/schedulers.md, "How many microbatches"): the plan of the count
+    with the shortest predicted step, from ``plan`` at the fewest that fit, trying counts
+    ``step`` apart (``plan_at(m)``: the plan at ``m`` rounds)."""
     padded, costs = seqs.padded, seqs.costs
     if not costs.size or float(costs.max()) <= 0:
         return plan  # CostModel(0, 0, c): each microbatch only adds its constant
     if seqs.sync == Sync.LOCKSTEP:  # base: the round bound, or under replica sync the replica bound
-        # The fill order saves the bound's sort where it is a density order (the bound checks:
-        # costliest first with a sample cost need not be, and would overstate the bound).
         base = round_sum_lower_bound(padded, costs, seqs.dp_size, seqs.capacity, order=seqs.fill_order)
     else:
         base = max(float(costs.sum()) / seqs.dp_size, float(costs.max()))

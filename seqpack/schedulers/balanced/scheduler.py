@@ -36,19 +36,15 @@ class BalancedScheduler(GridScheduler):
     """FLOPs-aware scheduler balancing replica totals and per-round maxima (docs/schedulers.md).
 
     Args:
-        order: ``"heavy_first"`` (default), ``"pipeline"`` (light microbatches at both
-            ends, heavy ones in the middle) or ``"as_planned"`` (the planner's round order).
-        min_microbatches: At least this many microbatches (e.g. pipeline stages).
-        microbatch_multiple: Microbatch count is a multiple of this.
+        order: ``"heavy_first"``, ``"pipeline"`` (light microbatches at both ends) or
+            ``"as_planned"`` (the planner's round order).
+        min_microbatches, microbatch_multiple: At least this many microbatches, and a multiple of this.
         num_microbatches: Force exactly this many microbatches.
-        max_repair_moves: Cap on the swaps that repair a replica-first plan or locality's
-            per-replica plan (``sync="replica"``; default ``8 * dp + 64``; 0 turns off
-            replica-first and the repair).
-        locality: Keep sequences on the DP rank that read them where that predicts at
-            most ``locality_tolerance`` more step time (:mod:`~seqpack.schedulers.balanced.locality`):
-            ``"auto"`` (default) where the request's ``bytes_per_token`` make it pay, ``True``
-            always, ``False`` never (replicas are still renamed).
-        locality_tolerance: Relative step-time increase a local plan may cost (default 0.1%).
+        max_repair_moves: Cap on the swaps that repair a replica-first or per-replica plan
+            (``sync="replica"``; default ``8 * dp + 64``; 0 turns replica-first and the repair off).
+        locality: Keep sequences on the DP rank that read them where that predicts at most
+            ``locality_tolerance`` (relative) more step time: ``"auto"`` where the request's
+            ``bytes_per_token`` make it pay, ``True`` always, ``False`` never (replicas are still renamed).
         stages: The plan's stages (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`).
     """
 
@@ -85,8 +81,7 @@ class BalancedScheduler(GridScheduler):
 
     def uses_locality(self, *, sequences: int, tokens: int, dp_size: int, bytes_per_token: float | None) -> bool:
         """Whether a plan of ``sequences`` (``tokens`` padded tokens) into ``dp_size`` replicas
-        runs locality: ``locality`` itself when a bool; under ``"auto"``, whether it pays
-        (:func:`~seqpack.schedulers.balanced.locality.locality_pays`)."""
+        runs locality: ``locality`` if a bool, else :func:`~seqpack.schedulers.balanced.locality.locality_pays`."""
         if dp_size <= 1:
             return False
         if self.locality != AUTO:
@@ -97,8 +92,6 @@ class BalancedScheduler(GridScheduler):
         ids, origin = np.arange(request.num_sequences, dtype=np.int64), request.origin
         dp_size, capacity, sync, static_shapes = request.dp_size, request.capacity, request.sync, request.static_shapes
         model = self.resolve_cost(request.cost)  # the base took it at the static CP group
-        # Under static_shapes: at least ceil(N / (dp * max_real_sequences)) microbatches, and
-        # counts compared with each microbatch's bucket padding priced (schedulers.shape_limits).
         min_microbatches = self.min_microbatches
         price = BucketPrice.of(static_shapes, capacity, model.linear)
         if static_shapes is not None:
@@ -113,16 +106,14 @@ class BalancedScheduler(GridScheduler):
         padded = padded_lengths(request.lengths, request.pad_multiple)
         costs = model.cost(padded)
         stages = self.stages
-        if request.sample_cost is not None:  # the sum is balanced: tokens' cost plus each sample's own
+        if request.sample_cost is not None:  # the longest need not be the costliest: fill costliest first
             costs = costs + request.sample_cost
-            # With a per-sample cost the longest need not be the costliest: bins are filled costliest first.
             stages = dataclasses.replace(stages, fill_order=_costliest_first(costs, stages.fill_order))
         with np.errstate(over="ignore"):
             step_cost = float(costs.sum()) + model.constant * max(dp_size, 1)
         if not np.isfinite(step_cost):
             raise ConfigError(f"the step's total cost under {model!r} is past float64: scale the coefficients down")
-        # One replica: the single-rank packer where it reaches the fewest microbatches; not
-        # under static_shapes (bucket padding, sequence counts) or stages other than DEFAULT.
+        # One replica: the single-rank packer where it reaches the fewest microbatches.
         single_rank = dp_size == 1 and self.num_microbatches is None and static_shapes is None
         if single_rank and ids.size and self.stages == DEFAULT:
             single = _single_rank(padded, costs, capacity, min_microbatches, self.microbatch_multiple)
@@ -153,19 +144,9 @@ class BalancedScheduler(GridScheduler):
             bytes_per_token=request.bytes_per_token,
         ):
             step = Local(
-                padded,
-                costs,
-                origin,
-                plan,
-                replica,
-                dp_size,
-                capacity,
-                model.constant,
-                sync,
-                self.max_repair_moves,
-                self.locality_tolerance,
-                self.stages.relabel,
-            )
+                padded, costs, origin, plan, replica, dp_size, capacity, model.constant, sync,
+                self.max_repair_moves, self.locality_tolerance, self.stages.relabel,
+            )  # fmt: skip
             local = plan_local(step, self.stages.locality)
             plan, replica = (plan, replica) if local is None else local
         position = round_position(plan.load, self.order)
@@ -190,11 +171,8 @@ def _single_rank(
     min_microbatches: int,
     microbatch_multiple: int,
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """One replica's plan from the single-rank packer (:func:`seqpack.packing.pack_lengths`):
-    ``(round_of, load[M, 1])`` when it packs into the fewest microbatches any plan can have
-    (Martello-Toth's bound) and that count meets ``min_microbatches`` and
-    ``microbatch_multiple``; else None. With one replica only the count matters: every
-    packing at a count costs the same."""
+    """``(round_of, load[M, 1])`` of :func:`seqpack.packing.pack_lengths` when it packs into the
+    fewest microbatches any plan can have and that count meets the limits; else None."""
     packing = pack_lengths(padded, capacity)
     count = packing.num_packs
     if count < min_microbatches or count % microbatch_multiple or count != bin_lower_bound(padded, capacity):
@@ -206,9 +184,7 @@ def _single_rank(
 def _costliest_first(
     costs: np.ndarray, fill_order: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
 ) -> Callable[[np.ndarray, np.ndarray | None], np.ndarray]:
-    """A fill order by ``costs``, costliest first, ties in ``fill_order``'s order (equal
-    lengths interleaved by origin): for costs that do not grow with length alone (a request's
-    ``sample_cost``)."""
+    """A fill order by ``costs``, costliest first, ties in ``fill_order``'s order."""
 
     def order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
         base = fill_order(padded, origin)
@@ -220,11 +196,7 @@ def _costliest_first(
 
 
 def _check_locality(value: object) -> bool | str:
-    """``locality`` as ``"auto"``, True or False.
-
-    Raises:
-        ConfigError: Another string. SeqpackTypeError: Neither a string nor a bool.
-    """
+    """``locality`` as ``"auto"``, True or False (ConfigError / SeqpackTypeError otherwise)."""
     if isinstance(value, str):
         if value != AUTO:
             raise ConfigError(f"locality must be {AUTO!r}, True or False, got {value!r}")

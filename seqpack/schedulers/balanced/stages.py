@@ -1,14 +1,9 @@
 """The balanced plan as a composition of stages (docs/schedulers.md, steps 1-5):
-:func:`plan_balanced` runs the stages of a :class:`Stages` at each microbatch count of its
-search; :data:`DEFAULT` is the composition seqpack runs, and ``benchmarks/ablation.py``
-composes others to measure what each stage buys.
+:func:`plan_balanced` runs a :class:`Stages` at each microbatch count of its search;
+:data:`DEFAULT` is the composition seqpack runs (``benchmarks/ablation.py`` composes others).
 
-The bin rules (step 2) are here; the other stages live beside the data they work on. A bin
-rule takes the step's :class:`~seqpack.schedulers.balanced.rounds.Sequences`, the cost target
-of every bin and ``M``, and packs the sequences into ``dp * M`` bins of ``capacity`` tokens:
-``(rule, bin of each sequence, cost of each bin)``, or None. The greedy rules are one kernel
-(:func:`~seqpack.schedulers._kernels.grid_lpt`) and can miss a packing that exists;
-:func:`exact_search` searches exactly, within a bounded amount of work.
+The bin rules (step 2) are here: each packs the sequences into ``dp * M`` bins of
+``capacity`` tokens given every bin's cost target (:data:`Packed`), or returns None.
 """
 
 from __future__ import annotations
@@ -63,12 +58,12 @@ def _greedy(seqs: Sequences, targets: np.ndarray, mode: int) -> Packed | None:
 
 
 def cost_targets(seqs: Sequences, targets: np.ndarray, num_rounds: int) -> Packed | None:
-    """LPT with targets: each sequence into the bin furthest below its cost target."""
+    """LPT: each sequence into the bin furthest below its cost target."""
     return _greedy(seqs, targets, _kernels.MODE_COST)
 
 
 def worst_fit(seqs: Sequences, targets: np.ndarray, num_rounds: int) -> Packed | None:
-    """Balance tokens: each sequence into the bin with the fewest tokens."""
+    """Each sequence into the bin with the fewest tokens."""
     return _greedy(seqs, targets, _kernels.MODE_TOKENS)
 
 
@@ -78,21 +73,13 @@ def first_fit(seqs: Sequences, targets: np.ndarray, num_rounds: int) -> Packed |
 
 
 def exact_search(seqs: Sequences, targets: np.ndarray, num_rounds: int) -> Packed | None:
-    """The bounded exact search (:func:`seqpack.schedulers.balanced.exact.pack_bins`, with
-    bin completion where there are few sequences per bin)."""
-    padded, dp_size, capacity = seqs.padded, seqs.dp_size, seqs.capacity
-    status, bin_of = _exact.pack_bins(padded, dp_size * num_rounds, capacity, found_only=True)
+    """The bounded exact search (:func:`seqpack.schedulers.balanced.exact.pack_bins`)."""
+    padded, bins = seqs.padded, seqs.dp_size * num_rounds
+    status, bin_of = _exact.pack_bins(padded, bins, seqs.capacity, found_only=True)
     if status != _exact.FOUND:
         return None
-    logger.debug(
-        "exact search packed %d sequences of %d tokens into %d x %d microbatches of %d tokens (greedy failed)",
-        padded.shape[0],
-        int(padded.sum()),
-        num_rounds,
-        dp_size,
-        capacity,
-    )
-    return _exact.MODE_EXACT, bin_of, np.bincount(bin_of, weights=seqs.costs, minlength=dp_size * num_rounds)
+    logger.debug("exact search packed %d sequences into %d microbatches (greedy failed)", padded.shape[0], bins)
+    return _exact.MODE_EXACT, bin_of, np.bincount(bin_of, weights=seqs.costs, minlength=bins)
 
 
 BinRule = Callable[[Sequences, np.ndarray, int], "Packed | None"]
@@ -105,19 +92,13 @@ class Stages:
     """The functions the balanced plan runs, in the order it runs them.
 
     Attributes:
-        fill_order: ``(padded, origin) -> order``: the order the bin rules take the
-            sequences, costliest first (equally long ones interleaved by the rank holding them).
-        targets: ``(sorted costs, dp, M) -> target[M]``: the cost target of one bin of each
-            round (step 2).
-        bin_rules: Tried in turn at a microbatch count; the first that packs wins
-            (the bin rules above). None packs: ``M`` grows.
-        refine: Applied in turn to the grid dealt into rounds (step 4): replica-first where
-            the step waits for replicas.
-        count_search: From the plan at the fewest microbatches to the best count
-            (:func:`~seqpack.schedulers.balanced.rounds.more_rounds`).
-        relabel: Plan replicas to DP ranks (the rank holding most of each one's tokens).
-        locality: Candidate plans that keep samples home, tried in turn where locality
-            runs (:func:`~seqpack.schedulers.balanced.locality.plan_local`).
+        fill_order: ``(padded, origin) -> order``: the order the bin rules take the sequences.
+        targets: ``(sorted costs, dp, M) -> target[M]``: one bin's cost target in each round.
+        bin_rules: Tried in turn at a microbatch count; the first that packs wins (none: ``M`` grows).
+        refine: Applied in turn to the grid dealt into rounds (step 4).
+        count_search: From the plan at the fewest microbatches to the best count.
+        relabel: Plan replicas to DP ranks.
+        locality: Candidate plans that keep samples home, tried in turn where locality runs.
     """
 
     fill_order: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
@@ -138,13 +119,12 @@ DEFAULT = Stages(
     relabel=relabel_replicas,
     locality=(per_replica, home_swaps),
 )
-"""The plan seqpack runs: every stage that ``benchmarks/ablation.py`` shows buys something."""
+"""The plan seqpack runs."""
 
 
 def _plan_at(seqs: Sequences, num_rounds: int, stages: Stages, forced: bool = False) -> BalancedPlan | None:
     """The plan with exactly ``num_rounds`` rounds, or None when no bin rule packs the
-    sequences. ``forced``: the count was given (no count search follows; the refine stages
-    may take any lighter plan)."""
+    sequences. ``forced``: the count was given (no count search follows)."""
     padded, costs, dp_size = seqs.padded, seqs.costs, seqs.dp_size
     targets = np.repeat(stages.targets(costs[seqs.fill_order], dp_size, num_rounds), dp_size)
     for rule in stages.bin_rules:
@@ -184,26 +164,15 @@ def plan_balanced(
     """Assign sequences to ``[rounds, replicas]`` (docs/schedulers.md, steps 1-4).
 
     Args:
-        padded: int64 padded lengths, each at most ``capacity`` (trusted).
-        costs: float64 cost of each sequence (without the per-microbatch constant).
-        dp_size, capacity: Replicas and padded tokens per microbatch.
-        constant: Per-microbatch cost, used when comparing microbatch counts.
-        min_microbatches: Lower limit on ``M`` (e.g. pipeline stages).
-        microbatch_multiple: ``M`` is a multiple of this (e.g. Megatron's
-            ``microbatch_group_size_per_vp_stage`` under interleaved pipelines).
-        num_microbatches: Use exactly this ``M``.
+        padded: Padded lengths, each at most ``capacity`` (trusted).
+        costs: Cost of each sequence, without the per-microbatch ``constant``.
+        min_microbatches, microbatch_multiple, num_microbatches: Limits on ``M``, or ``M`` itself.
         max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
-        origin: DP rank holding each sequence; breaks ties between equally long sequences
-            so that they stay where they are (with equal lengths, no sample moves).
-        sync: The step time the plan is made for (:func:`step_objective`).
-        price: Under ``static_shapes``, the bucket padding's cost
-            (:class:`~seqpack.schedulers.shape_limits.BucketPrice`), added to every
-            microbatch's cost where counts are compared.
-        stages: The stages the plan runs.
+        origin: DP rank holding each sequence (ties between equal lengths keep it home).
+        price: Under ``static_shapes``, the bucket padding's cost, added where counts are compared.
 
     Raises:
-        ScheduleError: ``num_microbatches`` too small to hold the sequences (the caller
-            checked each length against ``capacity``).
+        ScheduleError: ``num_microbatches`` too small to hold the sequences.
     """
     padded = np.ascontiguousarray(padded, dtype=np.int64)
     costs = np.ascontiguousarray(costs, dtype=np.float64)
@@ -232,8 +201,7 @@ def plan_balanced(
 def _cannot_hold(
     padded: np.ndarray, dp_size: int, capacity: int, num_microbatches: int, bins_needed: int
 ) -> ScheduleError:
-    """The error of a forced microbatch count no packing was found for, with the bound that
-    proves it too small when one does."""
+    """The error of a forced microbatch count no packing was found for."""
     fewest = -(-bins_needed // dp_size)
     need = -(-int(padded.sum()) // (dp_size * capacity))
     proof = (
