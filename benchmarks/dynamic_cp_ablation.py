@@ -65,8 +65,8 @@ from dynamic_cp import CLOCK, RANKS, SCALES, WORKLOADS, dynamic_plan, fitted_cos
 from seqpack.cost import CostModel  # noqa: E402
 from seqpack.options import Sync  # noqa: E402
 from seqpack.schedulers import Request, _kernels, predicted_step_time  # noqa: E402
-from seqpack.schedulers.dynamic_cp import _candidate, _rounds, plan_dynamic_cp, planner  # noqa: E402
-from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem  # noqa: E402
+from seqpack.schedulers.dynamic_cp import _rounds, plan_dynamic_cp, planner  # noqa: E402
+from seqpack.schedulers.dynamic_cp._rounds import Bins, Problem  # noqa: E402
 
 GAIN = 0.005  # benchmarks/ablation.py's rule
 GUARANTEES = {  # what a sub-stage promises besides step time on the benchmark's steps
@@ -98,7 +98,7 @@ APPLIES: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...] | None]] = {
 
 
 def _score(p: Problem, bins: Bins, on: frozenset[str]) -> Bins:
-    """``_candidate.score`` with the run order and the node-aware layout as switches."""
+    """``_rounds.score`` with the run order and the node-aware layout as switches."""
     nb = bins.size.shape[0]
     if bins.start is None:
         order = np.lexsort((np.arange(nb), -bins.size, bins.round))
@@ -110,7 +110,7 @@ def _score(p: Problem, bins: Bins, on: frozenset[str]) -> Bins:
             bins.start = _kernels.cp_planner.layout(order, bins.round, bins.size)
     if bins.run_round is None and "run_order" not in on:
         bins.run_round = bins.round.copy()
-    return _candidate.score(p, bins)
+    return _rounds.score(p, bins)
 
 
 def _height_grid(p: Problem, on: frozenset[str], top_n: int | None = None) -> np.ndarray:

@@ -1,44 +1,139 @@
-"""The builders of :mod:`~seqpack.schedulers.dynamic_cp.planner`'s candidates: lockstep
-(:func:`build`: rounds of groups, filled longest first), replica sync (:func:`build_replica`:
-groups on laminar aligned blocks, then every rank's own microbatches) and static CP."""
+"""The candidates of :mod:`~seqpack.schedulers.dynamic_cp.planner`: the step in planning
+order (``Problem``), a candidate's bins (microbatches of one group each, ``Bins``), its
+builders (lockstep :func:`build`, :func:`build_replica`, static CP) and its exact
+:func:`score` (docs/dynamic_cp.md, "The planner")."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
 from seqpack.cost import CostModel
+from seqpack.options import Sync
 from seqpack.schedulers import _kernels
 from seqpack.schedulers.balanced.scheduler import BalancedScheduler
-from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem
 from seqpack.thd import group_pad_multiple, group_padded_lengths
 from seqpack.thd.padding import ranges
 
+_FIELDS = ("size", "round", "room", "load", "floor", "tokens", "s", "ss")  # a bin's, in Bins
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One step, in planning order (longest first, ties by id)."""
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    sizes: np.ndarray
+    coef: np.ndarray
+    ranks_per_node: int
+    num_ranks: int
+    capacity: int
+    pad_multiple: int
+    sync: Sync
+    in_nodes: bool  # lay groups smaller than a node inside one (any size); else plainly (aligned powers of 2)
+
+    @property
+    def pow2_sizes(self) -> np.ndarray:
+        """The allowed sizes that are powers of two, and ``num_ranks``."""
+        return self.sizes[((self.sizes & (self.sizes - 1)) == 0) | (self.sizes == self.num_ranks)]
+
+    @property
+    def fit(self) -> tuple[np.ndarray, int, int, int]:
+        """``choose_sizes`` and ``widen``'s arguments after the sizes."""
+        return self.coef, self.ranks_per_node, self.capacity, self.pad_multiple
+
+
+@dataclasses.dataclass
+class Bins:
+    """A candidate: its bins' ``_FIELDS`` and each sequence's bin (by planning position)."""
+
+    size: np.ndarray
+    round: np.ndarray
+    room: np.ndarray
+    load: np.ndarray
+    floor: np.ndarray
+    tokens: np.ndarray
+    s: np.ndarray
+    ss: np.ndarray
+    seq_bin: np.ndarray
+    score: float = math.inf
+    start: np.ndarray | None = None
+    run_round: np.ndarray | None = None
+
+    @classmethod
+    def empty(cls, n: int) -> Bins:
+        z, f = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        return cls(z, z, z, f, f, z, f, f, np.full(n, -1, dtype=np.int64))
+
+    @property
+    def fill_arrays(self) -> tuple[np.ndarray, ...]:
+        """The bin arrays ``cp_planner.lpt`` reads and updates, in its order."""
+        return tuple(getattr(self, name) for name in _FIELDS if name != "round")
+
+    def extend(self, size: np.ndarray | int, round_: np.ndarray, **fields: np.ndarray | float) -> None:
+        """Append one bin per entry of ``round_``; a field a scalar for every new bin, 0 absent."""
+        fields.update(size=size, round=round_)
+        for name in _FIELDS:
+            old = getattr(self, name)
+            new = np.broadcast_to(np.asarray(fields.get(name, 0), dtype=old.dtype), round_.shape)
+            setattr(self, name, np.concatenate([old, new]))
+
+
+def score(p: Problem, bins: Bins) -> Bins:
+    """Lay the candidate out and order its rounds heaviest first (unless the builder fixed
+    both), then score it exactly."""
+    nb = bins.size.shape[0]
+    if bins.start is None:
+        order = np.lexsort((np.arange(nb), -bins.size, bins.round))
+        if p.in_nodes:
+            bins.start = _kernels.cp_planner.layout_in_nodes(
+                order, bins.round, bins.size, p.ranks_per_node, p.num_ranks
+            )
+        else:
+            bins.start = _kernels.cp_planner.layout(order, bins.round, bins.size)
+    start = bins.start
+    count = np.bincount(bins.seq_bin[bins.seq_bin >= 0], minlength=nb)
+    idle = float(p.coef[0])  # an idle group runs a padding-only filler under either sync
+    times = _kernels.cp_planner.bin_times(bins.size, start, count, bins.s, bins.ss, p.coef, p.ranks_per_node, idle)
+    rounds = int(bins.round.max()) + 1 if nb else 0
+    heights = np.full(rounds, -np.inf)
+    np.maximum.at(heights, bins.round, times)
+    if bins.run_round is None:
+        run_order = np.lexsort((np.arange(rounds), -heights))
+        run_round = np.empty(rounds, dtype=np.int64)
+        run_round[run_order] = np.arange(rounds, dtype=np.int64)
+        bins.run_round = run_round[bins.round]
+    if p.sync == Sync.LOCKSTEP:
+        bins.score = float(heights.sum())
+    else:
+        by_run = np.lexsort((start, bins.run_round))
+        bins.score = float(_kernels.cp_planner.replica_finish(by_run, start, bins.size, times, p.num_ranks))
+    return bins
+
 
 def _new_rounds(p: Problem, bins: Bins, first: int, count: int, size: int) -> None:
-    """Append ``count`` rounds (numbered from ``first``) of ``R // size`` empty groups of
-    ``size`` ranks, the rest single ranks; floor 0."""
+    """Append ``count`` rounds from ``first``, each ``R // size`` empty groups of ``size``, the
+    rest single ranks."""
     rounds = np.arange(first, first + count, dtype=np.int64)
-    if size > 1:
-        ring = (size - 1) * float(p.coef[3])  # the ring's fixed cost, paid once a sequence lands
-        bins.extend(size, np.repeat(rounds, p.num_ranks // size), room=size * p.capacity, load=ring)
-    alone = np.repeat(rounds, p.num_ranks % size if size > 1 else p.num_ranks)
-    bins.extend(1, alone, room=p.capacity)
+    ring = (size - 1) * float(p.coef[3])  # the ring's fixed cost, paid once a sequence lands
+    bins.extend(size, np.repeat(rounds, p.num_ranks // size), room=size * p.capacity, load=ring)
+    bins.extend(1, np.repeat(rounds, p.num_ranks % size), room=p.capacity)
 
 
 def _fill(p: Problem, bins: Bins, positions: np.ndarray, rounds_done: int, size: int, more: int) -> Bins:
-    """Place the sequences at ``positions`` (planning order) into ``bins`` and the fewest new
-    rounds (of groups of ``size``) that hold them, plus ``more``."""
-    padded = group_padded_lengths(p.lengths[positions], size, p.pad_multiple)
+    """``bins`` with the sequences at ``positions`` placed, in them and the fewest new rounds
+    (groups of ``size``) that hold them, plus ``more``."""
+    lengths = p.lengths[positions]
+    padded = group_padded_lengths(lengths, size, p.pad_multiple)
     per_round = (p.num_ranks // size) * size * p.capacity
     count = more + max(0, -(-(int(padded.sum()) - int(bins.room.sum())) // per_round))
     while True:
         trial = dataclasses.replace(bins, seq_bin=bins.seq_bin.copy())
         _new_rounds(p, trial, rounds_done, count, size)  # extending copies every bin array
-        ok, bin_of = _kernels.cp_planner.lpt(
-            p.lengths[positions], *trial.fill_arrays, p.coef, p.ranks_per_node, p.pad_multiple
-        )
+        ok, bin_of = _kernels.cp_planner.lpt(lengths, *trial.fill_arrays, p.coef, p.ranks_per_node, p.pad_multiple)
         if ok:
             trial.seq_bin[positions] = bin_of
             return trial
@@ -47,28 +142,13 @@ def _fill(p: Problem, bins: Bins, positions: np.ndarray, rounds_done: int, size:
 
 def build(p: Problem, height: float, more: int = 0, widen: bool = True) -> Bins:
     """The plan for one height ``H`` (docs/dynamic_cp.md, steps 1-3)."""
-    size_of, time_of = _kernels.cp_planner.choose_sizes(
-        p.lengths, p.sizes, p.coef, p.ranks_per_node, p.capacity, p.pad_multiple, height
-    )
+    size_of, time_of = _kernels.cp_planner.choose_sizes(p.lengths, p.sizes, *p.fit, height)
     grouped = np.flatnonzero(size_of > 1)
     order = grouped[np.lexsort((grouped, -size_of[grouped], -time_of[grouped]))]
     round_of, used, rounds = _kernels.cp_planner.shelf(size_of[order], p.num_ranks)
     if widen:
-        lengths = p.lengths[order]
         widths, times = size_of[order], time_of[order]
-        _kernels.cp_planner.widen(
-            round_of,
-            widths,
-            times,
-            lengths,
-            used,
-            p.sizes,
-            p.coef,
-            p.ranks_per_node,
-            p.capacity,
-            p.pad_multiple,
-            p.num_ranks,
-        )
+        _kernels.cp_planner.widen(round_of, widths, times, p.lengths[order], used, p.sizes, *p.fit, p.num_ranks)
         size_of[order], time_of[order] = widths, times
     heights = np.zeros(rounds, dtype=np.float64)
     np.maximum.at(heights, round_of, time_of[order])
@@ -92,10 +172,8 @@ def build(p: Problem, height: float, more: int = 0, widen: bool = True) -> Bins:
     return _fill(p, bins, np.flatnonzero(size_of == 1), rounds, 1, more)
 
 
-def static_size(p: Problem, sizes: np.ndarray | None = None) -> int:
-    """The smallest of ``sizes`` (ascending; default the allowed group sizes) that holds the
-    longest sequence."""
-    sizes = p.sizes if sizes is None else sizes
+def static_size(p: Problem, sizes: np.ndarray) -> int:
+    """The smallest of ``sizes`` (ascending) that holds the longest sequence."""
     if p.lengths.shape[0] == 0:
         return 1
     fits = group_padded_lengths(p.lengths[:1], sizes, p.pad_multiple) <= sizes * p.capacity
@@ -105,29 +183,22 @@ def static_size(p: Problem, sizes: np.ndarray | None = None) -> int:
 def build_static(p: Problem) -> Bins:
     """Static CP: every round cut into equal groups sized for the longest sequence."""
     positions = np.arange(p.lengths.shape[0], dtype=np.int64)
-    return _fill(p, Bins.empty(positions.shape[0]), positions, 0, static_size(p), 0)
+    return _fill(p, Bins.empty(positions.shape[0]), positions, 0, static_size(p, p.sizes), 0)
 
 
 def build_balanced(p: Problem) -> list[Bins]:
-    """Static CP as the ``balanced`` scheduler plans it (replica-first under replica sync),
-    on the smallest size that divides the ranks and holds the longest sequence among the
-    allowed sizes and among the powers of 2 (and R): one candidate per distinct size, the
-    smaller first; none for an empty step."""
+    """Static CP as ``balanced`` plans it, on the smallest size dividing the ranks that holds
+    the longest sequence among the allowed sizes and among ``pow2_sizes``: one candidate per
+    distinct size, the smaller first; none for an empty step."""
     if p.lengths.shape[0] == 0:
         return []
-    out = []
-    for c in sorted({static_size(p, sizes[p.num_ranks % sizes == 0]) for sizes in (p.sizes, p.pow2_sizes)}):
-        bins = _balanced_at(p, c)
-        if bins is not None:
-            out.append(bins)
-    return out
+    sizes = {static_size(p, allowed[p.num_ranks % allowed == 0]) for allowed in (p.sizes, p.pow2_sizes)}
+    return [bins for c in sorted(sizes) if (bins := _balanced_at(p, c)) is not None]
 
 
 def _balanced_at(p: Problem, c: int) -> Bins | None:
-    """``R / c`` replicas of ``c`` ranks, each running its own microbatches as ``balanced``
-    plans them under the static group's cost (``CostModel.at(c)`` of ``p.coef``), laid out
-    as they run. Sequences go to ``balanced`` in id order, as a caller of it would pass them;
-    None should it leave one out."""
+    """``balanced``'s plan on ``R / c`` replicas of ``c`` ranks under ``CostModel.at(c)``,
+    given the ids in order, laid out as it runs; None should it leave a sequence out."""
     by_id = np.argsort(p.ids, kind="stable")  # position (planning order) of every id, ascending
     static = BalancedScheduler().schedule(
         p.lengths[by_id],
@@ -155,15 +226,9 @@ def _balanced_at(p: Problem, c: int) -> Bins | None:
 
 
 def build_replica(p: Problem, height: float, more: int = 0) -> Bins:
-    """For replica sync: groups (power-of-2 sizes for height ``H``, as in ``_rounds.build``)
-    largest first, each on the least busy aligned block after what the block already runs,
-    so the ranks of a group always share their history and never wait for each other; then
-    the sequences alone on a rank, longest first, on the least busy rank that holds them, in at
-    most one more microbatch per rank than their tokens need, plus ``more``: ranks without
-    groups take more than the average."""
-    size_of, time_of = _kernels.cp_planner.choose_sizes(
-        p.lengths, p.pow2_sizes, p.coef, p.ranks_per_node, p.capacity, p.pad_multiple, height
-    )
+    """The replica builder's plan for height ``H`` (docs/dynamic_cp.md, step 4); every rank's
+    own microbatches at most one more than their tokens need, plus ``more``."""
+    size_of, time_of = _kernels.cp_planner.choose_sizes(p.lengths, p.pow2_sizes, *p.fit, height)
     grouped = np.flatnonzero(size_of > 1)
     order = grouped[np.lexsort((grouped, -time_of[grouped], -size_of[grouped]))]
     start, rounds, load, depth = _kernels.cp_planner.place_blocks(size_of[order], time_of[order], p.num_ranks)
@@ -171,10 +236,7 @@ def build_replica(p: Problem, height: float, more: int = 0) -> Bins:
     padded = group_padded_lengths(p.lengths[order], size_of[order], p.pad_multiple).astype(np.float64)
     bins.extend(size_of[order], rounds, tokens=padded, s=padded, ss=padded * padded)
     bins.seq_bin[order] = np.arange(order.shape[0], dtype=np.int64)
-    num_groups = order.shape[0]
-    # Every rank's own microbatches after its groups: ``slots`` per rank at most, more when
-    # they cannot hold the sequences.
-    shorts = np.flatnonzero(size_of == 1)
+    shorts = np.flatnonzero(size_of == 1)  # each rank's own microbatches after its groups, ``slots`` at most
     short_padded = group_padded_lengths(p.lengths[shorts], 1, p.pad_multiple)
     slots = max(1, 1 + more - (-int(short_padded.sum()) // (p.num_ranks * p.capacity)))
     while True:
@@ -189,7 +251,7 @@ def build_replica(p: Problem, height: float, more: int = 0) -> Bins:
     n_mb = int(count.sum())
     sp = short_padded.astype(np.float64)
     s = np.bincount(flat, weights=sp, minlength=n_mb)
-    bins.seq_bin[shorts] = num_groups + flat
+    bins.seq_bin[shorts] = order.shape[0] + flat
     bins.extend(1, ranges(depth, count), tokens=s, s=s, ss=np.bincount(flat, weights=sp * sp, minlength=n_mb))
     busy = depth + count
     gaps = int(busy.max(initial=0)) - busy  # rounds each rank sits idle at the end

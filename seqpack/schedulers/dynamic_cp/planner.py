@@ -1,10 +1,7 @@
 """``plan_dynamic_cp``: one step's sequences onto CP groups of the DP x CP ranks.
 
-The planner searches one number, the *height* ``H``: the longest a sequence may run alone.
-Each ``H`` gives a plan (group sizes, group rounds, the fill: ``_rounds.build``; under
-``sync="replica"`` also ``_rounds.build_replica``), laid out and scored exactly
-(``_candidate.score``); ``H`` runs over a grid of the longest sequences' times, refined
-around the best, and a static-CP plan is scored too, so the result is never worse than it.
+The search runs over the *height* ``H``, the longest a sequence may run alone: each ``H``
+gives a candidate (``_rounds``), scored exactly; static-CP candidates are scored too.
 docs/dynamic_cp.md ("The planner") describes each step.
 """
 
@@ -17,8 +14,8 @@ import numpy as np
 
 from seqpack.errors import ConfigError, SeqpackTypeError
 from seqpack.options import GroupSizes, Sync
-from seqpack.schedulers.dynamic_cp._candidate import Bins, Problem, score
-from seqpack.schedulers.dynamic_cp._rounds import build, build_balanced, build_replica, build_static
+from seqpack.schedulers.dynamic_cp import _rounds
+from seqpack.schedulers.dynamic_cp._rounds import Bins, Problem, score
 from seqpack.schedulers.group_sizes import allowed_group_sizes, dynamic_group_sizes, group_holds
 from seqpack.schedulers.request import Request, apply_oversize, check_capacity
 from seqpack.schedulers.schedule import Schedule
@@ -33,11 +30,8 @@ _TOP = 64  # the longest sequences whose times make the grid (all that need a gr
 
 
 def _height_grid(p: Problem, top_n: int | None = None) -> np.ndarray:
-    """Heights worth trying: the times of the longest sequences (``top_n`` of them: by
-    default ``_TOP`` and all that need a group) alone at every power-of-2 size (and R) that
-    holds them, ascending."""
-    if p.lengths.shape[0] == 0:
-        return np.zeros(0, dtype=np.float64)
+    """Ascending: the times alone of the ``top_n`` longest sequences (default: ``_TOP`` and
+    all that need a group) at every size of ``pow2_sizes`` that holds them."""
     need_group = int(np.count_nonzero(group_padded_lengths(p.lengths, 1, p.pad_multiple) > p.capacity))
     top = p.lengths[: max(_TOP, need_group) if top_n is None else top_n]
     out = []
@@ -51,15 +45,12 @@ def _height_grid(p: Problem, top_n: int | None = None) -> np.ndarray:
 
 
 def _search_heights(p: Problem, replica: bool = False) -> Bins:
-    """The best plan over the height grid (coarse, then refined around the best), then
-    at the best height without widening and with one or two more rounds (replica: one
-    fewer or one more), then at the longest sequence's time on each size; ties keep the
-    first found."""
+    """The best candidate of the height search (docs/dynamic_cp.md, step 5); ties: the first found."""
     tried: dict[tuple[float, int, bool], Bins] = {}
 
     def attempt(height: float, more: int = 0, widen: bool = True) -> Bins:
         if (height, more, widen) not in tried:
-            built = build_replica(p, height, more) if replica else build(p, height, more, widen)
+            built = _rounds.build_replica(p, height, more) if replica else _rounds.build(p, height, more, widen)
             tried[(height, more, widen)] = score(p, built)
         return tried[(height, more, widen)]
 
@@ -94,40 +85,20 @@ def _search_heights(p: Problem, replica: bool = False) -> Bins:
 
 
 def _search(p: Problem) -> Bins:
-    """The best of the height search, the same search with power-of-2 sizes only (when any
-    size is allowed: every such plan is one too) and static CP (under replica sync also
-    ``balanced``'s static-CP plan, so the result is never worse than it)."""
+    """The best of the height searches and the static-CP candidates (docs/dynamic_cp.md, step 5)."""
     candidates = [_search_heights(p)]
     if p.sync == Sync.REPLICA:
         candidates.append(_search_heights(p, replica=True))
     if p.in_nodes:
         candidates.append(_search_heights(dataclasses.replace(p, sizes=p.pow2_sizes)))
-    candidates.append(score(p, build_static(p)))
+    candidates.append(score(p, _rounds.build_static(p)))
     if p.sync == Sync.REPLICA:  # static CP as ``balanced`` plans it: replica-first beats the fill above
-        candidates.extend(score(p, bins) for bins in build_balanced(p))
+        candidates.extend(score(p, bins) for bins in _rounds.build_balanced(p))
     return min(candidates, key=lambda bins: bins.score)  # ties: the first
 
 
-def _apply_oversize(request: Request, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`~seqpack.schedulers.request.apply_oversize` for the largest group of ``sizes``:
-    a sequence fits when one group holds it alone."""
-    capacity, ranks = request.max_tokens_per_rank, int(sizes[-1])
-    holds = group_holds(sizes, capacity, request.pad_multiple)
-    best = int(np.argmax(holds))
-    return apply_oversize(
-        request.lengths,
-        request.on_oversize,
-        fits=int(holds[best]),
-        multiple=group_pad_multiple(int(sizes[best]), request.pad_multiple),
-        limit=f"one sequence may hold on all {ranks} ranks together: {ranks} x max_tokens_per_rank={capacity} = "
-        f"{ranks * capacity} tokens",
-        remedy="max_tokens_per_rank or use more ranks",
-    )
-
-
 def _to_plan(p: Problem, bins: Bins, **fields: object) -> Schedule:
-    """The scored candidate as a plan: groups by (round run order, first rank), ids in pack
-    order (longest first)."""
+    """The scored candidate as a plan: groups by (run order, first rank), ids longest first."""
     assert bins.start is not None and bins.run_round is not None
     nb = bins.size.shape[0]
     g_order = np.lexsort((bins.start, bins.run_round))
@@ -148,25 +119,21 @@ def _to_plan(p: Problem, bins: Bins, **fields: object) -> Schedule:
 
 
 def plan_dynamic_cp(request: Request, *, group_sizes: str | GroupSizes = GroupSizes.POW2) -> Schedule:
-    """Plan one step with dynamic context parallelism: per microbatch round, the
-    ``dp_size * cp_size`` ranks split into CP groups, each running one packed microbatch.
-
-    Pure and deterministic. Every sequence that fits on all ranks together is scheduled;
-    capacity per rank is never exceeded.
+    """Plan one step with dynamic context parallelism (docs/dynamic_cp.md): per microbatch
+    round the ``dp_size * cp_size`` ranks split into CP groups, each running one packed
+    microbatch. Pure and deterministic; a sequence longer than the largest group holds goes
+    by ``on_oversize``.
 
     Args:
         request: The checked step (:meth:`Request.of <seqpack.schedulers.request.Request.of>`);
-            ``pad_multiple`` pads a sequence alone on a rank (a group of ``c`` ranks pads to
-            ``2c`` times it); ``cost``, required, is a microbatch's cost on its group (a model
-            without ``reference_size`` is the cost on ``cp_size`` ranks; without ring terms,
-            CP groups look free). ``bytes_per_token`` is not used.
+            ``cost``, required, is a microbatch's cost on its group; ``bytes_per_token`` is
+            not used.
         group_sizes: ``"pow2"`` (aligned powers of two, and all R) or ``"any"``.
 
     Raises:
         ScheduleError: An oversize sequence under ``on_oversize="error"``.
         ConfigError: ``group_sizes`` not ``"pow2"`` or ``"any"``, ``static_shapes`` given,
-            a ``sample_cost`` other than zeros (the planner balances tokens' costs on groups
-            only), a capacity nothing fits or past 2**53 over all ranks.
+            a nonzero ``sample_cost``, a capacity nothing fits or past 2**53 over all ranks.
         SeqpackTypeError: ``request.cost`` None.
     """
     sizes_mode = dynamic_group_sizes(group_sizes, "plan_dynamic_cp")
@@ -183,7 +150,17 @@ def plan_dynamic_cp(request: Request, *, group_sizes: str | GroupSizes = GroupSi
     ranks, capacity = request.dp_size * request.cp_size, request.max_tokens_per_rank
     check_capacity(ranks * capacity, ranks, "dp_size*cp_size")
     sizes = allowed_group_sizes(ranks, sizes_mode)
-    effective, dropped, truncated = _apply_oversize(request, sizes)
+    holds = group_holds(sizes, capacity, request.pad_multiple)
+    largest = int(np.argmax(holds))
+    effective, dropped, truncated = apply_oversize(
+        request.lengths,
+        request.on_oversize,
+        fits=int(holds[largest]),
+        multiple=group_pad_multiple(int(sizes[largest]), request.pad_multiple),
+        limit=f"one sequence may hold on all {ranks} ranks together: {ranks} x max_tokens_per_rank={capacity} = "
+        f"{ranks * capacity} tokens",
+        remedy="max_tokens_per_rank or use more ranks",
+    )
     active = np.flatnonzero(effective > 0)
     active = active[np.lexsort((active, -effective[active]))]
     p = Problem(
@@ -198,10 +175,9 @@ def plan_dynamic_cp(request: Request, *, group_sizes: str | GroupSizes = GroupSi
         request.sync,
         in_nodes=sizes_mode == GroupSizes.ANY,
     )
-    best = _search(p)
     return _to_plan(
         p,
-        best,
+        _search(p),
         lengths=effective,
         original_lengths=request.lengths,
         dp_size=request.dp_size,
