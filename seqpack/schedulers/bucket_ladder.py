@@ -1,10 +1,5 @@
-"""Token buckets chosen by cost: :func:`static_shapes_by_cost`.
-
-The least-padding ladder of sample plans (:func:`ladder_for`, exact), improved for their
-predicted step time (:class:`FixedPlans`), re-planned, and kept by the mean predicted step
-time; evenly spaced buckets (:func:`even_ladder`) are tried too. What static shapes ask of
-a plan is :mod:`seqpack.schedulers.shape_limits`.
-"""
+"""Token buckets chosen by cost: :func:`static_shapes_by_cost` (the search and what each
+part buys: docs/thd.md, "What buckets cost the plans")."""
 
 from __future__ import annotations
 
@@ -36,11 +31,9 @@ __all__ = ["FixedPlans", "even_ladder", "ladder_for", "static_shapes_by_cost"]
 
 
 def ladder_for(tokens: np.ndarray, *, buckets: int, unit: int, top: int) -> tuple[int, ...]:
-    """At most ``buckets`` token counts, multiples of ``unit``, the largest ``top``, that
-    minimise the summed bucket padding ``sum(bucket(t) - t)`` of microbatches holding
-    ``tokens`` (each at most ``top``): exact, by a dynamic program over the distinct
-    candidate sizes (every optimal ladder's buckets are ``tokens`` rounded up to ``unit``).
-    """
+    """At most ``buckets`` multiples of ``unit``, the largest ``top``, minimising the summed
+    bucket padding of microbatches of ``tokens`` (each at most ``top``): exact, a dynamic
+    program over ``tokens`` rounded up to ``unit`` (where every optimal ladder's buckets lie)."""
     t = np.asarray(tokens, dtype=np.int64)
     candidates, where = np.unique(np.clip(-(-t // unit) * unit, unit, top), return_inverse=True)
     if not candidates.size or candidates[-1] != top:
@@ -74,10 +67,9 @@ def ladder_for(tokens: np.ndarray, *, buckets: int, unit: int, top: int) -> tupl
 
 @dataclasses.dataclass(frozen=True)
 class FixedPlans:
-    """Static plans whose predicted step time is evaluated for any ladder without
-    re-planning: every microbatch's time without buckets (``base``, ``[M, dp]`` per plan),
-    its padded tokens (a filler's for an empty one) and the per-token cost of its bucket's
-    extra tokens (``rate``)."""
+    """Static plans' step times for any ladder without re-planning: per plan, every
+    microbatch's time without buckets and its padded tokens (``[M, dp]``; an empty one's
+    filler); ``rate``: the cost of a bucket's extra token."""
 
     base: list[np.ndarray]
     grid_tokens: list[np.ndarray]
@@ -156,25 +148,15 @@ def static_shapes_by_cost(
     tail_padding: TailPadding | str = TailPadding.APPEND_DUMMY_SEQ,
     refits: int = 2,
 ) -> StaticShapes:
-    """A :class:`~seqpack.thd.StaticShapes` of at most ``buckets`` token buckets chosen for
-    the least predicted step time of the plans of ``steps``.
-
-    Every step is planned by ``scheduler`` with one bucket (the capacity rounded down to
-    ``pad_multiple``); a ladder is fitted to the plans and the steps re-planned with it,
-    ``refits`` times at most; evenly spaced buckets are tried too. The ladder kept predicts
-    the least mean step time under ``sync``; the log (INFO) reports each. Give it many steps
-    of the real data (docs/thd.md, "What buckets cost the plans").
+    """A :class:`~seqpack.thd.StaticShapes` of at most ``buckets`` token buckets whose plans
+    of ``steps`` by ``scheduler`` predict the least mean step time under ``sync`` (the log,
+    INFO, reports each ladder tried). Give it many steps of the real data (docs/thd.md).
 
     Args:
         steps: One int array of real lengths per step (global order, as ``schedule``).
-        buckets: Most buckets (fewer when fewer pay off).
-        max_sequences, tail_padding: As :class:`~seqpack.thd.StaticShapes`'.
-        max_tokens_per_rank, dp_size, cp_size, cost, sync: As
-            :meth:`Scheduler.schedule <seqpack.schedulers.Scheduler.schedule>` (the
-            training run's).
-        pad_multiple: The packer's (``2 * cp_size`` and more under CP:
-            :func:`~seqpack.thd.pad_multiple_for`): every bucket is a multiple of it.
-        scheduler: The scheduler (or its name) that plans the steps.
+        max_sequences, tail_padding: As :class:`~seqpack.thd.StaticShapes`'; the other
+            limits as :meth:`Scheduler.schedule <seqpack.schedulers.Scheduler.schedule>`'s
+            (the training run's). Every bucket is a multiple of ``pad_multiple``.
         refits: Re-plans after the first ladder (0: the first ladder is kept).
 
     Raises:
@@ -184,6 +166,11 @@ def static_shapes_by_cost(
     buckets = check_positive_int("buckets", buckets, maximum=INT32_MAX)
     refits = check_int("refits", refits, minimum=0, maximum=16)
     planner = get_scheduler(scheduler)
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence) or not len(steps):
+        raise ConfigError(
+            "steps must be a non-empty list of the steps' lengths (one int array per step, e.g. the first steps "
+            f"of the data), got {steps!r:.80}"
+        )
     requests = [
         Request.of(
             n,
@@ -194,9 +181,15 @@ def static_shapes_by_cost(
             cost=cost,
             sync=sync,
         )
-        for n in _step_lengths(steps)
+        for n in steps
     ]
     first = requests[0]
+    top = min(first.capacity, INT32_MAX) // first.pad_multiple * first.pad_multiple  # a bucket is an int32 count
+    if top < 1:
+        raise ConfigError(
+            f"max_tokens_per_rank={first.max_tokens_per_rank} x cp_size={first.cp_size} = {first.capacity} tokens "
+            f"holds no multiple of pad_multiple={first.pad_multiple}: no token bucket fits the capacity"
+        )
     family = planner.resolve_cost(first.cost) or default_cost_model()
 
     def evaluate(ladder: tuple[int, ...]) -> tuple[StaticShapes, float, FixedPlans]:
@@ -206,30 +199,7 @@ def static_shapes_by_cost(
         times = [predicted_step_time(plan, family, sync=first.sync, static_shapes=shapes) for plan in plans]
         return shapes, float(np.mean(times)), FixedPlans.of(plans, family, first.sync)
 
-    return _search(evaluate, buckets=buckets, unit=first.pad_multiple, top=_top_bucket(first), refits=refits)
-
-
-def _top_bucket(request: Request) -> int:
-    """The largest bucket: the capacity rounded down to ``pad_multiple`` (an int32 token
-    count); refuses a capacity that holds no multiple of it."""
-    capacity, pad_multiple = request.max_tokens_per_rank * request.cp_size, request.pad_multiple
-    top = min(capacity, INT32_MAX) // pad_multiple * pad_multiple  # a bucket is an int32 token count
-    if top < 1:
-        raise ConfigError(
-            f"max_tokens_per_rank={request.max_tokens_per_rank} x cp_size={request.cp_size} = {capacity} tokens holds "
-            f"no multiple of pad_multiple={pad_multiple}: no token bucket fits the capacity"
-        )
-    return top
-
-
-def _step_lengths(steps: object) -> Sequence[Sequence[int] | np.ndarray]:
-    """``steps``, refused when empty or not a list."""
-    if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence) or not len(steps):
-        raise ConfigError(
-            "steps must be a non-empty list of the steps' lengths (one int array per step, e.g. the first steps "
-            f"of the data), got {steps!r:.80}"
-        )
-    return steps
+    return _search(evaluate, buckets=buckets, unit=first.pad_multiple, top=top, refits=refits)
 
 
 def _search(

@@ -1,10 +1,6 @@
-"""What :class:`~seqpack.thd.StaticShapes` asks of a static plan: at most
-``max_real_sequences`` sequences and at most the largest token bucket in every microbatch
-(hard limits, like the token capacity), and what its bucket padding costs.
-
-A static-CP scheduler plans at ``min(capacity, largest bucket)``; :func:`fit_sequence_limit`
-then repairs the sequence limit and, for ``balanced``, :func:`trim_to_buckets` brings the
-microbatches that set the step's time below a bucket edge (docs/schedulers.md).
+"""What :class:`~seqpack.thd.StaticShapes` asks of a static plan (at most
+``max_real_sequences`` sequences and the largest bucket's tokens a microbatch), the repairs
+that keep a plan within it, and what bucket padding costs (docs/schedulers.md, static shapes).
 """
 
 from __future__ import annotations
@@ -22,11 +18,7 @@ __all__ = ["BucketPrice", "bucket_capacity", "fit_sequence_limit", "group_bucket
 
 
 def refuse_dynamic(static_shapes: object, what: str) -> None:
-    """Refuse ``static_shapes`` for a dynamic-CP plan (``what`` names the caller).
-
-    Raises:
-        ConfigError: ``static_shapes`` given.
-    """
+    """Raise ConfigError if ``static_shapes`` is given to a dynamic-CP plan (``what`` names it)."""
     if as_static_shapes(static_shapes) is not None:
         raise ConfigError(
             f"static_shapes is not supported by {what}: a dynamic-CP group's pack size depends on the group's size "
@@ -36,25 +28,18 @@ def refuse_dynamic(static_shapes: object, what: str) -> None:
 
 
 def resolved_buckets(static_shapes: StaticShapes, capacity: int) -> tuple[int, ...]:
-    """The buckets of a plan of ``capacity`` tokens a microbatch: ``"capacity"`` is the
-    capacity, at most the largest int32 (a pack's token count is one)."""
+    """The buckets at ``capacity`` tokens a microbatch (``"capacity"``: it, at most int32's largest)."""
     return static_shapes.buckets(min(capacity, INT32_MAX))
 
 
 def bucket_capacity(static_shapes: StaticShapes, capacity: int) -> int:
-    """The most padded tokens a microbatch may hold: ``capacity``, or the largest bucket when
-    smaller (``"capacity"``: the capacity itself)."""
+    """The most padded tokens a microbatch may hold: ``capacity`` or the largest bucket."""
     return min(capacity, resolved_buckets(static_shapes, capacity)[-1])
 
 
 def group_buckets(static_shapes: StaticShapes, tokens: np.ndarray, capacity: int) -> np.ndarray:
-    """int64: the bucket of each microbatch of ``tokens`` padded tokens (an empty one's
-    filler included by the caller).
-
-    Raises:
-        ScheduleError: A microbatch larger than the largest bucket (a plan made without
-            these shapes), named with it.
-    """
+    """int64: the bucket of each microbatch of ``tokens`` padded tokens; ScheduleError naming
+    a microbatch larger than the largest bucket (a plan made without these shapes)."""
     buckets = np.asarray(resolved_buckets(static_shapes, capacity), dtype=np.int64)
     tokens = np.asarray(tokens, dtype=np.int64)
     index = np.searchsorted(buckets, tokens)
@@ -79,15 +64,13 @@ class BucketPrice:
 
     @classmethod
     def of(cls, static_shapes: StaticShapes | None, capacity: int, linear: float) -> BucketPrice | None:
-        """The price for ``static_shapes`` at ``capacity`` (None without shapes or when the
-        padding costs nothing: ``linear == 0``)."""
+        """The price at ``capacity`` (None without shapes or when ``linear`` is 0)."""
         if static_shapes is None or linear <= 0:
             return None
         return cls(np.asarray(resolved_buckets(static_shapes, capacity), dtype=np.int64), float(linear))
 
     def extra(self, tokens: np.ndarray) -> np.ndarray:
-        """float64, shaped as ``tokens``: the bucket padding's cost of microbatches holding
-        ``tokens`` (0 past the largest bucket)."""
+        """float64: the bucket padding's cost of microbatches of ``tokens`` (0 past the largest)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         index = np.minimum(np.searchsorted(self.buckets, tokens), self.buckets.shape[0] - 1)
         return self.linear * np.maximum(self.buckets[index] - tokens, 0).astype(np.float64)
@@ -104,18 +87,11 @@ def fit_sequence_limit(
     round_multiple: int = 1,
     fixed_rounds: int | None = None,
 ) -> list[list[np.ndarray]]:
-    """``rounds`` (``rounds[m][d]`` global ids) with at most ``limit`` ids per microbatch.
-
-    The excess of every over-full microbatch (its shortest ids, ties the larger id) moves,
-    longest first, to the least loaded (``weight``) microbatch with a free slot and room for
-    its ``padded`` tokens within ``capacity``: of the same round first, then of any round,
-    then of rounds added at the end (in multiples of ``round_multiple``). With
-    ``keep_replica`` an id only moves within its own replica. ``padded`` and ``weight`` are
-    indexed by global id. A plan within the limit comes back unchanged.
-
-    Raises:
-        ScheduleError: ``fixed_rounds`` given and the ids need more rounds.
-    """
+    """``rounds`` (``rounds[m][d]`` global ids) with at most ``limit`` ids per microbatch: the
+    excess of an over-full microbatch (its shortest ids, ties the larger id) moves, longest
+    first, to the least loaded (``weight``) microbatch with a slot and room within ``capacity``
+    (docs/schedulers.md), rounds added in multiples of ``round_multiple``. ``padded`` and
+    ``weight`` by global id. ScheduleError when the ids need more than ``fixed_rounds``."""
     grid = [[np.asarray(ids, dtype=np.int64) for ids in row] for row in rounds]
     if all(ids.shape[0] <= limit for row in grid for ids in row):
         return grid
@@ -145,7 +121,10 @@ def fit_sequence_limit(
     for i, c in zip(pending[moving].tolist(), pending_cell[moving].tolist(), strict=True):
         m, d = divmod(c, dp)
         size = int(padded[i])
-        found = _room_for(counts, tokens, load, m, d, size, limit=limit, capacity=capacity, keep_replica=keep_replica)
+        room = (counts < limit) & (tokens + size <= capacity)
+        if keep_replica:
+            room[:, np.arange(dp) != d] = False
+        found = _least_loaded(room, load, m)
         if found is None:
             if fixed_rounds is not None:
                 needed = len(fit_sequence_limit(rounds, padded, weight, limit=limit, capacity=capacity,
@@ -175,25 +154,10 @@ def fit_sequence_limit(
     ]
 
 
-def _room_for(
-    counts: np.ndarray,
-    tokens: np.ndarray,
-    load: np.ndarray,
-    m: int,
-    d: int,
-    size: int,
-    *,
-    limit: int,
-    capacity: int,
-    keep_replica: bool,
-) -> int | None:
-    """The flat index (``round * dp + replica``) of the least loaded microbatch with a free
-    slot and room for ``size`` tokens (ties: the lowest index): of round ``m`` first, then of
-    any round (only replica ``d``'s with ``keep_replica``), or None."""
-    dp = counts.shape[1]
-    room = (counts < limit) & (tokens + size <= capacity)
-    if keep_replica:
-        room[:, np.arange(dp) != d] = False
+def _least_loaded(room: np.ndarray, load: np.ndarray, m: int) -> int | None:
+    """The flat index (``round * dp + replica``) of the least loaded cell of ``room`` (ties:
+    the lowest index), of round ``m`` first, then of any round; None without room."""
+    dp = room.shape[1]
     for offset, where, cost in ((m * dp, room[m], load[m]), (0, room.reshape(-1), load.reshape(-1))):
         candidates = np.flatnonzero(where)
         if candidates.size:
@@ -212,18 +176,11 @@ def trim_to_buckets(
     constant: float,
     sync: str,
 ) -> list[list[np.ndarray]]:
-    """``rounds`` with microbatches just past a bucket edge brought below it where that
-    predicts a shorter step.
-
-    A microbatch of ``t`` tokens in bucket ``b_k`` drops to ``b_(k-1)`` when one sequence of
-    at least ``t - b_(k-1)`` tokens (the shortest such, of 3 tried) moves to another
-    microbatch of the same round with a free slot and room within ``capacity`` (under
-    ``sync="replica"`` also to another round of the same replica). A move is made when the
-    step objective (``weight`` summed, plus ``constant`` and the bucket padding's ``price``)
-    drops, to the target that lowers it most. Only microbatches that set the step's time are
-    tried, until none moves. ``padded`` and ``weight`` are indexed by global id; cells no
-    move touched come back as they were.
-    """
+    """``rounds`` with the microbatches that set the step's time and sit just past a bucket
+    edge brought below it by moving one sequence where the step objective (``weight`` summed,
+    plus ``constant`` and ``price``) drops (docs/schedulers.md): to another microbatch of the
+    round with a slot and room within ``capacity`` (replica sync: also to another round of
+    the replica). ``padded`` and ``weight`` by global id; untouched cells come back as given."""
     grid = [[np.asarray(ids, dtype=np.int64) for ids in row] for row in rounds]
     if not grid or not grid[0]:
         return grid
@@ -282,10 +239,8 @@ def trim_to_buckets(
 
 @dataclasses.dataclass
 class _TrimState:
-    """The grid :func:`trim_to_buckets` works on: tokens, costs (constant included) and
-    counts of every microbatch ``[M, dp]``, their times with the bucket padding, and each
-    replica's total; ``padded`` and ``weight`` by global id; ``largest``: the most tokens a
-    microbatch may hold."""
+    """:func:`trim_to_buckets`' grid: tokens, costs (constant included), counts and times (bucket
+    padding included) of every microbatch ``[M, dp]``, each replica's total time (``column``)."""
 
     tokens: np.ndarray
     load: np.ndarray
