@@ -1,9 +1,6 @@
-"""Encoder rebalancing's plan: which DP rank of a microbatch round encodes each image
-(:func:`plan_encoders`), and whether routing them pays (:func:`rebalance_pays`).
-
-Pure and deterministic: every rank of the round computes the same plan from the same
-gathered grids, so no plan is broadcast. docs/multimodal.md ("Encoder rebalancing")
-describes the candidates, their bound and the price of the exchange.
+"""Encoder rebalancing's plan: which DP rank of a microbatch round encodes each image, and
+whether routing them pays. Pure and deterministic, so every rank computes the same plan;
+docs/multimodal.md ("Encoder rebalancing") describes the candidates, bound and exchange price.
 """
 
 from __future__ import annotations
@@ -108,20 +105,13 @@ def _send_home(costs: np.ndarray, home: np.ndarray, encoder: np.ndarray, order: 
 
 
 def plan_encoders(costs: ArrayLike, home: ArrayLike, num_ranks: int, *, near_tie: float = NEAR_TIE) -> EncoderPlan:
-    """Assign each image of a round to an encoding rank: the best of plain LPT (ties toward
-    home) and two keep-first schedules (each rank keeps its own images, largest or smallest
-    first, while they fit under LPT's makespan), each with moved images sent back home where
-    the makespan stays; the lowest makespan wins, then the least cost moved. Its makespan is
-    never above plain LPT's (within ``4/3 - 1/(3R)`` of the optimum) nor the home plan's.
+    """The encoding rank of each image of a round: the best of plain LPT and two keep-first
+    schedules (module docstring); its makespan is never above plain LPT's nor the home plan's.
 
     Args:
         costs: float ``[N]`` each image's encoder cost (FLOPs or seconds).
         home: int ``[N]`` the rank whose sequence needs each image.
-        num_ranks: The round's ranks.
         near_tie: Keep every image home unless the heaviest load falls by more than this share.
-
-    Returns:
-        The :class:`EncoderPlan`; the same on every rank for the same inputs.
 
     Raises:
         ConfigError: Costs negative or not finite, a home outside ``[0, num_ranks)``.
