@@ -1,20 +1,7 @@
-"""``"dp_balanced"``: Megatron-LM's sequence-packing scheduler, for parity and as a baseline.
-
-Behaviour matched (Megatron-LM ``megatron/core/datasets/data_schedule.py``,
-``DpBalancedScheduler.get_groups_and_subsamples``):
-
-* Next-fit over the *padded* lengths in global order: a group takes sequences while their
-  sum stays within ``max_tokens_per_rank * cp_size``, else a new group starts.
-* While the group count is not a multiple of ``dp_size * microbatch_multiple`` (Megatron's
-  ``microbatch_group_size_per_vp_stage``), walking back from the last group, a group of more
-  than one sequence has its last one popped into a new group appended at the end; a group of
-  one moves the walk to the previous group.
-* Microbatch ``i`` of DP replica ``j`` is group ``i * dp_size + j``.
-
-Where Megatron asserts, seqpack continues: it splits the first group too when it must, and
-appends empty groups (padding) when even one sequence per group leaves the count short. On
-every input Megatron accepts, the result is identical. Megatron also rounds the per-rank
-capacity down to its padding alignment; pass a ``max_tokens_per_rank`` already a multiple of it.
+"""``"dp_balanced"``: Megatron-LM's sequence-packing scheduler (``megatron/core/datasets/
+data_schedule.py``, ``DpBalancedScheduler.get_groups_and_subsamples``), for parity and as a
+baseline; the rules it matches and where it continues past Megatron's asserts:
+docs/schedulers.md.
 """
 
 from __future__ import annotations
@@ -28,13 +15,10 @@ from seqpack.schedulers.schedule import Grid
 from seqpack.thd import padded_lengths
 from seqpack.validation import check_positive_int
 
-_NONE = np.zeros(0, dtype=np.int64)
-
 
 def megatron_groups(padded: np.ndarray, capacity: int, dp_size: int, microbatch_multiple: int = 1) -> Grid:
-    """Megatron's groups (module docstring) of ``padded`` (global order, each at most
-    ``capacity``) as a :class:`Grid` of positions: group ``i * dp + j`` is microbatch ``i`` of
-    replica ``j``."""
+    """Megatron's groups of ``padded`` (global order, each at most ``capacity``) as a
+    :class:`Grid` of positions: group ``i * dp + j`` is microbatch ``i`` of replica ``j``."""
     padded = np.ascontiguousarray(padded, dtype=np.int64)
     n = padded.shape[0]
     group_of, n_groups = _kernels.next_fit(padded, capacity)
@@ -69,7 +53,8 @@ class DpBalancedScheduler(GridScheduler):
     def _plan(self, request: Request) -> tuple[Grid, np.ndarray]:
         check_microbatches(request.dp_size, microbatch_multiple=self.microbatch_multiple)
         padded = padded_lengths(request.lengths, request.pad_multiple)
-        return megatron_groups(padded, request.capacity, request.dp_size, self.microbatch_multiple), _NONE
+        grid = megatron_groups(padded, request.capacity, request.dp_size, self.microbatch_multiple)
+        return grid, np.zeros(0, np.int64)
 
     def __repr__(self) -> str:
         return f"DpBalancedScheduler(microbatch_multiple={self.microbatch_multiple})"
