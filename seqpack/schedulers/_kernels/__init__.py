@@ -1,16 +1,7 @@
-"""numba kernels behind the schedulers. Private: the schedulers validate and coerce their
-inputs (contiguous int64 / float64 arrays) and call these; every kernel has a slow, obvious
-twin in ``tests/schedulers/`` it is checked against. Ties are broken by integer keys (token
-counts, then indices), never by chance, so every rank computes the same result.
-
-Importing this package imports neither numba nor a kernel: a kernel's module is imported on
-first use of its name (``_kernels.grid_lpt``) or of the module (``_kernels.cp_planner``),
-with one WARNING a process when numba's cache holds no index for it (numba is about to
-compile).
-
-One module per kernel family holds every njit function its kernels call and every constant
-they read: numba stamps a kernel's disk cache with the kernel's own file and freezes the
-globals it reads, so a helper in another file could go stale in the cache.
+"""numba kernels behind the schedulers. Private: callers pass contiguous int64 / float64
+arrays; ties are broken by integer keys, never by chance, so every rank computes the same
+result. A kernel's module (numba with it) is imported on first use, with one WARNING a process
+where numba is about to compile; one module per kernel family (docs/scale.md, "First use").
 """
 
 from __future__ import annotations
@@ -39,20 +30,15 @@ logger = logging.getLogger(__name__)
 COLD_COMPILE_SECONDS = 20
 
 # Where each kernel and constant is defined; a kernel module is an attribute too.
-_HOMES = {
-    "MODE_COST": "seqpack.schedulers._kernels.grid",
-    "MODE_FIRST_FIT": "seqpack.schedulers._kernels.grid",
-    "MODE_TOKENS": "seqpack.schedulers._kernels.grid",
-    "complete_bins": "seqpack.schedulers._kernels.bin_search",
-    "dfs": "seqpack.schedulers._kernels.bin_search",
-    "greedy_matching": "seqpack.schedulers._kernels.matching",
-    "grid_local": "seqpack.schedulers._kernels.grid",
-    "grid_lpt": "seqpack.schedulers._kernels.grid",
-    "home_swaps": "seqpack.schedulers._kernels.locality_swaps",
-    "next_fit": "seqpack.schedulers._kernels.consecutive",
-    "repair_replicas": "seqpack.schedulers._kernels.replica_repair",
-    "replica_lpt": "seqpack.schedulers._kernels.replica_repair",
+_FAMILIES = {
+    "bin_search": ("complete_bins", "dfs"),
+    "consecutive": ("next_fit",),
+    "grid": ("MODE_COST", "MODE_FIRST_FIT", "MODE_TOKENS", "grid_local", "grid_lpt"),
+    "locality_swaps": ("home_swaps",),
+    "matching": ("greedy_matching",),
+    "replica_repair": ("repair_replicas", "replica_lpt"),
 }
+_HOMES = {name: f"{__name__}.{module}" for module, names in _FAMILIES.items() for name in names}
 __all__ = [
     "MODE_COST",
     "MODE_FIRST_FIT",

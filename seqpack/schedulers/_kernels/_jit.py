@@ -1,16 +1,7 @@
-"""The kernel modules' decorators: ``njit`` for a kernel that Python calls, ``helper`` and
-``no_refcount`` for a function only compiled code calls. Same machine code as
-``numba.njit(cache=True)``, compiled in less CPU time (docs/scale.md):
-
-* A call from compiled code compiles the callee for the arguments' plain types (numba would
-  compile a helper once more for a literal argument such as ``_entry_down(..., 0)``).
-* A helper has no CPython wrapper; a Python call of one (tests make some) runs an uncached
-  twin that has one.
-* ``no_refcount`` helpers also skip numba's reference counting (an atomic add for every
-  array argument, which in hot loops costs more than the work); they allocate nothing (an
-  allocation fails to compile).
-
-Under ``NUMBA_DISABLE_JIT=1`` each is the plain Python function.
+"""The kernel modules' decorators: ``njit`` for a kernel that Python calls, ``helper`` (no
+Python entry) and ``no_refcount`` (nor reference counting; it allocates nothing) for a function
+only compiled code calls. Same machine code as ``numba.njit(cache=True)``, compiled in less CPU
+time (docs/scale.md, "Kernel layout"); under ``NUMBA_DISABLE_JIT=1`` the plain function.
 """
 
 from __future__ import annotations
@@ -39,9 +30,8 @@ class _Helper(_PlainArguments):
         """A call from Python (compiled code links the helper instead): the helper has no
         Python entry, so its twin with one runs it."""
         if self._python_twin is None:
-            options = {
-                k: v for k, v in self.targetoptions.items() if k not in ("cache", "nopython", "no_cpython_wrapper")
-            }
+            own = ("cache", "nopython", "no_cpython_wrapper")
+            options = {k: v for k, v in self.targetoptions.items() if k not in own}
             self._python_twin = _njit(**options)(self.py_func)
         return self._python_twin(*args, **kwargs)
 

@@ -9,8 +9,7 @@ __all__ = ["KERNEL_SOURCES", "kernel_sources"]
 
 _PACKAGE = Path(__file__).resolve().parents[2]  # the seqpack directory
 
-# Every seqpack file numba compiles, relative to the package. The offline packer's kernel
-# sits below the schedulers (seqpack/__init__'s layers), in its own package.
+# Every seqpack file numba compiles, relative to the package (the offline packer's its own).
 KERNEL_SOURCES = (
     "packing/_kernel.py",
     "schedulers/_kernels/bin_search.py",
