@@ -1,25 +1,16 @@
 """home_swaps: bring sequences home by moves and swaps that keep every cap (the locality
-pass of ``balanced``).
+pass of ``balanced``; docs/scale.md describes it).
 
-Bin ``(m, d)`` is index ``m * dp + d``. The kernel keeps the cost and tokens of every bin
-(``load``, ``tok``) and the cost of every replica (``total``); who is on which replica (a
-snapshot per pass and the arrivals since); the *cache*, the sequences on the current home
-sorted by cost (``cache_y``: the sequence, ``cache_o`` its home, ``cache_t`` its tokens,
-``cache_c`` its cost, ``cache_m`` its round); and the *pairs* of the current turn, by
-summed cost (``pair_c``, ``pair_y1 < pair_y2``, ``pair_m``).
-
-Max trees let a scan skip the cache entries and pairs that cannot fit without reading them.
-A swap puts ``x`` (cost ``cx``, ``tx`` tokens) into bin ``b`` of the home in exchange for
-what returns from it (``cy``, ``ty``); bin ``b`` keeps its caps only if ``cx <= cy +
-round_cap[m] - load[b]`` and ``tx <= ty + capacity - tok[b]``. Each entry's two right-hand
-sides are its *keys* (the cost key widened against rounding, so that it never rejects what
-the exact check in :func:`_fits` accepts); a tree over the entries in scan order keeps the
-largest of each key per subtree, so :func:`_next_open` skips only entries the exact check
-would reject. The trees (``trees = (c1, c2, p1, p2, r1, r2)``): the cache's (``csize``
-leaves), the pairs' (``psize``) and the home's bins' (``r1``, ``r2``: each bin's room left).
-Beside them (``lists = (cpos, bhead, bnext, bprev, pseg, plist)``): each cache entry's
-position by sequence, the cache's sequences by round (linked lists) and the pairs by round
-(``plist[pseg[m]:pseg[m + 1]]``).
+Bin ``(m, d)`` is index ``m * dp + d``. The ``book`` holds the cost and tokens of every bin
+(``load``, ``tok``), the cost of every replica (``total``) and the caps. While home ``h``'s
+turn runs, the *cache* holds the sequences on ``h`` sorted by cost (``cache_y`` the sequence,
+``cache_o`` its home, ``cache_t`` its tokens, ``cache_c`` its cost, ``cache_m`` its round) and
+the *pairs* of the turn are sorted by summed cost (``pair_c``, ``pair_y1 < pair_y2``,
+``pair_m``). A swap of ``x`` (cost ``cx``, ``tx`` tokens) into bin ``b`` for what returns from
+it (``cy``, ``ty``) keeps ``b``'s caps only if ``cx <= cy + round_cap[m] - load[b]`` and ``tx
+<= ty + capacity - tok[b]``: the right-hand sides are an entry's *keys* (:func:`_keys`). Max
+trees over the cache, the pairs and the home's bins keep each key's largest per subtree, so
+:func:`_next_open` skips only entries the exact check (:func:`_fits`) would reject.
 """
 
 from __future__ import annotations
@@ -32,12 +23,18 @@ from seqpack.schedulers._kernels._types import BoolArray, FloatArray, IntArray
 PAIR_BIN = 16  # home_swaps pairs sequences of bins holding at most this many
 HOME_TREE_MIN = 256  # home_swaps walks trees over a home's sequences from this many (a turn's cache and own)
 _NO_TOKENS = -(1 << 62)  # the token key of an empty leaf or a pair that moved
+# (load, tok, total, round_cap, capacity, replica_cap, dp): the bins' and replicas' loads and their caps
+Book = tuple[FloatArray, IntArray, FloatArray, FloatArray, int, float, int]
 Cache = tuple[IntArray, IntArray, IntArray, FloatArray, IntArray]  # (cache_y, cache_o, cache_t, cache_c, cache_m)
 Pairs = tuple[FloatArray, IntArray, IntArray, IntArray]  # (pair_c, pair_y1, pair_y2, pair_m)
-Trees = tuple[FloatArray, IntArray, FloatArray, IntArray, FloatArray, IntArray]  # (c1, c2, p1, p2, r1, r2)
-Lists = tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray]  # (cpos, bhead, bnext, bprev, pseg, plist)
+# (c1, c2, csize, p1, p2, psize, r1, r2, rsize): the cache's, the pairs' and the bins' trees and leaf counts
+Trees = tuple[FloatArray, IntArray, int, FloatArray, IntArray, int, FloatArray, IntArray, int]
+# (cpos, bhead, bnext, bprev, pseg, plist): each cache entry's position by sequence, the cache's sequences
+# by round (linked lists) and the pairs by round (plist[pseg[m]:pseg[m + 1]])
+Lists = tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray]
 # (start, snap, changed, last_arrival, arrivals, arrival_seq, arrival_next): who is on which replica
 Roster = tuple[IntArray, IntArray, BoolArray, IntArray, IntArray, IntArray, IntArray]
+Buffers = tuple[IntArray, IntArray]
 
 
 @njit(cache=True)
@@ -55,44 +52,31 @@ def home_swaps(
     order: IntArray,
     passes: int,
 ) -> int:
-    """Bring sequences home by moves and swaps that keep every cap. Updates ``round_of`` and
-    ``replica_of`` in place.
+    """Bring sequences home by moves and swaps that keep every cap; updates ``round_of`` and
+    ``replica_of`` in place and returns the number of changes made.
 
-    ``order`` runs through the sequences home by home (grouped by ``origin``): home ``h``'s
-    *turn* is the run of its sequences. For each sequence ``x`` placed on another replica
-    than its home ``h``, every bin of ``h`` is tried: moving ``x`` there, or swapping it
-    with a sequence ``y`` of that bin; when neither fits, swapping it with a pair ``y1 <
-    y2`` that shared a bin of ``h`` of at most ``PAIR_BIN`` sequences when ``h``'s turn
-    began and has not moved since. After the change both bins must hold at most
-    ``capacity`` tokens and at most ``round_cap[m]`` cost, and both replicas at most
-    ``replica_cap`` cost. The change that brings home the most tokens (``x``'s, plus each
-    returning sequence's that lands on its own home, minus each one's that leaves it) is
-    made, if that is more than zero; ties go to a move (lowest round first), then to the
-    swap with the lowest ``y``, and among pairs to the lowest ``(y1, y2)``. ``passes``
-    passes over ``order``, fewer once a pass changes nothing.
+    ``order`` runs through the sequences home by home: home ``h``'s *turn* is the run of its
+    sequences. Each ``x`` of the turn placed off ``h`` tries every bin of ``h``: a move, a
+    swap with one sequence of the bin, or (when neither fits) a swap with a pair ``y1 < y2``
+    that shared a bin of ``h`` of at most ``PAIR_BIN`` sequences when the turn began and has
+    not moved since. Both bins must keep at most ``capacity`` tokens and ``round_cap[m]``
+    cost, both replicas at most ``replica_cap``. The change that brings home the most tokens
+    (``x``'s, plus each returning sequence's that lands on its home, minus each one's that
+    leaves it) is made if that is above zero; ties go to a move (lowest round first), then to
+    the lowest ``y``, then to the lowest ``(y1, y2)``. At most ``passes`` passes, fewer once
+    one changes nothing. A home of fewer than ``HOME_TREE_MIN`` sequences (cache and own), or
+    fewer than ``HOME_TREE_MIN // 4`` rounds for the bins' tree, is scanned without trees.
 
-    A swap keeps both bins under their caps only if what returns costs about what ``x``
-    does, so while ``h``'s turn runs its sequences are kept sorted by cost, and its pairs by
-    their summed cost, and only that window of costs is read, through the max trees (module
-    docstring); the result is a full scan's. A home of fewer than ``HOME_TREE_MIN``
-    sequences (its cache and its own), or fewer than ``HOME_TREE_MIN // 4`` rounds for the
-    bins' tree, is scanned without trees: their upkeep would cost more than they save.
-
-    Bounds (every buffer, from an invariant): the cache holds exactly the sequences on the
-    current home (at most ``n``; ``n + 1`` entries); a turn's pairs come from rounds of at
-    most ``PAIR_BIN`` of them, at most ``rounds * PAIR_BIN * (PAIR_BIN - 1) / 2``; the sort
-    buffers hold either; the cache's tree has a leaf for every entry the turn can reach (the
-    cache grows by one per move and the turn makes at most one change per sequence of its
-    run: ``k + j - i``, capped at ``n``); ``snap``, ``changed``, ``last_arrival`` and
-    ``moved_at`` have one entry per sequence and ``start`` ``dp + 1``; the arrival list gets
-    an entry for every sequence a change sends away from a home, two for a pair swap, and is
-    reset at every pass, in which each sequence of ``order`` has one turn and makes at most
-    one change: at most ``2 * len(order)`` entries (a sequence can be sent away, come back
-    and be sent away again in one pass). Requires ``0 <= round_of < rounds``, ``0 <=
-    replica_of, origin < dp``, ``order`` a permutation of the sequences grouped by origin.
-
-    Returns:
-        The number of changes made.
+    Bounds: the cache holds exactly the sequences on the current home (at most ``n``; ``n +
+    1`` entries); a turn's pairs come from rounds of at most ``PAIR_BIN`` of them, at most
+    ``rounds * PAIR_BIN * (PAIR_BIN - 1) / 2``; the sort buffers hold either; the cache's tree
+    has a leaf for every entry the turn can reach (the cache grows by one per move and the
+    turn makes at most one change per sequence of its run: ``k + j - i``, capped at ``n``);
+    the arrival list gets an entry for every sequence a change sends away from a home (two
+    for a pair swap) and is reset every pass, in which each sequence of ``order`` makes at
+    most one change: at most ``2 * len(order)`` entries. Requires ``0 <= round_of < rounds``,
+    ``0 <= replica_of, origin < dp``, ``order`` a permutation of the sequences grouped by
+    origin.
     """
     n = lengths.shape[0]
     load = np.zeros(rounds * dp, dtype=np.float64)
@@ -103,9 +87,9 @@ def home_swaps(
         load[b] += costs[i]
         tok[b] += lengths[i]
         total[replica_of[i]] += costs[i]
-    # Who is on which replica: a snapshot by replica per pass (start, snap), the sequences
-    # that changed replica since, the pass's arrivals (a list per replica; an entry counts
-    # if it is its sequence's last) and the change that last moved each sequence.
+    book = (load, tok, total, round_cap, capacity, replica_cap, dp)
+    # Who is on which replica (Roster: a snapshot per pass, the sequences that changed replica
+    # since, the pass's arrivals) and the change that last moved each sequence.
     start = np.zeros(dp + 1, dtype=np.int64)
     snap = np.empty(n, dtype=np.int64)
     changed = np.zeros(n, dtype=np.bool_)
@@ -115,7 +99,6 @@ def home_swaps(
     arrival_next = np.empty(2 * order.shape[0] + 1, dtype=np.int64)
     roster = (start, snap, changed, last_arrival, arrivals, arrival_seq, arrival_next)
     moved_at = np.zeros(n, dtype=np.int64)
-    # The cache (the sequences on the current home, by cost) and the pairs of the turn.
     cache_y = np.empty(n + 1, dtype=np.int64)
     cache_o = np.empty(n + 1, dtype=np.int64)
     cache_t = np.empty(n + 1, dtype=np.int64)
@@ -130,11 +113,7 @@ def home_swaps(
     pairs = (pair_c, pair_y1, pair_y2, pair_m)
     seg = np.empty(rounds + 1, dtype=np.int64)
     by_round = np.empty(n + 1, dtype=np.int64)
-    sort_buffers = (
-        np.empty(max(n + 1, n_pairs_max), dtype=np.int64),
-        np.empty(max(n + 1, n_pairs_max), dtype=np.int64),
-    )
-    # The max trees (module docstring) and the lists beside them.
+    buffers = (np.empty(max(n + 1, n_pairs_max), dtype=np.int64), np.empty(max(n + 1, n_pairs_max), dtype=np.int64))
     c1 = np.empty(2, dtype=np.float64)  # grown per turn
     c2 = np.empty(2, dtype=np.int64)
     p1 = np.empty(2 * _pow2_above(n_pairs_max + 1), dtype=np.float64)
@@ -162,19 +141,16 @@ def home_swaps(
             while j < order.shape[0] and origin[order[j]] == home:
                 j += 1
             # The turn of home: its sequences by cost, their pairs, and the trees.
-            k = _fill_cache(home, round_of, replica_of, lengths, costs, origin, roster, cache, sort_buffers)
-            n_pairs = _turn_pairs(k, rounds, cache, seg, by_round, pairs, sort_buffers)
+            k = _fill_cache(home, round_of, replica_of, lengths, costs, origin, roster, cache, buffers)
+            n_pairs = _turn_pairs(k, rounds, cache, seg, by_round, pairs, buffers)
             csize, psize = 0, 0  # a small home: no cache and pair trees
             if k + j - i >= HOME_TREE_MIN:
                 csize, psize = _pow2_above(min(k + j - i, n) + 1), _pow2_above(n_pairs + 1)
                 if 2 * csize > c1.shape[0]:
                     c1 = np.empty(2 * csize, dtype=np.float64)
                     c2 = np.empty(2 * csize, dtype=np.int64)
-            trees = (c1, c2, p1, p2, r1, r2)
-            _turn_trees(
-                k, n_pairs, home, lengths, load, tok, round_cap, capacity, dp, rounds, cache, pairs, trees, csize,
-                psize, lists,
-            )  # fmt: skip
+            trees = (c1, c2, csize, p1, p2, psize, r1, r2, rsize)
+            _turn_trees(k, n_pairs, home, lengths, book, cache, pairs, trees, lists)
             turn = clock
             for g in range(i, j):
                 x = order[g]
@@ -204,10 +180,7 @@ def home_swaps(
                     c = _next_open(c1, c2, csize, c + 1, end, cx, tx)
                     if gain < best or (gain == best and (best_y < 0 or y > best_y)):
                         continue
-                    b = m * dp + home
-                    if _fits(
-                        a, ra, b, m, cx, tx, cy, ty, here, home, load, tok, total, round_cap, capacity, replica_cap
-                    ):
+                    if _fits(ra, here, m, home, cx, tx, cy, ty, book):
                         best, best_y, best_m = gain, y, m
                 # Neither: a swap with a pair that has not moved since the turn began.
                 if best_m < 0 and n_pairs > 0:
@@ -222,11 +195,7 @@ def home_swaps(
                         gain += _returned(lengths[y2], origin[y2], here, home)
                         if gain < best or (gain == best and (y1 > best_y or (y1 == best_y and y2 > best_y2))):
                             continue
-                        b = m * dp + home
-                        ty = lengths[y1] + lengths[y2]
-                        if _fits(
-                            a, ra, b, m, cx, tx, cy, ty, here, home, load, tok, total, round_cap, capacity, replica_cap
-                        ):
+                        if _fits(ra, here, m, home, cx, tx, cy, lengths[y1] + lengths[y2], book):
                             best, best_y, best_y2, best_m = gain, y1, y2, m
                 if best_m < 0:
                     continue
@@ -234,16 +203,15 @@ def home_swaps(
                 clock += 1
                 b = best_m * dp + home
                 moved_at[x] = clock
-                _shift(here, home, cx, tx, a, b, load, tok, total)
+                _shift(here, home, cx, tx, a, b, book)
                 changed[x] = True
                 round_of[x], replica_of[x] = best_m, home
-                k_before = k
                 slot = -1  # x's cache entry: a returning sequence's, else a new one
                 for y in (best_y, best_y2):
                     if y < 0:
                         continue
                     moved_at[y] = clock
-                    _shift(home, here, costs[y], lengths[y], b, a, load, tok, total)
+                    _shift(home, here, costs[y], lengths[y], b, a, book)
                     changed[y] = True
                     arrival_seq[n_arrivals], arrival_next[n_arrivals] = y, arrivals[here]
                     arrivals[here] = n_arrivals
@@ -254,11 +222,10 @@ def home_swaps(
                 if slot < 0:
                     slot = k
                     k += 1
-                _cache_enter(x, home, tx, cx, best_m, slot, k, cache)
+                slot = _cache_enter(x, home, tx, cx, best_m, slot, k, cache)
                 _trees_after_change(
-                    x, best_y, best_y2, best_m, k_before, k, home, turn, lengths, costs, load, tok, round_cap,
-                    capacity, dp, moved_at, cache, pairs, trees, csize, psize, lists,
-                )  # fmt: skip
+                    slot, best_y, best_y2, best_m, k, home, turn, lengths, moved_at, book, cache, pairs, trees, lists
+                )
                 made += 1
             i = j
         changes += made
@@ -274,35 +241,15 @@ def home_swaps(
 def _returned(t: int, o: int, here: int, home: int) -> int:
     """Tokens a sequence (``t`` tokens, home ``o``) sent from ``home`` to ``here`` brings
     home (``t`` if ``here`` is its home), or takes away (``-t`` if ``home`` was)."""
-    if o == here:
-        return t
-    if o == home:
-        return -t
-    return 0
+    return t if o == here else -t if o == home else 0
 
 
 @no_refcount
-def _fits(
-    a: int,
-    ra: int,
-    b: int,
-    m: int,
-    cx: float,
-    tx: int,
-    cy: float,
-    ty: int,
-    here: int,
-    home: int,
-    load: FloatArray,
-    tok: IntArray,
-    total: FloatArray,
-    round_cap: FloatArray,
-    capacity: int,
-    replica_cap: float,
-) -> bool:
-    """Whether bins ``a`` (round ``ra``, on ``here``) and ``b`` (round ``m``, on ``home``)
-    keep every cap once ``x`` (cost ``cx``, ``tx`` tokens) and what returns from ``b``
-    (``cy``, ``ty``) trade places."""
+def _fits(ra: int, here: int, m: int, home: int, cx: float, tx: int, cy: float, ty: int, book: Book) -> bool:
+    """Whether bins ``(ra, here)`` and ``(m, home)`` keep every cap once ``x`` (cost ``cx``,
+    ``tx`` tokens) and what returns from the second (``cy``, ``ty``) trade places."""
+    load, tok, total, round_cap, capacity, replica_cap, dp = book
+    a, b = ra * dp + here, m * dp + home
     return (
         load[a] - cx + cy <= round_cap[ra]
         and load[b] - cy + cx <= round_cap[m]
@@ -332,11 +279,10 @@ def _window(
 
 
 @no_refcount
-def _shift(
-    src: int, dst: int, c: float, t: int, b_src: int, b_dst: int, load: FloatArray, tok: IntArray, total: FloatArray
-) -> None:
+def _shift(src: int, dst: int, c: float, t: int, b_src: int, b_dst: int, book: Book) -> None:
     """Cost ``c`` and ``t`` tokens of a sequence leave bin ``b_src`` (replica ``src``) for
     ``b_dst`` (replica ``dst``)."""
+    load, tok, total, _, _, _, _ = book
     load[b_src] -= c
     load[b_dst] += c
     tok[b_src] -= t
@@ -377,7 +323,7 @@ def _fill_cache(
     origin: IntArray,
     roster: Roster,
     cache: Cache,
-    sort_buffers: tuple[IntArray, IntArray],
+    buffers: Buffers,
 ) -> int:
     """The cache: the sequences on ``home`` (those of the snapshot that did not move since,
     and those that arrived last there), sorted by cost. Returns how many."""
@@ -385,67 +331,73 @@ def _fill_cache(
     cache_y, cache_o, cache_t, cache_c, cache_m = cache
     k = 0
     for q in range(start[home], start[home + 1]):
-        y = snap[q]
-        if not changed[y]:
-            cache_y[k], cache_o[k], cache_t[k], cache_c[k], cache_m[k] = y, origin[y], lengths[y], costs[y], round_of[y]
+        if not changed[snap[q]]:
+            cache_y[k], cache_c[k] = snap[q], costs[snap[q]]
             k += 1
     e = arrivals[home]
     while e >= 0:
         y = arrival_seq[e]
         if last_arrival[y] == e and replica_of[y] == home:
-            cache_y[k], cache_o[k], cache_t[k], cache_c[k], cache_m[k] = y, origin[y], lengths[y], costs[y], round_of[y]
+            cache_y[k], cache_c[k] = y, costs[y]
             k += 1
         e = arrival_next[e]
-    _permute_cache(_order_by(cache_c, k, sort_buffers), k, cache)
+    perm, tmp = _order_by(cache_c, k, buffers)
+    _gather(cache_y, perm, tmp, k)
+    for q in range(k):
+        y = cache_y[q]
+        cache_o[q], cache_t[q], cache_c[q], cache_m[q] = origin[y], lengths[y], costs[y], round_of[y]
     return k
 
 
 @helper
 def _turn_pairs(
-    k: int,
-    rounds: int,
-    cache: Cache,
-    seg: IntArray,
-    by_round: IntArray,
-    pairs: Pairs,
-    sort_buffers: tuple[IntArray, IntArray],
+    k: int, rounds: int, cache: Cache, seg: IntArray, by_round: IntArray, pairs: Pairs, buffers: Buffers
 ) -> int:
     """The pairs of a home's turn: every two sequences of the cache's first ``k`` entries
     that share a round holding at most ``PAIR_BIN`` of them, sorted by summed cost. Returns
     their number."""
     cache_y, _, _, cache_c, cache_m = cache
     pair_c, pair_y1, pair_y2, pair_m = pairs
-    seg[:] = 0
-    for q in range(k):
-        seg[cache_m[q] + 1] += 1
-    for m in range(rounds):
-        seg[m + 1] += seg[m]
-    for q in range(k):  # cache entries by round; seg[m] ends at round m's end
-        by_round[seg[cache_m[q]]] = q
-        seg[cache_m[q]] += 1
+    _by_round(cache_m, k, rounds, seg, by_round)
     n_pairs = 0
-    begin = 0
     for m in range(rounds):
-        if seg[m] - begin <= PAIR_BIN:
-            for u in range(begin, seg[m]):
-                p = by_round[u]
-                for v in range(u + 1, seg[m]):
-                    q = by_round[v]
-                    pair_c[n_pairs] = cache_c[p] + cache_c[q]
-                    pair_y1[n_pairs] = min(cache_y[p], cache_y[q])
-                    pair_y2[n_pairs] = max(cache_y[p], cache_y[q])
-                    pair_m[n_pairs] = m
+        if seg[m + 1] - seg[m] <= PAIR_BIN:
+            for u in range(seg[m], seg[m + 1]):
+                for v in range(u + 1, seg[m + 1]):  # the cache entries of the pair, until sorted
+                    pair_c[n_pairs] = cache_c[by_round[u]] + cache_c[by_round[v]]
+                    pair_y1[n_pairs], pair_y2[n_pairs] = by_round[u], by_round[v]
                     n_pairs += 1
-        begin = seg[m]
-    _permute_pairs(_order_by(pair_c, n_pairs, sort_buffers), n_pairs, pairs)
+    perm, tmp = _order_by(pair_c, n_pairs, buffers)
+    _gather(pair_y1, perm, tmp, n_pairs)
+    _gather(pair_y2, perm, tmp, n_pairs)
+    for c in range(n_pairs):
+        p, q = pair_y1[c], pair_y2[c]
+        pair_c[c], pair_m[c] = cache_c[p] + cache_c[q], cache_m[p]
+        pair_y1[c], pair_y2[c] = min(cache_y[p], cache_y[q]), max(cache_y[p], cache_y[q])
     return n_pairs
 
 
 @helper
-def _order_by(key: FloatArray, k: int, buffers: tuple[IntArray, IntArray]) -> IntArray:
-    """The positions ``0..k-1`` sorted by ``key``, in the first ``k`` entries of one of the
-    two ``buffers`` (returned): a stable merge sort (runs of 16 by insertion, then bottom-up
-    merges) that allocates nothing, as most homes hold a few sequences."""
+def _by_round(round_of_entry: IntArray, count: int, rounds: int, seg: IntArray, out: IntArray) -> None:
+    """Entries ``0..count-1`` by round, stably: round ``m``'s in ``out[seg[m]:seg[m + 1]]``."""
+    seg[:] = 0
+    for q in range(count):
+        seg[round_of_entry[q] + 1] += 1
+    for m in range(rounds):
+        seg[m + 1] += seg[m]
+    for q in range(count):  # seg[m] runs through round m's places, ending at round m + 1's start
+        out[seg[round_of_entry[q]]] = q
+        seg[round_of_entry[q]] += 1
+    for m in range(rounds, 0, -1):  # back to the starts
+        seg[m] = seg[m - 1]
+    seg[0] = 0
+
+
+@helper
+def _order_by(key: FloatArray, k: int, buffers: Buffers) -> Buffers:
+    """The positions ``0..k-1`` sorted by ``key`` (stable), in the first ``k`` entries of the
+    first array returned; the second is free. A merge sort in ``buffers`` (runs of 16 by
+    insertion, then bottom-up merges): most homes hold a few sequences."""
     perm, tmp = buffers
     for t in range(k):
         perm[t] = t
@@ -471,48 +423,16 @@ def _order_by(key: FloatArray, k: int, buffers: tuple[IntArray, IntArray]) -> In
                     b += 1
         perm, tmp = tmp, perm
         width *= 2
-    return perm
+    return perm, tmp
 
 
-@helper
-def _permute_cache(perm: IntArray, k: int, cache: Cache) -> None:
-    """Cache entry ``q`` takes entry ``perm[q]`` (for ``q < k``), in place, cycle by cycle;
-    ``perm`` is marked while it is followed (``~p``) and left marked."""
-    cache_y, cache_o, cache_t, cache_c, cache_m = cache
-    for s in range(k):
-        if perm[s] < 0:
-            continue
-        y, o, t, c, m = cache_y[s], cache_o[s], cache_t[s], cache_c[s], cache_m[s]
-        q = s
-        while True:
-            p = perm[q]
-            perm[q] = ~p
-            if p == s:
-                cache_y[q], cache_o[q], cache_t[q], cache_c[q], cache_m[q] = y, o, t, c, m
-                break
-            cache_y[q], cache_o[q], cache_t[q], cache_c[q], cache_m[q] = (
-                cache_y[p], cache_o[p], cache_t[p], cache_c[p], cache_m[p]
-            )  # fmt: skip
-            q = p
-
-
-@helper
-def _permute_pairs(perm: IntArray, k: int, pairs: Pairs) -> None:
-    """Pair ``q`` takes pair ``perm[q]``, in place (as :func:`_permute_cache`)."""
-    pair_c, pair_y1, pair_y2, pair_m = pairs
-    for s in range(k):
-        if perm[s] < 0:
-            continue
-        c, y1, y2, m = pair_c[s], pair_y1[s], pair_y2[s], pair_m[s]
-        q = s
-        while True:
-            p = perm[q]
-            perm[q] = ~p
-            if p == s:
-                pair_c[q], pair_y1[q], pair_y2[q], pair_m[q] = c, y1, y2, m
-                break
-            pair_c[q], pair_y1[q], pair_y2[q], pair_m[q] = pair_c[p], pair_y1[p], pair_y2[p], pair_m[p]
-            q = p
+@no_refcount
+def _gather(a: IntArray, perm: IntArray, tmp: IntArray, k: int) -> None:
+    """``a[q]`` takes ``a[perm[q]]`` for ``q < k``, through ``tmp``."""
+    for q in range(k):
+        tmp[q] = a[perm[q]]
+    for q in range(k):
+        a[q] = tmp[q]
 
 
 @no_refcount
@@ -530,13 +450,7 @@ def _count(a: FloatArray, k: int, v: float, or_equal: bool) -> int:
 
 
 @no_refcount
-def _cache_leave(
-    y: int,
-    cy: float,
-    slot: int,
-    k: int,
-    cache: Cache,
-) -> tuple[int, int]:
+def _cache_leave(y: int, cy: float, slot: int, k: int, cache: Cache) -> tuple[int, int]:
     """``y`` left the home: the first to leave frees its entry for ``x`` (``slot``), the
     second's entry is dropped. Returns (slot, cache size)."""
     cache_y, cache_o, cache_t, cache_c, cache_m = cache
@@ -546,43 +460,31 @@ def _cache_leave(
     if slot < 0:
         return c, k
     for q in range(c, k - 1):  # the pair's second: drop its entry
-        cache_y[q], cache_o[q], cache_t[q] = cache_y[q + 1], cache_o[q + 1], cache_t[q + 1]
-        cache_c[q], cache_m[q] = cache_c[q + 1], cache_m[q + 1]
+        _cache_move(q + 1, q, cache)
     return slot - (slot > c), k - 1
 
 
 @no_refcount
-def _cache_enter(
-    x: int,
-    home: int,
-    tx: int,
-    cx: float,
-    m: int,
-    slot: int,
-    k: int,
-    cache: Cache,
-) -> None:
-    """``x`` takes entry ``slot``, then slides to its place by cost among the first ``k``
-    (it costs about what it replaced)."""
+def _cache_enter(x: int, home: int, tx: int, cx: float, m: int, slot: int, k: int, cache: Cache) -> int:
+    """``x`` enters at entry ``slot``, slid to its place by cost among the first ``k`` (it
+    costs about what it replaced). Returns that place."""
     cache_y, cache_o, cache_t, cache_c, cache_m = cache
-    cache_y[slot], cache_o[slot], cache_t[slot], cache_c[slot], cache_m[slot] = x, home, tx, cx, m
     while slot > 0 and cache_c[slot - 1] > cx:
-        _cache_swap(slot, slot - 1, cache)
+        _cache_move(slot - 1, slot, cache)
         slot -= 1
     while slot + 1 < k and cache_c[slot + 1] < cx:
-        _cache_swap(slot, slot + 1, cache)
+        _cache_move(slot + 1, slot, cache)
         slot += 1
+    cache_y[slot], cache_o[slot], cache_t[slot], cache_c[slot], cache_m[slot] = x, home, tx, cx, m
+    return slot
 
 
 @no_refcount
-def _cache_swap(p: int, q: int, cache: Cache) -> None:
-    """Exchange entries ``p`` and ``q``."""
+def _cache_move(src: int, dst: int, cache: Cache) -> None:
+    """Entry ``dst`` takes entry ``src``'s fields."""
     cache_y, cache_o, cache_t, cache_c, cache_m = cache
-    cache_y[p], cache_y[q] = cache_y[q], cache_y[p]
-    cache_o[p], cache_o[q] = cache_o[q], cache_o[p]
-    cache_t[p], cache_t[q] = cache_t[q], cache_t[p]
-    cache_c[p], cache_c[q] = cache_c[q], cache_c[p]
-    cache_m[p], cache_m[q] = cache_m[q], cache_m[p]
+    cache_y[dst], cache_o[dst], cache_t[dst] = cache_y[src], cache_o[src], cache_t[src]
+    cache_c[dst], cache_m[dst] = cache_c[src], cache_m[src]
 
 
 # --- max trees -------------------------------------------------------------------------------
@@ -597,11 +499,13 @@ def _pow2_above(v: int) -> int:
     return s
 
 
-@helper
-def _cost_key(c: float, cap: float, load: float) -> float:
-    """The most cost ``x`` may have to enter a bin (``load`` of ``cap``) that ``c`` leaves:
-    ``c + cap - load``, widened by far more than the rounding of the exact check."""
-    return c + (cap - load) + 1e-9 * (abs(cap) + abs(load) + abs(c)) + 1e-9
+@no_refcount
+def _keys(c: float, t: int, m: int, home: int, book: Book) -> tuple[float, int]:
+    """The most cost and tokens ``x`` may have to enter bin ``(m, home)`` for what costs ``c``
+    and holds ``t`` tokens there; the cost widened by far more than the exact check's rounding."""
+    load, tok, _, round_cap, capacity, _, dp = book
+    cap, held = round_cap[m], load[m * dp + home]
+    return c + (cap - held) + 1e-9 * (abs(cap) + abs(held) + abs(c)) + 1e-9, t + capacity - tok[m * dp + home]
 
 
 @no_refcount
@@ -660,57 +564,35 @@ def _turn_trees(
     n_pairs: int,
     home: int,
     lengths: IntArray,
-    load: FloatArray,
-    tok: IntArray,
-    round_cap: FloatArray,
-    capacity: int,
-    dp: int,
-    rounds: int,
+    book: Book,
     cache: Cache,
     pairs: Pairs,
     trees: Trees,
-    csize: int,
-    psize: int,
     lists: Lists,
 ) -> None:
     """At a turn's start: the bins' tree, and for a large home (``csize > 0``) the cache's
     and the pairs' trees, the entries' positions and lists by round, the pairs by round."""
     cache_y, _, cache_t, cache_c, cache_m = cache
     pair_c, pair_y1, pair_y2, pair_m = pairs
-    c1, c2, p1, p2, r1, r2 = trees
+    c1, c2, csize, p1, p2, psize, r1, r2, _ = trees
     cpos, bhead, bnext, bprev, pseg, plist = lists
-    rsize = r1.shape[0] // 2
+    rounds, half = bhead.shape[0], r1.shape[0] // 2
     for m in range(rounds):
-        r1[rsize + m] = _cost_key(0.0, round_cap[m], load[m * dp + home])
-        r2[rsize + m] = capacity - tok[m * dp + home]
-    _build(r1, r2, rsize, rounds)
+        r1[half + m], r2[half + m] = _keys(0.0, 0, m, home, book)
+    _build(r1, r2, half, rounds)
     if csize == 0:
         return
     bhead[:] = -1
     for q in range(k):
-        y, m = cache_y[q], cache_m[q]
-        b = m * dp + home
-        c1[csize + q] = _cost_key(cache_c[q], round_cap[m], load[b])
-        c2[csize + q] = cache_t[q] + capacity - tok[b]
-        cpos[y] = q
-        _push(y, m, bhead, bnext, bprev)
+        c1[csize + q], c2[csize + q] = _keys(cache_c[q], cache_t[q], cache_m[q], home, book)
+        cpos[cache_y[q]] = q
+        _push(cache_y[q], cache_m[q], bhead, bnext, bprev)
     _build(c1, c2, csize, k)
-    pseg[:] = 0
     for c in range(n_pairs):
-        m = pair_m[c]
-        b = m * dp + home
-        p1[psize + c] = _cost_key(pair_c[c], round_cap[m], load[b])
-        p2[psize + c] = lengths[pair_y1[c]] + lengths[pair_y2[c]] + capacity - tok[b]
-        pseg[m + 1] += 1
+        ty = lengths[pair_y1[c]] + lengths[pair_y2[c]]
+        p1[psize + c], p2[psize + c] = _keys(pair_c[c], ty, pair_m[c], home, book)
     _build(p1, p2, psize, n_pairs)
-    for m in range(rounds):
-        pseg[m + 1] += pseg[m]
-    for c in range(n_pairs):  # pseg[m] runs through round m's places, ending at round m + 1's start
-        plist[pseg[pair_m[c]]] = c
-        pseg[pair_m[c]] += 1
-    for m in range(rounds, 0, -1):  # back to the starts
-        pseg[m] = pseg[m - 1]
-    pseg[0] = 0
+    _by_round(pair_m, n_pairs, rounds, pseg, plist)
 
 
 @no_refcount
@@ -735,62 +617,51 @@ def _drop(y: int, m: int, bhead: IntArray, bnext: IntArray, bprev: IntArray) -> 
 
 @no_refcount
 def _trees_after_change(
-    x: int,
+    q_x: int,
     y1: int,
     y2: int,
     m: int,
-    k_before: int,
     k: int,
     home: int,
     turn: int,
     lengths: IntArray,
-    costs: FloatArray,
-    load: FloatArray,
-    tok: IntArray,
-    round_cap: FloatArray,
-    capacity: int,
-    dp: int,
     moved_at: IntArray,
+    book: Book,
     cache: Cache,
     pairs: Pairs,
     trees: Trees,
-    csize: int,
-    psize: int,
     lists: Lists,
 ) -> None:
-    """``x`` entered bin ``(m, home)`` for ``y1`` (and ``y2``), or moved there (``y1 <
-    0``): the bin's leaf, and for a large home the entries that changed place, the entries
-    and pairs of that bin."""
-    cache_y, _, _, cache_c, _ = cache
+    """``x`` (now cache entry ``q_x`` of ``k``) entered bin ``(m, home)`` for ``y1`` (and
+    ``y2``), or moved there (``y1 < 0``): the bin's leaf, and for a large home the entries
+    that changed place, the entries and pairs of that bin."""
+    cache_y = cache[0]
     pair_c, pair_y1, pair_y2, _ = pairs
-    c1, c2, p1, p2, r1, r2 = trees
+    c1, c2, csize, p1, p2, psize, r1, r2, _ = trees
     cpos, bhead, bnext, bprev, pseg, plist = lists
-    b = m * dp + home
-    _set_leaf(r1, r2, r1.shape[0] // 2, m, _cost_key(0.0, round_cap[m], load[b]), capacity - tok[b])
+    v1, v2 = _keys(0.0, 0, m, home, book)
+    _set_leaf(r1, r2, r1.shape[0] // 2, m, v1, v2)
     if csize == 0:
         return
-    lo_q = _count(cache_c, k, costs[x], False)
-    while cache_y[lo_q] != x:
-        lo_q += 1
-    hi_q = lo_q
+    lo_q = hi_q = q_x
     if y1 < 0:
-        hi_q = k_before  # a new entry at the end slid down to x's place
+        hi_q = k - 1  # a new entry at the end slid down to x's place
     for y in (y1, y2):
         if y >= 0:
             lo_q, hi_q = min(lo_q, cpos[y]), max(hi_q, cpos[y])
             _drop(y, m, bhead, bnext, bprev)
     if y2 >= 0:
-        hi_q = k_before - 1  # the pair's second was dropped: the entries after it shifted
+        hi_q = k  # the pair's second was dropped: the entries after it shifted, the last leaf empties
     for q in range(lo_q, hi_q + 1):
         if q < k:
             cpos[cache_y[q]] = q
-            _entry_leaf(q, home, load, tok, round_cap, capacity, dp, cache, c1, c2, csize)
+            _entry_leaf(q, home, book, cache, trees)
         else:
             _set_leaf(c1, c2, csize, q, -np.inf, _NO_TOKENS)
-    _push(x, m, bhead, bnext, bprev)
+    _push(cache_y[q_x], m, bhead, bnext, bprev)
     y = bhead[m]
     while y >= 0:
-        _entry_leaf(cpos[y], home, load, tok, round_cap, capacity, dp, cache, c1, c2, csize)
+        _entry_leaf(cpos[y], home, book, cache, trees)
         y = bnext[y]
     for u in range(pseg[m], pseg[m + 1]):
         c = plist[u]
@@ -798,26 +669,14 @@ def _trees_after_change(
         if moved_at[z1] > turn or moved_at[z2] > turn:
             _set_leaf(p1, p2, psize, c, -np.inf, _NO_TOKENS)
         else:
-            key = _cost_key(pair_c[c], round_cap[m], load[b])
-            _set_leaf(p1, p2, psize, c, key, lengths[z1] + lengths[z2] + capacity - tok[b])
+            v1, v2 = _keys(pair_c[c], lengths[z1] + lengths[z2], m, home, book)
+            _set_leaf(p1, p2, psize, c, v1, v2)
 
 
 @no_refcount
-def _entry_leaf(
-    q: int,
-    home: int,
-    load: FloatArray,
-    tok: IntArray,
-    round_cap: FloatArray,
-    capacity: int,
-    dp: int,
-    cache: Cache,
-    c1: FloatArray,
-    c2: IntArray,
-    csize: int,
-) -> None:
+def _entry_leaf(q: int, home: int, book: Book, cache: Cache, trees: Trees) -> None:
     """Leaf ``q`` of the cache's tree from cache entry ``q`` and its bin."""
     _, _, cache_t, cache_c, cache_m = cache
-    m = cache_m[q]
-    b = m * dp + home
-    _set_leaf(c1, c2, csize, q, _cost_key(cache_c[q], round_cap[m], load[b]), cache_t[q] + capacity - tok[b])
+    c1, c2, csize = trees[0], trees[1], trees[2]
+    v1, v2 = _keys(cache_c[q], cache_t[q], cache_m[q], home, book)
+    _set_leaf(c1, c2, csize, q, v1, v2)
