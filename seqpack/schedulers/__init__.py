@@ -1,14 +1,6 @@
-"""Schedulers: which sequence goes to which DP replica, microbatch and CP group.
-
-``get_scheduler(name, **options)`` returns a :class:`Scheduler` (``registry``; this package
-registers the built-in ones). A plan is a :class:`Schedule` (``schedule``; its invariants in
-``schedule_checks``) made from one checked :class:`Request` (``request``). Planners:
-``balanced`` (the default), ``dp_balanced``, ``empty`` (static CP, on ``base``'s
-:class:`GridScheduler`) and ``dynamic_cp`` (CP groups per microbatch round). Around them:
-``step_time`` and ``objective`` (what a plan costs under each sync), ``shape_limits`` and
-``bucket_ladder`` (static shapes), ``sample_groups``, ``minibatches`` and ``join`` (RL), and
-``_kernels`` (the numba kernels, private).
-"""
+"""Schedulers: which sequence goes to which DP replica, microbatch and CP group
+(docs/schedulers.md). :func:`get_scheduler` returns a :class:`Scheduler` (this package registers
+the built-in ones), whose plan is a :class:`Schedule` made from one checked :class:`Request`."""
 
 from __future__ import annotations
 

@@ -52,34 +52,25 @@ class Scheduler(ABC):
         sample_cost: Sequence[float] | np.ndarray | None = None,
     ) -> Schedule:
         """Assign every sequence to a microbatch and the ranks that run it: :meth:`plan` of
-        the checked :meth:`Request.of <seqpack.schedulers.request.Request.of>`.
+        the checked :meth:`Request.of <seqpack.schedulers.request.Request.of>` (docs/schedulers.md).
 
         Args:
             lengths: int64 ``[N]`` real lengths in global order (DP rank 0's samples first).
-            dp_size: Data-parallel replicas.
-            cp_size: Context-parallel ranks per replica.
-            max_tokens_per_rank: Padded tokens one rank holds in one microbatch (a static
-                microbatch: ``max_tokens_per_rank * cp_size``).
+            max_tokens_per_rank: Padded tokens one rank holds in one microbatch.
             pad_multiple: Every sequence is padded to a multiple of this (a dynamic-CP
                 group of ``c > 1`` ranks to ``2 * c`` times it).
-            cost: A microbatch's cost on its CP group, ring included (:class:`~seqpack.cost.CostModel`).
-            on_oversize: ``"error"`` (default), ``"truncate"`` or ``"drop"`` for sequences
-                longer than the largest microbatch.
-            origin: DP rank each sample sits on (default: ``N`` split into ``dp_size``
-                contiguous, equal blocks).
-            sync: What a step waits for, so what the scheduler minimises
-                (:func:`~seqpack.schedulers.predicted_step_time`): ``"lockstep"`` (every
-                microbatch round waits for its slowest group: FSDP, pipelines) or ``"replica"``
-                (the slowest rank's total: DDP, ZeRO-1).
-            bytes_per_token: Bytes a token carries through the exchange (``None``: 20), for
-                ``balanced``'s locality.
-            static_shapes: Fixed pack shapes (:class:`~seqpack.thd.StaticShapes`): no
-                microbatch holds more than its ``max_real_sequences`` sequences or more
-                padded tokens than its largest bucket
-                (:mod:`seqpack.schedulers.shape_limits`). ``None``: no limit.
+            cost: A microbatch's cost on its CP group (:class:`~seqpack.cost.CostModel`).
+            on_oversize: ``"error"``, ``"truncate"`` or ``"drop"`` a sequence longer than
+                the largest microbatch.
+            origin: DP rank each sample sits on (default: contiguous, equal blocks).
+            sync: What a step waits for, so what the plan minimises: ``"lockstep"`` (every
+                round its slowest group: FSDP, pipelines) or ``"replica"`` (the slowest rank's
+                total: DDP, ZeRO-1).
+            bytes_per_token: Bytes a token carries through the exchange (``None``: 20).
+            static_shapes: Fixed pack shapes (:class:`~seqpack.thd.StaticShapes`) no
+                microbatch exceeds (``max_real_sequences``, the largest bucket).
             sample_cost: float64 ``[N]``: each sample's cost beside its tokens' (the vision
-                encoder's, in ``cost``'s units), added to its microbatch's cost; every plan
-                carries it, so its predicted step time and ``StepStats`` include it.
+                encoder's, in ``cost``'s units), added to its microbatch's cost.
 
         Raises:
             ValueError: Bad sizes, non-positive lengths, or an oversize sequence under
@@ -106,9 +97,8 @@ class Scheduler(ABC):
         """The schedule for ``request`` (:meth:`schedule`)."""
 
     def longest_sequence(self, dp_size: int, cp_size: int, max_tokens_per_rank: int, pad_multiple: int) -> int:
-        """The longest sequence this scheduler's plans hold (what ``on_oversize="truncate"``
-        cuts a longer one to): the most a static microbatch of ``max_tokens_per_rank *
-        cp_size`` tokens holds once padded to ``pad_multiple``."""
+        """The longest sequence this scheduler's plans hold (``on_oversize="truncate"`` cuts to
+        it): a static microbatch's capacity rounded down to ``pad_multiple``."""
         return (max_tokens_per_rank * cp_size // pad_multiple) * pad_multiple
 
     def resolve_cost(self, cost: CostModel | None) -> CostModel | None:
@@ -121,12 +111,9 @@ class Scheduler(ABC):
 
 
 class GridScheduler(Scheduler):
-    """A static-CP planner: every microbatch runs on one DP replica's CP block.
-
-    :meth:`plan` applies the oversize policy and hands the remaining sequences to
-    :meth:`_plan`, which places them into rounds of ``dp_size`` microbatches, with the cost
-    taken on the static group (:meth:`~seqpack.cost.CostModel.at` ``cp_size``).
-    """
+    """A static-CP planner: :meth:`plan` applies the oversize policy and hands the remaining
+    sequences, with the cost on the static group (:meth:`~seqpack.cost.CostModel.at`
+    ``cp_size``), to :meth:`_plan`, which places them into rounds of ``dp_size`` microbatches."""
 
     def plan(self, request: Request) -> Schedule:
         """A static plan (:meth:`Scheduler.schedule`)."""
@@ -165,36 +152,30 @@ class GridScheduler(Scheduler):
     def _fit_static_shapes(
         self, rounds: Sequence[Sequence[np.ndarray]], request: Request, shapes: StaticShapes
     ) -> Sequence[Sequence[np.ndarray]]:
-        """``rounds`` of ``request`` (lengths after the oversize policy, cost on the static
-        group) within ``shapes``' sequence limit (:func:`fit_sequence_slots`, at this
-        scheduler's forced ``num_microbatches`` if any), then, for schedulers that plan with
-        the buckets, trimmed at bucket edges (:func:`trim_to_buckets`; each sequence weighed by
-        its cost plus its ``sample_cost``)."""
+        """``rounds`` of ``request`` (after the oversize policy) within ``shapes``' sequence limit
+        (:func:`fit_sequence_slots`), then, where :attr:`plans_buckets`, trimmed at bucket edges."""
         forced = getattr(self, "num_microbatches", None)
         rounds = fit_sequence_slots(self, rounds, request, keep_replica=self.keeps_origin, fixed_rounds=forced)
-        capacity, model = request.capacity, self.resolve_cost(request.cost)
-        price = None if model is None else BucketPrice.of(shapes, capacity, model.linear)
-        if self.plans_buckets and model is not None and price is not None:
-            padded = padded_lengths(request.lengths, request.pad_multiple)
-            rounds = trim_to_buckets(
-                rounds,
-                padded,
-                model.cost(padded) + (0.0 if request.sample_cost is None else request.sample_cost),
-                price=price,
-                limit=shapes.max_real_sequences,
-                capacity=capacity,
-                constant=model.constant,
-                sync=request.sync,
-            )
-        return rounds
+        model = self.resolve_cost(request.cost)
+        price = None if model is None else BucketPrice.of(shapes, request.capacity, model.linear)
+        if not self.plans_buckets or model is None or price is None:
+            return rounds
+        padded = padded_lengths(request.lengths, request.pad_multiple)
+        return trim_to_buckets(
+            rounds,
+            padded,
+            model.cost(padded) + (0.0 if request.sample_cost is None else request.sample_cost),
+            price=price,
+            limit=shapes.max_real_sequences,
+            capacity=request.capacity,
+            constant=model.constant,
+            sync=request.sync,
+        )
 
     keeps_origin: ClassVar[bool] = False
-    """Whether every sample stays on the DP rank that read it (``"empty"``): the
-    ``static_shapes`` repair then moves sequences only between its own microbatches."""
+    """Whether every sample stays on its DP rank (``"empty"``): the ``static_shapes`` repair keeps it there."""
     plans_buckets: ClassVar[bool] = False
-    """Whether :meth:`_plan` prices the request's ``static_shapes`` buckets itself: its plan
-    is then trimmed to the buckets (:func:`~seqpack.schedulers.shape_limits.trim_to_buckets`);
-    every grid plan is repaired to the shapes' limits anyway."""
+    """Whether :meth:`_plan` prices the ``static_shapes`` buckets: its plan is then trimmed to them."""
 
     @abstractmethod
     def _plan(self, request: Request) -> tuple[Sequence[Sequence[np.ndarray]], np.ndarray]:
@@ -213,11 +194,10 @@ def fit_sequence_slots(
     keep_replica: bool,
     fixed_rounds: int | None,
 ) -> list[list[np.ndarray]]:
-    """:func:`fit_sequence_limit` of ``rounds`` of ``request`` (lengths after the oversize
-    policy, cost on the static group) to its ``static_shapes``' sequence limit, each sequence
-    weighed by its cost plus its ``sample_cost`` (its padded tokens without a cost model),
-    rounds added in ``scheduler``'s ``microbatch_multiple``: the one repair of the static
-    plans (:class:`GridScheduler`, :func:`~seqpack.schedulers.sample_groups.schedule_groups`).
+    """:func:`fit_sequence_limit` of ``rounds`` of ``request`` (after the oversize policy, cost
+    on the static group) to its ``static_shapes``' sequence limit, each sequence weighed by its
+    cost plus ``sample_cost`` (no cost model: its padded tokens), rounds added in ``scheduler``'s
+    ``microbatch_multiple``: the one repair of the static plans.
 
     Raises:
         ScheduleError: ``fixed_rounds`` (a forced count) given and the ids need more rounds.

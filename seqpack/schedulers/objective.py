@@ -1,7 +1,5 @@
-"""The schedulers' objective and its bounds: predicted step time of a plan's microbatch
-costs under each sync, and lower bounds no plan can beat. :mod:`seqpack.stats` reports
-them; the planners optimize them.
-"""
+"""The schedulers' objective (a plan's step time under each sync, docs/schedulers.md) and
+lower bounds no plan can beat: the planners optimize them, :mod:`seqpack.stats` reports them."""
 
 from __future__ import annotations
 
@@ -32,12 +30,8 @@ __all__ = [
 
 
 def step_objective(costs: np.ndarray, sync: str = Sync.LOCKSTEP) -> float:
-    """Predicted step time of microbatch costs ``[M, dp]`` (constants included).
-
-    ``"lockstep"`` (FSDP, pipeline): every round waits for its slowest replica,
-    ``sum_m max_d``. ``"replica"`` (DDP, ZeRO-1): the slowest replica's total,
-    ``max_d sum_m``.
-    """
+    """Predicted step time of microbatch costs ``[M, dp]`` (constants included): ``sum_m max_d``
+    under ``"lockstep"``, ``max_d sum_m`` under ``"replica"``."""
     if sync not in (Sync.LOCKSTEP, Sync.REPLICA):
         check_choice("sync", sync, Sync)  # raises, naming the value
     if costs.size == 0:
@@ -70,9 +64,8 @@ def as_sample_cost(sample_cost: Sequence[float] | np.ndarray | None, num_samples
 
 
 def sequence_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
-    """float64, one per entry of ``schedule.assigned``: its padded length's cost under
-    ``cost`` plus its ``schedule.sample_cost`` (padded tokens without a cost model: the
-    sample cost, in a cost model's units, is then left out)."""
+    """float64, one per entry of ``schedule.assigned``: its padded length's cost plus its
+    ``sample_cost`` (without a cost model: its padded tokens, the sample cost left out)."""
     padded = schedule.padded_assigned()
     if cost is None:
         return padded.astype(np.float64)
@@ -102,24 +95,16 @@ def round_sum_lower_bound(
     order: np.ndarray | None = None,
 ) -> float:
     """Lower bound on ``sum_m max_d cost[m, d]`` of sequences of ``padded`` lengths and
-    ``per_seq_cost`` costs (per-microbatch constants left out), ``capacity`` tokens a
-    microbatch: ``total/dp + max(0, largest - K/dp)``.
-
-    The round holding the costliest sequence waits for it, while its mean is at most the
-    cost ``K`` of the costliest ``dp_size * capacity`` tokens (a fractional knapsack in
-    :func:`density_order`, the order that makes ``K`` the largest); the other rounds wait at
-    least for their mean. Any other order can make ``K`` smaller and the bound more than the
-    optimum (a costliest-first order with a sample cost: a long sequence cheap per token
-    before short ones dear per token).
-
-    ``order``: a permutation the caller already has that may be a density order (with cost
-    per token growing with length, longest first), to save the sort: it is used only when
-    the cost per token never increases along it (checked, ``O(N)``), else
-    :func:`density_order` is.
+    ``per_seq_cost`` costs (constants left out), ``capacity`` tokens a microbatch:
+    ``total/dp + max(0, largest - K/dp)``, ``K`` the cost of the ``dp_size * capacity`` tokens
+    densest in cost (a fractional knapsack in :func:`density_order`; docs/multimodal.md).
+    ``order``: a permutation the caller has, used instead of the sort when it is a density
+    order (checked in one pass).
     """
     if padded.size == 0:
         return 0.0
-    if order is None or not _is_density_order(padded, per_seq_cost, order):
+    density = per_seq_cost / np.maximum(padded, 1)
+    if order is None or order.shape != padded.shape or not np.all(density[order][:-1] >= density[order][1:]):
         order = density_order(padded, per_seq_cost)
     tokens = np.cumsum(padded[order])
     budget = min(dp_size * capacity, INT64_MAX)  # token sums fit int64: beyond, everything fits
@@ -134,18 +119,8 @@ def round_sum_lower_bound(
 
 
 def density_order(padded: np.ndarray, per_seq_cost: np.ndarray) -> np.ndarray:
-    """Sequences by cost per padded token, costliest first (:func:`round_sum_lower_bound`'s
-    order)."""
+    """Sequences by cost per padded token, costliest first (:func:`round_sum_lower_bound`'s order)."""
     return np.argsort(-(per_seq_cost / np.maximum(padded, 1)), kind="stable")
-
-
-def _is_density_order(padded: np.ndarray, per_seq_cost: np.ndarray, order: np.ndarray) -> bool:
-    """Whether the permutation ``order`` (trusted) never increases the cost per padded token
-    along it: a :func:`density_order`, ties in any order (the same knapsack)."""
-    if order.shape != padded.shape:
-        return False
-    density = per_seq_cost[order] / np.maximum(padded[order], 1)
-    return bool(np.all(density[:-1] >= density[1:]))
 
 
 def round_lower_bound(
@@ -154,17 +129,14 @@ def round_lower_bound(
     dp_size: int,
     capacity: int,
     total_cost: float,
-    *,
-    order: np.ndarray | None = None,
 ) -> float:
     """Smallest ``round_imbalance`` any schedule of these sequences can reach:
-    :func:`round_sum_lower_bound` (same arguments) over the mean round sum, with
-    ``total_cost`` the whole step's cost, constants included (``sum_m sum_d cost[m, d]``).
-    """
+    :func:`round_sum_lower_bound` over the mean round sum, ``total_cost`` the step's cost with
+    constants (``sum_m sum_d cost[m, d]``)."""
     if padded.size == 0 or total_cost <= 0:
         return 1.0
     mean = total_cost / dp_size
-    bound = round_sum_lower_bound(padded, per_seq_cost, dp_size, capacity, order=order)
+    bound = round_sum_lower_bound(padded, per_seq_cost, dp_size, capacity)
     gap = bound - float(per_seq_cost.sum()) / dp_size
     return (mean + gap) / mean
 

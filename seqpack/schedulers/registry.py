@@ -1,6 +1,4 @@
-"""The schedulers by name: :func:`register_scheduler` adds one, :func:`get_scheduler`
-builds one, :func:`available_schedulers` lists them (the package :mod:`seqpack.schedulers`,
-imported first, registers the built-in ones)."""
+"""The schedulers by name (the package :mod:`seqpack.schedulers` registers the built-in ones)."""
 
 from __future__ import annotations
 
@@ -48,11 +46,11 @@ def get_scheduler(name: str | Scheduler = "balanced", **options: object) -> Sche
     if not isinstance(name, str) or name not in _REGISTRY:
         names = ", ".join(available_schedulers(dynamic_cp=True))
         raise ConfigError(f"unknown scheduler {name!r}; available: {names}")
-    cls = _REGISTRY[name]
+    cls, signature = _REGISTRY[name], inspect.signature(_REGISTRY[name])
     try:
-        inspect.signature(cls).bind(**options)
+        signature.bind(**options)
     except TypeError:
-        valid = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+        valid = [p for p in signature.parameters if p not in ("self", "args", "kwargs")]
         unknown = sorted(set(options) - set(valid))
         raise ConfigError(f"unknown option(s) {unknown} of scheduler {name!r}; valid: {', '.join(valid)}") from None
     return cls(**options)

@@ -82,12 +82,19 @@ def as_origin(origin: Sequence[int] | np.ndarray | None, num_samples: int, dp_si
     if origin is None:
         return default_origin(num_samples, dp_size)
     arr = int64_array("origin", origin, integral_floats=True, element="origin of sample {index} is")
-    if arr.shape != (num_samples,):
-        raise ConfigError(f"origin must hold one DP rank per sample ({num_samples}), got shape {arr.shape}")
-    if arr.size and (arr.min() < 0 or arr.max() >= dp_size):
-        bad = int(np.flatnonzero((arr < 0) | (arr >= dp_size))[0])
-        raise ConfigError(f"origin of sample {bad} is DP rank {int(arr[bad])}, outside 0..{dp_size - 1}")
+    check_origin(arr, num_samples, dp_size, ConfigError)
     return arr
+
+
+def check_origin(origin: np.ndarray | None, num_samples: int, dp_size: int, error: type[ValueError]) -> None:
+    """Raise ``error`` naming the fault unless ``origin`` holds a DP rank in ``0..dp_size-1`` per sample."""
+    if origin is None or origin.shape != (num_samples,):
+        raise error(
+            f"origin must hold one DP rank per sample ({num_samples}), got shape {getattr(origin, 'shape', None)}"
+        )
+    if num_samples and (origin.min() < 0 or origin.max() >= dp_size):
+        bad = int(np.flatnonzero((origin < 0) | (origin >= dp_size))[0])
+        raise error(f"origin of sample {bad} is DP rank {int(origin[bad])}, outside 0..{dp_size - 1}")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -130,11 +137,9 @@ class Request:
 
         Raises:
             SampleError, SeqpackTypeError: Bad lengths (:func:`as_lengths`).
-            ConfigError: A size not a positive int, more replicas than memory holds, an
-                unknown ``sync`` or ``on_oversize``, a bad ``origin`` (:func:`as_origin`),
-                ``bytes_per_token`` negative, a ``cost`` not a :class:`~seqpack.cost.CostModel`,
-                a ``sample_cost`` not one finite value >= 0 per sample
-                (:func:`~seqpack.schedulers.objective.as_sample_cost`).
+            ConfigError: A bad argument (named): a size not a positive int, more replicas than
+                memory holds, an unknown choice, a bad ``origin``, ``cost``, ``bytes_per_token``
+                or ``sample_cost``.
         """
         checked = as_lengths(lengths)
         dp_size = check_positive_int("dp_size", dp_size)
@@ -173,8 +178,7 @@ class Request:
         ``lengths`` after the oversize policy; trusted: not checked again)."""
         changes.setdefault("origin", self.origin[ids])
         changes.setdefault("sample_cost", None if self.sample_cost is None else self.sample_cost[ids])
-        if "lengths" not in changes:
-            changes["lengths"] = self.lengths[ids]
+        changes.setdefault("lengths", self.lengths[ids])
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
@@ -221,22 +225,20 @@ def apply_oversize(
             f"nothing fits: {limit}, at most 0 once padded to a multiple of {multiple}. "
             f"Raise {remedy}, or lower pad_multiple"
         )
-    over = np.flatnonzero(lengths > fits)  # compared unpadded: padding a length near 2**63 would wrap
-    effective = lengths.copy()
-    if over.size == 0:
-        return effective, _empty(), _empty()
-    if on_oversize == OnOversize.ERROR:
+    over = np.flatnonzero(lengths > fits).astype(np.int64)  # compared unpadded: padding near 2**63 would wrap
+    if over.size and on_oversize == OnOversize.ERROR:
         i = int(over[0])
         raise ScheduleError(
             f"sample {i} has {int(lengths[i])} tokens, more than {limit}, at most {fits} once padded to a multiple "
             f"of {multiple}; {over.size} sample(s) are too long. Raise {remedy}, or pass on_oversize='truncate' or "
             "'drop'"
         )
+    effective = lengths.copy()
     if on_oversize == OnOversize.DROP:
         effective[over] = 0
-        return effective, over.astype(np.int64), _empty()
+        return effective, over, _empty()
     effective[over] = fits
-    return effective, _empty(), over.astype(np.int64)
+    return effective, _empty(), over
 
 
 def apply_static_oversize(request: Request) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,11 +1,6 @@
-"""The :class:`Schedule` a scheduler returns and the :class:`ScheduleLimits` it was made for.
-
-The ``R = dp_size * cp_size`` ranks are numbered DP-major (rank ``d * cp_size + k`` is CP rank
-``k`` of DP replica ``d``). Every microbatch round cuts them into contiguous blocks, the
-*groups*; each runs one packed microbatch with the group's size as its CP size. Static CP is
-the case whose groups are the replicas' CP blocks (group ``m * dp_size + d`` is microbatch
-``m`` of replica ``d``); dynamic CP lets each round choose its groups (docs/schedulers.md).
-"""
+"""The :class:`Schedule` a scheduler returns and the :class:`ScheduleLimits` it was made for
+(docs/schedulers.md, "The Schedule"). Ranks are DP-major: rank ``d * cp_size + k`` is CP rank
+``k`` of replica ``d``; a static plan's group ``m * dp_size + d`` is microbatch ``m`` of replica ``d``."""
 
 from __future__ import annotations
 
@@ -21,7 +16,7 @@ import numpy as np
 from seqpack.errors import ScheduleError, SeqpackTypeError
 from seqpack.options import GroupSizes, TailPadding
 from seqpack.schedulers import schedule_checks
-from seqpack.schedulers.request import _empty, as_lengths, default_origin
+from seqpack.schedulers.request import _empty, as_lengths, check_origin, default_origin
 from seqpack.schedulers.shape_limits import group_buckets
 from seqpack.thd import group_padded_lengths, padded_lengths
 from seqpack.thd.padding import group_pad_multiples
@@ -73,11 +68,8 @@ class ScheduleLimits:
 
 
 class Grid(Sequence[list[np.ndarray]]):
-    """A static plan's grid held flat: ``ids`` cell after cell, cell ``m * dp_size + d``
-    (microbatch ``m`` of replica ``d``) holding ``counts[m * dp_size + d]`` of them, in pack
-    order. It reads as ``grid[m][d]`` (views of ``ids``); :meth:`Schedule.from_assignment`
-    takes it as it is, without one array per microbatch.
-    """
+    """A static plan's grid held flat: ``ids`` cell after cell, cell ``m * dp_size + d`` holding
+    ``counts[m * dp_size + d]`` of them in pack order; reads as ``grid[m][d]`` (views of ``ids``)."""
 
     def __init__(self, ids: np.ndarray, counts: np.ndarray, dp_size: int) -> None:
         self.ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
@@ -108,36 +100,14 @@ class Grid(Sequence[list[np.ndarray]]):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Schedule:
-    """Where every sequence of one step goes, and on which ranks (module docstring).
+    """Where every sequence of one step goes, and on which ranks (the fields: docs/schedulers.md).
 
-    Groups are listed round by round, and within a round by their first rank; the groups of
-    a round partition the ranks ``0..R-1``. A group with no ids runs a padding-only filler.
-    Its arrays are not written after construction: :attr:`offsets`, :attr:`group_of` and
-    :meth:`fingerprint` are computed once (``dataclasses.replace`` makes a new schedule).
-
-    Attributes:
-        num_microbatches: Microbatch rounds of the step (every rank runs one microbatch per
-            round).
-        group_round, group_start, group_size: int64 ``[G]``: round, first rank and number of
-            ranks of every group.
-        group_counts: int64 ``[G]``: how many ids each group packs; the ids of group ``g``
-            are ``assigned[offsets[g]:offsets[g+1]]``, in pack order.
-        assigned: int64: the packed ids, group after group.
-        lengths: Token count each id is packed with (after truncation; 0 when dropped).
-        original_lengths: Lengths as given to the scheduler.
-        dp_size, cp_size, max_tokens_per_rank, pad_multiple: The limits it was made for.
-        group_sizes: The groups' rule (:class:`~seqpack.options.GroupSizes`): ``"static"``
-            (every group a replica's CP block; sequences padded to ``pad_multiple``),
-            ``"pow2"`` or ``"any"`` (dynamic CP; a group of ``c > 1`` ranks pads to ``2 * c *
-            pad_multiple``: :func:`~seqpack.thd.group_pad_multiple`).
-        deferred: Ids held back for the next step (empty unless the scheduler defers).
-        dropped: Ids removed because they exceed capacity under ``on_oversize="drop"``.
-        truncated: Ids cut to capacity under ``on_oversize="truncate"`` (still assigned).
-        origin: DP rank holding each id before the step's exchange (default: contiguous
-            equal blocks). Not part of the fingerprint.
-        sample_cost: float64 ``[N]`` or None: each id's extra cost beside its tokens' (e.g.
-            the vision encoder's), added to its microbatch's cost. Not part of the
-            fingerprint nor of :meth:`to_arrays`.
+    Groups (int64 ``[G]`` arrays) are listed round by round, within a round by first rank, and
+    partition the ranks ``0..R-1``; group ``g`` packs ``assigned[offsets[g]:offsets[g+1]]`` in
+    pack order (none: a padding-only filler). ``origin`` (default: contiguous equal blocks) and
+    ``sample_cost`` (float64 ``[N]`` or None: each id's cost beside its tokens') are not part of
+    the fingerprint; ``sample_cost`` is not in :meth:`to_arrays`. Arrays are never written after
+    construction (``dataclasses.replace`` makes a new schedule).
     """
 
     num_microbatches: int
@@ -246,8 +216,7 @@ class Schedule:
 
     @property
     def capacity(self) -> int:
-        """Padded tokens a static microbatch may hold: ``max_tokens_per_rank * cp_size`` (a
-        group of ``c`` ranks holds ``c * max_tokens_per_rank``)."""
+        """Padded tokens a static microbatch may hold: ``max_tokens_per_rank * cp_size``."""
         return self.max_tokens_per_rank * self.cp_size
 
     @property
@@ -289,15 +258,13 @@ class Schedule:
         )
 
     def leading_replica(self) -> np.ndarray:
-        """int64 ``[G]``: the DP replica whose CP block holds each group's first rank (a
-        static plan's group ``m * dp + d``: ``d``)."""
+        """int64 ``[G]``: the DP replica whose CP block holds each group's first rank."""
         return self.group_start // max(self.cp_size, 1)
 
     @functools.cached_property
     def assignment(self) -> list[list[np.ndarray]]:
         """``assignment[m][d]``: the ids of round ``m`` packed by the groups that start in
-        replica ``d``'s CP block, group after group (a static plan: microbatch ``m`` of
-        replica ``d``). Every assigned id appears once."""
+        replica ``d``'s CP block, group after group (a static plan: microbatch ``m`` of ``d``)."""
         if self.is_static:  # group m * dp + d is the cell
             cells = np.split(self.assigned, self.offsets[1:-1]) if self.num_groups else []
             return [cells[m * self.dp_size : (m + 1) * self.dp_size] for m in range(self.num_microbatches)]
@@ -317,8 +284,7 @@ class Schedule:
 
     def pad_multiples(self) -> np.ndarray:
         """int64, per global id: what its padded length is a multiple of in its group
-        (``pad_multiple``; a dynamic-CP group of ``c > 1`` ranks: ``2 * c`` times it,
-        :func:`~seqpack.thd.group_pad_multiple`)."""
+        (:func:`~seqpack.thd.group_pad_multiple`)."""
         if self.is_static:
             return np.full(self.num_sequences, self.pad_multiple, dtype=np.int64)
         return group_pad_multiples(self.per_id(self.group_size), self.pad_multiple)
@@ -331,22 +297,19 @@ class Schedule:
         return sums
 
     def placement(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per global id, its placement: replica (:meth:`replica_of`), round and slot in its
-        pack, -1 when not assigned."""
+        """Per global id: its replica (:meth:`replica_of`), round and slot in its pack, -1 when not assigned."""
         slot = np.full(self.num_sequences, -1, dtype=np.int64)
         slot[self.assigned] = np.arange(self.assigned.shape[0], dtype=np.int64) - self.offsets[self.group_of]
         return self.replica_of(), self.per_id(self.group_round), slot
 
     def replica_of(self) -> np.ndarray:
-        """Per global id: the DP replica whose CP block holds its group's first rank (a
-        static plan: the replica that runs it), -1 when not assigned."""
+        """Per global id: its group's :meth:`leading_replica` (static: its replica), -1 when not assigned."""
         return self.per_id(self.leading_replica())
 
     def packed_spans(self, static_shapes: StaticShapes | None = None) -> np.ndarray:
         """Tokens every sequence spans in its pack, int64 ``[N]`` (0 where not assigned): its
-        padded length in its group, and under ``static_shapes`` with
-        ``tail_padding="extend_last"`` each pack's last sequence also spans the tail of the
-        pack's bucket (:class:`~seqpack.thd.StaticShapes`)."""
+        padded length in its group, plus, under ``static_shapes`` with ``tail_padding="extend_last"``,
+        the bucket's tail for each pack's last sequence."""
         spans = np.zeros(self.num_sequences, dtype=np.int64)
         padded = self.padded_assigned()
         spans[self.assigned] = padded
@@ -360,30 +323,23 @@ class Schedule:
         return spans
 
     def per_id(self, group_values: np.ndarray) -> np.ndarray:
-        """int64, per global id: ``group_values`` of the group that packs it, -1 when not
-        assigned."""
+        """int64, per global id: ``group_values`` of the group that packs it, -1 when not assigned."""
         out = np.full(self.num_sequences, -1, dtype=np.int64)
         out[self.assigned] = np.asarray(group_values, dtype=np.int64)[self.group_of]
         return out
 
     # -- wire ------------------------------------------------------------------------------
     def to_arrays(self) -> dict[str, np.ndarray]:
-        """The schedule as flat int64 arrays (what travels on the wire): ``limits``
-        (:meth:`ScheduleLimits.to_array`) and :attr:`ARRAY_FIELDS`. :meth:`from_arrays`
-        inverts it."""
-        out = {"limits": self.limits.to_array()}
-        for name in self.ARRAY_FIELDS:
-            out[name] = np.ascontiguousarray(getattr(self, name), dtype=np.int64)
-        return out
+        """The schedule as flat int64 arrays (the wire): ``limits`` and :attr:`ARRAY_FIELDS`."""
+        arrays = {name: np.ascontiguousarray(getattr(self, name), dtype=np.int64) for name in self.ARRAY_FIELDS}
+        return {"limits": self.limits.to_array(), **arrays}
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> Schedule:
-        """Rebuild a schedule from :meth:`to_arrays` (copies every array; :meth:`validate`
-        checks the invariants).
+        """Inverse of :meth:`to_arrays` (copies every array; :meth:`validate` checks the invariants).
 
         Raises:
-            ScheduleError: Missing arrays, or arrays whose shapes or counts do not add up
-                (:func:`~seqpack.schedulers.schedule_checks.check_arrays`, ``check_origin``).
+            ScheduleError: Missing arrays, or arrays whose shapes, counts or origin do not add up.
         """
         if not isinstance(arrays, Mapping):
             raise SeqpackTypeError(f"schedule arrays must be a mapping, got {type(arrays).__name__}")
@@ -397,13 +353,12 @@ class Schedule:
         fields: dict[str, object] = {**dataclasses.asdict(ScheduleLimits.from_array(got.pop("limits"))), **got}
         plan = cls(**fields)  # type: ignore[arg-type]
         schedule_checks.check_arrays(plan)
-        schedule_checks.check_origin(plan)
+        check_origin(plan.origin, plan.num_sequences, plan.dp_size, ScheduleError)
         return plan
 
     def fingerprint(self) -> int:
-        """A 63-bit hash of the whole schedule, equal on ranks that computed the same one.
-        Hashed once per schedule, at the first call (a schedule's arrays are never written
-        after construction); a pickled schedule carries it."""
+        """A 63-bit hash of the schedule, equal on ranks that computed the same one; hashed at
+        the first call only (a pickled schedule carries it)."""
         return self._fingerprint
 
     @functools.cached_property
@@ -421,15 +376,12 @@ class Schedule:
         pad_multiple: int | None = None,
         static_shapes: StaticShapes | None = None,
     ) -> None:
-        """Raise :class:`~seqpack.errors.ScheduleError` naming the first violated invariant.
-
-        The limits match; the groups of every round partition the ranks into contiguous
-        blocks by the plan's rule; every id appears exactly once in assigned, deferred or
-        dropped; lengths changed only by truncation or dropping; the padded tokens of every
-        group fit ``size * max_tokens_per_rank``; with ``static_shapes`` (a static plan),
-        every microbatch holds at most ``max_real_sequences`` sequences and its largest
-        bucket's padded tokens. One check each, in :mod:`seqpack.schedulers.schedule_checks`.
-        """
+        """Raise :class:`~seqpack.errors.ScheduleError` naming the first violated invariant of
+        :mod:`~seqpack.schedulers.schedule_checks`: the given lengths and limits match; every
+        round's groups partition the ranks by the plan's rule; every id is once in assigned,
+        deferred or dropped; lengths changed only by truncation or dropping; every group fits
+        ``size * max_tokens_per_rank``; with ``static_shapes`` (a static plan), every microbatch
+        fits its ``max_real_sequences`` and its largest bucket."""
         expected = {"dp_size": dp_size, "cp_size": cp_size, "max_tokens_per_rank": max_tokens_per_rank}
         expected["pad_multiple"] = pad_multiple
         schedule_checks.check_all(self, None if lengths is None else as_lengths(lengths), expected)
@@ -438,8 +390,7 @@ class Schedule:
 
 
 def _digest(plan: Schedule) -> int:
-    """:meth:`Schedule.fingerprint`: blake2b over every array of ``to_arrays()`` but
-    ``origin`` (where samples came from does not change the plan), each with its name and length."""
+    """:meth:`Schedule.fingerprint`: blake2b of ``to_arrays()`` but ``origin``, each array with its name and length."""
     digest = hashlib.blake2b(digest_size=8)
     for name, array in plan.to_arrays().items():
         if name == "origin":

@@ -1,6 +1,6 @@
-"""The invariants of a :class:`~seqpack.schedulers.schedule.Schedule`, one check each, run
-in order by :func:`check_all` (later checks trust the shapes earlier ones established); each
-raises :class:`~seqpack.errors.ScheduleError` naming the first thing it finds wrong."""
+"""The invariants of a :class:`~seqpack.schedulers.schedule.Schedule`, run in order by
+:func:`check_all` (each trusts the shapes the earlier ones checked); each raises
+:class:`~seqpack.errors.ScheduleError` naming the first thing it finds wrong."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 from seqpack.errors import ScheduleError
 from seqpack.options import GroupSizes
 from seqpack.schedulers.group_sizes import allowed_group_sizes
+from seqpack.schedulers.request import check_origin
 from seqpack.schedulers.shape_limits import resolved_buckets
 from seqpack.thd.static_shapes import as_static_shapes
 from seqpack.validation import check_positive_int
@@ -25,15 +26,13 @@ __all__ = ["check_all", "check_static_shapes"]
 def check_all(schedule: Schedule, lengths: np.ndarray | None, expected: dict[str, int | None]) -> None:
     """Every check below, in order: ``lengths`` (when given) and the ``expected`` limits
     (those not None) first, then the schedule's own consistency."""
-    if lengths is not None and (
-        lengths.shape != schedule.original_lengths.shape or not np.array_equal(lengths, schedule.original_lengths)
-    ):
+    if lengths is not None and not np.array_equal(lengths, schedule.original_lengths):
         raise ScheduleError("schedule was computed for different lengths than the ones given")
     check_limits(schedule, expected)
     check_arrays(schedule)
     check_partition(schedule)
     check_exactly_once(schedule)
-    check_origin(schedule)
+    check_origin(schedule.origin, schedule.num_sequences, schedule.dp_size, ScheduleError)
     check_scheduled_lengths(schedule)
     check_capacity(schedule)
 
@@ -149,16 +148,6 @@ def _where(schedule: Schedule, entry: int) -> str:
         m, d = divmod(g, schedule.dp_size)
         return f"assignment[{m}][{d}]"
     return f"group {g} of round {int(schedule.group_round[g])}"
-
-
-def check_origin(schedule: Schedule) -> None:
-    """One DP rank in ``0..dp_size-1`` per sample."""
-    origin, n = schedule.origin, schedule.num_sequences
-    if origin is None or origin.shape != schedule.original_lengths.shape:
-        raise ScheduleError(f"origin must hold one DP rank per sample ({n}), got {origin!r:.80}")
-    if n and (origin.min() < 0 or origin.max() >= schedule.dp_size):
-        bad = int(np.flatnonzero((origin < 0) | (origin >= schedule.dp_size))[0])
-        raise ScheduleError(f"origin of sample {bad} is DP rank {int(origin[bad])}, outside 0..{schedule.dp_size - 1}")
 
 
 def check_scheduled_lengths(schedule: Schedule) -> None:

@@ -1,8 +1,6 @@
-"""What a plan's microbatches cost, and the step time a cost model predicts for it, for
-every :class:`~seqpack.schedulers.schedule.Schedule`, static or dynamic CP: each group's
-time on its ranks is its :class:`~seqpack.cost.CostModel` cost on the group (compute split
-over its ranks plus the CP ring, :mod:`seqpack.cost.ring`).
-"""
+"""What a plan's microbatches cost and the step time a cost model predicts for it, for every
+:class:`~seqpack.schedulers.schedule.Schedule`: a group's time is its
+:class:`~seqpack.cost.CostModel` cost on its ranks (compute split over them plus the CP ring)."""
 
 from __future__ import annotations
 
@@ -11,6 +9,7 @@ import numpy as np
 from seqpack.cost import CostModel, spans_nodes
 from seqpack.errors import ScheduleError, SeqpackTypeError
 from seqpack.options import Sync
+from seqpack.schedulers.objective import step_objective
 from seqpack.schedulers.schedule import Schedule
 from seqpack.schedulers.shape_limits import group_buckets
 from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
@@ -41,9 +40,8 @@ def rank_times(plan: Schedule, cost: CostModel) -> np.ndarray:
 
 
 def bucket_padding(plan: Schedule, static_shapes: StaticShapes) -> np.ndarray:
-    """int64 ``[G]``: the tokens each microbatch's token bucket adds beyond its padded tokens
-    (an empty microbatch: beyond its ``pad_multiple`` filler), for a static ``plan`` made
-    with ``static_shapes``.
+    """int64 ``[G]``: the tokens each microbatch's bucket adds beyond its padded tokens (an
+    empty one: beyond its ``pad_multiple`` filler), for a static ``plan`` made with ``static_shapes``.
 
     Raises:
         ScheduleError: A dynamic-CP plan, or a microbatch larger than the largest bucket.
@@ -84,18 +82,13 @@ def predicted_step_time(
     sync: str = "lockstep",
     static_shapes: StaticShapes | None = None,
 ) -> float:
-    """The step time ``cost`` predicts for ``plan`` (in ``cost``'s units: seconds for a
-    fitted model, FLOPs for :meth:`~seqpack.cost.CostModel.from_transformer`).
+    """The step time ``cost`` predicts for ``plan`` (in ``cost``'s units), every sample's
+    ``sample_cost`` added to its microbatch and an idle group costing ``constant``.
 
     Args:
-        plan: A step's schedule (static or dynamic CP); its ``sample_cost`` is added to its
-            microbatch.
-        cost: A :class:`~seqpack.cost.CostModel` (its CP ring terms included).
-        sync: ``"lockstep"`` (FSDP, pipeline: every round waits for its slowest group):
-            ``sum_m max_g time[g]``. ``"replica"`` (DDP, ZeRO-1: no barrier between rounds):
-            the last rank's finish time, a group starting once all its ranks have finished
-            their previous round (static groups: the slowest replica's total). An idle group
-            runs a padding-only filler costing ``constant``.
+        sync: ``"lockstep"``: ``sum_m max_g time[g]``. ``"replica"`` (no barrier between
+            rounds): the last rank's finish time, a group starting once all its ranks have
+            finished their previous round (static groups: the slowest replica's total).
         static_shapes: The packs' fixed shapes (static plans): every microbatch also pays
             the linear cost of the tokens its bucket adds (:func:`bucket_padding`).
 
@@ -119,12 +112,12 @@ def predicted_step_time(
     if plan.num_groups == 0:
         return 0.0
     times = _priced_times(plan, cost, static_shapes)
+    if plan.is_static:  # group m * dp + d: microbatch m of replica d
+        return step_objective(times.reshape(plan.num_microbatches, plan.dp_size), mode)
     if mode == Sync.LOCKSTEP:
         heights = np.full(plan.num_microbatches, -np.inf)
         np.maximum.at(heights, plan.group_round, times)
         return float(heights.sum())
-    if plan.is_static:  # every rank of a replica finishes together: the slowest replica's total
-        return float(np.bincount(plan.leading_replica(), weights=times, minlength=plan.dp_size).max())
     finish = np.zeros(plan.num_ranks, dtype=np.float64)
     for m in range(plan.num_microbatches):
         groups = plan.round_groups(m)
@@ -135,8 +128,8 @@ def predicted_step_time(
 
 
 def group_sums(plan: Schedule, ranks_per_node: int) -> np.ndarray:
-    """int64 ``[G, 4]``: the ``(size, S, SS, spans)`` of every group of ``plan`` (padded
-    lengths; an idle group runs a ``pad_multiple`` filler alone: size 1)."""
+    """int64 ``[G, 4]``: every group's ``(size, S, SS, spans)`` over padded lengths (an idle
+    group: a ``pad_multiple`` filler alone, size 1)."""
     padded = plan.padded_assigned()
     s = np.zeros(plan.num_groups, dtype=np.int64)
     ss = np.zeros(plan.num_groups, dtype=np.int64)
