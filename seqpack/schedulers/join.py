@@ -4,6 +4,7 @@ dynamic-CP step with groups: :mod:`seqpack.schedulers.minibatches`,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,7 +40,8 @@ def join_plans(parts: Sequence[Schedule], ids: Sequence[np.ndarray], original: n
     def joined(name: str) -> np.ndarray:
         return np.concatenate([where[getattr(p, name)] for p, where in zip(parts, ids, strict=True)]).astype(np.int64)
 
-    return Schedule(
+    return dataclasses.replace(  # the limits are the first part's
+        first,
         num_microbatches=int(rounds[-1]),
         group_round=np.concatenate([p.group_round + r for p, r in zip(parts, rounds[:-1].tolist(), strict=True)]),
         group_start=np.concatenate([p.group_start for p in parts]),
@@ -48,11 +50,6 @@ def join_plans(parts: Sequence[Schedule], ids: Sequence[np.ndarray], original: n
         assigned=joined("assigned"),
         lengths=effective,
         original_lengths=original,
-        dp_size=first.dp_size,
-        cp_size=first.cp_size,
-        max_tokens_per_rank=first.max_tokens_per_rank,
-        pad_multiple=first.pad_multiple,
-        group_sizes=first.group_sizes,
         deferred=np.sort(joined("deferred")),
         dropped=np.sort(joined("dropped")),
         truncated=np.sort(joined("truncated")),

@@ -1,10 +1,6 @@
 """Mini-batches: one global batch that is ``k`` optimizer steps (PPO / GRPO epochs over a
-rollout batch, verl's ``keep_minibatch``), each balanced on its own, no sample crossing.
-
-:func:`schedule_minibatches` plans each mini-batch (:func:`minibatch_of`) alone, static or
-dynamic CP, and joins the plans (:func:`~seqpack.schedulers.join.join_plans`): microbatches
-``starts[j]:starts[j + 1]`` are mini-batch ``j``'s, run before its optimizer step.
-"""
+rollout batch, verl's ``keep_minibatch``), each balanced on its own, no sample crossing
+(docs/rl.md, "Mini-batches")."""
 
 from __future__ import annotations
 
@@ -24,20 +20,17 @@ __all__ = ["minibatch_loss_tokens", "minibatch_of", "schedule_minibatches"]
 
 
 def minibatch_of(origin: np.ndarray, minibatches: int, unit: np.ndarray | None = None) -> np.ndarray:
-    """Mini-batch of every global id: each DP rank's ids (ascending) cut into ``minibatches``
-    contiguous chunks of sizes differing by at most one (``numpy.array_split``); with
-    ``unit`` (:func:`~seqpack.schedulers.sample_groups.group_units`) every unit takes the
-    mini-batch of its first id."""
+    """Mini-batch of every global id: each DP rank's ids (ascending) cut by ``numpy.array_split``
+    into ``minibatches`` chunks; with ``unit`` (units numbered from 0:
+    :func:`~seqpack.schedulers.sample_groups.group_units`) a unit goes with its first id."""
     k = check_positive_int("minibatches", minibatches)
     out = np.zeros(origin.shape[0], dtype=np.int64)
     for rank in np.unique(origin).tolist():
         ids = np.flatnonzero(origin == rank)
         for j, chunk in enumerate(np.array_split(ids, k)):
             out[chunk] = j
-    if unit is not None and unit.size:
-        first = np.zeros(int(unit.max()) + 1, dtype=np.int64)
-        values, index = np.unique(unit, return_index=True)  # each unit's first id
-        first[values] = index
+    if unit is not None:
+        first = np.unique(unit, return_index=True)[1]  # each unit's first id
         out = out[first[unit]]
     return out
 
@@ -52,13 +45,9 @@ def schedule_minibatches(
     together: bool = False,
     equal_counts: bool = False,
 ) -> tuple[Schedule, list[int]]:
-    """One schedule of ``request`` in ``minibatches`` mini-batches, each planned alone.
-    ``group_ids``, ``grouped``, ``together`` and ``equal_counts`` are
-    :func:`~seqpack.schedulers.sample_groups.schedule_groups`'s.
-
-    Returns:
-        ``(schedule, starts)``: ``starts`` (``minibatches + 1`` values) bounds each
-        mini-batch's microbatches (rounds).
+    """``(schedule, starts)``: one schedule of ``request`` in ``minibatches`` mini-batches, each
+    planned alone (the grouping as :func:`~seqpack.schedulers.sample_groups.schedule_groups`),
+    run one after the other: rounds ``starts[j]:starts[j + 1]`` are mini-batch ``j``'s.
 
     Raises:
         ConfigError: A mini-batch without samples (fewer samples on a rank than mini-batches).

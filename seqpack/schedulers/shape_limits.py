@@ -135,9 +135,7 @@ def fit_sequence_limit(
                     f"{needed} microbatches; raise num_microbatches to {needed} or max_sequences"
                 )
             added = round_multiple
-            counts = np.vstack([counts, np.zeros((added, dp), np.int64)])
-            tokens = np.vstack([tokens, np.zeros((added, dp), np.int64)])
-            load = np.vstack([load, np.zeros((added, dp))])
+            counts, tokens, load = (np.vstack([a, np.zeros((added, dp), a.dtype)]) for a in (counts, tokens, load))
             members.extend([[] for _ in range(dp)] for _ in range(added))
             found = (counts.shape[0] - added) * dp + (d if keep_replica else 0)
         tm, td = divmod(found, dp)
