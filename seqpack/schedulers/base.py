@@ -1,6 +1,5 @@
-"""The scheduler base classes: :class:`Scheduler` (one step's lengths to a
-:class:`~seqpack.schedulers.schedule.Schedule`) and :class:`GridScheduler`, the base of the
-static-CP planners (``balanced``, ``dp_balanced``, ``empty``, yours)."""
+"""The scheduler base classes: :class:`Scheduler` and :class:`GridScheduler`, the base of the
+static-CP planners (``balanced``, ``dp_balanced``, ``empty``, yours; docs/schedulers.md)."""
 
 from __future__ import annotations
 
@@ -23,17 +22,12 @@ __all__ = ["GridScheduler", "Scheduler"]
 
 
 class Scheduler(ABC):
-    """Turns one step's lengths into a :class:`Schedule`: pure and deterministic (same
-    input, same output, on every rank).
-
-    Subclasses implement :meth:`plan`, which takes the checked :class:`Request`; static-CP
-    planners subclass :class:`GridScheduler` and implement its ``_plan`` instead.
-    """
+    """Turns one step's lengths into a :class:`Schedule`, pure and deterministic (same input,
+    same output, on every rank): subclasses implement :meth:`plan` of the checked :class:`Request`."""
 
     name: ClassVar[str] = ""
     group_sizes: GroupSizes = GroupSizes.STATIC
-    """The CP groups this scheduler's plans use: ``"static"`` (every microbatch on one
-    replica's CP block), or a dynamic-CP rule."""
+    """The rule of the CP groups this scheduler's plans use."""
 
     def schedule(
         self,
@@ -196,8 +190,7 @@ def fit_sequence_slots(
 ) -> list[list[np.ndarray]]:
     """:func:`fit_sequence_limit` of ``rounds`` of ``request`` (after the oversize policy, cost
     on the static group) to its ``static_shapes``' sequence limit, each sequence weighed by its
-    cost plus ``sample_cost`` (no cost model: its padded tokens), rounds added in ``scheduler``'s
-    ``microbatch_multiple``: the one repair of the static plans.
+    cost plus ``sample_cost`` (no cost model: its padded tokens), in ``microbatch_multiple`` rounds.
 
     Raises:
         ScheduleError: ``fixed_rounds`` (a forced count) given and the ids need more rounds.

@@ -28,13 +28,8 @@ def available_schedulers(*, dynamic_cp: bool = False) -> list[str]:
 
 
 def get_scheduler(name: str | Scheduler = "balanced", **options: object) -> Scheduler:
-    """The scheduler registered as ``name``, built with ``options``.
-
-    Args:
-        name: ``"balanced"`` (default), ``"dp_balanced"``, ``"empty"``, ``"dynamic_cp"`` (CP
-            groups per microbatch round) or another registered name; a Scheduler instance is
-            returned as is.
-        **options: Keyword arguments of the scheduler's class (e.g. ``order="pipeline"``).
+    """The scheduler registered as ``name`` (:func:`available_schedulers`), built with the
+    keyword arguments ``options`` of its class; a Scheduler instance is returned as is.
 
     Raises:
         ValueError: Unknown name, or options given with an instance.

@@ -83,9 +83,8 @@ def check_partition(schedule: Schedule) -> None:
         raise ScheduleError(f"group {int(np.argmin(size))} has size {int(size.min())}; sizes must be >= 1")
     if rounds.size and (np.any(np.diff(rounds) < 0) or rounds.min() < 0 or rounds.max() >= m_count):
         raise ScheduleError(f"group rounds must be sorted and within 0..{m_count - 1}")
-    present = np.unique(rounds)
-    if present.shape[0] != m_count:
-        missing = sorted(set(range(m_count)) - set(present.tolist()))
+    missing = np.setdiff1d(np.arange(m_count), rounds)
+    if missing.size:
         raise ScheduleError(f"round {missing[0]} has no groups: every round must partition the {ranks} ranks")
     end = start + size
     first = np.ones(rounds.shape[0], dtype=bool)
@@ -192,13 +191,8 @@ def check_capacity(schedule: Schedule) -> None:
 
 
 def check_static_shapes(schedule: Schedule, static_shapes: StaticShapes) -> None:
-    """Every microbatch of a static plan holds at most ``static_shapes.max_real_sequences``
-    sequences and at most its largest bucket's padded tokens.
-
-    Raises:
-        ScheduleError: A dynamic-CP plan, or the first microbatch past a limit.
-        SeqpackTypeError: ``static_shapes`` not a :class:`~seqpack.thd.StaticShapes`.
-    """
+    """Every microbatch of a static plan fits ``static_shapes``' ``max_real_sequences`` and
+    largest bucket (raises ScheduleError for a dynamic-CP plan; SeqpackTypeError for a bad type)."""
     shapes = as_static_shapes(static_shapes)
     assert shapes is not None
     if not schedule.is_static:

@@ -42,11 +42,7 @@ def rank_times(plan: Schedule, cost: CostModel) -> np.ndarray:
 def bucket_padding(plan: Schedule, static_shapes: StaticShapes) -> np.ndarray:
     """int64 ``[G]``: the tokens each microbatch's bucket adds beyond its padded tokens (an
     empty one: beyond its ``pad_multiple`` filler), for a static ``plan`` made with ``static_shapes``.
-
-    Raises:
-        ScheduleError: A dynamic-CP plan, or a microbatch larger than the largest bucket.
-        SeqpackTypeError: ``static_shapes`` of the wrong type.
-    """
+    Raises ScheduleError (a dynamic-CP plan, a microbatch past the largest bucket), SeqpackTypeError."""
     shapes = as_static_shapes(static_shapes)
     assert shapes is not None
     if not plan.is_static:
@@ -130,10 +126,8 @@ def predicted_step_time(
 def group_sums(plan: Schedule, ranks_per_node: int) -> np.ndarray:
     """int64 ``[G, 4]``: every group's ``(size, S, SS, spans)`` over padded lengths (an idle
     group: a ``pad_multiple`` filler alone, size 1)."""
-    padded = plan.padded_assigned()
-    s = np.zeros(plan.num_groups, dtype=np.int64)
+    padded, s = plan.padded_assigned(), plan.group_tokens()
     ss = np.zeros(plan.num_groups, dtype=np.int64)
-    np.add.at(s, plan.group_of, padded)
     np.add.at(ss, plan.group_of, padded * padded)
     spans = spans_nodes(plan.group_start, plan.group_size, ranks_per_node).astype(np.int64)
     pad, busy = plan.pad_multiple, plan.group_counts > 0
