@@ -66,7 +66,7 @@ PARTS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
         (),
         "dynamic_cp.txt, dynamic_cp_ablation.txt",
     ),
-    "RL groups, mini-batches": (("sample_groups.py", "minibatches.py", "join.py"), (), "rl_groups.txt"),
+    "RL groups, mini-batches": (("sample_groups.py", "minibatches.py"), (), "rl_groups.txt"),
     "static shapes": (("shape_limits.py", "bucket_ladder.py"), (), "static_shapes_ladder.txt, docs/thd.md"),
     "encoder plan (vision)": (("encoder_plan.py",), (), "encoder_plan.txt"),
 }

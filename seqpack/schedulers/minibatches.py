@@ -10,9 +10,8 @@ import numpy as np
 
 from seqpack.errors import ConfigError
 from seqpack.schedulers.base import Scheduler
-from seqpack.schedulers.join import join_plans
 from seqpack.schedulers.request import Request
-from seqpack.schedulers.sample_groups import group_units, schedule_groups
+from seqpack.schedulers.sample_groups import group_units, join_plans, schedule_groups
 from seqpack.schedulers.schedule import Schedule
 from seqpack.validation import check_positive_int
 
