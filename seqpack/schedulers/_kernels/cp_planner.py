@@ -1,8 +1,6 @@
-"""numba kernels of the dynamic-CP planner (``seqpack.schedulers.dynamic_cp``), each checked
-against its twin in ``tests/schedulers/dynamic_cp_reference.py``.
-
-``coef`` is :meth:`CostModel.group_coefficients` (``constant, linear, quadratic, ring_step,
-ring_token, ring_token_inter``). Ties are broken by indices, never by chance.
+"""numba kernels of the dynamic-CP planner (docs/dynamic_cp.md), each checked against its
+twin in ``tests/schedulers/dynamic_cp_reference.py``. ``coef`` is
+:meth:`CostModel.group_coefficients`; ties are broken by indices, never by chance.
 """
 
 from __future__ import annotations
@@ -46,12 +44,9 @@ def choose_sizes(
     pad_multiple: int,
     height: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Each sequence's group size: the smallest allowed size that holds it and runs it alone
-    within ``height``; when none does, the fastest size that holds it (ties: smaller).
-
-    Returns (size per sequence, its time alone), or size -1 when no size holds it.
-    Bounds: both outputs have one entry per sequence.
-    """
+    """Each sequence's group size and its time alone: the smallest of ``sizes`` that holds it
+    and runs it within ``height``, else the fastest that holds it (ties: smaller), else -1.
+    Bounds: both outputs have one entry per sequence."""
     n = lengths.shape[0]
     size_of = np.full(n, -1, dtype=np.int64)
     time_of = np.zeros(n, dtype=np.float64)
@@ -74,10 +69,9 @@ def choose_sizes(
 
 @njit(cache=True)
 def shelf(widths: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """First fit of blocks of ``widths`` (in the order given) into rounds of ``num_ranks``
-    ranks. Returns (round of each block, ranks used per round, number of rounds).
-    Bounds: a round opens only for a block, so there are at most ``n`` (``used`` holds
-    ``max(n, 1)``)."""
+    """First fit of blocks of ``widths``, in order, into rounds of ``num_ranks``: (round of each
+    block, ranks used per round, rounds). Bounds: a round opens only for a block (``used``
+    holds ``max(n, 1)``)."""
     n = widths.shape[0]
     round_of = np.empty(n, dtype=np.int64)
     used = np.zeros(max(n, 1), dtype=np.int64)
@@ -94,22 +88,22 @@ def shelf(widths: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np.ndarray, i
 
 
 @helper
-def _before(a: int, b: int, first: np.ndarray, second: np.ndarray, by_second: bool) -> bool:
-    """Heap order: larger ``first``; then (``by_second``) smaller ``second``; then lower index."""
+def _before(a: int, b: int, first: np.ndarray, second: np.ndarray) -> bool:
+    """Heap order: larger ``first``, then smaller ``second``, then lower index."""
     if first[a] != first[b]:
         return first[a] > first[b]
-    if by_second and second[a] != second[b]:
+    if second[a] != second[b]:
         return second[a] < second[b]
     return a < b
 
 
 @helper
-def _push(heap: np.ndarray, size: int, b: int, first: np.ndarray, second: np.ndarray, by_second: bool) -> int:
+def _push(heap: np.ndarray, size: int, b: int, first: np.ndarray, second: np.ndarray) -> int:
     i = size
     heap[i] = b
     while i > 0:
         parent = (i - 1) // 2
-        if not _before(heap[i], heap[parent], first, second, by_second):
+        if not _before(heap[i], heap[parent], first, second):
             break
         heap[i], heap[parent] = heap[parent], heap[i]
         i = parent
@@ -117,7 +111,7 @@ def _push(heap: np.ndarray, size: int, b: int, first: np.ndarray, second: np.nda
 
 
 @helper
-def _pop(heap: np.ndarray, size: int, first: np.ndarray, second: np.ndarray, by_second: bool) -> tuple[int, int]:
+def _pop(heap: np.ndarray, size: int, first: np.ndarray, second: np.ndarray) -> tuple[int, int]:
     top = heap[0]
     size -= 1
     heap[0] = heap[size]
@@ -126,9 +120,9 @@ def _pop(heap: np.ndarray, size: int, first: np.ndarray, second: np.ndarray, by_
         child = 2 * i + 1
         if child >= size:
             break
-        if child + 1 < size and _before(heap[child + 1], heap[child], first, second, by_second):
+        if child + 1 < size and _before(heap[child + 1], heap[child], first, second):
             child += 1
-        if not _before(heap[child], heap[i], first, second, by_second):
+        if not _before(heap[child], heap[i], first, second):
             break
         heap[i], heap[child] = heap[child], heap[i]
         i = child
@@ -149,17 +143,10 @@ def lpt(
     ranks_per_node: int,
     pad_multiple: int,
 ) -> tuple[bool, np.ndarray]:
-    """Place sequences (longest first, as given) one by one into the bin furthest below its
-    floor (``floor - load`` largest; ties: fewer tokens, lower index) among those with room
-    for it. Bins without room wait in a second heap, by free room, until a sequence short
-    enough comes. Updates the bin arrays in place.
-
-    Returns (every sequence placed, bin of each sequence or -1).
-
-    Bounds: the two heaps (``main``, ``park``) have one entry per bin: a bin popped from
-    either is pushed back onto at most one of them, so together they hold each bin at most
-    once. Requires the sequences longest first (the last is the smallest).
-    """
+    """The fill (docs/dynamic_cp.md, step 3): each sequence, longest first, into the bin with
+    room furthest below its floor (ties: fewer tokens, lower index); updates the bins. Returns
+    (every sequence placed, bin of each or -1). Bounds: ``main`` and ``park`` have one entry
+    per bin and together hold each bin at most once. Requires the sequences longest first."""
     n = lengths.shape[0]
     nb = bin_size.shape[0]
     bin_of = np.full(n, -1, dtype=np.int64)
@@ -172,14 +159,14 @@ def lpt(
     in_main, in_park = 0, 0
     for b in range(nb):
         if bin_room[b] >= smallest:
-            in_main = _push(main, in_main, b, key, bin_tokens, True)
+            in_main = _push(main, in_main, b, key, bin_tokens)
     for j in range(n):
         fits_alone = padded(lengths[j], 1, pad_multiple)
         while in_park > 0 and bin_room[park[0]] >= fits_alone:
-            b, in_park = _pop(park, in_park, bin_room, bin_room, False)
-            in_main = _push(main, in_main, b, key, bin_tokens, True)
+            b, in_park = _pop(park, in_park, bin_room, bin_room)
+            in_main = _push(main, in_main, b, key, bin_tokens)
         while in_main > 0 and bin_of[j] < 0:
-            b, in_main = _pop(main, in_main, key, bin_tokens, True)
+            b, in_main = _pop(main, in_main, key, bin_tokens)
             p = padded(lengths[j], bin_size[b], pad_multiple)
             if p <= bin_room[b]:
                 c, fp = bin_size[b], float(p)
@@ -191,9 +178,9 @@ def lpt(
                 key[b] = bin_floor[b] - bin_load[b]
                 bin_of[j] = b
                 if bin_room[b] >= smallest:
-                    in_main = _push(main, in_main, b, key, bin_tokens, True)
+                    in_main = _push(main, in_main, b, key, bin_tokens)
             elif bin_room[b] >= smallest:
-                in_park = _push(park, in_park, b, bin_room, bin_room, False)
+                in_park = _push(park, in_park, b, bin_room, bin_room)
         if bin_of[j] < 0:
             return False, bin_of
     return True, bin_of
@@ -236,16 +223,11 @@ def bin_times(
 
 @njit(cache=True)
 def replica_finish(
-    order: np.ndarray,
-    bin_start: np.ndarray,
-    bin_size: np.ndarray,
-    times: np.ndarray,
-    num_ranks: int,
+    order: np.ndarray, bin_start: np.ndarray, bin_size: np.ndarray, times: np.ndarray, num_ranks: int
 ) -> float:
-    """The last rank's finish time when every group starts as soon as all its ranks are
-    free (``order``: bins sorted by round, the order rounds run in). Bounds: ``finish`` has
-    one entry per rank; requires every block inside the ranks (``start + size <=
-    num_ranks``, as the layouts lay them)."""
+    """The last rank's finish time when every group, in ``order`` (by run round), starts once
+    all its ranks are free. Bounds: ``finish`` has one entry per rank; requires ``start +
+    size <= num_ranks`` (as the layouts lay them)."""
     finish = np.zeros(num_ranks, dtype=np.float64)
     for b in order:
         lo, hi = bin_start[b], bin_start[b] + bin_size[b]
@@ -274,13 +256,9 @@ def widen(
     pad_multiple: int,
     num_ranks: int,
 ) -> None:
-    """In every round with idle ranks, give the tallest group the next allowed size that
-    runs it faster and fits the idle ranks, until the tallest cannot grow. Updates
-    ``size_of``, ``time_of`` and ``used`` in place.
-
-    Bounds: requires every round of ``used`` to hold a sequence (as :func:`shelf` opens
-    them): the tallest ``top`` is then a sequence index (``-1`` would wrap to the last one,
-    which no bounds check catches)."""
+    """Widening (docs/dynamic_cp.md, step 2); updates ``size_of``, ``time_of`` and ``used``.
+    Bounds: requires every round of ``used`` to hold a sequence (as :func:`shelf` opens them),
+    so the tallest ``top`` is a sequence index, not -1."""
     n = round_of.shape[0]
     for m in range(used.shape[0]):
         while used[m] < num_ranks:
@@ -308,15 +286,11 @@ def widen(
 def _round_in_nodes(
     members: np.ndarray, count: int, bin_size: np.ndarray, start: np.ndarray, ranks_per_node: int, num_ranks: int
 ) -> bool:
-    """Lay out one round's bins (``members[:count]``, largest first): bins of two ranks and
-    a node or more left to right, smaller ones first-fit into the nodes' free ranks, single
-    ranks in the gaps. False when a small bin finds no node with room (the caller lays it
-    out plainly).
-
-    Bounds: ``taken`` has one entry per rank, ``fill`` one per node. Requires the round's
-    widths to sum to at most ``num_ranks``: the wider bins then end within the ranks, and
-    the single ranks, placed by the second loop only (whatever ``ranks_per_node``), find a
-    free rank below ``num_ranks`` (the free ranks are at least as many as the singles)."""
+    """Lay out one round's bins (``members[:count]``, largest first): a node or more left to
+    right, smaller first-fit into the nodes' free ranks, single ranks in the gaps; False when
+    a small bin finds no node with room. Bounds: ``taken`` has one entry per rank, ``fill``
+    one per node; requires the round's widths to sum to at most ``num_ranks`` (so the singles
+    find free ranks below it)."""
     taken = np.zeros(num_ranks, dtype=np.bool_)
     nodes = -(-num_ranks // ranks_per_node)
     fill = np.zeros(nodes, dtype=np.int64)  # ranks used from the left of each node
@@ -357,9 +331,8 @@ def _round_in_nodes(
 def layout_in_nodes(
     order: np.ndarray, bin_round: np.ndarray, bin_size: np.ndarray, ranks_per_node: int, num_ranks: int
 ) -> np.ndarray:
-    """:func:`layout` for any group size: per round (``order`` sorted by round, then size
-    descending) groups smaller than a node stay inside one node when they can. Bounds: as
-    :func:`_round_in_nodes` for every round; ``members`` holds one round, at most every bin."""
+    """:func:`layout` keeping groups smaller than a node inside one when a round allows
+    (``order`` by round, then size descending). Bounds: as :func:`_round_in_nodes`."""
     start = layout(order, bin_round, bin_size)
     members = np.empty(order.shape[0], dtype=np.int64)
     k = 0
@@ -380,13 +353,9 @@ def layout_in_nodes(
 def place_blocks(
     widths: np.ndarray, times: np.ndarray, num_ranks: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Groups (largest first) onto the aligned block of their width whose ranks are least
-    busy, each after what its block already runs. Returns (first rank and round of each
-    group, busy time and rounds of groups of every rank).
-
-    Bounds: ``load`` and ``depth`` have one entry per rank; requires every width at most
-    ``num_ranks`` (a wider group has no block: it would be put at rank 0 with an infinite
-    busy time)."""
+    """Groups, in order, each onto the least busy aligned block of its width: (first rank and
+    round of each group, busy time and group rounds of every rank). Bounds: ``load`` and
+    ``depth`` have one entry per rank; requires every width at most ``num_ranks``."""
     load = np.zeros(num_ranks, dtype=np.float64)
     depth = np.zeros(num_ranks, dtype=np.int64)
     start = np.empty(widths.shape[0], dtype=np.int64)
@@ -413,9 +382,8 @@ def place_blocks(
 def _rank_choice(
     b: int, p: int, room: np.ndarray, count: np.ndarray, depth: int, load: np.ndarray, coef: np.ndarray
 ) -> tuple[int, float]:
-    """Where rank ``b`` would put a sequence of padded length ``p`` (first fit into its
-    microbatches, else a new one, which costs ``constant``) and its busy time after; slot
-    -1 when all ``depth`` microbatches are too full."""
+    """Rank ``b``'s slot for a sequence of padded length ``p`` (first fit, else a new
+    microbatch; -1 when all ``depth`` are too full) and its busy time after."""
     fp = float(p)
     extra = coef[1] * fp + coef[2] * fp * fp
     for k in range(count[b]):
@@ -430,15 +398,10 @@ def _rank_choice(
 def lpt_ranks(
     lengths: np.ndarray, load: np.ndarray, capacity: int, pad_multiple: int, coef: np.ndarray, depth: int
 ) -> tuple[bool, np.ndarray, np.ndarray, np.ndarray]:
-    """Sequences alone on a rank (longest first) onto the least busy rank that can hold it
-    in one of its ``depth`` microbatches; ranks too full for a sequence wait, by free room,
-    for a shorter one. Updates ``load``. Returns (every sequence placed, rank and microbatch
-    of each sequence, microbatches per rank).
-
-    Bounds: ``room`` is ``ranks x depth`` and read below ``count[b] <= depth``; the heap and
-    the park have one entry per rank (a rank is in at most one of them). Requires the
-    sequences longest first.
-    """
+    """Each sequence, longest first, onto the least busy rank that holds it in one of its
+    ``depth`` microbatches; updates ``load``. Returns (every sequence placed, rank and slot of
+    each, microbatches per rank). Bounds: ``room`` is ``ranks x depth``, read below
+    ``count[b] <= depth``; ``heap`` and ``park`` hold each rank at most once."""
     ranks, n = load.shape[0], lengths.shape[0]
     room = np.full((ranks, depth), capacity, dtype=np.int64)
     count = np.zeros(ranks, dtype=np.int64)
@@ -449,21 +412,21 @@ def lpt_ranks(
     size, parked = 0, 0
     neg = -load  # the heap puts the larger first: the least busy rank comes first
     for b in range(ranks):
-        size = _push(heap, size, b, neg, neg, False)
+        size = _push(heap, size, b, neg, neg)
     smallest = padded(lengths[n - 1], 1, pad_multiple) if n else 0
     for j in range(n):
         p = padded(lengths[j], 1, pad_multiple)
         while parked > 0 and free[park[0]] >= p:
-            b, parked = _pop(park, parked, free, free, False)
-            size = _push(heap, size, b, neg, neg, False)
+            b, parked = _pop(park, parked, free, free)
+            size = _push(heap, size, b, neg, neg)
         best, best_slot, best_t = -1, -1, np.inf
         while best < 0 and size > 0:
-            b, size = _pop(heap, size, neg, neg, False)
+            b, size = _pop(heap, size, neg, neg)
             k, t = _rank_choice(b, p, room, count, depth, load, coef)
             if k >= 0:
                 best, best_slot, best_t = b, k, t
             elif free[b] >= smallest:
-                parked = _push(park, parked, b, free, free, False)
+                parked = _push(park, parked, b, free, free)
         if best < 0:
             return False, rank_of, slot_of, count
         count[best] = max(count[best], best_slot + 1)
@@ -474,5 +437,5 @@ def lpt_ranks(
             for slot in range(depth):
                 free[best] = max(free[best], room[best, slot])
         rank_of[j], slot_of[j] = best, best_slot
-        size = _push(heap, size, best, neg, neg, False)
+        size = _push(heap, size, best, neg, neg)
     return True, rank_of, slot_of, count
