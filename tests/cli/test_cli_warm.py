@@ -29,8 +29,7 @@ import pytest
 import seqpack
 from seqpack.cli.commands.doctor import _check_cache
 from seqpack.cli.warm import FAMILIES
-from seqpack.schedulers._kernels import cache_dir
-from seqpack.schedulers._kernels.sources import kernel_sources
+from seqpack.schedulers._kernels import cache_dir, kernel_sources
 
 pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.timeout(3000)]
 

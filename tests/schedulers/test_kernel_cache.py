@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from seqpack.schedulers._kernels.sources import kernel_sources
+from seqpack.schedulers._kernels import kernel_sources
 
 PACKAGE = Path(__file__).resolve().parents[2] / "seqpack"
 ALLOWED_MODULES = {"numpy"}  # the modules a kernel may read attributes of (np.empty, np.inf)

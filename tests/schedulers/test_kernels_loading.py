@@ -23,7 +23,7 @@ def test_importing_the_schedulers_loads_no_kernel_module():
     code = (
         "import sys, seqpack\n"
         "from seqpack.schedulers import _kernels, get_scheduler\n"
-        "from seqpack.schedulers._kernels.sources import KERNEL_SOURCES\n"
+        "from seqpack.schedulers._kernels import KERNEL_SOURCES\n"
         "kernels = {'seqpack.' + p[:-3].replace('/', '.') for p in KERNEL_SOURCES}\n"
         "assert not kernels & set(sys.modules) and 'numba' not in sys.modules\n"
         "assert _kernels.grid_lpt.__name__ == 'grid_lpt' and _kernels.MODE_COST == 0\n"

@@ -116,8 +116,7 @@ def _warm(*, as_json: bool, jobs: int) -> int:
 def _check_cache() -> str:
     """Where numba caches the kernels, in words; refuse, before compiling, a cache folder numba
     cannot create and write (it would cache elsewhere, or fail with "no locator available")."""
-    from seqpack.schedulers._kernels import cache_dir
-    from seqpack.schedulers._kernels.sources import kernel_sources
+    from seqpack.schedulers._kernels import cache_dir, kernel_sources
 
     folders = sorted({cache_dir(source.parent) for source in kernel_sources()})
     configured = os.environ.get("NUMBA_CACHE_DIR")

@@ -2,6 +2,7 @@
 arrays; ties are broken by integer keys, never by chance, so every rank computes the same
 result. A kernel's module (numba with it) is imported on first use, with one WARNING a process
 where numba is about to compile; one module per kernel family (docs/scale.md, "First use").
+The files numba compiles and where it caches them are known here without numba (for doctor).
 """
 
 from __future__ import annotations
@@ -28,6 +29,18 @@ logger = logging.getLogger(__name__)
 
 # CPU seconds to compile every kernel (`seqpack doctor --warm` on an empty cache, docs/scale.md).
 COLD_COMPILE_SECONDS = 20
+
+# Every seqpack file numba compiles, relative to the package (the offline packer's its own).
+KERNEL_SOURCES = (
+    "packing/_kernel.py",
+    "schedulers/_kernels/bin_search.py",
+    "schedulers/_kernels/consecutive.py",
+    "schedulers/_kernels/cp_planner.py",
+    "schedulers/_kernels/grid.py",
+    "schedulers/_kernels/locality_swaps.py",
+    "schedulers/_kernels/matching.py",
+    "schedulers/_kernels/replica_repair.py",
+)
 
 # Where each kernel and constant is defined; a kernel module is an attribute too.
 _FAMILIES = {
@@ -91,6 +104,11 @@ def _note_compile(module: str) -> None:
         COLD_COMPILE_SECONDS,
         folder,
     )
+
+
+def kernel_sources() -> list[Path]:
+    """The files of :data:`KERNEL_SOURCES`, sorted."""
+    return sorted(Path(__file__).resolve().parents[2] / path for path in KERNEL_SOURCES)
 
 
 def cache_dir(source_dir: Path) -> Path:
