@@ -106,7 +106,7 @@ def _send_home(costs: np.ndarray, home: np.ndarray, encoder: np.ndarray, order: 
 
 def plan_encoders(costs: ArrayLike, home: ArrayLike, num_ranks: int, *, near_tie: float = NEAR_TIE) -> EncoderPlan:
     """The encoding rank of each image of a round: the best of plain LPT and two keep-first
-    schedules (module docstring); its makespan is never above plain LPT's nor the home plan's.
+    schedules (docs/multimodal.md); its makespan is never above plain LPT's nor the home plan's.
 
     Args:
         costs: float ``[N]`` each image's encoder cost (FLOPs or seconds).

@@ -272,10 +272,7 @@ def _dynamic_with_groups(
 def join_plans(parts: Sequence[Schedule], ids: Sequence[np.ndarray], original: np.ndarray) -> Schedule:
     """One plan running ``parts`` one after the other; ``ids[j]``: the global id of each of
     ``parts[j]``'s ids (``original``: every global id's length; ids in no part are dropped).
-
-    Raises:
-        ScheduleError: Parts made for different limits or group rules.
-    """
+    Raises ScheduleError for parts made for different limits or group rules."""
     first = parts[0]
     for p in parts[1:]:
         if p.limits.to_array()[1:].tolist() != first.limits.to_array()[1:].tolist():

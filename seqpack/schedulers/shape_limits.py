@@ -312,10 +312,7 @@ class _TrimState:
 
 def _largest_but(values: np.ndarray) -> np.ndarray:
     """For every index, the largest of the other values (-inf alone)."""
-    if values.shape[0] == 1:
-        return np.full(1, -np.inf)
     first = int(np.argmax(values))
-    rest = np.delete(values, first)
     out = np.full(values.shape[0], float(values[first]))
-    out[first] = float(rest.max())
+    out[first] = float(np.delete(values, first).max(initial=-np.inf))
     return out
