@@ -191,8 +191,12 @@ def check_capacity(schedule: Schedule) -> None:
 
 
 def check_static_shapes(schedule: Schedule, static_shapes: StaticShapes) -> None:
-    """Every microbatch of a static plan fits ``static_shapes``' ``max_real_sequences`` and
-    largest bucket (raises ScheduleError for a dynamic-CP plan; SeqpackTypeError for a bad type)."""
+    """Every microbatch of a static plan fits ``static_shapes``' ``max_real_sequences`` and largest bucket.
+
+    Raises:
+        ScheduleError: A dynamic-CP plan, or the first microbatch past a limit.
+        SeqpackTypeError: ``static_shapes`` not a :class:`~seqpack.thd.StaticShapes`.
+    """
     shapes = as_static_shapes(static_shapes)
     assert shapes is not None
     if not schedule.is_static:

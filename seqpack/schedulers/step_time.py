@@ -9,7 +9,6 @@ import numpy as np
 from seqpack.cost import CostModel, spans_nodes
 from seqpack.errors import ScheduleError, SeqpackTypeError
 from seqpack.options import Sync
-from seqpack.schedulers.objective import step_objective
 from seqpack.schedulers.schedule import Schedule
 from seqpack.schedulers.shape_limits import group_buckets
 from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
@@ -42,7 +41,11 @@ def rank_times(plan: Schedule, cost: CostModel) -> np.ndarray:
 def bucket_padding(plan: Schedule, static_shapes: StaticShapes) -> np.ndarray:
     """int64 ``[G]``: the tokens each microbatch's bucket adds beyond its padded tokens (an
     empty one: beyond its ``pad_multiple`` filler), for a static ``plan`` made with ``static_shapes``.
-    Raises ScheduleError (a dynamic-CP plan, a microbatch past the largest bucket), SeqpackTypeError."""
+
+    Raises:
+        ScheduleError: A dynamic-CP plan, or a microbatch larger than the largest bucket.
+        SeqpackTypeError: ``static_shapes`` of the wrong type.
+    """
     shapes = as_static_shapes(static_shapes)
     assert shapes is not None
     if not plan.is_static:
@@ -108,12 +111,12 @@ def predicted_step_time(
     if plan.num_groups == 0:
         return 0.0
     times = _priced_times(plan, cost, static_shapes)
-    if plan.is_static:  # group m * dp + d: microbatch m of replica d
-        return step_objective(times.reshape(plan.num_microbatches, plan.dp_size), mode)
     if mode == Sync.LOCKSTEP:
         heights = np.full(plan.num_microbatches, -np.inf)
         np.maximum.at(heights, plan.group_round, times)
         return float(heights.sum())
+    if plan.is_static:  # every rank of a replica finishes together: the slowest replica's total
+        return float(np.bincount(plan.leading_replica(), weights=times, minlength=plan.dp_size).max())
     finish = np.zeros(plan.num_ranks, dtype=np.float64)
     for m in range(plan.num_microbatches):
         groups = plan.round_groups(m)
