@@ -42,11 +42,8 @@ def schedule_groups(
     Args:
         group_ids: Group of every sequence (read where ``grouped``).
         grouped: The sequence carries a group id (else it is a group of one).
-        together: Also keep every group that fits one microbatch in one microbatch (at the
-            scheduler's ``num_microbatches``, ``min_microbatches`` and
-            ``microbatch_multiple`` where it has them).
-        equal_counts: Every replica trains the same number of sequences (verl's
-            ``equal_size``): all groups equally large, ``dp_size`` dividing their number.
+        together: Also keep every group that fits one microbatch in one microbatch.
+        equal_counts: Every replica trains as many sequences (verl's ``equal_size``).
 
     Raises:
         ScheduleError: A group larger than a replica holds (fixed microbatch count), with
