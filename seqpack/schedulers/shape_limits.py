@@ -111,10 +111,10 @@ def fit_sequence_limit(
     tokens = np.bincount(cell[kept], weights=padded[every[kept]], minlength=sizes.shape[0]).astype(np.int64)
     tokens = tokens.reshape(shape)
     load = np.bincount(cell[kept], weights=weight[every[kept]], minlength=sizes.shape[0]).reshape(shape)
-    members: list[list[list[int] | np.ndarray]] = [list(row) for row in grid]
+    touched: dict[tuple[int, int], list[int]] = {}  # the cells a move touched, as lists
     for c in np.unique(cell[excess]).tolist():
         m, d = divmod(c, dp)
-        members[m][d] = grid[m][d][kept[starts[c] : starts[c] + sizes[c]]].tolist()
+        touched[m, d] = grid[m][d][kept[starts[c] : starts[c] + sizes[c]]].tolist()
     pending = every[excess]
     pending_cell = cell[excess]
     moving = np.lexsort((pending, -padded[pending]))  # longest first, ties the lower id
@@ -136,20 +136,16 @@ def fit_sequence_limit(
                 )
             added = round_multiple
             counts, tokens, load = (np.vstack([a, np.zeros((added, dp), a.dtype)]) for a in (counts, tokens, load))
-            members.extend([[] for _ in range(dp)] for _ in range(added))
+            grid.extend([np.zeros(0, np.int64)] * dp for _ in range(added))
             found = (counts.shape[0] - added) * dp + (d if keep_replica else 0)
         tm, td = divmod(found, dp)
-        target = members[tm][td]
-        if isinstance(target, np.ndarray):
-            target = members[tm][td] = target.tolist()
-        target.append(i)
+        touched.setdefault((tm, td), grid[tm][td].tolist()).append(i)
         counts[tm, td] += 1
         tokens[tm, td] += size
         load[tm, td] += float(weight[i])
-    return [
-        [ids if isinstance(ids, np.ndarray) else np.sort(np.asarray(ids, dtype=np.int64)) for ids in row]
-        for row in members
-    ]
+    for (m, d), ids in touched.items():
+        grid[m][d] = np.sort(np.asarray(ids, dtype=np.int64))
+    return grid
 
 
 def _least_loaded(room: np.ndarray, load: np.ndarray, m: int) -> int | None:
