@@ -1,15 +1,12 @@
 """home_swaps: bring sequences home by moves and swaps that keep every cap (the locality
 pass of ``balanced``; docs/scale.md describes it).
 
-Bin ``(m, d)`` is index ``m * dp + d``. The ``book`` holds the cost and tokens of every bin
-(``load``, ``tok``), the cost of every replica (``total``) and the caps. While home ``h``'s
-turn runs, the *cache* holds the sequences on ``h`` sorted by cost (``cache_y`` the sequence,
-``cache_o`` its home, ``cache_t`` its tokens, ``cache_c`` its cost, ``cache_m`` its round) and
-the *pairs* of the turn are sorted by summed cost (``pair_c``, ``pair_y1 < pair_y2``,
-``pair_m``). A swap of ``x`` (cost ``cx``, ``tx`` tokens) into bin ``b`` for what returns from
-it (``cy``, ``ty``) keeps ``b``'s caps only if ``cx <= cy + round_cap[m] - load[b]`` and ``tx
-<= ty + capacity - tok[b]``: the right-hand sides are an entry's *keys* (:func:`_keys`). Max
-trees over the cache, the pairs and the home's bins keep each key's largest per subtree, so
+Bin ``(m, d)`` is index ``m * dp + d``. While home ``h``'s turn runs, the *cache* holds the
+sequences on ``h`` sorted by cost, and the *pairs* of the turn are sorted by summed cost. A
+swap of ``x`` (cost ``cx``, ``tx`` tokens) into bin ``b`` for what returns from it (``cy``,
+``ty``) keeps ``b``'s caps only if ``cx <= cy + round_cap[m] - load[b]`` and ``tx <= ty +
+capacity - tok[b]``: the right-hand sides are an entry's *keys* (:func:`_keys`). Max trees
+over the cache, the pairs and the home's bins keep each key's largest per subtree, so
 :func:`_next_open` skips only entries the exact check (:func:`_fits`) would reject.
 """
 
@@ -23,10 +20,13 @@ from seqpack.schedulers._kernels._types import BoolArray, FloatArray, IntArray
 PAIR_BIN = 16  # home_swaps pairs sequences of bins holding at most this many
 HOME_TREE_MIN = 256  # home_swaps walks trees over a home's sequences from this many (a turn's cache and own)
 _NO_TOKENS = -(1 << 62)  # the token key of an empty leaf or a pair that moved
+# (round_of, replica_of, lengths, costs, origin, moved_at): per sequence; moved_at[y], the change that last moved y
+Seqs = tuple[IntArray, IntArray, IntArray, FloatArray, IntArray, IntArray]
 # (load, tok, total, round_cap, capacity, replica_cap, dp): the bins' and replicas' loads and their caps
 Book = tuple[FloatArray, IntArray, FloatArray, FloatArray, int, float, int]
-Cache = tuple[IntArray, IntArray, IntArray, FloatArray, IntArray]  # (cache_y, cache_o, cache_t, cache_c, cache_m)
-Pairs = tuple[FloatArray, IntArray, IntArray, IntArray]  # (pair_c, pair_y1, pair_y2, pair_m)
+# (cache_y, cache_o, cache_t, cache_c, cache_m): each entry's sequence, its home, tokens, cost and round
+Cache = tuple[IntArray, IntArray, IntArray, FloatArray, IntArray]
+Pairs = tuple[FloatArray, IntArray, IntArray, IntArray]  # (pair_c, pair_y1 < pair_y2, pair_m): summed cost, round
 # (c1, c2, csize, p1, p2, psize, r1, r2, rsize): the cache's, the pairs' and the bins' trees and leaf counts
 Trees = tuple[FloatArray, IntArray, int, FloatArray, IntArray, int, FloatArray, IntArray, int]
 # (cpos, bhead, bnext, bprev, pseg, plist): each cache entry's position by sequence, the cache's sequences
@@ -68,15 +68,13 @@ def home_swaps(
     fewer than ``HOME_TREE_MIN // 4`` rounds for the bins' tree, is scanned without trees.
 
     Bounds: the cache holds exactly the sequences on the current home (at most ``n``; ``n +
-    1`` entries); a turn's pairs come from rounds of at most ``PAIR_BIN`` of them, at most
-    ``rounds * PAIR_BIN * (PAIR_BIN - 1) / 2``; the sort buffers hold either; the cache's tree
-    has a leaf for every entry the turn can reach (the cache grows by one per move and the
-    turn makes at most one change per sequence of its run: ``k + j - i``, capped at ``n``);
-    the arrival list gets an entry for every sequence a change sends away from a home (two
-    for a pair swap) and is reset every pass, in which each sequence of ``order`` makes at
-    most one change: at most ``2 * len(order)`` entries. Requires ``0 <= round_of < rounds``,
-    ``0 <= replica_of, origin < dp``, ``order`` a permutation of the sequences grouped by
-    origin.
+    1`` entries); a turn's pairs come from rounds of at most ``PAIR_BIN``, at most ``rounds *
+    PAIR_BIN * (PAIR_BIN - 1) / 2``; the sort buffers hold either; the cache's tree has a leaf
+    for every entry the turn can reach (one more per move, at most one change per sequence of
+    its run: ``k + j - i``, capped at ``n``); the arrival list, reset every pass, gets an entry
+    per sequence a change sends away from a home (two for a pair swap), and each sequence of
+    ``order`` makes at most one change a pass: at most ``2 * len(order)``. Requires ``0 <=
+    round_of < rounds``, ``0 <= replica_of, origin < dp``, ``order`` a permutation grouped by origin.
     """
     n = lengths.shape[0]
     load = np.zeros(rounds * dp, dtype=np.float64)
@@ -88,8 +86,7 @@ def home_swaps(
         tok[b] += lengths[i]
         total[replica_of[i]] += costs[i]
     book = (load, tok, total, round_cap, capacity, replica_cap, dp)
-    # Who is on which replica (Roster: a snapshot per pass, the sequences that changed replica
-    # since, the pass's arrivals) and the change that last moved each sequence.
+    # Who is on which replica: a snapshot per pass, the sequences that changed replica since, the arrivals.
     start = np.zeros(dp + 1, dtype=np.int64)
     snap = np.empty(n, dtype=np.int64)
     changed = np.zeros(n, dtype=np.bool_)
@@ -99,6 +96,7 @@ def home_swaps(
     arrival_next = np.empty(2 * order.shape[0] + 1, dtype=np.int64)
     roster = (start, snap, changed, last_arrival, arrivals, arrival_seq, arrival_next)
     moved_at = np.zeros(n, dtype=np.int64)
+    seqs = (round_of, replica_of, lengths, costs, origin, moved_at)
     cache_y = np.empty(n + 1, dtype=np.int64)
     cache_o = np.empty(n + 1, dtype=np.int64)
     cache_t = np.empty(n + 1, dtype=np.int64)
@@ -128,7 +126,7 @@ def home_swaps(
     pseg = np.empty(rounds + 1, dtype=np.int64)
     plist = np.empty(n_pairs_max, dtype=np.int64)
     lists = (cpos, bhead, bnext, bprev, pseg, plist)
-    clock = 0  # changes so far: moved_at[y] is the change that last moved y
+    clock = 0  # changes so far
     changes = 0
     for _ in range(passes):
         _snapshot(replica_of, dp, roster)
@@ -141,7 +139,7 @@ def home_swaps(
             while j < order.shape[0] and origin[order[j]] == home:
                 j += 1
             # The turn of home: its sequences by cost, their pairs, and the trees.
-            k = _fill_cache(home, round_of, replica_of, lengths, costs, origin, roster, cache, buffers)
+            k = _fill_cache(home, seqs, roster, cache, buffers)
             n_pairs = _turn_pairs(k, rounds, cache, seg, by_round, pairs, buffers)
             csize, psize = 0, 0  # a small home: no cache and pair trees
             if k + j - i >= HOME_TREE_MIN:
@@ -150,7 +148,7 @@ def home_swaps(
                     c1 = np.empty(2 * csize, dtype=np.float64)
                     c2 = np.empty(2 * csize, dtype=np.int64)
             trees = (c1, c2, csize, p1, p2, psize, r1, r2, rsize)
-            _turn_trees(k, n_pairs, home, lengths, book, cache, pairs, trees, lists)
+            _turn_trees(k, n_pairs, home, seqs, book, cache, pairs, trees, lists)
             turn = clock
             for g in range(i, j):
                 x = order[g]
@@ -223,9 +221,11 @@ def home_swaps(
                     slot = k
                     k += 1
                 slot = _cache_enter(x, home, tx, cx, best_m, slot, k, cache)
-                _trees_after_change(
-                    slot, best_y, best_y2, best_m, k, home, turn, lengths, moved_at, book, cache, pairs, trees, lists
-                )
+                v1, v2 = _keys(0.0, 0, best_m, home, book)
+                _set_leaf(r1, r2, r1.shape[0] // 2, best_m, v1, v2)
+                if csize > 0:
+                    _cache_leaves(slot, best_y, best_y2, best_m, k, home, book, cache, trees, lists)
+                    _pair_leaves(best_m, home, turn, seqs, book, pairs, trees, lists)
                 made += 1
             i = j
         changes += made
@@ -264,11 +264,9 @@ def _fits(ra: int, here: int, m: int, home: int, cx: float, tx: int, cy: float, 
 def _window(
     cx: float, room: float, spare: float, home_total: float, here_total: float, replica_cap: float
 ) -> tuple[float, float]:
-    """Costs ``[lo, hi]`` a swap partner of ``x`` (cost ``cx``) may have: it must fit into
-    ``x``'s bin (``spare`` cost left there) and ``x`` into its bin (at most ``room`` left in
-    any bin of the home), and both replicas must stay within ``replica_cap`` (the home takes
-    ``x`` for what returns, ``x``'s replica the reverse). Widened by far more than the
-    rounding of the exact check, which each candidate then passes or not."""
+    """Costs ``[lo, hi]`` a swap partner of ``x`` (cost ``cx``) may have for it to fit into
+    ``x``'s bin (``spare`` left), ``x`` into its bin (at most ``room`` left in any bin of the
+    home) and both replicas to keep ``replica_cap``; widened by far more than the rounding."""
     lo = cx - room
     hi = cx + spare
     lo -= 1e-9 * abs(lo) + 1e-9
@@ -280,8 +278,7 @@ def _window(
 
 @no_refcount
 def _shift(src: int, dst: int, c: float, t: int, b_src: int, b_dst: int, book: Book) -> None:
-    """Cost ``c`` and ``t`` tokens of a sequence leave bin ``b_src`` (replica ``src``) for
-    ``b_dst`` (replica ``dst``)."""
+    """Cost ``c`` and ``t`` tokens leave bin ``b_src`` (replica ``src``) for ``b_dst`` (``dst``)."""
     load, tok, total, _, _, _, _ = book
     load[b_src] -= c
     load[b_dst] += c
@@ -314,19 +311,10 @@ def _snapshot(replica_of: IntArray, dp: int, roster: Roster) -> None:
 
 
 @helper
-def _fill_cache(
-    home: int,
-    round_of: IntArray,
-    replica_of: IntArray,
-    lengths: IntArray,
-    costs: FloatArray,
-    origin: IntArray,
-    roster: Roster,
-    cache: Cache,
-    buffers: Buffers,
-) -> int:
+def _fill_cache(home: int, seqs: Seqs, roster: Roster, cache: Cache, buffers: Buffers) -> int:
     """The cache: the sequences on ``home`` (those of the snapshot that did not move since,
     and those that arrived last there), sorted by cost. Returns how many."""
+    round_of, replica_of, lengths, costs, origin, _ = seqs
     start, snap, changed, last_arrival, arrivals, arrival_seq, arrival_next = roster
     cache_y, cache_o, cache_t, cache_c, cache_m = cache
     k = 0
@@ -395,9 +383,8 @@ def _by_round(round_of_entry: IntArray, count: int, rounds: int, seg: IntArray, 
 
 @helper
 def _order_by(key: FloatArray, k: int, buffers: Buffers) -> Buffers:
-    """The positions ``0..k-1`` sorted by ``key`` (stable), in the first ``k`` entries of the
-    first array returned; the second is free. A merge sort in ``buffers`` (runs of 16 by
-    insertion, then bottom-up merges): most homes hold a few sequences."""
+    """The positions ``0..k-1`` sorted by ``key`` (stable) in the first array returned, the other
+    free: a merge sort in ``buffers`` (runs of 16 by insertion, then bottom-up merges)."""
     perm, tmp = buffers
     for t in range(k):
         perm[t] = t
@@ -560,18 +547,11 @@ def _next_open(t1: FloatArray, t2: IntArray, size: int, p: int, end: int, cx: fl
 
 @helper
 def _turn_trees(
-    k: int,
-    n_pairs: int,
-    home: int,
-    lengths: IntArray,
-    book: Book,
-    cache: Cache,
-    pairs: Pairs,
-    trees: Trees,
-    lists: Lists,
+    k: int, n_pairs: int, home: int, seqs: Seqs, book: Book, cache: Cache, pairs: Pairs, trees: Trees, lists: Lists
 ) -> None:
     """At a turn's start: the bins' tree, and for a large home (``csize > 0``) the cache's
     and the pairs' trees, the entries' positions and lists by round, the pairs by round."""
+    lengths = seqs[2]
     cache_y, _, cache_t, cache_c, cache_m = cache
     pair_c, pair_y1, pair_y2, pair_m = pairs
     c1, c2, csize, p1, p2, psize, r1, r2, _ = trees
@@ -616,33 +596,15 @@ def _drop(y: int, m: int, bhead: IntArray, bnext: IntArray, bprev: IntArray) -> 
 
 
 @no_refcount
-def _trees_after_change(
-    q_x: int,
-    y1: int,
-    y2: int,
-    m: int,
-    k: int,
-    home: int,
-    turn: int,
-    lengths: IntArray,
-    moved_at: IntArray,
-    book: Book,
-    cache: Cache,
-    pairs: Pairs,
-    trees: Trees,
-    lists: Lists,
+def _cache_leaves(
+    q_x: int, y1: int, y2: int, m: int, k: int, home: int, book: Book, cache: Cache, trees: Trees, lists: Lists
 ) -> None:
     """``x`` (now cache entry ``q_x`` of ``k``) entered bin ``(m, home)`` for ``y1`` (and
-    ``y2``), or moved there (``y1 < 0``): the bin's leaf, and for a large home the entries
-    that changed place, the entries and pairs of that bin."""
+    ``y2``), or moved there (``y1 < 0``): the leaves of the entries that changed place and
+    of that bin's entries."""
     cache_y = cache[0]
-    pair_c, pair_y1, pair_y2, _ = pairs
-    c1, c2, csize, p1, p2, psize, r1, r2, _ = trees
-    cpos, bhead, bnext, bprev, pseg, plist = lists
-    v1, v2 = _keys(0.0, 0, m, home, book)
-    _set_leaf(r1, r2, r1.shape[0] // 2, m, v1, v2)
-    if csize == 0:
-        return
+    c1, c2, csize = trees[0], trees[1], trees[2]
+    cpos, bhead, bnext, bprev, _, _ = lists
     lo_q = hi_q = q_x
     if y1 < 0:
         hi_q = k - 1  # a new entry at the end slid down to x's place
@@ -663,6 +625,17 @@ def _trees_after_change(
     while y >= 0:
         _entry_leaf(cpos[y], home, book, cache, trees)
         y = bnext[y]
+
+
+@no_refcount
+def _pair_leaves(
+    m: int, home: int, turn: int, seqs: Seqs, book: Book, pairs: Pairs, trees: Trees, lists: Lists
+) -> None:
+    """The leaves of bin ``(m, home)``'s pairs; a pair with a sequence moved since ``turn``'s start is off."""
+    lengths, moved_at = seqs[2], seqs[5]
+    pair_c, pair_y1, pair_y2, _ = pairs
+    p1, p2, psize = trees[3], trees[4], trees[5]
+    pseg, plist = lists[4], lists[5]
     for u in range(pseg[m], pseg[m + 1]):
         c = plist[u]
         z1, z2 = pair_y1[c], pair_y2[c]
