@@ -10,16 +10,12 @@ from seqpack.schedulers._kernels._types import IntArray
 
 @njit(cache=True)
 def greedy_matching(rows: IntArray, cols: IntArray, n: int) -> IntArray:
-    """Match rows to columns (both ``0..n-1``) along candidate pairs given best first.
+    """``column_of_row``: each pair ``(rows[k], cols[k])``, in the caller's order, whose row
+    and column are both still free; then each row left over, in row order, takes the lowest
+    free column. ``O(len(rows) + n)``.
 
-    Walks the pairs ``(rows[k], cols[k])`` in order and takes each whose row and column are
-    both still free. Rows left over then take the lowest free columns, in row order. The
-    caller sorts the pairs (e.g. heaviest overlap first), so the work is
-    ``O(len(rows) + n)``, never ``n * n``. Returns ``column_of_row``.
-
-    Bounds: ``column_of_row`` and ``column_taken`` have ``n`` entries; ``rows`` and ``cols``
-    must lie in ``[0, n)``. A row left over finds a free column below ``n``: every matched
-    row took exactly one column, so fewer than ``n`` are taken while a row is unmatched.
+    Bounds: ``rows`` and ``cols`` lie in ``[0, n)``; a row left over finds a free column
+    below ``n``, as fewer than ``n`` are taken while a row is unmatched.
     """
     column_of_row = np.full(n, -1, dtype=np.int64)
     column_taken = np.zeros(n, dtype=np.bool_)

@@ -1,14 +1,10 @@
 """Locality: plans that leave samples on the DP rank that read them, at no cost in step time.
 
-:func:`plan_local` builds candidate plans at the reference plan's microbatch count (the one
+:func:`plan_local` tries candidate plans at the reference plan's microbatch count (the one
 ``balanced`` made for balance alone) and keeps one that predicts at most ``tolerance`` more
-step time under the sync and moves fewer tokens; otherwise the reference stands. It changes
-only where sequences run, never which sequences a step holds or how many microbatches it runs.
-
-The candidates: :func:`per_replica` (a layout that fills each rank's own microbatches first,
-then the replica repair) and :func:`home_swaps` (the reference with sequences brought home by
-moves and same-cost swaps). :func:`locality_pays` (``locality="auto"``) runs it where the
-exchange time it saves outweighs its plan time (docs/scale.md has the measurements).
+step time and moves fewer tokens; it changes only where sequences run, never which
+sequences a step holds or how many microbatches it runs. docs/scale.md describes the
+candidates and when ``locality="auto"`` turns it on (:func:`locality_pays`).
 """
 
 from __future__ import annotations
@@ -40,7 +36,6 @@ KEPT_HOME = 0.5  # share of the step's tokens locality keeps home that the plain
 _REPLICAS_FILL = 0.9  # home_fill of the per-replica layout
 _REPAIR_WORK_FACTOR = 3  # local layouts start further from balance: 3x the repair's work budget
 _SWAP_SLACK = 0.9  # home swaps may raise each cap by this share of the tolerance
-_SWAP_PASSES = 1  # passes of the home swaps over the sequences
 _SWAPS_ABOVE = 1 / 3  # the home swaps are also tried when the per-replica layout moves more
 
 __all__ = [
@@ -52,7 +47,6 @@ __all__ = [
     "break_even_bytes_per_token",
     "home_swaps",
     "locality_pays",
-    "moved_tokens",
     "per_replica",
     "plan_local",
 ]
@@ -60,19 +54,16 @@ __all__ = [
 
 def break_even_bytes_per_token(*, sequences: int, tokens: int, dp_size: int) -> float:
     """Bytes per token above which locality saves more exchange time than it costs plan
-    time (``inf`` where it saves nothing: one replica, or no tokens): where
-    ``KEPT_HOME * tokens / dp_size * bytes_per_token / LINK_BYTES_PER_SECOND`` exceeds
-    ``PLAN_SECONDS_PER_SEQUENCE * sequences`` (every rank plans the whole step, and saves
-    its own share of the exchange)."""
+    time: where ``KEPT_HOME * tokens / dp_size * bytes_per_token / LINK_BYTES_PER_SECOND``
+    exceeds ``PLAN_SECONDS_PER_SEQUENCE * sequences``; ``inf`` for one replica or no tokens."""
     if dp_size <= 1 or tokens <= 0:
         return float("inf")
     return PLAN_SECONDS_PER_SEQUENCE * sequences * dp_size * LINK_BYTES_PER_SECOND / (KEPT_HOME * tokens)
 
 
 def locality_pays(bytes_per_token: float | None, *, sequences: int, tokens: int, dp_size: int) -> bool:
-    """Whether locality is worth its plan time for a step of ``sequences`` holding ``tokens``
-    padded tokens in ``dp_size`` replicas, at ``bytes_per_token`` (None: the token-id
-    payload, :data:`~seqpack.stats.SAMPLE_BYTES_PER_TOKEN`; :func:`break_even_bytes_per_token`)."""
+    """Whether ``bytes_per_token`` (None: :data:`~seqpack.stats.SAMPLE_BYTES_PER_TOKEN`) is
+    above :func:`break_even_bytes_per_token` for the step."""
     payload = SAMPLE_BYTES_PER_TOKEN if bytes_per_token is None else bytes_per_token
     return payload > break_even_bytes_per_token(sequences=sequences, tokens=tokens, dp_size=dp_size)
 
@@ -83,16 +74,14 @@ Relabel = Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
 
 @dataclasses.dataclass(frozen=True)
 class Local:
-    """One step as the locality stages see it.
+    """One step as the locality stages see it; fields as for ``plan_balanced``, and:
 
     Attributes:
-        padded, costs, dp_size, capacity, constant, sync: As for ``plan_balanced``.
         origin: DP rank holding each sequence.
-        reference: The plan made for balance alone; its microbatch count and bin rule are reused.
-        reference_ranks: The DP rank of every sequence under ``reference``, replicas renamed.
-        max_repair_moves: Cap on repair moves (None: ``8 * dp_size + 64``).
+        reference: The plan made for balance alone, whose microbatch count and bin rule hold.
+        reference_ranks: The DP rank of every sequence under ``reference``.
         tolerance: Largest relative increase of the predicted step time accepted.
-        relabel: Renames a candidate's replicas (:func:`~seqpack.schedulers.balanced.relabel_replicas`).
+        relabel: Renames a candidate's replicas.
     """
 
     padded: np.ndarray
@@ -114,11 +103,10 @@ LocalStage = Callable[[Local], "tuple[BalancedPlan, np.ndarray] | None"]
 
 
 def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
-    """The per-replica layout and its DP ranks, where the step waits for replicas or runs
-    one or two microbatches (None elsewhere, or when it finds no packing): each sequence,
-    longest first, to its own rank's emptiest microbatch while within ``_REPLICAS_FILL`` of
-    its cost target and the mean tokens, else LPT; then, under ``sync="replica"``, the replica
-    repair."""
+    """The per-replica layout and its DP ranks under ``sync="replica"`` or at one or two
+    microbatches (else None, as when it finds no packing): each sequence, longest first, to
+    its own rank's emptiest microbatch while within ``_REPLICAS_FILL`` of its cost target and
+    the mean tokens, else LPT; then, under ``sync="replica"``, the replica repair."""
     padded, costs, dp_size, reference = step.padded, step.costs, step.dp_size, step.reference
     m_count = reference.num_microbatches
     if not (step.sync == Sync.REPLICA or m_count <= 2):
@@ -130,9 +118,7 @@ def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
     else:  # the reference needed the token rules: balance tokens here too
         values = padded.astype(np.float64)
         targets = np.full(dp_size * m_count, float(padded.sum()) / (dp_size * m_count))
-    # Home placements fill a microbatch up to the mean tokens, so a rank of short (cheap per
-    # token) sequences leaves room for the cost its microbatches still lack.
-    share = int(np.ceil(float(padded.sum()) / (dp_size * m_count)))
+    share = int(np.ceil(float(padded.sum()) / (dp_size * m_count)))  # home placements' token fill
     ok, bin_of, _ = _kernels.grid_local(
         order, padded, values, targets, _REPLICAS_FILL, share, step.capacity, step.origin, dp_size
     )
@@ -141,73 +127,54 @@ def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
     grid = laid_out(padded, costs, bin_of // dp_size, bin_of % dp_size, (m_count, dp_size))
     moves = repair_budget(step.max_repair_moves, dp_size)
     if moves > 0 and step.sync == Sync.REPLICA:  # lockstep steps do not wait for replica totals
-        # Close to the reference's busiest replica, and no closer: every repair move moves a
-        # sequence.
+        # Down to the reference's busiest replica and no further: every repair move moves a sequence.
         stop_at = float(reference.load.sum(axis=0).max()) * (1 + step.tolerance * 0.5)
-        work = _REPAIR_WORK_FACTOR * _REPAIR_WORK
-        grid = repair(grid, padded, costs, dp_size, step.capacity, moves, stop_at, work)
+        grid = repair(grid, padded, costs, dp_size, step.capacity, moves, stop_at, _REPAIR_WORK_FACTOR * _REPAIR_WORK)
     plan = BalancedPlan(m_count, *grid, reference.mode, _objective(grid[2], step.constant, step.sync))
     return plan, step.relabel(plan.replica_of, step.origin, padded, dp_size)
 
 
 def home_swaps(step: Local) -> tuple[BalancedPlan, np.ndarray]:
-    """The reference with its replicas renamed, then sequences brought home by
-    :func:`~seqpack.schedulers._kernels.home_swaps` within caps ``1 + slack`` times the
-    reference's (``slack``: ``_SWAP_SLACK`` of the tolerance): every round's heaviest
-    microbatch (not under ``sync="replica"``, whose step does not wait for rounds) and the
-    busiest replica. The microbatch count and every microbatch's capacity hold."""
-    padded, costs, sync, reference = step.padded, step.costs, step.sync, step.reference
+    """The reference with its replicas renamed, then sequences brought home by one pass of
+    :func:`~seqpack.schedulers._kernels.home_swaps` within caps ``1 + _SWAP_SLACK *
+    tolerance`` times the reference's: every round's heaviest microbatch (not under
+    ``sync="replica"``) and the busiest replica."""
+    padded, costs, origin, reference = step.padded, step.costs, step.origin, step.reference
     slack = step.tolerance * _SWAP_SLACK
     m_count, dp_size = reference.load.shape
-    round_of = reference.round_of.copy()
-    replica_of = np.array(step.reference_ranks, dtype=np.int64)  # a copy: the kernel updates it
     shape = (m_count, dp_size)
-    load = _grid(costs, round_of, replica_of, shape)
-    round_cap = np.full(m_count, np.inf) if sync == Sync.REPLICA else load.max(axis=1) * (1 + slack)
+    round_of = reference.round_of.copy()
+    ranks = np.array(step.reference_ranks, dtype=np.int64)  # a copy: the kernel updates it
+    load = _grid(costs, round_of, ranks, shape)
+    round_cap = np.full(m_count, np.inf) if step.sync == Sync.REPLICA else load.max(axis=1) * (1 + slack)
     replica_cap = float(load.sum(axis=0).max()) * (1 + slack)
-    order = _by_home_longest_first(padded, step.origin, dp_size)
+    order = _by_home_longest_first(padded, origin, dp_size)
     _kernels.home_swaps(
-        round_of,
-        replica_of,
-        padded,
-        costs,
-        step.origin,
-        dp_size,
-        m_count,
-        step.capacity,
-        round_cap,
-        replica_cap,
-        order,
-        _SWAP_PASSES,
+        round_of, ranks, padded, costs, origin, dp_size, m_count, step.capacity, round_cap, replica_cap, order, 1
     )
-    grid = laid_out(padded, costs, round_of, replica_of, shape)
-    plan = BalancedPlan(m_count, *grid, reference.mode, _objective(grid[2], 0.0, sync))
+    grid = laid_out(padded, costs, round_of, ranks, shape)
+    plan = BalancedPlan(m_count, *grid, reference.mode, _objective(grid[2], 0.0, step.sync))
     return plan, plan.replica_of
-
-
-def moved_tokens(replica_of: np.ndarray, origin: np.ndarray, padded: np.ndarray) -> int:
-    """Padded tokens of the sequences placed on another replica than the one holding them."""
-    return int(padded[replica_of != origin].sum())
 
 
 def plan_local(
     step: Local, candidates: Sequence[LocalStage] = (per_replica, home_swaps)
 ) -> tuple[BalancedPlan, np.ndarray] | None:
-    """A plan at the reference's microbatch count that keeps sequences on their rank, and the
-    DP rank of every sequence under it; None when no candidate (tried in turn; one that
-    moves at most a third of the tokens ends the search) predicts at most ``tolerance``
-    (relative) more step time and moves fewer tokens than the reference."""
+    """Of the candidates that predict at most ``tolerance`` (relative) more step time, the one
+    that moves the fewest tokens, fewer than the reference, and the DP rank of every sequence
+    under it (None if none does); tried in turn, one moving at most a third of the tokens
+    ends the search."""
     padded, origin, reference = step.padded, step.origin, step.reference
     if padded.shape[0] == 0 or reference.num_microbatches == 0 or step.dp_size == 1:
         return None
     limit = _objective(reference.load, step.constant, step.sync) * (1 + step.tolerance)
     best = None
-    to_beat = moved_tokens(step.reference_ranks, origin, padded)  # a candidate must move less
+    to_beat = int(padded[step.reference_ranks != origin].sum())  # padded tokens off their rank
     for stage in candidates:
         found = stage(step)
         if found is None or _objective(found[0].load, step.constant, step.sync) > limit:
             continue
-        moved = moved_tokens(found[1], origin, padded)
+        moved = int(padded[found[1] != origin].sum())
         if moved < to_beat:
             best, to_beat = found, moved
             if moved <= _SWAPS_ABOVE * float(padded.sum()):
