@@ -1,12 +1,6 @@
-"""``"balanced"``: FLOPs-aware packing that balances DP replicas and microbatch rounds.
-
-Minimises the predicted step time under the ``sync``
-(:func:`~seqpack.schedulers.objective.step_objective`) within the token capacity, from the
-fewest microbatches any packing needs, by a composition of stages
-(:data:`~seqpack.schedulers.balanced.stages.DEFAULT`; docs/schedulers.md describes each and
-what it buys). Deterministic: ties break by index, on every rank alike. Modules: ``rounds``
-(the plan's data and grid helpers), ``stages`` (their composition, the bin rules and
-:func:`plan_balanced`), ``exact``, ``replicas``, ``locality``, ``scheduler``.
+"""``"balanced"``: FLOPs-aware packing that minimises the predicted step time under the
+``sync`` by a composition of stages (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`;
+docs/schedulers.md describes each). Deterministic: ties break by index, on every rank alike.
 """
 
 from __future__ import annotations

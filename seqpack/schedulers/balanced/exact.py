@@ -43,12 +43,7 @@ def bin_lower_bound(sizes: np.ndarray, capacity: int) -> int:
 
 
 def pack_bins(
-    lengths: np.ndarray,
-    num_bins: int,
-    capacity: int,
-    *,
-    max_work: int = DEFAULT_WORK,
-    found_only: bool = False,
+    lengths: np.ndarray, num_bins: int, capacity: int, *, max_work: int = DEFAULT_WORK, found_only: bool = False
 ) -> tuple[int, np.ndarray]:
     """Pack ``lengths`` into ``num_bins`` bins of ``capacity`` tokens exactly, by the item
     search (:func:`~seqpack.schedulers._kernels.dfs`); where bins hold at most ``FEW_PER_BIN``
@@ -69,10 +64,8 @@ def pack_bins(
     bin_of = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return FOUND, bin_of
-    if num_bins <= 0 or int(lengths.max()) > capacity or int(lengths.sum()) > num_bins * capacity:
-        return INFEASIBLE, bin_of
-    if bin_lower_bound(lengths, capacity) > num_bins:
-        return INFEASIBLE, bin_of
+    if num_bins <= 0 or int(lengths.max()) > capacity or bin_lower_bound(lengths, capacity) > num_bins:
+        return INFEASIBLE, bin_of  # the bound is at least the token bound
     order = _longest_first(lengths)
     sizes = lengths[order]
     few = n <= FEW_PER_BIN * num_bins and int(sizes[-1]) > 0  # bin completion takes positive sizes
@@ -97,7 +90,7 @@ def _longest_first(lengths: np.ndarray) -> np.ndarray:
 
 
 def _item_search(
-    sizes: np.ndarray, num_bins: int, capacity: int, max_work: int, futile: bool = False
+    sizes: np.ndarray, num_bins: int, capacity: int, max_work: int, futile: bool
 ) -> tuple[int, np.ndarray]:
     """:func:`~seqpack.schedulers._kernels.dfs`, or ``(GAVE_UP, unplaced)`` without running it
     where it gives up for certain (or ``futile``)."""

@@ -46,26 +46,13 @@ def repair(
 
 
 def replica_first(
-    padded: np.ndarray,
-    costs: np.ndarray,
-    order: np.ndarray,
-    dp_size: int,
-    capacity: int,
-    num_rounds: int,
+    padded: np.ndarray, costs: np.ndarray, order: np.ndarray, dp_size: int, capacity: int, num_rounds: int
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """``(round_of, replica_of)`` of the replica-first plan (:func:`~seqpack.schedulers._kernels.replica_lpt`)
     of ``padded`` taken in ``order``, or None when a sequence fits no microbatch left."""
-    if num_rounds <= 0 or dp_size <= 0 or padded.shape[0] == 0:
+    if num_rounds <= 0 or padded.shape[0] == 0:
         return None
-    ok, round_of, replica_of = _kernels.replica_lpt(
-        np.ascontiguousarray(order, dtype=np.int64),
-        np.ascontiguousarray(padded, dtype=np.int64),
-        np.ascontiguousarray(costs, dtype=np.float64),
-        int(dp_size),
-        int(num_rounds),
-        int(capacity),
-        LPT_WORK,
-    )
+    ok, round_of, replica_of = _kernels.replica_lpt(order, padded, costs, dp_size, num_rounds, capacity, LPT_WORK)
     return (round_of, replica_of) if ok else None
 
 

@@ -173,17 +173,15 @@ def round_position(load: np.ndarray, order: str = "heavy_first") -> np.ndarray:
     round maximum, heaviest first; ``"pipeline"`` lightest first, second lightest last, ...,
     heaviest in the middle (ties keep round order); ``"as_planned"`` in round order."""
     order = check_choice("order", order, Order)
-    m_count = load.shape[0]
-    if m_count == 0 or order == Order.AS_PLANNED:
-        return np.arange(m_count, dtype=np.int64)
-    peak = load.max(axis=1)
-    heavy_first = np.lexsort((np.arange(m_count), -peak))
-    position = np.empty(m_count, dtype=np.int64)
+    k = np.arange(load.shape[0], dtype=np.int64)
+    if k.size == 0 or order == Order.AS_PLANNED:
+        return k
+    heavy_first = np.lexsort((k, -load.max(axis=1)))
+    position = np.empty_like(k)
     if order == Order.HEAVY_FIRST:
-        position[heavy_first] = np.arange(m_count)
-        return position
-    k = np.arange(m_count)
-    position[heavy_first[::-1]] = np.where(k % 2 == 0, k // 2, m_count - 1 - k // 2)
+        position[heavy_first] = k
+    else:
+        position[heavy_first[::-1]] = np.where(k % 2 == 0, k // 2, k.size - 1 - k // 2)
     return position
 
 

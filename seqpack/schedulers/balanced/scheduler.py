@@ -22,31 +22,13 @@ from seqpack.schedulers.request import Request, check_microbatches
 from seqpack.schedulers.schedule import Grid
 from seqpack.schedulers.shape_limits import BucketPrice
 from seqpack.thd import padded_lengths
-from seqpack.validation import (
-    INT64_MAX,
-    check_choice,
-    check_int,
-    check_number,
-    check_optional_int,
-    check_positive_int,
-)
+from seqpack.validation import INT64_MAX, check_choice, check_int, check_number, check_optional_int, check_positive_int
 
 
 class BalancedScheduler(GridScheduler):
-    """FLOPs-aware scheduler balancing replica totals and per-round maxima (docs/schedulers.md).
-
-    Args:
-        order: ``"heavy_first"``, ``"pipeline"`` (light microbatches at both ends) or
-            ``"as_planned"`` (the planner's round order).
-        min_microbatches, microbatch_multiple: At least this many microbatches, and a multiple of this.
-        num_microbatches: Force exactly this many microbatches.
-        max_repair_moves: Cap on the swaps that repair a replica-first or per-replica plan
-            (``sync="replica"``; default ``8 * dp + 64``; 0 turns replica-first and the repair off).
-        locality: Keep sequences on the DP rank that read them where that predicts at most
-            ``locality_tolerance`` (relative) more step time: ``"auto"`` where the request's
-            ``bytes_per_token`` make it pay, ``True`` always, ``False`` never (replicas are still renamed).
-        stages: The plan's stages (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`).
-    """
+    """FLOPs-aware scheduler balancing replica totals and per-round maxima. Its options are
+    docs/schedulers.md's table; ``stages``: the plan's stages
+    (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`)."""
 
     name = "balanced"
 
@@ -165,11 +147,7 @@ class BalancedScheduler(GridScheduler):
 
 
 def _single_rank(
-    padded: np.ndarray,
-    costs: np.ndarray,
-    capacity: int,
-    min_microbatches: int,
-    microbatch_multiple: int,
+    padded: np.ndarray, costs: np.ndarray, capacity: int, min_microbatches: int, microbatch_multiple: int
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """``(round_of, load[M, 1])`` of :func:`seqpack.packing.pack_lengths` when it packs into the
     fewest microbatches any plan can have and that count meets the limits; else None."""

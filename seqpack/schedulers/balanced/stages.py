@@ -35,16 +35,7 @@ from seqpack.schedulers.balanced.rounds import (
 )
 from seqpack.schedulers.shape_limits import BucketPrice
 
-__all__ = [
-    "DEFAULT",
-    "Packed",
-    "Stages",
-    "cost_targets",
-    "exact_search",
-    "first_fit",
-    "plan_balanced",
-    "worst_fit",
-]
+__all__ = ["DEFAULT", "Packed", "Stages", "cost_targets", "exact_search", "first_fit", "plan_balanced", "worst_fit"]
 
 logger = logging.getLogger(__name__)
 
@@ -166,8 +157,6 @@ def plan_balanced(
     Args:
         padded: Padded lengths, each at most ``capacity`` (trusted).
         costs: Cost of each sequence, without the per-microbatch ``constant``.
-        min_microbatches, microbatch_multiple, num_microbatches: Limits on ``M``, or ``M`` itself.
-        max_repair_moves: Cap on repair moves (default ``8 * dp_size + 64``).
         origin: DP rank holding each sequence (ties between equal lengths keep it home).
         price: Under ``static_shapes``, the bucket padding's cost, added where counts are compared.
 
@@ -176,7 +165,6 @@ def plan_balanced(
     """
     padded = np.ascontiguousarray(padded, dtype=np.int64)
     costs = np.ascontiguousarray(costs, dtype=np.float64)
-    n = padded.shape[0]
     seqs = Sequences(
         padded, costs, stages.fill_order(padded, origin), dp_size, capacity, constant,
         repair_budget(max_repair_moves, dp_size), sync, price,
@@ -188,8 +176,8 @@ def plan_balanced(
         if plan is None:
             raise _cannot_hold(padded, dp_size, capacity, num_microbatches, bins_needed)
         return plan
-    if n == 0:
-        plan = _plan_at(dataclasses.replace(seqs, max_repair_moves=0), 0, stages)
+    if padded.size == 0:
+        plan = _plan_at(seqs, 0, stages)
         assert plan is not None  # no sequences: every rule packs them
         return plan
     m = -(-max(fewest, min_microbatches, 1) // microbatch_multiple) * microbatch_multiple
