@@ -51,7 +51,6 @@ def choose_sizes(
     size_of = np.full(n, -1, dtype=np.int64)
     time_of = np.zeros(n, dtype=np.float64)
     for i in range(n):
-        best_t = np.inf
         for k in range(sizes.shape[0]):
             c = sizes[k]
             p = padded(lengths[i], c, pad_multiple)
@@ -61,8 +60,7 @@ def choose_sizes(
             if t <= height:
                 size_of[i], time_of[i] = c, t
                 break
-            if t < best_t:
-                best_t = t
+            if size_of[i] < 0 or t < time_of[i]:
                 size_of[i], time_of[i] = c, t
     return size_of, time_of
 
@@ -154,8 +152,7 @@ def lpt(
         return True, bin_of
     smallest = padded(lengths[n - 1], 1, pad_multiple)
     key = bin_floor - bin_load
-    main = np.empty(nb, dtype=np.int64)
-    park = np.empty(nb, dtype=np.int64)
+    main, park = np.empty(nb, np.int64), np.empty(nb, np.int64)
     in_main, in_park = 0, 0
     for b in range(nb):
         if bin_room[b] >= smallest:
@@ -266,7 +263,6 @@ def widen(
             for i in range(n):
                 if round_of[i] == m and (top < 0 or time_of[i] > time_of[top]):
                     top = i
-            grown = False
             for k in range(sizes.shape[0]):
                 c = sizes[k]
                 if c <= size_of[top] or c - size_of[top] > num_ranks - used[m]:
@@ -276,9 +272,8 @@ def widen(
                 if p <= c * capacity and t < time_of[top]:
                     used[m] += c - size_of[top]
                     size_of[top], time_of[top] = c, t
-                    grown = True
                     break
-            if not grown:
+            else:  # the tallest cannot grow
                 break
 
 
@@ -305,16 +300,14 @@ def _round_in_nodes(
             taken[cursor : cursor + c] = True
             cursor += c
             continue
-        placed = False
         for node in range(cursor // ranks_per_node, nodes):
             lo = max(node * ranks_per_node, cursor) + fill[node]
             if lo + c <= min((node + 1) * ranks_per_node, num_ranks):
                 start[b] = lo
                 taken[lo : lo + c] = True
                 fill[node] = lo + c - max(node * ranks_per_node, cursor)
-                placed = True
                 break
-        if not placed:
+        else:  # no node has room
             return False
     r = 0
     for k in range(count):
