@@ -85,32 +85,26 @@ class Bins:
 def score(p: Problem, bins: Bins) -> Bins:
     """Lay the candidate out and order its rounds heaviest first (unless the builder fixed
     both), then score it exactly."""
-    nb = bins.size.shape[0]
+    kernels, nb = _kernels.cp_planner, bins.size.shape[0]
     if bins.start is None:
-        order = np.lexsort((np.arange(nb), -bins.size, bins.round))
-        if p.in_nodes:
-            bins.start = _kernels.cp_planner.layout_in_nodes(
-                order, bins.round, bins.size, p.ranks_per_node, p.num_ranks
-            )
-        else:
-            bins.start = _kernels.cp_planner.layout(order, bins.round, bins.size)
+        args = (np.lexsort((np.arange(nb), -bins.size, bins.round)), bins.round, bins.size)
+        bins.start = (
+            kernels.layout_in_nodes(*args, p.ranks_per_node, p.num_ranks) if p.in_nodes else kernels.layout(*args)
+        )
     start = bins.start
     count = np.bincount(bins.seq_bin[bins.seq_bin >= 0], minlength=nb)
     idle = float(p.coef[0])  # an idle group runs a padding-only filler under either sync
-    times = _kernels.cp_planner.bin_times(bins.size, start, count, bins.s, bins.ss, p.coef, p.ranks_per_node, idle)
+    times = kernels.bin_times(bins.size, start, count, bins.s, bins.ss, p.coef, p.ranks_per_node, idle)
     rounds = int(bins.round.max()) + 1 if nb else 0
     heights = np.full(rounds, -np.inf)
     np.maximum.at(heights, bins.round, times)
-    if bins.run_round is None:
-        run_order = np.lexsort((np.arange(rounds), -heights))
-        run_round = np.empty(rounds, dtype=np.int64)
-        run_round[run_order] = np.arange(rounds, dtype=np.int64)
-        bins.run_round = run_round[bins.round]
+    if bins.run_round is None:  # each round's place in the run order
+        bins.run_round = np.argsort(np.lexsort((np.arange(rounds), -heights)))[bins.round]
     if p.sync == Sync.LOCKSTEP:
         bins.score = float(heights.sum())
     else:
         by_run = np.lexsort((start, bins.run_round))
-        bins.score = float(_kernels.cp_planner.replica_finish(by_run, start, bins.size, times, p.num_ranks))
+        bins.score = float(kernels.replica_finish(by_run, start, bins.size, times, p.num_ranks))
     return bins
 
 

@@ -1,11 +1,6 @@
-"""The pieces of a dynamic-CP step: one per sequence and rank of its group (pure).
-
-Plane rank ``start + j`` of a sequence's group runs its DualChunkSwap shard ``j`` of ``c``
-(the sequence padded to its group's multiple, chunks ``j`` and ``2c - 1 - j`` of ``2c``). The
-piece is cut and sent by CP rank ``(start + j) % cp`` of the DP replica that read the sample
-(the CP ranks of a replica read identical samples): one sender per piece, and a group shaped
-like static CP, over a replica's own ranks, moves nothing. The exchange
-(``seqpack.collective.exchange``) and the stats (:mod:`.stats`) read this one definition.
+"""The pieces of a dynamic-CP step, one per sequence and rank of its group (pure): who runs
+and who sends each (docs/dynamic_cp.md, "The exchange"), the one definition the exchange
+(``seqpack.collective.exchange``) and the stats (:mod:`.stats`) read.
 """
 
 from __future__ import annotations
@@ -20,9 +15,8 @@ __all__ = ["Pieces", "plan_pieces", "shard_layout"]
 
 
 def shard_layout(plan: Schedule, spans: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """int64 ``[N]`` each: every id's group's first plane rank and size (-1 when not
-    assigned), and the tokens of each of its shards (``spans`` / size, by default its padded
-    length in its group, ``Schedule.packed_spans``; 0 unassigned)."""
+    """int64 ``[N]`` each: every id's group's first plane rank and size (-1 unassigned), and
+    its tokens per shard (``spans``, default ``plan.packed_spans()``, / size; 0 unassigned)."""
     size, start = plan.per_id(plan.group_size), plan.per_id(plan.group_start)
     padded = plan.packed_spans() if spans is None else spans
     return start, size, np.where(size > 0, padded // np.maximum(size, 1), 0)
@@ -31,7 +25,7 @@ def shard_layout(plan: Schedule, spans: np.ndarray | None = None) -> tuple[np.nd
 @dataclasses.dataclass(frozen=True)
 class Pieces:
     """Every piece as flat int64 arrays: the id, its CP rank ``j`` in the group, the plane
-    rank that runs it (``dst``), the one that cuts and sends it (``src``), its tokens."""
+    ranks that run it (``dst``) and send it (``src``), its tokens."""
 
     gid: np.ndarray
     j: np.ndarray

@@ -73,8 +73,7 @@ def _search_heights(p: Problem, replica: bool = False) -> Bins:
             best = candidate
         elif not replica:
             break
-    if replica == (p.sync == Sync.REPLICA):  # the longest sequence's time at each size (the grid's
-        # picks can miss the best there); only in the builder made for the sync
+    if replica == (p.sync == Sync.REPLICA):  # the longest sequence's time on each size, for the sync's builder
         for height in _height_grid(p, top_n=1).tolist():
             if height >= best.score:
                 continue
@@ -102,10 +101,8 @@ def _to_plan(p: Problem, bins: Bins, **fields: object) -> Schedule:
     assert bins.start is not None and bins.run_round is not None
     nb = bins.size.shape[0]
     g_order = np.lexsort((bins.start, bins.run_round))
-    group_of_bin = np.empty(nb, dtype=np.int64)
-    group_of_bin[g_order] = np.arange(nb, dtype=np.int64)
     positions = np.flatnonzero(bins.seq_bin >= 0)
-    group = group_of_bin[bins.seq_bin[positions]]
+    group = np.argsort(g_order)[bins.seq_bin[positions]]  # each placed sequence's group
     packed = np.lexsort((positions, group))
     return Schedule(
         num_microbatches=int(bins.run_round.max()) + 1 if nb else 0,

@@ -18,15 +18,12 @@ __all__ = ["DynamicCpScheduler"]
 
 
 class DynamicCpScheduler(Scheduler):
-    """Plans a step with dynamic CP (:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp`).
+    """Plans a step with dynamic CP (:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp`)
+    under the request's cost, else :meth:`resolve_cost`'s prior.
 
     Args:
-        group_sizes: ``"pow2"`` (default: aligned powers of two and the whole ``dp * cp``,
-            about ``dp * cp`` process groups per lane) or ``"any"`` (every contiguous block,
-            about ``(dp * cp)**2 / 2`` process groups per lane): the CP group sizes a plan may use.
-
-    A plan minimises the step time under the cost it is given (:class:`~seqpack.cost.CostModel`,
-    its ring terms included); without one, :meth:`resolve_cost`'s prior.
+        group_sizes: The CP group sizes a plan may use: ``"pow2"`` (default; aligned powers
+            of two and all ``dp * cp``) or ``"any"`` (every contiguous block).
     """
 
     name = "dynamic_cp"
@@ -35,8 +32,7 @@ class DynamicCpScheduler(Scheduler):
         self.group_sizes = dynamic_group_sizes(group_sizes, "scheduler 'dynamic_cp'")
 
     def plan(self, request: Request) -> Schedule:
-        """:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` of ``request`` under
-        :meth:`resolve_cost` of ``request.cost`` (its errors)."""
+        """:func:`~seqpack.schedulers.dynamic_cp.plan_dynamic_cp` under :meth:`resolve_cost`."""
         resolved = dataclasses.replace(request, cost=self.resolve_cost(request.cost))
         return plan_dynamic_cp(resolved, group_sizes=self.group_sizes)
 
@@ -46,9 +42,8 @@ class DynamicCpScheduler(Scheduler):
         return int(group_holds(sizes, max_tokens_per_rank, pad_multiple).max())
 
     def resolve_cost(self, cost: CostModel | None) -> CostModel:
-        """``cost``, else the prior ``PackingConfig(dynamic_cp=True)`` alone plans with: the
-        default model's FLOPs and Transformer Engine's ``p2p`` ring over the default
-        interconnect (:meth:`~seqpack.cost.CostModel.from_model`; calibration refits it)."""
+        """``cost``, else the prior of docs/dynamic_cp.md (the default model's
+        :meth:`~seqpack.cost.CostModel.from_model`)."""
         return _default_cost() if cost is None else cost
 
     def __repr__(self) -> str:
