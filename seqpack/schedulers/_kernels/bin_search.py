@@ -1,15 +1,9 @@
 """dfs and complete_bins: the exact bin searches of :func:`seqpack.schedulers.balanced.exact.pack_bins`.
 
-``dfs`` places items longest first, one at a time, into the bins of each distinct free room
-(best fit first), backtracking. ``complete_bins`` is bin completion (Korf, "An improved
-algorithm for optimal bin packing", IJCAI 2003): it fills one bin at a time: the largest
-item left, then a set of other items, the sets that waste the least room first. Only
-undominated sets are tried: none leaves out an item that fits the room left, or that fits in
-place of a smaller item it takes (in any packing that item can be swapped in); and a bin is
-undone as soon as the room it leaves, plus that of the bins before it, exceeds the slack
-``bins * capacity - total``. Equal items are counted, not named, so no two branches place the
-same multiset. Both are iterative (explicit stacks): numba's cache does not load recursive
-functions reliably.
+``complete_bins`` is bin completion (Korf, "An improved algorithm for optimal bin packing",
+IJCAI 2003): one bin at a time, the largest item left and then an undominated set of others,
+least waste first; equal items are counted, not named. Both searches are iterative: numba's
+cache does not load recursive functions reliably.
 """
 
 from __future__ import annotations
@@ -23,20 +17,14 @@ _POOL_LIMIT = 1 << 22  # int64 entries (32 MiB) the candidate sets may take befo
 
 @njit(cache=True)
 def dfs(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) -> tuple[int, np.ndarray]:
-    """Depth-first search over placements of ``sizes`` (longest first) into bins.
-
-    Item ``i`` tries the bins of each distinct free room ``>= sizes[i]`` in increasing room
-    order (best fit first), one bin per room value (the lowest index): bins with equal room
-    are interchangeable. ``tried[i]`` is the room last tried for item ``i``, so backtracking
-    resumes with the next larger room. A placement is undone when the room no later item can
-    use exceeds the slack: a bin's whole room when it is below the smallest item, and when
-    it holds one (two) more items at most, below twice (three times) the smallest, the room
-    the fullest one (one or two) later items that fit would leave.
+    """Depth-first search over placements of ``sizes`` (longest first) into bins: item ``i``
+    tries one bin of each distinct free room ``>= sizes[i]``, smallest room first; a
+    placement is undone when the room no later item can use exceeds the slack. Returns
+    ``(status, bin_of)``: 0 found, 1 proved infeasible, 2 gave up after about ``max_work`` visits.
 
     Bounds: ``room`` has one entry per bin, ``bin_of`` one per item and ``tried`` ``n + 1``
-    (read at the current item ``i < n``). Requires ``n >= 1`` (the smallest size is
-    ``sizes[n - 1]``; :func:`~seqpack.schedulers.balanced.exact.pack_bins` answers ``n == 0``
-    itself). Backtracking to item ``i`` reads ``bin_of[i]``, set when ``i`` was placed.
+    (read at the current item ``i < n``). Requires ``n >= 1``. Backtracking to item ``i``
+    reads ``bin_of[i]``, set when ``i`` was placed.
     """
     n = sizes.shape[0]
     room = np.full(n_bins, capacity, dtype=np.int64)
@@ -97,8 +85,7 @@ def dfs(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) -> tuple[i
 
 @helper
 def _largest_at_most(sizes: np.ndarray, start: int, limit: int) -> int:
-    """The largest of ``sizes[start:]`` (sorted longest first) that is at most ``limit``
-    (``limit`` is at least the last, smallest, size)."""
+    """The largest of ``sizes[start:]`` (longest first) at most ``limit`` (``>= sizes[-1]``)."""
     lo, hi = start, sizes.shape[0] - 1
     while lo < hi:  # first index whose size is <= limit
         mid = (lo + hi) // 2
@@ -111,8 +98,7 @@ def _largest_at_most(sizes: np.ndarray, start: int, limit: int) -> int:
 
 @helper
 def _best_pair_at_most(sizes: np.ndarray, start: int, limit: int) -> int:
-    """The largest sum of one or two of ``sizes[start:]`` (sorted longest first) that is at
-    most ``limit`` (``limit`` is at least the last, smallest, size)."""
+    """The largest sum of one or two of ``sizes[start:]`` (longest first) at most ``limit`` (``>= sizes[-1]``)."""
     best = _largest_at_most(sizes, start, limit)
     lo, hi = start, sizes.shape[0] - 1
     while lo < hi:  # two pointers: sizes[lo] the larger, sizes[hi] the smaller of the pair
@@ -128,21 +114,17 @@ def _best_pair_at_most(sizes: np.ndarray, start: int, limit: int) -> int:
 
 @njit(cache=True)
 def complete_bins(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) -> tuple[int, np.ndarray]:
-    """Pack ``sizes`` (sorted longest first, each positive and at most ``capacity``, total at most
-    ``n_bins * capacity``) into ``n_bins`` bins by bin completion. Returns ``(status,
-    bin_of)``: 0 found, 1 proved infeasible, 2 gave up after about ``max_work`` steps.
+    """Pack ``sizes`` (longest first, each positive and at most ``capacity``, total at most
+    ``n_bins * capacity``) into ``n_bins`` bins by bin completion; returns as :func:`dfs`.
 
-    Bounds: the per-bin stacks (``lo``, ``hi``, ``pos``, ``largest``, ``slack``) have
-    ``n_bins + 1`` entries; ``level`` (the bin being filled) never exceeds ``n_bins``, and the
-    slack of bin ``level + 1`` is written only once bin ``level < n_bins`` took a set. Each
-    bin below ``level`` holds a set applied from its list (``pos[b] > lo[b]``), which
-    :func:`_bin_of` reads at ``pos[b] - 1``."""
+    Bounds: the per-bin stacks have ``n_bins + 1`` entries; ``level`` never exceeds
+    ``n_bins``, and the slack of bin ``level + 1`` is written only once bin ``level < n_bins``
+    took a set. Each bin below ``level`` holds the set ``pos[b] - 1 >= lo[b]`` of its list."""
     n = sizes.shape[0]
     bin_of = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return 0, bin_of
-    # The distinct sizes: vals[k] from item start[k] on, cnt[k] items of it (loops compile
-    # faster than numpy's flatnonzero, diff and fancy indexing).
+    # The distinct sizes: vals[k] from item start[k] on, cnt[k] items of it (loops compile faster).
     nv = 1
     for i in range(1, n):
         nv += sizes[i] != sizes[i - 1]
@@ -196,9 +178,7 @@ def complete_bins(sizes: np.ndarray, n_bins: int, capacity: int, max_work: int) 
                 level -= 1  # items left but no bin: back to the last bin's next set
                 if level < 0:
                     return 1, bin_of
-                for k in range(nv):
-                    cnt[k] += pool[pos[level] - 1, k]
-        elif pos[level] > lo[level]:  # undo the set bin `level` holds
+        if pos[level] > lo[level]:  # undo the set bin `level` holds (none in a bin just opened)
             for k in range(nv):
                 cnt[k] += pool[pos[level] - 1, k]
         state[0] += 2 * nv  # one set undone, the next applied
@@ -234,14 +214,12 @@ def _sets(
     state: np.ndarray,
 ) -> tuple[bool, np.ndarray, int]:
     """Append to ``pool[top:]`` (grown as needed) every undominated set of the items ``cnt``
-    counts (sizes ``vals[j0:]``) that fits ``room0`` and wastes at most ``slack``: one row
-    of counts per set, the last column its waste. ``avail0``: tokens of those items.
-    Returns ``(ok, pool, top)``; ok is False when the work or the pool's room ran out.
+    counts (sizes ``vals[j0:]``, ``avail0`` tokens) that fits ``room0`` and wastes at most
+    ``slack``: a row of counts, the last column its waste. Returns ``(ok, pool, top)``; ok is
+    False when the work or the pool's room ran out.
 
-    Bounds: the per-depth state (``room``, ``avail``, ``min_out``, ``need``) has ``nv + 1``
-    entries for depths ``j0..nv`` (depth ``j + 1`` is written only while ``j + 1 < nv``);
-    ``choice`` and ``cur`` one per size. A set is appended at row ``top`` after the pool is
-    doubled whenever ``top`` reaches its rows, up to ``_POOL_LIMIT`` entries."""
+    Bounds: the per-depth state has ``nv + 1`` entries (depth ``j + 1`` written only while
+    ``j + 1 < nv``); the pool is doubled whenever ``top`` reaches its rows."""
     nv = vals.shape[0]
     cap1 = room0 + vals[j0] + 1  # above any room: "no constraint yet"
     room = np.empty(nv + 1, dtype=np.int64)  # per depth j: the state before choosing at j
@@ -301,8 +279,7 @@ def _sets(
 
 @helper
 def _by_waste(pool: np.ndarray, lo: int, hi: int, nv: int) -> None:
-    """Sort the rows ``pool[lo:hi]`` by their waste (column ``nv``), equal wastes in their
-    order (a bottom-up merge sort of the row indices)."""
+    """Sort the rows ``pool[lo:hi]`` stably by their waste (column ``nv``)."""
     m = hi - lo
     order = np.empty(m, dtype=np.int64)
     buf = np.empty(m, dtype=np.int64)

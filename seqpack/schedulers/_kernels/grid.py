@@ -1,10 +1,5 @@
 """grid_lpt and grid_local: greedy placement of sequences into the bins of the grid (rounds x
-replicas), and the heaps of bins they keep.
-
-``grid_lpt`` places items longest first, each into the best bin with room (LPT by cost
-target, fewest tokens, or first fit: ``MODE_*``); ``grid_local`` first lets every rank keep
-what fits into its own share, then places the rest as ``grid_lpt`` does. Ties are broken by
-index, never by chance.
+replicas), and the heaps of bins they keep. Ties are broken by index, never by chance.
 """
 
 from __future__ import annotations
@@ -24,13 +19,8 @@ GRID_LOCAL_SLICES = 8  # grid_local alternates home and LPT passes over 8 length
 def grid_lpt(
     order: IntArray, lengths: IntArray, costs: FloatArray, targets: FloatArray, capacity: int, mode: int
 ) -> tuple[bool, IntArray, FloatArray, IntArray]:
-    """Place items, in ``order``, each into the best bin that has room.
-
-    ``mode`` picks "best": MODE_COST the bin with the smallest ``load - target`` (LPT when
-    all targets are equal), MODE_TOKENS the bin with the fewest tokens, MODE_FIRST_FIT the
-    lowest-indexed bin. Ties: fewer tokens, then lower index. A bin's tokens never exceed
-    ``capacity``. Items must come longest first (``order``), so a bin too full for one item
-    is parked until the items get short enough for it.
+    """Place items, in ``order`` (longest first), each into the best bin with room (``MODE_*``;
+    ties: fewer tokens, then lower index).
 
     Returns:
         (ok, bin_of[n], load[bins], tokens[bins]); ``ok`` is False when some item found no
@@ -47,23 +37,13 @@ def grid_lpt(
 
 @njit(cache=True)
 def _grid_lpt_sorted(
-    lengths: IntArray,
-    costs: FloatArray,
-    targets: FloatArray,
-    capacity: int,
-    mode: int,
-    load: FloatArray,
-    tok: IntArray,
+    lengths: IntArray, costs: FloatArray, targets: FloatArray, capacity: int, mode: int, load: FloatArray, tok: IntArray
 ) -> tuple[bool, IntArray, FloatArray, IntArray]:
-    """:func:`grid_lpt` on items already in fill order; ``bin_of`` in that order.
-    Bins start with ``load`` and ``tok`` (updated in place).
+    """:func:`grid_lpt` on items already in fill order; ``bin_of`` in that order. Bins start
+    with ``load`` and ``tok`` (updated in place).
 
-    Bounds: ``key``, ``room``, the heap ``(hk, ht, hb)`` and the park ``(pk, pt, pb)`` have
-    one entry per bin, ``bin_of`` one per item. Every bin is in exactly one of the heap, the park or neither
-    (retired): a bin enters the park only as it leaves the heap and the heap only as it
-    leaves the park, so heap and park together never hold more than ``n_bins`` and a bin
-    pushed back writes below ``n_bins``. ``targets``, ``load`` and ``tok`` are read at bin
-    indices only.
+    Bounds: every bin is in at most one of the heap and the park (a bin parked too full for
+    the items left, a bin too full for any is retired), so each holds at most ``n_bins``.
     """
     n_bins = targets.shape[0]
     n = lengths.shape[0]
@@ -78,9 +58,7 @@ def _grid_lpt_sorted(
             key[b] = float(tok[b])
         else:
             key[b] = float(b)
-    # 4-ary heaps whose entries carry their (key, tokens, bin): a sift reads four siblings
-    # from one or two cache lines instead of chasing bin indices. Parked bins are entries
-    # (-room, 0, bin): the most room first, ties to the lower bin.
+    # 4-ary heaps of entries (key, tokens, bin); parked bins are (-room, 0, bin): most room first.
     hk = key.copy()
     ht = tok.copy()
     hb = np.arange(n_bins, dtype=np.int64)
@@ -91,10 +69,7 @@ def _grid_lpt_sorted(
     pt = np.zeros(n_bins, dtype=np.int64)
     pb = np.empty(n_bins, dtype=np.int64)
     parked = 0
-    min_len = capacity
-    for j in range(n):
-        if lengths[j] < min_len:
-            min_len = lengths[j]
+    min_len = min(capacity, lengths.min()) if n else capacity
     for j in range(n):
         p = lengths[j]
         while parked > 0 and room[pb[0]] >= p:  # parked bins with room for this item come back
@@ -141,24 +116,12 @@ def grid_local(
 ) -> tuple[bool, IntArray, BoolArray]:
     """:func:`grid_lpt` that first lets every rank keep what fits into its own share.
 
-    Bin ``b`` belongs to replica ``b % dp_size`` (round ``b // dp_size``); ``key = load -
-    target`` with ``load`` the sum of the bin's ``values`` (costs, or tokens).
-
-    ``order`` (longest first) is cut into :data:`GRID_LOCAL_SLICES` consecutive slices of
-    equal count; for each slice in turn:
-
-    1. Home: each item, in order, goes to its own replica's best bin (smallest (key,
-       tokens, round)) if that keeps the bin within ``home_fill`` times its target and
-       within ``token_share`` tokens (a rank of short, cheap-per-token sequences must leave
-       room for the cost its microbatches still lack); else it waits.
-    2. The slice's waiting items, in order, go to the best bin anywhere that has room, as
-       :func:`grid_lpt` in ``MODE_COST`` does, starting from the current loads.
-
-    Slices keep the LPT passes close to longest first, which tight packings need (one home
-    pass over everything leaves no room for the long items that wait).
-
-    Requires ``len(targets) == rounds * dp_size`` with ``rounds >= 1`` when there are items,
-    and ``0 <= origin < dp_size`` (bounds of :func:`_home_pass`).
+    Bin ``b`` is round ``b // dp_size`` of replica ``b % dp_size``. In each of
+    :data:`GRID_LOCAL_SLICES` equal slices of ``order``, every item first goes to its own
+    replica's best bin (smallest ``(load - target, tokens, round)``, ``load`` summing
+    ``values``) if that keeps it within ``home_fill`` times its target and ``token_share``
+    tokens; the rest go as :func:`grid_lpt` in ``MODE_COST`` places them. Requires
+    ``len(targets) == rounds * dp_size`` (``rounds >= 1`` with items) and ``0 <= origin < dp_size``.
 
     Returns:
         (ok, bin_of[n], home[n]): ``home`` marks items placed by the home pass; ``ok`` is
@@ -180,8 +143,7 @@ def grid_local(
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         if hi == lo:
             continue
-        # This slice's positions grouped by rank, in fill order within a rank (unique keys:
-        # dp_size * count stays far below 2**63).
+        # This slice's positions grouped by rank, in fill order within a rank (unique keys).
         count = hi - lo
         by_rank = lo + np.argsort(origin_placed[lo:hi] * count + np.arange(count, dtype=np.int64))
         _home_pass(
@@ -218,13 +180,11 @@ def _home_pass(
     load: FloatArray,
     tok: IntArray,
 ) -> None:
-    """Step 1 of :func:`grid_local` for the items ``by_rank`` (grouped by rank): sets
-    ``placed`` (bin, or -1 to wait) and updates ``load`` and ``tok`` of the bins.
+    """The home pass of :func:`grid_local` for the items ``by_rank`` (grouped by rank): sets
+    ``placed`` (bin, or -1 to wait) and updates ``load`` and ``tok``.
 
-    Bounds: the heap of one replica's rounds (``hk``, ``ht``, ``hm``) has ``rounds``
-    entries and is read at its top only when an item exists, so it needs ``rounds >= 1``
-    whenever ``by_rank`` is not empty; bin ``m * dp + d`` is below ``rounds * dp`` (the length
-    of ``targets``, ``load``, ``tok``) for ``0 <= origin < dp``.
+    Bounds: one replica's heap has ``rounds`` entries, read only when an item exists
+    (``rounds >= 1``); bin ``m * dp + d`` is below ``rounds * dp`` for ``0 <= origin < dp``.
     """
     n = by_rank.shape[0]
     # One replica at a time: its rounds in a heap of entries (key, tokens, round).
@@ -288,8 +248,7 @@ def _entry_down(hk: FloatArray, ht: IntArray, hb: IntArray, size: int, i: int) -
 
 @no_refcount
 def _entry_push(hk: FloatArray, ht: IntArray, hb: IntArray, size: int, k: float, t: int, b: int) -> int:
-    """Push the entry ``(k, t, b)`` on the 4-ary heap ``(hk, ht, hb)[:size]``; returns the new
-    size. Writes entry ``size``: the caller keeps ``size < len(hk)``."""
+    """Push ``(k, t, b)`` on the 4-ary heap ``(hk, ht, hb)[:size]`` (``size < len(hk)``); returns the new size."""
     i = size
     while i > 0:
         parent = (i - 1) // 4

@@ -1,15 +1,9 @@
 """repair_replicas and replica_lpt: the kernels that balance replica totals, and the heaps of
-replicas by total they share.
+replicas by total they share. Ties are broken by index, never by chance.
 
-``repair_replicas`` evens out replica totals by swaps;
-``replica_lpt`` (replica-first planning, :func:`seqpack.schedulers.balanced.replicas.replica_first`)
-places sequences costliest first on the lightest replica with a microbatch they fit. Ties are
-broken by index, never by chance.
-
-A swap sends ``delta`` from the busier replica to the lighter one, ``gap`` apart, and
-lowers the pair's larger total by ``min(delta, gap - delta)`` (its *gain*), best at ``delta =
-gap / 2``. Partners sorted by cost are walked from that ideal outwards, best first
-(:func:`walk_next`), so a walk stops at the first that gains too little.
+A swap sends ``delta`` from the busier replica to the lighter one, ``gap`` apart, and lowers
+the pair's larger total by ``min(delta, gap - delta)`` (its *gain*), best at half the gap:
+partners sorted by cost are walked from there outwards (:func:`walk_next`).
 """
 
 from __future__ import annotations
@@ -36,30 +30,19 @@ def repair_replicas(
     max_work: int = 50_000_000,
     scan_limit: int = 16,
 ) -> int:
-    """Even out replica totals by swapping sequences between replicas (the rounds may get
-    slower: for steps that wait for replicas, ``sync="replica"``).
+    """Even out replica totals by swaps, updating ``round_of``, ``replica_of``, ``load`` and
+    ``tok`` in place; returns how many were made.
 
-    Each step takes the most loaded replica ``d1`` and applies the best swap of one of its
-    sequences with a cheaper one of one of the ``swap_candidates`` lightest replicas ``d2``
-    (each takes the other's microbatch). A swap is allowed when both microbatches stay
-    within ``capacity`` and ``max(R_d1, R_d2)`` strictly decreases by more than ``rel_tol``
-    times ``R_d1``. "Best" is the largest drop of the pair's maximum (ties: lighter replica,
-    cheaper item of ``d1``); at most ``scan_limit`` partners are checked per sequence and
-    replica. Stops when no swap helps, after ``max_moves`` swaps, once the busiest replica
-    is at most ``stop_at``, or after about ``max_work`` candidate checks (a deterministic
-    time cap). Updates ``round_of``, ``replica_of``, ``load`` and ``tok`` (``[rounds,
-    replicas]``) in place.
+    Each step makes the swap of a sequence of the busiest replica ``d1`` with one of the
+    ``swap_candidates`` lightest replicas' (each takes the other's microbatch) that lowers
+    the pair's larger total most, by more than ``rel_tol`` times ``d1``'s, within
+    ``capacity`` (ties: lighter replica, cheaper item of ``d1``; ``scan_limit`` partners per
+    sequence and replica). Stops when none does, after ``max_moves`` swaps, once ``d1`` is at
+    most ``stop_at``, or after about ``max_work`` checks.
 
-    Bounds: ``mine``, ``theirs`` and the merge scratch have one entry per sequence (a
-    replica's members are at most all of them); ``light`` holds ``min(dp, swap_candidates
-    + 1)`` replicas, never more than the heap it is read from; the walk that reads them
-    (:func:`_lightest_into`) keeps at most ``len(light) + 1`` heap positions (each step
-    takes one and adds two), within its ``2 * len(light) + 1``. Requires ``dp >= 1``, ``0
-    <= round_of < rounds``, ``0 <= replica_of < dp`` and ``load`` / ``tok`` equal to the
-    sums over the sequences.
-
-    Returns:
-        Number of swaps made.
+    Bounds: ``mine``, ``theirs`` and the merge scratch have one entry per sequence;
+    ``light`` holds ``min(dp, swap_candidates + 1)`` replicas. Requires ``dp >= 1``, ``0 <=
+    round_of < rounds``, ``0 <= replica_of < dp`` and ``load`` / ``tok`` the sums over the sequences.
     """
     n_rounds, dp = load.shape
     n = round_of.shape[0]
@@ -98,12 +81,34 @@ def repair_replicas(
             break
         _lightest_into(lo, dp, total, light, frontier)
         k1 = _sorted_members(head[d1], nxt, costs, mine, tmp)
-        # The best swap: (gain, i, j, d2), i -1 for none.
-        best, work = _best_swap(
-            d1, light, swap_candidates, total, mine, k1, head, nxt, theirs, tmp, costs, lengths, round_of, tok,
-            capacity, scan_limit, (rel_tol * total[d1], -1, -1, -1), work,
-        )  # fmt: skip
-        _, best_i, best_j, best_d2 = best
+        # The best swap of one of d1's items with one of a light replica's, if it gains enough.
+        best_gain, best_i, best_j, best_d2 = rel_tol * total[d1], -1, -1, -1
+        tried = 0
+        for kk in range(light.shape[0]):
+            d2 = light[kk]
+            if d2 == d1:
+                continue
+            gap = total[d1] - total[d2]
+            if tried == swap_candidates or gap / 2 <= best_gain:  # no partner left that could gain more
+                break
+            tried += 1
+            k2 = _sorted_members(head[d2], nxt, costs, theirs, tmp)
+            for t in range(k1):  # d2's items from the ideal cost outwards
+                i = mine[t]
+                ci = costs[i]
+                right = first_cost_above(theirs, k2, costs, ci - gap / 2)
+                left = right - 1
+                checked = 0
+                while checked < scan_limit:
+                    j, gain, left, right = walk_next(theirs, k2, costs, ci, gap, left, right)
+                    if j < 0 or gain <= best_gain:
+                        break
+                    work += 1
+                    checked += 1
+                    shift = lengths[i] - lengths[j]  # tokens d2's microbatch gains, d1's loses
+                    if tok[round_of[j], d2] + shift <= capacity and tok[round_of[i], d1] - shift <= capacity:
+                        best_gain, best_i, best_j, best_d2 = gain, i, j, d2
+                        break
         if best_i < 0:
             break
         # i moves from its microbatch (m, d1) to j's (m2, d2), and j the other way.
@@ -118,68 +123,9 @@ def repair_replicas(
 
 
 @no_refcount
-def _best_swap(
-    d1: int,
-    light: IntArray,
-    candidates: int,
-    total: FloatArray,
-    mine: IntArray,
-    k1: int,
-    head: IntArray,
-    nxt: IntArray,
-    theirs: IntArray,
-    tmp: IntArray,
-    costs: FloatArray,
-    lengths: IntArray,
-    round_of: IntArray,
-    tok: IntArray,
-    capacity: int,
-    limit: int,
-    best: tuple[float, int, int, int],
-    work: int,
-) -> tuple[tuple[float, int, int, int], int]:
-    """The best swap of one of ``d1``'s items ``mine[:k1]`` (sorted by cost) with a cheaper
-    item of one of the ``candidates`` lightest replicas ``light``, checking ``limit``
-    partners per item, if it beats ``best``, the best so far (gain, i, j, d2). Returns the
-    best swap and the work count."""
-    best_gain = best[0]
-    tried = 0
-    for kk in range(light.shape[0]):
-        d2 = light[kk]
-        if d2 == d1:
-            continue
-        gap = total[d1] - total[d2]
-        if tried == candidates or gap / 2 <= best_gain:  # no partner left that could gain more
-            break
-        tried += 1
-        # For each of d1's items, d2's items from the ideal cost outwards.
-        k2 = _sorted_members(head[d2], nxt, costs, theirs, tmp)
-        for t in range(k1):
-            i = mine[t]
-            ci = costs[i]
-            m = round_of[i]
-            # delta = ci - cj; gain = min(delta, gap - delta); ideal cj = ci - gap/2.
-            right = first_cost_above(theirs, k2, costs, ci - gap / 2)
-            left = right - 1
-            checked = 0
-            while checked < limit:
-                j, gain, left, right = walk_next(theirs, k2, costs, ci, gap, left, right)
-                if j < 0 or gain <= best_gain:
-                    break
-                work += 1
-                checked += 1
-                shift = lengths[i] - lengths[j]  # tokens d2's microbatch gains, d1's loses
-                if tok[round_of[j], d2] + shift <= capacity and tok[m, d1] - shift <= capacity:
-                    best_gain, best = gain, (gain, i, j, d2)
-                    break
-    return best, work
-
-
-@no_refcount
 def _sorted_members(head: int, nxt: IntArray, costs: FloatArray, buf: IntArray, tmp: IntArray) -> int:
-    """Items of one replica (its linked list) sorted by cost, stably (ties keep the list's
-    order, as a merge sort does); returns how many. ``tmp`` is scratch of ``buf``'s size:
-    nothing is allocated."""
+    """Items of one replica (its linked list) into ``buf``, stably sorted by cost; returns how
+    many. ``tmp``: scratch of ``buf``'s size."""
     k = 0
     i = head
     while i >= 0:
@@ -214,8 +160,7 @@ def _sorted_members(head: int, nxt: IntArray, costs: FloatArray, buf: IntArray, 
 
 @no_refcount
 def _merge(src: IntArray, dst: IntArray, lo: int, mid: int, hi: int, costs: FloatArray) -> None:
-    """Merge the sorted runs ``src[lo:mid]`` and ``src[mid:hi]`` into ``dst[lo:hi]`` (ties:
-    the left run first)."""
+    """Merge the sorted runs ``src[lo:mid]`` and ``src[mid:hi]`` into ``dst[lo:hi]``, stably."""
     a, b = lo, mid
     for t in range(lo, hi):
         if b >= hi or (a < mid and costs[src[a]] <= costs[src[b]]):
@@ -268,8 +213,7 @@ def _move(
 
 @no_refcount
 def first_cost_above(items: IntArray, k: int, costs: FloatArray, value: float) -> int:
-    """Index of the first of ``items[:k]`` (sorted by cost) costing more than ``value``
-    (``k`` if none; reads ``items`` below ``k <= len(items)`` only)."""
+    """Index of the first of ``items[:k]`` (sorted by cost) costing more than ``value``, or ``k``."""
     lo, hi = 0, k
     while lo < hi:
         mid = (lo + hi) // 2
@@ -284,22 +228,13 @@ def first_cost_above(items: IntArray, k: int, costs: FloatArray, value: float) -
 def walk_next(
     items: IntArray, k: int, costs: FloatArray, base: float, gap: float, left: int, right: int
 ) -> tuple[int, float, int, int]:
-    """One step of the walk over ``items[:k]``: ``(item, gain, left, right)``, item -1 when
-    both sides are used up. Start with ``right`` the first item past the ideal cost
-    (:func:`first_cost_above`) and ``left = right - 1``.
-
-    A swap sends ``delta = base - costs[item]``: items left of the ideal (cheaper) gain
-    ``gap - delta``, items right of it ``delta``. Ties go left. Reads ``items[left]`` only
-    while ``left >= 0`` and ``items[right]`` while ``right < k``.
-    """
+    """One step of the walk over ``items[:k]`` from the ideal cost (``right`` the first item
+    past it, ``left = right - 1``): ``(item, gain, left, right)``, item -1 when both sides
+    are used up; ties go left. Reads ``items`` only within ``[0, k)``."""
     if left < 0 and right >= k:
         return -1, -np.inf, left, right
-    gain_left = -np.inf
-    gain_right = -np.inf
-    if left >= 0:
-        gain_left = gap - (base - costs[items[left]])
-    if right < k:
-        gain_right = base - costs[items[right]]
+    gain_left = gap - (base - costs[items[left]]) if left >= 0 else -np.inf
+    gain_right = base - costs[items[right]] if right < k else -np.inf
     if gain_left >= gain_right:
         return items[left], gain_left, left - 1, right
     return items[right], gain_right, left, right + 1
@@ -307,25 +242,15 @@ def walk_next(
 
 @njit(cache=True)
 def replica_lpt(
-    order: np.ndarray,
-    sizes: np.ndarray,
-    costs: np.ndarray,
-    dp: int,
-    num_rounds: int,
-    capacity: int,
-    max_work: int,
+    order: np.ndarray, sizes: np.ndarray, costs: np.ndarray, dp: int, num_rounds: int, capacity: int, max_work: int
 ) -> tuple[bool, np.ndarray, np.ndarray]:
-    """Longest processing time over replicas, each holding ``num_rounds`` bins of ``capacity``.
+    """Sequences in ``order`` each to the lightest replica with one of its ``num_rounds`` bins
+    of ``capacity`` that fits it, into the fullest such bin (ties: lower index). Returns
+    ``(ok, round_of, replica_of)``; ``ok`` is False when a sequence fits no bin or after
+    about ``max_work`` heap steps.
 
-    Sequences in ``order`` (costliest first) go to the replica with the lowest total cost
-    among those with a bin it fits (ties: lower index), into that replica's fullest such
-    bin (best fit; ties: lower round). Returns ``(ok, round_of, replica_of)``; ``ok`` is
-    False when a sequence fits no bin or after about ``max_work`` heap steps.
-
-    Bounds: ``total``, ``widest``, the heap and ``aside`` have one entry per replica (a
-    replica is set aside at most once per sequence, so ``n_aside <= dp``); ``room`` is
-    ``dp x num_rounds``, and a replica chosen because its widest room fits the sequence has
-    a round that does (``best >= 0``). ``order`` must index ``sizes`` and ``costs``.
+    Bounds: ``total``, ``widest``, the heap and ``aside`` have one entry per replica (each set
+    aside at most once per sequence); a replica whose widest room fits has a round that does.
     """
     n = order.shape[0]
     total = np.zeros(dp, dtype=np.float64)
@@ -418,12 +343,9 @@ def _total_sift(heap: IntArray, pos: IntArray, size: int, i: int, total: FloatAr
 
 @no_refcount
 def _lightest_into(heap: IntArray, size: int, total: FloatArray, out: IntArray, frontier: IntArray) -> None:
-    """The ``len(out)`` smallest totals of a min-heap, in order (ties: lower index), by a
-    best-first walk from the root: ``O(k**2)`` for ``k`` of them, whatever the heap size.
-    ``frontier`` is scratch for ``2 * len(out) + 1`` heap positions still to visit: nothing
-    is allocated. Bounds: the walk holds at most ``t + 1`` positions after ``t`` steps (each
-    takes one and adds at most two), so ``len(out) + 1`` suffice; ``len(out)`` must not
-    exceed ``size`` (the frontier would run dry and repeat a stale position)."""
+    """The replicas of the ``len(out) <= size`` smallest totals of a min-heap, in order (ties:
+    lower index), by a best-first walk from the root. Bounds: ``frontier`` (scratch) holds at
+    most ``t + 1`` positions after ``t`` steps."""
     k = out.shape[0]
     frontier[0] = 0
     count = 1
