@@ -49,11 +49,8 @@ def pack_bins(
     search (:func:`~seqpack.schedulers._kernels.dfs`); where bins hold at most ``FEW_PER_BIN``
     items on average, it gets ``FIRST_WORK`` visits, then bin completion
     (:func:`~seqpack.schedulers._kernels.complete_bins`) ``max_work``, then the item search again.
-
-    Args:
-        max_work: Bin visits (each search's) before giving up.
-        found_only: Only a packing is wanted: a search that cannot find one within
-            ``max_work`` is not run, so ``GAVE_UP`` may stand where it would have proved ``INFEASIBLE``.
+    ``found_only``: a search that cannot find a packing within ``max_work`` visits is not run
+    (``GAVE_UP`` may then stand for ``INFEASIBLE``).
 
     Returns:
         ``(status, bin_of)``: ``FOUND`` with every item's bin, ``INFEASIBLE`` when no packing

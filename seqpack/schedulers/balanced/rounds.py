@@ -122,8 +122,7 @@ def _grid(values: np.ndarray, round_of: np.ndarray, replica_of: np.ndarray, shap
 
 
 Layout = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-"""``(round_of, replica_of, load, tokens)``: every sequence's round and replica, and every
-microbatch's cost and padded tokens ``[M, dp]``."""
+"""``(round_of, replica_of, load, tokens)``: per sequence, then per microbatch ``[M, dp]``."""
 
 
 def laid_out(

@@ -1,9 +1,6 @@
 """The balanced plan as a composition of stages (docs/schedulers.md, steps 1-5):
-:func:`plan_balanced` runs a :class:`Stages` at each microbatch count of its search;
-:data:`DEFAULT` is the composition seqpack runs (``benchmarks/ablation.py`` composes others).
-
-The bin rules (step 2) are here: each packs the sequences into ``dp * M`` bins of
-``capacity`` tokens given every bin's cost target (:data:`Packed`), or returns None.
+:func:`plan_balanced` runs a :class:`Stages` at each microbatch count of its search. The bin
+rules (step 2) are here: each packs the sequences into ``dp * M`` bins (:data:`Packed`) or returns None.
 """
 
 from __future__ import annotations
