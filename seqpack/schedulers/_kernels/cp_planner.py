@@ -78,8 +78,7 @@ def shelf(widths: np.ndarray, num_ranks: int) -> tuple[np.ndarray, np.ndarray, i
         m = 0
         while m < rounds and used[m] + widths[i] > num_ranks:
             m += 1
-        if m == rounds:
-            rounds += 1
+        rounds = max(rounds, m + 1)
         round_of[i] = m
         used[m] += widths[i]
     return round_of, used[:rounds], rounds
@@ -371,22 +370,6 @@ def place_blocks(
     return start, rounds, load, depth
 
 
-@helper
-def _rank_choice(
-    b: int, p: int, room: np.ndarray, count: np.ndarray, depth: int, load: np.ndarray, coef: np.ndarray
-) -> tuple[int, float]:
-    """Rank ``b``'s slot for a sequence of padded length ``p`` (first fit, else a new
-    microbatch; -1 when all ``depth`` are too full) and its busy time after."""
-    fp = float(p)
-    extra = coef[1] * fp + coef[2] * fp * fp
-    for k in range(count[b]):
-        if room[b, k] >= p:
-            return k, load[b] + extra
-    if count[b] < depth:
-        return count[b], load[b] + extra + coef[0]
-    return -1, np.inf
-
-
 @njit(cache=True)
 def lpt_ranks(
     lengths: np.ndarray, load: np.ndarray, capacity: int, pad_multiple: int, coef: np.ndarray, depth: int
@@ -415,9 +398,14 @@ def lpt_ranks(
         best, best_slot, best_t = -1, -1, np.inf
         while best < 0 and size > 0:
             b, size = _pop(heap, size, neg, neg)
-            k, t = _rank_choice(b, p, room, count, depth, load, coef)
-            if k >= 0:
-                best, best_slot, best_t = b, k, t
+            k = 0  # first fit into its microbatches, else a new one, which costs ``constant``
+            while k < count[b] and room[b, k] < p:
+                k += 1
+            if k < depth:
+                fp = float(p)
+                best, best_slot, best_t = b, k, load[b] + (coef[1] * fp + coef[2] * fp * fp)
+                if k == count[b]:
+                    best_t += coef[0]
             elif free[b] >= smallest:
                 parked = _push(park, parked, b, free, free)
         if best < 0:

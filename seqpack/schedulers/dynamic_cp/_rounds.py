@@ -147,19 +147,11 @@ def build(p: Problem, height: float, more: int = 0, widen: bool = True) -> Bins:
     heights = np.zeros(rounds, dtype=np.float64)
     np.maximum.at(heights, round_of, time_of[order])
     bins = Bins.empty(p.lengths.shape[0])
-    padded = group_padded_lengths(p.lengths[order], size_of[order], p.pad_multiple)
+    widths, k = size_of[order], float(p.coef[0])
+    padded = group_padded_lengths(p.lengths[order], widths, p.pad_multiple)
     fp = padded.astype(np.float64)
-    k = float(p.coef[0])
-    bins.extend(
-        size_of[order],
-        round_of,
-        room=size_of[order] * p.capacity - padded,
-        load=time_of[order] - k,
-        floor=heights[round_of] - k,
-        tokens=padded,
-        s=fp,
-        ss=fp * fp,
-    )
+    room, load, floor = widths * p.capacity - padded, time_of[order] - k, heights[round_of] - k
+    bins.extend(widths, round_of, room=room, load=load, floor=floor, tokens=padded, s=fp, ss=fp * fp)
     bins.seq_bin[order] = np.arange(order.shape[0], dtype=np.int64)
     free = np.repeat(np.arange(rounds, dtype=np.int64), p.num_ranks - used)
     bins.extend(1, free, room=p.capacity, floor=heights[free] - k)
@@ -205,15 +197,11 @@ def _balanced_at(p: Problem, c: int) -> Bins | None:
     )
     if static.assigned.shape[0] != p.lengths.shape[0]:  # not seen (c holds the longest): kept exact
         return None
-    groups = static.group_size.shape[0]
-    positions = by_id[static.assigned]
-    group_of = np.repeat(np.arange(groups, dtype=np.int64), static.group_counts)
-    seq_padded = group_padded_lengths(p.lengths[positions], c, p.pad_multiple).astype(np.float64)
-    s = np.bincount(group_of, weights=seq_padded, minlength=groups)
-    ss = np.bincount(group_of, weights=seq_padded * seq_padded, minlength=groups)
+    padded, group_of = static.padded_assigned().astype(np.float64), static.group_of
+    s, ss = (np.bincount(group_of, weights=w, minlength=static.num_groups) for w in (padded, padded * padded))
     bins = Bins.empty(p.lengths.shape[0])
-    bins.extend(static.group_size, static.group_round, tokens=s.astype(np.int64), s=s, ss=ss)
-    bins.seq_bin[positions] = group_of
+    bins.extend(static.group_size, static.group_round, tokens=s, s=s, ss=ss)
+    bins.seq_bin[by_id[static.assigned]] = group_of
     bins.start = static.group_start.copy()
     bins.run_round = static.group_round.copy()
     return bins
@@ -241,12 +229,10 @@ def build_replica(p: Problem, height: float, more: int = 0) -> Bins:
             break
         slots += 1
     first = np.cumsum(count) - count  # flat index of every rank's first own microbatch
-    flat = first[rank_of] + slot_of
-    n_mb = int(count.sum())
-    sp = short_padded.astype(np.float64)
-    s = np.bincount(flat, weights=sp, minlength=n_mb)
+    flat, sp = first[rank_of] + slot_of, short_padded.astype(np.float64)
+    s, ss = (np.bincount(flat, weights=w, minlength=int(count.sum())) for w in (sp, sp * sp))
     bins.seq_bin[shorts] = order.shape[0] + flat
-    bins.extend(1, ranges(depth, count), tokens=s, s=s, ss=np.bincount(flat, weights=sp * sp, minlength=n_mb))
+    bins.extend(1, ranges(depth, count), tokens=s, s=s, ss=ss)
     busy = depth + count
     gaps = int(busy.max(initial=0)) - busy  # rounds each rank sits idle at the end
     bins.extend(1, ranges(busy, gaps), room=p.capacity)

@@ -1,8 +1,6 @@
-"""``plan_dynamic_cp``: one step's sequences onto CP groups of the DP x CP ranks.
-
-The search runs over the *height* ``H``, the longest a sequence may run alone: each ``H``
-gives a candidate (``_rounds``), scored exactly; static-CP candidates are scored too.
-docs/dynamic_cp.md ("The planner") describes each step.
+"""``plan_dynamic_cp``: one step's sequences onto CP groups of the DP x CP ranks, the best of
+candidates (``_rounds``) over the *height* ``H``, the longest a sequence may run alone, and of
+static CP's, each scored exactly (docs/dynamic_cp.md, "The planner").
 """
 
 from __future__ import annotations
@@ -96,14 +94,16 @@ def _search(p: Problem) -> Bins:
     return min(candidates, key=lambda bins: bins.score)  # ties: the first
 
 
-def _to_plan(p: Problem, bins: Bins, **fields: object) -> Schedule:
-    """The scored candidate as a plan: groups by (run order, first rank), ids longest first."""
+def _to_plan(p: Problem, bins: Bins, request: Request, oversize: tuple[np.ndarray, ...]) -> Schedule:
+    """The scored candidate as a plan of ``request`` (``apply_oversize``'s ``oversize``): groups
+    by (run order, first rank), ids longest first."""
     assert bins.start is not None and bins.run_round is not None
     nb = bins.size.shape[0]
     g_order = np.lexsort((bins.start, bins.run_round))
     positions = np.flatnonzero(bins.seq_bin >= 0)
     group = np.argsort(g_order)[bins.seq_bin[positions]]  # each placed sequence's group
     packed = np.lexsort((positions, group))
+    effective, dropped, truncated = oversize
     return Schedule(
         num_microbatches=int(bins.run_round.max()) + 1 if nb else 0,
         group_round=bins.run_round[g_order],
@@ -111,7 +111,16 @@ def _to_plan(p: Problem, bins: Bins, **fields: object) -> Schedule:
         group_size=bins.size[g_order],
         group_counts=np.bincount(group, minlength=nb).astype(np.int64),
         assigned=p.ids[positions[packed]],
-        **fields,  # type: ignore[arg-type]
+        lengths=effective,
+        original_lengths=request.lengths,
+        dp_size=request.dp_size,
+        cp_size=request.cp_size,
+        max_tokens_per_rank=p.capacity,
+        pad_multiple=p.pad_multiple,
+        group_sizes=GroupSizes.ANY if p.in_nodes else GroupSizes.POW2,
+        dropped=dropped,
+        truncated=truncated,
+        origin=request.origin,
     )
 
 
@@ -172,17 +181,4 @@ def plan_dynamic_cp(request: Request, *, group_sizes: str | GroupSizes = GroupSi
         request.sync,
         in_nodes=sizes_mode == GroupSizes.ANY,
     )
-    return _to_plan(
-        p,
-        _search(p),
-        lengths=effective,
-        original_lengths=request.lengths,
-        dp_size=request.dp_size,
-        cp_size=request.cp_size,
-        max_tokens_per_rank=capacity,
-        pad_multiple=request.pad_multiple,
-        group_sizes=sizes_mode,
-        dropped=dropped,
-        truncated=truncated,
-        origin=request.origin,
-    )
+    return _to_plan(p, _search(p), request, (effective, dropped, truncated))
