@@ -20,9 +20,7 @@ def padded(length: int, size: int, pad_multiple: int) -> int:
 @helper
 def ring_per_token(size: int, spans: bool, coef: np.ndarray) -> float:
     """Ring cost of one more token in a group of ``size`` ranks (0 alone)."""
-    if size <= 1:
-        return 0.0
-    return (size - 1) * (coef[5] if spans else coef[4]) / size
+    return (size - 1) * (coef[5] if spans else coef[4]) / size if size > 1 else 0.0
 
 
 @helper
@@ -48,8 +46,7 @@ def choose_sizes(
     and runs it within ``height``, else the fastest that holds it (ties: smaller), else -1.
     Bounds: both outputs have one entry per sequence."""
     n = lengths.shape[0]
-    size_of = np.full(n, -1, dtype=np.int64)
-    time_of = np.zeros(n, dtype=np.float64)
+    size_of, time_of = np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.float64)
     for i in range(n):
         for k in range(sizes.shape[0]):
             c = sizes[k]
@@ -144,8 +141,7 @@ def lpt(
     room furthest below its floor (ties: fewer tokens, lower index); updates the bins. Returns
     (every sequence placed, bin of each or -1). Bounds: ``main`` and ``park`` have one entry
     per bin and together hold each bin at most once. Requires the sequences longest first."""
-    n = lengths.shape[0]
-    nb = bin_size.shape[0]
+    n, nb = lengths.shape[0], bin_size.shape[0]
     bin_of = np.full(n, -1, dtype=np.int64)
     if n == 0:
         return True, bin_of
@@ -348,10 +344,8 @@ def place_blocks(
     """Groups, in order, each onto the least busy aligned block of its width: (first rank and
     round of each group, busy time and group rounds of every rank). Bounds: ``load`` and
     ``depth`` have one entry per rank; requires every width at most ``num_ranks``."""
-    load = np.zeros(num_ranks, dtype=np.float64)
-    depth = np.zeros(num_ranks, dtype=np.int64)
-    start = np.empty(widths.shape[0], dtype=np.int64)
-    rounds = np.empty(widths.shape[0], dtype=np.int64)
+    load, depth = np.zeros(num_ranks, dtype=np.float64), np.zeros(num_ranks, dtype=np.int64)
+    start, rounds = np.empty(widths.shape[0], dtype=np.int64), np.empty(widths.shape[0], dtype=np.int64)
     for i in range(widths.shape[0]):
         c = widths[i]
         best, best_load = 0, np.inf
@@ -382,8 +376,7 @@ def lpt_ranks(
     room = np.full((ranks, depth), capacity, dtype=np.int64)
     count = np.zeros(ranks, dtype=np.int64)
     free = np.full(ranks, capacity, dtype=np.int64)
-    rank_of = np.full(n, -1, dtype=np.int64)
-    slot_of = np.full(n, -1, dtype=np.int64)
+    rank_of, slot_of = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
     heap, park = np.empty(ranks, np.int64), np.empty(ranks, np.int64)
     size, parked = 0, 0
     neg = -load  # the heap puts the larger first: the least busy rank comes first

@@ -108,25 +108,19 @@ def score(p: Problem, bins: Bins) -> Bins:
     return bins
 
 
-def _new_rounds(p: Problem, bins: Bins, first: int, count: int, size: int) -> None:
-    """Append ``count`` rounds from ``first``, each ``R // size`` empty groups of ``size``, the
-    rest single ranks."""
-    rounds = np.arange(first, first + count, dtype=np.int64)
-    ring = (size - 1) * float(p.coef[3])  # the ring's fixed cost, paid once a sequence lands
-    bins.extend(size, np.repeat(rounds, p.num_ranks // size), room=size * p.capacity, load=ring)
-    bins.extend(1, np.repeat(rounds, p.num_ranks % size), room=p.capacity)
-
-
 def _fill(p: Problem, bins: Bins, positions: np.ndarray, rounds_done: int, size: int, more: int) -> Bins:
     """``bins`` with the sequences at ``positions`` placed, in them and the fewest new rounds
-    (groups of ``size``) that hold them, plus ``more``."""
+    (``R // size`` groups of ``size``, the rest single ranks) that hold them, plus ``more``."""
     lengths = p.lengths[positions]
     padded = group_padded_lengths(lengths, size, p.pad_multiple)
     per_round = (p.num_ranks // size) * size * p.capacity
     count = more + max(0, -(-(int(padded.sum()) - int(bins.room.sum())) // per_round))
+    ring = (size - 1) * float(p.coef[3])  # the ring's fixed cost, paid once a sequence lands
     while True:
-        trial = dataclasses.replace(bins, seq_bin=bins.seq_bin.copy())
-        _new_rounds(p, trial, rounds_done, count, size)  # extending copies every bin array
+        trial = dataclasses.replace(bins, seq_bin=bins.seq_bin.copy())  # extending copies every bin array
+        rounds = np.arange(rounds_done, rounds_done + count, dtype=np.int64)
+        trial.extend(size, np.repeat(rounds, p.num_ranks // size), room=size * p.capacity, load=ring)
+        trial.extend(1, np.repeat(rounds, p.num_ranks % size), room=p.capacity)
         ok, bin_of = _kernels.cp_planner.lpt(lengths, *trial.fill_arrays, p.coef, p.ranks_per_node, p.pad_multiple)
         if ok:
             trial.seq_bin[positions] = bin_of

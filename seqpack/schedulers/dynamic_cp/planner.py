@@ -76,8 +76,7 @@ def _search_heights(p: Problem, replica: bool = False) -> Bins:
             if height >= best.score:
                 continue
             for more in (0, -1) if replica else (0,):
-                candidate = attempt(height, more)
-                best = candidate if candidate.score < best.score else best
+                best = min(best, attempt(height, more), key=lambda bins: bins.score)
     return best
 
 
