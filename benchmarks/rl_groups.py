@@ -121,7 +121,7 @@ def _never(*_) -> bool:
 
 # stage -> (what is left without it, the sample_groups names patched to take it out).
 STAGES = {
-    "refine": ("LPT alone, no refinement", {"_refine": lambda *a, **k: None}),
+    "refine": ("LPT alone, no refinement", {"_improve": lambda *a: False}),
     "swaps": ("refinement by moves alone", {"_improve": _moves_only}),
     "moves": ("refinement by swaps alone", {"_improve": lambda *a: _IMPROVE(*a[:8], True)}),
     "budget": (

@@ -4,6 +4,7 @@ part buys: docs/thd.md, "What buckets cost the plans")."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -171,18 +172,8 @@ def static_shapes_by_cost(
             "steps must be a non-empty list of the steps' lengths (one int array per step, e.g. the first steps "
             f"of the data), got {steps!r:.80}"
         )
-    requests = [
-        Request.of(
-            n,
-            dp_size=dp_size,
-            cp_size=cp_size,
-            max_tokens_per_rank=max_tokens_per_rank,
-            pad_multiple=pad_multiple,
-            cost=cost,
-            sync=sync,
-        )
-        for n in steps
-    ]
+    of = functools.partial(Request.of, dp_size=dp_size, cp_size=cp_size, max_tokens_per_rank=max_tokens_per_rank)
+    requests = [of(n, pad_multiple=pad_multiple, cost=cost, sync=sync) for n in steps]
     first = requests[0]
     top = min(first.capacity, INT32_MAX) // first.pad_multiple * first.pad_multiple  # a bucket is an int32 count
     if top < 1:

@@ -56,9 +56,9 @@ def schedule_minibatches(
     gids = np.zeros(n, np.int64) if group_ids is None else np.asarray(group_ids, np.int64)
     flags = np.zeros(n, bool) if grouped is None else np.asarray(grouped, bool)
     which = minibatch_of(request.origin, minibatches, group_units(gids, flags) if has_groups else None)
-    parts, ids = [], []
-    for j in range(minibatches):
-        mine = np.flatnonzero(which == j)
+    ids = [np.flatnonzero(which == j) for j in range(minibatches)]
+    parts = []
+    for j, mine in enumerate(ids):
         if not mine.size:
             raise ConfigError(f"mini-batch {j} of {minibatches} holds no sample: read more samples per step")
         part = request.subset(mine)
@@ -67,8 +67,7 @@ def schedule_minibatches(
             parts.append(schedule_groups(scheduler, part, gids[mine], flags[mine], **grouping))
         else:
             parts.append(scheduler.plan(part))
-        ids.append(mine)
-    starts = np.cumsum([0, *(p.num_microbatches for p in parts)]).tolist()
+    starts = np.cumsum([0, *(p.num_microbatches for p in parts)])
     return join_plans(parts, ids, request.lengths), [int(s) for s in starts]
 
 

@@ -352,29 +352,15 @@ def _assign(
             load[d] += costs[u]
             held[d] += tokens[u]
     alone = replica.copy()
-    if dp_size > 1:
-        _refine(replica, costs, tokens, load, held, budget, swaps_only=equal)
-    return replica, alone
-
-
-def _refine(
-    replica: np.ndarray,
-    costs: np.ndarray,
-    tokens: np.ndarray,
-    load: np.ndarray,
-    held: np.ndarray,
-    budget: int | None,
-    *,
-    swaps_only: bool = False,
-) -> None:
-    """Move one unit, or swap two, between the busiest replica and another (lightest first)
-    while the busier of the two gets lighter (in place)."""
+    # Refined: one unit moved, or two swapped, between the busiest replica and another
+    # (lightest first) while the busier of the two gets lighter.
     limit = np.iinfo(np.int64).max if budget is None else budget
-    for _ in range(_REFINE_ROUNDS * replica.shape[0]):
+    for _ in range(_REFINE_ROUNDS * n):
         hi = int(np.argmax(load))
         lows = np.argsort(load, kind="stable").tolist()
-        if not any(lo != hi and _improve(replica, costs, tokens, load, held, hi, lo, limit, swaps_only) for lo in lows):
-            return
+        if not any(lo != hi and _improve(replica, costs, tokens, load, held, hi, lo, limit, equal) for lo in lows):
+            break
+    return replica, alone
 
 
 def _improve(
@@ -386,7 +372,7 @@ def _improve(
     hi: int,
     lo: int,
     limit: int,
-    swaps_only: bool = False,
+    swaps_only: bool,
 ) -> bool:
     """Apply the move or swap from ``hi`` to ``lo`` that best evens the pair, if one lowers
     the larger of the two; whether one did."""

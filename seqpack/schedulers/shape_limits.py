@@ -197,20 +197,17 @@ def trim_to_buckets(
     )
     members: dict[tuple[int, int], list[int]] = {}  # the cells a move touched, as lists
 
-    def ids_of(m: int, d: int) -> list[int]:
-        if (m, d) not in members:
-            members[m, d] = grid[m][d].tolist()
-        return members[m, d]
-
     def trim(m: int, d: int) -> bool:
+        ids = members[m, d] if (m, d) in members else grid[m][d].tolist()
         shifts = (False,) if state.lockstep else (False, True)  # replica: a replica's rounds may trade too
-        found = [move for move in (state.best_move(m, d, ids_of(m, d), shift) for shift in shifts) if move is not None]
+        found = [move for move in (state.best_move(m, d, ids, shift) for shift in shifts) if move is not None]
         if not found:
             return False
-        i, target, _ = max(found, key=lambda move: move[2])
-        state.move((m, d), target, i)
-        ids_of(m, d).remove(i)
-        ids_of(*target).append(i)
+        i, (tm, td), _ = max(found, key=lambda move: move[2])
+        state.move((m, d), (tm, td), i)
+        ids.remove(i)
+        members[m, d] = ids
+        members.setdefault((tm, td), grid[tm][td].tolist()).append(i)
         return True
 
     # Only a round's slowest microbatch can shorten a lockstep step, only the slowest

@@ -30,18 +30,6 @@ logger = logging.getLogger(__name__)
 # CPU seconds to compile every kernel (`seqpack doctor --warm` on an empty cache, docs/scale.md).
 COLD_COMPILE_SECONDS = 20
 
-# Every seqpack file numba compiles, relative to the package (the offline packer's its own).
-KERNEL_SOURCES = (
-    "packing/_kernel.py",
-    "schedulers/_kernels/bin_search.py",
-    "schedulers/_kernels/consecutive.py",
-    "schedulers/_kernels/cp_planner.py",
-    "schedulers/_kernels/grid.py",
-    "schedulers/_kernels/locality_swaps.py",
-    "schedulers/_kernels/matching.py",
-    "schedulers/_kernels/replica_repair.py",
-)
-
 # Where each kernel and constant is defined; a kernel module is an attribute too.
 _FAMILIES = {
     "bin_search": ("complete_bins", "dfs"),
@@ -52,6 +40,9 @@ _FAMILIES = {
     "replica_repair": ("repair_replicas", "replica_lpt"),
 }
 _HOMES = {name: f"{__name__}.{module}" for module, names in _FAMILIES.items() for name in names}
+# Every seqpack file numba compiles, relative to the package: the families', cp_planner (its
+# planner imports it as a module) and the offline packer's.
+KERNEL_SOURCES = ("packing/_kernel.py", *(f"schedulers/_kernels/{m}.py" for m in sorted({*_FAMILIES, "cp_planner"})))
 __all__ = [
     "MODE_COST",
     "MODE_FIRST_FIT",

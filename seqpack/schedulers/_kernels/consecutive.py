@@ -10,11 +10,8 @@ from seqpack.schedulers._kernels._types import IntArray
 
 @njit(cache=True)
 def next_fit(lengths: IntArray, capacity: int) -> tuple[IntArray, int]:
-    """Cut items, in order, into consecutive groups of at most ``capacity`` tokens.
-
-    A group closes when the next item would overflow it. Returns (group_of[n], groups).
-    Bounds: ``group_of`` has one entry per item, written at the item's index only.
-    """
+    """``(group_of[n], groups)``: a group closes when the next item would overflow
+    ``capacity``. Bounds: ``group_of`` is written at each item's index only."""
     n = lengths.shape[0]
     group_of = np.empty(n, dtype=np.int64)
     group = 0
