@@ -21,12 +21,12 @@ from seqpack.schedulers.balanced.rounds import (
     _REPAIR_WORK,
     BalancedPlan,
     _grid,
-    _objective,
     fill_order,
     laid_out,
     repair_budget,
     round_targets,
 )
+from seqpack.schedulers.objective import step_objective
 
 TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than the reference
 AUTO = "auto"  # BalancedScheduler(locality=AUTO): on where locality_pays
@@ -129,8 +129,8 @@ def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
     if moves > 0 and step.sync == Sync.REPLICA:  # lockstep steps do not wait for replica totals
         # Down to the reference's busiest replica and no further: every repair move moves a sequence.
         stop_at = float(reference.load.sum(axis=0).max()) * (1 + step.tolerance * 0.5)
-        grid = repair(grid, padded, costs, dp_size, step.capacity, moves, stop_at, _REPAIR_WORK_FACTOR * _REPAIR_WORK)
-    plan = BalancedPlan(m_count, *grid, reference.mode, _objective(grid[2], step.constant, step.sync))
+        grid = repair(grid, padded, costs, step.capacity, moves, stop_at, _REPAIR_WORK_FACTOR * _REPAIR_WORK)
+    plan = BalancedPlan(m_count, *grid, reference.mode, step_objective(grid[2] + step.constant, step.sync))
     return plan, step.relabel(plan.replica_of, step.origin, padded, dp_size)
 
 
@@ -153,7 +153,7 @@ def home_swaps(step: Local) -> tuple[BalancedPlan, np.ndarray]:
         round_of, ranks, padded, costs, origin, dp_size, m_count, step.capacity, round_cap, replica_cap, order, 1
     )
     grid = laid_out(padded, costs, round_of, ranks, shape)
-    plan = BalancedPlan(m_count, *grid, reference.mode, _objective(grid[2], 0.0, step.sync))
+    plan = BalancedPlan(m_count, *grid, reference.mode, step_objective(grid[2], step.sync))
     return plan, plan.replica_of
 
 
@@ -167,12 +167,12 @@ def plan_local(
     padded, origin, reference = step.padded, step.origin, step.reference
     if padded.shape[0] == 0 or reference.num_microbatches == 0 or step.dp_size == 1:
         return None
-    limit = _objective(reference.load, step.constant, step.sync) * (1 + step.tolerance)
+    limit = step_objective(reference.load + step.constant, step.sync) * (1 + step.tolerance)
     best = None
     to_beat = int(padded[step.reference_ranks != origin].sum())  # padded tokens off their rank
     for stage in candidates:
         found = stage(step)
-        if found is None or _objective(found[0].load, step.constant, step.sync) > limit:
+        if found is None or step_objective(found[0].load + step.constant, step.sync) > limit:
             continue
         moved = int(padded[found[1] != origin].sum())
         if moved < to_beat:

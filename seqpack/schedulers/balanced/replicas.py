@@ -24,19 +24,10 @@ LPT_WORK = 50_000_000  # heap steps and bin scans before the replica-first pass 
 
 
 def repair(
-    grid: Layout,
-    padded: np.ndarray,
-    costs: np.ndarray,
-    dp_size: int,
-    capacity: int,
-    max_moves: int,
-    stop_at: float,
-    max_work: int,
+    grid: Layout, padded: np.ndarray, costs: np.ndarray, capacity: int, max_moves: int, stop_at: float, max_work: int
 ) -> Layout:
     """A copy of ``grid`` repaired by :func:`~seqpack.schedulers._kernels.repair_replicas` (at most
     ``max_moves`` swaps and ``max_work`` checks; stops once the busiest replica is at most ``stop_at``)."""
-    if max(float(costs.sum()) / dp_size, float(costs.max())) <= 0:  # CostModel(0, 0, c): nothing to balance
-        return grid
     round_of, replica_of, load, tokens = (a.copy() for a in grid)
     _kernels.repair_replicas(
         round_of, replica_of, costs, padded, load, tokens, capacity, max_moves, 1e-9, stop_at,
@@ -49,9 +40,7 @@ def replica_first(
     padded: np.ndarray, costs: np.ndarray, order: np.ndarray, dp_size: int, capacity: int, num_rounds: int
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """``(round_of, replica_of)`` of the replica-first plan (:func:`~seqpack.schedulers._kernels.replica_lpt`)
-    of ``padded`` taken in ``order``, or None when a sequence fits no microbatch left."""
-    if num_rounds <= 0 or padded.shape[0] == 0:
-        return None
+    of ``padded`` taken in ``order`` (``num_rounds >= 1``), or None when a sequence fits no microbatch left."""
     ok, round_of, replica_of = _kernels.replica_lpt(order, padded, costs, dp_size, num_rounds, capacity, LPT_WORK)
     return (round_of, replica_of) if ok else None
 
@@ -71,9 +60,7 @@ def replica_first_stage(seqs: Sequences, grid: Layout, forced: bool) -> Layout:
     if found is None:
         return grid
     first = laid_out(padded, costs, *found, load.shape)
-    candidate = repair(
-        first, padded, costs, dp_size, capacity, seqs.max_repair_moves, (1 + _GOOD_ENOUGH) * bound, _REPAIR_WORK
-    )
+    candidate = repair(first, padded, costs, capacity, seqs.max_repair_moves, (1 + _GOOD_ENOUGH) * bound, _REPAIR_WORK)
     lighter = float(candidate[2].sum(axis=0).max())
     close = forced or lighter <= (1 + _GAP_FOR_MORE) * bound
     return candidate if lighter < busiest and close else grid

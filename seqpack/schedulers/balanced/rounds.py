@@ -11,7 +11,7 @@ import numpy as np
 
 from seqpack.options import Order, Sync
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.objective import round_sum_lower_bound, step_objective
+from seqpack.schedulers.objective import round_sum_lower_bound
 from seqpack.schedulers.schedule import Grid
 from seqpack.schedulers.shape_limits import BucketPrice
 from seqpack.validation import check_choice
@@ -130,11 +130,6 @@ def laid_out(
 ) -> Layout:
     """The :data:`Layout` of sequences placed at ``round_of`` and ``replica_of``."""
     return round_of, replica_of, _grid(costs, round_of, replica_of, shape), _grid(padded, round_of, replica_of, shape)
-
-
-def _objective(load: np.ndarray, constant: float, sync: str) -> float:
-    """:func:`step_objective` of a plan's ``load[M, dp]`` (costs without constants)."""
-    return step_objective(load + constant, sync)
 
 
 def repair_budget(max_repair_moves: int | None, dp_size: int) -> int:

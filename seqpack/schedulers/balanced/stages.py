@@ -22,7 +22,6 @@ from seqpack.schedulers.balanced.rounds import (
     Layout,
     Sequences,
     _arrange,
-    _objective,
     fill_order,
     laid_out,
     more_rounds,
@@ -30,6 +29,7 @@ from seqpack.schedulers.balanced.rounds import (
     repair_budget,
     round_targets,
 )
+from seqpack.schedulers.objective import step_objective
 from seqpack.schedulers.shape_limits import BucketPrice
 
 __all__ = ["DEFAULT", "Packed", "Stages", "cost_targets", "exact_search", "first_fit", "plan_balanced", "worst_fit"]
@@ -130,7 +130,7 @@ def _plan_at(seqs: Sequences, num_rounds: int, stages: Stages, forced: bool = Fa
             grid = refine(seqs, grid, forced)
     load, tokens = grid[2], grid[3]
     priced = load if seqs.price is None else load + seqs.price.extra(tokens)
-    return BalancedPlan(num_rounds, *grid, mode, _objective(priced, seqs.constant, seqs.sync))
+    return BalancedPlan(num_rounds, *grid, mode, step_objective(priced + seqs.constant, seqs.sync))
 
 
 def plan_balanced(
