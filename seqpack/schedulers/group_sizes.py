@@ -1,5 +1,4 @@
-"""The CP group sizes a dynamic-CP plan may use, and the longest sequence each holds (the
-padding of a group: :func:`seqpack.thd.group_padded_lengths`)."""
+"""The CP group sizes a dynamic-CP plan may use, and the longest sequence each holds."""
 
 from __future__ import annotations
 

@@ -359,12 +359,12 @@ def check_plan_reference(plan, lengths, ranks, capacity, pad_multiple, aligned):
     assert seen == {i: 1 for i in range(len(lengths))}
 
 
-def bin_times_reference(bin_size, bin_start, bin_count, bin_s, bin_ss, coef, rpn, idle):
-    """Each bin's microbatch time on its block of ranks (``idle`` when it holds nothing)."""
+def bin_times_reference(bin_size, bin_start, bin_count, bin_s, bin_ss, coef, rpn):
+    """Each bin's microbatch time on its block of ranks (``constant`` when it holds nothing)."""
     times = []
     for c, lo, count, s, ss in zip(bin_size, bin_start, bin_count, bin_s, bin_ss, strict=True):
         spans = lo // rpn != (lo + c - 1) // rpn
-        times.append(pack_time(c, s, ss, spans, coef) if count > 0 else idle)
+        times.append(pack_time(c, s, ss, spans, coef) if count > 0 else coef[0])
     return times
 
 

@@ -311,7 +311,6 @@ def bin_times(draw: st.DrawFn) -> dict[str, Any]:
         "bin_ss": _floats(draw, nb),
         "coef": s["coef"],
         "ranks_per_node": s["ranks_per_node"],
-        "idle": draw(FLOAT),
     }
 
 

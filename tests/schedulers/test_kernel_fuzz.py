@@ -230,7 +230,7 @@ def _check_layout_in_nodes(a: Args, after: Args, out: Any) -> bool:
 
 def _check_bin_times(a: Args, after: Args, out: Any) -> bool:
     ref = bin_times_reference(*(_rows(a[k]) for k in ("bin_size", "bin_start", "bin_count", "bin_s", "bin_ss")),
-                              a["coef"], a["ranks_per_node"], a["idle"])  # fmt: skip
+                              a["coef"], a["ranks_per_node"])  # fmt: skip
     assert out.tolist() == ref
     return True
 

@@ -1,7 +1,6 @@
-"""numba kernels of the dynamic-CP planner (docs/dynamic_cp.md), each checked against its
-twin in ``tests/schedulers/dynamic_cp_reference.py``. ``coef`` is
-:meth:`CostModel.group_coefficients`; ties are broken by indices, never by chance.
-"""
+"""numba kernels of the dynamic-CP planner (docs/dynamic_cp.md), each checked against its twin
+in ``tests/schedulers/dynamic_cp_reference.py``. ``coef`` is :meth:`CostModel.group_coefficients`;
+ties are broken by indices, never by chance."""
 
 from __future__ import annotations
 
@@ -201,15 +200,14 @@ def bin_times(
     bin_ss: np.ndarray,
     coef: np.ndarray,
     ranks_per_node: int,
-    idle: float,
 ) -> np.ndarray:
-    """Each bin's microbatch cost on its block (``idle`` for a bin without sequences)."""
+    """Each bin's microbatch cost on its block (``constant`` without sequences: a padding filler)."""
     nb = bin_size.shape[0]
     out = np.empty(nb, dtype=np.float64)
     for b in range(nb):
         c = bin_size[b]
         spans = bin_start[b] // ranks_per_node != (bin_start[b] + c - 1) // ranks_per_node
-        out[b] = pack_time(c, bin_s[b], bin_ss[b], spans, coef) if bin_count[b] > 0 else idle
+        out[b] = pack_time(c, bin_s[b], bin_ss[b], spans, coef) if bin_count[b] > 0 else coef[0]
     return out
 
 

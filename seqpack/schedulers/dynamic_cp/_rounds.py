@@ -93,8 +93,7 @@ def score(p: Problem, bins: Bins) -> Bins:
         )
     start = bins.start
     count = np.bincount(bins.seq_bin[bins.seq_bin >= 0], minlength=nb)
-    idle = float(p.coef[0])  # an idle group runs a padding-only filler under either sync
-    times = kernels.bin_times(bins.size, start, count, bins.s, bins.ss, p.coef, p.ranks_per_node, idle)
+    times = kernels.bin_times(bins.size, start, count, bins.s, bins.ss, p.coef, p.ranks_per_node)
     rounds = int(bins.round.max()) + 1 if nb else 0
     heights = np.full(rounds, -np.inf)
     np.maximum.at(heights, bins.round, times)
@@ -167,9 +166,8 @@ def build_static(p: Problem) -> Bins:
 
 
 def build_balanced(p: Problem) -> list[Bins]:
-    """Static CP as ``balanced`` plans it, on the smallest size dividing the ranks that holds
-    the longest sequence among the allowed sizes and among ``pow2_sizes``: one candidate per
-    distinct size, the smaller first; none for an empty step."""
+    """Static CP as ``balanced`` plans it on the smallest size dividing the ranks that holds the
+    longest sequence, of ``sizes`` and of ``pow2_sizes`` (smaller first); none for an empty step."""
     if p.lengths.shape[0] == 0:
         return []
     sizes = {static_size(p, allowed[p.num_ranks % allowed == 0]) for allowed in (p.sizes, p.pow2_sizes)}
