@@ -23,7 +23,7 @@ time (:func:`seqpack.schedulers.predicted_step_time`, training FLOPs) of
 - **tok+rebal**: ``"auto"`` over the token-only plan (no encoder cost in the plan);
 
 each over the **lower bound** :func:`seqpack.schedulers.objective.round_sum_lower_bound` of the
-summed costs (knapsack in cost-per-token order, :func:`~seqpack.schedulers.objective.density_order`):
+summed costs (knapsack in cost-per-token order):
 ``total / dp + max(0, costliest sample - K / dp)``, which no plan of ``sum_m max_d`` beats at any
 microbatch count; and the **encoder imbalance** of each plan: the largest DP rank's encoder
 FLOPs over the mean (the rank that stalls the others at the next collective when the encoder

@@ -54,17 +54,13 @@ class Scheduler(ABC):
             pad_multiple: Every sequence is padded to a multiple of this (a dynamic-CP
                 group of ``c > 1`` ranks to ``2 * c`` times it).
             cost: A microbatch's cost on its CP group (:class:`~seqpack.cost.CostModel`).
-            on_oversize: ``"error"``, ``"truncate"`` or ``"drop"`` a sequence longer than
-                the largest microbatch.
+            on_oversize: ``"error"``, ``"truncate"`` or ``"drop"`` a sequence too long for a microbatch.
             origin: DP rank each sample sits on (default: contiguous, equal blocks).
-            sync: What a step waits for, so what the plan minimises: ``"lockstep"`` (every
-                round its slowest group: FSDP, pipelines) or ``"replica"`` (the slowest rank's
-                total: DDP, ZeRO-1).
+            sync: What the plan minimises: ``"lockstep"`` (every round's slowest group: FSDP,
+                pipelines) or ``"replica"`` (the slowest rank's total: DDP, ZeRO-1).
             bytes_per_token: Bytes a token carries through the exchange (``None``: 20).
-            static_shapes: Fixed pack shapes (:class:`~seqpack.thd.StaticShapes`) no
-                microbatch exceeds (``max_real_sequences``, the largest bucket).
-            sample_cost: float64 ``[N]``: each sample's cost beside its tokens' (the vision
-                encoder's, in ``cost``'s units), added to its microbatch's cost.
+            static_shapes: Fixed pack shapes (:class:`~seqpack.thd.StaticShapes`) no microbatch exceeds.
+            sample_cost: float64 ``[N]``: each sample's cost beside its tokens' (docs/multimodal.md).
 
         Raises:
             ValueError: Bad sizes, non-positive lengths, or an oversize sequence under
@@ -112,10 +108,9 @@ class GridScheduler(Scheduler):
     def plan(self, request: Request) -> Schedule:
         """A static plan (:meth:`Scheduler.schedule`)."""
         cost = None if request.cost is None else request.cost.at(request.cp_size)  # its cost on the static group
-        capacity, pad_multiple = request.capacity, request.pad_multiple
-        check_capacity(capacity, request.cp_size)
+        check_capacity(request.capacity, request.cp_size)
         effective, dropped, truncated = apply_static_oversize(request)
-        check_step_tokens(effective, pad_multiple)
+        check_step_tokens(effective, request.pad_multiple)
         placed = dataclasses.replace(request, lengths=effective, cost=cost)
         active = np.flatnonzero(effective > 0).astype(np.int64) if dropped.size else None
         rounds, deferred = self._plan(placed if active is None else placed.subset(active))
@@ -135,7 +130,7 @@ class GridScheduler(Scheduler):
             dp_size=request.dp_size,
             cp_size=request.cp_size,
             max_tokens_per_rank=request.max_tokens_per_rank,
-            pad_multiple=pad_multiple,
+            pad_multiple=request.pad_multiple,
             deferred=deferred,
             dropped=dropped,
             truncated=truncated,
@@ -174,10 +169,8 @@ class GridScheduler(Scheduler):
     @abstractmethod
     def _plan(self, request: Request) -> tuple[Sequence[Sequence[np.ndarray]], np.ndarray]:
         """Return (``rounds[m][d]`` position arrays, deferred positions) for the sequences of
-        ``request`` (positions index ``request.lengths``: lengths after the oversize policy,
-        none of them 0; ``request.cost`` a :class:`~seqpack.cost.CostModel` or None). Every
-        padded microbatch must fit ``request.capacity``; every round must list ``dp_size``
-        arrays (empty ones allowed)."""
+        ``request`` (docs/schedulers.md): every padded microbatch fits ``request.capacity``, every
+        round lists ``dp_size`` arrays (empty ones allowed)."""
 
 
 def fit_sequence_slots(

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "as_sample_cost",
-    "density_order",
     "exact_sum",
     "microbatch_costs",
     "round_lower_bound",
@@ -87,25 +86,19 @@ def microbatch_costs(schedule: Schedule, cost: CostModel | None) -> np.ndarray:
 
 
 def round_sum_lower_bound(
-    padded: np.ndarray,
-    per_seq_cost: np.ndarray,
-    dp_size: int,
-    capacity: int,
-    *,
-    order: np.ndarray | None = None,
+    padded: np.ndarray, per_seq_cost: np.ndarray, dp_size: int, capacity: int, *, order: np.ndarray | None = None
 ) -> float:
     """Lower bound on ``sum_m max_d cost[m, d]`` of sequences of ``padded`` lengths and
     ``per_seq_cost`` costs (constants left out), ``capacity`` tokens a microbatch:
     ``total/dp + max(0, largest - K/dp)``, ``K`` the cost of the ``dp_size * capacity`` tokens
-    densest in cost (a fractional knapsack in :func:`density_order`; docs/multimodal.md).
-    ``order``: a permutation the caller has, used instead of the sort when it is a density
-    order (checked in one pass).
+    densest in cost (a fractional knapsack by cost per padded token, costliest first;
+    docs/multimodal.md). ``order``: a permutation used instead of the sort when it is that order.
     """
     if padded.size == 0:
         return 0.0
     density = per_seq_cost / np.maximum(padded, 1)
     if order is None or order.shape != padded.shape or not np.all(density[order][:-1] >= density[order][1:]):
-        order = density_order(padded, per_seq_cost)
+        order = np.argsort(-density, kind="stable")
     tokens = np.cumsum(padded[order])
     budget = min(dp_size * capacity, INT64_MAX)  # token sums fit int64: beyond, everything fits
     full = int(np.searchsorted(tokens, budget, side="right"))
@@ -118,17 +111,8 @@ def round_sum_lower_bound(
     return mean + max(0.0, float(per_seq_cost.max()) - knapsack / dp_size)
 
 
-def density_order(padded: np.ndarray, per_seq_cost: np.ndarray) -> np.ndarray:
-    """Sequences by cost per padded token, costliest first (:func:`round_sum_lower_bound`'s order)."""
-    return np.argsort(-(per_seq_cost / np.maximum(padded, 1)), kind="stable")
-
-
 def round_lower_bound(
-    padded: np.ndarray,
-    per_seq_cost: np.ndarray,
-    dp_size: int,
-    capacity: int,
-    total_cost: float,
+    padded: np.ndarray, per_seq_cost: np.ndarray, dp_size: int, capacity: int, total_cost: float
 ) -> float:
     """Smallest ``round_imbalance`` any schedule of these sequences can reach:
     :func:`round_sum_lower_bound` over the mean round sum, ``total_cost`` the step's cost with

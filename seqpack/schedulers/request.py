@@ -11,20 +11,12 @@ import numpy as np
 
 from seqpack.cost import CostModel, check_cost_model
 from seqpack.errors import ConfigError, SampleError, ScheduleError, SeqpackTypeError
-from seqpack.options import OnOversize, Sync
+from seqpack.options import INT64_MAX, MAX_TOKENS, OnOversize, Sync
 from seqpack.schedulers.objective import as_sample_cost, exact_sum
 from seqpack.schedulers.shape_limits import bucket_capacity
 from seqpack.thd import padded_lengths
 from seqpack.thd.static_shapes import StaticShapes, as_static_shapes
-from seqpack.validation import (
-    INT64_MAX,
-    MAX_TOKENS,
-    check_choice,
-    check_fits_memory,
-    check_number,
-    check_positive_int,
-    int64_array,
-)
+from seqpack.validation import check_choice, check_fits_memory, check_number, check_positive_int, int64_array
 
 __all__ = [
     "Request",

@@ -102,12 +102,10 @@ class Grid(Sequence[list[np.ndarray]]):
 class Schedule:
     """Where every sequence of one step goes, and on which ranks (the fields: docs/schedulers.md).
 
-    Groups (int64 ``[G]`` arrays) are listed round by round, within a round by first rank, and
-    partition the ranks ``0..R-1``; group ``g`` packs ``assigned[offsets[g]:offsets[g+1]]`` in
-    pack order (none: a padding-only filler). ``origin`` (default: contiguous equal blocks) and
-    ``sample_cost`` (float64 ``[N]`` or None: each id's cost beside its tokens') are not part of
-    the fingerprint; ``sample_cost`` is not in :meth:`to_arrays`. Arrays are never written after
-    construction (``dataclasses.replace`` makes a new schedule).
+    Groups are listed round by round, within a round by first rank; group ``g`` packs
+    ``assigned[offsets[g]:offsets[g+1]]``. ``origin`` (default: contiguous equal blocks) and
+    ``sample_cost`` are not part of the fingerprint, nor ``sample_cost`` of :meth:`to_arrays`.
+    Arrays are never written after construction (``dataclasses.replace`` makes a new schedule).
     """
 
     num_microbatches: int
@@ -311,13 +309,11 @@ class Schedule:
         padded length in its group, plus, under ``static_shapes`` with ``tail_padding="extend_last"``,
         the bucket's tail for each pack's last sequence."""
         spans = np.zeros(self.num_sequences, dtype=np.int64)
-        padded = self.padded_assigned()
-        spans[self.assigned] = padded
+        spans[self.assigned] = self.padded_assigned()
         if static_shapes is None or static_shapes.tail_padding != TailPadding.EXTEND_LAST:
             return spans
-        ends = np.concatenate([[0], np.cumsum(padded)])
         filled = self.group_counts > 0
-        tokens = (ends[self.offsets[1:]] - ends[self.offsets[:-1]])[filled]
+        tokens = self.group_tokens()[filled]
         last = self.assigned[self.offsets[1:][filled] - 1]  # each pack's last sequence
         spans[last] += group_buckets(static_shapes, tokens, self.capacity) - tokens
         return spans
@@ -376,12 +372,9 @@ class Schedule:
         pad_multiple: int | None = None,
         static_shapes: StaticShapes | None = None,
     ) -> None:
-        """Raise :class:`~seqpack.errors.ScheduleError` naming the first violated invariant of
-        :mod:`~seqpack.schedulers.schedule_checks`: the given lengths and limits match; every
-        round's groups partition the ranks by the plan's rule; every id is once in assigned,
-        deferred or dropped; lengths changed only by truncation or dropping; every group fits
-        ``size * max_tokens_per_rank``; with ``static_shapes`` (a static plan), every microbatch
-        fits its ``max_real_sequences`` and its largest bucket."""
+        """Raise :class:`~seqpack.errors.ScheduleError` naming the first violated invariant
+        (:mod:`~seqpack.schedulers.schedule_checks`; docs/schedulers.md): the given lengths and
+        limits match the plan's; with ``static_shapes`` (a static plan) every microbatch fits them."""
         expected = {"dp_size": dp_size, "cp_size": cp_size, "max_tokens_per_rank": max_tokens_per_rank}
         expected["pad_multiple"] = pad_multiple
         schedule_checks.check_all(self, None if lengths is None else as_lengths(lengths), expected)

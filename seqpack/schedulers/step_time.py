@@ -75,11 +75,7 @@ def _priced_times(plan: Schedule, family: CostModel, static_shapes: StaticShapes
 
 
 def predicted_step_time(
-    plan: Schedule,
-    cost: CostModel,
-    *,
-    sync: str = "lockstep",
-    static_shapes: StaticShapes | None = None,
+    plan: Schedule, cost: CostModel, *, sync: str = "lockstep", static_shapes: StaticShapes | None = None
 ) -> float:
     """The step time ``cost`` predicts for ``plan`` (in ``cost``'s units), every sample's
     ``sample_cost`` added to its microbatch and an idle group costing ``constant``.
