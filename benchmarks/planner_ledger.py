@@ -56,7 +56,7 @@ PARTS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
         "ablation.txt, locality_trees.txt",
     ),
     "kernel loading and cache": (
-        ("_kernels/__init__.py", "_kernels/_jit.py", "_kernels/_types.py"),
+        ("_kernels/__init__.py", "_kernels/_jit.py"),
         (),
         "-",
     ),

@@ -105,11 +105,11 @@ _IMPROVE, _ASSIGN = sample_groups._improve, sample_groups._assign
 
 def _moves_only(*args):
     """``sample_groups._improve`` with the lighter replica's units hidden: no swap is seen."""
-    replica, lo, swaps_only = args[0], args[6], args[8]
+    replica, lo, swaps_only = args[0][0], args[2], args[4]
     theirs = replica == lo
     replica[theirs] = -1
     try:
-        return not swaps_only and _IMPROVE(*args[:8], False)
+        return not swaps_only and _IMPROVE(*args[:4], False)
     finally:
         replica[theirs] = lo
 
@@ -123,7 +123,7 @@ def _never(*_) -> bool:
 STAGES = {
     "refine": ("LPT alone, no refinement", {"_improve": lambda *a: False}),
     "swaps": ("refinement by moves alone", {"_improve": _moves_only}),
-    "moves": ("refinement by swaps alone", {"_improve": lambda *a: _IMPROVE(*a[:8], True)}),
+    "moves": ("refinement by swaps alone", {"_improve": lambda *a: _IMPROVE(*a[:4], True)}),
     "budget": (
         "a forced count's token budget ignored by LPT and the refinement",
         {"_assign": lambda c, t, dp, budget, equal: _ASSIGN(c, t, dp, None, equal)},

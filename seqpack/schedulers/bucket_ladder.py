@@ -193,20 +193,17 @@ def static_shapes_by_cost(
     return _search(evaluate, buckets=buckets, unit=first.pad_multiple, top=top, refits=refits)
 
 
-def _search(
-    evaluate: Callable[[tuple[int, ...]], tuple[StaticShapes, float, FixedPlans]],
-    *,
-    buckets: int,
-    unit: int,
-    top: int,
-    refits: int,
-) -> StaticShapes:
+_Evaluate = Callable[[tuple[int, ...]], tuple[StaticShapes, float, FixedPlans]]  # a ladder's shapes, time, plans
+
+
+def _search(evaluate: _Evaluate, *, buckets: int, unit: int, top: int, refits: int) -> StaticShapes:
     """:func:`static_shapes_by_cost`'s search: one bucket, the fitted ladders (re-planned
     ``refits`` times at most) and the even one; the least mean predicted step time wins."""
     best, best_time, fixed = evaluate((top,))
     logger.info("by_cost: one bucket %d: mean predicted step %.6g", top, best_time)
     tried: set[tuple[int, ...]] = {(top,)}
-    starts = [even_ladder(buckets, unit, top)]
+    even = even_ladder(buckets, unit, top)
+    starts = [even]
     for _ in range(refits + 1):
         # On these plans: the least summed padding (exact), then the least predicted step
         # time (a microbatch past a bucket edge can set its round's or replica's time).
@@ -220,7 +217,6 @@ def _search(
         if mean < best_time:
             best, best_time = shapes, mean
     # Evenly spaced buckets too: a ladder fitted to a few plans' microbatches may not fit others.
-    even = even_ladder(buckets, unit, top)
     if even not in tried:
         shapes, mean, _ = evaluate(even)
         logger.info("by_cost: even buckets %s: mean predicted step %.6g", shapes.token_buckets, mean)

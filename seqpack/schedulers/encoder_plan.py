@@ -127,8 +127,7 @@ def plan_encoders(costs: ArrayLike, home: ArrayLike, num_ranks: int, *, near_tie
     if ((home < 0) | (home >= num_ranks)).any():
         raise ConfigError(f"home ranks must lie in [0, {num_ranks}), got {home[(home < 0) | (home >= num_ranks)][:3]}")
     home_load = _loads(costs, home, num_ranks)
-    total = float(costs.sum())
-    bound = max(float(costs.max(initial=0.0)), total / num_ranks)
+    bound = max(float(costs.max(initial=0.0)), float(costs.sum()) / num_ranks)
     order = np.lexsort((np.arange(costs.size), -costs))  # largest first, then by index: deterministic
     plain = _lpt(costs, home, order, num_ranks)
     cap = _loads(costs, plain, num_ranks).max(initial=0.0)
@@ -136,10 +135,7 @@ def plan_encoders(costs: ArrayLike, home: ArrayLike, num_ranks: int, *, near_tie
     for ranks in candidates:
         _send_home(costs, home, ranks, order, num_ranks)
     # The lowest makespan; among those the least cost moved (a proxy for the bytes), then the first.
-    best = min(
-        candidates,
-        key=lambda ranks: (_loads(costs, ranks, num_ranks).max(initial=0.0), float(costs[ranks != home].sum())),
-    )
+    best = min(candidates, key=lambda r: (_loads(costs, r, num_ranks).max(initial=0.0), float(costs[r != home].sum())))
     load = _loads(costs, best, num_ranks)
     if load.max(initial=0.0) >= home_load.max(initial=0.0) * (1.0 - near_tie):
         best, load = home.copy(), home_load

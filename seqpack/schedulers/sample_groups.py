@@ -355,27 +355,20 @@ def _assign(
     # Refined: one unit moved, or two swapped, between the busiest replica and another
     # (lightest first) while the busier of the two gets lighter.
     limit = np.iinfo(np.int64).max if budget is None else budget
+    state = (replica, costs, tokens, load, held)
     for _ in range(_REFINE_ROUNDS * n):
         hi = int(np.argmax(load))
         lows = np.argsort(load, kind="stable").tolist()
-        if not any(lo != hi and _improve(replica, costs, tokens, load, held, hi, lo, limit, equal) for lo in lows):
+        if not any(lo != hi and _improve(state, hi, lo, limit, equal) for lo in lows):
             break
     return replica, alone
 
 
-def _improve(
-    replica: np.ndarray,
-    costs: np.ndarray,
-    tokens: np.ndarray,
-    load: np.ndarray,
-    held: np.ndarray,
-    hi: int,
-    lo: int,
-    limit: int,
-    swaps_only: bool,
-) -> bool:
+def _improve(state: tuple[np.ndarray, ...], hi: int, lo: int, limit: int, swaps_only: bool) -> bool:
     """Apply the move or swap from ``hi`` to ``lo`` that best evens the pair, if one lowers
-    the larger of the two; whether one did."""
+    the larger of the two; whether one did. ``state``: replica, cost and tokens of every unit,
+    cost and tokens of every replica (updated in place)."""
+    replica, costs, tokens, load, held = state
     gap = load[hi] - load[lo]
     if gap <= 0:
         return False

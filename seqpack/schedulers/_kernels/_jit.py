@@ -6,14 +6,22 @@ time (docs/scale.md, "Kernel layout"); under ``NUMBA_DISABLE_JIT=1`` the plain f
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from numba import njit as _njit
 from numba import types
 from numba.core.registry import CPUDispatcher
+from numpy.typing import NDArray
 
-__all__ = ["helper", "njit", "no_refcount"]
+__all__ = ["BoolArray", "FloatArray", "IntArray", "helper", "njit", "no_refcount"]
+
+# The kernels' array annotations (numba ignores them; mypy reads them).
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
 
 
 class _PlainArguments(CPUDispatcher):
@@ -46,11 +54,6 @@ def _decorator(cls: type, **options: Any) -> Callable[[Callable[..., Any]], Any]
     return decorate
 
 
-def njit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
-    """``numba.njit(**options)`` for a kernel Python calls: calls from compiled code compile
-    no literal specialisation."""
-    return _decorator(_PlainArguments, **options)
-
-
+njit = functools.partial(_decorator, _PlainArguments)
 helper = _decorator(_Helper, cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 no_refcount = _decorator(_Helper, cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True, _nrt=False)

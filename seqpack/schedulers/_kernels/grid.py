@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.schedulers._kernels._jit import njit, no_refcount
-from seqpack.schedulers._kernels._types import BoolArray, FloatArray, IntArray
+from seqpack.schedulers._kernels._jit import BoolArray, FloatArray, IntArray, njit, no_refcount
 
 # Bin-choice rules of grid_lpt.
 MODE_COST = 0  # most under its cost target (LPT with per-bin targets)

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.schedulers._kernels._jit import helper, njit, no_refcount
-from seqpack.schedulers._kernels._types import BoolArray, FloatArray, IntArray
+from seqpack.schedulers._kernels._jit import BoolArray, FloatArray, IntArray, helper, njit, no_refcount
 
 PAIR_BIN = 16  # home_swaps pairs sequences of bins holding at most this many
 HOME_TREE_MIN = 256  # home_swaps walks trees over a home's sequences from this many (a turn's cache and own)

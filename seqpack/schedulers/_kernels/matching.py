@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.schedulers._kernels._jit import njit
-from seqpack.schedulers._kernels._types import IntArray
+from seqpack.schedulers._kernels._jit import IntArray, njit
 
 
 @njit(cache=True)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.schedulers._kernels._jit import njit, no_refcount
-from seqpack.schedulers._kernels._types import FloatArray, IntArray
+from seqpack.schedulers._kernels._jit import FloatArray, IntArray, njit, no_refcount
 
 
 @njit(cache=True)
