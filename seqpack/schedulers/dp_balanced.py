@@ -1,8 +1,7 @@
 """``"dp_balanced"``: Megatron-LM's sequence-packing scheduler (``megatron/core/datasets/
 data_schedule.py``, ``DpBalancedScheduler.get_groups_and_subsamples``), for parity and as a
 baseline; the rules it matches and where it continues past Megatron's asserts:
-docs/schedulers.md.
-"""
+docs/schedulers.md."""
 
 from __future__ import annotations
 

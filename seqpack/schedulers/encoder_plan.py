@@ -1,7 +1,6 @@
 """Encoder rebalancing's plan: which DP rank of a microbatch round encodes each image, and
 whether routing them pays. Pure and deterministic, so every rank computes the same plan;
-docs/multimodal.md ("Encoder rebalancing") describes the candidates, bound and exchange price.
-"""
+docs/multimodal.md ("Encoder rebalancing") describes the candidates, bound and exchange price."""
 
 from __future__ import annotations
 
@@ -167,8 +166,7 @@ def rebalance_pays(
     """Whether ``plan`` saves more round time than its exchange takes: :func:`round_gain`
     (``other_load``: each rank's language-model work in the round, in the plan's cost units)
     times ``seconds_per_cost``, against the busiest rank's :func:`route_bytes` over
-    ``bytes_per_second``.
-    """
+    ``bytes_per_second``."""
     if not plan.moved.any():
         return False
     exchange = float(route_bytes(plan, pixel_bytes, embedding_bytes, plan.load.size).max()) / bytes_per_second

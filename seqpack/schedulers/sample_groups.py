@@ -1,8 +1,6 @@
 """Sample groups that stay together (GRPO responses of one prompt, DPO pairs): every
 sequence of a group on one DP replica and, with ``together``, in one microbatch when the
-group fits one. docs/rl.md ("Groups") describes the stages and measures what they cost.
-:func:`join_plans` runs plans one after the other (mini-batches, dynamic CP with groups).
-"""
+group fits one. docs/rl.md ("Groups") describes the stages and measures what they cost."""
 
 from __future__ import annotations
 
@@ -275,18 +273,15 @@ def join_plans(parts: Sequence[Schedule], ids: Sequence[np.ndarray], original: n
         if p.limits.to_array()[1:].tolist() != first.limits.to_array()[1:].tolist():
             raise ScheduleError(f"cannot join plans of different limits: {first.limits} and {p.limits}")
     rounds = np.cumsum([0, *(p.num_microbatches for p in parts)])
-    effective = np.zeros_like(original)
-    origin = np.zeros(original.shape[0], dtype=np.int64)
-    sample_cost = np.zeros(original.shape[0]) if any(p.sample_cost is not None for p in parts) else None
-    for p, where in zip(parts, ids, strict=True):
-        assert p.origin is not None
-        effective[where] = p.lengths
-        origin[where] = p.origin
-        if sample_cost is not None and p.sample_cost is not None:
-            sample_cost[where] = p.sample_cost
 
     def joined(name: str) -> np.ndarray:
         return np.concatenate([where[getattr(p, name)] for p, where in zip(parts, ids, strict=True)]).astype(np.int64)
+
+    def scattered(name: str, dtype: type) -> np.ndarray:  # a part without the field gives zeros
+        out: np.ndarray = np.zeros(original.shape[0], dtype=dtype)
+        for p, where in zip(parts, ids, strict=True):
+            out[where] = 0 if getattr(p, name) is None else getattr(p, name)
+        return out
 
     return dataclasses.replace(  # the limits are the first part's
         first,
@@ -296,13 +291,13 @@ def join_plans(parts: Sequence[Schedule], ids: Sequence[np.ndarray], original: n
         group_size=np.concatenate([p.group_size for p in parts]),
         group_counts=np.concatenate([p.group_counts for p in parts]),
         assigned=joined("assigned"),
-        lengths=effective,
+        lengths=scattered("lengths", np.int64),
         original_lengths=original,
         deferred=np.sort(joined("deferred")),
         dropped=np.sort(joined("dropped")),
         truncated=np.sort(joined("truncated")),
-        origin=origin,
-        sample_cost=sample_cost,
+        origin=scattered("origin", np.int64),
+        sample_cost=None if all(p.sample_cost is None for p in parts) else scattered("sample_cost", np.float64),
     )
 
 

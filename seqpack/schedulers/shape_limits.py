@@ -1,7 +1,6 @@
 """What :class:`~seqpack.thd.StaticShapes` asks of a static plan (at most
 ``max_real_sequences`` sequences and the largest bucket's tokens a microbatch), the repairs
-that keep a plan within it, and what bucket padding costs (docs/schedulers.md, static shapes).
-"""
+that keep a plan within it, and what bucket padding costs (docs/schedulers.md, static shapes)."""
 
 from __future__ import annotations
 
@@ -96,10 +95,9 @@ def fit_sequence_limit(
     if all(ids.shape[0] <= limit for row in grid for ids in row):
         return grid
     dp = len(grid[0])
-    flat = [ids for row in grid for ids in row]
-    sizes = np.array([ids.shape[0] for ids in flat], dtype=np.int64)
-    every = np.concatenate(flat)
-    cell = np.repeat(np.arange(sizes.shape[0]), sizes)
+    sizes = np.array([ids.shape[0] for row in grid for ids in row], dtype=np.int64)
+    every = np.concatenate([ids for row in grid for ids in row])
+    cell = np.repeat(np.arange(sizes.size), sizes)
     order = np.lexsort((-every, padded[every], cell))
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     rank = np.empty_like(order)
@@ -107,10 +105,9 @@ def fit_sequence_limit(
     excess = rank < (sizes - limit)[cell]
     kept = ~excess
     shape = (len(grid), dp)
-    counts = np.bincount(cell[kept], minlength=sizes.shape[0]).astype(np.int64).reshape(shape)
-    tokens = np.bincount(cell[kept], weights=padded[every[kept]], minlength=sizes.shape[0]).astype(np.int64)
-    tokens = tokens.reshape(shape)
-    load = np.bincount(cell[kept], weights=weight[every[kept]], minlength=sizes.shape[0]).reshape(shape)
+    counts = np.minimum(sizes, limit).reshape(shape)  # the kept ids
+    tokens = np.bincount(cell[kept], weights=padded[every[kept]], minlength=sizes.size).astype(np.int64).reshape(shape)
+    load = np.bincount(cell[kept], weights=weight[every[kept]], minlength=sizes.size).reshape(shape)
     touched: dict[tuple[int, int], list[int]] = {}  # the cells a move touched, as lists
     for c in np.unique(cell[excess]).tolist():
         m, d = divmod(c, dp)
@@ -179,14 +176,12 @@ def trim_to_buckets(
     if not grid or not grid[0]:
         return grid
     shape = (len(grid), len(grid[0]))
-    flat = [ids for row in grid for ids in row]
-    sizes = np.array([ids.shape[0] for ids in flat], dtype=np.int64)
-    every = np.concatenate(flat)
-    cell = np.repeat(np.arange(sizes.shape[0]), sizes)
-    count = sizes.shape[0]
+    sizes = np.array([ids.shape[0] for row in grid for ids in row], dtype=np.int64)
+    every = np.concatenate([ids for row in grid for ids in row])
+    cell = np.repeat(np.arange(sizes.size), sizes)
     state = _TrimState(
-        tokens=np.bincount(cell, weights=padded[every], minlength=count).astype(np.int64).reshape(shape),
-        load=np.bincount(cell, weights=weight[every], minlength=count).reshape(shape) + constant,
+        tokens=np.bincount(cell, weights=padded[every], minlength=sizes.size).astype(np.int64).reshape(shape),
+        load=np.bincount(cell, weights=weight[every], minlength=sizes.size).reshape(shape) + constant,
         counts=sizes.reshape(shape).copy(),
         padded=padded,
         weight=weight,

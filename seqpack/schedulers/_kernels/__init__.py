@@ -2,8 +2,7 @@
 arrays; ties are broken by integer keys, never by chance, so every rank computes the same
 result. A kernel's module (numba with it) is imported on first use, with one WARNING a process
 where numba is about to compile; one module per kernel family (docs/scale.md, "First use").
-The files numba compiles and where it caches them are known here without numba (for doctor).
-"""
+The files numba compiles and where it caches them are known here without numba (for doctor)."""
 
 from __future__ import annotations
 
@@ -117,11 +116,8 @@ def cache_dir(source_dir: Path) -> Path:
 
 def _writable(directory: Path) -> bool:
     """Whether ``directory`` is, or can be made, a writable directory."""
-    while not directory.exists():
-        if directory.parent == directory:
-            return False
-        directory = directory.parent
-    return directory.is_dir() and os.access(directory, os.W_OK | os.X_OK)
+    existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    return existing is not None and existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
 
 
 def _user_cache() -> Path:

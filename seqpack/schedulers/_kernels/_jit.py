@@ -1,8 +1,7 @@
 """The kernel modules' decorators: ``njit`` for a kernel that Python calls, ``helper`` (no
 Python entry) and ``no_refcount`` (nor reference counting; it allocates nothing) for a function
 only compiled code calls. Same machine code as ``numba.njit(cache=True)``, compiled in less CPU
-time (docs/scale.md, "Kernel layout"); under ``NUMBA_DISABLE_JIT=1`` the plain function.
-"""
+time (docs/scale.md, "Kernel layout"); under ``NUMBA_DISABLE_JIT=1`` the plain function."""
 
 from __future__ import annotations
 
