@@ -12,6 +12,10 @@ import numpy as np
 
 from seqpack.schedulers._kernels._jit import FloatArray, IntArray, njit, no_refcount
 
+Lists = tuple[IntArray, IntArray, IntArray]  # (head, prv, nxt): every replica's sequences, linked
+Book = tuple[FloatArray, IntArray, FloatArray]  # (load, tok, total): the microbatches' and replicas' sums
+Seqs = tuple[FloatArray, IntArray, IntArray, IntArray]  # (costs, lengths, replica_of, round_of)
+
 
 @njit(cache=True)
 def repair_replicas(
@@ -72,6 +76,7 @@ def repair_replicas(
     mine = np.empty(n, dtype=np.int64)
     theirs = np.empty(n, dtype=np.int64)
     tmp = np.empty(n, dtype=np.int64)
+    lists, book, seqs = (head, prv, nxt), (load, tok, total), (costs, lengths, replica_of, round_of)
     swaps = 0
     work = 0
     while swaps < max_moves and work < max_work:
@@ -112,8 +117,8 @@ def repair_replicas(
             break
         # i moves from its microbatch (m, d1) to j's (m2, d2), and j the other way.
         m, m2 = round_of[best_i], round_of[best_j]
-        _move(best_i, d1, m, best_d2, m2, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
-        _move(best_j, best_d2, m2, d1, m, head, prv, nxt, load, tok, total, costs, lengths, replica_of, round_of)
+        _move(best_i, d1, m, best_d2, m2, lists, book, seqs)
+        _move(best_j, best_d2, m2, d1, m, lists, book, seqs)
         for d in (d1, best_d2):
             _total_sift(lo, lo_pos, dp, lo_pos[d], total, 1.0)
             _total_sift(hi, hi_pos, dp, hi_pos[d], total, -1.0)
@@ -171,24 +176,11 @@ def _merge(src: IntArray, dst: IntArray, lo: int, mid: int, hi: int, costs: Floa
 
 
 @no_refcount
-def _move(
-    i: int,
-    d_from: int,
-    m_from: int,
-    d_to: int,
-    m_to: int,
-    head: IntArray,
-    prv: IntArray,
-    nxt: IntArray,
-    load: FloatArray,
-    tok: IntArray,
-    total: FloatArray,
-    costs: FloatArray,
-    lengths: IntArray,
-    replica_of: IntArray,
-    round_of: IntArray,
-) -> None:
+def _move(i: int, d_from: int, m_from: int, d_to: int, m_to: int, lists: Lists, book: Book, seqs: Seqs) -> None:
     """Move sequence ``i`` from microbatch ``(m_from, d_from)`` to ``(m_to, d_to)``."""
+    head, prv, nxt = lists
+    load, tok, total = book
+    costs, lengths, replica_of, round_of = seqs
     if prv[i] >= 0:
         nxt[prv[i]] = nxt[i]
     else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from seqpack.schedulers import _kernels
+from seqpack.schedulers.balanced.rounds import fill_order
 
 __all__ = ["FOUND", "GAVE_UP", "INFEASIBLE", "MODE_EXACT", "bin_lower_bound", "pack_bins"]
 
@@ -63,7 +64,7 @@ def pack_bins(
         return FOUND, bin_of
     if num_bins <= 0 or int(lengths.max()) > capacity or bin_lower_bound(lengths, capacity) > num_bins:
         return INFEASIBLE, bin_of  # the bound is at least the token bound
-    order = _longest_first(lengths)
+    order = fill_order(lengths, None)  # longest first, ties by index
     sizes = lengths[order]
     few = n <= FEW_PER_BIN * num_bins and int(sizes[-1]) > 0  # bin completion takes positive sizes
     skip = _cannot_find(sizes, num_bins, capacity, max_work) if found_only else (False, False)
@@ -76,14 +77,6 @@ def pack_bins(
     if status == FOUND:
         bin_of[order] = placed
     return int(status), bin_of
-
-
-def _longest_first(lengths: np.ndarray) -> np.ndarray:
-    """Positions of ``lengths`` longest first, ties by index."""
-    top = int(lengths.max())
-    if 0 <= int(lengths.min()) and top < 1 << 16:
-        return np.argsort((top - lengths).astype(np.uint16), kind="stable").astype(np.int64)
-    return np.lexsort((np.arange(lengths.shape[0]), -lengths)).astype(np.int64)
 
 
 def _item_search(

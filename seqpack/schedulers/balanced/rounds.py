@@ -137,11 +137,10 @@ def repair_budget(max_repair_moves: int | None, dp_size: int) -> int:
     return 8 * dp_size + 64 if max_repair_moves is None else int(max_repair_moves)
 
 
-def _rounds(ids: np.ndarray, cell: np.ndarray, m_count: int, dp_size: int) -> Grid:
-    """The :class:`Grid` whose cell ``m * dp_size + d`` holds the (ascending) ids whose ``cell`` is that."""
+def _rounds(cell: np.ndarray, m_count: int, dp_size: int) -> Grid:
+    """The :class:`Grid` whose cell ``m * dp_size + d`` holds the (ascending) sequences whose ``cell`` is that."""
     cells = m_count * dp_size
-    counts = np.bincount(cell, minlength=cells) if ids.size else np.zeros(cells, np.int64)
-    return Grid(ids[_stable_argsort(cell, cells - 1)], counts, dp_size)
+    return Grid(_stable_argsort(cell, cells - 1), np.bincount(cell, minlength=cells), dp_size)
 
 
 def relabel_replicas(replica_of: np.ndarray, origin: np.ndarray, weight: np.ndarray, dp_size: int) -> np.ndarray:

@@ -71,14 +71,14 @@ class BalancedScheduler(GridScheduler):
         return locality_pays(bytes_per_token, sequences=sequences, tokens=tokens, dp_size=dp_size)
 
     def _plan(self, request: Request) -> tuple[Grid, np.ndarray]:
-        ids, origin = np.arange(request.num_sequences, dtype=np.int64), request.origin
+        n, origin = request.num_sequences, request.origin
         dp_size, capacity, sync, static_shapes = request.dp_size, request.capacity, request.sync, request.static_shapes
         model = self.resolve_cost(request.cost)  # the base took it at the static CP group
         min_microbatches = self.min_microbatches
         price = BucketPrice.of(static_shapes, capacity, model.linear)
         if static_shapes is not None:
-            min_microbatches = max(min_microbatches, -(-ids.shape[0] // (dp_size * static_shapes.max_real_sequences)))
-        if ids.size or self.num_microbatches:
+            min_microbatches = max(min_microbatches, -(-n // (dp_size * static_shapes.max_real_sequences)))
+        if n or self.num_microbatches:
             check_microbatches(
                 dp_size,
                 min_microbatches=self.min_microbatches,
@@ -97,12 +97,12 @@ class BalancedScheduler(GridScheduler):
             raise ConfigError(f"the step's total cost under {model!r} is past float64: scale the coefficients down")
         # One replica: the single-rank packer where it reaches the fewest microbatches.
         single_rank = dp_size == 1 and self.num_microbatches is None and static_shapes is None
-        if single_rank and ids.size and self.stages == DEFAULT:
+        if single_rank and n and self.stages == DEFAULT:
             single = _single_rank(padded, costs, capacity, min_microbatches, self.microbatch_multiple)
             if single is not None:
                 round_of, load = single
                 position = round_position(load, self.order)
-                return _rounds(ids, position[round_of], load.shape[0], 1), np.zeros(0, dtype=np.int64)
+                return _rounds(position[round_of], load.shape[0], 1), np.zeros(0, dtype=np.int64)
         plan = plan_balanced(
             padded,
             costs,
@@ -133,7 +133,7 @@ class BalancedScheduler(GridScheduler):
             plan, replica = (plan, replica) if local is None else local
         position = round_position(plan.load, self.order)
         cell = position[plan.round_of] * dp_size + replica
-        return _rounds(ids, cell, plan.num_microbatches, dp_size), np.zeros(0, dtype=np.int64)
+        return _rounds(cell, plan.num_microbatches, dp_size), np.zeros(0, dtype=np.int64)
 
     def __repr__(self) -> str:
         return (

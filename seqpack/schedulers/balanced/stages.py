@@ -115,11 +115,8 @@ def _plan_at(seqs: Sequences, num_rounds: int, stages: Stages, forced: bool = Fa
     sequences. ``forced``: the count was given (no count search follows)."""
     padded, costs, dp_size = seqs.padded, seqs.costs, seqs.dp_size
     targets = np.repeat(stages.targets(costs[seqs.fill_order], dp_size, num_rounds), dp_size)
-    for rule in stages.bin_rules:
-        packed = rule(seqs, targets, num_rounds)
-        if packed is not None:
-            break
-    else:
+    packed = next(filter(None, (rule(seqs, targets, num_rounds) for rule in stages.bin_rules)), None)
+    if packed is None:
         return None
     mode, bin_of, bin_load = packed
     round_of_bin, replica_of_bin = _arrange(bin_load, dp_size, num_rounds)
