@@ -16,10 +16,8 @@ from seqpack.schedulers.request import Request, apply_oversize, as_lengths
 from seqpack.schedulers.schedule import Schedule, ScheduleLimits
 from seqpack.schedulers.step_time import predicted_step_time
 
-register_scheduler(BalancedScheduler)
-register_scheduler(DpBalancedScheduler)
-register_scheduler(EmptyScheduler)
-register_scheduler(DynamicCpScheduler)
+for _scheduler in (BalancedScheduler, DpBalancedScheduler, EmptyScheduler, DynamicCpScheduler):
+    register_scheduler(_scheduler)
 
 __all__ = [
     "GridScheduler",

@@ -121,8 +121,24 @@ class GridScheduler(Scheduler):
                 rounds = Grid(active[rounds.ids], rounds.counts, rounds.dp_size)
             else:
                 rounds = [[active[np.asarray(cell, dtype=np.int64)] for cell in row] for row in rounds]
-        if request.static_shapes is not None:
-            rounds = self._fit_static_shapes(rounds, placed, request.static_shapes)
+        shapes = request.static_shapes
+        if shapes is not None:  # within its sequence limit, then, where plans_buckets, trimmed at bucket edges
+            forced = getattr(self, "num_microbatches", None)
+            rounds = fit_sequence_slots(self, rounds, placed, keep_replica=self.keeps_origin, fixed_rounds=forced)
+            model = self.resolve_cost(cost) if self.plans_buckets else None
+            price = None if model is None else BucketPrice.of(shapes, request.capacity, model.linear)
+            if model is not None and price is not None:
+                padded = padded_lengths(effective, request.pad_multiple)
+                rounds = trim_to_buckets(
+                    rounds,
+                    padded,
+                    model.cost(padded) + (0.0 if request.sample_cost is None else request.sample_cost),
+                    price=price,
+                    limit=shapes.max_real_sequences,
+                    capacity=request.capacity,
+                    constant=model.constant,
+                    sync=request.sync,
+                )
         return Schedule.from_assignment(
             rounds,
             lengths=effective,
@@ -136,29 +152,6 @@ class GridScheduler(Scheduler):
             truncated=truncated,
             origin=request.origin,
             sample_cost=request.sample_cost,
-        )
-
-    def _fit_static_shapes(
-        self, rounds: Sequence[Sequence[np.ndarray]], request: Request, shapes: StaticShapes
-    ) -> Sequence[Sequence[np.ndarray]]:
-        """``rounds`` of ``request`` (after the oversize policy) within ``shapes``' sequence limit
-        (:func:`fit_sequence_slots`), then, where :attr:`plans_buckets`, trimmed at bucket edges."""
-        forced = getattr(self, "num_microbatches", None)
-        rounds = fit_sequence_slots(self, rounds, request, keep_replica=self.keeps_origin, fixed_rounds=forced)
-        model = self.resolve_cost(request.cost)
-        price = None if model is None else BucketPrice.of(shapes, request.capacity, model.linear)
-        if not self.plans_buckets or model is None or price is None:
-            return rounds
-        padded = padded_lengths(request.lengths, request.pad_multiple)
-        return trim_to_buckets(
-            rounds,
-            padded,
-            model.cost(padded) + (0.0 if request.sample_cost is None else request.sample_cost),
-            price=price,
-            limit=shapes.max_real_sequences,
-            capacity=request.capacity,
-            constant=model.constant,
-            sync=request.sync,
         )
 
     keeps_origin: ClassVar[bool] = False
@@ -183,11 +176,8 @@ def fit_sequence_slots(
 ) -> list[list[np.ndarray]]:
     """:func:`fit_sequence_limit` of ``rounds`` of ``request`` (after the oversize policy, cost
     on the static group) to its ``static_shapes``' sequence limit, each sequence weighed by its
-    cost plus ``sample_cost`` (no cost model: its padded tokens), in ``microbatch_multiple`` rounds.
-
-    Raises:
-        ScheduleError: ``fixed_rounds`` (a forced count) given and the ids need more rounds.
-    """
+    cost plus ``sample_cost`` (no cost model: its padded tokens), in ``microbatch_multiple``
+    rounds; a ScheduleError when the ids need more than a forced ``fixed_rounds``."""
     assert request.static_shapes is not None
     padded = padded_lengths(request.lengths, request.pad_multiple)
     extra = 0.0 if request.sample_cost is None else request.sample_cost

@@ -41,13 +41,8 @@ def step_objective(costs: np.ndarray, sync: str = Sync.LOCKSTEP) -> float:
 
 
 def as_sample_cost(sample_cost: Sequence[float] | np.ndarray | None, num_samples: int) -> np.ndarray | None:
-    """A step's per-sample extra cost (e.g. the vision encoder's, in the cost model's units)
-    as float64 ``[num_samples]``, or None when none is given.
-
-    Raises:
-        SeqpackTypeError: Not numbers.
-        ConfigError: Not one value per sample, or a value negative, NaN or infinite (named).
-    """
+    """:meth:`Request.of <seqpack.schedulers.request.Request.of>`'s ``sample_cost`` as float64
+    ``[num_samples]`` (None when none is given), checked: one finite value >= 0 per sample."""
     if sample_cost is None:
         return None
     arr = check_numbers("sample_cost", sample_cost)

@@ -1,6 +1,5 @@
-"""One step's scheduling :class:`Request`, checked once (:meth:`Request.of`) and trusted by
-the planners behind :meth:`~seqpack.schedulers.base.Scheduler.schedule`, and the checks and
-oversize policy they apply before planning."""
+"""One step's scheduling :class:`Request`, checked once (:meth:`Request.of`) and trusted by the
+planners, and the checks and oversize policy they apply before planning."""
 
 from __future__ import annotations
 
@@ -65,12 +64,8 @@ def as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
 
 
 def as_origin(origin: Sequence[int] | np.ndarray | None, num_samples: int, dp_size: int) -> np.ndarray:
-    """The DP rank of every sample as int64 (default :func:`default_origin`).
-
-    Raises:
-        SeqpackTypeError: Ranks that are not integers.
-        ConfigError: Not one rank per sample, or a rank outside ``0..dp_size-1`` (named).
-    """
+    """The DP rank of every sample as int64 (default :func:`default_origin`), checked by
+    :func:`check_origin` (ConfigError; SeqpackTypeError for ranks that are not integers)."""
     if origin is None:
         return default_origin(num_samples, dp_size)
     arr = int64_array("origin", origin, integral_floats=True, element="origin of sample {index} is")

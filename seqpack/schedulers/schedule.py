@@ -49,11 +49,7 @@ class ScheduleLimits:
 
     @classmethod
     def from_array(cls, values: np.ndarray) -> ScheduleLimits:
-        """Inverse of :meth:`to_array`.
-
-        Raises:
-            ScheduleError: Not one value per field, or an unknown group-sizes code.
-        """
+        """Inverse of :meth:`to_array`; a ScheduleError names a wrong count or group-sizes code."""
         fields = dataclasses.fields(cls)
         if values.shape != (len(fields),):
             raise ScheduleError(
@@ -164,12 +160,9 @@ class Schedule:
         origin: np.ndarray | None = None,
         sample_cost: np.ndarray | None = None,
     ) -> Schedule:
-        """A static plan from its grid: ``assignment[m][d]`` the ids (in pack order) of
-        microbatch ``m`` of replica ``d`` (a :class:`Grid` of ``dp_size`` is taken flat, as it is).
-
-        Raises:
-            ScheduleError: A round that does not list ``dp_size`` replicas.
-        """
+        """A static plan from its grid: ``assignment[m][d]`` the ids (in pack order) of microbatch
+        ``m`` of replica ``d`` (a :class:`Grid` of ``dp_size`` is taken flat, as it is); a
+        ScheduleError names a round that does not list ``dp_size`` replicas."""
         if isinstance(assignment, Grid) and assignment.dp_size == dp_size:
             num_rounds, counts, assigned = len(assignment), assignment.counts, assignment.ids
         else:
@@ -267,8 +260,7 @@ class Schedule:
             cells = np.split(self.assigned, self.offsets[1:-1]) if self.num_groups else []
             return [cells[m * self.dp_size : (m + 1) * self.dp_size] for m in range(self.num_microbatches)]
         grid: list[list[list[np.ndarray]]] = [[[] for _ in range(self.dp_size)] for _ in range(self.num_microbatches)]
-        lead = self.leading_replica().tolist()
-        for g, (m, d) in enumerate(zip(self.group_round.tolist(), lead, strict=True)):
+        for g, (m, d) in enumerate(zip(self.group_round.tolist(), self.leading_replica().tolist(), strict=True)):
             grid[m][d].append(self.group_ids(g))
         return [[parts[0] if len(parts) == 1 else np.concatenate(parts or [_empty()]) for parts in row] for row in grid]
 
@@ -332,11 +324,8 @@ class Schedule:
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> Schedule:
-        """Inverse of :meth:`to_arrays` (copies every array; :meth:`validate` checks the invariants).
-
-        Raises:
-            ScheduleError: Missing arrays, or arrays whose shapes, counts or origin do not add up.
-        """
+        """Inverse of :meth:`to_arrays`, copying every array (:meth:`validate` checks the invariants);
+        a ScheduleError names missing arrays, or arrays whose shapes, counts or origin do not add up."""
         if not isinstance(arrays, Mapping):
             raise SeqpackTypeError(f"schedule arrays must be a mapping, got {type(arrays).__name__}")
         missing = [k for k in ("limits", *cls.ARRAY_FIELDS) if k not in arrays]

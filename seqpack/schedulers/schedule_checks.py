@@ -87,8 +87,7 @@ def check_partition(schedule: Schedule) -> None:
     if missing.size:
         raise ScheduleError(f"round {missing[0]} has no groups: every round must partition the {ranks} ranks")
     end = start + size
-    first = np.ones(rounds.shape[0], dtype=bool)
-    first[1:] = rounds[1:] != rounds[:-1]
+    first = np.diff(rounds, prepend=-1) != 0  # the first group of its round (rounds are >= 0)
     expected_start = np.where(first, 0, np.concatenate([[0], end[:-1]]))
     bad = np.flatnonzero(start != expected_start)
     if bad.size:
@@ -161,9 +160,7 @@ def check_scheduled_lengths(schedule: Schedule) -> None:
         raise ScheduleError(f"sample {bad} is assigned with length {int(lengths[bad])}")
     if schedule.dropped.size and np.any(lengths[schedule.dropped] != 0):
         raise ScheduleError("a dropped sample keeps a non-zero length")
-    changed = np.flatnonzero(lengths != original)
-    allowed = np.union1d(schedule.truncated, schedule.dropped)
-    stray = changed[~np.isin(changed, allowed)]
+    stray = np.setdiff1d(np.flatnonzero(lengths != original), np.union1d(schedule.truncated, schedule.dropped))
     if stray.size:
         raise ScheduleError(
             f"sample {int(stray[0])} is packed with a changed length but is neither truncated nor dropped"
@@ -202,7 +199,7 @@ def check_static_shapes(schedule: Schedule, static_shapes: StaticShapes) -> None
     if not schedule.is_static:
         raise ScheduleError("static_shapes holds for static-CP schedules only; this one is dynamic CP")
     limit, largest = shapes.max_real_sequences, resolved_buckets(shapes, schedule.capacity)[-1]
-    counts, tokens = schedule.group_counts, schedule.group_tokens(padded=True)
+    counts, tokens = schedule.group_counts, schedule.group_tokens()
     for name, values, bound in (("sequences", counts, limit), ("padded tokens", tokens, largest)):
         over = np.flatnonzero(values > bound)
         if over.size:

@@ -1,6 +1,5 @@
-"""What a plan's microbatches cost and the step time a cost model predicts for it, for every
-:class:`~seqpack.schedulers.schedule.Schedule`: a group's time is its
-:class:`~seqpack.cost.CostModel` cost on its ranks (compute split over them plus the CP ring)."""
+"""What the microbatches of any :class:`~seqpack.schedulers.schedule.Schedule` cost and the step
+time a cost model predicts for it: a group's time is its ``CostModel`` cost on its ranks."""
 
 from __future__ import annotations
 
@@ -52,8 +51,7 @@ def bucket_padding(plan: Schedule, static_shapes: StaticShapes) -> np.ndarray:
         raise ScheduleError(
             "static_shapes holds for static-CP schedules only (a dynamic-CP group's tokens are split over its size)"
         )
-    tokens = plan.group_tokens(padded=True)
-    tokens = np.where(plan.group_counts > 0, tokens, plan.pad_multiple)
+    tokens = np.where(plan.group_counts > 0, plan.group_tokens(), plan.pad_multiple)
     return group_buckets(shapes, tokens, plan.capacity) - tokens
 
 
@@ -116,8 +114,7 @@ def predicted_step_time(
     finish = np.zeros(plan.num_ranks, dtype=np.float64)
     for m in range(plan.num_microbatches):
         groups = plan.round_groups(m)
-        starts = plan.group_start[groups.start : groups.stop]
-        ready = np.maximum.reduceat(finish, starts)
+        ready = np.maximum.reduceat(finish, plan.group_start[groups.start : groups.stop])
         finish = np.repeat(ready + times[groups.start : groups.stop], plan.group_size[groups.start : groups.stop])
     return float(finish.max())
 
@@ -135,10 +132,9 @@ def group_sums(plan: Schedule, ranks_per_node: int) -> np.ndarray:
 
 
 def replica_sums(plan: Schedule, cost: CostModel) -> np.ndarray:
-    """int64 ``[num_microbatches, dp_size, 4]``: per round and DP replica (ranks ``d*cp ..
-    d*cp+cp-1``), the ``(size, S, SS, spans)`` (:func:`group_sums`) of the group among its
-    ranks' that ``cost`` predicts slowest: what the replica's measured time (the slowest of
-    its CP ranks) times."""
+    """int64 ``[num_microbatches, dp_size, 4]``: per round and DP replica, the :func:`group_sums`
+    row of the group among its CP ranks' that ``cost`` predicts slowest (what the replica's
+    measured time, its slowest CP rank's, times)."""
     rows = group_sums(plan, cost.ranks_per_node)
     times = cost.predict_group_sums(rows, plan.cp_size)
     per_rank = plan.rank_group().reshape(plan.num_microbatches, plan.dp_size, plan.cp_size)
