@@ -127,8 +127,13 @@ def check_exactly_once(schedule: Schedule) -> None:
     for name in ("assigned", "deferred", "dropped"):
         ids = getattr(schedule, name)
         if ids.size and (ids.min() < 0 or ids.max() >= n):
-            bad = int(np.flatnonzero((ids < 0) | (ids >= n))[0])
-            where = _where(schedule, bad) if name == "assigned" else name
+            bad, where = int(np.flatnonzero((ids < 0) | (ids >= n))[0]), name
+            if name == "assigned":  # its group (a static plan's as its cell)
+                g = int(np.searchsorted(schedule.offsets, bad, side="right") - 1)
+                m, d = divmod(g, schedule.dp_size)
+                where = (
+                    f"assignment[{m}][{d}]" if schedule.is_static else f"group {g} of round {schedule.group_round[g]}"
+                )
             raise ScheduleError(f"{where} holds an id outside 0..{n - 1}")
         seen += np.bincount(ids, minlength=n)
     if n and seen.max() > 1:
@@ -137,15 +142,6 @@ def check_exactly_once(schedule: Schedule) -> None:
     if n and seen.min() < 1:
         missing = int(np.argmin(seen))
         raise ScheduleError(f"sample {missing} appears nowhere in the schedule (assigned, deferred or dropped)")
-
-
-def _where(schedule: Schedule, entry: int) -> str:
-    """Names the group holding entry ``entry`` of ``assigned`` (a static plan's as its cell)."""
-    g = int(np.searchsorted(schedule.offsets, entry, side="right") - 1)
-    if schedule.is_static:
-        m, d = divmod(g, schedule.dp_size)
-        return f"assignment[{m}][{d}]"
-    return f"group {g} of round {int(schedule.group_round[g])}"
 
 
 def check_scheduled_lengths(schedule: Schedule) -> None:
