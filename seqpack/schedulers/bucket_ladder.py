@@ -184,7 +184,6 @@ def static_shapes_by_cost(
     family = planner.resolve_cost(first.cost) or default_cost_model()
 
     def evaluate(ladder: tuple[int, ...]) -> tuple[StaticShapes, float, FixedPlans]:
-        """The steps planned with ``ladder``: its shapes, their mean predicted step time, their plans."""
         shapes = StaticShapes(token_buckets=ladder, max_sequences=max_sequences, tail_padding=TailPadding(tail_padding))
         plans = [planner.plan(dataclasses.replace(request, static_shapes=shapes)) for request in requests]
         times = [predicted_step_time(plan, family, sync=first.sync, static_shapes=shapes) for plan in plans]
@@ -193,7 +192,7 @@ def static_shapes_by_cost(
     return _search(evaluate, buckets=buckets, unit=first.pad_multiple, top=top, refits=refits)
 
 
-_Evaluate = Callable[[tuple[int, ...]], tuple[StaticShapes, float, FixedPlans]]  # a ladder's shapes, time, plans
+_Evaluate = Callable[[tuple[int, ...]], tuple[StaticShapes, float, FixedPlans]]  # ladder: shapes, mean time, plans
 
 
 def _search(evaluate: _Evaluate, *, buckets: int, unit: int, top: int, refits: int) -> StaticShapes:

@@ -23,8 +23,7 @@ __all__ = [
 ]
 
 NEAR_TIE = 0.01
-"""A plan whose heaviest encoder load is within this share of the home plan's keeps every
-image home."""
+"""A plan within this share of the home plan's heaviest encoder load keeps every image home."""
 DEFAULT_SECONDS_PER_FLOP = 1.0 / 400e12
 """The encoder's rate where no calibrated cost gives one (an H100's dense bf16 peak at 40%)."""
 
@@ -36,8 +35,7 @@ class EncoderPlan:
     Attributes:
         encoder: int64 ``[N]`` the rank that encodes each image.
         home: int64 ``[N]`` the rank whose sequence needs it.
-        home_load, load: float64 ``[R]`` each rank's encoder cost with every image home, and
-            under ``encoder``.
+        home_load, load: float64 ``[R]`` each rank's encoder cost at home and under ``encoder``.
         lower_bound: ``max(max cost, total / R)``: no plan's makespan is below it.
     """
 
@@ -145,9 +143,8 @@ def route_bytes(plan: EncoderPlan, pixel_bytes: ArrayLike, embedding_bytes: Arra
     """float64 ``[R]``: the bytes each rank sends or receives (the larger) for ``plan``'s
     moved images (``pixel_bytes``, ``embedding_bytes``: ``[N]``, each image's): their pixels
     to the encoder, their embeddings back, and the embeddings' gradients the other way."""
-    moved = plan.moved
-    pixels = np.asarray(pixel_bytes, dtype=np.float64) * moved
-    embeds = np.asarray(embedding_bytes, dtype=np.float64) * moved
+    pixels = np.asarray(pixel_bytes, dtype=np.float64) * plan.moved
+    embeds = np.asarray(embedding_bytes, dtype=np.float64) * plan.moved
     # A home sends pixels and gradients and receives embeddings; an encoder the reverse.
     sent = _loads(pixels + embeds, plan.home, num_ranks) + _loads(embeds, plan.encoder, num_ranks)
     received = _loads(embeds, plan.home, num_ranks) + _loads(pixels + embeds, plan.encoder, num_ranks)

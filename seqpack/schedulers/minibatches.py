@@ -67,8 +67,7 @@ def schedule_minibatches(
             parts.append(schedule_groups(scheduler, part, gids[mine], flags[mine], **grouping))
         else:
             parts.append(scheduler.plan(part))
-    starts = np.cumsum([0, *(p.num_microbatches for p in parts)])
-    return join_plans(parts, ids, request.lengths), [int(s) for s in starts]
+    return join_plans(parts, ids, request.lengths), np.cumsum([0, *(p.num_microbatches for p in parts)]).tolist()
 
 
 def minibatch_loss_tokens(plan: Schedule, starts: Sequence[int], loss_tokens: np.ndarray) -> list[int]:

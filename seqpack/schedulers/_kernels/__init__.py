@@ -39,8 +39,7 @@ _FAMILIES = {
     "replica_repair": ("repair_replicas", "replica_lpt"),
 }
 _HOMES = {name: f"{__name__}.{module}" for module, names in _FAMILIES.items() for name in names}
-# Every seqpack file numba compiles, relative to the package: the families', cp_planner (its
-# planner imports it as a module) and the offline packer's.
+# Every file numba compiles (package-relative): the families', cp_planner (imported as a module), the packer's.
 KERNEL_SOURCES = ("packing/_kernel.py", *(f"schedulers/_kernels/{m}.py" for m in sorted({*_FAMILIES, "cp_planner"})))
 __all__ = [
     "MODE_COST",
