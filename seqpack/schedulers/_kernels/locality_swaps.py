@@ -295,15 +295,7 @@ def _snapshot(replica_of: IntArray, dp: int, roster: Roster) -> None:
     """Start a pass: the sequences by replica (``snap[start[d]:start[d + 1]]``), no changes
     and no arrivals yet. Bounds: ``start`` has ``dp + 1`` entries, ``snap`` one per sequence."""
     start, snap, changed, last_arrival, arrivals, _, _ = roster
-    start[:] = 0
-    for i in range(replica_of.shape[0]):
-        start[replica_of[i] + 1] += 1
-    for d in range(dp):
-        start[d + 1] += start[d]
-    fill = start[:dp].copy()
-    for i in range(replica_of.shape[0]):
-        snap[fill[replica_of[i]]] = i
-        fill[replica_of[i]] += 1
+    _group_by(replica_of, replica_of.shape[0], dp, start, snap)
     changed[:] = False
     arrivals[:] = -1
     last_arrival[:] = -1
@@ -345,7 +337,7 @@ def _turn_pairs(
     their number."""
     cache_y, _, _, cache_c, cache_m = cache
     pair_c, pair_y1, pair_y2, pair_m = pairs
-    _by_round(cache_m, k, rounds, seg, by_round)
+    _group_by(cache_m, k, rounds, seg, by_round)
     n_pairs = 0
     for m in range(rounds):
         if seg[m + 1] - seg[m] <= PAIR_BIN:
@@ -365,17 +357,17 @@ def _turn_pairs(
 
 
 @helper
-def _by_round(round_of_entry: IntArray, count: int, rounds: int, seg: IntArray, out: IntArray) -> None:
-    """Entries ``0..count-1`` by round, stably: round ``m``'s in ``out[seg[m]:seg[m + 1]]``."""
+def _group_by(key: IntArray, count: int, groups: int, seg: IntArray, out: IntArray) -> None:
+    """Entries ``0..count-1`` by ``key`` (in ``[0, groups)``), stably: group ``m``'s in ``out[seg[m]:seg[m + 1]]``."""
     seg[:] = 0
     for q in range(count):
-        seg[round_of_entry[q] + 1] += 1
-    for m in range(rounds):
+        seg[key[q] + 1] += 1
+    for m in range(groups):
         seg[m + 1] += seg[m]
-    for q in range(count):  # seg[m] runs through round m's places, ending at round m + 1's start
-        out[seg[round_of_entry[q]]] = q
-        seg[round_of_entry[q]] += 1
-    for m in range(rounds, 0, -1):  # back to the starts
+    for q in range(count):  # seg[m] runs through group m's places, ending at group m + 1's start
+        out[seg[key[q]]] = q
+        seg[key[q]] += 1
+    for m in range(groups, 0, -1):  # back to the starts
         seg[m] = seg[m - 1]
     seg[0] = 0
 
@@ -571,7 +563,7 @@ def _turn_trees(
         ty = lengths[pair_y1[c]] + lengths[pair_y2[c]]
         p1[psize + c], p2[psize + c] = _keys(pair_c[c], ty, pair_m[c], home, book)
     _build(p1, p2, psize, n_pairs)
-    _by_round(pair_m, n_pairs, rounds, pseg, plist)
+    _group_by(pair_m, n_pairs, rounds, pseg, plist)
 
 
 @no_refcount

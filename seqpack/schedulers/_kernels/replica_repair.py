@@ -147,14 +147,11 @@ def _sorted_members(head: int, nxt: IntArray, costs: FloatArray, buf: IntArray, 
                 u -= 1
             buf[u] = v
     width = 16
-    in_tmp = False  # where the sorted runs are
+    src, dst, in_tmp = buf, tmp, False  # the sorted runs are in src
     while width < k:
         for lo in range(0, k, 2 * width):
-            if in_tmp:
-                _merge(tmp, buf, lo, min(lo + width, k), min(lo + 2 * width, k), costs)
-            else:
-                _merge(buf, tmp, lo, min(lo + width, k), min(lo + 2 * width, k), costs)
-        in_tmp = not in_tmp
+            _merge(src, dst, lo, min(lo + width, k), min(lo + 2 * width, k), costs)
+        src, dst, in_tmp = dst, src, not in_tmp
         width *= 2
     if in_tmp:
         for t in range(k):

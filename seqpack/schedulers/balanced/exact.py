@@ -46,12 +46,10 @@ def bin_lower_bound(sizes: np.ndarray, capacity: int) -> int:
 def pack_bins(
     lengths: np.ndarray, num_bins: int, capacity: int, *, max_work: int = DEFAULT_WORK, found_only: bool = False
 ) -> tuple[int, np.ndarray]:
-    """Pack ``lengths`` into ``num_bins`` bins of ``capacity`` tokens exactly, by the item
-    search (:func:`~seqpack.schedulers._kernels.dfs`); where bins hold at most ``FEW_PER_BIN``
-    items on average, it gets ``FIRST_WORK`` visits, then bin completion
-    (:func:`~seqpack.schedulers._kernels.complete_bins`) ``max_work``, then the item search again.
-    ``found_only``: a search that cannot find a packing within ``max_work`` visits is not run
-    (``GAVE_UP`` may then stand for ``INFEASIBLE``).
+    """Pack ``lengths`` into ``num_bins`` bins of ``capacity`` tokens exactly within ``max_work``
+    (the item search, bin completion where bins hold few items: docs/cost_models.md). ``found_only``:
+    a search that cannot find a packing within ``max_work`` is not run (``GAVE_UP`` may then
+    stand for ``INFEASIBLE``).
 
     Returns:
         ``(status, bin_of)``: ``FOUND`` with every item's bin, ``INFEASIBLE`` when no packing

@@ -1,10 +1,6 @@
-"""Locality: plans that leave samples on the DP rank that read them, at no cost in step time.
-
-:func:`plan_local` tries candidate plans at the reference plan's microbatch count (the one
-``balanced`` made for balance alone) and keeps one that predicts at most ``tolerance`` more
-step time and moves fewer tokens; it changes only where sequences run, never which
-sequences a step holds or how many microbatches it runs. docs/scale.md describes the
-candidates and when ``locality="auto"`` turns it on (:func:`locality_pays`).
+"""Locality: plans that leave samples on the DP rank that read them, at no cost in step time
+(:func:`plan_local`). docs/scale.md ("Locality") describes the candidates, what a plan keeps
+of the reference and when ``locality="auto"`` turns it on (:func:`locality_pays`).
 """
 
 from __future__ import annotations
@@ -103,10 +99,8 @@ LocalStage = Callable[[Local], "tuple[BalancedPlan, np.ndarray] | None"]
 
 
 def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
-    """The per-replica layout and its DP ranks under ``sync="replica"`` or at one or two
-    microbatches (else None, as when it finds no packing): each sequence, longest first, to
-    its own rank's emptiest microbatch while within ``_REPLICAS_FILL`` of its cost target and
-    the mean tokens, else LPT; then, under ``sync="replica"``, the replica repair."""
+    """The per-replica layout (docs/scale.md, "Locality") and its DP ranks, under ``sync="replica"``
+    or at one or two microbatches; else None, as when it finds no packing."""
     padded, costs, dp_size, reference = step.padded, step.costs, step.dp_size, step.reference
     m_count = reference.num_microbatches
     if not (step.sync == Sync.REPLICA or m_count <= 2):
@@ -135,10 +129,8 @@ def per_replica(step: Local) -> tuple[BalancedPlan, np.ndarray] | None:
 
 
 def home_swaps(step: Local) -> tuple[BalancedPlan, np.ndarray]:
-    """The reference with its replicas renamed, then sequences brought home by one pass of
-    :func:`~seqpack.schedulers._kernels.home_swaps` within caps ``1 + _SWAP_SLACK *
-    tolerance`` times the reference's: every round's heaviest microbatch (not under
-    ``sync="replica"``) and the busiest replica."""
+    """The reference with its replicas renamed, then one pass of :func:`~seqpack.schedulers._kernels.home_swaps`
+    (docs/scale.md, "Locality") within ``1 + _SWAP_SLACK * tolerance`` times the reference's caps."""
     padded, costs, origin, reference = step.padded, step.costs, step.origin, step.reference
     slack = step.tolerance * _SWAP_SLACK
     m_count, dp_size = reference.load.shape
@@ -148,7 +140,11 @@ def home_swaps(step: Local) -> tuple[BalancedPlan, np.ndarray]:
     load = _grid(costs, round_of, ranks, shape)
     round_cap = np.full(m_count, np.inf) if step.sync == Sync.REPLICA else load.max(axis=1) * (1 + slack)
     replica_cap = float(load.sum(axis=0).max()) * (1 + slack)
-    order = _by_home_longest_first(padded, origin, dp_size)
+    top = int(padded.max()) + 1  # sequences by home, then longest first, then index
+    if dp_size * top < 2**62:  # one stable sort of a combined key: ~7x faster than lexsort
+        order = np.argsort(origin.astype(np.int64) * top + (top - 1 - padded), kind="stable")
+    else:
+        order = np.lexsort((-padded, origin))
     _kernels.home_swaps(
         round_of, ranks, padded, costs, origin, dp_size, m_count, step.capacity, round_cap, replica_cap, order, 1
     )
@@ -180,11 +176,3 @@ def plan_local(
             if moved <= _SWAPS_ABOVE * float(padded.sum()):
                 break
     return best
-
-
-def _by_home_longest_first(padded: np.ndarray, origin: np.ndarray, dp_size: int) -> np.ndarray:
-    """Sequence indices by origin, then longest first, then index."""
-    top = int(padded.max()) + 1
-    if dp_size * top < 2**62:  # one stable sort of a combined key: ~7x faster than lexsort
-        return np.argsort(origin.astype(np.int64) * top + (top - 1 - padded), kind="stable")
-    return np.lexsort((np.arange(padded.shape[0]), -padded, origin))
