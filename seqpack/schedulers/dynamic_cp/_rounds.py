@@ -119,7 +119,8 @@ def _fill(p: Problem, bins: Bins, positions: np.ndarray, rounds_done: int, size:
         trial = dataclasses.replace(bins, seq_bin=bins.seq_bin.copy())  # extending copies every bin array
         rounds = np.arange(rounds_done, rounds_done + count, dtype=np.int64)
         trial.extend(size, np.repeat(rounds, p.num_ranks // size), room=size * p.capacity, load=ring)
-        trial.extend(1, np.repeat(rounds, p.num_ranks % size), room=p.capacity)
+        if p.num_ranks % size:  # single ranks beside the groups
+            trial.extend(1, np.repeat(rounds, p.num_ranks % size), room=p.capacity)
         ok, bin_of = _kernels.cp_planner.lpt(lengths, *trial.fill_arrays, p.coef, p.ranks_per_node, p.pad_multiple)
         if ok:
             trial.seq_bin[positions] = bin_of
