@@ -49,7 +49,11 @@ class ScheduleLimits:
 
     @classmethod
     def from_array(cls, values: np.ndarray) -> ScheduleLimits:
-        """Inverse of :meth:`to_array`; a ScheduleError names a wrong count or group-sizes code."""
+        """Inverse of :meth:`to_array`.
+
+        Raises:
+            ScheduleError: Not one value per field, or an unknown group-sizes code.
+        """
         fields = dataclasses.fields(cls)
         if values.shape != (len(fields),):
             raise ScheduleError(
@@ -161,8 +165,11 @@ class Schedule:
         sample_cost: np.ndarray | None = None,
     ) -> Schedule:
         """A static plan from its grid: ``assignment[m][d]`` the ids (in pack order) of microbatch
-        ``m`` of replica ``d`` (a :class:`Grid` of ``dp_size`` is taken flat, as it is); a
-        ScheduleError names a round that does not list ``dp_size`` replicas."""
+        ``m`` of replica ``d`` (a :class:`Grid` of ``dp_size`` is taken flat, as it is).
+
+        Raises:
+            ScheduleError: A round that does not list ``dp_size`` replicas.
+        """
         if isinstance(assignment, Grid) and assignment.dp_size == dp_size:
             num_rounds, counts, assigned = len(assignment), assignment.counts, assignment.ids
         else:
@@ -324,8 +331,12 @@ class Schedule:
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> Schedule:
-        """Inverse of :meth:`to_arrays`, copying every array (:meth:`validate` checks the invariants);
-        a ScheduleError names missing arrays, or arrays whose shapes, counts or origin do not add up."""
+        """Inverse of :meth:`to_arrays`, copying every array (:meth:`validate` checks the invariants).
+
+        Raises:
+            SeqpackTypeError: ``arrays`` not a mapping.
+            ScheduleError: Missing arrays, or arrays whose shapes, counts or origin do not add up.
+        """
         if not isinstance(arrays, Mapping):
             raise SeqpackTypeError(f"schedule arrays must be a mapping, got {type(arrays).__name__}")
         missing = [k for k in ("limits", *cls.ARRAY_FIELDS) if k not in arrays]
