@@ -12,16 +12,8 @@ import numpy as np
 
 from seqpack.options import SAMPLE_BYTES_PER_TOKEN, Sync
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.balanced.replicas import repair
-from seqpack.schedulers.balanced.rounds import (
-    _REPAIR_WORK,
-    BalancedPlan,
-    _grid,
-    fill_order,
-    laid_out,
-    repair_budget,
-    round_targets,
-)
+from seqpack.schedulers.balanced.replicas import _REPAIR_WORK, repair
+from seqpack.schedulers.balanced.rounds import BalancedPlan, _grid, fill_order, laid_out, repair_budget, round_targets
 from seqpack.schedulers.objective import step_objective
 
 TOLERANCE = 1e-3  # a local plan may predict at most 0.1% more step time than the reference

@@ -8,19 +8,14 @@ import numpy as np
 
 from seqpack.options import Sync
 from seqpack.schedulers import _kernels
-from seqpack.schedulers.balanced.rounds import (
-    _GAP_FOR_MORE,
-    _GOOD_ENOUGH,
-    _REPAIR_WORK,
-    _SWAP_CANDIDATES,
-    Layout,
-    Sequences,
-    laid_out,
-)
+from seqpack.schedulers.balanced.rounds import _GAP_FOR_MORE, Layout, Sequences, laid_out
 
 __all__ = ["LPT_WORK", "repair", "replica_first", "replica_first_stage"]
 
 LPT_WORK = 50_000_000  # heap steps and bin scans before the replica-first pass gives up
+_GOOD_ENOUGH = 1e-3  # the repair stops within 0.1% of the replica bound
+_SWAP_CANDIDATES = 4  # lightest replicas the repair tries swaps with
+_REPAIR_WORK = 10_000_000  # candidate evaluations before the repair stops
 
 
 def repair(

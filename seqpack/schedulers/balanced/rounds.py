@@ -16,11 +16,8 @@ from seqpack.schedulers.schedule import Grid
 from seqpack.schedulers.shape_limits import BucketPrice
 from seqpack.validation import check_choice
 
-_GOOD_ENOUGH = 1e-3  # the repair stops within 0.1% of the replica bound
-_SWAP_CANDIDATES = 4  # lightest replicas the repair tries swaps with
 _GAP_FOR_MORE = 0.01  # a plan this far (1%) from its bounds tries one more microbatch...
 _BETTER_BY = 0.01  # ... and keeps it when the estimated step cost drops by 1% or more
-_REPAIR_WORK = 10_000_000  # candidate evaluations before the repair stops
 _MAX_EXTRA_ROUNDS = 16  # microbatch counts tried beyond the first feasible one
 
 

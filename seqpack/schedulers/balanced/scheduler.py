@@ -120,10 +120,7 @@ class BalancedScheduler(GridScheduler):
         )
         replica = self.stages.relabel(plan.replica_of, origin, padded, dp_size)
         if self.uses_locality(
-            sequences=padded.shape[0],
-            tokens=int(padded.sum()),
-            dp_size=dp_size,
-            bytes_per_token=request.bytes_per_token,
+            sequences=n, tokens=int(padded.sum()), dp_size=dp_size, bytes_per_token=request.bytes_per_token
         ):
             step = Local(
                 padded, costs, origin, plan, replica, dp_size, capacity, model.constant, sync,
@@ -166,9 +163,7 @@ def _costliest_first(
 
     def order(padded: np.ndarray, origin: np.ndarray | None) -> np.ndarray:
         base = fill_order(padded, origin)
-        position = np.empty_like(base)
-        position[base] = np.arange(base.shape[0], dtype=base.dtype)
-        return np.lexsort((position, -costs))
+        return base[np.argsort(-costs[base], kind="stable")]
 
     return order
 
