@@ -128,7 +128,6 @@ def grid_local(
     """
     n = order.shape[0]
     n_bins = targets.shape[0]
-    rounds = n_bins // max(dp_size, 1)
     origin_placed = origin[order]
     lengths_placed = lengths[order]
     values_placed = values[order]
@@ -146,8 +145,8 @@ def grid_local(
         count = hi - lo
         by_rank = lo + np.argsort(origin_placed[lo:hi] * count + np.arange(count, dtype=np.int64))
         _home_pass(
-            by_rank, lengths_placed, values_placed, origin_placed, targets, float(home_fill), share, dp_size, rounds,
-            placed, load, tok,
+            by_rank, lengths_placed, values_placed, origin_placed, targets, float(home_fill), share, dp_size, placed,
+            load, tok,
         )  # fmt: skip
         wait = lo + np.flatnonzero(placed[lo:hi] < 0)
         ok, waiting_bin, _, _ = _grid_lpt_sorted(
@@ -174,7 +173,6 @@ def _home_pass(
     fill: float,
     share: int,
     dp: int,
-    rounds: int,
     placed: IntArray,
     load: FloatArray,
     tok: IntArray,
@@ -182,10 +180,10 @@ def _home_pass(
     """The home pass of :func:`grid_local` for the items ``by_rank`` (grouped by rank): sets
     ``placed`` (bin, or -1 to wait) and updates ``load`` and ``tok``.
 
-    Bounds: one replica's heap has ``rounds`` entries, read only when an item exists
-    (``rounds >= 1``); bin ``m * dp + d`` is below ``rounds * dp`` for ``0 <= origin < dp``.
+    Bounds: one replica's heap has ``rounds = len(targets) // dp`` entries, read only when an
+    item exists (``rounds >= 1``); bin ``m * dp + d`` is below ``rounds * dp`` for ``0 <= origin < dp``.
     """
-    n = by_rank.shape[0]
+    n, rounds = by_rank.shape[0], targets.shape[0] // dp
     # One replica at a time: its rounds in a heap of entries (key, tokens, round).
     hk = np.empty(rounds, dtype=np.float64)
     ht = np.empty(rounds, dtype=np.int64)
