@@ -26,9 +26,24 @@ from seqpack.validation import INT64_MAX, check_choice, check_int, check_number,
 
 
 class BalancedScheduler(GridScheduler):
-    """FLOPs-aware scheduler balancing replica totals and per-round maxima. Its options are
-    docs/schedulers.md's table; ``stages``: the plan's stages
-    (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`)."""
+    """FLOPs-aware scheduler balancing replica totals and per-round maxima (docs/schedulers.md).
+
+    Args:
+        order: ``"heavy_first"`` (default), ``"pipeline"`` (light microbatches at both
+            ends, heavy ones in the middle) or ``"as_planned"`` (the planner's round order).
+        min_microbatches: At least this many microbatches (e.g. pipeline stages).
+        microbatch_multiple: Microbatch count is a multiple of this.
+        num_microbatches: Force exactly this many microbatches.
+        max_repair_moves: Cap on the swaps that repair a replica-first plan or locality's
+            per-replica plan (``sync="replica"``; default ``8 * dp + 64``; 0 turns off
+            replica-first and the repair).
+        locality: Keep sequences on the DP rank that read them where that predicts at most
+            ``locality_tolerance`` more step time: ``"auto"`` (default) where the request's
+            ``bytes_per_token`` make it pay, ``True`` always, ``False`` never (replicas are
+            still renamed).
+        locality_tolerance: Relative step-time increase a local plan may cost (default 0.1%).
+        stages: The plan's stages (:data:`~seqpack.schedulers.balanced.stages.DEFAULT`).
+    """
 
     name = "balanced"
 
