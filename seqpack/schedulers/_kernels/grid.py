@@ -68,7 +68,9 @@ def _grid_lpt_sorted(
     pt = np.zeros(n_bins, dtype=np.int64)
     pb = np.empty(n_bins, dtype=np.int64)
     parked = 0
-    min_len = min(capacity, lengths.min()) if n else capacity
+    min_len = capacity
+    for j in range(n):  # a loop, not lengths.min(): the array reduction costs compile time
+        min_len = min(min_len, lengths[j])
     for j in range(n):
         p = lengths[j]
         while parked > 0 and room[pb[0]] >= p:  # parked bins with room for this item come back
