@@ -167,13 +167,17 @@ class Worker:
         self.proc = subprocess.Popen(cmd, cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        self.tree = tree
         if self.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the worker of {tree} did not start")
 
     def ask(self, name: str) -> dict:
         self.stdin.write(name + "\n")
         self.stdin.flush()
-        return json.loads(self.stdout.readline())
+        line = self.stdout.readline()
+        if not line:  # the worker died: its traceback is on stderr, above
+            raise SystemExit(f"plans_ab: the worker of {self.tree} ended on shape {name!r} (its error above)")
+        return json.loads(line)
 
 
 def compare(befores: list[tuple[str, Worker]], now: Worker, names: list[str], repeat: int) -> None:

@@ -34,3 +34,12 @@ def test_this_tree_against_itself_plans_the_same(tmp_path):
 def test_ratio_mode_times_locality_on_against_off(tmp_path):
     out = run(tmp_path, "--ratio", "1024x8")
     assert re.search(r"^\s+1,024 into\s+8: on\s+[\d.]+ s\s+off\s+[\d.]+ s\s+best-of [\d.]+x", out, flags=re.MULTILINE)
+
+
+def test_a_shape_a_worker_refuses_ends_the_run_naming_it(tmp_path):
+    root = BENCHMARKS.parent
+    command = [sys.executable, str(BENCHMARKS / "plans_ab.py"), "--repeat", "1", "--cache", "", "--before", str(root)]
+    bad = "sched:sft-lognormal:0:sync=replica"  # sync is a request field, not a scheduler option
+    done = subprocess.run([*command, bad], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode != 0
+    assert f"ended on shape {bad!r}" in done.stderr and "unknown option(s) ['sync']" in done.stderr
