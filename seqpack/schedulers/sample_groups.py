@@ -365,18 +365,13 @@ def _improve(state: tuple[np.ndarray, ...], hi: int, lo: int, limit: int, swaps_
     cost and tokens of every replica (updated in place)."""
     replica, costs, tokens, load, held = state
     gap = load[hi] - load[lo]
-    if gap <= 0:
-        return False
     mine, theirs = np.flatnonzero(replica == hi), np.flatnonzero(replica == lo)
-    # delta = cost moved from hi to lo; the pair's max drops iff 0 < delta < gap.
+    # delta = cost moved from hi to lo; the pair's max drops iff 0 < delta < gap (never where gap <= 0).
     deltas = [] if swaps_only else [costs[mine]]
     pairs = [] if swaps_only else [np.stack([mine, np.full_like(mine, -1)], axis=1)]
-    if theirs.size:
-        a, b = np.meshgrid(mine, theirs, indexing="ij")
-        deltas.append((costs[a] - costs[b]).ravel())
-        pairs.append(np.stack([a.ravel(), b.ravel()], axis=1))
-    if not deltas:
-        return False
+    a, b = np.meshgrid(mine, theirs, indexing="ij")  # every swap (none where a replica holds no unit)
+    deltas.append((costs[a] - costs[b]).ravel())
+    pairs.append(np.stack([a.ravel(), b.ravel()], axis=1))
     delta, pair = np.concatenate(deltas), np.concatenate(pairs)
     moved_tokens = tokens[pair[:, 0]] - np.where(pair[:, 1] >= 0, tokens[np.maximum(pair[:, 1], 0)], 0)
     ok = (delta > 0) & (delta < gap) & (held[lo] + moved_tokens <= limit) & (held[hi] - moved_tokens <= limit)
