@@ -5,7 +5,7 @@ group fits one. docs/rl.md ("Groups") describes the stages and measures what the
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from seqpack.schedulers.objective import step_objective
 from seqpack.schedulers.request import Request, apply_static_oversize
 from seqpack.schedulers.schedule import Schedule
 from seqpack.schedulers.shape_limits import refuse_dynamic
+from seqpack.schedulers.step_time import predicted_step_time
 from seqpack.thd import group_pad_multiple, group_padded_lengths, padded_lengths
 from seqpack.validation import check_bool
 
@@ -76,7 +77,8 @@ def _static_with_groups(
     effective, dropped, truncated = apply_static_oversize(request)
     active = np.flatnonzero(effective > 0).astype(np.int64)
     padded = padded_lengths(effective[active], pad_multiple)
-    model = (scheduler.resolve_cost(request.cost) or default_cost_model()).at(cp_size)
+    family = scheduler.resolve_cost(request.cost) or default_cost_model()
+    model = family.at(cp_size)
     costs = model.cost(padded)
     if request.sample_cost is not None:  # groups weigh their samples' own costs too
         costs = costs + request.sample_cost[active]
@@ -101,27 +103,36 @@ def _static_with_groups(
             f"{int(sizes.min())}..{int(sizes.max())} sequences for dp_size={dp_size}"
         )
     refined, alone = _assign(unit_costs, unit_tokens, dp_size, budget, equal)
+
+    def final(per_replica: list[list[np.ndarray]]) -> Schedule:  # the plan ``per_replica`` ends as
+        grid = [[np.sort(rounds[m]) for rounds in per_replica] for m in range(len(per_replica[0]))]
+        if request.static_shapes is not None and grid:  # `together`'s packs, by tokens alone, need it
+            on_group = None if request.cost is None else request.cost.at(cp_size)
+            placed = dataclasses.replace(request, lengths=effective, cost=on_group)
+            grid = fit_sequence_slots(scheduler, grid, placed, keep_replica=True, fixed_rounds=fixed)
+        return Schedule.from_assignment(
+            grid,
+            lengths=effective,
+            original_lengths=request.lengths,
+            dp_size=dp_size,
+            cp_size=cp_size,
+            max_tokens_per_rank=request.max_tokens_per_rank,
+            pad_multiple=pad_multiple,
+            dropped=dropped,
+            truncated=truncated,
+            origin=request.origin,
+            sample_cost=request.sample_cost,
+        )
+
+    def measure(rows: list[list[np.ndarray]]) -> float:  # static shapes: the step time of the plan ``rows`` ends as
+        try:
+            return predicted_step_time(final(rows), family, sync=request.sync, static_shapes=request.static_shapes)
+        except ScheduleError:  # that plan cannot be made (a forced count): never preferred
+            return np.inf
+
     at_effective = dataclasses.replace(request, lengths=effective)
-    planner = _ReplicaPlanner(scheduler, at_effective, together, active, unit, padded, costs, model.constant)
-    per_replica = planner.cheaper_placement(refined, alone if request.static_shapes is None else refined)
-    grid = [[np.sort(rounds[m]) for rounds in per_replica] for m in range(len(per_replica[0]))]
-    if request.static_shapes is not None and grid:  # `together`'s packs, by tokens alone, need it
-        on_group = None if request.cost is None else request.cost.at(cp_size)
-        placed = dataclasses.replace(request, lengths=effective, cost=on_group)
-        grid = fit_sequence_slots(scheduler, grid, placed, keep_replica=True, fixed_rounds=fixed)
-    return Schedule.from_assignment(
-        grid,
-        lengths=effective,
-        original_lengths=request.lengths,
-        dp_size=dp_size,
-        cp_size=cp_size,
-        max_tokens_per_rank=request.max_tokens_per_rank,
-        pad_multiple=pad_multiple,
-        dropped=dropped,
-        truncated=truncated,
-        origin=request.origin,
-        sample_cost=request.sample_cost,
-    )
+    planner = _ReplicaPlanner(scheduler, at_effective, together, active, unit, padded, costs, model.constant, measure)
+    return final(planner.cheaper_placement(refined, alone))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +148,7 @@ class _ReplicaPlanner:
     padded: np.ndarray
     costs: np.ndarray
     constant: float
+    measure: Callable[[list[list[np.ndarray]]], float]  # static shapes: the step time of the plan it ends as
     cache: dict[tuple[int, bytes], list[np.ndarray]] = dataclasses.field(default_factory=dict)
 
     def cheaper_placement(self, refined: np.ndarray, alone: np.ndarray) -> list[list[np.ndarray]]:
@@ -145,8 +157,6 @@ class _ReplicaPlanner:
         try:
             best, value = self.plan_all(refined)
         except ScheduleError as err:
-            if np.array_equal(alone, refined):
-                raise
             try:
                 return self.plan_all(alone)[0]
             except ScheduleError:
@@ -168,7 +178,9 @@ class _ReplicaPlanner:
         return float(load.max()) + count * self.constant
 
     def objective(self, per_replica: list[list[np.ndarray]]) -> float:
-        """:func:`step_objective` of ``per_replica``, each microbatch plus ``constant``."""
+        """:func:`step_objective` of ``per_replica``, each microbatch plus ``constant`` (static shapes: ``measure``)."""
+        if self.request.static_shapes is not None:
+            return self.measure(per_replica)
         by_id = np.zeros(self.request.num_sequences)
         by_id[self.active] = self.costs
         load = np.array([[by_id[ids].sum() for ids in rounds] for rounds in per_replica])
@@ -193,18 +205,15 @@ class _ReplicaPlanner:
                     "on one replica only"
                 )
             count = int(forced)
-        empty = np.zeros(0, dtype=np.int64)
-        filled = [r + [empty] * (count - len(r)) for r in rounds]
+        filled = [r + [np.zeros(0, dtype=np.int64)] * (count - len(r)) for r in rounds]
         value = self.objective(filled)
         spreads = isinstance(self.scheduler, BalancedScheduler) and not self.together
         lighter = [d for d in range(dp) if 0 < len(rounds[d]) < count] if spreads else []
         if not lighter:
             return filled, value
-        spread = [self.planned(count, masks[d]) if d in lighter else r for d, r in enumerate(rounds)]
-        spread = [r + [empty] * (count - len(r)) for r in spread]
+        spread = [self.planned(count, masks[d]) if d in lighter else r for d, r in enumerate(filled)]
         spread_value = self.objective(spread)
-        padded_faster = self.request.static_shapes is None and _cheaper(value, spread_value)
-        return (filled, value) if padded_faster else (spread, spread_value)
+        return (filled, value) if _cheaper(value, spread_value) else (spread, spread_value)
 
     def planned(self, count: int, mask: np.ndarray) -> list[np.ndarray]:
         """Global ids of each microbatch of the replica holding ``active[mask]``, planned by the

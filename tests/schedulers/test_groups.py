@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from seqpack.cost import CostModel, default_cost_model
 from seqpack.errors import ConfigError, ScheduleError
 from seqpack.interop.verl import get_group_balanced_partitions
-from seqpack.schedulers import get_scheduler, predicted_step_time
+from seqpack.schedulers import get_scheduler, predicted_step_time, sample_groups
 from seqpack.schedulers.objective import microbatch_costs
 from seqpack.schedulers.request import Request
 from seqpack.schedulers.sample_groups import _assign, group_units, schedule_groups
@@ -115,11 +115,59 @@ def test_lighter_replica_padded_where_spreading_it_makes_the_last_round_heavy():
         plan = schedule_groups(get_scheduler("balanced"), request, groups, np.ones(4, bool))
         assert predicted_step_time(plan, cost, sync=sync) == step
         assert [[ids.tolist() for ids in row] for row in plan.assignment] == rows
-    # static_shapes: the objective leaves bucket padding out, so the re-plan stays
+    # static_shapes: with the buckets' padding both plans predict 100 + 50; the tie keeps the re-plan
     shapes = StaticShapes(token_buckets=[50, 100], max_sequences=4)
     request = Request.of(lengths, dp_size=2, max_tokens_per_rank=100, cost=cost, static_shapes=shapes)
     plan = schedule_groups(get_scheduler("balanced"), request, groups, np.ones(4, bool))
+    assert predicted_step_time(plan, cost, static_shapes=shapes) == 150
     assert [[ids.tolist() for ids in row] for row in plan.assignment] == [[[0], [2]], [[1], [3]]]
+
+
+def _never(alternative: float, current: float) -> bool:
+    return False  # sample_groups._cheaper that never finds the alternative cheaper
+
+
+def test_static_shapes_keep_the_padded_plan_where_its_buckets_predict_a_faster_step(monkeypatch):
+    # Group 0 (90, 70, 50) needs 3 microbatches of 100; groups 1 (25, 30) and 2 (70, 55) need
+    # 2. Re-planned at 3 every round fills a 100-token bucket (300); padded, the last round is
+    # 50 | empty, two 50-token buckets (250). Without buckets the re-plan predicts less (215 vs
+    # 230), which the choice now sees through the final plans' own predicted step time.
+    cost, shapes = CostModel(1.0, 0.0), StaticShapes(token_buckets=[50, 100], max_sequences=4)
+    lengths, groups = np.array([25, 90, 70, 50, 30, 70, 55]), np.array([1, 0, 0, 0, 1, 2, 2])
+    request = Request.of(lengths, dp_size=2, max_tokens_per_rank=100, cost=cost, static_shapes=shapes)
+    plan = schedule_groups(get_scheduler("balanced"), request, groups, np.ones(7, bool))
+    plan.validate(lengths, dp_size=2, max_tokens_per_rank=100, static_shapes=shapes)
+    assert [[ids.tolist() for ids in row] for row in plan.assignment] == [[[1], [0, 5]], [[2], [4, 6]], [[3], []]]
+    assert predicted_step_time(plan, cost, static_shapes=shapes) == 250
+    monkeypatch.setattr(sample_groups, "_cheaper", _never)  # always refined, always re-planned
+    spread = schedule_groups(get_scheduler("balanced"), request, groups, np.ones(7, bool))
+    assert predicted_step_time(spread, cost, static_shapes=shapes) == 300
+
+
+def test_static_shapes_choice_never_predicts_a_slower_step(monkeypatch):
+    rng = np.random.default_rng(11)
+    faster = 0
+    for case in range(40):
+        n, dp, cp = int(rng.integers(2, 60)), int(rng.integers(1, 5)), int(rng.choice([1, 2]))
+        lengths = rng.integers(1, 400 * cp, n)
+        buckets = [100 * cp, 200 * cp, 400 * cp] if case % 2 else [400 * cp]
+        shapes = StaticShapes(token_buckets=buckets, max_sequences=int(rng.integers(2, 12)))
+        cost = [None, CostModel(1.0, 0.001), CostModel(500.0, 1.0, 2e4)][case % 3]
+        sync, sample_cost = ["lockstep", "replica"][case % 2], rng.uniform(0, 300, n) if case % 4 == 0 else None
+        limits = dict(dp_size=dp, cp_size=cp, max_tokens_per_rank=400, pad_multiple=2 * cp)
+        request = Request.of(lengths, **limits, cost=cost, sync=sync, static_shapes=shapes, sample_cost=sample_cost)
+        groups, grouped, together = rng.integers(0, max(1, n // 3), n), rng.random(n) < 0.8, bool(case % 3 == 1)
+        scheduler = get_scheduler("balanced", locality=bool(case % 5 == 0))
+        family = scheduler.resolve_cost(cost)
+        plan = schedule_groups(scheduler, request, groups, grouped, together=together)
+        plan.validate(lengths, **limits, static_shapes=shapes)
+        with monkeypatch.context() as patched:
+            patched.setattr(sample_groups, "_cheaper", _never)
+            always = schedule_groups(scheduler, request, groups, grouped, together=together)
+        chosen, other = (predicted_step_time(p, family, sync=sync, static_shapes=shapes) for p in (plan, always))
+        assert chosen <= other * (1 + 1e-9), (case, chosen, other)
+        faster += chosen < other * (1 - 1e-9)
+    assert faster  # not vacuous: some plans got faster
 
 
 def test_unrefined_placement_kept_where_it_predicts_a_faster_lockstep_step():
