@@ -100,6 +100,31 @@ class Scheduler(ABC):
         return f"{type(self).__name__}()"
 
 
+def static_schedule(
+    request: Request,
+    rounds: Sequence[Sequence[np.ndarray]],
+    oversize: tuple[np.ndarray, np.ndarray, np.ndarray],
+    deferred: np.ndarray | None = None,
+) -> Schedule:
+    """The static plan of ``request`` whose microbatches are ``rounds`` (``rounds[m][d]``: global
+    ids), after the oversize policy (``apply_static_oversize``'s ``oversize``)."""
+    effective, dropped, truncated = oversize
+    return Schedule.from_assignment(
+        rounds,
+        lengths=effective,
+        original_lengths=request.lengths,
+        dp_size=request.dp_size,
+        cp_size=request.cp_size,
+        max_tokens_per_rank=request.max_tokens_per_rank,
+        pad_multiple=request.pad_multiple,
+        deferred=deferred,
+        dropped=dropped,
+        truncated=truncated,
+        origin=request.origin,
+        sample_cost=request.sample_cost,
+    )
+
+
 class GridScheduler(Scheduler):
     """A static-CP planner: :meth:`plan` applies the oversize policy and hands the remaining
     sequences, with the cost on the static group (:meth:`~seqpack.cost.CostModel.at`
@@ -139,20 +164,7 @@ class GridScheduler(Scheduler):
                     constant=model.constant,
                     sync=request.sync,
                 )
-        return Schedule.from_assignment(
-            rounds,
-            lengths=effective,
-            original_lengths=request.lengths,
-            dp_size=request.dp_size,
-            cp_size=request.cp_size,
-            max_tokens_per_rank=request.max_tokens_per_rank,
-            pad_multiple=request.pad_multiple,
-            deferred=deferred,
-            dropped=dropped,
-            truncated=truncated,
-            origin=request.origin,
-            sample_cost=request.sample_cost,
-        )
+        return static_schedule(request, rounds, (effective, dropped, truncated), deferred)
 
     keeps_origin: ClassVar[bool] = False
     """Whether every sample stays on its DP rank (``"empty"``): the ``static_shapes`` repair keeps it there."""

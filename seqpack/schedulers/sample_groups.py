@@ -13,7 +13,7 @@ from seqpack.cost import default_cost_model
 from seqpack.errors import ConfigError, SampleError, ScheduleError
 from seqpack.options import GroupSizes, OnOversize
 from seqpack.schedulers.balanced import BalancedScheduler, relabel_replicas, round_position
-from seqpack.schedulers.base import Scheduler, fit_sequence_slots
+from seqpack.schedulers.base import Scheduler, fit_sequence_slots, static_schedule
 from seqpack.schedulers.group_sizes import allowed_group_sizes
 from seqpack.schedulers.objective import step_objective
 from seqpack.schedulers.request import Request, apply_static_oversize
@@ -110,19 +110,7 @@ def _static_with_groups(
             on_group = None if request.cost is None else request.cost.at(cp_size)
             placed = dataclasses.replace(request, lengths=effective, cost=on_group)
             grid = fit_sequence_slots(scheduler, grid, placed, keep_replica=True, fixed_rounds=fixed)
-        return Schedule.from_assignment(
-            grid,
-            lengths=effective,
-            original_lengths=request.lengths,
-            dp_size=dp_size,
-            cp_size=cp_size,
-            max_tokens_per_rank=request.max_tokens_per_rank,
-            pad_multiple=pad_multiple,
-            dropped=dropped,
-            truncated=truncated,
-            origin=request.origin,
-            sample_cost=request.sample_cost,
-        )
+        return static_schedule(request, grid, (effective, dropped, truncated))
 
     def measure(rows: list[list[np.ndarray]]) -> float:  # static shapes: the step time of the plan ``rows`` ends as
         try:
